@@ -1,0 +1,288 @@
+"""Settings: the one source of truth for every key edged reads.
+
+Loaded from a TOML file and overridden by ``EDGED_*`` environment variables (``__`` separates
+nesting levels, e.g. ``EDGED_MODEL__CONF=0.4``). Every section forbids unknown keys so a typo is
+an error at start-up, not a silently ignored setting. ``load_config`` turns pydantic's errors into
+one line per problem with its key path and a hint; the CLI exits 78 (EX_CONFIG) on them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 on older boards
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- sources ----------------------------------------------------------------------------------
+
+class SourceBase(Section):
+    camera_id: str = Field("cam0", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                           description="Name of this camera; used as the ZeroMQ topic suffix.")
+    channel_order: Literal["bgr", "rgb"] = Field(
+        "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr).")
+
+
+class SyntheticSource(SourceBase):
+    type: Literal["synthetic"] = "synthetic"
+    width: int = Field(1280, ge=32, le=7680, description="Frame width in pixels.")
+    height: int = Field(720, ge=32, le=4320, description="Frame height in pixels.")
+    fps: float = Field(15.0, gt=0, le=240, description="Frames generated per second.")
+    seed: int = Field(0, ge=0, description="Scene seed; the same seed gives the same stream.")
+
+
+class FileSource(SourceBase):
+    type: Literal["file"] = "file"
+    path: Path = Field(description="Video file decoded with OpenCV's FFmpeg backend.")
+    loop: bool = Field(True, description="Start again at the end instead of reporting end of stream.")
+    realtime: bool = Field(True, description="Pace frames to the file's own fps, like a camera.")
+
+
+class ImagesSource(SourceBase):
+    type: Literal["images"] = "images"
+    path: str = Field(description="A folder (every image in it, sorted) or a glob pattern.")
+    loop: bool = Field(True, description="Start again after the last image.")
+    fps: float = Field(5.0, gt=0, le=240, description="Images delivered per second.")
+
+
+class V4l2Source(SourceBase):
+    type: Literal["v4l2"] = "v4l2"
+    device: str = Field("/dev/video0", description="Device path or index (e.g. 0).")
+    width: int = Field(1280, ge=32, le=7680, description="Requested width; read back after open.")
+    height: int = Field(720, ge=32, le=4320, description="Requested height; read back after open.")
+    fps: float = Field(30.0, gt=0, le=240, description="Requested frame rate.")
+    fourcc: Literal["MJPG", "YUYV"] = Field("MJPG", description="Pixel format asked of the camera.")
+
+
+SourceConfig = Annotated[
+    SyntheticSource | FileSource | ImagesSource | V4l2Source, Field(discriminator="type")
+]
+
+
+# ---- model, inference -------------------------------------------------------------------------
+
+class ModelConfig(Section):
+    path: Path = Field(description="ONNX model file.")
+    labels: Path | None = Field(None, description="Class names, one per line; default: model metadata.")
+    layout: Literal["auto", "nchw", "nhwc"] = Field(
+        "auto", description="Input layout; auto infers it from where the size-3 axis sits.")
+    channel_order: Literal["rgb", "bgr"] = Field(
+        "rgb", description="Channel order the model was trained on; checked against its metadata.")
+    resize: Literal["letterbox", "stretch"] = Field(
+        "letterbox", description="letterbox keeps the aspect ratio (pad 114); stretch fills the input.")
+    scale: float = Field(1 / 255, gt=0, description="Pixel values are multiplied by this first.")
+    mean: tuple[float, float, float] = Field((0.0, 0.0, 0.0), description="Per channel, after scale.")
+    std: tuple[float, float, float] = Field((1.0, 1.0, 1.0), description="Per channel, after mean.")
+    head: Literal["auto", "yolov8", "yolov5", "end2end"] = Field(
+        "auto", description="Output head format; auto reads it from shapes and metadata.")
+    conf: float = Field(0.25, gt=0, le=1, description="Minimum score of a published detection.")
+    iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
+    max_det: int = Field(100, ge=1, le=10000, description="Most detections kept per frame.")
+    agnostic_nms: bool = Field(False, description="Suppress overlapping boxes across classes too.")
+
+    @field_validator("std")
+    @classmethod
+    def _std_nonzero(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(s == 0 for s in v):
+            raise ValueError("std values must be non-zero (they divide every pixel)")
+        return v
+
+
+class ProviderConfig(Section):
+    name: str = Field(description="ONNX Runtime execution provider, e.g. CPUExecutionProvider.")
+    options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Provider options passed to ONNX Runtime as given.")
+
+
+class RuntimeConfig(Section):
+    providers: list[ProviderConfig] = Field(
+        default_factory=lambda: [ProviderConfig(name="CPUExecutionProvider")], min_length=1,
+        description="Execution providers in order of preference; missing ones fall back down the list.")
+    intra_op_threads: int = Field(0, ge=0, le=256, description="0 = one per physical core.")
+    inter_op_threads: int = Field(1, ge=0, le=256, description="Only used by parallel execution.")
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
+        "all", description="ONNX Runtime graph optimisation level.")
+    optimized_model_path: Path | None = Field(
+        None, description="Cache of the optimised graph: written on first start, loaded after.")
+    spinning: bool = Field(False, description="Let idle ORT threads spin: lower latency, more heat.")
+
+
+# ---- publish ----------------------------------------------------------------------------------
+
+class PublishConfig(Section):
+    endpoints: list[str] = Field(
+        default_factory=lambda: ["ipc:///run/edged/detections.sock"], min_length=1,
+        description="ZeroMQ endpoints the PUB socket binds (tcp:// or ipc://).")
+    topic_prefix: str = Field("edged", min_length=1, pattern=r"^[A-Za-z0-9_./-]+$",
+                              description="Topics are PREFIX/detections/CAMERA and PREFIX/status/CAMERA.")
+    hwm: int = Field(32, ge=1, le=100000, description="Messages queued per subscriber before dropping.")
+    status_interval_s: float = Field(1.0, gt=0, le=3600, description="Seconds between status messages.")
+    linger_ms: int = Field(200, ge=0, le=10000, description="How long stop waits to flush queued messages.")
+    publish_empty: bool = Field(True, description="Publish frames with no detections too.")
+    insecure: bool = Field(False, description="Allow plaintext tcp:// on a non-loopback address.")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _known_transport(cls, v: list[str]) -> list[str]:
+        for ep in v:
+            if not ep.startswith(("tcp://", "ipc://")):
+                raise ValueError(f"endpoint {ep!r} must start with tcp:// or ipc://")
+        return v
+
+
+# ---- thermal ----------------------------------------------------------------------------------
+
+class ThermalConfig(Section):
+    enabled: bool = Field(True, description="Watch temperatures and throttling and adapt the rate.")
+    root: Path = Field(Path("/"), description="Where /sys and /proc are read; a captured tree in tests.")
+    poll_interval_s: float = Field(2.0, gt=0, le=600, description="Seconds between readings.")
+    warm_c: float | None = Field(
+        None, description="Hottest zone at or above this is warm (default: per board or from trip points).")
+    throttled_c: float | None = Field(
+        None, description="Hottest zone at or above this is throttled (default: per board or from trip points).")
+    critical_c: float | None = Field(
+        None, description="Hottest zone at or above this is critical: inference pauses (default: per board).")
+    hysteresis_c: float = Field(3.0, ge=0, le=30, description="Cooling needed below a threshold to step down.")
+    warm_rate: float = Field(0.5, gt=0, le=1, description="Fraction of the full frame rate allowed when warm.")
+    throttled_rate: float = Field(0.25, gt=0, le=1, description="Fraction allowed when throttled.")
+    use_vcgencmd: bool = Field(True, description="Ask vcgencmd get_throttled where sysfs lacks the flags.")
+
+    @field_validator("throttled_c", "critical_c")
+    @classmethod
+    def _above_lower_thresholds(cls, v: float | None, info: Any) -> float | None:
+        order = ("warm_c", "throttled_c", "critical_c")
+        for lower_name in order[: order.index(info.field_name)]:
+            lower = info.data.get(lower_name)
+            if v is not None and lower is not None and lower >= v:
+                raise ValueError(f"must be above thermal.{lower_name} ({lower})")
+        return v
+
+
+# ---- service ----------------------------------------------------------------------------------
+
+class ServiceConfig(Section):
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    max_fps: float = Field(0.0, ge=0, le=1000, description="Cap on processed frames per second; 0 = none.")
+    stall_timeout_s: float = Field(10.0, gt=0, le=3600, description="No progress for this long stops the watchdog pings.")
+
+
+class Settings(BaseSettings):
+    """The whole configuration; see config/edged.toml for every key with its default."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EDGED_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    source: SourceConfig = Field(default_factory=SyntheticSource)
+    model: ModelConfig
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    publish: PublishConfig = Field(default_factory=PublishConfig)
+    thermal: ThermalConfig = Field(default_factory=ThermalConfig)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment beats the file: the file's values arrive as init kwargs.
+        return env_settings, init_settings
+
+
+class ConfigError(Exception):
+    """A configuration the daemon must not start with; ``problems`` holds one line each."""
+
+    def __init__(self, path: Path | None, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        where = f" in {path}" if path else ""
+        super().__init__(f"{len(problems)} problem(s){where}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+_HINTS = {
+    "extra_forbidden": "unknown key: check its spelling against config/edged.toml",
+    "missing": "required key is missing",
+    "union_tag_invalid": "source.type must be one of synthetic, file, images, v4l2",
+    "literal_error": "not one of the allowed values",
+}
+
+
+def _format_error(err: Any) -> str:
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    # Discriminated unions put the tag in the path (source.file.path): keep the user's view.
+    for tag in ("synthetic.", "file.", "images.", "v4l2."):
+        loc = loc.replace("source." + tag, "source.")
+    hint = _HINTS.get(err["type"], "")
+    msg = err["msg"]
+    text = f"{loc or '(top level)'}: {msg}"
+    if hint and hint not in msg:
+        text += f" ({hint})"
+    if "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+        text += f"; got {err['input']!r}"
+    return text
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(path, [f"config file {path} does not exist (pass --config PATH)"]) from None
+    except PermissionError:
+        raise ConfigError(path, [f"config file {path} is not readable by this user"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, [f"not valid TOML: {e}"]) from None
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Relative paths in a config file are relative to that file, not to the working directory."""
+    for section, key in (("model", "path"), ("model", "labels"), ("source", "path"),
+                         ("runtime", "optimized_model_path")):
+        value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
+        if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
+            data[section][key] = str(base / value)
+
+
+def _check_files(settings: Settings) -> list[str]:
+    problems = []
+    if not settings.model.path.is_file():
+        problems.append(f"model.path: model file {settings.model.path} does not exist")
+    if settings.model.labels is not None and not settings.model.labels.is_file():
+        problems.append(f"model.labels: labels file {settings.model.labels} does not exist")
+    src = settings.source
+    if isinstance(src, FileSource) and not src.path.is_file():
+        problems.append(f"source.path: video file {src.path} does not exist")
+    return problems
+
+
+def load_config(path: Path | None) -> Settings:
+    """Read ``path`` (TOML), apply ``EDGED_*`` overrides, validate everything, and check files exist."""
+    data = _read_toml(path) if path is not None else {}
+    if path is not None:
+        _resolve_paths(data, path.resolve().parent)
+    try:
+        settings = Settings(**data)
+    except ValidationError as e:
+        raise ConfigError(path, [_format_error(err) for err in e.errors()]) from None
+    problems = _check_files(settings)
+    if problems:
+        raise ConfigError(path, problems)
+    return settings

@@ -1,0 +1,207 @@
+"""The layout contract: what the model wants versus what a frame is.
+
+Built once at start-up from the ONNX input (name, shape, dtype), the model's metadata and the
+config. Every disagreement is a `ContractError` naming both sides, because a silent mismatch (BGR
+fed to an RGB model, NHWC read as NCHW) does not crash: it produces plausible, wrong boxes.
+Per frame, `frame_problem` is a cheap check that returns a reason instead of raising, so the
+pipeline can count and skip the frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from edged.config import ModelConfig
+
+Layout = Literal["nchw", "nhwc"]
+ChannelOrder = Literal["rgb", "bgr"]
+
+_ORT_DTYPES: dict[str, type[np.generic]] = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(uint8)": np.uint8,
+}
+
+
+class ContractError(Exception):
+    """The model, the config and the frames disagree; the daemon must not start."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputContract:
+    """Everything preprocess needs to fill the model's input tensor correctly."""
+
+    input_name: str
+    shape: tuple[int, int, int, int]
+    dtype: type[np.generic]
+    layout: Layout
+    channel_order: ChannelOrder
+    resize: Literal["letterbox", "stretch"]
+    scale: float
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    @property
+    def height(self) -> int:
+        return self.shape[2] if self.layout == "nchw" else self.shape[1]
+
+    @property
+    def width(self) -> int:
+        return self.shape[3] if self.layout == "nchw" else self.shape[2]
+
+    def describe(self) -> str:
+        return (
+            f"{self.input_name} {list(self.shape)} {np.dtype(self.dtype).name} {self.layout} "
+            f"{self.channel_order} {self.resize} scale={self.scale:.6g} mean={list(self.mean)} "
+            f"std={list(self.std)}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FrameSpec:
+    """What a source declared its frames to be; frames that differ are rejected."""
+
+    width: int
+    height: int
+    channel_order: ChannelOrder
+
+
+def batch_dim_to_pin(shape: Sequence[int | str | None]) -> str | None:
+    """Name of a symbolic batch dimension that must be pinned to 1, or None when it is fixed."""
+    if not shape:
+        return None
+    first = shape[0]
+    return first if isinstance(first, str) else None
+
+
+def build_contract(
+    inputs: Sequence[tuple[str, Sequence[int | str | None], str]],
+    metadata: Mapping[str, str],
+    cfg: ModelConfig,
+) -> InputContract:
+    """Check the model's inputs against the config and metadata; ``inputs`` holds (name, shape, type).
+
+    The shape must already have its batch dimension pinned (see `batch_dim_to_pin`).
+    """
+    if len(inputs) != 1:
+        names = ", ".join(name for name, _, _ in inputs)
+        raise ContractError(f"model has {len(inputs)} inputs ({names}); edged feeds exactly one image tensor")
+    name, shape, ort_type = inputs[0]
+    dtype = _input_dtype(name, ort_type)
+    dims = _static_dims(name, shape)
+    layout = _layout(name, dims, cfg.layout, metadata.get("layout"))
+    order = _channel_order(cfg, metadata.get("color_order"))
+    _check_normalisation(cfg, dtype)
+    return InputContract(
+        input_name=name, shape=dims, dtype=dtype, layout=layout, channel_order=order,
+        resize=cfg.resize, scale=cfg.scale, mean=cfg.mean, std=cfg.std,
+    )
+
+
+def _input_dtype(name: str, ort_type: str) -> type[np.generic]:
+    try:
+        return _ORT_DTYPES[ort_type]
+    except KeyError:
+        allowed = ", ".join(_ORT_DTYPES)
+        raise ContractError(f"input {name!r} has type {ort_type}; edged supports {allowed}") from None
+
+
+def _static_dims(name: str, shape: Sequence[int | str | None]) -> tuple[int, int, int, int]:
+    if len(shape) != 4:
+        raise ContractError(
+            f"input {name!r} has shape {list(shape)}: not an image tensor (expected rank 4, "
+            "[1, 3, H, W] or [1, H, W, 3])"
+        )
+    if shape[0] != 1:
+        raise ContractError(
+            f"input {name!r} has a fixed batch of {shape[0]}; edged runs batch 1: re-export the "
+            "model with batch=1 or a dynamic batch"
+        )
+    dynamic = [i for i, d in enumerate(shape) if not isinstance(d, int) or d <= 0]
+    if dynamic:
+        raise ContractError(
+            f"input {name!r} has dynamic dimensions {list(shape)}; export the model with a fixed "
+            "input size (e.g. imgsz=640)"
+        )
+    return (int(shape[0]), int(shape[1]), int(shape[2]), int(shape[3]))
+
+
+def _layout(name: str, dims: tuple[int, int, int, int], declared: str, meta: str | None) -> Layout:
+    inferred: Layout | None
+    if dims[1] == 3 and dims[3] != 3:
+        inferred = "nchw"
+    elif dims[3] == 3 and dims[1] != 3:
+        inferred = "nhwc"
+    elif dims[1] == 3 and dims[3] == 3:
+        inferred = None
+    else:
+        raise ContractError(
+            f"input {name!r} has shape {list(dims)}: no axis of 3 colour channels at position 1 "
+            "(NCHW) or 3 (NHWC); edged feeds 3-channel images"
+        )
+    meta_layout = meta.lower() if meta and meta.lower() in ("nchw", "nhwc") else None
+    for source, value in (("model metadata", meta_layout), ("config model.layout", _auto(declared))):
+        if value is not None and inferred is not None and value != inferred:
+            raise ContractError(
+                f"{source} says {value.upper()} but input {name!r} shape {list(dims)} is "
+                f"{inferred.upper()}"
+            )
+    if meta_layout and _auto(declared) and meta_layout != declared:
+        raise ContractError(
+            f"config model.layout = {declared!r} contradicts the model metadata layout {meta_layout!r}"
+        )
+    result = inferred or _auto(declared) or meta_layout
+    if result is None:
+        raise ContractError(
+            f"input {name!r} shape {list(dims)} is ambiguous (3 at both channel positions); set "
+            "model.layout to nchw or nhwc"
+        )
+    return result  # type: ignore[return-value]
+
+
+def _auto(value: str) -> Layout | None:
+    return None if value == "auto" else value  # type: ignore[return-value]
+
+
+def _channel_order(cfg: ModelConfig, meta: str | None) -> ChannelOrder:
+    meta_order = meta.lower() if meta else None
+    if meta_order is not None and meta_order not in ("rgb", "bgr"):
+        raise ContractError(f"model metadata color_order={meta!r} is neither rgb nor bgr")
+    if meta_order is None:
+        return cfg.channel_order
+    if "channel_order" in cfg.model_fields_set and cfg.channel_order != meta_order:
+        raise ContractError(
+            f"config model.channel_order = {cfg.channel_order!r} but the model declares "
+            f"color_order = {meta_order!r} in its metadata; remove the key or fix the model"
+        )
+    return meta_order  # type: ignore[return-value]
+
+
+def _check_normalisation(cfg: ModelConfig, dtype: type[np.generic]) -> None:
+    if dtype is not np.uint8:
+        return
+    changed = {"scale", "mean", "std"} & cfg.model_fields_set
+    if changed:
+        raise ContractError(
+            f"the model takes uint8 pixels (it normalises inside), but the config sets "
+            f"{', '.join(sorted('model.' + k for k in changed))}; remove them"
+        )
+
+
+def frame_problem(image: object, channel_order: str, spec: FrameSpec) -> str | None:
+    """Why a frame must not reach the model, or None; a short reason, used as a counter key."""
+    if not isinstance(image, np.ndarray):
+        return "not_an_array"
+    if image.dtype != np.uint8:
+        return "dtype"
+    if image.ndim != 3 or image.shape[2] != 3:
+        return "channels"
+    if image.shape[0] != spec.height or image.shape[1] != spec.width:
+        return "size"
+    if channel_order != spec.channel_order:
+        return "channel_order"
+    return None

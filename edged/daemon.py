@@ -1,0 +1,330 @@
+"""The daemon: builds every stage from the settings, runs the loop, stops cleanly.
+
+This is the only module that knows all the stages. The loop takes the newest frame, checks it
+against the contract, runs it through the `FramePipeline`, publishes the result, and between
+frames does the slow housekeeping: thermal polls, status messages, the rate cap, config reloads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edged.capture import Capture
+from edged.config import ConfigError, Settings, load_config
+from edged.contract import ContractError, frame_problem
+from edged.engine import InferenceError, ModelError
+from edged.messages import Detection, DetectionsMessage, ModelInfo, StatusMessage, Timings
+from edged.model import LoadedModel, load_model
+from edged.decode import Detections
+from edged.pipeline import FramePipeline, StageTimes
+from edged.publish import Publisher, PublishError, detections_topic, status_topic
+from edged.service import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, Notifier, Signals, Watchdog, watchdog_interval_s
+from edged.sources import Frame, open_source
+from edged.stats import RunStats
+from edged.thermal import ThermalReport, ThermalWatch
+
+log = logging.getLogger(__name__)
+
+TAKE_TIMEOUT_S = 0.25  # the loop comes round at least this often, frames or not
+REPLAN_AFTER = 5  # consecutive frames of one new size before the buffers are re-planned
+MAX_INFERENCE_FAILURES = 20  # consecutive failed runs before the daemon gives up
+
+
+@dataclass
+class Progress:
+    """Timestamps the watchdog reads to decide whether the pipeline is alive."""
+
+    loop_ns: int = field(default_factory=time.monotonic_ns)
+    frame_ns: int = field(default_factory=time.monotonic_ns)
+
+
+class Daemon:
+    """One running configuration: model, capture, publisher, thermal watch, and the loop."""
+
+    def __init__(self, settings: Settings, config_path: Path | None, notifier: Notifier, signals: Signals) -> None:
+        self.settings = settings
+        self.config_path = config_path
+        self.notifier = notifier
+        self.signals = signals
+        self.stats = RunStats()
+        self.progress = Progress()
+        self.model = load_model(settings.model, settings.runtime)
+        self.publisher = Publisher(settings.publish)
+        self.capture = self._start_capture()
+        self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
+        self.report: ThermalReport | None = None
+        self.plan: FramePipeline | None = None
+        self._seq = {"detections": itertools.count(), "status": itertools.count()}
+        self._new_size: tuple[tuple[int, int], int] | None = None
+        self._inference_failures = 0
+        self._ready = False
+        self._rate_cap: float | None = None
+        self._source_fps_mark = (time.monotonic_ns(), 0)
+        self._source_fps = 0.0
+
+    # ---- building blocks -------------------------------------------------------------------
+
+    def _start_capture(self) -> Capture:
+        cfg = self.settings.source
+        capture = Capture(lambda: open_source(cfg), cfg.camera_id)
+        capture.start()
+        return capture
+
+    def _model_info(self) -> ModelInfo:
+        identity = self.model.engine.identity
+        return ModelInfo(name=identity.name, sha256=identity.sha256, provider=self.model.engine.provider)
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        interval = watchdog_interval_s()
+        watchdog = Watchdog(self.notifier, interval, self.healthy) if interval else None
+        if watchdog:
+            watchdog.start()
+        next_status = next_thermal = time.monotonic()
+        try:
+            while not self.signals.stop.is_set():
+                now = time.monotonic()
+                self.progress.loop_ns = time.monotonic_ns()
+                if self.signals.reload.is_set():
+                    self.signals.reload.clear()
+                    self.reload()
+                if self.thermal and now >= next_thermal:
+                    self._poll_thermal(self.thermal)
+                    next_thermal = now + self.settings.thermal.poll_interval_s
+                if now >= next_status:
+                    self.publish_status()
+                    next_status = now + self.settings.publish.status_interval_s
+                if self.capture.state == "ended":
+                    log.info("source ended: stopping")
+                    return EXIT_OK
+                if self._inference_failures >= MAX_INFERENCE_FAILURES:
+                    log.error("inference failed %d times in a row: giving up", self._inference_failures)
+                    return EXIT_FAILURE
+                self.step()
+        finally:
+            self.shutdown(watchdog)
+        return EXIT_OK
+
+    def step(self) -> None:
+        """Wait for the rate cap, take the newest frame, process and publish it."""
+        if self.report is not None and self.report.rate_factor == 0.0:
+            self.signals.stop.wait(TAKE_TIMEOUT_S)  # critical: inference paused, status continues
+            self.progress.frame_ns = time.monotonic_ns()
+            return
+        started = time.monotonic()
+        frame = self.capture.take(TAKE_TIMEOUT_S)
+        if frame is None:
+            self._ready_without_frames()
+            return
+        self.handle(frame)
+        if self._rate_cap:
+            self.signals.stop.wait(max(0.0, started + 1.0 / self._rate_cap - time.monotonic()))
+
+    def handle(self, frame: Frame) -> None:
+        plan = self._plan_for(frame)
+        if plan is None:
+            return
+        try:
+            detections, times = plan.process(frame.image)
+        except InferenceError as e:
+            self._inference_failures += 1
+            self.stats.drop("inference_error")
+            if self._inference_failures == 1:
+                log.error("inference failed, frame %d skipped: %s", frame.frame_id, e,
+                          extra={"FRAME": frame.frame_id, "STAGE": "inference"})
+            return
+        self._inference_failures = 0
+        age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
+        self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, age_ms)
+        self.progress.frame_ns = time.monotonic_ns()
+        if len(detections) or self.settings.publish.publish_empty:
+            self._publish_detections(frame, plan, detections, times, age_ms)
+        if not self._ready:
+            self._ready = True
+            self.notifier.ready(self.status_line())
+            log.info("first frame processed: ready", extra={"CAMERA": self.settings.source.camera_id})
+
+    def _plan_for(self, frame: Frame) -> FramePipeline | None:
+        """The plan for this frame, re-planned after a lasting size change; None rejects it."""
+        declared = self.settings.source.channel_order
+        if self.plan is None:
+            h, w = frame.image.shape[:2] if frame.image.ndim >= 2 else (0, 0)
+            self.plan = FramePipeline(self.model, w, h, declared)
+        problem = frame_problem(frame.image, frame.channel_order, self.plan.spec)
+        if problem is None:
+            self._new_size = None
+            return self.plan
+        if problem == "size" and self._lasting_size_change(frame):
+            h, w = frame.image.shape[:2]
+            log.warning("frame size changed to %dx%d: re-planning buffers", w, h,
+                        extra={"CAMERA": self.settings.source.camera_id})
+            self.plan = FramePipeline(self.model, w, h, declared)
+            return self.plan
+        self.stats.drop("bad_frame_" + problem)
+        if self.stats.drops["bad_frame_" + problem] == 1:
+            log.warning("frame %d rejected (%s): not what source declared (%dx%d %s)", frame.frame_id,
+                        problem, self.plan.spec.width, self.plan.spec.height, declared,
+                        extra={"FRAME": frame.frame_id, "STAGE": "contract"})
+        return None
+
+    def _lasting_size_change(self, frame: Frame) -> bool:
+        size = (frame.image.shape[1], frame.image.shape[0])
+        seen = self._new_size[1] + 1 if self._new_size and self._new_size[0] == size else 1
+        self._new_size = (size, seen)
+        return seen >= REPLAN_AFTER
+
+    def _ready_without_frames(self) -> None:
+        """A camera missing at start-up: be up and honest about it rather than time out."""
+        if not self._ready and self.capture.state == "lost":
+            self._ready = True
+            self.notifier.ready(self.status_line())
+
+    # ---- messages ----------------------------------------------------------------------------
+
+    def _publish_detections(
+        self, frame: Frame, plan: FramePipeline, detections: Detections, times: StageTimes, age_ms: float
+    ) -> None:
+        m = plan.box_map
+        msg = DetectionsMessage(
+            camera_id=self.settings.source.camera_id,
+            seq=next(self._seq["detections"]),
+            frame_id=frame.frame_id,
+            capture_time_ns=frame.t_wall_ns,
+            frame_size=(m.frame_w, m.frame_h),
+            input_size=(m.input_w, m.input_h),
+            model=self._model_info(),
+            detections=[
+                Detection(class_id=int(c), label=self.model.label(int(c)), score=round(float(s), 4),
+                          box=(round(float(b[0]), 1), round(float(b[1]), 1),
+                               round(float(b[2]), 1), round(float(b[3]), 1)))
+                for b, s, c in zip(detections.xyxy, detections.scores, detections.class_ids, strict=True)
+            ],
+            timings=Timings(preprocess_ms=round(times.preprocess_ms, 3),
+                            inference_ms=round(times.inference_ms, 3),
+                            decode_ms=round(times.decode_ms, 3), age_ms=round(age_ms, 3)),
+            thermal_state=self.report.state if self.report else "unknown",
+        )
+        topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
+        self.publisher.send(topic, msg.model_dump_json().encode())
+
+    def drops(self) -> dict[str, int]:
+        capture = self.capture.stats()
+        drops = dict(self.stats.drops)
+        drops["stale"] = capture.dropped_stale
+        drops["read_error"] = capture.read_errors
+        drops.update(self.publisher.drops)
+        return drops
+
+    def publish_status(self) -> None:
+        self.stats.update_fps()
+        self._update_rate_cap()
+        msg = StatusMessage(
+            camera_id=self.settings.source.camera_id, seq=next(self._seq["status"]),
+            time_ns=time.time_ns(), uptime_s=round(self.stats.uptime_s(), 3),
+            fps=round(self.stats.fps, 2), frames_processed=self.stats.frames_processed,
+            source_state=self.capture.state, drops=self.drops(), latency=self.stats.latencies(),
+            rate_cap_fps=round(self._rate_cap, 2) if self._rate_cap else None,
+            thermal=self.report.to_dict() if self.report else None, model=self._model_info(),
+        )
+        topic = status_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
+        self.publisher.send(topic, msg.model_dump_json().encode())
+        self.notifier.status(self.status_line())
+
+    def status_line(self) -> str:
+        thermal = self.report.summary() if self.report else "thermal off"
+        cap = f" cap {self._rate_cap:.1f}fps" if self._rate_cap else ""
+        return (f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state} | {thermal} | "
+                f"{self.stats.frames_processed} frames | model {self.model.engine.identity.short}")
+
+    # ---- housekeeping ------------------------------------------------------------------------
+
+    def _poll_thermal(self, thermal: ThermalWatch) -> None:
+        previous = self.report.state if self.report else None
+        self.report = thermal.poll()
+        if previous is not None and previous != self.report.state:
+            self._update_rate_cap()
+            self.notifier.status(self.status_line())
+
+    def _update_rate_cap(self) -> None:
+        """Cap = thermal factor x full rate (max_fps, else the rate the camera delivers)."""
+        now, captured = time.monotonic_ns(), self.capture.stats().frames_captured
+        then, before = self._source_fps_mark
+        if now - then > 5e8:
+            self._source_fps = (captured - before) * 1e9 / (now - then)
+            self._source_fps_mark = (now, captured)
+        factor = self.report.rate_factor if self.report else 1.0
+        full = self.settings.service.max_fps or (self._source_fps if factor < 1.0 else 0.0)
+        if factor < 1.0 and self._rate_cap and not self.settings.service.max_fps:
+            full = max(full, self._rate_cap / factor)  # a capped loop still knows the full rate
+        self._rate_cap = full * factor if full and factor > 0 else None
+
+    def healthy(self) -> bool:
+        """Progress for the watchdog: the loop turns, and frames flow or a reconnect is alive."""
+        now = time.monotonic_ns()
+        limit = self.settings.service.stall_timeout_s * 1e9
+        if now - self.progress.loop_ns > limit:
+            return False
+        capture = self.capture.stats()
+        if not capture.alive:
+            return False
+        if now - self.progress.frame_ns <= limit:
+            return True
+        return self.capture.state in ("lost", "starting") and now - capture.last_progress_ns <= limit
+
+    def reload(self) -> None:
+        """SIGHUP: apply a new config and model, or keep everything as it is if they are bad."""
+        log.info("reloading configuration from %s", self.config_path)
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path)
+            model = load_model(new.model, new.runtime)
+        except (ConfigError, ModelError, ContractError) as e:
+            log.error("reload refused, keeping the running configuration: %s", e)
+            self.notifier.ready(self.status_line())
+            return
+        if new.publish != self.settings.publish:
+            log.warning("publish settings changed: restart edged to apply them")
+        if new.source != self.settings.source:
+            self.capture.stop()
+            self.settings = new
+            self.capture = self._start_capture()
+        self.settings = new
+        self.model, self.plan = model, None
+        self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
+        log.info("reloaded: model %s", model.engine.identity.short)
+        self.notifier.ready(self.status_line())
+
+    def shutdown(self, watchdog: Watchdog | None) -> None:
+        self.notifier.stopping()
+        if watchdog:
+            watchdog.stop()
+        self.capture.stop(timeout_s=1.5)
+        self.publish_status()
+        self.publisher.close()
+
+
+def run(config_path: Path | None, settings: Settings) -> int:
+    """``edged run``: returns the process exit code."""
+    notifier = Notifier()
+    signals = Signals()
+    signals.install()
+    try:
+        daemon = Daemon(settings, config_path, notifier, signals)
+    except (ModelError, ContractError) as e:
+        log.error("%s", e)
+        notifier.status(f"refused to start: {e}")
+        return EXIT_CONFIG
+    except PublishError as e:
+        log.error("%s", e)
+        notifier.status(f"cannot publish: {e}")
+        return EXIT_FAILURE
+    try:
+        return daemon.run()
+    finally:
+        notifier.close()
+

@@ -1,0 +1,224 @@
+"""Inference: the ONNX Runtime session, its execution providers and its IOBinding.
+
+The session is created once. Inputs and outputs are bound to numpy buffers allocated once after
+a warm-up run (which also fixes any symbolic output size), so a steady-state run writes straight
+into those buffers and allocates nothing. Requested providers that this onnxruntime build lacks
+fall back down the configured list with a warning; ``placement()`` reports where ORT actually
+put each node, from ORT's own assignment record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from edged.config import ProviderConfig, RuntimeConfig
+from edged.contract import batch_dim_to_pin
+
+log = logging.getLogger(__name__)
+
+_OPT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+class ModelError(Exception):
+    """The model cannot be loaded or run at all; the daemon must not start with it."""
+
+
+class InferenceError(Exception):
+    """One run failed (a provider error); the frame is skipped and counted."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIdentity:
+    name: str
+    sha256: str
+
+    @property
+    def short(self) -> str:
+        return f"{self.name}@{self.sha256[:12]}"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve_providers(
+    requested: list[ProviderConfig], available: list[str]
+) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """Keep the requested providers this build has, in order; CPU always ends the list.
+
+    Returns the providers for ORT and one warning per provider that had to be dropped.
+    """
+    chosen: list[tuple[str, dict[str, Any]]] = []
+    warnings = []
+    for p in requested:
+        if p.name in available:
+            chosen.append((p.name, dict(p.options)))
+        else:
+            warnings.append(
+                f"execution provider {p.name} is not in this onnxruntime build (it has "
+                f"{', '.join(available)}); falling back to the next one in runtime.providers"
+            )
+    if not any(name == "CPUExecutionProvider" for name, _ in chosen):
+        chosen.append(("CPUExecutionProvider", {}))
+    return chosen, warnings
+
+
+class Engine:
+    """One batch-1 session bound to preallocated buffers."""
+
+    def __init__(self, model_path: Path, cfg: RuntimeConfig, *, record_placement: bool = False) -> None:
+        self.model_path = model_path
+        self.cfg = cfg
+        try:
+            self.identity = ModelIdentity(model_path.stem, file_sha256(model_path))
+        except OSError as e:
+            raise ModelError(f"cannot read model {model_path}: {e.strerror}") from None
+        self.providers, self.provider_warnings = resolve_providers(
+            cfg.providers, ort.get_available_providers()
+        )
+        for warning in self.provider_warnings:
+            log.warning(warning, extra={"MODEL": self.identity.short})
+        self.session = self._create_session(record_placement)
+        self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
+        self.input_meta = self.session.get_inputs()
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.outputs: list[np.ndarray] = []
+        self._binding: ort.IOBinding | None = None
+
+    # ---- session construction ------------------------------------------------------------
+
+    def _session_options(self, record_placement: bool, pin: str | None) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.cfg.intra_op_threads
+        so.inter_op_num_threads = self.cfg.inter_op_threads
+        so.graph_optimization_level = _OPT_LEVELS[self.cfg.graph_optimization]
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.cfg.spinning else "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "1" if self.cfg.spinning else "0")
+        if record_placement:
+            so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        if pin is not None:
+            so.add_free_dimension_override_by_name(pin, 1)
+        return so
+
+    def _create_session(self, record_placement: bool) -> ort.InferenceSession:
+        source, cache_hit = self._model_source()
+        session = self._open(source, record_placement, None, write_cache=not cache_hit)
+        pin = batch_dim_to_pin(session.get_inputs()[0].shape) if session.get_inputs() else None
+        if pin is not None:
+            log.info("pinning dynamic batch dimension %r to 1", pin)
+            session = self._open(source, record_placement, pin, write_cache=False)
+        return session
+
+    def _open(self, source: Path, record: bool, pin: str | None, write_cache: bool) -> ort.InferenceSession:
+        so = self._session_options(record, pin)
+        cache = self.cfg.optimized_model_path
+        if cache is not None and write_cache and pin is None:
+            so.optimized_model_filepath = str(cache)
+        try:
+            session = ort.InferenceSession(str(source), sess_options=so, providers=self.providers)
+        except Exception as e:  # ORT raises its own Fail/InvalidProtobuf/NoSuchFile types
+            raise ModelError(f"onnxruntime cannot load {source}: {_first_line(e)}") from None
+        if cache is not None and write_cache and pin is None:
+            self._write_cache_stamp(cache)
+        return session
+
+    def _cache_stamp(self) -> dict[str, Any]:
+        return {
+            "model_sha256": self.identity.sha256,
+            "onnxruntime": ort.__version__,
+            "providers": [name for name, _ in self.providers],
+            "graph_optimization": self.cfg.graph_optimization,
+        }
+
+    def _model_source(self) -> tuple[Path, bool]:
+        """The optimised-graph cache when it was made from this very model, else the model."""
+        cache = self.cfg.optimized_model_path
+        if cache is None:
+            return self.model_path, False
+        stamp = cache.with_name(cache.name + ".json")
+        try:
+            if json.loads(stamp.read_text()) == self._cache_stamp() and cache.is_file():
+                log.info("loading optimised model from cache %s", cache)
+                return cache, True
+        except (OSError, ValueError):
+            pass
+        log.info("optimised-model cache %s missing or stale; rebuilding it", cache)
+        return self.model_path, False
+
+    def _write_cache_stamp(self, cache: Path) -> None:
+        try:
+            cache.with_name(cache.name + ".json").write_text(json.dumps(self._cache_stamp()))
+        except OSError as e:
+            log.warning("cannot write optimised-model cache stamp next to %s: %s", cache, e.strerror)
+
+    # ---- binding and running -------------------------------------------------------------
+
+    def bind(self, input_tensor: np.ndarray) -> list[np.ndarray]:
+        """Bind the preallocated input; warm up once to learn output shapes; bind outputs.
+
+        Returns float32 views of the outputs, refreshed in place by every `run`.
+        """
+        name = self.input_meta[0].name
+        try:
+            warm = self.session.run(None, {name: input_tensor})
+        except Exception as e:
+            raise ModelError(f"the model fails on its first run: {_first_line(e)}") from None
+        binding = self.session.io_binding()
+        # OrtValues wrap the numpy buffers without copying; keep them alive with the binding.
+        self._raw_outputs = [np.empty_like(w) for w in warm]
+        self._values = [ort.OrtValue.ortvalue_from_numpy(input_tensor)]
+        binding.bind_ortvalue_input(name, self._values[0])
+        for out_name, buf in zip(self.output_names, self._raw_outputs, strict=True):
+            self._values.append(ort.OrtValue.ortvalue_from_numpy(buf))
+            binding.bind_ortvalue_output(out_name, self._values[-1])
+        # Decoders work in float32; other output types get one float32 mirror, copied into.
+        self.outputs = [b if b.dtype == np.float32 else np.empty(b.shape, np.float32) for b in self._raw_outputs]
+        self._binding = binding
+        return self.outputs
+
+    def run(self) -> None:
+        """One inference on the bound input, results in `outputs`; raises InferenceError."""
+        if self._binding is None:
+            raise InferenceError("run() before bind()")
+        try:
+            self.session.run_with_iobinding(self._binding)
+        except Exception as e:
+            raise InferenceError(_first_line(e)) from None
+        for raw, out in zip(self._raw_outputs, self.outputs, strict=True):
+            if raw is not out:
+                np.copyto(out, raw, casting="unsafe")
+
+    @property
+    def provider(self) -> str:
+        return self.session.get_providers()[0]
+
+    def placement(self) -> dict[str, int]:
+        """Nodes per execution provider as ORT assigned them (needs record_placement=True)."""
+        counts: Counter[str] = Counter()
+        for subgraph in self.session.get_provider_graph_assignment_info():
+            counts[subgraph.ep_name] += len(subgraph.get_nodes())
+        return dict(counts)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:500]

@@ -1,0 +1,52 @@
+"""Geometry shared by preprocess and decode: how frame pixels map onto the model's input.
+
+Preprocess writes the frame into the input tensor through a `BoxMap`; decode maps boxes back
+through the same `BoxMap`. Keeping it in one small module means the two stages can never
+disagree about letterbox rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BoxMap:
+    """Frame -> input transform: ``input = frame * scale + pad`` per axis.
+
+    ``resized_w``/``resized_h`` is the size of the image content inside the input (the rest is
+    padding); ``pad_x``/``pad_y`` is where the content starts.
+    """
+
+    frame_w: int
+    frame_h: int
+    input_w: int
+    input_h: int
+    scale_x: float
+    scale_y: float
+    pad_x: int
+    pad_y: int
+    resized_w: int
+    resized_h: int
+
+    @classmethod
+    def letterbox(cls, frame_w: int, frame_h: int, input_w: int, input_h: int) -> BoxMap:
+        """Ultralytics' LetterBox(auto=False, center=True): one scale, centred padding.
+
+        The rounding copies ultralytics exactly (``round(w * r)``, then ``round(dw - 0.1)``
+        for the left/top pad, and boxes mapped back with the single gain ``r`` as its
+        ``scale_boxes`` does) so a model trained there sees the same pixels here.
+        """
+        r = min(input_h / frame_h, input_w / frame_w)
+        resized_w, resized_h = round(frame_w * r), round(frame_h * r)
+        dw, dh = (input_w - resized_w) / 2, (input_h - resized_h) / 2
+        pad_x, pad_y = round(dw - 0.1), round(dh - 0.1)
+        return cls(frame_w, frame_h, input_w, input_h, r, r, pad_x, pad_y, resized_w, resized_h)
+
+    @classmethod
+    def stretch(cls, frame_w: int, frame_h: int, input_w: int, input_h: int) -> BoxMap:
+        """Plain resize to the input size (RT-DETR style scale-fill): no padding."""
+        return cls(
+            frame_w, frame_h, input_w, input_h,
+            input_w / frame_w, input_h / frame_h, 0, 0, input_w, input_h,
+        )

@@ -1,0 +1,145 @@
+"""The wire schema: every message edged publishes, as pydantic models.
+
+These models are the single source of truth: the JSON Schema that subscribers validate against
+(`edged/messages.schema.json`, printed by ``edged schema``) is generated from them, and a test
+fails when the committed file is stale. ``SCHEMA_VERSION`` changes whenever a field is removed or
+changes meaning; adding an optional field does not change it.
+
+Wire format: a ZeroMQ multipart message of two frames, the topic and the JSON payload.
+Topics are ``<prefix>/detections/<camera_id>`` and ``<prefix>/status/<camera_id>``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Detection(Message):
+    class_id: int = Field(ge=0, description="Index into the model's classes.")
+    label: str = Field(description="Class name from the model metadata or the labels file.")
+    score: float = Field(ge=0, le=1, description="Confidence after decoding.")
+    box: tuple[float, float, float, float] = Field(
+        description="x1, y1, x2, y2 in frame pixels (origin top-left), clipped to the frame.")
+
+
+class ModelInfo(Message):
+    name: str = Field(description="Model file name without extension.")
+    sha256: str = Field(description="SHA-256 of the model file, hex.")
+    provider: str = Field(description="Execution provider that ran the model.")
+
+
+class Timings(Message):
+    preprocess_ms: float = Field(description="Letterbox, colour, layout and normalisation.")
+    inference_ms: float = Field(description="ONNX Runtime run.")
+    decode_ms: float = Field(description="Head decoding and NMS.")
+    age_ms: float = Field(description="Capture to publish: how old the frame is when it goes out.")
+
+
+class DetectionsMessage(Message):
+    """One processed frame."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["detections"] = "detections"
+    camera_id: str
+    seq: int = Field(ge=0, description="Per-topic sequence number; a gap means messages were lost.")
+    frame_id: int = Field(ge=0, description="Capture counter; gaps are frames dropped as stale.")
+    capture_time_ns: int = Field(description="Wall-clock capture time, ns since the Unix epoch.")
+    frame_size: tuple[int, int] = Field(description="Frame width, height in pixels.")
+    input_size: tuple[int, int] = Field(description="Model input width, height in pixels.")
+    model: ModelInfo
+    detections: list[Detection]
+    timings: Timings
+    thermal_state: str = Field(description="unknown, ok, warm, throttled or critical.")
+
+
+class StageLatency(Message):
+    p50_ms: float
+    p99_ms: float
+
+
+class StatusMessage(Message):
+    """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["status"] = "status"
+    camera_id: str
+    seq: int = Field(ge=0)
+    time_ns: int = Field(description="Wall-clock time of this status, ns since the Unix epoch.")
+    uptime_s: float
+    fps: float = Field(description="Frames processed per second over the last interval.")
+    frames_processed: int
+    source_state: str = Field(description="starting, ok, lost or ended.")
+    drops: dict[str, int] = Field(description="Frames or messages not processed or sent, by cause.")
+    latency: dict[str, StageLatency] = Field(description="Per stage over the last interval.")
+    rate_cap_fps: float | None = Field(description="Current frame-rate cap; null when uncapped.")
+    thermal: dict[str, Any] | None = Field(description="Thermal readings and state; null when off.")
+    model: ModelInfo
+
+
+def json_schema() -> dict[str, Any]:
+    """The schema subscribers use: one document describing both message kinds."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "edged messages",
+        "description": __doc__.strip().splitlines()[0] + f" Schema version {SCHEMA_VERSION}.",
+        "oneOf": [{"$ref": "#/$defs/DetectionsMessage"}, {"$ref": "#/$defs/StatusMessage"}],
+        "$defs": _merged_defs(DetectionsMessage, StatusMessage),
+    }
+
+
+def _merged_defs(*models: type[BaseModel]) -> dict[str, Any]:
+    defs: dict[str, Any] = {}
+    for model in models:
+        schema = model.model_json_schema(ref_template="#/$defs/{model}")
+        defs.update(schema.pop("$defs", {}))
+        defs[model.__name__] = schema
+    return dict(sorted(defs.items()))
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+MAX_PAYLOAD_BYTES = 1 << 20  # a detections message is a few KB; anything this big is not ours
+
+
+class MessageError(ValueError):
+    """A received payload that is not a valid edged message of this schema version."""
+
+
+_KINDS: dict[str, type[DetectionsMessage] | type[StatusMessage]] = {
+    "detections": DetectionsMessage,
+    "status": StatusMessage,
+}
+
+
+def parse_message(payload: bytes) -> DetectionsMessage | StatusMessage:
+    """Validate a received payload; every rejection says why in one line."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise MessageError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise MessageError(f"payload is not JSON: {str(e)[:120]}") from None
+    if not isinstance(data, dict):
+        raise MessageError(f"payload is a JSON {type(data).__name__}, not an object")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise MessageError(f"schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+    model = _KINDS.get(data.get("kind"))  # type: ignore[arg-type]
+    if model is None:
+        raise MessageError(f"unknown message kind {data.get('kind')!r}")
+    try:
+        return model.model_validate(data)
+    except ValueError as e:
+        first = str(e).splitlines()
+        raise MessageError(f"invalid {data['kind']} message: {' '.join(first[:3])[:300]}") from None

@@ -1,0 +1,75 @@
+"""A loaded model: the session, its checked input contract, its head format and class names.
+
+`run`, `check`, `eval` and `bench` all load a model through `load_model`, so they refuse the
+same models for the same reasons and decode with the same settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from edged.config import ModelConfig, RuntimeConfig
+from edged.contract import ContractError, InputContract, build_contract
+from edged.decode import Decoder, HeadError, HeadFormat, detect_head, parse_names
+from edged.engine import Engine, ModelError
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    engine: Engine
+    contract: InputContract
+    head: HeadFormat
+    num_classes: int
+    labels: list[str]
+    cfg: ModelConfig
+
+    def make_decoder(self) -> Decoder:
+        """A decoder for the bound output (its size is only known after `Engine.bind`)."""
+        return Decoder(
+            self.head, self.engine.outputs[0].shape, self.num_classes, conf=self.cfg.conf,
+            iou=self.cfg.iou, max_det=self.cfg.max_det, agnostic=self.cfg.agnostic_nms,
+        )
+
+    def label(self, class_id: int) -> str:
+        return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
+
+
+def read_labels(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelError(f"cannot read labels file {path}: {e}") from None
+    return [line.strip() for line in lines if line.strip()]
+
+
+def _head(engine: Engine, cfg: ModelConfig) -> tuple[HeadFormat, int]:
+    shapes = [o.shape for o in engine.session.get_outputs()]
+    try:
+        head, num_classes = detect_head(shapes, engine.metadata)
+    except HeadError as e:
+        if cfg.head == "auto":
+            raise ContractError(f"{e}; set model.head if the model is one of these") from None
+        raise ContractError(f"model.head = {cfg.head!r} does not fit the model: {e}") from None
+    if cfg.head not in ("auto", head):
+        raise ContractError(
+            f"config model.head = {cfg.head!r} but the outputs {shapes} are a {head!r} head"
+        )
+    return head, num_classes
+
+
+def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool = False) -> LoadedModel:
+    """Load and check a model; raises ModelError (cannot load) or ContractError (cannot trust)."""
+    if not cfg.path.is_file():
+        raise ModelError(f"model file {cfg.path} does not exist")
+    engine = Engine(cfg.path, runtime, record_placement=record_placement)
+    inputs = [(i.name, i.shape, i.type) for i in engine.input_meta]
+    contract = build_contract(inputs, engine.metadata, cfg)
+    head, num_classes = _head(engine, cfg)
+    labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
+    if labels and len(labels) != num_classes:
+        source = str(cfg.labels) if cfg.labels else "the model's names metadata"
+        raise ContractError(
+            f"{source} lists {len(labels)} classes but the model outputs {num_classes}"
+        )
+    return LoadedModel(engine, contract, head, num_classes, labels, cfg)
