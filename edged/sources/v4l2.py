@@ -1,0 +1,110 @@
+"""USB/UVC and other V4L2 cameras through OpenCV's V4L2 backend.
+
+Owns the open sequence (pixel format before size, then frame rate and a one-frame driver queue),
+reporting what the camera actually negotiated, and turning a failed read into ``SourceError`` so
+the capture thread reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Literal
+
+import cv2
+import numpy as np
+
+from edged.config import V4l2Source
+from edged.sources import SourceError
+
+log = logging.getLogger(__name__)
+
+SELECT_TIMEOUT_ENV = "OPENCV_VIDEOIO_V4L_SELECT_TIMEOUT"
+
+
+def _fourcc_text(value: float) -> str:
+    code = int(value)
+    return "".join(chr((code >> (8 * i)) & 0xFF) for i in range(4))
+
+
+def _bound_read_wait(fps: float) -> None:
+    """Bound how long a read of a stalled camera blocks (OpenCV's default is 10 s per frame).
+
+    OpenCV reads the variable once per process, the first time a V4L2 read has to wait, in whole
+    seconds. A few frame periods, at least 2 s so that a slow-starting camera's first frame is not
+    refused; a value already set in the environment wins.
+    """
+    os.environ.setdefault(SELECT_TIMEOUT_ENV, str(max(2, math.ceil(3.0 / fps))))
+
+
+class V4l2CameraSource:
+    """``cv2.VideoCapture(device, cv2.CAP_V4L2)`` with the requested format read back and logged."""
+
+    def __init__(self, cfg: V4l2Source) -> None:
+        self._cfg = cfg
+        self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
+        self._cap: cv2.VideoCapture | None = None
+        self.negotiated: tuple[str, int, int, float] | None = None  # fourcc, width, height, fps
+
+    def _target(self) -> int | str:
+        device = self._cfg.device
+        path = f"/dev/video{int(device)}" if device.isdigit() else device
+        if not os.path.exists(path):
+            raise SourceError(f"camera device {path} does not exist (is the camera plugged in? "
+                              "list cameras with `v4l2-ctl --list-devices`, then check source.device)")
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise SourceError(f"no permission to open camera device {path} (add the service user to the "
+                              "'video' group; under systemd allow DeviceAllow=char-video4linux rw)")
+        return int(device) if device.isdigit() else device
+
+    def open(self) -> None:
+        target = self._target()
+        _bound_read_wait(self._cfg.fps)
+        cap = cv2.VideoCapture(target, cv2.CAP_V4L2)
+        if not cap.isOpened():
+            cap.release()
+            raise SourceError(f"cannot open camera {self._cfg.device} with V4L2 (is it a capture device, and "
+                              "is another process using it? check `v4l2-ctl -d DEVICE --all` and "
+                              "`fuser DEVICE`)")
+        self._cap = cap
+        self._configure(cap)
+
+    def _configure(self, cap: cv2.VideoCapture) -> None:
+        cfg = self._cfg
+        # The pixel format must be set before the size: V4L2 picks sizes per format, and without MJPG
+        # most UVC cameras cannot deliver high resolutions at high frame rates.
+        cap.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*cfg.fourcc))
+        cap.set(cv2.CAP_PROP_FRAME_WIDTH, cfg.width)
+        cap.set(cv2.CAP_PROP_FRAME_HEIGHT, cfg.height)
+        cap.set(cv2.CAP_PROP_FPS, cfg.fps)
+        # One driver buffer: the capture thread, not the driver queue, decides which frame is newest.
+        cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)
+        got = (_fourcc_text(cap.get(cv2.CAP_PROP_FOURCC)), int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
+               int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)), float(cap.get(cv2.CAP_PROP_FPS)))
+        self.negotiated = got
+        extra = {"CAMERA": cfg.camera_id}
+        log.info("camera %s negotiated %s %dx%d at %.1f fps", cfg.device, *got, extra=extra)
+        wanted = (cfg.fourcc, cfg.width, cfg.height)
+        if got[:3] != wanted or (got[3] > 0 and not math.isclose(got[3], cfg.fps, rel_tol=0.05)):
+            log.warning("camera %s gives %s %dx%d at %.1f fps instead of the requested %s %dx%d at %.1f fps "
+                        "(list its modes with `v4l2-ctl -d %s --list-formats-ext`)", cfg.device, *got,
+                        *wanted, cfg.fps, cfg.device, extra=extra)
+
+    def read(self, out: np.ndarray | None) -> np.ndarray:
+        if self._cap is None:
+            raise SourceError(f"camera {self._cfg.device} read before open()")
+        try:
+            # read(image=out) converts straight into out without allocating when its shape matches.
+            ok, image = self._cap.read(image=out)
+        except cv2.error as e:
+            raise SourceError(f"camera {self._cfg.device} failed: {e}") from e
+        if not ok:
+            raise SourceError(f"camera {self._cfg.device} stopped delivering frames (unplugged, or a USB "
+                              "problem? check `dmesg` and the cable)")
+        return image
+
+    def close(self) -> None:
+        if self._cap is not None:
+            self._cap.release()
+            self._cap = None

@@ -1,0 +1,108 @@
+"""The ORT engine: IOBinding into preallocated buffers, provider fallback, placement, caches."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx_models import colour_probe
+
+from edged.config import ProviderConfig, RuntimeConfig
+from edged.engine import Engine, ModelError, resolve_providers
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> Path:
+    return colour_probe(tmp_path / "probe.onnx")
+
+
+def test_outputs_land_in_the_bound_buffers(probe: Path) -> None:
+    engine = Engine(probe, RuntimeConfig())
+    tensor = np.zeros((1, 3, 64, 64), np.float32)
+    outputs = engine.bind(tensor)
+    buffer = outputs[0]
+    tensor[0, 0] = 1.0  # red everywhere: the new input is read without rebinding
+    engine.run()
+    assert engine.outputs[0] is buffer
+    assert buffer[0, 4, 0] == pytest.approx(1.0) and buffer[0, 5, 0] == pytest.approx(0.0)
+    tensor[0, 0], tensor[0, 2] = 0.0, 0.5
+    engine.run()
+    assert buffer[0, 4, 0] == pytest.approx(0.0) and buffer[0, 5, 0] == pytest.approx(0.5)
+
+
+def test_dynamic_batch_is_pinned_to_one(tmp_path: Path) -> None:
+    engine = Engine(colour_probe(tmp_path / "dyn.onnx", batch="batch"), RuntimeConfig())
+    assert engine.input_meta[0].shape == [1, 3, 64, 64]
+
+
+def test_missing_provider_falls_back_with_a_warning(probe: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = RuntimeConfig(providers=[ProviderConfig(name="NoSuchExecutionProvider"),
+                                   ProviderConfig(name="CPUExecutionProvider")])
+    with caplog.at_level(logging.WARNING):
+        engine = Engine(probe, cfg)
+    assert engine.provider == "CPUExecutionProvider"
+    assert "NoSuchExecutionProvider is not in this onnxruntime build" in caplog.text
+
+
+def test_cpu_always_ends_the_provider_list() -> None:
+    chosen, warnings = resolve_providers([ProviderConfig(name="CUDAExecutionProvider", options={"device_id": 0})],
+                                         ["CPUExecutionProvider"])
+    assert chosen == [("CPUExecutionProvider", {})]
+    assert len(warnings) == 1 and "CUDAExecutionProvider" in warnings[0]
+
+
+def test_placement_comes_from_ort_assignment_record(probe: Path) -> None:
+    engine = Engine(probe, RuntimeConfig(), record_placement=True)
+    placement = engine.placement()
+    assert set(placement) == {"CPUExecutionProvider"}
+    assert placement["CPUExecutionProvider"] >= 3
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"not a model at all", "onnxruntime cannot load"),  # garbage
+        (b"", "onnxruntime cannot load"),  # empty file
+    ],
+)
+def test_corrupt_model_is_a_model_error(tmp_path: Path, content: bytes, message: str) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(content)
+    with pytest.raises(ModelError, match=message):
+        Engine(bad, RuntimeConfig())
+
+
+def test_truncated_model_is_a_model_error(tmp_path: Path, probe: Path) -> None:
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(probe.read_bytes()[: probe.stat().st_size // 2])
+    with pytest.raises(ModelError):
+        Engine(truncated, RuntimeConfig())
+
+
+def test_optimised_model_cache_is_written_then_used(probe: Path, tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    cache = tmp_path / "cache" / "probe.opt.onnx"
+    cache.parent.mkdir()
+    cfg = RuntimeConfig(optimized_model_path=cache)
+    with caplog.at_level(logging.INFO):
+        Engine(probe, cfg)
+    assert cache.is_file()
+    stamp = json.loads(cache.with_name(cache.name + ".json").read_text())
+    assert stamp["onnxruntime"] == ort.__version__
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        engine = Engine(probe, cfg)
+    assert "loading optimised model from cache" in caplog.text
+    tensor = np.zeros((1, 3, 64, 64), np.float32)
+    engine.bind(tensor)
+    engine.run()  # the cached graph runs
+
+    other = colour_probe(tmp_path / "other.onnx", size=32)  # a different model: the cache is stale
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        Engine(other, cfg)
+    assert "missing or stale" in caplog.text

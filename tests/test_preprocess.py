@@ -1,0 +1,127 @@
+"""Preprocess writes exactly what ultralytics' LetterBox + BGR->RGB + /255 produces, in place."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import cv2
+import numpy as np
+import pytest
+
+from edged.contract import InputContract
+from edged.geometry import BoxMap
+from edged.preprocess import Preprocessor
+
+
+def contract(h: int, w: int, *, layout: str = "nchw", order: str = "rgb", dtype: type = np.float32,
+             resize: str = "letterbox", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)) -> InputContract:
+    shape = (1, 3, h, w) if layout == "nchw" else (1, h, w, 3)
+    return InputContract("images", shape, dtype, layout, order, resize, 1 / 255, mean, std)  # type: ignore[arg-type]
+
+
+def ultralytics_letterbox(frame: np.ndarray, h: int, w: int) -> np.ndarray:
+    """ultralytics.data.augment.LetterBox(auto=False, center=True), step by step, as it is written."""
+    shape = frame.shape[:2]
+    r = min(h / shape[0], w / shape[1])
+    new_unpad = round(shape[1] * r), round(shape[0] * r)
+    dw, dh = (w - new_unpad[0]) / 2, (h - new_unpad[1]) / 2
+    if shape[::-1] != new_unpad:
+        frame = cv2.resize(frame, new_unpad, interpolation=cv2.INTER_LINEAR)
+    top, bottom = round(dh - 0.1), round(dh + 0.1)
+    left, right = round(dw - 0.1), round(dw + 0.1)
+    return cv2.copyMakeBorder(frame, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(114, 114, 114))
+
+
+@pytest.fixture
+def frame() -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 256, (720, 1280, 3), np.uint8)
+
+
+@pytest.mark.parametrize(
+    ("h", "w", "frame_hw"),
+    [
+        (640, 640, (720, 1280)),  # landscape camera into a square model: pad top and bottom
+        (320, 320, (720, 1280)),  # the demo model's input
+        (640, 640, (1280, 720)),  # portrait: pad left and right
+        (384, 640, (720, 1280)),  # rectangular input
+        (641, 639, (480, 640)),  # odd sizes exercise the -0.1 rounding
+    ],
+)
+def test_letterbox_matches_ultralytics_bit_for_bit(h: int, w: int, frame_hw: tuple[int, int]) -> None:
+    image = np.random.default_rng(1).integers(0, 256, (*frame_hw, 3), np.uint8)
+    pre = Preprocessor(contract(h, w), frame_hw[1], frame_hw[0])
+    expected = ultralytics_letterbox(image, h, w)[..., ::-1].transpose(2, 0, 1)[None].astype(np.float32) / 255
+    np.testing.assert_allclose(pre(image), expected, rtol=0, atol=1e-6)
+
+
+def test_nhwc_bgr_model_gets_bgr_pixels_in_hwc(frame: np.ndarray) -> None:
+    pre = Preprocessor(contract(640, 640, layout="nhwc", order="bgr"), 1280, 720)
+    expected = ultralytics_letterbox(frame, 640, 640)[None].astype(np.float32) / 255
+    np.testing.assert_allclose(pre(frame), expected, atol=1e-6)
+
+
+def test_rgb_source_into_rgb_model_is_not_swapped(frame: np.ndarray) -> None:
+    pre = Preprocessor(contract(320, 320), 1280, 720, source_order="rgb")
+    expected = ultralytics_letterbox(frame, 320, 320).transpose(2, 0, 1)[None].astype(np.float32) / 255
+    np.testing.assert_allclose(pre(frame), expected, atol=1e-6)
+
+
+def test_uint8_model_gets_raw_pixels(frame: np.ndarray) -> None:
+    pre = Preprocessor(contract(320, 320, dtype=np.uint8), 1280, 720)
+    out = pre(frame)
+    assert out.dtype == np.uint8
+    np.testing.assert_array_equal(out[0], ultralytics_letterbox(frame, 320, 320)[..., ::-1].transpose(2, 0, 1))
+
+
+def test_float16_and_mean_std(frame: np.ndarray) -> None:
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    pre = Preprocessor(contract(320, 320, dtype=np.float16, mean=mean, std=std), 1280, 720)
+    rgb = ultralytics_letterbox(frame, 320, 320)[..., ::-1].astype(np.float32) / 255
+    expected = ((rgb - mean) / std).transpose(2, 0, 1)[None]
+    out = pre(frame)
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out.astype(np.float32), expected, atol=2e-2)
+
+
+def test_stretch_fills_the_input_without_padding(frame: np.ndarray) -> None:
+    pre = Preprocessor(contract(320, 320, resize="stretch"), 1280, 720)
+    resized = cv2.resize(frame, (320, 320), interpolation=cv2.INTER_LINEAR)
+    np.testing.assert_allclose(pre(frame)[0], resized[..., ::-1].transpose(2, 0, 1) / 255, atol=1e-6)
+    assert pre.box_map == BoxMap.stretch(1280, 720, 320, 320)
+
+
+def test_frame_already_at_input_size_is_copied_not_resized() -> None:
+    image = np.random.default_rng(2).integers(0, 256, (64, 64, 3), np.uint8)
+    pre = Preprocessor(contract(64, 64), 64, 64)
+    np.testing.assert_allclose(pre(image)[0], image[..., ::-1].transpose(2, 0, 1) / 255, atol=1e-6)
+
+
+def test_the_tensor_is_filled_in_place_and_allocates_nothing_per_frame(frame: np.ndarray) -> None:
+    pre = Preprocessor(contract(640, 640), 1280, 720)
+    tensor = pre.tensor
+    pre(frame)  # warm-up
+    tracemalloc.start()
+    try:
+        for _ in range(20):
+            out = pre(frame)
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out is tensor
+    # A 640x640 float32 tensor is 4.9 MB; per-frame arrays would show up here as megabytes.
+    assert peak < 64 * 1024, f"preprocess allocated {peak} bytes in steady state"
+
+
+@pytest.mark.parametrize(
+    ("frame_wh", "input_wh", "scale", "pad"),
+    [
+        ((1280, 720), (640, 640), 0.5, (0, 140)),
+        ((1280, 720), (320, 320), 0.25, (0, 70)),
+        ((720, 1280), (640, 640), 0.5, (140, 0)),
+        ((640, 640), (640, 640), 1.0, (0, 0)),
+    ],
+)
+def test_letterbox_geometry(frame_wh: tuple[int, int], input_wh: tuple[int, int], scale: float,
+                            pad: tuple[int, int]) -> None:
+    m = BoxMap.letterbox(*frame_wh, *input_wh)
+    assert (m.scale_x, m.scale_y, (m.pad_x, m.pad_y)) == (scale, scale, pad)

@@ -1,0 +1,148 @@
+"""The publisher over real ZeroMQ sockets: fan-out, never blocking, exposure rules, ipc permissions."""
+
+from __future__ import annotations
+
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from edged.config import PublishConfig
+from edged.publish import Publisher, PublishError, check_exposure, detections_topic
+from edged.subscribe import Subscriber
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context]:
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def subscribe(context: zmq.Context) -> Iterator[Callable[..., zmq.Socket]]:
+    """Makes SUB sockets and closes every one of them at teardown."""
+    made: list[zmq.Socket] = []
+
+    def make(endpoint: str, topic: bytes = b"") -> zmq.Socket:
+        sock = context.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, topic)
+        sock.connect(endpoint)
+        made.append(sock)
+        return sock
+
+    yield make
+    for sock in made:
+        sock.close(linger=0)
+
+
+def _publisher(context: zmq.Context, **cfg: object) -> Publisher:
+    return Publisher(PublishConfig(endpoints=["tcp://127.0.0.1:*"], **cfg), context)  # type: ignore[arg-type]
+
+
+def _send_until_received(pub: Publisher, subs: list[zmq.Socket], topic: bytes) -> None:
+    """PUB/SUB joins asynchronously: send until every subscriber has one message."""
+    pending = set(range(len(subs)))
+    deadline = time.monotonic() + 5
+    while pending and time.monotonic() < deadline:
+        pub.send(topic, b"{}")
+        for i in list(pending):
+            if subs[i].poll(20):
+                subs[i].recv_multipart()
+                pending.discard(i)
+    assert not pending, "subscribers never joined"
+    for sub in subs:  # drop the join messages still in flight
+        while sub.poll(50):
+            sub.recv_multipart()
+
+
+def test_every_subscriber_gets_topic_and_payload(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
+    pub = _publisher(context)
+    topic = detections_topic("edged", "cam0")
+    subs = [subscribe(pub.endpoints[0], b"edged/detections/") for _ in range(3)]
+    _send_until_received(pub, subs, topic)
+    assert pub.send(topic, b'{"n": 1}')
+    for sub in subs:
+        assert sub.poll(2000)
+        assert sub.recv_multipart() == [b"edged/detections/cam0", b'{"n": 1}']
+    pub.close()
+
+
+def test_topic_filter_separates_status_from_detections(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
+    pub = _publisher(context)
+    status_only = subscribe(pub.endpoints[0], b"edged/status/")
+    _send_until_received(pub, [status_only], b"edged/status/cam0")
+    pub.send(b"edged/detections/cam0", b"{}")
+    pub.send(b"edged/status/cam0", b'{"s": 1}')
+    assert status_only.poll(2000)
+    assert status_only.recv_multipart()[0] == b"edged/status/cam0"
+    assert not status_only.poll(100)
+    pub.close()
+
+
+def test_a_subscriber_that_never_reads_does_not_block_or_queue_without_bound(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
+    pub = _publisher(context, hwm=4)
+    stalled = subscribe(pub.endpoints[0])
+    _send_until_received(pub, [stalled], b"t")
+    payload = b"x" * 4096
+    started = time.monotonic()
+    for _ in range(20_000):
+        pub.send(b"t", payload)
+    elapsed = time.monotonic() - started
+    assert pub.sent >= 20_000
+    assert elapsed < 10, "sending must never wait for a subscriber"
+    received = 0
+    while stalled.poll(200):
+        stalled.recv_multipart()
+        received += 1
+    # Only what fits the HWMs on both sides (and the kernel buffers) is ever queued for it.
+    assert received < 5_000
+    pub.close()
+
+
+def test_non_loopback_tcp_needs_explicit_insecure() -> None:
+    with pytest.raises(PublishError, match="unencrypted"):
+        check_exposure("tcp://0.0.0.0:5556", insecure=False)
+    with pytest.raises(PublishError, match="publish.insecure"):
+        check_exposure("tcp://*:5556", insecure=False)
+    check_exposure("tcp://0.0.0.0:5556", insecure=True)
+    check_exposure("tcp://127.0.0.1:5556", insecure=False)
+    check_exposure("tcp://[::1]:5556", insecure=False)
+    check_exposure("ipc:///run/edged/x.sock", insecure=False)
+
+
+def test_address_in_use_is_a_clear_error(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
+    first = _publisher(context)
+    with pytest.raises(PublishError, match="cannot bind .*Address already in use"):
+        Publisher(PublishConfig(endpoints=[first.endpoints[0]]), context)
+    first.close()
+
+
+def test_ipc_socket_is_limited_to_the_group(context: zmq.Context, tmp_path: Path) -> None:
+    path = tmp_path / "run" / "edged" / "det.sock"
+    pub = Publisher(PublishConfig(endpoints=[f"ipc://{path}"]), context)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    assert mode == 0o660
+    sub = Subscriber(f"ipc://{path}", context=context)
+    deadline = time.monotonic() + 5
+    while sub.stats.rejected == 0 and time.monotonic() < deadline:
+        pub.send(b"edged/status/cam0", b"not json")
+        assert sub.receive(0.05) is None  # invalid payloads are counted, never returned
+    assert sub.stats.rejected >= 1 and "not JSON" in (sub.stats.last_error or "")
+    sub.close()
+    pub.close()
+
+
+def test_close_returns_within_linger_with_messages_queued(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
+    pub = _publisher(context, linger_ms=100)
+    stalled = subscribe(pub.endpoints[0])
+    _send_until_received(pub, [stalled], b"t")
+    for _ in range(1000):
+        pub.send(b"t", b"y" * 1024)
+    started = time.monotonic()
+    pub.close()
+    assert time.monotonic() - started < 2

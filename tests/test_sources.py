@@ -1,0 +1,258 @@
+"""Camera sources against real files: videos written with cv2.VideoWriter, images written with cv2.imwrite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import cv2
+import numpy as np
+import pytest
+
+from edged.capture import Capture
+from edged.config import FileSource, ImagesSource, SourceConfig, SyntheticSource, V4l2Source
+from edged.scenes import SceneGenerator
+from edged.sources import SourceError, open_source
+from edged.sources.files import ImageFolderSource, VideoFileSource
+from edged.sources.synthetic import SceneTruth, SyntheticSceneSource
+from edged.sources.v4l2 import V4l2CameraSource
+
+W, H = 128, 64
+BITS = 7  # frame numbers up to 127, one 16-px column per bit
+SEED = 3  # shared with test_capture so the scene textures are built once per run
+
+
+def coded_frame(number: int, width: int = W, height: int = H) -> np.ndarray:
+    """A frame whose number survives lossy codecs: bit k is a black or white 16-px column."""
+    img = np.full((height, width, 3), 128, np.uint8)
+    for k in range(BITS):
+        img[:, 16 * k:16 * (k + 1)] = 255 if (number >> k) & 1 else 0
+    return img
+
+
+def frame_number(img: np.ndarray | None) -> int:
+    assert img is not None
+    h = img.shape[0]
+    centres = [img[h // 4:3 * h // 4, 16 * k + 4:16 * k + 12].mean() for k in range(BITS)]
+    return sum(1 << k for k, c in enumerate(centres) if c > 128)
+
+
+def write_video(path: Path, fourcc: str, count: int = 64, fps: float = 30.0) -> Path:
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*fourcc), fps, (W, H))
+    if not writer.isOpened():
+        pytest.skip(f"this OpenCV cannot write {fourcc} {path.suffix}")
+    for i in range(count):
+        writer.write(coded_frame(i))
+    writer.release()
+    return path
+
+
+S = TypeVar("S", VideoFileSource, ImageFolderSource, SyntheticSceneSource)
+
+
+def opened(source: S) -> S:
+    source.open()
+    return source
+
+
+@pytest.fixture(params=[("avi", "MJPG"), ("mp4", "mp4v")], ids=["mjpg-avi", "mp4v-mp4"])
+def video(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    ext, fourcc = request.param
+    return write_video(tmp_path / f"clip.{ext}", fourcc)
+
+
+# ---- video files -------------------------------------------------------------------------------
+
+def test_video_is_read_in_order_into_the_same_buffer_then_ends(video: Path) -> None:
+    src = opened(VideoFileSource(FileSource(path=video, loop=False, realtime=False)))
+    first = src.read(None)
+    buf = np.empty_like(first)
+    pointer = buf.ctypes.data
+    numbers = [frame_number(first)]
+    while (img := src.read(buf)) is not None:
+        assert img is buf and img.ctypes.data == pointer
+        numbers.append(frame_number(img))
+    src.close()
+    assert numbers == list(range(64))
+
+
+def test_video_loop_restarts_at_the_first_frame(video: Path) -> None:
+    src = opened(VideoFileSource(FileSource(path=video, loop=True, realtime=False)))
+    buf = np.empty((H, W, 3), np.uint8)
+    numbers = [frame_number(src.read(buf)) for _ in range(64 + 10)]
+    src.close()
+    assert numbers == list(range(64)) + list(range(10))
+
+
+def test_video_realtime_paces_to_the_file_fps(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "fast.avi", "MJPG", count=20, fps=50.0)
+    assert VideoFileSource(FileSource(path=path, realtime=False)).pace() is None
+    src = opened(VideoFileSource(FileSource(path=path, realtime=True)))
+    assert src.pace() == pytest.approx(1 / 50)
+    src.close()
+
+    cap = Capture(lambda: VideoFileSource(FileSource(path=path, loop=False, realtime=True)), "cam0")
+    cap.start()
+    taken = []
+    while (frame := cap.take(timeout_s=2.0)) is not None:
+        taken.append((frame.frame_id, frame.t_capture_ns))
+    cap.stop()
+    assert cap.state == "ended"
+    (first_id, first_ns), (last_id, last_ns) = taken[0], taken[-1]
+    assert last_id - first_id >= 10
+    # Loose lower bound only: never faster than the file's rate (10% slack for timer granularity).
+    assert (last_ns - first_ns) / 1e9 / (last_id - first_id) >= 0.9 / 50
+
+
+def test_video_with_implausible_fps_is_paced_at_the_fallback(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "odd.avi", "MJPG", count=4, fps=1000.0)
+    src = opened(VideoFileSource(FileSource(path=path)))
+    assert src.fps == 25.0
+    src.close()
+
+
+def test_missing_video_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere.mp4"
+    with pytest.raises(SourceError, match=r"nowhere\.mp4 does not exist"):
+        VideoFileSource(FileSource(path=path)).open()
+
+
+def test_corrupt_video_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.avi"
+    path.write_bytes(b"RIFF\x00\x00\x00\x00not a video at all" * 50)
+    with pytest.raises(SourceError, match=r"broken\.avi"):
+        src = VideoFileSource(FileSource(path=path, loop=False))
+        src.open()
+        src.read(None)
+
+
+# ---- image folders and globs -------------------------------------------------------------------
+
+@pytest.fixture
+def image_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "shots"
+    folder.mkdir()
+    for i, name in [(2, "b.png"), (0, "03.jpg"), (1, "a.bmp"), (3, "c.PNG"), (4, "d.tiff")]:
+        cv2.imwrite(str(folder / name), coded_frame(i))
+    (folder / "notes.txt").write_text("not an image")
+    (folder / "b2.png").write_bytes(b"\x89PNG truncated")
+    return folder
+
+
+def test_folder_is_read_sorted_skipping_unreadable_images(image_dir: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    src = opened(ImageFolderSource(ImagesSource(path=str(image_dir), loop=False)))
+    assert [Path(p).name for p in src.paths] == ["03.jpg", "a.bmp", "b.png", "b2.png", "c.PNG", "d.tiff"]
+    buf = np.empty((H, W, 3), np.uint8)
+    numbers = []
+    while (img := src.read(buf)) is not None:
+        assert img is buf
+        numbers.append(frame_number(img))
+    assert numbers == [0, 1, 2, 3, 4]
+    assert src.skipped == 1
+    assert sum("b2.png" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_folder_loops_and_logs_an_unreadable_image_once(image_dir: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    src = opened(ImageFolderSource(ImagesSource(path=str(image_dir), loop=True)))
+    numbers = [frame_number(src.read(None)) for _ in range(12)]
+    assert numbers == [0, 1, 2, 3, 4] * 2 + [0, 1]
+    assert src.skipped == 2
+    assert sum("b2.png" in r.getMessage() for r in caplog.records) == 1
+    assert src.pace() == pytest.approx(1 / 5.0)
+
+
+def test_glob_selects_and_sorts_matching_files(image_dir: Path) -> None:
+    src = opened(ImageFolderSource(ImagesSource(path=str(image_dir / "*.png"), loop=False)))
+    assert [Path(p).name for p in src.paths] == ["b.png", "b2.png"]
+    assert frame_number(src.read(None)) == 2
+    assert src.read(None) is None
+    assert src.skipped == 1
+
+
+def test_image_of_another_size_comes_back_as_a_new_array(tmp_path: Path) -> None:
+    cv2.imwrite(str(tmp_path / "0.png"), coded_frame(5))
+    cv2.imwrite(str(tmp_path / "1.png"), coded_frame(6, width=W * 2, height=H * 2))
+    src = opened(ImageFolderSource(ImagesSource(path=str(tmp_path), loop=False)))
+    buf = np.empty((H, W, 3), np.uint8)
+    assert src.read(buf) is buf
+    bigger = src.read(buf)
+    assert bigger is not None and bigger is not buf and bigger.shape == (H * 2, W * 2, 3)
+
+
+def test_empty_folder_missing_folder_and_unmatched_glob_raise(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "readme.txt").write_text("no images here")
+    for path, message in [(tmp_path / "empty", "no images found"), (tmp_path / "gone", "does not exist"),
+                          (tmp_path / "*.jpg", "no images found")]:
+        with pytest.raises(SourceError, match=message):
+            ImageFolderSource(ImagesSource(path=str(path))).open()
+
+
+def test_folder_with_only_unreadable_images_raises_instead_of_spinning(tmp_path: Path) -> None:
+    (tmp_path / "x.jpg").write_bytes(b"junk")
+    (tmp_path / "y.jpg").write_bytes(b"junk")
+    src = opened(ImageFolderSource(ImagesSource(path=str(tmp_path), loop=True)))
+    with pytest.raises(SourceError, match="none of the 2 images"):
+        src.read(None)
+
+
+# ---- v4l2 ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["/dev/video97", "97"])
+def test_missing_v4l2_device_says_what_to_check(device: str) -> None:
+    src = V4l2CameraSource(V4l2Source(device=device))
+    with pytest.raises(SourceError, match=r"/dev/video97 does not exist.*plugged in"):
+        src.open()
+    src.close()
+
+
+def test_v4l2_on_a_file_that_is_no_camera_fails_clearly(tmp_path: Path) -> None:
+    fake = tmp_path / "video0"
+    fake.write_bytes(b"")
+    with pytest.raises(SourceError, match=r"cannot open camera .*video0 with V4L2"):
+        V4l2CameraSource(V4l2Source(device=str(fake))).open()
+
+
+# ---- synthetic -----------------------------------------------------------------------------------
+
+def test_synthetic_is_deterministic_renders_in_place_and_carries_truth() -> None:
+    cfg = SyntheticSource(width=96, height=64, fps=100.0, seed=SEED)
+    a, b = opened(SyntheticSceneSource(cfg)), opened(SyntheticSceneSource(cfg))
+    buf = np.empty((64, 96, 3), np.uint8)
+    generator = SceneGenerator(width=96, height=64, seed=SEED)
+    for index in range(5):
+        image = a.read(buf)
+        assert image is buf
+        truth = a.truth()
+        assert isinstance(truth, SceneTruth) and truth.index == index
+        expected = generator.render(index)
+        np.testing.assert_array_equal(image, expected.image)
+        np.testing.assert_array_equal(truth.boxes, expected.boxes)
+        np.testing.assert_array_equal(truth.class_ids, expected.class_ids)
+        np.testing.assert_array_equal(b.read(None), expected.image)
+    assert a.pace() == pytest.approx(0.01)
+
+
+def test_synthetic_renders_a_new_array_when_the_buffer_does_not_fit() -> None:
+    src = opened(SyntheticSceneSource(SyntheticSource(width=96, height=64, seed=SEED)))
+    wrong = np.empty((10, 10, 3), np.uint8)
+    image = src.read(wrong)
+    assert image is not wrong and image.shape == (64, 96, 3)
+
+
+# ---- registry ------------------------------------------------------------------------------------
+
+def test_open_source_picks_the_class_for_each_type(tmp_path: Path) -> None:
+    cases: list[tuple[SourceConfig, type]] = [
+        (SyntheticSource(), SyntheticSceneSource),
+        (FileSource(path=tmp_path / "x.mp4"), VideoFileSource),
+        (ImagesSource(path=str(tmp_path)), ImageFolderSource),
+        (V4l2Source(), V4l2CameraSource),
+    ]
+    for cfg, cls in cases:
+        source = open_source(cfg)
+        assert type(source) is cls
+        assert source.channel_order == "bgr"
+    assert open_source(SyntheticSource(channel_order="rgb")).channel_order == "rgb"
