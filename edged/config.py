@@ -153,11 +153,13 @@ class ThermalConfig(Section):
     warm_c: float | None = Field(
         None, description="Hottest zone at or above this is warm (default: per board or from trip points).")
     throttled_c: float | None = Field(
-        None, description="Hottest zone at or above this is throttled (default: per board or from trip points).")
+        None, description="Hottest zone at or above this is throttled (default: as warm_c).")
     critical_c: float | None = Field(
-        None, description="Hottest zone at or above this is critical: inference pauses (default: per board).")
-    hysteresis_c: float = Field(3.0, ge=0, le=30, description="Cooling needed below a threshold to step down.")
-    warm_rate: float = Field(0.5, gt=0, le=1, description="Fraction of the full frame rate allowed when warm.")
+        None, description="Hottest zone at or above this is critical: inference pauses (default: as warm_c).")
+    hysteresis_c: float = Field(
+        3.0, ge=0, le=30, description="Cooling needed below a threshold to step down.")
+    warm_rate: float = Field(
+        0.5, gt=0, le=1, description="Fraction of the full frame rate allowed when warm.")
     throttled_rate: float = Field(0.25, gt=0, le=1, description="Fraction allowed when throttled.")
     use_vcgencmd: bool = Field(True, description="Ask vcgencmd get_throttled where sysfs lacks the flags.")
 

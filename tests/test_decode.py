@@ -1,0 +1,493 @@
+"""Tests for edged.decode: head formats, box mapping, detect_head, names metadata, hostile input."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from edged.decode import (
+    Decoder,
+    Detections,
+    HeadError,
+    HeadFormat,
+    detect_head,
+    parse_names,
+)
+from edged.geometry import BoxMap
+
+# 1280x720 into 640x640: scale 0.5, content 640x360, pad_x 0, pad_y 140.
+LETTERBOX = BoxMap.letterbox(1280, 720, 640, 640)
+# 1280x960 stretched to 640x640: scale_x 0.5, scale_y 2/3, no padding.
+STRETCH = BoxMap.stretch(1280, 960, 640, 640)
+NC = 3
+N = 8
+SHAPES: dict[str, tuple[int, int, int]] = {
+    "yolov8": (1, 4 + NC, N),
+    "yolov5": (1, N, 5 + NC),
+    "end2end": (1, N, 6),
+}
+
+# Candidates in input pixels: x1 y1 x2 y2, score, class.
+SCENE = [
+    (270.0, 295.0, 370.0, 345.0, 0.9, 1),  # well inside the content
+    (-10.0, 130.0, 50.0, 190.0, 0.5, 0),  # sticks out of the top-left corner
+    (100.0, 400.0, 140.0, 440.0, 0.2, 2),  # below conf 0.25
+]
+# x1 y1 x2 y2 score class; the class is a float so end2end rows can carry bad ids.
+Candidate = tuple[float, float, float, float, float, float]
+
+
+def yolov8_tensor(candidates: Sequence[Candidate], nc: int = NC, n: int = N) -> np.ndarray:
+    """[1, 4+nc, n]: cx cy w h, then class scores (0.1 for the other classes)."""
+    out = np.zeros((1, 4 + nc, n), dtype=np.float32)
+    for j, (x1, y1, x2, y2, score, cls) in enumerate(candidates):
+        out[0, :4, j] = [(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1]
+        out[0, 4:, j] = 0.1
+        out[0, 4 + int(cls), j] = score
+    return out
+
+
+def yolov5_tensor(candidates: Sequence[Candidate], nc: int = NC, n: int = N) -> np.ndarray:
+    """[1, n, 5+nc]: cx cy w h, objectness = score, class prob 1 (0.5 for the others)."""
+    out = np.zeros((1, n, 5 + nc), dtype=np.float32)
+    for j, (x1, y1, x2, y2, score, cls) in enumerate(candidates):
+        out[0, j, :5] = [(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1, score]
+        out[0, j, 5:] = 0.5
+        out[0, j, 5 + int(cls)] = 1.0
+    return out
+
+
+def end2end_tensor(candidates: Sequence[Candidate], n: int = N) -> np.ndarray:
+    """[1, n, 6]: x1 y1 x2 y2 score class, zero rows as padding."""
+    out = np.zeros((1, n, 6), dtype=np.float32)
+    for j, candidate in enumerate(candidates):
+        out[0, j] = candidate
+    return out
+
+
+ENCODERS = {"yolov8": yolov8_tensor, "yolov5": yolov5_tensor, "end2end": end2end_tensor}
+
+
+def decode(
+    head: HeadFormat, output: np.ndarray, box_map: BoxMap = LETTERBOX, **kwargs: Any
+) -> Detections:
+    return Decoder(head, output.shape, NC, **kwargs).decode(output, box_map)
+
+
+def assert_detections(
+    det: Detections, xyxy: list[list[float]], scores: list[float], classes: list[int]
+) -> None:
+    np.testing.assert_allclose(det.xyxy, np.reshape(xyxy, (-1, 4)), rtol=1e-6)
+    np.testing.assert_allclose(det.scores, scores, rtol=1e-6)
+    assert det.class_ids.tolist() == classes
+
+
+@pytest.mark.parametrize(
+    ("head", "box_map", "xyxy"),
+    [
+        # Letterbox: x / 0.5; y (y - 140) / 0.5; the second box is clipped to (0, 0).
+        ("yolov8", LETTERBOX, [[540, 310, 740, 410], [0, 0, 100, 100]]),
+        ("yolov5", LETTERBOX, [[540, 310, 740, 410], [0, 0, 100, 100]]),
+        ("end2end", LETTERBOX, [[540, 310, 740, 410], [0, 0, 100, 100]]),
+        # Stretch: x / 0.5, y * 1.5; the second box is clipped at x = 0 only.
+        ("yolov8", STRETCH, [[540, 442.5, 740, 517.5], [0, 195, 100, 285]]),
+        ("yolov5", STRETCH, [[540, 442.5, 740, 517.5], [0, 195, 100, 285]]),
+        ("end2end", STRETCH, [[540, 442.5, 740, 517.5], [0, 195, 100, 285]]),
+    ],
+)
+def test_decode_scene(head: HeadFormat, box_map: BoxMap, xyxy: list[list[float]]) -> None:
+    det = decode(head, ENCODERS[head](SCENE), box_map)
+    assert_detections(det, xyxy, [0.9, 0.5], [1, 0])
+
+
+def test_result_columns() -> None:
+    det = decode("yolov8", yolov8_tensor(SCENE))
+    assert len(det) == 2
+    assert det.xyxy.dtype == det.scores.dtype == np.float32 and det.class_ids.dtype == np.int32
+    assert det.xyxy.shape == (2, 4) and det.xyxy.flags.c_contiguous
+    assert not det.xyxy.flags.writeable and not det.scores.flags.writeable
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
+def test_empty_output(head: HeadFormat) -> None:
+    # All-zero tensors (end2end padding) decode to zero rows with the right column shapes.
+    det = decode(head, np.zeros(SHAPES[head], dtype=np.float32))
+    assert len(det) == 0
+    assert (det.xyxy.shape, det.scores.shape, det.class_ids.shape) == ((0, 4), (0,), (0,))
+
+
+def test_yolov5_score_is_objectness_times_best_class() -> None:
+    out = np.zeros(SHAPES["yolov5"], dtype=np.float32)
+    out[0, 0] = [320, 320, 100, 50, 0.8, 0.25, 0.75, 0.5]  # 0.8 * 0.75 = 0.6, class 1
+    out[0, 1] = [100, 400, 20, 20, 0.9, 0.2, 0.1, 0.1]  # 0.9 * 0.2 = 0.18 < 0.25
+    out[0, 2] = [500, 400, 20, 20, 0.2, 1.0, 0.0, 0.0]  # objectness 0.2 < 0.25
+    out[0, 3] = [100, 200, 40, 40, 0.5, 0.6, 0.1, 0.1]  # 0.5 * 0.6 = 0.3, class 0
+    det = decode("yolov5", out)
+    assert_detections(det, [[540, 310, 740, 410], [160, 80, 240, 160]], [0.6, 0.3], [1, 0])
+
+
+def test_end2end_drops_bad_classes_and_skips_nms() -> None:
+    rows = [
+        (100, 200, 200, 300, 0.9, 0),  # kept
+        (100, 200, 200, 300, 0.8, 0),  # identical box, kept: the model already ran NMS
+        (300, 200, 400, 300, 0.7, NC),  # class id == nc: out of range
+        (300, 200, 400, 300, 0.7, -1),  # negative class id
+        (300, 200, 400, 300, 0.7, 1.5),  # not an integer class id
+        (300, 200, 400, 300, 0.7, np.nan),  # NaN class id
+    ]
+    det = decode("end2end", end2end_tensor(rows))
+    assert_detections(det, [[200, 120, 400, 320]] * 2, [0.9, 0.8], [0, 0])
+
+
+def test_end2end_max_det_keeps_best_even_if_unsorted() -> None:
+    rows = [(0, 200, 10, 210, s, 0) for s in (0.3, 0.9, 0.5, 0.7)]
+    det = decode("end2end", end2end_tensor(rows), max_det=2)
+    assert det.scores.tolist() == pytest.approx([0.9, 0.7])
+
+
+# Two boxes with IoU 81 / 119 = 0.68 and a third far away, in input pixels.
+A = (200.0, 200.0, 210.0, 210.0)
+B = (201.0, 201.0, 211.0, 211.0)
+FAR = (400.0, 400.0, 410.0, 410.0)
+
+
+@pytest.mark.parametrize(
+    ("head", "candidates", "kwargs", "scores", "classes"),
+    [
+        # Same class, overlapping: the weaker box is suppressed.
+        ("yolov8", [(*A, 0.9, 0), (*B, 0.8, 0), (*FAR, 0.7, 0)], {}, [0.9, 0.7], [0, 0]),
+        ("yolov5", [(*A, 0.9, 0), (*B, 0.8, 0), (*FAR, 0.7, 0)], {}, [0.9, 0.7], [0, 0]),
+        # Different classes, overlapping: both kept (class-aware).
+        ("yolov8", [(*A, 0.9, 0), (*B, 0.8, 1)], {}, [0.9, 0.8], [0, 1]),
+        ("yolov5", [(*A, 0.9, 0), (*B, 0.8, 1)], {}, [0.9, 0.8], [0, 1]),
+        # Different classes, overlapping, agnostic: the weaker box is suppressed.
+        ("yolov8", [(*A, 0.9, 0), (*B, 0.8, 1)], {"agnostic": True}, [0.9], [0]),
+        ("yolov5", [(*A, 0.9, 0), (*B, 0.8, 1)], {"agnostic": True}, [0.9], [0]),
+        # A looser iou keeps the pair (0.68 <= 0.7).
+        ("yolov8", [(*A, 0.9, 0), (*B, 0.8, 0)], {"iou": 0.7}, [0.9, 0.8], [0, 0]),
+        # Output is ordered by score whatever the candidate order.
+        ("yolov8", [(*FAR, 0.3, 2), (*A, 0.9, 0), (*B, 0.5, 1)], {}, [0.9, 0.5, 0.3], [0, 1, 2]),
+        # max_det keeps the best two after NMS.
+        ("yolov8", [(*FAR, 0.3, 2), (*A, 0.9, 0), (*B, 0.5, 1)], {"max_det": 2}, [0.9, 0.5],
+         [0, 1]),
+        # A higher conf drops the weaker candidates before NMS.
+        ("yolov8", [(*FAR, 0.3, 2), (*A, 0.9, 0), (*B, 0.5, 1)], {"conf": 0.6}, [0.9], [0]),
+    ],
+)
+def test_decode_nms(
+    head: HeadFormat,
+    candidates: list[Candidate],
+    kwargs: dict[str, Any],
+    scores: list[float],
+    classes: list[int],
+) -> None:
+    det = decode(head, ENCODERS[head](candidates), **kwargs)
+    np.testing.assert_allclose(det.scores, scores, rtol=1e-6)
+    assert det.class_ids.tolist() == classes
+
+
+@pytest.mark.parametrize(
+    "candidate",
+    [
+        (100.0, 20.0, 200.0, 100.0, 0.9, 0),  # wholly inside the top letterbox padding
+        (100.0, 300.0, 100.0, 350.0, 0.9, 0),  # zero width
+        (100.0, 350.0, 200.0, 300.0, 0.9, 0),  # negative height
+        (700.0, 300.0, 800.0, 350.0, 0.9, 0),  # right of the input
+    ],
+)
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
+def test_empty_or_outside_boxes_dropped(head: HeadFormat, candidate: Candidate) -> None:
+    assert len(decode(head, ENCODERS[head]([candidate]))) == 0
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
+def test_non_finite_rows_dropped(head: HeadFormat) -> None:
+    good = (270.0, 295.0, 370.0, 345.0, 0.9, 1)
+    out = ENCODERS[head]([good, good, good, good])
+    out_flat = out[0] if head != "yolov8" else out[0].T  # rows are candidates
+    out_flat[1, 0] = np.nan  # NaN coordinate
+    out_flat[2, 2] = np.inf  # infinite size
+    out_flat[3, 4] = np.inf  # infinite score
+    # iou=1.0 keeps identical boxes, so a corrupt row can only vanish through the finite check.
+    det = decode(head, out, max_det=10, iou=1.0)
+    assert_detections(det, [[540, 310, 740, 410]], [0.9], [1])
+
+
+def test_float16_output() -> None:
+    det = decode("yolov8", yolov8_tensor(SCENE).astype(np.float16))
+    np.testing.assert_allclose(det.xyxy, [[540, 310, 740, 410], [0, 0, 100, 100]], rtol=1e-3)
+    assert det.class_ids.tolist() == [1, 0]
+
+
+def test_decode_leaves_output_untouched() -> None:
+    out = yolov8_tensor(SCENE)
+    before = out.copy()
+    decode("yolov8", out)
+    np.testing.assert_array_equal(out, before)
+
+
+def test_all_candidates_above_threshold_is_bounded_by_max_det() -> None:
+    # A broken model scoring every one of 8400 candidates 1.0 still yields <= max_det rows.
+    rng = np.random.default_rng(0)
+    out = np.ones((1, 84, 8400), dtype=np.float32)
+    out[0, :2] = rng.uniform(0, 640, (2, 8400))
+    out[0, 2:4] = rng.uniform(2, 8, (2, 8400))
+    det = Decoder("yolov8", out.shape, 80, max_det=100).decode(out, LETTERBOX)
+    assert len(det) == 100
+
+
+@pytest.mark.parametrize(
+    ("output", "fragments"),
+    [
+        # Wrong feature count.
+        (np.zeros((1, 8, N), np.float32), ["yolov8", "[1, 7, 8]", "[1, 8, 8]"]),
+        # Batch 2.
+        (np.zeros((2, 7, N), np.float32), ["[1, 7, 8]", "[2, 7, 8]"]),
+        # Transposed.
+        (np.zeros((1, N, 7), np.float32), ["[1, 8, 7]"]),
+        # Integer tensor.
+        (np.zeros((1, 7, N), np.int32), ["int32"]),
+        # Not an array at all.
+        ([[0.0]], ["list"]),
+    ],
+)
+def test_decode_wrong_output_raises(output: Any, fragments: list[str]) -> None:
+    decoder = Decoder("yolov8", (1, 7, N), NC)
+    with pytest.raises(HeadError) as info:
+        decoder.decode(output, LETTERBOX)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("head", "shape", "nc", "kwargs", "error", "fragment"),
+    [
+        # Shape disagrees with the class count.
+        ("yolov8", (1, 84, 8400), 3, {}, HeadError, "[1, 84, 8400]"),
+        ("yolov5", (1, 25200, 84), 80, {}, HeadError, "[1, N, 85]"),
+        ("end2end", (1, 300, 7), 80, {}, HeadError, "[1, K, 6]"),
+        # Symbolic dims must be resolved before building a decoder.
+        ("yolov8", (1, 84, "anchors"), 80, {}, HeadError, "concrete"),
+        ("yolov9", (1, 84, 8400), 80, {}, HeadError, "yolov9"),
+        ("yolov8", (1, 4, 8400), 0, {}, HeadError, "num_classes"),
+        # Thresholds outside (0, 1] and a useless max_det.
+        ("yolov8", (1, 84, 8400), 80, {"conf": 0.0}, ValueError, "conf"),
+        ("yolov8", (1, 84, 8400), 80, {"conf": 1.5}, ValueError, "conf"),
+        ("yolov8", (1, 84, 8400), 80, {"conf": float("nan")}, ValueError, "conf"),
+        ("yolov8", (1, 84, 8400), 80, {"iou": 0.0}, ValueError, "iou"),
+        ("yolov8", (1, 84, 8400), 80, {"max_det": 0}, ValueError, "max_det"),
+    ],
+)
+def test_decoder_rejects_bad_config(
+    head: Any, shape: Any, nc: int, kwargs: dict[str, Any], error: type[Exception], fragment: str
+) -> None:
+    with pytest.raises(error) as info:
+        Decoder(head, shape, nc, **kwargs)
+    assert fragment in str(info.value)
+
+
+NAMES_80 = {"names": str({i: f"class{i}" for i in range(80)})}
+NAMES_3 = {"names": "{0: 'a', 1: 'b', 2: 'c'}"}
+NAMES_1 = {"names": "{0: 'person'}"}
+NMS_ARGS = {"args": "{'batch': 1, 'half': False, 'nms': True}"}
+
+
+@pytest.mark.parametrize(
+    ("shapes", "metadata", "expected"),
+    [
+        # Ultralytics v8/v11 COCO export.
+        ([[1, 84, 8400]], NAMES_80, ("yolov8", 80)),
+        # The same without metadata: the shape alone is enough.
+        ([[1, 84, 8400]], {}, ("yolov8", 80)),
+        # Single-class v8 head.
+        ([[1, 5, 8400]], {}, ("yolov8", 1)),
+        # Dynamic export: symbolic batch and anchors.
+        ([["batch", 84, "anchors"]], NAMES_80, ("yolov8", 80)),
+        # Original yolov5 export.
+        ([[1, 25200, 85]], {}, ("yolov5", 80)),
+        ([[1, 25200, 85]], NAMES_80, ("yolov5", 80)),
+        ([[None, "anchors", 85]], {}, ("yolov5", 80)),
+        # nms=True export.
+        ([[1, 300, 6]], {**NAMES_80, **NMS_ARGS}, ("end2end", 80)),
+        # YOLOv10-style end2end flag, one class: the flag rules out a 1-class yolov5.
+        ([[1, 300, 6]], {**NAMES_1, "end2end": "True"}, ("end2end", 1)),
+        # No flag, but 80 names cannot be a yolov5 head with 6 columns.
+        ([[1, 300, 6]], NAMES_80, ("end2end", 80)),
+        # One name, no flag, but a 'task' key: an ultralytics-package export, never yolov5-layout.
+        ([[1, 300, 6]], {**NAMES_1, "task": "detect"}, ("end2end", 1)),
+        # A false flag is no flag: one name and 6 columns (original yolov5 repo metadata).
+        ([[1, 25200, 6]], {**NAMES_1, "stride": "32", "end2end": "False"}, ("yolov5", 1)),
+        # No metadata at all: 6 columns read as a 1-class yolov5 head.
+        ([[1, 300, 6]], {}, ("yolov5", 1)),
+        # Explicit detect task.
+        ([[1, 84, 8400]], {**NAMES_80, "task": "detect"}, ("yolov8", 80)),
+    ],
+)
+def test_detect_head(
+    shapes: list[list[int | str | None]], metadata: Mapping[str, str], expected: tuple[str, int]
+) -> None:
+    assert detect_head(shapes, metadata) == expected
+
+
+@pytest.mark.parametrize(
+    ("shapes", "metadata", "fragments"),
+    [
+        # Rank 2 and rank 4.
+        ([[1, 3]], {}, ["[1, 3]", "rank 2"]),
+        ([[1, 2, 2, 2]], {}, ["[1, 2, 2, 2]", "rank 4"]),
+        # Segmentation: two outputs.
+        ([[1, 116, 8400], [1, 32, 160, 160]], {}, ["[1, 116, 8400]", "[1, 32, 160, 160]"]),
+        # No outputs.
+        ([], {}, ["none"]),
+        # Names contradict the shape.
+        ([[1, 84, 8400]], NAMES_3, ["[1, 84, 8400]", "80 classes", "3 classes"]),
+        ([[1, 25200, 85]], NAMES_3, ["[1, 25200, 85]", "80 classes", "3 classes"]),
+        # Metadata says NMS is inside, but the shape is not [1, K, 6].
+        ([[1, 84, 8400]], {**NAMES_80, **NMS_ARGS}, ["[1, 84, 8400]", "[1, K, 6]"]),
+        ([[1, 300, 7]], {"end2end": "True"}, ["[1, 300, 7]", "[1, K, 6]"]),
+        # end2end without names: class count unknown.
+        ([[1, 300, 6]], NMS_ARGS, ["[1, 300, 6]", "names"]),
+        # Too few rows / columns for any head.
+        ([[1, 4, 8400]], {}, ["[1, 4, 8400]", ">= 5"]),
+        ([[1, 8400, 4]], {}, ["[1, 8400, 4]"]),
+        # Batch other than 1.
+        ([[2, 84, 8400]], {}, ["[2, 84, 8400]", "batch"]),
+        # Square or fully symbolic: candidates and features cannot be told apart.
+        ([[1, 6, 6]], {}, ["[1, 6, 6]"]),
+        ([[1, "a", "b"]], {}, ["[1, a, b]"]),
+        # Pose / segmentation tasks.
+        ([[1, 56, 8400]], {**NAMES_1, "task": "pose"}, ["pose", "[1, 56, 8400]"]),
+    ],
+)
+def test_detect_head_errors(
+    shapes: list[list[int | str | None]], metadata: Mapping[str, str], fragments: list[str]
+) -> None:
+    with pytest.raises(HeadError) as info:
+        detect_head(shapes, metadata)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        # Ultralytics dict literal.
+        ({"names": "{0: 'person', 1: 'car'}"}, ["person", "car"]),
+        # Older exports: a list.
+        ({"names": "['person', 'car']"}, ["person", "car"]),
+        # JSON writers: string keys.
+        ({"names": '{"0": "person", "1": "car"}'}, ["person", "car"]),
+        # Keys out of order are fine.
+        ({"names": "{1: 'car', 0: 'person'}"}, ["person", "car"]),
+        # Absent, empty.
+        ({}, None),
+        ({"names": ""}, None),
+        ({"names": "{}"}, None),
+        # Gaps or ids not starting at 0 cannot be indexed by class id.
+        ({"names": "{0: 'a', 2: 'c'}"}, None),
+        ({"names": "{1: 'a'}"}, None),
+        # Non-string names, bool keys, duplicate ids, a bare string, broken syntax.
+        ({"names": "{0: 1}"}, None),
+        ({"names": "{True: 'a'}"}, None),
+        ({"names": "{0: 'a', '0': 'b'}"}, None),
+        ({"names": "'person'"}, None),
+        ({"names": "{0: 'person'"}, None),
+        # Pathological nesting and size.
+        ({"names": "[" * 100_000}, None),
+        ({"names": "['a'," + " 'a'," * 300_000 + "]"}, None),
+    ],
+)
+def test_parse_names(metadata: Mapping[str, str], expected: list[str] | None) -> None:
+    assert parse_names(metadata) == expected
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "__import__('os').environ.__setitem__('EDGED_PWNED', '1')",
+        "{0: __import__('os').environ.__setitem__('EDGED_PWNED', '1')}",
+        "[(lambda: __import__('os').environ.__setitem__('EDGED_PWNED', '1'))()]",
+    ],
+)
+def test_parse_names_never_executes(payload: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EDGED_PWNED", raising=False)
+    assert parse_names({"names": payload}) is None
+    assert detect_head([[1, 84, 8400]], {"names": payload, "args": payload}) == ("yolov8", 80)
+    assert "EDGED_PWNED" not in os.environ
+
+
+_hostile_float = st.one_of(
+    st.floats(0.0, 1.0, width=32),  # plausible scores
+    st.floats(0.0, 640.0, width=32),  # plausible coordinates
+    st.floats(-2000.0, 2000.0, width=32),
+    st.sampled_from([np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, 0.0, 1.0, 2.0]),
+)
+# end2end class ids: mostly valid, some out of range, fractional or non-finite.
+_hostile_class = st.sampled_from([0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 3.0, -1.0, 1.5, np.nan, np.inf])
+
+
+@pytest.mark.filterwarnings("error")
+@settings(max_examples=50, deadline=None)
+@given(
+    head=st.sampled_from(["yolov8", "yolov5", "end2end"]),
+    data=st.data(),
+    box_map=st.sampled_from([LETTERBOX, STRETCH, BoxMap.letterbox(640, 480, 320, 320)]),
+    conf=st.sampled_from([0.01, 0.25, 0.9, 1.0]),
+    iou=st.sampled_from([0.3, 0.45, 1.0]),
+    max_det=st.sampled_from([1, 3, 100]),
+    agnostic=st.booleans(),
+)
+def test_hostile_tensors_yield_sane_detections(
+    head: HeadFormat,
+    data: st.DataObject,
+    box_map: BoxMap,
+    conf: float,
+    iou: float,
+    max_det: int,
+    agnostic: bool,
+) -> None:
+    output = data.draw(hnp.arrays(np.float32, SHAPES[head], elements=_hostile_float))
+    if head == "end2end":
+        output[0, :, 5] = data.draw(hnp.arrays(np.float32, N, elements=_hostile_class))
+        if data.draw(st.booleans()):  # order corners so that finite rows are real boxes
+            rows = output[0]
+            rows[:, [0, 2]] = np.sort(rows[:, [0, 2]], axis=1)
+            rows[:, [1, 3]] = np.sort(rows[:, [1, 3]], axis=1)
+    decoder = Decoder(head, SHAPES[head], NC, conf=conf, iou=iou, max_det=max_det,
+                      agnostic=agnostic)
+    det = decoder.decode(output, box_map)
+
+    n = len(det)
+    assert n <= max_det
+    assert det.xyxy.shape == (n, 4) and det.scores.shape == (n,) and det.class_ids.shape == (n,)
+    assert np.isfinite(det.xyxy).all() and np.isfinite(det.scores).all()
+    x1, y1, x2, y2 = det.xyxy.T
+    assert (x1 >= 0).all() and (y1 >= 0).all()
+    assert (x2 <= box_map.frame_w).all() and (y2 <= box_map.frame_h).all()
+    assert (x2 > x1).all() and (y2 > y1).all()
+    assert (det.scores >= np.float32(conf)).all()
+    assert (np.diff(det.scores) <= 0).all()
+    assert ((det.class_ids >= 0) & (det.class_ids < NC)).all()
+    if head != "end2end":
+        assert_no_overlap_above(det, iou, agnostic)
+
+
+def assert_no_overlap_above(det: Detections, iou: float, agnostic: bool) -> None:
+    """No two kept boxes (of one class unless agnostic) overlap by more than ``iou``."""
+    b = det.xyxy.astype(np.float64)
+    w = np.clip(np.minimum(b[:, None, 2], b[:, 2]) - np.maximum(b[:, None, 0], b[:, 0]), 0, None)
+    h = np.clip(np.minimum(b[:, None, 3], b[:, 3]) - np.maximum(b[:, None, 1], b[:, 1]), 0, None)
+    area = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    overlap = w * h / (area[:, None] + area - w * h)
+    same = det.class_ids[:, None] == det.class_ids
+    if agnostic:
+        same[:] = True
+    np.fill_diagonal(overlap, 0.0)
+    assert not (same & (overlap > iou + 1e-4)).any()

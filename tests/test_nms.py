@@ -1,0 +1,137 @@
+"""Tests for edged.nms: greedy suppression rules, ordering, max_det, class-aware batching."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edged.nms import batched_nms, nms
+
+
+def _iou(a: list[float], b: list[float]) -> float:
+    """Reference IoU of two x1 y1 x2 y2 boxes, written out plainly."""
+    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = w * h
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def _reference_nms(boxes: list[list[float]], scores: list[float], iou: float) -> list[int]:
+    """Textbook greedy NMS over all candidates in Python, to compare against."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    keep: list[int] = []
+    for i in order:
+        if all(_iou(boxes[i], boxes[k]) <= iou for k in keep):
+            keep.append(i)
+    return keep
+
+
+@pytest.mark.parametrize(
+    ("boxes", "scores", "iou", "max_det", "expected"),
+    [
+        # IoU(0, 1) = 81 / 119 = 0.68 > 0.45: the lower-scored box 1 goes, disjoint box 2 stays.
+        ([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30]], [0.9, 0.8, 0.7], 0.45, None, [0, 2]),
+        # The same pair survives a looser threshold: 0.68 <= 0.7.
+        ([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30]], [0.9, 0.8, 0.7], 0.7, None, [0, 1, 2]),
+        # Disjoint boxes come back highest score first.
+        ([[0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5]], [0.3, 0.9, 0.5], 0.45, None, [1, 2, 0]),
+        # IoU exactly 0.5 (50 / 100) is not suppressed at iou=0.5: suppression is strict.
+        ([[0, 0, 10, 10], [0, 0, 10, 5]], [0.9, 0.8], 0.5, None, [0, 1]),
+        # ... and is suppressed just below it.
+        ([[0, 0, 10, 10], [0, 0, 10, 5]], [0.9, 0.8], 0.49, None, [0]),
+        # max_det keeps the two best of four disjoint boxes.
+        ([[0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5], [6, 6, 7, 7]], [0.1, 0.4, 0.3, 0.2], 0.45, 2,
+         [1, 2]),
+        # Equal scores keep input order; of two identical boxes the first wins.
+        ([[0, 0, 10, 10], [0, 0, 10, 10], [20, 20, 30, 30]], [0.5, 0.5, 0.5], 0.45, None, [0, 2]),
+        # Chain A-B-C: B (IoU 1/3 with A) is suppressed by A, so C (IoU 0 with A) survives.
+        ([[0, 0, 10, 10], [5, 0, 15, 10], [10, 0, 20, 10]], [0.9, 0.8, 0.7], 0.3, None, [0, 2]),
+        # Two empty boxes have union 0, count as not overlapping and do not divide by zero.
+        ([[5, 5, 5, 5], [5, 5, 5, 5]], [0.9, 0.8], 0.45, None, [0, 1]),
+        # No candidates, no work.
+        (np.empty((0, 4)), [], 0.45, None, []),
+    ],
+)
+def test_nms_table(
+    boxes: Any, scores: list[float], iou: float, max_det: int | None, expected: list[int]
+) -> None:
+    keep = nms(np.asarray(boxes, dtype=np.float64), np.asarray(scores), iou, max_det=max_det)
+    assert keep.dtype == np.intp
+    assert keep.tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("boxes", "class_ids", "expected"),
+    [
+        # Heavily overlapping boxes of different classes both stay.
+        ([[0, 0, 10, 10], [1, 1, 11, 11]], [0, 1], [0, 1]),
+        # The same pair in one class: the lower score goes.
+        ([[0, 0, 10, 10], [1, 1, 11, 11]], [3, 3], [0]),
+        # Negative coordinates still get disjoint per-class ranges.
+        ([[-50, -50, -40, -40], [-49, -49, -39, -39]], [0, 1], [0, 1]),
+        ([[-50, -50, -40, -40], [-49, -49, -39, -39]], [0, 0], [0]),
+        # A class-1 box must not land on a distant class-0 box after the shift.
+        ([[100, 0, 110, 10], [0, 0, 10, 10], [0, 100, 10, 110]], [0, 1, 1], [0, 1, 2]),
+    ],
+)
+def test_batched_nms_table(
+    boxes: list[list[float]], class_ids: list[int], expected: list[int]
+) -> None:
+    scores = np.linspace(0.9, 0.5, len(boxes))
+    keep = batched_nms(np.asarray(boxes, dtype=np.float64), scores, np.asarray(class_ids), 0.45)
+    assert keep.tolist() == expected
+
+
+def test_batched_nms_empty() -> None:
+    assert batched_nms(np.empty((0, 4)), np.empty(0), np.empty(0, np.int64), 0.45).size == 0
+
+
+_box = st.tuples(
+    st.integers(0, 40), st.integers(0, 40), st.integers(1, 25), st.integers(1, 25)
+).map(lambda b: [float(b[0]), float(b[1]), float(b[0] + b[2]), float(b[1] + b[3])])
+# Thresholds and integer coordinates that are exact in binary, so the reference's division
+# and the implementation's multiplication agree even on IoU ties.
+_iou_threshold = st.sampled_from([0.25, 0.5, 0.75, 1.0])
+_score = st.sampled_from([0.1, 0.3, 0.5, 0.9])
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    candidates=st.lists(st.tuples(_box, _score, st.integers(0, 2)), max_size=30),
+    iou=_iou_threshold,
+)
+def test_nms_matches_reference(
+    candidates: list[tuple[list[float], float, int]], iou: float
+) -> None:
+    boxes = [c[0] for c in candidates]
+    scores = [c[1] for c in candidates]
+    xyxy = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    assert nms(xyxy, np.asarray(scores), iou).tolist() == _reference_nms(boxes, scores, iou)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    candidates=st.lists(st.tuples(_box, _score, st.integers(0, 2)), max_size=30),
+    iou=_iou_threshold,
+    max_det=st.integers(1, 5),
+)
+def test_batched_nms_matches_per_class_reference(
+    candidates: list[tuple[list[float], float, int]], iou: float, max_det: int
+) -> None:
+    boxes = [c[0] for c in candidates]
+    scores = [c[1] for c in candidates]
+    classes = [c[2] for c in candidates]
+    per_class: list[int] = []
+    for cls in set(classes):
+        members = [i for i, c in enumerate(classes) if c == cls]
+        kept = _reference_nms([boxes[i] for i in members], [scores[i] for i in members], iou)
+        per_class += [members[k] for k in kept]
+    expected = sorted(per_class, key=lambda i: (-scores[i], i))[:max_det]
+    xyxy = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    keep = batched_nms(xyxy, np.asarray(scores), np.asarray(classes), iou, max_det=max_det)
+    assert keep.tolist() == expected
