@@ -1,0 +1,335 @@
+"""Thermal policy: turns the readings of ``edged.thermal_readers`` into a state and a frame rate.
+
+This module owns the thresholds (config, else derived from trip points or per-board defaults),
+the state machine with hysteresis, the report published in status messages, and the
+``edged thermal`` command.
+
+States, coolest first: ``unknown`` (no readable zone), ``ok``, ``warm``, ``throttled``,
+``critical``. The state is at least ``throttled`` whenever the hardware says it is throttling
+(Pi firmware bits or a lowered cpufreq ceiling), whatever the temperatures. Stepping up is
+immediate; stepping down waits until the hottest zone is more than ``hysteresis_c`` below the
+threshold of the state being left and the hardware flag has cleared, so a reading hovering at a
+threshold cannot flap. A big drop may step down several states at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Literal, TextIO
+
+from edged.config import ThermalConfig
+from edged.thermal_readers import THROTTLING_NOW, BoardFamily, Snapshot, SysReader, Zone
+
+log = logging.getLogger(__name__)
+
+ThermalState = Literal["unknown", "ok", "warm", "throttled", "critical"]
+
+_RANK: dict[str, int] = {"unknown": 0, "ok": 1, "warm": 2, "throttled": 3, "critical": 4}
+_LEVELS: tuple[ThermalState, ...] = ("warm", "throttled", "critical")
+
+# A cpufreq ceiling below this fraction of the hardware (or power-mode) maximum is a cap.
+FREQ_CAP_THROTTLED = 0.95
+
+# Pi firmware throttles from 80 C and hard-limits at 85 C whatever the kernel trips say (the
+# Raspberry Pi kernel raises cpu-crit to 110 C), so Pi thresholds never come from trip points.
+_BOARD_DEFAULTS: dict[BoardFamily, tuple[float, float, float]] = {
+    "raspberrypi": (70.0, 80.0, 85.0),
+    "jetson": (80.0, 90.0, 97.0),
+    "generic": (75.0, 85.0, 95.0),
+}
+# Trip-point derivation: pause this far below the first critical/hot trip, throttle at the
+# first passive trip below that (else this far below critical), warm this far below throttled.
+_CRITICAL_BELOW_TRIP_C = 7.5
+_THROTTLED_BELOW_CRITICAL_C = 7.5
+_WARM_BELOW_THROTTLED_C = 10.0
+# Trip points outside this range are placeholders (x86_pkg_temp exposes 0 C passive trips).
+_PLAUSIBLE_TRIP_C = (40.0, 150.0)
+# Spacing kept between a configured threshold and a default one pushed out of its way.
+_MIN_GAP_C = 2.0
+
+
+@dataclass(frozen=True)
+class ThermalReport:
+    """One poll's readings and decision; ``zones`` omits offline sensors."""
+
+    state: ThermalState
+    board: str
+    zones: dict[str, float]
+    hottest_c: float | None
+    freq_cap_ratio: float | None
+    throttled_flags: tuple[str, ...]
+    rate_factor: float
+    thresholds: dict[str, float]
+    model: str | None = None
+    freq_cur_ratio: float | None = None
+    power_mode: str | None = None
+    hardware_throttling: bool = False
+
+    def summary(self) -> str:
+        """One short line for systemd's STATUS=, e.g. ``thermal warm 72.3C rate 0.5``."""
+        parts = ["thermal", self.state]
+        if self.hottest_c is not None:
+            parts.append(f"{self.hottest_c:.1f}C")
+        if self.freq_cap_ratio is not None and self.freq_cap_ratio < FREQ_CAP_THROTTLED:
+            parts.append(f"cap {self.freq_cap_ratio:.0%}")
+        active = [f for f in self.throttled_flags if not f.endswith("_occurred")]
+        if active:
+            parts.append(",".join(active))
+        if self.state == "critical":
+            parts.append("paused")
+        elif self.rate_factor < 1.0:
+            parts.append(f"rate {self.rate_factor:g}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form for the status message."""
+        def ratio(v: float | None) -> float | None:
+            return None if v is None else round(v, 3)
+
+        return {
+            "state": self.state,
+            "board": self.board,
+            "model": self.model,
+            "zones": dict(self.zones),
+            "hottest_c": self.hottest_c,
+            "freq_cap_ratio": ratio(self.freq_cap_ratio),
+            "freq_cur_ratio": ratio(self.freq_cur_ratio),
+            "throttled_flags": list(self.throttled_flags),
+            "hardware_throttling": self.hardware_throttling,
+            "rate_factor": self.rate_factor,
+            "thresholds": dict(self.thresholds),
+            "power_mode": self.power_mode,
+        }
+
+
+# ---- thresholds -------------------------------------------------------------------------------
+
+def _thresholds_from_trips(zones: tuple[Zone, ...]) -> tuple[float, float, float] | None:
+    low, high = _PLAUSIBLE_TRIP_C
+    trips = [t for z in zones for t in z.trips if low <= t.temp_c <= high]
+    shutdown = [t.temp_c for t in trips if t.kind in ("critical", "hot")]
+    if not shutdown:
+        return None
+    critical = min(shutdown) - _CRITICAL_BELOW_TRIP_C
+    passive = [t.temp_c for t in trips if t.kind == "passive" and t.temp_c < critical]
+    throttled = min(passive) if passive else critical - _THROTTLED_BELOW_CRITICAL_C
+    return throttled - _WARM_BELOW_THROTTLED_C, throttled, critical
+
+
+def _base_thresholds(family: BoardFamily, zones: tuple[Zone, ...]) -> tuple[tuple[float, float, float], str]:
+    if family != "raspberrypi":
+        derived = _thresholds_from_trips(zones)
+        if derived is not None:
+            return derived, "trip points"
+    return _BOARD_DEFAULTS[family], f"{family} default"
+
+
+def _between(value: float, lo: float | None, hi: float | None) -> float:
+    """``value`` if it lies strictly between the configured neighbours, else a spot that does."""
+    if lo is not None and hi is not None and not lo < value < hi:
+        return (lo + hi) / 2
+    if lo is not None and value <= lo:
+        return lo + _MIN_GAP_C
+    if hi is not None and value >= hi:
+        return hi - _MIN_GAP_C
+    return value
+
+
+def resolve_thresholds(cfg: ThermalConfig, family: BoardFamily,
+                       zones: tuple[Zone, ...]) -> tuple[dict[str, float], str]:
+    """Configured thresholds win; defaults fill the gaps, moved aside to keep warm < throttled < critical.
+
+    Returns the thresholds and where they came from, for the ``edged thermal`` table.
+    """
+    (base_warm, base_throttled, base_critical), source = _base_thresholds(family, zones)
+    throttled = cfg.throttled_c
+    if throttled is None:
+        throttled = _between(base_throttled, cfg.warm_c, cfg.critical_c)
+    warm = cfg.warm_c if cfg.warm_c is not None else min(base_warm, throttled - _MIN_GAP_C)
+    critical = cfg.critical_c if cfg.critical_c is not None else max(base_critical, throttled + _MIN_GAP_C)
+    explicit = [v is not None for v in (cfg.warm_c, cfg.throttled_c, cfg.critical_c)]
+    if all(explicit):
+        source = "config"
+    elif any(explicit):
+        source = f"config + {source}"
+    return {"warm": warm, "throttled": throttled, "critical": critical}, source
+
+
+# ---- state machine ----------------------------------------------------------------------------
+
+def _temperature_level(temp_c: float, thresholds: dict[str, float]) -> ThermalState:
+    level: ThermalState = "ok"
+    for name in _LEVELS:
+        if temp_c >= thresholds[name]:
+            level = name
+    return level
+
+
+def _hotter(a: ThermalState, b: ThermalState) -> ThermalState:
+    return a if _RANK[a] >= _RANK[b] else b
+
+
+def next_state(current: ThermalState, hottest_c: float | None, hardware_throttling: bool,
+               thresholds: dict[str, float], hysteresis_c: float) -> ThermalState:
+    """One step of the state machine: up at once, down only past the hysteresis band."""
+    if hottest_c is None:
+        return "throttled" if hardware_throttling else "unknown"
+    target = _temperature_level(hottest_c, thresholds)
+    if hardware_throttling:
+        target = _hotter(target, "throttled")
+    if current == "unknown" or _RANK[target] >= _RANK[current]:
+        return target
+    # Each state at or below the current one holds until the hottest zone is more than
+    # hysteresis_c below its threshold.
+    held = _temperature_level(hottest_c + hysteresis_c, thresholds)
+    return _hotter(target, held if _RANK[held] < _RANK[current] else current)
+
+
+def rate_factor(cfg: ThermalConfig, state: ThermalState) -> float:
+    """Fraction of the full frame rate allowed; 0 pauses inference (status keeps publishing)."""
+    return {"warm": cfg.warm_rate, "throttled": cfg.throttled_rate, "critical": 0.0}.get(state, 1.0)
+
+
+def _zone_temps(zones: tuple[Zone, ...]) -> dict[str, float]:
+    """Online zones by name; a repeated name (two acpitz zones) gets its position appended."""
+    temps: dict[str, float] = {}
+    for index, zone in enumerate(zones):
+        if zone.temp_c is None:
+            continue
+        name = zone.name if zone.name not in temps else f"{zone.name}#{index}"
+        temps[name] = zone.temp_c
+    return temps
+
+
+def _hardware_throttling(snapshot: Snapshot) -> bool:
+    cap = snapshot.cpufreq.cap_ratio if snapshot.cpufreq else None
+    pi_now = bool(THROTTLING_NOW.intersection(snapshot.pi_flags or ()))
+    return pi_now or (cap is not None and cap < FREQ_CAP_THROTTLED)
+
+
+class ThermalWatch:
+    """Reads the board once per :meth:`poll` and keeps the state across polls.
+
+    ``cfg.enabled`` is the daemon's switch for creating a watch at all; a watch always reads.
+    """
+
+    def __init__(self, cfg: ThermalConfig) -> None:
+        self.cfg = cfg
+        self._reader = SysReader(cfg.root, cfg.use_vcgencmd)
+        self._state: ThermalState | None = None
+        self.last_snapshot: Snapshot | None = None
+        self.thresholds_source = ""
+
+    def poll(self) -> ThermalReport:
+        """Read everything, advance the state machine and return the report; never raises."""
+        snapshot = self._reader.read()
+        thresholds, self.thresholds_source = resolve_thresholds(self.cfg, snapshot.family, snapshot.zones)
+        zones = _zone_temps(snapshot.zones)
+        hottest = max(zones.values()) if zones else None
+        hw = _hardware_throttling(snapshot)
+        previous = self._state
+        state = next_state(previous or "unknown", hottest, hw, thresholds, self.cfg.hysteresis_c)
+        self._state = state
+        self.last_snapshot = snapshot
+        cpufreq = snapshot.cpufreq
+        report = ThermalReport(
+            state=state,
+            board=snapshot.family,
+            zones=zones,
+            hottest_c=hottest,
+            freq_cap_ratio=cpufreq.cap_ratio if cpufreq else None,
+            throttled_flags=snapshot.pi_flags or (),
+            rate_factor=rate_factor(self.cfg, state),
+            thresholds=thresholds,
+            model=snapshot.model,
+            freq_cur_ratio=cpufreq.cur_ratio if cpufreq else None,
+            power_mode=snapshot.power_mode.name if snapshot.power_mode else None,
+            hardware_throttling=hw,
+        )
+        if state != previous:
+            _log_change(previous, report)
+        return report
+
+
+def _log_change(previous: ThermalState | None, report: ThermalReport) -> None:
+    """WARNING on every change; the first reading is INFO unless it is already a problem."""
+    hottest_zone = max(report.zones, key=report.zones.__getitem__) if report.zones else "none"
+    level = logging.WARNING
+    if previous is None and report.state in ("ok", "unknown"):
+        level = logging.INFO
+    extra: dict[str, Any] = {"THERMAL_STATE": report.state, "THERMAL_BOARD": report.board,
+                             "THERMAL_RATE": report.rate_factor}
+    if previous is not None:
+        extra["THERMAL_PREVIOUS_STATE"] = previous
+    if report.hottest_c is not None:
+        extra["TEMP_C"] = report.hottest_c
+        extra["THERMAL_ZONE"] = hottest_zone
+    if report.freq_cap_ratio is not None:
+        extra["FREQ_CAP_RATIO"] = round(report.freq_cap_ratio, 3)
+    if report.throttled_flags:
+        extra["THROTTLED_FLAGS"] = ",".join(report.throttled_flags)
+    log.log(level, "thermal state %s -> %s on %s: hottest %s (%s), freq cap %s, flags %s, rate %g",
+            previous or "start", report.state, report.board, _celsius(report.hottest_c), hottest_zone,
+            _percent(report.freq_cap_ratio), ",".join(report.throttled_flags) or "none",
+            report.rate_factor, extra=extra)
+
+
+# ---- edged thermal ----------------------------------------------------------------------------
+
+def _celsius(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}C"
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def _write_table(out: TextIO, report: ThermalReport, watch: ThermalWatch) -> None:
+    snapshot = watch.last_snapshot
+    cfg = watch.cfg
+    out.write(f"state       {report.state}  rate {report.rate_factor:g}"
+              f"{'  (hardware throttling)' if report.hardware_throttling else ''}\n")
+    out.write(f"board       {report.board}{f' ({report.model})' if report.model else ''}\n")
+    out.write(f"{'ZONE':<18}{'TEMP':>9}  TRIPS\n")
+    zones = snapshot.zones if snapshot else ()
+    for zone in zones:
+        temp = "offline" if zone.temp_c is None else _celsius(zone.temp_c)
+        trips = ", ".join(f"{t.temp_c:.1f}C {t.kind}" for t in zone.trips) or "-"
+        out.write(f"{zone.name:<18}{temp:>9}  {trips}\n")
+    if not zones:
+        out.write("(no thermal zones)\n")
+    th = report.thresholds
+    out.write(f"thresholds  warm {_celsius(th['warm'])}  throttled {_celsius(th['throttled'])}  "
+              f"critical {_celsius(th['critical'])}  hysteresis {_celsius(cfg.hysteresis_c)}"
+              f"  ({watch.thresholds_source})\n")
+    out.write(f"cpufreq     cap {_percent(report.freq_cap_ratio)}  cur {_percent(report.freq_cur_ratio)}\n")
+    if snapshot and snapshot.pi_source:
+        out.write(f"pi flags    {', '.join(report.throttled_flags) or 'none'}  ({snapshot.pi_source})\n")
+    if report.power_mode:
+        out.write(f"power mode  {report.power_mode}\n")
+    if not cfg.enabled:
+        out.write("note        thermal.enabled is false: the daemon ignores these readings\n")
+
+
+def run_thermal_command(cfg: ThermalConfig, watch: bool, interval_s: float | None,
+                        out: TextIO = sys.stdout, iterations: int | None = None) -> int:
+    """``edged thermal``: print readings and state once, or every interval with ``--watch``."""
+    thermal_watch = ThermalWatch(cfg)
+    interval = cfg.poll_interval_s if interval_s is None else interval_s
+    done = 0
+    try:
+        while True:
+            report = thermal_watch.poll()
+            if watch:
+                out.write(f"-- {time.strftime('%H:%M:%S')}\n")
+            _write_table(out, report, thermal_watch)
+            out.flush()
+            done += 1
+            if not watch or (iterations is not None and done >= iterations):
+                return 0
+            time.sleep(max(0.0, interval))
+    except KeyboardInterrupt:
+        return 0

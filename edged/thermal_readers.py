@@ -1,0 +1,339 @@
+"""Raw thermal readings from sysfs, procfs and /etc under a configurable root.
+
+This module owns *reading and parsing*: thermal zones with their trip points, cpufreq limits,
+the Raspberry Pi throttled bits, the board model and the Jetson power mode. What the readings
+mean (states, thresholds, rates) is decided in ``edged.thermal``.
+
+Every read tolerates a missing, unreadable or garbled file: the value becomes ``None`` and the
+path is logged once, because a flaky sensor must never stop the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+BoardFamily = Literal["raspberrypi", "jetson", "generic"]
+
+# Raspberry Pi firmware get_throttled bits (official "get_throttled" documentation table).
+THROTTLED_BITS: tuple[tuple[int, str], ...] = (
+    (0, "under_voltage"),
+    (1, "arm_freq_capped"),
+    (2, "throttled"),
+    (3, "soft_temp_limit"),
+    (16, "under_voltage_occurred"),
+    (17, "arm_freq_capped_occurred"),
+    (18, "throttled_occurred"),
+    (19, "soft_temp_limit_occurred"),
+)
+# Active-now bits that mean the SoC is running below its normal clock.
+THROTTLING_NOW = frozenset({"arm_freq_capped", "throttled", "soft_temp_limit"})
+
+# Outside this range a zone reading is a sentinel (Jetson reports -256 C for a powered-down
+# sensor) or garbage, so the zone counts as offline.
+_VALID_TEMP_C = (-50.0, 200.0)
+_MAX_TRIPS = 32
+_VCGENCMD_TIMEOUT_S = 1.0
+
+_ZONES = "sys/class/thermal"
+_CPUFREQ = "sys/devices/system/cpu/cpufreq"
+_HWMON = "sys/class/hwmon"
+_PLATFORM = "sys/devices/platform"
+_MODEL = "proc/device-tree/model"
+_NVPMODEL_CONF = "etc/nvpmodel.conf"
+_NVPMODEL_STATUS = "var/lib/nvpmodel/status"
+
+_MODE_HEADER = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=(\S+?)\s*>")
+_MODE_DEFAULT = re.compile(r"<\s*PM_CONFIG\s+DEFAULT=(\d+)\s*>")
+_MODE_STATUS = re.compile(r"pmode:(\d+)")
+_MODE_CPU_MAX = re.compile(r"CPU_\w+\s+MAX_FREQ\s+(-?\d+)")
+_VCGENCMD_OUT = re.compile(r"throttled=(0x[0-9a-fA-F]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Trip:
+    """One trip point; ``kind`` is the kernel's type: critical, hot, passive or active."""
+
+    temp_c: float
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    """A thermal zone; ``temp_c`` is None while the sensor is offline."""
+
+    name: str
+    temp_c: float | None
+    trips: tuple[Trip, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CpuFreq:
+    """Lowest ratio over all cpufreq policies of scaling_max (cap) and scaling_cur to the ceiling."""
+
+    cap_ratio: float | None
+    cur_ratio: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PowerMode:
+    """The active Jetson nvpmodel mode; ``cpu_max_khz`` is its CPU ceiling (None = unlimited)."""
+
+    id: int
+    name: str
+    cpu_max_khz: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one poll read. ``pi_flags`` is None when no source of the Pi bits exists."""
+
+    family: BoardFamily
+    model: str | None
+    zones: tuple[Zone, ...]
+    cpufreq: CpuFreq | None
+    pi_flags: tuple[str, ...] | None
+    pi_source: str | None
+    power_mode: PowerMode | None
+
+
+def decode_throttled(value: int) -> tuple[str, ...]:
+    """Names of the set get_throttled bits, in bit order."""
+    return tuple(name for bit, name in THROTTLED_BITS if value >> bit & 1)
+
+
+def detect_family(model: str | None, zone_names: set[str], has_pi_source: bool) -> BoardFamily:
+    """The device-tree model decides; boards with a vendor model string fall back to zone names."""
+    if model:
+        if model.startswith("Raspberry Pi"):
+            return "raspberrypi"
+        if "jetson" in model.lower():
+            return "jetson"
+    names = {n.lower() for n in zone_names}
+    # Orin: lower-case *-thermal with a tj zone; Nano/TX2/Xavier: CPU-therm, GPU-therm.
+    if "tj-thermal" in names or {"cpu-thermal", "gpu-thermal"} <= names or "gpu-therm" in names:
+        return "jetson"
+    if "cpu-thermal" in names and has_pi_source:
+        return "raspberrypi"
+    return "generic"
+
+
+def parse_power_mode(conf: str, status: str | None) -> PowerMode | None:
+    """Active mode from nvpmodel's status file (``pmode:0003``), else the conf's PM_CONFIG default.
+
+    The CPU ceiling is the lowest positive ``CPU_* MAX_FREQ`` of that mode: taking the lowest
+    means a per-cluster difference can never look like a thermal cap.
+    """
+    match = _MODE_STATUS.search(status or "") or _MODE_DEFAULT.search(conf)
+    if match is None:
+        return None
+    wanted = int(match.group(1))
+    found: tuple[int, str] | None = None
+    in_block = False
+    caps: list[int] = []
+    for raw in conf.splitlines():
+        line = raw.strip()
+        if line.startswith("<"):
+            header = _MODE_HEADER.match(line)
+            in_block = header is not None and int(header.group(1)) == wanted
+            if in_block and header is not None:
+                found = (wanted, header.group(2))
+            continue
+        cap = _MODE_CPU_MAX.match(line) if in_block else None
+        if cap is not None and int(cap.group(1)) > 0:
+            caps.append(int(cap.group(1)))
+    if found is None:
+        return None
+    return PowerMode(found[0], found[1], min(caps) if caps else None)
+
+
+class _Problems:
+    """Logs each problem path once, so a broken sensor does not flood the journal every poll."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def once(self, level: int, path: Path, msg: str, *args: object) -> None:
+        if str(path) not in self._seen:
+            self._seen.add(str(path))
+            log.log(level, msg, *args)
+
+
+def _numbered(directory: Path, prefix: str, problems: _Problems) -> list[Path]:
+    """Entries ``prefixN`` of a directory, sorted by N (zone10 after zone9)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        problems.once(logging.WARNING, directory, "cannot list %s: %s", directory, e)
+        return []
+    pattern = re.compile(re.escape(prefix) + "([0-9]+)")
+    found = sorted((int(m.group(1)), n) for n in names if (m := pattern.fullmatch(n)))
+    return [directory / n for _, n in found]
+
+
+class SysReader:
+    """Reads one :class:`Snapshot` per call from the tree under ``root``."""
+
+    def __init__(self, root: Path, use_vcgencmd: bool) -> None:
+        self.root = Path(root)
+        self._problems = _Problems()
+        # vcgencmd reads the live firmware, so it only makes sense for the real root.
+        self._vcgencmd_allowed = use_vcgencmd and self.root == Path("/")
+
+    def read(self) -> Snapshot:
+        model = self._model()
+        zones = tuple(self._zone(p) for p in _numbered(self.root / _ZONES, "thermal_zone", self._problems))
+        pi_flags, pi_source = self._pi_flags()
+        power_mode = self._power_mode()
+        family = detect_family(model, {z.name for z in zones}, pi_source is not None)
+        return Snapshot(family, model, zones, self._cpufreq(power_mode), pi_flags, pi_source, power_mode)
+
+    # ---- primitives ------------------------------------------------------------------------
+
+    def _text(self, path: Path, offline_level: int = logging.WARNING) -> str | None:
+        """File contents stripped of whitespace and NULs; None if absent or unreadable."""
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            level = logging.WARNING if isinstance(e, PermissionError) else offline_level
+            self._problems.once(level, path, "cannot read %s: %s", path, e)
+            return None
+        return data.decode("utf-8", errors="replace").strip("\x00 \t\r\n")
+
+    def _int(self, path: Path, base: int = 10, offline_level: int = logging.WARNING) -> int | None:
+        text = self._text(path, offline_level)
+        if not text:
+            return None
+        try:
+            return int(text, base)
+        except ValueError:
+            self._problems.once(logging.WARNING, path, "unexpected contents in %s: %r", path, text[:40])
+            return None
+
+    # ---- board -----------------------------------------------------------------------------
+
+    def _model(self) -> str | None:
+        return self._text(self.root / _MODEL) or None
+
+    def _power_mode(self) -> PowerMode | None:
+        conf = self._text(self.root / _NVPMODEL_CONF)
+        if not conf:
+            return None
+        return parse_power_mode(conf, self._text(self.root / _NVPMODEL_STATUS))
+
+    # ---- thermal zones ---------------------------------------------------------------------
+
+    def _zone(self, path: Path) -> Zone:
+        name = self._text(path / "type") or path.name
+        return Zone(name, self._zone_temp(path / "temp"), self._trips(path))
+
+    def _zone_temp(self, path: Path) -> float | None:
+        # A disabled or powered-down sensor fails with EIO/ENODATA or reads empty: that is normal.
+        milli = self._int(path, offline_level=logging.DEBUG)
+        if milli is None:
+            return None
+        temp_c = milli / 1000
+        low, high = _VALID_TEMP_C
+        if not low <= temp_c <= high:
+            self._problems.once(logging.DEBUG, path, "%s reads %.1f C: treated as offline", path, temp_c)
+            return None
+        return temp_c
+
+    def _trips(self, zone: Path) -> tuple[Trip, ...]:
+        trips = []
+        for n in range(_MAX_TRIPS):
+            temp_path = zone / f"trip_point_{n}_temp"
+            if not os.path.exists(temp_path):
+                break
+            milli = self._int(temp_path)
+            kind = self._text(zone / f"trip_point_{n}_type")
+            if milli is not None and kind:
+                trips.append(Trip(milli / 1000, kind))
+        return tuple(trips)
+
+    # ---- cpufreq ---------------------------------------------------------------------------
+
+    def _cpufreq(self, power_mode: PowerMode | None) -> CpuFreq | None:
+        """A Jetson power mode lowers scaling_max on purpose, so its ceiling is the reference."""
+        mode_cap = power_mode.cpu_max_khz if power_mode else None
+        caps: list[float] = []
+        curs: list[float] = []
+        for policy in _numbered(self.root / _CPUFREQ, "policy", self._problems):
+            hw_max = self._int(policy / "cpuinfo_max_freq")
+            if not hw_max or hw_max <= 0:
+                continue
+            ceiling = min(hw_max, mode_cap) if mode_cap else hw_max
+            scaling_max = self._int(policy / "scaling_max_freq")
+            scaling_cur = self._int(policy / "scaling_cur_freq")
+            if scaling_max is not None:
+                caps.append(min(1.0, scaling_max / ceiling))
+            if scaling_cur is not None:
+                curs.append(min(1.0, scaling_cur / ceiling))
+        if not caps and not curs:
+            return None
+        return CpuFreq(min(caps) if caps else None, min(curs) if curs else None)
+
+    # ---- Raspberry Pi throttled bits -------------------------------------------------------
+
+    def _pi_flags(self) -> tuple[tuple[str, ...] | None, str | None]:
+        """Firmware sysfs file (all bits), else hwmon (under-voltage only), else vcgencmd."""
+        firmware = self._firmware_throttled()
+        if firmware is not None:
+            return firmware, "firmware"
+        hwmon = self._hwmon_undervoltage()
+        if hwmon is not None:
+            return hwmon, "hwmon"
+        vcgencmd = self._vcgencmd_throttled()
+        if vcgencmd is not None:
+            return vcgencmd, "vcgencmd"
+        return None, None
+
+    def _firmware_throttled(self) -> tuple[str, ...] | None:
+        # soc/soc:firmware on the Pi 4; the glob also covers soc@<addr>/soc@<addr>:firmware.
+        try:
+            paths = sorted((self.root / _PLATFORM).glob("soc*/*firmware/get_throttled"))
+        except OSError:
+            return None
+        for path in paths:
+            value = self._int(path, base=16)
+            if value is not None:
+                return decode_throttled(value)
+        return None
+
+    def _hwmon_undervoltage(self) -> tuple[str, ...] | None:
+        for hwmon in _numbered(self.root / _HWMON, "hwmon", self._problems):
+            if self._text(hwmon / "name") == "rpi_volt":
+                alarm = self._int(hwmon / "in0_lcrit_alarm")
+                if alarm is None:
+                    return None
+                return ("under_voltage",) if alarm else ()
+        return None
+
+    def _vcgencmd_throttled(self) -> tuple[str, ...] | None:
+        """Asks vcgencmd; the first failure is logged and vcgencmd is not asked again."""
+        exe = shutil.which("vcgencmd") if self._vcgencmd_allowed else None
+        if exe is None:
+            return None
+        try:
+            done = subprocess.run([exe, "get_throttled"], capture_output=True, text=True,
+                                  timeout=_VCGENCMD_TIMEOUT_S, check=True)
+            match = _VCGENCMD_OUT.search(done.stdout)
+            if match is None:
+                raise ValueError(f"unexpected output {done.stdout.strip()[:60]!r}")
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            log.warning("vcgencmd get_throttled failed (%s); not asking it again", e)
+            self._vcgencmd_allowed = False
+            return None
+        return decode_throttled(int(match.group(1), 16))
