@@ -1,0 +1,133 @@
+"""Running the real daemon in tests: `edged run` as a subprocess, read over a real SUB socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import zmq
+
+from edged.messages import DetectionsMessage, StatusMessage, parse_message
+
+Message = DetectionsMessage | StatusMessage
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def write_config(path: Path, sections: dict[str, dict[str, Any]]) -> Path:
+    lines = []
+    for name, keys in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {toml_value(value)}" for key, value in keys.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_video(path: Path, colours: list[tuple[int, int, int]], size: tuple[int, int] = (128, 96),
+                fps: float = 20.0) -> Path:
+    """An MJPG video whose frame i is a solid colours[i] (BGR), decodable by OpenCV's FFmpeg."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, size)
+    frame = np.empty((size[1], size[0], 3), np.uint8)
+    for colour in colours:
+        frame[:] = colour
+        writer.write(frame)
+    writer.release()
+    return path
+
+
+def edged_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "edged", *args]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(edged_command(*args), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+class RunningDaemon:
+    """`edged run` in a subprocess plus a SUB socket on its endpoint; always killed at the end."""
+
+    def __init__(self, config: Path, endpoint: str, env: dict[str, str] | None = None) -> None:
+        self.endpoint = endpoint
+        self._context = zmq.Context()
+        self.sub = self._context.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(endpoint)
+        self.log_path = config.with_suffix(".log")
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(edged_command("run", "--config", str(config)), stdout=self._log,
+                                     stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+    def messages(self, timeout: float) -> Iterator[Message]:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if self.proc.poll() is not None and not self.sub.poll(0):
+                raise AssertionError(f"edged exited with {self.proc.returncode}:\n{self.log()}")
+            if self.sub.poll(int(min(left, 0.5) * 1000) + 1):
+                topic, payload = self.sub.recv_multipart()
+                msg = parse_message(payload)
+                assert topic.decode().split("/")[1] == msg.kind
+                yield msg
+
+    def collect(self, kind: str, count: int, timeout: float = 20) -> list[Message]:
+        got = [m for m in self._until(kind, count, timeout)]
+        if len(got) < count:
+            raise AssertionError(f"only {len(got)} {kind} message(s) in {timeout} s:\n{self.log()}")
+        return got
+
+    def _until(self, kind: str, count: int, timeout: float) -> Iterator[Message]:
+        n = 0
+        for msg in self.messages(timeout):
+            if msg.kind == kind:
+                n += 1
+                yield msg
+                if n >= count:
+                    return
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 5) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.close()
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.sub.close(linger=0)
+        self._context.term()
+        self._log.close()

@@ -1,0 +1,120 @@
+"""The command line as an operator meets it: refusals exit 78 and name the problem."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from daemon import run_cli, write_config
+from onnx_models import colour_probe
+
+from edged.messages import schema_text
+
+
+def _config(tmp: Path, model: dict | None = None, **sections: dict) -> Path:
+    doc = {"model": model or {"path": "probe.onnx"}, "publish": {"endpoints": ["tcp://127.0.0.1:0"]},
+           "thermal": {"enabled": False}}
+    doc.update(sections)
+    return write_config(tmp / "edged.toml", doc)
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Path:
+    colour_probe(tmp_path / "probe.onnx")
+    return tmp_path
+
+
+def test_check_reports_contract_head_and_placement(tmp: Path) -> None:
+    result = run_cli("check", "--config", str(_config(tmp)))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "input      images [1, 3, 64, 64] float32 nchw rgb letterbox" in out
+    assert "yolov8 head, 2 classes: red, blue" in out
+    assert "placement  CPUExecutionProvider:" in out and " nodes" in out
+    assert out.rstrip().endswith("ok")
+
+
+def test_check_warns_about_a_provider_this_build_lacks(tmp: Path) -> None:
+    path = _config(tmp)
+    path.write_text(path.read_text() + '\n[[runtime.providers]]\nname = "TensorrtExecutionProvider"\n'
+                    '[[runtime.providers]]\nname = "CPUExecutionProvider"\n')
+    result = run_cli("check", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "TensorrtExecutionProvider is not in this onnxruntime build" in result.stdout
+    assert "session uses: CPUExecutionProvider" in result.stdout
+
+
+def _model(tmp: Path, name: str, **kwargs: object) -> str:
+    colour_probe(tmp / name, **kwargs)  # type: ignore[arg-type]
+    return name
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        # unknown config key, with its path and a hint
+        (lambda t: _config(t, {"path": "probe.onnx", "confidence": 0.5}),
+         "model.confidence: Extra inputs are not permitted (unknown key"),
+        # out-of-range value
+        (lambda t: _config(t, {"path": "probe.onnx", "iou": 1.5}), "model.iou: Input should be less than or equal to 1"),
+        # wrong type
+        (lambda t: _config(t, {"path": "probe.onnx", "max_det": "many"}), "model.max_det: Input should be a valid integer"),
+        # missing model file
+        (lambda t: _config(t, {"path": "nowhere.onnx"}), "model file"),
+        # corrupt model file
+        (lambda t: (t / "bad.onnx").write_bytes(b"\x08\x07garbage") and _config(t, {"path": "bad.onnx"}),
+         "onnxruntime cannot load"),
+        # a fixed batch of 4
+        (lambda t: _config(t, {"path": _model(t, "b4.onnx", batch=4)}), "fixed batch of 4"),
+        # declared layout contradicts the model
+        (lambda t: _config(t, {"path": "probe.onnx", "layout": "nhwc"}), "config model.layout says NHWC"),
+        # RGB/BGR contradiction between config and model metadata
+        (lambda t: _config(t, {"path": _model(t, "bgr.onnx", metadata={"color_order": "bgr"}),
+                               "channel_order": "rgb"}), "color_order = 'bgr'"),
+        # head declared wrongly
+        (lambda t: _config(t, {"path": "probe.onnx", "head": "yolov5"}), "model.head = 'yolov5'"),
+        # not TOML at all
+        (lambda t: (t / "edged.toml").write_text("[model\npath=") and t / "edged.toml", "not valid TOML"),
+    ],
+)
+def test_refusals_exit_78_and_name_the_problem(tmp: Path, command: str, setup, message: str) -> None:  # noqa: ANN001
+    path = setup(tmp)
+    result = run_cli(command, "--config", str(path))
+    assert result.returncode == 78, (result.stdout, result.stderr)
+    assert message in result.stderr + result.stdout
+
+
+def test_every_config_problem_is_listed_at_once(tmp: Path) -> None:
+    path = _config(tmp, {"path": "probe.onnx", "iou": 2, "conf": -1}, service={"log_level": "loud"})
+    result = run_cli("check", "--config", str(path))
+    assert result.returncode == 78
+    for key in ("model.iou", "model.conf", "service.log_level"):
+        assert key in result.stderr
+    assert "3 problem(s)" in result.stderr
+
+
+def test_missing_config_file_says_so(tmp: Path) -> None:
+    result = run_cli("run", "--config", str(tmp / "absent.toml"))
+    assert result.returncode == 78
+    assert "does not exist" in result.stderr
+
+
+def test_environment_overrides_the_file(tmp: Path) -> None:
+    result = run_cli("check", "--config", str(_config(tmp)), env={"EDGED_MODEL__IOU": "7"})
+    assert result.returncode == 78 and "model.iou" in result.stderr
+
+
+def test_schema_command_prints_the_generated_schema(tmp: Path) -> None:
+    result = run_cli("schema")
+    assert result.returncode == 0
+    assert result.stdout == schema_text()
+    assert json.loads(result.stdout)["title"] == "edged messages"
+
+
+@pytest.mark.parametrize("command", ["run", "check", "subscribe", "schema", "thermal"])
+def test_every_command_has_useful_help(command: str) -> None:
+    result = run_cli(command, "--help")
+    assert result.returncode == 0
+    assert len(result.stdout.splitlines()) >= 4

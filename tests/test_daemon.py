@@ -1,0 +1,183 @@
+"""End to end: the real daemon in a subprocess, its real ZeroMQ stream, real video files."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from daemon import RunningDaemon, free_port, write_config, write_video
+from onnx_models import LABELS, colour_probe
+
+from edged.messages import DetectionsMessage, StatusMessage
+
+RED, BLUE = (0, 0, 255), (255, 0, 0)
+FRAMES = 40
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    colour_probe(tmp_path / "probe.onnx")
+    write_video(tmp_path / "clip.avi", [RED if i % 2 == 0 else BLUE for i in range(FRAMES)])
+    return tmp_path
+
+
+def config(workdir: Path, source: dict | None = None, **sections: dict) -> tuple[Path, str]:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    doc = {
+        "source": source or {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+        "model": {"path": "probe.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+        "thermal": {"enabled": False},
+    }
+    for name, keys in sections.items():
+        doc.setdefault(name, {}).update(keys)
+    return write_config(workdir / "edged.toml", doc), endpoint
+
+
+@pytest.fixture
+def daemon(workdir: Path) -> Iterator[RunningDaemon]:
+    path, endpoint = config(workdir)
+    d = RunningDaemon(path, endpoint)
+    yield d
+    d.close()
+
+
+def expected_label(frame_id: int) -> str:
+    return LABELS[0] if (frame_id % FRAMES) % 2 == 0 else LABELS[1]
+
+
+def test_video_frames_become_detections_in_frame_pixels(daemon: RunningDaemon) -> None:
+    msgs = daemon.collect("detections", 12)
+    for msg in msgs:
+        assert isinstance(msg, DetectionsMessage)
+        assert msg.frame_size == (128, 96) and msg.input_size == (64, 64)
+        assert len(msg.detections) == 1, msg
+        det = msg.detections[0]
+        # Colour order is right: a red frame is "red" for an RGB model fed BGR frames.
+        assert det.label == expected_label(msg.frame_id), msg.frame_id
+        # The probe's fixed box (input pixels 24,18-40,30) mapped back through the letterbox.
+        assert det.box == (48.0, 20.0, 80.0, 44.0)
+        assert det.score == pytest.approx(0.86, abs=0.02)  # red content + 114-grey padding rows
+        assert msg.model.name == "probe" and len(msg.model.sha256) == 64
+    seqs = [m.seq for m in msgs]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def test_status_messages_report_health(daemon: RunningDaemon) -> None:
+    daemon.collect("detections", 5)
+    status = daemon.collect("status", 2)[-1]
+    assert isinstance(status, StatusMessage)
+    assert status.source_state == "ok" and status.frames_processed >= 5 and status.fps > 0
+    assert set(status.latency) == {"preprocess", "inference", "decode", "age"}
+    assert status.latency["inference"].p50_ms > 0
+    assert status.thermal is None
+
+
+def test_sigterm_stops_cleanly_within_two_seconds(daemon: RunningDaemon) -> None:
+    daemon.collect("detections", 3)
+    started = time.monotonic()
+    code = daemon.stop(timeout=5)
+    assert code == 0
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_file_that_ends_without_loop_stops_the_daemon_with_success(workdir: Path) -> None:
+    path, endpoint = config(workdir, {"type": "file", "path": "clip.avi", "loop": False, "realtime": False})
+    d = RunningDaemon(path, endpoint)
+    try:
+        assert d.proc.wait(30) == 0
+        assert "source ended" in d.log()
+    finally:
+        d.close()
+
+
+def _image_folder(folder: Path, sizes: list[tuple[int, int]]) -> None:
+    folder.mkdir()
+    for i, (w, h) in enumerate(sizes):
+        cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((h, w, 3), RED, np.uint8))
+
+
+def test_a_frame_of_the_wrong_size_is_rejected_and_counted(workdir: Path) -> None:
+    _image_folder(workdir / "imgs", [(128, 96)] * 4 + [(64, 48)] + [(128, 96)] * 4)
+    (workdir / "imgs" / "004b.png").write_bytes(b"\x89PNG truncated")  # unreadable: skipped by the source
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 30.0})
+    d = RunningDaemon(path, endpoint)
+    try:
+        deadline = time.monotonic() + 20
+        status = None
+        while time.monotonic() < deadline:
+            status = d.collect("status", 1)[0]
+            if status.drops.get("bad_frame_size", 0) >= 1:
+                break
+        assert status is not None and status.drops.get("bad_frame_size", 0) >= 1, status
+        assert "rejected (size)" in d.log()
+        assert d.proc.poll() is None  # not fatal
+        dets = d.collect("detections", 3)
+        assert all(m.frame_size == (128, 96) for m in dets)
+    finally:
+        d.close()
+
+
+def test_a_lasting_size_change_replans_the_buffers(workdir: Path) -> None:
+    colours = [RED] * 20
+    write_video(workdir / "small.avi", colours, size=(128, 96))
+    _image_folder(workdir / "imgs", [(128, 96)] * 3 + [(256, 192)] * 30)
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 30.0, "loop": False})
+    d = RunningDaemon(path, endpoint)
+    try:
+        sizes = {m.frame_size: m for m in d.collect("detections", 12)}
+        assert (256, 192) in sizes, sizes.keys()
+        # Boxes follow the new frame size: the probe box scaled by 2 again.
+        assert sizes[(256, 192)].detections[0].box == (96.0, 40.0, 160.0, 88.0)
+        assert "re-planning buffers" in d.log()
+    finally:
+        d.close()
+
+
+def test_sighup_applies_a_good_config_and_keeps_running_on_a_bad_one(workdir: Path) -> None:
+    path, endpoint = config(workdir)
+    d = RunningDaemon(path, endpoint)
+    try:
+        assert d.collect("detections", 3)[-1].detections
+        good = path.read_text().replace('path = "probe.onnx"', 'path = "probe.onnx"\nconf = 0.95')
+        path.write_text(good)
+        d.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and d.collect("detections", 1)[0].detections:
+            pass
+        assert not d.collect("detections", 3)[-1].detections  # 0.86 < 0.95: nothing passes now
+        path.write_text(good + "\n[bogus]\nkey = 1\n")
+        d.signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert d.proc.poll() is None
+        assert "reload refused, keeping the running configuration" in d.log()
+        assert "bogus" in d.log()
+        d.collect("detections", 2)
+    finally:
+        d.close()
+
+
+def test_a_model_replaced_on_disk_is_picked_up_on_sighup_or_refused_if_broken(workdir: Path) -> None:
+    path, endpoint = config(workdir)
+    d = RunningDaemon(path, endpoint)
+    try:
+        first = d.collect("detections", 2)[-1].model.sha256
+        (workdir / "probe.onnx").write_bytes(b"half a model")
+        d.signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert d.proc.poll() is None and "reload refused" in d.log()
+        assert d.collect("detections", 2)[-1].model.sha256 == first
+        colour_probe(workdir / "probe.onnx", metadata={"version": "2"})
+        d.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        sha = first
+        while sha == first and time.monotonic() < deadline:
+            sha = d.collect("detections", 1)[0].model.sha256
+        assert sha != first
+    finally:
+        d.close()
