@@ -270,8 +270,8 @@ class Daemon:
         if now - self.progress.loop_ns > limit:
             return False
         capture = self.capture.stats()
-        if not capture.alive:
-            return False
+        if not capture.alive and self.capture.state != "ended":
+            return False  # the capture thread died: only a restart brings the camera back
         if now - self.progress.frame_ns <= limit:
             return True
         return self.capture.state in ("lost", "starting") and now - capture.last_progress_ns <= limit

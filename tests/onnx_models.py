@@ -106,3 +106,43 @@ def solid_frame(bgr: tuple[int, int, int], width: int = 128, height: int = 96) -
     frame = np.empty((height, width, 3), np.uint8)
     frame[:] = bgr
     return frame
+
+
+def stalling_probe(path: Path, iterations_when_bright: int = 10**12) -> Path:
+    """The colour probe behind a Loop whose trip count is the input's mean times a huge number.
+
+    A black frame runs zero iterations; a bright frame wedges inference inside ONNX Runtime for
+    hours, which is exactly what a hung accelerator looks like to the daemon.
+    """
+    probe = onnx.load(str(colour_probe(path)))
+    graph = probe.graph
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["acc_in", "one"], ["acc_out"])],
+        "spin",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [])],
+        initializer=[numpy_helper.from_array(np.array(1.0, np.float32), "one")],
+    )
+    graph.node.extend([
+        helper.make_node("ReduceMean", ["x"], ["brightness"], keepdims=0),
+        _const("spin_scale", np.array(float(iterations_when_bright), np.float32)),
+        helper.make_node("Mul", ["brightness", "spin_scale"], ["spins_f"]),
+        helper.make_node("Cast", ["spins_f"], ["spins"], to=TensorProto.INT64),
+        _const("cond", np.array(True)),
+        _const("acc0", np.array(0.0, np.float32)),
+        helper.make_node("Loop", ["spins", "cond", "acc0"], ["acc"], body=body),
+        _const("acc_scale", np.array(0.0, np.float32)),
+        helper.make_node("Mul", ["acc", "acc_scale"], ["zero"]),
+        helper.make_node("Add", ["output_raw", "zero"], ["output0"]),
+    ])
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            if name == "output0" and node.op_type != "Add":
+                node.output[i] = "output_raw"
+    onnx.checker.check_model(probe)
+    onnx.save(probe, str(path))
+    return path

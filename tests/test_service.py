@@ -1,0 +1,135 @@
+"""systemd's notify protocol for real: a bound unix datagram socket and the daemon as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from daemon import RunningDaemon, free_port, write_config
+from onnx_models import colour_probe, stalling_probe
+
+WATCHDOG_USEC = 600_000  # pings expected every 0.3 s
+
+
+class NotifySocket:
+    """What systemd would be: the receiving end of NOTIFY_SOCKET, timestamping every datagram."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.1)
+        self.received: list[tuple[float, str]] = []
+
+    def drain(self, seconds: float) -> list[tuple[float, str]]:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            self.received.append((time.monotonic(), data.decode()))
+        return self.received
+
+    def wait_for(self, line: str, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, datagram in self.received:
+                if line in datagram.splitlines():
+                    return t
+            self.drain(0.1)
+        raise AssertionError(f"{line!r} never arrived; got {[d for _, d in self.received]}")
+
+    def times_of(self, line: str, since: float = 0.0) -> list[float]:
+        return [t for t, d in self.received if line in d.splitlines() and t >= since]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def notify(tmp_path: Path) -> Iterator[NotifySocket]:
+    n = NotifySocket(tmp_path / "notify.sock")
+    yield n
+    n.close()
+
+
+def _start(tmp_path: Path, notify: NotifySocket, source: dict, model: Path | None = None,
+           **service: object) -> RunningDaemon:
+    model = model or colour_probe(tmp_path / "probe.onnx")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(tmp_path / "edged.toml", {
+        "source": source, "model": {"path": str(model)},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
+        "thermal": {"enabled": False}, "service": {"stall_timeout_s": 1.0, **service},
+    })
+    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
+    os.environ.pop("WATCHDOG_PID", None)
+    return RunningDaemon(config, endpoint, env=env)
+
+
+def _images(folder: Path, colours: list[tuple[int, int, int]]) -> Path:
+    folder.mkdir()
+    for i, colour in enumerate(colours):
+        cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((128, 128, 3), colour, np.uint8))
+    return folder
+
+
+def test_ready_status_watchdog_and_stopping_in_order(tmp_path: Path, notify: NotifySocket) -> None:
+    _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
+    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0})
+    try:
+        ready_at = notify.wait_for("READY=1", timeout=20)
+        notify.drain(2.0)
+        before_ready = [x for t, x in notify.received if t < ready_at]
+        assert all(x.startswith("STATUS=") for x in before_ready), before_ready  # no ping before READY
+        assert sum("READY=1" in x.splitlines() for _, x in notify.received) == 1
+        pings = notify.times_of("WATCHDOG=1", since=ready_at)
+        gaps = np.diff(pings)
+        assert len(pings) >= 4, pings
+        assert 0.2 < float(np.median(gaps)) < 0.45  # half of WATCHDOG_USEC
+        statuses = [d for _, d in notify.received if d.startswith("STATUS=")]
+        assert any("fps" in s and "camera ok" in s and "thermal off" in s for s in statuses), statuses
+        assert d.stop() == 0
+        notify.drain(0.3)
+        assert notify.received[-1][1] == "STOPPING=1" or "STOPPING=1" in [x for _, x in notify.received[-3:]]
+    finally:
+        d.close()
+
+
+def test_pings_stop_when_inference_wedges(tmp_path: Path, notify: NotifySocket) -> None:
+    """Black frames run normally; the bright frame after them hangs inside ONNX Runtime."""
+    model = stalling_probe(tmp_path / "stall.onnx")
+    _images(tmp_path / "imgs", [(0, 0, 0)] * 4 + [(255, 255, 255)])
+    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0, "loop": False}, model)
+    try:
+        ready_at = notify.wait_for("READY=1", timeout=20)
+        notify.drain(3.5)
+        pings = notify.times_of("WATCHDOG=1", since=ready_at)
+        assert pings, "no pings while frames flowed"
+        assert time.monotonic() - pings[-1] > 2.0, "pings continued while inference was stuck"
+        assert pings[-1] - ready_at < 2.0  # they stopped about stall_timeout_s after the last frame
+        assert d.proc.poll() is None  # wedged, not crashed: systemd's watchdog acts, we do not
+    finally:
+        d.close()
+
+
+def test_a_lost_camera_keeps_pings_while_reconnecting(tmp_path: Path, notify: NotifySocket) -> None:
+    colour_probe(tmp_path / "probe.onnx")
+    d = _start(tmp_path, notify, {"type": "v4l2", "device": "/dev/video99"})
+    try:
+        ready_at = notify.wait_for("READY=1", timeout=20)  # up and honest: camera lost
+        notify.drain(2.5)
+        assert len(notify.times_of("WATCHDOG=1", since=ready_at)) >= 4
+        statuses = [x for _, x in notify.received if "STATUS=" in x]
+        assert any("camera lost" in s for s in statuses), statuses
+        lost = [m for m in d.messages(3) if m.kind == "status"]
+        assert lost and all(m.source_state == "lost" for m in lost)
+    finally:
+        d.close()
