@@ -228,7 +228,7 @@ class Daemon:
             time_ns=time.time_ns(), uptime_s=round(self.stats.uptime_s(), 3),
             fps=round(self.stats.fps, 2), frames_processed=self.stats.frames_processed,
             source_state=self.capture.state, drops=self.drops(), latency=self.stats.latencies(),
-            rate_cap_fps=round(self._rate_cap, 2) if self._rate_cap else None,
+            rate_cap_fps=round(self._rate_cap, 2) if self._rate_cap is not None else None,
             thermal=self.report.to_dict() if self.report else None, model=self._model_info(),
         )
         topic = status_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
@@ -251,17 +251,22 @@ class Daemon:
             self.notifier.status(self.status_line())
 
     def _update_rate_cap(self) -> None:
-        """Cap = thermal factor x full rate (max_fps, else the rate the camera delivers)."""
+        """Cap = thermal factor x full rate: max_fps, else the rate the camera delivers.
+
+        Capture keeps reading at the camera's pace whatever we process, so its count of
+        captured frames measures the full rate even while the loop is capped.
+        """
         now, captured = time.monotonic_ns(), self.capture.stats().frames_captured
         then, before = self._source_fps_mark
         if now - then > 5e8:
             self._source_fps = (captured - before) * 1e9 / (now - then)
             self._source_fps_mark = (now, captured)
         factor = self.report.rate_factor if self.report else 1.0
-        full = self.settings.service.max_fps or (self._source_fps if factor < 1.0 else 0.0)
-        if factor < 1.0 and self._rate_cap and not self.settings.service.max_fps:
-            full = max(full, self._rate_cap / factor)  # a capped loop still knows the full rate
-        self._rate_cap = full * factor if full and factor > 0 else None
+        full = self.settings.service.max_fps or self._source_fps
+        if factor < 1.0 and full > 0:
+            self._rate_cap = full * factor
+        else:
+            self._rate_cap = self.settings.service.max_fps or None
 
     def healthy(self) -> bool:
         """Progress for the watchdog: the loop turns, and frames flow or a reconnect is alive."""

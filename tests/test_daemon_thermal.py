@@ -1,0 +1,80 @@
+"""The thermal policy acting on the running daemon: heat a Pi 4 sysfs tree, watch the rate fall."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from daemon import RunningDaemon, free_port, write_config, write_video
+from onnx_models import colour_probe
+
+from edged.messages import StatusMessage
+
+FIXTURE = Path(__file__).parent / "fixtures" / "thermal" / "rpi4"
+ZONE_TEMP = "sys/class/thermal/thermal_zone0/temp"
+FPS = 20.0
+
+
+def _rate(d: RunningDaemon, seconds: float) -> tuple[float, StatusMessage | None]:
+    """Detections per second over a window, and the last status seen in it."""
+    count, status = 0, None
+    for msg in d.messages(seconds):
+        if msg.kind == "detections":
+            count += 1
+        else:
+            status = msg  # type: ignore[assignment]
+    return count / seconds, status
+
+
+def _wait_state(d: RunningDaemon, state: str, timeout: float = 10) -> StatusMessage:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for msg in d.messages(0.5):
+            if isinstance(msg, StatusMessage) and msg.thermal and msg.thermal["state"] == state:
+                return msg
+    raise AssertionError(f"thermal state never became {state}:\n{d.log()}")
+
+
+def test_heating_lowers_the_published_rate_pauses_then_recovers(tmp_path: Path) -> None:
+    root = tmp_path / "board"
+    shutil.copytree(FIXTURE, root)
+    heat = root / ZONE_TEMP
+    heat.write_text("52000\n")
+    colour_probe(tmp_path / "probe.onnx")
+    write_video(tmp_path / "clip.avi", [(0, 0, 255)] * 40, fps=FPS)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(tmp_path / "edged.toml", {
+        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+        "model": {"path": "probe.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
+        "thermal": {"root": str(root), "poll_interval_s": 0.2, "use_vcgencmd": False},
+    })
+    d = RunningDaemon(config, endpoint)
+    try:
+        ok = _wait_state(d, "ok")
+        assert ok.thermal and ok.thermal["board"] == "raspberrypi"
+        full, _ = _rate(d, 2.0)
+        assert full > 0.7 * FPS, full
+
+        heat.write_text("75000\n")  # Pi 4: warm from 70 C, half the rate
+        warm = _wait_state(d, "warm")
+        assert warm.rate_cap_fps is not None and abs(warm.rate_cap_fps - FPS / 2) < 3, warm.rate_cap_fps
+        capped, _ = _rate(d, 2.0)
+        assert capped < 0.7 * full, (capped, full)
+        assert capped > 0.25 * full, (capped, full)
+
+        heat.write_text("90000\n")  # critical: inference pauses, status goes on
+        _wait_state(d, "critical")
+        paused, status = _rate(d, 1.5)
+        assert paused == 0.0
+        assert status is not None and status.thermal and status.thermal["state"] == "critical"
+        assert "paused" in d.log() or "critical" in d.log()
+
+        heat.write_text("50000\n")  # cooled well below every threshold
+        recovered = _wait_state(d, "ok")
+        assert recovered.rate_cap_fps is None
+        back, _ = _rate(d, 2.0)
+        assert back > 0.8 * full, (back, full)
+    finally:
+        d.close()
