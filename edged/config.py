@@ -223,6 +223,7 @@ _HINTS = {
     "extra_forbidden": "unknown key: check its spelling against config/edged.toml",
     "missing": "required key is missing",
     "union_tag_invalid": "source.type must be one of synthetic, file, images, v4l2",
+    "union_tag_not_found": "set source.type to one of synthetic, file, images, v4l2",
     "literal_error": "not one of the allowed values",
 }
 
