@@ -52,12 +52,11 @@ class Daemon:
         self.signals = signals
         self.stats = RunStats()
         self.progress = Progress()
-        self.model = load_model(settings.model, settings.runtime)
+        self._use_model(load_model(settings.model, settings.runtime))
         self.publisher = Publisher(settings.publish)
         self.capture = self._start_capture()
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
-        self.plan: FramePipeline | None = None
         self._seq = {"detections": itertools.count(), "status": itertools.count()}
         self._new_size: tuple[tuple[int, int], int] | None = None
         self._inference_failures = 0
@@ -74,9 +73,11 @@ class Daemon:
         capture.start()
         return capture
 
-    def _model_info(self) -> ModelInfo:
-        identity = self.model.engine.identity
-        return ModelInfo(name=identity.name, sha256=identity.sha256, provider=self.model.engine.provider)
+    def _use_model(self, model: LoadedModel) -> None:
+        self.model = model
+        self.plan: FramePipeline | None = None  # planned on the first frame, for its size
+        identity = model.engine.identity
+        self.model_info = ModelInfo(name=identity.name, sha256=identity.sha256, provider=model.engine.provider)
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -197,7 +198,7 @@ class Daemon:
             capture_time_ns=frame.t_wall_ns,
             frame_size=(m.frame_w, m.frame_h),
             input_size=(m.input_w, m.input_h),
-            model=self._model_info(),
+            model=self.model_info,
             detections=[
                 Detection(class_id=int(c), label=self.model.label(int(c)), score=round(float(s), 4),
                           box=(round(float(b[0]), 1), round(float(b[1]), 1),
@@ -229,7 +230,7 @@ class Daemon:
             fps=round(self.stats.fps, 2), frames_processed=self.stats.frames_processed,
             source_state=self.capture.state, drops=self.drops(), latency=self.stats.latencies(),
             rate_cap_fps=round(self._rate_cap, 2) if self._rate_cap is not None else None,
-            thermal=self.report.to_dict() if self.report else None, model=self._model_info(),
+            thermal=self.report.to_dict() if self.report else None, model=self.model_info,
         )
         topic = status_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
         self.publisher.send(topic, msg.model_dump_json().encode())
@@ -299,7 +300,7 @@ class Daemon:
             self.settings = new
             self.capture = self._start_capture()
         self.settings = new
-        self.model, self.plan = model, None
+        self._use_model(model)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
         log.info("reloaded: model %s", model.engine.identity.short)
         self.notifier.ready(self.status_line())
