@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.25  # the loop comes round at least this often, frames or not
 REPLAN_AFTER = 5  # consecutive frames of one new size before the buffers are re-planned
 MAX_INFERENCE_FAILURES = 20  # consecutive failed runs before the daemon gives up
+ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then counters
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Daemon:
         self._seq = {"detections": itertools.count(), "status": itertools.count()}
         self._new_size: tuple[tuple[int, int], int] | None = None
         self._inference_failures = 0
+        self._last_error_log = -ERROR_LOG_INTERVAL_S
         self._ready = False
         self._rate_cap: float | None = None
         self._source_fps_mark = (time.monotonic_ns(), 0)
@@ -104,9 +106,13 @@ class Daemon:
                     log.info("source ended: stopping")
                     return EXIT_OK
                 if self._inference_failures >= MAX_INFERENCE_FAILURES:
-                    log.error("inference failed %d times in a row: giving up", self._inference_failures)
+                    log.error("inference failed on %d frames in a row: stopping so that systemd restarts "
+                              "edged (check the model and the execution provider)", self._inference_failures)
                     return EXIT_FAILURE
                 self.step()
+        except ModelError as e:  # the model cannot run at all on frames of this size
+            log.error("%s", e)
+            return EXIT_CONFIG
         finally:
             self.shutdown(watchdog)
         return EXIT_OK
@@ -135,8 +141,11 @@ class Daemon:
         except InferenceError as e:
             self._inference_failures += 1
             self.stats.drop("inference_error")
-            if self._inference_failures == 1:
-                log.error("inference failed, frame %d skipped: %s", frame.frame_id, e,
+            now = time.monotonic()
+            if now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
+                self._last_error_log = now
+                log.error("inference failed, frame %d skipped (%d failed so far): %s", frame.frame_id,
+                          self.stats.drops["inference_error"], e,
                           extra={"FRAME": frame.frame_id, "STAGE": "inference"})
             return
         self._inference_failures = 0

@@ -193,6 +193,10 @@ class Engine:
         # Decoders work in float32; other output types get one float32 mirror, copied into.
         self.outputs = [b if b.dtype == np.float32 else np.empty(b.shape, np.float32) for b in self._raw_outputs]
         self._binding = binding
+        # Run errors come back as InferenceError and the daemon logs them, rate-limited; ORT's
+        # own per-run error log would print every failing frame.
+        self._run_options = ort.RunOptions()
+        self._run_options.log_severity_level = 4
         return self.outputs
 
     def run(self) -> None:
@@ -200,7 +204,7 @@ class Engine:
         if self._binding is None:
             raise InferenceError("run() before bind()")
         try:
-            self.session.run_with_iobinding(self._binding)
+            self.session.run_with_iobinding(self._binding, self._run_options)
         except Exception as e:
             raise InferenceError(_first_line(e)) from None
         for raw, out in zip(self._raw_outputs, self.outputs, strict=True):

@@ -28,7 +28,7 @@ class Preprocessor:
         self.source_order = source_order
         plan = BoxMap.letterbox if contract.resize == "letterbox" else BoxMap.stretch
         self.box_map = plan(frame_w, frame_h, contract.width, contract.height)
-        self.tensor = np.empty(contract.shape, dtype=contract.dtype)
+        self.tensor = np.zeros(contract.shape, dtype=contract.dtype)  # defined for the warm-up run
         self._canvas = np.full((contract.height, contract.width, 3), LETTERBOX_FILL, np.uint8)
         m = self.box_map
         self._content = self._canvas[m.pad_y : m.pad_y + m.resized_h, m.pad_x : m.pad_x + m.resized_w]

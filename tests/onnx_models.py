@@ -146,3 +146,39 @@ def stalling_probe(path: Path, iterations_when_bright: int = 10**12) -> Path:
     onnx.checker.check_model(probe)
     onnx.save(probe, str(path))
     return path
+
+
+def failing_probe(path: Path) -> Path:
+    """The colour probe that raises inside ONNX Runtime on bright frames (mean above 0.5).
+
+    A data-dependent Reshape to [7, -1] cannot divide the input's 3 * 64 * 64 values, which is
+    the kind of run-time error a provider throws; dark frames run normally.
+    """
+    probe = onnx.load(str(colour_probe(path)))
+    graph = probe.graph
+    graph.node.extend([
+        helper.make_node("ReduceMean", ["x"], ["fail_brightness"], keepdims=0),
+        _const("fail_half", np.array(0.5, np.float32)),
+        helper.make_node("Greater", ["fail_brightness", "fail_half"], ["fail_bright"]),
+        helper.make_node("Cast", ["fail_bright"], ["fail_bright_i"], to=TensorProto.INT64),
+        _const("fail_six", np.array(6, np.int64)),
+        helper.make_node("Mul", ["fail_bright_i", "fail_six"], ["fail_extra"]),
+        _const("fail_one_i", np.array(1, np.int64)),
+        helper.make_node("Add", ["fail_extra", "fail_one_i"], ["fail_rows"]),
+        _const("fail_minus_one", np.array([-1], np.int64)),
+        _const("fail_axis0", np.array([0], np.int64)),
+        helper.make_node("Unsqueeze", ["fail_rows", "fail_axis0"], ["fail_rows1"]),
+        helper.make_node("Concat", ["fail_rows1", "fail_minus_one"], ["fail_target"], axis=0),
+        helper.make_node("Reshape", ["x", "fail_target"], ["fail_reshaped"]),
+        helper.make_node("ReduceMax", ["fail_reshaped"], ["fail_peak"], keepdims=0),
+        _const("fail_nothing", np.array(0.0, np.float32)),
+        helper.make_node("Mul", ["fail_peak", "fail_nothing"], ["fail_zero"]),
+        helper.make_node("Add", ["output_raw", "fail_zero"], ["output0"]),
+    ])
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            if name == "output0" and node.op_type != "Add":
+                node.output[i] = "output_raw"
+    onnx.checker.check_model(probe)
+    onnx.save(probe, str(path))
+    return path

@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 from daemon import RunningDaemon, free_port, write_config, write_video
-from onnx_models import LABELS, colour_probe
+from onnx_models import LABELS, colour_probe, failing_probe
 
 from edged.messages import DetectionsMessage, StatusMessage
 
@@ -179,5 +179,47 @@ def test_a_model_replaced_on_disk_is_picked_up_on_sighup_or_refused_if_broken(wo
         while sha == first and time.monotonic() < deadline:
             sha = d.collect("detections", 1)[0].model.sha256
         assert sha != first
+    finally:
+        d.close()
+
+
+def _colour_folder(folder: Path, colours: list[tuple[int, int, int]]) -> None:
+    folder.mkdir()
+    for i, colour in enumerate(colours):
+        cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((128, 128, 3), colour, np.uint8))
+
+
+def test_inference_errors_skip_the_frame_are_counted_and_logged_once(workdir: Path) -> None:
+    failing_probe(workdir / "failing.onnx")
+    _colour_folder(workdir / "imgs", [(0, 0, 0), (255, 255, 255)])  # dark runs, bright fails
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 20.0},
+                            model={"path": "failing.onnx"})
+    d = RunningDaemon(path, endpoint)
+    try:
+        deadline = time.monotonic() + 20
+        status = None
+        while time.monotonic() < deadline:
+            status = d.collect("status", 1)[0]
+            if status.drops.get("inference_error", 0) >= 5:
+                break
+        assert status is not None and status.drops["inference_error"] >= 5, status
+        assert d.collect("detections", 3)  # the dark frames still go out
+        log = d.log()
+        assert log.count("inference failed") == 1, log  # one line per burst, then counters
+        assert "cannot be reshaped" in log
+        assert d.proc.poll() is None
+    finally:
+        d.close()
+
+
+def test_inference_that_always_fails_stops_with_a_clear_exit_code(workdir: Path) -> None:
+    failing_probe(workdir / "failing.onnx")
+    _colour_folder(workdir / "imgs", [(255, 255, 255)])
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 50.0},
+                            model={"path": "failing.onnx"})
+    d = RunningDaemon(path, endpoint)
+    try:
+        assert d.proc.wait(30) == 1
+        assert "inference failed on 20 frames in a row" in d.log()
     finally:
         d.close()
