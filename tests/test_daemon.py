@@ -223,3 +223,33 @@ def test_inference_that_always_fails_stops_with_a_clear_exit_code(workdir: Path)
         assert "inference failed on 20 frames in a row" in d.log()
     finally:
         d.close()
+
+
+def test_a_camera_that_vanishes_is_reported_lost_and_resumes_with_frame_ids_continuing(workdir: Path) -> None:
+    clip, away = workdir / "clip.avi", workdir / "unplugged.avi"
+    write_video(clip, [RED] * 10)  # half a second per pass: the loop reopens it often
+    path, endpoint = config(workdir)
+    d = RunningDaemon(path, endpoint)
+    try:
+        before = d.collect("detections", 15)[-1].frame_id  # well past what a restart would count to
+        clip.rename(away)  # unplugged: the next reopen fails
+        deadline = time.monotonic() + 15
+        lost = None
+        while lost is None and time.monotonic() < deadline:
+            status = d.collect("status", 1)[0]
+            lost = status if status.source_state == "lost" else None
+        assert lost is not None, d.log()
+        assert "lost" in d.log()
+        away.rename(clip)  # plugged back in
+        deadline = time.monotonic() + 20
+        resumed = None
+        while resumed is None and time.monotonic() < deadline:
+            msg = next(d.messages(1), None)
+            if isinstance(msg, DetectionsMessage):
+                resumed = msg
+        assert resumed is not None, d.log()
+        assert resumed.frame_id > before  # ids continue, they do not restart at 0
+        assert d.collect("status", 1)[0].source_state == "ok"
+        assert d.proc.poll() is None
+    finally:
+        d.close()
