@@ -61,7 +61,7 @@ def notify(tmp_path: Path) -> Iterator[NotifySocket]:
 
 
 def _start(tmp_path: Path, notify: NotifySocket, source: dict, model: Path | None = None,
-           **service: object) -> RunningDaemon:
+           env: dict[str, str] | None = None, **service: object) -> RunningDaemon:
     model = model or colour_probe(tmp_path / "probe.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = write_config(tmp_path / "edged.toml", {
@@ -69,8 +69,8 @@ def _start(tmp_path: Path, notify: NotifySocket, source: dict, model: Path | Non
         "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
         "thermal": {"enabled": False}, "service": {"stall_timeout_s": 1.0, **service},
     })
-    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
     os.environ.pop("WATCHDOG_PID", None)
+    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC), **(env or {})}
     return RunningDaemon(config, endpoint, env=env)
 
 
@@ -131,5 +131,44 @@ def test_a_lost_camera_keeps_pings_while_reconnecting(tmp_path: Path, notify: No
         assert any("camera lost" in s for s in statuses), statuses
         lost = [m for m in d.messages(3) if m.kind == "status"]
         assert lost and all(m.source_state == "lost" for m in lost)
+    finally:
+        d.close()
+
+
+JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
+
+
+@pytest.fixture
+def journal() -> Iterator[NotifySocket]:
+    """journald's socket, where libsystemd sends log entries; only where no journald runs."""
+    if JOURNAL_SOCKET.exists():
+        pytest.skip("a journald already listens on this machine")
+    JOURNAL_SOCKET.parent.mkdir(parents=True, exist_ok=True)
+    j = NotifySocket(JOURNAL_SOCKET)
+    yield j
+    j.close()
+    JOURNAL_SOCKET.unlink()
+
+
+def _entries(journal: NotifySocket) -> list[dict[str, str]]:
+    return [dict(line.split("=", 1) for line in datagram.splitlines() if "=" in line)
+            for _, datagram in journal.received]
+
+
+def test_under_systemd_logs_go_to_journald_with_structured_fields(tmp_path: Path, notify: NotifySocket,
+                                                                 journal: NotifySocket) -> None:
+    _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
+    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0},
+               env={"JOURNAL_STREAM": "8:1234"})
+    try:
+        notify.wait_for("READY=1", timeout=20)
+        journal.drain(2.0)  # 40 frames go by: none of them may produce a log entry
+        entries = _entries(journal)
+        ready = [e for e in entries if e.get("MESSAGE") == "first frame processed: ready"]
+        assert len(ready) == 1, entries
+        assert ready[0]["SYSLOG_IDENTIFIER"] == "edged" and ready[0]["PRIORITY"] == "6"
+        assert ready[0]["CAMERA"] == "cam0" and ready[0]["LOGGER"] == "edged.daemon"
+        assert len(entries) < 15, [e.get("MESSAGE") for e in entries]
+        assert d.log() == ""  # nothing on stderr when journald has it
     finally:
         d.close()
