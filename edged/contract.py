@@ -121,13 +121,13 @@ def _static_dims(name: str, shape: Sequence[int | str | None]) -> tuple[int, int
             f"input {name!r} has a fixed batch of {shape[0]}; edged runs batch 1: re-export the "
             "model with batch=1 or a dynamic batch"
         )
-    dynamic = [i for i, d in enumerate(shape) if not isinstance(d, int) or d <= 0]
-    if dynamic:
+    dims = [d for d in shape if isinstance(d, int) and d > 0]
+    if len(dims) != 4:
         raise ContractError(
             f"input {name!r} has dynamic dimensions {list(shape)}; export the model with a fixed "
             "input size (e.g. imgsz=640)"
         )
-    return (int(shape[0]), int(shape[1]), int(shape[2]), int(shape[3]))
+    return (dims[0], dims[1], dims[2], dims[3])
 
 
 def _layout(name: str, dims: tuple[int, int, int, int], declared: str, meta: str | None) -> Layout:

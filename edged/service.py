@@ -30,8 +30,9 @@ class Notifier:
     """Sends sd_notify datagrams to ``$NOTIFY_SOCKET`` (a path or an @abstract name)."""
 
     def __init__(self, address: str | None = None) -> None:
-        address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
-        self._address = "\0" + address[1:] if address and address.startswith("@") else address
+        address = address if address is not None else os.environ.get("NOTIFY_SOCKET", "")
+        # "@name" is an abstract socket: its address starts with a NUL byte.
+        self._address = "\0" + address[1:] if address.startswith("@") else address
         self._lock = threading.Lock()
         self._socket: socket.socket | None = None
         if self._address:
@@ -114,23 +115,29 @@ class Watchdog:
             self._thread.join(timeout=self._interval + 1)
 
 
+def _journal_handler() -> logging.Handler | None:
+    """journald's handler when systemd connected our output to the journal (JOURNAL_STREAM)."""
+    if not os.environ.get("JOURNAL_STREAM"):
+        return None
+    try:
+        from systemd.journal import JournalHandler
+    except ImportError:
+        return None
+    return JournalHandler(SYSLOG_IDENTIFIER="edged")
+
+
+def _stderr_handler() -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    return handler
+
+
 def setup_logging(level: str) -> None:
     """journald with structured fields under systemd, plain stderr otherwise."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    handler: logging.Handler | None = None
-    if os.environ.get("JOURNAL_STREAM"):
-        try:
-            from systemd.journal import JournalHandler
-
-            handler = JournalHandler(SYSLOG_IDENTIFIER="edged")
-        except ImportError:
-            handler = None
-    if handler is None:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(_journal_handler() or _stderr_handler())
     root.setLevel(level.upper())
 
 
