@@ -9,23 +9,27 @@ one line per problem with its key path and a hint; the CLI exits 78 (EX_CONFIG) 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
+from edged.keys import key_file_problems
+
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN passes every range check and means nothing as a threshold or a mean: refuse it.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ---- sources ----------------------------------------------------------------------------------
@@ -134,6 +138,18 @@ class PublishConfig(Section):
     linger_ms: int = Field(200, ge=0, le=10000, description="How long stop waits to flush queued messages.")
     publish_empty: bool = Field(True, description="Publish frames with no detections too.")
     insecure: bool = Field(False, description="Allow plaintext tcp:// on a non-loopback address.")
+    curve_server_key: Path | None = Field(
+        None, description="This publisher's secret key file (edged keygen); enables CurveZMQ on tcp://.")
+    curve_clients_dir: Path | None = Field(
+        None, validate_default=True,
+        description="Directory of the public .key files of the subscribers allowed to connect.")
+
+    @field_validator("curve_clients_dir")
+    @classmethod
+    def _curve_keys_together(cls, v: Path | None, info: Any) -> Path | None:
+        if "curve_server_key" in info.data and (v is None) != (info.data["curve_server_key"] is None):
+            raise ValueError("set both publish.curve_server_key and publish.curve_clients_dir, or neither")
+        return v
 
     @field_validator("endpoints")
     @classmethod
@@ -251,28 +267,37 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(path, [f"config file {path} does not exist (pass --config PATH)"]) from None
     except PermissionError:
         raise ConfigError(path, [f"config file {path} is not readable by this user"]) from None
-    except tomllib.TOMLDecodeError as e:
+    except ValueError as e:  # TOMLDecodeError, or an integer too long to convert
         raise ConfigError(path, [f"not valid TOML: {e}"]) from None
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a config file are relative to that file, not to the working directory."""
     for section, key in (("model", "path"), ("model", "labels"), ("source", "path"),
-                         ("runtime", "optimized_model_path")):
+                         ("runtime", "optimized_model_path"), ("publish", "curve_server_key"),
+                         ("publish", "curve_clients_dir")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
             data[section][key] = str(base / value)
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a name too long for the filesystem
+        return False
+
+
 def _check_files(settings: Settings) -> list[str]:
     problems = []
-    if not settings.model.path.is_file():
+    if not _is_file(settings.model.path):
         problems.append(f"model.path: model file {settings.model.path} does not exist")
-    if settings.model.labels is not None and not settings.model.labels.is_file():
+    if settings.model.labels is not None and not _is_file(settings.model.labels):
         problems.append(f"model.labels: labels file {settings.model.labels} does not exist")
     src = settings.source
-    if isinstance(src, FileSource) and not src.path.is_file():
+    if isinstance(src, FileSource) and not _is_file(src.path):
         problems.append(f"source.path: video file {src.path} does not exist")
+    problems += key_file_problems(settings.publish.curve_server_key, settings.publish.curve_clients_dir)
     return problems
 
 
@@ -285,6 +310,10 @@ def load_config(path: Path | None) -> Settings:
         settings = Settings(**data)
     except ValidationError as e:
         raise ConfigError(path, [_format_error(err) for err in e.errors()]) from None
+    except SettingsError as e:  # an EDGED_* variable that is not the JSON its key needs
+        field = re.search(r'field "([^"]+)"', str(e))
+        where = field.group(1) if field else "(top level)"
+        raise ConfigError(path, [f"{where}: {e} (check the EDGED_* variables)"]) from None
     problems = _check_files(settings)
     if problems:
         raise ConfigError(path, problems)

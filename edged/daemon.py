@@ -16,10 +16,11 @@ from pathlib import Path
 from edged.capture import Capture
 from edged.config import ConfigError, Settings, load_config
 from edged.contract import ContractError, frame_problem
+from edged.decode import Detections
 from edged.engine import InferenceError, ModelError
+from edged.keys import KeyFileError
 from edged.messages import Detection, DetectionsMessage, ModelInfo, StatusMessage, Timings
 from edged.model import LoadedModel, load_model
-from edged.decode import Detections
 from edged.pipeline import FramePipeline, StageTimes
 from edged.publish import Publisher, PublishError, detections_topic, status_topic
 from edged.service import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, Notifier, Signals, Watchdog, watchdog_interval_s
@@ -304,6 +305,10 @@ class Daemon:
             return
         if new.publish != self.settings.publish:
             log.warning("publish settings changed: restart edged to apply them")
+        try:
+            self.publisher.reload_client_keys()
+        except KeyFileError as e:
+            log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
         if new.source != self.settings.source:
             self.capture.stop()
             self.settings = new
@@ -330,7 +335,7 @@ def run(config_path: Path | None, settings: Settings) -> int:
     signals.install()
     try:
         daemon = Daemon(settings, config_path, notifier, signals)
-    except (ModelError, ContractError) as e:
+    except (ModelError, ContractError, KeyFileError) as e:
         log.error("%s", e)
         notifier.status(f"refused to start: {e}")
         return EXIT_CONFIG

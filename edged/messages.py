@@ -135,9 +135,10 @@ def parse_message(payload: bytes) -> DetectionsMessage | StatusMessage:
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise MessageError(f"schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
-    model = _KINDS.get(data.get("kind"))  # type: ignore[arg-type]
+    kind = data.get("kind")
+    model = _KINDS.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise MessageError(f"unknown message kind {data.get('kind')!r}")
+        raise MessageError(f"unknown message kind {kind!r:.80}")
     try:
         return model.model_validate(data)
     except ValueError as e:

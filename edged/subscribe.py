@@ -3,6 +3,10 @@
 `Subscriber` connects a SUB socket, validates every message against the schema, and counts
 what a PUB socket cannot tell the publisher: messages lost on the way (gaps in ``seq``) and
 payloads it had to reject. Applications can use it directly instead of hand-parsing JSON.
+
+Given `ClientKeys` it speaks CurveZMQ to a publisher that requires it. A refused handshake
+(key not allowed, wrong server key, CURVE on one side only) looks like silence on a SUB socket,
+so the socket's monitor is watched and the reason kept in ``stats.handshake_error``.
 """
 
 from __future__ import annotations
@@ -11,13 +15,27 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from edged.keys import ClientKeys, KeyFileError
 from edged.messages import DetectionsMessage, MessageError, StatusMessage, parse_message
+from edged.service import EXIT_CONFIG
 
 Message = DetectionsMessage | StatusMessage
+
+EXIT_USAGE = 2  # as argparse
+HANDSHAKE_FAILURES = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the publisher refused this subscriber's key "
+                                     "(is its .key file in the publisher's publish.curve_clients_dir?)",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security handshake failed: CURVE is configured on one side only "
+                                         "(--server-key/--client-key here, publish.curve_* there)",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "security handshake failed: is --server-key the publisher's "
+                                          "public key, and does it use CURVE?",
+}
 
 
 @dataclass
@@ -25,6 +43,8 @@ class StreamStats:
     received: Counter[str] = field(default_factory=Counter)
     rejected: int = 0
     lost: int = 0
+    handshake_failures: int = 0
+    handshake_error: str | None = None
     last_error: str | None = None
     _last_seq: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -41,20 +61,30 @@ class StreamStats:
 class Subscriber:
     """A SUB socket on one endpoint, yielding validated messages."""
 
-    def __init__(self, endpoint: str, topic: str = "", *, context: zmq.Context | None = None) -> None:
+    def __init__(self, endpoint: str, topic: str = "", *, context: zmq.Context | None = None,
+                 curve: ClientKeys | None = None) -> None:
         self.stats = StreamStats()
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        if curve is not None:
+            curve.apply(self._socket)
+        self._monitor = self._socket.get_monitor_socket(sum(HANDSHAKE_FAILURES))  # distinct bits
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         self._socket.connect(endpoint)
 
     def receive(self, timeout_s: float) -> Message | None:
         """The next valid message, or None when nothing valid arrived within the timeout."""
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
-            if not self._socket.poll(int(left * 1000) + 1):
-                return None
+            ready = dict(self._poller.poll(int(left * 1000) + 1))
+            if self._monitor in ready:
+                self._handshake_failed(recv_monitor_message(self._monitor))
+            if self._socket not in ready:
+                continue
             frames = self._socket.recv_multipart()
             try:
                 msg = self.parse(frames)
@@ -66,6 +96,10 @@ class Subscriber:
             return msg
         return None
 
+    def _handshake_failed(self, event: dict[str, Any]) -> None:
+        self.stats.handshake_failures += 1
+        self.stats.handshake_error = HANDSHAKE_FAILURES.get(event["event"], f"socket event {event['event']}")
+
     @staticmethod
     def parse(frames: list[bytes]) -> Message:
         if len(frames) != 2:
@@ -73,6 +107,8 @@ class Subscriber:
         return parse_message(frames[1])
 
     def close(self) -> None:
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
         self._socket.close(linger=0)
 
 
@@ -92,30 +128,48 @@ def format_message(msg: Message) -> str:
 
 
 def run_subscribe(endpoint: str, topic: str, *, stats: bool, raw_json: bool, count: int | None,
-                  timeout_s: float | None, out: TextIO = sys.stdout) -> int:
+                  timeout_s: float | None, server_key: Path | None = None, client_key: Path | None = None,
+                  out: TextIO = sys.stdout) -> int:
     """Print messages (or a rolling summary) until interrupted, ``count`` messages or a timeout."""
-    sub = Subscriber(endpoint, topic)
-    started = last_summary = time.monotonic()
-    shown = 0
+    if (server_key is None) != (client_key is None):
+        print("edged subscribe: --server-key and --client-key go together", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        while count is None or shown < count:
-            if timeout_s is not None and time.monotonic() - started > timeout_s:
-                print(f"no more messages within {timeout_s:g} s", file=sys.stderr)
-                return 1 if shown == 0 else 0
-            msg = sub.receive(0.5)
-            if stats and time.monotonic() - last_summary >= 1.0:
-                last_summary = time.monotonic()
-                s = sub.stats
-                print(f"received {dict(s.received)}, lost {s.lost}, rejected {s.rejected}", file=out, flush=True)
-            if msg is None:
-                continue
-            shown += 1
-            if not stats:
-                print(msg.model_dump_json() if raw_json else format_message(msg), file=out, flush=True)
+        curve = ClientKeys.from_files(server_key, client_key) if server_key and client_key else None
+    except KeyFileError as e:
+        print(f"edged subscribe: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    sub = Subscriber(endpoint, topic, curve=curve)
+    try:
+        return _print_stream(sub, stats=stats, raw_json=raw_json, count=count, timeout_s=timeout_s, out=out)
     except KeyboardInterrupt:
-        pass
+        return 0
     finally:
         if sub.stats.rejected:
             print(f"rejected {sub.stats.rejected} message(s); last: {sub.stats.last_error}", file=sys.stderr)
         sub.close()
+
+
+def _print_stream(sub: Subscriber, *, stats: bool, raw_json: bool, count: int | None,
+                  timeout_s: float | None, out: TextIO) -> int:
+    started = last_summary = time.monotonic()
+    shown = 0
+    told: str | None = None
+    while count is None or shown < count:
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            print(f"no more messages within {timeout_s:g} s", file=sys.stderr)
+            return 1 if shown == 0 else 0
+        msg = sub.receive(0.5)
+        if sub.stats.handshake_error != told:  # say it once; the socket keeps retrying
+            told = sub.stats.handshake_error
+            print(f"edged subscribe: {told}", file=sys.stderr)
+        if stats and time.monotonic() - last_summary >= 1.0:
+            last_summary = time.monotonic()
+            s = sub.stats
+            print(f"received {dict(s.received)}, lost {s.lost}, rejected {s.rejected}", file=out, flush=True)
+        if msg is None:
+            continue
+        shown += 1
+        if not stats:
+            print(msg.model_dump_json() if raw_json else format_message(msg), file=out, flush=True)
     return 0
