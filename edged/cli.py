@@ -23,6 +23,22 @@ def _config_arg(p: argparse.ArgumentParser) -> None:
                    help=f"TOML config file (default {DEFAULT_CONFIG_PATH}); EDGED_* variables override it")
 
 
+def _eval_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, required=True, help="ONNX model to evaluate")
+    p.add_argument("--labels", type=Path, default=None, help="class names file (default: model metadata)")
+    data = p.add_mutually_exclusive_group(required=True)
+    data.add_argument("--data", type=Path, help="folder of images with YOLO-format .txt labels")
+    data.add_argument("--scenes", type=int, metavar="N", help="evaluate on N generated inspection scenes")
+    p.add_argument("--seed", type=int, default=0, help="scene seed (0 is held out from the demo's training)")
+    p.add_argument("--size", default="1280x720", help="scene size WxH (default 1280x720)")
+    p.add_argument("--conf", type=float, default=0.001, help="score threshold for mAP (default 0.001)")
+    p.add_argument("--report-conf", type=float, default=0.25,
+                   help="score at which precision and recall are reported (default 0.25, the daemon's)")
+    p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold, as in the daemon's config")
+    p.add_argument("--max-det", type=int, default=300, help="detections kept per image")
+    p.add_argument("--json", type=Path, default=None, help="also write the report as JSON to this file")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edged", description="Embedded vision daemon: camera -> ONNX Runtime -> detections over ZeroMQ.")
@@ -49,10 +65,27 @@ def _parser() -> argparse.ArgumentParser:
     subscribe.add_argument("--json", action="store_true", help="print each message as JSON")
     subscribe.add_argument("--count", type=int, default=None, help="exit after this many messages")
     subscribe.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    subscribe.add_argument("--server-key", type=Path, default=None, metavar="FILE",
+                           help="CURVE: the publisher's public key file (server.key)")
+    subscribe.add_argument("--client-key", type=Path, default=None, metavar="FILE",
+                           help="CURVE: this subscriber's secret key file (NAME.key_secret, mode 0600)")
+
+    keygen = sub.add_parser("keygen", help="create a CURVE key pair for the tcp stream",
+                            description="Write NAME.key (public, 0644) and NAME.key_secret (secret, 0600) "
+                            "into DIR, and print where each one goes.")
+    keygen.add_argument("dir", type=Path, help="directory for the key files (created if missing)")
+    keygen.add_argument("--name", default="server",
+                        help="'server' for the publisher (default), or a name for a subscriber")
 
     schema = sub.add_parser("schema", help="print the JSON Schema of published messages",
                             description="Print the JSON Schema generated from the message models.")
     schema.add_argument("--out", type=Path, default=None, help="write to this file instead of stdout")
+
+    evaluate = sub.add_parser("eval", help="measure a model's precision, recall and mAP",
+                              description="Run a model through the daemon's exact pipeline over a folder "
+                              "of images with YOLO-format labels, or over generated scenes, and report "
+                              "precision, recall, mAP@0.5 and mAP@0.5:0.95 per class.")
+    _eval_arguments(evaluate)
 
     thermal = sub.add_parser("thermal", help="print thermal readings and state",
                              description="Read thermal zones, cpufreq caps and throttling flags once "
@@ -96,7 +129,14 @@ def _cmd_subscribe(args: argparse.Namespace) -> int:
     from edged.subscribe import run_subscribe
 
     return run_subscribe(args.endpoint, args.topic, stats=args.stats, raw_json=args.json,
-                         count=args.count, timeout_s=args.timeout)
+                         count=args.count, timeout_s=args.timeout,
+                         server_key=args.server_key, client_key=args.client_key)
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from edged.keys import run_keygen
+
+    return run_keygen(args.dir, args.name)
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
@@ -122,7 +162,14 @@ def _cmd_thermal(args: argparse.Namespace) -> int:
     if args.root is not None:
         cfg = cfg.model_copy(update={"root": args.root})
     setup_logging("warning")
-    return run_thermal_command(cfg, watch=args.watch, interval_s=args.interval)
+    return run_thermal_command(cfg, watch=args.watch, interval_s=args.interval, out=sys.stdout)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from edged.evaluate import run_eval
+
+    setup_logging("warning")
+    return run_eval(args)
 
 
 COMMANDS = {
@@ -131,6 +178,8 @@ COMMANDS = {
     "subscribe": _cmd_subscribe,
     "schema": _cmd_schema,
     "thermal": _cmd_thermal,
+    "eval": _cmd_eval,
+    "keygen": _cmd_keygen,
 }
 
 

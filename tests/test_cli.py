@@ -79,7 +79,7 @@ def _model(tmp: Path, name: str, **kwargs: object) -> str:
         (lambda t: (t / "edged.toml").write_text("[model\npath=") and t / "edged.toml", "not valid TOML"),
     ],
 )
-def test_refusals_exit_78_and_name_the_problem(tmp: Path, command: str, setup, message: str) -> None:  # noqa: ANN001
+def test_refusals_exit_78_and_name_the_problem(tmp: Path, command: str, setup, message: str) -> None:
     path = setup(tmp)
     result = run_cli(command, "--config", str(path))
     assert result.returncode == 78, (result.stdout, result.stderr)
@@ -113,7 +113,7 @@ def test_schema_command_prints_the_generated_schema(tmp: Path) -> None:
     assert json.loads(result.stdout)["title"] == "edged messages"
 
 
-@pytest.mark.parametrize("command", ["run", "check", "subscribe", "schema", "thermal"])
+@pytest.mark.parametrize("command", ["run", "check", "subscribe", "schema", "thermal", "eval", "keygen"])
 def test_every_command_has_useful_help(command: str) -> None:
     result = run_cli(command, "--help")
     assert result.returncode == 0
