@@ -10,6 +10,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import zmq
 from daemon import RunningDaemon, free_port, write_config, write_video
 from onnx_models import LABELS, colour_probe, failing_probe
 
@@ -252,4 +253,48 @@ def test_a_camera_that_vanishes_is_reported_lost_and_resumes_with_frame_ids_cont
         assert d.collect("status", 1)[0].source_state == "ok"
         assert d.proc.poll() is None
     finally:
+        d.close()
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_subscribers_that_stall_or_come_and_go_by_the_hundred_do_not_slow_or_grow_it(workdir: Path) -> None:
+    path, endpoint = config(workdir, publish={"hwm": 8})
+    d = RunningDaemon(path, endpoint)
+    context = zmq.Context()
+    stalled = []
+    try:
+        d.collect("detections", 20)
+        rss_before = _rss_kb(d.proc.pid)
+        fps_before = d.collect("status", 2)[-1].fps
+        for _ in range(20):  # never read a single message
+            sock = context.socket(zmq.SUB)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            sock.setsockopt(zmq.RCVHWM, 1)
+            sock.connect(endpoint)
+            stalled.append(sock)
+        for _ in range(300):  # connect, maybe read, vanish
+            sock = context.socket(zmq.SUB)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            sock.connect(endpoint)
+            sock.close(linger=0)
+        deadline = time.monotonic() + 4
+        statuses = []
+        while time.monotonic() < deadline:
+            statuses += [m for m in d.messages(0.5) if isinstance(m, StatusMessage)]
+        assert statuses, d.log()
+        after = statuses[-1]
+        assert after.fps > 0.7 * fps_before, (after.fps, fps_before)
+        assert after.latency["age"].p99_ms < 250  # frames still leave fresh
+        assert _rss_kb(d.proc.pid) - rss_before < 20_000  # KB: no queue grows for the stalled ones
+        assert d.proc.poll() is None
+    finally:
+        for sock in stalled:
+            sock.close(linger=0)
+        context.term()
         d.close()
