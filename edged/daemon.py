@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edged.capture import Capture
-from edged.config import ConfigError, Settings, load_config
+from edged.config import ConfigError, ProviderConfig, Settings, load_config
 from edged.contract import ContractError, frame_problem
 from edged.decode import Detections
 from edged.engine import InferenceError, ModelError
@@ -106,7 +106,7 @@ class Daemon:
                 if self.capture.state == "ended":
                     log.info("source ended: stopping")
                     return EXIT_OK
-                if self._inference_failures >= MAX_INFERENCE_FAILURES:
+                if self._inference_failures >= MAX_INFERENCE_FAILURES and not self._fall_back_provider():
                     log.error("inference failed on %d frames in a row: stopping so that systemd restarts "
                               "edged (check the model and the execution provider)", self._inference_failures)
                     return EXIT_FAILURE
@@ -278,6 +278,26 @@ class Daemon:
             self._rate_cap = full * factor
         else:
             self._rate_cap = self.settings.service.max_fps or None
+
+    def _fall_back_provider(self) -> bool:
+        """Drop the provider that keeps failing and carry on with the next one in the list."""
+        providers = self.model.engine.providers
+        if len(providers) < 2:
+            return False
+        remaining = [ProviderConfig(name=name, options=options) for name, options in providers[1:]]
+        runtime = self.settings.runtime.model_copy(update={"providers": remaining})
+        try:
+            model = load_model(self.settings.model, runtime)
+        except (ModelError, ContractError) as e:
+            log.error("cannot fall back from %s: %s", providers[0][0], e)
+            return False
+        log.warning("inference failed on %d frames in a row with %s: falling back to %s",
+                    self._inference_failures, providers[0][0], model.engine.provider,
+                    extra={"STAGE": "inference", "MODEL": model.engine.identity.short})
+        self.settings = self.settings.model_copy(update={"runtime": runtime})
+        self._use_model(model)
+        self._inference_failures = 0
+        return True
 
     def healthy(self) -> bool:
         """Progress for the watchdog: the loop turns, and frames flow or a reconnect is alive."""
