@@ -118,3 +118,19 @@ def test_every_command_has_useful_help(command: str) -> None:
     result = run_cli(command, "--help")
     assert result.returncode == 0
     assert len(result.stdout.splitlines()) >= 4
+
+
+@pytest.mark.parametrize(
+    ("board", "expected"),
+    [
+        ("rpi4", ["state       ok", "raspberrypi (Raspberry Pi 4 Model B", "cpu-thermal", "under_voltage_occurred"]),
+        ("jetson_orin", ["jetson (NVIDIA Jetson AGX Orin", "tj-thermal", "gpu-thermal         offline"]),
+        ("none", ["state       unknown"]),
+    ],
+)
+def test_thermal_command_reads_a_board_tree(tmp_path: Path, board: str, expected: list[str]) -> None:
+    root = Path(__file__).parent / "fixtures" / "thermal" / board
+    result = run_cli("thermal", "--root", str(root), "--config", str(tmp_path / "none.toml"))
+    assert result.returncode == 0, result.stderr
+    for text in expected:
+        assert text in result.stdout, result.stdout
