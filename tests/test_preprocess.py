@@ -104,7 +104,7 @@ def test_the_tensor_is_filled_in_place_and_allocates_nothing_per_frame(frame: np
     try:
         for _ in range(20):
             out = pre(frame)
-        current, peak = tracemalloc.get_traced_memory()
+        _current, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert out is tensor
