@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,13 @@ class RunningDaemon:
                 yield msg
                 if n >= count:
                     return
+
+    def wait_status(self, condition: Callable[[StatusMessage], bool], timeout: float = 20) -> StatusMessage:
+        """The first status message that satisfies ``condition``."""
+        for msg in self.messages(timeout):
+            if isinstance(msg, StatusMessage) and condition(msg):
+                return msg
+        raise AssertionError(f"no status message satisfied the condition in {timeout} s:\n{self.log()}")
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)

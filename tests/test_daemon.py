@@ -97,10 +97,11 @@ def test_a_file_that_ends_without_loop_stops_the_daemon_with_success(workdir: Pa
         d.close()
 
 
-def _image_folder(folder: Path, sizes: list[tuple[int, int]]) -> None:
+def _image_folder(folder: Path, sizes: list[tuple[int, int]], colours: list[tuple[int, int, int]] | None = None) -> None:
     folder.mkdir()
     for i, (w, h) in enumerate(sizes):
-        cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((h, w, 3), RED, np.uint8))
+        colour = colours[i] if colours else RED
+        cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((h, w, 3), colour, np.uint8))
 
 
 def test_a_frame_of_the_wrong_size_is_rejected_and_counted(workdir: Path) -> None:
@@ -109,13 +110,7 @@ def test_a_frame_of_the_wrong_size_is_rejected_and_counted(workdir: Path) -> Non
     path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 30.0})
     d = RunningDaemon(path, endpoint)
     try:
-        deadline = time.monotonic() + 20
-        status = None
-        while time.monotonic() < deadline:
-            status = d.collect("status", 1)[0]
-            if status.drops.get("bad_frame_size", 0) >= 1:
-                break
-        assert status is not None and status.drops.get("bad_frame_size", 0) >= 1, status
+        d.wait_status(lambda s: s.drops.get("bad_frame_size", 0) >= 1)
         assert "rejected (size)" in d.log()
         assert d.proc.poll() is None  # not fatal
         dets = d.collect("detections", 3)
@@ -184,26 +179,14 @@ def test_a_model_replaced_on_disk_is_picked_up_on_sighup_or_refused_if_broken(wo
         d.close()
 
 
-def _colour_folder(folder: Path, colours: list[tuple[int, int, int]]) -> None:
-    folder.mkdir()
-    for i, colour in enumerate(colours):
-        cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((128, 128, 3), colour, np.uint8))
-
-
 def test_inference_errors_skip_the_frame_are_counted_and_logged_once(workdir: Path) -> None:
     failing_probe(workdir / "failing.onnx")
-    _colour_folder(workdir / "imgs", [(0, 0, 0), (255, 255, 255)])  # dark runs, bright fails
+    _image_folder(workdir / "imgs", [(128, 128)] * 2, [(0, 0, 0), (255, 255, 255)])  # dark runs, bright fails
     path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 20.0},
                             model={"path": "failing.onnx"})
     d = RunningDaemon(path, endpoint)
     try:
-        deadline = time.monotonic() + 20
-        status = None
-        while time.monotonic() < deadline:
-            status = d.collect("status", 1)[0]
-            if status.drops.get("inference_error", 0) >= 5:
-                break
-        assert status is not None and status.drops["inference_error"] >= 5, status
+        d.wait_status(lambda s: s.drops.get("inference_error", 0) >= 5)
         assert d.collect("detections", 3)  # the dark frames still go out
         log = d.log()
         assert log.count("inference failed") == 1, log  # one line per burst, then counters
@@ -215,7 +198,7 @@ def test_inference_errors_skip_the_frame_are_counted_and_logged_once(workdir: Pa
 
 def test_inference_that_always_fails_falls_back_down_the_providers_then_exits(workdir: Path) -> None:
     failing_probe(workdir / "failing.onnx")
-    _colour_folder(workdir / "imgs", [(255, 255, 255)])
+    _image_folder(workdir / "imgs", [(128, 128)], [(255, 255, 255)])
     path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 50.0},
                             model={"path": "failing.onnx"})
     # onnxruntime's Azure provider is in every build and takes no nodes: the failures are the
@@ -240,12 +223,7 @@ def test_a_camera_that_vanishes_is_reported_lost_and_resumes_with_frame_ids_cont
     try:
         before = d.collect("detections", 15)[-1].frame_id  # well past what a restart would count to
         clip.rename(away)  # unplugged: the next reopen fails
-        deadline = time.monotonic() + 15
-        lost = None
-        while lost is None and time.monotonic() < deadline:
-            status = d.collect("status", 1)[0]
-            lost = status if status.source_state == "lost" else None
-        assert lost is not None, d.log()
+        d.wait_status(lambda s: s.source_state == "lost")
         assert "lost" in d.log()
         away.rename(clip)  # plugged back in
         deadline = time.monotonic() + 20

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 from daemon import RunningDaemon, free_port, write_config, write_video
@@ -27,13 +26,8 @@ def _rate(d: RunningDaemon, seconds: float) -> tuple[float, StatusMessage | None
     return count / seconds, status
 
 
-def _wait_state(d: RunningDaemon, state: str, timeout: float = 10) -> StatusMessage:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for msg in d.messages(0.5):
-            if isinstance(msg, StatusMessage) and msg.thermal and msg.thermal["state"] == state:
-                return msg
-    raise AssertionError(f"thermal state never became {state}:\n{d.log()}")
+def _wait_state(d: RunningDaemon, state: str) -> StatusMessage:
+    return d.wait_status(lambda s: s.thermal is not None and s.thermal["state"] == state, timeout=10)
 
 
 def test_heating_lowers_the_published_rate_pauses_then_recovers(tmp_path: Path) -> None:
