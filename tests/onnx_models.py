@@ -108,6 +108,22 @@ def solid_frame(bgr: tuple[int, int, int], width: int = 128, height: int = 96) -
     return frame
 
 
+def _save_with_side_branch(probe: onnx.ModelProto, zero: str, path: Path) -> Path:
+    """Add the scalar ``zero`` (computed by nodes already appended) to the probe's output.
+
+    The sum keeps the output unchanged but makes ONNX Runtime evaluate the side branch on
+    every run, which is how the variants below stall or fail on demand.
+    """
+    for node in probe.graph.node:
+        for i, name in enumerate(node.output):
+            if name == "output0":
+                node.output[i] = "output_raw"
+    probe.graph.node.append(helper.make_node("Add", ["output_raw", zero], ["output0"]))
+    onnx.checker.check_model(probe)
+    onnx.save(probe, str(path))
+    return path
+
+
 def stalling_probe(path: Path, iterations_when_bright: int = 10**12) -> Path:
     """The colour probe behind a Loop whose trip count is the input's mean times a huge number.
 
@@ -137,15 +153,8 @@ def stalling_probe(path: Path, iterations_when_bright: int = 10**12) -> Path:
         helper.make_node("Loop", ["spins", "cond", "acc0"], ["acc"], body=body),
         _const("acc_scale", np.array(0.0, np.float32)),
         helper.make_node("Mul", ["acc", "acc_scale"], ["zero"]),
-        helper.make_node("Add", ["output_raw", "zero"], ["output0"]),
     ])
-    for node in graph.node:
-        for i, name in enumerate(node.output):
-            if name == "output0" and node.op_type != "Add":
-                node.output[i] = "output_raw"
-    onnx.checker.check_model(probe)
-    onnx.save(probe, str(path))
-    return path
+    return _save_with_side_branch(probe, "zero", path)
 
 
 def failing_probe(path: Path) -> Path:
@@ -173,12 +182,5 @@ def failing_probe(path: Path) -> Path:
         helper.make_node("ReduceMax", ["fail_reshaped"], ["fail_peak"], keepdims=0),
         _const("fail_nothing", np.array(0.0, np.float32)),
         helper.make_node("Mul", ["fail_peak", "fail_nothing"], ["fail_zero"]),
-        helper.make_node("Add", ["output_raw", "fail_zero"], ["output0"]),
     ])
-    for node in graph.node:
-        for i, name in enumerate(node.output):
-            if name == "output0" and node.op_type != "Add":
-                node.output[i] = "output_raw"
-    onnx.checker.check_model(probe)
-    onnx.save(probe, str(path))
-    return path
+    return _save_with_side_branch(probe, "fail_zero", path)
