@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 import zmq
-from daemon import RunningDaemon, free_port, write_config, write_video
+from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import LABELS, colour_probe, failing_probe
 
 from edged.messages import DetectionsMessage, StatusMessage
@@ -282,3 +282,21 @@ def test_subscribers_that_stall_or_come_and_go_by_the_hundred_do_not_slow_or_gro
             sock.close(linger=0)
         context.term()
         d.close()
+
+
+def test_edged_subscribe_prints_what_arrives(daemon: RunningDaemon) -> None:
+    daemon.collect("detections", 1)
+    result = run_cli("subscribe", daemon.endpoint, "--topic", "edged/detections/", "--count", "3",
+                     "--timeout", "20")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3
+    assert all(line.startswith("[cam0 frame ") and "1 detection(s): " in line for line in lines), lines
+    assert "(48,20)-(80,44)" in lines[0]
+
+
+def test_edged_subscribe_stats_summarises(daemon: RunningDaemon) -> None:
+    daemon.collect("detections", 1)
+    result = run_cli("subscribe", daemon.endpoint, "--stats", "--count", "30", "--timeout", "20")
+    assert result.returncode == 0, result.stderr
+    assert "received {'detections': " in result.stdout and "lost 0, rejected 0" in result.stdout
