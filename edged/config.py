@@ -278,7 +278,7 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
                          ("publish", "curve_clients_dir")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
-            data[section][key] = str(base / value)
+            data[section][key] = os.path.normpath(base / value)
 
 
 def _is_file(path: Path) -> bool:

@@ -1,0 +1,100 @@
+"""edged.scenes: reproducible frames whose boxes hold exactly the painted defects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edged.scenes import CLASS_NAMES, Scene, SceneGenerator
+
+FRAMES = range(24)
+
+
+@pytest.fixture(scope="module")
+def gen() -> SceneGenerator:
+    return SceneGenerator(1280, 720, seed=7)
+
+
+def test_same_inputs_give_identical_frames(gen: SceneGenerator) -> None:
+    a, b = gen.render(3), SceneGenerator(1280, 720, seed=7).render(3)
+    assert a.image.tobytes() == b.image.tobytes()
+    np.testing.assert_array_equal(a.boxes, b.boxes)
+    np.testing.assert_array_equal(a.class_ids, b.class_ids)
+
+
+def test_different_index_or_seed_differs(gen: SceneGenerator) -> None:
+    assert not np.array_equal(gen.render(3).image, gen.render(4).image)
+    assert not np.array_equal(gen.render(3).image, SceneGenerator(1280, 720, seed=8).render(3).image)
+
+
+def _check_boxes(scene: Scene, width: int, height: int) -> None:
+    assert scene.image.shape == (height, width, 3) and scene.image.dtype == np.uint8
+    assert scene.boxes.dtype == np.float32 and scene.boxes.shape == (len(scene.class_ids), 4)
+    assert scene.class_ids.dtype == np.int32
+    assert np.all((scene.class_ids >= 0) & (scene.class_ids < len(CLASS_NAMES)))
+    x1, y1, x2, y2 = scene.boxes.T
+    assert np.all((x1 >= 0) & (y1 >= 0) & (x2 <= width) & (y2 <= height))
+    assert np.all((x2 > x1) & (y2 > y1))
+
+
+def test_boxes_lie_in_frame_and_have_area(gen: SceneGenerator) -> None:
+    for i in FRAMES:
+        _check_boxes(gen.render(i), 1280, 720)
+
+
+def test_defects_stay_visible_after_downscaling(gen: SceneGenerator) -> None:
+    for i in FRAMES:
+        scene = gen.render(i)
+        w, h = (scene.boxes[:, 2:] - scene.boxes[:, :2]).T
+        for cls, bw, bh in zip(scene.class_ids, w, h, strict=True):
+            if CLASS_NAMES[cls] == "spot":
+                assert min(bw, bh) >= 14
+            else:
+                assert max(bw, bh) >= 24
+
+
+def test_all_classes_and_empty_frames_occur(gen: SceneGenerator) -> None:
+    scenes = [gen.render(i) for i in range(60)]
+    seen = set(np.concatenate([s.class_ids for s in scenes]).tolist())
+    assert seen == set(range(len(CLASS_NAMES)))
+    assert any(len(s.class_ids) == 0 for s in scenes)
+
+
+def test_painted_pixels_are_inside_tight_boxes(gen: SceneGenerator) -> None:
+    margin = 3
+    for i in FRAMES:
+        scene = gen.render(i)
+        diff = np.abs(scene.image.astype(np.int16) - gen._render_background(i)).sum(2)
+        inside = np.zeros(diff.shape, bool)
+        for x1, y1, x2, y2 in scene.boxes.astype(int):
+            inside[max(0, y1 - margin):y2 + margin, max(0, x1 - margin):x2 + margin] = True
+            box = diff[y1:y2, x1:x2] > 8
+            rows, cols = np.flatnonzero(box.any(1)), np.flatnonzero(box.any(0))
+            assert rows.size and cols.size, "every box holds a visible defect"
+            assert rows[0] <= margin and rows[-1] >= box.shape[0] - 1 - margin
+            assert cols[0] <= margin and cols[-1] >= box.shape[1] - 1 - margin
+        assert diff[~inside].max(initial=0) == 0
+
+
+def test_render_into_out_reuses_the_buffer(gen: SceneGenerator) -> None:
+    out = np.zeros((720, 1280, 3), np.uint8)
+    scene = gen.render(5, out=out)
+    assert scene.image is out
+    assert np.array_equal(out, gen.render(5).image)
+    with pytest.raises(ValueError):
+        gen.render(5, out=np.zeros((720, 1280, 4), np.uint8))
+
+
+@pytest.mark.parametrize("size", [(640, 480), (320, 320), (333, 257)])
+def test_arbitrary_frame_sizes(size: tuple[int, int]) -> None:
+    width, height = size
+    small = SceneGenerator(width, height, seed=1)
+    for i in range(6):
+        _check_boxes(small.render(i), width, height)
+
+
+def test_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        SceneGenerator(16, 720)
+    with pytest.raises(ValueError):
+        SceneGenerator(max_defects=-1)
