@@ -1,0 +1,186 @@
+"""The demo detector: a small anchor-free, YOLOv8-style network and its training loss.
+
+Owned here: the architecture (strided conv backbone, top-down neck, decoupled box/class heads at
+strides 8/16/32), the inference head that emits exactly the ultralytics ``yolov8`` layout
+(``[1, 4 + nc, N]``: cx, cy, w, h in input pixels, then sigmoid class scores), and the
+task-aligned assignment + loss used to train it. Only `models/train.py` imports this; torch is
+an optional extra and nothing under ``edged/`` depends on it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+STRIDES: tuple[int, ...] = (8, 16, 32)
+
+
+def conv(c_in: int, c_out: int, k: int = 3, s: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False),
+                         nn.BatchNorm2d(c_out), nn.SiLU(inplace=True))
+
+
+class Residual(nn.Module):
+    """Two 3x3 convs with a skip connection."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(conv(c, c), conv(c, c))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.body(x)
+
+
+class Head(nn.Module):
+    """Decoupled branches for one level: 4 box distances (ltrb, in strides) and nc class logits."""
+
+    def __init__(self, c: int, nc: int) -> None:
+        super().__init__()
+        self.box = nn.Sequential(conv(c, c), nn.Conv2d(c, 4, 1))
+        self.cls = nn.Sequential(conv(c, c), nn.Conv2d(c, nc, 1))
+        nn.init.constant_(self.box[-1].get_parameter("bias"), 0.5)
+        nn.init.constant_(self.cls[-1].get_parameter("bias"), -math.log(99.0))
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.box(x).flatten(2), self.cls(x).flatten(2)
+
+
+class Detector(nn.Module):
+    """320x320 RGB in; raw per-anchor (ltrb distances in pixels, class logits) out."""
+
+    def __init__(self, nc: int = 3, width: tuple[int, ...] = (16, 24, 48, 96, 128)) -> None:
+        super().__init__()
+        c1, c2, c3, c4, c5 = width
+        self.stem = nn.Sequential(conv(3, c1, 3, 2), conv(c1, c2, 3, 2))
+        self.p3 = nn.Sequential(conv(c2, c3, 3, 2), Residual(c3))
+        self.p4 = nn.Sequential(conv(c3, c4, 3, 2), Residual(c4))
+        self.p5 = nn.Sequential(conv(c4, c5, 3, 2), Residual(c5))
+        self.lat5, self.lat4, self.lat3 = conv(c5, c3, 1), conv(c4, c3, 1), conv(c3, c3, 1)
+        self.fuse4, self.fuse3 = conv(c3, c3), conv(c3, c3)
+        self.heads = nn.ModuleList(Head(c3, nc) for _ in STRIDES)
+        self.nc = nc
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        x3 = self.p3(self.stem(x))
+        x4 = self.p4(x3)
+        t5 = self.lat5(self.p5(x4))
+        t4 = self.fuse4(self.lat4(x4) + F.interpolate(t5, scale_factor=2.0, mode="nearest"))
+        t3 = self.fuse3(self.lat3(x3) + F.interpolate(t4, scale_factor=2.0, mode="nearest"))
+        outs = [head(t) for head, t in zip(self.heads, (t3, t4, t5), strict=True)]
+        strides = torch.cat([torch.full((o[0].shape[-1],), float(s), device=x.device)
+                             for o, s in zip(outs, STRIDES, strict=True)])
+        dist = F.softplus(torch.cat([o[0] for o in outs], 2)) * strides
+        return dist, torch.cat([o[1] for o in outs], 2)
+
+
+def anchor_points(size: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """Anchor centres (A, 2) in input pixels and their strides (A,), level by level."""
+    points, strides = [], []
+    for s in STRIDES:
+        n = size // s
+        c = (torch.arange(n, dtype=torch.float32, device=device) + 0.5) * s
+        yy, xx = torch.meshgrid(c, c, indexing="ij")
+        points.append(torch.stack([xx.flatten(), yy.flatten()], 1))
+        strides.append(torch.full((n * n,), float(s), device=device))
+    return torch.cat(points), torch.cat(strides)
+
+
+class ExportHead(nn.Module):
+    """Wraps a `Detector` so its single output is the ultralytics yolov8 tensor [1, 4+nc, A]."""
+
+    def __init__(self, model: Detector, size: int) -> None:
+        super().__init__()
+        self.model = model
+        points, _ = anchor_points(size)
+        self.register_buffer("points", points.t().unsqueeze(0).contiguous())
+
+    def forward(self, images: Tensor) -> Tensor:
+        dist, logits = self.model(images)
+        lt, rb = dist[:, :2], dist[:, 2:]
+        x1y1, x2y2 = self.points - lt, self.points + rb
+        return torch.cat([(x1y1 + x2y2) / 2, x2y2 - x1y1, logits.sigmoid()], 1)
+
+
+def box_iou_pairs(a: Tensor, b: Tensor, eps: float = 1e-7) -> tuple[Tensor, Tensor]:
+    """IoU and GIoU of matching xyxy boxes (..., 4)."""
+    wh = (torch.min(a[..., 2:], b[..., 2:]) - torch.max(a[..., :2], b[..., :2])).clamp(min=0)
+    inter = wh[..., 0] * wh[..., 1]
+    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
+    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
+    union = area_a + area_b - inter + eps
+    iou = inter / union
+    hull = torch.max(a[..., 2:], b[..., 2:]) - torch.min(a[..., :2], b[..., :2])
+    hull_area = hull[..., 0] * hull[..., 1] + eps
+    return iou, iou - (hull_area - union) / hull_area
+
+
+class TaskAlignedLoss:
+    """TAL assignment (top-k of score^alpha * IoU^beta among anchors inside the box) + losses.
+
+    An anchor is a candidate for a ground-truth box when its centre lies in the box widened to
+    at least one stride per side, so very thin boxes still own a row of anchors. Class targets
+    are the normalised alignment metric (IoU-aware BCE); boxes get GIoU and an L1 on ltrb/stride,
+    both weighted by that target.
+    """
+
+    def __init__(self, points: Tensor, strides: Tensor, nc: int, topk: int = 10,
+                 alpha: float = 0.5, beta: float = 6.0) -> None:
+        self.points, self.strides, self.nc = points, strides, nc
+        self.topk, self.alpha, self.beta = topk, alpha, beta
+
+    def __call__(self, dist: Tensor, logits: Tensor, gt_boxes: Tensor, gt_cls: Tensor,
+                 gt_valid: Tensor) -> tuple[Tensor, dict[str, float]]:
+        dist, logits = dist.transpose(1, 2), logits.transpose(1, 2)
+        pred = torch.cat([self.points - dist[..., :2], self.points + dist[..., 2:]], -1)
+        scores = logits.sigmoid()
+        target_scores, target_boxes, fg = self._assign(scores.detach(), pred.detach(),
+                                                       gt_boxes, gt_cls, gt_valid)
+        norm = target_scores.sum().clamp(min=1.0)
+        cls_loss = F.binary_cross_entropy_with_logits(logits, target_scores,
+                                                      reduction="sum") / norm
+        weight = target_scores.sum(-1)[fg]
+        iou, giou = box_iou_pairs(pred[fg], target_boxes[fg])
+        box_loss = ((1 - giou) * weight).sum() / norm
+        strides = self.strides.expand(fg.shape)[fg][:, None]
+        tgt_dist = torch.cat([self.points.expand(*fg.shape, 2)[fg] - target_boxes[fg][:, :2],
+                              target_boxes[fg][:, 2:] - self.points.expand(*fg.shape, 2)[fg]], 1)
+        l1 = ((dist[fg] - tgt_dist).abs() / strides).mean(1)
+        l1_loss = (l1 * weight).sum() / norm
+        total = 0.5 * cls_loss + 7.5 * box_loss + 1.5 * l1_loss
+        stats = {"cls": cls_loss.item(), "box": box_loss.item(), "l1": l1_loss.item(),
+                 "iou": iou.detach().mean().item() if iou.numel() else 0.0}
+        return total * gt_boxes.shape[0], stats
+
+    @torch.no_grad()
+    def _assign(self, scores: Tensor, pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor,
+                gt_valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, a, _ = scores.shape
+        half = torch.maximum((gt_boxes[..., 2:] - gt_boxes[..., :2])[:, :, None] / 2,
+                             self.strides[None, None, :, None] / 2)
+        centre = (gt_boxes[..., :2] + gt_boxes[..., 2:])[:, :, None] / 2
+        inside = ((self.points[None, None] - centre).abs() <= half).all(-1)
+        inside &= gt_valid[..., None]
+        iou, _ = box_iou_pairs(pred[:, None], gt_boxes[:, :, None])
+        cls_idx = gt_cls.clamp(min=0)[..., None].expand(-1, -1, a)
+        cls_score = scores.transpose(1, 2).gather(1, cls_idx)
+        iou = iou.clamp(min=0) * inside
+        align = cls_score.pow(self.alpha) * iou.pow(self.beta) * inside
+        top = align.topk(min(self.topk, a), -1).indices
+        pos = torch.zeros_like(inside).scatter_(-1, top, True) & inside & (align > 0)
+        multi = pos.sum(1, keepdim=True) > 1
+        best = F.one_hot(iou.argmax(1), gt_boxes.shape[1]).transpose(1, 2).bool()
+        pos = torch.where(multi, best & inside, pos)
+        fg = pos.any(1)
+        owner = pos.float().argmax(1)
+        align = align * pos
+        norm_align = align * (iou * pos).amax(-1, keepdim=True) / (
+            align.amax(-1, keepdim=True) + 1e-9)
+        target_scores = torch.zeros(b, a, self.nc, device=scores.device)
+        owner_cls = gt_cls.gather(1, owner).clamp(min=0)
+        strength = norm_align.amax(1) * fg
+        target_scores.scatter_(-1, owner_cls[..., None], strength[..., None])
+        target_boxes = gt_boxes.gather(1, owner[..., None].expand(-1, -1, 4))
+        return target_scores, target_boxes, fg

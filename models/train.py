@@ -1,0 +1,200 @@
+"""Train edged's demo defect detector on generated scenes and export it as a yolov8-style ONNX.
+
+Owns the recipe behind ``models/demo.onnx``: which scenes are used (training seeds 1..8, so the
+default seed 0 and everything from 1000 up stay held out), the letterboxed 320x320 cache, the
+optimiser schedule with an EMA of the weights, the ONNX export with ultralytics metadata, and a
+final held-out evaluation. Needs the optional ``torch`` extra (CPU wheel); nothing under
+``edged/`` imports torch.
+
+    python models/train.py --epochs 8 --scenes 12000 --out models/demo.onnx --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from net import STRIDES, Detector, ExportHead, TaskAlignedLoss, anchor_points
+
+from edged import __version__
+from edged.config import ModelConfig, RuntimeConfig
+from edged.contract import InputContract
+from edged.evaluate import evaluate, scene_samples
+from edged.model import load_model
+from edged.preprocess import Preprocessor
+from edged.scenes import CLASS_NAMES, SceneGenerator
+
+SIZE = 320
+TRAIN_SEEDS = tuple(range(1, 9))
+FRAME_SIZES = ((1280, 720),) * 8 + ((640, 480), (1024, 1024))
+
+
+def letterboxers() -> dict[tuple[int, int], Preprocessor]:
+    """The daemon's own preprocess, asked for uint8 RGB HWC: exactly the pixels edged feeds."""
+    contract = InputContract("images", (1, SIZE, SIZE, 3), np.uint8, "nhwc", "rgb", "letterbox",
+                             1.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+    return {(w, h): Preprocessor(contract, w, h) for w, h in set(FRAME_SIZES)}
+
+
+def build_cache(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Letterboxed RGB inputs (count, S, S, 3) plus padded boxes (count, G, 4) and classes."""
+    gens = {(w, h, s): SceneGenerator(w, h, seed=s) for w, h in set(FRAME_SIZES)
+            for s in TRAIN_SEEDS}
+    pres = letterboxers()
+    images = np.empty((count, SIZE, SIZE, 3), np.uint8)
+    boxes = np.zeros((count, 8, 4), np.float32)
+    classes = np.full((count, 8), -1, np.int64)
+    for j in range(count):
+        w, h = FRAME_SIZES[j % len(FRAME_SIZES)]
+        scene = gens[(w, h, TRAIN_SEEDS[j % len(TRAIN_SEEDS)])].render(j // len(TRAIN_SEEDS))
+        pre = pres[(w, h)]
+        images[j], bm = pre(scene.image)[0], pre.box_map
+        n = len(scene.boxes)
+        boxes[j, :n] = scene.boxes * bm.scale_x + np.array([bm.pad_x, bm.pad_y] * 2, np.float32)
+        classes[j, :n] = scene.class_ids
+    return images, boxes, classes
+
+
+def augment(x: torch.Tensor, boxes: torch.Tensor, gen: torch.Generator) -> None:
+    """In place: per-sample horizontal/vertical flips and a brightness/contrast jitter."""
+    n = x.shape[0]
+    for dim, lo, hi in ((3, 0, 2), (2, 1, 3)):
+        flip = torch.rand(n, generator=gen) < 0.5
+        x[flip] = x[flip].flip(dim)
+        b = boxes[flip]
+        b[..., [lo, hi]] = SIZE - b[..., [hi, lo]]
+        boxes[flip] = b
+    gain = 0.75 + 0.5 * torch.rand(n, 1, 1, 1, generator=gen)
+    bias = 0.08 * (torch.rand(n, 1, 1, 1, generator=gen) - 0.5)
+    x.mul_(gain).add_(bias).clamp_(0, 1)
+
+
+class Ema:
+    """Exponential moving average of weights with a warm-up ramp (as ultralytics' ModelEMA)."""
+
+    def __init__(self, model: Detector, decay: float = 0.9995, tau: float = 400) -> None:
+        self.model = copy.deepcopy(model).eval()
+        self.decay, self.tau, self.updates = decay, tau, 0
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: Detector) -> None:
+        self.updates += 1
+        d = self.decay * (1 - math.exp(-self.updates / self.tau))
+        src = model.state_dict()
+        for k, v in self.model.state_dict().items():
+            if v.dtype.is_floating_point:
+                v.mul_(d).add_(src[k].detach(), alpha=1 - d)
+
+
+def train(args: argparse.Namespace) -> Ema:
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(2)
+    gen = torch.Generator().manual_seed(args.seed)
+    start = time.perf_counter()
+    images, boxes, classes = build_cache(args.scenes)
+    print(f"cache: {len(images)} scenes in {time.perf_counter() - start:.0f} s", flush=True)
+    model = Detector(len(CLASS_NAMES))
+    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    points, strides = anchor_points(SIZE)
+    criterion = TaskAlignedLoss(points, strides, len(CLASS_NAMES))
+    decay = [p for p in model.parameters() if p.ndim > 1]
+    other = [p for p in model.parameters() if p.ndim <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 5e-4},
+                             {"params": other, "weight_decay": 0.0}], lr=args.lr)
+    steps_per_epoch = len(images) // args.batch
+    total, warmup = steps_per_epoch * args.epochs, min(300, steps_per_epoch)
+    ema = Ema(model)
+    step = 0
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(images), generator=gen)
+        for k in range(steps_per_epoch):
+            idx = order[k * args.batch:(k + 1) * args.batch].numpy()
+            x = torch.from_numpy(images[idx]).permute(0, 3, 1, 2).float().div_(255)
+            b, c = torch.from_numpy(boxes[idx]), torch.from_numpy(classes[idx])
+            augment(x, b, gen)
+            lr = args.lr * min(1.0, (step + 1) / warmup) * (
+                0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * step / total)))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            dist, logits = model(x.contiguous(memory_format=torch.channels_last))
+            loss, stats = criterion(dist, logits, b, c, c >= 0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            opt.step()
+            ema.update(model)
+            step += 1
+            if step % 50 == 0:
+                print(f"epoch {epoch} step {step}/{total} lr {lr:.5f} loss {loss.item():.3f} "
+                      + " ".join(f"{k} {v:.3f}" for k, v in stats.items())
+                      + f" t {time.perf_counter() - start:.0f}s", flush=True)
+    return ema
+
+
+def export(model: Detector, out: Path, meta: dict[str, str]) -> None:
+    """ONNX with input ``images`` [1,3,S,S] and output ``output0`` [1, 4+nc, N], plus metadata."""
+    wrapper = ExportHead(copy.deepcopy(model).float().eval(), SIZE).eval()
+    dummy = torch.zeros(1, 3, SIZE, SIZE)
+    torch.onnx.export(wrapper, (dummy,), str(out), input_names=["images"],
+                      output_names=["output0"], opset_version=17, dynamo=False,
+                      do_constant_folding=True)
+    proto = onnx.load(str(out))
+    del proto.metadata_props[:]
+    for key, value in meta.items():
+        proto.metadata_props.add(key=key, value=value)
+    onnx.checker.check_model(proto)
+    onnx.save(proto, str(out))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--scenes", type=int, default=12000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("models/demo.onnx"))
+    ap.add_argument("--eval-count", type=int, default=500)
+    args = ap.parse_args()
+    start = time.perf_counter()
+    ema = train(args)
+    minutes = (time.perf_counter() - start) / 60
+    params = sum(p.numel() for p in ema.model.parameters())
+    meta = {
+        "description": "edged demo defect detector (scratch/spot/crack) trained on edged.scenes",
+        "version": __version__,
+        "names": repr(dict(enumerate(CLASS_NAMES))),
+        "stride": str(max(STRIDES)),
+        "imgsz": f"[{SIZE}, {SIZE}]",
+        "task": "detect",
+        "color_order": "rgb",
+        "layout": "nchw",
+        "batch": "1",
+    }
+    export(ema.model, args.out, meta)
+    args.out.with_suffix(".labels").write_text("\n".join(CLASS_NAMES) + "\n")
+    print(json.dumps({"train_minutes": round(minutes, 1), "parameters": params,
+                      "onnx_bytes": args.out.stat().st_size}), flush=True)
+    if args.eval_count:
+        model = load_model(ModelConfig(path=args.out, conf=0.001, iou=0.6, max_det=100), RuntimeConfig())
+        total, samples = scene_samples(args.eval_count, seed=0, width=1280, height=720)
+        report = evaluate(model, samples, total, report_conf=0.25)
+        print(json.dumps(report.to_dict(), indent=2), flush=True)
+
+
+if __name__ == "__main__":
+    main()
