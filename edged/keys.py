@@ -182,5 +182,5 @@ def _where_they_go(name: str, public: Path, secret: Path) -> str:
             f"Subscribers need the public file: edged subscribe tcp://HOST:PORT --server-key {public} "
             "--client-key CLIENT.key_secret")
     return made + (
-        f"Copy {public} into the publisher's publish.curve_clients_dir, then restart edged there.\n"
+        f"Copy {public} into the publisher's publish.curve_clients_dir, then reload edged there (systemctl reload edged).\n"
         f"Keep {secret} here: edged subscribe tcp://HOST:PORT --server-key server.key --client-key {secret}")
