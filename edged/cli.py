@@ -39,6 +39,30 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON to this file")
 
 
+def _quantize_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, required=True, help="FP32 ONNX model to quantise")
+    p.add_argument("--out", type=Path, required=True, help="where to write the INT8 (QDQ) model")
+    calib = p.add_mutually_exclusive_group()
+    calib.add_argument("--calib-images", type=Path, metavar="DIR", help="calibrate on the images in this folder")
+    calib.add_argument("--calib-scenes", type=int, default=200, metavar="N",
+                       help="calibrate on N generated 1280x720 scenes (default 200)")
+    p.add_argument("--seed", type=int, default=1,
+                   help="calibration scene seed (default 1, a training seed; 0 stays held out)")
+    p.add_argument("--method", choices=("minmax", "percentile"), default="percentile",
+                   help="activation range calibration (default percentile: 99.999th, measured better on the demo)")
+    p.add_argument("--exclude-head", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the detection head (box decode, sigmoid, final concat) in float (default on)")
+    p.add_argument("--reduce-range", action="store_true",
+                   help="7-bit weights; only for x86 CPUs without VNNI, where u8 x s8 sums can saturate")
+    p.add_argument("--eval-scenes", type=int, default=200, metavar="N",
+                   help="held-out scenes for the FP32 vs INT8 accuracy comparison (default 200; 0 skips it)")
+    p.add_argument("--eval-seed", type=int, default=0, help="scene seed of the comparison (default 0, held out)")
+    p.add_argument("--latency-frames", type=int, default=200, metavar="N",
+                   help="interleaved frames per model for the latency comparison (default 200; 0 skips it)")
+    p.add_argument("--report", type=Path, default=None, metavar="FILE",
+                   help="also write the before/after report as JSON to this file")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edged", description="Embedded vision daemon: camera -> ONNX Runtime -> detections over ZeroMQ.")
@@ -86,6 +110,22 @@ def _parser() -> argparse.ArgumentParser:
                               "of images with YOLO-format labels, or over generated scenes, and report "
                               "precision, recall, mAP@0.5 and mAP@0.5:0.95 per class.")
     _eval_arguments(evaluate)
+
+    quantize = sub.add_parser("quantize", help="write a static INT8 copy of a model and compare it",
+                              description="Quantise a model to INT8 (QDQ, per-channel int8 weights, uint8 "
+                              "activations) calibrated on frames through the daemon's preprocess, keeping the "
+                              "detection head in float; then compare latency and accuracy with the original. "
+                              "Exit 0 on success, 78 for an unusable model or data, 1 when quantising fails or "
+                              "the quantised model does not load or run.")
+    _quantize_arguments(quantize)
+
+    bench = sub.add_parser("bench", help="time edged's per-frame path against bare inference",
+                           description="Measure, in one process and interleaved, bare session.run (the floor), "
+                           "edged's full per-frame path and a naive reference pipeline on a 1280x720 scene; "
+                           "also allocations, CPU time, RSS, cold start (--cold-start) and a soak (--soak N).")
+    from edged.bench import add_arguments as add_bench_arguments
+
+    add_bench_arguments(bench)
 
     thermal = sub.add_parser("thermal", help="print thermal readings and state",
                              description="Read thermal zones, cpufreq caps and throttling flags once "
@@ -172,6 +212,23 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return run_eval(args)
 
 
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    try:
+        from edged.quantize import run_quantize
+    except ImportError as e:
+        print(f"edged: quantize needs the onnx package (pip install onnx): {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging("warning")
+    return run_quantize(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from edged.bench import run_bench
+
+    setup_logging("warning")
+    return run_bench(args)
+
+
 COMMANDS = {
     "run": _cmd_run,
     "check": _cmd_check,
@@ -179,6 +236,8 @@ COMMANDS = {
     "schema": _cmd_schema,
     "thermal": _cmd_thermal,
     "eval": _cmd_eval,
+    "bench": _cmd_bench,
+    "quantize": _cmd_quantize,
     "keygen": _cmd_keygen,
 }
 

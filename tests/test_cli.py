@@ -113,7 +113,9 @@ def test_schema_command_prints_the_generated_schema(tmp: Path) -> None:
     assert json.loads(result.stdout)["title"] == "edged messages"
 
 
-@pytest.mark.parametrize("command", ["run", "check", "subscribe", "schema", "thermal", "eval", "keygen"])
+@pytest.mark.parametrize(
+    "command", ["run", "check", "subscribe", "schema", "thermal", "eval", "keygen", "bench", "quantize"]
+)
 def test_every_command_has_useful_help(command: str) -> None:
     result = run_cli(command, "--help")
     assert result.returncode == 0

@@ -84,7 +84,9 @@ def test_topic_filter_separates_status_from_detections(context: zmq.Context, sub
     pub.close()
 
 
-def test_a_subscriber_that_never_reads_does_not_block_or_queue_without_bound(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
+def test_a_subscriber_that_never_reads_does_not_block_or_queue_without_bound(
+    context: zmq.Context, subscribe: Callable[..., zmq.Socket]
+) -> None:
     pub = _publisher(context, hwm=4)
     stalled = subscribe(pub.endpoints[0])
     _send_until_received(pub, [stalled], b"t")
@@ -107,7 +109,7 @@ def test_a_subscriber_that_never_reads_does_not_block_or_queue_without_bound(con
 def test_non_loopback_tcp_needs_explicit_insecure() -> None:
     with pytest.raises(PublishError, match="unencrypted"):
         check_exposure("tcp://0.0.0.0:5556", insecure=False)
-    with pytest.raises(PublishError, match="publish.insecure"):
+    with pytest.raises(PublishError, match=r"publish\.insecure"):
         check_exposure("tcp://*:5556", insecure=False)
     check_exposure("tcp://0.0.0.0:5556", insecure=True)
     check_exposure("tcp://127.0.0.1:5556", insecure=False)
@@ -117,7 +119,7 @@ def test_non_loopback_tcp_needs_explicit_insecure() -> None:
 
 def test_address_in_use_is_a_clear_error(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
     first = _publisher(context)
-    with pytest.raises(PublishError, match="cannot bind .*Address already in use"):
+    with pytest.raises(PublishError, match=r"cannot bind .*Address already in use"):
         Publisher(PublishConfig(endpoints=[first.endpoints[0]]), context)
     first.close()
 
@@ -137,7 +139,9 @@ def test_ipc_socket_is_limited_to_the_group(context: zmq.Context, tmp_path: Path
     pub.close()
 
 
-def test_close_returns_within_linger_with_messages_queued(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
+def test_close_returns_within_linger_with_messages_queued(
+    context: zmq.Context, subscribe: Callable[..., zmq.Socket]
+) -> None:
     pub = _publisher(context, linger_ms=100)
     stalled = subscribe(pub.endpoints[0])
     _send_until_received(pub, [stalled], b"t")

@@ -1,0 +1,398 @@
+"""``edged quantize``: a static INT8 copy of a model, and what it gains and costs on this machine.
+
+The recipe is onnxruntime's own. ``quant_pre_process`` runs symbolic shape inference and graph
+optimisation. ``quantize_static`` then writes QDQ (QuantizeLinear/DequantizeLinear pairs, which
+the CPU EP fuses into integer kernels and which TensorRT and OpenVINO also read). Weights are
+int8 per output channel and activations uint8.
+
+``reduce_range`` (7-bit weights) is off by default. The deployment targets are ARM: NEON and
+ARMv8.2 dot-product kernels widen u8 x s8 products, so nothing saturates and the eighth bit is
+pure precision. x86 CPUs with VNNI are the same. Only x86 without VNNI (AVX2 ``vpmaddubsw``) can
+saturate its 16-bit pair sums, and ``--reduce-range`` exists for that case.
+
+Calibration frames go through the daemon's own `Preprocessor`, built from the model's contract,
+so the ranges are those of what the deployed model sees, letterbox grey included. Ranges default
+to the 99.999th percentile, which lost less mAP than MinMax on the demo model. The detection
+head is kept in float (see `find_head`): box coordinates in input pixels and 0..1 scores share
+its last tensors, and one uint8 scale cannot hold both. The result is then compared with the
+original: the median per-frame time of `FramePipeline.process`, interleaved on the bench's
+1280x720 frame, and accuracy through `edged.evaluate` on held-out scenes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_static,
+)
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from edged.bench.rows import Row, Sample, interleave
+from edged.bench.run import bench_frame, machine_info
+from edged.config import ModelConfig, RuntimeConfig
+from edged.contract import ContractError, InputContract
+from edged.engine import InferenceError, ModelError
+from edged.evaluate import DataError, Progress, evaluate, folder_samples, scene_samples
+from edged.evaluate import Sample as Frame
+from edged.metrics import EvalReport
+from edged.model import LoadedModel, load_model
+from edged.pipeline import FramePipeline
+from edged.preprocess import Preprocessor
+from edged.scenes import CLASS_NAMES
+from edged.service import EXIT_CONFIG, EXIT_FAILURE
+
+HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+METHODS = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}
+CALIB_CHUNK = 16  # frames whose activations onnxruntime holds at once while calibrating
+MAP_CONF, MAX_DET, REPORT_CONF = 0.001, 300, 0.25  # as `edged eval` scores by default
+SCENE_SIZE = (1280, 720)
+LATENCY_WARMUP = 20
+
+
+class QuantizeError(Exception):
+    """Quantisation failed, or its result does not load, run or keep the model's interface."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeadSelection:
+    """Nodes to keep in float, each with its op type, and why (or why none)."""
+
+    nodes: dict[str, str]
+    reason: str
+
+
+# ---- the head ---------------------------------------------------------------------------------
+
+def _reach(nodes: list[onnx.NodeProto], seeds: Iterable[int], forward: bool) -> set[int]:
+    """Indices of the nodes strictly downstream (forward) or upstream of the seeds."""
+    producer = {t: i for i, n in enumerate(nodes) for t in n.output}
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for t in n.input:
+            consumers.setdefault(t, []).append(i)
+    found: set[int] = set()
+    stack = list(seeds)
+    while stack:
+        n = nodes[stack.pop()]
+        if forward:
+            nxt = [j for t in n.output for j in consumers.get(t, [])]
+        else:
+            nxt = [producer[t] for t in n.input if t in producer]
+        for j in nxt:
+            if j not in found:
+                found.add(j)
+                stack.append(j)
+    return found
+
+
+def _candidate_count(graph: onnx.GraphProto) -> int | None:
+    """N of a [1, 4+nc, N] or [1, N, 5+nc] head: the larger static non-batch dimension."""
+    dims = [d.dim_value for d in graph.output[0].type.tensor_type.shape.dim]
+    return max(dims[1:]) if len(dims) == 3 and all(dims) else None
+
+
+def _candidate_region(model: onnx.ModelProto, heavy: set[int]) -> set[int]:
+    """Nodes from the first tensor shaped by the N candidates on (e.g. a DFL decode); empty when
+    that region holds more than one heavy op, i.e. is real network rather than decode."""
+    graph, nodes = model.graph, list(model.graph.node)
+    n = _candidate_count(graph)
+    if n is None:
+        return set()
+    infos = [*graph.value_info, *graph.output]
+    shaped = {v.name for v in infos if n in [d.dim_value for d in v.type.tensor_type.shape.dim][1:]}
+    seeds = {i for i, node in enumerate(nodes) if shaped.intersection(node.output)}
+    region = seeds | _reach(nodes, seeds, forward=True)
+    return region if len(region & heavy) <= 1 else set()
+
+
+def find_head(model: onnx.ModelProto) -> HeadSelection:
+    """The decode head: nodes after the last Conv/Gemm/MatMul (sigmoid, box math, final concat),
+    plus the region that carries the candidate axis (a DFL convolution) when there is one.
+
+    Works on any graph; finding nothing means excluding nothing, and the reason says so. Node
+    names are what onnxruntime excludes by, so unnamed nodes need `name_nodes` first.
+    """
+    nodes = list(model.graph.node)
+    heavy = {i for i, n in enumerate(nodes) if n.op_type in HEAVY_OPS}
+    if not heavy:
+        return HeadSelection({}, "the graph has no Conv/Gemm/MatMul, so no head to tell apart; excluding nothing")
+    tail = _reach(nodes, heavy, forward=True) - _reach(nodes, heavy, forward=False) - heavy
+    region = _candidate_region(model, heavy)
+    picked = sorted(tail | region)
+    if not picked:
+        return HeadSelection({}, "the output comes straight from a Conv/Gemm/MatMul; nothing after it to "
+                                 "keep in float; excluding nothing")
+    why = ("after the last Conv/Gemm/MatMul: box decode, sigmoid and final concat, whose tensors mix "
+           "input-pixel coordinates with 0..1 scores")
+    if region - tail:
+        why += f", plus the {len(region - tail)} node(s) that decode the candidate axis"
+    return HeadSelection({nodes[i].name: nodes[i].op_type for i in picked}, why)
+
+
+# ---- calibration ------------------------------------------------------------------------------
+
+class CalibrationFrames(CalibrationDataReader):
+    """Frames -> the daemon's input tensors, handed out a chunk at a time.
+
+    onnxruntime calls `set_range` per chunk (``CalibStridedMinMax``) and keeps only that chunk's
+    activations, so memory does not grow with the number of frames.
+    """
+
+    def __init__(self, contract: InputContract, frames: Iterator[Frame], total: int,
+                 progress_to: TextIO | None = None) -> None:
+        self._contract, self._frames, self._total, self._progress_to = contract, frames, total, progress_to
+        self._progress: Progress | None = None
+        self._plans: dict[tuple[int, int], Preprocessor] = {}
+        self._left = total
+        self.done = 0
+
+    def __len__(self) -> int:
+        return self._total
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self._left = end_index - start_index
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        frame = next(self._frames, None) if self._left > 0 else None
+        if frame is None:
+            return None
+        self._left -= 1
+        h, w = frame.image.shape[:2]
+        plan = self._plans.get((w, h)) or self._plans.setdefault((w, h), Preprocessor(self._contract, w, h, "bgr"))
+        tensor = plan(frame.image).copy()  # the plan's tensor is reused by the next frame
+        self.done += 1
+        if self._progress_to is not None:
+            self._progress = self._progress or Progress(self._total, self._progress_to)  # clock starts here
+            self._progress.update(self.done)
+        return {self._contract.input_name: tensor}
+
+
+def chunk_size(total: int) -> int:
+    """The largest divisor of total up to CALIB_CHUNK (onnxruntime wants equal chunks)."""
+    return max(d for d in range(1, min(total, CALIB_CHUNK) + 1) if total % d == 0)
+
+
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Give unnamed nodes unique names: onnxruntime excludes nodes by name only."""
+    taken = {n.name for n in model.graph.node}
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{i}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)
+
+
+def quantize(src: Path, dst: Path, frames: CalibrationFrames, *, method: str = "percentile",
+             exclude_head: bool = True, reduce_range: bool = False) -> HeadSelection:
+    """Write the QDQ INT8 model to dst; returns the head nodes kept in float."""
+    with tempfile.TemporaryDirectory(prefix="edged-quantize.") as tmp:
+        prepared = Path(tmp) / "prepared.onnx"
+        try:
+            quant_pre_process(src, prepared)
+            model = onnx.load(prepared)
+            name_nodes(model)
+            onnx.save(model, prepared)
+            head = (find_head(model) if exclude_head
+                    else HeadSelection({}, "head exclusion turned off (--no-exclude-head)"))
+            with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print()
+                quantize_static(
+                    prepared, dst, frames, quant_format=QuantFormat.QDQ, per_channel=True,
+                    reduce_range=reduce_range, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, nodes_to_exclude=list(head.nodes),
+                    calibrate_method=METHODS[method],
+                    extra_options={"CalibStridedMinMax": chunk_size(len(frames))})
+        except Exception as e:  # onnx and onnxruntime raise many unrelated types here
+            raise QuantizeError(f"quantising {src} failed: {type(e).__name__}: {e}") from e
+    return head
+
+
+# ---- before/after -----------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Comparison:
+    """Both models measured the same way; empty where a measurement was skipped."""
+
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    latency_frames: int = 0
+    accuracy: dict[str, EvalReport] = field(default_factory=dict)
+    accuracy_data: str = ""
+
+    @property
+    def speedup(self) -> float | None:
+        return self.latency_ms["fp32"] / self.latency_ms["int8"] if self.latency_ms else None
+
+    @property
+    def map50_delta_points(self) -> float | None:
+        a = self.accuracy
+        return 100 * (a["int8"].map50 - a["fp32"].map50) if a else None
+
+
+def _interface(model: LoadedModel) -> list[tuple[str, str, Any, str]]:
+    session = model.engine.session
+    return ([("input", i.name, i.shape, i.type) for i in session.get_inputs()]
+            + [("output", o.name, o.shape, o.type) for o in session.get_outputs()])
+
+
+def load_quantised(path: Path, original: LoadedModel) -> LoadedModel:
+    """Load the INT8 model as the daemon would and check it kept the original's interface."""
+    try:
+        model = load_model(original.cfg.model_copy(update={"path": path}), RuntimeConfig())
+    except (ModelError, ContractError) as e:
+        raise QuantizeError(f"the quantised model {path} does not load: {e}") from None
+    if _interface(model) != _interface(original):
+        raise QuantizeError(f"the quantised model changed the interface: {_interface(original)} -> "
+                            f"{_interface(model)}")
+    return model
+
+
+def _timed(plan: FramePipeline, image: np.ndarray) -> Row:
+    def row() -> Sample:
+        t0 = time.perf_counter_ns()
+        plan.process(image)
+        return Sample((time.perf_counter_ns() - t0) / 1e6)
+    return row
+
+
+def measure_latency(models: dict[str, LoadedModel], frames: int) -> dict[str, float]:
+    """Median ms per frame of the full per-frame path, the models interleaved after a warm-up."""
+    image = bench_frame()
+    h, w = image.shape[:2]
+    rows = {name: _timed(FramePipeline(m, w, h, "bgr"), image) for name, m in models.items()}
+    samples = interleave(rows, frames, LATENCY_WARMUP)
+    return {name: float(np.median([s.total_ms for s in runs])) for name, runs in samples.items()}
+
+
+def compare(models: dict[str, LoadedModel], *, latency_frames: int, eval_scenes: int,
+            eval_seed: int, log: TextIO = sys.stderr) -> Comparison:
+    """Latency and held-out accuracy of each model; raises QuantizeError if a run fails."""
+    result = Comparison()
+    try:
+        if latency_frames > 0:
+            print(f"timing {' vs '.join(models)} on a {'x'.join(map(str, SCENE_SIZE))} frame, "
+                  f"{latency_frames} interleaved frames each ...", file=log)
+            result.latency_ms, result.latency_frames = measure_latency(models, latency_frames), latency_frames
+        if eval_scenes > 0:
+            result.accuracy_data = f"scenes seed={eval_seed} n={eval_scenes}"
+            for name, model in models.items():
+                print(f"evaluating {name} on {result.accuracy_data} ...", file=log)
+                total, frames = scene_samples(eval_scenes, eval_seed, *SCENE_SIZE)
+                result.accuracy[name] = evaluate(model, frames, total, REPORT_CONF, Progress(total, log))
+    except InferenceError as e:
+        raise QuantizeError(f"running the models failed: {e}") from None
+    return result
+
+
+def format_comparison(c: Comparison) -> str:
+    lines = [f"{'':<18}{'FP32':>10}{'INT8':>10}  change"]
+    if c.latency_ms:
+        fp, q = c.latency_ms["fp32"], c.latency_ms["int8"]
+        lines.append(f"{'ms per frame':<18}{fp:>10.2f}{q:>10.2f}  {c.speedup:.2f}x "
+                     f"(median of {c.latency_frames}, FramePipeline.process, interleaved)")
+    if c.accuracy:
+        for label, key in (("mAP@0.5", "map50"), ("mAP@0.5:0.95", "map50_95"),
+                           ("precision", "precision"), ("recall", "recall")):
+            fp, q = getattr(c.accuracy["fp32"], key), getattr(c.accuracy["int8"], key)
+            lines.append(f"{label:<18}{fp:>10.3f}{q:>10.3f}  {100 * (q - fp):+.1f} points")
+        lines.append(f"(accuracy on {c.accuracy_data}; precision and recall at conf {REPORT_CONF:g})")
+    return "\n".join(lines)
+
+
+def report_document(args: argparse.Namespace, original: LoadedModel, quantised: LoadedModel,
+                    head: HeadSelection, calibration: str, c: Comparison) -> dict[str, Any]:
+    return {
+        "model": str(args.model), "model_sha256": original.engine.identity.sha256,
+        "int8_model": str(args.out), "int8_sha256": quantised.engine.identity.sha256,
+        "quantization": {"format": "QDQ", "weights": "int8 per-channel", "activations": "uint8",
+                         "reduce_range": args.reduce_range, "calibration_method": args.method,
+                         "calibration_data": calibration},
+        "excluded_nodes": head.nodes, "exclusion_reason": head.reason,
+        "latency": {"frame": "x".join(map(str, SCENE_SIZE)), "frames": c.latency_frames,
+                    "warmup": LATENCY_WARMUP, "fp32_median_ms": c.latency_ms.get("fp32"),
+                    "int8_median_ms": c.latency_ms.get("int8"), "speedup": c.speedup},
+        "accuracy": {"data": c.accuracy_data, "map50_delta_points": c.map50_delta_points,
+                     **{name: r.to_dict() for name, r in c.accuracy.items()}},
+        "machine": machine_info(),
+    }
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("calib_scenes", "eval_scenes", "latency_frames"):
+        minimum = 1 if name == "calib_scenes" else 0
+        if getattr(args, name) < minimum:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {minimum}")
+    if args.out.resolve() == args.model.resolve():
+        raise ValueError("--out must not be the input model")
+
+
+def _check_scene_classes(args: argparse.Namespace, model: LoadedModel) -> None:
+    if args.eval_scenes and model.num_classes < len(CLASS_NAMES):
+        raise ValueError(f"the generated scenes have {len(CLASS_NAMES)} classes but the model outputs "
+                         f"{model.num_classes}; pass --eval-scenes 0 to skip the accuracy comparison")
+
+
+def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, CalibrationFrames]:
+    if args.calib_images is not None:
+        total, frames = folder_samples(args.calib_images, model.num_classes)
+        source = f"images {args.calib_images} n={total}"
+    else:
+        total, frames = scene_samples(args.calib_scenes, args.seed, *SCENE_SIZE)
+        source = f"scenes seed={args.seed} n={total}"
+        if args.seed == args.eval_seed and args.eval_scenes:
+            print(f"warning: calibrating on the evaluation seed {args.seed}; the accuracy figures "
+                  "will flatter the INT8 model", file=sys.stderr)
+    print(f"calibrating ({args.method}) on {source} ...", file=sys.stderr)
+    return source, CalibrationFrames(model.contract, frames, total, sys.stderr)
+
+
+def print_head(head: HeadSelection, out: TextIO) -> None:
+    print(f"kept in float: {len(head.nodes)} node(s), {head.reason}", file=out)
+    for name, op in head.nodes.items():
+        print(f"  {name} ({op})", file=out)
+
+
+def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    try:
+        _check_args(args)
+        original = load_model(ModelConfig(path=args.model, conf=MAP_CONF, max_det=MAX_DET), RuntimeConfig())
+        _check_scene_classes(args, original)
+        calibration, frames = _calibration(args, original)
+    except (ModelError, ContractError, DataError, ValueError) as e:
+        print(f"edged: quantize failed: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        head = quantize(args.model, args.out, frames, method=args.method,
+                        exclude_head=args.exclude_head, reduce_range=args.reduce_range)
+        print_head(head, out)
+        quantised = load_quantised(args.out, original)
+        result = compare({"fp32": original, "int8": quantised}, latency_frames=args.latency_frames,
+                         eval_scenes=args.eval_scenes, eval_seed=args.eval_seed)
+    except (QuantizeError, DataError) as e:
+        print(f"edged: quantize failed: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB, calibrated on {calibration})", file=out)
+    print(format_comparison(result), file=out)
+    if args.report is not None:
+        document = report_document(args, original, quantised, head, calibration, result)
+        args.report.write_text(json.dumps(document, indent=2) + "\n")
+    return 0

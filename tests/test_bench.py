@@ -1,0 +1,183 @@
+"""edged bench: the harness's behaviour and its cross-checks, not the speed of this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx_models import colour_probe
+
+from edged.bench import add_arguments, run_bench
+from edged.bench.cold import cold_start
+from edged.bench.memory import NumpyAllocations, soak
+from edged.bench.rows import STAGES, FullPath, NaivePath, candidates_above
+from edged.bench.run import BenchResult, bench, bench_frame, load
+from edged.bench.timing_model import build_yolov8n_like, graph_stats
+from edged.service import EXIT_CONFIG
+
+SMALL = 128  # the timing model at 128x128: same layers, 1/25 of the work
+SMALL_ANCHORS = sum((SMALL // s) ** 2 for s in (8, 16, 32))
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return colour_probe(tmp_path_factory.mktemp("probe") / "probe.onnx")
+
+
+@pytest.fixture(scope="module")
+def small_yolo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_yolov8n_like(tmp_path_factory.mktemp("yolo") / "y.onnx", size=SMALL, candidates=40)
+
+
+@pytest.fixture(scope="module")
+def result(probe: Path) -> BenchResult:
+    return bench(probe, frames=4, warmup=2, cpu_frames=3, alloc_frames=3)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_result_has_every_row_with_latency_and_cpu(result: BenchResult) -> None:
+    (run,) = result.runs
+    assert set(run.rows) == {"floor", "full", "naive"}
+    for row in run.rows.values():
+        assert 0 < row.latency.median_ms <= row.latency.p99_ms
+        assert row.cpu_ms_per_frame >= 0
+    assert set(run.rows["full"].stages) == set(STAGES)
+    assert run.rows["floor"].stages == {}
+    assert run.spinning is False
+    assert run.messages_received > 0
+
+
+def test_ratios_and_overhead_come_from_the_medians(result: BenchResult) -> None:
+    (run,) = result.runs
+    floor, full, naive = (run.rows[k].latency.median_ms for k in ("floor", "full", "naive"))
+    assert run.full_over_floor == pytest.approx(full / floor)
+    assert run.naive_over_floor == pytest.approx(naive / floor)
+    assert run.overhead_ms == pytest.approx(full - floor)
+
+
+def test_result_reports_machine_model_stages_and_memory(result: BenchResult) -> None:
+    assert result.machine["onnxruntime"] == ort.__version__
+    assert result.machine["logical_cores"] >= 1
+    assert result.model["provider"] == "CPUExecutionProvider"
+    assert result.model["input"] == [1, 3, 64, 64] and result.model["output"] == [1, 6, 8]
+    assert result.model["params"] > 0
+    assert result.alone.input_size == (64, 64) and result.alone.frame_size == (1280, 720)
+    assert result.alone.candidates == 1 and result.alone.detections == 1
+    counts = result.allocations.numpy_buffers
+    assert counts is not None and set(counts) == {*STAGES, "total"}
+    assert counts["preprocess"] == 0 and counts["inference"] == 0
+    assert result.peak_rss_kb > 0
+
+
+def test_naive_reference_agrees_with_edged_on_the_probe(result: BenchResult) -> None:
+    assert result.naive_skipped is None
+    assert result.detections_match is True
+
+
+def test_json_output_is_one_object_with_the_table_figures(
+    probe: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_bench(_args("--model", str(probe), "--frames", "3", "--warmup", "1", "--cpu-frames", "2",
+                           "--alloc-frames", "2", "--json"))
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    run = report["runs"][0]
+    assert run["full_over_floor"] == pytest.approx(
+        run["rows"]["full"]["latency"]["median_ms"] / run["rows"]["floor"]["latency"]["median_ms"])
+    assert report["alone"]["preprocess"]["median_ms"] > 0
+    assert report["allocations"]["numpy_buffers"]["decode"] > 0
+
+
+def test_table_output_and_both_spinning_settings(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_bench(_args("--model", str(probe), "--frames", "3", "--warmup", "1", "--cpu-frames", "2",
+                           "--alloc-frames", "2", "--spinning", "both"))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "spinning off" in out and "spinning on" in out
+    assert "full/floor" in out and "2 edged full path" in out and "agree" in out
+
+
+def test_a_missing_model_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench(_args("--model", str(tmp_path / "none.onnx"))) == EXIT_CONFIG
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_yolov8n_builder_has_the_documented_shape_and_cost(small_yolo: Path) -> None:
+    session = ort.InferenceSession(str(small_yolo), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape == [1, 3, SMALL, SMALL]
+    assert session.get_outputs()[0].shape == [1, 84, SMALL_ANCHORS]
+    stats = graph_stats(small_yolo)
+    assert stats.convs == 63  # YOLOv8n: 57 Conv blocks + 6 final head convs
+    assert 3.0e6 < stats.params < 3.3e6
+    assert stats.gflops == pytest.approx(8.74 * (SMALL / 640) ** 2, rel=0.02)
+
+
+def test_yolov8n_builder_calibrates_the_candidates_edged_sees(small_yolo: Path) -> None:
+    model = load(small_yolo, spinning=False)
+    full = FullPath(model, bench_frame())
+    try:
+        detections, _ = full.pipeline.process(full.image)
+        output = full.pipeline.outputs[0]
+        assert candidates_above(model, output) == 40
+        assert 0 < len(detections) <= 40
+        assert np.isfinite(output).all()
+    finally:
+        full.close()
+
+
+def test_naive_reference_finds_the_same_detections_as_edged(small_yolo: Path) -> None:
+    model = load(small_yolo, spinning=False)
+    full = FullPath(model, bench_frame())
+    try:
+        for index in range(3):
+            image = np.ascontiguousarray(np.roll(bench_frame(), 97 * index, axis=1))
+            mine, _ = full.pipeline.process(image)
+            xyxy, scores, class_ids = NaivePath(model, image).detect(image)
+            order, theirs = np.argsort(-mine.scores, kind="stable"), np.argsort(-scores, kind="stable")
+            assert len(mine) == len(scores) > 0
+            np.testing.assert_array_equal(mine.class_ids[order], class_ids[theirs])
+            np.testing.assert_allclose(mine.xyxy[order], xyxy[theirs], atol=0.05)
+            np.testing.assert_allclose(mine.scores[order], scores[theirs], atol=1e-4)
+    finally:
+        full.close()
+
+
+def test_numpy_counter_counts_arrays_with_their_own_buffer() -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    base = np.arange(100.0)
+    out = np.empty_like(base)
+    with counter.counting():
+        start = counter.buffers
+        fresh = base * base
+        view = base[10:20]
+        np.multiply(base, base, out=out)
+        counted = counter.buffers - start
+    assert counted == 1
+    assert fresh.sum() == out.sum() and view.base is base
+
+
+def test_soak_returns_rss_and_traced_samples(probe: Path) -> None:
+    model = load(probe, spinning=False)
+    result = soak(model, 20, images=[bench_frame()], samples=4, warmup=2)
+    assert [frame for frame, _, _ in result.samples] == [0, 5, 10, 15, 20]
+    assert all(rss > 0 for _, rss, _ in result.samples)
+    assert math.isfinite(result.rss_slope_kb_per_1000) and math.isfinite(result.traced_slope_kb_per_1000)
+    assert result.median_ms > 0
+
+
+def test_cold_start_times_the_real_daemon_with_and_without_its_cache(probe: Path) -> None:
+    (result,) = cold_start(probe, trials=1, sources=("images",))
+    assert result.source == "images"
+    assert len(result.without_cache_s) == len(result.with_cache_s) == 1
+    assert 0 < result.with_cache_median_s < 60 and 0 < result.without_cache_median_s < 60

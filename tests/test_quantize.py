@@ -1,0 +1,281 @@
+"""``edged quantize`` on a small conv detector built with onnx.helper: contract, QDQ, float head."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from daemon import run_cli
+from onnx import TensorProto, helper, numpy_helper
+from onnx_models import colour_probe
+
+from edged import quantize as q
+from edged.config import ModelConfig, RuntimeConfig
+from edged.evaluate import scene_samples
+from edged.model import LoadedModel, load_model
+from edged.preprocess import Preprocessor
+from edged.service import EXIT_CONFIG, EXIT_FAILURE
+
+SIZE, STRIDE, NC = 64, 8, 3  # three classes, as the generated scenes
+CELLS = SIZE // STRIDE
+DECODE_OPS = {"Softplus", "Sigmoid", "Sub", "Add", "Div", "Concat"}
+
+
+def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], scale: float = 1.0) -> onnx.TensorProto:
+    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    value = rng.normal(0, scale * np.sqrt(2 / fan_in), shape).astype(np.float32)
+    return numpy_helper.from_array(value, name)
+
+
+def _backbone(rng: np.random.Generator) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto], str]:
+    """Three stride-2 Conv+Relu layers: [1, 3, 64, 64] -> [1, 16, 8, 8]."""
+    inits, nodes, x, c_in = [], [], "images", 3
+    for i, c_out in enumerate((8, 16, 16)):
+        inits += [_init(rng, f"w{i}", (c_out, c_in, 3, 3)), _init(rng, f"b{i}", (c_out,), 0.1)]
+        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], f"conv{i}", strides=[2, 2], pads=[1] * 4),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], f"relu{i}")]
+        x, c_in = f"r{i}", c_out
+    return inits, nodes, x
+
+
+def _save(path: Path, nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], out_channels: int) -> Path:
+    graph = helper.make_graph(
+        nodes, path.stem, [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, SIZE, SIZE])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, out_channels, CELLS * CELLS])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    helper.set_model_props(model, {"names": str({i: f"c{i}" for i in range(NC)})})
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def tiny_detector(path: Path, *, with_decode: bool = True) -> Path:
+    """The backbone, box and class 1x1 convs, then a yolov8 decode to [1, 4+nc, N]; without the
+    decode the class conv's flattened output is the model's output."""
+    rng = np.random.default_rng(7)
+    inits, nodes, x = _backbone(rng)
+    grid = (np.stack(np.meshgrid(np.arange(CELLS), np.arange(CELLS)), 0).reshape(1, 2, -1) + 0.5) * STRIDE
+    inits += [_init(rng, "wb", (4, 16, 1, 1)), _init(rng, "wc", (NC, 16, 1, 1)),
+              numpy_helper.from_array(np.array([1, -1, CELLS * CELLS], np.int64), "flat"),
+              numpy_helper.from_array(grid.astype(np.float32), "points"),
+              numpy_helper.from_array(np.array(STRIDE, np.float32), "stride"),
+              numpy_helper.from_array(np.array(2, np.float32), "two")]
+    nodes += [helper.make_node("Conv", [x, "wc"], ["cls4"], "cls_conv"),
+              helper.make_node("Reshape", ["cls4", "flat"], ["cls" if with_decode else "output0"], "cls_flat")]
+    if not with_decode:
+        return _save(path, nodes, inits, NC)
+    nodes += [
+        helper.make_node("Conv", [x, "wb"], ["box4"], "box_conv"),
+        helper.make_node("Reshape", ["box4", "flat"], ["box"], "box_flat"),
+        helper.make_node("Softplus", ["box"], ["sp"], "softplus"),
+        helper.make_node("Mul", ["sp", "stride"], ["dist"], "dist"),
+        helper.make_node("Split", ["dist"], ["lt", "rb"], "split", axis=1, num_outputs=2),
+        helper.make_node("Sub", ["points", "lt"], ["x1y1"], "x1y1"),
+        helper.make_node("Add", ["points", "rb"], ["x2y2"], "x2y2"),
+        helper.make_node("Add", ["x1y1", "x2y2"], ["twice_c"], "twice_c"),
+        helper.make_node("Div", ["twice_c", "two"], ["cxcy"], "cxcy"),
+        helper.make_node("Sub", ["x2y2", "x1y1"], ["wh"], "wh"),
+        helper.make_node("Sigmoid", ["cls"], ["scores"], "scores"),
+        helper.make_node("Concat", ["cxcy", "wh", "scores"], ["output0"], "output", axis=1),
+    ]
+    return _save(path, nodes, inits, 4 + NC)
+
+
+def dfl_detector(path: Path, bins: int = 4) -> Path:
+    """An ultralytics-style DFL box branch: softmax over bins, then a fixed 1x1 Conv that takes
+    the expectation, all on tensors shaped by the N candidates."""
+    rng = np.random.default_rng(8)
+    inits, nodes, x = _backbone(rng)
+    n = CELLS * CELLS
+    inits += [_init(rng, "wb", (4 * bins, 16, 1, 1)), _init(rng, "wc", (NC, 16, 1, 1)),
+              numpy_helper.from_array(np.arange(bins, dtype=np.float32).reshape(1, bins, 1, 1), "proj"),
+              numpy_helper.from_array(np.array([1, 4, bins, n], np.int64), "bins_shape"),
+              numpy_helper.from_array(np.array([1, 4, n], np.int64), "box_shape"),
+              numpy_helper.from_array(np.array([1, NC, n], np.int64), "cls_shape")]
+    nodes += [
+        helper.make_node("Conv", [x, "wb"], ["box4"], "box_conv"),
+        helper.make_node("Reshape", ["box4", "bins_shape"], ["bins"], "dfl_reshape"),
+        helper.make_node("Transpose", ["bins"], ["bins_t"], "dfl_transpose", perm=[0, 2, 1, 3]),
+        helper.make_node("Softmax", ["bins_t"], ["prob"], "dfl_softmax", axis=1),
+        helper.make_node("Conv", ["prob", "proj"], ["dist4"], "dfl_conv"),
+        helper.make_node("Reshape", ["dist4", "box_shape"], ["dist"], "dist"),
+        helper.make_node("Conv", [x, "wc"], ["cls4"], "cls_conv"),
+        helper.make_node("Reshape", ["cls4", "cls_shape"], ["cls"], "cls_flat"),
+        helper.make_node("Sigmoid", ["cls"], ["scores"], "scores"),
+        helper.make_node("Concat", ["dist", "scores"], ["output0"], "output", axis=1),
+    ]
+    return _save(path, nodes, inits, 4 + NC)
+
+
+def _load(path: Path) -> LoadedModel:
+    return load_model(ModelConfig(path=path, conf=0.001), RuntimeConfig())
+
+
+def _frames(model: LoadedModel, count: int, seed: int) -> q.CalibrationFrames:
+    total, frames = scene_samples(count, seed, 320, 240)
+    return q.CalibrationFrames(model.contract, frames, total)
+
+
+def _interface(path: Path) -> list[tuple[str, object, str]]:
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [(a.name, a.shape, a.type) for a in (*s.get_inputs(), *s.get_outputs())]
+
+
+def _quantised_tensors(model: onnx.ModelProto) -> set[str]:
+    return {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One FP32 model quantised twice (head kept in float, and not), shared by the tests."""
+    root = tmp_path_factory.mktemp("quantize")
+    fp32 = tiny_detector(root / "tiny.onnx")
+    model = _load(fp32)
+    heads = {}
+    for exclude in (True, False):
+        out = root / f"tiny.{'head' if exclude else 'all'}.int8.onnx"
+        heads[exclude] = q.quantize(fp32, out, _frames(model, 12, 1), exclude_head=exclude)
+    return {"fp32": fp32, "model": model, "head": heads[True], "no_head": heads[False],
+            "int8": root / "tiny.head.int8.onnx", "int8_all": root / "tiny.all.int8.onnx"}
+
+
+def test_quantised_model_keeps_the_contract_and_is_qdq(built: dict[str, Any]) -> None:
+    assert _interface(built["int8"]) == _interface(built["fp32"])
+    assert _interface(built["int8"])[0] == ("images", [1, 3, SIZE, SIZE], "tensor(float)")
+    ops = {n.op_type for n in onnx.load(str(built["int8"])).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
+    quantised = q.load_quantised(built["int8"], built["model"])  # loads as the daemon would
+    assert quantised.num_classes == NC and quantised.head == "yolov8"
+
+
+def test_weights_are_int8_per_channel(built: dict[str, Any]) -> None:
+    graph = onnx.load(str(built["int8"])).graph
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    conv_weights = [n.input[0] for n in graph.node if n.op_type == "DequantizeLinear"
+                    and inits.get(n.input[0]) is not None and inits[n.input[0]].ndim == 4]
+    assert len(conv_weights) == 5
+    assert all(inits[w].dtype == np.int8 for w in conv_weights)
+    scales = [n.input[1] for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in conv_weights]
+    assert all(inits[s].size > 1 for s in scales)  # one scale per output channel
+
+
+def test_head_nodes_are_found_and_stay_float(built: dict[str, Any]) -> None:
+    head: q.HeadSelection = built["head"]
+    assert DECODE_OPS <= set(head.nodes.values())
+    assert "Conv" not in head.nodes.values() and "Relu" not in head.nodes.values()
+    assert {"softplus", "dist", "split", "x1y1", "cxcy", "wh", "scores", "output"} <= set(head.nodes)
+    graph = onnx.load(str(built["int8"])).graph
+    kept = {n.name: n for n in graph.node if n.name in head.nodes}
+    assert {name: n.op_type for name, n in kept.items()} == head.nodes  # still float ops, same names
+    head_outputs = {t for n in kept.values() for t in n.output}
+    assert not head_outputs & _quantised_tensors(onnx.load(str(built["int8"])))
+    # Without the exclusion the same tensors are quantised: the check above can fail.
+    assert head_outputs & _quantised_tensors(onnx.load(str(built["int8_all"])))
+    assert built["no_head"].nodes == {}
+
+
+def test_outputs_stay_close_to_fp32(built: dict[str, Any]) -> None:
+    fp32, int8 = (ort.InferenceSession(str(built[k]), providers=["CPUExecutionProvider"]) for k in ("fp32", "int8"))
+    contract = built["model"].contract
+    _, frames = scene_samples(6, 1000, 320, 240)  # scenes calibration never saw
+    plan = Preprocessor(contract, 320, 240)
+    everything = ort.InferenceSession(str(built["int8_all"]), providers=["CPUExecutionProvider"])
+    for frame in frames:
+        x = {"images": plan(frame.image).copy()}
+        a, b = fp32.run(None, x)[0][0], int8.run(None, x)[0][0]
+        span = float(a[:4].max() - a[:4].min())  # box coordinates cover ~57 input pixels
+        assert np.abs(a[:4] - b[:4]).max() < 0.01 * span
+        assert np.abs(a[4:] - b[4:]).max() < 0.02  # scores, 0..1
+        # With the head quantised too, scores share one uint8 scale with pixel coordinates.
+        assert np.abs(a[4:] - everything.run(None, x)[0][0][4:]).max() > 0.05
+
+
+def test_unfamiliar_graphs_exclude_nothing_without_crashing(tmp_path: Path) -> None:
+    probe = q.find_head(onnx.load(str(colour_probe(tmp_path / "probe.onnx"))))
+    assert probe.nodes == {} and "excluding nothing" in probe.reason
+    conv_out = q.find_head(onnx.load(str(tiny_detector(tmp_path / "bare.onnx", with_decode=False))))
+    assert set(conv_out.nodes) == {"cls_flat"}  # only the reshape after the last conv
+    dfl = q.find_head(onnx.shape_inference.infer_shapes(onnx.load(str(dfl_detector(tmp_path / "dfl.onnx")))))
+    assert {"dfl_reshape", "dfl_transpose", "dfl_softmax", "dfl_conv", "dist", "scores", "output"} <= set(dfl.nodes)
+    assert not {"conv0", "conv1", "conv2", "box_conv", "cls_conv"} & set(dfl.nodes)
+    assert "candidate axis" in dfl.reason
+    bare = onnx.load(str(tiny_detector(tmp_path / "tiny.onnx")))
+    del bare.graph.value_info[:]
+    bare.graph.output[0].type.tensor_type.shape.dim[2].dim_param = "N"  # no shapes, symbolic N
+    assert DECODE_OPS <= set(q.find_head(bare).nodes.values())
+
+
+def test_chunks_divide_the_frame_count() -> None:
+    assert [q.chunk_size(n) for n in (200, 12, 13, 1, 500)] == [10, 12, 13, 1, 10]
+
+
+def test_cli_rejects_a_missing_or_corrupt_model(tmp_path: Path) -> None:
+    missing = run_cli("quantize", "--model", str(tmp_path / "nope.onnx"), "--out", str(tmp_path / "o.onnx"))
+    assert missing.returncode == EXIT_CONFIG and "does not exist" in missing.stderr
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"not a model")
+    bad = run_cli("quantize", "--model", str(corrupt), "--out", str(tmp_path / "o.onnx"))
+    assert bad.returncode == EXIT_CONFIG and "quantize failed" in bad.stderr
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_unloadable_result_fails_with_a_message(built: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(src: Path, dst: Path, frames: q.CalibrationFrames, **_: object) -> q.HeadSelection:
+        dst.write_bytes(b"truncated")
+        return q.HeadSelection({}, "test")
+
+    monkeypatch.setattr(q, "quantize", broken)
+    args = argparse.Namespace(model=built["fp32"], out=tmp_path / "x.onnx", calib_images=None, calib_scenes=2,
+                              seed=1, method="minmax", exclude_head=True, reduce_range=False, eval_scenes=0,
+                              eval_seed=0, latency_frames=0, report=None)
+    assert q.run_quantize(args) == EXIT_FAILURE
+    assert "quantised model" in capsys.readouterr().err
+
+
+def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:
+    out, report = tmp_path / "tiny.int8.onnx", tmp_path / "report.json"
+    result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(out), "--calib-scenes", "8",
+                     "--eval-scenes", "3", "--latency-frames", "5", "--report", str(report))
+    assert result.returncode == 0, result.stderr
+    assert "kept in float" in result.stdout and "softplus (Softplus)" in result.stdout
+    assert "mAP@0.5" in result.stdout and "ms per frame" in result.stdout
+    doc = json.loads(report.read_text())
+    assert doc["quantization"] == {"format": "QDQ", "weights": "int8 per-channel", "activations": "uint8",
+                                   "reduce_range": False, "calibration_method": "percentile",
+                                   "calibration_data": "scenes seed=1 n=8"}
+    assert DECODE_OPS <= set(doc["excluded_nodes"].values()) and doc["exclusion_reason"]
+    latency = doc["latency"]
+    assert latency["frames"] == 5 and latency["fp32_median_ms"] > 0 and latency["int8_median_ms"] > 0
+    assert latency["speedup"] == pytest.approx(latency["fp32_median_ms"] / latency["int8_median_ms"])
+    accuracy = doc["accuracy"]
+    assert accuracy["data"] == "scenes seed=0 n=3"
+    assert {"map50", "map50_95", "precision", "recall"} <= accuracy["fp32"].keys() & accuracy["int8"].keys()
+    assert accuracy["map50_delta_points"] == pytest.approx(
+        100 * (accuracy["int8"]["map50"] - accuracy["fp32"]["map50"]))
+    assert doc["model_sha256"] != doc["int8_sha256"] and "cpu" in doc["machine"]
+
+
+def test_unnamed_nodes_are_named_so_the_head_can_be_excluded(tmp_path: Path) -> None:
+    model = onnx.load(str(tiny_detector(tmp_path / "tiny.onnx")))
+    for node in model.graph.node[:-2]:
+        node.name = ""
+    model.graph.node[0].name = "Conv_2"  # what node 2 (a Conv) would be named: a clash to avoid
+    q.name_nodes(model)
+    names = [n.name for n in model.graph.node]
+    assert all(names) and len(set(names)) == len(names)
+    assert {"Sigmoid", "Concat"} <= set(q.find_head(model).nodes.values())
+
+
+def test_cli_refuses_to_overwrite_the_input_model(built: dict[str, Any]) -> None:
+    before = built["fp32"].read_bytes()
+    result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(built["fp32"]))
+    assert result.returncode == EXIT_CONFIG and "must not be the input model" in result.stderr
+    assert built["fp32"].read_bytes() == before
