@@ -19,9 +19,9 @@ from edged.contract import ContractError, frame_problem
 from edged.decode import Detections
 from edged.engine import InferenceError, ModelError
 from edged.keys import KeyFileError
-from edged.messages import Detection, DetectionsMessage, ModelInfo, StatusMessage, Timings
+from edged.messages import ModelInfo, StatusMessage
 from edged.model import LoadedModel, load_model
-from edged.pipeline import FramePipeline, StageTimes
+from edged.pipeline import FramePipeline, StageTimes, detections_message
 from edged.publish import Publisher, PublishError, detections_topic, status_topic
 from edged.service import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, Notifier, Signals, Watchdog, watchdog_interval_s
 from edged.sources import Frame, open_source
@@ -200,25 +200,10 @@ class Daemon:
     def _publish_detections(
         self, frame: Frame, plan: FramePipeline, detections: Detections, times: StageTimes, age_ms: float
     ) -> None:
-        m = plan.box_map
-        msg = DetectionsMessage(
-            camera_id=self.settings.source.camera_id,
-            seq=next(self._seq["detections"]),
-            frame_id=frame.frame_id,
-            capture_time_ns=frame.t_wall_ns,
-            frame_size=(m.frame_w, m.frame_h),
-            input_size=(m.input_w, m.input_h),
-            model=self.model_info,
-            detections=[
-                Detection(class_id=int(c), label=self.model.label(int(c)), score=round(float(s), 4),
-                          box=(round(float(b[0]), 1), round(float(b[1]), 1),
-                               round(float(b[2]), 1), round(float(b[3]), 1)))
-                for b, s, c in zip(detections.xyxy, detections.scores, detections.class_ids, strict=True)
-            ],
-            timings=Timings(preprocess_ms=round(times.preprocess_ms, 3),
-                            inference_ms=round(times.inference_ms, 3),
-                            decode_ms=round(times.decode_ms, 3), age_ms=round(age_ms, 3)),
-            thermal_state=self.report.state if self.report else "unknown",
+        msg = detections_message(
+            self.settings.source.camera_id, next(self._seq["detections"]), frame, plan.box_map,
+            self.model, self.model_info, detections, times, age_ms,
+            self.report.state if self.report else "unknown",
         )
         topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
         self.publisher.send(topic, msg.model_dump_json().encode())

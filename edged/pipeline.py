@@ -15,8 +15,10 @@ import numpy as np
 from edged.contract import ChannelOrder, FrameSpec
 from edged.decode import Detections
 from edged.geometry import BoxMap
+from edged.messages import Detection, DetectionsMessage, ModelInfo, Timings
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
+from edged.sources import Frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +52,27 @@ class FramePipeline:
         detections = self.decoder.decode(self.outputs[0], self.preprocess.box_map)
         t3 = time.perf_counter_ns()
         return detections, StageTimes((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6)
+
+
+def detections_message(
+    camera_id: str, seq: int, frame: Frame, box_map: BoxMap, model: LoadedModel, model_info: ModelInfo,
+    detections: Detections, times: StageTimes, age_ms: float, thermal_state: str,
+) -> DetectionsMessage:
+    """The wire message for one processed frame: the one small object a frame allocates."""
+    return DetectionsMessage(
+        camera_id=camera_id,
+        seq=seq,
+        frame_id=frame.frame_id,
+        capture_time_ns=frame.t_wall_ns,
+        frame_size=(box_map.frame_w, box_map.frame_h),
+        input_size=(box_map.input_w, box_map.input_h),
+        model=model_info,
+        detections=[
+            Detection(class_id=int(c), label=model.label(int(c)), score=round(float(s), 4),
+                      box=(round(float(b[0]), 1), round(float(b[1]), 1), round(float(b[2]), 1), round(float(b[3]), 1)))
+            for b, s, c in zip(detections.xyxy, detections.scores, detections.class_ids, strict=True)
+        ],
+        timings=Timings(preprocess_ms=round(times.preprocess_ms, 3), inference_ms=round(times.inference_ms, 3),
+                        decode_ms=round(times.decode_ms, 3), age_ms=round(age_ms, 3)),
+        thermal_state=thermal_state,
+    )

@@ -24,10 +24,10 @@ import numpy as np
 import zmq
 
 from edged.config import PublishConfig, Settings, SyntheticSource, ThermalConfig
-from edged.daemon import Daemon
+from edged.messages import ModelInfo
 from edged.model import LoadedModel
-from edged.pipeline import FramePipeline
-from edged.publish import Publisher
+from edged.pipeline import FramePipeline, detections_message
+from edged.publish import Publisher, detections_topic
 from edged.sources import Frame
 
 STAGES = ("preprocess", "inference", "decode", "publish")
@@ -62,21 +62,6 @@ class FloorPath:
         return Sample(_ms(t0, time.perf_counter_ns()))
 
 
-class _DaemonMessages(Daemon):
-    """A daemon with only what `Daemon._publish_detections` reads: no capture, loop or thermal.
-
-    Running the daemon's own method rather than a copy means the bench publishes byte for byte
-    what ``edged run`` publishes, and follows any change to it.
-    """
-
-    def __init__(self, settings: Settings, model: LoadedModel, publisher: Publisher) -> None:
-        self.settings = settings
-        self.publisher = publisher
-        self.report = None
-        self._seq = {"detections": itertools.count(), "status": itertools.count()}
-        self._use_model(model)
-
-
 class FullPath:
     """edged's per-frame path: process, then build, serialise and send the detections message.
 
@@ -96,7 +81,11 @@ class FullPath:
                             thermal=ThermalConfig(enabled=False))
         self._context = zmq.Context()
         self.publisher = Publisher(settings.publish, self._context)
-        self._messages = _DaemonMessages(settings, model, self.publisher)
+        self._model = model
+        identity = model.engine.identity
+        self._model_info = ModelInfo(name=identity.name, sha256=identity.sha256, provider=model.engine.provider)
+        self._camera_id = settings.source.camera_id
+        self._topic = detections_topic(settings.publish.topic_prefix, self._camera_id)
         self._sub = self._context.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -114,7 +103,9 @@ class FullPath:
         age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
         t1 = time.perf_counter_ns()
         if len(detections) or self._publish_empty:
-            self._messages._publish_detections(frame, self.pipeline, detections, times, age_ms)
+            msg = detections_message(self._camera_id, frame.frame_id, frame, self.pipeline.box_map,
+                                     self._model, self._model_info, detections, times, age_ms, "ok")
+            self.publisher.send(self._topic, msg.model_dump_json().encode())
         t2 = time.perf_counter_ns()
         stages = {"preprocess": times.preprocess_ms, "inference": times.inference_ms,
                   "decode": times.decode_ms, "publish": _ms(t1, t2)}
