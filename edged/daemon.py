@@ -309,16 +309,19 @@ class Daemon:
             self.notifier.ready(self.status_line())
             return
         if new.publish != self.settings.publish:
+            # The bound socket keeps its endpoints and options, so the settings must say so too
+            # (topics are built from them).
             log.warning("publish settings changed: restart edged to apply them")
+            new = new.model_copy(update={"publish": self.settings.publish})
         try:
             self.publisher.reload_client_keys()
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
-        if new.source != self.settings.source:
-            self.capture.stop()
-            self.settings = new
-            self.capture = self._start_capture()
+        source_changed = new.source != self.settings.source
         self.settings = new
+        if source_changed:
+            self.capture.stop()
+            self.capture = self._start_capture()
         self._use_model(model)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
         log.info("reloaded: model %s", model.engine.identity.short)
