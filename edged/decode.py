@@ -4,6 +4,7 @@ This stage owns everything between the ONNX output and the detections handed on:
 the head format from the model's output shape and ultralytics metadata, the score threshold,
 NMS (see `edged.nms`), mapping boxes back through the preprocess `BoxMap`, and dropping
 anything a broken or hostile model emits (non-finite values, empty boxes, unknown classes).
+It runs per frame, so it works in buffers allocated once per decoder and creates no arrays.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Literal, get_args
 import numpy as np
 
 from edged.geometry import BoxMap
-from edged.nms import batched_nms, nms
+from edged.nms import GreedyNms
 
 HeadFormat = Literal["yolov8", "yolov5", "end2end"]
 HEAD_FORMATS: tuple[HeadFormat, ...] = get_args(HeadFormat)
@@ -25,8 +26,11 @@ _LAYOUTS = "[1, 4+nc, N] (yolov8), [1, N, 5+nc] (yolov5) or [1, K, 6] (end2end)"
 _MAX_LITERAL_CHARS = 1_000_000
 
 Dim = int | str | None
-# (K, 4) float64 x1 y1 x2 y2 in input pixels, (K,) scores, (K,) integer class ids.
-_Candidates = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+_ZERO = np.array(0.0, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
+_HALF = np.array(0.5, dtype=np.float32)
+_NEG_INF = np.array(-np.inf, dtype=np.float32)
+_ONE = np.array(1, dtype=np.intp)
 
 
 class HeadError(ValueError):
@@ -39,7 +43,8 @@ class Detections:
 
     ``xyxy`` (N, 4) float32 x1 y1 x2 y2 in frame pixels, inside the frame with x2 > x1, y2 > y1;
     ``scores`` (N,) float32, descending; ``class_ids`` (N,) int32. Decode returns read-only
-    arrays so one result can be shared by every consumer without copies.
+    views of its own buffers so one result can be shared by every consumer without copies; they
+    hold until the decoder's next frame, so a consumer that keeps a result copies the arrays.
     """
 
     xyxy: np.ndarray
@@ -98,8 +103,11 @@ def detect_head(
 class Decoder:
     """Decodes one head format for one fixed output shape; reuse it for every frame.
 
-    Per-frame work over all N candidates writes into buffers preallocated here; only arrays
-    sized by the few candidates above the score threshold are allocated per frame.
+    Every buffer a frame needs is allocated here, sized for the worst case of every candidate
+    passing the threshold (about twice the output tensor for yolov8 and yolov5 heads);
+    `decode` only slices and fills them, so after the first frame decoding creates no numpy
+    arrays. The result is a set of read-only views of this decoder's buffers: it is valid until
+    the next `decode` call, and `Detections.copy` keeps one for longer.
     """
 
     def __init__(
@@ -122,19 +130,51 @@ class Decoder:
         self.head: HeadFormat = head
         self.num_classes = num_classes
         self.output_shape = _checked_shape(head, output_shape, num_classes)
-        self._conf = float(conf)
-        self._iou = float(iou)
-        self._max_det = max_det
-        self._agnostic = agnostic
-        selectors: dict[str, Callable[[np.ndarray], _Candidates]] = {
+        selectors: dict[str, Callable[[np.ndarray], int]] = {
             "yolov8": self._select_yolov8,
             "yolov5": self._select_yolov5,
             "end2end": self._select_end2end,
         }
         self._select = selectors[head]
-        n = self.output_shape[2] if head == "yolov8" else self.output_shape[1]
+        _, n, features = self.output_shape
+        if head == "yolov8":
+            n, features = features, n
+        class_scratch = 0 if head == "end2end" else n * num_classes
+        self._conf = np.array(conf, dtype=np.float32)
+        self._num_classes = np.array(num_classes, dtype=np.float32)
+        self._nms = GreedyNms(n, None if head == "end2end" else iou, max_det=max_det, agnostic=agnostic)
+        self._as_f32: np.ndarray | None = None  # a float32 copy of a float16/float64 output
+        # Over all N candidates: the threshold and the index of the ones that pass it.
+        self._best_scores = np.empty(n, dtype=np.float32)
+        self._passed = np.empty(n, dtype=np.bool_)
+        self._failed = np.empty(n, dtype=np.bool_)
+        self._passed_int = np.empty(n, dtype=np.intp)
+        self._slot = np.empty(n, dtype=np.intp)
+        self._arange = np.arange(n, dtype=np.intp)
+        self._index = np.empty(n + 1, dtype=np.intp)
+        # Over the k candidates that passed (flat, so that a [:k] slice reshapes contiguously).
+        self._gathered = np.empty(n * features, dtype=np.float32)
+        self._class_scores = np.empty(class_scratch, dtype=np.float32)
+        self._boxes = np.empty(4 * n, dtype=np.float32)
+        self._half = np.empty(2 * n, dtype=np.float32)
         self._scores = np.empty(n, dtype=np.float32)
-        self._mask = np.empty(n, dtype=np.bool_)
+        self._nms_scores = np.empty(n, dtype=np.float32)
+        self._class_ids = np.empty(n, dtype=np.intp)
+        self._valid = np.empty(n, dtype=np.bool_)
+        self._checks = np.empty((8, n), dtype=np.bool_)  # the tests of `_finish`, one row each
+        # Frame mapping of the last BoxMap seen, as (4, 1) columns for x1 y1 x2 y2.
+        self._mapped: BoxMap | None = None
+        self._pad = np.zeros((4, 1), dtype=np.float32)
+        self._scale = np.ones((4, 1), dtype=np.float32)
+        self._limit = np.zeros((4, 1), dtype=np.float32)
+        # The result: at most max_det rows.
+        most = min(max_det, n)
+        self._keep = np.empty(most, dtype=np.intp)
+        self._kept_columns = np.empty(4 * most, dtype=np.float32)
+        self._xyxy = np.empty((most, 4), dtype=np.float32)
+        self._kept_scores = np.empty(most, dtype=np.float32)
+        self._kept_ids = np.empty(most, dtype=np.intp)
+        self._kept_ids32 = np.empty(most, dtype=np.int32)
 
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Detections:
         """Threshold, NMS, keep ``max_det`` best, map to frame pixels and clip.
@@ -145,8 +185,8 @@ class Decoder:
         """
         self._check_output(output)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            xyxy, scores, class_ids = self._select(output[0])
-            return self._finish(xyxy, scores, class_ids, box_map)
+            k = self._select(self._float32(output)[0])
+            return self._finish(k, box_map)
 
     def _check_output(self, output: object) -> None:
         """Raise `HeadError` unless ``output`` is a float array of this decoder's shape."""
@@ -160,64 +200,139 @@ class Decoder:
             f"{self.head} decoder expects a float array {_fmt(self.output_shape)}, got {got}"
         )
 
-    def _select_yolov8(self, pred: np.ndarray) -> _Candidates:
-        """(4+nc, N) rows cx cy w h, class scores -> candidates scoring >= conf."""
-        class_scores = pred[4:]
-        np.max(class_scores, axis=0, out=self._scores)
-        np.greater_equal(self._scores, self._conf, out=self._mask)
-        idx = np.flatnonzero(self._mask)
-        class_ids = class_scores[:, idx].argmax(axis=0)
-        return _cxcywh_to_xyxy(pred[:4, idx].T), self._scores[idx], class_ids
+    def _float32(self, output: np.ndarray) -> np.ndarray:
+        """``output`` itself when float32, else converted into a buffer made on the first frame."""
+        if output.dtype == np.float32:
+            return output
+        if self._as_f32 is None:
+            self._as_f32 = np.empty(self.output_shape, dtype=np.float32)
+        np.copyto(self._as_f32, output)
+        return self._as_f32
 
-    def _select_yolov5(self, pred: np.ndarray) -> _Candidates:
-        """(N, 5+nc) columns cx cy w h obj, class probs -> candidates with obj * prob >= conf.
+    def _select_yolov8(self, pred: np.ndarray) -> int:
+        """(4+nc, N) rows cx cy w h, class scores -> k candidates whose best class scores >= conf."""
+        nc = self.num_classes
+        np.max(pred[4:], axis=0, out=self._best_scores)
+        np.greater_equal(self._best_scores, self._conf, out=self._passed)
+        index = self._passed_index()
+        k = index.shape[0]
+        boxes = _rows(self._boxes, 4, k)
+        np.take(pred[:4], index, axis=1, out=boxes, mode="clip")
+        _cxcywh_to_xyxy(boxes, _rows(self._half, 2, k))
+        np.take(self._best_scores, index, out=self._scores[:k], mode="clip")
+        by_class = _rows(self._gathered, nc, k)
+        np.take(pred[4:], index, axis=1, out=by_class, mode="clip")
+        by_candidate = _rows(self._class_scores, k, nc)
+        np.copyto(by_candidate, by_class.T)  # argmax along a contiguous axis allocates nothing
+        np.argmax(by_candidate, axis=1, out=self._class_ids[:k])
+        return k
 
-        Class probabilities are at most 1, so objectness >= conf is a cheap first filter.
+    def _select_yolov5(self, pred: np.ndarray) -> int:
+        """(N, 5+nc) columns cx cy w h obj, class probs -> k candidates with obj >= conf.
+
+        Class probabilities are at most 1, so objectness >= conf is a cheap first filter; the
+        score, objectness x best probability, is held to conf in `_finish`.
         """
-        np.greater_equal(pred[:, 4], self._conf, out=self._mask)
-        rows = pred[np.flatnonzero(self._mask)]
-        probs = rows[:, 5:]
-        scores = rows[:, 4] * probs.max(axis=1)
-        keep = scores >= self._conf
-        return _cxcywh_to_xyxy(rows[keep, :4]), scores[keep], probs[keep].argmax(axis=1)
+        np.greater_equal(pred[:, 4], self._conf, out=self._passed)
+        index = self._passed_index()
+        k = index.shape[0]
+        rows = _rows(self._gathered, k, pred.shape[1])
+        np.take(pred, index, axis=0, out=rows, mode="clip")
+        probs = _rows(self._class_scores, k, self.num_classes)
+        np.copyto(probs, rows[:, 5:])
+        scores = self._scores[:k]
+        np.max(probs, axis=1, out=scores)
+        np.multiply(scores, rows[:, 4], out=scores)
+        np.argmax(probs, axis=1, out=self._class_ids[:k])
+        boxes = _rows(self._boxes, 4, k)
+        np.copyto(boxes, rows[:, :4].T)
+        _cxcywh_to_xyxy(boxes, _rows(self._half, 2, k))
+        return k
 
-    def _select_end2end(self, pred: np.ndarray) -> _Candidates:
-        """(K, 6) columns x1 y1 x2 y2 score class -> candidates with a valid integral class."""
-        np.greater_equal(pred[:, 4], self._conf, out=self._mask)
-        rows = pred[np.flatnonzero(self._mask)]
-        cls = rows[:, 5]
-        rows = rows[(cls >= 0) & (cls < self.num_classes) & (cls == np.floor(cls))]
-        return rows[:, :4].astype(np.float64), rows[:, 4], rows[:, 5].astype(np.int64)
+    def _select_end2end(self, pred: np.ndarray) -> int:
+        """(K, 6) columns x1 y1 x2 y2 score class -> k candidates; a class that is not an
+        integer in [0, nc) gets score -inf, which `_finish` drops."""
+        np.greater_equal(pred[:, 4], self._conf, out=self._passed)
+        index = self._passed_index()
+        k = index.shape[0]
+        rows = _rows(self._gathered, k, 6)
+        np.take(pred, index, axis=0, out=rows, mode="clip")
+        np.copyto(_rows(self._boxes, 4, k), rows[:, :4].T)
+        scores, cls, whole = self._scores[:k], rows[:, 5], self._half[:k]
+        np.copyto(scores, rows[:, 4])
+        np.copyto(self._class_ids[:k], cls, casting="unsafe")  # garbage for a NaN class, dropped below
+        valid, check = self._valid[:k], self._failed[:k]
+        np.greater_equal(cls, _ZERO, out=valid)
+        np.less(cls, self._num_classes, out=check)
+        np.logical_and(valid, check, out=valid)
+        np.floor(cls, out=whole)
+        np.equal(whole, cls, out=check)
+        np.logical_and(valid, check, out=valid)
+        np.logical_not(valid, out=check)
+        np.copyto(scores, _NEG_INF, where=check)
+        return k
 
-    def _finish(
-        self, xyxy: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, box_map: BoxMap
-    ) -> Detections:
-        """Map (K, 4) input-pixel boxes to the frame, drop invalid ones, suppress, build result.
+    def _passed_index(self) -> np.ndarray:
+        """Ascending indices of the candidates marked in ``self._passed``, a view of ``self._index``.
 
-        Clipping before NMS keeps the class offset small and means boxes lying wholly in the
-        letterbox padding are dropped rather than taking a ``max_det`` slot. NMS judges the
-        float32 boxes that are returned, so no returned pair can overlap more than ``iou``.
+        A running count gives each passing candidate its slot; every failing one gets slot -1,
+        which ``mode="wrap"`` sends to the spare slot at the end. This is ``np.flatnonzero``
+        without allocating its result.
         """
-        pad = np.array([box_map.pad_x, box_map.pad_y] * 2, dtype=np.float64)
-        scale = np.array([box_map.scale_x, box_map.scale_y] * 2, dtype=np.float64)
-        limit = np.array([box_map.frame_w, box_map.frame_h] * 2, dtype=np.float64)
-        boxes = (xyxy - pad) / scale
-        ok = np.isfinite(boxes).all(axis=1) & np.isfinite(scores)
-        np.clip(boxes, 0.0, limit, out=boxes)
-        boxes32 = boxes.astype(np.float32)
-        ok &= (boxes32[:, 2] > boxes32[:, 0]) & (boxes32[:, 3] > boxes32[:, 1])
-        boxes32, scores, class_ids = boxes32[ok], scores[ok], class_ids[ok]
-        if self.head == "end2end":
-            keep = np.argsort(-scores, kind="stable")[: self._max_det]
-        elif self._agnostic:
-            keep = nms(boxes32, scores, self._iou, max_det=self._max_det)
-        else:
-            keep = batched_nms(boxes32, scores, class_ids, self._iou, max_det=self._max_det)
-        return Detections(
-            _read_only(boxes32[keep]),
-            _read_only(scores[keep].astype(np.float32)),
-            _read_only(class_ids[keep].astype(np.int32)),
-        )
+        slot, passed = self._slot, self._passed_int  # one dtype: mixing bool in would allocate
+        np.copyto(passed, self._passed)
+        np.add.accumulate(passed, out=slot)
+        k = int(slot[-1])
+        np.multiply(slot, passed, out=slot)
+        np.subtract(slot, _ONE, out=slot)
+        np.put(self._index, slot, self._arange, mode="wrap")
+        return self._index[:k]
+
+    def _finish(self, k: int, box_map: BoxMap) -> Detections:
+        """Map the k candidates' boxes to the frame, drop invalid ones, suppress, build result.
+
+        A candidate is dropped (its score set to -inf) when its box or score is not finite, its
+        score is below conf, or its box is empty after clipping to the frame. Clipping before
+        NMS means boxes lying wholly in the letterbox padding never take a ``max_det`` slot, and
+        NMS judges the float32 boxes that are returned, so no returned pair overlaps more than
+        ``iou``.
+        """
+        boxes, scores, valid = _rows(self._boxes, 4, k), self._scores[:k], self._valid[:k]
+        checks, invalid = self._checks[:, :k], self._failed[:k]
+        pad, scale, limit = self._frame_mapping(box_map)
+        np.subtract(boxes, pad, out=boxes)
+        np.divide(boxes, scale, out=boxes)
+        np.isfinite(boxes, out=checks[:4])
+        np.clip(boxes, _ZERO, limit, out=boxes)
+        np.greater(boxes[2:], boxes[:2], out=checks[4:6])
+        np.greater_equal(scores, self._conf, out=checks[6])  # also false for NaN
+        np.isfinite(scores, out=checks[7])
+        np.logical_and.reduce(checks, axis=0, out=valid)
+        np.logical_not(valid, out=invalid)
+        np.copyto(scores, _NEG_INF, where=invalid)
+        nms_scores = self._nms_scores[:k]
+        np.copyto(nms_scores, scores)
+        n = self._nms(boxes, nms_scores, self._class_ids[:k], self._keep)
+        return self._result(n, boxes, scores)
+
+    def _frame_mapping(self, box_map: BoxMap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(pad, scale, limit) columns for ``box_map``, refilled only when the map changes."""
+        if box_map is not self._mapped:
+            self._pad[:, 0] = (box_map.pad_x, box_map.pad_y) * 2
+            self._scale[:, 0] = (box_map.scale_x, box_map.scale_y) * 2
+            self._limit[:, 0] = (box_map.frame_w, box_map.frame_h) * 2
+            self._mapped = box_map
+        return self._pad, self._scale, self._limit
+
+    def _result(self, n: int, boxes: np.ndarray, scores: np.ndarray) -> Detections:
+        """The n kept candidates as read-only views of the result buffers."""
+        keep, columns, xyxy = self._keep[:n], _rows(self._kept_columns, 4, n), self._xyxy[:n]
+        np.take(boxes, keep, axis=1, out=columns, mode="clip")
+        np.copyto(xyxy, columns.T)
+        np.take(scores, keep, out=self._kept_scores[:n], mode="clip")
+        np.take(self._class_ids, keep, out=self._kept_ids[:n], mode="clip")  # into int32 it would allocate
+        np.copyto(self._kept_ids32[:n], self._kept_ids[:n])
+        return Detections(_read_only(xyxy), _read_only(self._kept_scores[:n]), _read_only(self._kept_ids32[:n]))
 
 
 def _checked_shape(head: str, output_shape: Sequence[int], num_classes: int) -> tuple[int, ...]:
@@ -337,11 +452,16 @@ def _literal(text: object) -> object:
         return None
 
 
-def _cxcywh_to_xyxy(cxcywh: np.ndarray) -> np.ndarray:
-    """(K, 4) cx cy w h -> (K, 4) float64 x1 y1 x2 y2."""
-    boxes = cxcywh.astype(np.float64)
-    half = boxes[:, 2:] / 2.0
-    return np.concatenate((boxes[:, :2] - half, boxes[:, :2] + half), axis=1)
+def _cxcywh_to_xyxy(boxes: np.ndarray, half: np.ndarray) -> None:
+    """(4, k) rows cx cy w h -> x1 y1 x2 y2 in place, as ultralytics computes them; ``half`` is (2, k) scratch."""
+    np.multiply(boxes[2:], _HALF, out=half)
+    np.add(boxes[:2], half, out=boxes[2:])
+    np.subtract(boxes[:2], half, out=boxes[:2])
+
+
+def _rows(flat: np.ndarray, rows: int, columns: int) -> np.ndarray:
+    """A contiguous (rows, columns) view of the start of a flat scratch buffer."""
+    return flat[: rows * columns].reshape(rows, columns)
 
 
 def _dim(d: Dim) -> int | None:

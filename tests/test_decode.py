@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from edged.bench.memory import NumpyAllocations
 from edged.decode import (
     Decoder,
     Detections,
@@ -231,6 +232,50 @@ def test_decode_leaves_output_untouched() -> None:
     before = out.copy()
     decode("yolov8", out)
     np.testing.assert_array_equal(out, before)
+
+
+def crowded(head: HeadFormat, n: int, seed: int) -> np.ndarray:
+    """An [1, ..] output of n candidates where more than half pass conf 0.25, many overlap,
+    some boxes stick out of the input and a few rows are NaN."""
+    rng = np.random.default_rng(seed)
+    centre = rng.uniform((-20, 120), (660, 520), (n, 2))  # around the letterbox content
+    size = rng.uniform(5, 120, (n, 2))
+    score = rng.uniform(0.1, 0.5, n)
+    cls = rng.integers(0, NC, n)
+    candidates = [(*(centre[i] - size[i] / 2), *(centre[i] + size[i] / 2), score[i], cls[i]) for i in range(n)]
+    out = ENCODERS[head](candidates, n=n)
+    out.reshape(-1)[rng.integers(0, out.size, n // 50)] = np.nan
+    return out
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
+@pytest.mark.parametrize("n", [8, 300, 8400])
+def test_steady_state_creates_no_arrays(head: HeadFormat, n: int) -> None:
+    # Counted through numpy's data allocator hook: every array that owns memory is one buffer,
+    # temporaries included. Several frames with different candidate counts, after the first.
+    counter = NumpyAllocations.get()
+    assert counter is not None, "numpy's allocator hook is unavailable"
+    frames = [crowded(head, n, seed) for seed in range(4)]
+    decoder = Decoder(head, frames[0].shape, NC, max_det=50)
+    kept = [len(decoder.decode(frame, LETTERBOX)) for frame in frames]
+    assert max(kept) > 1
+    with counter.counting():
+        before = counter.buffers
+        again = [len(decoder.decode(frame, LETTERBOX)) for frame in frames]
+        assert counter.buffers == before
+    assert again == kept
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
+def test_frames_do_not_leak_into_each_other(head: HeadFormat) -> None:
+    # Scratch reused across frames: a crowded frame in between leaves no trace in the next one.
+    decoder = Decoder(head, SHAPES[head], NC)
+    first = decoder.decode(ENCODERS[head](SCENE), LETTERBOX)
+    kept = (first.xyxy.copy(), first.scores.copy(), first.class_ids.copy())
+    assert len(decoder.decode(crowded(head, N, 0), LETTERBOX)) > 2
+    again = decoder.decode(ENCODERS[head](SCENE), LETTERBOX)
+    for before, after in zip(kept, (again.xyxy, again.scores, again.class_ids), strict=True):
+        np.testing.assert_array_equal(after, before)
 
 
 def test_all_candidates_above_threshold_is_bounded_by_max_det() -> None:

@@ -1,4 +1,4 @@
-"""Tests for edged.nms: greedy suppression rules, ordering, max_det, class-aware batching."""
+"""Tests for edged.nms: greedy suppression rules, ordering, max_det, class awareness, ranking."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edged.nms import batched_nms, nms
+from edged.nms import GreedyNms
 
 
 def _iou(a: list[float], b: list[float]) -> float:
@@ -29,6 +29,22 @@ def _reference_nms(boxes: list[list[float]], scores: list[float], iou: float) ->
         if all(_iou(boxes[i], boxes[k]) <= iou for k in keep):
             keep.append(i)
     return keep
+
+
+def run_nms(
+    boxes: Any, scores: Any, iou: float | None, *, class_ids: Any = None, max_det: int | None = None,
+    capacity: int = 64,
+) -> list[int]:
+    """Indices kept by a `GreedyNms` (agnostic unless ``class_ids`` is given) for these candidates."""
+    xyxy = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    k = len(xyxy)
+    limit = max_det or max(k, 1)
+    nms = GreedyNms(capacity, iou, max_det=limit, agnostic=class_ids is None)
+    ids = np.zeros(k, np.intp) if class_ids is None else np.asarray(class_ids, np.intp)
+    keep = np.full(limit, -1, dtype=np.intp)
+    n = nms(np.ascontiguousarray(xyxy.T), np.asarray(scores, np.float32).copy(), ids, keep)
+    assert (keep[n:] == -1).all()
+    return keep[:n].tolist()
 
 
 @pytest.mark.parametrize(
@@ -60,9 +76,7 @@ def _reference_nms(boxes: list[list[float]], scores: list[float], iou: float) ->
 def test_nms_table(
     boxes: Any, scores: list[float], iou: float, max_det: int | None, expected: list[int]
 ) -> None:
-    keep = nms(np.asarray(boxes, dtype=np.float64), np.asarray(scores), iou, max_det=max_det)
-    assert keep.dtype == np.intp
-    assert keep.tolist() == expected
+    assert run_nms(boxes, scores, iou, max_det=max_det) == expected
 
 
 @pytest.mark.parametrize(
@@ -72,23 +86,50 @@ def test_nms_table(
         ([[0, 0, 10, 10], [1, 1, 11, 11]], [0, 1], [0, 1]),
         # The same pair in one class: the lower score goes.
         ([[0, 0, 10, 10], [1, 1, 11, 11]], [3, 3], [0]),
-        # Negative coordinates still get disjoint per-class ranges.
+        # Negative coordinates: classes stay apart wherever the boxes lie.
         ([[-50, -50, -40, -40], [-49, -49, -39, -39]], [0, 1], [0, 1]),
         ([[-50, -50, -40, -40], [-49, -49, -39, -39]], [0, 0], [0]),
-        # A class-1 box must not land on a distant class-0 box after the shift.
+        # Only boxes of one class are compared: the class-1 pair is disjoint, the class-0 box alone.
         ([[100, 0, 110, 10], [0, 0, 10, 10], [0, 100, 10, 110]], [0, 1, 1], [0, 1, 2]),
     ],
 )
-def test_batched_nms_table(
+def test_class_aware_table(
     boxes: list[list[float]], class_ids: list[int], expected: list[int]
 ) -> None:
     scores = np.linspace(0.9, 0.5, len(boxes))
-    keep = batched_nms(np.asarray(boxes, dtype=np.float64), scores, np.asarray(class_ids), 0.45)
-    assert keep.tolist() == expected
+    assert run_nms(boxes, scores, 0.45, class_ids=class_ids) == expected
 
 
-def test_batched_nms_empty() -> None:
-    assert batched_nms(np.empty((0, 4)), np.empty(0), np.empty(0, np.int64), 0.45).size == 0
+def test_minus_infinity_scores_are_never_kept() -> None:
+    boxes = [[0, 0, 10, 10], [20, 20, 30, 30], [40, 40, 50, 50]]
+    assert run_nms(boxes, [0.5, -np.inf, 0.7], 0.45) == [2, 0]
+    assert run_nms(boxes, [-np.inf] * 3, 0.45) == []
+
+
+def test_rank_only_keeps_overlaps_in_score_order() -> None:
+    # iou=None: NMS already ran inside the model; only the max_det best remain, best first.
+    boxes = [[0, 0, 10, 10]] * 4
+    assert run_nms(boxes, [0.2, 0.9, 0.5, 0.9], None, max_det=3) == [1, 3, 2]
+
+
+def test_scores_are_consumed_and_kept_order_is_written() -> None:
+    nms = GreedyNms(4, 0.45, max_det=4)
+    xyxy = np.ascontiguousarray(np.array([[0, 0, 10, 10], [1, 1, 11, 11]], np.float32).T)
+    scores = np.array([0.8, 0.9], np.float32)
+    keep = np.empty(4, np.intp)
+    assert nms(xyxy, scores, np.zeros(2, np.intp), keep) == 1
+    assert keep[0] == 1 and (scores == -np.inf).all()
+
+
+def test_more_candidates_than_capacity_is_refused() -> None:
+    with pytest.raises(ValueError, match="capacity of 2"):
+        run_nms([[0, 0, 1, 1]] * 3, [0.5] * 3, 0.45, capacity=2)
+
+
+@pytest.mark.parametrize(("iou", "max_det"), [(0.0, 1), (1.5, 1), (0.5, 0)])
+def test_bad_settings_are_refused(iou: float, max_det: int) -> None:
+    with pytest.raises(ValueError):
+        GreedyNms(4, iou, max_det=max_det)
 
 
 _box = st.tuples(
@@ -110,8 +151,7 @@ def test_nms_matches_reference(
 ) -> None:
     boxes = [c[0] for c in candidates]
     scores = [c[1] for c in candidates]
-    xyxy = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-    assert nms(xyxy, np.asarray(scores), iou).tolist() == _reference_nms(boxes, scores, iou)
+    assert run_nms(boxes, scores, iou) == _reference_nms(boxes, scores, iou)
 
 
 @settings(max_examples=50, deadline=None)
@@ -120,7 +160,7 @@ def test_nms_matches_reference(
     iou=_iou_threshold,
     max_det=st.integers(1, 5),
 )
-def test_batched_nms_matches_per_class_reference(
+def test_class_aware_nms_matches_per_class_reference(
     candidates: list[tuple[list[float], float, int]], iou: float, max_det: int
 ) -> None:
     boxes = [c[0] for c in candidates]
@@ -132,6 +172,4 @@ def test_batched_nms_matches_per_class_reference(
         kept = _reference_nms([boxes[i] for i in members], [scores[i] for i in members], iou)
         per_class += [members[k] for k in kept]
     expected = sorted(per_class, key=lambda i: (-scores[i], i))[:max_det]
-    xyxy = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-    keep = batched_nms(xyxy, np.asarray(scores), np.asarray(classes), iou, max_det=max_det)
-    assert keep.tolist() == expected
+    assert run_nms(boxes, scores, iou, class_ids=classes, max_det=max_det) == expected
