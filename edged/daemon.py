@@ -54,9 +54,15 @@ class Daemon:
         self.signals = signals
         self.stats = RunStats()
         self.progress = Progress()
-        self._use_model(load_model(settings.model, settings.runtime))
-        self.publisher = Publisher(settings.publish)
+        # The camera opens (or the scene pool is drawn) while the model loads: cold start pays
+        # for the slower of the two, not their sum.
         self.capture = self._start_capture()
+        try:
+            self._use_model(load_model(settings.model, settings.runtime))
+            self.publisher = Publisher(settings.publish)
+        except BaseException:
+            self.capture.stop(timeout_s=1.5)
+            raise
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
         self._seq = {"detections": itertools.count(), "status": itertools.count()}
