@@ -276,8 +276,7 @@ class Decoder:
         """Ascending indices of the candidates marked in ``self._passed``, a view of ``self._index``.
 
         A running count gives each passing candidate its slot; every failing one gets slot -1,
-        which ``mode="wrap"`` sends to the spare slot at the end. This is ``np.flatnonzero``
-        without allocating its result.
+        the spare slot at the end. This is ``np.flatnonzero`` without allocating its result.
         """
         slot, passed = self._slot, self._passed_int  # one dtype: mixing bool in would allocate
         np.copyto(passed, self._passed)
@@ -285,7 +284,7 @@ class Decoder:
         k = int(slot[-1])
         np.multiply(slot, passed, out=slot)
         np.subtract(slot, _ONE, out=slot)
-        np.put(self._index, slot, self._arange, mode="wrap")
+        self._index[slot] = self._arange
         return self._index[:k]
 
     def _finish(self, k: int, box_map: BoxMap) -> Detections:

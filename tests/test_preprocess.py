@@ -8,6 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
+from edged.bench.memory import NumpyAllocations
 from edged.contract import InputContract
 from edged.geometry import BoxMap
 from edged.preprocess import Preprocessor
@@ -110,6 +111,42 @@ def test_the_tensor_is_filled_in_place_and_allocates_nothing_per_frame(frame: np
     assert out is tensor
     # A 640x640 float32 tensor is 4.9 MB; per-frame arrays would show up here as megabytes.
     assert peak < 64 * 1024, f"preprocess allocated {peak} bytes in steady state"
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        contract(320, 320),
+        contract(320, 320, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+        contract(320, 320, order="bgr"),
+        contract(320, 320, dtype=np.float16),
+        contract(320, 320, dtype=np.uint8),
+        contract(320, 320, layout="nhwc"),
+        contract(320, 320, resize="stretch"),
+    ],
+)
+def test_no_layout_creates_arrays_per_frame(plan: InputContract, frame: np.ndarray) -> None:
+    # Every numpy buffer counted, OpenCV's outputs included: a dst= that OpenCV could not use
+    # would show up as a new array.
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    pre = Preprocessor(plan, 1280, 720)
+    first = pre(frame).copy()
+    with counter.counting():
+        before = counter.buffers
+        out = pre(frame)
+        assert counter.buffers == before
+    assert out is pre.tensor
+    np.testing.assert_array_equal(out, first)
+
+
+def test_float32_normalisation_equals_numpy_bit_for_bit(frame: np.ndarray) -> None:
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    out = Preprocessor(contract(320, 320, mean=mean, std=std), 1280, 720)(frame)
+    rgb = ultralytics_letterbox(frame, 320, 320)[..., ::-1].transpose(2, 0, 1)
+    gain = (np.float64(1 / 255) / np.asarray(std)).reshape(3, 1, 1).astype(np.float32)
+    bias = (np.asarray(mean) / np.asarray(std)).reshape(3, 1, 1).astype(np.float32)
+    np.testing.assert_array_equal(out[0], rgb * gain - bias)
 
 
 @pytest.mark.parametrize(
