@@ -9,7 +9,9 @@ exponential backoff while the rest of the daemon keeps running and reporting.
 from __future__ import annotations
 
 import logging
+import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -69,12 +71,13 @@ class Capture:
     stopped; frame ids continue across reconnects. One consumer thread calls ``take``.
     """
 
-    def __init__(self, source_factory: Callable[[], Source], camera_id: str, *,
+    def __init__(self, source_factory: Callable[[], Source], camera_id: str, *, niceness: int = 0,
                  backoff_initial_s: float = 0.5, backoff_max_s: float = 10.0) -> None:
         if not 0 < backoff_initial_s <= backoff_max_s:
             raise ValueError(f"need 0 < backoff_initial_s <= backoff_max_s, "
                              f"got {backoff_initial_s} and {backoff_max_s}")
         self._factory = source_factory
+        self._niceness = niceness
         self._camera_id = camera_id
         self._extra = {"CAMERA": camera_id}
         self._backoff_initial_s = backoff_initial_s
@@ -159,6 +162,7 @@ class Capture:
     # ---- capture thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._yield_to_inference()
         try:
             self._connect_loop()
         except Exception as e:
@@ -170,6 +174,23 @@ class Capture:
         finally:
             with self._cond:
                 self._cond.notify_all()
+
+    def _yield_to_inference(self) -> None:
+        """Raise this thread's nice value so that, when cores are short, inference gets them first.
+
+        On Linux a nice value belongs to one thread and the threads it starts inherit it (a
+        decoder's worker threads), so the capture side yields while the loop and ONNX Runtime's
+        pool, started by the main thread, keep their priority. Raising it needs no privilege.
+        A late frame is only a stale one, which latest-frame capture drops anyway.
+        """
+        if self._niceness == 0 or sys.platform != "linux":
+            return
+        tid = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + self._niceness))
+        except OSError as e:
+            log.warning("camera %s: cannot lower the capture thread's priority (%s); it competes with inference "
+                        "for cores", self._camera_id, e, extra=self._extra)
 
     def _connect_loop(self) -> None:
         while not self._stop.is_set():

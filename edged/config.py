@@ -123,6 +123,8 @@ class RuntimeConfig(Section):
     optimized_model_path: Path | None = Field(
         None, description="Cache of the optimised graph: written on first start, loaded after.")
     spinning: bool = Field(False, description="Let idle ORT threads spin: lower latency, more heat.")
+    capture_niceness: int = Field(
+        10, ge=0, le=19, description="Added to the capture thread's nice value: it yields cores to inference.")
 
 
 # ---- publish ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import cv2
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -181,3 +182,21 @@ def test_cold_start_times_the_real_daemon_with_and_without_its_cache(probe: Path
     assert result.source == "images"
     assert len(result.without_cache_s) == len(result.with_cache_s) == 1
     assert 0 < result.with_cache_median_s < 60 and 0 < result.without_cache_median_s < 60
+
+
+def test_capture_load_times_both_rows_beside_a_real_capture_thread(
+    probe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_bench(_args("--model", str(probe), "--capture-load", "--frames", "6", "--warmup", "1",
+                           "--capture-niceness", "5", "--cache-dir", str(tmp_path), "--json"))
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)["capture_load"]
+    assert [r["capture"] for r in rows] == ["none", "niceness 0", "niceness 5"]
+    assert all(r["floor"]["median_ms"] > 0 and r["full"]["median_ms"] > 0 for r in rows)
+    assert rows[0]["captured_fps"] == 0 and all(r["captured_fps"] >= 0 for r in rows[1:])
+    video = cv2.VideoCapture(str(tmp_path / "capture-1280x720-mjpg-30fps-v1.avi"), cv2.CAP_FFMPEG)
+    try:
+        assert (video.get(cv2.CAP_PROP_FRAME_WIDTH), video.get(cv2.CAP_PROP_FRAME_HEIGHT)) == (1280, 720)
+        assert video.get(cv2.CAP_PROP_FRAME_COUNT) == 60 and video.get(cv2.CAP_PROP_FPS) == 30
+    finally:
+        video.release()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -170,6 +172,19 @@ def test_take_times_out_when_no_frame_arrives(started: Starter) -> None:
     start = time.monotonic()
     assert capture.take(timeout_s=0.1) is None
     assert 0.09 <= time.monotonic() - start < 0.4
+
+
+@pytest.mark.parametrize("niceness", [0, 7])
+def test_capture_thread_alone_yields_by_its_niceness(started: Starter, niceness: int) -> None:
+    # Read back from the kernel: the capture thread's nice value rises, the caller's does not.
+    me = threading.get_native_id()
+    base = os.getpriority(os.PRIO_PROCESS, me)
+    capture = started(Capture(FakeCamera(fps=50.0).source, "nice-cam", niceness=niceness))
+    assert capture.take(timeout_s=2.0) is not None
+    (thread,) = [t for t in threading.enumerate() if t.name == "capture-nice-cam"]
+    assert thread.native_id is not None
+    assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, base + niceness)
+    assert os.getpriority(os.PRIO_PROCESS, me) == base
 
 
 # ---- lost cameras ----------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -85,6 +87,25 @@ def test_sigterm_stops_cleanly_within_two_seconds(daemon: RunningDaemon) -> None
     code = daemon.stop(timeout=5)
     assert code == 0
     assert time.monotonic() - started < 2.0
+
+
+def test_the_capture_side_runs_at_the_configured_niceness_and_inference_does_not(workdir: Path) -> None:
+    path, endpoint = config(workdir, runtime={"capture_niceness": 6, "intra_op_threads": 2})
+    d = RunningDaemon(path, endpoint)
+    try:
+        d.collect("detections", 3)
+        base = os.getpriority(os.PRIO_PROCESS, d.proc.pid)  # the main thread: the loop
+        nice = {}
+        for tid in os.listdir(f"/proc/{d.proc.pid}/task"):
+            with contextlib.suppress(ProcessLookupError):
+                nice[int(tid)] = os.getpriority(os.PRIO_PROCESS, int(tid))
+        # The capture thread and the decoder threads it started yield; the loop and ONNX
+        # Runtime's pool (started by the main thread) keep their priority.
+        assert base == os.getpriority(os.PRIO_PROCESS, os.getpid())
+        assert 1 <= sum(v == min(19, base + 6) for v in nice.values()) < len(nice) - 1
+        assert set(nice.values()) == {base, min(19, base + 6)}
+    finally:
+        d.close()
 
 
 def test_a_file_that_ends_without_loop_stops_the_daemon_with_success(workdir: Path) -> None:

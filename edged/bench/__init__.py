@@ -3,7 +3,8 @@
 This module owns the command: its arguments, which measurements a run makes, and the report
 (a readable table, or one JSON object with ``--json``). The measurements live in
 `edged.bench.run` (per-frame rows), `edged.bench.memory` (allocations, soak), `edged.bench.cold`
-(cold start) and `edged.bench.timing_model` (the YOLOv8n-sized timing model).
+(cold start), `edged.bench.contention` (capture beside inference) and `edged.bench.timing_model`
+(the YOLOv8n-sized timing model).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from edged.config import RuntimeConfig
 from edged.service import EXIT_CONFIG, EXIT_FAILURE
 
 DEMO_MODEL = Path("models") / "demo.onnx"
 ROW_TITLES = {"floor": "1 floor: session.run", "full": "2 edged full path", "naive": "3 naive reference"}
 SOAK_IMAGES = 8  # the soak cycles through this many scenes, so detection counts vary
 YOLOV8N_CANDIDATES = 64
+CAPTURE_NICENESS: int = RuntimeConfig.model_fields["capture_niceness"].default
 
 
 class UsageError(Exception):
@@ -60,6 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of the per-frame rows: time `edged run` from process start to the "
                         "first detections message, without and with the optimised-model cache")
     parser.add_argument("--cold-runs", type=_positive, default=3, help="cold-start trials (default 3)")
+    parser.add_argument("--capture-load", action="store_true",
+                        help="instead of the per-frame rows: time the floor and the full path with no capture "
+                        "thread, then beside a real capture thread decoding 1280x720 MJPEG at 30 fps, at "
+                        "niceness 0 and at --capture-niceness")
+    parser.add_argument("--capture-niceness", type=int, choices=range(20), default=CAPTURE_NICENESS,
+                        metavar="N", help=f"the capture thread's niceness to compare with 0 (default "
+                        f"{CAPTURE_NICENESS}, runtime.capture_niceness)")
     parser.add_argument("--soak", type=_positive, default=None, metavar="N",
                         help="instead of the per-frame rows: run the full path N frames and report RSS "
                         "and traced memory every N/10 frames")
@@ -98,7 +108,9 @@ def run_bench(args: argparse.Namespace) -> int:
             report["cold_start"] = _cold_start(path, args)
         if args.soak:
             report["soak"] = _soak(path, args)
-        if not (args.cold_start or args.soak):
+        if args.capture_load:
+            report["capture_load"] = _capture_load(path, args)
+        if not (args.cold_start or args.soak or args.capture_load):
             report = _per_frame(path, origin, args)
     except (UsageError, ModelError, ContractError, MissingOnnx) as e:
         print(f"edged bench: {e}", file=sys.stderr)
@@ -144,6 +156,22 @@ def _cold_start(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
             print(f"  {r.source:<9} source, seq of each first message received: {r.first_seq}")
     return [{**asdict(r), "without_cache_median_s": r.without_cache_median_s,
              "with_cache_median_s": r.with_cache_median_s} for r in results]
+
+
+def _capture_load(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from edged.bench.contention import capture_contention
+
+    rows = capture_contention(path, frames=args.frames, warmup=args.warmup, spinning=args.spinning == "on",
+                              threads=args.threads, conf=args.conf, niceness=args.capture_niceness,
+                              cache_dir=args.cache_dir)
+    if not args.json:
+        print(f"capture beside inference on {path.name}: {args.frames} frames per row and condition, "
+              "capture decoding 1280x720 MJPEG at 30 fps\n"
+              "capture            floor median    p99 ms   full median    p99 ms  captured fps")
+        for r in rows:
+            print(f"{r.capture:<18}{r.floor.median_ms:12.3f}{r.floor.p99_ms:10.3f}{r.full.median_ms:13.3f}"
+                  f"{r.full.p99_ms:10.3f}{r.captured_fps:14.1f}")
+    return [asdict(r) for r in rows]
 
 
 def _soak(path: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -199,7 +199,7 @@ def detections_match(model: LoadedModel, full: FullPath) -> bool:
 
 
 @contextmanager
-def _planned(path: Path, spinning: bool, threads: int, conf: float,
+def full_path_for(path: Path, spinning: bool, threads: int, conf: float,
              image: np.ndarray) -> Iterator[tuple[LoadedModel, FullPath]]:
     """A freshly loaded model and its full path, sockets closed on the way out."""
     model = load(path, spinning=spinning, threads=threads, conf=conf)
@@ -244,12 +244,12 @@ def bench(path: Path, *, frames: int = 300, warmup: int = 20, cpu_frames: int = 
         raise ValueError("spinning needs at least one setting")
     machine = machine_info()
     image = bench_frame()
-    with _planned(path, spinning[0], threads, conf, image) as planned:
+    with full_path_for(path, spinning[0], threads, conf, image) as planned:
         runs = [_spin_run(*planned, image, frames, warmup, cpu_frames)]
         extras = _extras(*planned, path, frames, warmup, alloc_frames, model_info)
     del planned  # the session goes before the next one loads
     for spin in spinning[1:]:
-        with _planned(path, spin, threads, conf, image) as planned:
+        with full_path_for(path, spin, threads, conf, image) as planned:
             runs.append(_spin_run(*planned, image, frames, warmup, cpu_frames))
         del planned
     machine["loadavg_end"] = round(os.getloadavg()[0], 2)

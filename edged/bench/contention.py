@@ -1,0 +1,97 @@
+"""Whether capture steals cores from inference, measured rather than assumed.
+
+The floor and the full path are timed three ways: with no capture thread, then with edged's own
+`Capture` decoding a camera-sized video in the background at niceness 0, then at the niceness
+the daemon uses (``runtime.capture_niceness``). The video is 1280x720 MJPEG at 30 fps, what a USB
+camera delivers, written once from the bench scenes and read through the `file` source looping
+in real time, so the decoding, colour conversion and slot copies are the daemon's own. Nobody
+takes the frames: the thread keeps decoding every one, as it does under a slow model. The
+conditions take turns in several rounds, so that drift on a shared machine hits each alike.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+
+from edged.bench.rows import FloorPath, Row, Sample, interleave
+from edged.bench.run import Timing, bench_frame, full_path_for
+from edged.capture import Capture
+from edged.config import FileSource
+from edged.scenes import SceneGenerator
+from edged.sources import open_source
+
+VIDEO_FPS = 30
+VIDEO_FRAMES = 60
+FIRST_FRAME_TIMEOUT_S = 10.0
+ROUNDS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ContentionRow:
+    """The two rows' latency under one capture condition ("none" or "niceness N")."""
+
+    capture: str
+    floor: Timing
+    full: Timing
+    captured_fps: float  # frames the capture thread decoded per second meanwhile
+
+
+def capture_contention(path: Path, *, frames: int, warmup: int, spinning: bool, threads: int, conf: float,
+                       niceness: int, cache_dir: Path | None = None) -> list[ContentionRow]:
+    video = bench_video(cache_dir or Path(tempfile.gettempdir()) / "edged-bench")
+    conditions: dict[str, int | None] = {"none": None, **{f"niceness {n}": n for n in sorted({0, niceness})}}
+    samples: dict[str, dict[str, list[Sample]]] = {c: {"floor": [], "full": []} for c in conditions}
+    rates: dict[str, list[float]] = {c: [] for c in conditions}
+    image = bench_frame()
+    with full_path_for(path, spinning, threads, conf, image) as (model, full):
+        full()  # fills the input tensor the floor row is fed a copy of
+        rows: dict[str, Row] = {"floor": FloorPath(model, full.pipeline.preprocess.tensor), "full": full}
+        for _ in range(ROUNDS):
+            for name, nice in conditions.items():
+                capture = None if nice is None else Capture(
+                    lambda: open_source(FileSource(path=video)), "bench", niceness=nice)
+                got, rate = _block(rows, capture, max(1, frames // ROUNDS), warmup)
+                for row, values in got.items():
+                    samples[name][row] += values
+                rates[name].append(rate)
+    return [ContentionRow(name, Timing.of([s.total_ms for s in samples[name]["floor"]]),
+                          Timing.of([s.total_ms for s in samples[name]["full"]]), sum(rates[name]) / ROUNDS)
+            for name in conditions]
+
+
+def bench_video(folder: Path) -> Path:
+    """The 1280x720 MJPEG clip, written on first use."""
+    path = folder / f"capture-1280x720-mjpg-{VIDEO_FPS}fps-v1.avi"
+    if path.is_file():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial.avi")
+    writer = cv2.VideoWriter(str(partial), cv2.VideoWriter.fourcc(*"MJPG"), VIDEO_FPS, (1280, 720))
+    scenes = SceneGenerator(1280, 720, seed=0)
+    for i in range(VIDEO_FRAMES):
+        writer.write(scenes.render(i).image)
+    writer.release()
+    partial.replace(path)
+    return path
+
+
+def _block(rows: dict[str, Row], capture: Capture | None, frames: int,
+           warmup: int) -> tuple[dict[str, list[Sample]], float]:
+    """The rows interleaved for ``frames`` frames, beside ``capture`` when given; and its frame rate."""
+    if capture is None:
+        return interleave(rows, frames, warmup), 0.0
+    capture.start()
+    try:
+        if capture.take(FIRST_FRAME_TIMEOUT_S) is None:
+            raise RuntimeError(f"the capture thread delivered no frame in {FIRST_FRAME_TIMEOUT_S:g} s: "
+                               f"{capture.stats().last_error}")
+        start, captured = time.monotonic(), capture.stats().frames_captured
+        samples = interleave(rows, frames, warmup)
+        return samples, (capture.stats().frames_captured - captured) / (time.monotonic() - start)
+    finally:
+        capture.stop()
