@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edged.bench.memory import NumpyAllocations
 from edged.nms import GreedyNms
 
 
@@ -173,3 +174,23 @@ def test_class_aware_nms_matches_per_class_reference(
         per_class += [members[k] for k in kept]
     expected = sorted(per_class, key=lambda i: (-scores[i], i))[:max_det]
     assert run_nms(boxes, scores, iou, class_ids=classes, max_det=max_det) == expected
+
+
+@pytest.mark.parametrize("agnostic", [False, True])
+def test_a_call_creates_no_arrays(agnostic: bool) -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    rng = np.random.default_rng(0)
+    corner = rng.uniform(0, 600, (2, 100)).astype(np.float32)
+    xyxy = np.concatenate([corner, corner + rng.uniform(5, 80, (2, 100)).astype(np.float32)])
+    classes = rng.integers(0, 3, 100).astype(np.intp)
+    nms = GreedyNms(100, 0.45, max_det=50, agnostic=agnostic)
+    keep = np.empty(50, np.intp)
+    scores = rng.uniform(0.3, 1, 100).astype(np.float32)
+    work = scores.copy()
+    kept = nms(xyxy, work, classes, keep)
+    with counter.counting():
+        before = counter.buffers
+        np.copyto(work, scores)
+        assert nms(xyxy, work, classes, keep) == kept > 1
+        assert counter.buffers == before
