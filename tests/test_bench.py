@@ -69,6 +69,7 @@ def test_ratios_and_overhead_come_from_the_medians(result: BenchResult) -> None:
 def test_result_reports_machine_model_stages_and_memory(result: BenchResult) -> None:
     assert result.machine["onnxruntime"] == ort.__version__
     assert result.machine["logical_cores"] >= 1
+    assert result.machine["steal_cores"] >= 0 and result.machine["other_cores"] >= 0
     assert result.model["provider"] == "CPUExecutionProvider"
     assert result.model["input"] == [1, 3, 64, 64] and result.model["output"] == [1, 6, 8]
     assert result.model["params"] > 0

@@ -214,7 +214,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"  input {model['input']} output {model['output']}{flops}; provider {model['provider']}",
         f"  {m['cpu']}, {m['logical_cores']} cores ({m['physical_cores']} physical); onnxruntime "
         f"{m['onnxruntime']}, numpy {m['numpy']}, opencv {m['opencv']}; load {m['loadavg_start']} -> "
-        f"{m['loadavg_end']}",
+        f"{m['loadavg_end']}{_others(m)}",
         f"  {r['settings']['frames']} frames per row, interleaved, after {r['settings']['warmup']} "
         f"warm-up; frame {r['settings']['frame']}; conf {r['settings']['conf']}",
     ]
@@ -223,6 +223,13 @@ def format_report(r: dict[str, Any]) -> str:
     lines += ["", _alone_line(alone), _alloc_line(r["allocations"]), _match_line(r),
               f"peak RSS {r['peak_rss_kb'] / 1024:.0f} MB"]
     return "\n".join(lines)
+
+
+def _others(m: dict[str, Any]) -> str:
+    if "steal_cores" not in m:
+        return ""
+    return (f"; meanwhile other guests took {m['steal_cores']:.2f} and other processes "
+            f"{m['other_cores']:.2f} cores")
 
 
 def _run_table(run: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -130,6 +131,36 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """CPU accounting at one moment, to tell how much of the machine others took during a run.
+
+    ``steal`` is time the hypervisor gave this VM's CPUs to other guests; ``busy`` is every
+    non-idle tick of this machine, ours included (/proc/stat, in clock ticks).
+    """
+
+    wall_s: float
+    steal: int
+    busy: int
+    own_s: float
+
+    @classmethod
+    def now(cls) -> LoadSnapshot | None:
+        try:
+            values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (values + [0] * 8)[:8]
+        own = os.times()
+        return cls(time.monotonic(), steal, user + nice + system + irq + softirq, own.user + own.system)
+
+    def since(self, start: LoadSnapshot) -> dict[str, float]:
+        """Cores' worth taken by other guests (steal) and by other processes, averaged over the run."""
+        ticks = os.sysconf("SC_CLK_TCK") * (self.wall_s - start.wall_s)
+        others = (self.busy - start.busy) / ticks - (self.own_s - start.own_s) / (self.wall_s - start.wall_s)
+        return {"steal_cores": round((self.steal - start.steal) / ticks, 3), "other_cores": round(max(0.0, others), 3)}
+
+
 def bench_frame() -> np.ndarray:
     """The frame every row sees: a 1280x720 BGR scene (texture and defects, not zeros)."""
     return SceneGenerator(1280, 720, seed=0).render(0).image
@@ -243,6 +274,7 @@ def bench(path: Path, *, frames: int = 300, warmup: int = 20, cpu_frames: int = 
     if not spinning:
         raise ValueError("spinning needs at least one setting")
     machine = machine_info()
+    load_start = LoadSnapshot.now()
     image = bench_frame()
     with full_path_for(path, spinning[0], threads, conf, image) as planned:
         runs = [_spin_run(*planned, image, frames, warmup, cpu_frames)]
@@ -253,6 +285,9 @@ def bench(path: Path, *, frames: int = 300, warmup: int = 20, cpu_frames: int = 
             runs.append(_spin_run(*planned, image, frames, warmup, cpu_frames))
         del planned
     machine["loadavg_end"] = round(os.getloadavg()[0], 2)
+    load_end = LoadSnapshot.now()
+    if load_start and load_end:
+        machine.update(load_end.since(load_start))
     settings = {"frames": frames, "warmup": warmup, "cpu_frames": cpu_frames, "threads": threads,
                 "conf": conf, "alloc_frames": alloc_frames, "frame": "1280x720 BGR scene 0, seed 0"}
     return BenchResult(machine, extras.model, settings, runs, extras.alone, extras.allocations,
