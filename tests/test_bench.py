@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 
 import cv2
@@ -201,3 +202,20 @@ def test_capture_load_times_both_rows_beside_a_real_capture_thread(
         assert video.get(cv2.CAP_PROP_FRAME_COUNT) == 60 and video.get(cv2.CAP_PROP_FPS) == 30
     finally:
         video.release()
+
+
+def test_paced_reports_each_spinning_setting(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_bench(_args("--model", str(probe), "--pace", "200", "--frames", "10", "--warmup", "1",
+                           "--spinning", "both", "--json"))
+    assert code == 0
+    runs = json.loads(capsys.readouterr().out)["paced"]
+    assert [r["spinning"] for r in runs] == [False, True]
+    for r in runs:
+        assert r["fps"] == 200 and r["latency"]["median_ms"] > 0 and r["cpu_ms_per_frame"] > 0
+        # Ten frames 5 ms apart take at least 45 ms, so the share is CPU over real elapsed time.
+        assert 0 < r["core_share"] <= (os.cpu_count() or 1)
+
+
+def test_pace_out_of_range_is_a_usage_error(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench(_args("--model", str(probe), "--pace", "0")) == EXIT_CONFIG
+    assert "--pace" in capsys.readouterr().err

@@ -3,8 +3,8 @@
 This module owns the command: its arguments, which measurements a run makes, and the report
 (a readable table, or one JSON object with ``--json``). The measurements live in
 `edged.bench.run` (per-frame rows), `edged.bench.memory` (allocations, soak), `edged.bench.cold`
-(cold start), `edged.bench.contention` (capture beside inference) and `edged.bench.timing_model`
-(the YOLOv8n-sized timing model).
+(cold start), `edged.bench.contention` (capture beside inference), `edged.bench.paced` (a
+camera's pace) and `edged.bench.timing_model` (the YOLOv8n-sized timing model).
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capture-niceness", type=int, choices=range(20), default=CAPTURE_NICENESS,
                         metavar="N", help=f"the capture thread's niceness to compare with 0 (default "
                         f"{CAPTURE_NICENESS}, runtime.capture_niceness)")
+    parser.add_argument("--pace", type=float, default=None, metavar="FPS",
+                        help="instead of the per-frame rows: run the full path at FPS frames per second, as a "
+                        "camera delivers them, and report latency and CPU per frame for each --spinning setting")
     parser.add_argument("--soak", type=_positive, default=None, metavar="N",
                         help="instead of the per-frame rows: run the full path N frames and report RSS "
                         "and traced memory every N/10 frames")
@@ -110,7 +113,9 @@ def run_bench(args: argparse.Namespace) -> int:
             report["soak"] = _soak(path, args)
         if args.capture_load:
             report["capture_load"] = _capture_load(path, args)
-        if not (args.cold_start or args.soak or args.capture_load):
+        if args.pace is not None:
+            report["paced"] = _paced(path, args)
+        if not (args.cold_start or args.soak or args.capture_load or args.pace is not None):
             report = _per_frame(path, origin, args)
     except (UsageError, ModelError, ContractError, MissingOnnx) as e:
         print(f"edged bench: {e}", file=sys.stderr)
@@ -172,6 +177,22 @@ def _capture_load(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
             print(f"{r.capture:<18}{r.floor.median_ms:12.3f}{r.floor.p99_ms:10.3f}{r.full.median_ms:13.3f}"
                   f"{r.full.p99_ms:10.3f}{r.captured_fps:14.1f}")
     return [asdict(r) for r in rows]
+
+
+def _paced(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from edged.bench.paced import paced
+
+    if not 0 < args.pace <= 1000:
+        raise UsageError(f"--pace must be in (0, 1000] frames per second, got {args.pace:g}")
+    runs = paced(path, fps=args.pace, frames=args.frames, warmup=args.warmup, spinning=_spinning(args.spinning),
+                 threads=args.threads, conf=args.conf)
+    if not args.json:
+        print(f"full path on {path.name} at {args.pace:g} fps, {args.frames} frames\n"
+              "spinning   latency median    p99 ms  CPU ms/frame  share of a core")
+        for r in runs:
+            print(f"{'on' if r.spinning else 'off':<9}{r.latency.median_ms:16.3f}{r.latency.p99_ms:10.3f}"
+                  f"{r.cpu_ms_per_frame:14.3f}{r.core_share:17.0%}")
+    return [asdict(r) for r in runs]
 
 
 def _soak(path: Path, args: argparse.Namespace) -> dict[str, Any]:
