@@ -175,6 +175,8 @@ class Decoder:
         self._kept_scores = np.empty(most, dtype=np.float32)
         self._kept_ids = np.empty(most, dtype=np.intp)
         self._kept_ids32 = np.empty(most, dtype=np.int32)
+        # What consumers see: read-only views made once; their slices are read-only too.
+        self._shown = tuple(_read_only(a.view()) for a in (self._xyxy, self._kept_scores, self._kept_ids32))
 
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Detections:
         """Threshold, NMS, keep ``max_det`` best, map to frame pixels and clip.
@@ -331,7 +333,8 @@ class Decoder:
         np.take(scores, keep, out=self._kept_scores[:n], mode="clip")
         np.take(self._class_ids, keep, out=self._kept_ids[:n], mode="clip")  # into int32 it would allocate
         np.copyto(self._kept_ids32[:n], self._kept_ids[:n])
-        return Detections(_read_only(xyxy), _read_only(self._kept_scores[:n]), _read_only(self._kept_ids32[:n]))
+        xyxy_shown, scores_shown, ids_shown = self._shown
+        return Detections(xyxy_shown[:n], scores_shown[:n], ids_shown[:n])
 
 
 def _checked_shape(head: str, output_shape: Sequence[int], num_classes: int) -> tuple[int, ...]:
