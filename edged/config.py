@@ -112,6 +112,9 @@ class ProviderConfig(Section):
         default_factory=dict, description="Provider options passed to ONNX Runtime as given.")
 
 
+Spinning = Literal["off", "during-run", "always"]
+
+
 class RuntimeConfig(Section):
     providers: list[ProviderConfig] = Field(
         default_factory=lambda: [ProviderConfig(name="CPUExecutionProvider")], min_length=1,
@@ -122,9 +125,17 @@ class RuntimeConfig(Section):
         "all", description="ONNX Runtime graph optimisation level.")
     optimized_model_path: Path | None = Field(
         None, description="Cache of the optimised graph: written on first start, loaded after.")
-    spinning: bool = Field(False, description="Let idle ORT threads spin: lower latency, more heat.")
+    spinning: Spinning = Field(
+        "during-run", description="Idle ORT threads: 'off' sleep at once; 'during-run' spin while an inference runs "
+        "and sleep when it ends; 'always' spin between frames too (ORT's default: most heat).")
     capture_niceness: int = Field(
         10, ge=0, le=19, description="Added to the capture thread's nice value: it yields cores to inference.")
+
+    @field_validator("spinning", mode="before")
+    @classmethod
+    def _spinning_from_bool(cls, v: Any) -> Any:
+        """Configs from before the three settings said true (ORT's default) or false."""
+        return {True: "always", False: "off"}[v] if isinstance(v, bool) else v
 
 
 # ---- publish ----------------------------------------------------------------------------------

@@ -111,8 +111,13 @@ class Engine:
         so.inter_op_num_threads = self.cfg.inter_op_threads
         so.graph_optimization_level = _OPT_LEVELS[self.cfg.graph_optimization]
         so.log_severity_level = 3
-        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.cfg.spinning else "0")
-        so.add_session_config_entry("session.inter_op.allow_spinning", "1" if self.cfg.spinning else "0")
+        spin = "0" if self.cfg.spinning == "off" else "1"
+        so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        if self.cfg.spinning == "during-run":
+            # Spin between the ops of a run, where waking a sleeping thread costs latency, but not in
+            # the gap between frames, where spinning only burns CPU (see BENCHMARKS.md, Spinning).
+            so.add_session_config_entry("session.force_spinning_stop", "1")
         if record_placement:
             so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         if pin is not None:

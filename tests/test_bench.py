@@ -55,7 +55,7 @@ def test_result_has_every_row_with_latency_and_cpu(result: BenchResult) -> None:
         assert row.cpu_ms_per_frame >= 0
     assert set(run.rows["full"].stages) == set(STAGES)
     assert run.rows["floor"].stages == {}
-    assert run.spinning is False
+    assert run.spinning == "during-run"  # the config's default
     assert run.messages_received > 0
 
 
@@ -101,12 +101,12 @@ def test_json_output_is_one_object_with_the_table_figures(
     assert report["allocations"]["numpy_buffers"]["total"] == 0
 
 
-def test_table_output_and_both_spinning_settings(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_table_output_and_every_spinning_setting(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = run_bench(_args("--model", str(probe), "--frames", "3", "--warmup", "1", "--cpu-frames", "2",
-                           "--alloc-frames", "2", "--spinning", "both"))
+                           "--alloc-frames", "2", "--spinning", "all"))
     out = capsys.readouterr().out
     assert code == 0
-    assert "spinning off" in out and "spinning on" in out
+    assert "spinning off" in out and "spinning during-run" in out and "spinning always" in out
     assert "full/floor" in out and "2 edged full path" in out and "agree" in out
 
 
@@ -126,7 +126,7 @@ def test_yolov8n_builder_has_the_documented_shape_and_cost(small_yolo: Path) -> 
 
 
 def test_yolov8n_builder_calibrates_the_candidates_edged_sees(small_yolo: Path) -> None:
-    model = load(small_yolo, spinning=False)
+    model = load(small_yolo, spinning="off")
     full = FullPath(model, bench_frame())
     try:
         detections, _ = full.pipeline.process(full.image)
@@ -139,7 +139,7 @@ def test_yolov8n_builder_calibrates_the_candidates_edged_sees(small_yolo: Path) 
 
 
 def test_naive_reference_finds_the_same_detections_as_edged(small_yolo: Path) -> None:
-    model = load(small_yolo, spinning=False)
+    model = load(small_yolo, spinning="off")
     full = FullPath(model, bench_frame())
     try:
         for index in range(3):
@@ -171,7 +171,7 @@ def test_numpy_counter_counts_arrays_with_their_own_buffer() -> None:
 
 
 def test_soak_returns_rss_and_traced_samples(probe: Path) -> None:
-    model = load(probe, spinning=False)
+    model = load(probe, spinning="off")
     result = soak(model, 20, images=[bench_frame()], samples=4, warmup=2)
     assert [frame for frame, _, _ in result.samples] == [0, 5, 10, 15, 20]
     assert all(rss > 0 for _, rss, _ in result.samples)
@@ -206,10 +206,10 @@ def test_capture_load_times_both_rows_beside_a_real_capture_thread(
 
 def test_paced_reports_each_spinning_setting(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = run_bench(_args("--model", str(probe), "--pace", "200", "--frames", "10", "--warmup", "1",
-                           "--spinning", "both", "--json"))
+                           "--spinning", "all", "--json"))
     assert code == 0
     runs = json.loads(capsys.readouterr().out)["paced"]
-    assert [r["spinning"] for r in runs] == [False, True]
+    assert [r["spinning"] for r in runs] == ["off", "during-run", "always"]
     for r in runs:
         assert r["fps"] == 200 and r["latency"]["median_ms"] > 0 and r["cpu_ms_per_frame"] > 0
         # Ten frames 5 ms apart take at least 45 ms, so the share is CPU over real elapsed time.

@@ -34,6 +34,22 @@ def test_outputs_land_in_the_bound_buffers(probe: Path) -> None:
     assert buffer[0, 4, 0] == pytest.approx(0.0) and buffer[0, 5, 0] == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize(
+    ("spinning", "allow", "stop"),
+    [("off", "0", None), ("during-run", "1", "1"), ("always", "1", None), (False, "0", None), (True, "1", None)],
+)
+def test_spinning_settings_reach_the_session(probe: Path, spinning: object, allow: str, stop: str | None) -> None:
+    # Read back from the live session's options; true/false are the settings' older spelling.
+    options = Engine(probe, RuntimeConfig(spinning=spinning)).session.get_session_options()  # type: ignore[arg-type]
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == allow
+    assert options.get_session_config_entry("session.inter_op.allow_spinning") == allow
+    if stop is None:
+        with pytest.raises(RuntimeError, match="does not have configuration"):
+            options.get_session_config_entry("session.force_spinning_stop")
+    else:
+        assert options.get_session_config_entry("session.force_spinning_stop") == stop
+
+
 def test_dynamic_batch_is_pinned_to_one(tmp_path: Path) -> None:
     engine = Engine(colour_probe(tmp_path / "dyn.onnx", batch="batch"), RuntimeConfig())
     assert engine.input_meta[0].shape == [1, 3, 64, 64]

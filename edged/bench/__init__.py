@@ -14,9 +14,9 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from edged.config import RuntimeConfig
+from edged.config import RuntimeConfig, Spinning
 from edged.service import EXIT_CONFIG, EXIT_FAILURE
 
 DEMO_MODEL = Path("models") / "demo.onnx"
@@ -24,6 +24,8 @@ ROW_TITLES = {"floor": "1 floor: session.run", "full": "2 edged full path", "nai
 SOAK_IMAGES = 8  # the soak cycles through this many scenes, so detection counts vary
 YOLOV8N_CANDIDATES = 64
 CAPTURE_NICENESS: int = RuntimeConfig.model_fields["capture_niceness"].default
+SPINNING: tuple[Spinning, ...] = get_args(Spinning)
+DEFAULT_SPINNING: Spinning = RuntimeConfig.model_fields["spinning"].default
 
 
 class UsageError(Exception):
@@ -53,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="frames per row in the CPU-time blocks (default: frames / 3)")
     parser.add_argument("--alloc-frames", type=_positive, default=100,
                         help="frames in the allocation measurement (default 100)")
-    parser.add_argument("--spinning", choices=("off", "on", "both"), default="off",
-                        help="runtime.spinning for the session; both measures each in turn")
+    parser.add_argument("--spinning", choices=(*SPINNING, "all"), default=DEFAULT_SPINNING,
+                        help=f"runtime.spinning for the session (default {DEFAULT_SPINNING}); all measures each "
+                        "in turn where a mode compares them (the per-frame rows, --pace)")
     parser.add_argument("--threads", type=int, default=0,
                         help="runtime.intra_op_threads (default 0: one per physical core)")
     parser.add_argument("--conf", type=float, default=0.25, help="model.conf (default 0.25)")
@@ -128,8 +131,13 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spinning(choice: str) -> tuple[bool, ...]:
-    return {"off": (False,), "on": (True,), "both": (False, True)}[choice]
+def _spinning(choice: str) -> tuple[Spinning, ...]:
+    return SPINNING if choice == "all" else (_one_spinning(choice),)
+
+
+def _one_spinning(choice: str) -> Spinning:
+    """The one setting of a mode that measures one: the default where ``all`` was asked."""
+    return DEFAULT_SPINNING if choice == "all" else SPINNING[SPINNING.index(choice)]
 
 
 def _per_frame(path: Path, origin: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -148,7 +156,7 @@ def _per_frame(path: Path, origin: dict[str, Any], args: argparse.Namespace) -> 
 def _cold_start(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     from edged.bench.cold import cold_start
 
-    results = cold_start(path, trials=args.cold_runs, spinning=args.spinning == "on")
+    results = cold_start(path, trials=args.cold_runs, spinning=_one_spinning(args.spinning))
     if not args.json:
         print(f"cold start of `edged run` on {path.name}: process start -> first detections message "
               f"received, {args.cold_runs} trial(s) each")
@@ -166,7 +174,7 @@ def _cold_start(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
 def _capture_load(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     from edged.bench.contention import capture_contention
 
-    rows = capture_contention(path, frames=args.frames, warmup=args.warmup, spinning=args.spinning == "on",
+    rows = capture_contention(path, frames=args.frames, warmup=args.warmup, spinning=_one_spinning(args.spinning),
                               threads=args.threads, conf=args.conf, niceness=args.capture_niceness,
                               cache_dir=args.cache_dir)
     if not args.json:
@@ -190,7 +198,7 @@ def _paced(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
         print(f"full path on {path.name} at {args.pace:g} fps, {args.frames} frames\n"
               "spinning   latency median    p99 ms  CPU ms/frame  share of a core")
         for r in runs:
-            print(f"{'on' if r.spinning else 'off':<9}{r.latency.median_ms:16.3f}{r.latency.p99_ms:10.3f}"
+            print(f"{r.spinning:<11}{r.latency.median_ms:14.3f}{r.latency.p99_ms:10.3f}"
                   f"{r.cpu_ms_per_frame:14.3f}{r.core_share:17.0%}")
     return [asdict(r) for r in runs]
 
@@ -199,7 +207,7 @@ def _soak(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     from edged.bench.memory import soak, soak_images
     from edged.bench.run import load
 
-    model = load(path, spinning=args.spinning == "on", threads=args.threads, conf=args.conf)
+    model = load(path, spinning=_one_spinning(args.spinning), threads=args.threads, conf=args.conf)
     images = soak_images(SOAK_IMAGES)
 
     def show(frame: int, rss: float, traced: float) -> None:
@@ -254,7 +262,7 @@ def _others(m: dict[str, Any]) -> str:
 
 
 def _run_table(run: dict[str, Any]) -> str:
-    head = f"spinning {'on' if run['spinning'] else 'off':<21} median ms    p99 ms  CPU ms/frame  cores busy"
+    head = f"spinning {run['spinning']:<21} median ms    p99 ms  CPU ms/frame  cores busy"
     lines = [head]
     for name, row in run["rows"].items():
         lines.append(f"{ROW_TITLES[name]:<30}{_ms(row['latency'])}  {row['cpu_ms_per_frame']:12.3f}"

@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 import zmq
 
+from edged.config import Spinning
 from edged.scenes import SceneGenerator
 
 STARTUP_TIMEOUT_S = 120.0
@@ -71,7 +72,7 @@ def _source_section(folder: Path, source: str) -> str:
     return f'[source]\ntype = "images"\npath = {json.dumps(str(frames))}\nfps = 30\n'
 
 
-def write_config(folder: Path, model: Path, endpoint: str, *, source: str, spinning: bool) -> Path:
+def write_config(folder: Path, model: Path, endpoint: str, *, source: str, spinning: Spinning) -> Path:
     """A minimal daemon config: the source, the model, the optimised-model cache, the endpoint."""
     text = f"""
 {_source_section(folder, source)}
@@ -80,7 +81,7 @@ path = {json.dumps(str(model.resolve()))}
 
 [runtime]
 optimized_model_path = {json.dumps(str(folder / "optimized.onnx"))}
-spinning = {"true" if spinning else "false"}
+spinning = "{spinning}"
 
 [publish]
 endpoints = [{json.dumps(endpoint)}]
@@ -128,13 +129,13 @@ def _first_message(config: Path, endpoint: str) -> tuple[float, int]:
             context.term()
 
 
-def cold_start(model: Path, *, trials: int = 3, spinning: bool = False,
+def cold_start(model: Path, *, trials: int = 3, spinning: Spinning = "during-run",
                sources: tuple[str, ...] = SOURCES) -> list[ColdStart]:
     """Per source, ``trials`` pairs: cache deleted (built and written), then warm (loaded)."""
     return [_trials(model, source, trials, spinning) for source in sources]
 
 
-def _trials(model: Path, source: str, trials: int, spinning: bool) -> ColdStart:
+def _trials(model: Path, source: str, trials: int, spinning: Spinning) -> ColdStart:
     without, with_cache, seqs = [], [], []
     with tempfile.TemporaryDirectory(prefix="edged-cold-") as tmp:
         folder = Path(tmp)

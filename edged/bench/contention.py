@@ -21,7 +21,7 @@ import cv2
 from edged.bench.rows import FloorPath, Row, Sample, interleave
 from edged.bench.run import Timing, bench_frame, full_path_for
 from edged.capture import Capture
-from edged.config import FileSource
+from edged.config import FileSource, Spinning
 from edged.scenes import SceneGenerator
 from edged.sources import open_source
 
@@ -41,7 +41,7 @@ class ContentionRow:
     captured_fps: float  # frames the capture thread decoded per second meanwhile
 
 
-def capture_contention(path: Path, *, frames: int, warmup: int, spinning: bool, threads: int, conf: float,
+def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinning, threads: int, conf: float,
                        niceness: int, cache_dir: Path | None = None) -> list[ContentionRow]:
     video = bench_video(cache_dir or Path(tempfile.gettempdir()) / "edged-bench")
     conditions: dict[str, int | None] = {"none": None, **{f"niceness {n}": n for n in sorted({0, niceness})}}

@@ -13,18 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edged.bench.run import Timing, bench_frame, full_path_for
+from edged.config import Spinning
 
 
 @dataclass(frozen=True, slots=True)
 class PacedRun:
-    spinning: bool
+    spinning: Spinning
     fps: float
     latency: Timing
     cpu_ms_per_frame: float
     core_share: float  # CPU time over wall time: 1.0 is one core kept busy
 
 
-def paced(path: Path, *, fps: float, frames: int, warmup: int, spinning: tuple[bool, ...], threads: int,
+def paced(path: Path, *, fps: float, frames: int, warmup: int, spinning: tuple[Spinning, ...], threads: int,
           conf: float) -> list[PacedRun]:
     image = bench_frame()
     runs = []

@@ -41,7 +41,7 @@ from edged.bench.rows import (
     naive_unsupported,
     time_alone,
 )
-from edged.config import ModelConfig, RuntimeConfig
+from edged.config import ModelConfig, RuntimeConfig, Spinning
 from edged.model import LoadedModel, load_model
 from edged.scenes import SceneGenerator
 
@@ -69,7 +69,7 @@ class RowResult:
 class SpinResult:
     """All rows under one ``runtime.spinning`` setting."""
 
-    spinning: bool
+    spinning: Spinning
     rows: dict[str, RowResult]
     full_over_floor: float
     naive_over_floor: float | None
@@ -166,7 +166,7 @@ def bench_frame() -> np.ndarray:
     return SceneGenerator(1280, 720, seed=0).render(0).image
 
 
-def load(path: Path, *, spinning: bool, threads: int = 0, conf: float = 0.25) -> LoadedModel:
+def load(path: Path, *, spinning: Spinning, threads: int = 0, conf: float = 0.25) -> LoadedModel:
     runtime = RuntimeConfig(spinning=spinning, intra_op_threads=threads)
     return load_model(ModelConfig(path=path, conf=conf), runtime)
 
@@ -230,7 +230,7 @@ def detections_match(model: LoadedModel, full: FullPath) -> bool:
 
 
 @contextmanager
-def full_path_for(path: Path, spinning: bool, threads: int, conf: float,
+def full_path_for(path: Path, spinning: Spinning, threads: int, conf: float,
              image: np.ndarray) -> Iterator[tuple[LoadedModel, FullPath]]:
     """A freshly loaded model and its full path, sockets closed on the way out."""
     model = load(path, spinning=spinning, threads=threads, conf=conf)
@@ -263,7 +263,7 @@ def _extras(model: LoadedModel, full: FullPath, path: Path, frames: int, warmup:
 
 
 def bench(path: Path, *, frames: int = 300, warmup: int = 20, cpu_frames: int = 100,
-          spinning: tuple[bool, ...] = (False,), threads: int = 0, conf: float = 0.25,
+          spinning: tuple[Spinning, ...] = ("during-run",), threads: int = 0, conf: float = 0.25,
           alloc_frames: int = 100, model_info: dict[str, Any] | None = None) -> BenchResult:
     """Run every measurement on the model at ``path``.
 
