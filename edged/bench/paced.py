@@ -4,6 +4,8 @@ its real cost: a spinning pool burns CPU between frames too, not only during a r
 Frames start on a fixed clock (``1 / fps`` apart, as a camera delivers them); a frame that
 overruns its slot starts the next one at once. Reported per spinning setting: latency of the
 full path, CPU time of the whole process per frame (every thread), and the share of one core.
+The settings take turns in several rounds (each loads its own session, one at a time), so that
+drift on a shared machine hits each alike.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from edged.bench.run import Timing, bench_frame, full_path_for
 from edged.config import Spinning
+
+ROUNDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,19 +34,25 @@ class PacedRun:
 def paced(path: Path, *, fps: float, frames: int, warmup: int, spinning: tuple[Spinning, ...], threads: int,
           conf: float) -> list[PacedRun]:
     image = bench_frame()
-    runs = []
-    for spin in spinning:
-        with full_path_for(path, spin, threads, conf, image) as (_, full):
-            for _ in range(warmup):
-                full()
-            period, latency = 1.0 / fps, []
-            cpu0, t0 = time.process_time_ns(), time.perf_counter_ns()
-            tick = time.monotonic()
-            for _ in range(frames):
-                tick = max(tick + period, time.monotonic())
-                latency.append(full().total_ms)
-                full.drain()
-                time.sleep(max(0.0, tick - time.monotonic()))
-            cpu_ms, wall_ms = (time.process_time_ns() - cpu0) / 1e6, (time.perf_counter_ns() - t0) / 1e6
-        runs.append(PacedRun(spin, fps, Timing.of(latency), cpu_ms / frames, cpu_ms / wall_ms))
-    return runs
+    latency: dict[Spinning, list[float]] = {spin: [] for spin in spinning}
+    cpu_ms = dict.fromkeys(spinning, 0.0)
+    wall_ms = dict.fromkeys(spinning, 0.0)
+    per_round = max(1, frames // ROUNDS)
+    for turn in range(ROUNDS):
+        for spin in spinning if turn % 2 == 0 else spinning[::-1]:
+            with full_path_for(path, spin, threads, conf, image) as (_, full):
+                for _ in range(warmup):
+                    full()
+                period = 1.0 / fps
+                cpu0, t0 = time.process_time_ns(), time.perf_counter_ns()
+                tick = time.monotonic()
+                for _ in range(per_round):
+                    tick = max(tick + period, time.monotonic())
+                    latency[spin].append(full().total_ms)
+                    full.drain()
+                    time.sleep(max(0.0, tick - time.monotonic()))
+                cpu_ms[spin] += (time.process_time_ns() - cpu0) / 1e6
+                wall_ms[spin] += (time.perf_counter_ns() - t0) / 1e6
+    count = per_round * ROUNDS
+    return [PacedRun(spin, fps, Timing.of(np.asarray(latency[spin])), cpu_ms[spin] / count,
+                     cpu_ms[spin] / wall_ms[spin]) for spin in spinning]
