@@ -107,7 +107,7 @@ class Decoder:
     passing the threshold (about twice the output tensor for yolov8 and yolov5 heads);
     `decode` only slices and fills them, so after the first frame decoding creates no numpy
     arrays. The result is a set of read-only views of this decoder's buffers: it is valid until
-    the next `decode` call, and `Detections.copy` keeps one for longer.
+    the next `decode` call, so a consumer that keeps one copies its arrays.
     """
 
     def __init__(
