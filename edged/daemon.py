@@ -148,14 +148,17 @@ class Daemon:
         except InferenceError as e:
             self._inference_failures += 1
             self.stats.drop("inference_error")
-            now = time.monotonic()
-            if now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
-                self._last_error_log = now
-                log.error("inference failed, frame %d skipped (%d failed so far): %s", frame.frame_id,
-                          self.stats.drops["inference_error"], e,
-                          extra={"FRAME": frame.frame_id, "STAGE": "inference"})
+            self._error_limited("inference failed, frame %d skipped (%d failed so far): %s", frame.frame_id,
+                                self.stats.drops["inference_error"], e, frame=frame.frame_id, stage="inference")
             return
         self._inference_failures = 0
+        if detections.scores_above_one:
+            self.stats.drop("score_above_one")
+            self._error_limited(
+                "the model gave %d score(s) above 1 on frame %d, dropped (%d frame(s) so far): scores must "
+                "be probabilities, so check model.scale, mean and std against how the model was trained, "
+                "and that its head ends in a sigmoid", detections.scores_above_one,
+                frame.frame_id, self.stats.drops["score_above_one"], frame=frame.frame_id, stage="decode")
         age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
         self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, age_ms)
         self.progress.frame_ns = time.monotonic_ns()
@@ -165,6 +168,13 @@ class Daemon:
             self._ready = True
             self.notifier.ready(self.status_line())
             log.info("first frame processed: ready", extra={"CAMERA": self.settings.source.camera_id})
+
+    def _error_limited(self, message: str, *args: object, frame: int, stage: str) -> None:
+        """Log a per-frame error at most once per ERROR_LOG_INTERVAL_S; the counters carry the rest."""
+        now = time.monotonic()
+        if now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
+            self._last_error_log = now
+            log.error(message, *args, extra={"FRAME": frame, "STAGE": stage})
 
     def _plan_for(self, frame: Frame) -> FramePipeline | None:
         """The plan for this frame, re-planned after a lasting size change; None rejects it."""

@@ -30,7 +30,8 @@ Dim = int | str | None
 _ZERO = np.array(0.0, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
 _HALF = np.array(0.5, dtype=np.float32)
 _NEG_INF = np.array(-np.inf, dtype=np.float32)
-_ONE = np.array(1, dtype=np.intp)
+_ONE = np.array(1.0, dtype=np.float32)
+_ONE_SLOT = np.array(1, dtype=np.intp)
 
 
 class HeadError(ValueError):
@@ -50,6 +51,9 @@ class Detections:
     xyxy: np.ndarray
     scores: np.ndarray
     class_ids: np.ndarray
+    # Candidates dropped because their score was above 1: not a probability, so the model's head
+    # or the input normalisation is wrong; the daemon counts and reports it.
+    scores_above_one: int = 0
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
@@ -285,15 +289,16 @@ class Decoder:
         np.add.accumulate(passed, out=slot)
         k = int(slot[-1])
         np.multiply(slot, passed, out=slot)
-        np.subtract(slot, _ONE, out=slot)
+        np.subtract(slot, _ONE_SLOT, out=slot)
         self._index[slot] = self._arange
         return self._index[:k]
 
     def _finish(self, k: int, box_map: BoxMap) -> Detections:
         """Map the k candidates' boxes to the frame, drop invalid ones, suppress, build result.
 
-        A candidate is dropped (its score set to -inf) when its box or score is not finite, its
-        score is below conf, or its box is empty after clipping to the frame. Clipping before
+        A candidate is dropped (its score set to -inf) when its box is not finite, its score is
+        below conf or above 1 (counted: scores are probabilities), or its box is empty after
+        clipping to the frame. Clipping before
         NMS means boxes lying wholly in the letterbox padding never take a ``max_det`` slot, and
         NMS judges the float32 boxes that are returned, so no returned pair overlaps more than
         ``iou``.
@@ -307,14 +312,16 @@ class Decoder:
         np.clip(boxes, _ZERO, limit, out=boxes)
         np.greater(boxes[2:], boxes[:2], out=checks[4:6])
         np.greater_equal(scores, self._conf, out=checks[6])  # also false for NaN
-        np.isfinite(scores, out=checks[7])
+        np.greater(scores, _ONE, out=invalid)  # +inf included
+        above_one = int(np.count_nonzero(invalid))
+        np.logical_not(invalid, out=checks[7])
         np.logical_and.reduce(checks, axis=0, out=valid)
         np.logical_not(valid, out=invalid)
         np.copyto(scores, _NEG_INF, where=invalid)
         nms_scores = self._nms_scores[:k]
         np.copyto(nms_scores, scores)
         n = self._nms(boxes, nms_scores, self._class_ids[:k], self._keep)
-        return self._result(n, boxes, scores)
+        return self._result(n, boxes, scores, above_one)
 
     def _frame_mapping(self, box_map: BoxMap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pad, scale, limit) columns for ``box_map``, refilled only when the map changes."""
@@ -325,7 +332,7 @@ class Decoder:
             self._mapped = box_map
         return self._pad, self._scale, self._limit
 
-    def _result(self, n: int, boxes: np.ndarray, scores: np.ndarray) -> Detections:
+    def _result(self, n: int, boxes: np.ndarray, scores: np.ndarray, above_one: int) -> Detections:
         """The n kept candidates as read-only views of the result buffers."""
         keep, columns, xyxy = self._keep[:n], _rows(self._kept_columns, 4, n), self._xyxy[:n]
         np.take(boxes, keep, axis=1, out=columns, mode="clip")
@@ -334,7 +341,7 @@ class Decoder:
         np.take(self._class_ids, keep, out=self._kept_ids[:n], mode="clip")  # into int32 it would allocate
         np.copyto(self._kept_ids32[:n], self._kept_ids[:n])
         xyxy_shown, scores_shown, ids_shown = self._shown
-        return Detections(xyxy_shown[:n], scores_shown[:n], ids_shown[:n])
+        return Detections(xyxy_shown[:n], scores_shown[:n], ids_shown[:n], above_one)
 
 
 def _checked_shape(head: str, output_shape: Sequence[int], num_classes: int) -> tuple[int, ...]:

@@ -200,6 +200,22 @@ def test_a_model_replaced_on_disk_is_picked_up_on_sighup_or_refused_if_broken(wo
         d.close()
 
 
+def test_scores_above_one_are_dropped_counted_and_explained_not_a_crash(workdir: Path) -> None:
+    # scale 1 instead of 1/255: the probe's "scores" become mean pixel values, up to 255.
+    path, endpoint = config(workdir, model={"path": "probe.onnx", "scale": 1.0})
+    d = RunningDaemon(path, endpoint)
+    try:
+        status = d.wait_status(lambda s: s.drops.get("score_above_one", 0) >= 3)
+        assert status.frames_processed >= 3
+        assert all(not m.detections for m in d.collect("detections", 3))
+        assert d.proc.poll() is None
+        log = d.log()
+        assert "score(s) above 1" in log and "model.scale" in log
+        assert log.count("score(s) above 1") == 1  # rate-limited; the counter carries the rest
+    finally:
+        d.close()
+
+
 def test_inference_errors_skip_the_frame_are_counted_and_logged_once(workdir: Path) -> None:
     failing_probe(workdir / "failing.onnx")
     _image_folder(workdir / "imgs", [(128, 128)] * 2, [(0, 0, 0), (255, 255, 255)])  # dark runs, bright fails

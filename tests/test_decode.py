@@ -221,6 +221,15 @@ def test_non_finite_rows_dropped(head: HeadFormat) -> None:
     assert_detections(det, [[540, 310, 740, 410]], [0.9], [1])
 
 
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
+def test_scores_above_one_are_dropped_and_counted(head: HeadFormat) -> None:
+    # Raw logits or a missing /255 give "scores" like 219: never published, always reported.
+    scene = [(*SCENE[0][:4], 219.0, 1), (*SCENE[1][:4], np.inf, 0), SCENE[2], (300.0, 300.0, 340.0, 340.0, 0.7, 2)]
+    det = decode(head, ENCODERS[head](scene))
+    assert det.scores_above_one == 2
+    assert det.scores.tolist() == pytest.approx([0.7]) and det.class_ids.tolist() == [2]
+
+
 def test_float16_output() -> None:
     det = decode("yolov8", yolov8_tensor(SCENE).astype(np.float16))
     np.testing.assert_allclose(det.xyxy, [[540, 310, 740, 410], [0, 0, 100, 100]], rtol=1e-3)
