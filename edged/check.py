@@ -1,8 +1,9 @@
 """``edged check``: everything `run` would refuse, found before the service starts.
 
 It loads the model exactly as the daemon does (same contract checks, same head detection),
-runs one inference on a grey frame through the real pipeline, and prints where ONNX Runtime
-placed each node, from ORT's own assignment record.
+runs one inference on a grey frame through the real pipeline (scores above 1 there mean the
+normalisation or the head is wrong), and prints where ONNX Runtime placed each node, from ORT's
+own assignment record.
 """
 
 from __future__ import annotations
@@ -53,9 +54,15 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
         model = load_model(settings.model, settings.runtime, record_placement=True)
         width, height = _frame_size(settings)
         plan = FramePipeline(model, width, height, settings.source.channel_order)
-        plan.process(np.full((height, width, 3), 114, np.uint8))
+        detections, _ = plan.process(np.full((height, width, 3), 114, np.uint8))
     except (ModelError, ContractError, InferenceError) as e:
         print(f"edged: check failed: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if detections.scores_above_one:
+        # A probability never exceeds 1: on a plain grey frame this can only be the set-up.
+        print(f"edged: check failed: a plain grey frame gave {detections.scores_above_one} score(s) above 1; "
+              "scores must be probabilities: check model.scale, mean and std against how the model was "
+              "trained, and that its head ends in a sigmoid", file=sys.stderr)
         return EXIT_CONFIG
     _report(model, settings, out)
     print("ok", file=out)

@@ -45,6 +45,13 @@ def test_check_warns_about_a_provider_this_build_lacks(tmp: Path) -> None:
     assert "session uses: CPUExecutionProvider" in result.stdout
 
 
+def test_check_refuses_a_normalisation_that_makes_scores_above_one(tmp: Path) -> None:
+    # scale 1 instead of 1/255: the probe's score on a grey 114 frame becomes 114.
+    result = run_cli("check", "--config", str(_config(tmp, {"path": "probe.onnx", "scale": 1.0})))
+    assert result.returncode == 78
+    assert "score(s) above 1" in result.stderr and "model.scale" in result.stderr
+
+
 def _model(tmp: Path, name: str, **kwargs: object) -> str:
     colour_probe(tmp / name, **kwargs)  # type: ignore[arg-type]
     return name
