@@ -14,7 +14,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from edged.config import RuntimeConfig, Spinning
 from edged.service import EXIT_CONFIG, EXIT_FAILURE
@@ -136,8 +136,8 @@ def _spinning(choice: str) -> tuple[Spinning, ...]:
 
 
 def _one_spinning(choice: str) -> Spinning:
-    """The one setting of a mode that measures one: the default where ``all`` was asked."""
-    return DEFAULT_SPINNING if choice == "all" else SPINNING[SPINNING.index(choice)]
+    """The setting for a mode that measures only one: the default where ``all`` was asked."""
+    return DEFAULT_SPINNING if choice == "all" else cast(Spinning, choice)  # argparse checked the choice
 
 
 def _per_frame(path: Path, origin: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
