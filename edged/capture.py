@@ -20,9 +20,12 @@ from typing import Literal
 
 import numpy as np
 
+from edged.config import CapturePriority
 from edged.sources import Frame, Source, SourceError
 
 log = logging.getLogger(__name__)
+
+LOW_NICENESS = 10  # added to the capture thread's nice value at capture_priority = "low"
 
 CaptureState = Literal["starting", "ok", "lost", "ended"]
 
@@ -71,13 +74,13 @@ class Capture:
     stopped; frame ids continue across reconnects. One consumer thread calls ``take``.
     """
 
-    def __init__(self, source_factory: Callable[[], Source], camera_id: str, *, niceness: int = 0,
+    def __init__(self, source_factory: Callable[[], Source], camera_id: str, *, priority: CapturePriority = "normal",
                  backoff_initial_s: float = 0.5, backoff_max_s: float = 10.0) -> None:
         if not 0 < backoff_initial_s <= backoff_max_s:
             raise ValueError(f"need 0 < backoff_initial_s <= backoff_max_s, "
                              f"got {backoff_initial_s} and {backoff_max_s}")
         self._factory = source_factory
-        self._niceness = niceness
+        self._priority = priority
         self._camera_id = camera_id
         self._extra = {"CAMERA": camera_id}
         self._backoff_initial_s = backoff_initial_s
@@ -176,18 +179,23 @@ class Capture:
                 self._cond.notify_all()
 
     def _yield_to_inference(self) -> None:
-        """Raise this thread's nice value so that, when cores are short, inference gets them first.
+        """Lower this thread's priority so that, when cores are short, inference gets them first.
 
-        On Linux a nice value belongs to one thread and the threads it starts inherit it (a
-        decoder's worker threads), so the capture side yields while the loop and ONNX Runtime's
-        pool, started by the main thread, keep their priority. Raising it needs no privilege.
-        A late frame is only a stale one, which latest-frame capture drops anyway.
+        On Linux a nice value and a scheduling policy belong to one thread and the threads it
+        starts inherit them (a decoder's worker threads), so the capture side yields while the
+        loop and ONNX Runtime's pool, started by the main thread, keep theirs. Lowering needs no
+        privilege. ``low`` adds `LOW_NICENESS`; ``idle`` (SCHED_IDLE) never preempts a normal
+        thread, so it only decodes on a core nothing else wants. A late frame is only a stale
+        one, which latest-frame capture drops anyway.
         """
-        if self._niceness == 0 or sys.platform != "linux":
+        if self._priority == "normal" or sys.platform != "linux":
             return
         tid = threading.get_native_id()
         try:
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + self._niceness))
+            if self._priority == "idle":
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            else:
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + LOW_NICENESS))
         except OSError as e:
             log.warning("camera %s: cannot lower the capture thread's priority (%s); it competes with inference "
                         "for cores", self._camera_id, e, extra=self._extra)

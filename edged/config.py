@@ -113,6 +113,7 @@ class ProviderConfig(Section):
 
 
 Spinning = Literal["off", "during-run", "always"]
+CapturePriority = Literal["normal", "low", "idle"]
 
 
 class RuntimeConfig(Section):
@@ -128,8 +129,9 @@ class RuntimeConfig(Section):
     spinning: Spinning = Field(
         "during-run", description="Idle ORT threads: 'off' sleep at once; 'during-run' spin while an inference runs "
         "and sleep when it ends; 'always' spin between frames too (ORT's default: most heat).")
-    capture_niceness: int = Field(
-        10, ge=0, le=19, description="Added to the capture thread's nice value: it yields cores to inference.")
+    capture_priority: CapturePriority = Field(
+        "low", description="The capture thread's scheduling: 'normal'; 'low', nice +10: it yields cores to "
+        "inference; 'idle', SCHED_IDLE: it never preempts inference, but starves on a board kept busy.")
 
     @field_validator("spinning", mode="before")
     @classmethod

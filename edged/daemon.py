@@ -78,7 +78,7 @@ class Daemon:
 
     def _start_capture(self) -> Capture:
         cfg = self.settings.source
-        capture = Capture(lambda: open_source(cfg), cfg.camera_id, niceness=self.settings.runtime.capture_niceness)
+        capture = Capture(lambda: open_source(cfg), cfg.camera_id, priority=self.settings.runtime.capture_priority)
         capture.start()
         return capture
 

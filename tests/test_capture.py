@@ -15,8 +15,8 @@ import cv2
 import numpy as np
 import pytest
 
-from edged.capture import Capture
-from edged.config import FileSource, SyntheticSource
+from edged.capture import LOW_NICENESS, Capture
+from edged.config import CapturePriority, FileSource, SyntheticSource
 from edged.scenes import SceneGenerator
 from edged.sources import Frame, SourceError
 from edged.sources.files import VideoFileSource
@@ -174,17 +174,23 @@ def test_take_times_out_when_no_frame_arrives(started: Starter) -> None:
     assert 0.09 <= time.monotonic() - start < 0.4
 
 
-@pytest.mark.parametrize("niceness", [0, 7])
-def test_capture_thread_alone_yields_by_its_niceness(started: Starter, niceness: int) -> None:
-    # Read back from the kernel: the capture thread's nice value rises, the caller's does not.
+@pytest.mark.parametrize(
+    ("priority", "added", "policy"),
+    [("normal", 0, os.SCHED_OTHER), ("low", LOW_NICENESS, os.SCHED_OTHER), ("idle", 0, os.SCHED_IDLE)],
+)
+def test_capture_thread_alone_runs_at_its_priority(started: Starter, priority: CapturePriority, added: int,
+                                                   policy: int) -> None:
+    # Read back from the kernel: the capture thread's nice value or policy changes, the caller's does not.
     me = threading.get_native_id()
     base = os.getpriority(os.PRIO_PROCESS, me)
-    capture = started(Capture(FakeCamera(fps=50.0).source, "nice-cam", niceness=niceness))
+    capture = started(Capture(FakeCamera(fps=50.0).source, "prio-cam", priority=priority))
     assert capture.take(timeout_s=2.0) is not None
-    (thread,) = [t for t in threading.enumerate() if t.name == "capture-nice-cam"]
+    (thread,) = [t for t in threading.enumerate() if t.name == "capture-prio-cam"]
     assert thread.native_id is not None
-    assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, base + niceness)
-    assert os.getpriority(os.PRIO_PROCESS, me) == base
+    assert os.sched_getscheduler(thread.native_id) == policy
+    if policy == os.SCHED_OTHER:
+        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, base + added)
+    assert os.getpriority(os.PRIO_PROCESS, me) == base and os.sched_getscheduler(me) == os.SCHED_OTHER
 
 
 # ---- lost cameras ----------------------------------------------------------------------------------

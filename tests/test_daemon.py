@@ -16,6 +16,7 @@ import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import LABELS, colour_probe, failing_probe
 
+from edged.capture import LOW_NICENESS
 from edged.messages import DetectionsMessage, StatusMessage
 
 RED, BLUE = (0, 0, 255), (255, 0, 0)
@@ -89,21 +90,24 @@ def test_sigterm_stops_cleanly_within_two_seconds(daemon: RunningDaemon) -> None
     assert time.monotonic() - started < 2.0
 
 
-def test_the_capture_side_runs_at_the_configured_niceness_and_inference_does_not(workdir: Path) -> None:
-    path, endpoint = config(workdir, runtime={"capture_niceness": 6, "intra_op_threads": 2})
+@pytest.mark.parametrize("priority", ["low", "idle"])
+def test_the_capture_side_runs_at_its_priority_and_inference_does_not(workdir: Path, priority: str) -> None:
+    path, endpoint = config(workdir, runtime={"capture_priority": priority, "intra_op_threads": 2})
     d = RunningDaemon(path, endpoint)
     try:
         d.collect("detections", 3)
         base = os.getpriority(os.PRIO_PROCESS, d.proc.pid)  # the main thread: the loop
-        nice = {}
+        scheduling = {}
         for tid in os.listdir(f"/proc/{d.proc.pid}/task"):
             with contextlib.suppress(ProcessLookupError):
-                nice[int(tid)] = os.getpriority(os.PRIO_PROCESS, int(tid))
+                scheduling[int(tid)] = (os.sched_getscheduler(int(tid)), os.getpriority(os.PRIO_PROCESS, int(tid)))
         # The capture thread and the decoder threads it started yield; the loop and ONNX
         # Runtime's pool (started by the main thread) keep their priority.
-        assert base == os.getpriority(os.PRIO_PROCESS, os.getpid())
-        assert 1 <= sum(v == min(19, base + 6) for v in nice.values()) < len(nice) - 1
-        assert set(nice.values()) == {base, min(19, base + 6)}
+        normal = (os.SCHED_OTHER, base)
+        lowered = (os.SCHED_IDLE, base) if priority == "idle" else (os.SCHED_OTHER, min(19, base + LOW_NICENESS))
+        assert scheduling[d.proc.pid] == normal
+        assert set(scheduling.values()) == {normal, lowered}
+        assert 1 <= sum(v == lowered for v in scheduling.values()) < len(scheduling) - 1
     finally:
         d.close()
 

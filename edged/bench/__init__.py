@@ -23,7 +23,6 @@ DEMO_MODEL = Path("models") / "demo.onnx"
 ROW_TITLES = {"floor": "1 floor: session.run", "full": "2 edged full path", "naive": "3 naive reference"}
 SOAK_IMAGES = 8  # the soak cycles through this many scenes, so detection counts vary
 YOLOV8N_CANDIDATES = 64
-CAPTURE_NICENESS: int = RuntimeConfig.model_fields["capture_niceness"].default
 SPINNING: tuple[Spinning, ...] = get_args(Spinning)
 DEFAULT_SPINNING: Spinning = RuntimeConfig.model_fields["spinning"].default
 
@@ -69,10 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capture-load", action="store_true",
                         help="instead of the per-frame rows: time the floor and the full path with no capture "
                         "thread, then beside a real capture thread decoding 1280x720 MJPEG at 30 fps, at "
-                        "niceness 0 and at --capture-niceness")
-    parser.add_argument("--capture-niceness", type=int, choices=range(20), default=CAPTURE_NICENESS,
-                        metavar="N", help=f"the capture thread's niceness to compare with 0 (default "
-                        f"{CAPTURE_NICENESS}, runtime.capture_niceness)")
+                        "each capture priority")
     parser.add_argument("--pace", type=float, default=None, metavar="FPS",
                         help="instead of the per-frame rows: run the full path at FPS frames per second, as a "
                         "camera delivers them, and report latency and CPU per frame for each --spinning setting")
@@ -175,8 +171,7 @@ def _capture_load(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     from edged.bench.contention import capture_contention
 
     rows = capture_contention(path, frames=args.frames, warmup=args.warmup, spinning=_one_spinning(args.spinning),
-                              threads=args.threads, conf=args.conf, niceness=args.capture_niceness,
-                              cache_dir=args.cache_dir)
+                              threads=args.threads, conf=args.conf, cache_dir=args.cache_dir)
     if not args.json:
         print(f"capture beside inference on {path.name}: {args.frames} frames per row and condition, "
               "capture decoding 1280x720 MJPEG at 30 fps\n"

@@ -1,12 +1,12 @@
 """Whether capture steals cores from inference, measured rather than assumed.
 
-The floor and the full path are timed three ways: with no capture thread, then with edged's own
-`Capture` decoding a camera-sized video in the background at niceness 0, then at the niceness
-the daemon uses (``runtime.capture_niceness``). The video is 1280x720 MJPEG at 30 fps, what a USB
-camera delivers, written once from the bench scenes and read through the `file` source looping
-in real time, so the decoding, colour conversion and slot copies are the daemon's own. Nobody
-takes the frames: the thread keeps decoding every one, as it does under a slow model. The
-conditions take turns in several rounds, so that drift on a shared machine hits each alike.
+The floor and the full path are timed with no capture thread, then beside edged's own `Capture`
+decoding a camera-sized video in the background at each ``runtime.capture_priority``. The
+video is 1280x720 MJPEG at 30 fps, what a USB camera delivers, written once from the bench
+scenes and read through the `file` source looping in real time, so the decoding, colour
+conversion and slot copies are the daemon's own. Nobody takes the frames: the thread keeps
+decoding every one, as it does under a slow model. The conditions take turns in several
+rounds, so that drift on a shared machine hits each alike.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import cv2
 
 from edged.bench.rows import FloorPath, Row, Sample, interleave
 from edged.bench.run import Timing, bench_frame, full_path_for
 from edged.capture import Capture
-from edged.config import FileSource, Spinning
+from edged.config import CapturePriority, FileSource, Spinning
 from edged.scenes import SceneGenerator
 from edged.sources import open_source
 
@@ -33,7 +34,7 @@ ROUNDS = 3
 
 @dataclass(frozen=True, slots=True)
 class ContentionRow:
-    """The two rows' latency under one capture condition ("none" or "niceness N")."""
+    """The two rows' latency under one capture condition ("none" or a capture priority)."""
 
     capture: str
     floor: Timing
@@ -42,9 +43,9 @@ class ContentionRow:
 
 
 def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinning, threads: int, conf: float,
-                       niceness: int, cache_dir: Path | None = None) -> list[ContentionRow]:
+                       cache_dir: Path | None = None) -> list[ContentionRow]:
     video = bench_video(cache_dir or Path(tempfile.gettempdir()) / "edged-bench")
-    conditions: dict[str, int | None] = {"none": None, **{f"niceness {n}": n for n in sorted({0, niceness})}}
+    conditions: dict[str, CapturePriority | None] = {"none": None, **{p: p for p in get_args(CapturePriority)}}
     samples: dict[str, dict[str, list[Sample]]] = {c: {"floor": [], "full": []} for c in conditions}
     rates: dict[str, list[float]] = {c: [] for c in conditions}
     image = bench_frame()
@@ -52,9 +53,9 @@ def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinni
         full()  # fills the input tensor the floor row is fed a copy of
         rows: dict[str, Row] = {"floor": FloorPath(model, full.pipeline.preprocess.tensor), "full": full}
         for _ in range(ROUNDS):
-            for name, nice in conditions.items():
-                capture = None if nice is None else Capture(
-                    lambda: open_source(FileSource(path=video)), "bench", niceness=nice)
+            for name, priority in conditions.items():
+                capture = None if priority is None else Capture(
+                    lambda: open_source(FileSource(path=video)), "bench", priority=priority)
                 got, rate = _block(rows, capture, max(1, frames // ROUNDS), warmup)
                 for row, values in got.items():
                     samples[name][row] += values
