@@ -219,3 +219,12 @@ def test_paced_reports_each_spinning_setting(probe: Path, capsys: pytest.Capture
 def test_pace_out_of_range_is_a_usage_error(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_bench(_args("--model", str(probe), "--pace", "0")) == EXIT_CONFIG
     assert "--pace" in capsys.readouterr().err
+
+
+def test_paced_beside_a_capture_thread(probe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_bench(_args("--model", str(probe), "--pace", "100", "--frames", "6", "--warmup", "1",
+                           "--pace-capture", "idle", "--cache-dir", str(tmp_path)))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "capture thread (idle)" in out and "during-run" in out
+    assert (tmp_path / "capture-1280x720-mjpg-30fps-v1.avi").is_file()

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast, get_args
 
-from edged.config import RuntimeConfig, Spinning
+from edged.config import CapturePriority, RuntimeConfig, Spinning
 from edged.service import EXIT_CONFIG, EXIT_FAILURE
 
 DEMO_MODEL = Path("models") / "demo.onnx"
@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pace", type=float, default=None, metavar="FPS",
                         help="instead of the per-frame rows: run the full path at FPS frames per second, as a "
                         "camera delivers them, and report latency and CPU per frame for each --spinning setting")
+    parser.add_argument("--pace-capture", choices=get_args(CapturePriority), default=None, metavar="PRIORITY",
+                        help="with --pace: a real capture thread at this priority (normal, low, idle) decodes "
+                        "1280x720 MJPEG at 30 fps throughout, as a camera would")
     parser.add_argument("--soak", type=_positive, default=None, metavar="N",
                         help="instead of the per-frame rows: run the full path N frames and report RSS "
                         "and traced memory every N/10 frames")
@@ -188,9 +191,10 @@ def _paced(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     if not 0 < args.pace <= 1000:
         raise UsageError(f"--pace must be in (0, 1000] frames per second, got {args.pace:g}")
     runs = paced(path, fps=args.pace, frames=args.frames, warmup=args.warmup, spinning=_spinning(args.spinning),
-                 threads=args.threads, conf=args.conf)
+                 threads=args.threads, conf=args.conf, capture=args.pace_capture, cache_dir=args.cache_dir)
     if not args.json:
-        print(f"full path on {path.name} at {args.pace:g} fps, {args.frames} frames\n"
+        beside = f", capture thread ({args.pace_capture}) decoding 1280x720 MJPEG at 30 fps" if args.pace_capture else ""
+        print(f"full path on {path.name} at {args.pace:g} fps, {args.frames} frames{beside}\n"
               "spinning   latency median    p99 ms  CPU ms/frame  share of a core")
         for r in runs:
             print(f"{r.spinning:<11}{r.latency.median_ms:14.3f}{r.latency.p99_ms:10.3f}"
