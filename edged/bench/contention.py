@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
@@ -44,7 +46,7 @@ class ContentionRow:
 
 def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinning, threads: int, conf: float,
                        cache_dir: Path | None = None) -> list[ContentionRow]:
-    video = bench_video(cache_dir or Path(tempfile.gettempdir()) / "edged-bench")
+    bench_video(cache_dir or Path(tempfile.gettempdir()) / "edged-bench")  # written before any timing
     conditions: dict[str, CapturePriority | None] = {"none": None, **{p: p for p in get_args(CapturePriority)}}
     samples: dict[str, dict[str, list[Sample]]] = {c: {"floor": [], "full": []} for c in conditions}
     rates: dict[str, list[float]] = {c: [] for c in conditions}
@@ -54,9 +56,7 @@ def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinni
         rows: dict[str, Row] = {"floor": FloorPath(model, full.pipeline.preprocess.tensor), "full": full}
         for _ in range(ROUNDS):
             for name, priority in conditions.items():
-                capture = None if priority is None else Capture(
-                    lambda: open_source(FileSource(path=video)), "bench", priority=priority)
-                got, rate = _block(rows, capture, max(1, frames // ROUNDS), warmup)
+                got, rate = _block(rows, priority, max(1, frames // ROUNDS), warmup, cache_dir)
                 for row, values in got.items():
                     samples[name][row] += values
                 rates[name].append(rate)
@@ -81,18 +81,27 @@ def bench_video(folder: Path) -> Path:
     return path
 
 
-def _block(rows: dict[str, Row], capture: Capture | None, frames: int,
-           warmup: int) -> tuple[dict[str, list[Sample]], float]:
-    """The rows interleaved for ``frames`` frames, beside ``capture`` when given; and its frame rate."""
-    if capture is None:
-        return interleave(rows, frames, warmup), 0.0
+@contextmanager
+def decoding_camera(priority: CapturePriority, cache_dir: Path | None = None) -> Iterator[Capture]:
+    """A capture thread at ``priority`` decoding the bench clip, delivering frames, until the block ends."""
+    video = bench_video(cache_dir or Path(tempfile.gettempdir()) / "edged-bench")
+    capture = Capture(lambda: open_source(FileSource(path=video)), "bench", priority=priority)
     capture.start()
     try:
         if capture.take(FIRST_FRAME_TIMEOUT_S) is None:
             raise RuntimeError(f"the capture thread delivered no frame in {FIRST_FRAME_TIMEOUT_S:g} s: "
                                f"{capture.stats().last_error}")
+        yield capture
+    finally:
+        capture.stop()
+
+
+def _block(rows: dict[str, Row], priority: CapturePriority | None, frames: int, warmup: int,
+           cache_dir: Path | None) -> tuple[dict[str, list[Sample]], float]:
+    """The rows interleaved for ``frames`` frames, beside a capture thread when asked; and its frame rate."""
+    if priority is None:
+        return interleave(rows, frames, warmup), 0.0
+    with decoding_camera(priority, cache_dir) as capture:
         start, captured = time.monotonic(), capture.stats().frames_captured
         samples = interleave(rows, frames, warmup)
         return samples, (capture.stats().frames_captured - captured) / (time.monotonic() - start)
-    finally:
-        capture.stop()

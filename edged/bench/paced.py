@@ -11,18 +11,15 @@ priority decodes the bench's 1280x720 MJPEG clip at 30 fps throughout, as a came
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from edged.bench.contention import FIRST_FRAME_TIMEOUT_S, bench_video
+from edged.bench.contention import decoding_camera
 from edged.bench.run import Timing, bench_frame, full_path_for
-from edged.capture import Capture
-from edged.config import CapturePriority, FileSource, Spinning
-from edged.sources import open_source
+from edged.config import CapturePriority, Spinning
 
 ROUNDS = 3
 
@@ -40,15 +37,8 @@ def paced(path: Path, *, fps: float, frames: int, warmup: int, spinning: tuple[S
           conf: float, capture: CapturePriority | None = None, cache_dir: Path | None = None) -> list[PacedRun]:
     if capture is None:
         return _paced(path, fps, frames, warmup, spinning, threads, conf)
-    video = bench_video(cache_dir or Path(tempfile.gettempdir()) / "edged-bench")
-    camera = Capture(lambda: open_source(FileSource(path=video)), "bench", priority=capture)
-    camera.start()
-    try:
-        if camera.take(FIRST_FRAME_TIMEOUT_S) is None:
-            raise RuntimeError(f"the capture thread delivered no frame: {camera.stats().last_error}")
+    with decoding_camera(capture, cache_dir):
         return _paced(path, fps, frames, warmup, spinning, threads, conf)
-    finally:
-        camera.stop()
 
 
 def _paced(path: Path, fps: float, frames: int, warmup: int, spinning: tuple[Spinning, ...], threads: int,
