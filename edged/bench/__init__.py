@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast, get_args
@@ -23,6 +24,7 @@ DEMO_MODEL = Path("models") / "demo.onnx"
 ROW_TITLES = {"floor": "1 floor: session.run", "full": "2 edged full path", "naive": "3 naive reference"}
 SOAK_IMAGES = 8  # the soak cycles through this many scenes, so detection counts vary
 YOLOV8N_CANDIDATES = 64
+CACHE_DIR = Path(tempfile.gettempdir()) / "edged-bench"
 SPINNING: tuple[Spinning, ...] = get_args(Spinning)
 DEFAULT_SPINNING: Spinning = RuntimeConfig.model_fields["spinning"].default
 
@@ -46,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="time a YOLOv8n-sized model (640x640, ~8.7 GFLOPs, [1,84,8400], random weights "
                        f"with the class head calibrated so {YOLOV8N_CANDIDATES} anchors pass conf on the "
                        "bench frame), built once and cached; needs the onnx package")
-    parser.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
-                        help="where --yolov8n keeps its model (default: <tmp>/edged-bench)")
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, metavar="DIR",
+                        help=f"where --yolov8n keeps its model and --capture-load its video (default: {CACHE_DIR})")
     parser.add_argument("--frames", type=_positive, default=300, help="timed frames per row (default 300)")
     parser.add_argument("--warmup", type=_positive, default=20, help="untimed frames first (default 20)")
     parser.add_argument("--cpu-frames", type=_positive, default=None,

@@ -11,7 +11,6 @@ rounds, so that drift on a shared machine hits each alike.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,8 +44,8 @@ class ContentionRow:
 
 
 def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinning, threads: int, conf: float,
-                       cache_dir: Path | None = None) -> list[ContentionRow]:
-    bench_video(cache_dir or Path(tempfile.gettempdir()) / "edged-bench")  # written before any timing
+                       cache_dir: Path) -> list[ContentionRow]:
+    bench_video(cache_dir)  # written before any timing
     conditions: dict[str, CapturePriority | None] = {"none": None, **{p: p for p in get_args(CapturePriority)}}
     samples: dict[str, dict[str, list[Sample]]] = {c: {"floor": [], "full": []} for c in conditions}
     rates: dict[str, list[float]] = {c: [] for c in conditions}
@@ -82,9 +81,9 @@ def bench_video(folder: Path) -> Path:
 
 
 @contextmanager
-def decoding_camera(priority: CapturePriority, cache_dir: Path | None = None) -> Iterator[Capture]:
+def decoding_camera(priority: CapturePriority, cache_dir: Path) -> Iterator[Capture]:
     """A capture thread at ``priority`` decoding the bench clip, delivering frames, until the block ends."""
-    video = bench_video(cache_dir or Path(tempfile.gettempdir()) / "edged-bench")
+    video = bench_video(cache_dir)
     capture = Capture(lambda: open_source(FileSource(path=video)), "bench", priority=priority)
     capture.start()
     try:
@@ -97,7 +96,7 @@ def decoding_camera(priority: CapturePriority, cache_dir: Path | None = None) ->
 
 
 def _block(rows: dict[str, Row], priority: CapturePriority | None, frames: int, warmup: int,
-           cache_dir: Path | None) -> tuple[dict[str, list[Sample]], float]:
+           cache_dir: Path) -> tuple[dict[str, list[Sample]], float]:
     """The rows interleaved for ``frames`` frames, beside a capture thread when asked; and its frame rate."""
     if priority is None:
         return interleave(rows, frames, warmup), 0.0

@@ -34,7 +34,7 @@ class PacedRun:
 
 
 def paced(path: Path, *, fps: float, frames: int, warmup: int, spinning: tuple[Spinning, ...], threads: int,
-          conf: float, capture: CapturePriority | None = None, cache_dir: Path | None = None) -> list[PacedRun]:
+          conf: float, capture: CapturePriority | None, cache_dir: Path) -> list[PacedRun]:
     if capture is None:
         return _paced(path, fps, frames, warmup, spinning, threads, conf)
     with decoding_camera(capture, cache_dir):

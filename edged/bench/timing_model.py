@@ -18,7 +18,6 @@ onnx is a test/bench dependency, never a daemon one, so it is imported only when
 from __future__ import annotations
 
 import math
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -252,12 +251,10 @@ def build_yolov8n_like(path: Path, *, size: int = 640, candidates: int = 64, con
     return path
 
 
-def cached_yolov8n(cache_dir: Path | None = None, *, size: int = 640, candidates: int = 64,
-                   conf: float = 0.25) -> Path:
-    """The timing model from ``cache_dir`` (default: the temp folder), built on first use."""
-    folder = cache_dir or Path(tempfile.gettempdir()) / "edged-bench"
+def cached_yolov8n(cache_dir: Path, *, size: int = 640, candidates: int = 64, conf: float = 0.25) -> Path:
+    """The timing model from ``cache_dir``, built on first use."""
     conf_tag = f"{conf:g}".replace(".", "p")
-    path = folder / f"yolov8n-like-{size}-c{candidates}-conf{conf_tag}-v{BUILDER_VERSION}.onnx"
+    path = cache_dir / f"yolov8n-like-{size}-c{candidates}-conf{conf_tag}-v{BUILDER_VERSION}.onnx"
     if not path.is_file():
         build_yolov8n_like(path, size=size, candidates=candidates, conf=conf)
     return path
