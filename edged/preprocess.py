@@ -98,13 +98,13 @@ class Preprocessor:
         if self._gain is None:
             np.copyto(self._target, self._source_view)
             return self.tensor
-        if self._scaled_planes is not None:
+        if self._planes is not None:
             cv2.split(self._canvas, self._plane_views)  # channel swap + layout, into the planes
-            for plane, out, gain in self._scaled_planes:
-                cv2.multiply(plane, 1.0, dst=out, scale=gain, dtype=cv2.CV_32F)
-        elif self._planes is not None:
-            cv2.split(self._canvas, self._plane_views)
-            np.multiply(self._planes, self._gain, out=self._target)
+            if self._scaled_planes is not None:
+                for plane, out, gain in self._scaled_planes:
+                    cv2.multiply(plane, 1.0, dst=out, scale=gain, dtype=cv2.CV_32F)
+            else:
+                np.multiply(self._planes, self._gain, out=self._target)
         else:
             # One pass: strided uint8 read (channel swap), cast, scale, write.
             np.multiply(self._source_view, self._gain, out=self._target)
