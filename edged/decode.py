@@ -298,10 +298,9 @@ class Decoder:
 
         A candidate is dropped (its score set to -inf) when its box is not finite, its score is
         below conf or above 1 (counted: scores are probabilities), or its box is empty after
-        clipping to the frame. Clipping before
-        NMS means boxes lying wholly in the letterbox padding never take a ``max_det`` slot, and
-        NMS judges the float32 boxes that are returned, so no returned pair overlaps more than
-        ``iou``.
+        clipping to the frame. Clipping before NMS means boxes lying wholly in the letterbox
+        padding never take a ``max_det`` slot, and NMS judges the float32 boxes that are
+        returned, so no returned pair overlaps more than ``iou``.
         """
         boxes, scores, valid = _rows(self._boxes, 4, k), self._scores[:k], self._valid[:k]
         checks, invalid = self._checks[:, :k], self._failed[:k]
