@@ -4,7 +4,8 @@ All buffers are allocated once, when the plan is made from the contract and the 
 the uint8 canvas (pre-filled with the letterbox grey), the view of it that receives the resized
 image, uint8 channel planes, and the per-channel gain and bias. A frame then costs one
 ``cv2.resize`` straight into the canvas view, one ``cv2.split`` that reorders channels into the
-model's layout (NCHW), and one contiguous pass per plane that casts and normalises into the input
+model's layout (NCHW; a uint8 model's tensor takes the planes directly), and one contiguous pass
+per plane that casts and normalises into the input
 tensor (``cv2.multiply`` for float32, four times faster than numpy's mixed-type loop). Nothing is
 allocated per frame.
 """
@@ -56,14 +57,15 @@ class Preprocessor:
         return source, target
 
     def _split_planes(self, c: InputContract) -> tuple[np.ndarray | None, list[np.ndarray]]:
-        """For float NCHW: uint8 planes in the model's channel order, filled by one cv2.split.
+        """For NCHW: uint8 planes in the model's channel order, filled by one cv2.split.
 
         Splitting into contiguous planes first and then normalising them in one contiguous
         pass is faster than numpy reading the interleaved canvas through a transposed view.
+        A uint8 model's input tensor is itself the planes.
         """
-        if c.layout != "nchw" or c.dtype is np.uint8:
+        if c.layout != "nchw":
             return None, []
-        planes = np.empty((3, c.height, c.width), np.uint8)
+        planes = self.tensor[0] if c.dtype is np.uint8 else np.empty((3, c.height, c.width), np.uint8)
         views = [planes[i] for i in range(3)]
         if c.channel_order != self.source_order:
             views.reverse()
@@ -95,11 +97,13 @@ class Preprocessor:
                        dst=self._content, interpolation=cv2.INTER_LINEAR)
         else:
             np.copyto(self._content, image)
-        if self._gain is None:
-            np.copyto(self._target, self._source_view)
-            return self.tensor
         if self._planes is not None:
             cv2.split(self._canvas, self._plane_views)  # channel swap + layout, into the planes
+        if self._gain is None:  # a uint8 model reads the pixels as they are
+            if self._planes is None:
+                np.copyto(self._target, self._source_view)
+            return self.tensor
+        if self._planes is not None:
             if self._scaled_planes is not None:
                 for plane, out, gain in self._scaled_planes:
                     cv2.multiply(plane, 1.0, dst=out, scale=gain, dtype=cv2.CV_32F)

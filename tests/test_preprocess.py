@@ -67,11 +67,15 @@ def test_rgb_source_into_rgb_model_is_not_swapped(frame: np.ndarray) -> None:
     np.testing.assert_allclose(pre(frame), expected, atol=1e-6)
 
 
-def test_uint8_model_gets_raw_pixels(frame: np.ndarray) -> None:
-    pre = Preprocessor(contract(320, 320, dtype=np.uint8), 1280, 720)
+@pytest.mark.parametrize(("layout", "source_order"), [("nchw", "bgr"), ("nchw", "rgb"), ("nhwc", "bgr")])
+def test_uint8_model_gets_raw_pixels(frame: np.ndarray, layout: str, source_order: str) -> None:
+    pre = Preprocessor(contract(320, 320, dtype=np.uint8, layout=layout), 1280, 720, source_order)  # type: ignore[arg-type]
     out = pre(frame)
     assert out.dtype == np.uint8
-    np.testing.assert_array_equal(out[0], ultralytics_letterbox(frame, 320, 320)[..., ::-1].transpose(2, 0, 1))
+    expected = ultralytics_letterbox(frame, 320, 320)
+    if source_order == "bgr":
+        expected = expected[..., ::-1]
+    np.testing.assert_array_equal(out[0], expected.transpose(2, 0, 1) if layout == "nchw" else expected)
 
 
 def test_float16_and_mean_std(frame: np.ndarray) -> None:
