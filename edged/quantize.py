@@ -3,7 +3,9 @@
 The recipe is onnxruntime's own. ``quant_pre_process`` runs symbolic shape inference and graph
 optimisation. ``quantize_static`` then writes QDQ (QuantizeLinear/DequantizeLinear pairs, which
 the CPU EP fuses into integer kernels and which TensorRT and OpenVINO also read). Weights are
-int8 per output channel and activations uint8.
+int8 per output channel and activations uint8. When the model's input is pixels times a scale,
+that scale with zero point 0 is the input's quantisation, so the INT8 model takes the uint8
+pixels themselves (see `pixel_scale`): no float pass in preprocess, no QuantizeLinear in the model.
 
 ``reduce_range`` (7-bit weights) is off by default. The deployment targets are ARM: NEON and
 ARMv8.2 dot-product kernels widen u8 x s8 products, so nothing saturates and the eighth bit is
@@ -166,6 +168,10 @@ class CalibrationFrames(CalibrationDataReader):
     def __len__(self) -> int:
         return self._total
 
+    @property
+    def input_name(self) -> str:
+        return self._contract.input_name
+
     def set_range(self, start_index: int, end_index: int) -> None:
         self._left = end_index - start_index
 
@@ -201,9 +207,43 @@ def name_nodes(model: onnx.ModelProto) -> None:
             taken.add(name)
 
 
+def pixel_scale(contract: InputContract) -> float | None:
+    """The input's quantisation scale that makes its uint8 codes the camera's pixels, or None.
+
+    A float input that is pixels x scale (no mean, no std) quantises with that scale and zero
+    point 0 to exactly the 0..255 pixel values, so the INT8 model can take the pixels as they
+    are: preprocess skips its float pass and the model its first QuantizeLinear.
+    """
+    plain = contract.dtype is np.float32 and not any(contract.mean) and all(s == 1 for s in contract.std)
+    return contract.scale if plain else None
+
+
+def read_pixels(model: onnx.ModelProto, input_name: str) -> None:
+    """Make the model's input the uint8 codes of its QuantizeLinear, which then goes."""
+    graph = model.graph
+    consumers = [n for n in graph.node if input_name in n.input]
+    if not consumers or any(n.op_type != "QuantizeLinear" for n in consumers):
+        ops = sorted({n.op_type for n in consumers})
+        raise QuantizeError(f"input {input_name!r} also feeds float nodes ({', '.join(ops)}); "
+                            "quantise with --float-input")
+    for q in consumers:
+        for node in graph.node:
+            node.input[:] = [input_name if t == q.output[0] else t for t in node.input]
+        graph.node.remove(q)
+    next(i for i in graph.input if i.name == input_name).type.tensor_type.elem_type = onnx.TensorProto.UINT8
+
+
 def quantize(src: Path, dst: Path, frames: CalibrationFrames, *, method: str = "percentile",
-             exclude_head: bool = True, reduce_range: bool = False) -> HeadSelection:
-    """Write the QDQ INT8 model to dst; returns the head nodes kept in float."""
+             exclude_head: bool = True, reduce_range: bool = False,
+             pixel_input: float | None = None) -> HeadSelection:
+    """Write the QDQ INT8 model to dst; returns the head nodes kept in float.
+
+    With ``pixel_input`` (see `pixel_scale`) the input is quantised with that scale and zero
+    point 0, and the written model takes uint8 pixels.
+    """
+    input_name = frames.input_name
+    overrides = ({input_name: [{"scale": np.array(pixel_input, np.float32), "zero_point": np.array(0, np.uint8)}]}
+                 if pixel_input is not None else {})
     with tempfile.TemporaryDirectory(prefix="edged-quantize.") as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         try:
@@ -219,9 +259,14 @@ def quantize(src: Path, dst: Path, frames: CalibrationFrames, *, method: str = "
                     reduce_range=reduce_range, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8, nodes_to_exclude=list(head.nodes),
                     calibrate_method=METHODS[method],
-                    extra_options={"CalibStridedMinMax": chunk_size(len(frames))})
+                    extra_options={"CalibStridedMinMax": chunk_size(len(frames)),
+                                   "TensorQuantOverrides": overrides})
         except Exception as e:  # onnx and onnxruntime raise many unrelated types here
             raise QuantizeError(f"quantising {src} failed: {type(e).__name__}: {e}") from e
+    if pixel_input is not None:
+        model = onnx.load(dst)
+        read_pixels(model, input_name)
+        onnx.save(model, dst)
     return head
 
 
@@ -252,15 +297,19 @@ def _interface(model: LoadedModel) -> list[tuple[str, str, Any, str]]:
             + [("output", o.name, o.shape, o.type) for o in session.get_outputs()])
 
 
-def load_quantised(path: Path, original: LoadedModel) -> LoadedModel:
-    """Load the INT8 model as the daemon would and check it kept the original's interface."""
+def load_quantised(path: Path, original: LoadedModel, pixel_input: bool = False) -> LoadedModel:
+    """Load the INT8 model as the daemon would and check it kept the original's interface, but
+    for a uint8 input when it was quantised to take pixels."""
     try:
         model = load_model(original.cfg.model_copy(update={"path": path}), RuntimeConfig())
     except (ModelError, ContractError) as e:
         raise QuantizeError(f"the quantised model {path} does not load: {e}") from None
-    if _interface(model) != _interface(original):
-        raise QuantizeError(f"the quantised model changed the interface: {_interface(original)} -> "
-                            f"{_interface(model)}")
+    expected = _interface(original)
+    if pixel_input:
+        expected = [(kind, name, shape, "tensor(uint8)" if kind == "input" else t)
+                    for kind, name, shape, t in expected]
+    if _interface(model) != expected:
+        raise QuantizeError(f"the quantised model changed the interface: {expected} -> {_interface(model)}")
     return model
 
 
@@ -322,6 +371,7 @@ def report_document(args: argparse.Namespace, original: LoadedModel, quantised: 
         "model": str(args.model), "model_sha256": original.engine.identity.sha256,
         "int8_model": str(args.out), "int8_sha256": quantised.engine.identity.sha256,
         "quantization": {"format": "QDQ", "weights": "int8 per-channel", "activations": "uint8",
+                         "input": quantised.contract.describe(),
                          "reduce_range": args.reduce_range, "calibration_method": args.method,
                          "calibration_data": calibration},
         "excluded_nodes": head.nodes, "exclusion_reason": head.reason,
@@ -365,6 +415,19 @@ def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, Cal
     return source, CalibrationFrames(model.contract, frames, total, sys.stderr)
 
 
+def _pixel_input(args: argparse.Namespace, contract: InputContract, out: TextIO) -> float | None:
+    if args.float_input:
+        print("input: float32, as the original (--float-input)", file=out)
+        return None
+    scale = pixel_scale(contract)
+    if scale is None:
+        print(f"input: float32, as the original: its normalisation ({contract.describe()}) is more than "
+              "a scale, so uint8 codes cannot be the pixels", file=out)
+    else:
+        print(f"input: uint8 pixels (the input's quantisation is the x{scale:.6g} normalisation)", file=out)
+    return scale
+
+
 def print_head(head: HeadSelection, out: TextIO) -> None:
     print(f"kept in float: {len(head.nodes)} node(s), {head.reason}", file=out)
     for name, op in head.nodes.items():
@@ -381,10 +444,11 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(f"edged: quantize failed: {e}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        head = quantize(args.model, args.out, frames, method=args.method,
-                        exclude_head=args.exclude_head, reduce_range=args.reduce_range)
+        pixels = _pixel_input(args, original.contract, out)
+        head = quantize(args.model, args.out, frames, method=args.method, exclude_head=args.exclude_head,
+                        reduce_range=args.reduce_range, pixel_input=pixels)
         print_head(head, out)
-        quantised = load_quantised(args.out, original)
+        quantised = load_quantised(args.out, original, pixel_input=pixels is not None)
         result = compare({"fp32": original, "int8": quantised}, latency_frames=args.latency_frames,
                          eval_scenes=args.eval_scenes, eval_seed=args.eval_seed)
     except (QuantizeError, DataError) as e:

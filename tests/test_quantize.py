@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for exclude in (True, False):
         out = root / f"tiny.{'head' if exclude else 'all'}.int8.onnx"
         heads[exclude] = q.quantize(fp32, out, _frames(model, 12, 1), exclude_head=exclude)
+    q.quantize(fp32, root / "tiny.pixels.int8.onnx", _frames(model, 12, 1), pixel_input=1 / 255)
     return {"fp32": fp32, "model": model, "head": heads[True], "no_head": heads[False],
-            "int8": root / "tiny.head.int8.onnx", "int8_all": root / "tiny.all.int8.onnx"}
+            "int8": root / "tiny.head.int8.onnx", "int8_all": root / "tiny.all.int8.onnx",
+            "int8_pixels": root / "tiny.pixels.int8.onnx"}
 
 
 def test_quantised_model_keeps_the_contract_and_is_qdq(built: dict[str, Any]) -> None:
@@ -197,6 +200,37 @@ def test_outputs_stay_close_to_fp32(built: dict[str, Any]) -> None:
         assert np.abs(a[4:] - everything.run(None, x)[0][0][4:]).max() > 0.05
 
 
+def test_pixel_input_model_takes_uint8_pixels_and_matches_fp32(built: dict[str, Any]) -> None:
+    path = built["int8_pixels"]
+    assert _interface(path)[0] == ("images", [1, 3, SIZE, SIZE], "tensor(uint8)")
+    assert _interface(path)[1:] == _interface(built["fp32"])[1:]
+    graph = onnx.load(str(path)).graph
+    readers = [n for n in graph.node if "images" in n.input]
+    assert [n.op_type for n in readers] == ["DequantizeLinear"]  # no QuantizeLinear left on the input
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    assert inits[readers[0].input[1]] == np.float32(1 / 255) and inits[readers[0].input[2]] == 0
+    quantised = q.load_quantised(path, built["model"], pixel_input=True)
+    assert quantised.contract.dtype is np.uint8
+    fp32 = ort.InferenceSession(str(built["fp32"]), providers=["CPUExecutionProvider"])
+    pixels = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    float_plan, pixel_plan = Preprocessor(built["model"].contract, 320, 240), Preprocessor(quantised.contract, 320, 240)
+    _, frames = scene_samples(4, 1000, 320, 240)
+    for frame in frames:
+        a = fp32.run(None, {"images": float_plan(frame.image)})[0][0]
+        b = pixels.run(None, {"images": pixel_plan(frame.image)})[0][0]
+        assert np.abs(a[:4] - b[:4]).max() < 0.01 * float(a[:4].max() - a[:4].min())
+        assert np.abs(a[4:] - b[4:]).max() < 0.02
+
+
+def test_pixel_input_needs_a_plain_scale_and_an_input_only_quantised(built: dict[str, Any]) -> None:
+    contract = built["model"].contract
+    assert q.pixel_scale(contract) == pytest.approx(1 / 255)
+    assert q.pixel_scale(replace(contract, mean=(0.485, 0.456, 0.406))) is None
+    assert q.pixel_scale(replace(contract, std=(0.229, 0.224, 0.225))) is None
+    with pytest.raises(q.QuantizeError, match="--float-input"):
+        q.read_pixels(onnx.load(str(built["fp32"])), "images")  # the float input feeds a Conv
+
+
 def test_unfamiliar_graphs_exclude_nothing_without_crashing(tmp_path: Path) -> None:
     probe = q.find_head(onnx.load(str(colour_probe(tmp_path / "probe.onnx"))))
     assert probe.nodes == {} and "excluding nothing" in probe.reason
@@ -234,8 +268,8 @@ def test_unloadable_result_fails_with_a_message(built: dict[str, Any], tmp_path:
 
     monkeypatch.setattr(q, "quantize", broken)
     args = argparse.Namespace(model=built["fp32"], out=tmp_path / "x.onnx", calib_images=None, calib_scenes=2,
-                              seed=1, method="minmax", exclude_head=True, reduce_range=False, eval_scenes=0,
-                              eval_seed=0, latency_frames=0, report=None)
+                              seed=1, method="minmax", exclude_head=True, reduce_range=False, float_input=False,
+                              eval_scenes=0, eval_seed=0, latency_frames=0, report=None)
     assert q.run_quantize(args) == EXIT_FAILURE
     assert "quantised model" in capsys.readouterr().err
 
@@ -248,7 +282,10 @@ def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:
     assert "kept in float" in result.stdout and "softplus (Softplus)" in result.stdout
     assert "mAP@0.5" in result.stdout and "ms per frame" in result.stdout
     doc = json.loads(report.read_text())
+    assert "input: uint8 pixels" in result.stdout
     assert doc["quantization"] == {"format": "QDQ", "weights": "int8 per-channel", "activations": "uint8",
+                                   "input": "images [1, 3, 64, 64] uint8 nchw rgb letterbox scale=0.00392157 "
+                                            "mean=[0.0, 0.0, 0.0] std=[1.0, 1.0, 1.0]",
                                    "reduce_range": False, "calibration_method": "percentile",
                                    "calibration_data": "scenes seed=1 n=8"}
     assert DECODE_OPS <= set(doc["excluded_nodes"].values()) and doc["exclusion_reason"]
@@ -261,6 +298,15 @@ def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:
     assert accuracy["map50_delta_points"] == pytest.approx(
         100 * (accuracy["int8"]["map50"] - accuracy["fp32"]["map50"]))
     assert doc["model_sha256"] != doc["int8_sha256"] and "cpu" in doc["machine"]
+
+
+def test_cli_float_input_keeps_the_original_input(built: dict[str, Any], tmp_path: Path) -> None:
+    out = tmp_path / "tiny.int8.onnx"
+    result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(out), "--calib-scenes", "4",
+                     "--eval-scenes", "0", "--latency-frames", "0", "--float-input")
+    assert result.returncode == 0, result.stderr
+    assert "input: float32, as the original (--float-input)" in result.stdout
+    assert _interface(out) == _interface(built["fp32"])
 
 
 def test_unnamed_nodes_are_named_so_the_head_can_be_excluded(tmp_path: Path) -> None:
