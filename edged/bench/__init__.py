@@ -109,6 +109,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from edged.engine import ModelError
 
     try:
+        if args.pace_capture is not None and args.pace is None:
+            raise UsageError("--pace-capture only applies with --pace FPS")
         path, origin = resolve_model(args)
         report: dict[str, Any] = {}
         if args.cold_start:
