@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import re
-import tomllib
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the backport edged depends on there
+    import tomli as tomllib
 
 import pytest
 from pydantic import BaseModel

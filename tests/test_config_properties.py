@@ -9,10 +9,15 @@ import json
 import math
 import os
 import re
-import tomllib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the backport edged depends on there
+    import tomli as tomllib
 
 import pytest
 from hypothesis import assume, event, given, settings
