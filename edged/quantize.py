@@ -3,9 +3,14 @@
 The recipe is onnxruntime's own. ``quant_pre_process`` runs symbolic shape inference and graph
 optimisation. ``quantize_static`` then writes QDQ (QuantizeLinear/DequantizeLinear pairs, which
 the CPU EP fuses into integer kernels and which TensorRT and OpenVINO also read). Weights are
-int8 per output channel and activations uint8. When the model's input is pixels times a scale,
-that scale with zero point 0 is the input's quantisation, so the INT8 model takes the uint8
-pixels themselves (see `pixel_scale`): no float pass in preprocess, no QuantizeLinear in the model.
+int8 per output channel and activations uint8.
+
+The convolutions that read the image stay float (see `find_stem`): over 3 input channels
+onnxruntime's int8 convolution misses its fast kernels and is slower than float. Quantised
+instead (``--no-float-stem``), they let the INT8 model take the camera's uint8 pixels as they
+are: when the input is pixels times a scale, that scale with zero point 0 is the input's
+quantisation (see `pixel_scale`), so preprocess skips its float pass and the model its first
+QuantizeLinear. Which is faster depends on the board's kernels; the report says.
 
 ``reduce_range`` (7-bit weights) is off by default. The deployment targets are ARM: NEON and
 ARMv8.2 dot-product kernels widen u8 x s8 products, so nothing saturates and the eighth bit is
@@ -73,11 +78,20 @@ class QuantizeError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class HeadSelection:
+class FloatNodes:
     """Nodes to keep in float, each with its op type, and why (or why none)."""
 
     nodes: dict[str, str]
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Quantised:
+    """What `quantize` kept in float, and whether the INT8 model takes uint8 pixels."""
+
+    head: FloatNodes
+    stem: FloatNodes
+    pixel_input: bool
 
 
 # ---- the head ---------------------------------------------------------------------------------
@@ -124,7 +138,7 @@ def _candidate_region(model: onnx.ModelProto, heavy: set[int]) -> set[int]:
     return region if len(region & heavy) <= 1 else set()
 
 
-def find_head(model: onnx.ModelProto) -> HeadSelection:
+def find_head(model: onnx.ModelProto) -> FloatNodes:
     """The decode head: nodes after the last Conv/Gemm/MatMul (sigmoid, box math, final concat),
     plus the region that carries the candidate axis (a DFL convolution) when there is one.
 
@@ -134,18 +148,29 @@ def find_head(model: onnx.ModelProto) -> HeadSelection:
     nodes = list(model.graph.node)
     heavy = {i for i, n in enumerate(nodes) if n.op_type in HEAVY_OPS}
     if not heavy:
-        return HeadSelection({}, "the graph has no Conv/Gemm/MatMul, so no head to tell apart; excluding nothing")
+        return FloatNodes({}, "the graph has no Conv/Gemm/MatMul, so no head to tell apart; excluding nothing")
     tail = _reach(nodes, heavy, forward=True) - _reach(nodes, heavy, forward=False) - heavy
     region = _candidate_region(model, heavy)
     picked = sorted(tail | region)
     if not picked:
-        return HeadSelection({}, "the output comes straight from a Conv/Gemm/MatMul; nothing after it to "
+        return FloatNodes({}, "the output comes straight from a Conv/Gemm/MatMul; nothing after it to "
                                  "keep in float; excluding nothing")
     why = ("after the last Conv/Gemm/MatMul: box decode, sigmoid and final concat, whose tensors mix "
            "input-pixel coordinates with 0..1 scores")
     if region - tail:
         why += f", plus the {len(region - tail)} node(s) that decode the candidate axis"
-    return HeadSelection({nodes[i].name: nodes[i].op_type for i in picked}, why)
+    return FloatNodes({nodes[i].name: nodes[i].op_type for i in picked}, why)
+
+
+def find_stem(model: onnx.ModelProto) -> FloatNodes:
+    """The Conv/Gemm/MatMul nodes that read the model's input (the image) directly."""
+    inputs = {i.name for i in model.graph.input}
+    stem = {n.name: n.op_type for n in model.graph.node if n.op_type in HEAVY_OPS and inputs & set(n.input)}
+    if not stem:
+        return FloatNodes({}, "no Conv/Gemm/MatMul reads the input directly; excluding nothing")
+    return FloatNodes(stem, "read the image: onnxruntime's int8 convolution over 3 input channels has no fast "
+                            "kernel and runs slower than float (the demo model's stem: 0.89 ms against 0.35 ms "
+                            "on x86 with VNNI)")
 
 
 # ---- calibration ------------------------------------------------------------------------------
@@ -218,28 +243,28 @@ def pixel_scale(contract: InputContract) -> float | None:
     return contract.scale if plain else None
 
 
-def read_pixels(model: onnx.ModelProto, input_name: str) -> None:
-    """Make the model's input the uint8 codes of its QuantizeLinear, which then goes."""
+def read_pixels(model: onnx.ModelProto, input_name: str) -> bool:
+    """Make the model's input the uint8 codes of its QuantizeLinear, which then goes; False, and
+    the model untouched, when a float node reads the input too."""
     graph = model.graph
     consumers = [n for n in graph.node if input_name in n.input]
     if not consumers or any(n.op_type != "QuantizeLinear" for n in consumers):
-        ops = sorted({n.op_type for n in consumers})
-        raise QuantizeError(f"input {input_name!r} also feeds float nodes ({', '.join(ops)}); "
-                            "quantise with --float-input")
+        return False
     for q in consumers:
         for node in graph.node:
             node.input[:] = [input_name if t == q.output[0] else t for t in node.input]
         graph.node.remove(q)
     next(i for i in graph.input if i.name == input_name).type.tensor_type.elem_type = onnx.TensorProto.UINT8
+    return True
 
 
 def quantize(src: Path, dst: Path, frames: CalibrationFrames, *, method: str = "percentile",
-             exclude_head: bool = True, reduce_range: bool = False,
-             pixel_input: float | None = None) -> HeadSelection:
-    """Write the QDQ INT8 model to dst; returns the head nodes kept in float.
+             exclude_head: bool = True, float_stem: bool = True, reduce_range: bool = False,
+             pixel_input: float | None = None) -> Quantised:
+    """Write the QDQ INT8 model to dst; returns what stayed float and the input it takes.
 
     With ``pixel_input`` (see `pixel_scale`) the input is quantised with that scale and zero
-    point 0, and the written model takes uint8 pixels.
+    point 0, and when only quantised nodes read it the written model takes uint8 pixels.
     """
     input_name = frames.input_name
     overrides = ({input_name: [{"scale": np.array(pixel_input, np.float32), "zero_point": np.array(0, np.uint8)}]}
@@ -252,22 +277,25 @@ def quantize(src: Path, dst: Path, frames: CalibrationFrames, *, method: str = "
             name_nodes(model)
             onnx.save(model, prepared)
             head = (find_head(model) if exclude_head
-                    else HeadSelection({}, "head exclusion turned off (--no-exclude-head)"))
+                    else FloatNodes({}, "head exclusion turned off (--no-exclude-head)"))
+            stem = find_stem(model) if float_stem else FloatNodes({}, "quantised too (--no-float-stem)")
             with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print()
                 quantize_static(
                     prepared, dst, frames, quant_format=QuantFormat.QDQ, per_channel=True,
                     reduce_range=reduce_range, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, nodes_to_exclude=list(head.nodes),
+                    weight_type=QuantType.QInt8, nodes_to_exclude=[*head.nodes, *stem.nodes],
                     calibrate_method=METHODS[method],
                     extra_options={"CalibStridedMinMax": chunk_size(len(frames)),
                                    "TensorQuantOverrides": overrides})
         except Exception as e:  # onnx and onnxruntime raise many unrelated types here
             raise QuantizeError(f"quantising {src} failed: {type(e).__name__}: {e}") from e
+    pixels = False
     if pixel_input is not None:
         model = onnx.load(dst)
-        read_pixels(model, input_name)
-        onnx.save(model, dst)
-    return head
+        pixels = read_pixels(model, input_name)
+        if pixels:
+            onnx.save(model, dst)
+    return Quantised(head, stem, pixels)
 
 
 # ---- before/after -----------------------------------------------------------------------------
@@ -276,7 +304,8 @@ def quantize(src: Path, dst: Path, frames: CalibrationFrames, *, method: str = "
 class Comparison:
     """Both models measured the same way; empty where a measurement was skipped."""
 
-    latency_ms: dict[str, float] = field(default_factory=dict)
+    latency_ms: dict[str, float] = field(default_factory=dict)  # whole frame
+    inference_ms: dict[str, float] = field(default_factory=dict)  # the engine's run alone
     latency_frames: int = 0
     accuracy: dict[str, EvalReport] = field(default_factory=dict)
     accuracy_data: str = ""
@@ -284,6 +313,10 @@ class Comparison:
     @property
     def speedup(self) -> float | None:
         return self.latency_ms["fp32"] / self.latency_ms["int8"] if self.latency_ms else None
+
+    @property
+    def inference_speedup(self) -> float | None:
+        return self.inference_ms["fp32"] / self.inference_ms["int8"] if self.inference_ms else None
 
     @property
     def map50_delta_points(self) -> float | None:
@@ -316,18 +349,21 @@ def load_quantised(path: Path, original: LoadedModel, pixel_input: bool = False)
 def _timed(plan: FramePipeline, image: np.ndarray) -> Row:
     def row() -> Sample:
         t0 = time.perf_counter_ns()
-        plan.process(image)
-        return Sample((time.perf_counter_ns() - t0) / 1e6)
+        _, times = plan.process(image)
+        return Sample((time.perf_counter_ns() - t0) / 1e6, {"inference": times.inference_ms})
     return row
 
 
-def measure_latency(models: dict[str, LoadedModel], frames: int) -> dict[str, float]:
-    """Median ms per frame of the full per-frame path, the models interleaved after a warm-up."""
+def measure_latency(models: dict[str, LoadedModel], frames: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median ms per frame of the full per-frame path, and of its inference alone, the models
+    interleaved after a warm-up."""
     image = bench_frame()
     h, w = image.shape[:2]
     rows = {name: _timed(FramePipeline(m, w, h, "bgr"), image) for name, m in models.items()}
     samples = interleave(rows, frames, LATENCY_WARMUP)
-    return {name: float(np.median([s.total_ms for s in runs])) for name, runs in samples.items()}
+    frame = {name: float(np.median([s.total_ms for s in runs])) for name, runs in samples.items()}
+    inference = {name: float(np.median([s.stages["inference"] for s in runs])) for name, runs in samples.items()}
+    return frame, inference
 
 
 def compare(models: dict[str, LoadedModel], *, latency_frames: int, eval_scenes: int,
@@ -338,7 +374,8 @@ def compare(models: dict[str, LoadedModel], *, latency_frames: int, eval_scenes:
         if latency_frames > 0:
             print(f"timing {' vs '.join(models)} on a {'x'.join(map(str, SCENE_SIZE))} frame, "
                   f"{latency_frames} interleaved frames each ...", file=log)
-            result.latency_ms, result.latency_frames = measure_latency(models, latency_frames), latency_frames
+            result.latency_ms, result.inference_ms = measure_latency(models, latency_frames)
+            result.latency_frames = latency_frames
         if eval_scenes > 0:
             result.accuracy_data = f"scenes seed={eval_seed} n={eval_scenes}"
             for name, model in models.items():
@@ -356,6 +393,9 @@ def format_comparison(c: Comparison) -> str:
         fp, q = c.latency_ms["fp32"], c.latency_ms["int8"]
         lines.append(f"{'ms per frame':<18}{fp:>10.2f}{q:>10.2f}  {c.speedup:.2f}x "
                      f"(median of {c.latency_frames}, FramePipeline.process, interleaved)")
+        fp, q = c.inference_ms["fp32"], c.inference_ms["int8"]
+        lines.append(f"{'ms inference':<18}{fp:>10.2f}{q:>10.2f}  {c.inference_speedup:.2f}x "
+                     "(the engine's IOBinding run within those frames)")
     if c.accuracy:
         for label, key in (("mAP@0.5", "map50"), ("mAP@0.5:0.95", "map50_95"),
                            ("precision", "precision"), ("recall", "recall")):
@@ -366,7 +406,7 @@ def format_comparison(c: Comparison) -> str:
 
 
 def report_document(args: argparse.Namespace, original: LoadedModel, quantised: LoadedModel,
-                    head: HeadSelection, calibration: str, c: Comparison) -> dict[str, Any]:
+                    result: Quantised, calibration: str, c: Comparison) -> dict[str, Any]:
     return {
         "model": str(args.model), "model_sha256": original.engine.identity.sha256,
         "int8_model": str(args.out), "int8_sha256": quantised.engine.identity.sha256,
@@ -374,10 +414,14 @@ def report_document(args: argparse.Namespace, original: LoadedModel, quantised: 
                          "input": quantised.contract.describe(),
                          "reduce_range": args.reduce_range, "calibration_method": args.method,
                          "calibration_data": calibration},
-        "excluded_nodes": head.nodes, "exclusion_reason": head.reason,
+        "excluded_nodes": {**result.head.nodes, **result.stem.nodes},
+        "exclusion_reason": {"head": result.head.reason, "stem": result.stem.reason},
         "latency": {"frame": "x".join(map(str, SCENE_SIZE)), "frames": c.latency_frames,
                     "warmup": LATENCY_WARMUP, "fp32_median_ms": c.latency_ms.get("fp32"),
-                    "int8_median_ms": c.latency_ms.get("int8"), "speedup": c.speedup},
+                    "int8_median_ms": c.latency_ms.get("int8"), "speedup": c.speedup,
+                    "fp32_inference_median_ms": c.inference_ms.get("fp32"),
+                    "int8_inference_median_ms": c.inference_ms.get("int8"),
+                    "inference_speedup": c.inference_speedup},
         "accuracy": {"data": c.accuracy_data, "map50_delta_points": c.map50_delta_points,
                      **{name: r.to_dict() for name, r in c.accuracy.items()}},
         "machine": machine_info(),
@@ -415,23 +459,19 @@ def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, Cal
     return source, CalibrationFrames(model.contract, frames, total, sys.stderr)
 
 
-def _pixel_input(args: argparse.Namespace, contract: InputContract, out: TextIO) -> float | None:
-    if args.float_input:
-        print("input: float32, as the original (--float-input)", file=out)
-        return None
-    scale = pixel_scale(contract)
-    if scale is None:
-        print(f"input: float32, as the original: its normalisation ({contract.describe()}) is more than "
-              "a scale, so uint8 codes cannot be the pixels", file=out)
+def print_result(result: Quantised, contract: InputContract, out: TextIO) -> None:
+    for part in (result.head, result.stem):
+        print(f"kept in float: {len(part.nodes)} node(s), {part.reason}", file=out)
+        for name, op in part.nodes.items():
+            print(f"  {name} ({op})", file=out)
+    if result.pixel_input:
+        print(f"input: uint8 pixels (the input's quantisation is the x{contract.scale:.6g} normalisation)", file=out)
+    elif pixel_scale(contract) is None:
+        print(f"input: float32, as the original: its normalisation ({contract.describe()}) is more than a "
+              "scale, so uint8 codes cannot be the pixels", file=out)
     else:
-        print(f"input: uint8 pixels (the input's quantisation is the x{scale:.6g} normalisation)", file=out)
-    return scale
-
-
-def print_head(head: HeadSelection, out: TextIO) -> None:
-    print(f"kept in float: {len(head.nodes)} node(s), {head.reason}", file=out)
-    for name, op in head.nodes.items():
-        print(f"  {name} ({op})", file=out)
+        print("input: float32, as the original: the float stem reads it (--no-float-stem would take uint8 "
+              "pixels)", file=out)
 
 
 def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -444,19 +484,19 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(f"edged: quantize failed: {e}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        pixels = _pixel_input(args, original.contract, out)
-        head = quantize(args.model, args.out, frames, method=args.method, exclude_head=args.exclude_head,
-                        reduce_range=args.reduce_range, pixel_input=pixels)
-        print_head(head, out)
-        quantised = load_quantised(args.out, original, pixel_input=pixels is not None)
-        result = compare({"fp32": original, "int8": quantised}, latency_frames=args.latency_frames,
-                         eval_scenes=args.eval_scenes, eval_seed=args.eval_seed)
+        result = quantize(args.model, args.out, frames, method=args.method, exclude_head=args.exclude_head,
+                          float_stem=args.float_stem, reduce_range=args.reduce_range,
+                          pixel_input=pixel_scale(original.contract))
+        print_result(result, original.contract, out)
+        quantised = load_quantised(args.out, original, pixel_input=result.pixel_input)
+        comparison = compare({"fp32": original, "int8": quantised}, latency_frames=args.latency_frames,
+                             eval_scenes=args.eval_scenes, eval_seed=args.eval_seed)
     except (QuantizeError, DataError) as e:
         print(f"edged: quantize failed: {e}", file=sys.stderr)
         return EXIT_FAILURE
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB, calibrated on {calibration})", file=out)
-    print(format_comparison(result), file=out)
+    print(format_comparison(comparison), file=out)
     if args.report is not None:
-        document = report_document(args, original, quantised, head, calibration, result)
+        document = report_document(args, original, quantised, result, calibration, comparison)
         args.report.write_text(json.dumps(document, indent=2) + "\n")
     return 0

@@ -135,21 +135,24 @@ def _quantised_tensors(model: onnx.ModelProto) -> set[str]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One FP32 model quantised twice (head kept in float, and not), shared by the tests."""
+    """One FP32 model quantised three ways (the default; head quantised too; stem quantised too,
+    taking pixels), shared by the tests."""
     root = tmp_path_factory.mktemp("quantize")
     fp32 = tiny_detector(root / "tiny.onnx")
     model = _load(fp32)
     heads = {}
     for exclude in (True, False):
         out = root / f"tiny.{'head' if exclude else 'all'}.int8.onnx"
-        heads[exclude] = q.quantize(fp32, out, _frames(model, 12, 1), exclude_head=exclude)
-    q.quantize(fp32, root / "tiny.pixels.int8.onnx", _frames(model, 12, 1), pixel_input=1 / 255)
-    return {"fp32": fp32, "model": model, "head": heads[True], "no_head": heads[False],
+        heads[exclude] = q.quantize(fp32, out, _frames(model, 12, 1), exclude_head=exclude, pixel_input=1 / 255)
+    pixels = q.quantize(fp32, root / "tiny.pixels.int8.onnx", _frames(model, 12, 1), float_stem=False,
+                        pixel_input=1 / 255)
+    return {"fp32": fp32, "model": model, "default": heads[True], "no_head": heads[False], "pixels": pixels,
             "int8": root / "tiny.head.int8.onnx", "int8_all": root / "tiny.all.int8.onnx",
             "int8_pixels": root / "tiny.pixels.int8.onnx"}
 
 
 def test_quantised_model_keeps_the_contract_and_is_qdq(built: dict[str, Any]) -> None:
+    assert not built["default"].pixel_input  # the float stem reads the float input
     assert _interface(built["int8"]) == _interface(built["fp32"])
     assert _interface(built["int8"])[0] == ("images", [1, 3, SIZE, SIZE], "tensor(float)")
     ops = {n.op_type for n in onnx.load(str(built["int8"])).graph.node}
@@ -163,14 +166,16 @@ def test_weights_are_int8_per_channel(built: dict[str, Any]) -> None:
     inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     conv_weights = [n.input[0] for n in graph.node if n.op_type == "DequantizeLinear"
                     and inits.get(n.input[0]) is not None and inits[n.input[0]].ndim == 4]
-    assert len(conv_weights) == 5
+    assert len(conv_weights) == 4  # the fifth, conv0, reads the image and stays float
     assert all(inits[w].dtype == np.int8 for w in conv_weights)
+    conv0 = next(n for n in graph.node if n.name == "conv0")
+    assert conv0.op_type == "Conv" and inits[conv0.input[1]].dtype == np.float32
     scales = [n.input[1] for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in conv_weights]
     assert all(inits[s].size > 1 for s in scales)  # one scale per output channel
 
 
 def test_head_nodes_are_found_and_stay_float(built: dict[str, Any]) -> None:
-    head: q.HeadSelection = built["head"]
+    head = built["default"].head
     assert DECODE_OPS <= set(head.nodes.values())
     assert "Conv" not in head.nodes.values() and "Relu" not in head.nodes.values()
     assert {"softplus", "dist", "split", "x1y1", "cxcy", "wh", "scores", "output"} <= set(head.nodes)
@@ -181,7 +186,18 @@ def test_head_nodes_are_found_and_stay_float(built: dict[str, Any]) -> None:
     assert not head_outputs & _quantised_tensors(onnx.load(str(built["int8"])))
     # Without the exclusion the same tensors are quantised: the check above can fail.
     assert head_outputs & _quantised_tensors(onnx.load(str(built["int8_all"])))
-    assert built["no_head"].nodes == {}
+    assert built["no_head"].head.nodes == {}
+
+
+def test_the_convolutions_reading_the_image_are_the_stem(built: dict[str, Any]) -> None:
+    assert built["default"].stem.nodes == {"conv0": "Conv"} and "slower than float" in built["default"].stem.reason
+    assert built["pixels"].stem.nodes == {}
+    for path, weights in ((built["int8"], "float"), (built["int8_pixels"], "DequantizeLinear")):
+        graph = onnx.load(str(path)).graph
+        producers = {t: n.op_type for n in graph.node for t in n.output}
+        conv0 = next(n for n in graph.node if n.name == "conv0")
+        assert producers.get(conv0.input[1], "float") == weights  # int8 weights reach a Conv through a DQ
+    assert q.find_stem(onnx.load(str(built["fp32"]))).nodes == {"conv0": "Conv"}
 
 
 def test_outputs_stay_close_to_fp32(built: dict[str, Any]) -> None:
@@ -201,6 +217,7 @@ def test_outputs_stay_close_to_fp32(built: dict[str, Any]) -> None:
 
 
 def test_pixel_input_model_takes_uint8_pixels_and_matches_fp32(built: dict[str, Any]) -> None:
+    assert built["pixels"].pixel_input
     path = built["int8_pixels"]
     assert _interface(path)[0] == ("images", [1, 3, SIZE, SIZE], "tensor(uint8)")
     assert _interface(path)[1:] == _interface(built["fp32"])[1:]
@@ -227,8 +244,9 @@ def test_pixel_input_needs_a_plain_scale_and_an_input_only_quantised(built: dict
     assert q.pixel_scale(contract) == pytest.approx(1 / 255)
     assert q.pixel_scale(replace(contract, mean=(0.485, 0.456, 0.406))) is None
     assert q.pixel_scale(replace(contract, std=(0.229, 0.224, 0.225))) is None
-    with pytest.raises(q.QuantizeError, match="--float-input"):
-        q.read_pixels(onnx.load(str(built["fp32"])), "images")  # the float input feeds a Conv
+    model = onnx.load(str(built["fp32"]))
+    assert not q.read_pixels(model, "images")  # the float input feeds a Conv: left as it is
+    assert model == onnx.load(str(built["fp32"]))
 
 
 def test_unfamiliar_graphs_exclude_nothing_without_crashing(tmp_path: Path) -> None:
@@ -262,13 +280,13 @@ def test_cli_rejects_a_missing_or_corrupt_model(tmp_path: Path) -> None:
 
 def test_unloadable_result_fails_with_a_message(built: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    def broken(src: Path, dst: Path, frames: q.CalibrationFrames, **_: object) -> q.HeadSelection:
+    def broken(src: Path, dst: Path, frames: q.CalibrationFrames, **_: object) -> q.Quantised:
         dst.write_bytes(b"truncated")
-        return q.HeadSelection({}, "test")
+        return q.Quantised(q.FloatNodes({}, "test"), q.FloatNodes({}, "test"), pixel_input=False)
 
     monkeypatch.setattr(q, "quantize", broken)
     args = argparse.Namespace(model=built["fp32"], out=tmp_path / "x.onnx", calib_images=None, calib_scenes=2,
-                              seed=1, method="minmax", exclude_head=True, reduce_range=False, float_input=False,
+                              seed=1, method="minmax", exclude_head=True, reduce_range=False, float_stem=True,
                               eval_scenes=0, eval_seed=0, latency_frames=0, report=None)
     assert q.run_quantize(args) == EXIT_FAILURE
     assert "quantised model" in capsys.readouterr().err
@@ -282,16 +300,21 @@ def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:
     assert "kept in float" in result.stdout and "softplus (Softplus)" in result.stdout
     assert "mAP@0.5" in result.stdout and "ms per frame" in result.stdout
     doc = json.loads(report.read_text())
-    assert "input: uint8 pixels" in result.stdout
+    assert "input: float32, as the original: the float stem reads it" in result.stdout
+    assert "ms inference" in result.stdout
     assert doc["quantization"] == {"format": "QDQ", "weights": "int8 per-channel", "activations": "uint8",
-                                   "input": "images [1, 3, 64, 64] uint8 nchw rgb letterbox scale=0.00392157 "
+                                   "input": "images [1, 3, 64, 64] float32 nchw rgb letterbox scale=0.00392157 "
                                             "mean=[0.0, 0.0, 0.0] std=[1.0, 1.0, 1.0]",
                                    "reduce_range": False, "calibration_method": "percentile",
                                    "calibration_data": "scenes seed=1 n=8"}
-    assert DECODE_OPS <= set(doc["excluded_nodes"].values()) and doc["exclusion_reason"]
+    assert DECODE_OPS <= set(doc["excluded_nodes"].values()) and doc["excluded_nodes"]["conv0"] == "Conv"
+    assert doc["exclusion_reason"].keys() == {"head", "stem"}
     latency = doc["latency"]
     assert latency["frames"] == 5 and latency["fp32_median_ms"] > 0 and latency["int8_median_ms"] > 0
     assert latency["speedup"] == pytest.approx(latency["fp32_median_ms"] / latency["int8_median_ms"])
+    assert 0 < latency["int8_inference_median_ms"] < latency["int8_median_ms"]
+    assert latency["inference_speedup"] == pytest.approx(
+        latency["fp32_inference_median_ms"] / latency["int8_inference_median_ms"])
     accuracy = doc["accuracy"]
     assert accuracy["data"] == "scenes seed=0 n=3"
     assert {"map50", "map50_95", "precision", "recall"} <= accuracy["fp32"].keys() & accuracy["int8"].keys()
@@ -300,13 +323,13 @@ def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:
     assert doc["model_sha256"] != doc["int8_sha256"] and "cpu" in doc["machine"]
 
 
-def test_cli_float_input_keeps_the_original_input(built: dict[str, Any], tmp_path: Path) -> None:
+def test_cli_no_float_stem_takes_uint8_pixels(built: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "tiny.int8.onnx"
     result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(out), "--calib-scenes", "4",
-                     "--eval-scenes", "0", "--latency-frames", "0", "--float-input")
+                     "--eval-scenes", "0", "--latency-frames", "0", "--no-float-stem")
     assert result.returncode == 0, result.stderr
-    assert "input: float32, as the original (--float-input)" in result.stdout
-    assert _interface(out) == _interface(built["fp32"])
+    assert "input: uint8 pixels" in result.stdout and "quantised too (--no-float-stem)" in result.stdout
+    assert _interface(out)[0] == ("images", [1, 3, SIZE, SIZE], "tensor(uint8)")
 
 
 def test_unnamed_nodes_are_named_so_the_head_can_be_excluded(tmp_path: Path) -> None:
