@@ -16,19 +16,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 STRIDES: tuple[int, ...] = (8, 16, 32)
+# SiLU for the shipped model; ReLU folds into an INT8 convolution, while each SiLU stays a
+# separate sigmoid and multiply (models/README.md, "INT8 variant", compares the two).
+ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "relu": nn.ReLU}
 
 
-def conv(c_in: int, c_out: int, k: int = 3, s: int = 1) -> nn.Sequential:
+def conv(c_in: int, c_out: int, k: int = 3, s: int = 1, act: str = "silu") -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False),
-                         nn.BatchNorm2d(c_out), nn.SiLU(inplace=True))
+                         nn.BatchNorm2d(c_out), ACTIVATIONS[act](inplace=True))
 
 
 class Residual(nn.Module):
     """Two 3x3 convs with a skip connection."""
 
-    def __init__(self, c: int) -> None:
+    def __init__(self, c: int, act: str) -> None:
         super().__init__()
-        self.body = nn.Sequential(conv(c, c), conv(c, c))
+        self.body = nn.Sequential(conv(c, c, act=act), conv(c, c, act=act))
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.body(x)
@@ -37,10 +40,10 @@ class Residual(nn.Module):
 class Head(nn.Module):
     """Decoupled branches for one level: 4 box distances (ltrb, in strides) and nc class logits."""
 
-    def __init__(self, c: int, nc: int) -> None:
+    def __init__(self, c: int, nc: int, act: str) -> None:
         super().__init__()
-        self.box = nn.Sequential(conv(c, c), nn.Conv2d(c, 4, 1))
-        self.cls = nn.Sequential(conv(c, c), nn.Conv2d(c, nc, 1))
+        self.box = nn.Sequential(conv(c, c, act=act), nn.Conv2d(c, 4, 1))
+        self.cls = nn.Sequential(conv(c, c, act=act), nn.Conv2d(c, nc, 1))
         nn.init.constant_(self.box[-1].get_parameter("bias"), 0.5)
         nn.init.constant_(self.cls[-1].get_parameter("bias"), -math.log(99.0))
 
@@ -51,16 +54,16 @@ class Head(nn.Module):
 class Detector(nn.Module):
     """320x320 RGB in; raw per-anchor (ltrb distances in pixels, class logits) out."""
 
-    def __init__(self, nc: int = 3, width: tuple[int, ...] = (16, 24, 48, 96, 128)) -> None:
+    def __init__(self, nc: int = 3, width: tuple[int, ...] = (16, 24, 48, 96, 128), act: str = "silu") -> None:
         super().__init__()
         c1, c2, c3, c4, c5 = width
-        self.stem = nn.Sequential(conv(3, c1, 3, 2), conv(c1, c2, 3, 2))
-        self.p3 = nn.Sequential(conv(c2, c3, 3, 2), Residual(c3))
-        self.p4 = nn.Sequential(conv(c3, c4, 3, 2), Residual(c4))
-        self.p5 = nn.Sequential(conv(c4, c5, 3, 2), Residual(c5))
-        self.lat5, self.lat4, self.lat3 = conv(c5, c3, 1), conv(c4, c3, 1), conv(c3, c3, 1)
-        self.fuse4, self.fuse3 = conv(c3, c3), conv(c3, c3)
-        self.heads = nn.ModuleList(Head(c3, nc) for _ in STRIDES)
+        self.stem = nn.Sequential(conv(3, c1, 3, 2, act), conv(c1, c2, 3, 2, act))
+        self.p3 = nn.Sequential(conv(c2, c3, 3, 2, act), Residual(c3, act))
+        self.p4 = nn.Sequential(conv(c3, c4, 3, 2, act), Residual(c4, act))
+        self.p5 = nn.Sequential(conv(c4, c5, 3, 2, act), Residual(c5, act))
+        self.lat5, self.lat4, self.lat3 = conv(c5, c3, 1, act=act), conv(c4, c3, 1, act=act), conv(c3, c3, 1, act=act)
+        self.fuse4, self.fuse3 = conv(c3, c3, act=act), conv(c3, c3, act=act)
+        self.heads = nn.ModuleList(Head(c3, nc, act) for _ in STRIDES)
         self.nc = nc
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:

@@ -107,7 +107,7 @@ def train(args: argparse.Namespace) -> Ema:
     start = time.perf_counter()
     images, boxes, classes = build_cache(args.scenes)
     print(f"cache: {len(images)} scenes in {time.perf_counter() - start:.0f} s", flush=True)
-    model = Detector(len(CLASS_NAMES))
+    model = Detector(len(CLASS_NAMES), act=args.act)
     model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     points, strides = anchor_points(SIZE)
     criterion = TaskAlignedLoss(points, strides, len(CLASS_NAMES))
@@ -167,6 +167,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--act", choices=("silu", "relu"), default="silu",
+                    help="activation after every conv (silu: the shipped model; relu: the INT8 experiment)")
     ap.add_argument("--out", type=Path, default=Path("models/demo.onnx"))
     ap.add_argument("--eval-count", type=int, default=500)
     args = ap.parse_args()
