@@ -54,11 +54,10 @@ class InputContract:
         return self.shape[3] if self.layout == "nchw" else self.shape[2]
 
     def describe(self) -> str:
-        return (
-            f"{self.input_name} {list(self.shape)} {np.dtype(self.dtype).name} {self.layout} "
-            f"{self.channel_order} {self.resize} scale={self.scale:.6g} mean={list(self.mean)} "
-            f"std={list(self.std)}"
-        )
+        normalise = ("pixels as they are (the model normalises inside)" if self.dtype is np.uint8
+                     else f"scale={self.scale:.6g} mean={list(self.mean)} std={list(self.std)}")
+        return (f"{self.input_name} {list(self.shape)} {np.dtype(self.dtype).name} {self.layout} "
+                f"{self.channel_order} {self.resize} {normalise}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,6 +228,8 @@ def test_pixel_input_model_takes_uint8_pixels_and_matches_fp32(built: dict[str, 
     assert inits[readers[0].input[1]] == np.float32(1 / 255) and inits[readers[0].input[2]] == 0
     quantised = q.load_quantised(path, built["model"], pixel_input=True)
     assert quantised.contract.dtype is np.uint8
+    assert quantised.contract.describe().endswith("uint8 nchw rgb letterbox pixels as they are "
+                                                  "(the model normalises inside)")
     fp32 = ort.InferenceSession(str(built["fp32"]), providers=["CPUExecutionProvider"])
     pixels = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     float_plan, pixel_plan = Preprocessor(built["model"].contract, 320, 240), Preprocessor(quantised.contract, 320, 240)
