@@ -125,10 +125,12 @@ def _save_with_side_branch(probe: onnx.ModelProto, zero: str, path: Path) -> Pat
 
 
 def stalling_probe(path: Path, iterations_when_bright: int = 10**12) -> Path:
-    """The colour probe behind a Loop whose trip count is the input's mean times a huge number.
+    """The colour probe behind a Loop whose trip count is how far the input's mean lies above
+    0.5, times a huge number.
 
-    A black frame runs zero iterations; a bright frame wedges inference inside ONNX Runtime for
-    hours, which is exactly what a hung accelerator looks like to the daemon.
+    A black frame, or the letterbox grey (0.45) the engine's warm-up run sees, runs zero
+    iterations; a bright frame wedges inference inside ONNX Runtime for hours, which is exactly
+    what a hung accelerator looks like to the daemon.
     """
     probe = onnx.load(str(colour_probe(path)))
     graph = probe.graph
@@ -145,8 +147,11 @@ def stalling_probe(path: Path, iterations_when_bright: int = 10**12) -> Path:
     )
     graph.node.extend([
         helper.make_node("ReduceMean", ["x"], ["brightness"], keepdims=0),
+        _const("half", np.array(0.5, np.float32)),
+        helper.make_node("Sub", ["brightness", "half"], ["above_half"]),
+        helper.make_node("Relu", ["above_half"], ["excess"]),
         _const("spin_scale", np.array(float(iterations_when_bright), np.float32)),
-        helper.make_node("Mul", ["brightness", "spin_scale"], ["spins_f"]),
+        helper.make_node("Mul", ["excess", "spin_scale"], ["spins_f"]),
         helper.make_node("Cast", ["spins_f"], ["spins"], to=TensorProto.INT64),
         _const("cond", np.array(True)),
         _const("acc0", np.array(0.0, np.float32)),

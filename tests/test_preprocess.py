@@ -144,6 +144,30 @@ def test_no_layout_creates_arrays_per_frame(plan: InputContract, frame: np.ndarr
     np.testing.assert_array_equal(out, first)
 
 
+@pytest.mark.parametrize(
+    "plan",
+    [
+        contract(320, 320),
+        contract(320, 320, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+        contract(320, 320, order="bgr"),
+        contract(320, 320, dtype=np.float16),
+        contract(320, 320, dtype=np.uint8),
+        contract(320, 320, layout="nhwc"),
+        contract(320, 320, layout="nhwc", dtype=np.uint8),
+    ],
+)
+@pytest.mark.parametrize("frame_hw", [(720, 1280), (1280, 720)])  # padding above and below, or beside
+def test_a_reused_plan_gives_each_frame_what_a_fresh_plan_does(plan: InputContract, frame_hw: tuple[int, int]) -> None:
+    # A frame converts only its content region; the padding was converted with the plan. So a
+    # region the frame left out would still hold the first frame's pixels here.
+    rng = np.random.default_rng(3)
+    first, second = (rng.integers(0, 256, (*frame_hw, 3), np.uint8) for _ in range(2))
+    h, w = frame_hw
+    reused = Preprocessor(plan, w, h)
+    reused(first)
+    np.testing.assert_array_equal(reused(second), Preprocessor(plan, w, h)(second))
+
+
 def test_float32_normalisation_equals_numpy_bit_for_bit(frame: np.ndarray) -> None:
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     out = Preprocessor(contract(320, 320, mean=mean, std=std), 1280, 720)(frame)
