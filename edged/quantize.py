@@ -154,7 +154,7 @@ def find_head(model: onnx.ModelProto) -> FloatNodes:
     picked = sorted(tail | region)
     if not picked:
         return FloatNodes({}, "the output comes straight from a Conv/Gemm/MatMul; nothing after it to "
-                                 "keep in float; excluding nothing")
+                              "keep in float; excluding nothing")
     why = ("after the last Conv/Gemm/MatMul: box decode, sigmoid and final concat, whose tensors mix "
            "input-pixel coordinates with 0..1 scores")
     if region - tail:
@@ -164,8 +164,9 @@ def find_head(model: onnx.ModelProto) -> FloatNodes:
 
 def find_stem(model: onnx.ModelProto) -> FloatNodes:
     """The Conv/Gemm/MatMul nodes that read the model's input (the image) directly."""
-    inputs = {i.name for i in model.graph.input}
-    stem = {n.name: n.op_type for n in model.graph.node if n.op_type in HEAVY_OPS and inputs & set(n.input)}
+    graph = model.graph
+    inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}  # old IRs list weights too
+    stem = {n.name: n.op_type for n in graph.node if n.op_type in HEAVY_OPS and inputs & set(n.input)}
     if not stem:
         return FloatNodes({}, "no Conv/Gemm/MatMul reads the input directly; excluding nothing")
     return FloatNodes(stem, "read the image: onnxruntime's int8 convolution over 3 input channels has no fast "
