@@ -63,6 +63,9 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-seed", type=int, default=0, help="scene seed of the comparison (default 0, held out)")
     p.add_argument("--latency-frames", type=int, default=200, metavar="N",
                    help="interleaved frames per model for the latency comparison (default 200; 0 skips it)")
+    p.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="runtime.intra_op_threads for both models (default 0: one per physical core); "
+                        "INT8's gain depends on it")
     p.add_argument("--report", type=Path, default=None, metavar="FILE",
                    help="also write the before/after report as JSON to this file")
 

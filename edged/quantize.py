@@ -332,10 +332,10 @@ def _interface(model: LoadedModel) -> list[tuple[str, str, Any, str]]:
 
 
 def load_quantised(path: Path, original: LoadedModel, pixel_input: bool = False) -> LoadedModel:
-    """Load the INT8 model as the daemon would and check it kept the original's interface, but
-    for a uint8 input when it was quantised to take pixels."""
+    """Load the INT8 model as the daemon would, with the original's runtime settings, and check it
+    kept the original's interface, but for a uint8 input when it was quantised to take pixels."""
     try:
-        model = load_model(original.cfg.model_copy(update={"path": path}), RuntimeConfig())
+        model = load_model(original.cfg.model_copy(update={"path": path}), original.engine.cfg)
     except (ModelError, ContractError) as e:
         raise QuantizeError(f"the quantised model {path} does not load: {e}") from None
     expected = _interface(original)
@@ -418,6 +418,7 @@ def report_document(args: argparse.Namespace, original: LoadedModel, quantised: 
         "excluded_nodes": {**result.head.nodes, **result.stem.nodes},
         "exclusion_reason": {"head": result.head.reason, "stem": result.stem.reason},
         "latency": {"frame": "x".join(map(str, SCENE_SIZE)), "frames": c.latency_frames,
+                    "intra_op_threads": original.engine.cfg.intra_op_threads,
                     "warmup": LATENCY_WARMUP, "fp32_median_ms": c.latency_ms.get("fp32"),
                     "int8_median_ms": c.latency_ms.get("int8"), "speedup": c.speedup,
                     "fp32_inference_median_ms": c.inference_ms.get("fp32"),
@@ -436,6 +437,8 @@ def _check_args(args: argparse.Namespace) -> None:
         minimum = 1 if name == "calib_scenes" else 0
         if getattr(args, name) < minimum:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {minimum}")
+    if not 0 <= args.threads <= 256:
+        raise ValueError(f"--threads must be 0 (one per physical core) to 256, got {args.threads}")
     if args.out.resolve() == args.model.resolve():
         raise ValueError("--out must not be the input model")
 
@@ -478,7 +481,8 @@ def print_result(result: Quantised, contract: InputContract, out: TextIO) -> Non
 def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
         _check_args(args)
-        original = load_model(ModelConfig(path=args.model, conf=MAP_CONF, max_det=MAX_DET), RuntimeConfig())
+        original = load_model(ModelConfig(path=args.model, conf=MAP_CONF, max_det=MAX_DET),
+                              RuntimeConfig(intra_op_threads=args.threads))
         _check_scene_classes(args, original)
         calibration, frames = _calibration(args, original)
     except (ModelError, ContractError, DataError, ValueError) as e:

@@ -292,7 +292,7 @@ def test_unloadable_result_fails_with_a_message(built: dict[str, Any], tmp_path:
 
     monkeypatch.setattr(q, "quantize", broken)
     args = argparse.Namespace(model=built["fp32"], out=tmp_path / "x.onnx", calib_images=None, calib_scenes=2,
-                              seed=1, method="minmax", exclude_head=True, reduce_range=False, float_stem=True,
+                              seed=1, method="minmax", exclude_head=True, reduce_range=False, float_stem=True, threads=0,
                               eval_scenes=0, eval_seed=0, latency_frames=0, report=None)
     assert q.run_quantize(args) == EXIT_FAILURE
     assert "quantised model" in capsys.readouterr().err
@@ -301,7 +301,7 @@ def test_unloadable_result_fails_with_a_message(built: dict[str, Any], tmp_path:
 def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:
     out, report = tmp_path / "tiny.int8.onnx", tmp_path / "report.json"
     result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(out), "--calib-scenes", "8",
-                     "--eval-scenes", "3", "--latency-frames", "5", "--report", str(report))
+                     "--eval-scenes", "3", "--latency-frames", "5", "--threads", "1", "--report", str(report))
     assert result.returncode == 0, result.stderr
     assert "kept in float" in result.stdout and "softplus (Softplus)" in result.stdout
     assert "mAP@0.5" in result.stdout and "ms per frame" in result.stdout
@@ -317,6 +317,7 @@ def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:
     assert doc["exclusion_reason"].keys() == {"head", "stem"}
     latency = doc["latency"]
     assert latency["frames"] == 5 and latency["fp32_median_ms"] > 0 and latency["int8_median_ms"] > 0
+    assert latency["intra_op_threads"] == 1
     assert latency["speedup"] == pytest.approx(latency["fp32_median_ms"] / latency["int8_median_ms"])
     assert 0 < latency["int8_inference_median_ms"] < latency["int8_median_ms"]
     assert latency["inference_speedup"] == pytest.approx(
@@ -347,6 +348,11 @@ def test_unnamed_nodes_are_named_so_the_head_can_be_excluded(tmp_path: Path) -> 
     names = [n.name for n in model.graph.node]
     assert all(names) and len(set(names)) == len(names)
     assert {"Sigmoid", "Concat"} <= set(q.find_head(model).nodes.values())
+
+
+def test_cli_refuses_a_negative_thread_count(built: dict[str, Any], tmp_path: Path) -> None:
+    result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(tmp_path / "o.onnx"), "--threads", "-1")
+    assert result.returncode == EXIT_CONFIG and "--threads must be 0" in result.stderr
 
 
 def test_cli_refuses_to_overwrite_the_input_model(built: dict[str, Any]) -> None:
