@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 import zmq
 
+from edged.bench import DEFAULT_SPINNING
 from edged.config import Spinning
 from edged.scenes import SceneGenerator
 
@@ -129,7 +130,7 @@ def _first_message(config: Path, endpoint: str) -> tuple[float, int]:
             context.term()
 
 
-def cold_start(model: Path, *, trials: int = 3, spinning: Spinning = "during-run",
+def cold_start(model: Path, *, trials: int = 3, spinning: Spinning = DEFAULT_SPINNING,
                sources: tuple[str, ...] = SOURCES) -> list[ColdStart]:
     """Per source, ``trials`` pairs: cache deleted (built and written), then warm (loaded)."""
     return [_trials(model, source, trials, spinning) for source in sources]
