@@ -116,12 +116,21 @@ Spinning = Literal["off", "during-run", "always"]
 CapturePriority = Literal["normal", "low", "idle"]
 
 
+MAX_THREADS = 256  # bound of the thread-count settings, far above any board edged runs on
+
+
+def check_thread_option(threads: int) -> None:
+    """Raise ValueError unless a command's ``--threads`` is a valid runtime.intra_op_threads."""
+    if not 0 <= threads <= MAX_THREADS:
+        raise ValueError(f"--threads must be 0 (one per physical core) to {MAX_THREADS}, got {threads}")
+
+
 class RuntimeConfig(Section):
     providers: list[ProviderConfig] = Field(
         default_factory=lambda: [ProviderConfig(name="CPUExecutionProvider")], min_length=1,
         description="Execution providers in order of preference; missing ones fall back down the list.")
-    intra_op_threads: int = Field(0, ge=0, le=256, description="0 = one per physical core.")
-    inter_op_threads: int = Field(1, ge=0, le=256, description="Only used by parallel execution.")
+    intra_op_threads: int = Field(0, ge=0, le=MAX_THREADS, description="0 = one per physical core.")
+    inter_op_threads: int = Field(1, ge=0, le=MAX_THREADS, description="Only used by parallel execution.")
     graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
         "all", description="ONNX Runtime graph optimisation level.")
     optimized_model_path: Path | None = Field(

@@ -53,7 +53,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from edged.bench.rows import Row, Sample, interleave
 from edged.bench.run import bench_frame, machine_info
-from edged.config import ModelConfig, RuntimeConfig
+from edged.config import ModelConfig, RuntimeConfig, check_thread_option
 from edged.contract import ContractError, InputContract
 from edged.engine import InferenceError, ModelError
 from edged.evaluate import DataError, Progress, evaluate, folder_samples, scene_samples
@@ -437,8 +437,7 @@ def _check_args(args: argparse.Namespace) -> None:
         minimum = 1 if name == "calib_scenes" else 0
         if getattr(args, name) < minimum:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {minimum}")
-    if not 0 <= args.threads <= 256:
-        raise ValueError(f"--threads must be 0 (one per physical core) to 256, got {args.threads}")
+    check_thread_option(args.threads)
     if args.out.resolve() == args.model.resolve():
         raise ValueError("--out must not be the input model")
 

@@ -226,6 +226,11 @@ def test_pace_capture_without_pace_is_a_usage_error(probe: Path, capsys: pytest.
     assert "--pace-capture only applies with --pace" in capsys.readouterr().err
 
 
+def test_thread_count_out_of_range_is_a_usage_error(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench(_args("--model", str(probe), "--threads", "-1")) == EXIT_CONFIG
+    assert "--threads must be 0 (one per physical core) to 256, got -1" in capsys.readouterr().err
+
+
 def test_paced_beside_a_capture_thread(probe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = run_bench(_args("--model", str(probe), "--pace", "100", "--frames", "6", "--warmup", "1",
                            "--pace-capture", "idle", "--cache-dir", str(tmp_path)))

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast, get_args
 
-from edged.config import CapturePriority, RuntimeConfig, Spinning
+from edged.config import CapturePriority, RuntimeConfig, Spinning, check_thread_option
 from edged.service import EXIT_CONFIG, EXIT_FAILURE
 
 DEMO_MODEL = Path("models") / "demo.onnx"
@@ -82,6 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "and traced memory every N/10 frames")
 
 
+def _check_usage(args: argparse.Namespace) -> None:
+    if args.pace_capture is not None and args.pace is None:
+        raise UsageError("--pace-capture only applies with --pace FPS")
+    try:
+        check_thread_option(args.threads)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def resolve_model(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     """The model to time and what the report should say about where it came from."""
     if args.yolov8n:
@@ -109,8 +118,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from edged.engine import ModelError
 
     try:
-        if args.pace_capture is not None and args.pace is None:
-            raise UsageError("--pace-capture only applies with --pace FPS")
+        _check_usage(args)
         path, origin = resolve_model(args)
         report: dict[str, Any] = {}
         if args.cold_start:
