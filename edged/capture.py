@@ -3,7 +3,10 @@
 Everything camera-specific lives in ``edged.sources``; this module turns any ``Source`` into a
 stream of the newest frames for one consumer. A new frame replaces one the consumer has not taken
 yet, so a slow model never builds a backlog, and a lost camera is reopened forever with capped
-exponential backoff while the rest of the daemon keeps running and reporting.
+exponential backoff while the rest of the daemon keeps running and reporting. A source that splits
+reading into ``grab`` and ``retrieve`` has every frame grabbed but only the frames the consumer
+may take decoded: under a model slower than the camera, or a thermal rate cap, decoding frames
+that a newer one replaces before they are taken is heat for nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ SLOT_COUNT = 3  # one being written, one latest, one held by the consumer
 LOG_EVERY_N_FAILURES = 10
 HEARTBEAT_S = 1.0  # longest wait without touching last_progress_ns
 _JITTER = 0.25  # a backoff delay is shortened by up to this fraction, so cameras do not retry in step
+# Decoding on demand: a consumer's cycle is known after this many takes; one that has not asked for
+# this long past its usual cycle is paused, and gets the next frame grabbed once it asks again.
+DEMAND_CYCLES = 3
+AWAY_NS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,7 @@ class CaptureStats:
 
     state: CaptureState
     frames_captured: int
+    frames_decoded: int
     dropped_stale: int
     read_errors: int
     reconnects: int
@@ -64,6 +72,70 @@ class _SlotInfo:
     truth: object | None = None
 
 
+@dataclass(slots=True)
+class _Demand:
+    """When the consumer will next ask for a frame, learnt from its calls to ``take``.
+
+    Its cycle outside ``take`` (processing, a rate cap) is smoothed as TCP smooths round-trip
+    times: a mean and a mean deviation; the earliest it plausibly asks again is the mean minus
+    four deviations after its last frame. Guarded by the capture's lock.
+    """
+
+    waiting: bool = False
+    served_ns: int | None = None  # when take() last handed out a frame
+    busy_ns: float = 0.0
+    spread_ns: float = 0.0
+    cycles: int = 0
+
+    def asked(self, now_ns: int) -> None:
+        if self.served_ns is not None:
+            busy = now_ns - self.served_ns
+            if self.cycles == 0:
+                self.busy_ns, self.spread_ns = busy, busy / 2
+            else:
+                error = busy - self.busy_ns
+                self.busy_ns += error / 8
+                self.spread_ns += (abs(error) - self.spread_ns) / 4
+            self.cycles += 1
+        self.waiting = True
+
+    def answered(self, now_ns: int, served: bool) -> None:
+        self.waiting = False
+        self.served_ns = now_ns if served else None
+
+    def wants(self, now_ns: int, newer_ready_ns: float) -> bool:
+        """Whether a frame grabbed now may be taken before a newer one, ready in ``newer_ready_ns``, could be."""
+        if self.waiting or self.served_ns is None or self.cycles < DEMAND_CYCLES:
+            return True
+        idle = now_ns - self.served_ns
+        if idle > self.busy_ns + 4 * self.spread_ns + AWAY_NS:
+            return False  # paused (thermal, reload): it gets the next frame grabbed after it asks
+        return idle + newer_ready_ns >= self.busy_ns - 4 * self.spread_ns
+
+
+@dataclass(slots=True)
+class _Timing:
+    """Frame interval (the pace, else smoothed from grabs) and smoothed decode time of one stream, in ns."""
+
+    period_ns: float = 0.0
+    paced: bool = False
+    decode_ns: float = 0.0
+    last_grab_ns: int | None = None
+
+    def grabbed(self, now_ns: int) -> None:
+        if not self.paced and self.last_grab_ns is not None:
+            interval = now_ns - self.last_grab_ns
+            self.period_ns = interval if self.period_ns == 0 else self.period_ns + (interval - self.period_ns) / 8
+        self.last_grab_ns = now_ns
+
+    def decoded(self, took_ns: int) -> None:
+        self.decode_ns = took_ns if self.decode_ns == 0 else self.decode_ns + (took_ns - self.decode_ns) / 8
+
+    @property
+    def newer_ready_ns(self) -> float:
+        return self.period_ns + self.decode_ns
+
+
 class Capture:
     """Owns the capture thread and a few preallocated slots (3: one being written, one latest, one
     held by the consumer).
@@ -72,10 +144,15 @@ class Capture:
     so a slow model never builds a backlog. A lost camera is reconnected with capped exponential
     backoff (``backoff_initial_s`` doubling to ``backoff_max_s``, with jitter) forever, until
     stopped; frame ids continue across reconnects. One consumer thread calls ``take``.
+
+    With a source that has ``grab`` and ``retrieve``, a frame is decoded only when the consumer
+    is waiting or may ask before a newer frame could be decoded (`_Demand`); a frame skipped
+    undecoded counts as ``dropped_stale`` like one replaced in its slot. ``decode_all`` decodes
+    every frame, as for a consumer that takes them all (the bench's worst case).
     """
 
     def __init__(self, source_factory: Callable[[], Source], camera_id: str, *, priority: CapturePriority = "normal",
-                 backoff_initial_s: float = 0.5, backoff_max_s: float = 10.0) -> None:
+                 backoff_initial_s: float = 0.5, backoff_max_s: float = 10.0, decode_all: bool = False) -> None:
         if not 0 < backoff_initial_s <= backoff_max_s:
             raise ValueError(f"need 0 < backoff_initial_s <= backoff_max_s, "
                              f"got {backoff_initial_s} and {backoff_max_s}")
@@ -85,6 +162,7 @@ class Capture:
         self._extra = {"CAMERA": camera_id}
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
+        self._decode_all = decode_all
         self._rng = random.Random()
         self._stop = threading.Event()
         self._cond = threading.Condition(threading.Lock())
@@ -95,10 +173,12 @@ class Capture:
         self._latest: int | None = None
         self._held: int | None = None
         self._shape: tuple[int, ...] | None = None
+        self._demand = _Demand()
         self._next_id = 0
         self._state: CaptureState = "starting"
         self._failures = 0  # failed opens/reads since the last good frame
         self._frames_captured = 0
+        self._frames_decoded = 0
         self._dropped_stale = 0
         self._read_errors = 0
         self._reconnects = 0
@@ -120,15 +200,18 @@ class Capture:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             self._held = None
+            self._demand.asked(time.monotonic_ns())
             while self._latest is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._stop.is_set() or self._state == "ended":
+                    self._demand.answered(time.monotonic_ns(), served=False)
                     return None
                 self._cond.wait(remaining)
             index = self._held = self._latest
             self._latest = None
             image = self._slots[index]
             info = self._info[index]
+            self._demand.answered(time.monotonic_ns(), served=True)
         if image is None:
             raise RuntimeError("capture slot published without an image")
         return Frame(image, info.frame_id, info.t_capture_ns, info.t_wall_ns, info.channel_order, info.truth)
@@ -156,7 +239,8 @@ class Capture:
     def stats(self) -> CaptureStats:
         with self._cond:
             return CaptureStats(
-                state=self._state, frames_captured=self._frames_captured, dropped_stale=self._dropped_stale,
+                state=self._state, frames_captured=self._frames_captured, frames_decoded=self._frames_decoded,
+                dropped_stale=self._dropped_stale,
                 read_errors=self._read_errors, reconnects=self._reconnects, size_changes=self._size_changes,
                 last_error=self._last_error, last_progress_ns=self._last_progress_ns,
                 alive=self._thread is not None and self._thread.is_alive(),
@@ -257,6 +341,7 @@ class Capture:
         period = pace() if pace is not None else None
         truth = getattr(source, "truth", None)
         order = source.channel_order
+        timing = _Timing(period_ns=period * 1e9 if period else 0.0, paced=bool(period))
         due = time.monotonic()
         first = True
         while not self._stop.is_set():
@@ -265,24 +350,63 @@ class Capture:
                     return "stopped"
                 # Keep the schedule through jitter, but never burst to catch up after a slow read.
                 due = max(due + period, time.monotonic())
-            index, buf = self._claim()
             try:
-                image = source.read(buf)
-                if image is None:
-                    return "ended"
-                t_capture_ns, t_wall_ns = time.monotonic_ns(), time.time_ns()
-                if buf is None or image.shape != buf.shape or image.dtype != buf.dtype:
-                    self._adopt(index, image)
-                elif image is not buf:
-                    np.copyto(buf, image)  # a source that could not fill the slot in place
+                got = self._read(source, timing, decode=first or self._decode_all)
             except SourceError as e:
                 self._fail(str(e), read=True)
                 return "lost"
-            self._publish(index, t_capture_ns, t_wall_ns, order, truth() if truth is not None else None)
+            if got == "ended":
+                return "ended"
+            if got == "skipped":
+                continue
+            self._publish(*got, order, truth() if truth is not None else None)
             if first:
                 self._mark_ok()
                 first = False
         return "stopped"
+
+    def _read(self, source: Source, timing: _Timing,
+              decode: bool) -> tuple[int, int, int] | Literal["ended", "skipped"]:
+        """The next frame into a free slot: (slot, t_capture_ns, t_wall_ns), or why there is none.
+
+        A source with ``grab``/``retrieve`` has its frame grabbed, then decoded only when
+        ``decode`` or when the consumer may want it; otherwise it is counted as skipped.
+        """
+        grab, retrieve = getattr(source, "grab", None), getattr(source, "retrieve", None)
+        if grab is None or retrieve is None:
+            index, buf = self._claim()
+            image = source.read(buf)
+            if image is None:
+                return "ended"
+            t_capture_ns, t_wall_ns = time.monotonic_ns(), time.time_ns()
+        else:
+            if not grab():
+                return "ended"
+            t_capture_ns, t_wall_ns = time.monotonic_ns(), time.time_ns()
+            timing.grabbed(t_capture_ns)
+            if not decode and not self._wanted(t_capture_ns, timing):
+                self._skip(t_capture_ns)
+                return "skipped"
+            index, buf = self._claim()
+            image = retrieve(buf)
+            timing.decoded(time.monotonic_ns() - t_capture_ns)
+        if buf is None or image.shape != buf.shape or image.dtype != buf.dtype:
+            self._adopt(index, image)
+        elif image is not buf:
+            np.copyto(buf, image)  # a source that could not fill the slot in place
+        return index, t_capture_ns, t_wall_ns
+
+    def _wanted(self, now_ns: int, timing: _Timing) -> bool:
+        with self._cond:
+            return self._demand.wants(now_ns, timing.newer_ready_ns)
+
+    def _skip(self, t_capture_ns: int) -> None:
+        """A frame grabbed and left undecoded: it takes an id, so the gap shows it as dropped."""
+        with self._cond:
+            self._next_id += 1
+            self._frames_captured += 1
+            self._dropped_stale += 1
+            self._last_progress_ns = t_capture_ns
 
     def _claim(self) -> tuple[int, np.ndarray | None]:
         """A slot neither latest nor held (with 3 slots there is always one), sized for the stream."""
@@ -326,6 +450,7 @@ class Capture:
                 self._dropped_stale += 1
             self._latest = index
             self._frames_captured += 1
+            self._frames_decoded += 1
             self._last_progress_ns = t_capture_ns
             self._cond.notify()
 

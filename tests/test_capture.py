@@ -75,6 +75,7 @@ class FakeCamera:
         self.frames = frames
         self.read_block_s = read_block_s
         self.served = 0
+        self.decoded = 0
         self.open_times: list[float] = []
         self.closed = 0
         self.shape = (24, 32, 3)
@@ -117,6 +118,27 @@ class FakeSource:
 
     def close(self) -> None:
         self.camera.closed += 1
+
+
+class SplitFakeSource(FakeSource):
+    """A camera whose reading is split like OpenCV's: ``grab`` takes a frame, ``retrieve`` decodes it."""
+
+    def grab(self) -> bool:
+        self._grabbed = self.camera.served
+        self.camera.served += 1
+        return True
+
+    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
+        self.camera.decoded += 1
+        if out is None or out.shape != self.camera.shape:
+            out = np.empty(self.camera.shape, np.uint8)
+        out.fill(self._grabbed % 256)
+        return out
+
+
+def split_camera(fps: float) -> tuple[FakeCamera, Callable[[], SplitFakeSource]]:
+    camera = FakeCamera(fps=fps)
+    return camera, lambda: SplitFakeSource(camera)
 
 
 def take_all(capture: Capture, count: int) -> list[Frame]:
@@ -164,6 +186,81 @@ def test_fast_consumer_gets_every_frame_once_from_three_slots(started: Starter) 
     assert capture.stats().dropped_stale == 0
     # Steady state reuses the preallocated slots: no new frame buffers.
     assert len({f.image.ctypes.data for f in frames}) <= 3
+
+
+# ---- decoding only what the consumer takes ---------------------------------------------------------
+
+def take_every(capture: Capture, interval_s: float, duration_s: float) -> list[tuple[Frame, int]]:
+    """A consumer busy for ``interval_s`` per frame: each frame taken with the newest id grabbed before."""
+    taken = []
+    deadline = time.monotonic() + duration_s
+    while time.monotonic() < deadline:
+        newest_grabbed = capture.stats().frames_captured - 1
+        frame = capture.take(timeout_s=2.0)
+        assert frame is not None
+        assert int(frame.image[0, 0, 0]) == frame.frame_id % 256
+        taken.append((frame, newest_grabbed))
+        time.sleep(interval_s)
+    return taken
+
+
+def test_frames_a_slow_consumer_would_not_take_are_grabbed_but_never_decoded(started: Starter) -> None:
+    camera, source = split_camera(fps=100.0)
+    capture = started(Capture(source, "cam0"))
+    taken = take_every(capture, 0.08, 0.8)  # the capture thread learns the consumer's pace
+    decoded, captured = camera.decoded, capture.stats().frames_captured
+    taken += take_every(capture, 0.08, 1.2)
+    capture.stop()
+    stats = capture.stats()
+    assert stats.frames_decoded == camera.decoded
+    # Eight frames arrive per frame taken; only the last one or two before each take are decoded.
+    assert camera.decoded - decoded < 0.35 * (stats.frames_captured - captured)
+    assert stats.frames_captured >= 100 * 2.0 * 0.8
+    assert stats.dropped_stale == stats.frames_captured - len(taken) - (capture.take(0.0) is not None)
+    # Still the newest frame: never older than the one grabbed last before the take, but for the
+    # frame or two that arrive while the consumer is faster than its pace so far.
+    late = [frame.frame_id for frame, newest in taken if frame.frame_id < newest - 2]
+    assert len(late) <= 2, late
+
+
+def test_a_consumer_as_fast_as_the_camera_has_every_frame_decoded(started: Starter) -> None:
+    camera, source = split_camera(fps=40.0)
+    capture = started(Capture(source, "cam0"))
+    frames = take_all(capture, 20)
+    assert [f.frame_id for f in frames] == list(range(20))
+    assert capture.stats().dropped_stale == 0
+    assert camera.decoded >= 20
+
+
+def test_decode_all_decodes_every_frame_for_a_slow_consumer(started: Starter) -> None:
+    camera, source = split_camera(fps=100.0)
+    capture = started(Capture(source, "cam0", decode_all=True))
+    take_every(capture, 0.08, 0.8)
+    stats = capture.stats()
+    assert stats.frames_decoded == camera.decoded == stats.frames_captured
+
+
+def test_a_consumer_that_stops_asking_stops_the_decoding_and_gets_a_fresh_frame_when_it_asks(
+        started: Starter) -> None:
+    camera, source = split_camera(fps=100.0)
+    capture = started(Capture(source, "cam0"))
+    take_every(capture, 0.02, 0.4)  # a steady consumer, then a pause (say thermal) of 2 s
+    decoded_before, captured_before = camera.decoded, capture.stats().frames_captured
+    time.sleep(2.0)
+    # Decoding goes on for about AWAY_NS past the consumer's usual cycle, then stops.
+    assert camera.decoded - decoded_before <= 100 * (1.0 + 0.5)
+    assert capture.stats().frames_captured - captured_before >= 100 * 2.0 * 0.8
+    paused_decodes = camera.decoded
+    time.sleep(0.3)
+    assert camera.decoded == paused_decodes
+    newest_grabbed = capture.stats().frames_captured - 1
+    frame = capture.take(timeout_s=1.0)
+    assert frame is not None
+    # The frame left from before the pause is handed out at once; the next one is fresh.
+    assert frame.frame_id < newest_grabbed
+    fresh = capture.take(timeout_s=1.0)
+    assert fresh is not None and fresh.frame_id > newest_grabbed
+    assert (time.monotonic_ns() - fresh.t_capture_ns) / 1e6 < 100
 
 
 def test_take_times_out_when_no_frame_arrives(started: Starter) -> None:

@@ -84,6 +84,29 @@ def test_video_loop_restarts_at_the_first_frame(video: Path) -> None:
     assert numbers == list(range(64)) + list(range(10))
 
 
+def test_video_grab_skips_frames_unconverted_and_retrieve_converts_the_last_one_into_the_buffer(
+        video: Path) -> None:
+    src = opened(VideoFileSource(FileSource(path=video, loop=True, realtime=False)))
+    buf = np.empty((H, W, 3), np.uint8)
+    taken = []
+    for step in range(20):
+        for _ in range(step % 4 + 1):
+            assert src.grab()
+        image = src.retrieve(buf)
+        assert image is buf
+        taken.append(frame_number(image))
+    src.close()
+    grabbed = np.cumsum([step % 4 + 1 for step in range(20)]) - 1
+    assert taken == [int(n) % 64 for n in grabbed]  # past the end it loops, through grab alone
+
+
+def test_video_grab_without_loop_ends_with_false(video: Path) -> None:
+    src = opened(VideoFileSource(FileSource(path=video, loop=False, realtime=False)))
+    assert all(src.grab() for _ in range(64))
+    assert src.grab() is False
+    src.close()
+
+
 def test_video_realtime_paces_to_the_file_fps(tmp_path: Path) -> None:
     path = write_video(tmp_path / "fast.avi", "MJPG", count=20, fps=50.0)
     assert VideoFileSource(FileSource(path=path, realtime=False)).pace() is None
@@ -233,6 +256,23 @@ def test_synthetic_is_deterministic_renders_in_place_and_carries_truth() -> None
         np.testing.assert_array_equal(truth.class_ids, expected.class_ids)
         np.testing.assert_array_equal(b.read(None), expected.image)
     assert a.pace() == pytest.approx(0.01)
+
+
+def test_synthetic_grab_skips_scenes_and_retrieve_renders_the_last_one_with_its_truth() -> None:
+    src = opened(SyntheticSceneSource(SyntheticSource(width=96, height=64, seed=SEED)))
+    generator = SceneGenerator(width=96, height=64, seed=SEED)
+    for _ in range(3):
+        assert src.grab()
+    image = src.retrieve(None)
+    truth = src.truth()
+    assert isinstance(truth, SceneTruth) and truth.index == 2
+    np.testing.assert_array_equal(image, generator.render(2).image)
+    assert src.read(None) is not None and isinstance(truth := src.truth(), SceneTruth) and truth.index == 3
+
+
+def test_synthetic_retrieve_before_grab_is_a_source_error() -> None:
+    with pytest.raises(SourceError, match="grab"):
+        opened(SyntheticSceneSource(SyntheticSource(width=96, height=64, seed=SEED))).retrieve(None)
 
 
 def test_synthetic_renders_a_new_array_when_the_buffer_does_not_fit() -> None:

@@ -190,10 +190,10 @@ def _capture_load(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     if not args.json:
         print(f"capture beside inference on {path.name}: {args.frames} frames per row and condition, "
               "capture decoding 1280x720 MJPEG at 30 fps\n"
-              "capture            floor median    p99 ms   full median    p99 ms  captured fps")
+              "capture            floor median    p99 ms   full median    p99 ms   decoded fps")
         for r in rows:
             print(f"{r.capture:<18}{r.floor.median_ms:12.3f}{r.floor.p99_ms:10.3f}{r.full.median_ms:13.3f}"
-                  f"{r.full.p99_ms:10.3f}{r.captured_fps:14.1f}")
+                  f"{r.full.p99_ms:10.3f}{r.decoded_fps:14.1f}")
     return [asdict(r) for r in rows]
 
 

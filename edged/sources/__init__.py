@@ -51,6 +51,10 @@ class Source(Protocol):
       image folders, synthetic scenes). The capture thread waits between reads; ``read`` itself
       never sleeps, so stopping is never held up by pacing. Live cameras return ``None``.
     - ``truth() -> object | None``: ground truth of the frame last read (synthetic scenes).
+    - ``grab() -> bool`` and ``retrieve(out) -> np.ndarray``: ``read`` in two halves, as OpenCV
+      splits it. ``grab`` takes the next frame off the camera without converting it (``False`` at
+      the end of a finite stream), ``retrieve`` decodes the frame last grabbed into ``out``. With
+      both, the capture thread grabs every frame but decodes only those the consumer may take.
 
     Other camera kinds fit the same shape:
 
@@ -60,7 +64,7 @@ class Source(Protocol):
       Configure ``RGB888``, which is BGR in memory, and report ``channel_order = "bgr"``.
     - GStreamer or RTSP: ``cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)`` (an OpenCV built with
       GStreamer) ending in ``appsink drop=true max-buffers=1``, or an ``rtsp://`` URL through
-      ``CAP_FFMPEG``; ``read`` is ``cap.read(image=out)`` like the file source, a failed read
+      ``CAP_FFMPEG``; ``grab``/``retrieve`` are OpenCV's like the file source's, a failed read
       raises ``SourceError``, and the capture thread's reconnect loop reopens the stream.
     """
 

@@ -78,35 +78,52 @@ class VideoFileSource:
         return cap
 
     def read(self, out: np.ndarray | None) -> np.ndarray | None:
-        image = self._decode(out)
-        if image is not None:
-            return image
+        return self.retrieve(out) if self.grab() else None
+
+    def grab(self) -> bool:
+        """Advance to the next frame without converting it; False at the end of a file that does not loop.
+
+        FFmpeg decodes the compressed frame here (later frames may depend on it); `retrieve`
+        converts it to BGR, which is the part a skipped frame saves.
+        """
+        if self._grab_one():
+            return True
         if self._decoded == 0:
             raise SourceError(f"no frame could be decoded from video file {self._path} "
                               "(check its codec with ffprobe; the file may be truncated)")
         if not self._cfg.loop:
-            return None
+            return False
         # Reopening is slower than seeking to frame 0 but works for every container, seekable or not.
         self.close()
         self._cap = self._open_capture()
-        image = self._decode(out)
-        if image is None:
+        if not self._grab_one():
             raise SourceError(f"video file {self._path} could not be read again from its start "
                               "(was it replaced or truncated while running?)")
-        return image
+        return True
 
-    def _decode(self, out: np.ndarray | None) -> np.ndarray | None:
-        if self._cap is None:
-            raise SourceError(f"video file {self._path} read before open()")
+    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
+        """The frame last grabbed, in ``out`` when its shape fits (no allocation)."""
         try:
-            # read(image=out) decodes into out without allocating when its shape matches.
-            ok, image = self._cap.read(image=out)
+            ok, image = self._opened().retrieve(image=out)
         except cv2.error as e:
             raise SourceError(f"decoding video file {self._path} failed: {e}") from e
         if not ok:
-            return None
-        self._decoded += 1
+            raise SourceError(f"a frame of video file {self._path} could not be decoded "
+                              "(the file may be damaged; check it with ffprobe)")
         return image
+
+    def _grab_one(self) -> bool:
+        try:
+            ok = self._opened().grab()
+        except cv2.error as e:
+            raise SourceError(f"decoding video file {self._path} failed: {e}") from e
+        self._decoded += int(ok)
+        return bool(ok)
+
+    def _opened(self) -> cv2.VideoCapture:
+        if self._cap is None:
+            raise SourceError(f"video file {self._path} read before open()")
+        return self._cap
 
     def pace(self) -> float | None:
         return 1.0 / self._fps if self._cfg.realtime else None

@@ -35,7 +35,8 @@ class SyntheticSceneSource:
         self._cfg = cfg
         self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
         self._generator: SceneGenerator | None = None
-        self._index = 0
+        self._index = 0  # the scene the next grab moves to
+        self._grabbed: int | None = None
         self._truth: SceneTruth | None = None
 
     def open(self) -> None:
@@ -45,18 +46,29 @@ class SyntheticSceneSource:
                  self._cfg.fps, self._cfg.seed, extra={"CAMERA": self._cfg.camera_id})
 
     def read(self, out: np.ndarray | None) -> np.ndarray:
+        self.grab()
+        return self.retrieve(out)
+
+    def grab(self) -> bool:
+        """Move to the next scene; rendering waits for `retrieve`, so a skipped scene costs nothing."""
         if self._generator is None:
             raise SourceError("synthetic source read before open()")
+        self._grabbed = self._index
+        self._index += 1
+        return True
+
+    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
+        if self._generator is None or self._grabbed is None:
+            raise SourceError("synthetic source retrieved before open() and grab()")
         shape = (self._cfg.height, self._cfg.width, 3)
         fits = out is not None and out.shape == shape and out.dtype == np.uint8
         # Rendering straight into the caller's slot keeps the steady state allocation-free.
-        scene = self._generator.render(self._index, out=out if fits else None)
-        self._truth = SceneTruth(self._index, scene.boxes, scene.class_ids)
-        self._index += 1
+        scene = self._generator.render(self._grabbed, out=out if fits else None)
+        self._truth = SceneTruth(self._grabbed, scene.boxes, scene.class_ids)
         return scene.image
 
     def truth(self) -> SceneTruth | None:
-        """Ground truth of the frame last returned by ``read``."""
+        """Ground truth of the frame last returned by ``read`` or ``retrieve``."""
         return self._truth
 
     def pace(self) -> float:

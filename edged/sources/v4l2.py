@@ -92,17 +92,39 @@ class V4l2CameraSource:
                         *wanted, cfg.fps, cfg.device, extra=extra)
 
     def read(self, out: np.ndarray | None) -> np.ndarray:
-        if self._cap is None:
-            raise SourceError(f"camera {self._cfg.device} read before open()")
+        self.grab()
+        return self.retrieve(out)
+
+    def grab(self) -> bool:
+        """Dequeue the next frame from the driver without decoding it (raises ``SourceError`` when lost).
+
+        OpenCV's V4L2 backend decodes MJPEG and converts YUYV in `retrieve`, so a frame the
+        capture thread skips costs only the dequeue.
+        """
         try:
-            # read(image=out) converts straight into out without allocating when its shape matches.
-            ok, image = self._cap.read(image=out)
+            ok = self._opened().grab()
         except cv2.error as e:
             raise SourceError(f"camera {self._cfg.device} failed: {e}") from e
         if not ok:
             raise SourceError(f"camera {self._cfg.device} stopped delivering frames (unplugged, or a USB "
                               "problem? check `dmesg` and the cable)")
+        return True
+
+    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
+        """The frame last grabbed, converted straight into ``out`` when its shape fits (no allocation)."""
+        try:
+            ok, image = self._opened().retrieve(image=out)
+        except cv2.error as e:
+            raise SourceError(f"camera {self._cfg.device} failed: {e}") from e
+        if not ok:
+            raise SourceError(f"camera {self._cfg.device} delivered a frame that could not be decoded (a "
+                              "damaged MJPEG frame, often a USB bandwidth problem: check `dmesg` and the cable)")
         return image
+
+    def _opened(self) -> cv2.VideoCapture:
+        if self._cap is None:
+            raise SourceError(f"camera {self._cfg.device} read before open()")
+        return self._cap
 
     def close(self) -> None:
         if self._cap is not None:
