@@ -36,9 +36,11 @@ SLOT_COUNT = 3  # one being written, one latest, one held by the consumer
 LOG_EVERY_N_FAILURES = 10
 HEARTBEAT_S = 1.0  # longest wait without touching last_progress_ns
 _JITTER = 0.25  # a backoff delay is shortened by up to this fraction, so cameras do not retry in step
-# Decoding on demand: a consumer's cycle is known after this many takes; one that has not asked for
-# this long past its usual cycle is paused, and gets the next frame grabbed once it asks again.
-DEMAND_CYCLES = 3
+# Decoding on demand: the consumer's pace is judged from its last DEMAND_CYCLES frames, and a frame
+# is decoded from DEMAND_MARGIN before the shortest of them; a consumer that has not asked for
+# AWAY_NS past its longest is paused, and gets the next frame grabbed once it asks again.
+DEMAND_CYCLES = 8
+DEMAND_MARGIN = 0.1
 AWAY_NS = 1_000_000_000
 
 
@@ -72,31 +74,25 @@ class _SlotInfo:
     truth: object | None = None
 
 
-@dataclass(slots=True)
 class _Demand:
     """When the consumer will next ask for a frame, learnt from its calls to ``take``.
 
-    Its cycle outside ``take`` (processing, a rate cap) is smoothed as TCP smooths round-trip
-    times: a mean and a mean deviation; the earliest it plausibly asks again is the mean minus
-    four deviations after its last frame. Guarded by the capture's lock.
+    The consumer's time outside ``take`` (processing, a rate cap) is remembered for its last
+    `DEMAND_CYCLES` frames; the soonest it plausibly asks again is the shortest of them, less
+    `DEMAND_MARGIN`. A shorter cycle counts at once, a longer one once it is the new normal, so
+    a misjudgement errs towards decoding. Guarded by the capture's lock.
     """
 
-    waiting: bool = False
-    served_ns: int | None = None  # when take() last handed out a frame
-    busy_ns: float = 0.0
-    spread_ns: float = 0.0
-    cycles: int = 0
+    def __init__(self) -> None:
+        self.waiting = False
+        self.served_ns: int | None = None  # when take() last handed out a frame
+        self._busy_ns = [0] * DEMAND_CYCLES  # a ring of the last cycles
+        self._cycles = 0
 
     def asked(self, now_ns: int) -> None:
         if self.served_ns is not None:
-            busy = now_ns - self.served_ns
-            if self.cycles == 0:
-                self.busy_ns, self.spread_ns = busy, busy / 2
-            else:
-                error = busy - self.busy_ns
-                self.busy_ns += error / 8
-                self.spread_ns += (abs(error) - self.spread_ns) / 4
-            self.cycles += 1
+            self._busy_ns[self._cycles % DEMAND_CYCLES] = now_ns - self.served_ns
+            self._cycles += 1
         self.waiting = True
 
     def answered(self, now_ns: int, served: bool) -> None:
@@ -105,12 +101,12 @@ class _Demand:
 
     def wants(self, now_ns: int, newer_ready_ns: float) -> bool:
         """Whether a frame grabbed now may be taken before a newer one, ready in ``newer_ready_ns``, could be."""
-        if self.waiting or self.served_ns is None or self.cycles < DEMAND_CYCLES:
+        if self.waiting or self.served_ns is None or self._cycles < DEMAND_CYCLES:
             return True
         idle = now_ns - self.served_ns
-        if idle > self.busy_ns + 4 * self.spread_ns + AWAY_NS:
+        if idle > max(self._busy_ns) + AWAY_NS:
             return False  # paused (thermal, reload): it gets the next frame grabbed after it asks
-        return idle + newer_ready_ns >= self.busy_ns - 4 * self.spread_ns
+        return idle + newer_ready_ns >= min(self._busy_ns) * (1.0 - DEMAND_MARGIN)
 
 
 @dataclass(slots=True)

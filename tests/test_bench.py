@@ -204,6 +204,20 @@ def test_capture_load_times_both_rows_beside_a_real_capture_thread(
         video.release()
 
 
+def test_decode_demand_reports_both_modes_for_each_consumer_rate(
+        probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # What on-demand decoding saves is asserted in test_capture; here, that the bench measures both.
+    code = run_bench(_args("--model", str(probe), "--decode-demand", "--frames", "15", "--json"))
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)["decode_demand"]
+    assert [(r["consumer_fps"], r["decode"]) for r in rows] == [
+        (fps, mode) for fps in (5.0, 15.0, 30.0) for mode in ("every frame", "on demand")]
+    for r in rows:
+        assert 0 < r["cores"] < 2 and 0 < r["taken_fps"] <= r["decoded_fps"] and r["age_ms"] > 0
+    # Decoding every frame keeps up with the 30 fps camera whatever the consumer takes.
+    assert rows[0]["decoded_fps"] > 20 and rows[0]["taken_fps"] < 7
+
+
 def test_paced_reports_each_spinning_setting(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = run_bench(_args("--model", str(probe), "--pace", "200", "--frames", "10", "--warmup", "1",
                            "--spinning", "all", "--json"))

@@ -3,8 +3,9 @@
 This module owns the command: its arguments, which measurements a run makes, and the report
 (a readable table, or one JSON object with ``--json``). The measurements live in
 `edged.bench.run` (per-frame rows), `edged.bench.memory` (allocations, soak), `edged.bench.cold`
-(cold start), `edged.bench.contention` (capture beside inference), `edged.bench.paced` (a
-camera's pace) and `edged.bench.timing_model` (the YOLOv8n-sized timing model).
+(cold start), `edged.bench.contention` (capture beside inference), `edged.bench.demand` (decoding
+on demand), `edged.bench.paced` (a camera's pace) and `edged.bench.timing_model` (the
+YOLOv8n-sized timing model).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of the per-frame rows: time the floor and the full path with no capture "
                         "thread, then beside a real capture thread decoding 1280x720 MJPEG at 30 fps, at "
                         "each capture priority")
+    parser.add_argument("--decode-demand", action="store_true",
+                        help="instead of the per-frame rows: the capture thread's CPU under a consumer slower "
+                        "than a 30 fps 1280x720 MJPEG camera, decoding every frame and on demand")
     parser.add_argument("--pace", type=float, default=None, metavar="FPS",
                         help="instead of the per-frame rows: run the full path at FPS frames per second, as a "
                         "camera delivers them, and report latency and CPU per frame for each --spinning setting")
@@ -127,9 +131,11 @@ def run_bench(args: argparse.Namespace) -> int:
             report["soak"] = _soak(path, args)
         if args.capture_load:
             report["capture_load"] = _capture_load(path, args)
+        if args.decode_demand:
+            report["decode_demand"] = _decode_demand(args)
         if args.pace is not None:
             report["paced"] = _paced(path, args)
-        if not (args.cold_start or args.soak or args.capture_load or args.pace is not None):
+        if not (args.cold_start or args.soak or args.capture_load or args.decode_demand or args.pace is not None):
             report = _per_frame(path, origin, args)
     except (UsageError, ModelError, ContractError, MissingOnnx) as e:
         print(f"edged bench: {e}", file=sys.stderr)
@@ -194,6 +200,20 @@ def _capture_load(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
         for r in rows:
             print(f"{r.capture:<18}{r.floor.median_ms:12.3f}{r.floor.p99_ms:10.3f}{r.full.median_ms:13.3f}"
                   f"{r.full.p99_ms:10.3f}{r.decoded_fps:14.1f}")
+    return [asdict(r) for r in rows]
+
+
+def _decode_demand(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from edged.bench.demand import CAMERA_FPS, decode_on_demand
+
+    rows = decode_on_demand(frames=args.frames)
+    if not args.json:
+        print(f"capture thread under a slower consumer: {CAMERA_FPS:g} fps 1280x720 MJPEG camera (decoded in "
+              f"retrieve, as OpenCV's V4L2 backend does), {args.frames} camera frames per row\n"
+              "consumer fps  decoding       cores  decoded fps  taken fps  frame age median ms")
+        for r in rows:
+            print(f"{r.consumer_fps:12g}  {r.decode:<12}{r.cores:8.3f}{r.decoded_fps:13.1f}{r.taken_fps:11.1f}"
+                  f"{r.age_ms:21.1f}")
     return [asdict(r) for r in rows]
 
 
