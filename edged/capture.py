@@ -397,11 +397,17 @@ class Capture:
             return self._demand.wants(now_ns, timing.newer_ready_ns)
 
     def _skip(self, t_capture_ns: int) -> None:
-        """A frame grabbed and left undecoded: it takes an id, so the gap shows it as dropped."""
+        """A frame grabbed and left undecoded: it takes an id, so the gap shows it as dropped.
+
+        A decoded frame still waiting is dropped with it: the consumer has stopped asking (within
+        a cycle the decision only turns from skip to decode), and when it asks again it should
+        get the next frame, not one from before its pause.
+        """
         with self._cond:
             self._next_id += 1
             self._frames_captured += 1
-            self._dropped_stale += 1
+            self._dropped_stale += 1 + (self._latest is not None)
+            self._latest = None
             self._last_progress_ns = t_capture_ns
 
     def _claim(self) -> tuple[int, np.ndarray | None]:

@@ -214,6 +214,7 @@ def test_decode_demand_reports_both_modes_for_each_consumer_rate(
         (fps, mode) for fps in (5.0, 15.0, 30.0) for mode in ("every frame", "on demand")]
     for r in rows:
         assert 0 < r["cores"] < 2 and 0 < r["taken_fps"] <= r["decoded_fps"] and r["age_ms"] > 0
+        assert 0 <= r["newest"] <= 1
     # Decoding every frame keeps up with the 30 fps camera whatever the consumer takes.
     assert rows[0]["decoded_fps"] > 20 and rows[0]["taken_fps"] < 7
 

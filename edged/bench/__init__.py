@@ -210,10 +210,10 @@ def _decode_demand(args: argparse.Namespace) -> list[dict[str, Any]]:
     if not args.json:
         print(f"capture thread under a slower consumer: {CAMERA_FPS:g} fps 1280x720 MJPEG camera (decoded in "
               f"retrieve, as OpenCV's V4L2 backend does), {args.frames} camera frames per row\n"
-              "consumer fps  decoding       cores  decoded fps  taken fps  frame age median ms")
+              "consumer fps  decoding       cores  decoded fps  taken fps  frame age median ms  newest")
         for r in rows:
             print(f"{r.consumer_fps:12g}  {r.decode:<12}{r.cores:8.3f}{r.decoded_fps:13.1f}{r.taken_fps:11.1f}"
-                  f"{r.age_ms:21.1f}")
+                  f"{r.age_ms:21.1f}{r.newest:8.0%}")
     return [asdict(r) for r in rows]
 
 

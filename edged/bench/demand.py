@@ -73,6 +73,7 @@ class DemandRow:
     decoded_fps: float
     taken_fps: float
     age_ms: float  # median age of the frames taken, capture to take
+    newest: float  # share of takes that got the newest frame grabbed before the take
 
 
 def camera_frames() -> list[np.ndarray]:
@@ -92,11 +93,18 @@ def decode_on_demand(*, frames: int) -> list[DemandRow]:
     rows = []
     for (fps, decode_all), runs in blocks.items():
         wall = sum(b.wall_s for b in runs)
-        ages = [age for b in runs for age in b.ages_ms]
+        ages = [age for b in runs for age in b.takes.ages_ms]
+        newest = sum(b.takes.newest for b in runs)
         rows.append(DemandRow(fps, "every frame" if decode_all else "on demand", sum(b.cpu_s for b in runs) / wall,
                               sum(b.decoded for b in runs) / wall, len(ages) / wall,
-                              float(np.median(ages)) if ages else float("nan")))
+                              float(np.median(ages)) if ages else float("nan"), newest / max(1, len(ages))))
     return sorted(rows, key=lambda r: (r.consumer_fps, r.decode != "every frame"))
+
+
+@dataclass(slots=True)
+class _Takes:
+    ages_ms: list[float]
+    newest: int = 0  # takes that got the newest frame grabbed before the take
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +112,7 @@ class _Block:
     cpu_s: float
     wall_s: float
     decoded: int
-    ages_ms: list[float]
+    takes: _Takes
 
 
 def _block(jpegs: list[np.ndarray], fps: float, decode_all: bool, seconds: float) -> _Block:
@@ -119,23 +127,25 @@ def _block(jpegs: list[np.ndarray], fps: float, decode_all: bool, seconds: float
         if not decode_all:
             _consume(capture, fps, (DEMAND_CYCLES + 2) / fps, rng)
         decoded, cpu, start = capture.stats().frames_decoded, time.process_time(), time.monotonic()
-        ages = _consume(capture, fps, seconds, rng)
+        takes = _consume(capture, fps, seconds, rng)
         return _Block(time.process_time() - cpu, time.monotonic() - start,
-                      capture.stats().frames_decoded - decoded, ages)
+                      capture.stats().frames_decoded - decoded, takes)
     finally:
         capture.stop()
 
 
-def _consume(capture: Capture, fps: float, seconds: float, rng: random.Random) -> list[float]:
-    """Take a frame every ``1 / fps`` (+-10 %), sleeping between; the ages of the frames taken, ms."""
-    ages: list[float] = []
+def _consume(capture: Capture, fps: float, seconds: float, rng: random.Random) -> _Takes:
+    """Take a frame every ``1 / fps`` (+-10 %), sleeping between."""
+    takes = _Takes([])
     start = tick = time.monotonic()
     while (now := time.monotonic()) < start + seconds:
         # A model's time per frame varies; a jitter-free consumer would also lock to the camera's
         # phase and make the frames' age a matter of that phase.
         tick = max(tick + rng.uniform(0.9, 1.1) / fps, now)
+        newest = capture.stats().frames_captured - 1
         frame = capture.take(1.0)
         if frame is not None:
-            ages.append((time.monotonic_ns() - frame.t_capture_ns) / 1e6)
+            takes.ages_ms.append((time.monotonic_ns() - frame.t_capture_ns) / 1e6)
+            takes.newest += frame.frame_id >= newest
         time.sleep(max(0.0, tick - time.monotonic()))
-    return ages
+    return takes
