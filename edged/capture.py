@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 
 from edged.config import CapturePriority
+from edged.demand import Demand, StreamTiming
 from edged.sources import Frame, Source, SourceError
 
 log = logging.getLogger(__name__)
@@ -36,12 +37,6 @@ SLOT_COUNT = 3  # one being written, one latest, one held by the consumer
 LOG_EVERY_N_FAILURES = 10
 HEARTBEAT_S = 1.0  # longest wait without touching last_progress_ns
 _JITTER = 0.25  # a backoff delay is shortened by up to this fraction, so cameras do not retry in step
-# Decoding on demand: the consumer's pace is judged from its last DEMAND_CYCLES frames, and a frame
-# is decoded from DEMAND_MARGIN before the shortest of them; a consumer that has not asked for
-# AWAY_NS past its longest is paused, and gets the next frame grabbed once it asks again.
-DEMAND_CYCLES = 8
-DEMAND_MARGIN = 0.1
-AWAY_NS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,64 +69,6 @@ class _SlotInfo:
     truth: object | None = None
 
 
-class _Demand:
-    """When the consumer will next ask for a frame, learnt from its calls to ``take``.
-
-    The consumer's time outside ``take`` (processing, a rate cap) is remembered for its last
-    `DEMAND_CYCLES` frames; the soonest it plausibly asks again is the shortest of them, less
-    `DEMAND_MARGIN`. A shorter cycle counts at once, a longer one once it is the new normal, so
-    a misjudgement errs towards decoding. Guarded by the capture's lock.
-    """
-
-    def __init__(self) -> None:
-        self.waiting = False
-        self.served_ns: int | None = None  # when take() last handed out a frame
-        self._busy_ns = [0] * DEMAND_CYCLES  # a ring of the last cycles
-        self._cycles = 0
-
-    def asked(self, now_ns: int) -> None:
-        if self.served_ns is not None:
-            self._busy_ns[self._cycles % DEMAND_CYCLES] = now_ns - self.served_ns
-            self._cycles += 1
-        self.waiting = True
-
-    def answered(self, now_ns: int, served: bool) -> None:
-        self.waiting = False
-        self.served_ns = now_ns if served else None
-
-    def wants(self, now_ns: int, newer_ready_ns: float) -> bool:
-        """Whether a frame grabbed now may be taken before a newer one, ready in ``newer_ready_ns``, could be."""
-        if self.waiting or self.served_ns is None or self._cycles < DEMAND_CYCLES:
-            return True
-        idle = now_ns - self.served_ns
-        if idle > max(self._busy_ns) + AWAY_NS:
-            return False  # paused (thermal, reload): it gets the next frame grabbed after it asks
-        return idle + newer_ready_ns >= min(self._busy_ns) * (1.0 - DEMAND_MARGIN)
-
-
-@dataclass(slots=True)
-class _Timing:
-    """Frame interval (the pace, else smoothed from grabs) and smoothed decode time of one stream, in ns."""
-
-    period_ns: float = 0.0
-    paced: bool = False
-    decode_ns: float = 0.0
-    last_grab_ns: int | None = None
-
-    def grabbed(self, now_ns: int) -> None:
-        if not self.paced and self.last_grab_ns is not None:
-            interval = now_ns - self.last_grab_ns
-            self.period_ns = interval if self.period_ns == 0 else self.period_ns + (interval - self.period_ns) / 8
-        self.last_grab_ns = now_ns
-
-    def decoded(self, took_ns: int) -> None:
-        self.decode_ns = took_ns if self.decode_ns == 0 else self.decode_ns + (took_ns - self.decode_ns) / 8
-
-    @property
-    def newer_ready_ns(self) -> float:
-        return self.period_ns + self.decode_ns
-
-
 class Capture:
     """Owns the capture thread and a few preallocated slots (3: one being written, one latest, one
     held by the consumer).
@@ -142,7 +79,7 @@ class Capture:
     stopped; frame ids continue across reconnects. One consumer thread calls ``take``.
 
     With a source that has ``grab`` and ``retrieve``, a frame is decoded only when the consumer
-    is waiting or may ask before a newer frame could be decoded (`_Demand`); a frame skipped
+    is waiting or may ask before a newer frame could be decoded (`edged.demand`); a frame skipped
     undecoded counts as ``dropped_stale`` like one replaced in its slot. ``decode_all`` decodes
     every frame, as for a consumer that takes them all (the bench's worst case).
     """
@@ -169,7 +106,7 @@ class Capture:
         self._latest: int | None = None
         self._held: int | None = None
         self._shape: tuple[int, ...] | None = None
-        self._demand = _Demand()
+        self._demand = Demand()
         self._next_id = 0
         self._state: CaptureState = "starting"
         self._failures = 0  # failed opens/reads since the last good frame
@@ -337,7 +274,7 @@ class Capture:
         period = pace() if pace is not None else None
         truth = getattr(source, "truth", None)
         order = source.channel_order
-        timing = _Timing(period_ns=period * 1e9 if period else 0.0, paced=bool(period))
+        timing = StreamTiming(period_ns=period * 1e9 if period else 0.0, paced=bool(period))
         due = time.monotonic()
         first = True
         while not self._stop.is_set():
@@ -361,7 +298,7 @@ class Capture:
                 first = False
         return "stopped"
 
-    def _read(self, source: Source, timing: _Timing,
+    def _read(self, source: Source, timing: StreamTiming,
               decode: bool) -> tuple[int, int, int] | Literal["ended", "skipped"]:
         """The next frame into a free slot: (slot, t_capture_ns, t_wall_ns), or why there is none.
 
@@ -392,7 +329,7 @@ class Capture:
             np.copyto(buf, image)  # a source that could not fill the slot in place
         return index, t_capture_ns, t_wall_ns
 
-    def _wanted(self, now_ns: int, timing: _Timing) -> bool:
+    def _wanted(self, now_ns: int, timing: StreamTiming) -> bool:
         with self._cond:
             return self._demand.wants(now_ns, timing.newer_ready_ns)
 

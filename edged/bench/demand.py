@@ -18,7 +18,8 @@ from typing import Literal
 import cv2
 import numpy as np
 
-from edged.capture import DEMAND_CYCLES, Capture
+from edged.capture import Capture
+from edged.demand import DEMAND_CYCLES
 from edged.scenes import SceneGenerator
 from edged.sources import SourceError
 
