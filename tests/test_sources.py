@@ -107,6 +107,13 @@ def test_video_grab_without_loop_ends_with_false(video: Path) -> None:
     src.close()
 
 
+def test_video_retrieve_with_no_frame_grabbed_is_a_source_error_naming_the_file(video: Path) -> None:
+    src = opened(VideoFileSource(FileSource(path=video)))
+    with pytest.raises(SourceError, match=f"a frame of video file {video} could not be decoded"):
+        src.retrieve(None)
+    src.close()
+
+
 def test_video_realtime_paces_to_the_file_fps(tmp_path: Path) -> None:
     path = write_video(tmp_path / "fast.avi", "MJPG", count=20, fps=50.0)
     assert VideoFileSource(FileSource(path=path, realtime=False)).pace() is None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import cv2
 import numpy as np
 
 if TYPE_CHECKING:
@@ -78,6 +79,21 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release the camera; safe to call more than once and after a failed ``open``."""
+
+
+def retrieve_frame(cap: cv2.VideoCapture, out: np.ndarray | None, *, failed: str, undecodable: str) -> np.ndarray:
+    """OpenCV's ``retrieve`` of the frame last grabbed, straight into ``out`` when its shape fits.
+
+    Errors become ``SourceError``: ``failed`` prefixes OpenCV's own message, ``undecodable`` is
+    the whole message for a frame that did not decode.
+    """
+    try:
+        ok, image = cap.retrieve(image=out)
+    except cv2.error as e:
+        raise SourceError(f"{failed}: {e}") from e
+    if not ok:
+        raise SourceError(undecodable)
+    return image
 
 
 def _registry() -> dict[str, Callable[[Any], Source]]:

@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 
 from edged.config import FileSource, ImagesSource
-from edged.sources import SourceError
+from edged.sources import SourceError, retrieve_frame
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +103,9 @@ class VideoFileSource:
 
     def retrieve(self, out: np.ndarray | None) -> np.ndarray:
         """The frame last grabbed, in ``out`` when its shape fits (no allocation)."""
-        try:
-            ok, image = self._opened().retrieve(image=out)
-        except cv2.error as e:
-            raise SourceError(f"decoding video file {self._path} failed: {e}") from e
-        if not ok:
-            raise SourceError(f"a frame of video file {self._path} could not be decoded "
+        return retrieve_frame(self._opened(), out, failed=f"decoding video file {self._path} failed",
+                              undecodable=f"a frame of video file {self._path} could not be decoded "
                               "(the file may be damaged; check it with ffprobe)")
-        return image
 
     def _grab_one(self) -> bool:
         try:

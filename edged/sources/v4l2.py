@@ -16,7 +16,7 @@ import cv2
 import numpy as np
 
 from edged.config import V4l2Source
-from edged.sources import SourceError
+from edged.sources import SourceError, retrieve_frame
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +112,9 @@ class V4l2CameraSource:
 
     def retrieve(self, out: np.ndarray | None) -> np.ndarray:
         """The frame last grabbed, converted straight into ``out`` when its shape fits (no allocation)."""
-        try:
-            ok, image = self._opened().retrieve(image=out)
-        except cv2.error as e:
-            raise SourceError(f"camera {self._cfg.device} failed: {e}") from e
-        if not ok:
-            raise SourceError(f"camera {self._cfg.device} delivered a frame that could not be decoded (a "
-                              "damaged MJPEG frame, often a USB bandwidth problem: check `dmesg` and the cable)")
-        return image
+        return retrieve_frame(self._opened(), out, failed=f"camera {self._cfg.device} failed",
+                              undecodable=f"camera {self._cfg.device} delivered a frame that could not be decoded "
+                              "(a damaged MJPEG frame, often a USB bandwidth problem: check `dmesg` and the cable)")
 
     def _opened(self) -> cv2.VideoCapture:
         if self._cap is None:
