@@ -129,7 +129,11 @@ class Capture:
 
     def take(self, timeout_s: float) -> Frame | None:
         """The newest frame not yet taken, or ``None`` on timeout, after stop, or once a finite
-        source has ended. Releases the slot of the previously taken frame."""
+        source has ended. Releases the slot of the previously taken frame.
+
+        The times of these calls are also how the capture thread learns when the next frame is
+        wanted, and so which frames to decode (`edged.demand`).
+        """
         deadline = time.monotonic() + timeout_s
         with self._cond:
             self._held = None
