@@ -193,9 +193,12 @@ def test_capture_load_times_both_rows_beside_a_real_capture_thread(
                            "--cache-dir", str(tmp_path), "--json"))
     assert code == 0
     rows = json.loads(capsys.readouterr().out)["capture_load"]
-    assert [r["capture"] for r in rows] == ["none", "normal", "low", "idle"]
-    assert all(r["floor"]["median_ms"] > 0 and r["full"]["median_ms"] > 0 for r in rows)
-    assert rows[0]["decoded_fps"] == 0 and all(r["decoded_fps"] >= 0 for r in rows[1:])
+    assert [r["capture"] for r in rows] == ["none", "normal", "low", "idle", "clock-fed", "camera-fed"]
+    assert all(r["floor"]["median_ms"] > 0 for r in rows[:-2]) and rows[-2]["floor"] is rows[-1]["floor"] is None
+    assert all(r["full"]["median_ms"] > r["inference"]["median_ms"] > 0 for r in rows)
+    assert rows[0]["decoded_fps"] == rows[-2]["decoded_fps"] == 0 and all(r["decoded_fps"] >= 0 for r in rows[1:])
+    # Fed by the capture thread, the full path took frames at the clip's pace, so every one was decoded.
+    assert rows[-1]["decoded_fps"] > 10
     video = cv2.VideoCapture(str(tmp_path / "capture-1280x720-mjpg-30fps-v1.avi"), cv2.CAP_FFMPEG)
     try:
         assert (video.get(cv2.CAP_PROP_FRAME_WIDTH), video.get(cv2.CAP_PROP_FRAME_HEIGHT)) == (1280, 720)

@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capture-load", action="store_true",
                         help="instead of the per-frame rows: time the floor and the full path with no capture "
                         "thread, then beside a real capture thread decoding 1280x720 MJPEG at 30 fps, at "
-                        "each capture priority")
+                        "each capture priority, and the full path fed by that capture thread")
     parser.add_argument("--decode-demand", action="store_true",
                         help="instead of the per-frame rows: the capture thread's CPU under a consumer slower "
                         "than a 30 fps 1280x720 MJPEG camera, decoding every frame and on demand")
@@ -196,10 +196,11 @@ def _capture_load(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     if not args.json:
         print(f"capture beside inference on {path.name}: {args.frames} frames per row and condition, "
               "capture decoding 1280x720 MJPEG at 30 fps\n"
-              "capture            floor median    p99 ms   full median    p99 ms   decoded fps")
+              "capture            floor median    p99 ms   full median    p99 ms  inference median   decoded fps")
         for r in rows:
-            print(f"{r.capture:<18}{r.floor.median_ms:12.3f}{r.floor.p99_ms:10.3f}{r.full.median_ms:13.3f}"
-                  f"{r.full.p99_ms:10.3f}{r.decoded_fps:14.1f}")
+            floor = f"{r.floor.median_ms:12.3f}{r.floor.p99_ms:10.3f}" if r.floor else f"{'-':>12}{'-':>10}"
+            print(f"{r.capture:<18}{floor}{r.full.median_ms:13.3f}{r.full.p99_ms:10.3f}{r.inference.median_ms:18.3f}"
+                  f"{r.decoded_fps:14.1f}")
     return [asdict(r) for r in rows]
 
 

@@ -6,7 +6,14 @@ video is 1280x720 MJPEG at 30 fps, what a USB camera delivers, written once from
 scenes and read through the `file` source looping in real time, so the decoding, colour
 conversion and slot copies are the daemon's own. Nobody takes the frames, and the thread is told
 to decode every one anyway, as it does for a model that takes every frame the camera delivers
-(for a slower model it decodes only the frames taken). The conditions take turns in several
+(for a slower model it decodes only the frames taken): the worst case, a capture thread busy
+while inference runs back to back. One more condition, ``camera-fed``, is the daemon's own
+arrangement: the full path takes each frame from the capture thread (default priority, decoding
+on demand) as the loop does, so inference and decoding overlap only as much as the model's and
+the camera's timing make them. Its twin, ``clock-fed``, starts the full path on the same 30 fps
+clock with no capture thread at all: a pipeline that idles between frames runs each one slower
+than back to back, and the difference between the two is what capture costs in the daemon's
+arrangement. The floor row does not apply to either. The conditions take turns in several
 rounds, so that drift on a shared machine hits each alike.
 """
 
@@ -17,14 +24,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
+from typing import cast, get_args
 
 import cv2
 
-from edged.bench.rows import FloorPath, Row, Sample, interleave
+from edged.bench.rows import FloorPath, FullPath, Row, Sample, interleave
 from edged.bench.run import Timing, bench_frame, full_path_for
 from edged.capture import Capture
-from edged.config import CapturePriority, FileSource, Spinning
+from edged.config import CapturePriority, FileSource, RuntimeConfig, Spinning
 from edged.scenes import SceneGenerator
 from edged.sources import open_source
 
@@ -32,22 +39,28 @@ VIDEO_FPS = 30
 VIDEO_FRAMES = 60
 FIRST_FRAME_TIMEOUT_S = 10.0
 ROUNDS = 3
+DEFAULT_CAPTURE_PRIORITY: CapturePriority = RuntimeConfig().capture_priority
+
+
+FED = "camera-fed"
+CLOCK_FED = "clock-fed"
 
 
 @dataclass(frozen=True, slots=True)
 class ContentionRow:
-    """The two rows' latency under one capture condition ("none" or a capture priority)."""
+    """The rows' latency under one capture condition ("none", a capture priority, or camera-fed)."""
 
     capture: str
-    floor: Timing
+    floor: Timing | None  # None when fed: the floor takes no frames
     full: Timing
+    inference: Timing  # the full path's inference stage: what a capture thread can slow down
     decoded_fps: float  # frames the capture thread decoded per second meanwhile
 
 
 def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinning, threads: int, conf: float,
                        cache_dir: Path) -> list[ContentionRow]:
     bench_video(cache_dir)  # written before any timing
-    conditions: dict[str, CapturePriority | None] = {"none": None, **{p: p for p in get_args(CapturePriority)}}
+    conditions: list[str] = ["none", *get_args(CapturePriority), CLOCK_FED, FED]
     samples: dict[str, dict[str, list[Sample]]] = {c: {"floor": [], "full": []} for c in conditions}
     rates: dict[str, list[float]] = {c: [] for c in conditions}
     image = bench_frame()
@@ -55,14 +68,18 @@ def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinni
         full()  # fills the input tensor the floor row is fed a copy of
         rows: dict[str, Row] = {"floor": FloorPath(model, full.pipeline.preprocess.tensor), "full": full}
         for _ in range(ROUNDS):
-            for name, priority in conditions.items():
-                got, rate = _block(rows, priority, max(1, frames // ROUNDS), warmup, cache_dir)
+            for name in conditions:
+                got, rate = _block(rows, name, max(1, frames // ROUNDS), warmup, cache_dir)
                 for row, values in got.items():
                     samples[name][row] += values
                 rates[name].append(rate)
-    return [ContentionRow(name, Timing.of([s.total_ms for s in samples[name]["floor"]]),
-                          Timing.of([s.total_ms for s in samples[name]["full"]]), sum(rates[name]) / ROUNDS)
-            for name in conditions]
+    return [_row(name, samples[name], sum(rates[name]) / ROUNDS) for name in conditions]
+
+
+def _row(name: str, samples: dict[str, list[Sample]], decoded_fps: float) -> ContentionRow:
+    floor = Timing.of([s.total_ms for s in samples["floor"]]) if samples["floor"] else None
+    return ContentionRow(name, floor, Timing.of([s.total_ms for s in samples["full"]]),
+                         Timing.of([s.stages["inference"] for s in samples["full"]]), decoded_fps)
 
 
 def bench_video(folder: Path) -> Path:
@@ -82,10 +99,11 @@ def bench_video(folder: Path) -> Path:
 
 
 @contextmanager
-def decoding_camera(priority: CapturePriority, cache_dir: Path) -> Iterator[Capture]:
-    """A capture thread at ``priority`` decoding every frame of the bench clip, until the block ends."""
+def decoding_camera(priority: CapturePriority, cache_dir: Path, *, decode_all: bool = True) -> Iterator[Capture]:
+    """A capture thread at ``priority`` on the bench clip, decoding every frame unless told to
+    decode on demand, until the block ends."""
     video = bench_video(cache_dir)
-    capture = Capture(lambda: open_source(FileSource(path=video)), "bench", priority=priority, decode_all=True)
+    capture = Capture(lambda: open_source(FileSource(path=video)), "bench", priority=priority, decode_all=decode_all)
     capture.start()
     try:
         if capture.take(FIRST_FRAME_TIMEOUT_S) is None:
@@ -96,12 +114,53 @@ def decoding_camera(priority: CapturePriority, cache_dir: Path) -> Iterator[Capt
         capture.stop()
 
 
-def _block(rows: dict[str, Row], priority: CapturePriority | None, frames: int, warmup: int,
+class CameraFed:
+    """The full path on each frame taken from a capture thread, as the daemon's loop takes them.
+
+    Only the path is timed, as in the other conditions; the wait for the next frame is not.
+    """
+
+    def __init__(self, full: FullPath, capture: Capture) -> None:
+        self._full = full
+        self._capture = capture
+
+    def __call__(self) -> Sample:
+        frame = self._capture.take(FIRST_FRAME_TIMEOUT_S)
+        if frame is None:
+            raise RuntimeError(f"the capture thread stopped delivering: {self._capture.stats().last_error}")
+        self._full.image = frame.image
+        return self._full()
+
+
+class ClockFed:
+    """The full path started every ``1 / VIDEO_FPS`` s, on the bench frame, with no capture thread."""
+
+    def __init__(self, full: FullPath) -> None:
+        self._full = full
+        self._due = time.monotonic()
+
+    def __call__(self) -> Sample:
+        self._due = max(self._due + 1.0 / VIDEO_FPS, time.monotonic())
+        time.sleep(max(0.0, self._due - time.monotonic()))
+        return self._full()
+
+
+def _block(rows: dict[str, Row], condition: str, frames: int, warmup: int,
            cache_dir: Path) -> tuple[dict[str, list[Sample]], float]:
-    """The rows interleaved for ``frames`` frames, beside a capture thread when asked; and its frame rate."""
-    if priority is None:
+    """The rows for ``frames`` frames under one condition; and the frames decoded per second meanwhile."""
+    if condition == "none":
         return interleave(rows, frames, warmup), 0.0
-    with decoding_camera(priority, cache_dir) as capture:
+    if condition == CLOCK_FED:
+        return interleave({"full": ClockFed(cast(FullPath, rows["full"]))}, frames, warmup), 0.0
+    fed = condition == FED
+    priority = DEFAULT_CAPTURE_PRIORITY if fed else cast(CapturePriority, condition)
+    with decoding_camera(priority, cache_dir, decode_all=not fed) as capture:
+        full = cast(FullPath, rows["full"])
+        block_rows: dict[str, Row] = {"full": CameraFed(full, capture)} if fed else rows
+        bench_image = full.image
         start, decoded = time.monotonic(), capture.stats().frames_decoded
-        samples = interleave(rows, frames, warmup)
+        try:
+            samples = interleave(block_rows, frames, warmup)
+        finally:
+            full.image = bench_image
         return samples, (capture.stats().frames_decoded - decoded) / (time.monotonic() - start)
