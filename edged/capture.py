@@ -25,7 +25,7 @@ import numpy as np
 
 from edged.config import CapturePriority
 from edged.demand import Demand, StreamTiming
-from edged.sources import Frame, Source, SourceError
+from edged.sources import Frame, Source, SourceError, splits_reading
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ class Capture:
                 continue
             self._publish(*got, order, truth() if truth is not None else None)
             if first:
-                self._mark_ok()
+                self._mark_ok(on_demand=splits_reading(source) and not self._decode_all)
                 first = False
         return "stopped"
 
@@ -309,15 +309,14 @@ class Capture:
         A source with ``grab``/``retrieve`` has its frame grabbed, then decoded only when
         ``decode`` or when the consumer may want it; otherwise it is counted as skipped.
         """
-        grab, retrieve = getattr(source, "grab", None), getattr(source, "retrieve", None)
-        if grab is None or retrieve is None:
+        if not splits_reading(source):
             index, buf = self._claim()
             image = source.read(buf)
             if image is None:
                 return "ended"
             t_capture_ns, t_wall_ns = time.monotonic_ns(), time.time_ns()
         else:
-            if not grab():
+            if not source.grab():
                 return "ended"
             t_capture_ns, t_wall_ns = time.monotonic_ns(), time.time_ns()
             timing.grabbed(t_capture_ns)
@@ -325,7 +324,7 @@ class Capture:
                 self._skip(t_capture_ns)
                 return "skipped"
             index, buf = self._claim()
-            image = retrieve(buf)
+            image = source.retrieve(buf)
             timing.decoded(time.monotonic_ns() - t_capture_ns)
         if buf is None or image.shape != buf.shape or image.dtype != buf.dtype:
             self._adopt(index, image)
@@ -402,7 +401,7 @@ class Capture:
 
     # ---- state changes, each logged once ---------------------------------------------------
 
-    def _mark_ok(self) -> None:
+    def _mark_ok(self, *, on_demand: bool) -> None:
         with self._cond:
             previous, failures, shape = self._state, self._failures, self._shape
             self._state = "ok"
@@ -412,7 +411,8 @@ class Capture:
             log.info("camera %s: back after %d failed attempt(s), %s frames", self._camera_id, failures, size,
                      extra=self._extra)
         elif previous == "starting":
-            log.info("camera %s: delivering %s frames", self._camera_id, size, extra=self._extra)
+            decoding = "decoding only the frames the model may take" if on_demand else "decoding every frame"
+            log.info("camera %s: delivering %s frames, %s", self._camera_id, size, decoding, extra=self._extra)
 
     def _fail(self, message: str, *, read: bool) -> None:
         with self._cond:

@@ -265,6 +265,20 @@ def test_a_consumer_that_stops_asking_stops_the_decoding_and_gets_a_fresh_frame_
     assert stats.dropped_stale == stats.frames_captured - (len(taken) + 1) - pending
 
 
+@pytest.mark.parametrize(("split", "decode_all", "says"), [
+    (True, False, "decoding only the frames the model may take"),
+    (True, True, "decoding every frame"),
+    (False, False, "decoding every frame"),
+])
+def test_the_first_frame_logs_how_frames_are_decoded(started: Starter, caplog: pytest.LogCaptureFixture,
+                                                     split: bool, decode_all: bool, says: str) -> None:
+    caplog.set_level(logging.INFO, logger="edged.capture")
+    camera, split_source = split_camera(fps=100.0)
+    capture = started(Capture(split_source if split else camera.source, "cam0", decode_all=decode_all))
+    assert capture.take(timeout_s=2.0) is not None  # the line follows the first frame's hand-over
+    assert wait_for(lambda: f"camera cam0: delivering 32x24 frames, {says}" in caplog.messages)
+
+
 def test_take_times_out_when_no_frame_arrives(started: Starter) -> None:
     capture = started(Capture(FakeCamera(fps=2.0).source, "cam0"))
     assert capture.take(timeout_s=2.0) is not None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 
 import cv2
 import numpy as np
@@ -79,6 +79,21 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release the camera; safe to call more than once and after a failed ``open``."""
+
+
+class SplitSource(Source, Protocol):
+    """A source whose reading comes in OpenCV's two halves (see `Source`, ``grab``/``retrieve``)."""
+
+    def grab(self) -> bool:
+        """Take the next frame off the camera without decoding it; ``False`` at the end of a finite stream."""
+
+    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
+        """The frame last grabbed, decoded into ``out`` when its shape fits."""
+
+
+def splits_reading(source: Source) -> TypeGuard[SplitSource]:
+    """Whether ``source`` has ``grab`` and ``retrieve``, so the capture thread can skip decoding."""
+    return callable(getattr(source, "grab", None)) and callable(getattr(source, "retrieve", None))
 
 
 def retrieve_frame(cap: cv2.VideoCapture, out: np.ndarray | None, *, failed: str, undecodable: str) -> np.ndarray:
