@@ -66,10 +66,10 @@ def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinni
     image = bench_frame()
     with full_path_for(path, spinning, threads, conf, image) as (model, full):
         full()  # fills the input tensor the floor row is fed a copy of
-        rows: dict[str, Row] = {"floor": FloorPath(model, full.pipeline.preprocess.tensor), "full": full}
+        floor = FloorPath(model, full.pipeline.preprocess.tensor)
         for _ in range(ROUNDS):
             for name in conditions:
-                got, rate = _block(rows, name, max(1, frames // ROUNDS), warmup, cache_dir)
+                got, rate = _block(floor, full, name, max(1, frames // ROUNDS), warmup, cache_dir)
                 for row, values in got.items():
                     samples[name][row] += values
                 rates[name].append(rate)
@@ -145,22 +145,21 @@ class ClockFed:
         return self._full()
 
 
-def _block(rows: dict[str, Row], condition: str, frames: int, warmup: int,
+def _block(floor: FloorPath, full: FullPath, condition: str, frames: int, warmup: int,
            cache_dir: Path) -> tuple[dict[str, list[Sample]], float]:
     """The rows for ``frames`` frames under one condition; and the frames decoded per second meanwhile."""
     if condition == "none":
-        return interleave(rows, frames, warmup), 0.0
+        return interleave({"floor": floor, "full": full}, frames, warmup), 0.0
     if condition == CLOCK_FED:
-        return interleave({"full": ClockFed(cast(FullPath, rows["full"]))}, frames, warmup), 0.0
+        return interleave({"full": ClockFed(full)}, frames, warmup), 0.0
     fed = condition == FED
     priority = DEFAULT_CAPTURE_PRIORITY if fed else cast(CapturePriority, condition)
     with decoding_camera(priority, cache_dir, decode_all=not fed) as capture:
-        full = cast(FullPath, rows["full"])
-        block_rows: dict[str, Row] = {"full": CameraFed(full, capture)} if fed else rows
+        rows: dict[str, Row] = {"full": CameraFed(full, capture)} if fed else {"floor": floor, "full": full}
         bench_image = full.image
         start, decoded = time.monotonic(), capture.stats().frames_decoded
         try:
-            samples = interleave(block_rows, frames, warmup)
+            samples = interleave(rows, frames, warmup)
         finally:
-            full.image = bench_image
+            full.image = bench_image  # camera-fed swapped in the capture's frames
         return samples, (capture.stats().frames_decoded - decoded) / (time.monotonic() - start)
