@@ -25,7 +25,7 @@ import numpy as np
 
 from edged.config import CapturePriority
 from edged.demand import Demand, StreamTiming
-from edged.sources import Frame, Source, SourceError, splits_reading
+from edged.sources import Frame, Source, SourceError, SplitSource, splits_reading
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +277,7 @@ class Capture:
         pace = getattr(source, "pace", None)
         period = pace() if pace is not None else None
         truth = getattr(source, "truth", None)
+        split = source if splits_reading(source) else None
         order = source.channel_order
         timing = StreamTiming(period_ns=period * 1e9 if period else 0.0, paced=bool(period))
         due = time.monotonic()
@@ -288,7 +289,7 @@ class Capture:
                 # Keep the schedule through jitter, but never burst to catch up after a slow read.
                 due = max(due + period, time.monotonic())
             try:
-                got = self._read(source, timing, decode=first or self._decode_all)
+                got = self._read(source, split, timing, decode=first or self._decode_all)
             except SourceError as e:
                 self._fail(str(e), read=True)
                 return "lost"
@@ -298,25 +299,26 @@ class Capture:
                 continue
             self._publish(*got, order, truth() if truth is not None else None)
             if first:
-                self._mark_ok(on_demand=splits_reading(source) and not self._decode_all)
+                self._mark_ok(on_demand=split is not None and not self._decode_all)
                 first = False
         return "stopped"
 
-    def _read(self, source: Source, timing: StreamTiming,
+    def _read(self, source: Source, split: SplitSource | None, timing: StreamTiming,
               decode: bool) -> tuple[int, int, int] | Literal["ended", "skipped"]:
         """The next frame into a free slot: (slot, t_capture_ns, t_wall_ns), or why there is none.
 
-        A source with ``grab``/``retrieve`` has its frame grabbed, then decoded only when
-        ``decode`` or when the consumer may want it; otherwise it is counted as skipped.
+        A source with ``grab``/``retrieve`` (``split``, the same object) has its frame grabbed,
+        then decoded only when ``decode`` or when the consumer may want it; otherwise it is
+        counted as skipped.
         """
-        if not splits_reading(source):
+        if split is None:
             index, buf = self._claim()
             image = source.read(buf)
             if image is None:
                 return "ended"
             t_capture_ns, t_wall_ns = time.monotonic_ns(), time.time_ns()
         else:
-            if not source.grab():
+            if not split.grab():
                 return "ended"
             t_capture_ns, t_wall_ns = time.monotonic_ns(), time.time_ns()
             timing.grabbed(t_capture_ns)
@@ -324,7 +326,7 @@ class Capture:
                 self._skip(t_capture_ns)
                 return "skipped"
             index, buf = self._claim()
-            image = source.retrieve(buf)
+            image = split.retrieve(buf)
             timing.decoded(time.monotonic_ns() - t_capture_ns)
         if buf is None or image.shape != buf.shape or image.dtype != buf.dtype:
             self._adopt(index, image)
