@@ -63,13 +63,17 @@ class StreamTiming:
 
     def grabbed(self, now_ns: int) -> None:
         if not self.paced and self.last_grab_ns is not None:
-            interval = now_ns - self.last_grab_ns
-            self.period_ns = interval if self.period_ns == 0 else self.period_ns + (interval - self.period_ns) / 8
+            self.period_ns = _smoothed(self.period_ns, now_ns - self.last_grab_ns)
         self.last_grab_ns = now_ns
 
     def decoded(self, took_ns: int) -> None:
-        self.decode_ns = took_ns if self.decode_ns == 0 else self.decode_ns + (took_ns - self.decode_ns) / 8
+        self.decode_ns = _smoothed(self.decode_ns, took_ns)
 
     @property
     def newer_ready_ns(self) -> float:
         return self.period_ns + self.decode_ns
+
+
+def _smoothed(mean: float, sample: float) -> float:
+    """An exponential mean with weight 1/8 for the new sample; the first sample (mean 0) is taken as is."""
+    return sample if mean == 0 else mean + (sample - mean) / 8
