@@ -39,7 +39,7 @@ VIDEO_FPS = 30
 VIDEO_FRAMES = 60
 FIRST_FRAME_TIMEOUT_S = 10.0
 ROUNDS = 3
-DEFAULT_CAPTURE_PRIORITY: CapturePriority = RuntimeConfig().capture_priority
+DEFAULT_CAPTURE_PRIORITY: CapturePriority = RuntimeConfig.model_fields["capture_priority"].default
 
 
 FED = "camera-fed"
@@ -48,7 +48,7 @@ CLOCK_FED = "clock-fed"
 
 @dataclass(frozen=True, slots=True)
 class ContentionRow:
-    """The rows' latency under one capture condition ("none", a capture priority, or camera-fed)."""
+    """The rows' latency under one capture condition ("none", a capture priority, clock-fed or camera-fed)."""
 
     capture: str
     floor: Timing | None  # None when fed: the floor takes no frames

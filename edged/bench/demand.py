@@ -50,10 +50,7 @@ class MjpegCamera:
         image = cv2.imdecode(self._jpegs[self._index], cv2.IMREAD_COLOR)
         if image is None:
             raise SourceError(f"stand-in camera frame {self._index} does not decode")
-        if out is None or out.shape != image.shape:
-            return image
-        np.copyto(out, image)
-        return out
+        return image  # the capture thread copies it into its slot, as OpenCV's backend copies out
 
     def read(self, out: np.ndarray | None) -> np.ndarray:
         self.grab()
