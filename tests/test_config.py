@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the backport edged depends on there
-    import tomli as tomllib
 
 import pytest
 from pydantic import BaseModel
@@ -22,6 +16,7 @@ from edged.config import (
     SyntheticSource,
     V4l2Source,
     load_config,
+    tomllib,  # TOML read as edged reads it, on every Python it supports
 )
 
 CONFIG_DIR = Path(__file__).parent.parent / "config"

@@ -9,15 +9,9 @@ import json
 import math
 import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the backport edged depends on there
-    import tomli as tomllib
 
 import pytest
 from hypothesis import assume, event, given, settings
@@ -39,6 +33,7 @@ from edged.config import (
     V4l2Source,
     _format_error,
     load_config,
+    tomllib,  # TOML read as edged reads it, on every Python it supports
 )
 
 SECTIONS: dict[str, tuple[type[BaseModel], ...]] = {
