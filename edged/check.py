@@ -42,6 +42,9 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
     print(f"           session uses: {', '.join(engine.session.get_providers())}", file=out)
     for warning in engine.provider_warnings:
         print(f"           warning: {warning}", file=out)
+    print(f"threads    {engine.threads.summary}", file=out)
+    if engine.threads.warning:
+        print(f"           warning: {engine.threads.warning}", file=out)
     placement = engine.placement()
     total = sum(placement.values())
     for provider, count in sorted(placement.items(), key=lambda kv: -kv[1]):

@@ -129,7 +129,8 @@ class RuntimeConfig(Section):
     providers: list[ProviderConfig] = Field(
         default_factory=lambda: [ProviderConfig(name="CPUExecutionProvider")], min_length=1,
         description="Execution providers in order of preference; missing ones fall back down the list.")
-    intra_op_threads: int = Field(0, ge=0, le=MAX_THREADS, description="0 = one per physical core.")
+    intra_op_threads: int = Field(
+        0, ge=0, le=MAX_THREADS, description="0 = one per physical core of the CPUs this process may use.")
     inter_op_threads: int = Field(1, ge=0, le=MAX_THREADS, description="Only used by parallel execution.")
     graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
         "all", description="ONNX Runtime graph optimisation level.")

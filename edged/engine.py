@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 from edged.config import ProviderConfig, RuntimeConfig
 from edged.contract import batch_dim_to_pin
+from edged.cpus import plan_threads
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,10 @@ class Engine:
         )
         for warning in self.provider_warnings:
             log.warning(warning, extra={"MODEL": self.identity.short})
+        self.threads = plan_threads(cfg.intra_op_threads)
+        log.info("inference threads: %s", self.threads.summary)
+        if self.threads.warning:
+            log.warning(self.threads.warning)
         self.session = self._create_session(record_placement)
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         self.input_meta = self.session.get_inputs()
@@ -107,7 +112,7 @@ class Engine:
 
     def _session_options(self, record_placement: bool, pin: str | None) -> ort.SessionOptions:
         so = ort.SessionOptions()
-        so.intra_op_num_threads = self.cfg.intra_op_threads
+        so.intra_op_num_threads = self.threads.intra_op_threads
         so.inter_op_num_threads = self.cfg.inter_op_threads
         so.graph_optimization_level = _OPT_LEVELS[self.cfg.graph_optimization]
         so.log_severity_level = 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,16 @@ def test_check_reports_contract_head_and_placement(tmp: Path) -> None:
     assert "input      images [1, 3, 64, 64] float32 nchw rgb letterbox" in out
     assert "yolov8 head, 2 classes: red, blue" in out
     assert "placement  CPUExecutionProvider:" in out and " nodes" in out
+    assert "one per physical core of" in next(line for line in out.splitlines() if line.startswith("threads    "))
     assert out.rstrip().endswith("ok")
+
+
+def test_check_warns_about_more_threads_than_the_process_has_cpus(tmp: Path) -> None:
+    threads = len(os.sched_getaffinity(0)) + 1
+    result = run_cli("check", "--config", str(_config(tmp, runtime={"intra_op_threads": threads})))
+    assert result.returncode == 0, result.stderr
+    assert f"threads    {threads}, as configured" in result.stdout
+    assert f"warning: runtime.intra_op_threads = {threads} but this process may use only" in result.stdout
 
 
 def test_check_warns_about_a_provider_this_build_lacks(tmp: Path) -> None:
