@@ -272,7 +272,8 @@ def format_report(r: dict[str, Any]) -> str:
         flops = f", {model['gflops']:.2f} GFLOPs, {model['params'] / 1e6:.2f} M params"
     lines = [
         f"edged bench: {model['name']} ({model['kind']})",
-        f"  input {model['input']} output {model['output']}{flops}; provider {model['provider']}",
+        f"  input {model['input']} output {model['output']}{flops}; provider {model['provider']}; "
+        f"inference threads {model['threads']}",
         f"  {m['cpu']}, {m['logical_cores']} cores ({m['physical_cores']} physical); onnxruntime "
         f"{m['onnxruntime']}, numpy {m['numpy']}, opencv {m['opencv']}; load {m['loadavg_start']} -> "
         f"{m['loadavg_end']}{_others(m)}",

@@ -42,6 +42,7 @@ from edged.bench.rows import (
     time_alone,
 )
 from edged.config import ModelConfig, RuntimeConfig, Spinning
+from edged.cpus import online_cpus, physical_cores
 from edged.model import LoadedModel, load_model
 from edged.scenes import SceneGenerator
 
@@ -109,23 +110,18 @@ class BenchResult:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model and cores from /proc/cpuinfo ("model name" on x86, "Model" on a Raspberry Pi)."""
-    cpu, cores = platform.processor() or platform.machine(), set()
+    """CPU model from /proc/cpuinfo ("model name" on x86, "Model" on a Raspberry Pi); cores from sysfs."""
+    cpu = platform.processor() or platform.machine()
     try:
-        physical = core = ""
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = (part.strip() for part in line.partition(":"))
             if key in ("model name", "Model"):
                 cpu = value
-            elif key == "physical id":
-                physical = value
-            elif key == "core id":
-                core = value
-                cores.add((physical, core))
     except OSError:
         pass
+    online = online_cpus() or frozenset(range(os.cpu_count() or 1))
     return {
-        "cpu": cpu, "logical_cores": os.cpu_count(), "physical_cores": len(cores) or os.cpu_count(),
+        "cpu": cpu, "logical_cores": len(online), "physical_cores": physical_cores(online),
         "onnxruntime": ort.__version__, "numpy": np.__version__, "opencv": cv2.__version__,
         "python": platform.python_version(), "loadavg_start": round(os.getloadavg()[0], 2),
     }
@@ -297,6 +293,7 @@ def bench(path: Path, *, frames: int = 300, warmup: int = 20, cpu_frames: int = 
 
 def _model_info(model: LoadedModel, path: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
     info = {"path": str(path), "name": model.engine.identity.name, "provider": model.engine.provider,
+            "threads": model.engine.threads.summary,
             "input": list(model.contract.shape), "output": list(model.engine.outputs[0].shape),
             "head": model.head, "classes": model.num_classes}
     from edged.bench.timing_model import MissingOnnx, graph_stats
