@@ -148,7 +148,7 @@ def test_onnxruntime_threads_stay_on_the_cpu_the_process_was_given(tmp_path: Pat
 def one_cpu_cpuset() -> Iterator[tuple[Path, int]]:
     """A real cpuset cgroup (v1 or v2) holding one CPU; skipped where this process cannot make one."""
     cpu = spare_cpus()[0]
-    for root, controls in ((Path("/sys/fs/cgroup/cpuset"), "cpuset."), (Path("/sys/fs/cgroup"), "cpuset.")):
+    for root in (Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
         group = root / f"edged-test-{os.getpid()}"
         try:
             group.mkdir()
@@ -158,10 +158,11 @@ def one_cpu_cpuset() -> Iterator[tuple[Path, int]]:
             group.rmdir()
             continue
         try:
-            if (group / f"{controls}mems").exists() and not (group / f"{controls}mems").read_text().strip():
-                (group / f"{controls}mems").write_text((root / f"{controls}mems").read_text()
-                                                        if (root / f"{controls}mems").exists() else "0")
-            (group / f"{controls}cpus").write_text(str(cpu))
+            mems = group / "cpuset.mems"  # v1 leaves a new group's memory nodes empty
+            if mems.exists() and not mems.read_text().strip():
+                parent = root / "cpuset.mems"
+                mems.write_text(parent.read_text() if parent.exists() else "0")
+            (group / "cpuset.cpus").write_text(str(cpu))
         except OSError:
             group.rmdir()
             continue
