@@ -84,11 +84,18 @@ class Capture:
     every frame, as for a consumer that takes them all (the bench's worst case).
     """
 
-    def __init__(self, source_factory: Callable[[], Source], camera_id: str, *, priority: CapturePriority = "normal",
-                 backoff_initial_s: float = 0.5, backoff_max_s: float = 10.0, decode_all: bool = False) -> None:
+    def __init__(
+        self,
+        source_factory: Callable[[], Source],
+        camera_id: str,
+        *,
+        priority: CapturePriority = "normal",
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+        decode_all: bool = False,
+    ) -> None:
         if not 0 < backoff_initial_s <= backoff_max_s:
-            raise ValueError(f"need 0 < backoff_initial_s <= backoff_max_s, "
-                             f"got {backoff_initial_s} and {backoff_max_s}")
+            raise ValueError(f"need 0 < backoff_initial_s <= backoff_max_s, got {backoff_initial_s} and {backoff_max_s}")
         self._factory = source_factory
         self._priority = priority
         self._camera_id = camera_id
@@ -166,8 +173,13 @@ class Capture:
             return
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            log.warning("camera %s: capture thread still blocked in a camera call after %.1f s; it releases "
-                        "the camera when the call returns", self._camera_id, timeout_s, extra=self._extra)
+            log.warning(
+                "camera %s: capture thread still blocked in a camera call after %.1f s; it releases "
+                "the camera when the call returns",
+                self._camera_id,
+                timeout_s,
+                extra=self._extra,
+            )
 
     @property
     def state(self) -> CaptureState:
@@ -176,10 +188,15 @@ class Capture:
     def stats(self) -> CaptureStats:
         with self._cond:
             return CaptureStats(
-                state=self._state, frames_captured=self._frames_captured, frames_decoded=self._frames_decoded,
+                state=self._state,
+                frames_captured=self._frames_captured,
+                frames_decoded=self._frames_decoded,
                 dropped_stale=self._dropped_stale,
-                read_errors=self._read_errors, reconnects=self._reconnects, size_changes=self._size_changes,
-                last_error=self._last_error, last_progress_ns=self._last_progress_ns,
+                read_errors=self._read_errors,
+                reconnects=self._reconnects,
+                size_changes=self._size_changes,
+                last_error=self._last_error,
+                last_progress_ns=self._last_progress_ns,
                 alive=self._thread is not None and self._thread.is_alive(),
             )
 
@@ -218,8 +235,12 @@ class Capture:
             else:
                 os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + LOW_NICENESS))
         except OSError as e:
-            log.warning("camera %s: cannot lower the capture thread's priority (%s); it competes with inference "
-                        "for cores", self._camera_id, e, extra=self._extra)
+            log.warning(
+                "camera %s: cannot lower the capture thread's priority (%s); it competes with inference for cores",
+                self._camera_id,
+                e,
+                extra=self._extra,
+            )
 
     def _connect_loop(self) -> None:
         while not self._stop.is_set():
@@ -303,8 +324,9 @@ class Capture:
                 first = False
         return "stopped"
 
-    def _read(self, source: Source, split: SplitSource | None, timing: StreamTiming,
-              decode: bool) -> tuple[int, int, int] | Literal["ended", "skipped"]:
+    def _read(
+        self, source: Source, split: SplitSource | None, timing: StreamTiming, decode: bool
+    ) -> tuple[int, int, int] | Literal["ended", "skipped"]:
         """The next frame into a free slot: (slot, t_capture_ns, t_wall_ns), or why there is none.
 
         A source with ``grab``/``retrieve`` (``split``, the same object) has its frame grabbed,
@@ -364,8 +386,7 @@ class Capture:
     def _adopt(self, index: int, image: np.ndarray) -> None:
         """Take a frame of a new size as slot ``index`` and resize the other free slots to match."""
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-            raise SourceError(f"source delivered {image.shape} {image.dtype} frames; "
-                              "expected (height, width, 3) uint8")
+            raise SourceError(f"source delivered {image.shape} {image.dtype} frames; expected (height, width, 3) uint8")
         with self._cond:
             previous = self._shape
             self._shape = image.shape
@@ -377,11 +398,19 @@ class Capture:
             if previous is not None:
                 self._size_changes += 1
         if previous is not None:
-            log.warning("camera %s: frame size changed from %dx%d to %dx%d", self._camera_id, previous[1],
-                        previous[0], image.shape[1], image.shape[0], extra=self._extra)
+            log.warning(
+                "camera %s: frame size changed from %dx%d to %dx%d",
+                self._camera_id,
+                previous[1],
+                previous[0],
+                image.shape[1],
+                image.shape[0],
+                extra=self._extra,
+            )
 
-    def _publish(self, index: int, t_capture_ns: int, t_wall_ns: int, order: Literal["bgr", "rgb"],
-                 truth: object | None) -> None:
+    def _publish(
+        self, index: int, t_capture_ns: int, t_wall_ns: int, order: Literal["bgr", "rgb"], truth: object | None
+    ) -> None:
         with self._cond:
             info = self._info[index]
             info.frame_id = self._next_id
@@ -410,8 +439,9 @@ class Capture:
             self._failures = 0
         size = f"{shape[1]}x{shape[0]}" if shape else "?"
         if previous == "lost":
-            log.info("camera %s: back after %d failed attempt(s), %s frames", self._camera_id, failures, size,
-                     extra=self._extra)
+            log.info(
+                "camera %s: back after %d failed attempt(s), %s frames", self._camera_id, failures, size, extra=self._extra
+            )
         elif previous == "starting":
             decoding = "decoding only the frames the model may take" if on_demand else "decoding every frame"
             log.info("camera %s: delivering %s frames, %s", self._camera_id, size, decoding, extra=self._extra)
@@ -430,11 +460,11 @@ class Capture:
         elif previous == "starting":
             log.warning("camera %s: unavailable: %s; retrying", self._camera_id, message, extra=self._extra)
         elif failures % LOG_EVERY_N_FAILURES == 0:
-            log.warning("camera %s: still unavailable after %d attempts: %s", self._camera_id, failures,
-                        message, extra=self._extra)
+            log.warning(
+                "camera %s: still unavailable after %d attempts: %s", self._camera_id, failures, message, extra=self._extra
+            )
         else:
-            log.debug("camera %s: attempt %d failed: %s", self._camera_id, failures, message,
-                      extra=self._extra)
+            log.debug("camera %s: attempt %d failed: %s", self._camera_id, failures, message, extra=self._extra)
 
     def _mark_ended(self) -> None:
         with self._cond:

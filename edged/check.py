@@ -63,9 +63,12 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
         return EXIT_CONFIG
     if detections.scores_above_one:
         # A probability never exceeds 1: on a plain grey frame this can only be the set-up.
-        print(f"edged: check failed: a plain grey frame gave {detections.scores_above_one} score(s) above 1; "
-              "scores must be probabilities: check model.scale, mean and std against how the model was "
-              "trained, and that its head ends in a sigmoid", file=sys.stderr)
+        print(
+            f"edged: check failed: a plain grey frame gave {detections.scores_above_one} score(s) above 1; "
+            "scores must be probabilities: check model.scale, mean and std against how the model was "
+            "trained, and that its head ends in a sigmoid",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG
     _report(model, settings, out)
     print("ok", file=out)

@@ -19,8 +19,14 @@ log = logging.getLogger("edged")
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", type=Path, default=DEFAULT_CONFIG_PATH, metavar="PATH",
-                   help=f"TOML config file (default {DEFAULT_CONFIG_PATH}); EDGED_* variables override it")
+    p.add_argument(
+        "--config",
+        "-c",
+        type=Path,
+        default=DEFAULT_CONFIG_PATH,
+        metavar="PATH",
+        help=f"TOML config file (default {DEFAULT_CONFIG_PATH}); EDGED_* variables override it",
+    )
 
 
 def _eval_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,8 +38,12 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="scene seed (0 is held out from the demo's training)")
     p.add_argument("--size", default="1280x720", help="scene size WxH (default 1280x720)")
     p.add_argument("--conf", type=float, default=0.001, help="score threshold for mAP (default 0.001)")
-    p.add_argument("--report-conf", type=float, default=0.25,
-                   help="score at which precision and recall are reported (default 0.25, the daemon's)")
+    p.add_argument(
+        "--report-conf",
+        type=float,
+        default=0.25,
+        help="score at which precision and recall are reported (default 0.25, the daemon's)",
+    )
     p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold, as in the daemon's config")
     p.add_argument("--max-det", type=int, default=300, help="detections kept per image")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON to this file")
@@ -44,99 +54,166 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="where to write the INT8 (QDQ) model")
     calib = p.add_mutually_exclusive_group()
     calib.add_argument("--calib-images", type=Path, metavar="DIR", help="calibrate on the images in this folder")
-    calib.add_argument("--calib-scenes", type=int, default=200, metavar="N",
-                       help="calibrate on N generated 1280x720 scenes (default 200)")
-    p.add_argument("--seed", type=int, default=1,
-                   help="calibration scene seed (default 1, a training seed; 0 stays held out)")
-    p.add_argument("--method", choices=("minmax", "percentile"), default="percentile",
-                   help="activation range calibration (default percentile: 99.999th, measured better on the demo)")
-    p.add_argument("--exclude-head", action=argparse.BooleanOptionalAction, default=True,
-                   help="keep the detection head (box decode, sigmoid, final concat) in float (default on)")
-    p.add_argument("--float-stem", action=argparse.BooleanOptionalAction, default=True,
-                   help="keep the convolutions that read the image in float (default on: int8 over 3 channels "
-                        "is slower than float in onnxruntime); quantised, they let the INT8 model take the "
-                        "uint8 pixels as they are")
-    p.add_argument("--reduce-range", action="store_true",
-                   help="7-bit weights; only for x86 CPUs without VNNI, where u8 x s8 sums can saturate")
-    p.add_argument("--eval-scenes", type=int, default=200, metavar="N",
-                   help="held-out scenes for the FP32 vs INT8 accuracy comparison (default 200; 0 skips it)")
+    calib.add_argument(
+        "--calib-scenes", type=int, default=200, metavar="N", help="calibrate on N generated 1280x720 scenes (default 200)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=1, help="calibration scene seed (default 1, a training seed; 0 stays held out)"
+    )
+    p.add_argument(
+        "--method",
+        choices=("minmax", "percentile"),
+        default="percentile",
+        help="activation range calibration (default percentile: 99.999th, measured better on the demo)",
+    )
+    p.add_argument(
+        "--exclude-head",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the detection head (box decode, sigmoid, final concat) in float (default on)",
+    )
+    p.add_argument(
+        "--float-stem",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the convolutions that read the image in float (default on: int8 over 3 channels "
+        "is slower than float in onnxruntime); quantised, they let the INT8 model take the "
+        "uint8 pixels as they are",
+    )
+    p.add_argument(
+        "--reduce-range",
+        action="store_true",
+        help="7-bit weights; only for x86 CPUs without VNNI, where u8 x s8 sums can saturate",
+    )
+    p.add_argument(
+        "--eval-scenes",
+        type=int,
+        default=200,
+        metavar="N",
+        help="held-out scenes for the FP32 vs INT8 accuracy comparison (default 200; 0 skips it)",
+    )
     p.add_argument("--eval-seed", type=int, default=0, help="scene seed of the comparison (default 0, held out)")
-    p.add_argument("--latency-frames", type=int, default=200, metavar="N",
-                   help="interleaved frames per model for the latency comparison (default 200; 0 skips it)")
-    p.add_argument("--threads", type=int, default=0, metavar="N",
-                   help="runtime.intra_op_threads for both models (default 0: one per physical core); "
-                        "INT8's gain depends on it")
-    p.add_argument("--report", type=Path, default=None, metavar="FILE",
-                   help="also write the before/after report as JSON to this file")
+    p.add_argument(
+        "--latency-frames",
+        type=int,
+        default=200,
+        metavar="N",
+        help="interleaved frames per model for the latency comparison (default 200; 0 skips it)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="runtime.intra_op_threads for both models (default 0: one per physical core); INT8's gain depends on it",
+    )
+    p.add_argument(
+        "--report", type=Path, default=None, metavar="FILE", help="also write the before/after report as JSON to this file"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="edged", description="Embedded vision daemon: camera -> ONNX Runtime -> detections over ZeroMQ.")
+        prog="edged", description="Embedded vision daemon: camera -> ONNX Runtime -> detections over ZeroMQ."
+    )
     parser.add_argument("--version", action="version", version=f"edged {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the daemon", description=(
-        "Run the daemon: capture frames, detect, publish over ZeroMQ until SIGTERM. "
-        "SIGHUP reloads the config (a bad one is logged and the running one kept). "
-        "Exit 0 on a clean stop, 78 on a config/model/contract error, 1 otherwise."))
+    run = sub.add_parser(
+        "run",
+        help="run the daemon",
+        description=(
+            "Run the daemon: capture frames, detect, publish over ZeroMQ until SIGTERM. "
+            "SIGHUP reloads the config (a bad one is logged and the running one kept). "
+            "Exit 0 on a clean stop, 78 on a config/model/contract error, 1 otherwise."
+        ),
+    )
     _config_arg(run)
 
-    check = sub.add_parser("check", help="check config, model, contract and provider placement",
-                           description="Load the config and model exactly as `run` would, check the layout "
-                           "contract and report which execution provider each node runs on. Exit 0 when "
-                           "all is well, 78 with the reasons otherwise.")
+    check = sub.add_parser(
+        "check",
+        help="check config, model, contract and provider placement",
+        description="Load the config and model exactly as `run` would, check the layout "
+        "contract and report which execution provider each node runs on. Exit 0 when "
+        "all is well, 78 with the reasons otherwise.",
+    )
     _config_arg(check)
 
-    subscribe = sub.add_parser("subscribe", help="print detections from a running edged",
-                               description="Connect to an edged PUB endpoint and print what arrives.")
+    subscribe = sub.add_parser(
+        "subscribe",
+        help="print detections from a running edged",
+        description="Connect to an edged PUB endpoint and print what arrives.",
+    )
     subscribe.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5556 or ipc:///run/edged/detections.sock")
     subscribe.add_argument("--topic", default="", help="topic prefix to subscribe to (default: everything)")
     subscribe.add_argument("--stats", action="store_true", help="print a rolling summary instead of messages")
     subscribe.add_argument("--json", action="store_true", help="print each message as JSON")
     subscribe.add_argument("--count", type=int, default=None, help="exit after this many messages")
     subscribe.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
-    subscribe.add_argument("--server-key", type=Path, default=None, metavar="FILE",
-                           help="CURVE: the publisher's public key file (server.key)")
-    subscribe.add_argument("--client-key", type=Path, default=None, metavar="FILE",
-                           help="CURVE: this subscriber's secret key file (NAME.key_secret, mode 0600)")
+    subscribe.add_argument(
+        "--server-key", type=Path, default=None, metavar="FILE", help="CURVE: the publisher's public key file (server.key)"
+    )
+    subscribe.add_argument(
+        "--client-key",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="CURVE: this subscriber's secret key file (NAME.key_secret, mode 0600)",
+    )
 
-    keygen = sub.add_parser("keygen", help="create a CURVE key pair for the tcp stream",
-                            description="Write NAME.key (public, 0644) and NAME.key_secret (secret, 0600) "
-                            "into DIR, and print where each one goes.")
+    keygen = sub.add_parser(
+        "keygen",
+        help="create a CURVE key pair for the tcp stream",
+        description="Write NAME.key (public, 0644) and NAME.key_secret (secret, 0600) "
+        "into DIR, and print where each one goes.",
+    )
     keygen.add_argument("dir", type=Path, help="directory for the key files (created if missing)")
-    keygen.add_argument("--name", default="server",
-                        help="'server' for the publisher (default), or a name for a subscriber")
+    keygen.add_argument("--name", default="server", help="'server' for the publisher (default), or a name for a subscriber")
 
-    schema = sub.add_parser("schema", help="print the JSON Schema of published messages",
-                            description="Print the JSON Schema generated from the message models.")
+    schema = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of published messages",
+        description="Print the JSON Schema generated from the message models.",
+    )
     schema.add_argument("--out", type=Path, default=None, help="write to this file instead of stdout")
 
-    evaluate = sub.add_parser("eval", help="measure a model's precision, recall and mAP",
-                              description="Run a model through the daemon's exact pipeline over a folder "
-                              "of images with YOLO-format labels, or over generated scenes, and report "
-                              "precision, recall, mAP@0.5 and mAP@0.5:0.95 per class.")
+    evaluate = sub.add_parser(
+        "eval",
+        help="measure a model's precision, recall and mAP",
+        description="Run a model through the daemon's exact pipeline over a folder "
+        "of images with YOLO-format labels, or over generated scenes, and report "
+        "precision, recall, mAP@0.5 and mAP@0.5:0.95 per class.",
+    )
     _eval_arguments(evaluate)
 
-    quantize = sub.add_parser("quantize", help="write a static INT8 copy of a model and compare it",
-                              description="Quantise a model to INT8 (QDQ, per-channel int8 weights, uint8 "
-                              "activations) calibrated on frames through the daemon's preprocess, keeping the "
-                              "detection head in float; then compare latency and accuracy with the original. "
-                              "Exit 0 on success, 78 for an unusable model or data, 1 when quantising fails or "
-                              "the quantised model does not load or run.")
+    quantize = sub.add_parser(
+        "quantize",
+        help="write a static INT8 copy of a model and compare it",
+        description="Quantise a model to INT8 (QDQ, per-channel int8 weights, uint8 "
+        "activations) calibrated on frames through the daemon's preprocess, keeping the "
+        "detection head in float; then compare latency and accuracy with the original. "
+        "Exit 0 on success, 78 for an unusable model or data, 1 when quantising fails or "
+        "the quantised model does not load or run.",
+    )
     _quantize_arguments(quantize)
 
-    bench = sub.add_parser("bench", help="time edged's per-frame path against bare inference",
-                           description="Measure, in one process and interleaved, bare session.run (the floor), "
-                           "edged's full per-frame path and a naive reference pipeline on a 1280x720 scene; "
-                           "also allocations, CPU time, RSS, cold start (--cold-start) and a soak (--soak N).")
+    bench = sub.add_parser(
+        "bench",
+        help="time edged's per-frame path against bare inference",
+        description="Measure, in one process and interleaved, bare session.run (the floor), "
+        "edged's full per-frame path and a naive reference pipeline on a 1280x720 scene; "
+        "also allocations, CPU time, RSS, cold start (--cold-start) and a soak (--soak N).",
+    )
     from edged.bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
 
-    thermal = sub.add_parser("thermal", help="print thermal readings and state",
-                             description="Read thermal zones, cpufreq caps and throttling flags once "
-                             "(or repeatedly with --watch) and print them with the resulting state.")
+    thermal = sub.add_parser(
+        "thermal",
+        help="print thermal readings and state",
+        description="Read thermal zones, cpufreq caps and throttling flags once "
+        "(or repeatedly with --watch) and print them with the resulting state.",
+    )
     _config_arg(thermal)
     thermal.add_argument("--watch", action="store_true", help="keep printing every poll interval")
     thermal.add_argument("--interval", type=float, default=None, help="seconds between readings")
@@ -175,9 +252,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_subscribe(args: argparse.Namespace) -> int:
     from edged.subscribe import run_subscribe
 
-    return run_subscribe(args.endpoint, args.topic, stats=args.stats, raw_json=args.json,
-                         count=args.count, timeout_s=args.timeout,
-                         server_key=args.server_key, client_key=args.client_key)
+    return run_subscribe(
+        args.endpoint,
+        args.topic,
+        stats=args.stats,
+        raw_json=args.json,
+        count=args.count,
+        timeout_s=args.timeout,
+        server_key=args.server_key,
+        client_key=args.client_key,
+    )
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:

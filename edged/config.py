@@ -34,11 +34,18 @@ class Section(BaseModel):
 
 # ---- sources ----------------------------------------------------------------------------------
 
+
 class SourceBase(Section):
-    camera_id: str = Field("cam0", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
-                           description="Name of this camera; used as the ZeroMQ topic suffix.")
+    camera_id: str = Field(
+        "cam0",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Name of this camera; used as the ZeroMQ topic suffix.",
+    )
     channel_order: Literal["bgr", "rgb"] = Field(
-        "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr).")
+        "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr)."
+    )
 
 
 class SyntheticSource(SourceBase):
@@ -72,27 +79,30 @@ class V4l2Source(SourceBase):
     fourcc: Literal["MJPG", "YUYV"] = Field("MJPG", description="Pixel format asked of the camera.")
 
 
-SourceConfig = Annotated[
-    SyntheticSource | FileSource | ImagesSource | V4l2Source, Field(discriminator="type")
-]
+SourceConfig = Annotated[SyntheticSource | FileSource | ImagesSource | V4l2Source, Field(discriminator="type")]
 
 
 # ---- model, inference -------------------------------------------------------------------------
+
 
 class ModelConfig(Section):
     path: Path = Field(description="ONNX model file.")
     labels: Path | None = Field(None, description="Class names, one per line; default: model metadata.")
     layout: Literal["auto", "nchw", "nhwc"] = Field(
-        "auto", description="Input layout; auto infers it from where the size-3 axis sits.")
+        "auto", description="Input layout; auto infers it from where the size-3 axis sits."
+    )
     channel_order: Literal["rgb", "bgr"] = Field(
-        "rgb", description="Channel order the model was trained on; checked against its metadata.")
+        "rgb", description="Channel order the model was trained on; checked against its metadata."
+    )
     resize: Literal["letterbox", "stretch"] = Field(
-        "letterbox", description="letterbox keeps the aspect ratio (pad 114); stretch fills the input.")
+        "letterbox", description="letterbox keeps the aspect ratio (pad 114); stretch fills the input."
+    )
     scale: float = Field(1 / 255, gt=0, description="Pixel values are multiplied by this first.")
     mean: tuple[float, float, float] = Field((0.0, 0.0, 0.0), description="Per channel, after scale.")
     std: tuple[float, float, float] = Field((1.0, 1.0, 1.0), description="Per channel, after mean.")
     head: Literal["auto", "yolov8", "yolov5", "end2end"] = Field(
-        "auto", description="Output head format; auto reads it from shapes and metadata.")
+        "auto", description="Output head format; auto reads it from shapes and metadata."
+    )
     conf: float = Field(0.25, gt=0, le=1, description="Minimum score of a published detection.")
     iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
     max_det: int = Field(100, ge=1, le=10000, description="Most detections kept per frame.")
@@ -109,7 +119,8 @@ class ModelConfig(Section):
 class ProviderConfig(Section):
     name: str = Field(description="ONNX Runtime execution provider, e.g. CPUExecutionProvider.")
     options: dict[str, str | int | float | bool] = Field(
-        default_factory=dict, description="Provider options passed to ONNX Runtime as given.")
+        default_factory=dict, description="Provider options passed to ONNX Runtime as given."
+    )
 
 
 Spinning = Literal["off", "during-run", "always"]
@@ -127,21 +138,30 @@ def check_thread_option(threads: int) -> None:
 
 class RuntimeConfig(Section):
     providers: list[ProviderConfig] = Field(
-        default_factory=lambda: [ProviderConfig(name="CPUExecutionProvider")], min_length=1,
-        description="Execution providers in order of preference; missing ones fall back down the list.")
+        default_factory=lambda: [ProviderConfig(name="CPUExecutionProvider")],
+        min_length=1,
+        description="Execution providers in order of preference; missing ones fall back down the list.",
+    )
     intra_op_threads: int = Field(
-        0, ge=0, le=MAX_THREADS, description="0 = one per physical core of the CPUs this process may use.")
+        0, ge=0, le=MAX_THREADS, description="0 = one per physical core of the CPUs this process may use."
+    )
     inter_op_threads: int = Field(1, ge=0, le=MAX_THREADS, description="Only used by parallel execution.")
     graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
-        "all", description="ONNX Runtime graph optimisation level.")
+        "all", description="ONNX Runtime graph optimisation level."
+    )
     optimized_model_path: Path | None = Field(
-        None, description="Cache of the optimised graph: written on first start, loaded after.")
+        None, description="Cache of the optimised graph: written on first start, loaded after."
+    )
     spinning: Spinning = Field(
-        "during-run", description="Idle ORT threads: 'off' sleep at once; 'during-run' spin while an inference runs "
-        "and sleep when it ends; 'always' spin between frames too (ORT's default: most heat).")
+        "during-run",
+        description="Idle ORT threads: 'off' sleep at once; 'during-run' spin while an inference runs "
+        "and sleep when it ends; 'always' spin between frames too (ORT's default: most heat).",
+    )
     capture_priority: CapturePriority = Field(
-        "low", description="The capture thread's scheduling: 'normal'; 'low', nice +10: it yields cores to "
-        "inference; 'idle', SCHED_IDLE: it never preempts inference, but starves on a board kept busy.")
+        "low",
+        description="The capture thread's scheduling: 'normal'; 'low', nice +10: it yields cores to "
+        "inference; 'idle', SCHED_IDLE: it never preempts inference, but starves on a board kept busy.",
+    )
 
     @field_validator("spinning", mode="before")
     @classmethod
@@ -152,22 +172,30 @@ class RuntimeConfig(Section):
 
 # ---- publish ----------------------------------------------------------------------------------
 
+
 class PublishConfig(Section):
     endpoints: list[str] = Field(
-        default_factory=lambda: ["ipc:///run/edged/detections.sock"], min_length=1,
-        description="ZeroMQ endpoints the PUB socket binds (tcp:// or ipc://).")
-    topic_prefix: str = Field("edged", min_length=1, pattern=r"^[A-Za-z0-9_./-]+$",
-                              description="Topics are PREFIX/detections/CAMERA and PREFIX/status/CAMERA.")
+        default_factory=lambda: ["ipc:///run/edged/detections.sock"],
+        min_length=1,
+        description="ZeroMQ endpoints the PUB socket binds (tcp:// or ipc://).",
+    )
+    topic_prefix: str = Field(
+        "edged",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_./-]+$",
+        description="Topics are PREFIX/detections/CAMERA and PREFIX/status/CAMERA.",
+    )
     hwm: int = Field(32, ge=1, le=100000, description="Messages queued per subscriber before dropping.")
     status_interval_s: float = Field(1.0, gt=0, le=3600, description="Seconds between status messages.")
     linger_ms: int = Field(200, ge=0, le=10000, description="How long stop waits to flush queued messages.")
     publish_empty: bool = Field(True, description="Publish frames with no detections too.")
     insecure: bool = Field(False, description="Allow plaintext tcp:// on a non-loopback address.")
     curve_server_key: Path | None = Field(
-        None, description="This publisher's secret key file (edged keygen); enables CurveZMQ on tcp://.")
+        None, description="This publisher's secret key file (edged keygen); enables CurveZMQ on tcp://."
+    )
     curve_clients_dir: Path | None = Field(
-        None, validate_default=True,
-        description="Directory of the public .key files of the subscribers allowed to connect.")
+        None, validate_default=True, description="Directory of the public .key files of the subscribers allowed to connect."
+    )
 
     @field_validator("curve_clients_dir")
     @classmethod
@@ -187,20 +215,20 @@ class PublishConfig(Section):
 
 # ---- thermal ----------------------------------------------------------------------------------
 
+
 class ThermalConfig(Section):
     enabled: bool = Field(True, description="Watch temperatures and throttling and adapt the rate.")
     root: Path = Field(Path("/"), description="Where /sys and /proc are read; a captured tree in tests.")
     poll_interval_s: float = Field(2.0, gt=0, le=600, description="Seconds between readings.")
     warm_c: float | None = Field(
-        None, description="Hottest zone at or above this is warm (default: per board or from trip points).")
-    throttled_c: float | None = Field(
-        None, description="Hottest zone at or above this is throttled (default: as warm_c).")
+        None, description="Hottest zone at or above this is warm (default: per board or from trip points)."
+    )
+    throttled_c: float | None = Field(None, description="Hottest zone at or above this is throttled (default: as warm_c).")
     critical_c: float | None = Field(
-        None, description="Hottest zone at or above this is critical: inference pauses (default: as warm_c).")
-    hysteresis_c: float = Field(
-        3.0, ge=0, le=30, description="Cooling needed below a threshold to step down.")
-    warm_rate: float = Field(
-        0.5, gt=0, le=1, description="Fraction of the full frame rate allowed when warm.")
+        None, description="Hottest zone at or above this is critical: inference pauses (default: as warm_c)."
+    )
+    hysteresis_c: float = Field(3.0, ge=0, le=30, description="Cooling needed below a threshold to step down.")
+    warm_rate: float = Field(0.5, gt=0, le=1, description="Fraction of the full frame rate allowed when warm.")
     throttled_rate: float = Field(0.25, gt=0, le=1, description="Fraction allowed when throttled.")
     use_vcgencmd: bool = Field(True, description="Ask vcgencmd get_throttled where sysfs lacks the flags.")
 
@@ -217,6 +245,7 @@ class ThermalConfig(Section):
 
 # ---- service ----------------------------------------------------------------------------------
 
+
 class ServiceConfig(Section):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     max_fps: float = Field(0.0, ge=0, le=1000, description="Cap on processed frames per second; 0 = none.")
@@ -226,9 +255,7 @@ class ServiceConfig(Section):
 class Settings(BaseSettings):
     """The whole configuration; see config/edged.toml for every key with its default."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="EDGED_", env_nested_delimiter="__", extra="forbid", frozen=True
-    )
+    model_config = SettingsConfigDict(env_prefix="EDGED_", env_nested_delimiter="__", extra="forbid", frozen=True)
 
     source: SourceConfig = Field(default_factory=SyntheticSource)
     model: ModelConfig
@@ -298,9 +325,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a config file are relative to that file, not to the working directory."""
-    for section, key in (("model", "path"), ("model", "labels"), ("source", "path"),
-                         ("runtime", "optimized_model_path"), ("publish", "curve_server_key"),
-                         ("publish", "curve_clients_dir")):
+    for section, key in (
+        ("model", "path"),
+        ("model", "labels"),
+        ("source", "path"),
+        ("runtime", "optimized_model_path"),
+        ("publish", "curve_server_key"),
+        ("publish", "curve_clients_dir"),
+    ):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
             data[section][key] = os.path.normpath(base / value)

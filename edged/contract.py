@@ -54,10 +54,15 @@ class InputContract:
         return self.shape[3] if self.layout == "nchw" else self.shape[2]
 
     def describe(self) -> str:
-        normalise = ("pixels as they are (the model normalises inside)" if self.dtype is np.uint8
-                     else f"scale={self.scale:.6g} mean={list(self.mean)} std={list(self.std)}")
-        return (f"{self.input_name} {list(self.shape)} {np.dtype(self.dtype).name} {self.layout} "
-                f"{self.channel_order} {self.resize} {normalise}")
+        normalise = (
+            "pixels as they are (the model normalises inside)"
+            if self.dtype is np.uint8
+            else f"scale={self.scale:.6g} mean={list(self.mean)} std={list(self.std)}"
+        )
+        return (
+            f"{self.input_name} {list(self.shape)} {np.dtype(self.dtype).name} {self.layout} "
+            f"{self.channel_order} {self.resize} {normalise}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +101,15 @@ def build_contract(
     order = _channel_order(cfg, metadata.get("color_order"))
     _check_normalisation(cfg, dtype)
     return InputContract(
-        input_name=name, shape=dims, dtype=dtype, layout=layout, channel_order=order,
-        resize=cfg.resize, scale=cfg.scale, mean=cfg.mean, std=cfg.std,
+        input_name=name,
+        shape=dims,
+        dtype=dtype,
+        layout=layout,
+        channel_order=order,
+        resize=cfg.resize,
+        scale=cfg.scale,
+        mean=cfg.mean,
+        std=cfg.std,
     )
 
 
@@ -112,8 +124,7 @@ def _input_dtype(name: str, ort_type: str) -> type[np.generic]:
 def _static_dims(name: str, shape: Sequence[int | str | None]) -> tuple[int, int, int, int]:
     if len(shape) != 4:
         raise ContractError(
-            f"input {name!r} has shape {list(shape)}: not an image tensor (expected rank 4, "
-            "[1, 3, H, W] or [1, H, W, 3])"
+            f"input {name!r} has shape {list(shape)}: not an image tensor (expected rank 4, [1, 3, H, W] or [1, H, W, 3])"
         )
     if shape[0] != 1:
         raise ContractError(
@@ -123,8 +134,7 @@ def _static_dims(name: str, shape: Sequence[int | str | None]) -> tuple[int, int
     dims = [d for d in shape if isinstance(d, int) and d > 0]
     if len(dims) != 4:
         raise ContractError(
-            f"input {name!r} has dynamic dimensions {list(shape)}; export the model with a fixed "
-            "input size (e.g. imgsz=640)"
+            f"input {name!r} has dynamic dimensions {list(shape)}; export the model with a fixed input size (e.g. imgsz=640)"
         )
     return (dims[0], dims[1], dims[2], dims[3])
 
@@ -145,19 +155,13 @@ def _layout(name: str, dims: tuple[int, int, int, int], declared: str, meta: str
     meta_layout = meta.lower() if meta and meta.lower() in ("nchw", "nhwc") else None
     for source, value in (("model metadata", meta_layout), ("config model.layout", _auto(declared))):
         if value is not None and inferred is not None and value != inferred:
-            raise ContractError(
-                f"{source} says {value.upper()} but input {name!r} shape {list(dims)} is "
-                f"{inferred.upper()}"
-            )
+            raise ContractError(f"{source} says {value.upper()} but input {name!r} shape {list(dims)} is {inferred.upper()}")
     if meta_layout and _auto(declared) and meta_layout != declared:
-        raise ContractError(
-            f"config model.layout = {declared!r} contradicts the model metadata layout {meta_layout!r}"
-        )
+        raise ContractError(f"config model.layout = {declared!r} contradicts the model metadata layout {meta_layout!r}")
     result = inferred or _auto(declared) or meta_layout
     if result is None:
         raise ContractError(
-            f"input {name!r} shape {list(dims)} is ambiguous (3 at both channel positions); set "
-            "model.layout to nchw or nhwc"
+            f"input {name!r} shape {list(dims)} is ambiguous (3 at both channel positions); set model.layout to nchw or nhwc"
         )
     return result  # type: ignore[return-value]
 

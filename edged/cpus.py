@@ -46,9 +46,14 @@ def plan_threads(configured: int, cpus: frozenset[int] | None = None, sysfs: Pat
     summary = f"{configured}, as configured; this process may use CPUs {listed}"
     if configured <= len(cpus):
         return ThreadPlan(configured, summary)
-    return ThreadPlan(configured, summary, warning=(
-        f"runtime.intra_op_threads = {configured} but this process may use only {len(cpus)} CPU(s) ({listed}): "
-        "the threads share them and every inference waits for the slowest; set 0 for one per physical core"))
+    return ThreadPlan(
+        configured,
+        summary,
+        warning=(
+            f"runtime.intra_op_threads = {configured} but this process may use only {len(cpus)} CPU(s) ({listed}): "
+            "the threads share them and every inference waits for the slowest; set 0 for one per physical core"
+        ),
+    )
 
 
 def allowed_cpus() -> frozenset[int] | None:
@@ -68,8 +73,7 @@ def online_cpus(sysfs: Path = SYSFS_CPU) -> frozenset[int] | None:
 
 def physical_cores(cpus: Iterable[int], sysfs: Path = SYSFS_CPU) -> int:
     """Distinct cores among ``cpus``: SMT siblings count once; a CPU without topology is its own."""
-    cores = {_read_cpus(sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list") or frozenset({cpu})
-             for cpu in cpus}
+    cores = {_read_cpus(sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list") or frozenset({cpu}) for cpu in cpus}
     return max(1, len(cores))
 
 

@@ -113,8 +113,11 @@ class Daemon:
                     log.info("source ended: stopping")
                     return EXIT_OK
                 if self._inference_failures >= MAX_INFERENCE_FAILURES and not self._fall_back_provider():
-                    log.error("inference failed on %d frames in a row: stopping so that systemd restarts "
-                              "edged (check the model and the execution provider)", self._inference_failures)
+                    log.error(
+                        "inference failed on %d frames in a row: stopping so that systemd restarts "
+                        "edged (check the model and the execution provider)",
+                        self._inference_failures,
+                    )
                     return EXIT_FAILURE
                 self.step()
         except ModelError as e:  # the model cannot run at all on frames of this size
@@ -148,8 +151,14 @@ class Daemon:
         except InferenceError as e:
             self._inference_failures += 1
             self.stats.drop("inference_error")
-            self._error_limited("inference failed, frame %d skipped (%d failed so far): %s", frame.frame_id,
-                                self.stats.drops["inference_error"], e, frame=frame.frame_id, stage="inference")
+            self._error_limited(
+                "inference failed, frame %d skipped (%d failed so far): %s",
+                frame.frame_id,
+                self.stats.drops["inference_error"],
+                e,
+                frame=frame.frame_id,
+                stage="inference",
+            )
             return
         self._inference_failures = 0
         if detections.scores_above_one:
@@ -157,8 +166,13 @@ class Daemon:
             self._error_limited(
                 "the model gave %d score(s) above 1 on frame %d, dropped (%d frame(s) so far): scores must "
                 "be probabilities, so check model.scale, mean and std against how the model was trained, "
-                "and that its head ends in a sigmoid", detections.scores_above_one,
-                frame.frame_id, self.stats.drops["score_above_one"], frame=frame.frame_id, stage="decode")
+                "and that its head ends in a sigmoid",
+                detections.scores_above_one,
+                frame.frame_id,
+                self.stats.drops["score_above_one"],
+                frame=frame.frame_id,
+                stage="decode",
+            )
         age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
         self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, age_ms)
         self.progress.frame_ns = time.monotonic_ns()
@@ -188,15 +202,22 @@ class Daemon:
             return self.plan
         if problem == "size" and self._lasting_size_change(frame):
             h, w = frame.image.shape[:2]
-            log.warning("frame size changed to %dx%d: re-planning buffers", w, h,
-                        extra={"CAMERA": self.settings.source.camera_id})
+            log.warning(
+                "frame size changed to %dx%d: re-planning buffers", w, h, extra={"CAMERA": self.settings.source.camera_id}
+            )
             self.plan = FramePipeline(self.model, w, h, declared)
             return self.plan
         self.stats.drop("bad_frame_" + problem)
         if self.stats.drops["bad_frame_" + problem] == 1:
-            log.warning("frame %d rejected (%s): not what source declared (%dx%d %s)", frame.frame_id,
-                        problem, self.plan.spec.width, self.plan.spec.height, declared,
-                        extra={"FRAME": frame.frame_id, "STAGE": "contract"})
+            log.warning(
+                "frame %d rejected (%s): not what source declared (%dx%d %s)",
+                frame.frame_id,
+                problem,
+                self.plan.spec.width,
+                self.plan.spec.height,
+                declared,
+                extra={"FRAME": frame.frame_id, "STAGE": "contract"},
+            )
         return None
 
     def _lasting_size_change(self, frame: Frame) -> bool:
@@ -217,8 +238,15 @@ class Daemon:
         self, frame: Frame, plan: FramePipeline, detections: Detections, times: StageTimes, age_ms: float
     ) -> None:
         msg = detections_message(
-            self.settings.source.camera_id, next(self._seq["detections"]), frame, plan.box_map,
-            self.model, self.model_info, detections, times, age_ms,
+            self.settings.source.camera_id,
+            next(self._seq["detections"]),
+            frame,
+            plan.box_map,
+            self.model,
+            self.model_info,
+            detections,
+            times,
+            age_ms,
             self.report.state if self.report else "unknown",
         )
         topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
@@ -236,12 +264,18 @@ class Daemon:
         self.stats.update_fps()
         self._update_rate_cap()
         msg = StatusMessage(
-            camera_id=self.settings.source.camera_id, seq=next(self._seq["status"]),
-            time_ns=time.time_ns(), uptime_s=round(self.stats.uptime_s(), 3),
-            fps=round(self.stats.fps, 2), frames_processed=self.stats.frames_processed,
-            source_state=self.capture.state, drops=self.drops(), latency=self.stats.latencies(),
+            camera_id=self.settings.source.camera_id,
+            seq=next(self._seq["status"]),
+            time_ns=time.time_ns(),
+            uptime_s=round(self.stats.uptime_s(), 3),
+            fps=round(self.stats.fps, 2),
+            frames_processed=self.stats.frames_processed,
+            source_state=self.capture.state,
+            drops=self.drops(),
+            latency=self.stats.latencies(),
             rate_cap_fps=round(self._rate_cap, 2) if self._rate_cap is not None else None,
-            thermal=self.report.to_dict() if self.report else None, model=self.model_info,
+            thermal=self.report.to_dict() if self.report else None,
+            model=self.model_info,
         )
         topic = status_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
         self.publisher.send(topic, msg.model_dump_json().encode())
@@ -250,8 +284,10 @@ class Daemon:
     def status_line(self) -> str:
         thermal = self.report.summary() if self.report else "thermal off"
         cap = f" cap {self._rate_cap:.1f}fps" if self._rate_cap else ""
-        return (f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state} | {thermal} | "
-                f"{self.stats.frames_processed} frames | model {self.model.engine.identity.short}")
+        return (
+            f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state} | {thermal} | "
+            f"{self.stats.frames_processed} frames | model {self.model.engine.identity.short}"
+        )
 
     # ---- housekeeping ------------------------------------------------------------------------
 
@@ -292,9 +328,13 @@ class Daemon:
         except (ModelError, ContractError) as e:
             log.error("cannot fall back from %s: %s", providers[0][0], e)
             return False
-        log.warning("inference failed on %d frames in a row with %s: falling back to %s",
-                    self._inference_failures, providers[0][0], model.engine.provider,
-                    extra={"STAGE": "inference", "MODEL": model.engine.identity.short})
+        log.warning(
+            "inference failed on %d frames in a row with %s: falling back to %s",
+            self._inference_failures,
+            providers[0][0],
+            model.engine.provider,
+            extra={"STAGE": "inference", "MODEL": model.engine.identity.short},
+        )
         self.settings = self.settings.model_copy(update={"runtime": runtime})
         self._use_model(model)
         self._inference_failures = 0
@@ -371,4 +411,3 @@ def run(config_path: Path | None, settings: Settings) -> int:
         return daemon.run()
     finally:
         notifier.close()
-

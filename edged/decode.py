@@ -75,9 +75,7 @@ def parse_names(metadata: Mapping[str, str]) -> list[str] | None:
     return names if len(names) == len(value) else None
 
 
-def detect_head(
-    output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, str]
-) -> tuple[HeadFormat, int]:
+def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, str]) -> tuple[HeadFormat, int]:
     """Pick the head format and class count from the output shapes and ultralytics metadata.
 
     A symbolic dimension (str or None, as ONNX Runtime reports dynamic axes) is taken as the
@@ -92,9 +90,7 @@ def detect_head(
     shape = list(output_shapes[0])
     task = metadata.get("task")
     if task not in (None, "detect"):
-        raise HeadError(
-            f"model task {task!r} is not supported (output {_fmt(shape)}); only 'detect' is"
-        )
+        raise HeadError(f"model task {task!r} is not supported (output {_fmt(shape)}); only 'detect' is")
     names = parse_names(metadata)
     n_names = None if names is None else len(names)
     features, candidates_in_rows = _feature_dim(shape)
@@ -202,9 +198,7 @@ class Decoder:
             got = f"{output.dtype} {_fmt(output.shape)}"
         else:
             return
-        raise HeadError(
-            f"{self.head} decoder expects a float array {_fmt(self.output_shape)}, got {got}"
-        )
+        raise HeadError(f"{self.head} decoder expects a float array {_fmt(self.output_shape)}, got {got}")
 
     def _float32(self, output: np.ndarray) -> np.ndarray:
         """``output`` itself when float32, else converted into a buffer made on the first frame."""
@@ -358,13 +352,8 @@ def _checked_shape(head: str, output_shape: Sequence[int], num_classes: int) -> 
         "end2end": [1, "K", 6],
     }
     pattern = expected[head]
-    if len(shape) != 3 or any(
-        isinstance(e, int) and e != d for e, d in zip(pattern, shape, strict=True)
-    ):
-        raise HeadError(
-            f"{head} head with {num_classes} classes expects output {_fmt(pattern)}, "
-            f"got {_fmt(shape)}"
-        )
+    if len(shape) != 3 or any(isinstance(e, int) and e != d for e, d in zip(pattern, shape, strict=True)):
+        raise HeadError(f"{head} head with {num_classes} classes expects output {_fmt(pattern)}, got {_fmt(shape)}")
     return tuple(int(d) for d in shape)
 
 
@@ -379,23 +368,15 @@ def _feature_dim(shape: list[Dim]) -> tuple[int, bool]:
         return a, False
     if b is not None and (a is None or a > b):
         return b, True
-    raise HeadError(
-        f"output {_fmt(shape)}: cannot tell candidates from features; expected {_LAYOUTS}"
-    )
+    raise HeadError(f"output {_fmt(shape)}: cannot tell candidates from features; expected {_LAYOUTS}")
 
 
-def _columns_head(
-    shape: list[Dim], features: int, n_names: int | None, end2end: bool
-) -> tuple[HeadFormat, int]:
+def _columns_head(shape: list[Dim], features: int, n_names: int | None, end2end: bool) -> tuple[HeadFormat, int]:
     """[1, 4+nc, N]: the yolov8 layout, the only one with candidates as columns."""
     if end2end:
-        raise HeadError(
-            f"metadata says NMS is inside the model, but output {_fmt(shape)} is not [1, K, 6]"
-        )
+        raise HeadError(f"metadata says NMS is inside the model, but output {_fmt(shape)} is not [1, K, 6]")
     if features < 5:
-        raise HeadError(
-            f"output {_fmt(shape)} has {features} rows; a yolov8 head [1, 4+nc, N] needs >= 5"
-        )
+        raise HeadError(f"output {_fmt(shape)} has {features} rows; a yolov8 head [1, 4+nc, N] needs >= 5")
     if n_names is not None and features - 4 != n_names:
         raise HeadError(
             f"output {_fmt(shape)} is a yolov8 head with {features - 4} classes, "
@@ -410,14 +391,10 @@ def _rows_head(
     """[1, N, C]: end2end when C == 6 and the metadata says so or rules out yolov5, else yolov5."""
     if features == 6 and (end2end or not_yolov5):
         if n_names is None:
-            raise HeadError(
-                f"output {_fmt(shape)} is an end2end head, but 'names' metadata is missing"
-            )
+            raise HeadError(f"output {_fmt(shape)} is an end2end head, but 'names' metadata is missing")
         return "end2end", n_names
     if end2end:
-        raise HeadError(
-            f"metadata says NMS is inside the model, but output {_fmt(shape)} is not [1, K, 6]"
-        )
+        raise HeadError(f"metadata says NMS is inside the model, but output {_fmt(shape)} is not [1, K, 6]")
     if features < 6:
         raise HeadError(f"output {_fmt(shape)} has {features} columns; expected {_LAYOUTS}")
     if n_names is not None and features - 5 != n_names:

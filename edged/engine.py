@@ -92,9 +92,7 @@ class Engine:
             self.identity = ModelIdentity(model_path.stem, file_sha256(model_path))
         except OSError as e:
             raise ModelError(f"cannot read model {model_path}: {e.strerror}") from None
-        self.providers, self.provider_warnings = resolve_providers(
-            cfg.providers, ort.get_available_providers()
-        )
+        self.providers, self.provider_warnings = resolve_providers(cfg.providers, ort.get_available_providers())
         for warning in self.provider_warnings:
             log.warning(warning, extra={"MODEL": self.identity.short})
         self.threads = plan_threads(cfg.intra_op_threads)

@@ -48,7 +48,7 @@ def label_path(image: Path) -> Path:
     parts = list(image.parts)
     if "images" in parts:
         i = len(parts) - 1 - parts[::-1].index("images")
-        candidate = Path(*parts[:i], "labels", *parts[i + 1:]).with_suffix(".txt")
+        candidate = Path(*parts[:i], "labels", *parts[i + 1 :]).with_suffix(".txt")
         if candidate.is_file():
             return candidate
     return image.with_suffix(".txt")
@@ -125,8 +125,9 @@ class Progress:
         self.out.flush()
 
 
-def evaluate(model: LoadedModel, samples: Iterator[Sample], total: int, report_conf: float,
-             progress: Progress | None = None) -> EvalReport:
+def evaluate(
+    model: LoadedModel, samples: Iterator[Sample], total: int, report_conf: float, progress: Progress | None = None
+) -> EvalReport:
     """Run every sample through the daemon's pipeline and score the detections."""
     names = model.labels or [str(i) for i in range(model.num_classes)]
     acc = MetricAccumulator(names)
@@ -144,19 +145,19 @@ def evaluate(model: LoadedModel, samples: Iterator[Sample], total: int, report_c
 
 def format_report(report: EvalReport) -> str:
     lines = [f"{'class':<16}{'images':>8}{'labels':>8}{'P':>8}{'R':>8}{'mAP50':>8}{'mAP50-95':>10}"]
-    lines.append(f"{'all':<16}{report.n_images:>8}{sum(c.n_gt for c in report.per_class):>8}"
-                 f"{report.precision:>8.3f}{report.recall:>8.3f}{report.map50:>8.3f}{report.map50_95:>10.3f}")
+    lines.append(
+        f"{'all':<16}{report.n_images:>8}{sum(c.n_gt for c in report.per_class):>8}"
+        f"{report.precision:>8.3f}{report.recall:>8.3f}{report.map50:>8.3f}{report.map50_95:>10.3f}"
+    )
     for c in report.per_class:
-        lines.append(f"{c.name:<16}{'':>8}{c.n_gt:>8}{c.precision:>8.3f}{c.recall:>8.3f}"
-                     f"{c.ap50:>8.3f}{c.ap50_95:>10.3f}")
+        lines.append(f"{c.name:<16}{'':>8}{c.n_gt:>8}{c.precision:>8.3f}{c.recall:>8.3f}{c.ap50:>8.3f}{c.ap50_95:>10.3f}")
     lines.append(f"(precision and recall at conf {report.conf:g}; AP is COCO-style, 101-point interpolation)")
     return "\n".join(lines)
 
 
 def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
-        cfg = ModelConfig(path=args.model, labels=args.labels, conf=args.conf, iou=args.iou,
-                          max_det=args.max_det)
+        cfg = ModelConfig(path=args.model, labels=args.labels, conf=args.conf, iou=args.iou, max_det=args.max_det)
         model = load_model(cfg, RuntimeConfig())
         if args.data is not None:
             total, samples = folder_samples(args.data, model.num_classes)
@@ -169,8 +170,13 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         return EXIT_CONFIG
     print(format_report(report), file=out)
     if args.json is not None:
-        document = {"model": str(args.model), "model_sha256": model.engine.identity.sha256,
-                    "data": str(args.data) if args.data else f"scenes seed={args.seed} n={args.scenes}",
-                    "conf": args.conf, "iou": args.iou, **report.to_dict()}
+        document = {
+            "model": str(args.model),
+            "model_sha256": model.engine.identity.sha256,
+            "data": str(args.data) if args.data else f"scenes seed={args.seed} n={args.scenes}",
+            "conf": args.conf,
+            "iou": args.iou,
+            **report.to_dict(),
+        }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 0

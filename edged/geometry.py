@@ -47,6 +47,14 @@ class BoxMap:
     def stretch(cls, frame_w: int, frame_h: int, input_w: int, input_h: int) -> BoxMap:
         """Plain resize to the input size (RT-DETR style scale-fill): no padding."""
         return cls(
-            frame_w, frame_h, input_w, input_h,
-            input_w / frame_w, input_h / frame_h, 0, 0, input_w, input_h,
+            frame_w,
+            frame_h,
+            input_w,
+            input_h,
+            input_w / frame_w,
+            input_h / frame_h,
+            0,
+            0,
+            input_w,
+            input_h,
         )

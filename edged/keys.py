@@ -48,7 +48,8 @@ def _check_private(path: Path, label: str) -> None:
     if mode & 0o077:
         raise KeyFileError(
             f"{label}: permissions {mode:04o} on {path} are too open; a secret key must be "
-            f"accessible by its owner only (chmod 600 {path})")
+            f"accessible by its owner only (chmod 600 {path})"
+        )
 
 
 def _read_certificate(path: Path, label: str) -> tuple[bytes, bytes | None]:
@@ -177,10 +178,12 @@ def _where_they_go(name: str, public: Path, secret: Path) -> str:
     if name == "server":
         return made + (
             f"The service must own the secret file: chown edged: {secret}\n"
-            f"On the publisher, in edged.toml:\n  [publish]\n  curve_server_key = \"{secret}\"\n"
-            f"  curve_clients_dir = \"{public.parent / 'clients'}\"  # allowed subscribers' public keys\n"
+            f'On the publisher, in edged.toml:\n  [publish]\n  curve_server_key = "{secret}"\n'
+            f'  curve_clients_dir = "{public.parent / "clients"}"  # allowed subscribers\' public keys\n'
             f"Subscribers need the public file: edged subscribe tcp://HOST:PORT --server-key {public} "
-            "--client-key CLIENT.key_secret")
+            "--client-key CLIENT.key_secret"
+        )
     return made + (
         f"Copy {public} into the publisher's publish.curve_clients_dir, then reload edged there (systemctl reload edged).\n"
-        f"Keep {secret} here: edged subscribe tcp://HOST:PORT --server-key server.key --client-key {secret}")
+        f"Keep {secret} here: edged subscribe tcp://HOST:PORT --server-key server.key --client-key {secret}"
+    )

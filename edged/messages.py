@@ -28,7 +28,8 @@ class Detection(Message):
     label: str = Field(description="Class name from the model metadata or the labels file.")
     score: float = Field(ge=0, le=1, description="Confidence after decoding.")
     box: tuple[float, float, float, float] = Field(
-        description="x1, y1, x2, y2 in frame pixels (origin top-left), clipped to the frame.")
+        description="x1, y1, x2, y2 in frame pixels (origin top-left), clipped to the frame."
+    )
 
 
 class ModelInfo(Message):

@@ -115,8 +115,9 @@ class MetricAccumulator:
         self._n_gt = np.zeros(len(self.class_names), np.int64)
         self.n_images = 0
 
-    def add(self, pred_xyxy: np.ndarray, pred_scores: np.ndarray, pred_cls: np.ndarray,
-            gt_xyxy: np.ndarray, gt_cls: np.ndarray) -> None:
+    def add(
+        self, pred_xyxy: np.ndarray, pred_scores: np.ndarray, pred_cls: np.ndarray, gt_xyxy: np.ndarray, gt_cls: np.ndarray
+    ) -> None:
         """One image: predictions (N, 4) / (N,) / (N,) and ground truth (M, 4) / (M,)."""
         pred_xyxy = np.asarray(pred_xyxy, np.float64).reshape(-1, 4)
         pred_scores = np.asarray(pred_scores, np.float64).reshape(-1)
@@ -149,8 +150,7 @@ class MetricAccumulator:
         def mean(field: str) -> float:
             return float(np.mean([getattr(m, field) for m in scored])) if scored else 0.0
 
-        return EvalReport(per_class, mean("precision"), mean("recall"), mean("ap50"),
-                          mean("ap50_95"), self.n_images, conf)
+        return EvalReport(per_class, mean("precision"), mean("recall"), mean("ap50"), mean("ap50_95"), self.n_images, conf)
 
     def _class_metrics(self, c: int, conf: float) -> ClassMetrics:
         n_gt = int(self._n_gt[c])
@@ -161,5 +161,4 @@ class MetricAccumulator:
         n_pred, hits = int(kept.sum()), int(tp[kept, 0].sum())
         precision = hits / n_pred if n_pred else 0.0
         recall = hits / n_gt if n_gt else 0.0
-        return ClassMetrics(self.class_names[c], n_gt, n_pred, precision, recall, aps[0],
-                            float(np.mean(aps)))
+        return ClassMetrics(self.class_names[c], n_gt, n_pred, precision, recall, aps[0], float(np.mean(aps)))

@@ -27,8 +27,13 @@ class LoadedModel:
     def make_decoder(self) -> Decoder:
         """A decoder for the bound output (its size is only known after `Engine.bind`)."""
         return Decoder(
-            self.head, self.engine.outputs[0].shape, self.num_classes, conf=self.cfg.conf,
-            iou=self.cfg.iou, max_det=self.cfg.max_det, agnostic=self.cfg.agnostic_nms,
+            self.head,
+            self.engine.outputs[0].shape,
+            self.num_classes,
+            conf=self.cfg.conf,
+            iou=self.cfg.iou,
+            max_det=self.cfg.max_det,
+            agnostic=self.cfg.agnostic_nms,
         )
 
     def label(self, class_id: int) -> str:
@@ -52,9 +57,7 @@ def _head(engine: Engine, cfg: ModelConfig) -> tuple[HeadFormat, int]:
             raise ContractError(f"{e}; set model.head if the model is one of these") from None
         raise ContractError(f"model.head = {cfg.head!r} does not fit the model: {e}") from None
     if cfg.head not in ("auto", head):
-        raise ContractError(
-            f"config model.head = {cfg.head!r} but the outputs {shapes} are a {head!r} head"
-        )
+        raise ContractError(f"config model.head = {cfg.head!r} but the outputs {shapes} are a {head!r} head")
     return head, num_classes
 
 
@@ -69,7 +72,5 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
     if labels and len(labels) != num_classes:
         source = str(cfg.labels) if cfg.labels else "the model's names metadata"
-        raise ContractError(
-            f"{source} lists {len(labels)} classes but the model outputs {num_classes}"
-        )
+        raise ContractError(f"{source} lists {len(labels)} classes but the model outputs {num_classes}")
     return LoadedModel(engine, contract, head, num_classes, labels, cfg)

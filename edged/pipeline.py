@@ -55,8 +55,16 @@ class FramePipeline:
 
 
 def detections_message(
-    camera_id: str, seq: int, frame: Frame, box_map: BoxMap, model: LoadedModel, model_info: ModelInfo,
-    detections: Detections, times: StageTimes, age_ms: float, thermal_state: str,
+    camera_id: str,
+    seq: int,
+    frame: Frame,
+    box_map: BoxMap,
+    model: LoadedModel,
+    model_info: ModelInfo,
+    detections: Detections,
+    times: StageTimes,
+    age_ms: float,
+    thermal_state: str,
 ) -> DetectionsMessage:
     """The wire message for one processed frame: the one small object a frame allocates.
 
@@ -73,11 +81,19 @@ def detections_message(
         input_size=(box_map.input_w, box_map.input_h),
         model=model_info,
         detections=[
-            Detection(class_id=c, label=model.label(c), score=round(s, 4),
-                      box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)))
+            Detection(
+                class_id=c,
+                label=model.label(c),
+                score=round(s, 4),
+                box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)),
+            )
             for b, s, c in zip(boxes, scores, class_ids, strict=True)
         ],
-        timings=Timings(preprocess_ms=round(times.preprocess_ms, 3), inference_ms=round(times.inference_ms, 3),
-                        decode_ms=round(times.decode_ms, 3), age_ms=round(age_ms, 3)),
+        timings=Timings(
+            preprocess_ms=round(times.preprocess_ms, 3),
+            inference_ms=round(times.inference_ms, 3),
+            decode_ms=round(times.decode_ms, 3),
+            age_ms=round(age_ms, 3),
+        ),
         thermal_state=thermal_state,
     )

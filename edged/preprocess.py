@@ -41,9 +41,7 @@ class _Pass:
 class Preprocessor:
     """Writes frames of one size into a preallocated input tensor according to the contract."""
 
-    def __init__(
-        self, contract: InputContract, frame_w: int, frame_h: int, source_order: ChannelOrder = "bgr"
-    ) -> None:
+    def __init__(self, contract: InputContract, frame_w: int, frame_h: int, source_order: ChannelOrder = "bgr") -> None:
         self.contract = contract
         self.source_order = source_order
         plan = BoxMap.letterbox if contract.resize == "letterbox" else BoxMap.stretch
@@ -105,8 +103,9 @@ class Preprocessor:
     def __call__(self, image: np.ndarray) -> np.ndarray:
         """Fill the input tensor from a frame of the planned size and order; returns the tensor."""
         if self._needs_resize:
-            cv2.resize(image, (self.box_map.resized_w, self.box_map.resized_h),
-                       dst=self._content, interpolation=cv2.INTER_LINEAR)
+            cv2.resize(
+                image, (self.box_map.resized_w, self.box_map.resized_h), dst=self._content, interpolation=cv2.INTER_LINEAR
+            )
         else:
             np.copyto(self._content, image)
         self._convert(self._frame_pass)

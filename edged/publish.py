@@ -53,8 +53,7 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         try:  # an interface name or hostname: loopback only if it resolves there
-            return all(ipaddress.ip_address(info[4][0]).is_loopback
-                       for info in socket.getaddrinfo(host, None))
+            return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
         except (OSError, ValueError):
             return False
 
@@ -63,7 +62,7 @@ def check_exposure(endpoint: str, insecure: bool) -> None:
     """Refuse plaintext tcp on a non-loopback address unless the config says so explicitly."""
     if not endpoint.startswith("tcp://") or insecure:
         return
-    host = endpoint[len("tcp://"):].rsplit(":", 1)[0]
+    host = endpoint[len("tcp://") :].rsplit(":", 1)[0]
     if not _is_loopback(host):
         raise PublishError(
             f"{endpoint} would publish unencrypted detections to the network; bind a loopback "
@@ -75,7 +74,7 @@ def _prepare_ipc(endpoint: str) -> Path | None:
     """The socket's directory: created 0750 (whatever the umask) if missing, left alone if not."""
     if not endpoint.startswith("ipc://"):
         return None
-    path = Path(endpoint[len("ipc://"):])
+    path = Path(endpoint[len("ipc://") :])
     try:
         path.parent.mkdir(parents=True, mode=0o750)
         path.parent.chmod(0o750)  # mkdir's mode passes through the umask
@@ -149,8 +148,7 @@ class Publisher:
         count = load_allowed_clients(self.cfg.curve_clients_dir, "publish.curve_clients_dir")
         self._auth.configure_curve(domain="*", location=str(self.cfg.curve_clients_dir))
         if count == 0:
-            log.warning("no client keys in %s: no subscriber can connect over tcp",
-                        self.cfg.curve_clients_dir)
+            log.warning("no client keys in %s: no subscriber can connect over tcp", self.cfg.curve_clients_dir)
         else:
             log.info("CURVE: %d subscriber key(s) allowed from %s", count, self.cfg.curve_clients_dir)
         return count

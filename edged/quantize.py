@@ -96,6 +96,7 @@ class Quantised:
 
 # ---- the head ---------------------------------------------------------------------------------
 
+
 def _reach(nodes: list[onnx.NodeProto], seeds: Iterable[int], forward: bool) -> set[int]:
     """Indices of the nodes strictly downstream (forward) or upstream of the seeds."""
     producer = {t: i for i, n in enumerate(nodes) for t in n.output}
@@ -153,10 +154,13 @@ def find_head(model: onnx.ModelProto) -> FloatNodes:
     region = _candidate_region(model, heavy)
     picked = sorted(tail | region)
     if not picked:
-        return FloatNodes({}, "the output comes straight from a Conv/Gemm/MatMul; nothing after it to "
-                              "keep in float; excluding nothing")
-    why = ("after the last Conv/Gemm/MatMul: box decode, sigmoid and final concat, whose tensors mix "
-           "input-pixel coordinates with 0..1 scores")
+        return FloatNodes(
+            {}, "the output comes straight from a Conv/Gemm/MatMul; nothing after it to keep in float; excluding nothing"
+        )
+    why = (
+        "after the last Conv/Gemm/MatMul: box decode, sigmoid and final concat, whose tensors mix "
+        "input-pixel coordinates with 0..1 scores"
+    )
     if region - tail:
         why += f", plus the {len(region - tail)} node(s) that decode the candidate axis"
     return FloatNodes({nodes[i].name: nodes[i].op_type for i in picked}, why)
@@ -169,12 +173,16 @@ def find_stem(model: onnx.ModelProto) -> FloatNodes:
     stem = {n.name: n.op_type for n in graph.node if n.op_type in HEAVY_OPS and inputs & set(n.input)}
     if not stem:
         return FloatNodes({}, "no Conv/Gemm/MatMul reads the input directly; excluding nothing")
-    return FloatNodes(stem, "read the image: onnxruntime's int8 convolution over 3 input channels has no fast "
-                            "kernel and runs slower than float (the demo model's stem: 0.89 ms against 0.35 ms "
-                            "on x86 with VNNI)")
+    return FloatNodes(
+        stem,
+        "read the image: onnxruntime's int8 convolution over 3 input channels has no fast "
+        "kernel and runs slower than float (the demo model's stem: 0.89 ms against 0.35 ms "
+        "on x86 with VNNI)",
+    )
 
 
 # ---- calibration ------------------------------------------------------------------------------
+
 
 class CalibrationFrames(CalibrationDataReader):
     """Frames -> the daemon's input tensors, handed out a chunk at a time.
@@ -183,8 +191,9 @@ class CalibrationFrames(CalibrationDataReader):
     activations, so memory does not grow with the number of frames.
     """
 
-    def __init__(self, contract: InputContract, frames: Iterator[Frame], total: int,
-                 progress_to: TextIO | None = None) -> None:
+    def __init__(
+        self, contract: InputContract, frames: Iterator[Frame], total: int, progress_to: TextIO | None = None
+    ) -> None:
         self._contract, self._frames, self._total, self._progress_to = contract, frames, total, progress_to
         self._progress: Progress | None = None
         self._plans: dict[tuple[int, int], Preprocessor] = {}
@@ -259,17 +268,28 @@ def read_pixels(model: onnx.ModelProto, input_name: str) -> bool:
     return True
 
 
-def quantize(src: Path, dst: Path, frames: CalibrationFrames, *, method: str = "percentile",
-             exclude_head: bool = True, float_stem: bool = True, reduce_range: bool = False,
-             pixel_input: float | None = None) -> Quantised:
+def quantize(
+    src: Path,
+    dst: Path,
+    frames: CalibrationFrames,
+    *,
+    method: str = "percentile",
+    exclude_head: bool = True,
+    float_stem: bool = True,
+    reduce_range: bool = False,
+    pixel_input: float | None = None,
+) -> Quantised:
     """Write the QDQ INT8 model to dst; returns what stayed float and the input it takes.
 
     With ``pixel_input`` (see `pixel_scale`) the input is quantised with that scale and zero
     point 0, and when only quantised nodes read it the written model takes uint8 pixels.
     """
     input_name = frames.input_name
-    overrides = ({input_name: [{"scale": np.array(pixel_input, np.float32), "zero_point": np.array(0, np.uint8)}]}
-                 if pixel_input is not None else {})
+    overrides = (
+        {input_name: [{"scale": np.array(pixel_input, np.float32), "zero_point": np.array(0, np.uint8)}]}
+        if pixel_input is not None
+        else {}
+    )
     with tempfile.TemporaryDirectory(prefix="edged-quantize.") as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         try:
@@ -277,17 +297,22 @@ def quantize(src: Path, dst: Path, frames: CalibrationFrames, *, method: str = "
             model = onnx.load(prepared)
             name_nodes(model)
             onnx.save(model, prepared)
-            head = (find_head(model) if exclude_head
-                    else FloatNodes({}, "head exclusion turned off (--no-exclude-head)"))
+            head = find_head(model) if exclude_head else FloatNodes({}, "head exclusion turned off (--no-exclude-head)")
             stem = find_stem(model) if float_stem else FloatNodes({}, "quantised too (--no-float-stem)")
             with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print()
                 quantize_static(
-                    prepared, dst, frames, quant_format=QuantFormat.QDQ, per_channel=True,
-                    reduce_range=reduce_range, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, nodes_to_exclude=[*head.nodes, *stem.nodes],
+                    prepared,
+                    dst,
+                    frames,
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=True,
+                    reduce_range=reduce_range,
+                    activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    nodes_to_exclude=[*head.nodes, *stem.nodes],
                     calibrate_method=METHODS[method],
-                    extra_options={"CalibStridedMinMax": chunk_size(len(frames)),
-                                   "TensorQuantOverrides": overrides})
+                    extra_options={"CalibStridedMinMax": chunk_size(len(frames)), "TensorQuantOverrides": overrides},
+                )
         except Exception as e:  # onnx and onnxruntime raise many unrelated types here
             raise QuantizeError(f"quantising {src} failed: {type(e).__name__}: {e}") from e
     pixels = False
@@ -300,6 +325,7 @@ def quantize(src: Path, dst: Path, frames: CalibrationFrames, *, method: str = "
 
 
 # ---- before/after -----------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class Comparison:
@@ -327,8 +353,9 @@ class Comparison:
 
 def _interface(model: LoadedModel) -> list[tuple[str, str, Any, str]]:
     session = model.engine.session
-    return ([("input", i.name, i.shape, i.type) for i in session.get_inputs()]
-            + [("output", o.name, o.shape, o.type) for o in session.get_outputs()])
+    return [("input", i.name, i.shape, i.type) for i in session.get_inputs()] + [
+        ("output", o.name, o.shape, o.type) for o in session.get_outputs()
+    ]
 
 
 def load_quantised(path: Path, original: LoadedModel, pixel_input: bool = False) -> LoadedModel:
@@ -340,8 +367,7 @@ def load_quantised(path: Path, original: LoadedModel, pixel_input: bool = False)
         raise QuantizeError(f"the quantised model {path} does not load: {e}") from None
     expected = _interface(original)
     if pixel_input:
-        expected = [(kind, name, shape, "tensor(uint8)" if kind == "input" else t)
-                    for kind, name, shape, t in expected]
+        expected = [(kind, name, shape, "tensor(uint8)" if kind == "input" else t) for kind, name, shape, t in expected]
     if _interface(model) != expected:
         raise QuantizeError(f"the quantised model changed the interface: {expected} -> {_interface(model)}")
     return model
@@ -352,6 +378,7 @@ def _timed(plan: FramePipeline, image: np.ndarray) -> Row:
         t0 = time.perf_counter_ns()
         _, times = plan.process(image)
         return Sample((time.perf_counter_ns() - t0) / 1e6, {"inference": times.inference_ms})
+
     return row
 
 
@@ -367,14 +394,18 @@ def measure_latency(models: dict[str, LoadedModel], frames: int) -> tuple[dict[s
     return frame, inference
 
 
-def compare(models: dict[str, LoadedModel], *, latency_frames: int, eval_scenes: int,
-            eval_seed: int, log: TextIO = sys.stderr) -> Comparison:
+def compare(
+    models: dict[str, LoadedModel], *, latency_frames: int, eval_scenes: int, eval_seed: int, log: TextIO = sys.stderr
+) -> Comparison:
     """Latency and held-out accuracy of each model; raises QuantizeError if a run fails."""
     result = Comparison()
     try:
         if latency_frames > 0:
-            print(f"timing {' vs '.join(models)} on a {'x'.join(map(str, SCENE_SIZE))} frame, "
-                  f"{latency_frames} interleaved frames each ...", file=log)
+            print(
+                f"timing {' vs '.join(models)} on a {'x'.join(map(str, SCENE_SIZE))} frame, "
+                f"{latency_frames} interleaved frames each ...",
+                file=log,
+            )
             result.latency_ms, result.inference_ms = measure_latency(models, latency_frames)
             result.latency_frames = latency_frames
         if eval_scenes > 0:
@@ -392,45 +423,75 @@ def format_comparison(c: Comparison) -> str:
     lines = [f"{'':<18}{'FP32':>10}{'INT8':>10}  change"]
     if c.latency_ms:
         fp, q = c.latency_ms["fp32"], c.latency_ms["int8"]
-        lines.append(f"{'ms per frame':<18}{fp:>10.2f}{q:>10.2f}  {c.speedup:.2f}x "
-                     f"(median of {c.latency_frames}, FramePipeline.process, interleaved)")
+        lines.append(
+            f"{'ms per frame':<18}{fp:>10.2f}{q:>10.2f}  {c.speedup:.2f}x "
+            f"(median of {c.latency_frames}, FramePipeline.process, interleaved)"
+        )
         fp, q = c.inference_ms["fp32"], c.inference_ms["int8"]
-        lines.append(f"{'ms inference':<18}{fp:>10.2f}{q:>10.2f}  {c.inference_speedup:.2f}x "
-                     "(the engine's IOBinding run within those frames)")
+        lines.append(
+            f"{'ms inference':<18}{fp:>10.2f}{q:>10.2f}  {c.inference_speedup:.2f}x "
+            "(the engine's IOBinding run within those frames)"
+        )
     if c.accuracy:
-        for label, key in (("mAP@0.5", "map50"), ("mAP@0.5:0.95", "map50_95"),
-                           ("precision", "precision"), ("recall", "recall")):
+        for label, key in (
+            ("mAP@0.5", "map50"),
+            ("mAP@0.5:0.95", "map50_95"),
+            ("precision", "precision"),
+            ("recall", "recall"),
+        ):
             fp, q = getattr(c.accuracy["fp32"], key), getattr(c.accuracy["int8"], key)
             lines.append(f"{label:<18}{fp:>10.3f}{q:>10.3f}  {100 * (q - fp):+.1f} points")
         lines.append(f"(accuracy on {c.accuracy_data}; precision and recall at conf {REPORT_CONF:g})")
     return "\n".join(lines)
 
 
-def report_document(args: argparse.Namespace, original: LoadedModel, quantised: LoadedModel,
-                    result: Quantised, calibration: str, c: Comparison) -> dict[str, Any]:
+def report_document(
+    args: argparse.Namespace,
+    original: LoadedModel,
+    quantised: LoadedModel,
+    result: Quantised,
+    calibration: str,
+    c: Comparison,
+) -> dict[str, Any]:
     return {
-        "model": str(args.model), "model_sha256": original.engine.identity.sha256,
-        "int8_model": str(args.out), "int8_sha256": quantised.engine.identity.sha256,
-        "quantization": {"format": "QDQ", "weights": "int8 per-channel", "activations": "uint8",
-                         "input": quantised.contract.describe(),
-                         "reduce_range": args.reduce_range, "calibration_method": args.method,
-                         "calibration_data": calibration},
+        "model": str(args.model),
+        "model_sha256": original.engine.identity.sha256,
+        "int8_model": str(args.out),
+        "int8_sha256": quantised.engine.identity.sha256,
+        "quantization": {
+            "format": "QDQ",
+            "weights": "int8 per-channel",
+            "activations": "uint8",
+            "input": quantised.contract.describe(),
+            "reduce_range": args.reduce_range,
+            "calibration_method": args.method,
+            "calibration_data": calibration,
+        },
         "excluded_nodes": {**result.head.nodes, **result.stem.nodes},
         "exclusion_reason": {"head": result.head.reason, "stem": result.stem.reason},
-        "latency": {"frame": "x".join(map(str, SCENE_SIZE)), "frames": c.latency_frames,
-                    "intra_op_threads": original.engine.cfg.intra_op_threads,
-                    "warmup": LATENCY_WARMUP, "fp32_median_ms": c.latency_ms.get("fp32"),
-                    "int8_median_ms": c.latency_ms.get("int8"), "speedup": c.speedup,
-                    "fp32_inference_median_ms": c.inference_ms.get("fp32"),
-                    "int8_inference_median_ms": c.inference_ms.get("int8"),
-                    "inference_speedup": c.inference_speedup},
-        "accuracy": {"data": c.accuracy_data, "map50_delta_points": c.map50_delta_points,
-                     **{name: r.to_dict() for name, r in c.accuracy.items()}},
+        "latency": {
+            "frame": "x".join(map(str, SCENE_SIZE)),
+            "frames": c.latency_frames,
+            "intra_op_threads": original.engine.cfg.intra_op_threads,
+            "warmup": LATENCY_WARMUP,
+            "fp32_median_ms": c.latency_ms.get("fp32"),
+            "int8_median_ms": c.latency_ms.get("int8"),
+            "speedup": c.speedup,
+            "fp32_inference_median_ms": c.inference_ms.get("fp32"),
+            "int8_inference_median_ms": c.inference_ms.get("int8"),
+            "inference_speedup": c.inference_speedup,
+        },
+        "accuracy": {
+            "data": c.accuracy_data,
+            "map50_delta_points": c.map50_delta_points,
+            **{name: r.to_dict() for name, r in c.accuracy.items()},
+        },
         "machine": machine_info(),
     }
 
 
 # ---- the command ------------------------------------------------------------------------------
+
 
 def _check_args(args: argparse.Namespace) -> None:
     for name in ("calib_scenes", "eval_scenes", "latency_frames"):
@@ -444,8 +505,10 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _check_scene_classes(args: argparse.Namespace, model: LoadedModel) -> None:
     if args.eval_scenes and model.num_classes < len(CLASS_NAMES):
-        raise ValueError(f"the generated scenes have {len(CLASS_NAMES)} classes but the model outputs "
-                         f"{model.num_classes}; pass --eval-scenes 0 to skip the accuracy comparison")
+        raise ValueError(
+            f"the generated scenes have {len(CLASS_NAMES)} classes but the model outputs "
+            f"{model.num_classes}; pass --eval-scenes 0 to skip the accuracy comparison"
+        )
 
 
 def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, CalibrationFrames]:
@@ -456,8 +519,10 @@ def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, Cal
         total, frames = scene_samples(args.calib_scenes, args.seed, *SCENE_SIZE)
         source = f"scenes seed={args.seed} n={total}"
         if args.seed == args.eval_seed and args.eval_scenes:
-            print(f"warning: calibrating on the evaluation seed {args.seed}; the accuracy figures "
-                  "will flatter the INT8 model", file=sys.stderr)
+            print(
+                f"warning: calibrating on the evaluation seed {args.seed}; the accuracy figures will flatter the INT8 model",
+                file=sys.stderr,
+            )
     print(f"calibrating ({args.method}) on {source} ...", file=sys.stderr)
     return source, CalibrationFrames(model.contract, frames, total, sys.stderr)
 
@@ -470,31 +535,45 @@ def print_result(result: Quantised, contract: InputContract, out: TextIO) -> Non
     if result.pixel_input:
         print(f"input: uint8 pixels (the input's quantisation is the x{contract.scale:.6g} normalisation)", file=out)
     elif pixel_scale(contract) is None:
-        print(f"input: float32, as the original: its normalisation ({contract.describe()}) is more than a "
-              "scale, so uint8 codes cannot be the pixels", file=out)
+        print(
+            f"input: float32, as the original: its normalisation ({contract.describe()}) is more than a "
+            "scale, so uint8 codes cannot be the pixels",
+            file=out,
+        )
     else:
-        print("input: float32, as the original: the float stem reads it (--no-float-stem would take uint8 "
-              "pixels)", file=out)
+        print("input: float32, as the original: the float stem reads it (--no-float-stem would take uint8 pixels)", file=out)
 
 
 def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
         _check_args(args)
-        original = load_model(ModelConfig(path=args.model, conf=MAP_CONF, max_det=MAX_DET),
-                              RuntimeConfig(intra_op_threads=args.threads))
+        original = load_model(
+            ModelConfig(path=args.model, conf=MAP_CONF, max_det=MAX_DET), RuntimeConfig(intra_op_threads=args.threads)
+        )
         _check_scene_classes(args, original)
         calibration, frames = _calibration(args, original)
     except (ModelError, ContractError, DataError, ValueError) as e:
         print(f"edged: quantize failed: {e}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        result = quantize(args.model, args.out, frames, method=args.method, exclude_head=args.exclude_head,
-                          float_stem=args.float_stem, reduce_range=args.reduce_range,
-                          pixel_input=pixel_scale(original.contract))
+        result = quantize(
+            args.model,
+            args.out,
+            frames,
+            method=args.method,
+            exclude_head=args.exclude_head,
+            float_stem=args.float_stem,
+            reduce_range=args.reduce_range,
+            pixel_input=pixel_scale(original.contract),
+        )
         print_result(result, original.contract, out)
         quantised = load_quantised(args.out, original, pixel_input=result.pixel_input)
-        comparison = compare({"fp32": original, "int8": quantised}, latency_frames=args.latency_frames,
-                             eval_scenes=args.eval_scenes, eval_seed=args.eval_seed)
+        comparison = compare(
+            {"fp32": original, "int8": quantised},
+            latency_frames=args.latency_frames,
+            eval_scenes=args.eval_scenes,
+            eval_seed=args.eval_seed,
+        )
     except (QuantizeError, DataError) as e:
         print(f"edged: quantize failed: {e}", file=sys.stderr)
         return EXIT_FAILURE

@@ -34,10 +34,8 @@ _TINTS: tuple[tuple[tuple[float, float, float], ...], ...] = (
     ((1.0, 1.0, 1.0), (1.06, 1.0, 0.94), (0.92, 0.96, 1.04)),
     ((1.0, 1.0, 1.0), (0.85, 0.92, 1.05), (1.1, 1.05, 0.95)),
     ((1.0, 1.0, 1.0), (2.2, 0.8, 0.9), (0.5, 0.55, 0.6), (0.8, 0.9, 1.6)),
-    ((1.45, 0.95, 0.6), (0.85, 1.05, 1.2), (1.0, 1.0, 1.0), (0.7, 1.0, 0.6),
-     (0.6, 0.55, 1.1), (0.5, 0.5, 0.5)),
-    ((0.3, 1.15, 1.4), (1.4, 0.8, 0.5), (1.0, 1.0, 1.0), (1.3, 1.3, 1.3),
-     (0.3, 0.75, 1.45), (0.6, 1.0, 0.6)),
+    ((1.45, 0.95, 0.6), (0.85, 1.05, 1.2), (1.0, 1.0, 1.0), (0.7, 1.0, 0.6), (0.6, 0.55, 1.1), (0.5, 0.5, 0.5)),
+    ((0.3, 1.15, 1.4), (1.4, 0.8, 0.5), (1.0, 1.0, 1.0), (1.3, 1.3, 1.3), (0.3, 0.75, 1.45), (0.6, 1.0, 0.6)),
 )
 _INKS = ((25, 25, 25), (235, 235, 235), (140, 50, 20), (30, 30, 190))
 
@@ -87,11 +85,9 @@ def _pcb(rng: np.random.Generator) -> np.ndarray:
     for _ in range(45):
         pts = [rng.integers(0, _TEX, 2)]
         for _ in range(int(rng.integers(2, 5))):
-            step = int(rng.integers(40, 260)) * rng.choice([-1, 1], 2) * rng.choice(
-                [(1, 0), (0, 1), (1, 1)])
+            step = int(rng.integers(40, 260)) * rng.choice([-1, 1], 2) * rng.choice([(1, 0), (0, 1), (1, 1)])
             pts.append(pts[-1] + step)
-        cv2.polylines(img, [np.asarray(pts, np.int32)], False, (55, 150, 50),
-                      int(rng.integers(4, 12)), cv2.LINE_AA)
+        cv2.polylines(img, [np.asarray(pts, np.int32)], False, (55, 150, 50), int(rng.integers(4, 12)), cv2.LINE_AA)
         for p in (pts[0], pts[-1]):
             cv2.circle(img, (int(p[0]), int(p[1])), 9, (70, 150, 190), -1, cv2.LINE_AA)
             cv2.circle(img, (int(p[0]), int(p[1])), 4, (20, 35, 20), -1, cv2.LINE_AA)
@@ -114,7 +110,11 @@ def _painted(rng: np.random.Generator) -> np.ndarray:
 
 
 _MAKERS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {
-    "metal": _metal, "wood": _wood, "pcb": _pcb, "fabric": _fabric, "painted": _painted,
+    "metal": _metal,
+    "wood": _wood,
+    "pcb": _pcb,
+    "fabric": _fabric,
+    "painted": _painted,
 }
 
 
@@ -144,7 +144,7 @@ def _noise_field(seed: int, width: int, height: int) -> np.ndarray:
 
 def _blend(img: np.ndarray, x0: int, y0: int, layers: list[_Layer]) -> None:
     h, w = layers[0][0].shape
-    roi = img[y0:y0 + h, x0:x0 + w]
+    roi = img[y0 : y0 + h, x0 : x0 + w]
     f = roi.astype(np.float32)
     for alpha, gain, offset in layers:
         f += alpha[..., None] * (f * gain + np.asarray(offset, np.float32) - f)
@@ -184,7 +184,7 @@ def _scratch(rng: np.random.Generator, s: float) -> list[_Layer]:
     fade = np.clip(np.minimum(t[:, 0], 1 - t[:, 0]) * rng.uniform(5, 12), 0.5, 1.0)
     level = fade * rng.uniform(0.75, 1.0, len(t))
     for i in range(len(pts) - 1):
-        _poly(mask, pts[i:i + 2], lo, int(255 * level[i]), round(width * (0.6 + 0.4 * fade[i])))
+        _poly(mask, pts[i : i + 2], lo, int(255 * level[i]), round(width * (0.6 + 0.4 * fade[i])))
     if rng.random() < 0.7:
         return [(_alpha(mask, 1.0), 1.0, (float(rng.uniform(70, 120)),) * 3)]
     return [(_alpha(mask, 1.0), float(rng.uniform(0.3, 0.5)), (0.0, 0.0, 0.0))]
@@ -200,23 +200,20 @@ def _crack(rng: np.random.Generator, s: float) -> list[_Layer]:
     for _ in range(int(rng.integers(1, 4))):
         k, m = int(rng.integers(2, n - 2)), int(rng.integers(3, 7))
         bt = heading + rng.choice([-1, 1]) * rng.uniform(0.5, 1.1) + rng.uniform(-0.8, 0.8, m)
-        paths.append(main[k] + np.vstack([[0, 0], np.cumsum(
-            0.8 * step * np.c_[np.cos(bt), np.sin(bt)], 0)]))
+        paths.append(main[k] + np.vstack([[0, 0], np.cumsum(0.8 * step * np.c_[np.cos(bt), np.sin(bt)], 0)]))
     width = rng.uniform(3, 5) * s
     mask, lo = _canvas(paths, width + 2)
     for j, path in enumerate(paths):
         w = width if j == 0 else width * 0.7
         _poly(mask, path, lo, 255, round(w))
     mask = cv2.GaussianBlur(mask, (3, 3), 0.6)
-    return [(_alpha(mask, rng.uniform(0.85, 1.0)), float(rng.uniform(0.08, 0.25)),
-             (0.0, 0.0, 0.0))]
+    return [(_alpha(mask, rng.uniform(0.85, 1.0)), float(rng.uniform(0.08, 0.25)), (0.0, 0.0, 0.0))]
 
 
 def _spot(rng: np.random.Generator, s: float) -> list[_Layer]:
     r = rng.uniform(12, 40) * s
     th = np.linspace(0, 2 * np.pi, 36, endpoint=False)
-    rad = r * (1 + sum(rng.uniform(-0.12, 0.12) * np.sin(k * th + rng.uniform(0, 6.3))
-                       for k in (2, 3, 5)))
+    rad = r * (1 + sum(rng.uniform(-0.12, 0.12) * np.sin(k * th + rng.uniform(0, 6.3)) for k in (2, 3, 5)))
     squash, rot = rng.uniform(0.6, 1.0), rng.uniform(0, np.pi)
     ex, ey = rad * np.cos(th), rad * np.sin(th) * squash
     pts = np.c_[ex * np.cos(rot) - ey * np.sin(rot), ex * np.sin(rot) + ey * np.cos(rot)]
@@ -228,8 +225,7 @@ def _spot(rng: np.random.Generator, s: float) -> list[_Layer]:
         c = tuple(np.rint((-lo + rng.uniform(-0.3, 0.3, 2) * r) * 16).astype(int))
         cv2.circle(hi, c, int(r * 0.4 * 16), 255, -1, cv2.LINE_AA, 4)
         hi = np.minimum(cv2.GaussianBlur(hi, (0, 0), max(0.8, r * 0.15)), mask)
-        return [(_alpha(mask, 0.9), 0.5, (0.0, 0.0, 0.0)),
-                (_alpha(hi, 0.7), 1.0, (70.0, 70.0, 70.0))]
+        return [(_alpha(mask, 0.9), 0.5, (0.0, 0.0, 0.0)), (_alpha(hi, 0.7), 1.0, (70.0, 70.0, 70.0))]
     tint = [(10.0, 30.0, 70.0), (5.0, 5.0, 5.0), (30.0, 25.0, 10.0)][int(rng.integers(0, 3))]
     return [(_alpha(mask, rng.uniform(0.7, 0.95)), float(rng.uniform(0.25, 0.5)), tint)]
 
@@ -257,8 +253,7 @@ def _fits(box: Box, kind: int, s: float) -> bool:
 class SceneGenerator:
     """Reproducible frames: `render(index)` depends only on (seed, index, width, height)."""
 
-    def __init__(self, width: int = 1280, height: int = 720, seed: int = 0,
-                 max_defects: int = 4) -> None:
+    def __init__(self, width: int = 1280, height: int = 720, seed: int = 0, max_defects: int = 4) -> None:
         if width < 32 or height < 32:
             raise ValueError(f"frame must be at least 32x32, got {width}x{height}")
         if max_defects < 0:
@@ -275,8 +270,7 @@ class SceneGenerator:
         surface, occupied = self._paint_surface(img, bg_rng)
         boxes, kinds = self._paint_defects(img, defect_rng, occupied)
         self._finish(img, bg_rng, surface)
-        return Scene(img, np.asarray(boxes, np.float32).reshape(-1, 4),
-                     np.asarray(kinds, np.int32))
+        return Scene(img, np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(kinds, np.int32))
 
     def _render_background(self, index: int) -> np.ndarray:
         """Frame `index` exactly as `render` draws it, minus the defects."""
@@ -302,7 +296,7 @@ class SceneGenerator:
         if ch > _TEX:
             cw, ch = cw * _TEX / ch, float(_TEX)
         x0, y0 = int(rng.uniform(0, _TEX - cw)), int(rng.uniform(0, _TEX - ch))
-        crop = tex[y0:y0 + int(ch), x0:x0 + int(cw)]
+        crop = tex[y0 : y0 + int(ch), x0 : x0 + int(cw)]
         cv2.resize(crop, (self.width, self.height), dst=img, interpolation=cv2.INTER_AREA)
         if rng.random() < 0.5:
             cv2.flip(img, int(rng.integers(-1, 2)), dst=img)
@@ -322,15 +316,12 @@ class SceneGenerator:
         return self._marker(img, rng, s)
 
     def _place(self, rng: np.random.Generator, w: float, h: float) -> tuple[int, int]:
-        return (int(rng.uniform(0, max(1.0, self.width - w))),
-                int(rng.uniform(0, max(1.0, self.height - h))))
+        return (int(rng.uniform(0, max(1.0, self.width - w))), int(rng.uniform(0, max(1.0, self.height - h))))
 
-    def _text(self, img: np.ndarray, rng: np.random.Generator, s: float,
-              ink: tuple[int, int, int] | None) -> Box:
+    def _text(self, img: np.ndarray, rng: np.random.Generator, s: float, ink: tuple[int, int, int] | None) -> Box:
         chars = string.ascii_uppercase + string.digits + "-/:."
         text = "".join(rng.choice(list(chars), int(rng.integers(3, 11))))
-        font = int(rng.choice([cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_PLAIN,
-                               cv2.FONT_HERSHEY_DUPLEX]))
+        font = int(rng.choice([cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_PLAIN, cv2.FONT_HERSHEY_DUPLEX]))
         scale, thick = rng.uniform(0.6, 1.6) * s, max(1, round(rng.uniform(1, 3) * s))
         (tw, th), base = cv2.getTextSize(text, font, scale, thick)
         x, y = self._place(rng, tw, th + base)
@@ -347,8 +338,14 @@ class SceneGenerator:
         a = rng.uniform(0, np.pi)
         for da in (0, np.pi / 2):
             dx, dy = 0.65 * r * np.cos(a + da), 0.65 * r * np.sin(a + da)
-            cv2.line(img, (int(c[0] - dx), int(c[1] - dy)), (int(c[0] + dx), int(c[1] + dy)),
-                     (90, 90, 90), max(2, int(r * 0.25)), cv2.LINE_AA)
+            cv2.line(
+                img,
+                (int(c[0] - dx), int(c[1] - dy)),
+                (int(c[0] + dx), int(c[1] + dy)),
+                (90, 90, 90),
+                max(2, int(r * 0.25)),
+                cv2.LINE_AA,
+            )
         return c[0] - rim, c[1] - rim, c[0] + rim, c[1] + rim
 
     def _glint(self, img: np.ndarray, rng: np.random.Generator, s: float) -> Box:
@@ -395,8 +392,7 @@ class SceneGenerator:
             cv2.rectangle(img, body[0], body[1], (int(rng.integers(20, 45)),) * 3, -1)
         return int(x), int(y), int(x + w) + 1, int(y + h + 2 * pad_l) + 1
 
-    def _paint_defects(self, img: np.ndarray, rng: np.random.Generator,
-                       occupied: list[Box]) -> tuple[list[Box], list[int]]:
+    def _paint_defects(self, img: np.ndarray, rng: np.random.Generator, occupied: list[Box]) -> tuple[list[Box], list[int]]:
         boxes: list[Box] = []
         kinds: list[int] = []
         for _ in range(int(rng.integers(0, self.max_defects + 1))):
@@ -409,8 +405,9 @@ class SceneGenerator:
                     break
         return boxes, kinds
 
-    def _try_defect(self, img: np.ndarray, rng: np.random.Generator, kind: int,
-                    occupied: list[Box], defects: list[Box]) -> Box | None:
+    def _try_defect(
+        self, img: np.ndarray, rng: np.random.Generator, kind: int, occupied: list[Box], defects: list[Box]
+    ) -> Box | None:
         """Paint one defect of `kind` at a random free spot; its box, or None if it did not fit.
 
         Defects keep clear of distractors and mostly of each other (IoU <= 0.05, and at most
@@ -440,14 +437,12 @@ class SceneGenerator:
         tints = _TINTS[surface]
         tint = np.asarray(tints[int(rng.integers(0, len(tints)))], np.float32)
         gy, gx = np.mgrid[0:3, 0:4].astype(np.float32)
-        light = rng.uniform(0.8, 1.15, (3, 4)) + rng.uniform(-0.12, 0.12) * (gx - 1.5) \
-            + rng.uniform(-0.12, 0.12) * (gy - 1)
+        light = rng.uniform(0.8, 1.15, (3, 4)) + rng.uniform(-0.12, 0.12) * (gx - 1.5) + rng.uniform(-0.12, 0.12) * (gy - 1)
         grid = np.clip(light[..., None] * tint * 128, 0, 255).astype(np.uint8)
         full = cv2.resize(grid, (self.width, self.height), interpolation=cv2.INTER_CUBIC)
         cv2.multiply(img, full, dst=img, scale=1 / 128)
         amp = rng.uniform(2, 7) / 20
         ox, oy = (int(v) for v in rng.integers(0, _NOISE_PAD, 2))
-        noise = self._noise[oy:oy + self.height, ox:ox + self.width]
+        noise = self._noise[oy : oy + self.height, ox : ox + self.width]
         cv2.addWeighted(img, 1.0, noise, amp, -128 * amp, dst=img)
         cv2.GaussianBlur(img, (5, 5), rng.uniform(0.5, 1.1), dst=img)
-

@@ -105,8 +105,12 @@ class Watchdog:
                 self._notifier.send("WATCHDOG=1")
             if healthy != self._was_healthy:
                 level = logging.INFO if healthy else logging.ERROR
-                log.log(level, "pipeline %s: watchdog pings %s", "progressing again" if healthy
-                        else "made no progress", "resumed" if healthy else "withheld")
+                log.log(
+                    level,
+                    "pipeline %s: watchdog pings %s",
+                    "progressing again" if healthy else "made no progress",
+                    "resumed" if healthy else "withheld",
+                )
                 self._was_healthy = healthy
 
     def stop(self) -> None:

@@ -30,11 +30,11 @@ Message = DetectionsMessage | StatusMessage
 EXIT_USAGE = 2  # as argparse
 HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the publisher refused this subscriber's key "
-                                     "(is its .key file in the publisher's publish.curve_clients_dir?)",
+    "(is its .key file in the publisher's publish.curve_clients_dir?)",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security handshake failed: CURVE is configured on one side only "
-                                         "(--server-key/--client-key here, publish.curve_* there)",
+    "(--server-key/--client-key here, publish.curve_* there)",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "security handshake failed: is --server-key the publisher's "
-                                          "public key, and does it use CURVE?",
+    "public key, and does it use CURVE?",
 }
 
 
@@ -61,8 +61,9 @@ class StreamStats:
 class Subscriber:
     """A SUB socket on one endpoint, yielding validated messages."""
 
-    def __init__(self, endpoint: str, topic: str = "", *, context: zmq.Context | None = None,
-                 curve: ClientKeys | None = None) -> None:
+    def __init__(
+        self, endpoint: str, topic: str = "", *, context: zmq.Context | None = None, curve: ClientKeys | None = None
+    ) -> None:
         self.stats = StreamStats()
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.SUB)
@@ -116,20 +117,32 @@ def format_message(msg: Message) -> str:
     if isinstance(msg, StatusMessage):
         drops = ", ".join(f"{k}={v}" for k, v in sorted(msg.drops.items()) if v) or "none"
         thermal = msg.thermal.get("state", "?") if msg.thermal else "off"
-        return (f"[status {msg.camera_id}] {msg.fps:.1f} fps, camera {msg.source_state}, "
-                f"thermal {thermal}, {msg.frames_processed} frames, drops: {drops}")
+        return (
+            f"[status {msg.camera_id}] {msg.fps:.1f} fps, camera {msg.source_state}, "
+            f"thermal {thermal}, {msg.frames_processed} frames, drops: {drops}"
+        )
     dets = "; ".join(
-        f"{d.label} {d.score:.2f} ({d.box[0]:.0f},{d.box[1]:.0f})-({d.box[2]:.0f},{d.box[3]:.0f})"
-        for d in msg.detections
+        f"{d.label} {d.score:.2f} ({d.box[0]:.0f},{d.box[1]:.0f})-({d.box[2]:.0f},{d.box[3]:.0f})" for d in msg.detections
     )
-    return (f"[{msg.camera_id} frame {msg.frame_id}] {len(msg.detections)} detection(s)"
-            f"{': ' + dets if dets else ''}  ({msg.timings.inference_ms:.1f} ms inference, "
-            f"{msg.timings.age_ms:.1f} ms old)")
+    return (
+        f"[{msg.camera_id} frame {msg.frame_id}] {len(msg.detections)} detection(s)"
+        f"{': ' + dets if dets else ''}  ({msg.timings.inference_ms:.1f} ms inference, "
+        f"{msg.timings.age_ms:.1f} ms old)"
+    )
 
 
-def run_subscribe(endpoint: str, topic: str, *, stats: bool, raw_json: bool, count: int | None,
-                  timeout_s: float | None, server_key: Path | None = None, client_key: Path | None = None,
-                  out: TextIO = sys.stdout) -> int:
+def run_subscribe(
+    endpoint: str,
+    topic: str,
+    *,
+    stats: bool,
+    raw_json: bool,
+    count: int | None,
+    timeout_s: float | None,
+    server_key: Path | None = None,
+    client_key: Path | None = None,
+    out: TextIO = sys.stdout,
+) -> int:
     """Print messages (or a rolling summary) until interrupted, ``count`` messages or a timeout."""
     if (server_key is None) != (client_key is None):
         print("edged subscribe: --server-key and --client-key go together", file=sys.stderr)
@@ -150,8 +163,9 @@ def run_subscribe(endpoint: str, topic: str, *, stats: bool, raw_json: bool, cou
         sub.close()
 
 
-def _print_stream(sub: Subscriber, *, stats: bool, raw_json: bool, count: int | None,
-                  timeout_s: float | None, out: TextIO) -> int:
+def _print_stream(
+    sub: Subscriber, *, stats: bool, raw_json: bool, count: int | None, timeout_s: float | None, out: TextIO
+) -> int:
     started = last_summary = time.monotonic()
     shown = 0
     told: str | None = None

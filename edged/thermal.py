@@ -86,6 +86,7 @@ class ThermalReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for the status message."""
+
         def ratio(v: float | None) -> float | None:
             return None if v is None else round(v, 3)
 
@@ -106,6 +107,7 @@ class ThermalReport:
 
 
 # ---- thresholds -------------------------------------------------------------------------------
+
 
 def _thresholds_from_trips(zones: tuple[Zone, ...]) -> tuple[float, float, float] | None:
     low, high = _PLAUSIBLE_TRIP_C
@@ -138,8 +140,7 @@ def _between(value: float, lo: float | None, hi: float | None) -> float:
     return value
 
 
-def resolve_thresholds(cfg: ThermalConfig, family: BoardFamily,
-                       zones: tuple[Zone, ...]) -> tuple[dict[str, float], str]:
+def resolve_thresholds(cfg: ThermalConfig, family: BoardFamily, zones: tuple[Zone, ...]) -> tuple[dict[str, float], str]:
     """Configured thresholds win; defaults fill the gaps, moved aside to keep warm < throttled < critical.
 
     Returns the thresholds and where they came from, for the ``edged thermal`` table.
@@ -160,6 +161,7 @@ def resolve_thresholds(cfg: ThermalConfig, family: BoardFamily,
 
 # ---- state machine ----------------------------------------------------------------------------
 
+
 def _temperature_level(temp_c: float, thresholds: dict[str, float]) -> ThermalState:
     level: ThermalState = "ok"
     for name in _LEVELS:
@@ -172,8 +174,13 @@ def _hotter(a: ThermalState, b: ThermalState) -> ThermalState:
     return a if _RANK[a] >= _RANK[b] else b
 
 
-def next_state(current: ThermalState, hottest_c: float | None, hardware_throttling: bool,
-               thresholds: dict[str, float], hysteresis_c: float) -> ThermalState:
+def next_state(
+    current: ThermalState,
+    hottest_c: float | None,
+    hardware_throttling: bool,
+    thresholds: dict[str, float],
+    hysteresis_c: float,
+) -> ThermalState:
     """One step of the state machine: up at once, down only past the hysteresis band."""
     if hottest_c is None:
         return "throttled" if hardware_throttling else "unknown"
@@ -260,8 +267,11 @@ def _log_change(previous: ThermalState | None, report: ThermalReport) -> None:
     level = logging.WARNING
     if previous is None and report.state in ("ok", "unknown"):
         level = logging.INFO
-    extra: dict[str, Any] = {"THERMAL_STATE": report.state, "THERMAL_BOARD": report.board,
-                             "THERMAL_RATE": report.rate_factor}
+    extra: dict[str, Any] = {
+        "THERMAL_STATE": report.state,
+        "THERMAL_BOARD": report.board,
+        "THERMAL_RATE": report.rate_factor,
+    }
     if previous is not None:
         extra["THERMAL_PREVIOUS_STATE"] = previous
     if report.hottest_c is not None:
@@ -271,13 +281,23 @@ def _log_change(previous: ThermalState | None, report: ThermalReport) -> None:
         extra["FREQ_CAP_RATIO"] = round(report.freq_cap_ratio, 3)
     if report.throttled_flags:
         extra["THROTTLED_FLAGS"] = ",".join(report.throttled_flags)
-    log.log(level, "thermal state %s -> %s on %s: hottest %s (%s), freq cap %s, flags %s, rate %g",
-            previous or "start", report.state, report.board, _celsius(report.hottest_c), hottest_zone,
-            _percent(report.freq_cap_ratio), ",".join(report.throttled_flags) or "none",
-            report.rate_factor, extra=extra)
+    log.log(
+        level,
+        "thermal state %s -> %s on %s: hottest %s (%s), freq cap %s, flags %s, rate %g",
+        previous or "start",
+        report.state,
+        report.board,
+        _celsius(report.hottest_c),
+        hottest_zone,
+        _percent(report.freq_cap_ratio),
+        ",".join(report.throttled_flags) or "none",
+        report.rate_factor,
+        extra=extra,
+    )
 
 
 # ---- edged thermal ----------------------------------------------------------------------------
+
 
 def _celsius(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}C"
@@ -290,8 +310,10 @@ def _percent(value: float | None) -> str:
 def _write_table(out: TextIO, report: ThermalReport, watch: ThermalWatch) -> None:
     snapshot = watch.last_snapshot
     cfg = watch.cfg
-    out.write(f"state       {report.state}  rate {report.rate_factor:g}"
-              f"{'  (hardware throttling)' if report.hardware_throttling else ''}\n")
+    out.write(
+        f"state       {report.state}  rate {report.rate_factor:g}"
+        f"{'  (hardware throttling)' if report.hardware_throttling else ''}\n"
+    )
     out.write(f"board       {report.board}{f' ({report.model})' if report.model else ''}\n")
     out.write(f"{'ZONE':<18}{'TEMP':>9}  TRIPS\n")
     zones = snapshot.zones if snapshot else ()
@@ -302,9 +324,11 @@ def _write_table(out: TextIO, report: ThermalReport, watch: ThermalWatch) -> Non
     if not zones:
         out.write("(no thermal zones)\n")
     th = report.thresholds
-    out.write(f"thresholds  warm {_celsius(th['warm'])}  throttled {_celsius(th['throttled'])}  "
-              f"critical {_celsius(th['critical'])}  hysteresis {_celsius(cfg.hysteresis_c)}"
-              f"  ({watch.thresholds_source})\n")
+    out.write(
+        f"thresholds  warm {_celsius(th['warm'])}  throttled {_celsius(th['throttled'])}  "
+        f"critical {_celsius(th['critical'])}  hysteresis {_celsius(cfg.hysteresis_c)}"
+        f"  ({watch.thresholds_source})\n"
+    )
     out.write(f"cpufreq     cap {_percent(report.freq_cap_ratio)}  cur {_percent(report.freq_cur_ratio)}\n")
     if snapshot and snapshot.pi_source:
         out.write(f"pi flags    {', '.join(report.throttled_flags) or 'none'}  ({snapshot.pi_source})\n")
@@ -314,8 +338,9 @@ def _write_table(out: TextIO, report: ThermalReport, watch: ThermalWatch) -> Non
         out.write("note        thermal.enabled is false: the daemon ignores these readings\n")
 
 
-def run_thermal_command(cfg: ThermalConfig, watch: bool, interval_s: float | None,
-                        out: TextIO = sys.stdout, iterations: int | None = None) -> int:
+def run_thermal_command(
+    cfg: ThermalConfig, watch: bool, interval_s: float | None, out: TextIO = sys.stdout, iterations: int | None = None
+) -> int:
     """``edged thermal``: print readings and state once, or every interval with ``--watch``."""
     thermal_watch = ThermalWatch(cfg)
     interval = cfg.poll_interval_s if interval_s is None else interval_s

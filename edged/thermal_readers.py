@@ -327,8 +327,9 @@ class SysReader:
         if exe is None:
             return None
         try:
-            done = subprocess.run([exe, "get_throttled"], capture_output=True, text=True,
-                                  timeout=_VCGENCMD_TIMEOUT_S, check=True)
+            done = subprocess.run(
+                [exe, "get_throttled"], capture_output=True, text=True, timeout=_VCGENCMD_TIMEOUT_S, check=True
+            )
             match = _VCGENCMD_OUT.search(done.stdout)
             if match is None:
                 raise ValueError(f"unexpected output {done.stdout.strip()[:60]!r}")

@@ -22,8 +22,9 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "relu": nn.ReLU}
 
 
 def conv(c_in: int, c_out: int, k: int = 3, s: int = 1, act: str = "silu") -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False),
-                         nn.BatchNorm2d(c_out), ACTIVATIONS[act](inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False), nn.BatchNorm2d(c_out), ACTIVATIONS[act](inplace=True)
+    )
 
 
 class Residual(nn.Module):
@@ -73,8 +74,9 @@ class Detector(nn.Module):
         t4 = self.fuse4(self.lat4(x4) + F.interpolate(t5, scale_factor=2.0, mode="nearest"))
         t3 = self.fuse3(self.lat3(x3) + F.interpolate(t4, scale_factor=2.0, mode="nearest"))
         outs = [head(t) for head, t in zip(self.heads, (t3, t4, t5), strict=True)]
-        strides = torch.cat([torch.full((o[0].shape[-1],), float(s), device=x.device)
-                             for o, s in zip(outs, STRIDES, strict=True)])
+        strides = torch.cat(
+            [torch.full((o[0].shape[-1],), float(s), device=x.device) for o, s in zip(outs, STRIDES, strict=True)]
+        )
         dist = F.softplus(torch.cat([o[0] for o in outs], 2)) * strides
         return dist, torch.cat([o[1] for o in outs], 2)
 
@@ -129,40 +131,49 @@ class TaskAlignedLoss:
     both weighted by that target.
     """
 
-    def __init__(self, points: Tensor, strides: Tensor, nc: int, topk: int = 10,
-                 alpha: float = 0.5, beta: float = 6.0) -> None:
+    def __init__(
+        self, points: Tensor, strides: Tensor, nc: int, topk: int = 10, alpha: float = 0.5, beta: float = 6.0
+    ) -> None:
         self.points, self.strides, self.nc = points, strides, nc
         self.topk, self.alpha, self.beta = topk, alpha, beta
 
-    def __call__(self, dist: Tensor, logits: Tensor, gt_boxes: Tensor, gt_cls: Tensor,
-                 gt_valid: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def __call__(
+        self, dist: Tensor, logits: Tensor, gt_boxes: Tensor, gt_cls: Tensor, gt_valid: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
         dist, logits = dist.transpose(1, 2), logits.transpose(1, 2)
         pred = torch.cat([self.points - dist[..., :2], self.points + dist[..., 2:]], -1)
         scores = logits.sigmoid()
-        target_scores, target_boxes, fg = self._assign(scores.detach(), pred.detach(),
-                                                       gt_boxes, gt_cls, gt_valid)
+        target_scores, target_boxes, fg = self._assign(scores.detach(), pred.detach(), gt_boxes, gt_cls, gt_valid)
         norm = target_scores.sum().clamp(min=1.0)
-        cls_loss = F.binary_cross_entropy_with_logits(logits, target_scores,
-                                                      reduction="sum") / norm
+        cls_loss = F.binary_cross_entropy_with_logits(logits, target_scores, reduction="sum") / norm
         weight = target_scores.sum(-1)[fg]
         iou, giou = box_iou_pairs(pred[fg], target_boxes[fg])
         box_loss = ((1 - giou) * weight).sum() / norm
         strides = self.strides.expand(fg.shape)[fg][:, None]
-        tgt_dist = torch.cat([self.points.expand(*fg.shape, 2)[fg] - target_boxes[fg][:, :2],
-                              target_boxes[fg][:, 2:] - self.points.expand(*fg.shape, 2)[fg]], 1)
+        tgt_dist = torch.cat(
+            [
+                self.points.expand(*fg.shape, 2)[fg] - target_boxes[fg][:, :2],
+                target_boxes[fg][:, 2:] - self.points.expand(*fg.shape, 2)[fg],
+            ],
+            1,
+        )
         l1 = ((dist[fg] - tgt_dist).abs() / strides).mean(1)
         l1_loss = (l1 * weight).sum() / norm
         total = 0.5 * cls_loss + 7.5 * box_loss + 1.5 * l1_loss
-        stats = {"cls": cls_loss.item(), "box": box_loss.item(), "l1": l1_loss.item(),
-                 "iou": iou.detach().mean().item() if iou.numel() else 0.0}
+        stats = {
+            "cls": cls_loss.item(),
+            "box": box_loss.item(),
+            "l1": l1_loss.item(),
+            "iou": iou.detach().mean().item() if iou.numel() else 0.0,
+        }
         return total * gt_boxes.shape[0], stats
 
     @torch.no_grad()
-    def _assign(self, scores: Tensor, pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor,
-                gt_valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _assign(
+        self, scores: Tensor, pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor, gt_valid: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         b, a, _ = scores.shape
-        half = torch.maximum((gt_boxes[..., 2:] - gt_boxes[..., :2])[:, :, None] / 2,
-                             self.strides[None, None, :, None] / 2)
+        half = torch.maximum((gt_boxes[..., 2:] - gt_boxes[..., :2])[:, :, None] / 2, self.strides[None, None, :, None] / 2)
         centre = (gt_boxes[..., :2] + gt_boxes[..., 2:])[:, :, None] / 2
         inside = ((self.points[None, None] - centre).abs() <= half).all(-1)
         inside &= gt_valid[..., None]
@@ -179,8 +190,7 @@ class TaskAlignedLoss:
         fg = pos.any(1)
         owner = pos.float().argmax(1)
         align = align * pos
-        norm_align = align * (iou * pos).amax(-1, keepdim=True) / (
-            align.amax(-1, keepdim=True) + 1e-9)
+        norm_align = align * (iou * pos).amax(-1, keepdim=True) / (align.amax(-1, keepdim=True) + 1e-9)
         target_scores = torch.zeros(b, a, self.nc, device=scores.device)
         owner_cls = gt_cls.gather(1, owner).clamp(min=0)
         strength = norm_align.amax(1) * fg

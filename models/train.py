@@ -43,15 +43,15 @@ FRAME_SIZES = ((1280, 720),) * 8 + ((640, 480), (1024, 1024))
 
 def letterboxers() -> dict[tuple[int, int], Preprocessor]:
     """The daemon's own preprocess, asked for uint8 RGB HWC: exactly the pixels edged feeds."""
-    contract = InputContract("images", (1, SIZE, SIZE, 3), np.uint8, "nhwc", "rgb", "letterbox",
-                             1.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+    contract = InputContract(
+        "images", (1, SIZE, SIZE, 3), np.uint8, "nhwc", "rgb", "letterbox", 1.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    )
     return {(w, h): Preprocessor(contract, w, h) for w, h in set(FRAME_SIZES)}
 
 
 def build_cache(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Letterboxed RGB inputs (count, S, S, 3) plus padded boxes (count, G, 4) and classes."""
-    gens = {(w, h, s): SceneGenerator(w, h, seed=s) for w, h in set(FRAME_SIZES)
-            for s in TRAIN_SEEDS}
+    gens = {(w, h, s): SceneGenerator(w, h, seed=s) for w, h in set(FRAME_SIZES) for s in TRAIN_SEEDS}
     pres = letterboxers()
     images = np.empty((count, SIZE, SIZE, 3), np.uint8)
     boxes = np.zeros((count, 8, 4), np.float32)
@@ -113,8 +113,7 @@ def train(args: argparse.Namespace) -> Ema:
     criterion = TaskAlignedLoss(points, strides, len(CLASS_NAMES))
     decay = [p for p in model.parameters() if p.ndim > 1]
     other = [p for p in model.parameters() if p.ndim <= 1]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 5e-4},
-                             {"params": other, "weight_decay": 0.0}], lr=args.lr)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 5e-4}, {"params": other, "weight_decay": 0.0}], lr=args.lr)
     steps_per_epoch = len(images) // args.batch
     total, warmup = steps_per_epoch * args.epochs, min(300, steps_per_epoch)
     ema = Ema(model)
@@ -122,12 +121,11 @@ def train(args: argparse.Namespace) -> Ema:
     for epoch in range(args.epochs):
         order = torch.randperm(len(images), generator=gen)
         for k in range(steps_per_epoch):
-            idx = order[k * args.batch:(k + 1) * args.batch].numpy()
+            idx = order[k * args.batch : (k + 1) * args.batch].numpy()
             x = torch.from_numpy(images[idx]).permute(0, 3, 1, 2).float().div_(255)
             b, c = torch.from_numpy(boxes[idx]), torch.from_numpy(classes[idx])
             augment(x, b, gen)
-            lr = args.lr * min(1.0, (step + 1) / warmup) * (
-                0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * step / total)))
+            lr = args.lr * min(1.0, (step + 1) / warmup) * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * step / total)))
             for group in opt.param_groups:
                 group["lr"] = lr
             dist, logits = model(x.contiguous(memory_format=torch.channels_last))
@@ -139,9 +137,12 @@ def train(args: argparse.Namespace) -> Ema:
             ema.update(model)
             step += 1
             if step % 50 == 0:
-                print(f"epoch {epoch} step {step}/{total} lr {lr:.5f} loss {loss.item():.3f} "
-                      + " ".join(f"{k} {v:.3f}" for k, v in stats.items())
-                      + f" t {time.perf_counter() - start:.0f}s", flush=True)
+                print(
+                    f"epoch {epoch} step {step}/{total} lr {lr:.5f} loss {loss.item():.3f} "
+                    + " ".join(f"{k} {v:.3f}" for k, v in stats.items())
+                    + f" t {time.perf_counter() - start:.0f}s",
+                    flush=True,
+                )
     return ema
 
 
@@ -149,9 +150,16 @@ def export(model: Detector, out: Path, meta: dict[str, str]) -> None:
     """ONNX with input ``images`` [1,3,S,S] and output ``output0`` [1, 4+nc, N], plus metadata."""
     wrapper = ExportHead(copy.deepcopy(model).float().eval(), SIZE).eval()
     dummy = torch.zeros(1, 3, SIZE, SIZE)
-    torch.onnx.export(wrapper, (dummy,), str(out), input_names=["images"],
-                      output_names=["output0"], opset_version=17, dynamo=False,
-                      do_constant_folding=True)
+    torch.onnx.export(
+        wrapper,
+        (dummy,),
+        str(out),
+        input_names=["images"],
+        output_names=["output0"],
+        opset_version=17,
+        dynamo=False,
+        do_constant_folding=True,
+    )
     proto = onnx.load(str(out))
     del proto.metadata_props[:]
     for key, value in meta.items():
@@ -167,8 +175,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--act", choices=("silu", "relu"), default="silu",
-                    help="activation after every conv (silu: the shipped model; relu: the INT8 experiment)")
+    ap.add_argument(
+        "--act",
+        choices=("silu", "relu"),
+        default="silu",
+        help="activation after every conv (silu: the shipped model; relu: the INT8 experiment)",
+    )
     ap.add_argument("--out", type=Path, default=Path("models/demo.onnx"))
     ap.add_argument("--eval-count", type=int, default=500)
     args = ap.parse_args()
@@ -189,8 +201,10 @@ def main() -> None:
     }
     export(ema.model, args.out, meta)
     args.out.with_suffix(".labels").write_text("\n".join(CLASS_NAMES) + "\n")
-    print(json.dumps({"train_minutes": round(minutes, 1), "parameters": params,
-                      "onnx_bytes": args.out.stat().st_size}), flush=True)
+    print(
+        json.dumps({"train_minutes": round(minutes, 1), "parameters": params, "onnx_bytes": args.out.stat().st_size}),
+        flush=True,
+    )
     if args.eval_count:
         model = load_model(ModelConfig(path=args.out, conf=0.001, iou=0.6, max_det=100), RuntimeConfig())
         total, samples = scene_samples(args.eval_count, seed=0, width=1280, height=720)

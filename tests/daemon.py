@@ -47,8 +47,9 @@ def write_config(path: Path, sections: dict[str, dict[str, Any]]) -> Path:
     return path
 
 
-def write_video(path: Path, colours: list[tuple[int, int, int]], size: tuple[int, int] = (128, 96),
-                fps: float = 20.0) -> Path:
+def write_video(
+    path: Path, colours: list[tuple[int, int, int]], size: tuple[int, int] = (128, 96), fps: float = 20.0
+) -> Path:
     """An MJPG video whose frame i is a solid colours[i] (BGR), decodable by OpenCV's FFmpeg."""
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, size)
     frame = np.empty((size[1], size[0], 3), np.uint8)
@@ -64,8 +65,9 @@ def edged_command(*args: str) -> list[str]:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(edged_command(*args), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        edged_command(*args), capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 class RunningDaemon:
@@ -80,8 +82,12 @@ class RunningDaemon:
         self.sub.connect(endpoint)
         self.log_path = config.with_suffix(".log")
         self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(edged_command("run", "--config", str(config)), stdout=self._log,
-                                     stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            edged_command("run", "--config", str(config)),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
 
     def messages(self, timeout: float) -> Iterator[Message]:
         deadline = time.monotonic() + timeout

@@ -53,7 +53,8 @@ def colour_probe(
     nodes += _head_nodes(head)
     out_shape = {"yolov8": [1, 6, CANDIDATES], "yolov5": [1, CANDIDATES, 7], "end2end": [1, CANDIDATES, 6]}[head]
     graph = helper.make_graph(
-        nodes, "colour_probe",
+        nodes,
+        "colour_probe",
         [helper.make_tensor_value_info("images", _ONNX_TYPES[dtype], shape)],
         [helper.make_tensor_value_info("output0", TensorProto.FLOAT, out_shape)],
     )
@@ -135,30 +136,35 @@ def stalling_probe(path: Path, iterations_when_bright: int = 10**12) -> Path:
     probe = onnx.load(str(colour_probe(path)))
     graph = probe.graph
     body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("Add", ["acc_in", "one"], ["acc_out"])],
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["acc_in", "one"], ["acc_out"])],
         "spin",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [])],
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, []),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, []),
+        ],
         initializer=[numpy_helper.from_array(np.array(1.0, np.float32), "one")],
     )
-    graph.node.extend([
-        helper.make_node("ReduceMean", ["x"], ["brightness"], keepdims=0),
-        _const("half", np.array(0.5, np.float32)),
-        helper.make_node("Sub", ["brightness", "half"], ["above_half"]),
-        helper.make_node("Relu", ["above_half"], ["excess"]),
-        _const("spin_scale", np.array(float(iterations_when_bright), np.float32)),
-        helper.make_node("Mul", ["excess", "spin_scale"], ["spins_f"]),
-        helper.make_node("Cast", ["spins_f"], ["spins"], to=TensorProto.INT64),
-        _const("cond", np.array(True)),
-        _const("acc0", np.array(0.0, np.float32)),
-        helper.make_node("Loop", ["spins", "cond", "acc0"], ["acc"], body=body),
-        _const("acc_scale", np.array(0.0, np.float32)),
-        helper.make_node("Mul", ["acc", "acc_scale"], ["zero"]),
-    ])
+    graph.node.extend(
+        [
+            helper.make_node("ReduceMean", ["x"], ["brightness"], keepdims=0),
+            _const("half", np.array(0.5, np.float32)),
+            helper.make_node("Sub", ["brightness", "half"], ["above_half"]),
+            helper.make_node("Relu", ["above_half"], ["excess"]),
+            _const("spin_scale", np.array(float(iterations_when_bright), np.float32)),
+            helper.make_node("Mul", ["excess", "spin_scale"], ["spins_f"]),
+            helper.make_node("Cast", ["spins_f"], ["spins"], to=TensorProto.INT64),
+            _const("cond", np.array(True)),
+            _const("acc0", np.array(0.0, np.float32)),
+            helper.make_node("Loop", ["spins", "cond", "acc0"], ["acc"], body=body),
+            _const("acc_scale", np.array(0.0, np.float32)),
+            helper.make_node("Mul", ["acc", "acc_scale"], ["zero"]),
+        ]
+    )
     return _save_with_side_branch(probe, "zero", path)
 
 
@@ -170,22 +176,24 @@ def failing_probe(path: Path) -> Path:
     """
     probe = onnx.load(str(colour_probe(path)))
     graph = probe.graph
-    graph.node.extend([
-        helper.make_node("ReduceMean", ["x"], ["fail_brightness"], keepdims=0),
-        _const("fail_half", np.array(0.5, np.float32)),
-        helper.make_node("Greater", ["fail_brightness", "fail_half"], ["fail_bright"]),
-        helper.make_node("Cast", ["fail_bright"], ["fail_bright_i"], to=TensorProto.INT64),
-        _const("fail_six", np.array(6, np.int64)),
-        helper.make_node("Mul", ["fail_bright_i", "fail_six"], ["fail_extra"]),
-        _const("fail_one_i", np.array(1, np.int64)),
-        helper.make_node("Add", ["fail_extra", "fail_one_i"], ["fail_rows"]),
-        _const("fail_minus_one", np.array([-1], np.int64)),
-        _const("fail_axis0", np.array([0], np.int64)),
-        helper.make_node("Unsqueeze", ["fail_rows", "fail_axis0"], ["fail_rows1"]),
-        helper.make_node("Concat", ["fail_rows1", "fail_minus_one"], ["fail_target"], axis=0),
-        helper.make_node("Reshape", ["x", "fail_target"], ["fail_reshaped"]),
-        helper.make_node("ReduceMax", ["fail_reshaped"], ["fail_peak"], keepdims=0),
-        _const("fail_nothing", np.array(0.0, np.float32)),
-        helper.make_node("Mul", ["fail_peak", "fail_nothing"], ["fail_zero"]),
-    ])
+    graph.node.extend(
+        [
+            helper.make_node("ReduceMean", ["x"], ["fail_brightness"], keepdims=0),
+            _const("fail_half", np.array(0.5, np.float32)),
+            helper.make_node("Greater", ["fail_brightness", "fail_half"], ["fail_bright"]),
+            helper.make_node("Cast", ["fail_bright"], ["fail_bright_i"], to=TensorProto.INT64),
+            _const("fail_six", np.array(6, np.int64)),
+            helper.make_node("Mul", ["fail_bright_i", "fail_six"], ["fail_extra"]),
+            _const("fail_one_i", np.array(1, np.int64)),
+            helper.make_node("Add", ["fail_extra", "fail_one_i"], ["fail_rows"]),
+            _const("fail_minus_one", np.array([-1], np.int64)),
+            _const("fail_axis0", np.array([0], np.int64)),
+            helper.make_node("Unsqueeze", ["fail_rows", "fail_axis0"], ["fail_rows1"]),
+            helper.make_node("Concat", ["fail_rows1", "fail_minus_one"], ["fail_target"], axis=0),
+            helper.make_node("Reshape", ["x", "fail_target"], ["fail_reshaped"]),
+            helper.make_node("ReduceMax", ["fail_reshaped"], ["fail_peak"], keepdims=0),
+            _const("fail_nothing", np.array(0.0, np.float32)),
+            helper.make_node("Mul", ["fail_peak", "fail_nothing"], ["fail_zero"]),
+        ]
+    )
     return _save_with_side_branch(probe, "fail_zero", path)

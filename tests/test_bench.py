@@ -87,23 +87,37 @@ def test_naive_reference_agrees_with_edged_on_the_probe(result: BenchResult) -> 
     assert result.detections_match is True
 
 
-def test_json_output_is_one_object_with_the_table_figures(
-    probe: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code = run_bench(_args("--model", str(probe), "--frames", "3", "--warmup", "1", "--cpu-frames", "2",
-                           "--alloc-frames", "2", "--json"))
+def test_json_output_is_one_object_with_the_table_figures(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_bench(
+        _args("--model", str(probe), "--frames", "3", "--warmup", "1", "--cpu-frames", "2", "--alloc-frames", "2", "--json")
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     run = report["runs"][0]
     assert run["full_over_floor"] == pytest.approx(
-        run["rows"]["full"]["latency"]["median_ms"] / run["rows"]["floor"]["latency"]["median_ms"])
+        run["rows"]["full"]["latency"]["median_ms"] / run["rows"]["floor"]["latency"]["median_ms"]
+    )
     assert report["alone"]["preprocess"]["median_ms"] > 0
     assert report["allocations"]["numpy_buffers"]["total"] == 0
 
 
 def test_table_output_and_every_spinning_setting(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = run_bench(_args("--model", str(probe), "--frames", "3", "--warmup", "1", "--cpu-frames", "2",
-                           "--alloc-frames", "2", "--spinning", "all"))
+    code = run_bench(
+        _args(
+            "--model",
+            str(probe),
+            "--frames",
+            "3",
+            "--warmup",
+            "1",
+            "--cpu-frames",
+            "2",
+            "--alloc-frames",
+            "2",
+            "--spinning",
+            "all",
+        )
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "spinning off" in out and "spinning during-run" in out and "spinning always" in out
@@ -189,8 +203,11 @@ def test_cold_start_times_the_real_daemon_with_and_without_its_cache(probe: Path
 def test_capture_load_times_both_rows_beside_a_real_capture_thread(
     probe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = run_bench(_args("--model", str(probe), "--capture-load", "--frames", "6", "--warmup", "1",
-                           "--cache-dir", str(tmp_path), "--json"))
+    code = run_bench(
+        _args(
+            "--model", str(probe), "--capture-load", "--frames", "6", "--warmup", "1", "--cache-dir", str(tmp_path), "--json"
+        )
+    )
     assert code == 0
     rows = json.loads(capsys.readouterr().out)["capture_load"]
     assert [r["capture"] for r in rows] == ["none", "normal", "low", "idle", "clock-fed", "camera-fed"]
@@ -207,14 +224,14 @@ def test_capture_load_times_both_rows_beside_a_real_capture_thread(
         video.release()
 
 
-def test_decode_demand_reports_both_modes_for_each_consumer_rate(
-        probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_decode_demand_reports_both_modes_for_each_consumer_rate(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # What on-demand decoding saves is asserted in test_capture; here, that the bench measures both.
     code = run_bench(_args("--model", str(probe), "--decode-demand", "--frames", "15", "--json"))
     assert code == 0
     rows = json.loads(capsys.readouterr().out)["decode_demand"]
     assert [(r["consumer_fps"], r["decode"]) for r in rows] == [
-        (fps, mode) for fps in (5.0, 15.0, 30.0) for mode in ("every frame", "on demand")]
+        (fps, mode) for fps in (5.0, 15.0, 30.0) for mode in ("every frame", "on demand")
+    ]
     for r in rows:
         assert 0 < r["cores"] < 2 and 0 < r["taken_fps"] <= r["decoded_fps"] and r["age_ms"] > 0
         assert 0 <= r["newest"] <= 1
@@ -223,8 +240,9 @@ def test_decode_demand_reports_both_modes_for_each_consumer_rate(
 
 
 def test_paced_reports_each_spinning_setting(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = run_bench(_args("--model", str(probe), "--pace", "200", "--frames", "10", "--warmup", "1",
-                           "--spinning", "all", "--json"))
+    code = run_bench(
+        _args("--model", str(probe), "--pace", "200", "--frames", "10", "--warmup", "1", "--spinning", "all", "--json")
+    )
     assert code == 0
     runs = json.loads(capsys.readouterr().out)["paced"]
     assert [r["spinning"] for r in runs] == ["off", "during-run", "always"]
@@ -250,8 +268,22 @@ def test_thread_count_out_of_range_is_a_usage_error(probe: Path, capsys: pytest.
 
 
 def test_paced_beside_a_capture_thread(probe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = run_bench(_args("--model", str(probe), "--pace", "100", "--frames", "6", "--warmup", "1",
-                           "--pace-capture", "idle", "--cache-dir", str(tmp_path)))
+    code = run_bench(
+        _args(
+            "--model",
+            str(probe),
+            "--pace",
+            "100",
+            "--frames",
+            "6",
+            "--warmup",
+            "1",
+            "--pace-capture",
+            "idle",
+            "--cache-dir",
+            str(tmp_path),
+        )
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "capture thread (idle)" in out and "during-run" in out

@@ -64,9 +64,17 @@ class FakeCamera:
     was never overwritten.
     """
 
-    def __init__(self, *, fps: float = 200.0, fail_at: int | None = None, failed_opens: int = 0,
-                 never_back: bool = False, resize_at: int | None = None, frames: int | None = None,
-                 read_block_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        fps: float = 200.0,
+        fail_at: int | None = None,
+        failed_opens: int = 0,
+        never_back: bool = False,
+        resize_at: int | None = None,
+        frames: int | None = None,
+        read_block_s: float = 0.0,
+    ) -> None:
         self.fps = fps
         self.fail_at = fail_at
         self.failed_opens = failed_opens
@@ -154,6 +162,7 @@ def take_all(capture: Capture, count: int) -> list[Frame]:
 
 # ---- latest-frame semantics ----------------------------------------------------------------------
 
+
 def test_slow_consumer_gets_only_the_newest_frames_and_held_slots_stay_intact(started: Starter) -> None:
     capture = started(Capture(lambda: synthetic(fps=200.0), "cam0"))
     generator = SceneGenerator(width=SW, height=SH, seed=SEED)
@@ -189,6 +198,7 @@ def test_fast_consumer_gets_every_frame_once_from_three_slots(started: Starter) 
 
 
 # ---- decoding only what the consumer takes ---------------------------------------------------------
+
 
 def take_every(capture: Capture, interval_s: float, duration_s: float) -> list[tuple[Frame, int]]:
     """A consumer busy for ``interval_s`` per frame: each frame taken with the newest id grabbed before."""
@@ -240,8 +250,7 @@ def test_decode_all_decodes_every_frame_for_a_slow_consumer(started: Starter) ->
     assert stats.frames_decoded == camera.decoded == stats.frames_captured
 
 
-def test_a_consumer_that_stops_asking_stops_the_decoding_and_gets_a_fresh_frame_when_it_asks(
-        started: Starter) -> None:
+def test_a_consumer_that_stops_asking_stops_the_decoding_and_gets_a_fresh_frame_when_it_asks(started: Starter) -> None:
     camera, source = split_camera(fps=100.0)
     capture = started(Capture(source, "cam0"))
     taken = take_every(capture, 0.02, 0.4)  # a steady consumer, then a pause (say thermal) of 2 s
@@ -265,13 +274,17 @@ def test_a_consumer_that_stops_asking_stops_the_decoding_and_gets_a_fresh_frame_
     assert stats.dropped_stale == stats.frames_captured - (len(taken) + 1) - pending
 
 
-@pytest.mark.parametrize(("split", "decode_all", "says"), [
-    (True, False, "decoding only the frames the model may take"),
-    (True, True, "decoding every frame"),
-    (False, False, "decoding every frame"),
-])
-def test_the_first_frame_logs_how_frames_are_decoded(started: Starter, caplog: pytest.LogCaptureFixture,
-                                                     split: bool, decode_all: bool, says: str) -> None:
+@pytest.mark.parametrize(
+    ("split", "decode_all", "says"),
+    [
+        (True, False, "decoding only the frames the model may take"),
+        (True, True, "decoding every frame"),
+        (False, False, "decoding every frame"),
+    ],
+)
+def test_the_first_frame_logs_how_frames_are_decoded(
+    started: Starter, caplog: pytest.LogCaptureFixture, split: bool, decode_all: bool, says: str
+) -> None:
     caplog.set_level(logging.INFO, logger="edged.capture")
     camera, split_source = split_camera(fps=100.0)
     capture = started(Capture(split_source if split else camera.source, "cam0", decode_all=decode_all))
@@ -291,8 +304,9 @@ def test_take_times_out_when_no_frame_arrives(started: Starter) -> None:
     ("priority", "added", "policy"),
     [("normal", 0, os.SCHED_OTHER), ("low", LOW_NICENESS, os.SCHED_OTHER), ("idle", 0, os.SCHED_IDLE)],
 )
-def test_capture_thread_alone_runs_at_its_priority(started: Starter, priority: CapturePriority, added: int,
-                                                   policy: int) -> None:
+def test_capture_thread_alone_runs_at_its_priority(
+    started: Starter, priority: CapturePriority, added: int, policy: int
+) -> None:
     # Read back from the kernel: the capture thread's nice value or policy changes, the caller's does not.
     me = threading.get_native_id()
     base = os.getpriority(os.PRIO_PROCESS, me)
@@ -308,8 +322,10 @@ def test_capture_thread_alone_runs_at_its_priority(started: Starter, priority: C
 
 # ---- lost cameras ----------------------------------------------------------------------------------
 
+
 def test_camera_lost_mid_stream_reconnects_with_backoff_and_ids_continue(
-        started: Starter, caplog: pytest.LogCaptureFixture) -> None:
+    started: Starter, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="edged.capture")
     camera = FakeCamera(fps=100.0, fail_at=5, failed_opens=2)
     capture = started(Capture(camera.source, "cam7", backoff_initial_s=0.05, backoff_max_s=0.15))
@@ -334,8 +350,7 @@ def test_camera_lost_mid_stream_reconnects_with_backoff_and_ids_continue(
     assert all(getattr(r, "CAMERA", None) == "cam7" for r in caplog.records)
 
 
-def test_camera_that_never_comes_back_keeps_retrying_quietly(
-        started: Starter, caplog: pytest.LogCaptureFixture) -> None:
+def test_camera_that_never_comes_back_keeps_retrying_quietly(started: Starter, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="edged.capture")
     camera = FakeCamera(never_back=True)
     capture = started(Capture(camera.source, "cam0", backoff_initial_s=0.01, backoff_max_s=0.02))
@@ -382,6 +397,7 @@ def test_heartbeat_moves_while_a_slow_source_is_paced(started: Starter) -> None:
 
 
 # ---- sizes and endings ----------------------------------------------------------------------------
+
 
 def test_size_change_mid_stream_reallocates_slots_and_keeps_the_held_frame(started: Starter) -> None:
     camera = FakeCamera(fps=100.0, resize_at=6)

@@ -14,8 +14,11 @@ from edged.messages import schema_text
 
 
 def _config(tmp: Path, model: dict | None = None, **sections: dict) -> Path:
-    doc = {"model": model or {"path": "probe.onnx"}, "publish": {"endpoints": ["tcp://127.0.0.1:0"]},
-           "thermal": {"enabled": False}}
+    doc = {
+        "model": model or {"path": "probe.onnx"},
+        "publish": {"endpoints": ["tcp://127.0.0.1:0"]},
+        "thermal": {"enabled": False},
+    }
     doc.update(sections)
     return write_config(tmp / "edged.toml", doc)
 
@@ -47,8 +50,10 @@ def test_check_warns_about_more_threads_than_the_process_has_cpus(tmp: Path) -> 
 
 def test_check_warns_about_a_provider_this_build_lacks(tmp: Path) -> None:
     path = _config(tmp)
-    path.write_text(path.read_text() + '\n[[runtime.providers]]\nname = "TensorrtExecutionProvider"\n'
-                    '[[runtime.providers]]\nname = "CPUExecutionProvider"\n')
+    path.write_text(
+        path.read_text() + '\n[[runtime.providers]]\nname = "TensorrtExecutionProvider"\n'
+        '[[runtime.providers]]\nname = "CPUExecutionProvider"\n'
+    )
     result = run_cli("check", "--config", str(path))
     assert result.returncode == 0, result.stderr
     assert "TensorrtExecutionProvider is not in this onnxruntime build" in result.stdout
@@ -72,8 +77,10 @@ def _model(tmp: Path, name: str, **kwargs: object) -> str:
     ("setup", "message"),
     [
         # unknown config key, with its path and a hint
-        (lambda t: _config(t, {"path": "probe.onnx", "confidence": 0.5}),
-         "model.confidence: Extra inputs are not permitted (unknown key"),
+        (
+            lambda t: _config(t, {"path": "probe.onnx", "confidence": 0.5}),
+            "model.confidence: Extra inputs are not permitted (unknown key",
+        ),
         # out-of-range value
         (lambda t: _config(t, {"path": "probe.onnx", "iou": 1.5}), "model.iou: Input should be less than or equal to 1"),
         # wrong type
@@ -81,15 +88,19 @@ def _model(tmp: Path, name: str, **kwargs: object) -> str:
         # missing model file
         (lambda t: _config(t, {"path": "nowhere.onnx"}), "model file"),
         # corrupt model file
-        (lambda t: (t / "bad.onnx").write_bytes(b"\x08\x07garbage") and _config(t, {"path": "bad.onnx"}),
-         "onnxruntime cannot load"),
+        (
+            lambda t: (t / "bad.onnx").write_bytes(b"\x08\x07garbage") and _config(t, {"path": "bad.onnx"}),
+            "onnxruntime cannot load",
+        ),
         # a fixed batch of 4
         (lambda t: _config(t, {"path": _model(t, "b4.onnx", batch=4)}), "fixed batch of 4"),
         # declared layout contradicts the model
         (lambda t: _config(t, {"path": "probe.onnx", "layout": "nhwc"}), "config model.layout says NHWC"),
         # RGB/BGR contradiction between config and model metadata
-        (lambda t: _config(t, {"path": _model(t, "bgr.onnx", metadata={"color_order": "bgr"}),
-                               "channel_order": "rgb"}), "color_order = 'bgr'"),
+        (
+            lambda t: _config(t, {"path": _model(t, "bgr.onnx", metadata={"color_order": "bgr"}), "channel_order": "rgb"}),
+            "color_order = 'bgr'",
+        ),
         # head declared wrongly
         (lambda t: _config(t, {"path": "probe.onnx", "head": "yolov5"}), "model.head = 'yolov5'"),
         # not TOML at all

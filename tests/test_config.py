@@ -77,8 +77,10 @@ def test_example_config_is_valid_as_shipped(tmp_path: Path, monkeypatch: pytest.
             if section == "runtime" and key == "providers":
                 assert [p.name for p in actual] == [p["name"] for p in value]
                 continue
-            assert actual == (type(actual)(value) if isinstance(actual, tuple) else value) or (
-                str(actual) == str(value)), (section, key)
+            assert actual == (type(actual)(value) if isinstance(actual, tuple) else value) or (str(actual) == str(value)), (
+                section,
+                key,
+            )
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -94,8 +96,7 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path, monkeypa
     assert load_config(path).model.path == tmp_path / "m.onnx"
 
 
-def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _write(tmp_path, '[model]\npath = "m.onnx"\nconf = 0.3\n[source]\ntype = "synthetic"\nfps = 3\n')
     monkeypatch.setenv("EDGED_MODEL__CONF", "0.6")
     monkeypatch.setenv("EDGED_SOURCE__FPS", "12")
@@ -113,8 +114,10 @@ def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path,
         ('[model]\npath = "m.onnx"\n[source]\ntype = "file"\npath = "gone.mp4"\n', "source.path: video file"),
         ('[model]\npath = "m.onnx"\nstd = [1, 0, 1]\n', "model.std: Value error, std values must be non-zero"),
         ('[model]\npath = "m.onnx"\n[publish]\nendpoints = ["udp://x:1"]\n', "must start with tcp:// or ipc://"),
-        ('[model]\npath = "m.onnx"\n[source]\ntype = "synthetic"\ncamera_id = "a b"\n',
-         "source.camera_id: String should match"),
+        (
+            '[model]\npath = "m.onnx"\n[source]\ntype = "synthetic"\ncamera_id = "a b"\n',
+            "source.camera_id: String should match",
+        ),
         ('[model]\npath = "m.onnx"\n[source]\nfps = 3\n', "set source.type to one of"),
         ("[source]\n", "model: Field required"),
         ('[model]\npath = "m.onnx"\nlabels = "nope.txt"\n', "model.labels: labels file"),

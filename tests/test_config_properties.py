@@ -44,15 +44,25 @@ SECTIONS: dict[str, tuple[type[BaseModel], ...]] = {
     "thermal": (ThermalConfig,),
     "service": (ServiceConfig,),
 }
-KEYS = sorted({(section, key) for section, models in SECTIONS.items()
-               for m in models for key in m.model_fields})
-PATH_KEYS = sorted({(section, key) for section, models in SECTIONS.items() for m in models
-                    for key, field in m.model_fields.items() if "Path" in str(field.annotation)})
-REQUIRED: dict[type[BaseModel], dict[str, str]] = {ModelConfig: {"path": "m"}, FileSource: {"path": "v"},
-                                                   ImagesSource: {"path": "i"}}
+KEYS = sorted({(section, key) for section, models in SECTIONS.items() for m in models for key in m.model_fields})
+PATH_KEYS = sorted(
+    {
+        (section, key)
+        for section, models in SECTIONS.items()
+        for m in models
+        for key, field in m.model_fields.items()
+        if "Path" in str(field.annotation)
+    }
+)
+REQUIRED: dict[type[BaseModel], dict[str, str]] = {
+    ModelConfig: {"path": "m"},
+    FileSource: {"path": "v"},
+    ImagesSource: {"path": "i"},
+}
 DEFAULTS = {  # every key's default as TOML would give it: valid values, so valid configs come up too
     (section, key): value
-    for section, models in SECTIONS.items() for m in models
+    for section, models in SECTIONS.items()
+    for m in models
     for key, value in json.loads(m.model_validate(REQUIRED.get(m, {})).model_dump_json()).items()
     if value is not None and (section != "source" or key in ("type", "camera_id"))
 }
@@ -64,31 +74,73 @@ class Raw(str):
     """A TOML fragment written as is (what a serialiser would never produce, a person might)."""
 
 
-HOSTILE_TEXT = st.sampled_from([
-    "", " ", "\x00", "a" * 5000, "../../etc/passwd", "/dev/null", "/", "~", "%s%n", "{}", "[", "null",
-    "nan", "-inf", "1e999", "0x10", "tcp://", "ipc://", "tcp://0.0.0.0:5556", "ipc:///" + "d/" * 80 + "s",
-    "CPUExecutionProvider", "synthetic", "v4l2", "auto", "ü\u202e\ufeff", "\U0001f600",
-])
-SCALARS = st.one_of(
-    st.text(max_size=20), HOSTILE_TEXT, st.booleans(),
-    st.integers(), st.integers(min_value=-(10**30), max_value=10**30),
-    st.sampled_from([2**63, -(2**63) - 1, 10**400]),
-    st.floats(), st.sampled_from([math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e308]),
-    st.dates(), st.datetimes(timezones=st.just(dt.timezone.utc)),
+HOSTILE_TEXT = st.sampled_from(
+    [
+        "",
+        " ",
+        "\x00",
+        "a" * 5000,
+        "../../etc/passwd",
+        "/dev/null",
+        "/",
+        "~",
+        "%s%n",
+        "{}",
+        "[",
+        "null",
+        "nan",
+        "-inf",
+        "1e999",
+        "0x10",
+        "tcp://",
+        "ipc://",
+        "tcp://0.0.0.0:5556",
+        "ipc:///" + "d/" * 80 + "s",
+        "CPUExecutionProvider",
+        "synthetic",
+        "v4l2",
+        "auto",
+        "ü\u202e\ufeff",
+        "\U0001f600",
+    ]
 )
-HOSTILE_PATHS = st.sampled_from([
-    "a" * 5000, "x/" * 2100, "\x00", "", ".", "/", "/dev/null", "/proc/self/status", "~/x", "relative/dir",
-])
-RAW = st.sampled_from([Raw("9" * 5000), Raw("1e99999"), Raw("0x7fffffffffffffff"), Raw("-nan"),
-                       Raw("1979-05-27")])
-NAMES = st.one_of(st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,12}", fullmatch=True),
-                  st.sampled_from(["ü", "a b", "1", "-", "type", "path", "name", "options"]))
+SCALARS = st.one_of(
+    st.text(max_size=20),
+    HOSTILE_TEXT,
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.sampled_from([2**63, -(2**63) - 1, 10**400]),
+    st.floats(),
+    st.sampled_from([math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e308]),
+    st.dates(),
+    st.datetimes(timezones=st.just(dt.timezone.utc)),
+)
+HOSTILE_PATHS = st.sampled_from(
+    [
+        "a" * 5000,
+        "x/" * 2100,
+        "\x00",
+        "",
+        ".",
+        "/",
+        "/dev/null",
+        "/proc/self/status",
+        "~/x",
+        "relative/dir",
+    ]
+)
+RAW = st.sampled_from([Raw("9" * 5000), Raw("1e99999"), Raw("0x7fffffffffffffff"), Raw("-nan"), Raw("1979-05-27")])
+NAMES = st.one_of(
+    st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,12}", fullmatch=True),
+    st.sampled_from(["ü", "a b", "1", "-", "type", "path", "name", "options"]),
+)
 
 
 def _nested(scalars: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.recursive(
-        scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(NAMES, inner, max_size=4),
-        max_leaves=12)
+        scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(NAMES, inner, max_size=4), max_leaves=12
+    )
 
 
 VALUES = _nested(SCALARS)  # always valid TOML
@@ -191,8 +243,7 @@ def _check_problems(error: ConfigError, doc: dict[str, Any]) -> None:
 
 @PROPERTY
 @given(data=st.data())
-def test_any_toml_file_gives_settings_or_config_errors_with_key_paths(workdir: Path,
-                                                                       data: st.DataObject) -> None:
+def test_any_toml_file_gives_settings_or_config_errors_with_key_paths(workdir: Path, data: st.DataObject) -> None:
     doc = data.draw(documents(str(workdir / "model.onnx")))
     text = toml_document(doc)
     try:
@@ -217,16 +268,19 @@ def _write(workdir: Path, text: str) -> Path:
     return path
 
 
-PYTHON_VALUES = _nested(SCALARS | st.none() | st.binary(max_size=8)
-                        | st.tuples(st.floats(), st.floats(), st.floats()))
+PYTHON_VALUES = _nested(SCALARS | st.none() | st.binary(max_size=8) | st.tuples(st.floats(), st.floats(), st.floats()))
 
 
 @PROPERTY
-@given(section=st.sampled_from(list(SECTIONS)), values=st.dictionaries(NAMES, PYTHON_VALUES, max_size=4),
-       replace=PYTHON_VALUES, whole=st.booleans())
-def test_settings_from_python_values_validate_or_name_the_key(workdir: Path, section: str,
-                                                              values: dict[str, Any], replace: Any,
-                                                              whole: bool) -> None:
+@given(
+    section=st.sampled_from(list(SECTIONS)),
+    values=st.dictionaries(NAMES, PYTHON_VALUES, max_size=4),
+    replace=PYTHON_VALUES,
+    whole=st.booleans(),
+)
+def test_settings_from_python_values_validate_or_name_the_key(
+    workdir: Path, section: str, values: dict[str, Any], replace: Any, whole: bool
+) -> None:
     data: dict[str, Any] = {"model": {"path": str(workdir / "model.onnx")}}
     data[section] = replace if whole else {**data.get(section, {}), **values}
     try:
@@ -259,21 +313,41 @@ def test_an_unknown_key_at_any_level_is_named(workdir: Path, where: str, name: s
     text = _with_unknown(where, f"{_string(name)} = {toml(value)}\n", str(workdir / "model.onnx"))
     with pytest.raises(ConfigError) as raised:
         load_config(_write(workdir, text))
-    assert any(line.startswith(f"{where}{name}: Extra inputs are not permitted (unknown key")
-               for line in raised.value.problems), raised.value.problems
+    assert any(
+        line.startswith(f"{where}{name}: Extra inputs are not permitted (unknown key") for line in raised.value.problems
+    ), raised.value.problems
 
 
-ENV_VALUES = st.one_of(st.text(max_size=20), HOSTILE_TEXT, st.sampled_from([
-    "[", "]", "{", '{"a": 1}', "[1, 2]", '["tcp://127.0.0.1:1"]', "true", "1e999", "-1", "0", "null", '""',
-    '[{"name": "CPUExecutionProvider"}]', '{"type": "v4l2"}'])).filter(lambda v: "\x00" not in v)
+ENV_VALUES = st.one_of(
+    st.text(max_size=20),
+    HOSTILE_TEXT,
+    st.sampled_from(
+        [
+            "[",
+            "]",
+            "{",
+            '{"a": 1}',
+            "[1, 2]",
+            '["tcp://127.0.0.1:1"]',
+            "true",
+            "1e999",
+            "-1",
+            "0",
+            "null",
+            '""',
+            '[{"name": "CPUExecutionProvider"}]',
+            '{"type": "v4l2"}',
+        ]
+    ),
+).filter(lambda v: "\x00" not in v)
 
 
 @PROPERTY
 @given(key=st.sampled_from(KEYS), whole_section=st.booleans(), value=ENV_VALUES)
-def test_environment_overrides_give_settings_or_config_errors(workdir: Path, key: tuple[str, str],
-                                                              whole_section: bool, value: str) -> None:
-    config = _write(workdir, toml_document({"model": {"path": str(workdir / "model.onnx")},
-                                            "thermal": {"enabled": False}}))
+def test_environment_overrides_give_settings_or_config_errors(
+    workdir: Path, key: tuple[str, str], whole_section: bool, value: str
+) -> None:
+    config = _write(workdir, toml_document({"model": {"path": str(workdir / "model.onnx")}, "thermal": {"enabled": False}}))
     name = f"EDGED_{key[0].upper()}" if whole_section else f"EDGED_{key[0].upper()}__{key[1].upper()}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(name, value)

@@ -70,8 +70,7 @@ def test_an_unrestricted_process_keeps_onnxruntimes_default(smt: Path) -> None:
 
 
 @pytest.mark.parametrize(("cpus", "threads"), [({0, 1, 2}, 2), ({1, 3}, 1), ({0}, 1)])
-def test_a_restricted_process_gets_one_thread_per_physical_core_of_its_cpus(
-        smt: Path, cpus: set[int], threads: int) -> None:
+def test_a_restricted_process_gets_one_thread_per_physical_core_of_its_cpus(smt: Path, cpus: set[int], threads: int) -> None:
     plan = plan_threads(0, frozenset(cpus), smt)
     assert plan.intra_op_threads == threads and plan.warning is None
     assert f"({format_cpus(cpus)} of 0-3)" in plan.summary
@@ -125,8 +124,9 @@ CHILD = textwrap.dedent("""
 
 def run_child(model: Path, confine: str) -> tuple[dict[str, object], str]:
     """The child confines itself (a CPU number for its affinity, or a cgroup to join), then runs."""
-    done = subprocess.run([sys.executable, "-c", CHILD, str(model), confine], capture_output=True, text=True,
-                          timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(model), confine], capture_output=True, text=True, timeout=60, check=True
+    )
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
@@ -174,8 +174,7 @@ def one_cpu_cpuset() -> Iterator[tuple[Path, int]]:
     pytest.skip("cannot create a cpuset cgroup here (needs root and a cpuset controller)")
 
 
-def test_inside_a_cpuset_onnxruntime_pins_nothing_and_says_nothing(
-        tmp_path: Path, one_cpu_cpuset: tuple[Path, int]) -> None:
+def test_inside_a_cpuset_onnxruntime_pins_nothing_and_says_nothing(tmp_path: Path, one_cpu_cpuset: tuple[Path, int]) -> None:
     group, cpu = one_cpu_cpuset
     result, stderr = run_child(colour_probe(tmp_path / "probe.onnx"), str(group))
     assert result["threads"] == 1

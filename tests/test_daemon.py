@@ -223,8 +223,7 @@ def test_scores_above_one_are_dropped_counted_and_explained_not_a_crash(workdir:
 def test_inference_errors_skip_the_frame_are_counted_and_logged_once(workdir: Path) -> None:
     failing_probe(workdir / "failing.onnx")
     _image_folder(workdir / "imgs", [(128, 128)] * 2, [(0, 0, 0), (255, 255, 255)])  # dark runs, bright fails
-    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 20.0},
-                            model={"path": "failing.onnx"})
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 20.0}, model={"path": "failing.onnx"})
     d = RunningDaemon(path, endpoint)
     try:
         d.wait_status(lambda s: s.drops.get("inference_error", 0) >= 5)
@@ -240,12 +239,13 @@ def test_inference_errors_skip_the_frame_are_counted_and_logged_once(workdir: Pa
 def test_inference_that_always_fails_falls_back_down_the_providers_then_exits(workdir: Path) -> None:
     failing_probe(workdir / "failing.onnx")
     _image_folder(workdir / "imgs", [(128, 128)], [(255, 255, 255)])
-    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 50.0},
-                            model={"path": "failing.onnx"})
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 50.0}, model={"path": "failing.onnx"})
     # onnxruntime's Azure provider is in every build and takes no nodes: the failures are the
     # CPU kernels', so the fallback to the next provider happens and then fails the same way.
-    path.write_text(path.read_text() + '\n[[runtime.providers]]\nname = "AzureExecutionProvider"\n'
-                    '[[runtime.providers]]\nname = "CPUExecutionProvider"\n')
+    path.write_text(
+        path.read_text() + '\n[[runtime.providers]]\nname = "AzureExecutionProvider"\n'
+        '[[runtime.providers]]\nname = "CPUExecutionProvider"\n'
+    )
     d = RunningDaemon(path, endpoint)
     try:
         assert d.proc.wait(30) == 1
@@ -327,8 +327,7 @@ def test_subscribers_that_stall_or_come_and_go_by_the_hundred_do_not_slow_or_gro
 
 def test_edged_subscribe_prints_what_arrives(daemon: RunningDaemon) -> None:
     daemon.collect("detections", 1)
-    result = run_cli("subscribe", daemon.endpoint, "--topic", "edged/detections/", "--count", "3",
-                     "--timeout", "20")
+    result = run_cli("subscribe", daemon.endpoint, "--topic", "edged/detections/", "--count", "3", "--timeout", "20")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 3

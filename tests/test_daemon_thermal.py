@@ -38,12 +38,15 @@ def test_heating_lowers_the_published_rate_pauses_then_recovers(tmp_path: Path) 
     colour_probe(tmp_path / "probe.onnx")
     write_video(tmp_path / "clip.avi", [(0, 0, 255)] * 40, fps=FPS)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(tmp_path / "edged.toml", {
-        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
-        "model": {"path": "probe.onnx"},
-        "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
-        "thermal": {"root": str(root), "poll_interval_s": 0.2, "use_vcgencmd": False},
-    })
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+            "model": {"path": "probe.onnx"},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
+            "thermal": {"root": str(root), "poll_interval_s": 0.2, "use_vcgencmd": False},
+        },
+    )
     d = RunningDaemon(config, endpoint)
     try:
         ok = _wait_state(d, "ok")

@@ -76,15 +76,11 @@ def end2end_tensor(candidates: Sequence[Candidate], n: int = N) -> np.ndarray:
 ENCODERS = {"yolov8": yolov8_tensor, "yolov5": yolov5_tensor, "end2end": end2end_tensor}
 
 
-def decode(
-    head: HeadFormat, output: np.ndarray, box_map: BoxMap = LETTERBOX, **kwargs: Any
-) -> Detections:
+def decode(head: HeadFormat, output: np.ndarray, box_map: BoxMap = LETTERBOX, **kwargs: Any) -> Detections:
     return Decoder(head, output.shape, NC, **kwargs).decode(output, box_map)
 
 
-def assert_detections(
-    det: Detections, xyxy: list[list[float]], scores: list[float], classes: list[int]
-) -> None:
+def assert_detections(det: Detections, xyxy: list[list[float]], scores: list[float], classes: list[int]) -> None:
     np.testing.assert_allclose(det.xyxy, np.reshape(xyxy, (-1, 4)), rtol=1e-6)
     np.testing.assert_allclose(det.scores, scores, rtol=1e-6)
     assert det.class_ids.tolist() == classes
@@ -176,8 +172,7 @@ FAR = (400.0, 400.0, 410.0, 410.0)
         # Output is ordered by score whatever the candidate order.
         ("yolov8", [(*FAR, 0.3, 2), (*A, 0.9, 0), (*B, 0.5, 1)], {}, [0.9, 0.5, 0.3], [0, 1, 2]),
         # max_det keeps the best two after NMS.
-        ("yolov8", [(*FAR, 0.3, 2), (*A, 0.9, 0), (*B, 0.5, 1)], {"max_det": 2}, [0.9, 0.5],
-         [0, 1]),
+        ("yolov8", [(*FAR, 0.3, 2), (*A, 0.9, 0), (*B, 0.5, 1)], {"max_det": 2}, [0.9, 0.5], [0, 1]),
         # A higher conf drops the weaker candidates before NMS.
         ("yolov8", [(*FAR, 0.3, 2), (*A, 0.9, 0), (*B, 0.5, 1)], {"conf": 0.6}, [0.9], [0]),
     ],
@@ -384,9 +379,7 @@ NMS_ARGS = {"args": "{'batch': 1, 'half': False, 'nms': True}"}
         ([[1, 84, 8400]], {**NAMES_80, "task": "detect"}, ("yolov8", 80)),
     ],
 )
-def test_detect_head(
-    shapes: list[list[int | str | None]], metadata: Mapping[str, str], expected: tuple[str, int]
-) -> None:
+def test_detect_head(shapes: list[list[int | str | None]], metadata: Mapping[str, str], expected: tuple[str, int]) -> None:
     assert detect_head(shapes, metadata) == expected
 
 
@@ -420,9 +413,7 @@ def test_detect_head(
         ([[1, 56, 8400]], {**NAMES_1, "task": "pose"}, ["pose", "[1, 56, 8400]"]),
     ],
 )
-def test_detect_head_errors(
-    shapes: list[list[int | str | None]], metadata: Mapping[str, str], fragments: list[str]
-) -> None:
+def test_detect_head_errors(shapes: list[list[int | str | None]], metadata: Mapping[str, str], fragments: list[str]) -> None:
     with pytest.raises(HeadError) as info:
         detect_head(shapes, metadata)
     for fragment in fragments:
@@ -514,8 +505,7 @@ def test_hostile_tensors_yield_sane_detections(
             rows = output[0]
             rows[:, [0, 2]] = np.sort(rows[:, [0, 2]], axis=1)
             rows[:, [1, 3]] = np.sort(rows[:, [1, 3]], axis=1)
-    decoder = Decoder(head, SHAPES[head], NC, conf=conf, iou=iou, max_det=max_det,
-                      agnostic=agnostic)
+    decoder = Decoder(head, SHAPES[head], NC, conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)
     det = decoder.decode(output, box_map)
 
     n = len(det)

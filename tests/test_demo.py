@@ -46,12 +46,15 @@ def test_demo_config_is_valid_and_checks() -> None:
 def test_demo_model_finds_the_generated_defects_on_most_frames(tmp_path: Path) -> None:
     shutil.copy(MODEL, tmp_path / "demo.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(tmp_path / "edged.toml", {
-        "source": {"type": "synthetic", "width": 1280, "height": 720, "fps": 8.0, "seed": SEED},
-        "model": {"path": "demo.onnx"},
-        "publish": {"endpoints": [endpoint]},
-        "thermal": {"enabled": False},
-    })
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "synthetic", "width": 1280, "height": 720, "fps": 8.0, "seed": SEED},
+            "model": {"path": "demo.onnx"},
+            "publish": {"endpoints": [endpoint]},
+            "thermal": {"enabled": False},
+        },
+    )
     d = RunningDaemon(config, endpoint)
     try:
         messages = [m for m in d.collect("detections", 20, timeout=60) if isinstance(m, DetectionsMessage)]

@@ -56,8 +56,9 @@ def test_dynamic_batch_is_pinned_to_one(tmp_path: Path) -> None:
 
 
 def test_missing_provider_falls_back_with_a_warning(probe: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cfg = RuntimeConfig(providers=[ProviderConfig(name="NoSuchExecutionProvider"),
-                                   ProviderConfig(name="CPUExecutionProvider")])
+    cfg = RuntimeConfig(
+        providers=[ProviderConfig(name="NoSuchExecutionProvider"), ProviderConfig(name="CPUExecutionProvider")]
+    )
     with caplog.at_level(logging.WARNING):
         engine = Engine(probe, cfg)
     assert engine.provider == "CPUExecutionProvider"
@@ -65,8 +66,9 @@ def test_missing_provider_falls_back_with_a_warning(probe: Path, caplog: pytest.
 
 
 def test_cpu_always_ends_the_provider_list() -> None:
-    chosen, warnings = resolve_providers([ProviderConfig(name="CUDAExecutionProvider", options={"device_id": 0})],
-                                         ["CPUExecutionProvider"])
+    chosen, warnings = resolve_providers(
+        [ProviderConfig(name="CUDAExecutionProvider", options={"device_id": 0})], ["CPUExecutionProvider"]
+    )
     assert chosen == [("CPUExecutionProvider", {})]
     assert len(warnings) == 1 and "CUDAExecutionProvider" in warnings[0]
 
@@ -99,8 +101,7 @@ def test_truncated_model_is_a_model_error(tmp_path: Path, probe: Path) -> None:
         Engine(truncated, RuntimeConfig())
 
 
-def test_optimised_model_cache_is_written_then_used(probe: Path, tmp_path: Path,
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_optimised_model_cache_is_written_then_used(probe: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cache = tmp_path / "cache" / "probe.opt.onnx"
     cache.parent.mkdir()
     cfg = RuntimeConfig(optimized_model_path=cache)

@@ -34,10 +34,15 @@ def model(tmp_path: Path) -> Path:
 
 
 def test_perfect_labels_score_one(tmp_path: Path, model: Path) -> None:
-    data = _dataset(tmp_path / "data", {
-        "r1": (RED, f"0 {PROBE_LABEL}"), "r2": (RED, f"0 {PROBE_LABEL}"),
-        "b1": (BLUE, f"1 {PROBE_LABEL}"), "b2": (BLUE, f"1 {PROBE_LABEL}"),
-    })
+    data = _dataset(
+        tmp_path / "data",
+        {
+            "r1": (RED, f"0 {PROBE_LABEL}"),
+            "r2": (RED, f"0 {PROBE_LABEL}"),
+            "b1": (BLUE, f"1 {PROBE_LABEL}"),
+            "b2": (BLUE, f"1 {PROBE_LABEL}"),
+        },
+    )
     report_file = tmp_path / "report.json"
     result = run_cli("eval", "--model", str(model), "--data", str(data), "--json", str(report_file))
     assert result.returncode == 0, result.stderr
@@ -52,9 +57,14 @@ def test_perfect_labels_score_one(tmp_path: Path, model: Path) -> None:
 
 def test_a_missed_object_and_a_background_image(tmp_path: Path, model: Path) -> None:
     # r2's label is in the wrong place (a miss plus a false positive); bg has no label file.
-    data = _dataset(tmp_path / "data", {
-        "r1": (RED, f"0 {PROBE_LABEL}"), "r2": (RED, "0 0.1 0.1 0.1 0.1"), "bg": (BLUE, None),
-    })
+    data = _dataset(
+        tmp_path / "data",
+        {
+            "r1": (RED, f"0 {PROBE_LABEL}"),
+            "r2": (RED, "0 0.1 0.1 0.1 0.1"),
+            "bg": (BLUE, None),
+        },
+    )
     report_file = tmp_path / "report.json"
     result = run_cli("eval", "--model", str(model), "--data", str(data), "--json", str(report_file))
     assert result.returncode == 0, result.stderr

@@ -28,15 +28,30 @@ FUZZ = settings(max_examples=200, deadline=None)
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 VALID = [
     DetectionsMessage(
-        camera_id="cam0", seq=7, frame_id=9, capture_time_ns=1_700_000_000_000_000_000, frame_size=(128, 96),
-        input_size=(64, 64), model=MODEL, thermal_state="ok",
+        camera_id="cam0",
+        seq=7,
+        frame_id=9,
+        capture_time_ns=1_700_000_000_000_000_000,
+        frame_size=(128, 96),
+        input_size=(64, 64),
+        model=MODEL,
+        thermal_state="ok",
         detections=[Detection(class_id=1, label="blue", score=0.86, box=(48.0, 20.0, 80.0, 44.0))],
         timings=Timings(preprocess_ms=0.4, inference_ms=1.2, decode_ms=0.1, age_ms=3.5),
     ),
     StatusMessage(
-        camera_id="cam0", seq=3, time_ns=1, uptime_s=2.5, fps=14.9, frames_processed=40, source_state="ok",
-        drops={"stale": 2}, latency={"inference": StageLatency(p50_ms=1.0, p99_ms=2.0)}, rate_cap_fps=None,
-        thermal={"state": "ok", "zones": {"cpu": 51.2}}, model=MODEL,
+        camera_id="cam0",
+        seq=3,
+        time_ns=1,
+        uptime_s=2.5,
+        fps=14.9,
+        frames_processed=40,
+        source_state="ok",
+        drops={"stale": 2},
+        latency={"inference": StageLatency(p50_ms=1.0, p99_ms=2.0)},
+        rate_cap_fps=None,
+        thermal={"state": "ok", "zones": {"cpu": 51.2}},
+        model=MODEL,
     ),
 ]
 
@@ -81,8 +96,7 @@ def test_valid_json_of_any_shape(value: Any) -> None:
 
 @FUZZ
 @given(msg=st.sampled_from(VALID), version=JSON, kind=JSON)
-def test_wrong_schema_versions_and_kinds(msg: DetectionsMessage | StatusMessage, version: Any,
-                                        kind: Any) -> None:
+def test_wrong_schema_versions_and_kinds(msg: DetectionsMessage | StatusMessage, version: Any, kind: Any) -> None:
     data = msg.model_dump(mode="json") | {"schema_version": version, "kind": kind}
     result = outcome(_dumps(data))
     if isinstance(result, MessageError):
@@ -107,10 +121,15 @@ def _parent(data: Any, path: tuple[Any, ...]) -> Any:
 
 
 @FUZZ
-@given(msg=st.sampled_from(VALID), data=st.data(),
-       mutation=st.sampled_from(["drop", "rename", "retype", "duplicate"]), replacement=JSON)
-def test_mutations_of_a_valid_message(msg: DetectionsMessage | StatusMessage, data: st.DataObject,
-                                      mutation: str, replacement: Any) -> None:
+@given(
+    msg=st.sampled_from(VALID),
+    data=st.data(),
+    mutation=st.sampled_from(["drop", "rename", "retype", "duplicate"]),
+    replacement=JSON,
+)
+def test_mutations_of_a_valid_message(
+    msg: DetectionsMessage | StatusMessage, data: st.DataObject, mutation: str, replacement: Any
+) -> None:
     doc = msg.model_dump(mode="json")
     path = data.draw(st.sampled_from(_paths(doc)))
     parent, key = _parent(doc, path), path[-1]
@@ -128,10 +147,13 @@ def test_mutations_of_a_valid_message(msg: DetectionsMessage | StatusMessage, da
 
 
 @FUZZ
-@given(msg=st.sampled_from(VALID), cut=st.integers(min_value=0, max_value=2000),
-       flip=st.integers(min_value=0, max_value=2000), byte=st.integers(0, 255))
-def test_truncated_and_corrupted_payloads(msg: DetectionsMessage | StatusMessage, cut: int, flip: int,
-                                         byte: int) -> None:
+@given(
+    msg=st.sampled_from(VALID),
+    cut=st.integers(min_value=0, max_value=2000),
+    flip=st.integers(min_value=0, max_value=2000),
+    byte=st.integers(0, 255),
+)
+def test_truncated_and_corrupted_payloads(msg: DetectionsMessage | StatusMessage, cut: int, flip: int, byte: int) -> None:
     payload = bytearray(msg.model_dump_json().encode())
     outcome(bytes(payload[:cut]))
     payload[flip % len(payload)] = byte

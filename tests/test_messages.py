@@ -21,14 +21,20 @@ SCHEMA_FILE = Path(__file__).parent.parent / "edged" / "messages.schema.json"
 
 
 def sample() -> DetectionsMessage:
-    return DetectionsMessage.model_validate({
-        "camera_id": "cam0", "seq": 3, "frame_id": 7, "capture_time_ns": 1_700_000_000_000_000_000,
-        "frame_size": [1280, 720], "input_size": [320, 320],
-        "model": {"name": "demo", "sha256": "ab" * 32, "provider": "CPUExecutionProvider"},
-        "detections": [{"class_id": 1, "label": "spot", "score": 0.9, "box": [1, 2, 30, 40]}],
-        "timings": {"preprocess_ms": 0.4, "inference_ms": 5.0, "decode_ms": 0.1, "age_ms": 7.0},
-        "thermal_state": "ok",
-    })
+    return DetectionsMessage.model_validate(
+        {
+            "camera_id": "cam0",
+            "seq": 3,
+            "frame_id": 7,
+            "capture_time_ns": 1_700_000_000_000_000_000,
+            "frame_size": [1280, 720],
+            "input_size": [320, 320],
+            "model": {"name": "demo", "sha256": "ab" * 32, "provider": "CPUExecutionProvider"},
+            "detections": [{"class_id": 1, "label": "spot", "score": 0.9, "box": [1, 2, 30, 40]}],
+            "timings": {"preprocess_ms": 0.4, "inference_ms": 5.0, "decode_ms": 0.1, "age_ms": 7.0},
+            "thermal_state": "ok",
+        }
+    )
 
 
 def test_committed_schema_is_current() -> None:
@@ -77,10 +83,20 @@ def test_wrong_field_types_are_rejected() -> None:
 
 
 def test_status_message_parses() -> None:
-    status = StatusMessage.model_validate({
-        "camera_id": "cam0", "seq": 0, "time_ns": 1, "uptime_s": 1.0, "fps": 10.0, "frames_processed": 10,
-        "source_state": "ok", "drops": {"stale": 2}, "latency": {"inference": {"p50_ms": 1, "p99_ms": 2}},
-        "rate_cap_fps": None, "thermal": None,
-        "model": {"name": "demo", "sha256": "00", "provider": "CPUExecutionProvider"},
-    })
+    status = StatusMessage.model_validate(
+        {
+            "camera_id": "cam0",
+            "seq": 0,
+            "time_ns": 1,
+            "uptime_s": 1.0,
+            "fps": 10.0,
+            "frames_processed": 10,
+            "source_state": "ok",
+            "drops": {"stale": 2},
+            "latency": {"inference": {"p50_ms": 1, "p99_ms": 2}},
+            "rate_cap_fps": None,
+            "thermal": None,
+            "model": {"name": "demo", "sha256": "00", "provider": "CPUExecutionProvider"},
+        }
+    )
     assert parse_message(status.model_dump_json().encode()) == status

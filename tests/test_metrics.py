@@ -15,8 +15,13 @@ B = [20.0, 0.0, 30.0, 10.0]
 def _acc(*images: tuple[list, list, list, list, list]) -> MetricAccumulator:
     acc = MetricAccumulator(NAMES)
     for pred, scores, pcls, gt, gcls in images:
-        acc.add(np.array(pred).reshape(-1, 4), np.array(scores), np.array(pcls, int),
-                np.array(gt).reshape(-1, 4), np.array(gcls, int))
+        acc.add(
+            np.array(pred).reshape(-1, 4),
+            np.array(scores),
+            np.array(pcls, int),
+            np.array(gt).reshape(-1, 4),
+            np.array(gcls, int),
+        )
     return acc
 
 

@@ -33,7 +33,12 @@ def _reference_nms(boxes: list[list[float]], scores: list[float], iou: float) ->
 
 
 def run_nms(
-    boxes: Any, scores: Any, iou: float | None, *, class_ids: Any = None, max_det: int | None = None,
+    boxes: Any,
+    scores: Any,
+    iou: float | None,
+    *,
+    class_ids: Any = None,
+    max_det: int | None = None,
     capacity: int = 64,
 ) -> list[int]:
     """Indices kept by a `GreedyNms` (agnostic unless ``class_ids`` is given) for these candidates."""
@@ -62,8 +67,7 @@ def run_nms(
         # ... and is suppressed just below it.
         ([[0, 0, 10, 10], [0, 0, 10, 5]], [0.9, 0.8], 0.49, None, [0]),
         # max_det keeps the two best of four disjoint boxes.
-        ([[0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5], [6, 6, 7, 7]], [0.1, 0.4, 0.3, 0.2], 0.45, 2,
-         [1, 2]),
+        ([[0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5], [6, 6, 7, 7]], [0.1, 0.4, 0.3, 0.2], 0.45, 2, [1, 2]),
         # Equal scores keep input order; of two identical boxes the first wins.
         ([[0, 0, 10, 10], [0, 0, 10, 10], [20, 20, 30, 30]], [0.5, 0.5, 0.5], 0.45, None, [0, 2]),
         # Chain A-B-C: B (IoU 1/3 with A) is suppressed by A, so C (IoU 0 with A) survives.
@@ -74,9 +78,7 @@ def run_nms(
         (np.empty((0, 4)), [], 0.45, None, []),
     ],
 )
-def test_nms_table(
-    boxes: Any, scores: list[float], iou: float, max_det: int | None, expected: list[int]
-) -> None:
+def test_nms_table(boxes: Any, scores: list[float], iou: float, max_det: int | None, expected: list[int]) -> None:
     assert run_nms(boxes, scores, iou, max_det=max_det) == expected
 
 
@@ -94,9 +96,7 @@ def test_nms_table(
         ([[100, 0, 110, 10], [0, 0, 10, 10], [0, 100, 10, 110]], [0, 1, 1], [0, 1, 2]),
     ],
 )
-def test_class_aware_table(
-    boxes: list[list[float]], class_ids: list[int], expected: list[int]
-) -> None:
+def test_class_aware_table(boxes: list[list[float]], class_ids: list[int], expected: list[int]) -> None:
     scores = np.linspace(0.9, 0.5, len(boxes))
     assert run_nms(boxes, scores, 0.45, class_ids=class_ids) == expected
 
@@ -133,9 +133,9 @@ def test_bad_settings_are_refused(iou: float, max_det: int) -> None:
         GreedyNms(4, iou, max_det=max_det)
 
 
-_box = st.tuples(
-    st.integers(0, 40), st.integers(0, 40), st.integers(1, 25), st.integers(1, 25)
-).map(lambda b: [float(b[0]), float(b[1]), float(b[0] + b[2]), float(b[1] + b[3])])
+_box = st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(1, 25), st.integers(1, 25)).map(
+    lambda b: [float(b[0]), float(b[1]), float(b[0] + b[2]), float(b[1] + b[3])]
+)
 # Thresholds and integer coordinates that are exact in binary, so the reference's division
 # and the implementation's multiplication agree even on IoU ties.
 _iou_threshold = st.sampled_from([0.25, 0.5, 0.75, 1.0])
@@ -147,9 +147,7 @@ _score = st.sampled_from([0.1, 0.3, 0.5, 0.9])
     candidates=st.lists(st.tuples(_box, _score, st.integers(0, 2)), max_size=30),
     iou=_iou_threshold,
 )
-def test_nms_matches_reference(
-    candidates: list[tuple[list[float], float, int]], iou: float
-) -> None:
+def test_nms_matches_reference(candidates: list[tuple[list[float], float, int]], iou: float) -> None:
     boxes = [c[0] for c in candidates]
     scores = [c[1] for c in candidates]
     assert run_nms(boxes, scores, iou) == _reference_nms(boxes, scores, iou)

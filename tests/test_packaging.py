@@ -41,8 +41,7 @@ DEBIAN_PYTHON = _debian_python()
 MISSING = [tool for tool in ("dpkg-deb", "dpkg-shlibdeps", "lintian") if shutil.which(tool) is None]
 needs_debian_tools = pytest.mark.skipif(
     bool(MISSING) or DEBIAN_PYTHON is None,
-    reason=f"needs Debian's python3 and {', '.join(MISSING) or 'dpkg-dev, lintian'} "
-           "(apt install python3 dpkg-dev lintian)",
+    reason=f"needs Debian's python3 and {', '.join(MISSING) or 'dpkg-dev, lintian'} (apt install python3 dpkg-dev lintian)",
 )
 
 
@@ -53,8 +52,7 @@ def _version() -> str:
 
 
 def _arch() -> str:
-    return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -67,8 +65,7 @@ def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if not (REPO / required).exists():
             pytest.fail(f"{required} is missing: the package cannot be built without it")
     out = tmp_path_factory.mktemp("deb")
-    env = dict(os.environ, DPKG_DEB_COMPRESSOR_TYPE="gzip", DPKG_DEB_COMPRESSOR_LEVEL="1",
-               PIP=f"{sys.executable} -m pip")
+    env = dict(os.environ, DPKG_DEB_COMPRESSOR_TYPE="gzip", DPKG_DEB_COMPRESSOR_LEVEL="1", PIP=f"{sys.executable} -m pip")
     proc = _run([str(BUILD_DEB), "--output-dir", str(out)], env=env, timeout=900)
     assert proc.returncode == 0, f"build-deb failed:\n{proc.stderr[-4000:]}"
     path = Path(proc.stdout.strip().splitlines()[-1])
@@ -101,6 +98,7 @@ def _field(deb: Path, name: str) -> str:
 
 # ---- build-deb itself --------------------------------------------------------------------------
 
+
 def test_missing_inputs_fail_the_build_with_their_names(tmp_path: Path) -> None:
     fake = tmp_path / "repo"
     (fake / "packaging").mkdir(parents=True)
@@ -117,6 +115,7 @@ def test_missing_inputs_fail_the_build_with_their_names(tmp_path: Path) -> None:
 
 
 # ---- the .deb ----------------------------------------------------------------------------------
+
 
 @needs_debian_tools
 def test_file_name_and_control_fields(deb: Path) -> None:
@@ -135,8 +134,7 @@ def test_file_name_and_control_fields(deb: Path) -> None:
 
 @needs_debian_tools
 def test_only_the_config_is_a_conffile(deb: Path) -> None:
-    assert _run(["dpkg-deb", "--info", str(deb), "conffiles"], check=True).stdout.split() == \
-        ["/etc/edged/edged.toml"]
+    assert _run(["dpkg-deb", "--info", str(deb), "conffiles"], check=True).stdout.split() == ["/etc/edged/edged.toml"]
 
 
 @needs_debian_tools
@@ -188,8 +186,12 @@ def test_venv_is_relocated_to_its_installed_path(unpacked: Path) -> None:
     assert cfg["home"] == "/usr/bin"
     assert os.readlink(venv / "bin" / DEBIAN_PYTHON) == f"/usr/bin/{DEBIAN_PYTHON}"
     assert (venv / "bin" / "edged").read_text().splitlines()[0] == f"#!{VENV}/bin/python"
-    for text_file in [venv / "pyvenv.cfg", venv / "bin" / "activate", *venv.glob("bin/*"),
-                      *venv.glob("lib/python*/site-packages/*.dist-info/RECORD")]:
+    for text_file in [
+        venv / "pyvenv.cfg",
+        venv / "bin" / "activate",
+        *venv.glob("bin/*"),
+        *venv.glob("lib/python*/site-packages/*.dist-info/RECORD"),
+    ]:
         if text_file.is_file() and not text_file.is_symlink():
             assert "edged-deb." not in text_file.read_text(errors="replace"), text_file
     # systemd-python comes from Debian's python3-systemd, not from the venv.
@@ -218,10 +220,10 @@ def test_lintian_reports_no_errors(deb: Path) -> None:
 
 # ---- installing it -----------------------------------------------------------------------------
 
+
 @needs_debian_tools
 @pytest.mark.skipif(os.geteuid() != 0, reason="dpkg --root must run as root to set file owners")
-@pytest.mark.skipif(shutil.which("systemd-sysusers") is None,
-                    reason="needs systemd-sysusers (apt install systemd)")
+@pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="needs systemd-sysusers (apt install systemd)")
 def test_dpkg_installs_configures_runs_and_purges(deb: Path, tmp_path: Path) -> None:
     root = tmp_path / "root"
     admin = root / "var" / "lib" / "dpkg"
@@ -230,8 +232,7 @@ def test_dpkg_installs_configures_runs_and_purges(deb: Path, tmp_path: Path) -> 
     (admin / "status").touch()
     (admin / "available").touch()
     (root / "etc").mkdir()
-    dpkg = ["dpkg", f"--root={root}", f"--log={root}/dpkg.log", "--force-script-chrootless",
-            "--force-depends"]
+    dpkg = ["dpkg", f"--root={root}", f"--log={root}/dpkg.log", "--force-script-chrootless", "--force-depends"]
 
     proc = _run([*dpkg, "--install", str(deb)], timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -241,8 +242,7 @@ def test_dpkg_installs_configures_runs_and_purges(deb: Path, tmp_path: Path) -> 
 
     # postinst: the user, its camera group, bytecode, the enabled (not started) unit.
     passwd = (root / "etc" / "passwd").read_text().splitlines()
-    assert [line.split(":")[5:] for line in passwd if line.startswith("edged:")] == \
-        [["/var/lib/edged", "/usr/sbin/nologin"]]
+    assert [line.split(":")[5:] for line in passwd if line.startswith("edged:")] == [["/var/lib/edged", "/usr/sbin/nologin"]]
     video = [line for line in (root / "etc" / "group").read_text().splitlines() if line.startswith("video:")]
     assert "edged" in video[0].split(":")[3].split(",")
     pyc = next((root / VENV.lstrip("/")).glob("lib/python*/site-packages/edged/__pycache__/cli.*.pyc"))
@@ -253,18 +253,19 @@ def test_dpkg_installs_configures_runs_and_purges(deb: Path, tmp_path: Path) -> 
     # The installed entry point on the installed venv, config and model. The config names the
     # model by its absolute installed path, which here lies under the root.
     config = tmp_path / "edged.toml"
-    config.write_text((root / "etc" / "edged" / "edged.toml").read_text()
-                      .replace("/usr/share/edged/", f"{root}/usr/share/edged/"))
+    config.write_text(
+        (root / "etc" / "edged" / "edged.toml").read_text().replace("/usr/share/edged/", f"{root}/usr/share/edged/")
+    )
     python = root / VENV.lstrip("/") / "bin" / "python"
     entry = root / VENV.lstrip("/") / "bin" / "edged"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    where = _run([str(python), "-c", "import edged; print(edged.__file__)"], env=env, cwd=tmp_path,
-                 timeout=60, check=True).stdout.strip()
+    where = _run(
+        [str(python), "-c", "import edged; print(edged.__file__)"], env=env, cwd=tmp_path, timeout=60, check=True
+    ).stdout.strip()
     assert where.startswith(f"{root}{VENV}/lib/")
     version = _run([str(python), str(entry), "--version"], env=env, cwd=tmp_path, timeout=60)
     assert version.stdout.strip() == f"edged {_version()}"
-    check = _run([str(python), str(entry), "check", "--config", str(config)], env=env, cwd=tmp_path,
-                 timeout=300)
+    check = _run([str(python), str(entry), "check", "--config", str(config)], env=env, cwd=tmp_path, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.splitlines()[-1] == "ok"
     assert f"{root}/usr/share/edged/models/demo.onnx" in check.stdout
@@ -274,7 +275,13 @@ def test_dpkg_installs_configures_runs_and_purges(deb: Path, tmp_path: Path) -> 
     (root / "var" / "lib" / "edged" / "engine.cache").write_text("x")
     proc = _run([*dpkg, "--purge", "edged"], timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for gone in (f"{VENV}", "/etc/edged", "/var/lib/edged", "/usr/share/edged", "/usr/bin/edged",
-                 "/lib/systemd/system/edged.service"):
+    for gone in (
+        f"{VENV}",
+        "/etc/edged",
+        "/var/lib/edged",
+        "/usr/share/edged",
+        "/usr/bin/edged",
+        "/lib/systemd/system/edged.service",
+    ):
         assert not os.path.lexists(root / gone.lstrip("/")), gone
     assert not os.path.lexists(wants)

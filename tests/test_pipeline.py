@@ -23,10 +23,10 @@ from edged.pipeline import FramePipeline
         ("end2end", "nchw", {"args": "{'nms': True}"}),
     ],
 )
-def test_every_head_and_layout_gives_the_same_boxes(tmp_path: Path, head: str, layout: str,
-                                                    metadata: dict | None) -> None:
-    model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx", head=head, layout=layout,
-                                                     metadata=metadata)), RuntimeConfig())
+def test_every_head_and_layout_gives_the_same_boxes(tmp_path: Path, head: str, layout: str, metadata: dict | None) -> None:
+    model = load_model(
+        ModelConfig(path=colour_probe(tmp_path / "m.onnx", head=head, layout=layout, metadata=metadata)), RuntimeConfig()
+    )
     plan = FramePipeline(model, 128, 96, "bgr")
     detections, times = plan.process(solid_frame((0, 0, 255)))
     assert detections.xyxy.tolist() == [[48.0, 20.0, 80.0, 44.0]]

@@ -14,8 +14,17 @@ from edged.geometry import BoxMap
 from edged.preprocess import Preprocessor
 
 
-def contract(h: int, w: int, *, layout: str = "nchw", order: str = "rgb", dtype: type = np.float32,
-             resize: str = "letterbox", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)) -> InputContract:
+def contract(
+    h: int,
+    w: int,
+    *,
+    layout: str = "nchw",
+    order: str = "rgb",
+    dtype: type = np.float32,
+    resize: str = "letterbox",
+    mean=(0.0, 0.0, 0.0),
+    std=(1.0, 1.0, 1.0),
+) -> InputContract:
     shape = (1, 3, h, w) if layout == "nchw" else (1, h, w, 3)
     return InputContract("images", shape, dtype, layout, order, resize, 1 / 255, mean, std)  # type: ignore[arg-type]
 
@@ -176,7 +185,8 @@ def test_float32_normalisation_equals_numpy_bit_for_bit(frame: np.ndarray) -> No
         ((640, 640), (640, 640), 1.0, (0, 0)),
     ],
 )
-def test_letterbox_geometry(frame_wh: tuple[int, int], input_wh: tuple[int, int], scale: float,
-                            pad: tuple[int, int]) -> None:
+def test_letterbox_geometry(
+    frame_wh: tuple[int, int], input_wh: tuple[int, int], scale: float, pad: tuple[int, int]
+) -> None:
     m = BoxMap.letterbox(*frame_wh, *input_wh)
     assert (m.scale_x, m.scale_y, (m.pad_x, m.pad_y)) == (scale, scale, pad)

@@ -39,16 +39,22 @@ def _backbone(rng: np.random.Generator) -> tuple[list[onnx.TensorProto], list[on
     inits, nodes, x, c_in = [], [], "images", 3
     for i, c_out in enumerate((8, 16, 16)):
         inits += [_init(rng, f"w{i}", (c_out, c_in, 3, 3)), _init(rng, f"b{i}", (c_out,), 0.1)]
-        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], f"conv{i}", strides=[2, 2], pads=[1] * 4),
-                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], f"relu{i}")]
+        nodes += [
+            helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], f"conv{i}", strides=[2, 2], pads=[1] * 4),
+            helper.make_node("Relu", [f"c{i}"], [f"r{i}"], f"relu{i}"),
+        ]
         x, c_in = f"r{i}", c_out
     return inits, nodes, x
 
 
 def _save(path: Path, nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], out_channels: int) -> Path:
     graph = helper.make_graph(
-        nodes, path.stem, [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, SIZE, SIZE])],
-        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, out_channels, CELLS * CELLS])], inits)
+        nodes,
+        path.stem,
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, SIZE, SIZE])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, out_channels, CELLS * CELLS])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
     helper.set_model_props(model, {"names": str({i: f"c{i}" for i in range(NC)})})
@@ -63,13 +69,18 @@ def tiny_detector(path: Path, *, with_decode: bool = True) -> Path:
     rng = np.random.default_rng(7)
     inits, nodes, x = _backbone(rng)
     grid = (np.stack(np.meshgrid(np.arange(CELLS), np.arange(CELLS)), 0).reshape(1, 2, -1) + 0.5) * STRIDE
-    inits += [_init(rng, "wb", (4, 16, 1, 1)), _init(rng, "wc", (NC, 16, 1, 1)),
-              numpy_helper.from_array(np.array([1, -1, CELLS * CELLS], np.int64), "flat"),
-              numpy_helper.from_array(grid.astype(np.float32), "points"),
-              numpy_helper.from_array(np.array(STRIDE, np.float32), "stride"),
-              numpy_helper.from_array(np.array(2, np.float32), "two")]
-    nodes += [helper.make_node("Conv", [x, "wc"], ["cls4"], "cls_conv"),
-              helper.make_node("Reshape", ["cls4", "flat"], ["cls" if with_decode else "output0"], "cls_flat")]
+    inits += [
+        _init(rng, "wb", (4, 16, 1, 1)),
+        _init(rng, "wc", (NC, 16, 1, 1)),
+        numpy_helper.from_array(np.array([1, -1, CELLS * CELLS], np.int64), "flat"),
+        numpy_helper.from_array(grid.astype(np.float32), "points"),
+        numpy_helper.from_array(np.array(STRIDE, np.float32), "stride"),
+        numpy_helper.from_array(np.array(2, np.float32), "two"),
+    ]
+    nodes += [
+        helper.make_node("Conv", [x, "wc"], ["cls4"], "cls_conv"),
+        helper.make_node("Reshape", ["cls4", "flat"], ["cls" if with_decode else "output0"], "cls_flat"),
+    ]
     if not with_decode:
         return _save(path, nodes, inits, NC)
     nodes += [
@@ -95,11 +106,14 @@ def dfl_detector(path: Path, bins: int = 4) -> Path:
     rng = np.random.default_rng(8)
     inits, nodes, x = _backbone(rng)
     n = CELLS * CELLS
-    inits += [_init(rng, "wb", (4 * bins, 16, 1, 1)), _init(rng, "wc", (NC, 16, 1, 1)),
-              numpy_helper.from_array(np.arange(bins, dtype=np.float32).reshape(1, bins, 1, 1), "proj"),
-              numpy_helper.from_array(np.array([1, 4, bins, n], np.int64), "bins_shape"),
-              numpy_helper.from_array(np.array([1, 4, n], np.int64), "box_shape"),
-              numpy_helper.from_array(np.array([1, NC, n], np.int64), "cls_shape")]
+    inits += [
+        _init(rng, "wb", (4 * bins, 16, 1, 1)),
+        _init(rng, "wc", (NC, 16, 1, 1)),
+        numpy_helper.from_array(np.arange(bins, dtype=np.float32).reshape(1, bins, 1, 1), "proj"),
+        numpy_helper.from_array(np.array([1, 4, bins, n], np.int64), "bins_shape"),
+        numpy_helper.from_array(np.array([1, 4, n], np.int64), "box_shape"),
+        numpy_helper.from_array(np.array([1, NC, n], np.int64), "cls_shape"),
+    ]
     nodes += [
         helper.make_node("Conv", [x, "wb"], ["box4"], "box_conv"),
         helper.make_node("Reshape", ["box4", "bins_shape"], ["bins"], "dfl_reshape"),
@@ -144,11 +158,17 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for exclude in (True, False):
         out = root / f"tiny.{'head' if exclude else 'all'}.int8.onnx"
         heads[exclude] = q.quantize(fp32, out, _frames(model, 12, 1), exclude_head=exclude, pixel_input=1 / 255)
-    pixels = q.quantize(fp32, root / "tiny.pixels.int8.onnx", _frames(model, 12, 1), float_stem=False,
-                        pixel_input=1 / 255)
-    return {"fp32": fp32, "model": model, "default": heads[True], "no_head": heads[False], "pixels": pixels,
-            "int8": root / "tiny.head.int8.onnx", "int8_all": root / "tiny.all.int8.onnx",
-            "int8_pixels": root / "tiny.pixels.int8.onnx"}
+    pixels = q.quantize(fp32, root / "tiny.pixels.int8.onnx", _frames(model, 12, 1), float_stem=False, pixel_input=1 / 255)
+    return {
+        "fp32": fp32,
+        "model": model,
+        "default": heads[True],
+        "no_head": heads[False],
+        "pixels": pixels,
+        "int8": root / "tiny.head.int8.onnx",
+        "int8_all": root / "tiny.all.int8.onnx",
+        "int8_pixels": root / "tiny.pixels.int8.onnx",
+    }
 
 
 def test_quantised_model_keeps_the_contract_and_is_qdq(built: dict[str, Any]) -> None:
@@ -164,8 +184,11 @@ def test_quantised_model_keeps_the_contract_and_is_qdq(built: dict[str, Any]) ->
 def test_weights_are_int8_per_channel(built: dict[str, Any]) -> None:
     graph = onnx.load(str(built["int8"])).graph
     inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    conv_weights = [n.input[0] for n in graph.node if n.op_type == "DequantizeLinear"
-                    and inits.get(n.input[0]) is not None and inits[n.input[0]].ndim == 4]
+    conv_weights = [
+        n.input[0]
+        for n in graph.node
+        if n.op_type == "DequantizeLinear" and inits.get(n.input[0]) is not None and inits[n.input[0]].ndim == 4
+    ]
     assert len(conv_weights) == 4  # the fifth, conv0, reads the image and stays float
     assert all(inits[w].dtype == np.int8 for w in conv_weights)
     conv0 = next(n for n in graph.node if n.name == "conv0")
@@ -232,8 +255,9 @@ def test_pixel_input_model_takes_uint8_pixels_and_matches_fp32(built: dict[str, 
     assert inits[readers[0].input[1]] == np.float32(1 / 255) and inits[readers[0].input[2]] == 0
     quantised = q.load_quantised(path, built["model"], pixel_input=True)
     assert quantised.contract.dtype is np.uint8
-    assert quantised.contract.describe().endswith("uint8 nchw rgb letterbox pixels as they are "
-                                                  "(the model normalises inside)")
+    assert quantised.contract.describe().endswith(
+        "uint8 nchw rgb letterbox pixels as they are (the model normalises inside)"
+    )
     fp32 = ort.InferenceSession(str(built["fp32"]), providers=["CPUExecutionProvider"])
     pixels = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     float_plan, pixel_plan = Preprocessor(built["model"].contract, 320, 240), Preprocessor(quantised.contract, 320, 240)
@@ -284,35 +308,69 @@ def test_cli_rejects_a_missing_or_corrupt_model(tmp_path: Path) -> None:
     assert not (tmp_path / "o.onnx").exists()
 
 
-def test_unloadable_result_fails_with_a_message(built: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_unloadable_result_fails_with_a_message(
+    built: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     def broken(src: Path, dst: Path, frames: q.CalibrationFrames, **_: object) -> q.Quantised:
         dst.write_bytes(b"truncated")
         return q.Quantised(q.FloatNodes({}, "test"), q.FloatNodes({}, "test"), pixel_input=False)
 
     monkeypatch.setattr(q, "quantize", broken)
-    args = argparse.Namespace(model=built["fp32"], out=tmp_path / "x.onnx", calib_images=None, calib_scenes=2,
-                              seed=1, method="minmax", exclude_head=True, reduce_range=False, float_stem=True, threads=0,
-                              eval_scenes=0, eval_seed=0, latency_frames=0, report=None)
+    args = argparse.Namespace(
+        model=built["fp32"],
+        out=tmp_path / "x.onnx",
+        calib_images=None,
+        calib_scenes=2,
+        seed=1,
+        method="minmax",
+        exclude_head=True,
+        reduce_range=False,
+        float_stem=True,
+        threads=0,
+        eval_scenes=0,
+        eval_seed=0,
+        latency_frames=0,
+        report=None,
+    )
     assert q.run_quantize(args) == EXIT_FAILURE
     assert "quantised model" in capsys.readouterr().err
 
 
 def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:
     out, report = tmp_path / "tiny.int8.onnx", tmp_path / "report.json"
-    result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(out), "--calib-scenes", "8",
-                     "--eval-scenes", "3", "--latency-frames", "5", "--threads", "1", "--report", str(report))
+    result = run_cli(
+        "quantize",
+        "--model",
+        str(built["fp32"]),
+        "--out",
+        str(out),
+        "--calib-scenes",
+        "8",
+        "--eval-scenes",
+        "3",
+        "--latency-frames",
+        "5",
+        "--threads",
+        "1",
+        "--report",
+        str(report),
+    )
     assert result.returncode == 0, result.stderr
     assert "kept in float" in result.stdout and "softplus (Softplus)" in result.stdout
     assert "mAP@0.5" in result.stdout and "ms per frame" in result.stdout
     doc = json.loads(report.read_text())
     assert "input: float32, as the original: the float stem reads it" in result.stdout
     assert "ms inference" in result.stdout
-    assert doc["quantization"] == {"format": "QDQ", "weights": "int8 per-channel", "activations": "uint8",
-                                   "input": "images [1, 3, 64, 64] float32 nchw rgb letterbox scale=0.00392157 "
-                                            "mean=[0.0, 0.0, 0.0] std=[1.0, 1.0, 1.0]",
-                                   "reduce_range": False, "calibration_method": "percentile",
-                                   "calibration_data": "scenes seed=1 n=8"}
+    assert doc["quantization"] == {
+        "format": "QDQ",
+        "weights": "int8 per-channel",
+        "activations": "uint8",
+        "input": "images [1, 3, 64, 64] float32 nchw rgb letterbox scale=0.00392157 "
+        "mean=[0.0, 0.0, 0.0] std=[1.0, 1.0, 1.0]",
+        "reduce_range": False,
+        "calibration_method": "percentile",
+        "calibration_data": "scenes seed=1 n=8",
+    }
     assert DECODE_OPS <= set(doc["excluded_nodes"].values()) and doc["excluded_nodes"]["conv0"] == "Conv"
     assert doc["exclusion_reason"].keys() == {"head", "stem"}
     latency = doc["latency"]
@@ -321,19 +379,31 @@ def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:
     assert latency["speedup"] == pytest.approx(latency["fp32_median_ms"] / latency["int8_median_ms"])
     assert 0 < latency["int8_inference_median_ms"] < latency["int8_median_ms"]
     assert latency["inference_speedup"] == pytest.approx(
-        latency["fp32_inference_median_ms"] / latency["int8_inference_median_ms"])
+        latency["fp32_inference_median_ms"] / latency["int8_inference_median_ms"]
+    )
     accuracy = doc["accuracy"]
     assert accuracy["data"] == "scenes seed=0 n=3"
     assert {"map50", "map50_95", "precision", "recall"} <= accuracy["fp32"].keys() & accuracy["int8"].keys()
-    assert accuracy["map50_delta_points"] == pytest.approx(
-        100 * (accuracy["int8"]["map50"] - accuracy["fp32"]["map50"]))
+    assert accuracy["map50_delta_points"] == pytest.approx(100 * (accuracy["int8"]["map50"] - accuracy["fp32"]["map50"]))
     assert doc["model_sha256"] != doc["int8_sha256"] and "cpu" in doc["machine"]
 
 
 def test_cli_no_float_stem_takes_uint8_pixels(built: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "tiny.int8.onnx"
-    result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(out), "--calib-scenes", "4",
-                     "--eval-scenes", "0", "--latency-frames", "0", "--no-float-stem")
+    result = run_cli(
+        "quantize",
+        "--model",
+        str(built["fp32"]),
+        "--out",
+        str(out),
+        "--calib-scenes",
+        "4",
+        "--eval-scenes",
+        "0",
+        "--latency-frames",
+        "0",
+        "--no-float-stem",
+    )
     assert result.returncode == 0, result.stderr
     assert "input: uint8 pixels" in result.stdout and "quantised too (--no-float-stem)" in result.stdout
     assert _interface(out)[0] == ("images", [1, 3, SIZE, SIZE], "tensor(uint8)")

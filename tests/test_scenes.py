@@ -67,7 +67,7 @@ def test_painted_pixels_are_inside_tight_boxes(gen: SceneGenerator) -> None:
         diff = np.abs(scene.image.astype(np.int16) - gen._render_background(i)).sum(2)
         inside = np.zeros(diff.shape, bool)
         for x1, y1, x2, y2 in scene.boxes.astype(int):
-            inside[max(0, y1 - margin):y2 + margin, max(0, x1 - margin):x2 + margin] = True
+            inside[max(0, y1 - margin) : y2 + margin, max(0, x1 - margin) : x2 + margin] = True
             box = diff[y1:y2, x1:x2] > 8
             rows, cols = np.flatnonzero(box.any(1)), np.flatnonzero(box.any(0))
             assert rows.size and cols.size, "every box holds a visible defect"

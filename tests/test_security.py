@@ -46,9 +46,15 @@ def keys(tmp_path: Path) -> Keys:
     clients.mkdir()
     shutil.copy(client_public, clients)
     outsider_public, outsider_secret = create_key_pair(tmp_path / "elsewhere", "outsider")
-    return Keys(server_public, server_secret, clients, client_secret,
-                ClientKeys.from_files(server_public, client_secret),
-                outsider_public, ClientKeys.from_files(server_public, outsider_secret))
+    return Keys(
+        server_public,
+        server_secret,
+        clients,
+        client_secret,
+        ClientKeys.from_files(server_public, client_secret),
+        outsider_public,
+        ClientKeys.from_files(server_public, outsider_secret),
+    )
 
 
 @pytest.fixture
@@ -91,16 +97,33 @@ def subscriber(context: zmq.Context) -> Iterator[MakeSubscriber]:
 
 
 def _curve_config(keys: Keys, endpoints: list[str] | None = None, **cfg: object) -> PublishConfig:
-    return PublishConfig(endpoints=endpoints or ["tcp://127.0.0.1:*"], curve_server_key=keys.server_secret,
-                         curve_clients_dir=keys.clients_dir, **cfg)  # type: ignore[arg-type]
+    return PublishConfig(
+        endpoints=endpoints or ["tcp://127.0.0.1:*"],
+        curve_server_key=keys.server_secret,
+        curve_clients_dir=keys.clients_dir,
+        **cfg,
+    )  # type: ignore[arg-type]
 
 
 def _status(seq: int) -> bytes:
-    return StatusMessage(
-        camera_id="cam0", seq=seq, time_ns=0, uptime_s=0.0, fps=0.0, frames_processed=0, source_state="ok",
-        drops={}, latency={}, rate_cap_fps=None, thermal=None,
-        model=ModelInfo(name="probe", sha256="0" * 64, provider="CPUExecutionProvider"),
-    ).model_dump_json().encode()
+    return (
+        StatusMessage(
+            camera_id="cam0",
+            seq=seq,
+            time_ns=0,
+            uptime_s=0.0,
+            fps=0.0,
+            frames_processed=0,
+            source_state="ok",
+            drops={},
+            latency={},
+            rate_cap_fps=None,
+            thermal=None,
+            model=ModelInfo(name="probe", sha256="0" * 64, provider="CPUExecutionProvider"),
+        )
+        .model_dump_json()
+        .encode()
+    )
 
 
 def _join(pub: Publisher, *subs: Subscriber, timeout_s: float = 5) -> int:
@@ -118,8 +141,7 @@ def _join(pub: Publisher, *subs: Subscriber, timeout_s: float = 5) -> int:
     return seq
 
 
-def test_only_an_allowed_key_gets_the_stream(publisher: MakePublisher, subscriber: MakeSubscriber,
-                                            keys: Keys) -> None:
+def test_only_an_allowed_key_gets_the_stream(publisher: MakePublisher, subscriber: MakeSubscriber, keys: Keys) -> None:
     pub = publisher(_curve_config(keys, hwm=1000))  # no drops at the HWM: every message must arrive
     endpoint = pub.endpoints[0]
     wrong_server = ClientKeys(keys.client.public, keys.client.public, keys.client.secret)
@@ -142,8 +164,9 @@ def test_only_an_allowed_key_gets_the_stream(publisher: MakePublisher, subscribe
         assert intruders[name][1] in (sub.stats.handshake_error or ""), (name, sub.stats.handshake_error)
 
 
-def test_ipc_stays_plain_beside_a_curve_tcp_endpoint(publisher: MakePublisher, subscriber: MakeSubscriber,
-                                                     keys: Keys, tmp_path: Path) -> None:
+def test_ipc_stays_plain_beside_a_curve_tcp_endpoint(
+    publisher: MakePublisher, subscriber: MakeSubscriber, keys: Keys, tmp_path: Path
+) -> None:
     ipc = f"ipc://{tmp_path}/run/det.sock"
     pub = publisher(_curve_config(keys, [ipc, "tcp://127.0.0.1:*"]))
     assert pub.endpoints[0] == ipc and pub.endpoints[1].startswith("tcp://127.0.0.1:")
@@ -159,8 +182,7 @@ def test_ipc_stays_plain_beside_a_curve_tcp_endpoint(publisher: MakePublisher, s
     assert pub.sent == seq + 1 and not pub.drops
 
 
-def test_keys_allow_tcp_beyond_loopback(publisher: MakePublisher, keys: Keys,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_keys_allow_tcp_beyond_loopback(publisher: MakePublisher, keys: Keys, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(publish, "_is_loopback", lambda host: False)  # as if 127.0.0.1 were the LAN
     with pytest.raises(PublishError, match="unencrypted"):
         publisher(PublishConfig(endpoints=["tcp://127.0.0.1:*"]))
@@ -184,7 +206,8 @@ def test_close_stops_the_authenticator_and_leaves_no_socket_open(keys: Keys) -> 
 
 
 def test_a_key_added_to_the_allow_list_is_admitted_after_reload(
-        publisher: MakePublisher, subscriber: MakeSubscriber, keys: Keys) -> None:
+    publisher: MakePublisher, subscriber: MakeSubscriber, keys: Keys
+) -> None:
     pub = publisher(_curve_config(keys))
     with pytest.raises(AssertionError, match="refused this subscriber's key"):
         _join(pub, subscriber(pub.endpoints[0], curve=keys.outsider), timeout_s=0.5)
@@ -203,31 +226,49 @@ def _mismatched_pair(k: Keys) -> None:
     _write_secret(k.server_secret, f'public-key = "{k.outsider.public.decode()}"\nsecret-key = "{secret}"\n')
 
 
-@pytest.mark.parametrize(("setup", "message"), [
-    pytest.param(lambda k: k.server_secret.unlink(),
-                 "publish.curve_server_key: .*server.key_secret does not exist", id="missing"),
-    pytest.param(lambda k: k.server_secret.chmod(0o644),
-                 r"publish.curve_server_key: permissions 0644 .* too open; .*\(chmod 600 ",
-                 id="world-readable"),
-    pytest.param(lambda k: k.server_secret.chmod(0o640), "permissions 0640 .* too open", id="group-readable"),
-    pytest.param(lambda k: k.server_secret.chmod(0o620), "permissions 0620 .* too open", id="group-writable"),
-    pytest.param(lambda k: _write_secret(k.server_secret, "hello\n"), "is not a zmq certificate",
-                 id="garbage"),
-    pytest.param(lambda k: _write_secret(k.server_secret, k.server_public.read_text()),
-                 "has no secret key; pass the .key_secret", id="public-instead"),
-    pytest.param(lambda k: _write_secret(k.server_secret, 'public-key = "short"\nsecret-key = "short"\n'),
-                 "malformed key", id="malformed"),
-    pytest.param(_mismatched_pair, "do not belong together", id="mismatched"),
-    pytest.param(lambda k: k.server_secret.unlink() or k.server_secret.mkdir(mode=0o700),
-                 "is not a regular file", id="directory"),
-    pytest.param(lambda k: shutil.rmtree(k.clients_dir),
-                 "publish.curve_clients_dir: .*clients does not exist or is not a directory",
-                 id="no-clients-dir"),
-    pytest.param(lambda k: (k.clients_dir / "bad.key").write_text("no key here\n"),
-                 "publish.curve_clients_dir: .*bad.key is not a zmq certificate", id="bad-client-key"),
-])
-def test_an_unusable_key_file_is_a_clear_config_error(publisher: MakePublisher, keys: Keys,
-                                                      setup: Callable[[Keys], object], message: str) -> None:
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        pytest.param(
+            lambda k: k.server_secret.unlink(), "publish.curve_server_key: .*server.key_secret does not exist", id="missing"
+        ),
+        pytest.param(
+            lambda k: k.server_secret.chmod(0o644),
+            r"publish.curve_server_key: permissions 0644 .* too open; .*\(chmod 600 ",
+            id="world-readable",
+        ),
+        pytest.param(lambda k: k.server_secret.chmod(0o640), "permissions 0640 .* too open", id="group-readable"),
+        pytest.param(lambda k: k.server_secret.chmod(0o620), "permissions 0620 .* too open", id="group-writable"),
+        pytest.param(lambda k: _write_secret(k.server_secret, "hello\n"), "is not a zmq certificate", id="garbage"),
+        pytest.param(
+            lambda k: _write_secret(k.server_secret, k.server_public.read_text()),
+            "has no secret key; pass the .key_secret",
+            id="public-instead",
+        ),
+        pytest.param(
+            lambda k: _write_secret(k.server_secret, 'public-key = "short"\nsecret-key = "short"\n'),
+            "malformed key",
+            id="malformed",
+        ),
+        pytest.param(_mismatched_pair, "do not belong together", id="mismatched"),
+        pytest.param(
+            lambda k: k.server_secret.unlink() or k.server_secret.mkdir(mode=0o700), "is not a regular file", id="directory"
+        ),
+        pytest.param(
+            lambda k: shutil.rmtree(k.clients_dir),
+            "publish.curve_clients_dir: .*clients does not exist or is not a directory",
+            id="no-clients-dir",
+        ),
+        pytest.param(
+            lambda k: (k.clients_dir / "bad.key").write_text("no key here\n"),
+            "publish.curve_clients_dir: .*bad.key is not a zmq certificate",
+            id="bad-client-key",
+        ),
+    ],
+)
+def test_an_unusable_key_file_is_a_clear_config_error(
+    publisher: MakePublisher, keys: Keys, setup: Callable[[Keys], object], message: str
+) -> None:
     setup(keys)
     with pytest.raises(KeyFileError, match=message) as raised:
         publisher(_curve_config(keys))
@@ -236,18 +277,19 @@ def test_an_unusable_key_file_is_a_clear_config_error(publisher: MakePublisher, 
 
 def test_keys_must_be_configured_together(tmp_path: Path, keys: Keys) -> None:
     colour_probe(tmp_path / "probe.onnx")
-    config = write_config(tmp_path / "edged.toml", {
-        "model": {"path": "probe.onnx"}, "publish": {"curve_server_key": str(keys.server_secret)}})
+    config = write_config(
+        tmp_path / "edged.toml", {"model": {"path": "probe.onnx"}, "publish": {"curve_server_key": str(keys.server_secret)}}
+    )
     with pytest.raises(ConfigError) as raised:
         load_config(config)
     assert raised.value.problems == [
         "publish.curve_clients_dir: Value error, set both publish.curve_server_key and "
-        "publish.curve_clients_dir, or neither; got None"]
+        "publish.curve_clients_dir, or neither; got None"
+    ]
 
 
 @pytest.mark.parametrize("umask", [0o000, 0o022])
-def test_keygen_writes_a_usable_pair_with_safe_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                      umask: int) -> None:
+def test_keygen_writes_a_usable_pair_with_safe_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str], umask: int) -> None:
     old = os.umask(umask)
     try:
         assert main(["keygen", str(tmp_path / "keys")]) == 0
@@ -265,8 +307,7 @@ def test_keygen_writes_a_usable_pair_with_safe_modes(tmp_path: Path, capsys: pyt
     assert "already exists" in capsys.readouterr().err and secret.read_bytes() == before
 
 
-def test_keygen_for_a_subscriber_says_where_the_public_key_goes(tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_keygen_for_a_subscriber_says_where_the_public_key_goes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["keygen", str(tmp_path), "--name", "line3"]) == 0
     out = capsys.readouterr().out
     assert f"Copy {tmp_path / 'line3.key'} into the publisher's publish.curve_clients_dir" in out
@@ -275,8 +316,9 @@ def test_keygen_for_a_subscriber_says_where_the_public_key_goes(tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["line3.key", "line3.key_secret"]
 
 
-def test_subscribe_refuses_half_or_unsafe_client_keys(tmp_path: Path, keys: Keys,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_subscribe_refuses_half_or_unsafe_client_keys(
+    tmp_path: Path, keys: Keys, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = ["subscribe", "tcp://127.0.0.1:1", "--timeout", "0.1"]
     assert main([*base, "--server-key", str(keys.server_public)]) == 2
     assert "go together" in capsys.readouterr().err
@@ -308,20 +350,27 @@ def test_an_existing_ipc_directory_keeps_its_mode(publisher: MakePublisher, tmp_
 
 # ---- the real daemon -----------------------------------------------------------------------
 
+
 def _daemon_config(tmp_path: Path, keys: Keys, endpoint: str) -> Path:
     colour_probe(tmp_path / "probe.onnx")
     write_video(tmp_path / "clip.avi", [(0, 0, 255), (255, 0, 0)] * 20)
-    return write_config(tmp_path / "edged.toml", {
-        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
-        "model": {"path": "probe.onnx"},
-        "publish": {"endpoints": [endpoint], "status_interval_s": 0.5,
-                    "curve_server_key": str(keys.server_secret), "curve_clients_dir": str(keys.clients_dir)},
-        "thermal": {"enabled": False},
-    })
+    return write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+            "model": {"path": "probe.onnx"},
+            "publish": {
+                "endpoints": [endpoint],
+                "status_interval_s": 0.5,
+                "curve_server_key": str(keys.server_secret),
+                "curve_clients_dir": str(keys.clients_dir),
+            },
+            "thermal": {"enabled": False},
+        },
+    )
 
 
-def test_the_daemon_streams_to_allowed_keys_only(tmp_path: Path, keys: Keys,
-                                                 subscriber: MakeSubscriber) -> None:
+def test_the_daemon_streams_to_allowed_keys_only(tmp_path: Path, keys: Keys, subscriber: MakeSubscriber) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     daemon = RunningDaemon(_daemon_config(tmp_path, keys, endpoint), endpoint)  # its own SUB is plaintext
     try:
@@ -331,9 +380,21 @@ def test_the_daemon_streams_to_allowed_keys_only(tmp_path: Path, keys: Keys,
         for msg in got:
             assert isinstance(msg, DetectionsMessage)
             assert msg.detections[0].label == LABELS[(msg.frame_id % 40) % 2]
-        cli = run_cli("subscribe", endpoint, "--json", "--count", "2", "--timeout", "20",
-                      "--topic", "edged/status/", "--server-key", str(keys.server_public),
-                      "--client-key", str(keys.client_secret))
+        cli = run_cli(
+            "subscribe",
+            endpoint,
+            "--json",
+            "--count",
+            "2",
+            "--timeout",
+            "20",
+            "--topic",
+            "edged/status/",
+            "--server-key",
+            str(keys.server_public),
+            "--client-key",
+            str(keys.client_secret),
+        )
         assert cli.returncode == 0, cli.stderr
         statuses = [StatusMessage.model_validate_json(line) for line in cli.stdout.splitlines()]
         assert len(statuses) == 2 and all(m.kind == "status" for m in statuses)

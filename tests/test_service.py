@@ -60,15 +60,26 @@ def notify(tmp_path: Path) -> Iterator[NotifySocket]:
     n.close()
 
 
-def _start(tmp_path: Path, notify: NotifySocket, source: dict, model: Path | None = None,
-           env: dict[str, str] | None = None, **service: object) -> RunningDaemon:
+def _start(
+    tmp_path: Path,
+    notify: NotifySocket,
+    source: dict,
+    model: Path | None = None,
+    env: dict[str, str] | None = None,
+    **service: object,
+) -> RunningDaemon:
     model = model or colour_probe(tmp_path / "probe.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(tmp_path / "edged.toml", {
-        "source": source, "model": {"path": str(model)},
-        "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
-        "thermal": {"enabled": False}, "service": {"stall_timeout_s": 1.0, **service},
-    })
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": source,
+            "model": {"path": str(model)},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
+            "thermal": {"enabled": False},
+            "service": {"stall_timeout_s": 1.0, **service},
+        },
+    )
     os.environ.pop("WATCHDOG_PID", None)
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC), **(env or {})}
     return RunningDaemon(config, endpoint, env=env)
@@ -131,7 +142,7 @@ def test_a_lost_camera_keeps_pings_while_reconnecting(tmp_path: Path, notify: No
         assert any("camera lost" in s for s in statuses), statuses
         # The first status may come before the capture thread's first attempt has failed.
         states = [m.source_state for m in d.messages(3) if m.kind == "status"]
-        assert "lost" in states and set(states[states.index("lost"):]) == {"lost"}, states
+        assert "lost" in states and set(states[states.index("lost") :]) == {"lost"}, states
         assert set(states) <= {"starting", "lost"}, states
     finally:
         d.close()
@@ -153,15 +164,14 @@ def journal() -> Iterator[NotifySocket]:
 
 
 def _entries(journal: NotifySocket) -> list[dict[str, str]]:
-    return [dict(line.split("=", 1) for line in datagram.splitlines() if "=" in line)
-            for _, datagram in journal.received]
+    return [dict(line.split("=", 1) for line in datagram.splitlines() if "=" in line) for _, datagram in journal.received]
 
 
-def test_under_systemd_logs_go_to_journald_with_structured_fields(tmp_path: Path, notify: NotifySocket,
-                                                                 journal: NotifySocket) -> None:
+def test_under_systemd_logs_go_to_journald_with_structured_fields(
+    tmp_path: Path, notify: NotifySocket, journal: NotifySocket
+) -> None:
     _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
-    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0},
-               env={"JOURNAL_STREAM": "8:1234"})
+    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0}, env={"JOURNAL_STREAM": "8:1234"})
     try:
         notify.wait_for("READY=1", timeout=20)
         journal.drain(2.0)  # 40 frames go by: none of them may produce a log entry

@@ -26,14 +26,14 @@ def coded_frame(number: int, width: int = W, height: int = H) -> np.ndarray:
     """A frame whose number survives lossy codecs: bit k is a black or white 16-px column."""
     img = np.full((height, width, 3), 128, np.uint8)
     for k in range(BITS):
-        img[:, 16 * k:16 * (k + 1)] = 255 if (number >> k) & 1 else 0
+        img[:, 16 * k : 16 * (k + 1)] = 255 if (number >> k) & 1 else 0
     return img
 
 
 def frame_number(img: np.ndarray | None) -> int:
     assert img is not None
     h = img.shape[0]
-    centres = [img[h // 4:3 * h // 4, 16 * k + 4:16 * k + 12].mean() for k in range(BITS)]
+    centres = [img[h // 4 : 3 * h // 4, 16 * k + 4 : 16 * k + 12].mean() for k in range(BITS)]
     return sum(1 << k for k, c in enumerate(centres) if c > 128)
 
 
@@ -63,6 +63,7 @@ def video(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 
 # ---- video files -------------------------------------------------------------------------------
 
+
 def test_video_is_read_in_order_into_the_same_buffer_then_ends(video: Path) -> None:
     src = opened(VideoFileSource(FileSource(path=video, loop=False, realtime=False)))
     first = src.read(None)
@@ -84,8 +85,7 @@ def test_video_loop_restarts_at_the_first_frame(video: Path) -> None:
     assert numbers == list(range(64)) + list(range(10))
 
 
-def test_video_grab_skips_frames_unconverted_and_retrieve_converts_the_last_one_into_the_buffer(
-        video: Path) -> None:
+def test_video_grab_skips_frames_unconverted_and_retrieve_converts_the_last_one_into_the_buffer(video: Path) -> None:
     src = opened(VideoFileSource(FileSource(path=video, loop=True, realtime=False)))
     buf = np.empty((H, W, 3), np.uint8)
     taken = []
@@ -158,6 +158,7 @@ def test_corrupt_video_names_the_file(tmp_path: Path) -> None:
 
 # ---- image folders and globs -------------------------------------------------------------------
 
+
 @pytest.fixture
 def image_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "shots"
@@ -169,8 +170,7 @@ def image_dir(tmp_path: Path) -> Path:
     return folder
 
 
-def test_folder_is_read_sorted_skipping_unreadable_images(image_dir: Path,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_folder_is_read_sorted_skipping_unreadable_images(image_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     src = opened(ImageFolderSource(ImagesSource(path=str(image_dir), loop=False)))
     assert [Path(p).name for p in src.paths] == ["03.jpg", "a.bmp", "b.png", "b2.png", "c.PNG", "d.tiff"]
     buf = np.empty((H, W, 3), np.uint8)
@@ -183,8 +183,7 @@ def test_folder_is_read_sorted_skipping_unreadable_images(image_dir: Path,
     assert sum("b2.png" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_folder_loops_and_logs_an_unreadable_image_once(image_dir: Path,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_folder_loops_and_logs_an_unreadable_image_once(image_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     src = opened(ImageFolderSource(ImagesSource(path=str(image_dir), loop=True)))
     numbers = [frame_number(src.read(None)) for _ in range(12)]
     assert numbers == [0, 1, 2, 3, 4] * 2 + [0, 1]
@@ -214,8 +213,11 @@ def test_image_of_another_size_comes_back_as_a_new_array(tmp_path: Path) -> None
 def test_empty_folder_missing_folder_and_unmatched_glob_raise(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "readme.txt").write_text("no images here")
-    for path, message in [(tmp_path / "empty", "no images found"), (tmp_path / "gone", "does not exist"),
-                          (tmp_path / "*.jpg", "no images found")]:
+    for path, message in [
+        (tmp_path / "empty", "no images found"),
+        (tmp_path / "gone", "does not exist"),
+        (tmp_path / "*.jpg", "no images found"),
+    ]:
         with pytest.raises(SourceError, match=message):
             ImageFolderSource(ImagesSource(path=str(path))).open()
 
@@ -229,6 +231,7 @@ def test_folder_with_only_unreadable_images_raises_instead_of_spinning(tmp_path:
 
 
 # ---- v4l2 ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("device", ["/dev/video97", "97"])
 def test_missing_v4l2_device_says_what_to_check(device: str) -> None:
@@ -246,6 +249,7 @@ def test_v4l2_on_a_file_that_is_no_camera_fails_clearly(tmp_path: Path) -> None:
 
 
 # ---- synthetic -----------------------------------------------------------------------------------
+
 
 def test_synthetic_is_deterministic_renders_in_place_and_carries_truth() -> None:
     cfg = SyntheticSource(width=96, height=64, fps=100.0, seed=SEED)
@@ -290,6 +294,7 @@ def test_synthetic_renders_a_new_array_when_the_buffer_does_not_fit() -> None:
 
 
 # ---- registry ------------------------------------------------------------------------------------
+
 
 def test_open_source_picks_the_class_for_each_type(tmp_path: Path) -> None:
     cases: list[tuple[SourceConfig, type]] = [

@@ -38,8 +38,10 @@ BoardCopy = Callable[[str], Path]
 @pytest.fixture
 def board(tmp_path: Path) -> BoardCopy:
     """Copies a fixture tree into tmp_path and returns its root."""
+
     def copy(name: str) -> Path:
         return Path(shutil.copytree(FIXTURES / name, tmp_path / name))
+
     return copy
 
 
@@ -57,34 +59,81 @@ def set_temp(root: Path, celsius: float, zone: int = 0) -> None:
 
 # ---- each fixture board -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
         # Pi 4: firmware file says under-voltage and throttling happened earlier; nothing now.
-        ("rpi4", dict(board="raspberrypi", model="Raspberry Pi 4 Model B Rev 1.4",
-                      zones={"cpu-thermal": 52.095}, hottest_c=52.095, state="ok", rate_factor=1.0,
-                      throttled_flags=("under_voltage_occurred", "throttled_occurred"),
-                      thresholds={"warm": 70.0, "throttled": 80.0, "critical": 85.0},
-                      freq_cap_ratio=1.0, power_mode=None)),
+        (
+            "rpi4",
+            dict(
+                board="raspberrypi",
+                model="Raspberry Pi 4 Model B Rev 1.4",
+                zones={"cpu-thermal": 52.095},
+                hottest_c=52.095,
+                state="ok",
+                rate_factor=1.0,
+                throttled_flags=("under_voltage_occurred", "throttled_occurred"),
+                thresholds={"warm": 70.0, "throttled": 80.0, "critical": 85.0},
+                freq_cap_ratio=1.0,
+                power_mode=None,
+            ),
+        ),
         # Pi 5: no firmware file, so only hwmon's under-voltage alarm (clear) is known.
-        ("rpi5", dict(board="raspberrypi", model="Raspberry Pi 5 Model B Rev 1.0",
-                      zones={"cpu-thermal": 62.25}, hottest_c=62.25, state="ok", rate_factor=1.0,
-                      throttled_flags=(), thresholds={"warm": 70.0, "throttled": 80.0, "critical": 85.0},
-                      freq_cap_ratio=1.0, power_mode=None)),
+        (
+            "rpi5",
+            dict(
+                board="raspberrypi",
+                model="Raspberry Pi 5 Model B Rev 1.0",
+                zones={"cpu-thermal": 62.25},
+                hottest_c=62.25,
+                state="ok",
+                rate_factor=1.0,
+                throttled_flags=(),
+                thresholds={"warm": 70.0, "throttled": 80.0, "critical": 85.0},
+                freq_cap_ratio=1.0,
+                power_mode=None,
+            ),
+        ),
         # Orin: -256 C GPU/CV sensors are offline; thresholds come from the 104.5 C critical trips;
         # MODE_50W's own 1.5 GHz ceiling is not a cap.
-        ("jetson_orin", dict(board="jetson", model="NVIDIA Jetson AGX Orin Developer Kit",
-                             zones={"cpu-thermal": 41.437, "soc0-thermal": 39.031,
-                                    "soc1-thermal": 38.937, "soc2-thermal": 39.062,
-                                    "tj-thermal": 41.656},
-                             hottest_c=41.656, state="ok", rate_factor=1.0, throttled_flags=(),
-                             thresholds={"warm": 79.5, "throttled": 89.5, "critical": 97.0},
-                             freq_cap_ratio=1.0, power_mode="MODE_50W")),
+        (
+            "jetson_orin",
+            dict(
+                board="jetson",
+                model="NVIDIA Jetson AGX Orin Developer Kit",
+                zones={
+                    "cpu-thermal": 41.437,
+                    "soc0-thermal": 39.031,
+                    "soc1-thermal": 38.937,
+                    "soc2-thermal": 39.062,
+                    "tj-thermal": 41.656,
+                },
+                hottest_c=41.656,
+                state="ok",
+                rate_factor=1.0,
+                throttled_flags=(),
+                thresholds={"warm": 79.5, "throttled": 89.5, "critical": 97.0},
+                freq_cap_ratio=1.0,
+                power_mode="MODE_50W",
+            ),
+        ),
         # VM/container: nothing to read is a state, not an error.
-        ("none", dict(board="generic", model=None, zones={}, hottest_c=None, state="unknown",
-                      rate_factor=1.0, throttled_flags=(),
-                      thresholds={"warm": 75.0, "throttled": 85.0, "critical": 95.0},
-                      freq_cap_ratio=None, power_mode=None)),
+        (
+            "none",
+            dict(
+                board="generic",
+                model=None,
+                zones={},
+                hottest_c=None,
+                state="unknown",
+                rate_factor=1.0,
+                throttled_flags=(),
+                thresholds={"warm": 75.0, "throttled": 85.0, "critical": 95.0},
+                freq_cap_ratio=None,
+                power_mode=None,
+            ),
+        ),
     ],
 )
 def test_fixture_board_parses(name: str, expected: dict[str, object]) -> None:
@@ -98,8 +147,17 @@ def test_fixture_trips_and_offline_zones_are_read() -> None:
     watch.poll()
     assert watch.last_snapshot is not None
     zones = {z.name: z for z in watch.last_snapshot.zones}
-    assert list(zones) == ["cpu-thermal", "gpu-thermal", "cv0-thermal", "cv1-thermal", "cv2-thermal",
-                           "soc0-thermal", "soc1-thermal", "soc2-thermal", "tj-thermal"]
+    assert list(zones) == [
+        "cpu-thermal",
+        "gpu-thermal",
+        "cv0-thermal",
+        "cv1-thermal",
+        "cv2-thermal",
+        "soc0-thermal",
+        "soc1-thermal",
+        "soc2-thermal",
+        "tj-thermal",
+    ]
     assert zones["gpu-thermal"].temp_c is None
     assert zones["cpu-thermal"].trips == (Trip(104.5, "critical"), Trip(99.0, "passive"))
     assert zones["tj-thermal"].trips == (Trip(75.0, "active"), Trip(95.0, "active"))
@@ -115,6 +173,7 @@ def test_report_is_json_ready() -> None:
 
 # ---- Raspberry Pi throttled bits ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("value", "flags"),
     [
@@ -123,9 +182,19 @@ def test_report_is_json_ready() -> None:
         (0x50005, ("under_voltage", "throttled", "under_voltage_occurred", "throttled_occurred")),
         (0x2, ("arm_freq_capped",)),  # capped now, bit 17 not yet latched
         (0x80008, ("soft_temp_limit", "soft_temp_limit_occurred")),  # Pi 3B+ style soft limit
-        (0xF000F, ("under_voltage", "arm_freq_capped", "throttled", "soft_temp_limit",
-                   "under_voltage_occurred", "arm_freq_capped_occurred", "throttled_occurred",
-                   "soft_temp_limit_occurred")),  # every documented bit
+        (
+            0xF000F,
+            (
+                "under_voltage",
+                "arm_freq_capped",
+                "throttled",
+                "soft_temp_limit",
+                "under_voltage_occurred",
+                "arm_freq_capped_occurred",
+                "throttled_occurred",
+                "soft_temp_limit_occurred",
+            ),
+        ),  # every documented bit
         (0x100000, ()),  # undocumented bits are ignored
     ],
 )
@@ -136,19 +205,27 @@ def test_decode_throttled(value: int, flags: tuple[str, ...]) -> None:
 @pytest.mark.parametrize(
     ("contents", "state", "flags"),
     [
-        ("50005\n", "throttled", ("under_voltage", "throttled", "under_voltage_occurred",
-                                  "throttled_occurred")),  # kernel format: hex without 0x
-        ("0x50005\n", "throttled", ("under_voltage", "throttled", "under_voltage_occurred",
-                                    "throttled_occurred")),  # vcgencmd-style prefix
+        (
+            "50005\n",
+            "throttled",
+            ("under_voltage", "throttled", "under_voltage_occurred", "throttled_occurred"),
+        ),  # kernel format: hex without 0x
+        (
+            "0x50005\n",
+            "throttled",
+            ("under_voltage", "throttled", "under_voltage_occurred", "throttled_occurred"),
+        ),  # vcgencmd-style prefix
         ("2\n", "throttled", ("arm_freq_capped",)),  # frequency capped now
         ("8\n", "throttled", ("soft_temp_limit",)),  # soft temperature limit now
         ("1\n", "ok", ("under_voltage",)),  # under-voltage alone is reported, not throttling
-        ("f0000\n", "ok", ("under_voltage_occurred", "arm_freq_capped_occurred", "throttled_occurred",
-                           "soft_temp_limit_occurred")),  # history only
+        (
+            "f0000\n",
+            "ok",
+            ("under_voltage_occurred", "arm_freq_capped_occurred", "throttled_occurred", "soft_temp_limit_occurred"),
+        ),  # history only
     ],
 )
-def test_pi_throttled_bit_alone_sets_state(board: BoardCopy, contents: str, state: str,
-                                           flags: tuple[str, ...]) -> None:
+def test_pi_throttled_bit_alone_sets_state(board: BoardCopy, contents: str, state: str, flags: tuple[str, ...]) -> None:
     root = board("rpi4")  # 52 C: temperature alone says ok
     write(root, GET_THROTTLED, contents)
     report = watch_on(root).poll()
@@ -177,6 +254,7 @@ def test_hardware_flag_must_clear_before_stepping_down(board: BoardCopy) -> None
 
 # ---- cpufreq ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("scaling_max", "ratio", "state"),
     [
@@ -186,8 +264,7 @@ def test_hardware_flag_must_clear_before_stepping_down(board: BoardCopy) -> None
         (600000, 1 / 3, "throttled"),  # held at the minimum clock
     ],
 )
-def test_cpufreq_cap_alone_sets_throttled(board: BoardCopy, scaling_max: int, ratio: float,
-                                          state: str) -> None:
+def test_cpufreq_cap_alone_sets_throttled(board: BoardCopy, scaling_max: int, ratio: float, state: str) -> None:
     root = board("rpi4")
     write(root, f"{PI4_POLICY}/scaling_max_freq", f"{scaling_max}\n")
     write(root, GET_THROTTLED, "0\n")
@@ -204,8 +281,9 @@ def test_cpufreq_cap_alone_sets_throttled(board: BoardCopy, scaling_max: int, ra
         (None, "MODE_30W", 1497600 / 1728000, "throttled"),  # no status file: conf default (2)
     ],
 )
-def test_jetson_power_mode_sets_the_cpufreq_ceiling(board: BoardCopy, status: str | None, mode: str,
-                                                    ratio: float, state: str) -> None:
+def test_jetson_power_mode_sets_the_cpufreq_ceiling(
+    board: BoardCopy, status: str | None, mode: str, ratio: float, state: str
+) -> None:
     root = board("jetson_orin")
     status_file = root / "var/lib/nvpmodel/status"
     if status is None:
@@ -218,8 +296,10 @@ def test_jetson_power_mode_sets_the_cpufreq_ceiling(board: BoardCopy, status: st
 
 
 def test_parse_power_mode_lowest_cluster_ceiling() -> None:
-    conf = ("< POWER_MODEL ID=5 NAME=CUSTOM >\nCPU_A78_0 MAX_FREQ 1420800\nCPU_A78_1 MAX_FREQ -1\n"
-            "CPU_A78_2 MAX_FREQ 1113600\nGPU MAX_FREQ 612000000\n< PM_CONFIG DEFAULT=5 >\n")
+    conf = (
+        "< POWER_MODEL ID=5 NAME=CUSTOM >\nCPU_A78_0 MAX_FREQ 1420800\nCPU_A78_1 MAX_FREQ -1\n"
+        "CPU_A78_2 MAX_FREQ 1113600\nGPU MAX_FREQ 612000000\n< PM_CONFIG DEFAULT=5 >\n"
+    )
     mode = parse_power_mode(conf, None)
     assert mode is not None
     assert (mode.id, mode.name, mode.cpu_max_khz) == (5, "CUSTOM", 1113600)
@@ -275,8 +355,7 @@ def test_hovering_at_a_threshold_does_not_flap(board: BoardCopy, caplog: pytest.
     assert len(changes) == 1
 
 
-def test_state_change_logs_warning_with_journal_fields(board: BoardCopy,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_state_change_logs_warning_with_journal_fields(board: BoardCopy, caplog: pytest.LogCaptureFixture) -> None:
     root = board("rpi4")
     watch = watch_on(root)
     watch.poll()
@@ -319,16 +398,16 @@ def test_all_zones_going_offline_is_unknown(board: BoardCopy) -> None:
 
 RK3588_LIKE = (Zone("soc-thermal", 40.0, (Trip(85.0, "passive"), Trip(115.0, "critical"))),)
 X86_PLACEHOLDERS = (Zone("x86_pkg_temp", 45.0, (Trip(0.0, "passive"), Trip(0.0, "passive"))),)
-ORIN_NANO_OLD = (Zone("cpu-thermal", 40.0, (Trip(104.5, "critical"), Trip(99.0, "hot"),
-                                             Trip(95.0, "passive"), Trip(80.0, "active"))),)
+ORIN_NANO_OLD = (
+    Zone("cpu-thermal", 40.0, (Trip(104.5, "critical"), Trip(99.0, "hot"), Trip(95.0, "passive"), Trip(80.0, "active"))),
+)
 
 
 @pytest.mark.parametrize(
     ("family", "zones", "overrides", "expected"),
     [
         # Pi: fixed defaults, the 110 C kernel trip is ignored.
-        ("raspberrypi", (Zone("cpu-thermal", 50.0, (Trip(110.0, "critical"),)),), {},
-         (70.0, 80.0, 85.0)),
+        ("raspberrypi", (Zone("cpu-thermal", 50.0, (Trip(110.0, "critical"),)),), {}, (70.0, 80.0, 85.0)),
         ("jetson", (), {}, (80.0, 90.0, 97.0)),  # no trips: board default
         # Orin Nano's first DT: lowest critical/hot is 99, passive 95 is above the new critical.
         ("jetson", ORIN_NANO_OLD, {}, (74.0, 84.0, 91.5)),
@@ -338,12 +417,17 @@ ORIN_NANO_OLD = (Zone("cpu-thermal", 40.0, (Trip(104.5, "critical"), Trip(99.0, 
         ("raspberrypi", (), {"warm_c": 90.0}, (90.0, 92.0, 94.0)),  # defaults pushed above it
         ("raspberrypi", (), {"critical_c": 60.0}, (56.0, 58.0, 60.0)),  # defaults pushed below it
         ("raspberrypi", (), {"warm_c": 50.0, "critical_c": 60.0}, (50.0, 55.0, 60.0)),  # midpoint
-        ("generic", RK3588_LIKE, {"warm_c": 60.0, "throttled_c": 65.0, "critical_c": 70.0},
-         (60.0, 65.0, 70.0)),  # all from config
+        (
+            "generic",
+            RK3588_LIKE,
+            {"warm_c": 60.0, "throttled_c": 65.0, "critical_c": 70.0},
+            (60.0, 65.0, 70.0),
+        ),  # all from config
     ],
 )
-def test_resolve_thresholds(family: BoardFamily, zones: tuple[Zone, ...], overrides: dict[str, float],
-                            expected: tuple[float, float, float]) -> None:
+def test_resolve_thresholds(
+    family: BoardFamily, zones: tuple[Zone, ...], overrides: dict[str, float], expected: tuple[float, float, float]
+) -> None:
     thresholds, _ = resolve_thresholds(ThermalConfig(**overrides), family, zones)
     assert (thresholds["warm"], thresholds["throttled"], thresholds["critical"]) == pytest.approx(expected)
 
@@ -366,8 +450,12 @@ def test_config_rejects_unordered_thresholds(overrides: dict[str, float]) -> Non
     [
         ("Raspberry Pi 4 Model B Rev 1.4", {"cpu-thermal"}, True, "raspberrypi"),  # model decides
         ("NVIDIA Jetson AGX Orin Developer Kit", {"cpu-thermal"}, False, "jetson"),  # model decides
-        ("Seeed reComputer J4012", {"cpu-thermal", "gpu-thermal", "tj-thermal"}, False,
-         "jetson"),  # vendor carrier board: Orin zone names
+        (
+            "Seeed reComputer J4012",
+            {"cpu-thermal", "gpu-thermal", "tj-thermal"},
+            False,
+            "jetson",
+        ),  # vendor carrier board: Orin zone names
         (None, {"CPU-therm", "GPU-therm", "PLL-therm"}, False, "jetson"),  # Nano/TX2 names
         (None, {"cpu-thermal"}, True, "raspberrypi"),  # model missing, Pi firmware present
         (None, {"cpu-thermal"}, False, "generic"),  # some other SoC
@@ -394,6 +482,7 @@ def test_family_from_zones_without_device_tree(board: BoardCopy, name: str, fami
 
 # ---- weird trees --------------------------------------------------------------------------------
 
+
 def _make_dir(path: Path) -> None:
     path.unlink()
     path.mkdir()
@@ -416,8 +505,12 @@ def _dangling_link(path: Path) -> None:
         # dangling symlink for the temperature
         ("rpi4", f"{ZONES}/thermal_zone0/temp", _dangling_link, lambda r: r.state == "unknown"),
         # garbage trip point: zone still read, Pi thresholds unaffected
-        ("rpi4", f"{ZONES}/thermal_zone0/trip_point_0_temp", "abc",
-         lambda r: r.zones == {"cpu-thermal": 52.095} and r.thresholds["critical"] == 85.0),
+        (
+            "rpi4",
+            f"{ZONES}/thermal_zone0/trip_point_0_temp",
+            "abc",
+            lambda r: r.zones == {"cpu-thermal": 52.095} and r.thresholds["critical"] == 85.0,
+        ),
         # garbage get_throttled: falls back to hwmon (under-voltage only)
         ("rpi4", GET_THROTTLED, "zzz\n", lambda r: r.throttled_flags == () and r.state == "ok"),
         # model with invalid UTF-8: still a string, family from zones
@@ -425,11 +518,19 @@ def _dangling_link(path: Path) -> None:
         # hardware maximum of 0: policy ignored
         ("rpi4", f"{PI4_POLICY}/cpuinfo_max_freq", "0\n", lambda r: r.freq_cap_ratio is None),
         # garbage scaling_max: no cap known, current clock still reported
-        ("rpi4", f"{PI4_POLICY}/scaling_max_freq", "-\n",
-         lambda r: r.freq_cap_ratio is None and r.freq_cur_ratio == pytest.approx(1 / 3)),
+        (
+            "rpi4",
+            f"{PI4_POLICY}/scaling_max_freq",
+            "-\n",
+            lambda r: r.freq_cap_ratio is None and r.freq_cur_ratio == pytest.approx(1 / 3),
+        ),
         # nvpmodel conf is junk: no power mode, so the 1.5 GHz cap counts against 2.2 GHz
-        ("jetson_orin", "etc/nvpmodel.conf", "\x00\x01 not a conf",
-         lambda r: r.power_mode is None and r.state == "throttled"),
+        (
+            "jetson_orin",
+            "etc/nvpmodel.conf",
+            "\x00\x01 not a conf",
+            lambda r: r.power_mode is None and r.state == "throttled",
+        ),
         # status file garbage: conf default (MODE_30W) applies
         ("jetson_orin", "var/lib/nvpmodel/status", "pmode:\n", lambda r: r.power_mode == "MODE_30W"),
         # the thermal class is a file, not a directory
@@ -438,9 +539,13 @@ def _dangling_link(path: Path) -> None:
         ("jetson_orin", f"{ZONES}/thermal_zone8", "x", lambda r: "tj-thermal" not in r.zones),
     ],
 )
-def test_weird_tree_does_not_raise(board: BoardCopy, board_name: str, rel: str,
-                                   damage: str | bytes | Callable[[Path], None],
-                                   check: Callable[[ThermalReport], bool]) -> None:
+def test_weird_tree_does_not_raise(
+    board: BoardCopy,
+    board_name: str,
+    rel: str,
+    damage: str | bytes | Callable[[Path], None],
+    check: Callable[[ThermalReport], bool],
+) -> None:
     root = board(board_name)
     target = root / rel
     if callable(damage):
@@ -487,6 +592,7 @@ def test_duplicate_zone_names_stay_distinct_in_numeric_order(board: BoardCopy) -
 
 # ---- vcgencmd -----------------------------------------------------------------------------------
 
+
 def _fake_vcgencmd(bin_dir: Path, body: str) -> Path:
     """An executable named vcgencmd that counts its calls in a file next to it."""
     bin_dir.mkdir(exist_ok=True)
@@ -498,8 +604,10 @@ def _fake_vcgencmd(bin_dir: Path, body: str) -> Path:
 
 def _host_has_pi_sysfs() -> bool:
     return any(Path("/sys/devices/platform").glob("soc*/*firmware/get_throttled")) or any(
-        (p / "name").read_text().strip() == "rpi_volt" for p in Path("/sys/class/hwmon").glob("hwmon*")
-        if (p / "name").is_file())
+        (p / "name").read_text().strip() == "rpi_volt"
+        for p in Path("/sys/class/hwmon").glob("hwmon*")
+        if (p / "name").is_file()
+    )
 
 
 @pytest.mark.skipif(_host_has_pi_sysfs(), reason="the host's own Pi sysfs files take precedence")
@@ -507,15 +615,15 @@ def test_vcgencmd_fallback_on_the_real_root(tmp_path: Path, monkeypatch: pytest.
     calls = _fake_vcgencmd(tmp_path / "bin", "echo throttled=0x50005")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     report = ThermalWatch(ThermalConfig(root=Path("/"), use_vcgencmd=True)).poll()
-    assert report.throttled_flags == ("under_voltage", "throttled", "under_voltage_occurred",
-                                      "throttled_occurred")
+    assert report.throttled_flags == ("under_voltage", "throttled", "under_voltage_occurred", "throttled_occurred")
     assert report.state in ("throttled", "critical")  # critical only if this host runs that hot
     assert calls.read_text().count("call") == 1
 
 
 @pytest.mark.skipif(_host_has_pi_sysfs(), reason="the host's own Pi sysfs files take precedence")
-def test_failing_vcgencmd_is_logged_once_then_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_failing_vcgencmd_is_logged_once_then_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     calls = _fake_vcgencmd(tmp_path / "bin", "echo 'VCHI initialization failed' >&2; exit 1")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     caplog.set_level(logging.WARNING, logger="edged.thermal_readers")
@@ -536,13 +644,13 @@ def test_vcgencmd_is_not_asked_about_a_fixture_root(tmp_path: Path, monkeypatch:
 
 # ---- summary and the edged thermal command ------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("temp", "throttled", "scaling_max", "summary"),
     [
         (52.1, "0", 1800000, "thermal ok 52.1C"),  # nothing to add
         (72.3, "0", 1800000, "thermal warm 72.3C rate 0.5"),  # reduced rate
-        (60.0, "50005", 1800000,
-         "thermal throttled 60.0C under_voltage,throttled rate 0.25"),  # active bits, not history
+        (60.0, "50005", 1800000, "thermal throttled 60.0C under_voltage,throttled rate 0.25"),  # active bits, not history
         (60.0, "0", 900000, "thermal throttled 60.0C cap 50% rate 0.25"),  # cpufreq cap
         (86.0, "0", 1800000, "thermal critical 86.0C paused"),  # inference paused
     ],
@@ -561,8 +669,9 @@ def test_summary_line_without_sensors() -> None:
 
 def test_thermal_command_prints_state_and_zones() -> None:
     out = io.StringIO()
-    code = run_thermal_command(ThermalConfig(root=FIXTURES / "jetson_orin", use_vcgencmd=False),
-                               watch=False, interval_s=None, out=out)
+    code = run_thermal_command(
+        ThermalConfig(root=FIXTURES / "jetson_orin", use_vcgencmd=False), watch=False, interval_s=None, out=out
+    )
     text = out.getvalue()
     assert code == 0
     assert "state       ok" in text
@@ -575,8 +684,9 @@ def test_thermal_command_prints_state_and_zones() -> None:
 def test_thermal_command_watch_repeats(board: BoardCopy) -> None:
     root = board("rpi4")
     out = io.StringIO()
-    code = run_thermal_command(ThermalConfig(root=root, use_vcgencmd=False, enabled=False),
-                               watch=True, interval_s=0.0, out=out, iterations=3)
+    code = run_thermal_command(
+        ThermalConfig(root=root, use_vcgencmd=False, enabled=False), watch=True, interval_s=0.0, out=out, iterations=3
+    )
     text = out.getvalue()
     assert code == 0
     assert text.count("-- ") == 3

@@ -24,8 +24,7 @@ UNITS = ("edged.service", "edged@.service")
 MAX_EXPOSURE = 2.5
 
 ANALYZE = shutil.which("systemd-analyze")
-needs_analyze = pytest.mark.skipif(ANALYZE is None,
-                                   reason="systemd-analyze not installed (apt install systemd)")
+needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed (apt install systemd)")
 
 Unit = dict[str, list[tuple[str, str]]]
 
@@ -91,8 +90,7 @@ def analyze_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _verify(root: Path, unit: str) -> tuple[int, list[str]]:
     assert ANALYZE is not None
-    proc = subprocess.run([ANALYZE, "verify", f"--root={root}", unit],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([ANALYZE, "verify", f"--root={root}", unit], capture_output=True, text=True, timeout=60)
     lines = (proc.stdout + proc.stderr).splitlines()
     # Complaints about our units name them; anything else is about the host's units.
     return proc.returncode, [line for line in lines if "edged" in line]
@@ -100,8 +98,9 @@ def _verify(root: Path, unit: str) -> tuple[int, list[str]]:
 
 def _exposure(root: Path, unit: str) -> float:
     assert ANALYZE is not None
-    proc = subprocess.run([ANALYZE, "security", "--offline=yes", f"--root={root}", unit],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", f"--root={root}", unit], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", proc.stdout)
     assert match, f"no overall exposure in:\n{proc.stdout}\n{proc.stderr}"
@@ -109,6 +108,7 @@ def _exposure(root: Path, unit: str) -> float:
 
 
 # ---- systemd's own checks ----------------------------------------------------------------------
+
 
 @needs_analyze
 @pytest.mark.parametrize("unit", ["edged.service", "edged@cam0.service"])
@@ -145,9 +145,11 @@ def test_security_exposure_is_at_most_2_5(analyze_root: Path, unit: str) -> None
 @needs_analyze
 def test_security_score_notices_a_weaker_sandbox(analyze_root: Path) -> None:
     """The parsed score moves with the unit: dropping the sandbox pushes it well over the limit."""
-    weak = "\n".join(line for line in (UNIT_DIR / "edged.service").read_text().splitlines()
-                     if not line.startswith(("Protect", "SystemCall", "Restrict", "Private",
-                                             "CapabilityBoundingSet", "User=", "Group=")))
+    weak = "\n".join(
+        line
+        for line in (UNIT_DIR / "edged.service").read_text().splitlines()
+        if not line.startswith(("Protect", "SystemCall", "Restrict", "Private", "CapabilityBoundingSet", "User=", "Group="))
+    )
     unit_path = analyze_root / "usr" / "lib" / "systemd" / "system" / "edged-weak.service"
     unit_path.write_text(weak)
     try:
@@ -157,6 +159,7 @@ def test_security_score_notices_a_weaker_sandbox(analyze_root: Path) -> None:
 
 
 # ---- what the daemon and the package rely on ---------------------------------------------------
+
 
 @pytest.mark.parametrize("name", UNITS)
 def test_notify_watchdog_and_restart_policy(units: dict[str, Unit], name: str) -> None:
@@ -179,10 +182,8 @@ def test_notify_watchdog_and_restart_policy(units: dict[str, Unit], name: str) -
 
 
 def test_exec_start_runs_the_packaged_binary_on_the_packaged_config(units: dict[str, Unit]) -> None:
-    assert value(units["edged.service"], "Service", "ExecStart") == \
-        "/usr/bin/edged run --config /etc/edged/edged.toml"
-    assert value(units["edged@.service"], "Service", "ExecStart") == \
-        "/usr/bin/edged run --config /etc/edged/%i.toml"
+    assert value(units["edged.service"], "Service", "ExecStart") == "/usr/bin/edged run --config /etc/edged/edged.toml"
+    assert value(units["edged@.service"], "Service", "ExecStart") == "/usr/bin/edged run --config /etc/edged/%i.toml"
 
 
 @pytest.mark.parametrize("name", UNITS)
@@ -207,8 +208,7 @@ def test_devices_user_and_sandbox(units: dict[str, Unit], name: str) -> None:
     assert value(u, "Service", "MemoryMax") == "1G"
     assert value(u, "Service", "ConfigurationDirectory") == "edged"
     assert value(u, "Service", "RuntimeDirectoryMode") == "0750"
-    assert set(value(u, "Service", "RestrictAddressFamilies").split()) <= {
-        "AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
+    assert set(value(u, "Service", "RestrictAddressFamilies").split()) <= {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
     # Not set on purpose (see the comments in the unit).
     assert values(u, "Service", "MemoryDenyWriteExecute") == []
     assert values(u, "Service", "PrivateDevices") == []
@@ -241,8 +241,14 @@ def test_instances_get_their_own_directories(units: dict[str, Unit]) -> None:
 
 def test_instance_unit_has_the_same_sandbox(units: dict[str, Unit]) -> None:
     """edged@.service is a copy of edged.service except for the per-instance lines."""
-    per_instance = {"Description", "ExecStart", "StateDirectory", "CacheDirectory",
-                    "RuntimeDirectory", "RuntimeDirectoryPreserve"}
+    per_instance = {
+        "Description",
+        "ExecStart",
+        "StateDirectory",
+        "CacheDirectory",
+        "RuntimeDirectory",
+        "RuntimeDirectoryPreserve",
+    }
 
     def shared(u: Unit) -> dict[str, list[tuple[str, str]]]:
         return {s: [(k, v) for k, v in entries if k not in per_instance] for s, entries in u.items()}
@@ -254,11 +260,13 @@ def test_instance_unit_has_the_same_sandbox(units: dict[str, Unit]) -> None:
 
 
 def test_sysusers_entry_matches_the_unit_user(units: dict[str, Unit]) -> None:
-    lines = [line.split() for line in (UNIT_DIR / "edged.sysusers.conf").read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    lines = [
+        line.split()
+        for line in (UNIT_DIR / "edged.sysusers.conf").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     user = value(units["edged.service"], "Service", "User")
     assert [ln[:3] for ln in lines if ln[0] == "u"] == [["u", user, "-"]]
     assert "/var/lib/edged" in [ln[-1] for ln in lines if ln[0] == "u"]
     groups = {ln[2] for ln in lines if ln[0] == "m" and ln[1] == user}
     assert groups == set(value(units["edged.service"], "Service", "SupplementaryGroups").split())
-

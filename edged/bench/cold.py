@@ -106,8 +106,12 @@ def _first_message(config: Path, endpoint: str) -> tuple[float, int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGED_")}
     with tempfile.TemporaryFile() as stderr:
         t0 = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-m", "edged", "run", "--config", str(config)],
-                                 stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "edged", "run", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
+        )
         try:
             while time.perf_counter() - t0 < STARTUP_TIMEOUT_S:
                 if sub.poll(20):
@@ -130,8 +134,9 @@ def _first_message(config: Path, endpoint: str) -> tuple[float, int]:
             context.term()
 
 
-def cold_start(model: Path, *, trials: int = 3, spinning: Spinning = DEFAULT_SPINNING,
-               sources: tuple[str, ...] = SOURCES) -> list[ColdStart]:
+def cold_start(
+    model: Path, *, trials: int = 3, spinning: Spinning = DEFAULT_SPINNING, sources: tuple[str, ...] = SOURCES
+) -> list[ColdStart]:
     """Per source, ``trials`` pairs: cache deleted (built and written), then warm (loaded)."""
     return [_trials(model, source, trials, spinning) for source in sources]
 

@@ -57,8 +57,9 @@ class ContentionRow:
     decoded_fps: float  # frames the capture thread decoded per second meanwhile
 
 
-def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinning, threads: int, conf: float,
-                       cache_dir: Path) -> list[ContentionRow]:
+def capture_contention(
+    path: Path, *, frames: int, warmup: int, spinning: Spinning, threads: int, conf: float, cache_dir: Path
+) -> list[ContentionRow]:
     bench_video(cache_dir)  # written before any timing
     conditions: list[str] = ["none", *get_args(CapturePriority), CLOCK_FED, FED]
     samples: dict[str, dict[str, list[Sample]]] = {c: {"floor": [], "full": []} for c in conditions}
@@ -78,8 +79,13 @@ def capture_contention(path: Path, *, frames: int, warmup: int, spinning: Spinni
 
 def _row(name: str, samples: dict[str, list[Sample]], decoded_fps: float) -> ContentionRow:
     floor = Timing.of([s.total_ms for s in samples["floor"]]) if samples["floor"] else None
-    return ContentionRow(name, floor, Timing.of([s.total_ms for s in samples["full"]]),
-                         Timing.of([s.stages["inference"] for s in samples["full"]]), decoded_fps)
+    return ContentionRow(
+        name,
+        floor,
+        Timing.of([s.total_ms for s in samples["full"]]),
+        Timing.of([s.stages["inference"] for s in samples["full"]]),
+        decoded_fps,
+    )
 
 
 def bench_video(folder: Path) -> Path:
@@ -107,8 +113,9 @@ def decoding_camera(priority: CapturePriority, cache_dir: Path, *, decode_all: b
     capture.start()
     try:
         if capture.take(FIRST_FRAME_TIMEOUT_S) is None:
-            raise RuntimeError(f"the capture thread delivered no frame in {FIRST_FRAME_TIMEOUT_S:g} s: "
-                               f"{capture.stats().last_error}")
+            raise RuntimeError(
+                f"the capture thread delivered no frame in {FIRST_FRAME_TIMEOUT_S:g} s: {capture.stats().last_error}"
+            )
         yield capture
     finally:
         capture.stop()
@@ -145,8 +152,9 @@ class ClockFed:
         return self._full()
 
 
-def _block(floor: FloorPath, full: FullPath, condition: str, frames: int, warmup: int,
-           cache_dir: Path) -> tuple[dict[str, list[Sample]], float]:
+def _block(
+    floor: FloorPath, full: FullPath, condition: str, frames: int, warmup: int, cache_dir: Path
+) -> tuple[dict[str, list[Sample]], float]:
     """The rows for ``frames`` frames under one condition; and the frames decoded per second meanwhile."""
     if condition == "none":
         return interleave({"floor": floor, "full": full}, frames, warmup), 0.0

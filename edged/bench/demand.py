@@ -93,9 +93,17 @@ def decode_on_demand(*, frames: int) -> list[DemandRow]:
         wall = sum(b.wall_s for b in runs)
         ages = [age for b in runs for age in b.takes.ages_ms]
         newest = sum(b.takes.newest for b in runs)
-        rows.append(DemandRow(fps, "every frame" if decode_all else "on demand", sum(b.cpu_s for b in runs) / wall,
-                              sum(b.decoded for b in runs) / wall, len(ages) / wall,
-                              float(np.median(ages)) if ages else float("nan"), newest / max(1, len(ages))))
+        rows.append(
+            DemandRow(
+                fps,
+                "every frame" if decode_all else "on demand",
+                sum(b.cpu_s for b in runs) / wall,
+                sum(b.decoded for b in runs) / wall,
+                len(ages) / wall,
+                float(np.median(ages)) if ages else float("nan"),
+                newest / max(1, len(ages)),
+            )
+        )
     return sorted(rows, key=lambda r: (r.consumer_fps, r.decode != "every frame"))
 
 
@@ -126,8 +134,7 @@ def _block(jpegs: list[np.ndarray], fps: float, decode_all: bool, seconds: float
             _consume(capture, fps, (DEMAND_CYCLES + 2) / fps, rng)
         decoded, cpu, start = capture.stats().frames_decoded, time.process_time(), time.monotonic()
         takes = _consume(capture, fps, seconds, rng)
-        return _Block(time.process_time() - cpu, time.monotonic() - start,
-                      capture.stats().frames_decoded - decoded, takes)
+        return _Block(time.process_time() - cpu, time.monotonic() - start, capture.stats().frames_decoded - decoded, takes)
     finally:
         capture.stop()
 

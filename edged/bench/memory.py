@@ -38,8 +38,7 @@ _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
 
 
 class _Allocator(ctypes.Structure):
-    _fields_ = [("ctx", ctypes.c_void_p), ("malloc", _MALLOC), ("calloc", _CALLOC),
-                ("realloc", _REALLOC), ("free", _FREE)]
+    _fields_ = [("ctx", ctypes.c_void_p), ("malloc", _MALLOC), ("calloc", _CALLOC), ("realloc", _REALLOC), ("free", _FREE)]
 
 
 class _Handler(ctypes.Structure):
@@ -65,8 +64,11 @@ class NumpyAllocations:
         self._libc_free.argtypes = [ctypes.c_void_p]
         self._libc_free.restype = None
         # The callbacks and the struct must outlive every array allocated through them.
-        self._handler = _Handler(b"edged_bench_counter", 1, _Allocator(
-            None, _MALLOC(self._malloc), _CALLOC(self._calloc), _REALLOC(self._realloc), _FREE(self._free)))
+        self._handler = _Handler(
+            b"edged_bench_counter",
+            1,
+            _Allocator(None, _MALLOC(self._malloc), _CALLOC(self._calloc), _REALLOC(self._realloc), _FREE(self._free)),
+        )
         self._name = ctypes.create_string_buffer(b"mem_handler")
         new_capsule = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
         self._capsule = new_capsule(ctypes.addressof(self._handler), ctypes.addressof(self._name), None)
@@ -186,7 +188,9 @@ def measure_allocations(full: FullPath, frames: int, warmup: int = 20) -> Alloca
     finally:
         tracemalloc.stop()
     return Allocations(
-        frames=frames, numpy_buffers=counts, numpy_bytes=sizes,
+        frames=frames,
+        numpy_buffers=counts,
+        numpy_bytes=sizes,
         heap_blocks=sum(s.count_diff for s in growth) / frames,
         heap_bytes=sum(s.size_diff for s in growth) / frames,
         transient_peak_bytes=float(np.median(peaks)),
@@ -255,9 +259,15 @@ def soak_images(count: int = 8) -> list[np.ndarray]:
     return [scenes.render(i).image for i in range(count)]
 
 
-def soak(model: LoadedModel, frames: int, *, images: list[np.ndarray] | None = None,
-         samples: int = 10, warmup: int = 100,
-         on_sample: Callable[[int, float, float], None] | None = None) -> SoakResult:
+def soak(
+    model: LoadedModel,
+    frames: int,
+    *,
+    images: list[np.ndarray] | None = None,
+    samples: int = 10,
+    warmup: int = 100,
+    on_sample: Callable[[int, float, float], None] | None = None,
+) -> SoakResult:
     """Run the full path for ``frames`` frames cycling through ``images`` (default
     `soak_images`); sample memory. ``on_sample(frame, rss_kb, traced_kb)`` sees each sample.
 
@@ -295,13 +305,15 @@ def soak(model: LoadedModel, frames: int, *, images: list[np.ndarray] | None = N
     x, rss, traced = (np.array(column, float) for column in zip(*points, strict=True))
     late = len(points) // 2
     return SoakResult(
-        frames=frames, samples=points,
+        frames=frames,
+        samples=points,
         rss_slope_kb_per_1000=_slope(x, rss) * 1000,
         rss_late_slope_kb_per_1000=_slope(x[late:], rss[late:]) * 1000,
         traced_growth_kb=float(traced[-1] - traced[0]),
         traced_slope_kb_per_1000=_slope(x, traced) * 1000,
         traced_late_slope_kb_per_1000=_slope(x[late:], traced[late:]) * 1000,
-        median_ms=float(np.median(times)), p99_ms=float(np.percentile(times, 99)),
+        median_ms=float(np.median(times)),
+        p99_ms=float(np.percentile(times, 99)),
         top_growth=[str(s) for s in growth[:3] if s.size_diff > 0],
     )
 
@@ -309,7 +321,8 @@ def soak(model: LoadedModel, frames: int, *, images: list[np.ndarray] | None = N
 def _edged_traces() -> tracemalloc.Snapshot:
     """Traced blocks, less those of this module and of tracemalloc itself."""
     return tracemalloc.take_snapshot().filter_traces(
-        [tracemalloc.Filter(False, __file__), tracemalloc.Filter(False, tracemalloc.__file__)])
+        [tracemalloc.Filter(False, __file__), tracemalloc.Filter(False, tracemalloc.__file__)]
+    )
 
 
 def _traced_kb(snapshot: tracemalloc.Snapshot) -> float:

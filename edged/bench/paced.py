@@ -33,16 +33,27 @@ class PacedRun:
     core_share: float  # CPU time over wall time: 1.0 is one core kept busy
 
 
-def paced(path: Path, *, fps: float, frames: int, warmup: int, spinning: tuple[Spinning, ...], threads: int,
-          conf: float, capture: CapturePriority | None, cache_dir: Path) -> list[PacedRun]:
+def paced(
+    path: Path,
+    *,
+    fps: float,
+    frames: int,
+    warmup: int,
+    spinning: tuple[Spinning, ...],
+    threads: int,
+    conf: float,
+    capture: CapturePriority | None,
+    cache_dir: Path,
+) -> list[PacedRun]:
     if capture is None:
         return _paced(path, fps, frames, warmup, spinning, threads, conf)
     with decoding_camera(capture, cache_dir):
         return _paced(path, fps, frames, warmup, spinning, threads, conf)
 
 
-def _paced(path: Path, fps: float, frames: int, warmup: int, spinning: tuple[Spinning, ...], threads: int,
-           conf: float) -> list[PacedRun]:
+def _paced(
+    path: Path, fps: float, frames: int, warmup: int, spinning: tuple[Spinning, ...], threads: int, conf: float
+) -> list[PacedRun]:
     image = bench_frame()
     latency: dict[Spinning, list[float]] = {spin: [] for spin in spinning}
     cpu_ms = dict.fromkeys(spinning, 0.0)
@@ -64,5 +75,7 @@ def _paced(path: Path, fps: float, frames: int, warmup: int, spinning: tuple[Spi
                 cpu_ms[spin] += (time.process_time_ns() - cpu0) / 1e6
                 wall_ms[spin] += (time.perf_counter_ns() - t0) / 1e6
     count = per_round * ROUNDS
-    return [PacedRun(spin, fps, Timing.of(np.asarray(latency[spin])), cpu_ms[spin] / count,
-                     cpu_ms[spin] / wall_ms[spin]) for spin in spinning]
+    return [
+        PacedRun(spin, fps, Timing.of(np.asarray(latency[spin])), cpu_ms[spin] / count, cpu_ms[spin] / wall_ms[spin])
+        for spin in spinning
+    ]

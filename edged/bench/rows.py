@@ -76,9 +76,12 @@ class FullPath:
         h, w = image.shape[:2]
         self.image = image
         self.pipeline = FramePipeline(model, w, h, "bgr")
-        settings = Settings(model=model.cfg, source=SyntheticSource(width=w, height=h),
-                            publish=PublishConfig(endpoints=["tcp://127.0.0.1:*"]),
-                            thermal=ThermalConfig(enabled=False))
+        settings = Settings(
+            model=model.cfg,
+            source=SyntheticSource(width=w, height=h),
+            publish=PublishConfig(endpoints=["tcp://127.0.0.1:*"]),
+            thermal=ThermalConfig(enabled=False),
+        )
         self._context = zmq.Context()
         self.publisher = Publisher(settings.publish, self._context)
         self._model = model
@@ -97,18 +100,37 @@ class FullPath:
     def __call__(self) -> Sample:
         self.drain()
         t0 = time.perf_counter_ns()
-        frame = Frame(image=self.image, frame_id=next(self._frame_ids), t_capture_ns=time.monotonic_ns(),
-                      t_wall_ns=time.time_ns(), channel_order="bgr")
+        frame = Frame(
+            image=self.image,
+            frame_id=next(self._frame_ids),
+            t_capture_ns=time.monotonic_ns(),
+            t_wall_ns=time.time_ns(),
+            channel_order="bgr",
+        )
         detections, times = self.pipeline.process(frame.image)
         age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
         t1 = time.perf_counter_ns()
         if len(detections) or self._publish_empty:
-            msg = detections_message(self._camera_id, frame.frame_id, frame, self.pipeline.box_map,
-                                     self._model, self._model_info, detections, times, age_ms, "ok")
+            msg = detections_message(
+                self._camera_id,
+                frame.frame_id,
+                frame,
+                self.pipeline.box_map,
+                self._model,
+                self._model_info,
+                detections,
+                times,
+                age_ms,
+                "ok",
+            )
             self.publisher.send(self._topic, msg.model_dump_json().encode())
         t2 = time.perf_counter_ns()
-        stages = {"preprocess": times.preprocess_ms, "inference": times.inference_ms,
-                  "decode": times.decode_ms, "publish": _ms(t1, t2)}
+        stages = {
+            "preprocess": times.preprocess_ms,
+            "inference": times.inference_ms,
+            "decode": times.decode_ms,
+            "publish": _ms(t1, t2),
+        }
         return Sample(_ms(t0, t2), stages)
 
     def drain(self) -> None:
@@ -174,8 +196,9 @@ class NaivePath:
         new_w, new_h = round(w * r), round(h * r)
         left, top = round((in_w - new_w) / 2 - 0.1), round((in_h - new_h) / 2 - 0.1)
         resized = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
-        padded = cv2.copyMakeBorder(resized, top, in_h - new_h - top, left, in_w - new_w - left,
-                                    cv2.BORDER_CONSTANT, value=(114, 114, 114))
+        padded = cv2.copyMakeBorder(
+            resized, top, in_h - new_h - top, left, in_w - new_w - left, cv2.BORDER_CONSTANT, value=(114, 114, 114)
+        )
         blob = cv2.dnn.blobFromImage(padded, self._scale, (in_w, in_h), swapRB=True)
         pred = self._session.run(None, {self._name: blob})[0][0].T
         class_scores = pred[:, 4:]
@@ -195,8 +218,13 @@ class NaivePath:
         if self._agnostic:
             picked = cv2.dnn.NMSBoxes(xywh, scores, self._conf, self._iou)  # type: ignore[arg-type]
         else:
-            picked = cv2.dnn.NMSBoxesBatched(xywh, scores, class_ids.astype(np.int32),  # type: ignore[arg-type]
-                                             self._conf, self._iou)
+            picked = cv2.dnn.NMSBoxesBatched(
+                xywh,
+                scores,
+                class_ids.astype(np.int32),  # type: ignore[arg-type]
+                self._conf,
+                self._iou,
+            )
         idx = np.asarray(picked, np.intp).reshape(-1)[: self._max_det]
         return xyxy[idx], scores[idx], class_ids[idx].astype(np.int32)
 

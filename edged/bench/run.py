@@ -121,9 +121,14 @@ def machine_info() -> dict[str, Any]:
         pass
     online = online_cpus() or frozenset(range(os.cpu_count() or 1))
     return {
-        "cpu": cpu, "logical_cores": len(online), "physical_cores": physical_cores(online),
-        "onnxruntime": ort.__version__, "numpy": np.__version__, "opencv": cv2.__version__,
-        "python": platform.python_version(), "loadavg_start": round(os.getloadavg()[0], 2),
+        "cpu": cpu,
+        "logical_cores": len(online),
+        "physical_cores": physical_cores(online),
+        "onnxruntime": ort.__version__,
+        "numpy": np.__version__,
+        "opencv": cv2.__version__,
+        "python": platform.python_version(),
+        "loadavg_start": round(os.getloadavg()[0], 2),
     }
 
 
@@ -167,24 +172,26 @@ def load(path: Path, *, spinning: Spinning, threads: int = 0, conf: float = 0.25
     return load_model(ModelConfig(path=path, conf=conf), runtime)
 
 
-def _spin_run(model: LoadedModel, full: FullPath, image: np.ndarray, frames: int, warmup: int,
-              cpu_frames: int) -> SpinResult:
+def _spin_run(
+    model: LoadedModel, full: FullPath, image: np.ndarray, frames: int, warmup: int, cpu_frames: int
+) -> SpinResult:
     full()  # fills the input tensor the floor row is fed a copy of
     rows: dict[str, Row] = {"floor": FloorPath(model, full.pipeline.preprocess.tensor), "full": full}
     if naive_unsupported(model) is None:
         rows["naive"] = NaivePath(model, image)
     samples = interleave(rows, frames, warmup)
-    results = {name: _row_result(samples[name], cpu_block(row, cpu_frames, min(warmup, 10)))
-               for name, row in rows.items()}
+    results = {name: _row_result(samples[name], cpu_block(row, cpu_frames, min(warmup, 10))) for name, row in rows.items()}
     floor, full_ms = (np.array([s.total_ms for s in samples[k]]) for k in ("floor", "full"))
     naive = results.get("naive")
     return SpinResult(
-        spinning=model.engine.cfg.spinning, rows=results,
+        spinning=model.engine.cfg.spinning,
+        rows=results,
         full_over_floor=results["full"].latency.median_ms / results["floor"].latency.median_ms,
         naive_over_floor=naive.latency.median_ms / results["floor"].latency.median_ms if naive else None,
         overhead_ms=results["full"].latency.median_ms - results["floor"].latency.median_ms,
         paired_overhead_ms=float(np.median(full_ms - floor)),
-        messages_sent=full.publisher.sent, messages_received=full.received,
+        messages_sent=full.publisher.sent,
+        messages_received=full.received,
     )
 
 
@@ -192,8 +199,7 @@ def _row_result(samples: list[Sample], cpu: CpuBlock) -> RowResult:
     stages = {}
     if samples and samples[0].stages:
         stages = {k: Timing.of([s.stages[k] for s in samples]) for k in STAGES}
-    return RowResult(Timing.of([s.total_ms for s in samples]), cpu.cpu_ms_per_frame,
-                     cpu.cores_busy, stages)
+    return RowResult(Timing.of([s.total_ms for s in samples]), cpu.cpu_ms_per_frame, cpu.cores_busy, stages)
 
 
 def _alone(model: LoadedModel, full: FullPath, frames: int, warmup: int) -> Alone:
@@ -205,7 +211,8 @@ def _alone(model: LoadedModel, full: FullPath, frames: int, warmup: int) -> Alon
     return Alone(
         preprocess=Timing.of(time_alone(lambda: pipeline.preprocess(full.image), frames, warmup)),
         decode=Timing.of(time_alone(lambda: decode(output, m), frames, warmup)),
-        frame_size=(m.frame_w, m.frame_h), input_size=(m.input_w, m.input_h),
+        frame_size=(m.frame_w, m.frame_h),
+        input_size=(m.input_w, m.input_h),
         candidates=candidates_above(model, output),
         anchors=int(output.shape[2] if model.head == "yolov8" else output.shape[1]),
         detections=len(detections),
@@ -220,14 +227,17 @@ def detections_match(model: LoadedModel, full: FullPath) -> bool:
         return False
     order = np.lexsort((mine.xyxy[:, 0], mine.class_ids))
     theirs = np.lexsort((xyxy[:, 0], class_ids))
-    return bool(np.array_equal(mine.class_ids[order], class_ids[theirs])
-                and np.allclose(mine.xyxy[order], xyxy[theirs], atol=0.05)
-                and np.allclose(mine.scores[order], scores[theirs], atol=1e-4))
+    return bool(
+        np.array_equal(mine.class_ids[order], class_ids[theirs])
+        and np.allclose(mine.xyxy[order], xyxy[theirs], atol=0.05)
+        and np.allclose(mine.scores[order], scores[theirs], atol=1e-4)
+    )
 
 
 @contextmanager
-def full_path_for(path: Path, spinning: Spinning, threads: int, conf: float,
-             image: np.ndarray) -> Iterator[tuple[LoadedModel, FullPath]]:
+def full_path_for(
+    path: Path, spinning: Spinning, threads: int, conf: float, image: np.ndarray
+) -> Iterator[tuple[LoadedModel, FullPath]]:
     """A freshly loaded model and its full path, sockets closed on the way out."""
     model = load(path, spinning=spinning, threads=threads, conf=conf)
     full = FullPath(model, image)
@@ -247,20 +257,37 @@ class _Extras:
     model: dict[str, Any]
 
 
-def _extras(model: LoadedModel, full: FullPath, path: Path, frames: int, warmup: int,
-            alloc_frames: int, model_info: dict[str, Any] | None) -> _Extras:
+def _extras(
+    model: LoadedModel,
+    full: FullPath,
+    path: Path,
+    frames: int,
+    warmup: int,
+    alloc_frames: int,
+    model_info: dict[str, Any] | None,
+) -> _Extras:
     skipped = naive_unsupported(model)
     return _Extras(
         alone=_alone(model, full, frames, warmup),
         allocations=measure_allocations(full, alloc_frames),
         detections_match=None if skipped else detections_match(model, full),
-        naive_skipped=skipped, model=_model_info(model, path, model_info),
+        naive_skipped=skipped,
+        model=_model_info(model, path, model_info),
     )
 
 
-def bench(path: Path, *, frames: int = 300, warmup: int = 20, cpu_frames: int = 100,
-          spinning: tuple[Spinning, ...] = ("during-run",), threads: int = 0, conf: float = 0.25,
-          alloc_frames: int = 100, model_info: dict[str, Any] | None = None) -> BenchResult:
+def bench(
+    path: Path,
+    *,
+    frames: int = 300,
+    warmup: int = 20,
+    cpu_frames: int = 100,
+    spinning: tuple[Spinning, ...] = ("during-run",),
+    threads: int = 0,
+    conf: float = 0.25,
+    alloc_frames: int = 100,
+    model_info: dict[str, Any] | None = None,
+) -> BenchResult:
     """Run every measurement on the model at ``path``.
 
     Each spinning setting gets its own session (loaded in turn, never two at once); the first
@@ -284,18 +311,39 @@ def bench(path: Path, *, frames: int = 300, warmup: int = 20, cpu_frames: int = 
     load_end = LoadSnapshot.now()
     if load_start and load_end:
         machine.update(load_end.since(load_start))
-    settings = {"frames": frames, "warmup": warmup, "cpu_frames": cpu_frames, "threads": threads,
-                "conf": conf, "alloc_frames": alloc_frames, "frame": "1280x720 BGR scene 0, seed 0"}
-    return BenchResult(machine, extras.model, settings, runs, extras.alone, extras.allocations,
-                       extras.detections_match, extras.naive_skipped,
-                       resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    settings = {
+        "frames": frames,
+        "warmup": warmup,
+        "cpu_frames": cpu_frames,
+        "threads": threads,
+        "conf": conf,
+        "alloc_frames": alloc_frames,
+        "frame": "1280x720 BGR scene 0, seed 0",
+    }
+    return BenchResult(
+        machine,
+        extras.model,
+        settings,
+        runs,
+        extras.alone,
+        extras.allocations,
+        extras.detections_match,
+        extras.naive_skipped,
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    )
 
 
 def _model_info(model: LoadedModel, path: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
-    info = {"path": str(path), "name": model.engine.identity.name, "provider": model.engine.provider,
-            "threads": model.engine.threads.summary,
-            "input": list(model.contract.shape), "output": list(model.engine.outputs[0].shape),
-            "head": model.head, "classes": model.num_classes}
+    info = {
+        "path": str(path),
+        "name": model.engine.identity.name,
+        "provider": model.engine.provider,
+        "threads": model.engine.threads.summary,
+        "input": list(model.contract.shape),
+        "output": list(model.engine.outputs[0].shape),
+        "head": model.head,
+        "classes": model.num_classes,
+    }
     from edged.bench.timing_model import MissingOnnx, graph_stats
 
     try:

@@ -45,9 +45,7 @@ def _onnx() -> Any:
     try:
         import onnx
     except ImportError:
-        raise MissingOnnx(
-            "building or inspecting benchmark models needs the onnx package: pip install onnx"
-        ) from None
+        raise MissingOnnx("building or inspecting benchmark models needs the onnx package: pip install onnx") from None
     return onnx
 
 
@@ -81,8 +79,7 @@ class _Graph:
         self.inits.append(onnx.numpy_helper.from_array(value, name))
         return name
 
-    def node(self, op: str, inputs: list[str], channels: int | None = None, *,
-             out: str | None = None, **attrs: Any) -> str:
+    def node(self, op: str, inputs: list[str], channels: int | None = None, *, out: str | None = None, **attrs: Any) -> str:
         onnx = _onnx()
         out = out or self._name(op.lower())
         self.nodes.append(onnx.helper.make_node(op, inputs, [out], **attrs))
@@ -90,15 +87,22 @@ class _Graph:
             self.channels[out] = channels
         return out
 
-    def conv(self, x: str, c_out: int, k: int = 1, s: int = 1, *, act: bool = True,
-             scale: float = 1.0, bias: float | None = None) -> str:
+    def conv(
+        self, x: str, c_out: int, k: int = 1, s: int = 1, *, act: bool = True, scale: float = 1.0, bias: float | None = None
+    ) -> str:
         """Conv with folded batch norm (a bias), then SiLU unless ``act`` is False."""
         c_in = self.channels[x]
         std = (_SILU_GAIN if act else 1.0) / math.sqrt(c_in * k * k)
         w = (self.rng.standard_normal((c_out, c_in, k, k)) * std * scale).astype(np.float32)
         b = self.rng.normal(0.0, 0.1, c_out) if bias is None else np.full(c_out, bias)
-        y = self.node("Conv", [x, self.const(w, "w"), self.const(b.astype(np.float32), "b")], c_out,
-                      kernel_shape=[k, k], strides=[s, s], pads=[k // 2] * 4)
+        y = self.node(
+            "Conv",
+            [x, self.const(w, "w"), self.const(b.astype(np.float32), "b")],
+            c_out,
+            kernel_shape=[k, k],
+            strides=[s, s],
+            pads=[k // 2] * 4,
+        )
         if not act:
             return y
         return self.node("Mul", [y, self.node("Sigmoid", [y])], c_out)
@@ -115,8 +119,9 @@ class _Graph:
         y = self.conv(x, self.channels[x] // 2, 1)
         parts = [y]
         for _ in range(3):
-            parts.append(self.node("MaxPool", [parts[-1]], self.channels[y], kernel_shape=[5, 5],
-                                   strides=[1, 1], pads=[2, 2, 2, 2]))
+            parts.append(
+                self.node("MaxPool", [parts[-1]], self.channels[y], kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2])
+            )
         return self.conv(self.concat(parts), c_out, 1)
 
     def split(self, x: str, parts: int) -> tuple[str, ...]:
@@ -161,14 +166,14 @@ def _anchors(size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(points, 1)[None], np.concatenate(strides)[None, None]
 
 
-def _head(g: _Graph, feats: list[str], size: int, box_scale: float, cls_scale: float,
-          cls_bias: float) -> tuple[str, str, str]:
+def _head(
+    g: _Graph, feats: list[str], size: int, box_scale: float, cls_scale: float, cls_bias: float
+) -> tuple[str, str, str]:
     """Decoupled box (DFL) and class branches -> (output [1, 4+nc, A], raw box, raw class logits)."""
     box_parts, cls_parts = [], []
     for f in feats:
         box = g.conv(g.conv(g.conv(f, 64, 3), 64, 3), 4 * REG_MAX, act=False, scale=box_scale, bias=0.0)
-        cls = g.conv(g.conv(g.conv(f, 80, 3), 80, 3), NUM_CLASSES, act=False, scale=cls_scale,
-                     bias=cls_bias)
+        cls = g.conv(g.conv(g.conv(f, 80, 3), 80, 3), NUM_CLASSES, act=False, scale=cls_scale, bias=cls_bias)
         box_parts.append(g.node("Reshape", [box, g.const(np.array([1, 4 * REG_MAX, -1], np.int64))]))
         cls_parts.append(g.node("Reshape", [cls, g.const(np.array([1, NUM_CLASSES, -1], np.int64))]))
     box_raw = g.node("Concat", box_parts, axis=2)
@@ -176,8 +181,7 @@ def _head(g: _Graph, feats: list[str], size: int, box_scale: float, cls_scale: f
     dist = g.node("Reshape", [box_raw, g.const(np.array([1, 4, REG_MAX, -1], np.int64))])
     prob = g.node("Softmax", [dist], axis=2)
     proj = g.const(np.arange(REG_MAX, dtype=np.float32).reshape(1, 1, REG_MAX, 1))
-    ltrb = g.node("ReduceSum", [g.node("Mul", [prob, proj]), g.const(np.array([2], np.int64))],
-                  keepdims=0)
+    ltrb = g.node("ReduceSum", [g.node("Mul", [prob, proj]), g.const(np.array([2], np.int64))], keepdims=0)
     lt, rb = g.split(ltrb, 2)
     anchors, strides = _anchors(size)
     a = g.const(anchors, "anchors")
@@ -194,40 +198,51 @@ def _calibration_input(size: int) -> np.ndarray:
     frame = SceneGenerator(1280, 720, seed=0).render(0).image
     m = BoxMap.letterbox(1280, 720, size, size)
     canvas = np.full((size, size, 3), 114, np.uint8)
-    canvas[m.pad_y:m.pad_y + m.resized_h, m.pad_x:m.pad_x + m.resized_w] = cv2.resize(
-        frame, (m.resized_w, m.resized_h), interpolation=cv2.INTER_LINEAR)
+    canvas[m.pad_y : m.pad_y + m.resized_h, m.pad_x : m.pad_x + m.resized_w] = cv2.resize(
+        frame, (m.resized_w, m.resized_h), interpolation=cv2.INTER_LINEAR
+    )
     return np.ascontiguousarray(canvas[..., ::-1].transpose(2, 0, 1)[None], np.float32) / 255.0
 
 
-def _model(size: int, seed: int, box_scale: float, cls_scale: float, cls_bias: float,
-           raw_outputs: bool) -> Any:
+def _model(size: int, seed: int, box_scale: float, cls_scale: float, cls_bias: float, raw_outputs: bool) -> Any:
     onnx = _onnx()
     g = _Graph(np.random.default_rng(seed))
     g.channels["images"] = 3
-    out, box_raw, cls_raw = _head(g, _backbone_and_neck(g, "images"), size, box_scale, cls_scale,
-                                  cls_bias)
+    out, box_raw, cls_raw = _head(g, _backbone_and_neck(g, "images"), size, box_scale, cls_scale, cls_bias)
     n = sum((size // s) ** 2 for s in STRIDES)
     f32 = onnx.TensorProto.FLOAT
     outputs = [onnx.helper.make_tensor_value_info(out, f32, [1, 4 + NUM_CLASSES, n])]
     if raw_outputs:
-        outputs += [onnx.helper.make_tensor_value_info(box_raw, f32, [1, 4 * REG_MAX, n]),
-                    onnx.helper.make_tensor_value_info(cls_raw, f32, [1, NUM_CLASSES, n])]
+        outputs += [
+            onnx.helper.make_tensor_value_info(box_raw, f32, [1, 4 * REG_MAX, n]),
+            onnx.helper.make_tensor_value_info(cls_raw, f32, [1, NUM_CLASSES, n]),
+        ]
     graph = onnx.helper.make_graph(
-        g.nodes, "yolov8n_like", [onnx.helper.make_tensor_value_info("images", f32, [1, 3, size, size])],
-        outputs, initializer=g.inits)
+        g.nodes,
+        "yolov8n_like",
+        [onnx.helper.make_tensor_value_info("images", f32, [1, 3, size, size])],
+        outputs,
+        initializer=g.inits,
+    )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
     model.ir_version = 8
-    onnx.helper.set_model_props(model, {
-        "description": "edged timing model: YOLOv8n layout, random weights, calibrated head",
-        "names": repr({i: f"class{i}" for i in range(NUM_CLASSES)}),
-        "stride": str(max(STRIDES)), "imgsz": f"[{size}, {size}]", "task": "detect",
-        "color_order": "rgb", "layout": "nchw", "batch": "1",
-    })
+    onnx.helper.set_model_props(
+        model,
+        {
+            "description": "edged timing model: YOLOv8n layout, random weights, calibrated head",
+            "names": repr({i: f"class{i}" for i in range(NUM_CLASSES)}),
+            "stride": str(max(STRIDES)),
+            "imgsz": f"[{size}, {size}]",
+            "task": "detect",
+            "color_order": "rgb",
+            "layout": "nchw",
+            "batch": "1",
+        },
+    )
     return model
 
 
-def build_yolov8n_like(path: Path, *, size: int = 640, candidates: int = 64, conf: float = 0.25,
-                       seed: int = 0) -> Path:
+def build_yolov8n_like(path: Path, *, size: int = 640, candidates: int = 64, conf: float = 0.25, seed: int = 0) -> Path:
     """Write the calibrated timing model to ``path``; ``size`` must be a multiple of 32."""
     if size < 32 or size % 32:
         raise ValueError(f"size must be a positive multiple of 32, got {size}")
@@ -241,8 +256,7 @@ def build_yolov8n_like(path: Path, *, size: int = 640, candidates: int = 64, con
     k = min(max(candidates, 1), best.size - 1)
     # Halfway between the k-th and (k+1)-th best anchor: float noise cannot move either across.
     cls_bias = math.log(conf / (1.0 - conf)) - float(best[-k] + best[-k - 1]) / 2.0
-    model = _model(size, seed, _BOX_LOGIT_STD / float(box_raw.std()), cls_scale, cls_bias,
-                   raw_outputs=False)
+    model = _model(size, seed, _BOX_LOGIT_STD / float(box_raw.std()), cls_scale, cls_bias, raw_outputs=False)
     _onnx().checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
@@ -278,7 +292,6 @@ def graph_stats(path: Path) -> GraphStats:
             macs += math.prod(out) * math.prod(shapes[node.input[1]][1:])
         elif node.op_type in ("Gemm", "MatMul") and out and node.input[0] in shapes:
             macs += math.prod(out) * shapes[node.input[0]][-1]
-    constants = [a.t for n in model.graph.node if n.op_type == "Constant"
-                 for a in n.attribute if a.name == "value"]
+    constants = [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
     params = sum(math.prod(t.dims) for t in [*model.graph.initializer, *constants])
     return GraphStats(gflops=2.0 * macs / 1e9, params=int(params), convs=convs)

@@ -60,20 +60,34 @@ class VideoFileSource:
         if _PLAUSIBLE_FPS[0] <= fps <= _PLAUSIBLE_FPS[1]:
             self._fps = fps
         else:
-            log.warning("video file %s reports %.3g fps; pacing at %.0f fps", self._path, fps, FALLBACK_FPS,
-                        extra={"CAMERA": self._cfg.camera_id})
-        log.info("video file %s: %dx%d, %.2f fps, %d frames, loop=%s, realtime=%s", self._path,
-                 int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
-                 self._fps, int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT)), self._cfg.loop, self._cfg.realtime,
-                 extra={"CAMERA": self._cfg.camera_id})
+            log.warning(
+                "video file %s reports %.3g fps; pacing at %.0f fps",
+                self._path,
+                fps,
+                FALLBACK_FPS,
+                extra={"CAMERA": self._cfg.camera_id},
+            )
+        log.info(
+            "video file %s: %dx%d, %.2f fps, %d frames, loop=%s, realtime=%s",
+            self._path,
+            int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
+            int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+            self._fps,
+            int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT)),
+            self._cfg.loop,
+            self._cfg.realtime,
+            extra={"CAMERA": self._cfg.camera_id},
+        )
 
     def _open_capture(self) -> cv2.VideoCapture:
         cap = cv2.VideoCapture(str(self._path), cv2.CAP_FFMPEG)
         if not cap.isOpened():
             cap.release()
-            raise SourceError(f"cannot decode video file {self._path}: FFmpeg does not recognise it (check "
-                              "that the file is complete and its container and codec are supported, "
-                              "e.g. with ffprobe)")
+            raise SourceError(
+                f"cannot decode video file {self._path}: FFmpeg does not recognise it (check "
+                "that the file is complete and its container and codec are supported, "
+                "e.g. with ffprobe)"
+            )
         self._decoded = 0
         return cap
 
@@ -89,23 +103,31 @@ class VideoFileSource:
         if self._grab_one():
             return True
         if self._decoded == 0:
-            raise SourceError(f"no frame could be decoded from video file {self._path} "
-                              "(check its codec with ffprobe; the file may be truncated)")
+            raise SourceError(
+                f"no frame could be decoded from video file {self._path} "
+                "(check its codec with ffprobe; the file may be truncated)"
+            )
         if not self._cfg.loop:
             return False
         # Reopening is slower than seeking to frame 0 but works for every container, seekable or not.
         self.close()
         self._cap = self._open_capture()
         if not self._grab_one():
-            raise SourceError(f"video file {self._path} could not be read again from its start "
-                              "(was it replaced or truncated while running?)")
+            raise SourceError(
+                f"video file {self._path} could not be read again from its start "
+                "(was it replaced or truncated while running?)"
+            )
         return True
 
     def retrieve(self, out: np.ndarray | None) -> np.ndarray:
         """The frame last grabbed, in ``out`` when its shape fits (no allocation)."""
-        return retrieve_frame(self._opened(), out, failed=f"decoding video file {self._path} failed",
-                              undecodable=f"a frame of video file {self._path} could not be decoded "
-                              "(the file may be damaged; check it with ffprobe)")
+        return retrieve_frame(
+            self._opened(),
+            out,
+            failed=f"decoding video file {self._path} failed",
+            undecodable=f"a frame of video file {self._path} could not be decoded "
+            "(the file may be damaged; check it with ffprobe)",
+        )
 
     def _grab_one(self) -> bool:
         try:
@@ -138,8 +160,7 @@ def list_images(pattern: str) -> list[str]:
         return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     if path.is_file():
         return [pattern]
-    raise SourceError(f"image folder {pattern} does not exist "
-                      "(check source.path: a folder, a glob or a file)")
+    raise SourceError(f"image folder {pattern} does not exist (check source.path: a folder, a glob or a file)")
 
 
 class ImageFolderSource:
@@ -163,8 +184,14 @@ class ImageFolderSource:
             kinds = " ".join(sorted(IMAGE_EXTENSIONS))
             raise SourceError(f"no images found at {self._cfg.path} (looked for {kinds}; check source.path)")
         self._next = 0
-        log.info("image source %s: %d images at %.1f fps, loop=%s", self._cfg.path, len(self._paths),
-                 self._cfg.fps, self._cfg.loop, extra={"CAMERA": self._cfg.camera_id})
+        log.info(
+            "image source %s: %d images at %.1f fps, loop=%s",
+            self._cfg.path,
+            len(self._paths),
+            self._cfg.fps,
+            self._cfg.loop,
+            extra={"CAMERA": self._cfg.camera_id},
+        )
 
     def read(self, out: np.ndarray | None) -> np.ndarray | None:
         for _ in range(len(self._paths)):
@@ -179,15 +206,20 @@ class ImageFolderSource:
                 self._skip(path)
                 continue
             return _into(out, image)
-        raise SourceError(f"none of the {len(self._paths)} images at {self._cfg.path} could be read "
-                          "(check that they are image files OpenCV can decode)")
+        raise SourceError(
+            f"none of the {len(self._paths)} images at {self._cfg.path} could be read "
+            "(check that they are image files OpenCV can decode)"
+        )
 
     def _skip(self, path: str) -> None:
         self.skipped += 1
         if path not in self._reported:
             self._reported.add(path)
-            log.warning("skipping unreadable image %s (missing, truncated or not an image)", path,
-                        extra={"CAMERA": self._cfg.camera_id})
+            log.warning(
+                "skipping unreadable image %s (missing, truncated or not an image)",
+                path,
+                extra={"CAMERA": self._cfg.camera_id},
+            )
 
     def pace(self) -> float:
         return 1.0 / self._cfg.fps

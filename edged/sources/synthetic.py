@@ -40,10 +40,15 @@ class SyntheticSceneSource:
         self._truth: SceneTruth | None = None
 
     def open(self) -> None:
-        self._generator = SceneGenerator(width=self._cfg.width, height=self._cfg.height,
-                                         seed=self._cfg.seed)
-        log.info("synthetic source %dx%d at %.1f fps, seed %d", self._cfg.width, self._cfg.height,
-                 self._cfg.fps, self._cfg.seed, extra={"CAMERA": self._cfg.camera_id})
+        self._generator = SceneGenerator(width=self._cfg.width, height=self._cfg.height, seed=self._cfg.seed)
+        log.info(
+            "synthetic source %dx%d at %.1f fps, seed %d",
+            self._cfg.width,
+            self._cfg.height,
+            self._cfg.fps,
+            self._cfg.seed,
+            extra={"CAMERA": self._cfg.camera_id},
+        )
 
     def read(self, out: np.ndarray | None) -> np.ndarray:
         self.grab()

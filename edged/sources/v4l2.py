@@ -51,11 +51,15 @@ class V4l2CameraSource:
         device = self._cfg.device
         path = f"/dev/video{int(device)}" if device.isdigit() else device
         if not os.path.exists(path):
-            raise SourceError(f"camera device {path} does not exist (is the camera plugged in? "
-                              "list cameras with `v4l2-ctl --list-devices`, then check source.device)")
+            raise SourceError(
+                f"camera device {path} does not exist (is the camera plugged in? "
+                "list cameras with `v4l2-ctl --list-devices`, then check source.device)"
+            )
         if not os.access(path, os.R_OK | os.W_OK):
-            raise SourceError(f"no permission to open camera device {path} (add the service user to the "
-                              "'video' group; under systemd allow DeviceAllow=char-video4linux rw)")
+            raise SourceError(
+                f"no permission to open camera device {path} (add the service user to the "
+                "'video' group; under systemd allow DeviceAllow=char-video4linux rw)"
+            )
         return int(device) if device.isdigit() else device
 
     def open(self) -> None:
@@ -64,9 +68,11 @@ class V4l2CameraSource:
         cap = cv2.VideoCapture(target, cv2.CAP_V4L2)
         if not cap.isOpened():
             cap.release()
-            raise SourceError(f"cannot open camera {self._cfg.device} with V4L2 (is it a capture device, and "
-                              "is another process using it? check `v4l2-ctl -d DEVICE --all` and "
-                              "`fuser DEVICE`)")
+            raise SourceError(
+                f"cannot open camera {self._cfg.device} with V4L2 (is it a capture device, and "
+                "is another process using it? check `v4l2-ctl -d DEVICE --all` and "
+                "`fuser DEVICE`)"
+            )
         self._cap = cap
         self._configure(cap)
 
@@ -80,16 +86,27 @@ class V4l2CameraSource:
         cap.set(cv2.CAP_PROP_FPS, cfg.fps)
         # One driver buffer: the capture thread, not the driver queue, decides which frame is newest.
         cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)
-        got = (_fourcc_text(cap.get(cv2.CAP_PROP_FOURCC)), int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
-               int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)), float(cap.get(cv2.CAP_PROP_FPS)))
+        got = (
+            _fourcc_text(cap.get(cv2.CAP_PROP_FOURCC)),
+            int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
+            int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+            float(cap.get(cv2.CAP_PROP_FPS)),
+        )
         self.negotiated = got
         extra = {"CAMERA": cfg.camera_id}
         log.info("camera %s negotiated %s %dx%d at %.1f fps", cfg.device, *got, extra=extra)
         wanted = (cfg.fourcc, cfg.width, cfg.height)
         if got[:3] != wanted or (got[3] > 0 and not math.isclose(got[3], cfg.fps, rel_tol=0.05)):
-            log.warning("camera %s gives %s %dx%d at %.1f fps instead of the requested %s %dx%d at %.1f fps "
-                        "(list its modes with `v4l2-ctl -d %s --list-formats-ext`)", cfg.device, *got,
-                        *wanted, cfg.fps, cfg.device, extra=extra)
+            log.warning(
+                "camera %s gives %s %dx%d at %.1f fps instead of the requested %s %dx%d at %.1f fps "
+                "(list its modes with `v4l2-ctl -d %s --list-formats-ext`)",
+                cfg.device,
+                *got,
+                *wanted,
+                cfg.fps,
+                cfg.device,
+                extra=extra,
+            )
 
     def read(self, out: np.ndarray | None) -> np.ndarray:
         self.grab()
@@ -106,15 +123,21 @@ class V4l2CameraSource:
         except cv2.error as e:
             raise SourceError(f"camera {self._cfg.device} failed: {e}") from e
         if not ok:
-            raise SourceError(f"camera {self._cfg.device} stopped delivering frames (unplugged, or a USB "
-                              "problem? check `dmesg` and the cable)")
+            raise SourceError(
+                f"camera {self._cfg.device} stopped delivering frames (unplugged, or a USB "
+                "problem? check `dmesg` and the cable)"
+            )
         return True
 
     def retrieve(self, out: np.ndarray | None) -> np.ndarray:
         """The frame last grabbed, converted straight into ``out`` when its shape fits (no allocation)."""
-        return retrieve_frame(self._opened(), out, failed=f"camera {self._cfg.device} failed",
-                              undecodable=f"camera {self._cfg.device} delivered a frame that could not be decoded "
-                              "(a damaged MJPEG frame, often a USB bandwidth problem: check `dmesg` and the cable)")
+        return retrieve_frame(
+            self._opened(),
+            out,
+            failed=f"camera {self._cfg.device} failed",
+            undecodable=f"camera {self._cfg.device} delivered a frame that could not be decoded "
+            "(a damaged MJPEG frame, often a USB bandwidth problem: check `dmesg` and the cable)",
+        )
 
     def _opened(self) -> cv2.VideoCapture:
         if self._cap is None:
