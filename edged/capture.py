@@ -25,7 +25,8 @@ import numpy as np
 
 from edged.config import CapturePriority
 from edged.demand import Demand, StreamTiming
-from edged.sources import Frame, Source, SourceError, SplitSource, splits_reading
+from edged.errors import SourceError
+from edged.sources import Frame, Source, SplitSource, splits_reading
 
 log = logging.getLogger(__name__)
 

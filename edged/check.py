@@ -16,11 +16,9 @@ import numpy as np
 import onnxruntime as ort
 
 from edged.config import Settings
-from edged.contract import ContractError
-from edged.engine import InferenceError, ModelError
+from edged.errors import ContractError, InferenceError, ModelError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
-from edged.service import EXIT_CONFIG
 
 
 def _frame_size(settings: Settings) -> tuple[int, int]:
@@ -53,23 +51,20 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
 
 def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.stdout) -> int:
     print(f"config     {config_path}: valid", file=out)
+    model = load_model(settings.model, settings.runtime, record_placement=True)
+    width, height = _frame_size(settings)
+    plan = FramePipeline(model, width, height, settings.source.channel_order)
     try:
-        model = load_model(settings.model, settings.runtime, record_placement=True)
-        width, height = _frame_size(settings)
-        plan = FramePipeline(model, width, height, settings.source.channel_order)
         detections, _ = plan.process(np.full((height, width, 3), 114, np.uint8))
-    except (ModelError, ContractError, InferenceError) as e:
-        print(f"edged: check failed: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+    except InferenceError as e:  # in the daemon one frame; here the model failing its first frame
+        raise ModelError(f"the model fails on a frame: {e}") from None
     if detections.scores_above_one:
         # A probability never exceeds 1: on a plain grey frame this can only be the set-up.
-        print(
-            f"edged: check failed: a plain grey frame gave {detections.scores_above_one} score(s) above 1; "
+        raise ContractError(
+            f"a plain grey frame gave {detections.scores_above_one} score(s) above 1; "
             "scores must be probabilities: check model.scale, mean and std against how the model was "
-            "trained, and that its head ends in a sigmoid",
-            file=sys.stderr,
+            "trained, and that its head ends in a sigmoid"
         )
-        return EXIT_CONFIG
     _report(model, settings, out)
     print("ok", file=out)
     return 0

@@ -1,7 +1,7 @@
 """The ``edged`` command line: parse arguments, then hand over to the module that does the work.
 
-Exit codes: 0 success, 78 (EX_CONFIG) for a config, model or contract the daemon must not run
-with (systemd does not restart on it), 1 for anything else.
+Errors raised by a command become its exit code here, once: `edged.errors` has the table
+(78 for a config, model or contract the daemon must not run with; systemd does not restart on it).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from edged import __version__
-from edged.config import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_config
-from edged.service import EXIT_CONFIG, setup_logging
+from edged.config import DEFAULT_CONFIG_PATH, load_config
+from edged.errors import ConfigError, EdgedError, MissingDependency
+from edged.service import setup_logging
 
 log = logging.getLogger("edged")
 
@@ -221,18 +222,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(path: Path) -> Settings | None:
-    try:
-        return load_config(path)
-    except ConfigError as e:
-        print(f"edged: configuration error: {e}", file=sys.stderr)
-        return None
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
-    settings = _load(args.config)
-    if settings is None:
-        return EXIT_CONFIG
+    settings = load_config(args.config)
     setup_logging(settings.service.log_level)
     from edged.daemon import run
 
@@ -240,9 +231,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    settings = _load(args.config)
-    if settings is None:
-        return EXIT_CONFIG
+    settings = load_config(args.config)
     setup_logging("warning")
     from edged.check import run_check
 
@@ -286,10 +275,7 @@ def _cmd_thermal(args: argparse.Namespace) -> int:
 
     cfg = ThermalConfig()
     if args.config.is_file():
-        settings = _load(args.config)
-        if settings is None:
-            return EXIT_CONFIG
-        cfg = settings.thermal
+        cfg = load_config(args.config).thermal
     if args.root is not None:
         cfg = cfg.model_copy(update={"root": args.root})
     setup_logging("warning")
@@ -307,8 +293,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     try:
         from edged.quantize import run_quantize
     except ImportError as e:
-        print(f"edged: quantize needs the onnx package (pip install onnx): {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        raise MissingDependency(f"quantize needs the onnx package (pip install onnx): {e}") from None
     setup_logging("warning")
     return run_quantize(args)
 
@@ -335,7 +320,13 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return COMMANDS[args.command](args)
+    try:
+        return COMMANDS[args.command](args)
+    except EdgedError as e:
+        # The one place an error becomes an exit code (edged.errors has the table).
+        what = "configuration error" if isinstance(e, ConfigError) else f"{args.command} failed"
+        print(f"edged: {what}: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 if __name__ == "__main__":

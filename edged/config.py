@@ -22,6 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
+from edged.errors import ConfigError
 from edged.keys import key_file_problems
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
@@ -275,16 +276,6 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment beats the file: the file's values arrive as init kwargs.
         return env_settings, init_settings
-
-
-class ConfigError(Exception):
-    """A configuration the daemon must not start with; ``problems`` holds one line each."""
-
-    def __init__(self, path: Path | None, problems: list[str]) -> None:
-        self.path = path
-        self.problems = problems
-        where = f" in {path}" if path else ""
-        super().__init__(f"{len(problems)} problem(s){where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 _HINTS = {

@@ -16,6 +16,7 @@ from typing import Literal
 import numpy as np
 
 from edged.config import ModelConfig
+from edged.errors import ContractError
 
 Layout = Literal["nchw", "nhwc"]
 ChannelOrder = Literal["rgb", "bgr"]
@@ -25,10 +26,6 @@ _ORT_DTYPES: dict[str, type[np.generic]] = {
     "tensor(float16)": np.float16,
     "tensor(uint8)": np.uint8,
 }
-
-
-class ContractError(Exception):
-    """The model, the config and the frames disagree; the daemon must not start."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,16 +14,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edged.capture import Capture
-from edged.config import ConfigError, ProviderConfig, Settings, load_config
-from edged.contract import ContractError, frame_problem
+from edged.config import ProviderConfig, Settings, load_config
+from edged.contract import frame_problem
 from edged.decode import Detections
-from edged.engine import InferenceError, ModelError
-from edged.keys import KeyFileError
+from edged.errors import (
+    EXIT_CONFIG,
+    EXIT_FAILURE,
+    EXIT_OK,
+    ConfigError,
+    ContractError,
+    EdgedError,
+    InferenceError,
+    KeyFileError,
+    ModelError,
+)
 from edged.messages import ModelInfo, StatusMessage
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline, StageTimes, detections_message
-from edged.publish import Publisher, PublishError, detections_topic, status_topic
-from edged.service import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, Notifier, Signals, Watchdog, watchdog_interval_s
+from edged.publish import Publisher, detections_topic, status_topic
+from edged.service import Notifier, Signals, Watchdog, watchdog_interval_s
 from edged.sources import Frame, open_source
 from edged.stats import RunStats
 from edged.thermal import ThermalReport, ThermalWatch
@@ -399,14 +408,10 @@ def run(config_path: Path | None, settings: Settings) -> int:
     signals.install()
     try:
         daemon = Daemon(settings, config_path, notifier, signals)
-    except (ModelError, ContractError, KeyFileError) as e:
+    except EdgedError as e:
         log.error("%s", e)
-        notifier.status(f"refused to start: {e}")
-        return EXIT_CONFIG
-    except PublishError as e:
-        log.error("%s", e)
-        notifier.status(f"cannot publish: {e}")
-        return EXIT_FAILURE
+        notifier.status(f"refused to start: {e}" if e.exit_code == EXIT_CONFIG else f"cannot start: {e}")
+        return e.exit_code
     try:
         return daemon.run()
     finally:

@@ -16,6 +16,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from edged.errors import HeadError
 from edged.geometry import BoxMap
 from edged.nms import GreedyNms
 
@@ -32,10 +33,6 @@ _HALF = np.array(0.5, dtype=np.float32)
 _NEG_INF = np.array(-np.inf, dtype=np.float32)
 _ONE = np.array(1.0, dtype=np.float32)
 _ONE_SLOT = np.array(1, dtype=np.intp)
-
-
-class HeadError(ValueError):
-    """The model's output does not match a supported detection head."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

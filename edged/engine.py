@@ -23,6 +23,7 @@ import onnxruntime as ort
 from edged.config import ProviderConfig, RuntimeConfig
 from edged.contract import batch_dim_to_pin
 from edged.cpus import plan_threads
+from edged.errors import InferenceError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +33,6 @@ _OPT_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-
-
-class ModelError(Exception):
-    """The model cannot be loaded or run at all; the daemon must not start with it."""
-
-
-class InferenceError(Exception):
-    """One run failed (a provider error); the frame is skipped and counted."""
 
 
 @dataclass(frozen=True, slots=True)

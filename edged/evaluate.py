@@ -21,12 +21,10 @@ import cv2
 import numpy as np
 
 from edged.config import ModelConfig, RuntimeConfig
-from edged.contract import ContractError
-from edged.engine import ModelError
+from edged.errors import DataError, UsageError
 from edged.metrics import EvalReport, MetricAccumulator
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
-from edged.service import EXIT_CONFIG
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
@@ -37,10 +35,6 @@ class Sample:
     image: np.ndarray  # (H, W, 3) uint8 BGR
     boxes: np.ndarray  # (M, 4) float32 x1 y1 x2 y2 in pixels
     class_ids: np.ndarray  # (M,) int64
-
-
-class DataError(Exception):
-    """The evaluation data cannot be read as described."""
 
 
 def label_path(image: Path) -> Path:
@@ -155,19 +149,26 @@ def format_report(report: EvalReport) -> str:
     return "\n".join(lines)
 
 
+def _size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"--size must be WIDTHxHEIGHT, e.g. 1280x720; got {text!r}") from None
+    return width, height
+
+
 def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
         cfg = ModelConfig(path=args.model, labels=args.labels, conf=args.conf, iou=args.iou, max_det=args.max_det)
-        model = load_model(cfg, RuntimeConfig())
-        if args.data is not None:
-            total, samples = folder_samples(args.data, model.num_classes)
-        else:
-            width, height = (int(v) for v in args.size.lower().split("x"))
-            total, samples = scene_samples(args.scenes, args.seed, width, height)
-        report = evaluate(model, samples, total, args.report_conf, Progress(total))
-    except (ModelError, ContractError, DataError, ValueError) as e:
-        print(f"edged: eval failed: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    model = load_model(cfg, RuntimeConfig())
+    if args.data is not None:
+        total, samples = folder_samples(args.data, model.num_classes)
+    else:
+        width, height = _size(args.size)
+        total, samples = scene_samples(args.scenes, args.seed, width, height)
+    report = evaluate(model, samples, total, args.report_conf, Progress(total))
     print(format_report(report), file=out)
     if args.json is not None:
         document = {

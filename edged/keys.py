@@ -22,12 +22,10 @@ from typing import TextIO
 import zmq
 import zmq.auth
 
+from edged.errors import KeyFileError
+
 Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-
-
-class KeyFileError(Exception):
-    """A key file or allow-list directory that cannot be used: a configuration error (exit 78)."""
 
 
 def _reason(e: Exception) -> str:

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edged.errors import MessageError
+
 SCHEMA_VERSION: Literal[1] = 1
 
 
@@ -111,10 +113,6 @@ def schema_text() -> str:
 
 
 MAX_PAYLOAD_BYTES = 1 << 20  # a detections message is a few KB; anything this big is not ours
-
-
-class MessageError(ValueError):
-    """A received payload that is not a valid edged message of this schema version."""
 
 
 _KINDS: dict[str, type[DetectionsMessage] | type[StatusMessage]] = {

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edged.config import ModelConfig, RuntimeConfig
-from edged.contract import ContractError, InputContract, build_contract
-from edged.decode import Decoder, HeadError, HeadFormat, detect_head, parse_names
-from edged.engine import Engine, ModelError
+from edged.contract import InputContract, build_contract
+from edged.decode import Decoder, HeadFormat, detect_head, parse_names
+from edged.engine import Engine
+from edged.errors import ContractError, HeadError, ModelError
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,13 +29,10 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import PublishConfig
+from edged.errors import PublishError
 from edged.keys import load_allowed_clients, load_secret_key
 
 log = logging.getLogger(__name__)
-
-
-class PublishError(Exception):
-    """The socket cannot be set up as configured (address in use, forbidden exposure)."""
 
 
 def detections_topic(prefix: str, camera_id: str) -> bytes:

@@ -54,16 +54,15 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from edged.bench.rows import Row, Sample, interleave
 from edged.bench.run import bench_frame, machine_info
 from edged.config import ModelConfig, RuntimeConfig, check_thread_option
-from edged.contract import ContractError, InputContract
-from edged.engine import InferenceError, ModelError
-from edged.evaluate import DataError, Progress, evaluate, folder_samples, scene_samples
+from edged.contract import InputContract
+from edged.errors import ContractError, InferenceError, ModelError, QuantizeError, UsageError
+from edged.evaluate import Progress, evaluate, folder_samples, scene_samples
 from edged.evaluate import Sample as Frame
 from edged.metrics import EvalReport
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.preprocess import Preprocessor
 from edged.scenes import CLASS_NAMES
-from edged.service import EXIT_CONFIG, EXIT_FAILURE
 
 HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 METHODS = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}
@@ -71,10 +70,6 @@ CALIB_CHUNK = 16  # frames whose activations onnxruntime holds at once while cal
 MAP_CONF, MAX_DET, REPORT_CONF = 0.001, 300, 0.25  # as `edged eval` scores by default
 SCENE_SIZE = (1280, 720)
 LATENCY_WARMUP = 20
-
-
-class QuantizeError(Exception):
-    """Quantisation failed, or its result does not load, run or keep the model's interface."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,15 +492,18 @@ def _check_args(args: argparse.Namespace) -> None:
     for name in ("calib_scenes", "eval_scenes", "latency_frames"):
         minimum = 1 if name == "calib_scenes" else 0
         if getattr(args, name) < minimum:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least {minimum}")
-    check_thread_option(args.threads)
+            raise UsageError(f"--{name.replace('_', '-')} must be at least {minimum}")
+    try:
+        check_thread_option(args.threads)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if args.out.resolve() == args.model.resolve():
-        raise ValueError("--out must not be the input model")
+        raise UsageError("--out must not be the input model")
 
 
 def _check_scene_classes(args: argparse.Namespace, model: LoadedModel) -> None:
     if args.eval_scenes and model.num_classes < len(CLASS_NAMES):
-        raise ValueError(
+        raise UsageError(
             f"the generated scenes have {len(CLASS_NAMES)} classes but the model outputs "
             f"{model.num_classes}; pass --eval-scenes 0 to skip the accuracy comparison"
         )
@@ -545,38 +543,30 @@ def print_result(result: Quantised, contract: InputContract, out: TextIO) -> Non
 
 
 def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    try:
-        _check_args(args)
-        original = load_model(
-            ModelConfig(path=args.model, conf=MAP_CONF, max_det=MAX_DET), RuntimeConfig(intra_op_threads=args.threads)
-        )
-        _check_scene_classes(args, original)
-        calibration, frames = _calibration(args, original)
-    except (ModelError, ContractError, DataError, ValueError) as e:
-        print(f"edged: quantize failed: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    try:
-        result = quantize(
-            args.model,
-            args.out,
-            frames,
-            method=args.method,
-            exclude_head=args.exclude_head,
-            float_stem=args.float_stem,
-            reduce_range=args.reduce_range,
-            pixel_input=pixel_scale(original.contract),
-        )
-        print_result(result, original.contract, out)
-        quantised = load_quantised(args.out, original, pixel_input=result.pixel_input)
-        comparison = compare(
-            {"fp32": original, "int8": quantised},
-            latency_frames=args.latency_frames,
-            eval_scenes=args.eval_scenes,
-            eval_seed=args.eval_seed,
-        )
-    except (QuantizeError, DataError) as e:
-        print(f"edged: quantize failed: {e}", file=sys.stderr)
-        return EXIT_FAILURE
+    _check_args(args)
+    original = load_model(
+        ModelConfig(path=args.model, conf=MAP_CONF, max_det=MAX_DET), RuntimeConfig(intra_op_threads=args.threads)
+    )
+    _check_scene_classes(args, original)
+    calibration, frames = _calibration(args, original)
+    result = quantize(
+        args.model,
+        args.out,
+        frames,
+        method=args.method,
+        exclude_head=args.exclude_head,
+        float_stem=args.float_stem,
+        reduce_range=args.reduce_range,
+        pixel_input=pixel_scale(original.contract),
+    )
+    print_result(result, original.contract, out)
+    quantised = load_quantised(args.out, original, pixel_input=result.pixel_input)
+    comparison = compare(
+        {"fp32": original, "int8": quantised},
+        latency_frames=args.latency_frames,
+        eval_scenes=args.eval_scenes,
+        eval_seed=args.eval_seed,
+    )
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB, calibrated on {calibration})", file=out)
     print(format_comparison(comparison), file=out)
     if args.report is not None:

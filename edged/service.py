@@ -21,10 +21,6 @@ from types import FrameType
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_CONFIG = 78  # EX_CONFIG: the unit sets RestartPreventExitStatus=78
-
 
 class Notifier:
     """Sends sd_notify datagrams to ``$NOTIFY_SOCKET`` (a path or an @abstract name)."""

@@ -21,13 +21,12 @@ from typing import Any, TextIO
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from edged.keys import ClientKeys, KeyFileError
-from edged.messages import DetectionsMessage, MessageError, StatusMessage, parse_message
-from edged.service import EXIT_CONFIG
+from edged.errors import MessageError, UsageError
+from edged.keys import ClientKeys
+from edged.messages import DetectionsMessage, StatusMessage, parse_message
 
 Message = DetectionsMessage | StatusMessage
 
-EXIT_USAGE = 2  # as argparse
 HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the publisher refused this subscriber's key "
     "(is its .key file in the publisher's publish.curve_clients_dir?)",
@@ -145,13 +144,8 @@ def run_subscribe(
 ) -> int:
     """Print messages (or a rolling summary) until interrupted, ``count`` messages or a timeout."""
     if (server_key is None) != (client_key is None):
-        print("edged subscribe: --server-key and --client-key go together", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        curve = ClientKeys.from_files(server_key, client_key) if server_key and client_key else None
-    except KeyFileError as e:
-        print(f"edged subscribe: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        raise UsageError("--server-key and --client-key go together")
+    curve = ClientKeys.from_files(server_key, client_key) if server_key and client_key else None
     sub = Subscriber(endpoint, topic, curve=curve)
     try:
         return _print_stream(sub, stats=stats, raw_json=raw_json, count=count, timeout_s=timeout_s, out=out)

@@ -20,7 +20,7 @@ from edged.bench.memory import NumpyAllocations, soak
 from edged.bench.rows import STAGES, FullPath, NaivePath, candidates_above
 from edged.bench.run import BenchResult, bench, bench_frame, load
 from edged.bench.timing_model import build_yolov8n_like, graph_stats
-from edged.service import EXIT_CONFIG
+from edged.errors import EXIT_CONFIG
 
 SMALL = 128  # the timing model at 128x128: same layers, 1/25 of the work
 SMALL_ANCHORS = sum((SMALL // s) ** 2 for s in (8, 16, 32))

@@ -17,8 +17,9 @@ import pytest
 
 from edged.capture import LOW_NICENESS, Capture
 from edged.config import CapturePriority, FileSource, SyntheticSource
+from edged.errors import SourceError
 from edged.scenes import SceneGenerator
-from edged.sources import Frame, SourceError
+from edged.sources import Frame
 from edged.sources.files import VideoFileSource
 from edged.sources.synthetic import SceneTruth, SyntheticSceneSource
 

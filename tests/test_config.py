@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from edged.config import (
-    ConfigError,
+from edged.config import (  # TOML read as edged reads it, on every Python it supports
     FileSource,
     ImagesSource,
     Settings,
     SyntheticSource,
     V4l2Source,
     load_config,
-    tomllib,  # TOML read as edged reads it, on every Python it supports
+    tomllib,
 )
+from edged.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).parent.parent / "config"
 EXAMPLE = CONFIG_DIR / "edged.toml"

@@ -18,8 +18,7 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from edged.config import (
-    ConfigError,
+from edged.config import (  # TOML read as edged reads it, on every Python it supports
     FileSource,
     ImagesSource,
     ModelConfig,
@@ -33,8 +32,9 @@ from edged.config import (
     V4l2Source,
     _format_error,
     load_config,
-    tomllib,  # TOML read as edged reads it, on every Python it supports
+    tomllib,
 )
+from edged.errors import ConfigError
 
 SECTIONS: dict[str, tuple[type[BaseModel], ...]] = {
     "source": (SyntheticSource, FileSource, ImagesSource, V4l2Source),

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from edged.config import ModelConfig
-from edged.contract import ContractError, FrameSpec, batch_dim_to_pin, build_contract, frame_problem
+from edged.contract import FrameSpec, batch_dim_to_pin, build_contract, frame_problem
+from edged.errors import ContractError
 
 CFG = ModelConfig(path=Path("m.onnx"))
 

@@ -13,14 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from edged.bench.memory import NumpyAllocations
-from edged.decode import (
-    Decoder,
-    Detections,
-    HeadError,
-    HeadFormat,
-    detect_head,
-    parse_names,
-)
+from edged.decode import Decoder, Detections, HeadFormat, detect_head, parse_names
+from edged.errors import HeadError
 from edged.geometry import BoxMap
 
 # 1280x720 into 640x640: scale 0.5, content 640x360, pad_x 0, pad_y 140.

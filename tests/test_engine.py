@@ -12,7 +12,8 @@ import pytest
 from onnx_models import colour_probe
 
 from edged.config import ProviderConfig, RuntimeConfig
-from edged.engine import Engine, ModelError, resolve_providers
+from edged.engine import Engine, resolve_providers
+from edged.errors import ModelError
 
 
 @pytest.fixture

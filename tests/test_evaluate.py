@@ -11,6 +11,7 @@ import pytest
 from daemon import run_cli
 from onnx_models import colour_probe
 
+from edged.errors import EXIT_DATA
 from edged.evaluate import label_path, read_yolo_labels
 
 RED, BLUE = (0, 0, 255), (255, 0, 0)
@@ -87,14 +88,14 @@ def test_a_missed_object_and_a_background_image(tmp_path: Path, model: Path) -> 
 def test_bad_labels_fail_with_file_and_line(tmp_path: Path, model: Path, label: str, message: str) -> None:
     data = _dataset(tmp_path / "data", {"r1": (RED, label)})
     result = run_cli("eval", "--model", str(model), "--data", str(data))
-    assert result.returncode == 78
+    assert result.returncode == EXIT_DATA
     assert message in result.stderr and "r1.txt:1" in result.stderr
 
 
 def test_empty_folder_is_a_clear_error(tmp_path: Path, model: Path) -> None:
     (tmp_path / "empty").mkdir()
     result = run_cli("eval", "--model", str(model), "--data", str(tmp_path / "empty"))
-    assert result.returncode == 78 and "no images" in result.stderr
+    assert result.returncode == EXIT_DATA and "no images" in result.stderr
 
 
 def test_label_path_follows_the_yolo_layout(tmp_path: Path) -> None:

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edged.errors import MessageError
 from edged.messages import (
     MAX_PAYLOAD_BYTES,
     Detection,
     DetectionsMessage,
-    MessageError,
     ModelInfo,
     StageLatency,
     StatusMessage,

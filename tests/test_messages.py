@@ -7,15 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from edged.messages import (
-    MAX_PAYLOAD_BYTES,
-    DetectionsMessage,
-    MessageError,
-    StatusMessage,
-    json_schema,
-    parse_message,
-    schema_text,
-)
+from edged.errors import MessageError
+from edged.messages import MAX_PAYLOAD_BYTES, DetectionsMessage, StatusMessage, json_schema, parse_message, schema_text
 
 SCHEMA_FILE = Path(__file__).parent.parent / "edged" / "messages.schema.json"
 

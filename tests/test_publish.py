@@ -11,7 +11,8 @@ import pytest
 import zmq
 
 from edged.config import PublishConfig
-from edged.publish import Publisher, PublishError, check_exposure, detections_topic
+from edged.errors import PublishError
+from edged.publish import Publisher, check_exposure, detections_topic
 from edged.subscribe import Subscriber
 
 

@@ -18,10 +18,10 @@ from onnx_models import colour_probe
 
 from edged import quantize as q
 from edged.config import ModelConfig, RuntimeConfig
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_USAGE, QuantizeError
 from edged.evaluate import scene_samples
 from edged.model import LoadedModel, load_model
 from edged.preprocess import Preprocessor
-from edged.service import EXIT_CONFIG, EXIT_FAILURE
 
 SIZE, STRIDE, NC = 64, 8, 3  # three classes, as the generated scenes
 CELLS = SIZE // STRIDE
@@ -309,7 +309,7 @@ def test_cli_rejects_a_missing_or_corrupt_model(tmp_path: Path) -> None:
 
 
 def test_unloadable_result_fails_with_a_message(
-    built: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    built: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(src: Path, dst: Path, frames: q.CalibrationFrames, **_: object) -> q.Quantised:
         dst.write_bytes(b"truncated")
@@ -332,8 +332,9 @@ def test_unloadable_result_fails_with_a_message(
         latency_frames=0,
         report=None,
     )
-    assert q.run_quantize(args) == EXIT_FAILURE
-    assert "quantised model" in capsys.readouterr().err
+    with pytest.raises(QuantizeError, match="quantised model") as raised:
+        q.run_quantize(args)
+    assert raised.value.exit_code == EXIT_FAILURE
 
 
 def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:
@@ -422,11 +423,11 @@ def test_unnamed_nodes_are_named_so_the_head_can_be_excluded(tmp_path: Path) -> 
 
 def test_cli_refuses_a_negative_thread_count(built: dict[str, Any], tmp_path: Path) -> None:
     result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(tmp_path / "o.onnx"), "--threads", "-1")
-    assert result.returncode == EXIT_CONFIG and "--threads must be 0" in result.stderr
+    assert result.returncode == EXIT_USAGE and "--threads must be 0" in result.stderr
 
 
 def test_cli_refuses_to_overwrite_the_input_model(built: dict[str, Any]) -> None:
     before = built["fp32"].read_bytes()
     result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(built["fp32"]))
-    assert result.returncode == EXIT_CONFIG and "must not be the input model" in result.stderr
+    assert result.returncode == EXIT_USAGE and "must not be the input model" in result.stderr
     assert built["fp32"].read_bytes() == before

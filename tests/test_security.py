@@ -19,10 +19,11 @@ from zmq.auth.thread import AuthenticationThread
 
 from edged import publish
 from edged.cli import main
-from edged.config import ConfigError, PublishConfig, load_config
-from edged.keys import ClientKeys, KeyFileError, create_key_pair, key_file_problems, load_secret_key
+from edged.config import PublishConfig, load_config
+from edged.errors import ConfigError, KeyFileError, PublishError
+from edged.keys import ClientKeys, create_key_pair, key_file_problems, load_secret_key
 from edged.messages import DetectionsMessage, ModelInfo, StatusMessage
-from edged.publish import Publisher, PublishError, status_topic
+from edged.publish import Publisher, status_topic
 from edged.subscribe import Subscriber
 
 

@@ -11,8 +11,9 @@ import pytest
 
 from edged.capture import Capture
 from edged.config import FileSource, ImagesSource, SourceConfig, SyntheticSource, V4l2Source
+from edged.errors import SourceError
 from edged.scenes import SceneGenerator
-from edged.sources import SourceError, open_source
+from edged.sources import open_source
 from edged.sources.files import ImageFolderSource, VideoFileSource
 from edged.sources.synthetic import SceneTruth, SyntheticSceneSource
 from edged.sources.v4l2 import V4l2CameraSource

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from edged.config import PublishConfig
-from edged.service import EXIT_CONFIG
+from edged.errors import EXIT_CONFIG
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT_DIR = REPO / "systemd"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast, get_args
 
 from edged.config import CapturePriority, RuntimeConfig, Spinning, check_thread_option
-from edged.service import EXIT_CONFIG, EXIT_FAILURE
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, UsageError
 
 DEMO_MODEL = Path("models") / "demo.onnx"
 ROW_TITLES = {"floor": "1 floor: session.run", "full": "2 edged full path", "naive": "3 naive reference"}
@@ -28,10 +28,6 @@ YOLOV8N_CANDIDATES = 64
 CACHE_DIR = Path(tempfile.gettempdir()) / "edged-bench"
 SPINNING: tuple[Spinning, ...] = get_args(Spinning)
 DEFAULT_SPINNING: Spinning = RuntimeConfig.model_fields["spinning"].default
-
-
-class UsageError(Exception):
-    """The command cannot run as asked; the message says what to pass."""
 
 
 def _positive(text: str) -> int:
@@ -158,8 +154,7 @@ def run_bench(args: argparse.Namespace) -> int:
     """``edged bench``: returns the exit code (78 when the model cannot be used)."""
     from edged.bench.cold import ColdStartError
     from edged.bench.timing_model import MissingOnnx
-    from edged.contract import ContractError
-    from edged.engine import ModelError
+    from edged.errors import ContractError, ModelError
 
     try:
         _check_usage(args)

@@ -20,8 +20,8 @@ import numpy as np
 
 from edged.capture import Capture
 from edged.demand import DEMAND_CYCLES
+from edged.errors import SourceError
 from edged.scenes import SceneGenerator
-from edged.sources import SourceError
 
 CAMERA_FPS = 30.0
 CONSUMER_FPS = (5.0, 15.0, 30.0)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 import cv2
 import numpy as np
 
+from edged.errors import SourceError
+
 if TYPE_CHECKING:
     from edged.config import SourceConfig
 
@@ -32,10 +34,6 @@ class Frame:
     t_wall_ns: int
     channel_order: Literal["bgr", "rgb"]
     truth: object | None = None
-
-
-class SourceError(Exception):
-    """The camera is gone or cannot be opened; the message says what to check."""
 
 
 class Source(Protocol):

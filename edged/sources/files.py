@@ -17,7 +17,8 @@ import cv2
 import numpy as np
 
 from edged.config import FileSource, ImagesSource
-from edged.sources import SourceError, retrieve_frame
+from edged.errors import SourceError
+from edged.sources import retrieve_frame
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Literal
 import numpy as np
 
 from edged.config import SyntheticSource
+from edged.errors import SourceError
 from edged.scenes import SceneGenerator
-from edged.sources import SourceError
 
 log = logging.getLogger(__name__)
 

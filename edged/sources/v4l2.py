@@ -16,7 +16,8 @@ import cv2
 import numpy as np
 
 from edged.config import V4l2Source
-from edged.sources import SourceError, retrieve_frame
+from edged.errors import SourceError
+from edged.sources import retrieve_frame
 
 log = logging.getLogger(__name__)
 

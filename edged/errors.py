@@ -1,0 +1,111 @@
+"""Every error edged raises on purpose, and the exit code a command ends with because of it.
+
+::
+
+    EdgedError                 exit
+    ├── ConfigError              78  the configuration cannot be used (one line per problem)
+    ├── ModelError               78  the model file cannot be loaded or run at all
+    ├── ContractError            78  the model, the config and the camera disagree on the layout
+    │   └── HeadError            78  the output is not a detection head edged can decode
+    ├── KeyFileError             78  a CURVE key file or folder is missing, malformed or too open
+    ├── MissingDependency        78  an optional package the configuration needs is not installed
+    ├── DataError                65  a tool's data (images, labels) cannot be used
+    ├── UsageError                2  command-line options that cannot work together
+    ├── PublishError              1  the PUB socket cannot bind its endpoints
+    ├── SourceError               1  the camera is gone or cannot be opened; capture retries
+    ├── InferenceError            1  one run failed; the frame is skipped and counted
+    ├── QuantizeError             1  quantising, or running the quantised model, failed
+    └── MessageError              1  a received payload is not a valid edged message
+
+78 is sysexits' EX_CONFIG: the units set ``RestartPreventExitStatus=78``, so systemd does not
+restart a daemon that can only fail the same way again. Nothing else exits 78.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # as argparse
+EXIT_DATA = 65  # EX_DATAERR
+EXIT_CONFIG = 78  # EX_CONFIG
+
+
+class EdgedError(Exception):
+    """Base of every error edged raises on purpose; ``exit_code`` is what a command exits with."""
+
+    exit_code: ClassVar[int] = EXIT_FAILURE
+
+
+class ConfigError(EdgedError):
+    """A configuration the daemon must not start with; ``problems`` holds one line each."""
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, path: Path | None, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        where = f" in {path}" if path else ""
+        super().__init__(f"{len(problems)} problem(s){where}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class ModelError(EdgedError):
+    """The model cannot be loaded or run at all; the daemon must not start with it."""
+
+    exit_code = EXIT_CONFIG
+
+
+class ContractError(EdgedError):
+    """The model cannot be fed correctly from this source with this config."""
+
+    exit_code = EXIT_CONFIG
+
+
+class HeadError(ContractError):
+    """The model's output does not match a supported detection head."""
+
+
+class KeyFileError(EdgedError):
+    """A CURVE key file or directory is missing, malformed or readable by others."""
+
+    exit_code = EXIT_CONFIG
+
+
+class MissingDependency(EdgedError):
+    """An optional package that this configuration or command needs is not installed."""
+
+    exit_code = EXIT_CONFIG
+
+
+class DataError(EdgedError):
+    """A tool's data set (images, labels) cannot be used."""
+
+    exit_code = EXIT_DATA
+
+
+class UsageError(EdgedError):
+    """Command-line options that cannot work together."""
+
+    exit_code = EXIT_USAGE
+
+
+class PublishError(EdgedError):
+    """The PUB socket cannot bind; the message names the endpoint and what to check."""
+
+
+class SourceError(EdgedError):
+    """The camera is gone or cannot be opened; the message says what to check."""
+
+
+class InferenceError(EdgedError):
+    """One run failed (a provider error); the frame is skipped and counted."""
+
+
+class QuantizeError(EdgedError):
+    """Quantising failed, or the quantised model does not load or run."""
+
+
+class MessageError(EdgedError, ValueError):
+    """A payload that is not a valid edged message."""
