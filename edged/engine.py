@@ -1,9 +1,9 @@
 """Inference: the ONNX Runtime session, its execution providers and its IOBinding.
 
-The session is created once. Inputs and outputs are bound to numpy buffers allocated once after
-a warm-up run (which also fixes any symbolic output size), so a steady-state run writes straight
-into those buffers and allocates nothing. Requested providers that this onnxruntime build lacks
-fall back down the configured list with a warning; ``placement()`` reports where ORT actually
+The session is created once. Each plan binds its own input and output buffers to it (a
+`Binding`, allocated once after a warm-up run that also fixes any symbolic output size), so a
+steady-state run writes straight into those buffers and allocates nothing. Requested providers
+that this onnxruntime build lacks fall back down the configured list with a warning; ``placement()`` reports where ORT actually
 put each node, from ORT's own assignment record.
 """
 
@@ -96,8 +96,6 @@ class Engine:
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         self.input_meta = self.session.get_inputs()
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.outputs: list[np.ndarray] = []
-        self._binding: ort.IOBinding | None = None
 
     # ---- session construction ------------------------------------------------------------
 
@@ -171,50 +169,18 @@ class Engine:
         except OSError as e:
             log.warning("cannot write optimised-model cache stamp next to %s: %s", cache, e.strerror)
 
-    # ---- binding and running -------------------------------------------------------------
+    # ---- binding ---------------------------------------------------------------------------
 
-    def bind(self, input_tensor: np.ndarray) -> list[np.ndarray]:
-        """Bind the preallocated input; warm up once to learn output shapes; bind outputs.
+    def bind(self, input_tensor: np.ndarray) -> Binding:
+        """A binding of ``input_tensor`` to this session, with its own output buffers.
 
-        Returns float32 views of the outputs, refreshed in place by every `run`.
+        Each plan holds its own binding, so two plans on one model never read each other's results.
         """
-        name = self.input_meta[0].name
-        try:
-            warm = self.session.run(None, {name: input_tensor})
-        except Exception as e:
-            raise ModelError(f"the model fails on its first run: {_first_line(e)}") from None
-        binding = self.session.io_binding()
-        # OrtValues wrap the numpy buffers without copying; keep them alive with the binding.
-        self._raw_outputs = [np.empty_like(w) for w in warm]
-        self._values = [ort.OrtValue.ortvalue_from_numpy(input_tensor)]
-        binding.bind_ortvalue_input(name, self._values[0])
-        for out_name, buf in zip(self.output_names, self._raw_outputs, strict=True):
-            self._values.append(ort.OrtValue.ortvalue_from_numpy(buf))
-            binding.bind_ortvalue_output(out_name, self._values[-1])
-        # Decoders work in float32; other output types get one float32 mirror, copied into.
-        self.outputs = [b if b.dtype == np.float32 else np.empty(b.shape, np.float32) for b in self._raw_outputs]
-        self._binding = binding
-        # Run errors come back as InferenceError and the daemon logs them, rate-limited; ORT's
-        # own per-run error log would print every failing frame.
-        self._run_options = ort.RunOptions()
-        self._run_options.log_severity_level = 4
-        return self.outputs
-
-    def run(self) -> None:
-        """One inference on the bound input, results in `outputs`; raises InferenceError."""
-        if self._binding is None:
-            raise InferenceError("run() before bind()")
-        try:
-            self.session.run_with_iobinding(self._binding, self._run_options)
-        except Exception as e:
-            raise InferenceError(_first_line(e)) from None
-        for raw, out in zip(self._raw_outputs, self.outputs, strict=True):
-            if raw is not out:
-                np.copyto(out, raw, casting="unsafe")
+        return Binding(self.session, self.input_meta[0].name, self.output_names, input_tensor)
 
     @property
     def provider(self) -> str:
-        return self.session.get_providers()[0]
+        return str(self.session.get_providers()[0])
 
     def placement(self) -> dict[str, int]:
         """Nodes per execution provider as ORT assigned them (needs record_placement=True)."""
@@ -222,6 +188,45 @@ class Engine:
         for subgraph in self.session.get_provider_graph_assignment_info():
             counts[subgraph.ep_name] += len(subgraph.get_nodes())
         return dict(counts)
+
+
+class Binding:
+    """A preallocated input bound to a session, and output buffers sized by a warm-up run.
+
+    The warm-up fixes any symbolic output size; after it, `run` writes straight into `outputs`
+    and allocates nothing.
+    """
+
+    def __init__(self, session: ort.InferenceSession, input_name: str, output_names: list[str], tensor: np.ndarray) -> None:
+        try:
+            warm = session.run(None, {input_name: tensor})
+        except Exception as e:
+            raise ModelError(f"the model fails on its first run: {_first_line(e)}") from None
+        self._session = session
+        self._binding = session.io_binding()
+        # OrtValues wrap the numpy buffers without copying; keep them alive with the binding.
+        self._raw = [np.empty_like(w) for w in warm]
+        self._values = [ort.OrtValue.ortvalue_from_numpy(tensor)]
+        self._binding.bind_ortvalue_input(input_name, self._values[0])
+        for name, buf in zip(output_names, self._raw, strict=True):
+            self._values.append(ort.OrtValue.ortvalue_from_numpy(buf))
+            self._binding.bind_ortvalue_output(name, self._values[-1])
+        # Decoders work in float32; other output types get one float32 mirror, copied into.
+        self.outputs: list[np.ndarray] = [b if b.dtype == np.float32 else np.empty(b.shape, np.float32) for b in self._raw]
+        # Run errors come back as InferenceError and the daemon logs them, rate-limited; ORT's
+        # own per-run error log would print every failing frame.
+        self._options = ort.RunOptions()
+        self._options.log_severity_level = 4
+
+    def run(self) -> None:
+        """One inference on the bound input, results in `outputs`; raises InferenceError."""
+        try:
+            self._session.run_with_iobinding(self._binding, self._options)
+        except Exception as e:
+            raise InferenceError(_first_line(e)) from None
+        for raw, out in zip(self._raw, self.outputs, strict=True):
+            if raw is not out:
+                np.copyto(out, raw, casting="unsafe")
 
 
 def _first_line(e: BaseException) -> str:

@@ -14,6 +14,7 @@ from edged.contract import InputContract, build_contract
 from edged.decode import Decoder, HeadFormat, detect_head, parse_names
 from edged.engine import Engine
 from edged.errors import ContractError, HeadError, ModelError
+from edged.messages import ModelInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +25,13 @@ class LoadedModel:
     num_classes: int
     labels: list[str]
     cfg: ModelConfig
+    info: ModelInfo  # what every message says about the model
 
-    def make_decoder(self) -> Decoder:
-        """A decoder for the bound output (its size is only known after `Engine.bind`)."""
+    def make_decoder(self, output_shape: tuple[int, ...]) -> Decoder:
+        """A decoder for a bound output (its size is only known after `Engine.bind`)."""
         return Decoder(
             self.head,
-            self.engine.outputs[0].shape,
+            output_shape,
             self.num_classes,
             conf=self.cfg.conf,
             iou=self.cfg.iou,
@@ -74,4 +76,6 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     if labels and len(labels) != num_classes:
         source = str(cfg.labels) if cfg.labels else "the model's names metadata"
         raise ContractError(f"{source} lists {len(labels)} classes but the model outputs {num_classes}")
-    return LoadedModel(engine, contract, head, num_classes, labels, cfg)
+    identity = engine.identity
+    info = ModelInfo(name=identity.name, sha256=identity.sha256, provider=engine.provider)
+    return LoadedModel(engine, contract, head, num_classes, labels, cfg, info)

@@ -1,24 +1,32 @@
-"""The per-frame path: preprocess -> inference -> decode, with a timer per stage.
+"""The per-frame path: contract check -> preprocess -> inference -> decode -> message.
 
-A `FramePipeline` is planned for one frame size: the input tensor, the IOBinding and the decoder
-scratch are all allocated here, once. `process` then only fills and reads those buffers. A frame
-of another size is a new plan (the daemon re-plans when a camera renegotiates for good).
+A `FramePipeline` is planned for one frame size: the input tensor, its binding to the model and
+the decoder scratch are all allocated there, once, and `process` only fills and reads them.
+`FramePath` owns the plans of one camera: it checks each frame against what the source declared,
+re-plans after a lasting size change, and builds the wire message. The daemon, `check`, `eval` and
+`bench` all go through these two classes, so they run exactly the same path.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from edged.contract import ChannelOrder, FrameSpec
+from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
+from edged.errors import InferenceError
 from edged.geometry import BoxMap
-from edged.messages import Detection, DetectionsMessage, ModelInfo, Timings
+from edged.messages import Detection, DetectionsMessage, Timings
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
 from edged.sources import Frame
+
+log = logging.getLogger(__name__)
+
+REPLAN_AFTER = 5  # consecutive frames of one new size before the buffers are re-planned
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,65 +43,126 @@ class FramePipeline:
         self.model = model
         self.spec = FrameSpec(frame_w, frame_h, source_order)
         self.preprocess = Preprocessor(model.contract, frame_w, frame_h, source_order)
-        self.outputs = model.engine.bind(self.preprocess.tensor)
-        self.decoder = model.make_decoder()
+        self.binding = model.engine.bind(self.preprocess.tensor)
+        self.decoder = model.make_decoder(self.binding.outputs[0].shape)
 
     @property
     def box_map(self) -> BoxMap:
         return self.preprocess.box_map
+
+    @property
+    def output(self) -> np.ndarray:
+        """The raw detection output of the last `process` (float32, refreshed in place)."""
+        return self.binding.outputs[0]
 
     def process(self, image: np.ndarray) -> tuple[Detections, StageTimes]:
         """Run one checked frame through the model; raises InferenceError from the engine."""
         t0 = time.perf_counter_ns()
         self.preprocess(image)
         t1 = time.perf_counter_ns()
-        self.model.engine.run()
+        self.binding.run()
         t2 = time.perf_counter_ns()
-        detections = self.decoder.decode(self.outputs[0], self.preprocess.box_map)
+        detections = self.decoder.decode(self.binding.outputs[0], self.preprocess.box_map)
         t3 = time.perf_counter_ns()
         return detections, StageTimes((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6)
 
 
-def detections_message(
-    camera_id: str,
-    seq: int,
-    frame: Frame,
-    box_map: BoxMap,
-    model: LoadedModel,
-    model_info: ModelInfo,
-    detections: Detections,
-    times: StageTimes,
-    age_ms: float,
-    thermal_state: str,
-) -> DetectionsMessage:
-    """The wire message for one processed frame: the one small object a frame allocates.
+@dataclass(frozen=True, slots=True)
+class Processed:
+    """One frame through the model; ``detections`` hold until the plan's next frame."""
 
-    Each column becomes a Python list in one ``tolist`` call, rather than one numpy scalar
-    per value: that halves the cost of building the message.
-    """
-    boxes, scores, class_ids = detections.xyxy.tolist(), detections.scores.tolist(), detections.class_ids.tolist()
-    return DetectionsMessage(
-        camera_id=camera_id,
-        seq=seq,
-        frame_id=frame.frame_id,
-        capture_time_ns=frame.t_wall_ns,
-        frame_size=(box_map.frame_w, box_map.frame_h),
-        input_size=(box_map.input_w, box_map.input_h),
-        model=model_info,
-        detections=[
-            Detection(
-                class_id=c,
-                label=model.label(c),
-                score=round(s, 4),
-                box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)),
-            )
-            for b, s, c in zip(boxes, scores, class_ids, strict=True)
-        ],
-        timings=Timings(
-            preprocess_ms=round(times.preprocess_ms, 3),
-            inference_ms=round(times.inference_ms, 3),
-            decode_ms=round(times.decode_ms, 3),
-            age_ms=round(age_ms, 3),
-        ),
-        thermal_state=thermal_state,
-    )
+    frame: Frame
+    plan: FramePipeline
+    detections: Detections
+    times: StageTimes
+    age_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A frame that was not processed: ``reason`` is the drop counter it counts under."""
+
+    frame: Frame
+    reason: str
+    detail: str
+
+
+class FramePath:
+    """The path of one camera's frames through one model: check, plan, process, message."""
+
+    def __init__(self, model: LoadedModel, camera_id: str, declared_order: ChannelOrder) -> None:
+        self.model = model
+        self.camera_id = camera_id
+        self.declared_order = declared_order
+        self.plan: FramePipeline | None = None  # planned on the first frame, for its size
+        self._new_size: tuple[tuple[int, int], int] | None = None
+
+    def run(self, frame: Frame) -> Processed | Rejected:
+        """Check ``frame`` against the contract and process it, or say why not."""
+        plan = self._plan_for(frame)
+        if isinstance(plan, Rejected):
+            return plan
+        try:
+            detections, times = plan.process(frame.image)
+        except InferenceError as e:
+            return Rejected(frame, "inference_error", str(e))
+        age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
+        return Processed(frame, plan, detections, times, age_ms)
+
+    def _plan_for(self, frame: Frame) -> FramePipeline | Rejected:
+        """The plan for this frame, re-planned after a lasting size change."""
+        if self.plan is None:
+            h, w = frame.image.shape[:2] if frame.image.ndim >= 2 else (0, 0)
+            self.plan = FramePipeline(self.model, w, h, self.declared_order)
+        problem = frame_problem(frame.image, frame.channel_order, self.plan.spec)
+        if problem is None:
+            self._new_size = None
+            return self.plan
+        if problem == "size" and self._lasting_size_change(frame):
+            h, w = frame.image.shape[:2]
+            log.warning("frame size changed to %dx%d: re-planning buffers", w, h, extra={"CAMERA": self.camera_id})
+            self.plan = FramePipeline(self.model, w, h, self.declared_order)
+            return self.plan
+        spec = self.plan.spec
+        detail = f"not what the source declared ({spec.width}x{spec.height} {self.declared_order})"
+        return Rejected(frame, "bad_frame_" + problem, detail)
+
+    def _lasting_size_change(self, frame: Frame) -> bool:
+        size = (frame.image.shape[1], frame.image.shape[0])
+        seen = self._new_size[1] + 1 if self._new_size and self._new_size[0] == size else 1
+        self._new_size = (size, seen)
+        return seen >= REPLAN_AFTER
+
+    def message(self, done: Processed, *, seq: int, thermal_state: str) -> DetectionsMessage:
+        """The wire message for one processed frame: the one small object a frame allocates.
+
+        Each column becomes a Python list in one ``tolist`` call, rather than one numpy scalar
+        per value: that halves the cost of building the message.
+        """
+        det, box_map, times, label = done.detections, done.plan.box_map, done.times, self.model.label
+        boxes, scores, class_ids = det.xyxy.tolist(), det.scores.tolist(), det.class_ids.tolist()
+        return DetectionsMessage(
+            camera_id=self.camera_id,
+            seq=seq,
+            frame_id=done.frame.frame_id,
+            capture_time_ns=done.frame.t_wall_ns,
+            frame_size=(box_map.frame_w, box_map.frame_h),
+            input_size=(box_map.input_w, box_map.input_h),
+            model=self.model.info,
+            detections=[
+                Detection(
+                    class_id=c,
+                    label=label(c),
+                    score=round(s, 4),
+                    box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)),
+                )
+                for b, s, c in zip(boxes, scores, class_ids, strict=True)
+            ],
+            timings=Timings(
+                preprocess_ms=round(times.preprocess_ms, 3),
+                inference_ms=round(times.inference_ms, 3),
+                decode_ms=round(times.decode_ms, 3),
+                age_ms=round(done.age_ms, 3),
+            ),
+            thermal_state=thermal_state,
+        )

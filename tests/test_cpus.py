@@ -111,8 +111,7 @@ CHILD = textwrap.dedent("""
     from edged.config import RuntimeConfig
     from edged.engine import Engine
     engine = Engine(Path(sys.argv[1]), RuntimeConfig())
-    engine.bind(np.zeros((1, 3, 64, 64), np.float32))
-    engine.run()
+    engine.bind(np.zeros((1, 3, 64, 64), np.float32)).run()
     allowed = {}
     for task in os.listdir("/proc/self/task"):
         for line in Path(f"/proc/self/task/{task}/status").read_text().splitlines():

@@ -24,14 +24,14 @@ def probe(tmp_path: Path) -> Path:
 def test_outputs_land_in_the_bound_buffers(probe: Path) -> None:
     engine = Engine(probe, RuntimeConfig())
     tensor = np.zeros((1, 3, 64, 64), np.float32)
-    outputs = engine.bind(tensor)
-    buffer = outputs[0]
+    binding = engine.bind(tensor)
+    buffer = binding.outputs[0]
     tensor[0, 0] = 1.0  # red everywhere: the new input is read without rebinding
-    engine.run()
-    assert engine.outputs[0] is buffer
+    binding.run()
+    assert binding.outputs[0] is buffer
     assert buffer[0, 4, 0] == pytest.approx(1.0) and buffer[0, 5, 0] == pytest.approx(0.0)
     tensor[0, 0], tensor[0, 2] = 0.0, 0.5
-    engine.run()
+    binding.run()
     assert buffer[0, 4, 0] == pytest.approx(0.0) and buffer[0, 5, 0] == pytest.approx(0.5)
 
 
@@ -116,8 +116,7 @@ def test_optimised_model_cache_is_written_then_used(probe: Path, tmp_path: Path,
         engine = Engine(probe, cfg)
     assert "loading optimised model from cache" in caplog.text
     tensor = np.zeros((1, 3, 64, 64), np.float32)
-    engine.bind(tensor)
-    engine.run()  # the cached graph runs
+    engine.bind(tensor).run()  # the cached graph runs
 
     other = colour_probe(tmp_path / "other.onnx", size=32)  # a different model: the cache is stale
     caplog.clear()

@@ -11,7 +11,8 @@ from onnx_models import colour_probe, solid_frame
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.model import load_model
-from edged.pipeline import FramePipeline
+from edged.pipeline import FramePath, FramePipeline, Processed, Rejected
+from edged.sources import Frame
 
 
 @pytest.mark.parametrize(
@@ -60,3 +61,45 @@ def test_steady_state_allocates_only_the_small_result(tmp_path: Path) -> None:
     # The input tensor alone is 1.2 MB; a per-frame copy of it or of the frame would show here.
     assert peak < 256 * 1024, peak
     assert grown < 16 * 1024, grown  # nothing accumulates over 200 frames
+
+
+def test_two_plans_on_one_model_each_give_their_own_frames_boxes(tmp_path: Path) -> None:
+    """Each plan binds its own buffers: building a second one must not redirect the first."""
+    model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx")), RuntimeConfig())
+    red_plan = FramePipeline(model, 128, 96, "bgr")
+    blue_plan = FramePipeline(model, 128, 96, "bgr")
+    red, _ = red_plan.process(solid_frame((0, 0, 255)))
+    assert red.class_ids.tolist() == [0]
+    blue, _ = blue_plan.process(solid_frame((255, 0, 0)))
+    assert blue.class_ids.tolist() == [1]
+    again, _ = red_plan.process(solid_frame((0, 0, 255)))
+    assert again.class_ids.tolist() == [0]
+    assert red_plan.output is not blue_plan.output
+
+
+def _frame(image: np.ndarray, frame_id: int = 0) -> Frame:
+    return Frame(image, frame_id, 0, 0, "bgr")
+
+
+def test_the_path_processes_checked_frames_and_builds_their_message(tmp_path: Path) -> None:
+    model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx")), RuntimeConfig())
+    path = FramePath(model, "cam7", "bgr")
+    done = path.run(_frame(solid_frame((0, 0, 255)), frame_id=42))
+    assert isinstance(done, Processed)
+    msg = path.message(done, seq=3, thermal_state="ok")
+    assert (msg.camera_id, msg.seq, msg.frame_id, msg.thermal_state) == ("cam7", 3, 42, "ok")
+    assert [d.label for d in msg.detections] == ["red"] and msg.detections[0].box == (48.0, 20.0, 80.0, 44.0)
+    assert msg.frame_size == (128, 96) and msg.model == model.info
+
+
+def test_the_path_rejects_a_frame_unlike_the_first_then_replans_after_a_lasting_change(tmp_path: Path) -> None:
+    model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx")), RuntimeConfig())
+    path = FramePath(model, "cam0", "bgr")
+    assert isinstance(path.run(_frame(solid_frame((0, 0, 255)))), Processed)
+    bigger = np.zeros((120, 160, 3), np.uint8)
+    outcomes = [path.run(_frame(bigger, i)) for i in range(5)]
+    assert [o.reason for o in outcomes[:4] if isinstance(o, Rejected)] == ["bad_frame_size"] * 4
+    assert isinstance(outcomes[4], Processed) and outcomes[4].plan.spec.width == 160
+    wrong_order = Frame(bigger, 9, 0, 0, "rgb")
+    rejected = path.run(wrong_order)
+    assert isinstance(rejected, Rejected) and rejected.reason == "bad_frame_channel_order"

@@ -1,0 +1,48 @@
+"""Readiness and liveness: when systemd hears READY=1, and whether the watchdog keeps pinging.
+
+READY=1 goes out once the first frame is processed (the model, the contract and the camera all
+work), or as soon as the camera is known to be missing, so that a start with the camera unplugged
+is up and honest about it rather than timed out. The watchdog pings only while the loop turns and
+frames flow, or while a reconnect is alive.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from edged.capture import CaptureState, CaptureStats
+
+
+class Health:
+    """Progress timestamps written by the loop, read by the watchdog thread."""
+
+    def __init__(self, stall_timeout_s: float, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self._limit_ns = stall_timeout_s * 1e9
+        self._clock = clock
+        self.loop_ns = self.frame_ns = clock()
+        self.ready = False
+
+    def loop_turned(self) -> None:
+        self.loop_ns = self._clock()
+
+    def frame_done(self) -> None:
+        self.frame_ns = self._clock()
+
+    def should_announce(self, *, frame_processed: bool, capture_state: CaptureState) -> bool:
+        """True exactly once: on the first processed frame, or when the camera is lost before one."""
+        if self.ready or not (frame_processed or capture_state == "lost"):
+            return False
+        self.ready = True
+        return True
+
+    def healthy(self, capture: CaptureStats) -> bool:
+        """The loop turns, and frames flow or a reconnect is alive."""
+        now = self._clock()
+        if now - self.loop_ns > self._limit_ns:
+            return False
+        if not capture.alive and capture.state != "ended":
+            return False  # the capture thread died: only a restart brings the camera back
+        if now - self.frame_ns <= self._limit_ns:
+            return True
+        return capture.state in ("lost", "starting") and now - capture.last_progress_ns <= self._limit_ns

@@ -1,0 +1,64 @@
+"""What the daemon says about itself: the status message, systemd's STATUS= line, drops by cause.
+
+Both are built from one snapshot of the running parts, so a subscriber and ``systemctl status``
+never disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from edged.capture import CaptureStats
+from edged.messages import ModelInfo, StatusMessage
+from edged.stats import RunStats
+from edged.thermal import ThermalReport
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The running parts' state at one moment, as the status reports it."""
+
+    camera_id: str
+    stats: RunStats
+    capture: CaptureStats
+    publish_drops: Mapping[str, int]
+    rate_cap_fps: float | None
+    thermal: ThermalReport | None
+    model: ModelInfo
+    model_short: str  # name@hash prefix, as the logs name the model
+
+    def drops(self) -> dict[str, int]:
+        """Frames and messages lost, by cause: the loop's, the capture thread's and the publisher's."""
+        drops = dict(self.stats.drops)
+        drops["stale"] = self.capture.dropped_stale
+        drops["read_error"] = self.capture.read_errors
+        drops.update(self.publish_drops)
+        return drops
+
+    def message(self, seq: int) -> StatusMessage:
+        cap = self.rate_cap_fps
+        return StatusMessage(
+            camera_id=self.camera_id,
+            seq=seq,
+            time_ns=time.time_ns(),
+            uptime_s=round(self.stats.uptime_s(), 3),
+            fps=round(self.stats.fps, 2),
+            frames_processed=self.stats.frames_processed,
+            source_state=self.capture.state,
+            drops=self.drops(),
+            latency=self.stats.latencies(),
+            rate_cap_fps=round(cap, 2) if cap is not None else None,
+            thermal=self.thermal.to_dict() if self.thermal else None,
+            model=self.model,
+        )
+
+    def line(self) -> str:
+        """systemd's one-line STATUS=."""
+        thermal = self.thermal.summary() if self.thermal else "thermal off"
+        cap = f" cap {self.rate_cap_fps:.1f}fps" if self.rate_cap_fps else ""
+        return (
+            f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state} | {thermal} | "
+            f"{self.stats.frames_processed} frames | model {self.model_short}"
+        )

@@ -1,0 +1,81 @@
+"""Readiness and the watchdog's idea of progress, on an exact clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from edged.capture import CaptureState, CaptureStats
+from edged.health import Health
+
+S = 1_000_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def _capture(state: CaptureState = "ok", *, alive: bool = True, last_progress_ns: int = 0) -> CaptureStats:
+    return CaptureStats(
+        state=state,
+        frames_captured=0,
+        frames_decoded=0,
+        dropped_stale=0,
+        read_errors=0,
+        reconnects=0,
+        size_changes=0,
+        last_error=None,
+        last_progress_ns=last_progress_ns,
+        alive=alive,
+    )
+
+
+def test_ready_is_announced_once_on_the_first_frame() -> None:
+    health = Health(10.0, Clock())
+    assert not health.should_announce(frame_processed=False, capture_state="starting")
+    assert health.should_announce(frame_processed=True, capture_state="ok")
+    assert not health.should_announce(frame_processed=True, capture_state="ok")
+
+
+def test_a_camera_lost_before_any_frame_is_announced_ready() -> None:
+    health = Health(10.0, Clock())
+    assert health.should_announce(frame_processed=False, capture_state="lost")
+    assert health.ready
+
+
+def test_healthy_while_frames_flow_and_not_once_they_stop() -> None:
+    clock = Clock()
+    health = Health(10.0, clock)
+    clock.ns = 9 * S
+    health.loop_turned()
+    assert health.healthy(_capture())
+    clock.ns = 11 * S
+    health.loop_turned()
+    assert not health.healthy(_capture())  # the loop turns but no frame for 11 s
+    health.frame_done()
+    assert health.healthy(_capture())
+
+
+def test_a_wedged_loop_is_unhealthy_whatever_the_camera_does() -> None:
+    clock = Clock()
+    health = Health(10.0, clock)
+    clock.ns = 11 * S
+    health.frame_done()
+    assert not health.healthy(_capture(last_progress_ns=11 * S))
+
+
+def test_a_live_reconnect_counts_as_progress_and_a_dead_capture_thread_does_not() -> None:
+    clock = Clock()
+    health = Health(10.0, clock)
+    clock.ns = 30 * S
+    health.loop_turned()
+    lost = _capture("lost", last_progress_ns=25 * S)
+    assert health.healthy(lost)
+    assert not health.healthy(replace(lost, last_progress_ns=15 * S))  # the reconnect itself is stuck
+    assert not health.healthy(replace(lost, alive=False))
+    assert health.healthy(replace(_capture("ended", alive=False), last_progress_ns=0)) is False
+    health.frame_done()
+    assert health.healthy(_capture("ended", alive=False))  # a finished file is not a dead thread

@@ -1,0 +1,47 @@
+"""The status message and STATUS= line, built from one snapshot of the running parts."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from edged.capture import CaptureStats
+from edged.messages import ModelInfo
+from edged.stats import RunStats
+from edged.status import Snapshot
+
+MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
+
+
+def _snapshot(rate_cap: float | None = None) -> Snapshot:
+    stats = RunStats()
+    stats.record(1.0, 2.0, 0.5, 4.0)
+    stats.drops = Counter({"bad_frame_size": 2})
+    capture = CaptureStats(
+        state="lost",
+        frames_captured=10,
+        frames_decoded=8,
+        dropped_stale=3,
+        read_errors=1,
+        reconnects=2,
+        size_changes=0,
+        last_error="gone",
+        last_progress_ns=0,
+        alive=True,
+    )
+    return Snapshot("cam3", stats, capture, {"publish_full": 4}, rate_cap, None, MODEL, "probe@abababababab")
+
+
+def test_drops_gather_every_cause_from_every_part() -> None:
+    assert _snapshot().drops() == {"bad_frame_size": 2, "stale": 3, "read_error": 1, "publish_full": 4}
+
+
+def test_the_message_says_what_the_parts_say() -> None:
+    msg = _snapshot(rate_cap=7.456).message(seq=5)
+    assert (msg.camera_id, msg.seq, msg.source_state, msg.frames_processed) == ("cam3", 5, "lost", 1)
+    assert msg.rate_cap_fps == 7.46 and msg.thermal is None and msg.model == MODEL
+    assert msg.latency["inference"].p50_ms == 2.0
+
+
+def test_the_status_line_names_camera_cap_thermal_and_model() -> None:
+    assert _snapshot().line() == "0.0 fps | camera lost | thermal off | 1 frames | model probe@abababababab"
+    assert " cap 7.5fps " in _snapshot(rate_cap=7.456).line()
