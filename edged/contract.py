@@ -20,6 +20,8 @@ from edged.errors import ContractError
 
 Layout = Literal["nchw", "nhwc"]
 ChannelOrder = Literal["rgb", "bgr"]
+_LAYOUTS: dict[str, Layout] = {"nchw": "nchw", "nhwc": "nhwc"}
+_ORDERS: dict[str, ChannelOrder] = {"rgb": "rgb", "bgr": "bgr"}
 
 _ORT_DTYPES: dict[str, type[np.generic]] = {
     "tensor(float)": np.float32,
@@ -149,7 +151,7 @@ def _layout(name: str, dims: tuple[int, int, int, int], declared: str, meta: str
             f"input {name!r} has shape {list(dims)}: no axis of 3 colour channels at position 1 "
             "(NCHW) or 3 (NHWC); edged feeds 3-channel images"
         )
-    meta_layout = meta.lower() if meta and meta.lower() in ("nchw", "nhwc") else None
+    meta_layout = _LAYOUTS.get(meta.lower()) if meta else None
     for source, value in (("model metadata", meta_layout), ("config model.layout", _auto(declared))):
         if value is not None and inferred is not None and value != inferred:
             raise ContractError(f"{source} says {value.upper()} but input {name!r} shape {list(dims)} is {inferred.upper()}")
@@ -160,16 +162,16 @@ def _layout(name: str, dims: tuple[int, int, int, int], declared: str, meta: str
         raise ContractError(
             f"input {name!r} shape {list(dims)} is ambiguous (3 at both channel positions); set model.layout to nchw or nhwc"
         )
-    return result  # type: ignore[return-value]
+    return result
 
 
 def _auto(value: str) -> Layout | None:
-    return None if value == "auto" else value  # type: ignore[return-value]
+    return _LAYOUTS.get(value)
 
 
 def _channel_order(cfg: ModelConfig, meta: str | None) -> ChannelOrder:
-    meta_order = meta.lower() if meta else None
-    if meta_order is not None and meta_order not in ("rgb", "bgr"):
+    meta_order = _ORDERS.get(meta.lower()) if meta else None
+    if meta and meta_order is None:
         raise ContractError(f"model metadata color_order={meta!r} is neither rgb nor bgr")
     if meta_order is None:
         return cfg.channel_order
@@ -178,7 +180,7 @@ def _channel_order(cfg: ModelConfig, meta: str | None) -> ChannelOrder:
             f"config model.channel_order = {cfg.channel_order!r} but the model declares "
             f"color_order = {meta_order!r} in its metadata; remove the key or fix the model"
         )
-    return meta_order  # type: ignore[return-value]
+    return meta_order
 
 
 def _check_normalisation(cfg: ModelConfig, dtype: type[np.generic]) -> None:

@@ -131,7 +131,7 @@ class ClientKeys:
         public, secret = load_secret_key(client_key, "--client-key")
         return cls(load_public_key(server_key, "--server-key"), public, secret)
 
-    def apply(self, socket: zmq.Socket) -> None:
+    def apply(self, socket: zmq.Socket[bytes]) -> None:
         """Set the CURVE client options; must happen before connect."""
         socket.curve_secretkey = self.secret
         socket.curve_publickey = self.public

@@ -89,13 +89,13 @@ class Publisher:
     With CURVE it runs the context's ZAP authenticator, so one such publisher per context.
     """
 
-    def __init__(self, cfg: PublishConfig, context: zmq.Context | None = None) -> None:
+    def __init__(self, cfg: PublishConfig, context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
         self.cfg = cfg
         self.drops: Counter[str] = Counter()
         self.sent = 0
         self.endpoints: list[str] = []
         self._context = context or zmq.Context.instance()
-        self._sockets: dict[bool, zmq.Socket] = {}  # keyed by "uses CURVE"
+        self._sockets: dict[bool, zmq.Socket[bytes]] = {}  # keyed by "uses CURVE"
         self._auth: ThreadAuthenticator | None = None
         self._server_keys = self._load_server_keys()
         try:
@@ -113,7 +113,7 @@ class Publisher:
     def _secure(self, endpoint: str) -> bool:
         return self._server_keys is not None and endpoint.startswith("tcp://")
 
-    def _socket_for(self, secure: bool) -> zmq.Socket:
+    def _socket_for(self, secure: bool) -> zmq.Socket[bytes]:
         if secure not in self._sockets:
             sock = self._context.socket(zmq.PUB)
             self._sockets[secure] = sock
@@ -123,7 +123,7 @@ class Publisher:
                 self._start_curve(sock, self._server_keys)
         return self._sockets[secure]
 
-    def _start_curve(self, sock: zmq.Socket, server_keys: tuple[bytes, bytes]) -> None:
+    def _start_curve(self, sock: zmq.Socket[bytes], server_keys: tuple[bytes, bytes]) -> None:
         """Authenticator first, then the server keys: both must be in place before bind."""
         self._auth = ThreadAuthenticator(self._context, log=logging.getLogger("edged.auth"))
         try:
@@ -173,7 +173,7 @@ class Publisher:
             self.sent += 1
         return all(results)
 
-    def _send_on(self, sock: zmq.Socket, topic: bytes, payload: bytes) -> bool:
+    def _send_on(self, sock: zmq.Socket[bytes], topic: bytes, payload: bytes) -> bool:
         try:
             sock.send_multipart((topic, payload), flags=zmq.NOBLOCK, copy=True)
         except zmq.Again:

@@ -123,7 +123,8 @@ def _journal_handler() -> logging.Handler | None:
         from systemd.journal import JournalHandler
     except ImportError:
         return None
-    return JournalHandler(SYSLOG_IDENTIFIER="edged")
+    handler: logging.Handler = JournalHandler(SYSLOG_IDENTIFIER="edged")
+    return handler
 
 
 def _stderr_handler() -> logging.Handler:

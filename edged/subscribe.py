@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -61,7 +62,12 @@ class Subscriber:
     """A SUB socket on one endpoint, yielding validated messages."""
 
     def __init__(
-        self, endpoint: str, topic: str = "", *, context: zmq.Context | None = None, curve: ClientKeys | None = None
+        self,
+        endpoint: str,
+        topic: str = "",
+        *,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        curve: ClientKeys | None = None,
     ) -> None:
         self.stats = StreamStats()
         self._context = context or zmq.Context.instance()
@@ -96,7 +102,7 @@ class Subscriber:
             return msg
         return None
 
-    def _handshake_failed(self, event: dict[str, Any]) -> None:
+    def _handshake_failed(self, event: Mapping[str, Any]) -> None:
         self.stats.handshake_failures += 1
         self.stats.handshake_error = HANDSHAKE_FAILURES.get(event["event"], f"socket event {event['event']}")
 
