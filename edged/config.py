@@ -8,13 +8,15 @@ one line per problem with its key path and a hint; the CLI exits 78 (EX_CONFIG) 
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import sys
+from functools import reduce
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 if sys.version_info >= (3, 11):
@@ -23,67 +25,33 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError
+from edged.heads import HEADS
 from edged.keys import key_file_problems
+from edged.sections import Section
+from edged.sources import SOURCES
+from edged.sources.synthetic import SyntheticSourceConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
 
 
-class Section(BaseModel):
-    # NaN passes every range check and means nothing as a threshold or a mean: refuse it.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
 # ---- sources ----------------------------------------------------------------------------------
 
+if TYPE_CHECKING:
+    from edged.sources.base import SourceBase
 
-class SourceBase(Section):
-    camera_id: str = Field(
-        "cam0",
-        min_length=1,
-        max_length=64,
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Name of this camera; used as the ZeroMQ topic suffix.",
-    )
-    channel_order: Literal["bgr", "rgb"] = Field(
-        "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr)."
-    )
-
-
-class SyntheticSource(SourceBase):
-    type: Literal["synthetic"] = "synthetic"
-    width: int = Field(1280, ge=32, le=7680, description="Frame width in pixels.")
-    height: int = Field(720, ge=32, le=4320, description="Frame height in pixels.")
-    fps: float = Field(15.0, gt=0, le=240, description="Frames generated per second.")
-    seed: int = Field(0, ge=0, description="Scene seed; the same seed gives the same stream.")
-
-
-class FileSource(SourceBase):
-    type: Literal["file"] = "file"
-    path: Path = Field(description="Video file decoded with OpenCV's FFmpeg backend.")
-    loop: bool = Field(True, description="Start again at the end instead of reporting end of stream.")
-    realtime: bool = Field(True, description="Pace frames to the file's own fps, like a camera.")
-
-
-class ImagesSource(SourceBase):
-    type: Literal["images"] = "images"
-    path: str = Field(description="A folder (every image in it, sorted) or a glob pattern.")
-    loop: bool = Field(True, description="Start again after the last image.")
-    fps: float = Field(5.0, gt=0, le=240, description="Images delivered per second.")
-
-
-class V4l2Source(SourceBase):
-    type: Literal["v4l2"] = "v4l2"
-    device: str = Field("/dev/video0", description="Device path or index (e.g. 0).")
-    width: int = Field(1280, ge=32, le=7680, description="Requested width; read back after open.")
-    height: int = Field(720, ge=32, le=4320, description="Requested height; read back after open.")
-    fps: float = Field(30.0, gt=0, le=240, description="Requested frame rate.")
-    fourcc: Literal["MJPG", "YUYV"] = Field("MJPG", description="Pixel format asked of the camera.")
-
-
-SourceConfig = Annotated[SyntheticSource | FileSource | ImagesSource | V4l2Source, Field(discriminator="type")]
+    # A union assembled at run time is no static type: a type checker sees the base every kind extends.
+    SourceConfig: TypeAlias = SourceBase
+else:
+    SourceConfig = Annotated[reduce(operator.or_, (config for config, _ in SOURCES.values())), Field(discriminator="type")]
 
 
 # ---- model, inference -------------------------------------------------------------------------
+
+if TYPE_CHECKING:
+    # A Literal assembled at run time is no static type: a type checker sees plain str.
+    HeadChoice: TypeAlias = str
+else:
+    HeadChoice = Literal[tuple(["auto", *HEADS])]
 
 
 class ModelConfig(Section):
@@ -101,9 +69,7 @@ class ModelConfig(Section):
     scale: float = Field(1 / 255, gt=0, description="Pixel values are multiplied by this first.")
     mean: tuple[float, float, float] = Field((0.0, 0.0, 0.0), description="Per channel, after scale.")
     std: tuple[float, float, float] = Field((1.0, 1.0, 1.0), description="Per channel, after mean.")
-    head: Literal["auto", "yolov8", "yolov5", "end2end"] = Field(
-        "auto", description="Output head format; auto reads it from shapes and metadata."
-    )
+    head: HeadChoice = Field("auto", description="Output head format; auto reads it from shapes and metadata.")
     conf: float = Field(0.25, gt=0, le=1, description="Minimum score of a published detection.")
     iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
     max_det: int = Field(100, ge=1, le=10000, description="Most detections kept per frame.")
@@ -258,7 +224,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="EDGED_", env_nested_delimiter="__", extra="forbid", frozen=True)
 
-    source: SourceConfig = Field(default_factory=SyntheticSource)
+    source: SourceConfig = Field(default_factory=SyntheticSourceConfig)
     model: ModelConfig
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)
@@ -278,11 +244,12 @@ class Settings(BaseSettings):
         return env_settings, init_settings
 
 
+_SOURCE_TYPES = ", ".join(SOURCES)
 _HINTS = {
     "extra_forbidden": "unknown key: check its spelling against config/edged.toml",
     "missing": "required key is missing",
-    "union_tag_invalid": "source.type must be one of synthetic, file, images, v4l2",
-    "union_tag_not_found": "set source.type to one of synthetic, file, images, v4l2",
+    "union_tag_invalid": f"source.type must be one of {_SOURCE_TYPES}",
+    "union_tag_not_found": f"set source.type to one of {_SOURCE_TYPES}",
     "literal_error": "not one of the allowed values",
 }
 
@@ -290,8 +257,8 @@ _HINTS = {
 def _format_error(err: Any) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # Discriminated unions put the tag in the path (source.file.path): keep the user's view.
-    for tag in ("synthetic.", "file.", "images.", "v4l2."):
-        loc = loc.replace("source." + tag, "source.")
+    for tag in SOURCES:
+        loc = loc.replace(f"source.{tag}.", "source.")
     hint = _HINTS.get(err["type"], "")
     msg = err["msg"]
     text = f"{loc or '(top level)'}: {msg}"
@@ -305,7 +272,8 @@ def _format_error(err: Any) -> str:
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as f:
-            return tomllib.load(f)
+            data: dict[str, Any] = tomllib.load(f)
+            return data
     except FileNotFoundError:
         raise ConfigError(path, [f"config file {path} does not exist (pass --config PATH)"]) from None
     except PermissionError:
@@ -342,9 +310,7 @@ def _check_files(settings: Settings) -> list[str]:
         problems.append(f"model.path: model file {settings.model.path} does not exist")
     if settings.model.labels is not None and not _is_file(settings.model.labels):
         problems.append(f"model.labels: labels file {settings.model.labels} does not exist")
-    src = settings.source
-    if isinstance(src, FileSource) and not _is_file(src.path):
-        problems.append(f"source.path: video file {src.path} does not exist")
+    problems += settings.source.file_problems()
     problems += key_file_problems(settings.publish.curve_server_key, settings.publish.curve_clients_dir)
     return problems
 

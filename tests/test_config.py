@@ -9,15 +9,13 @@ import pytest
 from pydantic import BaseModel
 
 from edged.config import (  # TOML read as edged reads it, on every Python it supports
-    FileSource,
-    ImagesSource,
     Settings,
-    SyntheticSource,
-    V4l2Source,
     load_config,
     tomllib,
 )
 from edged.errors import ConfigError
+from edged.sources import SOURCES
+from edged.sources.synthetic import SyntheticSourceConfig
 
 CONFIG_DIR = Path(__file__).parent.parent / "config"
 EXAMPLE = CONFIG_DIR / "edged.toml"
@@ -53,8 +51,8 @@ def test_example_config_documents_every_key() -> None:
     expected = _keys(Settings) - {"source", "model", "runtime", "publish", "thermal", "service"}
     expected |= {"runtime.providers.name", "runtime.providers.options"}
     expected -= {"runtime.providers"}
-    for source in (SyntheticSource, FileSource, ImagesSource, V4l2Source):
-        expected |= {f"source.{name}" for name in source.model_fields}
+    for config, _ in SOURCES.values():
+        expected |= {f"source.{name}" for name in config.model_fields}
     missing = expected - documented
     assert not missing, f"config/edged.toml does not document: {sorted(missing)}"
 
@@ -102,7 +100,7 @@ def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, mo
     monkeypatch.setenv("EDGED_SOURCE__FPS", "12")
     settings = load_config(path)
     assert settings.model.conf == 0.6 and settings.model.path == tmp_path / "m.onnx"
-    assert isinstance(settings.source, SyntheticSource) and settings.source.fps == 12
+    assert isinstance(settings.source, SyntheticSourceConfig) and settings.source.fps == 12
 
 
 @pytest.mark.parametrize(
@@ -128,3 +126,9 @@ def test_problems_name_their_key(tmp_path: Path, text: str, problem: str) -> Non
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, text))
     assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_a_wrong_source_type_lists_every_registered_kind(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n[source]\ntype = "usb"\n'))
+    assert any(f"source.type must be one of {', '.join(SOURCES)}" in p for p in info.value.problems), info.value.problems

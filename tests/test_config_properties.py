@@ -19,25 +19,24 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from edged.config import (  # TOML read as edged reads it, on every Python it supports
-    FileSource,
-    ImagesSource,
     ModelConfig,
     ProviderConfig,
     PublishConfig,
     RuntimeConfig,
     ServiceConfig,
     Settings,
-    SyntheticSource,
     ThermalConfig,
-    V4l2Source,
     _format_error,
     load_config,
     tomllib,
 )
 from edged.errors import ConfigError
+from edged.sources import SOURCES
+from edged.sources.file import FileSourceConfig
+from edged.sources.images import ImagesSourceConfig
 
 SECTIONS: dict[str, tuple[type[BaseModel], ...]] = {
-    "source": (SyntheticSource, FileSource, ImagesSource, V4l2Source),
+    "source": tuple(config for config, _ in SOURCES.values()),
     "model": (ModelConfig,),
     "runtime": (RuntimeConfig,),
     "publish": (PublishConfig,),
@@ -56,8 +55,8 @@ PATH_KEYS = sorted(
 )
 REQUIRED: dict[type[BaseModel], dict[str, str]] = {
     ModelConfig: {"path": "m"},
-    FileSource: {"path": "v"},
-    ImagesSource: {"path": "i"},
+    FileSourceConfig: {"path": "v"},
+    ImagesSourceConfig: {"path": "i"},
 }
 DEFAULTS = {  # every key's default as TOML would give it: valid values, so valid configs come up too
     (section, key): value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import TypeVar
 
@@ -10,13 +12,14 @@ import numpy as np
 import pytest
 
 from edged.capture import Capture
-from edged.config import FileSource, ImagesSource, SourceConfig, SyntheticSource, V4l2Source
 from edged.errors import SourceError
-from edged.scenes import SceneGenerator
-from edged.sources import open_source
-from edged.sources.files import ImageFolderSource, VideoFileSource
-from edged.sources.synthetic import SceneTruth, SyntheticSceneSource
-from edged.sources.v4l2 import V4l2CameraSource
+from edged.sources import SOURCES, open_source
+from edged.sources.base import SourceBase
+from edged.sources.file import FileSource, FileSourceConfig
+from edged.sources.images import ImagesSource, ImagesSourceConfig, list_images
+from edged.sources.synthetic import SyntheticSource, SyntheticSourceConfig
+from edged.sources.v4l2 import V4l2Source, V4l2SourceConfig
+from edged.tools.scenes import SceneGenerator
 
 W, H = 128, 64
 BITS = 7  # frame numbers up to 127, one 16-px column per bit
@@ -48,7 +51,7 @@ def write_video(path: Path, fourcc: str, count: int = 64, fps: float = 30.0) -> 
     return path
 
 
-S = TypeVar("S", VideoFileSource, ImageFolderSource, SyntheticSceneSource)
+S = TypeVar("S", FileSource, ImagesSource, SyntheticSource)
 
 
 def opened(source: S) -> S:
@@ -66,7 +69,7 @@ def video(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 
 
 def test_video_is_read_in_order_into_the_same_buffer_then_ends(video: Path) -> None:
-    src = opened(VideoFileSource(FileSource(path=video, loop=False, realtime=False)))
+    src = opened(FileSource(FileSourceConfig(path=video, loop=False, realtime=False)))
     first = src.read(None)
     buf = np.empty_like(first)
     pointer = buf.ctypes.data
@@ -79,7 +82,7 @@ def test_video_is_read_in_order_into_the_same_buffer_then_ends(video: Path) -> N
 
 
 def test_video_loop_restarts_at_the_first_frame(video: Path) -> None:
-    src = opened(VideoFileSource(FileSource(path=video, loop=True, realtime=False)))
+    src = opened(FileSource(FileSourceConfig(path=video, loop=True, realtime=False)))
     buf = np.empty((H, W, 3), np.uint8)
     numbers = [frame_number(src.read(buf)) for _ in range(64 + 10)]
     src.close()
@@ -87,7 +90,7 @@ def test_video_loop_restarts_at_the_first_frame(video: Path) -> None:
 
 
 def test_video_grab_skips_frames_unconverted_and_retrieve_converts_the_last_one_into_the_buffer(video: Path) -> None:
-    src = opened(VideoFileSource(FileSource(path=video, loop=True, realtime=False)))
+    src = opened(FileSource(FileSourceConfig(path=video, loop=True, realtime=False)))
     buf = np.empty((H, W, 3), np.uint8)
     taken = []
     for step in range(20):
@@ -102,14 +105,14 @@ def test_video_grab_skips_frames_unconverted_and_retrieve_converts_the_last_one_
 
 
 def test_video_grab_without_loop_ends_with_false(video: Path) -> None:
-    src = opened(VideoFileSource(FileSource(path=video, loop=False, realtime=False)))
+    src = opened(FileSource(FileSourceConfig(path=video, loop=False, realtime=False)))
     assert all(src.grab() for _ in range(64))
     assert src.grab() is False
     src.close()
 
 
 def test_video_retrieve_with_no_frame_grabbed_is_a_source_error_naming_the_file(video: Path) -> None:
-    src = opened(VideoFileSource(FileSource(path=video)))
+    src = opened(FileSource(FileSourceConfig(path=video)))
     with pytest.raises(SourceError, match=f"a frame of video file {video} could not be decoded"):
         src.retrieve(None)
     src.close()
@@ -117,12 +120,12 @@ def test_video_retrieve_with_no_frame_grabbed_is_a_source_error_naming_the_file(
 
 def test_video_realtime_paces_to_the_file_fps(tmp_path: Path) -> None:
     path = write_video(tmp_path / "fast.avi", "MJPG", count=20, fps=50.0)
-    assert VideoFileSource(FileSource(path=path, realtime=False)).pace() is None
-    src = opened(VideoFileSource(FileSource(path=path, realtime=True)))
+    assert FileSource(FileSourceConfig(path=path, realtime=False)).pace() is None
+    src = opened(FileSource(FileSourceConfig(path=path, realtime=True)))
     assert src.pace() == pytest.approx(1 / 50)
     src.close()
 
-    cap = Capture(lambda: VideoFileSource(FileSource(path=path, loop=False, realtime=True)), "cam0")
+    cap = Capture(lambda: FileSource(FileSourceConfig(path=path, loop=False, realtime=True)), "cam0")
     cap.start()
     taken = []
     while (frame := cap.take(timeout_s=2.0)) is not None:
@@ -137,22 +140,22 @@ def test_video_realtime_paces_to_the_file_fps(tmp_path: Path) -> None:
 
 def test_video_with_implausible_fps_is_paced_at_the_fallback(tmp_path: Path) -> None:
     path = write_video(tmp_path / "odd.avi", "MJPG", count=4, fps=1000.0)
-    src = opened(VideoFileSource(FileSource(path=path)))
-    assert src.fps == 25.0
+    src = opened(FileSource(FileSourceConfig(path=path)))
+    assert src.pace() == pytest.approx(1 / 25.0)
     src.close()
 
 
 def test_missing_video_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "nowhere.mp4"
     with pytest.raises(SourceError, match=r"nowhere\.mp4 does not exist"):
-        VideoFileSource(FileSource(path=path)).open()
+        FileSource(FileSourceConfig(path=path)).open()
 
 
 def test_corrupt_video_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "broken.avi"
     path.write_bytes(b"RIFF\x00\x00\x00\x00not a video at all" * 50)
     with pytest.raises(SourceError, match=r"broken\.avi"):
-        src = VideoFileSource(FileSource(path=path, loop=False))
+        src = FileSource(FileSourceConfig(path=path, loop=False))
         src.open()
         src.read(None)
 
@@ -172,8 +175,8 @@ def image_dir(tmp_path: Path) -> Path:
 
 
 def test_folder_is_read_sorted_skipping_unreadable_images(image_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    src = opened(ImageFolderSource(ImagesSource(path=str(image_dir), loop=False)))
-    assert [Path(p).name for p in src.paths] == ["03.jpg", "a.bmp", "b.png", "b2.png", "c.PNG", "d.tiff"]
+    assert [Path(p).name for p in list_images(str(image_dir))] == ["03.jpg", "a.bmp", "b.png", "b2.png", "c.PNG", "d.tiff"]
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
     buf = np.empty((H, W, 3), np.uint8)
     numbers = []
     while (img := src.read(buf)) is not None:
@@ -185,7 +188,7 @@ def test_folder_is_read_sorted_skipping_unreadable_images(image_dir: Path, caplo
 
 
 def test_folder_loops_and_logs_an_unreadable_image_once(image_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    src = opened(ImageFolderSource(ImagesSource(path=str(image_dir), loop=True)))
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=True)))
     numbers = [frame_number(src.read(None)) for _ in range(12)]
     assert numbers == [0, 1, 2, 3, 4] * 2 + [0, 1]
     assert src.skipped == 2
@@ -194,8 +197,8 @@ def test_folder_loops_and_logs_an_unreadable_image_once(image_dir: Path, caplog:
 
 
 def test_glob_selects_and_sorts_matching_files(image_dir: Path) -> None:
-    src = opened(ImageFolderSource(ImagesSource(path=str(image_dir / "*.png"), loop=False)))
-    assert [Path(p).name for p in src.paths] == ["b.png", "b2.png"]
+    assert [Path(p).name for p in list_images(str(image_dir / "*.png"))] == ["b.png", "b2.png"]
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir / "*.png"), loop=False)))
     assert frame_number(src.read(None)) == 2
     assert src.read(None) is None
     assert src.skipped == 1
@@ -204,7 +207,7 @@ def test_glob_selects_and_sorts_matching_files(image_dir: Path) -> None:
 def test_image_of_another_size_comes_back_as_a_new_array(tmp_path: Path) -> None:
     cv2.imwrite(str(tmp_path / "0.png"), coded_frame(5))
     cv2.imwrite(str(tmp_path / "1.png"), coded_frame(6, width=W * 2, height=H * 2))
-    src = opened(ImageFolderSource(ImagesSource(path=str(tmp_path), loop=False)))
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(tmp_path), loop=False)))
     buf = np.empty((H, W, 3), np.uint8)
     assert src.read(buf) is buf
     bigger = src.read(buf)
@@ -220,13 +223,13 @@ def test_empty_folder_missing_folder_and_unmatched_glob_raise(tmp_path: Path) ->
         (tmp_path / "*.jpg", "no images found"),
     ]:
         with pytest.raises(SourceError, match=message):
-            ImageFolderSource(ImagesSource(path=str(path))).open()
+            ImagesSource(ImagesSourceConfig(path=str(path))).open()
 
 
 def test_folder_with_only_unreadable_images_raises_instead_of_spinning(tmp_path: Path) -> None:
     (tmp_path / "x.jpg").write_bytes(b"junk")
     (tmp_path / "y.jpg").write_bytes(b"junk")
-    src = opened(ImageFolderSource(ImagesSource(path=str(tmp_path), loop=True)))
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(tmp_path), loop=True)))
     with pytest.raises(SourceError, match="none of the 2 images"):
         src.read(None)
 
@@ -236,7 +239,7 @@ def test_folder_with_only_unreadable_images_raises_instead_of_spinning(tmp_path:
 
 @pytest.mark.parametrize("device", ["/dev/video97", "97"])
 def test_missing_v4l2_device_says_what_to_check(device: str) -> None:
-    src = V4l2CameraSource(V4l2Source(device=device))
+    src = V4l2Source(V4l2SourceConfig(device=device))
     with pytest.raises(SourceError, match=r"/dev/video97 does not exist.*plugged in"):
         src.open()
     src.close()
@@ -246,49 +249,42 @@ def test_v4l2_on_a_file_that_is_no_camera_fails_clearly(tmp_path: Path) -> None:
     fake = tmp_path / "video0"
     fake.write_bytes(b"")
     with pytest.raises(SourceError, match=r"cannot open camera .*video0 with V4L2"):
-        V4l2CameraSource(V4l2Source(device=str(fake))).open()
+        V4l2Source(V4l2SourceConfig(device=str(fake))).open()
 
 
 # ---- synthetic -----------------------------------------------------------------------------------
 
 
-def test_synthetic_is_deterministic_renders_in_place_and_carries_truth() -> None:
-    cfg = SyntheticSource(width=96, height=64, fps=100.0, seed=SEED)
-    a, b = opened(SyntheticSceneSource(cfg)), opened(SyntheticSceneSource(cfg))
+def test_synthetic_is_deterministic_renders_in_place_and_frame_i_is_scene_i() -> None:
+    cfg = SyntheticSourceConfig(width=96, height=64, fps=100.0, seed=SEED)
+    a, b = opened(SyntheticSource(cfg)), opened(SyntheticSource(cfg))
     buf = np.empty((64, 96, 3), np.uint8)
     generator = SceneGenerator(width=96, height=64, seed=SEED)
     for index in range(5):
         image = a.read(buf)
         assert image is buf
-        truth = a.truth()
-        assert isinstance(truth, SceneTruth) and truth.index == index
-        expected = generator.render(index)
+        expected = generator.render(index)  # so the generator's boxes are the ground truth of frame `index`
         np.testing.assert_array_equal(image, expected.image)
-        np.testing.assert_array_equal(truth.boxes, expected.boxes)
-        np.testing.assert_array_equal(truth.class_ids, expected.class_ids)
         np.testing.assert_array_equal(b.read(None), expected.image)
     assert a.pace() == pytest.approx(0.01)
 
 
-def test_synthetic_grab_skips_scenes_and_retrieve_renders_the_last_one_with_its_truth() -> None:
-    src = opened(SyntheticSceneSource(SyntheticSource(width=96, height=64, seed=SEED)))
+def test_synthetic_grab_skips_scenes_and_retrieve_renders_the_last_one() -> None:
+    src = opened(SyntheticSource(SyntheticSourceConfig(width=96, height=64, seed=SEED)))
     generator = SceneGenerator(width=96, height=64, seed=SEED)
     for _ in range(3):
         assert src.grab()
-    image = src.retrieve(None)
-    truth = src.truth()
-    assert isinstance(truth, SceneTruth) and truth.index == 2
-    np.testing.assert_array_equal(image, generator.render(2).image)
-    assert src.read(None) is not None and isinstance(truth := src.truth(), SceneTruth) and truth.index == 3
+    np.testing.assert_array_equal(src.retrieve(None), generator.render(2).image)
+    np.testing.assert_array_equal(src.read(None), generator.render(3).image)
 
 
 def test_synthetic_retrieve_before_grab_is_a_source_error() -> None:
     with pytest.raises(SourceError, match="grab"):
-        opened(SyntheticSceneSource(SyntheticSource(width=96, height=64, seed=SEED))).retrieve(None)
+        opened(SyntheticSource(SyntheticSourceConfig(width=96, height=64, seed=SEED))).retrieve(None)
 
 
 def test_synthetic_renders_a_new_array_when_the_buffer_does_not_fit() -> None:
-    src = opened(SyntheticSceneSource(SyntheticSource(width=96, height=64, seed=SEED)))
+    src = opened(SyntheticSource(SyntheticSourceConfig(width=96, height=64, seed=SEED)))
     wrong = np.empty((10, 10, 3), np.uint8)
     image = src.read(wrong)
     assert image is not wrong and image.shape == (64, 96, 3)
@@ -298,14 +294,46 @@ def test_synthetic_renders_a_new_array_when_the_buffer_does_not_fit() -> None:
 
 
 def test_open_source_picks_the_class_for_each_type(tmp_path: Path) -> None:
-    cases: list[tuple[SourceConfig, type]] = [
-        (SyntheticSource(), SyntheticSceneSource),
-        (FileSource(path=tmp_path / "x.mp4"), VideoFileSource),
-        (ImagesSource(path=str(tmp_path)), ImageFolderSource),
-        (V4l2Source(), V4l2CameraSource),
+    cases: list[tuple[SourceBase, type]] = [
+        (SyntheticSourceConfig(), SyntheticSource),
+        (FileSourceConfig(path=tmp_path / "x.mp4"), FileSource),
+        (ImagesSourceConfig(path=str(tmp_path)), ImagesSource),
+        (V4l2SourceConfig(), V4l2Source),
     ]
     for cfg, cls in cases:
         source = open_source(cfg)
         assert type(source) is cls
         assert source.channel_order == "bgr"
-    assert open_source(SyntheticSource(channel_order="rgb")).channel_order == "rgb"
+    assert open_source(SyntheticSourceConfig(channel_order="rgb")).channel_order == "rgb"
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_each_registered_type_name_is_the_one_its_config_declares(name: str) -> None:
+    config, _ = SOURCES[name]
+    assert config.model_fields["type"].default == name
+
+
+def test_only_a_video_file_source_reports_a_missing_file(tmp_path: Path) -> None:
+    gone = tmp_path / "gone.mp4"
+    assert FileSourceConfig(path=gone).file_problems() == [f"source.path: video file {gone} does not exist"]
+    gone.write_bytes(b"x")
+    assert FileSourceConfig(path=gone).file_problems() == []
+    assert FileSourceConfig(path=tmp_path / ("x" * 5000)).file_problems() != []
+    for cfg in (SyntheticSourceConfig(), ImagesSourceConfig(path=str(tmp_path / "none")), V4l2SourceConfig(device="/nope")):
+        assert cfg.file_problems() == []
+
+
+def test_the_scene_painter_is_loaded_only_when_a_synthetic_source_opens() -> None:
+    probe = (
+        "import sys\n"
+        "from edged.config import Settings\n"
+        "from edged.sources import open_source\n"
+        "from edged.sources.synthetic import SyntheticSourceConfig\n"
+        "def painter(): return any(name.endswith('.scenes') for name in sys.modules)\n"
+        "source = open_source(SyntheticSourceConfig(width=64, height=64))\n"
+        "print(painter())\n"
+        "source.open()\n"
+        "print(painter())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "True"]

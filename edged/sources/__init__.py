@@ -1,22 +1,24 @@
 """Camera sources: the one place that knows how frames are obtained from each kind of camera.
 
 A source only opens, reads and closes; threading, latest-frame slots, pacing and reconnects belong
-to ``edged.capture``. ``open_source`` maps a ``source.type`` from the configuration to its class.
+to ``edged.capture``. Each kind is one module holding its ``[source]`` config class and its reader;
+``SOURCES`` lists them, and the configuration's ``source.type`` union, its error hints and
+``open_source`` are all built from it, so a new kind is one module and one line there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
+from typing import Any, Literal, Protocol, TypeGuard
 
-import cv2
 import numpy as np
 
-from edged.errors import SourceError
-
-if TYPE_CHECKING:
-    from edged.config import SourceConfig
+from edged.sources.base import SourceBase
+from edged.sources.file import FileSource, FileSourceConfig
+from edged.sources.images import ImagesSource, ImagesSourceConfig
+from edged.sources.synthetic import SyntheticSource, SyntheticSourceConfig
+from edged.sources.v4l2 import V4l2Source, V4l2SourceConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +35,6 @@ class Frame:
     t_capture_ns: int
     t_wall_ns: int
     channel_order: Literal["bgr", "rgb"]
-    truth: object | None = None
 
 
 class Source(Protocol):
@@ -44,12 +45,11 @@ class Source(Protocol):
     frame size differs (a renegotiated camera; the new array then belongs to the caller), ``None``
     at the end of a finite stream, and raises ``SourceError`` when the camera is lost.
 
-    Optional members, looked up with ``getattr`` by the capture thread:
+    Optional members, checked once per opened source by the capture thread (`paces`, `splits_reading`):
 
     - ``pace() -> float | None``: seconds between frames for sources that must be paced (files,
       image folders, synthetic scenes). The capture thread waits between reads; ``read`` itself
       never sleeps, so stopping is never held up by pacing. Live cameras return ``None``.
-    - ``truth() -> object | None``: ground truth of the frame last read (synthetic scenes).
     - ``grab() -> bool`` and ``retrieve(out) -> np.ndarray``: ``read`` in two halves, as OpenCV
       splits it. ``grab`` takes the next frame off the camera without converting it (``False`` at
       the end of a finite stream), ``retrieve`` decodes the frame last grabbed into ``out``. With
@@ -94,43 +94,32 @@ def splits_reading(source: Source) -> TypeGuard[SplitSource]:
     return callable(getattr(source, "grab", None)) and callable(getattr(source, "retrieve", None))
 
 
-def retrieve_frame(cap: cv2.VideoCapture, out: np.ndarray | None, *, failed: str, undecodable: str) -> np.ndarray:
-    """OpenCV's ``retrieve`` of the frame last grabbed, straight into ``out`` when its shape fits.
+class PacedSource(Source, Protocol):
+    """A source that may need pacing (see `Source`, ``pace``)."""
 
-    Errors become ``SourceError``: ``failed`` prefixes OpenCV's own message, ``undecodable`` is
-    the whole message for a frame that did not decode.
-    """
-    try:
-        ok, image = cap.retrieve(image=out)
-    except cv2.error as e:
-        raise SourceError(f"{failed}: {e}") from e
-    if not ok:
-        raise SourceError(undecodable)
-    return image
+    def pace(self) -> float | None:
+        """Seconds between frames, or ``None`` when reading itself keeps the camera's pace."""
 
 
-def _registry() -> dict[str, Callable[[Any], Source]]:
-    # Imported here: the submodules import SourceError from this package.
-    from edged.sources.files import ImageFolderSource, VideoFileSource
-    from edged.sources.synthetic import SyntheticSceneSource
-    from edged.sources.v4l2 import V4l2CameraSource
-
-    return {
-        "synthetic": SyntheticSceneSource,
-        "file": VideoFileSource,
-        "images": ImageFolderSource,
-        "v4l2": V4l2CameraSource,
-    }
+def paces(source: Source) -> TypeGuard[PacedSource]:
+    """Whether ``source`` has ``pace``, so the capture thread may have to wait between reads."""
+    return callable(getattr(source, "pace", None))
 
 
-def open_source(cfg: SourceConfig) -> Source:
+# source.type -> (its [source] config class, the source built from that config).
+SOURCES: dict[str, tuple[type[SourceBase], Callable[[Any], Source]]] = {
+    "synthetic": (SyntheticSourceConfig, SyntheticSource),
+    "file": (FileSourceConfig, FileSource),
+    "images": (ImagesSourceConfig, ImagesSource),
+    "v4l2": (V4l2SourceConfig, V4l2Source),
+}
+
+
+def open_source(cfg: SourceBase) -> Source:
     """Build (not open) the source for ``cfg``; the capture thread opens it.
 
     Pass ``lambda: open_source(cfg)`` to ``Capture`` so that every reconnect starts from a fresh
     source object.
     """
-    try:
-        factory = _registry()[cfg.type]
-    except KeyError:
-        raise SourceError(f"unknown source type {cfg.type!r}") from None
-    return factory(cfg)
+    _, source = SOURCES[cfg.type]
+    return source(cfg)

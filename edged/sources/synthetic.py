@@ -1,45 +1,48 @@
 """Synthetic camera: rendered defect scenes with known ground truth, for tests and demos without hardware.
 
 The stream is deterministic per (seed, frame index), so two runs with the same seed see the same
-frames and a test can compare detections with ``truth()`` of the frame it received.
+frames, and the scene generator gives the ground truth of any frame from its index alone.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+from pydantic import Field
 
-from edged.config import SyntheticSource
 from edged.errors import SourceError
-from edged.scenes import SceneGenerator
+from edged.sources.base import SourceBase
+
+if TYPE_CHECKING:
+    from edged.tools.scenes import SceneGenerator
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class SceneTruth:
-    """Ground truth of one synthetic frame, in frame pixels."""
+class SyntheticSourceConfig(SourceBase):
+    type: Literal["synthetic"] = "synthetic"
+    width: int = Field(1280, ge=32, le=7680, description="Frame width in pixels.")
+    height: int = Field(720, ge=32, le=4320, description="Frame height in pixels.")
+    fps: float = Field(15.0, gt=0, le=240, description="Frames generated per second.")
+    seed: int = Field(0, ge=0, description="Scene seed; the same seed gives the same stream.")
 
-    index: int
-    boxes: np.ndarray  # (N, 4) float32 xyxy
-    class_ids: np.ndarray  # (N,) int32
 
-
-class SyntheticSceneSource:
+class SyntheticSource:
     """Renders scene ``index`` 0, 1, 2, ... at ``cfg.width`` x ``cfg.height``, paced at ``cfg.fps``."""
 
-    def __init__(self, cfg: SyntheticSource) -> None:
+    def __init__(self, cfg: SyntheticSourceConfig) -> None:
         self._cfg = cfg
         self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
         self._generator: SceneGenerator | None = None
         self._index = 0  # the scene the next grab moves to
         self._grabbed: int | None = None
-        self._truth: SceneTruth | None = None
 
     def open(self) -> None:
+        # Imported here: the scene painter is a demo and test tool that a real camera never loads.
+        from edged.tools.scenes import SceneGenerator
+
         self._generator = SceneGenerator(width=self._cfg.width, height=self._cfg.height, seed=self._cfg.seed)
         log.info(
             "synthetic source %dx%d at %.1f fps, seed %d",
@@ -68,13 +71,7 @@ class SyntheticSceneSource:
         shape = (self._cfg.height, self._cfg.width, 3)
         fits = out is not None and out.shape == shape and out.dtype == np.uint8
         # Rendering straight into the caller's slot keeps the steady state allocation-free.
-        scene = self._generator.render(self._grabbed, out=out if fits else None)
-        self._truth = SceneTruth(self._grabbed, scene.boxes, scene.class_ids)
-        return scene.image
-
-    def truth(self) -> SceneTruth | None:
-        """Ground truth of the frame last returned by ``read`` or ``retrieve``."""
-        return self._truth
+        return self._generator.render(self._grabbed, out=out if fits else None).image
 
     def pace(self) -> float:
         return 1.0 / self._cfg.fps

@@ -14,14 +14,23 @@ from typing import Literal
 
 import cv2
 import numpy as np
+from pydantic import Field
 
-from edged.config import V4l2Source
 from edged.errors import SourceError
-from edged.sources import retrieve_frame
+from edged.sources.base import SourceBase, retrieve_frame
 
 log = logging.getLogger(__name__)
 
 SELECT_TIMEOUT_ENV = "OPENCV_VIDEOIO_V4L_SELECT_TIMEOUT"
+
+
+class V4l2SourceConfig(SourceBase):
+    type: Literal["v4l2"] = "v4l2"
+    device: str = Field("/dev/video0", description="Device path or index (e.g. 0).")
+    width: int = Field(1280, ge=32, le=7680, description="Requested width; read back after open.")
+    height: int = Field(720, ge=32, le=4320, description="Requested height; read back after open.")
+    fps: float = Field(30.0, gt=0, le=240, description="Requested frame rate.")
+    fourcc: Literal["MJPG", "YUYV"] = Field("MJPG", description="Pixel format asked of the camera.")
 
 
 def _fourcc_text(value: float) -> str:
@@ -39,14 +48,13 @@ def _bound_read_wait(fps: float) -> None:
     os.environ.setdefault(SELECT_TIMEOUT_ENV, str(max(2, math.ceil(3.0 / fps))))
 
 
-class V4l2CameraSource:
+class V4l2Source:
     """``cv2.VideoCapture(device, cv2.CAP_V4L2)`` with the requested format read back and logged."""
 
-    def __init__(self, cfg: V4l2Source) -> None:
+    def __init__(self, cfg: V4l2SourceConfig) -> None:
         self._cfg = cfg
         self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
         self._cap: cv2.VideoCapture | None = None
-        self.negotiated: tuple[str, int, int, float] | None = None  # fourcc, width, height, fps
 
     def _target(self) -> int | str:
         device = self._cfg.device
@@ -87,13 +95,12 @@ class V4l2CameraSource:
         cap.set(cv2.CAP_PROP_FPS, cfg.fps)
         # One driver buffer: the capture thread, not the driver queue, decides which frame is newest.
         cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)
-        got = (
+        got = (  # fourcc, width, height, fps
             _fourcc_text(cap.get(cv2.CAP_PROP_FOURCC)),
             int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
             int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
             float(cap.get(cv2.CAP_PROP_FPS)),
         )
-        self.negotiated = got
         extra = {"CAMERA": cfg.camera_id}
         log.info("camera %s negotiated %s %dx%d at %.1f fps", cfg.device, *got, extra=extra)
         wanted = (cfg.fourcc, cfg.width, cfg.height)

@@ -1,13 +1,11 @@
-"""Recorded input: a video file decoded by OpenCV's FFmpeg backend, or a folder/glob of still images.
+"""Recorded video: a file decoded by OpenCV's FFmpeg backend, looped and paced like a camera by default.
 
-Both behave like a camera for the rest of edged: they loop by default and are paced (the file at
-its own frame rate, images at ``fps``), so a bench run sees the same latest-frame behaviour as a
-live camera. Problems with the files themselves raise ``SourceError`` naming the file.
+Pacing at the file's own frame rate gives a bench run the same latest-frame behaviour as a live
+camera. Problems with the file itself raise ``SourceError`` naming it.
 """
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 from pathlib import Path
@@ -15,41 +13,38 @@ from typing import Literal
 
 import cv2
 import numpy as np
+from pydantic import Field
 
-from edged.config import FileSource, ImagesSource
 from edged.errors import SourceError
-from edged.sources import retrieve_frame
+from edged.sources.base import SourceBase, retrieve_frame
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
 FALLBACK_FPS = 25.0
 _PLAUSIBLE_FPS = (1.0, 240.0)
 
 
-def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
-    """``image`` copied into ``out`` when the shapes match, else ``image`` itself (a new size)."""
-    if out is not None and out.shape == image.shape and out.dtype == image.dtype:
-        np.copyto(out, image)
-        return out
-    return image
+class FileSourceConfig(SourceBase):
+    type: Literal["file"] = "file"
+    path: Path = Field(description="Video file decoded with OpenCV's FFmpeg backend.")
+    loop: bool = Field(True, description="Start again at the end instead of reporting end of stream.")
+    realtime: bool = Field(True, description="Pace frames to the file's own fps, like a camera.")
+
+    def file_problems(self) -> list[str]:
+        # os.path.isfile, unlike Path.is_file, answers False for a name the filesystem cannot hold.
+        return [] if os.path.isfile(self.path) else [f"source.path: video file {self.path} does not exist"]
 
 
-class VideoFileSource:
+class FileSource:
     """A video file through ``cv2.VideoCapture(path, cv2.CAP_FFMPEG)``; restarts at the end when ``loop``."""
 
-    def __init__(self, cfg: FileSource) -> None:
+    def __init__(self, cfg: FileSourceConfig) -> None:
         self._cfg = cfg
         self._path = cfg.path
         self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
         self._cap: cv2.VideoCapture | None = None
         self._fps = FALLBACK_FPS
         self._decoded = 0  # frames decoded since the file was last opened
-
-    @property
-    def fps(self) -> float:
-        """The file's frame rate (``FALLBACK_FPS`` when the container does not give a plausible one)."""
-        return self._fps
 
     def open(self) -> None:
         if not self._path.is_file():
@@ -144,86 +139,10 @@ class VideoFileSource:
         return self._cap
 
     def pace(self) -> float | None:
+        """Seconds between frames at the file's own rate (``FALLBACK_FPS`` if implausible); ``None`` unless realtime."""
         return 1.0 / self._fps if self._cfg.realtime else None
 
     def close(self) -> None:
         if self._cap is not None:
             self._cap.release()
             self._cap = None
-
-
-def list_images(pattern: str) -> list[str]:
-    """The image files named by ``pattern``: a folder (known extensions only), a glob, or one file; sorted."""
-    path = Path(pattern)
-    if path.is_dir():
-        return sorted(str(p) for p in path.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
-    if any(c in pattern for c in "*?["):
-        return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-    if path.is_file():
-        return [pattern]
-    raise SourceError(f"image folder {pattern} does not exist (check source.path: a folder, a glob or a file)")
-
-
-class ImageFolderSource:
-    """Still images read with ``cv2.imread`` in sorted order; unreadable ones are skipped and counted."""
-
-    def __init__(self, cfg: ImagesSource) -> None:
-        self._cfg = cfg
-        self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
-        self._paths: list[str] = []
-        self._next = 0
-        self._reported: set[str] = set()
-        self.skipped = 0
-
-    @property
-    def paths(self) -> list[str]:
-        return list(self._paths)
-
-    def open(self) -> None:
-        self._paths = list_images(self._cfg.path)
-        if not self._paths:
-            kinds = " ".join(sorted(IMAGE_EXTENSIONS))
-            raise SourceError(f"no images found at {self._cfg.path} (looked for {kinds}; check source.path)")
-        self._next = 0
-        log.info(
-            "image source %s: %d images at %.1f fps, loop=%s",
-            self._cfg.path,
-            len(self._paths),
-            self._cfg.fps,
-            self._cfg.loop,
-            extra={"CAMERA": self._cfg.camera_id},
-        )
-
-    def read(self, out: np.ndarray | None) -> np.ndarray | None:
-        for _ in range(len(self._paths)):
-            if self._next == len(self._paths):
-                if not self._cfg.loop:
-                    return None
-                self._next = 0
-            path = self._paths[self._next]
-            self._next += 1
-            image = cv2.imread(path, cv2.IMREAD_COLOR)
-            if image is None:
-                self._skip(path)
-                continue
-            return _into(out, image)
-        raise SourceError(
-            f"none of the {len(self._paths)} images at {self._cfg.path} could be read "
-            "(check that they are image files OpenCV can decode)"
-        )
-
-    def _skip(self, path: str) -> None:
-        self.skipped += 1
-        if path not in self._reported:
-            self._reported.add(path)
-            log.warning(
-                "skipping unreadable image %s (missing, truncated or not an image)",
-                path,
-                extra={"CAMERA": self._cfg.camera_id},
-            )
-
-    def pace(self) -> float:
-        return 1.0 / self._cfg.fps
-
-    def close(self) -> None:
-        """Nothing to release: ``cv2.imread`` opens and closes each file itself."""

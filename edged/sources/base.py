@@ -1,0 +1,51 @@
+"""What every camera kind's module builds on: the keys all sources share, and OpenCV's retrieve into a slot."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import cv2
+import numpy as np
+from pydantic import Field
+
+from edged.errors import SourceError
+from edged.sections import Section
+
+
+class SourceBase(Section):
+    """The ``[source]`` keys every camera kind has; each kind's module adds ``type`` and its own keys."""
+
+    type: str
+    camera_id: str = Field(
+        "cam0",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Name of this camera; used as the ZeroMQ topic suffix.",
+    )
+    channel_order: Literal["bgr", "rgb"] = Field(
+        "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr)."
+    )
+
+    def file_problems(self) -> list[str]:
+        """Files this source needs that are missing, one line each, reported when the config loads.
+
+        ``edged check`` and start-up then refuse them with the configuration's other problems
+        instead of the capture thread retrying a camera that can never open.
+        """
+        return []
+
+
+def retrieve_frame(cap: cv2.VideoCapture, out: np.ndarray | None, *, failed: str, undecodable: str) -> np.ndarray:
+    """OpenCV's ``retrieve`` of the frame last grabbed, straight into ``out`` when its shape fits.
+
+    Errors become ``SourceError``: ``failed`` prefixes OpenCV's own message, ``undecodable`` is
+    the whole message for a frame that did not decode.
+    """
+    try:
+        ok, image = cap.retrieve(image=out)
+    except cv2.error as e:
+        raise SourceError(f"{failed}: {e}") from e
+    if not ok:
+        raise SourceError(undecodable)
+    return image

@@ -1,0 +1,117 @@
+"""Still images: a folder or glob read with ``cv2.imread`` in sorted order, looped and paced like a camera.
+
+Unreadable images are skipped, logged once each and counted; a folder where nothing decodes raises
+``SourceError`` instead of spinning.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from pathlib import Path
+from typing import Literal
+
+import cv2
+import numpy as np
+from pydantic import Field
+
+from edged.errors import SourceError
+from edged.sources.base import SourceBase
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+
+class ImagesSourceConfig(SourceBase):
+    type: Literal["images"] = "images"
+    path: str = Field(description="A folder (every image in it, sorted) or a glob pattern.")
+    loop: bool = Field(True, description="Start again after the last image.")
+    fps: float = Field(5.0, gt=0, le=240, description="Images delivered per second.")
+
+
+def list_images(pattern: str) -> list[str]:
+    """The image files named by ``pattern``: a folder (known suffixes only), a glob, or one file; sorted."""
+    path = Path(pattern)
+    if path.is_dir():
+        return sorted(str(p) for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if any(c in pattern for c in "*?["):
+        return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    if path.is_file():
+        return [pattern]
+    raise SourceError(f"image folder {pattern} does not exist (check source.path: a folder, a glob or a file)")
+
+
+def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
+    """``image`` copied into ``out`` when the shapes match, else ``image`` itself (a new size)."""
+    if out is not None and out.shape == image.shape and out.dtype == image.dtype:
+        np.copyto(out, image)
+        return out
+    return image
+
+
+class ImagesSource:
+    """Still images read with ``cv2.imread`` in sorted order; unreadable ones are skipped and counted."""
+
+    def __init__(self, cfg: ImagesSourceConfig) -> None:
+        self._cfg = cfg
+        self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
+        self._paths: list[str] = []
+        self._next = 0
+        self._reported: set[str] = set()
+        self._skipped = 0
+
+    @property
+    def skipped(self) -> int:
+        """Unreadable images met so far, counted on every pass although each is logged only once."""
+        return self._skipped
+
+    def open(self) -> None:
+        self._paths = list_images(self._cfg.path)
+        if not self._paths:
+            kinds = " ".join(sorted(IMAGE_SUFFIXES))
+            raise SourceError(f"no images found at {self._cfg.path} (looked for {kinds}; check source.path)")
+        self._next = 0
+        log.info(
+            "image source %s: %d images at %.1f fps, loop=%s",
+            self._cfg.path,
+            len(self._paths),
+            self._cfg.fps,
+            self._cfg.loop,
+            extra={"CAMERA": self._cfg.camera_id},
+        )
+
+    def read(self, out: np.ndarray | None) -> np.ndarray | None:
+        for _ in range(len(self._paths)):
+            if self._next == len(self._paths):
+                if not self._cfg.loop:
+                    return None
+                self._next = 0
+            path = self._paths[self._next]
+            self._next += 1
+            image = cv2.imread(path, cv2.IMREAD_COLOR)
+            if image is None:
+                self._skip(path)
+                continue
+            return _into(out, image)
+        raise SourceError(
+            f"none of the {len(self._paths)} images at {self._cfg.path} could be read "
+            "(check that they are image files OpenCV can decode)"
+        )
+
+    def _skip(self, path: str) -> None:
+        self._skipped += 1
+        if path not in self._reported:
+            self._reported.add(path)
+            log.warning(
+                "skipping unreadable image %s (missing, truncated or not an image)",
+                path,
+                extra={"CAMERA": self._cfg.camera_id},
+            )
+
+    def pace(self) -> float:
+        return 1.0 / self._cfg.fps
+
+    def close(self) -> None:
+        """Nothing to release: ``cv2.imread`` opens and closes each file itself."""
