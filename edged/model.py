@@ -11,9 +11,11 @@ from pathlib import Path
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.contract import InputContract, build_contract
-from edged.decode import Decoder, HeadFormat, detect_head, parse_names
+from edged.decode import Decoder
 from edged.engine import Engine
 from edged.errors import ContractError, HeadError, ModelError
+from edged.heads import detect_head
+from edged.heads.metadata import parse_names
 from edged.messages import ModelInfo
 
 
@@ -21,7 +23,7 @@ from edged.messages import ModelInfo
 class LoadedModel:
     engine: Engine
     contract: InputContract
-    head: HeadFormat
+    head: str  # a name in edged.heads.HEADS
     num_classes: int
     labels: list[str]
     cfg: ModelConfig
@@ -51,7 +53,7 @@ def read_labels(path: Path) -> list[str]:
     return [line.strip() for line in lines if line.strip()]
 
 
-def _head(engine: Engine, cfg: ModelConfig) -> tuple[HeadFormat, int]:
+def _head(engine: Engine, cfg: ModelConfig) -> tuple[str, int]:
     shapes = [o.shape for o in engine.session.get_outputs()]
     try:
         head, num_classes = detect_head(shapes, engine.metadata)

@@ -1,0 +1,133 @@
+"""What every head format shares: the `Head` interface, the facts detection reads, and shape helpers.
+
+A head format is one layout of a detector's output: where the candidates, their boxes and their
+scores sit. Each format is one `Head` subclass in its own module, listed in `edged.heads.HEADS`.
+A head instance selects a frame's candidates into the buffers defined here; `edged.decode` then
+maps, checks and suppresses them the same way for every format.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from edged.errors import HeadError
+
+Dim = int | str | None
+
+_HALF = np.array(0.5, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
+_ONE_SLOT = np.array(1, dtype=np.intp)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFacts:
+    """What head detection knows of a model: its one rank-3, batch-1 output and its metadata."""
+
+    shape: tuple[Dim, ...]
+    features: int  # the concrete dimension that does not count candidates
+    candidates_in_rows: bool  # [1, N, C] rather than [1, C, N]
+    n_names: int | None  # classes named by the 'names' metadata
+    from_ultralytics: bool  # a 'task' key: only the ultralytics package writes one
+    nms_inside: bool  # the metadata says the model already ran NMS
+
+
+class Head(ABC):
+    """One head format, built for one concrete output shape and class count.
+
+    The class recognises its format (`matches`); an instance selects a frame's candidates
+    (`select`) into buffers sized here and in the subclass for the worst case of all N passing,
+    so selection creates no arrays. The first k of `boxes` (flat (4, k) rows x1 y1 x2 y2 in input
+    pixels), `scores` and `class_ids` are what decode maps, checks and suppresses.
+    """
+
+    name: ClassVar[str]
+    layout: ClassVar[str]  # the output shape in error messages, e.g. "[1, 4+nc, N]"
+    candidate_axis: ClassVar[int]  # the output axis that counts candidates
+    needs_nms: ClassVar[bool] = True  # False for models that ran NMS themselves
+
+    @classmethod
+    @abstractmethod
+    def expected_shape(cls, num_classes: int) -> list[Dim]:
+        """The output shape of this format with ``num_classes``; the candidate count by name."""
+
+    @classmethod
+    @abstractmethod
+    def matches(cls, facts: OutputFacts) -> int | None:
+        """The class count when ``facts`` are this format, None when they are not.
+
+        Raises `HeadError` when the output can only be this format but does not add up (a class
+        count the names contradict). Formats must not overlap: at most one matches any facts.
+        """
+
+    def __init__(self, output_shape: Sequence[int], num_classes: int, conf: float) -> None:
+        if num_classes < 1:
+            raise HeadError(f"num_classes must be >= 1, got {num_classes}")
+        shape = tuple(output_shape)
+        if not all(concrete(d) is not None for d in shape):
+            raise HeadError(f"decoder needs a concrete output shape, got {fmt_shape(shape)}")
+        pattern = self.expected_shape(num_classes)
+        if len(shape) != 3 or any(isinstance(e, int) and e != d for e, d in zip(pattern, shape, strict=True)):
+            raise HeadError(
+                f"{self.name} head with {num_classes} classes expects output {fmt_shape(pattern)}, got {fmt_shape(shape)}"
+            )
+        self.output_shape = tuple(int(d) for d in shape)
+        self.num_classes = num_classes
+        n = self.output_shape[self.candidate_axis]
+        self.capacity = n
+        self.boxes = np.empty(4 * n, dtype=np.float32)  # flat, so that a [:4k] slice reshapes contiguously
+        self.scores = np.empty(n, dtype=np.float32)
+        self.class_ids = np.empty(n, dtype=np.intp)
+        self._conf = np.array(conf, dtype=np.float32)
+        self._passed = np.empty(n, dtype=np.bool_)
+        self._passed_int = np.empty(n, dtype=np.intp)
+        self._slot = np.empty(n, dtype=np.intp)
+        self._arange = np.arange(n, dtype=np.intp)
+        self._index = np.empty(n + 1, dtype=np.intp)
+
+    @abstractmethod
+    def select(self, pred: np.ndarray) -> int:
+        """Fill the first k boxes, scores and class ids from ``pred`` (the float32 output without
+        its batch axis) with the candidates worth checking; return k."""
+
+    def _passed_index(self) -> np.ndarray:
+        """Ascending indices of the candidates marked in ``self._passed``, a view of ``self._index``.
+
+        A running count gives each passing candidate its slot; every failing one gets slot -1,
+        the spare slot at the end. This is ``np.flatnonzero`` without allocating its result.
+        """
+        slot, passed = self._slot, self._passed_int  # one dtype: mixing bool in would allocate
+        np.copyto(passed, self._passed)
+        np.add.accumulate(passed, out=slot)
+        k = int(slot[-1])
+        np.multiply(slot, passed, out=slot)
+        np.subtract(slot, _ONE_SLOT, out=slot)
+        self._index[slot] = self._arange
+        return self._index[:k]
+
+
+def cxcywh_to_xyxy(boxes: np.ndarray, half: np.ndarray) -> None:
+    """(4, k) rows cx cy w h -> x1 y1 x2 y2 in place, as ultralytics computes them; ``half`` is (2, k) scratch."""
+    np.multiply(boxes[2:], _HALF, out=half)
+    np.add(boxes[:2], half, out=boxes[2:])
+    np.subtract(boxes[:2], half, out=boxes[:2])
+
+
+def rows(flat: np.ndarray, count: int, columns: int) -> np.ndarray:
+    """A contiguous (count, columns) view of the start of a flat scratch buffer."""
+    return flat[: count * columns].reshape(count, columns)
+
+
+def concrete(d: Dim) -> int | None:
+    """A concrete positive dimension, or None for a symbolic or nonsensical one."""
+    if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0:
+        return int(d)
+    return None
+
+
+def fmt_shape(shape: Sequence[Dim]) -> str:
+    """[1, 84, 8400]-style text for error messages; symbolic dims by name, None as '?'."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

@@ -1,0 +1,59 @@
+"""Ultralytics metadata as head detection reads it: the class names and the NMS-inside flag.
+
+Every value comes from an untrusted model file and is a Python literal written by the exporter,
+so it is parsed with ``ast.literal_eval`` (never executed) and anything malformed reads as absent.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+
+_MAX_LITERAL_CHARS = 1_000_000
+
+
+def parse_names(metadata: Mapping[str, str]) -> list[str] | None:
+    """Class names indexed by class id from ultralytics' ``names`` metadata; None if unusable.
+
+    The value is ``"{0: 'person', 1: 'car'}"``, or a list from older exports. Ids must be
+    exactly 0..n-1 so that a class id can index the list.
+    """
+    value = _literal(metadata.get("names"))
+    if isinstance(value, dict):
+        value = _names_from_dict(value)
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    names = [name for name in value if isinstance(name, str)]
+    return names if len(names) == len(value) else None
+
+
+def says_nms_inside(metadata: Mapping[str, str]) -> bool:
+    """Whether the metadata says the model already ran NMS (``end2end`` or ``nms=True`` in ``args``)."""
+    if str(metadata.get("end2end", "")).strip().lower() in ("true", "1"):
+        return True
+    args = _literal(metadata.get("args"))
+    return isinstance(args, dict) and args.get("nms") is True
+
+
+def _names_from_dict(value: dict[object, object]) -> list[object] | None:
+    """{0: 'a', 1: 'b'} (int or digit-string keys, as JSON writers emit) -> ['a', 'b']."""
+    by_id: dict[int, object] = {}
+    for key, name in value.items():
+        if isinstance(key, str) and key.isascii() and key.isdigit():
+            key = int(key)
+        if not isinstance(key, int) or isinstance(key, bool):
+            return None
+        by_id[key] = name
+    if sorted(by_id) != list(range(len(value))):
+        return None
+    return [by_id[i] for i in range(len(by_id))]
+
+
+def _literal(text: object) -> object:
+    """A Python literal parsed without executing anything; None when absent or malformed."""
+    if not isinstance(text, str) or len(text) > _MAX_LITERAL_CHARS:
+        return None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None

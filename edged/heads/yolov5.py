@@ -1,0 +1,73 @@
+"""The yolov5 head: the original yolov5 repository's export, [1, N, 5+nc] with objectness."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edged.errors import HeadError
+from edged.heads.base import Dim, Head, OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
+
+
+class YoloV5Head(Head):
+    """Columns cx cy w h objectness, then one probability per class; score = objectness x best probability."""
+
+    name = "yolov5"
+    layout = "[1, N, 5+nc]"
+    candidate_axis = 1
+
+    @classmethod
+    def expected_shape(cls, num_classes: int) -> list[Dim]:
+        return [1, "N", 5 + num_classes]
+
+    @classmethod
+    def matches(cls, facts: OutputFacts) -> int | None:
+        """Candidates as rows of 6 or more columns, unless 6 columns cannot be one class here."""
+        features = facts.features
+        if not facts.candidates_in_rows or features < 6 or (features == 6 and cls.rules_out_one_class(facts)):
+            return None
+        if facts.n_names is not None and features - 5 != facts.n_names:
+            raise HeadError(
+                f"output {fmt_shape(facts.shape)} would be a yolov5 head with {features - 5} classes, "
+                f"but metadata names {facts.n_names} classes (expected [1, N, {5 + facts.n_names}])"
+            )
+        return features - 5
+
+    @staticmethod
+    def rules_out_one_class(facts: OutputFacts) -> bool:
+        """Whether the metadata rules out a 1-class yolov5 head, whose [1, N, 6] is also the end2end layout.
+
+        Names other than one rule it out, and so does a 'task' key: the ultralytics package writes
+        one and never exports this layout (the yolov5 repository writes names and stride only).
+        """
+        return facts.from_ultralytics or (facts.n_names is not None and facts.n_names != 1)
+
+    def __init__(self, output_shape: Sequence[int], num_classes: int, conf: float) -> None:
+        super().__init__(output_shape, num_classes, conf)
+        _, n, features = self.output_shape
+        self._gathered = np.empty(n * features, dtype=np.float32)
+        self._class_scores = np.empty(n * num_classes, dtype=np.float32)
+        self._half = np.empty(2 * n, dtype=np.float32)
+
+    def select(self, pred: np.ndarray) -> int:
+        """(N, 5+nc) -> the k candidates with objectness >= conf.
+
+        Class probabilities are at most 1, so objectness >= conf is a cheap first filter; the
+        score, objectness x best probability, is held to conf by decode.
+        """
+        np.greater_equal(pred[:, 4], self._conf, out=self._passed)
+        index = self._passed_index()
+        k: int = index.shape[0]
+        candidates = rows(self._gathered, k, pred.shape[1])
+        np.take(pred, index, axis=0, out=candidates, mode="clip")
+        probs = rows(self._class_scores, k, self.num_classes)
+        np.copyto(probs, candidates[:, 5:])
+        scores = self.scores[:k]
+        np.max(probs, axis=1, out=scores)
+        np.multiply(scores, candidates[:, 4], out=scores)
+        np.argmax(probs, axis=1, out=self.class_ids[:k])
+        boxes = rows(self.boxes, 4, k)
+        np.copyto(boxes, candidates[:, :4].T)
+        cxcywh_to_xyxy(boxes, rows(self._half, 2, k))
+        return k

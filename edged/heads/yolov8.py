@@ -1,0 +1,63 @@
+"""The yolov8 head: ultralytics v8, v11 and v5u exports, [1, 4+nc, N] with candidates as columns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edged.errors import HeadError
+from edged.heads.base import Dim, Head, OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
+
+
+class YoloV8Head(Head):
+    """Rows cx cy w h, then one score per class; a candidate's score is its best class score."""
+
+    name = "yolov8"
+    layout = "[1, 4+nc, N]"
+    candidate_axis = 2
+
+    @classmethod
+    def expected_shape(cls, num_classes: int) -> list[Dim]:
+        return [1, 4 + num_classes, "N"]
+
+    @classmethod
+    def matches(cls, facts: OutputFacts) -> int | None:
+        """The only layout with candidates as columns, so such an output is this head or none."""
+        if facts.candidates_in_rows:
+            return None
+        shown, features = fmt_shape(facts.shape), facts.features
+        if features < 5:
+            raise HeadError(f"output {shown} has {features} rows; a yolov8 head [1, 4+nc, N] needs >= 5")
+        if facts.n_names is not None and features - 4 != facts.n_names:
+            raise HeadError(
+                f"output {shown} is a yolov8 head with {features - 4} classes, "
+                f"but metadata names {facts.n_names} classes (expected [1, {4 + facts.n_names}, N])"
+            )
+        return features - 4
+
+    def __init__(self, output_shape: Sequence[int], num_classes: int, conf: float) -> None:
+        super().__init__(output_shape, num_classes, conf)
+        _, features, n = self.output_shape
+        self._best_scores = np.empty(n, dtype=np.float32)
+        self._gathered = np.empty(features * n, dtype=np.float32)
+        self._class_scores = np.empty(n * num_classes, dtype=np.float32)
+        self._half = np.empty(2 * n, dtype=np.float32)
+
+    def select(self, pred: np.ndarray) -> int:
+        """(4+nc, N) -> the k candidates whose best class scores >= conf."""
+        nc = self.num_classes
+        np.max(pred[4:], axis=0, out=self._best_scores)
+        np.greater_equal(self._best_scores, self._conf, out=self._passed)
+        index = self._passed_index()
+        k: int = index.shape[0]
+        boxes = rows(self.boxes, 4, k)
+        np.take(pred[:4], index, axis=1, out=boxes, mode="clip")
+        cxcywh_to_xyxy(boxes, rows(self._half, 2, k))
+        np.take(self._best_scores, index, out=self.scores[:k], mode="clip")
+        by_class = rows(self._gathered, nc, k)
+        np.take(pred[4:], index, axis=1, out=by_class, mode="clip")
+        by_candidate = rows(self._class_scores, k, nc)
+        np.copyto(by_candidate, by_class.T)  # argmax along a contiguous axis allocates nothing
+        np.argmax(by_candidate, axis=1, out=self.class_ids[:k])
+        return k

@@ -1,0 +1,131 @@
+"""Tests for edged.heads: the registry, and detecting the head format from shapes and metadata."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from edged import heads
+from edged.config import ModelConfig
+from edged.errors import HeadError
+from edged.heads import HEADS, detect_head, head_named
+
+NAMES_80 = {"names": str({i: f"class{i}" for i in range(80)})}
+NAMES_3 = {"names": "{0: 'a', 1: 'b', 2: 'c'}"}
+NAMES_1 = {"names": "{0: 'person'}"}
+NMS_ARGS = {"args": "{'batch': 1, 'half': False, 'nms': True}"}
+
+
+Shapes = list[list[int | str | None]]
+
+DETECTED: list[tuple[Shapes, Mapping[str, str], tuple[str, int]]] = [
+    # Ultralytics v8/v11 COCO export.
+    ([[1, 84, 8400]], NAMES_80, ("yolov8", 80)),
+    # The same without metadata: the shape alone is enough.
+    ([[1, 84, 8400]], {}, ("yolov8", 80)),
+    # Single-class v8 head.
+    ([[1, 5, 8400]], {}, ("yolov8", 1)),
+    # Dynamic export: symbolic batch and anchors.
+    ([["batch", 84, "anchors"]], NAMES_80, ("yolov8", 80)),
+    # Original yolov5 export.
+    ([[1, 25200, 85]], {}, ("yolov5", 80)),
+    ([[1, 25200, 85]], NAMES_80, ("yolov5", 80)),
+    ([[None, "anchors", 85]], {}, ("yolov5", 80)),
+    # nms=True export.
+    ([[1, 300, 6]], {**NAMES_80, **NMS_ARGS}, ("end2end", 80)),
+    # YOLOv10-style end2end flag, one class: the flag rules out a 1-class yolov5.
+    ([[1, 300, 6]], {**NAMES_1, "end2end": "True"}, ("end2end", 1)),
+    # No flag, but 80 names cannot be a yolov5 head with 6 columns.
+    ([[1, 300, 6]], NAMES_80, ("end2end", 80)),
+    # One name, no flag, but a 'task' key: an ultralytics-package export, never yolov5-layout.
+    ([[1, 300, 6]], {**NAMES_1, "task": "detect"}, ("end2end", 1)),
+    # A false flag is no flag: one name and 6 columns (original yolov5 repo metadata).
+    ([[1, 25200, 6]], {**NAMES_1, "stride": "32", "end2end": "False"}, ("yolov5", 1)),
+    # No metadata at all: 6 columns read as a 1-class yolov5 head.
+    ([[1, 300, 6]], {}, ("yolov5", 1)),
+    # Explicit detect task.
+    ([[1, 84, 8400]], {**NAMES_80, "task": "detect"}, ("yolov8", 80)),
+]
+
+REFUSED: list[tuple[Shapes, Mapping[str, str], list[str]]] = [
+    # Rank 2 and rank 4.
+    ([[1, 3]], {}, ["[1, 3]", "rank 2"]),
+    ([[1, 2, 2, 2]], {}, ["[1, 2, 2, 2]", "rank 4"]),
+    # Segmentation: two outputs.
+    ([[1, 116, 8400], [1, 32, 160, 160]], {}, ["[1, 116, 8400]", "[1, 32, 160, 160]"]),
+    # No outputs.
+    ([], {}, ["none"]),
+    # Names contradict the shape.
+    ([[1, 84, 8400]], NAMES_3, ["[1, 84, 8400]", "80 classes", "3 classes"]),
+    ([[1, 25200, 85]], NAMES_3, ["[1, 25200, 85]", "80 classes", "3 classes"]),
+    # Metadata says NMS is inside, but the shape is not [1, K, 6].
+    ([[1, 84, 8400]], {**NAMES_80, **NMS_ARGS}, ["[1, 84, 8400]", "[1, K, 6]"]),
+    ([[1, 300, 7]], {"end2end": "True"}, ["[1, 300, 7]", "[1, K, 6]"]),
+    # end2end without names: class count unknown.
+    ([[1, 300, 6]], NMS_ARGS, ["[1, 300, 6]", "names"]),
+    # Too few rows / columns for any head.
+    ([[1, 4, 8400]], {}, ["[1, 4, 8400]", ">= 5"]),
+    ([[1, 8400, 4]], {}, ["[1, 8400, 4]"]),
+    # Batch other than 1.
+    ([[2, 84, 8400]], {}, ["[2, 84, 8400]", "batch"]),
+    # Square or fully symbolic: candidates and features cannot be told apart.
+    ([[1, 6, 6]], {}, ["[1, 6, 6]"]),
+    ([[1, "a", "b"]], {}, ["[1, a, b]"]),
+    # Pose / segmentation tasks.
+    ([[1, 56, 8400]], {**NAMES_1, "task": "pose"}, ["pose", "[1, 56, 8400]"]),
+]
+
+
+@pytest.mark.parametrize(("shapes", "metadata", "expected"), DETECTED)
+def test_detect_head(shapes: Shapes, metadata: Mapping[str, str], expected: tuple[str, int]) -> None:
+    assert detect_head(shapes, metadata) == expected
+
+
+@pytest.mark.parametrize(("shapes", "metadata", "fragments"), REFUSED)
+def test_detect_head_errors(shapes: Shapes, metadata: Mapping[str, str], fragments: list[str]) -> None:
+    with pytest.raises(HeadError) as info:
+        detect_head(shapes, metadata)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def _outcome(shapes: Shapes, metadata: Mapping[str, str]) -> tuple[str, int] | str:
+    try:
+        return detect_head(shapes, metadata)
+    except HeadError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(HEADS)))
+def test_registry_order_does_not_matter(order: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Formats must not overlap: at most one claims any output, whichever is asked first.
+    cases = [(shapes, metadata) for shapes, metadata, _ in [*DETECTED, *REFUSED]]
+    registered = [_outcome(*case) for case in cases]
+    monkeypatch.setattr(heads, "HEADS", {name: HEADS[name] for name in order})
+    assert [_outcome(*case) for case in cases] == registered
+
+
+def test_errors_name_every_registered_layout() -> None:
+    with pytest.raises(HeadError) as info:
+        detect_head([[1, 3]], {})
+    for name, head in HEADS.items():
+        assert f"{head.layout} ({name})" in str(info.value)
+
+
+def test_unknown_head_format_names_the_registered_ones() -> None:
+    assert head_named("yolov5") is HEADS["yolov5"]
+    with pytest.raises(HeadError, match="yolov9") as info:
+        head_named("yolov9")
+    assert str(tuple(HEADS)) in str(info.value)
+
+
+def test_model_head_accepts_exactly_auto_and_the_registered_formats(tmp_path: Path) -> None:
+    for name in ("auto", *HEADS):
+        assert ModelConfig(path=tmp_path / "m.onnx", head=name).head == name
+    with pytest.raises(ValidationError) as info:
+        ModelConfig(path=tmp_path / "m.onnx", head="yolov9")
+    assert all(repr(name) in str(info.value) for name in ("auto", *HEADS))
