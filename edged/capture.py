@@ -1,12 +1,14 @@
-"""The capture thread: owns the camera, the frame slots, pacing and reconnects.
+"""The capture thread: owns the camera, its pacing and reconnects, and feeds the latest-frame slots.
 
-Everything camera-specific lives in ``edged.sources``; this module turns any ``Source`` into a
-stream of the newest frames for one consumer. A new frame replaces one the consumer has not taken
-yet, so a slow model never builds a backlog, and a lost camera is reopened forever with capped
-exponential backoff while the rest of the daemon keeps running and reporting. A source that splits
-reading into ``grab`` and ``retrieve`` has every frame grabbed but only the frames the consumer
-may take decoded: under a model slower than the camera, or a thermal rate cap, decoding frames
-that a newer one replaces before they are taken is heat for nothing.
+Everything camera-specific lives in ``edged.sources``; the hand-over to the one consumer lives in
+``edged.latest``. This module runs a ``Source`` on its own thread: a lost camera is reopened
+forever with capped exponential backoff while the rest of the daemon keeps running and reporting.
+A source that splits reading into ``grab`` and ``retrieve`` has every frame grabbed but only the
+frames the consumer may take decoded: under a model slower than the camera, or a thermal rate
+cap, decoding frames that a newer one replaces before they are taken is heat for nothing.
+
+All timing goes through an injectable monotonic clock and wait, so pacing, backoff and the
+heartbeat are exact under a test clock.
 """
 
 from __future__ import annotations
@@ -18,35 +20,37 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 from edged.config import CapturePriority
-from edged.demand import Demand, StreamTiming
+from edged.demand import StreamTiming
 from edged.errors import SourceError
-from edged.sources import Frame, Source, SplitSource, splits_reading
+from edged.latest import LatestFrame, Shape
+from edged.sources import Frame, Source, SplitSource, paces, splits_reading
 
 log = logging.getLogger(__name__)
 
 LOW_NICENESS = 10  # added to the capture thread's nice value at capture_priority = "low"
 
 CaptureState = Literal["starting", "ok", "lost", "ended"]
+StreamEnd = Literal["ended", "lost", "stopped"]
+ReadOutcome = Literal["delivered", "skipped", "ended"]
 
-SLOT_COUNT = 3  # one being written, one latest, one held by the consumer
 LOG_EVERY_N_FAILURES = 10
 HEARTBEAT_S = 1.0  # longest wait without touching last_progress_ns
-_JITTER = 0.25  # a backoff delay is shortened by up to this fraction, so cameras do not retry in step
+JITTER = 0.25  # a backoff delay is shortened by up to this fraction, so cameras do not retry in step
 
 
 @dataclass(frozen=True, slots=True)
 class CaptureStats:
-    """A consistent snapshot of the capture counters.
+    """A snapshot of the capture counters (each part consistent in itself).
 
-    ``last_progress_ns`` (monotonic) moves on every successful read, every open attempt and at
-    least every ``HEARTBEAT_S`` while the thread waits (pacing or backoff): a stale value means the
-    thread is stuck in a camera call or gone, not merely reconnecting.
+    ``last_progress_ns`` (on the capture's monotonic clock) moves on every frame obtained, every
+    open attempt and at least every ``HEARTBEAT_S`` while the thread waits (pacing or backoff): a
+    stale value means the thread is stuck in a camera call or gone, not merely reconnecting.
     """
 
     state: CaptureState
@@ -61,28 +65,39 @@ class CaptureStats:
     alive: bool
 
 
-@dataclass(slots=True)
-class _SlotInfo:
-    frame_id: int = -1
-    t_capture_ns: int = 0
-    t_wall_ns: int = 0
-    channel_order: Literal["bgr", "rgb"] = "bgr"
-    truth: object | None = None
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential backoff: ``initial_s`` doubling per failure up to ``max_s``, less up to `JITTER`."""
+
+    initial_s: float
+    max_s: float
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_s <= self.max_s:
+            raise ValueError(f"need 0 < backoff_initial_s <= backoff_max_s, got {self.initial_s} and {self.max_s}")
+
+    def delay_s(self, failures: int) -> float:
+        """The wait before the next attempt after ``failures`` (>= 1) failed ones in a row."""
+        base = min(self.max_s, self.initial_s * 2.0 ** min(failures - 1, 30))
+        return base * (1.0 - JITTER * self.rng.random())
 
 
 class Capture:
-    """Owns the capture thread and a few preallocated slots (3: one being written, one latest, one
-    held by the consumer).
+    """Owns the capture thread: opening, pacing, reading and reconnecting one camera.
 
-    Latest-frame semantics: a new frame replaces an unconsumed one (counted as ``dropped_stale``),
-    so a slow model never builds a backlog. A lost camera is reconnected with capped exponential
-    backoff (``backoff_initial_s`` doubling to ``backoff_max_s``, with jitter) forever, until
-    stopped; frame ids continue across reconnects. One consumer thread calls ``take``.
+    Frames go to a `LatestFrame` ring, from which one consumer thread calls ``take``. A lost
+    camera is reconnected with capped exponential backoff (``backoff_initial_s`` doubling to
+    ``backoff_max_s``, with jitter) forever, until stopped; frame ids continue across reconnects.
 
     With a source that has ``grab`` and ``retrieve``, a frame is decoded only when the consumer
     is waiting or may ask before a newer frame could be decoded (`edged.demand`); a frame skipped
     undecoded counts as ``dropped_stale`` like one replaced in its slot. ``decode_all`` decodes
     every frame, as for a consumer that takes them all (the bench's worst case).
+
+    ``clock`` (monotonic ns) stamps frames and progress and times pacing and backoff; ``wait(s)``
+    waits ``s`` seconds on it and returns True once stopped. The default waits on the stop event,
+    so ``stop`` interrupts it; a test passes both to run the thread on a clock it moves itself.
     """
 
     def __init__(
@@ -94,38 +109,28 @@ class Capture:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 10.0,
         decode_all: bool = False,
+        clock: Callable[[], int] = time.monotonic_ns,
+        wait: Callable[[float], bool] | None = None,
     ) -> None:
-        if not 0 < backoff_initial_s <= backoff_max_s:
-            raise ValueError(f"need 0 < backoff_initial_s <= backoff_max_s, got {backoff_initial_s} and {backoff_max_s}")
         self._factory = source_factory
         self._priority = priority
         self._camera_id = camera_id
         self._extra = {"CAMERA": camera_id}
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         self._decode_all = decode_all
-        self._rng = random.Random()
+        self._clock = clock
         self._stop = threading.Event()
-        self._cond = threading.Condition(threading.Lock())
+        self._wait_for = wait if wait is not None else self._stop.wait
+        self._frames = LatestFrame(clock)
         self._thread: threading.Thread | None = None
-        # Guarded by _cond: slots, their frame info, and which slot is latest / held.
-        self._slots: list[np.ndarray | None] = [None] * SLOT_COUNT
-        self._info = [_SlotInfo() for _ in range(SLOT_COUNT)]
-        self._latest: int | None = None
-        self._held: int | None = None
-        self._shape: tuple[int, ...] | None = None
-        self._demand = Demand()
-        self._next_id = 0
+        self._lock = threading.Lock()
+        # Written by the capture thread; _lock makes a snapshot of them consistent.
         self._state: CaptureState = "starting"
         self._failures = 0  # failed opens/reads since the last good frame
-        self._frames_captured = 0
-        self._frames_decoded = 0
-        self._dropped_stale = 0
         self._read_errors = 0
         self._reconnects = 0
-        self._size_changes = 0
         self._last_error: str | None = None
-        self._last_progress_ns = time.monotonic_ns()
+        self._last_progress_ns = clock()
 
     # ---- consumer side ---------------------------------------------------------------------
 
@@ -142,24 +147,7 @@ class Capture:
         The times of these calls are also how the capture thread learns when the next frame is
         wanted, and so which frames to decode (`edged.demand`).
         """
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            self._held = None
-            self._demand.asked(time.monotonic_ns())
-            while self._latest is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._stop.is_set() or self._state == "ended":
-                    self._demand.answered(time.monotonic_ns(), served=False)
-                    return None
-                self._cond.wait(remaining)
-            index = self._held = self._latest
-            self._latest = None
-            image = self._slots[index]
-            info = self._info[index]
-            self._demand.answered(time.monotonic_ns(), served=True)
-        if image is None:
-            raise RuntimeError("capture slot published without an image")
-        return Frame(image, info.frame_id, info.t_capture_ns, info.t_wall_ns, info.channel_order, info.truth)
+        return self._frames.take(timeout_s)
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the thread and release the camera, waiting at most ``timeout_s``.
@@ -168,8 +156,7 @@ class Capture:
         releases the camera itself and exits (it is a daemon thread, so it never holds up exit).
         """
         self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
+        self._frames.close()
         if self._thread is None:
             return
         self._thread.join(timeout_s)
@@ -187,15 +174,16 @@ class Capture:
         return self._state
 
     def stats(self) -> CaptureStats:
-        with self._cond:
+        counts = self._frames.counts()
+        with self._lock:
             return CaptureStats(
                 state=self._state,
-                frames_captured=self._frames_captured,
-                frames_decoded=self._frames_decoded,
-                dropped_stale=self._dropped_stale,
+                frames_captured=counts.frames_captured,
+                frames_decoded=counts.frames_decoded,
+                dropped_stale=counts.dropped_stale,
                 read_errors=self._read_errors,
                 reconnects=self._reconnects,
-                size_changes=self._size_changes,
+                size_changes=counts.size_changes,
                 last_error=self._last_error,
                 last_progress_ns=self._last_progress_ns,
                 alive=self._thread is not None and self._thread.is_alive(),
@@ -210,12 +198,9 @@ class Capture:
         except Exception as e:
             # A bug rather than a camera problem: end the thread so the watchdog sees alive=False.
             log.exception("camera %s: capture thread failed", self._camera_id, extra=self._extra)
-            with self._cond:
+            with self._lock:
                 self._last_error = f"capture thread failed: {e!r}"
                 self._state = "lost"
-        finally:
-            with self._cond:
-                self._cond.notify_all()
 
     def _yield_to_inference(self) -> None:
         """Lower this thread's priority so that, when cores are short, inference gets them first.
@@ -246,35 +231,31 @@ class Capture:
     def _connect_loop(self) -> None:
         while not self._stop.is_set():
             if self._failures:
-                if self._sleep(self._backoff_s(self._failures)):
+                if self._wait(self._backoff.delay_s(self._failures)):
                     return
-                with self._cond:
+                with self._lock:
                     self._reconnects += 1
             source = self._open()
             if source is None:
                 continue
             try:
-                outcome = self._stream(source)
+                end = self._stream(source)
             finally:
                 self._close(source)
-            if outcome == "ended":
+            if end == "ended":
                 self._mark_ended()
                 return
+            if end == "stopped":
+                return
 
-    def _backoff_s(self, failures: int) -> float:
-        base = min(self._backoff_max_s, self._backoff_initial_s * 2.0 ** min(failures - 1, 30))
-        return base * (1.0 - _JITTER * self._rng.random())
-
-    def _sleep(self, seconds: float) -> bool:
-        """Wait ``seconds`` unless stopped (then True), touching last_progress_ns as a heartbeat."""
-        deadline = time.monotonic() + seconds
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            if self._stop.wait(min(remaining, HEARTBEAT_S)):
+    def _wait(self, seconds: float) -> bool:
+        """Wait ``seconds`` on the clock unless stopped (then True), touching last_progress_ns as a heartbeat."""
+        deadline_ns = self._clock() + round(seconds * 1e9)
+        while (remaining_ns := deadline_ns - self._clock()) > 0:
+            if self._wait_for(min(remaining_ns / 1e9, HEARTBEAT_S)):
                 return True
-            self._last_progress_ns = time.monotonic_ns()
+            self._last_progress_ns = self._clock()
+        return False
 
     def _open(self) -> Source | None:
         source: Source | None = None
@@ -286,7 +267,7 @@ class Capture:
                 self._close(source)
             self._fail(str(e), read=False)
             return None
-        self._touch()
+        self._last_progress_ns = self._clock()
         return source
 
     def _close(self, source: Source) -> None:
@@ -295,149 +276,88 @@ class Capture:
         except Exception as e:  # closing a camera that is already gone may fail in any way
             log.debug("camera %s: close failed: %s", self._camera_id, e, extra=self._extra)
 
-    def _stream(self, source: Source) -> Literal["ended", "lost", "stopped"]:
-        pace = getattr(source, "pace", None)
-        period = pace() if pace is not None else None
-        truth = getattr(source, "truth", None)
+    def _stream(self, source: Source) -> StreamEnd:
+        """Read one opened source until it ends, fails or capture stops, at its pace if it has one."""
         split = source if splits_reading(source) else None
-        order = source.channel_order
-        timing = StreamTiming(period_ns=period * 1e9 if period else 0.0, paced=bool(period))
-        due = time.monotonic()
-        first = True
+        period_s = source.pace() if paces(source) else None
+        period_ns = round(period_s * 1e9) if period_s else 0
+        timing = StreamTiming(period_ns=float(period_ns), paced=period_ns > 0)
+        due_ns = self._clock()
+        delivered = False
         while not self._stop.is_set():
-            if period:
-                if self._sleep(due - time.monotonic()):
+            if period_ns:
+                if self._wait((due_ns - self._clock()) / 1e9):
                     return "stopped"
-                # Keep the schedule through jitter, but never burst to catch up after a slow read.
-                due = max(due + period, time.monotonic())
+                # Keep the schedule through jitter, but never burst to catch up after a slow read:
+                # once behind by a whole interval, the next read is one interval after this one.
+                now_ns = self._clock()
+                due_ns = due_ns + period_ns if due_ns + period_ns > now_ns else now_ns + period_ns
             try:
-                got = self._read(source, split, timing, decode=first or self._decode_all)
+                if split is None:
+                    got = self._read(source)
+                else:
+                    got = self._grab(split, timing, decode=not delivered or self._decode_all)
             except SourceError as e:
                 self._fail(str(e), read=True)
                 return "lost"
             if got == "ended":
                 return "ended"
-            if got == "skipped":
-                continue
-            self._publish(*got, order, truth() if truth is not None else None)
-            if first:
+            if got == "delivered" and not delivered:
                 self._mark_ok(on_demand=split is not None and not self._decode_all)
-                first = False
+                delivered = True
         return "stopped"
 
-    def _read(
-        self, source: Source, split: SplitSource | None, timing: StreamTiming, decode: bool
-    ) -> tuple[int, int, int] | Literal["ended", "skipped"]:
-        """The next frame into a free slot: (slot, t_capture_ns, t_wall_ns), or why there is none.
+    def _read(self, source: Source) -> ReadOutcome:
+        """The next frame of a source that reads in one call, into a free slot."""
+        index, buf = self._frames.claim()
+        image = source.read(buf)
+        if image is None:
+            return "ended"
+        self._deliver(index, image, self._clock(), source.channel_order)
+        return "delivered"
 
-        A source with ``grab``/``retrieve`` (``split``, the same object) has its frame grabbed,
-        then decoded only when ``decode`` or when the consumer may want it; otherwise it is
-        counted as skipped.
-        """
-        if split is None:
-            index, buf = self._claim()
-            image = source.read(buf)
-            if image is None:
-                return "ended"
-            t_capture_ns, t_wall_ns = time.monotonic_ns(), time.time_ns()
-        else:
-            if not split.grab():
-                return "ended"
-            t_capture_ns, t_wall_ns = time.monotonic_ns(), time.time_ns()
-            timing.grabbed(t_capture_ns)
-            if not decode and not self._wanted(t_capture_ns, timing):
-                self._skip(t_capture_ns)
-                return "skipped"
-            index, buf = self._claim()
-            image = split.retrieve(buf)
-            timing.decoded(time.monotonic_ns() - t_capture_ns)
-        if buf is None or image.shape != buf.shape or image.dtype != buf.dtype:
-            self._adopt(index, image)
-        elif image is not buf:
-            np.copyto(buf, image)  # a source that could not fill the slot in place
-        return index, t_capture_ns, t_wall_ns
-
-    def _wanted(self, now_ns: int, timing: StreamTiming) -> bool:
-        with self._cond:
-            return self._demand.wants(now_ns, timing.newer_ready_ns)
-
-    def _skip(self, t_capture_ns: int) -> None:
-        """A frame grabbed and left undecoded: it takes an id, so the gap shows it as dropped.
-
-        A decoded frame still waiting is dropped with it: the consumer has stopped asking (within
-        a cycle the decision only turns from skip to decode), and when it asks again it should
-        get the next frame, not one from before its pause.
-        """
-        with self._cond:
-            self._next_id += 1
-            self._frames_captured += 1
-            self._dropped_stale += 1 + (self._latest is not None)
-            self._latest = None
+    def _grab(self, source: SplitSource, timing: StreamTiming, *, decode: bool) -> ReadOutcome:
+        """The next frame grabbed, decoded into a free slot only when ``decode`` or the consumer may want it."""
+        if not source.grab():
+            return "ended"
+        t_capture_ns = self._clock()
+        timing.grabbed(t_capture_ns)
+        if not decode and not self._frames.wants(t_capture_ns, timing.newer_ready_ns):
+            self._frames.skip()
             self._last_progress_ns = t_capture_ns
+            return "skipped"
+        index, buf = self._frames.claim()
+        image = source.retrieve(buf)
+        timing.decoded(self._clock() - t_capture_ns)
+        self._deliver(index, image, t_capture_ns, source.channel_order)
+        return "delivered"
 
-    def _claim(self) -> tuple[int, np.ndarray | None]:
-        """A slot neither latest nor held (with 3 slots there is always one), sized for the stream."""
-        with self._cond:
-            index = next(i for i in range(SLOT_COUNT) if i != self._latest and i != self._held)
-            buf = self._slots[index]
-            if self._shape is not None and (buf is None or buf.shape != self._shape):
-                buf = self._slots[index] = np.empty(self._shape, np.uint8)
-            return index, buf
-
-    def _adopt(self, index: int, image: np.ndarray) -> None:
-        """Take a frame of a new size as slot ``index`` and resize the other free slots to match."""
-        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-            raise SourceError(f"source delivered {image.shape} {image.dtype} frames; expected (height, width, 3) uint8")
-        with self._cond:
-            previous = self._shape
-            self._shape = image.shape
-            self._slots[index] = image
-            for i in range(SLOT_COUNT):
-                # The latest and held slots still carry frames of the old size; _claim resizes them later.
-                if i not in (index, self._latest, self._held):
-                    self._slots[i] = np.empty(image.shape, np.uint8)
-            if previous is not None:
-                self._size_changes += 1
+    def _deliver(self, index: int, image: np.ndarray, t_capture_ns: int, order: Literal["bgr", "rgb"]) -> None:
+        previous = self._frames.adopt(index, image)
         if previous is not None:
-            log.warning(
-                "camera %s: frame size changed from %dx%d to %dx%d",
-                self._camera_id,
-                previous[1],
-                previous[0],
-                image.shape[1],
-                image.shape[0],
-                extra=self._extra,
-            )
-
-    def _publish(
-        self, index: int, t_capture_ns: int, t_wall_ns: int, order: Literal["bgr", "rgb"], truth: object | None
-    ) -> None:
-        with self._cond:
-            info = self._info[index]
-            info.frame_id = self._next_id
-            info.t_capture_ns = t_capture_ns
-            info.t_wall_ns = t_wall_ns
-            info.channel_order = order
-            info.truth = truth
-            self._next_id += 1
-            if self._latest is not None:
-                self._dropped_stale += 1
-            self._latest = index
-            self._frames_captured += 1
-            self._frames_decoded += 1
-            self._last_progress_ns = t_capture_ns
-            self._cond.notify()
-
-    def _touch(self) -> None:
-        self._last_progress_ns = time.monotonic_ns()
+            self._log_size_change(previous, image.shape)
+        self._frames.hand_over(index, t_capture_ns, time.time_ns(), order)
+        self._last_progress_ns = t_capture_ns
 
     # ---- state changes, each logged once ---------------------------------------------------
 
+    def _log_size_change(self, previous: Shape, shape: Shape) -> None:
+        log.warning(
+            "camera %s: frame size changed from %dx%d to %dx%d",
+            self._camera_id,
+            previous[1],
+            previous[0],
+            shape[1],
+            shape[0],
+            extra=self._extra,
+        )
+
     def _mark_ok(self, *, on_demand: bool) -> None:
-        with self._cond:
-            previous, failures, shape = self._state, self._failures, self._shape
+        with self._lock:
+            previous, failures = self._state, self._failures
             self._state = "ok"
             self._failures = 0
+        shape = self._frames.shape
         size = f"{shape[1]}x{shape[0]}" if shape else "?"
         if previous == "lost":
             log.info(
@@ -448,14 +368,14 @@ class Capture:
             log.info("camera %s: delivering %s frames, %s", self._camera_id, size, decoding, extra=self._extra)
 
     def _fail(self, message: str, *, read: bool) -> None:
-        with self._cond:
+        with self._lock:
             previous = self._state
             self._state = "lost"
             self._failures += 1
             failures = self._failures
             self._read_errors += int(read)
             self._last_error = message
-            self._last_progress_ns = time.monotonic_ns()
+            self._last_progress_ns = self._clock()
         if previous == "ok":
             log.warning("camera %s: lost: %s; reconnecting", self._camera_id, message, extra=self._extra)
         elif previous == "starting":
@@ -468,7 +388,7 @@ class Capture:
             log.debug("camera %s: attempt %d failed: %s", self._camera_id, failures, message, extra=self._extra)
 
     def _mark_ended(self) -> None:
-        with self._cond:
+        with self._lock:
             self._state = "ended"
-            self._cond.notify_all()
+        self._frames.close()
         log.info("camera %s: end of stream", self._camera_id, extra=self._extra)

@@ -23,7 +23,7 @@ class Demand:
     The consumer's time outside ``take`` (processing, a rate cap) is remembered for its last
     `DEMAND_CYCLES` frames; the soonest it plausibly asks again is the shortest of them, less
     `DEMAND_MARGIN`. A shorter cycle counts at once, a longer one once it is the new normal, so
-    a misjudgement errs towards decoding. Guarded by the capture's lock.
+    a misjudgement errs towards decoding. Guarded by the lock of the `edged.latest.LatestFrame` it serves.
     """
 
     def __init__(self) -> None:

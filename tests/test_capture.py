@@ -1,37 +1,42 @@
-"""The capture thread with real threads and real sources; a failing camera is faked at the Source boundary."""
+"""The capture thread with a real thread and real sources; a failing camera is faked at the Source boundary.
+
+Most tests run the thread on a `ManualClock`: it moves only when the test says, and the thread's
+pacing and backoff waits block until it has, so every frame, skip and reconnect happens at a known
+time and the tests need no sleeps. The slot ring itself is tested in tests/test_latest.py.
+"""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import cv2
 import numpy as np
 import pytest
 
-from edged.capture import LOW_NICENESS, Capture
-from edged.config import CapturePriority, FileSource, SyntheticSource
+from edged.capture import HEARTBEAT_S, JITTER, LOG_EVERY_N_FAILURES, LOW_NICENESS, Backoff, Capture
+from edged.config import CapturePriority
+from edged.demand import AWAY_NS
 from edged.errors import SourceError
-from edged.scenes import SceneGenerator
-from edged.sources import Frame
-from edged.sources.files import VideoFileSource
-from edged.sources.synthetic import SceneTruth, SyntheticSceneSource
+from edged.sources import Frame, Source
+from edged.sources.file import FileSource, FileSourceConfig
+from edged.sources.synthetic import SyntheticSource, SyntheticSourceConfig
+from edged.tools.scenes import SceneGenerator
 
 SEED = 3
 SW, SH = 96, 64
+S = 1_000_000_000  # ns
 
 
-def synthetic(fps: float) -> SyntheticSceneSource:
-    return SyntheticSceneSource(SyntheticSource(width=SW, height=SH, fps=fps, seed=SEED))
-
-
-Starter = Callable[[Capture], Capture]
+def synthetic(fps: float) -> SyntheticSource:
+    return SyntheticSource(SyntheticSourceConfig(width=SW, height=SH, fps=fps, seed=SEED))
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 3.0) -> bool:
@@ -43,19 +48,90 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 3.0) -> bool:
     return predicate()
 
 
-@pytest.fixture
-def started() -> Iterator[Starter]:
-    """Start captures and make sure every one is stopped, whatever the test does."""
-    captures: list[Capture] = []
+class ManualClock:
+    """A monotonic clock that the test moves; the capture thread's waits block until it has moved past their end.
 
-    def start(capture: Capture) -> Capture:
-        captures.append(capture)
+    Every wait is recorded, so a test knows what the thread waited for, and that once it waits
+    again everything it did before is done: the test and the thread run in lock-step.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._now_ns = 0
+        self._end_ns = 0  # where the wait in progress ends
+        self._closed = False
+        self.waits: list[float] = []  # seconds, as the thread asked for them
+
+    def __call__(self) -> int:
+        with self._cond:
+            return self._now_ns
+
+    def wait(self, seconds: float) -> bool:
+        with self._cond:
+            self.waits.append(seconds)
+            end = self._end_ns = self._now_ns + round(seconds * 1e9)
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._now_ns >= end or self._closed)
+            return self._closed
+
+    def advance(self, seconds: float) -> None:
+        with self._cond:
+            self._now_ns += round(seconds * 1e9)
+            self._cond.notify_all()
+
+    def waiting(self, count: int) -> None:
+        """Return once the thread has begun its ``count``-th wait."""
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.waits) >= count, timeout=10.0), f"no wait #{count}: {self.waits}"
+
+    def step(self, count: int = 1) -> None:
+        """``count`` times: let the wait in progress end and return once the thread waits again."""
+        for _ in range(count):
+            with self._cond:
+                started = len(self.waits)
+                self._now_ns = max(self._now_ns, self._end_ns)
+                self._cond.notify_all()
+            self.waiting(started + 1)
+
+    def close(self) -> None:
+        """End every wait as if capture were stopped."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+class Captures:
+    """Starts a test's captures and stops every one afterwards, whatever the test does."""
+
+    def __init__(self) -> None:
+        self._captures: list[Capture] = []
+        self._clocks: list[ManualClock] = []
+
+    def start(self, capture: Capture) -> Capture:
+        self._captures.append(capture)
         capture.start()
         return capture
 
-    yield start
-    for capture in captures:
-        capture.stop()
+    def on_clock(
+        self, factory: Callable[[], Source], clock: ManualClock | None = None, camera_id: str = "cam0", **options: Any
+    ) -> tuple[Capture, ManualClock]:
+        """A capture on a `ManualClock`, started; ``options`` are `Capture`'s."""
+        clock = clock or ManualClock()
+        self._clocks.append(clock)
+        return self.start(Capture(factory, camera_id, clock=clock, wait=clock.wait, **options)), clock
+
+    def stop_all(self) -> None:
+        for clock in self._clocks:
+            clock.close()
+        for capture in self._captures:
+            capture.stop()
+
+
+@pytest.fixture
+def captures() -> Iterator[Captures]:
+    started = Captures()
+    yield started
+    started.stop_all()
 
 
 class FakeCamera:
@@ -73,19 +149,20 @@ class FakeCamera:
         failed_opens: int = 0,
         never_back: bool = False,
         resize_at: int | None = None,
-        frames: int | None = None,
-        read_block_s: float = 0.0,
+        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.fps = fps
         self.fail_at = fail_at
         self.failed_opens = failed_opens
         self.never_back = never_back
         self.resize_at = resize_at
-        self.frames = frames
-        self.read_block_s = read_block_s
+        self.clock = clock
+        self.in_read = threading.Event()
+        self.release: threading.Event | None = None  # when set, every read blocks until it is
+        self.slow_read: Callable[[], None] | None = None  # run inside the next read, once
         self.served = 0
         self.decoded = 0
-        self.open_times: list[float] = []
+        self.open_times: list[int] = []
         self.closed = 0
         self.shape = (24, 32, 3)
 
@@ -101,16 +178,19 @@ class FakeSource:
 
     def open(self) -> None:
         cam = self.camera
-        cam.open_times.append(time.monotonic())
+        cam.open_times.append(cam.clock())
         if cam.never_back or (len(cam.open_times) > 1 and cam.failed_opens > 0):
             cam.failed_opens -= 1
             raise SourceError("fake camera is unplugged")
 
     def read(self, out: np.ndarray | None) -> np.ndarray | None:
         cam = self.camera
-        time.sleep(cam.read_block_s)
-        if cam.frames is not None and cam.served >= cam.frames:
-            return None
+        cam.in_read.set()
+        if cam.release is not None:
+            cam.release.wait()
+        if cam.slow_read is not None:
+            cam.slow_read()
+            cam.slow_read = None
         if cam.fail_at is not None and cam.served == cam.fail_at:
             cam.fail_at = None
             raise SourceError("fake camera stopped delivering frames")
@@ -150,34 +230,46 @@ def split_camera(fps: float) -> tuple[FakeCamera, Callable[[], SplitFakeSource]]
     return camera, lambda: SplitFakeSource(camera)
 
 
-def take_all(capture: Capture, count: int) -> list[Frame]:
-    """Take ``count`` FakeCamera frames, checking each one's pixels while its slot is held."""
+def take_all(capture: Capture, clock: ManualClock, count: int) -> list[Frame]:
+    """A consumer as fast as the camera: ``count`` frames, one per frame interval, each checked while its slot is held."""
     frames = []
     for _ in range(count):
-        frame = capture.take(timeout_s=2.0)
+        frame = capture.take(timeout_s=0)
         assert frame is not None
         assert int(frame.image[0, 0, 0]) == frame.frame_id % 256
         frames.append(frame)
+        clock.step()
     return frames
+
+
+def consume(capture: Capture, clock: ManualClock, busy_frames: int, takes: int) -> list[tuple[Frame, int]]:
+    """A consumer busy for ``busy_frames`` frame intervals per frame: each frame taken with the newest id grabbed before."""
+    taken = []
+    for _ in range(takes):
+        newest_grabbed = capture.stats().frames_captured - 1
+        frame = capture.take(timeout_s=0)
+        assert frame is not None
+        assert int(frame.image[0, 0, 0]) == frame.frame_id % 256
+        taken.append((frame, newest_grabbed))
+        clock.step(busy_frames)
+    return taken
 
 
 # ---- latest-frame semantics ----------------------------------------------------------------------
 
 
-def test_slow_consumer_gets_only_the_newest_frames_and_held_slots_stay_intact(started: Starter) -> None:
-    capture = started(Capture(lambda: synthetic(fps=200.0), "cam0"))
+def test_slow_consumer_gets_only_the_newest_frames_and_held_slots_stay_intact(captures: Captures) -> None:
+    capture, clock = captures.on_clock(lambda: synthetic(fps=200.0))
+    clock.waiting(1)
     generator = SceneGenerator(width=SW, height=SH, seed=SEED)
     ids = []
     for _ in range(10):
         newest_before = capture.stats().frames_captured - 1
-        frame = capture.take(timeout_s=3.0)
+        frame = capture.take(timeout_s=0)
         assert frame is not None
         assert frame.frame_id >= newest_before  # never older than what was available at take time
-        time.sleep(0.03)  # a slow model; meanwhile the thread keeps capturing into the other slots
-        expected = generator.render(frame.frame_id)
-        np.testing.assert_array_equal(frame.image, expected.image)
-        assert isinstance(frame.truth, SceneTruth) and frame.truth.index == frame.frame_id
-        np.testing.assert_array_equal(frame.truth.boxes, expected.boxes)
+        clock.step(6)  # a slow model; meanwhile the thread keeps capturing into the other slots
+        np.testing.assert_array_equal(frame.image, generator.render(frame.frame_id).image)
         ids.append(frame.frame_id)
     stats = capture.stats()
     assert ids == sorted(set(ids))
@@ -187,88 +279,126 @@ def test_slow_consumer_gets_only_the_newest_frames_and_held_slots_stay_intact(st
     assert capture.state == "ok"
 
 
-def test_fast_consumer_gets_every_frame_once_from_three_slots(started: Starter) -> None:
+def test_fast_consumer_gets_every_frame_once_from_three_slots(captures: Captures) -> None:
     camera = FakeCamera(fps=20.0)
-    capture = started(Capture(camera.source, "cam0"))
-    frames = take_all(capture, 10)
-    ids = [f.frame_id for f in frames]
-    assert ids == list(range(10))
+    capture, clock = captures.on_clock(camera.source)
+    clock.waiting(1)
+    frames = take_all(capture, clock, 10)
+    assert [f.frame_id for f in frames] == list(range(10))
     assert capture.stats().dropped_stale == 0
     # Steady state reuses the preallocated slots: no new frame buffers.
     assert len({f.image.ctypes.data for f in frames}) <= 3
 
 
+# ---- pacing and the clock ------------------------------------------------------------------------
+
+
+def test_a_paced_source_keeps_its_schedule_through_a_late_wake_up_and_never_bursts_after_a_slow_read(
+    captures: Captures,
+) -> None:
+    camera = FakeCamera(fps=50.0)
+    capture, clock = captures.on_clock(camera.source)
+    clock.waiting(1)  # the first frame is read at once
+    clock.step(3)
+    assert clock.waits == pytest.approx([0.02] * 4)
+    assert capture.stats().frames_captured == 4
+    clock.advance(0.025)  # woken 5 ms late: the next wait is shorter, so the schedule holds
+    clock.waiting(5)
+    assert clock.waits[-1] == pytest.approx(0.015)
+    camera.slow_read = lambda: clock.advance(0.07)  # a read that takes three and a half intervals
+    clock.step()
+    # The frame that fell due during the slow read is read at once; then the pace resumes.
+    assert capture.stats().frames_captured == 7
+    assert clock.waits[-1] == pytest.approx(0.02)
+    clock.step()
+    assert capture.stats().frames_captured == 8
+
+
+def test_heartbeat_moves_while_a_slow_source_is_paced(captures: Captures) -> None:
+    capture, clock = captures.on_clock(FakeCamera(fps=0.2).source)
+    clock.waiting(1)
+    assert capture.take(timeout_s=0) is not None
+    first = capture.stats().last_progress_ns
+    clock.step()
+    assert capture.stats().last_progress_ns == first + HEARTBEAT_S * S
+    clock.step(3)
+    assert clock.waits == [HEARTBEAT_S] * 5  # five seconds between frames, waited a heartbeat at a time
+    assert capture.stats().frames_captured == 1
+    clock.step()
+    assert capture.stats().frames_captured == 2
+
+
+def test_frames_are_stamped_with_the_capture_clock(captures: Captures) -> None:
+    capture, clock = captures.on_clock(FakeCamera(fps=10.0).source)
+    clock.waiting(1)
+    clock.step(2)
+    frame = capture.take(timeout_s=0)
+    assert frame is not None and frame.frame_id == 2
+    assert frame.t_capture_ns == clock() == 2 * S // 10
+    assert capture.stats().last_progress_ns == frame.t_capture_ns
+
+
 # ---- decoding only what the consumer takes ---------------------------------------------------------
 
 
-def take_every(capture: Capture, interval_s: float, duration_s: float) -> list[tuple[Frame, int]]:
-    """A consumer busy for ``interval_s`` per frame: each frame taken with the newest id grabbed before."""
-    taken = []
-    deadline = time.monotonic() + duration_s
-    while time.monotonic() < deadline:
-        newest_grabbed = capture.stats().frames_captured - 1
-        frame = capture.take(timeout_s=2.0)
-        assert frame is not None
-        assert int(frame.image[0, 0, 0]) == frame.frame_id % 256
-        taken.append((frame, newest_grabbed))
-        time.sleep(interval_s)
-    return taken
-
-
-def test_frames_a_slow_consumer_would_not_take_are_grabbed_but_never_decoded(started: Starter) -> None:
+def test_frames_a_slow_consumer_would_not_take_are_grabbed_but_never_decoded(captures: Captures) -> None:
     camera, source = split_camera(fps=100.0)
-    capture = started(Capture(source, "cam0"))
-    taken = take_every(capture, 0.08, 0.8)  # the capture thread learns the consumer's pace
+    capture, clock = captures.on_clock(source)
+    clock.waiting(1)
+    taken = consume(capture, clock, 8, 10)  # the capture thread learns the consumer's pace
     decoded, captured = camera.decoded, capture.stats().frames_captured
-    taken += take_every(capture, 0.08, 1.2)
-    capture.stop()
+    taken += consume(capture, clock, 8, 15)
     stats = capture.stats()
     assert stats.frames_decoded == camera.decoded
     # Eight frames arrive per frame taken; only the last one or two before each take are decoded.
     assert camera.decoded - decoded < 0.35 * (stats.frames_captured - captured)
-    assert stats.frames_captured >= 100 * 2.0 * 0.8
+    assert stats.frames_captured == 1 + 8 * 25
     assert stats.dropped_stale == stats.frames_captured - len(taken) - (capture.take(0.0) is not None)
-    # Still the newest frame: never older than the one grabbed last before the take, but for the
-    # frame or two that arrive while the consumer is faster than its pace so far.
-    late = [frame.frame_id for frame, newest in taken if frame.frame_id < newest - 2]
-    assert len(late) <= 2, late
+    # Still the newest frame: the one grabbed last before the take.
+    assert [frame.frame_id for frame, _ in taken] == [newest for _, newest in taken]
 
 
-def test_a_consumer_as_fast_as_the_camera_has_every_frame_decoded(started: Starter) -> None:
+def test_a_consumer_as_fast_as_the_camera_has_every_frame_decoded(captures: Captures) -> None:
     camera, source = split_camera(fps=40.0)
-    capture = started(Capture(source, "cam0"))
-    frames = take_all(capture, 20)
+    capture, clock = captures.on_clock(source)
+    clock.waiting(1)
+    frames = take_all(capture, clock, 20)
     assert [f.frame_id for f in frames] == list(range(20))
     assert capture.stats().dropped_stale == 0
     assert camera.decoded >= 20
 
 
-def test_decode_all_decodes_every_frame_for_a_slow_consumer(started: Starter) -> None:
+def test_decode_all_decodes_every_frame_for_a_slow_consumer(captures: Captures) -> None:
     camera, source = split_camera(fps=100.0)
-    capture = started(Capture(source, "cam0", decode_all=True))
-    take_every(capture, 0.08, 0.8)
+    capture, clock = captures.on_clock(source, decode_all=True)
+    clock.waiting(1)
+    consume(capture, clock, 8, 12)
     stats = capture.stats()
     assert stats.frames_decoded == camera.decoded == stats.frames_captured
 
 
-def test_a_consumer_that_stops_asking_stops_the_decoding_and_gets_a_fresh_frame_when_it_asks(started: Starter) -> None:
+def test_a_consumer_that_stops_asking_stops_the_decoding_and_gets_a_fresh_frame_when_it_asks(
+    captures: Captures,
+) -> None:
     camera, source = split_camera(fps=100.0)
-    capture = started(Capture(source, "cam0"))
-    taken = take_every(capture, 0.02, 0.4)  # a steady consumer, then a pause (say thermal) of 2 s
+    capture, clock = captures.on_clock(source)
+    clock.waiting(1)
+    taken = consume(capture, clock, 2, 20)  # a steady consumer, then a pause (say thermal) of 2 s
     decoded_before, captured_before = camera.decoded, capture.stats().frames_captured
-    time.sleep(2.0)
+    clock.step(200)
     # Decoding goes on for about AWAY_NS past the consumer's usual cycle, then stops.
-    assert camera.decoded - decoded_before <= 100 * (1.0 + 0.5)
-    assert capture.stats().frames_captured - captured_before >= 100 * 2.0 * 0.8
+    assert camera.decoded - decoded_before <= 100 * (AWAY_NS / S + 0.5)
+    assert capture.stats().frames_captured - captured_before == 200
     paused_decodes = camera.decoded
-    time.sleep(0.3)
+    clock.step(30)
     assert camera.decoded == paused_decodes
     newest_grabbed = capture.stats().frames_captured - 1
-    frame = capture.take(timeout_s=1.0)
-    # Not a frame from before the pause: the next one grabbed, decoded when asked for.
-    assert frame is not None and frame.frame_id > newest_grabbed
-    assert (time.monotonic_ns() - frame.t_capture_ns) / 1e6 < 100
-    capture.stop()
+    # Not a frame from before the pause: none is waiting, and the next one grabbed is decoded once asked for.
+    assert capture.take(timeout_s=0) is None
+    clock.step()
+    frame = capture.take(timeout_s=0)
+    assert frame is not None and frame.frame_id == newest_grabbed + 1
+    assert frame.t_capture_ns == clock()
     stats = capture.stats()
     # Every frame is taken, still pending, or counted as dropped: the one left from before the pause too.
     pending = capture.take(0.0) is not None
@@ -284,21 +414,13 @@ def test_a_consumer_that_stops_asking_stops_the_decoding_and_gets_a_fresh_frame_
     ],
 )
 def test_the_first_frame_logs_how_frames_are_decoded(
-    started: Starter, caplog: pytest.LogCaptureFixture, split: bool, decode_all: bool, says: str
+    captures: Captures, caplog: pytest.LogCaptureFixture, split: bool, decode_all: bool, says: str
 ) -> None:
     caplog.set_level(logging.INFO, logger="edged.capture")
     camera, split_source = split_camera(fps=100.0)
-    capture = started(Capture(split_source if split else camera.source, "cam0", decode_all=decode_all))
-    assert capture.take(timeout_s=2.0) is not None  # the line follows the first frame's hand-over
-    assert wait_for(lambda: f"camera cam0: delivering 32x24 frames, {says}" in caplog.messages)
-
-
-def test_take_times_out_when_no_frame_arrives(started: Starter) -> None:
-    capture = started(Capture(FakeCamera(fps=2.0).source, "cam0"))
-    assert capture.take(timeout_s=2.0) is not None
-    start = time.monotonic()
-    assert capture.take(timeout_s=0.1) is None
-    assert 0.09 <= time.monotonic() - start < 0.4
+    _, clock = captures.on_clock(split_source if split else camera.source, decode_all=decode_all)
+    clock.waiting(1)  # the line follows the first frame's hand-over
+    assert f"camera cam0: delivering 32x24 frames, {says}" in caplog.messages
 
 
 @pytest.mark.parametrize(
@@ -306,13 +428,13 @@ def test_take_times_out_when_no_frame_arrives(started: Starter) -> None:
     [("normal", 0, os.SCHED_OTHER), ("low", LOW_NICENESS, os.SCHED_OTHER), ("idle", 0, os.SCHED_IDLE)],
 )
 def test_capture_thread_alone_runs_at_its_priority(
-    started: Starter, priority: CapturePriority, added: int, policy: int
+    captures: Captures, priority: CapturePriority, added: int, policy: int
 ) -> None:
     # Read back from the kernel: the capture thread's nice value or policy changes, the caller's does not.
     me = threading.get_native_id()
     base = os.getpriority(os.PRIO_PROCESS, me)
-    capture = started(Capture(FakeCamera(fps=50.0).source, "prio-cam", priority=priority))
-    assert capture.take(timeout_s=2.0) is not None
+    _, clock = captures.on_clock(FakeCamera(fps=50.0).source, camera_id="prio-cam", priority=priority)
+    clock.waiting(1)
     (thread,) = [t for t in threading.enumerate() if t.name == "capture-prio-cam"]
     assert thread.native_id is not None
     assert os.sched_getscheduler(thread.native_id) == policy
@@ -324,25 +446,40 @@ def test_capture_thread_alone_runs_at_its_priority(
 # ---- lost cameras ----------------------------------------------------------------------------------
 
 
+def test_backoff_doubles_to_its_cap_and_jitter_only_shortens_it() -> None:
+    backoff = Backoff(0.5, 3.0, random.Random(SEED))
+    for failures, base in enumerate([0.5, 1.0, 2.0, 3.0, 3.0, 3.0], start=1):
+        assert base * (1 - JITTER) <= backoff.delay_s(failures) <= base
+    assert backoff.delay_s(10_000) <= 3.0
+    with pytest.raises(ValueError, match="backoff_initial_s"):
+        Capture(FakeCamera().source, "cam0", backoff_initial_s=2.0, backoff_max_s=1.0)
+
+
 def test_camera_lost_mid_stream_reconnects_with_backoff_and_ids_continue(
-    started: Starter, caplog: pytest.LogCaptureFixture
+    captures: Captures, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="edged.capture")
-    camera = FakeCamera(fps=100.0, fail_at=5, failed_opens=2)
-    capture = started(Capture(camera.source, "cam7", backoff_initial_s=0.05, backoff_max_s=0.15))
-    before = take_all(capture, 1)
-    assert wait_for(lambda: capture.state == "lost")
-    assert wait_for(lambda: capture.state == "ok" and len(camera.open_times) == 4)
-    after = take_all(capture, 3)
+    clock = ManualClock()
+    camera = FakeCamera(fps=100.0, fail_at=5, failed_opens=2, clock=clock)
+    capture, _ = captures.on_clock(camera.source, clock, "cam7", backoff_initial_s=0.05, backoff_max_s=0.15)
+    clock.waiting(1)
+    before = take_all(capture, clock, 5)  # frames 0-4; the read of the sixth fails
+    assert capture.state == "lost"
+    clock.step(3)  # two failed opens, then the camera is back
+    assert capture.stats().state == "ok" and len(camera.open_times) == 4
+    after = take_all(capture, clock, 3)
     ids = [f.frame_id for f in before + after]
     assert ids == sorted(set(ids)) and ids[-1] >= 5  # no reset after the reconnect
 
     stats = capture.stats()
     assert stats.read_errors == 1 and stats.reconnects == 3
     assert stats.last_error == "fake camera is unplugged"
-    # Backoff 0.05, 0.1, 0.15 (capped), each shortened by at most 25% jitter.
-    gaps = np.diff(camera.open_times)
-    assert list(gaps >= np.array([0.05, 0.1, 0.15]) * 0.75) == [True, True, True]
+    # Backoff 0.05, 0.1, 0.15 (capped), each shortened by at most 25% jitter, between the paced reads.
+    assert clock.waits[:5] == pytest.approx([0.01] * 5)
+    backoffs = np.array(clock.waits[5:8])
+    expected = np.array([0.05, 0.1, 0.15])
+    assert list((backoffs >= expected * (1 - JITTER)) & (backoffs <= expected)) == [True, True, True]
+    assert list(np.diff(camera.open_times)[1:]) == [round(b * S) for b in backoffs[1:]]
     assert camera.closed >= 1
 
     messages = [r.getMessage() for r in caplog.records]
@@ -351,77 +488,76 @@ def test_camera_lost_mid_stream_reconnects_with_backoff_and_ids_continue(
     assert all(getattr(r, "CAMERA", None) == "cam7" for r in caplog.records)
 
 
-def test_camera_that_never_comes_back_keeps_retrying_quietly(started: Starter, caplog: pytest.LogCaptureFixture) -> None:
+def test_camera_that_never_comes_back_keeps_retrying_quietly(captures: Captures, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="edged.capture")
     camera = FakeCamera(never_back=True)
-    capture = started(Capture(camera.source, "cam0", backoff_initial_s=0.01, backoff_max_s=0.02))
-    assert capture.take(timeout_s=0.3) is None
+    capture, clock = captures.on_clock(camera.source, backoff_initial_s=0.01, backoff_max_s=0.02)
+    clock.waiting(1)
+    assert capture.take(timeout_s=0) is None
+    clock.step(5)
     first = capture.stats()
-    time.sleep(0.3)
+    clock.step(20)
     second = capture.stats()
     assert capture.state == "lost" and second.alive
     assert second.last_progress_ns > first.last_progress_ns
-    assert second.reconnects > first.reconnects >= 5
+    assert second.reconnects == 25 and first.reconnects == 5
     assert second.frames_captured == 0
+    assert all(0.01 * (1 - JITTER) <= w <= 0.02 for w in clock.waits)
+    # One warning when the camera is first missing, then one per LOG_EVERY_N_FAILURES attempts.
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert 1 <= len(warnings) <= 1 + second.reconnects // 10 + 1
+    assert len(warnings) == 1 + (second.reconnects + 1) // LOG_EVERY_N_FAILURES
 
 
-def test_stop_returns_quickly_while_waiting_to_reconnect(started: Starter) -> None:
+def test_stop_returns_quickly_while_waiting_to_reconnect(captures: Captures) -> None:
     camera = FakeCamera(never_back=True)
-    capture = started(Capture(camera.source, "cam0", backoff_initial_s=5.0, backoff_max_s=10.0))
+    capture = captures.start(Capture(camera.source, "cam0", backoff_initial_s=5.0, backoff_max_s=10.0))
     assert wait_for(lambda: len(camera.open_times) == 1 and capture.state == "lost")
-    time.sleep(0.05)
     start = time.monotonic()
     capture.stop()
     assert time.monotonic() - start < 1.0
     assert not capture.stats().alive
 
 
-def test_stop_gives_up_on_a_blocked_read_and_the_thread_releases_the_camera_later(started: Starter) -> None:
-    camera = FakeCamera(fps=100.0, read_block_s=0.6)
-    capture = started(Capture(camera.source, "cam0"))
-    time.sleep(0.1)  # inside the first read
+def test_stop_gives_up_on_a_blocked_read_and_the_thread_releases_the_camera_later(captures: Captures) -> None:
+    camera = FakeCamera(fps=100.0)
+    camera.release = threading.Event()
+    capture = captures.start(Capture(camera.source, "cam0"))
+    assert camera.in_read.wait(timeout=3.0)  # inside the first read, which blocks
     start = time.monotonic()
     capture.stop(timeout_s=0.2)
     assert time.monotonic() - start < 0.5
+    assert capture.stats().alive and camera.closed == 0
+    camera.release.set()  # the read returns
     assert wait_for(lambda: not capture.stats().alive, timeout_s=2.0)
     assert camera.closed == 1
-
-
-def test_heartbeat_moves_while_a_slow_source_is_paced(started: Starter) -> None:
-    capture = started(Capture(FakeCamera(fps=0.2).source, "cam0"))
-    assert capture.take(timeout_s=1.0) is not None
-    first = capture.stats().last_progress_ns
-    time.sleep(1.2)
-    assert capture.stats().last_progress_ns > first
 
 
 # ---- sizes and endings ----------------------------------------------------------------------------
 
 
-def test_size_change_mid_stream_reallocates_slots_and_keeps_the_held_frame(started: Starter) -> None:
+def test_size_change_mid_stream_reallocates_slots_and_keeps_the_held_frame(captures: Captures) -> None:
     camera = FakeCamera(fps=100.0, resize_at=6)
-    capture = started(Capture(camera.source, "cam0"))
-    held = capture.take(timeout_s=2.0)
+    capture, clock = captures.on_clock(camera.source)
+    clock.waiting(1)
+    held = capture.take(timeout_s=0)
     assert held is not None and held.image.shape == (24, 32, 3)
     held_value = int(held.image[0, 0, 0])
-    assert wait_for(lambda: capture.stats().size_changes == 1)
-    time.sleep(0.05)  # several new-size frames are captured while the old one is held
+    clock.step(8)  # several new-size frames are captured while the old one is held
+    assert capture.stats().size_changes == 1
     np.testing.assert_array_equal(held.image, held_value)
-    later = take_all(capture, 4)
+    later = take_all(capture, clock, 4)
     assert all(f.image.shape == (48, 40, 3) for f in later)
     assert capture.stats().size_changes == 1
 
 
-def test_finite_source_without_loop_ends(tmp_path: Path, started: Starter) -> None:
+def test_finite_source_without_loop_ends(tmp_path: Path, captures: Captures) -> None:
     path = tmp_path / "short.avi"
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 30.0, (64, 32))
     for i in range(8):
         writer.write(np.full((32, 64, 3), 30 * i, np.uint8))
     writer.release()
-    cfg = FileSource(path=path, loop=False, realtime=True)
-    capture = started(Capture(lambda: VideoFileSource(cfg), "cam0"))
+    cfg = FileSourceConfig(path=path, loop=False, realtime=True)
+    capture = captures.start(Capture(lambda: FileSource(cfg), "cam0"))
     frames = []
     while (frame := capture.take(timeout_s=2.0)) is not None:
         frames.append(frame.frame_id)
@@ -433,17 +569,17 @@ def test_finite_source_without_loop_ends(tmp_path: Path, started: Starter) -> No
     assert time.monotonic() - start < 0.1
 
 
-def test_a_source_bug_ends_the_thread_visibly(started: Starter) -> None:
+def test_a_source_bug_ends_the_thread_visibly(captures: Captures) -> None:
     class Broken(FakeSource):
         def read(self, out: np.ndarray | None) -> np.ndarray | None:
             raise ZeroDivisionError("bug")
 
-    capture = started(Capture(lambda: Broken(FakeCamera()), "cam0"))
+    capture = captures.start(Capture(lambda: Broken(FakeCamera()), "cam0"))
     assert wait_for(lambda: not capture.stats().alive)
     assert "ZeroDivisionError" in (capture.stats().last_error or "")
 
 
-def test_start_twice_is_an_error(started: Starter) -> None:
-    capture = started(Capture(FakeCamera().source, "cam0"))
+def test_start_twice_is_an_error(captures: Captures) -> None:
+    capture, _ = captures.on_clock(FakeCamera().source)
     with pytest.raises(RuntimeError):
         capture.start()
