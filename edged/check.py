@@ -19,6 +19,7 @@ from edged.config import Settings
 from edged.errors import ContractError, InferenceError, ModelError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
+from edged.preprocess import LETTERBOX_FILL
 
 
 def _frame_size(settings: Settings) -> tuple[int, int]:
@@ -55,7 +56,7 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     width, height = _frame_size(settings)
     plan = FramePipeline(model, width, height, settings.source.channel_order)
     try:
-        detections, _ = plan.process(np.full((height, width, 3), 114, np.uint8))
+        detections, _ = plan.process(np.full((height, width, 3), LETTERBOX_FILL, np.uint8))
     except InferenceError as e:  # in the daemon one frame; here the model failing its first frame
         raise ModelError(f"the model fails on a frame: {e}") from None
     if detections.scores_above_one:

@@ -10,9 +10,10 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import get_args
 
 from edged import __version__
-from edged.config import DEFAULT_CONFIG_PATH, load_config
+from edged.config import DEFAULT_CONFIG_PATH, RuntimeConfig, Spinning, load_config
 from edged.errors import ConfigError, EdgedError, MissingDependency
 from edged.service import setup_logging
 
@@ -113,6 +114,47 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    spinning = RuntimeConfig.model_fields["spinning"].default
+    p.add_argument("--model", type=Path, default=None, metavar="PATH", help="ONNX model to time (default: models/demo.onnx)")
+    p.add_argument("--frames", type=_positive, default=300, help="timed frames per row (default 300)")
+    p.add_argument("--warmup", type=_positive, default=20, help="untimed frames first (default 20)")
+    p.add_argument(
+        "--cpu-frames", type=_positive, default=None, help="frames per row in the CPU-time blocks (default: frames / 3)"
+    )
+    p.add_argument("--alloc-frames", type=_positive, default=100, help="frames in the heap measurement (default 100)")
+    p.add_argument(
+        "--spinning",
+        choices=(*get_args(Spinning), "all"),
+        default=spinning,
+        help=f"runtime.spinning for the session (default {spinning}); all times the rows under each in turn",
+    )
+    p.add_argument("--threads", type=int, default=0, help="runtime.intra_op_threads (default 0: one per physical core)")
+    p.add_argument("--conf", type=float, default=0.25, help="model.conf (default 0.25)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="instead of the per-frame rows: time `edged run` from process start to the "
+        "first detections message, without and with the optimised-model cache",
+    )
+    p.add_argument("--cold-runs", type=_positive, default=3, help="cold-start trials (default 3)")
+    p.add_argument(
+        "--soak",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="instead of the per-frame rows: run the full path N frames and report RSS and traced memory every N/10 frames",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edged", description="Embedded vision daemon: camera -> ONNX Runtime -> detections over ZeroMQ."
@@ -205,9 +247,7 @@ def _parser() -> argparse.ArgumentParser:
         "edged's full per-frame path and a naive reference pipeline on a 1280x720 scene; "
         "also allocations, CPU time, RSS, cold start (--cold-start) and a soak (--soak N).",
     )
-    from edged.bench import add_arguments as add_bench_arguments
-
-    add_bench_arguments(bench)
+    _bench_arguments(bench)
 
     thermal = sub.add_parser(
         "thermal",
@@ -283,7 +323,7 @@ def _cmd_thermal(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from edged.evaluate import run_eval
+    from edged.tools.evaluate import run_eval
 
     setup_logging("warning")
     return run_eval(args)
@@ -291,7 +331,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
     try:
-        from edged.quantize import run_quantize
+        from edged.tools.quantize import run_quantize
     except ImportError as e:
         raise MissingDependency(f"quantize needs the onnx package (pip install onnx): {e}") from None
     setup_logging("warning")
@@ -299,7 +339,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from edged.bench import run_bench
+    from edged.tools.bench import run_bench
 
     setup_logging("warning")
     return run_bench(args)

@@ -15,6 +15,7 @@
     ├── SourceError               1  the camera is gone or cannot be opened; capture retries
     ├── InferenceError            1  one run failed; the frame is skipped and counted
     ├── QuantizeError             1  quantising, or running the quantised model, failed
+    ├── ColdStartError            1  ``edged bench --cold-start``: the daemon exited or published nothing
     └── MessageError              1  a received payload is not a valid edged message
 
 78 is sysexits' EX_CONFIG: the units set ``RestartPreventExitStatus=78``, so systemd does not
@@ -105,6 +106,10 @@ class InferenceError(EdgedError):
 
 class QuantizeError(EdgedError):
     """Quantising failed, or the quantised model does not load or run."""
+
+
+class ColdStartError(EdgedError):
+    """The daemon started by ``edged bench --cold-start`` exited or published nothing; the message ends with its stderr."""
 
 
 class MessageError(EdgedError, ValueError):

@@ -31,10 +31,10 @@ from net import STRIDES, Detector, ExportHead, TaskAlignedLoss, anchor_points
 from edged import __version__
 from edged.config import ModelConfig, RuntimeConfig
 from edged.contract import InputContract
-from edged.evaluate import evaluate, scene_samples
 from edged.model import load_model
 from edged.preprocess import Preprocessor
-from edged.scenes import CLASS_NAMES, SceneGenerator
+from edged.tools.evaluate import evaluate, scene_samples
+from edged.tools.scenes import CLASS_NAMES, SceneGenerator
 
 SIZE = 320
 TRAIN_SEEDS = tuple(range(1, 9))
@@ -189,7 +189,7 @@ def main() -> None:
     minutes = (time.perf_counter() - start) / 60
     params = sum(p.numel() for p in ema.model.parameters())
     meta = {
-        "description": "edged demo defect detector (scratch/spot/crack) trained on edged.scenes",
+        "description": "edged demo defect detector (scratch/spot/crack) trained on edged.tools.scenes",
         "version": __version__,
         "names": repr(dict(enumerate(CLASS_NAMES))),
         "stride": str(max(STRIDES)),

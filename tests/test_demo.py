@@ -6,12 +6,15 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from daemon import RunningDaemon, free_port, run_cli, write_config
 
 from edged.config import load_config
 from edged.messages import DetectionsMessage
-from edged.metrics import box_iou
-from edged.scenes import CLASS_NAMES, SceneGenerator
+from edged.tools.metrics import box_iou
+from edged.tools.scenes import CLASS_NAMES, SceneGenerator
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parent.parent
 MODEL = ROOT / "models" / "demo.onnx"

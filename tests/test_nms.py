@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from allocations import NumpyAllocations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edged.bench.memory import NumpyAllocations
 from edged.nms import GreedyNms
 
 

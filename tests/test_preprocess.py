@@ -7,8 +7,8 @@ import tracemalloc
 import cv2
 import numpy as np
 import pytest
+from allocations import NumpyAllocations
 
-from edged.bench.memory import NumpyAllocations
 from edged.contract import InputContract
 from edged.geometry import BoxMap
 from edged.preprocess import Preprocessor

@@ -1,18 +1,25 @@
-"""Hand-computed cases for edged.metrics (COCO-style matching, 101-point AP)."""
+"""Hand-computed cases for edged.tools.metrics (COCO-style matching, 101-point AP)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
 
-from edged.metrics import MetricAccumulator, average_precision, box_iou
+from edged.tools.metrics import MetricAccumulator, average_precision, box_iou
+
+pytestmark = pytest.mark.tools
 
 NAMES = ("scratch", "spot", "crack")
 A = [0.0, 0.0, 10.0, 10.0]
 B = [20.0, 0.0, 30.0, 10.0]
 
 
-def _acc(*images: tuple[list, list, list, list, list]) -> MetricAccumulator:
+Image = tuple[list[Any], list[float], list[int], list[Any], list[int]]  # predictions, scores, classes; truth, classes
+
+
+def _acc(*images: Image) -> MetricAccumulator:
     acc = MetricAccumulator(NAMES)
     for pred, scores, pcls, gt, gcls in images:
         acc.add(

@@ -67,7 +67,8 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=1)
     area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=1)
     union = area_a[:, None] + area_b[None, :] - inter
-    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    iou: np.ndarray = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    return iou
 
 
 def match(ious: np.ndarray, thresholds: np.ndarray = IOU_THRESHOLDS) -> np.ndarray:

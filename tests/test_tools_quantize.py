@@ -16,12 +16,14 @@ from daemon import run_cli
 from onnx import TensorProto, helper, numpy_helper
 from onnx_models import colour_probe
 
-from edged import quantize as q
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_USAGE, QuantizeError
-from edged.evaluate import scene_samples
 from edged.model import LoadedModel, load_model
 from edged.preprocess import Preprocessor
+from edged.tools import quantize as q
+from edged.tools.evaluate import scene_samples
+
+pytestmark = pytest.mark.tools
 
 SIZE, STRIDE, NC = 64, 8, 3  # three classes, as the generated scenes
 CELLS = SIZE // STRIDE

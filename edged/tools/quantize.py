@@ -23,7 +23,7 @@ to the 99.999th percentile, which lost less mAP than MinMax on the demo model. T
 head is kept in float (see `find_head`): box coordinates in input pixels and 0..1 scores share
 its last tensors, and one uint8 scale cannot hold both. The result is then compared with the
 original: the median per-frame time of `FramePipeline.process`, interleaved on the bench's
-1280x720 frame, and accuracy through `edged.evaluate` on held-out scenes.
+1280x720 frame, and accuracy through `edged.tools.evaluate` on held-out scenes.
 """
 
 from __future__ import annotations
@@ -51,18 +51,17 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from edged.bench.rows import Row, Sample, interleave
-from edged.bench.run import bench_frame, machine_info
 from edged.config import ModelConfig, RuntimeConfig, check_thread_option
 from edged.contract import InputContract
 from edged.errors import ContractError, InferenceError, ModelError, QuantizeError, UsageError
-from edged.evaluate import Progress, evaluate, folder_samples, scene_samples
-from edged.evaluate import Sample as Frame
-from edged.metrics import EvalReport
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.preprocess import Preprocessor
-from edged.scenes import CLASS_NAMES
+from edged.tools.bench import machine_info
+from edged.tools.bench_rows import Row, TimedFrame, bench_frame, interleave
+from edged.tools.evaluate import EvalSample, ProgressBar, evaluate, folder_samples, scene_samples
+from edged.tools.metrics import EvalReport
+from edged.tools.scenes import CLASS_NAMES
 
 HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 METHODS = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}
@@ -179,7 +178,7 @@ def find_stem(model: onnx.ModelProto) -> FloatNodes:
 # ---- calibration ------------------------------------------------------------------------------
 
 
-class CalibrationFrames(CalibrationDataReader):
+class CalibrationFrames(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime.quantization is untyped
     """Frames -> the daemon's input tensors, handed out a chunk at a time.
 
     onnxruntime calls `set_range` per chunk (``CalibStridedMinMax``) and keeps only that chunk's
@@ -187,10 +186,10 @@ class CalibrationFrames(CalibrationDataReader):
     """
 
     def __init__(
-        self, contract: InputContract, frames: Iterator[Frame], total: int, progress_to: TextIO | None = None
+        self, contract: InputContract, frames: Iterator[EvalSample], total: int, progress_to: TextIO | None = None
     ) -> None:
         self._contract, self._frames, self._total, self._progress_to = contract, frames, total, progress_to
-        self._progress: Progress | None = None
+        self._progress: ProgressBar | None = None
         self._plans: dict[tuple[int, int], Preprocessor] = {}
         self._left = total
         self.done = 0
@@ -215,7 +214,7 @@ class CalibrationFrames(CalibrationDataReader):
         tensor = plan(frame.image).copy()  # the plan's tensor is reused by the next frame
         self.done += 1
         if self._progress_to is not None:
-            self._progress = self._progress or Progress(self._total, self._progress_to)  # clock starts here
+            self._progress = self._progress or ProgressBar(self._total, self._progress_to)  # clock starts here
             self._progress.update(self.done)
         return {self._contract.input_name: tensor}
 
@@ -369,10 +368,10 @@ def load_quantised(path: Path, original: LoadedModel, pixel_input: bool = False)
 
 
 def _timed(plan: FramePipeline, image: np.ndarray) -> Row:
-    def row() -> Sample:
+    def row() -> TimedFrame:
         t0 = time.perf_counter_ns()
         _, times = plan.process(image)
-        return Sample((time.perf_counter_ns() - t0) / 1e6, {"inference": times.inference_ms})
+        return TimedFrame((time.perf_counter_ns() - t0) / 1e6, {"inference": times.inference_ms})
 
     return row
 
@@ -408,7 +407,7 @@ def compare(
             for name, model in models.items():
                 print(f"evaluating {name} on {result.accuracy_data} ...", file=log)
                 total, frames = scene_samples(eval_scenes, eval_seed, *SCENE_SIZE)
-                result.accuracy[name] = evaluate(model, frames, total, REPORT_CONF, Progress(total, log))
+                result.accuracy[name] = evaluate(model, frames, total, REPORT_CONF, ProgressBar(total, log))
     except InferenceError as e:
         raise QuantizeError(f"running the models failed: {e}") from None
     return result

@@ -22,15 +22,15 @@ import numpy as np
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import DataError, UsageError
-from edged.metrics import EvalReport, MetricAccumulator
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+from edged.sources.images import IMAGE_SUFFIXES
+from edged.tools.metrics import EvalReport, MetricAccumulator
+from edged.tools.scenes import SceneGenerator
 
 
 @dataclass(frozen=True, slots=True)
-class Sample:
+class EvalSample:
     name: str
     image: np.ndarray  # (H, W, 3) uint8 BGR
     boxes: np.ndarray  # (M, 4) float32 x1 y1 x2 y2 in pixels
@@ -68,36 +68,34 @@ def read_yolo_labels(path: Path, width: int, height: int, num_classes: int) -> t
     return np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(classes, np.int64)
 
 
-def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[Sample]]:
+def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[EvalSample]]:
     images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not images:
         raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
 
-    def generate() -> Iterator[Sample]:
+    def generate() -> Iterator[EvalSample]:
         for path in images:
             image = cv2.imread(str(path), cv2.IMREAD_COLOR)
             if image is None:
                 raise DataError(f"cannot decode image {path}")
             boxes, classes = read_yolo_labels(label_path(path), image.shape[1], image.shape[0], num_classes)
-            yield Sample(str(path.relative_to(folder)), image, boxes, classes)
+            yield EvalSample(str(path.relative_to(folder)), image, boxes, classes)
 
     return len(images), generate()
 
 
-def scene_samples(count: int, seed: int, width: int, height: int) -> tuple[int, Iterator[Sample]]:
-    from edged.scenes import SceneGenerator
-
+def scene_samples(count: int, seed: int, width: int, height: int) -> tuple[int, Iterator[EvalSample]]:
     generator = SceneGenerator(width, height, seed=seed)
 
-    def generate() -> Iterator[Sample]:
+    def generate() -> Iterator[EvalSample]:
         for index in range(count):
             scene = generator.render(index)
-            yield Sample(f"scene {seed}:{index}", scene.image, scene.boxes, scene.class_ids.astype(np.int64))
+            yield EvalSample(f"scene {seed}:{index}", scene.image, scene.boxes, scene.class_ids.astype(np.int64))
 
     return count, generate()
 
 
-class Progress:
+class ProgressBar:
     """A one-line progress bar on a terminal; a line per tenth elsewhere (journals, CI logs)."""
 
     def __init__(self, total: int, out: TextIO = sys.stderr) -> None:
@@ -120,7 +118,7 @@ class Progress:
 
 
 def evaluate(
-    model: LoadedModel, samples: Iterator[Sample], total: int, report_conf: float, progress: Progress | None = None
+    model: LoadedModel, samples: Iterator[EvalSample], total: int, report_conf: float, progress: ProgressBar | None = None
 ) -> EvalReport:
     """Run every sample through the daemon's pipeline and score the detections."""
     names = model.labels or [str(i) for i in range(model.num_classes)]
@@ -168,7 +166,7 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     else:
         width, height = _size(args.size)
         total, samples = scene_samples(args.scenes, args.seed, width, height)
-    report = evaluate(model, samples, total, args.report_conf, Progress(total))
+    report = evaluate(model, samples, total, args.report_conf, ProgressBar(total))
     print(format_report(report), file=out)
     if args.json is not None:
         document = {

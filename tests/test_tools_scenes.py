@@ -1,11 +1,13 @@
-"""edged.scenes: reproducible frames whose boxes hold exactly the painted defects."""
+"""edged.tools.scenes: reproducible frames whose boxes hold exactly the painted defects."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from edged.scenes import CLASS_NAMES, Scene, SceneGenerator
+from edged.tools.scenes import CLASS_NAMES, Scene, SceneGenerator
+
+pytestmark = pytest.mark.tools
 
 FRAMES = range(24)
 

@@ -59,12 +59,14 @@ def _smooth(rng: np.random.Generator, cells: int) -> np.ndarray:
 
 
 def _streaks(rng: np.random.Generator, length: int) -> np.ndarray:
-    s = cv2.blur(rng.standard_normal((_TEX, _TEX)).astype(np.float32), (length, 1))
-    return s / (s.std() + 1e-6)
+    s: np.ndarray = cv2.blur(rng.standard_normal((_TEX, _TEX)).astype(np.float32), (length, 1))
+    normalised: np.ndarray = s / (s.std() + 1e-6)
+    return normalised
 
 
 def _grey_to_bgr(v: np.ndarray, bgr: tuple[float, float, float]) -> np.ndarray:
-    return np.clip(v[..., None] * np.asarray(bgr, np.float32), 0, 255).astype(np.uint8)
+    pixels: np.ndarray = np.clip(v[..., None] * np.asarray(bgr, np.float32), 0, 255).astype(np.uint8)
+    return pixels
 
 
 def _metal(rng: np.random.Generator) -> np.ndarray:

@@ -12,7 +12,9 @@ from daemon import run_cli
 from onnx_models import colour_probe
 
 from edged.errors import EXIT_DATA
-from edged.evaluate import label_path, read_yolo_labels
+from edged.tools.evaluate import label_path, read_yolo_labels
+
+pytestmark = pytest.mark.tools
 
 RED, BLUE = (0, 0, 255), (255, 0, 0)
 # The probe's box in a 128x96 frame is (48, 20)-(80, 44): as YOLO cx cy w h, normalised.
