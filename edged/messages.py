@@ -69,6 +69,14 @@ class StageLatency(Message):
     p99_ms: float
 
 
+class CaptureReport(Message):
+    frames_captured: int = Field(ge=0, description="Frames taken off the camera since start.")
+    frames_decoded: int = Field(ge=0, description="Of those, frames decoded (the rest were never wanted).")
+    reconnects: int = Field(ge=0, description="Times the camera was reopened after being lost.")
+    size_changes: int = Field(ge=0, description="Times the camera changed its frame size.")
+    last_error: str | None = Field(description="The last camera error, null when none yet.")
+
+
 class StatusMessage(Message):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -86,6 +94,7 @@ class StatusMessage(Message):
     rate_cap_fps: float | None = Field(description="Current frame-rate cap; null when uncapped.")
     thermal: dict[str, Any] | None = Field(description="Thermal readings and state; null when off.")
     model: ModelInfo
+    capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
 
 
 def json_schema() -> dict[str, Any]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from edged.capture import CaptureStats
-from edged.messages import ModelInfo, StatusMessage
+from edged.messages import CaptureReport, ModelInfo, StatusMessage
 from edged.stats import RunStats
 from edged.thermal import ThermalReport
 
@@ -52,6 +52,13 @@ class Snapshot:
             rate_cap_fps=round(cap, 2) if cap is not None else None,
             thermal=self.thermal.to_dict() if self.thermal else None,
             model=self.model,
+            capture=CaptureReport(
+                frames_captured=self.capture.frames_captured,
+                frames_decoded=self.capture.frames_decoded,
+                reconnects=self.capture.reconnects,
+                size_changes=self.capture.size_changes,
+                last_error=self.capture.last_error,
+            ),
         )
 
     def line(self) -> str:

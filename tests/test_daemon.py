@@ -19,6 +19,8 @@ from onnx_models import LABELS, colour_probe, failing_probe
 from edged.capture import LOW_NICENESS
 from edged.messages import DetectionsMessage, StatusMessage
 
+pytestmark = pytest.mark.integration
+
 RED, BLUE = (0, 0, 255), (255, 0, 0)
 FRAMES = 40
 
@@ -275,7 +277,9 @@ def test_a_camera_that_vanishes_is_reported_lost_and_resumes_with_frame_ids_cont
                 resumed = msg
         assert resumed is not None, d.log()
         assert resumed.frame_id > before  # ids continue, they do not restart at 0
-        assert d.collect("status", 1)[0].source_state == "ok"
+        status = d.collect("status", 1)[0]
+        assert status.source_state == "ok"
+        assert status.capture is not None and status.capture.reconnects >= 1
         assert d.proc.poll() is None
     finally:
         d.close()

@@ -40,6 +40,9 @@ def test_the_message_says_what_the_parts_say() -> None:
     assert (msg.camera_id, msg.seq, msg.source_state, msg.frames_processed) == ("cam3", 5, "lost", 1)
     assert msg.rate_cap_fps == 7.46 and msg.thermal is None and msg.model == MODEL
     assert msg.latency["inference"].p50_ms == 2.0
+    assert msg.capture is not None
+    assert (msg.capture.frames_captured, msg.capture.frames_decoded, msg.capture.reconnects) == (10, 8, 2)
+    assert msg.capture.last_error == "gone"
 
 
 def test_the_status_line_names_camera_cap_thermal_and_model() -> None:
