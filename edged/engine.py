@@ -3,8 +3,8 @@
 The session is created once. Each plan binds its own input and output buffers to it (a
 `Binding`, allocated once after a warm-up run that also fixes any symbolic output size), so a
 steady-state run writes straight into those buffers and allocates nothing. Requested providers
-that this onnxruntime build lacks fall back down the configured list with a warning; ``placement()`` reports where ORT actually
-put each node, from ORT's own assignment record.
+that this onnxruntime build lacks fall back down the configured list with a warning;
+``placement()`` reports where ORT actually put each node, from ORT's own assignment record.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ from onnx_models import colour_probe
 
 from edged.messages import schema_text
 
+pytestmark = pytest.mark.integration
+
 
 def _config(tmp: Path, model: dict | None = None, **sections: dict) -> Path:
     doc = {

@@ -16,6 +16,8 @@ from onnx_models import colour_probe
 
 from edged.cpus import allowed_cpus, format_cpus, parse_cpus, physical_cores, plan_threads
 
+pytestmark = pytest.mark.integration
+
 
 def sysfs(root: Path, online: str, siblings: dict[int, str]) -> Path:
     """A /sys/devices/system/cpu tree: the online list and each CPU's SMT siblings."""

@@ -5,10 +5,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from daemon import RunningDaemon, free_port, write_config, write_video
 from onnx_models import colour_probe
 
 from edged.messages import StatusMessage
+
+pytestmark = pytest.mark.integration
 
 FIXTURE = Path(__file__).parent / "fixtures" / "thermal" / "rpi4"
 ZONE_TEMP = "sys/class/thermal/thermal_zone0/temp"

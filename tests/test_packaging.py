@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.packaging
+
 REPO = Path(__file__).resolve().parent.parent
 BUILD_DEB = REPO / "packaging" / "build-deb"
 VENV = "/usr/lib/edged/venv"

@@ -26,6 +26,8 @@ from edged.messages import DetectionsMessage, ModelInfo, StatusMessage
 from edged.publish import Publisher, status_topic
 from edged.subscribe import Subscriber
 
+pytestmark = pytest.mark.integration
+
 
 @dataclass(frozen=True)
 class Keys:

@@ -14,6 +14,8 @@ import pytest
 from daemon import RunningDaemon, free_port, write_config
 from onnx_models import colour_probe, stalling_probe
 
+pytestmark = pytest.mark.integration
+
 WATCHDOG_USEC = 600_000  # pings expected every 0.3 s
 
 

@@ -18,6 +18,8 @@ import pytest
 from edged.config import PublishConfig
 from edged.errors import EXIT_CONFIG
 
+pytestmark = pytest.mark.packaging
+
 REPO = Path(__file__).resolve().parent.parent
 UNIT_DIR = REPO / "systemd"
 UNITS = ("edged.service", "edged@.service")
