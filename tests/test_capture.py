@@ -20,6 +20,7 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 import pytest
+from waiting import wait_for
 
 from edged.capture import HEARTBEAT_S, JITTER, LOG_EVERY_N_FAILURES, LOW_NICENESS, Backoff, Capture
 from edged.config import CapturePriority
@@ -37,15 +38,6 @@ S = 1_000_000_000  # ns
 
 def synthetic(fps: float) -> SyntheticSource:
     return SyntheticSource(SyntheticSourceConfig(width=SW, height=SH, fps=fps, seed=SEED))
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
 
 
 class ManualClock:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 import pytest
+from waiting import wait_for
 
 from edged.demand import DEMAND_CYCLES
 from edged.errors import SourceError
@@ -40,15 +40,6 @@ def taken(ring: LatestFrame) -> Frame:
     frame = ring.take(timeout_s=0)
     assert frame is not None
     return frame
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
 
 
 def test_a_frame_handed_over_is_taken_once_with_its_id_times_and_channel_order() -> None:
