@@ -1,0 +1,396 @@
+"""``edged bench``: what edged's per-frame path costs over bare inference, on this machine.
+
+The rows (floor, full path, naive reference, `edged.tools.bench_rows`) run interleaved after a
+warm-up on one 1280x720 scene, all on the engine's one session; medians and p99 come from the
+interleaved samples, CPU time per frame from a block per row, since process CPU time cannot be
+split between interleaved rows. ``--soak`` and ``--cold-start`` measure whole runs instead. The
+report is a table, or one JSON object with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import cv2
+import numpy as np
+import onnxruntime as ort
+import zmq
+
+from edged.config import Spinning, check_thread_option
+from edged.cpus import online_cpus, physical_cores
+from edged.errors import ColdStartError, UsageError
+from edged.model import LoadedModel
+from edged.tools import bench_rows as rows
+from edged.tools.scenes import SceneGenerator
+
+ROW_TITLES = {"floor": "1 floor: session.run", "full": "2 edged full path", "naive": "3 naive reference"}
+STARTUP_TIMEOUT_S = 120.0
+COLD_SOURCES = ("synthetic", "images")
+SOAK_IMAGES = 8  # the soak cycles through this many 1280x720 scenes
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``edged bench``: prints the report; raises UsageError, ModelError, ContractError or ColdStartError."""
+    try:
+        check_thread_option(args.threads)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    path = rows.resolve_model(args.model)
+    spinning = cast(Spinning, args.spinning)  # argparse checked it
+    report: dict[str, Any] = {}
+    if args.cold_start:
+        report["cold_start"] = _cold_start(path, spinning, args)
+    if args.soak:
+        report["soak"] = _soak(path, spinning, args)
+    if not (args.cold_start or args.soak):
+        report = bench(path, spinning, args)
+        report["model"]["kind"] = "demo model" if args.model is None else "model file"
+        if not args.json:
+            print(format_report(report))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+def _cold_start(path: Path, spinning: Spinning, args: argparse.Namespace) -> list[dict[str, Any]]:
+    results = cold_start(path, trials=args.cold_runs, spinning=spinning)
+    if not args.json:
+        print(
+            f"cold start of `edged run` on {path.name}: process start -> first detections message received, "
+            f"{args.cold_runs} trial(s) each"
+        )
+        for r in results:
+            for state, key in (("cold", "without_cache"), ("warm", "with_cache")):
+                trials = ", ".join(f"{s:.3f}" for s in r[f"{key}_s"])
+                median = r[f"{key}_median_s"]
+                print(f"  {r['source']:<9} source, optimised-model cache {state}: median {median:.3f} s  ({trials})")
+            print(f"  {r['source']:<9} source, seq of each first message received: {r['first_seq']}")
+    return results
+
+
+def _soak(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str, Any]:
+    def show(frame: int, rss: float, traced: float) -> None:
+        print(f"  frame {frame:>8}  RSS {rss / 1024:9.1f} MB  traced {traced:9.1f} KB", flush=True)
+
+    model = rows.load(path, spinning=spinning, threads=args.threads, conf=args.conf)
+    if not args.json:
+        print(f"soak: full path on {path.name}, {args.soak} frames cycling {SOAK_IMAGES} scenes, tracemalloc on")
+    r = soak(model, args.soak, on_sample=None if args.json else show)
+    if not args.json:
+        print(
+            f"  RSS slope after warm-up {r['rss_slope_kb_per_1000']:+.1f} KB / 1000 frames (second half "
+            f"{r['rss_late_slope_kb_per_1000']:+.1f}); traced growth {r['traced_growth_kb']:+.1f} KB, "
+            f"{r['traced_slope_kb_per_1000']:+.2f} KB / 1000 frames (second half "
+            f"{r['traced_late_slope_kb_per_1000']:+.2f})\n"
+            f"  full path under tracemalloc: median {r['median_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms"
+        )
+        for line in r["top_growth"]:
+            print(f"  grew: {line}")
+    return r
+
+
+def bench(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str, Any]:
+    """Every per-frame measurement on the model at ``path``: the report that ``--json`` prints."""
+    settings = {
+        "frames": args.frames,
+        "warmup": args.warmup,
+        "cpu_frames": args.cpu_frames or max(10, args.frames // 3),
+        "threads": args.threads,
+        "conf": args.conf,
+        "alloc_frames": args.alloc_frames,
+        "frame": "1280x720 BGR scene 0, seed 0",
+    }
+    machine = machine_info()
+    model = rows.load(path, spinning=spinning, threads=args.threads, conf=args.conf)
+    with rows.FullPath(model, rows.bench_frame()) as full:
+        paths: dict[str, rows.Row] = {"floor": rows.floor_row(model, full.plan.preprocess.tensor), "full": full}
+        skipped = rows.naive_unsupported(model)
+        if skipped is None:
+            paths["naive"] = rows.timed(lambda: rows.naive_detect(model, full.image))
+        samples = rows.interleave(paths, args.frames, args.warmup)
+        cpu = {name: rows.cpu_per_frame(row, settings["cpu_frames"], min(args.warmup, 10)) for name, row in paths.items()}
+        run = _run(spinning, samples, cpu, full)
+        heap = rows.heap_per_frame(full, args.alloc_frames)
+        matches = None if skipped else rows.detections_match(model, full)
+        model_info = {
+            "path": str(path),
+            "name": model.engine.identity.name,
+            "provider": model.engine.provider,
+            "threads": model.engine.threads.summary,
+            "input": list(model.contract.shape),
+            "output": list(full.plan.output.shape),
+            "head": model.head,
+            "classes": model.num_classes,
+        }
+    machine["loadavg_end"] = round(os.getloadavg()[0], 2)
+    return {
+        "machine": machine,
+        "model": model_info,
+        "settings": settings,
+        "runs": [run],
+        "allocations": heap,
+        "detections_match": matches,
+        "naive_skipped": skipped,
+        "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    }
+
+
+def _run(
+    spinning: Spinning, samples: dict[str, list[rows.TimedFrame]], cpu: dict[str, dict[str, float]], full: rows.FullPath
+) -> dict[str, Any]:
+    """Each row's latency, CPU and stage times, and the full path against the floor."""
+    table: dict[str, dict[str, Any]] = {}
+    for name, timed in samples.items():
+        stages = {k: rows.timing([t.stages[k] for t in timed]) for k in rows.STAGES} if timed[0].stages else {}
+        table[name] = {"latency": rows.timing([t.total_ms for t in timed]), **cpu[name], "stages": stages}
+    floor, full_ms = (table[k]["latency"]["median_ms"] for k in ("floor", "full"))
+    paired = np.array([t.total_ms for t in samples["full"]]) - np.array([t.total_ms for t in samples["floor"]])
+    naive = table.get("naive")
+    return {
+        "spinning": spinning,
+        "rows": table,
+        "full_over_floor": full_ms / floor,
+        "naive_over_floor": naive["latency"]["median_ms"] / floor if naive else None,
+        "overhead_ms": full_ms - floor,
+        "paired_overhead_ms": float(np.median(paired)),  # per-frame differences: robust to drift
+        "messages_sent": full.publisher.sent,
+        "messages_received": full.received,
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model from /proc/cpuinfo ("model name" on x86, "Model" on a Raspberry Pi); cores from sysfs."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key in ("model name", "Model"):
+                cpu = value
+    except OSError:
+        pass
+    online = online_cpus() or frozenset(range(os.cpu_count() or 1))
+    return {
+        "cpu": cpu,
+        "logical_cores": len(online),
+        "physical_cores": physical_cores(online),
+        "onnxruntime": ort.__version__,
+        "numpy": np.__version__,
+        "opencv": cv2.__version__,
+        "python": platform.python_version(),
+        "loadavg_start": round(os.getloadavg()[0], 2),
+    }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The report as a table."""
+    m, model, s, a, run = r["machine"], r["model"], r["settings"], r["allocations"], r["runs"][0]
+    lines = [
+        f"edged bench: {model['name']} ({model['kind']})",
+        f"  input {model['input']} output {model['output']}; provider {model['provider']}; "
+        f"inference threads {model['threads']}",
+        f"  {m['cpu']}, {m['logical_cores']} cores ({m['physical_cores']} physical); onnxruntime {m['onnxruntime']}, "
+        f"numpy {m['numpy']}, opencv {m['opencv']}; load {m['loadavg_start']} -> {m['loadavg_end']}",
+        f"  {s['frames']} frames per row, interleaved, after {s['warmup']} warm-up; frame {s['frame']}; conf {s['conf']}",
+        "",
+        f"spinning {run['spinning']:<21} median ms    p99 ms  CPU ms/frame  cores busy",
+    ]
+    for name, row in run["rows"].items():
+        t = row["latency"]
+        lines.append(
+            f"{ROW_TITLES[name]:<30}{t['median_ms']:9.3f} {t['p99_ms']:9.3f}  "
+            f"{row['cpu_ms_per_frame']:12.3f}  {row['cores_busy']:10.2f}"
+        )
+        lines += [f"    {stage:<26}{t['median_ms']:9.3f} {t['p99_ms']:9.3f}" for stage, t in row["stages"].items()]
+    naive = f"  naive/floor {run['naive_over_floor']:.3f}" if run["naive_over_floor"] else ""
+    verdict = "agree" if r["detections_match"] else "DISAGREE"
+    lines += [
+        f"full/floor {run['full_over_floor']:.3f}{naive}  overhead of 2 over 1: "
+        f"{run['overhead_ms']:+.3f} ms median ({run['paired_overhead_ms']:+.3f} ms paired)",
+        f"messages sent {run['messages_sent']}, received by the SUB {run['messages_received']}",
+        "",
+        f"Python heap per frame (full path, steady state): net {a['heap_blocks']:+.2f} blocks, {a['heap_bytes']:+.0f} B; "
+        f"transient peak {a['transient_peak_bytes'] / 1024:.1f} KB",
+        f"naive cross-check skipped: {r['naive_skipped']}"
+        if r["detections_match"] is None
+        else f"detections: edged and the naive reference {verdict} on the bench frame",
+        f"peak RSS {r['peak_rss_kb'] / 1024:.0f} MB",
+    ]
+    return "\n".join(lines)
+
+
+def rss_kb() -> float:
+    """Current resident set size (not the peak) from /proc/self/statm."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024
+
+
+def soak(
+    model: LoadedModel,
+    frames: int,
+    *,
+    images: list[np.ndarray] | None = None,
+    samples: int = 10,
+    warmup: int = 100,
+    on_sample: Callable[[int, float, float], None] | None = None,
+) -> dict[str, Any]:
+    """The full path for ``frames`` frames cycling through ``images``, RSS and traced memory
+    sampled ``samples + 1`` times from the end of warm-up; ``on_sample(frame, rss_kb, traced_kb)``.
+
+    Traced memory leaves out the soak's own bookkeeping. Slopes are per 1000 frames; the late ones
+    fit the second half only, since allocator pools settling early is a step, not a leak.
+    """
+    if images is None:  # scenes with different defects, so detection counts vary
+        scenes = SceneGenerator(1280, 720, seed=0)
+        images = [scenes.render(i).image for i in range(SOAK_IMAGES)]
+    every = max(1, frames // samples)
+    points: list[tuple[int, float, float]] = []  # (frame, RSS KB, traced KB)
+    times = np.empty(frames)
+
+    def sample(frame: int) -> None:
+        traced_kb = sum(stat.size for stat in _edged_traces().statistics("filename")) / 1024
+        points.append((frame, rss_kb(), traced_kb))
+        if on_sample:
+            on_sample(*points[-1])
+
+    with rows.FullPath(model, images[0]) as full:
+        for i in range(warmup):
+            full.image = images[i % len(images)]
+            full()
+        tracemalloc.start(1)
+        try:
+            start = _edged_traces()
+            for i in range(frames):
+                if i % every == 0:
+                    sample(i)
+                full.image = images[i % len(images)]
+                t0 = time.perf_counter_ns()
+                full()
+                times[i] = (time.perf_counter_ns() - t0) / 1e6
+            sample(frames)
+            growth = _edged_traces().compare_to(start, "lineno")
+        finally:
+            tracemalloc.stop()
+    x, rss, traced = (np.array(column, float) for column in zip(*points, strict=True))
+    late = len(points) // 2
+    return {
+        "frames": frames,
+        "samples": points,
+        "rss_slope_kb_per_1000": _slope(x, rss),
+        "rss_late_slope_kb_per_1000": _slope(x[late:], rss[late:]),
+        "traced_growth_kb": float(traced[-1] - traced[0]),
+        "traced_slope_kb_per_1000": _slope(x, traced),
+        "traced_late_slope_kb_per_1000": _slope(x[late:], traced[late:]),
+        **rows.timing(times),
+        "top_growth": [str(s) for s in growth[:3] if s.size_diff > 0],
+    }
+
+
+def _edged_traces() -> tracemalloc.Snapshot:
+    """Traced blocks, less those of this module (the soak's bookkeeping; the per-frame path is
+    elsewhere) and of tracemalloc itself."""
+    ours = [tracemalloc.Filter(False, __file__), tracemalloc.Filter(False, tracemalloc.__file__)]
+    return tracemalloc.take_snapshot().filter_traces(ours)
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.polyfit(x, y, 1)[0]) * 1000 if len(x) >= 2 else 0.0
+
+
+def cold_start(
+    model: Path, *, trials: int, spinning: Spinning, sources: tuple[str, ...] = COLD_SOURCES
+) -> list[dict[str, Any]]:
+    """Seconds from starting ``edged run`` to the first detections message, per source.
+
+    A SUB is connected before the child starts (ZeroMQ retries every 10 ms until it binds), so the
+    clock runs as a consumer waiting for edged sees it. Sources: ``synthetic`` (which first
+    synthesises its texture pool) and ``images`` (one scene PNG, a camera that delivers at once).
+    Each trial runs with the optimised-model cache deleted, which builds and writes it, then
+    loading it; the OS file cache is warm in both. ``first_seq`` 0 means no message was missed.
+    """
+    results = []
+    for source in sources:
+        seconds: dict[str, list[float]] = {"without_cache_s": [], "with_cache_s": []}
+        seqs = []
+        with tempfile.TemporaryDirectory(prefix="edged-cold-") as tmp:
+            folder = Path(tmp)
+            for _ in range(trials):
+                endpoint = f"tcp://127.0.0.1:{_free_port()}"
+                config = write_config(folder, model, endpoint, source=source, spinning=spinning)
+                for stale in folder.glob("optimized.onnx*"):
+                    stale.unlink()
+                for runs in seconds.values():
+                    elapsed, seq = _first_message(config, endpoint)
+                    runs.append(elapsed)
+                    seqs.append(seq)
+                    if not (folder / "optimized.onnx").is_file():
+                        raise ColdStartError("cold start: edged run did not write the optimised-model cache")
+        medians = {f"{key.removesuffix('_s')}_median_s": float(np.median(runs)) for key, runs in seconds.items()}
+        results.append({"source": source, **seconds, "first_seq": seqs, **medians})
+    return results
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_config(folder: Path, model: Path, endpoint: str, *, source: str, spinning: Spinning) -> Path:
+    """A minimal daemon config: the source, the model, the optimised-model cache, the endpoint."""
+    if source == "synthetic":
+        camera = 'type = "synthetic", width = 1280, height = 720'
+    else:
+        (folder / "frames").mkdir(exist_ok=True)
+        cv2.imwrite(str(folder / "frames" / "scene.png"), SceneGenerator(1280, 720, seed=0).render(0).image)
+        camera = f'type = "images", path = {json.dumps(str(folder / "frames"))}'
+    cache = json.dumps(str(folder / "optimized.onnx"))
+    path = folder / "edged.toml"
+    path.write_text(
+        f"source = {{{camera}, fps = 30}}\nmodel = {{path = {json.dumps(str(model.resolve()))}}}\n"
+        f'runtime = {{optimized_model_path = {cache}, spinning = "{spinning}"}}\n'
+        f'publish = {{endpoints = [{json.dumps(endpoint)}]}}\nservice = {{log_level = "warning"}}\n'
+    )
+    return path
+
+
+def _first_message(config: Path, endpoint: str) -> tuple[float, int]:
+    """Start ``edged run``; return (seconds to the first detections message, its seq)."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RECONNECT_IVL, 10)
+    sub.setsockopt(zmq.SUBSCRIBE, b"edged/detections/")
+    sub.connect(endpoint)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGED_")}
+    argv = [sys.executable, "-m", "edged", "run", "--config", str(config)]
+    with tempfile.TemporaryFile() as stderr:
+        t0 = time.perf_counter()
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+        try:
+            while time.perf_counter() - t0 < STARTUP_TIMEOUT_S:
+                if sub.poll(20):
+                    elapsed = time.perf_counter() - t0
+                    return elapsed, int(json.loads(sub.recv_multipart()[1])["seq"])
+                if child.poll() is not None:
+                    break
+            stderr.seek(0)
+            tail = stderr.read().decode(errors="replace").strip().splitlines()[-5:]
+            raise ColdStartError(f"cold start: edged run (exit {child.poll()}) published nothing: " + " | ".join(tail))
+        finally:
+            child.kill()  # timed up to its first message; how it shuts down is not measured
+            child.wait()
+            sub.close(linger=0)
+            context.term()

@@ -1,0 +1,204 @@
+"""edged bench: the harness's behaviour and its cross-checks, not the speed of this machine."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Callable
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import zmq
+from allocations import NumpyAllocations
+from onnx_models import colour_probe
+
+from edged.cli import main
+from edged.errors import EXIT_CONFIG, EXIT_USAGE
+from edged.messages import DetectionsMessage
+from edged.tools.bench import cold_start, soak
+from edged.tools.bench_rows import STAGES, FullPath, bench_frame, load, naive_detect
+
+pytestmark = pytest.mark.tools
+
+DEMO_MODEL = Path(__file__).parent.parent / "models" / "demo.onnx"
+QUICK = ["--frames", "4", "--warmup", "2", "--cpu-frames", "3", "--alloc-frames", "3"]
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return colour_probe(tmp_path_factory.mktemp("probe") / "probe.onnx")
+
+
+@pytest.fixture(scope="module")
+def report(probe: Path) -> dict[str, Any]:
+    """What `edged bench --json` prints for the probe model."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["bench", "--model", str(probe), *QUICK, "--json"]) == 0
+    result: dict[str, Any] = json.loads(out.getvalue())
+    return result
+
+
+def test_report_has_every_row_with_latency_and_cpu(report: dict[str, Any]) -> None:
+    (run,) = report["runs"]
+    assert set(run["rows"]) == {"floor", "full", "naive"}
+    for row in run["rows"].values():
+        assert 0 < row["latency"]["median_ms"] <= row["latency"]["p99_ms"]
+        assert row["cpu_ms_per_frame"] >= 0 and row["cores_busy"] >= 0
+    assert set(run["rows"]["full"]["stages"]) == set(STAGES)
+    assert run["rows"]["floor"]["stages"] == {} and run["rows"]["naive"]["stages"] == {}
+    assert run["spinning"] == "during-run"  # the config's default
+    assert run["messages_received"] > 0 and run["messages_sent"] >= run["messages_received"]
+
+
+def test_ratios_and_overhead_come_from_the_medians(report: dict[str, Any]) -> None:
+    (run,) = report["runs"]
+    floor, full, naive = (run["rows"][k]["latency"]["median_ms"] for k in ("floor", "full", "naive"))
+    assert run["full_over_floor"] == pytest.approx(full / floor)
+    assert run["naive_over_floor"] == pytest.approx(naive / floor)
+    assert run["overhead_ms"] == pytest.approx(full - floor)
+    assert math.isfinite(run["paired_overhead_ms"])
+
+
+def test_report_states_machine_model_settings_and_memory(report: dict[str, Any]) -> None:
+    assert report["machine"]["onnxruntime"] == ort.__version__
+    assert report["machine"]["logical_cores"] >= 1 and report["machine"]["loadavg_end"] >= 0
+    model = report["model"]
+    assert model["provider"] == "CPUExecutionProvider" and model["kind"] == "model file"
+    assert model["input"] == [1, 3, 64, 64] and model["output"] == [1, 6, 8]
+    assert report["settings"]["frames"] == 4 and report["settings"]["cpu_frames"] == 3
+    assert report["allocations"]["frames"] == 3 and report["allocations"]["transient_peak_bytes"] >= 0
+    assert "heap_blocks" in report["allocations"] and "heap_bytes" in report["allocations"]
+    assert report["peak_rss_kb"] > 0
+
+
+def test_naive_reference_agrees_with_edged_on_the_probe(report: dict[str, Any]) -> None:
+    assert report["naive_skipped"] is None
+    assert report["detections_match"] is True
+
+
+def test_the_full_path_publishes_the_daemons_message(probe: Path) -> None:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        with FullPath(load(probe, spinning="off"), bench_frame()) as full:
+            sub.connect(full.publisher.endpoints[0])
+            while not sub.poll(10):  # until the connection is up, frames go nowhere
+                full()
+            topic, payload = sub.recv_multipart()
+    finally:
+        sub.close(linger=0)
+        context.term()
+    message = DetectionsMessage.model_validate_json(payload)
+    assert topic == b"edged/detections/cam0"
+    assert message.frame_size == (1280, 720) and message.input_size == (64, 64)
+    assert [d.label for d in message.detections] == ["red"] and message.model.name == probe.stem
+
+
+def _numpy_buffers_per_frame(full: FullPath, frames: int) -> dict[str, int]:
+    """numpy buffers created by each stage over ``frames`` frames, the stages called one by one."""
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    plan = full.plan
+    steps: dict[str, Callable[[], object]] = {
+        "preprocess": lambda: plan.preprocess(full.image),
+        "inference": plan.binding.run,
+        "decode": lambda: plan.decoder.decode(plan.output, plan.box_map),
+        "frame": full,
+    }
+    for _ in range(20):
+        full()
+    buffers = dict.fromkeys(steps, 0)
+    with counter.counting():
+        for _ in range(frames):
+            for name, step in steps.items():
+                before = counter.buffers
+                step()
+                buffers[name] += counter.buffers - before
+    # "frame" is the whole full path; what it adds beyond the three stages is publishing.
+    buffers["publish"] = buffers["frame"] - buffers["preprocess"] - buffers["inference"] - buffers["decode"]
+    buffers["total"] = buffers.pop("frame")
+    return buffers
+
+
+@pytest.mark.parametrize("model", ["probe", "demo"])
+def test_the_full_path_creates_no_numpy_array_per_frame(model: str, probe: Path) -> None:
+    with FullPath(load(probe if model == "probe" else DEMO_MODEL, spinning="off"), bench_frame()) as full:
+        assert _numpy_buffers_per_frame(full, 5) == {"preprocess": 0, "inference": 0, "decode": 0, "publish": 0, "total": 0}
+
+
+def test_json_output_is_one_object_with_the_table_figures(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--model", str(probe), "--frames", "3", "--warmup", "1", "--cpu-frames", "2", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    run = report["runs"][0]
+    assert run["full_over_floor"] == pytest.approx(
+        run["rows"]["full"]["latency"]["median_ms"] / run["rows"]["floor"]["latency"]["median_ms"]
+    )
+    assert report["settings"]["alloc_frames"] == 100 and report["settings"]["cpu_frames"] == 2
+
+
+def test_table_output_names_the_spinning_setting_and_threads(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--model", str(probe), *QUICK, "--spinning", "off", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "spinning off" in out and "inference threads 1, as configured" in out
+    assert "full/floor" in out and "2 edged full path" in out and "agree" in out and "peak RSS" in out
+
+
+def test_every_spinning_setting_in_one_run_is_not_an_option(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["bench", "--model", str(probe), "--spinning", "all"])
+    assert stopped.value.code == EXIT_USAGE and "invalid choice: 'all'" in capsys.readouterr().err
+
+
+def test_a_missing_model_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--model", str(tmp_path / "none.onnx")]) == EXIT_CONFIG
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_thread_count_out_of_range_is_a_usage_error(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--model", str(probe), "--threads", "-1"]) == EXIT_USAGE
+    assert "--threads must be 0 (one per physical core) to 256, got -1" in capsys.readouterr().err
+
+
+def test_naive_reference_finds_the_same_detections_as_edged() -> None:
+    model = load(DEMO_MODEL, spinning="off", conf=0.1)  # a low conf: more candidates for NMS
+    with FullPath(model, bench_frame()) as full:
+        for index in range(3):
+            full.image = np.ascontiguousarray(np.roll(bench_frame(), 97 * index, axis=1))
+            mine = full.process().detections
+            xyxy, scores, class_ids = naive_detect(model, full.image)
+            order, theirs = np.argsort(-mine.scores, kind="stable"), np.argsort(-scores, kind="stable")
+            assert len(mine) == len(scores) > 0
+            np.testing.assert_array_equal(mine.class_ids[order], class_ids[theirs])
+            np.testing.assert_allclose(mine.xyxy[order], xyxy[theirs], atol=0.05)
+            np.testing.assert_allclose(mine.scores[order], scores[theirs], atol=1e-4)
+
+
+def test_soak_returns_rss_and_traced_samples(probe: Path) -> None:
+    result = soak(load(probe, spinning="off"), 20, images=[bench_frame()], samples=4, warmup=2)
+    assert [frame for frame, _, _ in result["samples"]] == [0, 5, 10, 15, 20]
+    assert all(rss > 0 for _, rss, _ in result["samples"])
+    assert math.isfinite(result["rss_slope_kb_per_1000"]) and math.isfinite(result["traced_slope_kb_per_1000"])
+    assert result["median_ms"] > 0
+
+
+def test_soak_from_the_command_prints_each_sample_and_the_slopes(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--model", str(probe), "--soak", "20"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  frame ") == 11 and "RSS slope after warm-up" in out and "full path under tracemalloc" in out
+
+
+def test_cold_start_times_the_real_daemon_with_and_without_its_cache(probe: Path) -> None:
+    (result,) = cold_start(probe, trials=1, spinning="during-run", sources=("images",))
+    assert result["source"] == "images"
+    assert len(result["without_cache_s"]) == len(result["with_cache_s"]) == 1
+    assert 0 < result["with_cache_median_s"] < 60 and 0 < result["without_cache_median_s"] < 60
+    assert len(result["first_seq"]) == 2  # the seq of each first message, both runs
