@@ -3,9 +3,14 @@
 This stage owns everything between the ONNX output and the detections handed on that every head
 format shares: the score threshold, NMS (see `edged.nms`), mapping boxes back through the
 preprocess `BoxMap`, and dropping anything a broken or hostile model emits (non-finite values,
-empty boxes, unknown classes). What differs per format, recognising it and selecting its
+scores above 1, unknown classes). What differs per format, recognising it and selecting its
 candidates, lives in `edged.heads`. It runs per frame, so it works in buffers allocated once per
 decoder and creates no arrays.
+
+The order is ultralytics' predict, step for step, so that the boxes are the ones a user validated
+there: threshold and NMS on the unclipped boxes in the model's input space, then ``max_det``,
+then mapping to the frame and clipping. Only where ultralytics returns a box that clipping left
+with zero area (one wholly outside the frame, flattened onto its edge) does edged drop it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 from edged.errors import HeadError
 from edged.geometry import BoxMap
 from edged.heads import head_named
-from edged.heads.base import fmt_shape, rows
+from edged.heads.base import TrueIndex, fmt_shape, rows
 from edged.nms import GreedyNms
 
 _ZERO = np.array(0.0, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
@@ -80,7 +85,7 @@ class Decoder:
         self._nms = GreedyNms(n, iou if self._head.needs_nms else None, max_det=max_det, agnostic=agnostic)
         self._as_f32: np.ndarray | None = None  # a float32 copy of a float16/float64 output
         # Over the k candidates the head selected: the tests of `_finish`, one row each.
-        self._checks = np.empty((8, n), dtype=np.bool_)
+        self._checks = np.empty((6, n), dtype=np.bool_)
         self._valid = np.empty(n, dtype=np.bool_)
         self._invalid = np.empty(n, dtype=np.bool_)
         self._nms_scores = np.empty(n, dtype=np.float32)
@@ -89,10 +94,16 @@ class Decoder:
         self._pad = np.zeros((4, 1), dtype=np.float32)
         self._scale = np.ones((4, 1), dtype=np.float32)
         self._limit = np.zeros((4, 1), dtype=np.float32)
-        # The result: at most max_det rows.
+        # What NMS kept (at most max_det), mapped to the frame, then the rows with an area left.
         most = min(max_det, n)
         self._keep = np.empty(most, dtype=np.intp)
         self._kept_columns = np.empty(4 * most, dtype=np.float32)
+        self._sides = np.empty((2, most), dtype=np.bool_)
+        self._has_area = np.empty(most, dtype=np.bool_)
+        self._index_of = TrueIndex(most)
+        self._shown_keep = np.empty(most, dtype=np.intp)
+        self._shown_columns = np.empty(4 * most, dtype=np.float32)
+        # The result.
         self._xyxy = np.empty((most, 4), dtype=np.float32)
         self._kept_scores = np.empty(most, dtype=np.float32)
         self._kept_ids = np.empty(most, dtype=np.intp)
@@ -101,7 +112,7 @@ class Decoder:
         self._shown = tuple(_read_only(a.view()) for a in (self._xyxy, self._kept_scores, self._kept_ids32))
 
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Detections:
-        """Threshold, NMS, keep ``max_det`` best, map to frame pixels and clip.
+        """Threshold, NMS and ``max_det`` in input space, then map to frame pixels and clip.
 
         Never raises on bad values; raises `HeadError` only when ``output`` is not the float
         array of the shape this decoder was built for. Floating-point warnings are silenced
@@ -133,54 +144,62 @@ class Decoder:
         return self._as_f32
 
     def _finish(self, k: int, box_map: BoxMap) -> Detections:
-        """Map the k selected candidates' boxes to the frame, drop invalid ones, suppress, build result.
+        """Drop the k selected candidates that are not detections, suppress, map what is kept.
 
-        A candidate is dropped (its score set to -inf) when its box is not finite, its score is
-        below conf or above 1 (counted: scores are probabilities), or its box is empty after
-        clipping to the frame. Clipping before NMS means boxes lying wholly in the letterbox
-        padding never take a ``max_det`` slot, and NMS judges the float32 boxes that are
-        returned, so no returned pair overlaps more than ``iou``.
+        A candidate is dropped (its score set to -inf) when its box is not finite, or its score
+        is not above conf or is above 1 (counted: scores are probabilities). Empty or inverted
+        boxes stay in, as in ultralytics: they overlap nothing, but they hold a ``max_det`` slot.
         """
         head = self._head
         boxes, scores, valid = rows(head.boxes, 4, k), head.scores[:k], self._valid[:k]
         checks, invalid = self._checks[:, :k], self._invalid[:k]
-        pad, scale, limit = self._frame_mapping(box_map)
-        np.subtract(boxes, pad, out=boxes)
-        np.divide(boxes, scale, out=boxes)
         np.isfinite(boxes, out=checks[:4])
-        np.clip(boxes, _ZERO, limit, out=boxes)
-        np.greater(boxes[2:], boxes[:2], out=checks[4:6])
-        np.greater_equal(scores, self._conf, out=checks[6])  # also false for NaN
+        np.greater(scores, self._conf, out=checks[4])  # also false for NaN
         np.greater(scores, _ONE, out=invalid)  # +inf included
         above_one = int(np.count_nonzero(invalid))
-        np.logical_not(invalid, out=checks[7])
+        np.logical_not(invalid, out=checks[5])
         np.logical_and.reduce(checks, axis=0, out=valid)
         np.logical_not(valid, out=invalid)
         np.copyto(scores, _NEG_INF, where=invalid)
         nms_scores = self._nms_scores[:k]
         np.copyto(nms_scores, scores)
         n = self._nms(boxes, nms_scores, head.class_ids[:k], self._keep)
-        return self._result(n, boxes, scores, above_one)
+        return self._result(n, boxes, scores, box_map, above_one)
 
     def _frame_mapping(self, box_map: BoxMap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(pad, scale, limit) columns for ``box_map``, refilled only when the map changes."""
+        """(pad, scale, limit) columns for ``box_map`` in the head's box units (input pixels, or
+        fractions of the input for a normalised head), refilled only when the map changes."""
         if box_map is not self._mapped:
-            self._pad[:, 0] = (box_map.pad_x, box_map.pad_y) * 2
-            self._scale[:, 0] = (box_map.scale_x, box_map.scale_y) * 2
+            unit_x, unit_y = (box_map.input_w, box_map.input_h) if self._head.normalised else (1, 1)
+            self._pad[:, 0] = (box_map.pad_x / unit_x, box_map.pad_y / unit_y) * 2
+            self._scale[:, 0] = (box_map.scale_x / unit_x, box_map.scale_y / unit_y) * 2
             self._limit[:, 0] = (box_map.frame_w, box_map.frame_h) * 2
             self._mapped = box_map
         return self._pad, self._scale, self._limit
 
-    def _result(self, n: int, boxes: np.ndarray, scores: np.ndarray, above_one: int) -> Detections:
-        """The n kept candidates as read-only views of the result buffers."""
-        keep, columns, xyxy = self._keep[:n], rows(self._kept_columns, 4, n), self._xyxy[:n]
+    def _result(self, n: int, boxes: np.ndarray, scores: np.ndarray, box_map: BoxMap, above_one: int) -> Detections:
+        """The n kept candidates mapped to the frame as ultralytics' scale_boxes does (less the
+        padding, divided by the gain in float32, clipped), those left with an area, as read-only views."""
+        keep, columns = self._keep[:n], rows(self._kept_columns, 4, n)
         np.take(boxes, keep, axis=1, out=columns, mode="clip")
-        np.copyto(xyxy, columns.T)
-        np.take(scores, keep, out=self._kept_scores[:n], mode="clip")
-        np.take(self._head.class_ids, keep, out=self._kept_ids[:n], mode="clip")  # into int32 it would allocate
-        np.copyto(self._kept_ids32[:n], self._kept_ids[:n])
+        pad, scale, limit = self._frame_mapping(box_map)
+        np.subtract(columns, pad, out=columns)
+        np.divide(columns, scale, out=columns)
+        np.clip(columns, _ZERO, limit, out=columns)
+        sides, has_area = self._sides[:, :n], self._has_area[:n]
+        np.greater(columns[2:], columns[:2], out=sides)
+        np.logical_and(sides[0], sides[1], out=has_area)
+        shown = self._index_of(has_area)
+        m = shown.shape[0]
+        kept, shown_columns = self._shown_keep[:m], rows(self._shown_columns, 4, m)
+        np.take(keep, shown, out=kept, mode="clip")
+        np.take(columns, shown, axis=1, out=shown_columns, mode="clip")
+        np.copyto(self._xyxy[:m], shown_columns.T)
+        np.take(scores, kept, out=self._kept_scores[:m], mode="clip")
+        np.take(self._head.class_ids, kept, out=self._kept_ids[:m], mode="clip")  # into int32 it would allocate
+        np.copyto(self._kept_ids32[:m], self._kept_ids[:m])
         xyxy_shown, scores_shown, ids_shown = self._shown
-        return Detections(xyxy_shown[:n], scores_shown[:n], ids_shown[:n], above_one)
+        return Detections(xyxy_shown[:m], scores_shown[:m], ids_shown[:m], above_one)
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

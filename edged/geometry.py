@@ -34,14 +34,15 @@ class BoxMap:
         """Ultralytics' LetterBox(auto=False, center=True): one scale, centred padding.
 
         The rounding copies ultralytics exactly (``round(w * r)``, then ``round(dw - 0.1)``
-        for the left/top pad, and boxes mapped back with the single gain ``r`` as its
-        ``scale_boxes`` does) so a model trained there sees the same pixels here.
+        for the left/top pad) so a model trained there sees the same pixels here; boxes map
+        back with the gain of each rounded side, ``resized / frame``, as its ``scale_boxes`` does.
         """
         r = min(input_h / frame_h, input_w / frame_w)
         resized_w, resized_h = round(frame_w * r), round(frame_h * r)
         dw, dh = (input_w - resized_w) / 2, (input_h - resized_h) / 2
         pad_x, pad_y = round(dw - 0.1), round(dh - 0.1)
-        return cls(frame_w, frame_h, input_w, input_h, r, r, pad_x, pad_y, resized_w, resized_h)
+        gain_x, gain_y = resized_w / frame_w, resized_h / frame_h
+        return cls(frame_w, frame_h, input_w, input_h, gain_x, gain_y, pad_x, pad_y, resized_w, resized_h)
 
     @classmethod
     def stretch(cls, frame_w: int, frame_h: int, input_w: int, input_h: int) -> BoxMap:

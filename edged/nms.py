@@ -1,48 +1,72 @@
-"""Greedy non-maximum suppression over preallocated buffers.
+"""Greedy non-maximum suppression over preallocated buffers, decided as ultralytics decides it.
 
-This stage owns the choice of which overlapping boxes survive. It runs on the few candidates
-left after the score threshold and loops once per *kept* box: each pass picks the best score
-left and suppresses, in one vectorised step, every box that overlaps it too much. Picking the
-maximum each pass instead of sorting first means the order needs no index array, so with the
-scratch allocated here once a frame creates no numpy arrays at all.
+This stage owns the choice of which overlapping boxes survive. It runs on the candidates left
+after the score threshold, in the model's input space, and loops once per *kept* box: each pass
+picks the best score left and suppresses, in one vectorised step, every box that overlaps it too
+much. Picking the maximum each pass instead of sorting first means the order needs no index
+array, so with the scratch allocated here once a frame creates no numpy arrays at all.
+
+Every decision is the one ultralytics' predict makes on the same float32 candidates: classes are
+kept apart by shifting each class's boxes ``MAX_WH`` pixels apart (its batched-NMS trick, whose
+rounding shows in the IoUs), the IoU is torchvision's float32 arithmetic compared with the
+threshold as a double, and at most ``MAX_NMS`` best candidates enter. Near a threshold a textbook
+IoU would decide some pairs differently, and the boxes would no longer be the ones users validated.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+MAX_WH = 7680  # ultralytics' class offset in pixels (max_wh)
+MAX_NMS = 30000  # ultralytics' cap on the candidates entering NMS (max_nms)
+
 _NEG_INF = np.array(-np.inf, dtype=np.float32)
 _ZERO = np.array(0.0, dtype=np.float32)
+_CLASS_SHIFT = np.array(MAX_WH, dtype=np.float32)
+
+
+def float32_threshold(iou: float) -> np.ndarray:
+    """The largest float32 not above ``iou``: ``ovr > it`` in float32 is ``ovr > iou`` in double."""
+    t = np.float32(iou)
+    if float(t) > iou:
+        t = np.nextafter(t, np.float32(-np.inf))
+    return np.array(t, dtype=np.float32)
 
 
 class GreedyNms:
     """Greedy NMS for up to ``capacity`` candidates, keeping at most ``max_det`` boxes.
 
     A box is suppressed when its IoU with an already kept box is strictly greater than ``iou``
-    (torchvision's rule); boxes of different classes never suppress each other unless
-    ``agnostic``. ``iou=None`` only ranks: the best ``max_det`` by score, for models that ran
-    NMS themselves. Equal scores keep their input order, so results are deterministic.
+    (torchvision's rule). Unless ``agnostic``, each class's boxes are shifted ``MAX_WH`` pixels
+    apart first, so boxes of different classes do not suppress each other. Only the ``max_nms``
+    best candidates take part. ``iou=None`` only ranks: the best ``max_det`` by score, for models
+    that ran NMS themselves. Equal scores keep their input order, so results are deterministic.
     """
 
-    def __init__(self, capacity: int, iou: float | None, *, max_det: int, agnostic: bool = False) -> None:
-        if capacity < 0 or max_det < 1:
-            raise ValueError(f"need capacity >= 0 and max_det >= 1, got {capacity} and {max_det}")
+    def __init__(
+        self, capacity: int, iou: float | None, *, max_det: int, agnostic: bool = False, max_nms: int = MAX_NMS
+    ) -> None:
+        if capacity < 0 or max_det < 1 or max_nms < 1:
+            raise ValueError(f"need capacity >= 0, max_det >= 1 and max_nms >= 1, got {capacity}, {max_det}, {max_nms}")
         if iou is not None and not 0.0 < iou <= 1.0:
             raise ValueError(f"iou must be in (0, 1], got {iou}")
         self.capacity = capacity
         self.max_det = max_det
         self._agnostic = agnostic
         self._suppresses = iou is not None
-        self._iou = np.array(iou or 0.0, dtype=np.float32)
-        self._one_plus_iou = np.array(np.float32(1.0) + self._iou, dtype=np.float32)
-        # Per-call scratch, sliced to the candidate count. IoU > t  <=>  inter * (1 + t) > t * (area_a + area_b):
-        # no division, and two empty boxes (union 0) count as not overlapping.
-        self._t_area = np.empty(capacity, dtype=np.float32)
+        self._iou = float32_threshold(iou or 0.0)
+        self._max_nms = max_nms
+        # Per-call scratch, sliced to the candidate count.
+        self._shift = np.empty((1, capacity), dtype=np.float32)  # class id x MAX_WH
+        self._shifted = np.empty((4, capacity), dtype=np.float32)  # the boxes NMS compares
+        self._areas = np.empty(capacity, dtype=np.float32)
         self._corner = np.empty((2, capacity), dtype=np.float32)  # x and y in one call each step
         self._far = np.empty((2, capacity), dtype=np.float32)
+        self._union = np.empty(capacity, dtype=np.float32)
         self._over = np.empty(capacity, dtype=np.bool_)
-        self._same = np.empty(capacity, dtype=np.bool_)
         self._best = np.empty((), dtype=np.intp)
+        # The scores as they came, for ranking picks; only an output with more candidates than max_nms needs them.
+        self._ranked = np.empty(capacity if capacity > max_nms else 0, dtype=np.float32)
 
     def __call__(self, xyxy: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, keep: np.ndarray) -> int:
         """Write the indices of the kept boxes, best first, to ``keep``; return how many.
@@ -54,45 +78,79 @@ class GreedyNms:
         k = scores.shape[0]
         if k > self.capacity:
             raise ValueError(f"{k} candidates exceed this NMS's capacity of {self.capacity}")
+        boxes, cut = xyxy, False
         if self._suppresses:
-            self._scaled_areas(xyxy, k)
-        for n in range(self.max_det):
-            if k == 0 or not self._next_best(scores):
-                return n
-            best = int(self._best)
-            keep[n] = best
-            scores[best] = -np.inf
-            if self._suppresses:
-                self._suppress(xyxy, scores, class_ids, best, k)
+            boxes = self._separated(xyxy, class_ids, k)
+            cut = self._cut_needed(scores, k)
+            sides = self._far[:, :k]
+            np.subtract(boxes[2:], boxes[:2], out=sides)
+            np.multiply(sides[0], sides[1], out=self._areas[:k])
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # 0/0: two empty boxes, not an overlap
+            for n in range(self.max_det):
+                if k == 0 or not self._next_best(scores):
+                    return n
+                best = int(self._best)
+                if cut and self._rank(best, k) >= self._max_nms:
+                    return n
+                keep[n] = best
+                scores[best] = -np.inf
+                if self._suppresses:
+                    self._suppress(boxes, scores, best, k)
         return self.max_det
+
+    def _separated(self, xyxy: np.ndarray, class_ids: np.ndarray, k: int) -> np.ndarray:
+        """The boxes NMS compares: ``xyxy`` itself when agnostic, else each class shifted by MAX_WH."""
+        if self._agnostic:
+            return xyxy
+        shift, shifted = self._shift[:, :k], self._shifted[:, :k]
+        np.copyto(shift[0], class_ids, casting="unsafe")  # the class as a float, as ultralytics holds it
+        np.multiply(shift, _CLASS_SHIFT, out=shift)
+        np.add(xyxy, shift, out=shifted)
+        return shifted
+
+    def _cut_needed(self, scores: np.ndarray, k: int) -> bool:
+        """Whether more than ``max_nms`` candidates are live; if so, keep their scores for `_rank`.
+
+        Picking best-first, the first pick outside the ``max_nms`` best ends the loop: every
+        candidate left ranks lower still, and none of them would have entered ultralytics' NMS.
+        """
+        if k <= self._max_nms:
+            return False
+        live = self._over[:k]
+        np.not_equal(scores, _NEG_INF, out=live)
+        if np.count_nonzero(live) <= self._max_nms:
+            return False
+        np.copyto(self._ranked[:k], scores)
+        return True
+
+    def _rank(self, best: int, k: int) -> int:
+        """How many candidates scored above ``best`` (ties at the cut stay in)."""
+        above = self._over[:k]
+        np.greater(self._ranked[:k], self._ranked[best : best + 1], out=above)
+        return int(np.count_nonzero(above))
 
     def _next_best(self, scores: np.ndarray) -> bool:
         """Put the index of the highest score left in ``self._best``; False when none is left."""
         np.argmax(scores, out=self._best)
         return bool(scores.item(int(self._best)) != -np.inf)
 
-    def _scaled_areas(self, xyxy: np.ndarray, k: int) -> None:
-        """``t * area`` of every candidate, the right-hand side's terms."""
-        sides = self._far[:, :k]
-        np.subtract(xyxy[2:], xyxy[:2], out=sides)
-        np.multiply(sides[0], sides[1], out=self._t_area[:k])
-        np.multiply(self._t_area[:k], self._iou, out=self._t_area[:k])
+    def _suppress(self, boxes: np.ndarray, scores: np.ndarray, best: int, k: int) -> None:
+        """Set to -inf the score of every box overlapping ``best`` by more than the threshold.
 
-    def _suppress(self, xyxy: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, best: int, k: int) -> None:
-        """Set to -inf the score of every box (of ``best``'s class) overlapping ``best`` too much."""
+        torchvision's arithmetic, step for step: ``inter / (area_best + area - inter)`` in
+        float32, where two empty boxes give NaN and so no suppression.
+        """
         one = slice(best, best + 1)  # a length-1 view broadcasts without making a 0-d array
-        near, far, over, t_area = self._corner[:, :k], self._far[:, :k], self._over[:k], self._t_area[:k]
-        np.maximum(xyxy[:2], xyxy[:2, one], out=near)
-        np.minimum(xyxy[2:], xyxy[2:, one], out=far)
+        near, far, union, over = self._corner[:, :k], self._far[:, :k], self._union[:k], self._over[:k]
+        areas = self._areas[:k]
+        np.maximum(boxes[:2], boxes[:2, one], out=near)
+        np.minimum(boxes[2:], boxes[2:, one], out=far)
         np.subtract(far, near, out=far)
         np.maximum(far, _ZERO, out=far)
-        inter, bound = far[0], near[0]
+        inter = far[0]
         np.multiply(inter, far[1], out=inter)
-        np.multiply(inter, self._one_plus_iou, out=inter)
-        np.add(t_area, t_area[one], out=bound)
-        np.greater(inter, bound, out=over)
-        if not self._agnostic:
-            same = self._same[:k]
-            np.equal(class_ids, class_ids[one], out=same)
-            np.logical_and(over, same, out=over)
+        np.add(areas[one], areas, out=union)
+        np.subtract(union, inter, out=union)
+        np.divide(inter, union, out=inter)
+        np.greater(inter, self._iou, out=over)
         np.copyto(scores, _NEG_INF, where=over)

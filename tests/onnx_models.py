@@ -103,6 +103,20 @@ def _head_nodes(head: str) -> list[onnx.NodeProto]:
     ]
 
 
+def dynamic_probe(path: Path, *, metadata: Mapping[str, str] | None = None, dtype: type[np.generic] = np.float32) -> Path:
+    """The colour probe as ultralytics' ``dynamic=True`` exports: input ``[batch, 3, height, width]``.
+
+    It runs at any input size; its box stays where it is in input pixels.
+    """
+    model = onnx.load(str(colour_probe(path, metadata=metadata, dtype=dtype)))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    for axis, name in ((0, "batch"), (2, "height"), (3, "width")):
+        dims[axis].dim_param = name
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
 def solid_frame(bgr: tuple[int, int, int], width: int = 128, height: int = 96) -> np.ndarray:
     frame = np.empty((height, width, 3), np.uint8)
     frame[:] = bgr
@@ -197,3 +211,146 @@ def failing_probe(path: Path) -> Path:
         ]
     )
     return _save_with_side_branch(probe, "fail_zero", path)
+
+
+def border_detector(
+    path: Path,
+    *,
+    head: str = "yolov8",
+    input_hw: tuple[int, int] = (320, 320),
+    num_classes: int = 3,
+    seed: int = 0,
+    objects: int = 40,
+    per_object: int = 10,
+    top_k: int = 100,
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
+    """A detector whose candidates crowd around objects strewn over and across every edge.
+
+    Each of ``objects`` objects gets ``per_object`` jittered candidate boxes that overlap each
+    other heavily (IoU 0.3-0.9), of its class and now and then of a rival class; the objects lie
+    all over the input and up to a tenth beyond it, so many candidates cross the input's edges and
+    the content edges of any letterbox. A random projection of the frame's 16x16 average colours
+    moves every box by a few pixels and every score a little, so the output depends on the frame
+    the way a real detector's does. ``head`` picks the output layout: ``yolov8`` [1, 4+nc, N],
+    ``yolov5`` [1, N, 5+nc] (objectness first) or ``end2end`` [1, top_k, 6] (the ``top_k`` best
+    candidates by score, best first, boxes x1 y1 x2 y2, as a one-to-one head exports them).
+    """
+    rng = np.random.default_rng(seed)
+    height, width = input_hw
+    extent = np.array([width, height], np.float64)
+    n_obj = objects * per_object
+    n = n_obj + 64  # plus background candidates that rarely pass
+    centre = rng.uniform(-0.1, 1.1, (objects, 2)) * extent
+    size = rng.uniform(0.08, 0.4, (objects, 2)) * extent
+    cxcy = np.repeat(centre, per_object, 0) + rng.normal(0, 0.05, (n_obj, 2)) * np.repeat(size, per_object, 0)
+    wh = np.repeat(size, per_object, 0) * np.exp(rng.normal(0, 0.12, (n_obj, 2)))
+    cxcy = np.concatenate([cxcy, rng.uniform(0, 1, (64, 2)) * extent])
+    wh = np.concatenate([wh, rng.uniform(0.05, 0.3, (64, 2)) * extent])
+    obj_class = np.repeat(rng.integers(0, num_classes, objects), per_object)
+    logits = rng.uniform(-6.0, -2.0, (num_classes, n))
+    logits[obj_class, np.arange(n_obj)] = rng.uniform(-1.5, 2.5, n_obj)
+    rival = rng.random(n_obj) < 0.3
+    rival_class = (obj_class + rng.integers(1, num_classes, n_obj)) % num_classes if num_classes > 1 else obj_class
+    logits[rival_class[rival], np.flatnonzero(rival)] = rng.uniform(-1.5, 1.5, int(rival.sum()))
+    logits[:, n_obj:] = rng.uniform(-5.0, -0.5, (num_classes, 64))
+    if head == "yolov5":  # objectness: high for object candidates, the class probabilities as above
+        objectness = np.concatenate([rng.uniform(0.0, 3.0, n_obj), rng.uniform(-4.0, 0.0, 64)])
+        logits = np.concatenate([objectness[None], logits])
+    rows = 4 + logits.shape[0]
+    grid = 16
+    bias = np.concatenate([np.zeros((4, n)), logits]).astype(np.float32)
+    nodes = [
+        helper.make_node(
+            "AveragePool",
+            ["images"],
+            ["pooled"],
+            kernel_shape=[height // grid, width // grid],
+            strides=[height // grid, width // grid],
+        ),
+        _const("pooled_shape", np.array([3, grid * grid], np.int64)),
+        helper.make_node("Reshape", ["pooled", "pooled_shape"], ["cells"]),
+        _const("spread", (rng.normal(0, 3.0, (grid * grid, n)) / grid).astype(np.float32)),
+        helper.make_node("MatMul", ["cells", "spread"], ["features"]),
+        _const("mix", rng.normal(0, 0.5, (rows, 3)).astype(np.float32)),
+        helper.make_node("MatMul", ["mix", "features"], ["mixed"]),
+        _const("bias", bias),
+        helper.make_node("Add", ["mixed", "bias"], ["raw"]),
+        *_rows("raw", "raw_xy", 0, 2),
+        helper.make_node("Tanh", ["raw_xy"], ["tanh_xy"]),
+        _const("shift", np.array(6.0, np.float32)),
+        helper.make_node("Mul", ["tanh_xy", "shift"], ["moved"]),
+        _const("anchor_xy", cxcy.T.astype(np.float32)),
+        helper.make_node("Add", ["moved", "anchor_xy"], ["cxcy"]),
+        *_rows("raw", "raw_wh", 2, 4),
+        helper.make_node("Tanh", ["raw_wh"], ["tanh_wh"]),
+        _const("stretch", np.array(0.2, np.float32)),
+        helper.make_node("Mul", ["tanh_wh", "stretch"], ["log_gain"]),
+        helper.make_node("Exp", ["log_gain"], ["gain"]),
+        _const("anchor_wh", wh.T.astype(np.float32)),
+        helper.make_node("Mul", ["gain", "anchor_wh"], ["wh"]),
+        *_rows("raw", "raw_scores", 4, rows),
+        helper.make_node("Sigmoid", ["raw_scores"], ["probs"]),
+    ]
+    nodes += _border_head_nodes(head, n, rows, top_k)
+    out_shape = {"yolov8": [1, rows, n], "yolov5": [1, n, rows], "end2end": [1, top_k, 6]}[head]
+    graph = helper.make_graph(
+        nodes,
+        "border_detector",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, height, width])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, out_shape)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    meta = {"names": str({i: f"class{i}" for i in range(num_classes)})}
+    meta.update(metadata or {})
+    helper.set_model_props(model, meta)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def _rows(source: str, name: str, start: int, end: int) -> list[onnx.NodeProto]:
+    """``name = source[start:end]`` along axis 0."""
+    return [
+        _const(name + "_starts", np.array([start], np.int64)),
+        _const(name + "_ends", np.array([end], np.int64)),
+        _const(name + "_axes", np.array([0], np.int64)),
+        helper.make_node("Slice", [source, name + "_starts", name + "_ends", name + "_axes"], [name]),
+    ]
+
+
+def _border_head_nodes(head: str, n: int, rows: int, top_k: int) -> list[onnx.NodeProto]:
+    """Rows cx cy (2, N), w h (2, N) and sigmoid scores (rows-4, N) -> ``output0`` in the head's layout."""
+    if head == "yolov8":
+        return [
+            helper.make_node("Concat", ["cxcy", "wh", "probs"], ["stacked"], axis=0),
+            _const("out_shape", np.array([1, rows, n], np.int64)),
+            helper.make_node("Reshape", ["stacked", "out_shape"], ["output0"]),
+        ]
+    if head == "yolov5":
+        return [
+            helper.make_node("Concat", ["cxcy", "wh", "probs"], ["stacked"], axis=0),
+            helper.make_node("Transpose", ["stacked"], ["by_candidate"], perm=[1, 0]),
+            _const("out_shape", np.array([1, n, rows], np.int64)),
+            helper.make_node("Reshape", ["by_candidate", "out_shape"], ["output0"]),
+        ]
+    return [
+        _const("half", np.array(0.5, np.float32)),
+        helper.make_node("Mul", ["wh", "half"], ["half_wh"]),
+        helper.make_node("Sub", ["cxcy", "half_wh"], ["x1y1"]),
+        helper.make_node("Add", ["cxcy", "half_wh"], ["x2y2"]),
+        _const("class_axis", np.array([0], np.int64)),
+        helper.make_node("ReduceMax", ["probs", "class_axis"], ["best"], keepdims=1),
+        helper.make_node("ArgMax", ["probs"], ["best_class_i"], axis=0, keepdims=1),
+        helper.make_node("Cast", ["best_class_i"], ["best_class"], to=TensorProto.FLOAT),
+        helper.make_node("Concat", ["x1y1", "x2y2", "best", "best_class"], ["stacked"], axis=0),
+        helper.make_node("Transpose", ["stacked"], ["by_candidate"], perm=[1, 0]),
+        _const("flat", np.array([n], np.int64)),
+        helper.make_node("Reshape", ["best", "flat"], ["best_flat"]),
+        _const("k", np.array([top_k], np.int64)),
+        helper.make_node("TopK", ["best_flat", "k"], ["top_scores", "top_index"], axis=0, largest=1, sorted=1),
+        helper.make_node("Gather", ["by_candidate", "top_index"], ["top_rows"], axis=0),
+        _const("out_shape", np.array([1, top_k, 6], np.int64)),
+        helper.make_node("Reshape", ["top_rows", "out_shape"], ["output0"]),
+    ]

@@ -1,4 +1,4 @@
-"""Tests for edged.decode: every head format through the decoder, box mapping, NMS, hostile input."""
+"""Tests for edged.decode: every head format through the decoder, the order of NMS and mapping, hostile input."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from allocations import NumpyAllocations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from ultralytics_reference import Boxes, differences, predict
 
 from edged.decode import Decoder, Detections
 from edged.errors import HeadError
@@ -27,6 +28,7 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     "yolov8": (1, 4 + NC, N),
     "yolov5": (1, N, 5 + NC),
     "end2end": (1, N, 6),
+    "rtdetr": (1, N, 6),
 }
 
 # Candidates in input pixels: x1 y1 x2 y2, score, class.
@@ -67,10 +69,19 @@ def end2end_tensor(candidates: Sequence[Candidate], n: int = N) -> np.ndarray:
     return out
 
 
+def rtdetr_tensor(candidates: Sequence[Candidate], n: int = N, size: float = 640.0) -> np.ndarray:
+    """[1, n, 6]: cx cy w h as fractions of a ``size`` square input, score, class; zero rows as padding."""
+    out = np.zeros((1, n, 6), dtype=np.float32)
+    for j, (x1, y1, x2, y2, score, cls) in enumerate(candidates):
+        out[0, j] = [(x1 + x2) / 2 / size, (y1 + y2) / 2 / size, (x2 - x1) / size, (y2 - y1) / size, score, cls]
+    return out
+
+
 ENCODERS: dict[str, Callable[..., np.ndarray]] = {
     "yolov8": yolov8_tensor,
     "yolov5": yolov5_tensor,
     "end2end": end2end_tensor,
+    "rtdetr": rtdetr_tensor,
 }
 
 
@@ -149,6 +160,41 @@ def test_end2end_max_det_keeps_best_even_if_unsorted() -> None:
     rows = [(0, 200, 10, 210, s, 0) for s in (0.3, 0.9, 0.5, 0.7)]
     det = decode("end2end", end2end_tensor(rows), max_det=2)
     assert det.scores.tolist() == pytest.approx([0.9, 0.7])
+
+
+def test_threshold_is_exclusive() -> None:
+    # ultralytics keeps scores above conf: a score of exactly conf is not a detection.
+    for head in ("yolov8", "yolov5", "end2end"):
+        assert decode(head, ENCODERS[head]([(270.0, 295.0, 370.0, 345.0, 0.25, 1)])).scores.tolist() == []
+        assert len(decode(head, ENCODERS[head]([(270.0, 295.0, 370.0, 345.0, 0.2500001, 1)]))) == 1
+
+
+def test_yolov5_takes_the_first_class_whose_product_is_best() -> None:
+    # 0.75 x p and 0.75 x the next float32 above p round to one value: the yolov5 repository
+    # multiplies first and takes the first best, class 0, not the larger probability's class 1.
+    out = np.zeros(SHAPES["yolov5"], dtype=np.float32)
+    p = np.float32(0.8)
+    out[0, 0] = [320, 320, 100, 50, 0.75, p, np.nextafter(p, np.float32(1)), 0.1]
+    det = decode("yolov5", out)
+    assert det.class_ids.tolist() == [0] and det.scores.tolist() == [np.float32(0.75) * p]
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5"])
+def test_nms_judges_the_unclipped_boxes(head: str) -> None:
+    # In input pixels A spans x -60..40 and B 0..40: IoU 0.4, so both stay at iou 0.45, as in
+    # ultralytics. Clipped to the frame first they would be the same box, and B would go.
+    candidates = [(-60.0, 200.0, 40.0, 300.0, 0.9, 0), (0.0, 200.0, 40.0, 300.0, 0.8, 0)]
+    det = decode(head, ENCODERS[head](candidates))
+    assert_detections(det, [[0, 120, 80, 320], [0, 120, 80, 320]], [0.9, 0.8], [0, 0])
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
+def test_a_box_clipping_flattens_holds_its_max_det_slot(head: str) -> None:
+    # The best box lies wholly in the top padding: ultralytics keeps it (flattened onto the
+    # frame's top edge) as its one detection at max_det 1; edged drops it and publishes none.
+    candidates = [(100.0, 20.0, 200.0, 100.0, 0.9, 0), (270.0, 295.0, 370.0, 345.0, 0.8, 1)]
+    assert len(decode(head, ENCODERS[head](candidates), max_det=1)) == 0
+    assert decode(head, ENCODERS[head](candidates), max_det=2).scores.tolist() == pytest.approx([0.8])
 
 
 # Two boxes with IoU 81 / 119 = 0.68 and a third far away, in input pixels.
@@ -254,7 +300,7 @@ def crowded(head: str, n: int, seed: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end", "rtdetr"])
 @pytest.mark.parametrize("n", [8, 300, 8400])
 def test_steady_state_creates_no_arrays(head: str, n: int) -> None:
     # Counted through numpy's data allocator hook: every array that owns memory is one buffer,
@@ -272,7 +318,7 @@ def test_steady_state_creates_no_arrays(head: str, n: int) -> None:
     assert again == kept
 
 
-@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end", "rtdetr"])
 def test_frames_do_not_leak_into_each_other(head: str) -> None:
     # Scratch reused across frames: a crowded frame in between leaves no trace in the next one.
     decoder = Decoder(head, SHAPES[head], NC)
@@ -288,7 +334,8 @@ def test_all_candidates_above_threshold_is_bounded_by_max_det() -> None:
     # A broken model scoring every one of 8400 candidates 1.0 still yields <= max_det rows.
     rng = np.random.default_rng(0)
     out = np.ones((1, 84, 8400), dtype=np.float32)
-    out[0, :2] = rng.uniform(0, 640, (2, 8400))
+    out[0, 0] = rng.uniform(0, 640, 8400)
+    out[0, 1] = rng.uniform(150, 490, 8400)  # inside the content: no box is clipped away
     out[0, 2:4] = rng.uniform(2, 8, (2, 8400))
     det = Decoder("yolov8", out.shape, 80, max_det=100).decode(out, LETTERBOX)
     assert len(det) == 100
@@ -392,22 +439,29 @@ def test_hostile_tensors_yield_sane_detections(
     assert (x1 >= 0).all() and (y1 >= 0).all()
     assert (x2 <= box_map.frame_w).all() and (y2 <= box_map.frame_h).all()
     assert (x2 > x1).all() and (y2 > y1).all()
-    assert (det.scores >= np.float32(conf)).all()
+    assert (det.scores > np.float32(conf)).all()
     assert (np.diff(det.scores) <= 0).all()
     assert ((det.class_ids >= 0) & (det.class_ids < NC)).all()
-    if head != "end2end":
-        assert_no_overlap_above(det, iou, agnostic)
+    if head != "end2end":  # ultralytics takes an end2end output's first rows, edged its best: equal once sorted
+        want = ultralytics_boxes(output, head, box_map, conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)
+        got = Boxes(det.xyxy, det.scores, det.class_ids.astype(np.int64))
+        assert differences(got, want.with_area()) == ([], [])
 
 
-def assert_no_overlap_above(det: Detections, iou: float, agnostic: bool) -> None:
-    """No two kept boxes (of one class unless agnostic) overlap by more than ``iou``."""
-    b = det.xyxy.astype(np.float64)
-    w = np.clip(np.minimum(b[:, None, 2], b[:, 2]) - np.maximum(b[:, None, 0], b[:, 0]), 0, None)
-    h = np.clip(np.minimum(b[:, None, 3], b[:, 3]) - np.maximum(b[:, None, 1], b[:, 1]), 0, None)
-    area = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    overlap = w * h / (area[:, None] + area - w * h)
-    same = det.class_ids[:, None] == det.class_ids
-    if agnostic:
-        same[:] = True
-    np.fill_diagonal(overlap, 0.0)
-    assert not (same & (overlap > iou + 1e-4)).any()
+def ultralytics_boxes(output: np.ndarray, head: str, box_map: BoxMap, **settings: Any) -> Boxes:
+    """ultralytics' boxes for ``output`` once the candidates edged refuses to trust are taken out:
+    those with a non-finite box and those whose score is above 1. The stretched frame is mapped
+    back with the stretch's own gains."""
+    if box_map is STRETCH:
+        settings["ratio_pad"] = ((640 / 960, 640 / 1280), (0, 0))
+    rows = output[0].T if head == "yolov8" else output[0]
+    with np.errstate(all="ignore"):
+        if head == "yolov8":
+            score = rows[:, 4:].max(1)
+        else:
+            score = (rows[:, 5:] * rows[:, 4:5]).max(1)
+        trusted = np.isfinite(rows[:, :4]).all(1) & ~(score > 1)
+        kept = rows[trusted].T[None] if head == "yolov8" else rows[trusted][None]
+        return predict(
+            kept, head, input_hw=(box_map.input_h, box_map.input_w), frame_hw=(box_map.frame_h, box_map.frame_w), **settings
+        )

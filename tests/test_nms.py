@@ -1,4 +1,4 @@
-"""Tests for edged.nms: greedy suppression rules, ordering, max_det, class awareness, ranking."""
+"""Tests for edged.nms: greedy suppression rules, ordering, max_det, max_nms, class awareness, ranking."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from allocations import NumpyAllocations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edged.nms import GreedyNms
+from edged.nms import MAX_WH, GreedyNms, float32_threshold
 
 
 def _iou(a: list[float], b: list[float]) -> float:
@@ -39,18 +39,20 @@ def run_nms(
     *,
     class_ids: Any = None,
     max_det: int | None = None,
+    max_nms: int | None = None,
     capacity: int = 64,
 ) -> list[int]:
     """Indices kept by a `GreedyNms` (agnostic unless ``class_ids`` is given) for these candidates."""
     xyxy = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
     k = len(xyxy)
     limit = max_det or max(k, 1)
-    nms = GreedyNms(capacity, iou, max_det=limit, agnostic=class_ids is None)
+    cap = {} if max_nms is None else {"max_nms": max_nms}
+    nms = GreedyNms(capacity, iou, max_det=limit, agnostic=class_ids is None, **cap)
     ids = np.zeros(k, np.intp) if class_ids is None else np.asarray(class_ids, np.intp)
     keep = np.full(limit, -1, dtype=np.intp)
     n = nms(np.ascontiguousarray(xyxy.T), np.asarray(scores, np.float32).copy(), ids, keep)
     assert (keep[n:] == -1).all()
-    return keep[:n].tolist()
+    return [int(i) for i in keep[:n]]
 
 
 @pytest.mark.parametrize(
@@ -101,6 +103,47 @@ def test_class_aware_table(boxes: list[list[float]], class_ids: list[int], expec
     assert run_nms(boxes, scores, 0.45, class_ids=class_ids) == expected
 
 
+def test_classes_are_kept_apart_by_ultralytics_offset() -> None:
+    # Each class's boxes are shifted by class x MAX_WH in float32 before comparing, as ultralytics
+    # does: two identical 0.0004-wide boxes overlap fully in class 0, but at class 2's shift of
+    # 15360 their width rounds to zero, so they are two empty boxes that suppress nothing.
+    thin = [[0.0, 0.0, 0.0004, 10.0]] * 2
+    assert run_nms(thin, [0.9, 0.8], 0.45, class_ids=[0, 0]) == [0]
+    assert run_nms(thin, [0.9, 0.8], 0.45, class_ids=[2, 2]) == [0, 1]
+    # Boxes larger than the shift reach into the next class, as they do in ultralytics.
+    w = float(MAX_WH)
+    wide = [[0.0, 0.0, 2 * w, 2 * w], [w, w, 3 * w, 3 * w]]
+    assert run_nms(wide, [0.9, 0.8], 0.45, class_ids=[0, 0]) == [0, 1]  # IoU 1/7 within one class
+    assert run_nms(wide, [0.9, 0.8], 0.45, class_ids=[1, 0]) == [0]  # IoU 1 once class 1 is shifted
+
+
+@pytest.mark.parametrize("iou", [0.3, 0.45, 0.5, 0.6, 0.7, 0.1 + 0.2, 0.95])
+def test_threshold_compares_as_torchvision_does(iou: float) -> None:
+    # torchvision compares the float32 IoU with the threshold as a double; float32 0.3 is above 0.3.
+    t = float32_threshold(iou)
+    near = np.float32(iou) + np.arange(-3, 4, dtype=np.float32) * np.spacing(np.float32(iou))
+    np.testing.assert_array_equal(near > t, near.astype(np.float64) > iou)
+
+
+@pytest.mark.parametrize(
+    ("boxes", "scores", "max_nms", "expected"),
+    [
+        # Only the two best candidates enter NMS, so the third-best never comes out.
+        ([[0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5], [6, 6, 7, 7]], [0.1, 0.4, 0.3, 0.2], 2, [1, 2]),
+        # A suppressed box still counts towards max_nms: C is fourth by score, outside the cut.
+        ([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30], [40, 40, 50, 50]], [0.9, 0.8, 0.1, 0.7], 3, [0, 3]),
+        # Ties at the cut stay in.
+        ([[0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5]], [0.5, 0.4, 0.4], 2, [0, 1, 2]),
+        # Candidates already at -inf do not count.
+        ([[0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5]], [0.5, -np.inf, 0.4], 2, [0, 2]),
+    ],
+)
+def test_max_nms_keeps_only_the_best_candidates(
+    boxes: list[list[float]], scores: list[float], max_nms: int, expected: list[int]
+) -> None:
+    assert run_nms(boxes, scores, 0.45, max_nms=max_nms) == expected
+
+
 def test_minus_infinity_scores_are_never_kept() -> None:
     boxes = [[0, 0, 10, 10], [20, 20, 30, 30], [40, 40, 50, 50]]
     assert run_nms(boxes, [0.5, -np.inf, 0.7], 0.45) == [2, 0]
@@ -127,10 +170,10 @@ def test_more_candidates_than_capacity_is_refused() -> None:
         run_nms([[0, 0, 1, 1]] * 3, [0.5] * 3, 0.45, capacity=2)
 
 
-@pytest.mark.parametrize(("iou", "max_det"), [(0.0, 1), (1.5, 1), (0.5, 0)])
-def test_bad_settings_are_refused(iou: float, max_det: int) -> None:
+@pytest.mark.parametrize(("iou", "max_det", "max_nms"), [(0.0, 1, 10), (1.5, 1, 10), (0.5, 0, 10), (0.5, 1, 0)])
+def test_bad_settings_are_refused(iou: float, max_det: int, max_nms: int) -> None:
     with pytest.raises(ValueError):
-        GreedyNms(4, iou, max_det=max_det)
+        GreedyNms(4, iou, max_det=max_det, max_nms=max_nms)
 
 
 _box = st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(1, 25), st.integers(1, 25)).map(
@@ -174,15 +217,30 @@ def test_class_aware_nms_matches_per_class_reference(
     assert run_nms(boxes, scores, iou, class_ids=classes, max_det=max_det) == expected
 
 
-@pytest.mark.parametrize("agnostic", [False, True])
-def test_a_call_creates_no_arrays(agnostic: bool) -> None:
+@settings(max_examples=50, deadline=None)
+@given(
+    boxes=st.lists(_box, max_size=30),
+    iou=_iou_threshold,
+    max_nms=st.integers(1, 20),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_max_nms_matches_cutting_first(boxes: list[list[float]], iou: float, max_nms: int, seed: int) -> None:
+    # ultralytics sorts, keeps the max_nms best and runs NMS on those: the same boxes come out.
+    scores = np.random.default_rng(seed).permutation(len(boxes)).astype(np.float32) / 32 + 0.1  # distinct
+    best = sorted(range(len(boxes)), key=lambda i: -scores[i])[:max_nms]
+    kept = _reference_nms([boxes[i] for i in best], [float(scores[i]) for i in best], iou)
+    assert run_nms(boxes, scores, iou, max_nms=max_nms) == [best[k] for k in kept]
+
+
+@pytest.mark.parametrize(("agnostic", "max_nms"), [(False, 1000), (True, 1000), (False, 60)])
+def test_a_call_creates_no_arrays(agnostic: bool, max_nms: int) -> None:
     counter = NumpyAllocations.get()
     assert counter is not None
     rng = np.random.default_rng(0)
     corner = rng.uniform(0, 600, (2, 100)).astype(np.float32)
     xyxy = np.concatenate([corner, corner + rng.uniform(5, 80, (2, 100)).astype(np.float32)])
     classes = rng.integers(0, 3, 100).astype(np.intp)
-    nms = GreedyNms(100, 0.45, max_det=50, agnostic=agnostic)
+    nms = GreedyNms(100, 0.45, max_det=50, agnostic=agnostic, max_nms=max_nms)
     keep = np.empty(50, np.intp)
     scores = rng.uniform(0.3, 1, 100).astype(np.float32)
     work = scores.copy()

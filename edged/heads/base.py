@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -33,6 +33,7 @@ class OutputFacts:
     n_names: int | None  # classes named by the 'names' metadata
     from_ultralytics: bool  # a 'task' key: only the ultralytics package writes one
     nms_inside: bool  # the metadata says the model already ran NMS
+    rtdetr: bool  # the metadata names ultralytics' RT-DETR decoder as the model's head
 
 
 class Head(ABC):
@@ -48,6 +49,8 @@ class Head(ABC):
     layout: ClassVar[str]  # the output shape in error messages, e.g. "[1, 4+nc, N]"
     candidate_axis: ClassVar[int]  # the output axis that counts candidates
     needs_nms: ClassVar[bool] = True  # False for models that ran NMS themselves
+    normalised: ClassVar[bool] = False  # boxes in fractions of the input size rather than input pixels
+    resize: ClassVar[Literal["letterbox", "stretch"] | None] = None  # the preprocessing the format requires, if any
 
     @classmethod
     @abstractmethod
@@ -62,6 +65,12 @@ class Head(ABC):
         Raises `HeadError` when the output can only be this format but does not add up (a class
         count the names contradict). Formats must not overlap: at most one matches any facts.
         """
+
+    @staticmethod
+    def class_scores(output: np.ndarray) -> np.ndarray | None:
+        """A writable (classes, candidates) view of the raw output's class scores; None where a box has
+        one class already (formats that ran NMS themselves)."""
+        return None
 
     def __init__(self, output_shape: Sequence[int], num_classes: int, conf: float) -> None:
         if num_classes < 1:
@@ -83,29 +92,39 @@ class Head(ABC):
         self.class_ids = np.empty(n, dtype=np.intp)
         self._conf = np.array(conf, dtype=np.float32)
         self._passed = np.empty(n, dtype=np.bool_)
-        self._passed_int = np.empty(n, dtype=np.intp)
-        self._slot = np.empty(n, dtype=np.intp)
-        self._arange = np.arange(n, dtype=np.intp)
-        self._index = np.empty(n + 1, dtype=np.intp)
+        self._index_of = TrueIndex(n)  # the passing candidates' positions
 
     @abstractmethod
     def select(self, pred: np.ndarray) -> int:
         """Fill the first k boxes, scores and class ids from ``pred`` (the float32 output without
         its batch axis) with the candidates worth checking; return k."""
 
-    def _passed_index(self) -> np.ndarray:
-        """Ascending indices of the candidates marked in ``self._passed``, a view of ``self._index``.
 
-        A running count gives each passing candidate its slot; every failing one gets slot -1,
-        the spare slot at the end. This is ``np.flatnonzero`` without allocating its result.
-        """
-        slot, passed = self._slot, self._passed_int  # one dtype: mixing bool in would allocate
-        np.copyto(passed, self._passed)
+class TrueIndex:
+    """``np.flatnonzero`` for masks of up to ``capacity`` entries, into buffers made once.
+
+    A running count gives each true entry its slot; every false one gets slot -1, the spare
+    slot at the end. The result is a view of this object's buffer, valid until the next call.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._mask = np.empty(capacity, dtype=np.intp)  # one dtype: mixing bool in would allocate
+        self._slot = np.empty(capacity, dtype=np.intp)
+        self._arange = np.arange(capacity, dtype=np.intp)
+        self._index = np.empty(capacity + 1, dtype=np.intp)
+
+    def __call__(self, mask: np.ndarray) -> np.ndarray:
+        """Ascending indices of the true entries of the boolean ``mask``."""
+        n = mask.shape[0]
+        if n == 0:
+            return self._index[:0]
+        passed, slot = self._mask[:n], self._slot[:n]
+        np.copyto(passed, mask)
         np.add.accumulate(passed, out=slot)
         k = int(slot[-1])
         np.multiply(slot, passed, out=slot)
         np.subtract(slot, _ONE_SLOT, out=slot)
-        self._index[slot] = self._arange
+        self._index[slot] = self._arange[:n]
         return self._index[:k]
 
 

@@ -28,8 +28,9 @@ class End2EndHead(Head):
 
     @classmethod
     def matches(cls, facts: OutputFacts) -> int | None:
-        """Six columns as rows, when the metadata says NMS is inside or rules out a 1-class yolov5."""
-        if not facts.candidates_in_rows or facts.features != 6:
+        """Six columns as rows, when the metadata says NMS is inside or rules out a 1-class yolov5,
+        and does not name RT-DETR's head (its boxes are other columns: `edged.heads.rtdetr`)."""
+        if not facts.candidates_in_rows or facts.features != 6 or facts.rtdetr:
             return None
         if not (facts.nms_inside or YoloV5Head.rules_out_one_class(facts)):
             return None
@@ -47,10 +48,10 @@ class End2EndHead(Head):
         self._check = np.empty(k, dtype=np.bool_)
 
     def select(self, pred: np.ndarray) -> int:
-        """(K, 6) -> the k candidates with score >= conf; a class that is not an integer in
+        """(K, 6) -> the k candidates with score above conf; a class that is not an integer in
         [0, nc) gets score -inf, which decode drops."""
-        np.greater_equal(pred[:, 4], self._conf, out=self._passed)
-        index = self._passed_index()
+        np.greater(pred[:, 4], self._conf, out=self._passed)
+        index = self._index_of(self._passed)
         k: int = index.shape[0]
         candidates = rows(self._gathered, k, 6)
         np.take(pred, index, axis=0, out=candidates, mode="clip")

@@ -21,6 +21,11 @@ class YoloV5Head(Head):
     def expected_shape(cls, num_classes: int) -> list[Dim]:
         return [1, "N", 5 + num_classes]
 
+    @staticmethod
+    def class_scores(output: np.ndarray) -> np.ndarray:
+        scores: np.ndarray = output[0, :, 5:].T
+        return scores
+
     @classmethod
     def matches(cls, facts: OutputFacts) -> int | None:
         """Candidates as rows of 6 or more columns, unless 6 columns cannot be one class here."""
@@ -38,10 +43,11 @@ class YoloV5Head(Head):
     def rules_out_one_class(facts: OutputFacts) -> bool:
         """Whether the metadata rules out a 1-class yolov5 head, whose [1, N, 6] is also the end2end layout.
 
-        Names other than one rule it out, and so does a 'task' key: the ultralytics package writes
-        one and never exports this layout (the yolov5 repository writes names and stride only).
+        Names other than one rule it out, and so does a 'task' or RT-DETR 'head' key: the ultralytics
+        package writes them and never exports this layout (the yolov5 repository writes names and
+        stride only).
         """
-        return facts.from_ultralytics or (facts.n_names is not None and facts.n_names != 1)
+        return facts.from_ultralytics or facts.rtdetr or (facts.n_names is not None and facts.n_names != 1)
 
     def __init__(self, output_shape: Sequence[int], num_classes: int, conf: float) -> None:
         super().__init__(output_shape, num_classes, conf)
@@ -51,22 +57,21 @@ class YoloV5Head(Head):
         self._half = np.empty(2 * n, dtype=np.float32)
 
     def select(self, pred: np.ndarray) -> int:
-        """(N, 5+nc) -> the k candidates with objectness >= conf.
+        """(N, 5+nc) -> the k candidates with objectness above conf.
 
-        Class probabilities are at most 1, so objectness >= conf is a cheap first filter; the
-        score, objectness x best probability, is held to conf by decode.
+        As the yolov5 repository does it: objectness above conf is the first filter; each class
+        probability is multiplied by the objectness and the best product (the first on a tie) is
+        the score and class, which decode holds to conf.
         """
-        np.greater_equal(pred[:, 4], self._conf, out=self._passed)
-        index = self._passed_index()
+        np.greater(pred[:, 4], self._conf, out=self._passed)
+        index = self._index_of(self._passed)
         k: int = index.shape[0]
         candidates = rows(self._gathered, k, pred.shape[1])
         np.take(pred, index, axis=0, out=candidates, mode="clip")
-        probs = rows(self._class_scores, k, self.num_classes)
-        np.copyto(probs, candidates[:, 5:])
-        scores = self.scores[:k]
-        np.max(probs, axis=1, out=scores)
-        np.multiply(scores, candidates[:, 4], out=scores)
-        np.argmax(probs, axis=1, out=self.class_ids[:k])
+        products = rows(self._class_scores, k, self.num_classes)
+        np.multiply(candidates[:, 5:], candidates[:, 4:5], out=products)
+        np.max(products, axis=1, out=self.scores[:k])
+        np.argmax(products, axis=1, out=self.class_ids[:k])
         boxes = rows(self.boxes, 4, k)
         np.copyto(boxes, candidates[:, :4].T)
         cxcywh_to_xyxy(boxes, rows(self._half, 2, k))

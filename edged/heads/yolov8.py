@@ -21,6 +21,10 @@ class YoloV8Head(Head):
     def expected_shape(cls, num_classes: int) -> list[Dim]:
         return [1, 4 + num_classes, "N"]
 
+    @staticmethod
+    def class_scores(output: np.ndarray) -> np.ndarray:
+        return output[0, 4:]
+
     @classmethod
     def matches(cls, facts: OutputFacts) -> int | None:
         """The only layout with candidates as columns, so such an output is this head or none."""
@@ -45,11 +49,11 @@ class YoloV8Head(Head):
         self._half = np.empty(2 * n, dtype=np.float32)
 
     def select(self, pred: np.ndarray) -> int:
-        """(4+nc, N) -> the k candidates whose best class scores >= conf."""
+        """(4+nc, N) -> the k candidates whose best class score is above conf, as ultralytics keeps them."""
         nc = self.num_classes
         np.max(pred[4:], axis=0, out=self._best_scores)
-        np.greater_equal(self._best_scores, self._conf, out=self._passed)
-        index = self._passed_index()
+        np.greater(self._best_scores, self._conf, out=self._passed)
+        index = self._index_of(self._passed)
         k: int = index.shape[0]
         boxes = rows(self.boxes, 4, k)
         np.take(pred[:4], index, axis=1, out=boxes, mode="clip")
