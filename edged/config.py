@@ -29,6 +29,7 @@ from edged.heads import HEADS
 from edged.keys import key_file_problems
 from edged.sections import Section
 from edged.sources import SOURCES
+from edged.sources.base import mask_credentials
 from edged.sources.synthetic import SyntheticSourceConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
@@ -53,6 +54,9 @@ if TYPE_CHECKING:
 else:
     HeadChoice = Literal[tuple(["auto", *HEADS])]
 
+# One side of a model input in pixels; the bound keeps a typo from allocating gigabytes.
+InputSide = Annotated[int, Field(gt=0, le=8192)]
+
 
 class ModelConfig(Section):
     path: Path = Field(description="ONNX model file.")
@@ -61,10 +65,15 @@ class ModelConfig(Section):
         "auto", description="Input layout; auto infers it from where the size-3 axis sits."
     )
     channel_order: Literal["rgb", "bgr"] = Field(
-        "rgb", description="Channel order the model was trained on; checked against its metadata."
+        "rgb", description="Channel order the model was trained on; checked against its metadata (Ultralytics: rgb)."
     )
     resize: Literal["letterbox", "stretch"] = Field(
         "letterbox", description="letterbox keeps the aspect ratio (pad 114); stretch fills the input."
+    )
+    imgsz: tuple[InputSide, InputSide] | None = Field(
+        None,
+        description="Input size [h, w] (one number: square) a dynamic-size export is served at; "
+        "default: the model's imgsz metadata. A fixed-size model must agree.",
     )
     scale: float = Field(1 / 255, gt=0, description="Pixel values are multiplied by this first.")
     mean: tuple[float, float, float] = Field((0.0, 0.0, 0.0), description="Per channel, after scale.")
@@ -74,6 +83,12 @@ class ModelConfig(Section):
     iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
     max_det: int = Field(100, ge=1, le=10000, description="Most detections kept per frame.")
     agnostic_nms: bool = Field(False, description="Suppress overlapping boxes across classes too.")
+
+    @field_validator("imgsz", mode="before")
+    @classmethod
+    def _square(cls, v: Any) -> Any:
+        """One number is a square input, as ultralytics reads ``imgsz=640``."""
+        return (v, v) if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("std")
     @classmethod
@@ -265,7 +280,7 @@ def _format_error(err: Any) -> str:
     if hint and hint not in msg:
         text += f" ({hint})"
     if "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
-        text += f"; got {err['input']!r}"
+        text += f"; got {mask_credentials(repr(err['input']))}"
     return text
 
 

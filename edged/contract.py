@@ -3,12 +3,16 @@
 Built once at start-up from the ONNX input (name, shape, dtype), the model's metadata and the
 config. Every disagreement is a `ContractError` naming both sides, because a silent mismatch (BGR
 fed to an RGB model, NHWC read as NCHW) does not crash: it produces plausible, wrong boxes.
+Before that, `pinned_dimensions` says what the symbolic dimensions of a dynamic export are fixed
+to (batch 1, height and width the configured or exported input size), so the contract always
+sees a fixed shape.
 Per frame, `frame_problem` is a cheap check that returns a reason instead of raising, so the
 pipeline can count and skip the frame.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -17,9 +21,11 @@ import numpy as np
 
 from edged.config import ModelConfig
 from edged.errors import ContractError
+from edged.heads.base import Head
 
 Layout = Literal["nchw", "nhwc"]
 ChannelOrder = Literal["rgb", "bgr"]
+Resize = Literal["letterbox", "stretch"]
 _LAYOUTS: dict[str, Layout] = {"nchw": "nchw", "nhwc": "nhwc"}
 _ORDERS: dict[str, ChannelOrder] = {"rgb": "rgb", "bgr": "bgr"}
 
@@ -39,7 +45,7 @@ class InputContract:
     dtype: type[np.generic]
     layout: Layout
     channel_order: ChannelOrder
-    resize: Literal["letterbox", "stretch"]
+    resize: Resize
     scale: float
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -73,22 +79,75 @@ class FrameSpec:
     channel_order: ChannelOrder
 
 
-def batch_dim_to_pin(shape: Sequence[int | str | None]) -> str | None:
-    """Name of a symbolic batch dimension that must be pinned to 1, or None when it is fixed."""
-    if not shape:
+Dim = int | str | None  # as ONNX Runtime reports an input dimension: a size, a symbol, or unnamed
+_IMGSZ = re.compile(r"\s*\[?\s*(\d+)\s*(?:,\s*(\d+)\s*)?\]?\s*")  # ultralytics writes '[640, 640]'
+
+
+def pinned_dimensions(
+    name: str, shape: Sequence[Dim], metadata: Mapping[str, str], imgsz: tuple[int, int] | None
+) -> dict[str, int]:
+    """The sizes to fix the input's symbolic dimensions to, by name: batch 1, height and width the input size.
+
+    The input size is ``model.imgsz`` ([h, w], as ultralytics orders it), else the model's
+    ``imgsz`` metadata. Raises `ContractError` when the height or width is symbolic and neither
+    gives a size, or when the size is not a multiple of the model's stride.
+    """
+    if len(shape) != 4:
+        return {}  # not an image tensor: build_contract says so
+    pins = {shape[0]: 1} if isinstance(shape[0], str) else {}
+    spatial = (2, 3) if shape[1] == 3 else (1, 2) if shape[3] == 3 else ()
+    if not any(isinstance(shape[axis], str) for axis in spatial):
+        return pins
+    size = imgsz or _metadata_imgsz(metadata)
+    if size is None:
+        raise ContractError(
+            f"input {name!r} has a dynamic height and width {list(shape)} and the model has no imgsz metadata; "
+            "set model.imgsz to the size to serve it at (e.g. 640 or [384, 640])"
+        )
+    where = "config model.imgsz" if imgsz else "the model's imgsz metadata"
+    _check_stride(size, metadata.get("stride"), where)
+    for axis, value in zip(spatial, size, strict=True):
+        dim = shape[axis]
+        if isinstance(dim, str):
+            if pins.setdefault(dim, value) != value:
+                raise ContractError(
+                    f"input {name!r} {list(shape)} gives one name {dim!r} to dimensions of different sizes, "
+                    f"but {where} is {list(size)}"
+                )
+    return pins
+
+
+def _metadata_imgsz(metadata: Mapping[str, str]) -> tuple[int, int] | None:
+    """[h, w] from ultralytics' ``imgsz`` metadata ('[640, 640]' or '640'); None when absent or malformed."""
+    match = _IMGSZ.fullmatch(metadata.get("imgsz", ""))
+    if match is None:
         return None
-    first = shape[0]
-    return first if isinstance(first, str) else None
+    h = int(match.group(1))
+    w = int(match.group(2) or h)
+    return (h, w) if h > 0 and w > 0 else None
+
+
+def _check_stride(size: tuple[int, int], stride_text: str | None, where: str) -> None:
+    """A YOLO graph only runs at multiples of its stride; ultralytics would round up silently."""
+    stride = int(stride_text) if stride_text and stride_text.strip().isdigit() else 0
+    if stride and any(side % stride for side in size):
+        rounded = [-(-side // stride) * stride for side in size]
+        raise ContractError(
+            f"{where} {list(size)} is not a multiple of the model's stride {stride} (its metadata); "
+            f"ultralytics would serve {rounded}: set model.imgsz = {rounded}"
+        )
 
 
 def build_contract(
     inputs: Sequence[tuple[str, Sequence[int | str | None], str]],
     metadata: Mapping[str, str],
     cfg: ModelConfig,
+    head: type[Head] | None = None,
 ) -> InputContract:
-    """Check the model's inputs against the config and metadata; ``inputs`` holds (name, shape, type).
+    """Check the model's inputs against the config, the metadata and the ``head`` format; ``inputs``
+    holds (name, shape, type).
 
-    The shape must already have its batch dimension pinned (see `batch_dim_to_pin`).
+    The shape must already have its symbolic dimensions pinned (see `pinned_dimensions`).
     """
     if len(inputs) != 1:
         names = ", ".join(name for name, _, _ in inputs)
@@ -97,7 +156,8 @@ def build_contract(
     dtype = _input_dtype(name, ort_type)
     dims = _static_dims(name, shape)
     layout = _layout(name, dims, cfg.layout, metadata.get("layout"))
-    order = _channel_order(cfg, metadata.get("color_order"))
+    _check_imgsz(name, dims, layout, cfg.imgsz)
+    order = _channel_order(cfg, metadata)
     _check_normalisation(cfg, dtype)
     return InputContract(
         input_name=name,
@@ -105,7 +165,7 @@ def build_contract(
         dtype=dtype,
         layout=layout,
         channel_order=order,
-        resize=cfg.resize,
+        resize=_resize(cfg, head),
         scale=cfg.scale,
         mean=cfg.mean,
         std=cfg.std,
@@ -133,7 +193,8 @@ def _static_dims(name: str, shape: Sequence[int | str | None]) -> tuple[int, int
     dims = [d for d in shape if isinstance(d, int) and d > 0]
     if len(dims) != 4:
         raise ContractError(
-            f"input {name!r} has dynamic dimensions {list(shape)}; export the model with a fixed input size (e.g. imgsz=640)"
+            f"input {name!r} has dynamic dimensions {list(shape)} that cannot be pinned (only a named batch, "
+            "height and width can); export the model with a fixed input size (e.g. imgsz=640)"
         )
     return (dims[0], dims[1], dims[2], dims[3])
 
@@ -169,18 +230,55 @@ def _auto(value: str) -> Layout | None:
     return _LAYOUTS.get(value)
 
 
-def _channel_order(cfg: ModelConfig, meta: str | None) -> ChannelOrder:
+def _check_imgsz(name: str, dims: tuple[int, int, int, int], layout: Layout, imgsz: tuple[int, int] | None) -> None:
+    """A configured input size must be the model's: a dynamic export was pinned to it, a fixed one must agree."""
+    size = (dims[2], dims[3]) if layout == "nchw" else (dims[1], dims[2])
+    if imgsz is not None and imgsz != size:
+        raise ContractError(
+            f"config model.imgsz = {list(imgsz)} but input {name!r} is fixed at {list(dims)} ({size[0]}x{size[1]}); "
+            "remove the key, or export the model at that size or with dynamic=True"
+        )
+
+
+def _channel_order(cfg: ModelConfig, metadata: Mapping[str, str]) -> ChannelOrder:
+    """The model's colour order: its color_order metadata, RGB for an Ultralytics export, else the config."""
+    meta = metadata.get("color_order")
     meta_order = _ORDERS.get(meta.lower()) if meta else None
     if meta and meta_order is None:
         raise ContractError(f"model metadata color_order={meta!r} is neither rgb nor bgr")
+    declared = f"declares color_order = {meta_order!r} in its metadata"
     if meta_order is None:
-        return cfg.channel_order
+        ultralytics = _ultralytics_mark(metadata)
+        if ultralytics is None:
+            return cfg.channel_order
+        # Ultralytics writes no color_order, but every model it trains and exports takes RGB.
+        meta_order, declared = "rgb", f"is an Ultralytics export ({ultralytics}), which takes 'rgb'"
     if "channel_order" in cfg.model_fields_set and cfg.channel_order != meta_order:
         raise ContractError(
-            f"config model.channel_order = {cfg.channel_order!r} but the model declares "
-            f"color_order = {meta_order!r} in its metadata; remove the key or fix the model"
+            f"config model.channel_order = {cfg.channel_order!r} but the model {declared}; remove the key or fix the model"
         )
     return meta_order
+
+
+def _ultralytics_mark(metadata: Mapping[str, str]) -> str | None:
+    """The metadata entry that names Ultralytics as the exporter ("author 'Ultralytics'"), or None."""
+    for key in ("author", "description"):
+        value = metadata.get(key, "")
+        if "ultralytics" in value.lower():
+            return f"{key} {value[:60]!r}"
+    return None
+
+
+def _resize(cfg: ModelConfig, head: type[Head] | None) -> Resize:
+    """The preprocessing the head format requires (RT-DETR's stretch, as ultralytics feeds it), else the config's."""
+    if head is None or head.resize is None:
+        return cfg.resize
+    if "resize" in cfg.model_fields_set and cfg.resize != head.resize:
+        raise ContractError(
+            f"config model.resize = {cfg.resize!r} but a {head.name} model is fed {head.resize!r}, as ultralytics "
+            f"feeds it; remove the key or set it to {head.resize!r}"
+        )
+    return head.resize
 
 
 def _check_normalisation(cfg: ModelConfig, dtype: type[np.generic]) -> None:

@@ -1,6 +1,8 @@
 """Inference: the ONNX Runtime session, its execution providers and its IOBinding.
 
-The session is created once. Each plan binds its own input and output buffers to it (a
+The session is created once (twice for a dynamic export: the second time with its symbolic input
+dimensions pinned, through ONNX Runtime's free-dimension overrides, to batch 1 and the input size
+the contract chose, so the graph is optimised for that one shape). Each plan binds its own input and output buffers to it (a
 `Binding`, allocated once after a warm-up run that also fixes any symbolic output size), so a
 steady-state run writes straight into those buffers and allocates nothing. Requested providers
 that this onnxruntime build lacks fall back down the configured list with a warning;
@@ -21,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edged.config import ProviderConfig, RuntimeConfig
-from edged.contract import batch_dim_to_pin
+from edged.contract import pinned_dimensions
 from edged.cpus import plan_threads
 from edged.errors import InferenceError, ModelError
 
@@ -78,7 +80,15 @@ def resolve_providers(
 class Engine:
     """One batch-1 session bound to preallocated buffers."""
 
-    def __init__(self, model_path: Path, cfg: RuntimeConfig, *, record_placement: bool = False) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        cfg: RuntimeConfig,
+        *,
+        imgsz: tuple[int, int] | None = None,
+        record_placement: bool = False,
+    ) -> None:
+        """``imgsz`` ([h, w], model.imgsz) is the size a dynamic export is pinned to; default its metadata."""
         self.model_path = model_path
         self.cfg = cfg
         try:
@@ -92,14 +102,14 @@ class Engine:
         log.info("inference threads: %s", self.threads.summary)
         if self.threads.warning:
             log.warning(self.threads.warning)
-        self.session = self._create_session(record_placement)
+        self.session = self._create_session(record_placement, imgsz)
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         self.input_meta = self.session.get_inputs()
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     # ---- session construction ------------------------------------------------------------
 
-    def _session_options(self, record_placement: bool, pin: str | None) -> ort.SessionOptions:
+    def _session_options(self, record_placement: bool, pins: dict[str, int]) -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.threads.intra_op_threads
         so.inter_op_num_threads = self.cfg.inter_op_threads
@@ -114,29 +124,33 @@ class Engine:
             so.add_session_config_entry("session.force_spinning_stop", "1")
         if record_placement:
             so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-        if pin is not None:
-            so.add_free_dimension_override_by_name(pin, 1)
+        for name, size in pins.items():
+            so.add_free_dimension_override_by_name(name, size)
         return so
 
-    def _create_session(self, record_placement: bool) -> ort.InferenceSession:
+    def _create_session(self, record_placement: bool, imgsz: tuple[int, int] | None) -> ort.InferenceSession:
         source, cache_hit = self._model_source()
-        session = self._open(source, record_placement, None, write_cache=not cache_hit)
-        pin = batch_dim_to_pin(session.get_inputs()[0].shape) if session.get_inputs() else None
-        if pin is not None:
-            log.info("pinning dynamic batch dimension %r to 1", pin)
-            session = self._open(source, record_placement, pin, write_cache=False)
+        session = self._open(source, record_placement, {}, write_cache=not cache_hit)
+        inputs = session.get_inputs()
+        if not inputs:
+            return session
+        metadata = session.get_modelmeta().custom_metadata_map
+        pins = pinned_dimensions(inputs[0].name, inputs[0].shape, metadata, imgsz)
+        if pins:
+            log.info("pinning the dynamic input dimensions: %s", ", ".join(f"{k}={v}" for k, v in pins.items()))
+            session = self._open(source, record_placement, pins, write_cache=False)
         return session
 
-    def _open(self, source: Path, record: bool, pin: str | None, write_cache: bool) -> ort.InferenceSession:
-        so = self._session_options(record, pin)
+    def _open(self, source: Path, record: bool, pins: dict[str, int], write_cache: bool) -> ort.InferenceSession:
+        so = self._session_options(record, pins)
         cache = self.cfg.optimized_model_path
-        if cache is not None and write_cache and pin is None:
+        if cache is not None and write_cache and not pins:
             so.optimized_model_filepath = str(cache)
         try:
             session = ort.InferenceSession(str(source), sess_options=so, providers=self.providers)
         except Exception as e:  # ORT raises its own Fail/InvalidProtobuf/NoSuchFile types
             raise ModelError(f"onnxruntime cannot load {source}: {_first_line(e)}") from None
-        if cache is not None and write_cache and pin is None:
+        if cache is not None and write_cache and not pins:
             self._write_cache_stamp(cache)
         return session
 

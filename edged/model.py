@@ -14,7 +14,7 @@ from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engine import Engine
 from edged.errors import ContractError, HeadError, ModelError
-from edged.heads import detect_head
+from edged.heads import detect_head, head_named
 from edged.heads.metadata import parse_names
 from edged.messages import ModelInfo
 
@@ -59,7 +59,7 @@ def _head(engine: Engine, cfg: ModelConfig) -> tuple[str, int]:
         head, num_classes = detect_head(shapes, engine.metadata)
     except HeadError as e:
         if cfg.head == "auto":
-            raise ContractError(f"{e}; set model.head if the model is one of these") from None
+            raise
         raise ContractError(f"model.head = {cfg.head!r} does not fit the model: {e}") from None
     if cfg.head not in ("auto", head):
         raise ContractError(f"config model.head = {cfg.head!r} but the outputs {shapes} are a {head!r} head")
@@ -70,10 +70,10 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     """Load and check a model; raises ModelError (cannot load) or ContractError (cannot trust)."""
     if not cfg.path.is_file():
         raise ModelError(f"model file {cfg.path} does not exist")
-    engine = Engine(cfg.path, runtime, record_placement=record_placement)
-    inputs = [(i.name, i.shape, i.type) for i in engine.input_meta]
-    contract = build_contract(inputs, engine.metadata, cfg)
+    engine = Engine(cfg.path, runtime, imgsz=cfg.imgsz, record_placement=record_placement)
     head, num_classes = _head(engine, cfg)
+    inputs = [(i.name, i.shape, i.type) for i in engine.input_meta]
+    contract = build_contract(inputs, engine.metadata, cfg, head_named(head))
     labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
     if labels and len(labels) != num_classes:
         source = str(cfg.labels) if cfg.labels else "the model's names metadata"

@@ -2,13 +2,15 @@
 
 All buffers are allocated once, when the plan is made from the contract and the frame size:
 the uint8 canvas (pre-filled with the letterbox grey), the view of it that receives the resized
-image, uint8 channel planes, and the per-channel gain and bias. A frame then costs one
+image, uint8 channel planes, and one normalisation table per channel. A frame then costs one
 ``cv2.resize`` straight into the canvas view, one ``cv2.split`` that reorders channels into the
-model's layout (NCHW; a uint8 model's tensor takes the planes directly), and one contiguous pass
-per plane that casts and normalises into the input tensor (``cv2.multiply`` for float32, four
-times faster than numpy's mixed-type loop). The letterbox padding never changes, so it is
-converted once, with the plan; each frame converts only the rows and columns of its content
-(for 16:9 into a square input, 56 % of the tensor). Nothing is allocated per frame.
+model's layout (NCHW; a uint8 model's tensor takes the planes directly, an NHWC model in the
+other colour order gets one ``cv2.cvtColor``), and one ``cv2.LUT`` per plane that looks each
+byte's normalised value up and writes it into the input tensor. The table holds the exact value
+for each of the 256 bytes, so the tensor is bit for bit what ultralytics feeds the model, where
+a multiplication by 1/255 is wrong in the last bit for half of them. The letterbox padding never
+changes, so it is converted once, with the plan; each frame converts only the rows and columns
+of its content (for 16:9 into a square input, 56 % of the tensor). Nothing is allocated per frame.
 """
 
 from __future__ import annotations
@@ -26,16 +28,27 @@ Region = tuple[slice, slice]  # rows, columns of the model's input
 WHOLE: Region = (slice(None), slice(None))
 
 
+def normalisation_table(contract: InputContract) -> np.ndarray:
+    """(3, 256): the model's input value for each byte value of each channel, in the model's order.
+
+    Each entry is ``(v * scale - mean) / std`` computed in float64 and rounded once to the input's
+    type. For the default scale 1/255 that is exactly what ultralytics computes, float32 ``v / 255``
+    (and ``v.half() / 255`` for a float16 input): the tests check all 256 values.
+    """
+    values = np.arange(256, dtype=np.float64)[None, :] * contract.scale
+    table: np.ndarray = (values - np.asarray(contract.mean)[:, None]) / np.asarray(contract.std)[:, None]
+    return table.astype(contract.dtype)
+
+
 @dataclass(frozen=True, slots=True)
 class _Pass:
     """The views one conversion pass reads and writes, cut to a region of the input."""
 
     canvas: np.ndarray  # HWC uint8 in the source's channel order
-    source: np.ndarray  # the same pixels seen in the model's layout and channel order (no copy)
-    target: np.ndarray  # the input tensor, batch dropped
-    planes: np.ndarray | None  # NCHW: uint8 planes in the model's channel order
-    split_into: list[np.ndarray]  # those planes in the source's order, for cv2.split
-    scaled: list[tuple[np.ndarray, np.ndarray, float]] | None  # float32 NCHW: (plane, tensor plane, gain)
+    split_into: list[np.ndarray]  # NCHW: uint8 planes in the model's order, listed in the source's order
+    swap_into: np.ndarray | None  # NHWC in the other colour order: where cvtColor writes the swapped pixels
+    copy_into: np.ndarray | None  # NHWC uint8 in the same colour order: the tensor, copied into
+    lookups: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # float inputs: (uint8 pixels, table, tensor)
 
 
 class Preprocessor:
@@ -52,53 +65,61 @@ class Preprocessor:
         content: Region = (slice(m.pad_y, m.pad_y + m.resized_h), slice(m.pad_x, m.pad_x + m.resized_w))
         self._content = self._canvas[content]
         self._needs_resize = (m.resized_w, m.resized_h) != (frame_w, frame_h)
-        self._gain, self._bias = self._normalisation(contract)
-        self._planes = self._plane_buffer(contract)
+        self._swap = contract.channel_order != source_order
+        self._float = contract.dtype is not np.uint8
+        self._tables = self._lookup_tables(contract)
+        if contract.layout == "nchw":
+            # uint8 planes in the model's colour order, filled by one cv2.split; a uint8 model's
+            # tensor is itself the planes.
+            planes = np.empty((3, contract.height, contract.width), np.uint8) if self._float else self.tensor[0]
+            whole, frame = (self._nchw_pass(region, planes) for region in (WHOLE, content))
+        else:
+            # A float model in the other colour order reads the swapped pixels from their own buffer.
+            swapped = np.empty((contract.height, contract.width, 3), np.uint8) if self._float and self._swap else None
+            whole, frame = (self._nhwc_pass(region, swapped) for region in (WHOLE, content))
         # The padding, once. Until the first frame the tensor is an empty letterboxed image, which
         # is also what the engine's warm-up run sees.
-        self._convert(self._pass(WHOLE))
-        self._frame_pass = self._pass(content)
+        self._convert(whole)
+        self._frame_pass = frame
 
-    def _plane_buffer(self, c: InputContract) -> np.ndarray | None:
-        """For NCHW: uint8 planes in the model's channel order, filled by one cv2.split.
+    def _lookup_tables(self, c: InputContract) -> np.ndarray | None:
+        """The normalisation table as cv2.LUT reads it: one row per NCHW plane, or (1, 256, 3) for NHWC.
 
-        Splitting into contiguous planes first and then normalising them in one contiguous
-        pass is faster than numpy reading the interleaved canvas through a transposed view.
-        A uint8 model's input tensor is itself the planes.
+        OpenCV before 5 has no float16 lookup, so a float16 table is looked up as its uint16 bit
+        patterns into a uint16 view of the tensor: the same bytes, on any OpenCV.
         """
-        if c.layout != "nchw":
+        if not self._float:
             return None
-        return self.tensor[0] if c.dtype is np.uint8 else np.empty((3, c.height, c.width), np.uint8)
+        table = normalisation_table(c)
+        if c.dtype is np.float16:
+            table = table.view(np.uint16)
+        return table if c.layout == "nchw" else np.ascontiguousarray(table.T[None])
 
-    def _pass(self, region: Region) -> _Pass:
-        """Views (no copies) of the canvas, planes and tensor over one region of the input."""
-        c, rows, cols = self.contract, *region
-        canvas, swap = self._canvas[rows, cols], c.channel_order != self.source_order
-        if c.layout == "nchw":
-            source, target, channel_axis = canvas.transpose(2, 0, 1), self.tensor[0][:, rows, cols], 0
-        else:
-            source, target, channel_axis = canvas, self.tensor[0][rows, cols], 2
-        # Colour conversion only where the orders differ; reversing the channel axis is a
-        # stride trick, not a copy.
-        if swap:
-            source = np.flip(source, axis=channel_axis)
-        planes = None if self._planes is None else self._planes[:, rows, cols]
-        split_into = [] if planes is None else [planes[i] for i in ((2, 1, 0) if swap else (0, 1, 2))]
-        scaled = None
-        # float32 NCHW: OpenCV converts and scales each plane in one pass. OpenCV has no float16
-        # arithmetic, so float16 tensors keep the numpy pass.
-        if planes is not None and self._gain is not None and c.dtype is np.float32:
-            scaled = list(zip(planes, target, [float(g) for g in self._gain.ravel()], strict=True))
-        return _Pass(canvas, source, target, planes, split_into, scaled)
+    def _target(self) -> np.ndarray:
+        """The tensor as cv2.LUT writes it: a float16 tensor takes its table's bit patterns through a uint16 view."""
+        return self.tensor.view(np.uint16) if self.contract.dtype is np.float16 else self.tensor
 
-    def _normalisation(self, c: InputContract) -> tuple[np.ndarray | None, np.ndarray | None]:
-        if c.dtype is np.uint8:
-            return None, None
-        shape = (3, 1, 1) if c.layout == "nchw" else (3,)
-        std = np.asarray(c.std, np.float64)
-        gain = (c.scale / std).reshape(shape).astype(c.dtype)
-        bias = (np.asarray(c.mean, np.float64) / std).reshape(shape).astype(c.dtype)
-        return gain, (bias if bias.any() else None)
+    def _nchw_pass(self, region: Region, planes: np.ndarray) -> _Pass:
+        """Views (no copies) over one region: the canvas, the planes in the model's order, the tensor planes."""
+        rows, cols = region
+        planes = planes[:, rows, cols]
+        split_into = [planes[i] for i in ((2, 1, 0) if self._swap else (0, 1, 2))]
+        lookups = []
+        if self._tables is not None:
+            target = self._target()
+            lookups = [(planes[i], self._tables[i], target[0, i, rows, cols]) for i in range(3)]
+        return _Pass(self._canvas[rows, cols], split_into, None, None, lookups)
+
+    def _nhwc_pass(self, region: Region, swapped: np.ndarray | None) -> _Pass:
+        """Views (no copies) over one region: the canvas, the swapped pixels if any, the tensor."""
+        rows, cols = region
+        canvas, target = self._canvas[rows, cols], self._target()[0, rows, cols]
+        if self._tables is None:  # uint8: the tensor takes the pixels, swapped or as they are
+            return _Pass(canvas, [], target if self._swap else None, None if self._swap else target, [])
+        if swapped is None:
+            return _Pass(canvas, [], None, None, [(canvas, self._tables, target)])
+        swapped = swapped[rows, cols]
+        return _Pass(canvas, [], swapped, None, [(swapped, self._tables, target)])
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
         """Fill the input tensor from a frame of the planned size and order; returns the tensor."""
@@ -111,21 +132,14 @@ class Preprocessor:
         self._convert(self._frame_pass)
         return self.tensor
 
-    def _convert(self, p: _Pass) -> None:
-        """Canvas -> tensor over one region: layout, channel order, cast and normalisation."""
-        if p.planes is not None:
+    @staticmethod
+    def _convert(p: _Pass) -> None:
+        """Canvas -> tensor over one region: layout, colour order, then the normalisation lookup."""
+        if p.split_into:
             cv2.split(p.canvas, p.split_into)  # channel swap + layout, into the planes
-        if self._gain is None:  # a uint8 model reads the pixels as they are
-            if p.planes is None:
-                np.copyto(p.target, p.source)
-            return
-        if p.scaled is not None:
-            for plane, out, gain in p.scaled:
-                cv2.multiply(plane, 1.0, dst=out, scale=gain, dtype=cv2.CV_32F)
-        elif p.planes is not None:
-            np.multiply(p.planes, self._gain, out=p.target)
-        else:
-            # One pass: strided uint8 read (channel swap), cast, scale, write.
-            np.multiply(p.source, self._gain, out=p.target)
-        if self._bias is not None:
-            np.subtract(p.target, self._bias, out=p.target)
+        if p.swap_into is not None:
+            cv2.cvtColor(p.canvas, cv2.COLOR_BGR2RGB, dst=p.swap_into)  # either way round: it swaps 0 and 2
+        if p.copy_into is not None:
+            np.copyto(p.copy_into, p.canvas)
+        for pixels, table, out in p.lookups:
+            cv2.LUT(pixels, table, dst=out)

@@ -34,6 +34,7 @@ from edged.errors import ConfigError
 from edged.sources import SOURCES
 from edged.sources.file import FileSourceConfig
 from edged.sources.images import ImagesSourceConfig
+from edged.sources.rtsp import RtspSourceConfig
 
 SECTIONS: dict[str, tuple[type[BaseModel], ...]] = {
     "source": tuple(config for config, _ in SOURCES.values()),
@@ -57,6 +58,7 @@ REQUIRED: dict[type[BaseModel], dict[str, str]] = {
     ModelConfig: {"path": "m"},
     FileSourceConfig: {"path": "v"},
     ImagesSourceConfig: {"path": "i"},
+    RtspSourceConfig: {"url": "rtsp://camera.local/stream"},
 }
 DEFAULTS = {  # every key's default as TOML would give it: valid values, so valid configs come up too
     (section, key): value

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edged.config import ModelConfig
-from edged.contract import FrameSpec, batch_dim_to_pin, build_contract, frame_problem
+from edged.contract import FrameSpec, build_contract, frame_problem, pinned_dimensions
 from edged.errors import ContractError
 
 CFG = ModelConfig(path=Path("m.onnx"))
@@ -47,10 +48,12 @@ def test_layout_is_inferred_from_the_channel_axis(shape: list, layout: str, heig
         ([1, 3, 64, 3], "tensor(float)", {}, {}, "ambiguous"),  # 3 at both channel positions
         ([1, 3, 64, 64], "tensor(uint8)", {"scale": 1.0}, {}, "model.scale"),  # uint8 normalises inside
         ([1, 3, 64, 64], "tensor(float)", {}, {"color_order": "yuv"}, "neither rgb nor bgr"),
+        ([1, 3, 64, 64], "tensor(float)", {"imgsz": 32}, {}, "model.imgsz = [32, 32] but input 'images' is fixed at"),
+        ([1, 64, 96, 3], "tensor(float)", {"imgsz": [96, 64]}, {}, "fixed at [1, 64, 96, 3] (64x96)"),
     ],
 )
 def test_refusals_name_the_problem(shape: list, ort_type: str, cfg: dict, meta: dict, message: str) -> None:
-    with pytest.raises(ContractError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ContractError, match=re.escape(message)):
         _build(shape, ort_type, meta, **cfg)
 
 
@@ -70,9 +73,70 @@ def test_model_metadata_decides_the_colour_order_unless_config_sets_it() -> None
     assert _build([1, 3, 8, 8], channel_order="bgr").channel_order == "bgr"
 
 
-def test_symbolic_batch_is_named_for_pinning() -> None:
-    assert batch_dim_to_pin(["batch", 3, 640, 640]) == "batch"
-    assert batch_dim_to_pin([1, 3, 640, 640]) is None
+ULTRALYTICS = {"author": "Ultralytics", "description": "Ultralytics YOLOv8n model trained on coco.yaml"}
+
+
+@pytest.mark.parametrize(
+    "meta", [ULTRALYTICS, {"author": "Ultralytics"}, {"description": "Ultralytics YOLO11n model trained on data.yaml"}]
+)
+def test_an_ultralytics_export_is_rgb_as_if_declared(meta: dict) -> None:
+    # Ultralytics writes no color_order, but every model it exports takes RGB.
+    assert _build([1, 3, 8, 8], meta=meta).channel_order == "rgb"
+    assert _build([1, 3, 8, 8], meta=meta, channel_order="rgb").channel_order == "rgb"
+    with pytest.raises(ContractError) as info:
+        _build([1, 3, 8, 8], meta=meta, channel_order="bgr")
+    assert "model.channel_order = 'bgr'" in str(info.value) and "Ultralytics export" in str(info.value)
+    assert "'rgb'" in str(info.value)
+
+
+def test_an_explicit_color_order_outranks_the_ultralytics_mark() -> None:
+    meta = {**ULTRALYTICS, "color_order": "bgr"}
+    assert _build([1, 3, 8, 8], meta=meta, channel_order="bgr").channel_order == "bgr"
+
+
+def test_a_model_of_no_known_origin_takes_the_configured_order() -> None:
+    assert _build([1, 3, 8, 8], meta={"author": "someone"}, channel_order="bgr").channel_order == "bgr"
+
+
+DYNAMIC = ["batch", 3, "height", "width"]
+
+
+@pytest.mark.parametrize(
+    ("shape", "meta", "imgsz", "pins"),
+    [
+        ([1, 3, 640, 640], {}, None, {}),  # fixed: nothing to pin
+        (["batch", 3, 640, 640], {}, None, {"batch": 1}),  # dynamic batch only
+        (DYNAMIC, {}, (384, 640), {"batch": 1, "height": 384, "width": 640}),  # model.imgsz is [h, w]
+        (DYNAMIC, {"imgsz": "[320, 480]"}, None, {"batch": 1, "height": 320, "width": 480}),  # exported size
+        (DYNAMIC, {"imgsz": "[320, 480]"}, (640, 640), {"batch": 1, "height": 640, "width": 640}),  # config wins
+        (DYNAMIC, {"imgsz": "640"}, None, {"batch": 1, "height": 640, "width": 640}),
+        (["batch", "height", "width", 3], {"imgsz": "[320, 480]"}, None, {"batch": 1, "height": 320, "width": 480}),
+        ([1, 3, "size", "size"], {}, (640, 640), {"size": 640}),  # one name for both sides
+        (DYNAMIC, {"stride": "32"}, (384, 640), {"batch": 1, "height": 384, "width": 640}),
+    ],
+)
+def test_symbolic_dimensions_are_pinned_to_batch_1_and_the_input_size(
+    shape: list, meta: dict, imgsz: tuple[int, int] | None, pins: dict
+) -> None:
+    assert pinned_dimensions("images", shape, meta, imgsz) == pins
+
+
+@pytest.mark.parametrize(
+    ("shape", "meta", "imgsz", "message"),
+    [
+        (DYNAMIC, {}, None, "no imgsz metadata; set model.imgsz"),
+        (DYNAMIC, {"imgsz": "[h, w]"}, None, "no imgsz metadata"),  # malformed reads as absent
+        (DYNAMIC, {"stride": "32"}, (300, 640), "model.imgsz [300, 640] is not a multiple of the model's stride 32"),
+        (DYNAMIC, {"stride": "32", "imgsz": "[300, 300]"}, None, "set model.imgsz = [320, 320]"),
+        ([1, 3, "size", "size"], {}, (384, 640), "one name 'size'"),
+    ],
+)
+def test_a_dynamic_input_without_a_usable_size_is_refused(
+    shape: list, meta: dict, imgsz: tuple[int, int] | None, message: str
+) -> None:
+    with pytest.raises(ContractError, match=re.escape(message)) as info:
+        pinned_dimensions("images", shape, meta, imgsz)
+    assert info.value.exit_code == 78
 
 
 SPEC = FrameSpec(width=8, height=6, channel_order="bgr")

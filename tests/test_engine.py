@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx_models import colour_probe
+from onnx_models import colour_probe, dynamic_probe
 
 from edged.config import ProviderConfig, RuntimeConfig
 from edged.engine import Engine, resolve_providers
-from edged.errors import ModelError
+from edged.errors import ContractError, ModelError
 
 
 @pytest.fixture
@@ -54,6 +54,47 @@ def test_spinning_settings_reach_the_session(probe: Path, spinning: object, allo
 def test_dynamic_batch_is_pinned_to_one(tmp_path: Path) -> None:
     engine = Engine(colour_probe(tmp_path / "dyn.onnx", batch="batch"), RuntimeConfig())
     assert engine.input_meta[0].shape == [1, 3, 64, 64]
+
+
+@pytest.mark.parametrize(
+    ("imgsz", "metadata", "shape"),
+    [
+        ((96, 128), {}, [1, 3, 96, 128]),  # model.imgsz, [h, w]
+        (None, {"imgsz": "[64, 96]"}, [1, 3, 64, 96]),  # the size it was exported at
+        ((32, 32), {"imgsz": "[64, 96]"}, [1, 3, 32, 32]),  # the config wins
+    ],
+)
+def test_a_dynamic_export_is_pinned_to_batch_1_and_the_input_size(
+    tmp_path: Path,
+    imgsz: tuple[int, int] | None,
+    metadata: dict[str, str],
+    shape: list[int],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO):
+        engine = Engine(dynamic_probe(tmp_path / "dyn.onnx", metadata=metadata), RuntimeConfig(), imgsz=imgsz)
+    assert engine.input_meta[0].shape == shape
+    assert f"batch=1, height={shape[2]}, width={shape[3]}" in caplog.text
+    tensor = np.zeros(shape, np.float32)
+    tensor[0, 0] = 1.0
+    binding = engine.bind(tensor)
+    binding.run()
+    assert binding.outputs[0][0, 4, 0] == pytest.approx(1.0)
+
+
+def test_a_dynamic_export_of_unknown_size_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ContractError, match=r"set model\.imgsz") as info:
+        Engine(dynamic_probe(tmp_path / "dyn.onnx"), RuntimeConfig())
+    assert info.value.exit_code == 78
+
+
+def test_the_cache_holds_the_unpinned_graph_and_each_start_pins_it(tmp_path: Path) -> None:
+    cache = tmp_path / "dyn.opt.onnx"
+    model = dynamic_probe(tmp_path / "dyn.onnx")
+    Engine(model, RuntimeConfig(optimized_model_path=cache), imgsz=(64, 64))
+    assert cache.is_file()
+    engine = Engine(model, RuntimeConfig(optimized_model_path=cache), imgsz=(32, 96))
+    assert engine.input_meta[0].shape == [1, 3, 32, 96]
 
 
 def test_missing_provider_falls_back_with_a_warning(probe: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -55,8 +55,11 @@ REFUSED: list[tuple[Shapes, Mapping[str, str], list[str]]] = [
     # Rank 2 and rank 4.
     ([[1, 3]], {}, ["[1, 3]", "rank 2"]),
     ([[1, 2, 2, 2]], {}, ["[1, 2, 2, 2]", "rank 4"]),
-    # Segmentation: two outputs.
-    ([[1, 116, 8400], [1, 32, 160, 160]], {}, ["[1, 116, 8400]", "[1, 32, 160, 160]"]),
+    # Segmentation: two outputs, the second of mask prototypes, named so even without metadata.
+    ([[1, 116, 8400], [1, 32, 160, 160]], {}, ["[1, 116, 8400]", "[1, 32, 160, 160]", "instance segmentation"]),
+    ([[1, 116, 8400], [1, 32, 160, 160]], {"task": "segment"}, ["'segment' (instance segmentation)", "[1, 32, 160, 160]"]),
+    # Two outputs that are no segmentation export.
+    ([[1, 84, 8400], [1, 84, 8400]], {}, ["exactly one detection output", "[1, 84, 8400], [1, 84, 8400]"]),
     # No outputs.
     ([], {}, ["none"]),
     # Names contradict the shape.
@@ -75,8 +78,12 @@ REFUSED: list[tuple[Shapes, Mapping[str, str], list[str]]] = [
     # Square or fully symbolic: candidates and features cannot be told apart.
     ([[1, 6, 6]], {}, ["[1, 6, 6]"]),
     ([[1, "a", "b"]], {}, ["[1, a, b]"]),
-    # Pose / segmentation tasks.
+    # Other tasks, named: pose, oriented boxes, classification, and one edged does not know.
     ([[1, 56, 8400]], {**NAMES_1, "task": "pose"}, ["pose", "[1, 56, 8400]"]),
+    ([[1, 56, 8400]], {**NAMES_1, "task": "pose"}, ["'pose' (pose estimation)", "detection models only"]),
+    ([[1, 20, 21504]], {"task": "obb"}, ["'obb' (oriented bounding boxes)", "[1, 20, 21504]"]),
+    ([[1, 1000]], {"task": "classify"}, ["'classify' (classification)", "[1, 1000]"]),
+    ([[1, 84, 8400]], {**NAMES_80, "task": "depth"}, ["model task 'depth' is not supported"]),
 ]
 
 

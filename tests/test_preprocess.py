@@ -1,4 +1,9 @@
-"""Preprocess writes exactly what ultralytics' LetterBox + BGR->RGB + /255 produces, in place."""
+"""Preprocess writes exactly what ultralytics' LetterBox + BGR->RGB + /255 produces, in place.
+
+The reference for the normalisation is numpy's float32 ``v / np.float32(255)``: torch's
+``im.float() / 255``, as ultralytics' predictor computes it on the CPU, gives the same float32 for
+every byte value, and ``im.half() / 255`` (a float16 input) is that value rounded to float16.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from allocations import NumpyAllocations
 
 from edged.contract import InputContract
 from edged.geometry import BoxMap
-from edged.preprocess import Preprocessor
+from edged.preprocess import Preprocessor, normalisation_table
 
 
 def contract(
@@ -60,20 +65,20 @@ def frame() -> np.ndarray:
 def test_letterbox_matches_ultralytics_bit_for_bit(h: int, w: int, frame_hw: tuple[int, int]) -> None:
     image = np.random.default_rng(1).integers(0, 256, (*frame_hw, 3), np.uint8)
     pre = Preprocessor(contract(h, w), frame_hw[1], frame_hw[0])
-    expected = ultralytics_letterbox(image, h, w)[..., ::-1].transpose(2, 0, 1)[None].astype(np.float32) / 255
-    np.testing.assert_allclose(pre(image), expected, rtol=0, atol=1e-6)
+    expected = ultralytics_letterbox(image, h, w)[..., ::-1].transpose(2, 0, 1)[None].astype(np.float32) / np.float32(255)
+    np.testing.assert_array_equal(pre(image), expected)
 
 
 def test_nhwc_bgr_model_gets_bgr_pixels_in_hwc(frame: np.ndarray) -> None:
     pre = Preprocessor(contract(640, 640, layout="nhwc", order="bgr"), 1280, 720)
-    expected = ultralytics_letterbox(frame, 640, 640)[None].astype(np.float32) / 255
-    np.testing.assert_allclose(pre(frame), expected, atol=1e-6)
+    expected = ultralytics_letterbox(frame, 640, 640)[None].astype(np.float32) / np.float32(255)
+    np.testing.assert_array_equal(pre(frame), expected)
 
 
 def test_rgb_source_into_rgb_model_is_not_swapped(frame: np.ndarray) -> None:
     pre = Preprocessor(contract(320, 320), 1280, 720, source_order="rgb")
-    expected = ultralytics_letterbox(frame, 320, 320).transpose(2, 0, 1)[None].astype(np.float32) / 255
-    np.testing.assert_allclose(pre(frame), expected, atol=1e-6)
+    expected = ultralytics_letterbox(frame, 320, 320).transpose(2, 0, 1)[None].astype(np.float32) / np.float32(255)
+    np.testing.assert_array_equal(pre(frame), expected)
 
 
 @pytest.mark.parametrize(("layout", "source_order"), [("nchw", "bgr"), ("nchw", "rgb"), ("nhwc", "bgr")])
@@ -100,14 +105,14 @@ def test_float16_and_mean_std(frame: np.ndarray) -> None:
 def test_stretch_fills_the_input_without_padding(frame: np.ndarray) -> None:
     pre = Preprocessor(contract(320, 320, resize="stretch"), 1280, 720)
     resized = cv2.resize(frame, (320, 320), interpolation=cv2.INTER_LINEAR)
-    np.testing.assert_allclose(pre(frame)[0], resized[..., ::-1].transpose(2, 0, 1) / 255, atol=1e-6)
+    np.testing.assert_array_equal(pre(frame)[0], resized[..., ::-1].transpose(2, 0, 1).astype(np.float32) / np.float32(255))
     assert pre.box_map == BoxMap.stretch(1280, 720, 320, 320)
 
 
 def test_frame_already_at_input_size_is_copied_not_resized() -> None:
     image = np.random.default_rng(2).integers(0, 256, (64, 64, 3), np.uint8)
     pre = Preprocessor(contract(64, 64), 64, 64)
-    np.testing.assert_allclose(pre(image)[0], image[..., ::-1].transpose(2, 0, 1) / 255, atol=1e-6)
+    np.testing.assert_array_equal(pre(image)[0], image[..., ::-1].transpose(2, 0, 1).astype(np.float32) / np.float32(255))
 
 
 def test_the_tensor_is_filled_in_place_and_allocates_nothing_per_frame(frame: np.ndarray) -> None:
@@ -134,6 +139,9 @@ EVERY_PLAN = [
     contract(320, 320, dtype=np.uint8),
     contract(320, 320, layout="nhwc"),
     contract(320, 320, layout="nhwc", dtype=np.uint8),
+    contract(320, 320, layout="nhwc", order="bgr"),
+    contract(320, 320, layout="nhwc", dtype=np.float16),
+    contract(320, 320, layout="nhwc", dtype=np.uint8, order="bgr"),
     contract(320, 320, resize="stretch"),
 ]
 
@@ -167,13 +175,50 @@ def test_a_reused_plan_gives_each_frame_what_a_fresh_plan_does(plan: InputContra
     np.testing.assert_array_equal(reused(second), Preprocessor(plan, w, h)(second))
 
 
-def test_float32_normalisation_equals_numpy_bit_for_bit(frame: np.ndarray) -> None:
+def every_byte(order: str) -> tuple[np.ndarray, np.ndarray]:
+    """A 16x16 BGR frame whose channels each hold all 256 byte values, and its channels in ``order``."""
+    v = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    frame = np.stack([v, 255 - v, v[::-1]], axis=-1)  # b, g, r
+    return frame, frame[..., ::-1] if order == "rgb" else frame
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("order", ["rgb", "bgr"])
+def test_every_byte_value_is_float32_v_over_255_exactly(layout: str, order: str) -> None:
+    # Multiplying by float32(1/255) is off in the last bit for 126 of the 256 values, which an
+    # fp16 cast inside a graph turns into visible score and box differences.
+    frame, pixels = every_byte(order)
+    out = Preprocessor(contract(16, 16, layout=layout, order=order), 16, 16)(frame)[0]
+    expected = pixels.astype(np.float32) / np.float32(255)
+    np.testing.assert_array_equal(out.transpose(1, 2, 0) if layout == "nchw" else out, expected)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("order", ["rgb", "bgr"])
+def test_a_float16_input_gets_what_ultralytics_feeds_an_fp16_model(layout: str, order: str) -> None:
+    # ultralytics: im.half() / 255, which torch computes in float32 and rounds once to float16.
+    frame, pixels = every_byte(order)
+    out = Preprocessor(contract(16, 16, layout=layout, order=order, dtype=np.float16), 16, 16)(frame)[0]
+    expected = (pixels.astype(np.float32) / np.float32(255)).astype(np.float16)
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(
+        (out.transpose(1, 2, 0) if layout == "nchw" else out).view(np.uint16), expected.view(np.uint16)
+    )
+
+
+def test_the_table_for_the_default_is_float32_v_over_255() -> None:
+    table = normalisation_table(contract(8, 8))
+    assert table.shape == (3, 256) and table.dtype == np.float32
+    np.testing.assert_array_equal(table, np.tile(np.arange(256, dtype=np.float32) / np.float32(255), (3, 1)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_mean_and_std_are_computed_in_float64_and_rounded_once(frame: np.ndarray, dtype: type) -> None:
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    out = Preprocessor(contract(320, 320, mean=mean, std=std), 1280, 720)(frame)
-    rgb = ultralytics_letterbox(frame, 320, 320)[..., ::-1].transpose(2, 0, 1)
-    gain = (np.float64(1 / 255) / np.asarray(std)).reshape(3, 1, 1).astype(np.float32)
-    bias = (np.asarray(mean) / np.asarray(std)).reshape(3, 1, 1).astype(np.float32)
-    np.testing.assert_array_equal(out[0], rgb * gain - bias)
+    out = Preprocessor(contract(320, 320, mean=mean, std=std, dtype=dtype), 1280, 720)(frame)
+    rgb = ultralytics_letterbox(frame, 320, 320)[..., ::-1].transpose(2, 0, 1).astype(np.float64)
+    expected = ((rgb * (1 / 255) - np.reshape(mean, (3, 1, 1))) / np.reshape(std, (3, 1, 1))).astype(dtype)
+    np.testing.assert_array_equal(out[0], expected)
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from edged.errors import HeadError
 from edged.heads.base import Dim, Head, OutputFacts, concrete, fmt_shape
 from edged.heads.end2end import End2EndHead
-from edged.heads.metadata import parse_names, says_nms_inside
+from edged.heads.metadata import parse_names, says_nms_inside, says_rtdetr
+from edged.heads.rtdetr import RtDetrHead
 from edged.heads.yolov5 import YoloV5Head
 from edged.heads.yolov8 import YoloV8Head
 
-HEADS: dict[str, type[Head]] = {head.name: head for head in (YoloV8Head, YoloV5Head, End2EndHead)}
+HEADS: dict[str, type[Head]] = {head.name: head for head in (YoloV8Head, YoloV5Head, End2EndHead, RtDetrHead)}
 
 
 def _listed(items: Sequence[str]) -> str:
@@ -26,6 +27,13 @@ def _listed(items: Sequence[str]) -> str:
 
 _LAYOUTS = _listed([f"{head.layout} ({name})" for name, head in HEADS.items()])
 _NMS_INSIDE_LAYOUTS = " or ".join(head.layout for head in HEADS.values() if not head.needs_nms)
+# ultralytics' tasks other than detection, as its 'task' metadata names them.
+_TASKS = {
+    "segment": "instance segmentation",
+    "pose": "pose estimation",
+    "obb": "oriented bounding boxes",
+    "classify": "classification",
+}
 
 
 def head_named(name: str) -> type[Head]:
@@ -44,6 +52,7 @@ def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, s
     metadata says NMS is inside can only be a format that needs none. Known names must agree
     with the shape. Raises `HeadError` naming the shape otherwise.
     """
+    _refuse_other_tasks(output_shapes, metadata.get("task"))
     if len(output_shapes) != 1:
         shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
         raise HeadError(f"expected exactly one detection output {_LAYOUTS}; got {shown}")
@@ -61,11 +70,23 @@ def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, s
     raise HeadError(f"output {shown} has {facts.features} {side}; expected {_LAYOUTS}")
 
 
-def _read_facts(shape: list[Dim], metadata: Mapping[str, str]) -> OutputFacts:
-    """The facts of a single output; `HeadError` for a task other than detect or a shape no format has."""
-    task = metadata.get("task")
+def _refuse_other_tasks(output_shapes: Sequence[Sequence[Dim]], task: str | None) -> None:
+    """`HeadError` naming the task of a model that is no detector: from ultralytics' ``task`` metadata,
+    or for a segmentation export without it, from its second output (the mask prototypes)."""
+    shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
     if task not in (None, "detect"):
-        raise HeadError(f"model task {task!r} is not supported (output {fmt_shape(shape)}); only 'detect' is")
+        what = f"{task!r} ({_TASKS[task]})" if task in _TASKS else repr(task)
+        raise HeadError(f"model task {what} is not supported (outputs {shown}); edged serves detection models only")
+    if task is None and len(output_shapes) == 2 and len(output_shapes[1]) == 4:
+        raise HeadError(
+            f"outputs {shown} are an instance segmentation export's (the second holds mask prototypes); "
+            "edged serves detection models only"
+        )
+
+
+def _read_facts(shape: list[Dim], metadata: Mapping[str, str]) -> OutputFacts:
+    """The facts of a single output; `HeadError` for a shape no format has."""
+    task = metadata.get("task")
     names = parse_names(metadata)
     features, candidates_in_rows = _feature_dim(shape)
     return OutputFacts(
@@ -75,6 +96,7 @@ def _read_facts(shape: list[Dim], metadata: Mapping[str, str]) -> OutputFacts:
         n_names=None if names is None else len(names),
         from_ultralytics=task is not None,
         nms_inside=says_nms_inside(metadata),
+        rtdetr=says_rtdetr(metadata),
     )
 
 

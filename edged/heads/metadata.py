@@ -1,4 +1,4 @@
-"""Ultralytics metadata as head detection reads it: the class names and the NMS-inside flag.
+"""Ultralytics metadata as head detection reads it: the class names, the NMS-inside flag and RT-DETR's head.
 
 Every value comes from an untrusted model file and is a Python literal written by the exporter,
 so it is parsed with ``ast.literal_eval`` (never executed) and anything malformed reads as absent.
@@ -33,6 +33,11 @@ def says_nms_inside(metadata: Mapping[str, str]) -> bool:
         return True
     args = _literal(metadata.get("args"))
     return isinstance(args, dict) and args.get("nms") is True
+
+
+def says_rtdetr(metadata: Mapping[str, str]) -> bool:
+    """Whether the ``head`` metadata names ultralytics' RT-DETR decoder, as ultralytics itself tells it."""
+    return "RTDETR" in str(metadata.get("head", ""))
 
 
 def _names_from_dict(value: dict[object, object]) -> list[object] | None:

@@ -1,0 +1,112 @@
+"""Loading a model: dynamic exports served at a known size, float16 inputs, and the refusals users meet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from onnx_models import colour_probe, dynamic_probe, solid_frame
+
+from edged.config import ModelConfig, RuntimeConfig
+from edged.errors import ContractError
+from edged.model import load_model
+from edged.pipeline import FramePipeline
+
+ULTRALYTICS = {"author": "Ultralytics", "description": "Ultralytics YOLOv8n model trained on coco.yaml"}
+
+
+@pytest.mark.parametrize(
+    ("imgsz", "metadata", "input_hw"),
+    [
+        (64, {}, (64, 64)),
+        ((64, 96), {}, (64, 96)),  # rectangular, [h, w] as ultralytics orders it
+        ((96, 64), {"imgsz": "[64, 64]"}, (96, 64)),
+        (None, {"imgsz": "[32, 64]", "stride": "32"}, (32, 64)),  # the size it was exported at
+    ],
+)
+def test_a_dynamic_export_is_served_at_the_configured_or_exported_size(
+    tmp_path: Path, imgsz: object, metadata: dict[str, str], input_hw: tuple[int, int]
+) -> None:
+    cfg = ModelConfig(path=dynamic_probe(tmp_path / "dyn.onnx", metadata=metadata), imgsz=imgsz)
+    model = load_model(cfg, RuntimeConfig())
+    assert (model.contract.height, model.contract.width) == input_hw
+    plan = FramePipeline(model, 128, 96, "bgr")
+    assert plan.preprocess.tensor.shape == (1, 3, *input_hw)
+    detections, _ = plan.process(solid_frame((0, 0, 255)))
+    assert detections.class_ids.tolist() == [0] and model.label(0) == "red"
+
+
+def test_a_dynamic_export_with_no_size_to_serve_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ContractError, match=r"no imgsz metadata; set model\.imgsz") as info:
+        load_model(ModelConfig(path=dynamic_probe(tmp_path / "dyn.onnx")), RuntimeConfig())
+    assert info.value.exit_code == 78
+
+
+def test_a_fixed_size_model_refuses_another_imgsz(tmp_path: Path) -> None:
+    with pytest.raises(ContractError, match=r"model\.imgsz = \[320, 320\] but input 'images' is fixed at \[1, 3, 64, 64\]"):
+        load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx"), imgsz=320), RuntimeConfig())
+
+
+def test_a_float16_model_is_fed_what_ultralytics_feeds_it(tmp_path: Path) -> None:
+    # ultralytics gives a float16 input im.half() / 255: float32 v / 255 rounded to float16.
+    model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx", dtype=np.float16)), RuntimeConfig())
+    plan = FramePipeline(model, 64, 64, "bgr")
+    frame = np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8)
+    plan.process(frame)
+    expected = (frame[..., ::-1].transpose(2, 0, 1)[None].astype(np.float32) / np.float32(255)).astype(np.float16)
+    np.testing.assert_array_equal(plan.preprocess.tensor.view(np.uint16), expected.view(np.uint16))
+    detections, _ = plan.process(solid_frame((255, 0, 0), 64, 64))
+    assert detections.class_ids.tolist() == [1] and model.label(1) == "blue"
+
+
+def test_an_ultralytics_export_refuses_bgr(tmp_path: Path) -> None:
+    path = colour_probe(tmp_path / "m.onnx", metadata=ULTRALYTICS)
+    assert load_model(ModelConfig(path=path), RuntimeConfig()).contract.channel_order == "rgb"
+    with pytest.raises(ContractError) as info:
+        load_model(ModelConfig(path=path, channel_order="bgr"), RuntimeConfig())
+    assert "model.channel_order = 'bgr'" in str(info.value) and "author 'Ultralytics'" in str(info.value)
+
+
+def _segmentation_export(path: Path, metadata: dict[str, str]) -> Path:
+    """The colour probe with a second output of mask prototypes [1, 32, 16, 16], as a segment export has."""
+    model = onnx.load(str(colour_probe(path, metadata=metadata)))
+    shape = onnx.numpy_helper.from_array(np.array([1, 32, 16, 16], np.int64))
+    model.graph.node.extend(
+        [
+            helper.make_node("Constant", [], ["proto_shape"], value=shape),
+            helper.make_node("ConstantOfShape", ["proto_shape"], ["output1"]),
+        ]
+    )
+    model.graph.output.append(helper.make_tensor_value_info("output1", TensorProto.FLOAT, [1, 32, 16, 16]))
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("metadata", "words"),
+    [
+        ({"task": "segment"}, ["'segment' (instance segmentation)", "[1, 32, 16, 16]"]),
+        ({}, ["instance segmentation export", "mask prototypes", "[1, 32, 16, 16]"]),  # no metadata
+    ],
+)
+def test_a_segmentation_export_is_refused_by_name(tmp_path: Path, metadata: dict[str, str], words: list[str]) -> None:
+    with pytest.raises(ContractError) as info:
+        load_model(ModelConfig(path=_segmentation_export(tmp_path / "seg.onnx", metadata)), RuntimeConfig())
+    for word in words:
+        assert word in str(info.value)
+    assert "detection models only" in str(info.value)
+    assert "model.head" not in str(info.value)  # no setting serves a segmentation model
+
+
+@pytest.mark.parametrize(
+    ("task", "name"), [("pose", "pose estimation"), ("obb", "oriented bounding boxes"), ("classify", "classification")]
+)
+def test_other_tasks_are_refused_by_name_without_a_useless_hint(tmp_path: Path, task: str, name: str) -> None:
+    path = colour_probe(tmp_path / "m.onnx", metadata={"task": task})
+    with pytest.raises(ContractError) as info:
+        load_model(ModelConfig(path=path), RuntimeConfig())
+    assert f"model task '{task}' ({name}) is not supported" in str(info.value)
+    assert "model.head" not in str(info.value)
