@@ -46,8 +46,15 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
         default=0.25,
         help="score at which precision and recall are reported (default 0.25, the daemon's)",
     )
-    p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold, as in the daemon's config")
-    p.add_argument("--max-det", type=int, default=300, help="detections kept per image")
+    p.add_argument(
+        "--iou", type=float, default=0.7, help="NMS IoU threshold (default 0.7, yolo val's; the daemon's model.iou is 0.45)"
+    )
+    p.add_argument("--max-det", type=int, default=300, help="detections kept per image (default 300, yolo val's)")
+    p.add_argument(
+        "--coco",
+        action="store_true",
+        help="score as pycocotools' COCOeval (needs pycocotools) instead of as yolo val (the default)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON to this file")
 
 
@@ -132,9 +139,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alloc-frames", type=_positive, default=100, help="frames in the heap measurement (default 100)")
     p.add_argument(
         "--spinning",
-        choices=(*get_args(Spinning), "all"),
+        choices=get_args(Spinning),
         default=spinning,
-        help=f"runtime.spinning for the session (default {spinning}); all times the rows under each in turn",
+        help=f"runtime.spinning for the session (default {spinning})",
     )
     p.add_argument("--threads", type=int, default=0, help="runtime.intra_op_threads (default 0: one per physical core)")
     p.add_argument("--conf", type=float, default=0.25, help="model.conf (default 0.25)")
@@ -225,7 +232,8 @@ def _parser() -> argparse.ArgumentParser:
         help="measure a model's precision, recall and mAP",
         description="Run a model through the daemon's exact pipeline over a folder "
         "of images with YOLO-format labels, or over generated scenes, and report "
-        "precision, recall, mAP@0.5 and mAP@0.5:0.95 per class.",
+        "precision, recall, mAP@0.5 and mAP@0.5:0.95 per class, computed as yolo val "
+        "computes them (ultralytics 8.4) or, with --coco, as pycocotools' COCOeval.",
     )
     _eval_arguments(evaluate)
 

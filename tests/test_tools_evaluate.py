@@ -1,8 +1,10 @@
-"""``edged eval`` on a YOLO-format folder, through the daemon's own pipeline."""
+"""``edged eval`` on a YOLO-format folder, through the daemon's own pipeline, scored as yolo val or pycocotools."""
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import cv2
@@ -11,17 +13,22 @@ import pytest
 from daemon import run_cli
 from onnx_models import colour_probe
 
-from edged.errors import EXIT_DATA
-from edged.tools.evaluate import label_path, read_yolo_labels
+from edged.cli import main
+from edged.config import ModelConfig, RuntimeConfig
+from edged.errors import EXIT_CONFIG, EXIT_DATA
+from edged.model import load_model
+from edged.tools.evaluate import evaluate, folder_samples, label_path, read_yolo_labels
 
 pytestmark = pytest.mark.tools
 
 RED, BLUE = (0, 0, 255), (255, 0, 0)
+# Red and blue at once: the probe scores red about 0.86 and blue about 0.70 (letterboxed means).
+PURPLE = (200, 0, 255)
 # The probe's box in a 128x96 frame is (48, 20)-(80, 44): as YOLO cx cy w h, normalised.
 PROBE_LABEL = f"{64 / 128} {32 / 96} {32 / 128} {24 / 96}"
 
 
-def _dataset(root: Path, images: dict[str, tuple[tuple[int, int, int], str | None]]) -> Path:
+def _dataset(root: Path, images: Mapping[str, tuple[tuple[int, int, int], str | None]]) -> Path:
     (root / "images").mkdir(parents=True)
     (root / "labels").mkdir()
     for name, (colour, label) in images.items():
@@ -36,29 +43,44 @@ def model(tmp_path: Path) -> Path:
     return colour_probe(tmp_path / "probe.onnx")
 
 
-def test_perfect_labels_score_one(tmp_path: Path, model: Path) -> None:
-    data = _dataset(
-        tmp_path / "data",
-        {
-            "r1": (RED, f"0 {PROBE_LABEL}"),
-            "r2": (RED, f"0 {PROBE_LABEL}"),
-            "b1": (BLUE, f"1 {PROBE_LABEL}"),
-            "b2": (BLUE, f"1 {PROBE_LABEL}"),
-        },
-    )
+PERFECT = {
+    "r1": (RED, f"0 {PROBE_LABEL}"),
+    "r2": (RED, f"0 {PROBE_LABEL}"),
+    "b1": (BLUE, f"1 {PROBE_LABEL}"),
+    "b2": (BLUE, f"1 {PROBE_LABEL}"),
+}
+
+
+def test_perfect_labels_score_one_as_pycocotools(tmp_path: Path, model: Path) -> None:
+    data = _dataset(tmp_path / "data", PERFECT)
     report_file = tmp_path / "report.json"
-    result = run_cli("eval", "--model", str(model), "--data", str(data), "--json", str(report_file))
+    result = run_cli("eval", "--model", str(model), "--data", str(data), "--coco", "--json", str(report_file))
     assert result.returncode == 0, result.stderr
     report = json.loads(report_file.read_text())
-    assert report["n_images"] == 4
+    assert report["convention"] == "coco" and report["n_images"] == 4
     assert report["map50"] == pytest.approx(1.0) and report["map50_95"] == pytest.approx(1.0)
     # The weak cross-colour scores (about 0.11) sit below the report threshold of 0.25.
     assert report["precision"] == pytest.approx(1.0) and report["recall"] == pytest.approx(1.0)
     assert [c["name"] for c in report["per_class"]] == ["red", "blue"]
-    assert "all" in result.stdout and "mAP50" in result.stdout
+    assert "all" in result.stdout and "mAP50" in result.stdout and "pycocotools" in result.stdout
 
 
-def test_a_missed_object_and_a_background_image(tmp_path: Path, model: Path) -> None:
+def test_perfect_labels_score_0995_as_yolo_val(tmp_path: Path, model: Path) -> None:
+    # yolo val's trapezoid over its 101-point curve gives a perfect class 0.995, never 1.
+    data = _dataset(tmp_path / "data", PERFECT)
+    report_file = tmp_path / "report.json"
+    result = run_cli("eval", "--model", str(model), "--data", str(data), "--json", str(report_file))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_file.read_text())
+    assert report["convention"] == "ultralytics"
+    assert (report["conf"], report["iou"], report["max_det"]) == (0.001, 0.7, 300)  # yolo val's defaults
+    assert report["map50"] == pytest.approx(0.995) and report["map50_95"] == pytest.approx(0.995)
+    assert report["precision"] == pytest.approx(1.0) and report["recall"] == pytest.approx(1.0)
+    assert "AP as yolo val" in result.stdout
+
+
+@pytest.mark.parametrize(("coco", "ap50"), [(True, 51 / 101), (False, 0.495)])
+def test_a_missed_object_and_a_background_image(tmp_path: Path, model: Path, coco: bool, ap50: float) -> None:
     # r2's label is in the wrong place (a miss plus a false positive); bg has no label file.
     data = _dataset(
         tmp_path / "data",
@@ -69,15 +91,42 @@ def test_a_missed_object_and_a_background_image(tmp_path: Path, model: Path) -> 
         },
     )
     report_file = tmp_path / "report.json"
-    result = run_cli("eval", "--model", str(model), "--data", str(data), "--json", str(report_file))
+    result = run_cli(
+        "eval", "--model", str(model), "--data", str(data), "--json", str(report_file), *(["--coco"] if coco else [])
+    )
     assert result.returncode == 0, result.stderr
     red = json.loads(report_file.read_text())["per_class"][0]
     assert red["n_gt"] == 2
     assert red["recall"] == pytest.approx(0.5)
     # Red predictions: r1 and r2 tie at ~0.86 and a stable sort keeps image order (r1 a hit
-    # first, then r2 a miss), bg ~0.11 a miss. 101-point AP: precision 1 up to recall 0.5,
-    # nothing beyond: 51 of the 101 points at 1.0.
-    assert red["ap50"] == pytest.approx(51 / 101, abs=1e-6)
+    # first, then r2 a miss), bg's red ~0.11 a miss. Precision 1 up to recall 0.5, nothing
+    # beyond: 51 of COCO's 101 points at 1.0; yolo val's curve is 1 over 0.00..0.49 and drops
+    # to 0 at 0.50 (0.49 + 0.005).
+    assert red["ap50"] == pytest.approx(ap50, abs=1e-6)
+
+
+@pytest.mark.parametrize(("head", "blue_ap50"), [("yolov8", 0.995), ("yolov5", 0.995), ("end2end", 0.0)])
+def test_every_class_of_a_box_is_ranked_as_yolo_val_ranks_it(tmp_path: Path, head: str, blue_ap50: float) -> None:
+    # A purple frame with a red and a blue object at the probe's box. The daemon publishes the
+    # box once, as red; yolo val ranks it under blue too. The end2end probe reports red only.
+    data = _dataset(tmp_path / "data", {"p": (PURPLE, f"0 {PROBE_LABEL}\n1 {PROBE_LABEL}")})
+    model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx", head=head), conf=0.001, iou=0.7), RuntimeConfig())
+    total, samples = folder_samples(data, model.num_classes)
+    red, blue = evaluate(model, samples, total, report_conf=0.25).per_class
+    assert red.ap50 == pytest.approx(0.995) and (red.n_pred, red.recall) == (1, 1.0)
+    assert blue.ap50 == pytest.approx(blue_ap50)
+    assert (blue.n_pred, blue.recall) == (0, 0.0)  # precision and recall count what is published
+
+
+def test_coco_without_pycocotools_fails_before_evaluating(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "pycocotools", None)
+    monkeypatch.setitem(sys.modules, "pycocotools.cocoeval", None)
+    data = _dataset(tmp_path / "data", {"r1": (RED, f"0 {PROBE_LABEL}")})
+    assert main(["eval", "--model", str(model), "--data", str(data), "--coco"]) == EXIT_CONFIG
+    captured = capsys.readouterr()
+    assert "pip install pycocotools" in captured.err and "images" not in captured.err and captured.out == ""
 
 
 @pytest.mark.parametrize(

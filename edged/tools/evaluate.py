@@ -1,9 +1,14 @@
 """``edged eval``: a model's accuracy measured through the daemon's own pipeline.
 
 Frames go through exactly what `edged run` does to them (`FramePipeline`: the same letterbox,
-the same contract, the same decoder and NMS), so the figures describe the deployed behaviour,
-not a training framework's. Data is either a folder of images with YOLO-format label files (what
-ultralytics and Roboflow export) or generated inspection scenes with their ground truth.
+the same contract, the same decoder and NMS), so the figures describe the deployed boxes. They
+are ranked and scored as ``yolo val`` ranks and scores them (its defaults conf 0.001, NMS IoU
+0.7, 300 detections, and every class of a box above conf, not only its best), so that a user can
+hold them against the figures ultralytics gave for the same model and data; ``--coco`` scores the
+same predictions as pycocotools does (`edged.tools.metrics` has both conventions). Precision and
+recall count the boxes the daemon publishes. Data is either a folder of images with YOLO-format
+label files (what ultralytics and Roboflow export) or generated inspection scenes with their
+ground truth.
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ import numpy as np
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import DataError, UsageError
+from edged.heads import head_named
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.sources.images import IMAGE_SUFFIXES
-from edged.tools.metrics import EvalReport, MetricAccumulator
+from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
 from edged.tools.scenes import SceneGenerator
 
 
@@ -118,9 +124,14 @@ class ProgressBar:
 
 
 def evaluate(
-    model: LoadedModel, samples: Iterator[EvalSample], total: int, report_conf: float, progress: ProgressBar | None = None
+    model: LoadedModel,
+    samples: Iterator[EvalSample],
+    total: int,
+    report_conf: float,
+    progress: ProgressBar | None = None,
+    convention: Convention = "ultralytics",
 ) -> EvalReport:
-    """Run every sample through the daemon's pipeline and score the detections."""
+    """Run every sample through the daemon's pipeline and score the detections under `convention`."""
     names = model.labels or [str(i) for i in range(model.num_classes)]
     acc = MetricAccumulator(names)
     plan: FramePipeline | None = None
@@ -129,10 +140,45 @@ def evaluate(
         if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
             plan = FramePipeline(model, w, h, "bgr")
         detections, _ = plan.process(sample.image)
-        acc.add(detections.xyxy, detections.scores, detections.class_ids, sample.boxes, sample.class_ids)
+        published = (detections.xyxy.copy(), detections.scores.copy(), detections.class_ids.copy())
+        xyxy, scores, classes = _every_class(plan) or published
+        acc.add(xyxy, scores, classes, sample.boxes, sample.class_ids, published=published)
         if progress:
             progress.update(done)
-    return acc.report(conf=report_conf)
+    return acc.report(conf=report_conf, convention=convention)
+
+
+def _every_class(plan: FramePipeline) -> Predictions | None:
+    """yolo val's predictions for the frame `plan` last processed; None where they are the published ones.
+
+    ``yolo val`` keeps every class of a candidate box whose score is above conf (ultralytics'
+    multi-label NMS), where the daemon keeps its best class only; a box two classes claim is
+    ranked under both. The daemon's own decoder, run once per class on a copy of the output with
+    every other class's scores zeroed, gives exactly those: NMS is per class anyway, and the best
+    ``max_det`` over all classes are kept. (yolo val also stops at its 30,000 best candidates
+    before NMS; edged does not, which can only matter where more than that score above conf.)
+    """
+    masked = np.empty_like(plan.output)
+    scores = head_named(plan.model.head).class_scores(masked)  # a view: zeroing it edits `masked`
+    if scores is None or plan.model.num_classes == 1:
+        return None
+    parts = []
+    for c in range(plan.model.num_classes):
+        np.copyto(masked, plan.output)
+        scores[:c] = 0.0
+        scores[c + 1 :] = 0.0
+        found = plan.decoder.decode(masked, plan.box_map)
+        parts.append((found.xyxy.copy(), found.scores.copy(), found.class_ids.copy()))
+    xyxy, scores, classes = (np.concatenate([part[i] for part in parts]) for i in range(3))
+    best = np.argsort(-scores, kind="stable")[: plan.model.cfg.max_det]
+    return xyxy[best], scores[best], classes[best]
+
+
+_CONVENTION_NOTES: dict[Convention, str] = {
+    "ultralytics": "AP as yolo val: its predictions, 101-point precision envelope integrated by the trapezoid rule",
+    "coco": "AP as pycocotools' COCOeval on yolo val's predictions: 101-point precision envelope averaged, "
+    "at most 100 per class and image",
+}
 
 
 def format_report(report: EvalReport) -> str:
@@ -143,7 +189,10 @@ def format_report(report: EvalReport) -> str:
     )
     for c in report.per_class:
         lines.append(f"{c.name:<16}{'':>8}{c.n_gt:>8}{c.precision:>8.3f}{c.recall:>8.3f}{c.ap50:>8.3f}{c.ap50_95:>10.3f}")
-    lines.append(f"(precision and recall at conf {report.conf:g}; AP is COCO-style, 101-point interpolation)")
+    lines.append(f"({_CONVENTION_NOTES[report.convention]})")
+    lines.append(
+        f"(precision and recall: the boxes the daemon publishes at conf {report.report_conf:g}, matched at IoU 0.5)"
+    )
     return "\n".join(lines)
 
 
@@ -156,6 +205,9 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    convention: Convention = "coco" if args.coco else "ultralytics"
+    if convention == "coco":
+        require_pycocotools()
     try:
         cfg = ModelConfig(path=args.model, labels=args.labels, conf=args.conf, iou=args.iou, max_det=args.max_det)
     except ValueError as e:
@@ -166,7 +218,7 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     else:
         width, height = _size(args.size)
         total, samples = scene_samples(args.scenes, args.seed, width, height)
-    report = evaluate(model, samples, total, args.report_conf, ProgressBar(total))
+    report = evaluate(model, samples, total, args.report_conf, ProgressBar(total), convention)
     print(format_report(report), file=out)
     if args.json is not None:
         document = {
@@ -175,6 +227,7 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             "data": str(args.data) if args.data else f"scenes seed={args.seed} n={args.scenes}",
             "conf": args.conf,
             "iou": args.iou,
+            "max_det": args.max_det,
             **report.to_dict(),
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")

@@ -66,7 +66,7 @@ from edged.tools.scenes import CLASS_NAMES
 HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 METHODS = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}
 CALIB_CHUNK = 16  # frames whose activations onnxruntime holds at once while calibrating
-MAP_CONF, MAX_DET, REPORT_CONF = 0.001, 300, 0.25  # as `edged eval` scores by default
+MAP_CONF, MAP_IOU, MAX_DET, REPORT_CONF = 0.001, 0.7, 300, 0.25  # as `edged eval` scores by default
 SCENE_SIZE = (1280, 720)
 LATENCY_WARMUP = 20
 
@@ -544,7 +544,8 @@ def print_result(result: Quantised, contract: InputContract, out: TextIO) -> Non
 def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     _check_args(args)
     original = load_model(
-        ModelConfig(path=args.model, conf=MAP_CONF, max_det=MAX_DET), RuntimeConfig(intra_op_threads=args.threads)
+        ModelConfig(path=args.model, conf=MAP_CONF, iou=MAP_IOU, max_det=MAX_DET),
+        RuntimeConfig(intra_op_threads=args.threads),
     )
     _check_scene_classes(args, original)
     calibration, frames = _calibration(args, original)
