@@ -6,6 +6,9 @@ forever with capped exponential backoff while the rest of the daemon keeps runni
 A source that splits reading into ``grab`` and ``retrieve`` has every frame grabbed but only the
 frames the consumer may take decoded: under a model slower than the camera, or a thermal rate
 cap, decoding frames that a newer one replaces before they are taken is heat for nothing.
+A network stream (a source with ``timeouts``) is called stalled when no new frame has come for
+its limit on this clock, whatever its reads said: a frozen RTSP server can make a read block and
+then return old frames as if all were well.
 
 All timing goes through an injectable monotonic clock and wait, so pacing, backoff and the
 heartbeat are exact under a test clock.
@@ -27,9 +30,9 @@ import numpy as np
 
 from edged.config import CapturePriority
 from edged.demand import StreamTiming
-from edged.errors import SourceError
+from edged.errors import EdgedError, SourceError
 from edged.latest import LatestFrame, Shape
-from edged.sources import Frame, Source, SplitSource, paces, splits_reading
+from edged.sources import Frame, Source, SplitSource, paces, splits_reading, stamps, times_out
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,26 @@ class Backoff:
         return base * (1.0 - JITTER * self.rng.random())
 
 
+class StallWatch:
+    """Calls a stream stalled when a frame comes later than allowed, however the read that got it ended.
+
+    The first frame may take ``first_s`` from ``since_ns`` (when opening began: the stream is
+    starting until then), every later one ``between_s`` from the one before.
+    """
+
+    def __init__(self, first_s: float, between_s: float, *, since_ns: int) -> None:
+        self._between_ns = round(between_s * 1e9)
+        self._allowed_ns = round(first_s * 1e9)
+        self._last_ns = since_ns
+
+    def arrived(self, now_ns: int) -> None:
+        """Note a frame that came at ``now_ns``; raise ``SourceError`` if it came too late to be taken as live."""
+        waited_ns = now_ns - self._last_ns
+        if waited_ns > self._allowed_ns:
+            raise SourceError(f"stalled: no new frame for {waited_ns / 1e9:.1f} s (allowed {self._allowed_ns / 1e9:g} s)")
+        self._last_ns, self._allowed_ns = now_ns, self._between_ns
+
+
 class Capture:
     """Owns the capture thread: opening, pacing, reading and reconnecting one camera.
 
@@ -131,6 +154,7 @@ class Capture:
         self._reconnects = 0
         self._last_error: str | None = None
         self._last_progress_ns = clock()
+        self.fatal: EdgedError | None = None  # a configuration the camera refused: retrying cannot help
 
     # ---- consumer side ---------------------------------------------------------------------
 
@@ -235,11 +259,12 @@ class Capture:
                     return
                 with self._lock:
                     self._reconnects += 1
+            opening_ns = self._clock()
             source = self._open()
             if source is None:
                 continue
             try:
-                end = self._stream(source)
+                end = self._stream(source, opening_ns)
             finally:
                 self._close(source)
             if end == "ended":
@@ -267,6 +292,18 @@ class Capture:
                 self._close(source)
             self._fail(str(e), read=False)
             return None
+        except EdgedError as e:
+            # The camera refused its configuration (an unknown control, a missing module): the
+            # consumer stops with the error's exit code instead of retrying forever.
+            if source is not None:
+                self._close(source)
+            log.error("camera %s: %s", self._camera_id, e, extra=self._extra)
+            with self._lock:
+                self.fatal = e
+                self._last_error = str(e)
+            self._stop.set()
+            self._frames.close()
+            return None
         self._last_progress_ns = self._clock()
         return source
 
@@ -276,9 +313,15 @@ class Capture:
         except Exception as e:  # closing a camera that is already gone may fail in any way
             log.debug("camera %s: close failed: %s", self._camera_id, e, extra=self._extra)
 
-    def _stream(self, source: Source) -> StreamEnd:
-        """Read one opened source until it ends, fails or capture stops, at its pace if it has one."""
+    def _stream(self, source: Source, opening_ns: int) -> StreamEnd:
+        """Read one opened source until it ends, fails, stalls or capture stops, at its pace if it has one.
+
+        A source with ``timeouts`` stalls when its first frame comes later than the first limit
+        after ``opening_ns`` (it is starting until then), or a frame later than the second after
+        the one before.
+        """
         split = source if splits_reading(source) else None
+        watch = StallWatch(*source.timeouts(), since_ns=opening_ns) if times_out(source) else None
         period_s = source.pace() if paces(source) else None
         period_ns = round(period_s * 1e9) if period_s else 0
         timing = StreamTiming(period_ns=float(period_ns), paced=period_ns > 0)
@@ -294,9 +337,9 @@ class Capture:
                 due_ns = due_ns + period_ns if due_ns + period_ns > now_ns else now_ns + period_ns
             try:
                 if split is None:
-                    got = self._read(source)
+                    got = self._read(source, watch)
                 else:
-                    got = self._grab(split, timing, decode=not delivered or self._decode_all)
+                    got = self._grab(split, timing, watch, decode=not delivered or self._decode_all)
             except SourceError as e:
                 self._fail(str(e), read=True)
                 return "lost"
@@ -307,20 +350,26 @@ class Capture:
                 delivered = True
         return "stopped"
 
-    def _read(self, source: Source) -> ReadOutcome:
+    def _read(self, source: Source, watch: StallWatch | None) -> ReadOutcome:
         """The next frame of a source that reads in one call, into a free slot."""
         index, buf = self._frames.claim()
         image = source.read(buf)
         if image is None:
             return "ended"
-        self._deliver(index, image, self._clock(), source.channel_order)
+        now_ns = self._clock()
+        if watch is not None:
+            watch.arrived(now_ns)
+        t_capture_ns = now_ns - source.frame_age_ns() if stamps(source) else now_ns
+        self._deliver(index, image, t_capture_ns, source.channel_order)
         return "delivered"
 
-    def _grab(self, source: SplitSource, timing: StreamTiming, *, decode: bool) -> ReadOutcome:
+    def _grab(self, source: SplitSource, timing: StreamTiming, watch: StallWatch | None, *, decode: bool) -> ReadOutcome:
         """The next frame grabbed, decoded into a free slot only when ``decode`` or the consumer may want it."""
         if not source.grab():
             return "ended"
         t_capture_ns = self._clock()
+        if watch is not None:
+            watch.arrived(t_capture_ns)
         timing.grabbed(t_capture_ns)
         if not decode and not self._frames.wants(t_capture_ns, timing.newer_ready_ns):
             self._frames.skip()

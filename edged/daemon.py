@@ -93,6 +93,8 @@ class Daemon:
                 if now >= next_status:
                     self.publish_status()
                     next_status = now + self.settings.publish.status_interval_s
+                if self.capture.fatal is not None:
+                    return self.capture.fatal.exit_code  # logged by the capture thread
                 if self.capture.state == "ended":
                     log.info("source ended: stopping")
                     return EXIT_OK

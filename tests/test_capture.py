@@ -524,6 +524,75 @@ def test_stop_gives_up_on_a_blocked_read_and_the_thread_releases_the_camera_late
     assert camera.closed == 1
 
 
+class StreamFakeSource(SplitFakeSource):
+    """A network stream: ``timeouts`` as an RTSP source's, and the camera's ``slow_read`` run inside ``grab`` or ``open``.
+
+    A slow call that still succeeds is what a frozen RTSP server does to OpenCV: the read blocks,
+    then returns an old frame with ok.
+    """
+
+    OPEN_TIMEOUT_S, READ_TIMEOUT_S = 10.0, 5.0
+
+    def timeouts(self) -> tuple[float, float]:
+        return self.OPEN_TIMEOUT_S, self.READ_TIMEOUT_S
+
+    def open(self) -> None:
+        super().open()
+        self._run_slow()
+
+    def grab(self) -> bool:
+        self._run_slow()
+        return super().grab()
+
+    def _run_slow(self) -> None:
+        if self.camera.slow_read is not None:
+            self.camera.slow_read()
+            self.camera.slow_read = None
+
+
+def test_a_stream_that_returns_frames_late_is_stalled_lost_and_reconnected_with_ids_going_on(captures: Captures) -> None:
+    clock = ManualClock()
+    camera = FakeCamera(fps=10.0, clock=clock)
+    capture, _ = captures.on_clock(lambda: StreamFakeSource(camera), clock, decode_all=True, backoff_initial_s=0.5)
+    clock.waiting(1)
+    before = take_all(capture, clock, 3)
+    camera.slow_read = lambda: clock.advance(StreamFakeSource.READ_TIMEOUT_S + 0.5)  # the read said ok, 5.6 s late
+    clock.step()
+    stats = capture.stats()
+    assert stats.state == "lost" and stats.read_errors == 1 and stats.reconnects == 0
+    assert stats.last_error == "stalled: no new frame for 5.6 s (allowed 5 s)"
+    assert len(camera.open_times) == 1 and camera.closed == 1
+    clock.step()  # the backoff ends; reopened, it delivers again
+    assert capture.stats().state == "ok" and capture.stats().reconnects == 1
+    assert [f.frame_id for f in before] == [0, 1, 2]
+    after = capture.take(timeout_s=0)  # frame 3 came in time; the camera's fifth, late, was never handed on
+    assert after is not None and after.frame_id == 4 and int(after.image[0, 0, 0]) == 5
+
+
+def test_a_stream_whose_first_frame_is_slower_than_the_read_timeout_is_starting_until_the_open_timeout(
+    captures: Captures,
+) -> None:
+    clock = ManualClock()
+    camera = FakeCamera(fps=10.0, clock=clock)
+    first_frame_s = StreamFakeSource.OPEN_TIMEOUT_S - 1.0  # longer than READ_TIMEOUT_S
+    camera.slow_read = lambda: clock.advance(first_frame_s)
+    capture, _ = captures.on_clock(lambda: StreamFakeSource(camera), clock)
+    clock.waiting(1)
+    stats = capture.stats()
+    assert stats.state == "ok" and stats.read_errors == 0 and stats.frames_captured == 1
+
+
+def test_a_stream_without_a_first_frame_by_the_open_timeout_is_lost(captures: Captures) -> None:
+    clock = ManualClock()
+    camera = FakeCamera(fps=10.0, clock=clock)
+    camera.slow_read = lambda: clock.advance(StreamFakeSource.OPEN_TIMEOUT_S + 1.0)
+    capture, _ = captures.on_clock(lambda: StreamFakeSource(camera), clock)
+    clock.waiting(1)  # waiting to reconnect
+    stats = capture.stats()
+    assert stats.state == "lost" and stats.frames_captured == 0  # grabbed too late: never handed on
+    assert stats.last_error == "stalled: no new frame for 11.0 s (allowed 10 s)"
+
+
 # ---- sizes and endings ----------------------------------------------------------------------------
 
 

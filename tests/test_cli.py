@@ -62,6 +62,31 @@ def test_check_warns_about_a_provider_this_build_lacks(tmp: Path) -> None:
     assert "session uses: CPUExecutionProvider" in result.stdout
 
 
+def test_check_opens_the_source_and_reports_its_size_rate_and_channel_order(tmp: Path) -> None:
+    source = {"type": "synthetic", "width": 160, "height": 96, "fps": 20.0}
+    result = run_cli("check", "--config", str(_config(tmp, source=source)))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert next(line for line in lines if line.startswith("source     ")).startswith("source     synthetic width=160")
+    delivers = next(line for line in lines if "delivers" in line)
+    assert delivers.startswith("           delivers 160x96 at ") and delivers.endswith(" fps, bgr")
+    assert float(delivers.split(" at ")[1].split()[0]) == pytest.approx(20.0, rel=0.3)
+
+
+def test_check_refuses_a_video_file_that_does_not_exist(tmp: Path) -> None:
+    result = run_cli("check", "--config", str(_config(tmp, source={"type": "file", "path": "absent.mp4"})))
+    assert result.returncode == 78
+    assert "absent.mp4 does not exist" in result.stderr
+
+
+def test_config_errors_never_show_a_camera_password(tmp: Path) -> None:
+    source = {"type": "rtsp", "url": "http://viewer:s3cret@camera.local/stream"}
+    result = run_cli("check", "--config", str(_config(tmp, source=source)))
+    assert result.returncode == 78
+    assert "source.url: Value error, must be an rtsp:// or rtsps:// URL" in result.stderr
+    assert "http://***@camera.local/stream" in result.stderr and "s3cret" not in result.stderr
+
+
 def test_check_refuses_a_normalisation_that_makes_scores_above_one(tmp: Path) -> None:
     # scale 1 instead of 1/255: the probe's score on a grey 114 frame becomes 114.
     result = run_cli("check", "--config", str(_config(tmp, {"path": "probe.onnx", "scale": 1.0})))

@@ -17,6 +17,8 @@ import numpy as np
 from edged.sources.base import SourceBase
 from edged.sources.file import FileSource, FileSourceConfig
 from edged.sources.images import ImagesSource, ImagesSourceConfig
+from edged.sources.picamera2 import Picamera2Source, Picamera2SourceConfig
+from edged.sources.rtsp import RtspSource, RtspSourceConfig
 from edged.sources.synthetic import SyntheticSource, SyntheticSourceConfig
 from edged.sources.v4l2 import V4l2Source, V4l2SourceConfig
 
@@ -54,17 +56,12 @@ class Source(Protocol):
       splits it. ``grab`` takes the next frame off the camera without converting it (``False`` at
       the end of a finite stream), ``retrieve`` decodes the frame last grabbed into ``out``. With
       both, the capture thread grabs every frame but decodes only those the consumer may take.
-
-    Other camera kinds fit the same shape:
-
-    - picamera2: ``read`` enters ``captured_request()`` and ``MappedArray(request, "main")`` and
-      copies ``m.array`` (a possibly strided view onto the dmabuf) into ``out`` with
-      ``np.copyto``: one pass, and no reference to the camera buffer outlives the ``with`` block.
-      Configure ``RGB888``, which is BGR in memory, and report ``channel_order = "bgr"``.
-    - GStreamer or RTSP: ``cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)`` (an OpenCV built with
-      GStreamer) ending in ``appsink drop=true max-buffers=1``, or an ``rtsp://`` URL through
-      ``CAP_FFMPEG``; ``grab``/``retrieve`` are OpenCV's like the file source's, a failed read
-      raises ``SourceError``, and the capture thread's reconnect loop reopens the stream.
+    - ``timeouts() -> tuple[float, float]``: for network streams, the longest waits (s) for the
+      first frame after opening starts and between two frames. The capture thread calls a stream
+      that exceeds them stalled, on its own clock, even when the camera call itself said ok.
+    - ``frame_age_ns() -> int``: for cameras whose frames carry the sensor's own timestamp, how
+      long before the last ``read`` returned its frame was captured; the frame's capture time is
+      then that much before the read returned, not when it returned.
     """
 
     channel_order: Literal["bgr", "rgb"]
@@ -106,12 +103,38 @@ def paces(source: Source) -> TypeGuard[PacedSource]:
     return callable(getattr(source, "pace", None))
 
 
+class TimedSource(Source, Protocol):
+    """A stream that can stall without failing a read (see `Source`, ``timeouts``)."""
+
+    def timeouts(self) -> tuple[float, float]:
+        """Seconds allowed until the first frame after opening starts, and between frames."""
+
+
+def times_out(source: Source) -> TypeGuard[TimedSource]:
+    """Whether ``source`` has ``timeouts``, so the capture thread watches it for stalls."""
+    return callable(getattr(source, "timeouts", None))
+
+
+class StampedSource(Source, Protocol):
+    """A camera whose frames carry their capture time (see `Source`, ``frame_age_ns``)."""
+
+    def frame_age_ns(self) -> int:
+        """Nanoseconds between the capture of the frame the last ``read`` returned and that return."""
+
+
+def stamps(source: Source) -> TypeGuard[StampedSource]:
+    """Whether ``source`` has ``frame_age_ns``, so a frame's capture time comes from the camera."""
+    return callable(getattr(source, "frame_age_ns", None))
+
+
 # source.type -> (its [source] config class, the source built from that config).
 SOURCES: dict[str, tuple[type[SourceBase], Callable[[Any], Source]]] = {
     "synthetic": (SyntheticSourceConfig, SyntheticSource),
     "file": (FileSourceConfig, FileSource),
     "images": (ImagesSourceConfig, ImagesSource),
     "v4l2": (V4l2SourceConfig, V4l2Source),
+    "picamera2": (Picamera2SourceConfig, Picamera2Source),
+    "rtsp": (RtspSourceConfig, RtspSource),
 }
 
 

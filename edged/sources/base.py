@@ -1,7 +1,8 @@
-"""What every camera kind's module builds on: the keys all sources share, and OpenCV's retrieve into a slot."""
+"""What every camera kind's module builds on: the keys all sources share, OpenCV's retrieve into a slot, masking."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import cv2
@@ -10,6 +11,17 @@ from pydantic import Field
 
 from edged.errors import SourceError
 from edged.sections import Section
+
+_CREDENTIALS = re.compile(r"(?<=://)[^/\s]*@")  # user[:password]@ after a URL's scheme
+
+
+def mask_credentials(text: str) -> str:
+    """``text`` with every URL's ``user:password@`` replaced by ``***@``: how edged shows a source anywhere.
+
+    It works on any text holding URLs (an RTSP URL, a pipeline with a ``location=`` URL, an error),
+    so logs, status messages, ``edged check`` and configuration errors never show a camera's password.
+    """
+    return _CREDENTIALS.sub("***@", text)
 
 
 class SourceBase(Section):

@@ -1,0 +1,174 @@
+"""IP cameras over RTSP through OpenCV's FFmpeg backend, with bounded waits and credentials kept out of logs.
+
+FFmpeg waits forever (OpenCV: 30 s) for a silent camera unless the open and read timeouts are
+passed when the capture is opened, so both go in ``VideoCapture``'s parameters. The transport
+and the discarding of corrupt packets are FFmpeg demuxer options, which OpenCV reads from
+``OPENCV_FFMPEG_CAPTURE_OPTIONS`` only while opening: they are set for that call alone, on top
+of any options the user set there. A stall that FFmpeg's own timeout does not catch (old frames
+returned after a long wait) is the capture thread's to see, from `RtspSource.timeouts`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+from urllib.parse import urlsplit
+
+import cv2
+import numpy as np
+from pydantic import Field, field_validator
+
+from edged.errors import SourceError
+from edged.sources.base import SourceBase, mask_credentials, retrieve_frame
+
+log = logging.getLogger(__name__)
+
+FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322}
+PROBE_TIMEOUT_S = 2.0  # the connect that explains a failed open
+
+_options_lock = threading.Lock()  # the environment is process-wide: one open at a time sets it
+
+
+class RtspSourceConfig(SourceBase):
+    type: Literal["rtsp"] = "rtsp"
+    url: str = Field(
+        description="rtsp:// or rtsps:// URL of the stream; user:password@ in it is allowed and never logged.",
+    )
+    transport: Literal["tcp", "udp"] = Field(
+        "tcp", description="RTP transport: tcp survives packet loss and NAT; udp has less latency on a clean LAN."
+    )
+    open_timeout_s: float = Field(
+        10.0, gt=0, le=120, description="Longest wait to connect and get the first frame; until then the camera is starting."
+    )
+    read_timeout_s: float = Field(
+        5.0, gt=0, le=120, description="No new frame for this long means the camera stalled: it is lost and reopened."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _rtsp_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+            raise ValueError("must be an rtsp:// or rtsps:// URL with a host")
+        return url
+
+
+@contextmanager
+def _ffmpeg_options(options: dict[str, str]) -> Iterator[None]:
+    """``OPENCV_FFMPEG_CAPTURE_OPTIONS`` with ``options`` over the user's own, for one open, then as it was."""
+    with _options_lock:
+        before = os.environ.get(FFMPEG_OPTIONS_ENV)
+        merged = dict(pair.split(";", 1) for pair in (before or "").split("|") if ";" in pair)
+        merged.update(options)
+        os.environ[FFMPEG_OPTIONS_ENV] = "|".join(f"{key};{value}" for key, value in merged.items())
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[FFMPEG_OPTIONS_ENV]
+            else:
+                os.environ[FFMPEG_OPTIONS_ENV] = before
+
+
+class RtspSource:
+    """``cv2.VideoCapture(url, cv2.CAP_FFMPEG, timeouts)``; every grab takes a frame off the stream, so it never lags."""
+
+    def __init__(self, cfg: RtspSourceConfig) -> None:
+        self._cfg = cfg
+        self._name = mask_credentials(cfg.url)
+        self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
+        self._cap: cv2.VideoCapture | None = None
+
+    def timeouts(self) -> tuple[float, float]:
+        return self._cfg.open_timeout_s, self._cfg.read_timeout_s
+
+    def open(self) -> None:
+        cfg = self._cfg
+        params = [
+            cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
+            round(cfg.open_timeout_s * 1000),
+            cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+            round(cfg.read_timeout_s * 1000),
+        ]
+        started = time.monotonic()
+        with _ffmpeg_options({"rtsp_transport": cfg.transport, "fflags": "discardcorrupt"}):
+            cap = cv2.VideoCapture(cfg.url, cv2.CAP_FFMPEG, params)
+        if not cap.isOpened():
+            cap.release()
+            raise SourceError(f"cannot open RTSP stream {self._name}: {self._why_not_open(time.monotonic() - started)}")
+        self._cap = cap
+        log.info(
+            "RTSP stream %s over %s: %dx%d at %.1f fps",
+            self._name,
+            cfg.transport,
+            int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
+            int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+            float(cap.get(cv2.CAP_PROP_FPS)),
+            extra={"CAMERA": cfg.camera_id},
+        )
+
+    def _why_not_open(self, waited_s: float) -> str:
+        """What a plain TCP connect to the camera says, since OpenCV's failed open says nothing."""
+        parts = urlsplit(self._cfg.url)
+        host, port = parts.hostname or "", parts.port or DEFAULT_PORTS[parts.scheme]
+        try:
+            with socket.create_connection((host, port), timeout=min(PROBE_TIMEOUT_S, self._cfg.open_timeout_s)):
+                pass
+        except ConnectionRefusedError:
+            return f"connection to {host}:{port} refused (is the camera's RTSP server on that port?)"
+        except TimeoutError:
+            return f"no answer from {host}:{port} (is the address right and the camera reachable from here?)"
+        except OSError as e:
+            return f"cannot reach {host}:{port}: {e.strerror or e} (check the address and the network)"
+        if waited_s >= self._cfg.open_timeout_s:
+            return (
+                f"{host}:{port} accepts connections but sent no stream within open_timeout_s = "
+                f"{self._cfg.open_timeout_s:g} (is it an RTSP server, and is the camera busy or booting?)"
+            )
+        return (
+            f"{host}:{port} answered but refused the stream (check the path and the credentials in source.url, "
+            "e.g. with `ffprobe -rtsp_transport tcp URL`)"
+        )
+
+    def read(self, out: np.ndarray | None) -> np.ndarray:
+        self.grab()
+        return self.retrieve(out)
+
+    def grab(self) -> bool:
+        """Take the next packet's frame off the stream (FFmpeg decodes it; `retrieve` only converts it)."""
+        try:
+            ok = self._opened().grab()
+        except cv2.error as e:
+            raise SourceError(f"RTSP stream {self._name} failed: {e}") from e
+        if not ok:
+            raise SourceError(
+                f"RTSP stream {self._name} delivered no frame within read_timeout_s = {self._cfg.read_timeout_s:g} "
+                "or ended (camera rebooted, network down, or the server closed the session)"
+            )
+        return True
+
+    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
+        """The frame last grabbed, converted to BGR straight into ``out`` when its shape fits."""
+        return retrieve_frame(
+            self._opened(),
+            out,
+            failed=f"RTSP stream {self._name} failed",
+            undecodable=f"a frame of RTSP stream {self._name} could not be converted",
+        )
+
+    def _opened(self) -> cv2.VideoCapture:
+        if self._cap is None:
+            raise SourceError(f"RTSP stream {self._name} read before open()")
+        return self._cap
+
+    def close(self) -> None:
+        if self._cap is not None:
+            self._cap.release()
+            self._cap = None

@@ -1,0 +1,102 @@
+"""A real RTSP server for the tests: GStreamer's GstRtspServer streaming a solid-colour MJPEG test pattern.
+
+Run as a script by Debian's own Python (``python3-gi`` and ``gir1.2-gst-rtsp-server-1.0``, installed by
+``scripts/setup test``), on a free loopback port; `RtspServer` starts it, freezes it with SIGSTOP (a
+camera that stops sending but keeps its connection), thaws it with SIGCONT, and restarts it on the
+same port. MJPEG needs only GStreamer's base and good plugins, and FFmpeg decodes it with no codec
+extras.
+"""
+
+from __future__ import annotations
+
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, which sees python3-gi
+MOUNT = "/cam"
+WIDTH, HEIGHT, FPS = 160, 120, 15
+
+
+def launch_line(pattern: str) -> str:
+    """The server's media: a live ``videotestsrc`` of ``pattern`` as RTP/JPEG (payloader ``pay0``)."""
+    return (
+        f"( videotestsrc is-live=true pattern={pattern} ! video/x-raw,format=I420,width={WIDTH},height={HEIGHT},"
+        f"framerate={FPS}/1 ! jpegenc quality=90 ! rtpjpegpay name=pay0 pt=26 )"
+    )
+
+
+class RtspServer:
+    """The server as a subprocess on ``port``, serving ``launch_line(pattern)`` at `MOUNT`; stopped by `close`."""
+
+    def __init__(self, port: int, pattern: str = "red") -> None:
+        self.port = port
+        self.pattern = pattern
+        self.proc: subprocess.Popen[str] | None = None
+        self.start()
+
+    def url(self, credentials: str = "") -> str:
+        at = f"{credentials}@" if credentials else ""
+        return f"rtsp://{at}127.0.0.1:{self.port}{MOUNT}"
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        """Start the server and return once it listens (it prints ``ready``)."""
+        self.proc = subprocess.Popen(
+            [SYSTEM_PYTHON, str(Path(__file__)), str(self.port), self.pattern],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        line = self.proc.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            self.close()
+            raise AssertionError(f"RTSP server did not start in {timeout_s} s: {line!r}")
+
+    def freeze(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def restart(self) -> None:
+        self.close()
+        self.start()
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.proc = None
+
+
+def _serve(port: int, pattern: str) -> None:
+    import gi
+
+    gi.require_version("Gst", "1.0")
+    gi.require_version("GstRtspServer", "1.0")
+    from gi.repository import GLib, Gst, GstRtspServer
+
+    Gst.init(None)
+    server = GstRtspServer.RTSPServer()
+    server.set_address("127.0.0.1")
+    server.set_service(str(port))
+    factory = GstRtspServer.RTSPMediaFactory()
+    factory.set_launch(launch_line(pattern))
+    factory.set_shared(True)
+    server.get_mount_points().add_factory(MOUNT, factory)
+    if server.attach(None) == 0:
+        sys.exit(f"cannot listen on port {port}")
+    print("ready", flush=True)
+    GLib.MainLoop().run()
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), sys.argv[2])

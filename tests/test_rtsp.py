@@ -1,0 +1,194 @@
+"""RTSP cameras end to end: a real GstRtspServer on loopback, the real daemon, its real ZeroMQ stream.
+
+The server (tests/rtsp_server.py) streams solid red MJPEG at 15 fps; the colour probe model calls
+a red frame "red", so a detection proves frames went from the server through FFmpeg, the capture
+thread and the model in the right colour order. Freezing the server with SIGSTOP is a camera that
+keeps its connection open and sends nothing, the case OpenCV's own read does not notice in time.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon import RunningDaemon, free_port, run_cli, write_config
+from onnx_models import LABELS, colour_probe
+from rtsp_server import FPS, HEIGHT, WIDTH, RtspServer
+
+from edged.messages import DetectionsMessage
+
+pytestmark = pytest.mark.integration
+
+SECRET = "s3cret-pw"
+READ_TIMEOUT_S = 1.0
+MARGIN_S = 4.0  # a busy 2-core machine: FFmpeg's timeout, the next status message, scheduling
+
+
+@pytest.fixture
+def server() -> Iterator[RtspServer]:
+    srv = RtspServer(free_port())
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts TCP connections and never answers: a camera whose RTSP server hangs."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        yield int(listener.getsockname()[1])
+
+
+def start(tmp_path: Path, url: str, **keys: Any) -> RunningDaemon:
+    colour_probe(tmp_path / "probe.onnx")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    source = {"type": "rtsp", "url": url, "open_timeout_s": 5.0, "read_timeout_s": READ_TIMEOUT_S, **keys}
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": source,
+            "model": {"path": "probe.onnx"},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
+            "thermal": {"enabled": False},
+        },
+    )
+    return RunningDaemon(config, endpoint)
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[RunningDaemon]]:
+    started: list[RunningDaemon] = []
+    yield started
+    for d in started:
+        d.close()
+
+
+def terminate(daemon: RunningDaemon) -> int:
+    daemon.signal(signal.SIGTERM)
+    return daemon.proc.wait(timeout=10)
+
+
+def detections(daemon: RunningDaemon, count: int, timeout: float = 30) -> list[DetectionsMessage]:
+    msgs = [m for m in daemon.collect("detections", count, timeout) if isinstance(m, DetectionsMessage)]
+    assert len(msgs) == count
+    return msgs
+
+
+def test_frames_from_a_real_rtsp_server_become_detections_and_credentials_never_show(
+    tmp_path: Path, server: RtspServer, daemons: list[RunningDaemon]
+) -> None:
+    daemon = start(tmp_path, server.url(f"viewer:{SECRET}"))
+    daemons.append(daemon)
+    msgs = detections(daemon, 5)
+    for msg in msgs:
+        assert msg.frame_size == (WIDTH, HEIGHT)
+        assert [d.label for d in msg.detections] == [LABELS[0]]  # red, so BGR frames reached an RGB model right
+    status = daemon.wait_status(lambda s: s.source_state == "ok")
+    assert terminate(daemon) == 0
+    assert SECRET not in daemon.log() and "viewer" not in daemon.log()
+    assert f"127.0.0.1:{server.port}/cam" in daemon.log()  # the stream is still named, masked
+    assert SECRET not in status.model_dump_json()
+
+
+def test_a_frozen_server_is_lost_within_the_read_timeout_and_frames_continue_after_it_thaws_or_restarts(
+    tmp_path: Path, server: RtspServer, daemons: list[RunningDaemon]
+) -> None:
+    daemon = start(tmp_path, server.url())
+    daemons.append(daemon)
+    last_id = detections(daemon, 3)[-1].frame_id
+
+    server.freeze()
+    frozen = time.monotonic()
+    lost = daemon.wait_status(lambda s: s.source_state == "lost", timeout=READ_TIMEOUT_S + MARGIN_S)
+    assert time.monotonic() - frozen < READ_TIMEOUT_S + MARGIN_S
+    assert lost.capture is not None and lost.capture.last_error
+
+    server.thaw()
+    back = daemon.wait_status(lambda s: s.source_state == "ok" and s.capture is not None and s.capture.reconnects >= 1)
+    assert back.capture is not None
+    after_thaw = detections(daemon, 2)[-1].frame_id
+    assert after_thaw > last_id  # ids continue across the reconnect
+
+    server.restart()
+    reconnects = back.capture.reconnects
+    daemon.wait_status(lambda s: s.capture is not None and s.capture.reconnects > reconnects and s.source_state == "ok")
+    assert detections(daemon, 2)[-1].frame_id > after_thaw
+    assert "lost" in daemon.log() and "back after" in daemon.log()
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("wrong path", "answered but refused the stream (check the path and the credentials"),
+        ("closed port", "refused (is the camera's RTSP server on that port?)"),
+        ("silent port", "accepts connections but sent no stream within open_timeout_s = 1"),
+    ],
+)
+def test_a_camera_that_cannot_be_opened_is_logged_with_its_reason_and_retried(
+    tmp_path: Path, server: RtspServer, silent_port: int, daemons: list[RunningDaemon], fault: str, reason: str
+) -> None:
+    url = {
+        "wrong path": f"rtsp://127.0.0.1:{server.port}/nothing-here",
+        "closed port": f"rtsp://127.0.0.1:{free_port()}/cam",
+        "silent port": f"rtsp://127.0.0.1:{silent_port}/cam",
+    }[fault]
+    daemon = start(tmp_path, url, open_timeout_s=1.0)
+    daemons.append(daemon)
+    status = daemon.wait_status(lambda s: s.capture is not None and s.capture.reconnects >= 2, timeout=30)
+    assert status.source_state == "lost" and status.capture is not None
+    assert reason in (status.capture.last_error or "")
+    assert reason in daemon.log()
+    assert terminate(daemon) == 0
+
+
+def test_sigterm_stops_the_daemon_within_two_seconds_while_a_connect_is_pending(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(30)
+        daemon = start(tmp_path, f"rtsp://127.0.0.1:{listener.getsockname()[1]}/cam", open_timeout_s=60.0)
+        daemons.append(daemon)
+        conn, _ = listener.accept()  # edged is connected and waits for an RTSP answer that never comes
+        with conn:
+            daemon.wait_status(lambda s: s.source_state == "starting")
+            sent = time.monotonic()
+            daemon.signal(signal.SIGTERM)
+            assert daemon.proc.wait(timeout=10) == 0
+            assert time.monotonic() - sent < 2.0
+
+
+def test_check_opens_the_stream_and_reports_what_it_delivers(tmp_path: Path, server: RtspServer) -> None:
+    colour_probe(tmp_path / "probe.onnx")
+    source = {"type": "rtsp", "url": server.url(f"viewer:{SECRET}")}
+    config = write_config(
+        tmp_path / "edged.toml",
+        {"source": source, "model": {"path": "probe.onnx"}, "publish": {"endpoints": ["tcp://127.0.0.1:0"]}},
+    )
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert f"source     rtsp url=rtsp://***@127.0.0.1:{server.port}/cam transport=tcp" in result.stdout
+    line = next(line for line in result.stdout.splitlines() if "delivers" in line)
+    assert line.startswith(f"           delivers {WIDTH}x{HEIGHT} at ") and line.endswith(" fps, bgr")
+    assert float(line.split(" at ")[1].split()[0]) == pytest.approx(FPS, rel=0.35)
+    assert SECRET not in result.stdout + result.stderr
+
+
+def test_check_names_an_unreachable_stream_and_fails(tmp_path: Path) -> None:
+    colour_probe(tmp_path / "probe.onnx")
+    source = {"type": "rtsp", "url": f"rtsp://viewer:{SECRET}@127.0.0.1:{free_port()}/cam", "open_timeout_s": 2.0}
+    config = write_config(
+        tmp_path / "edged.toml",
+        {"source": source, "model": {"path": "probe.onnx"}, "publish": {"endpoints": ["tcp://127.0.0.1:0"]}},
+    )
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 1
+    assert "gave no frame: cannot open RTSP stream rtsp://***@127.0.0.1:" in result.stderr
+    assert SECRET not in result.stdout + result.stderr
