@@ -27,8 +27,6 @@ from edged.messages import DetectionsMessage
 from edged.sources import open_source
 from edged.sources.gstreamer import GstreamerSource, GstreamerSourceConfig
 
-pytest.importorskip("gi", reason="PyGObject is installed by scripts/setup test")
-
 pytestmark = pytest.mark.integration
 
 RED_BGR, BLUE_BGR = (0, 0, 255), (255, 0, 0)
