@@ -141,6 +141,7 @@ class _Gst:
         gi.require_version("Gst", "1.0")
         self._gst: Any = importlib.import_module("gi.repository.Gst")
         self._gst.init(None)
+        self._ends = self._gst.MessageType.ERROR | self._gst.MessageType.EOS
         void_p, c_uint64, c_int = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int
         core, app = ctypes.CDLL("libgstreamer-1.0.so.0"), ctypes.CDLL("libgstapp-1.0.so.0")
         self._pull = _bind(app, "gst_app_sink_try_pull_sample", void_p, void_p, c_uint64)
@@ -210,7 +211,7 @@ class _Gst:
 
         Without a GLib main loop nothing else empties the bus, so polling it also keeps it from growing.
         """
-        message = bus.pop_filtered(self._gst.MessageType.ERROR | self._gst.MessageType.EOS)
+        message = bus.pop_filtered(self._ends)
         if message is None:
             return None
         if message.type != self._gst.MessageType.ERROR:
