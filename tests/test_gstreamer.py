@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pytest
+from allocations import NumpyAllocations
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import LABELS, colour_probe
 from waiting import wait_for
@@ -73,6 +74,24 @@ def test_a_red_test_pattern_arrives_in_the_configured_channel_order(
     frame = s.read(out)
     assert frame is out
     assert (frame.reshape(-1, 3) == expected).all()
+
+
+@pytest.mark.parametrize("width", [64, 65])  # rows packed, and rows padded to 4 bytes
+def test_reading_into_the_slot_creates_no_array_per_frame(opened: list[GstreamerSource], width: int) -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    s = source(f"videotestsrc pattern=red ! video/x-raw,width={width},height=48")
+    opened.append(s)
+    s.open()
+    out = np.zeros((48, width, 3), np.uint8)
+    assert s.read(out) is out
+    with counter.counting():
+        before = counter.buffers
+        for _ in range(5):
+            assert s.grab()
+            assert s.retrieve(out) is out
+        assert counter.buffers == before
+    assert (out.reshape(-1, 3) == RED_BGR).all()
 
 
 def test_a_frame_of_another_size_comes_back_in_a_new_array(opened: list[GstreamerSource]) -> None:
