@@ -16,6 +16,7 @@ import numpy as np
 
 from edged.sources.base import SourceBase
 from edged.sources.file import FileSource, FileSourceConfig
+from edged.sources.gstreamer import GstreamerSource, GstreamerSourceConfig
 from edged.sources.images import ImagesSource, ImagesSourceConfig
 from edged.sources.picamera2 import Picamera2Source, Picamera2SourceConfig
 from edged.sources.rtsp import RtspSource, RtspSourceConfig
@@ -135,6 +136,7 @@ SOURCES: dict[str, tuple[type[SourceBase], Callable[[Any], Source]]] = {
     "v4l2": (V4l2SourceConfig, V4l2Source),
     "picamera2": (Picamera2SourceConfig, Picamera2Source),
     "rtsp": (RtspSourceConfig, RtspSource),
+    "gstreamer": (GstreamerSourceConfig, GstreamerSource),
 }
 
 
