@@ -135,6 +135,18 @@ class Daemon:
             return
         self._inference_failures = 0
         detections, times = outcome.detections, outcome.times
+        if detections.nonfinite:
+            self.stats.drop("nonfinite_output")
+            self._error_limited(
+                "the model output %d NaN or infinite value(s) on frame %d, dropped (%d frame(s) so far): a NaN "
+                "score never passes the threshold, so the model is broken or overflows on this input (check an "
+                "fp16 export, and model.scale, mean and std); `edged check` runs it on a frame from the camera",
+                detections.nonfinite,
+                frame.frame_id,
+                self.stats.drops["nonfinite_output"],
+                frame=frame.frame_id,
+                stage="decode",
+            )
         if detections.scores_above_one:
             self.stats.drop("score_above_one")
             self._error_limited(

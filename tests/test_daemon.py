@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
-from onnx_models import LABELS, colour_probe, failing_probe
+from onnx_models import LABELS, colour_probe, failing_probe, nan_probe
 
 from edged.capture import LOW_NICENESS
 from edged.messages import DetectionsMessage, StatusMessage
@@ -233,6 +233,23 @@ def test_inference_errors_skip_the_frame_are_counted_and_logged_once(workdir: Pa
         log = d.log()
         assert log.count("inference failed") == 1, log  # one line per burst, then counters
         assert "cannot be reshaped" in log
+        assert d.proc.poll() is None
+    finally:
+        d.close()
+
+
+def test_nan_outputs_are_counted_and_logged_once_per_burst(workdir: Path) -> None:
+    nan_probe(workdir / "nan.onnx")
+    _image_folder(workdir / "imgs", [(128, 96)] * 2, [RED, (255, 255, 255)])  # red detects, white gives NaN
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 20.0}, model={"path": "nan.onnx"})
+    d = RunningDaemon(path, endpoint)
+    try:
+        status = d.wait_status(lambda s: s.drops.get("nonfinite_output", 0) >= 3)
+        assert status.frames_processed >= 3
+        detected = [m for m in d.collect("detections", 4) if m.detections]
+        assert detected and all(m.detections[0].label == "red" for m in detected)  # the red frames still go out
+        log = d.log()
+        assert log.count("NaN or infinite value(s)") == 1, log  # one line per burst, then the counter
         assert d.proc.poll() is None
     finally:
         d.close()
