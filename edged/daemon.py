@@ -23,7 +23,7 @@ from edged.publish import Publisher, detections_topic, status_topic
 from edged.ratecap import RateCap
 from edged.reload import load_replacement
 from edged.service import Notifier, Signals, Watchdog, watchdog_interval_s
-from edged.sources import Frame, open_source
+from edged.sources import Frame, open_source, sizes_vary
 from edged.stats import RunStats
 from edged.status import Snapshot
 from edged.thermal import ThermalReport, ThermalWatch
@@ -69,7 +69,8 @@ class Daemon:
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
-        self.path = FramePath(model, self.settings.source.camera_id, self.settings.source.channel_order)
+        cfg = self.settings.source
+        self.path = FramePath(model, cfg.camera_id, cfg.channel_order, sizes_vary=sizes_vary(cfg))
 
     # ---- the loop ----------------------------------------------------------------------------
 
