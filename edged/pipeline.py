@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 REPLAN_AFTER = 5  # consecutive frames of one new size before a camera's buffers are re-planned
 # Plans kept at once for a source whose frame sizes vary. A plan holds the input tensor, the output
-# buffers and the decode scratch (about 15 MB for a 640x640 model with 80 classes), so four bound
-# that to about 60 MB while a folder mixing a few cameras' sizes never re-plans; beyond four sizes
+# buffers and the decode scratch (about 16 MB for a 640x640 model with 80 classes), so four bound
+# that to about 65 MB while a folder mixing a few cameras' sizes never re-plans; beyond four sizes
 # the least recently used plan is dropped, and made again (one warm-up run) when its size returns.
 MAX_PLANS = 4
 
