@@ -6,9 +6,11 @@ import json
 import os
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 from daemon import run_cli, write_config
-from onnx_models import colour_probe
+from onnx_models import colour_probe, nan_probe
 
 from edged.messages import schema_text
 
@@ -38,6 +40,7 @@ def test_check_reports_contract_head_and_placement(tmp: Path) -> None:
     assert "input      images [1, 3, 64, 64] float32 nchw rgb letterbox" in out
     assert "yolov8 head, 2 classes: red, blue" in out
     assert "placement  CPUExecutionProvider:" in out and " nodes" in out
+    assert "from ONNX Runtime's" in out  # the assignment record, or the profile where this onnxruntime has none
     assert "one per physical core of" in next(line for line in out.splitlines() if line.startswith("threads    "))
     assert out.rstrip().endswith("ok")
 
@@ -92,6 +95,23 @@ def test_check_refuses_a_normalisation_that_makes_scores_above_one(tmp: Path) ->
     result = run_cli("check", "--config", str(_config(tmp, {"path": "probe.onnx", "scale": 1.0})))
     assert result.returncode == 78
     assert "score(s) above 1" in result.stderr and "model.scale" in result.stderr
+
+
+@pytest.mark.parametrize(("colour", "refused"), [((255, 255, 255), True), ((0, 0, 255), False)])
+def test_check_refuses_a_model_whose_output_on_the_cameras_first_frame_is_nan(
+    tmp: Path, colour: tuple[int, int, int], refused: bool
+) -> None:
+    # The model gives NaN on bright frames only: the grey frame passes, the camera's white one does not.
+    nan_probe(tmp / "nan.onnx")
+    (tmp / "imgs").mkdir()
+    cv2.imwrite(str(tmp / "imgs" / "frame.png"), np.full((96, 128, 3), colour, np.uint8))
+    source = {"type": "images", "path": str(tmp / "imgs")}
+    result = run_cli("check", "--config", str(_config(tmp, {"path": "nan.onnx"}, source=source)))
+    if refused:
+        assert result.returncode == 78, result.stdout
+        assert "the camera's first frame gave 48 NaN or infinite output value(s)" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
 
 
 def _model(tmp: Path, name: str, **kwargs: object) -> str:

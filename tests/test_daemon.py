@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
-from onnx_models import LABELS, colour_probe, failing_probe
+from onnx_models import LABELS, colour_probe, failing_probe, nan_probe
 
 from edged.capture import LOW_NICENESS
 from edged.messages import DetectionsMessage, StatusMessage
@@ -131,33 +131,28 @@ def _image_folder(folder: Path, sizes: list[tuple[int, int]], colours: list[tupl
         cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((h, w, 3), colour, np.uint8))
 
 
-def test_a_frame_of_the_wrong_size_is_rejected_and_counted(workdir: Path) -> None:
-    _image_folder(workdir / "imgs", [(128, 96)] * 4 + [(64, 48)] + [(128, 96)] * 4)
-    (workdir / "imgs" / "004b.png").write_bytes(b"\x89PNG truncated")  # unreadable: skipped by the source
-    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 30.0})
+def test_a_mixed_size_image_folder_publishes_every_frame_with_boxes_in_its_own_size(workdir: Path) -> None:
+    sizes = [(128, 96), (256, 192), (64, 48), (160, 90), (256, 192), (128, 96)]
+    _image_folder(workdir / "imgs", sizes)
+    # The probe's box (input pixels 24,18-40,30) through each size's own letterbox.
+    boxes = {(128, 96): (48.0, 20.0, 80.0, 44.0), (256, 192): (96.0, 40.0, 160.0, 88.0)}
+    boxes |= {(64, 48): (24.0, 10.0, 40.0, 22.0), (160, 90): (60.0, 10.0, 100.0, 40.0)}
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 10.0})
     d = RunningDaemon(path, endpoint)
     try:
-        d.wait_status(lambda s: s.drops.get("bad_frame_size", 0) >= 1)
-        assert "rejected (size)" in d.log()
-        assert d.proc.poll() is None  # not fatal
-        dets = d.collect("detections", 3)
-        assert all(m.frame_size == (128, 96) for m in dets)
-    finally:
-        d.close()
-
-
-def test_a_lasting_size_change_replans_the_buffers(workdir: Path) -> None:
-    colours = [RED] * 20
-    write_video(workdir / "small.avi", colours, size=(128, 96))
-    _image_folder(workdir / "imgs", [(128, 96)] * 3 + [(256, 192)] * 30)
-    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 30.0, "loop": False})
-    d = RunningDaemon(path, endpoint)
-    try:
-        sizes = {m.frame_size: m for m in d.collect("detections", 12)}
-        assert (256, 192) in sizes, sizes.keys()
-        # Boxes follow the new frame size: the probe box scaled by 2 again.
-        assert sizes[(256, 192)].detections[0].box == (96.0, 40.0, 160.0, 88.0)
-        assert "re-planning buffers" in d.log()
+        unseen = set(range(len(sizes)))
+        deadline = time.monotonic() + 30
+        while unseen and time.monotonic() < deadline:
+            for msg in d.collect("detections", 1):
+                assert isinstance(msg, DetectionsMessage)
+                image = msg.frame_id % len(sizes)  # frame ids count every image read, loop after loop
+                assert msg.frame_size == sizes[image]
+                assert [det.box for det in msg.detections] == [boxes[sizes[image]]]
+                unseen.discard(image)
+        assert not unseen, f"images never published: {sorted(unseen)}"
+        status = d.wait_status(lambda s: s.frames_processed >= len(sizes))
+        assert status.drops.get("bad_frame_size", 0) == 0
+        assert "re-planning" not in d.log() and "rejected" not in d.log()
     finally:
         d.close()
 
@@ -233,6 +228,23 @@ def test_inference_errors_skip_the_frame_are_counted_and_logged_once(workdir: Pa
         log = d.log()
         assert log.count("inference failed") == 1, log  # one line per burst, then counters
         assert "cannot be reshaped" in log
+        assert d.proc.poll() is None
+    finally:
+        d.close()
+
+
+def test_nan_outputs_are_counted_and_logged_once_per_burst(workdir: Path) -> None:
+    nan_probe(workdir / "nan.onnx")
+    _image_folder(workdir / "imgs", [(128, 96)] * 2, [RED, (255, 255, 255)])  # red detects, white gives NaN
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 20.0}, model={"path": "nan.onnx"})
+    d = RunningDaemon(path, endpoint)
+    try:
+        status = d.wait_status(lambda s: s.drops.get("nonfinite_output", 0) >= 3)
+        assert status.frames_processed >= 3
+        detected = [m for m in d.collect("detections", 4) if m.detections]
+        assert detected and all(m.detections[0].label == "red" for m in detected)  # the red frames still go out
+        log = d.log()
+        assert log.count("NaN or infinite value(s)") == 1, log  # one line per burst, then the counter
         assert d.proc.poll() is None
     finally:
         d.close()
