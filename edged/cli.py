@@ -271,6 +271,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    setup_logging("warning")  # loading the config may warn before it says which level to log at
     settings = load_config(args.config)
     setup_logging(settings.service.log_level)
     from edged.daemon import run
@@ -279,8 +280,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    settings = load_config(args.config)
     setup_logging("warning")
+    settings = load_config(args.config)
     from edged.check import run_check
 
     return run_check(args.config, settings)

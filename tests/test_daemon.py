@@ -15,6 +15,7 @@ import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import LABELS, colour_probe, failing_probe
+from waiting import wait_for
 
 from edged.capture import LOW_NICENESS
 from edged.messages import DetectionsMessage, StatusMessage
@@ -181,6 +182,29 @@ def test_sighup_applies_a_good_config_and_keeps_running_on_a_bad_one(workdir: Pa
         assert "reload refused, keeping the running configuration" in d.log()
         assert "bogus" in d.log()
         d.collect("detections", 2)
+    finally:
+        d.close()
+
+
+def test_a_directory_at_the_config_path_on_sighup_is_refused_and_the_running_config_kept(workdir: Path) -> None:
+    path, endpoint = config(workdir)
+    good = path.read_text()
+    d = RunningDaemon(path, endpoint)
+    try:
+        d.collect("detections", 2)
+        path.unlink()
+        path.mkdir()
+        d.signal(signal.SIGHUP)
+        refused = f"reload refused, keeping the running configuration: 1 problem(s) in {path}:"
+        assert wait_for(lambda: refused in d.log(), timeout_s=20), d.log()
+        assert f"config file {path} is a directory, not a file" in d.log()
+        assert "Traceback" not in d.log()
+        first = d.collect("detections", 1)[0].frame_id
+        assert d.collect("detections", 2)[-1].frame_id > first and d.proc.poll() is None
+        path.rmdir()
+        path.write_text(good)
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reloaded: model" in d.log(), timeout_s=20), d.log()
     finally:
         d.close()
 
