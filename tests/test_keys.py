@@ -22,7 +22,6 @@ from daemon import RunningDaemon, edged_command, free_port, write_config, write_
 from onnx_models import colour_probe
 
 from edged.cli import main
-from edged.keys import load_allowed_clients, load_secret_key
 from edged.messages import DetectionsMessage
 
 pytestmark = pytest.mark.integration
@@ -50,23 +49,15 @@ def _owner(path: Path) -> tuple[str, str]:
     return pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name
 
 
-def _readable_as(user: str, secret: Path, clients: Path) -> bool:
-    """Whether ``user`` can load the secret key and the allow-list, tried by the kernel in a child that became it."""
+def _as(user: str, *command: str) -> subprocess.CompletedProcess[bytes]:
     entry = pwd.getpwnam(user)
-    pid = os.fork()
-    if pid == 0:  # the child only drops to the user, loads and exits: no Python state of the test is touched
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(entry.pw_gid)
-            os.setuid(entry.pw_uid)
-            load_secret_key(secret, "test")
-            load_allowed_clients(clients, "test")
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    return subprocess.run(command, user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], capture_output=True, timeout=30)
+
+
+def _readable_as(user: str, secret: Path, clients: Path) -> bool:
+    """Whether ``user``, in its own group only, can read the secret key and list the allow-list: the kernel decides."""
+    read, listed = _as(user, "cat", str(secret)), _as(user, "ls", str(clients))
+    return read.returncode == 0 and read.stdout == secret.read_bytes() and listed.returncode == 0
 
 
 @needs_root
