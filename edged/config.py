@@ -38,6 +38,7 @@ from edged.sources.base import mask_credentials
 from edged.sources.synthetic import SyntheticSourceConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
+ENV_PREFIX = "EDGED_"  # EDGED_<SECTION>__<KEY> overrides a key
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,7 @@ class ServiceConfig(Section):
 class Settings(BaseSettings):
     """The whole configuration; see config/edged.toml for every key with its default."""
 
-    model_config = SettingsConfigDict(env_prefix="EDGED_", env_nested_delimiter="__", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True)
 
     source: SourceConfig = Field(default_factory=SyntheticSourceConfig)
     model: ModelConfig
@@ -273,7 +274,6 @@ _HINTS = {
     "union_tag_not_found": f"set source.type to one of {_SOURCE_TYPES}",
     "literal_error": "not one of the allowed values",
 }
-ENV_PREFIX = "EDGED_"
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KB; a bigger one is a wrong path, not a config
 
 

@@ -269,7 +269,7 @@ def _where_the_publisher_keys_go(keys: PublisherKeys, user: str, account: Servic
     elif command is not None:
         owner = f"Only root may give them to the user {account.user!r} edged runs as; run:\n  {command}\n"
     else:
-        owner = f"The secret file belongs to {account.user}, the directories to the group {account.group}.\n"
+        owner = f"The secret file belongs to {account.user}, the directories keygen made to the group {account.group}.\n"
     return (
         f"created the server key pair:\n  {secret}  secret, mode 0600\n  {public}  public, mode 0644\n"
         f"  {clients}/  the allowed subscribers' public keys, mode 0750\n"

@@ -77,7 +77,8 @@ def test_keygen_makes_the_layout_and_hands_the_secret_to_the_service_user(
     assert (_owner(keys), _mode(keys)) == (("root", group), 0o750)
     assert (_owner(clients), _mode(clients)) == (("root", group), 0o750)
     assert list(clients.iterdir()) == []
-    assert f"The secret file belongs to {SERVICE}, the directories to the group {group}." in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"The secret file belongs to {SERVICE}, the directories keygen made to the group {group}." in out
     assert _readable_as(SERVICE, secret, clients)
     # The same files owned as keygen made them before: the service user is locked out.
     os.chown(secret, 0, 0)
