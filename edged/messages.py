@@ -10,8 +10,8 @@ How the schema evolves, so that a subscriber written today keeps working:
   Readers ignore fields they do not know: the published schema allows additional properties and
   `parse_message` drops them, so an older subscriber, validating or not, accepts a newer edged.
 - ``schema_version`` changes whenever a field is removed, renamed, changes type or meaning, or a
-  closed set of values (``kind``, ``thermal_state``, ``source_state``) gains a member, since a
-  validating subscriber would refuse the new value.
+  closed set of values (``kind``, ``thermal_state``, ``thermal.state``, ``source_state``) gains a
+  member, since a validating subscriber would refuse the new value.
 - ``schema_version`` and ``kind`` are required: a reader checks them before anything else.
 
 Nanosecond timestamps exceed 2**53, so JavaScript's ``JSON.parse`` (every number a double) rounds
@@ -118,6 +118,23 @@ class CaptureReport(Message):
     last_error: str | None = Field(description="The last camera error, null when none yet.")
 
 
+class ThermalReadings(Message):
+    """One poll of the board's sensors and the state edged decided on (`edged.thermal.ThermalReport`)."""
+
+    state: ThermalState = Field(description="warm and throttled cap the frame rate; critical pauses inference.")
+    board: str = Field(description="The board family the thresholds come from.")
+    model: str | None = Field(description="The board's model string, null when unknown.")
+    zones: dict[str, float] = Field(description="Temperature per thermal zone, C; offline sensors left out.")
+    hottest_c: float | None = Field(description="The hottest zone, C; null without zones.")
+    freq_cap_ratio: float | None = Field(description="CPU frequency cap over the maximum; null when unknown.")
+    freq_cur_ratio: float | None = Field(description="Current CPU frequency over the maximum; null when unknown.")
+    throttled_flags: list[str] = Field(description="The board's throttling flags now set (Raspberry Pi).")
+    hardware_throttling: bool = Field(description="Whether the firmware or the kernel throttles now.")
+    rate_factor: float = Field(description="Fraction of the full frame rate this state allows.")
+    thresholds: dict[str, float] = Field(description="The temperatures of warm, throttled and critical, C.")
+    power_mode: str | None = Field(description="The board's power mode (Jetson nvpmodel); null when none.")
+
+
 class StatusMessage(Message):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -136,7 +153,7 @@ class StatusMessage(Message):
     drops: dict[str, int] = Field(description="Frames or messages not processed or sent, by cause.")
     latency: dict[str, StageLatency] = Field(description="Per stage over the last interval.")
     rate_cap_fps: float | None = Field(description="Current frame-rate cap; null when uncapped.")
-    thermal: dict[str, Any] | None = Field(description="Thermal readings and state; null when off.")
+    thermal: ThermalReadings | None = Field(description="Thermal readings and state; null when off.")
     model: ModelInfo
     capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
 

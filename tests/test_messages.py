@@ -15,11 +15,13 @@ from edged.messages import (
     CaptureState,
     DetectionsMessage,
     StatusMessage,
+    ThermalReadings,
     ThermalState,
     json_schema,
     parse_message,
     schema_text,
 )
+from edged.thermal import ThermalReport
 
 SCHEMA_FILE = Path(__file__).parent.parent / "edged" / "messages.schema.json"
 
@@ -155,6 +157,30 @@ def test_every_state_edged_can_publish_is_in_the_schema() -> None:
     assert defs["StatusMessage"]["properties"]["source_state"]["enum"] == list(get_args(CaptureState))
     assert get_args(ThermalState) == ("unknown", "ok", "warm", "throttled", "critical")
     assert get_args(CaptureState) == ("starting", "ok", "lost", "ended")
+
+
+def test_the_thermal_report_the_daemon_sends_is_the_schema_s_thermal_readings() -> None:
+    report = ThermalReport(
+        state="throttled",
+        board="jetson",
+        zones={"cpu-thermal": 81.5, "gpu-thermal": 79.0},
+        hottest_c=81.5,
+        freq_cap_ratio=0.6,
+        throttled_flags=("soft_temp_limit",),
+        rate_factor=0.25,
+        thresholds={"warm_c": 70.0, "throttled_c": 80.0, "critical_c": 90.0},
+        model="NVIDIA Jetson Orin Nano",
+        freq_cur_ratio=0.55,
+        power_mode="15W",
+        hardware_throttling=True,
+    )
+    status = status_sample().model_copy(update={"thermal": ThermalReadings.model_validate(report.to_dict())})
+    doc = json.loads(status.model_dump_json())
+    assert doc["thermal"] == json.loads(json.dumps(report.to_dict()))  # every key of the report, none lost
+    validator = committed_schema()
+    assert validator.is_valid(doc) and edged_accepts(doc)
+    hot = {**doc, "thermal": {**doc["thermal"], "state": "molten"}}
+    assert not validator.is_valid(hot) and not edged_accepts(hot)
 
 
 def test_nanosecond_times_have_a_millisecond_copy_a_double_holds() -> None:
