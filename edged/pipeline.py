@@ -21,7 +21,7 @@ from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
 from edged.errors import InferenceError
 from edged.geometry import BoxMap
-from edged.messages import Detection, DetectionsMessage, Timings
+from edged.messages import Detection, DetectionsMessage, ThermalState, Timings
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
 from edged.sources import Frame
@@ -178,7 +178,7 @@ class FramePath:
         self._new_size = (size, seen)
         return seen >= REPLAN_AFTER
 
-    def message(self, done: Processed, *, seq: int, thermal_state: str) -> DetectionsMessage:
+    def message(self, done: Processed, *, seq: int, thermal_state: ThermalState) -> DetectionsMessage:
         """The wire message for one processed frame: the one small object a frame allocates.
 
         Each column becomes a Python list in one ``tolist`` call, rather than one numpy scalar

@@ -179,6 +179,23 @@ def test_missing_config_file_says_so(tmp: Path) -> None:
 def test_environment_overrides_the_file(tmp: Path) -> None:
     result = run_cli("check", "--config", str(_config(tmp)), env={"EDGED_MODEL__IOU": "7"})
     assert result.returncode == 78 and "model.iou" in result.stderr
+    assert "(from the environment: EDGED_MODEL__IOU)" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_a_directory_at_the_config_path_exits_78_naming_it(tmp: Path, command: str) -> None:
+    result = run_cli(command, "--config", str(tmp))
+    assert result.returncode == 78, result.stderr
+    assert f"config file {tmp} is a directory, not a file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_misspelt_variable_is_warned_about_and_the_check_goes_on(tmp: Path) -> None:
+    result = run_cli("check", "--config", str(_config(tmp)), env={"EDGED_MODLE__CONF": "0.9"})
+    assert result.returncode == 0, result.stderr
+    assert "environment variable EDGED_MODLE__CONF sets nothing: no section 'modle'; did you mean EDGED_MODEL__CONF?" in (
+        result.stderr
+    )
 
 
 def test_schema_command_prints_the_generated_schema(tmp: Path) -> None:

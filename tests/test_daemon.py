@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -14,8 +15,11 @@ import numpy as np
 import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from jsonschema import Draft202012Validator
 from onnx_models import LABELS, colour_probe, failing_probe, nan_probe
+from waiting import wait_for
 
+import edged
 from edged.capture import LOW_NICENESS
 from edged.messages import DetectionsMessage, StatusMessage
 
@@ -82,6 +86,31 @@ def test_status_messages_report_health(daemon: RunningDaemon) -> None:
     assert set(status.latency) == {"preprocess", "inference", "decode", "age"}
     assert status.latency["inference"].p50_ms > 0
     assert status.thermal is None
+
+
+def test_published_messages_validate_against_the_committed_schema(daemon: RunningDaemon) -> None:
+    """An independent validator (jsonschema) on the daemon's real payloads, and on what it must refuse."""
+    schema = json.loads((Path(edged.__file__).parent / "messages.schema.json").read_text())
+    validator = Draft202012Validator(schema)
+    payloads: dict[str, dict] = {}
+    deadline = time.monotonic() + 30
+    while len(payloads) < 2 and time.monotonic() < deadline:
+        if daemon.sub.poll(500):
+            topic, payload = daemon.sub.recv_multipart()
+            payloads.setdefault(topic.decode().split("/")[1], json.loads(payload))
+    assert set(payloads) == {"detections", "status"}, daemon.log()
+    for kind, doc in payloads.items():
+        assert not list(validator.iter_errors(doc)), kind
+        state = "thermal_state" if kind == "detections" else "source_state"
+        for broken in (
+            {k: v for k, v in doc.items() if k != "schema_version"},
+            {k: v for k, v in doc.items() if k != "kind"},
+            {**doc, state: "sideways"},
+        ):
+            assert not validator.is_valid(broken), (kind, broken)
+        assert validator.is_valid({**doc, "field_of_a_later_release": 1}), kind
+    assert payloads["detections"]["capture_time_ms"] == payloads["detections"]["capture_time_ns"] / 1e6
+    assert payloads["status"]["time_ms"] == payloads["status"]["time_ns"] / 1e6
 
 
 def test_sigterm_stops_cleanly_within_two_seconds(daemon: RunningDaemon) -> None:
@@ -176,6 +205,29 @@ def test_sighup_applies_a_good_config_and_keeps_running_on_a_bad_one(workdir: Pa
         assert "reload refused, keeping the running configuration" in d.log()
         assert "bogus" in d.log()
         d.collect("detections", 2)
+    finally:
+        d.close()
+
+
+def test_a_directory_at_the_config_path_on_sighup_is_refused_and_the_running_config_kept(workdir: Path) -> None:
+    path, endpoint = config(workdir)
+    good = path.read_text()
+    d = RunningDaemon(path, endpoint)
+    try:
+        d.collect("detections", 2)
+        path.unlink()
+        path.mkdir()
+        d.signal(signal.SIGHUP)
+        refused = f"reload refused, keeping the running configuration: 1 problem(s) in {path}:"
+        assert wait_for(lambda: refused in d.log(), timeout_s=20), d.log()
+        assert f"config file {path} is a directory, not a file" in d.log()
+        assert "Traceback" not in d.log()
+        first = d.collect("detections", 1)[0].frame_id
+        assert d.collect("detections", 2)[-1].frame_id > first and d.proc.poll() is None
+        path.rmdir()
+        path.write_text(good)
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reloaded: model" in d.log(), timeout_s=20), d.log()
     finally:
         d.close()
 
