@@ -1,6 +1,6 @@
 """The .deb under a real systemd: every promise of the units, checked against the live manager.
 
-One container (tests/nspawn.py) is booted for the module, with systemd 252 as its PID 1, and the
+One container (tests/nspawn.py) is booted for the module, with systemd as its PID 1, and the
 package is installed offline with ``dpkg -i``. Each test then drives ``systemctl``,
 ``journalctl`` and ``systemd-analyze`` inside it, with nothing emulated: readiness, the status
 line, journald's fields, the socket's group, the watchdog, exit 78, reload, stop time, an
@@ -59,8 +59,9 @@ def before_install(container: Container) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def installed(container: Container, before_install: set[str], deb: Path) -> Container:
+def installed(container: Container, before_install: set[str], request: pytest.FixtureRequest) -> Container:
     """The package installed as an operator would, the way its config shipped kept aside."""
+    deb: Path = request.getfixturevalue("deb")  # not an argument: pytest would build it before the container could skip
     proc = container.run("dpkg", "--install", f"/mnt/deb/{deb.name}", timeout=600)
     assert proc.returncode == 0, (
         f"dpkg -i in the container failed; a dependency missing from {ROOTFS} means it is older than "
@@ -70,22 +71,22 @@ def installed(container: Container, before_install: set[str], deb: Path) -> Cont
     return container
 
 
-def _reset(container: Container, config: str) -> None:
+def _reset(container: Container) -> None:
     """Back to the packaged config with failures and the start-rate limit forgotten."""
-    container.ok("cp", PACKAGED_CONFIG, config)
+    container.ok("cp", PACKAGED_CONFIG, CONFIG)
     container.ok("systemctl", "reset-failed")
 
 
 @pytest.fixture
 def stopped(installed: Container) -> Container:
     installed.ok("systemctl", "stop", "edged.service")
-    _reset(installed, CONFIG)
+    _reset(installed)
     return installed
 
 
 @pytest.fixture
 def running(installed: Container) -> Container:
-    _reset(installed, CONFIG)
+    _reset(installed)
     installed.ok("systemctl", "start", "edged.service")
     return installed
 
@@ -322,7 +323,7 @@ def test_an_instance_runs_beside_edged_and_outlives_its_stop(running: Container)
 
 
 def test_purge_stops_every_unit_and_leaves_nothing_of_the_package(installed: Container, before_install: set[str]) -> None:
-    _reset(installed, CONFIG)
+    _reset(installed)
     installed.write("/etc/edged/cam1.toml", _instance_config(installed, "cam1"))
     installed.ok("rm", PACKAGED_CONFIG)
     installed.ok("systemctl", "start", "edged.service", "edged@cam1.service")
