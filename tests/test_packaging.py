@@ -7,7 +7,7 @@ the keys ``edged keygen`` made in /etc/edged/keys included.
 The installed ``edged check`` then runs on the installed venv, model and config.
 
 Building takes about half a minute and lintian about as long again, so the package is built once
-for the module; dpkg-deb compresses with gzip -1 here instead of xz to save minutes of CPU.
+per run (the ``deb`` fixture in tests/conftest.py, shared with tests/test_systemd_units.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -60,20 +59,6 @@ def _arch() -> str:
 
 def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
-
-
-@pytest.fixture(scope="module")
-def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    for required in ("config/edged.toml", "models/demo.onnx", "models/demo.labels"):
-        if not (REPO / required).exists():
-            pytest.fail(f"{required} is missing: the package cannot be built without it")
-    out = tmp_path_factory.mktemp("deb")
-    env = dict(os.environ, DPKG_DEB_COMPRESSOR_TYPE="gzip", DPKG_DEB_COMPRESSOR_LEVEL="1", PIP=f"{sys.executable} -m pip")
-    proc = _run([str(BUILD_DEB), "--output-dir", str(out)], env=env, timeout=900)
-    assert proc.returncode == 0, f"build-deb failed:\n{proc.stderr[-4000:]}"
-    path = Path(proc.stdout.strip().splitlines()[-1])
-    assert path.parent == out
-    return path
 
 
 @pytest.fixture(scope="module")
