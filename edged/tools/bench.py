@@ -362,6 +362,7 @@ def write_config(folder: Path, model: Path, endpoint: str, *, source: str, spinn
         f"source = {{{camera}, fps = 30}}\nmodel = {{path = {json.dumps(str(model.resolve()))}}}\n"
         f'runtime = {{optimized_model_path = {cache}, spinning = "{spinning}"}}\n'
         f'publish = {{endpoints = [{json.dumps(endpoint)}]}}\nservice = {{log_level = "warning"}}\n'
+        'http = {listen = ""}\n'
     )
     return path
 
