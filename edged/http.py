@@ -45,6 +45,7 @@ BIND_RETRY_S = 5.0
 MAX_CONNECTIONS = 32  # requests served at once; more are closed at accept, so threads stay bounded
 REQUEST_TIMEOUT_S = 10.0  # a client that does not finish sending its request in this time is dropped
 SNAPSHOT_WAIT_S = 5.0
+STREAM_SEND_BUFFER = 256 * 1024  # bytes queued in the kernel per viewer (Linux doubles it): a few frames
 BOUNDARY = "frame"
 
 
@@ -292,7 +293,9 @@ class _Handler(BaseHTTPRequestHandler):
         if view.viewers >= owner.cfg.max_viewers:
             self._send(503, f"already {view.viewers} viewers (http.max_viewers)\n".encode())
             return
-        self.connection.settimeout(owner.cfg.send_timeout_s)  # a viewer that stops reading is dropped
+        # A viewer that stops reading fills this buffer, then is dropped after send_timeout_s.
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
+        self.connection.settimeout(owner.cfg.send_timeout_s)
         self.send_response(200)
         self.send_header("Content-Type", f"multipart/x-mixed-replace; boundary={BOUNDARY}")
         self.send_header("Cache-Control", "no-store")
