@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import select
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -305,6 +306,8 @@ class _Handler(BaseHTTPRequestHandler):
             while not owner.stopping:
                 got = view.next_jpeg(seq, 1.0)
                 if got is None:
+                    if self._client_gone():  # no frames (camera lost): notice a viewer that left
+                        return
                     continue
                 seq, jpeg = got
                 head = f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpeg)}\r\n\r\n".encode()
@@ -312,6 +315,17 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.write(head + jpeg + b"\r\n")
                 except OSError:  # gone, or stopped reading for send_timeout_s
                     return
+
+    def _client_gone(self) -> bool:
+        """True when the viewer has closed its end (readable, and reading finds the end of the stream)."""
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            peeked: bytes = self.connection.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
+        return peeked == b""
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s: %s", self.address_string(), format % args)

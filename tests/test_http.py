@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from waiting import wait_for
 
+from edged.http import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, HttpConfig, HttpServer
 from edged.messages import DetectionsMessage, StatusMessage
 from edged.view import PALETTE
 
@@ -359,17 +360,27 @@ def _stalled_viewer(port: int) -> socket.socket:
     return sock
 
 
-def _dropped(sock: socket.socket) -> bool:
-    """True when the server has closed the connection: reading what is queued soon ends in EOF."""
-    sock.settimeout(5)
-    deadline = time.monotonic() + 10
-    try:
-        while time.monotonic() < deadline:
-            if not sock.recv(1 << 20):
-                return True
-    except TimeoutError:
-        pass
-    return False
+def _clients_held(pid: int, port: int) -> set[int]:
+    """The client ports of the connections to ``port`` that process ``pid`` still holds open.
+
+    A connection the server has closed may linger in the kernel (FIN-WAIT-1 behind data the client
+    never read), but no longer belongs to the process: its inode is none of the process's fds.
+    """
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    held = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, inode = fields[1], fields[2], fields[9]
+        if int(local.split(":")[1], 16) == port and inode in inodes and fields[3] != "0A":  # 0A: LISTEN
+            held.add(int(remote.split(":")[1], 16))
+    return held
 
 
 @pytest.mark.slow
@@ -382,6 +393,9 @@ def test_viewers_that_never_read_do_not_slow_it_or_grow_it_for_a_minute(tmp_path
         assert serving(port), d.log()
         fps_before = d.wait_status(lambda s: s.frames_processed > 40, timeout=30).fps
         rss_before = _rss_kb(d.proc.pid)
+        probe = _stalled_viewer(port)  # the check below sees a connection the server holds
+        assert wait_for(lambda: probe.getsockname()[1] in _clients_held(d.proc.pid, port), 10)
+        probe.close()
         started = time.monotonic()
         statuses: list[StatusMessage] = []
         while time.monotonic() - started < 60:
@@ -394,9 +408,41 @@ def test_viewers_that_never_read_do_not_slow_it_or_grow_it_for_a_minute(tmp_path
         assert _rss_kb(d.proc.pid) - rss_before < 20_000  # KB: no queue grows for the stalled ones
         # Each was dropped once its connection's buffer was full for send_timeout_s (the last ones may
         # still be filling theirs).
-        assert all(_dropped(sock) for sock in stalled[:3])
+        held = _clients_held(d.proc.pid, port)
+        assert not held & {sock.getsockname()[1] for sock in stalled[:3]}, held
         assert d.proc.poll() is None
     finally:
         for sock in stalled:
             sock.close()
         d.close()
+
+
+def test_idle_connections_and_extra_viewers_are_bounded() -> None:
+    """More connections than `MAX_CONNECTIONS` are closed at accept, so threads stay bounded; more
+    viewers than ``max_viewers`` get 503; the server answers again once the idle ones time out."""
+    port = free_port()
+    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=1), health=lambda: None)
+    server.start()
+    idle: list[socket.socket] = []
+    try:
+        assert serving(port)
+        stream = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        stream.request("GET", "/stream.mjpg")
+        assert stream.getresponse().status == 200
+        assert wait_for(lambda: server.view.viewers == 1, 10)
+        status, _, body = get(port, "/stream.mjpg")
+        assert status == 503 and b"max_viewers" in body
+        stream.close()
+        assert wait_for(lambda: server.view.viewers == 0, 10)  # noticed at its next frame or wake-up
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS)]  # never send a request
+        extra = socket.create_connection(("127.0.0.1", port))
+        extra.settimeout(10)
+        assert extra.recv(1) == b""  # closed at once: no thread for it
+        extra.close()
+        for sock in idle:
+            sock.close()
+        assert wait_for(lambda: get(port, "/healthz", timeout=2)[0] == 200, 2 * REQUEST_TIMEOUT_S)
+    finally:
+        for sock in idle:
+            sock.close()
+        server.close()
