@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -127,3 +130,16 @@ def test_promtool_accepts_the_exposition() -> None:
     metrics.update(_status({"state": "ok", "zones": {"soc": 50.0}, "throttled_flags": []}), stats.histograms())
     check = subprocess.run([promtool, "check", "metrics"], input=metrics.exposition(), capture_output=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_edged_exposes() -> None:
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "packaging" / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    asked = {name for expr in exprs for name in re.findall(r"\b(edged_[a-z_]+)\b", expr)}
+    stats = RunStats()
+    stats.record(1.0, 10.0, 0.5, 20.0)
+    metrics = Metrics()
+    metrics.update(_status({"state": "ok", "zones": {"soc": 50.0}, "throttled_flags": []}), stats.histograms())
+    exposed = {name for name, _ in _samples(metrics)}
+    assert asked and asked <= exposed, asked - exposed
+    assert {"edged_frames_total", "edged_stage_duration_seconds_bucket", "edged_soc_temperature_celsius"} <= asked
