@@ -303,10 +303,18 @@ class Daemon:
             self.http.close()
             self.http = http
             http.start()
+        else:
+            self._reload_http_token()
         self.rate_cap = RateCap(new.service.max_fps)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
         log.info("reloaded: model %s", model.engine.identity.short)
         self.notifier.ready(self.snapshot().line())
+
+    def _reload_http_token(self) -> None:
+        try:
+            self.http.reload_token()
+        except KeyFileError as e:
+            log.error("http token not reloaded, the previous one stays: %s", e)
 
     def shutdown(self, watchdog: Watchdog | None) -> None:
         self.notifier.stopping()

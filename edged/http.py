@@ -131,6 +131,11 @@ class HttpServer:
             self.view.start()
             self._thread.start()
 
+    def reload_token(self) -> None:
+        """SIGHUP: read the token file again (a rotated token); raises KeyFileError, keeping the old one."""
+        if self.cfg.token_file is not None:
+            self.token = read_token(self.cfg.token_file, "http.token_file")
+
     def update(self, status: StatusMessage, histograms: Mapping[str, HistogramCounts]) -> None:
         """The status just published, and the stage histograms as they were then."""
         self.status = status

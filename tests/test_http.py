@@ -289,6 +289,11 @@ def test_off_loopback_a_token_is_required_and_checked(tmp_path: Path) -> None:
             decode(stream.next_jpeg())
         finally:
             stream.close()
+        rotated = "fedcba9876543210fedcba9876543210"
+        token_file.write_text(rotated + "\n")
+        d.signal(signal.SIGHUP)  # a rotated token takes effect on reload
+        assert wait_for(lambda: get(port, "/healthz", {"Authorization": f"Bearer {rotated}"})[0] == 200, 30), d.log()
+        assert get(port, "/healthz", {"Authorization": f"Bearer {token}"})[0] == 401
     finally:
         d.close()
 
