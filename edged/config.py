@@ -29,9 +29,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
-from edged.errors import ConfigError
+from edged.errors import ConfigError, KeyFileError
 from edged.heads import HEADS
-from edged.keys import key_file_problems
+from edged.http import HttpConfig
+from edged.keys import key_file_problems, read_token
 from edged.sections import Section
 from edged.sources import SOURCES
 from edged.sources.base import mask_credentials
@@ -253,6 +254,7 @@ class Settings(BaseSettings):
     publish: PublishConfig = Field(default_factory=PublishConfig)
     thermal: ThermalConfig = Field(default_factory=ThermalConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -442,6 +444,7 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("runtime", "optimized_model_path"),
         ("publish", "curve_server_key"),
         ("publish", "curve_clients_dir"),
+        ("http", "token_file"),
     ):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
@@ -459,6 +462,11 @@ def _check_files(settings: Settings) -> list[str]:
     ]
     problems += settings.source.file_problems()
     problems += key_file_problems(settings.publish.curve_server_key, settings.publish.curve_clients_dir)
+    if settings.http.token_file is not None:
+        try:
+            read_token(settings.http.token_file, "http.token_file")
+        except KeyFileError as e:
+            problems.append(str(e))
     return problems
 
 

@@ -4,6 +4,8 @@ The loop takes the newest frame, runs it through the camera's `FramePath`, and p
 result; between frames it does the slow housekeeping: thermal polls, status messages, the rate
 cap, config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
 `edged.health`, `edged.status`, `edged.reload`); this one only wires them and turns the loop.
+The HTTP server (`edged.http`) gets the status as it is published, a frame only when its live
+view asks for one, and asks the health policy itself.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from edged.capture import Capture
 from edged.config import ProviderConfig, Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
 from edged.health import Health
+from edged.http import HttpConfig, HttpServer
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed, Rejected
 from edged.publish import Publisher, detections_topic, status_topic
@@ -51,10 +54,12 @@ class Daemon:
         self.capture = self._start_capture()
         try:
             self._use_model(load_model(settings.model, settings.runtime))
+            self.http = self._http_server(settings.http)
             self.publisher = Publisher(settings.publish)
         except BaseException:
             self.capture.stop(timeout_s=1.5)
             raise
+        self.http.start()
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
         self._seq = {"detections": itertools.count(), "status": itertools.count()}
@@ -66,6 +71,9 @@ class Daemon:
         capture = Capture(lambda: open_source(cfg), cfg.camera_id, priority=self.settings.runtime.capture_priority)
         capture.start()
         return capture
+
+    def _http_server(self, cfg: HttpConfig) -> HttpServer:
+        return HttpServer(cfg, self.health_problem)
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
@@ -162,8 +170,7 @@ class Daemon:
             )
         self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
         self.health.frame_done()
-        if len(detections) or self.settings.publish.publish_empty:
-            self._publish_detections(outcome)
+        self._publish_detections(outcome)
         self._announce_ready(frame_processed=True)
 
     def _reject(self, rejected: Rejected) -> None:
@@ -204,10 +211,19 @@ class Daemon:
     # ---- messages ----------------------------------------------------------------------------
 
     def _publish_detections(self, done: Processed) -> None:
+        """Send the frame's message, and show the frame with it when the live view wants one."""
+        publish = len(done.detections) > 0 or self.settings.publish.publish_empty
+        show = self.http.view.wants_frame()
+        if not (publish or show):
+            return
         state = self.report.state if self.report else "unknown"
-        msg = self.path.message(done, seq=next(self._seq["detections"]), thermal_state=state)
-        topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
-        self.publisher.send(topic, msg.model_dump_json().encode())
+        seq = next(self._seq["detections"]) if publish else 0  # a message only shown takes no seq
+        msg = self.path.message(done, seq=seq, thermal_state=state)
+        if publish:
+            topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
+            self.publisher.send(topic, msg.model_dump_json().encode())
+        if show:
+            self.http.view.offer(done.frame, msg)
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
@@ -225,8 +241,10 @@ class Daemon:
         self.stats.update_fps()
         self._update_rate_cap()
         snapshot = self.snapshot()
+        message = snapshot.message(next(self._seq["status"]))
         topic = status_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
-        self.publisher.send(topic, snapshot.message(next(self._seq["status"])).model_dump_json().encode())
+        self.publisher.send(topic, message.model_dump_json().encode())
+        self.http.update(message, self.stats.histograms())
         self.notifier.status(snapshot.line())
 
     # ---- housekeeping ------------------------------------------------------------------------
@@ -269,12 +287,17 @@ class Daemon:
         """Progress for the watchdog (`edged.health`)."""
         return self.health.healthy(self.capture.stats())
 
+    def health_problem(self) -> str | None:
+        """Why the watchdog would not ping now, for ``/healthz``; None when it would."""
+        return self.health.problem(self.capture.stats())
+
     def reload(self) -> None:
         """SIGHUP: apply a new config and model, or keep everything as it is if they are bad."""
         log.info("reloading configuration from %s", self.config_path)
         self.notifier.reloading()
         try:
             new, model = load_replacement(self.config_path, self.settings)
+            http = self._http_server(new.http) if new.http != self.settings.http else None
         except EdgedError as e:
             log.error("reload refused, keeping the running configuration: %s", e)
             self.notifier.ready(self.snapshot().line())
@@ -289,10 +312,22 @@ class Daemon:
             self.capture.stop()
             self.capture = self._start_capture()
         self._use_model(model)
+        if http is not None:  # the old server lets go of its address before the new one binds it
+            self.http.close()
+            self.http = http
+            http.start()
+        else:
+            self._reload_http_token()
         self.rate_cap = RateCap(new.service.max_fps)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
         log.info("reloaded: model %s", model.engine.identity.short)
         self.notifier.ready(self.snapshot().line())
+
+    def _reload_http_token(self) -> None:
+        try:
+            self.http.reload_token()
+        except KeyFileError as e:
+            log.error("http token not reloaded, the previous one stays: %s", e)
 
     def shutdown(self, watchdog: Watchdog | None) -> None:
         self.notifier.stopping()
@@ -301,6 +336,7 @@ class Daemon:
         self.capture.stop(timeout_s=1.5)
         self.publish_status()
         self.publisher.close()
+        self.http.close()
 
 
 def run(config_path: Path | None, settings: Settings) -> int:

@@ -1,8 +1,10 @@
-"""CurveZMQ key files: create them (``edged keygen``), load them, and refuse unsafe ones.
+"""CurveZMQ key files and other secrets: create them (``edged keygen``), load them, and refuse unsafe ones.
 
 Keys are zmq.auth certificates: ``NAME.key`` holds the public key and may be copied anywhere;
 ``NAME.key_secret`` holds both keys and must stay readable by its owner only, as ssh demands of
 private keys, because whoever reads it can impersonate the publisher (or that subscriber).
+
+The HTTP bearer token (``http.token_file``) is held to the same rule as a secret key.
 
 Every error is a `KeyFileError` whose message starts with the setting that names the file
 (``publish.curve_server_key: …`` or ``--client-key: …``): it is a configuration problem, so the
@@ -29,6 +31,7 @@ from edged.errors import KeyFileError
 
 Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+MIN_TOKEN_CHARS = 16  # a guessable token is no protection on a network
 
 
 def _reason(e: Exception) -> str:
@@ -51,6 +54,22 @@ def _check_private(path: Path, label: str) -> None:
             f"{label}: permissions {mode:04o} on {path} are too open; a secret key must be "
             f"accessible by its owner only (chmod 600 {path})"
         )
+
+
+def read_token(path: Path, label: str) -> str:
+    """A bearer token: the first line of a file only its owner can read, at least 16 characters."""
+    _check_private(path, label)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise KeyFileError(f"{label}: cannot read {path}: {_reason(e)}") from None
+    token = text.strip().split("\n", 1)[0].strip() if text.strip() else ""
+    if len(token) < MIN_TOKEN_CHARS:
+        raise KeyFileError(
+            f"{label}: {path} holds a token of {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
+            "(e.g. `openssl rand -hex 32 > FILE; chmod 600 FILE`)"
+        )
+    return token
 
 
 def _read_certificate(path: Path, label: str) -> tuple[bytes, bytes | None]:

@@ -123,6 +123,11 @@ def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, mo
         ("[source]\n", "model: Field required"),
         ('[model]\npath = "m.onnx"\nlabels = "nope.txt"\n', "model.labels: labels file"),
         ('[model]\npath = "m.onnx"\n[thermal]\nwarm_c = 80\ncritical_c = 70\n', "thermal.critical_c"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "8080"\n', "http.listen: Value error, '8080' is not HOST:PORT"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "board.local:8080"\n', "is not an IP address or localhost"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "0.0.0.0:8080"\n', "http.token_file: Value error, http.listen"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "[::]:8080"\n', "is not a loopback address"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "0.0.0.0:8080"\ntoken_file = "t"\n', "/t does not exist"),
     ],
 )
 def test_problems_name_their_key(tmp_path: Path, text: str, problem: str) -> None:
@@ -280,3 +285,25 @@ def test_a_variable_like_nothing_edged_reads_is_warned_about_with_the_naming_rul
     assert [r.getMessage() for r in caplog.records] == [
         "environment variable EDGED_WHEELHOUSE sets nothing: no section 'wheelhouse' (variables are EDGED_<SECTION>__<KEY>)"
     ]
+
+
+def test_http_listens_on_loopback_by_default_and_anywhere_with_a_private_token(tmp_path: Path) -> None:
+    assert load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n')).http.listen == "127.0.0.1:8080"
+    for listen in ("[::1]:8080", "localhost:8080", "127.0.0.2:9000", ""):
+        assert (
+            load_config(_write(tmp_path, f'[model]\npath = "m.onnx"\n[http]\nlisten = "{listen}"\n')).http.listen == listen
+        )
+    token = tmp_path / "http.token"
+    token.write_text("short\n")
+    token.chmod(0o600)
+    text = '[model]\npath = "m.onnx"\n[http]\nlisten = "0.0.0.0:8080"\ntoken_file = "http.token"\n'
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text))
+    assert "at least 16" in str(info.value)
+    token.write_text("0123456789abcdef0123\n")
+    token.chmod(0o640)
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text))
+    assert "too open" in str(info.value) and "chmod 600" in str(info.value)
+    token.chmod(0o600)
+    assert load_config(_write(tmp_path, text)).http.token_file == token
