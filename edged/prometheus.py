@@ -124,10 +124,10 @@ def _thermal(status: StatusMessage) -> Iterator[Metric]:
     if status.thermal is None:
         return
     temperatures = GaugeMetricFamily("edged_soc_temperature_celsius", "Temperature of each thermal zone.", labels=["zone"])
-    for zone, celsius in sorted(status.thermal.get("zones", {}).items()):
+    for zone, celsius in sorted(status.thermal.zones.items()):
         temperatures.add_metric([zone], float(celsius))
     yield temperatures
-    active = set(status.thermal.get("throttled_flags", ()))
+    active = set(status.thermal.throttled_flags)
     throttled = GaugeMetricFamily(
         "edged_throttled", "1 where the firmware reports this throttling flag (Raspberry Pi get_throttled).", labels=["flag"]
     )
@@ -136,5 +136,5 @@ def _thermal(status: StatusMessage) -> Iterator[Metric]:
     yield throttled
     state = GaugeMetricFamily("edged_thermal_state", "1 for edged's current thermal state.", labels=["state"])
     for name in THERMAL_STATES:
-        state.add_metric([name], 1.0 if status.thermal.get("state") == name else 0.0)
+        state.add_metric([name], 1.0 if status.thermal.state == name else 0.0)
     yield state

@@ -11,14 +11,14 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from edged import __version__
-from edged.messages import CaptureReport, ModelInfo, StageLatency, StatusMessage
+from edged.messages import CaptureReport, ModelInfo, StageLatency, StatusMessage, ThermalReadings, ThermalState
 from edged.prometheus import Metrics
 from edged.stats import RunStats
 
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 
 
-def _status(thermal: dict[str, object] | None = None, rate_cap: float | None = 2.5) -> StatusMessage:
+def _status(thermal: ThermalReadings | None = None, rate_cap: float | None = 2.5) -> StatusMessage:
     return StatusMessage(
         camera_id="cam0",
         seq=3,
@@ -33,6 +33,23 @@ def _status(thermal: dict[str, object] | None = None, rate_cap: float | None = 2
         thermal=thermal,
         model=MODEL,
         capture=CaptureReport(frames_captured=50, frames_decoded=47, reconnects=1, size_changes=0, last_error="gone"),
+    )
+
+
+def _thermal(state: ThermalState, zones: dict[str, float], flags: list[str]) -> ThermalReadings:
+    return ThermalReadings(
+        state=state,
+        board="raspberry-pi",
+        model=None,
+        zones=zones,
+        hottest_c=max(zones.values()),
+        freq_cap_ratio=None,
+        freq_cur_ratio=None,
+        throttled_flags=flags,
+        hardware_throttling=bool(flags),
+        rate_factor=1.0,
+        thresholds={"warm": 70.0, "throttled": 80.0, "critical": 85.0},
+        power_mode=None,
     )
 
 
@@ -98,7 +115,7 @@ def test_stage_histograms_are_cumulative_in_seconds() -> None:
 
 
 def test_thermal_zones_flags_and_state() -> None:
-    thermal = {"state": "warm", "zones": {"cpu-thermal": 71.5}, "throttled_flags": ["soft_temp_limit", "throttled_occurred"]}
+    thermal = _thermal("warm", {"cpu-thermal": 71.5}, ["soft_temp_limit", "throttled_occurred"])
     metrics = Metrics()
     metrics.update(_status(thermal), RunStats().histograms())
     got = _samples(metrics)
@@ -127,7 +144,7 @@ def test_promtool_accepts_the_exposition() -> None:
     stats = RunStats()
     stats.record(1.0, 10.0, 0.5, 20.0)
     metrics = Metrics()
-    metrics.update(_status({"state": "ok", "zones": {"soc": 50.0}, "throttled_flags": []}), stats.histograms())
+    metrics.update(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())
     check = subprocess.run([promtool, "check", "metrics"], input=metrics.exposition(), capture_output=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -139,7 +156,7 @@ def test_the_grafana_dashboard_asks_only_for_metrics_edged_exposes() -> None:
     stats = RunStats()
     stats.record(1.0, 10.0, 0.5, 20.0)
     metrics = Metrics()
-    metrics.update(_status({"state": "ok", "zones": {"soc": 50.0}, "throttled_flags": []}), stats.histograms())
+    metrics.update(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())
     exposed = {name for name, _ in _samples(metrics)}
     assert asked and asked <= exposed, asked - exposed
     assert {"edged_frames_total", "edged_stage_duration_seconds_bucket", "edged_soc_temperature_celsius"} <= asked
