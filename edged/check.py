@@ -4,7 +4,9 @@ It loads the model exactly as the daemon does (same contract checks, same head d
 opens the camera through the capture thread the daemon uses and waits for its first frames (the
 size, rate and colour order the camera really gives), runs one inference on a grey frame of that
 size through the real pipeline (scores above 1 there mean the normalisation or the head is
-wrong), and prints where ONNX Runtime placed each node, from ORT's own assignment record.
+wrong), connects once to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent is
+reported with its reason), and prints where ONNX Runtime placed each node, from ORT's own
+assignment record.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from edged.capture import Capture
 from edged.config import Settings
 from edged.errors import ContractError, InferenceError, ModelError, SourceError
 from edged.model import LoadedModel, load_model
+from edged.mqtt import probe_broker
 from edged.pipeline import FramePipeline
 from edged.preprocess import LETTERBOX_FILL
 from edged.sources import open_source
@@ -118,6 +121,8 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
             "scores must be probabilities: check model.scale, mean and std against how the model was "
             "trained, and that its head ends in a sigmoid"
         )
+    if settings.mqtt is not None:
+        print(f"mqtt       {probe_broker(settings.mqtt, settings.source.camera_id)}", file=out)
     _report(model, settings, out)
     print("ok", file=out)
     return 0

@@ -27,6 +27,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
 from edged.errors import ConfigError
 from edged.heads import HEADS
 from edged.keys import key_file_problems
+from edged.mqtt import MqttConfig
 from edged.sections import Section
 from edged.sources import SOURCES
 from edged.sources.base import mask_credentials
@@ -245,6 +246,7 @@ class Settings(BaseSettings):
     publish: PublishConfig = Field(default_factory=PublishConfig)
     thermal: ThermalConfig = Field(default_factory=ThermalConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)
+    mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
 
     @classmethod
     def settings_customise_sources(
@@ -306,6 +308,10 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("runtime", "optimized_model_path"),
         ("publish", "curve_server_key"),
         ("publish", "curve_clients_dir"),
+        ("mqtt", "password_file"),
+        ("mqtt", "ca_file"),
+        ("mqtt", "cert_file"),
+        ("mqtt", "key_file"),
     ):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
@@ -327,6 +333,8 @@ def _check_files(settings: Settings) -> list[str]:
         problems.append(f"model.labels: labels file {settings.model.labels} does not exist")
     problems += settings.source.file_problems()
     problems += key_file_problems(settings.publish.curve_server_key, settings.publish.curve_clients_dir)
+    if settings.mqtt is not None:
+        problems += settings.mqtt.problems()
     return problems
 
 

@@ -18,6 +18,7 @@ from edged.config import ProviderConfig, Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
 from edged.health import Health
 from edged.model import LoadedModel, load_model
+from edged.mqtt import MqttOutput
 from edged.pipeline import FramePath, Processed, Rejected
 from edged.publish import Publisher, detections_topic, status_topic
 from edged.ratecap import RateCap
@@ -55,6 +56,7 @@ class Daemon:
         except BaseException:
             self.capture.stop(timeout_s=1.5)
             raise
+        self.mqtt = self._start_mqtt()
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
         self._seq = {"detections": itertools.count(), "status": itertools.count()}
@@ -66,6 +68,10 @@ class Daemon:
         capture = Capture(lambda: open_source(cfg), cfg.camera_id, priority=self.settings.runtime.capture_priority)
         capture.start()
         return capture
+
+    def _start_mqtt(self) -> MqttOutput | None:
+        cfg = self.settings.mqtt
+        return MqttOutput(cfg, self.settings.source.camera_id) if cfg is not None else None
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
@@ -149,8 +155,7 @@ class Daemon:
             )
         self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
         self.health.frame_done()
-        if len(detections) or self.settings.publish.publish_empty:
-            self._publish_detections(outcome)
+        self._publish_detections(outcome)
         self._announce_ready(frame_processed=True)
 
     def _reject(self, rejected: Rejected) -> None:
@@ -191,10 +196,20 @@ class Daemon:
     # ---- messages ----------------------------------------------------------------------------
 
     def _publish_detections(self, done: Processed) -> None:
+        """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames."""
+        found = len(done.detections) > 0
+        to_zmq = found or self.settings.publish.publish_empty
+        mqtt = self.mqtt if self.mqtt is not None and (found or self.mqtt.publish_empty) else None
+        if not (to_zmq or mqtt):
+            return
         state = self.report.state if self.report else "unknown"
         msg = self.path.message(done, seq=next(self._seq["detections"]), thermal_state=state)
-        topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
-        self.publisher.send(topic, msg.model_dump_json().encode())
+        payload = msg.model_dump_json().encode()
+        if to_zmq:
+            topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
+            self.publisher.send(topic, payload)
+        if mqtt:
+            mqtt.send("detections", payload)
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
@@ -206,6 +221,7 @@ class Daemon:
             thermal=self.report,
             model=self.model.info,
             model_short=self.model.engine.identity.short,
+            mqtt=self.mqtt.stats() if self.mqtt else None,
         )
 
     def publish_status(self) -> None:
@@ -213,7 +229,10 @@ class Daemon:
         self._update_rate_cap()
         snapshot = self.snapshot()
         topic = status_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
-        self.publisher.send(topic, snapshot.message(next(self._seq["status"])).model_dump_json().encode())
+        payload = snapshot.message(next(self._seq["status"])).model_dump_json().encode()
+        self.publisher.send(topic, payload)
+        if self.mqtt:
+            self.mqtt.send("status", payload)
         self.notifier.status(snapshot.line())
 
     # ---- housekeeping ------------------------------------------------------------------------
@@ -271,10 +290,19 @@ class Daemon:
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
         source_changed = new.source != self.settings.source
+        mqtt_changed = (new.mqtt, new.source.camera_id) != (self.settings.mqtt, self.settings.source.camera_id)
         self.settings = new
         if source_changed:
             self.capture.stop()
             self.capture = self._start_capture()
+        if mqtt_changed:
+            if self.mqtt:
+                self.mqtt.close()
+            try:
+                self.mqtt = self._start_mqtt()
+            except EdgedError as e:  # the password file went between the check and here
+                self.mqtt = None
+                log.error("MQTT output off until the next reload: %s", e)
         self._use_model(model)
         self.rate_cap = RateCap(new.service.max_fps)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
@@ -288,6 +316,8 @@ class Daemon:
         self.capture.stop(timeout_s=1.5)
         self.publish_status()
         self.publisher.close()
+        if self.mqtt:
+            self.mqtt.close()
 
 
 def run(config_path: Path | None, settings: Settings) -> int:

@@ -95,6 +95,14 @@ class StatusMessage(Message):
     thermal: dict[str, Any] | None = Field(description="Thermal readings and state; null when off.")
     model: ModelInfo
     capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
+    mqtt_state: Literal["connected", "disconnected"] | None = Field(
+        None, description="The MQTT output's link to its broker; null when [mqtt] is off."
+    )
+    mqtt_drops: dict[str, int] | None = Field(
+        None,
+        description="MQTT messages dropped or superseded while the broker was away, by topic "
+        "(detections, status, verdict); null when [mqtt] is off.",
+    )
 
 
 def json_schema() -> dict[str, Any]:
