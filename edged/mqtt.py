@@ -303,8 +303,9 @@ class Outbox:
             return len(self._events) + len(self._detections) + (self._status is not None)
 
     def counts(self) -> dict[str, int]:
+        """Drops by kind, every kind named (zero included) so that dashboards see stable keys."""
         with self._lock:
-            return dict(self.drops)
+            return {kind: self.drops[kind] for kind in KINDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +441,9 @@ class MqttOutput:
         """At stop: the last messages and a retained offline, then a clean disconnect, all within ``deadline``."""
         if self._connected:
             self._hand_over()
-            self._client.publish(self._state_topic, b"offline", qos=self.cfg.qos_events, retain=True)
+            # QoS 0: straight into the stream ahead of DISCONNECT, never held back by unacknowledged
+            # messages (a clean DISCONNECT makes the broker discard the Last Will).
+            self._client.publish(self._state_topic, b"offline", qos=0, retain=True)
             self._client.disconnect()
             sock = self._client.socket()
             while sock is not None and self._client.want_write() and (left := deadline - time.monotonic()) > 0:

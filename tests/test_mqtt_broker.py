@@ -7,6 +7,8 @@ while the ZeroMQ stream is read as well: MQTT is an output beside it, never in i
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -279,5 +281,26 @@ def test_memory_stays_bounded_through_a_long_outage_at_a_high_frame_rate(workdir
         dropped = last.mqtt_drops["detections"] - full.mqtt_drops["detections"]
         assert dropped > 1000, (full, last)  # a high rate, all of it beyond the outbox
         assert _rss_kb(d.proc.pid) - rss_full < 8_000  # KB: the outbox holds max_queued, no more
+    finally:
+        d.close()
+
+
+def test_sighup_applies_a_new_broker_and_a_removed_section_stops_the_output(workdir: Path, broker: Broker) -> None:
+    d = start(workdir, free_port())  # nothing listens there
+    config = workdir / "edged.toml"
+    try:
+        assert d.wait_status(lambda s: s.frames_processed > 3).mqtt_state == "disconnected"
+        listener = Listener(broker.port, "edged/#")
+        text = config.read_text()
+        config.write_text(re.sub(r"mqtt://127\.0\.0\.1:\d+", f"mqtt://127.0.0.1:{broker.port}", text))
+        d.signal(signal.SIGHUP)
+        detections(listener, f"edged/{_hostname()}/cam0/detections", 3)
+        assert d.wait_status(lambda s: s.mqtt_state == "connected").mqtt_drops is not None
+
+        config.write_text(text[: text.index("[mqtt]")])
+        d.signal(signal.SIGHUP)
+        assert d.wait_status(lambda s: s.mqtt_state is None).mqtt_drops is None
+        assert wait_for(lambda: state(listener, f"edged/{_hostname()}") == b"offline", 10)
+        listener.close()
     finally:
         d.close()
