@@ -7,6 +7,7 @@ changes meaning; adding an optional field does not change it.
 
 Wire format: a ZeroMQ multipart message of two frames, the topic and the JSON payload.
 Topics are ``<prefix>/detections/<camera_id>`` and ``<prefix>/status/<camera_id>``.
+The MQTT output (`edged.mqtt`) sends the same payloads to a broker, under topics of its own.
 """
 
 from __future__ import annotations

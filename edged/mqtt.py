@@ -59,7 +59,7 @@ TICK_S = 1.0  # the thread comes round at least this often (keepalive pings, sto
 TOPIC_LEVEL = r"[A-Za-z0-9_.-]+"
 
 
-def _hostname() -> str:
+def topic_hostname() -> str:
     """The host name as one topic level: anything but letters, digits, ``_ . -`` becomes ``-``."""
     return re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname()) or "localhost"
 
@@ -139,10 +139,10 @@ class MqttConfig(Section):
         return urlsplit(self.url).port or (8883 if self.tls else 1883)
 
     def prefix(self) -> str:
-        return self.topic_prefix or f"edged/{_hostname()}"
+        return self.topic_prefix or f"edged/{topic_hostname()}"
 
     def client_id_for(self, camera_id: str) -> str:
-        return self.client_id or f"edged-{_hostname()}-{camera_id}"
+        return self.client_id or f"edged-{topic_hostname()}-{camera_id}"
 
     def problems(self) -> list[str]:
         """What would stop the output from ever connecting, one line each, reported when the config loads."""
@@ -153,7 +153,12 @@ class MqttConfig(Section):
             problems.append(f"mqtt: {e}")
         for key in ("ca_file", "cert_file"):
             path = getattr(self, key)
-            if path is not None and not path.is_file():
+            try:
+                missing = path is not None and not path.is_file()
+            except OSError as e:  # e.g. a name too long for the filesystem
+                problems.append(f"mqtt.{key}: cannot read {path}: {e.strerror}")
+                continue
+            if missing:
                 problems.append(f"mqtt.{key}: {path} does not exist")
         for key in ("password_file", "key_file"):
             path = getattr(self, key)

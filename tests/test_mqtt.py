@@ -14,7 +14,7 @@ import pytest
 
 from edged.config import load_config
 from edged.errors import ConfigError
-from edged.mqtt import MqttConfig, Outbox, _hostname
+from edged.mqtt import MqttConfig, Outbox, topic_hostname
 
 EXAMPLE = Path(__file__).parent.parent / "config" / "edged.toml"
 
@@ -43,13 +43,21 @@ def test_defaults_are_stable_per_host_and_camera(tmp_path: Path) -> None:
     settings = load_config(_config(tmp_path, 'url = "mqtt://broker.local"'))
     cfg = settings.mqtt
     assert cfg is not None and (cfg.host, cfg.port, cfg.tls) == ("broker.local", 1883, False)
-    assert cfg.prefix() == f"edged/{_hostname()}" and cfg.client_id_for("cam0") == f"edged-{_hostname()}-cam0"
+    assert cfg.prefix() == f"edged/{topic_hostname()}" and cfg.client_id_for("cam0") == f"edged-{topic_hostname()}-cam0"
     assert (cfg.qos_detections, cfg.qos_events, cfg.publish_empty) == (0, 1, False)
     tls = MqttConfig(url="mqtts://[::1]")
     assert (tls.host, tls.port, tls.tls) == ("::1", 8883, True)
     assert load_config(_config(tmp_path, 'url = "mqtt://b"')).mqtt is not None
     (tmp_path / "edged.toml").write_text('[model]\npath = "m.onnx"\n')
     assert load_config(tmp_path / "edged.toml").mqtt is None
+
+
+def test_the_environment_can_turn_it_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "edged.toml").write_text('[model]\npath = "m.onnx"\n')
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    monkeypatch.setenv("EDGED_MQTT__URL", "mqtts://broker:8884")
+    settings = load_config(tmp_path / "edged.toml")
+    assert settings.mqtt is not None and (settings.mqtt.host, settings.mqtt.port) == ("broker", 8884)
 
 
 @pytest.mark.parametrize(

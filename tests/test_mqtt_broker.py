@@ -21,7 +21,7 @@ from onnx_models import colour_probe
 from waiting import wait_for
 
 from edged.messages import DetectionsMessage, StatusMessage, parse_message
-from edged.mqtt import _hostname
+from edged.mqtt import topic_hostname
 
 pytestmark = pytest.mark.integration
 
@@ -125,7 +125,7 @@ def test_a_password_file_authenticates_and_sigterm_says_offline_within_two_secon
     d = start(workdir, b.port, username="line3", password_file=str(secret))
     try:
         listener = Listener(b.port, "edged/#", username="line3", password="s3cret")
-        prefix = f"edged/{_hostname()}"
+        prefix = f"edged/{topic_hostname()}"
         detections(listener, f"{prefix}/cam0/detections", 3)
         assert state(listener, prefix) == b"online"
 
@@ -177,7 +177,7 @@ def test_tls_with_the_right_ca_publishes_and_an_untrusted_certificate_is_reporte
     bad = start(workdir, b.port, url=f"mqtts://localhost:{b.port}", ca_file=str(other_ca[0]), name="bad", camera="bad")
     try:
         listener = Listener(b.port, "edged/#", ca=ca[0])
-        prefix = f"edged/{_hostname()}"
+        prefix = f"edged/{topic_hostname()}"
         detections(listener, f"{prefix}/good/detections", 3)
 
         status = bad.wait_status(lambda s: s.frames_processed > 10)
@@ -203,7 +203,7 @@ def test_a_broker_absent_at_start_does_not_stop_edged_which_connects_once_it_is_
         b = Broker(workdir, port)
         try:
             listener = Listener(port, "edged/#")
-            detections(listener, f"edged/{_hostname()}/cam0/detections", 3)
+            detections(listener, f"edged/{topic_hostname()}/cam0/detections", 3)
             assert d.wait_status(lambda s: s.mqtt_state == "connected").mqtt_state == "connected"
             listener.close()
         finally:
@@ -216,7 +216,7 @@ def test_a_broker_killed_mid_stream_drops_counted_zeromq_throughout_and_the_stre
     workdir: Path, broker: Broker
 ) -> None:
     d = start(workdir, broker.port, max_queued=10)
-    topic = f"edged/{_hostname()}/cam0/detections"
+    topic = f"edged/{topic_hostname()}/cam0/detections"
     try:
         listener = Listener(broker.port, "edged/#")
         before = detections(listener, topic, 3)
@@ -243,7 +243,7 @@ def test_three_boards_publish_to_one_broker_and_one_subscriber_sees_every_stream
     listener = Listener(broker.port, "edged/#")
     fleet = [start(workdir, broker.port, camera=f"line{i}", name=f"board{i}") for i in range(3)]
     try:
-        prefix = f"edged/{_hostname()}"
+        prefix = f"edged/{topic_hostname()}"
         for i in range(3):
             msgs = detections(listener, f"{prefix}/line{i}/detections", 3, timeout_s=60)
             assert {m.camera_id for m in msgs} == {f"line{i}"}
@@ -270,7 +270,7 @@ def _rss_kb(pid: int) -> int:
 
 @pytest.mark.slow
 def test_memory_stays_bounded_through_a_long_outage_at_a_high_frame_rate(workdir: Path) -> None:
-    d = start(workdir, free_port(), realtime=False, publish_empty=True)  # no broker at all, frames as fast as they come
+    d = start(workdir, free_port(), realtime=False)  # no broker at all, frames as fast as they decode
     try:
         full = d.wait_status(lambda s: (s.mqtt_drops or {}).get("detections", 0) > 0, timeout=60)
         rss_full = _rss_kb(d.proc.pid)
@@ -294,13 +294,13 @@ def test_sighup_applies_a_new_broker_and_a_removed_section_stops_the_output(work
         text = config.read_text()
         config.write_text(re.sub(r"mqtt://127\.0\.0\.1:\d+", f"mqtt://127.0.0.1:{broker.port}", text))
         d.signal(signal.SIGHUP)
-        detections(listener, f"edged/{_hostname()}/cam0/detections", 3)
+        detections(listener, f"edged/{topic_hostname()}/cam0/detections", 3)
         assert d.wait_status(lambda s: s.mqtt_state == "connected").mqtt_drops is not None
 
         config.write_text(text[: text.index("[mqtt]")])
         d.signal(signal.SIGHUP)
         assert d.wait_status(lambda s: s.mqtt_state is None).mqtt_drops is None
-        assert wait_for(lambda: state(listener, f"edged/{_hostname()}") == b"offline", 10)
+        assert wait_for(lambda: state(listener, f"edged/{topic_hostname()}") == b"offline", 10)
         listener.close()
     finally:
         d.close()
