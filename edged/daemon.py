@@ -53,10 +53,10 @@ class Daemon:
         try:
             self._use_model(load_model(settings.model, settings.runtime))
             self.publisher = Publisher(settings.publish)
+            self.mqtt = self._start_mqtt()
         except BaseException:
             self.capture.stop(timeout_s=1.5)
             raise
-        self.mqtt = self._start_mqtt()
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
         self._seq = {"detections": itertools.count(), "status": itertools.count()}

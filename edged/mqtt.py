@@ -230,7 +230,7 @@ def connect_problem(e: Exception, cfg: MqttConfig) -> str:
         return f"TLS handshake with {where} failed ({e.reason or e}): is it an mqtts:// listener?"
     if isinstance(e, ConnectionRefusedError):
         return f"{where} refused the connection: is the broker running and listening there?"
-    if isinstance(e, (TimeoutError, socket.timeout)):
+    if isinstance(e, TimeoutError):
         return f"no answer from {where} within {CONNECT_TIMEOUT_S:g} s"
     if isinstance(e, socket.gaierror):
         return f"cannot resolve {cfg.host}: {e.strerror}"

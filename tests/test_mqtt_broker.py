@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -44,7 +45,14 @@ def broker(workdir: Path) -> Iterator[Broker]:
 
 
 def start(
-    workdir: Path, port: int, *, camera: str = "cam0", name: str = "edged", realtime: bool = True, **mqtt: object
+    workdir: Path,
+    port: int,
+    *,
+    camera: str = "cam0",
+    name: str = "edged",
+    realtime: bool = True,
+    env: dict[str, str] | None = None,
+    **mqtt: object,
 ) -> RunningDaemon:
     """`edged run` on the looping clip, publishing on ZeroMQ and to the broker on ``port``."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -55,7 +63,7 @@ def start(
         "thermal": {"enabled": False},
         "mqtt": {"url": f"mqtt://127.0.0.1:{port}", "keepalive_s": 5, **mqtt},
     }
-    return RunningDaemon(write_config(workdir / f"{name}.toml", doc), endpoint)
+    return RunningDaemon(write_config(workdir / f"{name}.toml", doc), endpoint, env=env)
 
 
 def detections(listener: Listener, topic: str, count: int, timeout_s: float = 30.0) -> list[DetectionsMessage]:
@@ -195,8 +203,15 @@ def test_tls_with_the_right_ca_publishes_and_an_untrusted_certificate_is_reporte
 
 def test_a_broker_absent_at_start_does_not_stop_edged_which_connects_once_it_is_there(workdir: Path) -> None:
     port = free_port()
-    d = start(workdir, port)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # what systemd would be
+    notify.bind(str(workdir / "notify.sock"))
+    notify.settimeout(30)
+    d = start(workdir, port, env={"NOTIFY_SOCKET": str(workdir / "notify.sock")})
     try:
+        datagrams = [notify.recv(4096).decode()]
+        while "READY=1" not in datagrams[-1].splitlines():
+            datagrams.append(notify.recv(4096).decode())
+        assert "| mqtt disconnected |" in datagrams[-1], datagrams  # STATUS= says it too
         d.collect("detections", 3)
         assert d.wait_status(lambda s: s.frames_processed > 5).mqtt_state == "disconnected"
         assert "refused the connection" in d.log()
@@ -210,6 +225,7 @@ def test_a_broker_absent_at_start_does_not_stop_edged_which_connects_once_it_is_
             b.close()
     finally:
         d.close()
+        notify.close()
 
 
 def test_a_broker_killed_mid_stream_drops_counted_zeromq_throughout_and_the_stream_resumes(
