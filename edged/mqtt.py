@@ -351,6 +351,7 @@ class MqttOutput:
         self._wake_w.setblocking(False)
         self._backoff = Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S)
         self._failures = 0
+        self._attempts = 0  # connection attempts since the last successful one
         self._last_problem = ""
         self._thread = threading.Thread(target=self._run, name="edged-mqtt", daemon=True)
         self._thread.start()
@@ -400,6 +401,7 @@ class MqttOutput:
     def _open(self) -> bool:
         """One connection attempt (TCP, TLS, CONNECT sent); False, logged and counted when it fails."""
         self._answered = False
+        self._attempts += 1
         try:
             self._client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
         except (OSError, ValueError) as e:
@@ -468,8 +470,9 @@ class MqttOutput:
             return
         client.publish(self._state_topic, b"online", qos=self.cfg.qos_events, retain=True)
         self._connected = True
-        after = f" after {self._failures} failed attempt(s)" if self._failures else ""
+        after = f" at attempt {self._attempts}" if self._attempts > 1 else ""
         log.info("MQTT: connected to %s%s", self.cfg.url, after)
+        self._attempts = 0
         self._failures = 0
         self._last_problem = ""
 
@@ -494,7 +497,7 @@ class MqttOutput:
             log.error(
                 "MQTT: %s (attempt %d; retrying with backoff up to %g s, ZeroMQ publishing goes on)",
                 problem,
-                self._failures,
+                self._attempts,
                 BACKOFF_MAX_S,
             )
         self._last_problem = problem

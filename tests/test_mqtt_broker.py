@@ -320,3 +320,28 @@ def test_sighup_applies_a_new_broker_and_a_removed_section_stops_the_output(work
         listener.close()
     finally:
         d.close()
+
+
+def test_a_frozen_broker_is_lost_on_the_keepalive_and_reconnected_after_it_thaws(workdir: Path, broker: Broker) -> None:
+    d = start(workdir, broker.port, max_queued=10)  # keepalive_s = 5
+    topic = f"edged/{topic_hostname()}/cam0/detections"
+    try:
+        listener = Listener(broker.port, "edged/#")
+        detections(listener, topic, 3)
+        listener.close()
+        assert broker.proc is not None
+        broker.proc.send_signal(signal.SIGSTOP)  # the connection stays open, nothing answers
+        try:
+            frozen = d.wait_status(lambda s: s.mqtt_state == "disconnected", timeout=30)
+            assert "lost" in d.log()
+            zmq_during = d.collect("detections", 10)
+            assert zmq_during[-1].frame_id > zmq_during[0].frame_id
+            assert frozen.frames_processed < zmq_during[-1].frame_id
+        finally:
+            broker.proc.send_signal(signal.SIGCONT)
+        listener = Listener(broker.port, "edged/#")
+        assert detections(listener, topic, 12)[-1].frame_id > zmq_during[-1].frame_id  # past the 10 held
+        assert d.wait_status(lambda s: s.mqtt_state == "connected").mqtt_drops["detections"] > 0
+        listener.close()
+    finally:
+        d.close()
