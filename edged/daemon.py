@@ -199,7 +199,7 @@ class Daemon:
         """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames."""
         found = len(done.detections) > 0
         to_zmq = found or self.settings.publish.publish_empty
-        mqtt = self.mqtt if self.mqtt is not None and (found or self.mqtt.publish_empty) else None
+        mqtt = self.mqtt if self.mqtt is not None and (found or self.mqtt.cfg.publish_empty) else None
         if not (to_zmq or mqtt):
             return
         state = self.report.state if self.report else "unknown"

@@ -303,10 +303,6 @@ class Outbox:
             else:
                 (self._detections if item.kind == "detections" else self._events).appendleft(item)
 
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._events) + len(self._detections) + (self._status is not None)
-
     def counts(self) -> dict[str, int]:
         """Drops by kind, every kind named (zero included) so that dashboards see stable keys."""
         with self._lock:
@@ -332,7 +328,6 @@ class MqttOutput:
 
     def __init__(self, cfg: MqttConfig, camera_id: str) -> None:
         self.cfg = cfg
-        self.publish_empty = cfg.publish_empty
         prefix = cfg.prefix()
         self._state_topic = f"{prefix}/state"
         self._topics: dict[Kind, str] = {kind: f"{prefix}/{camera_id}/{kind}" for kind in KINDS}

@@ -345,3 +345,19 @@ def test_a_frozen_broker_is_lost_on_the_keepalive_and_reconnected_after_it_thaws
         listener.close()
     finally:
         d.close()
+
+
+def test_frames_without_detections_go_to_mqtt_only_with_publish_empty(workdir: Path, broker: Broker) -> None:
+    write_video(workdir / "clip.avi", [RED if i % 2 == 0 else (0, 0, 0) for i in range(40)])  # black: nothing found
+    listener = Listener(broker.port, "edged/#")
+    skips = start(workdir, broker.port, camera="skips", name="skips")
+    sends = start(workdir, broker.port, camera="sends", name="sends", publish_empty=True)
+    prefix = f"edged/{topic_hostname()}"
+    try:
+        assert any(not m.detections for m in skips.collect("detections", 8) if isinstance(m, DetectionsMessage))
+        assert all(m.detections for m in detections(listener, f"{prefix}/skips/detections", 8))
+        assert any(not m.detections for m in detections(listener, f"{prefix}/sends/detections", 8))
+    finally:
+        skips.close()
+        sends.close()
+        listener.close()
