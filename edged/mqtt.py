@@ -247,8 +247,10 @@ def refusal(reason_code: Any) -> str:
     return f"the broker refused the connection: {reason_code} (reason code {reason_code.value}){hint}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Queued:
+    """One message waiting for the broker: its kind picks topic, QoS and retain."""
+
     kind: Kind
     payload: bytes
 
