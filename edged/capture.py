@@ -32,13 +32,13 @@ from edged.config import CapturePriority
 from edged.demand import StreamTiming
 from edged.errors import EdgedError, SourceError
 from edged.latest import LatestFrame, Shape
+from edged.messages import CaptureState
 from edged.sources import Frame, Source, SplitSource, paces, splits_reading, stamps, times_out
 
 log = logging.getLogger(__name__)
 
 LOW_NICENESS = 10  # added to the capture thread's nice value at capture_priority = "low"
 
-CaptureState = Literal["starting", "ok", "lost", "ended"]
 StreamEnd = Literal["ended", "lost", "stopped"]
 ReadOutcome = Literal["delivered", "skipped", "ended"]
 

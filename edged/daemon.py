@@ -24,7 +24,7 @@ from edged.publish import Publisher, detections_topic, status_topic
 from edged.ratecap import RateCap
 from edged.reload import load_replacement
 from edged.service import Notifier, Signals, Watchdog, watchdog_interval_s
-from edged.sources import Frame, open_source
+from edged.sources import Frame, open_source, sizes_vary
 from edged.stats import RunStats
 from edged.status import Snapshot
 from edged.thermal import ThermalReport, ThermalWatch
@@ -75,7 +75,8 @@ class Daemon:
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
-        self.path = FramePath(model, self.settings.source.camera_id, self.settings.source.channel_order)
+        cfg = self.settings.source
+        self.path = FramePath(model, cfg.camera_id, cfg.channel_order, sizes_vary=sizes_vary(cfg))
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -141,6 +142,18 @@ class Daemon:
             return
         self._inference_failures = 0
         detections, times = outcome.detections, outcome.times
+        if detections.nonfinite:
+            self.stats.drop("nonfinite_output")
+            self._error_limited(
+                "the model output %d NaN or infinite value(s) on frame %d, dropped (%d frame(s) so far): a NaN "
+                "score never passes the threshold, so the model is broken or overflows on this input (check an "
+                "fp16 export, and model.scale, mean and std); `edged check` runs it on a frame from the camera",
+                detections.nonfinite,
+                frame.frame_id,
+                self.stats.drops["nonfinite_output"],
+                frame=frame.frame_id,
+                stage="decode",
+            )
         if detections.scores_above_one:
             self.stats.drop("score_above_one")
             self._error_limited(

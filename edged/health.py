@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from edged.capture import CaptureState, CaptureStats
+from edged.capture import CaptureStats
+from edged.messages import CaptureState
 
 
 class Health:

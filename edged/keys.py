@@ -11,8 +11,11 @@ daemon exits 78 on it and systemd does not restart it in a loop.
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import re
+import shlex
 import stat
 import sys
 from dataclasses import dataclass
@@ -144,6 +147,10 @@ class ClientKeys:
         socket.curve_serverkey = self.server_public
 
 
+SERVICE_USER = "edged"  # the user the shipped units run edged as (User= and Group= in systemd/edged.service)
+PUBLISHER = "server"  # the name of the publisher's pair; any other name is a subscriber's
+
+
 def create_key_pair(directory: Path, name: str) -> tuple[Path, Path]:
     """Write NAME.key (0644) and NAME.key_secret (0600); never overwrites an existing pair."""
     if not KEY_NAME.match(name):
@@ -152,7 +159,7 @@ def create_key_pair(directory: Path, name: str) -> tuple[Path, Path]:
     for path in (public, secret):
         if path.exists():
             raise KeyFileError(f"{path} already exists; remove it first to replace the key pair")
-    directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+    _make_private_dir(directory)
     old_umask = os.umask(0o077)  # the secret file is never readable by others, not even briefly
     try:
         zmq.auth.create_certificates(directory, name)
@@ -163,31 +170,126 @@ def create_key_pair(directory: Path, name: str) -> tuple[Path, Path]:
     return public, secret
 
 
-def run_keygen(directory: Path, name: str, out: TextIO | None = None) -> int:
-    """``edged keygen``: create a pair and say where each file goes."""
+def _make_private_dir(directory: Path) -> bool:
+    """Create ``directory`` 0750 whatever the umask; True when it was created here.
+
+    Missing parents become 0755: they hold nothing secret, and under root's umask 077 they would
+    shut the service out of the keys below them.
+    """
+    if directory.is_dir():
+        return False
+    for parent in reversed(directory.parents):
+        if not parent.is_dir():
+            parent.mkdir()
+            parent.chmod(0o755)
+    directory.mkdir(mode=0o750)
+    directory.chmod(0o750)
+    return True
+
+
+@dataclass(frozen=True)
+class ServiceAccount:
+    """The user edged runs as, and its group: who must read the publisher's keys."""
+
+    user: str
+    uid: int
+    group: str
+    gid: int
+
+    @classmethod
+    def lookup(cls, user: str) -> ServiceAccount | None:
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            return None
+        try:
+            group = grp.getgrgid(entry.pw_gid).gr_name
+        except KeyError:  # a primary group without a name: numeric, as chown takes it
+            group = str(entry.pw_gid)
+        return cls(user, entry.pw_uid, group, entry.pw_gid)
+
+
+@dataclass(frozen=True)
+class PublisherKeys:
+    """The layout the README and ``publish.curve_*`` expect: the pair, and ``clients/`` for allowed keys."""
+
+    public: Path
+    secret: Path
+    clients: Path
+    made_dirs: tuple[Path, ...]  # the directories keygen created: their group becomes the service's
+
+    def hand_over(self, account: ServiceAccount) -> str | None:
+        """Let the service read its keys: the secret becomes its own, the directories its group's.
+
+        Returns None when done, or the exact commands to run as root when this process may not
+        change owners (not root).
+        """
+        try:
+            for directory in self.made_dirs:
+                os.chown(directory, -1, account.gid)
+            os.chown(self.secret, account.uid, account.gid)
+        except PermissionError:
+            dirs = " ".join(shlex.quote(str(d)) for d in self.made_dirs)
+            chgrp = f"sudo chgrp {account.group} {dirs} && " if dirs else ""
+            return f"{chgrp}sudo chown {account.user}:{account.group} {shlex.quote(str(self.secret))}"
+        return None
+
+
+def create_publisher_keys(directory: Path) -> PublisherKeys:
+    """The publisher's pair in ``directory`` and an empty ``clients/`` beside it, both directories 0750."""
+    made = _make_private_dir(directory)
+    public, secret = create_key_pair(directory, PUBLISHER)
+    clients = directory / "clients"
+    made_clients = _make_private_dir(clients)
+    return PublisherKeys(public, secret, clients, tuple(d for d, new in ((directory, made), (clients, made_clients)) if new))
+
+
+def run_keygen(directory: Path, name: str, user: str, out: TextIO | None = None) -> int:
+    """``edged keygen``: create a pair (the publisher's with its layout and owners) and say where each file goes."""
+    out = out or sys.stdout
     try:
-        public, secret = create_key_pair(directory, name)
+        if name != PUBLISHER:
+            public, secret = create_key_pair(directory, name)
+            print(_where_a_subscriber_pair_goes(public.resolve(), secret.resolve()), file=out)
+            return 0
+        keys = create_publisher_keys(directory)
+        account = ServiceAccount.lookup(user)
+        command = keys.hand_over(account) if account else None
     except KeyFileError as e:
         print(f"edged keygen: {e}", file=sys.stderr)
         return 1
     except OSError as e:
         print(f"edged keygen: cannot write {e.filename or directory}: {e.strerror}", file=sys.stderr)
         return 1
-    print(_where_they_go(name, public.resolve(), secret.resolve()), file=out or sys.stdout)
+    print(_where_the_publisher_keys_go(keys, user, account, command), file=out)
     return 0
 
 
-def _where_they_go(name: str, public: Path, secret: Path) -> str:
-    made = f"created the {name} key pair:\n  {secret}  secret, mode 0600\n  {public}  public, mode 0644\n"
-    if name == "server":
-        return made + (
-            f"The service must own the secret file: chown edged: {secret}\n"
-            f'On the publisher, in edged.toml:\n  [publish]\n  curve_server_key = "{secret}"\n'
-            f'  curve_clients_dir = "{public.parent / "clients"}"  # allowed subscribers\' public keys\n'
-            f"Subscribers need the public file: edged subscribe tcp://HOST:PORT --server-key {public} "
-            "--client-key CLIENT.key_secret"
+def _where_the_publisher_keys_go(keys: PublisherKeys, user: str, account: ServiceAccount | None, command: str | None) -> str:
+    public, secret, clients = keys.public.resolve(), keys.secret.resolve(), keys.clients.resolve()
+    if account is None:
+        owner = (
+            f"There is no user {user!r} here: the files are yours, so edged must run as you "
+            "(or pass --user USER, the user it runs as).\n"
         )
-    return made + (
+    elif command is not None:
+        owner = f"Only root may give them to the user {account.user!r} edged runs as; run:\n  {command}\n"
+    else:
+        owner = f"The secret file belongs to {account.user}, the directories keygen made to the group {account.group}.\n"
+    return (
+        f"created the server key pair:\n  {secret}  secret, mode 0600\n  {public}  public, mode 0644\n"
+        f"  {clients}/  the allowed subscribers' public keys, mode 0750\n"
+        + owner
+        + f'On the publisher, in edged.toml:\n  [publish]\n  curve_server_key = "{secret}"\n'
+        f'  curve_clients_dir = "{clients}"\n'
+        f"Subscribers need the public file: edged subscribe tcp://HOST:PORT --server-key {public} "
+        "--client-key CLIENT.key_secret"
+    )
+
+
+def _where_a_subscriber_pair_goes(public: Path, secret: Path) -> str:
+    return (
+        f"created the {public.stem} key pair:\n  {secret}  secret, mode 0600\n  {public}  public, mode 0644\n"
         f"Copy {public} into the publisher's publish.curve_clients_dir, then reload edged there (systemctl reload edged).\n"
         f"Keep {secret} here: edged subscribe tcp://HOST:PORT --server-key server.key --client-key {secret}"
     )

@@ -121,7 +121,7 @@ class Subscriber:
 def format_message(msg: Message) -> str:
     if isinstance(msg, StatusMessage):
         drops = ", ".join(f"{k}={v}" for k, v in sorted(msg.drops.items()) if v) or "none"
-        thermal = msg.thermal.get("state", "?") if msg.thermal else "off"
+        thermal = msg.thermal.state if msg.thermal else "off"
         return (
             f"[status {msg.camera_id}] {msg.fps:.1f} fps, camera {msg.source_state}, "
             f"thermal {thermal}, {msg.frames_processed} frames, drops: {drops}"

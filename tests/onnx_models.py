@@ -213,6 +213,27 @@ def failing_probe(path: Path) -> Path:
     return _save_with_side_branch(probe, "fail_zero", path)
 
 
+def nan_probe(path: Path) -> Path:
+    """The colour probe whose every output value is NaN on bright frames (mean above 0.5).
+
+    The side branch is the square root of minus one on a bright frame and of zero otherwise, as a
+    broken or overflowing model gives NaN on some inputs: dark frames, and the letterbox grey
+    `edged check` first runs, come out as usual.
+    """
+    probe = onnx.load(str(colour_probe(path)))
+    probe.graph.node.extend(
+        [
+            helper.make_node("ReduceMean", ["x"], ["nan_brightness"], keepdims=0),
+            _const("nan_half", np.array(0.5, np.float32)),
+            helper.make_node("Greater", ["nan_brightness", "nan_half"], ["nan_bright"]),
+            helper.make_node("Cast", ["nan_bright"], ["nan_bright_f"], to=TensorProto.FLOAT),
+            helper.make_node("Neg", ["nan_bright_f"], ["nan_minus"]),
+            helper.make_node("Sqrt", ["nan_minus"], ["nan_zero"]),
+        ]
+    )
+    return _save_with_side_branch(probe, "nan_zero", path)
+
+
 def border_detector(
     path: Path,
     *,

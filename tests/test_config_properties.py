@@ -33,6 +33,7 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
 from edged.errors import ConfigError
 from edged.sources import SOURCES
 from edged.sources.file import FileSourceConfig
+from edged.sources.gstreamer import GstreamerSourceConfig
 from edged.sources.images import ImagesSourceConfig
 from edged.sources.rtsp import RtspSourceConfig
 
@@ -59,6 +60,7 @@ REQUIRED: dict[type[BaseModel], dict[str, str]] = {
     FileSourceConfig: {"path": "v"},
     ImagesSourceConfig: {"path": "i"},
     RtspSourceConfig: {"url": "rtsp://camera.local/stream"},
+    GstreamerSourceConfig: {"pipeline": "videotestsrc"},
 }
 DEFAULTS = {  # every key's default as TOML would give it: valid values, so valid configs come up too
     (section, key): value
@@ -287,7 +289,7 @@ def test_settings_from_python_values_validate_or_name_the_key(
     try:
         Settings(**data)
     except ValidationError as e:
-        _check_problems(ConfigError(None, [_format_error(err) for err in e.errors()]), data)
+        _check_problems(ConfigError(None, [_format_error(err, {}) for err in e.errors()]), data)
 
 
 KNOWN_NAMES = set(Settings.model_fields) | set(ProviderConfig.model_fields) | {key for _, key in KEYS}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -14,8 +15,11 @@ import numpy as np
 import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
-from onnx_models import LABELS, colour_probe, failing_probe
+from jsonschema import Draft202012Validator
+from onnx_models import LABELS, colour_probe, failing_probe, nan_probe
+from waiting import wait_for
 
+import edged
 from edged.capture import LOW_NICENESS
 from edged.messages import DetectionsMessage, StatusMessage
 
@@ -84,6 +88,31 @@ def test_status_messages_report_health(daemon: RunningDaemon) -> None:
     assert status.thermal is None
 
 
+def test_published_messages_validate_against_the_committed_schema(daemon: RunningDaemon) -> None:
+    """An independent validator (jsonschema) on the daemon's real payloads, and on what it must refuse."""
+    schema = json.loads((Path(edged.__file__).parent / "messages.schema.json").read_text())
+    validator = Draft202012Validator(schema)
+    payloads: dict[str, dict] = {}
+    deadline = time.monotonic() + 30
+    while len(payloads) < 2 and time.monotonic() < deadline:
+        if daemon.sub.poll(500):
+            topic, payload = daemon.sub.recv_multipart()
+            payloads.setdefault(topic.decode().split("/")[1], json.loads(payload))
+    assert set(payloads) == {"detections", "status"}, daemon.log()
+    for kind, doc in payloads.items():
+        assert not list(validator.iter_errors(doc)), kind
+        state = "thermal_state" if kind == "detections" else "source_state"
+        for broken in (
+            {k: v for k, v in doc.items() if k != "schema_version"},
+            {k: v for k, v in doc.items() if k != "kind"},
+            {**doc, state: "sideways"},
+        ):
+            assert not validator.is_valid(broken), (kind, broken)
+        assert validator.is_valid({**doc, "field_of_a_later_release": 1}), kind
+    assert payloads["detections"]["capture_time_ms"] == payloads["detections"]["capture_time_ns"] / 1e6
+    assert payloads["status"]["time_ms"] == payloads["status"]["time_ns"] / 1e6
+
+
 def test_sigterm_stops_cleanly_within_two_seconds(daemon: RunningDaemon) -> None:
     daemon.collect("detections", 3)
     started = time.monotonic()
@@ -131,33 +160,28 @@ def _image_folder(folder: Path, sizes: list[tuple[int, int]], colours: list[tupl
         cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((h, w, 3), colour, np.uint8))
 
 
-def test_a_frame_of_the_wrong_size_is_rejected_and_counted(workdir: Path) -> None:
-    _image_folder(workdir / "imgs", [(128, 96)] * 4 + [(64, 48)] + [(128, 96)] * 4)
-    (workdir / "imgs" / "004b.png").write_bytes(b"\x89PNG truncated")  # unreadable: skipped by the source
-    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 30.0})
+def test_a_mixed_size_image_folder_publishes_every_frame_with_boxes_in_its_own_size(workdir: Path) -> None:
+    sizes = [(128, 96), (256, 192), (64, 48), (160, 90), (256, 192), (128, 96)]
+    _image_folder(workdir / "imgs", sizes)
+    # The probe's box (input pixels 24,18-40,30) through each size's own letterbox.
+    boxes = {(128, 96): (48.0, 20.0, 80.0, 44.0), (256, 192): (96.0, 40.0, 160.0, 88.0)}
+    boxes |= {(64, 48): (24.0, 10.0, 40.0, 22.0), (160, 90): (60.0, 10.0, 100.0, 40.0)}
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 10.0})
     d = RunningDaemon(path, endpoint)
     try:
-        d.wait_status(lambda s: s.drops.get("bad_frame_size", 0) >= 1)
-        assert "rejected (size)" in d.log()
-        assert d.proc.poll() is None  # not fatal
-        dets = d.collect("detections", 3)
-        assert all(m.frame_size == (128, 96) for m in dets)
-    finally:
-        d.close()
-
-
-def test_a_lasting_size_change_replans_the_buffers(workdir: Path) -> None:
-    colours = [RED] * 20
-    write_video(workdir / "small.avi", colours, size=(128, 96))
-    _image_folder(workdir / "imgs", [(128, 96)] * 3 + [(256, 192)] * 30)
-    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 30.0, "loop": False})
-    d = RunningDaemon(path, endpoint)
-    try:
-        sizes = {m.frame_size: m for m in d.collect("detections", 12)}
-        assert (256, 192) in sizes, sizes.keys()
-        # Boxes follow the new frame size: the probe box scaled by 2 again.
-        assert sizes[(256, 192)].detections[0].box == (96.0, 40.0, 160.0, 88.0)
-        assert "re-planning buffers" in d.log()
+        unseen = set(range(len(sizes)))
+        deadline = time.monotonic() + 30
+        while unseen and time.monotonic() < deadline:
+            for msg in d.collect("detections", 1):
+                assert isinstance(msg, DetectionsMessage)
+                image = msg.frame_id % len(sizes)  # frame ids count every image read, loop after loop
+                assert msg.frame_size == sizes[image]
+                assert [det.box for det in msg.detections] == [boxes[sizes[image]]]
+                unseen.discard(image)
+        assert not unseen, f"images never published: {sorted(unseen)}"
+        status = d.wait_status(lambda s: s.frames_processed >= len(sizes))
+        assert status.drops.get("bad_frame_size", 0) == 0
+        assert "re-planning" not in d.log() and "rejected" not in d.log()
     finally:
         d.close()
 
@@ -181,6 +205,29 @@ def test_sighup_applies_a_good_config_and_keeps_running_on_a_bad_one(workdir: Pa
         assert "reload refused, keeping the running configuration" in d.log()
         assert "bogus" in d.log()
         d.collect("detections", 2)
+    finally:
+        d.close()
+
+
+def test_a_directory_at_the_config_path_on_sighup_is_refused_and_the_running_config_kept(workdir: Path) -> None:
+    path, endpoint = config(workdir)
+    good = path.read_text()
+    d = RunningDaemon(path, endpoint)
+    try:
+        d.collect("detections", 2)
+        path.unlink()
+        path.mkdir()
+        d.signal(signal.SIGHUP)
+        refused = f"reload refused, keeping the running configuration: 1 problem(s) in {path}:"
+        assert wait_for(lambda: refused in d.log(), timeout_s=20), d.log()
+        assert f"config file {path} is a directory, not a file" in d.log()
+        assert "Traceback" not in d.log()
+        first = d.collect("detections", 1)[0].frame_id
+        assert d.collect("detections", 2)[-1].frame_id > first and d.proc.poll() is None
+        path.rmdir()
+        path.write_text(good)
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reloaded: model" in d.log(), timeout_s=20), d.log()
     finally:
         d.close()
 
@@ -233,6 +280,23 @@ def test_inference_errors_skip_the_frame_are_counted_and_logged_once(workdir: Pa
         log = d.log()
         assert log.count("inference failed") == 1, log  # one line per burst, then counters
         assert "cannot be reshaped" in log
+        assert d.proc.poll() is None
+    finally:
+        d.close()
+
+
+def test_nan_outputs_are_counted_and_logged_once_per_burst(workdir: Path) -> None:
+    nan_probe(workdir / "nan.onnx")
+    _image_folder(workdir / "imgs", [(128, 96)] * 2, [RED, (255, 255, 255)])  # red detects, white gives NaN
+    path, endpoint = config(workdir, {"type": "images", "path": "imgs", "fps": 20.0}, model={"path": "nan.onnx"})
+    d = RunningDaemon(path, endpoint)
+    try:
+        status = d.wait_status(lambda s: s.drops.get("nonfinite_output", 0) >= 3)
+        assert status.frames_processed >= 3
+        detected = [m for m in d.collect("detections", 4) if m.detections]
+        assert detected and all(m.detections[0].label == "red" for m in detected)  # the red frames still go out
+        log = d.log()
+        assert log.count("NaN or infinite value(s)") == 1, log  # one line per burst, then the counter
         assert d.proc.poll() is None
     finally:
         d.close()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from edged.capture import CaptureState, CaptureStats
+from edged.capture import CaptureStats
 from edged.health import Health
+from edged.messages import CaptureState
 
 S = 1_000_000_000
 

@@ -2,7 +2,8 @@
 
 The install goes through dpkg itself (``dpkg --root`` with chroot-less maintainer scripts), so the
 conffile is registered, postinst creates the user (with systemd-sysusers, the branch postinst
-takes for another root), byte-compiles the venv and enables the unit, and purge removes it all.
+takes for another root), byte-compiles the venv and enables the unit, and purge removes it all,
+the keys ``edged keygen`` made in /etc/edged/keys included.
 The installed ``edged check`` then runs on the installed venv, model and config.
 
 Building takes about half a minute and lintian about as long again, so the package is built once
@@ -273,13 +274,24 @@ def test_dpkg_installs_configures_runs_and_purges(deb: Path, tmp_path: Path) -> 
     assert check.stdout.splitlines()[-1] == "ok"
     assert f"{root}/usr/share/edged/models/demo.onnx" in check.stdout
 
-    # Purge: no file of the package, no bytecode, no state, no enablement left behind.
+    # The key setup README.Debian gives, with the installed command: the publisher's pair and an
+    # allowed subscriber's public key, which purge must take away with the rest of /etc/edged.
+    keys = root / "etc" / "edged" / "keys"
+    keygen = _run([str(python), str(entry), "keygen", str(keys)], env=env, cwd=tmp_path, timeout=60)
+    assert keygen.returncode == 0, keygen.stderr
+    subscriber = _run([str(python), str(entry), "keygen", str(tmp_path / "line3"), "--name", "line3"], env=env, timeout=60)
+    assert subscriber.returncode == 0, subscriber.stderr
+    shutil.copy(tmp_path / "line3" / "line3.key", keys / "clients")
+    assert sorted(p.name for p in keys.rglob("*")) == ["clients", "line3.key", "server.key", "server.key_secret"]
+
+    # Purge: no file of the package, no bytecode, no state, no keys, no enablement left behind.
     (root / "var" / "lib" / "edged").mkdir(parents=True)
     (root / "var" / "lib" / "edged" / "engine.cache").write_text("x")
     proc = _run([*dpkg, "--purge", "edged"], timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for gone in (
         f"{VENV}",
+        "/etc/edged/keys",
         "/etc/edged",
         "/var/lib/edged",
         "/usr/share/edged",

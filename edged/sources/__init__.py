@@ -16,6 +16,7 @@ import numpy as np
 
 from edged.sources.base import SourceBase
 from edged.sources.file import FileSource, FileSourceConfig
+from edged.sources.gstreamer import GstreamerSource, GstreamerSourceConfig
 from edged.sources.images import ImagesSource, ImagesSourceConfig
 from edged.sources.picamera2 import Picamera2Source, Picamera2SourceConfig
 from edged.sources.rtsp import RtspSource, RtspSourceConfig
@@ -62,6 +63,9 @@ class Source(Protocol):
     - ``frame_age_ns() -> int``: for cameras whose frames carry the sensor's own timestamp, how
       long before the last ``read`` returned its frame was captured; the frame's capture time is
       then that much before the read returned, not when it returned.
+    - ``frame_sizes_vary = True`` (a class attribute, read from the config by `sizes_vary`): for
+      sources whose frames legitimately differ in size (an image folder). Each size then gets its
+      own plan; a camera's new size is a renegotiation, re-planned only once it lasts.
     """
 
     channel_order: Literal["bgr", "rgb"]
@@ -127,6 +131,12 @@ def stamps(source: Source) -> TypeGuard[StampedSource]:
     return callable(getattr(source, "frame_age_ns", None))
 
 
+def sizes_vary(cfg: SourceBase) -> bool:
+    """Whether the source ``cfg`` builds declares ``frame_sizes_vary`` (see `Source`)."""
+    _, source = SOURCES[cfg.type]
+    return bool(getattr(source, "frame_sizes_vary", False))
+
+
 # source.type -> (its [source] config class, the source built from that config).
 SOURCES: dict[str, tuple[type[SourceBase], Callable[[Any], Source]]] = {
     "synthetic": (SyntheticSourceConfig, SyntheticSource),
@@ -135,6 +145,7 @@ SOURCES: dict[str, tuple[type[SourceBase], Callable[[Any], Source]]] = {
     "v4l2": (V4l2SourceConfig, V4l2Source),
     "picamera2": (Picamera2SourceConfig, Picamera2Source),
     "rtsp": (RtspSourceConfig, RtspSource),
+    "gstreamer": (GstreamerSourceConfig, GstreamerSource),
 }
 
 
