@@ -4,8 +4,9 @@ It loads the model exactly as the daemon does (same contract checks, same head d
 opens the camera through the capture thread the daemon uses and waits for its first frames (the
 size, rate and colour order the camera really gives), runs a grey frame of that size and the
 camera's first frame through the real pipeline (NaN or infinite outputs there mean a broken
-model, scores above 1 a wrong normalisation or head), and prints where ONNX Runtime placed each
-node (`Engine.placement`).
+model, scores above 1 a wrong normalisation or head), connects once to the MQTT broker when
+``[mqtt]`` is set (refused, untrusted or absent is reported with its reason), and prints where
+ONNX Runtime placed each node (`Engine.placement`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from edged.capture import Capture
 from edged.config import Settings
 from edged.errors import ContractError, InferenceError, ModelError, SourceError
 from edged.model import LoadedModel, load_model
+from edged.mqtt import probe_broker
 from edged.pipeline import FramePipeline
 from edged.preprocess import LETTERBOX_FILL
 from edged.sources import open_source
@@ -136,6 +138,8 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     grey = np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8)
     for what, image in (("a plain grey frame", grey), ("the camera's first frame", probe.frame)):
         _first_run(plan, what, image)
+    if settings.mqtt is not None:
+        print(f"mqtt       {probe_broker(settings.mqtt, settings.source.camera_id)}", file=out)
     _report(model, settings, out)
     print("ok", file=out)
     return 0

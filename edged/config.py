@@ -33,6 +33,7 @@ from edged.errors import ConfigError, KeyFileError
 from edged.heads import HEADS
 from edged.http import HttpConfig
 from edged.keys import key_file_problems, read_token
+from edged.mqtt import MqttConfig
 from edged.sections import Section
 from edged.sources import SOURCES
 from edged.sources.base import mask_credentials
@@ -255,6 +256,7 @@ class Settings(BaseSettings):
     thermal: ThermalConfig = Field(default_factory=ThermalConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
 
     @classmethod
     def settings_customise_sources(
@@ -445,6 +447,10 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("publish", "curve_server_key"),
         ("publish", "curve_clients_dir"),
         ("http", "token_file"),
+        ("mqtt", "password_file"),
+        ("mqtt", "ca_file"),
+        ("mqtt", "cert_file"),
+        ("mqtt", "key_file"),
     ):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
@@ -467,6 +473,8 @@ def _check_files(settings: Settings) -> list[str]:
             read_token(settings.http.token_file, "http.token_file")
         except KeyFileError as e:
             problems.append(str(e))
+    if settings.mqtt is not None:
+        problems += settings.mqtt.problems()
     return problems
 
 

@@ -21,6 +21,7 @@ from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFile
 from edged.health import Health
 from edged.http import HttpConfig, HttpServer
 from edged.model import LoadedModel, load_model
+from edged.mqtt import MqttOutput
 from edged.pipeline import FramePath, Processed, Rejected
 from edged.publish import Publisher, detections_topic, status_topic
 from edged.ratecap import RateCap
@@ -56,6 +57,7 @@ class Daemon:
             self._use_model(load_model(settings.model, settings.runtime))
             self.http = self._http_server(settings.http)
             self.publisher = Publisher(settings.publish)
+            self.mqtt = self._start_mqtt()
         except BaseException:
             self.capture.stop(timeout_s=1.5)
             raise
@@ -74,6 +76,10 @@ class Daemon:
 
     def _http_server(self, cfg: HttpConfig) -> HttpServer:
         return HttpServer(cfg, self.health_problem)
+
+    def _start_mqtt(self) -> MqttOutput | None:
+        cfg = self.settings.mqtt
+        return MqttOutput(cfg, self.settings.source.camera_id) if cfg is not None else None
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
@@ -211,17 +217,24 @@ class Daemon:
     # ---- messages ----------------------------------------------------------------------------
 
     def _publish_detections(self, done: Processed) -> None:
-        """Send the frame's message, and show the frame with it when the live view wants one."""
-        publish = len(done.detections) > 0 or self.settings.publish.publish_empty
+        """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames; and the
+        frame with its message to the live view when it wants one."""
+        found = len(done.detections) > 0
+        to_zmq = found or self.settings.publish.publish_empty
+        mqtt = self.mqtt if self.mqtt is not None and (found or self.mqtt.cfg.publish_empty) else None
         show = self.http.view.wants_frame()
-        if not (publish or show):
+        if not (to_zmq or mqtt or show):
             return
         state = self.report.state if self.report else "unknown"
-        seq = next(self._seq["detections"]) if publish else 0  # a message only shown takes no seq
+        seq = next(self._seq["detections"]) if to_zmq or mqtt else 0  # a message only shown takes no seq
         msg = self.path.message(done, seq=seq, thermal_state=state)
-        if publish:
-            topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
-            self.publisher.send(topic, msg.model_dump_json().encode())
+        if to_zmq or mqtt:
+            payload = msg.model_dump_json().encode()
+            if to_zmq:
+                topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
+                self.publisher.send(topic, payload)
+            if mqtt:
+                mqtt.send("detections", payload)
         if show:
             self.http.view.offer(done.frame, msg)
 
@@ -235,6 +248,7 @@ class Daemon:
             thermal=self.report,
             model=self.model.info,
             model_short=self.model.engine.identity.short,
+            mqtt=self.mqtt.stats() if self.mqtt else None,
         )
 
     def publish_status(self) -> None:
@@ -243,7 +257,10 @@ class Daemon:
         snapshot = self.snapshot()
         message = snapshot.message(next(self._seq["status"]))
         topic = status_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
-        self.publisher.send(topic, message.model_dump_json().encode())
+        payload = message.model_dump_json().encode()
+        self.publisher.send(topic, payload)
+        if self.mqtt:
+            self.mqtt.send("status", payload)
         self.http.update(message, self.stats.histograms())
         self.notifier.status(snapshot.line())
 
@@ -307,10 +324,19 @@ class Daemon:
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
         source_changed = new.source != self.settings.source
+        mqtt_changed = (new.mqtt, new.source.camera_id) != (self.settings.mqtt, self.settings.source.camera_id)
         self.settings = new
         if source_changed:
             self.capture.stop()
             self.capture = self._start_capture()
+        if mqtt_changed:
+            if self.mqtt:
+                self.mqtt.close()
+            try:
+                self.mqtt = self._start_mqtt()
+            except EdgedError as e:  # the password file went between the check and here
+                self.mqtt = None
+                log.error("MQTT output off until the next reload: %s", e)
         self._use_model(model)
         if http is not None:  # the old server lets go of its address before the new one binds it
             self.http.close()
@@ -337,6 +363,8 @@ class Daemon:
         self.publish_status()
         self.publisher.close()
         self.http.close()
+        if self.mqtt:
+            self.mqtt.close()
 
 
 def run(config_path: Path | None, settings: Settings) -> int:

@@ -38,8 +38,12 @@ def _reason(e: Exception) -> str:
     return getattr(e, "strerror", None) or str(e)
 
 
-def _check_private(path: Path, label: str) -> None:
-    """Refuse a secret key that anyone but its owner can read or write."""
+def check_secret_file(path: Path, label: str, *, group_readable: bool = False) -> None:
+    """Refuse a secret file that others can read or write, as ssh refuses a private key.
+
+    A key pair's secret is its owner's alone; a password file may also be read by the service's
+    group (``group_readable``: a 0640 file owned by root and the service group), never written.
+    """
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -49,10 +53,12 @@ def _check_private(path: Path, label: str) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise KeyFileError(f"{label}: {path} is not a regular file")
     mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
+    if mode & (0o037 if group_readable else 0o077):
+        allowed = "its owner, and read by its group" if group_readable else "its owner only"
+        fix = "chmod 640" if group_readable else "chmod 600"
         raise KeyFileError(
-            f"{label}: permissions {mode:04o} on {path} are too open; a secret key must be "
-            f"accessible by its owner only (chmod 600 {path})"
+            f"{label}: permissions {mode:04o} on {path} are too open; a secret file must be "
+            f"accessible by {allowed} ({fix} {path})"
         )
 
 
@@ -87,7 +93,7 @@ def _read_certificate(path: Path, label: str) -> tuple[bytes, bytes | None]:
 
 def load_secret_key(path: Path, label: str) -> tuple[bytes, bytes]:
     """(public, secret) from a ``.key_secret`` file that only its owner can read."""
-    _check_private(path, label)
+    check_secret_file(path, label)
     public, secret = _read_certificate(path, label)
     if secret is None:
         raise KeyFileError(f"{label}: {path} has no secret key; pass the .key_secret file, not the .key")

@@ -20,6 +20,7 @@ that a double holds to a quarter of a microsecond.
 
 Wire format: a ZeroMQ multipart message of two frames, the topic and the JSON payload.
 Topics are ``<prefix>/detections/<camera_id>`` and ``<prefix>/status/<camera_id>``.
+The MQTT output (`edged.mqtt`) sends the same payloads to a broker, under topics of its own.
 """
 
 from __future__ import annotations
@@ -156,6 +157,14 @@ class StatusMessage(Message):
     thermal: ThermalReadings | None = Field(description="Thermal readings and state; null when off.")
     model: ModelInfo
     capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
+    mqtt_state: Literal["connected", "disconnected"] | None = Field(
+        None, description="The MQTT output's link to its broker; null when [mqtt] is off."
+    )
+    mqtt_drops: dict[str, int] | None = Field(
+        None,
+        description="MQTT messages dropped or superseded while the broker was away, by topic "
+        "(detections, status, verdict); null when [mqtt] is off.",
+    )
 
     @computed_field(description=_MS_COPY.format("time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
     @property

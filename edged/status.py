@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from edged.capture import CaptureStats
 from edged.messages import CaptureReport, ModelInfo, StatusMessage
+from edged.mqtt import MqttStats
 from edged.stats import RunStats
 from edged.thermal import ThermalReport
 
@@ -28,6 +29,7 @@ class Snapshot:
     thermal: ThermalReport | None
     model: ModelInfo
     model_short: str  # name@hash prefix, as the logs name the model
+    mqtt: MqttStats | None = None  # None: no [mqtt] output
 
     def drops(self) -> dict[str, int]:
         """Frames and messages lost, by cause: the loop's, the capture thread's and the publisher's."""
@@ -59,13 +61,16 @@ class Snapshot:
                 size_changes=self.capture.size_changes,
                 last_error=self.capture.last_error,
             ),
+            mqtt_state=self.mqtt.state if self.mqtt else None,
+            mqtt_drops=self.mqtt.drops if self.mqtt else None,
         )
 
     def line(self) -> str:
         """systemd's one-line STATUS=."""
         thermal = self.thermal.summary() if self.thermal else "thermal off"
         cap = f" cap {self.rate_cap_fps:.1f}fps" if self.rate_cap_fps else ""
+        mqtt = f" | mqtt {self.mqtt.state}" if self.mqtt else ""
         return (
-            f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state} | {thermal} | "
+            f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state}{mqtt} | {thermal} | "
             f"{self.stats.frames_processed} frames | model {self.model_short}"
         )

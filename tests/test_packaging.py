@@ -117,6 +117,7 @@ def test_file_name_and_control_fields(deb: Path) -> None:
     assert DEBIAN_PYTHON in depends
     for needed in ("python3-systemd", "adduser", "libc6"):
         assert needed in depends
+    assert _field(deb, "Recommends") == "python3-paho-mqtt (>= 2.0)"  # paho 2 for the [mqtt] output
     assert int(_field(deb, "Installed-Size")) > 50_000  # KiB: the venv with ORT, OpenCV, NumPy
 
 
