@@ -64,7 +64,7 @@ def check_secret_file(path: Path, label: str, *, group_readable: bool = False) -
 
 def read_token(path: Path, label: str) -> str:
     """A bearer token: the first line of a file only its owner can read, at least 16 characters."""
-    _check_private(path, label)
+    check_secret_file(path, label)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
