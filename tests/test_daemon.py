@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,6 +114,31 @@ def test_the_capture_side_runs_at_its_priority_and_inference_does_not(workdir: P
         assert 1 <= sum(v == lowered for v in scheduling.values()) < len(scheduling) - 1
     finally:
         d.close()
+
+
+@pytest.mark.slow
+def test_a_refused_start_under_cpu_load_exits_78_every_time_never_aborts(tmp_path: Path) -> None:
+    """The capture thread is still painting 4K scenes (inside OpenCV) when the model is refused.
+
+    Left to interpreter finalisation, such a thread aborted the process in about every other run
+    (SIGABRT, "terminate called without an active exception"); under systemd that is a restart
+    loop instead of a stop.
+    """
+    colour_probe(tmp_path / "batch4.onnx", batch=4)
+    path, _ = config(
+        tmp_path,
+        {"type": "synthetic", "width": 3840, "height": 2160, "fps": 10.0},
+        model={"path": "batch4.onnx"},
+    )
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        runs = [run_cli("run", "--config", str(path)) for _ in range(12)]
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert [r.returncode for r in runs] == [78] * len(runs), [r.stderr[-500:] for r in runs if r.returncode != 78]
+    assert all("fixed batch of 4" in r.stderr for r in runs)
 
 
 def test_a_file_that_ends_without_loop_stops_the_daemon_with_success(workdir: Path) -> None:
