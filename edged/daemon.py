@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.25  # the loop comes round at least this often, frames or not
 MAX_INFERENCE_FAILURES = 20  # consecutive failed runs before the daemon gives up
 ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then counters
+# How long an exit waits for the capture thread to release the camera. A camera call that takes
+# longer (an 8K JPEG decodes in seconds on a Pi) is abandoned: `run` then exits without
+# finalising, which is safe, so this bounds the stop time rather than guarding the exit.
+CAPTURE_STOP_WAIT_S = 1.0
 
 
 class Daemon:
@@ -54,7 +58,7 @@ class Daemon:
             self._use_model(load_model(settings.model, settings.runtime))
             self.publisher = Publisher(settings.publish)
         except BaseException:
-            self.capture.stop(timeout_s=1.5)
+            self.capture.stop(timeout_s=CAPTURE_STOP_WAIT_S)
             raise
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
@@ -327,7 +331,7 @@ class Daemon:
         self.notifier.stopping()
         if watchdog:
             watchdog.stop()
-        self.capture.stop(timeout_s=1.5)
+        self.capture.stop(timeout_s=CAPTURE_STOP_WAIT_S)
         self.publish_status()
         self.publisher.close()
 
