@@ -17,6 +17,7 @@ import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import LABELS, colour_probe, failing_probe
+from waiting import wait_for
 
 from edged.capture import LOW_NICENESS
 from edged.keys import ClientKeys, create_key_pair
@@ -283,6 +284,36 @@ def test_a_model_replaced_on_disk_is_picked_up_on_sighup_or_refused_if_broken(wo
         while sha == first and time.monotonic() < deadline:
             sha = d.collect("detections", 1)[0].model.sha256
         assert sha != first
+    finally:
+        d.close()
+
+
+def test_a_reload_to_a_new_source_goes_back_to_the_running_one_when_its_model_fails(workdir: Path) -> None:
+    failing_probe(workdir / "failing.onnx", brighter_than=-1.0)
+    _image_folder(workdir / "imgs", [(256, 192)] * 3)
+    path, endpoint = config(workdir)
+
+    def images_with(model: str) -> None:
+        source = {"type": "images", "path": "imgs", "fps": 20.0}
+        publish = {"endpoints": [endpoint], "status_interval_s": 0.5}
+        write_config(path, {"source": source, "model": {"path": model}, "publish": publish, "thermal": {"enabled": False}})
+
+    d = RunningDaemon(path, endpoint)
+    try:
+        first = d.collect("detections", 2)[-1]
+        assert first.frame_size == (128, 96)
+        images_with("failing.onnx")
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reload refused" in d.log(), timeout_s=30), d.log()
+        assert "fails on its first run" in d.log()
+        after = d.collect("detections", 20)[-3:]  # the video again, through the running model
+        assert all(m.frame_size == (128, 96) and m.model.sha256 == first.model.sha256 for m in after)
+        images_with("probe.onnx")  # the same source change with a model that runs
+        d.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while d.collect("detections", 1)[0].frame_size != (256, 192):
+            assert time.monotonic() < deadline, d.log()
+        assert "reloaded: model" in d.log() and d.proc.poll() is None
     finally:
         d.close()
 
