@@ -25,9 +25,10 @@ from edged.mqtt import MqttOutput
 from edged.pipeline import FramePath, Processed, Rejected
 from edged.publish import Publisher, detections_topic, status_topic
 from edged.ratecap import RateCap
-from edged.reload import load_replacement
-from edged.service import Notifier, Signals, Watchdog, watchdog_interval_s
+from edged.reload import Replacement, load_replacement
+from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
 from edged.sources import Frame, open_source, sizes_vary
+from edged.sources.base import SourceBase
 from edged.stats import RunStats
 from edged.status import Snapshot
 from edged.thermal import ThermalReport, ThermalWatch
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.25  # the loop comes round at least this often, frames or not
 MAX_INFERENCE_FAILURES = 20  # consecutive failed runs before the daemon gives up
 ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then counters
+# How long an exit waits for the capture thread to release the camera. A camera call that takes
+# longer (an 8K JPEG decodes in seconds on a Pi) is abandoned: `run` then exits without
+# finalising, which is safe, so this bounds the stop time rather than guarding the exit.
+CAPTURE_STOP_WAIT_S = 1.0
 
 
 class Daemon:
@@ -52,14 +57,14 @@ class Daemon:
         self.rate_cap = RateCap(settings.service.max_fps)
         # The camera opens (or the scene pool is drawn) while the model loads: cold start pays
         # for the slower of the two, not their sum.
-        self.capture = self._start_capture()
+        self.capture = self._start_capture(settings.source)
         try:
             self._use_model(load_model(settings.model, settings.runtime))
             self.http = self._http_server(settings.http)
             self.publisher = Publisher(settings.publish)
             self.mqtt = self._start_mqtt()
         except BaseException:
-            self.capture.stop(timeout_s=1.5)
+            self.capture.stop(timeout_s=CAPTURE_STOP_WAIT_S)
             raise
         self.http.start()
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
@@ -67,9 +72,9 @@ class Daemon:
         self._seq = {"detections": itertools.count(), "status": itertools.count()}
         self._inference_failures = 0
         self._last_error_log = -ERROR_LOG_INTERVAL_S
+        self._replacement: Replacement | None = None  # a reload on trial: it takes over on its first frame
 
-    def _start_capture(self) -> Capture:
-        cfg = self.settings.source
+    def _start_capture(self, cfg: SourceBase) -> Capture:
         capture = Capture(lambda: open_source(cfg), cfg.camera_id, priority=self.settings.runtime.capture_priority)
         capture.start()
         return capture
@@ -139,17 +144,23 @@ class Daemon:
         if frame is None:
             self._announce_ready(frame_processed=False)
             return
-        self.handle(frame)
+        if self._replacement is not None:
+            self._try_replacement(self._replacement, frame)
+        else:
+            self.handle(frame)
         self.signals.stop.wait(self.rate_cap.wait_s(started, time.monotonic()))
 
     def handle(self, frame: Frame) -> None:
-        """One frame: through the model, counted, published; a rejected frame is counted and logged."""
-        outcome = self.path.run(frame)
+        """One frame through the running model."""
+        self._finish(self.path.run(frame))
+
+    def _finish(self, outcome: Processed | Rejected) -> None:
+        """A frame's outcome counted and published; a rejected frame is counted and logged."""
         if isinstance(outcome, Rejected):
             self._reject(outcome)
             return
         self._inference_failures = 0
-        detections, times = outcome.detections, outcome.times
+        frame, detections, times = outcome.frame, outcome.detections, outcome.times
         if detections.nonfinite:
             self.stats.drop("nonfinite_output")
             self._error_limited(
@@ -309,12 +320,16 @@ class Daemon:
         return self.health.problem(self.capture.stats())
 
     def reload(self) -> None:
-        """SIGHUP: apply a new config and model, or keep everything as it is if they are bad."""
+        """SIGHUP: load a new config and model; they take over once the model has run on a frame.
+
+        A config or model that does not load is refused here; one that loads is tried on the next
+        frame (`_try_replacement`), from the new source if the source changed, since a model can
+        load and still fail on the camera's frames. A reload while another is on trial replaces it.
+        """
         log.info("reloading configuration from %s", self.config_path)
         self.notifier.reloading()
         try:
-            new, model = load_replacement(self.config_path, self.settings)
-            http = self._http_server(new.http) if new.http != self.settings.http else None
+            replacement = load_replacement(self.config_path, self.settings)
         except EdgedError as e:
             log.error("reload refused, keeping the running configuration: %s", e)
             self.notifier.ready(self.snapshot().line())
@@ -323,13 +338,47 @@ class Daemon:
             self.publisher.reload_client_keys()
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
-        source_changed = new.source != self.settings.source
-        mqtt_changed = (new.mqtt, new.source.camera_id) != (self.settings.mqtt, self.settings.source.camera_id)
-        self.settings = new
-        if source_changed:
-            self.capture.stop()
-            self.capture = self._start_capture()
-        if mqtt_changed:
+        reading = self._replacement.settings.source if self._replacement else self.settings.source
+        if replacement.settings.source != reading:
+            self._switch_capture(replacement.settings.source)
+        self._replacement = replacement
+        log.info("loaded model %s: trying it on the next frame", replacement.path.model.engine.identity.short)
+
+    def _try_replacement(self, replacement: Replacement, frame: Frame) -> None:
+        """Switch to a reload's model once it has run on ``frame``, or keep the running one."""
+        outcome = replacement.trial(frame)
+        if isinstance(outcome, Rejected):  # the frame is unfit, not the model: the next frame decides
+            self._reject(outcome)
+            return
+        self._replacement = None
+        if isinstance(outcome, str):
+            log.error(
+                "reload refused, keeping the running configuration and model %s: the new model %s fails on frame %d: %s",
+                self.model.engine.identity.short,
+                replacement.path.model.engine.identity.short,
+                frame.frame_id,
+                outcome,
+                extra={"FRAME": frame.frame_id, "STAGE": "reload"},
+            )
+            if replacement.settings.source == self.settings.source:
+                self.handle(frame)
+            else:
+                self._switch_capture(self.settings.source)
+            self.notifier.ready(self.snapshot().line())
+            return
+        new = replacement.settings
+        old, self.settings = self.settings, new
+        self.model, self.path = replacement.path.model, replacement.path
+        self._switch_outputs(old, new)
+        self.rate_cap = RateCap(new.service.max_fps)
+        self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
+        log.info("reloaded: model %s", self.model.engine.identity.short)
+        self.notifier.ready(self.snapshot().line())
+        self._finish(outcome)
+
+    def _switch_outputs(self, old: Settings, new: Settings) -> None:
+        """A reload's ``[mqtt]`` and ``[http]`` take effect with its model; the HTTP token is re-read."""
+        if (new.mqtt, new.source.camera_id) != (old.mqtt, old.source.camera_id):
             if self.mqtt:
                 self.mqtt.close()
             try:
@@ -337,17 +386,17 @@ class Daemon:
             except EdgedError as e:  # the password file went between the check and here
                 self.mqtt = None
                 log.error("MQTT output off until the next reload: %s", e)
-        self._use_model(model)
-        if http is not None:  # the old server lets go of its address before the new one binds it
-            self.http.close()
-            self.http = http
-            http.start()
-        else:
+        if new.http == old.http:
             self._reload_http_token()
-        self.rate_cap = RateCap(new.service.max_fps)
-        self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
-        log.info("reloaded: model %s", model.engine.identity.short)
-        self.notifier.ready(self.snapshot().line())
+            return
+        try:
+            http = self._http_server(new.http)
+        except EdgedError as e:  # the token file went between the check and here
+            log.error("live view settings not applied, the running server stays: %s", e)
+            return
+        self.http.close()  # the old server lets go of its address before the new one binds it
+        self.http = http
+        http.start()
 
     def _reload_http_token(self) -> None:
         try:
@@ -355,11 +404,15 @@ class Daemon:
         except KeyFileError as e:
             log.error("http token not reloaded, the previous one stays: %s", e)
 
+    def _switch_capture(self, cfg: SourceBase) -> None:
+        self.capture.stop()
+        self.capture = self._start_capture(cfg)
+
     def shutdown(self, watchdog: Watchdog | None) -> None:
         self.notifier.stopping()
         if watchdog:
             watchdog.stop()
-        self.capture.stop(timeout_s=1.5)
+        self.capture.stop(timeout_s=CAPTURE_STOP_WAIT_S)
         self.publish_status()
         self.publisher.close()
         self.http.close()
@@ -368,7 +421,11 @@ class Daemon:
 
 
 def run(config_path: Path | None, settings: Settings) -> int:
-    """``edged run``: returns the process exit code."""
+    """``edged run``: returns the process exit code, or exits with it (`edged.service.exit_safely`).
+
+    Every way out, a refused start included, stops the capture thread first; one still inside a
+    camera call after its join is abandoned by exiting at once, never by interpreter finalisation.
+    """
     notifier = Notifier()
     signals = Signals()
     signals.install()
@@ -377,8 +434,8 @@ def run(config_path: Path | None, settings: Settings) -> int:
     except EdgedError as e:
         log.error("%s", e)
         notifier.status(f"refused to start: {e}" if e.exit_code == EXIT_CONFIG else f"cannot start: {e}")
-        return e.exit_code
-    try:
-        return daemon.run()
-    finally:
-        notifier.close()
+        code = e.exit_code
+    else:
+        code = daemon.run()
+    notifier.close()
+    return exit_safely(code)

@@ -159,7 +159,10 @@ class Publisher:
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as e:
-            raise PublishError(f"cannot bind {endpoint}: {e.strerror}") from None
+            hint = ""
+            if e.errno == zmq.EADDRINUSE:
+                hint = " (another program holds it, perhaps an edged still running: stop it or change publish.endpoints)"
+            raise PublishError(f"cannot bind {endpoint}: {e.strerror}{hint}") from None
         if ipc_path is not None:
             os.chmod(ipc_path, 0o660)  # the service's group may subscribe, nobody else
         bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)

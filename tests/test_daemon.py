@@ -6,6 +6,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,9 @@ from waiting import wait_for
 
 import edged
 from edged.capture import LOW_NICENESS
+from edged.keys import ClientKeys, create_key_pair
 from edged.messages import DetectionsMessage, StatusMessage
+from edged.subscribe import Subscriber
 
 pytestmark = pytest.mark.integration
 
@@ -121,6 +125,63 @@ def test_sigterm_stops_cleanly_within_two_seconds(daemon: RunningDaemon) -> None
     assert time.monotonic() - started < 2.0
 
 
+@contextlib.contextmanager
+def cpu_load() -> Iterator[None]:
+    """A busy-loop process per core, as a line computer also running other work would be."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        yield
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+def _sigterm_stop_s(d: RunningDaemon) -> float:
+    started = time.monotonic()
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(10) == 0, d.log()
+    return time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_8k_image_decode_stops_within_two_seconds(workdir: Path) -> None:
+    """The capture thread is always inside ``cv2.imread`` of an 8K JPEG of noise (seconds of decoding).
+
+    It gets one second to return; a longer call is abandoned and the process exits at once. Under
+    this load, waiting 1.5 s and then finalising around the thread took 2.2 to 4 s.
+    """
+    (workdir / "8k").mkdir()
+    noise = np.random.default_rng(0).integers(0, 256, (4320, 7680, 3), np.uint8)
+    cv2.imwrite(str(workdir / "8k" / "noise.jpg"), noise, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    path, endpoint = config(workdir, {"type": "images", "path": "8k", "fps": 30.0})
+    with cpu_load():
+        for _ in range(3):
+            d = RunningDaemon(path, endpoint)
+            try:
+                d.wait_status(lambda s: s.frames_processed >= 1, timeout=60)
+                assert _sigterm_stop_s(d) < 2.0
+            finally:
+                d.close()
+
+
+def test_sigterm_with_curve_and_a_subscriber_stops_within_two_seconds(workdir: Path) -> None:
+    server_public, server_secret = create_key_pair(workdir / "server", "server")
+    client_public, client_secret = create_key_pair(workdir / "line3", "line3")
+    (workdir / "clients").mkdir()
+    client_public.rename(workdir / "clients" / client_public.name)
+    keys = {"curve_server_key": str(server_secret), "curve_clients_dir": str(workdir / "clients")}
+    path, endpoint = config(workdir, publish=keys)
+    d = RunningDaemon(path, endpoint)
+    subscriber = Subscriber(endpoint, "", curve=ClientKeys.from_files(server_public, client_secret))
+    try:
+        assert subscriber.receive(30.0) is not None, d.log()
+        assert _sigterm_stop_s(d) < 2.0
+    finally:
+        subscriber.close()
+        d.close()
+
+
 @pytest.mark.parametrize("priority", ["low", "idle"])
 def test_the_capture_side_runs_at_its_priority_and_inference_does_not(workdir: Path, priority: str) -> None:
     path, endpoint = config(workdir, runtime={"capture_priority": priority, "intra_op_threads": 2})
@@ -141,6 +202,26 @@ def test_the_capture_side_runs_at_its_priority_and_inference_does_not(workdir: P
         assert 1 <= sum(v == lowered for v in scheduling.values()) < len(scheduling) - 1
     finally:
         d.close()
+
+
+@pytest.mark.slow
+def test_a_refused_start_under_cpu_load_exits_78_every_time_never_aborts(tmp_path: Path) -> None:
+    """The capture thread is still painting 4K scenes (inside OpenCV) when the model is refused.
+
+    Left to interpreter finalisation, such a thread aborted the process in about every other run
+    (SIGABRT, "terminate called without an active exception"); under systemd that is a restart
+    loop instead of a stop.
+    """
+    colour_probe(tmp_path / "batch4.onnx", batch=4)
+    path, _ = config(
+        tmp_path,
+        {"type": "synthetic", "width": 3840, "height": 2160, "fps": 10.0},
+        model={"path": "batch4.onnx"},
+    )
+    with cpu_load():
+        runs = [run_cli("run", "--config", str(path)) for _ in range(12)]
+    assert [r.returncode for r in runs] == [78] * len(runs), [r.stderr[-500:] for r in runs if r.returncode != 78]
+    assert all("fixed batch of 4" in r.stderr for r in runs)
 
 
 def test_a_file_that_ends_without_loop_stops_the_daemon_with_success(workdir: Path) -> None:
@@ -249,6 +330,36 @@ def test_a_model_replaced_on_disk_is_picked_up_on_sighup_or_refused_if_broken(wo
         while sha == first and time.monotonic() < deadline:
             sha = d.collect("detections", 1)[0].model.sha256
         assert sha != first
+    finally:
+        d.close()
+
+
+def test_a_reload_to_a_new_source_goes_back_to_the_running_one_when_its_model_fails(workdir: Path) -> None:
+    failing_probe(workdir / "failing.onnx", brighter_than=-1.0)
+    _image_folder(workdir / "imgs", [(256, 192)] * 3)
+    path, endpoint = config(workdir)
+
+    def images_with(model: str) -> None:
+        source = {"type": "images", "path": "imgs", "fps": 20.0}
+        publish = {"endpoints": [endpoint], "status_interval_s": 0.5}
+        write_config(path, {"source": source, "model": {"path": model}, "publish": publish, "thermal": {"enabled": False}})
+
+    d = RunningDaemon(path, endpoint)
+    try:
+        first = d.collect("detections", 2)[-1]
+        assert first.frame_size == (128, 96)
+        images_with("failing.onnx")
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reload refused" in d.log(), timeout_s=30), d.log()
+        assert "fails on its first run" in d.log()
+        after = d.collect("detections", 20)[-3:]  # the video again, through the running model
+        assert all(m.frame_size == (128, 96) and m.model.sha256 == first.model.sha256 for m in after)
+        images_with("probe.onnx")  # the same source change with a model that runs
+        d.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while d.collect("detections", 1)[0].frame_size != (256, 192):
+            assert time.monotonic() < deadline, d.log()
+        assert "reloaded: model" in d.log() and d.proc.poll() is None
     finally:
         d.close()
 

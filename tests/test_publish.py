@@ -120,7 +120,7 @@ def test_non_loopback_tcp_needs_explicit_insecure() -> None:
 
 def test_address_in_use_is_a_clear_error(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
     first = _publisher(context)
-    with pytest.raises(PublishError, match=r"cannot bind .*Address already in use"):
+    with pytest.raises(PublishError, match=r"cannot bind .*Address already in use.* \(another program holds it"):
         Publisher(PublishConfig(endpoints=[first.endpoints[0]]), context)
     first.close()
 
