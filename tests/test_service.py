@@ -156,11 +156,16 @@ def test_pings_stop_when_inference_wedges(tmp_path: Path, notify: NotifySocket) 
     d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0, "loop": False}, model)
     try:
         ready_at = notify.wait_for("READY=1", timeout=20)
-        notify.drain(3.5)
-        pings = notify.times_of("WATCHDOG=1", since=ready_at)
+        # The pings stop stall_timeout_s after the last frame, however long a loaded machine takes to
+        # get there: wait for ten ping intervals of silence, not for a fixed time.
+        deadline = time.monotonic() + 30
+        while True:
+            notify.drain(0.5)
+            pings = notify.times_of("WATCHDOG=1", since=ready_at)
+            if time.monotonic() - (pings[-1] if pings else ready_at) > 3.0:
+                break
+            assert time.monotonic() < deadline, "pings continued while inference was stuck"
         assert pings, "no pings while frames flowed"
-        assert time.monotonic() - pings[-1] > 2.0, "pings continued while inference was stuck"
-        assert pings[-1] - ready_at < 2.0  # they stopped about stall_timeout_s after the last frame
         assert d.proc.poll() is None  # wedged, not crashed: systemd's watchdog acts, we do not
     finally:
         d.close()
