@@ -24,7 +24,8 @@ from edged.geometry import BoxMap
 from edged.messages import Detection, DetectionsMessage, ThermalState, Timings
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
-from edged.sources import Frame
+from edged.sources import Frame, sizes_vary
+from edged.sources.base import SourceBase
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,11 @@ class FramePath:
         self._capacity = MAX_PLANS if sizes_vary else 1
         self._evicted = False
         self._new_size: tuple[tuple[int, int], int] | None = None
+
+    @classmethod
+    def for_source(cls, model: LoadedModel, cfg: SourceBase) -> FramePath:
+        """The frame path of the camera ``cfg`` describes."""
+        return cls(model, cfg.camera_id, cfg.channel_order, sizes_vary=sizes_vary(cfg))
 
     def run(self, frame: Frame) -> Processed | Rejected:
         """Check ``frame`` against the contract and process it, or say why not."""

@@ -65,7 +65,7 @@ def test_example_config_is_valid_as_shipped(tmp_path: Path, monkeypatch: pytest.
     model.write_bytes(b"x")
     monkeypatch.setenv("EDGED_MODEL__PATH", str(model))
     settings = load_config(EXAMPLE)
-    assert settings.source.type == "synthetic" and settings.model.path == model
+    assert settings.source[0].type == "synthetic" and settings.model.path == model
     assert settings.publish.endpoints == ["ipc:///run/edged/detections.sock"]
     # Every value in the example equals the default, so the file documents the defaults.
     data = tomllib.loads(EXAMPLE.read_text())
@@ -74,7 +74,7 @@ def test_example_config_is_valid_as_shipped(tmp_path: Path, monkeypatch: pytest.
         for key, value in values.items():
             if section == "model" and key == "path":
                 continue
-            actual = getattr(getattr(defaults, section), key)
+            actual = getattr(defaults.source[0] if section == "source" else getattr(defaults, section), key)
             if section == "runtime" and key == "providers":
                 assert [p.name for p in actual] == [p["name"] for p in value]
                 continue
@@ -103,7 +103,7 @@ def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, mo
     monkeypatch.setenv("EDGED_SOURCE__FPS", "12")
     settings = load_config(path)
     assert settings.model.conf == 0.6 and settings.model.path == tmp_path / "m.onnx"
-    assert isinstance(settings.source, SyntheticSourceConfig) and settings.source.fps == 12
+    assert isinstance(settings.source[0], SyntheticSourceConfig) and settings.source[0].fps == 12
 
 
 @pytest.mark.parametrize(

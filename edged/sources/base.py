@@ -33,7 +33,10 @@ class SourceBase(Section):
         min_length=1,
         max_length=64,
         pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Name of this camera; used as the ZeroMQ topic suffix.",
+        description="Name of this camera, unique among the [[source]] tables; used as the ZeroMQ topic suffix.",
+    )
+    max_fps: float | None = Field(
+        None, ge=0, le=1000, description="Cap on this camera's processed frames per second; default: service.max_fps."
     )
     channel_order: Literal["bgr", "rgb"] = Field(
         "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr)."
