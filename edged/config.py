@@ -378,7 +378,9 @@ def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras
     text = f"{loc or '(top level)'}: {msg}"
     if hint and hint not in msg:
         text += f" ({hint})"
-    if "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+    value = err.get("input")
+    tables = isinstance(value, dict) or (isinstance(value, list) and value and all(isinstance(v, dict) for v in value))
+    if "input" in err and err["type"] != "missing" and not tables:  # tables are the file itself: not echoed
         text += f"; got {mask_credentials(repr(err['input']))}"
     user_loc = tuple(loc.lower().split(".")) if loc else ()
     origin = [name for path, name in variables.items() if user_loc[: len(path)] == path]

@@ -18,6 +18,8 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
 )
 from edged.errors import ConfigError
 from edged.sources import SOURCES
+from edged.sources.file import FileSourceConfig
+from edged.sources.images import ImagesSourceConfig
 from edged.sources.synthetic import SyntheticSourceConfig
 
 CONFIG_DIR = Path(__file__).parent.parent / "config"
@@ -307,3 +309,64 @@ def test_http_listens_on_loopback_by_default_and_anywhere_with_a_private_token(t
     assert "too open" in str(info.value) and "chmod 600" in str(info.value)
     token.chmod(0o600)
     assert load_config(_write(tmp_path, text)).http.token_file == token
+
+
+CAMERAS = """
+[model]
+path = "m.onnx"
+[[source]]
+type = "images"
+camera_id = "top"
+path = "top"
+max_fps = 5
+[[source]]
+type = "file"
+camera_id = "side"
+path = "side.mp4"
+"""
+
+
+def test_source_tables_are_cameras_with_paths_of_their_own_and_their_own_rate_cap(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    (tmp_path / "top").mkdir()
+    (tmp_path / "side.mp4").write_bytes(b"x")
+    settings = load_config(_write(tmp_path, CAMERAS + "[service]\nmax_fps = 12\n"))
+    top, side = settings.source
+    assert (top.camera_id, side.camera_id) == ("top", "side")
+    assert isinstance(top, ImagesSourceConfig) and isinstance(side, FileSourceConfig)
+    assert (top.path, str(side.path)) == (str(tmp_path / "top"), str(tmp_path / "side.mp4"))
+    assert (settings.max_fps(top), settings.max_fps(side)) == (5.0, 12.0)
+    assert settings.camera("side") is side and settings.camera("front") is None
+
+
+def test_a_problem_in_one_of_several_cameras_names_its_table(tmp_path: Path) -> None:
+    (tmp_path / "top").mkdir()
+    text = CAMERAS.replace('path = "side.mp4"', 'path = "side.mp4"\ndevice = "/dev/video0"')
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text))
+    assert any(p.startswith("source[1].device: Extra inputs are not permitted") for p in info.value.problems), info.value
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, CAMERAS))
+    assert any("video file" in p and p.endswith("(camera side)") for p in info.value.problems), info.value
+
+
+def test_duplicate_camera_ids_are_a_config_error_naming_the_id(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, CAMERAS.replace('camera_id = "side"', 'camera_id = "top"')))
+    assert info.value.exit_code == 78
+    assert info.value.problems == [
+        "source: Value error, camera_id 'top' is used by more than one [[source]]: each camera needs its own"
+    ]
+
+
+def test_a_variable_for_one_key_of_several_cameras_is_refused_and_a_json_list_replaces_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    path = _write(tmp_path, CAMERAS)
+    monkeypatch.setenv("EDGED_SOURCE__FPS", "3")
+    with pytest.raises(ConfigError, match="EDGED_SOURCE__FPS cannot override one key of several"):
+        load_config(path)
+    monkeypatch.delenv("EDGED_SOURCE__FPS")
+    monkeypatch.setenv("EDGED_SOURCE", '[{"type": "synthetic", "camera_id": "a"}, {"type": "synthetic", "camera_id": "b"}]')
+    assert [cfg.camera_id for cfg in load_config(path).source] == ["a", "b"]
