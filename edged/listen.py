@@ -91,7 +91,10 @@ class AcceptWatch:
     def _watch(self) -> None:
         refusing = False
         while True:
-            event = recv_monitor_message(self._monitor)
+            try:
+                event = recv_monitor_message(self._monitor)
+            except zmq.ZMQError:  # the context was destroyed under its sockets
+                return
             kind, endpoint = event["event"], event["endpoint"].decode(errors="replace")
             if kind == zmq.EVENT_MONITOR_STOPPED:
                 return

@@ -211,12 +211,47 @@ def test_close_stops_the_authenticator_and_leaves_no_socket_open(keys: Keys) -> 
 def test_a_key_added_to_the_allow_list_is_admitted_after_reload(
     publisher: MakePublisher, subscriber: MakeSubscriber, keys: Keys
 ) -> None:
-    pub = publisher(_curve_config(keys))
+    pub = publisher(_curve_config(keys, hwm=1000))
+    connected = subscriber(pub.endpoints[0], curve=keys.client)
+    seq = _join(pub, connected)
     with pytest.raises(AssertionError, match="refused this subscriber's key"):
         _join(pub, subscriber(pub.endpoints[0], curve=keys.outsider), timeout_s=0.5)
     keys.outsider_public.rename(keys.clients_dir / keys.outsider_public.name)
     assert pub.reload_client_keys() == 2
     _join(pub, subscriber(pub.endpoints[0], curve=keys.outsider))
+    # Nobody lost a key: the socket was not bound afresh, so the connected subscriber missed nothing.
+    for i in range(seq, seq + 20):
+        assert pub.send(status_topic("edged", "cam0"), _status(i))
+    while connected.receive(0.5) is not None:
+        pass
+    assert connected.stats.lost == 0 and connected.stats.handshake_failures == 0
+
+
+def test_a_revoked_key_is_cut_off_at_reload_and_the_others_reconnect(
+    publisher: MakePublisher, subscriber: MakeSubscriber, keys: Keys
+) -> None:
+    shutil.copy(keys.outsider_public, keys.clients_dir)
+    pub = publisher(_curve_config(keys, hwm=1000))
+    endpoint = pub.endpoints[0]
+    kept, revoked = subscriber(endpoint, curve=keys.client), subscriber(endpoint, curve=keys.outsider)
+    seq = _join(pub, kept, revoked)
+    before = revoked.stats.received.total()
+    (keys.clients_dir / keys.outsider_public.name).unlink()
+    assert pub.reload_client_keys() == 1
+    assert pub.endpoints[0] == endpoint  # the same port, bound afresh
+    reconnected = None
+    deadline = time.monotonic() + 10
+    while reconnected is None and time.monotonic() < deadline:  # the kept one reconnects by itself
+        pub.send(status_topic("edged", "cam0"), _status(seq))
+        seq += 1
+        reconnected = kept.receive(0.02)
+    assert reconnected is not None, kept.stats.handshake_error
+    assert kept.stats.lost >= 1, "the messages sent while it reconnected are a gap in seq"
+    for i in range(seq, seq + 20):
+        assert pub.send(status_topic("edged", "cam0"), _status(i))
+    assert [m.seq for m in iter(lambda: kept.receive(2.0), None)][-1] == seq + 19
+    assert revoked.receive(0.5) is None and revoked.stats.received.total() == before
+    assert "refused this subscriber's key" in (revoked.stats.handshake_error or "")
 
 
 def _write_secret(path: Path, text: str) -> None:
