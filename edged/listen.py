@@ -13,6 +13,8 @@ A bound socket faces whoever can reach its endpoint, so each one (`Listener`) is
 - Accept failures are watched (`AcceptWatch`): out of file descriptors, libzmq leaves new
   connections waiting in the backlog and retries them, so edged keeps serving the subscribers it
   has; the journal gets one line when that starts and one when connections are accepted again.
+  (While it lasts, libzmq's retries keep one core busy and every descriptor the process frees is
+  taken by the next accept: the unit's ``LimitNOFILE=`` is set well above what subscribers need.)
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 1024
 PROBE_TIMEOUT_S = 1.0  # a live listener accepts at once, even when its process is stopped
 REBIND_TIMEOUT_S = 5.0  # libzmq closes a socket's listeners asynchronously
+RECOVERY_S = 5.0  # accepting again once no accept has failed for this long
 
 
 def _prepare_ipc(endpoint: str) -> Path | None:
@@ -75,35 +78,39 @@ def refuse_live_ipc(path: Path, endpoint: str) -> None:
 
 
 class AcceptWatch:
-    """Logs, once per episode, that a socket refuses new connections (out of descriptors, say).
+    """Logs that a socket cannot accept connections (out of descriptors, say), once per episode.
 
     A thread reads the socket's monitor: libzmq blocks its I/O thread when monitor events are not
-    read, and retries a failed accept as fast as it can, so every event is drained at once.
+    read, and retries a failed accept as fast as it can, so every event is drained at once. Any
+    descriptor freed meanwhile is taken by the next accept, so the episode ends only after
+    `RECOVERY_S` without a failure.
     """
 
     def __init__(self, sock: zmq.Socket[bytes]) -> None:
         self._socket = sock
-        events = zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_ACCEPTED | zmq.EVENT_MONITOR_STOPPED
-        self._monitor = sock.get_monitor_socket(events)
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_MONITOR_STOPPED)
         self._thread = threading.Thread(target=self._watch, name="edged-accept", daemon=True)
         self._thread.start()
 
     def _watch(self) -> None:
-        refusing = False
+        failing: str | None = None  # the endpoint that cannot accept
+        last_failure = 0.0
         while True:
+            quiet_ms = None if failing is None else max(0, int((last_failure + RECOVERY_S - time.monotonic()) * 1000))
             try:
-                event = recv_monitor_message(self._monitor)
+                event = recv_monitor_message(self._monitor) if self._monitor.poll(quiet_ms) else None
             except zmq.ZMQError:  # the context was destroyed under its sockets
                 return
-            kind, endpoint = event["event"], event["endpoint"].decode(errors="replace")
-            if kind == zmq.EVENT_MONITOR_STOPPED:
+            if event is None:
+                log.info("%s: accepting connections again", failing)
+                failing = None
+            elif event["event"] == zmq.EVENT_MONITOR_STOPPED:
                 return
-            if kind == zmq.EVENT_ACCEPT_FAILED and not refusing:
-                refusing = True
-                log.error("%s: new connections wait unaccepted: %s", endpoint, _accept_failure(event["value"]))
-            elif kind == zmq.EVENT_ACCEPTED and refusing:
-                refusing = False
-                log.info("%s: accepting connections again", endpoint)
+            else:
+                last_failure = time.monotonic()
+                if failing is None:
+                    failing = event["endpoint"].decode(errors="replace")
+                    log.error("%s: new connections wait unaccepted: %s", failing, _accept_failure(event["value"]))
 
     def stop(self) -> None:
         self._socket.disable_monitor()  # the thread ends on the MONITOR_STOPPED event this sends
