@@ -179,8 +179,10 @@ def test_a_subscription_beyond_the_size_limit_is_cut_off_and_others_are_served(
     longest_topic = detections_topic("p" * 256, "c" * 64)  # what the config allows at most
     assert len(longest_topic) + 1 < MAX_MESSAGE_BYTES
     normal = subscribe(pub.endpoints[0], longest_topic)
-    hostile = subscribe(pub.endpoints[0], b"x" * (MAX_MESSAGE_BYTES + 1))
-    monitor = hostile.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    hostile = context.socket(zmq.SUB)
+    hostile.setsockopt(zmq.SUBSCRIBE, b"x" * (MAX_MESSAGE_BYTES + 1))
+    monitor = hostile.get_monitor_socket(zmq.EVENT_DISCONNECTED)  # watching before it connects
+    hostile.connect(pub.endpoints[0])
     try:
         assert monitor.poll(10_000), "the publisher kept a peer that sent an oversized subscription"
         assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
@@ -188,4 +190,5 @@ def test_a_subscription_beyond_the_size_limit_is_cut_off_and_others_are_served(
     finally:
         hostile.disable_monitor()
         monitor.close(linger=0)
+        hostile.close(linger=0)
         pub.close()
