@@ -172,6 +172,7 @@ class PublishConfig(Section):
     topic_prefix: str = Field(
         "edged",
         min_length=1,
+        max_length=256,
         pattern=r"^[A-Za-z0-9_./-]+$",
         description="Topics are PREFIX/detections/CAMERA and PREFIX/status/CAMERA.",
     )

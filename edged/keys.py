@@ -113,11 +113,10 @@ def load_public_key(path: Path, label: str) -> bytes:
     return _read_certificate(path, label)[0]
 
 
-def load_allowed_clients(directory: Path, label: str) -> int:
-    """Check every ``*.key`` in the allow-list directory; returns how many there are.
+def load_allowed_clients(directory: Path, label: str) -> frozenset[bytes]:
+    """The public keys of every ``*.key`` in the allow-list directory, each file checked.
 
-    zmq.auth silently ignores a directory it cannot read (then nobody may connect), so the
-    files are checked here first and a bad one is named.
+    Every file is read here, and a bad one named: the set is what the CURVE authenticator admits.
     """
     try:
         files = sorted(directory.glob("*.key")) if directory.is_dir() else None
@@ -125,9 +124,7 @@ def load_allowed_clients(directory: Path, label: str) -> int:
         raise KeyFileError(f"{label}: cannot read {directory}: {_reason(e)}") from None
     if files is None:
         raise KeyFileError(f"{label}: {directory} does not exist or is not a directory")
-    for path in files:
-        _read_certificate(path, label)
-    return len(files)
+    return frozenset(_read_certificate(path, label)[0] for path in files)
 
 
 def key_file_problems(server_key: Path | None, clients_dir: Path | None) -> list[str]:

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.ma  # np.percentile imports it on first use: load it while files can still be opened
 
 from edged.messages import StageLatency
 
