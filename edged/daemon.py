@@ -27,6 +27,7 @@ from edged.http import HttpConfig, HttpServer
 from edged.model import LoadedModel, load_model
 from edged.mqtt import MqttOutput
 from edged.pipeline import FramePath, Processed, Rejected
+from edged.prometheus import CameraStatus
 from edged.publish import Publisher, detections_topic, status_topic
 from edged.reload import Replacement, load_replacement
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
@@ -308,9 +309,10 @@ class Daemon:
         return summary_line([self.snapshot(camera) for camera in self.serving()])
 
     def publish_status(self) -> None:
-        """Each camera's status message on its topic; the HTTP status is the first camera's."""
+        """Each camera's status message on its topic, all of them to the HTTP server, the summary to systemd."""
         self._update_rate_caps()
         snapshots = []
+        statuses: list[CameraStatus] = []
         for camera in self.serving():
             camera.stats.update_fps()
             snapshot = self.snapshot(camera)
@@ -320,8 +322,8 @@ class Daemon:
             self.publisher.send(status_topic(self.settings.publish.topic_prefix, camera.id), payload)
             if self.mqtt:
                 self.mqtt.send("status", payload, camera.id)
-            if camera.id == self.settings.source[0].camera_id:
-                self.http.update(message, camera.stats.histograms())
+            statuses.append((message, camera.stats.histograms()))
+        self.http.update(statuses)
         self.notifier.status(summary_line(snapshots))
 
     # ---- housekeeping ------------------------------------------------------------------------

@@ -7,14 +7,16 @@ message and ``systemctl status`` report the same numbers; they are as fresh as
 default, so nothing else in the process leaks into the exposition.
 
 Names follow Prometheus' conventions: the ``edged_`` prefix, base units (seconds, celsius),
-``_total`` on counters, ``_info`` for build metadata, low-cardinality labels only. Inspection
+``_total`` on counters, ``_info`` for build metadata, low-cardinality labels only. What is per
+camera carries a ``camera`` label (its ``camera_id``); thermal state and build are the board's.
+Inspection verdict and evidence counters belong here, as families of their own, once edged has them. Inspection
 verdict and evidence counters belong here, as families of their own, once edged has them.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -34,66 +36,75 @@ STAGE_NAMES = ("preprocess", "inference", "decode")
 THERMAL_STATES = ("unknown", "ok", "warm", "throttled", "critical")
 
 
+CameraStatus = tuple[StatusMessage, Mapping[str, HistogramCounts]]  # one camera's status and stage histograms
+
+
 class Metrics:
-    """The registry behind ``/metrics`` and the latest figures it exposes."""
+    """The registry behind ``/metrics`` and the latest figures it exposes, per camera (label ``camera``)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
-        self._status: StatusMessage | None = None
-        self._histograms: Mapping[str, HistogramCounts] = {}
+        self._cameras: Sequence[CameraStatus] = ()
         self.registry.register(self)
 
-    def update(self, status: StatusMessage, histograms: Mapping[str, HistogramCounts]) -> None:
+    def update(self, cameras: Sequence[CameraStatus]) -> None:
+        """Every camera's latest status: a camera no longer here has no series any more."""
         with self._lock:
-            self._status, self._histograms = status, histograms
+            self._cameras = cameras
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            status, histograms = self._status, self._histograms
-        if status is None:
+            cameras = self._cameras
+        if not cameras:
             return
-        yield from _frames(status)
-        yield from _latency(histograms)
-        yield from _thermal(status)
+        first = cameras[0][0]  # thermal state and model are the board's: any camera's say them
+        yield from _frames([status for status, _ in cameras])
+        yield from _latency(cameras)
+        yield from _thermal(first)
         yield InfoMetricFamily(
             "edged_build",
             "edged's version and the model it runs.",
             value={
                 "version": __version__,
-                "model": status.model.name,
-                "model_sha256": status.model.sha256,
-                "provider": status.model.provider,
+                "model": first.model.name,
+                "model_sha256": first.model.sha256,
+                "provider": first.model.provider,
             },
         )
 
 
-def _frames(status: StatusMessage) -> Iterator[Metric]:
-    yield CounterMetricFamily("edged_frames", "Frames processed by the model.", value=status.frames_processed)
+def _frames(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
+    frames = CounterMetricFamily("edged_frames", "Frames processed by the model.", labels=["camera"])
     dropped = CounterMetricFamily(
-        "edged_frames_dropped", "Frames (and messages) not processed or sent, by cause.", labels=["reason"]
+        "edged_frames_dropped", "Frames (and messages) not processed or sent, by cause.", labels=["camera", "reason"]
     )
-    for reason, count in sorted(status.drops.items()):
-        dropped.add_metric([reason], count)
-    yield dropped
-    up = GaugeMetricFamily("edged_source_up", "1 while the camera delivers frames, 0 while starting, lost or ended.")
-    up.add_metric([], 1.0 if status.source_state == "ok" else 0.0)
-    yield up
-    if status.capture is not None:
-        yield CounterMetricFamily(
-            "edged_frames_captured", "Frames taken off the camera.", value=status.capture.frames_captured
-        )
-        yield CounterMetricFamily(
-            "edged_source_reconnects", "Times the camera was reopened after being lost.", value=status.capture.reconnects
-        )
-    yield GaugeMetricFamily(
+    up = GaugeMetricFamily(
+        "edged_source_up", "1 while the camera delivers frames, 0 while starting, lost or ended.", labels=["camera"]
+    )
+    captured = CounterMetricFamily("edged_frames_captured", "Frames taken off the camera.", labels=["camera"])
+    reconnects = CounterMetricFamily(
+        "edged_source_reconnects", "Times the camera was reopened after being lost.", labels=["camera"]
+    )
+    cap = GaugeMetricFamily(
         "edged_rate_cap_fps",
-        "The frame-rate cap now in force (thermal or service.max_fps); 0 when uncapped.",
-        value=status.rate_cap_fps or 0.0,
+        "The frame-rate cap now in force (thermal or max_fps); 0 when uncapped.",
+        labels=["camera"],
     )
+    for status in statuses:
+        camera = status.camera_id
+        frames.add_metric([camera], status.frames_processed)
+        for reason, count in sorted(status.drops.items()):
+            dropped.add_metric([camera, reason], count)
+        up.add_metric([camera], 1.0 if status.source_state == "ok" else 0.0)
+        if status.capture is not None:
+            captured.add_metric([camera], status.capture.frames_captured)
+            reconnects.add_metric([camera], status.capture.reconnects)
+        cap.add_metric([camera], status.rate_cap_fps or 0.0)
+    yield from (frames, dropped, up, captured, reconnects, cap)
 
 
 def _buckets(counts: HistogramCounts) -> list[tuple[str, float]]:
@@ -101,23 +112,26 @@ def _buckets(counts: HistogramCounts) -> list[tuple[str, float]]:
     return [*bounds, ("+Inf", float(counts.count))]
 
 
-def _latency(histograms: Mapping[str, HistogramCounts]) -> Iterator[Metric]:
+def _latency(cameras: Sequence[CameraStatus]) -> Iterator[Metric]:
     stages = HistogramMetricFamily(
-        "edged_stage_duration_seconds", "Time per frame in each stage of the pipeline.", labels=["stage"]
+        "edged_stage_duration_seconds", "Time per frame in each stage of the pipeline.", labels=["camera", "stage"]
     )
-    for stage in STAGE_NAMES:
-        if stage in histograms:
-            counts = histograms[stage]
-            stages.add_metric([stage], _buckets(counts), counts.sum_ms / 1000)
+    age = HistogramMetricFamily(
+        "edged_frame_age_seconds",
+        "Capture to result: how old a frame is when its detections are ready.",
+        labels=["camera"],
+    )
+    for status, histograms in cameras:
+        for stage in STAGE_NAMES:
+            if stage in histograms:
+                counts = histograms[stage]
+                stages.add_metric([status.camera_id, stage], _buckets(counts), counts.sum_ms / 1000)
+        if "age" in histograms:
+            counts = histograms["age"]
+            age.add_metric([status.camera_id], _buckets(counts), counts.sum_ms / 1000)
     yield stages
-    if "age" in histograms:
-        age = histograms["age"]
-        yield HistogramMetricFamily(
-            "edged_frame_age_seconds",
-            "Capture to result: how old a frame is when its detections are ready.",
-            buckets=_buckets(age),
-            sum_value=age.sum_ms / 1000,
-        )
+    if age.samples:
+        yield age
 
 
 def _thermal(status: StatusMessage) -> Iterator[Metric]:

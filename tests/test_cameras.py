@@ -3,6 +3,8 @@ different frame sizes, one model, the real ZeroMQ stream read per topic."""
 
 from __future__ import annotations
 
+import http.client
+import re
 import shutil
 import signal
 from collections import defaultdict
@@ -47,7 +49,9 @@ def stills(**keys: object) -> dict:
     return {"type": "images", "camera_id": "stills", "path": "imgs", "fps": 5.0, **keys}
 
 
-def start(workdir: Path, sources: list[dict], env: dict[str, str] | None = None, model: str = "probe.onnx") -> RunningDaemon:
+def start(
+    workdir: Path, sources: list[dict], env: dict[str, str] | None = None, model: str = "probe.onnx", listen: str = ""
+) -> RunningDaemon:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = write_config(
         workdir / "edged.toml",
@@ -57,6 +61,7 @@ def start(workdir: Path, sources: list[dict], env: dict[str, str] | None = None,
             "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
             "thermal": {"enabled": False},
             "service": {"stall_timeout_s": 2.0},
+            "http": {"listen": listen},
         },
     )
     return RunningDaemon(config, endpoint, env=env)
@@ -221,3 +226,32 @@ def test_duplicate_camera_ids_are_refused_naming_the_id(workdir: Path) -> None:
         result = run_cli(command, "--config", str(config))
         assert result.returncode == EXIT_CONFIG, result.stderr
         assert "camera_id 'small' is used by more than one [[source]]" in result.stderr
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_status_json_and_metrics_cover_every_camera(workdir: Path) -> None:
+    port = free_port()
+    d = start(workdir, [small(), wide()], listen=f"127.0.0.1:{port}")
+    try:
+        detections(d, {"small": 2, "wide": 2})
+        d.wait_status(lambda s: s.camera_id == "wide" and s.frames_processed > 0, timeout=20)
+        assert wait_for(lambda: _get(port, "/status.json?camera=wide")[0] == 200, timeout_s=20), d.log()
+        first = StatusMessage.model_validate_json(_get(port, "/status.json")[1])
+        wide_status = StatusMessage.model_validate_json(_get(port, "/status.json?camera=wide")[1])
+        assert (first.camera_id, wide_status.camera_id) == ("small", "wide")
+        code, body = _get(port, "/status.json?camera=front")
+        assert code == 404 and "cameras are small, wide" in body.decode()
+        metrics = _get(port, "/metrics")[1].decode()
+        for camera in ("small", "wide"):
+            assert re.search(rf'^edged_frames_total{{camera="{camera}"}} [1-9]', metrics, re.MULTILINE), metrics
+    finally:
+        d.close()

@@ -15,6 +15,7 @@ from edged.messages import CaptureReport, ModelInfo, StageLatency, StatusMessage
 from edged.prometheus import Metrics
 from edged.stats import RunStats
 
+CAM0 = (("camera", "cam0"),)
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 
 
@@ -68,15 +69,15 @@ def test_nothing_is_exposed_before_the_first_status() -> None:
 
 def test_counters_gauges_and_info_come_from_the_status() -> None:
     metrics = Metrics()
-    metrics.update(_status(), RunStats().histograms())
+    metrics.update([(_status(), RunStats().histograms())])
     got = _samples(metrics)
-    assert got[("edged_frames_total", ())] == 42
-    assert got[("edged_frames_dropped_total", (("reason", "stale"),))] == 5
-    assert got[("edged_frames_dropped_total", (("reason", "bad_frame_size"),))] == 2
-    assert got[("edged_frames_captured_total", ())] == 50
-    assert got[("edged_source_reconnects_total", ())] == 1
-    assert got[("edged_source_up", ())] == 0  # lost
-    assert got[("edged_rate_cap_fps", ())] == 2.5
+    assert got[("edged_frames_total", CAM0)] == 42
+    assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "stale")))] == 5
+    assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "bad_frame_size")))] == 2
+    assert got[("edged_frames_captured_total", CAM0)] == 50
+    assert got[("edged_source_reconnects_total", CAM0)] == 1
+    assert got[("edged_source_up", CAM0)] == 0  # lost
+    assert got[("edged_rate_cap_fps", CAM0)] == 2.5
     labels = (
         ("model", "probe"),
         ("model_sha256", "ab" * 32),
@@ -85,8 +86,8 @@ def test_counters_gauges_and_info_come_from_the_status() -> None:
     )
     assert got[("edged_build_info", labels)] == 1
     assert not any(name.endswith("_created") for name, _ in got)
-    metrics.update(_status(rate_cap=None), RunStats().histograms())
-    assert _samples(metrics)[("edged_rate_cap_fps", ())] == 0  # uncapped
+    metrics.update([(_status(rate_cap=None), RunStats().histograms())])
+    assert _samples(metrics)[("edged_rate_cap_fps", CAM0)] == 0  # uncapped
 
 
 def test_stage_histograms_are_cumulative_in_seconds() -> None:
@@ -94,11 +95,11 @@ def test_stage_histograms_are_cumulative_in_seconds() -> None:
     for ms in (0.3, 0.7, 3.0, 40.0, 9000.0):
         stats.record(ms, ms * 2, ms / 2, ms * 10)
     metrics = Metrics()
-    metrics.update(_status(), stats.histograms())
+    metrics.update([(_status(), stats.histograms())])
     got = _samples(metrics)
 
     def bucket(name: str, le: str, stage: str | None = None) -> float:
-        labels = (("le", le),) + ((("stage", stage),) if stage else ())
+        labels = (("camera", "cam0"), ("le", le)) + ((("stage", stage),) if stage else ())
         return got[(name + "_bucket", tuple(sorted(labels)))]
 
     name = "edged_stage_duration_seconds"
@@ -108,16 +109,16 @@ def test_stage_histograms_are_cumulative_in_seconds() -> None:
     assert bucket(name, "0.05", "preprocess") == 4
     assert bucket(name, "5.0", "preprocess") == 4  # 9 s lies beyond the last bound
     assert bucket(name, "+Inf", "preprocess") == 5
-    assert got[(name + "_count", (("stage", "preprocess"),))] == 5
-    assert abs(got[(name + "_sum", (("stage", "decode"),))] - (0.3 + 0.7 + 3 + 40 + 9000) / 2 / 1000) < 1e-9
+    assert got[(name + "_count", (*CAM0, ("stage", "preprocess")))] == 5
+    assert abs(got[(name + "_sum", (*CAM0, ("stage", "decode")))] - (0.3 + 0.7 + 3 + 40 + 9000) / 2 / 1000) < 1e-9
     assert bucket("edged_frame_age_seconds", "0.005") == 1  # 3 ms
-    assert ("edged_stage_duration_seconds_count", (("stage", "age"),)) not in got  # age is its own family
+    assert ("edged_stage_duration_seconds_count", (*CAM0, ("stage", "age"))) not in got  # age is its own family
 
 
 def test_thermal_zones_flags_and_state() -> None:
     thermal = _thermal("warm", {"cpu-thermal": 71.5}, ["soft_temp_limit", "throttled_occurred"])
     metrics = Metrics()
-    metrics.update(_status(thermal), RunStats().histograms())
+    metrics.update([(_status(thermal), RunStats().histograms())])
     got = _samples(metrics)
     assert got[("edged_soc_temperature_celsius", (("zone", "cpu-thermal"),))] == 71.5
     assert got[("edged_throttled", (("flag", "soft_temp_limit"),))] == 1
@@ -125,7 +126,7 @@ def test_thermal_zones_flags_and_state() -> None:
     assert got[("edged_throttled", (("flag", "under_voltage"),))] == 0
     assert got[("edged_thermal_state", (("state", "warm"),))] == 1
     assert got[("edged_thermal_state", (("state", "ok"),))] == 0
-    metrics.update(_status(None), RunStats().histograms())
+    metrics.update([(_status(None), RunStats().histograms())])
     assert not any(name.startswith(("edged_soc", "edged_throttled")) for name, _ in _samples(metrics))
 
 
@@ -133,7 +134,7 @@ def test_the_registry_is_edged_own() -> None:
     from prometheus_client import REGISTRY
 
     metrics = Metrics()
-    metrics.update(_status(), RunStats().histograms())
+    metrics.update([(_status(), RunStats().histograms())])
     assert b"python_gc" not in metrics.exposition() and b"process_" not in metrics.exposition()
     assert metrics.registry is not REGISTRY
 
@@ -144,7 +145,7 @@ def test_promtool_accepts_the_exposition() -> None:
     stats = RunStats()
     stats.record(1.0, 10.0, 0.5, 20.0)
     metrics = Metrics()
-    metrics.update(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())
+    metrics.update([(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())])
     check = subprocess.run([promtool, "check", "metrics"], input=metrics.exposition(), capture_output=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -156,7 +157,20 @@ def test_the_grafana_dashboard_asks_only_for_metrics_edged_exposes() -> None:
     stats = RunStats()
     stats.record(1.0, 10.0, 0.5, 20.0)
     metrics = Metrics()
-    metrics.update(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())
+    metrics.update([(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())])
     exposed = {name for name, _ in _samples(metrics)}
     assert asked and asked <= exposed, asked - exposed
     assert {"edged_frames_total", "edged_stage_duration_seconds_bucket", "edged_soc_temperature_celsius"} <= asked
+
+
+def test_each_camera_has_its_own_series_and_the_board_says_its_thermal_state_once() -> None:
+    side = _status(_thermal("warm", {"soc": 72.0}, [])).model_copy(update={"camera_id": "side", "frames_processed": 7})
+    metrics = Metrics()
+    metrics.update(
+        [(_status(_thermal("warm", {"soc": 72.0}, [])), RunStats().histograms()), (side, RunStats().histograms())]
+    )
+    got = _samples(metrics)
+    assert got[("edged_frames_total", CAM0)] == 42 and got[("edged_frames_total", (("camera", "side"),))] == 7
+    assert got[("edged_soc_temperature_celsius", (("zone", "soc"),))] == 72.0  # no camera label, one series
+    metrics.update([(side, RunStats().histograms())])  # cam0 removed by a reload: its series go
+    assert ("edged_frames_total", CAM0) not in _samples(metrics)
