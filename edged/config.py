@@ -25,6 +25,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError
+from edged.evidence import EvidenceConfig
 from edged.heads import HEADS
 from edged.keys import key_file_problems
 from edged.sections import Section
@@ -245,6 +246,7 @@ class Settings(BaseSettings):
     publish: PublishConfig = Field(default_factory=PublishConfig)
     thermal: ThermalConfig = Field(default_factory=ThermalConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)
+    evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
 
     @classmethod
     def settings_customise_sources(
@@ -306,6 +308,7 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("runtime", "optimized_model_path"),
         ("publish", "curve_server_key"),
         ("publish", "curve_clients_dir"),
+        ("evidence", "dir"),
     ):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:

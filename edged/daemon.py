@@ -16,6 +16,7 @@ from pathlib import Path
 from edged.capture import Capture
 from edged.config import ProviderConfig, Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
+from edged.evidence import EvidenceDetection, EvidenceFrame, EvidenceWriter
 from edged.health import Health
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed, Rejected
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.25  # the loop comes round at least this often, frames or not
 MAX_INFERENCE_FAILURES = 20  # consecutive failed runs before the daemon gives up
 ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then counters
+EVIDENCE_STOP_S = 0.3  # at stop, time left to the evidence writer to finish its queue (SIGTERM ends within 2 s)
 
 
 class Daemon:
@@ -57,6 +59,7 @@ class Daemon:
             raise
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
+        self.evidence = self._start_evidence()
         self._seq = {"detections": itertools.count(), "status": itertools.count()}
         self._inference_failures = 0
         self._last_error_log = -ERROR_LOG_INTERVAL_S
@@ -66,6 +69,14 @@ class Daemon:
         capture = Capture(lambda: open_source(cfg), cfg.camera_id, priority=self.settings.runtime.capture_priority)
         capture.start()
         return capture
+
+    def _start_evidence(self) -> EvidenceWriter | None:
+        cfg = self.settings.evidence
+        if cfg is None:
+            return None
+        writer = EvidenceWriter(cfg, self.settings.source.camera_id)
+        writer.start()
+        return writer
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
@@ -162,8 +173,11 @@ class Daemon:
             )
         self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
         self.health.frame_done()
+        payload = None
         if len(detections) or self.settings.publish.publish_empty:
-            self._publish_detections(outcome)
+            payload = self._publish_detections(outcome)
+        if self.evidence is not None:
+            self._offer_evidence(self.evidence, outcome, payload)
         self._announce_ready(frame_processed=True)
 
     def _reject(self, rejected: Rejected) -> None:
@@ -203,11 +217,39 @@ class Daemon:
 
     # ---- messages ----------------------------------------------------------------------------
 
-    def _publish_detections(self, done: Processed) -> None:
+    def _publish_detections(self, done: Processed) -> bytes:
+        """Publish one frame's detections; returns the payload sent."""
         state = self.report.state if self.report else "unknown"
         msg = self.path.message(done, seq=next(self._seq["detections"]), thermal_state=state)
         topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
-        self.publisher.send(topic, msg.model_dump_json().encode())
+        payload = msg.model_dump_json().encode()
+        self.publisher.send(topic, payload)
+        return payload
+
+    def _offer_evidence(self, evidence: EvidenceWriter, done: Processed, payload: bytes | None) -> None:
+        """Hand the frame to the evidence writer when its policy keeps it; only then is the frame copied."""
+        det, conf, frame = done.detections, self.settings.model.conf, done.frame
+        scores = det.scores.tolist()
+        thresholds = [conf] * len(scores)
+        if not evidence.admit(None, scores, thresholds):
+            return
+        label = self.model.label
+        detections = tuple(
+            EvidenceDetection(c, label(c), s, (b[0], b[1], b[2], b[3]), conf)
+            for b, s, c in zip(det.xyxy.tolist(), scores, det.class_ids.tolist(), strict=True)
+        )
+        evidence.submit(
+            EvidenceFrame(
+                self.settings.source.camera_id,
+                frame.frame_id,
+                frame.t_wall_ns,
+                frame.image.copy(),
+                frame.channel_order,
+                detections,
+                None,
+                payload,
+            )
+        )
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
@@ -219,6 +261,7 @@ class Daemon:
             thermal=self.report,
             model=self.model.info,
             model_short=self.model.engine.identity.short,
+            evidence=self.evidence.report() if self.evidence else None,
         )
 
     def publish_status(self) -> None:
@@ -284,6 +327,7 @@ class Daemon:
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
         source_changed = new.source != self.settings.source
+        evidence_changed = (new.evidence, new.source.camera_id) != (self.settings.evidence, self.settings.source.camera_id)
         self.settings = new
         if source_changed:
             self.capture.stop()
@@ -291,6 +335,10 @@ class Daemon:
         self._use_model(model)
         self.rate_cap = RateCap(new.service.max_fps)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
+        if evidence_changed:
+            if self.evidence is not None:
+                self.evidence.stop(timeout_s=EVIDENCE_STOP_S)
+            self.evidence = self._start_evidence()
         log.info("reloaded: model %s", model.engine.identity.short)
         self.notifier.ready(self.snapshot().line())
 
@@ -299,6 +347,8 @@ class Daemon:
         if watchdog:
             watchdog.stop()
         self.capture.stop(timeout_s=1.5)
+        if self.evidence is not None:
+            self.evidence.stop(timeout_s=EVIDENCE_STOP_S)
         self.publish_status()
         self.publisher.close()
 

@@ -77,6 +77,15 @@ class CaptureReport(Message):
     last_error: str | None = Field(description="The last camera error, null when none yet.")
 
 
+class EvidenceReport(Message):
+    saved: int = Field(ge=0, description="Frames saved as evidence since start.")
+    dropped: int = Field(ge=0, description="Frames to save dropped because the writer's queue was full.")
+    errors: int = Field(ge=0, description="Saves or retention passes that failed (disk full, read-only, ...).")
+    rate_limited: int = Field(ge=0, description="Frames to save refused by evidence.max_per_minute.")
+    bytes: int = Field(ge=0, description="Bytes this camera's evidence folder holds.")
+    last_error: str | None = Field(description="The last evidence error, null when none yet.")
+
+
 class StatusMessage(Message):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -95,6 +104,7 @@ class StatusMessage(Message):
     thermal: dict[str, Any] | None = Field(description="Thermal readings and state; null when off.")
     model: ModelInfo
     capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
+    evidence: EvidenceReport | None = Field(None, description="The evidence writer's counters; null without [evidence].")
 
 
 def json_schema() -> dict[str, Any]:

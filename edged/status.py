@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from edged.capture import CaptureStats
-from edged.messages import CaptureReport, ModelInfo, StatusMessage
+from edged.messages import CaptureReport, EvidenceReport, ModelInfo, StatusMessage
 from edged.stats import RunStats
 from edged.thermal import ThermalReport
 
@@ -28,6 +28,7 @@ class Snapshot:
     thermal: ThermalReport | None
     model: ModelInfo
     model_short: str  # name@hash prefix, as the logs name the model
+    evidence: EvidenceReport | None = None  # None without [evidence]
 
     def drops(self) -> dict[str, int]:
         """Frames and messages lost, by cause: the loop's, the capture thread's and the publisher's."""
@@ -59,6 +60,7 @@ class Snapshot:
                 size_changes=self.capture.size_changes,
                 last_error=self.capture.last_error,
             ),
+            evidence=self.evidence,
         )
 
     def line(self) -> str:
