@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 import cv2
 import numpy as np
 import pytest
+from filesystems import read_only_folder
 from waiting import wait_for
 
 from edged.config import load_config
@@ -244,26 +241,6 @@ def test_the_rate_limit_counts_the_frames_it_refuses(tmp_path: Path) -> None:
     assert (w.rate_limited, w.dropped) == (7, 0)
     assert not w.admit(None, [], [])  # not evidence at all: neither saved nor counted
     assert w.rate_limited == 7
-
-
-@contextlib.contextmanager
-def read_only_folder(folder: Path) -> Iterator[int]:
-    """``folder`` made unwritable: a read-only mount where this process may mount (EROFS), else its mode (EACCES)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True)
-        if done.returncode == 0:
-            try:
-                yield errno.EROFS
-            finally:
-                subprocess.run(["umount", "-l", str(folder)], check=True)
-            return
-        pytest.skip("root, but cannot mount a read-only tmpfs here (and root ignores file modes)")
-    folder.chmod(0o555)
-    try:
-        yield errno.EACCES
-    finally:
-        folder.chmod(0o755)
 
 
 def test_a_read_only_or_missing_folder_is_logged_once_per_burst_and_counted(
