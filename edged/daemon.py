@@ -233,9 +233,8 @@ class Daemon:
         thresholds = [conf] * len(scores)
         if not evidence.admit(None, scores, thresholds):
             return
-        label = self.model.label
         detections = tuple(
-            EvidenceDetection(c, label(c), s, (b[0], b[1], b[2], b[3]), conf)
+            EvidenceDetection(c, s, (b[0], b[1], b[2], b[3]), conf)
             for b, s, c in zip(det.xyxy.tolist(), scores, det.class_ids.tolist(), strict=True)
         )
         evidence.submit(
@@ -246,7 +245,6 @@ class Daemon:
                 frame.image.copy(),
                 frame.channel_order,
                 detections,
-                None,
                 payload,
             )
         )

@@ -85,7 +85,6 @@ class EvidenceDetection:
     """One detection as the writer needs it: box in frame pixels, and the threshold of its class."""
 
     class_id: int
-    label: str
     score: float
     box: tuple[float, float, float, float]
     threshold: float
@@ -102,7 +101,6 @@ class EvidenceFrame:
     image: np.ndarray
     channel_order: Literal["bgr", "rgb"]
     detections: tuple[EvidenceDetection, ...]
-    verdict: Verdict | None
     message: bytes | None
 
 
@@ -126,9 +124,8 @@ def should_save(
 def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int) -> tuple[str, str]:
     """The day folder and file stem of a frame: names sort by capture time, so oldest first is name order."""
     when = datetime.fromtimestamp(capture_time_ns / 1e9, tz=timezone.utc)
-    return when.strftime(
-        "%Y-%m-%d"
-    ), f"{camera_id}_{when.strftime('%Y%m%dT%H%M%S')}{when.microsecond // 1000:03d}_{frame_id}"
+    stem = f"{camera_id}_{when:%Y%m%dT%H%M%S}{when.microsecond // 1000:03d}_{frame_id}"
+    return f"{when:%Y-%m-%d}", stem
 
 
 def yolo_labels(detections: Sequence[EvidenceDetection], width: int, height: int) -> str:
@@ -195,7 +192,6 @@ class EvidenceStore:
 
     def __init__(self, root: Path, camera_id: str, max_bytes: int, max_age_days: float) -> None:
         self.root = root
-        self.camera_id = camera_id
         self.folder = root / camera_id
         self.max_bytes = max_bytes
         self.max_age_s = max_age_days * 86400.0
@@ -393,7 +389,7 @@ class EvidenceWriter:
         cfg = self.cfg
         if not should_save(cfg.save, verdict, scores, thresholds, cfg.near_margin):
             return False
-        if self._queue.qsize() >= QUEUE_FRAMES or self._stopping.is_set():
+        if self._queue.qsize() >= QUEUE_FRAMES:
             self.dropped += 1
             return False
         now = time.monotonic()

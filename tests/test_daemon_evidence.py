@@ -133,9 +133,9 @@ def prefill(folder: Path, count: int, *, t0_ns: int, age_days: float) -> list[st
     """``count`` sets saved as the daemon would, their files aged by ``age_days``; their stems, oldest first."""
     store = EvidenceStore(folder, "cam0", 10**12, 0)
     store.open()
-    detection = (EvidenceDetection(0, "red", 0.9, PROBE_BOX, 0.25),)
+    detection = (EvidenceDetection(0, 0.9, PROBE_BOX, 0.25),)
     for i in range(count):
-        store.save(EvidenceFrame("cam0", i, t0_ns + i * 10**9, noise(i), "bgr", detection, None, b"{}"), 95)
+        store.save(EvidenceFrame("cam0", i, t0_ns + i * 10**9, noise(i), "bgr", detection, b"{}"), 95)
     stems = [p.stem for p in sets(folder)][-count:]
     when = time.time() - age_days * 86400
     for stem in stems:

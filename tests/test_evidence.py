@@ -48,8 +48,8 @@ def frame(
     rng = np.random.default_rng(frame_id)
     image = rng.integers(0, 256, (h, w, 3), np.uint8) if noise else np.full((h, w, 3), (10, 20, 200), np.uint8)
     if detections is None:
-        detections = (EvidenceDetection(1, "spot", 0.8, (10.0, 20.0, 50.0, 60.0), 0.25),)
-    return EvidenceFrame("cam0", frame_id, t_ns + frame_id * 10**6, image, order, detections, None, message)
+        detections = (EvidenceDetection(1, 0.8, (10.0, 20.0, 50.0, 60.0), 0.25),)
+    return EvidenceFrame("cam0", frame_id, t_ns + frame_id * 10**6, image, order, detections, message)
 
 
 def saved_sets(folder: Path) -> list[str]:
@@ -100,9 +100,9 @@ def test_a_saved_frame_is_a_jpeg_a_yolo_label_and_the_message(tmp_path: Path) ->
     store = EvidenceStore(tmp_path / "ev", "cam0", 10**9, 30)
     store.open()
     detections = (
-        EvidenceDetection(0, "scratch", 0.91, (12.5, 8.0, 40.25, 30.0), 0.5),
-        EvidenceDetection(2, "crack", 0.4, (0.0, 0.0, 128.0, 96.0), 0.3),
-        EvidenceDetection(1, "spot", 0.45, (60.0, 60.0, 70.0, 70.0), 0.5),  # near, not a detection
+        EvidenceDetection(0, 0.91, (12.5, 8.0, 40.25, 30.0), 0.5),
+        EvidenceDetection(2, 0.4, (0.0, 0.0, 128.0, 96.0), 0.3),
+        EvidenceDetection(1, 0.45, (60.0, 60.0, 70.0, 70.0), 0.5),  # near, not a detection
     )
     store.save(frame(7, detections=detections, message=b'{"seq": 3}'), jpeg_quality=95)
     day, stem = day_and_stem("cam0", T0_NS + 7 * 10**6, 7)
