@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +45,27 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def configure(
+    workdir: Path,
+    evidence: dict[str, object] | None,
+    *,
+    images: str = "imgs",
+    publish: dict[str, object] | None = None,
+    endpoint: str | None = None,
+) -> tuple[Path, str]:
+    """Write the daemon's config (``evidence`` None: no [evidence] section); its path and endpoint."""
+    endpoint = endpoint or f"tcp://127.0.0.1:{free_port()}"
+    doc: dict[str, dict[str, object]] = {
+        "source": {"type": "images", "path": images, "fps": 20.0},
+        "model": {"path": "probe.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.3, **(publish or {})},
+        "thermal": {"enabled": False},
+    }
+    if evidence is not None:
+        doc["evidence"] = {"dir": "evidence", **evidence}
+    return write_config(workdir / "edged.toml", doc), endpoint
+
+
 def start(
     workdir: Path,
     evidence: dict[str, object],
@@ -52,15 +74,7 @@ def start(
     publish: dict[str, object] | None = None,
     preexec_fn: Callable[[], None] | None = None,
 ) -> RunningDaemon:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    doc: dict[str, dict[str, object]] = {
-        "source": {"type": "images", "path": images, "fps": 20.0},
-        "model": {"path": "probe.onnx"},
-        "publish": {"endpoints": [endpoint], "status_interval_s": 0.3, **(publish or {})},
-        "thermal": {"enabled": False},
-        "evidence": {"dir": "evidence", **evidence},
-    }
-    return RunningDaemon(write_config(workdir / "edged.toml", doc), endpoint, preexec_fn=preexec_fn)
+    return RunningDaemon(*configure(workdir, evidence, images=images, publish=publish), preexec_fn=preexec_fn)
 
 
 def sets(folder: Path) -> list[Path]:
@@ -91,7 +105,9 @@ def test_frames_with_detections_are_saved_as_images_labels_and_messages(workdir:
     try:
         status = d.wait_status(lambda s: evidence_of(s)[0] >= 6)
         assert evidence_of(status)[2] == 0
+        stopping = time.monotonic()
         assert d.stop() == 0
+        assert time.monotonic() - stopping < 2.0
     finally:
         d.close()
     saved = sets(workdir / "evidence")
@@ -244,3 +260,23 @@ def test_a_read_only_folder_is_counted_and_saving_resumes_once_it_is_writable(wo
     log = d.log_path.read_text()
     assert log.count("evidence not saved") == 1 and "evidence saved again" in log
     assert len(sets(folder)) >= 2
+
+
+def test_sighup_turns_evidence_off_and_on_again_in_another_folder(workdir: Path) -> None:
+    path, endpoint = configure(workdir, {"max_per_minute": 0})
+    d = RunningDaemon(path, endpoint)
+    try:
+        d.wait_status(lambda s: evidence_of(s)[0] >= 2)
+        configure(workdir, None, endpoint=endpoint)
+        d.signal(signal.SIGHUP)
+        off = d.wait_status(lambda s: s.evidence is None)
+        d.wait_status(lambda s: s.frames_processed >= off.frames_processed + 10)  # the old writer's queue done
+        before = len(sets(workdir / "evidence"))
+        d.wait_status(lambda s: s.frames_processed >= off.frames_processed + 20)  # frames go by, none saved
+        assert len(sets(workdir / "evidence")) == before
+        configure(workdir, {"dir": "evidence2", "max_per_minute": 0}, endpoint=endpoint)
+        d.signal(signal.SIGHUP)
+        d.wait_status(lambda s: evidence_of(s)[0] >= 2)
+        assert len(sets(workdir / "evidence2")) >= 2 and len(sets(workdir / "evidence")) == before
+    finally:
+        d.close()
