@@ -109,16 +109,17 @@ def should_save(
 ) -> bool:
     """Whether a frame is evidence under ``save``; ``scores[i]`` belongs to a detection of threshold ``thresholds[i]``.
 
-    Without a verdict (no inspection configured) a frame is ``ng`` when any detection reaches its
-    threshold. ``ng+near`` adds frames with a detection at most ``near_margin`` below its threshold:
-    what the model is unsure about is what is worth labelling.
+    Without a verdict (no inspection configured) a frame is ``ng`` when any detection passes its
+    threshold (``score > threshold``, as the decoder passes them). ``ng+near`` adds frames with a
+    detection at most ``near_margin`` below its threshold: what the model is unsure about is what
+    is worth labelling.
     """
     if save == "all":
         return True
     pairs = list(zip(scores, thresholds, strict=True))
-    if verdict == "ng" or (verdict is None and any(s >= t for s, t in pairs)):
+    if verdict == "ng" or (verdict is None and any(s > t for s, t in pairs)):
         return True
-    return save == "ng+near" and any(t - near_margin <= s < t for s, t in pairs)
+    return save == "ng+near" and any(t - near_margin <= s <= t for s, t in pairs)
 
 
 def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int) -> tuple[str, str]:
@@ -129,10 +130,10 @@ def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int) -> tuple[s
 
 
 def yolo_labels(detections: Sequence[EvidenceDetection], width: int, height: int) -> str:
-    """The detections that reached their threshold, one ``class cx cy w h`` line each, normalised to the frame."""
+    """The detections that passed their threshold, one ``class cx cy w h`` line each, normalised to the frame."""
     lines = []
     for d in detections:
-        if d.score < d.threshold:
+        if d.score <= d.threshold:
             continue
         x1, y1, x2, y2 = d.box
         cx, cy, w, h = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height

@@ -71,6 +71,8 @@ def files_on_disk(folder: Path) -> list[Path]:
         ("ng", None, [], [], False),  # no inspection: ng is any detection
         ("ng", None, [0.3], [0.25], True),
         ("ng", None, [0.2], [0.25], False),  # below its threshold: not a detection
+        ("ng", None, [0.25], [0.25], False),  # a detection passes its threshold: score > threshold
+        ("ng+near", None, [0.25], [0.25], True),  # ... so one at the threshold is near
         ("ng", "ng", [], [], True),
         ("ng", "ok", [0.9], [0.25], False),  # the verdict decides when there is one
         ("ng+near", "ok", [0.2], [0.25], True),  # within near_margin below
