@@ -359,7 +359,8 @@ class EvidenceWriter:
         self.saved = self.dropped = self.errors = self.rate_limited = 0
         self.last_error: str | None = None
         self._failing = False
-        self._limiting = False
+        self._refusing: Literal["dropped", "rate_limited"] | None = None  # said once per burst of refusals
+        self._fields = {"CAMERA": camera_id, "STAGE": "evidence"}  # journald fields of its log lines
 
     def start(self) -> None:
         self._thread.start()
@@ -392,18 +393,26 @@ class EvidenceWriter:
             return False
         if self._queue.qsize() >= QUEUE_FRAMES:
             self.dropped += 1
+            if self._refusing != "dropped":
+                self._refusing = "dropped"
+                log.warning(
+                    "evidence: the disk is behind the frames to save (%d queued): frames are dropped and counted",
+                    QUEUE_FRAMES,
+                    extra=self._fields,
+                )
             return False
         now = time.monotonic()
         if cfg.max_per_minute and len(self._saves) == cfg.max_per_minute and now - self._saves[0] < RATE_WINDOW_S:
             self.rate_limited += 1
-            if not self._limiting:
-                self._limiting = True
+            if self._refusing != "rate_limited":
+                self._refusing = "rate_limited"
                 log.info(
                     "evidence.max_per_minute (%d) reached: frames are counted as rate limited, not saved",
                     cfg.max_per_minute,
+                    extra=self._fields,
                 )
             return False
-        self._limiting = False
+        self._refusing = None
         if cfg.max_per_minute:
             self._saves.append(now)
         return True
@@ -427,7 +436,9 @@ class EvidenceWriter:
             if frame is not None:
                 if self._attempt(partial(self._save, frame)) and self._failing:
                     self._failing = False
-                    log.info("evidence saved again in %s after %d error(s)", self.store.folder, self.errors)
+                    log.info(
+                        "evidence saved again in %s after %d error(s)", self.store.folder, self.errors, extra=self._fields
+                    )
             elif self._stopping.is_set() and self._queue.empty():
                 return
             else:
@@ -460,6 +471,7 @@ class EvidenceWriter:
                     "evidence errors until a save succeeds",
                     self.store.folder,
                     self.last_error,
+                    extra=self._fields,
                 )
             return False
         return True

@@ -220,7 +220,10 @@ def writer(tmp_path: Path, **keys: object) -> EvidenceWriter:
     return EvidenceWriter(EvidenceConfig.model_validate({"dir": str(tmp_path / "ev"), **keys}), "cam0")
 
 
-def test_a_full_queue_drops_and_counts_and_the_queued_frames_are_saved(tmp_path: Path) -> None:
+def test_a_full_queue_drops_and_counts_and_the_queued_frames_are_saved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="edged.evidence")
     w = writer(tmp_path, save="all", max_per_minute=0)
     admitted = 0
     for i in range(10):  # the thread has not started: nothing leaves the queue
@@ -228,6 +231,9 @@ def test_a_full_queue_drops_and_counts_and_the_queued_frames_are_saved(tmp_path:
             w.submit(frame(i))
             admitted += 1
     assert (admitted, w.dropped) == (QUEUE_FRAMES, 10 - QUEUE_FRAMES)
+    assert [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()] == [
+        "evidence: the disk is behind the frames to save (4 queued): frames are dropped and counted"
+    ]
     w.start()
     w.stop(timeout_s=10)
     report = w.report()
