@@ -114,7 +114,9 @@ def test_a_saved_frame_is_a_jpeg_a_yolo_label_and_the_message(tmp_path: Path) ->
     assert np.abs(image.astype(int) - (10, 20, 200)).max() <= 3  # the frame as captured, not annotated
     label = folder / "labels" / f"{stem}.txt"
     assert label.read_text().splitlines()[0] == "0 0.206055 0.197917 0.216797 0.229167"
-    assert label_path(folder / "images" / f"{stem}.jpg") == label  # where edged eval and ultralytics look
+    image_path = folder / "images" / f"{stem}.jpg"
+    assert label_path(image_path) == label  # where `edged eval --data` looks
+    assert "/labels/".join(str(image_path).rsplit("/images/", 1)).rsplit(".", 1)[0] + ".txt" == str(label)  # ultralytics
     boxes, classes = read_yolo_labels(label, 128, 96, num_classes=3)
     assert classes.tolist() == [0, 2]
     np.testing.assert_allclose(boxes, [[12.5, 8.0, 40.25, 30.0], [0.0, 0.0, 128.0, 96.0]], atol=1e-3)
