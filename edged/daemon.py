@@ -16,7 +16,7 @@ from pathlib import Path
 from edged.capture import Capture
 from edged.config import ProviderConfig, Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
-from edged.evidence import EvidenceDetection, EvidenceFrame, EvidenceWriter
+from edged.evidence import EvidenceWriter
 from edged.health import Health
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed, Rejected
@@ -176,8 +176,8 @@ class Daemon:
         payload = None
         if len(detections) or self.settings.publish.publish_empty:
             payload = self._publish_detections(outcome)
-        if self.evidence is not None:
-            self._offer_evidence(self.evidence, outcome, payload)
+        if self.evidence is not None:  # one threshold for every class until inspection sets them per class
+            self.evidence.offer(outcome.frame, detections, [self.settings.model.conf] * len(detections), None, payload)
         self._announce_ready(frame_processed=True)
 
     def _reject(self, rejected: Rejected) -> None:
@@ -225,29 +225,6 @@ class Daemon:
         payload = msg.model_dump_json().encode()
         self.publisher.send(topic, payload)
         return payload
-
-    def _offer_evidence(self, evidence: EvidenceWriter, done: Processed, payload: bytes | None) -> None:
-        """Hand the frame to the evidence writer when its policy keeps it; only then is the frame copied."""
-        det, conf, frame = done.detections, self.settings.model.conf, done.frame
-        scores = det.scores.tolist()
-        thresholds = [conf] * len(scores)
-        if not evidence.admit(None, scores, thresholds):
-            return
-        detections = tuple(
-            EvidenceDetection(c, s, (b[0], b[1], b[2], b[3]), conf)
-            for b, s, c in zip(det.xyxy.tolist(), scores, det.class_ids.tolist(), strict=True)
-        )
-        evidence.submit(
-            EvidenceFrame(
-                self.settings.source.camera_id,
-                frame.frame_id,
-                frame.t_wall_ns,
-                frame.image.copy(),
-                frame.channel_order,
-                detections,
-                payload,
-            )
-        )
 
     def snapshot(self) -> Snapshot:
         return Snapshot(

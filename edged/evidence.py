@@ -37,8 +37,10 @@ import cv2
 import numpy as np
 from pydantic import Field
 
+from edged.decode import Detections
 from edged.messages import EvidenceReport
 from edged.sections import Section
+from edged.sources import Frame
 
 log = logging.getLogger(__name__)
 
@@ -345,12 +347,13 @@ def describe(error: OSError) -> str:
 class EvidenceWriter:
     """Decides on the loop which frames are evidence, and saves them on a background thread.
 
-    `admit` runs per frame on the loop, before any copy: the policy, the room in the queue and the
-    rate limit. Only a frame it admits is copied by the caller and handed to `submit`.
+    `offer` runs per frame on the loop: `admit` decides, before any copy, from the policy, the room
+    in the queue and the rate limit; only a frame it admits is copied and handed to `submit`.
     """
 
     def __init__(self, cfg: EvidenceConfig, camera_id: str) -> None:
         self.cfg = cfg
+        self.camera_id = camera_id
         self.store = EvidenceStore(cfg.dir, camera_id, cfg.max_bytes, cfg.max_age_days)
         self._queue: queue.Queue[EvidenceFrame | None] = queue.Queue(QUEUE_FRAMES + 1)  # + the stop sentinel
         self._saves: deque[float] = deque(maxlen=max(cfg.max_per_minute, 1))  # times of the last saves
@@ -385,6 +388,32 @@ class EvidenceWriter:
         )
 
     # ---- the loop's side ---------------------------------------------------------------------
+
+    def offer(
+        self,
+        frame: Frame,
+        detections: Detections,
+        thresholds: Sequence[float],
+        verdict: Verdict | None,
+        message: bytes | None,
+    ) -> None:
+        """Save ``frame`` if it is evidence and there is room and rate for it; only then is it copied.
+
+        ``thresholds[i]`` is the threshold of detection i's class; ``message`` the payload published
+        for the frame, None when it was not published.
+        """
+        scores = detections.scores.tolist()
+        if not self.admit(verdict, scores, thresholds):
+            return
+        saved = tuple(
+            EvidenceDetection(c, s, (b[0], b[1], b[2], b[3]), t)
+            for b, s, c, t in zip(detections.xyxy.tolist(), scores, detections.class_ids.tolist(), thresholds, strict=True)
+        )
+        self.submit(
+            EvidenceFrame(
+                self.camera_id, frame.frame_id, frame.t_wall_ns, frame.image.copy(), frame.channel_order, saved, message
+            )
+        )
 
     def admit(self, verdict: Verdict | None, scores: Sequence[float], thresholds: Sequence[float]) -> bool:
         """Whether the caller should copy this frame and `submit` it; a frame refused for room or rate is counted."""
