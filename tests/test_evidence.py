@@ -11,10 +11,12 @@ from typing import Literal
 import cv2
 import numpy as np
 import pytest
+from allocations import NumpyAllocations
 from filesystems import read_only_folder
 from waiting import wait_for
 
 from edged.config import load_config
+from edged.decode import Detections
 from edged.evidence import (
     QUEUE_FRAMES,
     EvidenceConfig,
@@ -28,6 +30,7 @@ from edged.evidence import (
     should_save,
     write_atomic,
 )
+from edged.sources import Frame
 from edged.tools.evaluate import folder_samples, label_path, read_yolo_labels
 
 T0_NS = 1_796_000_000_000_000_000  # 2026-11-30 00:53:20 UTC
@@ -242,6 +245,27 @@ def test_a_full_queue_drops_and_counts_and_the_queued_frames_are_saved(
     assert (report.saved, report.dropped, report.errors) == (QUEUE_FRAMES, 10 - QUEUE_FRAMES, 0)
     assert len(saved_sets(tmp_path)) == QUEUE_FRAMES
     assert report.bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+
+
+def test_a_frame_is_copied_only_when_it_is_evidence_and_then_once(tmp_path: Path) -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None, "numpy's allocator hook is unavailable"
+    w = writer(tmp_path, save="ng", max_per_minute=0)
+    captured = Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr")
+    nothing = Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32))
+    spot = Detections(np.array([[10, 20, 50, 60]], np.float32), np.array([0.8], np.float32), np.array([1], np.int32))
+    with counter.counting():
+        before = counter.buffers
+        w.offer(captured, nothing, [], None, b"{}")
+        assert counter.buffers == before  # not evidence: the loop copies nothing
+        w.offer(captured, spot, [0.25], None, b"{}")
+        assert counter.buffers == before + 1  # evidence: the frame, copied once
+    captured.image[:] = 0  # the capture slot is reused by the next frame
+    w.start()
+    w.stop(timeout_s=10)
+    [jpg] = list(tmp_path.rglob("*.jpg"))
+    assert w.saved == 1 and np.abs(cv2.imread(str(jpg)).astype(int) - 50).max() <= 2
+    assert [p.read_text() for p in tmp_path.rglob("*.txt")] == ["1 0.234375 0.416667 0.312500 0.416667\n"]
 
 
 def test_the_rate_limit_counts_the_frames_it_refuses(tmp_path: Path) -> None:
