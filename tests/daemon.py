@@ -73,14 +73,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
 class RunningDaemon:
     """`edged run` in a subprocess plus a SUB socket on its endpoint; always killed at the end."""
 
-    def __init__(
-        self,
-        config: Path,
-        endpoint: str,
-        env: dict[str, str] | None = None,
-        preexec_fn: Callable[[], None] | None = None,
-    ) -> None:
-        """``preexec_fn`` runs in the child before edged starts (a resource limit, say)."""
+    def __init__(self, config: Path, endpoint: str, env: dict[str, str] | None = None) -> None:
         self.endpoint = endpoint
         self._context = zmq.Context()
         self.sub = self._context.socket(zmq.SUB)
@@ -94,7 +87,6 @@ class RunningDaemon:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
-            preexec_fn=preexec_fn,
         )
 
     def messages(self, timeout: float) -> Iterator[Message]:

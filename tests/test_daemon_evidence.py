@@ -72,9 +72,8 @@ def start(
     *,
     images: str = "imgs",
     publish: dict[str, object] | None = None,
-    preexec_fn: Callable[[], None] | None = None,
 ) -> RunningDaemon:
-    return RunningDaemon(*configure(workdir, evidence, images=images, publish=publish), preexec_fn=preexec_fn)
+    return RunningDaemon(*configure(workdir, evidence, images=images, publish=publish))
 
 
 def sets(folder: Path) -> list[Path]:
@@ -214,10 +213,11 @@ def test_the_rate_limit_saves_at_most_max_per_minute_and_counts_the_rest(workdir
     assert "evidence.max_per_minute (3) reached" in d.log_path.read_text()
 
 
-def limit_file_size() -> None:
-    """In the daemon's process: no file may grow past 8 KB (a saved image is tens of KB); Python ignores
-    SIGXFSZ, so the write fails with EFBIG instead of killing it."""
-    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+def limit_file_size(pid: int) -> None:
+    """No file the daemon writes may grow past 8 KB (a saved image is tens of KB). Python ignores
+    SIGXFSZ, so the write fails with EFBIG instead of killing it. Set from outside as soon as it
+    starts, long before its first frame: a preexec_fn may deadlock a child forked beside threads."""
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (8192, 8192))
 
 
 @pytest.mark.parametrize("full", ["small filesystem", "file size limit"])
@@ -226,7 +226,9 @@ def test_a_full_disk_is_counted_and_logged_once_while_inspection_goes_on(workdir
     with tmpfs(folder, "size=64k") if full == "small filesystem" else contextlib.nullcontext(False) as mounted:
         if full == "small filesystem" and not mounted:
             pytest.skip("this process may not mount a tmpfs")
-        d = start(workdir, {"max_per_minute": 0}, preexec_fn=None if mounted else limit_file_size)
+        d = start(workdir, {"max_per_minute": 0})
+        if not mounted:
+            limit_file_size(d.proc.pid)
         try:
             status = d.wait_status(lambda s: evidence_of(s)[2] >= 5)
             detections = d.collect("detections", 5)  # still inspecting, after the errors
