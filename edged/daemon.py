@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.25  # the loop comes round at least this often, frames or not
 MAX_INFERENCE_FAILURES = 20  # consecutive failed runs before the daemon gives up
 ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then counters
-EVIDENCE_STOP_S = 0.3  # at stop, time left to the evidence writer to finish its queue (SIGTERM ends within 2 s)
+EVIDENCE_STOP_S = 1.0  # at stop, time left to the evidence writer to finish its queue (a few ms per frame)
 
 
 class Daemon:

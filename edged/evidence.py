@@ -375,6 +375,12 @@ class EvidenceWriter:
             self._queue.put_nowait(None)
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning(
+                "evidence: stopping while frames are still being written; what is left half written is removed "
+                "at the next start",
+                extra=self._fields,
+            )
 
     def report(self) -> EvidenceReport:
         """The counters as the status message carries them."""
