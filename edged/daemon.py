@@ -18,6 +18,7 @@ from pathlib import Path
 from edged.capture import Capture
 from edged.config import ProviderConfig, Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
+from edged.evidence import EvidenceWriter
 from edged.health import Health
 from edged.http import HttpConfig, HttpServer
 from edged.model import LoadedModel, load_model
@@ -42,6 +43,7 @@ ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then c
 # longer (an 8K JPEG decodes in seconds on a Pi) is abandoned: `run` then exits without
 # finalising, which is safe, so this bounds the stop time rather than guarding the exit.
 CAPTURE_STOP_WAIT_S = 1.0
+EVIDENCE_STOP_S = 1.0  # at stop, time left to the evidence writer to finish its queue (a few ms per frame)
 
 
 class Daemon:
@@ -69,6 +71,7 @@ class Daemon:
         self.http.start()
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
+        self.evidence = self._start_evidence()
         self._seq = {"detections": itertools.count(), "status": itertools.count()}
         self._inference_failures = 0
         self._last_error_log = -ERROR_LOG_INTERVAL_S
@@ -85,6 +88,14 @@ class Daemon:
     def _start_mqtt(self) -> MqttOutput | None:
         cfg = self.settings.mqtt
         return MqttOutput(cfg, self.settings.source.camera_id) if cfg is not None else None
+
+    def _start_evidence(self) -> EvidenceWriter | None:
+        cfg = self.settings.evidence
+        if cfg is None:
+            return None
+        writer = EvidenceWriter(cfg, self.settings.source.camera_id)
+        writer.start()
+        return writer
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
@@ -187,7 +198,9 @@ class Daemon:
             )
         self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
         self.health.frame_done()
-        self._publish_detections(outcome)
+        payload = self._publish_detections(outcome)
+        if self.evidence is not None:  # one threshold for every class until inspection sets them per class
+            self.evidence.offer(outcome.frame, detections, [self.settings.model.conf] * len(detections), None, payload)
         self._announce_ready(frame_processed=True)
 
     def _reject(self, rejected: Rejected) -> None:
@@ -227,18 +240,19 @@ class Daemon:
 
     # ---- messages ----------------------------------------------------------------------------
 
-    def _publish_detections(self, done: Processed) -> None:
+    def _publish_detections(self, done: Processed) -> bytes | None:
         """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames; and the
-        frame with its message to the live view when it wants one."""
+        frame with its message to the live view when it wants one. Returns the payload published, if any."""
         found = len(done.detections) > 0
         to_zmq = found or self.settings.publish.publish_empty
         mqtt = self.mqtt if self.mqtt is not None and (found or self.mqtt.cfg.publish_empty) else None
         show = self.http.view.wants_frame()
         if not (to_zmq or mqtt or show):
-            return
+            return None
         state = self.report.state if self.report else "unknown"
         seq = next(self._seq["detections"]) if to_zmq or mqtt else 0  # a message only shown takes no seq
         msg = self.path.message(done, seq=seq, thermal_state=state)
+        payload = None
         if to_zmq or mqtt:
             payload = msg.model_dump_json().encode()
             if to_zmq:
@@ -248,6 +262,7 @@ class Daemon:
                 mqtt.send("detections", payload)
         if show:
             self.http.view.offer(done.frame, msg)
+        return payload
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
@@ -260,6 +275,7 @@ class Daemon:
             model=self.model.info,
             model_short=self.model.engine.identity.short,
             mqtt=self.mqtt.stats() if self.mqtt else None,
+            evidence=self.evidence.report() if self.evidence else None,
         )
 
     def publish_status(self) -> None:
@@ -377,7 +393,11 @@ class Daemon:
         self._finish(outcome)
 
     def _switch_outputs(self, old: Settings, new: Settings) -> None:
-        """A reload's ``[mqtt]`` and ``[http]`` take effect with its model; the HTTP token is re-read."""
+        """A reload's ``[evidence]``, ``[mqtt]`` and ``[http]`` take effect with its model; the HTTP token is re-read."""
+        if (new.evidence, new.source.camera_id) != (old.evidence, old.source.camera_id):
+            if self.evidence is not None:
+                self.evidence.stop(timeout_s=EVIDENCE_STOP_S)
+            self.evidence = self._start_evidence()
         if (new.mqtt, new.source.camera_id) != (old.mqtt, old.source.camera_id):
             if self.mqtt:
                 self.mqtt.close()
@@ -413,6 +433,8 @@ class Daemon:
         if watchdog:
             watchdog.stop()
         self.capture.stop(timeout_s=CAPTURE_STOP_WAIT_S)
+        if self.evidence is not None:
+            self.evidence.stop(timeout_s=EVIDENCE_STOP_S)
         self.publish_status()
         self.publisher.close()
         self.http.close()
