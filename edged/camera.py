@@ -2,7 +2,8 @@
 
 A `Camera` holds its ``[[source]]`` settings, its capture thread, its `FramePath` on the model
 all cameras share, its counters, its message sequence numbers and its rate cap. The daemon keeps
-one per camera, serves those with a frame ready in turn, and composes the outputs they share.
+one per camera, serves those with a frame ready in turn, and composes the outputs they share;
+its evidence writer is its own (each camera's evidence in a folder of its own).
 
 Plans are per camera: two cameras of the same frame size each have their own. A `FramePath`'s
 rules are about one stream (a camera re-planned after a lasting size change, an image folder's
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Iterator
 
 from edged.capture import Capture
 from edged.config import CapturePriority
+from edged.evidence import EvidenceWriter
 from edged.pipeline import FramePath
 from edged.ratecap import RateCap
 from edged.sources import Frame, open_source
@@ -64,6 +66,8 @@ class Camera:
         self._detections_seq: Iterator[int] = previous._detections_seq if previous else itertools.count()
         self._status_seq: Iterator[int] = previous._status_seq if previous else itertools.count()
         self.served_s: float = previous.served_s if previous else 0.0  # when its last frame was taken
+        # Its evidence writer (`edged.evidence`), set by the daemon; a successor carries it on.
+        self.evidence: EvidenceWriter | None = previous.evidence if previous else None
         self._due_s = 0.0  # the rate cap lets its next frame be taken from then on
 
     def due(self, now_s: float) -> bool:

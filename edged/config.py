@@ -30,6 +30,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError, KeyFileError
+from edged.evidence import EvidenceConfig
 from edged.heads import HEADS
 from edged.http import HttpConfig
 from edged.keys import key_file_problems, read_token
@@ -260,6 +261,7 @@ class Settings(BaseSettings):
     service: ServiceConfig = Field(default_factory=ServiceConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
+    evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
 
     @field_validator("source", mode="before")
     @classmethod
@@ -499,6 +501,7 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("mqtt", "ca_file"),
         ("mqtt", "cert_file"),
         ("mqtt", "key_file"),
+        ("evidence", "dir"),
     ):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:

@@ -22,6 +22,7 @@ from edged.camera import Camera, start_capture, stop_captures
 from edged.capture import Capture
 from edged.config import ProviderConfig, Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
+from edged.evidence import EvidenceWriter
 from edged.health import Health
 from edged.http import HttpConfig, HttpServer
 from edged.model import LoadedModel, load_model
@@ -46,6 +47,7 @@ ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then c
 # then exits without finalising, which is safe, so this bounds the stop time rather than
 # guarding the exit.
 CAPTURE_STOP_WAIT_S = 1.0
+EVIDENCE_STOP_S = 1.0  # at stop, time left to each evidence writer to finish its queue (a few ms per frame)
 
 
 def same_source(a: SourceBase, b: SourceBase) -> bool:
@@ -80,6 +82,8 @@ class Daemon:
             stop_captures(captures.values(), CAPTURE_STOP_WAIT_S)
             raise
         self.http.start()
+        for camera in self.cameras.values():
+            camera.evidence = self._start_evidence(camera.cfg)
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
         self._inference_failures = 0
@@ -97,6 +101,15 @@ class Daemon:
     def _start_mqtt(self) -> MqttOutput | None:
         cfg = self.settings.mqtt
         return MqttOutput(cfg, [source.camera_id for source in self.settings.source]) if cfg is not None else None
+
+    def _start_evidence(self, cfg: SourceBase) -> EvidenceWriter | None:
+        """The camera's evidence writer: with ``[evidence]``, unless its source says ``evidence = false``."""
+        evidence = self.settings.evidence
+        if evidence is None or not cfg.evidence:
+            return None
+        writer = EvidenceWriter(evidence, cfg.camera_id)
+        writer.start()
+        return writer
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
@@ -225,7 +238,9 @@ class Daemon:
             )
         stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
         self.health.frame_done()
-        self._publish_detections(camera, outcome)
+        payload = self._publish_detections(camera, outcome)
+        if camera.evidence is not None:  # one threshold for every class until inspection sets them per class
+            camera.evidence.offer(outcome.frame, detections, [self.settings.model.conf] * len(detections), None, payload)
         self._announce_ready(frame_processed=True, camera=camera)
 
     def _reject(self, camera: Camera, rejected: Rejected) -> None:
@@ -270,18 +285,20 @@ class Daemon:
 
     # ---- messages ----------------------------------------------------------------------------
 
-    def _publish_detections(self, camera: Camera, done: Processed) -> None:
+    def _publish_detections(self, camera: Camera, done: Processed) -> bytes | None:
         """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames; and the
-        frame with its message to the live view when it shows this camera and wants a frame."""
+        frame with its message to the live view when it shows this camera and wants a frame. Returns the
+        payload published, if any."""
         found = len(done.detections) > 0
         to_zmq = found or self.settings.publish.publish_empty
         mqtt = self.mqtt if self.mqtt is not None and (found or self.mqtt.cfg.publish_empty) else None
         show = camera.id == self.settings.source[0].camera_id and self.http.view.wants_frame()
         if not (to_zmq or mqtt or show):
-            return
+            return None
         state = self.report.state if self.report else "unknown"
         seq = camera.next_seq() if to_zmq or mqtt else 0  # a message only shown takes no seq
         msg = camera.path.message(done, seq=seq, thermal_state=state)
+        payload = None
         if to_zmq or mqtt:
             payload = msg.model_dump_json().encode()
             if to_zmq:
@@ -290,6 +307,7 @@ class Daemon:
                 mqtt.send("detections", payload, camera.id)
         if show:
             self.http.view.offer(done.frame, msg)
+        return payload
 
     def snapshot(self, camera: Camera) -> Snapshot:
         return Snapshot(
@@ -302,6 +320,7 @@ class Daemon:
             model=self.model.info,
             model_short=self.model.engine.identity.short,
             mqtt=self.mqtt.stats() if self.mqtt else None,
+            evidence=camera.evidence.report() if camera.evidence else None,
         )
 
     def status_line(self) -> str:
@@ -470,9 +489,23 @@ class Daemon:
         stop_captures([camera.capture for camera in removed], CAPTURE_STOP_WAIT_S)
         for name in cameras.keys() - self.cameras.keys():
             log.info("camera %s added", name, extra={"CAMERA": name})
+        self._switch_evidence(old, cameras, removed)
         self.cameras, self._incoming, self._replacement = cameras, {}, None
         self._switch_outputs(old, new)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
+
+    def _switch_evidence(self, old: Settings, cameras: dict[str, Camera], removed: list[Camera]) -> None:
+        """A reload's ``[evidence]``, and each camera's ``evidence`` key, take effect with its model."""
+        for camera in removed:
+            if camera.evidence is not None:
+                camera.evidence.stop(timeout_s=EVIDENCE_STOP_S)
+        for camera in cameras.values():
+            running = self.cameras.get(camera.id)
+            if running is not None and (old.evidence, running.cfg.evidence) == (self.settings.evidence, camera.cfg.evidence):
+                continue  # the same writer carries on (a camera takes over its predecessor's)
+            if camera.evidence is not None:
+                camera.evidence.stop(timeout_s=EVIDENCE_STOP_S)
+            camera.evidence = self._start_evidence(camera.cfg)
 
     def _switch_outputs(self, old: Settings, new: Settings) -> None:
         """A reload's ``[mqtt]`` and ``[http]`` take effect with its model; the HTTP token is re-read."""
@@ -508,6 +541,9 @@ class Daemon:
             watchdog.stop()
         captures = [camera.capture for camera in self.cameras.values()]
         stop_captures(captures + [camera.capture for camera in self._incoming.values()], CAPTURE_STOP_WAIT_S)
+        for camera in self.cameras.values():
+            if camera.evidence is not None:
+                camera.evidence.stop(timeout_s=EVIDENCE_STOP_S)
         self.publish_status()
         self.publisher.close()
         self.http.close()

@@ -136,6 +136,15 @@ class ThermalReadings(Message):
     power_mode: str | None = Field(description="The board's power mode (Jetson nvpmodel); null when none.")
 
 
+class EvidenceReport(Message):
+    saved: int = Field(ge=0, description="Frames saved as evidence since start.")
+    dropped: int = Field(ge=0, description="Frames to save dropped because the writer's queue was full.")
+    errors: int = Field(ge=0, description="Saves or retention passes that failed (disk full, read-only, ...).")
+    rate_limited: int = Field(ge=0, description="Frames to save refused by evidence.max_per_minute.")
+    bytes: int = Field(ge=0, description="Bytes this camera's evidence folder holds.")
+    last_error: str | None = Field(description="The last evidence error, null when none yet.")
+
+
 class StatusMessage(Message):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -157,6 +166,7 @@ class StatusMessage(Message):
     thermal: ThermalReadings | None = Field(description="Thermal readings and state; null when off.")
     model: ModelInfo
     capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
+    evidence: EvidenceReport | None = Field(None, description="The evidence writer's counters; null without [evidence].")
     mqtt_state: Literal["connected", "disconnected"] | None = Field(
         None, description="The MQTT output's link to its broker; null when [mqtt] is off."
     )

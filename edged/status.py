@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from edged.capture import CaptureStats
-from edged.messages import CaptureReport, ModelInfo, StatusMessage
+from edged.messages import CaptureReport, EvidenceReport, ModelInfo, StatusMessage
 from edged.mqtt import MqttStats
 from edged.stats import RunStats
 from edged.thermal import ThermalReport
@@ -30,6 +30,7 @@ class Snapshot:
     model: ModelInfo
     model_short: str  # name@hash prefix, as the logs name the model
     mqtt: MqttStats | None = None  # None: no [mqtt] output
+    evidence: EvidenceReport | None = None  # None without [evidence]
 
     def drops(self) -> dict[str, int]:
         """Frames and messages lost, by cause: the loop's, the capture thread's and the publisher's."""
@@ -63,6 +64,7 @@ class Snapshot:
             ),
             mqtt_state=self.mqtt.state if self.mqtt else None,
             mqtt_drops=self.mqtt.drops if self.mqtt else None,
+            evidence=self.evidence,
         )
 
     def line(self) -> str:

@@ -50,7 +50,12 @@ def stills(**keys: object) -> dict:
 
 
 def start(
-    workdir: Path, sources: list[dict], env: dict[str, str] | None = None, model: str = "probe.onnx", listen: str = ""
+    workdir: Path,
+    sources: list[dict],
+    env: dict[str, str] | None = None,
+    model: str = "probe.onnx",
+    listen: str = "",
+    **sections: dict[str, object],
 ) -> RunningDaemon:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = write_config(
@@ -62,6 +67,7 @@ def start(
             "thermal": {"enabled": False},
             "service": {"stall_timeout_s": 2.0},
             "http": {"listen": listen},
+            **sections,
         },
     )
     return RunningDaemon(config, endpoint, env=env)
@@ -253,5 +259,21 @@ def test_status_json_and_metrics_cover_every_camera(workdir: Path) -> None:
         metrics = _get(port, "/metrics")[1].decode()
         for camera in ("small", "wide"):
             assert re.search(rf'^edged_frames_total{{camera="{camera}"}} [1-9]', metrics, re.MULTILINE), metrics
+    finally:
+        d.close()
+
+
+def test_each_camera_saves_its_own_evidence_unless_its_source_says_not(workdir: Path) -> None:
+    d = start(workdir, [small(), wide(evidence=False), stills()], evidence={"dir": "evidence", "save": "all"})
+    try:
+        detections(d, {"small": 3, "wide": 3, "stills": 3})
+        status = {
+            name: d.wait_status(lambda s, name=name: s.camera_id == name and s.evidence is not None and s.evidence.saved > 0)
+            for name in ("small", "stills")
+        }
+        assert all(s.evidence is not None and s.evidence.errors == 0 for s in status.values()), status
+        assert d.wait_status(lambda s: s.camera_id == "wide").evidence is None
+        folders = {p.name for p in (workdir / "evidence").iterdir() if p.is_dir()}
+        assert {"small", "stills"} <= folders and "wide" not in folders
     finally:
         d.close()

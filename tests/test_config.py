@@ -7,6 +7,7 @@ import os
 import re
 import resource
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from pydantic import BaseModel
@@ -30,7 +31,8 @@ def _keys(model: type[BaseModel], prefix: str = "") -> set[str]:
     keys = set()
     for name, field in model.model_fields.items():
         keys.add(prefix + name)
-        annotation = field.annotation
+        # An optional section (``X | None``) documents the keys of X.
+        annotation = next((a for a in get_args(field.annotation) if a is not type(None)), field.annotation)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel) and name != "source":
             keys |= _keys(annotation, f"{prefix}{name}.")
     return keys

@@ -38,6 +38,7 @@ class SourceBase(Section):
     max_fps: float | None = Field(
         None, ge=0, le=1000, description="Cap on this camera's processed frames per second; default: service.max_fps."
     )
+    evidence: bool = Field(True, description="With an [evidence] section: save this camera's evidence; false: not.")
     channel_order: Literal["bgr", "rgb"] = Field(
         "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr)."
     )
