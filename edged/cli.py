@@ -171,6 +171,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         "against N `edged run`s side by side (each N given: total fps, frame age, CPU per frame, RSS)",
     )
     p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
+    p.add_argument(
+        "--camera-source",
+        choices=("synthetic", "video"),
+        default="synthetic",
+        help="with --cameras: synthetic sources, or an MJPG clip decoded like a UVC camera's frames (default synthetic)",
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per arrangement (default 20)")
     p.add_argument("--warmup-s", type=float, default=5.0, help="seconds let pass before measuring (default 5)")
 

@@ -51,8 +51,9 @@ EVIDENCE_STOP_S = 1.0  # at stop, time left to each evidence writer to finish it
 
 
 def same_source(a: SourceBase, b: SourceBase) -> bool:
-    """The same camera opened the same way: a reload keeps its capture running (its cap may differ)."""
-    return a.model_dump(exclude={"max_fps"}) == b.model_dump(exclude={"max_fps"})
+    """The same camera opened the same way: a reload keeps its capture running (its cap and
+    evidence key may differ, they do not touch the camera)."""
+    return a.model_dump(exclude={"max_fps", "evidence"}) == b.model_dump(exclude={"max_fps", "evidence"})
 
 
 class Daemon:
@@ -69,8 +70,7 @@ class Daemon:
         # for the slower of the two, not their sum.
         captures = {cfg.camera_id: self._start_capture(cfg) for cfg in settings.source}
         try:
-            model = load_model(settings.model, settings.runtime)
-            self.model = model
+            self.model = model = load_model(settings.model, settings.runtime)
             self.cameras = {
                 cfg.camera_id: Camera(cfg, captures[cfg.camera_id], FramePath.for_source(model, cfg), settings.max_fps(cfg))
                 for cfg in settings.source

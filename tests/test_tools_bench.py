@@ -206,12 +206,15 @@ def test_cold_start_times_the_real_daemon_with_and_without_its_cache(probe: Path
     assert len(result["first_seq"]) == 2  # the seq of each first message, both runs
 
 
-def test_cameras_compares_one_process_with_a_process_per_camera(probe: Path) -> None:
+@pytest.mark.parametrize("kind", ["synthetic", "video"])
+def test_cameras_compares_one_process_with_a_process_per_camera(probe: Path, kind: str) -> None:
     out = io.StringIO()
+    argv = ["bench", "--model", str(probe), "--cameras", "2", "--camera-source", kind, "--seconds", "2", "--warmup-s", "0.5"]
     with redirect_stdout(out):
-        code = main(["bench", "--model", str(probe), "--cameras", "2", "--seconds", "2", "--warmup-s", "0.5", "--json"])
+        code = main([*argv, "--json"])
     assert code == 0
     result = json.loads(out.getvalue())["cameras"]
+    assert result["kind"] == kind and all(row["camera_kind"] == kind for row in result["rows"])
     one, separate = result["rows"]
     assert (one["arrangement"], one["processes"], separate["arrangement"], separate["processes"]) == (
         "one process",

@@ -35,7 +35,7 @@ from edged.cpus import online_cpus, physical_cores
 from edged.errors import ColdStartError, UsageError
 from edged.model import LoadedModel
 from edged.tools import bench_rows as rows
-from edged.tools.bench_cameras import format_rows, run_cameras
+from edged.tools.bench_cameras import CameraKind, format_rows, run_cameras
 from edged.tools.scenes import SceneGenerator
 
 ROW_TITLES = {
@@ -75,12 +75,13 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _cameras(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str, Any]:
+    kind = cast(CameraKind, args.camera_source)  # argparse checked it
     rows = run_cameras(
-        path, args.cameras, fps=args.camera_fps, seconds=args.seconds, warmup_s=args.warmup_s, spinning=spinning
+        path, args.cameras, kind=kind, fps=args.camera_fps, seconds=args.seconds, warmup_s=args.warmup_s, spinning=spinning
     )
     if not args.json:
-        print(format_rows(path.name, args.camera_fps, rows))
-    return {"machine": machine_info(), "fps": args.camera_fps, "seconds": args.seconds, "rows": rows}
+        print(format_rows(path.name, kind, args.camera_fps, rows))
+    return {"machine": machine_info(), "kind": kind, "fps": args.camera_fps, "seconds": args.seconds, "rows": rows}
 
 
 def _cold_start(path: Path, spinning: Spinning, args: argparse.Namespace) -> list[dict[str, Any]]:

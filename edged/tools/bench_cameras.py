@@ -1,6 +1,11 @@
 """``edged bench --cameras N``: N cameras served by one `edged run` against N `edged run`s side by side.
 
-Each camera is a synthetic 1280x720 source at ``--fps``. For each arrangement the processes are
+Each camera is 1280x720 at ``--camera-fps``: a synthetic source, or (``--camera-source video``)
+an MJPG clip of rendered scenes decoded by OpenCV at its own pace, as a UVC camera's frames are.
+The synthetic source renders every frame in Python and numpy on its capture thread, which holds
+the interpreter lock in proportion to the frame rate where a real camera's decode (in OpenCV)
+releases it; in one process that lock is shared with the inference loop, so the two sources
+bracket what a camera costs the loop. For each arrangement the processes are
 started, every camera's first detections message awaited, ``--warmup-s`` let pass, and then for
 ``--seconds`` every detections message is received on one SUB connected to every endpoint:
 processed frames per second in total, each camera's frame age as a consumer sees it (its
@@ -19,16 +24,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import cv2
 import numpy as np
 import zmq
 
 from edged.config import Spinning
 from edged.errors import ColdStartError
 from edged.messages import DetectionsMessage, parse_message
+from edged.tools.scenes import SceneGenerator
 
 ARRANGEMENTS = ("one process", "separate processes")
+CameraKind = Literal["synthetic", "video"]
+CLIP_FRAMES = 30  # scenes in the video clip, looped
 FRAME_W, FRAME_H = 1280, 720
 FIRST_MESSAGE_TIMEOUT_S = 120.0
 
@@ -37,13 +46,28 @@ def camera_ids(n: int) -> list[str]:
     return [f"cam{i}" for i in range(n)]
 
 
-def write_config(path: Path, model: Path, endpoint: str, cameras: list[str], *, fps: float, spinning: Spinning) -> Path:
-    """A daemon config with one ``[[source]]`` per camera, each synthetic 1280x720 at ``fps`` with its own seed."""
-    tables = "".join(
-        f'[[source]]\ntype = "synthetic"\ncamera_id = "{name}"\nwidth = {FRAME_W}\nheight = {FRAME_H}\n'
-        f"fps = {fps}\nseed = {int(name.removeprefix('cam'))}\n"
-        for name in cameras
-    )
+def write_clip(path: Path, fps: float) -> Path:
+    """An MJPG clip of `CLIP_FRAMES` rendered 1280x720 scenes at ``fps``: what a UVC camera sends."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), fps, (FRAME_W, FRAME_H))
+    scenes = SceneGenerator(FRAME_W, FRAME_H, seed=0)
+    for index in range(CLIP_FRAMES):
+        writer.write(scenes.render(index).image)
+    writer.release()
+    return path
+
+
+def source_table(name: str, kind: CameraKind, fps: float, clip: Path) -> str:
+    """One camera's ``[[source]]``: a synthetic source, or the clip decoded at its own pace."""
+    if kind == "synthetic":
+        seed = int(name.removeprefix("cam"))
+        keys = f'type = "synthetic"\nwidth = {FRAME_W}\nheight = {FRAME_H}\nfps = {fps}\nseed = {seed}\n'
+    else:
+        keys = f'type = "file"\npath = {json.dumps(str(clip))}\nloop = true\nrealtime = true\n'
+    return f'[[source]]\ncamera_id = "{name}"\n{keys}'
+
+
+def write_config(path: Path, model: Path, endpoint: str, tables: str, *, spinning: Spinning) -> Path:
+    """A daemon config: the cameras' ``[[source]]`` tables, the model, the endpoint."""
     path.write_text(
         tables + f"[model]\npath = {json.dumps(str(model.resolve()))}\n"
         f'[runtime]\nspinning = "{spinning}"\n'
@@ -66,7 +90,15 @@ def memory_kb(pid: int) -> tuple[float, float]:
 
 
 def measure(
-    model: Path, cameras: int, *, separate: bool, fps: float, seconds: float, warmup_s: float, spinning: Spinning
+    model: Path,
+    cameras: int,
+    *,
+    separate: bool,
+    kind: CameraKind,
+    fps: float,
+    seconds: float,
+    warmup_s: float,
+    spinning: Spinning,
 ) -> dict[str, Any]:
     """One arrangement of ``cameras`` cameras: its throughput, frame ages, CPU per frame and memory."""
     names = camera_ids(cameras)
@@ -79,10 +111,12 @@ def measure(
     children: list[subprocess.Popen[bytes]] = []
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGED_")}
     with tempfile.TemporaryDirectory(prefix="edged-cameras-") as tmp:
+        clip = write_clip(Path(tmp) / "clip.avi", fps) if kind == "video" else Path(tmp)
         try:
             for i, group in enumerate(groups):
                 endpoint = f"ipc://{tmp}/{i}.sock"
-                config = write_config(Path(tmp) / f"{i}.toml", model, endpoint, group, fps=fps, spinning=spinning)
+                tables = "".join(source_table(name, kind, fps, clip) for name in group)
+                config = write_config(Path(tmp) / f"{i}.toml", model, endpoint, tables, spinning=spinning)
                 sub.connect(endpoint)
                 argv = [sys.executable, "-m", "edged", "run", "--config", str(config)]
                 children.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
@@ -101,6 +135,7 @@ def measure(
     frames = sum(len(a) for a in ages.values())
     return {
         "arrangement": ARRANGEMENTS[separate],
+        "camera_kind": kind,
         "cameras": cameras,
         "processes": len(groups),
         "fps_total": frames / seconds,
@@ -140,20 +175,28 @@ def _receive(
 
 
 def run_cameras(
-    model: Path, counts: list[int], *, fps: float, seconds: float, warmup_s: float, spinning: Spinning
+    model: Path,
+    counts: list[int],
+    *,
+    kind: CameraKind,
+    fps: float,
+    seconds: float,
+    warmup_s: float,
+    spinning: Spinning,
 ) -> list[dict[str, Any]]:
     """Both arrangements for each camera count; one process alone when there is one camera."""
     return [
-        measure(model, n, separate=separate, fps=fps, seconds=seconds, warmup_s=warmup_s, spinning=spinning)
+        measure(model, n, separate=separate, kind=kind, fps=fps, seconds=seconds, warmup_s=warmup_s, spinning=spinning)
         for n in counts
         for separate in ((False, True) if n > 1 else (False,))
     ]
 
 
-def format_rows(model_name: str, fps: float, rows: list[dict[str, Any]]) -> str:
+def format_rows(model_name: str, kind: CameraKind, fps: float, rows: list[dict[str, Any]]) -> str:
     """The rows as a table: per arrangement, totals and the worst camera's p99 frame age."""
+    what = "synthetic" if kind == "synthetic" else "MJPG video"
     lines = [
-        f"edged bench --cameras: {model_name}, synthetic {FRAME_W}x{FRAME_H} cameras at {fps:g} fps each",
+        f"edged bench --cameras: {model_name}, {what} {FRAME_W}x{FRAME_H} cameras at {fps:g} fps each",
         "",
         "cameras  arrangement            fps total  age p50 ms  age p99 ms (worst)  CPU ms/frame  RSS MB  PSS MB",
     ]
