@@ -18,8 +18,8 @@ from edged.config import ProviderConfig, Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
 from edged.health import Health
 from edged.model import LoadedModel, load_model
-from edged.pipeline import FramePath, Processed, Rejected
-from edged.publish import Publisher, detections_topic, status_topic
+from edged.pipeline import FramePath, Processed, Rejected, frame_path, verdict_message
+from edged.publish import Publisher, detections_topic, status_topic, verdict_topic
 from edged.ratecap import RateCap
 from edged.reload import load_replacement
 from edged.service import Notifier, Signals, Watchdog, watchdog_interval_s
@@ -57,7 +57,7 @@ class Daemon:
             raise
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
-        self._seq = {"detections": itertools.count(), "status": itertools.count()}
+        self._seq = {"detections": itertools.count(), "status": itertools.count(), "verdict": itertools.count()}
         self._inference_failures = 0
         self._last_error_log = -ERROR_LOG_INTERVAL_S
 
@@ -67,9 +67,9 @@ class Daemon:
         capture.start()
         return capture
 
-    def _use_model(self, model: LoadedModel) -> None:
+    def _use_model(self, model: LoadedModel, path: FramePath | None = None) -> None:
         self.model = model
-        self.path = FramePath(model, self.settings.source.camera_id, self.settings.source.channel_order)
+        self.path = path or frame_path(self.settings, model)
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -195,6 +195,10 @@ class Daemon:
         msg = self.path.message(done, seq=next(self._seq["detections"]), thermal_state=state)
         topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
         self.publisher.send(topic, msg.model_dump_json().encode())
+        verdict = verdict_message(msg, next(self._seq["verdict"]))
+        if verdict is not None:
+            topic = verdict_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
+            self.publisher.send(topic, verdict.model_dump_json().encode())
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
@@ -262,6 +266,7 @@ class Daemon:
         self.notifier.reloading()
         try:
             new, model = load_replacement(self.config_path, self.settings)
+            path = frame_path(new, model)
         except EdgedError as e:
             log.error("reload refused, keeping the running configuration: %s", e)
             self.notifier.ready(self.snapshot().line())
@@ -275,7 +280,7 @@ class Daemon:
         if source_changed:
             self.capture.stop()
             self.capture = self._start_capture()
-        self._use_model(model)
+        self._use_model(model, path)
         self.rate_cap = RateCap(new.service.max_fps)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
         log.info("reloaded: model %s", model.engine.identity.short)

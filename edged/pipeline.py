@@ -1,9 +1,10 @@
-"""The per-frame path: contract check -> preprocess -> inference -> decode -> message.
+"""The per-frame path: contract check -> preprocess -> inference -> decode -> inspect -> message.
 
 A `FramePipeline` is planned for one frame size: the input tensor, its binding to the model and
 the decoder scratch are all allocated there, once, and `process` only fills and reads them.
 `FramePath` owns the plans of one camera: it checks each frame against what the source declared,
-re-plans after a lasting size change, and builds the wire message. The daemon, `check`, `eval` and
+re-plans after a lasting size change, inspects the detections when ``[inspect]`` is set
+(`edged.verdict`), and builds the wire messages. The daemon, `check`, `eval` and
 `bench` all go through these two classes, so they run exactly the same path.
 """
 
@@ -15,14 +16,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edged.config import Settings
 from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
 from edged.errors import InferenceError
 from edged.geometry import BoxMap
-from edged.messages import Detection, DetectionsMessage, Timings
+from edged.messages import Detection, DetectionsMessage, Reason, Timings, VerdictMessage
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
 from edged.sources import Frame
+from edged.verdict import Inspected, Inspector
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +42,19 @@ class StageTimes:
 class FramePipeline:
     """Preallocated buffers for one frame size, and the three stages that use them."""
 
-    def __init__(self, model: LoadedModel, frame_w: int, frame_h: int, source_order: ChannelOrder) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        frame_w: int,
+        frame_h: int,
+        source_order: ChannelOrder,
+        thresholds: list[float] | None = None,
+    ) -> None:
         self.model = model
         self.spec = FrameSpec(frame_w, frame_h, source_order)
         self.preprocess = Preprocessor(model.contract, frame_w, frame_h, source_order)
         self.binding = model.engine.bind(self.preprocess.tensor)
-        self.decoder = model.make_decoder(self.binding.outputs[0].shape)
+        self.decoder = model.make_decoder(self.binding.outputs[0].shape, thresholds)
 
     @property
     def box_map(self) -> BoxMap:
@@ -69,13 +79,19 @@ class FramePipeline:
 
 @dataclass(frozen=True, slots=True)
 class Processed:
-    """One frame through the model; ``detections`` hold until the plan's next frame."""
+    """One frame through the model; ``detections`` (and ``inspected``) hold until the plan's next frame.
+
+    With ``[inspect]``, ``detections`` are the inspected ones (zones applied) and ``verdict_ms``
+    is capture to verdict; without it ``inspected`` is None.
+    """
 
     frame: Frame
     plan: FramePipeline
     detections: Detections
     times: StageTimes
     age_ms: float
+    inspected: Inspected | None = None
+    verdict_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +106,13 @@ class Rejected:
 class FramePath:
     """The path of one camera's frames through one model: check, plan, process, message."""
 
-    def __init__(self, model: LoadedModel, camera_id: str, declared_order: ChannelOrder) -> None:
+    def __init__(
+        self, model: LoadedModel, camera_id: str, declared_order: ChannelOrder, inspector: Inspector | None = None
+    ) -> None:
         self.model = model
         self.camera_id = camera_id
         self.declared_order = declared_order
+        self.inspector = inspector
         self.plan: FramePipeline | None = None  # planned on the first frame, for its size
         self._new_size: tuple[tuple[int, int], int] | None = None
 
@@ -106,14 +125,17 @@ class FramePath:
             detections, times = plan.process(frame.image)
         except InferenceError as e:
             return Rejected(frame, "inference_error", str(e))
+        if self.inspector is None:
+            return Processed(frame, plan, detections, times, (time.monotonic_ns() - frame.t_capture_ns) / 1e6)
+        inspected = self.inspector(detections, plan.spec.width, plan.spec.height)
         age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
-        return Processed(frame, plan, detections, times, age_ms)
+        return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms)
 
     def _plan_for(self, frame: Frame) -> FramePipeline | Rejected:
         """The plan for this frame, re-planned after a lasting size change."""
         if self.plan is None:
             h, w = frame.image.shape[:2] if frame.image.ndim >= 2 else (0, 0)
-            self.plan = FramePipeline(self.model, w, h, self.declared_order)
+            self.plan = self._new_plan(w, h)
         problem = frame_problem(frame.image, frame.channel_order, self.plan.spec)
         if problem is None:
             self._new_size = None
@@ -121,11 +143,15 @@ class FramePath:
         if problem == "size" and self._lasting_size_change(frame):
             h, w = frame.image.shape[:2]
             log.warning("frame size changed to %dx%d: re-planning buffers", w, h, extra={"CAMERA": self.camera_id})
-            self.plan = FramePipeline(self.model, w, h, self.declared_order)
+            self.plan = self._new_plan(w, h)
             return self.plan
         spec = self.plan.spec
         detail = f"not what the source declared ({spec.width}x{spec.height} {self.declared_order})"
         return Rejected(frame, "bad_frame_" + problem, detail)
+
+    def _new_plan(self, w: int, h: int) -> FramePipeline:
+        thresholds = self.inspector.thresholds if self.inspector else None
+        return FramePipeline(self.model, w, h, self.declared_order, thresholds)
 
     def _lasting_size_change(self, frame: Frame) -> bool:
         size = (frame.image.shape[1], frame.image.shape[0])
@@ -133,7 +159,7 @@ class FramePath:
         self._new_size = (size, seen)
         return seen >= REPLAN_AFTER
 
-    def message(self, done: Processed, *, seq: int, thermal_state: str) -> DetectionsMessage:
+    def message(self, done: Processed, *, seq: int, thermal_state: str, part_id: str | None = None) -> DetectionsMessage:
         """The wire message for one processed frame: the one small object a frame allocates.
 
         Each column becomes a Python list in one ``tolist`` call, rather than one numpy scalar
@@ -141,6 +167,19 @@ class FramePath:
         """
         det, box_map, times, label = done.detections, done.plan.box_map, done.times, self.model.label
         boxes, scores, class_ids = det.xyxy.tolist(), det.scores.tolist(), det.class_ids.tolist()
+        zones: list[str | None] = [None] * len(class_ids)
+        thresholds: list[float | None] = [None] * len(class_ids)
+        reasons: list[Reason] = []
+        inspector, inspected = self.inspector, done.inspected
+        if inspector is not None and inspected is not None:
+            zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
+            thresholds = [round(inspector.thresholds[c], 4) for c in class_ids]
+            reasons = [
+                Reason(
+                    detection=i, class_id=class_ids[i], label=label(class_ids[i]), score=round(scores[i], 4), zone=zones[i]
+                )
+                for i in inspected.ng.nonzero()[0].tolist()
+            ]
         return DetectionsMessage(
             camera_id=self.camera_id,
             seq=seq,
@@ -155,8 +194,10 @@ class FramePath:
                     label=label(c),
                     score=round(s, 4),
                     box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)),
+                    zone=z,
+                    threshold=t,
                 )
-                for b, s, c in zip(boxes, scores, class_ids, strict=True)
+                for b, s, c, z, t in zip(boxes, scores, class_ids, zones, thresholds, strict=True)
             ],
             timings=Timings(
                 preprocess_ms=round(times.preprocess_ms, 3),
@@ -165,4 +206,34 @@ class FramePath:
                 age_ms=round(done.age_ms, 3),
             ),
             thermal_state=thermal_state,
+            verdict=inspected.verdict if inspected else None,
+            reasons=reasons,
+            verdict_latency_ms=round(done.verdict_ms, 3) if inspected else None,
+            part_id=part_id,
         )
+
+
+def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
+    """The verdict topic's message for a detections message; None without ``[inspect]``."""
+    if msg.verdict is None or msg.verdict_latency_ms is None:
+        return None
+    return VerdictMessage(
+        camera_id=msg.camera_id,
+        seq=seq,
+        frame_id=msg.frame_id,
+        capture_time_ns=msg.capture_time_ns,
+        part_id=msg.part_id,
+        verdict=msg.verdict,
+        reasons=msg.reasons,
+        verdict_latency_ms=msg.verdict_latency_ms,
+    )
+
+
+def frame_path(settings: Settings, model: LoadedModel) -> FramePath:
+    """The camera's path through ``model``, inspected when ``[inspect]`` is set; raises ConfigError
+    for a class named there that the model does not have."""
+    inspector = None
+    if settings.inspect is not None:
+        cfg = model.cfg
+        inspector = Inspector(settings.inspect, model.labels, model.num_classes, cfg.conf, cfg.max_det)
+    return FramePath(model, settings.source.camera_id, settings.source.channel_order, inspector)
