@@ -19,7 +19,6 @@ MIN_ZONE_AREA = 1e-6  # of the frame: below this a polygon is a line or a point,
 NO_ZONE = -1  # the zone index of a detection outside every zone
 
 _HALF = np.array(0.5, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
-_ZERO = np.array(0.0, dtype=np.float32)
 
 
 def polygon_problem(points: Sequence[Point]) -> str | None:
@@ -64,57 +63,53 @@ def _segments_meet(a: Point, b: Point, c: Point, d: Point) -> bool:
     )
 
 
-class _Polygon:
-    """One zone's edges as (1, P) rows, with what the crossing and side tests need precomputed."""
-
-    def __init__(self, points: Sequence[Point]) -> None:
-        start = np.array(points, dtype=np.float32)
-        end = np.roll(start, -1, axis=0)
-        self.size = start.shape[0]
-        self.x0, self.y0 = start[:, 0].reshape(1, -1), start[:, 1].reshape(1, -1)
-        dx, dy = (end - start)[:, 0].reshape(1, -1), (end - start)[:, 1].reshape(1, -1)
-        self.dx, self.dy = dx, dy
-        with np.errstate(divide="ignore", invalid="ignore"):
-            self.x_per_y = dx / dy  # inf on horizontal edges, which the crossing test never uses
-        self.y1 = end[:, 1].reshape(1, -1)
-        self.side0 = self.x0 * dy - self.y0 * dx  # a point p is left of the edge when p.x*dy - p.y*dx < side0
-        self.low_x, self.high_x = (
-            np.minimum(start[:, 0], end[:, 0]).reshape(1, -1),
-            np.maximum(start[:, 0], end[:, 0]).reshape(1, -1),
-        )
-        self.low_y, self.high_y = (
-            np.minimum(start[:, 1], end[:, 1]).reshape(1, -1),
-            np.maximum(start[:, 1], end[:, 1]).reshape(1, -1),
-        )
+_OUTSIDE = np.array(NO_ZONE, dtype=np.intp)
 
 
 class ZoneMap:
     """Which zone each of up to ``capacity`` boxes is in: the first zone in order that holds it.
 
     With ``overlap`` a box is in a zone when box and polygon share any area; otherwise when the
-    box's centre is inside the polygon (even-odd rule). Overlap is decided without clipping:
-    a polygon edge that meets the box (bounding boxes overlap, and the box's corners are not all
-    on one side of the edge's line) or, failing any, the centre inside the polygon.
+    box's centre is inside the polygon (even-odd rule). Overlap is decided without clipping: a
+    polygon edge that meets the box (their bounding boxes overlap, and the box's corners are not
+    all on one side of the edge's line) or, failing any, the centre inside the polygon. The edges
+    of every zone sit side by side in one row, so each step is one numpy call for all zones,
+    reduced per zone at the end.
     """
 
     def __init__(self, zones: Mapping[str, Sequence[Point]], capacity: int, *, overlap: bool) -> None:
         self.names = tuple(zones)
-        self._polygons = [_Polygon(points) for points in zones.values()]
-        self._ids = [np.array(i, dtype=np.intp) for i in range(len(self._polygons))]
+        polygons = [np.array(points, dtype=np.float32) for points in zones.values()]
+        start = np.concatenate(polygons)
+        end = np.concatenate([np.roll(p, -1, axis=0) for p in polygons])
+        self._first_edge = np.cumsum([0] + [p.shape[0] for p in polygons[:-1]]).astype(np.intp)
         self._overlap = overlap
-        edges = max(p.size for p in self._polygons)
+
+        def row(values: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(values, dtype=np.float32).reshape(1, -1)
+
+        self._x0, self._y0, self._y1 = row(start[:, 0]), row(start[:, 1]), row(end[:, 1])
+        self._dx, self._dy = row(end[:, 0] - start[:, 0]), row(end[:, 1] - start[:, 1])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self._x_per_y = row(self._dx / self._dy)  # inf on horizontal edges, which the crossing test never uses
+        self._side0 = row(self._x0 * self._dy - self._y0 * self._dx)  # p.x*dy - p.y*dx against this: p's side
+        self._abs_dx, self._abs_dy = np.abs(self._dx), np.abs(self._dy)
+        self._low_x, self._high_x = row(np.minimum(start[:, 0], end[:, 0])), row(np.maximum(start[:, 0], end[:, 0]))
+        self._low_y, self._high_y = row(np.minimum(start[:, 1], end[:, 1])), row(np.maximum(start[:, 1], end[:, 1]))
+        edges, count = start.shape[0], len(polygons)
         self._scale = np.ones((1, 4), dtype=np.float32)  # 1/w 1/h 1/w 1/h of the last frame size
         self._size: tuple[int, int] | None = None
         self._norm = np.empty((capacity, 4), dtype=np.float32)
         self._centre = np.empty((capacity, 2), dtype=np.float32)
         self._a = np.empty((capacity, edges), dtype=np.float32)
         self._b = np.empty((capacity, edges), dtype=np.float32)
-        self._low = np.empty((capacity, edges), dtype=np.float32)
-        self._high = np.empty((capacity, edges), dtype=np.float32)
+        self._extent = np.empty((capacity, edges), dtype=np.float32)
         self._crosses = np.empty((capacity, edges), dtype=np.bool_)
         self._test = np.empty((capacity, edges), dtype=np.bool_)
-        self._inside = np.empty(capacity, dtype=np.bool_)
-        self._touch = np.empty(capacity, dtype=np.bool_)
+        self._half = np.empty((capacity, 2), dtype=np.float32)  # half width, half height
+        self._inside = np.empty((capacity, count), dtype=np.bool_)
+        self._touch = np.empty((capacity, count), dtype=np.bool_)
+        self._none = np.empty(capacity, dtype=np.bool_)
         self._zone = np.empty(capacity, dtype=np.intp)
 
     def __call__(self, xyxy: np.ndarray, frame_w: int, frame_h: int) -> np.ndarray:
@@ -126,67 +121,61 @@ class ZoneMap:
         if self._size != (frame_w, frame_h):
             self._scale[0] = (1 / frame_w, 1 / frame_h) * 2
             self._size = (frame_w, frame_h)
-        norm, centre, zone = self._norm[:m], self._centre[:m], self._zone[:m]
+        norm, centre, inside, none, zone = self._norm[:m], self._centre[:m], self._inside[:m], self._none[:m], self._zone[:m]
         np.multiply(xyxy, self._scale, out=norm)
         np.add(norm[:, :2], norm[:, 2:], out=centre)
         np.multiply(centre, _HALF, out=centre)
-        zone.fill(NO_ZONE)
         with np.errstate(invalid="ignore", over="ignore"):
-            for polygon, zone_id in zip(reversed(self._polygons), reversed(self._ids), strict=True):
-                inside = self._holds(polygon, m)
-                np.copyto(zone, zone_id, where=inside)
+            self._centre_inside(m)
+            if self._overlap:
+                np.logical_or(inside, self._edge_meets_box(m), out=inside)
+        np.argmax(inside, axis=1, out=zone)  # the first zone that holds it
+        np.logical_or.reduce(inside, axis=1, out=none)
+        np.logical_not(none, out=none)
+        np.copyto(zone, _OUTSIDE, where=none)
         return zone
 
-    def _holds(self, polygon: _Polygon, m: int) -> np.ndarray:
-        """(m,) whether each box is in ``polygon`` by this map's rule."""
-        p = polygon.size
-        a, crosses, test = self._a[:m, :p], self._crosses[:m, :p], self._test[:m, :p]
+    def _centre_inside(self, m: int) -> None:
+        """Fill (m, zones) `_inside`: the even-odd rule, edges a ray from the centre towards +x crosses."""
+        a, crosses, test = self._a[:m], self._crosses[:m], self._test[:m]
         px, py = self._centre[:m, 0:1], self._centre[:m, 1:2]
-        inside = self._inside[:m]
-        # Even-odd rule: count the edges a ray from the centre towards +x crosses.
-        np.greater(polygon.y0, py, out=crosses)
-        np.greater(polygon.y1, py, out=test)
+        np.greater(self._y0, py, out=crosses)
+        np.greater(self._y1, py, out=test)
         np.not_equal(crosses, test, out=crosses)
-        np.subtract(py, polygon.y0, out=a)
-        np.multiply(a, polygon.x_per_y, out=a)
-        np.add(a, polygon.x0, out=a)
+        np.subtract(py, self._y0, out=a)
+        np.multiply(a, self._x_per_y, out=a)
+        np.add(a, self._x0, out=a)
         np.less(px, a, out=test)
         np.logical_and(crosses, test, out=crosses)
-        np.logical_xor.reduce(crosses, axis=1, out=inside)
-        if self._overlap:
-            np.logical_or(inside, self._edge_meets_box(polygon, m), out=inside)
-        return inside
+        np.logical_xor.reduceat(crosses, self._first_edge, axis=1, out=self._inside[:m])
 
-    def _edge_meets_box(self, polygon: _Polygon, m: int) -> np.ndarray:
-        """(m,) whether any edge of ``polygon`` meets each box (separating axes: x, y, the edge's normal)."""
-        p = polygon.size
-        a, b, low, high = self._a[:m, :p], self._b[:m, :p], self._low[:m, :p], self._high[:m, :p]
-        meets, test = self._crosses[:m, :p], self._test[:m, :p]
+    def _edge_meets_box(self, m: int) -> np.ndarray:
+        """(m, zones) whether any edge of each zone meets each box (separating axes: x, y, the edge's normal)."""
+        b, meets, test = self._b[:m], self._crosses[:m], self._test[:m]
         norm = self._norm[:m]
-        x1, y1, x2, y2 = norm[:, 0:1], norm[:, 1:2], norm[:, 2:3], norm[:, 3:4]
-        np.less_equal(polygon.low_x, x2, out=meets)
-        np.greater_equal(polygon.high_x, x1, out=test)
+        np.less_equal(self._low_x, norm[:, 2:3], out=meets)
+        np.greater_equal(self._high_x, norm[:, 0:1], out=test)
         np.logical_and(meets, test, out=meets)
-        np.less_equal(polygon.low_y, y2, out=test)
+        np.less_equal(self._low_y, norm[:, 3:4], out=test)
         np.logical_and(meets, test, out=meets)
-        np.greater_equal(polygon.high_y, y1, out=test)
+        np.greater_equal(self._high_y, norm[:, 1:2], out=test)
         np.logical_and(meets, test, out=meets)
-        # Each corner's side of the edge's line, less side0: all four of one sign means no contact.
-        for i, (cx, cy) in enumerate(((x1, y1), (x2, y1), (x1, y2), (x2, y2))):
-            np.multiply(cx, polygon.dy, out=a)
-            np.multiply(cy, polygon.dx, out=b)
-            np.subtract(a, b, out=a)
-            np.subtract(a, polygon.side0, out=a)
-            if i == 0:
-                np.copyto(low, a)
-                np.copyto(high, a)
-            else:
-                np.minimum(low, a, out=low)
-                np.maximum(high, a, out=high)
-        np.less_equal(low, _ZERO, out=test)
-        np.logical_and(meets, test, out=meets)
-        np.greater_equal(high, _ZERO, out=test)
+        # The box against the edge's line: the centre's distance along the line's normal (dy, -dx)
+        # no more than the box's half extent along it, or all four corners are on one side.
+        a, extent, half = self._a[:m], self._extent[:m], self._half[:m]
+        px, py = self._centre[:m, 0:1], self._centre[:m, 1:2]
+        np.subtract(norm[:, 2:], norm[:, :2], out=half)
+        np.multiply(half, _HALF, out=half)
+        np.multiply(px, self._dy, out=a)
+        np.multiply(py, self._dx, out=b)
+        np.subtract(a, b, out=a)
+        np.subtract(a, self._side0, out=a)
+        np.absolute(a, out=a)
+        np.multiply(half[:, 0:1], self._abs_dy, out=extent)
+        np.multiply(half[:, 1:2], self._abs_dx, out=b)
+        np.add(extent, b, out=extent)
+        np.less_equal(a, extent, out=test)
         np.logical_and(meets, test, out=meets)
         touch = self._touch[:m]
-        np.logical_or.reduce(meets, axis=1, out=touch)
+        np.logical_or.reduceat(meets, self._first_edge, axis=1, out=touch)
         return touch
