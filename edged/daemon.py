@@ -1,7 +1,8 @@
 """The daemon: composes the stages from the settings, runs the loop, stops cleanly.
 
 The loop takes the newest frame, runs it through the camera's `FramePath`, and publishes the
-result; between frames it does the slow housekeeping: thermal polls, status messages, the rate
+result; in request mode (`edged.trigger`) it instead answers each request with a frame captured
+after the request arrived. Between frames it does the slow housekeeping: thermal polls, status messages, the rate
 cap, config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
 `edged.health`, `edged.status`, `edged.reload`); this one only wires them and turns the loop.
 """
@@ -17,6 +18,7 @@ from edged.capture import Capture
 from edged.config import ProviderConfig, Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
 from edged.health import Health
+from edged.messages import TriggerError, VerdictMessage
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path, verdict_message
 from edged.publish import Publisher, detections_topic, status_topic, verdict_topic
@@ -27,6 +29,7 @@ from edged.sources import Frame, open_source
 from edged.stats import RunStats
 from edged.status import Snapshot
 from edged.thermal import ThermalReport, ThermalWatch
+from edged.trigger import Request, TriggerServer
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ class Daemon:
         try:
             self._use_model(load_model(settings.model, settings.runtime))
             self.publisher = Publisher(settings.publish)
+            self.trigger = self._start_trigger()
         except BaseException:
             self.capture.stop(timeout_s=1.5)
             raise
@@ -66,6 +70,15 @@ class Daemon:
         capture = Capture(lambda: open_source(cfg), cfg.camera_id, priority=self.settings.runtime.capture_priority)
         capture.start()
         return capture
+
+    def _start_trigger(self) -> TriggerServer | None:
+        if self.settings.trigger.mode != "request":
+            return None
+        try:
+            return TriggerServer(self.settings.trigger, self.settings.publish, self.settings.source.camera_id)
+        except BaseException:
+            self.publisher.close()
+            raise
 
     def _use_model(self, model: LoadedModel, path: FramePath | None = None) -> None:
         self.model = model
@@ -114,7 +127,11 @@ class Daemon:
         return EXIT_OK
 
     def step(self) -> None:
-        """Wait for the rate cap, take the newest frame, process and publish it."""
+        """Wait for the rate cap, take the newest frame, process and publish it (free mode), or
+        answer the next request (request mode)."""
+        if self.trigger is not None:
+            self._serve(self.trigger)
+            return
         if self.report is not None and self.report.rate_factor == 0.0:
             self.signals.stop.wait(TAKE_TIMEOUT_S)  # critical: inference paused, status continues
             self.health.frame_done()
@@ -127,12 +144,59 @@ class Daemon:
         self.handle(frame)
         self.signals.stop.wait(self.rate_cap.wait_s(started, time.monotonic()))
 
-    def handle(self, frame: Frame) -> None:
-        """One frame: through the model, counted, published; a rejected frame is counted and logged."""
+    def _serve(self, trigger: TriggerServer) -> None:
+        """Request mode: answer the oldest request. Before READY=1 a frame goes through the model
+        unpublished, which proves camera and model and warms the session up."""
+        if not self.health.ready:
+            frame = self.capture.take(TAKE_TIMEOUT_S)
+            outcome = self.path.run(frame) if frame is not None else None
+            if isinstance(outcome, Rejected):
+                self._reject(outcome)
+            self._announce_ready(frame_processed=isinstance(outcome, Processed))
+        request = trigger.next(TAKE_TIMEOUT_S if self.health.ready else 0.0)
+        self.health.frame_done()  # waiting for requests is progress in this mode
+        if request is not None:
+            trigger.answer(request, self._answer(trigger, request))
+
+    def _answer(self, trigger: TriggerServer, request: Request) -> VerdictMessage | TriggerError:
+        """The verdict of the first good frame captured after ``request`` arrived, or why there is none.
+
+        A frame captured before the request (one waiting in the latest-frame slot, picamera2's
+        queued one) is passed over: its capture time, on the same monotonic clock as the
+        arrival, says so. Requests arriving meanwhile are read and stamped as frames are awaited.
+        """
+        timeout_s = self.settings.trigger.timeout_s
+        deadline_ns = request.arrived_ns + int(timeout_s * 1e9)
+        while (left_ns := deadline_ns - time.monotonic_ns()) > 0 and not self.signals.stop.is_set():
+            if self.report is not None and self.report.rate_factor == 0.0:
+                return trigger.error(request.part_id, "thermal_critical", "inference is paused until the board cools")
+            capture = self.capture.stats()
+            if capture.state in ("lost", "ended"):
+                why = f": {capture.last_error}" if capture.last_error else ""
+                return trigger.error(request.part_id, "camera_lost", f"the camera is {capture.state}{why}")
+            trigger.collect()
+            frame = self.capture.take(min(left_ns / 1e9, TAKE_TIMEOUT_S))
+            if frame is None or frame.t_capture_ns <= request.arrived_ns:
+                continue
+            outcome = self.handle(frame, triggered=True, part_id=request.part_id)
+            if isinstance(outcome, VerdictMessage):
+                return outcome
+            if isinstance(outcome, Rejected) and outcome.reason == "inference_error":
+                return trigger.error(request.part_id, "inference_failed", outcome.detail)
+        return trigger.error(request.part_id, "timeout", f"no frame captured after the request within {timeout_s:g} s")
+
+    def handle(
+        self, frame: Frame, *, triggered: bool = False, part_id: str | None = None
+    ) -> VerdictMessage | Rejected | None:
+        """One frame: through the model, counted, published; a rejected frame is counted and logged.
+
+        Returns the frame's verdict message (None without ``[inspect]``), or the `Rejected`. A
+        triggered frame is published whatever ``publish.publish_empty`` says.
+        """
         outcome = self.path.run(frame)
         if isinstance(outcome, Rejected):
             self._reject(outcome)
-            return
+            return outcome
         self._inference_failures = 0
         detections, times = outcome.detections, outcome.times
         if detections.scores_above_one:
@@ -149,9 +213,11 @@ class Daemon:
             )
         self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
         self.health.frame_done()
-        if len(detections) or self.settings.publish.publish_empty:
-            self._publish_detections(outcome)
+        verdict = None
+        if triggered or len(detections) or self.settings.publish.publish_empty:
+            verdict = self._publish_detections(outcome, part_id)
         self._announce_ready(frame_processed=True)
+        return verdict
 
     def _reject(self, rejected: Rejected) -> None:
         self.stats.drop(rejected.reason)
@@ -190,15 +256,16 @@ class Daemon:
 
     # ---- messages ----------------------------------------------------------------------------
 
-    def _publish_detections(self, done: Processed) -> None:
+    def _publish_detections(self, done: Processed, part_id: str | None) -> VerdictMessage | None:
         state = self.report.state if self.report else "unknown"
-        msg = self.path.message(done, seq=next(self._seq["detections"]), thermal_state=state)
+        msg = self.path.message(done, seq=next(self._seq["detections"]), thermal_state=state, part_id=part_id)
         topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
         self.publisher.send(topic, msg.model_dump_json().encode())
         verdict = verdict_message(msg, next(self._seq["verdict"]))
         if verdict is not None:
             topic = verdict_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
             self.publisher.send(topic, verdict.model_dump_json().encode())
+        return verdict
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
@@ -273,6 +340,8 @@ class Daemon:
             return
         try:
             self.publisher.reload_client_keys()
+            if self.trigger is not None:
+                self.trigger.reload_client_keys()
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
         source_changed = new.source != self.settings.source
@@ -291,6 +360,8 @@ class Daemon:
         if watchdog:
             watchdog.stop()
         self.capture.stop(timeout_s=1.5)
+        if self.trigger is not None:
+            self.trigger.close()
         self.publish_status()
         self.publisher.close()
 

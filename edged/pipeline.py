@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edged.config import Settings
+from edged.config import InspectConfig, Settings
 from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
 from edged.errors import InferenceError
@@ -230,10 +230,13 @@ def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
 
 
 def frame_path(settings: Settings, model: LoadedModel) -> FramePath:
-    """The camera's path through ``model``, inspected when ``[inspect]`` is set; raises ConfigError
-    for a class named there that the model does not have."""
+    """The camera's path through ``model``, inspected when ``[inspect]`` is set or requests are
+    answered with verdicts (request mode without ``[inspect]``: any detection is NG); raises
+    ConfigError for a class named in ``[inspect]`` that the model does not have."""
+    inspect = settings.inspect
+    if inspect is None and settings.trigger.mode == "request":
+        inspect = InspectConfig()
     inspector = None
-    if settings.inspect is not None:
-        cfg = model.cfg
-        inspector = Inspector(settings.inspect, model.labels, model.num_classes, cfg.conf, cfg.max_det)
+    if inspect is not None:
+        inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
     return FramePath(model, settings.source.camera_id, settings.source.channel_order, inspector)

@@ -71,7 +71,7 @@ def check_exposure(endpoint: str, insecure: bool) -> None:
         )
 
 
-def _prepare_ipc(endpoint: str) -> Path | None:
+def prepare_ipc(endpoint: str) -> Path | None:
     """The socket's directory: created 0750 (whatever the umask) if missing, left alone if not."""
     if not endpoint.startswith("ipc://"):
         return None
@@ -159,7 +159,7 @@ class Publisher:
         if not secure:
             check_exposure(endpoint, self.cfg.insecure)
         sock = self._socket_for(secure)
-        ipc_path = _prepare_ipc(endpoint)
+        ipc_path = prepare_ipc(endpoint)
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as e:
