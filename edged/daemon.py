@@ -64,6 +64,7 @@ class Daemon:
         self._seq = {"detections": itertools.count(), "status": itertools.count(), "verdict": itertools.count()}
         self._inference_failures = 0
         self._last_error_log = -ERROR_LOG_INTERVAL_S
+        self._next_status = self._next_thermal = time.monotonic()
 
     def _start_capture(self) -> Capture:
         cfg = self.settings.source
@@ -92,20 +93,12 @@ class Daemon:
         watchdog = Watchdog(self.notifier, interval, self.healthy) if interval else None
         if watchdog:
             watchdog.start()
-        next_status = next_thermal = time.monotonic()
         try:
             while not self.signals.stop.is_set():
-                now = time.monotonic()
-                self.health.loop_turned()
                 if self.signals.reload.is_set():
                     self.signals.reload.clear()
                     self.reload()
-                if self.thermal and now >= next_thermal:
-                    self._poll_thermal(self.thermal)
-                    next_thermal = now + self.settings.thermal.poll_interval_s
-                if now >= next_status:
-                    self.publish_status()
-                    next_status = now + self.settings.publish.status_interval_s
+                self.housekeeping()
                 if self.capture.fatal is not None:
                     return self.capture.fatal.exit_code  # logged by the capture thread
                 if self.capture.state == "ended":
@@ -125,6 +118,17 @@ class Daemon:
         finally:
             self.shutdown(watchdog)
         return EXIT_OK
+
+    def housekeeping(self) -> None:
+        """Between frames, and while a request waits for its frame: progress, thermal polls, status."""
+        now = time.monotonic()
+        self.health.loop_turned()
+        if self.thermal and now >= self._next_thermal:
+            self._poll_thermal(self.thermal)
+            self._next_thermal = now + self.settings.thermal.poll_interval_s
+        if now >= self._next_status:
+            self.publish_status()
+            self._next_status = now + self.settings.publish.status_interval_s
 
     def step(self) -> None:
         """Wait for the rate cap, take the newest frame, process and publish it (free mode), or
@@ -167,7 +171,10 @@ class Daemon:
         """
         timeout_s = self.settings.trigger.timeout_s
         deadline_ns = request.arrived_ns + int(timeout_s * 1e9)
-        while (left_ns := deadline_ns - time.monotonic_ns()) > 0 and not self.signals.stop.is_set():
+        while (left_ns := deadline_ns - time.monotonic_ns()) > 0:
+            self.housekeeping()
+            if self.signals.stop.is_set():
+                return trigger.error(request.part_id, "stopping", "edged is stopping")
             if self.report is not None and self.report.rate_factor == 0.0:
                 return trigger.error(request.part_id, "thermal_critical", "inference is paused until the board cools")
             capture = self.capture.stats()

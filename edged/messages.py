@@ -102,7 +102,7 @@ class VerdictMessage(Message):
     verdict_latency_ms: float = Field(description="Capture to verdict.")
 
 
-TriggerProblem = Literal["bad_request", "busy", "timeout", "camera_lost", "thermal_critical", "inference_failed"]
+TriggerProblem = Literal["bad_request", "busy", "timeout", "camera_lost", "thermal_critical", "inference_failed", "stopping"]
 
 
 class TriggerError(Message):

@@ -24,4 +24,8 @@ def load_replacement(config_path: Path | None, running: Settings) -> tuple[Setti
         # (topics are built from them).
         log.warning("publish settings changed: restart edged to apply them")
         new = new.model_copy(update={"publish": running.publish})
+    if new.trigger != running.trigger:
+        # The request socket, like the PUB socket, stays bound as it is.
+        log.warning("trigger settings changed: restart edged to apply them")
+        new = new.model_copy(update={"trigger": running.trigger})
     return new, model

@@ -150,7 +150,11 @@ class TriggerServer:
             log.warning("trigger reply not sent: %s", e.strerror)
 
     def close(self) -> None:
-        """Answer nothing more; requests still waiting get no reply (their REQ sockets time out)."""
+        """Tell every request still waiting that edged is stopping, then release the endpoint."""
+        self.collect()
+        while self._waiting:
+            request = self._waiting.popleft()
+            self._send(request.envelope, self.error(request.part_id, "stopping", "edged is stopping"))
         self._socket.close(linger=0)
         if self._auth is not None:
             self._auth.stop()

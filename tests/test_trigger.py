@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config
 from onnx_models import failing_probe, fixed_scene
 
+from edged.keys import create_key_pair
 from edged.messages import AnyMessage, DetectionsMessage, StatusMessage, TriggerError, VerdictMessage, parse_message
 
 pytestmark = pytest.mark.integration
@@ -33,9 +35,12 @@ def images(folder: Path, grey: int = 90, count: int = 3) -> Path:
 
 @contextmanager
 def running(
-    tmp_path: Path, *, fps: float = 2.0, model: str = "scene", **sections: dict[str, Any]
+    tmp_path: Path, *, fps: float = 2.0, model: str = "scene", ipc: bool = False, **sections: dict[str, Any]
 ) -> Iterator[RunningDaemon]:
-    """The daemon in request mode on an images folder at ``fps``; its trigger endpoint in ``d.trigger``."""
+    """The daemon in request mode on an images folder at ``fps``; its trigger endpoint in ``d.trigger``.
+
+    ``ipc`` publishes on an ipc:// socket, which stays plain when CURVE keys are configured.
+    """
     if model == "scene":
         fixed_scene(tmp_path / "model.onnx", SCENE)
     else:
@@ -44,6 +49,8 @@ def running(
     if not folder.exists():
         images(folder)
     endpoint, trigger = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    if ipc:
+        endpoint = f"ipc://{tmp_path / 'stream.sock'}"
     doc: dict[str, dict[str, Any]] = {
         "source": sections.pop("source", {"type": "images", "path": str(folder), "fps": fps}),
         "model": {"path": "model.onnx"},
@@ -211,3 +218,45 @@ def test_edged_trigger_prints_the_verdict_and_exits_by_it(tmp_path: Path) -> Non
             assert as_json.returncode == code and VerdictMessage.model_validate_json(as_json.stdout).part_id is None
     nobody = run_cli("trigger", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.5")
     assert nobody.returncode == 1 and "no reply from" in nobody.stderr
+
+
+def test_sigterm_answers_the_request_in_hand_and_those_waiting_that_edged_is_stopping(tmp_path: Path) -> None:
+    with running(tmp_path, fps=0.05, trigger={"timeout_s": 30.0}) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            ready(d)
+            first, second = ask.send(b'{"part_id": "A"}'), ask.send(b'{"part_id": "B"}')
+            d.wait_status(lambda s: True)  # the requests are on their way while the loop turns
+            d.signal(signal.SIGTERM)
+            for sock, part in ((first, "A"), (second, "B")):
+                reply = ask.reply(sock, timeout_s=10)
+                assert isinstance(reply, TriggerError) and (reply.error, reply.part_id) == ("stopping", part), reply
+            assert d.stop() == 0
+        finally:
+            ask.close()
+
+
+def test_a_tcp_trigger_takes_the_publishers_curve_keys_and_refuses_other_clients(tmp_path: Path) -> None:
+    server_public, server_secret = create_key_pair(tmp_path / "server", "server")
+    client_public, client_secret = create_key_pair(tmp_path / "gateway", "gateway")
+    _, outsider_secret = create_key_pair(tmp_path / "elsewhere", "outsider")
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    shutil.copy(client_public, clients)
+    trigger = f"tcp://0.0.0.0:{free_port()}"  # on the network: acceptable only with CURVE
+    curve = {"curve_server_key": str(server_secret), "curve_clients_dir": str(clients)}
+    with running(tmp_path, ipc=True, publish=curve, trigger={"endpoint": trigger}) as d:
+        ready(d)
+        endpoint = trigger.replace("0.0.0.0", "127.0.0.1")
+        keys = ("--server-key", str(server_public), "--client-key", str(client_secret))
+        allowed = run_cli("trigger", endpoint, "--part-id", "K-1", "--timeout", "10", *keys)
+        assert allowed.returncode == 3 and "part K-1]" in allowed.stdout, allowed.stderr
+        outsider = ("--server-key", str(server_public), "--client-key", str(outsider_secret))
+        for refused in (outsider, ()):
+            result = run_cli("trigger", endpoint, "--timeout", "2", *refused)
+            assert result.returncode == 1 and "no reply from" in result.stderr, result
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with running(plain, trigger={"endpoint": trigger}) as d:
+        assert d.proc.wait(30) == 1
+        assert "would publish unencrypted" in d.log()
