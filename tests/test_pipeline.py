@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from allocations import NumpyAllocations
 from onnx_models import colour_probe, fixed_scene, solid_frame
 
 from edged.config import InspectConfig, ModelConfig, RuntimeConfig
@@ -144,3 +145,26 @@ def test_inspection_applies_thresholds_and_zones_and_puts_the_verdict_in_the_mes
     assert verdict is not None
     assert (verdict.seq, verdict.frame_id, verdict.part_id, verdict.verdict) == (9, 7, "A-17", "ng")
     assert verdict.reasons == msg.reasons and verdict.verdict_latency_ms == msg.verdict_latency_ms
+
+
+@pytest.mark.parametrize("match", ["centre", "overlap"])
+def test_an_inspected_frame_creates_no_arrays_from_contract_check_to_verdict(tmp_path: Path, match: str) -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    model = load_model(ModelConfig(path=fixed_scene(tmp_path / "m.onnx", SCENE)), RuntimeConfig())
+    cfg = InspectConfig(
+        class_conf={"crack": 0.6},
+        zones={"left": [(0, 0), (0.5, 0), (0.5, 1), (0, 1)], "low": [(0, 0.5), (1, 0.5), (1, 1)]},
+        match=match,
+        min_area={"scratch": 0.01},
+    )
+    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, model.num_classes, 0.25, 100))
+    frame = _frame(solid_frame((0, 0, 0)))
+    for _ in range(3):
+        path.run(frame)
+    with counter.counting():
+        before = counter.buffers
+        for _ in range(10):
+            done = path.run(frame)
+        assert counter.buffers == before
+    assert isinstance(done, Processed) and done.inspected is not None and done.inspected.verdict == "ng"
