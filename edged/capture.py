@@ -18,33 +18,32 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from edged.backoff import Backoff
 from edged.config import CapturePriority
 from edged.demand import StreamTiming
 from edged.errors import EdgedError, SourceError
 from edged.latest import LatestFrame, Shape
+from edged.messages import CaptureState
 from edged.sources import Frame, Source, SplitSource, paces, splits_reading, stamps, times_out
 
 log = logging.getLogger(__name__)
 
 LOW_NICENESS = 10  # added to the capture thread's nice value at capture_priority = "low"
 
-CaptureState = Literal["starting", "ok", "lost", "ended"]
 StreamEnd = Literal["ended", "lost", "stopped"]
 ReadOutcome = Literal["delivered", "skipped", "ended"]
 
 LOG_EVERY_N_FAILURES = 10
 HEARTBEAT_S = 1.0  # longest wait without touching last_progress_ns
-JITTER = 0.25  # a backoff delay is shortened by up to this fraction, so cameras do not retry in step
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,24 +65,6 @@ class CaptureStats:
     last_error: str | None
     last_progress_ns: int
     alive: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Capped exponential backoff: ``initial_s`` doubling per failure up to ``max_s``, less up to `JITTER`."""
-
-    initial_s: float
-    max_s: float
-    rng: random.Random = field(default_factory=random.Random)
-
-    def __post_init__(self) -> None:
-        if not 0 < self.initial_s <= self.max_s:
-            raise ValueError(f"need 0 < backoff_initial_s <= backoff_max_s, got {self.initial_s} and {self.max_s}")
-
-    def delay_s(self, failures: int) -> float:
-        """The wait before the next attempt after ``failures`` (>= 1) failed ones in a row."""
-        base = min(self.max_s, self.initial_s * 2.0 ** min(failures - 1, 30))
-        return base * (1.0 - JITTER * self.rng.random())
 
 
 class StallWatch:

@@ -2,9 +2,11 @@
 
 It loads the model exactly as the daemon does (same contract checks, same head detection),
 opens the camera through the capture thread the daemon uses and waits for its first frames (the
-size, rate and colour order the camera really gives), runs one inference on a grey frame of that
-size through the real pipeline (scores above 1 there mean the normalisation or the head is
-wrong), and prints where ONNX Runtime placed each node, from ORT's own assignment record.
+size, rate and colour order the camera really gives), runs a grey frame of that size and the
+camera's first frame through the real pipeline (NaN or infinite outputs there mean a broken
+model, scores above 1 a wrong normalisation or head), connects once to the MQTT broker when
+``[mqtt]`` is set (refused, untrusted or absent is reported with its reason), and prints where
+ONNX Runtime placed each node (`Engine.placement`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from edged.capture import Capture
 from edged.config import Settings
 from edged.errors import ContractError, InferenceError, ModelError, SourceError
 from edged.model import LoadedModel, load_model
+from edged.mqtt import probe_broker
 from edged.pipeline import FramePipeline, frame_path
 from edged.preprocess import LETTERBOX_FILL
 from edged.sources import open_source
@@ -34,12 +37,14 @@ RATE_WINDOW_S = 1.0  # then frames are counted this long to measure the rate
 
 @dataclass(frozen=True, slots=True)
 class SourceProbe:
-    """What the camera delivered: the frame size, the rate measured over `RATE_WINDOW_S`, the channel order."""
+    """What the camera delivered: the frame size, the rate measured over `RATE_WINDOW_S`, the channel order,
+    and a copy of its first frame."""
 
     width: int
     height: int
     fps: float
     channel_order: str
+    frame: np.ndarray
 
 
 def describe_source(cfg: SourceBase) -> str:
@@ -61,11 +66,11 @@ def probe_source(cfg: SourceBase, timeout_s: float = FIRST_FRAME_TIMEOUT_S) -> S
             if stats.state in ("lost", "ended") or time.monotonic() > deadline:
                 reason = stats.last_error or ("it ended" if stats.state == "ended" else f"none in {timeout_s:g} s")
                 raise SourceError(f"camera {describe_source(cfg)} gave no frame: {reason}")
-        height, width, order = *frame.image.shape[:2], frame.channel_order
+        height, width, order, image = *frame.image.shape[:2], frame.channel_order, frame.image.copy()
         _take_for(capture, SETTLE_S)
         first = capture.stats().frames_captured
         elapsed = _take_for(capture, RATE_WINDOW_S)
-        return SourceProbe(width, height, (capture.stats().frames_captured - first) / elapsed, order)
+        return SourceProbe(width, height, (capture.stats().frames_captured - first) / elapsed, order, image)
     finally:
         capture.stop()
 
@@ -87,7 +92,8 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
     print(f"output     {outputs} -> {model.head} head, {model.num_classes} classes: {labels}", file=out)
     requested = ", ".join(p.name for p in settings.runtime.providers)
     print(f"providers  requested: {requested}", file=out)
-    print(f"           available in this build: {', '.join(ort.get_available_providers())}", file=out)
+    available = ", ".join(ort.get_available_providers())
+    print(f"           available in this build (onnxruntime {ort.__version__}): {available}", file=out)
     print(f"           session uses: {', '.join(engine.session.get_providers())}", file=out)
     for warning in engine.provider_warnings:
         print(f"           warning: {warning}", file=out)
@@ -95,9 +101,31 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
     if engine.threads.warning:
         print(f"           warning: {engine.threads.warning}", file=out)
     placement = engine.placement()
-    total = sum(placement.values())
-    for provider, count in sorted(placement.items(), key=lambda kv: -kv[1]):
+    total = sum(placement.nodes.values())
+    for provider, count in sorted(placement.nodes.items(), key=lambda kv: -kv[1]):
         print(f"placement  {provider}: {count} of {total} nodes", file=out)
+    print(f"           {placement.basis}", file=out)
+
+
+def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> None:
+    """Run ``image`` (named by ``what``) through the model; raise what the daemon would only count per frame."""
+    try:
+        detections, _ = plan.process(image)
+    except InferenceError as e:  # in the daemon one frame; here the model failing its first frame
+        raise ModelError(f"the model fails on {what}: {e}") from None
+    if detections.nonfinite:
+        raise ModelError(
+            f"{what} gave {detections.nonfinite} NaN or infinite output value(s); a NaN score never passes "
+            "the threshold, so edged would publish no detection at all: the model is broken, or overflows on "
+            "this input (check an fp16 export, and model.scale, mean and std against how it was trained)"
+        )
+    if detections.scores_above_one:
+        # A probability never exceeds 1: on the first frames this can only be the set-up.
+        raise ContractError(
+            f"{what} gave {detections.scores_above_one} score(s) above 1; "
+            "scores must be probabilities: check model.scale, mean and std against how the model was "
+            "trained, and that its head ends in a sigmoid"
+        )
 
 
 def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.stdout) -> int:
@@ -108,17 +136,11 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     print(f"source     {describe_source(settings.source)}", file=out)
     print(f"           delivers {probe.width}x{probe.height} at {probe.fps:.1f} fps, {probe.channel_order}", file=out)
     plan = FramePipeline(model, probe.width, probe.height, settings.source.channel_order)
-    try:
-        detections, _ = plan.process(np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8))
-    except InferenceError as e:  # in the daemon one frame; here the model failing its first frame
-        raise ModelError(f"the model fails on a frame: {e}") from None
-    if detections.scores_above_one:
-        # A probability never exceeds 1: on a plain grey frame this can only be the set-up.
-        raise ContractError(
-            f"a plain grey frame gave {detections.scores_above_one} score(s) above 1; "
-            "scores must be probabilities: check model.scale, mean and std against how the model was "
-            "trained, and that its head ends in a sigmoid"
-        )
+    grey = np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8)
+    for what, image in (("a plain grey frame", grey), ("the camera's first frame", probe.frame)):
+        _first_run(plan, what, image)
+    if settings.mqtt is not None:
+        print(f"mqtt       {probe_broker(settings.mqtt, settings.source.camera_id)}", file=out)
     _report(model, settings, out)
     print("ok", file=out)
     return 0

@@ -15,6 +15,7 @@ from typing import get_args
 from edged import __version__
 from edged.config import DEFAULT_CONFIG_PATH, RuntimeConfig, Spinning, load_config
 from edged.errors import ConfigError, EdgedError, MissingDependency
+from edged.keys import SERVICE_USER
 from edged.service import setup_logging
 
 log = logging.getLogger("edged")
@@ -238,10 +239,19 @@ def _parser() -> argparse.ArgumentParser:
         "keygen",
         help="create a CURVE key pair for the tcp stream",
         description="Write NAME.key (public, 0644) and NAME.key_secret (secret, 0600) "
-        "into DIR, and print where each one goes.",
+        "into DIR, and print where each one goes. The publisher's pair (the default name, server) "
+        "comes with DIR/clients/ for the allowed subscribers' public keys, its secret owned by the "
+        "service user and the directories 0750 in its group; without root, keygen prints the "
+        "commands that hand them over.",
     )
     keygen.add_argument("dir", type=Path, help="directory for the key files (created if missing)")
     keygen.add_argument("--name", default="server", help="'server' for the publisher (default), or a name for a subscriber")
+    keygen.add_argument(
+        "--user",
+        default=SERVICE_USER,
+        help=f"the user edged runs as (default {SERVICE_USER}, the units' User=): the publisher's secret key becomes "
+        "its own and the directories keygen creates its group's",
+    )
 
     schema = sub.add_parser(
         "schema",
@@ -294,6 +304,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    setup_logging("warning")  # loading the config may warn before it says which level to log at
     settings = load_config(args.config)
     setup_logging(settings.service.log_level)
     from edged.daemon import run
@@ -302,8 +313,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    settings = load_config(args.config)
     setup_logging("warning")
+    settings = load_config(args.config)
     from edged.check import run_check
 
     return run_check(args.config, settings)
@@ -340,7 +351,7 @@ def _cmd_trigger(args: argparse.Namespace) -> int:
 def _cmd_keygen(args: argparse.Namespace) -> int:
     from edged.keys import run_keygen
 
-    return run_keygen(args.dir, args.name)
+    return run_keygen(args.dir, args.name, args.user)
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:

@@ -8,15 +8,20 @@ one line per problem with its key path and a hint; the CLI exits 78 (EX_CONFIG) 
 
 from __future__ import annotations
 
+import difflib
+import json
+import logging
 import operator
 import os
 import re
+import stat
 import sys
+from collections.abc import Mapping, Sequence
 from functools import reduce
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, get_args
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 if sys.version_info >= (3, 11):
@@ -24,9 +29,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
-from edged.errors import ConfigError
+from edged.errors import ConfigError, KeyFileError
+from edged.evidence import EvidenceConfig
 from edged.heads import HEADS
-from edged.keys import key_file_problems
+from edged.http import HttpConfig
+from edged.keys import key_file_problems, read_token
+from edged.mqtt import MqttConfig
 from edged.sections import Section
 from edged.sources import SOURCES
 from edged.sources.base import mask_credentials
@@ -34,6 +42,9 @@ from edged.sources.synthetic import SyntheticSourceConfig
 from edged.zones import polygon_problem
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
+ENV_PREFIX = "EDGED_"  # EDGED_<SECTION>__<KEY> overrides a key
+
+log = logging.getLogger(__name__)
 
 
 # ---- sources ----------------------------------------------------------------------------------
@@ -165,6 +176,7 @@ class PublishConfig(Section):
     topic_prefix: str = Field(
         "edged",
         min_length=1,
+        max_length=256,
         pattern=r"^[A-Za-z0-9_./-]+$",
         description="Topics are PREFIX/detections/CAMERA and PREFIX/status/CAMERA.",
     )
@@ -298,7 +310,7 @@ class ServiceConfig(Section):
 class Settings(BaseSettings):
     """The whole configuration; see config/edged.toml for every key with its default."""
 
-    model_config = SettingsConfigDict(env_prefix="EDGED_", env_nested_delimiter="__", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True)
 
     source: SourceConfig = Field(default_factory=SyntheticSourceConfig)
     model: ModelConfig
@@ -310,6 +322,9 @@ class Settings(BaseSettings):
     )
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
+    evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
 
     @classmethod
     def settings_customise_sources(
@@ -326,40 +341,168 @@ class Settings(BaseSettings):
 
 _SOURCE_TYPES = ", ".join(SOURCES)
 _HINTS = {
-    "extra_forbidden": "unknown key: check its spelling against config/edged.toml",
     "missing": "required key is missing",
     "union_tag_invalid": f"source.type must be one of {_SOURCE_TYPES}",
     "union_tag_not_found": f"set source.type to one of {_SOURCE_TYPES}",
     "literal_error": "not one of the allowed values",
 }
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KB; a bigger one is a wrong path, not a config
 
 
-def _format_error(err: Any) -> str:
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+def _section_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The model whose keys live at ``loc`` (as pydantic reports it: the source's tag included), if any."""
+    model: type[BaseModel] = Settings
+    parts = [p for p in loc if not isinstance(p, int)]
+    while parts:
+        part = parts.pop(0)
+        if model is Settings and part == "source":
+            kind = SOURCES.get(parts.pop(0)) if parts else None
+            if kind is None:
+                return None
+            model = kind[0]
+            continue
+        field = model.model_fields.get(part)
+        nested = _models_in(field.annotation) if field else []
+        if not nested:
+            return None
+        model = nested[0]
+    return model
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds: ``ProviderConfig`` from ``list[ProviderConfig]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _unknown_key_hint(loc: Sequence[str | int]) -> str:
+    """Why a key is not accepted: another camera kind's key, a likely misspelling, or plainly unknown."""
+    key, section = str(loc[-1]), _section_at(loc[:-1])
+    kind = loc[1] if len(loc) == 3 and loc[0] == "source" else None
+    if kind is not None and section is not None:
+        owners = [other for other, (config, _) in SOURCES.items() if key in config.model_fields]
+        if owners:
+            return (
+                f"source.{key} does not apply to source type {kind!r} (it is a key of {', '.join(owners)}); "
+                f"the keys of {kind!r} are: {', '.join(section.model_fields)}"
+            )
+    close = difflib.get_close_matches(key, list(section.model_fields), n=1) if section else []
+    if close:
+        return f"unknown key: did you mean {close[0]}?"
+    return "unknown key: check its spelling against config/edged.toml"
+
+
+def _format_error(err: Any, variables: Mapping[tuple[str, ...], str]) -> str:
+    """One problem as one line: the key path as the user writes it, pydantic's message, a hint, and
+    the ``EDGED_*`` variable the value came from when it did not come from the file."""
+    raw_loc = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
+    loc = ".".join(str(p) for p in raw_loc)
     # Discriminated unions put the tag in the path (source.file.path): keep the user's view.
     for tag in SOURCES:
         loc = loc.replace(f"source.{tag}.", "source.")
-    hint = _HINTS.get(err["type"], "")
+    hint = _unknown_key_hint(raw_loc) if err["type"] == "extra_forbidden" else _HINTS.get(err["type"], "")
     msg = err["msg"]
     text = f"{loc or '(top level)'}: {msg}"
     if hint and hint not in msg:
         text += f" ({hint})"
     if "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
         text += f"; got {mask_credentials(repr(err['input']))}"
+    user_loc = tuple(loc.lower().split(".")) if loc else ()
+    origin = [name for path, name in variables.items() if user_loc[: len(path)] == path]
+    if origin:
+        text += f" (from the environment: {origin[0]})"
     return text
 
 
+def _environment() -> dict[tuple[str, ...], str]:
+    """Key path (lower case, as pydantic-settings matches them) -> name of each ``EDGED_*`` variable."""
+    return {
+        tuple(name[len(ENV_PREFIX) :].lower().split("__")): name
+        for name in os.environ
+        if name.upper().startswith(ENV_PREFIX)
+    }
+
+
+def _known_variables() -> list[str]:
+    """Every ``EDGED_*`` name that sets a key, without the prefix: a whole section, or one key of it."""
+    names = []
+    for section, field in Settings.model_fields.items():
+        names.append(section.upper())
+        models = [config for config, _ in SOURCES.values()] if section == "source" else _models_in(field.annotation)
+        names += [f"{section.upper()}__{key.upper()}" for m in models for key in m.model_fields]
+    return sorted(set(names))
+
+
+def _warn_about_ignored_variables(variables: Mapping[tuple[str, ...], str]) -> None:
+    """pydantic-settings ignores an ``EDGED_*`` variable naming no section: a typo that would silently do nothing."""
+    known = _known_variables()
+    for path, name in sorted(variables.items()):
+        if path[0] in Settings.model_fields:
+            continue  # its keys are validated like the file's
+        # Matched without the prefix every name shares, which would make any two names look alike.
+        close = difflib.get_close_matches(name[len(ENV_PREFIX) :].upper(), known, n=1)
+        log.warning(
+            "environment variable %s sets nothing: no section %r%s",
+            name,
+            path[0],
+            f"; did you mean {ENV_PREFIX}{close[0]}?" if close else f" (variables are {ENV_PREFIX}<SECTION>__<KEY>)",
+        )
+
+
+def _variable_problem(e: SettingsError, variables: Mapping[tuple[str, ...], str]) -> str:
+    """An ``EDGED_*`` value for a list or table that is not JSON: name the variable, not the file."""
+    field = re.search(r'field "([^"]+)"', str(e))
+    section = field.group(1) if field else ""
+    names = [name for path, name in variables.items() if path[0] == section]
+    cause = e.__cause__
+    if isinstance(cause, json.JSONDecodeError):  # it holds the text it failed on: the variable's value
+        names = [name for name in names if os.environ[name] == cause.doc] or names
+    reason = f": {cause}" if cause else ""
+    return (
+        f"{section or '(top level)'}: {' or '.join(names) or 'an EDGED_* variable'} is not the JSON "
+        f"its key needs{reason} (lists and tables are written as JSON in a variable)"
+    )
+
+
+def _file_problem(path: Path, what: str) -> str | None:
+    """Why ``path`` cannot be read as a regular file, or None when it can."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return f"{what} {path} does not exist"
+    except (OSError, ValueError) as e:  # too long, a loop of links, an I/O error, a NUL byte
+        return f"{what} {path} cannot be read: {_reason(e)}"
+    if stat.S_ISDIR(st.st_mode):
+        return f"{what} {path} is a directory, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{what} {path} is not a regular file"
+    if not os.access(path, os.R_OK):
+        return f"{what} {path} is not readable by this user"
+    return None
+
+
+def _reason(e: Exception) -> str:
+    return getattr(e, "strerror", None) or str(e)
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
+    problem = _file_problem(path, "config file")
+    if problem is not None:
+        hint = " (pass --config PATH)" if problem.endswith("does not exist") else ""
+        raise ConfigError(path, [problem + hint])
     try:
         with path.open("rb") as f:
-            data: dict[str, Any] = tomllib.load(f)
-            return data
-    except FileNotFoundError:
-        raise ConfigError(path, [f"config file {path} does not exist (pass --config PATH)"]) from None
-    except PermissionError:
-        raise ConfigError(path, [f"config file {path} is not readable by this user"]) from None
-    except ValueError as e:  # TOMLDecodeError, or an integer too long to convert
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:  # out of file descriptors, an I/O error, replaced since the check
+        raise ConfigError(path, [f"config file {path} cannot be read: {_reason(e)}"]) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(path, [f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes: not a config file"])
+    try:
+        data: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+    except ValueError as e:  # TOMLDecodeError, not UTF-8, or an integer too long to convert
         raise ConfigError(path, [f"not valid TOML: {e}"]) from None
+    return data
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
@@ -371,43 +514,56 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("runtime", "optimized_model_path"),
         ("publish", "curve_server_key"),
         ("publish", "curve_clients_dir"),
+        ("http", "token_file"),
+        ("mqtt", "password_file"),
+        ("mqtt", "ca_file"),
+        ("mqtt", "cert_file"),
+        ("mqtt", "key_file"),
+        ("evidence", "dir"),
     ):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
             data[section][key] = os.path.normpath(base / value)
 
 
-def _is_file(path: Path) -> bool:
-    try:
-        return path.is_file()
-    except OSError:  # e.g. a name too long for the filesystem
-        return False
-
-
 def _check_files(settings: Settings) -> list[str]:
-    problems = []
-    if not _is_file(settings.model.path):
-        problems.append(f"model.path: model file {settings.model.path} does not exist")
-    if settings.model.labels is not None and not _is_file(settings.model.labels):
-        problems.append(f"model.labels: labels file {settings.model.labels} does not exist")
+    problems = [
+        f"{key}: {problem}"
+        for key, path, what in (
+            ("model.path", settings.model.path, "model file"),
+            ("model.labels", settings.model.labels, "labels file"),
+        )
+        if path is not None and (problem := _file_problem(path, what)) is not None
+    ]
     problems += settings.source.file_problems()
     problems += key_file_problems(settings.publish.curve_server_key, settings.publish.curve_clients_dir)
+    if settings.http.token_file is not None:
+        try:
+            read_token(settings.http.token_file, "http.token_file")
+        except KeyFileError as e:
+            problems.append(str(e))
+    if settings.mqtt is not None:
+        problems += settings.mqtt.problems()
     return problems
 
 
 def load_config(path: Path | None) -> Settings:
-    """Read ``path`` (TOML), apply ``EDGED_*`` overrides, validate everything, and check files exist."""
+    """Read ``path`` (TOML), apply ``EDGED_*`` overrides, validate everything, and check files exist.
+
+    Any problem, the file's or a variable's, is a `ConfigError`; a variable that names no section is
+    logged as a warning with the closest real name, since pydantic-settings would ignore it.
+    """
     data = _read_toml(path) if path is not None else {}
     if path is not None:
         _resolve_paths(data, path.resolve().parent)
+    variables = _environment()
+    _warn_about_ignored_variables(variables)
     try:
         settings = Settings(**data)
     except ValidationError as e:
-        raise ConfigError(path, [_format_error(err) for err in e.errors()]) from None
+        raise ConfigError(path, [_format_error(err, variables) for err in e.errors()]) from None
     except SettingsError as e:  # an EDGED_* variable that is not the JSON its key needs
-        field = re.search(r'field "([^"]+)"', str(e))
-        where = field.group(1) if field else "(top level)"
-        raise ConfigError(path, [f"{where}: {e} (check the EDGED_* variables)"]) from None
+        raise ConfigError(path, [_variable_problem(e, variables)]) from None
     problems = _check_files(settings)
     if problems:
         raise ConfigError(path, problems)

@@ -47,6 +47,9 @@ class Detections:
     # Candidates dropped because their score was above 1: not a probability, so the model's head
     # or the input normalisation is wrong; the daemon counts and reports it.
     scores_above_one: int = 0
+    # NaN or infinite values anywhere in the output: a NaN score never passes the threshold, so
+    # without this count a model broken that way would publish nothing, silently.
+    nonfinite: int = 0
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
@@ -90,6 +93,7 @@ class Decoder:
         self._candidate_thresholds = np.empty(n, dtype=np.float32)
         self._nms = GreedyNms(n, iou if self._head.needs_nms else None, max_det=max_det, agnostic=agnostic)
         self._as_f32: np.ndarray | None = None  # a float32 copy of a float16/float64 output
+        self._finite = np.empty(self._head.output_shape, dtype=np.bool_)  # which output values are finite
         # Over the k candidates the head selected: the tests of `_finish`, one row each.
         self._checks = np.empty((6, n), dtype=np.bool_)
         self._valid = np.empty(n, dtype=np.bool_)
@@ -126,8 +130,11 @@ class Decoder:
         """
         self._check_output(output)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            k = self._head.select(self._float32(output)[0])
-            return self._finish(k, box_map)
+            values = self._float32(output)
+            np.isfinite(values, out=self._finite)
+            nonfinite = self._finite.size - int(np.count_nonzero(self._finite))
+            k = self._head.select(values[0])
+            return self._finish(k, box_map, nonfinite)
 
     def _check_output(self, output: object) -> None:
         """Raise `HeadError` unless ``output`` is a float array of this decoder's shape."""
@@ -149,7 +156,7 @@ class Decoder:
         np.copyto(self._as_f32, output)
         return self._as_f32
 
-    def _finish(self, k: int, box_map: BoxMap) -> Detections:
+    def _finish(self, k: int, box_map: BoxMap, nonfinite: int) -> Detections:
         """Drop the k selected candidates that are not detections, suppress, map what is kept.
 
         A candidate is dropped (its score set to -inf) when its box is not finite, or its score
@@ -174,7 +181,7 @@ class Decoder:
         nms_scores = self._nms_scores[:k]
         np.copyto(nms_scores, scores)
         n = self._nms(boxes, nms_scores, head.class_ids[:k], self._keep)
-        return self._result(n, boxes, scores, box_map, above_one)
+        return self._result(n, boxes, scores, box_map, above_one, nonfinite)
 
     def _frame_mapping(self, box_map: BoxMap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pad, scale, limit) columns for ``box_map`` in the head's box units (input pixels, or
@@ -187,7 +194,9 @@ class Decoder:
             self._mapped = box_map
         return self._pad, self._scale, self._limit
 
-    def _result(self, n: int, boxes: np.ndarray, scores: np.ndarray, box_map: BoxMap, above_one: int) -> Detections:
+    def _result(
+        self, n: int, boxes: np.ndarray, scores: np.ndarray, box_map: BoxMap, above_one: int, nonfinite: int
+    ) -> Detections:
         """The n kept candidates mapped to the frame as ultralytics' scale_boxes does (less the
         padding, divided by the gain in float32, clipped), those left with an area, as read-only views."""
         keep, columns = self._keep[:n], rows(self._kept_columns, 4, n)
@@ -209,7 +218,7 @@ class Decoder:
         np.take(self._head.class_ids, kept, out=self._kept_ids[:m], mode="clip")  # into int32 it would allocate
         np.copyto(self._kept_ids32[:m], self._kept_ids[:m])
         xyxy_shown, scores_shown, ids_shown = self._shown
-        return Detections(xyxy_shown[:m], scores_shown[:m], ids_shown[:m], above_one)
+        return Detections(xyxy_shown[:m], scores_shown[:m], ids_shown[:m], above_one, nonfinite)
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

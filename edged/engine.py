@@ -6,7 +6,9 @@ the contract chose, so the graph is optimised for that one shape). Each plan bin
 `Binding`, allocated once after a warm-up run that also fixes any symbolic output size), so a
 steady-state run writes straight into those buffers and allocates nothing. Requested providers
 that this onnxruntime build lacks fall back down the configured list with a warning;
-``placement()`` reports where ORT actually put each node, from ORT's own assignment record.
+``placement()`` reports where ORT actually put each node: from ORT's own assignment record where
+it keeps one (onnxruntime 1.26 and later), else from ORT's profile of the nodes that ran, which
+every onnxruntime edged supports writes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
+import tempfile
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +33,10 @@ from edged.cpus import plan_threads
 from edged.errors import InferenceError, ModelError
 
 log = logging.getLogger(__name__)
+
+# The assignment record (`get_provider_graph_assignment_info`) arrived in onnxruntime 1.26; the
+# Jetson and Raspberry Pi wheels boards run are often older.
+HAS_ASSIGNMENT_RECORD = hasattr(ort.InferenceSession, "get_provider_graph_assignment_info")
 
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -45,6 +54,14 @@ class ModelIdentity:
     @property
     def short(self) -> str:
         return f"{self.name}@{self.sha256[:12]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Nodes per execution provider, and what ORT's answer counted (said beside the counts)."""
+
+    nodes: dict[str, int]
+    basis: str
 
 
 def file_sha256(path: Path) -> str:
@@ -88,7 +105,11 @@ class Engine:
         imgsz: tuple[int, int] | None = None,
         record_placement: bool = False,
     ) -> None:
-        """``imgsz`` ([h, w], model.imgsz) is the size a dynamic export is pinned to; default its metadata."""
+        """``imgsz`` ([h, w], model.imgsz) is the size a dynamic export is pinned to; default its metadata.
+
+        ``record_placement`` makes `placement` possible: ORT's assignment record, or its profiler
+        writing into a directory of its own until `placement` reads it.
+        """
         self.model_path = model_path
         self.cfg = cfg
         try:
@@ -102,7 +123,16 @@ class Engine:
         log.info("inference threads: %s", self.threads.summary)
         if self.threads.warning:
             log.warning(self.threads.warning)
-        self.session = self._create_session(record_placement, imgsz)
+        profiled = record_placement and not HAS_ASSIGNMENT_RECORD
+        self._profile_dir = Path(tempfile.mkdtemp(prefix="edged-placement-")) if profiled else None
+        try:
+            self.session = self._create_session(record_placement, imgsz)
+        except BaseException:
+            if self._profile_dir is not None:
+                shutil.rmtree(self._profile_dir, ignore_errors=True)
+            raise
+        if self._profile_dir is not None:
+            weakref.finalize(self, _discard_profile, self.session, self._profile_dir)
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         self.input_meta = self.session.get_inputs()
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -122,7 +152,10 @@ class Engine:
             # Spin between the ops of a run, where waking a sleeping thread costs latency, but not in
             # the gap between frames, where spinning only burns CPU (see BENCHMARKS.md, Spinning).
             so.add_session_config_entry("session.force_spinning_stop", "1")
-        if record_placement:
+        if self._profile_dir is not None:
+            so.enable_profiling = True
+            so.profile_file_prefix = str(self._profile_dir / "placement")
+        elif record_placement:
             so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         for name, size in pins.items():
             so.add_free_dimension_override_by_name(name, size)
@@ -196,12 +229,26 @@ class Engine:
     def provider(self) -> str:
         return str(self.session.get_providers()[0])
 
-    def placement(self) -> dict[str, int]:
-        """Nodes per execution provider as ORT assigned them (needs record_placement=True)."""
+    def placement(self) -> Placement:
+        """Nodes per execution provider as ORT placed them (needs record_placement=True).
+
+        Without the assignment record it ends the profile, so ask once, after the model has run.
+        """
         counts: Counter[str] = Counter()
-        for subgraph in self.session.get_provider_graph_assignment_info():
-            counts[subgraph.ep_name] += len(subgraph.get_nodes())
-        return dict(counts)
+        if self._profile_dir is None:
+            for subgraph in self.session.get_provider_graph_assignment_info():
+                counts[subgraph.ep_name] += len(subgraph.get_nodes())
+            return Placement(dict(counts), "as assigned, from ONNX Runtime's assignment record")
+        events = json.loads(Path(self.session.end_profiling()).read_text())
+        ran = {
+            (e["args"]["provider"], e["name"]) for e in events if e.get("cat") == "Node" and "provider" in e.get("args", {})
+        }
+        counts.update(provider for provider, _ in ran)
+        return Placement(
+            dict(counts),
+            f"as run, from ONNX Runtime's profile: onnxruntime {ort.__version__} keeps no assignment record "
+            "(1.26 does), so nodes the first frames did not reach are not counted and a fused subgraph is one node",
+        )
 
 
 class Binding:
@@ -241,6 +288,12 @@ class Binding:
         for raw, out in zip(self._raw, self.outputs, strict=True):
             if raw is not out:
                 np.copyto(out, raw, casting="unsafe")
+
+
+def _discard_profile(session: ort.InferenceSession, directory: Path) -> None:
+    """End ORT's profiling (a session still profiling writes its profile when destroyed) and remove the files."""
+    session.end_profiling()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _first_line(e: BaseException) -> str:

@@ -7,11 +7,12 @@
     ├── ModelError               78  the model file cannot be loaded or run at all
     ├── ContractError            78  the model, the config and the camera disagree on the layout
     │   └── HeadError            78  the output is not a detection head edged can decode
-    ├── KeyFileError             78  a CURVE key file or folder is missing, malformed or too open
+    ├── KeyFileError             78  a CURVE key, password or TLS key file is missing, malformed or too open
     ├── MissingDependency        78  an optional package the configuration needs is not installed
     ├── DataError                65  a tool's data (images, labels) cannot be used
     ├── UsageError                2  command-line options that cannot work together
     ├── PublishError              1  the PUB socket cannot bind its endpoints
+    ├── BrokerError               1  ``edged check``: the MQTT broker cannot be reached or refuses edged
     ├── SourceError               1  the camera is gone or cannot be opened; capture retries
     ├── InferenceError            1  one run failed; the frame is skipped and counted
     ├── QuantizeError             1  quantising, or running the quantised model, failed
@@ -70,7 +71,7 @@ class HeadError(ContractError):
 
 
 class KeyFileError(EdgedError):
-    """A CURVE key file or directory is missing, malformed or readable by others."""
+    """A CURVE key file or directory, or a secret file (a password, a TLS key), is missing, malformed or too open."""
 
     exit_code = EXIT_CONFIG
 
@@ -95,6 +96,13 @@ class UsageError(EdgedError):
 
 class PublishError(EdgedError):
     """The PUB socket cannot bind; the message names the endpoint and what to check."""
+
+
+class BrokerError(EdgedError):
+    """The MQTT broker cannot be reached, refuses the connection or fails TLS; the message has its reason.
+
+    Only ``edged check`` raises it: the running daemon retries with backoff and reports its state.
+    """
 
 
 class SourceError(EdgedError):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from edged.capture import CaptureState, CaptureStats
+from edged.capture import CaptureStats
+from edged.messages import CaptureState
 
 
 class Health:
@@ -38,11 +39,17 @@ class Health:
 
     def healthy(self, capture: CaptureStats) -> bool:
         """The loop turns, and frames flow or a reconnect is alive."""
+        return self.problem(capture) is None
+
+    def problem(self, capture: CaptureStats) -> str | None:
+        """Why the watchdog would not ping now, or None when it would (``/healthz`` says it)."""
         now = self._clock()
         if now - self.loop_ns > self._limit_ns:
-            return False
+            return f"the loop has not turned for {(now - self.loop_ns) / 1e9:.1f} s"
         if not capture.alive and capture.state != "ended":
-            return False  # the capture thread died: only a restart brings the camera back
+            return "the capture thread died: only a restart brings the camera back"
         if now - self.frame_ns <= self._limit_ns:
-            return True
-        return capture.state in ("lost", "starting") and now - capture.last_progress_ns <= self._limit_ns
+            return None
+        if capture.state in ("lost", "starting") and now - capture.last_progress_ns <= self._limit_ns:
+            return None
+        return f"no frame processed for {(now - self.frame_ns) / 1e9:.1f} s (camera {capture.state})"

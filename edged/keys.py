@@ -1,8 +1,10 @@
-"""CurveZMQ key files: create them (``edged keygen``), load them, and refuse unsafe ones.
+"""CurveZMQ key files and other secrets: create them (``edged keygen``), load them, and refuse unsafe ones.
 
 Keys are zmq.auth certificates: ``NAME.key`` holds the public key and may be copied anywhere;
 ``NAME.key_secret`` holds both keys and must stay readable by its owner only, as ssh demands of
 private keys, because whoever reads it can impersonate the publisher (or that subscriber).
+
+The HTTP bearer token (``http.token_file``) is held to the same rule as a secret key.
 
 Every error is a `KeyFileError` whose message starts with the setting that names the file
 (``publish.curve_server_key: …`` or ``--client-key: …``): it is a configuration problem, so the
@@ -11,8 +13,11 @@ daemon exits 78 on it and systemd does not restart it in a loop.
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import re
+import shlex
 import stat
 import sys
 from dataclasses import dataclass
@@ -26,14 +31,19 @@ from edged.errors import KeyFileError
 
 Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+MIN_TOKEN_CHARS = 16  # a guessable token is no protection on a network
 
 
 def _reason(e: Exception) -> str:
     return getattr(e, "strerror", None) or str(e)
 
 
-def _check_private(path: Path, label: str) -> None:
-    """Refuse a secret key that anyone but its owner can read or write."""
+def check_secret_file(path: Path, label: str, *, group_readable: bool = False) -> None:
+    """Refuse a secret file that others can read or write, as ssh refuses a private key.
+
+    A key pair's secret is its owner's alone; a password file may also be read by the service's
+    group (``group_readable``: a 0640 file owned by root and the service group), never written.
+    """
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -43,11 +53,29 @@ def _check_private(path: Path, label: str) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise KeyFileError(f"{label}: {path} is not a regular file")
     mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
+    if mode & (0o037 if group_readable else 0o077):
+        allowed = "its owner, and read by its group" if group_readable else "its owner only"
+        fix = "chmod 640" if group_readable else "chmod 600"
         raise KeyFileError(
-            f"{label}: permissions {mode:04o} on {path} are too open; a secret key must be "
-            f"accessible by its owner only (chmod 600 {path})"
+            f"{label}: permissions {mode:04o} on {path} are too open; a secret file must be "
+            f"accessible by {allowed} ({fix} {path})"
         )
+
+
+def read_token(path: Path, label: str) -> str:
+    """A bearer token: the first line of a file only its owner can read, at least 16 characters."""
+    check_secret_file(path, label)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise KeyFileError(f"{label}: cannot read {path}: {_reason(e)}") from None
+    token = text.strip().split("\n", 1)[0].strip() if text.strip() else ""
+    if len(token) < MIN_TOKEN_CHARS:
+        raise KeyFileError(
+            f"{label}: {path} holds a token of {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
+            "(e.g. `openssl rand -hex 32 > FILE; chmod 600 FILE`)"
+        )
+    return token
 
 
 def _read_certificate(path: Path, label: str) -> tuple[bytes, bytes | None]:
@@ -65,7 +93,7 @@ def _read_certificate(path: Path, label: str) -> tuple[bytes, bytes | None]:
 
 def load_secret_key(path: Path, label: str) -> tuple[bytes, bytes]:
     """(public, secret) from a ``.key_secret`` file that only its owner can read."""
-    _check_private(path, label)
+    check_secret_file(path, label)
     public, secret = _read_certificate(path, label)
     if secret is None:
         raise KeyFileError(f"{label}: {path} has no secret key; pass the .key_secret file, not the .key")
@@ -85,11 +113,10 @@ def load_public_key(path: Path, label: str) -> bytes:
     return _read_certificate(path, label)[0]
 
 
-def load_allowed_clients(directory: Path, label: str) -> int:
-    """Check every ``*.key`` in the allow-list directory; returns how many there are.
+def load_allowed_clients(directory: Path, label: str) -> frozenset[bytes]:
+    """The public keys of every ``*.key`` in the allow-list directory, each file checked.
 
-    zmq.auth silently ignores a directory it cannot read (then nobody may connect), so the
-    files are checked here first and a bad one is named.
+    Every file is read here, and a bad one named: the set is what the CURVE authenticator admits.
     """
     try:
         files = sorted(directory.glob("*.key")) if directory.is_dir() else None
@@ -97,9 +124,7 @@ def load_allowed_clients(directory: Path, label: str) -> int:
         raise KeyFileError(f"{label}: cannot read {directory}: {_reason(e)}") from None
     if files is None:
         raise KeyFileError(f"{label}: {directory} does not exist or is not a directory")
-    for path in files:
-        _read_certificate(path, label)
-    return len(files)
+    return frozenset(_read_certificate(path, label)[0] for path in files)
 
 
 def key_file_problems(server_key: Path | None, clients_dir: Path | None) -> list[str]:
@@ -138,6 +163,10 @@ class ClientKeys:
         socket.curve_serverkey = self.server_public
 
 
+SERVICE_USER = "edged"  # the user the shipped units run edged as (User= and Group= in systemd/edged.service)
+PUBLISHER = "server"  # the name of the publisher's pair; any other name is a subscriber's
+
+
 def create_key_pair(directory: Path, name: str) -> tuple[Path, Path]:
     """Write NAME.key (0644) and NAME.key_secret (0600); never overwrites an existing pair."""
     if not KEY_NAME.match(name):
@@ -146,7 +175,7 @@ def create_key_pair(directory: Path, name: str) -> tuple[Path, Path]:
     for path in (public, secret):
         if path.exists():
             raise KeyFileError(f"{path} already exists; remove it first to replace the key pair")
-    directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+    _make_private_dir(directory)
     old_umask = os.umask(0o077)  # the secret file is never readable by others, not even briefly
     try:
         zmq.auth.create_certificates(directory, name)
@@ -157,31 +186,126 @@ def create_key_pair(directory: Path, name: str) -> tuple[Path, Path]:
     return public, secret
 
 
-def run_keygen(directory: Path, name: str, out: TextIO | None = None) -> int:
-    """``edged keygen``: create a pair and say where each file goes."""
+def _make_private_dir(directory: Path) -> bool:
+    """Create ``directory`` 0750 whatever the umask; True when it was created here.
+
+    Missing parents become 0755: they hold nothing secret, and under root's umask 077 they would
+    shut the service out of the keys below them.
+    """
+    if directory.is_dir():
+        return False
+    for parent in reversed(directory.parents):
+        if not parent.is_dir():
+            parent.mkdir()
+            parent.chmod(0o755)
+    directory.mkdir(mode=0o750)
+    directory.chmod(0o750)
+    return True
+
+
+@dataclass(frozen=True)
+class ServiceAccount:
+    """The user edged runs as, and its group: who must read the publisher's keys."""
+
+    user: str
+    uid: int
+    group: str
+    gid: int
+
+    @classmethod
+    def lookup(cls, user: str) -> ServiceAccount | None:
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            return None
+        try:
+            group = grp.getgrgid(entry.pw_gid).gr_name
+        except KeyError:  # a primary group without a name: numeric, as chown takes it
+            group = str(entry.pw_gid)
+        return cls(user, entry.pw_uid, group, entry.pw_gid)
+
+
+@dataclass(frozen=True)
+class PublisherKeys:
+    """The layout the README and ``publish.curve_*`` expect: the pair, and ``clients/`` for allowed keys."""
+
+    public: Path
+    secret: Path
+    clients: Path
+    made_dirs: tuple[Path, ...]  # the directories keygen created: their group becomes the service's
+
+    def hand_over(self, account: ServiceAccount) -> str | None:
+        """Let the service read its keys: the secret becomes its own, the directories its group's.
+
+        Returns None when done, or the exact commands to run as root when this process may not
+        change owners (not root).
+        """
+        try:
+            for directory in self.made_dirs:
+                os.chown(directory, -1, account.gid)
+            os.chown(self.secret, account.uid, account.gid)
+        except PermissionError:
+            dirs = " ".join(shlex.quote(str(d)) for d in self.made_dirs)
+            chgrp = f"sudo chgrp {account.group} {dirs} && " if dirs else ""
+            return f"{chgrp}sudo chown {account.user}:{account.group} {shlex.quote(str(self.secret))}"
+        return None
+
+
+def create_publisher_keys(directory: Path) -> PublisherKeys:
+    """The publisher's pair in ``directory`` and an empty ``clients/`` beside it, both directories 0750."""
+    made = _make_private_dir(directory)
+    public, secret = create_key_pair(directory, PUBLISHER)
+    clients = directory / "clients"
+    made_clients = _make_private_dir(clients)
+    return PublisherKeys(public, secret, clients, tuple(d for d, new in ((directory, made), (clients, made_clients)) if new))
+
+
+def run_keygen(directory: Path, name: str, user: str, out: TextIO | None = None) -> int:
+    """``edged keygen``: create a pair (the publisher's with its layout and owners) and say where each file goes."""
+    out = out or sys.stdout
     try:
-        public, secret = create_key_pair(directory, name)
+        if name != PUBLISHER:
+            public, secret = create_key_pair(directory, name)
+            print(_where_a_subscriber_pair_goes(public.resolve(), secret.resolve()), file=out)
+            return 0
+        keys = create_publisher_keys(directory)
+        account = ServiceAccount.lookup(user)
+        command = keys.hand_over(account) if account else None
     except KeyFileError as e:
         print(f"edged keygen: {e}", file=sys.stderr)
         return 1
     except OSError as e:
         print(f"edged keygen: cannot write {e.filename or directory}: {e.strerror}", file=sys.stderr)
         return 1
-    print(_where_they_go(name, public.resolve(), secret.resolve()), file=out or sys.stdout)
+    print(_where_the_publisher_keys_go(keys, user, account, command), file=out)
     return 0
 
 
-def _where_they_go(name: str, public: Path, secret: Path) -> str:
-    made = f"created the {name} key pair:\n  {secret}  secret, mode 0600\n  {public}  public, mode 0644\n"
-    if name == "server":
-        return made + (
-            f"The service must own the secret file: chown edged: {secret}\n"
-            f'On the publisher, in edged.toml:\n  [publish]\n  curve_server_key = "{secret}"\n'
-            f'  curve_clients_dir = "{public.parent / "clients"}"  # allowed subscribers\' public keys\n'
-            f"Subscribers need the public file: edged subscribe tcp://HOST:PORT --server-key {public} "
-            "--client-key CLIENT.key_secret"
+def _where_the_publisher_keys_go(keys: PublisherKeys, user: str, account: ServiceAccount | None, command: str | None) -> str:
+    public, secret, clients = keys.public.resolve(), keys.secret.resolve(), keys.clients.resolve()
+    if account is None:
+        owner = (
+            f"There is no user {user!r} here: the files are yours, so edged must run as you "
+            "(or pass --user USER, the user it runs as).\n"
         )
-    return made + (
+    elif command is not None:
+        owner = f"Only root may give them to the user {account.user!r} edged runs as; run:\n  {command}\n"
+    else:
+        owner = f"The secret file belongs to {account.user}, the directories keygen made to the group {account.group}.\n"
+    return (
+        f"created the server key pair:\n  {secret}  secret, mode 0600\n  {public}  public, mode 0644\n"
+        f"  {clients}/  the allowed subscribers' public keys, mode 0750\n"
+        + owner
+        + f'On the publisher, in edged.toml:\n  [publish]\n  curve_server_key = "{secret}"\n'
+        f'  curve_clients_dir = "{clients}"\n'
+        f"Subscribers need the public file: edged subscribe tcp://HOST:PORT --server-key {public} "
+        "--client-key CLIENT.key_secret"
+    )
+
+
+def _where_a_subscriber_pair_goes(public: Path, secret: Path) -> str:
+    return (
+        f"created the {public.stem} key pair:\n  {secret}  secret, mode 0600\n  {public}  public, mode 0644\n"
         f"Copy {public} into the publisher's publish.curve_clients_dir, then reload edged there (systemctl reload edged).\n"
         f"Keep {secret} here: edged subscribe tcp://HOST:PORT --server-key server.key --client-key {secret}"
     )

@@ -2,13 +2,27 @@
 
 These models are the single source of truth: the JSON Schema that subscribers validate against
 (`edged/messages.schema.json`, printed by ``edged schema``) is generated from them, and a test
-fails when the committed file is stale. ``SCHEMA_VERSION`` changes whenever a field is removed or
-changes meaning; adding an optional field does not change it.
+fails when the committed file is stale.
+
+How the schema evolves, so that a subscriber written today keeps working:
+
+- A new field is always an addition: optional in the schema, and ``schema_version`` stays.
+  Readers ignore fields they do not know: the published schema allows additional properties and
+  `parse_message` drops them, so an older subscriber, validating or not, accepts a newer edged.
+- ``schema_version`` changes whenever a field is removed, renamed, changes type or meaning, or a
+  closed set of values (``kind``, ``thermal_state``, ``thermal.state``, ``source_state``) gains a
+  member, since a validating subscriber would refuse the new value.
+- ``schema_version`` and ``kind`` are required: a reader checks them before anything else.
+
+Nanosecond timestamps exceed 2**53, so JavaScript's ``JSON.parse`` (every number a double) rounds
+them to a multiple of 256 ns; each comes with a millisecond copy (``capture_time_ms``, ``time_ms``)
+that a double holds to a quarter of a microsecond.
 
 Wire format: a ZeroMQ multipart message of two frames, the topic and the JSON payload.
 Topics are ``<prefix>/detections/<camera_id>``, ``<prefix>/status/<camera_id>`` and, with
 ``[inspect]``, ``<prefix>/verdict/<camera_id>``. A trigger request is answered with a verdict
-message or a `TriggerError`.
+message or a `TriggerError`. The MQTT output (`edged.mqtt`) sends the same payloads to a broker,
+under topics of its own.
 """
 
 from __future__ import annotations
@@ -16,15 +30,35 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from edged.errors import MessageError
 
 SCHEMA_VERSION: Literal[1] = 1
 
+# The closed sets the state fields take; edged.thermal and edged.capture use these very types.
+ThermalState = Literal["unknown", "ok", "warm", "throttled", "critical"]
+CaptureState = Literal["starting", "ok", "lost", "ended"]
+
+_MS_COPY = "{} in ms since the Unix epoch: a double (JavaScript's number) holds it to under a microsecond."
+ENVELOPE = ("schema_version", "kind")  # what every message has, and a reader checks first
+
+
+def _reader_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """What a reader may rely on: the fields `parse_message` requires, plus the envelope.
+
+    The schema is generated for serialisation, so that it shows the millisecond copies too, but
+    they and every defaulted field are left optional: a field added later has a default, so an
+    older edged's messages still validate.
+    """
+    schema["required"] = [name for name, field in model.model_fields.items() if field.is_required() or name in ENVELOPE]
+    schema["additionalProperties"] = True
+
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields are ignored: they are what a newer edged adds (see the evolution rule above)."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_reader_schema)
 
 
 class Detection(Message):
@@ -74,17 +108,25 @@ class DetectionsMessage(Message):
     camera_id: str
     seq: int = Field(ge=0, description="Per-topic sequence number; a gap means messages were lost.")
     frame_id: int = Field(ge=0, description="Capture counter; gaps are frames dropped as stale.")
-    capture_time_ns: int = Field(description="Wall-clock capture time, ns since the Unix epoch.")
+    capture_time_ns: int = Field(
+        description="Wall-clock capture time, ns since the Unix epoch; above 2**53, so a JavaScript "
+        "client should read capture_time_ms."
+    )
     frame_size: tuple[int, int] = Field(description="Frame width, height in pixels.")
     input_size: tuple[int, int] = Field(description="Model input width, height in pixels.")
     model: ModelInfo
     detections: list[Detection]
     timings: Timings
-    thermal_state: str = Field(description="unknown, ok, warm, throttled or critical.")
+    thermal_state: ThermalState = Field(description="The board's thermal state when the frame was processed.")
     verdict: Verdict | None = Field(None, description="ok or ng for this frame; null without [inspect].")
     reasons: list[Reason] = Field(default_factory=list, description="The detections that made it ng.")
     verdict_latency_ms: float | None = Field(None, description="Capture to verdict; null without [inspect].")
     part_id: str | None = Field(None, description="The part id of the trigger request this frame answered.")
+
+    @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
+    @property
+    def capture_time_ms(self) -> float:
+        return self.capture_time_ns / 1e6
 
 
 class VerdictMessage(Message):
@@ -100,6 +142,11 @@ class VerdictMessage(Message):
     verdict: Verdict
     reasons: list[Reason]
     verdict_latency_ms: float = Field(description="Capture to verdict.")
+
+    @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
+    @property
+    def capture_time_ms(self) -> float:
+        return self.capture_time_ns / 1e6
 
 
 TriggerProblem = Literal["bad_request", "busy", "timeout", "camera_lost", "thermal_critical", "inference_failed", "stopping"]
@@ -129,6 +176,32 @@ class CaptureReport(Message):
     last_error: str | None = Field(description="The last camera error, null when none yet.")
 
 
+class ThermalReadings(Message):
+    """One poll of the board's sensors and the state edged decided on (`edged.thermal.ThermalReport`)."""
+
+    state: ThermalState = Field(description="warm and throttled cap the frame rate; critical pauses inference.")
+    board: str = Field(description="The board family the thresholds come from.")
+    model: str | None = Field(description="The board's model string, null when unknown.")
+    zones: dict[str, float] = Field(description="Temperature per thermal zone, C; offline sensors left out.")
+    hottest_c: float | None = Field(description="The hottest zone, C; null without zones.")
+    freq_cap_ratio: float | None = Field(description="CPU frequency cap over the maximum; null when unknown.")
+    freq_cur_ratio: float | None = Field(description="Current CPU frequency over the maximum; null when unknown.")
+    throttled_flags: list[str] = Field(description="The board's throttling flags now set (Raspberry Pi).")
+    hardware_throttling: bool = Field(description="Whether the firmware or the kernel throttles now.")
+    rate_factor: float = Field(description="Fraction of the full frame rate this state allows.")
+    thresholds: dict[str, float] = Field(description="The temperatures of warm, throttled and critical, C.")
+    power_mode: str | None = Field(description="The board's power mode (Jetson nvpmodel); null when none.")
+
+
+class EvidenceReport(Message):
+    saved: int = Field(ge=0, description="Frames saved as evidence since start.")
+    dropped: int = Field(ge=0, description="Frames to save dropped because the writer's queue was full.")
+    errors: int = Field(ge=0, description="Saves or retention passes that failed (disk full, read-only, ...).")
+    rate_limited: int = Field(ge=0, description="Frames to save refused by evidence.max_per_minute.")
+    bytes: int = Field(ge=0, description="Bytes this camera's evidence folder holds.")
+    last_error: str | None = Field(description="The last evidence error, null when none yet.")
+
+
 class StatusMessage(Message):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -136,17 +209,41 @@ class StatusMessage(Message):
     kind: Literal["status"] = "status"
     camera_id: str
     seq: int = Field(ge=0)
-    time_ns: int = Field(description="Wall-clock time of this status, ns since the Unix epoch.")
+    time_ns: int = Field(
+        description="Wall-clock time of this status, ns since the Unix epoch; above 2**53, so a "
+        "JavaScript client should read time_ms."
+    )
     uptime_s: float
     fps: float = Field(description="Frames processed per second over the last interval.")
     frames_processed: int
-    source_state: str = Field(description="starting, ok, lost or ended.")
+    source_state: CaptureState = Field(description="The camera: starting, ok, lost or ended (a finite file).")
     drops: dict[str, int] = Field(description="Frames or messages not processed or sent, by cause.")
     latency: dict[str, StageLatency] = Field(description="Per stage over the last interval.")
     rate_cap_fps: float | None = Field(description="Current frame-rate cap; null when uncapped.")
-    thermal: dict[str, Any] | None = Field(description="Thermal readings and state; null when off.")
+    thermal: ThermalReadings | None = Field(description="Thermal readings and state; null when off.")
     model: ModelInfo
     capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
+    evidence: EvidenceReport | None = Field(None, description="The evidence writer's counters; null without [evidence].")
+    mqtt_state: Literal["connected", "disconnected"] | None = Field(
+        None, description="The MQTT output's link to its broker; null when [mqtt] is off."
+    )
+    mqtt_drops: dict[str, int] | None = Field(
+        None,
+        description="MQTT messages dropped or superseded while the broker was away, by topic "
+        "(detections, status, verdict); null when [mqtt] is off.",
+    )
+
+    @computed_field(description=_MS_COPY.format("time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
+    @property
+    def time_ms(self) -> float:
+        return self.time_ns / 1e6
+
+
+EVOLUTION = (
+    "Later releases may add fields without changing schema_version: ignore the ones you do not know. "
+    "schema_version changes when a field is removed, renamed, changes type or meaning, or an enum gains a value. "
+    "The *_ns integers exceed 2**53: JavaScript should read the *_ms copies."
+)
 
 
 def json_schema() -> dict[str, Any]:
@@ -154,7 +251,7 @@ def json_schema() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "edged messages",
-        "description": __doc__.strip().splitlines()[0] + f" Schema version {SCHEMA_VERSION}.",
+        "description": f"{__doc__.strip().splitlines()[0]} Schema version {SCHEMA_VERSION}. {EVOLUTION}",
         "oneOf": [{"$ref": f"#/$defs/{kind.__name__}"} for kind in _KINDS.values()],
         "$defs": _merged_defs(*_KINDS.values()),
     }
@@ -163,7 +260,7 @@ def json_schema() -> dict[str, Any]:
 def _merged_defs(*models: type[BaseModel]) -> dict[str, Any]:
     defs: dict[str, Any] = {}
     for model in models:
-        schema = model.model_json_schema(ref_template="#/$defs/{model}")
+        schema = model.model_json_schema(ref_template="#/$defs/{model}", mode="serialization")
         defs.update(schema.pop("$defs", {}))
         defs[model.__name__] = schema
     return dict(sorted(defs.items()))

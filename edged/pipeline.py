@@ -3,7 +3,8 @@
 A `FramePipeline` is planned for one frame size: the input tensor, its binding to the model and
 the decoder scratch are all allocated there, once, and `process` only fills and reads them.
 `FramePath` owns the plans of one camera: it checks each frame against what the source declared,
-re-plans after a lasting size change, inspects the detections when ``[inspect]`` is set
+re-plans a camera after a lasting size change, keeps a plan per size for a source whose frames
+legitimately vary (an image folder), inspects the detections when ``[inspect]`` is set
 (`edged.verdict`), and builds the wire messages. The daemon, `check`, `eval` and
 `bench` all go through these two classes, so they run exactly the same path.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,15 +23,20 @@ from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
 from edged.errors import InferenceError
 from edged.geometry import BoxMap
-from edged.messages import Detection, DetectionsMessage, Reason, Timings, VerdictMessage
+from edged.messages import Detection, DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
-from edged.sources import Frame
+from edged.sources import Frame, sizes_vary
 from edged.verdict import Inspected, Inspector
 
 log = logging.getLogger(__name__)
 
-REPLAN_AFTER = 5  # consecutive frames of one new size before the buffers are re-planned
+REPLAN_AFTER = 5  # consecutive frames of one new size before a camera's buffers are re-planned
+# Plans kept at once for a source whose frame sizes vary. A plan holds the input tensor, the output
+# buffers and the decode scratch (about 16 MB for a 640x640 model with 80 classes), so four bound
+# that to about 65 MB while a folder mixing a few cameras' sizes never re-plans; beyond four sizes
+# the least recently used plan is dropped, and made again (one warm-up run) when its size returns.
+MAX_PLANS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +114,24 @@ class FramePath:
     """The path of one camera's frames through one model: check, plan, process, message."""
 
     def __init__(
-        self, model: LoadedModel, camera_id: str, declared_order: ChannelOrder, inspector: Inspector | None = None
+        self,
+        model: LoadedModel,
+        camera_id: str,
+        declared_order: ChannelOrder,
+        inspector: Inspector | None = None,
+        *,
+        sizes_vary: bool = False,
     ) -> None:
+        """``sizes_vary``: the source declares frames of many sizes (`edged.sources.sizes_vary`)."""
         self.model = model
         self.camera_id = camera_id
         self.declared_order = declared_order
         self.inspector = inspector
-        self.plan: FramePipeline | None = None  # planned on the first frame, for its size
+        self.sizes_vary = sizes_vary
+        # By frame size (width, height), least recently used first; a camera keeps only its current one.
+        self._plans: OrderedDict[tuple[int, int], FramePipeline] = OrderedDict()
+        self._capacity = MAX_PLANS if sizes_vary else 1
+        self._evicted = False
         self._new_size: tuple[tuple[int, int], int] | None = None
 
     def run(self, frame: Frame) -> Processed | Rejected:
@@ -132,34 +150,71 @@ class FramePath:
         return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms)
 
     def _plan_for(self, frame: Frame) -> FramePipeline | Rejected:
-        """The plan for this frame, re-planned after a lasting size change."""
-        if self.plan is None:
-            h, w = frame.image.shape[:2] if frame.image.ndim >= 2 else (0, 0)
-            self.plan = self._new_plan(w, h)
-        problem = frame_problem(frame.image, frame.channel_order, self.plan.spec)
+        """The plan for this frame: its size's own when sizes vary, else the camera's current one,
+        re-planned after a lasting size change."""
+        image = frame.image
+        size = (image.shape[1], image.shape[0]) if image.ndim >= 2 else (0, 0)
+        if not self._plans:  # the first frame plans for its size
+            return self._checked(frame, self._add_plan(size))
+        current = next(reversed(self._plans.values()))
+        problem = frame_problem(image, frame.channel_order, current.spec)
         if problem is None:
             self._new_size = None
-            return self.plan
-        if problem == "size" and self._lasting_size_change(frame):
-            h, w = frame.image.shape[:2]
-            log.warning("frame size changed to %dx%d: re-planning buffers", w, h, extra={"CAMERA": self.camera_id})
-            self.plan = self._new_plan(w, h)
-            return self.plan
-        spec = self.plan.spec
+            return current
+        if problem != "size":
+            return self._rejected(frame, current, problem)
+        if self.sizes_vary:
+            plan = self._plans.get(size)
+            if plan is None:
+                return self._checked(frame, self._add_plan(size))
+            self._plans.move_to_end(size)
+            return self._checked(frame, plan)
+        if self._lasting_size_change(size):
+            log.warning("frame size changed to %dx%d: re-planning buffers", *size, extra={"CAMERA": self.camera_id})
+            return self._checked(frame, self._add_plan(size))
+        return self._rejected(frame, current, problem)
+
+    def _add_plan(self, size: tuple[int, int]) -> FramePipeline:
+        """A new plan for frames of ``size``, dropping the least recently used one when full."""
+        if len(self._plans) >= self._capacity:
+            self._plans.popitem(last=False)
+            if self.sizes_vary and not self._evicted:
+                self._evicted = True
+                log.warning(
+                    "more than %d frame sizes: each size beyond them is planned again when it comes back, "
+                    "which costs one extra inference",
+                    MAX_PLANS,
+                    extra={"CAMERA": self.camera_id},
+                )
+        thresholds = self.inspector.thresholds if self.inspector else None
+        plan = self._plans[size] = FramePipeline(self.model, *size, self.declared_order, thresholds)
+        return plan
+
+    def _checked(self, frame: Frame, plan: FramePipeline) -> FramePipeline | Rejected:
+        """``plan`` when ``frame`` meets its whole contract (the size matched, the channel order may not)."""
+        problem = frame_problem(frame.image, frame.channel_order, plan.spec)
+        return self._rejected(frame, plan, problem) if problem else plan
+
+    def _rejected(self, frame: Frame, plan: FramePipeline, problem: str) -> Rejected:
+        spec = plan.spec
         detail = f"not what the source declared ({spec.width}x{spec.height} {self.declared_order})"
         return Rejected(frame, "bad_frame_" + problem, detail)
 
-    def _new_plan(self, w: int, h: int) -> FramePipeline:
-        thresholds = self.inspector.thresholds if self.inspector else None
-        return FramePipeline(self.model, w, h, self.declared_order, thresholds)
-
-    def _lasting_size_change(self, frame: Frame) -> bool:
-        size = (frame.image.shape[1], frame.image.shape[0])
+    def _lasting_size_change(self, size: tuple[int, int]) -> bool:
         seen = self._new_size[1] + 1 if self._new_size and self._new_size[0] == size else 1
         self._new_size = (size, seen)
         return seen >= REPLAN_AFTER
 
-    def message(self, done: Processed, *, seq: int, thermal_state: str, part_id: str | None = None) -> DetectionsMessage:
+    def thresholds(self, detections: Detections) -> list[float]:
+        """Each detection's class threshold (``[inspect]``'s or model.conf): how near a miss it was."""
+        if self.inspector is None:
+            return [self.model.cfg.conf] * len(detections)
+        by_class = self.inspector.thresholds
+        return [by_class[c] for c in detections.class_ids.tolist()]
+
+    def message(
+        self, done: Processed, *, seq: int, thermal_state: ThermalState, part_id: str | None = None
+    ) -> DetectionsMessage:
         """The wire message for one processed frame: the one small object a frame allocates.
 
         Each column becomes a Python list in one ``tolist`` call, rather than one numpy scalar
@@ -239,4 +294,5 @@ def frame_path(settings: Settings, model: LoadedModel) -> FramePath:
     inspector = None
     if inspect is not None:
         inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
-    return FramePath(model, settings.source.camera_id, settings.source.channel_order, inspector)
+    source = settings.source
+    return FramePath(model, source.camera_id, source.channel_order, inspector, sizes_vary=sizes_vary(source))

@@ -13,17 +13,18 @@ are set: only subscribers whose public key is in that directory get anything. A 
 has one security mechanism for all its endpoints, so with keys configured the tcp endpoints get
 a CURVE socket of their own and the ipc endpoints stay on a plain one; every message goes to
 both. Local consumers need no keys, and nothing on the network is plaintext. Without keys,
-tcp on a non-loopback address is refused unless ``publish.insecure`` says otherwise.
+tcp on a non-loopback address is refused unless ``publish.insecure`` says otherwise. A key
+removed from the allow-list is cut off at the next reload (`Publisher.reload_client_keys`).
+Every socket is an `edged.listen.Listener`: size-limited, and never stealing a live ipc path.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import socket
 from collections import Counter
-from pathlib import Path
+from functools import partial
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -31,6 +32,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from edged.config import PublishConfig
 from edged.errors import PublishError
 from edged.keys import load_allowed_clients, load_secret_key
+from edged.listen import Listener
 
 log = logging.getLogger(__name__)
 
@@ -71,19 +73,15 @@ def check_exposure(endpoint: str, insecure: bool) -> None:
         )
 
 
-def prepare_ipc(endpoint: str) -> Path | None:
-    """The socket's directory: created 0750 (whatever the umask) if missing, left alone if not."""
-    if not endpoint.startswith("ipc://"):
-        return None
-    path = Path(endpoint[len("ipc://") :])
-    try:
-        path.parent.mkdir(parents=True, mode=0o750)
-        path.parent.chmod(0o750)  # mkdir's mode passes through the umask
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise PublishError(f"cannot create the directory for {endpoint}: {e.strerror}") from None
-    return path
+class AllowList:
+    """The subscriber keys the CURVE authenticator admits; replaced whole on reload."""
+
+    def __init__(self) -> None:
+        self.keys: frozenset[bytes] = frozenset()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """zmq.auth's credentials-provider hook: is this Z85 public key allowed?"""
+        return key in self.keys
 
 
 class Publisher:
@@ -99,10 +97,13 @@ class Publisher:
         self.sent = 0
         self.endpoints: list[str] = []
         self._context = context or zmq.Context.instance()
-        self._sockets: dict[bool, zmq.Socket[bytes]] = {}  # keyed by "uses CURVE"
+        self._listeners: dict[bool, Listener] = {}  # keyed by "uses CURVE"
         self._auth: ThreadAuthenticator | None = None
+        self._allowed = AllowList()
         self._server_keys = self._load_server_keys()
         try:
+            if self._server_keys is not None:
+                self._start_authenticator()
             for endpoint in cfg.endpoints:
                 self._bind(endpoint)
         except BaseException:
@@ -117,62 +118,68 @@ class Publisher:
     def _secure(self, endpoint: str) -> bool:
         return self._server_keys is not None and endpoint.startswith("tcp://")
 
-    def _socket_for(self, secure: bool) -> zmq.Socket[bytes]:
-        if secure not in self._sockets:
-            sock = self._context.socket(zmq.PUB)
-            self._sockets[secure] = sock
-            sock.setsockopt(zmq.SNDHWM, self.cfg.hwm)
-            sock.setsockopt(zmq.LINGER, self.cfg.linger_ms)
-            if secure and self._server_keys is not None:
-                self._start_curve(sock, self._server_keys)
-        return self._sockets[secure]
+    def _configure(self, sock: zmq.Socket[bytes], curve: tuple[bytes, bytes] | None) -> None:
+        """Options set before bind; the CURVE authenticator is already running."""
+        sock.setsockopt(zmq.SNDHWM, self.cfg.hwm)
+        sock.setsockopt(zmq.LINGER, self.cfg.linger_ms)
+        if curve is not None:
+            sock.curve_publickey, sock.curve_secretkey = curve
+            sock.curve_server = True
 
-    def _start_curve(self, sock: zmq.Socket[bytes], server_keys: tuple[bytes, bytes]) -> None:
-        """Authenticator first, then the server keys: both must be in place before bind."""
+    def _listener_for(self, secure: bool) -> Listener:
+        if secure not in self._listeners:
+            configure = partial(self._configure, curve=self._server_keys if secure else None)
+            self._listeners[secure] = Listener(self._context, zmq.PUB, configure)
+        return self._listeners[secure]
+
+    def _start_authenticator(self) -> None:
         self._auth = ThreadAuthenticator(self._context, log=logging.getLogger("edged.auth"))
         try:
             self._auth.start()
         except zmq.ZMQError as e:
             raise PublishError(f"cannot start the CURVE authenticator: {e.strerror}") from None
+        self._auth.configure_curve_callback(domain="*", credentials_provider=self._allowed)
         self.reload_client_keys()
-        sock.curve_publickey, sock.curve_secretkey = server_keys
-        sock.curve_server = True
 
     def reload_client_keys(self) -> int:
         """Re-read the allow-list directory after subscribers' keys were added or removed.
 
         Returns how many keys are allowed; a directory that fails its check raises
-        `KeyFileError` and leaves the previous allow-list in force.
+        `KeyFileError` and leaves the previous allow-list in force. When a key was removed, the
+        CURVE socket is bound afresh: libzmq authenticates a peer only when it connects, so this
+        is what cuts a revoked subscriber off. The others reconnect by themselves, and see the
+        messages sent meanwhile as a gap in ``seq``.
         """
         if self._auth is None or self.cfg.curve_clients_dir is None:
             return 0
-        count = load_allowed_clients(self.cfg.curve_clients_dir, "publish.curve_clients_dir")
-        self._auth.configure_curve(domain="*", location=str(self.cfg.curve_clients_dir))
-        if count == 0:
+        keys = load_allowed_clients(self.cfg.curve_clients_dir, "publish.curve_clients_dir")
+        revoked = self._allowed.keys - keys
+        self._allowed.keys = keys
+        if not keys:
             log.warning("no client keys in %s: no subscriber can connect over tcp", self.cfg.curve_clients_dir)
         else:
-            log.info("CURVE: %d subscriber key(s) allowed from %s", count, self.cfg.curve_clients_dir)
-        return count
+            log.info("CURVE: %d subscriber key(s) allowed from %s", len(keys), self.cfg.curve_clients_dir)
+        curve = self._listeners.pop(True, None) if revoked else None
+        if curve is not None:
+            self._listeners[True] = curve.reopen()
+            log.warning(
+                "%d subscriber key(s) revoked: %s bound afresh, so every subscriber authenticates again",
+                len(revoked),
+                ", ".join(curve.endpoints),
+            )
+        return len(keys)
 
     def _bind(self, endpoint: str) -> None:
         secure = self._secure(endpoint)
         if not secure:
             check_exposure(endpoint, self.cfg.insecure)
-        sock = self._socket_for(secure)
-        ipc_path = prepare_ipc(endpoint)
-        try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as e:
-            raise PublishError(f"cannot bind {endpoint}: {e.strerror}") from None
-        if ipc_path is not None:
-            os.chmod(ipc_path, 0o660)  # the service's group may subscribe, nobody else
-        bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        bound = self._listener_for(secure).bind(endpoint)
         self.endpoints.append(bound)
         log.info("publishing on %s%s", bound, " with CURVE" if secure else "")
 
     def send(self, topic: bytes, payload: bytes) -> bool:
         """Queue one message for every subscriber; False (and counted) when it could not go out."""
-        results = [self._send_on(sock, topic, payload) for sock in self._sockets.values()]
+        results = [self._send_on(listener.socket, topic, payload) for listener in self._listeners.values()]
         if all(results):
             self.sent += 1
         return all(results)
@@ -195,9 +202,9 @@ class Publisher:
         self._release(linger=self.cfg.linger_ms)
 
     def _release(self, linger: int) -> None:
-        for sock in self._sockets.values():
-            sock.close(linger=linger)
-        self._sockets.clear()
+        for listener in self._listeners.values():
+            listener.close(linger=linger)
+        self._listeners.clear()
         if self._auth is not None:
             self._auth.stop()
             self._auth = None

@@ -1,22 +1,47 @@
-"""SIGHUP: the configuration and model to switch to, or an error that keeps the running ones.
+"""SIGHUP: the configuration and model to switch to, tried on a real frame before they take over.
 
-Nothing is switched here: the daemon applies what this returns, so a bad config or model leaves
-the running daemon exactly as it was.
+Nothing is switched here: the daemon applies what this returns once `Replacement.trial` has run
+the new model and its plan on a frame, so a bad config, a model that will not load, or one that
+loads but fails on the camera's frames leaves the running daemon exactly as it was.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from edged.config import Settings, load_config
-from edged.model import LoadedModel, load_model
+from edged.errors import ModelError
+from edged.model import load_model
+from edged.pipeline import FramePath, Processed, Rejected, frame_path
+from edged.sources import Frame
 
 log = logging.getLogger(__name__)
 
 
-def load_replacement(config_path: Path | None, running: Settings) -> tuple[Settings, LoadedModel]:
-    """The new settings and their loaded model; raises an EdgedError when either is unusable."""
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """A reloaded configuration and the frame path of its model, on trial until a frame runs through it."""
+
+    settings: Settings
+    path: FramePath
+
+    def trial(self, frame: Frame) -> Processed | Rejected | str:
+        """``frame`` through the new model: `Processed` when it works, the reason when the model
+        fails on it (its warm-up or its run), `Rejected` when the frame itself is unfit and the
+        next frame decides."""
+        try:
+            outcome = self.path.run(frame)
+        except ModelError as e:
+            return str(e)
+        if isinstance(outcome, Rejected) and outcome.reason == "inference_error":
+            return f"inference failed: {outcome.detail}"
+        return outcome
+
+
+def load_replacement(config_path: Path | None, running: Settings) -> Replacement:
+    """The new settings with their loaded model; raises an EdgedError when either is unusable."""
     new = load_config(config_path)
     model = load_model(new.model, new.runtime)
     if new.publish != running.publish:
@@ -28,4 +53,4 @@ def load_replacement(config_path: Path | None, running: Settings) -> tuple[Setti
         # The request socket, like the PUB socket, stays bound as it is.
         log.warning("trigger settings changed: restart edged to apply them")
         new = new.model_copy(update={"trigger": running.trigger})
-    return new, model
+    return Replacement(new, frame_path(new, model))

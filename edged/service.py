@@ -142,6 +142,27 @@ def setup_logging(level: str) -> None:
     root.setLevel(level.upper())
 
 
+def exit_safely(code: int) -> int:
+    """``code``, for the interpreter to exit with; or the process ends here with it while a thread still runs.
+
+    A thread that outlives its join is a daemon thread stuck in native code (OpenCV decoding a
+    large image, a camera driver). If the interpreter finalises around it, the thread's return to
+    Python tears it down with ``pthread_exit``, whose unwinding through OpenCV's C++ frames calls
+    ``std::terminate``: SIGABRT instead of ``code``, which systemd reads as a crash to restart
+    rather than a configuration error (78) to stop at. Such a thread holds nothing to save (the
+    kernel releases a camera with the process), so the logs and output are flushed and the process
+    leaves with ``os._exit``, skipping finalisation.
+    """
+    lingering = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
+    if not lingering:
+        return code
+    log.info("exiting with %d while %s still run(s) in native code", code, ", ".join(lingering))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 class Signals:
     """SIGTERM/SIGINT ask for a stop; SIGHUP asks for a config reload. Both are just flags."""
 

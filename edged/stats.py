@@ -1,19 +1,55 @@
-"""Run statistics: stage latencies and counters behind the status message and STATUS= line.
+"""Run statistics: stage latencies and counters behind the status message, STATUS= and /metrics.
 
 Latencies go into fixed-size ring buffers allocated once, so recording a frame's timings costs
-three float stores; percentiles are computed only when a status message is built.
+a few float stores; percentiles are computed only when a status message is built. Each stage also
+counts its samples into cumulative histogram buckets since start, which Prometheus can aggregate
+across boards where percentiles cannot.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
+import numpy.ma  # np.percentile imports it on first use: load it while files can still be opened
 
 from edged.messages import StageLatency
 
 STAGES = ("preprocess", "inference", "decode", "age")
+# Histogram bucket upper bounds in milliseconds: a stage on an edge board takes from well under a
+# millisecond (decode) to seconds (a large model on a Pi, a frame held up by a thermal pause).
+BUCKETS_MS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0)
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramCounts:
+    """One stage's histogram at one moment: samples at or below each of ``BUCKETS_MS``, cumulative."""
+
+    buckets: tuple[int, ...]
+    count: int
+    sum_ms: float
+
+
+class StageHistogram:
+    """Cumulative bucket counts of one stage since start; observing a sample is a bisect and two adds."""
+
+    def __init__(self) -> None:
+        self._counts = [0] * (len(BUCKETS_MS) + 1)  # the last one: above every bound
+        self._sum_ms = 0.0
+
+    def observe(self, ms: float) -> None:
+        self._counts[bisect.bisect_left(BUCKETS_MS, ms)] += 1
+        self._sum_ms += ms
+
+    def counts(self) -> HistogramCounts:
+        cumulative, total = [], 0
+        for n in self._counts:
+            total += n
+            cumulative.append(total)
+        return HistogramCounts(tuple(cumulative[:-1]), total, self._sum_ms)
 
 
 class LatencyWindow:
@@ -44,15 +80,20 @@ class RunStats:
         self.frames_processed = 0
         self.drops: Counter[str] = Counter()
         self.latency = {stage: LatencyWindow() for stage in STAGES}
+        self.histogram = {stage: StageHistogram() for stage in STAGES}
         self._fps_mark = (self.started_ns, 0)
         self.fps = 0.0
 
     def record(self, preprocess_ms: float, inference_ms: float, decode_ms: float, age_ms: float) -> None:
         self.frames_processed += 1
-        self.latency["preprocess"].add(preprocess_ms)
-        self.latency["inference"].add(inference_ms)
-        self.latency["decode"].add(decode_ms)
-        self.latency["age"].add(age_ms)
+        for stage, ms in (
+            ("preprocess", preprocess_ms),
+            ("inference", inference_ms),
+            ("decode", decode_ms),
+            ("age", age_ms),
+        ):
+            self.latency[stage].add(ms)
+            self.histogram[stage].observe(ms)
 
     def drop(self, cause: str) -> None:
         self.drops[cause] += 1
@@ -71,3 +112,6 @@ class RunStats:
 
     def latencies(self) -> dict[str, StageLatency]:
         return {stage: window.summary() for stage, window in self.latency.items()}
+
+    def histograms(self) -> dict[str, HistogramCounts]:
+        return {stage: histogram.counts() for stage, histogram in self.histogram.items()}

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from edged.capture import CaptureStats
-from edged.messages import CaptureReport, ModelInfo, StatusMessage
+from edged.messages import CaptureReport, EvidenceReport, ModelInfo, StatusMessage
+from edged.mqtt import MqttStats
 from edged.stats import RunStats
 from edged.thermal import ThermalReport
 
@@ -28,6 +29,8 @@ class Snapshot:
     thermal: ThermalReport | None
     model: ModelInfo
     model_short: str  # name@hash prefix, as the logs name the model
+    mqtt: MqttStats | None = None  # None: no [mqtt] output
+    evidence: EvidenceReport | None = None  # None without [evidence]
 
     def drops(self) -> dict[str, int]:
         """Frames and messages lost, by cause: the loop's, the capture thread's and the publisher's."""
@@ -59,13 +62,17 @@ class Snapshot:
                 size_changes=self.capture.size_changes,
                 last_error=self.capture.last_error,
             ),
+            mqtt_state=self.mqtt.state if self.mqtt else None,
+            mqtt_drops=self.mqtt.drops if self.mqtt else None,
+            evidence=self.evidence,
         )
 
     def line(self) -> str:
         """systemd's one-line STATUS=."""
         thermal = self.thermal.summary() if self.thermal else "thermal off"
         cap = f" cap {self.rate_cap_fps:.1f}fps" if self.rate_cap_fps else ""
+        mqtt = f" | mqtt {self.mqtt.state}" if self.mqtt else ""
         return (
-            f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state} | {thermal} | "
+            f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state}{mqtt} | {thermal} | "
             f"{self.stats.frames_processed} frames | model {self.model_short}"
         )

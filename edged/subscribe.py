@@ -136,7 +136,7 @@ def format_message(msg: Message) -> str:
         return format_verdict(msg)
     if isinstance(msg, StatusMessage):
         drops = ", ".join(f"{k}={v}" for k, v in sorted(msg.drops.items()) if v) or "none"
-        thermal = msg.thermal.get("state", "?") if msg.thermal else "off"
+        thermal = msg.thermal.state if msg.thermal else "off"
         return (
             f"[status {msg.camera_id}] {msg.fps:.1f} fps, camera {msg.source_state}, "
             f"thermal {thermal}, {msg.frames_processed} frames, drops: {drops}"
@@ -182,24 +182,33 @@ def run_subscribe(
 def _print_stream(
     sub: Subscriber, *, stats: bool, raw_json: bool, count: int | None, timeout_s: float | None, out: TextIO
 ) -> int:
+    """Print messages (or, with ``stats``, a summary each second and a last one at the end) until done."""
     started = last_summary = time.monotonic()
     shown = 0
     told: str | None = None
+    code = 0
     while count is None or shown < count:
         if timeout_s is not None and time.monotonic() - started > timeout_s:
             print(f"no more messages within {timeout_s:g} s", file=sys.stderr)
-            return 1 if shown == 0 else 0
+            code = 1 if shown == 0 else 0
+            break
         msg = sub.receive(0.5)
         if sub.stats.handshake_error != told:  # say it once; the socket keeps retrying
             told = sub.stats.handshake_error
             print(f"edged subscribe: {told}", file=sys.stderr)
         if stats and time.monotonic() - last_summary >= 1.0:
             last_summary = time.monotonic()
-            s = sub.stats
-            print(f"received {dict(s.received)}, lost {s.lost}, rejected {s.rejected}", file=out, flush=True)
+            _print_summary(sub.stats, out)
         if msg is None:
             continue
         shown += 1
         if not stats:
             print(msg.model_dump_json() if raw_json else format_message(msg), file=out, flush=True)
-    return 0
+    if stats:
+        _print_summary(sub.stats, out)
+    return code
+
+
+def _print_summary(s: StreamStats, out: TextIO) -> None:
+    received = ", ".join(f"{kind} {n}" for kind, n in sorted(s.received.items()))
+    print(f"received {received or 'nothing'}; lost {s.lost}, rejected {s.rejected}", file=out, flush=True)

@@ -18,14 +18,14 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
 from edged.config import ThermalConfig
+from edged.messages import ThermalState
 from edged.thermal_readers import THROTTLING_NOW, BoardFamily, Snapshot, SysReader, Zone
 
 log = logging.getLogger(__name__)
 
-ThermalState = Literal["unknown", "ok", "warm", "throttled", "critical"]
 
 _RANK: dict[str, int] = {"unknown": 0, "ok": 1, "warm": 2, "throttled": 3, "critical": 4}
 _LEVELS: tuple[ThermalState, ...] = ("warm", "throttled", "critical")

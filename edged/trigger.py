@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -30,13 +30,13 @@ from zmq.auth.thread import ThreadAuthenticator
 from edged.config import PublishConfig, TriggerConfig
 from edged.errors import MessageError, PublishError, TriggerFailed, UsageError
 from edged.keys import ClientKeys, load_allowed_clients, load_secret_key
+from edged.listen import Listener
 from edged.messages import TriggerError, TriggerProblem, VerdictMessage, parse_message
-from edged.publish import check_exposure, prepare_ipc
+from edged.publish import AllowList, check_exposure
 from edged.subscribe import format_verdict
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 4096  # {"part_id": ...}: anything bigger is not a request
 MAX_PART_ID = 128
 EXIT_NG = 3  # `edged trigger`: 0 is OK, 3 NG, 1 no verdict (an error reply or none)
 
@@ -58,58 +58,57 @@ class TriggerServer:
     """
 
     def __init__(self, cfg: TriggerConfig, publish: PublishConfig, camera_id: str) -> None:
-        self.endpoint = cfg.endpoint
         self._camera_id = camera_id
         self._bound = cfg.queue + 1  # the one in progress and those behind it
         self._waiting: deque[Request] = deque()
         self._serving = False  # a request was handed out by `next` and not yet answered
+        self._allowed = AllowList()
+        self._clients_dir = publish.curve_clients_dir
+        secure = cfg.endpoint.startswith("tcp://") and publish.curve_server_key is not None and self._clients_dir is not None
+        keys = None
+        if secure and publish.curve_server_key is not None:
+            keys = load_secret_key(publish.curve_server_key, "publish.curve_server_key")
+        else:
+            check_exposure(cfg.endpoint, publish.insecure)
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._auth: ThreadAuthenticator | None = None
-        self._clients_dir = publish.curve_clients_dir
-        self._socket = self._context.socket(zmq.ROUTER)
+        self._listener = Listener(self._context, zmq.ROUTER, partial(_configure, curve=keys))
         try:
-            self._bind(cfg.endpoint, publish)
+            if keys is not None:
+                self._start_authenticator()  # before bind: a CURVE peer is only ever let in by it
+            self.endpoint = self._listener.bind(cfg.endpoint)
         except BaseException:
             self.close()
             raise
-
-    def _bind(self, endpoint: str, publish: PublishConfig) -> None:
-        sock = self._socket
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
-        secure = endpoint.startswith("tcp://") and publish.curve_server_key is not None
-        if secure and publish.curve_server_key is not None:
-            self._auth = ThreadAuthenticator(self._context, log=logging.getLogger("edged.auth"))
-            try:
-                self._auth.start()
-            except zmq.ZMQError as e:
-                raise PublishError(f"cannot start the CURVE authenticator for trigger.endpoint: {e.strerror}") from None
-            self.reload_client_keys()
-            sock.curve_publickey, sock.curve_secretkey = load_secret_key(
-                publish.curve_server_key, "publish.curve_server_key"
-            )
-            sock.curve_server = True
-        else:
-            check_exposure(endpoint, publish.insecure)
-        ipc_path = prepare_ipc(endpoint)
-        try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as e:
-            raise PublishError(f"cannot bind trigger.endpoint {endpoint}: {e.strerror}") from None
-        if ipc_path is not None:
-            os.chmod(ipc_path, 0o660)  # the service's group may request, nobody else
-        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("taking inspection requests on %s%s", self.endpoint, " with CURVE" if secure else "")
 
+    def _start_authenticator(self) -> None:
+        """The publisher's allow-list, checked by a ZAP handler in this server's own context."""
+        self._auth = ThreadAuthenticator(self._context, log=logging.getLogger("edged.auth"))
+        try:
+            self._auth.start()
+        except zmq.ZMQError as e:
+            raise PublishError(f"cannot start the CURVE authenticator for trigger.endpoint: {e.strerror}") from None
+        self._auth.configure_curve_callback(domain="*", credentials_provider=self._allowed)
+        self.reload_client_keys()
+
     def reload_client_keys(self) -> None:
-        """Re-read the publisher's allow-list (SIGHUP); a bad directory raises `KeyFileError`."""
-        if self._auth is not None and self._clients_dir is not None:
-            load_allowed_clients(self._clients_dir, "publish.curve_clients_dir")
-            self._auth.configure_curve(domain="*", location=str(self._clients_dir))
+        """Re-read the publisher's allow-list (SIGHUP); a bad directory raises `KeyFileError`.
+
+        A removed key gets the socket bound afresh, as the publisher does: libzmq authenticates
+        a peer only when it connects.
+        """
+        if self._auth is None or self._clients_dir is None:
+            return
+        keys = load_allowed_clients(self._clients_dir, "publish.curve_clients_dir")
+        revoked = self._allowed.keys - keys
+        self._allowed.keys = keys
+        if revoked:
+            self._listener = self._listener.reopen()
 
     def next(self, timeout_s: float) -> Request | None:
         """The oldest waiting request, waiting up to ``timeout_s`` for one; None when none came."""
-        if not self._waiting and self._socket.poll(int(timeout_s * 1000)):
+        if not self._waiting and self._listener.socket.poll(int(timeout_s * 1000)):
             self.collect()
         if not self._waiting:
             return None
@@ -121,7 +120,7 @@ class TriggerServer:
         (malformed: ``bad_request``; beyond the bound: ``busy``)."""
         while True:
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                frames = self._listener.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             arrived_ns = time.monotonic_ns()
@@ -145,7 +144,7 @@ class TriggerServer:
 
     def _send(self, envelope: tuple[bytes, ...], reply: VerdictMessage | TriggerError) -> None:
         try:
-            self._socket.send_multipart([*envelope, reply.model_dump_json().encode()], zmq.NOBLOCK)
+            self._listener.socket.send_multipart([*envelope, reply.model_dump_json().encode()], zmq.NOBLOCK)
         except zmq.ZMQError as e:  # the requester is gone: nobody is left to tell
             log.warning("trigger reply not sent: %s", e.strerror)
 
@@ -155,11 +154,19 @@ class TriggerServer:
         while self._waiting:
             request = self._waiting.popleft()
             self._send(request.envelope, self.error(request.part_id, "stopping", "edged is stopping"))
-        self._socket.close(linger=0)
+        self._listener.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
         self._context.term()
+
+
+def _configure(sock: zmq.Socket[bytes], curve: tuple[bytes, bytes] | None) -> None:
+    """Options set before bind: no lingering replies, and the CURVE server keys when secured."""
+    sock.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        sock.curve_publickey, sock.curve_secretkey = curve
+        sock.curve_server = True
 
 
 def _part_id(payload: bytes) -> str | None:

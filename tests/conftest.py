@@ -1,7 +1,12 @@
-"""Shared test set-up: tests import their model builders from this folder; unmarked tests are unit tests."""
+"""Shared test set-up: tests import their model builders from this folder; unmarked tests are unit tests.
+
+The .deb is built here, once per run, for the packaging tests and the systemd tests alike.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,3 +22,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.get_closest_marker(name) for name in CATEGORIES):
             item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(scope="session")
+def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """packaging/build-deb's package; dpkg-deb compresses with gzip -1 instead of xz to save minutes of CPU."""
+    repo = Path(__file__).resolve().parent.parent
+    for required in ("config/edged.toml", "models/demo.onnx", "models/demo.labels"):
+        if not (repo / required).exists():
+            pytest.fail(f"{required} is missing: the package cannot be built without it")
+    out = tmp_path_factory.mktemp("deb")
+    env = dict(os.environ, DPKG_DEB_COMPRESSOR_TYPE="gzip", DPKG_DEB_COMPRESSOR_LEVEL="1", PIP=f"{sys.executable} -m pip")
+    proc = subprocess.run(
+        [str(repo / "packaging" / "build-deb"), "--output-dir", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"build-deb failed:\n{proc.stderr[-4000:]}"
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path.parent == out
+    return path

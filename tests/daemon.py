@@ -41,8 +41,10 @@ def toml_value(value: Any) -> str:
 
 
 def write_config(path: Path, sections: dict[str, dict[str, Any]]) -> Path:
+    """A config file of ``sections``; the HTTP server is off unless a section says otherwise, so that
+    daemons started side by side do not compete for its default port."""
     lines = []
-    for name, keys in sections.items():
+    for name, keys in {"http": {"listen": ""}, **sections}.items():
         lines.append(f"[{name}]")
         lines += [f"{key} = {toml_value(value)}" for key, value in keys.items()]
     path.write_text("\n".join(lines) + "\n")

@@ -215,19 +215,20 @@ def stalling_probe(path: Path, iterations_when_bright: int = 10**12) -> Path:
     return _save_with_side_branch(probe, "zero", path)
 
 
-def failing_probe(path: Path) -> Path:
-    """The colour probe that raises inside ONNX Runtime on bright frames (mean above 0.5).
+def failing_probe(path: Path, brighter_than: float = 0.5) -> Path:
+    """The colour probe that raises inside ONNX Runtime on bright frames (mean above ``brighter_than``).
 
     A data-dependent Reshape to [7, -1] cannot divide the input's 3 * 64 * 64 values, which is
-    the kind of run-time error a provider throws; dark frames run normally.
+    the kind of run-time error a provider throws; dark frames run normally. Below 0 it fails on
+    every run, its warm-up included, yet loads: ONNX Runtime cannot see the failure coming.
     """
     probe = onnx.load(str(colour_probe(path)))
     graph = probe.graph
     graph.node.extend(
         [
             helper.make_node("ReduceMean", ["x"], ["fail_brightness"], keepdims=0),
-            _const("fail_half", np.array(0.5, np.float32)),
-            helper.make_node("Greater", ["fail_brightness", "fail_half"], ["fail_bright"]),
+            _const("fail_limit", np.array(brighter_than, np.float32)),
+            helper.make_node("Greater", ["fail_brightness", "fail_limit"], ["fail_bright"]),
             helper.make_node("Cast", ["fail_bright"], ["fail_bright_i"], to=TensorProto.INT64),
             _const("fail_six", np.array(6, np.int64)),
             helper.make_node("Mul", ["fail_bright_i", "fail_six"], ["fail_extra"]),
@@ -244,6 +245,27 @@ def failing_probe(path: Path) -> Path:
         ]
     )
     return _save_with_side_branch(probe, "fail_zero", path)
+
+
+def nan_probe(path: Path) -> Path:
+    """The colour probe whose every output value is NaN on bright frames (mean above 0.5).
+
+    The side branch is the square root of minus one on a bright frame and of zero otherwise, as a
+    broken or overflowing model gives NaN on some inputs: dark frames, and the letterbox grey
+    `edged check` first runs, come out as usual.
+    """
+    probe = onnx.load(str(colour_probe(path)))
+    probe.graph.node.extend(
+        [
+            helper.make_node("ReduceMean", ["x"], ["nan_brightness"], keepdims=0),
+            _const("nan_half", np.array(0.5, np.float32)),
+            helper.make_node("Greater", ["nan_brightness", "nan_half"], ["nan_bright"]),
+            helper.make_node("Cast", ["nan_bright"], ["nan_bright_f"], to=TensorProto.FLOAT),
+            helper.make_node("Neg", ["nan_bright_f"], ["nan_minus"]),
+            helper.make_node("Sqrt", ["nan_minus"], ["nan_zero"]),
+        ]
+    )
+    return _save_with_side_branch(probe, "nan_zero", path)
 
 
 def border_detector(

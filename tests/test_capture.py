@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 from waiting import wait_for
 
-from edged.capture import HEARTBEAT_S, JITTER, LOG_EVERY_N_FAILURES, LOW_NICENESS, Backoff, Capture
+from edged.backoff import JITTER, Backoff
+from edged.capture import HEARTBEAT_S, LOG_EVERY_N_FAILURES, LOW_NICENESS, Capture
 from edged.config import CapturePriority
 from edged.demand import AWAY_NS
 from edged.errors import SourceError

@@ -6,9 +6,11 @@ import json
 import os
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 from daemon import run_cli, write_config
-from onnx_models import colour_probe
+from onnx_models import colour_probe, nan_probe
 
 from edged.messages import schema_text
 
@@ -38,6 +40,7 @@ def test_check_reports_contract_head_and_placement(tmp: Path) -> None:
     assert "input      images [1, 3, 64, 64] float32 nchw rgb letterbox" in out
     assert "yolov8 head, 2 classes: red, blue" in out
     assert "placement  CPUExecutionProvider:" in out and " nodes" in out
+    assert "from ONNX Runtime's" in out  # the assignment record, or the profile where this onnxruntime has none
     assert "one per physical core of" in next(line for line in out.splitlines() if line.startswith("threads    "))
     assert out.rstrip().endswith("ok")
 
@@ -92,6 +95,23 @@ def test_check_refuses_a_normalisation_that_makes_scores_above_one(tmp: Path) ->
     result = run_cli("check", "--config", str(_config(tmp, {"path": "probe.onnx", "scale": 1.0})))
     assert result.returncode == 78
     assert "score(s) above 1" in result.stderr and "model.scale" in result.stderr
+
+
+@pytest.mark.parametrize(("colour", "refused"), [((255, 255, 255), True), ((0, 0, 255), False)])
+def test_check_refuses_a_model_whose_output_on_the_cameras_first_frame_is_nan(
+    tmp: Path, colour: tuple[int, int, int], refused: bool
+) -> None:
+    # The model gives NaN on bright frames only: the grey frame passes, the camera's white one does not.
+    nan_probe(tmp / "nan.onnx")
+    (tmp / "imgs").mkdir()
+    cv2.imwrite(str(tmp / "imgs" / "frame.png"), np.full((96, 128, 3), colour, np.uint8))
+    source = {"type": "images", "path": str(tmp / "imgs")}
+    result = run_cli("check", "--config", str(_config(tmp, {"path": "nan.onnx"}, source=source)))
+    if refused:
+        assert result.returncode == 78, result.stdout
+        assert "the camera's first frame gave 48 NaN or infinite output value(s)" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
 
 
 def _model(tmp: Path, name: str, **kwargs: object) -> str:
@@ -159,6 +179,23 @@ def test_missing_config_file_says_so(tmp: Path) -> None:
 def test_environment_overrides_the_file(tmp: Path) -> None:
     result = run_cli("check", "--config", str(_config(tmp)), env={"EDGED_MODEL__IOU": "7"})
     assert result.returncode == 78 and "model.iou" in result.stderr
+    assert "(from the environment: EDGED_MODEL__IOU)" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_a_directory_at_the_config_path_exits_78_naming_it(tmp: Path, command: str) -> None:
+    result = run_cli(command, "--config", str(tmp))
+    assert result.returncode == 78, result.stderr
+    assert f"config file {tmp} is a directory, not a file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_misspelt_variable_is_warned_about_and_the_check_goes_on(tmp: Path) -> None:
+    result = run_cli("check", "--config", str(_config(tmp)), env={"EDGED_MODLE__CONF": "0.9"})
+    assert result.returncode == 0, result.stderr
+    assert "environment variable EDGED_MODLE__CONF sets nothing: no section 'modle'; did you mean EDGED_MODEL__CONF?" in (
+        result.stderr
+    )
 
 
 def test_schema_command_prints_the_generated_schema(tmp: Path) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import resource
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from pydantic import BaseModel
@@ -25,7 +29,8 @@ def _keys(model: type[BaseModel], prefix: str = "") -> set[str]:
     keys = set()
     for name, field in model.model_fields.items():
         keys.add(prefix + name)
-        annotation = field.annotation
+        # An optional section (``X | None``) documents the keys of X.
+        annotation = next((a for a in get_args(field.annotation) if a is not type(None)), field.annotation)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel) and name != "source":
             keys |= _keys(annotation, f"{prefix}{name}.")
     return keys
@@ -120,6 +125,11 @@ def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, mo
         ("[source]\n", "model: Field required"),
         ('[model]\npath = "m.onnx"\nlabels = "nope.txt"\n', "model.labels: labels file"),
         ('[model]\npath = "m.onnx"\n[thermal]\nwarm_c = 80\ncritical_c = 70\n', "thermal.critical_c"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "8080"\n', "http.listen: Value error, '8080' is not HOST:PORT"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "board.local:8080"\n', "is not an IP address or localhost"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "0.0.0.0:8080"\n', "http.token_file: Value error, http.listen"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "[::]:8080"\n', "is not a loopback address"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "0.0.0.0:8080"\ntoken_file = "t"\n', "/t does not exist"),
     ],
 )
 def test_problems_name_their_key(tmp_path: Path, text: str, problem: str) -> None:
@@ -132,3 +142,170 @@ def test_a_wrong_source_type_lists_every_registered_kind(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n[source]\ntype = "usb"\n'))
     assert any(f"source.type must be one of {', '.join(SOURCES)}" in p for p in info.value.problems), info.value.problems
+
+
+# ---- what is at the config path, and the files it names ------------------------------------------
+
+
+def test_a_directory_at_the_config_path_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)
+    assert info.value.problems == [f"config file {tmp_path} is a directory, not a file"]
+
+
+def test_a_fifo_at_the_config_path_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "edged.toml"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        load_config(fifo)
+
+
+def test_running_out_of_file_descriptors_while_reading_is_a_config_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[model]\npath = "m.onnx"\n')
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.dup(0)  # a new descriptor takes the lowest free number
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no number at or above it
+    try:
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert info.value.problems == [f"config file {path} cannot be read: Too many open files"]
+
+
+def test_a_config_file_too_big_to_be_one_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "edged.toml"
+    with path.open("wb") as f:
+        f.truncate(64 << 20)
+    with pytest.raises(ConfigError, match="is larger than 1048576 bytes"):
+        load_config(path)
+
+
+def test_a_directory_where_the_model_or_labels_should_be_is_named(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, '[model]\npath = "models"\nlabels = "models"\n'))
+    assert info.value.problems == [
+        f"model.path: model file {tmp_path / 'models'} is a directory, not a file",
+        f"model.labels: labels file {tmp_path / 'models'} is a directory, not a file",
+    ]
+
+
+# ---- keys of another camera kind, misspellings ---------------------------------------------------
+
+
+def test_a_key_of_another_source_type_says_so_and_lists_the_keys_that_apply(tmp_path: Path) -> None:
+    (tmp_path / "clip.mp4").write_bytes(b"x")
+    text = '[model]\npath = "m.onnx"\n[source]\ntype = "file"\npath = "clip.mp4"\ndevice = "/dev/video0"\n'
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text))
+    (problem,) = info.value.problems
+    keys = ", ".join(SOURCES["file"][0].model_fields)
+    assert problem.startswith(
+        "source.device: Extra inputs are not permitted (source.device does not apply to source type 'file' "
+        f"(it is a key of v4l2); the keys of 'file' are: {keys})"
+    ), problem
+    assert "spelling" not in problem
+
+
+def test_a_misspelt_key_names_the_closest_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, '[model]\npath = "m.onnx"\nconff = 0.3\n[source]\ntype = "synthetic"\nfsp = 3\n'))
+    assert info.value.problems == [
+        "source.fsp: Extra inputs are not permitted (unknown key: did you mean fps?); got 3",
+        "model.conff: Extra inputs are not permitted (unknown key: did you mean conf?); got 0.3",
+    ]
+
+
+# ---- EDGED_* variables ---------------------------------------------------------------------------
+
+
+def test_a_bad_value_in_a_variable_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, '[model]\npath = "m.onnx"\nconf = 0.3\n')
+    monkeypatch.setenv("EDGED_MODEL__CONF", "abc")
+    monkeypatch.setenv("EDGED_RUNTIME__PROVIDERS", '[{"nam": "CPUExecutionProvider"}]')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert sorted(info.value.problems) == [
+        "model.conf: Input should be a valid number, unable to parse string as a number; got 'abc' "
+        "(from the environment: EDGED_MODEL__CONF)",
+        "runtime.providers.0.nam: Extra inputs are not permitted (unknown key: did you mean name?); "
+        "got 'CPUExecutionProvider' (from the environment: EDGED_RUNTIME__PROVIDERS)",
+        "runtime.providers.0.name: Field required (required key is missing) "
+        "(from the environment: EDGED_RUNTIME__PROVIDERS)",
+    ]
+
+
+def test_a_variable_that_is_not_json_for_a_list_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, '[model]\npath = "m.onnx"\n')
+    monkeypatch.setenv("EDGED_MODEL__MEAN", "[1, 2")
+    monkeypatch.setenv("EDGED_MODEL__LABELS", "labels.txt")  # a plain string beside it, not at fault
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (problem,) = info.value.problems
+    assert problem.startswith("model: EDGED_MODEL__MEAN is not the JSON its key needs: Expecting ',' delimiter"), problem
+
+
+def test_a_variable_the_file_does_not_set_is_not_blamed_on_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path, '[model]\npath = "m.onnx"\niou = 7\n')
+    monkeypatch.setenv("EDGED_MODEL__CONF", "0.5")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == ["model.iou: Input should be less than or equal to 1; got 7"]
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("EDGED_MODLE__CONF", "EDGED_MODEL__CONF"),
+        ("EDGED_MODEL_CONF", "EDGED_MODEL__CONF"),
+        ("edged_sorce__fps", "EDGED_SOURCE__FPS"),
+    ],
+)
+def test_a_misspelt_variable_is_warned_about_naming_the_closest_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, name: str, closest: str
+) -> None:
+    path = _write(tmp_path, '[model]\npath = "m.onnx"\n')
+    monkeypatch.setenv(name, "0.5")
+    with caplog.at_level(logging.WARNING, logger="edged.config"):
+        settings = load_config(path)
+    assert settings.model.conf == 0.25  # pydantic-settings ignores it: hence the warning
+    assert [r.getMessage() for r in caplog.records] == [
+        f"environment variable {name} sets nothing: no section {name[6:].split('__')[0].lower()!r}; did you mean {closest}?"
+    ]
+
+
+def test_a_variable_like_nothing_edged_reads_is_warned_about_with_the_naming_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("EDGED_WHEELHOUSE", "/srv/wheels")
+    with caplog.at_level(logging.WARNING, logger="edged.config"):
+        load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n'))
+    assert [r.getMessage() for r in caplog.records] == [
+        "environment variable EDGED_WHEELHOUSE sets nothing: no section 'wheelhouse' (variables are EDGED_<SECTION>__<KEY>)"
+    ]
+
+
+def test_http_listens_on_loopback_by_default_and_anywhere_with_a_private_token(tmp_path: Path) -> None:
+    assert load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n')).http.listen == "127.0.0.1:8080"
+    for listen in ("[::1]:8080", "localhost:8080", "127.0.0.2:9000", ""):
+        assert (
+            load_config(_write(tmp_path, f'[model]\npath = "m.onnx"\n[http]\nlisten = "{listen}"\n')).http.listen == listen
+        )
+    token = tmp_path / "http.token"
+    token.write_text("short\n")
+    token.chmod(0o600)
+    text = '[model]\npath = "m.onnx"\n[http]\nlisten = "0.0.0.0:8080"\ntoken_file = "http.token"\n'
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text))
+    assert "at least 16" in str(info.value)
+    token.write_text("0123456789abcdef0123\n")
+    token.chmod(0o640)
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text))
+    assert "too open" in str(info.value) and "chmod 600" in str(info.value)
+    token.chmod(0o600)
+    assert load_config(_write(tmp_path, text)).http.token_file == token

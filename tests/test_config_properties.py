@@ -289,7 +289,7 @@ def test_settings_from_python_values_validate_or_name_the_key(
     try:
         Settings(**data)
     except ValidationError as e:
-        _check_problems(ConfigError(None, [_format_error(err) for err in e.errors()]), data)
+        _check_problems(ConfigError(None, [_format_error(err, {}) for err in e.errors()]), data)
 
 
 KNOWN_NAMES = set(Settings.model_fields) | set(ProviderConfig.model_fields) | {key for _, key in KEYS}

@@ -30,7 +30,7 @@ def _rate(d: RunningDaemon, seconds: float) -> tuple[float, StatusMessage | None
 
 
 def _wait_state(d: RunningDaemon, state: str) -> StatusMessage:
-    return d.wait_status(lambda s: s.thermal is not None and s.thermal["state"] == state, timeout=10)
+    return d.wait_status(lambda s: s.thermal is not None and s.thermal.state == state, timeout=10)
 
 
 def test_heating_lowers_the_published_rate_pauses_then_recovers(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_heating_lowers_the_published_rate_pauses_then_recovers(tmp_path: Path) 
     d = RunningDaemon(config, endpoint)
     try:
         ok = _wait_state(d, "ok")
-        assert ok.thermal and ok.thermal["board"] == "raspberrypi"
+        assert ok.thermal and ok.thermal.board == "raspberrypi"
         full, _ = _rate(d, 2.0)
         assert full > 0.7 * FPS, full
 
@@ -68,7 +68,7 @@ def test_heating_lowers_the_published_rate_pauses_then_recovers(tmp_path: Path) 
         _wait_state(d, "critical")
         paused, status = _rate(d, 1.5)
         assert paused == 0.0
-        assert status is not None and status.thermal and status.thermal["state"] == "critical"
+        assert status is not None and status.thermal and status.thermal.state == "critical"
         assert "paused" in d.log() or "critical" in d.log()
 
         heat.write_text("50000\n")  # cooled well below every threshold

@@ -297,6 +297,16 @@ def test_non_finite_rows_dropped(head: str) -> None:
     # iou=1.0 keeps identical boxes, so a corrupt row can only vanish through the finite check.
     det = decode(head, out, max_det=10, iou=1.0)
     assert_detections(det, [[540, 310, 740, 410]], [0.9], [1])
+    assert det.nonfinite == 3  # counted: the daemon reports them as nonfinite_output
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end", "rtdetr"])
+def test_an_output_of_nan_is_counted_not_silently_empty(head: str) -> None:
+    # A NaN score never passes the threshold: without the count such a model publishes nothing, silently.
+    out = np.full(SHAPES[head], np.nan, np.float32)
+    det = decode(head, out)
+    assert len(det) == 0 and det.nonfinite == out.size
+    assert decode(head, ENCODERS[head](SCENE)).nonfinite == 0
 
 
 @pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
@@ -426,11 +436,13 @@ def test_decoder_rejects_bad_config(
     assert fragment in str(info.value)
 
 
+_HUGE = float(np.float32(3.4e38))
 _hostile_float = st.one_of(
     st.floats(0.0, 1.0, width=32),  # plausible scores
     st.floats(0.0, 640.0, width=32),  # plausible coordinates
     st.floats(-2000.0, 2000.0, width=32),
-    st.sampled_from([np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, 0.0, 1.0, 2.0]),
+    # Near float32's largest value, as float32 holds it exactly (hypothesis refuses a value it would round).
+    st.sampled_from([np.nan, np.inf, -np.inf, _HUGE, -_HUGE, 0.0, 1.0, 2.0]),
 )
 # end2end class ids: mostly valid, some out of range, fractional or non-finite.
 _hostile_class = st.sampled_from([0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 3.0, -1.0, 1.5, np.nan, np.inf])

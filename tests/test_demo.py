@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config
+from waiting import wait_for
 
 from edged.config import load_config
 from edged.messages import DetectionsMessage
@@ -67,3 +73,106 @@ def test_demo_model_finds_the_generated_defects_on_most_frames(tmp_path: Path) -
     matched = sum(_matches_truth(m, generator) for m in messages)
     assert matched >= 0.7 * len(messages), f"{matched} of {len(messages)} frames match the ground truth"
     assert any(m.detections for m in messages)
+
+
+def _demo_tree(tmp_path: Path, port: int) -> Path:
+    """The repository's demo script and config on ``port``, beside the models, in a tree of its own.
+
+    ``scripts/setup`` installs Debian packages and the virtualenv, which are in place here: its
+    stand-in does nothing, and ``.venv/bin/edged`` is this interpreter running edged.
+    """
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    (root / "config").mkdir()
+    (root / ".venv" / "bin").mkdir(parents=True)
+    (root / "models").symlink_to(ROOT / "models")
+    endpoint = "127.0.0.1:5556"
+    config = (ROOT / "config" / "demo.toml").read_text()
+    (root / "config" / "demo.toml").write_text(config.replace(endpoint, f"127.0.0.1:{port}"))
+    script = (ROOT / "scripts" / "demo").read_text()
+    assert endpoint in config and endpoint in script
+    executables = {
+        root / "scripts" / "demo": script.replace(endpoint, f"127.0.0.1:{port}"),
+        root / "scripts" / "setup": "#!/bin/sh\n",
+        root / ".venv" / "bin" / "edged": f'#!/bin/sh\nexec {sys.executable} -m edged "$@"\n',
+    }
+    for path, text in executables.items():
+        path.write_text(text)
+        path.chmod(0o755)
+    return root
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.name))
+    return children
+
+
+def _alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting to be reaped."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Demo:
+    """``scripts/demo`` as a user runs it, its output in a file."""
+
+    def __init__(self, root: Path, tmp_path: Path) -> None:
+        self.output = tmp_path / "demo.out"
+        with self.output.open("w") as out:
+            self.proc = subprocess.Popen([str(root / "scripts" / "demo")], stdout=out, stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.output.read_text()
+
+    def close(self) -> None:
+        for pid in _children(self.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killing_the_demo_leaves_no_daemon_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    demo = Demo(_demo_tree(tmp_path, free_port()), tmp_path)
+    try:
+        assert wait_for(lambda: "detection(s)" in demo.text(), timeout_s=90), demo.text()
+        children = _children(demo.proc.pid)
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in children]
+        assert sorted(c[c.index(b"edged") + 1] for c in commands) == [b"run", b"subscribe"], commands
+        demo.proc.send_signal(sig)
+        assert demo.proc.wait(20) == (143 if sig == signal.SIGTERM else -signal.SIGKILL)
+        assert wait_for(lambda: not any(_alive(pid) for pid in children), timeout_s=20), demo.text()
+    finally:
+        demo.close()
+
+
+def test_a_demo_whose_port_is_taken_shows_the_bind_error_and_fails(tmp_path: Path) -> None:
+    port = free_port()
+    context = zmq.Context()
+    orphan = context.socket(zmq.PUB)  # what an earlier demo's daemon left running would hold
+    orphan.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        demo = Demo(_demo_tree(tmp_path, port), tmp_path)
+        try:
+            assert demo.proc.wait(90) == 1, demo.text()
+            children = _children(demo.proc.pid)
+        finally:
+            demo.close()
+    finally:
+        orphan.close(linger=0)
+        context.term()
+    out = demo.text()
+    assert f"cannot bind tcp://127.0.0.1:{port}: Address already in use" in out, out
+    assert "another program holds it" in out and "demo: edged run stopped with exit status 1" in out
+    assert not children

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from edged.capture import CaptureState, CaptureStats
+from edged.capture import CaptureStats
 from edged.health import Health
+from edged.messages import CaptureState
 
 S = 1_000_000_000
 
@@ -79,3 +80,16 @@ def test_a_live_reconnect_counts_as_progress_and_a_dead_capture_thread_does_not(
     assert health.healthy(replace(_capture("ended", alive=False), last_progress_ns=0)) is False
     health.frame_done()
     assert health.healthy(_capture("ended", alive=False))  # a finished file is not a dead thread
+
+
+def test_the_problem_says_why_the_watchdog_would_not_ping() -> None:
+    clock = Clock()
+    health = Health(10.0, clock)
+    assert health.problem(_capture()) is None
+    clock.ns = 12 * S
+    assert health.problem(_capture()) == "the loop has not turned for 12.0 s"
+    health.loop_turned()
+    assert health.problem(_capture("lost", last_progress_ns=0)) == "no frame processed for 12.0 s (camera lost)"
+    assert health.problem(_capture("lost", last_progress_ns=5 * S)) is None  # the reconnect is alive
+    health.frame_done()
+    assert "capture thread died" in str(health.problem(_capture(alive=False)))

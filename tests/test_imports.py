@@ -1,4 +1,4 @@
-"""What ``edged run`` loads: the daemon's stages, never the offline tools or their ONNX dependencies."""
+"""What ``edged run`` loads: the daemon's stages, never the offline tools, their ONNX dependencies or paho."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ print("\\n".join(sorted(sys.modules)))
 """
 
 
-def test_edged_run_imports_no_tool_and_no_onnx(tmp_path: Path) -> None:
+def test_edged_run_imports_no_tool_no_onnx_and_without_mqtt_no_paho(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", RUN_IMPORTS, str(tmp_path / "missing.toml")], capture_output=True, text=True, timeout=60
     )
@@ -34,4 +34,5 @@ def test_edged_run_imports_no_tool_and_no_onnx(tmp_path: Path) -> None:
     assert "edged.daemon" in modules and "edged.sources.file" in modules
     tools = {m for m in modules if m == "edged.tools" or m.startswith("edged.tools.")}
     onnx = {m for m in modules if m.split(".")[0] in ("onnx", "sympy")}
-    assert tools == set() and onnx == set()
+    paho = {m for m in modules if m.split(".")[0] == "paho"}  # imported only for an [mqtt] section
+    assert tools == set() and onnx == set() and paho == set()

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from edged.errors import MessageError
-from edged.messages import MAX_PAYLOAD_BYTES, DetectionsMessage, StatusMessage, json_schema, parse_message, schema_text
+from edged.messages import (
+    MAX_PAYLOAD_BYTES,
+    CaptureState,
+    DetectionsMessage,
+    StatusMessage,
+    ThermalReadings,
+    ThermalState,
+    json_schema,
+    parse_message,
+    schema_text,
+)
+from edged.thermal import ThermalReport
 
 SCHEMA_FILE = Path(__file__).parent.parent / "edged" / "messages.schema.json"
 
@@ -69,14 +82,10 @@ def test_wrong_field_types_are_rejected() -> None:
     data["detections"][0]["score"] = 3.0
     with pytest.raises(MessageError, match="invalid detections message"):
         parse_message(json.dumps(data).encode())
-    data = json.loads(sample().model_dump_json())
-    data["extra_field"] = 1
-    with pytest.raises(MessageError):
-        parse_message(json.dumps(data).encode())
 
 
-def test_status_message_parses() -> None:
-    status = StatusMessage.model_validate(
+def status_sample() -> StatusMessage:
+    return StatusMessage.model_validate(
         {
             "camera_id": "cam0",
             "seq": 0,
@@ -92,4 +101,98 @@ def test_status_message_parses() -> None:
             "model": {"name": "demo", "sha256": "00", "provider": "CPUExecutionProvider"},
         }
     )
+
+
+def test_status_message_parses() -> None:
+    status = status_sample()
     assert parse_message(status.model_dump_json().encode()) == status
+
+
+# ---- the committed schema, read by an independent validator -----------------------------------
+
+
+def committed_schema() -> Draft202012Validator:
+    schema = json.loads(SCHEMA_FILE.read_text())
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def edged_accepts(doc: dict[str, Any]) -> bool:
+    try:
+        parse_message(json.dumps(doc).encode())
+    except MessageError:
+        return False
+    return True
+
+
+def _without(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k != key}
+
+
+MESSAGES = {"detections": sample, "status": status_sample}
+
+
+@pytest.mark.parametrize("kind", MESSAGES)
+def test_schema_and_parser_agree_on_what_is_required_closed_and_open(kind: str) -> None:
+    validator = committed_schema()
+    doc = json.loads(MESSAGES[kind]().model_dump_json())
+    state = "thermal_state" if kind == "detections" else "source_state"
+    cases = {
+        "as published": (doc, True),
+        "without schema_version": (_without(doc, "schema_version"), False),
+        "without kind": (_without(doc, "kind"), False),
+        "without camera_id": (_without(doc, "camera_id"), False),
+        f"{state} outside its enum": ({**doc, state: "melting"}, False),
+        "a field a later release adds": ({**doc, "added_later": {"any": ["thing"]}}, True),
+        "a newer schema_version": ({**doc, "schema_version": 2}, False),
+    }
+    for case, (payload, accepted) in cases.items():
+        assert validator.is_valid(payload) is accepted, case
+        assert edged_accepts(payload) is accepted, case
+
+
+def test_every_state_edged_can_publish_is_in_the_schema() -> None:
+    defs = json.loads(SCHEMA_FILE.read_text())["$defs"]
+    assert defs["DetectionsMessage"]["properties"]["thermal_state"]["enum"] == list(get_args(ThermalState))
+    assert defs["StatusMessage"]["properties"]["source_state"]["enum"] == list(get_args(CaptureState))
+    assert get_args(ThermalState) == ("unknown", "ok", "warm", "throttled", "critical")
+    assert get_args(CaptureState) == ("starting", "ok", "lost", "ended")
+
+
+def test_the_thermal_report_the_daemon_sends_is_the_schema_s_thermal_readings() -> None:
+    report = ThermalReport(
+        state="throttled",
+        board="jetson",
+        zones={"cpu-thermal": 81.5, "gpu-thermal": 79.0},
+        hottest_c=81.5,
+        freq_cap_ratio=0.6,
+        throttled_flags=("soft_temp_limit",),
+        rate_factor=0.25,
+        thresholds={"warm_c": 70.0, "throttled_c": 80.0, "critical_c": 90.0},
+        model="NVIDIA Jetson Orin Nano",
+        freq_cur_ratio=0.55,
+        power_mode="15W",
+        hardware_throttling=True,
+    )
+    status = status_sample().model_copy(update={"thermal": ThermalReadings.model_validate(report.to_dict())})
+    doc = json.loads(status.model_dump_json())
+    assert doc["thermal"] == json.loads(json.dumps(report.to_dict()))  # every key of the report, none lost
+    validator = committed_schema()
+    assert validator.is_valid(doc) and edged_accepts(doc)
+    hot = {**doc, "thermal": {**doc["thermal"], "state": "molten"}}
+    assert not validator.is_valid(hot) and not edged_accepts(hot)
+
+
+def test_nanosecond_times_have_a_millisecond_copy_a_double_holds() -> None:
+    ns = 1_764_763_200_123_456_789  # beyond 2**53: a double (JavaScript's number) rounds it
+    assert float(ns) != ns
+    detections = json.loads(sample().model_copy(update={"capture_time_ns": ns}).model_dump_json())
+    status = json.loads(status_sample().model_copy(update={"time_ns": ns}).model_dump_json())
+    # Read as JavaScript reads them: one double each, within a microsecond of the exact time.
+    assert abs(detections["capture_time_ms"] * 1e6 - ns) < 1_000
+    assert abs(status["time_ms"] * 1e6 - ns) < 1_000
+    validator = committed_schema()
+    assert validator.is_valid(detections) and validator.is_valid(status)
+    # On the way in the copy is derived again, never trusted.
+    tampered = parse_message(json.dumps({**detections, "capture_time_ms": 0.0}).encode())
+    assert isinstance(tampered, DetectionsMessage) and tampered.capture_time_ms == detections["capture_time_ms"]

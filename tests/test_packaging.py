@@ -2,11 +2,12 @@
 
 The install goes through dpkg itself (``dpkg --root`` with chroot-less maintainer scripts), so the
 conffile is registered, postinst creates the user (with systemd-sysusers, the branch postinst
-takes for another root), byte-compiles the venv and enables the unit, and purge removes it all.
+takes for another root), byte-compiles the venv and enables the unit, and purge removes it all,
+the keys ``edged keygen`` made in /etc/edged/keys included.
 The installed ``edged check`` then runs on the installed venv, model and config.
 
 Building takes about half a minute and lintian about as long again, so the package is built once
-for the module; dpkg-deb compresses with gzip -1 here instead of xz to save minutes of CPU.
+per run (the ``deb`` fixture in tests/conftest.py, shared with tests/test_systemd_units.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -59,20 +59,6 @@ def _arch() -> str:
 
 def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
-
-
-@pytest.fixture(scope="module")
-def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    for required in ("config/edged.toml", "models/demo.onnx", "models/demo.labels"):
-        if not (REPO / required).exists():
-            pytest.fail(f"{required} is missing: the package cannot be built without it")
-    out = tmp_path_factory.mktemp("deb")
-    env = dict(os.environ, DPKG_DEB_COMPRESSOR_TYPE="gzip", DPKG_DEB_COMPRESSOR_LEVEL="1", PIP=f"{sys.executable} -m pip")
-    proc = _run([str(BUILD_DEB), "--output-dir", str(out)], env=env, timeout=900)
-    assert proc.returncode == 0, f"build-deb failed:\n{proc.stderr[-4000:]}"
-    path = Path(proc.stdout.strip().splitlines()[-1])
-    assert path.parent == out
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +117,7 @@ def test_file_name_and_control_fields(deb: Path) -> None:
     assert DEBIAN_PYTHON in depends
     for needed in ("python3-systemd", "adduser", "libc6"):
         assert needed in depends
+    assert _field(deb, "Recommends") == "python3-paho-mqtt (>= 2.0)"  # paho 2 for the [mqtt] output
     assert int(_field(deb, "Installed-Size")) > 50_000  # KiB: the venv with ORT, OpenCV, NumPy
 
 
@@ -272,13 +259,24 @@ def test_dpkg_installs_configures_runs_and_purges(deb: Path, tmp_path: Path) -> 
     assert check.stdout.splitlines()[-1] == "ok"
     assert f"{root}/usr/share/edged/models/demo.onnx" in check.stdout
 
-    # Purge: no file of the package, no bytecode, no state, no enablement left behind.
+    # The key setup README.Debian gives, with the installed command: the publisher's pair and an
+    # allowed subscriber's public key, which purge must take away with the rest of /etc/edged.
+    keys = root / "etc" / "edged" / "keys"
+    keygen = _run([str(python), str(entry), "keygen", str(keys)], env=env, cwd=tmp_path, timeout=60)
+    assert keygen.returncode == 0, keygen.stderr
+    subscriber = _run([str(python), str(entry), "keygen", str(tmp_path / "line3"), "--name", "line3"], env=env, timeout=60)
+    assert subscriber.returncode == 0, subscriber.stderr
+    shutil.copy(tmp_path / "line3" / "line3.key", keys / "clients")
+    assert sorted(p.name for p in keys.rglob("*")) == ["clients", "line3.key", "server.key", "server.key_secret"]
+
+    # Purge: no file of the package, no bytecode, no state, no keys, no enablement left behind.
     (root / "var" / "lib" / "edged").mkdir(parents=True)
     (root / "var" / "lib" / "edged" / "engine.cache").write_text("x")
     proc = _run([*dpkg, "--purge", "edged"], timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for gone in (
         f"{VENV}",
+        "/etc/edged/keys",
         "/etc/edged",
         "/var/lib/edged",
         "/usr/share/edged",

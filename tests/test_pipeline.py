@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import tracemalloc
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from onnx_models import colour_probe, fixed_scene, solid_frame
 
 from edged.config import InspectConfig, ModelConfig, RuntimeConfig
 from edged.model import load_model
-from edged.pipeline import FramePath, FramePipeline, Processed, Rejected, verdict_message
+from edged.pipeline import MAX_PLANS, FramePath, FramePipeline, Processed, Rejected, verdict_message
 from edged.sources import Frame
 from edged.verdict import Inspector
 
@@ -168,3 +169,44 @@ def test_an_inspected_frame_creates_no_arrays_from_contract_check_to_verdict(tmp
             done = path.run(frame)
         assert counter.buffers == before
     assert isinstance(done, Processed) and done.inspected is not None and done.inspected.verdict == "ng"
+
+
+def test_a_source_whose_sizes_vary_gets_each_frame_through_a_plan_of_its_own_size(tmp_path: Path) -> None:
+    model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx")), RuntimeConfig())
+    path = FramePath(model, "cam0", "bgr", sizes_vary=True)
+    # The probe's box (input pixels 24,18-40,30) through each size's own letterbox.
+    expected = {
+        (128, 96): [48.0, 20.0, 80.0, 44.0],
+        (256, 192): [96.0, 40.0, 160.0, 88.0],
+        (160, 90): [60.0, 10.0, 100.0, 40.0],
+    }
+    for i, (w, h) in enumerate([(128, 96), (256, 192), (160, 90), (256, 192), (128, 96)] * 2):
+        done = path.run(_frame(solid_frame((0, 0, 255), w, h), i))
+        assert isinstance(done, Processed), done
+        assert done.plan.spec.width == w and done.detections.xyxy.tolist() == [expected[(w, h)]]
+        assert path.message(done, seq=i, thermal_state="ok").frame_size == (w, h)
+    rejected = path.run(Frame(solid_frame((0, 0, 255), 64, 48), 99, 0, 0, "rgb"))  # the rest of the contract holds
+    assert isinstance(rejected, Rejected) and rejected.reason == "bad_frame_channel_order"
+
+
+def test_plans_per_size_are_bounded_and_the_least_recently_used_goes_first(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx")), RuntimeConfig())
+    path = FramePath(model, "cam0", "bgr", sizes_vary=True)
+    sizes = [(64 + 16 * i, 48 + 12 * i) for i in range(MAX_PLANS + 1)]
+
+    def plan_of(size: tuple[int, int]) -> FramePipeline:
+        done = path.run(_frame(np.zeros((size[1], size[0], 3), np.uint8)))
+        assert isinstance(done, Processed), done
+        return done.plan
+
+    first = {size: plan_of(size) for size in sizes[:MAX_PLANS]}
+    assert plan_of(sizes[0]) is first[sizes[0]]  # used again: now the most recent
+    with caplog.at_level(logging.WARNING):
+        plan_of(sizes[MAX_PLANS])  # one size too many: sizes[1], the least recently used, goes
+    assert f"more than {MAX_PLANS} frame sizes" in caplog.text
+    for size in [sizes[0], *sizes[2:MAX_PLANS]]:
+        assert plan_of(size) is first[size]
+    assert plan_of(sizes[1]) is not first[sizes[1]]  # planned again
+    assert caplog.text.count("more than") == 1  # said once, not per eviction

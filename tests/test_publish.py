@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from edged.config import PublishConfig
 from edged.errors import PublishError
+from edged.listen import MAX_MESSAGE_BYTES
 from edged.publish import Publisher, check_exposure, detections_topic
 from edged.subscribe import Subscriber
 
@@ -120,7 +123,7 @@ def test_non_loopback_tcp_needs_explicit_insecure() -> None:
 
 def test_address_in_use_is_a_clear_error(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
     first = _publisher(context)
-    with pytest.raises(PublishError, match=r"cannot bind .*Address already in use"):
+    with pytest.raises(PublishError, match=r"cannot bind .*Address already in use.* \(another program holds it"):
         Publisher(PublishConfig(endpoints=[first.endpoints[0]]), context)
     first.close()
 
@@ -151,3 +154,41 @@ def test_close_returns_within_linger_with_messages_queued(
     started = time.monotonic()
     pub.close()
     assert time.monotonic() - started < 2
+
+
+def test_a_live_ipc_listener_is_refused_and_a_stale_socket_file_replaced(
+    context: zmq.Context, subscribe: Callable[..., zmq.Socket], tmp_path: Path
+) -> None:
+    path = tmp_path / "det.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))  # a crash leaves the file behind with nobody listening
+    stale.close()
+    first = Publisher(PublishConfig(endpoints=[f"ipc://{path}"]), context)
+    try:
+        with pytest.raises(PublishError, match=f"cannot bind ipc://{path}: another process is listening on {path}"):
+            Publisher(PublishConfig(endpoints=[f"ipc://{path}"]), context)
+        _send_until_received(first, [subscribe(f"ipc://{path}")], b"t")  # the first one still owns the path
+    finally:
+        first.close()
+
+
+def test_a_subscription_beyond_the_size_limit_is_cut_off_and_others_are_served(
+    context: zmq.Context, subscribe: Callable[..., zmq.Socket]
+) -> None:
+    pub = _publisher(context)
+    longest_topic = detections_topic("p" * 256, "c" * 64)  # what the config allows at most
+    assert len(longest_topic) + 1 < MAX_MESSAGE_BYTES
+    normal = subscribe(pub.endpoints[0], longest_topic)
+    hostile = context.socket(zmq.SUB)
+    hostile.setsockopt(zmq.SUBSCRIBE, b"x" * (MAX_MESSAGE_BYTES + 1))
+    monitor = hostile.get_monitor_socket(zmq.EVENT_DISCONNECTED)  # watching before it connects
+    hostile.connect(pub.endpoints[0])
+    try:
+        assert monitor.poll(10_000), "the publisher kept a peer that sent an oversized subscription"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        _send_until_received(pub, [normal], longest_topic)
+    finally:
+        hostile.disable_monitor()
+        monitor.close(linger=0)
+        hostile.close(linger=0)
+        pub.close()

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 from daemon import write_config
-from onnx_models import colour_probe
+from onnx_models import colour_probe, failing_probe, solid_frame
 
 from edged.config import load_config
 from edged.errors import ConfigError, ModelError
+from edged.pipeline import Processed, Rejected
 from edged.reload import load_replacement
+from edged.sources import Frame
 
 
 def _config(path: Path, model: Path, **publish: object) -> Path:
@@ -27,9 +29,9 @@ def test_a_good_config_comes_back_with_its_model_loaded(tmp_path: Path) -> None:
     path = _config(tmp_path / "edged.toml", probe)
     running = load_config(path)
     _config(path, probe, hwm=64).write_text(path.read_text().replace("[model]", "[model]\nconf = 0.9"))
-    new, model = load_replacement(path, running)
-    assert new.model.conf == 0.9 and model.cfg.conf == 0.9
-    assert new.publish == running.publish  # the bound socket cannot change: the running settings stay
+    replacement = load_replacement(path, running)
+    assert replacement.settings.model.conf == 0.9 and replacement.path.model.cfg.conf == 0.9
+    assert replacement.settings.publish == running.publish  # the bound socket cannot change: the running settings stay
 
 
 def test_a_bad_config_or_model_raises_for_the_daemon_to_keep_what_runs(tmp_path: Path) -> None:
@@ -44,3 +46,34 @@ def test_a_bad_config_or_model_raises_for_the_daemon_to_keep_what_runs(tmp_path:
     _config(path, broken)
     with pytest.raises(ModelError):
         load_replacement(path, running)
+
+
+def _frame(bgr: tuple[int, int, int], frame_id: int = 7) -> Frame:
+    return Frame(solid_frame(bgr), frame_id, 0, 0, "bgr")
+
+
+def test_the_trial_runs_the_new_model_and_its_plan_on_the_frame(tmp_path: Path) -> None:
+    path = _config(tmp_path / "edged.toml", colour_probe(tmp_path / "probe.onnx"))
+    replacement = load_replacement(path, load_config(path))
+    outcome = replacement.trial(_frame((0, 0, 255)))
+    assert isinstance(outcome, Processed) and outcome.frame.frame_id == 7
+    assert outcome.plan.model is replacement.path.model and len(outcome.detections) == 1
+
+
+def test_a_model_that_loads_but_fails_on_the_frame_fails_its_trial_with_the_reason(tmp_path: Path) -> None:
+    path = _config(tmp_path / "edged.toml", failing_probe(tmp_path / "always.onnx", brighter_than=-1.0))
+    reason = load_replacement(path, load_config(path)).trial(_frame((0, 0, 0)))
+    assert isinstance(reason, str) and "fails on its first run" in reason  # the plan's warm-up
+    _config(path, failing_probe(tmp_path / "bright.onnx"))
+    replacement = load_replacement(path, load_config(path))
+    assert isinstance(replacement.trial(_frame((0, 0, 0))), Processed)
+    reason = replacement.trial(_frame((255, 255, 255)))  # warm-up passed, this frame's run fails
+    assert isinstance(reason, str) and reason.startswith("inference failed: ")
+
+
+def test_an_unfit_frame_leaves_the_trial_to_the_next_frame(tmp_path: Path) -> None:
+    path = _config(tmp_path / "edged.toml", colour_probe(tmp_path / "probe.onnx"))
+    replacement = load_replacement(path, load_config(path))
+    assert isinstance(replacement.trial(_frame((0, 0, 255))), Processed)
+    outcome = replacement.trial(Frame(solid_frame((0, 0, 255)), 8, 0, 0, "rgb"))  # the source said bgr
+    assert isinstance(outcome, Rejected) and outcome.reason.startswith("bad_frame_")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import LABELS, colour_probe
+from waiting import wait_for
 from zmq.auth.thread import AuthenticationThread
 
 from edged import publish
@@ -211,12 +213,47 @@ def test_close_stops_the_authenticator_and_leaves_no_socket_open(keys: Keys) -> 
 def test_a_key_added_to_the_allow_list_is_admitted_after_reload(
     publisher: MakePublisher, subscriber: MakeSubscriber, keys: Keys
 ) -> None:
-    pub = publisher(_curve_config(keys))
+    pub = publisher(_curve_config(keys, hwm=1000))
+    connected = subscriber(pub.endpoints[0], curve=keys.client)
+    seq = _join(pub, connected)
     with pytest.raises(AssertionError, match="refused this subscriber's key"):
         _join(pub, subscriber(pub.endpoints[0], curve=keys.outsider), timeout_s=0.5)
     keys.outsider_public.rename(keys.clients_dir / keys.outsider_public.name)
     assert pub.reload_client_keys() == 2
     _join(pub, subscriber(pub.endpoints[0], curve=keys.outsider))
+    # Nobody lost a key: the socket was not bound afresh, so the connected subscriber missed nothing.
+    for i in range(seq, seq + 20):
+        assert pub.send(status_topic("edged", "cam0"), _status(i))
+    while connected.receive(0.5) is not None:
+        pass
+    assert connected.stats.lost == 0 and connected.stats.handshake_failures == 0
+
+
+def test_a_revoked_key_is_cut_off_at_reload_and_the_others_reconnect(
+    publisher: MakePublisher, subscriber: MakeSubscriber, keys: Keys
+) -> None:
+    shutil.copy(keys.outsider_public, keys.clients_dir)
+    pub = publisher(_curve_config(keys, hwm=1000))
+    endpoint = pub.endpoints[0]
+    kept, revoked = subscriber(endpoint, curve=keys.client), subscriber(endpoint, curve=keys.outsider)
+    seq = _join(pub, kept, revoked)
+    before = revoked.stats.received.total()
+    (keys.clients_dir / keys.outsider_public.name).unlink()
+    assert pub.reload_client_keys() == 1
+    assert pub.endpoints[0] == endpoint  # the same port, bound afresh
+    reconnected = None
+    deadline = time.monotonic() + 10
+    while reconnected is None and time.monotonic() < deadline:  # the kept one reconnects by itself
+        pub.send(status_topic("edged", "cam0"), _status(seq))
+        seq += 1
+        reconnected = kept.receive(0.02)
+    assert reconnected is not None, kept.stats.handshake_error
+    assert kept.stats.lost >= 1, "the messages sent while it reconnected are a gap in seq"
+    for i in range(seq, seq + 20):
+        assert pub.send(status_topic("edged", "cam0"), _status(i))
+    assert [m.seq for m in iter(lambda: kept.receive(2.0), None)][-1] == seq + 19
+    assert revoked.receive(0.5) is None and revoked.stats.received.total() == before
+    assert "refused this subscriber's key" in (revoked.stats.handshake_error or "")
 
 
 def _write_secret(path: Path, text: str) -> None:
@@ -415,3 +452,36 @@ def test_the_daemon_refuses_a_world_readable_server_key(tmp_path: Path, keys: Ke
         assert result.returncode == 78, (command, result.stderr)
         assert "publish.curve_server_key: permissions 0644" in result.stderr, command
         assert "chmod 600" in result.stderr, command
+
+
+def test_the_daemon_cuts_off_a_revoked_key_on_sighup(tmp_path: Path, keys: Keys, subscriber: MakeSubscriber) -> None:
+    shutil.copy(keys.outsider_public, keys.clients_dir)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    daemon = RunningDaemon(_daemon_config(tmp_path, keys, endpoint), endpoint)
+    try:
+        kept = subscriber(endpoint, "edged/detections/", curve=keys.client)
+        revoked = subscriber(endpoint, "edged/detections/", curve=keys.outsider)
+        for sub in (kept, revoked):
+            assert isinstance(sub.receive(20.0), DetectionsMessage), daemon.log()
+        (keys.clients_dir / keys.outsider_public.name).unlink()
+        daemon.signal(signal.SIGHUP)
+        assert wait_for(lambda: "1 subscriber key(s) revoked" in daemon.log(), 20), daemon.log()
+        last_seen = max((m.seq for m in _drain(revoked, quiet_s=2.0, at_most_s=10.0)), default=-1)
+        assert "refused this subscriber's key" in (revoked.stats.handshake_error or "")
+        resumed = None  # the kept key reconnects by itself and the stream goes on well past that
+        deadline = time.monotonic() + 20
+        while (resumed is None or resumed.seq <= last_seen + 20) and time.monotonic() < deadline:
+            resumed = kept.receive(1.0) or resumed
+        assert resumed is not None and resumed.seq > last_seen + 20, daemon.log()
+        assert revoked.receive(2.0) is None
+        assert daemon.stop() == 0
+    finally:
+        daemon.close()
+
+
+def _drain(sub: Subscriber, quiet_s: float, at_most_s: float) -> list[DetectionsMessage | StatusMessage]:
+    """What ``sub`` has or still gets, until ``quiet_s`` pass without a message."""
+    got, deadline = [], time.monotonic() + at_most_s
+    while time.monotonic() < deadline and (msg := sub.receive(quiet_s)) is not None:
+        got.append(msg)
+    return got

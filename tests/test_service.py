@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -12,7 +13,8 @@ import cv2
 import numpy as np
 import pytest
 from daemon import RunningDaemon, free_port, write_config
-from onnx_models import colour_probe, stalling_probe
+from onnx_models import colour_probe, failing_probe, stalling_probe
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -116,6 +118,37 @@ def test_ready_status_watchdog_and_stopping_in_order(tmp_path: Path, notify: Not
         d.close()
 
 
+def test_a_reloaded_model_that_fails_its_first_run_is_refused_and_the_running_one_carries_on(
+    tmp_path: Path, notify: NotifySocket
+) -> None:
+    """The new model loads (ONNX Runtime cannot see the failure coming) but fails on every frame."""
+    probe = colour_probe(tmp_path / "probe.onnx")
+    failing = failing_probe(tmp_path / "failing.onnx", brighter_than=-1.0)
+    _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
+    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0}, probe)
+    try:
+        notify.wait_for("READY=1", timeout=20)
+        running = d.collect("detections", 2)[-1].model.sha256
+        config = tmp_path / "edged.toml"
+        config.write_text(config.read_text().replace(str(probe), str(failing)))
+        d.signal(signal.SIGHUP)
+        notify.wait_for("RELOADING=1", timeout=20)
+
+        def readies() -> int:
+            notify.drain(0.1)
+            return len(notify.times_of("READY=1"))
+
+        assert wait_for(lambda: readies() == 2, timeout_s=30), d.log()  # READY=1 again: the reload is over
+        log = d.log()
+        assert "reload refused, keeping the running configuration and model" in log, log
+        assert "fails on its first run" in log
+        after = d.collect("detections", 5)  # raises if the daemon exited
+        assert all(m.model.sha256 == running and m.detections for m in after)
+        assert d.proc.poll() is None
+    finally:
+        d.close()
+
+
 def test_pings_stop_when_inference_wedges(tmp_path: Path, notify: NotifySocket) -> None:
     """Black frames run normally; the bright frame after them hangs inside ONNX Runtime."""
     model = stalling_probe(tmp_path / "stall.onnx")
@@ -123,11 +156,16 @@ def test_pings_stop_when_inference_wedges(tmp_path: Path, notify: NotifySocket) 
     d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0, "loop": False}, model)
     try:
         ready_at = notify.wait_for("READY=1", timeout=20)
-        notify.drain(3.5)
-        pings = notify.times_of("WATCHDOG=1", since=ready_at)
+        # The pings stop stall_timeout_s after the last frame, however long a loaded machine takes to
+        # get there: wait for ten ping intervals of silence, not for a fixed time.
+        deadline = time.monotonic() + 30
+        while True:
+            notify.drain(0.5)
+            pings = notify.times_of("WATCHDOG=1", since=ready_at)
+            if time.monotonic() - (pings[-1] if pings else ready_at) > 3.0:
+                break
+            assert time.monotonic() < deadline, "pings continued while inference was stuck"
         assert pings, "no pings while frames flowed"
-        assert time.monotonic() - pings[-1] > 2.0, "pings continued while inference was stuck"
-        assert pings[-1] - ready_at < 2.0  # they stopped about stall_timeout_s after the last frame
         assert d.proc.poll() is None  # wedged, not crashed: systemd's watchdog acts, we do not
     finally:
         d.close()

@@ -13,7 +13,7 @@ import pytest
 
 from edged.capture import Capture
 from edged.errors import SourceError
-from edged.sources import SOURCES, open_source
+from edged.sources import SOURCES, open_source, sizes_vary
 from edged.sources.base import SourceBase
 from edged.sources.file import FileSource, FileSourceConfig
 from edged.sources.images import ImagesSource, ImagesSourceConfig, list_images
@@ -337,3 +337,11 @@ def test_the_scene_painter_is_loaded_only_when_a_synthetic_source_opens() -> Non
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "True"]
+
+
+def test_only_an_image_folder_declares_frames_of_varying_size() -> None:
+    # Each size of an image folder gets its own plan; a camera's new size is a renegotiation.
+    assert sizes_vary(ImagesSourceConfig(path="imgs"))
+    varying = {kind for kind, (_, source) in SOURCES.items() if getattr(source, "frame_sizes_vary", False)}
+    assert varying == {"images"}
+    assert not sizes_vary(SyntheticSourceConfig()) and not sizes_vary(V4l2SourceConfig(device="/dev/video0"))

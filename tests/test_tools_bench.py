@@ -46,7 +46,7 @@ def report(probe: Path) -> dict[str, Any]:
 
 def test_report_has_every_row_with_latency_and_cpu(report: dict[str, Any]) -> None:
     (run,) = report["runs"]
-    assert set(run["rows"]) == {"floor", "full", "naive"}
+    assert set(run["rows"]) == {"floor", "full", "viewer", "naive"}
     for row in run["rows"].values():
         assert 0 < row["latency"]["median_ms"] <= row["latency"]["p99_ms"]
         assert row["cpu_ms_per_frame"] >= 0 and row["cores_busy"] >= 0
@@ -54,6 +54,8 @@ def test_report_has_every_row_with_latency_and_cpu(report: dict[str, Any]) -> No
     assert run["rows"]["floor"]["stages"] == {} and run["rows"]["naive"]["stages"] == {}
     assert run["spinning"] == "during-run"  # the config's default
     assert run["messages_received"] > 0 and run["messages_sent"] >= run["messages_received"]
+    assert set(run["rows"]["viewer"]["stages"]) == set(STAGES)
+    assert run["view_frames_encoded"] > 0  # the watched row really fed the live view
 
 
 def test_ratios_and_overhead_come_from_the_medians(report: dict[str, Any]) -> None:

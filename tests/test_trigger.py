@@ -197,7 +197,7 @@ def test_thermal_critical_is_an_error_reply(tmp_path: Path) -> None:
     with running(tmp_path, thermal=thermal) as d:
         ask = Requester(d.trigger)  # type: ignore[attr-defined]
         try:
-            d.wait_status(lambda s: s.thermal is not None and s.thermal["state"] == "critical")
+            d.wait_status(lambda s: s.thermal is not None and s.thermal.state == "critical")
             reply = ask.ask(b"{}")
             assert isinstance(reply, TriggerError) and reply.error == "thermal_critical", reply
         finally:

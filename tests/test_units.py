@@ -183,6 +183,12 @@ def test_notify_watchdog_and_restart_policy(units: dict[str, Unit], name: str) -
     assert value(u, "Install", "WantedBy") == "multi-user.target"
 
 
+@pytest.mark.parametrize("name", UNITS)
+def test_descriptor_limit_leaves_room_for_many_subscribers(units: dict[str, Unit], name: str) -> None:
+    """One descriptor per subscriber connection: systemd's default 1024 ran out at about a thousand."""
+    assert int(value(units[name], "Service", "LimitNOFILE")) >= 16384
+
+
 def test_exec_start_runs_the_packaged_binary_on_the_packaged_config(units: dict[str, Unit]) -> None:
     assert value(units["edged.service"], "Service", "ExecStart") == "/usr/bin/edged run --config /etc/edged/edged.toml"
     assert value(units["edged@.service"], "Service", "ExecStart") == "/usr/bin/edged run --config /etc/edged/%i.toml"

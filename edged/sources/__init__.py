@@ -63,6 +63,9 @@ class Source(Protocol):
     - ``frame_age_ns() -> int``: for cameras whose frames carry the sensor's own timestamp, how
       long before the last ``read`` returned its frame was captured; the frame's capture time is
       then that much before the read returned, not when it returned.
+    - ``frame_sizes_vary = True`` (a class attribute, read from the config by `sizes_vary`): for
+      sources whose frames legitimately differ in size (an image folder). Each size then gets its
+      own plan; a camera's new size is a renegotiation, re-planned only once it lasts.
     """
 
     channel_order: Literal["bgr", "rgb"]
@@ -126,6 +129,12 @@ class StampedSource(Source, Protocol):
 def stamps(source: Source) -> TypeGuard[StampedSource]:
     """Whether ``source`` has ``frame_age_ns``, so a frame's capture time comes from the camera."""
     return callable(getattr(source, "frame_age_ns", None))
+
+
+def sizes_vary(cfg: SourceBase) -> bool:
+    """Whether the source ``cfg`` builds declares ``frame_sizes_vary`` (see `Source`)."""
+    _, source = SOURCES[cfg.type]
+    return bool(getattr(source, "frame_sizes_vary", False))
 
 
 # source.type -> (its [source] config class, the source built from that config).

@@ -10,7 +10,7 @@ import glob
 import logging
 import os
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import cv2
 import numpy as np
@@ -53,6 +53,8 @@ def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
 
 class ImagesSource:
     """Still images read with ``cv2.imread`` in sorted order; unreadable ones are skipped and counted."""
+
+    frame_sizes_vary: ClassVar[bool] = True  # a folder may hold images of any size, each one processed
 
     def __init__(self, cfg: ImagesSourceConfig) -> None:
         self._cfg = cfg

@@ -36,7 +36,12 @@ from edged.model import LoadedModel
 from edged.tools import bench_rows as rows
 from edged.tools.scenes import SceneGenerator
 
-ROW_TITLES = {"floor": "1 floor: session.run", "full": "2 edged full path", "naive": "3 naive reference"}
+ROW_TITLES = {
+    "floor": "1 floor: session.run",
+    "full": "2 edged full path",
+    "viewer": "2b the same, live view watched",
+    "naive": "3 naive reference",
+}
 STARTUP_TIMEOUT_S = 120.0
 COLD_SOURCES = ("synthetic", "images")
 SOAK_IMAGES = 8  # the soak cycles through this many 1280x720 scenes
@@ -116,7 +121,11 @@ def bench(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str,
     machine = machine_info()
     model = rows.load(path, spinning=spinning, threads=args.threads, conf=args.conf)
     with rows.FullPath(model, rows.bench_frame()) as full:
-        paths: dict[str, rows.Row] = {"floor": rows.floor_row(model, full.plan.preprocess.tensor), "full": full}
+        paths: dict[str, rows.Row] = {
+            "floor": rows.floor_row(model, full.plan.preprocess.tensor),
+            "full": full,
+            "viewer": rows.watched(full),
+        }
         skipped = rows.naive_unsupported(model)
         if skipped is None:
             paths["naive"] = rows.timed(lambda: rows.naive_detect(model, full.image))
@@ -169,6 +178,7 @@ def _run(
         "overhead_ms": full_ms - floor,
         "paired_overhead_ms": float(np.median(paired)),  # per-frame differences: robust to drift
         "messages_sent": full.publisher.sent,
+        "view_frames_encoded": full.view.seq,
         "messages_received": full.received,
     }
 
@@ -221,7 +231,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines += [
         f"full/floor {run['full_over_floor']:.3f}{naive}  overhead of 2 over 1: "
         f"{run['overhead_ms']:+.3f} ms median ({run['paired_overhead_ms']:+.3f} ms paired)",
-        f"messages sent {run['messages_sent']}, received by the SUB {run['messages_received']}",
+        f"messages sent {run['messages_sent']}, received by the SUB {run['messages_received']}; "
+        f"live-view frames encoded while watched {run['view_frames_encoded']}",
         "",
         f"Python heap per frame (full path, steady state): net {a['heap_blocks']:+.2f} blocks, {a['heap_bytes']:+.0f} B; "
         f"transient peak {a['transient_peak_bytes'] / 1024:.1f} KB",
@@ -366,6 +377,7 @@ def write_config(folder: Path, model: Path, endpoint: str, *, source: str, spinn
         f"source = {{{camera}, fps = 30}}\nmodel = {{path = {json.dumps(str(model.resolve()))}}}\n"
         f'runtime = {{optimized_model_path = {cache}, spinning = "{spinning}"}}\n'
         f'publish = {{endpoints = [{json.dumps(endpoint)}]}}\nservice = {{log_level = "warning"}}\n'
+        'http = {listen = ""}\n'
     )
     return path
 

@@ -23,6 +23,7 @@ import zmq
 from edged.config import InspectConfig, ModelConfig, PublishConfig, RuntimeConfig, Spinning
 from edged.decode import Detections
 from edged.errors import InferenceError, ModelError
+from edged.http import HttpConfig
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, FramePipeline, Processed, Rejected
 from edged.preprocess import LETTERBOX_FILL
@@ -31,8 +32,9 @@ from edged.sources import Frame
 from edged.sources.base import SourceBase
 from edged.tools.scenes import SceneGenerator
 from edged.verdict import Inspector
+from edged.view import LiveView
 
-STAGES = ("preprocess", "inference", "decode", "publish")
+STAGES = ("preprocess", "inference", "decode", "publish", "view")
 DEMO_MODEL = Path("models") / "demo.onnx"
 # Where `edged bench` looks for the demo model: here, the source tree, and where the package installs it.
 DEMO_MODELS = (DEMO_MODEL, Path(__file__).resolve().parents[2] / DEMO_MODEL, Path("/usr/share/edged") / DEMO_MODEL)
@@ -99,11 +101,13 @@ def floor_row(model: LoadedModel, tensor: np.ndarray) -> Row:
 
 
 class FullPath:
-    """The daemon's per-frame path: `FramePath.run`, then `FramePath.message` serialised and sent.
+    """The daemon's per-frame path: `FramePath.run`, then `FramePath.message` serialised and sent,
+    and the frame offered to the live view when it asks (with the ``[http]`` defaults).
 
     The PUB binds a tcp loopback port with a SUB subscribed, so each send really queues a message
     for a peer (a PUB without subscribers drops it for free); the SUB is drained outside the timed
     region. ``with FullPath(...)`` waits until the SUB is connected and closes the sockets after.
+    Nobody watches the view unless a row says so (`watched`).
     """
 
     def __init__(self, model: LoadedModel, image: np.ndarray) -> None:
@@ -121,9 +125,12 @@ class FullPath:
         self._frame_ids = itertools.count()
         self._seq = itertools.count()
         self.received = 0
+        view = HttpConfig()
+        self.view = LiveView(view.view_fps, view.view_width, view.jpeg_quality)
         self.plan: FramePipeline = self.process().plan  # the first frame plans for the image's size
 
     def __enter__(self) -> FullPath:
+        self.view.start()
         deadline = time.monotonic() + 2.0
         while self.received == 0 and time.monotonic() < deadline:
             self()
@@ -132,6 +139,7 @@ class FullPath:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.view.close()
         self._sub.close(linger=0)
         self.publisher.close()
         self._context.term()
@@ -148,13 +156,23 @@ class FullPath:
         t0 = time.perf_counter_ns()
         done = self.process()
         t1 = time.perf_counter_ns()
+        msg = None
         if len(done.detections) or self._publish_empty:
             msg = self.path.message(done, seq=next(self._seq), thermal_state="ok")
             self.publisher.send(self._topic, msg.model_dump_json().encode())
         t2 = time.perf_counter_ns()
+        if self.view.wants_frame():
+            self.view.offer(done.frame, msg or self.path.message(done, seq=0, thermal_state="ok"))
+        t3 = time.perf_counter_ns()
         t = done.times
-        stages = {"preprocess": t.preprocess_ms, "inference": t.inference_ms, "decode": t.decode_ms, "publish": _ms(t1, t2)}
-        return TimedFrame(_ms(t0, t2), stages)
+        stages = {
+            "preprocess": t.preprocess_ms,
+            "inference": t.inference_ms,
+            "decode": t.decode_ms,
+            "publish": _ms(t1, t2),
+            "view": _ms(t2, t3),
+        }
+        return TimedFrame(_ms(t0, t3), stages)
 
     def drain(self) -> None:
         while True:
@@ -163,6 +181,17 @@ class FullPath:
             except zmq.Again:
                 return
             self.received += 1
+
+
+def watched(full: FullPath) -> Row:
+    """The full path with a live-view viewer connected: the frame copied for the view (at most
+    ``view_fps`` times a second), and the view's encoder thread busy beside it."""
+
+    def row() -> TimedFrame:
+        with full.view.watch():
+            return full()
+
+    return row
 
 
 def naive_unsupported(model: LoadedModel) -> str | None:

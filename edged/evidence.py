@@ -1,0 +1,512 @@
+"""Evidence images: the frames worth keeping, saved for audit and to label and retrain the model.
+
+Per saved frame, three files under ``DIR/CAMERA/YYYY-MM-DD/`` (the day of capture, UTC):
+``images/STEM.jpg`` (the frame as captured, not annotated), ``labels/STEM.txt`` (the detections
+in YOLO format, ``class cx cy w h`` normalised) and ``messages/STEM.json`` (the detections message
+as published). ``images/`` beside ``labels/`` is the layout ultralytics training and
+``edged eval --data`` read as it is, and labelling tools import as YOLO pre-annotations.
+
+Which frames are kept is a pure function of the policy (`should_save`), decided on the loop before
+the frame is copied, so a frame that will not be saved costs nothing. Encoding and writing happen on
+one background thread behind a small bounded queue: a full queue drops the frame and counts it,
+never blocking inference. A disk that is full, read-only, missing or not ours is logged once per
+burst and counted; inference goes on. Retention (`max_bytes`, oldest first, and `max_age_days`) is
+enforced at start-up, which also removes what a power cut left half written, and after every save
+from a running total, never by rescanning the tree per frame.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+import cv2
+import numpy as np
+from pydantic import Field
+
+from edged.decode import Detections
+from edged.messages import EvidenceReport
+from edged.sections import Section
+from edged.sources import Frame
+
+log = logging.getLogger(__name__)
+
+SavePolicy = Literal["ng", "ng+near", "all"]
+Verdict = Literal["ok", "ng"]
+
+QUEUE_FRAMES = 4  # frames waiting for the writer: bounds the memory a slow disk can take (4 copies)
+IDLE_WAKE_S = 60.0  # the writer wakes this often without frames, so age pruning runs on a quiet line
+RATE_WINDOW_S = 60.0
+SUBFOLDERS = ("images", "labels", "messages")
+SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json"}
+_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_FILE_MODE = 0o640
+
+
+def default_dir() -> Path:
+    """``evidence/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else /var/lib/edged."""
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(state or "/var/lib/edged") / "evidence"
+
+
+class EvidenceConfig(Section):
+    dir: Path = Field(
+        default_factory=default_dir,
+        description="Where evidence goes, a folder per camera and day; created when its parent exists. "
+        "Default: evidence/ in the service's state directory.",
+    )
+    save: SavePolicy = Field(
+        "ng",
+        description="Frames saved: 'ng' (the verdict is ng; without [inspect], any detection), 'ng+near' "
+        "(also a detection within near_margin below its threshold), 'all'.",
+    )
+    near_margin: float = Field(0.1, gt=0, le=1, description="How far below its threshold a detection is 'near'.")
+    max_bytes: int = Field(
+        1_000_000_000, gt=0, description="Most bytes this camera's evidence may take; the oldest frames go first."
+    )
+    max_age_days: float = Field(30.0, ge=0, description="Saved frames older than this are deleted; 0 keeps them.")
+    max_per_minute: int = Field(60, ge=0, description="Most frames saved per minute; the rest are counted. 0: no limit.")
+    jpeg_quality: int = Field(95, ge=1, le=100, description="JPEG quality of the saved frames.")
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceDetection:
+    """One detection as the writer needs it: box in frame pixels, and the threshold of its class."""
+
+    class_id: int
+    score: float
+    box: tuple[float, float, float, float]
+    threshold: float
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceFrame:
+    """What the writer saves of one frame; ``image`` is the caller's own copy, ``message`` the JSON
+    published for it (None when the frame was not published: no sidecar then)."""
+
+    camera_id: str
+    frame_id: int
+    capture_time_ns: int
+    image: np.ndarray
+    channel_order: Literal["bgr", "rgb"]
+    detections: tuple[EvidenceDetection, ...]
+    message: bytes | None
+
+
+def should_save(
+    save: SavePolicy, verdict: Verdict | None, scores: Sequence[float], thresholds: Sequence[float], near_margin: float
+) -> bool:
+    """Whether a frame is evidence under ``save``; ``scores[i]`` belongs to a detection of threshold ``thresholds[i]``.
+
+    Without a verdict (no inspection configured) a frame is ``ng`` when any detection passes its
+    threshold (``score > threshold``, as the decoder passes them). ``ng+near`` adds frames with a
+    detection at most ``near_margin`` below its threshold: what the model is unsure about is what
+    is worth labelling.
+    """
+    if save == "all":
+        return True
+    pairs = list(zip(scores, thresholds, strict=True))
+    if verdict == "ng" or (verdict is None and any(s > t for s, t in pairs)):
+        return True
+    return save == "ng+near" and any(t - near_margin <= s <= t for s, t in pairs)
+
+
+def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int) -> tuple[str, str]:
+    """The day folder and file stem of a frame: names sort by capture time, so oldest first is name order."""
+    when = datetime.fromtimestamp(capture_time_ns / 1e9, tz=timezone.utc)
+    stem = f"{camera_id}_{when:%Y%m%dT%H%M%S}{when.microsecond // 1000:03d}_{frame_id}"
+    return f"{when:%Y-%m-%d}", stem
+
+
+def yolo_labels(detections: Sequence[EvidenceDetection], width: int, height: int) -> str:
+    """The detections that passed their threshold, one ``class cx cy w h`` line each, normalised to the frame."""
+    lines = []
+    for d in detections:
+        if d.score <= d.threshold:
+            continue
+        x1, y1, x2, y2 = d.box
+        cx, cy, w, h = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height
+        lines.append(f"{d.class_id} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}\n")
+    return "".join(lines)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` whole or not at all: a temp file in the same folder, fsync, rename."""
+    temp = _temp_name(path)
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+class EvidenceStore:
+    """One camera's evidence folder: the layout, atomic saves, and retention from a running total.
+
+    Every method may raise OSError (a full, read-only, missing or foreign directory); the writer
+    counts it. A save writes the label and the message before the image and makes both durable
+    first, so a power cut leaves at worst a label without its image (removed at the next
+    `open`), never an image without its label; deleting goes the other way round.
+    """
+
+    def __init__(self, root: Path, camera_id: str, max_bytes: int, max_age_days: float) -> None:
+        self.root = root
+        self.folder = root / camera_id
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_days * 86400.0
+        self.total_bytes = 0
+        self._days: deque[str] = deque()  # day folders, oldest first
+        self._oldest: deque[str] = deque()  # stems of the oldest day, loaded when pruning reaches it
+        self.opened = False
+
+    def open(self) -> None:
+        """Scan the folder once: remove temp files and half-written sets, total the rest, prune."""
+        self.root.mkdir(exist_ok=True)
+        self.folder.mkdir(exist_ok=True)
+        total, days = 0, []
+        for day in sorted(p.name for p in self.folder.iterdir() if _DAY.match(p.name) and p.is_dir()):
+            total += self._clean_day(self.folder / day)
+            days.append(day)
+        self.total_bytes, self._days, self._oldest = total, deque(days), deque()
+        self.opened = True
+        self.prune(time.time())
+
+    def _clean_day(self, day: Path) -> int:
+        """Delete a day's temp files and labels or messages without an image; its remaining bytes."""
+        images = day / "images"
+        stems = {p.stem for p in images.iterdir() if not _is_temp(p.name)} if images.is_dir() else set()
+        total = 0
+        for sub in SUBFOLDERS:
+            folder = day / sub
+            if not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                if _is_temp(path.name) or path.stem not in stems:
+                    path.unlink(missing_ok=True)
+                else:
+                    total += _size(path)
+        return total
+
+    def save(self, frame: EvidenceFrame, jpeg_quality: int) -> None:
+        day, stem = day_and_stem(frame.camera_id, frame.capture_time_ns, frame.frame_id)
+        folder = self.folder / day
+        self._make_folders(folder)
+        image = frame.image if frame.channel_order == "bgr" else cv2.cvtColor(frame.image, cv2.COLOR_RGB2BGR)
+        ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, jpeg_quality])
+        if not ok:
+            raise OSError(errno.EINVAL, f"OpenCV could not encode frame {frame.frame_id} as JPEG")
+        height, width = image.shape[:2]
+        sidecars = [(folder / "labels" / f"{stem}.txt", yolo_labels(frame.detections, width, height).encode())]
+        if frame.message is not None:
+            sidecars.append((folder / "messages" / f"{stem}.json", frame.message))
+        image_path, image_bytes = folder / "images" / f"{stem}.jpg", jpeg.tobytes()
+        written: list[Path] = []
+        try:
+            for path, data in sidecars:
+                write_atomic(path, data)
+                written.append(path)
+            for parent in {path.parent for path in written}:  # durable before the image exists
+                _fsync_dir(parent)
+            write_atomic(image_path, image_bytes)
+            written.append(image_path)
+            _fsync_dir(image_path.parent)
+        except BaseException:
+            for path in reversed(written):
+                path.unlink(missing_ok=True)
+            raise
+        self.total_bytes += len(image_bytes) + sum(len(data) for _, data in sidecars)
+        if day not in self._days:
+            if self._days and day < self._days[-1]:  # the clock went back: keep the days in order
+                self._days, self._oldest = deque(sorted([*self._days, day])), deque()
+            else:
+                self._days.append(day)
+
+    def _make_folders(self, day: Path) -> None:
+        """The day's three folders; a new folder's entry is made durable in its parent."""
+        if not self.folder.is_dir():  # deleted under the running daemon: made again, and rescanned
+            self.opened = False
+            self.open()
+        for sub in SUBFOLDERS:
+            folder = day / sub
+            if not folder.is_dir():
+                folder.mkdir(parents=True, exist_ok=True)
+                _fsync_dir(folder.parent)
+                _fsync_dir(folder.parent.parent)
+
+    def prune(self, now_s: float) -> int:
+        """Delete the oldest sets while over ``max_bytes`` or older than ``max_age_days``; how many went."""
+        cutoff = now_s - self.max_age_s if self.max_age_s else None
+        deleted = 0
+        while self._days:
+            if not self._oldest and not self._load_oldest():
+                continue
+            day, stem = self._days[0], self._oldest[0]
+            if self.total_bytes <= self.max_bytes:
+                if cutoff is None:
+                    break
+                try:
+                    mtime = (self.folder / day / "images" / f"{stem}.jpg").stat().st_mtime
+                except FileNotFoundError:
+                    self._oldest.popleft()
+                    continue
+                if mtime >= cutoff:
+                    break
+            self._delete(self.folder / day, stem)
+            self._oldest.popleft()
+            deleted += 1
+        return deleted
+
+    def _load_oldest(self) -> bool:
+        """The oldest day's stems, in name (= capture) order; an empty day is removed. False when it was."""
+        day = self.folder / self._days[0]
+        images = day / "images"
+        stems = sorted(p.stem for p in images.iterdir() if p.suffix == ".jpg") if images.is_dir() else []
+        if stems:
+            self._oldest.extend(stems)
+            return True
+        for sub in SUBFOLDERS:
+            if (day / sub).is_dir() and not any((day / sub).iterdir()):
+                (day / sub).rmdir()
+        if day.is_dir() and not any(day.iterdir()):
+            day.rmdir()
+        self._days.popleft()
+        return False
+
+    def _delete(self, day: Path, stem: str) -> None:
+        """One saved frame, image first, so that no image is ever left without its label."""
+        for sub in SUBFOLDERS:
+            path = day / sub / f"{stem}{SUFFIXES[sub]}"
+            size = _size(path)
+            path.unlink(missing_ok=True)
+            self.total_bytes = max(0, self.total_bytes - size)
+
+
+_REASONS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file size limit is reached",
+    errno.EROFS: "the filesystem is read-only (under systemd, a folder outside the state directory needs "
+    "ReadWritePaths= in a drop-in)",
+    errno.ENOENT: "the folder is missing (its parent must exist: a drive not mounted?)",
+    errno.EACCES: "permission denied (the folder must be writable by the service user, edged)",
+    errno.EPERM: "permission denied (the folder must be writable by the service user, edged)",
+}
+
+
+def describe(error: OSError) -> str:
+    """An OSError as one actionable line."""
+    reason = _REASONS.get(error.errno or 0, error.strerror or str(error))
+    where = f" ({error.filename})" if error.filename else ""
+    return f"{reason}{where}"
+
+
+class EvidenceWriter:
+    """Decides on the loop which frames are evidence, and saves them on a background thread.
+
+    `offer` runs per frame on the loop: `admit` decides, before any copy, from the policy, the room
+    in the queue and the rate limit; only a frame it admits is copied and handed to `submit`.
+    """
+
+    def __init__(self, cfg: EvidenceConfig, camera_id: str) -> None:
+        self.cfg = cfg
+        self.camera_id = camera_id
+        self.store = EvidenceStore(cfg.dir, camera_id, cfg.max_bytes, cfg.max_age_days)
+        self._queue: queue.Queue[EvidenceFrame | None] = queue.Queue(QUEUE_FRAMES + 1)  # + the stop sentinel
+        self._saves: deque[float] = deque(maxlen=max(cfg.max_per_minute, 1))  # times of the last saves
+        self._thread = threading.Thread(target=self._run, name="evidence", daemon=True)
+        self._stopping = threading.Event()
+        self.saved = self.dropped = self.errors = self.rate_limited = 0
+        self.last_error: str | None = None
+        self._failing = False
+        self._refusing: Literal["dropped", "rate_limited"] | None = None  # said once per burst of refusals
+        self._fields = {"CAMERA": camera_id, "STAGE": "evidence"}  # journald fields of its log lines
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        """Finish the frames queued (at most `QUEUE_FRAMES`) and end the thread, waiting up to ``timeout_s``."""
+        self._stopping.set()
+        with contextlib.suppress(queue.Full):  # stopped before: its sentinel is still there
+            self._queue.put_nowait(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning(
+                "evidence: stopping while frames are still being written; what is left half written is removed "
+                "at the next start",
+                extra=self._fields,
+            )
+
+    def report(self) -> EvidenceReport:
+        """The counters as the status message carries them."""
+        return EvidenceReport(
+            saved=self.saved,
+            dropped=self.dropped,
+            errors=self.errors,
+            rate_limited=self.rate_limited,
+            bytes=self.store.total_bytes,
+            last_error=self.last_error,
+        )
+
+    # ---- the loop's side ---------------------------------------------------------------------
+
+    def offer(
+        self,
+        frame: Frame,
+        detections: Detections,
+        thresholds: Sequence[float],
+        verdict: Verdict | None,
+        message: bytes | None,
+    ) -> None:
+        """Save ``frame`` if it is evidence and there is room and rate for it; only then is it copied.
+
+        ``thresholds[i]`` is the threshold of detection i's class; ``message`` the payload published
+        for the frame, None when it was not published.
+        """
+        scores = detections.scores.tolist()
+        if not self.admit(verdict, scores, thresholds):
+            return
+        saved = tuple(
+            EvidenceDetection(c, s, (b[0], b[1], b[2], b[3]), t)
+            for b, s, c, t in zip(detections.xyxy.tolist(), scores, detections.class_ids.tolist(), thresholds, strict=True)
+        )
+        self.submit(
+            EvidenceFrame(
+                self.camera_id, frame.frame_id, frame.t_wall_ns, frame.image.copy(), frame.channel_order, saved, message
+            )
+        )
+
+    def admit(self, verdict: Verdict | None, scores: Sequence[float], thresholds: Sequence[float]) -> bool:
+        """Whether the caller should copy this frame and `submit` it; a frame refused for room or rate is counted."""
+        cfg = self.cfg
+        if not should_save(cfg.save, verdict, scores, thresholds, cfg.near_margin):
+            return False
+        if self._queue.qsize() >= QUEUE_FRAMES:
+            self.dropped += 1
+            if self._refusing != "dropped":
+                self._refusing = "dropped"
+                log.warning(
+                    "evidence: the disk is behind the frames to save (%d queued): frames are dropped and counted",
+                    QUEUE_FRAMES,
+                    extra=self._fields,
+                )
+            return False
+        now = time.monotonic()
+        if cfg.max_per_minute and len(self._saves) == cfg.max_per_minute and now - self._saves[0] < RATE_WINDOW_S:
+            self.rate_limited += 1
+            if self._refusing != "rate_limited":
+                self._refusing = "rate_limited"
+                log.info(
+                    "evidence.max_per_minute (%d) reached: frames are counted as rate limited, not saved",
+                    cfg.max_per_minute,
+                    extra=self._fields,
+                )
+            return False
+        self._refusing = None
+        if cfg.max_per_minute:
+            self._saves.append(now)
+        return True
+
+    def submit(self, frame: EvidenceFrame) -> None:
+        """Queue a frame `admit` let through; never blocks (there is room: the loop is the only producer)."""
+        try:
+            self._queue.put_nowait(frame)
+        except queue.Full:
+            self.dropped += 1
+
+    # ---- the writer thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._attempt(self.store.open)
+        while True:
+            try:
+                frame = self._queue.get(timeout=IDLE_WAKE_S)
+            except queue.Empty:
+                frame = None
+            if frame is not None:
+                if self._attempt(partial(self._save, frame)) and self._failing:
+                    self._failing = False
+                    log.info(
+                        "evidence saved again in %s after %d error(s)", self.store.folder, self.errors, extra=self._fields
+                    )
+            elif self._stopping.is_set() and self._queue.empty():
+                return
+            else:
+                self._attempt(self._prune)
+
+    def _save(self, frame: EvidenceFrame) -> None:
+        if not self.store.opened:
+            self.store.open()
+        self.store.save(frame, self.cfg.jpeg_quality)
+        self.saved += 1
+        self.store.prune(time.time())
+
+    def _prune(self) -> None:
+        if self.store.opened:
+            self.store.prune(time.time())
+        else:
+            self.store.open()
+
+    def _attempt(self, action: Callable[[], None]) -> bool:
+        """Run ``action``; an error is counted, and logged only when a burst of them starts."""
+        try:
+            action()
+        except (OSError, cv2.error) as e:
+            self.errors += 1
+            self.last_error = describe(e) if isinstance(e, OSError) else str(e)
+            if not self._failing:
+                self._failing = True
+                log.error(
+                    "evidence not saved in %s: %s; inference goes on, and further failures are counted as "
+                    "evidence errors until a save succeeds",
+                    self.store.folder,
+                    self.last_error,
+                    extra=self._fields,
+                )
+            return False
+        return True

@@ -1,0 +1,412 @@
+"""The HTTP server: a live view, a status page, Prometheus metrics and a health check, for people.
+
+Served by the daemon itself on ``http.listen`` (loopback by default) with the standard library's
+threading server: one thread per request, a bounded number of connections, and stream viewers
+that stop reading dropped after ``send_timeout_s``. Nothing here slows the loop: the loop offers
+frames to the `LiveView` only while someone watches, hands over the status once per status
+interval, and never waits for a client.
+
+Endpoints: ``/`` (the page), ``/stream.mjpg`` (multipart JPEG), ``/snapshot.jpg``,
+``/status.json`` (the last status message), ``/metrics`` and ``/healthz``. On anything but
+loopback a bearer token is required (``http.token_file``), as ``Authorization: Bearer`` or
+``?token=`` (a browser's only way for an image).
+
+A listen address that cannot be bound (the port is taken by another instance, the address is not
+up yet) does not stop the daemon: detections are what the line depends on. It is logged and
+retried every `BIND_RETRY_S`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import select
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import Field, field_validator
+
+from edged.keys import read_token
+from edged.messages import StatusMessage
+from edged.prometheus import Metrics
+from edged.sections import Section
+from edged.stats import HistogramCounts
+from edged.view import LiveView
+
+log = logging.getLogger(__name__)
+
+BIND_RETRY_S = 5.0
+MAX_CONNECTIONS = 32  # requests served at once; more are closed at accept, so threads stay bounded
+REQUEST_TIMEOUT_S = 10.0  # a client that does not finish sending its request in this time is dropped
+SNAPSHOT_WAIT_S = 5.0
+STREAM_SEND_BUFFER = 256 * 1024  # bytes queued in the kernel per viewer (Linux doubles it): a few frames
+BOUNDARY = "frame"
+
+
+class HttpConfig(Section):
+    listen: str = Field(
+        "127.0.0.1:8080",
+        description="HOST:PORT (an IP address, [v6] or localhost) of the live view, status page, metrics "
+        'and health check; "" turns them off.',
+    )
+    token_file: Path | None = Field(
+        None,
+        validate_default=True,
+        description="File (mode 0600) holding the bearer token every request must carry; "
+        "required on a non-loopback address.",
+    )
+    view_fps: float = Field(5.0, gt=0, le=30, description="Most live-view frames encoded per second (only while watched).")
+    view_width: int = Field(960, ge=160, le=3840, description="The live view is scaled down to at most this width.")
+    jpeg_quality: int = Field(70, ge=10, le=100, description="JPEG quality of the live view and snapshots.")
+    max_viewers: int = Field(8, ge=1, le=MAX_CONNECTIONS - 4, description="Live streams served at once; more get 503.")
+    send_timeout_s: float = Field(5.0, gt=0, le=60, description="A viewer that takes no data for this long is dropped.")
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        if v:
+            listen_address(v)
+        return v
+
+    @field_validator("token_file")
+    @classmethod
+    def _token_off_loopback(cls, v: Path | None, info: Any) -> Path | None:
+        listen = info.data.get("listen")
+        if v is None and listen and not is_loopback(listen_address(listen)[0]):
+            raise ValueError(
+                f"http.listen {listen!r} is not a loopback address: set http.token_file to a file (mode 0600) "
+                "holding a token, or listen on 127.0.0.1 and reach it through ssh -L"
+            )
+        return v
+
+
+def listen_address(listen: str) -> tuple[str, int]:
+    """(host, port) of a ``HOST:PORT``; ValueError says what is wrong with it."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{listen!r} is not HOST:PORT with a port from 1 to 65535")
+    host = host.removeprefix("[").removesuffix("]")
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(
+                f"{host!r} is not an IP address or localhost (the server binds an address, not a name)"
+            ) from None
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or ipaddress.ip_address(host).is_loopback
+
+
+class HttpServer:
+    """The server of one configuration; `start` binds it in the background, `close` stops it."""
+
+    def __init__(self, cfg: HttpConfig, health: Callable[[], str | None]) -> None:
+        self.cfg = cfg
+        self.health = health
+        self.view = LiveView(cfg.view_fps, cfg.view_width, cfg.jpeg_quality)
+        self.metrics = Metrics()
+        self.token = read_token(cfg.token_file, "http.token_file") if cfg.token_file else None
+        self.status: StatusMessage | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: _Server | None = None
+        self._thread = threading.Thread(target=self._serve, name="edged-http", daemon=True)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def start(self) -> None:
+        if self.cfg.listen:
+            self.view.start()
+            self._thread.start()
+
+    def reload_token(self) -> None:
+        """SIGHUP: read the token file again (a rotated token); raises KeyFileError, keeping the old one."""
+        if self.cfg.token_file is not None:
+            self.token = read_token(self.cfg.token_file, "http.token_file")
+
+    def update(self, status: StatusMessage, histograms: Mapping[str, HistogramCounts]) -> None:
+        """The status just published, and the stage histograms as they were then."""
+        self.status = status
+        self.metrics.update(status, histograms)
+
+    def close(self) -> None:
+        with self._lock:
+            self._stopping.set()
+            server = self._server
+        self.view.close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+
+    def _serve(self) -> None:
+        host, port = listen_address(self.cfg.listen)
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                server = _Server((host, port), self)
+            except OSError as e:
+                if failures == 0:
+                    log.error(
+                        "http.listen %s: cannot serve the live view, status page and metrics (%s); detection "
+                        "goes on without them, retrying every %.0f s (an instance beside this one needs an "
+                        "http.listen of its own)",
+                        self.cfg.listen,
+                        e.strerror or e,
+                        BIND_RETRY_S,
+                    )
+                failures += 1
+                self._stopping.wait(BIND_RETRY_S)
+                continue
+            with self._lock:
+                if self._stopping.is_set():
+                    server.server_close()
+                    return
+                self._server = server
+            log.info("live view, status page and metrics on http://%s/", self.cfg.listen)
+            server.serve_forever(poll_interval=0.5)
+            return
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, address: tuple[str, int], owner: HttpServer) -> None:
+        self.owner = owner
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    timeout = REQUEST_TIMEOUT_S
+    server_version = "edged"
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:
+        owner = self.server.owner
+        url = urlsplit(self.path)
+        if owner.token is not None and not self._authorised(owner.token, url.query):
+            self._send(
+                401,
+                b"a valid token is needed: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
+                "text/plain",
+                {"WWW-Authenticate": 'Bearer realm="edged"'},
+            )
+            return
+        route = {
+            "/": self._page,
+            "/stream.mjpg": self._stream,
+            "/snapshot.jpg": self._snapshot,
+            "/status.json": self._status,
+            "/metrics": self._metrics,
+            "/healthz": self._healthz,
+        }.get(url.path)
+        if route is None:
+            self._send(404, b"not found: try /, /stream.mjpg, /snapshot.jpg, /status.json, /metrics or /healthz\n")
+            return
+        route(owner)
+
+    def _authorised(self, token: str, query: str) -> bool:
+        given = ""
+        header = self.headers.get("Authorization", "")
+        if header.startswith("Bearer "):
+            given = header[len("Bearer ") :].strip()
+        elif "token" in (params := parse_qs(query)):
+            given = params["token"][0]
+        return hmac.compare_digest(given.encode(), token.encode())
+
+    def _send(
+        self,
+        code: int,
+        body: bytes,
+        content_type: str = "text/plain; charset=utf-8",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _page(self, owner: HttpServer) -> None:
+        self._send(200, PAGE, "text/html; charset=utf-8")
+
+    def _status(self, owner: HttpServer) -> None:
+        status = owner.status
+        if status is None:
+            self._send(503, b'{"error": "no status yet"}\n', "application/json")
+            return
+        self._send(200, status.model_dump_json().encode(), "application/json")
+
+    def _metrics(self, owner: HttpServer) -> None:
+        self._send(200, owner.metrics.exposition(), CONTENT_TYPE_LATEST)
+
+    def _healthz(self, owner: HttpServer) -> None:
+        problem = owner.health()
+        if problem is None:
+            self._send(200, b"ok\n")
+        else:
+            self._send(503, f"{problem}\n".encode())
+
+    def _snapshot(self, owner: HttpServer) -> None:
+        view = owner.view
+        with view.watch():
+            got = view.next_jpeg(view.seq, SNAPSHOT_WAIT_S)
+        if got is None:
+            state = owner.status.source_state if owner.status else "starting"
+            self._send(503, f"no frame processed within {SNAPSHOT_WAIT_S:.0f} s (camera {state})\n".encode())
+            return
+        self._send(200, got[1], "image/jpeg")
+
+    def _stream(self, owner: HttpServer) -> None:
+        view = owner.view
+        if view.viewers >= owner.cfg.max_viewers:
+            self._send(503, f"already {view.viewers} viewers (http.max_viewers)\n".encode())
+            return
+        # A viewer that stops reading fills this buffer, then is dropped after send_timeout_s.
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
+        self.connection.settimeout(owner.cfg.send_timeout_s)
+        self.send_response(200)
+        self.send_header("Content-Type", f"multipart/x-mixed-replace; boundary={BOUNDARY}")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        seq = view.seq
+        with view.watch():
+            while not owner.stopping:
+                got = view.next_jpeg(seq, 1.0)
+                if got is None:
+                    if self._client_gone():  # no frames (camera lost): notice a viewer that left
+                        return
+                    continue
+                seq, jpeg = got
+                head = f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpeg)}\r\n\r\n".encode()
+                try:
+                    self.wfile.write(head + jpeg + b"\r\n")
+                except OSError:  # gone, or stopped reading for send_timeout_s
+                    return
+
+    def _client_gone(self) -> bool:
+        """True when the viewer has closed its end (readable, and reading finds the end of the stream)."""
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            peeked: bytes = self.connection.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
+        return peeked == b""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http %s: %s", self.address_string(), format % args)
+
+
+PAGE = b"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>edged</title>
+<style>
+body{margin:0;font:14px/1.4 system-ui,sans-serif;background:#16181c;color:#e6e6e6}
+header{padding:8px 14px;background:#22262d;display:flex;gap:12px;align-items:center}
+header b{font-size:16px}.pill{padding:1px 8px;border-radius:9px;background:#555}
+.ok{background:#1f7a3a}.bad{background:#a12b2b}.warn{background:#a67a12}
+main{display:flex;flex-wrap:wrap;gap:14px;padding:14px}
+#live{width:640px;max-width:100%;background:#000;min-height:200px;object-fit:contain}
+section{min-width:300px}table{border-collapse:collapse;margin-bottom:12px}
+td,th{padding:2px 10px 2px 0;text-align:left;font-variant-numeric:tabular-nums}th{color:#9aa}
+h2{font-size:13px;margin:6px 0;color:#9aa;text-transform:uppercase}
+</style></head><body>
+<header><b>edged</b><span id="camera">&nbsp;</span><span id="state" class="pill">connecting</span>
+<span id="health" class="pill">&nbsp;</span></header>
+<main><img id="live" alt="live view">
+<section>
+<table>
+<tr><th>fps</th><td id="fps">-</td></tr>
+<tr><th>frame age</th><td id="age">-</td></tr>
+<tr><th>rate cap</th><td id="cap">-</td></tr>
+<tr><th>thermal</th><td id="thermal">-</td></tr>
+<tr><th>frames</th><td id="frames">-</td></tr>
+<tr><th>model</th><td id="model">-</td></tr>
+<tr><th>uptime</th><td id="uptime">-</td></tr>
+</table>
+<h2>latency, ms</h2><table id="latency"></table>
+<h2>drops</h2><table id="drops"></table>
+</section></main>
+<script>
+"use strict";
+const q = location.search;
+const $ = (id) => document.getElementById(id);
+$("live").src = "stream.mjpg" + q;
+function rows(id, entries) {
+  $(id).replaceChildren(...entries.map(([k, ...vs]) => {
+    const tr = document.createElement("tr");
+    for (const v of [k, ...vs]) { const td = document.createElement("td"); td.textContent = v; tr.append(td); }
+    return tr;
+  }));
+}
+function pill(id, text, kind) { const e = $(id); e.textContent = text; e.className = "pill " + kind; }
+async function tick() {
+  try {
+    const r = await fetch("status.json" + q, {cache: "no-store"});
+    if (!r.ok) throw new Error(r.status);
+    const s = await r.json();
+    $("camera").textContent = s.camera_id;
+    document.title = "edged " + s.camera_id;
+    pill("state", "camera " + s.source_state, s.source_state === "ok" ? "ok" : "bad");
+    $("fps").textContent = s.fps.toFixed(1);
+    $("age").textContent = s.latency.age ? s.latency.age.p50_ms.toFixed(1) + " ms" : "-";
+    $("cap").textContent = s.rate_cap_fps === null ? "none" : s.rate_cap_fps.toFixed(1) + " fps";
+    const t = s.thermal;
+    const hottest = t && t.hottest_c !== null ? " " + t.hottest_c.toFixed(1) + " \\u00b0C" : "";
+    $("thermal").textContent = t ? t.state + hottest : "off";
+    $("frames").textContent = s.frames_processed;
+    $("model").textContent = s.model.name + " (" + s.model.provider + ")";
+    $("uptime").textContent = Math.round(s.uptime_s) + " s";
+    const stages = Object.entries(s.latency).map(([k, v]) => [k, v.p50_ms.toFixed(2), v.p99_ms.toFixed(2)]);
+    rows("latency", [["stage", "p50", "p99"], ...stages]);
+    const drops = Object.entries(s.drops).filter(([, n]) => n > 0).map(([k, n]) => [k, String(n)]);
+    rows("drops", drops.length ? drops : [["none"]]);
+    const h = await fetch("healthz" + q, {cache: "no-store"});
+    pill("health", h.ok ? "healthy" : "unhealthy: " + (await h.text()).trim(), h.ok ? "ok" : "bad");
+  } catch (e) {
+    pill("state", "no status (" + e.message + ")", "warn");
+  }
+}
+tick();
+setInterval(tick, 1000);
+</script></body></html>
+"""

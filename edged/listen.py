@@ -1,0 +1,193 @@
+"""Listening sockets: what every ZeroMQ socket edged binds gets, whatever it carries.
+
+A bound socket faces whoever can reach its endpoint, so each one (`Listener`) is built the same way:
+
+- ``ZMQ_MAXMSGSIZE`` of `MAX_MESSAGE_BYTES`. libzmq otherwise allocates whatever size a peer
+  declares, and a PUB socket stores subscriptions in a trie with a node per byte: one peer could
+  make the daemon allocate gigabytes. A subscription is a topic prefix (at most ~350 bytes with
+  the longest ``topic_prefix`` and ``camera_id``), a CURVE handshake command a few hundred
+  bytes; a peer that declares more is disconnected before anything is allocated.
+- An ipc:// path with a live listener is refused: libzmq would silently replace the socket file,
+  and the process listening there would keep running, unreachable. A connection is tried first;
+  a refused one means a stale file (a crash), which is replaced as before.
+- Accept failures are watched (`AcceptWatch`): out of file descriptors, libzmq leaves new
+  connections waiting in the backlog and retries them, so edged keeps serving the subscribers it
+  has; the journal gets one line when that starts and one when connections are accepted again.
+  (While it lasts, libzmq's retries keep one core busy and every descriptor the process frees is
+  taken by the next accept: the unit's ``LimitNOFILE=`` is set well above what subscribers need.)
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from edged.errors import PublishError
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 1024
+PROBE_TIMEOUT_S = 1.0  # a live listener accepts at once, even when its process is stopped
+REBIND_TIMEOUT_S = 5.0  # libzmq closes a socket's listeners asynchronously
+RECOVERY_S = 5.0  # accepting again once no accept has failed for this long
+
+
+def _prepare_ipc(endpoint: str) -> Path | None:
+    """The socket's directory: created 0750 (whatever the umask) if missing, left alone if not."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    path = Path(endpoint[len("ipc://") :])
+    try:
+        path.parent.mkdir(parents=True, mode=0o750)
+        path.parent.chmod(0o750)  # mkdir's mode passes through the umask
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise PublishError(f"cannot create the directory for {endpoint}: {e.strerror}") from None
+    return path
+
+
+def refuse_live_ipc(path: Path, endpoint: str) -> None:
+    """Raise `PublishError` when a process accepts connections on ``path``; a stale file is fine."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(PROBE_TIMEOUT_S)
+    try:
+        probe.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        return  # nothing there, or a socket file its process left behind
+    except OSError as e:
+        raise PublishError(
+            f"cannot bind {endpoint}: cannot tell whether another process listens on {path} "
+            f"({e.strerror or e}); remove the file if nothing uses it, or choose another ipc path"
+        ) from None
+    finally:
+        probe.close()
+    raise PublishError(
+        f"cannot bind {endpoint}: another process is listening on {path} (another edged with the "
+        "same publish.endpoints?); stop it, or give each instance its own ipc path"
+    )
+
+
+class AcceptWatch:
+    """Logs that a socket cannot accept connections (out of descriptors, say), once per episode.
+
+    A thread reads the socket's monitor: libzmq blocks its I/O thread when monitor events are not
+    read, and retries a failed accept as fast as it can, so every event is drained at once. Any
+    descriptor freed meanwhile is taken by the next accept, so the episode ends only after
+    `RECOVERY_S` without a failure.
+    """
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self._socket = sock
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_MONITOR_STOPPED)
+        self._thread = threading.Thread(target=self._watch, name="edged-accept", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        failing: str | None = None  # the endpoint that cannot accept
+        last_failure = 0.0
+        while True:
+            quiet_ms = None if failing is None else max(0, int((last_failure + RECOVERY_S - time.monotonic()) * 1000))
+            try:
+                event = recv_monitor_message(self._monitor) if self._monitor.poll(quiet_ms) else None
+            except zmq.ZMQError:  # the context was destroyed under its sockets
+                return
+            if event is None:
+                log.info("%s: accepting connections again", failing)
+                failing = None
+            elif event["event"] == zmq.EVENT_MONITOR_STOPPED:
+                return
+            else:
+                last_failure = time.monotonic()
+                if failing is None:
+                    failing = event["endpoint"].decode(errors="replace")
+                    log.error("%s: new connections wait unaccepted: %s", failing, _accept_failure(event["value"]))
+
+    def stop(self) -> None:
+        self._socket.disable_monitor()  # the thread ends on the MONITOR_STOPPED event this sends
+        self._thread.join()
+        self._monitor.close(linger=0)
+
+
+def _accept_failure(error: int) -> str:
+    if error in (errno.EMFILE, errno.ENFILE):
+        return (
+            f"{os.strerror(error)}; subscribers already connected keep their stream. Raise the "
+            "descriptor limit (LimitNOFILE= in the unit) or find who holds so many connections"
+        )
+    return f"{os.strerror(error)}; libzmq retries them"
+
+
+class Listener:
+    """One ZeroMQ socket that binds endpoints, with the limits and checks above.
+
+    ``configure`` sets the socket's own options (HWM, CURVE, ...) before anything is bound, and
+    again on the fresh socket `reopen` makes.
+    """
+
+    def __init__(
+        self, context: zmq.Context[zmq.Socket[bytes]], socket_type: int, configure: Callable[[zmq.Socket[bytes]], None]
+    ) -> None:
+        self._context = context
+        self._type = socket_type
+        self._configure = configure
+        self.endpoints: list[str] = []
+        self.socket = context.socket(socket_type)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        configure(self.socket)
+        self._watch = AcceptWatch(self.socket)
+
+    def bind(self, endpoint: str) -> str:
+        """Bind one endpoint; returns it as bound (a ``*`` port resolved). Raises `PublishError`."""
+        ipc_path = _prepare_ipc(endpoint)
+        if ipc_path is not None:
+            refuse_live_ipc(ipc_path, endpoint)
+        try:
+            self.socket.bind(endpoint)
+        except zmq.ZMQError as e:
+            hint = ""
+            if e.errno == zmq.EADDRINUSE:
+                hint = " (another program holds it, perhaps an edged still running: stop it or change publish.endpoints)"
+            raise PublishError(f"cannot bind {endpoint}: {e.strerror}{hint}") from None
+        if ipc_path is not None:
+            os.chmod(ipc_path, 0o660)  # the service's group may connect, nobody else
+        bound = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoints.append(bound)
+        return bound
+
+    def reopen(self) -> Listener:
+        """This socket closed at once and a fresh one bound to the same endpoints.
+
+        Every peer is cut off and must connect (and authenticate) again; ZeroMQ peers reconnect
+        by themselves. Raises `PublishError` when an endpoint cannot be bound again.
+        """
+        self.close(linger=0)
+        fresh = Listener(self._context, self._type, self._configure)
+        deadline = time.monotonic() + REBIND_TIMEOUT_S
+        try:
+            for endpoint in self.endpoints:
+                while True:
+                    try:
+                        fresh.bind(endpoint)
+                        break
+                    except PublishError:
+                        if time.monotonic() >= deadline:
+                            raise
+                        time.sleep(0.01)  # the old listener is still closing in libzmq's I/O thread
+        except BaseException:
+            fresh.close(linger=0)
+            raise
+        return fresh
+
+    def close(self, linger: int) -> None:
+        self._watch.stop()
+        self.socket.close(linger=linger)

@@ -1,0 +1,533 @@
+"""MQTT output: the same messages as the ZeroMQ stream, handed to a broker for a fleet's dashboards.
+
+A peer of `edged.publish`, never a replacement: the daemon gives it each message's JSON bytes and
+it owns everything else. The frame loop only appends to a bounded outbox (`Outbox`); one thread
+owns the paho client, connects, reconnects with capped exponential backoff and jitter, and hands
+messages over while the broker is there. Disconnected, the outbox keeps at most ``max_queued``
+messages, events (verdicts) before detections, and drops the oldest beyond that, counted per
+topic; only the newest status waits, as the broker retains only the last one anyway.
+
+Topics, under ``topic_prefix`` (default ``edged/<hostname>``)::
+
+    PREFIX/state              online / offline, retained; offline is also the Last Will
+    PREFIX/CAMERA/detections  each processed frame (qos_detections)
+    PREFIX/CAMERA/status      the status message, retained (qos_events)
+    PREFIX/CAMERA/verdict     an inspection verdict (qos_events)
+
+paho-mqtt (2.x) is an optional dependency, imported only when a configuration has ``[mqtt]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import re
+import select
+import socket
+import ssl
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from edged.backoff import Backoff
+from edged.errors import BrokerError, KeyFileError, MissingDependency
+from edged.keys import check_secret_file
+from edged.sections import Section
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["detections", "status", "verdict"]
+KINDS: tuple[Kind, ...] = ("detections", "status", "verdict")
+MqttState = Literal["connected", "disconnected"]
+
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_MAX_S = 30.0
+CONNECT_TIMEOUT_S = 5.0  # one TCP connect plus TLS handshake; the thread alone waits for it
+CLOSE_TIMEOUT_S = 0.5  # at stop, how long the last status and the offline state may take to go out
+INFLIGHT = 20  # QoS 1/2 messages handed to paho and not yet acknowledged
+LOG_EVERY_N_FAILURES = 10  # the same failure again is logged once per this many attempts
+TICK_S = 1.0  # the thread comes round at least this often (keepalive pings, stop)
+
+TOPIC_LEVEL = r"[A-Za-z0-9_.-]+"
+
+
+def topic_hostname() -> str:
+    """The host name as one topic level: anything but letters, digits, ``_ . -`` becomes ``-``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname()) or "localhost"
+
+
+class MqttConfig(Section):
+    """``[mqtt]``: absent, edged publishes on ZeroMQ only."""
+
+    url: str = Field(description="Broker: mqtt://host[:1883] or mqtts://host[:8883] (TLS).")
+    client_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Client id, unique on the broker; default edged-<hostname>-<camera_id>, stable across restarts.",
+    )
+    username: str | None = Field(None, min_length=1, description="User name for the broker; none: anonymous.")
+    password_file: Path | None = Field(
+        None, description="File holding the password (mode 0600, or 0640 owned by the service group); never in this file."
+    )
+    ca_file: Path | None = Field(
+        None, description="CA certificate(s) the broker's certificate must chain to; default: the system's."
+    )
+    cert_file: Path | None = Field(None, description="Client certificate for brokers that ask for one (with key_file).")
+    key_file: Path | None = Field(None, description="The client certificate's private key (mode 0600 or 0640).")
+    topic_prefix: str | None = Field(
+        None,
+        pattern=rf"^{TOPIC_LEVEL}(/{TOPIC_LEVEL})*$",
+        description="Topics are PREFIX/state and PREFIX/CAMERA/{detections,status,verdict}; default edged/<hostname>.",
+    )
+    qos_detections: Literal[0, 1, 2] = Field(0, description="QoS of detections messages.")
+    qos_events: Literal[0, 1, 2] = Field(1, description="QoS of status, verdicts and the online/offline state.")
+    publish_empty: bool = Field(False, description="Also send frames without detections.")
+    keepalive_s: int = Field(
+        30, ge=5, le=3600, description="Seconds between keepalive pings; a silent link is lost after 1.5x."
+    )
+    max_queued: int = Field(
+        1000,
+        ge=1,
+        le=100000,
+        description="Messages held while the broker is away; the oldest beyond are dropped and counted.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _broker_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("mqtt", "mqtts"):
+            raise ValueError("must start with mqtt:// or mqtts:// (TLS)")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must not hold credentials: set mqtt.username and mqtt.password_file")
+        if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError("must be mqtt://host[:port] or mqtts://host[:port], nothing after the port")
+        _ = parts.port  # ValueError for a port that is no number or out of range
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MqttConfig:
+        tls = (self.ca_file, self.cert_file, self.key_file)
+        if any(f is not None for f in tls) and not self.tls:
+            raise ValueError("ca_file, cert_file and key_file need an mqtts:// url")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("set both cert_file and key_file, or neither")
+        if self.password_file is not None and self.username is None:
+            raise ValueError("password_file needs a username")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.url.startswith("mqtts://")
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        return urlsplit(self.url).port or (8883 if self.tls else 1883)
+
+    def prefix(self) -> str:
+        return self.topic_prefix or f"edged/{topic_hostname()}"
+
+    def client_id_for(self, camera_id: str) -> str:
+        return self.client_id or f"edged-{topic_hostname()}-{camera_id}"
+
+    def problems(self) -> list[str]:
+        """What would stop the output from ever connecting, one line each, reported when the config loads."""
+        problems = []
+        try:
+            load_paho()
+        except MissingDependency as e:
+            problems.append(f"mqtt: {e}")
+        for key in ("ca_file", "cert_file"):
+            path = getattr(self, key)
+            try:
+                missing = path is not None and not path.is_file()
+            except OSError as e:  # e.g. a name too long for the filesystem
+                problems.append(f"mqtt.{key}: cannot read {path}: {e.strerror}")
+                continue
+            if missing:
+                problems.append(f"mqtt.{key}: {path} does not exist")
+        for key in ("password_file", "key_file"):
+            path = getattr(self, key)
+            try:
+                if path is not None:
+                    check_secret_file(path, f"mqtt.{key}", group_readable=True)
+            except KeyFileError as e:
+                problems.append(str(e))
+        return problems
+
+
+def load_paho() -> ModuleType:
+    """paho's client module (2.x), or `MissingDependency` saying how to install it."""
+    try:
+        client = importlib.import_module("paho.mqtt.client")
+        version = importlib.import_module("paho.mqtt").__version__
+    except ImportError as e:
+        raise MissingDependency(
+            f"an [mqtt] section needs paho-mqtt 2.x, which this Python cannot import ({e}): "
+            "pip install 'edged[mqtt]' (or 'paho-mqtt>=2,<3'); with the .deb, apt install python3-paho-mqtt (2.x)"
+        ) from e
+    if not str(version).startswith("2."):
+        raise MissingDependency(
+            f"an [mqtt] section needs paho-mqtt 2.x, this Python has {version}: pip install 'paho-mqtt>=2,<3'"
+        )
+    return client
+
+
+def read_password(cfg: MqttConfig) -> str | None:
+    if cfg.password_file is None:
+        return None
+    check_secret_file(cfg.password_file, "mqtt.password_file", group_readable=True)
+    try:
+        return cfg.password_file.read_text().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise KeyFileError(f"mqtt.password_file: cannot read {cfg.password_file}: {e}") from None
+
+
+def new_client(cfg: MqttConfig, client_id: str) -> Any:
+    """A paho client set up from the config (credentials, TLS, timeouts), not yet connected."""
+    paho = load_paho()
+    client = paho.Client(
+        callback_api_version=paho.CallbackAPIVersion.VERSION2,
+        client_id=client_id,
+        protocol=paho.MQTTv311,
+        reconnect_on_failure=False,
+    )
+    client.connect_timeout = CONNECT_TIMEOUT_S
+    if cfg.username is not None:
+        client.username_pw_set(cfg.username, read_password(cfg))
+    if cfg.tls:
+        try:
+            client.tls_set(
+                ca_certs=str(cfg.ca_file) if cfg.ca_file else None,
+                certfile=str(cfg.cert_file) if cfg.cert_file else None,
+                keyfile=str(cfg.key_file) if cfg.key_file else None,
+            )
+        except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+            raise KeyFileError(f"mqtt: cannot load the TLS files: {e}") from None
+    return client
+
+
+def connect_problem(e: Exception, cfg: MqttConfig) -> str:
+    """Why a connection attempt failed, in words an operator acts on."""
+    where = f"{cfg.host}:{cfg.port}"
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"TLS: the certificate of {where} is not trusted ({e.verify_message}): check mqtt.ca_file"
+    if isinstance(e, ssl.SSLError):
+        return f"TLS handshake with {where} failed ({e.reason or e}): is it an mqtts:// listener?"
+    if isinstance(e, ConnectionRefusedError):
+        return f"{where} refused the connection: is the broker running and listening there?"
+    if isinstance(e, TimeoutError):
+        return f"no answer from {where} within {CONNECT_TIMEOUT_S:g} s"
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve {cfg.host}: {e.strerror}"
+    return f"cannot connect to {where}: {getattr(e, 'strerror', None) or e}"
+
+
+def refusal(reason_code: Any) -> str:
+    """The broker's CONNACK refusal with its reason code and what to check."""
+    hint = ""
+    if reason_code.value in (4, 5, 0x86, 0x87):
+        hint = ": check mqtt.username and mqtt.password_file against the broker's users"
+    elif reason_code.value in (2, 0x85):
+        hint = ": the broker does not accept this mqtt.client_id"
+    return f"the broker refused the connection: {reason_code} (reason code {reason_code.value}){hint}"
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """One message waiting for the broker: its kind picks topic, QoS and retain."""
+
+    kind: Kind
+    payload: bytes
+
+
+class Outbox:
+    """Messages waiting for the broker: bounded, events before detections, the newest status only.
+
+    Beyond ``limit`` (events and detections together) the oldest detection goes first, an event
+    only when no detection is left; every message dropped or superseded is counted by kind.
+    Called from the frame loop and the MQTT thread alike, so every method takes the lock.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.drops: Counter[str] = Counter()
+        self._events: deque[Queued] = deque()
+        self._detections: deque[Queued] = deque()
+        self._status: Queued | None = None
+        self._lock = threading.Lock()
+
+    def put(self, kind: Kind, payload: bytes) -> None:
+        item = Queued(kind, payload)
+        with self._lock:
+            if kind == "status":
+                if self._status is not None:
+                    self.drops["status"] += 1
+                self._status = item
+                return
+            (self._detections if kind == "detections" else self._events).append(item)
+            if len(self._events) + len(self._detections) > self.limit:
+                oldest = (self._detections or self._events).popleft()
+                self.drops[oldest.kind] += 1
+
+    def take(self) -> Queued | None:
+        """The next message to send: the status, then events, then detections, oldest first."""
+        with self._lock:
+            if self._status is not None:
+                item, self._status = self._status, None
+                return item
+            if self._events:
+                return self._events.popleft()
+            return self._detections.popleft() if self._detections else None
+
+    def put_back(self, item: Queued) -> None:
+        """A message the client could not take yet goes back to the front of its line."""
+        with self._lock:
+            if item.kind == "status":
+                if self._status is None:
+                    self._status = item
+                else:
+                    self.drops["status"] += 1
+            else:
+                (self._detections if item.kind == "detections" else self._events).appendleft(item)
+
+    def counts(self) -> dict[str, int]:
+        """Drops by kind, every kind named (zero included) so that dashboards see stable keys."""
+        with self._lock:
+            return {kind: self.drops[kind] for kind in KINDS}
+
+
+@dataclass(frozen=True, slots=True)
+class MqttStats:
+    """What the status message says about the MQTT output."""
+
+    state: MqttState
+    drops: dict[str, int]
+
+
+class MqttOutput:
+    """Sends the daemon's messages to the broker from a thread of its own; `send` never blocks.
+
+    The thread owns the paho client (paho is driven through ``loop_read``/``loop_write``/
+    ``loop_misc`` on its socket and a wake-up socket pair), so no paho call ever happens on the
+    frame loop. A refused connection or a TLS failure is logged with its reason and retried
+    with backoff, as is a broker that is down; none of them stops edged.
+    """
+
+    def __init__(self, cfg: MqttConfig, camera_id: str) -> None:
+        self.cfg = cfg
+        prefix = cfg.prefix()
+        self._state_topic = f"{prefix}/state"
+        self._topics: dict[Kind, str] = {kind: f"{prefix}/{camera_id}/{kind}" for kind in KINDS}
+        self._qos: dict[Kind, int] = {"detections": cfg.qos_detections, "status": cfg.qos_events, "verdict": cfg.qos_events}
+        self.outbox = Outbox(cfg.max_queued)
+        self._client = new_client(cfg, cfg.client_id_for(camera_id))
+        self._client.will_set(self._state_topic, b"offline", qos=cfg.qos_events, retain=True)
+        self._client.max_inflight_messages_set(INFLIGHT)
+        self._client.on_connect = self._on_connect
+        self._client.on_publish = self._on_publish
+        self._connected = False
+        self._answered = False  # the broker answered this connection attempt, yes or no
+        self._unacked: set[int] = set()  # QoS 1/2 messages paho holds until the broker acknowledges them
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._backoff = Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S)
+        self._failures = 0
+        self._attempts = 0  # connection attempts since the last successful one
+        self._last_problem = ""
+        self._thread = threading.Thread(target=self._run, name="edged-mqtt", daemon=True)
+        self._thread.start()
+        log.info("MQTT: publishing to %s as %s under %s/", cfg.url, cfg.client_id_for(camera_id), prefix)
+
+    # ---- the frame loop's side -----------------------------------------------------------------
+
+    def send(self, kind: Kind, payload: bytes) -> None:
+        """Queue one message (the JSON bytes sent on ZeroMQ) for the broker."""
+        self.outbox.put(kind, payload)
+        if self._connected:
+            with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
+                self._wake_w.send(b"\0")
+
+    @property
+    def state(self) -> MqttState:
+        return "connected" if self._connected else "disconnected"
+
+    def stats(self) -> MqttStats:
+        return MqttStats(self.state, self.outbox.counts())
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Send what is queued for at most ``timeout_s``, say offline (retained) and disconnect."""
+        self._stop.set()
+        with contextlib.suppress(BlockingIOError):
+            self._wake_w.send(b"\0")
+        # A thread still inside a connect attempt is abandoned (it is a daemon thread).
+        self._thread.join(timeout_s + 0.2)
+        if not self._thread.is_alive():
+            self._wake_r.close()
+            self._wake_w.close()
+
+    # ---- the MQTT thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self._failures and self._stop.wait(self._backoff.delay_s(self._failures)):
+                    break
+                if self._open():
+                    self._serve()
+            self._finish(time.monotonic() + CLOSE_TIMEOUT_S)
+        except Exception:  # a bug here must not end the daemon: the stream stops, ZeroMQ goes on
+            log.exception("the MQTT output failed and stops; ZeroMQ publishing goes on")
+            self._connected = False
+
+    def _open(self) -> bool:
+        """One connection attempt (TCP, TLS, CONNECT sent); False, logged and counted when it fails."""
+        self._answered = False
+        self._attempts += 1
+        try:
+            self._client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
+        except (OSError, ValueError) as e:
+            self._failed(connect_problem(e, self.cfg))
+            return False
+        return True
+
+    def _serve(self) -> None:
+        """Run the connection until it drops or edged stops."""
+        sock = self._client.socket()
+        pending = getattr(sock, "pending", lambda: 0)  # TLS: bytes already decrypted, unseen by select
+        while not self._stop.is_set():
+            if self._connected:
+                self._hand_over()
+            writing = [sock] if self._client.want_write() else []
+            readable, writable, _ = select.select([sock, self._wake_r], writing, [], 0.0 if pending() else TICK_S)
+            if self._wake_r in readable:
+                self._wake_r.recv(4096)
+            rc = 0
+            if sock in readable or pending():
+                rc = rc or self._client.loop_read()
+            if writable:
+                rc = rc or self._client.loop_write()
+            rc = rc or self._client.loop_misc()
+            if rc or self._client.socket() is None:
+                self._dropped(f"connection to {self.cfg.host}:{self.cfg.port} lost ({self._error_text(rc)})")
+                return
+
+    def _hand_over(self) -> None:
+        """Give paho queued messages while its socket keeps up and its in-flight window has room."""
+        while not self._client.want_write() and (item := self.outbox.take()) is not None:
+            qos = self._qos[item.kind]
+            if qos and len(self._unacked) >= INFLIGHT:
+                self.outbox.put_back(item)
+                return
+            info = self._client.publish(self._topics[item.kind], item.payload, qos=qos, retain=item.kind == "status")
+            if info.rc != 0:  # the link just went: the message waits for the next one
+                self.outbox.put_back(item)
+                return
+            if qos:
+                self._unacked.add(info.mid)
+
+    def _finish(self, deadline: float) -> None:
+        """At stop: the last messages and a retained offline, then a clean disconnect, all within ``deadline``."""
+        if self._connected:
+            self._hand_over()
+            # QoS 0: straight into the stream ahead of DISCONNECT, never held back by unacknowledged
+            # messages (a clean DISCONNECT makes the broker discard the Last Will).
+            self._client.publish(self._state_topic, b"offline", qos=0, retain=True)
+            self._client.disconnect()
+            sock = self._client.socket()
+            while sock is not None and self._client.want_write() and (left := deadline - time.monotonic()) > 0:
+                if select.select([], [sock], [], left)[1] and self._client.loop_write():
+                    break
+                sock = self._client.socket()
+        self._connected = False
+        with contextlib.suppress(OSError):
+            sock = self._client.socket()
+            if sock is not None:
+                sock.close()
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        self._answered = True
+        if reason_code.is_failure:
+            self._failed(refusal(reason_code))
+            return
+        client.publish(self._state_topic, b"online", qos=self.cfg.qos_events, retain=True)
+        self._connected = True
+        after = f" at attempt {self._attempts}" if self._attempts > 1 else ""
+        log.info("MQTT: connected to %s%s", self.cfg.url, after)
+        self._attempts = 0
+        self._failures = 0
+        self._last_problem = ""
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+        self._unacked.discard(mid)
+
+    def _dropped(self, problem: str) -> None:
+        was_connected = self._connected
+        self._connected = False
+        if was_connected:
+            log.warning("MQTT: %s; reconnecting with backoff, up to %d messages held", problem, self.cfg.max_queued)
+            self._failures = 1
+            self._last_problem = problem
+        elif not self._answered:  # the broker closed the connection without answering
+            self._failed(problem)
+
+    def _failed(self, problem: str) -> None:
+        """One more failed attempt: logged when the reason changes and every few attempts, retried with backoff."""
+        self._connected = False
+        self._failures += 1
+        if problem != self._last_problem or self._failures % LOG_EVERY_N_FAILURES == 0:
+            log.error(
+                "MQTT: %s (attempt %d; retrying with backoff up to %g s, ZeroMQ publishing goes on)",
+                problem,
+                self._attempts,
+                BACKOFF_MAX_S,
+            )
+        self._last_problem = problem
+
+    def _error_text(self, rc: int) -> str:
+        return str(load_paho().error_string(rc)) if rc else "closed"
+
+
+def probe_broker(cfg: MqttConfig, camera_id: str, timeout_s: float = CONNECT_TIMEOUT_S * 2) -> str:
+    """``edged check``: connect once (own client id, no Last Will), wait for the broker's answer, disconnect.
+
+    Returns how it went; raises `BrokerError` with the reason (refused, reason code, TLS) when
+    the broker cannot be used.
+    """
+    answer: list[Any] = []
+    client = new_client(cfg, f"{cfg.client_id_for(camera_id)}-check")
+    client.on_connect = lambda c, u, f, reason_code, p: answer.append(reason_code)
+    try:
+        client.connect(cfg.host, cfg.port, keepalive=cfg.keepalive_s)
+    except (OSError, ValueError) as e:
+        raise BrokerError(f"mqtt: {connect_problem(e, cfg)}") from None
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not answer and time.monotonic() < deadline:
+            if client.loop(timeout=0.1) != 0 and not answer:
+                raise BrokerError(f"mqtt: {cfg.host}:{cfg.port} closed the connection before answering")
+        if not answer:
+            raise BrokerError(f"mqtt: {cfg.host}:{cfg.port} did not answer within {timeout_s:g} s")
+        if answer[0].is_failure:
+            raise BrokerError(f"mqtt: {refusal(answer[0])}")
+        client.disconnect()
+    finally:
+        sock = client.socket()
+        if sock is not None:
+            sock.close()
+    return f"{cfg.url} accepted {'TLS ' if cfg.tls else ''}connection as {cfg.username or 'anonymous'}"

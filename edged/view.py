@@ -1,0 +1,159 @@
+"""The live view: the latest processed frame with its boxes drawn, as one JPEG shared by every viewer.
+
+The loop offers a frame only when `LiveView.wants_frame` says so: someone is watching, the
+encoder is idle and ``view_fps`` allows another. Otherwise it neither copies nor waits. An offered
+frame is copied once into a buffer the view keeps (reallocated only when the frame size changes);
+the encoder thread scales it to ``view_width``, draws the detections and encodes the JPEG, and
+every viewer is woken to send those same bytes. The encoder never queues: while it works, the
+loop's frames simply are not offered.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+import cv2
+import numpy as np
+
+from edged.messages import DetectionsMessage
+from edged.sources import Frame
+
+# One colour per class (BGR), cycled: saturated enough to read against a grey factory belt.
+PALETTE = ((56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72), (23, 204, 146))
+FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+
+class LiveView:
+    """The annotated latest frame, encoded at most ``fps`` times a second while anyone watches."""
+
+    def __init__(self, fps: float, width: int, quality: int) -> None:
+        self._interval_s = 1.0 / fps
+        self._width = width
+        self._params = [cv2.IMWRITE_JPEG_QUALITY, quality]
+        self._cond = threading.Condition()
+        self._viewers = 0
+        self._pending = False  # a frame is in the buffer and the encoder has not scaled it yet
+        self._due = 0.0  # monotonic time the next frame may be offered
+        self._frame: np.ndarray | None = None
+        self._order = "bgr"
+        self._message: DetectionsMessage | None = None
+        self._scaled: np.ndarray | None = None
+        self._jpeg = b""
+        self._seq = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._encode_loop, name="edged-view", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+
+    # ---- the loop's side ---------------------------------------------------------------------
+
+    def wants_frame(self) -> bool:
+        """True when a frame offered now would be shown: three reads, no lock, no allocation."""
+        return self._viewers > 0 and not self._pending and time.monotonic() >= self._due
+
+    def offer(self, frame: Frame, message: DetectionsMessage) -> None:
+        """Copy ``frame`` for the encoder; call only right after `wants_frame` said yes."""
+        image = frame.image
+        if self._frame is None or self._frame.shape != image.shape or self._frame.dtype != image.dtype:
+            self._frame = np.empty_like(image)
+        np.copyto(self._frame, image)
+        with self._cond:
+            self._order, self._message, self._pending = frame.channel_order, message, True
+            self._due = time.monotonic() + self._interval_s
+            self._cond.notify_all()
+
+    # ---- the viewers' side -------------------------------------------------------------------
+
+    @property
+    def viewers(self) -> int:
+        return self._viewers
+
+    @property
+    def seq(self) -> int:
+        """How many JPEGs have been encoded; `next_jpeg` waits for one past a given count."""
+        return self._seq
+
+    @contextmanager
+    def watch(self) -> Iterator[None]:
+        """Count a viewer for as long as the block runs: frames are offered only while one is."""
+        with self._cond:
+            self._viewers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._viewers -= 1
+
+    def next_jpeg(self, after: int, timeout_s: float) -> tuple[int, bytes] | None:
+        """The first JPEG encoded after number ``after``, or None on timeout or close."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._seq > after or self._closed, timeout_s) or self._closed:
+                return None
+            return self._seq, self._jpeg
+
+    # ---- the encoder thread ------------------------------------------------------------------
+
+    def _encode_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._closed)
+                if self._closed:
+                    return
+                frame, order, message = self._frame, self._order, self._message
+            assert frame is not None and message is not None  # set together by offer
+            image = self._scale(frame, order)
+            with self._cond:
+                self._pending = False  # the buffer is free for the loop's next frame
+            draw(image, message, image.shape[1] / frame.shape[1])
+            ok, encoded = cv2.imencode(".jpg", image, self._params)
+            if ok:
+                with self._cond:
+                    self._jpeg, self._seq = encoded.tobytes(), self._seq + 1
+                    self._cond.notify_all()
+
+    def _scale(self, frame: np.ndarray, order: str) -> np.ndarray:
+        """``frame`` as BGR at most ``view_width`` wide, in a buffer kept for that size."""
+        h, w = frame.shape[:2]
+        out_w = min(w, self._width)
+        out_h = max(1, round(h * out_w / w))
+        if self._scaled is None or self._scaled.shape != (out_h, out_w, 3):
+            self._scaled = np.empty((out_h, out_w, 3), np.uint8)
+        if (out_w, out_h) == (w, h):
+            np.copyto(self._scaled, frame)
+        else:
+            cv2.resize(frame, (out_w, out_h), dst=self._scaled, interpolation=cv2.INTER_AREA)
+        if order == "rgb":
+            cv2.cvtColor(self._scaled, cv2.COLOR_RGB2BGR, dst=self._scaled)
+        return self._scaled
+
+
+def draw(image: np.ndarray, message: DetectionsMessage, scale: float) -> None:
+    """Boxes, labels and scores of ``message`` onto ``image`` (the frame scaled by ``scale``), and a
+    caption naming the camera, the frame and its capture time, so a frozen view is plain to see."""
+    for d in message.detections:
+        colour = PALETTE[d.class_id % len(PALETTE)]
+        x1, y1, x2, y2 = (round(v * scale) for v in d.box)
+        cv2.rectangle(image, (x1, y1), (x2, y2), colour, 2)
+        text = f"{d.label} {d.score:.2f}"
+        (tw, th), base = cv2.getTextSize(text, FONT, 0.5, 1)
+        top = y1 - th - base - 2 if y1 - th - base - 2 >= 0 else y1
+        cv2.rectangle(image, (x1, top), (x1 + tw + 4, top + th + base + 2), colour, cv2.FILLED)
+        cv2.putText(image, text, (x1 + 2, top + th + 1), FONT, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
+    when = datetime.fromtimestamp(message.capture_time_ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
+    caption = f"{message.camera_id}  frame {message.frame_id}  {when}"
+    (tw, th), base = cv2.getTextSize(caption, FONT, 0.5, 1)
+    h = image.shape[0]
+    cv2.rectangle(image, (0, h - th - base - 8), (tw + 10, h), (0, 0, 0), cv2.FILLED)
+    cv2.putText(image, caption, (5, h - base - 4), FONT, 0.5, (255, 255, 255), 1, cv2.LINE_AA)

@@ -1,0 +1,328 @@
+"""Evidence images: the save policy, the files on disk, atomic saves, retention, the writer's bounds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Literal
+
+import cv2
+import numpy as np
+import pytest
+from allocations import NumpyAllocations
+from filesystems import read_only_folder
+from waiting import wait_for
+
+from edged.config import load_config
+from edged.decode import Detections
+from edged.evidence import (
+    QUEUE_FRAMES,
+    EvidenceConfig,
+    EvidenceDetection,
+    EvidenceFrame,
+    EvidenceStore,
+    EvidenceWriter,
+    day_and_stem,
+    default_dir,
+    describe,
+    should_save,
+    write_atomic,
+)
+from edged.sources import Frame
+from edged.tools.evaluate import folder_samples, label_path, read_yolo_labels
+
+T0_NS = 1_796_000_000_000_000_000  # 2026-11-30 00:53:20 UTC
+DAY_NS = 86400 * 10**9
+
+
+def frame(
+    frame_id: int = 1,
+    *,
+    t_ns: int = T0_NS,
+    size: tuple[int, int] = (128, 96),
+    order: Literal["bgr", "rgb"] = "bgr",
+    detections: tuple[EvidenceDetection, ...] | None = None,
+    message: bytes | None = b'{"frame": 1}',
+    noise: bool = False,
+) -> EvidenceFrame:
+    w, h = size
+    rng = np.random.default_rng(frame_id)
+    image = rng.integers(0, 256, (h, w, 3), np.uint8) if noise else np.full((h, w, 3), (10, 20, 200), np.uint8)
+    if detections is None:
+        detections = (EvidenceDetection(1, 0.8, (10.0, 20.0, 50.0, 60.0), 0.25),)
+    return EvidenceFrame("cam0", frame_id, t_ns + frame_id * 10**6, image, order, detections, message)
+
+
+def saved_sets(folder: Path) -> list[str]:
+    return sorted(p.stem for p in folder.rglob("images/*.jpg"))
+
+
+def files_on_disk(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+# ---- the policy ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("save", "verdict", "scores", "thresholds", "expected"),
+    [
+        ("all", None, [], [], True),
+        ("all", "ok", [], [], True),
+        ("ng", None, [], [], False),  # no inspection: ng is any detection
+        ("ng", None, [0.3], [0.25], True),
+        ("ng", None, [0.2], [0.25], False),  # below its threshold: not a detection
+        ("ng", None, [0.25], [0.25], False),  # a detection passes its threshold: score > threshold
+        ("ng+near", None, [0.25], [0.25], True),  # ... so one at the threshold is near
+        ("ng", "ng", [], [], True),
+        ("ng", "ok", [0.9], [0.25], False),  # the verdict decides when there is one
+        ("ng+near", "ok", [0.2], [0.25], True),  # within near_margin below
+        ("ng+near", "ok", [0.14], [0.25], False),  # further below than near_margin
+        ("ng+near", "ok", [0.9, 0.5], [0.25, 0.6], True),  # the second is near its own threshold
+        ("ng+near", None, [0.16], [0.25], True),
+        ("ng+near", "ng", [], [], True),
+    ],
+)
+def test_the_save_policy(
+    save: str, verdict: str | None, scores: list[float], thresholds: list[float], expected: bool
+) -> None:
+    assert should_save(save, verdict, scores, thresholds, 0.1) is expected  # type: ignore[arg-type]
+
+
+def test_stems_sort_by_capture_time_within_a_day_folder_named_in_utc() -> None:
+    day, stem = day_and_stem("cam0", T0_NS + 5 * 10**6, 42)
+    assert (day, stem) == ("2026-11-30", "cam0_20261130T005320005_42")
+    later = [day_and_stem("cam0", T0_NS + i * 10**9, 1000 - i)[1] for i in range(3)]
+    assert later == sorted(later)
+
+
+# ---- the files ----------------------------------------------------------------------------------
+
+
+def test_a_saved_frame_is_a_jpeg_a_yolo_label_and_the_message(tmp_path: Path) -> None:
+    store = EvidenceStore(tmp_path / "ev", "cam0", 10**9, 30)
+    store.open()
+    detections = (
+        EvidenceDetection(0, 0.91, (12.5, 8.0, 40.25, 30.0), 0.5),
+        EvidenceDetection(2, 0.4, (0.0, 0.0, 128.0, 96.0), 0.3),
+        EvidenceDetection(1, 0.45, (60.0, 60.0, 70.0, 70.0), 0.5),  # near, not a detection
+    )
+    store.save(frame(7, detections=detections, message=b'{"seq": 3}'), jpeg_quality=95)
+    day, stem = day_and_stem("cam0", T0_NS + 7 * 10**6, 7)
+    folder = tmp_path / "ev" / "cam0" / day
+    image = cv2.imread(str(folder / "images" / f"{stem}.jpg"))
+    assert image.shape == (96, 128, 3)
+    assert np.abs(image.astype(int) - (10, 20, 200)).max() <= 3  # the frame as captured, not annotated
+    label = folder / "labels" / f"{stem}.txt"
+    assert label.read_text().splitlines()[0] == "0 0.206055 0.197917 0.216797 0.229167"
+    image_path = folder / "images" / f"{stem}.jpg"
+    assert label_path(image_path) == label  # where `edged eval --data` looks
+    assert "/labels/".join(str(image_path).rsplit("/images/", 1)).rsplit(".", 1)[0] + ".txt" == str(label)  # ultralytics
+    boxes, classes = read_yolo_labels(label, 128, 96, num_classes=3)
+    assert classes.tolist() == [0, 2]
+    np.testing.assert_allclose(boxes, [[12.5, 8.0, 40.25, 30.0], [0.0, 0.0, 128.0, 96.0]], atol=1e-3)
+    assert (folder / "messages" / f"{stem}.json").read_bytes() == b'{"seq": 3}'
+    assert not [p for p in files_on_disk(tmp_path) if p.name.endswith(".tmp")]
+    assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+    [sample] = list(folder_samples(tmp_path / "ev", 3)[1])  # `edged eval --data` reads the folder as it is
+    assert sample.class_ids.tolist() == [0, 2]
+
+
+def test_an_rgb_frame_is_saved_in_its_true_colours_and_an_unpublished_one_without_a_message(tmp_path: Path) -> None:
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    store.open()
+    rgb = frame(1, order="rgb", message=None, detections=())
+    store.save(rgb, jpeg_quality=95)
+    [jpg] = list(tmp_path.rglob("*.jpg"))
+    assert np.abs(cv2.imread(str(jpg)).astype(int) - (200, 20, 10)).max() <= 3  # BGR on disk
+    assert not list(tmp_path.rglob("*.json"))
+    assert [p.read_text() for p in tmp_path.rglob("*.txt")] == [""]  # a negative for training
+
+
+def test_write_atomic_replaces_whole_or_leaves_no_temp_file(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    write_atomic(path, b"old")
+    write_atomic(path, b"new")
+    assert path.read_bytes() == b"new"
+    (tmp_path / "b.txt").mkdir()  # the rename onto it fails after the data was written
+    with pytest.raises(OSError):
+        write_atomic(tmp_path / "b.txt", b"data")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+
+
+def test_start_up_removes_half_written_sets_and_temp_files(tmp_path: Path) -> None:
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    store.open()
+    store.save(frame(1), 95)
+    store.save(frame(2), 95)
+    day = next((tmp_path / "cam0").iterdir())
+    # A power cut after the label and message of a third frame, and in the middle of a fourth.
+    (day / "labels" / "cam0_x_3.txt").write_text("0 0.5 0.5 0.1 0.1\n")
+    (day / "messages" / "cam0_x_3.json").write_text("{}")
+    (day / "images" / ".cam0_x_4.jpg.tmp").write_bytes(b"\xff\xd8 half")
+    (day / "labels" / ".cam0_x_4.txt.tmp").write_bytes(b"0 0.")
+    reopened = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    reopened.open()
+    assert [p.name for p in files_on_disk(tmp_path) if "x_" in p.name] == []
+    assert len(saved_sets(tmp_path)) == 2
+    assert reopened.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+
+
+# ---- retention ----------------------------------------------------------------------------------
+
+
+def test_the_quota_deletes_the_oldest_frames_first_from_a_running_total(tmp_path: Path) -> None:
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    store.open()
+    store.save(frame(0, noise=True), 95)
+    one_set = store.total_bytes
+    store.max_bytes = int(one_set * 3.5)
+    # Frames over three days, saved in time order: day 0, then day 1, then day 2.
+    for i in range(1, 9):
+        store.save(frame(i, t_ns=T0_NS + (i // 3) * DAY_NS, noise=True), 95)
+        store.prune(time.time())
+        assert store.total_bytes <= store.max_bytes
+        assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+    expected = [day_and_stem("cam0", T0_NS + (i // 3) * DAY_NS + i * 10**6, i)[1] for i in (6, 7, 8)]
+    assert saved_sets(tmp_path) == expected
+    assert sorted(p.name for p in (tmp_path / "cam0").iterdir()) == ["2026-12-02"]  # emptied days removed
+
+
+def test_a_folder_left_over_the_quota_is_pruned_at_start_up(tmp_path: Path) -> None:
+    writer_store = EvidenceStore(tmp_path, "cam0", 10**12, 0)
+    writer_store.open()
+    for i in range(6):
+        writer_store.save(frame(i, t_ns=T0_NS + (i // 2) * DAY_NS, noise=True), 95)
+    each = writer_store.total_bytes // 6
+    store = EvidenceStore(tmp_path, "cam0", each * 2 + each // 2, 0)
+    store.open()
+    assert [s.rsplit("_", 1)[1] for s in saved_sets(tmp_path)] == ["4", "5"]
+    assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+
+
+def test_frames_older_than_max_age_are_deleted_at_start_up_and_after_saves(tmp_path: Path) -> None:
+    store = EvidenceStore(tmp_path, "cam0", 10**12, 30)
+    store.open()
+    for i in range(4):
+        store.save(frame(i), 95)
+    now = time.time()
+    for i, stem in enumerate(saved_sets(tmp_path)[:2]):
+        for path in tmp_path.rglob(f"{stem}.*"):
+            os.utime(path, (now - (40 - i) * 86400, now - (40 - i) * 86400))
+    reopened = EvidenceStore(tmp_path, "cam0", 10**12, 30)
+    reopened.open()
+    assert [s.rsplit("_", 1)[1] for s in saved_sets(tmp_path)] == ["2", "3"]
+    assert reopened.prune(now + 31 * 86400) == 2  # a month later, on the writer's idle wake
+    assert saved_sets(tmp_path) == [] and reopened.total_bytes == 0
+
+
+# ---- the writer -------------------------------------------------------------------------------
+
+
+def writer(tmp_path: Path, **keys: object) -> EvidenceWriter:
+    return EvidenceWriter(EvidenceConfig.model_validate({"dir": str(tmp_path / "ev"), **keys}), "cam0")
+
+
+def test_a_full_queue_drops_and_counts_and_the_queued_frames_are_saved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="edged.evidence")
+    w = writer(tmp_path, save="all", max_per_minute=0)
+    admitted = 0
+    for i in range(10):  # the thread has not started: nothing leaves the queue
+        if w.admit(None, [], []):
+            w.submit(frame(i))
+            admitted += 1
+    assert (admitted, w.dropped) == (QUEUE_FRAMES, 10 - QUEUE_FRAMES)
+    assert [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()] == [
+        "evidence: the disk is behind the frames to save (4 queued): frames are dropped and counted"
+    ]
+    w.start()
+    w.stop(timeout_s=10)
+    report = w.report()
+    assert (report.saved, report.dropped, report.errors) == (QUEUE_FRAMES, 10 - QUEUE_FRAMES, 0)
+    assert len(saved_sets(tmp_path)) == QUEUE_FRAMES
+    assert report.bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+
+
+def test_a_frame_is_copied_only_when_it_is_evidence_and_then_once(tmp_path: Path) -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None, "numpy's allocator hook is unavailable"
+    w = writer(tmp_path, save="ng", max_per_minute=0)
+    captured = Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr")
+    nothing = Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32))
+    spot = Detections(np.array([[10, 20, 50, 60]], np.float32), np.array([0.8], np.float32), np.array([1], np.int32))
+    with counter.counting():
+        before = counter.buffers
+        w.offer(captured, nothing, [], None, b"{}")
+        assert counter.buffers == before  # not evidence: the loop copies nothing
+        w.offer(captured, spot, [0.25], None, b"{}")
+        assert counter.buffers == before + 1  # evidence: the frame, copied once
+    captured.image[:] = 0  # the capture slot is reused by the next frame
+    w.start()
+    w.stop(timeout_s=10)
+    [jpg] = list(tmp_path.rglob("*.jpg"))
+    assert w.saved == 1 and np.abs(cv2.imread(str(jpg)).astype(int) - 50).max() <= 2
+    assert [p.read_text() for p in tmp_path.rglob("*.txt")] == ["1 0.234375 0.416667 0.312500 0.416667\n"]
+
+
+def test_the_rate_limit_counts_the_frames_it_refuses(tmp_path: Path) -> None:
+    w = writer(tmp_path, save="ng", max_per_minute=3)
+    results = [w.admit(None, [0.9], [0.25]) for _ in range(10)]
+    assert results == [True] * 3 + [False] * 7
+    assert (w.rate_limited, w.dropped) == (7, 0)
+    assert not w.admit(None, [], [])  # not evidence at all: neither saved nor counted
+    assert w.rate_limited == 7
+
+
+def test_a_read_only_or_missing_folder_is_logged_once_per_burst_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="edged.evidence")
+    root = tmp_path / "drive" / "evidence"
+    w = EvidenceWriter(EvidenceConfig(dir=root, save="all", max_per_minute=0), "cam0")
+    w.start()
+    try:
+        for i in range(3):  # the drive is not there: its parent folder is missing
+            assert w.admit(None, [], [])
+            w.submit(frame(i))
+            assert wait_for(lambda i=i: w.errors >= i + 2, timeout_s=10)  # + the start-up scan
+        assert "folder is missing" in (w.last_error or "")
+        with read_only_folder(tmp_path / "drive") as code:
+            for i in range(3, 6):
+                assert w.admit(None, [], [])
+                w.submit(frame(i))
+                assert wait_for(lambda i=i: w.errors >= i + 2, timeout_s=10)
+            assert describe(OSError(code, "x")).split(" (")[0] in (w.last_error or "")
+        for i in range(6, 8):
+            assert w.admit(None, [], [])
+            w.submit(frame(i))
+        assert wait_for(lambda: w.saved == 2, timeout_s=10)
+    finally:
+        w.stop(timeout_s=10)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "inference goes on" in errors[0].getMessage()
+    assert any("saved again" in r.getMessage() for r in caplog.records)
+    assert w.report().errors == 7 and len(saved_sets(root)) == 2
+
+
+# ---- configuration ----------------------------------------------------------------------------
+
+
+def test_the_folder_defaults_to_the_state_directory_and_a_relative_one_is_beside_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/edged/cam3")
+    assert default_dir() == Path("/var/lib/edged/cam3/evidence")
+    monkeypatch.delenv("STATE_DIRECTORY")
+    assert EvidenceConfig().dir == Path("/var/lib/edged/evidence")
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "m.onnx"\n')
+    assert load_config(config).evidence is None
+    config.write_text('[model]\npath = "m.onnx"\n[evidence]\ndir = "evidence"\nsave = "ng+near"\n')
+    monkeypatch.chdir("/")
+    settings = load_config(config)
+    assert settings.evidence is not None and settings.evidence.dir == tmp_path / "evidence"

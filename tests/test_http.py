@@ -1,0 +1,453 @@
+"""The HTTP server for people: the real daemon serving its page, stream, snapshot, status, metrics and
+health on a free loopback port, read by real clients (http.client, promtool, headless Chromium)."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from onnx_models import colour_probe
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+from waiting import wait_for
+
+from edged.http import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, HttpConfig, HttpServer
+from edged.messages import DetectionsMessage, StatusMessage
+from edged.view import PALETTE
+
+pytestmark = pytest.mark.integration
+
+COLOUR = (90, 20, 20)  # BGR: the probe scores it "blue" (class 1, 0.35) only; dark beside every palette colour
+ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOT = ROOT / "docs" / "live-view.png"
+
+
+def _config(
+    workdir: Path,
+    http: dict[str, object] | None = None,
+    source: dict[str, object] | None = None,
+    **sections: dict[str, object],
+) -> tuple[Path, str, int]:
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    doc: dict[str, dict[str, object]] = {
+        "source": source or {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+        "model": {"path": "probe.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+        "thermal": {"enabled": False},
+        "http": {"listen": f"127.0.0.1:{port}", **(http or {})},
+    }
+    for name, keys in sections.items():
+        doc.setdefault(name, {}).update(keys)
+    return write_config(workdir / "edged.toml", doc), endpoint, port
+
+
+def _probe_workdir(workdir: Path, frames: int = 40) -> Path:
+    colour_probe(workdir / "probe.onnx")
+    write_video(workdir / "clip.avi", [COLOUR] * frames, size=(320, 240))
+    return workdir
+
+
+def get(
+    port: int, path: str, headers: dict[str, str] | None = None, timeout: float = 10
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def serving(port: int, timeout: float = 30) -> bool:
+    """True once the server answers at all (with a token configured, 401)."""
+
+    def up() -> bool:
+        try:
+            get(port, "/healthz", timeout=2)
+        except OSError:
+            return False
+        return True
+
+    return wait_for(up, timeout)
+
+
+class Stream:
+    """A multipart/x-mixed-replace reader: each part's headers checked, its JPEG returned."""
+
+    def __init__(self, port: int, query: str = "") -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        self.conn.request("GET", "/stream.mjpg" + query)
+        self.resp = self.conn.getresponse()
+        assert self.resp.status == 200
+        content_type = self.resp.getheader("Content-Type", "")
+        assert content_type.startswith("multipart/x-mixed-replace; boundary=")
+        self.boundary = b"--" + content_type.split("boundary=")[1].encode()
+
+    def next_jpeg(self) -> bytes:
+        line = self.resp.readline()
+        while line.strip() == b"":
+            line = self.resp.readline()
+        assert line.strip() == self.boundary, line
+        headers = {}
+        while (line := self.resp.readline().strip()) != b"":
+            name, _, value = line.decode().partition(":")
+            headers[name.lower()] = value.strip()
+        assert headers["content-type"] == "image/jpeg"
+        jpeg = self.resp.read(int(headers["content-length"]))
+        assert jpeg[:2] == b"\xff\xd8" and jpeg[-2:] == b"\xff\xd9"  # SOI ... EOI
+        return jpeg
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def decode(jpeg: bytes) -> np.ndarray:
+    image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None
+    return image
+
+
+def samples(text: str, name: str) -> list[Sample]:
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples if sample.name == name]
+
+
+def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    for sample in samples(text, name):
+        if all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+            return float(sample.value)
+    raise AssertionError(f"{name}{labels or ''} not in /metrics:\n{text}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningDaemon, int]]:
+    workdir = _probe_workdir(tmp_path_factory.mktemp("served"))
+    path, endpoint, port = _config(workdir)
+    d = RunningDaemon(path, endpoint)
+    try:
+        assert serving(port), d.log()
+        yield d, port
+    finally:
+        d.close()
+
+
+def test_metrics_pass_promtool_and_move_as_frames_flow(served: tuple[RunningDaemon, int]) -> None:
+    d, port = served
+    d.collect("status", 2)
+    status, headers, body = get(port, "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=")
+    text = body.decode()
+    check = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=60)
+    assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+    for name in (
+        "edged_frames_total",
+        "edged_frames_dropped_total",
+        "edged_stage_duration_seconds_bucket",
+        "edged_frame_age_seconds_bucket",
+        "edged_source_up",
+        "edged_rate_cap_fps",
+        "edged_build_info",
+    ):
+        assert re.search(rf"^{name}[{{ ]", text, re.M), name
+    assert "_created" not in text
+    assert metric_value(text, "edged_source_up") == 1.0
+    assert {"stale", "read_error"} <= {s.labels["reason"] for s in samples(text, "edged_frames_dropped_total")}
+    [info] = [s.labels for s in samples(text, "edged_build_info")]
+    model = d.collect("detections", 1)[0].model
+    assert (info["model_sha256"], info["provider"]) == (model.sha256, model.provider)
+    frames = metric_value(text, "edged_frames_total")
+    inference = metric_value(text, "edged_stage_duration_seconds_count", {"stage": "inference"})
+    assert frames > 0 and inference == frames
+    assert metric_value(text, "edged_stage_duration_seconds_bucket", {"stage": "inference", "le": "+Inf"}) == frames
+
+    def moved() -> bool:
+        later = get(port, "/metrics")[2].decode()
+        return metric_value(later, "edged_frames_total") > frames + 5 and (
+            metric_value(later, "edged_stage_duration_seconds_sum", {"stage": "decode"})
+            > metric_value(text, "edged_stage_duration_seconds_sum", {"stage": "decode"})
+        )
+
+    assert wait_for(moved, 20), d.log()
+
+
+def test_status_json_health_and_unknown_paths(served: tuple[RunningDaemon, int]) -> None:
+    d, port = served
+    d.collect("status", 1)
+    status, headers, body = get(port, "/status.json")
+    assert status == 200 and headers["content-type"] == "application/json"
+    message = StatusMessage.model_validate_json(body)
+    assert message.source_state == "ok" and message.frames_processed > 0
+    assert get(port, "/healthz")[:3:2] == (200, b"ok\n")
+    status, _, body = get(port, "/nothing-here")
+    assert status == 404 and b"/stream.mjpg" in body
+    page = get(port, "/")
+    assert page[0] == 200 and page[1]["content-type"].startswith("text/html")
+    assert not re.search(rb"(src|href)=\"?(https?:)?//", page[2])  # nothing from the network: boards are offline
+
+
+def test_the_stream_sends_successive_jpegs_with_boxes_where_the_detections_are(served: tuple[RunningDaemon, int]) -> None:
+    d, port = served
+    message = next(m for m in d.collect("detections", 5) if isinstance(m, DetectionsMessage) and m.detections)
+    assert len(message.detections) == 1
+    det = message.detections[0]
+    stream = Stream(port)
+    try:
+        images = [decode(stream.next_jpeg()) for _ in range(3)]
+    finally:
+        stream.close()
+    colour, frame = np.array(PALETTE[det.class_id], np.int32), np.array(COLOUR, np.int32)
+    x1, y1, x2, y2 = (round(v) for v in det.box)
+    for image in images:
+        assert image.shape == (240, 320, 3)  # narrower than view_width: shown as it is
+        edges = [image[(y1 + y2) // 2, x1], image[(y1 + y2) // 2, x2], image[y2, (x1 + x2) // 2]]
+        for pixel in edges:  # the box's left, right and bottom edges, in the class's colour (JPEG blurs it)
+            distance = np.abs(pixel.astype(np.int32) - colour).sum()
+            assert distance < np.abs(pixel.astype(np.int32) - frame).sum() and distance < 150, (pixel, det.box)
+        inside = image[(y1 + y2) // 2, (x1 + x2) // 2].astype(np.int32)
+        outside = image[10, 300].astype(np.int32)
+        for pixel in (inside, outside):  # the frame itself, untouched
+            assert np.abs(pixel - np.array(COLOUR)).sum() < 40, pixel
+    snapshot = get(port, "/snapshot.jpg")
+    assert snapshot[0] == 200 and snapshot[1]["content-type"] == "image/jpeg"
+    assert decode(snapshot[2]).shape == (240, 320, 3)
+
+
+def test_headless_chromium_renders_the_page_with_the_live_image_and_the_fps(tmp_path: Path) -> None:
+    """Also writes the README's screenshot when EDGED_WRITE_SCREENSHOT=1."""
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is needed (scripts/setup test installs it)"
+    path, endpoint, port = _config(
+        tmp_path,
+        source={"type": "synthetic", "camera_id": "line-3", "width": 1280, "height": 720, "fps": 10.0},
+        model={"path": str(ROOT / "models" / "demo.onnx"), "labels": str(ROOT / "models" / "demo.labels")},
+    )
+    d = RunningDaemon(path, endpoint)
+    try:
+        assert serving(port), d.log()
+        d.wait_status(lambda s: s.frames_processed > 10 and s.fps > 0, timeout=60)
+        url = f"http://127.0.0.1:{port}/"
+        args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--timeout=5000"]
+        png = tmp_path / "page.png"
+        shot = subprocess.run([*args, "--window-size=1000,480", f"--screenshot={png}", url], capture_output=True, timeout=60)
+        assert png.is_file(), shot.stderr.decode()[-2000:]
+        dom = subprocess.run([*args, "--dump-dom", url], capture_output=True, timeout=60, text=True).stdout
+    finally:
+        d.close()
+    assert re.search(r'id="fps">[0-9]+\.[0-9]<', dom), dom[-3000:]  # filled in from /status.json (it starts as "-")
+    assert 'id="state" class="pill ok">camera ok<' in dom
+    image = cv2.imread(str(png))
+    live = image[60:400, 20:650]  # where the page places the live image (640 px wide, 16:9 here)
+    assert live.std() > 10, "the live image region is blank"
+    assert np.abs(live.astype(np.int32) - image[470, 990].astype(np.int32)).sum(axis=2).mean() > 60  # not page
+    if os.environ.get("EDGED_WRITE_SCREENSHOT") == "1":
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        small = cv2.resize(image, (800, 384), interpolation=cv2.INTER_AREA)  # small enough to commit
+        cv2.imwrite(str(SCREENSHOT), small, [cv2.IMWRITE_PNG_COMPRESSION, 9])
+
+
+def test_off_loopback_a_token_is_required_and_checked(tmp_path: Path) -> None:
+    _probe_workdir(tmp_path)
+    path, endpoint, port = _config(tmp_path, http={"listen": "0.0.0.0:8080"})
+    refused = run_cli("run", "--config", str(path))
+    assert refused.returncode == 78, refused.stderr
+    assert "http.token_file" in refused.stderr and "not a loopback address" in refused.stderr
+    token = "0123456789abcdef0123456789abcdef"
+    token_file = tmp_path / "http.token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o644)
+    path, endpoint, port = _config(tmp_path, http={"token_file": "http.token"})
+    too_open = run_cli("run", "--config", str(path))
+    assert too_open.returncode == 78 and "chmod 600" in too_open.stderr, too_open.stderr
+    token_file.chmod(0o600)
+    d = RunningDaemon(path, endpoint)
+    try:
+        assert serving(port), d.log()
+        d.collect("detections", 2)
+        for wrong in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {token}"}):
+            for where in ("/snapshot.jpg", "/stream.mjpg", "/metrics", "/status.json", "/"):
+                status, headers, body = get(port, where, wrong)
+                assert status == 401 and headers["content-type"].startswith("text/plain"), (where, wrong)
+                assert b"\xff\xd8" not in body and b"edged_" not in body
+        assert get(port, "/snapshot.jpg?token=wrong")[0] == 401
+        good = get(port, "/snapshot.jpg", {"Authorization": f"Bearer {token}"})
+        assert good[0] == 200 and decode(good[2]).shape == (240, 320, 3)
+        stream = Stream(port, f"?token={token}")  # a browser's <img> can only send it this way
+        try:
+            decode(stream.next_jpeg())
+        finally:
+            stream.close()
+        rotated = "fedcba9876543210fedcba9876543210"
+        token_file.write_text(rotated + "\n")
+        d.signal(signal.SIGHUP)  # a rotated token takes effect on reload
+        assert wait_for(lambda: get(port, "/healthz", {"Authorization": f"Bearer {rotated}"})[0] == 200, 30), d.log()
+        assert get(port, "/healthz", {"Authorization": f"Bearer {token}"})[0] == 401
+    finally:
+        d.close()
+
+
+def test_page_and_stream_survive_a_sighup_reload_and_a_camera_reconnect(tmp_path: Path) -> None:
+    _probe_workdir(tmp_path, frames=10)  # half a second per pass: the loop reopens the file often
+    path, endpoint, port = _config(tmp_path)
+    clip, away = tmp_path / "clip.avi", tmp_path / "unplugged.avi"
+    d = RunningDaemon(path, endpoint)
+    stream = None
+    try:
+        assert serving(port), d.log()
+        stream = Stream(port)
+        decode(stream.next_jpeg())
+        path.write_text(path.read_text().replace('path = "probe.onnx"', 'path = "probe.onnx"\nconf = 0.5'))
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reloaded: model" in d.log(), 30), d.log()
+        for _ in range(3):
+            decode(stream.next_jpeg())  # the same connection goes on
+        assert get(port, "/")[0] == 200
+        clip.rename(away)  # unplugged
+        d.wait_status(lambda s: s.source_state == "lost")
+        assert get(port, "/healthz")[0] == 200  # a reconnect in progress is healthy
+        away.rename(clip)
+        d.wait_status(lambda s: s.source_state == "ok" and s.capture is not None and s.capture.reconnects >= 1)
+        for _ in range(3):
+            decode(stream.next_jpeg())
+        status = StatusMessage.model_validate_json(get(port, "/status.json")[2])
+        assert status.capture is not None and status.capture.reconnects >= 1
+        assert d.proc.poll() is None
+    finally:
+        if stream is not None:
+            stream.close()
+        d.close()
+
+
+def test_a_busy_port_is_logged_and_retried_while_detection_goes_on(tmp_path: Path) -> None:
+    _probe_workdir(tmp_path)
+    path, endpoint, port = _config(tmp_path)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", port))
+    blocker.listen()
+    d = RunningDaemon(path, endpoint)
+    try:
+        d.collect("detections", 5)  # detection is not held up by the view
+        assert wait_for(lambda: "cannot serve the live view" in d.log(), 20), d.log()
+        assert "Address already in use" in d.log() and "retrying every" in d.log()
+        blocker.close()  # the other instance went away
+        assert serving(port), d.log()
+        assert get(port, "/healthz")[0] == 200
+        assert d.log().count("cannot serve the live view") == 1  # one line, not one per retry
+    finally:
+        blocker.close()
+        d.close()
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _stalled_viewer(port: int) -> socket.socket:
+    """A client that asks for the stream and then never reads a byte."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(b"GET /stream.mjpg HTTP/1.0\r\n\r\n")
+    return sock
+
+
+def _clients_held(pid: int, port: int) -> set[int]:
+    """The client ports of the connections to ``port`` that process ``pid`` still holds open.
+
+    A connection the server has closed may linger in the kernel (FIN-WAIT-1 behind data the client
+    never read), but no longer belongs to the process: its inode is none of the process's fds.
+    """
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    held = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, inode = fields[1], fields[2], fields[9]
+        if int(local.split(":")[1], 16) == port and inode in inodes and fields[3] != "0A":  # 0A: LISTEN
+            held.add(int(remote.split(":")[1], 16))
+    return held
+
+
+@pytest.mark.slow
+def test_viewers_that_never_read_do_not_slow_it_or_grow_it_for_a_minute(tmp_path: Path) -> None:
+    _probe_workdir(tmp_path)
+    path, endpoint, port = _config(tmp_path, http={"send_timeout_s": 2.0, "view_fps": 10.0})
+    d = RunningDaemon(path, endpoint)
+    stalled: list[socket.socket] = []
+    try:
+        assert serving(port), d.log()
+        fps_before = d.wait_status(lambda s: s.frames_processed > 40, timeout=30).fps
+        rss_before = _rss_kb(d.proc.pid)
+        probe = _stalled_viewer(port)  # the check below sees a connection the server holds
+        assert wait_for(lambda: probe.getsockname()[1] in _clients_held(d.proc.pid, port), 10)
+        probe.close()
+        started = time.monotonic()
+        statuses: list[StatusMessage] = []
+        while time.monotonic() - started < 60:
+            if len(stalled) < 6 and time.monotonic() - started > 10 * len(stalled):
+                stalled.append(_stalled_viewer(port))  # a new one every ten seconds
+            statuses += [m for m in d.messages(0.5) if isinstance(m, StatusMessage)]
+        late = statuses[len(statuses) // 4 :]
+        assert late, d.log()
+        assert min(s.fps for s in late) > 0.7 * fps_before, ([s.fps for s in late], fps_before)
+        assert _rss_kb(d.proc.pid) - rss_before < 20_000  # KB: no queue grows for the stalled ones
+        # Each was dropped once its connection's buffer was full for send_timeout_s (the last ones may
+        # still be filling theirs).
+        held = _clients_held(d.proc.pid, port)
+        assert not held & {sock.getsockname()[1] for sock in stalled[:3]}, held
+        assert d.proc.poll() is None
+    finally:
+        for sock in stalled:
+            sock.close()
+        d.close()
+
+
+def test_idle_connections_and_extra_viewers_are_bounded() -> None:
+    """More connections than `MAX_CONNECTIONS` are closed at accept, so threads stay bounded; more
+    viewers than ``max_viewers`` get 503; the server answers again once the idle ones time out."""
+    port = free_port()
+    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=1), health=lambda: None)
+    server.start()
+    idle: list[socket.socket] = []
+    try:
+        assert serving(port)
+        stream = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        stream.request("GET", "/stream.mjpg")
+        assert stream.getresponse().status == 200
+        assert wait_for(lambda: server.view.viewers == 1, 10)
+        status, _, body = get(port, "/stream.mjpg")
+        assert status == 503 and b"max_viewers" in body
+        stream.close()
+        assert wait_for(lambda: server.view.viewers == 0, 10)  # noticed at its next frame or wake-up
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS)]  # never send a request
+        extra = socket.create_connection(("127.0.0.1", port))
+        extra.settimeout(10)
+        assert extra.recv(1) == b""  # closed at once: no thread for it
+        extra.close()
+        for sock in idle:
+            sock.close()
+        assert wait_for(lambda: get(port, "/healthz", timeout=2)[0] == 200, 2 * REQUEST_TIMEOUT_S)
+    finally:
+        for sock in idle:
+            sock.close()
+        server.close()

@@ -1,0 +1,176 @@
+"""The sockets the daemon binds, against hostile peers: real daemons, raw TCP peers, real SUB sockets."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from onnx_models import colour_probe
+from waiting import wait_for
+
+from edged.messages import DetectionsMessage
+from edged.subscribe import Subscriber
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+RSS_SLACK_KB = 48 * 1024  # the attacks below would add hundreds of MB each
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    colour_probe(tmp_path / "probe.onnx")
+    write_video(tmp_path / "clip.avi", [(0, 0, 255), (255, 0, 0)] * 20)
+    return tmp_path
+
+
+def _config(workdir: Path, endpoint: str, source: dict[str, object] | None = None) -> Path:
+    return write_config(
+        workdir / "edged.toml",
+        {
+            "source": source or {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+            "model": {"path": "probe.onnx"},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+            "thermal": {"enabled": False},
+        },
+    )
+
+
+@pytest.fixture
+def tcp_daemon(workdir: Path) -> Iterator[RunningDaemon]:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    d = RunningDaemon(_config(workdir, endpoint), endpoint)
+    yield d
+    d.close()
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _port(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def _zmtp_sub_peer(port: int) -> socket.socket:
+    """A raw TCP peer that speaks ZMTP 3.0 as a SUB socket up to the first message."""
+    peer = socket.create_connection(("127.0.0.1", port), timeout=10)
+    greeting = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" + bytes(31)
+    ready = b"\x05READY" + b"\x0bSocket-Type" + (3).to_bytes(4, "big") + b"SUB"
+    peer.sendall(greeting + bytes([0x04, len(ready)]) + ready)
+    return peer
+
+
+def _stream_a_huge_message(port: int, declared: int, send_at_most: int) -> int:
+    """Declare one ``declared``-byte message, then send its body; returns how much got through."""
+    chunk, sent = bytes(MiB), 0
+    with _zmtp_sub_peer(port) as peer:
+        try:
+            peer.sendall(b"\x02" + declared.to_bytes(8, "big"))  # a long, final message frame
+            while sent < send_at_most:
+                peer.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    return sent
+
+
+def test_a_peer_declaring_a_huge_message_is_cut_off_and_memory_stays_flat(tcp_daemon: RunningDaemon) -> None:
+    tcp_daemon.collect("detections", 10)
+    rss_before = _rss_kb(tcp_daemon.proc.pid)
+    for _ in range(3):
+        sent = _stream_a_huge_message(_port(tcp_daemon.endpoint), declared=1 << 30, send_at_most=128 * MiB)
+        assert sent < 32 * MiB, f"the daemon read {sent // MiB} MiB of one message"
+    tcp_daemon.collect("detections", 10)  # still publishing to its subscriber
+    assert _rss_kb(tcp_daemon.proc.pid) - rss_before < RSS_SLACK_KB
+
+
+# A SUB socket holding a 20 MB subscription crashes its own process when it is closed (SIGSEGV
+# in libzmq 4.3.5), so each one runs in a child that reports and exits without closing it.
+HUGE_SUBSCRIBER = """
+import os, sys, zmq
+from zmq.utils.monitor import recv_monitor_message
+sub = zmq.Context().socket(zmq.SUB)
+sub.setsockopt(zmq.RECONNECT_IVL, 60_000)  # one attempt is the measurement
+sub.setsockopt(zmq.SUBSCRIBE, b"edged/" + bytes(20 * 1000 * 1000))
+monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+sub.connect(sys.argv[1])
+cut_off = monitor.poll(60_000) and recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+print("cut off" if cut_off else "kept", flush=True)
+os._exit(0)
+"""
+
+
+def test_huge_subscriptions_are_cut_off_and_memory_stays_flat(tcp_daemon: RunningDaemon) -> None:
+    tcp_daemon.collect("detections", 10)
+    rss_before = _rss_kb(tcp_daemon.proc.pid)
+    peers = [
+        subprocess.Popen([sys.executable, "-c", HUGE_SUBSCRIBER, tcp_daemon.endpoint], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)  # had it been stored: a trie node per byte, over a GB between them
+    ]
+    try:
+        for peer in peers:
+            out, _ = peer.communicate(timeout=90)
+            assert out.strip() == "cut off", tcp_daemon.log()
+        tcp_daemon.collect("detections", 10)
+        assert _rss_kb(tcp_daemon.proc.pid) - rss_before < RSS_SLACK_KB
+    finally:
+        for peer in peers:
+            peer.kill()
+            peer.wait()
+
+
+def test_out_of_descriptors_edged_keeps_its_subscribers_and_says_so_once(workdir: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    source = {"type": "synthetic", "width": 128, "height": 96, "fps": 20.0}  # reopens no file
+    d = RunningDaemon(_config(workdir, endpoint, source), endpoint)
+    idle: list[socket.socket] = []
+    refusing, again = "new connections wait unaccepted: Too many open files", "accepting connections again"
+    try:
+        d.wait_status(lambda m: m.frames_processed >= 5)  # steady state: all it needs is open and imported
+        in_use = len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+        hard = resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE)[1]
+        resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (in_use + 8, hard))
+        idle = [socket.create_connection(("127.0.0.1", _port(endpoint)), timeout=10) for _ in range(100)]
+        assert wait_for(lambda: refusing in d.log(), 30), d.log()
+        d.collect("detections", 20)  # the subscriber it had still gets everything
+        assert d.log().count(refusing) == 1 and again not in d.log()
+        for sock in idle:
+            sock.close()
+        assert wait_for(lambda: again in d.log(), 30), d.log()
+        late = Subscriber(endpoint, "edged/detections/")
+        try:
+            assert isinstance(late.receive(20), DetectionsMessage)
+        finally:
+            late.close()
+        assert d.log().count(refusing) == 1
+        assert d.stop() == 0
+    finally:
+        for sock in idle:
+            sock.close()
+        d.close()
+
+
+def test_a_second_daemon_on_the_same_ipc_path_is_refused_and_the_first_keeps_it(workdir: Path) -> None:
+    endpoint = f"ipc://{workdir}/run/detections.sock"
+    config = _config(workdir, endpoint)
+    first = RunningDaemon(config, endpoint)
+    try:
+        first.collect("detections", 5)
+        second = run_cli("run", "--config", str(config), timeout=60)
+        assert second.returncode == 1, second.stderr  # like a tcp port in use: systemd may retry
+        assert f"another process is listening on {workdir}/run/detections.sock" in second.stderr
+        first.collect("detections", 5)
+        assert first.stop() == 0
+    finally:
+        first.close()

@@ -1,0 +1,164 @@
+"""The MQTT output's settings and outbox: every key documented, bad settings named, the outbox bounded.
+
+The broker side (topics, Last Will, outages, credentials, TLS, a fleet) is in test_mqtt_broker.py.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import paho.mqtt
+import pytest
+
+from edged.config import load_config
+from edged.errors import ConfigError
+from edged.mqtt import MqttConfig, Outbox, topic_hostname
+
+EXAMPLE = Path(__file__).parent.parent / "config" / "edged.toml"
+
+
+def _config(tmp_path: Path, mqtt: str) -> Path:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    path = tmp_path / "edged.toml"
+    path.write_text(f'[model]\npath = "m.onnx"\n[mqtt]\n{mqtt}\n')
+    return path
+
+
+def _problems(tmp_path: Path, mqtt: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(_config(tmp_path, mqtt))
+    return info.value.problems
+
+
+def test_every_mqtt_key_is_documented_in_the_example_config() -> None:
+    text = EXAMPLE.read_text()
+    section = text[text.index("# [mqtt]") :]
+    documented = set(re.findall(r"^#\s*([a-z_]+)\s*=", section, re.MULTILINE))
+    assert set(MqttConfig.model_fields) <= documented, set(MqttConfig.model_fields) - documented
+
+
+def test_defaults_are_stable_per_host_and_camera(tmp_path: Path) -> None:
+    settings = load_config(_config(tmp_path, 'url = "mqtt://broker.local"'))
+    cfg = settings.mqtt
+    assert cfg is not None and (cfg.host, cfg.port, cfg.tls) == ("broker.local", 1883, False)
+    assert cfg.prefix() == f"edged/{topic_hostname()}" and cfg.client_id_for("cam0") == f"edged-{topic_hostname()}-cam0"
+    assert (cfg.qos_detections, cfg.qos_events, cfg.publish_empty) == (0, 1, False)
+    tls = MqttConfig(url="mqtts://[::1]")
+    assert (tls.host, tls.port, tls.tls) == ("::1", 8883, True)
+    assert load_config(_config(tmp_path, 'url = "mqtt://b"')).mqtt is not None
+    (tmp_path / "edged.toml").write_text('[model]\npath = "m.onnx"\n')
+    assert load_config(tmp_path / "edged.toml").mqtt is None
+
+
+def test_the_environment_can_turn_it_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "edged.toml").write_text('[model]\npath = "m.onnx"\n')
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    monkeypatch.setenv("EDGED_MQTT__URL", "mqtts://broker:8884")
+    settings = load_config(tmp_path / "edged.toml")
+    assert settings.mqtt is not None and (settings.mqtt.host, settings.mqtt.port) == ("broker", 8884)
+
+
+@pytest.mark.parametrize(
+    ("mqtt", "problem"),
+    [
+        ('url = "tcp://broker:1883"', "mqtt.url: Value error, must start with mqtt:// or mqtts://"),
+        ('url = "mqtt://user:pw@broker"', "must not hold credentials: set mqtt.username and mqtt.password_file"),
+        ('url = "mqtt://broker:99999"', "mqtt.url"),
+        ('url = "mqtt://broker/edged"', "nothing after the port"),
+        ('url = "mqtt://b"\nca_file = "ca.crt"', "ca_file, cert_file and key_file need an mqtts:// url"),
+        ('url = "mqtts://b"\ncert_file = "c.crt"', "set both cert_file and key_file, or neither"),
+        ('url = "mqtt://b"\npassword_file = "pw"', "password_file needs a username"),
+        ('url = "mqtt://b"\ntopic_prefix = "edged/#"', "mqtt.topic_prefix: String should match"),
+        ('url = "mqtt://b"\ntopic_prefix = "/edged"', "mqtt.topic_prefix"),
+        ('url = "mqtt://b"\nqos_detections = 3', "mqtt.qos_detections"),
+        ('url = "mqtt://b"\nmax_queued = 0', "mqtt.max_queued"),
+        ('url = "mqtt://b"\npassword = "s3cret"', "mqtt.password: Extra inputs are not permitted"),
+        ('url = "mqtts://b"\nca_file = "missing.crt"', "mqtt.ca_file: "),
+    ],
+)
+def test_bad_settings_name_their_key(tmp_path: Path, mqtt: str, problem: str) -> None:
+    problems = _problems(tmp_path, mqtt)
+    assert any(problem in p for p in problems), problems
+
+
+def test_a_password_file_others_can_read_is_refused_and_one_for_the_service_group_is_not(tmp_path: Path) -> None:
+    secret = tmp_path / "mqtt.password"
+    secret.write_text("s3cret\n")
+    secret.chmod(0o644)
+    mqtt = 'url = "mqtt://b"\nusername = "line3"\npassword_file = "mqtt.password"'
+    problems = _problems(tmp_path, mqtt)
+    assert any(re.search(r"mqtt.password_file: permissions 0644 .* too open.*chmod 640", p) for p in problems), problems
+    secret.chmod(0o660)  # group-writable: refused too
+    assert any("permissions 0660" in p for p in _problems(tmp_path, mqtt))
+    secret.chmod(0o640)
+    settings = load_config(tmp_path / "edged.toml")
+    assert settings.mqtt is not None and settings.mqtt.password_file == secret  # relative to the config file
+    assert any(
+        "mqtt.password_file: " in p and "does not exist" in p
+        for p in _problems(tmp_path, mqtt.replace("mqtt.password", "gone"))
+    )
+
+
+def test_without_paho_an_mqtt_section_is_a_config_error_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "paho.mqtt.client", None)  # as if paho-mqtt were not installed
+    problems = _problems(tmp_path, 'url = "mqtt://b"')
+    assert any("mqtt: " in p and "pip install 'edged[mqtt]'" in p for p in problems), problems
+
+
+def test_paho_1_is_refused_with_the_version_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(paho.mqtt, "__version__", "1.6.1")  # Debian bookworm's python3-paho-mqtt
+    problems = _problems(tmp_path, 'url = "mqtt://b"')
+    assert any("needs paho-mqtt 2.x, this Python has 1.6.1" in p for p in problems), problems
+
+
+def _drain(box: Outbox) -> list[tuple[str, bytes]]:
+    out = []
+    while (item := box.take()) is not None:
+        out.append((item.kind, item.payload))
+    return out
+
+
+def test_the_outbox_holds_events_before_detections_and_drops_the_oldest_detections_first() -> None:
+    box = Outbox(limit=3)
+    box.put("detections", b"d1")
+    box.put("verdict", b"v1")
+    box.put("detections", b"d2")
+    box.put("detections", b"d3")  # over the limit: d1, the oldest detection, goes
+    box.put("verdict", b"v2")  # d2 goes
+    assert box.counts() == {"detections": 2, "status": 0, "verdict": 0}
+    assert _drain(box) == [("verdict", b"v1"), ("verdict", b"v2"), ("detections", b"d3")]
+
+
+def test_the_outbox_drops_the_oldest_event_only_when_no_detection_is_left() -> None:
+    box = Outbox(limit=2)
+    for i in range(5):
+        box.put("verdict", f"v{i}".encode())
+    assert box.counts() == {"detections": 0, "status": 0, "verdict": 3} and _drain(box) == [
+        ("verdict", b"v3"),
+        ("verdict", b"v4"),
+    ]
+
+
+def test_only_the_newest_status_waits_and_goes_first() -> None:
+    box = Outbox(limit=10)
+    box.put("detections", b"d1")
+    for i in range(4):
+        box.put("status", f"s{i}".encode())
+    assert box.counts() == {"detections": 0, "status": 3, "verdict": 0}
+    first = box.take()
+    assert first is not None and (first.kind, first.payload) == ("status", b"s3")
+    box.put_back(first)  # the client could not take it: it waits at the front again
+    assert _drain(box) == [("status", b"s3"), ("detections", b"d1")]
+
+
+def test_the_outbox_stays_bounded_under_a_flood() -> None:
+    box = Outbox(limit=100)
+    for i in range(100_000):
+        box.put("detections", i.to_bytes(4, "big"))
+    assert box.counts()["detections"] == 99_900
+    held = _drain(box)
+    assert len(held) == 100 and held[0] == ("detections", (99_900).to_bytes(4, "big"))

@@ -1,0 +1,162 @@
+"""The Prometheus exposition: names, labels and values from a status message and the stage histograms."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from edged import __version__
+from edged.messages import CaptureReport, ModelInfo, StageLatency, StatusMessage, ThermalReadings, ThermalState
+from edged.prometheus import Metrics
+from edged.stats import RunStats
+
+MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
+
+
+def _status(thermal: ThermalReadings | None = None, rate_cap: float | None = 2.5) -> StatusMessage:
+    return StatusMessage(
+        camera_id="cam0",
+        seq=3,
+        time_ns=0,
+        uptime_s=10.0,
+        fps=4.0,
+        frames_processed=42,
+        source_state="lost",
+        drops={"stale": 5, "bad_frame_size": 2},
+        latency={"inference": StageLatency(p50_ms=1.0, p99_ms=2.0)},
+        rate_cap_fps=rate_cap,
+        thermal=thermal,
+        model=MODEL,
+        capture=CaptureReport(frames_captured=50, frames_decoded=47, reconnects=1, size_changes=0, last_error="gone"),
+    )
+
+
+def _thermal(state: ThermalState, zones: dict[str, float], flags: list[str]) -> ThermalReadings:
+    return ThermalReadings(
+        state=state,
+        board="raspberry-pi",
+        model=None,
+        zones=zones,
+        hottest_c=max(zones.values()),
+        freq_cap_ratio=None,
+        freq_cur_ratio=None,
+        throttled_flags=flags,
+        hardware_throttling=bool(flags),
+        rate_factor=1.0,
+        thresholds={"warm": 70.0, "throttled": 80.0, "critical": 85.0},
+        power_mode=None,
+    )
+
+
+def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = metrics.exposition().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_nothing_is_exposed_before_the_first_status() -> None:
+    assert Metrics().exposition() == b""
+
+
+def test_counters_gauges_and_info_come_from_the_status() -> None:
+    metrics = Metrics()
+    metrics.update(_status(), RunStats().histograms())
+    got = _samples(metrics)
+    assert got[("edged_frames_total", ())] == 42
+    assert got[("edged_frames_dropped_total", (("reason", "stale"),))] == 5
+    assert got[("edged_frames_dropped_total", (("reason", "bad_frame_size"),))] == 2
+    assert got[("edged_frames_captured_total", ())] == 50
+    assert got[("edged_source_reconnects_total", ())] == 1
+    assert got[("edged_source_up", ())] == 0  # lost
+    assert got[("edged_rate_cap_fps", ())] == 2.5
+    labels = (
+        ("model", "probe"),
+        ("model_sha256", "ab" * 32),
+        ("provider", "CPUExecutionProvider"),
+        ("version", __version__),
+    )
+    assert got[("edged_build_info", labels)] == 1
+    assert not any(name.endswith("_created") for name, _ in got)
+    metrics.update(_status(rate_cap=None), RunStats().histograms())
+    assert _samples(metrics)[("edged_rate_cap_fps", ())] == 0  # uncapped
+
+
+def test_stage_histograms_are_cumulative_in_seconds() -> None:
+    stats = RunStats()
+    for ms in (0.3, 0.7, 3.0, 40.0, 9000.0):
+        stats.record(ms, ms * 2, ms / 2, ms * 10)
+    metrics = Metrics()
+    metrics.update(_status(), stats.histograms())
+    got = _samples(metrics)
+
+    def bucket(name: str, le: str, stage: str | None = None) -> float:
+        labels = (("le", le),) + ((("stage", stage),) if stage else ())
+        return got[(name + "_bucket", tuple(sorted(labels)))]
+
+    name = "edged_stage_duration_seconds"
+    assert bucket(name, "0.0005", "preprocess") == 1  # 0.3 ms
+    assert bucket(name, "0.001", "preprocess") == 2
+    assert bucket(name, "0.005", "preprocess") == 3
+    assert bucket(name, "0.05", "preprocess") == 4
+    assert bucket(name, "5.0", "preprocess") == 4  # 9 s lies beyond the last bound
+    assert bucket(name, "+Inf", "preprocess") == 5
+    assert got[(name + "_count", (("stage", "preprocess"),))] == 5
+    assert abs(got[(name + "_sum", (("stage", "decode"),))] - (0.3 + 0.7 + 3 + 40 + 9000) / 2 / 1000) < 1e-9
+    assert bucket("edged_frame_age_seconds", "0.005") == 1  # 3 ms
+    assert ("edged_stage_duration_seconds_count", (("stage", "age"),)) not in got  # age is its own family
+
+
+def test_thermal_zones_flags_and_state() -> None:
+    thermal = _thermal("warm", {"cpu-thermal": 71.5}, ["soft_temp_limit", "throttled_occurred"])
+    metrics = Metrics()
+    metrics.update(_status(thermal), RunStats().histograms())
+    got = _samples(metrics)
+    assert got[("edged_soc_temperature_celsius", (("zone", "cpu-thermal"),))] == 71.5
+    assert got[("edged_throttled", (("flag", "soft_temp_limit"),))] == 1
+    assert got[("edged_throttled", (("flag", "throttled_occurred"),))] == 1
+    assert got[("edged_throttled", (("flag", "under_voltage"),))] == 0
+    assert got[("edged_thermal_state", (("state", "warm"),))] == 1
+    assert got[("edged_thermal_state", (("state", "ok"),))] == 0
+    metrics.update(_status(None), RunStats().histograms())
+    assert not any(name.startswith(("edged_soc", "edged_throttled")) for name, _ in _samples(metrics))
+
+
+def test_the_registry_is_edged_own() -> None:
+    from prometheus_client import REGISTRY
+
+    metrics = Metrics()
+    metrics.update(_status(), RunStats().histograms())
+    assert b"python_gc" not in metrics.exposition() and b"process_" not in metrics.exposition()
+    assert metrics.registry is not REGISTRY
+
+
+def test_promtool_accepts_the_exposition() -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool (Debian's prometheus) is needed: scripts/setup test installs it"
+    stats = RunStats()
+    stats.record(1.0, 10.0, 0.5, 20.0)
+    metrics = Metrics()
+    metrics.update(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())
+    check = subprocess.run([promtool, "check", "metrics"], input=metrics.exposition(), capture_output=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_edged_exposes() -> None:
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "packaging" / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    asked = {name for expr in exprs for name in re.findall(r"\b(edged_[a-z_]+)\b", expr)}
+    stats = RunStats()
+    stats.record(1.0, 10.0, 0.5, 20.0)
+    metrics = Metrics()
+    metrics.update(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())
+    exposed = {name for name, _ in _samples(metrics)}
+    assert asked and asked <= exposed, asked - exposed
+    assert {"edged_frames_total", "edged_stage_duration_seconds_bucket", "edged_soc_temperature_celsius"} <= asked

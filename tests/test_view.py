@@ -1,0 +1,143 @@
+"""The live view: offered only while watched, scaled, annotated, encoded once for every viewer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import cv2
+import numpy as np
+import pytest
+from allocations import NumpyAllocations
+from waiting import wait_for
+
+from edged.messages import Detection, DetectionsMessage, ModelInfo, Timings
+from edged.sources import Frame
+from edged.view import PALETTE, LiveView
+
+MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
+GREY = (60, 60, 60)
+
+
+def _message(frame_id: int, boxes: list[tuple[float, float, float, float]], size: tuple[int, int]) -> DetectionsMessage:
+    return DetectionsMessage(
+        camera_id="cam0",
+        seq=frame_id,
+        frame_id=frame_id,
+        capture_time_ns=time.time_ns(),
+        frame_size=size,
+        input_size=(64, 64),
+        model=MODEL,
+        detections=[Detection(class_id=i, label=f"c{i}", score=0.9, box=box) for i, box in enumerate(boxes)],
+        timings=Timings(preprocess_ms=1.0, inference_ms=2.0, decode_ms=0.5, age_ms=4.0),
+        thermal_state="ok",
+    )
+
+
+def _frame(frame_id: int, image: np.ndarray, order: str = "bgr") -> Frame:
+    return Frame(image, frame_id, time.monotonic_ns(), time.time_ns(), order)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def view() -> Iterator[LiveView]:
+    v = LiveView(fps=1000.0, width=960, quality=90)
+    v.start()
+    yield v
+    v.close()
+
+
+def _decode(jpeg: bytes) -> np.ndarray:
+    image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None
+    return image
+
+
+def test_nobody_watching_means_no_frame_is_wanted(view: LiveView) -> None:
+    assert not view.wants_frame()
+    with view.watch():
+        assert view.viewers == 1
+        assert view.wants_frame()
+    assert view.viewers == 0
+    assert not view.wants_frame()
+
+
+def test_frames_are_scaled_to_the_view_width_with_boxes_where_the_detections_are(view: LiveView) -> None:
+    image = np.full((1080, 1920, 3), GREY, np.uint8)
+    box = (400.0, 300.0, 1000.0, 700.0)  # half of it in the 960-wide view: 200, 150, 500, 350
+    with view.watch():
+        view.offer(_frame(7, image), _message(7, [box], (1920, 1080)))
+        got = view.next_jpeg(0, 5.0)
+    assert got is not None
+    shown = _decode(got[1])
+    assert shown.shape == (540, 960, 3)
+    colour = np.array(PALETTE[0], np.int32)
+    for y, x in ((250, 200), (250, 500), (350, 350)):  # left, right, bottom edges
+        assert np.abs(shown[y, x].astype(np.int32) - colour).sum() < 60, shown[y, x]
+    for y, x in ((250, 350), (100, 800)):  # inside the box and far from it: the frame itself
+        assert np.abs(shown[y, x].astype(np.int32) - np.array(GREY)).sum() < 30
+
+
+def test_an_rgb_frame_is_shown_in_its_true_colours(view: LiveView) -> None:
+    rgb = np.zeros((96, 128, 3), np.uint8)
+    rgb[..., 0] = 255  # red, in RGB order
+    with view.watch():
+        view.offer(_frame(1, rgb, "rgb"), _message(1, [], (128, 96)))
+        got = view.next_jpeg(0, 5.0)
+    assert got is not None
+    b, g, r = _decode(got[1])[10, 10]
+    assert r > 200 and b < 50 and g < 50
+
+
+def test_while_the_encoder_is_busy_or_the_rate_is_spent_no_frame_is_wanted() -> None:
+    view = LiveView(fps=2.0, width=960, quality=70)  # not started: the encoder never takes the frame
+    with view.watch():
+        view.offer(_frame(1, np.zeros((48, 64, 3), np.uint8)), _message(1, [], (64, 48)))
+        assert not view.wants_frame()  # the offered frame is still waiting for the encoder
+    started = LiveView(fps=2.0, width=960, quality=70)
+    started.start()
+    try:
+        with started.watch():
+            started.offer(_frame(1, np.zeros((48, 64, 3), np.uint8)), _message(1, [], (64, 48)))
+            assert started.next_jpeg(0, 5.0) is not None
+            assert not started.wants_frame()  # 2 fps: the next one is due half a second later
+            assert wait_for(started.wants_frame, 5.0)
+    finally:
+        started.close()
+
+
+def test_one_encoding_is_shared_by_every_viewer(view: LiveView) -> None:
+    image = np.full((96, 128, 3), GREY, np.uint8)
+    with view.watch(), view.watch():
+        view.offer(_frame(1, image), _message(1, [], (128, 96)))
+        first = view.next_jpeg(0, 5.0)
+        second = view.next_jpeg(0, 5.0)
+    assert first is not None and second is not None
+    assert first[0] == second[0] == view.seq == 1
+    assert first[1] is second[1]
+
+
+def test_offering_a_frame_creates_no_numpy_array_after_the_first(view: LiveView) -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None, "numpy's allocator hook is unavailable"
+    image = np.full((720, 1280, 3), GREY, np.uint8)
+    messages = [_message(i, [(10.0, 10.0, 50.0, 50.0)], (1280, 720)) for i in range(4)]
+    with view.watch():
+        view.offer(_frame(0, image), messages[0])
+        assert view.next_jpeg(0, 5.0) is not None
+        for i in range(1, 4):
+            assert wait_for(view.wants_frame, 5.0)
+            with counter.counting():
+                before = counter.buffers
+                view.offer(_frame(i, image), messages[i])
+                assert counter.buffers == before
+            assert view.next_jpeg(i - 1, 5.0) is not None
+
+
+def test_close_wakes_a_waiting_viewer() -> None:
+    view = LiveView(fps=5.0, width=960, quality=70)
+    view.start()
+    started = time.monotonic()
+    with view.watch():
+        view.close()
+        assert view.next_jpeg(0, 10.0) is None
+    assert time.monotonic() - started < 5
