@@ -24,7 +24,7 @@ LEFT = [[0, 0], [0.5, 0], [0.5, 1], [0, 1]]
 BOTTOM_RIGHT = [[0.5, 0.5], [1, 0.5], [1, 1], [0.5, 1]]
 
 
-def start(tmp_path: Path, inspect: dict[str, Any] | None) -> RunningDaemon:
+def start(tmp_path: Path, inspect: dict[str, Any] | None, **sections: dict[str, Any]) -> RunningDaemon:
     fixed_scene(tmp_path / "scene.onnx", SCENE)
     write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -36,6 +36,7 @@ def start(tmp_path: Path, inspect: dict[str, Any] | None) -> RunningDaemon:
     }
     if inspect is not None:
         doc["inspect"] = inspect
+    doc.update(sections)
     return RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
 
 
@@ -116,3 +117,24 @@ def test_a_class_the_model_does_not_have_exits_78_naming_it_and_the_models_label
         assert result.returncode == 78, result.stderr
         text = result.stderr + result.stdout
         assert "inspect.class_conf: 'scracth' is not a class of the model (its classes: scratch, crack, dust)" in text
+
+
+def test_evidence_saves_the_frames_the_verdict_calls_ng_and_no_others(tmp_path: Path) -> None:
+    # Every frame has detections; with the crack under its 0.6 only the dust can make a frame NG.
+    for ng_classes in (["dust"], ["crack"]):
+        folder = tmp_path / ng_classes[0]
+        folder.mkdir()
+        evidence = {"dir": "evidence", "save": "ng"}
+        d = start(folder, {"class_conf": {"crack": 0.6}, "ng_classes": ng_classes}, evidence=evidence)
+        try:
+            status = d.wait_status(lambda s: s.frames_processed >= 10 and s.evidence is not None)
+            assert status.evidence is not None
+            if ng_classes == ["crack"]:  # every verdict ok: nothing is evidence, detections or not
+                assert status.evidence.saved == 0 and not list((folder / "evidence").rglob("*.jpg"))
+                continue
+            d.wait_status(lambda s: s.evidence is not None and s.evidence.saved > 0)
+            sidecar = next((folder / "evidence").rglob("*.json"))
+            msg = DetectionsMessage.model_validate_json(sidecar.read_text())
+            assert msg.verdict == "ng" and [r.label for r in msg.reasons] == ["dust"]
+        finally:
+            d.stop()
