@@ -5,7 +5,9 @@ the daemon answers with the `VerdictMessage` of a frame captured after the reque
 `TriggerError` saying why not. `TriggerServer` owns the ROUTER socket: it stamps each request with
 its arrival time as it reads it, keeps the waiting ones in order, at most ``trigger.queue`` behind
 the one in progress, and answers "busy" beyond that at once, so no requester ever hangs. The daemon
-loop services it between frames (`edged.daemon`): the loop alone touches the socket.
+loop services it between frames (`edged.daemon`): the loop alone touches the socket, which is
+bound as every socket edged binds (`edged.listen.Listener`: a message-size limit, no taking over
+a live ipc path).
 
 Security: a tcp endpoint takes the publisher's CURVE server key and allow-list when
 ``publish.curve_*`` are set (with a ZAP authenticator of its own, in a context of its own); without
