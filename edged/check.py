@@ -25,7 +25,7 @@ from edged.config import Settings
 from edged.errors import ContractError, InferenceError, ModelError, SourceError
 from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
-from edged.pipeline import FramePipeline
+from edged.pipeline import FramePipeline, frame_path
 from edged.preprocess import LETTERBOX_FILL
 from edged.sources import open_source
 from edged.sources.base import SourceBase, mask_credentials
@@ -131,6 +131,7 @@ def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> None:
 def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.stdout) -> int:
     print(f"config     {config_path}: valid", file=out)
     model = load_model(settings.model, settings.runtime, record_placement=True)
+    frame_path(settings, model)  # [inspect] names classes the model must have
     probe = probe_source(settings.source)
     print(f"source     {describe_source(settings.source)}", file=out)
     print(f"           delivers {probe.width}x{probe.height} at {probe.fps:.1f} fps, {probe.channel_order}", file=out)

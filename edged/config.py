@@ -39,6 +39,7 @@ from edged.sections import Section
 from edged.sources import SOURCES
 from edged.sources.base import mask_credentials
 from edged.sources.synthetic import SyntheticSourceConfig
+from edged.zones import polygon_problem
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
 ENV_PREFIX = "EDGED_"  # EDGED_<SECTION>__<KEY> overrides a key
@@ -207,6 +208,66 @@ class PublishConfig(Section):
         return v
 
 
+# ---- inspect, trigger --------------------------------------------------------------------------
+
+Threshold = Annotated[float, Field(gt=0, le=1)]
+ZoneName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class InspectConfig(Section):
+    """``[inspect]``: what a part must not show. Labels are checked against the model's when it loads."""
+
+    class_conf: dict[str, Threshold] = Field(
+        default_factory=dict, description="Label (or class id) -> minimum score, overriding model.conf for that class."
+    )
+    zones: dict[ZoneName, list[tuple[float, float]]] = Field(
+        default_factory=dict,
+        description="Name -> polygon [[x, y], ...] in fractions of the frame (0..1); none: the whole frame.",
+    )
+    outside_zones: Literal["drop", "keep"] = Field(
+        "drop", description="Detections outside every zone: 'drop' them, or 'keep' them with no zone (never NG)."
+    )
+    match: Literal["centre", "overlap"] = Field(
+        "centre", description="A detection is in a zone when its box centre is inside, or with 'overlap' any of its box."
+    )
+    ng_classes: list[str] | None = Field(
+        None, description="Labels (or class ids) that make a part NG; default: every class."
+    )
+    min_area: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=dict,
+        description="Label (or class id) -> smallest box, as a fraction of the frame's area, that makes a part NG.",
+    )
+
+    @field_validator("zones")
+    @classmethod
+    def _usable_polygons(cls, v: dict[str, list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
+        problems = [f"zone {name!r} {problem}" for name, points in v.items() if (problem := polygon_problem(points))]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
+
+
+class TriggerConfig(Section):
+    """``[trigger]``: free-running frames, or one inspection per request."""
+
+    mode: Literal["free", "request"] = Field(
+        "free", description="'free' publishes every frame; 'request' inspects one frame per request on trigger.endpoint."
+    )
+    endpoint: str = Field(
+        "tcp://127.0.0.1:5557",
+        description="ZeroMQ endpoint requests arrive on (REP/ROUTER); under publish.curve_* keys when tcp and set.",
+    )
+    timeout_s: float = Field(2.0, gt=0, le=60, description="A request is answered within this, with an error if need be.")
+    queue: int = Field(4, ge=1, le=64, description="Requests waiting behind the one in progress; beyond it: busy.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _known_transport(cls, v: str) -> str:
+        if not v.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"endpoint {v!r} must start with tcp:// or ipc://")
+        return v
+
+
 # ---- thermal ----------------------------------------------------------------------------------
 
 
@@ -256,6 +317,10 @@ class Settings(BaseSettings):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)
     thermal: ThermalConfig = Field(default_factory=ThermalConfig)
+    inspect: InspectConfig | None = Field(
+        None, description="Per-class thresholds, zones and the OK/NG verdict; none: no verdict."
+    )
+    trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")

@@ -1,7 +1,8 @@
 """The daemon: composes the stages from the settings, runs the loop, stops cleanly.
 
 The loop takes the newest frame, runs it through the camera's `FramePath`, and publishes the
-result; between frames it does the slow housekeeping: thermal polls, status messages, the rate
+result; in request mode (`edged.trigger`) it instead answers each request with a frame captured
+after the request arrived. Between frames it does the slow housekeeping: thermal polls, status messages, the rate
 cap, config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
 `edged.health`, `edged.status`, `edged.reload`); this one only wires them and turns the loop.
 The HTTP server (`edged.http`) gets the status as it is published, a frame only when its live
@@ -21,18 +22,20 @@ from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFile
 from edged.evidence import EvidenceWriter
 from edged.health import Health
 from edged.http import HttpConfig, HttpServer
+from edged.messages import TriggerError, VerdictMessage
 from edged.model import LoadedModel, load_model
 from edged.mqtt import MqttOutput
-from edged.pipeline import FramePath, Processed, Rejected
-from edged.publish import Publisher, detections_topic, status_topic
+from edged.pipeline import Processed, Rejected, frame_path, verdict_message
+from edged.publish import Publisher, detections_topic, status_topic, verdict_topic
 from edged.ratecap import RateCap
 from edged.reload import Replacement, load_replacement
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
-from edged.sources import Frame, open_source, sizes_vary
+from edged.sources import Frame, open_source
 from edged.sources.base import SourceBase
 from edged.stats import RunStats
 from edged.status import Snapshot
 from edged.thermal import ThermalReport, ThermalWatch
+from edged.trigger import Request, TriggerServer
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class Daemon:
             self.http = self._http_server(settings.http)
             self.publisher = Publisher(settings.publish)
             self.mqtt = self._start_mqtt()
+            self.trigger = self._start_trigger()
         except BaseException:
             self.capture.stop(timeout_s=CAPTURE_STOP_WAIT_S)
             raise
@@ -72,10 +76,11 @@ class Daemon:
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
         self.evidence = self._start_evidence()
-        self._seq = {"detections": itertools.count(), "status": itertools.count()}
+        self._seq = {"detections": itertools.count(), "status": itertools.count(), "verdict": itertools.count()}
         self._inference_failures = 0
         self._last_error_log = -ERROR_LOG_INTERVAL_S
         self._replacement: Replacement | None = None  # a reload on trial: it takes over on its first frame
+        self._next_status = self._next_thermal = time.monotonic()
 
     def _start_capture(self, cfg: SourceBase) -> Capture:
         capture = Capture(lambda: open_source(cfg), cfg.camera_id, priority=self.settings.runtime.capture_priority)
@@ -97,10 +102,21 @@ class Daemon:
         writer.start()
         return writer
 
+    def _start_trigger(self) -> TriggerServer | None:
+        if self.settings.trigger.mode != "request":
+            return None
+        try:
+            return TriggerServer(self.settings.trigger, self.settings.publish, self.settings.source.camera_id)
+        except BaseException:
+            self.publisher.close()
+            self.http.close()
+            if self.mqtt:
+                self.mqtt.close()
+            raise
+
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
-        cfg = self.settings.source
-        self.path = FramePath(model, cfg.camera_id, cfg.channel_order, sizes_vary=sizes_vary(cfg))
+        self.path = frame_path(self.settings, model)
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -110,20 +126,12 @@ class Daemon:
         watchdog = Watchdog(self.notifier, interval, self.healthy) if interval else None
         if watchdog:
             watchdog.start()
-        next_status = next_thermal = time.monotonic()
         try:
             while not self.signals.stop.is_set():
-                now = time.monotonic()
-                self.health.loop_turned()
                 if self.signals.reload.is_set():
                     self.signals.reload.clear()
                     self.reload()
-                if self.thermal and now >= next_thermal:
-                    self._poll_thermal(self.thermal)
-                    next_thermal = now + self.settings.thermal.poll_interval_s
-                if now >= next_status:
-                    self.publish_status()
-                    next_status = now + self.settings.publish.status_interval_s
+                self.housekeeping()
                 if self.capture.fatal is not None:
                     return self.capture.fatal.exit_code  # logged by the capture thread
                 if self.capture.state == "ended":
@@ -144,8 +152,23 @@ class Daemon:
             self.shutdown(watchdog)
         return EXIT_OK
 
+    def housekeeping(self) -> None:
+        """Between frames, and while a request waits for its frame: progress, thermal polls, status."""
+        now = time.monotonic()
+        self.health.loop_turned()
+        if self.thermal and now >= self._next_thermal:
+            self._poll_thermal(self.thermal)
+            self._next_thermal = now + self.settings.thermal.poll_interval_s
+        if now >= self._next_status:
+            self.publish_status()
+            self._next_status = now + self.settings.publish.status_interval_s
+
     def step(self) -> None:
-        """Wait for the rate cap, take the newest frame, process and publish it."""
+        """Wait for the rate cap, take the newest frame, process and publish it (free mode), or
+        answer the next request (request mode)."""
+        if self.trigger is not None:
+            self._serve(self.trigger)
+            return
         if self.report is not None and self.report.rate_factor == 0.0:
             self.signals.stop.wait(TAKE_TIMEOUT_S)  # critical: inference paused, status continues
             self.health.frame_done()
@@ -161,15 +184,71 @@ class Daemon:
             self.handle(frame)
         self.signals.stop.wait(self.rate_cap.wait_s(started, time.monotonic()))
 
+    def _serve(self, trigger: TriggerServer) -> None:
+        """Request mode: answer the oldest request. Before READY=1 a frame goes through the model
+        unpublished, which proves camera and model and warms the session up; a reload on trial
+        is tried on the next frame, as in free mode."""
+        if not self.health.ready or self._replacement is not None:
+            frame = self.capture.take(TAKE_TIMEOUT_S)
+            if frame is not None and self._replacement is not None:
+                self._try_replacement(self._replacement, frame)
+            elif frame is not None:
+                outcome = self.path.run(frame)
+                if isinstance(outcome, Rejected):
+                    self._reject(outcome)
+                self._announce_ready(frame_processed=isinstance(outcome, Processed))
+            else:
+                self._announce_ready(frame_processed=False)
+        request = trigger.next(TAKE_TIMEOUT_S if self.health.ready else 0.0)
+        self.health.frame_done()  # waiting for requests is progress in this mode
+        if request is not None:
+            trigger.answer(request, self._answer(trigger, request))
+
+    def _answer(self, trigger: TriggerServer, request: Request) -> VerdictMessage | TriggerError:
+        """The verdict of the first good frame captured after ``request`` arrived, or why there is none.
+
+        A frame captured before the request (one waiting in the latest-frame slot, picamera2's
+        queued one) is passed over: its capture time, on the same monotonic clock as the
+        arrival, says so. Requests arriving meanwhile are read and stamped as frames are awaited.
+        """
+        timeout_s = self.settings.trigger.timeout_s
+        deadline_ns = request.arrived_ns + int(timeout_s * 1e9)
+        while (left_ns := deadline_ns - time.monotonic_ns()) > 0:
+            self.housekeeping()
+            if self.signals.stop.is_set():
+                return trigger.error(request.part_id, "stopping", "edged is stopping")
+            if self.report is not None and self.report.rate_factor == 0.0:
+                return trigger.error(request.part_id, "thermal_critical", "inference is paused until the board cools")
+            capture = self.capture.stats()
+            if capture.state in ("lost", "ended"):
+                why = f": {capture.last_error}" if capture.last_error else ""
+                return trigger.error(request.part_id, "camera_lost", f"the camera is {capture.state}{why}")
+            trigger.collect()
+            frame = self.capture.take(min(left_ns / 1e9, TAKE_TIMEOUT_S))
+            if frame is None or frame.t_capture_ns <= request.arrived_ns:
+                continue
+            outcome = self._finish(self.path.run(frame), triggered=True, part_id=request.part_id)
+            if isinstance(outcome, VerdictMessage):
+                return outcome
+            if isinstance(outcome, Rejected) and outcome.reason == "inference_error":
+                return trigger.error(request.part_id, "inference_failed", outcome.detail)
+        return trigger.error(request.part_id, "timeout", f"no frame captured after the request within {timeout_s:g} s")
+
     def handle(self, frame: Frame) -> None:
         """One frame through the running model."""
         self._finish(self.path.run(frame))
 
-    def _finish(self, outcome: Processed | Rejected) -> None:
-        """A frame's outcome counted and published; a rejected frame is counted and logged."""
+    def _finish(
+        self, outcome: Processed | Rejected, *, triggered: bool = False, part_id: str | None = None
+    ) -> VerdictMessage | Rejected | None:
+        """A frame's outcome counted and published; a rejected frame is counted and logged.
+
+        Returns the frame's verdict message (None without ``[inspect]`` or when not published), or
+        the `Rejected`. A triggered frame is published whatever the outputs' ``publish_empty`` say.
+        """
         if isinstance(outcome, Rejected):
             self._reject(outcome)
-            return
+            return outcome
         self._inference_failures = 0
         frame, detections, times = outcome.frame, outcome.detections, outcome.times
         if detections.nonfinite:
@@ -198,10 +277,12 @@ class Daemon:
             )
         self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
         self.health.frame_done()
-        payload = self._publish_detections(outcome)
-        if self.evidence is not None:  # one threshold for every class until inspection sets them per class
-            self.evidence.offer(outcome.frame, detections, [self.settings.model.conf] * len(detections), None, payload)
+        payload, verdict = self._publish_detections(outcome, triggered=triggered, part_id=part_id)
+        if self.evidence is not None:
+            inspected, thresholds = outcome.inspected, self.path.thresholds(detections)
+            self.evidence.offer(outcome.frame, detections, thresholds, inspected.verdict if inspected else None, payload)
         self._announce_ready(frame_processed=True)
+        return verdict
 
     def _reject(self, rejected: Rejected) -> None:
         self.stats.drop(rejected.reason)
@@ -240,29 +321,38 @@ class Daemon:
 
     # ---- messages ----------------------------------------------------------------------------
 
-    def _publish_detections(self, done: Processed) -> bytes | None:
-        """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames; and the
-        frame with its message to the live view when it wants one. Returns the payload published, if any."""
-        found = len(done.detections) > 0
+    def _publish_detections(
+        self, done: Processed, *, triggered: bool, part_id: str | None
+    ) -> tuple[bytes | None, VerdictMessage | None]:
+        """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames
+        (a triggered frame always goes out), with its verdict message beside it; and the frame with
+        its message to the live view when it wants one. Returns the payload and verdict published, if any."""
+        found = len(done.detections) > 0 or triggered
         to_zmq = found or self.settings.publish.publish_empty
         mqtt = self.mqtt if self.mqtt is not None and (found or self.mqtt.cfg.publish_empty) else None
         show = self.http.view.wants_frame()
         if not (to_zmq or mqtt or show):
-            return None
+            return None, None
         state = self.report.state if self.report else "unknown"
         seq = next(self._seq["detections"]) if to_zmq or mqtt else 0  # a message only shown takes no seq
-        msg = self.path.message(done, seq=seq, thermal_state=state)
-        payload = None
+        msg = self.path.message(done, seq=seq, thermal_state=state, part_id=part_id)
+        payload = verdict = None
         if to_zmq or mqtt:
             payload = msg.model_dump_json().encode()
+            verdict = verdict_message(msg, next(self._seq["verdict"]))
+            verdict_payload = verdict.model_dump_json().encode() if verdict else None
+            prefix, camera = self.settings.publish.topic_prefix, self.settings.source.camera_id
             if to_zmq:
-                topic = detections_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
-                self.publisher.send(topic, payload)
+                self.publisher.send(detections_topic(prefix, camera), payload)
+                if verdict_payload:
+                    self.publisher.send(verdict_topic(prefix, camera), verdict_payload)
             if mqtt:
                 mqtt.send("detections", payload)
+                if verdict_payload:
+                    mqtt.send("verdict", verdict_payload)
         if show:
             self.http.view.offer(done.frame, msg)
-        return payload
+        return payload, verdict
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
@@ -352,6 +442,8 @@ class Daemon:
             return
         try:
             self.publisher.reload_client_keys()
+            if self.trigger is not None:
+                self.trigger.reload_client_keys()
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
         reading = self._replacement.settings.source if self._replacement else self.settings.source
@@ -433,6 +525,8 @@ class Daemon:
         if watchdog:
             watchdog.stop()
         self.capture.stop(timeout_s=CAPTURE_STOP_WAIT_S)
+        if self.trigger is not None:
+            self.trigger.close()
         if self.evidence is not None:
             self.evidence.stop(timeout_s=EVIDENCE_STOP_S)
         self.publish_status()
