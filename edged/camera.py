@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from edged.capture import Capture
 from edged.config import CapturePriority
 from edged.evidence import EvidenceWriter
+from edged.mqtt import KINDS, Kind
 from edged.pipeline import FramePath
 from edged.ratecap import RateCap
 from edged.sources import Frame, open_source
@@ -63,8 +64,8 @@ class Camera:
         self.path = path
         self.rate_cap = RateCap(max_fps)
         self.stats: RunStats = previous.stats if previous else RunStats()
-        self._detections_seq: Iterator[int] = previous._detections_seq if previous else itertools.count()
-        self._status_seq: Iterator[int] = previous._status_seq if previous else itertools.count()
+        # The next seq of each topic: detections, verdict, status.
+        self._seq: dict[str, Iterator[int]] = previous._seq if previous else {kind: itertools.count() for kind in KINDS}
         self.served_s: float = previous.served_s if previous else 0.0  # when its last frame was taken
         # Its evidence writer (`edged.evidence`), set by the daemon; a successor carries it on.
         self.evidence: EvidenceWriter | None = previous.evidence if previous else None
@@ -95,8 +96,6 @@ class Camera:
         """Re-measure the camera's rate and apply the thermal ``rate_factor`` (`edged.ratecap`)."""
         self.rate_cap.update(self.capture.stats().frames_captured, rate_factor)
 
-    def next_seq(self) -> int:
-        return next(self._detections_seq)
-
-    def next_status_seq(self) -> int:
-        return next(self._status_seq)
+    def next_seq(self, kind: Kind) -> int:
+        """The next ``seq`` on this camera's topic of ``kind``: gapless per camera and topic."""
+        return next(self._seq[kind])

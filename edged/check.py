@@ -25,7 +25,7 @@ from edged.config import Settings
 from edged.errors import ContractError, InferenceError, ModelError, SourceError
 from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
-from edged.pipeline import FramePipeline
+from edged.pipeline import FramePipeline, frame_path
 from edged.preprocess import LETTERBOX_FILL
 from edged.sources import open_source
 from edged.sources.base import SourceBase, mask_credentials
@@ -128,8 +128,9 @@ def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> None:
         )
 
 
-def _check_source(model: LoadedModel, cfg: SourceBase, named: bool, out: TextIO) -> SourceError | None:
+def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named: bool, out: TextIO) -> SourceError | None:
     """Open one camera and run its frames through the model; the camera's error, if it gave no frame."""
+    frame_path(settings, model, cfg)  # [inspect] names classes the model must have
     name = f"{cfg.camera_id}: " if named else ""
     try:
         probe = probe_source(cfg)
@@ -155,7 +156,9 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     print(f"config     {config_path}: valid", file=out)
     model = load_model(settings.model, settings.runtime, record_placement=True)
     named = len(settings.source) > 1
-    failed = [(cfg.camera_id, e) for cfg in settings.source if (e := _check_source(model, cfg, named, out)) is not None]
+    failed = [
+        (cfg.camera_id, e) for cfg in settings.source if (e := _check_source(settings, model, cfg, named, out)) is not None
+    ]
     if settings.mqtt is not None:
         print(f"mqtt       {probe_broker(settings.mqtt, settings.source[0].camera_id)}", file=out)
     _report(model, settings, out)

@@ -230,6 +230,29 @@ def _parser() -> argparse.ArgumentParser:
         help="CURVE: this subscriber's secret key file (NAME.key_secret, mode 0600)",
     )
 
+    trigger = sub.add_parser(
+        "trigger",
+        help="inspect one part: ask edged in request mode for a verdict",
+        description="Send one inspection request to edged in request mode (trigger.mode = "
+        '"request") and print the verdict of a frame captured after the request. Exit 0 when the '
+        "part is OK, 3 when it is NG, 1 when there is no verdict (an error reply such as a lost "
+        "camera, or no reply in time).",
+    )
+    trigger.add_argument("endpoint", help="edged's trigger.endpoint, e.g. tcp://127.0.0.1:5557")
+    trigger.add_argument("--part-id", default=None, help="the part's id, carried into the verdict and detections messages")
+    trigger.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply (default 5)")
+    trigger.add_argument("--json", action="store_true", help="print the verdict message as JSON")
+    trigger.add_argument(
+        "--server-key", type=Path, default=None, metavar="FILE", help="CURVE: edged's public key file (server.key)"
+    )
+    trigger.add_argument(
+        "--client-key",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="CURVE: this client's secret key file (NAME.key_secret)",
+    )
+
     keygen = sub.add_parser(
         "keygen",
         help="create a CURVE key pair for the tcp stream",
@@ -331,6 +354,19 @@ def _cmd_subscribe(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_trigger(args: argparse.Namespace) -> int:
+    from edged.trigger import run_trigger
+
+    return run_trigger(
+        args.endpoint,
+        args.part_id,
+        args.timeout,
+        raw_json=args.json,
+        server_key=args.server_key,
+        client_key=args.client_key,
+    )
+
+
 def _cmd_keygen(args: argparse.Namespace) -> int:
     from edged.keys import run_keygen
 
@@ -387,6 +423,7 @@ COMMANDS = {
     "run": _cmd_run,
     "check": _cmd_check,
     "subscribe": _cmd_subscribe,
+    "trigger": _cmd_trigger,
     "schema": _cmd_schema,
     "thermal": _cmd_thermal,
     "eval": _cmd_eval,

@@ -21,7 +21,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, get_args
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 if sys.version_info >= (3, 11):
@@ -39,6 +39,7 @@ from edged.sections import Section
 from edged.sources import SOURCES
 from edged.sources.base import SourceBase, mask_credentials
 from edged.sources.synthetic import SyntheticSourceConfig
+from edged.zones import ZoneName, usable_zones
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
 ENV_PREFIX = "EDGED_"  # EDGED_<SECTION>__<KEY> overrides a key
@@ -205,6 +206,63 @@ class PublishConfig(Section):
         return v
 
 
+# ---- inspect, trigger --------------------------------------------------------------------------
+
+Threshold = Annotated[float, Field(gt=0, le=1)]
+
+
+class InspectConfig(Section):
+    """``[inspect]``: what a part must not show. Labels are checked against the model's when it loads."""
+
+    class_conf: dict[str, Threshold] = Field(
+        default_factory=dict, description="Label (or class id) -> minimum score, overriding model.conf for that class."
+    )
+    zones: dict[ZoneName, list[tuple[float, float]]] = Field(
+        default_factory=dict,
+        description="Name -> polygon [[x, y], ...] in fractions of the frame (0..1); none: the whole frame.",
+    )
+    outside_zones: Literal["drop", "keep"] = Field(
+        "drop", description="Detections outside every zone: 'drop' them, or 'keep' them with no zone (never NG)."
+    )
+    match: Literal["centre", "overlap"] = Field(
+        "centre", description="A detection is in a zone when its box centre is inside, or with 'overlap' any of its box."
+    )
+    ng_classes: list[str] | None = Field(
+        None, description="Labels (or class ids) that make a part NG; default: every class."
+    )
+    min_area: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=dict,
+        description="Label (or class id) -> smallest box, as a fraction of the frame's area, that makes a part NG.",
+    )
+
+    @field_validator("zones")
+    @classmethod
+    def _usable_polygons(cls, v: dict[str, list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
+        usable_zones(v)
+        return v
+
+
+class TriggerConfig(Section):
+    """``[trigger]``: free-running frames, or one inspection per request."""
+
+    mode: Literal["free", "request"] = Field(
+        "free", description="'free' publishes every frame; 'request' inspects one frame per request on trigger.endpoint."
+    )
+    endpoint: str = Field(
+        "tcp://127.0.0.1:5557",
+        description="ZeroMQ endpoint requests arrive on (REP/ROUTER); under publish.curve_* keys when tcp and set.",
+    )
+    timeout_s: float = Field(2.0, gt=0, le=60, description="A request is answered within this, with an error if need be.")
+    queue: int = Field(4, ge=1, le=64, description="Requests waiting behind the one in progress; beyond it: busy.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _known_transport(cls, v: str) -> str:
+        if not v.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"endpoint {v!r} must start with tcp:// or ipc://")
+        return v
+
+
 # ---- thermal ----------------------------------------------------------------------------------
 
 
@@ -258,6 +316,10 @@ class Settings(BaseSettings):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)
     thermal: ThermalConfig = Field(default_factory=ThermalConfig)
+    inspect: InspectConfig | None = Field(
+        None, description="Per-class thresholds, zones and the OK/NG verdict; none: no verdict."
+    )
+    trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
@@ -283,6 +345,22 @@ class Settings(BaseSettings):
                 )
             seen.add(cfg.camera_id)
         return v
+
+    @model_validator(mode="after")
+    def _cameras_fit_inspection(self) -> Settings:
+        """Request mode answers with one camera's frame; a camera's zones take effect with ``[inspect]``."""
+        if self.trigger.mode == "request" and len(self.source) > 1:
+            raise ValueError(
+                f"trigger.mode = 'request' answers each request with one camera's frame, and there are "
+                f"{len(self.source)} [[source]] tables: run request mode with a single [source]"
+            )
+        if self.inspect is None and self.trigger.mode != "request":
+            zoned = [cfg.camera_id for cfg in self.source if cfg.zones is not None]
+            if zoned:
+                raise ValueError(
+                    f"camera {', '.join(zoned)} sets zones, which only [inspect] uses: add an [inspect] section"
+                )
+        return self
 
     def camera(self, camera_id: str) -> SourceBase | None:
         """The camera called ``camera_id``, if this configuration has it."""

@@ -4,8 +4,9 @@ Each camera (`edged.camera.Camera`) has its capture thread, its frame path on th
 model, its counters and sequence numbers. The loop serves the cameras in turn: of those whose
 rate cap allows a frame and that have one ready, the one served longest ago goes first, so a
 fast camera cannot starve a slow one; with nothing ready it waits for any capture thread's
-hand-over. Between frames it does the slow housekeeping: thermal polls, status messages, the
-rate caps, config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
+hand-over. In request mode (`edged.trigger`, one camera) it instead answers each request with a
+frame captured after the request arrived. Between frames it does the slow housekeeping: thermal
+polls, status messages, the rate caps, config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
 `edged.health`, `edged.status`, `edged.reload`); this one only wires them and turns the loop.
 The HTTP server (`edged.http`) gets the status as it is published, a frame only when its live
 view asks for one, and asks the health policy itself.
@@ -25,17 +26,19 @@ from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFile
 from edged.evidence import EvidenceWriter
 from edged.health import Health
 from edged.http import HttpConfig, HttpServer
+from edged.messages import TriggerError, VerdictMessage
 from edged.model import LoadedModel, load_model
 from edged.mqtt import MqttOutput
-from edged.pipeline import FramePath, Processed, Rejected
+from edged.pipeline import Processed, Rejected, frame_path, verdict_message
 from edged.prometheus import CameraStatus
-from edged.publish import Publisher, detections_topic, status_topic
+from edged.publish import Publisher, detections_topic, status_topic, verdict_topic
 from edged.reload import Replacement, load_replacement
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
 from edged.sources import Frame
 from edged.sources.base import SourceBase
 from edged.status import Snapshot, summary_line
 from edged.thermal import ThermalReport, ThermalWatch
+from edged.trigger import Request, TriggerServer
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +75,13 @@ class Daemon:
         try:
             self.model = model = load_model(settings.model, settings.runtime)
             self.cameras = {
-                cfg.camera_id: Camera(cfg, captures[cfg.camera_id], FramePath.for_source(model, cfg), settings.max_fps(cfg))
+                cfg.camera_id: Camera(cfg, captures[cfg.camera_id], frame_path(settings, model, cfg), settings.max_fps(cfg))
                 for cfg in settings.source
             }
             self.http = self._http_server(settings.http)
             self.publisher = Publisher(settings.publish)
             self.mqtt = self._start_mqtt()
+            self.trigger = self._start_trigger()
         except BaseException:
             stop_captures(captures.values(), CAPTURE_STOP_WAIT_S)
             raise
@@ -91,6 +95,7 @@ class Daemon:
         self._replacement: Replacement | None = None  # a reload on trial: it takes over on its first frame
         # During a trial, the cameras the reload adds or opens differently, served by its model only.
         self._incoming: dict[str, Camera] = {}
+        self._next_status = self._next_thermal = time.monotonic()
 
     def _start_capture(self, cfg: SourceBase) -> Capture:
         return start_capture(cfg, self.settings.runtime.capture_priority, self._wake)
@@ -111,10 +116,22 @@ class Daemon:
         writer.start()
         return writer
 
+    def _start_trigger(self) -> TriggerServer | None:
+        if self.settings.trigger.mode != "request":
+            return None
+        try:
+            return TriggerServer(self.settings.trigger, self.settings.publish, self.settings.source[0].camera_id)
+        except BaseException:
+            self.publisher.close()
+            self.http.close()
+            if self.mqtt:
+                self.mqtt.close()
+            raise
+
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
         for camera in self.cameras.values():
-            camera.path = FramePath.for_source(model, camera.cfg)
+            camera.path = frame_path(self.settings, model, camera.cfg)
 
     def serving(self) -> list[Camera]:
         """The cameras the loop takes frames from: the running ones, and a reload's on trial in
@@ -130,20 +147,12 @@ class Daemon:
         watchdog = Watchdog(self.notifier, interval, self.healthy) if interval else None
         if watchdog:
             watchdog.start()
-        next_status = next_thermal = time.monotonic()
         try:
             while not self.signals.stop.is_set():
-                now = time.monotonic()
-                self.health.loop_turned()
                 if self.signals.reload.is_set():
                     self.signals.reload.clear()
                     self.reload()
-                if self.thermal and now >= next_thermal:
-                    self._poll_thermal(self.thermal)
-                    next_thermal = now + self.settings.thermal.poll_interval_s
-                if now >= next_status:
-                    self.publish_status()
-                    next_status = now + self.settings.publish.status_interval_s
+                self.housekeeping()
                 cameras = self.serving()
                 fatal = next((c.capture.fatal for c in cameras if c.capture.fatal is not None), None)
                 if fatal is not None:
@@ -166,8 +175,23 @@ class Daemon:
             self.shutdown(watchdog)
         return EXIT_OK
 
+    def housekeeping(self) -> None:
+        """Between frames, and while a request waits for its frame: progress, thermal polls, status."""
+        now = time.monotonic()
+        self.health.loop_turned()
+        if self.thermal and now >= self._next_thermal:
+            self._poll_thermal(self.thermal)
+            self._next_thermal = now + self.settings.thermal.poll_interval_s
+        if now >= self._next_status:
+            self.publish_status()
+            self._next_status = now + self.settings.publish.status_interval_s
+
     def step(self) -> None:
-        """Take the next camera's frame, process and publish it; or wait for one."""
+        """Take the next camera's frame, process and publish it, or wait for one (free mode); or
+        answer the next request (request mode)."""
+        if self.trigger is not None:
+            self._serve(self.trigger, self.serving()[0])
+            return
         if self.report is not None and self.report.rate_factor == 0.0:
             self.signals.stop.wait(TAKE_TIMEOUT_S)  # critical: inference paused, status continues
             self.health.frame_done()
@@ -197,15 +221,72 @@ class Daemon:
                 self._wake.wait(min([TAKE_TIMEOUT_S, *(c.wait_s(now) for c in cameras if not c.due(now))]))
         return None
 
+    def _serve(self, trigger: TriggerServer, camera: Camera) -> None:
+        """Request mode, its one camera: answer the oldest request. Before READY=1 a frame goes
+        through the model unpublished, which proves camera and model and warms the session up; a
+        reload on trial is tried on the next frame, as in free mode."""
+        if not self.health.ready or self._replacement is not None:
+            frame = camera.capture.take(TAKE_TIMEOUT_S)
+            if frame is not None and self._replacement is not None:
+                self._try_replacement(self._replacement, camera, frame)
+            elif frame is not None:
+                outcome = camera.path.run(frame)
+                if isinstance(outcome, Rejected):
+                    self._reject(camera, outcome)
+                processed = isinstance(outcome, Processed)
+                self._announce_ready(frame_processed=processed, camera=camera if processed else None)
+            else:
+                self._announce_ready(frame_processed=False)
+        request = trigger.next(TAKE_TIMEOUT_S if self.health.ready else 0.0)
+        self.health.frame_done()  # waiting for requests is progress in this mode
+        if request is not None:
+            trigger.answer(request, self._answer(trigger, camera, request))
+
+    def _answer(self, trigger: TriggerServer, camera: Camera, request: Request) -> VerdictMessage | TriggerError:
+        """The verdict of the first good frame captured after ``request`` arrived, or why there is none.
+
+        A frame captured before the request (one waiting in the latest-frame slot, picamera2's
+        queued one) is passed over: its capture time, on the same monotonic clock as the
+        arrival, says so. Requests arriving meanwhile are read and stamped as frames are awaited.
+        """
+        timeout_s = self.settings.trigger.timeout_s
+        deadline_ns = request.arrived_ns + int(timeout_s * 1e9)
+        while (left_ns := deadline_ns - time.monotonic_ns()) > 0:
+            self.housekeeping()
+            if self.signals.stop.is_set():
+                return trigger.error(request.part_id, "stopping", "edged is stopping")
+            if self.report is not None and self.report.rate_factor == 0.0:
+                return trigger.error(request.part_id, "thermal_critical", "inference is paused until the board cools")
+            capture = camera.capture.stats()
+            if capture.state in ("lost", "ended"):
+                why = f": {capture.last_error}" if capture.last_error else ""
+                return trigger.error(request.part_id, "camera_lost", f"the camera is {capture.state}{why}")
+            trigger.collect()
+            frame = camera.capture.take(min(left_ns / 1e9, TAKE_TIMEOUT_S))
+            if frame is None or frame.t_capture_ns <= request.arrived_ns:
+                continue
+            outcome = self._finish(camera, camera.path.run(frame), triggered=True, part_id=request.part_id)
+            if isinstance(outcome, VerdictMessage):
+                return outcome
+            if isinstance(outcome, Rejected) and outcome.reason == "inference_error":
+                return trigger.error(request.part_id, "inference_failed", outcome.detail)
+        return trigger.error(request.part_id, "timeout", f"no frame captured after the request within {timeout_s:g} s")
+
     def handle(self, camera: Camera, frame: Frame) -> None:
         """One frame of ``camera`` through the running model."""
         self._finish(camera, camera.path.run(frame))
 
-    def _finish(self, camera: Camera, outcome: Processed | Rejected) -> None:
-        """A frame's outcome counted and published; a rejected frame is counted and logged."""
+    def _finish(
+        self, camera: Camera, outcome: Processed | Rejected, *, triggered: bool = False, part_id: str | None = None
+    ) -> VerdictMessage | Rejected | None:
+        """A frame's outcome counted and published; a rejected frame is counted and logged.
+
+        Returns the frame's verdict message (None without ``[inspect]`` or when not published), or
+        the `Rejected`. A triggered frame is published whatever the outputs' ``publish_empty`` say.
+        """
         if isinstance(outcome, Rejected):
             self._reject(camera, outcome)
-            return
+            return outcome
         self._inference_failures = 0
         frame, detections, times, stats = outcome.frame, outcome.detections, outcome.times, camera.stats
         if detections.nonfinite:
@@ -238,10 +319,12 @@ class Daemon:
             )
         stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
         self.health.frame_done()
-        payload = self._publish_detections(camera, outcome)
-        if camera.evidence is not None:  # one threshold for every class until inspection sets them per class
-            camera.evidence.offer(outcome.frame, detections, [self.settings.model.conf] * len(detections), None, payload)
+        payload, verdict = self._publish_detections(camera, outcome, triggered=triggered, part_id=part_id)
+        if camera.evidence is not None:
+            inspected, thresholds = outcome.inspected, camera.path.thresholds(detections)
+            camera.evidence.offer(outcome.frame, detections, thresholds, inspected.verdict if inspected else None, payload)
         self._announce_ready(frame_processed=True, camera=camera)
+        return verdict
 
     def _reject(self, camera: Camera, rejected: Rejected) -> None:
         camera.stats.drop(rejected.reason)
@@ -285,29 +368,39 @@ class Daemon:
 
     # ---- messages ----------------------------------------------------------------------------
 
-    def _publish_detections(self, camera: Camera, done: Processed) -> bytes | None:
-        """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames; and the
-        frame with its message to the live view when it shows this camera and wants a frame. Returns the
-        payload published, if any."""
-        found = len(done.detections) > 0
+    def _publish_detections(
+        self, camera: Camera, done: Processed, *, triggered: bool, part_id: str | None
+    ) -> tuple[bytes | None, VerdictMessage | None]:
+        """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames
+        (a triggered frame always goes out), with its verdict message beside it; and the frame with
+        its message to the live view when it shows this camera and wants a frame. Returns the
+        payload and verdict published, if any."""
+        found = len(done.detections) > 0 or triggered
         to_zmq = found or self.settings.publish.publish_empty
         mqtt = self.mqtt if self.mqtt is not None and (found or self.mqtt.cfg.publish_empty) else None
         show = camera.id == self.settings.source[0].camera_id and self.http.view.wants_frame()
         if not (to_zmq or mqtt or show):
-            return None
+            return None, None
         state = self.report.state if self.report else "unknown"
-        seq = camera.next_seq() if to_zmq or mqtt else 0  # a message only shown takes no seq
-        msg = camera.path.message(done, seq=seq, thermal_state=state)
-        payload = None
+        seq = camera.next_seq("detections") if to_zmq or mqtt else 0  # a message only shown takes no seq
+        msg = camera.path.message(done, seq=seq, thermal_state=state, part_id=part_id)
+        payload = verdict = None
         if to_zmq or mqtt:
             payload = msg.model_dump_json().encode()
+            verdict = verdict_message(msg, camera.next_seq("verdict")) if msg.verdict is not None else None
+            verdict_payload = verdict.model_dump_json().encode() if verdict else None
+            prefix = self.settings.publish.topic_prefix
             if to_zmq:
-                self.publisher.send(detections_topic(self.settings.publish.topic_prefix, camera.id), payload)
+                self.publisher.send(detections_topic(prefix, camera.id), payload)
+                if verdict_payload:
+                    self.publisher.send(verdict_topic(prefix, camera.id), verdict_payload)
             if mqtt:
                 mqtt.send("detections", payload, camera.id)
+                if verdict_payload:
+                    mqtt.send("verdict", verdict_payload, camera.id)
         if show:
             self.http.view.offer(done.frame, msg)
-        return payload
+        return payload, verdict
 
     def snapshot(self, camera: Camera) -> Snapshot:
         return Snapshot(
@@ -336,7 +429,7 @@ class Daemon:
             camera.stats.update_fps()
             snapshot = self.snapshot(camera)
             snapshots.append(snapshot)
-            message = snapshot.message(camera.next_status_seq())
+            message = snapshot.message(camera.next_seq("status"))
             payload = message.model_dump_json().encode()
             self.publisher.send(status_topic(self.settings.publish.topic_prefix, camera.id), payload)
             if self.mqtt:
@@ -412,6 +505,8 @@ class Daemon:
             return
         try:
             self.publisher.reload_client_keys()
+            if self.trigger is not None:
+                self.trigger.reload_client_keys()
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
         self._end_trial()
@@ -541,6 +636,8 @@ class Daemon:
             watchdog.stop()
         captures = [camera.capture for camera in self.cameras.values()]
         stop_captures(captures + [camera.capture for camera in self._incoming.values()], CAPTURE_STOP_WAIT_S)
+        if self.trigger is not None:
+            self.trigger.close()
         for camera in self.cameras.values():
             if camera.evidence is not None:
                 camera.evidence.stop(timeout_s=EVIDENCE_STOP_S)

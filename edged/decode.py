@@ -75,16 +75,22 @@ class Decoder:
         iou: float = 0.45,
         max_det: int = 100,
         agnostic: bool = False,
+        thresholds: Sequence[float] | None = None,
     ) -> None:
         if not 0.0 < conf <= 1.0:
             raise ValueError(f"conf must be in (0, 1], got {conf}")
+        if thresholds is not None and (len(thresholds) != num_classes or not all(0.0 < t <= 1.0 for t in thresholds)):
+            raise ValueError(f"thresholds must be {num_classes} values in (0, 1], got {list(thresholds)}")
         if not 0.0 < iou <= 1.0:
             raise ValueError(f"iou must be in (0, 1], got {iou}")
         if max_det < 1:
             raise ValueError(f"max_det must be >= 1, got {max_det}")
-        self._head = head_named(head)(output_shape, num_classes, conf)
+        # Per class: a candidate is kept when its score is above its class's threshold. The head's
+        # first cut is the lowest of them, so with one threshold for all this is ultralytics' conf.
+        self._thresholds = np.array(thresholds if thresholds is not None else [conf] * num_classes, dtype=np.float32)
+        self._head = head_named(head)(output_shape, num_classes, min(self._thresholds.tolist(), default=conf))
         n = self._head.capacity
-        self._conf = np.array(conf, dtype=np.float32)
+        self._candidate_thresholds = np.empty(n, dtype=np.float32)
         self._nms = GreedyNms(n, iou if self._head.needs_nms else None, max_det=max_det, agnostic=agnostic)
         self._as_f32: np.ndarray | None = None  # a float32 copy of a float16/float64 output
         self._finite = np.empty(self._head.output_shape, dtype=np.bool_)  # which output values are finite
@@ -154,14 +160,18 @@ class Decoder:
         """Drop the k selected candidates that are not detections, suppress, map what is kept.
 
         A candidate is dropped (its score set to -inf) when its box is not finite, or its score
-        is not above conf or is above 1 (counted: scores are probabilities). Empty or inverted
+        is not above its class's threshold or is above 1 (counted: scores are probabilities). Empty or inverted
         boxes stay in, as in ultralytics: they overlap nothing, but they hold a ``max_det`` slot.
         """
         head = self._head
         boxes, scores, valid = rows(head.boxes, 4, k), head.scores[:k], self._valid[:k]
         checks, invalid = self._checks[:, :k], self._invalid[:k]
         np.isfinite(boxes, out=checks[:4])
-        np.greater(scores, self._conf, out=checks[4])  # also false for NaN
+        candidate_thresholds = self._candidate_thresholds[:k]
+        np.take(
+            self._thresholds, head.class_ids[:k], out=candidate_thresholds, mode="clip"
+        )  # a bad class: dropped by its head
+        np.greater(scores, candidate_thresholds, out=checks[4])  # also false for NaN
         np.greater(scores, _ONE, out=invalid)  # +inf included
         above_one = int(np.count_nonzero(invalid))
         np.logical_not(invalid, out=checks[5])

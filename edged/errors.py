@@ -17,7 +17,8 @@
     ├── InferenceError            1  one run failed; the frame is skipped and counted
     ├── QuantizeError             1  quantising, or running the quantised model, failed
     ├── ColdStartError            1  ``edged bench --cold-start``: the daemon exited or published nothing
-    └── MessageError              1  a received payload is not a valid edged message
+    ├── MessageError              1  a received payload is not a valid edged message
+    └── TriggerFailed             1  ``edged trigger``: an error reply, or no reply in time
 
 78 is sysexits' EX_CONFIG: the units set ``RestartPreventExitStatus=78``, so systemd does not
 restart a daemon that can only fail the same way again. Nothing else exits 78.
@@ -123,3 +124,7 @@ class ColdStartError(EdgedError):
 
 class MessageError(EdgedError, ValueError):
     """A payload that is not a valid edged message."""
+
+
+class TriggerFailed(EdgedError):
+    """``edged trigger`` got no verdict: the daemon said why (an error reply), or nothing came in time."""

@@ -19,8 +19,10 @@ them to a multiple of 256 ns; each comes with a millisecond copy (``capture_time
 that a double holds to a quarter of a microsecond.
 
 Wire format: a ZeroMQ multipart message of two frames, the topic and the JSON payload.
-Topics are ``<prefix>/detections/<camera_id>`` and ``<prefix>/status/<camera_id>``.
-The MQTT output (`edged.mqtt`) sends the same payloads to a broker, under topics of its own.
+Topics are ``<prefix>/detections/<camera_id>``, ``<prefix>/status/<camera_id>`` and, with
+``[inspect]``, ``<prefix>/verdict/<camera_id>``. A trigger request is answered with a verdict
+message or a `TriggerError`. The MQTT output (`edged.mqtt`) sends the same payloads to a broker,
+under topics of its own.
 """
 
 from __future__ import annotations
@@ -66,6 +68,23 @@ class Detection(Message):
     box: tuple[float, float, float, float] = Field(
         description="x1, y1, x2, y2 in frame pixels (origin top-left), clipped to the frame."
     )
+    zone: str | None = Field(None, description="The [inspect] zone the detection is in; null without zones or outside all.")
+    threshold: float | None = Field(
+        None, description="The score this class had to pass (inspect.class_conf or model.conf); null without [inspect]."
+    )
+
+
+Verdict = Literal["ok", "ng"]
+
+
+class Reason(Message):
+    """One detection that made the part NG."""
+
+    detection: int = Field(ge=0, description="Index into the detections message's detections.")
+    class_id: int = Field(ge=0)
+    label: str
+    score: float = Field(ge=0, le=1)
+    zone: str | None = Field(description="The zone it is in; null when no zones are set.")
 
 
 class ModelInfo(Message):
@@ -99,11 +118,49 @@ class DetectionsMessage(Message):
     detections: list[Detection]
     timings: Timings
     thermal_state: ThermalState = Field(description="The board's thermal state when the frame was processed.")
+    verdict: Verdict | None = Field(None, description="ok or ng for this frame; null without [inspect].")
+    reasons: list[Reason] = Field(default_factory=list, description="The detections that made it ng.")
+    verdict_latency_ms: float | None = Field(None, description="Capture to verdict; null without [inspect].")
+    part_id: str | None = Field(None, description="The part id of the trigger request this frame answered.")
 
     @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
     @property
     def capture_time_ms(self) -> float:
         return self.capture_time_ns / 1e6
+
+
+class VerdictMessage(Message):
+    """The verdict of one frame, and nothing else: what a PLC adapter acts on, without parsing boxes."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["verdict"] = "verdict"
+    camera_id: str
+    seq: int = Field(ge=0, description="Per-topic sequence number; a gap means messages were lost.")
+    frame_id: int = Field(ge=0, description="The frame the verdict is on (its detections message has the same).")
+    capture_time_ns: int = Field(description="Wall-clock capture time, ns since the Unix epoch.")
+    part_id: str | None = Field(description="The trigger request's part id; null when free-running or none given.")
+    verdict: Verdict
+    reasons: list[Reason]
+    verdict_latency_ms: float = Field(description="Capture to verdict.")
+
+    @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
+    @property
+    def capture_time_ms(self) -> float:
+        return self.capture_time_ns / 1e6
+
+
+TriggerProblem = Literal["bad_request", "busy", "timeout", "camera_lost", "thermal_critical", "inference_failed", "stopping"]
+
+
+class TriggerError(Message):
+    """The reply to a trigger request that got no verdict, saying why."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["trigger_error"] = "trigger_error"
+    camera_id: str
+    part_id: str | None
+    error: TriggerProblem
+    detail: str
 
 
 class StageLatency(Message):
@@ -190,13 +247,13 @@ EVOLUTION = (
 
 
 def json_schema() -> dict[str, Any]:
-    """The schema subscribers use: one document describing both message kinds."""
+    """The schema subscribers use: one document describing every message kind."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "edged messages",
         "description": f"{__doc__.strip().splitlines()[0]} Schema version {SCHEMA_VERSION}. {EVOLUTION}",
-        "oneOf": [{"$ref": "#/$defs/DetectionsMessage"}, {"$ref": "#/$defs/StatusMessage"}],
-        "$defs": _merged_defs(DetectionsMessage, StatusMessage),
+        "oneOf": [{"$ref": f"#/$defs/{kind.__name__}"} for kind in _KINDS.values()],
+        "$defs": _merged_defs(*_KINDS.values()),
     }
 
 
@@ -216,13 +273,17 @@ def schema_text() -> str:
 MAX_PAYLOAD_BYTES = 1 << 20  # a detections message is a few KB; anything this big is not ours
 
 
-_KINDS: dict[str, type[DetectionsMessage] | type[StatusMessage]] = {
+AnyMessage = DetectionsMessage | StatusMessage | VerdictMessage | TriggerError
+
+_KINDS: dict[str, type[AnyMessage]] = {
     "detections": DetectionsMessage,
     "status": StatusMessage,
+    "verdict": VerdictMessage,
+    "trigger_error": TriggerError,
 }
 
 
-def parse_message(payload: bytes) -> DetectionsMessage | StatusMessage:
+def parse_message(payload: bytes) -> AnyMessage:
     """Validate a received payload; every rejection says why in one line."""
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise MessageError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")

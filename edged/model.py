@@ -6,6 +6,7 @@ same models for the same reasons and decode with the same settings.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,8 +30,9 @@ class LoadedModel:
     cfg: ModelConfig
     info: ModelInfo  # what every message says about the model
 
-    def make_decoder(self, output_shape: tuple[int, ...]) -> Decoder:
-        """A decoder for a bound output (its size is only known after `Engine.bind`)."""
+    def make_decoder(self, output_shape: tuple[int, ...], thresholds: Sequence[float] | None = None) -> Decoder:
+        """A decoder for a bound output (its size is only known after `Engine.bind`); ``thresholds``
+        per class id replace model.conf (``[inspect]``)."""
         return Decoder(
             self.head,
             output_shape,
@@ -39,6 +41,7 @@ class LoadedModel:
             iou=self.cfg.iou,
             max_det=self.cfg.max_det,
             agnostic=self.cfg.agnostic_nms,
+            thresholds=thresholds,
         )
 
     def label(self, class_id: int) -> str:

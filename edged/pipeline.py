@@ -1,10 +1,11 @@
-"""The per-frame path: contract check -> preprocess -> inference -> decode -> message.
+"""The per-frame path: contract check -> preprocess -> inference -> decode -> inspect -> message.
 
 A `FramePipeline` is planned for one frame size: the input tensor, its binding to the model and
 the decoder scratch are all allocated there, once, and `process` only fills and reads them.
 `FramePath` owns the plans of one camera: it checks each frame against what the source declared,
 re-plans a camera after a lasting size change, keeps a plan per size for a source whose frames
-legitimately vary (an image folder), and builds the wire message. The daemon, `check`, `eval` and
+legitimately vary (an image folder), inspects the detections when ``[inspect]`` is set
+(`edged.verdict`), and builds the wire messages. The daemon, `check`, `eval` and
 `bench` all go through these two classes, so they run exactly the same path.
 """
 
@@ -17,15 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edged.config import InspectConfig, Settings
 from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
 from edged.errors import InferenceError
 from edged.geometry import BoxMap
-from edged.messages import Detection, DetectionsMessage, ThermalState, Timings
+from edged.messages import Detection, DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
 from edged.sources import Frame, sizes_vary
 from edged.sources.base import SourceBase
+from edged.verdict import Inspected, Inspector
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +50,19 @@ class StageTimes:
 class FramePipeline:
     """Preallocated buffers for one frame size, and the three stages that use them."""
 
-    def __init__(self, model: LoadedModel, frame_w: int, frame_h: int, source_order: ChannelOrder) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        frame_w: int,
+        frame_h: int,
+        source_order: ChannelOrder,
+        thresholds: list[float] | None = None,
+    ) -> None:
         self.model = model
         self.spec = FrameSpec(frame_w, frame_h, source_order)
         self.preprocess = Preprocessor(model.contract, frame_w, frame_h, source_order)
         self.binding = model.engine.bind(self.preprocess.tensor)
-        self.decoder = model.make_decoder(self.binding.outputs[0].shape)
+        self.decoder = model.make_decoder(self.binding.outputs[0].shape, thresholds)
 
     @property
     def box_map(self) -> BoxMap:
@@ -77,13 +87,19 @@ class FramePipeline:
 
 @dataclass(frozen=True, slots=True)
 class Processed:
-    """One frame through the model; ``detections`` hold until the plan's next frame."""
+    """One frame through the model; ``detections`` (and ``inspected``) hold until the plan's next frame.
+
+    With ``[inspect]``, ``detections`` are the inspected ones (zones applied) and ``verdict_ms``
+    is capture to verdict; without it ``inspected`` is None.
+    """
 
     frame: Frame
     plan: FramePipeline
     detections: Detections
     times: StageTimes
     age_ms: float
+    inspected: Inspected | None = None
+    verdict_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,23 +115,25 @@ class FramePath:
     """The path of one camera's frames through one model: check, plan, process, message."""
 
     def __init__(
-        self, model: LoadedModel, camera_id: str, declared_order: ChannelOrder, *, sizes_vary: bool = False
+        self,
+        model: LoadedModel,
+        camera_id: str,
+        declared_order: ChannelOrder,
+        inspector: Inspector | None = None,
+        *,
+        sizes_vary: bool = False,
     ) -> None:
         """``sizes_vary``: the source declares frames of many sizes (`edged.sources.sizes_vary`)."""
         self.model = model
         self.camera_id = camera_id
         self.declared_order = declared_order
+        self.inspector = inspector
         self.sizes_vary = sizes_vary
         # By frame size (width, height), least recently used first; a camera keeps only its current one.
         self._plans: OrderedDict[tuple[int, int], FramePipeline] = OrderedDict()
         self._capacity = MAX_PLANS if sizes_vary else 1
         self._evicted = False
         self._new_size: tuple[tuple[int, int], int] | None = None
-
-    @classmethod
-    def for_source(cls, model: LoadedModel, cfg: SourceBase) -> FramePath:
-        """The frame path of the camera ``cfg`` describes."""
-        return cls(model, cfg.camera_id, cfg.channel_order, sizes_vary=sizes_vary(cfg))
 
     def run(self, frame: Frame) -> Processed | Rejected:
         """Check ``frame`` against the contract and process it, or say why not."""
@@ -126,8 +144,11 @@ class FramePath:
             detections, times = plan.process(frame.image)
         except InferenceError as e:
             return Rejected(frame, "inference_error", str(e))
+        if self.inspector is None:
+            return Processed(frame, plan, detections, times, (time.monotonic_ns() - frame.t_capture_ns) / 1e6)
+        inspected = self.inspector(detections, plan.spec.width, plan.spec.height)
         age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
-        return Processed(frame, plan, detections, times, age_ms)
+        return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms)
 
     def _plan_for(self, frame: Frame) -> FramePipeline | Rejected:
         """The plan for this frame: its size's own when sizes vary, else the camera's current one,
@@ -166,7 +187,8 @@ class FramePath:
                     MAX_PLANS,
                     extra={"CAMERA": self.camera_id},
                 )
-        plan = self._plans[size] = FramePipeline(self.model, *size, self.declared_order)
+        thresholds = self.inspector.thresholds if self.inspector else None
+        plan = self._plans[size] = FramePipeline(self.model, *size, self.declared_order, thresholds)
         return plan
 
     def _checked(self, frame: Frame, plan: FramePipeline) -> FramePipeline | Rejected:
@@ -184,7 +206,16 @@ class FramePath:
         self._new_size = (size, seen)
         return seen >= REPLAN_AFTER
 
-    def message(self, done: Processed, *, seq: int, thermal_state: ThermalState) -> DetectionsMessage:
+    def thresholds(self, detections: Detections) -> list[float]:
+        """Each detection's class threshold (``[inspect]``'s or model.conf): how near a miss it was."""
+        if self.inspector is None:
+            return [self.model.cfg.conf] * len(detections)
+        by_class = self.inspector.thresholds
+        return [by_class[c] for c in detections.class_ids.tolist()]
+
+    def message(
+        self, done: Processed, *, seq: int, thermal_state: ThermalState, part_id: str | None = None
+    ) -> DetectionsMessage:
         """The wire message for one processed frame: the one small object a frame allocates.
 
         Each column becomes a Python list in one ``tolist`` call, rather than one numpy scalar
@@ -192,6 +223,19 @@ class FramePath:
         """
         det, box_map, times, label = done.detections, done.plan.box_map, done.times, self.model.label
         boxes, scores, class_ids = det.xyxy.tolist(), det.scores.tolist(), det.class_ids.tolist()
+        zones: list[str | None] = [None] * len(class_ids)
+        thresholds: list[float | None] = [None] * len(class_ids)
+        reasons: list[Reason] = []
+        inspector, inspected = self.inspector, done.inspected
+        if inspector is not None and inspected is not None:
+            zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
+            thresholds = [round(inspector.thresholds[c], 4) for c in class_ids]
+            reasons = [
+                Reason(
+                    detection=i, class_id=class_ids[i], label=label(class_ids[i]), score=round(scores[i], 4), zone=zones[i]
+                )
+                for i in inspected.ng.nonzero()[0].tolist()
+            ]
         return DetectionsMessage(
             camera_id=self.camera_id,
             seq=seq,
@@ -206,8 +250,10 @@ class FramePath:
                     label=label(c),
                     score=round(s, 4),
                     box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)),
+                    zone=z,
+                    threshold=t,
                 )
-                for b, s, c in zip(boxes, scores, class_ids, strict=True)
+                for b, s, c, z, t in zip(boxes, scores, class_ids, zones, thresholds, strict=True)
             ],
             timings=Timings(
                 preprocess_ms=round(times.preprocess_ms, 3),
@@ -216,4 +262,40 @@ class FramePath:
                 age_ms=round(done.age_ms, 3),
             ),
             thermal_state=thermal_state,
+            verdict=inspected.verdict if inspected else None,
+            reasons=reasons,
+            verdict_latency_ms=round(done.verdict_ms, 3) if inspected else None,
+            part_id=part_id,
         )
+
+
+def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
+    """The verdict topic's message for a detections message; None without ``[inspect]``."""
+    if msg.verdict is None or msg.verdict_latency_ms is None:
+        return None
+    return VerdictMessage(
+        camera_id=msg.camera_id,
+        seq=seq,
+        frame_id=msg.frame_id,
+        capture_time_ns=msg.capture_time_ns,
+        part_id=msg.part_id,
+        verdict=msg.verdict,
+        reasons=msg.reasons,
+        verdict_latency_ms=msg.verdict_latency_ms,
+    )
+
+
+def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:
+    """The path of camera ``source``'s frames through ``model``, inspected when ``[inspect]`` is
+    set (with the camera's own zones when it has them) or requests are answered with verdicts
+    (request mode without ``[inspect]``: any detection is NG); raises ConfigError for a class
+    named in ``[inspect]`` that the model does not have."""
+    inspect = settings.inspect
+    if inspect is None and settings.trigger.mode == "request":
+        inspect = InspectConfig()
+    if inspect is not None and source.zones is not None:
+        inspect = inspect.model_copy(update={"zones": source.zones})
+    inspector = None
+    if inspect is not None:
+        inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
+    return FramePath(model, source.camera_id, source.channel_order, inspector, sizes_vary=sizes_vary(source))

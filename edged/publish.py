@@ -45,6 +45,10 @@ def status_topic(prefix: str, camera_id: str) -> bytes:
     return f"{prefix}/status/{camera_id}".encode()
 
 
+def verdict_topic(prefix: str, camera_id: str) -> bytes:
+    return f"{prefix}/verdict/{camera_id}".encode()
+
+
 def _is_loopback(host: str) -> bool:
     if host in ("localhost", ""):
         return True

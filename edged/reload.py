@@ -15,7 +15,7 @@ from pathlib import Path
 from edged.config import Settings, load_config
 from edged.errors import ModelError
 from edged.model import LoadedModel, load_model
-from edged.pipeline import FramePath, Processed, Rejected
+from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.sources import Frame
 
 log = logging.getLogger(__name__)
@@ -51,4 +51,8 @@ def load_replacement(config_path: Path | None, running: Settings) -> Replacement
         # (topics are built from them).
         log.warning("publish settings changed: restart edged to apply them")
         new = new.model_copy(update={"publish": running.publish})
-    return Replacement(new, model, {cfg.camera_id: FramePath.for_source(model, cfg) for cfg in new.source})
+    if new.trigger != running.trigger:
+        # The request socket, like the PUB socket, stays bound as it is.
+        log.warning("trigger settings changed: restart edged to apply them")
+        new = new.model_copy(update={"trigger": running.trigger})
+    return Replacement(new, model, {cfg.camera_id: frame_path(new, model, cfg) for cfg in new.source})

@@ -24,9 +24,9 @@ from zmq.utils.monitor import recv_monitor_message
 
 from edged.errors import MessageError, UsageError
 from edged.keys import ClientKeys
-from edged.messages import DetectionsMessage, StatusMessage, parse_message
+from edged.messages import DetectionsMessage, StatusMessage, TriggerError, VerdictMessage, parse_message
 
-Message = DetectionsMessage | StatusMessage
+Message = DetectionsMessage | StatusMessage | VerdictMessage
 
 HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the publisher refused this subscriber's key "
@@ -110,7 +110,10 @@ class Subscriber:
     def parse(frames: list[bytes]) -> Message:
         if len(frames) != 2:
             raise MessageError(f"expected 2 frames (topic, payload), got {len(frames)}")
-        return parse_message(frames[1])
+        msg = parse_message(frames[1])
+        if isinstance(msg, TriggerError):
+            raise MessageError("a trigger reply is not a stream message")
+        return msg
 
     def close(self) -> None:
         self._socket.disable_monitor()
@@ -118,7 +121,19 @@ class Subscriber:
         self._socket.close(linger=0)
 
 
+def format_verdict(msg: VerdictMessage) -> str:
+    """One line: the verdict, the part, and what made it NG."""
+    part = f" part {msg.part_id}" if msg.part_id is not None else ""
+    why = "; ".join(f"{r.label} {r.score:.2f}" + (f" in {r.zone}" if r.zone else "") for r in msg.reasons)
+    return (
+        f"[verdict {msg.camera_id} frame {msg.frame_id}{part}] {msg.verdict.upper()}"
+        f"{': ' + why if why else ''}  ({msg.verdict_latency_ms:.1f} ms capture to verdict)"
+    )
+
+
 def format_message(msg: Message) -> str:
+    if isinstance(msg, VerdictMessage):
+        return format_verdict(msg)
     if isinstance(msg, StatusMessage):
         drops = ", ".join(f"{k}={v}" for k, v in sorted(msg.drops.items()) if v) or "none"
         thermal = msg.thermal.state if msg.thermal else "off"
@@ -129,8 +144,9 @@ def format_message(msg: Message) -> str:
     dets = "; ".join(
         f"{d.label} {d.score:.2f} ({d.box[0]:.0f},{d.box[1]:.0f})-({d.box[2]:.0f},{d.box[3]:.0f})" for d in msg.detections
     )
+    verdict = f" {msg.verdict.upper()}" if msg.verdict else ""
     return (
-        f"[{msg.camera_id} frame {msg.frame_id}] {len(msg.detections)} detection(s)"
+        f"[{msg.camera_id} frame {msg.frame_id}]{verdict} {len(msg.detections)} detection(s)"
         f"{': ' + dets if dets else ''}  ({msg.timings.inference_ms:.1f} ms inference, "
         f"{msg.timings.age_ms:.1f} ms old)"
     )

@@ -17,9 +17,9 @@ import cv2
 import numpy as np
 import zmq
 
-from edged.messages import DetectionsMessage, StatusMessage, parse_message
+from edged.messages import AnyMessage, StatusMessage, parse_message
 
-Message = DetectionsMessage | StatusMessage
+Message = AnyMessage
 
 
 def free_port() -> int:
@@ -35,6 +35,8 @@ def toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + " }"
     return json.dumps(str(value))
 
 

@@ -169,6 +169,41 @@ def test_threshold_is_exclusive() -> None:
         assert len(decode(head, ENCODERS[head]([(270.0, 295.0, 370.0, 345.0, 0.2500001, 1)]))) == 1
 
 
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end"])
+def test_per_class_thresholds_change_exactly_their_classes(head: str) -> None:
+    # Class 1 (0.9) below its 0.95, class 0 (0.5) below its 0.6, class 2 (0.2) above its 0.1.
+    det = decode(head, ENCODERS[head](SCENE), thresholds=[0.6, 0.95, 0.1])
+    assert_detections(det, [[200, 520, 280, 600]], [0.2], [2])
+    det = decode(head, ENCODERS[head](SCENE), thresholds=[0.25, 0.95, 0.25])
+    assert_detections(det, [[0, 0, 100, 100]], [0.5], [0])
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end", "rtdetr"])
+def test_one_threshold_per_class_equal_to_conf_decodes_as_conf(head: str) -> None:
+    for seed in range(3):
+        frame = crowded(head, 300, seed)
+        plain = decode(head, frame, conf=0.3, max_det=50)
+        kept = (plain.xyxy.copy(), plain.scores.copy(), plain.class_ids.copy())
+        same = decode(head, frame, conf=0.3, max_det=50, thresholds=[0.3] * NC)
+        for before, after in zip(kept, (same.xyxy, same.scores, same.class_ids), strict=True):
+            np.testing.assert_array_equal(after, before)
+
+
+def test_a_candidate_below_its_class_threshold_suppresses_nothing() -> None:
+    # Thresholds apply before NMS, as conf does: the 0.9 box under its class's 0.95 does not
+    # suppress the overlapping 0.5 box, even with class-agnostic NMS.
+    overlapping = [(270.0, 295.0, 370.0, 345.0, 0.9, 1), (272.0, 296.0, 372.0, 346.0, 0.5, 0)]
+    det = decode("yolov8", yolov8_tensor(overlapping), agnostic=True, thresholds=[0.25, 0.95, 0.25])
+    assert det.class_ids.tolist() == [0]
+    assert decode("yolov8", yolov8_tensor(overlapping), agnostic=True).class_ids.tolist() == [1]
+
+
+def test_thresholds_must_be_one_probability_per_class() -> None:
+    for bad in ([0.5, 0.5], [0.5, 0.0, 0.5], [0.5, 1.5, 0.5]):
+        with pytest.raises(ValueError, match="thresholds must be 3 values"):
+            Decoder("yolov8", SHAPES["yolov8"], NC, thresholds=bad)
+
+
 def test_yolov5_takes_the_first_class_whose_product_is_best() -> None:
     # 0.75 x p and 0.75 x the next float32 above p round to one value: the yolov5 repository
     # multiplies first and takes the first best, class 0, not the larger probability's class 1.

@@ -8,12 +8,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx_models import colour_probe, solid_frame
+from allocations import NumpyAllocations
+from onnx_models import colour_probe, fixed_scene, solid_frame
 
-from edged.config import ModelConfig, RuntimeConfig
+from edged.config import InspectConfig, ModelConfig, RuntimeConfig
 from edged.model import load_model
-from edged.pipeline import MAX_PLANS, FramePath, FramePipeline, Processed, Rejected
+from edged.pipeline import MAX_PLANS, FramePath, FramePipeline, Processed, Rejected, verdict_message
 from edged.sources import Frame
+from edged.verdict import Inspector
+
+# In a 64x64 input; a 128x96 frame maps x * 2, (y - 8) * 2. Centres in the frame's fractions:
+SCENE = [
+    (16.0, 20.0, 8.0, 8.0, 0, 0.9),  # scratch at (0.25, 0.25), 16x16 px
+    (48.0, 20.0, 8.0, 8.0, 1, 0.5),  # crack at (0.75, 0.25)
+    (16.0, 44.0, 8.0, 8.0, 2, 0.3),  # dust at (0.25, 0.75)
+    (48.0, 44.0, 2.0, 2.0, 0, 0.35),  # a small scratch at (0.75, 0.75)
+]
 
 
 @pytest.mark.parametrize(
@@ -104,6 +114,61 @@ def test_the_path_rejects_a_frame_unlike_the_first_then_replans_after_a_lasting_
     wrong_order = Frame(bigger, 9, 0, 0, "rgb")
     rejected = path.run(wrong_order)
     assert isinstance(rejected, Rejected) and rejected.reason == "bad_frame_channel_order"
+
+
+def test_inspection_applies_thresholds_and_zones_and_puts_the_verdict_in_the_messages(tmp_path: Path) -> None:
+    model = load_model(ModelConfig(path=fixed_scene(tmp_path / "m.onnx", SCENE)), RuntimeConfig())
+    plain = FramePath(model, "cam0", "bgr")
+    done = plain.run(_frame(solid_frame((0, 0, 0))))
+    assert isinstance(done, Processed) and done.inspected is None
+    msg = plain.message(done, seq=0, thermal_state="ok")
+    assert [d.label for d in msg.detections] == ["scratch", "crack", "scratch", "dust"]  # by score
+    assert msg.verdict is None and msg.verdict_latency_ms is None and verdict_message(msg, 0) is None
+    assert {d.zone for d in msg.detections} == {None} and {d.threshold for d in msg.detections} == {None}
+
+    cfg = InspectConfig(
+        class_conf={"crack": 0.6},
+        zones={"left": [(0, 0), (0.5, 0), (0.5, 1), (0, 1)]},
+        ng_classes=["scratch", "crack"],
+        min_area={"scratch": 0.01},
+    )
+    inspected = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, model.num_classes, 0.25, 100))
+    done = inspected.run(_frame(solid_frame((0, 0, 0)), frame_id=7))
+    assert isinstance(done, Processed)
+    msg = inspected.message(done, seq=4, thermal_state="ok", part_id="A-17")
+    # The crack is under its 0.6, the small scratch outside the zone: scratch and dust are left.
+    assert [(d.label, d.zone, d.threshold) for d in msg.detections] == [("scratch", "left", 0.25), ("dust", "left", 0.25)]
+    assert msg.detections[0].box == (24.0, 16.0, 40.0, 32.0)
+    assert msg.verdict == "ng" and msg.part_id == "A-17"
+    assert [(r.detection, r.label, r.zone) for r in msg.reasons] == [(0, "scratch", "left")]
+    assert msg.verdict_latency_ms is not None and msg.verdict_latency_ms > 0
+    verdict = verdict_message(msg, 9)
+    assert verdict is not None
+    assert (verdict.seq, verdict.frame_id, verdict.part_id, verdict.verdict) == (9, 7, "A-17", "ng")
+    assert verdict.reasons == msg.reasons and verdict.verdict_latency_ms == msg.verdict_latency_ms
+
+
+@pytest.mark.parametrize("match", ["centre", "overlap"])
+def test_an_inspected_frame_creates_no_arrays_from_contract_check_to_verdict(tmp_path: Path, match: str) -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    model = load_model(ModelConfig(path=fixed_scene(tmp_path / "m.onnx", SCENE)), RuntimeConfig())
+    cfg = InspectConfig(
+        class_conf={"crack": 0.6},
+        zones={"left": [(0, 0), (0.5, 0), (0.5, 1), (0, 1)], "low": [(0, 0.5), (1, 0.5), (1, 1)]},
+        match=match,
+        min_area={"scratch": 0.01},
+    )
+    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, model.num_classes, 0.25, 100))
+    frame = _frame(solid_frame((0, 0, 0)))
+    for _ in range(3):
+        path.run(frame)
+    with counter.counting():
+        before = counter.buffers
+        for _ in range(10):
+            done = path.run(frame)
+        assert counter.buffers == before
+    assert isinstance(done, Processed) and done.inspected is not None and done.inspected.verdict == "ng"
 
 
 def test_a_source_whose_sizes_vary_gets_each_frame_through_a_plan_of_its_own_size(tmp_path: Path) -> None:

@@ -76,6 +76,7 @@ def test_report_states_machine_model_settings_and_memory(report: dict[str, Any])
     assert report["settings"]["frames"] == 4 and report["settings"]["cpu_frames"] == 3
     assert report["allocations"]["frames"] == 3 and report["allocations"]["transient_peak_bytes"] >= 0
     assert "heap_blocks" in report["allocations"] and "heap_bytes" in report["allocations"]
+    assert report["verdict"]["detections"] == 100 and 0 < report["verdict"]["median_ms"] <= report["verdict"]["p99_ms"]
     assert report["peak_rss_kb"] > 0
 
 

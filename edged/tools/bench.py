@@ -147,6 +147,7 @@ def bench(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str,
         cpu = {name: rows.cpu_per_frame(row, settings["cpu_frames"], min(args.warmup, 10)) for name, row in paths.items()}
         run = _run(spinning, samples, cpu, full)
         heap = rows.heap_per_frame(full, args.alloc_frames)
+        verdict = rows.verdict_cost(args.frames)
         matches = None if skipped else rows.detections_match(model, full)
         model_info = {
             "path": str(path),
@@ -165,6 +166,7 @@ def bench(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str,
         "settings": settings,
         "runs": [run],
         "allocations": heap,
+        "verdict": verdict,
         "detections_match": matches,
         "naive_skipped": skipped,
         "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -220,7 +222,7 @@ def machine_info() -> dict[str, Any]:
 
 def format_report(r: dict[str, Any]) -> str:
     """The report as a table."""
-    m, model, s, a, run = r["machine"], r["model"], r["settings"], r["allocations"], r["runs"][0]
+    m, model, s, a, run, v = r["machine"], r["model"], r["settings"], r["allocations"], r["runs"][0], r["verdict"]
     lines = [
         f"edged bench: {model['name']} ({model['kind']})",
         f"  input {model['input']} output {model['output']}; provider {model['provider']}; "
@@ -248,6 +250,8 @@ def format_report(r: dict[str, Any]) -> str:
         "",
         f"Python heap per frame (full path, steady state): net {a['heap_blocks']:+.2f} blocks, {a['heap_bytes']:+.0f} B; "
         f"transient peak {a['transient_peak_bytes'] / 1024:.1f} KB",
+        f"[inspect] verdict at {v['detections']} detections (2 zones by overlap): {v['median_ms']:.4f} ms median, "
+        f"{v['p99_ms']:.4f} ms p99",
         f"naive cross-check skipped: {r['naive_skipped']}"
         if r["detections_match"] is None
         else f"detections: edged and the naive reference {verdict} on the bench frame",

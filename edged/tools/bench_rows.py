@@ -14,12 +14,14 @@ import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import zmq
 
-from edged.config import ModelConfig, PublishConfig, RuntimeConfig, Spinning
+from edged.config import InspectConfig, ModelConfig, PublishConfig, RuntimeConfig, Spinning
+from edged.decode import Detections
 from edged.errors import InferenceError, ModelError
 from edged.http import HttpConfig
 from edged.model import LoadedModel, load_model
@@ -29,6 +31,7 @@ from edged.publish import Publisher, detections_topic
 from edged.sources import Frame
 from edged.sources.base import SourceBase
 from edged.tools.scenes import SceneGenerator
+from edged.verdict import Inspector
 from edged.view import LiveView
 
 STAGES = ("preprocess", "inference", "decode", "publish", "view")
@@ -309,3 +312,36 @@ def heap_per_frame(full: FullPath, frames: int, warmup: int = 20) -> dict[str, f
         "heap_bytes": sum(s.size_diff for s in growth) / frames,
         "transient_peak_bytes": float(np.median(peaks)),
     }
+
+
+VERDICT_DETECTIONS = 100
+VERDICT_FRAME = (1280, 720)
+
+
+def verdict_cost(frames: int, warmup: int = 20) -> dict[str, Any]:
+    """What ``[inspect]`` adds to a frame at 100 detections: zones (an 8-point polygon and a
+    square, matched by overlap, the costlier rule), NG classes and min_area, dropping outside."""
+    w, h = VERDICT_FRAME
+    rng = np.random.default_rng(0)
+    corners = rng.uniform(0, (w, h), (VERDICT_DETECTIONS, 2))
+    sides = rng.uniform(4, 120, (VERDICT_DETECTIONS, 2))
+    xyxy = np.concatenate([corners, np.minimum(corners + sides, (w, h))], axis=1).astype(np.float32)
+    scores = np.sort(rng.uniform(0.3, 1.0, VERDICT_DETECTIONS)).astype(np.float32)[::-1].copy()
+    detections = Detections(xyxy, scores, rng.integers(0, 3, VERDICT_DETECTIONS).astype(np.int32))
+    angles = np.linspace(0, 2 * np.pi, 8, endpoint=False)
+    octagon = [(0.5 + 0.3 * np.cos(a), 0.5 + 0.3 * np.sin(a)) for a in angles]
+    cfg = InspectConfig(
+        zones={"part": octagon, "corner": [(0.0, 0.0), (0.2, 0.0), (0.2, 0.2), (0.0, 0.2)]},
+        match="overlap",
+        ng_classes=["0", "2"],
+        min_area={"2": 0.001},
+    )
+    inspect = Inspector(cfg, [], 3, 0.25, VERDICT_DETECTIONS)
+    for _ in range(warmup):
+        inspect(detections, w, h)
+    ms = np.empty(frames)
+    for i in range(frames):
+        t0 = time.perf_counter_ns()
+        inspect(detections, w, h)
+        ms[i] = _ms(t0, time.perf_counter_ns())
+    return {"detections": VERDICT_DETECTIONS, **timing(ms)}

@@ -1,0 +1,141 @@
+"""Inspection: per-class thresholds, zones and the OK/NG verdict of a frame (``[inspect]``).
+
+An `Inspector` is built once per model from the ``[inspect]`` section: the class names there are
+resolved against the model's labels (an unknown one is a `ConfigError` naming it), the per-class
+thresholds become the vector the decoder compares candidates with (`edged.decode`), and the
+zones a `ZoneMap`. Per frame it takes the decoder's detections, tags each with its zone (dropping
+those outside every zone when so configured) and decides which of them make the part NG, all in
+buffers made here once: the verdict adds no arrays to a frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edged.config import InspectConfig
+from edged.decode import Detections
+from edged.errors import ConfigError
+from edged.heads.base import TrueIndex
+from edged.messages import Verdict
+from edged.zones import NO_ZONE, ZoneMap
+
+_OUTSIDE = np.array(NO_ZONE, dtype=np.intp)  # 0-d operands: a Python int costs numpy an array per call
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Inspected:
+    """One frame's inspection; the arrays are views valid until the inspector's next frame.
+
+    ``detections`` are what is published (those outside every zone gone when zones drop them);
+    ``zones`` (n,) their zone index into `Inspector.zone_names`, `NO_ZONE` for none;
+    ``ng`` (n,) which of them make the frame NG.
+    """
+
+    detections: Detections
+    zones: np.ndarray
+    ng: np.ndarray
+    verdict: Verdict
+
+
+class Inspector:
+    """``[inspect]`` for one model: thresholds for its decoder, zones and NG rules for its frames."""
+
+    def __init__(self, cfg: InspectConfig, labels: Sequence[str], num_classes: int, conf: float, max_det: int) -> None:
+        resolve = _ClassNames(labels, num_classes)
+        self.thresholds = [conf] * num_classes
+        for name, threshold in cfg.class_conf.items():
+            self.thresholds[resolve("class_conf", name)] = threshold
+        ng_ids = range(num_classes) if cfg.ng_classes is None else [resolve("ng_classes", n) for n in cfg.ng_classes]
+        min_area = [0.0] * num_classes
+        for name, area in cfg.min_area.items():
+            min_area[resolve("min_area", name)] = area
+        resolve.raise_problems()
+        self.zone_names: tuple[str, ...] = tuple(cfg.zones)
+        self._zones = ZoneMap(cfg.zones, max_det, overlap=cfg.match == "overlap") if cfg.zones else None
+        self._drop_outside = cfg.outside_zones == "drop"
+        self._ng_class = np.zeros(num_classes, dtype=np.bool_)
+        self._ng_class[list(ng_ids)] = True
+        self._min_area = np.array(min_area, dtype=np.float32)
+        self._frame_area = np.ones((), dtype=np.float32)  # in pixels, of the last frame size
+        # Per kept detection (at most max_det).
+        self._no_zone = np.full(max_det, NO_ZONE, dtype=np.intp)
+        self._in_zone = np.empty(max_det, dtype=np.bool_)
+        self._index_of = TrueIndex(max_det)
+        self._ids = np.empty(max_det, dtype=np.intp)  # class ids as indices: int32 ones would be converted
+        self._xyxy = np.empty((max_det, 4), dtype=np.float32)
+        self._scores = np.empty(max_det, dtype=np.float32)
+        self._class_ids = np.empty(max_det, dtype=np.int32)
+        self._zone_ids = np.empty(max_det, dtype=np.intp)
+        self._sides = np.empty((max_det, 2), dtype=np.float32)
+        self._area = np.empty(max_det, dtype=np.float32)
+        self._need = np.empty(max_det, dtype=np.float32)
+        self._ng = np.empty(max_det, dtype=np.bool_)
+        self._test = np.empty(max_det, dtype=np.bool_)
+
+    def __call__(self, detections: Detections, frame_w: int, frame_h: int) -> Inspected:
+        """Zones, then the verdict: NG when a detection of an NG class, inside a zone (when zones
+        are set), is at least its class's min_area."""
+        m = len(detections)
+        zones = self._no_zone[:m]
+        if self._zones is not None:
+            zones = self._zones(detections.xyxy, frame_w, frame_h)
+            if self._drop_outside:
+                detections, zones = self._inside_only(detections, zones)
+                m = len(detections)
+        ng, test, area, need, ids = self._ng[:m], self._test[:m], self._area[:m], self._need[:m], self._ids[:m]
+        np.copyto(ids, detections.class_ids)
+        np.take(self._ng_class, ids, out=ng, mode="clip")
+        if self._zones is not None:
+            np.not_equal(zones, _OUTSIDE, out=test)
+            np.logical_and(ng, test, out=ng)
+        sides = self._sides[:m]
+        np.subtract(detections.xyxy[:, 2:], detections.xyxy[:, :2], out=sides)
+        np.multiply(sides[:, 0], sides[:, 1], out=area)
+        self._frame_area[()] = frame_w * frame_h
+        np.divide(area, self._frame_area, out=area)
+        np.take(self._min_area, ids, out=need, mode="clip")
+        np.greater_equal(area, need, out=test)
+        np.logical_and(ng, test, out=ng)
+        return Inspected(detections, zones, ng, "ng" if np.count_nonzero(ng) else "ok")
+
+    def _inside_only(self, detections: Detections, zones: np.ndarray) -> tuple[Detections, np.ndarray]:
+        """The detections inside a zone, in order, copied into this inspector's buffers."""
+        inside = self._in_zone[: len(detections)]
+        np.not_equal(zones, _OUTSIDE, out=inside)
+        index = self._index_of(inside)
+        n = index.shape[0]
+        xyxy, scores, ids, zone_ids = self._xyxy[:n], self._scores[:n], self._class_ids[:n], self._zone_ids[:n]
+        np.take(detections.xyxy, index, axis=0, out=xyxy, mode="clip")
+        np.take(detections.scores, index, out=scores, mode="clip")
+        np.take(detections.class_ids, index, out=ids, mode="clip")
+        np.take(zones, index, out=zone_ids, mode="clip")
+        return Detections(xyxy, scores, ids, detections.scores_above_one, detections.nonfinite), zone_ids
+
+    def zone_name(self, zone: int) -> str | None:
+        return None if zone == NO_ZONE else self.zone_names[zone]
+
+
+class _ClassNames:
+    """Resolves the labels (or class ids) named in ``[inspect]``, collecting every unknown one."""
+
+    def __init__(self, labels: Sequence[str], num_classes: int) -> None:
+        self._ids = {label: i for i, label in enumerate(labels)}
+        self._num_classes = num_classes
+        self._labels = labels
+        self._problems: list[str] = []
+
+    def __call__(self, key: str, name: str) -> int:
+        if name in self._ids:
+            return self._ids[name]
+        if name.isdigit() and int(name) < self._num_classes:
+            return int(name)
+        known = ", ".join(self._labels) if self._labels else f"none named; class ids 0..{self._num_classes - 1}"
+        self._problems.append(f"inspect.{key}: {name!r} is not a class of the model (its classes: {known})")
+        return 0
+
+    def raise_problems(self) -> None:
+        if self._problems:
+            raise ConfigError(None, self._problems)

@@ -1,0 +1,191 @@
+"""Zones: named polygons in normalised frame coordinates, and which of them each detection is in.
+
+Coordinates are fractions of the frame's width and height (0..1), so a zone drawn once survives a
+change of camera resolution. `polygon_problem` is the check the configuration runs on every zone
+when it loads (``[inspect]``'s zones and a camera's own); `ZoneMap` answers, per frame, which zone
+each kept detection belongs to. It runs on the few dozen detections NMS kept, vectorised over
+(detections x polygon edges) in buffers made once, so a frame creates no arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated
+
+import numpy as np
+from pydantic import Field
+
+Point = tuple[float, float]
+ZoneName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+MIN_ZONE_AREA = 1e-6  # of the frame: below this a polygon is a line or a point, not a region
+NO_ZONE = -1  # the zone index of a detection outside every zone
+
+_HALF = np.array(0.5, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
+
+
+def usable_zones(zones: Mapping[str, Sequence[Point]]) -> None:
+    """Raise ValueError naming every zone that `polygon_problem` refuses: a zones key's validator."""
+    problems = [f"zone {name!r} {problem}" for name, points in zones.items() if (problem := polygon_problem(points))]
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def polygon_problem(points: Sequence[Point]) -> str | None:
+    """Why ``points`` is not a usable zone (too few points, outside 0..1, no area, self-intersecting), or None."""
+    if len(points) < 3:
+        return f"has {len(points)} point(s); a zone needs at least 3"
+    for x, y in points:
+        if not (0.0 <= x <= 1.0 and 0.0 <= y <= 1.0):
+            return f"point ({x}, {y}) is outside 0..1 (coordinates are fractions of the frame's width and height)"
+    n = len(points)
+    edges = [(points[i], points[(i + 1) % n]) for i in range(n)]
+    for i, (a, b) in enumerate(edges):
+        if a == b:
+            return f"repeats point {a} (points {i + 1} and {(i + 1) % n + 1})"
+    for i in range(n):
+        for j in range(i + 2, n):
+            if i == 0 and j == n - 1:
+                continue  # neighbours through the closing edge
+            if _segments_meet(*edges[i], *edges[j]):
+                return f"is self-intersecting: edge {i + 1} crosses edge {j + 1}"
+    area = abs(sum(a[0] * b[1] - b[0] * a[1] for a, b in edges)) / 2
+    if area < MIN_ZONE_AREA:
+        return "encloses no area (its points lie on one line)"
+    return None
+
+
+def _orientation(a: Point, b: Point, c: Point) -> float:
+    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+
+def _on_segment(a: Point, b: Point, p: Point) -> bool:
+    return min(a[0], b[0]) <= p[0] <= max(a[0], b[0]) and min(a[1], b[1]) <= p[1] <= max(a[1], b[1])
+
+
+def _segments_meet(a: Point, b: Point, c: Point, d: Point) -> bool:
+    """Whether segments ab and cd share any point (touching counts)."""
+    o1, o2, o3, o4 = _orientation(a, b, c), _orientation(a, b, d), _orientation(c, d, a), _orientation(c, d, b)
+    if ((o1 > 0) != (o2 > 0) and o1 != 0 and o2 != 0) and ((o3 > 0) != (o4 > 0) and o3 != 0 and o4 != 0):
+        return True
+    return any(
+        o == 0 and _on_segment(p, q, r) for o, p, q, r in ((o1, a, b, c), (o2, a, b, d), (o3, c, d, a), (o4, c, d, b))
+    )
+
+
+_OUTSIDE = np.array(NO_ZONE, dtype=np.intp)
+
+
+class ZoneMap:
+    """Which zone each of up to ``capacity`` boxes is in: the first zone in order that holds it.
+
+    With ``overlap`` a box is in a zone when box and polygon share any area; otherwise when the
+    box's centre is inside the polygon (even-odd rule). Overlap is decided without clipping: a
+    polygon edge that meets the box (their bounding boxes overlap, and the box's corners are not
+    all on one side of the edge's line) or, failing any, the centre inside the polygon. The edges
+    of every zone sit side by side in one row, so each step is one numpy call for all zones,
+    reduced per zone at the end.
+    """
+
+    def __init__(self, zones: Mapping[str, Sequence[Point]], capacity: int, *, overlap: bool) -> None:
+        self.names = tuple(zones)
+        polygons = [np.array(points, dtype=np.float32) for points in zones.values()]
+        start = np.concatenate(polygons)
+        end = np.concatenate([np.roll(p, -1, axis=0) for p in polygons])
+        self._first_edge = np.cumsum([0] + [p.shape[0] for p in polygons[:-1]]).astype(np.intp)
+        self._overlap = overlap
+
+        def row(values: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(values, dtype=np.float32).reshape(1, -1)
+
+        self._x0, self._y0, self._y1 = row(start[:, 0]), row(start[:, 1]), row(end[:, 1])
+        self._dx, self._dy = row(end[:, 0] - start[:, 0]), row(end[:, 1] - start[:, 1])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self._x_per_y = row(self._dx / self._dy)  # inf on horizontal edges, which the crossing test never uses
+        self._side0 = row(self._x0 * self._dy - self._y0 * self._dx)  # p.x*dy - p.y*dx against this: p's side
+        self._abs_dx, self._abs_dy = np.abs(self._dx), np.abs(self._dy)
+        self._low_x, self._high_x = row(np.minimum(start[:, 0], end[:, 0])), row(np.maximum(start[:, 0], end[:, 0]))
+        self._low_y, self._high_y = row(np.minimum(start[:, 1], end[:, 1])), row(np.maximum(start[:, 1], end[:, 1]))
+        edges, count = start.shape[0], len(polygons)
+        self._scale = np.ones((1, 4), dtype=np.float32)  # 1/w 1/h 1/w 1/h of the last frame size
+        self._size: tuple[int, int] | None = None
+        self._norm = np.empty((capacity, 4), dtype=np.float32)
+        self._centre = np.empty((capacity, 2), dtype=np.float32)
+        self._a = np.empty((capacity, edges), dtype=np.float32)
+        self._b = np.empty((capacity, edges), dtype=np.float32)
+        self._extent = np.empty((capacity, edges), dtype=np.float32)
+        self._crosses = np.empty((capacity, edges), dtype=np.bool_)
+        self._test = np.empty((capacity, edges), dtype=np.bool_)
+        self._half = np.empty((capacity, 2), dtype=np.float32)  # half width, half height
+        self._inside = np.empty((capacity, count), dtype=np.bool_)
+        self._touch = np.empty((capacity, count), dtype=np.bool_)
+        self._none = np.empty(capacity, dtype=np.bool_)
+        self._zone = np.empty(capacity, dtype=np.intp)
+
+    def __call__(self, xyxy: np.ndarray, frame_w: int, frame_h: int) -> np.ndarray:
+        """(m,) zone index of each of the (m, 4) boxes in frame pixels, `NO_ZONE` for none.
+
+        The result is a view of this map's buffer, valid until the next call.
+        """
+        m = xyxy.shape[0]
+        if self._size != (frame_w, frame_h):
+            self._scale[0] = (1 / frame_w, 1 / frame_h) * 2
+            self._size = (frame_w, frame_h)
+        norm, centre, inside, none, zone = self._norm[:m], self._centre[:m], self._inside[:m], self._none[:m], self._zone[:m]
+        np.multiply(xyxy, self._scale, out=norm)
+        np.add(norm[:, :2], norm[:, 2:], out=centre)
+        np.multiply(centre, _HALF, out=centre)
+        with np.errstate(invalid="ignore", over="ignore"):
+            self._centre_inside(m)
+            if self._overlap:
+                np.logical_or(inside, self._edge_meets_box(m), out=inside)
+        np.argmax(inside, axis=1, out=zone)  # the first zone that holds it
+        np.logical_or.reduce(inside, axis=1, out=none)
+        np.logical_not(none, out=none)
+        np.copyto(zone, _OUTSIDE, where=none)
+        return zone
+
+    def _centre_inside(self, m: int) -> None:
+        """Fill (m, zones) `_inside`: the even-odd rule, edges a ray from the centre towards +x crosses."""
+        a, crosses, test = self._a[:m], self._crosses[:m], self._test[:m]
+        px, py = self._centre[:m, 0:1], self._centre[:m, 1:2]
+        np.greater(self._y0, py, out=crosses)
+        np.greater(self._y1, py, out=test)
+        np.not_equal(crosses, test, out=crosses)
+        np.subtract(py, self._y0, out=a)
+        np.multiply(a, self._x_per_y, out=a)
+        np.add(a, self._x0, out=a)
+        np.less(px, a, out=test)
+        np.logical_and(crosses, test, out=crosses)
+        np.logical_xor.reduceat(crosses, self._first_edge, axis=1, out=self._inside[:m])
+
+    def _edge_meets_box(self, m: int) -> np.ndarray:
+        """(m, zones) whether any edge of each zone meets each box (separating axes: x, y, the edge's normal)."""
+        b, meets, test = self._b[:m], self._crosses[:m], self._test[:m]
+        norm = self._norm[:m]
+        np.less_equal(self._low_x, norm[:, 2:3], out=meets)
+        np.greater_equal(self._high_x, norm[:, 0:1], out=test)
+        np.logical_and(meets, test, out=meets)
+        np.less_equal(self._low_y, norm[:, 3:4], out=test)
+        np.logical_and(meets, test, out=meets)
+        np.greater_equal(self._high_y, norm[:, 1:2], out=test)
+        np.logical_and(meets, test, out=meets)
+        # The box against the edge's line: the centre's distance along the line's normal (dy, -dx)
+        # no more than the box's half extent along it, or all four corners are on one side.
+        a, extent, half = self._a[:m], self._extent[:m], self._half[:m]
+        px, py = self._centre[:m, 0:1], self._centre[:m, 1:2]
+        np.subtract(norm[:, 2:], norm[:, :2], out=half)
+        np.multiply(half, _HALF, out=half)
+        np.multiply(px, self._dy, out=a)
+        np.multiply(py, self._dx, out=b)
+        np.subtract(a, b, out=a)
+        np.subtract(a, self._side0, out=a)
+        np.absolute(a, out=a)
+        np.multiply(half[:, 0:1], self._abs_dy, out=extent)
+        np.multiply(half[:, 1:2], self._abs_dx, out=b)
+        np.add(extent, b, out=extent)
+        np.less_equal(a, extent, out=test)
+        np.logical_and(meets, test, out=meets)
+        touch = self._touch[:m]
+        np.logical_or.reduceat(meets, self._first_edge, axis=1, out=touch)
+        return touch

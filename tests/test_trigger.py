@@ -1,0 +1,262 @@
+"""Request mode on the running daemon: one inspection per request over a real REQ socket, and ``edged trigger``."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import zmq
+from daemon import RunningDaemon, free_port, run_cli, write_config
+from onnx_models import failing_probe, fixed_scene
+
+from edged.keys import create_key_pair
+from edged.messages import AnyMessage, DetectionsMessage, StatusMessage, TriggerError, VerdictMessage, parse_message
+
+pytestmark = pytest.mark.integration
+
+SCENE = [(16.0, 20.0, 8.0, 8.0, 0, 0.9), (48.0, 44.0, 8.0, 8.0, 1, 0.5)]  # scratch top-left, crack bottom-right
+THERMAL = Path(__file__).parent / "fixtures" / "thermal" / "rpi4"
+
+
+def images(folder: Path, grey: int = 90, count: int = 3) -> Path:
+    folder.mkdir()
+    for i in range(count):
+        cv2.imwrite(str(folder / f"{i}.png"), np.full((96, 128, 3), grey, np.uint8))
+    return folder
+
+
+@contextmanager
+def running(
+    tmp_path: Path, *, fps: float = 2.0, model: str = "scene", ipc: bool = False, **sections: dict[str, Any]
+) -> Iterator[RunningDaemon]:
+    """The daemon in request mode on an images folder at ``fps``; its trigger endpoint in ``d.trigger``.
+
+    ``ipc`` publishes on an ipc:// socket, which stays plain when CURVE keys are configured.
+    """
+    if model == "scene":
+        fixed_scene(tmp_path / "model.onnx", SCENE)
+    else:
+        failing_probe(tmp_path / "model.onnx")
+    folder = tmp_path / "frames"
+    if not folder.exists():
+        images(folder)
+    endpoint, trigger = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    if ipc:
+        endpoint = f"ipc://{tmp_path / 'stream.sock'}"
+    doc: dict[str, dict[str, Any]] = {
+        "source": sections.pop("source", {"type": "images", "path": str(folder), "fps": fps}),
+        "model": {"path": "model.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
+        "thermal": {"enabled": False},
+        "trigger": {"mode": "request", "endpoint": trigger, "timeout_s": 2.0},
+    }
+    for name, keys in sections.items():
+        doc.setdefault(name, {}).update(keys)
+    d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
+    d.trigger = doc["trigger"]["endpoint"]  # type: ignore[attr-defined]
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+class Requester:
+    """REQ sockets of this process on the daemon's trigger endpoint."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.context = zmq.Context()
+
+    def send(self, payload: bytes) -> zmq.Socket[bytes]:
+        sock = self.context.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.endpoint)
+        sock.send(payload)
+        return sock
+
+    @staticmethod
+    def reply(sock: zmq.Socket[bytes], timeout_s: float = 15) -> AnyMessage:
+        try:
+            assert sock.poll(int(timeout_s * 1000)), "no reply"
+            return parse_message(sock.recv())
+        finally:
+            sock.close(linger=0)
+
+    def ask(self, payload: bytes, timeout_s: float = 15) -> AnyMessage:
+        return self.reply(self.send(payload), timeout_s)
+
+    def close(self) -> None:
+        self.context.destroy(linger=0)
+
+
+def ready(d: RunningDaemon, frames: int = 1) -> StatusMessage:
+    """The daemon is up with at least ``frames`` captured (a status message says so)."""
+    return d.wait_status(lambda s: s.capture is not None and s.capture.frames_captured >= frames, timeout=30)
+
+
+def test_each_request_inspects_a_frame_captured_after_it_arrived(tmp_path: Path) -> None:
+    # At 2 fps a frame captured up to half a second before the request always waits in the
+    # latest-frame slot (the loop does not take frames between requests): taking it would
+    # give a capture time before the request was sent.
+    with running(tmp_path) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            status = ready(d, frames=3)
+            for i in range(4):
+                sent_ns = time.time_ns()
+                reply = ask.ask(f'{{"part_id": "P{i}"}}'.encode())
+                assert isinstance(reply, VerdictMessage), reply
+                assert reply.capture_time_ns > sent_ns, (reply, sent_ns)
+                assert status.capture is not None and reply.frame_id >= status.capture.frames_captured
+                assert reply.part_id == f"P{i}" and reply.verdict == "ng" and reply.verdict_latency_ms > 0
+                status = d.wait_status(lambda s: True)  # the next request lands elsewhere in the frame cycle
+        finally:
+            ask.close()
+
+
+def test_a_request_publishes_its_detections_and_verdict_and_nothing_flows_without_one(tmp_path: Path) -> None:
+    with running(tmp_path, inspect={"ng_classes": ["crack"], "zones": {"top": [[0, 0], [1, 0], [1, 0.5], [0, 0.5]]}}) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            ready(d, frames=3)
+            assert [m.kind for m in d.messages(1.5) if m.kind != "status"] == []  # no free-running frames
+            reply = ask.ask(b'{"part_id": "A-1"}')
+            assert isinstance(reply, VerdictMessage) and reply.verdict == "ok" and reply.reasons == []
+            published: dict[str, Any] = {}
+            for msg in d.messages(10):
+                published.setdefault(msg.kind, msg)
+                if {"detections", "verdict"} <= set(published):
+                    break
+            detections, verdict = published["detections"], published["verdict"]
+            assert isinstance(detections, DetectionsMessage) and verdict == reply
+            assert detections.frame_id == reply.frame_id and detections.part_id == "A-1"
+            assert [(x.label, x.zone) for x in detections.detections] == [("scratch", "top")]  # the crack is outside
+        finally:
+            ask.close()
+
+
+def test_no_frame_in_time_is_a_timeout_reply_and_beyond_the_queue_busy(tmp_path: Path) -> None:
+    # One image every 20 s: after the first, no frame comes within any request's 1 s.
+    with running(tmp_path, fps=0.05, trigger={"timeout_s": 1.0, "queue": 1}) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            ready(d)
+            first, second, third = (ask.send(f'{{"part_id": "{p}"}}'.encode()) for p in "ABC")
+            started = time.monotonic()
+            busy = ask.reply(third)
+            assert isinstance(busy, TriggerError) and (busy.error, busy.part_id) == ("busy", "C"), busy
+            for sock, part in ((first, "A"), (second, "B")):
+                reply = ask.reply(sock)
+                assert isinstance(reply, TriggerError) and (reply.error, reply.part_id) == ("timeout", part), reply
+                assert "no frame captured after the request within 1 s" in reply.detail
+            assert time.monotonic() - started < 10
+            bad = ask.ask(b"not json")
+            assert isinstance(bad, TriggerError) and bad.error == "bad_request" and "JSON" in bad.detail
+        finally:
+            ask.close()
+
+
+def test_a_lost_camera_and_a_failing_model_are_error_replies_saying_why(tmp_path: Path) -> None:
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    with running(lost, source={"type": "v4l2", "device": "/dev/video99"}) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            d.wait_status(lambda s: s.source_state == "lost")
+            reply = ask.ask(b"{}")
+            assert isinstance(reply, TriggerError) and reply.error == "camera_lost" and reply.part_id is None
+            assert "/dev/video99" in reply.detail
+        finally:
+            ask.close()
+    failing = tmp_path / "failing"
+    failing.mkdir()
+    images(failing / "frames", grey=255)  # bright frames make the probe raise inside ONNX Runtime
+    with running(failing, model="failing") as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            ready(d)
+            reply = ask.ask(b'{"part_id": "X"}')
+            assert isinstance(reply, TriggerError) and reply.error == "inference_failed", reply
+        finally:
+            ask.close()
+
+
+def test_thermal_critical_is_an_error_reply(tmp_path: Path) -> None:
+    root = tmp_path / "board"
+    shutil.copytree(THERMAL, root)
+    (root / "sys/class/thermal/thermal_zone0/temp").write_text("90000\n")
+    thermal = {"enabled": True, "root": str(root), "poll_interval_s": 0.2, "use_vcgencmd": False}
+    with running(tmp_path, thermal=thermal) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            d.wait_status(lambda s: s.thermal is not None and s.thermal.state == "critical")
+            reply = ask.ask(b"{}")
+            assert isinstance(reply, TriggerError) and reply.error == "thermal_critical", reply
+        finally:
+            ask.close()
+
+
+def test_edged_trigger_prints_the_verdict_and_exits_by_it(tmp_path: Path) -> None:
+    ok_zone = {"zones": {"corner": [[0.9, 0.9], [1, 0.9], [1, 1]]}}
+    for inspect, code, shown in (({}, 3, "NG: scratch 0.90; crack 0.50"), (ok_zone, 0, "OK")):
+        folder = tmp_path / f"exit{code}"
+        folder.mkdir()
+        with running(folder, inspect=inspect) as d:
+            ready(d)
+            result = run_cli("trigger", d.trigger, "--part-id", "B-7", "--timeout", "10")  # type: ignore[attr-defined]
+            assert result.returncode == code, result.stderr
+            assert "part B-7]" in result.stdout and shown in result.stdout
+            as_json = run_cli("trigger", d.trigger, "--json", "--timeout", "10")  # type: ignore[attr-defined]
+            assert as_json.returncode == code and VerdictMessage.model_validate_json(as_json.stdout).part_id is None
+    nobody = run_cli("trigger", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.5")
+    assert nobody.returncode == 1 and "no reply from" in nobody.stderr
+
+
+def test_sigterm_answers_the_request_in_hand_and_those_waiting_that_edged_is_stopping(tmp_path: Path) -> None:
+    with running(tmp_path, fps=0.05, trigger={"timeout_s": 30.0}) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            ready(d)
+            first, second = ask.send(b'{"part_id": "A"}'), ask.send(b'{"part_id": "B"}')
+            d.wait_status(lambda s: True)  # the requests are on their way while the loop turns
+            d.signal(signal.SIGTERM)
+            for sock, part in ((first, "A"), (second, "B")):
+                reply = ask.reply(sock, timeout_s=10)
+                assert isinstance(reply, TriggerError) and (reply.error, reply.part_id) == ("stopping", part), reply
+            assert d.stop() == 0
+        finally:
+            ask.close()
+
+
+def test_a_tcp_trigger_takes_the_publishers_curve_keys_and_refuses_other_clients(tmp_path: Path) -> None:
+    server_public, server_secret = create_key_pair(tmp_path / "server", "server")
+    client_public, client_secret = create_key_pair(tmp_path / "gateway", "gateway")
+    _, outsider_secret = create_key_pair(tmp_path / "elsewhere", "outsider")
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    shutil.copy(client_public, clients)
+    trigger = f"tcp://0.0.0.0:{free_port()}"  # on the network: acceptable only with CURVE
+    curve = {"curve_server_key": str(server_secret), "curve_clients_dir": str(clients)}
+    with running(tmp_path, ipc=True, publish=curve, trigger={"endpoint": trigger}) as d:
+        ready(d)
+        endpoint = trigger.replace("0.0.0.0", "127.0.0.1")
+        keys = ("--server-key", str(server_public), "--client-key", str(client_secret))
+        allowed = run_cli("trigger", endpoint, "--part-id", "K-1", "--timeout", "10", *keys)
+        assert allowed.returncode == 3 and "part K-1]" in allowed.stdout, allowed.stderr
+        outsider = ("--server-key", str(server_public), "--client-key", str(outsider_secret))
+        for refused in (outsider, ()):
+            result = run_cli("trigger", endpoint, "--timeout", "2", *refused)
+            assert result.returncode == 1 and "no reply from" in result.stderr, result
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with running(plain, trigger={"endpoint": trigger}) as d:
+        assert d.proc.wait(30) == 1
+        assert "would publish unencrypted" in d.log()

@@ -1,0 +1,133 @@
+"""Tests for edged.verdict: class names resolved against the model, zones applied, the NG rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from allocations import NumpyAllocations
+
+from edged.config import InspectConfig, load_config
+from edged.decode import Detections
+from edged.errors import ConfigError
+from edged.verdict import Inspector
+from edged.zones import NO_ZONE
+
+LABELS = ["scratch", "crack", "dust"]
+W, H = 1000, 500
+LEFT = [(0.0, 0.0), (0.5, 0.0), (0.5, 1.0), (0.0, 1.0)]
+RIGHT = [(0.5, 0.0), (1.0, 0.0), (1.0, 1.0), (0.5, 1.0)]
+TOP_LEFT = [(0.0, 0.0), (0.3, 0.0), (0.3, 0.3), (0.0, 0.3)]
+
+
+def detections(rows: list[tuple[float, float, float, float, float, int]]) -> Detections:
+    """x1 y1 x2 y2 score class rows in frame pixels."""
+    table = np.array(rows, np.float32).reshape(-1, 6)
+    return Detections(table[:, :4].copy(), table[:, 4].copy(), table[:, 5].astype(np.int32))
+
+
+def inspector(max_det: int = 20, **keys: Any) -> Inspector:
+    return Inspector(InspectConfig(**keys), LABELS, len(LABELS), 0.25, max_det)
+
+
+# A scratch in the left half, a crack in the right half, dust in the top-left corner.
+SCENE = detections([(100, 200, 200, 300, 0.9, 0), (700, 200, 800, 300, 0.8, 1), (20, 20, 40, 40, 0.5, 2)])
+
+
+def test_class_conf_by_label_or_id_fills_the_thresholds_the_decoder_uses() -> None:
+    assert inspector(class_conf={"crack": 0.6, "2": 0.1}).thresholds == [0.25, 0.6, 0.1]
+
+
+def test_unknown_class_names_are_config_errors_listing_the_models_classes() -> None:
+    with pytest.raises(ConfigError) as raised:
+        inspector(class_conf={"scrach": 0.5}, ng_classes=["crack", "7"], min_area={"dents": 0.1})
+    assert raised.value.exit_code == 78
+    assert raised.value.problems == [
+        f"inspect.{key}: {name!r} is not a class of the model (its classes: scratch, crack, dust)"
+        for key, name in (("class_conf", "scrach"), ("ng_classes", "7"), ("min_area", "dents"))
+    ]
+
+
+def test_without_zones_every_detection_of_an_ng_class_makes_the_frame_ng() -> None:
+    done = inspector()(SCENE, W, H)
+    assert done.verdict == "ng" and done.ng.tolist() == [True, True, True]
+    assert done.zones.tolist() == [NO_ZONE] * 3 and len(done.detections) == 3
+    assert inspector(ng_classes=["crack"])(SCENE, W, H).ng.tolist() == [False, True, False]
+    ok = inspector(ng_classes=["crack"])(detections([(100, 200, 200, 300, 0.9, 0)]), W, H)
+    assert ok.verdict == "ok" and ok.ng.tolist() == [False]
+    empty = inspector()(detections([]), W, H)
+    assert empty.verdict == "ok" and len(empty.detections) == 0
+
+
+def test_min_area_is_a_fraction_of_the_frame() -> None:
+    # The scratch is 100x100 px of 1000x500: 0.02 of the frame.
+    assert inspector(min_area={"scratch": 0.02})(SCENE, W, H).ng.tolist() == [True, True, True]
+    assert inspector(min_area={"scratch": 0.0201})(SCENE, W, H).ng.tolist() == [False, True, True]
+
+
+def test_zones_drop_what_is_outside_and_tag_the_rest() -> None:
+    done = inspector(zones={"left": LEFT, "corner": TOP_LEFT})(SCENE, W, H)
+    assert done.detections.class_ids.tolist() == [0, 2] and done.detections.scores.tolist() == pytest.approx([0.9, 0.5])
+    np.testing.assert_array_equal(done.detections.xyxy, SCENE.xyxy[[0, 2]])
+    assert done.zones.tolist() == [0, 0]  # the first zone in order holds the corner too
+    assert done.verdict == "ng" and done.ng.tolist() == [True, True]
+
+
+def test_zones_keep_outside_detections_untagged_and_they_never_make_ng() -> None:
+    done = inspector(zones={"right": RIGHT}, outside_zones="keep", ng_classes=["scratch", "dust"])(SCENE, W, H)
+    assert len(done.detections) == 3 and done.zones.tolist() == [NO_ZONE, 0, NO_ZONE]
+    assert done.verdict == "ok" and done.ng.tolist() == [False, False, False]
+
+
+def test_overlap_matching_takes_boxes_across_a_zone_edge() -> None:
+    across = detections([(450, 200, 600, 300, 0.9, 0)])  # centre x 525: right half, box reaches into the left
+    assert len(inspector(zones={"left": LEFT})(across, W, H).detections) == 0
+    assert inspector(zones={"left": LEFT}, match="overlap")(across, W, H).zones.tolist() == [0]
+
+
+def test_zone_problems_name_the_zone_when_the_config_loads(tmp_path: Path) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    config = tmp_path / "edged.toml"
+    config.write_text(
+        f'[model]\npath = "{model}"\n[inspect.zones]\nbelt = [[0.1, 0.1], [0.9, 0.9], [0.9, 0.1], [0.1, 0.9]]\n'
+        "tray = [[0.1, 0.1], [0.2, 0.2]]\nok = [[0, 0], [1, 0], [1, 1]]\n"
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_config(config)
+    text = str(raised.value)
+    assert "zone 'belt' is self-intersecting: edge 1 crosses edge 3" in text
+    assert "zone 'tray' has 2 point(s); a zone needs at least 3" in text
+    assert "'ok'" not in text and raised.value.exit_code == 78
+
+
+@pytest.mark.parametrize("match", ["centre", "overlap"])
+@pytest.mark.parametrize("outside", ["drop", "keep"])
+def test_inspecting_creates_no_arrays(match: str, outside: str) -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    rng = np.random.default_rng(0)
+    check = inspector(
+        max_det=100,
+        zones={"left": LEFT, "corner": TOP_LEFT},
+        outside_zones=outside,
+        match=match,
+        min_area={"dust": 0.001},
+        ng_classes=["scratch", "dust"],
+    )
+    frames = []
+    for n in (100, 7, 0, 40):
+        xy = rng.uniform(0, (W, H), (n, 2))
+        wh = rng.uniform(2, 80, (n, 2))
+        rows = [(*xy[i], *(xy[i] + wh[i]), 0.5, int(rng.integers(0, 3))) for i in range(n)]
+        frames.append(detections(rows))
+    first = [(check(f, W, H).verdict, check(f, W, H).ng.tolist()) for f in frames]
+    with counter.counting():
+        before = counter.buffers
+        for frame in frames:
+            check(frame, W, H)
+        assert counter.buffers == before
+    assert [(check(f, W, H).verdict, check(f, W, H).ng.tolist()) for f in frames] == first
+    assert {verdict for verdict, _ in first} == {"ok", "ng"}
