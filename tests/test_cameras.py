@@ -19,7 +19,7 @@ from test_service import NotifySocket
 from waiting import wait_for
 
 from edged.errors import EXIT_CONFIG
-from edged.messages import DetectionsMessage, StatusMessage, parse_message
+from edged.messages import DetectionsMessage, StatusMessage, VerdictMessage, parse_message
 
 pytestmark = pytest.mark.integration
 
@@ -275,5 +275,25 @@ def test_each_camera_saves_its_own_evidence_unless_its_source_says_not(workdir: 
         assert d.wait_status(lambda s: s.camera_id == "wide").evidence is None
         folders = {p.name for p in (workdir / "evidence").iterdir() if p.is_dir()}
         assert {"small", "stills"} <= folders and "wide" not in folders
+    finally:
+        d.close()
+
+
+def test_each_camera_is_inspected_with_its_own_zones(workdir: Path) -> None:
+    """The probe's box lies mid-frame: the camera whose own zone is the bottom-right corner drops it
+    (verdict ok), the camera on [inspect]'s default (the whole frame) keeps it (verdict ng)."""
+    corner = {"corner": [[0.7, 0.7], [1.0, 0.7], [1.0, 1.0], [0.7, 1.0]]}
+    d = start(workdir, [small(zones=corner), wide()], inspect={"outside_zones": "drop"})
+    try:
+        verdicts: dict[str, list[VerdictMessage]] = defaultdict(list)
+        for msg in d.messages(60):
+            if isinstance(msg, VerdictMessage):
+                verdicts[msg.camera_id].append(msg)
+            if all(len(verdicts[c]) >= 3 for c in ("small", "wide")):
+                break
+        assert {v.verdict for v in verdicts["small"]} == {"ok"}, verdicts["small"]
+        assert {v.verdict for v in verdicts["wide"]} == {"ng"}, verdicts["wide"]
+        seqs = [v.seq for v in verdicts["wide"]]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # the verdict topic's seq is per camera too
     finally:
         d.close()

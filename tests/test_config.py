@@ -372,3 +372,17 @@ def test_a_variable_for_one_key_of_several_cameras_is_refused_and_a_json_list_re
     monkeypatch.delenv("EDGED_SOURCE__FPS")
     monkeypatch.setenv("EDGED_SOURCE", '[{"type": "synthetic", "camera_id": "a"}, {"type": "synthetic", "camera_id": "b"}]')
     assert [cfg.camera_id for cfg in load_config(path).source] == ["a", "b"]
+
+
+def test_request_mode_takes_one_camera_and_a_camera_zone_needs_inspect(tmp_path: Path) -> None:
+    (tmp_path / "top").mkdir()
+    (tmp_path / "side.mp4").write_bytes(b"x")
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="answers each request with one camera's frame, and there are 2"):
+        load_config(_write(tmp_path, CAMERAS + '[trigger]\nmode = "request"\n'))
+    zoned = CAMERAS.replace("max_fps = 5", "max_fps = 5\nzones = { a = [[0, 0], [1, 0], [1, 1]] }")
+    with pytest.raises(ConfigError, match="camera top sets zones, which only \\[inspect\\] uses"):
+        load_config(_write(tmp_path, zoned))
+    assert load_config(_write(tmp_path, zoned + "[inspect]\n")).source[0].zones == {"a": [(0, 0), (1, 0), (1, 1)]}
+    with pytest.raises(ConfigError, match="zone 'a' has 2 point"):
+        load_config(_write(tmp_path, CAMERAS.replace("max_fps = 5", "max_fps = 5\nzones = { a = [[0, 0], [1, 0]] }")))
