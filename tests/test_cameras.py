@@ -297,3 +297,17 @@ def test_each_camera_is_inspected_with_its_own_zones(workdir: Path) -> None:
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # the verdict topic's seq is per camera too
     finally:
         d.close()
+
+
+def test_check_tries_every_camera_and_names_each_that_gives_no_frame(workdir: Path) -> None:
+    (workdir / "notes.mp4").write_text("not a video\n")
+    broken = {"type": "file", "camera_id": "broken", "path": "notes.mp4", "loop": True, "realtime": True}
+    config = write_config(
+        workdir / "edged.toml",
+        {"source": [broken, small()], "model": {"path": "probe.onnx"}, "thermal": {"enabled": False}},
+    )
+    result = run_cli("check", "--config", str(config), timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "source     broken: file path=" in result.stdout and "source     small: file path=" in result.stdout
+    assert "delivers 128x96 at" in result.stdout  # the camera after the broken one was still checked
+    assert "1 of 2 cameras gave no frame (broken)" in result.stderr
