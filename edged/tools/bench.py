@@ -76,12 +76,13 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _cameras(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str, Any]:
     kind = cast(CameraKind, args.camera_source)  # argparse checked it
+    machine = machine_info()  # its load average is the one before the runs
     rows = run_cameras(
         path, args.cameras, kind=kind, fps=args.camera_fps, seconds=args.seconds, warmup_s=args.warmup_s, spinning=spinning
     )
     if not args.json:
         print(format_rows(path.name, kind, args.camera_fps, rows))
-    return {"machine": machine_info(), "kind": kind, "fps": args.camera_fps, "seconds": args.seconds, "rows": rows}
+    return {"machine": machine, "kind": kind, "fps": args.camera_fps, "seconds": args.seconds, "rows": rows}
 
 
 def _cold_start(path: Path, spinning: Spinning, args: argparse.Namespace) -> list[dict[str, Any]]:
