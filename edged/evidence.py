@@ -399,21 +399,26 @@ class EvidenceWriter:
         self,
         frame: Frame,
         detections: Detections,
-        thresholds: Sequence[float],
+        class_thresholds: Sequence[float],
         verdict: Verdict | None,
         message: bytes | None,
     ) -> None:
         """Save ``frame`` if it is evidence and there is room and rate for it; only then is it copied.
 
-        ``thresholds[i]`` is the threshold of detection i's class; ``message`` the payload published
-        for the frame, None when it was not published.
+        ``class_thresholds[c]`` is the threshold of class id c; the decoder's near misses
+        (``detections.near``) count as detections below theirs. ``message`` is the payload
+        published for the frame, None when it was not published.
         """
-        scores = detections.scores.tolist()
+        found = [detections] if detections.near is None else [detections, detections.near]
+        boxes = [b for d in found for b in d.xyxy.tolist()]
+        scores = [s for d in found for s in d.scores.tolist()]
+        class_ids = [c for d in found for c in d.class_ids.tolist()]
+        thresholds = [class_thresholds[c] for c in class_ids]
         if not self.admit(verdict, scores, thresholds):
             return
         saved = tuple(
             EvidenceDetection(c, s, (b[0], b[1], b[2], b[3]), t)
-            for b, s, c, t in zip(detections.xyxy.tolist(), scores, detections.class_ids.tolist(), thresholds, strict=True)
+            for b, s, c, t in zip(boxes, scores, class_ids, thresholds, strict=True)
         )
         self.submit(
             EvidenceFrame(

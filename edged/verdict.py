@@ -112,7 +112,8 @@ class Inspector:
         np.take(detections.scores, index, out=scores, mode="clip")
         np.take(detections.class_ids, index, out=ids, mode="clip")
         np.take(zones, index, out=zone_ids, mode="clip")
-        return Detections(xyxy, scores, ids, detections.scores_above_one, detections.nonfinite), zone_ids
+        kept = Detections(xyxy, scores, ids, detections.scores_above_one, detections.nonfinite, detections.near)
+        return kept, zone_ids
 
     def zone_name(self, zone: int) -> str | None:
         return None if zone == NO_ZONE else self.zone_names[zone]

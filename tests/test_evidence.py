@@ -256,9 +256,9 @@ def test_a_frame_is_copied_only_when_it_is_evidence_and_then_once(tmp_path: Path
     spot = Detections(np.array([[10, 20, 50, 60]], np.float32), np.array([0.8], np.float32), np.array([1], np.int32))
     with counter.counting():
         before = counter.buffers
-        w.offer(captured, nothing, [], None, b"{}")
+        w.offer(captured, nothing, [0.25] * 3, None, b"{}")
         assert counter.buffers == before  # not evidence: the loop copies nothing
-        w.offer(captured, spot, [0.25], None, b"{}")
+        w.offer(captured, spot, [0.25] * 3, None, b"{}")
         assert counter.buffers == before + 1  # evidence: the frame, copied once
     captured.image[:] = 0  # the capture slot is reused by the next frame
     w.start()
