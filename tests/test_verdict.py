@@ -103,6 +103,21 @@ def test_zone_problems_name_the_zone_when_the_config_loads(tmp_path: Path) -> No
     assert "'ok'" not in text and raised.value.exit_code == 78
 
 
+def with_near(found: Detections, near: Detections) -> Detections:
+    return Detections(found.xyxy, found.scores, found.class_ids, near=near)
+
+
+def test_near_misses_outside_every_zone_go_where_detections_outside_them_go() -> None:
+    # A near scratch in each half; only the left half is a zone.
+    near = detections([(100, 200, 200, 300, 0.2, 0), (700, 200, 800, 300, 0.2, 0)])
+    dropped = inspector(zones={"left": LEFT}, outside_zones="drop")(with_near(SCENE, near), W, H)
+    assert dropped.detections.near is not None
+    assert dropped.detections.near.xyxy.tolist() == [[100, 200, 200, 300]]
+    kept = inspector(zones={"left": LEFT}, outside_zones="keep")(with_near(SCENE, near), W, H)
+    assert kept.detections.near is near
+    assert inspector()(with_near(SCENE, near), W, H).detections.near is near
+
+
 @pytest.mark.parametrize("match", ["centre", "overlap"])
 @pytest.mark.parametrize("outside", ["drop", "keep"])
 def test_inspecting_creates_no_arrays(match: str, outside: str) -> None:
@@ -122,7 +137,7 @@ def test_inspecting_creates_no_arrays(match: str, outside: str) -> None:
         xy = rng.uniform(0, (W, H), (n, 2))
         wh = rng.uniform(2, 80, (n, 2))
         rows = [(*xy[i], *(xy[i] + wh[i]), 0.5, int(rng.integers(0, 3))) for i in range(n)]
-        frames.append(detections(rows))
+        frames.append(with_near(detections(rows), detections([(*r[:4], 0.2, r[5]) for r in rows[: n // 2]])))
     first = [(check(f, W, H).verdict, check(f, W, H).ng.tolist()) for f in frames]
     with counter.counting():
         before = counter.buffers
