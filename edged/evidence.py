@@ -73,7 +73,12 @@ class EvidenceConfig(Section):
         description="Frames saved: 'ng' (the verdict is ng; without [inspect], any detection), 'ng+near' "
         "(also a detection within near_margin below its threshold), 'all'.",
     )
-    near_margin: float = Field(0.1, gt=0, le=1, description="How far below its threshold a detection is 'near'.")
+    near_margin: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="ng+near: how far below its class threshold a score makes a near miss (never published).",
+    )
     max_bytes: int = Field(
         1_000_000_000, gt=0, description="Most bytes this camera's evidence may take; the oldest frames go first."
     )
