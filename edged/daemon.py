@@ -279,8 +279,8 @@ class Daemon:
         self.health.frame_done()
         payload, verdict = self._publish_detections(outcome, triggered=triggered, part_id=part_id)
         if self.evidence is not None:
-            inspected, thresholds = outcome.inspected, self.path.class_thresholds
-            self.evidence.offer(outcome.frame, detections, thresholds, inspected.verdict if inspected else None, payload)
+            inspected = outcome.inspected
+            self.evidence.offer(outcome.frame, detections, inspected.verdict if inspected else None, payload)
         self._announce_ready(frame_processed=True)
         return verdict
 

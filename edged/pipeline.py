@@ -209,13 +209,6 @@ class FramePath:
         self._new_size = (size, seen)
         return seen >= REPLAN_AFTER
 
-    @property
-    def class_thresholds(self) -> list[float]:
-        """The threshold of each class id: ``[inspect]``'s, or model.conf for all."""
-        if self.inspector is None:
-            return [self.model.cfg.conf] * self.model.num_classes
-        return self.inspector.thresholds
-
     def message(
         self, done: Processed, *, seq: int, thermal_state: ThermalState, part_id: str | None = None
     ) -> DetectionsMessage:

@@ -218,6 +218,8 @@ def test_a_near_miss_is_handed_on_beside_the_detections_not_among_them(head: str
     assert decode(head, ENCODERS[head](SCENE)).near is None  # no margin, no search
     further = decode(head, ENCODERS[head](SCENE), near_margin=0.04)  # 0.2 is 0.05 below: not near
     assert further.near is not None and len(further.near) == 0
+    at = decode(head, ENCODERS[head]([(270.0, 295.0, 370.0, 345.0, 0.25, 1)]), near_margin=0.1)
+    assert len(at) == 0 and at.near is not None and len(at.near) == 1  # at the threshold: not passed, near
 
 
 @pytest.mark.parametrize("head", ["yolov8", "yolov5"])
