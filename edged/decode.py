@@ -203,7 +203,7 @@ class Decoder:
         return Detections(xyxy, kept_scores, kept_ids, above_one, nonfinite, near)
 
     def _near_misses(self, k: int, near_thresholds: np.ndarray, box_map: BoxMap) -> Detections:
-        """The near misses among the k candidates, whose checks but the threshold's are made.
+        """The near misses among the k candidates (their finite and at-most-1 checks already made).
 
         NMS runs over every candidate above its near threshold, so a weaker box around an object
         already detected is suppressed by it, not taken for a near miss; what it keeps below the
