@@ -279,8 +279,8 @@ class Daemon:
         self.health.frame_done()
         payload, verdict = self._publish_detections(outcome, triggered=triggered, part_id=part_id)
         if self.evidence is not None:
-            inspected, thresholds = outcome.inspected, self.path.thresholds(detections)
-            self.evidence.offer(outcome.frame, detections, thresholds, inspected.verdict if inspected else None, payload)
+            inspected = outcome.inspected
+            self.evidence.offer(outcome.frame, detections, inspected.verdict if inspected else None, payload)
         self._announce_ready(frame_processed=True)
         return verdict
 
@@ -453,7 +453,11 @@ class Daemon:
         log.info("loaded model %s: trying it on the next frame", replacement.path.model.engine.identity.short)
 
     def _try_replacement(self, replacement: Replacement, frame: Frame) -> None:
-        """Switch to a reload's model once it has run on ``frame``, or keep the running one."""
+        """Switch to a reload's model once it has run on ``frame``, or keep the running one.
+
+        In free mode ``frame`` is then published like any other; in request mode nobody asked
+        for it, so it is not (the warm-up before READY=1 is not either).
+        """
         outcome = replacement.trial(frame)
         if isinstance(outcome, Rejected):  # the frame is unfit, not the model: the next frame decides
             self._reject(outcome)
@@ -468,7 +472,7 @@ class Daemon:
                 outcome,
                 extra={"FRAME": frame.frame_id, "STAGE": "reload"},
             )
-            if replacement.settings.source == self.settings.source:
+            if replacement.settings.source == self.settings.source and self.trigger is None:
                 self.handle(frame)
             else:
                 self._switch_capture(self.settings.source)
@@ -482,7 +486,8 @@ class Daemon:
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
         log.info("reloaded: model %s", self.model.engine.identity.short)
         self.notifier.ready(self.snapshot().line())
-        self._finish(outcome)
+        if self.trigger is None:
+            self._finish(outcome)
 
     def _switch_outputs(self, old: Settings, new: Settings) -> None:
         """A reload's ``[evidence]``, ``[mqtt]`` and ``[http]`` take effect with its model; the HTTP token is re-read."""

@@ -56,12 +56,13 @@ class FramePipeline:
         frame_h: int,
         source_order: ChannelOrder,
         thresholds: list[float] | None = None,
+        near_margin: float | None = None,
     ) -> None:
         self.model = model
         self.spec = FrameSpec(frame_w, frame_h, source_order)
         self.preprocess = Preprocessor(model.contract, frame_w, frame_h, source_order)
         self.binding = model.engine.bind(self.preprocess.tensor)
-        self.decoder = model.make_decoder(self.binding.outputs[0].shape, thresholds)
+        self.decoder = model.make_decoder(self.binding.outputs[0].shape, thresholds, near_margin)
 
     @property
     def box_map(self) -> BoxMap:
@@ -121,13 +122,16 @@ class FramePath:
         inspector: Inspector | None = None,
         *,
         sizes_vary: bool = False,
+        near_margin: float | None = None,
     ) -> None:
-        """``sizes_vary``: the source declares frames of many sizes (`edged.sources.sizes_vary`)."""
+        """``sizes_vary``: the source declares frames of many sizes (`edged.sources.sizes_vary`);
+        ``near_margin``: the decoder also finds near misses (`edged.decode.Detections.near`)."""
         self.model = model
         self.camera_id = camera_id
         self.declared_order = declared_order
         self.inspector = inspector
         self.sizes_vary = sizes_vary
+        self.near_margin = near_margin
         # By frame size (width, height), least recently used first; a camera keeps only its current one.
         self._plans: OrderedDict[tuple[int, int], FramePipeline] = OrderedDict()
         self._capacity = MAX_PLANS if sizes_vary else 1
@@ -187,7 +191,7 @@ class FramePath:
                     extra={"CAMERA": self.camera_id},
                 )
         thresholds = self.inspector.thresholds if self.inspector else None
-        plan = self._plans[size] = FramePipeline(self.model, *size, self.declared_order, thresholds)
+        plan = self._plans[size] = FramePipeline(self.model, *size, self.declared_order, thresholds, self.near_margin)
         return plan
 
     def _checked(self, frame: Frame, plan: FramePipeline) -> FramePipeline | Rejected:
@@ -204,13 +208,6 @@ class FramePath:
         seen = self._new_size[1] + 1 if self._new_size and self._new_size[0] == size else 1
         self._new_size = (size, seen)
         return seen >= REPLAN_AFTER
-
-    def thresholds(self, detections: Detections) -> list[float]:
-        """Each detection's class threshold (``[inspect]``'s or model.conf): how near a miss it was."""
-        if self.inspector is None:
-            return [self.model.cfg.conf] * len(detections)
-        by_class = self.inspector.thresholds
-        return [by_class[c] for c in detections.class_ids.tolist()]
 
     def message(
         self, done: Processed, *, seq: int, thermal_state: ThermalState, part_id: str | None = None
@@ -286,7 +283,8 @@ def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
 
 def frame_path(settings: Settings, model: LoadedModel) -> FramePath:
     """The camera's path through ``model``, inspected when ``[inspect]`` is set or requests are
-    answered with verdicts (request mode without ``[inspect]``: any detection is NG); raises
+    answered with verdicts (request mode without ``[inspect]``: any detection is NG), finding near
+    misses when evidence is saved under ``ng+near``; raises
     ConfigError for a class named in ``[inspect]`` that the model does not have."""
     inspect = settings.inspect
     if inspect is None and settings.trigger.mode == "request":
@@ -294,5 +292,8 @@ def frame_path(settings: Settings, model: LoadedModel) -> FramePath:
     inspector = None
     if inspect is not None:
         inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
-    source = settings.source
-    return FramePath(model, source.camera_id, source.channel_order, inspector, sizes_vary=sizes_vary(source))
+    source, evidence = settings.source, settings.evidence
+    near_margin = evidence.near_margin if evidence is not None and evidence.save == "ng+near" else None
+    return FramePath(
+        model, source.camera_id, source.channel_order, inspector, sizes_vary=sizes_vary(source), near_margin=near_margin
+    )

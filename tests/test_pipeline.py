@@ -149,18 +149,27 @@ def test_inspection_applies_thresholds_and_zones_and_puts_the_verdict_in_the_mes
 
 
 @pytest.mark.parametrize("match", ["centre", "overlap"])
-def test_an_inspected_frame_creates_no_arrays_from_contract_check_to_verdict(tmp_path: Path, match: str) -> None:
+@pytest.mark.parametrize("near_margin", [None, 0.15])
+def test_an_inspected_frame_creates_no_arrays_from_contract_check_to_verdict(
+    tmp_path: Path, match: str, near_margin: float | None
+) -> None:
     counter = NumpyAllocations.get()
     assert counter is not None
     model = load_model(ModelConfig(path=fixed_scene(tmp_path / "m.onnx", SCENE)), RuntimeConfig())
     cfg = InspectConfig(
         class_conf={"crack": 0.6},
-        zones={"left": [(0, 0), (0.5, 0), (0.5, 1), (0, 1)], "low": [(0, 0.5), (1, 0.5), (1, 1)]},
+        zones={"left": [(0, 0), (0.5, 0), (0.5, 1), (0, 1)], "high": [(0, 0), (1, 0), (1, 0.5)]},
         match=match,
         min_area={"scratch": 0.01},
     )
-    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, model.num_classes, 0.25, 100))
+    inspector = Inspector(cfg, model.labels, model.num_classes, 0.25, 100)
+    path = FramePath(model, "cam0", "bgr", inspector, near_margin=near_margin)
     frame = _frame(solid_frame((0, 0, 0)))
+    first = path.run(frame)
+    assert isinstance(first, Processed)
+    near = first.detections.near
+    # With a margin, the crack (0.5 under its 0.6, in zone "high") is a near miss.
+    assert (near.class_ids.tolist() if near is not None else None) == (None if near_margin is None else [1])
     for _ in range(3):
         path.run(frame)
     with counter.counting():
