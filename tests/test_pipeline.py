@@ -167,8 +167,11 @@ def test_an_inspected_frame_creates_no_arrays_from_contract_check_to_verdict(tmp
         before = counter.buffers
         for _ in range(10):
             done = path.run(frame)
+            assert isinstance(done, Processed)
+            record = path.verdict_record(done, None)  # what the metrics count and the page lists
         assert counter.buffers == before
-    assert isinstance(done, Processed) and done.inspected is not None and done.inspected.verdict == "ng"
+    assert done.inspected is not None and done.inspected.verdict == "ng"
+    assert record is not None and record.verdict == "ng" and [r.label for r in record.reasons] == ["scratch", "dust"]
 
 
 def test_a_source_whose_sizes_vary_gets_each_frame_through_a_plan_of_its_own_size(tmp_path: Path) -> None:
