@@ -146,7 +146,8 @@ class HttpServer:
     ) -> None:
         """The status just published, and the stage histograms and verdicts (None without
         ``[inspect]``) as they were then."""
-        self.status, self.verdicts = status, verdicts
+        self.verdicts = verdicts
+        self.status = status
         self.metrics.update(status, histograms, verdicts)
 
     def close(self) -> None:
@@ -286,7 +287,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, status.model_dump_json().encode(), "application/json")
 
     def _verdicts(self, owner: HttpServer) -> None:
-        verdicts = owner.verdicts
+        if owner.status is None:
+            self._send(503, b'{"error": "no status yet"}\n', "application/json")
+            return
+        verdicts = owner.verdicts  # set before the status, so it belongs to this status or a later one
         if verdicts is None:
             self._send(404, b'{"error": "no verdicts: [inspect] is not configured"}\n', "application/json")
             return

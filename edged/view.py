@@ -70,7 +70,7 @@ class LiveView:
             self._thread.join(timeout=2.0)
 
     def show_zones(self, zones: Mapping[str, Sequence[Point]]) -> None:
-        """The ``[inspect]`` zones to draw from the next frame on (a reload's replace the old ones)."""
+        """The ``[inspect]`` zones to draw from the next frame on (a reload's zones replace the old ones)."""
         self._zones = tuple((name, np.array(points, np.float32)) for name, points in zones.items())
 
     # ---- the loop's side ---------------------------------------------------------------------
@@ -155,7 +155,7 @@ class LiveView:
         return self._scaled
 
 
-def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zones = ()) -> None:
+def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zones) -> None:
     """The zones, then the boxes, labels and scores of ``message`` onto ``image`` (the frame scaled by
     ``scale``), the verdict in a banner across the top, and a caption naming the camera, the frame
     and its capture time, so a frozen view is plain to see."""

@@ -195,6 +195,8 @@ def test_status_json_health_and_unknown_paths(served: tuple[RunningDaemon, int])
     assert get(port, "/healthz")[:3:2] == (200, b"ok\n")
     status, _, body = get(port, "/nothing-here")
     assert status == 404 and b"/stream.mjpg" in body
+    status, _, body = get(port, "/verdicts.json")
+    assert status == 404 and b"[inspect] is not configured" in body
     page = get(port, "/")
     assert page[0] == 200 and page[1]["content-type"].startswith("text/html")
     assert not re.search(rb"(src|href)=\"?(https?:)?//", page[2])  # nothing from the network: boards are offline

@@ -125,6 +125,7 @@ def test_inspection_applies_thresholds_and_zones_and_puts_the_verdict_in_the_mes
     assert [d.label for d in msg.detections] == ["scratch", "crack", "scratch", "dust"]  # by score
     assert msg.verdict is None and msg.verdict_latency_ms is None and verdict_message(msg, 0) is None
     assert {d.zone for d in msg.detections} == {None} and {d.threshold for d in msg.detections} == {None}
+    assert plain.verdict_record(done, None) is None  # nothing for the metrics or the page to count
 
     cfg = InspectConfig(
         class_conf={"crack": 0.6},
@@ -146,6 +147,9 @@ def test_inspection_applies_thresholds_and_zones_and_puts_the_verdict_in_the_mes
     assert verdict is not None
     assert (verdict.seq, verdict.frame_id, verdict.part_id, verdict.verdict) == (9, 7, "A-17", "ng")
     assert verdict.reasons == msg.reasons and verdict.verdict_latency_ms == msg.verdict_latency_ms
+    record = inspected.verdict_record(done, "A-17")
+    assert record is not None and (record.frame_id, record.part_id, record.verdict) == (7, "A-17", "ng")
+    assert list(record.reasons) == msg.reasons and record.capture_time_ns == msg.capture_time_ns
 
 
 @pytest.mark.parametrize("match", ["centre", "overlap"])
