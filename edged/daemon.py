@@ -88,7 +88,8 @@ class Daemon:
         return capture
 
     def _http_server(self, cfg: HttpConfig) -> HttpServer:
-        return HttpServer(cfg, self.health_problem)
+        inspect = self.settings.inspect
+        return HttpServer(cfg, self.health_problem, inspect.zones if inspect else {})
 
     def _start_mqtt(self) -> MqttOutput | None:
         cfg = self.settings.mqtt
@@ -276,6 +277,8 @@ class Daemon:
                 stage="decode",
             )
         self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
+        if (record := self.path.verdict_record(outcome, part_id)) is not None:
+            self.stats.record_verdict(record, outcome.verdict_ms)
         self.health.frame_done()
         payload, verdict = self._publish_detections(outcome, triggered=triggered, part_id=part_id)
         if self.evidence is not None:
@@ -378,7 +381,7 @@ class Daemon:
         self.publisher.send(topic, payload)
         if self.mqtt:
             self.mqtt.send("status", payload)
-        self.http.update(message, self.stats.histograms())
+        self.http.update(message, self.stats.histograms(), self.stats.verdict_counts() if self.path.inspector else None)
         self.notifier.status(snapshot.line())
 
     # ---- housekeeping ------------------------------------------------------------------------
@@ -505,6 +508,7 @@ class Daemon:
                 log.error("MQTT output off until the next reload: %s", e)
         if new.http == old.http:
             self._reload_http_token()
+            self.http.view.show_zones(new.inspect.zones if new.inspect else {})
             return
         try:
             http = self._http_server(new.http)

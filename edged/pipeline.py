@@ -27,6 +27,7 @@ from edged.messages import Detection, DetectionsMessage, Reason, ThermalState, T
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
 from edged.sources import Frame, sizes_vary
+from edged.stats import VerdictRecord
 from edged.verdict import Inspected, Inspector
 
 log = logging.getLogger(__name__)
@@ -221,17 +222,10 @@ class FramePath:
         boxes, scores, class_ids = det.xyxy.tolist(), det.scores.tolist(), det.class_ids.tolist()
         zones: list[str | None] = [None] * len(class_ids)
         thresholds: list[float | None] = [None] * len(class_ids)
-        reasons: list[Reason] = []
         inspector, inspected = self.inspector, done.inspected
         if inspector is not None and inspected is not None:
             zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
             thresholds = [round(inspector.thresholds[c], 4) for c in class_ids]
-            reasons = [
-                Reason(
-                    detection=i, class_id=class_ids[i], label=label(class_ids[i]), score=round(scores[i], 4), zone=zones[i]
-                )
-                for i in inspected.ng.nonzero()[0].tolist()
-            ]
         return DetectionsMessage(
             camera_id=self.camera_id,
             seq=seq,
@@ -259,10 +253,36 @@ class FramePath:
             ),
             thermal_state=thermal_state,
             verdict=inspected.verdict if inspected else None,
-            reasons=reasons,
+            reasons=self.reasons(done),
             verdict_latency_ms=round(done.verdict_ms, 3) if inspected else None,
             part_id=part_id,
         )
+
+    def reasons(self, done: Processed) -> list[Reason]:
+        """The detections that made ``done`` NG; none for an OK or uninspected frame."""
+        inspector, inspected = self.inspector, done.inspected
+        if inspector is None or inspected is None or inspected.verdict == "ok":
+            return []
+        det, label = done.detections, self.model.label
+        scores, class_ids, zones = det.scores.tolist(), det.class_ids.tolist(), inspected.zones.tolist()
+        return [
+            Reason(
+                detection=i,
+                class_id=class_ids[i],
+                label=label(class_ids[i]),
+                score=round(scores[i], 4),
+                zone=inspector.zone_name(zones[i]),
+            )
+            for i, bad in enumerate(inspected.ng.tolist())
+            if bad
+        ]
+
+    def verdict_record(self, done: Processed, part_id: str | None) -> VerdictRecord | None:
+        """What the status page lists of an inspected frame; None for an uninspected one."""
+        if done.inspected is None:
+            return None
+        frame = done.frame
+        return VerdictRecord(frame.t_wall_ns, frame.frame_id, part_id, done.inspected.verdict, tuple(self.reasons(done)))
 
 
 def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:

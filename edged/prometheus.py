@@ -7,8 +7,10 @@ message and ``systemctl status`` report the same numbers; they are as fresh as
 default, so nothing else in the process leaks into the exposition.
 
 Names follow Prometheus' conventions: the ``edged_`` prefix, base units (seconds, celsius),
-``_total`` on counters, ``_info`` for build metadata, low-cardinality labels only. Inspection
-verdict and evidence counters belong here, as families of their own, once edged has them.
+``_total`` on counters, ``_info`` for build metadata, low-cardinality labels only. With
+``[inspect]`` the verdicts come too, counted since start by `edged.stats` and handed over with the
+status: NG reasons are labelled by class and zone, so their cardinality is at most the classes
+times the zones of the configuration. With ``[evidence]``, the writer's counters from the status.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from prometheus_client.core import (
 
 from edged import __version__
 from edged.messages import StatusMessage
-from edged.stats import BUCKETS_MS, HistogramCounts
+from edged.stats import BUCKETS_MS, HistogramCounts, VerdictCounts
 from edged.thermal_readers import THROTTLED_BITS
 
 STAGE_NAMES = ("preprocess", "inference", "decode")
@@ -42,23 +44,29 @@ class Metrics:
         self._lock = threading.Lock()
         self._status: StatusMessage | None = None
         self._histograms: Mapping[str, HistogramCounts] = {}
+        self._verdicts: VerdictCounts | None = None
         self.registry.register(self)
 
-    def update(self, status: StatusMessage, histograms: Mapping[str, HistogramCounts]) -> None:
+    def update(
+        self, status: StatusMessage, histograms: Mapping[str, HistogramCounts], verdicts: VerdictCounts | None = None
+    ) -> None:
         with self._lock:
-            self._status, self._histograms = status, histograms
+            self._status, self._histograms, self._verdicts = status, histograms, verdicts
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            status, histograms = self._status, self._histograms
+            status, histograms, verdicts = self._status, self._histograms, self._verdicts
         if status is None:
             return
         yield from _frames(status)
         yield from _latency(histograms)
         yield from _thermal(status)
+        if verdicts is not None:
+            yield from _verdicts(verdicts)
+        yield from _evidence(status)
         yield InfoMetricFamily(
             "edged_build",
             "edged's version and the model it runs.",
@@ -138,3 +146,44 @@ def _thermal(status: StatusMessage) -> Iterator[Metric]:
     for name in THERMAL_STATES:
         state.add_metric([name], 1.0 if status.thermal.state == name else 0.0)
     yield state
+
+
+def _verdicts(verdicts: VerdictCounts) -> Iterator[Metric]:
+    by_verdict = CounterMetricFamily("edged_verdicts", "Inspected frames by verdict.", labels=["verdict"])
+    for verdict in ("ok", "ng"):
+        by_verdict.add_metric([verdict], verdicts.verdicts[verdict])
+    yield by_verdict
+    reasons = CounterMetricFamily(
+        "edged_ng_reasons",
+        'Detections that made a frame NG, by class and zone (zone "" when no zones are set).',
+        labels=["class", "zone"],
+    )
+    for (label, zone), count in sorted(verdicts.ng_reasons.items()):
+        reasons.add_metric([label, zone], count)
+    yield reasons
+    latency = verdicts.latency
+    yield HistogramMetricFamily(
+        "edged_verdict_latency_seconds",
+        "Capture to verdict of each inspected frame.",
+        buckets=_buckets(latency),
+        sum_value=latency.sum_ms / 1000,
+    )
+
+
+def _evidence(status: StatusMessage) -> Iterator[Metric]:
+    evidence = status.evidence
+    if evidence is None:
+        return
+    yield CounterMetricFamily("edged_evidence_saved", "Frames saved as evidence.", value=evidence.saved)
+    yield CounterMetricFamily(
+        "edged_evidence_dropped", "Evidence frames dropped because the writer's queue was full.", value=evidence.dropped
+    )
+    yield CounterMetricFamily(
+        "edged_evidence_errors",
+        "Evidence saves or retention passes that failed (disk full, read-only).",
+        value=evidence.errors,
+    )
+    yield CounterMetricFamily(
+        "edged_evidence_rate_limited", "Evidence frames refused by evidence.max_per_minute.", value=evidence.rate_limited
+    )
+    yield GaugeMetricFamily("edged_evidence_bytes", "Bytes the camera's evidence folder holds.", value=evidence.bytes)

@@ -11,14 +11,28 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from edged import __version__
-from edged.messages import CaptureReport, ModelInfo, StageLatency, StatusMessage, ThermalReadings, ThermalState
+from edged.messages import (
+    CaptureReport,
+    EvidenceReport,
+    ModelInfo,
+    Reason,
+    StageLatency,
+    StatusMessage,
+    ThermalReadings,
+    ThermalState,
+)
 from edged.prometheus import Metrics
-from edged.stats import RunStats
+from edged.stats import RunStats, VerdictRecord
 
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 
 
-def _status(thermal: ThermalReadings | None = None, rate_cap: float | None = 2.5) -> StatusMessage:
+EVIDENCE = EvidenceReport(saved=7, dropped=2, errors=1, rate_limited=3, bytes=123456, last_error="disk full")
+
+
+def _status(
+    thermal: ThermalReadings | None = None, rate_cap: float | None = 2.5, evidence: EvidenceReport | None = None
+) -> StatusMessage:
     return StatusMessage(
         camera_id="cam0",
         seq=3,
@@ -33,7 +47,22 @@ def _status(thermal: ThermalReadings | None = None, rate_cap: float | None = 2.5
         thermal=thermal,
         model=MODEL,
         capture=CaptureReport(frames_captured=50, frames_decoded=47, reconnects=1, size_changes=0, last_error="gone"),
+        evidence=evidence,
     )
+
+
+def _inspected_stats() -> RunStats:
+    """Three frames inspected: OK, NG (a scratch in "left" and a dent in "right"), NG (a scratch in "left")."""
+    stats = RunStats()
+    stats.record(1.0, 10.0, 0.5, 20.0)
+
+    def reason(label: str, zone: str) -> Reason:
+        return Reason(detection=0, class_id=0, label=label, score=0.9, zone=zone)
+
+    stats.record_verdict(VerdictRecord(0, 1, None, "ok", ()), 12.0)
+    stats.record_verdict(VerdictRecord(0, 2, None, "ng", (reason("scratch", "left"), reason("dent", "right"))), 15.0)
+    stats.record_verdict(VerdictRecord(0, 3, "part-9", "ng", (reason("scratch", "left"),)), 700.0)
+    return stats
 
 
 def _thermal(state: ThermalState, zones: dict[str, float], flags: list[str]) -> ThermalReadings:
@@ -129,6 +158,35 @@ def test_thermal_zones_flags_and_state() -> None:
     assert not any(name.startswith(("edged_soc", "edged_throttled")) for name, _ in _samples(metrics))
 
 
+def test_verdicts_ng_reasons_and_their_latency_come_with_inspection() -> None:
+    stats = _inspected_stats()
+    metrics = Metrics()
+    metrics.update(_status(), stats.histograms(), stats.verdict_counts())
+    got = _samples(metrics)
+    assert got[("edged_verdicts_total", (("verdict", "ok"),))] == 1
+    assert got[("edged_verdicts_total", (("verdict", "ng"),))] == 2
+    assert got[("edged_ng_reasons_total", (("class", "scratch"), ("zone", "left")))] == 2
+    assert got[("edged_ng_reasons_total", (("class", "dent"), ("zone", "right")))] == 1
+    assert got[("edged_verdict_latency_seconds_bucket", (("le", "0.02"),))] == 2  # 12 and 15 ms
+    assert got[("edged_verdict_latency_seconds_bucket", (("le", "+Inf"),))] == 3
+    assert abs(got[("edged_verdict_latency_seconds_sum", ())] - 0.727) < 1e-9
+    metrics.update(_status(), stats.histograms())
+    assert not any(name.startswith(("edged_verdict", "edged_ng")) for name, _ in _samples(metrics))  # no [inspect]
+
+
+def test_evidence_counters_come_from_the_status() -> None:
+    metrics = Metrics()
+    metrics.update(_status(evidence=EVIDENCE), RunStats().histograms())
+    got = _samples(metrics)
+    assert got[("edged_evidence_saved_total", ())] == 7
+    assert got[("edged_evidence_dropped_total", ())] == 2
+    assert got[("edged_evidence_errors_total", ())] == 1
+    assert got[("edged_evidence_rate_limited_total", ())] == 3
+    assert got[("edged_evidence_bytes", ())] == 123456
+    metrics.update(_status(), RunStats().histograms())
+    assert not any(name.startswith("edged_evidence") for name, _ in _samples(metrics))  # no [evidence]
+
+
 def test_the_registry_is_edged_own() -> None:
     from prometheus_client import REGISTRY
 
@@ -141,10 +199,9 @@ def test_the_registry_is_edged_own() -> None:
 def test_promtool_accepts_the_exposition() -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool (Debian's prometheus) is needed: scripts/setup test installs it"
-    stats = RunStats()
-    stats.record(1.0, 10.0, 0.5, 20.0)
+    stats = _inspected_stats()
     metrics = Metrics()
-    metrics.update(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())
+    metrics.update(_status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())
     check = subprocess.run([promtool, "check", "metrics"], input=metrics.exposition(), capture_output=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -153,10 +210,19 @@ def test_the_grafana_dashboard_asks_only_for_metrics_edged_exposes() -> None:
     dashboard = json.loads((Path(__file__).resolve().parents[1] / "packaging" / "grafana-dashboard.json").read_text())
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
     asked = {name for expr in exprs for name in re.findall(r"\b(edged_[a-z_]+)\b", expr)}
-    stats = RunStats()
-    stats.record(1.0, 10.0, 0.5, 20.0)
+    stats = _inspected_stats()
     metrics = Metrics()
-    metrics.update(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())
+    metrics.update(_status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())
     exposed = {name for name, _ in _samples(metrics)}
     assert asked and asked <= exposed, asked - exposed
     assert {"edged_frames_total", "edged_stage_duration_seconds_bucket", "edged_soc_temperature_celsius"} <= asked
+    assert {
+        "edged_verdicts_total",
+        "edged_ng_reasons_total",
+        "edged_verdict_latency_seconds_bucket",
+        "edged_evidence_saved_total",
+        "edged_evidence_dropped_total",
+        "edged_evidence_errors_total",
+        "edged_evidence_rate_limited_total",
+        "edged_evidence_bytes",
+    } <= asked
