@@ -123,7 +123,6 @@ class TriggerServer:
         self._mqtt: MqttOutput | None = None
         self._stopping = False
         self._malformed_at_ns = -int(MALFORMED_BURST_S * 1e9)  # the last malformed request from the broker
-        self._malformed_in_burst = 0
         self._allowed = AllowList()
         self._clients_dir = publish.curve_clients_dir
         secure = cfg.endpoint.startswith("tcp://") and publish.curve_server_key is not None and self._clients_dir is not None
@@ -185,14 +184,10 @@ class TriggerServer:
         except MessageError as e:
             if arrived_ns - self._malformed_at_ns > MALFORMED_BURST_S * 1e9:
                 log.warning(
-                    "MQTT trigger skipped: %s (%d more skipped in the burst before; every one is counted in "
-                    "mqtt_drops.trigger)",
+                    "MQTT trigger skipped: %s (counted in mqtt_drops.trigger; more within %g s of one another unlogged)",
                     e,
-                    self._malformed_in_burst,
+                    MALFORMED_BURST_S,
                 )
-                self._malformed_in_burst = 0
-            else:
-                self._malformed_in_burst += 1
             self._malformed_at_ns = arrived_ns
             return False
         if self._stopping or not self._inbox.put(Request("mqtt", (), part_id, arrived_ns)):

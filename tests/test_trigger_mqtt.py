@@ -38,10 +38,11 @@ def mqtt(broker: Broker) -> dict[str, Any]:
     return {"url": f"mqtt://127.0.0.1:{broker.port}", "topic_prefix": PREFIX, "keepalive_s": 5}
 
 
-def publish(broker: Broker, payload: str, *, retain: bool = False) -> None:
+def publish(broker: Broker, payload: str | bytes, *, retain: bool = False) -> None:
     """One message on the trigger topic with ``mosquitto_pub`` at QoS 1: returned once the broker has it."""
-    command = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-t", TRIGGER, "-q", "1", "-m", payload]
-    subprocess.run([*command, *(["-r"] if retain else [])], check=True, capture_output=True, timeout=30)
+    message = payload if isinstance(payload, bytes) else payload.encode()
+    command = [b"mosquitto_pub", b"-h", b"127.0.0.1", b"-p", b"%d" % broker.port, b"-t", TRIGGER.encode(), b"-q", b"1"]
+    subprocess.run([*command, b"-m", message, *([b"-r"] if retain else [])], check=True, capture_output=True, timeout=30)
 
 
 def subscribed(d: RunningDaemon, times: int = 1) -> None:
@@ -91,7 +92,7 @@ def test_malformed_and_retained_triggers_are_counted_logged_once_and_the_next_on
         try:
             subscribed(d)
             ready(d)
-            for payload in ("not json", '{"part_id": 5}', '{"part": "A"}', "[1, 2]", "\xff" * 3):
+            for payload in ("not json", '{"part_id": 5}', '{"part": "A"}', "[1, 2]", b"\xff\xfe{"):
                 publish(broker, payload)
             status = d.wait_status(lambda s: (s.mqtt_drops or {}).get("trigger") == 6, timeout=30)
             assert status.mqtt_drops is not None and status.mqtt_drops["trigger/error"] == 0
