@@ -472,10 +472,23 @@ class MqttOutput:
             if qos:
                 self._unacked.add(info.mid)
 
+    def _drain(self, deadline: float) -> None:
+        """At stop: hand over and write what is queued until the outbox is empty, paho's in-flight
+        window is full, or ``deadline`` comes (`_hand_over` alone stops at the first message the
+        socket has not taken yet, which at stop would be the last status)."""
+        sock = self._client.socket()
+        while sock is not None and (left := deadline - time.monotonic()) > 0:
+            self._hand_over()
+            if not self._client.want_write():
+                return
+            if select.select([], [sock], [], left)[1] and self._client.loop_write():
+                return
+            sock = self._client.socket()
+
     def _finish(self, deadline: float) -> None:
         """At stop: the last messages and a retained offline, then a clean disconnect, all within ``deadline``."""
         if self._connected:
-            self._hand_over()
+            self._drain(deadline)
             # QoS 0: straight into the stream ahead of DISCONNECT, never held back by unacknowledged
             # messages (a clean DISCONNECT makes the broker discard the Last Will).
             self._client.publish(self._state_topic, b"offline", qos=0, retain=True)

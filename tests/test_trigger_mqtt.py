@@ -168,3 +168,21 @@ def test_free_running_verdicts_reach_the_verdict_topic(tmp_path: Path, broker: B
             assert topic == VERDICT and isinstance(msg, VerdictMessage), line
             assert (msg.verdict, msg.part_id, [r.label for r in msg.reasons]) == ("ng", None, ["crack"])
         assert SUBSCRIBED not in d.log()  # free-running: no trigger topic
+
+
+def test_sigterm_answers_the_requests_from_the_broker_that_edged_is_stopping(tmp_path: Path, broker: Broker) -> None:
+    # One image every 20 s and a 30 s timeout: both requests are still waiting when SIGTERM comes.
+    with running(tmp_path, fps=0.05, trigger={"timeout_s": 30.0}, mqtt=mqtt(broker)) as d:
+        listener = Listener(broker.port, f"{PREFIX}/#")
+        try:
+            subscribed(d)
+            ready(d)
+            publish(broker, '{"part_id": "A"}')
+            publish(broker, '{"part_id": "B"}')
+            listener.wait(TRIGGER, 2)  # forwarded by the broker, to edged as to this listener
+            d.wait_status(lambda s: True)  # the loop came round since
+            assert d.stop(timeout=10) == 0
+            replies = errors(listener, 2)
+            assert {part: e.error for part, e in replies.items()} == {"A": "stopping", "B": "stopping"}, replies
+        finally:
+            listener.close()
