@@ -38,11 +38,14 @@ def mqtt(broker: Broker) -> dict[str, Any]:
     return {"url": f"mqtt://127.0.0.1:{broker.port}", "topic_prefix": PREFIX, "keepalive_s": 5}
 
 
-def publish(broker: Broker, payload: str | bytes, *, retain: bool = False) -> None:
-    """One message on the trigger topic with ``mosquitto_pub`` at QoS 1: returned once the broker has it."""
+def publish(broker: Broker, payload: str | bytes, *, retain: bool = False, lines: bool = False) -> None:
+    """On the trigger topic with ``mosquitto_pub`` at QoS 1, returning once the broker has it: one
+    message, or with ``lines`` one per line of ``payload``, in order, from one client."""
     message = payload if isinstance(payload, bytes) else payload.encode()
     command = [b"mosquitto_pub", b"-h", b"127.0.0.1", b"-p", b"%d" % broker.port, b"-t", TRIGGER.encode(), b"-q", b"1"]
-    subprocess.run([*command, b"-m", message, *([b"-r"] if retain else [])], check=True, capture_output=True, timeout=30)
+    command += [b"-l"] if lines else [b"-m", message]
+    command += [b"-r"] if retain else []
+    subprocess.run(command, input=message if lines else None, check=True, capture_output=True, timeout=30)
 
 
 def subscribed(d: RunningDaemon, times: int = 1) -> None:
@@ -109,20 +112,20 @@ def test_malformed_and_retained_triggers_are_counted_logged_once_and_the_next_on
 def test_broker_and_zeromq_requests_share_one_queue_and_beyond_it_the_broker_gets_busy(
     tmp_path: Path, broker: Broker
 ) -> None:
-    # One image every 20 s: after the first, no frame comes within any request's 1 s. With
-    # queue = 1 there is room for two requests: the ZeroMQ one in progress and one from the broker.
-    with running(tmp_path, fps=0.05, trigger={"timeout_s": 1.0, "queue": 1}, mqtt=mqtt(broker)) as d:
+    # One image every 60 s: after the first, no frame comes within any request's 10 s (time enough
+    # for both triggers to follow the ZeroMQ request on a loaded machine). With queue = 1 there is
+    # room for two requests: the ZeroMQ one in progress and one from the broker.
+    with running(tmp_path, fps=1 / 60, trigger={"timeout_s": 10.0, "queue": 1}, mqtt=mqtt(broker)) as d:
         ask = Requester(d.trigger)  # type: ignore[attr-defined]
         listener = Listener(broker.port, f"{PREFIX}/#")
         try:
             subscribed(d)
             ready(d)
             first = ask.send(b'{"part_id": "A"}')
-            publish(broker, '{"part_id": "B"}')
-            publish(broker, '{"part_id": "C"}')
+            publish(broker, '{"part_id": "B"}\n{"part_id": "C"}', lines=True)
             replies = errors(listener, 2)
             assert (replies["C"].error, replies["B"].error) == ("busy", "timeout"), replies
-            assert "no frame captured after the request within 1 s" in replies["B"].detail
+            assert "no frame captured after the request within 10 s" in replies["B"].detail
             reply = ask.reply(first)
             assert isinstance(reply, TriggerError) and (reply.error, reply.part_id) == ("timeout", "A"), reply
             assert listener.on(VERDICT) == []
@@ -171,8 +174,8 @@ def test_free_running_verdicts_reach_the_verdict_topic(tmp_path: Path, broker: B
 
 
 def test_sigterm_answers_the_requests_from_the_broker_that_edged_is_stopping(tmp_path: Path, broker: Broker) -> None:
-    # One image every 20 s and a 30 s timeout: both requests are still waiting when SIGTERM comes.
-    with running(tmp_path, fps=0.05, trigger={"timeout_s": 30.0}, mqtt=mqtt(broker)) as d:
+    # One image every 60 s and a 30 s timeout: both requests are still waiting when SIGTERM comes.
+    with running(tmp_path, fps=1 / 60, trigger={"timeout_s": 30.0}, mqtt=mqtt(broker)) as d:
         listener = Listener(broker.port, f"{PREFIX}/#")
         try:
             subscribed(d)
