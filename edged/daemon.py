@@ -107,13 +107,16 @@ class Daemon:
         if self.settings.trigger.mode != "request":
             return None
         try:
-            return TriggerServer(self.settings.trigger, self.settings.publish, self.settings.source.camera_id)
+            trigger = TriggerServer(self.settings.trigger, self.settings.publish, self.settings.source.camera_id)
         except BaseException:
             self.publisher.close()
             self.http.close()
             if self.mqtt:
                 self.mqtt.close()
             raise
+        if self.mqtt:
+            trigger.attach(self.mqtt)
+        return trigger
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
@@ -503,6 +506,8 @@ class Daemon:
                 self.mqtt.close()
             try:
                 self.mqtt = self._start_mqtt()
+                if self.mqtt and self.trigger:
+                    self.trigger.attach(self.mqtt)
             except EdgedError as e:  # the password file went between the check and here
                 self.mqtt = None
                 log.error("MQTT output off until the next reload: %s", e)
