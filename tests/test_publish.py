@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from waiting import wait_for
 from zmq.utils.monitor import recv_monitor_message
 
 from edged.config import PublishConfig
@@ -192,3 +193,41 @@ def test_a_subscription_beyond_the_size_limit_is_cut_off_and_others_are_served(
         monitor.close(linger=0)
         hostile.close(linger=0)
         pub.close()
+
+
+def test_a_peer_that_sends_a_message_instead_of_a_subscription_cuts_everyone_off_and_they_come_back(
+    context: zmq.Context, subscribe: Callable[..., zmq.Socket]
+) -> None:
+    pub = _publisher(context)
+    topic = detections_topic("edged", "cam0")
+    honest = subscribe(pub.endpoints[0], b"edged/detections/")
+    _send_until_received(pub, [honest], topic)
+    hostile = context.socket(zmq.XSUB)
+    monitor = hostile.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    hostile.connect(pub.endpoints[0])
+    try:
+        hostile.send(b"\x02not a subscription")  # libzmq would hand it up without its peer
+        assert wait_for(lambda: bool(pub.send(topic, b"{}")) and monitor.poll(0), 10), "the peer was kept"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        assert pub.drops["subscription_refused"] == 1
+        _send_until_received(pub, [honest], topic)  # it reconnected and subscribed again
+    finally:
+        hostile.disable_monitor()
+        monitor.close(linger=0)
+        hostile.close(linger=0)
+        pub.close()
+
+
+def test_subscriptions_to_another_camera_are_refused_until_the_camera_becomes_it(
+    context: zmq.Context, subscribe: Callable[..., zmq.Socket]
+) -> None:
+    pub = _publisher(context)
+    everything = subscribe(pub.endpoints[0])
+    cam1 = subscribe(pub.endpoints[0], detections_topic("edged", "cam1"))
+    _send_until_received(pub, [everything], detections_topic("edged", "cam0"))
+    assert wait_for(lambda: bool(pub.send(b"edged/status/cam0", b"{}")) and pub.drops["subscription_refused"] == 1, 10)
+    pub.send(detections_topic("edged", "cam1"), b"{}")  # nothing sends it before the camera changes
+    assert not cam1.poll(200)
+    pub.follow_camera("cam1")
+    _send_until_received(pub, [cam1, everything], detections_topic("edged", "cam1"))
+    pub.close()
