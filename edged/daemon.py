@@ -485,7 +485,8 @@ class Daemon:
         self._finish(outcome)
 
     def _switch_outputs(self, old: Settings, new: Settings) -> None:
-        """A reload's camera id, ``[evidence]``, ``[mqtt]`` and ``[http]`` take effect with its model; the HTTP token is re-read."""
+        """A reload's camera id, ``[evidence]``, ``[mqtt]`` and ``[http]`` take effect with its model;
+        the HTTP token is re-read."""
         self.publisher.follow_camera(new.source.camera_id)
         if (new.evidence, new.source.camera_id) != (old.evidence, old.source.camera_id):
             if self.evidence is not None:

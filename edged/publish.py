@@ -1,10 +1,11 @@
-"""Publish: ZeroMQ PUB sockets that fan detections out to any number of subscribers.
+"""Publish: ZeroMQ XPUB sockets that fan detections out to any number of subscribers.
 
-A PUB socket never blocks and never grows without bound: each subscriber has a queue of at most
-``hwm`` messages and, once it is full, libzmq drops that subscriber's new messages silently (it
-does not raise ``zmq.Again``). The publisher therefore cannot see those drops; every message
-carries a per-topic ``seq`` so a subscriber sees its own gaps. What the publisher can see (a send
-error, a socket that refuses) is counted and never raised into the pipeline.
+Each socket works as a PUB socket whose subscriptions edged applies itself (below). It never
+blocks and never grows without bound: each subscriber has a queue of at most ``hwm`` messages
+and, once it is full, libzmq drops that subscriber's new messages silently (it does not raise
+``zmq.Again``). The publisher therefore cannot see those drops; every message carries a
+per-topic ``seq`` so a subscriber sees its own gaps. What the publisher can see (a send error, a
+socket that refuses) is counted and never raised into the pipeline.
 
 Security. ipc:// endpoints are protected by the filesystem: the socket file is 0660 in a 0750
 directory, so only the service's group can connect. tcp:// endpoints are encrypted and
@@ -19,7 +20,7 @@ Every socket is an `edged.listen.Listener`: size-limited, and never stealing a l
 
 Subscriptions. libzmq keeps every subscription a peer sends in a trie with a node per byte, in
 the socket's own memory, before the application sees it; thousands of distinct ones grow the
-daemon by hundreds of MB. The sockets are therefore XPUB in manual mode (`Subscriptions`):
+daemon by hundreds of MB. The sockets are therefore XPUB in manual mode: before each send,
 edged reads each subscription and applies only those that are a prefix of a topic it publishes
 ("", "edged/", a full topic); the others are refused and counted. libzmq still holds what a
 connected peer sent until that peer goes, so once the refused subscriptions since the socket was
@@ -241,7 +242,9 @@ class Publisher:
         In manual mode libzmq hands each (un)subscription up in the order the peers sent them,
         and applies ``ZMQ_SUBSCRIBE`` / ``ZMQ_UNSUBSCRIBE`` to the peer of the one read last. A
         peer has at most `SUBSCRIPTION_HWM` of them waiting between two sends; libzmq stops
-        reading that peer's connection until they are read.
+        reading that peer's connection until they are read, so what waits in libzmq's list of
+        subscriptions to hand up is what the peers sent since the last send, and no more than
+        `READ_AT_MOST` are read before the message goes out.
         """
         sock = self._listeners[secure].socket
         for _ in range(READ_AT_MOST):
@@ -255,7 +258,7 @@ class Publisher:
             if kind not in (b"\x00", b"\x01"):
                 # A message, not a subscription, which libzmq does not record against its peer:
                 # which peer the next subscription came from is no longer known.
-                self._refuse(request)
+                self.drops["subscription_refused"] += 1
                 self._cut_off(secure, "a peer sent a message that is not a subscription")
                 return
             if any(ours.startswith(topic) for ours in self._topics):
