@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -220,6 +221,24 @@ def test_honest_subscriptions_get_the_topics_they_match_and_unsubscribing_stops_
         for sub in subs:
             sub.close(linger=0)
         context.term()
+
+
+def test_a_subscriber_to_the_camera_a_reload_switches_to_gets_its_messages(workdir: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = _config(workdir, endpoint)
+    d = RunningDaemon(config, endpoint)
+    waiting = Subscriber(endpoint, "edged/detections/cam1")
+    try:
+        refused = d.wait_status(lambda m: m.drops.get("subscription_refused", 0) >= 1)
+        assert refused.camera_id == "cam0"
+        source = {"type": "file", "path": "clip.avi", "loop": True, "realtime": True, "camera_id": "cam1"}
+        _config(workdir, endpoint, source)
+        d.signal(signal.SIGHUP)
+        msg = waiting.receive(30)
+        assert isinstance(msg, DetectionsMessage) and msg.camera_id == "cam1", d.log()
+    finally:
+        waiting.close()
+        d.close()
 
 
 def test_out_of_descriptors_edged_keeps_its_subscribers_and_says_so_once(workdir: Path) -> None:
