@@ -231,3 +231,31 @@ def test_subscriptions_to_another_camera_are_refused_until_the_camera_becomes_it
     pub.follow_camera("cam1")
     _send_until_received(pub, [cam1, everything], detections_topic("edged", "cam1"))
     pub.close()
+
+
+def test_subscriptions_that_match_nothing_are_refused_and_64_kib_of_them_cut_their_peers_off(
+    context: zmq.Context, subscribe: Callable[..., zmq.Socket]
+) -> None:
+    pub = _publisher(context)
+    topic = detections_topic("edged", "cam0")
+    honest = subscribe(pub.endpoints[0], b"edged/detections/")
+    _send_until_received(pub, [honest], topic)
+    hostile = context.socket(zmq.SUB)
+    hostile.setsockopt(zmq.SNDHWM, 0)
+    for i in range(65):  # 65,000 bytes: refused, still under 64 KiB
+        hostile.setsockopt(zmq.SUBSCRIBE, b"%06d" % i + bytes(994))
+    monitor = hostile.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    hostile.connect(pub.endpoints[0])
+    try:
+        assert wait_for(lambda: bool(pub.send(topic, b"{}")) and pub.drops["subscription_refused"] == 65, 10)
+        assert not monitor.poll(0)
+        hostile.setsockopt(zmq.SUBSCRIBE, b"%06d" % 65 + bytes(994))  # 66,000 bytes
+        assert wait_for(lambda: bool(pub.send(topic, b"{}")) and monitor.poll(0), 10), "the peer was kept"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        assert pub.drops["subscription_refused"] == 66
+        _send_until_received(pub, [honest], topic)  # cut off too, it reconnected and subscribed again
+    finally:
+        hostile.disable_monitor()
+        monitor.close(linger=0)
+        hostile.close(linger=0)
+        pub.close()
