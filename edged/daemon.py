@@ -66,7 +66,7 @@ class Daemon:
         try:
             self._use_model(load_model(settings.model, settings.runtime))
             self.http = self._http_server(settings.http)
-            self.publisher = Publisher(settings.publish)
+            self.publisher = Publisher(settings.publish, settings.source.camera_id)
             self.mqtt = self._start_mqtt()
             self.trigger = self._start_trigger()
         except BaseException:
@@ -496,7 +496,9 @@ class Daemon:
             self._finish(outcome)
 
     def _switch_outputs(self, old: Settings, new: Settings) -> None:
-        """A reload's ``[evidence]``, ``[mqtt]`` and ``[http]`` take effect with its model; the HTTP token is re-read."""
+        """A reload's camera id, ``[evidence]``, ``[mqtt]`` and ``[http]`` take effect with its model;
+        the HTTP token is re-read."""
+        self.publisher.follow_camera(new.source.camera_id)
         if (new.evidence, new.source.camera_id) != (old.evidence, old.source.camera_id):
             if self.evidence is not None:
                 self.evidence.stop(timeout_s=EVIDENCE_STOP_S)
