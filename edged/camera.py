@@ -19,16 +19,18 @@ import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from typing import Literal, get_args
 
 from edged.capture import Capture
 from edged.config import CapturePriority
 from edged.evidence import EvidenceWriter
-from edged.mqtt import KINDS, Kind
 from edged.pipeline import FramePath
 from edged.ratecap import RateCap
 from edged.sources import Frame, open_source
 from edged.sources.base import SourceBase
 from edged.stats import RunStats
+
+Topic = Literal["detections", "verdict", "status"]  # a camera's topics, each with a seq of its own
 
 
 def start_capture(cfg: SourceBase, priority: CapturePriority, wake: threading.Event) -> Capture:
@@ -64,8 +66,7 @@ class Camera:
         self.path = path
         self.rate_cap = RateCap(max_fps)
         self.stats: RunStats = previous.stats if previous else RunStats()
-        # The next seq of each topic: detections, verdict, status.
-        self._seq: dict[str, Iterator[int]] = previous._seq if previous else {kind: itertools.count() for kind in KINDS}
+        self._seq: dict[str, Iterator[int]] = previous._seq if previous else {t: itertools.count() for t in get_args(Topic)}
         self.served_s: float = previous.served_s if previous else 0.0  # when its last frame was taken
         # Its evidence writer (`edged.evidence`), set by the daemon; a successor carries it on.
         self.evidence: EvidenceWriter | None = previous.evidence if previous else None
@@ -96,6 +97,6 @@ class Camera:
         """Re-measure the camera's rate and apply the thermal ``rate_factor`` (`edged.ratecap`)."""
         self.rate_cap.update(self.capture.stats().frames_captured, rate_factor)
 
-    def next_seq(self, kind: Kind) -> int:
+    def next_seq(self, kind: Topic) -> int:
         """The next ``seq`` on this camera's topic of ``kind``: gapless per camera and topic."""
         return next(self._seq[kind])

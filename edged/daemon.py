@@ -79,7 +79,7 @@ class Daemon:
                 for cfg in settings.source
             }
             self.http = self._http_server(settings.http)
-            self.publisher = Publisher(settings.publish)
+            self.publisher = Publisher(settings.publish, [cfg.camera_id for cfg in settings.source])
             self.mqtt = self._start_mqtt()
             self.trigger = self._start_trigger()
         except BaseException:
@@ -101,7 +101,8 @@ class Daemon:
         return start_capture(cfg, self.settings.runtime.capture_priority, self._wake)
 
     def _http_server(self, cfg: HttpConfig) -> HttpServer:
-        return HttpServer(cfg, self.health_problem)
+        inspect = self.settings.inspect
+        return HttpServer(cfg, self.health_problem, inspect.zones if inspect else {})
 
     def _start_mqtt(self) -> MqttOutput | None:
         cfg = self.settings.mqtt
@@ -120,13 +121,16 @@ class Daemon:
         if self.settings.trigger.mode != "request":
             return None
         try:
-            return TriggerServer(self.settings.trigger, self.settings.publish, self.settings.source[0].camera_id)
+            trigger = TriggerServer(self.settings.trigger, self.settings.publish, self.settings.source[0].camera_id)
         except BaseException:
             self.publisher.close()
             self.http.close()
             if self.mqtt:
                 self.mqtt.close()
             raise
+        if self.mqtt:
+            trigger.attach(self.mqtt)
+        return trigger
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
@@ -318,11 +322,13 @@ class Daemon:
                 stage="decode",
             )
         stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
+        if (record := camera.path.verdict_record(outcome, part_id)) is not None:
+            stats.record_verdict(record, outcome.verdict_ms)
         self.health.frame_done()
         payload, verdict = self._publish_detections(camera, outcome, triggered=triggered, part_id=part_id)
         if camera.evidence is not None:
-            inspected, thresholds = outcome.inspected, camera.path.thresholds(detections)
-            camera.evidence.offer(outcome.frame, detections, thresholds, inspected.verdict if inspected else None, payload)
+            inspected = outcome.inspected
+            camera.evidence.offer(outcome.frame, detections, inspected.verdict if inspected else None, payload)
         self._announce_ready(frame_processed=True, camera=camera)
         return verdict
 
@@ -434,7 +440,8 @@ class Daemon:
             self.publisher.send(status_topic(self.settings.publish.topic_prefix, camera.id), payload)
             if self.mqtt:
                 self.mqtt.send("status", payload, camera.id)
-            statuses.append((message, camera.stats.histograms()))
+            verdicts = camera.stats.verdict_counts() if camera.path.inspector else None
+            statuses.append((message, camera.stats.histograms(), verdicts))
         self.http.update(statuses)
         self.notifier.status(summary_line(snapshots))
 
@@ -539,7 +546,11 @@ class Daemon:
                 )
 
     def _try_replacement(self, replacement: Replacement, camera: Camera, frame: Frame) -> None:
-        """Switch to a reload's model once it has run on ``frame``, or keep the running one."""
+        """Switch to a reload's model once it has run on ``frame``, or keep the running one.
+
+        In free mode ``frame`` is then published like any other; in request mode nobody asked
+        for it, so it is not (the warm-up before READY=1 is not either).
+        """
         outcome = replacement.trial(camera.id, frame)
         if isinstance(outcome, Rejected):  # the frame is unfit, not the model: the next frame decides
             self._reject(camera, outcome)
@@ -557,14 +568,15 @@ class Daemon:
             )
             trial_camera = camera.id in self._incoming
             self._end_trial()
-            if not trial_camera:
+            if not trial_camera and self.trigger is None:
                 self.handle(camera, frame)
             self.notifier.ready(self.status_line())
             return
         self._switch(replacement)
         log.info("reloaded: model %s", self.model.engine.identity.short)
         self.notifier.ready(self.status_line())
-        self._finish(self.cameras[camera.id], outcome)
+        if self.trigger is None:  # in request mode nobody asked for the trial frame: it is not published
+            self._finish(self.cameras[camera.id], outcome)
 
     def _switch(self, replacement: Replacement) -> None:
         """The reload takes over: its model, cameras, outputs and thermal watch."""
@@ -603,17 +615,22 @@ class Daemon:
             camera.evidence = self._start_evidence(camera.cfg)
 
     def _switch_outputs(self, old: Settings, new: Settings) -> None:
-        """A reload's ``[mqtt]`` and ``[http]`` take effect with its model; the HTTP token is re-read."""
+        """A reload's cameras (their topics), ``[mqtt]`` and ``[http]`` take effect with its model; the
+        HTTP token is re-read."""
+        self.publisher.follow_cameras([c.camera_id for c in new.source])
         if (new.mqtt, [c.camera_id for c in new.source]) != (old.mqtt, [c.camera_id for c in old.source]):
             if self.mqtt:
                 self.mqtt.close()
             try:
                 self.mqtt = self._start_mqtt()
+                if self.mqtt and self.trigger:
+                    self.trigger.attach(self.mqtt)
             except EdgedError as e:  # the password file went between the check and here
                 self.mqtt = None
                 log.error("MQTT output off until the next reload: %s", e)
         if new.http == old.http:
             self._reload_http_token()
+            self.http.view.show_zones(new.inspect.zones if new.inspect else {})
             return
         try:
             http = self._http_server(new.http)

@@ -7,6 +7,12 @@ scores above 1, unknown classes). What differs per format, recognising it and se
 candidates, lives in `edged.heads`. It runs per frame, so it works in buffers allocated once per
 decoder and creates no arrays.
 
+With a ``near_margin`` (evidence saved under ``ng+near``) the decoder also finds the near misses:
+candidates within the margin below their class's threshold that no better box suppresses. They are
+found in a second NMS pass over candidates down to ``threshold - near_margin`` and handed on as
+`Detections.near`, never mixed into the detections: those come from the first pass exactly as
+without a margin.
+
 The order is ultralytics' predict, step for step, so that the boxes are the ones a user validated
 there: threshold and NMS on the unclipped boxes in the model's input space, then ``max_det``,
 then mapping to the frame and clipping. Only where ultralytics returns a box that clipping left
@@ -50,6 +56,10 @@ class Detections:
     # NaN or infinite values anywhere in the output: a NaN score never passes the threshold, so
     # without this count a model broken that way would publish nothing, silently.
     nonfinite: int = 0
+    # With a near margin: the candidates within it below their class's threshold that survived
+    # NMS among every candidate down to that margin; they are not detections, only a reason to
+    # keep the frame as evidence. None when the decoder looks for none.
+    near: Detections | None = None
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
@@ -76,11 +86,14 @@ class Decoder:
         max_det: int = 100,
         agnostic: bool = False,
         thresholds: Sequence[float] | None = None,
+        near_margin: float | None = None,
     ) -> None:
         if not 0.0 < conf <= 1.0:
             raise ValueError(f"conf must be in (0, 1], got {conf}")
         if thresholds is not None and (len(thresholds) != num_classes or not all(0.0 < t <= 1.0 for t in thresholds)):
             raise ValueError(f"thresholds must be {num_classes} values in (0, 1], got {list(thresholds)}")
+        if near_margin is not None and not 0.0 < near_margin <= 1.0:
+            raise ValueError(f"near_margin must be in (0, 1], got {near_margin}")
         if not 0.0 < iou <= 1.0:
             raise ValueError(f"iou must be in (0, 1], got {iou}")
         if max_det < 1:
@@ -88,7 +101,13 @@ class Decoder:
         # Per class: a candidate is kept when its score is above its class's threshold. The head's
         # first cut is the lowest of them, so with one threshold for all this is ultralytics' conf.
         self._thresholds = np.array(thresholds if thresholds is not None else [conf] * num_classes, dtype=np.float32)
-        self._head = head_named(head)(output_shape, num_classes, min(self._thresholds.tolist(), default=conf))
+        # A near miss scores above its class's threshold less the margin (and above 0: an empty
+        # candidate is no miss); the head's first cut is then the lowest of those.
+        self._near_thresholds: np.ndarray | None = None
+        cut = self._thresholds
+        if near_margin is not None:
+            cut = self._near_thresholds = np.maximum(self._thresholds - np.float32(near_margin), _ZERO)
+        self._head = head_named(head)(output_shape, num_classes, min(cut.tolist(), default=conf))
         n = self._head.capacity
         self._candidate_thresholds = np.empty(n, dtype=np.float32)
         self._nms = GreedyNms(n, iou if self._head.needs_nms else None, max_det=max_det, agnostic=agnostic)
@@ -104,22 +123,18 @@ class Decoder:
         self._pad = np.zeros((4, 1), dtype=np.float32)
         self._scale = np.ones((4, 1), dtype=np.float32)
         self._limit = np.zeros((4, 1), dtype=np.float32)
-        # What NMS kept (at most max_det), mapped to the frame, then the rows with an area left.
         most = min(max_det, n)
-        self._keep = np.empty(most, dtype=np.intp)
-        self._kept_columns = np.empty(4 * most, dtype=np.float32)
-        self._sides = np.empty((2, most), dtype=np.bool_)
-        self._has_area = np.empty(most, dtype=np.bool_)
-        self._index_of = TrueIndex(most)
-        self._shown_keep = np.empty(most, dtype=np.intp)
-        self._shown_columns = np.empty(4 * most, dtype=np.float32)
-        # The result.
-        self._xyxy = np.empty((most, 4), dtype=np.float32)
-        self._kept_scores = np.empty(most, dtype=np.float32)
-        self._kept_ids = np.empty(most, dtype=np.intp)
-        self._kept_ids32 = np.empty(most, dtype=np.int32)
-        # What consumers see: read-only views made once; their slices are read-only too.
-        self._shown = tuple(_read_only(a.view()) for a in (self._xyxy, self._kept_scores, self._kept_ids32))
+        self._keep = np.empty(most, dtype=np.intp)  # what NMS kept, best first
+        self._kept = _KeptRows(most)
+        # The near-miss pass, only with a near margin: what its NMS kept, which of those are below
+        # their threshold, and those mapped to the frame.
+        self._near_keep = np.empty(most if near_margin is not None else 0, dtype=np.intp)
+        self._near_kept_thresholds = np.empty_like(self._near_keep, dtype=np.float32)
+        self._near_kept_scores = np.empty_like(self._near_keep, dtype=np.float32)
+        self._below = np.empty_like(self._near_keep, dtype=np.bool_)
+        self._below_index = TrueIndex(self._near_keep.shape[0])
+        self._near_only = np.empty_like(self._near_keep)
+        self._near_kept = _KeptRows(self._near_keep.shape[0])
 
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Detections:
         """Threshold, NMS and ``max_det`` in input space, then map to frame pixels and clip.
@@ -171,17 +186,49 @@ class Decoder:
         np.take(
             self._thresholds, head.class_ids[:k], out=candidate_thresholds, mode="clip"
         )  # a bad class: dropped by its head
-        np.greater(scores, candidate_thresholds, out=checks[4])  # also false for NaN
         np.greater(scores, _ONE, out=invalid)  # +inf included
         above_one = int(np.count_nonzero(invalid))
         np.logical_not(invalid, out=checks[5])
+        near = None
+        if self._near_thresholds is not None:
+            near = self._near_misses(k, self._near_thresholds, box_map)
+        np.greater(scores, candidate_thresholds, out=checks[4])  # also false for NaN
         np.logical_and.reduce(checks, axis=0, out=valid)
         np.logical_not(valid, out=invalid)
         np.copyto(scores, _NEG_INF, where=invalid)
         nms_scores = self._nms_scores[:k]
         np.copyto(nms_scores, scores)
         n = self._nms(boxes, nms_scores, head.class_ids[:k], self._keep)
-        return self._result(n, boxes, scores, box_map, above_one, nonfinite)
+        xyxy, kept_scores, kept_ids = self._kept(self._keep[:n], boxes, scores, head.class_ids, self._frame_mapping(box_map))
+        return Detections(xyxy, kept_scores, kept_ids, above_one, nonfinite, near)
+
+    def _near_misses(self, k: int, near_thresholds: np.ndarray, box_map: BoxMap) -> Detections:
+        """The near misses among the k candidates (their finite and at-most-1 checks already made).
+
+        NMS runs over every candidate above its near threshold, so a weaker box around an object
+        already detected is suppressed by it, not taken for a near miss; what it keeps below the
+        class's threshold are the near misses.
+        """
+        head = self._head
+        boxes, scores, valid, checks = rows(head.boxes, 4, k), head.scores[:k], self._valid[:k], self._checks[:, :k]
+        candidate_near = self._nms_scores[:k]  # scratch until the NMS scores are filled below
+        np.take(near_thresholds, head.class_ids[:k], out=candidate_near, mode="clip")
+        np.greater(scores, candidate_near, out=checks[4])
+        np.logical_and.reduce(checks, axis=0, out=valid)
+        nms_scores = self._nms_scores[:k]
+        np.copyto(nms_scores, _NEG_INF)
+        np.copyto(nms_scores, scores, where=valid)
+        n = self._nms(boxes, nms_scores, head.class_ids[:k], self._near_keep)
+        keep, below = self._near_keep[:n], self._below[:n]
+        kept_thresholds, kept_scores = self._near_kept_thresholds[:n], self._near_kept_scores[:n]
+        np.take(self._candidate_thresholds, keep, out=kept_thresholds, mode="clip")
+        np.take(scores, keep, out=kept_scores, mode="clip")
+        np.less_equal(kept_scores, kept_thresholds, out=below)
+        index = self._below_index(below)
+        near_keep = self._near_only[: index.shape[0]]
+        np.take(keep, index, out=near_keep, mode="clip")
+        xyxy, near_scores, ids = self._near_kept(near_keep, boxes, scores, head.class_ids, self._frame_mapping(box_map))
+        return Detections(xyxy, near_scores, ids)
 
     def _frame_mapping(self, box_map: BoxMap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pad, scale, limit) columns for ``box_map`` in the head's box units (input pixels, or
@@ -194,14 +241,38 @@ class Decoder:
             self._mapped = box_map
         return self._pad, self._scale, self._limit
 
-    def _result(
-        self, n: int, boxes: np.ndarray, scores: np.ndarray, box_map: BoxMap, above_one: int, nonfinite: int
-    ) -> Detections:
-        """The n kept candidates mapped to the frame as ultralytics' scale_boxes does (less the
-        padding, divided by the gain in float32, clipped), those left with an area, as read-only views."""
-        keep, columns = self._keep[:n], rows(self._kept_columns, 4, n)
+
+class _KeptRows:
+    """What NMS kept of a frame's candidates (at most ``most``), mapped to the frame, as read-only views."""
+
+    def __init__(self, most: int) -> None:
+        self._columns = np.empty(4 * most, dtype=np.float32)
+        self._sides = np.empty((2, most), dtype=np.bool_)
+        self._has_area = np.empty(most, dtype=np.bool_)
+        self._index_of = TrueIndex(most)
+        self._shown_keep = np.empty(most, dtype=np.intp)
+        self._shown_columns = np.empty(4 * most, dtype=np.float32)
+        self._xyxy = np.empty((most, 4), dtype=np.float32)
+        self._scores = np.empty(most, dtype=np.float32)
+        self._ids = np.empty(most, dtype=np.intp)
+        self._ids32 = np.empty(most, dtype=np.int32)
+        # What consumers see: read-only views made once; their slices are read-only too.
+        self._shown = tuple(_read_only(a.view()) for a in (self._xyxy, self._scores, self._ids32))
+
+    def __call__(
+        self,
+        keep: np.ndarray,
+        boxes: np.ndarray,
+        scores: np.ndarray,
+        class_ids: np.ndarray,
+        mapping: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The candidates at ``keep`` mapped as ultralytics' scale_boxes does (less the padding,
+        divided by the gain in float32, clipped), those left with an area: xyxy, scores, class ids."""
+        n = keep.shape[0]
+        columns = rows(self._columns, 4, n)
         np.take(boxes, keep, axis=1, out=columns, mode="clip")
-        pad, scale, limit = self._frame_mapping(box_map)
+        pad, scale, limit = mapping
         np.subtract(columns, pad, out=columns)
         np.divide(columns, scale, out=columns)
         np.clip(columns, _ZERO, limit, out=columns)
@@ -214,11 +285,11 @@ class Decoder:
         np.take(keep, shown, out=kept, mode="clip")
         np.take(columns, shown, axis=1, out=shown_columns, mode="clip")
         np.copyto(self._xyxy[:m], shown_columns.T)
-        np.take(scores, kept, out=self._kept_scores[:m], mode="clip")
-        np.take(self._head.class_ids, kept, out=self._kept_ids[:m], mode="clip")  # into int32 it would allocate
-        np.copyto(self._kept_ids32[:m], self._kept_ids[:m])
-        xyxy_shown, scores_shown, ids_shown = self._shown
-        return Detections(xyxy_shown[:m], scores_shown[:m], ids_shown[:m], above_one, nonfinite)
+        np.take(scores, kept, out=self._scores[:m], mode="clip")
+        np.take(class_ids, kept, out=self._ids[:m], mode="clip")  # into int32 it would allocate
+        np.copyto(self._ids32[:m], self._ids[:m])
+        xyxy, shown_scores, ids = self._shown
+        return xyxy[:m], shown_scores[:m], ids[:m]
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

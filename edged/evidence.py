@@ -71,9 +71,14 @@ class EvidenceConfig(Section):
     save: SavePolicy = Field(
         "ng",
         description="Frames saved: 'ng' (the verdict is ng; without [inspect], any detection), 'ng+near' "
-        "(also a detection within near_margin below its threshold), 'all'.",
+        "(also a near miss: a score within near_margin below its class threshold), 'all'.",
     )
-    near_margin: float = Field(0.1, gt=0, le=1, description="How far below its threshold a detection is 'near'.")
+    near_margin: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="ng+near: how far below its class threshold a score makes a near miss (never published).",
+    )
     max_bytes: int = Field(
         1_000_000_000, gt=0, description="Most bytes this camera's evidence may take; the oldest frames go first."
     )
@@ -84,12 +89,10 @@ class EvidenceConfig(Section):
 
 @dataclass(frozen=True, slots=True)
 class EvidenceDetection:
-    """One detection as the writer needs it: box in frame pixels, and the threshold of its class."""
+    """One published detection as its label line needs it: the class and the box in frame pixels."""
 
     class_id: int
-    score: float
     box: tuple[float, float, float, float]
-    threshold: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,22 +109,20 @@ class EvidenceFrame:
     message: bytes | None
 
 
-def should_save(
-    save: SavePolicy, verdict: Verdict | None, scores: Sequence[float], thresholds: Sequence[float], near_margin: float
-) -> bool:
-    """Whether a frame is evidence under ``save``; ``scores[i]`` belongs to a detection of threshold ``thresholds[i]``.
+def should_save(save: SavePolicy, verdict: Verdict | None, found: int, near: int) -> bool:
+    """Whether a frame with ``found`` detections and ``near`` near misses is evidence under ``save``.
 
-    Without a verdict (no inspection configured) a frame is ``ng`` when any detection passes its
-    threshold (``score > threshold``, as the decoder passes them). ``ng+near`` adds frames with a
-    detection at most ``near_margin`` below its threshold: what the model is unsure about is what
-    is worth labelling.
+    Without a verdict (no inspection configured) a frame is ``ng`` when it has a detection.
+    ``ng+near`` adds frames with a near miss, a score the decoder found within ``near_margin``
+    below its class's threshold (`edged.decode.Detections.near`): what the model is unsure about
+    is what is worth labelling. The decoder alone compares scores with thresholds, so a score is
+    never judged twice, once in float32 and once in float64.
     """
     if save == "all":
         return True
-    pairs = list(zip(scores, thresholds, strict=True))
-    if verdict == "ng" or (verdict is None and any(s > t for s, t in pairs)):
+    if verdict == "ng" or (verdict is None and found > 0):
         return True
-    return save == "ng+near" and any(t - near_margin <= s <= t for s, t in pairs)
+    return save == "ng+near" and near > 0
 
 
 def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int) -> tuple[str, str]:
@@ -132,11 +133,9 @@ def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int) -> tuple[s
 
 
 def yolo_labels(detections: Sequence[EvidenceDetection], width: int, height: int) -> str:
-    """The detections that passed their threshold, one ``class cx cy w h`` line each, normalised to the frame."""
+    """The detections as predicted, one ``class cx cy w h`` line each, normalised to the frame."""
     lines = []
     for d in detections:
-        if d.score <= d.threshold:
-            continue
         x1, y1, x2, y2 = d.box
         cx, cy, w, h = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height
         lines.append(f"{d.class_id} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}\n")
@@ -395,25 +394,19 @@ class EvidenceWriter:
 
     # ---- the loop's side ---------------------------------------------------------------------
 
-    def offer(
-        self,
-        frame: Frame,
-        detections: Detections,
-        thresholds: Sequence[float],
-        verdict: Verdict | None,
-        message: bytes | None,
-    ) -> None:
+    def offer(self, frame: Frame, detections: Detections, verdict: Verdict | None, message: bytes | None) -> None:
         """Save ``frame`` if it is evidence and there is room and rate for it; only then is it copied.
 
-        ``thresholds[i]`` is the threshold of detection i's class; ``message`` the payload published
-        for the frame, None when it was not published.
+        ``detections`` are those published, with the decoder's near misses (``detections.near``)
+        under ``ng+near``; the labels saved are the detections only. ``message`` is the payload
+        published for the frame, None when it was not published.
         """
-        scores = detections.scores.tolist()
-        if not self.admit(verdict, scores, thresholds):
+        near = len(detections.near) if detections.near is not None else 0
+        if not self.admit(verdict, len(detections), near):
             return
         saved = tuple(
-            EvidenceDetection(c, s, (b[0], b[1], b[2], b[3]), t)
-            for b, s, c, t in zip(detections.xyxy.tolist(), scores, detections.class_ids.tolist(), thresholds, strict=True)
+            EvidenceDetection(c, (b[0], b[1], b[2], b[3]))
+            for b, c in zip(detections.xyxy.tolist(), detections.class_ids.tolist(), strict=True)
         )
         self.submit(
             EvidenceFrame(
@@ -421,10 +414,11 @@ class EvidenceWriter:
             )
         )
 
-    def admit(self, verdict: Verdict | None, scores: Sequence[float], thresholds: Sequence[float]) -> bool:
-        """Whether the caller should copy this frame and `submit` it; a frame refused for room or rate is counted."""
+    def admit(self, verdict: Verdict | None, found: int, near: int) -> bool:
+        """Whether the caller should copy this frame (``found`` detections, ``near`` near misses) and
+        `submit` it; a frame refused for room or rate is counted."""
         cfg = self.cfg
-        if not should_save(cfg.save, verdict, scores, thresholds, cfg.near_margin):
+        if not should_save(cfg.save, verdict, found, near):
             return False
         if self._queue.qsize() >= QUEUE_FRAMES:
             self.dropped += 1

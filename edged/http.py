@@ -7,7 +7,8 @@ frames to the `LiveView` only while someone watches, hands over the status once 
 interval, and never waits for a client.
 
 Endpoints: ``/`` (the page), ``/stream.mjpg`` (multipart JPEG), ``/snapshot.jpg``,
-``/status.json`` (the last status message), ``/metrics`` and ``/healthz``. On anything but
+``/status.json`` (the last status message), ``/verdicts.json`` (the latest verdicts, with
+``[inspect]``), ``/metrics`` and ``/healthz``. On anything but
 loopback a bearer token is required (``http.token_file``), as ``Authorization: Bearer`` or
 ``?token=`` (a browser's only way for an image).
 
@@ -39,6 +40,7 @@ from edged.messages import StatusMessage
 from edged.prometheus import CameraStatus, Metrics
 from edged.sections import Section
 from edged.view import LiveView
+from edged.zones import Point
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +112,11 @@ def is_loopback(host: str) -> bool:
 class HttpServer:
     """The server of one configuration; `start` binds it in the background, `close` stops it."""
 
-    def __init__(self, cfg: HttpConfig, health: Callable[[], str | None]) -> None:
+    def __init__(self, cfg: HttpConfig, health: Callable[[], str | None], zones: Mapping[str, Sequence[Point]]) -> None:
+        """``zones``: the ``[inspect]`` zones the live view draws."""
         self.cfg = cfg
         self.health = health
-        self.view = LiveView(cfg.view_fps, cfg.view_width, cfg.jpeg_quality)
+        self.view = LiveView(cfg.view_fps, cfg.view_width, cfg.jpeg_quality, zones)
         self.metrics = Metrics()
         self.token = read_token(cfg.token_file, "http.token_file") if cfg.token_file else None
         self.statuses: dict[str, StatusMessage] = {}  # by camera, the page's camera first
@@ -142,8 +145,10 @@ class HttpServer:
         return next(iter(self.statuses.values()), None)
 
     def update(self, cameras: Sequence[CameraStatus]) -> None:
-        """Each camera's status just published, with its stage histograms as they were then."""
-        self.statuses = {status.camera_id: status for status, _ in cameras}
+        """Each camera's status just published, with its stage histograms and verdicts (None without
+        ``[inspect]``) as they were then."""
+        self.verdicts = cameras[0][2] if cameras else None  # set before the status it belongs to
+        self.statuses = {status.camera_id: status for status, _, _ in cameras}
         self.metrics.update(cameras)
 
     def close(self) -> None:
@@ -236,11 +241,14 @@ class _Handler(BaseHTTPRequestHandler):
             "/stream.mjpg": self._stream,
             "/snapshot.jpg": self._snapshot,
             "/status.json": self._status,
+            "/verdicts.json": self._verdicts,
             "/metrics": self._metrics,
             "/healthz": self._healthz,
         }.get(url.path)
         if route is None:
-            self._send(404, b"not found: try /, /stream.mjpg, /snapshot.jpg, /status.json, /metrics or /healthz\n")
+            self._send(
+                404, b"not found: try /, /stream.mjpg, /snapshot.jpg, /status.json, /verdicts.json, /metrics or /healthz\n"
+            )
             return
         route(owner)
 
@@ -284,6 +292,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, b'{"error": "no status yet"}\n', "application/json")
             return
         self._send(200, status.model_dump_json().encode(), "application/json")
+
+    def _verdicts(self, owner: HttpServer) -> None:
+        if owner.status is None:
+            self._send(503, b'{"error": "no status yet"}\n', "application/json")
+            return
+        verdicts = owner.verdicts  # set before the status, so it belongs to this status or a later one
+        if verdicts is None:
+            self._send(404, b'{"error": "no verdicts: [inspect] is not configured"}\n', "application/json")
+            return
+        latest = [
+            {
+                "capture_time_ms": v.capture_time_ns / 1e6,
+                "frame_id": v.frame_id,
+                "part_id": v.part_id,
+                "verdict": v.verdict,
+                "reasons": [r.model_dump() for r in v.reasons],
+            }
+            for v in verdicts.latest
+        ]
+        body = {"ok": verdicts.verdicts["ok"], "ng": verdicts.verdicts["ng"], "latest": latest}
+        self._send(200, json.dumps(body).encode(), "application/json")
 
     def _metrics(self, owner: HttpServer) -> None:
         self._send(200, owner.metrics.exposition(), CONTENT_TYPE_LATEST)
@@ -355,10 +384,10 @@ body{margin:0;font:14px/1.4 system-ui,sans-serif;background:#16181c;color:#e6e6e
 header{padding:8px 14px;background:#22262d;display:flex;gap:12px;align-items:center}
 header b{font-size:16px}.pill{padding:1px 8px;border-radius:9px;background:#555}
 .ok{background:#1f7a3a}.bad{background:#a12b2b}.warn{background:#a67a12}
-main{display:flex;flex-wrap:wrap;gap:14px;padding:14px}
+main{display:flex;flex-wrap:wrap;align-items:flex-start;gap:14px;padding:14px}
 #live{width:640px;max-width:100%;background:#000;min-height:200px;object-fit:contain}
-section{min-width:300px}table{border-collapse:collapse;margin-bottom:12px}
-td,th{padding:2px 10px 2px 0;text-align:left;font-variant-numeric:tabular-nums}th{color:#9aa}
+section{flex:0 1 300px;min-width:300px}#verdicts td{vertical-align:top}table{border-collapse:collapse;margin-bottom:12px}
+td,th{padding:2px 10px 2px 0;text-align:left;font-variant-numeric:tabular-nums}th{color:#9aa;white-space:nowrap}
 h2{font-size:13px;margin:6px 0;color:#9aa;text-transform:uppercase}
 </style></head><body>
 <header><b>edged</b><span id="camera">&nbsp;</span><span id="state" class="pill">connecting</span>
@@ -376,6 +405,7 @@ h2{font-size:13px;margin:6px 0;color:#9aa;text-transform:uppercase}
 </table>
 <h2>latency, ms</h2><table id="latency"></table>
 <h2>drops</h2><table id="drops"></table>
+<div id="inspect" hidden><h2>verdicts <span id="tally"></span></h2><table id="verdicts"></table></div>
 </section></main>
 <script>
 "use strict";
@@ -390,6 +420,22 @@ function rows(id, entries) {
   }));
 }
 function pill(id, text, kind) { const e = $(id); e.textContent = text; e.className = "pill " + kind; }
+function clock(ms) { return new Date(ms).toLocaleTimeString([], {hour12: false}); }
+async function verdicts() {
+  const r = await fetch("verdicts.json" + q, {cache: "no-store"});
+  $("inspect").hidden = !r.ok;
+  if (!r.ok) return;
+  const v = await r.json();
+  $("tally").textContent = "(ok " + v.ok + ", ng " + v.ng + ")";
+  const reason = (x) => x.label + (x.zone ? "@" + x.zone : "") + " " + x.score.toFixed(2);
+  rows("verdicts", [["time", "frame / part", "verdict", "reasons"], ...v.latest.map((e) => [
+    clock(e.capture_time_ms), e.part_id === null ? String(e.frame_id) : e.part_id,
+    e.verdict.toUpperCase(), e.reasons.map(reason).join(", ")])]);
+  for (const tr of $("verdicts").rows) {
+    const cell = tr.cells[2], kind = {OK: "ok", NG: "bad"}[cell.textContent];
+    if (kind) cell.className = kind;
+  }
+}
 async function tick() {
   try {
     const r = await fetch("status.json" + q, {cache: "no-store"});
@@ -411,6 +457,7 @@ async function tick() {
     rows("latency", [["stage", "p50", "p99"], ...stages]);
     const drops = Object.entries(s.drops).filter(([, n]) => n > 0).map(([k, n]) => [k, String(n)]);
     rows("drops", drops.length ? drops : [["none"]]);
+    await verdicts();
     const h = await fetch("healthz" + q, {cache: "no-store"});
     pill("health", h.ok ? "healthy" : "unhealthy: " + (await h.text()).trim(), h.ok ? "ok" : "bad");
   } catch (e) {

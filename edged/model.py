@@ -30,9 +30,15 @@ class LoadedModel:
     cfg: ModelConfig
     info: ModelInfo  # what every message says about the model
 
-    def make_decoder(self, output_shape: tuple[int, ...], thresholds: Sequence[float] | None = None) -> Decoder:
+    def make_decoder(
+        self,
+        output_shape: tuple[int, ...],
+        thresholds: Sequence[float] | None = None,
+        near_margin: float | None = None,
+    ) -> Decoder:
         """A decoder for a bound output (its size is only known after `Engine.bind`); ``thresholds``
-        per class id replace model.conf (``[inspect]``)."""
+        per class id replace model.conf (``[inspect]``); ``near_margin`` has it find near misses
+        (evidence saved under ``ng+near``)."""
         return Decoder(
             self.head,
             output_shape,
@@ -42,6 +48,7 @@ class LoadedModel:
             max_det=self.cfg.max_det,
             agnostic=self.cfg.agnostic_nms,
             thresholds=thresholds,
+            near_margin=near_margin,
         )
 
     def label(self, class_id: int) -> str:

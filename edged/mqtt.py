@@ -14,6 +14,14 @@ Topics, under ``topic_prefix`` (default ``edged/<hostname>``)::
     PREFIX/CAMERA/detections  each processed frame (qos_detections)
     PREFIX/CAMERA/status      the status message, retained (qos_events)
     PREFIX/CAMERA/verdict     an inspection verdict (qos_events)
+    PREFIX/CAMERA/trigger     in request mode, subscribed: a trigger request, as on ZeroMQ (qos_events)
+    PREFIX/CAMERA/trigger/error  why a request from the broker got no verdict (qos_events)
+
+A trigger's payload goes to the handler `take_requests` was given, on this output's thread; the
+handler queues it and returns at once (`edged.trigger`), so the broker connection never waits
+for an inspection. The subscription is made again on every connection, as a clean session ends
+it: a trigger sent while edged is disconnected is not seen (the requester's timeout covers it,
+and an inspection long after its part has passed would be of the wrong part anyway).
 
 paho-mqtt (2.x) is an optional dependency, imported only when a configuration has ``[mqtt]``.
 """
@@ -30,7 +38,7 @@ import ssl
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -46,8 +54,9 @@ from edged.sections import Section
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["detections", "status", "verdict"]
-KINDS: tuple[Kind, ...] = ("detections", "status", "verdict")
+Kind = Literal["detections", "status", "verdict", "trigger/error"]
+KINDS: tuple[Kind, ...] = ("detections", "status", "verdict", "trigger/error")
+TRIGGER = "trigger"  # the topic requests arrive on, and their drops' key: those refused unread
 MqttState = Literal["connected", "disconnected"]
 
 BACKOFF_INITIAL_S = 0.5
@@ -307,10 +316,15 @@ class Outbox:
             else:
                 (self._detections if item.kind == "detections" else self._events).appendleft(item)
 
-    def counts(self) -> dict[str, int]:
-        """Drops by kind, every kind named (zero included) so that dashboards see stable keys."""
+    def refused(self, topic: str) -> None:
+        """Count a message that arrived on ``topic`` and was dropped unread."""
         with self._lock:
-            return {kind: self.drops[kind] for kind in KINDS}
+            self.drops[topic] += 1
+
+    def counts(self) -> dict[str, int]:
+        """Drops by topic, every topic named (zero included) so that dashboards see stable keys."""
+        with self._lock:
+            return {topic: self.drops[topic] for topic in (*KINDS, TRIGGER)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,13 +353,19 @@ class MqttOutput:
         self._topics: dict[tuple[str, Kind], str] = {
             (camera, kind): f"{prefix}/{camera}/{kind}" for camera in camera_ids for kind in KINDS
         }
-        self._qos: dict[Kind, int] = {"detections": cfg.qos_detections, "status": cfg.qos_events, "verdict": cfg.qos_events}
+        self._qos: dict[Kind, int] = {kind: cfg.qos_events for kind in KINDS}
+        self._qos["detections"] = cfg.qos_detections
+        self._trigger_topic = f"{prefix}/{camera_id}/{TRIGGER}"  # request mode has one camera
+        self._requests: Callable[[bytes], bool] | None = None
+        self._subscribed = False  # to the trigger topic, on this connection
         self.outbox = Outbox(cfg.max_queued)
         self._client = new_client(cfg, cfg.client_id_for(camera_id))
         self._client.will_set(self._state_topic, b"offline", qos=cfg.qos_events, retain=True)
         self._client.max_inflight_messages_set(INFLIGHT)
         self._client.on_connect = self._on_connect
         self._client.on_publish = self._on_publish
+        self._client.on_subscribe = self._on_subscribe
+        self._client.on_message = self._on_message
         self._connected = False
         self._answered = False  # the broker answered this connection attempt, yes or no
         self._unacked: set[int] = set()  # QoS 1/2 messages paho holds until the broker acknowledges them
@@ -368,6 +388,13 @@ class MqttOutput:
         if self._connected:
             with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
                 self._wake_w.send(b"\0")
+
+    def take_requests(self, handler: Callable[[bytes], bool]) -> None:
+        """Subscribe to the trigger topic, now and on every reconnection; each payload goes to
+        ``handler`` on this output's thread, which returns False for one it refused unread (counted)."""
+        self._requests = handler
+        with contextlib.suppress(BlockingIOError):
+            self._wake_w.send(b"\0")
 
     @property
     def state(self) -> MqttState:
@@ -418,6 +445,9 @@ class MqttOutput:
         pending = getattr(sock, "pending", lambda: 0)  # TLS: bytes already decrypted, unseen by select
         while not self._stop.is_set():
             if self._connected:
+                if self._requests is not None and not self._subscribed:
+                    self._subscribed = True
+                    self._client.subscribe(self._trigger_topic, qos=self.cfg.qos_events)
                 self._hand_over()
             writing = [sock] if self._client.want_write() else []
             readable, writable, _ = select.select([sock, self._wake_r], writing, [], 0.0 if pending() else TICK_S)
@@ -449,10 +479,23 @@ class MqttOutput:
             if qos:
                 self._unacked.add(info.mid)
 
+    def _drain(self, deadline: float) -> None:
+        """At stop: hand over and write what is queued until the outbox is empty, paho's in-flight
+        window is full, or ``deadline`` comes (`_hand_over` alone stops at the first message the
+        socket has not taken yet, which at stop would be the last status)."""
+        sock = self._client.socket()
+        while sock is not None and (left := deadline - time.monotonic()) > 0:
+            self._hand_over()
+            if not self._client.want_write():
+                return
+            if select.select([], [sock], [], left)[1] and self._client.loop_write():
+                return
+            sock = self._client.socket()
+
     def _finish(self, deadline: float) -> None:
         """At stop: the last messages and a retained offline, then a clean disconnect, all within ``deadline``."""
         if self._connected:
-            self._hand_over()
+            self._drain(deadline)
             # QoS 0: straight into the stream ahead of DISCONNECT, never held back by unacknowledged
             # messages (a clean DISCONNECT makes the broker discard the Last Will).
             self._client.publish(self._state_topic, b"offline", qos=0, retain=True)
@@ -475,6 +518,7 @@ class MqttOutput:
             return
         client.publish(self._state_topic, b"online", qos=self.cfg.qos_events, retain=True)
         self._connected = True
+        self._subscribed = False
         after = f" at attempt {self._attempts}" if self._attempts > 1 else ""
         log.info("MQTT: connected to %s%s", self.cfg.url, after)
         self._attempts = 0
@@ -483,6 +527,20 @@ class MqttOutput:
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
         self._unacked.discard(mid)
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        refused = [code for code in reason_codes if code.is_failure]
+        if refused:
+            log.error("MQTT: the broker refused the subscription to %s: %s", self._trigger_topic, refused[0])
+        else:
+            log.info("MQTT: taking trigger requests on %s", self._trigger_topic)
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        if message.retain:  # kept by the broker from an earlier publish: replayed on every subscription
+            self.outbox.refused(TRIGGER)
+            log.warning("MQTT: a retained trigger on %s ignored: publish triggers without retain", message.topic)
+        elif self._requests is not None and not self._requests(bytes(message.payload)):
+            self.outbox.refused(TRIGGER)
 
     def _dropped(self, problem: str) -> None:
         was_connected = self._connected

@@ -28,6 +28,7 @@ from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
 from edged.sources import Frame, sizes_vary
 from edged.sources.base import SourceBase
+from edged.stats import VerdictRecord
 from edged.verdict import Inspected, Inspector
 
 log = logging.getLogger(__name__)
@@ -57,12 +58,13 @@ class FramePipeline:
         frame_h: int,
         source_order: ChannelOrder,
         thresholds: list[float] | None = None,
+        near_margin: float | None = None,
     ) -> None:
         self.model = model
         self.spec = FrameSpec(frame_w, frame_h, source_order)
         self.preprocess = Preprocessor(model.contract, frame_w, frame_h, source_order)
         self.binding = model.engine.bind(self.preprocess.tensor)
-        self.decoder = model.make_decoder(self.binding.outputs[0].shape, thresholds)
+        self.decoder = model.make_decoder(self.binding.outputs[0].shape, thresholds, near_margin)
 
     @property
     def box_map(self) -> BoxMap:
@@ -122,13 +124,16 @@ class FramePath:
         inspector: Inspector | None = None,
         *,
         sizes_vary: bool = False,
+        near_margin: float | None = None,
     ) -> None:
-        """``sizes_vary``: the source declares frames of many sizes (`edged.sources.sizes_vary`)."""
+        """``sizes_vary``: the source declares frames of many sizes (`edged.sources.sizes_vary`);
+        ``near_margin``: the decoder also finds near misses (`edged.decode.Detections.near`)."""
         self.model = model
         self.camera_id = camera_id
         self.declared_order = declared_order
         self.inspector = inspector
         self.sizes_vary = sizes_vary
+        self.near_margin = near_margin
         # By frame size (width, height), least recently used first; a camera keeps only its current one.
         self._plans: OrderedDict[tuple[int, int], FramePipeline] = OrderedDict()
         self._capacity = MAX_PLANS if sizes_vary else 1
@@ -188,7 +193,7 @@ class FramePath:
                     extra={"CAMERA": self.camera_id},
                 )
         thresholds = self.inspector.thresholds if self.inspector else None
-        plan = self._plans[size] = FramePipeline(self.model, *size, self.declared_order, thresholds)
+        plan = self._plans[size] = FramePipeline(self.model, *size, self.declared_order, thresholds, self.near_margin)
         return plan
 
     def _checked(self, frame: Frame, plan: FramePipeline) -> FramePipeline | Rejected:
@@ -206,13 +211,6 @@ class FramePath:
         self._new_size = (size, seen)
         return seen >= REPLAN_AFTER
 
-    def thresholds(self, detections: Detections) -> list[float]:
-        """Each detection's class threshold (``[inspect]``'s or model.conf): how near a miss it was."""
-        if self.inspector is None:
-            return [self.model.cfg.conf] * len(detections)
-        by_class = self.inspector.thresholds
-        return [by_class[c] for c in detections.class_ids.tolist()]
-
     def message(
         self, done: Processed, *, seq: int, thermal_state: ThermalState, part_id: str | None = None
     ) -> DetectionsMessage:
@@ -225,17 +223,10 @@ class FramePath:
         boxes, scores, class_ids = det.xyxy.tolist(), det.scores.tolist(), det.class_ids.tolist()
         zones: list[str | None] = [None] * len(class_ids)
         thresholds: list[float | None] = [None] * len(class_ids)
-        reasons: list[Reason] = []
         inspector, inspected = self.inspector, done.inspected
         if inspector is not None and inspected is not None:
             zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
             thresholds = [round(inspector.thresholds[c], 4) for c in class_ids]
-            reasons = [
-                Reason(
-                    detection=i, class_id=class_ids[i], label=label(class_ids[i]), score=round(scores[i], 4), zone=zones[i]
-                )
-                for i in inspected.ng.nonzero()[0].tolist()
-            ]
         return DetectionsMessage(
             camera_id=self.camera_id,
             seq=seq,
@@ -263,10 +254,36 @@ class FramePath:
             ),
             thermal_state=thermal_state,
             verdict=inspected.verdict if inspected else None,
-            reasons=reasons,
+            reasons=self.reasons(done),
             verdict_latency_ms=round(done.verdict_ms, 3) if inspected else None,
             part_id=part_id,
         )
+
+    def reasons(self, done: Processed) -> list[Reason]:
+        """The detections that made ``done`` NG; none for an OK or uninspected frame."""
+        inspector, inspected = self.inspector, done.inspected
+        if inspector is None or inspected is None or inspected.verdict == "ok":
+            return []
+        det, label = done.detections, self.model.label
+        scores, class_ids, zones = det.scores.tolist(), det.class_ids.tolist(), inspected.zones.tolist()
+        return [
+            Reason(
+                detection=i,
+                class_id=class_ids[i],
+                label=label(class_ids[i]),
+                score=round(scores[i], 4),
+                zone=inspector.zone_name(zones[i]),
+            )
+            for i, bad in enumerate(inspected.ng.tolist())
+            if bad
+        ]
+
+    def verdict_record(self, done: Processed, part_id: str | None) -> VerdictRecord | None:
+        """What the status page lists of an inspected frame; None for an uninspected one."""
+        if done.inspected is None:
+            return None
+        frame = done.frame
+        return VerdictRecord(frame.t_wall_ns, frame.frame_id, part_id, done.inspected.verdict, tuple(self.reasons(done)))
 
 
 def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
@@ -288,8 +305,9 @@ def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
 def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:
     """The path of camera ``source``'s frames through ``model``, inspected when ``[inspect]`` is
     set (with the camera's own zones when it has them) or requests are answered with verdicts
-    (request mode without ``[inspect]``: any detection is NG); raises ConfigError for a class
-    named in ``[inspect]`` that the model does not have."""
+    (request mode without ``[inspect]``: any detection is NG), finding near misses when evidence
+    is saved under ``ng+near``; raises ConfigError for a class named in ``[inspect]`` that the
+    model does not have."""
     inspect = settings.inspect
     if inspect is None and settings.trigger.mode == "request":
         inspect = InspectConfig()
@@ -298,4 +316,8 @@ def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> Fr
     inspector = None
     if inspect is not None:
         inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
-    return FramePath(model, source.camera_id, source.channel_order, inspector, sizes_vary=sizes_vary(source))
+    evidence = settings.evidence
+    near_margin = evidence.near_margin if evidence is not None and evidence.save == "ng+near" else None
+    return FramePath(
+        model, source.camera_id, source.channel_order, inspector, sizes_vary=sizes_vary(source), near_margin=near_margin
+    )

@@ -9,8 +9,9 @@ default, so nothing else in the process leaks into the exposition.
 Names follow Prometheus' conventions: the ``edged_`` prefix, base units (seconds, celsius),
 ``_total`` on counters, ``_info`` for build metadata, low-cardinality labels only. What is per
 camera carries a ``camera`` label (its ``camera_id``); thermal state and build are the board's.
-Inspection verdict and evidence counters belong here, as families of their own, once edged has them. Inspection
-verdict and evidence counters belong here, as families of their own, once edged has them.
+With ``[inspect]`` the verdicts come too, counted since start by `edged.stats` and handed over with
+the status: NG reasons are labelled by camera, class and zone, so their cardinality is at most the
+cameras times the classes times the zones. With ``[evidence]``, each writer's counters from the status.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from prometheus_client.core import (
 
 from edged import __version__
 from edged.messages import StatusMessage
-from edged.stats import BUCKETS_MS, HistogramCounts
+from edged.stats import BUCKETS_MS, HistogramCounts, VerdictCounts
 from edged.thermal_readers import THROTTLED_BITS
 
 STAGE_NAMES = ("preprocess", "inference", "decode")
 THERMAL_STATES = ("unknown", "ok", "warm", "throttled", "critical")
 
 
-CameraStatus = tuple[StatusMessage, Mapping[str, HistogramCounts]]  # one camera's status and stage histograms
+# One camera's status, stage histograms and verdicts (None without [inspect]).
+CameraStatus = tuple[StatusMessage, Mapping[str, HistogramCounts], VerdictCounts | None]
 
 
 class Metrics:
@@ -62,9 +64,11 @@ class Metrics:
         if not cameras:
             return
         first = cameras[0][0]  # thermal state and model are the board's: any camera's say them
-        yield from _frames([status for status, _ in cameras])
+        yield from _frames([status for status, _, _ in cameras])
         yield from _latency(cameras)
         yield from _thermal(first)
+        yield from _verdicts([(status.camera_id, verdicts) for status, _, verdicts in cameras if verdicts is not None])
+        yield from _evidence([status for status, _, _ in cameras])
         yield InfoMetricFamily(
             "edged_build",
             "edged's version and the model it runs.",
@@ -121,7 +125,7 @@ def _latency(cameras: Sequence[CameraStatus]) -> Iterator[Metric]:
         "Capture to result: how old a frame is when its detections are ready.",
         labels=["camera"],
     )
-    for status, histograms in cameras:
+    for status, histograms, _ in cameras:
         for stage in STAGE_NAMES:
             if stage in histograms:
                 counts = histograms[stage]
@@ -152,3 +156,48 @@ def _thermal(status: StatusMessage) -> Iterator[Metric]:
     for name in THERMAL_STATES:
         state.add_metric([name], 1.0 if status.thermal.state == name else 0.0)
     yield state
+
+
+def _verdicts(cameras: Sequence[tuple[str, VerdictCounts]]) -> Iterator[Metric]:
+    if not cameras:
+        return
+    by_verdict = CounterMetricFamily("edged_verdicts", "Inspected frames by verdict.", labels=["camera", "verdict"])
+    reasons = CounterMetricFamily(
+        "edged_ng_reasons",
+        'Detections that made a frame NG, by class and zone (zone "" when no zones are set).',
+        labels=["camera", "class", "zone"],
+    )
+    latency = HistogramMetricFamily(
+        "edged_verdict_latency_seconds", "Capture to verdict of each inspected frame.", labels=["camera"]
+    )
+    for camera, verdicts in cameras:
+        for verdict in ("ok", "ng"):
+            by_verdict.add_metric([camera, verdict], verdicts.verdicts[verdict])
+        for (label, zone), count in sorted(verdicts.ng_reasons.items()):
+            reasons.add_metric([camera, label, zone], count)
+        latency.add_metric([camera], _buckets(verdicts.latency), verdicts.latency.sum_ms / 1000)
+    yield from (by_verdict, reasons, latency)
+
+
+def _evidence(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
+    writers = [(status.camera_id, status.evidence) for status in statuses if status.evidence is not None]
+    if not writers:
+        return
+    saved = CounterMetricFamily("edged_evidence_saved", "Frames saved as evidence.", labels=["camera"])
+    dropped = CounterMetricFamily(
+        "edged_evidence_dropped", "Evidence frames dropped because the writer's queue was full.", labels=["camera"]
+    )
+    errors = CounterMetricFamily(
+        "edged_evidence_errors", "Evidence saves or retention passes that failed (disk full, read-only).", labels=["camera"]
+    )
+    limited = CounterMetricFamily(
+        "edged_evidence_rate_limited", "Evidence frames refused by evidence.max_per_minute.", labels=["camera"]
+    )
+    held = GaugeMetricFamily("edged_evidence_bytes", "Bytes the camera's evidence folder holds.", labels=["camera"])
+    for camera, evidence in writers:
+        saved.add_metric([camera], evidence.saved)
+        dropped.add_metric([camera], evidence.dropped)
+        errors.add_metric([camera], evidence.errors)
+        limited.add_metric([camera], evidence.rate_limited)
+        held.add_metric([camera], evidence.bytes)
+    yield from (saved, dropped, errors, limited, held)

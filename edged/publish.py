@@ -1,10 +1,11 @@
-"""Publish: ZeroMQ PUB sockets that fan detections out to any number of subscribers.
+"""Publish: ZeroMQ XPUB sockets that fan detections out to any number of subscribers.
 
-A PUB socket never blocks and never grows without bound: each subscriber has a queue of at most
-``hwm`` messages and, once it is full, libzmq drops that subscriber's new messages silently (it
-does not raise ``zmq.Again``). The publisher therefore cannot see those drops; every message
-carries a per-topic ``seq`` so a subscriber sees its own gaps. What the publisher can see (a send
-error, a socket that refuses) is counted and never raised into the pipeline.
+Each socket works as a PUB socket whose subscriptions edged applies itself (below). It never
+blocks and never grows without bound: each subscriber has a queue of at most ``hwm`` messages
+and, once it is full, libzmq drops that subscriber's new messages silently (it does not raise
+``zmq.Again``). The publisher therefore cannot see those drops; every message carries a
+per-topic ``seq`` so a subscriber sees its own gaps. What the publisher can see (a send error, a
+socket that refuses) is counted and never raised into the pipeline.
 
 Security. ipc:// endpoints are protected by the filesystem: the socket file is 0660 in a 0750
 directory, so only the service's group can connect. tcp:// endpoints are encrypted and
@@ -16,6 +17,16 @@ both. Local consumers need no keys, and nothing on the network is plaintext. Wit
 tcp on a non-loopback address is refused unless ``publish.insecure`` says otherwise. A key
 removed from the allow-list is cut off at the next reload (`Publisher.reload_client_keys`).
 Every socket is an `edged.listen.Listener`: size-limited, and never stealing a live ipc path.
+
+Subscriptions. libzmq keeps every subscription a peer sends in a trie with a node per byte, in
+the socket's own memory, before the application sees it; thousands of distinct ones grow the
+daemon by hundreds of MB. The sockets are therefore XPUB in manual mode: before each send,
+edged reads each subscription and applies only those that are a prefix of a topic it publishes
+("", "edged/", a full topic); the others are refused and counted. libzmq still holds what a
+connected peer sent until that peer goes, so once the refused subscriptions since the socket was
+bound add up to `REFUSED_BYTES_BEFORE_REBIND`, or a peer sends something that is not a
+subscription at all, the socket is bound afresh, as for a revoked key: every peer is cut off and
+honest subscribers reconnect and subscribe again by themselves.
 """
 
 from __future__ import annotations
@@ -23,7 +34,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-from collections import Counter
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from functools import partial
 
 import zmq
@@ -36,6 +49,11 @@ from edged.listen import Listener
 
 log = logging.getLogger(__name__)
 
+SUBSCRIPTION_HWM = 16  # subscription messages libzmq queues from one peer before it stops reading that peer
+READ_AT_MOST = 4096  # subscription messages read before one send, so that no peer can hold the loop
+REFUSED_BYTES_BEFORE_REBIND = 64 * 1024  # ~50 bytes of libzmq's trie per byte: about 3 MB held at most
+REFUSAL_LOG_INTERVAL_S = 60.0
+
 
 def detections_topic(prefix: str, camera_id: str) -> bytes:
     return f"{prefix}/detections/{camera_id}".encode()
@@ -47,6 +65,11 @@ def status_topic(prefix: str, camera_id: str) -> bytes:
 
 def verdict_topic(prefix: str, camera_id: str) -> bytes:
     return f"{prefix}/verdict/{camera_id}".encode()
+
+
+def topics_of(prefix: str, camera_ids: Sequence[str]) -> tuple[bytes, ...]:
+    """Every topic edged publishes for its cameras: what a subscription must be a prefix of."""
+    return tuple(topic(prefix, camera) for camera in camera_ids for topic in (detections_topic, status_topic, verdict_topic))
 
 
 def _is_loopback(host: str) -> bool:
@@ -91,13 +114,18 @@ class Publisher:
     With CURVE it runs the context's ZAP authenticator, so one such publisher per context.
     """
 
-    def __init__(self, cfg: PublishConfig, context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+    def __init__(
+        self, cfg: PublishConfig, camera_ids: Sequence[str], context: zmq.Context[zmq.Socket[bytes]] | None = None
+    ) -> None:
         self.cfg = cfg
         self.drops: Counter[str] = Counter()
         self.sent = 0
         self.endpoints: list[str] = []
+        self._topics = topics_of(cfg.topic_prefix, camera_ids)
         self._context = context or zmq.Context.instance()
         self._listeners: dict[bool, Listener] = {}  # keyed by "uses CURVE"
+        self._refused_bytes: Counter[bool] = Counter()  # refused subscription bytes since the socket was bound
+        self._next_log: defaultdict[str, float] = defaultdict(float)  # when each kind of warning may be logged again
         self._auth: ThreadAuthenticator | None = None
         self._allowed = AllowList()
         self._server_keys = self._load_server_keys()
@@ -120,6 +148,8 @@ class Publisher:
 
     def _configure(self, sock: zmq.Socket[bytes], curve: tuple[bytes, bytes] | None) -> None:
         """Options set before bind; the CURVE authenticator is already running."""
+        sock.setsockopt(zmq.XPUB_MANUAL, 1)
+        sock.setsockopt(zmq.RCVHWM, SUBSCRIPTION_HWM)
         sock.setsockopt(zmq.SNDHWM, self.cfg.hwm)
         sock.setsockopt(zmq.LINGER, self.cfg.linger_ms)
         if curve is not None:
@@ -129,7 +159,7 @@ class Publisher:
     def _listener_for(self, secure: bool) -> Listener:
         if secure not in self._listeners:
             configure = partial(self._configure, curve=self._server_keys if secure else None)
-            self._listeners[secure] = Listener(self._context, zmq.PUB, configure)
+            self._listeners[secure] = Listener(self._context, zmq.XPUB, configure)
         return self._listeners[secure]
 
     def _start_authenticator(self) -> None:
@@ -159,15 +189,35 @@ class Publisher:
             log.warning("no client keys in %s: no subscriber can connect over tcp", self.cfg.curve_clients_dir)
         else:
             log.info("CURVE: %d subscriber key(s) allowed from %s", len(keys), self.cfg.curve_clients_dir)
-        curve = self._listeners.pop(True, None) if revoked else None
-        if curve is not None:
-            self._listeners[True] = curve.reopen()
+        if revoked and True in self._listeners:
+            endpoints = self._rebind(True)
             log.warning(
                 "%d subscriber key(s) revoked: %s bound afresh, so every subscriber authenticates again",
                 len(revoked),
-                ", ".join(curve.endpoints),
+                endpoints,
             )
         return len(keys)
+
+    def follow_cameras(self, camera_ids: Sequence[str]) -> None:
+        """A reload changed the cameras: their topics are the ones subscriptions may match from now on.
+
+        The sockets are bound afresh so that subscribers send again the subscriptions to the new
+        cameras' topics that were refused until now.
+        """
+        topics = topics_of(self.cfg.topic_prefix, camera_ids)
+        if topics == self._topics:
+            return
+        self._topics = topics
+        for secure in list(self._listeners):
+            cameras = ", ".join(camera_ids)
+            log.info("cameras are now %s: %s bound afresh, so subscribers subscribe again", cameras, self._rebind(secure))
+
+    def _rebind(self, secure: bool) -> str:
+        """The socket for ``secure`` closed and bound afresh; returns its endpoints, for the log."""
+        listener = self._listeners.pop(secure)
+        self._listeners[secure] = listener.reopen()
+        self._refused_bytes[secure] = 0
+        return ", ".join(listener.endpoints)
 
     def _bind(self, endpoint: str) -> None:
         secure = self._secure(endpoint)
@@ -178,11 +228,70 @@ class Publisher:
         log.info("publishing on %s%s", bound, " with CURVE" if secure else "")
 
     def send(self, topic: bytes, payload: bytes) -> bool:
-        """Queue one message for every subscriber; False (and counted) when it could not go out."""
-        results = [self._send_on(listener.socket, topic, payload) for listener in self._listeners.values()]
+        """Queue one message for every subscriber; False (and counted) when it could not go out.
+
+        The subscriptions peers sent since the last send are applied (or refused) first.
+        """
+        results = []
+        for secure in list(self._listeners):
+            self._read_subscriptions(secure)
+            results.append(self._send_on(self._listeners[secure].socket, topic, payload))
         if all(results):
             self.sent += 1
         return all(results)
+
+    def _read_subscriptions(self, secure: bool) -> None:
+        """Apply the subscriptions that can match a topic of ours, refuse the rest (module docstring).
+
+        In manual mode libzmq hands each (un)subscription up in the order the peers sent them,
+        and applies ``ZMQ_SUBSCRIBE`` / ``ZMQ_UNSUBSCRIBE`` to the peer of the one read last. A
+        peer has at most `SUBSCRIPTION_HWM` of them waiting between two sends; libzmq stops
+        reading that peer's connection until they are read, so what waits in libzmq's list of
+        subscriptions to hand up is what the peers sent since the last send, and no more than
+        `READ_AT_MOST` are read before the message goes out.
+        """
+        sock = self._listeners[secure].socket
+        for _ in range(READ_AT_MOST):
+            try:
+                if not sock.poll(0):
+                    return
+                request = sock.recv(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return  # the send that follows counts what is wrong with the socket
+            kind, topic = request[:1], request[1:]
+            if kind not in (b"\x00", b"\x01"):
+                # A message, not a subscription, which libzmq does not record against its peer:
+                # which peer the next subscription came from is no longer known.
+                self.drops["subscription_refused"] += 1
+                self._cut_off(secure, "a peer sent a message that is not a subscription")
+                return
+            if any(ours.startswith(topic) for ours in self._topics):
+                sock.setsockopt(zmq.SUBSCRIBE if kind == b"\x01" else zmq.UNSUBSCRIBE, topic)
+            elif kind == b"\x01":  # unsubscribing from a refused topic: libzmq has already forgotten it
+                self._refuse(topic)
+                self._refused_bytes[secure] += len(topic)
+                if self._refused_bytes[secure] >= REFUSED_BYTES_BEFORE_REBIND:
+                    self._cut_off(secure, f"{REFUSED_BYTES_BEFORE_REBIND // 1024} KiB of subscriptions that match no topic")
+                    return
+
+    def _refuse(self, request: bytes) -> None:
+        self.drops["subscription_refused"] += 1
+        shown = request[:64] + (b"..." if len(request) > 64 else b"")
+        self._now_and_then("refused", "refused a subscription to %r: edged publishes no topic it matches", shown)
+
+    def _cut_off(self, secure: bool, why: str) -> None:
+        self._now_and_then("cut off", "%s: %s bound afresh, so every subscriber reconnects", why, self._rebind(secure))
+
+    def _now_and_then(self, what: str, message: str, *args: object) -> None:
+        """A warning at most every `REFUSAL_LOG_INTERVAL_S` for each ``what``: a peer decides how often they come."""
+        now = time.monotonic()
+        if now >= self._next_log[what]:
+            self._next_log[what] = now + REFUSAL_LOG_INTERVAL_S
+            log.warning(
+                "%s (%d subscription(s) refused so far; logged at most once a minute)",
+                message % args,
+                self.drops["subscription_refused"],
+            )
 
     def _send_on(self, sock: zmq.Socket[bytes], topic: bytes, payload: bytes) -> bool:
         try:

@@ -3,25 +3,29 @@
 Latencies go into fixed-size ring buffers allocated once, so recording a frame's timings costs
 a few float stores; percentiles are computed only when a status message is built. Each stage also
 counts its samples into cumulative histogram buckets since start, which Prometheus can aggregate
-across boards where percentiles cannot.
+across boards where percentiles cannot. With ``[inspect]``, verdicts and NG reasons are counted
+the same way, and the latest few kept whole for the status page: a frame's verdict costs a few
+dictionary adds and one small record, handed to the HTTP server with each status.
 """
 
 from __future__ import annotations
 
 import bisect
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.ma  # np.percentile imports it on first use: load it while files can still be opened
 
-from edged.messages import StageLatency
+from edged.messages import Reason, StageLatency, Verdict
 
 STAGES = ("preprocess", "inference", "decode", "age")
 # Histogram bucket upper bounds in milliseconds: a stage on an edge board takes from well under a
 # millisecond (decode) to seconds (a large model on a Pi, a frame held up by a thermal pause).
 BUCKETS_MS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0)
+VERDICTS_KEPT = 20  # the latest verdicts the status page lists
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,28 @@ class StageHistogram:
             total += n
             cumulative.append(total)
         return HistogramCounts(tuple(cumulative[:-1]), total, self._sum_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictRecord:
+    """One inspected frame, as the status page lists it."""
+
+    capture_time_ns: int
+    frame_id: int
+    part_id: str | None
+    verdict: Verdict
+    reasons: tuple[Reason, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictCounts:
+    """Inspection since start: frames by verdict, NG detections by (class, zone; "" without zones),
+    capture-to-verdict latency, and the latest verdicts, newest first."""
+
+    verdicts: Mapping[Verdict, int]
+    ng_reasons: Mapping[tuple[str, str], int]
+    latency: HistogramCounts
+    latest: tuple[VerdictRecord, ...]
 
 
 class LatencyWindow:
@@ -83,6 +109,10 @@ class RunStats:
         self.histogram = {stage: StageHistogram() for stage in STAGES}
         self._fps_mark = (self.started_ns, 0)
         self.fps = 0.0
+        self._verdicts: Counter[Verdict] = Counter()
+        self._ng_reasons: Counter[tuple[str, str]] = Counter()
+        self._verdict_latency = StageHistogram()
+        self._latest_verdicts: deque[VerdictRecord] = deque(maxlen=VERDICTS_KEPT)
 
     def record(self, preprocess_ms: float, inference_ms: float, decode_ms: float, age_ms: float) -> None:
         self.frames_processed += 1
@@ -94,6 +124,22 @@ class RunStats:
         ):
             self.latency[stage].add(ms)
             self.histogram[stage].observe(ms)
+
+    def record_verdict(self, record: VerdictRecord, latency_ms: float) -> None:
+        """An inspected frame: its verdict and each detection that made it NG counted, the record kept."""
+        self._verdicts[record.verdict] += 1
+        for reason in record.reasons:
+            self._ng_reasons[(reason.label, reason.zone or "")] += 1
+        self._verdict_latency.observe(latency_ms)
+        self._latest_verdicts.appendleft(record)
+
+    def verdict_counts(self) -> VerdictCounts:
+        return VerdictCounts(
+            {"ok": self._verdicts["ok"], "ng": self._verdicts["ng"]},
+            dict(self._ng_reasons),
+            self._verdict_latency.counts(),
+            tuple(self._latest_verdicts),
+        )
 
     def drop(self, cause: str) -> None:
         self.drops[cause] += 1

@@ -9,6 +9,14 @@ loop services it between frames (`edged.daemon`): the loop alone touches the soc
 bound as every socket edged binds (`edged.listen.Listener`: a message-size limit, no taking over
 a live ipc path).
 
+With ``[mqtt]`` requests also arrive on the broker's ``PREFIX/CAMERA/trigger`` topic (`attach`):
+the MQTT thread checks and stamps each as it arrives and hands it over through a small locked
+queue with a wake-up socket, so the loop takes requests from both in the order they arrived,
+under the one bound. Their verdict goes out on the verdict topic as every verdict does; an error
+goes to ``PREFIX/CAMERA/trigger/error``, so that the verdict topic carries verdicts alone. A
+malformed payload there has nobody to answer: it is counted (``mqtt_drops.trigger``) and logged
+once per burst.
+
 Security: a tcp endpoint takes the publisher's CURVE server key and allow-list when
 ``publish.curve_*`` are set (with a ZAP authenticator of its own, in a context of its own); without
 keys a non-loopback tcp endpoint is refused unless ``publish.insecure`` says otherwise, as for the stream.
@@ -16,15 +24,18 @@ keys a non-loopback tcp endpoint is refused unless ``publish.insecure`` says oth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -34,22 +45,66 @@ from edged.errors import MessageError, PublishError, TriggerFailed, UsageError
 from edged.keys import ClientKeys, load_allowed_clients, load_secret_key
 from edged.listen import Listener
 from edged.messages import TriggerError, TriggerProblem, VerdictMessage, parse_message
+from edged.mqtt import MqttOutput
 from edged.publish import AllowList, check_exposure
 from edged.subscribe import format_verdict
 
 log = logging.getLogger(__name__)
 
 MAX_PART_ID = 128
+MALFORMED_BURST_S = 10.0  # malformed requests from the broker this close together are one burst, one log line
 EXIT_NG = 3  # `edged trigger`: 0 is OK, 3 NG, 1 no verdict (an error reply or none)
+
+
+Origin = Literal["zmq", "mqtt"]
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One request: where the reply goes, its part id, and when it was read (monotonic ns)."""
+    """One request: where it came from and the reply goes, its part id, and when it was read (monotonic ns)."""
 
-    envelope: tuple[bytes, ...]
+    origin: Origin
+    envelope: tuple[bytes, ...]  # the ROUTER's routing frames; none for a request from the broker
     part_id: str | None
     arrived_ns: int
+
+
+class Inbox:
+    """Requests from the MQTT thread to the loop: bounded, locked, with a socket the loop's wait wakes on."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._requests: deque[Request] = deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.wake, self._wake_w = socket.socketpair()
+        self.wake.setblocking(False)
+        self._wake_w.setblocking(False)
+
+    def put(self, request: Request) -> bool:
+        """Queue ``request``; False when ``limit`` are already waiting for the loop, or once closed."""
+        with self._lock:
+            if self._closed or len(self._requests) >= self.limit:
+                return False
+            self._requests.append(request)
+            with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
+                self._wake_w.send(b"\0")
+        return True
+
+    def take(self) -> list[Request]:
+        """Every request queued so far, oldest first."""
+        with self._lock:
+            with contextlib.suppress(BlockingIOError):
+                self.wake.recv(4096)
+            requests = list(self._requests)
+            self._requests.clear()
+        return requests
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self.wake.close()
+            self._wake_w.close()
 
 
 class TriggerServer:
@@ -64,6 +119,10 @@ class TriggerServer:
         self._bound = cfg.queue + 1  # the one in progress and those behind it
         self._waiting: deque[Request] = deque()
         self._serving = False  # a request was handed out by `next` and not yet answered
+        self._inbox = Inbox(self._bound)
+        self._mqtt: MqttOutput | None = None
+        self._stopping = False
+        self._malformed_at_ns = -int(MALFORMED_BURST_S * 1e9)  # the last malformed request from the broker
         self._allowed = AllowList()
         self._clients_dir = publish.curve_clients_dir
         secure = cfg.endpoint.startswith("tcp://") and publish.curve_server_key is not None and self._clients_dir is not None
@@ -108,9 +167,40 @@ class TriggerServer:
         if revoked:
             self._listener = self._listener.reopen()
 
+    def attach(self, mqtt: MqttOutput) -> None:
+        """Take requests from the broker too, and send their errors there (at start and after a reload)."""
+        self._mqtt = mqtt
+        mqtt.take_requests(self._offer)
+
+    def _offer(self, payload: bytes) -> bool:
+        """On the MQTT thread: stamp and queue one request from the broker, or say why not.
+
+        Returns False for a malformed payload (the output counts it), logged once per burst;
+        beyond the bound, or once edged is stopping, the error goes straight back to the broker.
+        """
+        arrived_ns = time.monotonic_ns()
+        try:
+            part_id = _part_id(payload)
+        except MessageError as e:
+            if arrived_ns - self._malformed_at_ns > MALFORMED_BURST_S * 1e9:
+                log.warning(
+                    "MQTT trigger skipped: %s (counted in mqtt_drops.trigger; more within %g s of one another unlogged)",
+                    e,
+                    MALFORMED_BURST_S,
+                )
+            self._malformed_at_ns = arrived_ns
+            return False
+        if self._stopping or not self._inbox.put(Request("mqtt", (), part_id, arrived_ns)):
+            if self._stopping:
+                self._send_mqtt(self.error(part_id, "stopping", "edged is stopping"))
+            else:
+                self._send_mqtt(self.error(part_id, "busy", f"{self._inbox.limit} request(s) from the broker not yet taken"))
+        return True
+
     def next(self, timeout_s: float) -> Request | None:
         """The oldest waiting request, waiting up to ``timeout_s`` for one; None when none came."""
-        if not self._waiting and self._listener.socket.poll(int(timeout_s * 1000)):
+        if not self._waiting:
+            zmq.select([self._listener.socket, self._inbox.wake], [], [], timeout_s)
             self.collect()
         if not self._waiting:
             return None
@@ -118,31 +208,49 @@ class TriggerServer:
         return self._waiting.popleft()
 
     def collect(self) -> None:
-        """Read every request that has arrived: stamp and queue it, or answer it at once
-        (malformed: ``bad_request``; beyond the bound: ``busy``)."""
+        """Take every request that has arrived, from the socket and the broker, in arrival order:
+        queue it, or answer it at once (malformed on the socket: ``bad_request``; beyond the bound: ``busy``)."""
+        arrived = self._read_socket() + self._inbox.take()
+        arrived.sort(key=lambda request: request.arrived_ns)
+        for request in arrived:
+            if len(self._waiting) + self._serving >= self._bound:
+                self._reply(request, self.error(request.part_id, "busy", f"{self._bound} request(s) already in hand"))
+            else:
+                self._waiting.append(request)
+
+    def _read_socket(self) -> list[Request]:
+        """Every request waiting on the socket, stamped as read; a malformed one is answered here."""
+        requests: list[Request] = []
         while True:
             try:
                 frames = self._listener.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                return requests
             arrived_ns = time.monotonic_ns()
             envelope, payload = tuple(frames[:-1]), frames[-1]
             try:
-                part_id = _part_id(payload)
+                requests.append(Request("zmq", envelope, _part_id(payload), arrived_ns))
             except MessageError as e:
                 self._send(envelope, self.error(None, "bad_request", str(e)))
-                continue
-            if len(self._waiting) + self._serving >= self._bound:
-                self._send(envelope, self.error(part_id, "busy", f"{self._bound} request(s) already in hand"))
-                continue
-            self._waiting.append(Request(envelope, part_id, arrived_ns))
 
     def error(self, part_id: str | None, problem: TriggerProblem, detail: str) -> TriggerError:
         return TriggerError(camera_id=self._camera_id, part_id=part_id, error=problem, detail=detail)
 
     def answer(self, request: Request, reply: VerdictMessage | TriggerError) -> None:
         self._serving = False
-        self._send(request.envelope, reply)
+        self._reply(request, reply)
+
+    def _reply(self, request: Request, reply: VerdictMessage | TriggerError) -> None:
+        """To the requester's socket; to the broker only an error, the verdict having gone out on
+        the verdict topic with the frame's other messages."""
+        if request.origin == "zmq":
+            self._send(request.envelope, reply)
+        elif isinstance(reply, TriggerError):
+            self._send_mqtt(reply)
+
+    def _send_mqtt(self, error: TriggerError) -> None:
+        if self._mqtt is not None:
+            self._mqtt.send("trigger/error", error.model_dump_json().encode(), self._camera_id)
 
     def _send(self, envelope: tuple[bytes, ...], reply: VerdictMessage | TriggerError) -> None:
         try:
@@ -151,11 +259,14 @@ class TriggerServer:
             log.warning("trigger reply not sent: %s", e.strerror)
 
     def close(self) -> None:
-        """Tell every request still waiting that edged is stopping, then release the endpoint."""
+        """Tell every request still waiting, and any from the broker after, that edged is stopping;
+        then release the endpoint."""
+        self._stopping = True
         self.collect()
         while self._waiting:
             request = self._waiting.popleft()
-            self._send(request.envelope, self.error(request.part_id, "stopping", "edged is stopping"))
+            self._reply(request, self.error(request.part_id, "stopping", "edged is stopping"))
+        self._inbox.close()
         self._listener.close(linger=0)
         if self._auth is not None:
             self._auth.stop()

@@ -54,21 +54,20 @@ class Inspector:
             min_area[resolve("min_area", name)] = area
         resolve.raise_problems()
         self.zone_names: tuple[str, ...] = tuple(cfg.zones)
-        self._zones = ZoneMap(cfg.zones, max_det, overlap=cfg.match == "overlap") if cfg.zones else None
-        self._drop_outside = cfg.outside_zones == "drop"
+        overlap = cfg.match == "overlap"
+        self._zones = ZoneMap(cfg.zones, max_det, overlap=overlap) if cfg.zones else None
+        # When zones drop what is outside them: the detections' buffers, and a zone map and buffers
+        # for the near misses (dropped outside the zones too) while the detections' zones are in use.
+        self._drop: tuple[_InsideOnly, ZoneMap, _InsideOnly] | None = None
+        if cfg.zones and cfg.outside_zones == "drop":
+            self._drop = (_InsideOnly(max_det), ZoneMap(cfg.zones, max_det, overlap=overlap), _InsideOnly(max_det))
         self._ng_class = np.zeros(num_classes, dtype=np.bool_)
         self._ng_class[list(ng_ids)] = True
         self._min_area = np.array(min_area, dtype=np.float32)
         self._frame_area = np.ones((), dtype=np.float32)  # in pixels, of the last frame size
         # Per kept detection (at most max_det).
         self._no_zone = np.full(max_det, NO_ZONE, dtype=np.intp)
-        self._in_zone = np.empty(max_det, dtype=np.bool_)
-        self._index_of = TrueIndex(max_det)
         self._ids = np.empty(max_det, dtype=np.intp)  # class ids as indices: int32 ones would be converted
-        self._xyxy = np.empty((max_det, 4), dtype=np.float32)
-        self._scores = np.empty(max_det, dtype=np.float32)
-        self._class_ids = np.empty(max_det, dtype=np.int32)
-        self._zone_ids = np.empty(max_det, dtype=np.intp)
         self._sides = np.empty((max_det, 2), dtype=np.float32)
         self._area = np.empty(max_det, dtype=np.float32)
         self._need = np.empty(max_det, dtype=np.float32)
@@ -82,8 +81,12 @@ class Inspector:
         zones = self._no_zone[:m]
         if self._zones is not None:
             zones = self._zones(detections.xyxy, frame_w, frame_h)
-            if self._drop_outside:
-                detections, zones = self._inside_only(detections, zones)
+            if self._drop is not None:
+                inside, near_zones, near_inside = self._drop
+                near = detections.near
+                if near is not None:
+                    near, _ = near_inside(near, near_zones(near.xyxy, frame_w, frame_h), None)
+                detections, zones = inside(detections, zones, near)
                 m = len(detections)
         ng, test, area, need, ids = self._ng[:m], self._test[:m], self._area[:m], self._need[:m], self._ids[:m]
         np.copyto(ids, detections.class_ids)
@@ -101,8 +104,23 @@ class Inspector:
         np.logical_and(ng, test, out=ng)
         return Inspected(detections, zones, ng, "ng" if np.count_nonzero(ng) else "ok")
 
-    def _inside_only(self, detections: Detections, zones: np.ndarray) -> tuple[Detections, np.ndarray]:
-        """The detections inside a zone, in order, copied into this inspector's buffers."""
+    def zone_name(self, zone: int) -> str | None:
+        return None if zone == NO_ZONE else self.zone_names[zone]
+
+
+class _InsideOnly:
+    """Keeps the detections inside a zone, in order, copied into buffers of its own."""
+
+    def __init__(self, capacity: int) -> None:
+        self._in_zone = np.empty(capacity, dtype=np.bool_)
+        self._index_of = TrueIndex(capacity)
+        self._xyxy = np.empty((capacity, 4), dtype=np.float32)
+        self._scores = np.empty(capacity, dtype=np.float32)
+        self._class_ids = np.empty(capacity, dtype=np.int32)
+        self._zone_ids = np.empty(capacity, dtype=np.intp)
+
+    def __call__(self, detections: Detections, zones: np.ndarray, near: Detections | None) -> tuple[Detections, np.ndarray]:
+        """The detections of ``zones`` other than `NO_ZONE`, with their zones; ``near`` their near misses."""
         inside = self._in_zone[: len(detections)]
         np.not_equal(zones, _OUTSIDE, out=inside)
         index = self._index_of(inside)
@@ -112,10 +130,7 @@ class Inspector:
         np.take(detections.scores, index, out=scores, mode="clip")
         np.take(detections.class_ids, index, out=ids, mode="clip")
         np.take(zones, index, out=zone_ids, mode="clip")
-        return Detections(xyxy, scores, ids, detections.scores_above_one, detections.nonfinite), zone_ids
-
-    def zone_name(self, zone: int) -> str | None:
-        return None if zone == NO_ZONE else self.zone_names[zone]
+        return Detections(xyxy, scores, ids, detections.scores_above_one, detections.nonfinite, near), zone_ids
 
 
 class _ClassNames:

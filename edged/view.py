@@ -6,13 +6,17 @@ frame is copied once into a buffer the view keeps (reallocated only when the fra
 the encoder thread scales it to ``view_width``, draws the detections and encodes the JPEG, and
 every viewer is woken to send those same bytes. The encoder never queues: while it works, the
 loop's frames simply are not offered.
+
+With ``[inspect]`` the encoder also draws the zones (from the configuration, scaled from fractions
+of the frame to the shown image, with their names), colours each box in a zone with that zone's
+colour, and puts the verdict in a banner across the top: OK green, NG red with its reasons.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -21,16 +25,22 @@ import numpy as np
 
 from edged.messages import DetectionsMessage
 from edged.sources import Frame
+from edged.zones import Point
 
 # One colour per class (BGR), cycled: saturated enough to read against a grey factory belt.
 PALETTE = ((56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72), (23, 204, 146))
+# One colour per zone (BGR), cycled: cyan, magenta, yellow, white, none of them a verdict colour.
+ZONE_PALETTE = ((255, 255, 0), (255, 0, 255), (0, 255, 255), (255, 255, 255))
+BANNER = {"ok": (40, 160, 40), "ng": (40, 40, 210)}  # BGR: green, red
 FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+Zones = tuple[tuple[str, np.ndarray], ...]  # (name, (k, 2) points as fractions of the frame)
 
 
 class LiveView:
     """The annotated latest frame, encoded at most ``fps`` times a second while anyone watches."""
 
-    def __init__(self, fps: float, width: int, quality: int) -> None:
+    def __init__(self, fps: float, width: int, quality: int, zones: Mapping[str, Sequence[Point]]) -> None:
         self._interval_s = 1.0 / fps
         self._width = width
         self._params = [cv2.IMWRITE_JPEG_QUALITY, quality]
@@ -45,6 +55,8 @@ class LiveView:
         self._jpeg = b""
         self._seq = 0
         self._closed = False
+        self._zones: Zones = ()
+        self.show_zones(zones)
         self._thread = threading.Thread(target=self._encode_loop, name="edged-view", daemon=True)
 
     def start(self) -> None:
@@ -56,6 +68,10 @@ class LiveView:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
+
+    def show_zones(self, zones: Mapping[str, Sequence[Point]]) -> None:
+        """The ``[inspect]`` zones to draw from the next frame on (a reload's zones replace the old ones)."""
+        self._zones = tuple((name, np.array(points, np.float32)) for name, points in zones.items())
 
     # ---- the loop's side ---------------------------------------------------------------------
 
@@ -116,7 +132,7 @@ class LiveView:
             image = self._scale(frame, order)
             with self._cond:
                 self._pending = False  # the buffer is free for the loop's next frame
-            draw(image, message, image.shape[1] / frame.shape[1])
+            draw(image, message, image.shape[1] / frame.shape[1], self._zones)
             ok, encoded = cv2.imencode(".jpg", image, self._params)
             if ok:
                 with self._cond:
@@ -139,21 +155,46 @@ class LiveView:
         return self._scaled
 
 
-def draw(image: np.ndarray, message: DetectionsMessage, scale: float) -> None:
-    """Boxes, labels and scores of ``message`` onto ``image`` (the frame scaled by ``scale``), and a
-    caption naming the camera, the frame and its capture time, so a frozen view is plain to see."""
+def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zones) -> None:
+    """The zones, then the boxes, labels and scores of ``message`` onto ``image`` (the frame scaled by
+    ``scale``), the verdict in a banner across the top, and a caption naming the camera, the frame
+    and its capture time, so a frozen view is plain to see."""
+    h, w = image.shape[:2]
+    colour_of: dict[str, tuple[int, int, int]] = {}
+    for i, (name, points) in enumerate(zones):
+        colour = colour_of[name] = ZONE_PALETTE[i % len(ZONE_PALETTE)]
+        corners = np.rint(points * (w - 1, h - 1)).astype(np.int32)
+        cv2.polylines(image, [corners], True, colour, 2, cv2.LINE_AA)
+        x, y = corners.min(axis=0)
+        _label(image, name, (int(x) + 3, int(y) + 3), colour, (0, 0, 0))
     for d in message.detections:
-        colour = PALETTE[d.class_id % len(PALETTE)]
+        colour = colour_of.get(d.zone or "", PALETTE[d.class_id % len(PALETTE)])
         x1, y1, x2, y2 = (round(v * scale) for v in d.box)
         cv2.rectangle(image, (x1, y1), (x2, y2), colour, 2)
-        text = f"{d.label} {d.score:.2f}"
-        (tw, th), base = cv2.getTextSize(text, FONT, 0.5, 1)
+        text = f"{d.label} {d.score:.2f}" + (f" @{d.zone}" if d.zone else "")
+        (_, th), base = cv2.getTextSize(text, FONT, 0.5, 1)
         top = y1 - th - base - 2 if y1 - th - base - 2 >= 0 else y1
-        cv2.rectangle(image, (x1, top), (x1 + tw + 4, top + th + base + 2), colour, cv2.FILLED)
-        cv2.putText(image, text, (x1 + 2, top + th + 1), FONT, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
+        _label(image, text, (x1, top), (255, 255, 255), colour)
+    if message.verdict is not None:
+        reasons = ", ".join(
+            f"{r.label}@{r.zone} {r.score:.2f}" if r.zone else f"{r.label} {r.score:.2f}" for r in message.reasons
+        )
+        text = message.verdict.upper() + (f"  {reasons}" if reasons else "")
+        (_, th), base = cv2.getTextSize(text, FONT, 0.6, 2)
+        cv2.rectangle(image, (0, 0), (w, th + base + 8), BANNER[message.verdict], cv2.FILLED)
+        cv2.putText(image, text, (6, th + 4), FONT, 0.6, (255, 255, 255), 2, cv2.LINE_AA)
     when = datetime.fromtimestamp(message.capture_time_ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
     caption = f"{message.camera_id}  frame {message.frame_id}  {when}"
     (tw, th), base = cv2.getTextSize(caption, FONT, 0.5, 1)
-    h = image.shape[0]
     cv2.rectangle(image, (0, h - th - base - 8), (tw + 10, h), (0, 0, 0), cv2.FILLED)
     cv2.putText(image, caption, (5, h - base - 4), FONT, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
+
+
+def _label(
+    image: np.ndarray, text: str, corner: tuple[int, int], ink: tuple[int, int, int], fill: tuple[int, int, int]
+) -> None:
+    """``text`` in ``ink`` on a ``fill`` rectangle whose top-left is ``corner``."""
+    (tw, th), base = cv2.getTextSize(text, FONT, 0.5, 1)
+    x, y = corner
+    cv2.rectangle(image, (x, y), (x + tw + 4, y + th + base + 2), fill, cv2.FILLED)
+    cv2.putText(image, text, (x + 2, y + th + 1), FONT, 0.5, ink, 1, cv2.LINE_AA)

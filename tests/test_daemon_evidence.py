@@ -148,7 +148,7 @@ def prefill(folder: Path, count: int, *, t0_ns: int, age_days: float) -> list[st
     """``count`` sets saved as the daemon would, their files aged by ``age_days``; their stems, oldest first."""
     store = EvidenceStore(folder, "cam0", 10**12, 0)
     store.open()
-    detection = (EvidenceDetection(0, 0.9, PROBE_BOX, 0.25),)
+    detection = (EvidenceDetection(0, PROBE_BOX),)
     for i in range(count):
         store.save(EvidenceFrame("cam0", i, t0_ns + i * 10**9, noise(i), "bgr", detection, b"{}"), 95)
     stems = [p.stem for p in sets(folder)][-count:]

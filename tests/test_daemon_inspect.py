@@ -138,3 +138,36 @@ def test_evidence_saves_the_frames_the_verdict_calls_ng_and_no_others(tmp_path: 
             assert msg.verdict == "ng" and [r.label for r in msg.reasons] == ["dust"]
         finally:
             d.stop()
+
+
+def test_ng_near_saves_a_frame_whose_only_finding_is_a_near_miss_which_no_subscriber_sees(tmp_path: Path) -> None:
+    # Only a crack makes a frame NG, and the crack (0.5) is under its 0.6: every verdict is ok.
+    # Within near_margin 0.15 below its threshold the crack is a near miss: evidence under ng+near
+    # (the frame as published, its labels the detections as predicted), nothing under ng.
+    inspect = {"class_conf": {"crack": 0.6}, "ng_classes": ["crack"]}
+    for save in ("ng", "ng+near"):
+        folder = tmp_path / save
+        folder.mkdir()
+        evidence = {"dir": "evidence", "save": save, "near_margin": 0.15, "max_per_minute": 0}
+        d = start(folder, inspect, evidence=evidence)
+        try:
+            if save == "ng":
+                status = d.wait_status(lambda s: s.frames_processed >= 10 and s.evidence is not None)
+                assert status.evidence is not None and status.evidence.saved == 0
+            else:
+                d.wait_status(lambda s: s.evidence is not None and s.evidence.saved >= 2)
+            for msg in d.collect("detections", 5):
+                assert isinstance(msg, DetectionsMessage) and msg.verdict == "ok"
+                assert [x.label for x in msg.detections] == ["scratch", "scratch", "dust"]
+        finally:
+            assert d.stop() == 0
+        saved = sorted((folder / "evidence").rglob("images/*.jpg"))
+        if save == "ng":
+            assert saved == []
+            continue
+        assert len(saved) >= 2
+        day = saved[0].parent.parent
+        label = (day / "labels" / f"{saved[0].stem}.txt").read_text()
+        assert [line.split()[0] for line in label.splitlines()] == ["0", "0", "2"]  # no crack
+        sidecar = DetectionsMessage.model_validate_json((day / "messages" / f"{saved[0].stem}.json").read_text())
+        assert sidecar.verdict == "ok" and [x.label for x in sidecar.detections] == ["scratch", "scratch", "dust"]

@@ -204,6 +204,65 @@ def test_thresholds_must_be_one_probability_per_class() -> None:
             Decoder("yolov8", SHAPES["yolov8"], NC, thresholds=bad)
 
 
+# ---- near misses (evidence under ng+near) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end", "rtdetr"])
+def test_a_near_miss_is_handed_on_beside_the_detections_not_among_them(head: str) -> None:
+    # SCENE's third candidate (0.2, class 2) is within 0.1 below conf 0.25: a near miss.
+    det = decode(head, ENCODERS[head](SCENE), near_margin=0.1)
+    assert det.scores.tolist() == pytest.approx([0.9, 0.5]) and det.class_ids.tolist() == [1, 0]
+    assert det.near is not None
+    assert_detections(det.near, [[200, 520, 280, 600]], [0.2], [2])
+    assert not det.near.xyxy.flags.writeable
+    assert decode(head, ENCODERS[head](SCENE)).near is None  # no margin, no search
+    further = decode(head, ENCODERS[head](SCENE), near_margin=0.04)  # 0.2 is 0.05 below: not near
+    assert further.near is not None and len(further.near) == 0
+    at = decode(head, ENCODERS[head]([(270.0, 295.0, 370.0, 345.0, 0.25, 1)]), near_margin=0.1)
+    assert len(at) == 0 and at.near is not None and len(at.near) == 1  # at the threshold: not passed, near
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5"])
+def test_a_weaker_box_around_a_detected_object_is_not_a_near_miss(head: str) -> None:
+    # A detector scores several boxes around one object: the weaker ones are suppressed by the
+    # detection in the near pass's NMS, as they are in the detections' own.
+    object_boxes = [(270.0, 295.0, 370.0, 345.0, 0.9, 1), (272.0, 296.0, 372.0, 346.0, 0.2, 1)]
+    det = decode(head, ENCODERS[head](object_boxes), near_margin=0.1)
+    assert det.class_ids.tolist() == [1] and det.near is not None and len(det.near) == 0
+    apart = [object_boxes[0], (100.0, 400.0, 140.0, 440.0, 0.2, 1)]
+    det = decode(head, ENCODERS[head](apart), near_margin=0.1)
+    assert det.near is not None and det.near.scores.tolist() == pytest.approx([0.2])
+
+
+def test_a_near_miss_is_measured_from_its_own_class_threshold() -> None:
+    # Class 1 at 0.9 under its 0.95 is near; class 0 at 0.5 under its 0.6 is further than 0.06.
+    det = decode("yolov8", yolov8_tensor(SCENE), thresholds=[0.6, 0.95, 0.1], near_margin=0.06)
+    assert det.class_ids.tolist() == [2]
+    assert det.near is not None and det.near.class_ids.tolist() == [1]
+
+
+@pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end", "rtdetr"])
+@pytest.mark.parametrize("agnostic", [False, True])
+def test_looking_for_near_misses_leaves_the_detections_as_they_were(head: str, agnostic: bool) -> None:
+    thresholds = [0.3, 0.45, 0.2]  # a near miss of class 1 can outscore a detection of class 2
+    for seed in range(3):
+        frame = crowded(head, 300, seed)
+        plain = decode(head, frame, max_det=100, agnostic=agnostic, thresholds=thresholds)
+        kept = (plain.xyxy.copy(), plain.scores.copy(), plain.class_ids.copy())
+        near = decode(head, frame, max_det=100, agnostic=agnostic, thresholds=thresholds, near_margin=0.15)
+        for before, after in zip(kept, (near.xyxy, near.scores, near.class_ids), strict=True):
+            np.testing.assert_array_equal(after, before)
+        assert near.near is not None and len(near.near) > 0
+        by_class = np.array(thresholds, np.float32)[near.near.class_ids]
+        assert np.all(near.near.scores <= by_class) and np.all(near.near.scores > by_class - np.float32(0.15))
+
+
+def test_a_near_margin_must_be_a_probability() -> None:
+    for margin in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="near_margin"):
+            decode("yolov8", yolov8_tensor(SCENE), near_margin=margin)
+
+
 def test_yolov5_takes_the_first_class_whose_product_is_best() -> None:
     # 0.75 x p and 0.75 x the next float32 above p round to one value: the yolov5 repository
     # multiplies first and takes the first best, class 0, not the larger probability's class 1.
@@ -347,18 +406,26 @@ def crowded(head: str, n: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("head", ["yolov8", "yolov5", "end2end", "rtdetr"])
 @pytest.mark.parametrize("n", [8, 300, 8400])
-def test_steady_state_creates_no_arrays(head: str, n: int) -> None:
+@pytest.mark.parametrize("near_margin", [None, 0.1])
+def test_steady_state_creates_no_arrays(head: str, n: int, near_margin: float | None) -> None:
     # Counted through numpy's data allocator hook: every array that owns memory is one buffer,
-    # temporaries included. Several frames with different candidate counts, after the first.
+    # temporaries included. Several frames with different candidate counts, after the first;
+    # with a near margin, the near-miss pass included (at 8 candidates it finds some; in the
+    # crowded outputs detections fill max_det first).
     counter = NumpyAllocations.get()
     assert counter is not None, "numpy's allocator hook is unavailable"
     frames = [crowded(head, n, seed) for seed in range(4)]
-    decoder = Decoder(head, frames[0].shape, NC, max_det=50)
-    kept = [len(decoder.decode(frame, LETTERBOX)) for frame in frames]
-    assert max(kept) > 1
+    decoder = Decoder(head, frames[0].shape, NC, max_det=50, near_margin=near_margin)
+
+    def counts(det: Detections) -> tuple[int, int]:
+        return len(det), -1 if det.near is None else len(det.near)
+
+    kept = [counts(decoder.decode(frame, LETTERBOX)) for frame in frames]
+    assert max(kept)[0] > 1
+    assert near_margin is None or n > 8 or max(k[1] for k in kept) > 0
     with counter.counting():
         before = counter.buffers
-        again = [len(decoder.decode(frame, LETTERBOX)) for frame in frames]
+        again = [counts(decoder.decode(frame, LETTERBOX)) for frame in frames]
         assert counter.buffers == before
     assert again == kept
 

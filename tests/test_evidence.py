@@ -51,7 +51,7 @@ def frame(
     rng = np.random.default_rng(frame_id)
     image = rng.integers(0, 256, (h, w, 3), np.uint8) if noise else np.full((h, w, 3), (10, 20, 200), np.uint8)
     if detections is None:
-        detections = (EvidenceDetection(1, 0.8, (10.0, 20.0, 50.0, 60.0), 0.25),)
+        detections = (EvidenceDetection(1, (10.0, 20.0, 50.0, 60.0)),)
     return EvidenceFrame("cam0", frame_id, t_ns + frame_id * 10**6, image, order, detections, message)
 
 
@@ -67,28 +67,25 @@ def files_on_disk(folder: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize(
-    ("save", "verdict", "scores", "thresholds", "expected"),
+    ("save", "verdict", "found", "near", "expected"),
     [
-        ("all", None, [], [], True),
-        ("all", "ok", [], [], True),
-        ("ng", None, [], [], False),  # no inspection: ng is any detection
-        ("ng", None, [0.3], [0.25], True),
-        ("ng", None, [0.2], [0.25], False),  # below its threshold: not a detection
-        ("ng", None, [0.25], [0.25], False),  # a detection passes its threshold: score > threshold
-        ("ng+near", None, [0.25], [0.25], True),  # ... so one at the threshold is near
-        ("ng", "ng", [], [], True),
-        ("ng", "ok", [0.9], [0.25], False),  # the verdict decides when there is one
-        ("ng+near", "ok", [0.2], [0.25], True),  # within near_margin below
-        ("ng+near", "ok", [0.14], [0.25], False),  # further below than near_margin
-        ("ng+near", "ok", [0.9, 0.5], [0.25, 0.6], True),  # the second is near its own threshold
-        ("ng+near", None, [0.16], [0.25], True),
-        ("ng+near", "ng", [], [], True),
+        ("all", None, 0, 0, True),
+        ("all", "ok", 0, 0, True),
+        ("ng", None, 0, 0, False),
+        ("ng", None, 1, 0, True),  # no inspection: ng is any detection
+        ("ng", None, 0, 2, False),  # near misses are not detections
+        ("ng", "ng", 0, 0, True),
+        ("ng", "ok", 3, 0, False),  # the verdict decides when there is one
+        ("ng", "ok", 3, 1, False),
+        ("ng+near", "ok", 3, 1, True),  # a near miss is worth labelling
+        ("ng+near", "ok", 3, 0, False),
+        ("ng+near", None, 0, 1, True),
+        ("ng+near", None, 0, 0, False),
+        ("ng+near", "ng", 0, 0, True),
     ],
 )
-def test_the_save_policy(
-    save: str, verdict: str | None, scores: list[float], thresholds: list[float], expected: bool
-) -> None:
-    assert should_save(save, verdict, scores, thresholds, 0.1) is expected  # type: ignore[arg-type]
+def test_the_save_policy(save: str, verdict: str | None, found: int, near: int, expected: bool) -> None:
+    assert should_save(save, verdict, found, near) is expected  # type: ignore[arg-type]
 
 
 def test_stems_sort_by_capture_time_within_a_day_folder_named_in_utc() -> None:
@@ -104,11 +101,7 @@ def test_stems_sort_by_capture_time_within_a_day_folder_named_in_utc() -> None:
 def test_a_saved_frame_is_a_jpeg_a_yolo_label_and_the_message(tmp_path: Path) -> None:
     store = EvidenceStore(tmp_path / "ev", "cam0", 10**9, 30)
     store.open()
-    detections = (
-        EvidenceDetection(0, 0.91, (12.5, 8.0, 40.25, 30.0), 0.5),
-        EvidenceDetection(2, 0.4, (0.0, 0.0, 128.0, 96.0), 0.3),
-        EvidenceDetection(1, 0.45, (60.0, 60.0, 70.0, 70.0), 0.5),  # near, not a detection
-    )
+    detections = (EvidenceDetection(0, (12.5, 8.0, 40.25, 30.0)), EvidenceDetection(2, (0.0, 0.0, 128.0, 96.0)))
     store.save(frame(7, detections=detections, message=b'{"seq": 3}'), jpeg_quality=95)
     day, stem = day_and_stem("cam0", T0_NS + 7 * 10**6, 7)
     folder = tmp_path / "ev" / "cam0" / day
@@ -232,7 +225,7 @@ def test_a_full_queue_drops_and_counts_and_the_queued_frames_are_saved(
     w = writer(tmp_path, save="all", max_per_minute=0)
     admitted = 0
     for i in range(10):  # the thread has not started: nothing leaves the queue
-        if w.admit(None, [], []):
+        if w.admit(None, 0, 0):
             w.submit(frame(i))
             admitted += 1
     assert (admitted, w.dropped) == (QUEUE_FRAMES, 10 - QUEUE_FRAMES)
@@ -256,9 +249,9 @@ def test_a_frame_is_copied_only_when_it_is_evidence_and_then_once(tmp_path: Path
     spot = Detections(np.array([[10, 20, 50, 60]], np.float32), np.array([0.8], np.float32), np.array([1], np.int32))
     with counter.counting():
         before = counter.buffers
-        w.offer(captured, nothing, [], None, b"{}")
+        w.offer(captured, nothing, None, b"{}")
         assert counter.buffers == before  # not evidence: the loop copies nothing
-        w.offer(captured, spot, [0.25], None, b"{}")
+        w.offer(captured, spot, None, b"{}")
         assert counter.buffers == before + 1  # evidence: the frame, copied once
     captured.image[:] = 0  # the capture slot is reused by the next frame
     w.start()
@@ -268,12 +261,25 @@ def test_a_frame_is_copied_only_when_it_is_evidence_and_then_once(tmp_path: Path
     assert [p.read_text() for p in tmp_path.rglob("*.txt")] == ["1 0.234375 0.416667 0.312500 0.416667\n"]
 
 
+def test_under_ng_near_a_near_miss_alone_keeps_a_frame_whose_labels_are_its_detections(tmp_path: Path) -> None:
+    w = writer(tmp_path, save="ng+near", max_per_minute=0)
+    captured = Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr")
+    nothing = Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32))
+    near = Detections(np.array([[10, 20, 50, 60]], np.float32), np.array([0.2], np.float32), np.array([1], np.int32))
+    w.offer(captured, nothing, "ok", b"{}")
+    w.offer(captured, Detections(nothing.xyxy, nothing.scores, nothing.class_ids, near=near), "ok", b"{}")
+    w.start()
+    w.stop(timeout_s=10)
+    assert w.saved == 1 and len(saved_sets(tmp_path)) == 1
+    assert [p.read_text() for p in tmp_path.rglob("*.txt")] == [""]  # the near miss is no label
+
+
 def test_the_rate_limit_counts_the_frames_it_refuses(tmp_path: Path) -> None:
     w = writer(tmp_path, save="ng", max_per_minute=3)
-    results = [w.admit(None, [0.9], [0.25]) for _ in range(10)]
+    results = [w.admit(None, 1, 0) for _ in range(10)]
     assert results == [True] * 3 + [False] * 7
     assert (w.rate_limited, w.dropped) == (7, 0)
-    assert not w.admit(None, [], [])  # not evidence at all: neither saved nor counted
+    assert not w.admit(None, 0, 0)  # not evidence at all: neither saved nor counted
     assert w.rate_limited == 7
 
 
@@ -286,18 +292,18 @@ def test_a_read_only_or_missing_folder_is_logged_once_per_burst_and_counted(
     w.start()
     try:
         for i in range(3):  # the drive is not there: its parent folder is missing
-            assert w.admit(None, [], [])
+            assert w.admit(None, 0, 0)
             w.submit(frame(i))
             assert wait_for(lambda i=i: w.errors >= i + 2, timeout_s=10)  # + the start-up scan
         assert "folder is missing" in (w.last_error or "")
         with read_only_folder(tmp_path / "drive") as code:
             for i in range(3, 6):
-                assert w.admit(None, [], [])
+                assert w.admit(None, 0, 0)
                 w.submit(frame(i))
                 assert wait_for(lambda i=i: w.errors >= i + 2, timeout_s=10)
             assert describe(OSError(code, "x")).split(" (")[0] in (w.last_error or "")
         for i in range(6, 8):
-            assert w.admit(None, [], [])
+            assert w.admit(None, 0, 0)
             w.submit(frame(i))
         assert wait_for(lambda: w.saved == 2, timeout_s=10)
     finally:

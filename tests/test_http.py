@@ -4,6 +4,7 @@ health on a free loopback port, read by real clients (http.client, promtool, hea
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import shutil
@@ -18,14 +19,15 @@ import cv2
 import numpy as np
 import pytest
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
-from onnx_models import colour_probe
+from onnx_models import colour_probe, fixed_scene
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from waiting import wait_for
 
 from edged.http import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, HttpConfig, HttpServer
 from edged.messages import DetectionsMessage, StatusMessage
-from edged.view import PALETTE
+from edged.stats import VERDICTS_KEPT
+from edged.view import BANNER, PALETTE, ZONE_PALETTE
 
 pytestmark = pytest.mark.integration
 
@@ -193,6 +195,8 @@ def test_status_json_health_and_unknown_paths(served: tuple[RunningDaemon, int])
     assert get(port, "/healthz")[:3:2] == (200, b"ok\n")
     status, _, body = get(port, "/nothing-here")
     assert status == 404 and b"/stream.mjpg" in body
+    status, _, body = get(port, "/verdicts.json")
+    assert status == 404 and b"[inspect] is not configured" in body
     page = get(port, "/")
     assert page[0] == 200 and page[1]["content-type"].startswith("text/html")
     assert not re.search(rb"(src|href)=\"?(https?:)?//", page[2])  # nothing from the network: boards are offline
@@ -225,7 +229,97 @@ def test_the_stream_sends_successive_jpegs_with_boxes_where_the_detections_are(s
     assert decode(snapshot[2]).shape == (240, 320, 3)
 
 
-def test_headless_chromium_renders_the_page_with_the_live_image_and_the_fps(tmp_path: Path) -> None:
+# Found in every 320x240 frame (input 64x64: frame x = input x * 5, y = (input y - 8) * 5): a
+# scratch centred at (80, 60) and a crack at (240, 60), boxes 40 px wide.
+SCENE = [(16.0, 20.0, 8.0, 8.0, 0, 0.9), (48.0, 20.0, 8.0, 8.0, 1, 0.8)]
+GREY = (90, 90, 90)
+LEFT = [[0, 0], [0.5, 0], [0.5, 1], [0, 1]]  # holds the scratch: NG
+BOTTOM_RIGHT = [[0.5, 0.5], [1, 0.5], [1, 1], [0.5, 1]]  # holds nothing: OK
+ON_LEFT, ON_BOTTOM_RIGHT = (60, 160), (120, 290)  # (y, x) on one zone's outline and off the other's
+
+
+def _near(pixel: np.ndarray, colour: tuple[int, int, int], within: int = 90) -> bool:
+    return int(np.abs(pixel.astype(np.int32) - np.array(colour, np.int32)).sum()) < within
+
+
+def _shown_until(stream: Stream, banner: tuple[int, int, int], frames: int = 100) -> np.ndarray:
+    """The first streamed image whose banner has the colour ``banner`` (a reload takes a few frames)."""
+    for _ in range(frames):
+        image = decode(stream.next_jpeg())
+        if _near(image[3, 315], banner):
+            return image
+    raise AssertionError(f"no banner of colour {banner} in {frames} frames; the last had {image[3, 315]}")
+
+
+def test_inspection_zones_verdict_banner_verdict_list_and_metrics_on_the_running_daemon(tmp_path: Path) -> None:
+    fixed_scene(tmp_path / "scene.onnx", SCENE)
+    write_video(tmp_path / "clip.avi", [GREY] * 20, size=(320, 240))
+    port, endpoint = free_port(), f"tcp://127.0.0.1:{free_port()}"
+    doc: dict[str, dict[str, object]] = {
+        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+        "model": {"path": "scene.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+        "thermal": {"enabled": False},
+        "http": {"listen": f"127.0.0.1:{port}", "jpeg_quality": 95},
+        "inspect": {"zones": {"left": LEFT}},
+        "evidence": {"dir": "evidence", "max_per_minute": 5},
+    }
+    path = write_config(tmp_path / "edged.toml", doc)
+    d = RunningDaemon(path, endpoint)
+    stream = None
+    try:
+        assert serving(port), d.log()
+        stream = Stream(port)
+        ng = _shown_until(stream, BANNER["ng"], frames=5)
+        assert _near(ng[ON_LEFT], ZONE_PALETTE[0]) and _near(ng[ON_BOTTOM_RIGHT], GREY), (ng[ON_LEFT], ng[ON_BOTTOM_RIGHT])
+        assert _near(ng[80, 80], ZONE_PALETTE[0])  # the scratch's bottom edge (y 40..80), in its zone's colour
+        assert _near(ng[60, 220], GREY)  # the crack's left edge: outside every zone, dropped, no box
+        d.wait_status(lambda s: s.evidence is not None and s.evidence.saved > 0 and s.evidence.rate_limited > 0)
+        d.collect("status", 1)
+        status, headers, body = get(port, "/verdicts.json")
+        assert status == 200 and headers["content-type"] == "application/json"
+        listed = json.loads(body)
+        assert listed["ng"] > 0 and listed["ok"] == 0 and 0 < len(listed["latest"]) <= VERDICTS_KEPT
+        newest = listed["latest"][0]
+        assert newest["verdict"] == "ng" and newest["part_id"] is None
+        assert [(r["label"], r["zone"]) for r in newest["reasons"]] == [("scratch", "left")]
+        assert newest["frame_id"] > listed["latest"][-1]["frame_id"]  # newest first
+        metrics = get(port, "/metrics")[2]
+        check = subprocess.run(["promtool", "check", "metrics"], input=metrics, capture_output=True, timeout=60)
+        assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+        text = metrics.decode()
+        ng_count = metric_value(text, "edged_verdicts_total", {"verdict": "ng"})
+        assert ng_count > 0 and metric_value(text, "edged_verdicts_total", {"verdict": "ok"}) == 0
+        assert metric_value(text, "edged_ng_reasons_total", {"class": "scratch", "zone": "left"}) == ng_count
+        assert metric_value(text, "edged_verdict_latency_seconds_count") == ng_count
+        assert metric_value(text, "edged_evidence_saved_total") > 0
+        assert metric_value(text, "edged_evidence_rate_limited_total") > 0
+        assert metric_value(text, "edged_evidence_bytes") > 0
+        for name in ("edged_evidence_dropped_total", "edged_evidence_errors_total"):
+            assert metric_value(text, name) == 0
+
+        doc["inspect"] = {"zones": {"corner": BOTTOM_RIGHT}}  # the scratch and the crack outside it: OK
+        write_config(path, doc)
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reloaded: model" in d.log(), 30), d.log()
+        ok = _shown_until(stream, BANNER["ok"])  # the same connection goes on, with the new zones
+        assert _near(ok[ON_BOTTOM_RIGHT], ZONE_PALETTE[0]) and _near(ok[ON_LEFT], GREY), (ok[ON_BOTTOM_RIGHT], ok[ON_LEFT])
+
+        def counted_ok() -> bool:
+            later = get(port, "/metrics")[2].decode()
+            return metric_value(later, "edged_verdicts_total", {"verdict": "ok"}) > 0
+
+        assert wait_for(counted_ok, 20), d.log()
+        later = get(port, "/metrics")[2].decode()
+        assert metric_value(later, "edged_verdicts_total", {"verdict": "ng"}) >= ng_count  # counted since start
+        assert json.loads(get(port, "/verdicts.json")[2])["latest"][0]["verdict"] == "ok"
+    finally:
+        if stream is not None:
+            stream.close()
+        d.close()
+
+
+def test_headless_chromium_renders_the_page_with_the_live_image_the_fps_and_the_verdicts(tmp_path: Path) -> None:
     """Also writes the README's screenshot when EDGED_WRITE_SCREENSHOT=1."""
     chromium = shutil.which("chromium")
     assert chromium, "Debian's chromium is needed (scripts/setup test installs it)"
@@ -233,6 +327,7 @@ def test_headless_chromium_renders_the_page_with_the_live_image_and_the_fps(tmp_
         tmp_path,
         source={"type": "synthetic", "camera_id": "line-3", "width": 1280, "height": 720, "fps": 10.0},
         model={"path": str(ROOT / "models" / "demo.onnx"), "labels": str(ROOT / "models" / "demo.labels")},
+        inspect={"zones": {"belt": [[0.05, 0.15], [0.95, 0.15], [0.95, 0.95], [0.05, 0.95]]}, "outside_zones": "keep"},
     )
     d = RunningDaemon(path, endpoint)
     try:
@@ -241,20 +336,21 @@ def test_headless_chromium_renders_the_page_with_the_live_image_and_the_fps(tmp_
         url = f"http://127.0.0.1:{port}/"
         args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--timeout=5000"]
         png = tmp_path / "page.png"
-        shot = subprocess.run([*args, "--window-size=1000,480", f"--screenshot={png}", url], capture_output=True, timeout=60)
+        shot = subprocess.run([*args, "--window-size=1000,640", f"--screenshot={png}", url], capture_output=True, timeout=60)
         assert png.is_file(), shot.stderr.decode()[-2000:]
         dom = subprocess.run([*args, "--dump-dom", url], capture_output=True, timeout=60, text=True).stdout
     finally:
         d.close()
     assert re.search(r'id="fps">[0-9]+\.[0-9]<', dom), dom[-3000:]  # filled in from /status.json (it starts as "-")
     assert 'id="state" class="pill ok">camera ok<' in dom
+    assert re.search(r'<td class="(ok|bad)">(OK|NG)</td>', dom), dom[-3000:]  # the latest verdicts, listed
     image = cv2.imread(str(png))
     live = image[60:400, 20:650]  # where the page places the live image (640 px wide, 16:9 here)
     assert live.std() > 10, "the live image region is blank"
     assert np.abs(live.astype(np.int32) - image[470, 990].astype(np.int32)).sum(axis=2).mean() > 60  # not page
     if os.environ.get("EDGED_WRITE_SCREENSHOT") == "1":
         SCREENSHOT.parent.mkdir(exist_ok=True)
-        small = cv2.resize(image, (800, 384), interpolation=cv2.INTER_AREA)  # small enough to commit
+        small = cv2.resize(image, (800, 512), interpolation=cv2.INTER_AREA)  # small enough to commit
         cv2.imwrite(str(SCREENSHOT), small, [cv2.IMWRITE_PNG_COMPRESSION, 9])
 
 
@@ -426,7 +522,7 @@ def test_idle_connections_and_extra_viewers_are_bounded() -> None:
     """More connections than `MAX_CONNECTIONS` are closed at accept, so threads stay bounded; more
     viewers than ``max_viewers`` get 503; the server answers again once the idle ones time out."""
     port = free_port()
-    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=1), health=lambda: None)
+    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=1), health=lambda: None, zones={})
     server.start()
     idle: list[socket.socket] = []
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import colour_probe
 from waiting import wait_for
@@ -128,6 +130,115 @@ def test_huge_subscriptions_are_cut_off_and_memory_stays_flat(tcp_daemon: Runnin
         for peer in peers:
             peer.kill()
             peer.wait()
+
+
+# Connection after connection, each with 100 distinct ~1 KB subscriptions that match no topic of
+# edged, until 20,000 are sent; a connection ends when the daemon cuts it off. Stored by libzmq,
+# they would take the daemon's trie to about 900 MB.
+MANY_SUBSCRIPTIONS = """
+import sys, zmq
+endpoint, total = sys.argv[1], int(sys.argv[2])
+context = zmq.Context()
+sent = cut_off = 0
+while sent < total:
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SNDHWM, 0)  # queue every subscription, however many
+    monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sub.connect(endpoint)
+    for _ in range(100):
+        sub.setsockopt(zmq.SUBSCRIBE, b"edged/%08d/" % sent + bytes(990))  # within the message-size limit
+        sent += 1
+    cut_off += bool(monitor.poll(30_000))
+    sub.disable_monitor()
+    monitor.close(linger=0)
+    sub.close(linger=0)
+print(sent, cut_off, flush=True)
+"""
+
+
+def test_thousands_of_subscriptions_that_match_nothing_leave_memory_flat(tcp_daemon: RunningDaemon) -> None:
+    honest = Subscriber(tcp_daemon.endpoint, "edged/detections/")
+    try:
+        assert isinstance(honest.receive(20), DetectionsMessage)
+        tcp_daemon.collect("detections", 10)
+        rss_before = _rss_kb(tcp_daemon.proc.pid)
+        peer = subprocess.Popen(
+            [sys.executable, "-c", MANY_SUBSCRIPTIONS, tcp_daemon.endpoint, "20000"], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            out, _ = peer.communicate(timeout=120)
+        finally:
+            peer.kill()
+            peer.wait()
+        sent, cut_off = map(int, out.split())
+        assert sent == 20_000 and cut_off > 0, tcp_daemon.log()
+        # Over 10 MB of subscriptions read and refused: stored, they would be ~450 MB of trie.
+        status = tcp_daemon.wait_status(lambda m: m.drops.get("subscription_refused", 0) >= 10_000)
+        assert _rss_kb(tcp_daemon.proc.pid) - rss_before < RSS_SLACK_KB, status.drops
+        assert isinstance(honest.receive(20), DetectionsMessage)  # reconnected and subscribed again by itself
+        assert "bound afresh, so every subscriber reconnects" in tcp_daemon.log()
+    finally:
+        honest.close()
+
+
+def _receive(sub: zmq.Socket[bytes], timeout_s: float = 20) -> bytes:
+    assert sub.poll(int(timeout_s * 1000)), "nothing received"
+    return sub.recv_multipart()[0]
+
+
+def test_honest_subscriptions_get_the_topics_they_match_and_unsubscribing_stops_them(tcp_daemon: RunningDaemon) -> None:
+    detections, status = b"edged/detections/cam0", b"edged/status/cam0"
+    filters = [b"", b"edged/", b"edged/detections/", b"edged/status/cam0", b"edged/detections/cam9", b"other/"]
+    context = zmq.Context()
+    subs = []
+    for topic in filters:
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, topic)
+        sub.connect(tcp_daemon.endpoint)
+        subs.append(sub)
+    try:
+        tcp_daemon.wait_status(lambda m: m.frames_processed >= 10)
+        expected = [{detections, status}, {detections, status}, {detections}, {status}]
+        for topic, sub, wanted in zip(filters[:4], subs[:4], expected, strict=True):
+            seen: set[bytes] = set()
+            while seen != wanted:  # every topic it matches, and only those
+                seen.add(_receive(sub))
+                assert seen <= wanted, (topic, seen)
+        assert not subs[4].poll(0) and not subs[5].poll(0)  # another camera's topic, another prefix
+        # Unsubscribing from detections, then subscribing to status: once a status message arrives
+        # the daemon has applied both, in order, and no detection may follow it.
+        switching = subs[2]
+        switching.setsockopt(zmq.UNSUBSCRIBE, b"edged/detections/")
+        switching.setsockopt(zmq.SUBSCRIBE, b"edged/status/")
+        while _receive(switching) != status:
+            pass
+        assert {_receive(switching) for _ in range(3)} == {status}
+        refused = tcp_daemon.wait_status(lambda m: True).drops.get("subscription_refused", 0)
+        assert refused == 2, refused
+        assert "bound afresh" not in tcp_daemon.log()
+    finally:
+        for sub in subs:
+            sub.close(linger=0)
+        context.term()
+
+
+def test_a_subscriber_to_the_camera_a_reload_switches_to_gets_its_messages(workdir: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = _config(workdir, endpoint)
+    d = RunningDaemon(config, endpoint)
+    waiting = Subscriber(endpoint, "edged/detections/cam1")
+    try:
+        refused = d.wait_status(lambda m: m.drops.get("subscription_refused", 0) >= 1)
+        assert refused.camera_id == "cam0"
+        source = {"type": "file", "path": "clip.avi", "loop": True, "realtime": True, "camera_id": "cam1"}
+        _config(workdir, endpoint, source)
+        d.signal(signal.SIGHUP)
+        msg = waiting.receive(30)
+        assert isinstance(msg, DetectionsMessage) and msg.camera_id == "cam1", d.log()
+    finally:
+        waiting.close()
+        d.close()
 
 
 def test_out_of_descriptors_edged_keeps_its_subscribers_and_says_so_once(workdir: Path) -> None:

@@ -129,7 +129,7 @@ def test_the_outbox_holds_events_before_detections_and_drops_the_oldest_detectio
     box.put("detections", b"d2", "cam0")
     box.put("detections", b"d3", "cam0")  # over the limit: d1, the oldest detection, goes
     box.put("verdict", b"v2", "cam0")  # d2 goes
-    assert box.counts() == {"detections": 2, "status": 0, "verdict": 0}
+    assert box.counts() == {"detections": 2, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 0}
     assert _drain(box) == [("verdict", b"v1"), ("verdict", b"v2"), ("detections", b"d3")]
 
 
@@ -137,10 +137,8 @@ def test_the_outbox_drops_the_oldest_event_only_when_no_detection_is_left() -> N
     box = Outbox(limit=2)
     for i in range(5):
         box.put("verdict", f"v{i}".encode(), "cam0")
-    assert box.counts() == {"detections": 0, "status": 0, "verdict": 3} and _drain(box) == [
-        ("verdict", b"v3"),
-        ("verdict", b"v4"),
-    ]
+    assert box.counts() == {"detections": 0, "status": 0, "verdict": 3, "trigger/error": 0, "trigger": 0}
+    assert _drain(box) == [("verdict", b"v3"), ("verdict", b"v4")]
 
 
 def test_only_the_newest_status_waits_and_goes_first() -> None:
@@ -148,11 +146,22 @@ def test_only_the_newest_status_waits_and_goes_first() -> None:
     box.put("detections", b"d1", "cam0")
     for i in range(4):
         box.put("status", f"s{i}".encode(), "cam0")
-    assert box.counts() == {"detections": 0, "status": 3, "verdict": 0}
+    assert box.counts() == {"detections": 0, "status": 3, "verdict": 0, "trigger/error": 0, "trigger": 0}
     first = box.take()
     assert first is not None and (first.kind, first.payload) == ("status", b"s3")
     box.put_back(first)  # the client could not take it: it waits at the front again
     assert _drain(box) == [("status", b"s3"), ("detections", b"d1")]
+
+
+def test_trigger_errors_are_events_and_refused_triggers_are_counted_under_their_topic() -> None:
+    box = Outbox(limit=2)
+    box.put("detections", b"d1", "cam0")
+    box.put("trigger/error", b"e1", "cam0")
+    box.put("detections", b"d2", "cam0")  # over the limit: d1 goes, the error stays
+    box.refused("trigger")
+    box.refused("trigger")
+    assert box.counts() == {"detections": 1, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 2}
+    assert _drain(box) == [("trigger/error", b"e1"), ("detections", b"d2")]
 
 
 def test_the_outbox_stays_bounded_under_a_flood() -> None:

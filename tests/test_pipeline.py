@@ -125,6 +125,7 @@ def test_inspection_applies_thresholds_and_zones_and_puts_the_verdict_in_the_mes
     assert [d.label for d in msg.detections] == ["scratch", "crack", "scratch", "dust"]  # by score
     assert msg.verdict is None and msg.verdict_latency_ms is None and verdict_message(msg, 0) is None
     assert {d.zone for d in msg.detections} == {None} and {d.threshold for d in msg.detections} == {None}
+    assert plain.verdict_record(done, None) is None  # nothing for the metrics or the page to count
 
     cfg = InspectConfig(
         class_conf={"crack": 0.6},
@@ -146,29 +147,44 @@ def test_inspection_applies_thresholds_and_zones_and_puts_the_verdict_in_the_mes
     assert verdict is not None
     assert (verdict.seq, verdict.frame_id, verdict.part_id, verdict.verdict) == (9, 7, "A-17", "ng")
     assert verdict.reasons == msg.reasons and verdict.verdict_latency_ms == msg.verdict_latency_ms
+    record = inspected.verdict_record(done, "A-17")
+    assert record is not None and (record.frame_id, record.part_id, record.verdict) == (7, "A-17", "ng")
+    assert list(record.reasons) == msg.reasons and record.capture_time_ns == msg.capture_time_ns
 
 
 @pytest.mark.parametrize("match", ["centre", "overlap"])
-def test_an_inspected_frame_creates_no_arrays_from_contract_check_to_verdict(tmp_path: Path, match: str) -> None:
+@pytest.mark.parametrize("near_margin", [None, 0.15])
+def test_an_inspected_frame_creates_no_arrays_from_contract_check_to_verdict(
+    tmp_path: Path, match: str, near_margin: float | None
+) -> None:
     counter = NumpyAllocations.get()
     assert counter is not None
     model = load_model(ModelConfig(path=fixed_scene(tmp_path / "m.onnx", SCENE)), RuntimeConfig())
     cfg = InspectConfig(
         class_conf={"crack": 0.6},
-        zones={"left": [(0, 0), (0.5, 0), (0.5, 1), (0, 1)], "low": [(0, 0.5), (1, 0.5), (1, 1)]},
+        zones={"left": [(0, 0), (0.5, 0), (0.5, 1), (0, 1)], "high": [(0, 0), (1, 0), (1, 0.5)]},
         match=match,
         min_area={"scratch": 0.01},
     )
-    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, model.num_classes, 0.25, 100))
+    inspector = Inspector(cfg, model.labels, model.num_classes, 0.25, 100)
+    path = FramePath(model, "cam0", "bgr", inspector, near_margin=near_margin)
     frame = _frame(solid_frame((0, 0, 0)))
+    first = path.run(frame)
+    assert isinstance(first, Processed)
+    near = first.detections.near
+    # With a margin, the crack (0.5 under its 0.6, in zone "high") is a near miss.
+    assert (near.class_ids.tolist() if near is not None else None) == (None if near_margin is None else [1])
     for _ in range(3):
         path.run(frame)
     with counter.counting():
         before = counter.buffers
         for _ in range(10):
             done = path.run(frame)
+            assert isinstance(done, Processed)
+            record = path.verdict_record(done, None)  # what the metrics count and the page lists
         assert counter.buffers == before
-    assert isinstance(done, Processed) and done.inspected is not None and done.inspected.verdict == "ng"
+    assert done.inspected is not None and done.inspected.verdict == "ng"
+    assert record is not None and record.verdict == "ng" and [r.label for r in record.reasons] == ["scratch", "dust"]
 
 
 def test_a_source_whose_sizes_vary_gets_each_frame_through_a_plan_of_its_own_size(tmp_path: Path) -> None:

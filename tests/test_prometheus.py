@@ -11,15 +11,29 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from edged import __version__
-from edged.messages import CaptureReport, ModelInfo, StageLatency, StatusMessage, ThermalReadings, ThermalState
+from edged.messages import (
+    CaptureReport,
+    EvidenceReport,
+    ModelInfo,
+    Reason,
+    StageLatency,
+    StatusMessage,
+    ThermalReadings,
+    ThermalState,
+)
 from edged.prometheus import Metrics
-from edged.stats import RunStats
+from edged.stats import RunStats, VerdictRecord
 
 CAM0 = (("camera", "cam0"),)
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 
 
-def _status(thermal: ThermalReadings | None = None, rate_cap: float | None = 2.5) -> StatusMessage:
+EVIDENCE = EvidenceReport(saved=7, dropped=2, errors=1, rate_limited=3, bytes=123456, last_error="disk full")
+
+
+def _status(
+    thermal: ThermalReadings | None = None, rate_cap: float | None = 2.5, evidence: EvidenceReport | None = None
+) -> StatusMessage:
     return StatusMessage(
         camera_id="cam0",
         seq=3,
@@ -34,7 +48,22 @@ def _status(thermal: ThermalReadings | None = None, rate_cap: float | None = 2.5
         thermal=thermal,
         model=MODEL,
         capture=CaptureReport(frames_captured=50, frames_decoded=47, reconnects=1, size_changes=0, last_error="gone"),
+        evidence=evidence,
     )
+
+
+def _inspected_stats() -> RunStats:
+    """Three frames inspected: OK, NG (a scratch in "left" and a dent in "right"), NG (a scratch in "left")."""
+    stats = RunStats()
+    stats.record(1.0, 10.0, 0.5, 20.0)
+
+    def reason(label: str, zone: str) -> Reason:
+        return Reason(detection=0, class_id=0, label=label, score=0.9, zone=zone)
+
+    stats.record_verdict(VerdictRecord(0, 1, None, "ok", ()), 12.0)
+    stats.record_verdict(VerdictRecord(0, 2, None, "ng", (reason("scratch", "left"), reason("dent", "right"))), 15.0)
+    stats.record_verdict(VerdictRecord(0, 3, "part-9", "ng", (reason("scratch", "left"),)), 700.0)
+    return stats
 
 
 def _thermal(state: ThermalState, zones: dict[str, float], flags: list[str]) -> ThermalReadings:
@@ -69,7 +98,7 @@ def test_nothing_is_exposed_before_the_first_status() -> None:
 
 def test_counters_gauges_and_info_come_from_the_status() -> None:
     metrics = Metrics()
-    metrics.update([(_status(), RunStats().histograms())])
+    metrics.update([(_status(), RunStats().histograms(), None)])
     got = _samples(metrics)
     assert got[("edged_frames_total", CAM0)] == 42
     assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "stale")))] == 5
@@ -86,7 +115,7 @@ def test_counters_gauges_and_info_come_from_the_status() -> None:
     )
     assert got[("edged_build_info", labels)] == 1
     assert not any(name.endswith("_created") for name, _ in got)
-    metrics.update([(_status(rate_cap=None), RunStats().histograms())])
+    metrics.update([(_status(rate_cap=None), RunStats().histograms(), None)])
     assert _samples(metrics)[("edged_rate_cap_fps", CAM0)] == 0  # uncapped
 
 
@@ -95,7 +124,7 @@ def test_stage_histograms_are_cumulative_in_seconds() -> None:
     for ms in (0.3, 0.7, 3.0, 40.0, 9000.0):
         stats.record(ms, ms * 2, ms / 2, ms * 10)
     metrics = Metrics()
-    metrics.update([(_status(), stats.histograms())])
+    metrics.update([(_status(), stats.histograms(), None)])
     got = _samples(metrics)
 
     def bucket(name: str, le: str, stage: str | None = None) -> float:
@@ -118,7 +147,7 @@ def test_stage_histograms_are_cumulative_in_seconds() -> None:
 def test_thermal_zones_flags_and_state() -> None:
     thermal = _thermal("warm", {"cpu-thermal": 71.5}, ["soft_temp_limit", "throttled_occurred"])
     metrics = Metrics()
-    metrics.update([(_status(thermal), RunStats().histograms())])
+    metrics.update([(_status(thermal), RunStats().histograms(), None)])
     got = _samples(metrics)
     assert got[("edged_soc_temperature_celsius", (("zone", "cpu-thermal"),))] == 71.5
     assert got[("edged_throttled", (("flag", "soft_temp_limit"),))] == 1
@@ -126,15 +155,44 @@ def test_thermal_zones_flags_and_state() -> None:
     assert got[("edged_throttled", (("flag", "under_voltage"),))] == 0
     assert got[("edged_thermal_state", (("state", "warm"),))] == 1
     assert got[("edged_thermal_state", (("state", "ok"),))] == 0
-    metrics.update([(_status(None), RunStats().histograms())])
+    metrics.update([(_status(None), RunStats().histograms(), None)])
     assert not any(name.startswith(("edged_soc", "edged_throttled")) for name, _ in _samples(metrics))
+
+
+def test_verdicts_ng_reasons_and_their_latency_come_with_inspection() -> None:
+    stats = _inspected_stats()
+    metrics = Metrics()
+    metrics.update([(_status(), stats.histograms(), stats.verdict_counts())])
+    got = _samples(metrics)
+    assert got[("edged_verdicts_total", (*CAM0, ("verdict", "ok")))] == 1
+    assert got[("edged_verdicts_total", (*CAM0, ("verdict", "ng")))] == 2
+    assert got[("edged_ng_reasons_total", (*CAM0, ("class", "scratch"), ("zone", "left")))] == 2
+    assert got[("edged_ng_reasons_total", (*CAM0, ("class", "dent"), ("zone", "right")))] == 1
+    assert got[("edged_verdict_latency_seconds_bucket", (*CAM0, ("le", "0.02")))] == 2  # 12 and 15 ms
+    assert got[("edged_verdict_latency_seconds_bucket", (*CAM0, ("le", "+Inf")))] == 3
+    assert abs(got[("edged_verdict_latency_seconds_sum", CAM0)] - 0.727) < 1e-9
+    metrics.update([(_status(), stats.histograms(), None)])
+    assert not any(name.startswith(("edged_verdict", "edged_ng")) for name, _ in _samples(metrics))  # no [inspect]
+
+
+def test_evidence_counters_come_from_the_status() -> None:
+    metrics = Metrics()
+    metrics.update([(_status(evidence=EVIDENCE), RunStats().histograms(), None)])
+    got = _samples(metrics)
+    assert got[("edged_evidence_saved_total", CAM0)] == 7
+    assert got[("edged_evidence_dropped_total", CAM0)] == 2
+    assert got[("edged_evidence_errors_total", CAM0)] == 1
+    assert got[("edged_evidence_rate_limited_total", CAM0)] == 3
+    assert got[("edged_evidence_bytes", CAM0)] == 123456
+    metrics.update([(_status(), RunStats().histograms(), None)])
+    assert not any(name.startswith("edged_evidence") for name, _ in _samples(metrics))  # no [evidence]
 
 
 def test_the_registry_is_edged_own() -> None:
     from prometheus_client import REGISTRY
 
     metrics = Metrics()
-    metrics.update([(_status(), RunStats().histograms())])
+    metrics.update([(_status(), RunStats().histograms(), None)])
     assert b"python_gc" not in metrics.exposition() and b"process_" not in metrics.exposition()
     assert metrics.registry is not REGISTRY
 
@@ -142,10 +200,11 @@ def test_the_registry_is_edged_own() -> None:
 def test_promtool_accepts_the_exposition() -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool (Debian's prometheus) is needed: scripts/setup test installs it"
-    stats = RunStats()
-    stats.record(1.0, 10.0, 0.5, 20.0)
+    stats = _inspected_stats()
     metrics = Metrics()
-    metrics.update([(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())])
+    metrics.update(
+        [(_status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())]
+    )
     check = subprocess.run([promtool, "check", "metrics"], input=metrics.exposition(), capture_output=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -154,23 +213,37 @@ def test_the_grafana_dashboard_asks_only_for_metrics_edged_exposes() -> None:
     dashboard = json.loads((Path(__file__).resolve().parents[1] / "packaging" / "grafana-dashboard.json").read_text())
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
     asked = {name for expr in exprs for name in re.findall(r"\b(edged_[a-z_]+)\b", expr)}
-    stats = RunStats()
-    stats.record(1.0, 10.0, 0.5, 20.0)
+    stats = _inspected_stats()
     metrics = Metrics()
-    metrics.update([(_status(_thermal("ok", {"soc": 50.0}, [])), stats.histograms())])
+    metrics.update(
+        [(_status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())]
+    )
     exposed = {name for name, _ in _samples(metrics)}
     assert asked and asked <= exposed, asked - exposed
     assert {"edged_frames_total", "edged_stage_duration_seconds_bucket", "edged_soc_temperature_celsius"} <= asked
+    assert {
+        "edged_verdicts_total",
+        "edged_ng_reasons_total",
+        "edged_verdict_latency_seconds_bucket",
+        "edged_evidence_saved_total",
+        "edged_evidence_dropped_total",
+        "edged_evidence_errors_total",
+        "edged_evidence_rate_limited_total",
+        "edged_evidence_bytes",
+    } <= asked
 
 
 def test_each_camera_has_its_own_series_and_the_board_says_its_thermal_state_once() -> None:
     side = _status(_thermal("warm", {"soc": 72.0}, [])).model_copy(update={"camera_id": "side", "frames_processed": 7})
     metrics = Metrics()
     metrics.update(
-        [(_status(_thermal("warm", {"soc": 72.0}, [])), RunStats().histograms()), (side, RunStats().histograms())]
+        [
+            (_status(_thermal("warm", {"soc": 72.0}, [])), RunStats().histograms(), None),
+            (side, RunStats().histograms(), None),
+        ]
     )
     got = _samples(metrics)
     assert got[("edged_frames_total", CAM0)] == 42 and got[("edged_frames_total", (("camera", "side"),))] == 7
     assert got[("edged_soc_temperature_celsius", (("zone", "soc"),))] == 72.0  # no camera label, one series
-    metrics.update([(side, RunStats().histograms())])  # cam0 removed by a reload: its series go
+    metrics.update([(side, RunStats().histograms(), None)])  # cam0 removed by a reload: its series go
     assert ("edged_frames_total", CAM0) not in _samples(metrics)

@@ -260,3 +260,34 @@ def test_a_tcp_trigger_takes_the_publishers_curve_keys_and_refuses_other_clients
     with running(plain, trigger={"endpoint": trigger}) as d:
         assert d.proc.wait(30) == 1
         assert "would publish unencrypted" in d.log()
+
+
+def test_a_reloads_trial_frame_is_not_published_in_request_mode(tmp_path: Path) -> None:
+    # A reload runs its model on a frame before it takes over. In request mode nobody asked for
+    # that frame: neither a refused reload nor one that takes over publishes it.
+    with running(tmp_path) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            before = ready(d, frames=3)
+            config = tmp_path / "edged.toml"
+            written = config.read_text()
+            failing_probe(tmp_path / "failing.onnx", brighter_than=0.1)  # loads, fails on the grey frames
+            fixed_scene(tmp_path / "other.onnx", [(48.0, 44.0, 8.0, 8.0, 1, 0.7)])  # a crack only
+            for model in ("failing.onnx", "other.onnx"):
+                config.write_text(written.replace('"model.onnx"', f'"{model}"'))
+                d.signal(signal.SIGHUP)
+                refused_seen_ns = None
+                for msg in d.messages(30):
+                    assert isinstance(msg, StatusMessage), msg  # no detections, no verdict
+                    if model == "other.onnx" and msg.model.sha256 != before.model.sha256:
+                        break  # taken over: the trial frame went through before this status
+                    if refused_seen_ns is not None and msg.time_ns > refused_seen_ns:
+                        break  # a status made after the refusal and whatever followed it
+                    if model == "failing.onnx" and refused_seen_ns is None and "reload refused" in d.log():
+                        refused_seen_ns = time.time_ns()
+                else:
+                    raise AssertionError(f"the reload to {model} was not seen:\n{d.log()}")
+            reply = ask.ask(b'{"part_id": "after"}')
+            assert isinstance(reply, VerdictMessage) and [r.label for r in reply.reasons] == ["crack"], reply
+        finally:
+            ask.close()

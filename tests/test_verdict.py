@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 from allocations import NumpyAllocations
+from onnx_models import fixed_scene
 
 from edged.config import InspectConfig, load_config
 from edged.decode import Detections
 from edged.errors import ConfigError
+from edged.model import load_model
+from edged.pipeline import frame_path
 from edged.verdict import Inspector
 from edged.zones import NO_ZONE
 
@@ -103,6 +108,21 @@ def test_zone_problems_name_the_zone_when_the_config_loads(tmp_path: Path) -> No
     assert "'ok'" not in text and raised.value.exit_code == 78
 
 
+def with_near(found: Detections, near: Detections) -> Detections:
+    return Detections(found.xyxy, found.scores, found.class_ids, near=near)
+
+
+def test_near_misses_outside_every_zone_go_where_detections_outside_them_go() -> None:
+    # A near scratch in each half; only the left half is a zone.
+    near = detections([(100, 200, 200, 300, 0.2, 0), (700, 200, 800, 300, 0.2, 0)])
+    dropped = inspector(zones={"left": LEFT}, outside_zones="drop")(with_near(SCENE, near), W, H)
+    assert dropped.detections.near is not None
+    assert dropped.detections.near.xyxy.tolist() == [[100, 200, 200, 300]]
+    kept = inspector(zones={"left": LEFT}, outside_zones="keep")(with_near(SCENE, near), W, H)
+    assert kept.detections.near is near
+    assert inspector()(with_near(SCENE, near), W, H).detections.near is near
+
+
 @pytest.mark.parametrize("match", ["centre", "overlap"])
 @pytest.mark.parametrize("outside", ["drop", "keep"])
 def test_inspecting_creates_no_arrays(match: str, outside: str) -> None:
@@ -122,7 +142,7 @@ def test_inspecting_creates_no_arrays(match: str, outside: str) -> None:
         xy = rng.uniform(0, (W, H), (n, 2))
         wh = rng.uniform(2, 80, (n, 2))
         rows = [(*xy[i], *(xy[i] + wh[i]), 0.5, int(rng.integers(0, 3))) for i in range(n)]
-        frames.append(detections(rows))
+        frames.append(with_near(detections(rows), detections([(*r[:4], 0.2, r[5]) for r in rows[: n // 2]])))
     first = [(check(f, W, H).verdict, check(f, W, H).ng.tolist()) for f in frames]
     with counter.counting():
         before = counter.buffers
@@ -131,3 +151,30 @@ def test_inspecting_creates_no_arrays(match: str, outside: str) -> None:
         assert counter.buffers == before
     assert [(check(f, W, H).verdict, check(f, W, H).ng.tolist()) for f in frames] == first
     assert {verdict for verdict, _ in first} == {"ok", "ng"}
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+MARKER = "<!-- worked-example:"
+
+
+def test_the_readmes_worked_example_for_a_line_loads_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The block after the marker, with only its model path moved to a model of its three classes;
+    # the Pi camera's module, which cannot exist here, faked at the import boundary.
+    monkeypatch.setitem(sys.modules, "picamera2", ModuleType("picamera2"))
+    text = README.read_text()
+    assert MARKER in text, "the README no longer marks the line's worked example"
+    block = text.split(MARKER, 1)[1].split("```toml\n", 1)[1].split("\n```", 1)[0]
+    model_path = '"/var/lib/edged/models/parts.onnx"'
+    assert model_path in block
+    fixed_scene(tmp_path / "parts.onnx", [])
+    config = tmp_path / "edged.toml"
+    config.write_text(block.replace(model_path, '"parts.onnx"'))
+    settings = load_config(config)
+    inspect, evidence = settings.inspect, settings.evidence
+    assert inspect is not None and inspect.zones and inspect.class_conf and inspect.ng_classes and inspect.min_area
+    assert settings.trigger.mode == "request"
+    assert evidence is not None and evidence.save == "ng+near"
+    # Every class it names is one of the model's, and the evidence finds near misses.
+    path = frame_path(settings, load_model(settings.model, settings.runtime), settings.source[0])
+    assert path.inspector is not None and path.inspector.thresholds == [0.40, 0.30, 0.25]
+    assert path.near_margin == evidence.near_margin

@@ -11,9 +11,9 @@ import pytest
 from allocations import NumpyAllocations
 from waiting import wait_for
 
-from edged.messages import Detection, DetectionsMessage, ModelInfo, Timings
+from edged.messages import Detection, DetectionsMessage, ModelInfo, Reason, Timings, Verdict
 from edged.sources import Frame
-from edged.view import PALETTE, LiveView
+from edged.view import BANNER, PALETTE, ZONE_PALETTE, LiveView
 
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 GREY = (60, 60, 60)
@@ -40,7 +40,7 @@ def _frame(frame_id: int, image: np.ndarray, order: str = "bgr") -> Frame:
 
 @pytest.fixture
 def view() -> Iterator[LiveView]:
-    v = LiveView(fps=1000.0, width=960, quality=90)
+    v = LiveView(fps=1000.0, width=960, quality=90, zones={})
     v.start()
     yield v
     v.close()
@@ -77,6 +77,46 @@ def test_frames_are_scaled_to_the_view_width_with_boxes_where_the_detections_are
         assert np.abs(shown[y, x].astype(np.int32) - np.array(GREY)).sum() < 30
 
 
+def _near(pixel: np.ndarray, colour: tuple[int, int, int], within: int = 60) -> bool:
+    return int(np.abs(pixel.astype(np.int32) - np.array(colour, np.int32)).sum()) < within
+
+
+def _inspected(verdict: Verdict) -> DetectionsMessage:
+    """A 1920x1080 frame's message: one detection in zone "left", NG or not."""
+    detection = Detection(class_id=2, label="scratch", score=0.9, box=(400.0, 600.0, 800.0, 1000.0), zone="left")
+    reason = Reason(detection=0, class_id=2, label="scratch", score=0.9, zone="left")
+    return _message(3, [], (1920, 1080)).model_copy(
+        update={"detections": [detection], "verdict": verdict, "reasons": [reason] if verdict == "ng" else []}
+    )
+
+
+def test_zones_the_boxes_in_them_and_the_verdict_banner_are_drawn(view: LiveView) -> None:
+    image = np.full((1080, 1920, 3), GREY, np.uint8)
+    # Shown 960x540: the zone spans x 96..480, y 108..485; the box 200..400, 300..500.
+    view.show_zones({"left": [(0.1, 0.2), (0.5, 0.2), (0.5, 0.9), (0.1, 0.9)]})
+    shown = []
+    with view.watch():
+        for i, verdict in enumerate(("ng", "ok")):
+            assert wait_for(view.wants_frame, 5.0)
+            view.offer(_frame(i, image), _inspected(verdict))  # type: ignore[arg-type]
+            got = view.next_jpeg(i, 5.0)
+            assert got is not None
+            shown.append(_decode(got[1]))
+        view.show_zones({})
+        assert wait_for(view.wants_frame, 5.0)
+        view.offer(_frame(2, image), _message(2, [], (1920, 1080)))
+        got = view.next_jpeg(2, 5.0)
+        assert got is not None
+        plain = _decode(got[1])
+    for image_shown, verdict in zip(shown, ("ng", "ok"), strict=True):
+        assert _near(image_shown[300, 480], ZONE_PALETTE[0]), image_shown[300, 480]  # the zone's right edge
+        assert _near(image_shown[200, 96], ZONE_PALETTE[0]), image_shown[200, 96]  # its left edge
+        assert _near(image_shown[400, 200], ZONE_PALETTE[0])  # the box in the zone, in the zone's colour
+        assert _near(image_shown[250, 300], GREY, 30)  # inside the zone: the frame itself
+        assert _near(image_shown[3, 950], BANNER[verdict]), image_shown[3, 950]  # the banner, across the top
+    assert _near(plain[300, 480], GREY, 30) and _near(plain[3, 950], GREY, 30)  # no zones, no verdict: neither
+
+
 def test_an_rgb_frame_is_shown_in_its_true_colours(view: LiveView) -> None:
     rgb = np.zeros((96, 128, 3), np.uint8)
     rgb[..., 0] = 255  # red, in RGB order
@@ -89,11 +129,11 @@ def test_an_rgb_frame_is_shown_in_its_true_colours(view: LiveView) -> None:
 
 
 def test_while_the_encoder_is_busy_or_the_rate_is_spent_no_frame_is_wanted() -> None:
-    view = LiveView(fps=2.0, width=960, quality=70)  # not started: the encoder never takes the frame
+    view = LiveView(fps=2.0, width=960, quality=70, zones={})  # not started: the encoder never takes the frame
     with view.watch():
         view.offer(_frame(1, np.zeros((48, 64, 3), np.uint8)), _message(1, [], (64, 48)))
         assert not view.wants_frame()  # the offered frame is still waiting for the encoder
-    started = LiveView(fps=2.0, width=960, quality=70)
+    started = LiveView(fps=2.0, width=960, quality=70, zones={})
     started.start()
     try:
         with started.watch():
@@ -134,7 +174,7 @@ def test_offering_a_frame_creates_no_numpy_array_after_the_first(view: LiveView)
 
 
 def test_close_wakes_a_waiting_viewer() -> None:
-    view = LiveView(fps=5.0, width=960, quality=70)
+    view = LiveView(fps=5.0, width=960, quality=70, zones={})
     view.start()
     started = time.monotonic()
     with view.watch():

@@ -1,0 +1,191 @@
+"""Triggers from the broker: ``PREFIX/CAMERA/trigger`` on the running daemon, against a real Mosquitto.
+
+Requests go in with Debian's ``mosquitto_pub``; verdicts and errors are read with ``mosquitto_sub`` or an
+independent paho client, and the ZeroMQ side with a real REQ socket, as in ``tests/test_trigger.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon import RunningDaemon, free_port
+from mosquitto import Broker, Listener
+from test_trigger import Requester, ready, running
+from waiting import wait_for
+
+from edged.messages import TriggerError, VerdictMessage, parse_message
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "site1/line2/board3"
+VERDICT, TRIGGER, ERROR = (f"{PREFIX}/cam0/{name}" for name in ("verdict", "trigger", "trigger/error"))
+SUBSCRIBED = f"MQTT: taking trigger requests on {TRIGGER}"
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path, free_port())
+    yield b
+    b.close()
+
+
+def mqtt(broker: Broker) -> dict[str, Any]:
+    return {"url": f"mqtt://127.0.0.1:{broker.port}", "topic_prefix": PREFIX, "keepalive_s": 5}
+
+
+def publish(broker: Broker, payload: str | bytes, *, retain: bool = False, lines: bool = False) -> None:
+    """On the trigger topic with ``mosquitto_pub`` at QoS 1, returning once the broker has it: one
+    message, or with ``lines`` one per line of ``payload``, in order, from one client."""
+    message = payload if isinstance(payload, bytes) else payload.encode()
+    command = [b"mosquitto_pub", b"-h", b"127.0.0.1", b"-p", b"%d" % broker.port, b"-t", TRIGGER.encode(), b"-q", b"1"]
+    command += [b"-l"] if lines else [b"-m", message]
+    command += [b"-r"] if retain else []
+    subprocess.run(command, input=message if lines else None, check=True, capture_output=True, timeout=30)
+
+
+def subscribed(d: RunningDaemon, times: int = 1) -> None:
+    """The daemon has the broker's acknowledgement of its ``times``-th trigger subscription."""
+    assert wait_for(lambda: d.log().count(SUBSCRIBED) >= times, 30), d.log()
+
+
+def verdicts(listener: Listener, count: int) -> list[VerdictMessage]:
+    msgs = [parse_message(m.payload) for m in listener.wait(VERDICT, count)]
+    assert all(isinstance(m, VerdictMessage) for m in msgs), msgs
+    return [m for m in msgs if isinstance(m, VerdictMessage)]
+
+
+def errors(listener: Listener, count: int) -> dict[str | None, TriggerError]:
+    msgs = [parse_message(m.payload) for m in listener.wait(ERROR, count)]
+    assert all(isinstance(m, TriggerError) for m in msgs), msgs
+    return {m.part_id: m for m in msgs if isinstance(m, TriggerError)}
+
+
+def test_a_trigger_from_the_broker_gets_the_verdict_of_a_frame_captured_after_it(tmp_path: Path, broker: Broker) -> None:
+    # At 2 fps a frame up to half a second old always waits in the latest-frame slot: taking it
+    # would give a capture time before the trigger was published.
+    with running(tmp_path, mqtt=mqtt(broker)) as d:
+        listener = Listener(broker.port, f"{PREFIX}/#")
+        try:
+            subscribed(d)
+            ready(d, frames=3)
+            for i in range(3):
+                sent_ns = time.time_ns()
+                publish(broker, f'{{"part_id": "P{i}"}}')
+                verdict = verdicts(listener, i + 1)[-1]
+                assert (verdict.part_id, verdict.verdict) == (f"P{i}", "ng") and verdict.capture_time_ns > sent_ns, verdict
+            # The verdict is a verdict like any other: on ZeroMQ's verdict topic too, the same message.
+            on_zmq = d.collect("verdict", 1, timeout=30)[0]
+            assert on_zmq in verdicts(listener, 3)
+            assert listener.on(ERROR) == []
+        finally:
+            listener.close()
+
+
+def test_malformed_and_retained_triggers_are_counted_logged_once_and_the_next_one_is_answered(
+    tmp_path: Path, broker: Broker
+) -> None:
+    publish(broker, '{"part_id": "stale"}', retain=True)  # the broker replays it on every subscription
+    with running(tmp_path, mqtt=mqtt(broker)) as d:
+        listener = Listener(broker.port, f"{PREFIX}/#")
+        try:
+            subscribed(d)
+            ready(d)
+            for payload in ("not json", '{"part_id": 5}', '{"part": "A"}', "[1, 2]", b"\xff\xfe{"):
+                publish(broker, payload)
+            status = d.wait_status(lambda s: (s.mqtt_drops or {}).get("trigger") == 6, timeout=30)
+            assert status.mqtt_drops is not None and status.mqtt_drops["trigger/error"] == 0
+            publish(broker, '{"part_id": "good"}')
+            assert [v.part_id for v in verdicts(listener, 1)] == ["good"]  # the stale one was never inspected
+            log = d.log()
+            assert log.count("MQTT trigger skipped") == 1 and "a request is JSON" in log, log
+            assert "a retained trigger on site1/line2/board3/cam0/trigger ignored" in log
+            assert listener.on(ERROR) == [] and d.proc.poll() is None
+        finally:
+            listener.close()
+
+
+def test_broker_and_zeromq_requests_share_one_queue_and_beyond_it_the_broker_gets_busy(
+    tmp_path: Path, broker: Broker
+) -> None:
+    # One image every 60 s: after the first, no frame comes within any request's 10 s (time enough
+    # for both triggers to follow the ZeroMQ request on a loaded machine). With queue = 1 there is
+    # room for two requests: the ZeroMQ one in progress and one from the broker.
+    with running(tmp_path, fps=1 / 60, trigger={"timeout_s": 10.0, "queue": 1}, mqtt=mqtt(broker)) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        listener = Listener(broker.port, f"{PREFIX}/#")
+        try:
+            subscribed(d)
+            ready(d)
+            first = ask.send(b'{"part_id": "A"}')
+            publish(broker, '{"part_id": "B"}\n{"part_id": "C"}', lines=True)
+            replies = errors(listener, 2)
+            assert (replies["C"].error, replies["B"].error) == ("busy", "timeout"), replies
+            assert "no frame captured after the request within 10 s" in replies["B"].detail
+            reply = ask.reply(first)
+            assert isinstance(reply, TriggerError) and (reply.error, reply.part_id) == ("timeout", "A"), reply
+            assert listener.on(VERDICT) == []
+        finally:
+            listener.close()
+            ask.close()
+
+
+def test_after_the_broker_restarts_edged_subscribes_again_and_triggers_are_answered(tmp_path: Path, broker: Broker) -> None:
+    with running(tmp_path, mqtt=mqtt(broker)) as d:
+        listener = Listener(broker.port, f"{PREFIX}/#")
+        try:
+            subscribed(d)
+            ready(d)
+            publish(broker, '{"part_id": "before"}')
+            assert verdicts(listener, 1)[0].part_id == "before"
+            listener.close()
+            broker.kill()
+            d.wait_status(lambda s: s.mqtt_state == "disconnected")
+            broker.start()
+            listener = Listener(broker.port, f"{PREFIX}/#")
+            subscribed(d, times=2)  # a clean session: the old subscription died with the broker
+            publish(broker, '{"part_id": "after"}')
+            assert verdicts(listener, 1)[0].part_id == "after"
+        finally:
+            listener.close()
+
+
+def test_free_running_verdicts_reach_the_verdict_topic(tmp_path: Path, broker: Broker) -> None:
+    inspect = {"ng_classes": ["crack"]}
+    with running(tmp_path, trigger={"mode": "free"}, inspect=inspect, mqtt=mqtt(broker)) as d:
+        d.wait_status(lambda s: s.mqtt_state == "connected")
+        sub = subprocess.run(
+            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker.port), "-t", VERDICT, "-v", "-C", "2", "-W", "60"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert sub.returncode == 0, sub.stderr
+        for line in sub.stdout.splitlines():
+            topic, payload = line.split(" ", 1)
+            msg = parse_message(payload.encode())
+            assert topic == VERDICT and isinstance(msg, VerdictMessage), line
+            assert (msg.verdict, msg.part_id, [r.label for r in msg.reasons]) == ("ng", None, ["crack"])
+        assert SUBSCRIBED not in d.log()  # free-running: no trigger topic
+
+
+def test_sigterm_answers_the_requests_from_the_broker_that_edged_is_stopping(tmp_path: Path, broker: Broker) -> None:
+    # One image every 60 s and a 30 s timeout: both requests are still waiting when SIGTERM comes.
+    with running(tmp_path, fps=1 / 60, trigger={"timeout_s": 30.0}, mqtt=mqtt(broker)) as d:
+        listener = Listener(broker.port, f"{PREFIX}/#")
+        try:
+            subscribed(d)
+            ready(d)
+            publish(broker, '{"part_id": "A"}')
+            publish(broker, '{"part_id": "B"}')
+            listener.wait(TRIGGER, 2)  # forwarded by the broker, to edged as to this listener
+            d.wait_status(lambda s: True)  # the loop came round since
+            assert d.stop(timeout=10) == 0
+            replies = errors(listener, 2)
+            assert {part: e.error for part, e in replies.items()} == {"A": "stopping", "B": "stopping"}, replies
+        finally:
+            listener.close()
