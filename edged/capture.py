@@ -102,6 +102,7 @@ class Capture:
     ``clock`` (monotonic ns) stamps frames and progress and times pacing and backoff; ``wait(s)``
     waits ``s`` seconds on it and returns True once stopped. The default waits on the stop event,
     so ``stop`` interrupts it; a test passes both to run the thread on a clock it moves itself.
+    ``wake`` is set whenever a frame is ready or the source ends (`edged.latest.LatestFrame`).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class Capture:
         decode_all: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
         wait: Callable[[float], bool] | None = None,
+        wake: threading.Event | None = None,
     ) -> None:
         self._factory = source_factory
         self._priority = priority
@@ -125,7 +127,7 @@ class Capture:
         self._clock = clock
         self._stop = threading.Event()
         self._wait_for = wait if wait is not None else self._stop.wait
-        self._frames = LatestFrame(clock)
+        self._frames = LatestFrame(clock, wake)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         # Written by the capture thread; _lock makes a snapshot of them consistent.
@@ -154,14 +156,18 @@ class Capture:
         """
         return self._frames.take(timeout_s)
 
+    def signal_stop(self) -> None:
+        """Tell the thread to stop without waiting for it: several cameras then stop together."""
+        self._stop.set()
+        self._frames.close()
+
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the thread and release the camera, waiting at most ``timeout_s``.
 
         A thread blocked inside a camera read cannot be interrupted; it then finishes the read,
         releases the camera itself and exits (it is a daemon thread, so it never holds up exit).
         """
-        self._stop.set()
-        self._frames.close()
+        self.signal_stop()
         if self._thread is None:
             return
         self._thread.join(timeout_s)

@@ -1,8 +1,8 @@
 """``edged check``: everything `run` would refuse, found before the service starts.
 
 It loads the model exactly as the daemon does (same contract checks, same head detection),
-opens the camera through the capture thread the daemon uses and waits for its first frames (the
-size, rate and colour order the camera really gives), runs a grey frame of that size and the
+opens every camera through the capture thread the daemon uses and waits for its first frames
+(the size, rate and colour order the camera really gives), runs a grey frame of that size and the
 camera's first frame through the real pipeline (NaN or infinite outputs there mean a broken
 model, scores above 1 a wrong normalisation or head), connects once to the MQTT broker when
 ``[mqtt]`` is set (refused, untrusted or absent is reported with its reason), and prints where
@@ -128,19 +128,42 @@ def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> None:
         )
 
 
+def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named: bool, out: TextIO) -> SourceError | None:
+    """Open one camera and run its frames through the model; the camera's error, if it gave no frame."""
+    frame_path(settings, model, cfg)  # [inspect] names classes the model must have
+    name = f"{cfg.camera_id}: " if named else ""
+    try:
+        probe = probe_source(cfg)
+    except SourceError as e:
+        if not named:
+            raise
+        print(f"source     {name}{describe_source(cfg)}", file=out)
+        print(f"           {e}", file=out)
+        return e
+    print(f"source     {name}{describe_source(cfg)}", file=out)
+    print(f"           delivers {probe.width}x{probe.height} at {probe.fps:.1f} fps, {probe.channel_order}", file=out)
+    plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order)
+    grey = np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8)
+    first = f"the first frame of camera {cfg.camera_id}" if named else "the camera's first frame"
+    for what, image in (("a plain grey frame", grey), (first, probe.frame)):
+        _first_run(plan, what, image)
+    return None
+
+
 def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.stdout) -> int:
+    """Every camera is opened and tried, one after the other, so that one missing camera does
+    not hide another's problem; a model or contract problem stops at once (exit 78)."""
     print(f"config     {config_path}: valid", file=out)
     model = load_model(settings.model, settings.runtime, record_placement=True)
-    frame_path(settings, model)  # [inspect] names classes the model must have
-    probe = probe_source(settings.source)
-    print(f"source     {describe_source(settings.source)}", file=out)
-    print(f"           delivers {probe.width}x{probe.height} at {probe.fps:.1f} fps, {probe.channel_order}", file=out)
-    plan = FramePipeline(model, probe.width, probe.height, settings.source.channel_order)
-    grey = np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8)
-    for what, image in (("a plain grey frame", grey), ("the camera's first frame", probe.frame)):
-        _first_run(plan, what, image)
+    named = len(settings.source) > 1
+    failed = [
+        (cfg.camera_id, e) for cfg in settings.source if (e := _check_source(settings, model, cfg, named, out)) is not None
+    ]
     if settings.mqtt is not None:
-        print(f"mqtt       {probe_broker(settings.mqtt, settings.source.camera_id)}", file=out)
+        print(f"mqtt       {probe_broker(settings.mqtt, settings.source[0].camera_id)}", file=out)
     _report(model, settings, out)
+    if failed:
+        names = ", ".join(name for name, _ in failed)
+        raise SourceError(f"{len(failed)} of {len(settings.source)} cameras gave no frame ({names}): {failed[0][1]}")
     print("ok", file=out)
     return 0

@@ -161,6 +161,24 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="instead of the per-frame rows: run the full path N frames and report RSS and traced memory every N/10 frames",
     )
+    p.add_argument(
+        "--cameras",
+        type=_positive,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="instead of the per-frame rows: N synthetic 1280x720 cameras served by one `edged run`, "
+        "against N `edged run`s side by side (each N given: total fps, frame age, CPU per frame, RSS)",
+    )
+    p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
+    p.add_argument(
+        "--camera-source",
+        choices=("synthetic", "video"),
+        default="synthetic",
+        help="with --cameras: synthetic sources, or an MJPG clip decoded like a UVC camera's frames (default synthetic)",
+    )
+    p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per arrangement (default 20)")
+    p.add_argument("--warmup-s", type=float, default=5.0, help="seconds let pass before measuring (default 5)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -286,7 +304,8 @@ def _parser() -> argparse.ArgumentParser:
         help="time edged's per-frame path against bare inference",
         description="Measure, in one process and interleaved, bare session.run (the floor), "
         "edged's full per-frame path and a naive reference pipeline on a 1280x720 scene; "
-        "also allocations, CPU time, RSS, cold start (--cold-start) and a soak (--soak N).",
+        "also allocations, CPU time, RSS, cold start (--cold-start), a soak (--soak N), and "
+        "several cameras in one process against a process each (--cameras N [N ...]).",
     )
     _bench_arguments(bench)
 

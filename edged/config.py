@@ -21,7 +21,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, get_args
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 if sys.version_info >= (3, 11):
@@ -37,9 +37,9 @@ from edged.keys import key_file_problems, read_token
 from edged.mqtt import MqttConfig
 from edged.sections import Section
 from edged.sources import SOURCES
-from edged.sources.base import mask_credentials
+from edged.sources.base import SourceBase, mask_credentials
 from edged.sources.synthetic import SyntheticSourceConfig
-from edged.zones import polygon_problem
+from edged.zones import ZoneName, usable_zones
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
 ENV_PREFIX = "EDGED_"  # EDGED_<SECTION>__<KEY> overrides a key
@@ -50,8 +50,6 @@ log = logging.getLogger(__name__)
 # ---- sources ----------------------------------------------------------------------------------
 
 if TYPE_CHECKING:
-    from edged.sources.base import SourceBase
-
     # A union assembled at run time is no static type: a type checker sees the base every kind extends.
     SourceConfig: TypeAlias = SourceBase
 else:
@@ -211,7 +209,6 @@ class PublishConfig(Section):
 # ---- inspect, trigger --------------------------------------------------------------------------
 
 Threshold = Annotated[float, Field(gt=0, le=1)]
-ZoneName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
 class InspectConfig(Section):
@@ -241,9 +238,7 @@ class InspectConfig(Section):
     @field_validator("zones")
     @classmethod
     def _usable_polygons(cls, v: dict[str, list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
-        problems = [f"zone {name!r} {problem}" for name, points in v.items() if (problem := polygon_problem(points))]
-        if problems:
-            raise ValueError("; ".join(problems))
+        usable_zones(v)
         return v
 
 
@@ -312,7 +307,11 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True)
 
-    source: SourceConfig = Field(default_factory=SyntheticSourceConfig)
+    # Named for its TOML table; a tuple of every camera, one for a single [source] table.
+    source: tuple[SourceConfig, ...] = Field(
+        default_factory=lambda: (SyntheticSourceConfig(),),
+        description="The cameras: one [source] table, or a [[source]] table per camera.",
+    )
     model: ModelConfig
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)
@@ -325,6 +324,51 @@ class Settings(BaseSettings):
     http: HttpConfig = Field(default_factory=HttpConfig)
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
     evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        """A single ``[source]`` table is a board with one camera."""
+        return [v] if isinstance(v, (dict, BaseModel)) else v
+
+    @field_validator("source")
+    @classmethod
+    def _unique_cameras(cls, v: tuple[SourceBase, ...]) -> tuple[SourceBase, ...]:
+        """At least one camera; topics, status messages and logs tell cameras apart by ``camera_id`` alone."""
+        if not v:
+            raise ValueError("no camera: give a [source] table, or one [[source]] table per camera")
+        seen: set[str] = set()
+        for cfg in v:
+            if cfg.camera_id in seen:
+                raise ValueError(
+                    f"camera_id {cfg.camera_id!r} is used by more than one [[source]]: each camera needs its own"
+                )
+            seen.add(cfg.camera_id)
+        return v
+
+    @model_validator(mode="after")
+    def _cameras_fit_inspection(self) -> Settings:
+        """Request mode answers with one camera's frame; a camera's zones take effect with ``[inspect]``."""
+        if self.trigger.mode == "request" and len(self.source) > 1:
+            raise ValueError(
+                f"trigger.mode = 'request' answers each request with one camera's frame, and there are "
+                f"{len(self.source)} [[source]] tables: run request mode with a single [source]"
+            )
+        if self.inspect is None and self.trigger.mode != "request":
+            zoned = [cfg.camera_id for cfg in self.source if cfg.zones is not None]
+            if zoned:
+                raise ValueError(
+                    f"camera {', '.join(zoned)} sets zones, which only [inspect] uses: add an [inspect] section"
+                )
+        return self
+
+    def camera(self, camera_id: str) -> SourceBase | None:
+        """The camera called ``camera_id``, if this configuration has it."""
+        return next((cfg for cfg in self.source if cfg.camera_id == camera_id), None)
+
+    def max_fps(self, cfg: SourceBase) -> float:
+        """A camera's rate cap: its own ``max_fps``, else ``service.max_fps`` (0: none)."""
+        return cfg.max_fps if cfg.max_fps is not None else self.service.max_fps
 
     @classmethod
     def settings_customise_sources(
@@ -393,20 +437,31 @@ def _unknown_key_hint(loc: Sequence[str | int]) -> str:
     return "unknown key: check its spelling against config/edged.toml"
 
 
-def _format_error(err: Any, variables: Mapping[tuple[str, ...], str]) -> str:
+def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras: bool = False) -> str:
     """One problem as one line: the key path as the user writes it, pydantic's message, a hint, and
-    the ``EDGED_*`` variable the value came from when it did not come from the file."""
+    the ``EDGED_*`` variable the value came from when it did not come from the file.
+
+    ``cameras``: the sources were given as ``[[source]]`` tables, so a source key is named with
+    its table's index (``source[1].path``); a single ``[source]`` table's keys are ``source.path``.
+    """
     raw_loc = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
+    index = raw_loc[1] if raw_loc[:1] == ("source",) and len(raw_loc) > 1 and isinstance(raw_loc[1], int) else None
+    if index is not None:
+        raw_loc = raw_loc[:1] + raw_loc[2:]
     loc = ".".join(str(p) for p in raw_loc)
     # Discriminated unions put the tag in the path (source.file.path): keep the user's view.
     for tag in SOURCES:
         loc = loc.replace(f"source.{tag}.", "source.")
+    if cameras and index is not None:
+        loc = f"source[{index}]" + loc.removeprefix("source")
     hint = _unknown_key_hint(raw_loc) if err["type"] == "extra_forbidden" else _HINTS.get(err["type"], "")
     msg = err["msg"]
     text = f"{loc or '(top level)'}: {msg}"
     if hint and hint not in msg:
         text += f" ({hint})"
-    if "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+    value = err.get("input")
+    tables = isinstance(value, dict) or (isinstance(value, list) and value and all(isinstance(v, dict) for v in value))
+    if "input" in err and err["type"] != "missing" and not tables:  # tables are the file itself: not echoed
         text += f"; got {mask_credentials(repr(err['input']))}"
     user_loc = tuple(loc.lower().split(".")) if loc else ()
     origin = [name for path, name in variables.items() if user_loc[: len(path)] == path]
@@ -507,10 +562,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a config file are relative to that file, not to the working directory."""
+    source = data.get("source")
+    tables = [source] if isinstance(source, dict) else source if isinstance(source, list) else []
+    for table in tables:  # [source], or each camera's [[source]]
+        value = table.get("path") if isinstance(table, dict) else None
+        if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
+            table["path"] = os.path.normpath(base / value)
     for section, key in (
         ("model", "path"),
         ("model", "labels"),
-        ("source", "path"),
         ("runtime", "optimized_model_path"),
         ("publish", "curve_server_key"),
         ("publish", "curve_clients_dir"),
@@ -535,7 +595,9 @@ def _check_files(settings: Settings) -> list[str]:
         )
         if path is not None and (problem := _file_problem(path, what)) is not None
     ]
-    problems += settings.source.file_problems()
+    for cfg in settings.source:
+        named = f" (camera {cfg.camera_id})" if len(settings.source) > 1 else ""
+        problems += [problem + named for problem in cfg.file_problems()]
     problems += key_file_problems(settings.publish.curve_server_key, settings.publish.curve_clients_dir)
     if settings.http.token_file is not None:
         try:
@@ -558,10 +620,21 @@ def load_config(path: Path | None) -> Settings:
         _resolve_paths(data, path.resolve().parent)
     variables = _environment()
     _warn_about_ignored_variables(variables)
+    cameras = isinstance(data.get("source"), list) or os.environ.get(f"{ENV_PREFIX}SOURCE", "").lstrip().startswith("[")
+    if isinstance(data.get("source"), list):
+        per_key = sorted(name for key, name in variables.items() if key[0] == "source" and len(key) > 1)
+        if per_key:
+            raise ConfigError(
+                path,
+                [
+                    f"source: {', '.join(per_key)} cannot override one key of several [[source]] tables; "
+                    f"set {ENV_PREFIX}SOURCE to the whole list as JSON, or change the file"
+                ],
+            )
     try:
         settings = Settings(**data)
     except ValidationError as e:
-        raise ConfigError(path, [_format_error(err, variables) for err in e.errors()]) from None
+        raise ConfigError(path, [_format_error(err, variables, cameras=cameras) for err in e.errors()]) from None
     except SettingsError as e:  # an EDGED_* variable that is not the JSON its key needs
         raise ConfigError(path, [_variable_problem(e, variables)]) from None
     problems = _check_files(settings)

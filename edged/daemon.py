@@ -1,9 +1,12 @@
-"""The daemon: composes the stages from the settings, runs the loop, stops cleanly.
+"""The daemon: composes the cameras and the stages from the settings, runs the loop, stops cleanly.
 
-The loop takes the newest frame, runs it through the camera's `FramePath`, and publishes the
-result; in request mode (`edged.trigger`) it instead answers each request with a frame captured
-after the request arrived. Between frames it does the slow housekeeping: thermal polls, status messages, the rate
-cap, config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
+Each camera (`edged.camera.Camera`) has its capture thread, its frame path on the one shared
+model, its counters and sequence numbers. The loop serves the cameras in turn: of those whose
+rate cap allows a frame and that have one ready, the one served longest ago goes first, so a
+fast camera cannot starve a slow one; with nothing ready it waits for any capture thread's
+hand-over. In request mode (`edged.trigger`, one camera) it instead answers each request with a
+frame captured after the request arrived. Between frames it does the slow housekeeping: thermal
+polls, status messages, the rate caps, config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
 `edged.health`, `edged.status`, `edged.reload`); this one only wires them and turns the loop.
 The HTTP server (`edged.http`) gets the status as it is published, a frame only when its live
 view asks for one, and asks the health policy itself.
@@ -11,11 +14,12 @@ view asks for one, and asks the health policy itself.
 
 from __future__ import annotations
 
-import itertools
 import logging
+import threading
 import time
 from pathlib import Path
 
+from edged.camera import Camera, start_capture, stop_captures
 from edged.capture import Capture
 from edged.config import ProviderConfig, Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
@@ -26,14 +30,13 @@ from edged.messages import TriggerError, VerdictMessage
 from edged.model import LoadedModel, load_model
 from edged.mqtt import MqttOutput
 from edged.pipeline import Processed, Rejected, frame_path, verdict_message
+from edged.prometheus import CameraStatus
 from edged.publish import Publisher, detections_topic, status_topic, verdict_topic
-from edged.ratecap import RateCap
 from edged.reload import Replacement, load_replacement
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
-from edged.sources import Frame, open_source
+from edged.sources import Frame
 from edged.sources.base import SourceBase
-from edged.stats import RunStats
-from edged.status import Snapshot
+from edged.status import Snapshot, summary_line
 from edged.thermal import ThermalReport, ThermalWatch
 from edged.trigger import Request, TriggerServer
 
@@ -42,50 +45,60 @@ log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.25  # the loop comes round at least this often, frames or not
 MAX_INFERENCE_FAILURES = 20  # consecutive failed runs before the daemon gives up
 ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then counters
-# How long an exit waits for the capture thread to release the camera. A camera call that takes
-# longer (an 8K JPEG decodes in seconds on a Pi) is abandoned: `run` then exits without
-# finalising, which is safe, so this bounds the stop time rather than guarding the exit.
+# How long an exit waits for the capture threads to release their cameras, all of them together.
+# A camera call that takes longer (an 8K JPEG decodes in seconds on a Pi) is abandoned: `run`
+# then exits without finalising, which is safe, so this bounds the stop time rather than
+# guarding the exit.
 CAPTURE_STOP_WAIT_S = 1.0
-EVIDENCE_STOP_S = 1.0  # at stop, time left to the evidence writer to finish its queue (a few ms per frame)
+EVIDENCE_STOP_S = 1.0  # at stop, time left to each evidence writer to finish its queue (a few ms per frame)
+
+
+def same_source(a: SourceBase, b: SourceBase) -> bool:
+    """The same camera opened the same way: a reload keeps its capture running (its cap and
+    evidence key may differ, they do not touch the camera)."""
+    return a.model_dump(exclude={"max_fps", "evidence"}) == b.model_dump(exclude={"max_fps", "evidence"})
 
 
 class Daemon:
-    """One running configuration: model, capture, publisher, thermal watch, and the loop."""
+    """One running configuration: model, cameras, publisher, thermal watch, and the loop."""
 
     def __init__(self, settings: Settings, config_path: Path | None, notifier: Notifier, signals: Signals) -> None:
         self.settings = settings
         self.config_path = config_path
         self.notifier = notifier
         self.signals = signals
-        self.stats = RunStats()
         self.health = Health(settings.service.stall_timeout_s)
-        self.rate_cap = RateCap(settings.service.max_fps)
-        # The camera opens (or the scene pool is drawn) while the model loads: cold start pays
+        self._wake = threading.Event()  # set by every capture thread's hand-over
+        # The cameras open (or the scene pool is drawn) while the model loads: cold start pays
         # for the slower of the two, not their sum.
-        self.capture = self._start_capture(settings.source)
+        captures = {cfg.camera_id: self._start_capture(cfg) for cfg in settings.source}
         try:
-            self._use_model(load_model(settings.model, settings.runtime))
+            self.model = model = load_model(settings.model, settings.runtime)
+            self.cameras = {
+                cfg.camera_id: Camera(cfg, captures[cfg.camera_id], frame_path(settings, model, cfg), settings.max_fps(cfg))
+                for cfg in settings.source
+            }
             self.http = self._http_server(settings.http)
-            self.publisher = Publisher(settings.publish, settings.source.camera_id)
+            self.publisher = Publisher(settings.publish, [cfg.camera_id for cfg in settings.source])
             self.mqtt = self._start_mqtt()
             self.trigger = self._start_trigger()
         except BaseException:
-            self.capture.stop(timeout_s=CAPTURE_STOP_WAIT_S)
+            stop_captures(captures.values(), CAPTURE_STOP_WAIT_S)
             raise
         self.http.start()
+        for camera in self.cameras.values():
+            camera.evidence = self._start_evidence(camera.cfg)
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
-        self.evidence = self._start_evidence()
-        self._seq = {"detections": itertools.count(), "status": itertools.count(), "verdict": itertools.count()}
         self._inference_failures = 0
         self._last_error_log = -ERROR_LOG_INTERVAL_S
         self._replacement: Replacement | None = None  # a reload on trial: it takes over on its first frame
+        # During a trial, the cameras the reload adds or opens differently, served by its model only.
+        self._incoming: dict[str, Camera] = {}
         self._next_status = self._next_thermal = time.monotonic()
 
     def _start_capture(self, cfg: SourceBase) -> Capture:
-        capture = Capture(lambda: open_source(cfg), cfg.camera_id, priority=self.settings.runtime.capture_priority)
-        capture.start()
-        return capture
+        return start_capture(cfg, self.settings.runtime.capture_priority, self._wake)
 
     def _http_server(self, cfg: HttpConfig) -> HttpServer:
         inspect = self.settings.inspect
@@ -93,13 +106,14 @@ class Daemon:
 
     def _start_mqtt(self) -> MqttOutput | None:
         cfg = self.settings.mqtt
-        return MqttOutput(cfg, self.settings.source.camera_id) if cfg is not None else None
+        return MqttOutput(cfg, [source.camera_id for source in self.settings.source]) if cfg is not None else None
 
-    def _start_evidence(self) -> EvidenceWriter | None:
-        cfg = self.settings.evidence
-        if cfg is None:
+    def _start_evidence(self, cfg: SourceBase) -> EvidenceWriter | None:
+        """The camera's evidence writer: with ``[evidence]``, unless its source says ``evidence = false``."""
+        evidence = self.settings.evidence
+        if evidence is None or not cfg.evidence:
             return None
-        writer = EvidenceWriter(cfg, self.settings.source.camera_id)
+        writer = EvidenceWriter(evidence, cfg.camera_id)
         writer.start()
         return writer
 
@@ -107,7 +121,7 @@ class Daemon:
         if self.settings.trigger.mode != "request":
             return None
         try:
-            trigger = TriggerServer(self.settings.trigger, self.settings.publish, self.settings.source.camera_id)
+            trigger = TriggerServer(self.settings.trigger, self.settings.publish, self.settings.source[0].camera_id)
         except BaseException:
             self.publisher.close()
             self.http.close()
@@ -120,12 +134,19 @@ class Daemon:
 
     def _use_model(self, model: LoadedModel) -> None:
         self.model = model
-        self.path = frame_path(self.settings, model)
+        for camera in self.cameras.values():
+            camera.path = frame_path(self.settings, model, camera.cfg)
+
+    def serving(self) -> list[Camera]:
+        """The cameras the loop takes frames from: the running ones, and a reload's on trial in
+        place of those it opens differently."""
+        kept = [camera for name, camera in self.cameras.items() if name not in self._incoming]
+        return kept + list(self._incoming.values())
 
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Loop until stopped, the source ends or inference keeps failing; returns the exit code."""
+        """Loop until stopped, every source ends or inference keeps failing; returns the exit code."""
         interval = watchdog_interval_s()
         watchdog = Watchdog(self.notifier, interval, self.healthy) if interval else None
         if watchdog:
@@ -136,10 +157,12 @@ class Daemon:
                     self.signals.reload.clear()
                     self.reload()
                 self.housekeeping()
-                if self.capture.fatal is not None:
-                    return self.capture.fatal.exit_code  # logged by the capture thread
-                if self.capture.state == "ended":
-                    log.info("source ended: stopping")
+                cameras = self.serving()
+                fatal = next((c.capture.fatal for c in cameras if c.capture.fatal is not None), None)
+                if fatal is not None:
+                    return fatal.exit_code  # logged by the capture thread
+                if all(camera.capture.state == "ended" for camera in cameras):
+                    log.info("source ended: stopping" if len(cameras) == 1 else "every source ended: stopping")
                     return EXIT_OK
                 if self._inference_failures >= MAX_INFERENCE_FAILURES and not self._fall_back_provider():
                     log.error(
@@ -168,47 +191,62 @@ class Daemon:
             self._next_status = now + self.settings.publish.status_interval_s
 
     def step(self) -> None:
-        """Wait for the rate cap, take the newest frame, process and publish it (free mode), or
+        """Take the next camera's frame, process and publish it, or wait for one (free mode); or
         answer the next request (request mode)."""
         if self.trigger is not None:
-            self._serve(self.trigger)
+            self._serve(self.trigger, self.serving()[0])
             return
         if self.report is not None and self.report.rate_factor == 0.0:
             self.signals.stop.wait(TAKE_TIMEOUT_S)  # critical: inference paused, status continues
             self.health.frame_done()
             return
-        started = time.monotonic()
-        frame = self.capture.take(TAKE_TIMEOUT_S)
-        if frame is None:
+        taken = self._next_frame()
+        if taken is None:
             self._announce_ready(frame_processed=False)
             return
-        if self._replacement is not None:
-            self._try_replacement(self._replacement, frame)
+        camera, frame = taken
+        if self._replacement is not None and camera.id in self._replacement.paths:
+            self._try_replacement(self._replacement, camera, frame)
         else:
-            self.handle(frame)
-        self.signals.stop.wait(self.rate_cap.wait_s(started, time.monotonic()))
+            self.handle(camera, frame)
 
-    def _serve(self, trigger: TriggerServer) -> None:
-        """Request mode: answer the oldest request. Before READY=1 a frame goes through the model
-        unpublished, which proves camera and model and warms the session up; a reload on trial
-        is tried on the next frame, as in free mode."""
+    def _next_frame(self) -> tuple[Camera, Frame] | None:
+        """The frame of the camera served longest ago among those whose rate cap allows one and
+        that have one ready; None after waiting up to `TAKE_TIMEOUT_S` for any to have one."""
+        self._wake.clear()  # cleared before looking: a hand-over after this wakes the wait below
+        for waited in (False, True):
+            now = time.monotonic()
+            cameras = self.serving()
+            for camera in sorted((c for c in cameras if c.due(now)), key=lambda c: c.served_s):
+                frame = camera.take()
+                if frame is not None:
+                    return camera, frame
+            if not waited:
+                self._wake.wait(min([TAKE_TIMEOUT_S, *(c.wait_s(now) for c in cameras if not c.due(now))]))
+        return None
+
+    def _serve(self, trigger: TriggerServer, camera: Camera) -> None:
+        """Request mode, its one camera: answer the oldest request. Before READY=1 a frame goes
+        through the model unpublished, which proves camera and model and warms the session up; a
+        reload on trial is tried on the next frame, as in free mode."""
         if not self.health.ready or self._replacement is not None:
-            frame = self.capture.take(TAKE_TIMEOUT_S)
+            frame = camera.capture.take(TAKE_TIMEOUT_S)
             if frame is not None and self._replacement is not None:
-                self._try_replacement(self._replacement, frame)
+                self._try_replacement(self._replacement, camera, frame)
             elif frame is not None:
-                outcome = self.path.run(frame)
+                outcome = camera.path.run(frame)
                 if isinstance(outcome, Rejected):
-                    self._reject(outcome)
-                self._announce_ready(frame_processed=isinstance(outcome, Processed))
+                    self._reject(camera, outcome)
+                processed = isinstance(outcome, Processed)
+                self._announce_ready(frame_processed=processed, camera=camera if processed else None)
             else:
                 self._announce_ready(frame_processed=False)
         request = trigger.next(TAKE_TIMEOUT_S if self.health.ready else 0.0)
         self.health.frame_done()  # waiting for requests is progress in this mode
         if request is not None:
-            trigger.answer(request, self._answer(trigger, request))
+            trigger.answer(request, self._answer(trigger, camera, request))
 
-    def _answer(self, trigger: TriggerServer, request: Request) -> VerdictMessage | TriggerError:
+    def _answer(self, trigger: TriggerServer, camera: Camera, request: Request) -> VerdictMessage | TriggerError:
         """The verdict of the first good frame captured after ``request`` arrived, or why there is none.
 
         A frame captured before the request (one waiting in the latest-frame slot, picamera2's
@@ -223,27 +261,27 @@ class Daemon:
                 return trigger.error(request.part_id, "stopping", "edged is stopping")
             if self.report is not None and self.report.rate_factor == 0.0:
                 return trigger.error(request.part_id, "thermal_critical", "inference is paused until the board cools")
-            capture = self.capture.stats()
+            capture = camera.capture.stats()
             if capture.state in ("lost", "ended"):
                 why = f": {capture.last_error}" if capture.last_error else ""
                 return trigger.error(request.part_id, "camera_lost", f"the camera is {capture.state}{why}")
             trigger.collect()
-            frame = self.capture.take(min(left_ns / 1e9, TAKE_TIMEOUT_S))
+            frame = camera.capture.take(min(left_ns / 1e9, TAKE_TIMEOUT_S))
             if frame is None or frame.t_capture_ns <= request.arrived_ns:
                 continue
-            outcome = self._finish(self.path.run(frame), triggered=True, part_id=request.part_id)
+            outcome = self._finish(camera, camera.path.run(frame), triggered=True, part_id=request.part_id)
             if isinstance(outcome, VerdictMessage):
                 return outcome
             if isinstance(outcome, Rejected) and outcome.reason == "inference_error":
                 return trigger.error(request.part_id, "inference_failed", outcome.detail)
         return trigger.error(request.part_id, "timeout", f"no frame captured after the request within {timeout_s:g} s")
 
-    def handle(self, frame: Frame) -> None:
-        """One frame through the running model."""
-        self._finish(self.path.run(frame))
+    def handle(self, camera: Camera, frame: Frame) -> None:
+        """One frame of ``camera`` through the running model."""
+        self._finish(camera, camera.path.run(frame))
 
     def _finish(
-        self, outcome: Processed | Rejected, *, triggered: bool = False, part_id: str | None = None
+        self, camera: Camera, outcome: Processed | Rejected, *, triggered: bool = False, part_id: str | None = None
     ) -> VerdictMessage | Rejected | None:
         """A frame's outcome counted and published; a rejected frame is counted and logged.
 
@@ -251,141 +289,161 @@ class Daemon:
         the `Rejected`. A triggered frame is published whatever the outputs' ``publish_empty`` say.
         """
         if isinstance(outcome, Rejected):
-            self._reject(outcome)
+            self._reject(camera, outcome)
             return outcome
         self._inference_failures = 0
-        frame, detections, times = outcome.frame, outcome.detections, outcome.times
+        frame, detections, times, stats = outcome.frame, outcome.detections, outcome.times, camera.stats
         if detections.nonfinite:
-            self.stats.drop("nonfinite_output")
+            stats.drop("nonfinite_output")
             self._error_limited(
-                "the model output %d NaN or infinite value(s) on frame %d, dropped (%d frame(s) so far): a NaN "
-                "score never passes the threshold, so the model is broken or overflows on this input (check an "
+                "camera %s: the model output %d NaN or infinite value(s) on frame %d, dropped (%d frame(s) so far): "
+                "a NaN score never passes the threshold, so the model is broken or overflows on this input (check an "
                 "fp16 export, and model.scale, mean and std); `edged check` runs it on a frame from the camera",
+                camera.id,
                 detections.nonfinite,
                 frame.frame_id,
-                self.stats.drops["nonfinite_output"],
+                stats.drops["nonfinite_output"],
+                camera=camera.id,
                 frame=frame.frame_id,
                 stage="decode",
             )
         if detections.scores_above_one:
-            self.stats.drop("score_above_one")
+            stats.drop("score_above_one")
             self._error_limited(
-                "the model gave %d score(s) above 1 on frame %d, dropped (%d frame(s) so far): scores must "
-                "be probabilities, so check model.scale, mean and std against how the model was trained, "
+                "camera %s: the model gave %d score(s) above 1 on frame %d, dropped (%d frame(s) so far): scores "
+                "must be probabilities, so check model.scale, mean and std against how the model was trained, "
                 "and that its head ends in a sigmoid",
+                camera.id,
                 detections.scores_above_one,
                 frame.frame_id,
-                self.stats.drops["score_above_one"],
+                stats.drops["score_above_one"],
+                camera=camera.id,
                 frame=frame.frame_id,
                 stage="decode",
             )
-        self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
-        if (record := self.path.verdict_record(outcome, part_id)) is not None:
-            self.stats.record_verdict(record, outcome.verdict_ms)
+        stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, outcome.age_ms)
+        if (record := camera.path.verdict_record(outcome, part_id)) is not None:
+            stats.record_verdict(record, outcome.verdict_ms)
         self.health.frame_done()
-        payload, verdict = self._publish_detections(outcome, triggered=triggered, part_id=part_id)
-        if self.evidence is not None:
+        payload, verdict = self._publish_detections(camera, outcome, triggered=triggered, part_id=part_id)
+        if camera.evidence is not None:
             inspected = outcome.inspected
-            self.evidence.offer(outcome.frame, detections, inspected.verdict if inspected else None, payload)
-        self._announce_ready(frame_processed=True)
+            camera.evidence.offer(outcome.frame, detections, inspected.verdict if inspected else None, payload)
+        self._announce_ready(frame_processed=True, camera=camera)
         return verdict
 
-    def _reject(self, rejected: Rejected) -> None:
-        self.stats.drop(rejected.reason)
-        count, frame_id = self.stats.drops[rejected.reason], rejected.frame.frame_id
+    def _reject(self, camera: Camera, rejected: Rejected) -> None:
+        camera.stats.drop(rejected.reason)
+        count, frame_id = camera.stats.drops[rejected.reason], rejected.frame.frame_id
         if rejected.reason == "inference_error":
             self._inference_failures += 1
             self._error_limited(
-                "inference failed, frame %d skipped (%d failed so far): %s",
+                "camera %s: inference failed, frame %d skipped (%d failed so far): %s",
+                camera.id,
                 frame_id,
                 count,
                 rejected.detail,
+                camera=camera.id,
                 frame=frame_id,
                 stage="inference",
             )
         elif count == 1:
             log.warning(
-                "frame %d rejected (%s): %s",
+                "camera %s: frame %d rejected (%s): %s",
+                camera.id,
                 frame_id,
                 rejected.reason.removeprefix("bad_frame_"),
                 rejected.detail,
-                extra={"FRAME": frame_id, "STAGE": "contract"},
+                extra={"CAMERA": camera.id, "FRAME": frame_id, "STAGE": "contract"},
             )
 
-    def _error_limited(self, message: str, *args: object, frame: int, stage: str) -> None:
+    def _error_limited(self, message: str, *args: object, camera: str, frame: int, stage: str) -> None:
         """Log a per-frame error at most once per ERROR_LOG_INTERVAL_S; the counters carry the rest."""
         now = time.monotonic()
         if now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
             self._last_error_log = now
-            log.error(message, *args, extra={"FRAME": frame, "STAGE": stage})
+            log.error(message, *args, extra={"CAMERA": camera, "FRAME": frame, "STAGE": stage})
 
-    def _announce_ready(self, *, frame_processed: bool) -> None:
-        if self.health.should_announce(frame_processed=frame_processed, capture_state=self.capture.state):
-            self.notifier.ready(self.snapshot().line())
-            if frame_processed:
-                log.info("first frame processed: ready", extra={"CAMERA": self.settings.source.camera_id})
+    def _announce_ready(self, *, frame_processed: bool, camera: Camera | None = None) -> None:
+        """READY=1 on the first frame of any camera, or once a camera is known to be lost (`edged.health`)."""
+        lost = any(c.capture.state == "lost" for c in self.cameras.values())
+        if self.health.should_announce(frame_processed=frame_processed, capture_state="lost" if lost else "starting"):
+            self.notifier.ready(self.status_line())
+            if camera is not None:
+                log.info("first frame processed: ready", extra={"CAMERA": camera.id})
 
     # ---- messages ----------------------------------------------------------------------------
 
     def _publish_detections(
-        self, done: Processed, *, triggered: bool, part_id: str | None
+        self, camera: Camera, done: Processed, *, triggered: bool, part_id: str | None
     ) -> tuple[bytes | None, VerdictMessage | None]:
         """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames
         (a triggered frame always goes out), with its verdict message beside it; and the frame with
-        its message to the live view when it wants one. Returns the payload and verdict published, if any."""
+        its message to the live view when it shows this camera and wants a frame. Returns the
+        payload and verdict published, if any."""
         found = len(done.detections) > 0 or triggered
         to_zmq = found or self.settings.publish.publish_empty
         mqtt = self.mqtt if self.mqtt is not None and (found or self.mqtt.cfg.publish_empty) else None
-        show = self.http.view.wants_frame()
+        show = camera.id == self.settings.source[0].camera_id and self.http.view.wants_frame()
         if not (to_zmq or mqtt or show):
             return None, None
         state = self.report.state if self.report else "unknown"
-        seq = next(self._seq["detections"]) if to_zmq or mqtt else 0  # a message only shown takes no seq
-        msg = self.path.message(done, seq=seq, thermal_state=state, part_id=part_id)
+        seq = camera.next_seq("detections") if to_zmq or mqtt else 0  # a message only shown takes no seq
+        msg = camera.path.message(done, seq=seq, thermal_state=state, part_id=part_id)
         payload = verdict = None
         if to_zmq or mqtt:
             payload = msg.model_dump_json().encode()
-            verdict = verdict_message(msg, next(self._seq["verdict"]))
+            verdict = verdict_message(msg, camera.next_seq("verdict")) if msg.verdict is not None else None
             verdict_payload = verdict.model_dump_json().encode() if verdict else None
-            prefix, camera = self.settings.publish.topic_prefix, self.settings.source.camera_id
+            prefix = self.settings.publish.topic_prefix
             if to_zmq:
-                self.publisher.send(detections_topic(prefix, camera), payload)
+                self.publisher.send(detections_topic(prefix, camera.id), payload)
                 if verdict_payload:
-                    self.publisher.send(verdict_topic(prefix, camera), verdict_payload)
+                    self.publisher.send(verdict_topic(prefix, camera.id), verdict_payload)
             if mqtt:
-                mqtt.send("detections", payload)
+                mqtt.send("detections", payload, camera.id)
                 if verdict_payload:
-                    mqtt.send("verdict", verdict_payload)
+                    mqtt.send("verdict", verdict_payload, camera.id)
         if show:
             self.http.view.offer(done.frame, msg)
         return payload, verdict
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, camera: Camera) -> Snapshot:
         return Snapshot(
-            camera_id=self.settings.source.camera_id,
-            stats=self.stats,
-            capture=self.capture.stats(),
+            camera_id=camera.id,
+            stats=camera.stats,
+            capture=camera.capture.stats(),
             publish_drops=self.publisher.drops,
-            rate_cap_fps=self.rate_cap.fps,
+            rate_cap_fps=camera.rate_cap.fps,
             thermal=self.report,
             model=self.model.info,
             model_short=self.model.engine.identity.short,
             mqtt=self.mqtt.stats() if self.mqtt else None,
-            evidence=self.evidence.report() if self.evidence else None,
+            evidence=camera.evidence.report() if camera.evidence else None,
         )
 
+    def status_line(self) -> str:
+        """systemd's STATUS=: every camera's rate and state (`edged.status.summary_line`)."""
+        return summary_line([self.snapshot(camera) for camera in self.serving()])
+
     def publish_status(self) -> None:
-        self.stats.update_fps()
-        self._update_rate_cap()
-        snapshot = self.snapshot()
-        message = snapshot.message(next(self._seq["status"]))
-        topic = status_topic(self.settings.publish.topic_prefix, self.settings.source.camera_id)
-        payload = message.model_dump_json().encode()
-        self.publisher.send(topic, payload)
-        if self.mqtt:
-            self.mqtt.send("status", payload)
-        self.http.update(message, self.stats.histograms(), self.stats.verdict_counts() if self.path.inspector else None)
-        self.notifier.status(snapshot.line())
+        """Each camera's status message on its topic, all of them to the HTTP server, the summary to systemd."""
+        self._update_rate_caps()
+        snapshots = []
+        statuses: list[CameraStatus] = []
+        for camera in self.serving():
+            camera.stats.update_fps()
+            snapshot = self.snapshot(camera)
+            snapshots.append(snapshot)
+            message = snapshot.message(camera.next_seq("status"))
+            payload = message.model_dump_json().encode()
+            self.publisher.send(status_topic(self.settings.publish.topic_prefix, camera.id), payload)
+            if self.mqtt:
+                self.mqtt.send("status", payload, camera.id)
+            verdicts = camera.stats.verdict_counts() if camera.path.inspector else None
+            statuses.append((message, camera.stats.histograms(), verdicts))
+        self.http.update(statuses)
+        self.notifier.status(summary_line(snapshots))
 
     # ---- housekeeping ------------------------------------------------------------------------
 
@@ -393,11 +451,12 @@ class Daemon:
         previous = self.report.state if self.report else None
         self.report = thermal.poll()
         if previous is not None and previous != self.report.state:
-            self._update_rate_cap()
-            self.notifier.status(self.snapshot().line())
+            self._update_rate_caps()
+            self.notifier.status(self.status_line())
 
-    def _update_rate_cap(self) -> None:
-        self.rate_cap.update(self.capture.stats().frames_captured, self.report.rate_factor if self.report else 1.0)
+    def _update_rate_caps(self) -> None:
+        for camera in self.serving():
+            camera.update_rate_cap(self.report.rate_factor if self.report else 1.0)
 
     def _fall_back_provider(self) -> bool:
         """Drop the provider that keeps failing and carry on with the next one in the list."""
@@ -424,19 +483,24 @@ class Daemon:
         return True
 
     def healthy(self) -> bool:
-        """Progress for the watchdog (`edged.health`)."""
-        return self.health.healthy(self.capture.stats())
+        """Progress for the watchdog (`edged.health`): the loop turns and some camera progresses."""
+        return self.health_problem() is None
 
     def health_problem(self) -> str | None:
         """Why the watchdog would not ping now, for ``/healthz``; None when it would."""
-        return self.health.problem(self.capture.stats())
+        return self.health.problem({camera.id: camera.capture.stats() for camera in self.serving()})
+
+    # ---- reloads -----------------------------------------------------------------------------
 
     def reload(self) -> None:
         """SIGHUP: load a new config and model; they take over once the model has run on a frame.
 
         A config or model that does not load is refused here; one that loads is tried on the next
-        frame (`_try_replacement`), from the new source if the source changed, since a model can
-        load and still fail on the camera's frames. A reload while another is on trial replaces it.
+        frame from one of its cameras (`_try_replacement`), since a model can load and still fail
+        on the cameras' frames. Cameras it adds or opens differently start now and are served by
+        the new model only; a camera it opens differently is closed first (a device opens once);
+        cameras it removes keep running on the old model until the switch. A reload while
+        another is on trial replaces it.
         """
         log.info("reloading configuration from %s", self.config_path)
         self.notifier.reloading()
@@ -444,7 +508,7 @@ class Daemon:
             replacement = load_replacement(self.config_path, self.settings)
         except EdgedError as e:
             log.error("reload refused, keeping the running configuration: %s", e)
-            self.notifier.ready(self.snapshot().line())
+            self.notifier.ready(self.status_line())
             return
         try:
             self.publisher.reload_client_keys()
@@ -452,58 +516,109 @@ class Daemon:
                 self.trigger.reload_client_keys()
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
-        reading = self._replacement.settings.source if self._replacement else self.settings.source
-        if replacement.settings.source != reading:
-            self._switch_capture(replacement.settings.source)
+        self._end_trial()
         self._replacement = replacement
-        log.info("loaded model %s: trying it on the next frame", replacement.path.model.engine.identity.short)
+        for cfg in replacement.settings.source:
+            running = self.cameras.get(cfg.camera_id)
+            if running is not None and same_source(running.cfg, cfg):
+                continue
+            if running is not None:
+                running.capture.stop()
+            capture = self._start_capture(cfg)
+            path = replacement.paths[cfg.camera_id]
+            self._incoming[cfg.camera_id] = Camera(cfg, capture, path, replacement.settings.max_fps(cfg), running)
+        log.info("loaded model %s: trying it on the next frame", replacement.model.engine.identity.short)
 
-    def _try_replacement(self, replacement: Replacement, frame: Frame) -> None:
+    def _end_trial(self) -> None:
+        """Back to the running cameras only: those a trial opened are closed, those it closed reopened."""
+        self._replacement = None
+        incoming, self._incoming = self._incoming, {}
+        stop_captures([camera.capture for camera in incoming.values()], CAPTURE_STOP_WAIT_S)
+        for name in incoming:
+            running = self.cameras.get(name)
+            if running is not None:
+                self.cameras[name] = Camera(
+                    running.cfg,
+                    self._start_capture(running.cfg),
+                    running.path,
+                    self.settings.max_fps(running.cfg),
+                    running,
+                )
+
+    def _try_replacement(self, replacement: Replacement, camera: Camera, frame: Frame) -> None:
         """Switch to a reload's model once it has run on ``frame``, or keep the running one.
 
         In free mode ``frame`` is then published like any other; in request mode nobody asked
         for it, so it is not (the warm-up before READY=1 is not either).
         """
-        outcome = replacement.trial(frame)
+        outcome = replacement.trial(camera.id, frame)
         if isinstance(outcome, Rejected):  # the frame is unfit, not the model: the next frame decides
-            self._reject(outcome)
+            self._reject(camera, outcome)
             return
-        self._replacement = None
         if isinstance(outcome, str):
             log.error(
-                "reload refused, keeping the running configuration and model %s: the new model %s fails on frame %d: %s",
+                "reload refused, keeping the running configuration and model %s: the new model %s fails on "
+                "frame %d of camera %s: %s",
                 self.model.engine.identity.short,
-                replacement.path.model.engine.identity.short,
+                replacement.model.engine.identity.short,
                 frame.frame_id,
+                camera.id,
                 outcome,
-                extra={"FRAME": frame.frame_id, "STAGE": "reload"},
+                extra={"CAMERA": camera.id, "FRAME": frame.frame_id, "STAGE": "reload"},
             )
-            if replacement.settings.source == self.settings.source and self.trigger is None:
-                self.handle(frame)
-            else:
-                self._switch_capture(self.settings.source)
-            self.notifier.ready(self.snapshot().line())
+            trial_camera = camera.id in self._incoming
+            self._end_trial()
+            if not trial_camera and self.trigger is None:
+                self.handle(camera, frame)
+            self.notifier.ready(self.status_line())
             return
+        self._switch(replacement)
+        log.info("reloaded: model %s", self.model.engine.identity.short)
+        self.notifier.ready(self.status_line())
+        if self.trigger is None:  # in request mode nobody asked for the trial frame: it is not published
+            self._finish(self.cameras[camera.id], outcome)
+
+    def _switch(self, replacement: Replacement) -> None:
+        """The reload takes over: its model, cameras, outputs and thermal watch."""
         new = replacement.settings
         old, self.settings = self.settings, new
-        self.model, self.path = replacement.path.model, replacement.path
+        self.model = replacement.model
+        cameras = {}
+        for cfg in new.source:
+            incoming = self._incoming.get(cfg.camera_id)
+            if incoming is None:  # a running camera the reload opens the same way keeps its capture
+                running = self.cameras[cfg.camera_id]
+                incoming = Camera(cfg, running.capture, replacement.paths[cfg.camera_id], new.max_fps(cfg), running)
+            cameras[cfg.camera_id] = incoming
+        removed = [camera for name, camera in self.cameras.items() if name not in cameras]
+        for camera in removed:
+            log.info("camera %s removed", camera.id, extra={"CAMERA": camera.id})
+        stop_captures([camera.capture for camera in removed], CAPTURE_STOP_WAIT_S)
+        for name in cameras.keys() - self.cameras.keys():
+            log.info("camera %s added", name, extra={"CAMERA": name})
+        self._switch_evidence(old, cameras, removed)
+        self.cameras, self._incoming, self._replacement = cameras, {}, None
         self._switch_outputs(old, new)
-        self.rate_cap = RateCap(new.service.max_fps)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
-        log.info("reloaded: model %s", self.model.engine.identity.short)
-        self.notifier.ready(self.snapshot().line())
-        if self.trigger is None:
-            self._finish(outcome)
+
+    def _switch_evidence(self, old: Settings, cameras: dict[str, Camera], removed: list[Camera]) -> None:
+        """A reload's ``[evidence]``, and each camera's ``evidence`` key, take effect with its model."""
+        for camera in removed:
+            if camera.evidence is not None:
+                camera.evidence.stop(timeout_s=EVIDENCE_STOP_S)
+        for camera in cameras.values():
+            running = self.cameras.get(camera.id)
+            if running is not None and (old.evidence, running.cfg.evidence) == (self.settings.evidence, camera.cfg.evidence):
+                continue  # the same writer carries on (a camera takes over its predecessor's)
+            if camera.evidence is not None:
+                camera.evidence.stop(timeout_s=EVIDENCE_STOP_S)
+            camera.evidence = self._start_evidence(camera.cfg)
 
     def _switch_outputs(self, old: Settings, new: Settings) -> None:
-        """A reload's camera id, ``[evidence]``, ``[mqtt]`` and ``[http]`` take effect with its model;
-        the HTTP token is re-read."""
-        self.publisher.follow_camera(new.source.camera_id)
-        if (new.evidence, new.source.camera_id) != (old.evidence, old.source.camera_id):
-            if self.evidence is not None:
-                self.evidence.stop(timeout_s=EVIDENCE_STOP_S)
-            self.evidence = self._start_evidence()
-        if (new.mqtt, new.source.camera_id) != (old.mqtt, old.source.camera_id):
+        """A reload's cameras (their topics), ``[mqtt]`` and ``[http]`` take effect with its model; the
+        HTTP token is re-read."""
+        self.publisher.follow_cameras([c.camera_id for c in new.source])
+        if (new.mqtt, [c.camera_id for c in new.source]) != (old.mqtt, [c.camera_id for c in old.source]):
             if self.mqtt:
                 self.mqtt.close()
             try:
@@ -532,19 +647,17 @@ class Daemon:
         except KeyFileError as e:
             log.error("http token not reloaded, the previous one stays: %s", e)
 
-    def _switch_capture(self, cfg: SourceBase) -> None:
-        self.capture.stop()
-        self.capture = self._start_capture(cfg)
-
     def shutdown(self, watchdog: Watchdog | None) -> None:
         self.notifier.stopping()
         if watchdog:
             watchdog.stop()
-        self.capture.stop(timeout_s=CAPTURE_STOP_WAIT_S)
+        captures = [camera.capture for camera in self.cameras.values()]
+        stop_captures(captures + [camera.capture for camera in self._incoming.values()], CAPTURE_STOP_WAIT_S)
         if self.trigger is not None:
             self.trigger.close()
-        if self.evidence is not None:
-            self.evidence.stop(timeout_s=EVIDENCE_STOP_S)
+        for camera in self.cameras.values():
+            if camera.evidence is not None:
+                camera.evidence.stop(timeout_s=EVIDENCE_STOP_S)
         self.publish_status()
         self.publisher.close()
         self.http.close()

@@ -118,7 +118,8 @@ class QuantizeError(EdgedError):
 
 
 class ColdStartError(EdgedError):
-    """The daemon started by ``edged bench --cold-start`` exited or published nothing; the message ends with its stderr."""
+    """A daemon started by ``edged bench --cold-start`` or ``--cameras`` exited or published nothing;
+    the message says which, with its stderr where there is one."""
 
 
 class MessageError(EdgedError, ValueError):

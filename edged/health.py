@@ -3,13 +3,13 @@
 READY=1 goes out once the first frame is processed (the model, the contract and the camera all
 work), or as soon as the camera is known to be missing, so that a start with the camera unplugged
 is up and honest about it rather than timed out. The watchdog pings only while the loop turns and
-frames flow, or while a reconnect is alive.
+frames flow, or while a reconnect is alive, on any of the cameras.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from edged.capture import CaptureStats
 from edged.messages import CaptureState
@@ -37,19 +37,27 @@ class Health:
         self.ready = True
         return True
 
-    def healthy(self, capture: CaptureStats) -> bool:
-        """The loop turns, and frames flow or a reconnect is alive."""
-        return self.problem(capture) is None
+    def healthy(self, cameras: Mapping[str, CaptureStats]) -> bool:
+        """The loop turns, and frames flow or a reconnect is alive, on any camera."""
+        return self.problem(cameras) is None
 
-    def problem(self, capture: CaptureStats) -> str | None:
-        """Why the watchdog would not ping now, or None when it would (``/healthz`` says it)."""
+    def problem(self, cameras: Mapping[str, CaptureStats]) -> str | None:
+        """Why the watchdog would not ping now, or None when it would (``/healthz`` says it).
+
+        One camera progressing is enough: a lost camera must not restart the others, and its
+        state is in its own status message. A capture thread that died is a problem whatever
+        the others do, since only a restart brings that camera back.
+        """
         now = self._clock()
         if now - self.loop_ns > self._limit_ns:
             return f"the loop has not turned for {(now - self.loop_ns) / 1e9:.1f} s"
-        if not capture.alive and capture.state != "ended":
-            return "the capture thread died: only a restart brings the camera back"
+        dead = [name for name, capture in cameras.items() if not capture.alive and capture.state != "ended"]
+        if dead:
+            return f"the capture thread of camera {', '.join(dead)} died: only a restart brings the camera back"
         if now - self.frame_ns <= self._limit_ns:
             return None
-        if capture.state in ("lost", "starting") and now - capture.last_progress_ns <= self._limit_ns:
+        if any(c.state in ("lost", "starting") and now - c.last_progress_ns <= self._limit_ns for c in cameras.values()):
             return None
-        return f"no frame processed for {(now - self.frame_ns) / 1e9:.1f} s (camera {capture.state})"
+        states = ", ".join(f"{name} {c.state}" for name, c in cameras.items()) if len(cameras) > 1 else None
+        states = states or f"camera {next(iter(cameras.values())).state}"
+        return f"no frame processed for {(now - self.frame_ns) / 1e9:.1f} s ({states})"

@@ -37,9 +37,8 @@ from pydantic import Field, field_validator
 
 from edged.keys import read_token
 from edged.messages import StatusMessage
-from edged.prometheus import Metrics
+from edged.prometheus import CameraStatus, Metrics
 from edged.sections import Section
-from edged.stats import HistogramCounts, VerdictCounts
 from edged.view import LiveView
 from edged.zones import Point
 
@@ -120,8 +119,7 @@ class HttpServer:
         self.view = LiveView(cfg.view_fps, cfg.view_width, cfg.jpeg_quality, zones)
         self.metrics = Metrics()
         self.token = read_token(cfg.token_file, "http.token_file") if cfg.token_file else None
-        self.status: StatusMessage | None = None
-        self.verdicts: VerdictCounts | None = None
+        self.statuses: dict[str, StatusMessage] = {}  # by camera, the page's camera first
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._server: _Server | None = None
@@ -141,14 +139,17 @@ class HttpServer:
         if self.cfg.token_file is not None:
             self.token = read_token(self.cfg.token_file, "http.token_file")
 
-    def update(
-        self, status: StatusMessage, histograms: Mapping[str, HistogramCounts], verdicts: VerdictCounts | None
-    ) -> None:
-        """The status just published, and the stage histograms and verdicts (None without
+    @property
+    def status(self) -> StatusMessage | None:
+        """The status of the camera the page and the live view show: the first."""
+        return next(iter(self.statuses.values()), None)
+
+    def update(self, cameras: Sequence[CameraStatus]) -> None:
+        """Each camera's status just published, with its stage histograms and verdicts (None without
         ``[inspect]``) as they were then."""
-        self.verdicts = verdicts
-        self.status = status
-        self.metrics.update(status, histograms, verdicts)
+        self.verdicts = cameras[0][2] if cameras else None  # set before the status it belongs to
+        self.statuses = {status.camera_id: status for status, _, _ in cameras}
+        self.metrics.update(cameras)
 
     def close(self) -> None:
         with self._lock:
@@ -280,7 +281,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, PAGE, "text/html; charset=utf-8")
 
     def _status(self, owner: HttpServer) -> None:
-        status = owner.status
+        """The first camera's status message, or with ``?camera=ID`` that camera's."""
+        camera = parse_qs(urlsplit(self.path).query).get("camera", [None])[0]
+        status = owner.status if camera is None else owner.statuses.get(camera)
+        if status is None and camera is not None and owner.statuses:
+            known = ", ".join(owner.statuses)
+            self._send(404, json.dumps({"error": f"no camera {camera!r}: cameras are {known}"}).encode(), "application/json")
+            return
         if status is None:
             self._send(503, b'{"error": "no status yet"}\n', "application/json")
             return

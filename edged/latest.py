@@ -59,10 +59,13 @@ class LatestFrame:
     consumer holds is never overwritten.
 
     ``clock`` (monotonic ns, the producer's clock) stamps the consumer's calls for `Demand`.
+    ``wake`` is set on every hand-over and on close: a consumer serving several rings waits on
+    one event for all of them.
     """
 
-    def __init__(self, clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(self, clock: Callable[[], int] = time.monotonic_ns, wake: threading.Event | None = None) -> None:
         self._clock = clock
+        self._wake = wake
         self._cond = threading.Condition(threading.Lock())
         # Guarded by _cond: everything below.
         self._slots: list[np.ndarray | None] = [None] * SLOT_COUNT
@@ -109,6 +112,8 @@ class LatestFrame:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        if self._wake is not None:
+            self._wake.set()
 
     def counts(self) -> FrameCounts:
         with self._cond:
@@ -186,6 +191,8 @@ class LatestFrame:
                 self._dropped_stale += 1
             self._latest = index
             self._cond.notify()
+        if self._wake is not None:
+            self._wake.set()
 
     def skip(self) -> None:
         """A frame grabbed and left undecoded: it takes an id, so the gap shows it as dropped.

@@ -5,7 +5,8 @@ it owns everything else. The frame loop only appends to a bounded outbox (`Outbo
 owns the paho client, connects, reconnects with capped exponential backoff and jitter, and hands
 messages over while the broker is there. Disconnected, the outbox keeps at most ``max_queued``
 messages, events (verdicts) before detections, and drops the oldest beyond that, counted per
-topic; only the newest status waits, as the broker retains only the last one anyway.
+topic; only the newest status of each camera waits, as the broker retains only the last one anyway.
+One output, one connection, serves every camera of the board; each camera has its own topics.
 
 Topics, under ``topic_prefix`` (default ``edged/<hostname>``)::
 
@@ -37,7 +38,7 @@ import ssl
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -259,14 +260,15 @@ def refusal(reason_code: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Queued:
-    """One message waiting for the broker: its kind picks topic, QoS and retain."""
+    """One message waiting for the broker: its camera and kind pick the topic, its kind QoS and retain."""
 
     kind: Kind
     payload: bytes
+    camera_id: str
 
 
 class Outbox:
-    """Messages waiting for the broker: bounded, events before detections, the newest status only.
+    """Messages waiting for the broker: bounded, events before detections, the newest status of each camera only.
 
     Beyond ``limit`` (events and detections together) the oldest detection goes first, an event
     only when no detection is left; every message dropped or superseded is counted by kind.
@@ -278,16 +280,16 @@ class Outbox:
         self.drops: Counter[str] = Counter()
         self._events: deque[Queued] = deque()
         self._detections: deque[Queued] = deque()
-        self._status: Queued | None = None
+        self._status: dict[str, Queued] = {}  # by camera, oldest first
         self._lock = threading.Lock()
 
-    def put(self, kind: Kind, payload: bytes) -> None:
-        item = Queued(kind, payload)
+    def put(self, kind: Kind, payload: bytes, camera_id: str) -> None:
+        item = Queued(kind, payload, camera_id)
         with self._lock:
             if kind == "status":
-                if self._status is not None:
+                if self._status.pop(camera_id, None) is not None:
                     self.drops["status"] += 1
-                self._status = item
+                self._status[camera_id] = item
                 return
             (self._detections if kind == "detections" else self._events).append(item)
             if len(self._events) + len(self._detections) > self.limit:
@@ -295,11 +297,10 @@ class Outbox:
                 self.drops[oldest.kind] += 1
 
     def take(self) -> Queued | None:
-        """The next message to send: the status, then events, then detections, oldest first."""
+        """The next message to send: the statuses, then events, then detections, oldest first."""
         with self._lock:
-            if self._status is not None:
-                item, self._status = self._status, None
-                return item
+            if self._status:
+                return self._status.pop(next(iter(self._status)))
             if self._events:
                 return self._events.popleft()
             return self._detections.popleft() if self._detections else None
@@ -308,10 +309,10 @@ class Outbox:
         """A message the client could not take yet goes back to the front of its line."""
         with self._lock:
             if item.kind == "status":
-                if self._status is None:
-                    self._status = item
-                else:
+                if item.camera_id in self._status:
                     self.drops["status"] += 1
+                else:
+                    self._status = {item.camera_id: item, **self._status}
             else:
                 (self._detections if item.kind == "detections" else self._events).appendleft(item)
 
@@ -343,14 +344,18 @@ class MqttOutput:
     with backoff, as is a broker that is down; none of them stops edged.
     """
 
-    def __init__(self, cfg: MqttConfig, camera_id: str) -> None:
+    def __init__(self, cfg: MqttConfig, camera_ids: Sequence[str]) -> None:
+        """``camera_ids``: the board's cameras; the first names the client (`MqttConfig.client_id_for`)."""
         self.cfg = cfg
         prefix = cfg.prefix()
+        camera_id = camera_ids[0]
         self._state_topic = f"{prefix}/state"
-        self._topics: dict[Kind, str] = {kind: f"{prefix}/{camera_id}/{kind}" for kind in KINDS}
+        self._topics: dict[tuple[str, Kind], str] = {
+            (camera, kind): f"{prefix}/{camera}/{kind}" for camera in camera_ids for kind in KINDS
+        }
         self._qos: dict[Kind, int] = {kind: cfg.qos_events for kind in KINDS}
         self._qos["detections"] = cfg.qos_detections
-        self._trigger_topic = f"{prefix}/{camera_id}/{TRIGGER}"
+        self._trigger_topic = f"{prefix}/{camera_id}/{TRIGGER}"  # request mode has one camera
         self._requests: Callable[[bytes], bool] | None = None
         self._subscribed = False  # to the trigger topic, on this connection
         self.outbox = Outbox(cfg.max_queued)
@@ -377,9 +382,9 @@ class MqttOutput:
 
     # ---- the frame loop's side -----------------------------------------------------------------
 
-    def send(self, kind: Kind, payload: bytes) -> None:
-        """Queue one message (the JSON bytes sent on ZeroMQ) for the broker."""
-        self.outbox.put(kind, payload)
+    def send(self, kind: Kind, payload: bytes, camera_id: str) -> None:
+        """Queue one message (the JSON bytes sent on ZeroMQ) of camera ``camera_id`` for the broker."""
+        self.outbox.put(kind, payload, camera_id)
         if self._connected:
             with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
                 self._wake_w.send(b"\0")
@@ -465,7 +470,9 @@ class MqttOutput:
             if qos and len(self._unacked) >= INFLIGHT:
                 self.outbox.put_back(item)
                 return
-            info = self._client.publish(self._topics[item.kind], item.payload, qos=qos, retain=item.kind == "status")
+            info = self._client.publish(
+                self._topics[item.camera_id, item.kind], item.payload, qos=qos, retain=item.kind == "status"
+            )
             if info.rc != 0:  # the link just went: the message waits for the next one
                 self.outbox.put_back(item)
                 return

@@ -27,6 +27,7 @@ from edged.messages import Detection, DetectionsMessage, Reason, ThermalState, T
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
 from edged.sources import Frame, sizes_vary
+from edged.sources.base import SourceBase
 from edged.stats import VerdictRecord
 from edged.verdict import Inspected, Inspector
 
@@ -301,18 +302,21 @@ def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
     )
 
 
-def frame_path(settings: Settings, model: LoadedModel) -> FramePath:
-    """The camera's path through ``model``, inspected when ``[inspect]`` is set or requests are
-    answered with verdicts (request mode without ``[inspect]``: any detection is NG), finding near
-    misses when evidence is saved under ``ng+near``; raises
-    ConfigError for a class named in ``[inspect]`` that the model does not have."""
+def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:
+    """The path of camera ``source``'s frames through ``model``, inspected when ``[inspect]`` is
+    set (with the camera's own zones when it has them) or requests are answered with verdicts
+    (request mode without ``[inspect]``: any detection is NG), finding near misses when evidence
+    is saved under ``ng+near``; raises ConfigError for a class named in ``[inspect]`` that the
+    model does not have."""
     inspect = settings.inspect
     if inspect is None and settings.trigger.mode == "request":
         inspect = InspectConfig()
+    if inspect is not None and source.zones is not None:
+        inspect = inspect.model_copy(update={"zones": source.zones})
     inspector = None
     if inspect is not None:
         inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
-    source, evidence = settings.source, settings.evidence
+    evidence = settings.evidence
     near_margin = evidence.near_margin if evidence is not None and evidence.save == "ng+near" else None
     return FramePath(
         model, source.camera_id, source.channel_order, inspector, sizes_vary=sizes_vary(source), near_margin=near_margin

@@ -7,16 +7,17 @@ message and ``systemctl status`` report the same numbers; they are as fresh as
 default, so nothing else in the process leaks into the exposition.
 
 Names follow Prometheus' conventions: the ``edged_`` prefix, base units (seconds, celsius),
-``_total`` on counters, ``_info`` for build metadata, low-cardinality labels only. With
-``[inspect]`` the verdicts come too, counted since start by `edged.stats` and handed over with the
-status: NG reasons are labelled by class and zone, so their cardinality is at most the classes
-times the zones of the configuration. With ``[evidence]``, the writer's counters from the status.
+``_total`` on counters, ``_info`` for build metadata, low-cardinality labels only. What is per
+camera carries a ``camera`` label (its ``camera_id``); thermal state and build are the board's.
+With ``[inspect]`` the verdicts come too, counted since start by `edged.stats` and handed over with
+the status: NG reasons are labelled by camera, class and zone, so their cardinality is at most the
+cameras times the classes times the zones. With ``[evidence]``, each writer's counters from the status.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -36,72 +37,78 @@ STAGE_NAMES = ("preprocess", "inference", "decode")
 THERMAL_STATES = ("unknown", "ok", "warm", "throttled", "critical")
 
 
+# One camera's status, stage histograms and verdicts (None without [inspect]).
+CameraStatus = tuple[StatusMessage, Mapping[str, HistogramCounts], VerdictCounts | None]
+
+
 class Metrics:
-    """The registry behind ``/metrics`` and the latest figures it exposes."""
+    """The registry behind ``/metrics`` and the latest figures it exposes, per camera (label ``camera``)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
-        self._status: StatusMessage | None = None
-        self._histograms: Mapping[str, HistogramCounts] = {}
-        self._verdicts: VerdictCounts | None = None
+        self._cameras: Sequence[CameraStatus] = ()
         self.registry.register(self)
 
-    def update(
-        self, status: StatusMessage, histograms: Mapping[str, HistogramCounts], verdicts: VerdictCounts | None = None
-    ) -> None:
+    def update(self, cameras: Sequence[CameraStatus]) -> None:
+        """Every camera's latest status: a camera no longer here has no series any more."""
         with self._lock:
-            self._status, self._histograms, self._verdicts = status, histograms, verdicts
+            self._cameras = cameras
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            status, histograms, verdicts = self._status, self._histograms, self._verdicts
-        if status is None:
+            cameras = self._cameras
+        if not cameras:
             return
-        yield from _frames(status)
-        yield from _latency(histograms)
-        yield from _thermal(status)
-        if verdicts is not None:
-            yield from _verdicts(verdicts)
-        yield from _evidence(status)
+        first = cameras[0][0]  # thermal state and model are the board's: any camera's say them
+        yield from _frames([status for status, _, _ in cameras])
+        yield from _latency(cameras)
+        yield from _thermal(first)
+        yield from _verdicts([(status.camera_id, verdicts) for status, _, verdicts in cameras if verdicts is not None])
+        yield from _evidence([status for status, _, _ in cameras])
         yield InfoMetricFamily(
             "edged_build",
             "edged's version and the model it runs.",
             value={
                 "version": __version__,
-                "model": status.model.name,
-                "model_sha256": status.model.sha256,
-                "provider": status.model.provider,
+                "model": first.model.name,
+                "model_sha256": first.model.sha256,
+                "provider": first.model.provider,
             },
         )
 
 
-def _frames(status: StatusMessage) -> Iterator[Metric]:
-    yield CounterMetricFamily("edged_frames", "Frames processed by the model.", value=status.frames_processed)
+def _frames(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
+    frames = CounterMetricFamily("edged_frames", "Frames processed by the model.", labels=["camera"])
     dropped = CounterMetricFamily(
-        "edged_frames_dropped", "Frames (and messages) not processed or sent, by cause.", labels=["reason"]
+        "edged_frames_dropped", "Frames (and messages) not processed or sent, by cause.", labels=["camera", "reason"]
     )
-    for reason, count in sorted(status.drops.items()):
-        dropped.add_metric([reason], count)
-    yield dropped
-    up = GaugeMetricFamily("edged_source_up", "1 while the camera delivers frames, 0 while starting, lost or ended.")
-    up.add_metric([], 1.0 if status.source_state == "ok" else 0.0)
-    yield up
-    if status.capture is not None:
-        yield CounterMetricFamily(
-            "edged_frames_captured", "Frames taken off the camera.", value=status.capture.frames_captured
-        )
-        yield CounterMetricFamily(
-            "edged_source_reconnects", "Times the camera was reopened after being lost.", value=status.capture.reconnects
-        )
-    yield GaugeMetricFamily(
+    up = GaugeMetricFamily(
+        "edged_source_up", "1 while the camera delivers frames, 0 while starting, lost or ended.", labels=["camera"]
+    )
+    captured = CounterMetricFamily("edged_frames_captured", "Frames taken off the camera.", labels=["camera"])
+    reconnects = CounterMetricFamily(
+        "edged_source_reconnects", "Times the camera was reopened after being lost.", labels=["camera"]
+    )
+    cap = GaugeMetricFamily(
         "edged_rate_cap_fps",
-        "The frame-rate cap now in force (thermal or service.max_fps); 0 when uncapped.",
-        value=status.rate_cap_fps or 0.0,
+        "The frame-rate cap now in force (thermal or max_fps); 0 when uncapped.",
+        labels=["camera"],
     )
+    for status in statuses:
+        camera = status.camera_id
+        frames.add_metric([camera], status.frames_processed)
+        for reason, count in sorted(status.drops.items()):
+            dropped.add_metric([camera, reason], count)
+        up.add_metric([camera], 1.0 if status.source_state == "ok" else 0.0)
+        if status.capture is not None:
+            captured.add_metric([camera], status.capture.frames_captured)
+            reconnects.add_metric([camera], status.capture.reconnects)
+        cap.add_metric([camera], status.rate_cap_fps or 0.0)
+    yield from (frames, dropped, up, captured, reconnects, cap)
 
 
 def _buckets(counts: HistogramCounts) -> list[tuple[str, float]]:
@@ -109,23 +116,26 @@ def _buckets(counts: HistogramCounts) -> list[tuple[str, float]]:
     return [*bounds, ("+Inf", float(counts.count))]
 
 
-def _latency(histograms: Mapping[str, HistogramCounts]) -> Iterator[Metric]:
+def _latency(cameras: Sequence[CameraStatus]) -> Iterator[Metric]:
     stages = HistogramMetricFamily(
-        "edged_stage_duration_seconds", "Time per frame in each stage of the pipeline.", labels=["stage"]
+        "edged_stage_duration_seconds", "Time per frame in each stage of the pipeline.", labels=["camera", "stage"]
     )
-    for stage in STAGE_NAMES:
-        if stage in histograms:
-            counts = histograms[stage]
-            stages.add_metric([stage], _buckets(counts), counts.sum_ms / 1000)
+    age = HistogramMetricFamily(
+        "edged_frame_age_seconds",
+        "Capture to result: how old a frame is when its detections are ready.",
+        labels=["camera"],
+    )
+    for status, histograms, _ in cameras:
+        for stage in STAGE_NAMES:
+            if stage in histograms:
+                counts = histograms[stage]
+                stages.add_metric([status.camera_id, stage], _buckets(counts), counts.sum_ms / 1000)
+        if "age" in histograms:
+            counts = histograms["age"]
+            age.add_metric([status.camera_id], _buckets(counts), counts.sum_ms / 1000)
     yield stages
-    if "age" in histograms:
-        age = histograms["age"]
-        yield HistogramMetricFamily(
-            "edged_frame_age_seconds",
-            "Capture to result: how old a frame is when its detections are ready.",
-            buckets=_buckets(age),
-            sum_value=age.sum_ms / 1000,
-        )
+    if age.samples:
+        yield age
 
 
 def _thermal(status: StatusMessage) -> Iterator[Metric]:
@@ -148,42 +158,46 @@ def _thermal(status: StatusMessage) -> Iterator[Metric]:
     yield state
 
 
-def _verdicts(verdicts: VerdictCounts) -> Iterator[Metric]:
-    by_verdict = CounterMetricFamily("edged_verdicts", "Inspected frames by verdict.", labels=["verdict"])
-    for verdict in ("ok", "ng"):
-        by_verdict.add_metric([verdict], verdicts.verdicts[verdict])
-    yield by_verdict
+def _verdicts(cameras: Sequence[tuple[str, VerdictCounts]]) -> Iterator[Metric]:
+    if not cameras:
+        return
+    by_verdict = CounterMetricFamily("edged_verdicts", "Inspected frames by verdict.", labels=["camera", "verdict"])
     reasons = CounterMetricFamily(
         "edged_ng_reasons",
         'Detections that made a frame NG, by class and zone (zone "" when no zones are set).',
-        labels=["class", "zone"],
+        labels=["camera", "class", "zone"],
     )
-    for (label, zone), count in sorted(verdicts.ng_reasons.items()):
-        reasons.add_metric([label, zone], count)
-    yield reasons
-    latency = verdicts.latency
-    yield HistogramMetricFamily(
-        "edged_verdict_latency_seconds",
-        "Capture to verdict of each inspected frame.",
-        buckets=_buckets(latency),
-        sum_value=latency.sum_ms / 1000,
+    latency = HistogramMetricFamily(
+        "edged_verdict_latency_seconds", "Capture to verdict of each inspected frame.", labels=["camera"]
     )
+    for camera, verdicts in cameras:
+        for verdict in ("ok", "ng"):
+            by_verdict.add_metric([camera, verdict], verdicts.verdicts[verdict])
+        for (label, zone), count in sorted(verdicts.ng_reasons.items()):
+            reasons.add_metric([camera, label, zone], count)
+        latency.add_metric([camera], _buckets(verdicts.latency), verdicts.latency.sum_ms / 1000)
+    yield from (by_verdict, reasons, latency)
 
 
-def _evidence(status: StatusMessage) -> Iterator[Metric]:
-    evidence = status.evidence
-    if evidence is None:
+def _evidence(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
+    writers = [(status.camera_id, status.evidence) for status in statuses if status.evidence is not None]
+    if not writers:
         return
-    yield CounterMetricFamily("edged_evidence_saved", "Frames saved as evidence.", value=evidence.saved)
-    yield CounterMetricFamily(
-        "edged_evidence_dropped", "Evidence frames dropped because the writer's queue was full.", value=evidence.dropped
+    saved = CounterMetricFamily("edged_evidence_saved", "Frames saved as evidence.", labels=["camera"])
+    dropped = CounterMetricFamily(
+        "edged_evidence_dropped", "Evidence frames dropped because the writer's queue was full.", labels=["camera"]
     )
-    yield CounterMetricFamily(
-        "edged_evidence_errors",
-        "Evidence saves or retention passes that failed (disk full, read-only).",
-        value=evidence.errors,
+    errors = CounterMetricFamily(
+        "edged_evidence_errors", "Evidence saves or retention passes that failed (disk full, read-only).", labels=["camera"]
     )
-    yield CounterMetricFamily(
-        "edged_evidence_rate_limited", "Evidence frames refused by evidence.max_per_minute.", value=evidence.rate_limited
+    limited = CounterMetricFamily(
+        "edged_evidence_rate_limited", "Evidence frames refused by evidence.max_per_minute.", labels=["camera"]
     )
-    yield GaugeMetricFamily("edged_evidence_bytes", "Bytes the camera's evidence folder holds.", value=evidence.bytes)
+    held = GaugeMetricFamily("edged_evidence_bytes", "Bytes the camera's evidence folder holds.", labels=["camera"])
+    for camera, evidence in writers:
+        saved.add_metric([camera], evidence.saved)
+        dropped.add_metric([camera], evidence.dropped)
+        errors.add_metric([camera], evidence.errors)
+        limited.add_metric([camera], evidence.rate_limited)
+        held.add_metric([camera], evidence.bytes)
+    yield from (saved, dropped, errors, limited, held)

@@ -36,6 +36,7 @@ import logging
 import socket
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from functools import partial
 
 import zmq
@@ -66,9 +67,9 @@ def verdict_topic(prefix: str, camera_id: str) -> bytes:
     return f"{prefix}/verdict/{camera_id}".encode()
 
 
-def topics_of(prefix: str, camera_id: str) -> tuple[bytes, ...]:
-    """Every topic edged publishes for one camera: what a subscription must be a prefix of."""
-    return tuple(topic(prefix, camera_id) for topic in (detections_topic, status_topic, verdict_topic))
+def topics_of(prefix: str, camera_ids: Sequence[str]) -> tuple[bytes, ...]:
+    """Every topic edged publishes for its cameras: what a subscription must be a prefix of."""
+    return tuple(topic(prefix, camera) for camera in camera_ids for topic in (detections_topic, status_topic, verdict_topic))
 
 
 def _is_loopback(host: str) -> bool:
@@ -113,12 +114,14 @@ class Publisher:
     With CURVE it runs the context's ZAP authenticator, so one such publisher per context.
     """
 
-    def __init__(self, cfg: PublishConfig, camera_id: str, context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+    def __init__(
+        self, cfg: PublishConfig, camera_ids: Sequence[str], context: zmq.Context[zmq.Socket[bytes]] | None = None
+    ) -> None:
         self.cfg = cfg
         self.drops: Counter[str] = Counter()
         self.sent = 0
         self.endpoints: list[str] = []
-        self._topics = topics_of(cfg.topic_prefix, camera_id)
+        self._topics = topics_of(cfg.topic_prefix, camera_ids)
         self._context = context or zmq.Context.instance()
         self._listeners: dict[bool, Listener] = {}  # keyed by "uses CURVE"
         self._refused_bytes: Counter[bool] = Counter()  # refused subscription bytes since the socket was bound
@@ -195,18 +198,19 @@ class Publisher:
             )
         return len(keys)
 
-    def follow_camera(self, camera_id: str) -> None:
-        """A reload changed the camera: its topics are the ones subscriptions may match from now on.
+    def follow_cameras(self, camera_ids: Sequence[str]) -> None:
+        """A reload changed the cameras: their topics are the ones subscriptions may match from now on.
 
         The sockets are bound afresh so that subscribers send again the subscriptions to the new
-        camera's topics that were refused until now.
+        cameras' topics that were refused until now.
         """
-        topics = topics_of(self.cfg.topic_prefix, camera_id)
+        topics = topics_of(self.cfg.topic_prefix, camera_ids)
         if topics == self._topics:
             return
         self._topics = topics
         for secure in list(self._listeners):
-            log.info("camera is now %s: %s bound afresh, so subscribers subscribe again", camera_id, self._rebind(secure))
+            cameras = ", ".join(camera_ids)
+            log.info("cameras are now %s: %s bound afresh, so subscribers subscribe again", cameras, self._rebind(secure))
 
     def _rebind(self, secure: bool) -> str:
         """The socket for ``secure`` closed and bound afresh; returns its endpoints, for the log."""

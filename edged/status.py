@@ -1,13 +1,13 @@
 """What the daemon says about itself: the status message, systemd's STATUS= line, drops by cause.
 
 Both are built from one snapshot of the running parts, so a subscriber and ``systemctl status``
-never disagree.
+never disagree. Each camera has its status message; the STATUS= line summarises them all.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from edged.capture import CaptureStats
@@ -76,3 +76,18 @@ class Snapshot:
             f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state}{mqtt} | {thermal} | "
             f"{self.stats.frames_processed} frames | model {self.model_short}"
         )
+
+
+def summary_line(snapshots: Sequence[Snapshot]) -> str:
+    """systemd's STATUS= for the whole board: one camera's own line, or every camera's rate and state.
+
+    Thermal state and model are the board's, so they are said once; frames are the sum.
+    """
+    if len(snapshots) == 1:
+        return snapshots[0].line()
+    first = snapshots[0]
+    thermal = first.thermal.summary() if first.thermal else "thermal off"
+    mqtt = f" | mqtt {first.mqtt.state}" if first.mqtt else ""
+    cameras = ", ".join(f"{s.camera_id} {s.stats.fps:.1f} fps {s.capture.state}" for s in snapshots)
+    frames = sum(s.stats.frames_processed for s in snapshots)
+    return f"{len(snapshots)} cameras: {cameras}{mqtt} | {thermal} | {frames} frames | model {first.model_short}"

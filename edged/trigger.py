@@ -250,7 +250,7 @@ class TriggerServer:
 
     def _send_mqtt(self, error: TriggerError) -> None:
         if self._mqtt is not None:
-            self._mqtt.send("trigger/error", error.model_dump_json().encode())
+            self._mqtt.send("trigger/error", error.model_dump_json().encode(), self._camera_id)
 
     def _send(self, envelope: tuple[bytes, ...], reply: VerdictMessage | TriggerError) -> None:
         try:

@@ -2,23 +2,33 @@
 
 Coordinates are fractions of the frame's width and height (0..1), so a zone drawn once survives a
 change of camera resolution. `polygon_problem` is the check the configuration runs on every zone
-when it loads; `ZoneMap` answers, per frame, which zone each kept detection belongs to. It runs on
-the few dozen detections NMS kept, vectorised over (detections x polygon edges) in buffers made
-once, so a frame creates no arrays.
+when it loads (``[inspect]``'s zones and a camera's own); `ZoneMap` answers, per frame, which zone
+each kept detection belongs to. It runs on the few dozen detections NMS kept, vectorised over
+(detections x polygon edges) in buffers made once, so a frame creates no arrays.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 
 Point = tuple[float, float]
+ZoneName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 MIN_ZONE_AREA = 1e-6  # of the frame: below this a polygon is a line or a point, not a region
 NO_ZONE = -1  # the zone index of a detection outside every zone
 
 _HALF = np.array(0.5, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
+
+
+def usable_zones(zones: Mapping[str, Sequence[Point]]) -> None:
+    """Raise ValueError naming every zone that `polygon_problem` refuses: a zones key's validator."""
+    problems = [f"zone {name!r} {problem}" for name, points in zones.items() if (problem := polygon_problem(points))]
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def polygon_problem(points: Sequence[Point]) -> str | None:

@@ -40,13 +40,15 @@ def toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
-def write_config(path: Path, sections: dict[str, dict[str, Any]]) -> Path:
-    """A config file of ``sections``; the HTTP server is off unless a section says otherwise, so that
-    daemons started side by side do not compete for its default port."""
+def write_config(path: Path, sections: dict[str, dict[str, Any] | list[dict[str, Any]]]) -> Path:
+    """A config file of ``sections``, a list being an array of tables (``[[source]]``); the HTTP server
+    is off unless a section says otherwise, so that daemons started side by side do not compete
+    for its default port."""
     lines = []
-    for name, keys in {"http": {"listen": ""}, **sections}.items():
-        lines.append(f"[{name}]")
-        lines += [f"{key} = {toml_value(value)}" for key, value in keys.items()]
+    for name, tables in {"http": {"listen": ""}, **sections}.items():
+        for keys in tables if isinstance(tables, list) else [tables]:
+            lines.append(f"[[{name}]]" if isinstance(tables, list) else f"[{name}]")
+            lines += [f"{key} = {toml_value(value)}" for key, value in keys.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -19,6 +19,8 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
 )
 from edged.errors import ConfigError
 from edged.sources import SOURCES
+from edged.sources.file import FileSourceConfig
+from edged.sources.images import ImagesSourceConfig
 from edged.sources.synthetic import SyntheticSourceConfig
 
 CONFIG_DIR = Path(__file__).parent.parent / "config"
@@ -67,7 +69,7 @@ def test_example_config_is_valid_as_shipped(tmp_path: Path, monkeypatch: pytest.
     model.write_bytes(b"x")
     monkeypatch.setenv("EDGED_MODEL__PATH", str(model))
     settings = load_config(EXAMPLE)
-    assert settings.source.type == "synthetic" and settings.model.path == model
+    assert settings.source[0].type == "synthetic" and settings.model.path == model
     assert settings.publish.endpoints == ["ipc:///run/edged/detections.sock"]
     # Every value in the example equals the default, so the file documents the defaults.
     data = tomllib.loads(EXAMPLE.read_text())
@@ -76,7 +78,7 @@ def test_example_config_is_valid_as_shipped(tmp_path: Path, monkeypatch: pytest.
         for key, value in values.items():
             if section == "model" and key == "path":
                 continue
-            actual = getattr(getattr(defaults, section), key)
+            actual = getattr(defaults.source[0] if section == "source" else getattr(defaults, section), key)
             if section == "runtime" and key == "providers":
                 assert [p.name for p in actual] == [p["name"] for p in value]
                 continue
@@ -105,7 +107,7 @@ def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, mo
     monkeypatch.setenv("EDGED_SOURCE__FPS", "12")
     settings = load_config(path)
     assert settings.model.conf == 0.6 and settings.model.path == tmp_path / "m.onnx"
-    assert isinstance(settings.source, SyntheticSourceConfig) and settings.source.fps == 12
+    assert isinstance(settings.source[0], SyntheticSourceConfig) and settings.source[0].fps == 12
 
 
 @pytest.mark.parametrize(
@@ -309,3 +311,78 @@ def test_http_listens_on_loopback_by_default_and_anywhere_with_a_private_token(t
     assert "too open" in str(info.value) and "chmod 600" in str(info.value)
     token.chmod(0o600)
     assert load_config(_write(tmp_path, text)).http.token_file == token
+
+
+CAMERAS = """
+[model]
+path = "m.onnx"
+[[source]]
+type = "images"
+camera_id = "top"
+path = "top"
+max_fps = 5
+[[source]]
+type = "file"
+camera_id = "side"
+path = "side.mp4"
+"""
+
+
+def test_source_tables_are_cameras_with_paths_of_their_own_and_their_own_rate_cap(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    (tmp_path / "top").mkdir()
+    (tmp_path / "side.mp4").write_bytes(b"x")
+    settings = load_config(_write(tmp_path, CAMERAS + "[service]\nmax_fps = 12\n"))
+    top, side = settings.source
+    assert (top.camera_id, side.camera_id) == ("top", "side")
+    assert isinstance(top, ImagesSourceConfig) and isinstance(side, FileSourceConfig)
+    assert (top.path, str(side.path)) == (str(tmp_path / "top"), str(tmp_path / "side.mp4"))
+    assert (settings.max_fps(top), settings.max_fps(side)) == (5.0, 12.0)
+    assert settings.camera("side") is side and settings.camera("front") is None
+
+
+def test_a_problem_in_one_of_several_cameras_names_its_table(tmp_path: Path) -> None:
+    (tmp_path / "top").mkdir()
+    text = CAMERAS.replace('path = "side.mp4"', 'path = "side.mp4"\ndevice = "/dev/video0"')
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text))
+    assert any(p.startswith("source[1].device: Extra inputs are not permitted") for p in info.value.problems), info.value
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, CAMERAS))
+    assert any("video file" in p and p.endswith("(camera side)") for p in info.value.problems), info.value
+
+
+def test_duplicate_camera_ids_are_a_config_error_naming_the_id(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, CAMERAS.replace('camera_id = "side"', 'camera_id = "top"')))
+    assert info.value.exit_code == 78
+    assert info.value.problems == [
+        "source: Value error, camera_id 'top' is used by more than one [[source]]: each camera needs its own"
+    ]
+
+
+def test_a_variable_for_one_key_of_several_cameras_is_refused_and_a_json_list_replaces_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    path = _write(tmp_path, CAMERAS)
+    monkeypatch.setenv("EDGED_SOURCE__FPS", "3")
+    with pytest.raises(ConfigError, match="EDGED_SOURCE__FPS cannot override one key of several"):
+        load_config(path)
+    monkeypatch.delenv("EDGED_SOURCE__FPS")
+    monkeypatch.setenv("EDGED_SOURCE", '[{"type": "synthetic", "camera_id": "a"}, {"type": "synthetic", "camera_id": "b"}]')
+    assert [cfg.camera_id for cfg in load_config(path).source] == ["a", "b"]
+
+
+def test_request_mode_takes_one_camera_and_a_camera_zone_needs_inspect(tmp_path: Path) -> None:
+    (tmp_path / "top").mkdir()
+    (tmp_path / "side.mp4").write_bytes(b"x")
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="answers each request with one camera's frame, and there are 2"):
+        load_config(_write(tmp_path, CAMERAS + '[trigger]\nmode = "request"\n'))
+    zoned = CAMERAS.replace("max_fps = 5", "max_fps = 5\nzones = { a = [[0, 0], [1, 0], [1, 1]] }")
+    with pytest.raises(ConfigError, match="camera top sets zones, which only \\[inspect\\] uses"):
+        load_config(_write(tmp_path, zoned))
+    assert load_config(_write(tmp_path, zoned + "[inspect]\n")).source[0].zones == {"a": [(0, 0), (1, 0), (1, 1)]}
+    with pytest.raises(ConfigError, match="zone 'a' has 2 point"):
+        load_config(_write(tmp_path, CAMERAS.replace("max_fps = 5", "max_fps = 5\nzones = { a = [[0, 0], [1, 0]] }")))

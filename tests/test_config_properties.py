@@ -241,7 +241,7 @@ def _check_problems(error: ConfigError, doc: dict[str, Any]) -> None:
         match = KEY_PATH.match(line)
         assert match, f"problem without a key path: {line!r}"
         path = match.group(1)
-        assert path == "(top level)" or path.split(".")[0] in _allowed_roots(doc), line
+        assert path == "(top level)" or re.split(r"[.\[]", path)[0] in _allowed_roots(doc), line
 
 
 @PROPERTY

@@ -52,12 +52,12 @@ def test_healthy_while_frames_flow_and_not_once_they_stop() -> None:
     health = Health(10.0, clock)
     clock.ns = 9 * S
     health.loop_turned()
-    assert health.healthy(_capture())
+    assert health.healthy({"cam0": _capture()})
     clock.ns = 11 * S
     health.loop_turned()
-    assert not health.healthy(_capture())  # the loop turns but no frame for 11 s
+    assert not health.healthy({"cam0": _capture()})  # the loop turns but no frame for 11 s
     health.frame_done()
-    assert health.healthy(_capture())
+    assert health.healthy({"cam0": _capture()})
 
 
 def test_a_wedged_loop_is_unhealthy_whatever_the_camera_does() -> None:
@@ -65,7 +65,7 @@ def test_a_wedged_loop_is_unhealthy_whatever_the_camera_does() -> None:
     health = Health(10.0, clock)
     clock.ns = 11 * S
     health.frame_done()
-    assert not health.healthy(_capture(last_progress_ns=11 * S))
+    assert not health.healthy({"cam0": _capture(last_progress_ns=11 * S)})
 
 
 def test_a_live_reconnect_counts_as_progress_and_a_dead_capture_thread_does_not() -> None:
@@ -74,22 +74,38 @@ def test_a_live_reconnect_counts_as_progress_and_a_dead_capture_thread_does_not(
     clock.ns = 30 * S
     health.loop_turned()
     lost = _capture("lost", last_progress_ns=25 * S)
-    assert health.healthy(lost)
-    assert not health.healthy(replace(lost, last_progress_ns=15 * S))  # the reconnect itself is stuck
-    assert not health.healthy(replace(lost, alive=False))
-    assert health.healthy(replace(_capture("ended", alive=False), last_progress_ns=0)) is False
+    assert health.healthy({"cam0": lost})
+    assert not health.healthy({"cam0": replace(lost, last_progress_ns=15 * S)})  # the reconnect itself is stuck
+    assert not health.healthy({"cam0": replace(lost, alive=False)})
+    assert health.healthy({"cam0": replace(_capture("ended", alive=False), last_progress_ns=0)}) is False
     health.frame_done()
-    assert health.healthy(_capture("ended", alive=False))  # a finished file is not a dead thread
+    assert health.healthy({"cam0": _capture("ended", alive=False)})  # a finished file is not a dead thread
 
 
 def test_the_problem_says_why_the_watchdog_would_not_ping() -> None:
     clock = Clock()
     health = Health(10.0, clock)
-    assert health.problem(_capture()) is None
+    assert health.problem({"cam0": _capture()}) is None
     clock.ns = 12 * S
-    assert health.problem(_capture()) == "the loop has not turned for 12.0 s"
+    assert health.problem({"cam0": _capture()}) == "the loop has not turned for 12.0 s"
     health.loop_turned()
-    assert health.problem(_capture("lost", last_progress_ns=0)) == "no frame processed for 12.0 s (camera lost)"
-    assert health.problem(_capture("lost", last_progress_ns=5 * S)) is None  # the reconnect is alive
+    assert health.problem({"cam0": _capture("lost", last_progress_ns=0)}) == "no frame processed for 12.0 s (camera lost)"
+    assert health.problem({"cam0": _capture("lost", last_progress_ns=5 * S)}) is None  # the reconnect is alive
     health.frame_done()
-    assert "capture thread died" in str(health.problem(_capture(alive=False)))
+    assert "capture thread of camera cam0 died" in str(health.problem({"cam0": _capture(alive=False)}))
+
+
+def test_one_camera_progressing_keeps_the_watchdog_pinging_and_a_dead_one_does_not() -> None:
+    clock = Clock()
+    health = Health(10.0, clock)
+    clock.ns = 30 * S
+    health.loop_turned()
+    health.frame_done()  # frames from "top" flow
+    cameras = {"top": _capture(last_progress_ns=30 * S), "side": _capture("lost", last_progress_ns=0)}
+    assert health.healthy(cameras)
+    cameras["side"] = replace(cameras["side"], alive=False)
+    assert health.problem(cameras) == "the capture thread of camera side died: only a restart brings the camera back"
+    clock.ns = 45 * S
+    health.loop_turned()
+    both_stuck = {"top": _capture(last_progress_ns=0), "side": _capture("lost", last_progress_ns=0)}
+    assert health.problem(both_stuck) == "no frame processed for 15.0 s (top ok, side lost)"

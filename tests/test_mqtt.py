@@ -124,11 +124,11 @@ def _drain(box: Outbox) -> list[tuple[str, bytes]]:
 
 def test_the_outbox_holds_events_before_detections_and_drops_the_oldest_detections_first() -> None:
     box = Outbox(limit=3)
-    box.put("detections", b"d1")
-    box.put("verdict", b"v1")
-    box.put("detections", b"d2")
-    box.put("detections", b"d3")  # over the limit: d1, the oldest detection, goes
-    box.put("verdict", b"v2")  # d2 goes
+    box.put("detections", b"d1", "cam0")
+    box.put("verdict", b"v1", "cam0")
+    box.put("detections", b"d2", "cam0")
+    box.put("detections", b"d3", "cam0")  # over the limit: d1, the oldest detection, goes
+    box.put("verdict", b"v2", "cam0")  # d2 goes
     assert box.counts() == {"detections": 2, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 0}
     assert _drain(box) == [("verdict", b"v1"), ("verdict", b"v2"), ("detections", b"d3")]
 
@@ -136,16 +136,16 @@ def test_the_outbox_holds_events_before_detections_and_drops_the_oldest_detectio
 def test_the_outbox_drops_the_oldest_event_only_when_no_detection_is_left() -> None:
     box = Outbox(limit=2)
     for i in range(5):
-        box.put("verdict", f"v{i}".encode())
+        box.put("verdict", f"v{i}".encode(), "cam0")
     assert box.counts() == {"detections": 0, "status": 0, "verdict": 3, "trigger/error": 0, "trigger": 0}
     assert _drain(box) == [("verdict", b"v3"), ("verdict", b"v4")]
 
 
 def test_only_the_newest_status_waits_and_goes_first() -> None:
     box = Outbox(limit=10)
-    box.put("detections", b"d1")
+    box.put("detections", b"d1", "cam0")
     for i in range(4):
-        box.put("status", f"s{i}".encode())
+        box.put("status", f"s{i}".encode(), "cam0")
     assert box.counts() == {"detections": 0, "status": 3, "verdict": 0, "trigger/error": 0, "trigger": 0}
     first = box.take()
     assert first is not None and (first.kind, first.payload) == ("status", b"s3")
@@ -155,9 +155,9 @@ def test_only_the_newest_status_waits_and_goes_first() -> None:
 
 def test_trigger_errors_are_events_and_refused_triggers_are_counted_under_their_topic() -> None:
     box = Outbox(limit=2)
-    box.put("detections", b"d1")
-    box.put("trigger/error", b"e1")
-    box.put("detections", b"d2")  # over the limit: d1 goes, the error stays
+    box.put("detections", b"d1", "cam0")
+    box.put("trigger/error", b"e1", "cam0")
+    box.put("detections", b"d2", "cam0")  # over the limit: d1 goes, the error stays
     box.refused("trigger")
     box.refused("trigger")
     assert box.counts() == {"detections": 1, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 2}
@@ -167,7 +167,17 @@ def test_trigger_errors_are_events_and_refused_triggers_are_counted_under_their_
 def test_the_outbox_stays_bounded_under_a_flood() -> None:
     box = Outbox(limit=100)
     for i in range(100_000):
-        box.put("detections", i.to_bytes(4, "big"))
+        box.put("detections", i.to_bytes(4, "big"), "cam0")
     assert box.counts()["detections"] == 99_900
     held = _drain(box)
     assert len(held) == 100 and held[0] == ("detections", (99_900).to_bytes(4, "big"))
+
+
+def test_the_newest_status_of_each_camera_waits() -> None:
+    box = Outbox(limit=10)
+    box.put("status", b"top-1", "top")
+    box.put("status", b"side-1", "side")
+    box.put("status", b"top-2", "top")  # supersedes top-1 only
+    assert box.counts()["status"] == 1
+    got = [(item.camera_id, item.payload) for item in iter(box.take, None)]
+    assert got == [("side", b"side-1"), ("top", b"top-2")]

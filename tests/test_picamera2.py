@@ -73,7 +73,7 @@ def start(captures: list[Capture], cfg: Picamera2SourceConfig) -> Capture:
 def test_config_defaults_and_controls_table() -> None:
     cfg = Settings.model_validate(
         {"model": {"path": "m.onnx"}, "source": {"type": "picamera2", "controls": {"ExposureTime": 8000, "AfMode": 2}}}
-    ).source
+    ).source[0]
     assert isinstance(cfg, Picamera2SourceConfig)
     assert (cfg.camera, cfg.width, cfg.height, cfg.fps, cfg.buffer_count) == (0, 1280, 720, 30.0, 4)
     assert cfg.controls == {"ExposureTime": 8000, "AfMode": 2}

@@ -24,6 +24,7 @@ from edged.messages import (
 from edged.prometheus import Metrics
 from edged.stats import RunStats, VerdictRecord
 
+CAM0 = (("camera", "cam0"),)
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 
 
@@ -97,15 +98,15 @@ def test_nothing_is_exposed_before_the_first_status() -> None:
 
 def test_counters_gauges_and_info_come_from_the_status() -> None:
     metrics = Metrics()
-    metrics.update(_status(), RunStats().histograms())
+    metrics.update([(_status(), RunStats().histograms(), None)])
     got = _samples(metrics)
-    assert got[("edged_frames_total", ())] == 42
-    assert got[("edged_frames_dropped_total", (("reason", "stale"),))] == 5
-    assert got[("edged_frames_dropped_total", (("reason", "bad_frame_size"),))] == 2
-    assert got[("edged_frames_captured_total", ())] == 50
-    assert got[("edged_source_reconnects_total", ())] == 1
-    assert got[("edged_source_up", ())] == 0  # lost
-    assert got[("edged_rate_cap_fps", ())] == 2.5
+    assert got[("edged_frames_total", CAM0)] == 42
+    assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "stale")))] == 5
+    assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "bad_frame_size")))] == 2
+    assert got[("edged_frames_captured_total", CAM0)] == 50
+    assert got[("edged_source_reconnects_total", CAM0)] == 1
+    assert got[("edged_source_up", CAM0)] == 0  # lost
+    assert got[("edged_rate_cap_fps", CAM0)] == 2.5
     labels = (
         ("model", "probe"),
         ("model_sha256", "ab" * 32),
@@ -114,8 +115,8 @@ def test_counters_gauges_and_info_come_from_the_status() -> None:
     )
     assert got[("edged_build_info", labels)] == 1
     assert not any(name.endswith("_created") for name, _ in got)
-    metrics.update(_status(rate_cap=None), RunStats().histograms())
-    assert _samples(metrics)[("edged_rate_cap_fps", ())] == 0  # uncapped
+    metrics.update([(_status(rate_cap=None), RunStats().histograms(), None)])
+    assert _samples(metrics)[("edged_rate_cap_fps", CAM0)] == 0  # uncapped
 
 
 def test_stage_histograms_are_cumulative_in_seconds() -> None:
@@ -123,11 +124,11 @@ def test_stage_histograms_are_cumulative_in_seconds() -> None:
     for ms in (0.3, 0.7, 3.0, 40.0, 9000.0):
         stats.record(ms, ms * 2, ms / 2, ms * 10)
     metrics = Metrics()
-    metrics.update(_status(), stats.histograms())
+    metrics.update([(_status(), stats.histograms(), None)])
     got = _samples(metrics)
 
     def bucket(name: str, le: str, stage: str | None = None) -> float:
-        labels = (("le", le),) + ((("stage", stage),) if stage else ())
+        labels = (("camera", "cam0"), ("le", le)) + ((("stage", stage),) if stage else ())
         return got[(name + "_bucket", tuple(sorted(labels)))]
 
     name = "edged_stage_duration_seconds"
@@ -137,16 +138,16 @@ def test_stage_histograms_are_cumulative_in_seconds() -> None:
     assert bucket(name, "0.05", "preprocess") == 4
     assert bucket(name, "5.0", "preprocess") == 4  # 9 s lies beyond the last bound
     assert bucket(name, "+Inf", "preprocess") == 5
-    assert got[(name + "_count", (("stage", "preprocess"),))] == 5
-    assert abs(got[(name + "_sum", (("stage", "decode"),))] - (0.3 + 0.7 + 3 + 40 + 9000) / 2 / 1000) < 1e-9
+    assert got[(name + "_count", (*CAM0, ("stage", "preprocess")))] == 5
+    assert abs(got[(name + "_sum", (*CAM0, ("stage", "decode")))] - (0.3 + 0.7 + 3 + 40 + 9000) / 2 / 1000) < 1e-9
     assert bucket("edged_frame_age_seconds", "0.005") == 1  # 3 ms
-    assert ("edged_stage_duration_seconds_count", (("stage", "age"),)) not in got  # age is its own family
+    assert ("edged_stage_duration_seconds_count", (*CAM0, ("stage", "age"))) not in got  # age is its own family
 
 
 def test_thermal_zones_flags_and_state() -> None:
     thermal = _thermal("warm", {"cpu-thermal": 71.5}, ["soft_temp_limit", "throttled_occurred"])
     metrics = Metrics()
-    metrics.update(_status(thermal), RunStats().histograms())
+    metrics.update([(_status(thermal), RunStats().histograms(), None)])
     got = _samples(metrics)
     assert got[("edged_soc_temperature_celsius", (("zone", "cpu-thermal"),))] == 71.5
     assert got[("edged_throttled", (("flag", "soft_temp_limit"),))] == 1
@@ -154,36 +155,36 @@ def test_thermal_zones_flags_and_state() -> None:
     assert got[("edged_throttled", (("flag", "under_voltage"),))] == 0
     assert got[("edged_thermal_state", (("state", "warm"),))] == 1
     assert got[("edged_thermal_state", (("state", "ok"),))] == 0
-    metrics.update(_status(None), RunStats().histograms())
+    metrics.update([(_status(None), RunStats().histograms(), None)])
     assert not any(name.startswith(("edged_soc", "edged_throttled")) for name, _ in _samples(metrics))
 
 
 def test_verdicts_ng_reasons_and_their_latency_come_with_inspection() -> None:
     stats = _inspected_stats()
     metrics = Metrics()
-    metrics.update(_status(), stats.histograms(), stats.verdict_counts())
+    metrics.update([(_status(), stats.histograms(), stats.verdict_counts())])
     got = _samples(metrics)
-    assert got[("edged_verdicts_total", (("verdict", "ok"),))] == 1
-    assert got[("edged_verdicts_total", (("verdict", "ng"),))] == 2
-    assert got[("edged_ng_reasons_total", (("class", "scratch"), ("zone", "left")))] == 2
-    assert got[("edged_ng_reasons_total", (("class", "dent"), ("zone", "right")))] == 1
-    assert got[("edged_verdict_latency_seconds_bucket", (("le", "0.02"),))] == 2  # 12 and 15 ms
-    assert got[("edged_verdict_latency_seconds_bucket", (("le", "+Inf"),))] == 3
-    assert abs(got[("edged_verdict_latency_seconds_sum", ())] - 0.727) < 1e-9
-    metrics.update(_status(), stats.histograms())
+    assert got[("edged_verdicts_total", (*CAM0, ("verdict", "ok")))] == 1
+    assert got[("edged_verdicts_total", (*CAM0, ("verdict", "ng")))] == 2
+    assert got[("edged_ng_reasons_total", (*CAM0, ("class", "scratch"), ("zone", "left")))] == 2
+    assert got[("edged_ng_reasons_total", (*CAM0, ("class", "dent"), ("zone", "right")))] == 1
+    assert got[("edged_verdict_latency_seconds_bucket", (*CAM0, ("le", "0.02")))] == 2  # 12 and 15 ms
+    assert got[("edged_verdict_latency_seconds_bucket", (*CAM0, ("le", "+Inf")))] == 3
+    assert abs(got[("edged_verdict_latency_seconds_sum", CAM0)] - 0.727) < 1e-9
+    metrics.update([(_status(), stats.histograms(), None)])
     assert not any(name.startswith(("edged_verdict", "edged_ng")) for name, _ in _samples(metrics))  # no [inspect]
 
 
 def test_evidence_counters_come_from_the_status() -> None:
     metrics = Metrics()
-    metrics.update(_status(evidence=EVIDENCE), RunStats().histograms())
+    metrics.update([(_status(evidence=EVIDENCE), RunStats().histograms(), None)])
     got = _samples(metrics)
-    assert got[("edged_evidence_saved_total", ())] == 7
-    assert got[("edged_evidence_dropped_total", ())] == 2
-    assert got[("edged_evidence_errors_total", ())] == 1
-    assert got[("edged_evidence_rate_limited_total", ())] == 3
-    assert got[("edged_evidence_bytes", ())] == 123456
-    metrics.update(_status(), RunStats().histograms())
+    assert got[("edged_evidence_saved_total", CAM0)] == 7
+    assert got[("edged_evidence_dropped_total", CAM0)] == 2
+    assert got[("edged_evidence_errors_total", CAM0)] == 1
+    assert got[("edged_evidence_rate_limited_total", CAM0)] == 3
+    assert got[("edged_evidence_bytes", CAM0)] == 123456
+    metrics.update([(_status(), RunStats().histograms(), None)])
     assert not any(name.startswith("edged_evidence") for name, _ in _samples(metrics))  # no [evidence]
 
 
@@ -191,7 +192,7 @@ def test_the_registry_is_edged_own() -> None:
     from prometheus_client import REGISTRY
 
     metrics = Metrics()
-    metrics.update(_status(), RunStats().histograms())
+    metrics.update([(_status(), RunStats().histograms(), None)])
     assert b"python_gc" not in metrics.exposition() and b"process_" not in metrics.exposition()
     assert metrics.registry is not REGISTRY
 
@@ -201,7 +202,9 @@ def test_promtool_accepts_the_exposition() -> None:
     assert promtool, "promtool (Debian's prometheus) is needed: scripts/setup test installs it"
     stats = _inspected_stats()
     metrics = Metrics()
-    metrics.update(_status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())
+    metrics.update(
+        [(_status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())]
+    )
     check = subprocess.run([promtool, "check", "metrics"], input=metrics.exposition(), capture_output=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -212,7 +215,9 @@ def test_the_grafana_dashboard_asks_only_for_metrics_edged_exposes() -> None:
     asked = {name for expr in exprs for name in re.findall(r"\b(edged_[a-z_]+)\b", expr)}
     stats = _inspected_stats()
     metrics = Metrics()
-    metrics.update(_status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())
+    metrics.update(
+        [(_status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())]
+    )
     exposed = {name for name, _ in _samples(metrics)}
     assert asked and asked <= exposed, asked - exposed
     assert {"edged_frames_total", "edged_stage_duration_seconds_bucket", "edged_soc_temperature_celsius"} <= asked
@@ -226,3 +231,19 @@ def test_the_grafana_dashboard_asks_only_for_metrics_edged_exposes() -> None:
         "edged_evidence_rate_limited_total",
         "edged_evidence_bytes",
     } <= asked
+
+
+def test_each_camera_has_its_own_series_and_the_board_says_its_thermal_state_once() -> None:
+    side = _status(_thermal("warm", {"soc": 72.0}, [])).model_copy(update={"camera_id": "side", "frames_processed": 7})
+    metrics = Metrics()
+    metrics.update(
+        [
+            (_status(_thermal("warm", {"soc": 72.0}, [])), RunStats().histograms(), None),
+            (side, RunStats().histograms(), None),
+        ]
+    )
+    got = _samples(metrics)
+    assert got[("edged_frames_total", CAM0)] == 42 and got[("edged_frames_total", (("camera", "side"),))] == 7
+    assert got[("edged_soc_temperature_celsius", (("zone", "soc"),))] == 72.0  # no camera label, one series
+    metrics.update([(side, RunStats().histograms(), None)])  # cam0 removed by a reload: its series go
+    assert ("edged_frames_total", CAM0) not in _samples(metrics)

@@ -46,7 +46,7 @@ def subscribe(context: zmq.Context) -> Iterator[Callable[..., zmq.Socket]]:
 
 
 def _publisher(context: zmq.Context, **cfg: object) -> Publisher:
-    return Publisher(PublishConfig(endpoints=["tcp://127.0.0.1:*"], **cfg), "cam0", context)  # type: ignore[arg-type]
+    return Publisher(PublishConfig(endpoints=["tcp://127.0.0.1:*"], **cfg), ["cam0"], context)  # type: ignore[arg-type]
 
 
 def _send_until_received(pub: Publisher, subs: list[zmq.Socket], topic: bytes) -> None:
@@ -125,13 +125,13 @@ def test_non_loopback_tcp_needs_explicit_insecure() -> None:
 def test_address_in_use_is_a_clear_error(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
     first = _publisher(context)
     with pytest.raises(PublishError, match=r"cannot bind .*Address already in use.* \(another program holds it"):
-        Publisher(PublishConfig(endpoints=[first.endpoints[0]]), "cam0", context)
+        Publisher(PublishConfig(endpoints=[first.endpoints[0]]), ["cam0"], context)
     first.close()
 
 
 def test_ipc_socket_is_limited_to_the_group(context: zmq.Context, tmp_path: Path) -> None:
     path = tmp_path / "run" / "edged" / "det.sock"
-    pub = Publisher(PublishConfig(endpoints=[f"ipc://{path}"]), "cam0", context)
+    pub = Publisher(PublishConfig(endpoints=[f"ipc://{path}"]), ["cam0"], context)
     mode = stat.S_IMODE(path.stat().st_mode)
     assert mode == 0o660
     sub = Subscriber(f"ipc://{path}", context=context)
@@ -164,10 +164,10 @@ def test_a_live_ipc_listener_is_refused_and_a_stale_socket_file_replaced(
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(path))  # a crash leaves the file behind with nobody listening
     stale.close()
-    first = Publisher(PublishConfig(endpoints=[f"ipc://{path}"]), "cam0", context)
+    first = Publisher(PublishConfig(endpoints=[f"ipc://{path}"]), ["cam0"], context)
     try:
         with pytest.raises(PublishError, match=f"cannot bind ipc://{path}: another process is listening on {path}"):
-            Publisher(PublishConfig(endpoints=[f"ipc://{path}"]), "cam0", context)
+            Publisher(PublishConfig(endpoints=[f"ipc://{path}"]), ["cam0"], context)
         _send_until_received(first, [subscribe(f"ipc://{path}")], b"t")  # the first one still owns the path
     finally:
         first.close()
@@ -176,7 +176,7 @@ def test_a_live_ipc_listener_is_refused_and_a_stale_socket_file_replaced(
 def test_a_subscription_beyond_the_size_limit_is_cut_off_and_others_are_served(
     context: zmq.Context, subscribe: Callable[..., zmq.Socket]
 ) -> None:
-    pub = Publisher(PublishConfig(endpoints=["tcp://127.0.0.1:*"], topic_prefix="p" * 256), "c" * 64, context)
+    pub = Publisher(PublishConfig(endpoints=["tcp://127.0.0.1:*"], topic_prefix="p" * 256), ["c" * 64], context)
     longest_topic = detections_topic("p" * 256, "c" * 64)  # what the config allows at most
     assert len(longest_topic) + 1 < MAX_MESSAGE_BYTES
     normal = subscribe(pub.endpoints[0], longest_topic)
@@ -228,7 +228,7 @@ def test_subscriptions_to_another_camera_are_refused_until_the_camera_becomes_it
     assert wait_for(lambda: bool(pub.send(b"edged/status/cam0", b"{}")) and pub.drops["subscription_refused"] == 1, 10)
     pub.send(detections_topic("edged", "cam1"), b"{}")  # nothing sends it before the camera changes
     assert not cam1.poll(200)
-    pub.follow_camera("cam1")
+    pub.follow_cameras(["cam1"])
     _send_until_received(pub, [cam1, everything], detections_topic("edged", "cam1"))
     pub.close()
 

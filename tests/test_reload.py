@@ -30,7 +30,7 @@ def test_a_good_config_comes_back_with_its_model_loaded(tmp_path: Path) -> None:
     running = load_config(path)
     _config(path, probe, hwm=64).write_text(path.read_text().replace("[model]", "[model]\nconf = 0.9"))
     replacement = load_replacement(path, running)
-    assert replacement.settings.model.conf == 0.9 and replacement.path.model.cfg.conf == 0.9
+    assert replacement.settings.model.conf == 0.9 and replacement.model.cfg.conf == 0.9
     assert replacement.settings.publish == running.publish  # the bound socket cannot change: the running settings stay
 
 
@@ -55,25 +55,25 @@ def _frame(bgr: tuple[int, int, int], frame_id: int = 7) -> Frame:
 def test_the_trial_runs_the_new_model_and_its_plan_on_the_frame(tmp_path: Path) -> None:
     path = _config(tmp_path / "edged.toml", colour_probe(tmp_path / "probe.onnx"))
     replacement = load_replacement(path, load_config(path))
-    outcome = replacement.trial(_frame((0, 0, 255)))
+    outcome = replacement.trial("cam0", _frame((0, 0, 255)))
     assert isinstance(outcome, Processed) and outcome.frame.frame_id == 7
-    assert outcome.plan.model is replacement.path.model and len(outcome.detections) == 1
+    assert outcome.plan.model is replacement.model and len(outcome.detections) == 1
 
 
 def test_a_model_that_loads_but_fails_on_the_frame_fails_its_trial_with_the_reason(tmp_path: Path) -> None:
     path = _config(tmp_path / "edged.toml", failing_probe(tmp_path / "always.onnx", brighter_than=-1.0))
-    reason = load_replacement(path, load_config(path)).trial(_frame((0, 0, 0)))
+    reason = load_replacement(path, load_config(path)).trial("cam0", _frame((0, 0, 0)))
     assert isinstance(reason, str) and "fails on its first run" in reason  # the plan's warm-up
     _config(path, failing_probe(tmp_path / "bright.onnx"))
     replacement = load_replacement(path, load_config(path))
-    assert isinstance(replacement.trial(_frame((0, 0, 0))), Processed)
-    reason = replacement.trial(_frame((255, 255, 255)))  # warm-up passed, this frame's run fails
+    assert isinstance(replacement.trial("cam0", _frame((0, 0, 0))), Processed)
+    reason = replacement.trial("cam0", _frame((255, 255, 255)))  # warm-up passed, this frame's run fails
     assert isinstance(reason, str) and reason.startswith("inference failed: ")
 
 
 def test_an_unfit_frame_leaves_the_trial_to_the_next_frame(tmp_path: Path) -> None:
     path = _config(tmp_path / "edged.toml", colour_probe(tmp_path / "probe.onnx"))
     replacement = load_replacement(path, load_config(path))
-    assert isinstance(replacement.trial(_frame((0, 0, 255))), Processed)
-    outcome = replacement.trial(Frame(solid_frame((0, 0, 255)), 8, 0, 0, "rgb"))  # the source said bgr
+    assert isinstance(replacement.trial("cam0", _frame((0, 0, 255))), Processed)
+    outcome = replacement.trial("cam0", Frame(solid_frame((0, 0, 255)), 8, 0, 0, "rgb"))  # the source said bgr
     assert isinstance(outcome, Rejected) and outcome.reason.startswith("bad_frame_")

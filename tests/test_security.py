@@ -79,7 +79,7 @@ def publisher(context: zmq.Context) -> Iterator[MakePublisher]:
     made: list[Publisher] = []
 
     def make(cfg: PublishConfig) -> Publisher:
-        made.append(Publisher(cfg, "cam0", context))
+        made.append(Publisher(cfg, ["cam0"], context))
         return made[-1]
 
     yield make
@@ -200,7 +200,7 @@ def test_close_stops_the_authenticator_and_leaves_no_socket_open(keys: Keys) -> 
 
     before, context = auth_threads(), zmq.Context()
     ipc = f"ipc://{keys.clients_dir.parent / 'det.sock'}"
-    pub = Publisher(_curve_config(keys, [ipc, "tcp://127.0.0.1:*"]), "cam0", context)
+    pub = Publisher(_curve_config(keys, [ipc, "tcp://127.0.0.1:*"]), ["cam0"], context)
     assert auth_threads() == before + 1
     pub.close()
     assert auth_threads() == before

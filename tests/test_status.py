@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from edged.capture import CaptureStats
 from edged.messages import ModelInfo
 from edged.stats import RunStats
-from edged.status import Snapshot
+from edged.status import Snapshot, summary_line
 
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 
@@ -48,3 +49,12 @@ def test_the_message_says_what_the_parts_say() -> None:
 def test_the_status_line_names_camera_cap_thermal_and_model() -> None:
     assert _snapshot().line() == "0.0 fps | camera lost | thermal off | 1 frames | model probe@abababababab"
     assert " cap 7.5fps " in _snapshot(rate_cap=7.456).line()
+
+
+def test_the_status_line_of_several_cameras_names_each_and_sums_the_frames() -> None:
+    lost = _snapshot()
+    ok = replace(_snapshot(), camera_id="side", capture=replace(lost.capture, state="ok"))
+    assert summary_line([lost]) == lost.line()  # one camera: its own line, as before
+    assert summary_line([lost, ok]) == (
+        "2 cameras: cam3 0.0 fps lost, side 0.0 fps ok | thermal off | 2 frames | model probe@abababababab"
+    )

@@ -205,3 +205,27 @@ def test_cold_start_times_the_real_daemon_with_and_without_its_cache(probe: Path
     assert len(result["without_cache_s"]) == len(result["with_cache_s"]) == 1
     assert 0 < result["with_cache_median_s"] < 60 and 0 < result["without_cache_median_s"] < 60
     assert len(result["first_seq"]) == 2  # the seq of each first message, both runs
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "video"])
+def test_cameras_compares_one_process_with_a_process_per_camera(probe: Path, kind: str) -> None:
+    out = io.StringIO()
+    argv = ["bench", "--model", str(probe), "--cameras", "2", "--camera-source", kind, "--seconds", "2", "--warmup-s", "0.5"]
+    with redirect_stdout(out):
+        code = main([*argv, "--json"])
+    assert code == 0
+    result = json.loads(out.getvalue())["cameras"]
+    assert result["kind"] == kind and all(row["camera_kind"] == kind for row in result["rows"])
+    one, separate = result["rows"]
+    assert (one["arrangement"], one["processes"], separate["arrangement"], separate["processes"]) == (
+        "one process",
+        1,
+        "separate processes",
+        2,
+    )
+    for row in (one, separate):
+        assert set(row["cameras_fps"]) == {"cam0", "cam1"} and all(fps > 0 for fps in row["cameras_fps"].values())
+        assert row["fps_total"] == pytest.approx(sum(row["cameras_fps"].values()))
+        assert all(0 < row["age_p50_ms"][c] <= row["age_p99_ms"][c] for c in ("cam0", "cam1"))
+        assert row["cpu_s_per_frame"] > 0 and 0 < row["pss_mb"] <= row["rss_mb"]
+    assert separate["rss_mb"] > one["rss_mb"]  # two interpreters and sessions against one

@@ -175,6 +175,6 @@ def test_the_readmes_worked_example_for_a_line_loads_as_written(tmp_path: Path, 
     assert settings.trigger.mode == "request"
     assert evidence is not None and evidence.save == "ng+near"
     # Every class it names is one of the model's, and the evidence finds near misses.
-    path = frame_path(settings, load_model(settings.model, settings.runtime))
+    path = frame_path(settings, load_model(settings.model, settings.runtime), settings.source[0])
     assert path.inspector is not None and path.inspector.thresholds == [0.40, 0.30, 0.25]
     assert path.near_margin == evidence.near_margin

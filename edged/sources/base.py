@@ -7,10 +7,11 @@ from typing import Literal
 
 import cv2
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from edged.errors import SourceError
 from edged.sections import Section
+from edged.zones import ZoneName, usable_zones
 
 _CREDENTIALS = re.compile(r"(?<=://)[^/\s]*@")  # user[:password]@ after a URL's scheme
 
@@ -33,8 +34,23 @@ class SourceBase(Section):
         min_length=1,
         max_length=64,
         pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Name of this camera; used as the ZeroMQ topic suffix.",
+        description="Name of this camera, unique among the [[source]] tables; used as the ZeroMQ topic suffix.",
     )
+    max_fps: float | None = Field(
+        None, ge=0, le=1000, description="Cap on this camera's processed frames per second; default: service.max_fps."
+    )
+    evidence: bool = Field(True, description="With an [evidence] section: save this camera's evidence; false: not.")
+    zones: dict[ZoneName, list[tuple[float, float]]] | None = Field(
+        None, description="This camera's [inspect] zones, in place of inspect.zones; default: those."
+    )
+
+    @field_validator("zones")
+    @classmethod
+    def _usable_zones(cls, v: dict[str, list[tuple[float, float]]] | None) -> dict[str, list[tuple[float, float]]] | None:
+        if v is not None:
+            usable_zones(v)
+        return v
+
     channel_order: Literal["bgr", "rgb"] = Field(
         "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr)."
     )

@@ -4,7 +4,8 @@ The rows (floor, full path, naive reference, `edged.tools.bench_rows`) run inter
 warm-up on one 1280x720 scene, all on the engine's one session; medians and p99 come from the
 interleaved samples, CPU time per frame from a block per row, since process CPU time cannot be
 split between interleaved rows. ``--soak`` and ``--cold-start`` measure whole runs instead. The
-report is a table, or one JSON object with ``--json``.
+report is a table, or one JSON object with ``--json``. ``--cameras`` compares one process serving
+several cameras with a process per camera (`edged.tools.bench_cameras`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from edged.cpus import online_cpus, physical_cores
 from edged.errors import ColdStartError, UsageError
 from edged.model import LoadedModel
 from edged.tools import bench_rows as rows
+from edged.tools.bench_cameras import CameraKind, format_rows, run_cameras
 from edged.tools.scenes import SceneGenerator
 
 ROW_TITLES = {
@@ -60,7 +62,9 @@ def run_bench(args: argparse.Namespace) -> int:
         report["cold_start"] = _cold_start(path, spinning, args)
     if args.soak:
         report["soak"] = _soak(path, spinning, args)
-    if not (args.cold_start or args.soak):
+    if args.cameras:
+        report["cameras"] = _cameras(path, spinning, args)
+    if not (args.cold_start or args.soak or args.cameras):
         report = bench(path, spinning, args)
         report["model"]["kind"] = "demo model" if args.model is None else "model file"
         if not args.json:
@@ -68,6 +72,17 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     return 0
+
+
+def _cameras(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str, Any]:
+    kind = cast(CameraKind, args.camera_source)  # argparse checked it
+    machine = machine_info()  # its load average is the one before the runs
+    rows = run_cameras(
+        path, args.cameras, kind=kind, fps=args.camera_fps, seconds=args.seconds, warmup_s=args.warmup_s, spinning=spinning
+    )
+    if not args.json:
+        print(format_rows(path.name, kind, args.camera_fps, rows))
+    return {"machine": machine, "kind": kind, "fps": args.camera_fps, "seconds": args.seconds, "rows": rows}
 
 
 def _cold_start(path: Path, spinning: Spinning, args: argparse.Namespace) -> list[dict[str, Any]]:

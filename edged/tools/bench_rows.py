@@ -115,7 +115,7 @@ class FullPath:
         self.path = FramePath(model, CAMERA_ID, "bgr")
         cfg = PublishConfig(endpoints=["tcp://127.0.0.1:*"])
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.publisher = Publisher(cfg, CAMERA_ID, self._context)
+        self.publisher = Publisher(cfg, [CAMERA_ID], self._context)
         self._topic = detections_topic(cfg.topic_prefix, CAMERA_ID)
         self._publish_empty = cfg.publish_empty
         self._sub = self._context.socket(zmq.SUB)

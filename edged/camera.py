@@ -1,0 +1,102 @@
+"""One camera of the board: everything the daemon keeps per camera, in one object.
+
+A `Camera` holds its ``[[source]]`` settings, its capture thread, its `FramePath` on the model
+all cameras share, its counters, its message sequence numbers and its rate cap. The daemon keeps
+one per camera, serves those with a frame ready in turn, and composes the outputs they share;
+its evidence writer is its own (each camera's evidence in a folder of its own).
+
+Plans are per camera: two cameras of the same frame size each have their own. A `FramePath`'s
+rules are about one stream (a camera re-planned after a lasting size change, an image folder's
+least recently used sizes), and a `Processed` result is a view into its plan valid until that
+plan's next frame; a plan shared by two cameras would let one camera's size change or frame
+evict or overwrite the other's. A plan costs its input tensor, output buffers and decode scratch
+(about 16 MB at 640x640 with 80 classes); the session and the weights, the large part, are shared.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Literal, get_args
+
+from edged.capture import Capture
+from edged.config import CapturePriority
+from edged.evidence import EvidenceWriter
+from edged.pipeline import FramePath
+from edged.ratecap import RateCap
+from edged.sources import Frame, open_source
+from edged.sources.base import SourceBase
+from edged.stats import RunStats
+
+Topic = Literal["detections", "verdict", "status"]  # a camera's topics, each with a seq of its own
+
+
+def start_capture(cfg: SourceBase, priority: CapturePriority, wake: threading.Event) -> Capture:
+    """The camera's capture thread, started: it opens the camera while the model loads."""
+    capture = Capture(lambda: open_source(cfg), cfg.camera_id, priority=priority, wake=wake)
+    capture.start()
+    return capture
+
+
+def stop_captures(captures: Iterable[Capture], timeout_s: float) -> None:
+    """Stop several capture threads within ``timeout_s`` in all: each is told first, then each is waited for."""
+    captures = list(captures)
+    for capture in captures:
+        capture.signal_stop()
+    deadline = time.monotonic() + timeout_s
+    for capture in captures:
+        capture.stop(max(0.0, deadline - time.monotonic()))
+
+
+class Camera:
+    """A camera's capture, frame path, counters, sequence numbers and rate cap.
+
+    ``previous``: the running camera of the same id that this one replaces on a reload; its
+    counters and sequence numbers carry on, so its topics stay gapless.
+    """
+
+    def __init__(
+        self, cfg: SourceBase, capture: Capture, path: FramePath, max_fps: float, previous: Camera | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.id = cfg.camera_id
+        self.capture = capture
+        self.path = path
+        self.rate_cap = RateCap(max_fps)
+        self.stats: RunStats = previous.stats if previous else RunStats()
+        self._seq: dict[str, Iterator[int]] = previous._seq if previous else {t: itertools.count() for t in get_args(Topic)}
+        self.served_s: float = previous.served_s if previous else 0.0  # when its last frame was taken
+        # Its evidence writer (`edged.evidence`), set by the daemon; a successor carries it on.
+        self.evidence: EvidenceWriter | None = previous.evidence if previous else None
+        self._due_s = 0.0  # the rate cap lets its next frame be taken from then on
+
+    def due(self, now_s: float) -> bool:
+        """The rate cap lets this camera's next frame be taken now."""
+        return now_s >= self._due_s
+
+    def wait_s(self, now_s: float) -> float:
+        """How long until the rate cap lets this camera's next frame be taken."""
+        return max(0.0, self._due_s - now_s)
+
+    def take(self) -> Frame | None:
+        """Its newest frame, starting its rate-cap interval, or None when none is ready.
+
+        Asking without getting a frame still tells the capture thread that a frame is wanted,
+        so that it decodes the next one (`edged.demand`).
+        """
+        frame = self.capture.take(0.0)
+        if frame is not None:
+            now = time.monotonic()
+            self.served_s = now
+            self._due_s = now + self.rate_cap.wait_s(now, now)
+        return frame
+
+    def update_rate_cap(self, rate_factor: float) -> None:
+        """Re-measure the camera's rate and apply the thermal ``rate_factor`` (`edged.ratecap`)."""
+        self.rate_cap.update(self.capture.stats().frames_captured, rate_factor)
+
+    def next_seq(self, kind: Topic) -> int:
+        """The next ``seq`` on this camera's topic of ``kind``: gapless per camera and topic."""
+        return next(self._seq[kind])

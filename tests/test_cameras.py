@@ -1,0 +1,317 @@
+"""Several cameras in one daemon: the real `edged run`, real video files and image folders of
+different frame sizes, one model, the real ZeroMQ stream read per topic."""
+
+from __future__ import annotations
+
+import http.client
+import re
+import shutil
+import signal
+from collections import defaultdict
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from onnx_models import colour_probe, stalling_probe
+from test_service import NotifySocket
+from waiting import wait_for
+
+from edged.errors import EXIT_CONFIG
+from edged.messages import DetectionsMessage, StatusMessage, VerdictMessage, parse_message
+
+pytestmark = pytest.mark.integration
+
+RED, BLUE = (0, 0, 255), (255, 0, 0)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    colour_probe(tmp_path / "probe.onnx")
+    write_video(tmp_path / "small.avi", [RED, BLUE] * 20, size=(128, 96))
+    write_video(tmp_path / "wide.avi", [BLUE, RED] * 20, size=(320, 180))
+    (tmp_path / "imgs").mkdir()
+    for i, colour in enumerate([RED, BLUE, RED]):
+        cv2.imwrite(str(tmp_path / "imgs" / f"{i:03d}.png"), np.full((150, 200, 3), colour, np.uint8))
+    return tmp_path
+
+
+def small(**keys: object) -> dict:
+    return {"type": "file", "camera_id": "small", "path": "small.avi", "loop": True, "realtime": True, **keys}
+
+
+def wide(**keys: object) -> dict:
+    return {"type": "file", "camera_id": "wide", "path": "wide.avi", "loop": True, "realtime": True, **keys}
+
+
+def stills(**keys: object) -> dict:
+    return {"type": "images", "camera_id": "stills", "path": "imgs", "fps": 5.0, **keys}
+
+
+def start(
+    workdir: Path,
+    sources: list[dict],
+    env: dict[str, str] | None = None,
+    model: str = "probe.onnx",
+    listen: str = "",
+    **sections: dict[str, object],
+) -> RunningDaemon:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(
+        workdir / "edged.toml",
+        {
+            "source": sources,
+            "model": {"path": model},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
+            "thermal": {"enabled": False},
+            "service": {"stall_timeout_s": 2.0},
+            "http": {"listen": listen},
+            **sections,
+        },
+    )
+    return RunningDaemon(config, endpoint, env=env)
+
+
+def detections(d: RunningDaemon, per_camera: dict[str, int], timeout: float = 60) -> dict[str, list[DetectionsMessage]]:
+    """At least ``per_camera[name]`` detections messages of each camera, in the order received."""
+    got: dict[str, list[DetectionsMessage]] = defaultdict(list)
+    for msg in d.messages(timeout):
+        if isinstance(msg, DetectionsMessage):
+            got[msg.camera_id].append(msg)
+            if all(len(got[name]) >= n for name, n in per_camera.items()):
+                return got
+    raise AssertionError(f"got { ({k: len(v) for k, v in got.items()}) } of {per_camera}:\n{d.log()}")
+
+
+def test_three_cameras_of_different_sizes_each_publish_on_their_own_topic_with_gapless_seq(workdir: Path) -> None:
+    d = start(workdir, [small(), wide(), stills()])
+    try:
+        # Topics name their camera: read raw, so that the topic itself is checked.
+        seen: dict[str, list[DetectionsMessage]] = defaultdict(list)
+        status: dict[str, StatusMessage] = {}
+        while not (all(len(seen[c]) >= 8 for c in ("small", "wide", "stills")) and len(status) == 3):
+            assert d.sub.poll(30_000), f"no message in 30 s; have { ({k: len(v) for k, v in seen.items()}) }:\n{d.log()}"
+            topic, payload = d.sub.recv_multipart()
+            msg = parse_message(payload)
+            assert topic.decode() == f"edged/{msg.kind}/{msg.camera_id}"
+            if isinstance(msg, DetectionsMessage):
+                seen[msg.camera_id].append(msg)
+            else:
+                status[msg.camera_id] = msg
+        sizes = {"small": (128, 96), "wide": (320, 180), "stills": (200, 150)}
+        for camera, msgs in seen.items():
+            assert {m.frame_size for m in msgs} == {sizes[camera]}, camera
+            seqs = [m.seq for m in msgs]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), (camera, seqs)  # per camera, no gap
+            assert all(len(m.detections) == 1 for m in msgs), camera  # each frame through the one model
+        assert {s.model.sha256 for s in status.values()} == {seen["small"][0].model.sha256}
+        assert all(s.source_state == "ok" for s in status.values()), status
+    finally:
+        d.close()
+
+
+def test_a_fast_camera_does_not_starve_a_slow_one(workdir: Path) -> None:
+    """The loop is kept busy: the fast camera's bright frames take the model about 10 ms each
+    (a Loop in the graph spins in proportion to brightness) and it delivers 240 fps, so it has a
+    frame ready whenever the loop comes round. The slow camera (5 fps, dark
+    frames) still has at least 90 % of the frames it delivered processed (a loop that
+    always served the first camera with a frame managed about 70 %), and the fast one takes the
+    rest of the time."""
+    stalling_probe(workdir / "busy.onnx", iterations_when_bright=20_000)
+    (workdir / "bright").mkdir()
+    cv2.imwrite(str(workdir / "bright" / "white.png"), np.full((96, 128, 3), 255, np.uint8))
+    fast = {"type": "images", "camera_id": "fast", "path": "bright", "fps": 240.0}
+    d = start(workdir, [fast, stills()], model="busy.onnx")
+    try:
+        first = d.wait_status(lambda s: s.camera_id == "stills" and s.frames_processed >= 3, timeout=60)
+        last = d.wait_status(lambda s: s.camera_id == "stills" and s.uptime_s >= first.uptime_s + 4.0, timeout=60)
+        busy = d.wait_status(lambda s: s.camera_id == "fast", timeout=20)
+        assert last.capture is not None and first.capture is not None
+        delivered = last.capture.frames_captured - first.capture.frames_captured
+        processed = last.frames_processed - first.frames_processed
+        assert delivered >= 15, (first, last)
+        assert processed >= 0.9 * delivered, (processed, delivered)
+        assert busy.fps > 2 * last.fps, (busy.fps, last.fps)  # the fast one got the rest
+        assert busy.latency["inference"].p50_ms > 3.0, busy.latency  # the loop really was kept busy
+    finally:
+        d.close()
+
+
+def test_a_camera_that_vanishes_is_reported_while_the_others_flow(workdir: Path, tmp_path: Path) -> None:
+    notify = NotifySocket(tmp_path / "notify.sock")
+    d = start(workdir, [small(), stills()], env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "600000"})
+    try:
+        detections(d, {"small": 3, "stills": 2})
+        shutil.rmtree(workdir / "imgs")
+        lost = d.wait_status(lambda s: s.camera_id == "stills" and s.source_state == "lost", timeout=30)
+        assert lost.capture is not None and lost.capture.last_error
+        before = d.wait_status(lambda s: s.camera_id == "small", timeout=10).frames_processed
+        after = detections(d, {"small": 10}, timeout=30)["small"]
+        seqs = [m.seq for m in after]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        assert d.wait_status(lambda s: s.camera_id == "small" and s.frames_processed >= before + 10, timeout=30)
+        # systemd hears about both, and the watchdog keeps pinging: one camera still progresses.
+        notify.drain(0.5)
+        summary = [x for _, x in notify.received if x.startswith("STATUS=2 cameras: small ")]
+        assert wait_for(lambda: any("stills 0.0 fps lost" in x for _, x in notify.drain(0.2)), timeout_s=20)
+        assert summary, notify.received
+        lost_at = max(t for t, x in notify.received if "stills 0.0 fps lost" in x)
+        notify.drain(3.0)
+        assert len(notify.times_of("WATCHDOG=1", since=lost_at)) >= 3
+        assert d.proc.poll() is None
+    finally:
+        d.close()
+        notify.close()
+
+
+def test_sighup_adds_and_removes_cameras(workdir: Path) -> None:
+    d = start(workdir, [small(), wide()])
+    try:
+        first = detections(d, {"small": 3, "wide": 3})
+        write_config(
+            workdir / "edged.toml",
+            {
+                "source": [small(), stills()],
+                "model": {"path": "probe.onnx"},
+                "publish": {"endpoints": [d.endpoint], "status_interval_s": 0.3},
+                "thermal": {"enabled": False},
+                "service": {"stall_timeout_s": 2.0},
+            },
+        )
+        d.signal(signal.SIGHUP)
+        after: dict[str, list[DetectionsMessage]] = defaultdict(list)
+        for msg in d.messages(60):
+            if isinstance(msg, DetectionsMessage):
+                if msg.camera_id == "stills" or after["stills"]:
+                    after[msg.camera_id].append(msg)  # from the first frame of the added camera on
+                else:
+                    after["before"].append(msg)
+            if len(after["stills"]) >= 3 and len(after["small"]) >= 5:
+                break
+        assert len(after["stills"]) >= 3, d.log()
+        assert not after["wide"], "the removed camera still published after the switch"
+        # The kept camera's seq carries on where it was, gapless from the switch (the sockets are bound
+        # afresh for the new cameras' topics, so messages in flight while subscribers reconnect are lost).
+        before = [m.seq for m in first["small"] + after["before"] if m.camera_id == "small"]
+        since = [m.seq for m in after["small"]]
+        assert since == list(range(since[0], since[0] + len(since))) and since[0] > before[-1], (before, since)
+        assert since[0] - before[-1] < 100  # continued, not started again
+        assert "camera wide removed" in d.log() and "camera stills added" in d.log()
+        status = d.wait_status(lambda s: s.camera_id == "stills", timeout=10)
+        assert status.source_state == "ok"
+    finally:
+        d.close()
+
+
+def test_a_reload_whose_model_fails_keeps_the_running_cameras(workdir: Path) -> None:
+    """A camera the reload adds is opened for the trial and closed again when the new model fails."""
+    d = start(workdir, [small()])
+    try:
+        detections(d, {"small": 3})
+        (workdir / "broken.onnx").write_bytes(b"not a model")
+        write_config(
+            workdir / "edged.toml",
+            {
+                "source": [small(), stills()],
+                "model": {"path": "broken.onnx"},
+                "publish": {"endpoints": [d.endpoint], "status_interval_s": 0.3},
+                "thermal": {"enabled": False},
+            },
+        )
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reload refused" in d.log(), timeout_s=30), d.log()
+        got = detections(d, {"small": 3}, timeout=30)
+        assert "stills" not in got and d.proc.poll() is None
+    finally:
+        d.close()
+
+
+def test_duplicate_camera_ids_are_refused_naming_the_id(workdir: Path) -> None:
+    config = write_config(
+        workdir / "edged.toml",
+        {"source": [small(), wide(camera_id="small")], "model": {"path": "probe.onnx"}, "thermal": {"enabled": False}},
+    )
+    for command in ("run", "check"):
+        result = run_cli(command, "--config", str(config))
+        assert result.returncode == EXIT_CONFIG, result.stderr
+        assert "camera_id 'small' is used by more than one [[source]]" in result.stderr
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_status_json_and_metrics_cover_every_camera(workdir: Path) -> None:
+    port = free_port()
+    d = start(workdir, [small(), wide()], listen=f"127.0.0.1:{port}")
+    try:
+        detections(d, {"small": 2, "wide": 2})
+        d.wait_status(lambda s: s.camera_id == "wide" and s.frames_processed > 0, timeout=20)
+        assert wait_for(lambda: _get(port, "/status.json?camera=wide")[0] == 200, timeout_s=20), d.log()
+        first = StatusMessage.model_validate_json(_get(port, "/status.json")[1])
+        wide_status = StatusMessage.model_validate_json(_get(port, "/status.json?camera=wide")[1])
+        assert (first.camera_id, wide_status.camera_id) == ("small", "wide")
+        code, body = _get(port, "/status.json?camera=front")
+        assert code == 404 and "cameras are small, wide" in body.decode()
+        metrics = _get(port, "/metrics")[1].decode()
+        for camera in ("small", "wide"):
+            assert re.search(rf'^edged_frames_total{{camera="{camera}"}} [1-9]', metrics, re.MULTILINE), metrics
+    finally:
+        d.close()
+
+
+def test_each_camera_saves_its_own_evidence_unless_its_source_says_not(workdir: Path) -> None:
+    d = start(workdir, [small(), wide(evidence=False), stills()], evidence={"dir": "evidence", "save": "all"})
+    try:
+        detections(d, {"small": 3, "wide": 3, "stills": 3})
+        status = {
+            name: d.wait_status(lambda s, name=name: s.camera_id == name and s.evidence is not None and s.evidence.saved > 0)
+            for name in ("small", "stills")
+        }
+        assert all(s.evidence is not None and s.evidence.errors == 0 for s in status.values()), status
+        assert d.wait_status(lambda s: s.camera_id == "wide").evidence is None
+        folders = {p.name for p in (workdir / "evidence").iterdir() if p.is_dir()}
+        assert {"small", "stills"} <= folders and "wide" not in folders
+    finally:
+        d.close()
+
+
+def test_each_camera_is_inspected_with_its_own_zones(workdir: Path) -> None:
+    """The probe's box lies mid-frame: the camera whose own zone is the bottom-right corner drops it
+    (verdict ok), the camera on [inspect]'s default (the whole frame) keeps it (verdict ng)."""
+    corner = {"corner": [[0.7, 0.7], [1.0, 0.7], [1.0, 1.0], [0.7, 1.0]]}
+    d = start(workdir, [small(zones=corner), wide()], inspect={"outside_zones": "drop"})
+    try:
+        verdicts: dict[str, list[VerdictMessage]] = defaultdict(list)
+        for msg in d.messages(60):
+            if isinstance(msg, VerdictMessage):
+                verdicts[msg.camera_id].append(msg)
+            if all(len(verdicts[c]) >= 3 for c in ("small", "wide")):
+                break
+        assert {v.verdict for v in verdicts["small"]} == {"ok"}, verdicts["small"]
+        assert {v.verdict for v in verdicts["wide"]} == {"ng"}, verdicts["wide"]
+        seqs = [v.seq for v in verdicts["wide"]]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # the verdict topic's seq is per camera too
+    finally:
+        d.close()
+
+
+def test_check_tries_every_camera_and_names_each_that_gives_no_frame(workdir: Path) -> None:
+    (workdir / "notes.mp4").write_text("not a video\n")
+    broken = {"type": "file", "camera_id": "broken", "path": "notes.mp4", "loop": True, "realtime": True}
+    config = write_config(
+        workdir / "edged.toml",
+        {"source": [broken, small()], "model": {"path": "probe.onnx"}, "thermal": {"enabled": False}},
+    )
+    result = run_cli("check", "--config", str(config), timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "source     broken: file path=" in result.stdout and "source     small: file path=" in result.stdout
+    assert "delivers 128x96 at" in result.stdout  # the camera after the broken one was still checked
+    assert "1 of 2 cameras gave no frame (broken)" in result.stderr
