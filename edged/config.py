@@ -455,7 +455,8 @@ def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras
     if cameras and index is not None:
         loc = f"source[{index}]" + loc.removeprefix("source")
     hint = _unknown_key_hint(raw_loc) if err["type"] == "extra_forbidden" else _HINTS.get(err["type"], "")
-    msg = err["msg"]
+    # pydantic quotes some values in its message (a union's tag): escape what would break the line.
+    msg = "".join(c if c.isprintable() else repr(c)[1:-1] for c in err["msg"])
     text = f"{loc or '(top level)'}: {msg}"
     if hint and hint not in msg:
         text += f" ({hint})"
