@@ -66,6 +66,14 @@ def write_video(
     return path
 
 
+def rss_kb(pid: int) -> int:
+    """A process's resident memory in KB, for tests that assert it stays flat."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
 def edged_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "edged", *args]
 

@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pytest
 import zmq
-from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config, write_video
 from jsonschema import Draft202012Validator
 from onnx_models import LABELS, colour_probe, failing_probe, nan_probe
 from waiting import wait_for
@@ -461,13 +461,6 @@ def test_a_camera_that_vanishes_is_reported_lost_and_resumes_with_frame_ids_cont
         d.close()
 
 
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 def test_subscribers_that_stall_or_come_and_go_by_the_hundred_do_not_slow_or_grow_it(workdir: Path) -> None:
     path, endpoint = config(workdir, publish={"hwm": 8})
     d = RunningDaemon(path, endpoint)
@@ -475,7 +468,7 @@ def test_subscribers_that_stall_or_come_and_go_by_the_hundred_do_not_slow_or_gro
     stalled = []
     try:
         d.collect("detections", 20)
-        rss_before = _rss_kb(d.proc.pid)
+        rss_before = rss_kb(d.proc.pid)
         fps_before = d.collect("status", 2)[-1].fps
         for _ in range(20):  # never read a single message
             sock = context.socket(zmq.SUB)
@@ -496,7 +489,7 @@ def test_subscribers_that_stall_or_come_and_go_by_the_hundred_do_not_slow_or_gro
         after = statuses[-1]
         assert after.fps > 0.7 * fps_before, (after.fps, fps_before)
         assert after.latency["age"].p99_ms < 250  # frames still leave fresh
-        assert _rss_kb(d.proc.pid) - rss_before < 20_000  # KB: no queue grows for the stalled ones
+        assert rss_kb(d.proc.pid) - rss_before < 20_000  # KB: no queue grows for the stalled ones
         assert d.proc.poll() is None
     finally:
         for sock in stalled:

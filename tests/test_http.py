@@ -18,7 +18,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config, write_video
 from onnx_models import colour_probe, fixed_scene
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -446,13 +446,6 @@ def test_a_busy_port_is_logged_and_retried_while_detection_goes_on(tmp_path: Pat
         d.close()
 
 
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 def _stalled_viewer(port: int) -> socket.socket:
     """A client that asks for the stream and then never reads a byte."""
     sock = socket.create_connection(("127.0.0.1", port))
@@ -493,7 +486,7 @@ def test_viewers_that_never_read_do_not_slow_it_or_grow_it_for_a_minute(tmp_path
     try:
         assert serving(port), d.log()
         fps_before = d.wait_status(lambda s: s.frames_processed > 40, timeout=30).fps
-        rss_before = _rss_kb(d.proc.pid)
+        rss_before = rss_kb(d.proc.pid)
         probe = _stalled_viewer(port)  # the check below sees a connection the server holds
         assert wait_for(lambda: probe.getsockname()[1] in _clients_held(d.proc.pid, port), 10)
         probe.close()
@@ -506,7 +499,7 @@ def test_viewers_that_never_read_do_not_slow_it_or_grow_it_for_a_minute(tmp_path
         late = statuses[len(statuses) // 4 :]
         assert late, d.log()
         assert min(s.fps for s in late) > 0.7 * fps_before, ([s.fps for s in late], fps_before)
-        assert _rss_kb(d.proc.pid) - rss_before < 20_000  # KB: no queue grows for the stalled ones
+        assert rss_kb(d.proc.pid) - rss_before < 20_000  # KB: no queue grows for the stalled ones
         # Each was dropped once its connection's buffer was full for send_timeout_s (the last ones may
         # still be filling theirs).
         held = _clients_held(d.proc.pid, port)

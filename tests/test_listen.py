@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config, write_video
 from onnx_models import colour_probe
 from waiting import wait_for
 
@@ -53,13 +53,6 @@ def tcp_daemon(workdir: Path) -> Iterator[RunningDaemon]:
     d.close()
 
 
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 def _port(endpoint: str) -> int:
     return int(endpoint.rsplit(":", 1)[1])
 
@@ -89,12 +82,12 @@ def _stream_a_huge_message(port: int, declared: int, send_at_most: int) -> int:
 
 def test_a_peer_declaring_a_huge_message_is_cut_off_and_memory_stays_flat(tcp_daemon: RunningDaemon) -> None:
     tcp_daemon.collect("detections", 10)
-    rss_before = _rss_kb(tcp_daemon.proc.pid)
+    rss_before = rss_kb(tcp_daemon.proc.pid)
     for _ in range(3):
         sent = _stream_a_huge_message(_port(tcp_daemon.endpoint), declared=1 << 30, send_at_most=128 * MiB)
         assert sent < 32 * MiB, f"the daemon read {sent // MiB} MiB of one message"
     tcp_daemon.collect("detections", 10)  # still publishing to its subscriber
-    assert _rss_kb(tcp_daemon.proc.pid) - rss_before < RSS_SLACK_KB
+    assert rss_kb(tcp_daemon.proc.pid) - rss_before < RSS_SLACK_KB
 
 
 # A SUB socket holding a 20 MB subscription crashes its own process when it is closed (SIGSEGV
@@ -115,7 +108,7 @@ os._exit(0)
 
 def test_huge_subscriptions_are_cut_off_and_memory_stays_flat(tcp_daemon: RunningDaemon) -> None:
     tcp_daemon.collect("detections", 10)
-    rss_before = _rss_kb(tcp_daemon.proc.pid)
+    rss_before = rss_kb(tcp_daemon.proc.pid)
     peers = [
         subprocess.Popen([sys.executable, "-c", HUGE_SUBSCRIBER, tcp_daemon.endpoint], stdout=subprocess.PIPE, text=True)
         for _ in range(2)  # had it been stored: a trie node per byte, over a GB between them
@@ -125,7 +118,7 @@ def test_huge_subscriptions_are_cut_off_and_memory_stays_flat(tcp_daemon: Runnin
             out, _ = peer.communicate(timeout=90)
             assert out.strip() == "cut off", tcp_daemon.log()
         tcp_daemon.collect("detections", 10)
-        assert _rss_kb(tcp_daemon.proc.pid) - rss_before < RSS_SLACK_KB
+        assert rss_kb(tcp_daemon.proc.pid) - rss_before < RSS_SLACK_KB
     finally:
         for peer in peers:
             peer.kill()
@@ -161,7 +154,7 @@ def test_thousands_of_subscriptions_that_match_nothing_leave_memory_flat(tcp_dae
     try:
         assert isinstance(honest.receive(20), DetectionsMessage)
         tcp_daemon.collect("detections", 10)
-        rss_before = _rss_kb(tcp_daemon.proc.pid)
+        rss_before = rss_kb(tcp_daemon.proc.pid)
         peer = subprocess.Popen(
             [sys.executable, "-c", MANY_SUBSCRIPTIONS, tcp_daemon.endpoint, "20000"], stdout=subprocess.PIPE, text=True
         )
@@ -174,7 +167,7 @@ def test_thousands_of_subscriptions_that_match_nothing_leave_memory_flat(tcp_dae
         assert sent == 20_000 and cut_off > 0, tcp_daemon.log()
         # Over 10 MB of subscriptions read and refused: stored, they would be ~450 MB of trie.
         status = tcp_daemon.wait_status(lambda m: m.drops.get("subscription_refused", 0) >= 10_000)
-        assert _rss_kb(tcp_daemon.proc.pid) - rss_before < RSS_SLACK_KB, status.drops
+        assert rss_kb(tcp_daemon.proc.pid) - rss_before < RSS_SLACK_KB, status.drops
         assert isinstance(honest.receive(20), DetectionsMessage)  # reconnected and subscribed again by itself
         assert "bound afresh, so every subscriber reconnects" in tcp_daemon.log()
     finally:

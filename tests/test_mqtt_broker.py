@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config, write_video
 from mosquitto import Broker, Listener, make_ca, make_password_file, make_server_cert
 from onnx_models import colour_probe
 from waiting import wait_for
@@ -277,26 +277,19 @@ def test_three_boards_publish_to_one_broker_and_one_subscriber_sees_every_stream
         listener.close()
 
 
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.slow
 def test_memory_stays_bounded_through_a_long_outage_at_a_high_frame_rate(workdir: Path) -> None:
     d = start(workdir, free_port(), realtime=False)  # no broker at all, frames as fast as they decode
     try:
         full = d.wait_status(lambda s: (s.mqtt_drops or {}).get("detections", 0) > 0, timeout=60)
-        rss_full = _rss_kb(d.proc.pid)
+        rss_full = rss_kb(d.proc.pid)
         started = time.monotonic()
         while time.monotonic() - started < 30:
             d.collect("status", 1)
         last = d.wait_status(lambda s: True)
         dropped = last.mqtt_drops["detections"] - full.mqtt_drops["detections"]
         assert dropped > 1000, (full, last)  # a high rate, all of it beyond the outbox
-        assert _rss_kb(d.proc.pid) - rss_full < 8_000  # KB: the outbox holds max_queued, no more
+        assert rss_kb(d.proc.pid) - rss_full < 8_000  # KB: the outbox holds max_queued, no more
     finally:
         d.close()
 
