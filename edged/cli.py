@@ -122,6 +122,20 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_client_keys(p: argparse.ArgumentParser) -> None:
+    """The CURVE options of a command that connects to edged (subscribe, trigger)."""
+    p.add_argument(
+        "--server-key", type=Path, default=None, metavar="FILE", help="CURVE: edged's public key file (server.key)"
+    )
+    p.add_argument(
+        "--client-key",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="CURVE: this client's secret key file (NAME.key_secret, mode 0600)",
+    )
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -219,16 +233,7 @@ def _parser() -> argparse.ArgumentParser:
     subscribe.add_argument("--json", action="store_true", help="print each message as JSON")
     subscribe.add_argument("--count", type=int, default=None, help="exit after this many messages")
     subscribe.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
-    subscribe.add_argument(
-        "--server-key", type=Path, default=None, metavar="FILE", help="CURVE: the publisher's public key file (server.key)"
-    )
-    subscribe.add_argument(
-        "--client-key",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="CURVE: this subscriber's secret key file (NAME.key_secret, mode 0600)",
-    )
+    _add_client_keys(subscribe)
 
     trigger = sub.add_parser(
         "trigger",
@@ -242,16 +247,7 @@ def _parser() -> argparse.ArgumentParser:
     trigger.add_argument("--part-id", default=None, help="the part's id, carried into the verdict and detections messages")
     trigger.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply (default 5)")
     trigger.add_argument("--json", action="store_true", help="print the verdict message as JSON")
-    trigger.add_argument(
-        "--server-key", type=Path, default=None, metavar="FILE", help="CURVE: edged's public key file (server.key)"
-    )
-    trigger.add_argument(
-        "--client-key",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="CURVE: this client's secret key file (NAME.key_secret)",
-    )
+    _add_client_keys(trigger)
 
     keygen = sub.add_parser(
         "keygen",

@@ -27,7 +27,7 @@ from typing import TextIO
 import zmq
 import zmq.auth
 
-from edged.errors import KeyFileError
+from edged.errors import KeyFileError, UsageError
 
 Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -155,6 +155,13 @@ class ClientKeys:
     def from_files(cls, server_key: Path, client_key: Path) -> ClientKeys:
         public, secret = load_secret_key(client_key, "--client-key")
         return cls(load_public_key(server_key, "--server-key"), public, secret)
+
+    @classmethod
+    def from_options(cls, server_key: Path | None, client_key: Path | None) -> ClientKeys | None:
+        """``--server-key`` and ``--client-key`` of a client command: both (CURVE) or neither (plaintext)."""
+        if (server_key is None) != (client_key is None):
+            raise UsageError("--server-key and --client-key go together")
+        return cls.from_files(server_key, client_key) if server_key and client_key else None
 
     def apply(self, socket: zmq.Socket[bytes]) -> None:
         """Set the CURVE client options; must happen before connect."""

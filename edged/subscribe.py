@@ -22,7 +22,7 @@ from typing import Any, TextIO
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from edged.errors import MessageError, UsageError
+from edged.errors import MessageError
 from edged.keys import ClientKeys
 from edged.messages import DetectionsMessage, StatusMessage, TriggerError, VerdictMessage, parse_message
 
@@ -165,9 +165,7 @@ def run_subscribe(
     out: TextIO = sys.stdout,
 ) -> int:
     """Print messages (or a rolling summary) until interrupted, ``count`` messages or a timeout."""
-    if (server_key is None) != (client_key is None):
-        raise UsageError("--server-key and --client-key go together")
-    curve = ClientKeys.from_files(server_key, client_key) if server_key and client_key else None
+    curve = ClientKeys.from_options(server_key, client_key)
     sub = Subscriber(endpoint, topic, curve=curve)
     try:
         return _print_stream(sub, stats=stats, raw_json=raw_json, count=count, timeout_s=timeout_s, out=out)

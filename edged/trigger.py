@@ -337,11 +337,9 @@ def run_trigger(
     out: TextIO = sys.stdout,
 ) -> int:
     """``edged trigger``: prints the verdict; exits 0 for OK, `EXIT_NG` for NG, raises `TriggerFailed` otherwise."""
-    if (server_key is None) != (client_key is None):
-        raise UsageError("--server-key and --client-key go together")
     if timeout_s <= 0:
         raise UsageError(f"--timeout must be above 0, got {timeout_s:g}")
-    curve = ClientKeys.from_files(server_key, client_key) if server_key and client_key else None
+    curve = ClientKeys.from_options(server_key, client_key)
     verdict = request_verdict(endpoint, part_id, timeout_s, curve)
     print(verdict.model_dump_json() if raw_json else format_verdict(verdict), file=out, flush=True)
     return 0 if verdict.verdict == "ok" else EXIT_NG
