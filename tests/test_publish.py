@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import stat
 import time
@@ -63,6 +64,19 @@ def _send_until_received(pub: Publisher, subs: list[zmq.Socket], topic: bytes) -
     for sub in subs:  # drop the join messages still in flight
         while sub.poll(50):
             sub.recv_multipart()
+
+
+@contextlib.contextmanager
+def _watched(peer: zmq.Socket, endpoint: str) -> Iterator[zmq.Socket]:
+    """Connect ``peer`` with a monitor of its disconnections, watching before it connects; closes both."""
+    monitor = peer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    peer.connect(endpoint)
+    try:
+        yield monitor
+    finally:
+        peer.disable_monitor()
+        monitor.close(linger=0)
+        peer.close(linger=0)
 
 
 def test_every_subscriber_gets_topic_and_payload(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
@@ -182,16 +196,12 @@ def test_a_subscription_beyond_the_size_limit_is_cut_off_and_others_are_served(
     normal = subscribe(pub.endpoints[0], longest_topic)
     hostile = context.socket(zmq.SUB)
     hostile.setsockopt(zmq.SUBSCRIBE, b"x" * (MAX_MESSAGE_BYTES + 1))
-    monitor = hostile.get_monitor_socket(zmq.EVENT_DISCONNECTED)  # watching before it connects
-    hostile.connect(pub.endpoints[0])
     try:
-        assert monitor.poll(10_000), "the publisher kept a peer that sent an oversized subscription"
-        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
-        _send_until_received(pub, [normal], longest_topic)
+        with _watched(hostile, pub.endpoints[0]) as monitor:
+            assert monitor.poll(10_000), "the publisher kept a peer that sent an oversized subscription"
+            assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+            _send_until_received(pub, [normal], longest_topic)
     finally:
-        hostile.disable_monitor()
-        monitor.close(linger=0)
-        hostile.close(linger=0)
         pub.close()
 
 
@@ -203,18 +213,14 @@ def test_a_peer_that_sends_a_message_instead_of_a_subscription_cuts_everyone_off
     honest = subscribe(pub.endpoints[0], b"edged/detections/")
     _send_until_received(pub, [honest], topic)
     hostile = context.socket(zmq.XSUB)
-    monitor = hostile.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-    hostile.connect(pub.endpoints[0])
     try:
-        hostile.send(b"\x02not a subscription")  # libzmq would hand it up without its peer
-        assert wait_for(lambda: bool(pub.send(topic, b"{}")) and monitor.poll(0), 10), "the peer was kept"
-        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
-        assert pub.drops["subscription_refused"] == 1
-        _send_until_received(pub, [honest], topic)  # it reconnected and subscribed again
+        with _watched(hostile, pub.endpoints[0]) as monitor:
+            hostile.send(b"\x02not a subscription")  # libzmq would hand it up without its peer
+            assert wait_for(lambda: bool(pub.send(topic, b"{}")) and monitor.poll(0), 10), "the peer was kept"
+            assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+            assert pub.drops["subscription_refused"] == 1
+            _send_until_received(pub, [honest], topic)  # it reconnected and subscribed again
     finally:
-        hostile.disable_monitor()
-        monitor.close(linger=0)
-        hostile.close(linger=0)
         pub.close()
 
 
@@ -244,18 +250,14 @@ def test_subscriptions_that_match_nothing_are_refused_and_64_kib_of_them_cut_the
     hostile.setsockopt(zmq.SNDHWM, 0)
     for i in range(65):  # 65,000 bytes: refused, still under 64 KiB
         hostile.setsockopt(zmq.SUBSCRIBE, b"%06d" % i + bytes(994))
-    monitor = hostile.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-    hostile.connect(pub.endpoints[0])
     try:
-        assert wait_for(lambda: bool(pub.send(topic, b"{}")) and pub.drops["subscription_refused"] == 65, 10)
-        assert not monitor.poll(0)
-        hostile.setsockopt(zmq.SUBSCRIBE, b"%06d" % 65 + bytes(994))  # 66,000 bytes
-        assert wait_for(lambda: bool(pub.send(topic, b"{}")) and monitor.poll(0), 10), "the peer was kept"
-        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
-        assert pub.drops["subscription_refused"] == 66
-        _send_until_received(pub, [honest], topic)  # cut off too, it reconnected and subscribed again
+        with _watched(hostile, pub.endpoints[0]) as monitor:
+            assert wait_for(lambda: bool(pub.send(topic, b"{}")) and pub.drops["subscription_refused"] == 65, 10)
+            assert not monitor.poll(0)
+            hostile.setsockopt(zmq.SUBSCRIBE, b"%06d" % 65 + bytes(994))  # 66,000 bytes
+            assert wait_for(lambda: bool(pub.send(topic, b"{}")) and monitor.poll(0), 10), "the peer was kept"
+            assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+            assert pub.drops["subscription_refused"] == 66
+            _send_until_received(pub, [honest], topic)  # cut off too, it reconnected and subscribed again
     finally:
-        hostile.disable_monitor()
-        monitor.close(linger=0)
-        hostile.close(linger=0)
         pub.close()
