@@ -149,6 +149,12 @@ class RuntimeConfig(Section):
         description="Idle ORT threads: 'off' sleep at once; 'during-run' spin while an inference runs "
         "and sleep when it ends; 'always' spin between frames too (ORT's default: most heat).",
     )
+    inference_lanes: int = Field(
+        2,
+        ge=1,
+        le=8,
+        description="Cameras whose frames run through the model at once, on the one session (at most one per camera).",
+    )
     capture_priority: CapturePriority = Field(
         "low",
         description="The capture thread's scheduling: 'normal'; 'low', nice +10: it yields cores to "

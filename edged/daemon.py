@@ -26,6 +26,7 @@ from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFile
 from edged.evidence import EvidenceWriter
 from edged.health import Health
 from edged.http import HttpConfig, HttpServer
+from edged.lanes import Lanes, Outcome
 from edged.messages import TriggerError, VerdictMessage
 from edged.model import LoadedModel, load_model
 from edged.mqtt import MqttOutput
@@ -50,6 +51,7 @@ ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then c
 # then exits without finalising, which is safe, so this bounds the stop time rather than
 # guarding the exit.
 CAPTURE_STOP_WAIT_S = 1.0
+LANES_STOP_WAIT_S = 5.0  # at stop, time left to the frames on the lanes to finish (one inference each)
 EVIDENCE_STOP_S = 1.0  # at stop, time left to each evidence writer to finish its queue (a few ms per frame)
 
 
@@ -86,6 +88,7 @@ class Daemon:
             stop_captures(captures.values(), CAPTURE_STOP_WAIT_S)
             raise
         self.http.start()
+        self.lanes = self._lanes(settings)
         for camera in self.cameras.values():
             camera.evidence = self._start_evidence(camera.cfg)
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
@@ -96,6 +99,10 @@ class Daemon:
         # During a trial, the cameras the reload adds or opens differently, served by its model only.
         self._incoming: dict[str, Camera] = {}
         self._next_status = self._next_thermal = time.monotonic()
+
+    def _lanes(self, settings: Settings) -> Lanes:
+        """As many lanes as asked for, one per camera at most: a camera is on one lane at a time."""
+        return Lanes(min(settings.runtime.inference_lanes, len(settings.source)), self._wake)
 
     def _start_capture(self, cfg: SourceBase) -> Capture:
         return start_capture(cfg, self.settings.runtime.capture_priority, self._wake)
@@ -133,6 +140,7 @@ class Daemon:
         return trigger
 
     def _use_model(self, model: LoadedModel) -> None:
+        self._quiesce()
         self.model = model
         for camera in self.cameras.values():
             camera.path = frame_path(self.settings, model, camera.cfg)
@@ -196,34 +204,54 @@ class Daemon:
         if self.trigger is not None:
             self._serve(self.trigger, self.serving()[0])
             return
+        self._wake.clear()  # cleared before looking: a hand-over or result after this ends the wait below
+        settled = self._settle(self.lanes.collect())
         if self.report is not None and self.report.rate_factor == 0.0:
-            self.signals.stop.wait(TAKE_TIMEOUT_S)  # critical: inference paused, status continues
+            self._quiesce()  # critical: inference paused, status continues
+            self.signals.stop.wait(TAKE_TIMEOUT_S)
             self.health.frame_done()
             return
-        taken = self._next_frame()
-        if taken is None:
-            self._announce_ready(frame_processed=False)
+        if self._hand_out() or settled:
             return
-        camera, frame = taken
-        if self._replacement is not None and camera.id in self._replacement.paths:
-            self._try_replacement(self._replacement, camera, frame)
-        else:
-            self.handle(camera, frame)
+        now = time.monotonic()
+        cameras = self.serving()
+        self._wake.wait(min([TAKE_TIMEOUT_S, *(c.wait_s(now) for c in cameras if not c.due(now))]))
+        if not self._settle(self.lanes.collect()) and not self._hand_out():
+            self._announce_ready(frame_processed=False)
 
-    def _next_frame(self) -> tuple[Camera, Frame] | None:
-        """The frame of the camera served longest ago among those whose rate cap allows one and
-        that have one ready; None after waiting up to `TAKE_TIMEOUT_S` for any to have one."""
-        self._wake.clear()  # cleared before looking: a hand-over after this wakes the wait below
-        for waited in (False, True):
-            now = time.monotonic()
-            cameras = self.serving()
-            for camera in sorted((c for c in cameras if c.due(now)), key=lambda c: c.served_s):
-                frame = camera.take()
-                if frame is not None:
-                    return camera, frame
-            if not waited:
-                self._wake.wait(min([TAKE_TIMEOUT_S, *(c.wait_s(now) for c in cameras if not c.due(now))]))
-        return None
+    def _hand_out(self) -> int:
+        """Hand idle lanes the frames of the cameras served longest ago among those whose rate cap
+        allows one, that are on no lane and have a frame ready; returns how many were handed out.
+
+        A reload on trial takes its cameras' next frame on this thread instead (`_try_replacement`).
+        """
+        handed = 0
+        now = time.monotonic()
+        for camera in sorted(self.serving(), key=lambda c: c.served_s):
+            if not self.lanes.idle:
+                break
+            if self.lanes.carrying(camera) or not camera.due(now):
+                continue
+            frame = camera.take()
+            if frame is None:
+                continue
+            handed += 1
+            if self._replacement is not None and camera.id in self._replacement.paths:
+                self._try_replacement(self._replacement, camera, frame)
+                return handed  # the cameras may have changed under this loop
+            self.lanes.submit(camera, frame)
+        return handed
+
+    def _quiesce(self, timeout_s: float | None = None) -> None:
+        """Let every frame on a lane finish, and publish it: before a camera's path or capture is
+        replaced, since a lane may not share a path with anything."""
+        self._settle(self.lanes.drain(timeout_s))
+
+    def _settle(self, results: list[tuple[Camera, Outcome]]) -> int:
+        """Count and publish the lanes' results, in the order they finished; returns how many."""
+        for camera, outcome in results:
+            self._finish(camera, outcome)
+        return len(results)
 
     def _serve(self, trigger: TriggerServer, camera: Camera) -> None:
         """Request mode, its one camera: answer the oldest request. Before READY=1 a frame goes
@@ -516,6 +544,7 @@ class Daemon:
                 self.trigger.reload_client_keys()
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
+        self._quiesce()
         self._end_trial()
         self._replacement = replacement
         for cfg in replacement.settings.source:
@@ -531,6 +560,7 @@ class Daemon:
 
     def _end_trial(self) -> None:
         """Back to the running cameras only: those a trial opened are closed, those it closed reopened."""
+        self._quiesce()
         self._replacement = None
         incoming, self._incoming = self._incoming, {}
         stop_captures([camera.capture for camera in incoming.values()], CAPTURE_STOP_WAIT_S)
@@ -580,6 +610,9 @@ class Daemon:
 
     def _switch(self, replacement: Replacement) -> None:
         """The reload takes over: its model, cameras, outputs and thermal watch."""
+        self._quiesce()
+        self.lanes.close()
+        self.lanes = self._lanes(replacement.settings)
         new = replacement.settings
         old, self.settings = self.settings, new
         self.model = replacement.model
@@ -651,6 +684,11 @@ class Daemon:
         self.notifier.stopping()
         if watchdog:
             watchdog.stop()
+        try:
+            self._quiesce(LANES_STOP_WAIT_S)
+        except ModelError as e:  # a second lane's frame failed as the first did: said, and stopping anyway
+            log.error("%s", e)
+        self.lanes.close()
         captures = [camera.capture for camera in self.cameras.values()]
         stop_captures(captures + [camera.capture for camera in self._incoming.values()], CAPTURE_STOP_WAIT_S)
         if self.trigger is not None:

@@ -1,0 +1,114 @@
+"""Inference lanes: several cameras' frames through the one model at once.
+
+One loop running each camera's frame path in turn makes every camera wait for the others' runs:
+with four cameras, the frame served last waits for three inferences first. ONNX Runtime allows
+concurrent runs on one session, each camera's plans bind buffers of their own
+(`edged.engine.Binding`), and a run releases the interpreter lock, so a few threads that each
+take one camera's whole path (`edged.pipeline.FramePath.run`: contract, preprocess, inference,
+decode, inspection) overlap where one loop would queue. The loop keeps everything else: it hands
+out frames, and counts and publishes each result on its own thread.
+
+A camera is on at most one lane at a time, and stays there until the loop has collected its
+result: a `Processed` is a view into its plan, valid until that plan's next frame, so the loop
+publishes it before the camera can be handed out again. With one lane the loop's own thread is
+the lane: a single camera pays no hand-over.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from edged.camera import Camera
+from edged.pipeline import Processed, Rejected
+from edged.sources import Frame
+
+Outcome = Processed | Rejected
+
+
+class Lanes:
+    """``count`` lanes running cameras' frames through their paths; the loop submits and collects.
+
+    ``wake`` is set whenever a lane finishes a frame, so a loop waiting on it for frames wakes
+    for results too. An exception a path raises on a lane (the model cannot run on this frame
+    size at all) is raised again by the `collect` that would have returned its result.
+    """
+
+    def __init__(self, count: int, wake: threading.Event) -> None:
+        self.count = count
+        self._wake = wake
+        self._cond = threading.Condition()
+        self._todo: deque[tuple[Camera, Frame]] = deque()
+        self._done: deque[tuple[Camera, Outcome | Exception]] = deque()
+        self._carrying: set[Camera] = set()  # submitted and not yet collected
+        self._running = 0  # frames a lane thread is working on
+        self._closed = False
+        for index in range(count if count > 1 else 0):
+            threading.Thread(target=self._work, name=f"edged-lane{index}", daemon=True).start()
+
+    @property
+    def idle(self) -> int:
+        """Lanes free for another camera's frame."""
+        return self.count - len(self._carrying)
+
+    def carrying(self, camera: Camera) -> bool:
+        """``camera`` has a frame on a lane, or a result not collected yet."""
+        return camera in self._carrying
+
+    def submit(self, camera: Camera, frame: Frame) -> None:
+        """Run ``frame`` through ``camera``'s path on an idle lane (at once, here, with one lane)."""
+        self._carrying.add(camera)
+        if self.count == 1:
+            self._done.append((camera, _run(camera, frame)))
+            return
+        with self._cond:
+            self._todo.append((camera, frame))
+            self._cond.notify()
+
+    def collect(self) -> list[tuple[Camera, Outcome]]:
+        """The results finished since the last call, in the order they finished; their cameras are free again."""
+        with self._cond:
+            done = list(self._done)
+            self._done.clear()
+        results: list[tuple[Camera, Outcome]] = []
+        for camera, outcome in done:
+            self._carrying.discard(camera)
+            if isinstance(outcome, Exception):
+                raise outcome
+            results.append((camera, outcome))
+        return results
+
+    def drain(self, timeout_s: float | None = None) -> list[tuple[Camera, Outcome]]:
+        """Wait for every frame on a lane to finish (up to ``timeout_s``), then `collect`."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._todo and not self._running, timeout_s)
+        return self.collect()
+
+    def close(self) -> None:
+        """Stop the lane threads once their frames are done; a frame still running is abandoned to
+        exit (the threads are daemons, as a capture thread stuck in a camera call is)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._todo or self._closed)
+                if not self._todo:
+                    return
+                camera, frame = self._todo.popleft()
+                self._running += 1
+            outcome = _run(camera, frame)
+            with self._cond:
+                self._running -= 1
+                self._done.append((camera, outcome))
+                self._cond.notify_all()
+            self._wake.set()
+
+
+def _run(camera: Camera, frame: Frame) -> Outcome | Exception:
+    try:
+        return camera.path.run(frame)
+    except Exception as e:  # raised again on the loop's thread by `collect`
+        return e
