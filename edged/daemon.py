@@ -27,6 +27,7 @@ from edged.evidence import EvidenceWriter
 from edged.health import Health
 from edged.http import HttpConfig, HttpServer
 from edged.lanes import Lanes, Outcome
+from edged.lograte import LogRate
 from edged.messages import TriggerError, VerdictMessage
 from edged.model import LoadedModel, load_model
 from edged.mqtt import MqttOutput
@@ -94,7 +95,7 @@ class Daemon:
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
         self._inference_failures = 0
-        self._last_error_log = -ERROR_LOG_INTERVAL_S
+        self._error_log = LogRate(ERROR_LOG_INTERVAL_S)
         self._replacement: Replacement | None = None  # a reload on trial: it takes over on its first frame
         # During a trial, the cameras the reload adds or opens differently, served by its model only.
         self._incoming: dict[str, Camera] = {}
@@ -387,9 +388,7 @@ class Daemon:
 
     def _error_limited(self, message: str, *args: object, camera: str, frame: int, stage: str) -> None:
         """Log a per-frame error at most once per ERROR_LOG_INTERVAL_S; the counters carry the rest."""
-        now = time.monotonic()
-        if now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
-            self._last_error_log = now
+        if self._error_log.allows():
             log.error(message, *args, extra={"CAMERA": camera, "FRAME": frame, "STAGE": stage})
 
     def _announce_ready(self, *, frame_processed: bool, camera: Camera | None = None) -> None:

@@ -34,8 +34,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 
@@ -46,6 +45,7 @@ from edged.config import PublishConfig
 from edged.errors import PublishError
 from edged.keys import load_allowed_clients, load_secret_key
 from edged.listen import Listener
+from edged.lograte import LogRate
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,8 @@ class Publisher:
         self._context = context or zmq.Context.instance()
         self._listeners: dict[bool, Listener] = {}  # keyed by "uses CURVE"
         self._refused_bytes: Counter[bool] = Counter()  # refused subscription bytes since the socket was bound
-        self._next_log: defaultdict[str, float] = defaultdict(float)  # when each kind of warning may be logged again
+        self._refusal_log = LogRate(REFUSAL_LOG_INTERVAL_S)  # one per kind of warning: a peer decides how often they come
+        self._cut_off_log = LogRate(REFUSAL_LOG_INTERVAL_S)
         self._auth: ThreadAuthenticator | None = None
         self._allowed = AllowList()
         self._server_keys = self._load_server_keys()
@@ -277,16 +278,16 @@ class Publisher:
     def _refuse(self, request: bytes) -> None:
         self.drops["subscription_refused"] += 1
         shown = request[:64] + (b"..." if len(request) > 64 else b"")
-        self._now_and_then("refused", "refused a subscription to %r: edged publishes no topic it matches", shown)
+        self._now_and_then(self._refusal_log, "refused a subscription to %r: edged publishes no topic it matches", shown)
 
     def _cut_off(self, secure: bool, why: str) -> None:
-        self._now_and_then("cut off", "%s: %s bound afresh, so every subscriber reconnects", why, self._rebind(secure))
+        self._now_and_then(
+            self._cut_off_log, "%s: %s bound afresh, so every subscriber reconnects", why, self._rebind(secure)
+        )
 
-    def _now_and_then(self, what: str, message: str, *args: object) -> None:
-        """A warning at most every `REFUSAL_LOG_INTERVAL_S` for each ``what``: a peer decides how often they come."""
-        now = time.monotonic()
-        if now >= self._next_log[what]:
-            self._next_log[what] = now + REFUSAL_LOG_INTERVAL_S
+    def _now_and_then(self, rate: LogRate, message: str, *args: object) -> None:
+        """A warning as often as ``rate`` allows (each kind has its own), with the count of refusals so far."""
+        if rate.allows():
             log.warning(
                 "%s (%d subscription(s) refused so far; logged at most once a minute)",
                 message % args,

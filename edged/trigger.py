@@ -177,6 +177,7 @@ class TriggerServer:
 
         Returns False for a malformed payload (the output counts it), logged once per burst;
         beyond the bound, or once edged is stopping, the error goes straight back to the broker.
+        Not `edged.lograte.LogRate`, which logs again amid a steady stream: a burst ends with `MALFORMED_BURST_S` of quiet.
         """
         arrived_ns = time.monotonic_ns()
         try:

@@ -240,7 +240,7 @@ def test_subscriptions_to_another_camera_are_refused_until_the_camera_becomes_it
 
 
 def test_subscriptions_that_match_nothing_are_refused_and_64_kib_of_them_cut_their_peers_off(
-    context: zmq.Context, subscribe: Callable[..., zmq.Socket]
+    context: zmq.Context, subscribe: Callable[..., zmq.Socket], caplog: pytest.LogCaptureFixture
 ) -> None:
     pub = _publisher(context)
     topic = detections_topic("edged", "cam0")
@@ -259,5 +259,8 @@ def test_subscriptions_that_match_nothing_are_refused_and_64_kib_of_them_cut_the
             assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
             assert pub.drops["subscription_refused"] == 66
             _send_until_received(pub, [honest], topic)  # cut off too, it reconnected and subscribed again
+            warnings = [r.getMessage() for r in caplog.records if r.name == "edged.publish" and r.levelname == "WARNING"]
+            assert sum("refused a subscription" in w for w in warnings) == 1, warnings  # 66 refusals, one line a minute
+            assert sum("bound afresh" in w for w in warnings) == 1, warnings  # its own line, not held back by the refusals
     finally:
         pub.close()

@@ -18,9 +18,12 @@ from allocations import NumpyAllocations
 from onnx_models import colour_probe
 
 from edged.cli import main
+from edged.config import load_config
 from edged.errors import EXIT_CONFIG, EXIT_USAGE
 from edged.messages import DetectionsMessage
 from edged.tools.bench import cold_start, soak
+from edged.tools.bench_cameras import camera_ids, source_table
+from edged.tools.bench_config import write_config
 from edged.tools.bench_rows import STAGES, FullPath, bench_frame, load, naive_detect
 
 pytestmark = pytest.mark.tools
@@ -229,3 +232,24 @@ def test_cameras_compares_one_process_with_a_process_per_camera(probe: Path, kin
         assert all(0 < row["age_p50_ms"][c] <= row["age_p99_ms"][c] for c in ("cam0", "cam1"))
         assert row["cpu_s_per_frame"] > 0 and 0 < row["pss_mb"] <= row["rss_mb"]
     assert separate["rss_mb"] > one["rss_mb"]  # two interpreters and sessions against one
+
+
+def test_a_bench_config_loads_as_edged_run_reads_it_with_every_camera_and_the_benchs_settings(
+    probe: Path, tmp_path: Path
+) -> None:
+    tables = "".join(source_table(name, "synthetic", 15.0, tmp_path) for name in camera_ids(2))
+    endpoint = f"ipc://{tmp_path}/bench.sock"
+    settings = load_config(write_config(tmp_path / "cameras.toml", probe, endpoint, tables, spinning="off", thermal=False))
+    assert [(cfg.camera_id, cfg.type, cfg.fps) for cfg in settings.source] == [
+        ("cam0", "synthetic", 15.0),
+        ("cam1", "synthetic", 15.0),
+    ]
+    assert settings.model.path == probe.resolve() and list(settings.publish.endpoints) == [endpoint]
+    assert settings.runtime.spinning == "off" and settings.runtime.optimized_model_path is None
+    assert not settings.thermal.enabled and settings.http.listen == "" and settings.service.log_level == "warning"
+
+    one = '[source]\ntype = "synthetic"\nfps = 30\n'
+    cache = tmp_path / "optimized.onnx"
+    settings = load_config(write_config(tmp_path / "cold.toml", probe, endpoint, one, spinning="during-run", cache=cache))
+    assert len(settings.source) == 1 and settings.runtime.optimized_model_path == cache
+    assert settings.thermal.enabled  # edged's default, as a deployed daemon starts

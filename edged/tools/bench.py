@@ -36,6 +36,7 @@ from edged.errors import ColdStartError, UsageError
 from edged.model import LoadedModel
 from edged.tools import bench_rows as rows
 from edged.tools.bench_cameras import CameraKind, format_rows, run_cameras
+from edged.tools.bench_config import write_config
 from edged.tools.scenes import SceneGenerator
 
 ROW_TITLES = {
@@ -356,9 +357,12 @@ def cold_start(
         seqs = []
         with tempfile.TemporaryDirectory(prefix="edged-cold-") as tmp:
             folder = Path(tmp)
+            camera = _cold_source(folder, source)
             for _ in range(trials):
                 endpoint = f"tcp://127.0.0.1:{_free_port()}"
-                config = write_config(folder, model, endpoint, source=source, spinning=spinning)
+                config = write_config(
+                    folder / "edged.toml", model, endpoint, camera, spinning=spinning, cache=folder / "optimized.onnx"
+                )
                 for stale in folder.glob("optimized.onnx*"):
                     stale.unlink()
                 for runs in seconds.values():
@@ -378,23 +382,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_config(folder: Path, model: Path, endpoint: str, *, source: str, spinning: Spinning) -> Path:
-    """A minimal daemon config: the source, the model, the optimised-model cache, the endpoint."""
+def _cold_source(folder: Path, source: str) -> str:
+    """The cold start's one camera at 30 fps: synthetic, or an image folder of one scene PNG written into ``folder``."""
     if source == "synthetic":
-        camera = 'type = "synthetic", width = 1280, height = 720'
-    else:
-        (folder / "frames").mkdir(exist_ok=True)
-        cv2.imwrite(str(folder / "frames" / "scene.png"), SceneGenerator(1280, 720, seed=0).render(0).image)
-        camera = f'type = "images", path = {json.dumps(str(folder / "frames"))}'
-    cache = json.dumps(str(folder / "optimized.onnx"))
-    path = folder / "edged.toml"
-    path.write_text(
-        f"source = {{{camera}, fps = 30}}\nmodel = {{path = {json.dumps(str(model.resolve()))}}}\n"
-        f'runtime = {{optimized_model_path = {cache}, spinning = "{spinning}"}}\n'
-        f'publish = {{endpoints = [{json.dumps(endpoint)}]}}\nservice = {{log_level = "warning"}}\n'
-        'http = {listen = ""}\n'
-    )
-    return path
+        return '[source]\ntype = "synthetic"\nwidth = 1280\nheight = 720\nfps = 30\n'
+    (folder / "frames").mkdir(exist_ok=True)
+    cv2.imwrite(str(folder / "frames" / "scene.png"), SceneGenerator(1280, 720, seed=0).render(0).image)
+    return f'[source]\ntype = "images"\npath = {json.dumps(str(folder / "frames"))}\nfps = 30\n'
 
 
 def _first_message(config: Path, endpoint: str) -> tuple[float, int]:

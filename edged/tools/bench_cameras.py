@@ -33,6 +33,7 @@ import zmq
 from edged.config import Spinning
 from edged.errors import ColdStartError
 from edged.messages import DetectionsMessage, parse_message
+from edged.tools.bench_config import write_config
 from edged.tools.scenes import SceneGenerator
 
 ARRANGEMENTS = ("one process", "separate processes")
@@ -64,17 +65,6 @@ def source_table(name: str, kind: CameraKind, fps: float, clip: Path) -> str:
     else:
         keys = f'type = "file"\npath = {json.dumps(str(clip))}\nloop = true\nrealtime = true\n'
     return f'[[source]]\ncamera_id = "{name}"\n{keys}'
-
-
-def write_config(path: Path, model: Path, endpoint: str, tables: str, *, spinning: Spinning) -> Path:
-    """A daemon config: the cameras' ``[[source]]`` tables, the model, the endpoint."""
-    path.write_text(
-        tables + f"[model]\npath = {json.dumps(str(model.resolve()))}\n"
-        f'[runtime]\nspinning = "{spinning}"\n'
-        f"[publish]\nendpoints = [{json.dumps(endpoint)}]\n"
-        '[service]\nlog_level = "warning"\n[thermal]\nenabled = false\n[http]\nlisten = ""\n'
-    )
-    return path
 
 
 def cpu_s(pid: int) -> float:
@@ -116,7 +106,7 @@ def measure(
             for i, group in enumerate(groups):
                 endpoint = f"ipc://{tmp}/{i}.sock"
                 tables = "".join(source_table(name, kind, fps, clip) for name in group)
-                config = write_config(Path(tmp) / f"{i}.toml", model, endpoint, tables, spinning=spinning)
+                config = write_config(Path(tmp) / f"{i}.toml", model, endpoint, tables, spinning=spinning, thermal=False)
                 sub.connect(endpoint)
                 argv = [sys.executable, "-m", "edged", "run", "--config", str(config)]
                 children.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
