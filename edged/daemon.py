@@ -515,7 +515,8 @@ class Daemon:
 
     def health_problem(self) -> str | None:
         """Why the watchdog would not ping now, for ``/healthz``; None when it would."""
-        return self.health.problem({camera.id: camera.capture.stats() for camera in self.serving()})
+        cameras = {camera.id: camera.capture.stats() for camera in self.serving()}
+        return self.health.problem(cameras, self.lanes.inferring())
 
     # ---- reloads -----------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 READY=1 goes out once the first frame is processed (the model, the contract and the camera all
 work), or as soon as the camera is known to be missing, so that a start with the camera unplugged
 is up and honest about it rather than timed out. The watchdog pings only while the loop turns and
-frames flow, or while a reconnect is alive, on any of the cameras.
+frames flow, or while a reconnect is alive, on any of the cameras, and no camera's frame has been
+stuck in inference on a lane (`edged.lanes`) for longer than the stall timeout.
 """
 
 from __future__ import annotations
@@ -37,20 +38,26 @@ class Health:
         self.ready = True
         return True
 
-    def healthy(self, cameras: Mapping[str, CaptureStats]) -> bool:
-        """The loop turns, and frames flow or a reconnect is alive, on any camera."""
-        return self.problem(cameras) is None
+    def healthy(self, cameras: Mapping[str, CaptureStats], inferring: Mapping[str, int] | None = None) -> bool:
+        """The loop turns, and frames flow or a reconnect is alive, on any camera; no inference hangs."""
+        return self.problem(cameras, inferring) is None
 
-    def problem(self, cameras: Mapping[str, CaptureStats]) -> str | None:
+    def problem(self, cameras: Mapping[str, CaptureStats], inferring: Mapping[str, int] | None = None) -> str | None:
         """Why the watchdog would not ping now, or None when it would (``/healthz`` says it).
 
         One camera progressing is enough: a lost camera must not restart the others, and its
-        state is in its own status message. A capture thread that died is a problem whatever
-        the others do, since only a restart brings that camera back.
+        state is in its own status message. A capture thread that died, or a frame stuck in
+        inference on a lane (``inferring``: since when, by camera, on this clock), is a problem
+        whatever the others do: only a restart brings that camera back, and a hung accelerator
+        may take the others next.
         """
         now = self._clock()
         if now - self.loop_ns > self._limit_ns:
             return f"the loop has not turned for {(now - self.loop_ns) / 1e9:.1f} s"
+        hung = {name: now - since for name, since in (inferring or {}).items() if now - since > self._limit_ns}
+        if hung:
+            name = max(hung, key=hung.__getitem__)
+            return f"a frame of camera {name} has been in inference for {hung[name] / 1e9:.1f} s: a hung model or provider"
         dead = [name for name, capture in cameras.items() if not capture.alive and capture.state != "ended"]
         if dead:
             return f"the capture thread of camera {', '.join(dead)} died: only a restart brings the camera back"

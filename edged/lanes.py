@@ -17,6 +17,7 @@ the lane: a single camera pays no hand-over.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 from edged.camera import Camera
@@ -41,7 +42,7 @@ class Lanes:
         self._todo: deque[tuple[Camera, Frame]] = deque()
         self._done: deque[tuple[Camera, Outcome | Exception]] = deque()
         self._carrying: set[Camera] = set()  # submitted and not yet collected
-        self._running = 0  # frames a lane thread is working on
+        self._running: dict[str, int] = {}  # camera id -> when a lane thread started its frame (monotonic ns)
         self._closed = False
         for index in range(count if count > 1 else 0):
             threading.Thread(target=self._work, name=f"edged-lane{index}", daemon=True).start()
@@ -84,6 +85,12 @@ class Lanes:
             self._cond.wait_for(lambda: not self._todo and not self._running, timeout_s)
         return self.collect()
 
+    def inferring(self) -> dict[str, int]:
+        """Since when (monotonic ns), by camera, each frame a lane thread is working on has run:
+        the watchdog's view of a hung run (`edged.health`)."""
+        with self._cond:
+            return dict(self._running)
+
     def close(self) -> None:
         """Stop the lane threads once their frames are done; a frame still running is abandoned to
         exit (the threads are daemons, as a capture thread stuck in a camera call is)."""
@@ -98,10 +105,10 @@ class Lanes:
                 if not self._todo:
                     return
                 camera, frame = self._todo.popleft()
-                self._running += 1
+                self._running[camera.id] = time.monotonic_ns()
             outcome = _run(camera, frame)
             with self._cond:
-                self._running -= 1
+                del self._running[camera.id]
                 self._done.append((camera, outcome))
                 self._cond.notify_all()
             self._wake.set()

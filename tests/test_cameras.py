@@ -84,6 +84,16 @@ def detections(d: RunningDaemon, per_camera: dict[str, int], timeout: float = 60
     raise AssertionError(f"got { ({k: len(v) for k, v in got.items()}) } of {per_camera}:\n{d.log()}")
 
 
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
 def test_three_cameras_of_different_sizes_each_publish_on_their_own_topic_with_gapless_seq(workdir: Path) -> None:
     d = start(workdir, [small(), wide(), stills()])
     try:
@@ -112,17 +122,17 @@ def test_three_cameras_of_different_sizes_each_publish_on_their_own_topic_with_g
 
 
 def test_a_fast_camera_does_not_starve_a_slow_one(workdir: Path) -> None:
-    """The loop is kept busy: the fast camera's bright frames take the model about 10 ms each
-    (a Loop in the graph spins in proportion to brightness) and it delivers 240 fps, so it has a
-    frame ready whenever the loop comes round. The slow camera (5 fps, dark
-    frames) still has at least 90 % of the frames it delivered processed (a loop that
-    always served the first camera with a frame managed about 70 %), and the fast one takes the
-    rest of the time."""
+    """One inference lane, so the cameras compete for it, and it is kept busy: the fast camera's
+    bright frames take the model about 10 ms each (a Loop in the graph spins in proportion to
+    brightness) and it delivers 240 fps, so it has a frame ready whenever the lane comes free.
+    The slow camera (5 fps, dark frames) still has at least 90 % of the frames it delivered
+    processed (a loop that always served the first camera with a frame managed about 70 %),
+    and the fast one takes the rest of the time."""
     stalling_probe(workdir / "busy.onnx", iterations_when_bright=20_000)
     (workdir / "bright").mkdir()
     cv2.imwrite(str(workdir / "bright" / "white.png"), np.full((96, 128, 3), 255, np.uint8))
     fast = {"type": "images", "camera_id": "fast", "path": "bright", "fps": 240.0}
-    d = start(workdir, [fast, stills()], model="busy.onnx")
+    d = start(workdir, [fast, stills()], model="busy.onnx", runtime={"inference_lanes": 1})
     try:
         first = d.wait_status(lambda s: s.camera_id == "stills" and s.frames_processed >= 3, timeout=60)
         last = d.wait_status(lambda s: s.camera_id == "stills" and s.uptime_s >= first.uptime_s + 4.0, timeout=60)
@@ -134,6 +144,32 @@ def test_a_fast_camera_does_not_starve_a_slow_one(workdir: Path) -> None:
         assert processed >= 0.9 * delivered, (processed, delivered)
         assert busy.fps > 2 * last.fps, (busy.fps, last.fps)  # the fast one got the rest
         assert busy.latency["inference"].p50_ms > 3.0, busy.latency  # the loop really was kept busy
+    finally:
+        d.close()
+
+
+def test_a_camera_whose_inference_hangs_leaves_the_other_flowing_and_stops_the_watchdog(workdir: Path) -> None:
+    """Two lanes: the stuck camera's white frame wedges its lane inside ONNX Runtime (a Loop of
+    10^12 iterations), the other camera's dark frames keep flowing on the other lane; after
+    ``stall_timeout_s`` /healthz (the watchdog's own test) names the hung camera, so systemd
+    restarts edged however well the other camera does. With one lane the other camera stops."""
+    stalling_probe(workdir / "stall.onnx")
+    (workdir / "white").mkdir()
+    cv2.imwrite(str(workdir / "white" / "white.png"), np.full((96, 128, 3), 255, np.uint8))
+    stuck = {"type": "images", "camera_id": "stuck", "path": "white", "fps": 5.0}
+    port = free_port()
+    d = start(workdir, [stuck, small()], model="stall.onnx", listen=f"127.0.0.1:{port}")
+    try:
+        wedged = d.wait_status(lambda s: s.camera_id == "stuck" and s.capture is not None and s.capture.frames_captured >= 2)
+        assert wedged.frames_processed == 0, wedged
+        before = d.wait_status(lambda s: s.camera_id == "small")
+        after = d.wait_status(lambda s: s.camera_id == "small" and s.frames_processed >= before.frames_processed + 10)
+        still = d.wait_status(lambda s: s.camera_id == "stuck" and s.seq > wedged.seq)
+        assert still.frames_processed == 0 and after.frames_processed > before.frames_processed, (still, after)
+        assert wait_for(lambda: _get(port, "/healthz")[0] == 503, timeout_s=30), _get(port, "/healthz")
+        body = _get(port, "/healthz")[1].decode()
+        assert "a frame of camera stuck has been in inference" in body, body
+        assert d.stop(timeout=30) == 0, d.log()  # a stop abandons the wedged lane instead of waiting for it
     finally:
         d.close()
 
@@ -236,16 +272,6 @@ def test_duplicate_camera_ids_are_refused_naming_the_id(workdir: Path) -> None:
         result = run_cli(command, "--config", str(config))
         assert result.returncode == EXIT_CONFIG, result.stderr
         assert "camera_id 'small' is used by more than one [[source]]" in result.stderr
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 def test_status_json_and_metrics_cover_every_camera(workdir: Path) -> None:

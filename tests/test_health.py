@@ -109,3 +109,16 @@ def test_one_camera_progressing_keeps_the_watchdog_pinging_and_a_dead_one_does_n
     health.loop_turned()
     both_stuck = {"top": _capture(last_progress_ns=0), "side": _capture("lost", last_progress_ns=0)}
     assert health.problem(both_stuck) == "no frame processed for 15.0 s (top ok, side lost)"
+
+
+def test_a_frame_stuck_in_inference_on_a_lane_stops_the_pings_however_the_others_flow() -> None:
+    clock = Clock()
+    health = Health(10.0, clock)
+    clock.ns = 15 * S
+    health.loop_turned()
+    health.frame_done()  # the other camera's frames keep coming
+    cameras = {"top": _capture(), "side": _capture()}
+    assert health.problem(cameras, {"side": 6 * S}) is None  # 9 s in inference: not yet
+    assert health.problem(cameras, {"side": 4 * S, "top": 2 * S}) == (
+        "a frame of camera top has been in inference for 13.0 s: a hung model or provider"
+    )

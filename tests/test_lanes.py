@@ -1,0 +1,89 @@
+"""Inference lanes on a real model: each camera's frame through its own path, on the loop's thread
+with one lane and on lane threads with more; results collected in the order they finish."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from onnx_models import colour_probe, failing_probe, solid_frame
+
+from edged.camera import Camera
+from edged.capture import Capture
+from edged.config import ModelConfig, RuntimeConfig
+from edged.errors import ModelError
+from edged.lanes import Lanes
+from edged.model import LoadedModel, load_model
+from edged.pipeline import FramePath, Processed
+from edged.sources import Frame, open_source
+from edged.sources.synthetic import SyntheticSourceConfig
+
+RED, BLUE = (0, 0, 255), (255, 0, 0)
+
+
+def _camera(model: LoadedModel, name: str) -> Camera:
+    """A camera whose capture is never started: the lanes only run its path."""
+    cfg = SyntheticSourceConfig(camera_id=name)
+    return Camera(cfg, Capture(lambda: open_source(cfg), name), FramePath(model, name, "bgr"), 0.0)
+
+
+def _frame(colour: tuple[int, int, int], frame_id: int) -> Frame:
+    return Frame(solid_frame(colour), frame_id, 0, 0, "bgr")
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> LoadedModel:
+    return load_model(ModelConfig(path=colour_probe(tmp_path / "probe.onnx")), RuntimeConfig())
+
+
+def test_one_lane_runs_the_frame_on_the_callers_thread_and_holds_the_camera_until_collected(model: LoadedModel) -> None:
+    wake = threading.Event()
+    lanes = Lanes(1, wake)
+    red = _camera(model, "red")
+    threads = threading.active_count()
+    lanes.submit(red, _frame(RED, 7))
+    assert threading.active_count() == threads  # no lane thread: the result is here already
+    assert lanes.carrying(red) and lanes.idle == 0
+    [(camera, outcome)] = lanes.collect()
+    assert camera is red and isinstance(outcome, Processed)
+    assert outcome.frame.frame_id == 7 and outcome.detections.class_ids.tolist() == [0]
+    assert not lanes.carrying(red) and lanes.idle == 1 and lanes.collect() == []
+    lanes.close()
+
+
+def test_two_lanes_run_two_cameras_each_through_its_own_path(model: LoadedModel) -> None:
+    wake = threading.Event()
+    lanes = Lanes(2, wake)
+    red, blue = _camera(model, "red"), _camera(model, "blue")
+    try:
+        lanes.submit(red, _frame(RED, 1))
+        lanes.submit(blue, _frame(BLUE, 2))
+        assert lanes.idle == 0 and lanes.carrying(red) and lanes.carrying(blue)
+        assert wake.wait(30)  # set when a lane finishes a frame
+        results = dict(lanes.drain(30))
+        assert set(results) == {red, blue}
+        got = {camera.id: outcome for camera, outcome in results.items()}
+        assert all(isinstance(outcome, Processed) for outcome in got.values())
+        assert got["red"].frame.frame_id == 1 and got["red"].detections.class_ids.tolist() == [0]
+        assert got["blue"].frame.frame_id == 2 and got["blue"].detections.class_ids.tolist() == [1]
+        assert lanes.idle == 2 and lanes.inferring() == {}
+    finally:
+        lanes.close()
+
+
+def test_an_error_on_a_lane_is_raised_by_the_collect_that_would_have_returned_its_result(tmp_path: Path) -> None:
+    """A model that loads but fails on every run, its warm-up included, cannot plan a frame size:
+    the ModelError the daemon turns into exit 78 must reach the loop's thread, once."""
+    broken = load_model(ModelConfig(path=failing_probe(tmp_path / "broken.onnx", brighter_than=-1.0)), RuntimeConfig())
+    wake = threading.Event()
+    lanes = Lanes(2, wake)
+    camera = _camera(broken, "cam0")
+    try:
+        lanes.submit(camera, _frame(RED, 0))
+        assert wake.wait(30)  # set once the lane has put its outcome where collect finds it
+        with pytest.raises(ModelError, match="fails on its first run"):
+            lanes.collect()
+        assert not lanes.carrying(camera) and lanes.collect() == []
+    finally:
+        lanes.close()
