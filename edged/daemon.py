@@ -1,10 +1,11 @@
 """The daemon: composes the cameras and the stages from the settings, runs the loop, stops cleanly.
 
 Each camera (`edged.camera.Camera`) has its capture thread, its frame path on the one shared
-model, its counters and sequence numbers. The loop serves the cameras in turn: of those whose
-rate cap allows a frame and that have one ready, the one served longest ago goes first, so a
-fast camera cannot starve a slow one; with nothing ready it waits for any capture thread's
-hand-over. In request mode (`edged.trigger`, one camera) it instead answers each request with a
+model, its counters and sequence numbers. The loop hands the cameras' frames to the inference
+lanes (`edged.lanes`) in turn: of those whose rate cap allows a frame, that are on no lane and
+have one ready, the one served longest ago goes first, so a fast camera cannot starve a slow
+one; it counts and publishes each result on its own thread, and with nothing to do waits for
+any capture thread's hand-over or lane's result. In request mode (`edged.trigger`, one camera) it instead answers each request with a
 frame captured after the request arrived. Between frames it does the slow housekeeping: thermal
 polls, status messages, the rate caps, config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
 `edged.health`, `edged.status`, `edged.reload`); this one only wires them and turns the loop.
