@@ -16,7 +16,6 @@ evict or overwrite the other's. A plan costs its input tensor, output buffers an
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Literal, get_args
@@ -29,11 +28,12 @@ from edged.ratecap import RateCap
 from edged.sources import Frame, open_source
 from edged.sources.base import SourceBase
 from edged.stats import RunStats
+from edged.wake import Waker
 
 Topic = Literal["detections", "verdict", "status"]  # a camera's topics, each with a seq of its own
 
 
-def start_capture(cfg: SourceBase, priority: CapturePriority, wake: threading.Event) -> Capture:
+def start_capture(cfg: SourceBase, priority: CapturePriority, wake: Waker) -> Capture:
     """The camera's capture thread, started: it opens the camera while the model loads."""
     capture = Capture(lambda: open_source(cfg), cfg.camera_id, priority=priority, wake=wake)
     capture.start()

@@ -34,6 +34,7 @@ from edged.errors import EdgedError, SourceError
 from edged.latest import LatestFrame, Shape
 from edged.messages import CaptureState
 from edged.sources import Frame, Source, SplitSource, paces, splits_reading, stamps, times_out
+from edged.wake import Waker
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class Capture:
         decode_all: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
         wait: Callable[[float], bool] | None = None,
-        wake: threading.Event | None = None,
+        wake: Waker | None = None,
     ) -> None:
         self._factory = source_factory
         self._priority = priority

@@ -5,9 +5,10 @@ model, its counters and sequence numbers. The loop hands the cameras' frames to 
 lanes (`edged.lanes`) in turn: of those whose rate cap allows a frame, that are on no lane and
 have one ready, the one served longest ago goes first, so a fast camera cannot starve a slow
 one; it counts and publishes each result on its own thread, and with nothing to do waits for
-any capture thread's hand-over or lane's result. In request mode (`edged.trigger`, one camera) it instead answers each request with a
-frame captured after the request arrived. Between frames it does the slow housekeeping: thermal
-polls, status messages, the rate caps, config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
+any capture thread's hand-over or lane's result (`edged.wake`). In request mode (`edged.trigger`,
+one camera) it instead answers each request with a frame captured after the request arrived.
+Between frames it does the slow housekeeping: thermal polls, status messages, the rate caps,
+config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
 `edged.health`, `edged.status`, `edged.reload`); this one only wires them and turns the loop.
 The HTTP server (`edged.http`) gets the status as it is published, a frame only when its live
 view asks for one, and asks the health policy itself.
@@ -16,7 +17,6 @@ view asks for one, and asks the health policy itself.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from edged.sources.base import SourceBase
 from edged.status import Snapshot, summary_line
 from edged.thermal import ThermalReport, ThermalWatch
 from edged.trigger import Request, TriggerServer
+from edged.wake import Wake
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class Daemon:
         self.notifier = notifier
         self.signals = signals
         self.health = Health(settings.service.stall_timeout_s)
-        self._wake = threading.Event()  # set by every capture thread's hand-over
+        self._wake = Wake()  # set by every capture thread's hand-over and every lane's result
         # The cameras open (or the scene pool is drawn) while the model loads: cold start pays
         # for the slower of the two, not their sum.
         captures = {cfg.camera_id: self._start_capture(cfg) for cfg in settings.source}

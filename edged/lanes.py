@@ -23,6 +23,7 @@ from collections import deque
 from edged.camera import Camera
 from edged.pipeline import Processed, Rejected
 from edged.sources import Frame
+from edged.wake import Waker
 
 Outcome = Processed | Rejected
 
@@ -35,7 +36,7 @@ class Lanes:
     size at all) is raised again by the `collect` that would have returned its result.
     """
 
-    def __init__(self, count: int, wake: threading.Event) -> None:
+    def __init__(self, count: int, wake: Waker) -> None:
         self.count = count
         self._wake = wake
         self._cond = threading.Condition()

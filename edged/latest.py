@@ -20,6 +20,7 @@ import numpy as np
 from edged.demand import Demand
 from edged.errors import SourceError
 from edged.sources import Frame
+from edged.wake import Waker
 
 SLOT_COUNT = 3  # one being written, one latest, one held by the consumer
 
@@ -63,7 +64,7 @@ class LatestFrame:
     one event for all of them.
     """
 
-    def __init__(self, clock: Callable[[], int] = time.monotonic_ns, wake: threading.Event | None = None) -> None:
+    def __init__(self, clock: Callable[[], int] = time.monotonic_ns, wake: Waker | None = None) -> None:
         self._clock = clock
         self._wake = wake
         self._cond = threading.Condition(threading.Lock())

@@ -1,0 +1,48 @@
+"""The loop's wake-up: one wait for frames, results and requests.
+
+Capture threads set it on every hand-over (`edged.latest`) and lanes on every result
+(`edged.lanes`); the loop waits on it together with the request sockets (`edged.trigger`), so
+whichever comes first ends the wait. A socket pair, rather than a `threading.Event`, is what a
+``select`` can wait on beside ZeroMQ sockets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import zmq
+
+
+class Waker(Protocol):
+    """What a thread that has something for the loop calls: a `Wake`, or a `threading.Event`."""
+
+    def set(self) -> None: ...
+
+
+class Wake:
+    """A flag other threads set and the loop waits on, alone or with sockets; cleared by the loop."""
+
+    def __init__(self) -> None:
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+
+    def set(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):  # already set (the pair is full), or closed
+            self._w.send(b"\0")
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while self._r.recv(4096):
+                pass
+
+    def wait(self, timeout_s: float, sockets: Sequence[Any] = ()) -> None:
+        """Until set, one of ``sockets`` (ZeroMQ sockets or file-like) is readable, or ``timeout_s``."""
+        zmq.select([self._r, *sockets], [], [], max(0.0, timeout_s))
+
+    def close(self) -> None:
+        self._r.close()
+        self._w.close()
