@@ -32,7 +32,7 @@ from edged.lograte import LogRate
 from edged.messages import TriggerError, VerdictMessage
 from edged.model import LoadedModel, load_model
 from edged.mqtt import MqttOutput
-from edged.pipeline import Processed, Rejected, frame_path, verdict_message
+from edged.pipeline import Processed, Rejected, camera_zones, frame_path, verdict_message
 from edged.prometheus import CameraStatus
 from edged.publish import Publisher, detections_topic, status_topic, verdict_topic
 from edged.reload import Replacement, load_replacement
@@ -111,8 +111,7 @@ class Daemon:
         return start_capture(cfg, self.settings.runtime.capture_priority, self._wake)
 
     def _http_server(self, cfg: HttpConfig) -> HttpServer:
-        inspect = self.settings.inspect
-        return HttpServer(cfg, self.health_problem, inspect.zones if inspect else {})
+        return HttpServer(cfg, self.health_problem, camera_zones(self.settings))
 
     def _start_mqtt(self) -> MqttOutput | None:
         cfg = self.settings.mqtt
@@ -408,12 +407,12 @@ class Daemon:
     ) -> tuple[bytes | None, VerdictMessage | None]:
         """To ZeroMQ and MQTT, each unless the frame found nothing and that output skips empty frames
         (a triggered frame always goes out), with its verdict message beside it; and the frame with
-        its message to the live view when it shows this camera and wants a frame. Returns the
-        payload and verdict published, if any."""
+        its message to the camera's live view when someone watches it and it wants a frame. Returns
+        the payload and verdict published, if any."""
         found = len(done.detections) > 0 or triggered
         to_zmq = found or self.settings.publish.publish_empty
         mqtt = self.mqtt if self.mqtt is not None and (found or self.mqtt.cfg.publish_empty) else None
-        show = camera.id == self.settings.source[0].camera_id and self.http.view.wants_frame()
+        show = self.http.wants_frame(camera.id)
         if not (to_zmq or mqtt or show):
             return None, None
         state = self.report.state if self.report else "unknown"
@@ -434,7 +433,7 @@ class Daemon:
                 if verdict_payload:
                     mqtt.send("verdict", verdict_payload, camera.id)
         if show:
-            self.http.view.offer(done.frame, msg)
+            self.http.offer(camera.id, done.frame, msg)
         return payload, verdict
 
     def snapshot(self, camera: Camera) -> Snapshot:
@@ -665,7 +664,7 @@ class Daemon:
                 log.error("MQTT output off until the next reload: %s", e)
         if new.http == old.http:
             self._reload_http_token()
-            self.http.view.show_zones(new.inspect.zones if new.inspect else {})
+            self.http.follow_cameras(camera_zones(new))
             return
         try:
             http = self._http_server(new.http)

@@ -2,13 +2,14 @@
 
 Served by the daemon itself on ``http.listen`` (loopback by default) with the standard library's
 threading server: one thread per request, a bounded number of connections, and stream viewers
-that stop reading dropped after ``send_timeout_s``. Nothing here slows the loop: the loop offers
-frames to the `LiveView` only while someone watches, hands over the status once per status
-interval, and never waits for a client.
+that stop reading dropped after ``send_timeout_s``. Nothing here slows the loop: each camera has
+a `LiveView` of its own, the loop offers a camera's frames to it only while someone watches that
+camera, hands over the status once per status interval, and never waits for a client.
 
 Endpoints: ``/`` (the page), ``/stream.mjpg`` (multipart JPEG), ``/snapshot.jpg``,
 ``/status.json`` (the last status message), ``/verdicts.json`` (the latest verdicts, with
-``[inspect]``), ``/metrics`` and ``/healthz``. On anything but
+``[inspect]``), each of the first camera or, with ``?camera=ID``, of that one; ``/cameras.json``
+(every camera's state and verdicts at a glance), ``/metrics`` and ``/healthz``. On anything but
 loopback a bearer token is required (``http.token_file``), as ``Authorization: Bearer`` or
 ``?token=`` (a browser's only way for an image).
 
@@ -19,6 +20,7 @@ retried every `BIND_RETRY_S`.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import json
@@ -36,9 +38,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import Field, field_validator
 
 from edged.keys import read_token
-from edged.messages import StatusMessage
+from edged.messages import DetectionsMessage, StatusMessage
 from edged.prometheus import CameraStatus, Metrics
 from edged.sections import Section
+from edged.sources import Frame
+from edged.stats import VerdictCounts
 from edged.view import LiveView
 from edged.zones import Point
 
@@ -50,6 +54,8 @@ REQUEST_TIMEOUT_S = 10.0  # a client that does not finish sending its request in
 SNAPSHOT_WAIT_S = 5.0
 STREAM_SEND_BUFFER = 256 * 1024  # bytes queued in the kernel per viewer (Linux doubles it): a few frames
 BOUNDARY = "frame"
+
+CameraZones = Mapping[str, Mapping[str, Sequence[Point]]]  # camera id -> the zones its view draws
 
 
 class HttpConfig(Section):
@@ -67,7 +73,9 @@ class HttpConfig(Section):
     view_fps: float = Field(5.0, gt=0, le=30, description="Most live-view frames encoded per second (only while watched).")
     view_width: int = Field(960, ge=160, le=3840, description="The live view is scaled down to at most this width.")
     jpeg_quality: int = Field(70, ge=10, le=100, description="JPEG quality of the live view and snapshots.")
-    max_viewers: int = Field(8, ge=1, le=MAX_CONNECTIONS - 4, description="Live streams served at once; more get 503.")
+    max_viewers: int = Field(
+        8, ge=1, le=MAX_CONNECTIONS - 4, description="Live streams served at once, of all cameras together; more get 503."
+    )
     send_timeout_s: float = Field(5.0, gt=0, le=60, description="A viewer that takes no data for this long is dropped.")
 
     @field_validator("listen")
@@ -112,18 +120,21 @@ def is_loopback(host: str) -> bool:
 class HttpServer:
     """The server of one configuration; `start` binds it in the background, `close` stops it."""
 
-    def __init__(self, cfg: HttpConfig, health: Callable[[], str | None], zones: Mapping[str, Sequence[Point]]) -> None:
-        """``zones``: the ``[inspect]`` zones the live view draws."""
+    def __init__(self, cfg: HttpConfig, health: Callable[[], str | None], cameras: CameraZones) -> None:
+        """``cameras``: each camera's id with the zones its live view draws, the one shown by default first."""
         self.cfg = cfg
         self.health = health
-        self.view = LiveView(cfg.view_fps, cfg.view_width, cfg.jpeg_quality, zones)
         self.metrics = Metrics()
         self.token = read_token(cfg.token_file, "http.token_file") if cfg.token_file else None
-        self.statuses: dict[str, StatusMessage] = {}  # by camera, the page's camera first
+        # By camera: its status and verdicts (None without [inspect]) as last published.
+        self.reports: Mapping[str, tuple[StatusMessage, VerdictCounts | None]] = {}
+        self.views: Mapping[str, LiveView] = {}  # by camera, in configuration order: replaced whole, never changed
+        self._started = False
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._server: _Server | None = None
         self._thread = threading.Thread(target=self._serve, name="edged-http", daemon=True)
+        self.follow_cameras(cameras)
 
     @property
     def stopping(self) -> bool:
@@ -131,31 +142,56 @@ class HttpServer:
 
     def start(self) -> None:
         if self.cfg.listen:
-            self.view.start()
+            self._started = True
+            for view in self.views.values():
+                view.start()
             self._thread.start()
+
+    def follow_cameras(self, cameras: CameraZones) -> None:
+        """The cameras of the running configuration, each with the zones to draw from its next frame
+        on: a camera a reload adds gets a view, one it removes has its view closed, which ends its
+        streams."""
+        views: dict[str, LiveView] = {}
+        for camera, zones in cameras.items():
+            view = self.views.get(camera)
+            if view is None:
+                view = LiveView(self.cfg.view_fps, self.cfg.view_width, self.cfg.jpeg_quality, zones)
+                if self._started:
+                    view.start()
+            else:
+                view.show_zones(zones)
+            views[camera] = view
+        old, self.views = self.views, views
+        for camera, view in old.items():
+            if camera not in views:
+                view.close()
+
+    def wants_frame(self, camera: str) -> bool:
+        """True when a frame of ``camera`` offered now would be shown (`LiveView.wants_frame`): no allocation."""
+        view = self.views.get(camera)
+        return view is not None and view.wants_frame()
+
+    def offer(self, camera: str, frame: Frame, message: DetectionsMessage) -> None:
+        """Copy ``frame`` to ``camera``'s view; call only right after `wants_frame` said yes."""
+        self.views[camera].offer(frame, message)
 
     def reload_token(self) -> None:
         """SIGHUP: read the token file again (a rotated token); raises KeyFileError, keeping the old one."""
         if self.cfg.token_file is not None:
             self.token = read_token(self.cfg.token_file, "http.token_file")
 
-    @property
-    def status(self) -> StatusMessage | None:
-        """The status of the camera the page and the live view show: the first."""
-        return next(iter(self.statuses.values()), None)
-
     def update(self, cameras: Sequence[CameraStatus]) -> None:
         """Each camera's status just published, with its stage histograms and verdicts (None without
         ``[inspect]``) as they were then."""
-        self.verdicts = cameras[0][2] if cameras else None  # set before the status it belongs to
-        self.statuses = {status.camera_id: status for status, _, _ in cameras}
+        self.reports = {status.camera_id: (status, verdicts) for status, _, verdicts in cameras}
         self.metrics.update(cameras)
 
     def close(self) -> None:
         with self._lock:
             self._stopping.set()
             server = self._server
-        self.view.close()
+        for view in self.views.values():
+            view.close()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -228,7 +264,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         owner = self.server.owner
         url = urlsplit(self.path)
-        if owner.token is not None and not self._authorised(owner.token, url.query):
+        params = parse_qs(url.query)
+        if owner.token is not None and not self._authorised(owner.token, params):
             self._send(
                 401,
                 b"a valid token is needed: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
@@ -236,30 +273,51 @@ class _Handler(BaseHTTPRequestHandler):
                 {"WWW-Authenticate": 'Bearer realm="edged"'},
             )
             return
-        route = {
+        of_camera = {
             "/": self._page,
             "/stream.mjpg": self._stream,
             "/snapshot.jpg": self._snapshot,
             "/status.json": self._status,
             "/verdicts.json": self._verdicts,
-            "/metrics": self._metrics,
-            "/healthz": self._healthz,
         }.get(url.path)
-        if route is None:
+        if of_camera is not None:
+            shown = self._camera(owner, params.get("camera", [None])[0], as_json=url.path.endswith(".json"))
+            if shown is not None:
+                of_camera(owner, *shown)
+            return
+        of_all = {"/cameras.json": self._cameras, "/metrics": self._metrics, "/healthz": self._healthz}.get(url.path)
+        if of_all is None:
             self._send(
-                404, b"not found: try /, /stream.mjpg, /snapshot.jpg, /status.json, /verdicts.json, /metrics or /healthz\n"
+                404,
+                b"not found: try /, /stream.mjpg, /snapshot.jpg, /status.json, /verdicts.json (each with ?camera=ID), "
+                b"/cameras.json, /metrics or /healthz\n",
             )
             return
-        route(owner)
+        of_all(owner)
 
-    def _authorised(self, token: str, query: str) -> bool:
+    def _authorised(self, token: str, params: Mapping[str, list[str]]) -> bool:
         given = ""
         header = self.headers.get("Authorization", "")
         if header.startswith("Bearer "):
             given = header[len("Bearer ") :].strip()
-        elif "token" in (params := parse_qs(query)):
+        elif "token" in params:
             given = params["token"][0]
         return hmac.compare_digest(given.encode(), token.encode())
+
+    def _camera(self, owner: HttpServer, wanted: str | None, *, as_json: bool) -> tuple[str, LiveView] | None:
+        """The camera ``?camera=`` names, or the first without it, with its view; None once an
+        unknown one has been answered with a 404 naming the cameras."""
+        views = owner.views
+        camera = next(iter(views), "") if wanted is None else wanted
+        view = views.get(camera)
+        if view is not None:
+            return camera, view
+        error = f"no camera {camera!r}: cameras are {', '.join(views)}"
+        if as_json:
+            self._send(404, json.dumps({"error": error}).encode(), "application/json")
+        else:
+            self._send(404, f"{error}\n".encode())
+        return None
 
     def _send(
         self,
@@ -277,27 +335,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _page(self, owner: HttpServer) -> None:
+    def _page(self, owner: HttpServer, camera: str, view: LiveView) -> None:
+        """The page is the same for every camera: its script reads ``?camera=`` (and ``?token=``) from its address."""
         self._send(200, PAGE, "text/html; charset=utf-8")
 
-    def _status(self, owner: HttpServer) -> None:
-        """The first camera's status message, or with ``?camera=ID`` that camera's."""
-        camera = parse_qs(urlsplit(self.path).query).get("camera", [None])[0]
-        status = owner.status if camera is None else owner.statuses.get(camera)
-        if status is None and camera is not None and owner.statuses:
-            known = ", ".join(owner.statuses)
-            self._send(404, json.dumps({"error": f"no camera {camera!r}: cameras are {known}"}).encode(), "application/json")
-            return
-        if status is None:
+    def _status(self, owner: HttpServer, camera: str, view: LiveView) -> None:
+        report = owner.reports.get(camera)
+        if report is None:
             self._send(503, b'{"error": "no status yet"}\n', "application/json")
             return
-        self._send(200, status.model_dump_json().encode(), "application/json")
+        self._send(200, report[0].model_dump_json().encode(), "application/json")
 
-    def _verdicts(self, owner: HttpServer) -> None:
-        if owner.status is None:
+    def _verdicts(self, owner: HttpServer, camera: str, view: LiveView) -> None:
+        report = owner.reports.get(camera)
+        if report is None:
             self._send(503, b'{"error": "no status yet"}\n', "application/json")
             return
-        verdicts = owner.verdicts  # set before the status, so it belongs to this status or a later one
+        verdicts = report[1]
         if verdicts is None:
             self._send(404, b'{"error": "no verdicts: [inspect] is not configured"}\n', "application/json")
             return
@@ -314,6 +368,25 @@ class _Handler(BaseHTTPRequestHandler):
         body = {"ok": verdicts.verdicts["ok"], "ng": verdicts.verdicts["ng"], "latest": latest}
         self._send(200, json.dumps(body).encode(), "application/json")
 
+    def _cameras(self, owner: HttpServer) -> None:
+        """Every camera at a glance, in configuration order: its state, rate and, with ``[inspect]``,
+        its verdicts since start and its latest one (null before its first status or verdict)."""
+        reports = owner.reports
+        cameras = []
+        for camera in owner.views:
+            status, verdicts = reports.get(camera, (None, None))
+            cameras.append(
+                {
+                    "camera_id": camera,
+                    "source_state": status.source_state if status else "starting",
+                    "fps": status.fps if status else None,
+                    "ok": verdicts.verdicts["ok"] if verdicts else None,
+                    "ng": verdicts.verdicts["ng"] if verdicts else None,
+                    "verdict": verdicts.latest[0].verdict if verdicts and verdicts.latest else None,
+                }
+            )
+        self._send(200, json.dumps({"cameras": cameras}).encode(), "application/json")
+
     def _metrics(self, owner: HttpServer) -> None:
         self._send(200, owner.metrics.exposition(), CONTENT_TYPE_LATEST)
 
@@ -324,20 +397,23 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(503, f"{problem}\n".encode())
 
-    def _snapshot(self, owner: HttpServer) -> None:
-        view = owner.view
+    def _snapshot(self, owner: HttpServer, camera: str, view: LiveView) -> None:
         with view.watch():
             got = view.next_jpeg(view.seq, SNAPSHOT_WAIT_S)
+        if got is None and view.closed:
+            self._send(404, f"camera {camera!r} is no longer configured\n".encode())
+            return
         if got is None:
-            state = owner.status.source_state if owner.status else "starting"
-            self._send(503, f"no frame processed within {SNAPSHOT_WAIT_S:.0f} s (camera {state})\n".encode())
+            report = owner.reports.get(camera)
+            state = report[0].source_state if report else "starting"
+            self._send(503, f"no frame processed within {SNAPSHOT_WAIT_S:.0f} s (camera {camera} {state})\n".encode())
             return
         self._send(200, got[1], "image/jpeg")
 
-    def _stream(self, owner: HttpServer) -> None:
-        view = owner.view
-        if view.viewers >= owner.cfg.max_viewers:
-            self._send(503, f"already {view.viewers} viewers (http.max_viewers)\n".encode())
+    def _stream(self, owner: HttpServer, camera: str, view: LiveView) -> None:
+        viewers = sum(v.viewers for v in owner.views.values())
+        if viewers >= owner.cfg.max_viewers:
+            self._send(503, f"already {viewers} viewers (http.max_viewers)\n".encode())
             return
         # A viewer that stops reading fills this buffer, then is dropped after send_timeout_s.
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
@@ -348,7 +424,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         seq = view.seq
         with view.watch():
-            while not owner.stopping:
+            while not (owner.stopping or view.closed):
                 got = view.next_jpeg(seq, 1.0)
                 if got is None:
                     if self._client_gone():  # no frames (camera lost): notice a viewer that left
@@ -360,6 +436,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.write(head + jpeg + b"\r\n")
                 except OSError:  # gone, or stopped reading for send_timeout_s
                     return
+        with contextlib.suppress(OSError):  # a reload removed the camera, or the server stops: the closing delimiter
+            self.wfile.write(f"--{BOUNDARY}--\r\n".encode())
 
     def _client_gone(self) -> bool:
         """True when the viewer has closed its end (readable, and reading finds the end of the stream)."""
@@ -389,9 +467,11 @@ main{display:flex;flex-wrap:wrap;align-items:flex-start;gap:14px;padding:14px}
 section{flex:0 1 300px;min-width:300px}#verdicts td{vertical-align:top}table{border-collapse:collapse;margin-bottom:12px}
 td,th{padding:2px 10px 2px 0;text-align:left;font-variant-numeric:tabular-nums}th{color:#9aa;white-space:nowrap}
 h2{font-size:13px;margin:6px 0;color:#9aa;text-transform:uppercase}
+nav{display:flex;flex-wrap:wrap;gap:6px}nav a{color:inherit;text-decoration:none;border:2px solid transparent}
+nav a.shown{border-color:#e6e6e6;font-weight:bold}
 </style></head><body>
-<header><b>edged</b><span id="camera">&nbsp;</span><span id="state" class="pill">connecting</span>
-<span id="health" class="pill">&nbsp;</span></header>
+<header><b>edged</b><nav id="cameras" hidden></nav><span id="camera">&nbsp;</span>
+<span id="state" class="pill">connecting</span><span id="health" class="pill">&nbsp;</span></header>
 <main><img id="live" alt="live view">
 <section>
 <table>
@@ -410,6 +490,7 @@ h2{font-size:13px;margin:6px 0;color:#9aa;text-transform:uppercase}
 <script>
 "use strict";
 const q = location.search;
+const params = new URLSearchParams(q);
 const $ = (id) => document.getElementById(id);
 $("live").src = "stream.mjpg" + q;
 function rows(id, entries) {
@@ -436,8 +517,29 @@ async function verdicts() {
     if (kind) cell.className = kind;
   }
 }
+async function cameras() {
+  const r = await fetch("cameras.json" + q, {cache: "no-store"});
+  if (!r.ok) return;
+  const list = (await r.json()).cameras;
+  $("cameras").hidden = list.length < 2;
+  if (list.length < 2) return;
+  const shown = params.get("camera") || list[0].camera_id;
+  $("cameras").replaceChildren(...list.map((c) => {
+    const link = new URLSearchParams(params);
+    link.set("camera", c.camera_id);
+    const a = document.createElement("a");
+    a.href = "?" + link;
+    a.dataset.camera = c.camera_id;
+    const kind = c.source_state !== "ok" ? "warn" : c.verdict === "ng" ? "bad" : "ok";
+    a.className = "pill " + kind + (c.camera_id === shown ? " shown" : "");
+    const tally = c.verdict ? " " + c.verdict.toUpperCase() + " (ng " + c.ng + " of " + (c.ok + c.ng) + ")" : "";
+    a.textContent = c.camera_id + " " + c.source_state + tally;
+    return a;
+  }));
+}
 async function tick() {
   try {
+    await cameras();
     const r = await fetch("status.json" + q, {cache: "no-store"});
     if (!r.ok) throw new Error(r.status);
     const s = await r.json();

@@ -302,17 +302,29 @@ def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
     )
 
 
-def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:
-    """The path of camera ``source``'s frames through ``model``, inspected when ``[inspect]`` is
-    set (with the camera's own zones when it has them) or requests are answered with verdicts
-    (request mode without ``[inspect]``: any detection is NG), finding near misses when evidence
-    is saved under ``ng+near``; raises ConfigError for a class named in ``[inspect]`` that the
-    model does not have."""
+def inspection(settings: Settings, source: SourceBase) -> InspectConfig | None:
+    """What camera ``source``'s frames are inspected with: ``[inspect]`` with the camera's own zones
+    when it has them, the defaults when requests are answered with verdicts (request mode without
+    ``[inspect]``: any detection is NG), or None."""
     inspect = settings.inspect
     if inspect is None and settings.trigger.mode == "request":
         inspect = InspectConfig()
     if inspect is not None and source.zones is not None:
         inspect = inspect.model_copy(update={"zones": source.zones})
+    return inspect
+
+
+def camera_zones(settings: Settings) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """Each camera's inspection zones by camera id, in the order of the ``[[source]]`` tables: what
+    its live view draws."""
+    return {source.camera_id: (i.zones if (i := inspection(settings, source)) else {}) for source in settings.source}
+
+
+def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:
+    """The path of camera ``source``'s frames through ``model``, inspected as `inspection` says,
+    finding near misses when evidence is saved under ``ng+near``; raises ConfigError for a class
+    named in ``[inspect]`` that the model does not have."""
+    inspect = inspection(settings, source)
     inspector = None
     if inspect is not None:
         inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)

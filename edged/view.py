@@ -1,4 +1,5 @@
-"""The live view: the latest processed frame with its boxes drawn, as one JPEG shared by every viewer.
+"""The live view of one camera: its latest processed frame with its boxes drawn, as one JPEG shared by
+every viewer of that camera.
 
 The loop offers a frame only when `LiveView.wants_frame` says so: someone is watching, the
 encoder is idle and ``view_fps`` allows another. Otherwise it neither copies nor waits. An offered
@@ -95,6 +96,11 @@ class LiveView:
     @property
     def viewers(self) -> int:
         return self._viewers
+
+    @property
+    def closed(self) -> bool:
+        """True once closed: its camera left the configuration, or the server stopped."""
+        return self._closed
 
     @property
     def seq(self) -> int:

@@ -515,7 +515,7 @@ def test_idle_connections_and_extra_viewers_are_bounded() -> None:
     """More connections than `MAX_CONNECTIONS` are closed at accept, so threads stay bounded; more
     viewers than ``max_viewers`` get 503; the server answers again once the idle ones time out."""
     port = free_port()
-    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=1), health=lambda: None, zones={})
+    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=1), health=lambda: None, cameras={"cam0": {}})
     server.start()
     idle: list[socket.socket] = []
     try:
@@ -523,11 +523,11 @@ def test_idle_connections_and_extra_viewers_are_bounded() -> None:
         stream = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         stream.request("GET", "/stream.mjpg")
         assert stream.getresponse().status == 200
-        assert wait_for(lambda: server.view.viewers == 1, 10)
+        assert wait_for(lambda: server.views["cam0"].viewers == 1, 10)
         status, _, body = get(port, "/stream.mjpg")
         assert status == 503 and b"max_viewers" in body
         stream.close()
-        assert wait_for(lambda: server.view.viewers == 0, 10)  # noticed at its next frame or wake-up
+        assert wait_for(lambda: server.views["cam0"].viewers == 0, 10)  # noticed at its next frame or wake-up
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS)]  # never send a request
         extra = socket.create_connection(("127.0.0.1", port))
         extra.settimeout(10)
