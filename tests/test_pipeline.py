@@ -11,11 +11,11 @@ import pytest
 from allocations import NumpyAllocations
 from onnx_models import colour_probe, fixed_scene, solid_frame
 
-from edged.config import InspectConfig, ModelConfig, RuntimeConfig
+from edged.config import ModelConfig, RuntimeConfig
 from edged.model import load_model
 from edged.pipeline import MAX_PLANS, FramePath, FramePipeline, Processed, Rejected, verdict_message
 from edged.sources import Frame
-from edged.verdict import Inspector
+from edged.verdict import InspectConfig, Inspector
 
 # In a 64x64 input; a 128x96 frame maps x * 2, (y - 8) * 2. Centres in the frame's fractions:
 SCENE = [
