@@ -19,8 +19,8 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
 )
 from edged.errors import ConfigError
 from edged.sources import SOURCES
-from edged.sources.file import FileSourceConfig
 from edged.sources.base import SourceBase
+from edged.sources.file import FileSourceConfig
 from edged.sources.images import ImagesSourceConfig
 from edged.sources.synthetic import SyntheticSourceConfig
 
@@ -454,7 +454,7 @@ def test_a_cameras_zones_key_is_short_for_its_inspect_zones(tmp_path: Path) -> N
     # Without [inspect], zones make their camera inspected like any key of its own.
     alone = _cameras(tmp_path, CAMERAS.replace("max_fps = 5", f"max_fps = 5\nzones = {zone}"))
     assert alone.inspect_for(alone.source[0]) is not None and alone.inspect_for(alone.source[1]) is None
-    with pytest.raises(ConfigError, match="camera top gives its zones twice, as zones and as inspect.zones"):
+    with pytest.raises(ConfigError, match=r"camera top gives its zones twice, as zones and as inspect\.zones"):
         _cameras(tmp_path, CAMERAS.replace("max_fps = 5", f"max_fps = 5\nzones = {zone}\n[source.inspect]\nzones = {zone}"))
     with pytest.raises(ConfigError, match="zone 'a' has 2 point"):
         _cameras(tmp_path, CAMERAS.replace("max_fps = 5", "max_fps = 5\nzones = { a = [[0, 0], [1, 0]] }"))
