@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from functools import reduce
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar, get_args
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
@@ -39,12 +39,13 @@ from edged.sections import Section
 from edged.sources import SOURCES
 from edged.sources.base import SourceBase, mask_credentials
 from edged.sources.synthetic import SyntheticSourceConfig
-from edged.zones import ZoneName, usable_zones
+from edged.verdict import InspectConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
 ENV_PREFIX = "EDGED_"  # EDGED_<SECTION>__<KEY> overrides a key
 
 log = logging.getLogger(__name__)
+SectionT = TypeVar("SectionT", bound=BaseModel)
 
 
 # ---- sources ----------------------------------------------------------------------------------
@@ -212,40 +213,7 @@ class PublishConfig(Section):
         return v
 
 
-# ---- inspect, trigger --------------------------------------------------------------------------
-
-Threshold = Annotated[float, Field(gt=0, le=1)]
-
-
-class InspectConfig(Section):
-    """``[inspect]``: what a part must not show. Labels are checked against the model's when it loads."""
-
-    class_conf: dict[str, Threshold] = Field(
-        default_factory=dict, description="Label (or class id) -> minimum score, overriding model.conf for that class."
-    )
-    zones: dict[ZoneName, list[tuple[float, float]]] = Field(
-        default_factory=dict,
-        description="Name -> polygon [[x, y], ...] in fractions of the frame (0..1); none: the whole frame.",
-    )
-    outside_zones: Literal["drop", "keep"] = Field(
-        "drop", description="Detections outside every zone: 'drop' them, or 'keep' them with no zone (never NG)."
-    )
-    match: Literal["centre", "overlap"] = Field(
-        "centre", description="A detection is in a zone when its box centre is inside, or with 'overlap' any of its box."
-    )
-    ng_classes: list[str] | None = Field(
-        None, description="Labels (or class ids) that make a part NG; default: every class."
-    )
-    min_area: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
-        default_factory=dict,
-        description="Label (or class id) -> smallest box, as a fraction of the frame's area, that makes a part NG.",
-    )
-
-    @field_validator("zones")
-    @classmethod
-    def _usable_polygons(cls, v: dict[str, list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
-        usable_zones(v)
-        return v
+# ---- trigger --------------------------------------------------------------------------------
 
 
 class TriggerConfig(Section):
@@ -354,18 +322,12 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _cameras_fit_inspection(self) -> Settings:
-        """Request mode answers with one camera's frame; a camera's zones take effect with ``[inspect]``."""
+        """Request mode answers with one camera's frame."""
         if self.trigger.mode == "request" and len(self.source) > 1:
             raise ValueError(
                 f"trigger.mode = 'request' answers each request with one camera's frame, and there are "
                 f"{len(self.source)} [[source]] tables: run request mode with a single [source]"
             )
-        if self.inspect is None and self.trigger.mode != "request":
-            zoned = [cfg.camera_id for cfg in self.source if cfg.zones is not None]
-            if zoned:
-                raise ValueError(
-                    f"camera {', '.join(zoned)} sets zones, which only [inspect] uses: add an [inspect] section"
-                )
         return self
 
     def camera(self, camera_id: str) -> SourceBase | None:
@@ -375,6 +337,23 @@ class Settings(BaseSettings):
     def max_fps(self, cfg: SourceBase) -> float:
         """A camera's rate cap: its own ``max_fps``, else ``service.max_fps`` (0: none)."""
         return cfg.max_fps if cfg.max_fps is not None else self.service.max_fps
+
+    def inspect_for(self, cfg: SourceBase) -> InspectConfig | None:
+        """A camera's inspection: the keys of its [source.inspect] table (and its ``zones``) in place of
+        those keys of [inspect], the others from there; None: the camera is not inspected."""
+        if cfg.inspect is None and cfg.zones is None:
+            return self.inspect
+        own = _given(cfg.inspect) if cfg.inspect is not None else {}
+        if cfg.zones is not None:
+            own["zones"] = cfg.zones
+        return _overlay(self.inspect or InspectConfig(), own)
+
+    def evidence_for(self, cfg: SourceBase) -> EvidenceConfig | None:
+        """A camera's evidence: none with ``evidence = false``; the keys of its [source.evidence] table in
+        place of those keys of [evidence], the others from there; None: none saved."""
+        if isinstance(cfg.evidence, bool):
+            return self.evidence if cfg.evidence else None
+        return _overlay(self.evidence or EvidenceConfig(), _given(cfg.evidence))
 
     @classmethod
     def settings_customise_sources(
@@ -387,6 +366,16 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment beats the file: the file's values arrive as init kwargs.
         return env_settings, init_settings
+
+
+def _given(section: BaseModel) -> dict[str, Any]:
+    """The keys of ``section`` its table gave, with their values."""
+    return {key: getattr(section, key) for key in section.model_fields_set}
+
+
+def _overlay(section: SectionT, keys: Mapping[str, Any]) -> SectionT:
+    """``section`` with ``keys`` in place of its own, validated as a whole."""
+    return type(section).model_validate({**dict(section), **keys})
 
 
 _SOURCE_TYPES = ", ".join(SOURCES)
@@ -451,6 +440,10 @@ def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras
     its table's index (``source[1].path``); a single ``[source]`` table's keys are ``source.path``.
     """
     raw_loc = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
+    # Which reading of a camera's evidence key (true/false or a table) applies is pydantic's, not the user's.
+    raw_loc = tuple(
+        p for i, p in enumerate(raw_loc) if not (i and raw_loc[i - 1] == "evidence" and p in ("switch", "table"))
+    )
     index = raw_loc[1] if raw_loc[:1] == ("source",) and len(raw_loc) > 1 and isinstance(raw_loc[1], int) else None
     if index is not None:
         raw_loc = raw_loc[:1] + raw_loc[2:]
@@ -569,12 +562,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a config file are relative to that file, not to the working directory."""
-    source = data.get("source")
-    tables = [source] if isinstance(source, dict) else source if isinstance(source, list) else []
-    for table in tables:  # [source], or each camera's [[source]]
-        value = table.get("path") if isinstance(table, dict) else None
+
+    def resolve(table: Any, key: str) -> None:
+        value = table.get(key) if isinstance(table, dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
-            table["path"] = os.path.normpath(base / value)
+            table[key] = os.path.normpath(base / value)
+
+    source = data.get("source")
+    for table in [source] if isinstance(source, dict) else source if isinstance(source, list) else []:
+        resolve(table, "path")  # [source], or each camera's [[source]]
+        resolve(table.get("evidence") if isinstance(table, dict) else None, "dir")  # its [source.evidence]
     for section, key in (
         ("model", "path"),
         ("model", "labels"),
@@ -588,9 +585,7 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("mqtt", "key_file"),
         ("evidence", "dir"),
     ):
-        value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
-        if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
-            data[section][key] = os.path.normpath(base / value)
+        resolve(data.get(section), key)
 
 
 def _check_files(settings: Settings) -> list[str]:

@@ -59,9 +59,9 @@ EVIDENCE_STOP_S = 1.0  # at stop, time left to each evidence writer to finish it
 
 
 def same_source(a: SourceBase, b: SourceBase) -> bool:
-    """The same camera opened the same way: a reload keeps its capture running (its cap and
-    evidence key may differ, they do not touch the camera)."""
-    return a.model_dump(exclude={"max_fps", "evidence"}) == b.model_dump(exclude={"max_fps", "evidence"})
+    """The same camera opened the same way: a reload keeps its capture running (its
+    `SourceBase.PROCESSING_KEYS` may differ, they do not touch the camera)."""
+    return a.opening() == b.opening()
 
 
 class Daemon:
@@ -118,9 +118,9 @@ class Daemon:
         return MqttOutput(cfg, [source.camera_id for source in self.settings.source]) if cfg is not None else None
 
     def _start_evidence(self, cfg: SourceBase) -> EvidenceWriter | None:
-        """The camera's evidence writer: with ``[evidence]``, unless its source says ``evidence = false``."""
-        evidence = self.settings.evidence
-        if evidence is None or not cfg.evidence:
+        """The camera's evidence writer, when `Settings.evidence_for` gives it evidence settings."""
+        evidence = self.settings.evidence_for(cfg)
+        if evidence is None:
             return None
         writer = EvidenceWriter(evidence, cfg.camera_id)
         writer.start()
@@ -636,13 +636,13 @@ class Daemon:
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
 
     def _switch_evidence(self, old: Settings, cameras: dict[str, Camera], removed: list[Camera]) -> None:
-        """A reload's ``[evidence]``, and each camera's ``evidence`` key, take effect with its model."""
+        """A reload's ``[evidence]``, and each camera's ``evidence`` key or table, take effect with its model."""
         for camera in removed:
             if camera.evidence is not None:
                 camera.evidence.stop(timeout_s=EVIDENCE_STOP_S)
         for camera in cameras.values():
             running = self.cameras.get(camera.id)
-            if running is not None and (old.evidence, running.cfg.evidence) == (self.settings.evidence, camera.cfg.evidence):
+            if running is not None and old.evidence_for(running.cfg) == self.settings.evidence_for(camera.cfg):
                 continue  # the same writer carries on (a camera takes over its predecessor's)
             if camera.evidence is not None:
                 camera.evidence.stop(timeout_s=EVIDENCE_STOP_S)

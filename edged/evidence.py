@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import cv2
 import numpy as np
@@ -40,7 +40,10 @@ from pydantic import Field
 from edged.decode import Detections
 from edged.messages import EvidenceReport
 from edged.sections import Section
-from edged.sources import Frame
+
+if TYPE_CHECKING:
+    # A type only: the camera kinds' settings name [evidence]'s, so this module loads before edged.sources.
+    from edged.sources import Frame
 
 log = logging.getLogger(__name__)
 

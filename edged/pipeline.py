@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edged.config import InspectConfig, Settings
+from edged.config import Settings
 from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
-from edged.errors import InferenceError
+from edged.errors import ConfigError, InferenceError
 from edged.geometry import BoxMap
 from edged.messages import Detection, DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
@@ -29,7 +29,7 @@ from edged.preprocess import Preprocessor
 from edged.sources import Frame, sizes_vary
 from edged.sources.base import SourceBase
 from edged.stats import VerdictRecord
-from edged.verdict import Inspected, Inspector
+from edged.verdict import InspectConfig, Inspected, Inspector
 
 log = logging.getLogger(__name__)
 
@@ -303,14 +303,12 @@ def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
 
 
 def inspection(settings: Settings, source: SourceBase) -> InspectConfig | None:
-    """What camera ``source``'s frames are inspected with: ``[inspect]`` with the camera's own zones
-    when it has them, the defaults when requests are answered with verdicts (request mode without
-    ``[inspect]``: any detection is NG), or None."""
-    inspect = settings.inspect
+    """What camera ``source``'s frames are inspected with: `Settings.inspect_for` (``[inspect]`` with
+    the camera's own keys), the defaults when requests are answered with verdicts (request mode
+    without inspection: any detection is NG), or None."""
+    inspect = settings.inspect_for(source)
     if inspect is None and settings.trigger.mode == "request":
         inspect = InspectConfig()
-    if inspect is not None and source.zones is not None:
-        inspect = inspect.model_copy(update={"zones": source.zones})
     return inspect
 
 
@@ -322,13 +320,19 @@ def camera_zones(settings: Settings) -> dict[str, dict[str, list[tuple[float, fl
 
 def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:
     """The path of camera ``source``'s frames through ``model``, inspected as `inspection` says,
-    finding near misses when evidence is saved under ``ng+near``; raises ConfigError for a class
-    named in ``[inspect]`` that the model does not have."""
+    finding near misses when its evidence is saved under ``ng+near``; raises ConfigError for a
+    class named in its inspection that the model does not have (naming the camera when there are
+    several)."""
     inspect = inspection(settings, source)
     inspector = None
     if inspect is not None:
-        inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
-    evidence = settings.evidence
+        try:
+            inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
+        except ConfigError as e:
+            if len(settings.source) == 1:
+                raise
+            raise ConfigError(e.path, [f"{problem} (camera {source.camera_id})" for problem in e.problems]) from None
+    evidence = settings.evidence_for(source)
     near_margin = evidence.near_margin if evidence is not None and evidence.save == "ng+near" else None
     return FramePath(
         model, source.camera_id, source.channel_order, inspector, sizes_vary=sizes_vary(source), near_margin=near_margin

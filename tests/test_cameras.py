@@ -341,3 +341,98 @@ def test_check_tries_every_camera_and_names_each_that_gives_no_frame(workdir: Pa
     assert "source     broken: file path=" in result.stdout and "source     small: file path=" in result.stdout
     assert "delivers 128x96 at" in result.stdout  # the camera after the broken one was still checked
     assert "1 of 2 cameras gave no frame (broken)" in result.stderr
+
+
+def verdicts_by_colour(
+    d: RunningDaemon, cameras: tuple[str, ...], timeout: float = 60
+) -> dict[str, dict[str, set[str | None]]]:
+    """Per camera, the verdicts its frames got by what the probe found in them (the label of the one
+    detection, "none" without): at least three frames of each of two findings per camera."""
+    got: dict[str, dict[str, list[str | None]]] = {name: defaultdict(list) for name in cameras}
+    for msg in d.messages(timeout):
+        if isinstance(msg, DetectionsMessage) and msg.camera_id in got:
+            assert len(msg.detections) <= 1, msg
+            got[msg.camera_id][msg.detections[0].label if msg.detections else "none"].append(msg.verdict)
+            if all(sum(len(v) >= 3 for v in seen.values()) >= 2 for seen in got.values()):
+                return {name: {c: set(v) for c, v in seen.items()} for name, seen in got.items()}
+    raise AssertionError(f"got {got}:\n{d.log()}")
+
+
+def test_each_camera_judges_the_same_frames_by_its_own_inspection(workdir: Path) -> None:
+    """Two cameras on one clip: for the top one red is NG and blue, under its own threshold of 0.9
+    (a blue frame scores about 0.86 after the letterbox's grey), is no detection; for the side one
+    blue is NG. Without [inspect], a camera with no inspection of its own publishes no verdict."""
+    top = small(camera_id="top", inspect={"ng_classes": ["red"], "class_conf": {"blue": 0.9}})
+    side = small(camera_id="side", inspect={"ng_classes": ["blue"]})
+    d = start(workdir, [top, side, stills()])
+    try:
+        verdicts = verdicts_by_colour(d, ("top", "side"))
+        assert verdicts == {"top": {"red": {"ng"}, "none": {"ok"}}, "side": {"red": {"ok"}, "blue": {"ng"}}}
+        plain = detections(d, {"stills": 3})["stills"]
+        assert {m.verdict for m in plain} == {None}
+    finally:
+        d.close()
+
+
+def test_each_camera_saves_its_evidence_where_its_own_table_says(workdir: Path) -> None:
+    """Two cameras share [evidence]'s folder, each in a folder of its own there; the third saves
+    to its own dir, and only what its own save policy keeps (no detection, no NG: no frame)."""
+    d = start(
+        workdir,
+        [small(), stills(), wide(evidence={"dir": "wide-evidence", "save": "ng", "max_per_minute": 0})],
+        evidence={"dir": "evidence", "save": "all"},
+    )
+    try:
+        for name in ("small", "stills", "wide"):
+            d.wait_status(lambda s, name=name: s.camera_id == name and s.evidence is not None and s.evidence.saved >= 2)
+        assert {p.name for p in (workdir / "evidence").iterdir()} == {"small", "stills"}
+        assert {p.name for p in (workdir / "wide-evidence").iterdir()} == {"wide"}
+        assert list((workdir / "wide-evidence" / "wide").rglob("images/*.jpg"))
+    finally:
+        d.close()
+
+
+def test_a_reload_of_one_cameras_inspection_and_evidence_keeps_it_open_and_takes_effect(workdir: Path) -> None:
+    def config(ng: str, folder: str) -> None:
+        own = small(inspect={"ng_classes": [ng]}, evidence={"dir": folder, "save": "ng", "max_per_minute": 0})
+        write_config(
+            workdir / "edged.toml",
+            {
+                "source": [own, stills()],
+                "model": {"path": "probe.onnx"},
+                "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
+                "thermal": {"enabled": False},
+            },
+        )
+
+    def labels(folder: str) -> set[str]:
+        """The classes of the frames saved under ``folder``."""
+        return {p.read_text().split()[0] for p in (workdir / folder / "small").rglob("labels/*.txt")}
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config("red", "before")
+    d = RunningDaemon(workdir / "edged.toml", endpoint)
+    try:
+        assert verdicts_by_colour(d, ("small",)) == {"small": {"red": {"ng"}, "blue": {"ok"}}}
+        assert wait_for(lambda: labels("before") == {"0"}, timeout_s=30), labels("before")
+        captured = d.wait_status(lambda s: s.camera_id == "small" and s.capture is not None).capture
+        assert captured is not None
+        config("blue", "after")
+        d.signal(signal.SIGHUP)
+        # From the switch on, its frames follow the new rule (the stream keeps their order).
+        assert any(
+            isinstance(m, DetectionsMessage)
+            and m.camera_id == "small"
+            and m.detections[0].label == "blue"
+            and m.verdict == "ng"
+            for m in d.messages(60)
+        ), d.log()
+        assert verdicts_by_colour(d, ("small",)) == {"small": {"red": {"ok"}, "blue": {"ng"}}}
+        assert wait_for(lambda: labels("after") == {"1"}, timeout_s=30), labels("after")
+        # Its capture ran on: opened once, its frame count carried on rather than starting again.
+        status = d.wait_status(lambda s: s.camera_id == "small", timeout=10)
+        assert status.capture is not None and status.capture.frames_captured > captured.frames_captured
+        assert d.log().count("camera small: delivering") == 1, d.log()
+        assert labels("before") == {"0"}  # the old folder got nothing more once the reload took over
+    finally:
+        d.close()

@@ -19,6 +19,7 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
 )
 from edged.errors import ConfigError
 from edged.sources import SOURCES
+from edged.sources.base import SourceBase
 from edged.sources.file import FileSourceConfig
 from edged.sources.images import ImagesSourceConfig
 from edged.sources.synthetic import SyntheticSourceConfig
@@ -374,15 +375,122 @@ def test_a_variable_for_one_key_of_several_cameras_is_refused_and_a_json_list_re
     assert [cfg.camera_id for cfg in load_config(path).source] == ["a", "b"]
 
 
-def test_request_mode_takes_one_camera_and_a_camera_zone_needs_inspect(tmp_path: Path) -> None:
+def test_request_mode_takes_one_camera(tmp_path: Path) -> None:
     (tmp_path / "top").mkdir()
     (tmp_path / "side.mp4").write_bytes(b"x")
-    (tmp_path / "m.onnx").write_bytes(b"x")
     with pytest.raises(ConfigError, match="answers each request with one camera's frame, and there are 2"):
         load_config(_write(tmp_path, CAMERAS + '[trigger]\nmode = "request"\n'))
-    zoned = CAMERAS.replace("max_fps = 5", "max_fps = 5\nzones = { a = [[0, 0], [1, 0], [1, 1]] }")
-    with pytest.raises(ConfigError, match="camera top sets zones, which only \\[inspect\\] uses"):
-        load_config(_write(tmp_path, zoned))
-    assert load_config(_write(tmp_path, zoned + "[inspect]\n")).source[0].zones == {"a": [(0, 0), (1, 0), (1, 1)]}
+
+
+# The top camera's own tables: after a [[source]] table, [source.inspect] and [source.evidence] are its subtables.
+TOP_OWN = """
+[source.inspect]
+class_conf = { red = 0.8 }
+ng_classes = ["red"]
+[source.evidence]
+dir = "top-evidence"
+save = "all"
+"""
+
+
+def _cameras(tmp_path: Path, text: str) -> Settings:
+    (tmp_path / "top").mkdir(exist_ok=True)
+    (tmp_path / "side.mp4").write_bytes(b"x")
+    return load_config(_write(tmp_path, text))
+
+
+def test_a_cameras_own_inspect_and_evidence_keys_replace_those_keys_and_inherit_the_rest(tmp_path: Path) -> None:
+    top_level = """
+[inspect]
+class_conf = { blue = 0.6, red = 0.3 }
+outside_zones = "keep"
+min_area = { blue = 0.01 }
+[evidence]
+dir = "evidence"
+save = "ng+near"
+max_per_minute = 7
+"""
+    settings = _cameras(tmp_path, CAMERAS.replace("max_fps = 5", "max_fps = 5" + TOP_OWN) + top_level)
+    top, side = settings.source
+    top_inspect, side_inspect = settings.inspect_for(top), settings.inspect_for(side)
+    assert top_inspect is not None and side_inspect is not None
+    # A key given replaces that whole key (class_conf has no blue any more); the others come from [inspect].
+    assert (top_inspect.class_conf, top_inspect.ng_classes) == ({"red": 0.8}, ["red"])
+    assert (top_inspect.outside_zones, top_inspect.min_area) == ("keep", {"blue": 0.01})
+    assert side_inspect == settings.inspect
+    top_evidence, side_evidence = settings.evidence_for(top), settings.evidence_for(side)
+    assert top_evidence is not None and side_evidence is not None
+    assert (top_evidence.dir, top_evidence.save, top_evidence.max_per_minute) == (tmp_path / "top-evidence", "all", 7)
+    assert (side_evidence.dir, side_evidence.save) == (tmp_path / "evidence", "ng+near")
+    off = _cameras(tmp_path, CAMERAS.replace('path = "side.mp4"', 'path = "side.mp4"\nevidence = false') + top_level)
+    assert off.evidence_for(off.source[1]) is None and off.evidence_for(off.source[0]) == off.evidence
+
+
+def test_a_camera_with_its_own_tables_is_inspected_and_saves_evidence_without_the_sections(tmp_path: Path) -> None:
+    settings = _cameras(tmp_path, CAMERAS.replace("max_fps = 5", "max_fps = 5" + TOP_OWN))
+    top, side = settings.source
+    assert settings.inspect is None and settings.evidence is None
+    top_inspect, top_evidence = settings.inspect_for(top), settings.evidence_for(top)
+    assert top_inspect is not None and top_inspect.class_conf == {"red": 0.8}
+    assert top_inspect.outside_zones == "drop"  # the default of every key it does not give
+    assert top_evidence is not None and (top_evidence.dir, top_evidence.save) == (tmp_path / "top-evidence", "all")
+    assert top_evidence.max_bytes == 1_000_000_000
+    assert settings.inspect_for(side) is None and settings.evidence_for(side) is None
+
+
+def test_a_cameras_zones_key_is_short_for_its_inspect_zones(tmp_path: Path) -> None:
+    zone = "{ a = [[0, 0], [1, 0], [1, 1]] }"
+    zoned = _cameras(
+        tmp_path, CAMERAS.replace("max_fps = 5", f"max_fps = 5\nzones = {zone}") + "[inspect]\nmatch = 'overlap'\n"
+    )
+    table = _cameras(
+        tmp_path,
+        CAMERAS.replace("max_fps = 5", f"max_fps = 5\n[source.inspect]\nzones = {zone}") + "[inspect]\nmatch = 'overlap'\n",
+    )
+    for settings in (zoned, table):
+        top = settings.inspect_for(settings.source[0])
+        assert top is not None and (top.zones, top.match) == ({"a": [(0, 0), (1, 0), (1, 1)]}, "overlap")
+        assert settings.inspect_for(settings.source[1]) == settings.inspect
+    # Without [inspect], zones make their camera inspected like any key of its own.
+    alone = _cameras(tmp_path, CAMERAS.replace("max_fps = 5", f"max_fps = 5\nzones = {zone}"))
+    assert alone.inspect_for(alone.source[0]) is not None and alone.inspect_for(alone.source[1]) is None
+    with pytest.raises(ConfigError, match=r"camera top gives its zones twice, as zones and as inspect\.zones"):
+        _cameras(tmp_path, CAMERAS.replace("max_fps = 5", f"max_fps = 5\nzones = {zone}\n[source.inspect]\nzones = {zone}"))
     with pytest.raises(ConfigError, match="zone 'a' has 2 point"):
-        load_config(_write(tmp_path, CAMERAS.replace("max_fps = 5", "max_fps = 5\nzones = { a = [[0, 0], [1, 0]] }")))
+        _cameras(tmp_path, CAMERAS.replace("max_fps = 5", "max_fps = 5\nzones = { a = [[0, 0], [1, 0]] }"))
+
+
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        ("[source.evidence]\nsave = 'some'", "source[0].evidence.save: Input should be 'ng', 'ng+near' or 'all'"),
+        (
+            "[source.evidence]\nsav = 'all'",
+            "source[0].evidence.sav: Extra inputs are not permitted (unknown key: did you mean save?)",
+        ),
+        ("evidence = 3", "source[0].evidence: Input should be a valid boolean"),
+        (
+            "[source.inspect]\nclass_conf = { red = 2 }",
+            "source[0].inspect.class_conf.red: Input should be less than or equal to 1",
+        ),
+        (
+            "[source.inspect]\nng_class = ['red']",
+            "source[0].inspect.ng_class: Extra inputs are not permitted (unknown key: did you mean ng_classes?)",
+        ),
+    ],
+)
+def test_a_bad_key_in_a_cameras_own_table_is_one_problem_naming_it(tmp_path: Path, table: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _cameras(tmp_path, CAMERAS.replace("max_fps = 5", f"max_fps = 5\n{table}"))
+    assert info.value.exit_code == 78
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith(problem), info.value.problems
+
+
+def test_only_the_keys_that_open_a_camera_tell_whether_it_opens_the_same_way(tmp_path: Path) -> None:
+    before = _cameras(tmp_path, CAMERAS).source[0]
+    own = "max_fps = 2\nevidence = false\nzones = { a = [[0, 0], [1, 0], [1, 1]] }\n[source.inspect]\nng_classes = ['red']"
+    after = _cameras(tmp_path, CAMERAS.replace("max_fps = 5", own)).source[0]
+    assert before != after and before.opening() == after.opening()
+    assert set(SourceBase.PROCESSING_KEYS) <= set(type(before).model_fields)
+    paced = _cameras(tmp_path, CAMERAS.replace("max_fps = 5", "max_fps = 5\nfps = 3")).source[0]
+    assert paced.opening() != before.opening()

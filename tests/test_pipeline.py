@@ -11,11 +11,12 @@ import pytest
 from allocations import NumpyAllocations
 from onnx_models import colour_probe, fixed_scene, solid_frame
 
-from edged.config import InspectConfig, ModelConfig, RuntimeConfig
+from edged.config import ModelConfig, RuntimeConfig, load_config
+from edged.errors import ConfigError
 from edged.model import load_model
-from edged.pipeline import MAX_PLANS, FramePath, FramePipeline, Processed, Rejected, verdict_message
+from edged.pipeline import MAX_PLANS, FramePath, FramePipeline, Processed, Rejected, frame_path, verdict_message
 from edged.sources import Frame
-from edged.verdict import Inspector
+from edged.verdict import InspectConfig, Inspector
 
 # In a 64x64 input; a 128x96 frame maps x * 2, (y - 8) * 2. Centres in the frame's fractions:
 SCENE = [
@@ -150,6 +151,63 @@ def test_inspection_applies_thresholds_and_zones_and_puts_the_verdict_in_the_mes
     record = inspected.verdict_record(done, "A-17")
     assert record is not None and (record.frame_id, record.part_id, record.verdict) == (7, "A-17", "ng")
     assert list(record.reasons) == msg.reasons and record.capture_time_ns == msg.capture_time_ns
+
+
+TWO_CAMERAS = """
+[model]
+path = "m.onnx"
+[inspect]
+ng_classes = ["crack"]
+[evidence]
+save = "ng+near"
+near_margin = 0.2
+[[source]]
+type = "synthetic"
+camera_id = "top"
+[source.inspect]
+class_conf = { scratch = 0.95 }
+ng_classes = ["scratch"]
+[[source]]
+type = "synthetic"
+camera_id = "side"
+[source.evidence]
+save = "ng"
+"""
+
+
+def test_each_camera_gets_its_own_inspection_and_near_misses_from_one_model(tmp_path: Path) -> None:
+    """The same frame: the top camera (scratch NG, at 0.95) passes it, the side camera ([inspect]: crack NG) fails it."""
+    fixed_scene(tmp_path / "m.onnx", SCENE)
+    (tmp_path / "edged.toml").write_text(TWO_CAMERAS)
+    settings = load_config(tmp_path / "edged.toml")
+    model = load_model(settings.model, settings.runtime)
+    top, side = (frame_path(settings, model, cfg) for cfg in settings.source)
+    frame = _frame(solid_frame((0, 0, 0)))
+    verdicts = {}
+    for path in (top, side):
+        done = path.run(frame)
+        assert isinstance(done, Processed)
+        msg = path.message(done, seq=0, thermal_state="ok")
+        verdicts[msg.camera_id] = (msg.verdict, [d.label for d in msg.detections], [r.label for r in msg.reasons])
+    assert verdicts == {
+        "top": ("ok", ["crack", "dust"], []),  # no scratch reaches its 0.95 here, and only a scratch is NG
+        "side": ("ng", ["scratch", "crack", "scratch", "dust"], ["crack"]),
+    }
+    assert (top.near_margin, side.near_margin) == (0.2, None)  # the side camera saves NG frames only
+
+
+def test_a_class_the_model_lacks_in_one_cameras_inspection_names_that_camera(tmp_path: Path) -> None:
+    fixed_scene(tmp_path / "m.onnx", SCENE)
+    (tmp_path / "edged.toml").write_text(TWO_CAMERAS.replace('ng_classes = ["scratch"]', 'ng_classes = ["dent"]'))
+    settings = load_config(tmp_path / "edged.toml")
+    model = load_model(settings.model, settings.runtime)
+    frame_path(settings, model, settings.source[1])
+    with pytest.raises(ConfigError) as info:
+        frame_path(settings, model, settings.source[0])
+    assert info.value.exit_code == 78
+    assert info.value.problems == [
+        "inspect.ng_classes: 'dent' is not a class of the model (its classes: scratch, crack, dust) (camera top)"
+    ]
 
 
 @pytest.mark.parametrize("match", ["centre", "overlap"])

@@ -12,12 +12,12 @@ import pytest
 from allocations import NumpyAllocations
 from onnx_models import fixed_scene
 
-from edged.config import InspectConfig, load_config
+from edged.config import load_config
 from edged.decode import Detections
 from edged.errors import ConfigError
 from edged.model import load_model
 from edged.pipeline import frame_path
-from edged.verdict import Inspector
+from edged.verdict import InspectConfig, Inspector
 from edged.zones import NO_ZONE
 
 LABELS = ["scratch", "crack", "dust"]

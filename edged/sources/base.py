@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import cv2
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from edged.errors import SourceError
+from edged.evidence import EvidenceConfig
 from edged.sections import Section
+from edged.verdict import InspectConfig
 from edged.zones import ZoneName, usable_zones
 
 _CREDENTIALS = re.compile(r"(?<=://)[^/\s]*@")  # user[:password]@ after a URL's scheme
@@ -25,8 +27,23 @@ def mask_credentials(text: str) -> str:
     return _CREDENTIALS.sub("***@", text)
 
 
+def _switch_or_table(value: Any) -> str:
+    """Which reading of a camera's ``evidence`` key applies, so that a bad table gets its own error only."""
+    return "table" if isinstance(value, (dict, EvidenceConfig)) else "switch"
+
+
+# A camera's evidence: true or false, or a [source.evidence] table.
+CameraEvidence = Annotated[
+    Annotated[bool, Tag("switch")] | Annotated[EvidenceConfig, Tag("table")], Discriminator(_switch_or_table)
+]
+
+
 class SourceBase(Section):
     """The ``[source]`` keys every camera kind has; each kind's module adds ``type`` and its own keys."""
+
+    # What is done with the camera's frames, not how it is opened: a reload that changes only these
+    # keeps the camera's capture running.
+    PROCESSING_KEYS: ClassVar[frozenset[str]] = frozenset({"max_fps", "evidence", "inspect", "zones"})
 
     type: str
     camera_id: str = Field(
@@ -39,9 +56,19 @@ class SourceBase(Section):
     max_fps: float | None = Field(
         None, ge=0, le=1000, description="Cap on this camera's processed frames per second; default: service.max_fps."
     )
-    evidence: bool = Field(True, description="With an [evidence] section: save this camera's evidence; false: not.")
+    evidence: CameraEvidence = Field(
+        True,
+        description="false: save none of this camera's evidence; a [source.evidence] table: this camera's "
+        "evidence keys, in place of those keys of [evidence] (the others come from there), saved even "
+        "without an [evidence] section; true: [evidence] as it is.",
+    )
+    inspect: InspectConfig | None = Field(
+        None,
+        description="A [source.inspect] table: this camera's inspection keys, in place of those keys of "
+        "[inspect] (the others come from there); the camera is inspected even without an [inspect] section.",
+    )
     zones: dict[ZoneName, list[tuple[float, float]]] | None = Field(
-        None, description="This camera's [inspect] zones, in place of inspect.zones; default: those."
+        None, description="Short for this camera's inspect.zones: its zones in place of inspect.zones."
     )
 
     @field_validator("zones")
@@ -51,9 +78,20 @@ class SourceBase(Section):
             usable_zones(v)
         return v
 
+    @model_validator(mode="after")
+    def _zones_once(self) -> SourceBase:
+        """``zones`` is short for inspect.zones: both at once would leave the user guessing which wins."""
+        if self.zones is not None and self.inspect is not None and "zones" in self.inspect.model_fields_set:
+            raise ValueError(f"camera {self.camera_id} gives its zones twice, as zones and as inspect.zones: keep one")
+        return self
+
     channel_order: Literal["bgr", "rgb"] = Field(
         "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr)."
     )
+
+    def opening(self) -> dict[str, Any]:
+        """The keys that decide how the camera is opened, with their values: all but `PROCESSING_KEYS`."""
+        return self.model_dump(exclude=set(self.PROCESSING_KEYS))
 
     def file_problems(self) -> list[str]:
         """Files this source needs that are missing, one line each, reported when the config loads.

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import zmq
 
-from edged.config import InspectConfig, ModelConfig, PublishConfig, RuntimeConfig, Spinning
+from edged.config import ModelConfig, PublishConfig, RuntimeConfig, Spinning
 from edged.decode import Detections
 from edged.errors import InferenceError, ModelError
 from edged.http import HttpConfig
@@ -31,7 +31,7 @@ from edged.publish import Publisher, detections_topic
 from edged.sources import Frame
 from edged.sources.base import SourceBase
 from edged.tools.scenes import SceneGenerator
-from edged.verdict import Inspector
+from edged.verdict import InspectConfig, Inspector
 from edged.view import LiveView
 
 STAGES = ("preprocess", "inference", "decode", "publish", "view")
