@@ -348,14 +348,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _cameras_fit_inspection(self) -> Settings:
-        """Request mode answers with one camera's frame; a camera's zones take effect with ``[inspect]``."""
-        if self.trigger.mode == "request" and len(self.source) > 1:
-            raise ValueError(
-                f"trigger.mode = 'request' answers each request with one camera's frame, and there are "
-                f"{len(self.source)} [[source]] tables: run request mode with a single [source]"
-            )
-        if self.inspect is None and self.trigger.mode != "request":
-            zoned = [cfg.camera_id for cfg in self.source if cfg.zones is not None]
+        """A camera's zones take effect with ``[inspect]``, or in request mode (which inspects)."""
+        if self.inspect is None:
+            zoned = [cfg.camera_id for cfg in self.source if cfg.zones is not None and self.trigger_mode(cfg) == "free"]
             if zoned:
                 raise ValueError(
                     f"camera {', '.join(zoned)} sets zones, which only [inspect] uses: add an [inspect] section"
@@ -369,6 +364,10 @@ class Settings(BaseSettings):
     def max_fps(self, cfg: SourceBase) -> float:
         """A camera's rate cap: its own ``max_fps``, else ``service.max_fps`` (0: none)."""
         return cfg.max_fps if cfg.max_fps is not None else self.service.max_fps
+
+    def trigger_mode(self, cfg: SourceBase) -> Literal["free", "request"]:
+        """A camera's trigger mode: its own ``trigger``, else ``trigger.mode``."""
+        return cfg.trigger if cfg.trigger is not None else self.trigger.mode
 
     @classmethod
     def settings_customise_sources(

@@ -304,12 +304,12 @@ def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
 
 def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:
     """The path of camera ``source``'s frames through ``model``, inspected when ``[inspect]`` is
-    set (with the camera's own zones when it has them) or requests are answered with verdicts
-    (request mode without ``[inspect]``: any detection is NG), finding near misses when evidence
-    is saved under ``ng+near``; raises ConfigError for a class named in ``[inspect]`` that the
-    model does not have."""
+    set (with the camera's own zones when it has them) or the camera answers requests with
+    verdicts (its request mode without ``[inspect]``: any detection is NG), finding near misses
+    when evidence is saved under ``ng+near``; raises ConfigError for a class named in
+    ``[inspect]`` that the model does not have."""
     inspect = settings.inspect
-    if inspect is None and settings.trigger.mode == "request":
+    if inspect is None and settings.trigger_mode(source) == "request":
         inspect = InspectConfig()
     if inspect is not None and source.zones is not None:
         inspect = inspect.model_copy(update={"zones": source.zones})

@@ -40,6 +40,9 @@ class SourceBase(Section):
         None, ge=0, le=1000, description="Cap on this camera's processed frames per second; default: service.max_fps."
     )
     evidence: bool = Field(True, description="With an [evidence] section: save this camera's evidence; false: not.")
+    trigger: Literal["free", "request"] | None = Field(
+        None, description="This camera's trigger.mode ('free' or 'request'); default: trigger.mode."
+    )
     zones: dict[ZoneName, list[tuple[float, float]]] | None = Field(
         None, description="This camera's [inspect] zones, in place of inspect.zones; default: those."
     )
