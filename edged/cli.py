@@ -245,6 +245,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     trigger.add_argument("endpoint", help="edged's trigger.endpoint, e.g. tcp://127.0.0.1:5557")
     trigger.add_argument("--part-id", default=None, help="the part's id, carried into the verdict and detections messages")
+    trigger.add_argument(
+        "--camera", default=None, help="the camera_id to inspect with; needed when several cameras take requests"
+    )
     trigger.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply (default 5)")
     trigger.add_argument("--json", action="store_true", help="print the verdict message as JSON")
     _add_client_keys(trigger)
@@ -357,6 +360,7 @@ def _cmd_trigger(args: argparse.Namespace) -> int:
         args.endpoint,
         args.part_id,
         args.timeout,
+        camera_id=args.camera,
         raw_json=args.json,
         server_key=args.server_key,
         client_key=args.client_key,

@@ -21,7 +21,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar, get_args
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 if sys.version_info >= (3, 11):
@@ -320,16 +320,6 @@ class Settings(BaseSettings):
             seen.add(cfg.camera_id)
         return v
 
-    @model_validator(mode="after")
-    def _cameras_fit_inspection(self) -> Settings:
-        """Request mode answers with one camera's frame."""
-        if self.trigger.mode == "request" and len(self.source) > 1:
-            raise ValueError(
-                f"trigger.mode = 'request' answers each request with one camera's frame, and there are "
-                f"{len(self.source)} [[source]] tables: run request mode with a single [source]"
-            )
-        return self
-
     def camera(self, camera_id: str) -> SourceBase | None:
         """The camera called ``camera_id``, if this configuration has it."""
         return next((cfg for cfg in self.source if cfg.camera_id == camera_id), None)
@@ -354,6 +344,10 @@ class Settings(BaseSettings):
         if isinstance(cfg.evidence, bool):
             return self.evidence if cfg.evidence else None
         return _overlay(self.evidence or EvidenceConfig(), _given(cfg.evidence))
+
+    def trigger_mode(self, cfg: SourceBase) -> Literal["free", "request"]:
+        """A camera's trigger mode: its own ``trigger``, else ``trigger.mode``."""
+        return cfg.trigger if cfg.trigger is not None else self.trigger.mode
 
     @classmethod
     def settings_customise_sources(

@@ -20,10 +20,12 @@ import logging
 import time
 from pathlib import Path
 
+import zmq
+
 from edged.camera import Camera, start_capture, stop_captures
 from edged.capture import Capture
 from edged.config import ProviderConfig, Settings
-from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, KeyFileError, ModelError
 from edged.evidence import EvidenceWriter
 from edged.health import Health
 from edged.http import HttpConfig, HttpServer
@@ -64,6 +66,22 @@ def same_source(a: SourceBase, b: SourceBase) -> bool:
     return a.opening() == b.opening()
 
 
+def requesting(settings: Settings) -> list[str]:
+    """The cameras in request mode, in config order."""
+    return [cfg.camera_id for cfg in settings.source if settings.trigger_mode(cfg) == "request"]
+
+
+def unserved(settings: Settings) -> str | None:
+    """Why the loop cannot serve ``settings``' cameras, or None: it serves request mode for one camera alone."""
+    cameras = requesting(settings)
+    if not cameras or len(settings.source) == 1:
+        return None
+    return (
+        f"request mode serves a single camera, and camera {', '.join(cameras)} takes requests among "
+        f"{len(settings.source)} [[source]] tables: run request mode with a single [source]"
+    )
+
+
 class Daemon:
     """One running configuration: model, cameras, publisher, thermal watch, and the loop."""
 
@@ -72,6 +90,8 @@ class Daemon:
         self.config_path = config_path
         self.notifier = notifier
         self.signals = signals
+        if (problem := unserved(settings)) is not None:
+            raise ConfigError(config_path, [problem])
         self.health = Health(settings.service.stall_timeout_s)
         self._wake = Wake()  # set by every capture thread's hand-over and every lane's result
         # The cameras open (or the scene pool is drawn) while the model loads: cold start pays
@@ -127,10 +147,11 @@ class Daemon:
         return writer
 
     def _start_trigger(self) -> TriggerServer | None:
-        if self.settings.trigger.mode != "request":
+        cameras = requesting(self.settings)
+        if not cameras:
             return None
         try:
-            trigger = TriggerServer(self.settings.trigger, self.settings.publish, self.settings.source[0].camera_id)
+            trigger = TriggerServer(self.settings.trigger, self.settings.publish, cameras)
         except BaseException:
             self.publisher.close()
             self.http.close()
@@ -271,7 +292,11 @@ class Daemon:
                 self._announce_ready(frame_processed=processed, camera=camera if processed else None)
             else:
                 self._announce_ready(frame_processed=False)
-        request = trigger.next(TAKE_TIMEOUT_S if self.health.ready else 0.0)
+        request = trigger.next(camera.id)
+        if request is None:
+            zmq.select(trigger.fds, [], [], TAKE_TIMEOUT_S if self.health.ready else 0.0)
+            trigger.collect()
+            request = trigger.next(camera.id)
         self.health.frame_done()  # waiting for requests is progress in this mode
         if request is not None:
             trigger.answer(request, self._answer(trigger, camera, request))
@@ -288,13 +313,13 @@ class Daemon:
         while (left_ns := deadline_ns - time.monotonic_ns()) > 0:
             self.housekeeping()
             if self.signals.stop.is_set():
-                return trigger.error(request.part_id, "stopping", "edged is stopping")
+                return trigger.error(request, "stopping", "edged is stopping")
             if self.report is not None and self.report.rate_factor == 0.0:
-                return trigger.error(request.part_id, "thermal_critical", "inference is paused until the board cools")
+                return trigger.error(request, "thermal_critical", "inference is paused until the board cools")
             capture = camera.capture.stats()
             if capture.state in ("lost", "ended"):
                 why = f": {capture.last_error}" if capture.last_error else ""
-                return trigger.error(request.part_id, "camera_lost", f"the camera is {capture.state}{why}")
+                return trigger.error(request, "camera_lost", f"the camera is {capture.state}{why}")
             trigger.collect()
             frame = camera.capture.take(min(left_ns / 1e9, TAKE_TIMEOUT_S))
             if frame is None or frame.t_capture_ns <= request.arrived_ns:
@@ -303,8 +328,8 @@ class Daemon:
             if isinstance(outcome, VerdictMessage):
                 return outcome
             if isinstance(outcome, Rejected) and outcome.reason == "inference_error":
-                return trigger.error(request.part_id, "inference_failed", outcome.detail)
-        return trigger.error(request.part_id, "timeout", f"no frame captured after the request within {timeout_s:g} s")
+                return trigger.error(request, "inference_failed", outcome.detail)
+        return trigger.error(request, "timeout", f"no frame captured after the request within {timeout_s:g} s")
 
     def handle(self, camera: Camera, frame: Frame) -> None:
         """One frame of ``camera`` through the running model."""
@@ -535,6 +560,7 @@ class Daemon:
         self.notifier.reloading()
         try:
             replacement = load_replacement(self.config_path, self.settings)
+            self._check_servable(replacement.settings)
         except EdgedError as e:
             log.error("reload refused, keeping the running configuration: %s", e)
             self.notifier.ready(self.status_line())
@@ -558,6 +584,15 @@ class Daemon:
             path = replacement.paths[cfg.camera_id]
             self._incoming[cfg.camera_id] = Camera(cfg, capture, path, replacement.settings.max_fps(cfg), running)
         log.info("loaded model %s: trying it on the next frame", replacement.model.engine.identity.short)
+
+    def _check_servable(self, new: Settings) -> None:
+        """Refuse (`ConfigError`) a reload the loop cannot serve, or one that turns request mode on
+        or off: the request socket is bound at start, as the trigger settings say."""
+        problem = unserved(new)
+        if problem is None and bool(requesting(new)) != (self.trigger is not None):
+            problem = "a camera's trigger mode changed between free and request: restart edged to apply it"
+        if problem is not None:
+            raise ConfigError(self.config_path, [problem])
 
     def _end_trial(self) -> None:
         """Back to the running cameras only: those a trial opened are closed, those it closed reopened."""
@@ -652,6 +687,8 @@ class Daemon:
         """A reload's cameras (their topics), ``[mqtt]`` and ``[http]`` take effect with its model; the
         HTTP token is re-read."""
         self.publisher.follow_cameras([c.camera_id for c in new.source])
+        if self.trigger is not None:
+            self.trigger.follow_cameras(requesting(new))
         if (new.mqtt, [c.camera_id for c in new.source]) != (old.mqtt, [c.camera_id for c in old.source]):
             if self.mqtt:
                 self.mqtt.close()

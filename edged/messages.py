@@ -20,9 +20,9 @@ that a double holds to a quarter of a microsecond.
 
 Wire format: a ZeroMQ multipart message of two frames, the topic and the JSON payload.
 Topics are ``<prefix>/detections/<camera_id>``, ``<prefix>/status/<camera_id>`` and, with
-``[inspect]``, ``<prefix>/verdict/<camera_id>``. A trigger request is answered with a verdict
-message or a `TriggerError`. The MQTT output (`edged.mqtt`) sends the same payloads to a broker,
-under topics of its own.
+``[inspect]``, ``<prefix>/verdict/<camera_id>``. A trigger request (`TriggerRequest`, in the
+schema's ``$defs`` beside the messages) is answered with a verdict message or a `TriggerError`.
+The MQTT output (`edged.mqtt`) sends the same payloads to a broker, under topics of its own.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
 from edged.errors import MessageError
 
@@ -157,10 +157,61 @@ class TriggerError(Message):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     kind: Literal["trigger_error"] = "trigger_error"
-    camera_id: str
+    camera_id: str = Field(
+        description="The camera the request was for; empty when it named none and several cameras take requests."
+    )
     part_id: str | None
     error: TriggerProblem
     detail: str
+
+
+MAX_PART_ID = 128
+
+
+class TriggerRequest(BaseModel):
+    """What a trigger request says, on ZeroMQ or the broker's trigger topic: nothing else is accepted.
+
+    Not a message edged publishes, so no envelope; an empty payload asks as ``{}`` does.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    part_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PART_ID,
+        description="The part's id, carried into the verdict and detections messages.",
+    )
+    camera_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The camera to inspect with; may be left out when one camera takes requests. "
+        "On the broker it must match the topic's camera.",
+    )
+
+
+def parse_request(payload: bytes) -> TriggerRequest:
+    """Validate a trigger request's payload; every rejection says why in one line (`MessageError`)."""
+    if not payload.strip():
+        return TriggerRequest()
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise MessageError('a request is JSON: {"part_id": "...", "camera_id": "..."}, both optional') from None
+    if not isinstance(data, dict):
+        raise MessageError(f"a request is a JSON object, not a {type(data).__name__}")
+    try:
+        return TriggerRequest.model_validate(data)
+    except ValidationError as e:
+        problem = e.errors()[0]
+        key = str(problem["loc"][0]) if problem["loc"] else ""
+        if problem["type"] == "extra_forbidden":
+            raise MessageError(f'a request has the keys "part_id" and "camera_id" only, not {key!r:.80}') from None
+        if key == "part_id":
+            raise MessageError(f"part_id must be a string of 1 to {MAX_PART_ID} characters") from None
+        raise MessageError("camera_id must be a camera's name: 1 to 64 letters, digits, _ . -") from None
 
 
 class StageLatency(Message):
@@ -247,13 +298,14 @@ EVOLUTION = (
 
 
 def json_schema() -> dict[str, Any]:
-    """The schema subscribers use: one document describing every message kind."""
+    """The schema subscribers use: one document describing every message kind, and in its
+    ``$defs`` the trigger request edged takes (`TriggerRequest`)."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "edged messages",
         "description": f"{__doc__.strip().splitlines()[0]} Schema version {SCHEMA_VERSION}. {EVOLUTION}",
         "oneOf": [{"$ref": f"#/$defs/{kind.__name__}"} for kind in _KINDS.values()],
-        "$defs": _merged_defs(*_KINDS.values()),
+        "$defs": _merged_defs(*_KINDS.values(), TriggerRequest),
     }
 
 

@@ -14,14 +14,16 @@ Topics, under ``topic_prefix`` (default ``edged/<hostname>``)::
     PREFIX/CAMERA/detections  each processed frame (qos_detections)
     PREFIX/CAMERA/status      the status message, retained (qos_events)
     PREFIX/CAMERA/verdict     an inspection verdict (qos_events)
-    PREFIX/CAMERA/trigger     in request mode, subscribed: a trigger request, as on ZeroMQ (qos_events)
+    PREFIX/CAMERA/trigger     subscribed for each camera in request mode: a trigger request, as on ZeroMQ (qos_events)
     PREFIX/CAMERA/trigger/error  why a request from the broker got no verdict (qos_events)
 
-A trigger's payload goes to the handler `take_requests` was given, on this output's thread; the
-handler queues it and returns at once (`edged.trigger`), so the broker connection never waits
-for an inspection. The subscription is made again on every connection, as a clean session ends
-it: a trigger sent while edged is disconnected is not seen (the requester's timeout covers it,
-and an inspection long after its part has passed would be of the wrong part anyway).
+A trigger's payload goes, with the camera its topic names, to the handler `take_requests` was
+given, on this output's thread; the handler queues it and returns at once (`edged.trigger`), so
+the broker connection never waits for an inspection. The subscriptions follow the cameras the
+handler was last given (a reload changes them on the live connection) and are made again on
+every connection, as a clean session ends them: a trigger sent while edged is disconnected is
+not seen (the requester's timeout covers it, and an inspection long after its part has passed
+would be of the wrong part anyway).
 
 paho-mqtt (2.x) is an optional dependency, imported only when a configuration has ``[mqtt]``.
 """
@@ -355,9 +357,11 @@ class MqttOutput:
         }
         self._qos: dict[Kind, int] = {kind: cfg.qos_events for kind in KINDS}
         self._qos["detections"] = cfg.qos_detections
-        self._trigger_topic = f"{prefix}/{camera_id}/{TRIGGER}"  # request mode has one camera
-        self._requests: Callable[[bytes], bool] | None = None
-        self._subscribed = False  # to the trigger topic, on this connection
+        self._prefix = prefix
+        self._requests: Callable[[str, bytes], bool] | None = None
+        self._trigger_topics: dict[str, str] = {}  # topic -> camera, replaced whole by `take_requests`
+        self._subscribed: set[str] = set()  # trigger topics subscribed to (or being) on this connection
+        self._subscribing: dict[int, str] = {}  # message id -> trigger topic, until the broker answers
         self.outbox = Outbox(cfg.max_queued)
         self._client = new_client(cfg, cfg.client_id_for(camera_id))
         self._client.will_set(self._state_topic, b"offline", qos=cfg.qos_events, retain=True)
@@ -383,16 +387,25 @@ class MqttOutput:
     # ---- the frame loop's side -----------------------------------------------------------------
 
     def send(self, kind: Kind, payload: bytes, camera_id: str) -> None:
-        """Queue one message (the JSON bytes sent on ZeroMQ) of camera ``camera_id`` for the broker."""
+        """Queue one message (the JSON bytes sent on ZeroMQ) of camera ``camera_id`` for the broker.
+
+        A camera this output has no topics for (an error reply to a trigger that came in for a
+        camera a reload has since removed) is counted as dropped.
+        """
+        if (camera_id, kind) not in self._topics:
+            self.outbox.refused(kind)
+            return
         self.outbox.put(kind, payload, camera_id)
         if self._connected:
             with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
                 self._wake_w.send(b"\0")
 
-    def take_requests(self, handler: Callable[[bytes], bool]) -> None:
-        """Subscribe to the trigger topic, now and on every reconnection; each payload goes to
-        ``handler`` on this output's thread, which returns False for one it refused unread (counted)."""
+    def take_requests(self, handler: Callable[[str, bytes], bool], camera_ids: Sequence[str]) -> None:
+        """Subscribe to the trigger topic of each of ``camera_ids`` (and from no other camera's), now
+        and on every reconnection; each payload goes to ``handler`` with its topic's camera, on this
+        output's thread, which returns False for one it refused unread (counted)."""
         self._requests = handler
+        self._trigger_topics = {f"{self._prefix}/{camera}/{TRIGGER}": camera for camera in camera_ids}
         with contextlib.suppress(BlockingIOError):
             self._wake_w.send(b"\0")
 
@@ -445,9 +458,7 @@ class MqttOutput:
         pending = getattr(sock, "pending", lambda: 0)  # TLS: bytes already decrypted, unseen by select
         while not self._stop.is_set():
             if self._connected:
-                if self._requests is not None and not self._subscribed:
-                    self._subscribed = True
-                    self._client.subscribe(self._trigger_topic, qos=self.cfg.qos_events)
+                self._follow_trigger_topics()
                 self._hand_over()
             writing = [sock] if self._client.want_write() else []
             readable, writable, _ = select.select([sock, self._wake_r], writing, [], 0.0 if pending() else TICK_S)
@@ -462,6 +473,19 @@ class MqttOutput:
             if rc or self._client.socket() is None:
                 self._dropped(f"connection to {self.cfg.host}:{self.cfg.port} lost ({self._error_text(rc)})")
                 return
+
+    def _follow_trigger_topics(self) -> None:
+        """Subscribe to the trigger topics wanted and not yet subscribed, unsubscribe from the others."""
+        wanted = self._trigger_topics
+        for topic in [topic for topic in wanted if topic not in self._subscribed]:
+            self._subscribed.add(topic)
+            rc, mid = self._client.subscribe(topic, qos=self.cfg.qos_events)
+            if rc == 0:
+                self._subscribing[mid] = topic
+        for topic in [topic for topic in self._subscribed if topic not in wanted]:
+            self._subscribed.discard(topic)
+            self._client.unsubscribe(topic)
+            log.info("MQTT: no longer taking trigger requests on %s", topic)
 
     def _hand_over(self) -> None:
         """Give paho queued messages while its socket keeps up and its in-flight window has room."""
@@ -518,7 +542,8 @@ class MqttOutput:
             return
         client.publish(self._state_topic, b"online", qos=self.cfg.qos_events, retain=True)
         self._connected = True
-        self._subscribed = False
+        self._subscribed = set()
+        self._subscribing = {}
         after = f" at attempt {self._attempts}" if self._attempts > 1 else ""
         log.info("MQTT: connected to %s%s", self.cfg.url, after)
         self._attempts = 0
@@ -529,17 +554,21 @@ class MqttOutput:
         self._unacked.discard(mid)
 
     def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        topic = self._subscribing.pop(mid, "a trigger topic")
         refused = [code for code in reason_codes if code.is_failure]
         if refused:
-            log.error("MQTT: the broker refused the subscription to %s: %s", self._trigger_topic, refused[0])
+            log.error("MQTT: the broker refused the subscription to %s: %s", topic, refused[0])
         else:
-            log.info("MQTT: taking trigger requests on %s", self._trigger_topic)
+            log.info("MQTT: taking trigger requests on %s", topic)
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        camera_id = self._trigger_topics.get(message.topic)
         if message.retain:  # kept by the broker from an earlier publish: replayed on every subscription
             self.outbox.refused(TRIGGER)
             log.warning("MQTT: a retained trigger on %s ignored: publish triggers without retain", message.topic)
-        elif self._requests is not None and not self._requests(bytes(message.payload)):
+        elif camera_id is None or self._requests is None:  # sent before the unsubscription took effect
+            self.outbox.refused(TRIGGER)
+        elif not self._requests(camera_id, bytes(message.payload)):
             self.outbox.refused(TRIGGER)
 
     def _dropped(self, problem: str) -> None:

@@ -307,7 +307,7 @@ def inspection(settings: Settings, source: SourceBase) -> InspectConfig | None:
     the camera's own keys), the defaults when requests are answered with verdicts (request mode
     without inspection: any detection is NG), or None."""
     inspect = settings.inspect_for(source)
-    if inspect is None and settings.trigger.mode == "request":
+    if inspect is None and settings.trigger_mode(source) == "request":
         inspect = InspectConfig()
     return inspect
 

@@ -1,20 +1,23 @@
 """Triggered inspection (``trigger.mode = "request"``): the request socket, and ``edged trigger``.
 
-A request is a ZeroMQ message ``{"part_id": "..."}`` (part id optional) on a REP/ROUTER endpoint;
-the daemon answers with the `VerdictMessage` of a frame captured after the request arrived, or a
-`TriggerError` saying why not. `TriggerServer` owns the ROUTER socket: it stamps each request with
-its arrival time as it reads it, keeps the waiting ones in order, at most ``trigger.queue`` behind
-the one in progress, and answers "busy" beyond that at once, so no requester ever hangs. The daemon
-loop services it between frames (`edged.daemon`): the loop alone touches the socket, which is
-bound as every socket edged binds (`edged.listen.Listener`: a message-size limit, no taking over
-a live ipc path).
+A request is a ZeroMQ message ``{"part_id": "...", "camera_id": "..."}`` (`edged.messages.TriggerRequest`:
+both optional, the camera only while one camera takes requests) on a REP/ROUTER endpoint; the
+daemon answers with the `VerdictMessage` of a frame of that camera captured after the request
+arrived, or a `TriggerError` saying why not. `TriggerServer` owns the ROUTER socket: it stamps each
+request with its arrival time as it reads it, routes it to its camera, keeps each camera's waiting
+requests in order, at most ``trigger.queue`` behind the one in hand, and answers at once what it
+cannot queue (malformed, no such camera, busy), so no requester ever hangs. The daemon loop waits
+on `TriggerServer.fds`, reads with `collect` and takes each camera's next request with `next`
+(`edged.daemon`): the loop alone touches the socket, which is bound as every socket edged binds
+(`edged.listen.Listener`: a message-size limit, no taking over a live ipc path).
 
-With ``[mqtt]`` requests also arrive on the broker's ``PREFIX/CAMERA/trigger`` topic (`attach`):
-the MQTT thread checks and stamps each as it arrives and hands it over through a small locked
-queue with a wake-up socket, so the loop takes requests from both in the order they arrived,
-under the one bound. Their verdict goes out on the verdict topic as every verdict does; an error
-goes to ``PREFIX/CAMERA/trigger/error``, so that the verdict topic carries verdicts alone. A
-malformed payload there has nobody to answer: it is counted (``mqtt_drops.trigger``) and logged
+With ``[mqtt]`` requests also arrive on the broker's ``PREFIX/CAMERA/trigger`` topic of every
+camera in request mode (`attach`): the MQTT thread checks and stamps each as it arrives and hands
+it over through a small locked queue with a wake-up socket, so the loop takes requests from both
+in the order they arrived, under the one bound per camera. The topic names the camera; a payload
+that names another is malformed. The verdict goes out on the verdict topic as every verdict does;
+an error goes to ``PREFIX/CAMERA/trigger/error``, so that the verdict topic carries verdicts alone.
+A malformed payload there has nobody to answer: it is counted (``mqtt_drops.trigger``) and logged
 once per burst.
 
 Security: a tcp endpoint takes the publisher's CURVE server key and allow-list when
@@ -25,33 +28,33 @@ keys a non-loopback tcp endpoint is refused unless ``publish.insecure`` says oth
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal, TextIO
 
 import zmq
+from pydantic import ValidationError
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import PublishConfig, TriggerConfig
 from edged.errors import MessageError, PublishError, TriggerFailed, UsageError
 from edged.keys import ClientKeys, load_allowed_clients, load_secret_key
 from edged.listen import Listener
-from edged.messages import TriggerError, TriggerProblem, VerdictMessage, parse_message
+from edged.messages import TriggerError, TriggerProblem, TriggerRequest, VerdictMessage, parse_message, parse_request
 from edged.mqtt import MqttOutput
 from edged.publish import AllowList, check_exposure
 from edged.subscribe import format_verdict
 
 log = logging.getLogger(__name__)
 
-MAX_PART_ID = 128
 MALFORMED_BURST_S = 10.0  # malformed requests from the broker this close together are one burst, one log line
 EXIT_NG = 3  # `edged trigger`: 0 is OK, 3 NG, 1 no verdict (an error reply or none)
 
@@ -61,10 +64,12 @@ Origin = Literal["zmq", "mqtt"]
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One request: where it came from and the reply goes, its part id, and when it was read (monotonic ns)."""
+    """One request: where it came from and the reply goes, the camera it asks for, its part id, and
+    when it was read (monotonic ns)."""
 
     origin: Origin
     envelope: tuple[bytes, ...]  # the ROUTER's routing frames; none for a request from the broker
+    camera_id: str
     part_id: str | None
     arrived_ns: int
 
@@ -108,21 +113,24 @@ class Inbox:
 
 
 class TriggerServer:
-    """The ROUTER socket requests arrive on, and the ordered, bounded list of those waiting.
+    """The ROUTER socket requests arrive on, and per camera in request mode the ordered, bounded
+    list of those waiting and the one in hand.
 
     Raises `PublishError` for an endpoint it cannot bind or may not expose, `KeyFileError` for
     unusable keys.
     """
 
-    def __init__(self, cfg: TriggerConfig, publish: PublishConfig, camera_id: str) -> None:
-        self._camera_id = camera_id
-        self._bound = cfg.queue + 1  # the one in progress and those behind it
-        self._waiting: deque[Request] = deque()
-        self._serving = False  # a request was handed out by `next` and not yet answered
+    def __init__(self, cfg: TriggerConfig, publish: PublishConfig, camera_ids: Sequence[str]) -> None:
+        """``camera_ids``: the cameras in request mode, in config order."""
+        self._bound = cfg.queue + 1  # per camera: the one in hand and those behind it
+        self._cameras: tuple[str, ...] = ()
+        self._waiting: dict[str, deque[Request]] = {}
+        self._in_hand: dict[str, Request] = {}  # by camera: handed out by `next`, not yet answered
         self._inbox = Inbox(self._bound)
         self._mqtt: MqttOutput | None = None
         self._stopping = False
         self._malformed_at_ns = -int(MALFORMED_BURST_S * 1e9)  # the last malformed request from the broker
+        self.follow_cameras(camera_ids)
         self._allowed = AllowList()
         self._clients_dir = publish.curve_clients_dir
         secure = cfg.endpoint.startswith("tcp://") and publish.curve_server_key is not None and self._clients_dir is not None
@@ -141,7 +149,12 @@ class TriggerServer:
         except BaseException:
             self.close()
             raise
-        log.info("taking inspection requests on %s%s", self.endpoint, " with CURVE" if secure else "")
+        log.info(
+            "taking inspection requests for camera %s on %s%s",
+            ", ".join(self._cameras),
+            self.endpoint,
+            " with CURVE" if secure else "",
+        )
 
     def _start_authenticator(self) -> None:
         """The publisher's allow-list, checked by a ZAP handler in this server's own context."""
@@ -167,13 +180,35 @@ class TriggerServer:
         if revoked:
             self._listener = self._listener.reopen()
 
+    def follow_cameras(self, camera_ids: Sequence[str]) -> None:
+        """Take requests for ``camera_ids`` from now on (at start and after a reload).
+
+        Requests waiting for a camera no longer among them are answered ``bad_request`` at once;
+        one in hand is the loop's to answer. The broker's trigger topics follow too.
+        """
+        self._cameras = tuple(camera_ids)
+        for camera_id in [c for c in self._waiting if c not in self._cameras]:
+            for request in self._waiting.pop(camera_id):
+                self._reply(request, self.error(request, "bad_request", f"camera {camera_id} no longer takes requests"))
+        for camera_id in self._cameras:
+            self._waiting.setdefault(camera_id, deque())
+        self._inbox.limit = self._bound * len(self._cameras)
+        if self._mqtt is not None:
+            self._mqtt.take_requests(self._offer, self._cameras)
+
     def attach(self, mqtt: MqttOutput) -> None:
         """Take requests from the broker too, and send their errors there (at start and after a reload)."""
         self._mqtt = mqtt
-        mqtt.take_requests(self._offer)
+        mqtt.take_requests(self._offer, self._cameras)
 
-    def _offer(self, payload: bytes) -> bool:
-        """On the MQTT thread: stamp and queue one request from the broker, or say why not.
+    @property
+    def fds(self) -> list[zmq.Socket[bytes] | socket.socket]:
+        """What the loop's ``zmq.select`` waits on for requests to arrive: the socket and the broker's inbox."""
+        return [self._listener.socket, self._inbox.wake]
+
+    def _offer(self, camera_id: str, payload: bytes) -> bool:
+        """On the MQTT thread: stamp and queue one request from camera ``camera_id``'s trigger topic,
+        or say why not.
 
         Returns False for a malformed payload (the output counts it), logged once per burst;
         beyond the bound, or once edged is stopping, the error goes straight back to the broker.
@@ -181,7 +216,9 @@ class TriggerServer:
         """
         arrived_ns = time.monotonic_ns()
         try:
-            part_id = _part_id(payload)
+            asked = parse_request(payload)
+            if asked.camera_id not in (None, camera_id):
+                raise MessageError(f"camera_id {asked.camera_id!r} on the trigger topic of camera {camera_id}")
         except MessageError as e:
             if arrived_ns - self._malformed_at_ns > MALFORMED_BURST_S * 1e9:
                 log.warning(
@@ -191,36 +228,33 @@ class TriggerServer:
                 )
             self._malformed_at_ns = arrived_ns
             return False
-        if self._stopping or not self._inbox.put(Request("mqtt", (), part_id, arrived_ns)):
-            if self._stopping:
-                self._send_mqtt(self.error(part_id, "stopping", "edged is stopping"))
-            else:
-                self._send_mqtt(self.error(part_id, "busy", f"{self._inbox.limit} request(s) from the broker not yet taken"))
+        request = Request("mqtt", (), camera_id, asked.part_id, arrived_ns)
+        if self._stopping:
+            self._reply(request, self.error(request, "stopping", "edged is stopping"))
+        elif not self._inbox.put(request):
+            detail = f"{self._inbox.limit} request(s) from the broker not yet taken"
+            self._reply(request, self.error(request, "busy", detail))
         return True
 
-    def next(self, timeout_s: float) -> Request | None:
-        """The oldest waiting request, waiting up to ``timeout_s`` for one; None when none came."""
-        if not self._waiting:
-            zmq.select([self._listener.socket, self._inbox.wake], [], [], timeout_s)
-            self.collect()
-        if not self._waiting:
-            return None
-        self._serving = True
-        return self._waiting.popleft()
-
     def collect(self) -> None:
-        """Take every request that has arrived, from the socket and the broker, in arrival order:
-        queue it, or answer it at once (malformed on the socket: ``bad_request``; beyond the bound: ``busy``)."""
+        """Take every request that has arrived, from the socket and the broker, in arrival order: queue
+        it behind its camera's, or answer it at once (malformed, or no camera of this server:
+        ``bad_request``; beyond the camera's bound: ``busy``)."""
         arrived = self._read_socket() + self._inbox.take()
         arrived.sort(key=lambda request: request.arrived_ns)
         for request in arrived:
-            if len(self._waiting) + self._serving >= self._bound:
-                self._reply(request, self.error(request.part_id, "busy", f"{self._bound} request(s) already in hand"))
+            waiting = self._waiting.get(request.camera_id)
+            if waiting is None:
+                self._reply(request, self.error(request, "bad_request", self._unknown(request.camera_id)))
+            elif len(waiting) + (request.camera_id in self._in_hand) >= self._bound:
+                detail = f"{self._bound} request(s) for camera {request.camera_id} already in hand"
+                self._reply(request, self.error(request, "busy", detail))
             else:
-                self._waiting.append(request)
+                waiting.append(request)
 
     def _read_socket(self) -> list[Request]:
-        """Every request waiting on the socket, stamped as read; a malformed one is answered here."""
+        """Every request waiting on the socket, stamped as read; one that is malformed or names no
+        camera while several take requests is answered here."""
         requests: list[Request] = []
         while True:
             try:
@@ -229,16 +263,42 @@ class TriggerServer:
                 return requests
             arrived_ns = time.monotonic_ns()
             envelope, payload = tuple(frames[:-1]), frames[-1]
+            only = self._cameras[0] if len(self._cameras) == 1 else ""
             try:
-                requests.append(Request("zmq", envelope, _part_id(payload), arrived_ns))
+                asked = parse_request(payload)
             except MessageError as e:
-                self._send(envelope, self.error(None, "bad_request", str(e)))
+                self._send(envelope, TriggerError(camera_id=only, part_id=None, error="bad_request", detail=str(e)))
+                continue
+            camera_id = asked.camera_id or only
+            if not camera_id:
+                detail = f"name the camera: {self._unknown('')}"
+                self._send(envelope, TriggerError(camera_id="", part_id=asked.part_id, error="bad_request", detail=detail))
+                continue
+            requests.append(Request("zmq", envelope, camera_id, asked.part_id, arrived_ns))
 
-    def error(self, part_id: str | None, problem: TriggerProblem, detail: str) -> TriggerError:
-        return TriggerError(camera_id=self._camera_id, part_id=part_id, error=problem, detail=detail)
+    def _unknown(self, camera_id: str) -> str:
+        """Why a request for ``camera_id`` is not taken, naming the cameras that are."""
+        cameras = ", ".join(self._cameras) or "none"
+        return f"camera_id {camera_id!r} does not take requests here; the cameras that do: {cameras}"
+
+    def next(self, camera_id: str) -> Request | None:
+        """The oldest request waiting for ``camera_id``, now in hand until `answer`; None when none waits.
+
+        A camera has at most one request in hand: asking again before answering it is a bug.
+        """
+        assert camera_id not in self._in_hand, f"camera {camera_id} already has a request in hand"
+        waiting = self._waiting.get(camera_id)
+        if not waiting:
+            return None
+        request = self._in_hand[camera_id] = waiting.popleft()
+        return request
+
+    def error(self, request: Request, problem: TriggerProblem, detail: str) -> TriggerError:
+        return TriggerError(camera_id=request.camera_id, part_id=request.part_id, error=problem, detail=detail)
 
     def answer(self, request: Request, reply: VerdictMessage | TriggerError) -> None:
-        self._serving = False
+        """Reply to the request in hand for its camera, which may then take the next."""
+        del self._in_hand[request.camera_id]
         self._reply(request, reply)
 
     def _reply(self, request: Request, reply: VerdictMessage | TriggerError) -> None:
@@ -246,12 +306,8 @@ class TriggerServer:
         the verdict topic with the frame's other messages."""
         if request.origin == "zmq":
             self._send(request.envelope, reply)
-        elif isinstance(reply, TriggerError):
-            self._send_mqtt(reply)
-
-    def _send_mqtt(self, error: TriggerError) -> None:
-        if self._mqtt is not None:
-            self._mqtt.send("trigger/error", error.model_dump_json().encode(), self._camera_id)
+        elif isinstance(reply, TriggerError) and self._mqtt is not None:
+            self._mqtt.send("trigger/error", reply.model_dump_json().encode(), request.camera_id)
 
     def _send(self, envelope: tuple[bytes, ...], reply: VerdictMessage | TriggerError) -> None:
         try:
@@ -260,13 +316,16 @@ class TriggerServer:
             log.warning("trigger reply not sent: %s", e.strerror)
 
     def close(self) -> None:
-        """Tell every request still waiting, and any from the broker after, that edged is stopping;
-        then release the endpoint."""
+        """Tell every request in hand or still waiting, and any from the broker after, that edged is
+        stopping; then release the endpoint."""
         self._stopping = True
         self.collect()
-        while self._waiting:
-            request = self._waiting.popleft()
-            self._reply(request, self.error(request.part_id, "stopping", "edged is stopping"))
+        unanswered = [*self._in_hand.values(), *(request for waiting in self._waiting.values() for request in waiting)]
+        self._in_hand.clear()
+        for waiting in self._waiting.values():
+            waiting.clear()
+        for request in sorted(unanswered, key=lambda request: request.arrived_ns):
+            self._reply(request, self.error(request, "stopping", "edged is stopping"))
         self._inbox.close()
         self._listener.close(linger=0)
         if self._auth is not None:
@@ -283,26 +342,12 @@ def _configure(sock: zmq.Socket[bytes], curve: tuple[bytes, bytes] | None) -> No
         sock.curve_server = True
 
 
-def _part_id(payload: bytes) -> str | None:
-    """The part id of a request payload (empty, ``{}`` or ``{"part_id": "..."}``); raises MessageError."""
-    if not payload.strip():
-        return None
-    try:
-        data = json.loads(payload)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise MessageError('a request is JSON: {"part_id": "..."}, part id optional') from None
-    if not isinstance(data, dict) or set(data) - {"part_id"}:
-        raise MessageError('a request is a JSON object with at most one key, "part_id"')
-    part_id = data.get("part_id")
-    if part_id is not None and (not isinstance(part_id, str) or not 0 < len(part_id) <= MAX_PART_ID):
-        raise MessageError(f"part_id must be a string of 1 to {MAX_PART_ID} characters")
-    return part_id
-
-
 # ---- edged trigger ---------------------------------------------------------------------------
 
 
-def request_verdict(endpoint: str, part_id: str | None, timeout_s: float, curve: ClientKeys | None = None) -> VerdictMessage:
+def request_verdict(
+    endpoint: str, request: TriggerRequest, timeout_s: float, curve: ClientKeys | None = None
+) -> VerdictMessage:
     """Send one request and return its verdict; raises `TriggerFailed` for an error reply or none."""
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = context.socket(zmq.REQ)
@@ -311,7 +356,7 @@ def request_verdict(endpoint: str, part_id: str | None, timeout_s: float, curve:
         if curve is not None:
             curve.apply(sock)
         sock.connect(endpoint)
-        sock.send(json.dumps({"part_id": part_id} if part_id is not None else {}).encode())
+        sock.send(request.model_dump_json(exclude_none=True).encode())
         if not sock.poll(int(timeout_s * 1000)):
             raise TriggerFailed(f"no reply from {endpoint} within {timeout_s:g} s (is edged running in request mode there?)")
         reply = parse_message(sock.recv())
@@ -332,15 +377,24 @@ def run_trigger(
     part_id: str | None,
     timeout_s: float,
     *,
+    camera_id: str | None = None,
     raw_json: bool = False,
     server_key: Path | None = None,
     client_key: Path | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    """``edged trigger``: prints the verdict; exits 0 for OK, `EXIT_NG` for NG, raises `TriggerFailed` otherwise."""
+    """``edged trigger``: prints the verdict; exits 0 for OK, `EXIT_NG` for NG, raises `TriggerFailed` otherwise.
+
+    A part id or camera the daemon would refuse is a `UsageError` here, before anything is sent.
+    """
     if timeout_s <= 0:
         raise UsageError(f"--timeout must be above 0, got {timeout_s:g}")
+    try:
+        request = TriggerRequest(part_id=part_id, camera_id=camera_id)
+    except ValidationError as e:
+        option = {"part_id": "--part-id", "camera_id": "--camera"}[str(e.errors()[0]["loc"][0])]
+        raise UsageError(f"{option}: {e.errors()[0]['msg']}") from None
     curve = ClientKeys.from_options(server_key, client_key)
-    verdict = request_verdict(endpoint, part_id, timeout_s, curve)
+    verdict = request_verdict(endpoint, request, timeout_s, curve)
     print(verdict.model_dump_json() if raw_json else format_verdict(verdict), file=out, flush=True)
     return 0 if verdict.verdict == "ok" else EXIT_NG

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
-from daemon import run_cli, write_config
+import zmq
+from daemon import edged_command, run_cli, write_config
 from onnx_models import colour_probe, nan_probe
 
-from edged.messages import schema_text
+from edged.config import PublishConfig, TriggerConfig
+from edged.messages import VerdictMessage, schema_text
+from edged.trigger import Request, TriggerServer
 
 pytestmark = pytest.mark.integration
 
@@ -205,8 +209,66 @@ def test_schema_command_prints_the_generated_schema(tmp: Path) -> None:
     assert json.loads(result.stdout)["title"] == "edged messages"
 
 
+def test_run_refuses_request_mode_beside_another_camera(tmp: Path) -> None:
+    top, side = {"type": "synthetic", "camera_id": "top"}, {"type": "synthetic", "camera_id": "side"}
+    for cameras, mode, asking in (
+        ([top | {"trigger": "request"}, side], "free", "top"),
+        ([top, side | {"trigger": "free"}], "request", "top"),
+        ([top, side], "request", "top, side"),
+    ):
+        result = run_cli("run", "--config", str(_config(tmp, source=cameras, trigger={"mode": mode})))
+        assert result.returncode == 78, result.stderr
+        assert f"request mode serves a single camera, and camera {asking} takes requests among 2 [[source]]" in result.stderr
+
+
+def _asked(server: TriggerServer, camera_id: str, proc: subprocess.Popen[str]) -> Request:
+    """The request ``proc`` sends, read as the daemon loop reads them."""
+    while (request := server.next(camera_id)) is None:
+        assert proc.poll() is None, proc.communicate()
+        if zmq.select(server.fds, [], [], 30)[0]:
+            server.collect()
+    return request
+
+
+def test_trigger_asks_for_the_camera_it_is_given(tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path / 'trigger.sock'}"
+    server = TriggerServer(TriggerConfig(mode="request", endpoint=endpoint), PublishConfig(), ["top", "side"])
+    try:
+        command = edged_command("trigger", endpoint, "--camera", "side", "--part-id", "P-1", "--timeout", "30")
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            request = _asked(server, "side", proc)
+            assert (request.camera_id, request.part_id) == ("side", "P-1") and server.next("top") is None
+            verdict = VerdictMessage(
+                camera_id="side",
+                seq=0,
+                frame_id=7,
+                capture_time_ns=1,
+                part_id="P-1",
+                verdict="ng",
+                reasons=[],
+                verdict_latency_ms=1,
+            )
+            server.answer(request, verdict)
+            out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 3, err
+        assert "[verdict side frame 7 part P-1] NG" in out
+        unnamed = edged_command("trigger", endpoint, "--timeout", "30")
+        with subprocess.Popen(unnamed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            while proc.poll() is None:
+                if zmq.select(server.fds, [], [], 1)[0]:
+                    server.collect()  # answers it at once
+            err = proc.communicate()[1]
+        assert proc.returncode == 1, err
+        assert "no verdict (bad_request): name the camera: camera_id '' does not take requests here" in err
+        assert "the cameras that do: top, side" in err
+    finally:
+        server.close()
+    refused = run_cli("trigger", endpoint, "--camera", "top side", "--timeout", "1")
+    assert refused.returncode == 2 and "--camera: String should match pattern" in refused.stderr, refused.stderr
+
+
 @pytest.mark.parametrize(
-    "command", ["run", "check", "subscribe", "schema", "thermal", "eval", "keygen", "bench", "quantize"]
+    "command", ["run", "check", "subscribe", "schema", "thermal", "eval", "keygen", "bench", "quantize", "trigger"]
 )
 def test_every_command_has_useful_help(command: str) -> None:
     result = run_cli(command, "--help")

@@ -375,11 +375,18 @@ def test_a_variable_for_one_key_of_several_cameras_is_refused_and_a_json_list_re
     assert [cfg.camera_id for cfg in load_config(path).source] == ["a", "b"]
 
 
-def test_request_mode_takes_one_camera(tmp_path: Path) -> None:
-    (tmp_path / "top").mkdir()
+def test_each_camera_takes_its_own_trigger_mode(tmp_path: Path) -> None:
+    (tmp_path / "top").mkdir(exist_ok=True)
     (tmp_path / "side.mp4").write_bytes(b"x")
-    with pytest.raises(ConfigError, match="answers each request with one camera's frame, and there are 2"):
-        load_config(_write(tmp_path, CAMERAS + '[trigger]\nmode = "request"\n'))
+    both = load_config(_write(tmp_path, CAMERAS + '[trigger]\nmode = "request"\n'))
+    assert [both.trigger_mode(cfg) for cfg in both.source] == ["request", "request"]
+    side_free = CAMERAS.replace('path = "side.mp4"', 'path = "side.mp4"\ntrigger = "free"') + '[trigger]\nmode = "request"\n'
+    mixed = load_config(_write(tmp_path, side_free))
+    assert [mixed.trigger_mode(cfg) for cfg in mixed.source] == ["request", "free"]
+    top_asks = load_config(_write(tmp_path, CAMERAS.replace("max_fps = 5", 'max_fps = 5\ntrigger = "request"')))
+    assert [top_asks.trigger_mode(cfg) for cfg in top_asks.source] == ["request", "free"]
+    with pytest.raises(ConfigError, match=r"source\[1\]\.trigger: Input should be 'free' or 'request'"):
+        load_config(_write(tmp_path, CAMERAS.replace('path = "side.mp4"', 'path = "side.mp4"\ntrigger = "sometimes"')))
 
 
 # The top camera's own tables: after a [[source]] table, [source.inspect] and [source.evidence] are its subtables.

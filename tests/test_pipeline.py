@@ -11,11 +11,12 @@ import pytest
 from allocations import NumpyAllocations
 from onnx_models import colour_probe, fixed_scene, solid_frame
 
-from edged.config import ModelConfig, RuntimeConfig, load_config
+from edged.config import ModelConfig, RuntimeConfig, Settings, TriggerConfig, load_config
 from edged.errors import ConfigError
 from edged.model import load_model
 from edged.pipeline import MAX_PLANS, FramePath, FramePipeline, Processed, Rejected, frame_path, verdict_message
 from edged.sources import Frame
+from edged.sources.synthetic import SyntheticSourceConfig
 from edged.verdict import InspectConfig, Inspector
 
 # In a 64x64 input; a 128x96 frame maps x * 2, (y - 8) * 2. Centres in the frame's fractions:
@@ -284,3 +285,13 @@ def test_plans_per_size_are_bounded_and_the_least_recently_used_goes_first(
         assert plan_of(size) is first[size]
     assert plan_of(sizes[1]) is not first[sizes[1]]  # planned again
     assert caplog.text.count("more than") == 1  # said once, not per eviction
+
+
+def test_a_camera_in_request_mode_gives_verdicts_without_inspect_and_a_free_one_none(tmp_path: Path) -> None:
+    cfg = ModelConfig(path=fixed_scene(tmp_path / "m.onnx", [(16.0, 20.0, 8.0, 8.0, 0, 0.9)]))
+    top, side = SyntheticSourceConfig(camera_id="top"), SyntheticSourceConfig(camera_id="side", trigger="free")
+    settings = Settings(model=cfg, source=(top, side), trigger=TriggerConfig(mode="request"))
+    model = load_model(cfg, RuntimeConfig())
+    asked = frame_path(settings, model, top).run(_frame(np.full((96, 128, 3), 90, np.uint8)))
+    assert isinstance(asked, Processed) and asked.inspected is not None and asked.inspected.verdict == "ng"
+    assert frame_path(settings, model, side).inspector is None

@@ -10,7 +10,7 @@ from edged.trigger import Inbox, Request
 
 
 def _request(part: str, arrived_ns: int) -> Request:
-    return Request("mqtt", (), part, arrived_ns)
+    return Request("mqtt", (), "cam0", part, arrived_ns)
 
 
 def test_the_inbox_is_bounded_keeps_order_and_wakes_a_waiting_loop() -> None:

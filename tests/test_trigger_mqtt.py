@@ -6,6 +6,7 @@ independent paho client, and the ZeroMQ side with a real REQ socket, as in ``tes
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,12 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 from daemon import RunningDaemon, free_port
 from mosquitto import Broker, Listener
 from test_trigger import Requester, ready, running
 from waiting import wait_for
 
+from edged.config import PublishConfig, TriggerConfig
 from edged.messages import TriggerError, VerdictMessage, parse_message
+from edged.mqtt import MqttConfig, MqttOutput
+from edged.trigger import Request, TriggerServer
 
 pytestmark = pytest.mark.integration
 
@@ -38,11 +43,13 @@ def mqtt(broker: Broker) -> dict[str, Any]:
     return {"url": f"mqtt://127.0.0.1:{broker.port}", "topic_prefix": PREFIX, "keepalive_s": 5}
 
 
-def publish(broker: Broker, payload: str | bytes, *, retain: bool = False, lines: bool = False) -> None:
-    """On the trigger topic with ``mosquitto_pub`` at QoS 1, returning once the broker has it: one
-    message, or with ``lines`` one per line of ``payload``, in order, from one client."""
+def publish(
+    broker: Broker, payload: str | bytes, *, retain: bool = False, lines: bool = False, topic: str = TRIGGER
+) -> None:
+    """On the trigger topic (cam0's unless ``topic`` says) with ``mosquitto_pub`` at QoS 1, returning
+    once the broker has it: one message, or with ``lines`` one per line of ``payload``, in order, from one client."""
     message = payload if isinstance(payload, bytes) else payload.encode()
-    command = [b"mosquitto_pub", b"-h", b"127.0.0.1", b"-p", b"%d" % broker.port, b"-t", TRIGGER.encode(), b"-q", b"1"]
+    command = [b"mosquitto_pub", b"-h", b"127.0.0.1", b"-p", b"%d" % broker.port, b"-t", topic.encode(), b"-q", b"1"]
     command += [b"-l"] if lines else [b"-m", message]
     command += [b"-r"] if retain else []
     subprocess.run(command, input=message if lines else None, check=True, capture_output=True, timeout=30)
@@ -189,3 +196,68 @@ def test_sigterm_answers_the_requests_from_the_broker_that_edged_is_stopping(tmp
             assert {part: e.error for part, e in replies.items()} == {"A": "stopping", "B": "stopping"}, replies
         finally:
             listener.close()
+
+
+def _next(server: TriggerServer, camera_id: str) -> Request:
+    """The next request for ``camera_id``, read as the daemon loop reads them."""
+    deadline = time.monotonic() + 30
+    while (request := server.next(camera_id)) is None:
+        assert time.monotonic() < deadline, f"no request for {camera_id}"
+        if zmq.select(server.fds, [], [], 1)[0]:
+            server.collect()
+    return request
+
+
+def _collected(server: TriggerServer) -> bool:
+    """The loop's turn: what has arrived is read (and answered at once where it cannot wait)."""
+    server.collect()
+    return True
+
+
+def test_each_camera_in_request_mode_takes_triggers_on_its_own_topic_and_errors_go_back_there(
+    tmp_path: Path, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="edged.mqtt")
+    topic = {
+        camera: {kind: f"{PREFIX}/{camera}/{kind}" for kind in ("trigger", "trigger/error")} for camera in ("top", "side")
+    }
+    mqtt_cfg = MqttConfig.model_validate(mqtt(broker))
+    output = MqttOutput(mqtt_cfg, ["top", "side", "front"])
+    trigger = TriggerConfig(mode="request", endpoint=f"ipc://{tmp_path / 'trigger.sock'}", queue=1)
+    server = TriggerServer(trigger, PublishConfig(), ["top", "side"])
+    listener = Listener(broker.port, f"{PREFIX}/#")
+    try:
+        server.attach(output)
+        wanted = [f"MQTT: taking trigger requests on {topic[camera]['trigger']}" for camera in ("top", "side")]
+        assert wait_for(lambda: all(line in caplog.text for line in wanted), 30), caplog.text
+        publish(broker, '{"part_id": "A"}', topic=topic["top"]["trigger"])
+        publish(broker, '{"part_id": "B", "camera_id": "side"}', topic=topic["side"]["trigger"])
+        publish(broker, '{"part_id": "X", "camera_id": "top"}', topic=topic["side"]["trigger"])  # not the topic's camera
+        a, b = _next(server, "top"), _next(server, "side")
+        assert [(r.origin, r.camera_id, r.part_id) for r in (a, b)] == [("mqtt", "top", "A"), ("mqtt", "side", "B")]
+        assert wait_for(lambda: output.stats().drops["trigger"] == 1, 30), output.stats()
+        assert "camera_id 'top' on the trigger topic of camera side" in caplog.text
+        publish(broker, '{"part_id": "C"}\n{"part_id": "D"}', topic=topic["side"]["trigger"], lines=True)
+        assert wait_for(lambda: _collected(server) and listener.on(topic["side"]["trigger/error"]) != [], 30)
+        busy = parse_message(listener.on(topic["side"]["trigger/error"])[0].payload)  # queue = 1: C waits, D is busy
+        assert isinstance(busy, TriggerError) and (busy.error, busy.camera_id, busy.part_id) == ("busy", "side", "D"), busy
+        server.answer(a, server.error(a, "timeout", "no frame"))
+        timeout = parse_message(listener.wait(topic["top"]["trigger/error"])[0].payload)
+        assert isinstance(timeout, TriggerError) and (timeout.error, timeout.camera_id, timeout.part_id) == (
+            "timeout",
+            "top",
+            "A",
+        )
+        server.follow_cameras(["top"])  # a reload: side no longer takes requests
+        removed = parse_message(listener.wait(topic["side"]["trigger/error"], 2)[1].payload)
+        assert isinstance(removed, TriggerError) and (removed.error, removed.part_id) == ("bad_request", "C"), removed
+        unsubscribed = f"MQTT: no longer taking trigger requests on {topic['side']['trigger']}"
+        assert wait_for(lambda: unsubscribed in caplog.text, 30), caplog.text
+        publish(broker, '{"part_id": "E"}', topic=topic["side"]["trigger"])
+        publish(broker, '{"part_id": "F"}', topic=topic["top"]["trigger"])
+        assert _next(server, "top").part_id == "F"
+        assert output.stats().drops["trigger"] == 1 and len(listener.on(topic["side"]["trigger/error"])) == 2  # E unseen
+    finally:
+        server.close()
+        output.close()
+        listener.close()

@@ -43,7 +43,7 @@ class SourceBase(Section):
 
     # What is done with the camera's frames, not how it is opened: a reload that changes only these
     # keeps the camera's capture running.
-    PROCESSING_KEYS: ClassVar[frozenset[str]] = frozenset({"max_fps", "evidence", "inspect", "zones"})
+    PROCESSING_KEYS: ClassVar[frozenset[str]] = frozenset({"max_fps", "evidence", "inspect", "zones", "trigger"})
 
     type: str
     camera_id: str = Field(
@@ -66,6 +66,9 @@ class SourceBase(Section):
         None,
         description="A [source.inspect] table: this camera's inspection keys, in place of those keys of "
         "[inspect] (the others come from there); the camera is inspected even without an [inspect] section.",
+    )
+    trigger: Literal["free", "request"] | None = Field(
+        None, description="This camera's trigger.mode ('free' or 'request'); default: trigger.mode."
     )
     zones: dict[ZoneName, list[tuple[float, float]]] | None = Field(
         None, description="Short for this camera's inspect.zones: its zones in place of inspect.zones."
