@@ -154,7 +154,7 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     """Every camera is opened and tried, one after the other, so that one missing camera does
     not hide another's problem; a model or contract problem stops at once (exit 78)."""
     print(f"config     {config_path}: valid", file=out)
-    model = load_model(settings.model, settings.runtime, record_placement=True)
+    model = load_model(settings.model, settings.runtime, record_placement=True, lanes=settings.lanes())
     named = len(settings.source) > 1
     failed = [
         (cfg.camera_id, e) for cfg in settings.source if (e := _check_source(settings, model, cfg, named, out)) is not None

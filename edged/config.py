@@ -328,6 +328,10 @@ class Settings(BaseSettings):
         """A camera's rate cap: its own ``max_fps``, else ``service.max_fps`` (0: none)."""
         return cfg.max_fps if cfg.max_fps is not None else self.service.max_fps
 
+    def lanes(self) -> int:
+        """The inference lanes in use: as many as ``runtime.inference_lanes`` asks, one per camera at most."""
+        return min(self.runtime.inference_lanes, len(self.source))
+
     def inspect_for(self, cfg: SourceBase) -> InspectConfig | None:
         """A camera's inspection: the keys of its [source.inspect] table (and its ``zones``) in place of
         those keys of [inspect], the others from there; None: the camera is not inspected."""

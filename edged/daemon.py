@@ -98,7 +98,7 @@ class Daemon:
         # for the slower of the two, not their sum.
         captures = {cfg.camera_id: self._start_capture(cfg) for cfg in settings.source}
         try:
-            self.model = model = load_model(settings.model, settings.runtime)
+            self.model = model = load_model(settings.model, settings.runtime, lanes=settings.lanes())
             self.cameras = {
                 cfg.camera_id: Camera(cfg, captures[cfg.camera_id], frame_path(settings, model, cfg), settings.max_fps(cfg))
                 for cfg in settings.source
@@ -111,7 +111,7 @@ class Daemon:
             stop_captures(captures.values(), CAPTURE_STOP_WAIT_S)
             raise
         self.http.start()
-        self.lanes = self._lanes(settings)
+        self.lanes = Lanes(settings.lanes(), self._wake)
         for camera in self.cameras.values():
             camera.evidence = self._start_evidence(camera.cfg)
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
@@ -122,10 +122,6 @@ class Daemon:
         # During a trial, the cameras the reload adds or opens differently, served by its model only.
         self._incoming: dict[str, Camera] = {}
         self._next_status = self._next_thermal = time.monotonic()
-
-    def _lanes(self, settings: Settings) -> Lanes:
-        """As many lanes as asked for, one per camera at most: a camera is on one lane at a time."""
-        return Lanes(min(settings.runtime.inference_lanes, len(settings.source)), self._wake)
 
     def _start_capture(self, cfg: SourceBase) -> Capture:
         return start_capture(cfg, self.settings.runtime.capture_priority, self._wake)
@@ -519,7 +515,7 @@ class Daemon:
         remaining = [ProviderConfig(name=name, options=options) for name, options in providers[1:]]
         runtime = self.settings.runtime.model_copy(update={"providers": remaining})
         try:
-            model = load_model(self.settings.model, runtime)
+            model = load_model(self.settings.model, runtime, lanes=self.settings.lanes())
         except EdgedError as e:
             log.error("cannot fall back from %s: %s", providers[0][0], e)
             return False
@@ -648,7 +644,7 @@ class Daemon:
         """The reload takes over: its model, cameras, outputs and thermal watch."""
         self._quiesce()
         self.lanes.close()
-        self.lanes = self._lanes(replacement.settings)
+        self.lanes = Lanes(replacement.settings.lanes(), self._wake)
         new = replacement.settings
         old, self.settings = self.settings, new
         self.model = replacement.model

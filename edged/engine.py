@@ -104,8 +104,10 @@ class Engine:
         *,
         imgsz: tuple[int, int] | None = None,
         record_placement: bool = False,
+        lanes: int = 1,
     ) -> None:
         """``imgsz`` ([h, w], model.imgsz) is the size a dynamic export is pinned to; default its metadata.
+        ``lanes``: how many threads will run the session at once (`edged.cpus.plan_threads`).
 
         ``record_placement`` makes `placement` possible: ORT's assignment record, or its profiler
         writing into a directory of its own until `placement` reads it.
@@ -119,7 +121,7 @@ class Engine:
         self.providers, self.provider_warnings = resolve_providers(cfg.providers, ort.get_available_providers())
         for warning in self.provider_warnings:
             log.warning(warning, extra={"MODEL": self.identity.short})
-        self.threads = plan_threads(cfg.intra_op_threads)
+        self.threads = plan_threads(cfg.intra_op_threads, lanes=lanes)
         log.info("inference threads: %s", self.threads.summary)
         if self.threads.warning:
             log.warning(self.threads.warning)

@@ -76,11 +76,12 @@ def _head(engine: Engine, cfg: ModelConfig) -> tuple[str, int]:
     return head, num_classes
 
 
-def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool = False) -> LoadedModel:
-    """Load and check a model; raises ModelError (cannot load) or ContractError (cannot trust)."""
+def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool = False, lanes: int = 1) -> LoadedModel:
+    """Load and check a model for ``lanes`` threads running it at once (`edged.lanes`); raises
+    ModelError (cannot load) or ContractError (cannot trust)."""
     if not cfg.path.is_file():
         raise ModelError(f"model file {cfg.path} does not exist")
-    engine = Engine(cfg.path, runtime, imgsz=cfg.imgsz, record_placement=record_placement)
+    engine = Engine(cfg.path, runtime, imgsz=cfg.imgsz, record_placement=record_placement, lanes=lanes)
     head, num_classes = _head(engine, cfg)
     inputs = [(i.name, i.shape, i.type) for i in engine.input_meta]
     contract = build_contract(inputs, engine.metadata, cfg, head_named(head))

@@ -45,7 +45,7 @@ class Replacement:
 def load_replacement(config_path: Path | None, running: Settings) -> Replacement:
     """The new settings with their loaded model; raises an EdgedError when either is unusable."""
     new = load_config(config_path)
-    model = load_model(new.model, new.runtime)
+    model = load_model(new.model, new.runtime, lanes=new.lanes())
     if new.publish != running.publish:
         # The bound socket keeps its endpoints and options, so the settings must say so too
         # (topics are built from them).

@@ -181,3 +181,18 @@ def test_inside_a_cpuset_onnxruntime_pins_nothing_and_says_nothing(tmp_path: Pat
     assert result["threads"] == 1
     assert set(result["allowed"].values()) == {str(cpu)}  # type: ignore[union-attr]
     assert "pthread_setaffinity_np" not in stderr
+
+
+def test_lanes_share_the_cores_with_the_pool_by_default_and_a_count_that_crowds_them_is_warned_about(
+    arm: Path, smt: Path
+) -> None:
+    """Each lane runs on its own thread besides the pool's: n pool threads for k lanes keep
+    n - 1 + k busy, so the default leaves the pool what the lanes do not take."""
+    two = plan_threads(0, frozenset({0, 1, 2, 3}), arm, lanes=2)
+    assert two.intra_op_threads == 3 and two.warning is None
+    assert "with 2 inference lanes on the 4 physical core(s) of CPUs 0-3" in two.summary
+    assert plan_threads(0, frozenset({0, 1, 2, 3}), smt, lanes=2).intra_op_threads == 1  # two cores, SMT siblings
+    assert plan_threads(0, frozenset({0, 1, 2, 3}), arm, lanes=8).intra_op_threads == 1
+    assert plan_threads(3, frozenset({0, 1, 2, 3}), arm, lanes=2).warning is None  # 2 pool workers + 2 lanes: 4
+    crowded = plan_threads(4, frozenset({0, 1, 2, 3}), arm, lanes=2).warning
+    assert crowded is not None and "intra_op_threads = 4 with 2 inference lanes" in crowded
