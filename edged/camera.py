@@ -21,13 +21,14 @@ from collections.abc import Iterable, Iterator
 from typing import Literal, get_args
 
 from edged.capture import Capture
-from edged.config import CapturePriority
+from edged.config import CapturePriority, Settings
 from edged.evidence import EvidenceWriter
 from edged.pipeline import FramePath
 from edged.ratecap import RateCap
 from edged.sources import Frame, open_source
-from edged.sources.base import SourceBase
+from edged.sources.base import SourceBase, TriggerMode
 from edged.stats import RunStats
+from edged.trigger import Request
 from edged.wake import Waker
 
 Topic = Literal["detections", "verdict", "status"]  # a camera's topics, each with a seq of its own
@@ -50,20 +51,42 @@ def stop_captures(captures: Iterable[Capture], timeout_s: float) -> None:
         capture.stop(max(0.0, deadline - time.monotonic()))
 
 
+def camera_for(
+    settings: Settings, cfg: SourceBase, capture: Capture, path: FramePath, previous: Camera | None = None
+) -> Camera:
+    """Camera ``cfg`` as ``settings`` run it: in its trigger mode, with its rate cap in free mode
+    (in request mode the requests set the pace)."""
+    mode = settings.trigger_mode(cfg)
+    return Camera(cfg, capture, path, settings.max_fps(cfg) if mode == "free" else 0.0, mode, previous)
+
+
 class Camera:
-    """A camera's capture, frame path, counters, sequence numbers and rate cap.
+    """A camera's capture, frame path, counters, sequence numbers, rate cap and request in hand.
 
     ``previous``: the running camera of the same id that this one replaces on a reload; its
-    counters and sequence numbers carry on, so its topics stay gapless.
+    counters and sequence numbers carry on, so its topics stay gapless, and so does its request
+    in hand while it stays in request mode.
     """
 
     def __init__(
-        self, cfg: SourceBase, capture: Capture, path: FramePath, max_fps: float, previous: Camera | None = None
+        self,
+        cfg: SourceBase,
+        capture: Capture,
+        path: FramePath,
+        max_fps: float,
+        mode: TriggerMode = "free",
+        previous: Camera | None = None,
     ) -> None:
         self.cfg = cfg
         self.id = cfg.camera_id
         self.capture = capture
         self.path = path
+        self.mode = mode
+        # In request mode, the request its next frame captured after the request arrived answers;
+        # a successor in request mode takes it over, one that is not leaves it to be refused.
+        self.request: Request | None = None
+        if previous is not None and mode == "request":
+            self.request, previous.request = previous.request, None
         self.rate_cap = RateCap(max_fps)
         self.stats: RunStats = previous.stats if previous else RunStats()
         self._seq: dict[str, Iterator[int]] = previous._seq if previous else {t: itertools.count() for t in get_args(Topic)}

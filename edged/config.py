@@ -37,7 +37,7 @@ from edged.keys import key_file_problems, read_token
 from edged.mqtt import MqttConfig
 from edged.sections import Section
 from edged.sources import SOURCES
-from edged.sources.base import SourceBase, mask_credentials
+from edged.sources.base import SourceBase, TriggerMode, mask_credentials
 from edged.sources.synthetic import SyntheticSourceConfig
 from edged.verdict import InspectConfig
 
@@ -219,7 +219,7 @@ class PublishConfig(Section):
 class TriggerConfig(Section):
     """``[trigger]``: free-running frames, or one inspection per request."""
 
-    mode: Literal["free", "request"] = Field(
+    mode: TriggerMode = Field(
         "free", description="'free' publishes every frame; 'request' inspects one frame per request on trigger.endpoint."
     )
     endpoint: str = Field(
@@ -349,7 +349,7 @@ class Settings(BaseSettings):
             return self.evidence if cfg.evidence else None
         return _overlay(self.evidence or EvidenceConfig(), _given(cfg.evidence))
 
-    def trigger_mode(self, cfg: SourceBase) -> Literal["free", "request"]:
+    def trigger_mode(self, cfg: SourceBase) -> TriggerMode:
         """A camera's trigger mode: its own ``trigger``, else ``trigger.mode``."""
         return cfg.trigger if cfg.trigger is not None else self.trigger.mode
 

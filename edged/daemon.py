@@ -20,9 +20,7 @@ import logging
 import time
 from pathlib import Path
 
-import zmq
-
-from edged.camera import Camera, start_capture, stop_captures
+from edged.camera import Camera, camera_for, start_capture, stop_captures
 from edged.capture import Capture
 from edged.config import ProviderConfig, Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, KeyFileError, ModelError
@@ -31,7 +29,7 @@ from edged.health import Health
 from edged.http import HttpConfig, HttpServer
 from edged.lanes import Lanes, Outcome
 from edged.lograte import LogRate
-from edged.messages import TriggerError, VerdictMessage
+from edged.messages import TriggerError, TriggerProblem, VerdictMessage
 from edged.model import LoadedModel, load_model
 from edged.mqtt import MqttOutput
 from edged.pipeline import Processed, Rejected, camera_zones, frame_path, verdict_message
@@ -71,17 +69,6 @@ def requesting(settings: Settings) -> list[str]:
     return [cfg.camera_id for cfg in settings.source if settings.trigger_mode(cfg) == "request"]
 
 
-def unserved(settings: Settings) -> str | None:
-    """Why the loop cannot serve ``settings``' cameras, or None: it serves request mode for one camera alone."""
-    cameras = requesting(settings)
-    if not cameras or len(settings.source) == 1:
-        return None
-    return (
-        f"request mode serves a single camera, and camera {', '.join(cameras)} takes requests among "
-        f"{len(settings.source)} [[source]] tables: run request mode with a single [source]"
-    )
-
-
 class Daemon:
     """One running configuration: model, cameras, publisher, thermal watch, and the loop."""
 
@@ -90,8 +77,6 @@ class Daemon:
         self.config_path = config_path
         self.notifier = notifier
         self.signals = signals
-        if (problem := unserved(settings)) is not None:
-            raise ConfigError(config_path, [problem])
         self.health = Health(settings.service.stall_timeout_s)
         self._wake = Wake()  # set by every capture thread's hand-over and every lane's result
         # The cameras open (or the scene pool is drawn) while the model loads: cold start pays
@@ -100,7 +85,7 @@ class Daemon:
         try:
             self.model = model = load_model(settings.model, settings.runtime, lanes=settings.lanes())
             self.cameras = {
-                cfg.camera_id: Camera(cfg, captures[cfg.camera_id], frame_path(settings, model, cfg), settings.max_fps(cfg))
+                cfg.camera_id: camera_for(settings, cfg, captures[cfg.camera_id], frame_path(settings, model, cfg))
                 for cfg in settings.source
             }
             self.http = self._http_server(settings.http)
@@ -218,48 +203,77 @@ class Daemon:
             self._next_status = now + self.settings.publish.status_interval_s
 
     def step(self) -> None:
-        """Take the next camera's frame, process and publish it, or wait for one (free mode); or
-        answer the next request (request mode)."""
-        if self.trigger is not None:
-            self._serve(self.trigger, self.serving()[0])
-            return
-        self._wake.clear()  # cleared before looking: a hand-over or result after this ends the wait below
+        """Publish the lanes' results, take the requests that arrived, hand out the next frames; or
+        wait for a frame, a result or a request."""
+        self._wake.clear()  # cleared before looking: a hand-over, result or request after this ends the wait below
         settled = self._settle(self.lanes.collect())
+        if self.trigger is not None:
+            self._take_requests(self.trigger)
         if self.report is not None and self.report.rate_factor == 0.0:
-            self._quiesce()  # critical: inference paused, status continues
-            self.signals.stop.wait(TAKE_TIMEOUT_S)
+            self._quiesce()  # critical: inference paused, status continues, requests are refused
+            self._wait(TAKE_TIMEOUT_S)
             self.health.frame_done()
             return
         if self._hand_out() or settled:
             return
-        now = time.monotonic()
-        cameras = self.serving()
-        self._wake.wait(min([TAKE_TIMEOUT_S, *(c.wait_s(now) for c in cameras if not c.due(now))]))
+        self._wait(self._idle_s())
         if not self._settle(self.lanes.collect()) and not self._hand_out():
             self._announce_ready(frame_processed=False)
 
-    def _hand_out(self) -> int:
-        """Hand idle lanes the frames of the cameras served longest ago among those whose rate cap
-        allows one, that are on no lane and have a frame ready; returns how many were handed out.
+    def _wait(self, timeout_s: float) -> None:
+        """Until a capture thread hands over a frame, a lane finishes one, a request arrives, or ``timeout_s``."""
+        self._wake.wait(timeout_s, self.trigger.fds if self.trigger is not None else ())
 
-        A reload on trial takes its cameras' next frame on this thread instead (`_try_replacement`).
+    def _idle_s(self) -> float:
+        """How long the loop may wait with nothing to do: until a rate cap lets a camera's frame
+        be taken or a request's time is up, at most `TAKE_TIMEOUT_S`."""
+        now, now_ns = time.monotonic(), time.monotonic_ns()
+        waits = [TAKE_TIMEOUT_S]
+        for camera in self.serving():
+            if camera.request is not None and not self.lanes.carrying(camera):
+                waits.append((self._deadline_ns(camera.request) - now_ns) / 1e9)
+            elif not camera.due(now):
+                waits.append(camera.wait_s(now))
+        return max(0.0, min(waits))
+
+    def _deadline_ns(self, request: Request) -> int:
+        return request.arrived_ns + int(self.settings.trigger.timeout_s * 1e9)
+
+    def _hand_out(self) -> int:
+        """Hand idle lanes the frames of the cameras that want one, are on no lane and have a frame
+        ready: those with a request in hand first, then the one served longest ago. Returns how
+        many frames were taken.
+
+        A camera in request mode passes over a frame captured before its request arrived (one
+        waiting in the latest-frame slot, picamera2's queued one): its capture time, on the same
+        monotonic clock as the arrival, says so. A reload on trial takes its cameras' next frame
+        on this thread instead (`_try_replacement`).
         """
-        handed = 0
+        taken = 0
         now = time.monotonic()
-        for camera in sorted(self.serving(), key=lambda c: c.served_s):
+        for camera in sorted(self.serving(), key=lambda c: (c.request is None, c.served_s)):
             if not self.lanes.idle:
                 break
-            if self.lanes.carrying(camera) or not camera.due(now):
+            if self.lanes.carrying(camera) or not camera.due(now) or not self._wants_frame(camera):
                 continue
             frame = camera.take()
             if frame is None:
                 continue
-            handed += 1
+            taken += 1
             if self._replacement is not None and camera.id in self._replacement.paths:
                 self._try_replacement(self._replacement, camera, frame)
-                return handed  # the cameras may have changed under this loop
-            self.lanes.submit(camera, frame)
-        return handed
+                return taken  # the cameras may have changed under this loop
+            if camera.request is None or frame.t_capture_ns > camera.request.arrived_ns:
+                self.lanes.submit(camera, frame)
+        return taken
+
+    def _wants_frame(self, camera: Camera) -> bool:
+        """In free mode always; in request mode for its request in hand, a reload's trial, and
+        before READY=1 (a frame through the model unpublished proves camera and model, and warms
+        the session up)."""
+        if camera.mode == "free" or camera.request is not None or not self.health.ready:
+            return True
+        return self._replacement is not None and camera.id in self._replacement.paths
 
     def _quiesce(self, timeout_s: float | None = None) -> None:
         """Let every frame on a lane finish, and publish it: before a camera's path or capture is
@@ -267,65 +281,79 @@ class Daemon:
         self._settle(self.lanes.drain(timeout_s))
 
     def _settle(self, results: list[tuple[Camera, Outcome]]) -> int:
-        """Count and publish the lanes' results, in the order they finished; returns how many."""
+        """Count and publish the lanes' results, in the order they finished, answering the requests
+        they were taken for; returns how many."""
         for camera, outcome in results:
-            self._finish(camera, outcome)
+            if camera.mode == "free":
+                self._finish(camera, outcome)
+            else:
+                self._settle_request(camera, outcome)
         return len(results)
 
-    def _serve(self, trigger: TriggerServer, camera: Camera) -> None:
-        """Request mode, its one camera: answer the oldest request. Before READY=1 a frame goes
-        through the model unpublished, which proves camera and model and warms the session up; a
-        reload on trial is tried on the next frame, as in free mode."""
-        if not self.health.ready or self._replacement is not None:
-            frame = camera.capture.take(TAKE_TIMEOUT_S)
-            if frame is not None and self._replacement is not None:
-                self._try_replacement(self._replacement, camera, frame)
-            elif frame is not None:
-                outcome = camera.path.run(frame)
-                if isinstance(outcome, Rejected):
-                    self._reject(camera, outcome)
-                processed = isinstance(outcome, Processed)
-                self._announce_ready(frame_processed=processed, camera=camera if processed else None)
+    def _settle_request(self, camera: Camera, outcome: Outcome) -> None:
+        """A request-mode camera's result: its request's verdict, or why there is none; a frame it
+        was not taken for (before READY=1) goes unpublished; an unfit frame leaves the request to
+        the next frame."""
+        request = camera.request
+        if request is None or outcome.frame.t_capture_ns <= request.arrived_ns:
+            if isinstance(outcome, Rejected):
+                self._reject(camera, outcome)
             else:
-                self._announce_ready(frame_processed=False)
-        request = trigger.next(camera.id)
-        if request is None:
-            zmq.select(trigger.fds, [], [], TAKE_TIMEOUT_S if self.health.ready else 0.0)
-            trigger.collect()
-            request = trigger.next(camera.id)
-        self.health.frame_done()  # waiting for requests is progress in this mode
-        if request is not None:
-            trigger.answer(request, self._answer(trigger, camera, request))
+                self._announce_ready(frame_processed=True, camera=camera)
+            return
+        verdict = self._finish(camera, outcome, triggered=True, part_id=request.part_id)
+        if isinstance(verdict, VerdictMessage):
+            self._reply(camera, verdict)
+        elif isinstance(verdict, Rejected) and verdict.reason == "inference_error":
+            self._reply(camera, self._refusal(camera, "inference_failed", verdict.detail))
 
-    def _answer(self, trigger: TriggerServer, camera: Camera, request: Request) -> VerdictMessage | TriggerError:
-        """The verdict of the first good frame captured after ``request`` arrived, or why there is none.
+    def _take_requests(self, trigger: TriggerServer) -> None:
+        """Read the requests that arrived; give each request-mode camera without one its next, and
+        answer at once those that cannot be served (thermal critical, the camera lost, time up).
 
-        A frame captured before the request (one waiting in the latest-frame slot, picamera2's
-        queued one) is passed over: its capture time, on the same monotonic clock as the
-        arrival, says so. Requests arriving meanwhile are read and stamped as frames are awaited.
-        """
-        timeout_s = self.settings.trigger.timeout_s
-        deadline_ns = request.arrived_ns + int(timeout_s * 1e9)
-        while (left_ns := deadline_ns - time.monotonic_ns()) > 0:
-            self.housekeeping()
-            if self.signals.stop.is_set():
-                return trigger.error(request, "stopping", "edged is stopping")
-            if self.report is not None and self.report.rate_factor == 0.0:
-                return trigger.error(request, "thermal_critical", "inference is paused until the board cools")
-            capture = camera.capture.stats()
-            if capture.state in ("lost", "ended"):
-                why = f": {capture.last_error}" if capture.last_error else ""
-                return trigger.error(request, "camera_lost", f"the camera is {capture.state}{why}")
-            trigger.collect()
-            frame = camera.capture.take(min(left_ns / 1e9, TAKE_TIMEOUT_S))
-            if frame is None or frame.t_capture_ns <= request.arrived_ns:
+        A camera with a frame on a lane keeps its request: that frame's result answers it. Waiting
+        for requests is progress in this mode (`edged.health`)."""
+        trigger.collect()
+        now_ns = time.monotonic_ns()
+        idle = False
+        for camera in self.serving():
+            if camera.mode != "request":
                 continue
-            outcome = self._finish(camera, camera.path.run(frame), triggered=True, part_id=request.part_id)
-            if isinstance(outcome, VerdictMessage):
-                return outcome
-            if isinstance(outcome, Rejected) and outcome.reason == "inference_error":
-                return trigger.error(request, "inference_failed", outcome.detail)
-        return trigger.error(request, "timeout", f"no frame captured after the request within {timeout_s:g} s")
+            while not self.lanes.carrying(camera):
+                if camera.request is None:
+                    camera.request = trigger.next(camera.id)
+                if camera.request is None:
+                    idle = True
+                    break
+                problem = self._unanswerable(camera, now_ns)
+                if problem is None:
+                    break
+                self._reply(camera, self._refusal(camera, *problem))
+        if idle:
+            self.health.frame_done()
+
+    def _unanswerable(self, camera: Camera, now_ns: int) -> tuple[TriggerProblem, str] | None:
+        """Why ``camera``'s request in hand gets no verdict, or None while one may still come."""
+        assert camera.request is not None
+        if self.report is not None and self.report.rate_factor == 0.0:
+            return "thermal_critical", "inference is paused until the board cools"
+        capture = camera.capture.stats()
+        if capture.state in ("lost", "ended"):
+            why = f": {capture.last_error}" if capture.last_error else ""
+            return "camera_lost", f"the camera is {capture.state}{why}"
+        if now_ns >= self._deadline_ns(camera.request):
+            return "timeout", f"no frame captured after the request within {self.settings.trigger.timeout_s:g} s"
+        return None
+
+    def _refusal(self, camera: Camera, problem: TriggerProblem, detail: str) -> TriggerError:
+        assert self.trigger is not None and camera.request is not None
+        return self.trigger.error(camera.request, problem, detail)
+
+    def _reply(self, camera: Camera, reply: VerdictMessage | TriggerError) -> None:
+        """Answer ``camera``'s request in hand; it may take the next."""
+        assert self.trigger is not None and camera.request is not None
+        self.trigger.answer(camera.request, reply)
+        camera.request = None
 
     def handle(self, camera: Camera, frame: Frame) -> None:
         """One frame of ``camera`` through the running model."""
@@ -578,16 +606,15 @@ class Daemon:
                 running.capture.stop()
             capture = self._start_capture(cfg)
             path = replacement.paths[cfg.camera_id]
-            self._incoming[cfg.camera_id] = Camera(cfg, capture, path, replacement.settings.max_fps(cfg), running)
+            self._incoming[cfg.camera_id] = camera_for(replacement.settings, cfg, capture, path, running)
         log.info("loaded model %s: trying it on the next frame", replacement.model.engine.identity.short)
 
     def _check_servable(self, new: Settings) -> None:
-        """Refuse (`ConfigError`) a reload the loop cannot serve, or one that turns request mode on
-        or off: the request socket is bound at start, as the trigger settings say."""
-        problem = unserved(new)
-        if problem is None and bool(requesting(new)) != (self.trigger is not None):
-            problem = "a camera's trigger mode changed between free and request: restart edged to apply it"
-        if problem is not None:
+        """Refuse (`ConfigError`) a reload that turns request mode on or off: the request socket is
+        bound at start, as the trigger settings say. Cameras may move between the modes while
+        some camera stays in request mode."""
+        if bool(requesting(new)) != (self.trigger is not None):
+            problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
             raise ConfigError(self.config_path, [problem])
 
     def _end_trial(self) -> None:
@@ -596,16 +623,11 @@ class Daemon:
         self._replacement = None
         incoming, self._incoming = self._incoming, {}
         stop_captures([camera.capture for camera in incoming.values()], CAPTURE_STOP_WAIT_S)
-        for name in incoming:
+        for name, trial in incoming.items():
             running = self.cameras.get(name)
-            if running is not None:
-                self.cameras[name] = Camera(
-                    running.cfg,
-                    self._start_capture(running.cfg),
-                    running.path,
-                    self.settings.max_fps(running.cfg),
-                    running,
-                )
+            if running is not None:  # the trial camera hands back what it took over, its request included
+                capture = self._start_capture(running.cfg)
+                self.cameras[name] = camera_for(self.settings, running.cfg, capture, running.path, trial)
 
     def _try_replacement(self, replacement: Replacement, camera: Camera, frame: Frame) -> None:
         """Switch to a reload's model once it has run on ``frame``, or keep the running one.
@@ -630,15 +652,16 @@ class Daemon:
             )
             trial_camera = camera.id in self._incoming
             self._end_trial()
-            if not trial_camera and self.trigger is None:
+            if not trial_camera and camera.mode == "free":
                 self.handle(camera, frame)
             self.notifier.ready(self.status_line())
             return
         self._switch(replacement)
         log.info("reloaded: model %s", self.model.engine.identity.short)
         self.notifier.ready(self.status_line())
-        if self.trigger is None:  # in request mode nobody asked for the trial frame: it is not published
-            self._finish(self.cameras[camera.id], outcome)
+        switched = self.cameras[camera.id]
+        if switched.mode == "free":  # in request mode nobody asked for the trial frame: it is not published
+            self._finish(switched, outcome)
 
     def _switch(self, replacement: Replacement) -> None:
         """The reload takes over: its model, cameras, outputs and thermal watch."""
@@ -653,7 +676,7 @@ class Daemon:
             incoming = self._incoming.get(cfg.camera_id)
             if incoming is None:  # a running camera the reload opens the same way keeps its capture
                 running = self.cameras[cfg.camera_id]
-                incoming = Camera(cfg, running.capture, replacement.paths[cfg.camera_id], new.max_fps(cfg), running)
+                incoming = camera_for(new, cfg, running.capture, replacement.paths[cfg.camera_id], running)
             cameras[cfg.camera_id] = incoming
         removed = [camera for name, camera in self.cameras.items() if name not in cameras]
         for camera in removed:
@@ -661,6 +684,9 @@ class Daemon:
         stop_captures([camera.capture for camera in removed], CAPTURE_STOP_WAIT_S)
         for name in cameras.keys() - self.cameras.keys():
             log.info("camera %s added", name, extra={"CAMERA": name})
+        for camera in self.cameras.values():  # its request stayed behind: removed, or now free-running
+            if camera.request is not None:
+                self._reply(camera, self._refusal(camera, "bad_request", f"camera {camera.id} no longer takes requests"))
         self._switch_evidence(old, cameras, removed)
         self.cameras, self._incoming, self._replacement = cameras, {}, None
         self._switch_outputs(old, new)

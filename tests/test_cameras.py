@@ -7,6 +7,7 @@ import http.client
 import re
 import shutil
 import signal
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,10 +17,11 @@ import pytest
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import colour_probe, stalling_probe
 from test_service import NotifySocket
+from test_trigger import Requester
 from waiting import wait_for
 
 from edged.errors import EXIT_CONFIG
-from edged.messages import DetectionsMessage, StatusMessage, VerdictMessage, parse_message
+from edged.messages import DetectionsMessage, StatusMessage, TriggerError, VerdictMessage, parse_message
 
 pytestmark = pytest.mark.integration
 
@@ -260,6 +262,68 @@ def test_a_reload_whose_model_fails_keeps_the_running_cameras(workdir: Path) -> 
         got = detections(d, {"small": 3}, timeout=30)
         assert "stills" not in got and d.proc.poll() is None
     finally:
+        d.close()
+
+
+def test_requests_for_two_cameras_are_answered_each_with_its_own_frame_beside_a_free_camera(workdir: Path) -> None:
+    """Two cameras in request mode, one free-running: a request for each, sent at once, gets a
+    verdict of a frame of that camera captured after the request; the free camera flows
+    throughout, and the request cameras publish only the frames requests asked for."""
+    trigger = f"tcp://127.0.0.1:{free_port()}"
+    sources = [stills(trigger="request"), small(trigger="request"), wide()]
+    d = start(workdir, sources, trigger={"endpoint": trigger, "timeout_s": 10.0})
+    ask = Requester(trigger)
+    try:
+        detections(d, {"wide": 3})
+        for round_ in range(3):
+            sent_ns = time.time_ns()
+            top = ask.send(f'{{"part_id": "T{round_}", "camera_id": "stills"}}'.encode())
+            side = ask.send(f'{{"part_id": "S{round_}", "camera_id": "small"}}'.encode())
+            for sock, camera, part in ((top, "stills", f"T{round_}"), (side, "small", f"S{round_}")):
+                reply = ask.reply(sock, timeout_s=30)
+                assert isinstance(reply, VerdictMessage), reply
+                assert (reply.camera_id, reply.part_id, reply.verdict) == (camera, part, "ng"), reply
+                assert reply.capture_time_ns > sent_ns, (reply, sent_ns)
+        unnamed = ask.ask(b'{"part_id": "X"}', timeout_s=30)
+        assert isinstance(unnamed, TriggerError) and unnamed.error == "bad_request", unnamed
+        assert "stills, small" in unnamed.detail, unnamed
+        free = ask.ask(b'{"camera_id": "wide"}', timeout_s=30)
+        assert isinstance(free, TriggerError) and free.error == "bad_request", free
+        seen = detections(d, {"wide": 5})
+        requested = [m for name in ("stills", "small") for m in seen.get(name, [])]
+        assert all(m.part_id is not None for m in requested), requested  # nothing flows without a request
+        sizes = {m.camera_id: m.frame_size for m in requested}
+        assert sizes.get("stills", (200, 150)) == (200, 150) and sizes.get("small", (128, 96)) == (128, 96), sizes
+    finally:
+        ask.close()
+        d.close()
+
+
+def test_a_reload_moves_a_camera_into_request_mode_and_refuses_requests_for_one_it_removes(workdir: Path) -> None:
+    trigger = f"tcp://127.0.0.1:{free_port()}"
+    d = start(workdir, [stills(trigger="request"), small(trigger="request"), wide()], trigger={"endpoint": trigger})
+    ask = Requester(trigger)
+    try:
+        detections(d, {"wide": 2})
+        write_config(
+            workdir / "edged.toml",
+            {
+                "source": [stills(trigger="request"), wide(trigger="request")],
+                "model": {"path": "probe.onnx"},
+                "publish": {"endpoints": [d.endpoint], "status_interval_s": 0.3},
+                "thermal": {"enabled": False},
+                "service": {"stall_timeout_s": 2.0},
+                "trigger": {"endpoint": trigger},
+            },
+        )
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reloaded: model" in d.log(), timeout_s=60), d.log()
+        reply = ask.ask(b'{"part_id": "W", "camera_id": "wide"}', timeout_s=30)
+        assert isinstance(reply, VerdictMessage) and (reply.camera_id, reply.part_id) == ("wide", "W"), reply
+        gone = ask.ask(b'{"camera_id": "small"}', timeout_s=30)
+        assert isinstance(gone, TriggerError) and gone.error == "bad_request" and "stills, wide" in gone.detail, gone
+    finally:
+        ask.close()
         d.close()
 
 

@@ -209,18 +209,6 @@ def test_schema_command_prints_the_generated_schema(tmp: Path) -> None:
     assert json.loads(result.stdout)["title"] == "edged messages"
 
 
-def test_run_refuses_request_mode_beside_another_camera(tmp: Path) -> None:
-    top, side = {"type": "synthetic", "camera_id": "top"}, {"type": "synthetic", "camera_id": "side"}
-    for cameras, mode, asking in (
-        ([top | {"trigger": "request"}, side], "free", "top"),
-        ([top, side | {"trigger": "free"}], "request", "top"),
-        ([top, side], "request", "top, side"),
-    ):
-        result = run_cli("run", "--config", str(_config(tmp, source=cameras, trigger={"mode": mode})))
-        assert result.returncode == 78, result.stderr
-        assert f"request mode serves a single camera, and camera {asking} takes requests among 2 [[source]]" in result.stderr
-
-
 def _asked(server: TriggerServer, camera_id: str, proc: subprocess.Popen[str]) -> Request:
     """The request ``proc`` sends, read as the daemon loop reads them."""
     while (request := server.next(camera_id)) is None:

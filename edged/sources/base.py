@@ -15,6 +15,9 @@ from edged.sections import Section
 from edged.verdict import InspectConfig
 from edged.zones import ZoneName, usable_zones
 
+# How a camera's frames are taken: every one the rate allows ("free"), or one per inspection request.
+TriggerMode = Literal["free", "request"]
+
 _CREDENTIALS = re.compile(r"(?<=://)[^/\s]*@")  # user[:password]@ after a URL's scheme
 
 
@@ -67,7 +70,7 @@ class SourceBase(Section):
         description="A [source.inspect] table: this camera's inspection keys, in place of those keys of "
         "[inspect] (the others come from there); the camera is inspected even without an [inspect] section.",
     )
-    trigger: Literal["free", "request"] | None = Field(
+    trigger: TriggerMode | None = Field(
         None, description="This camera's trigger.mode ('free' or 'request'); default: trigger.mode."
     )
     zones: dict[ZoneName, list[tuple[float, float]]] | None = Field(
