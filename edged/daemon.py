@@ -5,11 +5,12 @@ model, its counters and sequence numbers. The loop hands the cameras' frames to 
 lanes (`edged.lanes`) in turn: of those whose rate cap allows a frame, that are on no lane and
 have one ready, the one served longest ago goes first, so a fast camera cannot starve a slow
 one; it counts and publishes each result on its own thread, and with nothing to do waits for
-any capture thread's hand-over or lane's result (`edged.wake`). In request mode (`edged.trigger`,
-one camera) it instead answers each request with a frame captured after the request arrived.
-Between frames it does the slow housekeeping: thermal polls, status messages, the rate caps,
-config reloads. Each of those policies lives in its own small module (`edged.ratecap`,
-`edged.health`, `edged.status`, `edged.reload`); this one only wires them and turns the loop.
+any capture thread's hand-over, lane's result or request (`edged.wake`). A camera in request mode
+(`edged.trigger`) takes a frame only for its request in hand, and goes first: the first frame it
+captures after the request arrived answers it. Between frames it does the slow housekeeping:
+thermal polls, status messages, the rate caps, config reloads. Each of those policies lives in
+its own small module (`edged.ratecap`, `edged.health`, `edged.status`, `edged.reload`); this
+one only wires them and turns the loop.
 The HTTP server (`edged.http`) gets the status as it is published, a frame only when its live
 view asks for one, and asks the health policy itself.
 """
@@ -192,7 +193,7 @@ class Daemon:
         return EXIT_OK
 
     def housekeeping(self) -> None:
-        """Between frames, and while a request waits for its frame: progress, thermal polls, status."""
+        """Every turn of the loop: progress, thermal polls, status."""
         now = time.monotonic()
         self.health.loop_turned()
         if self.thermal and now >= self._next_thermal:
@@ -532,8 +533,10 @@ class Daemon:
             self.notifier.status(self.status_line())
 
     def _update_rate_caps(self) -> None:
+        """Free cameras' caps follow the thermal state; in request mode the requests set the pace."""
         for camera in self.serving():
-            camera.update_rate_cap(self.report.rate_factor if self.report else 1.0)
+            if camera.mode == "free":
+                camera.update_rate_cap(self.report.rate_factor if self.report else 1.0)
 
     def _fall_back_provider(self) -> bool:
         """Drop the provider that keeps failing and carry on with the next one in the list."""
