@@ -191,6 +191,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         default="synthetic",
         help="with --cameras: synthetic sources, or an MJPG clip decoded like a UVC camera's frames (default synthetic)",
     )
+    p.add_argument(
+        "--repeat",
+        type=_positive,
+        default=1,
+        help="with --cameras: measure each arrangement this many times, interleaved, and report medians (default 1)",
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per arrangement (default 20)")
     p.add_argument("--warmup-s", type=float, default=5.0, help="seconds let pass before measuring (default 5)")
 

@@ -22,7 +22,7 @@ from edged.config import load_config
 from edged.errors import EXIT_CONFIG, EXIT_USAGE
 from edged.messages import DetectionsMessage
 from edged.tools.bench import cold_start, soak
-from edged.tools.bench_cameras import camera_ids, source_table
+from edged.tools.bench_cameras import camera_ids, format_rows, source_table
 from edged.tools.bench_config import write_config
 from edged.tools.bench_rows import STAGES, FullPath, bench_frame, load, naive_detect
 
@@ -214,12 +214,15 @@ def test_cold_start_times_the_real_daemon_with_and_without_its_cache(probe: Path
 def test_cameras_compares_one_process_with_a_process_per_camera(probe: Path, kind: str) -> None:
     out = io.StringIO()
     argv = ["bench", "--model", str(probe), "--cameras", "2", "--camera-source", kind, "--seconds", "2", "--warmup-s", "0.5"]
+    argv += ["--repeat", "2"] if kind == "synthetic" else []
     with redirect_stdout(out):
         code = main([*argv, "--json"])
     assert code == 0
     result = json.loads(out.getvalue())["cameras"]
     assert result["kind"] == kind and all(row["camera_kind"] == kind for row in result["rows"])
-    one, separate = result["rows"]
+    repeat = 2 if kind == "synthetic" else 1
+    assert result["repeat"] == repeat and [row["run"] for row in result["rows"]] == [r for r in range(repeat) for _ in "ab"]
+    one, separate = result["rows"][-2:]
     assert (one["arrangement"], one["processes"], separate["arrangement"], separate["processes"]) == (
         "one process",
         1,
@@ -232,6 +235,35 @@ def test_cameras_compares_one_process_with_a_process_per_camera(probe: Path, kin
         assert all(0 < row["age_p50_ms"][c] <= row["age_p99_ms"][c] for c in ("cam0", "cam1"))
         assert row["cpu_s_per_frame"] > 0 and 0 < row["pss_mb"] <= row["rss_mb"]
     assert separate["rss_mb"] > one["rss_mb"]  # two interpreters and sessions against one
+
+
+def _row(run: int, arrangement: str, p99: float, fps: float) -> dict:
+    return {
+        "run": run,
+        "cameras": 2,
+        "arrangement": arrangement,
+        "fps_total": fps,
+        "age_p50_ms": {"cam0": p99 / 2, "cam1": None},
+        "age_p99_ms": {"cam0": p99, "cam1": p99 - 5},
+        "cpu_s_per_frame": 0.02,
+        "rss_mb": 100.0,
+        "pss_mb": 80.0,
+    }
+
+
+def test_repeated_camera_runs_are_reported_as_medians_with_the_range_of_the_worst_p99() -> None:
+    rows = [_row(run, "one process", p99, 20.0) for run, p99 in enumerate((30.0, 50.0, 40.0))]
+    rows += [
+        _row(run, "separate processes", p99, fps)
+        for run, (p99, fps) in enumerate(((20.0, 19.0), (60.0, 20.0), (25.0, 18.0)))
+    ]
+    table = format_rows("m.onnx", "video", 10.0, rows)
+    assert "MJPG video 1280x720 cameras at 10 fps each, median of 3 runs" in table
+    one, separate = table.splitlines()[-2:]
+    assert one.split() == ["2", "one", "process", "20.0", "20.0", "40.0", "[30-50]", "20.0", "100", "80"]
+    assert separate.split() == ["2", "separate", "processes", "19.0", "12.5", "25.0", "[20-60]", "20.0", "100", "80"]
+    single = format_rows("m.onnx", "video", 10.0, rows[:1])
+    assert "median" not in single and "[" not in single.splitlines()[-1]
 
 
 def test_a_bench_config_loads_as_edged_run_reads_it_with_every_camera_and_the_benchs_settings(

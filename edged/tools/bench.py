@@ -79,11 +79,25 @@ def _cameras(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[s
     kind = cast(CameraKind, args.camera_source)  # argparse checked it
     machine = machine_info()  # its load average is the one before the runs
     rows = run_cameras(
-        path, args.cameras, kind=kind, fps=args.camera_fps, seconds=args.seconds, warmup_s=args.warmup_s, spinning=spinning
+        path,
+        args.cameras,
+        kind=kind,
+        fps=args.camera_fps,
+        seconds=args.seconds,
+        warmup_s=args.warmup_s,
+        spinning=spinning,
+        repeat=args.repeat,
     )
     if not args.json:
         print(format_rows(path.name, kind, args.camera_fps, rows))
-    return {"machine": machine, "kind": kind, "fps": args.camera_fps, "seconds": args.seconds, "rows": rows}
+    return {
+        "machine": machine,
+        "kind": kind,
+        "fps": args.camera_fps,
+        "seconds": args.seconds,
+        "repeat": args.repeat,
+        "rows": rows,
+    }
 
 
 def _cold_start(path: Path, spinning: Spinning, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -173,31 +173,48 @@ def run_cameras(
     seconds: float,
     warmup_s: float,
     spinning: Spinning,
+    repeat: int = 1,
 ) -> list[dict[str, Any]]:
-    """Both arrangements for each camera count; one process alone when there is one camera."""
+    """Both arrangements for each camera count (one process alone when there is one camera),
+    ``repeat`` times, interleaved so that a change in the machine's load falls on both; each row
+    says which ``run`` it is."""
     return [
         measure(model, n, separate=separate, kind=kind, fps=fps, seconds=seconds, warmup_s=warmup_s, spinning=spinning)
+        | {"run": run}
+        for run in range(repeat)
         for n in counts
         for separate in ((False, True) if n > 1 else (False,))
     ]
 
 
 def format_rows(model_name: str, kind: CameraKind, fps: float, rows: list[dict[str, Any]]) -> str:
-    """The rows as a table: per arrangement, totals and the worst camera's p99 frame age."""
+    """The rows as a table, one line per arrangement: totals and the worst camera's p99 frame age,
+    each the median over the runs; with several runs, the worst p99's range beside it (frame
+    ages from a shared machine vary from run to run by more than arrangements differ)."""
     what = "synthetic" if kind == "synthetic" else "MJPG video"
+    runs = len({r["run"] for r in rows})
     lines = [
-        f"edged bench --cameras: {model_name}, {what} {FRAME_W}x{FRAME_H} cameras at {fps:g} fps each",
+        f"edged bench --cameras: {model_name}, {what} {FRAME_W}x{FRAME_H} cameras at {fps:g} fps each"
+        + (f", median of {runs} runs" if runs > 1 else ""),
         "",
         "cameras  arrangement            fps total  age p50 ms  age p99 ms (worst)  CPU ms/frame  RSS MB  PSS MB",
     ]
     nan = float("nan")
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in rows:
-        p50 = [v for v in r["age_p50_ms"].values() if v is not None]
-        p99 = [v for v in r["age_p99_ms"].values() if v is not None]
-        cpu = r["cpu_s_per_frame"]
+        groups.setdefault((r["cameras"], r["arrangement"]), []).append(r)
+    for (cameras, arrangement), group in groups.items():
+        p50s = [float(np.median(p50)) for r in group if (p50 := [v for v in r["age_p50_ms"].values() if v is not None])]
+        p99s = [max(p99) for r in group if (p99 := [v for v in r["age_p99_ms"].values() if v is not None])]
+        cpus = [r["cpu_s_per_frame"] * 1000 for r in group if r["cpu_s_per_frame"]]
+        worst = f"{_median(p99s):.1f}" + (f" [{min(p99s):.0f}-{max(p99s):.0f}]" if len(p99s) > 1 else "") if p99s else nan
         lines.append(
-            f"{r['cameras']:7d}  {r['arrangement']:<20}{r['fps_total']:11.1f}  {np.median(p50) if p50 else nan:10.1f}"
-            f"  {max(p99) if p99 else nan:18.1f}  {cpu * 1000 if cpu else nan:12.1f}"
-            f"  {r['rss_mb']:6.0f}  {r['pss_mb']:6.0f}"
+            f"{cameras:7d}  {arrangement:<20}{_median([r['fps_total'] for r in group]):11.1f}  {_median(p50s):10.1f}"
+            f"  {worst:>18}  {_median(cpus):12.1f}"
+            f"  {_median([r['rss_mb'] for r in group]):6.0f}  {_median([r['pss_mb'] for r in group]):6.0f}"
         )
     return "\n".join(lines)
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else float("nan")
