@@ -1,3 +1,3 @@
 """edged: an embedded-Linux vision daemon (camera -> ONNX Runtime -> detections over ZeroMQ)."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
