@@ -1,16 +1,19 @@
 """One camera of the board: everything the daemon keeps per camera, in one object.
 
 A `Camera` holds its ``[[source]]`` settings, its capture thread, its `FramePath` on the model
-all cameras share, its counters, its message sequence numbers and its rate cap. The daemon keeps
-one per camera, serves those with a frame ready in turn, and composes the outputs they share;
-its evidence writer is its own (each camera's evidence in a folder of its own).
+all cameras share, its counters, its message sequence numbers, its rate cap, its trigger mode and
+its request in hand. The daemon keeps one per camera, hands those with a frame ready to the
+inference lanes in turn, and composes the outputs they share; its evidence writer is its own
+(each camera's evidence in a folder of its own).
 
-Plans are per camera: two cameras of the same frame size each have their own. A `FramePath`'s
-rules are about one stream (a camera re-planned after a lasting size change, an image folder's
-least recently used sizes), and a `Processed` result is a view into its plan valid until that
-plan's next frame; a plan shared by two cameras would let one camera's size change or frame
-evict or overwrite the other's. A plan costs its input tensor, output buffers and decode scratch
-(about 16 MB at 640x640 with 80 classes); the session and the weights, the large part, are shared.
+Plans are per camera: two cameras of the same frame size each have their own. Their frames run
+through the model at the same time on two lanes (`edged.lanes`), each writing its own input
+tensor and outputs; a `FramePath`'s rules are about one stream (a camera re-planned after a
+lasting size change, an image folder's least recently used sizes); and a `Processed` result is a
+view into its plan valid until that plan's next frame. A plan shared by two cameras would let one
+camera's size change or frame evict or overwrite the other's. A plan costs its input tensor,
+output buffers and decode scratch (about 16 MB at 640x640 with 80 classes); the session and the
+weights, the large part, are shared.
 """
 
 from __future__ import annotations
