@@ -52,9 +52,14 @@ def plan_threads(
         if lanes > 1:
             cores = physical_cores(cpus, sysfs)
             threads = max(1, cores - lanes + 1)
-            return ThreadPlan(
-                threads, f"{threads}, with {lanes} inference lanes on the {cores} physical core(s) of CPUs {listed}"
+            crowded = (
+                f"runtime.inference_lanes = {lanes} on {cores} physical core(s) ({listed}): the lanes beyond the "
+                f"cores only take turns on them, each frame slower; set at most {cores}"
+                if lanes > cores
+                else None
             )
+            summary = f"{threads}, with {lanes} inference lanes on the {cores} physical core(s) of CPUs {listed}"
+            return ThreadPlan(threads, summary, warning=crowded)
         if not restricted:
             return ThreadPlan(0, f"ONNX Runtime default, one per physical core of CPUs {listed}")
         cores = physical_cores(cpus, sysfs)

@@ -192,7 +192,9 @@ def test_lanes_share_the_cores_with_the_pool_by_default_and_a_count_that_crowds_
     assert two.intra_op_threads == 3 and two.warning is None
     assert "with 2 inference lanes on the 4 physical core(s) of CPUs 0-3" in two.summary
     assert plan_threads(0, frozenset({0, 1, 2, 3}), smt, lanes=2).intra_op_threads == 1  # two cores, SMT siblings
-    assert plan_threads(0, frozenset({0, 1, 2, 3}), arm, lanes=8).intra_op_threads == 1
+    many = plan_threads(0, frozenset({0, 1, 2, 3}), arm, lanes=8)
+    assert many.intra_op_threads == 1 and many.warning is not None
+    assert "runtime.inference_lanes = 8 on 4 physical core(s)" in many.warning and "set at most 4" in many.warning
     assert plan_threads(3, frozenset({0, 1, 2, 3}), arm, lanes=2).warning is None  # 2 pool workers + 2 lanes: 4
     crowded = plan_threads(4, frozenset({0, 1, 2, 3}), arm, lanes=2).warning
     assert crowded is not None and "intra_op_threads = 4 with 2 inference lanes" in crowded
