@@ -68,17 +68,19 @@ class Lanes:
             self._cond.notify()
 
     def collect(self) -> list[tuple[Camera, Outcome]]:
-        """The results finished since the last call, in the order they finished; their cameras are free again."""
+        """The results finished since the last call, in the order they finished; their cameras are
+        free again. An error is raised alone: the results beside it wait for the next call."""
         with self._cond:
-            done = list(self._done)
+            for index, (camera, outcome) in enumerate(self._done):
+                if isinstance(outcome, Exception):
+                    del self._done[index]
+                    self._carrying.discard(camera)
+                    raise outcome
+            done = [(camera, outcome) for camera, outcome in self._done if not isinstance(outcome, Exception)]
             self._done.clear()
-        results: list[tuple[Camera, Outcome]] = []
-        for camera, outcome in done:
+        for camera, _ in done:
             self._carrying.discard(camera)
-            if isinstance(outcome, Exception):
-                raise outcome
-            results.append((camera, outcome))
-        return results
+        return done
 
     def drain(self, timeout_s: float | None = None) -> list[tuple[Camera, Outcome]]:
         """Wait for every frame on a lane to finish (up to ``timeout_s``), then `collect`."""

@@ -72,18 +72,24 @@ def test_two_lanes_run_two_cameras_each_through_its_own_path(model: LoadedModel)
         lanes.close()
 
 
-def test_an_error_on_a_lane_is_raised_by_the_collect_that_would_have_returned_its_result(tmp_path: Path) -> None:
+def test_an_error_on_a_lane_is_raised_alone_and_the_results_beside_it_come_with_the_next_collect(
+    tmp_path: Path, model: LoadedModel
+) -> None:
     """A model that loads but fails on every run, its warm-up included, cannot plan a frame size:
-    the ModelError the daemon turns into exit 78 must reach the loop's thread, once."""
+    the ModelError the daemon turns into exit 78 must reach the loop's thread, once, and the other
+    camera's result must not be lost with it (the daemon publishes it as it stops)."""
     broken = load_model(ModelConfig(path=failing_probe(tmp_path / "broken.onnx", brighter_than=-1.0)), RuntimeConfig())
     wake = threading.Event()
     lanes = Lanes(2, wake)
-    camera = _camera(broken, "cam0")
+    failing, good = _camera(broken, "failing"), _camera(model, "good")
     try:
-        lanes.submit(camera, _frame(RED, 0))
-        assert wake.wait(30)  # set once the lane has put its outcome where collect finds it
+        lanes.submit(failing, _frame(RED, 0))
+        lanes.submit(good, _frame(BLUE, 1))
         with pytest.raises(ModelError, match="fails on its first run"):
-            lanes.collect()
-        assert not lanes.carrying(camera) and lanes.collect() == []
+            lanes.drain(30)  # both frames done, whichever finished first
+        assert not lanes.carrying(failing) and lanes.carrying(good)
+        [(camera, outcome)] = lanes.collect()
+        assert camera is good and isinstance(outcome, Processed) and outcome.frame.frame_id == 1
+        assert lanes.idle == 2 and lanes.collect() == []
     finally:
         lanes.close()
