@@ -145,23 +145,33 @@ def test_a_request_publishes_its_detections_and_verdict_and_nothing_flows_withou
 
 
 def test_no_frame_in_time_is_a_timeout_reply_and_beyond_the_queue_busy(tmp_path: Path) -> None:
-    # One image every 20 s: after the first, no frame comes within any request's 1 s.
-    with running(tmp_path, fps=0.05, trigger={"timeout_s": 1.0, "queue": 1}) as d:
+    # One image every 20 s: after the first, no frame comes within any request's 3 s. The three
+    # requests go down one DEALER connection back to back, so they arrive together, long before
+    # the first times out, and the third finds the queue full however busy the machine is.
+    with running(tmp_path, fps=0.05, trigger={"timeout_s": 3.0, "queue": 1}) as d:
         ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        dealer = ask.context.socket(zmq.DEALER)
         try:
             ready(d)
-            first, second, third = (ask.send(f'{{"part_id": "{p}"}}'.encode()) for p in "ABC")
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(d.trigger)  # type: ignore[attr-defined]
+            for part in "ABC":
+                dealer.send_multipart([b"", f'{{"part_id": "{part}"}}'.encode()])
             started = time.monotonic()
-            busy = ask.reply(third)
-            assert isinstance(busy, TriggerError) and (busy.error, busy.part_id) == ("busy", "C"), busy
-            for sock, part in ((first, "A"), (second, "B")):
-                reply = ask.reply(sock)
-                assert isinstance(reply, TriggerError) and (reply.error, reply.part_id) == ("timeout", part), reply
-                assert "no frame captured after the request within 1 s" in reply.detail
-            assert time.monotonic() - started < 10
+            replies = []
+            for _ in range(3):
+                assert dealer.poll(30_000), f"no reply; have {replies}"
+                reply = parse_message(dealer.recv_multipart()[-1])
+                assert isinstance(reply, TriggerError), reply
+                replies.append((reply.part_id, reply.error, reply.detail))
+            assert replies[0][:2] == ("C", "busy"), replies  # at once, before either times out
+            assert [r[:2] for r in replies[1:]] == [("A", "timeout"), ("B", "timeout")], replies
+            assert all("no frame captured after the request within 3 s" in r[2] for r in replies[1:])
+            assert time.monotonic() - started < 15
             bad = ask.ask(b"not json")
             assert isinstance(bad, TriggerError) and bad.error == "bad_request" and "JSON" in bad.detail
         finally:
+            dealer.close(linger=0)
             ask.close()
 
 
