@@ -210,8 +210,8 @@ class Daemon:
         settled = self._settle(self.lanes.collect())
         if self.trigger is not None:
             self._take_requests(self.trigger)
-        if self.report is not None and self.report.rate_factor == 0.0:
-            self._quiesce()  # critical: inference paused, status continues, requests are refused
+        if self._critical():
+            self._quiesce()  # inference paused, status continues, requests are refused
             self._wait(TAKE_TIMEOUT_S)
             self.health.frame_done()
             return
@@ -220,6 +220,14 @@ class Daemon:
         self._wait(self._idle_s())
         if not self._settle(self.lanes.collect()) and not self._hand_out():
             self._announce_ready(frame_processed=False)
+
+    def _critical(self) -> bool:
+        """The board is critically hot: inference pauses until it cools (`edged.thermal`)."""
+        return self.report is not None and self.report.rate_factor == 0.0
+
+    def _on_trial(self, camera: Camera) -> bool:
+        """A reload on trial takes this camera's next frame (`_try_replacement`)."""
+        return self._replacement is not None and camera.id in self._replacement.paths
 
     def _wait(self, timeout_s: float) -> None:
         """Until a capture thread hands over a frame, a lane finishes one, a request arrives, or ``timeout_s``."""
@@ -261,7 +269,7 @@ class Daemon:
             if frame is None:
                 continue
             taken += 1
-            if self._replacement is not None and camera.id in self._replacement.paths:
+            if self._replacement is not None and self._on_trial(camera):
                 self._try_replacement(self._replacement, camera, frame)
                 return taken  # the cameras may have changed under this loop
             if camera.request is None or frame.t_capture_ns > camera.request.arrived_ns:
@@ -274,7 +282,7 @@ class Daemon:
         the session up)."""
         if camera.mode == "free" or camera.request is not None or not self.health.ready:
             return True
-        return self._replacement is not None and camera.id in self._replacement.paths
+        return self._on_trial(camera)
 
     def _quiesce(self, timeout_s: float | None = None) -> None:
         """Let every frame on a lane finish, and publish it: before a camera's path or capture is
@@ -336,7 +344,7 @@ class Daemon:
     def _unanswerable(self, camera: Camera, now_ns: int) -> tuple[TriggerProblem, str] | None:
         """Why ``camera``'s request in hand gets no verdict, or None while one may still come."""
         assert camera.request is not None
-        if self.report is not None and self.report.rate_factor == 0.0:
+        if self._critical():
             return "thermal_critical", "inference is paused until the board cools"
         capture = camera.capture.stats()
         if capture.state in ("lost", "ended"):
@@ -598,8 +606,7 @@ class Daemon:
                 self.trigger.reload_client_keys()
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
-        self._quiesce()
-        self._end_trial()
+        self._end_trial()  # which lets the frames on the lanes finish first
         self._replacement = replacement
         for cfg in replacement.settings.source:
             running = self.cameras.get(cfg.camera_id)
@@ -747,10 +754,12 @@ class Daemon:
         self.notifier.stopping()
         if watchdog:
             watchdog.stop()
-        try:
-            self._quiesce(LANES_STOP_WAIT_S)
-        except ModelError as e:  # a second lane's frame failed as the first did: said, and stopping anyway
-            log.error("%s", e)
+        while True:  # each lane's error is raised alone; the results beside them are still published
+            try:
+                self._quiesce(LANES_STOP_WAIT_S)
+                break
+            except ModelError as e:  # another lane's frame failed as the first did: said, and stopping anyway
+                log.error("%s", e)
         self.lanes.close()
         captures = [camera.capture for camera in self.cameras.values()]
         stop_captures(captures + [camera.capture for camera in self._incoming.values()], CAPTURE_STOP_WAIT_S)
