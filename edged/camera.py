@@ -1,10 +1,9 @@
 """One camera of the board: everything the daemon keeps per camera, in one object.
 
 A `Camera` holds its ``[[source]]`` settings, its capture thread, its `FramePath` on the model
-all cameras share, its counters, its message sequence numbers, its rate cap, its trigger mode and
-its request in hand. The daemon keeps one per camera, hands those with a frame ready to the
-inference lanes in turn, and composes the outputs they share; its evidence writer is its own
-(each camera's evidence in a folder of its own).
+all cameras share, its counters, its message sequence numbers, its rate cap and its trigger mode.
+The daemon keeps one per camera and hands those with a frame ready to the inference lanes in
+turn; the outputs and the requests in hand are kept by camera id (`edged.outputs`, `edged.requests`).
 
 Plans are per camera: two cameras of the same frame size each have their own. Their frames run
 through the model at the same time on two lanes (`edged.lanes`), each writing its own input
@@ -25,13 +24,11 @@ from typing import Literal, get_args
 
 from edged.capture import Capture
 from edged.config import CapturePriority, Settings
-from edged.evidence import EvidenceWriter
-from edged.pipeline import FramePath
+from edged.pipeline import FramePath, Processed, output_problems
 from edged.ratecap import RateCap
 from edged.sources import Frame, open_source
 from edged.sources.base import SourceBase, TriggerMode
 from edged.stats import RunStats
-from edged.trigger import Request
 from edged.wake import Waker
 
 Topic = Literal["detections", "verdict", "status"]  # a camera's topics, each with a seq of its own
@@ -64,11 +61,10 @@ def camera_for(
 
 
 class Camera:
-    """A camera's capture, frame path, counters, sequence numbers, rate cap and request in hand.
+    """A camera's capture, frame path, counters, sequence numbers and rate cap.
 
     ``previous``: the running camera of the same id that this one replaces on a reload; its
-    counters and sequence numbers carry on, so its topics stay gapless, and so does its request
-    in hand while it stays in request mode.
+    counters and sequence numbers carry on, so its topics stay gapless.
     """
 
     def __init__(
@@ -85,17 +81,10 @@ class Camera:
         self.capture = capture
         self.path = path
         self.mode = mode
-        # In request mode, the request its next frame captured after the request arrived answers;
-        # a successor in request mode takes it over, one that is not leaves it to be refused.
-        self.request: Request | None = None
-        if previous is not None and mode == "request":
-            self.request, previous.request = previous.request, None
         self.rate_cap = RateCap(max_fps)
         self.stats: RunStats = previous.stats if previous else RunStats()
         self._seq: dict[str, Iterator[int]] = previous._seq if previous else {t: itertools.count() for t in get_args(Topic)}
         self.served_s: float = previous.served_s if previous else 0.0  # when its last frame was taken
-        # Its evidence writer (`edged.evidence`), set by the daemon; a successor carries it on.
-        self.evidence: EvidenceWriter | None = previous.evidence if previous else None
         self._due_s = 0.0  # the rate cap lets its next frame be taken from then on
 
     def due(self, now_s: float) -> bool:
@@ -122,6 +111,19 @@ class Camera:
     def update_rate_cap(self, rate_factor: float) -> None:
         """Re-measure the camera's rate and apply the thermal ``rate_factor`` (`edged.ratecap`)."""
         self.rate_cap.update(self.capture.stats().frames_captured, rate_factor)
+
+    def record(self, done: Processed, part_id: str | None) -> list[tuple[str, int, int]]:
+        """Count a processed frame: its timings, its verdict, and each of its model output's problems
+        (`edged.pipeline.OUTPUT_PROBLEMS`), returned with how many values it concerns and its count so far."""
+        problems = []
+        for problem, count in output_problems(done):
+            self.stats.drop(problem)
+            problems.append((problem, count, self.stats.drops[problem]))
+        times = done.times
+        self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, done.age_ms)
+        if (record := self.path.verdict_record(done, part_id)) is not None:
+            self.stats.record_verdict(record, done.verdict_ms)
+        return problems
 
     def next_seq(self, kind: Topic) -> int:
         """The next ``seq`` on this camera's topic of ``kind``: gapless per camera and topic."""

@@ -353,6 +353,26 @@ class Settings(BaseSettings):
         """A camera's trigger mode: its own ``trigger``, else ``trigger.mode``."""
         return cfg.trigger if cfg.trigger is not None else self.trigger.mode
 
+    def inspection(self, cfg: SourceBase) -> InspectConfig | None:
+        """What a camera's frames are inspected with: `inspect_for`, the defaults when requests are
+        answered with verdicts (request mode without inspection: any detection is NG), or None."""
+        inspect = self.inspect_for(cfg)
+        if inspect is None and self.trigger_mode(cfg) == "request":
+            inspect = InspectConfig()
+        return inspect
+
+    def camera_zones(self) -> dict[str, dict[str, list[tuple[float, float]]]]:
+        """Each camera's inspection zones by camera id, in the order of the ``[[source]]`` tables: what
+        its live view draws."""
+        return {cfg.camera_id: (i.zones if (i := self.inspection(cfg)) else {}) for cfg in self.source}
+
+    def camera_ids(self) -> list[str]:
+        return [cfg.camera_id for cfg in self.source]
+
+    def requesting(self) -> list[str]:
+        """The cameras in request mode, in config order."""
+        return [cfg.camera_id for cfg in self.source if self.trigger_mode(cfg) == "request"]
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -39,9 +39,12 @@ from pydantic import Field
 
 from edged.decode import Detections
 from edged.messages import EvidenceReport
+from edged.output import FrameReport, Output, OutputReport, Services
 from edged.sections import Section
 
 if TYPE_CHECKING:
+    from edged.config import Settings
+
     # A type only: the camera kinds' settings name [evidence]'s, so this module loads before edged.sources.
     from edged.sources import Frame
 
@@ -53,6 +56,7 @@ Verdict = Literal["ok", "ng"]
 QUEUE_FRAMES = 4  # frames waiting for the writer: bounds the memory a slow disk can take (4 copies)
 IDLE_WAKE_S = 60.0  # the writer wakes this often without frames, so age pruning runs on a quiet line
 RATE_WINDOW_S = 60.0
+STOP_WAIT_S = 1.0  # at stop, time left to each writer to finish its queue (a few ms per frame)
 SUBFOLDERS = ("images", "labels", "messages")
 SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json"}
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -507,3 +511,58 @@ class EvidenceWriter:
                 )
             return False
         return True
+
+
+class EvidenceOutput(Output):
+    """Evidence as an output (`edged.output`): a writer per camera that `Settings.evidence_for` gives
+    evidence settings, each in a folder of its own."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.writers: dict[str, EvidenceWriter] = {}
+        for cfg in settings.source:
+            self._start(cfg.camera_id)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, services: Services) -> EvidenceOutput | None:
+        return cls(settings) if any(settings.evidence_for(cfg) for cfg in settings.source) else None
+
+    def _start(self, camera_id: str) -> None:
+        cfg = self.settings.camera(camera_id)
+        evidence = self.settings.evidence_for(cfg) if cfg is not None else None
+        if evidence is not None:
+            writer = self.writers[camera_id] = EvidenceWriter(evidence, camera_id)
+            writer.start()
+
+    def frame(self, report: FrameReport) -> None:
+        writer = self.writers.get(report.camera_id)
+        if writer is not None:
+            done = report.outcome
+            verdict = done.inspected.verdict if done.inspected else None
+            writer.offer(done.frame, done.detections, verdict, report.payload)
+
+    def report(self, camera_id: str) -> OutputReport:
+        writer = self.writers.get(camera_id)
+        return OutputReport(fields={"evidence": writer.report()}) if writer is not None else OutputReport()
+
+    def reload(self, settings: Settings, services: Services) -> EvidenceOutput | None:
+        """A camera whose evidence settings stay keeps its writer; the others' writers stop, and start
+        again with the new settings where there are any."""
+        old, self.settings = self.settings, settings
+        for camera_id, writer in list(self.writers.items()):
+            before, after = old.camera(camera_id), settings.camera(camera_id)
+            if after is not None and before is not None and old.evidence_for(before) == settings.evidence_for(after):
+                continue
+            writer.stop(timeout_s=STOP_WAIT_S)
+            del self.writers[camera_id]
+        for camera_id in settings.camera_ids():
+            if camera_id not in self.writers:
+                self._start(camera_id)
+        return self if self.writers else None
+
+    def drain(self) -> None:
+        for writer in self.writers.values():
+            writer.stop(timeout_s=STOP_WAIT_S)
+
+    def close(self) -> None:
+        self.drain()

@@ -11,9 +11,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from edged.capture import CaptureStats
+from edged.capture import Capture, CaptureStats
 from edged.messages import CaptureState
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """What the watchdog and ``/healthz`` judge, as the loop last published it: the captures of the
+    cameras it serves and the lanes' view of what is in inference. Never the loop's own
+    dictionaries, which a reload changes under another thread."""
+
+    captures: tuple[tuple[str, Capture], ...]
+    inferring: Callable[[], Mapping[str, int]]
 
 
 class Health:
@@ -24,6 +35,18 @@ class Health:
         self._clock = clock
         self.loop_ns = self.frame_ns = clock()
         self.ready = False
+        self._watched: Watched | None = None
+
+    def watch(self, watched: Watched) -> None:
+        """The loop's cameras and lanes from now on (a reference swap, so readers see one or the other)."""
+        self._watched = watched
+
+    def current_problem(self) -> str | None:
+        """`problem` for what the loop last published (`watch`): any thread may ask."""
+        watched = self._watched
+        if watched is None:
+            return None
+        return self.problem({name: capture.stats() for name, capture in watched.captures}, watched.inferring())
 
     def loop_turned(self) -> None:
         self.loop_ns = self._clock()

@@ -31,20 +31,25 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import Field, field_validator
 
+from edged.errors import EdgedError, KeyFileError
 from edged.keys import read_token
 from edged.messages import DetectionsMessage, StatusMessage
+from edged.output import Delivery, FrameReport, Output, Services, StatusReport
 from edged.prometheus import CameraStatus, Metrics
 from edged.sections import Section
 from edged.sources import Frame
 from edged.stats import VerdictCounts
 from edged.view import LiveView
 from edged.zones import Point
+
+if TYPE_CHECKING:
+    from edged.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +122,7 @@ def is_loopback(host: str) -> bool:
     return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
 
-class HttpServer:
+class HttpServer(Output):
     """The server of one configuration; `start` binds it in the background, `close` stops it."""
 
     def __init__(self, cfg: HttpConfig, health: Callable[[], str | None], cameras: CameraZones) -> None:
@@ -135,6 +140,43 @@ class HttpServer:
         self._server: _Server | None = None
         self._thread = threading.Thread(target=self._serve, name="edged-http", daemon=True)
         self.follow_cameras(cameras)
+
+    # ---- as an output (`edged.output`) --------------------------------------------------------
+
+    @classmethod
+    def from_settings(cls, settings: Settings, services: Services) -> HttpServer:
+        server = cls(settings.http, services.health, settings.camera_zones())
+        server.start()
+        return server
+
+    def wants(self, camera_id: str, found: bool) -> Delivery:
+        return Delivery.SHOWN if self.wants_frame(camera_id) else Delivery.NONE
+
+    def frame(self, report: FrameReport) -> None:
+        if report.message is not None and self.wants_frame(report.camera_id):
+            self.offer(report.camera_id, report.outcome.frame, report.message)
+
+    def status(self, reports: Sequence[StatusReport]) -> None:
+        self.update([report.status for report in reports])
+
+    def reload(self, settings: Settings, services: Services) -> HttpServer:
+        """The same ``[http]`` keeps this server (the token re-read, the cameras followed); other
+        settings get a new server, which binds once this one has let go of its address."""
+        if settings.http == self.cfg:
+            try:
+                self.reload_token()
+            except KeyFileError as e:
+                log.error("http token not reloaded, the previous one stays: %s", e)
+            self.follow_cameras(settings.camera_zones())
+            return self
+        try:
+            server = HttpServer(settings.http, services.health, settings.camera_zones())
+        except EdgedError as e:  # the token file went between the check and here
+            log.error("live view settings not applied, the running server stays: %s", e)
+            return self
+        self.close()
+        server.start()
+        return server
 
     @property
     def stopping(self) -> bool:

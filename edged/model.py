@@ -6,18 +6,21 @@ same models for the same reasons and decode with the same settings.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edged.config import ModelConfig, RuntimeConfig
+from edged.config import ModelConfig, ProviderConfig, RuntimeConfig, Settings
 from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engine import Engine
-from edged.errors import ContractError, HeadError, ModelError
+from edged.errors import ContractError, EdgedError, HeadError, ModelError
 from edged.heads import detect_head, head_named
 from edged.heads.metadata import parse_names
 from edged.messages import ModelInfo
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,3 +95,26 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     identity = engine.identity
     info = ModelInfo(name=identity.name, sha256=identity.sha256, provider=engine.provider)
     return LoadedModel(engine, contract, head, num_classes, labels, cfg, info)
+
+
+def fallback_model(settings: Settings, model: LoadedModel, failures: int) -> tuple[Settings, LoadedModel] | None:
+    """``model`` loaded again without the provider that failed ``failures`` frames in a row, and the
+    settings that say so; None when no provider is left below it, or the next one will not load."""
+    providers = model.engine.providers
+    if len(providers) < 2:
+        return None
+    remaining = [ProviderConfig(name=name, options=options) for name, options in providers[1:]]
+    runtime = settings.runtime.model_copy(update={"providers": remaining})
+    try:
+        fallback = load_model(settings.model, runtime, lanes=settings.lanes())
+    except EdgedError as e:
+        log.error("cannot fall back from %s: %s", providers[0][0], e)
+        return None
+    log.warning(
+        "inference failed on %d frames in a row with %s: falling back to %s",
+        failures,
+        providers[0][0],
+        fallback.engine.provider,
+        extra={"STAGE": "inference", "MODEL": fallback.engine.identity.short},
+    )
+    return settings.model_copy(update={"runtime": runtime}), fallback

@@ -44,15 +44,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
 from edged.backoff import Backoff
-from edged.errors import BrokerError, KeyFileError, MissingDependency
+from edged.errors import BrokerError, EdgedError, KeyFileError, MissingDependency
 from edged.keys import check_secret_file
+from edged.output import Delivery, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.sections import Section
+
+if TYPE_CHECKING:
+    from edged.config import Settings
+    from edged.trigger import TriggerServer
 
 log = logging.getLogger(__name__)
 
@@ -329,15 +334,7 @@ class Outbox:
             return {topic: self.drops[topic] for topic in (*KINDS, TRIGGER)}
 
 
-@dataclass(frozen=True, slots=True)
-class MqttStats:
-    """What the status message says about the MQTT output."""
-
-    state: MqttState
-    drops: dict[str, int]
-
-
-class MqttOutput:
+class MqttOutput(Output):
     """Sends the daemon's messages to the broker from a thread of its own; `send` never blocks.
 
     The thread owns the paho client (paho is driven through ``loop_read``/``loop_write``/
@@ -349,6 +346,7 @@ class MqttOutput:
     def __init__(self, cfg: MqttConfig, camera_ids: Sequence[str]) -> None:
         """``camera_ids``: the board's cameras; the first names the client (`MqttConfig.client_id_for`)."""
         self.cfg = cfg
+        self.camera_ids = list(camera_ids)
         prefix = cfg.prefix()
         camera_id = camera_ids[0]
         self._state_topic = f"{prefix}/state"
@@ -384,6 +382,45 @@ class MqttOutput:
         self._thread.start()
         log.info("MQTT: publishing to %s as %s under %s/", cfg.url, cfg.client_id_for(camera_id), prefix)
 
+    # ---- as an output (`edged.output`) --------------------------------------------------------
+
+    @classmethod
+    def from_settings(cls, settings: Settings, services: Services) -> MqttOutput | None:
+        return cls(settings.mqtt, settings.camera_ids()) if settings.mqtt is not None else None
+
+    def wants(self, camera_id: str, found: bool) -> Delivery:
+        return Delivery.SENT if found or self.cfg.publish_empty else Delivery.NONE
+
+    def frame(self, report: FrameReport) -> None:
+        payload = report.sent(self.cfg.publish_empty)
+        if payload is None:
+            return
+        self.send("detections", payload, report.camera_id)
+        if report.verdict_payload is not None:
+            self.send("verdict", report.verdict_payload, report.camera_id)
+
+    def status(self, reports: Sequence[StatusReport]) -> None:
+        for report in reports:
+            self.send("status", report.payload, report.message.camera_id)
+
+    def report(self, camera_id: str) -> OutputReport:
+        state = self.state
+        return OutputReport(fields={"mqtt_state": state, "mqtt_drops": self.outbox.counts()}, summary=f"mqtt {state}")
+
+    def carry_requests(self, server: TriggerServer) -> None:
+        server.attach(self)
+
+    def reload(self, settings: Settings, services: Services) -> MqttOutput | None:
+        """The same broker settings and cameras keep this connection; others replace it."""
+        if (settings.mqtt, settings.camera_ids()) == (self.cfg, self.camera_ids):
+            return self
+        self.close()
+        try:
+            return MqttOutput.from_settings(settings, services)
+        except EdgedError as e:  # the password file went between the check and here
+            log.error("MQTT output off until the next reload: %s", e)
+            return None
+
     # ---- the frame loop's side -----------------------------------------------------------------
 
     def send(self, kind: Kind, payload: bytes, camera_id: str) -> None:
@@ -412,9 +449,6 @@ class MqttOutput:
     @property
     def state(self) -> MqttState:
         return "connected" if self._connected else "disconnected"
-
-    def stats(self) -> MqttStats:
-        return MqttStats(self.state, self.outbox.counts())
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Send what is queued for at most ``timeout_s``, say offline (retained) and disconnect."""

@@ -29,7 +29,7 @@ from edged.preprocess import Preprocessor
 from edged.sources import Frame, sizes_vary
 from edged.sources.base import SourceBase
 from edged.stats import VerdictRecord
-from edged.verdict import InspectConfig, Inspected, Inspector
+from edged.verdict import Inspected, Inspector
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,25 @@ class Processed:
     age_ms: float
     inspected: Inspected | None = None
     verdict_ms: float = 0.0
+
+
+# What a model's output can hold that a frame's result is built without: the drop counter each counts
+# under, and what the log says (with the camera, how many values, the frame, and the count so far).
+OUTPUT_PROBLEMS = {
+    "nonfinite_output": "camera %s: the model output %d NaN or infinite value(s) on frame %d, dropped (%d frame(s) "
+    "so far): a NaN score never passes the threshold, so the model is broken or overflows on this input (check an "
+    "fp16 export, and model.scale, mean and std); `edged check` runs it on a frame from the camera",
+    "score_above_one": "camera %s: the model gave %d score(s) above 1 on frame %d, dropped (%d frame(s) so far): "
+    "scores must be probabilities, so check model.scale, mean and std against how the model was trained, and that "
+    "its head ends in a sigmoid",
+}
+
+
+def output_problems(done: Processed) -> list[tuple[str, int]]:
+    """The `OUTPUT_PROBLEMS` of ``done``'s model output, with how many values each concerns."""
+    det = done.detections
+    found = (("nonfinite_output", det.nonfinite), ("score_above_one", det.scores_above_one))
+    return [(problem, count) for problem, count in found if count]
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,28 +321,12 @@ def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
     )
 
 
-def inspection(settings: Settings, source: SourceBase) -> InspectConfig | None:
-    """What camera ``source``'s frames are inspected with: `Settings.inspect_for` (``[inspect]`` with
-    the camera's own keys), the defaults when requests are answered with verdicts (request mode
-    without inspection: any detection is NG), or None."""
-    inspect = settings.inspect_for(source)
-    if inspect is None and settings.trigger_mode(source) == "request":
-        inspect = InspectConfig()
-    return inspect
-
-
-def camera_zones(settings: Settings) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """Each camera's inspection zones by camera id, in the order of the ``[[source]]`` tables: what
-    its live view draws."""
-    return {source.camera_id: (i.zones if (i := inspection(settings, source)) else {}) for source in settings.source}
-
-
 def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:
     """The path of camera ``source``'s frames through ``model``, inspected as `inspection` says,
     finding near misses when its evidence is saved under ``ng+near``; raises ConfigError for a
     class named in its inspection that the model does not have (naming the camera when there are
     several)."""
-    inspect = inspection(settings, source)
+    inspect = settings.inspection(source)
     inspector = None
     if inspect is not None:
         try:

@@ -37,6 +37,7 @@ import socket
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -46,6 +47,10 @@ from edged.errors import PublishError
 from edged.keys import load_allowed_clients, load_secret_key
 from edged.listen import Listener
 from edged.lograte import LogRate
+from edged.output import Delivery, FrameReport, Output, OutputReport, Services, StatusReport
+
+if TYPE_CHECKING:
+    from edged.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +112,7 @@ class AllowList:
         return key in self.keys
 
 
-class Publisher:
+class Publisher(Output):
     """Binds the configured endpoints and sends multipart [topic, payload] without ever blocking.
 
     Raises `PublishError` for an endpoint it cannot bind and `KeyFileError` for unusable keys.
@@ -138,6 +143,40 @@ class Publisher:
         except BaseException:
             self._release(linger=0)
             raise
+
+    # ---- as an output (`edged.output`) --------------------------------------------------------
+
+    @classmethod
+    def from_settings(cls, settings: Settings, services: Services) -> Publisher:
+        return cls(settings.publish, settings.camera_ids())
+
+    def wants(self, camera_id: str, found: bool) -> Delivery:
+        return Delivery.SENT if found or self.cfg.publish_empty else Delivery.NONE
+
+    def frame(self, report: FrameReport) -> None:
+        """The detections message on the camera's detections topic, its verdict message on the verdict topic."""
+        payload = report.sent(self.cfg.publish_empty)
+        if payload is None:
+            return
+        prefix = self.cfg.topic_prefix
+        self.send(detections_topic(prefix, report.camera_id), payload)
+        if report.verdict_payload is not None:
+            self.send(verdict_topic(prefix, report.camera_id), report.verdict_payload)
+
+    def status(self, reports: Sequence[StatusReport]) -> None:
+        for report in reports:
+            self.send(status_topic(self.cfg.topic_prefix, report.message.camera_id), report.payload)
+
+    def report(self, camera_id: str) -> OutputReport:
+        return OutputReport(drops=self.drops)
+
+    def reread_secrets(self) -> None:
+        self.reload_client_keys()
+
+    def reload(self, settings: Settings, services: Services) -> Publisher:
+        """The endpoints stay bound as they are (`edged.reload` keeps ``[publish]``); the topics follow the cameras."""
+        self.follow_cameras(settings.camera_ids())
+        return self
 
     def _load_server_keys(self) -> tuple[bytes, bytes] | None:
         if self.cfg.curve_server_key is None or self.cfg.curve_clients_dir is None:

@@ -3,22 +3,36 @@
 Nothing is switched here: the daemon applies what this returns once `Replacement.trial` has run
 the new model and its plan on a frame from one of the new configuration's cameras, so a bad
 config, a model that will not load, or one that loads but fails on the camera's frames leaves
-the running daemon exactly as it was.
+the running daemon exactly as it was. `Trial` owns the cameras a reload opens while it is on
+trial, and says which cameras the daemon serves meanwhile and after.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from edged.camera import Camera, camera_for, stop_captures
+from edged.capture import Capture
 from edged.config import Settings, load_config
-from edged.errors import ModelError
+from edged.errors import ConfigError, ModelError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.sources import Frame
+from edged.sources.base import SourceBase
 
 log = logging.getLogger(__name__)
+
+CAPTURE_STOP_WAIT_S = 1.0  # how long all the capture threads a reload stops may take, together
+StartCapture = Callable[[SourceBase], Capture]
+
+
+def same_source(a: SourceBase, b: SourceBase) -> bool:
+    """The same camera opened the same way: a reload keeps its capture running (its
+    `SourceBase.PROCESSING_KEYS` may differ, they do not touch the camera)."""
+    return a.opening() == b.opening()
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +56,15 @@ class Replacement:
         return outcome
 
 
-def load_replacement(config_path: Path | None, running: Settings) -> Replacement:
-    """The new settings with their loaded model; raises an EdgedError when either is unusable."""
+def load_replacement(config_path: Path | None, running: Settings, *, requests: bool = False) -> Replacement:
+    """The new settings with their loaded model; raises an EdgedError when either is unusable, or
+    (`ConfigError`) when they turn request mode on or off: ``requests`` says whether the running
+    daemon takes requests, and the request socket is bound at start, as the trigger settings say.
+    Cameras may move between the modes while some camera stays in request mode."""
     new = load_config(config_path)
+    if bool(new.requesting()) != requests:
+        problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
+        raise ConfigError(config_path, [problem])
     model = load_model(new.model, new.runtime, lanes=new.lanes())
     if new.publish != running.publish:
         # The bound socket keeps its endpoints and options, so the settings must say so too
@@ -56,3 +76,76 @@ def load_replacement(config_path: Path | None, running: Settings) -> Replacement
         log.warning("trigger settings changed: restart edged to apply them")
         new = new.model_copy(update={"trigger": running.trigger})
     return Replacement(new, model, {cfg.camera_id: frame_path(new, model, cfg) for cfg in new.source})
+
+
+class Trial:
+    """A reload on trial: its replacement, and the cameras it adds or opens differently, which run
+    beside the others, served by its model only, until a frame decides.
+
+    A camera it opens differently is closed first (a device opens once); cameras it removes keep
+    running on the old model until the switch.
+    """
+
+    def __init__(self, replacement: Replacement, running: Mapping[str, Camera], start: StartCapture) -> None:
+        self.replacement = replacement
+        self.incoming: dict[str, Camera] = {}
+        new = replacement.settings
+        for cfg in new.source:
+            camera = running.get(cfg.camera_id)
+            if camera is not None and same_source(camera.cfg, cfg):
+                continue
+            if camera is not None:
+                camera.capture.stop()
+            self.incoming[cfg.camera_id] = camera_for(new, cfg, start(cfg), replacement.paths[cfg.camera_id], camera)
+
+    def refused(self, running: LoadedModel, camera_id: str, frame: Frame, why: str) -> None:
+        """Say that the new model failed on ``frame`` of camera ``camera_id``, and ``running`` stays."""
+        log.error(
+            "reload refused, keeping the running configuration and model %s: the new model %s fails on "
+            "frame %d of camera %s: %s",
+            running.engine.identity.short,
+            self.replacement.model.engine.identity.short,
+            frame.frame_id,
+            camera_id,
+            why,
+            extra={"CAMERA": camera_id, "FRAME": frame.frame_id, "STAGE": "reload"},
+        )
+
+    def takes(self, camera: Camera) -> bool:
+        """The trial takes this camera's next frame: it is one of the new configuration's."""
+        return camera.id in self.replacement.paths
+
+    def serving(self, running: Mapping[str, Camera]) -> list[Camera]:
+        """The cameras the loop takes frames from meanwhile: the running ones, the trial's in place of
+        those it opens differently."""
+        return [camera for name, camera in running.items() if name not in self.incoming] + list(self.incoming.values())
+
+    def abandon(self, running: Mapping[str, Camera], settings: Settings, start: StartCapture) -> dict[str, Camera]:
+        """Back to the running cameras only: those the trial opened are closed, those it closed
+        reopened (taking back their counters and sequence numbers)."""
+        stop_captures([camera.capture for camera in self.incoming.values()], CAPTURE_STOP_WAIT_S)
+        cameras = dict(running)
+        for name, trial in self.incoming.items():
+            camera = running.get(name)
+            if camera is not None:
+                cameras[name] = camera_for(settings, camera.cfg, start(camera.cfg), camera.path, trial)
+        return cameras
+
+    def take_over(self, running: Mapping[str, Camera]) -> dict[str, Camera]:
+        """The cameras once the reload takes over: its own, a running camera it opens the same way
+        keeping its capture; those it removes are stopped."""
+        new, paths = self.replacement.settings, self.replacement.paths
+        cameras = {}
+        for cfg in new.source:
+            camera = self.incoming.get(cfg.camera_id)
+            if camera is None:
+                previous = running[cfg.camera_id]
+                camera = camera_for(new, cfg, previous.capture, paths[cfg.camera_id], previous)
+            cameras[cfg.camera_id] = camera
+        removed = [camera for name, camera in running.items() if name not in cameras]
+        for camera in removed:
+            log.info("camera %s removed", camera.id, extra={"CAMERA": camera.id})
+        stop_captures([camera.capture for camera in removed], CAPTURE_STOP_WAIT_S)
+        for name in cameras.keys() - running.keys():
+            log.info("camera %s added", name, extra={"CAMERA": name})
+        return cameras

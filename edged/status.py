@@ -7,12 +7,15 @@ never disagree. Each camera has its status message; the STATUS= line summarises 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from edged.camera import Camera
 from edged.capture import CaptureStats
-from edged.messages import CaptureReport, EvidenceReport, ModelInfo, StatusMessage
-from edged.mqtt import MqttStats
+from edged.messages import CaptureReport, ModelInfo, StatusMessage
+from edged.model import LoadedModel
+from edged.output import OutputReport, StatusReport
+from edged.outputs import Outputs
 from edged.stats import RunStats
 from edged.thermal import ThermalReport
 
@@ -24,24 +27,29 @@ class Snapshot:
     camera_id: str
     stats: RunStats
     capture: CaptureStats
-    publish_drops: Mapping[str, int]
     rate_cap_fps: float | None
     thermal: ThermalReport | None
     model: ModelInfo
     model_short: str  # name@hash prefix, as the logs name the model
-    mqtt: MqttStats | None = None  # None: no [mqtt] output
-    evidence: EvidenceReport | None = None  # None without [evidence]
+    outputs: Sequence[OutputReport] = ()  # what each output adds (`edged.output.Output.report`)
 
     def drops(self) -> dict[str, int]:
-        """Frames and messages lost, by cause: the loop's, the capture thread's and the publisher's."""
+        """Frames and messages lost, by cause: the loop's, the capture thread's and the outputs'."""
         drops = dict(self.stats.drops)
         drops["stale"] = self.capture.dropped_stale
         drops["read_error"] = self.capture.read_errors
-        drops.update(self.publish_drops)
+        for output in self.outputs:
+            drops.update(output.drops)
         return drops
+
+    def outputs_line(self) -> str:
+        return "".join(f" | {output.summary}" for output in self.outputs if output.summary)
 
     def message(self, seq: int) -> StatusMessage:
         cap = self.rate_cap_fps
+        fields: dict[str, object] = {}
+        for output in self.outputs:
+            fields.update(output.fields)
         return StatusMessage(
             camera_id=self.camera_id,
             seq=seq,
@@ -62,18 +70,15 @@ class Snapshot:
                 size_changes=self.capture.size_changes,
                 last_error=self.capture.last_error,
             ),
-            mqtt_state=self.mqtt.state if self.mqtt else None,
-            mqtt_drops=self.mqtt.drops if self.mqtt else None,
-            evidence=self.evidence,
+            **fields,
         )
 
     def line(self) -> str:
         """systemd's one-line STATUS=."""
         thermal = self.thermal.summary() if self.thermal else "thermal off"
         cap = f" cap {self.rate_cap_fps:.1f}fps" if self.rate_cap_fps else ""
-        mqtt = f" | mqtt {self.mqtt.state}" if self.mqtt else ""
         return (
-            f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state}{mqtt} | {thermal} | "
+            f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state}{self.outputs_line()} | {thermal} | "
             f"{self.stats.frames_processed} frames | model {self.model_short}"
         )
 
@@ -87,7 +92,32 @@ def summary_line(snapshots: Sequence[Snapshot]) -> str:
         return snapshots[0].line()
     first = snapshots[0]
     thermal = first.thermal.summary() if first.thermal else "thermal off"
-    mqtt = f" | mqtt {first.mqtt.state}" if first.mqtt else ""
     cameras = ", ".join(f"{s.camera_id} {s.stats.fps:.1f} fps {s.capture.state}" for s in snapshots)
     frames = sum(s.stats.frames_processed for s in snapshots)
-    return f"{len(snapshots)} cameras: {cameras}{mqtt} | {thermal} | {frames} frames | model {first.model_short}"
+    outputs = first.outputs_line()
+    return f"{len(snapshots)} cameras: {cameras}{outputs} | {thermal} | {frames} frames | model {first.model_short}"
+
+
+def snapshot(camera: Camera, thermal: ThermalReport | None, model: LoadedModel, outputs: Outputs) -> Snapshot:
+    """Camera ``camera``'s state now, with what each output adds."""
+    short = model.engine.identity.short
+    capture = camera.capture.stats()
+    return Snapshot(
+        camera.id, camera.stats, capture, camera.rate_cap.fps, thermal, model.info, short, outputs.reports(camera.id)
+    )
+
+
+def publish_status(
+    cameras: Sequence[Camera], thermal: ThermalReport | None, model: LoadedModel, outputs: Outputs
+) -> list[Snapshot]:
+    """Each camera's status message, on its own ``seq``, to every output; returns what they said."""
+    snapshots, reports = [], []
+    for camera in cameras:
+        camera.stats.update_fps()
+        snap = snapshot(camera, thermal, model, outputs)
+        snapshots.append(snap)
+        message = snap.message(camera.next_seq("status"))
+        verdicts = camera.stats.verdict_counts() if camera.path.inspector else None
+        reports.append(StatusReport((message, camera.stats.histograms(), verdicts), message.model_dump_json().encode()))
+    outputs.status(reports)
+    return snapshots

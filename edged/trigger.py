@@ -281,6 +281,10 @@ class TriggerServer:
         cameras = ", ".join(self._cameras) or "none"
         return f"camera_id {camera_id!r} does not take requests here; the cameras that do: {cameras}"
 
+    def in_hand(self, camera_id: str) -> Request | None:
+        """The request handed out for ``camera_id`` and not yet answered."""
+        return self._in_hand.get(camera_id)
+
     def next(self, camera_id: str) -> Request | None:
         """The oldest request waiting for ``camera_id``, now in hand until `answer`; None when none waits.
 

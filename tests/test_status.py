@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from edged.capture import CaptureStats
 from edged.messages import ModelInfo
+from edged.output import OutputReport
 from edged.stats import RunStats
 from edged.status import Snapshot, summary_line
 
@@ -29,7 +30,9 @@ def _snapshot(rate_cap: float | None = None) -> Snapshot:
         last_progress_ns=0,
         alive=True,
     )
-    return Snapshot("cam3", stats, capture, {"publish_full": 4}, rate_cap, None, MODEL, "probe@abababababab")
+    return Snapshot(
+        "cam3", stats, capture, rate_cap, None, MODEL, "probe@abababababab", (OutputReport(drops={"publish_full": 4}),)
+    )
 
 
 def test_drops_gather_every_cause_from_every_part() -> None:

@@ -1,0 +1,126 @@
+"""What an output is: one way a frame's results, the verdicts and the status leave edged.
+
+ZeroMQ (`edged.publish`), MQTT (`edged.mqtt`), the live view (`edged.http`) and evidence
+(`edged.evidence`) are each an `Output`; `edged.outputs` lists them and the daemon loops over
+that list. An output is made from the settings (`from_settings`, None when its section is
+absent), says per frame whether it wants the message (`wants`), gets the frame's report
+(`frame`) and every status round (`status`), adds what it knows to each camera's status
+(`report`), follows a reload (`reload`, which may return a new output or None) and closes.
+Every method but `close` runs on the loop's thread and must never block it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edged.config import Settings
+    from edged.messages import DetectionsMessage, StatusMessage, VerdictMessage
+    from edged.pipeline import Processed
+    from edged.prometheus import CameraStatus
+    from edged.trigger import TriggerServer
+
+
+class Delivery(enum.IntEnum):
+    """How much of a frame an output wants, ordered: the daemon builds what the most demanding asks."""
+
+    NONE = 0  # nothing
+    SHOWN = 1  # the message to show, with the frame; it takes no sequence number
+    SENT = 2  # the message as sent (a sequence number, the JSON payload, the verdict message)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameReport:
+    """One processed frame of camera ``camera_id`` as every output gets it.
+
+    ``outcome`` is a view into the camera's plan, valid until its next frame: an output that
+    keeps anything of it copies it (the evidence writer copies the image it saves). ``message``
+    is there when some output asked for it (`Delivery.SHOWN`); ``payload``, ``verdict`` and
+    ``verdict_payload``, the JSON bytes sent, when one asked for `Delivery.SENT`.
+    """
+
+    camera_id: str
+    outcome: Processed
+    found: bool  # the frame has results, or was taken for a request: sent whatever ``publish_empty`` says
+    message: DetectionsMessage | None = None
+    payload: bytes | None = None
+    verdict: VerdictMessage | None = None
+    verdict_payload: bytes | None = None
+
+    def sent(self, publish_empty: bool) -> bytes | None:
+        """The payload an output that skips empty frames unless ``publish_empty`` sends, if any."""
+        return self.payload if self.found or publish_empty else None
+
+
+@dataclass(frozen=True, slots=True)
+class OutputReport:
+    """What an output adds to one camera's status: drop counters, status message fields (by name),
+    and a few words for systemd's STATUS= line."""
+
+    drops: Mapping[str, int] = field(default_factory=dict)
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    summary: str | None = None
+
+
+NO_REPORT = OutputReport()
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    """One camera's status message as sent (``payload``), with what ``/metrics`` adds to it."""
+
+    status: CameraStatus  # the message, its stage histograms, its verdict counts (None without [inspect])
+    payload: bytes
+
+    @property
+    def message(self) -> StatusMessage:
+        return self.status[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What the daemon lends its outputs: the health verdict ``/healthz`` serves."""
+
+    health: Callable[[], str | None]
+
+
+class Output:
+    """The base of every output; each hook does nothing unless the output needs it."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings, services: Services) -> Output | None:
+        """The output ``settings`` configure, started; None when they configure none."""
+        raise NotImplementedError
+
+    def wants(self, camera_id: str, found: bool) -> Delivery:
+        """What this output wants of camera ``camera_id``'s next frame (``found``: it has results). No allocation."""
+        return Delivery.NONE
+
+    def frame(self, report: FrameReport) -> None:
+        """Every processed frame, with what the outputs' `wants` asked for."""
+
+    def status(self, reports: Sequence[StatusReport]) -> None:
+        """Every camera's status, once per status round."""
+
+    def report(self, camera_id: str) -> OutputReport:
+        """What this output adds to camera ``camera_id``'s status."""
+        return NO_REPORT
+
+    def carry_requests(self, server: TriggerServer) -> None:
+        """Hand ``server`` the inspection requests that arrive through this output (request mode)."""
+
+    def reread_secrets(self) -> None:
+        """SIGHUP: read key and password files again (raises KeyFileError, keeping the old ones)."""
+
+    def reload(self, settings: Settings, services: Services) -> Output | None:
+        """A reload's settings take over: this output adapted, or its replacement, or None when gone."""
+        return self
+
+    def drain(self) -> None:
+        """At stop, before the last status round: finish what is queued, within the output's own bound."""
+
+    def close(self) -> None:
+        """Flush within its own bound and release everything."""

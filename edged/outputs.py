@@ -1,0 +1,106 @@
+"""The outputs edged has, and the one list of them the daemon loops over.
+
+Adding an output is a module with an `edged.output.Output` subclass, its settings section, and
+one line in `OUTPUTS`. The order is the order each frame and status round reaches them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+from edged.camera import Camera
+from edged.config import Settings
+from edged.evidence import EvidenceOutput
+from edged.http import HttpServer
+from edged.messages import ThermalState, VerdictMessage
+from edged.mqtt import MqttOutput
+from edged.output import Delivery, FrameReport, Output, OutputReport, Services, StatusReport
+from edged.pipeline import Processed, verdict_message
+from edged.publish import Publisher
+from edged.trigger import Request, TriggerServer
+
+OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput)
+
+
+class Outputs:
+    """The running outputs, in `OUTPUTS` order; a failure while opening them closes those already open."""
+
+    def __init__(self, settings: Settings, services: Services) -> None:
+        self.services = services
+        self._kinds = OUTPUTS
+        self._server: TriggerServer | None = None
+        self._running: dict[type[Output], Output] = {}
+        with contextlib.ExitStack() as opened:
+            for kind in self._kinds:
+                output = kind.from_settings(settings, services)
+                if output is not None:
+                    opened.callback(output.close)
+                    self._running[kind] = output
+            opened.pop_all()
+
+    def __iter__(self) -> Iterator[Output]:
+        return iter(self._running.values())
+
+    def wants(self, camera_id: str, found: bool) -> Delivery:
+        """The most any output wants of this frame (`Delivery`)."""
+        return max((output.wants(camera_id, found) for output in self._running.values()), default=Delivery.NONE)
+
+    def publish(
+        self, camera: Camera, done: Processed, request: Request | None, thermal_state: ThermalState
+    ) -> VerdictMessage | None:
+        """Hand ``done`` to every output, with the messages the most demanding asked for (`Delivery`);
+        returns the verdict message sent, if any. A frame taken for a ``request`` is sent whatever an
+        output's ``publish_empty`` says, with the request's part id."""
+        found = len(done.detections) > 0 or request is not None
+        part_id = request.part_id if request else None
+        delivery = self.wants(camera.id, found)
+        report = FrameReport(camera.id, done, found)
+        if delivery is not Delivery.NONE:
+            seq = camera.next_seq("detections") if delivery is Delivery.SENT else 0  # a message only shown takes no seq
+            msg = camera.path.message(done, seq=seq, thermal_state=thermal_state, part_id=part_id)
+            report = FrameReport(camera.id, done, found, msg)
+            if delivery is Delivery.SENT:
+                verdict = verdict_message(msg, camera.next_seq("verdict")) if msg.verdict is not None else None
+                sent = verdict.model_dump_json().encode() if verdict else None
+                report = FrameReport(camera.id, done, found, msg, msg.model_dump_json().encode(), verdict, sent)
+        for output in self._running.values():
+            output.frame(report)
+        return report.verdict
+
+    def status(self, reports: Sequence[StatusReport]) -> None:
+        for output in self._running.values():
+            output.status(reports)
+
+    def reports(self, camera_id: str) -> list[OutputReport]:
+        return [output.report(camera_id) for output in self._running.values()]
+
+    def carry_requests(self, server: TriggerServer) -> None:
+        """Requests that arrive through an output go to ``server``, now and from outputs a reload starts."""
+        self._server = server
+        for output in self._running.values():
+            output.carry_requests(server)
+
+    def reread_secrets(self) -> None:
+        for output in self._running.values():
+            output.reread_secrets()
+
+    def reload(self, settings: Settings) -> None:
+        """A reload's settings take over: each output adapts, is replaced, starts or stops (`Output.reload`)."""
+        for kind in self._kinds:
+            running = self._running.pop(kind, None)
+            output = running.reload(settings, self.services) if running else kind.from_settings(settings, self.services)
+            if output is None:
+                continue
+            self._running[kind] = output
+            if output is not running and self._server is not None:
+                output.carry_requests(self._server)
+
+    def drain(self) -> None:
+        for output in self._running.values():
+            output.drain()
+
+    def close(self) -> None:
+        for output in self._running.values():
+            output.close()
+        self._running.clear()
