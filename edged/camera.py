@@ -18,18 +18,22 @@ weights, the large part, are shared.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from typing import Literal, get_args
 
 from edged.capture import Capture
 from edged.config import CapturePriority, Settings
-from edged.pipeline import FramePath, Processed, output_problems
+from edged.lograte import LogRate
+from edged.pipeline import OUTPUT_PROBLEMS, FramePath, Processed, Rejected, output_problems
 from edged.ratecap import RateCap
 from edged.sources import Frame, open_source
 from edged.sources.base import SourceBase, TriggerMode
 from edged.stats import RunStats
 from edged.wake import Waker
+
+log = logging.getLogger(__name__)
 
 Topic = Literal["detections", "verdict", "status"]  # a camera's topics, each with a seq of its own
 
@@ -112,18 +116,40 @@ class Camera:
         """Re-measure the camera's rate and apply the thermal ``rate_factor`` (`edged.ratecap`)."""
         self.rate_cap.update(self.capture.stats().frames_captured, rate_factor)
 
-    def record(self, done: Processed, part_id: str | None) -> list[tuple[str, int, int]]:
+    def record(self, done: Processed, part_id: str | None, errors: LogRate) -> None:
         """Count a processed frame: its timings, its verdict, and each of its model output's problems
-        (`edged.pipeline.OUTPUT_PROBLEMS`), returned with how many values it concerns and its count so far."""
-        problems = []
+        (`edged.pipeline.OUTPUT_PROBLEMS`), logged as ``errors`` allows; the counters carry the rest."""
+        frame_id = done.frame.frame_id
         for problem, count in output_problems(done):
             self.stats.drop(problem)
-            problems.append((problem, count, self.stats.drops[problem]))
+            if errors.allows():
+                args = (self.id, count, frame_id, self.stats.drops[problem])
+                log.error(OUTPUT_PROBLEMS[problem], *args, extra={"CAMERA": self.id, "FRAME": frame_id, "STAGE": "decode"})
         times = done.times
         self.stats.record(times.preprocess_ms, times.inference_ms, times.decode_ms, done.age_ms)
         if (record := self.path.verdict_record(done, part_id)) is not None:
             self.stats.record_verdict(record, done.verdict_ms)
-        return problems
+
+    def reject(self, rejected: Rejected, errors: LogRate) -> int:
+        """Count a frame that was not processed and say why: an inference failure as ``errors``
+        allows, an unfit frame the first time; returns 1 for an inference failure, else 0."""
+        self.stats.drop(rejected.reason)
+        count, frame_id = self.stats.drops[rejected.reason], rejected.frame.frame_id
+        if rejected.reason == "inference_error":
+            if errors.allows():
+                log.error(
+                    "camera %s: inference failed, frame %d skipped (%d failed so far): %s",
+                    *(self.id, frame_id, count, rejected.detail),
+                    extra={"CAMERA": self.id, "FRAME": frame_id, "STAGE": "inference"},
+                )
+            return 1
+        if count == 1:
+            log.warning(
+                "camera %s: frame %d rejected (%s): %s",
+                *(self.id, frame_id, rejected.reason.removeprefix("bad_frame_"), rejected.detail),
+                extra={"CAMERA": self.id, "FRAME": frame_id, "STAGE": "contract"},
+            )
+        return 0
 
     def next_seq(self, kind: Topic) -> int:
         """The next ``seq`` on this camera's topic of ``kind``: gapless per camera and topic."""

@@ -1,16 +1,11 @@
 """The daemon: composes the cameras, the model and the outputs from the settings, turns the loop, stops cleanly.
 
-Each camera (`edged.camera.Camera`) has its capture thread, its frame path on the one shared
-model, its counters and sequence numbers. The loop hands the cameras' frames to the inference
-lanes (`edged.lanes`) in turn: of those whose rate cap allows a frame, that are on no lane and
-have one ready, the one served longest ago goes first, so a fast camera cannot starve a slow
-one; it counts each result and hands it to the outputs (`edged.outputs`), and with nothing to
-do waits for any capture thread's hand-over, lane's result or request (`edged.wake`). Cameras
-in request mode take a frame only for their request in hand, and go first (`edged.requests`).
-Between frames it does the slow housekeeping: thermal polls, status, rate caps, reloads, whose
-trial `edged.reload.Trial` owns. Each policy lives in its own module; this one composes them
-and turns the loop. What the watchdog and ``/healthz`` read is published to them
-(`edged.health.Watched`), never this loop's own state.
+The loop hands the cameras' frames (`edged.camera`) to the inference lanes (`edged.lanes`) in
+the order `edged.schedule` says, counts each result and hands it to the outputs
+(`edged.outputs`), answering requests (`edged.requests`); with nothing to do it waits for a
+hand-over, a result or a request (`edged.wake`). Between frames: thermal polls, status
+(`edged.status`), rate caps, and reloads, whose trial `edged.reload.Trial` owns. The watchdog and
+``/healthz`` read what the loop publishes to them (`edged.health.Watched`), never its own state.
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from edged.camera import Camera, camera_for, start_capture, stop_captures
 from edged.capture import Capture
@@ -31,9 +27,10 @@ from edged.messages import VerdictMessage
 from edged.model import fallback_model, load_model
 from edged.output import Services
 from edged.outputs import Outputs
-from edged.pipeline import OUTPUT_PROBLEMS, Processed, Rejected, frame_path
+from edged.pipeline import Rejected, frame_path
 from edged.reload import CAPTURE_STOP_WAIT_S, Trial, load_replacement
 from edged.requests import RequestDesk
+from edged.schedule import idle_s, request_of, turn_order, wants_frame
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
 from edged.sources import Frame
 from edged.sources.base import SourceBase
@@ -82,7 +79,7 @@ class Daemon:
             self.desk = RequestDesk(settings, self.outputs) if settings.requesting() else None
             if self.desk is not None:
                 stack.callback(self.desk.close)
-            stack.callback(self._last_status)
+            stack.callback(lambda: self.publish_status())  # at stop, once the evidence is written
             stack.callback(self.outputs.drain)
             self.lanes = Lanes(settings.lanes(), self._wake)
             stack.callback(lambda: self.lanes.close())
@@ -91,7 +88,7 @@ class Daemon:
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
         self._inference_failures = 0
-        self._error_log = LogRate(ERROR_LOG_INTERVAL_S)
+        self._errors = LogRate(ERROR_LOG_INTERVAL_S)  # a burst of failing frames is one log line
         self._next_status = self._next_thermal = time.monotonic()
         self._watch()
 
@@ -181,12 +178,12 @@ class Daemon:
             self.health.frame_done()  # waiting for requests is progress in request mode
         if self._critical():
             self._settle(self.lanes.drain())  # inference paused, status continues, requests are refused
-            self._wake.wait(TAKE_TIMEOUT_S, self.desk.fds if self.desk else ())
+            self._wake.wait(TAKE_TIMEOUT_S, self._fds())
             self.health.frame_done()
             return
         if self._hand_out() or settled:
             return
-        self._wake.wait(self._idle_s(), self.desk.fds if self.desk else ())
+        self._wake.wait(idle_s(self.serving(), self.desk, self.lanes.carrying, TAKE_TIMEOUT_S), self._fds())
         if not self._settle(self.lanes.collect()) and not self._hand_out():
             self._announce_ready(frame_processed=False)
 
@@ -194,58 +191,39 @@ class Daemon:
         """The board is critically hot: inference pauses until it cools (`edged.thermal`)."""
         return self.report is not None and self.report.rate_factor == 0.0
 
-    def _request(self, camera: Camera) -> Request | None:
-        return self.desk.request(camera) if self.desk is not None else None
-
-    def _idle_s(self) -> float:
-        """How long the loop may wait with nothing to do: until a rate cap lets a camera's frame
-        be taken or a request's time is up, at most `TAKE_TIMEOUT_S`."""
-        now, now_ns = time.monotonic(), time.monotonic_ns()
-        waits = [TAKE_TIMEOUT_S]
-        for camera in self.serving():
-            request = self._request(camera)
-            if self.desk is not None and request is not None and not self.lanes.carrying(camera):
-                waits.append((self.desk.deadline_ns(request) - now_ns) / 1e9)
-            elif not camera.due(now):
-                waits.append(camera.wait_s(now))
-        return max(0.0, min(waits))
+    def _fds(self) -> list[Any]:
+        return self.desk.fds if self.desk is not None else []
 
     def _hand_out(self) -> int:
         """Hand idle lanes the frames of the cameras that want one, are on no lane and have a frame
         ready: those with a request in hand first, then the one served longest ago. Returns how
         many frames were taken.
 
-        A camera in request mode passes over a frame captured before its request arrived (one
-        waiting in the latest-frame slot, picamera2's queued one): its capture time, on the same
-        monotonic clock as the arrival, says so. A reload on trial takes its cameras' next frame
-        on this thread instead (`_try`).
+        In the order and by the rules of `edged.schedule`. A camera in request mode passes over a
+        frame captured before its request arrived (one waiting in the latest-frame slot,
+        picamera2's queued one): its capture time, on the monotonic clock of the arrival, says so.
+        A reload on trial takes its cameras' next frame on this thread instead (`_try`).
         """
         taken = 0
         now = time.monotonic()
-        for camera in sorted(self.serving(), key=lambda c: (self._request(c) is None, c.served_s)):
+        for camera in turn_order(self.serving(), self.desk):
             if not self.lanes.idle:
                 break
-            if self.lanes.carrying(camera) or not camera.due(now) or not self._wants_frame(camera):
+            on_trial = self._trial is not None and self._trial.takes(camera)
+            wants = wants_frame(camera, self.desk, ready=self.health.ready, on_trial=on_trial)
+            if self.lanes.carrying(camera) or not camera.due(now) or not wants:
                 continue
             frame = camera.take()
             if frame is None:
                 continue
             taken += 1
-            if self._trial is not None and self._trial.takes(camera):
+            if self._trial is not None and on_trial:
                 self._try(self._trial, camera, frame)
                 return taken  # the cameras may have changed under this loop
-            request = self._request(camera)
+            request = request_of(self.desk, camera)
             if request is None or frame.t_capture_ns > request.arrived_ns:
                 self.lanes.submit(camera, frame)
         return taken
-
-    def _wants_frame(self, camera: Camera) -> bool:
-        """In free mode always; in request mode for its request in hand, a reload's trial, and
-        before READY=1 (a frame through the model unpublished proves camera and model, and warms
-        the session up)."""
-        if camera.mode == "free" or self._request(camera) is not None or not self.health.ready:
-            return True
-        return self._trial is not None and self._trial.takes(camera)
 
     def _settle(self, results: list[tuple[Camera, Outcome]]) -> int:
         """Count and publish the lanes' results, in the order they finished, answering the requests
@@ -266,52 +244,19 @@ class Daemon:
     def _finish(
         self, camera: Camera, outcome: Outcome, *, request: Request | None = None, publish: bool = True
     ) -> VerdictMessage | Rejected | None:
-        """A frame's outcome counted and handed to the outputs; a rejected frame counted and logged.
-
-        Returns the frame's verdict message (None without ``[inspect]`` or when not sent), or the
-        `Rejected`. A frame taken for a ``request`` is sent whatever the outputs' ``publish_empty`` say.
-        """
+        """A frame's outcome counted and handed to the outputs, or, rejected, counted and logged; returns
+        the verdict message sent (None without ``[inspect]`` or when not sent) or the `Rejected`."""
         if isinstance(outcome, Rejected):
-            self._reject(camera, outcome)
+            self._inference_failures += camera.reject(outcome, self._errors)
             return outcome
         verdict = None
         if publish:
             self._inference_failures = 0
-            verdict = self._publish(camera, outcome, request)
+            camera.record(outcome, request.part_id if request else None, self._errors)
+            self.health.frame_done()
+            verdict = self.outputs.publish(camera, outcome, request, self.report.state if self.report else "unknown")
         self._announce_ready(frame_processed=True, camera=camera)
         return verdict
-
-    def _publish(self, camera: Camera, done: Processed, request: Request | None) -> VerdictMessage | None:
-        """Count ``done`` (`Camera.record`) and hand it to every output (`Outputs.publish`)."""
-        for problem, count, so_far in camera.record(done, request.part_id if request else None):
-            message = OUTPUT_PROBLEMS[problem]
-            self._error_limited("decode", camera.id, done.frame.frame_id, message, count, done.frame.frame_id, so_far)
-        self.health.frame_done()
-        state = self.report.state if self.report else "unknown"
-        return self.outputs.publish(camera, done, request, state)
-
-    def _reject(self, camera: Camera, rejected: Rejected) -> None:
-        camera.stats.drop(rejected.reason)
-        count, frame_id = camera.stats.drops[rejected.reason], rejected.frame.frame_id
-        if rejected.reason == "inference_error":
-            self._inference_failures += 1
-            message = "camera %s: inference failed, frame %d skipped (%d failed so far): %s"
-            self._error_limited("inference", camera.id, frame_id, message, frame_id, count, rejected.detail)
-        elif count == 1:
-            log.warning(
-                "camera %s: frame %d rejected (%s): %s",
-                camera.id,
-                frame_id,
-                rejected.reason.removeprefix("bad_frame_"),
-                rejected.detail,
-                extra={"CAMERA": camera.id, "FRAME": frame_id, "STAGE": "contract"},
-            )
-
-    def _error_limited(self, stage: str, camera: str, frame_id: int, message: str, *args: object) -> None:
-        """Log a per-frame error of ``camera`` (``message`` with the camera, then ``args``) at most once
-        per ERROR_LOG_INTERVAL_S; the counters carry the rest."""
-        if self._error_log.allows():
-            log.error(message, camera, *args, extra={"CAMERA": camera, "FRAME": frame_id, "STAGE": stage})
 
     def _announce_ready(self, *, frame_processed: bool, camera: Camera | None = None) -> None:
         """READY=1 on the first frame of any camera, or once a camera is known to be lost (`edged.health`)."""
@@ -320,8 +265,6 @@ class Daemon:
             self.notifier.ready(self.status_line())
             if camera is not None:
                 log.info("first frame processed: ready", extra={"CAMERA": camera.id})
-
-    # ---- status ------------------------------------------------------------------------------
 
     def status_line(self) -> str:
         """systemd's STATUS=: every camera's rate and state (`edged.status.summary_line`)."""
@@ -350,8 +293,6 @@ class Daemon:
             camera.path = frame_path(self.settings, model, camera.cfg)
         self._inference_failures = 0
         return True
-
-    # ---- reloads -----------------------------------------------------------------------------
 
     def reload(self) -> None:
         """SIGHUP: load a new config and model; they take over once the model has run on a frame.
@@ -395,7 +336,7 @@ class Daemon:
         """
         outcome = trial.replacement.trial(camera.id, frame)
         if isinstance(outcome, Rejected):  # the frame is unfit, not the model: the next frame decides
-            self._reject(camera, outcome)
+            self._inference_failures += camera.reject(outcome, self._errors)
             return
         if isinstance(outcome, str):
             trial.refused(self.model, camera.id, frame, outcome)
@@ -426,8 +367,6 @@ class Daemon:
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
         self._watch()
 
-    # ---- stopping ----------------------------------------------------------------------------
-
     def _finish_lanes(self) -> None:
         """At stop: let the frames on the lanes finish and publish them, each lane's error said alone."""
         while True:
@@ -436,10 +375,6 @@ class Daemon:
                 return
             except ModelError as e:  # another lane's frame failed as the first did: said, and stopping anyway
                 log.error("%s", e)
-
-    def _last_status(self) -> None:
-        """At stop, once the evidence is written: the status as it ends."""
-        self.publish_status()
 
 
 def run(config_path: Path | None, settings: Settings) -> int:
