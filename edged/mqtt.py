@@ -52,7 +52,7 @@ from pydantic import Field, field_validator, model_validator
 from edged.backoff import Backoff
 from edged.errors import BrokerError, EdgedError, KeyFileError, MissingDependency
 from edged.keys import check_secret_file
-from edged.output import Delivery, FrameReport, Output, OutputReport, Services, StatusReport
+from edged.output import MessageKind, MessageOutput, OutputReport, Services
 from edged.sections import Section
 
 if TYPE_CHECKING:
@@ -334,7 +334,7 @@ class Outbox:
             return {topic: self.drops[topic] for topic in (*KINDS, TRIGGER)}
 
 
-class MqttOutput(Output):
+class MqttOutput(MessageOutput):
     """Sends the daemon's messages to the broker from a thread of its own; `send` never blocks.
 
     The thread owns the paho client (paho is driven through ``loop_read``/``loop_write``/
@@ -388,20 +388,12 @@ class MqttOutput(Output):
     def from_settings(cls, settings: Settings, services: Services) -> MqttOutput | None:
         return cls(settings.mqtt, settings.camera_ids()) if settings.mqtt is not None else None
 
-    def wants(self, camera_id: str, found: bool) -> Delivery:
-        return Delivery.SENT if found or self.cfg.publish_empty else Delivery.NONE
+    @property
+    def publish_empty(self) -> bool:
+        return self.cfg.publish_empty
 
-    def frame(self, report: FrameReport) -> None:
-        payload = report.sent(self.cfg.publish_empty)
-        if payload is None:
-            return
-        self.send("detections", payload, report.camera_id)
-        if report.verdict_payload is not None:
-            self.send("verdict", report.verdict_payload, report.camera_id)
-
-    def status(self, reports: Sequence[StatusReport]) -> None:
-        for report in reports:
-            self.send("status", report.payload, report.message.camera_id)
+    def deliver(self, kind: MessageKind, camera_id: str, payload: bytes) -> None:
+        self.send(kind, payload, camera_id)
 
     def report(self, camera_id: str) -> OutputReport:
         state = self.state

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -124,3 +124,35 @@ class Output:
 
     def close(self) -> None:
         """Flush within its own bound and release everything."""
+
+
+MessageKind = Literal["detections", "verdict", "status"]
+
+
+class MessageOutput(Output):
+    """An output that sends every message as it is, on the camera's topic of its kind (ZeroMQ, MQTT),
+    skipping a frame without results unless `publish_empty`."""
+
+    @property
+    def publish_empty(self) -> bool:
+        raise NotImplementedError
+
+    def deliver(self, kind: MessageKind, camera_id: str, payload: bytes) -> None:
+        """Send one message; never blocks."""
+        raise NotImplementedError
+
+    def wants(self, camera_id: str, found: bool) -> Delivery:
+        return Delivery.SENT if found or self.publish_empty else Delivery.NONE
+
+    def frame(self, report: FrameReport) -> None:
+        """The detections message, and its verdict message beside it."""
+        payload = report.sent(self.publish_empty)
+        if payload is None:
+            return
+        self.deliver("detections", report.camera_id, payload)
+        if report.verdict_payload is not None:
+            self.deliver("verdict", report.camera_id, report.verdict_payload)
+
+    def status(self, reports: Sequence[StatusReport]) -> None:
+        for report in reports:
+            self.deliver("status", report.message.camera_id, report.payload)

@@ -47,7 +47,7 @@ from edged.errors import PublishError
 from edged.keys import load_allowed_clients, load_secret_key
 from edged.listen import Listener
 from edged.lograte import LogRate
-from edged.output import Delivery, FrameReport, Output, OutputReport, Services, StatusReport
+from edged.output import MessageKind, MessageOutput, OutputReport, Services
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -70,6 +70,9 @@ def status_topic(prefix: str, camera_id: str) -> bytes:
 
 def verdict_topic(prefix: str, camera_id: str) -> bytes:
     return f"{prefix}/verdict/{camera_id}".encode()
+
+
+TOPICS = {"detections": detections_topic, "verdict": verdict_topic, "status": status_topic}
 
 
 def topics_of(prefix: str, camera_ids: Sequence[str]) -> tuple[bytes, ...]:
@@ -112,7 +115,7 @@ class AllowList:
         return key in self.keys
 
 
-class Publisher(Output):
+class Publisher(MessageOutput):
     """Binds the configured endpoints and sends multipart [topic, payload] without ever blocking.
 
     Raises `PublishError` for an endpoint it cannot bind and `KeyFileError` for unusable keys.
@@ -150,22 +153,12 @@ class Publisher(Output):
     def from_settings(cls, settings: Settings, services: Services) -> Publisher:
         return cls(settings.publish, settings.camera_ids())
 
-    def wants(self, camera_id: str, found: bool) -> Delivery:
-        return Delivery.SENT if found or self.cfg.publish_empty else Delivery.NONE
+    @property
+    def publish_empty(self) -> bool:
+        return self.cfg.publish_empty
 
-    def frame(self, report: FrameReport) -> None:
-        """The detections message on the camera's detections topic, its verdict message on the verdict topic."""
-        payload = report.sent(self.cfg.publish_empty)
-        if payload is None:
-            return
-        prefix = self.cfg.topic_prefix
-        self.send(detections_topic(prefix, report.camera_id), payload)
-        if report.verdict_payload is not None:
-            self.send(verdict_topic(prefix, report.camera_id), report.verdict_payload)
-
-    def status(self, reports: Sequence[StatusReport]) -> None:
-        for report in reports:
-            self.send(status_topic(self.cfg.topic_prefix, report.message.camera_id), report.payload)
+    def deliver(self, kind: MessageKind, camera_id: str, payload: bytes) -> None:
+        self.send(TOPICS[kind](self.cfg.topic_prefix, camera_id), payload)
 
     def report(self, camera_id: str) -> OutputReport:
         return OutputReport(drops=self.drops)
