@@ -26,7 +26,7 @@ from typing import Literal, get_args
 from edged.capture import Capture
 from edged.config import CapturePriority, Settings
 from edged.lograte import LogRate
-from edged.pipeline import OUTPUT_PROBLEMS, FramePath, Processed, Rejected, output_problems
+from edged.pipeline import OUTPUT_PROBLEMS, FramePath, Processed, Rejected
 from edged.ratecap import RateCap
 from edged.sources import Frame, open_source
 from edged.sources.base import SourceBase, TriggerMode
@@ -120,7 +120,7 @@ class Camera:
         """Count a processed frame: its timings, its verdict, and each of its model output's problems
         (`edged.pipeline.OUTPUT_PROBLEMS`), logged as ``errors`` allows; the counters carry the rest."""
         frame_id = done.frame.frame_id
-        for problem, count in output_problems(done):
+        for problem, count in done.result.problems():
             self.stats.drop(problem)
             if errors.allows():
                 args = (self.id, count, frame_id, self.stats.drops[problem])

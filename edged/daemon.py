@@ -30,7 +30,7 @@ from edged.outputs import Outputs
 from edged.pipeline import Rejected, frame_path
 from edged.reload import CAPTURE_STOP_WAIT_S, Trial, load_replacement
 from edged.requests import RequestDesk
-from edged.schedule import idle_s, request_of, turn_order, wants_frame
+from edged.schedule import hand_out, idle_s
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
 from edged.sources import Frame
 from edged.sources.base import SourceBase
@@ -195,35 +195,13 @@ class Daemon:
         return self.desk.fds if self.desk is not None else []
 
     def _hand_out(self) -> int:
-        """Hand idle lanes the frames of the cameras that want one, are on no lane and have a frame
-        ready: those with a request in hand first, then the one served longest ago. Returns how
-        many frames were taken.
+        """Hand idle lanes the next frames (`edged.schedule.hand_out`); a reload on trial takes its
+        cameras' next frame on this thread (`_try`)."""
+        cameras, ready = self.serving(), self.health.ready
+        return hand_out(cameras, self.lanes, self.desk, ready=ready, on_trial=self._on_trial, try_frame=self._try)
 
-        In the order and by the rules of `edged.schedule`. A camera in request mode passes over a
-        frame captured before its request arrived (one waiting in the latest-frame slot,
-        picamera2's queued one): its capture time, on the monotonic clock of the arrival, says so.
-        A reload on trial takes its cameras' next frame on this thread instead (`_try`).
-        """
-        taken = 0
-        now = time.monotonic()
-        for camera in turn_order(self.serving(), self.desk):
-            if not self.lanes.idle:
-                break
-            on_trial = self._trial is not None and self._trial.takes(camera)
-            wants = wants_frame(camera, self.desk, ready=self.health.ready, on_trial=on_trial)
-            if self.lanes.carrying(camera) or not camera.due(now) or not wants:
-                continue
-            frame = camera.take()
-            if frame is None:
-                continue
-            taken += 1
-            if self._trial is not None and on_trial:
-                self._try(self._trial, camera, frame)
-                return taken  # the cameras may have changed under this loop
-            request = request_of(self.desk, camera)
-            if request is None or frame.t_capture_ns > request.arrived_ns:
-                self.lanes.submit(camera, frame)
-        return taken
+    def _on_trial(self, camera: Camera) -> bool:
+        return self._trial is not None and self._trial.takes(camera)
 
     def _settle(self, results: list[tuple[Camera, Outcome]]) -> int:
         """Count and publish the lanes' results, in the order they finished, answering the requests
@@ -260,6 +238,8 @@ class Daemon:
 
     def _announce_ready(self, *, frame_processed: bool, camera: Camera | None = None) -> None:
         """READY=1 on the first frame of any camera, or once a camera is known to be lost (`edged.health`)."""
+        if self.health.ready:
+            return
         lost = any(c.capture.state == "lost" for c in self.cameras.values())
         if self.health.should_announce(frame_processed=frame_processed, capture_state="lost" if lost else "starting"):
             self.notifier.ready(self.status_line())
@@ -328,12 +308,15 @@ class Daemon:
             self._trial = None
             self._watch()
 
-    def _try(self, trial: Trial, camera: Camera, frame: Frame) -> None:
+    def _try(self, camera: Camera, frame: Frame) -> None:
         """Switch to a reload's model once it has run on ``frame``, or keep the running one.
 
         In free mode ``frame`` is then published like any other; in request mode nobody asked
         for it, so it is not (the warm-up before READY=1 is not either).
         """
+        trial = self._trial
+        if trial is None:
+            return
         outcome = trial.replacement.trial(camera.id, frame)
         if isinstance(outcome, Rejected):  # the frame is unfit, not the model: the next frame decides
             self._inference_failures += camera.reject(outcome, self._errors)

@@ -21,8 +21,9 @@ with zero area (one wholly outside the frame, flattened onto its edge) does edge
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from edged.errors import HeadError
 from edged.geometry import BoxMap
 from edged.heads import head_named
 from edged.heads.base import TrueIndex, fmt_shape, rows
+from edged.messages import Detection
 from edged.nms import GreedyNms
 
 _ZERO = np.array(0.0, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
@@ -63,6 +65,44 @@ class Detections:
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
+
+    # ---- as the detection task's result (`edged.task.TaskResult`) ------------------------------
+
+    def problems(self) -> list[tuple[str, int]]:
+        found = (("nonfinite_output", self.nonfinite), ("score_above_one", self.scores_above_one))
+        return [(problem, count) for problem, count in found if count]
+
+    def near_misses(self) -> int:
+        return len(self.near) if self.near is not None else 0
+
+    def dataset_label(self, width: int, height: int) -> str:
+        """One ``class cx cy w h`` line per detection, normalised to the frame: what ultralytics trains on."""
+        lines = []
+        for (x1, y1, x2, y2), c in zip(self.xyxy.tolist(), self.class_ids.tolist(), strict=True):
+            cx, cy, w, h = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height
+            lines.append(f"{c} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}\n")
+        return "".join(lines)
+
+    def message_fields(
+        self, label: Callable[[int], str], zones: Sequence[str | None] | None, thresholds: Sequence[float | None] | None
+    ) -> dict[str, Any]:
+        """``detections``. Each column becomes a Python list in one ``tolist`` call, rather than one
+        numpy scalar per value: that halves the cost of building the message."""
+        boxes, scores, class_ids = self.xyxy.tolist(), self.scores.tolist(), self.class_ids.tolist()
+        marks = zip(zones or [None] * len(class_ids), thresholds or [None] * len(class_ids), strict=True)
+        return {
+            "detections": [
+                Detection(
+                    class_id=c,
+                    label=label(c),
+                    score=round(s, 4),
+                    box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)),
+                    zone=z,
+                    threshold=round(t, 4) if t is not None else None,
+                )
+                for b, s, c, (z, t) in zip(boxes, scores, class_ids, marks, strict=True)
+            ]
+        }
 
 
 class Decoder:

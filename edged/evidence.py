@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
@@ -37,7 +37,6 @@ import cv2
 import numpy as np
 from pydantic import Field
 
-from edged.decode import Detections
 from edged.messages import EvidenceReport
 from edged.output import FrameReport, Output, OutputReport, Services
 from edged.sections import Section
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
 
     # A type only: the camera kinds' settings name [evidence]'s, so this module loads before edged.sources.
     from edged.sources import Frame
+    from edged.task import TaskResult
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +95,6 @@ class EvidenceConfig(Section):
 
 
 @dataclass(frozen=True, slots=True)
-class EvidenceDetection:
-    """One published detection as its label line needs it: the class and the box in frame pixels."""
-
-    class_id: int
-    box: tuple[float, float, float, float]
-
-
-@dataclass(frozen=True, slots=True)
 class EvidenceFrame:
     """What the writer saves of one frame; ``image`` is the caller's own copy, ``message`` the JSON
     published for it (None when the frame was not published: no sidecar then)."""
@@ -112,7 +104,7 @@ class EvidenceFrame:
     capture_time_ns: int
     image: np.ndarray
     channel_order: Literal["bgr", "rgb"]
-    detections: tuple[EvidenceDetection, ...]
+    label: str  # the dataset label file (`edged.task.TaskResult.dataset_label`)
     message: bytes | None
 
 
@@ -137,16 +129,6 @@ def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int) -> tuple[s
     when = datetime.fromtimestamp(capture_time_ns / 1e9, tz=timezone.utc)
     stem = f"{camera_id}_{when:%Y%m%dT%H%M%S}{when.microsecond // 1000:03d}_{frame_id}"
     return f"{when:%Y-%m-%d}", stem
-
-
-def yolo_labels(detections: Sequence[EvidenceDetection], width: int, height: int) -> str:
-    """The detections as predicted, one ``class cx cy w h`` line each, normalised to the frame."""
-    lines = []
-    for d in detections:
-        x1, y1, x2, y2 = d.box
-        cx, cy, w, h = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height
-        lines.append(f"{d.class_id} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}\n")
-    return "".join(lines)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -245,8 +227,7 @@ class EvidenceStore:
         ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, jpeg_quality])
         if not ok:
             raise OSError(errno.EINVAL, f"OpenCV could not encode frame {frame.frame_id} as JPEG")
-        height, width = image.shape[:2]
-        sidecars = [(folder / "labels" / f"{stem}.txt", yolo_labels(frame.detections, width, height).encode())]
+        sidecars = [(folder / "labels" / f"{stem}.txt", frame.label.encode())]
         if frame.message is not None:
             sidecars.append((folder / "messages" / f"{stem}.json", frame.message))
         image_path, image_bytes = folder / "images" / f"{stem}.jpg", jpeg.tobytes()
@@ -401,24 +382,20 @@ class EvidenceWriter:
 
     # ---- the loop's side ---------------------------------------------------------------------
 
-    def offer(self, frame: Frame, detections: Detections, verdict: Verdict | None, message: bytes | None) -> None:
+    def offer(self, frame: Frame, result: TaskResult, verdict: Verdict | None, message: bytes | None) -> None:
         """Save ``frame`` if it is evidence and there is room and rate for it; only then is it copied.
 
-        ``detections`` are those published, with the decoder's near misses (``detections.near``)
-        under ``ng+near``; the labels saved are the detections only. ``message`` is the payload
-        published for the frame, None when it was not published.
+        ``result`` is what was published, with its near misses under ``ng+near``; the label saved
+        is its findings only. ``message`` is the payload published for the frame, None when it
+        was not published.
         """
-        near = len(detections.near) if detections.near is not None else 0
-        if not self.admit(verdict, len(detections), near):
+        if not self.admit(verdict, len(result), result.near_misses()):
             return
-        saved = tuple(
-            EvidenceDetection(c, (b[0], b[1], b[2], b[3]))
-            for b, c in zip(detections.xyxy.tolist(), detections.class_ids.tolist(), strict=True)
-        )
+        height, width = frame.image.shape[:2]
+        label = result.dataset_label(width, height)
+        image = frame.image.copy()
         self.submit(
-            EvidenceFrame(
-                self.camera_id, frame.frame_id, frame.t_wall_ns, frame.image.copy(), frame.channel_order, saved, message
-            )
+            EvidenceFrame(self.camera_id, frame.frame_id, frame.t_wall_ns, image, frame.channel_order, label, message)
         )
 
     def admit(self, verdict: Verdict | None, found: int, near: int) -> bool:
@@ -539,7 +516,7 @@ class EvidenceOutput(Output):
         if writer is not None:
             done = report.outcome
             verdict = done.inspected.verdict if done.inspected else None
-            writer.offer(done.frame, done.detections, verdict, report.payload)
+            writer.offer(done.frame, done.result, verdict, report.payload)
 
     def report(self, camera_id: str) -> OutputReport:
         writer = self.writers.get(camera_id)

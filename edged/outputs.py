@@ -52,7 +52,7 @@ class Outputs:
         """Hand ``done`` to every output, with the messages the most demanding asked for (`Delivery`);
         returns the verdict message sent, if any. A frame taken for a ``request`` is sent whatever an
         output's ``publish_empty`` says, with the request's part id."""
-        found = len(done.detections) > 0 or request is not None
+        found = len(done.result) > 0 or request is not None
         part_id = request.part_id if request else None
         delivery = self.wants(camera.id, found)
         report = FrameReport(camera.id, done, found)

@@ -23,7 +23,7 @@ from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
 from edged.errors import ConfigError, InferenceError
 from edged.geometry import BoxMap
-from edged.messages import Detection, DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
+from edged.messages import DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
 from edged.sources import Frame, sizes_vary
@@ -89,15 +89,16 @@ class FramePipeline:
 
 @dataclass(frozen=True, slots=True)
 class Processed:
-    """One frame through the model; ``detections`` (and ``inspected``) hold until the plan's next frame.
+    """One frame through the model; ``result`` (and ``inspected``) hold until the plan's next frame.
 
-    With ``[inspect]``, ``detections`` are the inspected ones (zones applied) and ``verdict_ms``
-    is capture to verdict; without it ``inspected`` is None.
+    ``result`` is its task's (`edged.task.TaskResult`; detections today). With ``[inspect]`` the
+    detections are the inspected ones (zones applied) and ``verdict_ms`` is capture to verdict;
+    without it ``inspected`` is None.
     """
 
     frame: Frame
     plan: FramePipeline
-    detections: Detections
+    result: Detections
     times: StageTimes
     age_ms: float
     inspected: Inspected | None = None
@@ -114,13 +115,6 @@ OUTPUT_PROBLEMS = {
     "scores must be probabilities, so check model.scale, mean and std against how the model was trained, and that "
     "its head ends in a sigmoid",
 }
-
-
-def output_problems(done: Processed) -> list[tuple[str, int]]:
-    """The `OUTPUT_PROBLEMS` of ``done``'s model output, with how many values each concerns."""
-    det = done.detections
-    found = (("nonfinite_output", det.nonfinite), ("score_above_one", det.scores_above_one))
-    return [(problem, count) for problem, count in found if count]
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,19 +227,13 @@ class FramePath:
     def message(
         self, done: Processed, *, seq: int, thermal_state: ThermalState, part_id: str | None = None
     ) -> DetectionsMessage:
-        """The wire message for one processed frame: the one small object a frame allocates.
-
-        Each column becomes a Python list in one ``tolist`` call, rather than one numpy scalar
-        per value: that halves the cost of building the message.
-        """
-        det, box_map, times, label = done.detections, done.plan.box_map, done.times, self.model.label
-        boxes, scores, class_ids = det.xyxy.tolist(), det.scores.tolist(), det.class_ids.tolist()
-        zones: list[str | None] = [None] * len(class_ids)
-        thresholds: list[float | None] = [None] * len(class_ids)
-        inspector, inspected = self.inspector, done.inspected
+        """The wire message for one processed frame, its task's fields rendered by its result
+        (`edged.task.TaskResult.message_fields`): the one small object a frame allocates."""
+        box_map, times, inspector, inspected = done.plan.box_map, done.times, self.inspector, done.inspected
+        zones = thresholds = None
         if inspector is not None and inspected is not None:
             zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
-            thresholds = [round(inspector.thresholds[c], 4) for c in class_ids]
+            thresholds = [inspector.thresholds[c] for c in inspected.detections.class_ids.tolist()]
         return DetectionsMessage(
             camera_id=self.camera_id,
             seq=seq,
@@ -254,17 +242,7 @@ class FramePath:
             frame_size=(box_map.frame_w, box_map.frame_h),
             input_size=(box_map.input_w, box_map.input_h),
             model=self.model.info,
-            detections=[
-                Detection(
-                    class_id=c,
-                    label=label(c),
-                    score=round(s, 4),
-                    box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)),
-                    zone=z,
-                    threshold=t,
-                )
-                for b, s, c, z, t in zip(boxes, scores, class_ids, zones, thresholds, strict=True)
-            ],
+            **done.result.message_fields(self.model.label, zones, thresholds),
             timings=Timings(
                 preprocess_ms=round(times.preprocess_ms, 3),
                 inference_ms=round(times.inference_ms, 3),
@@ -283,7 +261,7 @@ class FramePath:
         inspector, inspected = self.inspector, done.inspected
         if inspector is None or inspected is None or inspected.verdict == "ok":
             return []
-        det, label = done.detections, self.model.label
+        det, label = done.result, self.model.label
         scores, class_ids, zones = det.scores.tolist(), det.class_ids.tolist(), inspected.zones.tolist()
         return [
             Reason(

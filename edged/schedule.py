@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from edged.camera import Camera
+from edged.lanes import Lanes
 from edged.requests import RequestDesk
+from edged.sources import Frame
 from edged.trigger import Request
 
 
@@ -43,3 +45,42 @@ def idle_s(cameras: Sequence[Camera], desk: RequestDesk | None, busy: Callable[[
         elif not camera.due(now_s):
             waits.append(camera.wait_s(now_s))
     return max(0.0, min(waits))
+
+
+def hand_out(
+    cameras: Sequence[Camera],
+    lanes: Lanes,
+    desk: RequestDesk | None,
+    *,
+    ready: bool,
+    on_trial: Callable[[Camera], bool],
+    try_frame: Callable[[Camera, Frame], None],
+) -> int:
+    """Hand idle ``lanes`` the frames of the cameras that want one, are on no lane and have a frame
+    ready, in `turn_order`; returns how many frames were taken.
+
+    A camera in request mode passes over a frame captured before its request arrived (one
+    waiting in the latest-frame slot, picamera2's queued one): its capture time, on the monotonic
+    clock of the arrival, says so. A reload on trial (``on_trial``) takes its cameras' next frame
+    on this thread instead (``try_frame``), after which the cameras may have changed: it is the
+    last frame taken.
+    """
+    taken = 0
+    now = time.monotonic()
+    for camera in turn_order(cameras, desk):
+        if not lanes.idle:
+            break
+        trial = on_trial(camera)
+        if lanes.carrying(camera) or not camera.due(now) or not wants_frame(camera, desk, ready=ready, on_trial=trial):
+            continue
+        frame = camera.take()
+        if frame is None:
+            continue
+        taken += 1
+        if trial:
+            try_frame(camera, frame)
+            break
+        request = request_of(desk, camera)
+        if request is None or frame.t_capture_ns > request.arrived_ns:
+            lanes.submit(camera, frame)
+    return taken

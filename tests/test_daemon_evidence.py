@@ -17,7 +17,8 @@ from daemon import RunningDaemon, free_port, write_config
 from filesystems import read_only_folder, tmpfs
 from onnx_models import colour_probe
 
-from edged.evidence import EvidenceDetection, EvidenceFrame, EvidenceStore
+from edged.decode import Detections
+from edged.evidence import EvidenceFrame, EvidenceStore
 from edged.messages import DetectionsMessage, StatusMessage, parse_message
 from edged.tools.evaluate import folder_samples
 
@@ -148,9 +149,12 @@ def prefill(folder: Path, count: int, *, t0_ns: int, age_days: float) -> list[st
     """``count`` sets saved as the daemon would, their files aged by ``age_days``; their stems, oldest first."""
     store = EvidenceStore(folder, "cam0", 10**12, 0)
     store.open()
-    detection = (EvidenceDetection(0, PROBE_BOX),)
     for i in range(count):
-        store.save(EvidenceFrame("cam0", i, t0_ns + i * 10**9, noise(i), "bgr", detection, b"{}"), 95)
+        image = noise(i)
+        label = Detections(np.array([PROBE_BOX], np.float32), np.array([0.9], np.float32), np.zeros(1, np.int32))
+        store.save(
+            EvidenceFrame("cam0", i, t0_ns + i * 10**9, image, "bgr", label.dataset_label(*image.shape[1::-1]), b"{}"), 95
+        )
     stems = [p.stem for p in sets(folder)][-count:]
     when = time.time() - age_days * 86400
     for stem in stems:

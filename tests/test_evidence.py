@@ -20,7 +20,6 @@ from edged.decode import Detections
 from edged.evidence import (
     QUEUE_FRAMES,
     EvidenceConfig,
-    EvidenceDetection,
     EvidenceFrame,
     EvidenceStore,
     EvidenceWriter,
@@ -43,7 +42,7 @@ def frame(
     t_ns: int = T0_NS,
     size: tuple[int, int] = (128, 96),
     order: Literal["bgr", "rgb"] = "bgr",
-    detections: tuple[EvidenceDetection, ...] | None = None,
+    detections: Detections | None = None,
     message: bytes | None = b'{"frame": 1}',
     noise: bool = False,
 ) -> EvidenceFrame:
@@ -51,8 +50,15 @@ def frame(
     rng = np.random.default_rng(frame_id)
     image = rng.integers(0, 256, (h, w, 3), np.uint8) if noise else np.full((h, w, 3), (10, 20, 200), np.uint8)
     if detections is None:
-        detections = (EvidenceDetection(1, (10.0, 20.0, 50.0, 60.0)),)
-    return EvidenceFrame("cam0", frame_id, t_ns + frame_id * 10**6, image, order, detections, message)
+        detections = detected((1, (10.0, 20.0, 50.0, 60.0)))
+    label = detections.dataset_label(w, h)
+    return EvidenceFrame("cam0", frame_id, t_ns + frame_id * 10**6, image, order, label, message)
+
+
+def detected(*found: tuple[int, tuple[float, float, float, float]]) -> Detections:
+    """Detections of these classes and boxes, as the decoder hands them on."""
+    xyxy = np.array([box for _, box in found], np.float32).reshape(-1, 4)
+    return Detections(xyxy, np.full(len(found), 0.9, np.float32), np.array([c for c, _ in found], np.int32))
 
 
 def saved_sets(folder: Path) -> list[str]:
@@ -101,7 +107,7 @@ def test_stems_sort_by_capture_time_within_a_day_folder_named_in_utc() -> None:
 def test_a_saved_frame_is_a_jpeg_a_yolo_label_and_the_message(tmp_path: Path) -> None:
     store = EvidenceStore(tmp_path / "ev", "cam0", 10**9, 30)
     store.open()
-    detections = (EvidenceDetection(0, (12.5, 8.0, 40.25, 30.0)), EvidenceDetection(2, (0.0, 0.0, 128.0, 96.0)))
+    detections = detected((0, (12.5, 8.0, 40.25, 30.0)), (2, (0.0, 0.0, 128.0, 96.0)))
     store.save(frame(7, detections=detections, message=b'{"seq": 3}'), jpeg_quality=95)
     day, stem = day_and_stem("cam0", T0_NS + 7 * 10**6, 7)
     folder = tmp_path / "ev" / "cam0" / day
@@ -126,7 +132,7 @@ def test_a_saved_frame_is_a_jpeg_a_yolo_label_and_the_message(tmp_path: Path) ->
 def test_an_rgb_frame_is_saved_in_its_true_colours_and_an_unpublished_one_without_a_message(tmp_path: Path) -> None:
     store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
     store.open()
-    rgb = frame(1, order="rgb", message=None, detections=())
+    rgb = frame(1, order="rgb", message=None, detections=detected())
     store.save(rgb, jpeg_quality=95)
     [jpg] = list(tmp_path.rglob("*.jpg"))
     assert np.abs(cv2.imread(str(jpg)).astype(int) - (200, 20, 10)).max() <= 3  # BGR on disk

@@ -47,7 +47,7 @@ def test_one_lane_runs_the_frame_on_the_callers_thread_and_holds_the_camera_unti
     assert lanes.carrying(red) and lanes.idle == 0
     [(camera, outcome)] = lanes.collect()
     assert camera is red and isinstance(outcome, Processed)
-    assert outcome.frame.frame_id == 7 and outcome.detections.class_ids.tolist() == [0]
+    assert outcome.frame.frame_id == 7 and outcome.result.class_ids.tolist() == [0]
     assert not lanes.carrying(red) and lanes.idle == 1 and lanes.collect() == []
     lanes.close()
 
@@ -65,8 +65,8 @@ def test_two_lanes_run_two_cameras_each_through_its_own_path(model: LoadedModel)
         assert set(results) == {red, blue}
         got = {camera.id: outcome for camera, outcome in results.items()}
         assert all(isinstance(outcome, Processed) for outcome in got.values())
-        assert got["red"].frame.frame_id == 1 and got["red"].detections.class_ids.tolist() == [0]
-        assert got["blue"].frame.frame_id == 2 and got["blue"].detections.class_ids.tolist() == [1]
+        assert got["red"].frame.frame_id == 1 and got["red"].result.class_ids.tolist() == [0]
+        assert got["blue"].frame.frame_id == 2 and got["blue"].result.class_ids.tolist() == [1]
         assert lanes.idle == 2 and lanes.inferring() == {}
     finally:
         lanes.close()

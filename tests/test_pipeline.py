@@ -230,7 +230,7 @@ def test_an_inspected_frame_creates_no_arrays_from_contract_check_to_verdict(
     frame = _frame(solid_frame((0, 0, 0)))
     first = path.run(frame)
     assert isinstance(first, Processed)
-    near = first.detections.near
+    near = first.result.near
     # With a margin, the crack (0.5 under its 0.6, in zone "high") is a near miss.
     assert (near.class_ids.tolist() if near is not None else None) == (None if near_margin is None else [1])
     for _ in range(3):
@@ -258,7 +258,7 @@ def test_a_source_whose_sizes_vary_gets_each_frame_through_a_plan_of_its_own_siz
     for i, (w, h) in enumerate([(128, 96), (256, 192), (160, 90), (256, 192), (128, 96)] * 2):
         done = path.run(_frame(solid_frame((0, 0, 255), w, h), i))
         assert isinstance(done, Processed), done
-        assert done.plan.spec.width == w and done.detections.xyxy.tolist() == [expected[(w, h)]]
+        assert done.plan.spec.width == w and done.result.xyxy.tolist() == [expected[(w, h)]]
         assert path.message(done, seq=i, thermal_state="ok").frame_size == (w, h)
     rejected = path.run(Frame(solid_frame((0, 0, 255), 64, 48), 99, 0, 0, "rgb"))  # the rest of the contract holds
     assert isinstance(rejected, Rejected) and rejected.reason == "bad_frame_channel_order"

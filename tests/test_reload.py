@@ -57,7 +57,7 @@ def test_the_trial_runs_the_new_model_and_its_plan_on_the_frame(tmp_path: Path) 
     replacement = load_replacement(path, load_config(path))
     outcome = replacement.trial("cam0", _frame((0, 0, 255)))
     assert isinstance(outcome, Processed) and outcome.frame.frame_id == 7
-    assert outcome.plan.model is replacement.model and len(outcome.detections) == 1
+    assert outcome.plan.model is replacement.model and len(outcome.result) == 1
 
 
 def test_a_model_that_loads_but_fails_on_the_frame_fails_its_trial_with_the_reason(tmp_path: Path) -> None:

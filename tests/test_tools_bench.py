@@ -179,7 +179,7 @@ def test_naive_reference_finds_the_same_detections_as_edged() -> None:
     with FullPath(model, bench_frame()) as full:
         for index in range(3):
             full.image = np.ascontiguousarray(np.roll(bench_frame(), 97 * index, axis=1))
-            mine = full.process().detections
+            mine = full.process().result
             xyxy, scores, class_ids = naive_detect(model, full.image)
             order, theirs = np.argsort(-mine.scores, kind="stable"), np.argsort(-scores, kind="stable")
             assert len(mine) == len(scores) > 0

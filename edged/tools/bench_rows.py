@@ -157,7 +157,7 @@ class FullPath:
         done = self.process()
         t1 = time.perf_counter_ns()
         msg = None
-        if len(done.detections) or self._publish_empty:
+        if len(done.result) or self._publish_empty:
             msg = self.path.message(done, seq=next(self._seq), thermal_state="ok")
             self.publisher.send(self._topic, msg.model_dump_json().encode())
         t2 = time.perf_counter_ns()
@@ -250,7 +250,7 @@ def naive_detect(model: LoadedModel, image: np.ndarray) -> tuple[np.ndarray, np.
 
 def detections_match(model: LoadedModel, full: FullPath) -> bool:
     """edged's detections equal the naive reference's on the benchmark frame."""
-    mine = full.process().detections
+    mine = full.process().result
     xyxy, scores, class_ids = naive_detect(model, full.image)
     if len(mine) != len(scores):
         return False

@@ -1,0 +1,43 @@
+"""A frame's task result: what the daemon, the outputs and the message builder know of it.
+
+A head's decoder returns one result per frame (`edged.decode.Detections` for detection). Nothing
+after it reads a result's arrays: the loop counts its problems, the outputs ask how many findings
+it has, the evidence writer asks for its dataset label and near misses, and the message builder
+asks for its message fields. Another task kind (instance masks with sizes, classes, an anomaly
+map) is a head whose result answers these, with its message fields in `edged.messages`; nothing
+in `edged.pipeline`, `edged.daemon` or the outputs changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+
+class TaskResult(Protocol):
+    """One frame's result of the model's task; a view into its plan's buffers, valid until the plan's
+    next frame (a consumer that keeps anything of it copies it)."""
+
+    def __len__(self) -> int:
+        """Its findings: a frame with none is empty, sent only where ``publish_empty`` says."""
+        ...
+
+    def problems(self) -> list[tuple[str, int]]:
+        """What the model's output held that the result was built without, as (drop counter, how many
+        values): a model broken or fed wrongly (`edged.pipeline.OUTPUT_PROBLEMS` says what to check)."""
+        ...
+
+    def near_misses(self) -> int:
+        """Findings just below their threshold, which make the frame evidence under ``ng+near``."""
+        ...
+
+    def dataset_label(self, width: int, height: int) -> str:
+        """The label file saved beside a ``width`` x ``height`` evidence image, in the format the task
+        trains on (ultralytics' YOLO text for detection)."""
+        ...
+
+    def message_fields(
+        self, label: Callable[[int], str], zones: Sequence[str | None] | None, thresholds: Sequence[float | None] | None
+    ) -> dict[str, Any]:
+        """Its fields of the frame's message; ``zones`` and ``thresholds`` per finding with ``[inspect]``."""
+        ...
