@@ -34,10 +34,10 @@ import cv2
 from edged.capture import Capture
 from edged.config import CapturePriority, RuntimeConfig, Spinning
 from edged.errors import EdgedError
-from edged.sources import open_source
-from edged.sources.file import FileSourceConfig
+from edged.settings.sources import FileSourceConfig
+from edged.sources.registry import open_source
+from edged.sources.scenes import SceneGenerator
 from edged.tools.bench_rows import FullPath, Row, TimedFrame, bench_frame, floor_row, interleave, load, resolve_model, timing
-from edged.tools.scenes import SceneGenerator
 
 VIDEO_FPS = 30
 VIDEO_FRAMES = 60

@@ -25,7 +25,7 @@ import numpy as np
 from edged.capture import Capture
 from edged.demand import DEMAND_CYCLES
 from edged.errors import SourceError
-from edged.tools.scenes import SceneGenerator
+from edged.sources.scenes import SceneGenerator
 
 CAMERA_FPS = 30.0
 CONSUMER_FPS = (5.0, 15.0, 30.0)

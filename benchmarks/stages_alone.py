@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from edged.errors import EdgedError
-from edged.heads import head_named
+from edged.heads.registry import head_named
 from edged.tools.bench_rows import FullPath, bench_frame, load, resolve_model, timing
 
 

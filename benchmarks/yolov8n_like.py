@@ -36,7 +36,7 @@ from graph_cost import graph_cost
 
 from edged.geometry import BoxMap
 from edged.preprocess import LETTERBOX_FILL
-from edged.tools.scenes import SceneGenerator
+from edged.sources.scenes import SceneGenerator
 
 BUILDER_VERSION = 1  # part of the cache name: bump when the graph changes
 CACHE_DIR = Path(tempfile.gettempdir()) / "edged-bench"

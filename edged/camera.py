@@ -28,8 +28,9 @@ from edged.config import CapturePriority, Settings
 from edged.lograte import LogRate
 from edged.pipeline import OUTPUT_PROBLEMS, FramePath, Processed, Rejected
 from edged.ratecap import RateCap
-from edged.sources import Frame, open_source
-from edged.sources.base import SourceBase, TriggerMode
+from edged.settings.sources import SourceBase, TriggerMode
+from edged.sources.base import Frame
+from edged.sources.registry import open_source
 from edged.stats import RunStats
 from edged.wake import Waker
 

@@ -33,7 +33,7 @@ from edged.demand import StreamTiming
 from edged.errors import EdgedError, SourceError
 from edged.latest import LatestFrame, Shape
 from edged.messages import CaptureState
-from edged.sources import Frame, Source, SplitSource, paces, splits_reading, stamps, times_out
+from edged.sources.base import Frame, Source, SplitSource, paces, splits_reading, stamps, times_out
 from edged.wake import Waker
 
 log = logging.getLogger(__name__)

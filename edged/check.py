@@ -27,8 +27,8 @@ from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
 from edged.pipeline import FramePipeline, frame_path
 from edged.preprocess import LETTERBOX_FILL
-from edged.sources import open_source
-from edged.sources.base import SourceBase, mask_credentials
+from edged.settings.sources import SourceBase, mask_credentials
+from edged.sources.registry import open_source
 
 FIRST_FRAME_TIMEOUT_S = 30.0  # longer than any camera's own open timeout: its error comes first
 SETTLE_S = 0.5  # a network stream first hands over the frames buffered while it opened, all at once

@@ -30,16 +30,13 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError, KeyFileError
-from edged.evidence import EvidenceConfig
-from edged.heads import HEADS
-from edged.http import HttpConfig
-from edged.keys import key_file_problems, read_token
-from edged.mqtt import MqttConfig
-from edged.sections import Section
-from edged.sources import SOURCES
-from edged.sources.base import SourceBase, TriggerMode, mask_credentials
-from edged.sources.synthetic import SyntheticSourceConfig
-from edged.verdict import InspectConfig
+from edged.heads.registry import HEADS
+from edged.settings.evidence import EvidenceConfig
+from edged.settings.http import HttpConfig
+from edged.settings.inspect import InspectConfig
+from edged.settings.mqtt import MqttConfig
+from edged.settings.section import Section
+from edged.settings.sources import KINDS, SourceBase, SyntheticSourceConfig, TriggerMode, mask_credentials
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
 ENV_PREFIX = "EDGED_"  # EDGED_<SECTION>__<KEY> overrides a key
@@ -54,7 +51,7 @@ if TYPE_CHECKING:
     # A union assembled at run time is no static type: a type checker sees the base every kind extends.
     SourceConfig: TypeAlias = SourceBase
 else:
-    SourceConfig = Annotated[reduce(operator.or_, (config for config, _ in SOURCES.values())), Field(discriminator="type")]
+    SourceConfig = Annotated[reduce(operator.or_, KINDS.values()), Field(discriminator="type")]
 
 
 # ---- model, inference -------------------------------------------------------------------------
@@ -396,7 +393,7 @@ def _overlay(section: SectionT, keys: Mapping[str, Any]) -> SectionT:
     return type(section).model_validate({**dict(section), **keys})
 
 
-_SOURCE_TYPES = ", ".join(SOURCES)
+_SOURCE_TYPES = ", ".join(KINDS)
 _HINTS = {
     "missing": "required key is missing",
     "union_tag_invalid": f"source.type must be one of {_SOURCE_TYPES}",
@@ -413,10 +410,10 @@ def _section_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
     while parts:
         part = parts.pop(0)
         if model is Settings and part == "source":
-            kind = SOURCES.get(parts.pop(0)) if parts else None
+            kind = KINDS.get(parts.pop(0)) if parts else None
             if kind is None:
                 return None
-            model = kind[0]
+            model = kind
             continue
         field = model.model_fields.get(part)
         nested = _models_in(field.annotation) if field else []
@@ -438,7 +435,7 @@ def _unknown_key_hint(loc: Sequence[str | int]) -> str:
     key, section = str(loc[-1]), _section_at(loc[:-1])
     kind = loc[1] if len(loc) == 3 and loc[0] == "source" else None
     if kind is not None and section is not None:
-        owners = [other for other, (config, _) in SOURCES.items() if key in config.model_fields]
+        owners = [other for other, config in KINDS.items() if key in config.model_fields]
         if owners:
             return (
                 f"source.{key} does not apply to source type {kind!r} (it is a key of {', '.join(owners)}); "
@@ -467,7 +464,7 @@ def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras
         raw_loc = raw_loc[:1] + raw_loc[2:]
     loc = ".".join(str(p) for p in raw_loc)
     # Discriminated unions put the tag in the path (source.file.path): keep the user's view.
-    for tag in SOURCES:
+    for tag in KINDS:
         loc = loc.replace(f"source.{tag}.", "source.")
     if cameras and index is not None:
         loc = f"source[{index}]" + loc.removeprefix("source")
@@ -502,7 +499,7 @@ def _known_variables() -> list[str]:
     names = []
     for section, field in Settings.model_fields.items():
         names.append(section.upper())
-        models = [config for config, _ in SOURCES.values()] if section == "source" else _models_in(field.annotation)
+        models = list(KINDS.values()) if section == "source" else _models_in(field.annotation)
         names += [f"{section.upper()}__{key.upper()}" for m in models for key in m.model_fields]
     return sorted(set(names))
 
@@ -607,6 +604,12 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
 
 
 def _check_files(settings: Settings) -> list[str]:
+    # What the cameras, the keys and the broker need (their libraries, zmq's certificates, paho) loads
+    # only to check them: the settings themselves import nothing of the runtime.
+    from edged.keys import key_file_problems, read_token
+    from edged.mqtt import broker_problems
+    from edged.sources.registry import config_problems as camera_problems
+
     problems = [
         f"{key}: {problem}"
         for key, path, what in (
@@ -617,7 +620,7 @@ def _check_files(settings: Settings) -> list[str]:
     ]
     for cfg in settings.source:
         named = f" (camera {cfg.camera_id})" if len(settings.source) > 1 else ""
-        problems += [problem + named for problem in cfg.file_problems()]
+        problems += [problem + named for problem in camera_problems(cfg)]
     problems += key_file_problems(settings.publish.curve_server_key, settings.publish.curve_clients_dir)
     if settings.http.token_file is not None:
         try:
@@ -625,7 +628,7 @@ def _check_files(settings: Settings) -> list[str]:
         except KeyFileError as e:
             problems.append(str(e))
     if settings.mqtt is not None:
-        problems += settings.mqtt.problems()
+        problems += broker_problems(settings.mqtt)
     return problems
 
 

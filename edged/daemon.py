@@ -32,8 +32,8 @@ from edged.reload import CAPTURE_STOP_WAIT_S, Trial, load_replacement
 from edged.requests import RequestDesk
 from edged.schedule import hand_out, idle_s
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
-from edged.sources import Frame
-from edged.sources.base import SourceBase
+from edged.settings.sources import SourceBase
+from edged.sources.base import Frame
 from edged.status import publish_status, snapshot, summary_line
 from edged.thermal import ThermalReport, ThermalWatch
 from edged.trigger import Request

@@ -29,8 +29,8 @@ import numpy as np
 
 from edged.errors import HeadError
 from edged.geometry import BoxMap
-from edged.heads import head_named
 from edged.heads.base import TrueIndex, fmt_shape, rows
+from edged.heads.registry import head_named
 from edged.messages import Detection
 from edged.nms import GreedyNms
 

@@ -35,22 +35,20 @@ from typing import TYPE_CHECKING, Literal
 
 import cv2
 import numpy as np
-from pydantic import Field
 
 from edged.messages import EvidenceReport
 from edged.output import FrameReport, Output, OutputReport, Services
-from edged.sections import Section
+from edged.settings.evidence import EvidenceConfig, SavePolicy
 
 if TYPE_CHECKING:
     from edged.config import Settings
 
     # A type only: the camera kinds' settings name [evidence]'s, so this module loads before edged.sources.
-    from edged.sources import Frame
+    from edged.sources.base import Frame
     from edged.task import TaskResult
 
 log = logging.getLogger(__name__)
 
-SavePolicy = Literal["ng", "ng+near", "all"]
 Verdict = Literal["ok", "ng"]
 
 QUEUE_FRAMES = 4  # frames waiting for the writer: bounds the memory a slow disk can take (4 copies)
@@ -61,37 +59,6 @@ SUBFOLDERS = ("images", "labels", "messages")
 SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json"}
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _FILE_MODE = 0o640
-
-
-def default_dir() -> Path:
-    """``evidence/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else /var/lib/edged."""
-    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return Path(state or "/var/lib/edged") / "evidence"
-
-
-class EvidenceConfig(Section):
-    dir: Path = Field(
-        default_factory=default_dir,
-        description="Where evidence goes, a folder per camera and day; created when its parent exists. "
-        "Default: evidence/ in the service's state directory.",
-    )
-    save: SavePolicy = Field(
-        "ng",
-        description="Frames saved: 'ng' (the verdict is ng; without [inspect], any detection), 'ng+near' "
-        "(also a near miss: a score within near_margin below its class threshold), 'all'.",
-    )
-    near_margin: float = Field(
-        0.1,
-        gt=0,
-        le=1,
-        description="ng+near: how far below its class threshold a score makes a near miss (never published).",
-    )
-    max_bytes: int = Field(
-        1_000_000_000, gt=0, description="Most bytes this camera's evidence may take; the oldest frames go first."
-    )
-    max_age_days: float = Field(30.0, ge=0, description="Saved frames older than this are deleted; 0 keeps them.")
-    max_per_minute: int = Field(60, ge=0, description="Most frames saved per minute; the rest are counted. 0: no limit.")
-    jpeg_quality: int = Field(95, ge=1, le=100, description="JPEG quality of the saved frames.")
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import json
 import logging
 import select
@@ -30,23 +29,21 @@ import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import Field, field_validator
 
 from edged.errors import EdgedError, KeyFileError
 from edged.keys import read_token
 from edged.messages import DetectionsMessage, StatusMessage
 from edged.output import Delivery, FrameReport, Output, Services, StatusReport
 from edged.prometheus import CameraStatus, Metrics
-from edged.sections import Section
-from edged.sources import Frame
+from edged.settings.http import MAX_CONNECTIONS, HttpConfig, listen_address
+from edged.settings.inspect import Point
+from edged.sources.base import Frame
 from edged.stats import VerdictCounts
 from edged.view import LiveView
-from edged.zones import Point
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -54,72 +51,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BIND_RETRY_S = 5.0
-MAX_CONNECTIONS = 32  # requests served at once; more are closed at accept, so threads stay bounded
 REQUEST_TIMEOUT_S = 10.0  # a client that does not finish sending its request in this time is dropped
 SNAPSHOT_WAIT_S = 5.0
 STREAM_SEND_BUFFER = 256 * 1024  # bytes queued in the kernel per viewer (Linux doubles it): a few frames
 BOUNDARY = "frame"
 
 CameraZones = Mapping[str, Mapping[str, Sequence[Point]]]  # camera id -> the zones its view draws
-
-
-class HttpConfig(Section):
-    listen: str = Field(
-        "127.0.0.1:8080",
-        description="HOST:PORT (an IP address, [v6] or localhost) of the live view, status page, metrics "
-        'and health check; "" turns them off.',
-    )
-    token_file: Path | None = Field(
-        None,
-        validate_default=True,
-        description="File (mode 0600) holding the bearer token every request must carry; "
-        "required on a non-loopback address.",
-    )
-    view_fps: float = Field(5.0, gt=0, le=30, description="Most live-view frames encoded per second (only while watched).")
-    view_width: int = Field(960, ge=160, le=3840, description="The live view is scaled down to at most this width.")
-    jpeg_quality: int = Field(70, ge=10, le=100, description="JPEG quality of the live view and snapshots.")
-    max_viewers: int = Field(
-        8, ge=1, le=MAX_CONNECTIONS - 4, description="Live streams served at once, of all cameras together; more get 503."
-    )
-    send_timeout_s: float = Field(5.0, gt=0, le=60, description="A viewer that takes no data for this long is dropped.")
-
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, v: str) -> str:
-        if v:
-            listen_address(v)
-        return v
-
-    @field_validator("token_file")
-    @classmethod
-    def _token_off_loopback(cls, v: Path | None, info: Any) -> Path | None:
-        listen = info.data.get("listen")
-        if v is None and listen and not is_loopback(listen_address(listen)[0]):
-            raise ValueError(
-                f"http.listen {listen!r} is not a loopback address: set http.token_file to a file (mode 0600) "
-                "holding a token, or listen on 127.0.0.1 and reach it through ssh -L"
-            )
-        return v
-
-
-def listen_address(listen: str) -> tuple[str, int]:
-    """(host, port) of a ``HOST:PORT``; ValueError says what is wrong with it."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{listen!r} is not HOST:PORT with a port from 1 to 65535")
-    host = host.removeprefix("[").removesuffix("]")
-    if host != "localhost":
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            raise ValueError(
-                f"{host!r} is not an IP address or localhost (the server binds an address, not a name)"
-            ) from None
-    return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
 
 class HttpServer(Output):

@@ -22,7 +22,7 @@ from collections import deque
 
 from edged.camera import Camera
 from edged.pipeline import Processed, Rejected
-from edged.sources import Frame
+from edged.sources.base import Frame
 from edged.wake import Waker
 
 Outcome = Processed | Rejected

@@ -19,7 +19,7 @@ import numpy as np
 
 from edged.demand import Demand
 from edged.errors import SourceError
-from edged.sources import Frame
+from edged.sources.base import Frame
 from edged.wake import Waker
 
 SLOT_COUNT = 3  # one being written, one latest, one held by the consumer

@@ -16,8 +16,8 @@ from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engine import Engine
 from edged.errors import ContractError, EdgedError, HeadError, ModelError
-from edged.heads import detect_head, head_named
 from edged.heads.metadata import parse_names
+from edged.heads.registry import detect_head, head_named
 from edged.messages import ModelInfo
 
 log = logging.getLogger(__name__)

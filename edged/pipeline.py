@@ -26,8 +26,9 @@ from edged.geometry import BoxMap
 from edged.messages import DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
-from edged.sources import Frame, sizes_vary
-from edged.sources.base import SourceBase
+from edged.settings.sources import SourceBase
+from edged.sources.base import Frame
+from edged.sources.registry import sizes_vary
 from edged.stats import VerdictRecord
 from edged.verdict import Inspected, Inspector
 

@@ -20,8 +20,8 @@ from edged.config import Settings, load_config
 from edged.errors import ConfigError, ModelError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
-from edged.sources import Frame
-from edged.sources.base import SourceBase
+from edged.settings.sources import SourceBase
+from edged.sources.base import Frame
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from edged.camera import Camera
 from edged.lanes import Lanes
 from edged.requests import RequestDesk
-from edged.sources import Frame
+from edged.sources.base import Frame
 from edged.trigger import Request
 
 

@@ -12,51 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field, field_validator
 
 from edged.decode import Detections
 from edged.errors import ConfigError
 from edged.heads.base import TrueIndex
 from edged.messages import Verdict
-from edged.sections import Section
-from edged.zones import NO_ZONE, ZoneMap, ZoneName, usable_zones
-
-Threshold = Annotated[float, Field(gt=0, le=1)]
-
-
-class InspectConfig(Section):
-    """``[inspect]``: what a part must not show. Labels are checked against the model's when it loads."""
-
-    class_conf: dict[str, Threshold] = Field(
-        default_factory=dict, description="Label (or class id) -> minimum score, overriding model.conf for that class."
-    )
-    zones: dict[ZoneName, list[tuple[float, float]]] = Field(
-        default_factory=dict,
-        description="Name -> polygon [[x, y], ...] in fractions of the frame (0..1); none: the whole frame.",
-    )
-    outside_zones: Literal["drop", "keep"] = Field(
-        "drop", description="Detections outside every zone: 'drop' them, or 'keep' them with no zone (never NG)."
-    )
-    match: Literal["centre", "overlap"] = Field(
-        "centre", description="A detection is in a zone when its box centre is inside, or with 'overlap' any of its box."
-    )
-    ng_classes: list[str] | None = Field(
-        None, description="Labels (or class ids) that make a part NG; default: every class."
-    )
-    min_area: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
-        default_factory=dict,
-        description="Label (or class id) -> smallest box, as a fraction of the frame's area, that makes a part NG.",
-    )
-
-    @field_validator("zones")
-    @classmethod
-    def _usable_polygons(cls, v: dict[str, list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
-        usable_zones(v)
-        return v
-
+from edged.settings.inspect import InspectConfig
+from edged.zones import NO_ZONE, ZoneMap
 
 _OUTSIDE = np.array(NO_ZONE, dtype=np.intp)  # 0-d operands: a Python int costs numpy an array per call
 

@@ -25,8 +25,8 @@ import cv2
 import numpy as np
 
 from edged.messages import DetectionsMessage
-from edged.sources import Frame
-from edged.zones import Point
+from edged.settings.inspect import Point
+from edged.sources.base import Frame
 
 # One colour per class (BGR), cycled: saturated enough to read against a grey factory belt.
 PALETTE = ((56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72), (23, 204, 146))

@@ -1,7 +1,8 @@
 """Zones: named polygons in normalised frame coordinates, and which of them each detection is in.
 
 Coordinates are fractions of the frame's width and height (0..1), so a zone drawn once survives a
-change of camera resolution. `polygon_problem` is the check the configuration runs on every zone
+change of camera resolution. `edged.settings.inspect.polygon_problem` is the check the configuration
+runs on every zone
 when it loads (``[inspect]``'s zones and a camera's own); `ZoneMap` answers, per frame, which zone
 each kept detection belongs to. It runs on the few dozen detections NMS kept, vectorised over
 (detections x polygon edges) in buffers made once, so a frame creates no arrays.
@@ -10,67 +11,14 @@ each kept detection belongs to. It runs on the few dozen detections NMS kept, ve
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated
 
 import numpy as np
-from pydantic import Field
 
-Point = tuple[float, float]
-ZoneName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+from edged.settings.inspect import Point
 
-MIN_ZONE_AREA = 1e-6  # of the frame: below this a polygon is a line or a point, not a region
 NO_ZONE = -1  # the zone index of a detection outside every zone
 
 _HALF = np.array(0.5, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
-
-
-def usable_zones(zones: Mapping[str, Sequence[Point]]) -> None:
-    """Raise ValueError naming every zone that `polygon_problem` refuses: a zones key's validator."""
-    problems = [f"zone {name!r} {problem}" for name, points in zones.items() if (problem := polygon_problem(points))]
-    if problems:
-        raise ValueError("; ".join(problems))
-
-
-def polygon_problem(points: Sequence[Point]) -> str | None:
-    """Why ``points`` is not a usable zone (too few points, outside 0..1, no area, self-intersecting), or None."""
-    if len(points) < 3:
-        return f"has {len(points)} point(s); a zone needs at least 3"
-    for x, y in points:
-        if not (0.0 <= x <= 1.0 and 0.0 <= y <= 1.0):
-            return f"point ({x}, {y}) is outside 0..1 (coordinates are fractions of the frame's width and height)"
-    n = len(points)
-    edges = [(points[i], points[(i + 1) % n]) for i in range(n)]
-    for i, (a, b) in enumerate(edges):
-        if a == b:
-            return f"repeats point {a} (points {i + 1} and {(i + 1) % n + 1})"
-    for i in range(n):
-        for j in range(i + 2, n):
-            if i == 0 and j == n - 1:
-                continue  # neighbours through the closing edge
-            if _segments_meet(*edges[i], *edges[j]):
-                return f"is self-intersecting: edge {i + 1} crosses edge {j + 1}"
-    area = abs(sum(a[0] * b[1] - b[0] * a[1] for a, b in edges)) / 2
-    if area < MIN_ZONE_AREA:
-        return "encloses no area (its points lie on one line)"
-    return None
-
-
-def _orientation(a: Point, b: Point, c: Point) -> float:
-    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
-
-
-def _on_segment(a: Point, b: Point, p: Point) -> bool:
-    return min(a[0], b[0]) <= p[0] <= max(a[0], b[0]) and min(a[1], b[1]) <= p[1] <= max(a[1], b[1])
-
-
-def _segments_meet(a: Point, b: Point, c: Point, d: Point) -> bool:
-    """Whether segments ab and cd share any point (touching counts)."""
-    o1, o2, o3, o4 = _orientation(a, b, c), _orientation(a, b, d), _orientation(c, d, a), _orientation(c, d, b)
-    if ((o1 > 0) != (o2 > 0) and o1 != 0 and o2 != 0) and ((o3 > 0) != (o4 > 0) and o3 != 0 and o4 != 0):
-        return True
-    return any(
-        o == 0 and _on_segment(p, q, r) for o, p, q, r in ((o1, a, b, c), (o2, a, b, d), (o3, c, d, a), (o4, c, d, b))
-    )
 
 
 _OUTSIDE = np.array(NO_ZONE, dtype=np.intp)

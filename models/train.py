@@ -33,8 +33,8 @@ from edged.config import ModelConfig, RuntimeConfig
 from edged.contract import InputContract
 from edged.model import load_model
 from edged.preprocess import Preprocessor
+from edged.sources.scenes import CLASS_NAMES, SceneGenerator
 from edged.tools.evaluate import evaluate, scene_samples
-from edged.tools.scenes import CLASS_NAMES, SceneGenerator
 
 SIZE = 320
 TRAIN_SEEDS = tuple(range(1, 9))
@@ -189,7 +189,7 @@ def main() -> None:
     minutes = (time.perf_counter() - start) / 60
     params = sum(p.numel() for p in ema.model.parameters())
     meta = {
-        "description": "edged demo defect detector (scratch/spot/crack) trained on edged.tools.scenes",
+        "description": "edged demo defect detector (scratch/spot/crack) trained on edged.sources.scenes",
         "version": __version__,
         "names": repr(dict(enumerate(CLASS_NAMES))),
         "stride": str(max(STRIDES)),

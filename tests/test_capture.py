@@ -27,10 +27,11 @@ from edged.capture import HEARTBEAT_S, LOG_EVERY_N_FAILURES, LOW_NICENESS, Captu
 from edged.config import CapturePriority
 from edged.demand import AWAY_NS
 from edged.errors import SourceError
-from edged.sources import Frame, Source
-from edged.sources.file import FileSource, FileSourceConfig
-from edged.sources.synthetic import SyntheticSource, SyntheticSourceConfig
-from edged.tools.scenes import SceneGenerator
+from edged.settings.sources import FileSourceConfig, SyntheticSourceConfig
+from edged.sources.base import Frame, Source
+from edged.sources.file import FileSource
+from edged.sources.scenes import SceneGenerator
+from edged.sources.synthetic import SyntheticSource
 
 SEED = 3
 SW, SH = 96, 64

@@ -18,11 +18,7 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
     tomllib,
 )
 from edged.errors import ConfigError
-from edged.sources import SOURCES
-from edged.sources.base import SourceBase
-from edged.sources.file import FileSourceConfig
-from edged.sources.images import ImagesSourceConfig
-from edged.sources.synthetic import SyntheticSourceConfig
+from edged.settings.sources import KINDS, FileSourceConfig, ImagesSourceConfig, SourceBase, SyntheticSourceConfig
 
 CONFIG_DIR = Path(__file__).parent.parent / "config"
 EXAMPLE = CONFIG_DIR / "edged.toml"
@@ -59,7 +55,7 @@ def test_example_config_documents_every_key() -> None:
     expected = _keys(Settings) - {"source", "model", "runtime", "publish", "thermal", "service"}
     expected |= {"runtime.providers.name", "runtime.providers.options"}
     expected -= {"runtime.providers"}
-    for config, _ in SOURCES.values():
+    for config in KINDS.values():
         expected |= {f"source.{name}" for name in config.model_fields}
     missing = expected - documented
     assert not missing, f"config/edged.toml does not document: {sorted(missing)}"
@@ -144,7 +140,7 @@ def test_problems_name_their_key(tmp_path: Path, text: str, problem: str) -> Non
 def test_a_wrong_source_type_lists_every_registered_kind(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n[source]\ntype = "usb"\n'))
-    assert any(f"source.type must be one of {', '.join(SOURCES)}" in p for p in info.value.problems), info.value.problems
+    assert any(f"source.type must be one of {', '.join(KINDS)}" in p for p in info.value.problems), info.value.problems
 
 
 # ---- what is at the config path, and the files it names ------------------------------------------
@@ -204,7 +200,7 @@ def test_a_key_of_another_source_type_says_so_and_lists_the_keys_that_apply(tmp_
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, text))
     (problem,) = info.value.problems
-    keys = ", ".join(SOURCES["file"][0].model_fields)
+    keys = ", ".join(KINDS["file"].model_fields)
     assert problem.startswith(
         "source.device: Extra inputs are not permitted (source.device does not apply to source type 'file' "
         f"(it is a key of v4l2); the keys of 'file' are: {keys})"

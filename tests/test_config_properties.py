@@ -31,14 +31,10 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
     tomllib,
 )
 from edged.errors import ConfigError
-from edged.sources import SOURCES
-from edged.sources.file import FileSourceConfig
-from edged.sources.gstreamer import GstreamerSourceConfig
-from edged.sources.images import ImagesSourceConfig
-from edged.sources.rtsp import RtspSourceConfig
+from edged.settings.sources import KINDS, FileSourceConfig, GstreamerSourceConfig, ImagesSourceConfig, RtspSourceConfig
 
 SECTIONS: dict[str, tuple[type[BaseModel], ...]] = {
-    "source": tuple(config for config, _ in SOURCES.values()),
+    "source": tuple(KINDS.values()),
     "model": (ModelConfig,),
     "runtime": (RuntimeConfig,),
     "publish": (PublishConfig,),

@@ -16,7 +16,7 @@ from ultralytics_reference import Boxes, differences, predict
 from edged.decode import Decoder, Detections
 from edged.errors import HeadError
 from edged.geometry import BoxMap
-from edged.heads import HEADS
+from edged.heads.registry import HEADS
 
 # 1280x720 into 640x640: scale 0.5, content 640x360, pad_x 0, pad_y 140.
 LETTERBOX = BoxMap.letterbox(1280, 720, 640, 640)

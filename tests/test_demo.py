@@ -17,8 +17,8 @@ from waiting import wait_for
 
 from edged.config import load_config
 from edged.messages import DetectionsMessage
+from edged.sources.scenes import CLASS_NAMES, SceneGenerator
 from edged.tools.metrics import box_iou
-from edged.tools.scenes import CLASS_NAMES, SceneGenerator
 
 pytestmark = pytest.mark.integration
 

@@ -19,17 +19,16 @@ from edged.config import load_config
 from edged.decode import Detections
 from edged.evidence import (
     QUEUE_FRAMES,
-    EvidenceConfig,
     EvidenceFrame,
     EvidenceStore,
     EvidenceWriter,
     day_and_stem,
-    default_dir,
     describe,
     should_save,
     write_atomic,
 )
-from edged.sources import Frame
+from edged.settings.evidence import EvidenceConfig, default_dir
+from edged.sources.base import Frame
 from edged.tools.evaluate import folder_samples, label_path, read_yolo_labels
 
 T0_NS = 1_796_000_000_000_000_000  # 2026-11-30 00:53:20 UTC

@@ -25,8 +25,9 @@ from waiting import wait_for
 from edged.capture import Capture
 from edged.errors import EXIT_CONFIG, ConfigError, SourceError
 from edged.messages import DetectionsMessage
-from edged.sources import open_source
-from edged.sources.gstreamer import GstreamerSource, GstreamerSourceConfig
+from edged.settings.sources import GstreamerSourceConfig
+from edged.sources.gstreamer import GstreamerSource
+from edged.sources.registry import config_problems, open_source
 
 pytestmark = pytest.mark.integration
 
@@ -158,16 +159,16 @@ def test_a_file_gstreamer_cannot_decode_is_a_source_error_naming_why(tmp_path: P
 
 
 def test_a_pipeline_that_does_not_parse_or_has_no_appsink_to_read_is_a_config_problem() -> None:
-    assert GstreamerSourceConfig(pipeline="videotestsrc ! nosuchelement").file_problems() == [
+    assert config_problems(GstreamerSourceConfig(pipeline="videotestsrc ! nosuchelement")) == [
         'source.pipeline: GStreamer cannot parse it: no element "nosuchelement"'
     ]
-    assert GstreamerSourceConfig(pipeline="videotestsrc ! appsink videotestsrc ! appsink").file_problems() == [
+    assert config_problems(GstreamerSourceConfig(pipeline="videotestsrc ! appsink videotestsrc ! appsink")) == [
         "source.pipeline has 2 appsinks: name the one edged reads 'name=edged'"
     ]
-    assert GstreamerSourceConfig(pipeline="videotestsrc ! fakesink name=edged videotestsrc ! appsink").file_problems() == [
+    assert config_problems(GstreamerSourceConfig(pipeline="videotestsrc ! fakesink name=edged videotestsrc ! appsink")) == [
         "source.pipeline: the element named 'edged' is not an appsink"
     ]
-    assert GstreamerSourceConfig(pipeline="videotestsrc").file_problems() == []
+    assert config_problems(GstreamerSourceConfig(pipeline="videotestsrc")) == []
 
 
 def test_a_pipeline_with_two_unnamed_appsinks_is_refused_at_open_too(opened: list[GstreamerSource]) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from edged import heads
 from edged.config import ModelConfig
 from edged.errors import HeadError
-from edged.heads import HEADS, detect_head, head_named
+from edged.heads import registry
+from edged.heads.registry import HEADS, detect_head, head_named
 
 NAMES_80 = {"names": str({i: f"class{i}" for i in range(80)})}
 NAMES_3 = {"names": "{0: 'a', 1: 'b', 2: 'c'}"}
@@ -112,7 +112,7 @@ def test_registry_order_does_not_matter(order: tuple[str, ...], monkeypatch: pyt
     # Formats must not overlap: at most one claims any output, whichever is asked first.
     cases = [(shapes, metadata) for shapes, metadata, _ in [*DETECTED, *REFUSED]]
     registered = [_outcome(*case) for case in cases]
-    monkeypatch.setattr(heads, "HEADS", {name: HEADS[name] for name in order})
+    monkeypatch.setattr(registry, "HEADS", {name: HEADS[name] for name in order})
     assert [_outcome(*case) for case in cases] == registered
 
 

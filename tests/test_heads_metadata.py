@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from edged.heads import detect_head
 from edged.heads.metadata import parse_names, says_nms_inside
+from edged.heads.registry import detect_head
 
 
 @pytest.mark.parametrize(

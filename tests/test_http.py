@@ -24,8 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from waiting import wait_for
 
-from edged.http import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, HttpConfig, HttpServer
+from edged.http import REQUEST_TIMEOUT_S, HttpServer
 from edged.messages import DetectionsMessage, StatusMessage
+from edged.settings.http import MAX_CONNECTIONS, HttpConfig
 from edged.stats import VERDICTS_KEPT
 from edged.view import BANNER, PALETTE, ZONE_PALETTE
 

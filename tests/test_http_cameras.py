@@ -22,9 +22,10 @@ from onnx_models import colour_probe
 from test_http import Stream, decode, get, serving
 from waiting import wait_for
 
-from edged.http import HttpConfig, HttpServer
+from edged.http import HttpServer
 from edged.messages import DetectionsMessage, ModelInfo, Timings
-from edged.sources import Frame
+from edged.settings.http import HttpConfig
+from edged.sources.base import Frame
 from edged.view import BANNER, ZONE_PALETTE
 
 pytestmark = pytest.mark.integration

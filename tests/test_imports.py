@@ -1,37 +1,152 @@
-"""What ``edged run`` loads: the daemon's stages, never the offline tools, their ONNX dependencies or paho."""
+"""What edged's modules import: no circle anywhere, settings that load no runtime, and ``edged run``
+without the offline tools, their ONNX dependencies or paho."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+PACKAGE = Path(__file__).resolve().parent.parent / "edged"
 
-# In a fresh interpreter: the command line as `edged run` parses it, the daemon, and a camera
-# source built the way the capture thread builds one; then every module that got imported.
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    """The nodes under ``if TYPE_CHECKING:``: imports a type checker reads and Python never runs."""
+    hidden: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.body:
+                hidden.update(ast.walk(child))
+    return hidden
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module of the package -> the package's modules importing it runs.
+
+    Every ``import``, at any level (a function's own imports too: they run when it does), with
+    relative imports resolved; importing ``edged.a.b`` also runs the package ``edged.a`` first. The
+    root package, which imports nothing, is left out; so is what only a type checker reads.
+    """
+    modules = {_module_name(path, package): path for path in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        hidden = _type_checking_only(tree)
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        named: set[str] = set()
+        for node in ast.walk(tree):
+            if node in hidden:
+                continue
+            if isinstance(node, ast.Import):
+                named.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = here.split(".")[: len(here.split(".")) - node.level + 1] if node.level else []
+                target = ".".join([*base, node.module] if node.module else base)
+                named.add(target)
+                named.update(f"{target}.{alias.name}" for alias in node.names)
+        runs = {".".join(t.split(".")[:i]) for t in named for i in range(2, len(t.split(".")) + 1)}
+        graph[name] = {m for m in runs if m in modules and m != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle of imports, each as the modules on it (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            component.append(v)
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_one_that_imports_it() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_check_sees_a_circle_through_a_package_and_a_lazy_import(tmp_path: Path) -> None:
+    package = tmp_path / "edged"
+    (package / "kinds").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "kinds" / "__init__.py").write_text("from edged.kinds.one import One\n")  # a registry in __init__
+    (package / "kinds" / "one.py").write_text("from edged.kinds.base import Base\nclass One(Base): ...\n")
+    (package / "kinds" / "base.py").write_text("class Base: ...\n")
+    (package / "a.py").write_text("def f():\n    from edged import b\n")
+    (package / "b.py").write_text("from . import a\n")
+    assert cycles(import_graph(package)) == [["edged.a", "edged.b"], ["edged.kinds", "edged.kinds.one"]]
+
+
+SETTINGS_IMPORTS = """
+import sys
+import edged.config
+print("\\n".join(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.integration
+def test_the_settings_load_no_output_no_camera_library_and_no_network() -> None:
+    result = subprocess.run([sys.executable, "-c", SETTINGS_IMPORTS], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    modules = set(result.stdout.split())
+    runtime = ("edged.http", "edged.mqtt", "edged.evidence", "edged.trigger", "edged.view", "edged.publish")
+    assert {m for m in modules if m.startswith(runtime)} == set()
+    assert {m for m in modules if m.split(".")[0] in ("cv2", "zmq", "paho", "prometheus_client")} == set()
+    assert "http.server" not in modules
+
+
+# In a fresh interpreter: the command line as `edged run` parses it, the daemon, and camera sources
+# built and opened the way the capture thread does it; then every module that got imported.
 RUN_IMPORTS = """
 import sys
 from pathlib import Path
 from edged.cli import main
 main(["run", "--config", sys.argv[1]])  # a missing config: stops after parsing, with exit 78
 import edged.daemon
-from edged.sources import open_source
-from edged.sources.file import FileSourceConfig
+from edged.settings.sources import FileSourceConfig, SyntheticSourceConfig
+from edged.sources.registry import open_source
 open_source(FileSourceConfig(path=Path(sys.argv[1])))
+synthetic = open_source(SyntheticSourceConfig(width=64, height=64))
+synthetic.open()
+synthetic.close()
 print("\\n".join(sorted(sys.modules)))
 """
 
 
+@pytest.mark.integration
 def test_edged_run_imports_no_tool_no_onnx_and_without_mqtt_no_paho(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", RUN_IMPORTS, str(tmp_path / "missing.toml")], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     modules = set(result.stdout.split())
-    assert "edged.daemon" in modules and "edged.sources.file" in modules
+    assert {"edged.daemon", "edged.sources.file", "edged.sources.scenes"} <= modules  # the synthetic camera painted
     tools = {m for m in modules if m == "edged.tools" or m.startswith("edged.tools.")}
     onnx = {m for m in modules if m.split(".")[0] in ("onnx", "sympy")}
     paho = {m for m in modules if m.split(".")[0] == "paho"}  # imported only for an [mqtt] section

@@ -16,8 +16,9 @@ from edged.errors import ModelError
 from edged.lanes import Lanes
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed
-from edged.sources import Frame, open_source
-from edged.sources.synthetic import SyntheticSourceConfig
+from edged.settings.sources import SyntheticSourceConfig
+from edged.sources.base import Frame
+from edged.sources.registry import open_source
 
 RED, BLUE = (0, 0, 255), (255, 0, 0)
 

@@ -12,7 +12,7 @@ from waiting import wait_for
 from edged.demand import DEMAND_CYCLES
 from edged.errors import SourceError
 from edged.latest import SLOT_COUNT, LatestFrame
-from edged.sources import Frame
+from edged.sources.base import Frame
 
 MS = 1_000_000
 SMALL, LARGE = (24, 32, 3), (48, 40, 3)

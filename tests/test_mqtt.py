@@ -14,7 +14,8 @@ import pytest
 
 from edged.config import load_config
 from edged.errors import ConfigError
-from edged.mqtt import MqttConfig, Outbox, topic_hostname
+from edged.mqtt import Outbox
+from edged.settings.mqtt import MqttConfig, topic_hostname
 
 EXAMPLE = Path(__file__).parent.parent / "config" / "edged.toml"
 

@@ -22,7 +22,7 @@ from onnx_models import colour_probe
 from waiting import wait_for
 
 from edged.messages import DetectionsMessage, StatusMessage, parse_message
-from edged.mqtt import topic_hostname
+from edged.settings.mqtt import topic_hostname
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,9 @@ from waiting import wait_for
 from edged.capture import Capture
 from edged.config import Settings
 from edged.errors import EXIT_CONFIG, ConfigError, MissingDependency, SourceError
-from edged.sources import open_source
-from edged.sources.picamera2 import Picamera2Source, Picamera2SourceConfig
+from edged.settings.sources import Picamera2SourceConfig
+from edged.sources.picamera2 import Picamera2Source
+from edged.sources.registry import config_problems, open_source
 
 FAKES = Path(__file__).parent / "fakes"
 SCENE = (200, 120, 40)  # R, G, B: three different values, so any channel swap shows
@@ -87,7 +88,7 @@ def test_frame_rate_controls_belong_to_fps(name: str) -> None:
 
 def test_missing_picamera2_refused_when_config_loads_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "picamera2", None)  # import picamera2 raises ImportError
-    (problem,) = config().file_problems()
+    (problem,) = config_problems(config())
     assert "python3-picamera2" in problem and "--system-site-packages" in problem
     with pytest.raises(MissingDependency) as e:
         Picamera2Source(config()).open()
@@ -95,7 +96,7 @@ def test_missing_picamera2_refused_when_config_loads_with_how_to_get_it(monkeypa
 
 
 def test_present_picamera2_is_no_problem(fake: ModuleType) -> None:
-    assert config().file_problems() == []
+    assert config_problems(config()) == []
 
 
 # ---- opening -------------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ from edged.config import ModelConfig, RuntimeConfig, Settings, TriggerConfig, lo
 from edged.errors import ConfigError
 from edged.model import load_model
 from edged.pipeline import MAX_PLANS, FramePath, FramePipeline, Processed, Rejected, frame_path, verdict_message
-from edged.sources import Frame
-from edged.sources.synthetic import SyntheticSourceConfig
-from edged.verdict import InspectConfig, Inspector
+from edged.settings.inspect import InspectConfig
+from edged.settings.sources import SyntheticSourceConfig
+from edged.sources.base import Frame
+from edged.verdict import Inspector
 
 # In a 64x64 input; a 128x96 frame maps x * 2, (y - 8) * 2. Centres in the frame's fractions:
 SCENE = [

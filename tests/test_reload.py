@@ -12,7 +12,7 @@ from edged.config import load_config
 from edged.errors import ConfigError, ModelError
 from edged.pipeline import Processed, Rejected
 from edged.reload import load_replacement
-from edged.sources import Frame
+from edged.sources.base import Frame
 
 
 def _config(path: Path, model: Path, **publish: object) -> Path:

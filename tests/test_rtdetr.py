@@ -20,13 +20,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edged import heads
 from edged.config import ModelConfig, RuntimeConfig
 from edged.contract import build_contract
 from edged.decode import Decoder
 from edged.errors import ContractError, HeadError
 from edged.geometry import BoxMap
-from edged.heads import HEADS, detect_head
+from edged.heads import registry
+from edged.heads.registry import HEADS, detect_head
 from edged.heads.rtdetr import RtDetrHead
 from edged.model import load_model
 from edged.pipeline import FramePipeline
@@ -195,7 +195,7 @@ def _outcome(shapes: list[list[int | str | None]], metadata: Mapping[str, str]) 
 @pytest.mark.parametrize("order", list(itertools.permutations(HEADS)))
 def test_no_other_format_claims_an_rtdetr_output(order: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
     registered = [_outcome(*case) for case in CASES]
-    monkeypatch.setattr(heads, "HEADS", {name: HEADS[name] for name in order})
+    monkeypatch.setattr(registry, "HEADS", {name: HEADS[name] for name in order})
     assert [_outcome(*case) for case in CASES] == registered
 
 

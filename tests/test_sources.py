@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import cv2
 import numpy as np
@@ -13,13 +13,20 @@ import pytest
 
 from edged.capture import Capture
 from edged.errors import SourceError
-from edged.sources import SOURCES, open_source, sizes_vary
-from edged.sources.base import SourceBase
-from edged.sources.file import FileSource, FileSourceConfig
-from edged.sources.images import ImagesSource, ImagesSourceConfig, list_images
-from edged.sources.synthetic import SyntheticSource, SyntheticSourceConfig
-from edged.sources.v4l2 import V4l2Source, V4l2SourceConfig
-from edged.tools.scenes import SceneGenerator
+from edged.settings.sources import (
+    KINDS,
+    FileSourceConfig,
+    ImagesSourceConfig,
+    SourceBase,
+    SyntheticSourceConfig,
+    V4l2SourceConfig,
+)
+from edged.sources.file import FileSource
+from edged.sources.images import ImagesSource, list_images
+from edged.sources.registry import SOURCES, open_source, sizes_vary
+from edged.sources.scenes import SceneGenerator
+from edged.sources.synthetic import SyntheticSource
+from edged.sources.v4l2 import V4l2Source
 
 W, H = 128, 64
 BITS = 7  # frame numbers up to 127, one 16-px column per bit
@@ -309,7 +316,7 @@ def test_open_source_picks_the_class_for_each_type(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", list(SOURCES))
 def test_each_registered_type_name_is_the_one_its_config_declares(name: str) -> None:
-    config, _ = SOURCES[name]
+    config = KINDS[name]
     assert config.model_fields["type"].default == name
 
 
@@ -327,8 +334,8 @@ def test_the_scene_painter_is_loaded_only_when_a_synthetic_source_opens() -> Non
     probe = (
         "import sys\n"
         "from edged.config import Settings\n"
-        "from edged.sources import open_source\n"
-        "from edged.sources.synthetic import SyntheticSourceConfig\n"
+        "from edged.settings.sources import SyntheticSourceConfig\n"
+        "from edged.sources.registry import open_source\n"
         "def painter(): return any(name.endswith('.scenes') for name in sys.modules)\n"
         "source = open_source(SyntheticSourceConfig(width=64, height=64))\n"
         "print(painter())\n"
@@ -342,6 +349,11 @@ def test_the_scene_painter_is_loaded_only_when_a_synthetic_source_opens() -> Non
 def test_only_an_image_folder_declares_frames_of_varying_size() -> None:
     # Each size of an image folder gets its own plan; a camera's new size is a renegotiation.
     assert sizes_vary(ImagesSourceConfig(path="imgs"))
-    varying = {kind for kind, (_, source) in SOURCES.items() if getattr(source, "frame_sizes_vary", False)}
+    varying = {kind for kind, source in SOURCES.items() if getattr(source, "frame_sizes_vary", False)}
     assert varying == {"images"}
     assert not sizes_vary(SyntheticSourceConfig()) and not sizes_vary(V4l2SourceConfig(device="/dev/video0"))
+
+
+def test_every_camera_kind_has_settings_and_a_reader_and_nothing_else_does() -> None:
+    assert list(KINDS) == list(SOURCES)
+    assert all(config.model_fields["type"].annotation == Literal[kind] for kind, config in KINDS.items())

@@ -22,7 +22,8 @@ from waiting import wait_for
 
 from edged.config import PublishConfig, TriggerConfig
 from edged.messages import TriggerError, VerdictMessage, parse_message
-from edged.mqtt import MqttConfig, MqttOutput
+from edged.mqtt import MqttOutput
+from edged.settings.mqtt import MqttConfig
 from edged.trigger import Request, TriggerServer
 
 pytestmark = pytest.mark.integration

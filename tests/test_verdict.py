@@ -17,7 +17,8 @@ from edged.decode import Detections
 from edged.errors import ConfigError
 from edged.model import load_model
 from edged.pipeline import frame_path
-from edged.verdict import InspectConfig, Inspector
+from edged.settings.inspect import InspectConfig
+from edged.verdict import Inspector
 from edged.zones import NO_ZONE
 
 LABELS = ["scratch", "crack", "dust"]

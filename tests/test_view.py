@@ -12,7 +12,7 @@ from allocations import NumpyAllocations
 from waiting import wait_for
 
 from edged.messages import Detection, DetectionsMessage, ModelInfo, Reason, Timings, Verdict
-from edged.sources import Frame
+from edged.sources.base import Frame
 from edged.view import BANNER, PALETTE, ZONE_PALETTE, LiveView
 
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from allocations import NumpyAllocations
 
-from edged.zones import NO_ZONE, ZoneMap, polygon_problem
+from edged.settings.inspect import polygon_problem
+from edged.zones import NO_ZONE, ZoneMap
 
 SQUARE = [(0.25, 0.25), (0.75, 0.25), (0.75, 0.75), (0.25, 0.75)]
 W, H = 640, 480

@@ -1,111 +1,122 @@
-"""What every camera kind's module builds on: the keys all sources share, OpenCV's retrieve into a slot, masking."""
+"""What every camera kind's module builds on: the frame it hands over, the `Source` protocol and its
+optional members, and OpenCV's retrieve into a slot."""
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeGuard
 
 import cv2
 import numpy as np
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from edged.errors import SourceError
-from edged.evidence import EvidenceConfig
-from edged.sections import Section
-from edged.verdict import InspectConfig
-from edged.zones import ZoneName, usable_zones
-
-# How a camera's frames are taken: every one the rate allows ("free"), or one per inspection request.
-TriggerMode = Literal["free", "request"]
-
-_CREDENTIALS = re.compile(r"(?<=://)[^/\s]*@")  # user[:password]@ after a URL's scheme
 
 
-def mask_credentials(text: str) -> str:
-    """``text`` with every URL's ``user:password@`` replaced by ``***@``: how edged shows a source anywhere.
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One captured frame as handed to the consumer.
 
-    It works on any text holding URLs (an RTSP URL, a pipeline with a ``location=`` URL, an error),
-    so logs, status messages, ``edged check`` and configuration errors never show a camera's password.
+    ``image`` is a view into a capture slot, valid until the consumer's next ``take()``; copy it to
+    keep it longer. ``frame_id`` increases by 1 per captured frame and continues across reconnects,
+    so a gap between two ids is the number of frames dropped as stale.
     """
-    return _CREDENTIALS.sub("***@", text)
+
+    image: np.ndarray
+    frame_id: int
+    t_capture_ns: int
+    t_wall_ns: int
+    channel_order: Literal["bgr", "rgb"]
 
 
-def _switch_or_table(value: Any) -> str:
-    """Which reading of a camera's ``evidence`` key applies, so that a bad table gets its own error only."""
-    return "table" if isinstance(value, (dict, EvidenceConfig)) else "switch"
+class Source(Protocol):
+    """One camera kind. Opening and reading may block (camera I/O); they run only on the capture thread.
+
+    ``read(out)`` fills ``out`` in place when its shape fits and returns it (OpenCV's
+    ``read(image=out)``), so steady-state capture allocates nothing. It returns a new array when the
+    frame size differs (a renegotiated camera; the new array then belongs to the caller), ``None``
+    at the end of a finite stream, and raises ``SourceError`` when the camera is lost.
+
+    Optional members, checked once per opened source by the capture thread (`paces`, `splits_reading`):
+
+    - ``pace() -> float | None``: seconds between frames for sources that must be paced (files,
+      image folders, synthetic scenes). The capture thread waits between reads; ``read`` itself
+      never sleeps, so stopping is never held up by pacing. Live cameras return ``None``.
+    - ``grab() -> bool`` and ``retrieve(out) -> np.ndarray``: ``read`` in two halves, as OpenCV
+      splits it. ``grab`` takes the next frame off the camera without converting it (``False`` at
+      the end of a finite stream), ``retrieve`` decodes the frame last grabbed into ``out``. With
+      both, the capture thread grabs every frame but decodes only those the consumer may take.
+    - ``timeouts() -> tuple[float, float]``: for network streams, the longest waits (s) for the
+      first frame after opening starts and between two frames. The capture thread calls a stream
+      that exceeds them stalled, on its own clock, even when the camera call itself said ok.
+    - ``frame_age_ns() -> int``: for cameras whose frames carry the sensor's own timestamp, how
+      long before the last ``read`` returned its frame was captured; the frame's capture time is
+      then that much before the read returned, not when it returned.
+    - ``frame_sizes_vary = True`` (a class attribute, read from the config by `sizes_vary`): for
+      sources whose frames legitimately differ in size (an image folder). Each size then gets its
+      own plan; a camera's new size is a renegotiation, re-planned only once it lasts.
+    """
+
+    channel_order: Literal["bgr", "rgb"]
+
+    def open(self) -> None:
+        """Acquire the camera; raise ``SourceError`` with an actionable message on failure."""
+
+    def read(self, out: np.ndarray | None) -> np.ndarray | None:
+        """The next frame, in ``out`` when its shape fits (see the class docstring)."""
+
+    def close(self) -> None:
+        """Release the camera; safe to call more than once and after a failed ``open``."""
 
 
-# A camera's evidence: true or false, or a [source.evidence] table.
-CameraEvidence = Annotated[
-    Annotated[bool, Tag("switch")] | Annotated[EvidenceConfig, Tag("table")], Discriminator(_switch_or_table)
-]
+class SplitSource(Source, Protocol):
+    """A source whose reading comes in OpenCV's two halves (see `Source`, ``grab``/``retrieve``)."""
+
+    def grab(self) -> bool:
+        """Take the next frame off the camera without decoding it; ``False`` at the end of a finite stream."""
+
+    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
+        """The frame last grabbed, decoded into ``out`` when its shape fits."""
 
 
-class SourceBase(Section):
-    """The ``[source]`` keys every camera kind has; each kind's module adds ``type`` and its own keys."""
+def splits_reading(source: Source) -> TypeGuard[SplitSource]:
+    """Whether ``source`` has ``grab`` and ``retrieve``, so the capture thread can skip decoding."""
+    return callable(getattr(source, "grab", None)) and callable(getattr(source, "retrieve", None))
 
-    # What is done with the camera's frames, not how it is opened: a reload that changes only these
-    # keeps the camera's capture running.
-    PROCESSING_KEYS: ClassVar[frozenset[str]] = frozenset({"max_fps", "evidence", "inspect", "zones", "trigger"})
 
-    type: str
-    camera_id: str = Field(
-        "cam0",
-        min_length=1,
-        max_length=64,
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Name of this camera, unique among the [[source]] tables; used as the ZeroMQ topic suffix.",
-    )
-    max_fps: float | None = Field(
-        None, ge=0, le=1000, description="Cap on this camera's processed frames per second; default: service.max_fps."
-    )
-    evidence: CameraEvidence = Field(
-        True,
-        description="false: save none of this camera's evidence; a [source.evidence] table: this camera's "
-        "evidence keys, in place of those keys of [evidence] (the others come from there), saved even "
-        "without an [evidence] section; true: [evidence] as it is.",
-    )
-    inspect: InspectConfig | None = Field(
-        None,
-        description="A [source.inspect] table: this camera's inspection keys, in place of those keys of "
-        "[inspect] (the others come from there); the camera is inspected even without an [inspect] section.",
-    )
-    trigger: TriggerMode | None = Field(
-        None, description="This camera's trigger.mode ('free' or 'request'); default: trigger.mode."
-    )
-    zones: dict[ZoneName, list[tuple[float, float]]] | None = Field(
-        None, description="Short for this camera's inspect.zones: its zones in place of inspect.zones."
-    )
+class PacedSource(Source, Protocol):
+    """A source that may need pacing (see `Source`, ``pace``)."""
 
-    @field_validator("zones")
-    @classmethod
-    def _usable_zones(cls, v: dict[str, list[tuple[float, float]]] | None) -> dict[str, list[tuple[float, float]]] | None:
-        if v is not None:
-            usable_zones(v)
-        return v
+    def pace(self) -> float | None:
+        """Seconds between frames, or ``None`` when reading itself keeps the camera's pace."""
 
-    @model_validator(mode="after")
-    def _zones_once(self) -> SourceBase:
-        """``zones`` is short for inspect.zones: both at once would leave the user guessing which wins."""
-        if self.zones is not None and self.inspect is not None and "zones" in self.inspect.model_fields_set:
-            raise ValueError(f"camera {self.camera_id} gives its zones twice, as zones and as inspect.zones: keep one")
-        return self
 
-    channel_order: Literal["bgr", "rgb"] = Field(
-        "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr)."
-    )
+def paces(source: Source) -> TypeGuard[PacedSource]:
+    """Whether ``source`` has ``pace``, so the capture thread may have to wait between reads."""
+    return callable(getattr(source, "pace", None))
 
-    def opening(self) -> dict[str, Any]:
-        """The keys that decide how the camera is opened, with their values: all but `PROCESSING_KEYS`."""
-        return self.model_dump(exclude=set(self.PROCESSING_KEYS))
 
-    def file_problems(self) -> list[str]:
-        """Files this source needs that are missing, one line each, reported when the config loads.
+class TimedSource(Source, Protocol):
+    """A stream that can stall without failing a read (see `Source`, ``timeouts``)."""
 
-        ``edged check`` and start-up then refuse them with the configuration's other problems
-        instead of the capture thread retrying a camera that can never open.
-        """
-        return []
+    def timeouts(self) -> tuple[float, float]:
+        """Seconds allowed until the first frame after opening starts, and between frames."""
+
+
+def times_out(source: Source) -> TypeGuard[TimedSource]:
+    """Whether ``source`` has ``timeouts``, so the capture thread watches it for stalls."""
+    return callable(getattr(source, "timeouts", None))
+
+
+class StampedSource(Source, Protocol):
+    """A camera whose frames carry their capture time (see `Source`, ``frame_age_ns``)."""
+
+    def frame_age_ns(self) -> int:
+        """Nanoseconds between the capture of the frame the last ``read`` returned and that return."""
+
+
+def stamps(source: Source) -> TypeGuard[StampedSource]:
+    """Whether ``source`` has ``frame_age_ns``, so a frame's capture time comes from the camera."""
+    return callable(getattr(source, "frame_age_ns", None))
 
 
 def retrieve_frame(cap: cv2.VideoCapture, out: np.ndarray | None, *, failed: str, undecodable: str) -> np.ndarray:

@@ -8,31 +8,19 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Literal
 
 import cv2
 import numpy as np
-from pydantic import Field
 
 from edged.errors import SourceError
-from edged.sources.base import SourceBase, retrieve_frame
+from edged.settings.sources import FileSourceConfig
+from edged.sources.base import retrieve_frame
 
 log = logging.getLogger(__name__)
 
 FALLBACK_FPS = 25.0
 _PLAUSIBLE_FPS = (1.0, 240.0)
-
-
-class FileSourceConfig(SourceBase):
-    type: Literal["file"] = "file"
-    path: Path = Field(description="Video file decoded with OpenCV's FFmpeg backend.")
-    loop: bool = Field(True, description="Start again at the end instead of reporting end of stream.")
-    realtime: bool = Field(True, description="Pace frames to the file's own fps, like a camera.")
-
-    def file_problems(self) -> list[str]:
-        # os.path.isfile, unlike Path.is_file, answers False for a name the filesystem cannot hold.
-        return [] if os.path.isfile(self.path) else [f"source.path: video file {self.path} does not exist"]
 
 
 class FileSource:

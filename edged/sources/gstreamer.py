@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
 
 from edged.errors import ConfigError, MissingDependency, SourceError
-from edged.sources.base import SourceBase, mask_credentials
+from edged.settings.sources import GstreamerSourceConfig, mask_credentials
 
 log = logging.getLogger(__name__)
 
@@ -41,39 +40,20 @@ _GST_SECOND = 1_000_000_000
 _GST_MAP_READ = 1
 
 
-class GstreamerSourceConfig(SourceBase):
-    type: Literal["gstreamer"] = "gstreamer"
-    pipeline: str = Field(
-        min_length=1,
-        description="A gst-launch-1.0 description. Ending in an appsink (named 'edged' if there are several), "
-        "it is used as is; otherwise edged appends 'videoconvert ! video/x-raw,format=BGR (RGB with "
-        'channel_order = "rgb") ! appsink name=edged\'. The appsink always keeps only the newest frame.',
-    )
-    open_timeout_s: float = Field(
-        20.0,
-        gt=0,
-        le=300,
-        description="Longest wait for the pipeline to start and deliver its first frame (a CSI camera's ISP "
-        "may take seconds); until then the camera is starting.",
-    )
-    read_timeout_s: float = Field(
-        5.0, gt=0, le=120, description="No new frame for this long means the camera stalled: it is lost and reopened."
-    )
+def config_problems(cfg: GstreamerSourceConfig) -> list[str]:
+    """Missing GStreamer, and a pipeline it cannot parse or read, refused when the configuration loads.
 
-    def file_problems(self) -> list[str]:
-        """Missing GStreamer, and a pipeline it cannot parse or read, refused when the configuration loads.
-
-        Parsing only builds the elements; no camera is opened. "no element" usually means a plugin
-        that is not installed.
-        """
-        try:
-            built = _gst().build(full_description(self.pipeline, self.channel_order))
-        except MissingDependency as e:
-            return [f"source.type: {e}"]
-        except ConfigError as e:
-            return e.problems
-        _gst().stop(built.pipeline)
-        return []
+    Parsing only builds the elements; no camera is opened. "no element" usually means a plugin
+    that is not installed.
+    """
+    try:
+        built = _gst().build(full_description(cfg.pipeline, cfg.channel_order))
+    except MissingDependency as e:
+        return [f"source.type: {e}"]
+    except ConfigError as e:
+        return e.problems
+    _gst().stop(built.pipeline)
+    return []
 
 
 def full_description(pipeline: str, channel_order: Literal["bgr", "rgb"]) -> str:

@@ -14,21 +14,13 @@ from typing import ClassVar, Literal
 
 import cv2
 import numpy as np
-from pydantic import Field
 
 from edged.errors import SourceError
-from edged.sources.base import SourceBase
+from edged.settings.sources import ImagesSourceConfig
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
-
-
-class ImagesSourceConfig(SourceBase):
-    type: Literal["images"] = "images"
-    path: str = Field(description="A folder (every image in it, sorted) or a glob pattern.")
-    loop: bool = Field(True, description="Start again after the last image.")
-    fps: float = Field(5.0, gt=0, le=240, description="Images delivered per second.")
 
 
 def list_images(pattern: str) -> list[str]:

@@ -19,61 +19,28 @@ from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, field_validator
 
 from edged.errors import ConfigError, MissingDependency, SourceError
-from edged.sources.base import SourceBase
+from edged.settings.sources import Picamera2SourceConfig
 
 log = logging.getLogger(__name__)
 
-ControlValue = bool | int | float | list[int] | list[float]
 
 # picamera2 names formats as libcamera/DRM fourccs, which are little-endian: "RGB888" is B, G, R
 # in memory and "BGR888" is R, G, B.
 MAIN_FORMAT: dict[str, str] = {"bgr": "RGB888", "rgb": "BGR888"}
-# Controls that edged sets from its own keys; setting them in source.controls as well would fight them.
-OWN_CONTROLS: dict[str, str] = {"FrameDurationLimits": "source.fps", "FrameRate": "source.fps"}
 STALE_FRAMES = 4  # a queued frame exposed this many frame times before the read is from before a pause
 STALE_MIN_S = 0.25
 READ_TIMEOUT_MIN_S = 2.0  # the first frame after start comes only after the sensor and the ISP settle
 
 
-class Picamera2SourceConfig(SourceBase):
-    type: Literal["picamera2"] = "picamera2"
-    camera: int = Field(0, ge=0, le=15, description="Camera index as libcamera lists them (`rpicam-hello --list-cameras`).")
-    width: int = Field(1280, ge=64, le=9152, description="Width of the main stream; the ISP scales the sensor mode to it.")
-    height: int = Field(720, ge=64, le=6944, description="Height of the main stream.")
-    fps: float = Field(30.0, gt=0, le=240, description="Frame rate; sets FrameDurationLimits to a fixed 1/fps.")
-    buffer_count: int = Field(
-        4,
-        ge=2,
-        le=16,
-        description="Frame buffers: picamera2 keeps one queued and edged holds one while copying; "
-        "the rest keep the sensor streaming (each costs width x height x 3 bytes of CMA memory).",
-    )
-    controls: dict[str, ControlValue] = Field(
-        default_factory=dict,
-        description="libcamera controls passed to set_controls, e.g. ExposureTime, AnalogueGain, AfMode "
-        "(names as the camera's camera_controls list them; checked when the camera opens).",
-    )
-    hflip: bool = Field(False, description="Mirror the image left to right (in the ISP, at no cost).")
-    vflip: bool = Field(False, description="Flip the image upside down (with hflip: rotate by 180 degrees).")
-
-    @field_validator("controls")
-    @classmethod
-    def _not_own(cls, v: dict[str, ControlValue]) -> dict[str, ControlValue]:
-        for name, key in OWN_CONTROLS.items():
-            if name in v:
-                raise ValueError(f"{name} is set from {key}; remove it from source.controls")
-        return v
-
-    def file_problems(self) -> list[str]:
-        """A missing picamera2 is refused when the configuration loads, not retried as a lost camera."""
-        try:
-            load_picamera2()
-        except MissingDependency as e:
-            return [f"source.type: {e}"]
-        return []
+def config_problems(cfg: Picamera2SourceConfig) -> list[str]:
+    """A missing picamera2 is refused when the configuration loads, not retried as a lost camera."""
+    try:
+        load_picamera2()
+    except MissingDependency as e:
+        return [f"source.type: {e}"]
+    return []
 
 
 def load_picamera2() -> ModuleType:

@@ -22,42 +22,17 @@ from urllib.parse import urlsplit
 
 import cv2
 import numpy as np
-from pydantic import Field, field_validator
 
 from edged.errors import SourceError
-from edged.sources.base import SourceBase, mask_credentials, retrieve_frame
+from edged.settings.sources import DEFAULT_PORTS, RtspSourceConfig, mask_credentials
+from edged.sources.base import retrieve_frame
 
 log = logging.getLogger(__name__)
 
 FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
-DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322}
 PROBE_TIMEOUT_S = 2.0  # the connect that explains a failed open
 
 _options_lock = threading.Lock()  # the environment is process-wide: one open at a time sets it
-
-
-class RtspSourceConfig(SourceBase):
-    type: Literal["rtsp"] = "rtsp"
-    url: str = Field(
-        description="rtsp:// or rtsps:// URL of the stream; user:password@ in it is allowed and never logged.",
-    )
-    transport: Literal["tcp", "udp"] = Field(
-        "tcp", description="RTP transport: tcp survives packet loss and NAT; udp has less latency on a clean LAN."
-    )
-    open_timeout_s: float = Field(
-        10.0, gt=0, le=120, description="Longest wait to connect and get the first frame; until then the camera is starting."
-    )
-    read_timeout_s: float = Field(
-        5.0, gt=0, le=120, description="No new frame for this long means the camera stalled: it is lost and reopened."
-    )
-
-    @field_validator("url")
-    @classmethod
-    def _rtsp_url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
-            raise ValueError("must be an rtsp:// or rtsps:// URL with a host")
-        return url
 
 
 @contextmanager

@@ -10,23 +10,14 @@ import logging
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import Field
 
 from edged.errors import SourceError
-from edged.sources.base import SourceBase
+from edged.settings.sources import SyntheticSourceConfig
 
 if TYPE_CHECKING:
-    from edged.tools.scenes import SceneGenerator
+    from edged.sources.scenes import SceneGenerator
 
 log = logging.getLogger(__name__)
-
-
-class SyntheticSourceConfig(SourceBase):
-    type: Literal["synthetic"] = "synthetic"
-    width: int = Field(1280, ge=32, le=7680, description="Frame width in pixels.")
-    height: int = Field(720, ge=32, le=4320, description="Frame height in pixels.")
-    fps: float = Field(15.0, gt=0, le=240, description="Frames generated per second.")
-    seed: int = Field(0, ge=0, description="Scene seed; the same seed gives the same stream.")
 
 
 class SyntheticSource:
@@ -41,7 +32,7 @@ class SyntheticSource:
 
     def open(self) -> None:
         # Imported here: the scene painter is a demo and test tool that a real camera never loads.
-        from edged.tools.scenes import SceneGenerator
+        from edged.sources.scenes import SceneGenerator
 
         self._generator = SceneGenerator(width=self._cfg.width, height=self._cfg.height, seed=self._cfg.seed)
         log.info(

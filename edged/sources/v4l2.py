@@ -14,23 +14,14 @@ from typing import Literal
 
 import cv2
 import numpy as np
-from pydantic import Field
 
 from edged.errors import SourceError
-from edged.sources.base import SourceBase, retrieve_frame
+from edged.settings.sources import V4l2SourceConfig
+from edged.sources.base import retrieve_frame
 
 log = logging.getLogger(__name__)
 
 SELECT_TIMEOUT_ENV = "OPENCV_VIDEOIO_V4L_SELECT_TIMEOUT"
-
-
-class V4l2SourceConfig(SourceBase):
-    type: Literal["v4l2"] = "v4l2"
-    device: str = Field("/dev/video0", description="Device path or index (e.g. 0).")
-    width: int = Field(1280, ge=32, le=7680, description="Requested width; read back after open.")
-    height: int = Field(720, ge=32, le=4320, description="Requested height; read back after open.")
-    fps: float = Field(30.0, gt=0, le=240, description="Requested frame rate.")
-    fourcc: Literal["MJPG", "YUYV"] = Field("MJPG", description="Pixel format asked of the camera.")
 
 
 def _fourcc_text(value: float) -> str:

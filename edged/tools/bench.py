@@ -34,10 +34,10 @@ from edged.config import Spinning, check_thread_option
 from edged.cpus import online_cpus, physical_cores
 from edged.errors import ColdStartError, UsageError
 from edged.model import LoadedModel
+from edged.sources.scenes import SceneGenerator
 from edged.tools import bench_rows as rows
 from edged.tools.bench_cameras import CameraKind, format_rows, run_cameras
 from edged.tools.bench_config import write_config
-from edged.tools.scenes import SceneGenerator
 
 ROW_TITLES = {
     "floor": "1 floor: session.run",

@@ -33,8 +33,8 @@ import zmq
 from edged.config import Spinning
 from edged.errors import ColdStartError
 from edged.messages import DetectionsMessage, parse_message
+from edged.sources.scenes import SceneGenerator
 from edged.tools.bench_config import write_config
-from edged.tools.scenes import SceneGenerator
 
 ARRANGEMENTS = ("one process", "separate processes")
 CameraKind = Literal["synthetic", "video"]

@@ -23,15 +23,16 @@ import zmq
 from edged.config import ModelConfig, PublishConfig, RuntimeConfig, Spinning
 from edged.decode import Detections
 from edged.errors import InferenceError, ModelError
-from edged.http import HttpConfig
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, FramePipeline, Processed, Rejected
 from edged.preprocess import LETTERBOX_FILL
 from edged.publish import Publisher, detections_topic
-from edged.sources import Frame
-from edged.sources.base import SourceBase
-from edged.tools.scenes import SceneGenerator
-from edged.verdict import InspectConfig, Inspector
+from edged.settings.http import HttpConfig
+from edged.settings.inspect import InspectConfig
+from edged.settings.sources import SourceBase
+from edged.sources.base import Frame
+from edged.sources.scenes import SceneGenerator
+from edged.verdict import Inspector
 from edged.view import LiveView
 
 STAGES = ("preprocess", "inference", "decode", "publish", "view")

@@ -27,12 +27,12 @@ import numpy as np
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import DataError, UsageError
-from edged.heads import head_named
+from edged.heads.registry import head_named
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.sources.images import IMAGE_SUFFIXES
+from edged.sources.scenes import SceneGenerator
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
-from edged.tools.scenes import SceneGenerator
 
 
 @dataclass(frozen=True, slots=True)

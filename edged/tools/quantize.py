@@ -57,11 +57,11 @@ from edged.errors import ContractError, InferenceError, ModelError, QuantizeErro
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.preprocess import Preprocessor
+from edged.sources.scenes import CLASS_NAMES
 from edged.tools.bench import machine_info
 from edged.tools.bench_rows import Row, TimedFrame, bench_frame, interleave
 from edged.tools.evaluate import EvalSample, ProgressBar, evaluate, folder_samples, scene_samples
 from edged.tools.metrics import EvalReport
-from edged.tools.scenes import CLASS_NAMES
 
 HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 METHODS = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}

@@ -1,7 +1,4 @@
-"""The base of every configuration section, apart from ``edged.config`` so that the modules that own a
-section's keys (each camera kind in ``edged.sources``) can define it there without importing the whole
-settings tree.
-"""
+"""The base of every configuration section: what every key of every section obeys."""
 
 from __future__ import annotations
 

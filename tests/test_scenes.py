@@ -1,11 +1,11 @@
-"""edged.tools.scenes: reproducible frames whose boxes hold exactly the painted defects."""
+"""edged.sources.scenes: reproducible frames whose boxes hold exactly the painted defects."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from edged.tools.scenes import CLASS_NAMES, Scene, SceneGenerator
+from edged.sources.scenes import CLASS_NAMES, Scene, SceneGenerator
 
 pytestmark = pytest.mark.tools
 

@@ -1,0 +1,114 @@
+"""The head formats edged reads, and telling which one a model's output is.
+
+Each format is one module holding one `Head` subclass; adding a format means writing that module
+and adding its class to `HEADS`. The allowed ``model.head`` values, `detect_head` and the layouts
+named in its error messages all come from this registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from edged.errors import HeadError
+from edged.heads.base import Dim, Head, OutputFacts, concrete, fmt_shape
+from edged.heads.end2end import End2EndHead
+from edged.heads.metadata import parse_names, says_nms_inside, says_rtdetr
+from edged.heads.rtdetr import RtDetrHead
+from edged.heads.yolov5 import YoloV5Head
+from edged.heads.yolov8 import YoloV8Head
+
+HEADS: dict[str, type[Head]] = {head.name: head for head in (YoloV8Head, YoloV5Head, End2EndHead, RtDetrHead)}
+
+
+def _listed(items: Sequence[str]) -> str:
+    """'a, b or c'."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+_LAYOUTS = _listed([f"{head.layout} ({name})" for name, head in HEADS.items()])
+_NMS_INSIDE_LAYOUTS = " or ".join(head.layout for head in HEADS.values() if not head.needs_nms)
+# ultralytics' tasks other than detection, as its 'task' metadata names them.
+_TASKS = {
+    "segment": "instance segmentation",
+    "pose": "pose estimation",
+    "obb": "oriented bounding boxes",
+    "classify": "classification",
+}
+
+
+def head_named(name: str) -> type[Head]:
+    """The registered head format ``name``; `HeadError` for any other."""
+    head = HEADS.get(name)
+    if head is None:
+        raise HeadError(f"unknown head format {name!r}; expected one of {tuple(HEADS)}")
+    return head
+
+
+def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, str]) -> tuple[str, int]:
+    """The head format's name and the class count, from the output shapes and ultralytics metadata.
+
+    A symbolic dimension (str or None, as ONNX Runtime reports dynamic axes) is taken as the
+    candidate count. The one format whose `Head.matches` claims the output wins; a model whose
+    metadata says NMS is inside can only be a format that needs none. Known names must agree
+    with the shape. Raises `HeadError` naming the shape otherwise.
+    """
+    _refuse_other_tasks(output_shapes, metadata.get("task"))
+    if len(output_shapes) != 1:
+        shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
+        raise HeadError(f"expected exactly one detection output {_LAYOUTS}; got {shown}")
+    facts = _read_facts(list(output_shapes[0]), metadata)
+    for name, head in HEADS.items():
+        if facts.nms_inside and head.needs_nms:
+            continue
+        num_classes = head.matches(facts)
+        if num_classes is not None:
+            return name, num_classes
+    shown = fmt_shape(facts.shape)
+    if facts.nms_inside:
+        raise HeadError(f"metadata says NMS is inside the model, but output {shown} is not {_NMS_INSIDE_LAYOUTS}")
+    side = "columns" if facts.candidates_in_rows else "rows"
+    raise HeadError(f"output {shown} has {facts.features} {side}; expected {_LAYOUTS}")
+
+
+def _refuse_other_tasks(output_shapes: Sequence[Sequence[Dim]], task: str | None) -> None:
+    """`HeadError` naming the task of a model that is no detector: from ultralytics' ``task`` metadata,
+    or for a segmentation export without it, from its second output (the mask prototypes)."""
+    shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
+    if task not in (None, "detect"):
+        what = f"{task!r} ({_TASKS[task]})" if task in _TASKS else repr(task)
+        raise HeadError(f"model task {what} is not supported (outputs {shown}); edged serves detection models only")
+    if task is None and len(output_shapes) == 2 and len(output_shapes[1]) == 4:
+        raise HeadError(
+            f"outputs {shown} are an instance segmentation export's (the second holds mask prototypes); "
+            "edged serves detection models only"
+        )
+
+
+def _read_facts(shape: list[Dim], metadata: Mapping[str, str]) -> OutputFacts:
+    """The facts of a single output; `HeadError` for a shape no format has."""
+    task = metadata.get("task")
+    names = parse_names(metadata)
+    features, candidates_in_rows = _feature_dim(shape)
+    return OutputFacts(
+        shape=tuple(shape),
+        features=features,
+        candidates_in_rows=candidates_in_rows,
+        n_names=None if names is None else len(names),
+        from_ultralytics=task is not None,
+        nms_inside=says_nms_inside(metadata),
+        rtdetr=says_rtdetr(metadata),
+    )
+
+
+def _feature_dim(shape: list[Dim]) -> tuple[int, bool]:
+    """(feature count, whether candidates are rows) of a rank-3, batch-1 output shape."""
+    if len(shape) != 3:
+        raise HeadError(f"output {fmt_shape(shape)} has rank {len(shape)}; expected {_LAYOUTS}")
+    batch, a, b = (concrete(d) for d in shape)
+    if batch not in (None, 1):
+        raise HeadError(f"output {fmt_shape(shape)} has batch {batch}; expected batch 1")
+    if a is not None and (b is None or a < b):
+        return a, False
+    if b is not None and (a is None or a > b):
+        return b, True
+    raise HeadError(f"output {fmt_shape(shape)}: cannot tell candidates from features; expected {_LAYOUTS}")

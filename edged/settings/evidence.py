@@ -1,0 +1,44 @@
+"""``[evidence]``: which frames are saved as evidence, where, and for how long (`edged.evidence` saves them)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from edged.settings.section import Section
+
+SavePolicy = Literal["ng", "ng+near", "all"]
+
+
+def default_dir() -> Path:
+    """``evidence/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else /var/lib/edged."""
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(state or "/var/lib/edged") / "evidence"
+
+
+class EvidenceConfig(Section):
+    dir: Path = Field(
+        default_factory=default_dir,
+        description="Where evidence goes, a folder per camera and day; created when its parent exists. "
+        "Default: evidence/ in the service's state directory.",
+    )
+    save: SavePolicy = Field(
+        "ng",
+        description="Frames saved: 'ng' (the verdict is ng; without [inspect], any detection), 'ng+near' "
+        "(also a near miss: a score within near_margin below its class threshold), 'all'.",
+    )
+    near_margin: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="ng+near: how far below its class threshold a score makes a near miss (never published).",
+    )
+    max_bytes: int = Field(
+        1_000_000_000, gt=0, description="Most bytes this camera's evidence may take; the oldest frames go first."
+    )
+    max_age_days: float = Field(30.0, ge=0, description="Saved frames older than this are deleted; 0 keeps them.")
+    max_per_minute: int = Field(60, ge=0, description="Most frames saved per minute; the rest are counted. 0: no limit.")
+    jpeg_quality: int = Field(95, ge=1, le=100, description="JPEG quality of the saved frames.")

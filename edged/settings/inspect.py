@@ -1,0 +1,105 @@
+"""``[inspect]``: what a part must not show, and the zone polygons it is judged in (`edged.verdict` judges).
+
+The polygon checks live here, beside the keys they validate, so that a configuration is checked
+without loading the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from edged.settings.section import Section
+
+Point = tuple[float, float]
+
+
+ZoneName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+MIN_ZONE_AREA = 1e-6  # of the frame: below this a polygon is a line or a point, not a region
+
+
+def usable_zones(zones: Mapping[str, Sequence[Point]]) -> None:
+    """Raise ValueError naming every zone that `polygon_problem` refuses: a zones key's validator."""
+    problems = [f"zone {name!r} {problem}" for name, points in zones.items() if (problem := polygon_problem(points))]
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def polygon_problem(points: Sequence[Point]) -> str | None:
+    """Why ``points`` is not a usable zone (too few points, outside 0..1, no area, self-intersecting), or None."""
+    if len(points) < 3:
+        return f"has {len(points)} point(s); a zone needs at least 3"
+    for x, y in points:
+        if not (0.0 <= x <= 1.0 and 0.0 <= y <= 1.0):
+            return f"point ({x}, {y}) is outside 0..1 (coordinates are fractions of the frame's width and height)"
+    n = len(points)
+    edges = [(points[i], points[(i + 1) % n]) for i in range(n)]
+    for i, (a, b) in enumerate(edges):
+        if a == b:
+            return f"repeats point {a} (points {i + 1} and {(i + 1) % n + 1})"
+    for i in range(n):
+        for j in range(i + 2, n):
+            if i == 0 and j == n - 1:
+                continue  # neighbours through the closing edge
+            if _segments_meet(*edges[i], *edges[j]):
+                return f"is self-intersecting: edge {i + 1} crosses edge {j + 1}"
+    area = abs(sum(a[0] * b[1] - b[0] * a[1] for a, b in edges)) / 2
+    if area < MIN_ZONE_AREA:
+        return "encloses no area (its points lie on one line)"
+    return None
+
+
+def _orientation(a: Point, b: Point, c: Point) -> float:
+    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+
+def _on_segment(a: Point, b: Point, p: Point) -> bool:
+    return min(a[0], b[0]) <= p[0] <= max(a[0], b[0]) and min(a[1], b[1]) <= p[1] <= max(a[1], b[1])
+
+
+def _segments_meet(a: Point, b: Point, c: Point, d: Point) -> bool:
+    """Whether segments ab and cd share any point (touching counts)."""
+    o1, o2, o3, o4 = _orientation(a, b, c), _orientation(a, b, d), _orientation(c, d, a), _orientation(c, d, b)
+    if ((o1 > 0) != (o2 > 0) and o1 != 0 and o2 != 0) and ((o3 > 0) != (o4 > 0) and o3 != 0 and o4 != 0):
+        return True
+    return any(
+        o == 0 and _on_segment(p, q, r) for o, p, q, r in ((o1, a, b, c), (o2, a, b, d), (o3, c, d, a), (o4, c, d, b))
+    )
+
+
+Threshold = Annotated[float, Field(gt=0, le=1)]
+
+
+class InspectConfig(Section):
+    """``[inspect]``: what a part must not show. Labels are checked against the model's when it loads."""
+
+    class_conf: dict[str, Threshold] = Field(
+        default_factory=dict, description="Label (or class id) -> minimum score, overriding model.conf for that class."
+    )
+    zones: dict[ZoneName, list[tuple[float, float]]] = Field(
+        default_factory=dict,
+        description="Name -> polygon [[x, y], ...] in fractions of the frame (0..1); none: the whole frame.",
+    )
+    outside_zones: Literal["drop", "keep"] = Field(
+        "drop", description="Detections outside every zone: 'drop' them, or 'keep' them with no zone (never NG)."
+    )
+    match: Literal["centre", "overlap"] = Field(
+        "centre", description="A detection is in a zone when its box centre is inside, or with 'overlap' any of its box."
+    )
+    ng_classes: list[str] | None = Field(
+        None, description="Labels (or class ids) that make a part NG; default: every class."
+    )
+    min_area: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=dict,
+        description="Label (or class id) -> smallest box, as a fraction of the frame's area, that makes a part NG.",
+    )
+
+    @field_validator("zones")
+    @classmethod
+    def _usable_polygons(cls, v: dict[str, list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
+        usable_zones(v)
+        return v

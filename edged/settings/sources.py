@@ -1,0 +1,245 @@
+"""``[source]``: the keys every camera kind shares, and each kind's own (`edged.sources` reads the cameras).
+
+A camera kind's keys are one class here, with ``type`` its name; `KINDS` lists them for the
+configuration's ``source.type`` union and its error hints, and `edged.sources.registry` maps the
+same names to the readers. Checks that need a kind's runtime (its library, a pipeline parse) live
+with the kind (`edged.sources.registry.config_problems`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+
+from edged.settings.evidence import EvidenceConfig
+from edged.settings.inspect import InspectConfig, ZoneName, usable_zones
+from edged.settings.section import Section
+
+# How a camera's frames are taken: every one the rate allows ("free"), or one per inspection request.
+TriggerMode = Literal["free", "request"]
+
+
+_CREDENTIALS = re.compile(r"(?<=://)[^/\s]*@")  # user[:password]@ after a URL's scheme
+
+
+def mask_credentials(text: str) -> str:
+    """``text`` with every URL's ``user:password@`` replaced by ``***@``: how edged shows a source anywhere.
+
+    It works on any text holding URLs (an RTSP URL, a pipeline with a ``location=`` URL, an error),
+    so logs, status messages, ``edged check`` and configuration errors never show a camera's password.
+    """
+    return _CREDENTIALS.sub("***@", text)
+
+
+def _switch_or_table(value: Any) -> str:
+    """Which reading of a camera's ``evidence`` key applies, so that a bad table gets its own error only."""
+    return "table" if isinstance(value, (dict, EvidenceConfig)) else "switch"
+
+
+# A camera's evidence: true or false, or a [source.evidence] table.
+CameraEvidence = Annotated[
+    Annotated[bool, Tag("switch")] | Annotated[EvidenceConfig, Tag("table")], Discriminator(_switch_or_table)
+]
+
+
+class SourceBase(Section):
+    """The ``[source]`` keys every camera kind has; each kind's module adds ``type`` and its own keys."""
+
+    # What is done with the camera's frames, not how it is opened: a reload that changes only these
+    # keeps the camera's capture running.
+    PROCESSING_KEYS: ClassVar[frozenset[str]] = frozenset({"max_fps", "evidence", "inspect", "zones", "trigger"})
+
+    type: str
+    camera_id: str = Field(
+        "cam0",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Name of this camera, unique among the [[source]] tables; used as the ZeroMQ topic suffix.",
+    )
+    max_fps: float | None = Field(
+        None, ge=0, le=1000, description="Cap on this camera's processed frames per second; default: service.max_fps."
+    )
+    evidence: CameraEvidence = Field(
+        True,
+        description="false: save none of this camera's evidence; a [source.evidence] table: this camera's "
+        "evidence keys, in place of those keys of [evidence] (the others come from there), saved even "
+        "without an [evidence] section; true: [evidence] as it is.",
+    )
+    inspect: InspectConfig | None = Field(
+        None,
+        description="A [source.inspect] table: this camera's inspection keys, in place of those keys of "
+        "[inspect] (the others come from there); the camera is inspected even without an [inspect] section.",
+    )
+    trigger: TriggerMode | None = Field(
+        None, description="This camera's trigger.mode ('free' or 'request'); default: trigger.mode."
+    )
+    zones: dict[ZoneName, list[tuple[float, float]]] | None = Field(
+        None, description="Short for this camera's inspect.zones: its zones in place of inspect.zones."
+    )
+
+    @field_validator("zones")
+    @classmethod
+    def _usable_zones(cls, v: dict[str, list[tuple[float, float]]] | None) -> dict[str, list[tuple[float, float]]] | None:
+        if v is not None:
+            usable_zones(v)
+        return v
+
+    @model_validator(mode="after")
+    def _zones_once(self) -> SourceBase:
+        """``zones`` is short for inspect.zones: both at once would leave the user guessing which wins."""
+        if self.zones is not None and self.inspect is not None and "zones" in self.inspect.model_fields_set:
+            raise ValueError(f"camera {self.camera_id} gives its zones twice, as zones and as inspect.zones: keep one")
+        return self
+
+    channel_order: Literal["bgr", "rgb"] = Field(
+        "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr)."
+    )
+
+    def opening(self) -> dict[str, Any]:
+        """The keys that decide how the camera is opened, with their values: all but `PROCESSING_KEYS`."""
+        return self.model_dump(exclude=set(self.PROCESSING_KEYS))
+
+    def file_problems(self) -> list[str]:
+        """Files this source needs that are missing, one line each, reported when the config loads.
+
+        ``edged check`` and start-up then refuse them with the configuration's other problems
+        instead of the capture thread retrying a camera that can never open.
+        """
+        return []
+
+
+class FileSourceConfig(SourceBase):
+    type: Literal["file"] = "file"
+    path: Path = Field(description="Video file decoded with OpenCV's FFmpeg backend.")
+    loop: bool = Field(True, description="Start again at the end instead of reporting end of stream.")
+    realtime: bool = Field(True, description="Pace frames to the file's own fps, like a camera.")
+
+    def file_problems(self) -> list[str]:
+        # os.path.isfile, unlike Path.is_file, answers False for a name the filesystem cannot hold.
+        return [] if os.path.isfile(self.path) else [f"source.path: video file {self.path} does not exist"]
+
+
+class ImagesSourceConfig(SourceBase):
+    type: Literal["images"] = "images"
+    path: str = Field(description="A folder (every image in it, sorted) or a glob pattern.")
+    loop: bool = Field(True, description="Start again after the last image.")
+    fps: float = Field(5.0, gt=0, le=240, description="Images delivered per second.")
+
+
+class SyntheticSourceConfig(SourceBase):
+    type: Literal["synthetic"] = "synthetic"
+    width: int = Field(1280, ge=32, le=7680, description="Frame width in pixels.")
+    height: int = Field(720, ge=32, le=4320, description="Frame height in pixels.")
+    fps: float = Field(15.0, gt=0, le=240, description="Frames generated per second.")
+    seed: int = Field(0, ge=0, description="Scene seed; the same seed gives the same stream.")
+
+
+class V4l2SourceConfig(SourceBase):
+    type: Literal["v4l2"] = "v4l2"
+    device: str = Field("/dev/video0", description="Device path or index (e.g. 0).")
+    width: int = Field(1280, ge=32, le=7680, description="Requested width; read back after open.")
+    height: int = Field(720, ge=32, le=4320, description="Requested height; read back after open.")
+    fps: float = Field(30.0, gt=0, le=240, description="Requested frame rate.")
+    fourcc: Literal["MJPG", "YUYV"] = Field("MJPG", description="Pixel format asked of the camera.")
+
+
+DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322}
+
+
+class RtspSourceConfig(SourceBase):
+    type: Literal["rtsp"] = "rtsp"
+    url: str = Field(
+        description="rtsp:// or rtsps:// URL of the stream; user:password@ in it is allowed and never logged.",
+    )
+    transport: Literal["tcp", "udp"] = Field(
+        "tcp", description="RTP transport: tcp survives packet loss and NAT; udp has less latency on a clean LAN."
+    )
+    open_timeout_s: float = Field(
+        10.0, gt=0, le=120, description="Longest wait to connect and get the first frame; until then the camera is starting."
+    )
+    read_timeout_s: float = Field(
+        5.0, gt=0, le=120, description="No new frame for this long means the camera stalled: it is lost and reopened."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _rtsp_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+            raise ValueError("must be an rtsp:// or rtsps:// URL with a host")
+        return url
+
+
+ControlValue = bool | int | float | list[int] | list[float]
+
+
+# Controls that edged sets from its own keys; setting them in source.controls as well would fight them.
+OWN_CONTROLS: dict[str, str] = {"FrameDurationLimits": "source.fps", "FrameRate": "source.fps"}
+
+
+class Picamera2SourceConfig(SourceBase):
+    type: Literal["picamera2"] = "picamera2"
+    camera: int = Field(0, ge=0, le=15, description="Camera index as libcamera lists them (`rpicam-hello --list-cameras`).")
+    width: int = Field(1280, ge=64, le=9152, description="Width of the main stream; the ISP scales the sensor mode to it.")
+    height: int = Field(720, ge=64, le=6944, description="Height of the main stream.")
+    fps: float = Field(30.0, gt=0, le=240, description="Frame rate; sets FrameDurationLimits to a fixed 1/fps.")
+    buffer_count: int = Field(
+        4,
+        ge=2,
+        le=16,
+        description="Frame buffers: picamera2 keeps one queued and edged holds one while copying; "
+        "the rest keep the sensor streaming (each costs width x height x 3 bytes of CMA memory).",
+    )
+    controls: dict[str, ControlValue] = Field(
+        default_factory=dict,
+        description="libcamera controls passed to set_controls, e.g. ExposureTime, AnalogueGain, AfMode "
+        "(names as the camera's camera_controls list them; checked when the camera opens).",
+    )
+    hflip: bool = Field(False, description="Mirror the image left to right (in the ISP, at no cost).")
+    vflip: bool = Field(False, description="Flip the image upside down (with hflip: rotate by 180 degrees).")
+
+    @field_validator("controls")
+    @classmethod
+    def _not_own(cls, v: dict[str, ControlValue]) -> dict[str, ControlValue]:
+        for name, key in OWN_CONTROLS.items():
+            if name in v:
+                raise ValueError(f"{name} is set from {key}; remove it from source.controls")
+        return v
+
+
+class GstreamerSourceConfig(SourceBase):
+    type: Literal["gstreamer"] = "gstreamer"
+    pipeline: str = Field(
+        min_length=1,
+        description="A gst-launch-1.0 description. Ending in an appsink (named 'edged' if there are several), "
+        "it is used as is; otherwise edged appends 'videoconvert ! video/x-raw,format=BGR (RGB with "
+        'channel_order = "rgb") ! appsink name=edged\'. The appsink always keeps only the newest frame.',
+    )
+    open_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        le=300,
+        description="Longest wait for the pipeline to start and deliver its first frame (a CSI camera's ISP "
+        "may take seconds); until then the camera is starting.",
+    )
+    read_timeout_s: float = Field(
+        5.0, gt=0, le=120, description="No new frame for this long means the camera stalled: it is lost and reopened."
+    )
+
+
+# source.type -> its settings class: the configuration's ``source.type`` union and its error hints.
+KINDS: dict[str, type[SourceBase]] = {
+    "synthetic": SyntheticSourceConfig,
+    "file": FileSourceConfig,
+    "images": ImagesSourceConfig,
+    "v4l2": V4l2SourceConfig,
+    "picamera2": Picamera2SourceConfig,
+    "rtsp": RtspSourceConfig,
+    "gstreamer": GstreamerSourceConfig,
+}
