@@ -106,6 +106,9 @@ class Processed:
     verdict_ms: float = 0.0
 
 
+# What a verdict message repeats of its frame's detections message (all of it but ``seq``).
+VERDICT_FIELDS = tuple(name for name in VerdictMessage.model_fields if name not in ("seq", "kind", "schema_version"))
+
 # What a model's output can hold that a frame's result is built without: the drop counter each counts
 # under, and what the log says (with the camera, how many values, the frame, and the count so far).
 OUTPUT_PROBLEMS = {
@@ -285,19 +288,10 @@ class FramePath:
 
 
 def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
-    """The verdict topic's message for a detections message; None without ``[inspect]``."""
+    """The verdict topic's message for a detections message: its fields of it; None without ``[inspect]``."""
     if msg.verdict is None or msg.verdict_latency_ms is None:
         return None
-    return VerdictMessage(
-        camera_id=msg.camera_id,
-        seq=seq,
-        frame_id=msg.frame_id,
-        capture_time_ns=msg.capture_time_ns,
-        part_id=msg.part_id,
-        verdict=msg.verdict,
-        reasons=msg.reasons,
-        verdict_latency_ms=msg.verdict_latency_ms,
-    )
+    return VerdictMessage(seq=seq, **{name: getattr(msg, name) for name in VERDICT_FIELDS})
 
 
 def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:
