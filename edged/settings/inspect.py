@@ -11,12 +11,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from edged.settings.section import Section
+from edged.settings.section import Name, Section
 
 Point = tuple[float, float]
 
 
-ZoneName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+ZoneName = Name
 
 
 MIN_ZONE_AREA = 1e-6  # of the frame: below this a polygon is a line or a point, not a region

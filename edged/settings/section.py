@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# A name that becomes a topic level, a folder or a label (a camera's id, a zone's name): letters,
+# digits and ``_ . -``, never empty, at most 64 characters.
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
 class Section(BaseModel):

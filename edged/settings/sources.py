@@ -18,7 +18,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from edged.settings.evidence import EvidenceConfig
 from edged.settings.inspect import InspectConfig, ZoneName, usable_zones
-from edged.settings.section import Section
+from edged.settings.section import Name, Section
 
 # How a camera's frames are taken: every one the rate allows ("free"), or one per inspection request.
 TriggerMode = Literal["free", "request"]
@@ -55,12 +55,8 @@ class SourceBase(Section):
     PROCESSING_KEYS: ClassVar[frozenset[str]] = frozenset({"max_fps", "evidence", "inspect", "zones", "trigger"})
 
     type: str
-    camera_id: str = Field(
-        "cam0",
-        min_length=1,
-        max_length=64,
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Name of this camera, unique among the [[source]] tables; used as the ZeroMQ topic suffix.",
+    camera_id: Name = Field(
+        "cam0", description="Name of this camera, unique among the [[source]] tables; used as the ZeroMQ topic suffix."
     )
     max_fps: float | None = Field(
         None, ge=0, le=1000, description="Cap on this camera's processed frames per second; default: service.max_fps."
