@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import get_args
 
@@ -95,6 +96,11 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="7-bit weights; only for x86 CPUs without VNNI, where u8 x s8 sums can saturate",
     )
+    _comparison_arguments(p)
+
+
+def _comparison_arguments(p: argparse.ArgumentParser) -> None:
+    """How `edged quantize` compares the INT8 model with the original."""
     p.add_argument(
         "--eval-scenes",
         type=int,
@@ -201,129 +207,143 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-s", type=float, default=5.0, help="seconds let pass before measuring (default 5)")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="edged", description="Embedded vision daemon: camera -> ONNX Runtime -> detections over ZeroMQ."
-    )
-    parser.add_argument("--version", action="version", version=f"edged {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _subscribe_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5556 or ipc:///run/edged/detections.sock")
+    p.add_argument("--topic", default="", help="topic prefix to subscribe to (default: everything)")
+    p.add_argument("--stats", action="store_true", help="print a rolling summary instead of messages")
+    p.add_argument("--json", action="store_true", help="print each message as JSON")
+    p.add_argument("--count", type=int, default=None, help="exit after this many messages")
+    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    _add_client_keys(p)
 
-    run = sub.add_parser(
-        "run",
-        help="run the daemon",
-        description=(
-            "Run the daemon: capture frames, detect, publish over ZeroMQ until SIGTERM. "
-            "SIGHUP reloads the config (a bad one is logged and the running one kept). "
-            "Exit 0 on a clean stop, 78 on a config/model/contract error, 1 otherwise."
-        ),
-    )
-    _config_arg(run)
 
-    check = sub.add_parser(
-        "check",
-        help="check config, model, contract and provider placement",
-        description="Load the config and model exactly as `run` would, check the layout "
-        "contract and report which execution provider each node runs on. Exit 0 when "
-        "all is well, 78 with the reasons otherwise.",
-    )
-    _config_arg(check)
+def _trigger_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("endpoint", help="edged's trigger.endpoint, e.g. tcp://127.0.0.1:5557")
+    p.add_argument("--part-id", default=None, help="the part's id, carried into the verdict and detections messages")
+    p.add_argument("--camera", default=None, help="the camera_id to inspect with; needed when several cameras take requests")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply (default 5)")
+    p.add_argument("--json", action="store_true", help="print the verdict message as JSON")
+    _add_client_keys(p)
 
-    subscribe = sub.add_parser(
-        "subscribe",
-        help="print detections from a running edged",
-        description="Connect to an edged PUB endpoint and print what arrives.",
-    )
-    subscribe.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5556 or ipc:///run/edged/detections.sock")
-    subscribe.add_argument("--topic", default="", help="topic prefix to subscribe to (default: everything)")
-    subscribe.add_argument("--stats", action="store_true", help="print a rolling summary instead of messages")
-    subscribe.add_argument("--json", action="store_true", help="print each message as JSON")
-    subscribe.add_argument("--count", type=int, default=None, help="exit after this many messages")
-    subscribe.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
-    _add_client_keys(subscribe)
 
-    trigger = sub.add_parser(
-        "trigger",
-        help="inspect one part: ask edged in request mode for a verdict",
-        description="Send one inspection request to edged in request mode (trigger.mode = "
-        '"request") and print the verdict of a frame captured after the request. Exit 0 when the '
-        "part is OK, 3 when it is NG, 1 when there is no verdict (an error reply such as a lost "
-        "camera, or no reply in time).",
-    )
-    trigger.add_argument("endpoint", help="edged's trigger.endpoint, e.g. tcp://127.0.0.1:5557")
-    trigger.add_argument("--part-id", default=None, help="the part's id, carried into the verdict and detections messages")
-    trigger.add_argument(
-        "--camera", default=None, help="the camera_id to inspect with; needed when several cameras take requests"
-    )
-    trigger.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply (default 5)")
-    trigger.add_argument("--json", action="store_true", help="print the verdict message as JSON")
-    _add_client_keys(trigger)
-
-    keygen = sub.add_parser(
-        "keygen",
-        help="create a CURVE key pair for the tcp stream",
-        description="Write NAME.key (public, 0644) and NAME.key_secret (secret, 0600) "
-        "into DIR, and print where each one goes. The publisher's pair (the default name, server) "
-        "comes with DIR/clients/ for the allowed subscribers' public keys, its secret owned by the "
-        "service user and the directories 0750 in its group; without root, keygen prints the "
-        "commands that hand them over.",
-    )
-    keygen.add_argument("dir", type=Path, help="directory for the key files (created if missing)")
-    keygen.add_argument("--name", default="server", help="'server' for the publisher (default), or a name for a subscriber")
-    keygen.add_argument(
+def _keygen_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", type=Path, help="directory for the key files (created if missing)")
+    p.add_argument("--name", default="server", help="'server' for the publisher (default), or a name for a subscriber")
+    p.add_argument(
         "--user",
         default=SERVICE_USER,
         help=f"the user edged runs as (default {SERVICE_USER}, the units' User=): the publisher's secret key becomes "
         "its own and the directories keygen creates its group's",
     )
 
-    schema = sub.add_parser(
-        "schema",
-        help="print the JSON Schema of published messages",
-        description="Print the JSON Schema generated from the message models.",
-    )
-    schema.add_argument("--out", type=Path, default=None, help="write to this file instead of stdout")
 
-    evaluate = sub.add_parser(
+def _schema_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=None, help="write to this file instead of stdout")
+
+
+def _thermal_arguments(p: argparse.ArgumentParser) -> None:
+    _config_arg(p)
+    p.add_argument("--watch", action="store_true", help="keep printing every poll interval")
+    p.add_argument("--interval", type=float, default=None, help="seconds between readings")
+    p.add_argument("--root", type=Path, default=None, help="read this tree instead of /")
+
+
+# Each command: its name, its one-line help, its description and what adds its arguments, in the order
+# `edged --help` lists them.
+SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
+    (
+        "run",
+        "run the daemon",
+        "Run the daemon: capture frames, detect, publish over ZeroMQ until SIGTERM. "
+        "SIGHUP reloads the config (a bad one is logged and the running one kept). "
+        "Exit 0 on a clean stop, 78 on a config/model/contract error, 1 otherwise.",
+        _config_arg,
+    ),
+    (
+        "check",
+        "check config, model, contract and provider placement",
+        "Load the config and model exactly as `run` would, check the layout "
+        "contract and report which execution provider each node runs on. Exit 0 when "
+        "all is well, 78 with the reasons otherwise.",
+        _config_arg,
+    ),
+    (
+        "subscribe",
+        "print detections from a running edged",
+        "Connect to an edged PUB endpoint and print what arrives.",
+        _subscribe_arguments,
+    ),
+    (
+        "trigger",
+        "inspect one part: ask edged in request mode for a verdict",
+        "Send one inspection request to edged in request mode (trigger.mode = "
+        '"request") and print the verdict of a frame captured after the request. Exit 0 when the '
+        "part is OK, 3 when it is NG, 1 when there is no verdict (an error reply such as a lost "
+        "camera, or no reply in time).",
+        _trigger_arguments,
+    ),
+    (
+        "keygen",
+        "create a CURVE key pair for the tcp stream",
+        "Write NAME.key (public, 0644) and NAME.key_secret (secret, 0600) "
+        "into DIR, and print where each one goes. The publisher's pair (the default name, server) "
+        "comes with DIR/clients/ for the allowed subscribers' public keys, its secret owned by the "
+        "service user and the directories 0750 in its group; without root, keygen prints the "
+        "commands that hand them over.",
+        _keygen_arguments,
+    ),
+    (
+        "schema",
+        "print the JSON Schema of published messages",
+        "Print the JSON Schema generated from the message models.",
+        _schema_arguments,
+    ),
+    (
         "eval",
-        help="measure a model's precision, recall and mAP",
-        description="Run a model through the daemon's exact pipeline over a folder "
+        "measure a model's precision, recall and mAP",
+        "Run a model through the daemon's exact pipeline over a folder "
         "of images with YOLO-format labels, or over generated scenes, and report "
         "precision, recall, mAP@0.5 and mAP@0.5:0.95 per class, computed as yolo val "
         "computes them (ultralytics 8.4) or, with --coco, as pycocotools' COCOeval.",
-    )
-    _eval_arguments(evaluate)
-
-    quantize = sub.add_parser(
+        _eval_arguments,
+    ),
+    (
         "quantize",
-        help="write a static INT8 copy of a model and compare it",
-        description="Quantise a model to INT8 (QDQ, per-channel int8 weights, uint8 "
+        "write a static INT8 copy of a model and compare it",
+        "Quantise a model to INT8 (QDQ, per-channel int8 weights, uint8 "
         "activations) calibrated on frames through the daemon's preprocess, keeping the "
         "detection head in float; then compare latency and accuracy with the original. "
         "Exit 0 on success, 78 for an unusable model or data, 1 when quantising fails or "
         "the quantised model does not load or run.",
-    )
-    _quantize_arguments(quantize)
-
-    bench = sub.add_parser(
+        _quantize_arguments,
+    ),
+    (
         "bench",
-        help="time edged's per-frame path against bare inference",
-        description="Measure, in one process and interleaved, bare session.run (the floor), "
+        "time edged's per-frame path against bare inference",
+        "Measure, in one process and interleaved, bare session.run (the floor), "
         "edged's full per-frame path and a naive reference pipeline on a 1280x720 scene; "
         "also allocations, CPU time, RSS, cold start (--cold-start), a soak (--soak N), and "
         "several cameras in one process against a process each (--cameras N [N ...]).",
-    )
-    _bench_arguments(bench)
-
-    thermal = sub.add_parser(
+        _bench_arguments,
+    ),
+    (
         "thermal",
-        help="print thermal readings and state",
-        description="Read thermal zones, cpufreq caps and throttling flags once "
+        "print thermal readings and state",
+        "Read thermal zones, cpufreq caps and throttling flags once "
         "(or repeatedly with --watch) and print them with the resulting state.",
+        _thermal_arguments,
+    ),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edged", description="Embedded vision daemon: camera -> ONNX Runtime -> detections over ZeroMQ."
     )
-    _config_arg(thermal)
-    thermal.add_argument("--watch", action="store_true", help="keep printing every poll interval")
-    thermal.add_argument("--interval", type=float, default=None, help="seconds between readings")
-    thermal.add_argument("--root", type=Path, default=None, help="read this tree instead of /")
+    parser.add_argument("--version", action="version", version=f"edged {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text, description, add_arguments in SUBCOMMANDS:
+        add_arguments(sub.add_parser(name, help=help_text, description=description))
     return parser
 
 
