@@ -120,6 +120,11 @@ def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, mo
             '[model]\npath = "m.onnx"\n[source]\ntype = "synthetic"\ncamera_id = "a b"\n',
             "source.camera_id: String should match",
         ),
+        *(
+            (f'[model]\npath = "m.onnx"\n[source]\ntype = "synthetic"\ncamera_id = "{dots}"\n', "must not be only dots")
+            for dots in (".", "..")
+        ),
+        ('[model]\npath = "m.onnx"\n[inspect.zones]\n".." = [[0, 0], [1, 0], [1, 1]]\n', "must not be only dots"),
         ('[model]\npath = "m.onnx"\n[source]\nfps = 3\n', "set source.type to one of"),
         ("[source]\n", "model: Field required"),
         ('[model]\npath = "m.onnx"\nlabels = "nope.txt"\n', "model.labels: labels file"),
