@@ -52,17 +52,18 @@ def test_heating_lowers_the_published_rate_pauses_then_recovers(tmp_path: Path) 
     )
     d = RunningDaemon(config, endpoint)
     try:
+        # Each step waits for what the daemon says and does, never for a rate a busy machine could
+        # halve: a loaded board only measures its camera slower, so every rate bound is an upper one.
         ok = _wait_state(d, "ok")
-        assert ok.thermal and ok.thermal.board == "raspberrypi"
-        full, _ = _rate(d, 2.0)
-        assert full > 0.7 * FPS, full
+        assert ok.thermal and ok.thermal.board == "raspberrypi" and ok.rate_cap_fps is None
+        d.collect("detections", 5)
 
-        heat.write_text("75000\n")  # Pi 4: warm from 70 C, half the rate
+        heat.write_text("75000\n")  # Pi 4: warm from 70 C, half the camera's measured rate
         warm = _wait_state(d, "warm")
-        assert warm.rate_cap_fps is not None and abs(warm.rate_cap_fps - FPS / 2) < 3, warm.rate_cap_fps
+        assert warm.rate_cap_fps is not None and 0 < warm.rate_cap_fps <= FPS / 2 + 1, warm.rate_cap_fps
+        d.collect("detections", 3)  # capped, not stopped
         capped, _ = _rate(d, 2.0)
-        assert capped < 0.7 * full, (capped, full)
-        assert capped > 0.25 * full, (capped, full)
+        assert capped <= warm.rate_cap_fps + 2, (capped, warm.rate_cap_fps)
 
         heat.write_text("90000\n")  # critical: inference pauses, status goes on
         _wait_state(d, "critical")
@@ -74,7 +75,6 @@ def test_heating_lowers_the_published_rate_pauses_then_recovers(tmp_path: Path) 
         heat.write_text("50000\n")  # cooled well below every threshold
         recovered = _wait_state(d, "ok")
         assert recovered.rate_cap_fps is None
-        back, _ = _rate(d, 2.0)
-        assert back > 0.8 * full, (back, full)
+        d.collect("detections", 5)  # frames flow again
     finally:
         d.close()
