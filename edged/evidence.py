@@ -305,7 +305,8 @@ class EvidenceWriter:
     in the queue and the rate limit; only a frame it admits is copied and handed to `submit`.
     """
 
-    def __init__(self, cfg: EvidenceConfig, camera_id: str) -> None:
+    def __init__(self, cfg: EvidenceConfig, camera_id: str, previous: EvidenceWriter | None = None) -> None:
+        """``previous``: the camera's writer that this one replaces on a reload; its counters carry on."""
         self.cfg = cfg
         self.camera_id = camera_id
         self.store = EvidenceStore(cfg.dir, camera_id, cfg.max_bytes, cfg.max_age_days)
@@ -315,6 +316,9 @@ class EvidenceWriter:
         self._stopping = threading.Event()
         self.saved = self.dropped = self.errors = self.rate_limited = 0
         self.last_error: str | None = None
+        if previous is not None:
+            self.saved, self.dropped, self.errors = previous.saved, previous.dropped, previous.errors
+            self.rate_limited, self.last_error = previous.rate_limited, previous.last_error
         self._failing = False
         self._refusing: Literal["dropped", "rate_limited"] | None = None  # said once per burst of refusals
         self._fields = {"CAMERA": camera_id, "STAGE": "evidence"}  # journald fields of its log lines
@@ -471,11 +475,11 @@ class EvidenceOutput(Output):
     def from_settings(cls, settings: Settings, services: Services) -> EvidenceOutput | None:
         return cls(settings) if any(settings.evidence_for(cfg) for cfg in settings.source) else None
 
-    def _start(self, camera_id: str) -> None:
+    def _start(self, camera_id: str, previous: EvidenceWriter | None = None) -> None:
         cfg = self.settings.camera(camera_id)
         evidence = self.settings.evidence_for(cfg) if cfg is not None else None
         if evidence is not None:
-            writer = self.writers[camera_id] = EvidenceWriter(evidence, camera_id)
+            writer = self.writers[camera_id] = EvidenceWriter(evidence, camera_id, previous)
             writer.start()
 
     def frame(self, report: FrameReport) -> None:
@@ -491,17 +495,18 @@ class EvidenceOutput(Output):
 
     def reload(self, settings: Settings, services: Services) -> EvidenceOutput | None:
         """A camera whose evidence settings stay keeps its writer; the others' writers stop, and start
-        again with the new settings where there are any."""
+        again with the new settings where there are any, their counters carried on."""
         old, self.settings = self.settings, settings
+        replaced: dict[str, EvidenceWriter] = {}
         for camera_id, writer in list(self.writers.items()):
             before, after = old.camera(camera_id), settings.camera(camera_id)
             if after is not None and before is not None and old.evidence_for(before) == settings.evidence_for(after):
                 continue
             writer.stop(timeout_s=STOP_WAIT_S)
-            del self.writers[camera_id]
+            replaced[camera_id] = self.writers.pop(camera_id)
         for camera_id in settings.camera_ids():
             if camera_id not in self.writers:
-                self._start(camera_id)
+                self._start(camera_id, replaced.get(camera_id))
         return self if self.writers else None
 
     def drain(self) -> None:

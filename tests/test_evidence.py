@@ -15,11 +15,12 @@ from allocations import NumpyAllocations
 from filesystems import read_only_folder
 from waiting import wait_for
 
-from edged.config import load_config
+from edged.config import Settings, load_config
 from edged.decode import Detections
 from edged.evidence import (
     QUEUE_FRAMES,
     EvidenceFrame,
+    EvidenceOutput,
     EvidenceStore,
     EvidenceWriter,
     day_and_stem,
@@ -27,6 +28,7 @@ from edged.evidence import (
     should_save,
     write_atomic,
 )
+from edged.output import Services
 from edged.settings.evidence import EvidenceConfig, default_dir
 from edged.sources.base import Frame
 from edged.tools.evaluate import folder_samples, label_path, read_yolo_labels
@@ -337,3 +339,29 @@ def test_the_folder_defaults_to_the_state_directory_and_a_relative_one_is_beside
     monkeypatch.chdir("/")
     settings = load_config(config)
     assert settings.evidence is not None and settings.evidence.dir == tmp_path / "evidence"
+
+
+def test_a_reload_that_changes_a_cameras_evidence_keys_keeps_its_counters(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parent.parent
+    config = tmp_path / "edged.toml"
+
+    def settings(max_per_minute: int) -> Settings:
+        config.write_text(
+            f'[model]\npath = "{repo / "models/demo.onnx"}"\n[source]\ntype = "synthetic"\n'
+            f'[evidence]\ndir = "{tmp_path / "ev"}"\nsave = "all"\nmax_per_minute = {max_per_minute}\n'
+        )
+        return load_config(config)
+
+    services = Services(lambda: None)
+    output = EvidenceOutput.from_settings(settings(60), services)
+    assert output is not None
+    try:
+        first = output.writers["cam0"]
+        first.offer(Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr"), detected(), None, b"{}")
+        assert wait_for(lambda: first.saved == 1, timeout_s=10)
+        assert output.reload(settings(30), services) is output
+        second = output.writers["cam0"]
+        assert second is not first and second.cfg.max_per_minute == 30
+        assert second.report().saved == 1  # was 0: a changed key reset the counters
+    finally:
+        output.close()
