@@ -49,6 +49,7 @@ from edged.errors import BrokerError, EdgedError, KeyFileError, MissingDependenc
 from edged.keys import check_secret_file
 from edged.output import MessageKind, MessageOutput, OutputReport, Services
 from edged.settings.mqtt import MqttConfig
+from edged.wake import Wake
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -280,8 +281,7 @@ class MqttOutput(MessageOutput):
         self._answered = False  # the broker answered this connection attempt, yes or no
         self._unacked: set[int] = set()  # QoS 1/2 messages paho holds until the broker acknowledges them
         self._stop = threading.Event()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_w.setblocking(False)
+        self._wake = Wake()
         self._backoff = Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S)
         self._failures = 0
         self._attempts = 0  # connection attempts since the last successful one
@@ -334,8 +334,7 @@ class MqttOutput(MessageOutput):
             return
         self.outbox.put(kind, payload, camera_id)
         if self._connected:
-            with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
-                self._wake_w.send(b"\0")
+            self._wake.set()
 
     def take_requests(self, handler: Callable[[str, bytes], bool], camera_ids: Sequence[str]) -> None:
         """Subscribe to the trigger topic of each of ``camera_ids`` (and from no other camera's), now
@@ -343,8 +342,7 @@ class MqttOutput(MessageOutput):
         output's thread, which returns False for one it refused unread (counted)."""
         self._requests = handler
         self._trigger_topics = {f"{self._prefix}/{camera}/{TRIGGER}": camera for camera in camera_ids}
-        with contextlib.suppress(BlockingIOError):
-            self._wake_w.send(b"\0")
+        self._wake.set()
 
     @property
     def state(self) -> MqttState:
@@ -353,13 +351,11 @@ class MqttOutput(MessageOutput):
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Send what is queued for at most ``timeout_s``, say offline (retained) and disconnect."""
         self._stop.set()
-        with contextlib.suppress(BlockingIOError):
-            self._wake_w.send(b"\0")
+        self._wake.set()
         # A thread still inside a connect attempt is abandoned (it is a daemon thread).
         self._thread.join(timeout_s + 0.2)
         if not self._thread.is_alive():
-            self._wake_r.close()
-            self._wake_w.close()
+            self._wake.close()
 
     # ---- the MQTT thread ----------------------------------------------------------------------
 
@@ -395,9 +391,9 @@ class MqttOutput(MessageOutput):
                 self._follow_trigger_topics()
                 self._hand_over()
             writing = [sock] if self._client.want_write() else []
-            readable, writable, _ = select.select([sock, self._wake_r], writing, [], 0.0 if pending() else TICK_S)
-            if self._wake_r in readable:
-                self._wake_r.recv(4096)
+            readable, writable, _ = select.select([sock, self._wake], writing, [], 0.0 if pending() else TICK_S)
+            if self._wake in readable:
+                self._wake.clear()
             rc = 0
             if sock in readable or pending():
                 rc = rc or self._client.loop_read()

@@ -9,7 +9,6 @@ answered at once with the reason, and an unfit frame leaves the request to the n
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Sequence
 
@@ -20,6 +19,7 @@ from edged.config import Settings
 from edged.messages import TriggerProblem, VerdictMessage
 from edged.outputs import Outputs
 from edged.trigger import Request, TriggerServer
+from edged.wake import Wake
 
 Refusal = tuple[TriggerProblem, str]
 
@@ -35,7 +35,7 @@ class RequestDesk:
         outputs.carry_requests(self.server)  # requests from the broker's trigger topics too
 
     @property
-    def fds(self) -> list[zmq.Socket[bytes] | socket.socket]:
+    def fds(self) -> list[zmq.Socket[bytes] | Wake]:
         """What the loop's wait selects on beside its wake-up: requests arriving."""
         return self.server.fds
 

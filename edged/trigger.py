@@ -27,9 +27,7 @@ keys a non-loopback tcp endpoint is refused unless ``publish.insecure`` says oth
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
 import sys
 import threading
 import time
@@ -52,6 +50,7 @@ from edged.messages import TriggerError, TriggerProblem, TriggerRequest, Verdict
 from edged.mqtt import MqttOutput
 from edged.publish import AllowList, check_exposure
 from edged.subscribe import format_verdict
+from edged.wake import Wake
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +74,14 @@ class Request:
 
 
 class Inbox:
-    """Requests from the MQTT thread to the loop: bounded, locked, with a socket the loop's wait wakes on."""
+    """Requests from the MQTT thread to the loop: bounded, locked, with a `Wake` the loop's wait ends on."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._requests: deque[Request] = deque()
         self._lock = threading.Lock()
         self._closed = False
-        self.wake, self._wake_w = socket.socketpair()
-        self.wake.setblocking(False)
-        self._wake_w.setblocking(False)
+        self.wake = Wake()
 
     def put(self, request: Request) -> bool:
         """Queue ``request``; False when ``limit`` are already waiting for the loop, or once closed."""
@@ -92,15 +89,13 @@ class Inbox:
             if self._closed or len(self._requests) >= self.limit:
                 return False
             self._requests.append(request)
-            with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
-                self._wake_w.send(b"\0")
+            self.wake.set()
         return True
 
     def take(self) -> list[Request]:
         """Every request queued so far, oldest first."""
         with self._lock:
-            with contextlib.suppress(BlockingIOError):
-                self.wake.recv(4096)
+            self.wake.clear()
             requests = list(self._requests)
             self._requests.clear()
         return requests
@@ -109,7 +104,6 @@ class Inbox:
         with self._lock:
             self._closed = True
             self.wake.close()
-            self._wake_w.close()
 
 
 class TriggerServer:
@@ -202,7 +196,7 @@ class TriggerServer:
         mqtt.take_requests(self._offer, self._cameras)
 
     @property
-    def fds(self) -> list[zmq.Socket[bytes] | socket.socket]:
+    def fds(self) -> list[zmq.Socket[bytes] | Wake]:
         """What the loop's ``zmq.select`` waits on for requests to arrive: the socket and the broker's inbox."""
         return [self._listener.socket, self._inbox.wake]
 

@@ -1,9 +1,10 @@
-"""The loop's wake-up: one wait for frames, results and requests.
+"""Wake-ups: one thread telling another, waiting in ``select``, that there is something for it.
 
-Capture threads set it on every hand-over (`edged.latest`) and lanes on every result
+Capture threads set the loop's on every hand-over (`edged.latest`) and lanes on every result
 (`edged.lanes`); the loop waits on it together with the request sockets (`edged.trigger`), so
-whichever comes first ends the wait. A socket pair, rather than a `threading.Event`, is what a
-``select`` can wait on beside ZeroMQ sockets.
+whichever comes first ends the wait. The MQTT thread waits on one beside the broker's socket
+(`edged.mqtt`), and the trigger server's inbox hands requests to the loop with one. A socket
+pair, rather than a `threading.Event`, is what a ``select`` can wait on beside other sockets.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ class Waker(Protocol):
 
 
 class Wake:
-    """A flag other threads set and the loop waits on, alone or with sockets; cleared by the loop."""
+    """A flag other threads set and one thread waits on, alone or with sockets; cleared by that thread.
+
+    ``select.select`` and ``zmq.select`` take it as they take a socket (`fileno`).
+    """
 
     def __init__(self) -> None:
         self._r, self._w = socket.socketpair()
@@ -31,6 +35,7 @@ class Wake:
         self._w.setblocking(False)
 
     def set(self) -> None:
+        """Never blocks, and never fails: once closed it does nothing."""
         with contextlib.suppress(BlockingIOError, OSError):  # already set (the pair is full), or closed
             self._w.send(b"\0")
 
@@ -38,6 +43,10 @@ class Wake:
         with contextlib.suppress(BlockingIOError):
             while self._r.recv(4096):
                 pass
+
+    def fileno(self) -> int:
+        """Readable while set."""
+        return self._r.fileno()
 
     def wait(self, timeout_s: float, sockets: Sequence[Any] = ()) -> None:
         """Until set, one of ``sockets`` (ZeroMQ sockets or file-like) is readable, or ``timeout_s``."""
