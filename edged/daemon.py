@@ -133,7 +133,7 @@ class Daemon:
         if not cameras:
             return None
         try:
-            trigger = TriggerServer(self.settings.trigger, self.settings.publish, cameras)
+            trigger = TriggerServer(self.settings.trigger, self.settings.publish, cameras, self.publisher.auth)
         except BaseException:
             self.publisher.close()
             self.http.close()
@@ -601,9 +601,7 @@ class Daemon:
             self.notifier.ready(self.status_line())
             return
         try:
-            self.publisher.reload_client_keys()
-            if self.trigger is not None:
-                self.trigger.reload_client_keys()
+            self.publisher.reload_client_keys()  # the trigger server's too: it shares the publisher's
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
         self._end_trial()  # which lets the frames on the lanes finish first
