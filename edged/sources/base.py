@@ -1,4 +1,4 @@
-"""What every camera kind's module builds on: the keys all sources share, OpenCV's retrieve into a slot, masking."""
+"""What every camera kind's module builds on: the keys all sources share, the sources read through OpenCV, masking."""
 
 from __future__ import annotations
 
@@ -108,16 +108,43 @@ class SourceBase(Section):
         return []
 
 
-def retrieve_frame(cap: cv2.VideoCapture, out: np.ndarray | None, *, failed: str, undecodable: str) -> np.ndarray:
-    """OpenCV's ``retrieve`` of the frame last grabbed, straight into ``out`` when its shape fits.
+class OpenCvCapture:
+    """What the sources read through one ``cv2.VideoCapture`` share: OpenCV's grab and its retrieve
+    straight into ``out`` when its shape fits (no allocation), errors that name the source, close.
 
-    Errors become ``SourceError``: ``failed`` prefixes OpenCV's own message, ``undecodable`` is
-    the whole message for a frame that did not decode.
+    ``what`` names the source; ``undecodable`` is the whole message for a frame that did not
+    decode; ``failed`` prefixes OpenCV's own messages (by default "WHAT failed").
     """
-    try:
-        ok, image = cap.retrieve(image=out)
-    except cv2.error as e:
-        raise SourceError(f"{failed}: {e}") from e
-    if not ok:
-        raise SourceError(undecodable)
-    return image
+
+    def __init__(self, channel_order: Literal["bgr", "rgb"], what: str, undecodable: str, failed: str | None = None) -> None:
+        self.channel_order = channel_order
+        self._cap: cv2.VideoCapture | None = None
+        self._what = what
+        self._undecodable = undecodable
+        self._failed = failed or f"{what} failed"
+
+    def _grab(self) -> bool:
+        try:
+            return bool(self._opened().grab())
+        except cv2.error as e:
+            raise SourceError(f"{self._failed}: {e}") from e
+
+    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
+        """The frame last grabbed, converted straight into ``out`` when its shape fits."""
+        try:
+            ok, image = self._opened().retrieve(image=out)
+        except cv2.error as e:
+            raise SourceError(f"{self._failed}: {e}") from e
+        if not ok:
+            raise SourceError(self._undecodable)
+        return image
+
+    def _opened(self) -> cv2.VideoCapture:
+        if self._cap is None:
+            raise SourceError(f"{self._what} read before open()")
+        return self._cap
+
+    def close(self) -> None:
+        if self._cap is not None:
+            self._cap.release()
+            self._cap = None
