@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
@@ -190,12 +190,9 @@ class Capture:
         with self._lock:
             return CaptureStats(
                 state=self._state,
-                frames_captured=counts.frames_captured,
-                frames_decoded=counts.frames_decoded,
-                dropped_stale=counts.dropped_stale,
+                **asdict(counts),  # the ring's counters, as they are
                 read_errors=self._read_errors,
                 reconnects=self._reconnects,
-                size_changes=counts.size_changes,
                 last_error=self._last_error,
                 last_progress_ns=self._last_progress_ns,
                 alive=self._thread is not None and self._thread.is_alive(),

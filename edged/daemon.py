@@ -290,9 +290,7 @@ class Daemon:
             self.notifier.ready(self.status_line())
             return
         try:
-            self.outputs.reread_secrets()
-            if self.desk is not None:
-                self.desk.reread_secrets()
+            self.outputs.reread_secrets()  # the request socket's keys too: it shares the publisher's
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
         self._end_trial()

@@ -7,7 +7,8 @@ one line in `OUTPUTS`. The order is the order each frame and status round reache
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from typing import TypeVar
 
 from edged.camera import Camera
 from edged.config import Settings
@@ -19,6 +20,8 @@ from edged.output import Delivery, FrameReport, Output, OutputReport, Services, 
 from edged.pipeline import Processed, verdict_message
 from edged.publish import Publisher
 from edged.trigger import Request, TriggerServer
+
+OutputT = TypeVar("OutputT", bound=Output)
 
 OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput)
 
@@ -39,8 +42,10 @@ class Outputs:
                     self._running[kind] = output
             opened.pop_all()
 
-    def __iter__(self) -> Iterator[Output]:
-        return iter(self._running.values())
+    def get(self, kind: type[OutputT]) -> OutputT | None:
+        """The running output of ``kind``, if its section configures one."""
+        output = self._running.get(kind)
+        return output if isinstance(output, kind) else None
 
     def wants(self, camera_id: str, found: bool) -> Delivery:
         """The most any output wants of this frame (`Delivery`)."""

@@ -35,8 +35,9 @@ import ipaddress
 import logging
 import socket
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import zmq
@@ -115,6 +116,80 @@ class AllowList:
         return key in self.keys
 
 
+class Authenticator:
+    """The CURVE server keys and the ZAP handler of one ZeroMQ context, which admits the subscriber
+    keys of ``publish.curve_clients_dir``.
+
+    libzmq asks a context's one ZAP handler about each CURVE peer of any socket in it, as the peer
+    connects; the publisher's sockets and the trigger server's share the publisher's authenticator.
+    A connected peer is never asked about again, so every socket it serves is told of a key a reload
+    removes (`watch`) and is bound afresh. Raises `KeyFileError` for unusable keys and `PublishError`
+    when the handler cannot start (``where`` names the socket in that message).
+    """
+
+    def __init__(
+        self, context: zmq.Context[zmq.Socket[bytes]], server_key: Path, clients_dir: Path, where: str = ""
+    ) -> None:
+        self.context = context
+        self._server_keys = load_secret_key(server_key, "publish.curve_server_key")
+        self._clients_dir = clients_dir
+        self._allowed = AllowList()
+        self._revoked: list[Callable[[int], None]] = []
+        self._thread = ThreadAuthenticator(context, log=logging.getLogger("edged.auth"))
+        try:
+            self._thread.start()
+        except zmq.ZMQError as e:
+            raise PublishError(f"cannot start the CURVE authenticator{where}: {e.strerror}") from None
+        self._thread.configure_curve_callback(domain="*", credentials_provider=self._allowed)
+        try:
+            self.reload_client_keys()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def configured(
+        cls, cfg: PublishConfig, context: zmq.Context[zmq.Socket[bytes]], where: str = ""
+    ) -> Authenticator | None:
+        """The authenticator ``cfg``'s keys call for, or None without them."""
+        if cfg.curve_server_key is None or cfg.curve_clients_dir is None:
+            return None
+        return cls(context, cfg.curve_server_key, cfg.curve_clients_dir, where)
+
+    def serve(self, sock: zmq.Socket[bytes]) -> None:
+        """Make ``sock`` a CURVE server with these keys, before it binds."""
+        sock.curve_publickey, sock.curve_secretkey = self._server_keys
+        sock.curve_server = True
+
+    def watch(self, revoked: Callable[[int], None]) -> None:
+        """Have ``revoked`` called with how many keys a reload removed, so that its socket is bound afresh."""
+        self._revoked.append(revoked)
+
+    def unwatch(self, revoked: Callable[[int], None]) -> None:
+        self._revoked.remove(revoked)
+
+    def reload_client_keys(self) -> int:
+        """Re-read the allow-list directory; returns how many keys are allowed.
+
+        A directory that fails its check raises `KeyFileError` and leaves the previous allow-list
+        in force. When a key was removed, every socket `watch`ing is told.
+        """
+        keys = load_allowed_clients(self._clients_dir, "publish.curve_clients_dir")
+        revoked = self._allowed.keys - keys
+        self._allowed.keys = keys
+        if not keys:
+            log.warning("no client keys in %s: no subscriber can connect over tcp", self._clients_dir)
+        else:
+            log.info("CURVE: %d subscriber key(s) allowed from %s", len(keys), self._clients_dir)
+        if revoked:
+            for tell in list(self._revoked):
+                tell(len(revoked))
+        return len(keys)
+
+    def close(self) -> None:
+        self._thread.stop()
+
+
 class Publisher(MessageOutput):
     """Binds the configured endpoints and sends multipart [topic, payload] without ever blocking.
 
@@ -135,12 +210,10 @@ class Publisher(MessageOutput):
         self._refused_bytes: Counter[bool] = Counter()  # refused subscription bytes since the socket was bound
         self._refusal_log = LogRate(REFUSAL_LOG_INTERVAL_S)  # one per kind of warning: a peer decides how often they come
         self._cut_off_log = LogRate(REFUSAL_LOG_INTERVAL_S)
-        self._auth: ThreadAuthenticator | None = None
-        self._allowed = AllowList()
-        self._server_keys = self._load_server_keys()
+        self.auth = Authenticator.configured(cfg, self._context)  # the trigger server's CURVE socket shares it
         try:
-            if self._server_keys is not None:
-                self._start_authenticator()
+            if self.auth is not None:
+                self.auth.watch(self._keys_revoked)
             for endpoint in cfg.endpoints:
                 self._bind(endpoint)
         except BaseException:
@@ -171,65 +244,43 @@ class Publisher(MessageOutput):
         self.follow_cameras(settings.camera_ids())
         return self
 
-    def _load_server_keys(self) -> tuple[bytes, bytes] | None:
-        if self.cfg.curve_server_key is None or self.cfg.curve_clients_dir is None:
-            return None
-        return load_secret_key(self.cfg.curve_server_key, "publish.curve_server_key")
-
     def _secure(self, endpoint: str) -> bool:
-        return self._server_keys is not None and endpoint.startswith("tcp://")
+        return self.auth is not None and endpoint.startswith("tcp://")
 
-    def _configure(self, sock: zmq.Socket[bytes], curve: tuple[bytes, bytes] | None) -> None:
+    def _configure(self, sock: zmq.Socket[bytes], auth: Authenticator | None) -> None:
         """Options set before bind; the CURVE authenticator is already running."""
         sock.setsockopt(zmq.XPUB_MANUAL, 1)
         sock.setsockopt(zmq.RCVHWM, SUBSCRIPTION_HWM)
         sock.setsockopt(zmq.SNDHWM, self.cfg.hwm)
         sock.setsockopt(zmq.LINGER, self.cfg.linger_ms)
-        if curve is not None:
-            sock.curve_publickey, sock.curve_secretkey = curve
-            sock.curve_server = True
+        if auth is not None:
+            auth.serve(sock)
 
     def _listener_for(self, secure: bool) -> Listener:
         if secure not in self._listeners:
-            configure = partial(self._configure, curve=self._server_keys if secure else None)
+            configure = partial(self._configure, auth=self.auth if secure else None)
             self._listeners[secure] = Listener(self._context, zmq.XPUB, configure)
         return self._listeners[secure]
-
-    def _start_authenticator(self) -> None:
-        self._auth = ThreadAuthenticator(self._context, log=logging.getLogger("edged.auth"))
-        try:
-            self._auth.start()
-        except zmq.ZMQError as e:
-            raise PublishError(f"cannot start the CURVE authenticator: {e.strerror}") from None
-        self._auth.configure_curve_callback(domain="*", credentials_provider=self._allowed)
-        self.reload_client_keys()
 
     def reload_client_keys(self) -> int:
         """Re-read the allow-list directory after subscribers' keys were added or removed.
 
         Returns how many keys are allowed; a directory that fails its check raises
         `KeyFileError` and leaves the previous allow-list in force. When a key was removed, the
-        CURVE socket is bound afresh: libzmq authenticates a peer only when it connects, so this
-        is what cuts a revoked subscriber off. The others reconnect by themselves, and see the
-        messages sent meanwhile as a gap in ``seq``.
+        CURVE sockets (this one, and the trigger server's) are bound afresh: libzmq authenticates
+        a peer only when it connects, so this is what cuts a revoked subscriber off. The others
+        reconnect by themselves, and see the messages sent meanwhile as a gap in ``seq``.
         """
-        if self._auth is None or self.cfg.curve_clients_dir is None:
-            return 0
-        keys = load_allowed_clients(self.cfg.curve_clients_dir, "publish.curve_clients_dir")
-        revoked = self._allowed.keys - keys
-        self._allowed.keys = keys
-        if not keys:
-            log.warning("no client keys in %s: no subscriber can connect over tcp", self.cfg.curve_clients_dir)
-        else:
-            log.info("CURVE: %d subscriber key(s) allowed from %s", len(keys), self.cfg.curve_clients_dir)
-        if revoked and True in self._listeners:
+        return 0 if self.auth is None else self.auth.reload_client_keys()
+
+    def _keys_revoked(self, revoked: int) -> None:
+        if True in self._listeners:
             endpoints = self._rebind(True)
             log.warning(
                 "%d subscriber key(s) revoked: %s bound afresh, so every subscriber authenticates again",
-                len(revoked),
+                revoked,
                 endpoints,
             )
-        return len(keys)
 
     def follow_cameras(self, camera_ids: Sequence[str]) -> None:
         """A reload changed the cameras: their topics are the ones subscriptions may match from now on.
@@ -347,6 +398,6 @@ class Publisher(MessageOutput):
         for listener in self._listeners.values():
             listener.close(linger=linger)
         self._listeners.clear()
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
+        if self.auth is not None:
+            self.auth.close()
+            self.auth = None

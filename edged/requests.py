@@ -18,6 +18,7 @@ from edged.camera import Camera
 from edged.config import Settings
 from edged.messages import TriggerProblem, VerdictMessage
 from edged.outputs import Outputs
+from edged.publish import Publisher
 from edged.trigger import Request, TriggerServer
 from edged.wake import Wake
 
@@ -31,7 +32,10 @@ class RequestDesk:
         """Raises `PublishError` or `KeyFileError` as `TriggerServer` does."""
         self.timeout_ns = int(settings.trigger.timeout_s * 1e9)
         self._timeout_s = settings.trigger.timeout_s
-        self.server = TriggerServer(settings.trigger, settings.publish, settings.requesting())
+        # The ZeroMQ publisher's CURVE keys and authenticator serve the request socket too.
+        publisher = outputs.get(Publisher)
+        auth = publisher.auth if publisher is not None else None
+        self.server = TriggerServer(settings.trigger, settings.publish, settings.requesting(), auth)
         outputs.carry_requests(self.server)  # requests from the broker's trigger topics too
 
     @property
@@ -103,9 +107,6 @@ class RequestDesk:
             request = self.server.in_hand(camera_id)
             if request is not None and camera_id not in now:
                 self.refuse(request, "bad_request", f"camera {camera_id} no longer takes requests")
-
-    def reread_secrets(self) -> None:
-        self.server.reload_client_keys()
 
     def close(self) -> None:
         self.server.close()

@@ -21,7 +21,8 @@ A malformed payload there has nobody to answer: it is counted (``mqtt_drops.trig
 once per burst.
 
 Security: a tcp endpoint takes the publisher's CURVE server key and allow-list when
-``publish.curve_*`` are set (with a ZAP authenticator of its own, in a context of its own); without
+``publish.curve_*`` are set (the daemon's joins the publisher's context and is served by its
+`edged.publish.Authenticator`; one made alone has its own); without
 keys a non-loopback tcp endpoint is refused unless ``publish.insecure`` says otherwise, as for the stream.
 """
 
@@ -40,15 +41,14 @@ from typing import Literal, TextIO
 
 import zmq
 from pydantic import ValidationError
-from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import PublishConfig, TriggerConfig
-from edged.errors import MessageError, PublishError, TriggerFailed, UsageError
-from edged.keys import ClientKeys, load_allowed_clients, load_secret_key
+from edged.errors import MessageError, TriggerFailed, UsageError
+from edged.keys import ClientKeys
 from edged.listen import Listener
 from edged.messages import TriggerError, TriggerProblem, TriggerRequest, VerdictMessage, parse_message, parse_request
 from edged.mqtt import MqttOutput
-from edged.publish import AllowList, check_exposure
+from edged.publish import Authenticator, check_exposure
 from edged.subscribe import format_verdict
 from edged.wake import Wake
 
@@ -114,8 +114,12 @@ class TriggerServer:
     unusable keys.
     """
 
-    def __init__(self, cfg: TriggerConfig, publish: PublishConfig, camera_ids: Sequence[str]) -> None:
-        """``camera_ids``: the cameras in request mode, in config order."""
+    def __init__(
+        self, cfg: TriggerConfig, publish: PublishConfig, camera_ids: Sequence[str], auth: Authenticator | None = None
+    ) -> None:
+        """``camera_ids``: the cameras in request mode, in config order. ``auth``: the publisher's
+        (`Publisher.auth`), whose context the socket joins; without it a tcp endpoint with keys
+        configured gets an authenticator of its own, in a context of its own."""
         self._bound = cfg.queue + 1  # per camera: the one in hand and those behind it
         self._cameras: tuple[str, ...] = ()
         self._waiting: dict[str, deque[Request]] = {}
@@ -125,20 +129,24 @@ class TriggerServer:
         self._stopping = False
         self._malformed_at_ns = -int(MALFORMED_BURST_S * 1e9)  # the last malformed request from the broker
         self.follow_cameras(camera_ids)
-        self._allowed = AllowList()
-        self._clients_dir = publish.curve_clients_dir
-        secure = cfg.endpoint.startswith("tcp://") and publish.curve_server_key is not None and self._clients_dir is not None
-        keys = None
-        if secure and publish.curve_server_key is not None:
-            keys = load_secret_key(publish.curve_server_key, "publish.curve_server_key")
-        else:
-            check_exposure(cfg.endpoint, publish.insecure)
-        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._auth: ThreadAuthenticator | None = None
-        self._listener = Listener(self._context, zmq.ROUTER, partial(_configure, curve=keys))
+        self._shared = auth is not None  # the context and authenticator are the publisher's
+        self._context: zmq.Context[zmq.Socket[bytes]] = auth.context if auth is not None else zmq.Context()
+        self._own_auth: Authenticator | None = None
+        tcp = cfg.endpoint.startswith("tcp://")
         try:
-            if keys is not None:
-                self._start_authenticator()  # before bind: a CURVE peer is only ever let in by it
+            if tcp and auth is None:  # before bind: a CURVE peer is only ever let in by it
+                auth = self._own_auth = Authenticator.configured(publish, self._context, " for trigger.endpoint")
+            self._auth = auth if tcp else None
+            if self._auth is None:
+                check_exposure(cfg.endpoint, publish.insecure)
+        except BaseException:
+            if not self._shared:
+                self._context.term()
+            raise
+        self._listener = Listener(self._context, zmq.ROUTER, partial(_configure, auth=self._auth))
+        try:
+            if self._auth is not None:
+                self._auth.watch(self._keys_revoked)
             self.endpoint = self._listener.bind(cfg.endpoint)
         except BaseException:
             self.close()
@@ -147,32 +155,12 @@ class TriggerServer:
             "taking inspection requests for camera %s on %s%s",
             ", ".join(self._cameras),
             self.endpoint,
-            " with CURVE" if secure else "",
+            " with CURVE" if self._auth is not None else "",
         )
 
-    def _start_authenticator(self) -> None:
-        """The publisher's allow-list, checked by a ZAP handler in this server's own context."""
-        self._auth = ThreadAuthenticator(self._context, log=logging.getLogger("edged.auth"))
-        try:
-            self._auth.start()
-        except zmq.ZMQError as e:
-            raise PublishError(f"cannot start the CURVE authenticator for trigger.endpoint: {e.strerror}") from None
-        self._auth.configure_curve_callback(domain="*", credentials_provider=self._allowed)
-        self.reload_client_keys()
-
-    def reload_client_keys(self) -> None:
-        """Re-read the publisher's allow-list (SIGHUP); a bad directory raises `KeyFileError`.
-
-        A removed key gets the socket bound afresh, as the publisher does: libzmq authenticates
-        a peer only when it connects.
-        """
-        if self._auth is None or self._clients_dir is None:
-            return
-        keys = load_allowed_clients(self._clients_dir, "publish.curve_clients_dir")
-        revoked = self._allowed.keys - keys
-        self._allowed.keys = keys
-        if revoked:
-            self._listener = self._listener.reopen()
+    def _keys_revoked(self, revoked: int) -> None:
+        """A reload removed keys: the socket is bound afresh, as the publisher's is."""
+        self._listener = self._listener.reopen()
 
     def follow_cameras(self, camera_ids: Sequence[str]) -> None:
         """Take requests for ``camera_ids`` from now on (at start and after a reload).
@@ -327,17 +315,18 @@ class TriggerServer:
         self._inbox.close()
         self._listener.close(linger=0)
         if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
-        self._context.term()
+            self._auth.unwatch(self._keys_revoked)
+        if self._own_auth is not None:
+            self._own_auth.close()
+        if not self._shared:
+            self._context.term()
 
 
-def _configure(sock: zmq.Socket[bytes], curve: tuple[bytes, bytes] | None) -> None:
+def _configure(sock: zmq.Socket[bytes], auth: Authenticator | None) -> None:
     """Options set before bind: no lingering replies, and the CURVE server keys when secured."""
     sock.setsockopt(zmq.LINGER, 0)
-    if curve is not None:
-        sock.curve_publickey, sock.curve_secretkey = curve
-        sock.curve_server = True
+    if auth is not None:
+        auth.serve(sock)
 
 
 # ---- edged trigger ---------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """What every camera kind's module builds on: the frame it hands over, the `Source` protocol and its
-optional members, and OpenCV's retrieve into a slot."""
+optional members, and what the sources read through OpenCV share (`OpenCvCapture`)."""
 
 from __future__ import annotations
 
@@ -119,16 +119,43 @@ def stamps(source: Source) -> TypeGuard[StampedSource]:
     return callable(getattr(source, "frame_age_ns", None))
 
 
-def retrieve_frame(cap: cv2.VideoCapture, out: np.ndarray | None, *, failed: str, undecodable: str) -> np.ndarray:
-    """OpenCV's ``retrieve`` of the frame last grabbed, straight into ``out`` when its shape fits.
+class OpenCvCapture:
+    """What the sources read through one ``cv2.VideoCapture`` share: OpenCV's grab and its retrieve
+    straight into ``out`` when its shape fits (no allocation), errors that name the source, close.
 
-    Errors become ``SourceError``: ``failed`` prefixes OpenCV's own message, ``undecodable`` is
-    the whole message for a frame that did not decode.
+    ``what`` names the source; ``undecodable`` is the whole message for a frame that did not
+    decode; ``failed`` prefixes OpenCV's own messages (by default "WHAT failed").
     """
-    try:
-        ok, image = cap.retrieve(image=out)
-    except cv2.error as e:
-        raise SourceError(f"{failed}: {e}") from e
-    if not ok:
-        raise SourceError(undecodable)
-    return image
+
+    def __init__(self, channel_order: Literal["bgr", "rgb"], what: str, undecodable: str, failed: str | None = None) -> None:
+        self.channel_order = channel_order
+        self._cap: cv2.VideoCapture | None = None
+        self._what = what
+        self._undecodable = undecodable
+        self._failed = failed or f"{what} failed"
+
+    def _grab(self) -> bool:
+        try:
+            return bool(self._opened().grab())
+        except cv2.error as e:
+            raise SourceError(f"{self._failed}: {e}") from e
+
+    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
+        """The frame last grabbed, converted straight into ``out`` when its shape fits."""
+        try:
+            ok, image = self._opened().retrieve(image=out)
+        except cv2.error as e:
+            raise SourceError(f"{self._failed}: {e}") from e
+        if not ok:
+            raise SourceError(self._undecodable)
+        return image
+
+    def _opened(self) -> cv2.VideoCapture:
+        if self._cap is None:
+            raise SourceError(f"{self._what} read before open()")
+        return self._cap
+
+    def close(self) -> None:
+        if self._cap is not None:
+            self._cap.release()
+            self._cap = None

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Literal
 
 import cv2
 import numpy as np
 
 from edged.errors import SourceError
 from edged.settings.sources import FileSourceConfig
-from edged.sources.base import retrieve_frame
+from edged.sources.base import OpenCvCapture
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +22,19 @@ FALLBACK_FPS = 25.0
 _PLAUSIBLE_FPS = (1.0, 240.0)
 
 
-class FileSource:
+class FileSource(OpenCvCapture):
     """A video file through ``cv2.VideoCapture(path, cv2.CAP_FFMPEG)``; restarts at the end when ``loop``."""
 
     def __init__(self, cfg: FileSourceConfig) -> None:
+        super().__init__(
+            cfg.channel_order,
+            f"video file {cfg.path}",
+            undecodable=f"a frame of video file {cfg.path} could not be decoded "
+            "(the file may be damaged; check it with ffprobe)",
+            failed=f"decoding video file {cfg.path} failed",
+        )
         self._cfg = cfg
         self._path = cfg.path
-        self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
-        self._cap: cv2.VideoCapture | None = None
         self._fps = FALLBACK_FPS
         self._decoded = 0  # frames decoded since the file was last opened
 
@@ -103,34 +107,11 @@ class FileSource:
             )
         return True
 
-    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
-        """The frame last grabbed, in ``out`` when its shape fits (no allocation)."""
-        return retrieve_frame(
-            self._opened(),
-            out,
-            failed=f"decoding video file {self._path} failed",
-            undecodable=f"a frame of video file {self._path} could not be decoded "
-            "(the file may be damaged; check it with ffprobe)",
-        )
-
     def _grab_one(self) -> bool:
-        try:
-            ok = self._opened().grab()
-        except cv2.error as e:
-            raise SourceError(f"decoding video file {self._path} failed: {e}") from e
+        ok = self._grab()
         self._decoded += int(ok)
-        return bool(ok)
-
-    def _opened(self) -> cv2.VideoCapture:
-        if self._cap is None:
-            raise SourceError(f"video file {self._path} read before open()")
-        return self._cap
+        return ok
 
     def pace(self) -> float | None:
         """Seconds between frames at the file's own rate (``FALLBACK_FPS`` if implausible); ``None`` unless realtime."""
         return 1.0 / self._fps if self._cfg.realtime else None
-
-    def close(self) -> None:
-        if self._cap is not None:
-            self._cap.release()
-            self._cap = None

@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
 from urllib.parse import urlsplit
 
 import cv2
@@ -25,7 +24,7 @@ import numpy as np
 
 from edged.errors import SourceError
 from edged.settings.sources import DEFAULT_PORTS, RtspSourceConfig, mask_credentials
-from edged.sources.base import retrieve_frame
+from edged.sources.base import OpenCvCapture
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +51,17 @@ def _ffmpeg_options(options: dict[str, str]) -> Iterator[None]:
                 os.environ[FFMPEG_OPTIONS_ENV] = before
 
 
-class RtspSource:
+class RtspSource(OpenCvCapture):
     """``cv2.VideoCapture(url, cv2.CAP_FFMPEG, timeouts)``; every grab takes a frame off the stream, so it never lags."""
 
     def __init__(self, cfg: RtspSourceConfig) -> None:
-        self._cfg = cfg
         self._name = mask_credentials(cfg.url)
-        self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
-        self._cap: cv2.VideoCapture | None = None
+        super().__init__(
+            cfg.channel_order,
+            f"RTSP stream {self._name}",
+            undecodable=f"a frame of RTSP stream {self._name} could not be converted",
+        )
+        self._cfg = cfg
 
     def timeouts(self) -> tuple[float, float]:
         return self._cfg.open_timeout_s, self._cfg.read_timeout_s
@@ -118,32 +120,9 @@ class RtspSource:
 
     def grab(self) -> bool:
         """Take the next packet's frame off the stream (FFmpeg decodes it; `retrieve` only converts it)."""
-        try:
-            ok = self._opened().grab()
-        except cv2.error as e:
-            raise SourceError(f"RTSP stream {self._name} failed: {e}") from e
-        if not ok:
+        if not self._grab():
             raise SourceError(
                 f"RTSP stream {self._name} delivered no frame within read_timeout_s = {self._cfg.read_timeout_s:g} "
                 "or ended (camera rebooted, network down, or the server closed the session)"
             )
         return True
-
-    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
-        """The frame last grabbed, converted to BGR straight into ``out`` when its shape fits."""
-        return retrieve_frame(
-            self._opened(),
-            out,
-            failed=f"RTSP stream {self._name} failed",
-            undecodable=f"a frame of RTSP stream {self._name} could not be converted",
-        )
-
-    def _opened(self) -> cv2.VideoCapture:
-        if self._cap is None:
-            raise SourceError(f"RTSP stream {self._name} read before open()")
-        return self._cap
-
-    def close(self) -> None:
-        if self._cap is not None:
-            self._cap.release()
-            self._cap = None

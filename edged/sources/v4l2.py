@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Literal
 
 import cv2
 import numpy as np
 
 from edged.errors import SourceError
 from edged.settings.sources import V4l2SourceConfig
-from edged.sources.base import retrieve_frame
+from edged.sources.base import OpenCvCapture
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +38,17 @@ def _bound_read_wait(fps: float) -> None:
     os.environ.setdefault(SELECT_TIMEOUT_ENV, str(max(2, math.ceil(3.0 / fps))))
 
 
-class V4l2Source:
+class V4l2Source(OpenCvCapture):
     """``cv2.VideoCapture(device, cv2.CAP_V4L2)`` with the requested format read back and logged."""
 
     def __init__(self, cfg: V4l2SourceConfig) -> None:
+        super().__init__(
+            cfg.channel_order,
+            f"camera {cfg.device}",
+            undecodable=f"camera {cfg.device} delivered a frame that could not be decoded "
+            "(a damaged MJPEG frame, often a USB bandwidth problem: check `dmesg` and the cable)",
+        )
         self._cfg = cfg
-        self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
-        self._cap: cv2.VideoCapture | None = None
 
     def _target(self) -> int | str:
         device = self._cfg.device
@@ -117,33 +120,9 @@ class V4l2Source:
         OpenCV's V4L2 backend decodes MJPEG and converts YUYV in `retrieve`, so a frame the
         capture thread skips costs only the dequeue.
         """
-        try:
-            ok = self._opened().grab()
-        except cv2.error as e:
-            raise SourceError(f"camera {self._cfg.device} failed: {e}") from e
-        if not ok:
+        if not self._grab():
             raise SourceError(
                 f"camera {self._cfg.device} stopped delivering frames (unplugged, or a USB "
                 "problem? check `dmesg` and the cable)"
             )
         return True
-
-    def retrieve(self, out: np.ndarray | None) -> np.ndarray:
-        """The frame last grabbed, converted straight into ``out`` when its shape fits (no allocation)."""
-        return retrieve_frame(
-            self._opened(),
-            out,
-            failed=f"camera {self._cfg.device} failed",
-            undecodable=f"camera {self._cfg.device} delivered a frame that could not be decoded "
-            "(a damaged MJPEG frame, often a USB bandwidth problem: check `dmesg` and the cable)",
-        )
-
-    def _opened(self) -> cv2.VideoCapture:
-        if self._cap is None:
-            raise SourceError(f"camera {self._cfg.device} read before open()")
-        return self._cap
-
-    def close(self) -> None:
-        if self._cap is not None:
-            self._cap.release()
-            self._cap = None
