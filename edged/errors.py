@@ -42,10 +42,15 @@ class EdgedError(Exception):
     exit_code: ClassVar[int] = EXIT_FAILURE
 
 
-class ConfigError(EdgedError):
-    """A configuration the daemon must not start with; ``problems`` holds one line each."""
+class SetupError(EdgedError):
+    """What is set up is wrong (configuration, model, contract, a key file, a missing package): exit
+    78, which systemd does not restart, since starting again cannot help. Nothing else exits 78."""
 
     exit_code = EXIT_CONFIG
+
+
+class ConfigError(SetupError):
+    """A configuration the daemon must not start with; ``problems`` holds one line each."""
 
     def __init__(self, path: Path | None, problems: list[str]) -> None:
         self.path = path
@@ -54,32 +59,24 @@ class ConfigError(EdgedError):
         super().__init__(f"{len(problems)} problem(s){where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-class ModelError(EdgedError):
+class ModelError(SetupError):
     """The model cannot be loaded or run at all; the daemon must not start with it."""
 
-    exit_code = EXIT_CONFIG
 
-
-class ContractError(EdgedError):
+class ContractError(SetupError):
     """The model cannot be fed correctly from this source with this config."""
-
-    exit_code = EXIT_CONFIG
 
 
 class HeadError(ContractError):
     """The model's output does not match a supported detection head."""
 
 
-class KeyFileError(EdgedError):
+class KeyFileError(SetupError):
     """A CURVE key file or directory, or a secret file (a password, a TLS key), is missing, malformed or too open."""
 
-    exit_code = EXIT_CONFIG
 
-
-class MissingDependency(EdgedError):
+class MissingDependency(SetupError):
     """An optional package that this configuration or command needs is not installed."""
-
-    exit_code = EXIT_CONFIG
 
 
 class DataError(EdgedError):

@@ -67,6 +67,14 @@ class Head(ABC):
         """
 
     @staticmethod
+    def named_classes(facts: OutputFacts, head: str) -> int:
+        """The class count of a head whose rows carry a class id, not a score per class: the
+        metadata's names say it (``head`` names the head in the error when they are missing)."""
+        if facts.n_names is None:
+            raise HeadError(f"output {fmt_shape(facts.shape)} is {head}, but 'names' metadata is missing")
+        return facts.n_names
+
+    @staticmethod
     def class_scores(output: np.ndarray) -> np.ndarray | None:
         """A writable (classes, candidates) view of the raw output's class scores; None where a box has
         one class already (formats that ran NMS themselves)."""
@@ -150,3 +158,27 @@ def concrete(d: Dim) -> int | None:
 def fmt_shape(shape: Sequence[Dim]) -> str:
     """[1, 84, 8400]-style text for error messages; symbolic dims by name, None as '?'."""
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+class DenseHead(Head):
+    """A head with one candidate per row (or column): ``box_columns`` values (the box, and any
+    objectness) then one score per class. Its layout and expected shape follow from those two."""
+
+    box_columns: ClassVar[int]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        columns = f"{cls.box_columns}+nc"
+        cls.layout = f"[1, {columns}, N]" if cls.candidate_axis == 2 else f"[1, N, {columns}]"
+
+    @classmethod
+    def expected_shape(cls, num_classes: int) -> list[Dim]:
+        shape: list[Dim] = [1, "N", "N"]
+        shape[3 - cls.candidate_axis] = cls.box_columns + num_classes
+        return shape
+
+    @classmethod
+    def class_scores(cls, output: np.ndarray) -> np.ndarray:
+        """The values after the box columns, as a writable (classes, candidates) view."""
+        scores: np.ndarray = output[0, cls.box_columns :] if cls.candidate_axis == 2 else output[0, :, cls.box_columns :].T
+        return scores

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edged.errors import HeadError
-from edged.heads.base import Dim, Head, OutputFacts, fmt_shape, rows
+from edged.heads.base import Dim, Head, OutputFacts, rows
 from edged.heads.yolov5 import YoloV5Head
 
 _ZERO = np.array(0.0, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
@@ -34,9 +33,7 @@ class End2EndHead(Head):
             return None
         if not (facts.nms_inside or YoloV5Head.rules_out_one_class(facts)):
             return None
-        if facts.n_names is None:
-            raise HeadError(f"output {fmt_shape(facts.shape)} is an end2end head, but 'names' metadata is missing")
-        return facts.n_names
+        return cls.named_classes(facts, "an end2end head")
 
     def __init__(self, output_shape: Sequence[int], num_classes: int, conf: float) -> None:
         super().__init__(output_shape, num_classes, conf)

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edged.errors import HeadError
-from edged.heads.base import OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
+from edged.heads.base import OutputFacts, cxcywh_to_xyxy, rows
 from edged.heads.end2end import End2EndHead
 
 
@@ -35,9 +34,7 @@ class RtDetrHead(End2EndHead):
         """Six columns as rows, from a model whose metadata names RT-DETR's decoder as its head."""
         if not facts.rtdetr or not facts.candidates_in_rows or facts.features != 6:
             return None
-        if facts.n_names is None:
-            raise HeadError(f"output {fmt_shape(facts.shape)} is an RT-DETR head, but 'names' metadata is missing")
-        return facts.n_names
+        return cls.named_classes(facts, "an RT-DETR head")
 
     def __init__(self, output_shape: Sequence[int], num_classes: int, conf: float) -> None:
         super().__init__(output_shape, num_classes, conf)

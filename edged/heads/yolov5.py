@@ -7,24 +7,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from edged.errors import HeadError
-from edged.heads.base import Dim, Head, OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
+from edged.heads.base import DenseHead, OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
 
 
-class YoloV5Head(Head):
+class YoloV5Head(DenseHead):
     """Columns cx cy w h objectness, then one probability per class; score = objectness x best probability."""
 
     name = "yolov5"
-    layout = "[1, N, 5+nc]"
     candidate_axis = 1
-
-    @classmethod
-    def expected_shape(cls, num_classes: int) -> list[Dim]:
-        return [1, "N", 5 + num_classes]
-
-    @staticmethod
-    def class_scores(output: np.ndarray) -> np.ndarray:
-        scores: np.ndarray = output[0, :, 5:].T
-        return scores
+    box_columns = 5
 
     @classmethod
     def matches(cls, facts: OutputFacts) -> int | None:

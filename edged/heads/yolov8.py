@@ -7,23 +7,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from edged.errors import HeadError
-from edged.heads.base import Dim, Head, OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
+from edged.heads.base import DenseHead, OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
 
 
-class YoloV8Head(Head):
+class YoloV8Head(DenseHead):
     """Rows cx cy w h, then one score per class; a candidate's score is its best class score."""
 
     name = "yolov8"
-    layout = "[1, 4+nc, N]"
     candidate_axis = 2
-
-    @classmethod
-    def expected_shape(cls, num_classes: int) -> list[Dim]:
-        return [1, 4 + num_classes, "N"]
-
-    @staticmethod
-    def class_scores(output: np.ndarray) -> np.ndarray:
-        return output[0, 4:]
+    box_columns = 4
 
     @classmethod
     def matches(cls, facts: OutputFacts) -> int | None:
