@@ -37,7 +37,7 @@ import cv2
 import numpy as np
 
 from edged.messages import EvidenceReport
-from edged.output import FrameReport, Output, OutputReport, Services
+from edged.output import NO_REPORT, FrameReport, Output, OutputReport, Services
 from edged.settings.evidence import EvidenceConfig, SavePolicy
 
 if TYPE_CHECKING:
@@ -491,7 +491,7 @@ class EvidenceOutput(Output):
 
     def report(self, camera_id: str) -> OutputReport:
         writer = self.writers.get(camera_id)
-        return OutputReport(fields={"evidence": writer.report()}) if writer is not None else OutputReport()
+        return OutputReport(fields={"evidence": writer.report()}) if writer is not None else NO_REPORT
 
     def reload(self, settings: Settings, services: Services) -> EvidenceOutput | None:
         """A camera whose evidence settings stay keeps its writer; the others' writers stop, and start

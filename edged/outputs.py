@@ -59,16 +59,7 @@ class Outputs:
         output's ``publish_empty`` says, with the request's part id."""
         found = len(done.result) > 0 or request is not None
         part_id = request.part_id if request else None
-        delivery = self.wants(camera.id, found)
-        report = FrameReport(camera.id, done, found)
-        if delivery is not Delivery.NONE:
-            seq = camera.next_seq("detections") if delivery is Delivery.SENT else 0  # a message only shown takes no seq
-            msg = camera.path.message(done, seq=seq, thermal_state=thermal_state, part_id=part_id)
-            report = FrameReport(camera.id, done, found, msg)
-            if delivery is Delivery.SENT:
-                verdict = verdict_message(msg, camera.next_seq("verdict")) if msg.verdict is not None else None
-                sent = verdict.model_dump_json().encode() if verdict else None
-                report = FrameReport(camera.id, done, found, msg, msg.model_dump_json().encode(), verdict, sent)
+        report = _report(camera, done, found, self.wants(camera.id, found), part_id, thermal_state)
         for output in self._running.values():
             output.frame(report)
         return report.verdict
@@ -109,3 +100,18 @@ class Outputs:
         for output in self._running.values():
             output.close()
         self._running.clear()
+
+
+def _report(
+    camera: Camera, done: Processed, found: bool, delivery: Delivery, part_id: str | None, thermal_state: ThermalState
+) -> FrameReport:
+    """``done`` with as much of its messages as ``delivery`` asks: a message only shown takes no seq."""
+    if delivery is Delivery.NONE:
+        return FrameReport(camera.id, done, found)
+    seq = camera.next_seq("detections") if delivery is Delivery.SENT else 0
+    msg = camera.path.message(done, seq=seq, thermal_state=thermal_state, part_id=part_id)
+    if delivery is Delivery.SHOWN:
+        return FrameReport(camera.id, done, found, msg)
+    verdict = verdict_message(msg, camera.next_seq("verdict")) if msg.verdict is not None else None
+    sent = verdict.model_dump_json().encode() if verdict else None
+    return FrameReport(camera.id, done, found, msg, msg.model_dump_json().encode(), verdict, sent)

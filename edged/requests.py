@@ -30,7 +30,6 @@ class RequestDesk:
 
     def __init__(self, settings: Settings, outputs: Outputs) -> None:
         """Raises `PublishError` or `KeyFileError` as `TriggerServer` does."""
-        self.timeout_ns = int(settings.trigger.timeout_s * 1e9)
         self._timeout_s = settings.trigger.timeout_s
         # The ZeroMQ publisher's CURVE keys and authenticator serve the request socket too.
         publisher = outputs.get(Publisher)
@@ -48,7 +47,7 @@ class RequestDesk:
         return self.server.in_hand(camera.id) if camera.mode == "request" else None
 
     def deadline_ns(self, request: Request) -> int:
-        return request.arrived_ns + self.timeout_ns
+        return request.arrived_ns + int(self._timeout_s * 1e9)
 
     def take(self, cameras: Sequence[Camera], busy: Callable[[Camera], bool], critical: bool) -> bool:
         """Read the requests that arrived; give each request-mode camera without one its next, and
