@@ -1,5 +1,5 @@
 """``edged keygen``: the publisher's key layout, owned so that the service can read it, and the
-README's key setup followed word for word up to a subscriber getting the stream through CURVE."""
+docs/outputs.md's key setup followed word for word up to a subscriber getting the stream through CURVE."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from edged.messages import DetectionsMessage
 
 pytestmark = pytest.mark.integration
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "outputs.md"
 SERVICE = "nobody"  # a user every Debian system has, standing in for the package's "edged"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another user takes root")
 

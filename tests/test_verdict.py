@@ -154,7 +154,7 @@ def test_inspecting_creates_no_arrays(match: str, outside: str) -> None:
     assert {verdict for verdict, _ in first} == {"ok", "ng"}
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "inspection.md"
 MARKER = "<!-- worked-example:"
 
 
