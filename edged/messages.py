@@ -36,6 +36,7 @@ from edged.errors import MessageError
 
 SCHEMA_VERSION: Literal[1] = 1
 
+
 # The closed sets the state fields take; edged.thermal and edged.capture use these very types.
 ThermalState = Literal["unknown", "ok", "warm", "throttled", "critical"]
 CaptureState = Literal["starting", "ok", "lost", "ended"]
@@ -100,13 +101,19 @@ class Timings(Message):
     age_ms: float = Field(description="Capture to publish: how old the frame is when it goes out.")
 
 
-class DetectionsMessage(Message):
-    """One processed frame."""
+class TopicMessage(Message):
+    """What every message on a camera's topic starts with; each kind narrows ``kind`` to its name."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    kind: Literal["detections"] = "detections"
+    kind: str
     camera_id: str
     seq: int = Field(ge=0, description="Per-topic sequence number; a gap means messages were lost.")
+
+
+class DetectionsMessage(TopicMessage):
+    """One processed frame."""
+
+    kind: Literal["detections"] = "detections"
     frame_id: int = Field(ge=0, description="Capture counter; gaps are frames dropped as stale.")
     capture_time_ns: int = Field(
         description="Wall-clock capture time, ns since the Unix epoch; above 2**53, so a JavaScript "
@@ -129,13 +136,10 @@ class DetectionsMessage(Message):
         return self.capture_time_ns / 1e6
 
 
-class VerdictMessage(Message):
+class VerdictMessage(TopicMessage):
     """The verdict of one frame, and nothing else: what a PLC adapter acts on, without parsing boxes."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
     kind: Literal["verdict"] = "verdict"
-    camera_id: str
-    seq: int = Field(ge=0, description="Per-topic sequence number; a gap means messages were lost.")
     frame_id: int = Field(ge=0, description="The frame the verdict is on (its detections message has the same).")
     capture_time_ns: int = Field(description="Wall-clock capture time, ns since the Unix epoch.")
     part_id: str | None = Field(description="The trigger request's part id; null when free-running or none given.")
@@ -253,13 +257,10 @@ class EvidenceReport(Message):
     last_error: str | None = Field(description="The last evidence error, null when none yet.")
 
 
-class StatusMessage(Message):
+class StatusMessage(TopicMessage):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
     kind: Literal["status"] = "status"
-    camera_id: str
-    seq: int = Field(ge=0)
     time_ns: int = Field(
         description="Wall-clock time of this status, ns since the Unix epoch; above 2**53, so a "
         "JavaScript client should read time_ms."

@@ -162,14 +162,16 @@ def fmt_shape(shape: Sequence[Dim]) -> str:
 
 class DenseHead(Head):
     """A head with one candidate per row (or column): ``box_columns`` values (the box, and any
-    objectness) then one score per class. Its layout and expected shape follow from those two."""
+    objectness) then one score per class. A subclass names those two in its class line
+    (``class H(DenseHead, candidate_axis=2, box_columns=4)``); its layout and expected shape follow."""
 
     box_columns: ClassVar[int]
 
-    def __init_subclass__(cls, **kwargs: object) -> None:
+    def __init_subclass__(cls, *, candidate_axis: int, box_columns: int, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        columns = f"{cls.box_columns}+nc"
-        cls.layout = f"[1, {columns}, N]" if cls.candidate_axis == 2 else f"[1, N, {columns}]"
+        cls.candidate_axis, cls.box_columns = candidate_axis, box_columns
+        columns = f"{box_columns}+nc"
+        cls.layout = f"[1, {columns}, N]" if candidate_axis == 2 else f"[1, N, {columns}]"
 
     @classmethod
     def expected_shape(cls, num_classes: int) -> list[Dim]:

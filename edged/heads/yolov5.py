@@ -10,12 +10,10 @@ from edged.errors import HeadError
 from edged.heads.base import DenseHead, OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
 
 
-class YoloV5Head(DenseHead):
+class YoloV5Head(DenseHead, candidate_axis=1, box_columns=5):
     """Columns cx cy w h objectness, then one probability per class; score = objectness x best probability."""
 
     name = "yolov5"
-    candidate_axis = 1
-    box_columns = 5
 
     @classmethod
     def matches(cls, facts: OutputFacts) -> int | None:

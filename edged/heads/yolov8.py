@@ -10,12 +10,10 @@ from edged.errors import HeadError
 from edged.heads.base import DenseHead, OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
 
 
-class YoloV8Head(DenseHead):
+class YoloV8Head(DenseHead, candidate_axis=2, box_columns=4):
     """Rows cx cy w h, then one score per class; a candidate's score is its best class score."""
 
     name = "yolov8"
-    candidate_axis = 2
-    box_columns = 4
 
     @classmethod
     def matches(cls, facts: OutputFacts) -> int | None:

@@ -123,15 +123,15 @@ class OpenCvCapture:
     """What the sources read through one ``cv2.VideoCapture`` share: OpenCV's grab and its retrieve
     straight into ``out`` when its shape fits (no allocation), errors that name the source, close.
 
-    ``what`` names the source; ``undecodable`` is the whole message for a frame that did not
-    decode; ``failed`` prefixes OpenCV's own messages (by default "WHAT failed").
+    ``what`` names the source; ``undecodable`` says why a frame of it may not decode and what to
+    check; ``failed`` prefixes OpenCV's own messages (by default "WHAT failed").
     """
 
     def __init__(self, channel_order: Literal["bgr", "rgb"], what: str, undecodable: str, failed: str | None = None) -> None:
         self.channel_order = channel_order
         self._cap: cv2.VideoCapture | None = None
         self._what = what
-        self._undecodable = undecodable
+        self._undecodable = f"a frame of {what} could not be decoded ({undecodable})"
         self._failed = failed or f"{what} failed"
 
     def _grab(self) -> bool:

@@ -20,19 +20,15 @@ log = logging.getLogger(__name__)
 
 FALLBACK_FPS = 25.0
 _PLAUSIBLE_FPS = (1.0, 240.0)
+_UNDECODABLE = "the file may be damaged; check it with ffprobe"
 
 
 class FileSource(OpenCvCapture):
     """A video file through ``cv2.VideoCapture(path, cv2.CAP_FFMPEG)``; restarts at the end when ``loop``."""
 
     def __init__(self, cfg: FileSourceConfig) -> None:
-        super().__init__(
-            cfg.channel_order,
-            f"video file {cfg.path}",
-            undecodable=f"a frame of video file {cfg.path} could not be decoded "
-            "(the file may be damaged; check it with ffprobe)",
-            failed=f"decoding video file {cfg.path} failed",
-        )
+        what = f"video file {cfg.path}"
+        super().__init__(cfg.channel_order, what, _UNDECODABLE, failed=f"decoding {what} failed")
         self._cfg = cfg
         self._path = cfg.path
         self._fps = FALLBACK_FPS

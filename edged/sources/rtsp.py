@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
 PROBE_TIMEOUT_S = 2.0  # the connect that explains a failed open
 
+_UNDECODABLE = "the stream delivered data FFmpeg could not convert to an image; check the camera's codec settings"
 _options_lock = threading.Lock()  # the environment is process-wide: one open at a time sets it
 
 
@@ -56,11 +57,7 @@ class RtspSource(OpenCvCapture):
 
     def __init__(self, cfg: RtspSourceConfig) -> None:
         self._name = mask_credentials(cfg.url)
-        super().__init__(
-            cfg.channel_order,
-            f"RTSP stream {self._name}",
-            undecodable=f"a frame of RTSP stream {self._name} could not be converted",
-        )
+        super().__init__(cfg.channel_order, f"RTSP stream {self._name}", _UNDECODABLE)
         self._cfg = cfg
 
     def timeouts(self) -> tuple[float, float]:

@@ -38,16 +38,14 @@ def _bound_read_wait(fps: float) -> None:
     os.environ.setdefault(SELECT_TIMEOUT_ENV, str(max(2, math.ceil(3.0 / fps))))
 
 
+_UNDECODABLE = "a damaged MJPEG frame, often a USB bandwidth problem: check `dmesg` and the cable"
+
+
 class V4l2Source(OpenCvCapture):
     """``cv2.VideoCapture(device, cv2.CAP_V4L2)`` with the requested format read back and logged."""
 
     def __init__(self, cfg: V4l2SourceConfig) -> None:
-        super().__init__(
-            cfg.channel_order,
-            f"camera {cfg.device}",
-            undecodable=f"camera {cfg.device} delivered a frame that could not be decoded "
-            "(a damaged MJPEG frame, often a USB bandwidth problem: check `dmesg` and the cable)",
-        )
+        super().__init__(cfg.channel_order, f"camera {cfg.device}", _UNDECODABLE)
         self._cfg = cfg
 
     def _target(self) -> int | str:
