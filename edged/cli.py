@@ -299,6 +299,13 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         _schema_arguments,
     ),
     (
+        "config-reference",
+        "print the configuration reference (Markdown)",
+        "Print the configuration reference generated from the settings models: every table and key "
+        "with its type, default, bounds and description (docs/configuration.md).",
+        _schema_arguments,
+    ),
+    (
         "eval",
         "measure a model's precision, recall and mAP",
         "Run a model through the daemon's exact pipeline over a folder "
@@ -409,6 +416,16 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_config_reference(args: argparse.Namespace) -> int:
+    from edged.tools.reference import reference_text
+
+    if args.out:
+        args.out.write_text(reference_text())
+    else:
+        sys.stdout.write(reference_text())
+    return 0
+
+
 def _cmd_thermal(args: argparse.Namespace) -> int:
     from edged.config import ThermalConfig
     from edged.thermal import run_thermal_command
@@ -451,6 +468,7 @@ COMMANDS = {
     "subscribe": _cmd_subscribe,
     "trigger": _cmd_trigger,
     "schema": _cmd_schema,
+    "config-reference": _cmd_config_reference,
     "thermal": _cmd_thermal,
     "eval": _cmd_eval,
     "bench": _cmd_bench,

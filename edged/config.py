@@ -274,7 +274,7 @@ class ServiceConfig(Section):
 
 
 class Settings(BaseSettings):
-    """The whole configuration; see config/edged.toml for every key with its default."""
+    """The whole configuration: docs/configuration.md, generated from these models, has every key."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True)
 
@@ -283,16 +283,38 @@ class Settings(BaseSettings):
         default_factory=lambda: (SyntheticSourceConfig(),),
         description="The cameras: one [source] table, or a [[source]] table per camera.",
     )
-    model: ModelConfig
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    publish: PublishConfig = Field(default_factory=PublishConfig)
-    thermal: ThermalConfig = Field(default_factory=ThermalConfig)
+    model: ModelConfig = Field(
+        description="The ONNX model, how frames are fed to it (the layout contract checked at start) and "
+        "how its output is decoded."
+    )
+    runtime: RuntimeConfig = Field(
+        default_factory=RuntimeConfig,
+        description="ONNX Runtime: execution providers, threads, graph optimisation, and how inference and "
+        "capture share the CPUs.",
+    )
+    publish: PublishConfig = Field(
+        default_factory=PublishConfig,
+        description="The ZeroMQ stream: endpoints, topics, per-subscriber queues, the status rate and CurveZMQ keys.",
+    )
+    thermal: ThermalConfig = Field(
+        default_factory=ThermalConfig,
+        description="The board's temperatures and throttling, and the frame rates kept as it warms up.",
+    )
     inspect: InspectConfig | None = Field(
         None, description="Per-class thresholds, zones and the OK/NG verdict; none: no verdict."
     )
-    trigger: TriggerConfig = Field(default_factory=TriggerConfig)
-    service: ServiceConfig = Field(default_factory=ServiceConfig)
-    http: HttpConfig = Field(default_factory=HttpConfig)
+    trigger: TriggerConfig = Field(
+        default_factory=TriggerConfig,
+        description="Free-running frames, or one inspection per request on a ZeroMQ endpoint (and the broker).",
+    )
+    service: ServiceConfig = Field(
+        default_factory=ServiceConfig,
+        description="The daemon itself: its log level, a cap on the frame rate and the watchdog's stall timeout.",
+    )
+    http: HttpConfig = Field(
+        default_factory=HttpConfig,
+        description="The live view, status page, Prometheus metrics and health check, over HTTP.",
+    )
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
     evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
 

@@ -54,7 +54,7 @@ class SourceBase(Section):
     # keeps the camera's capture running.
     PROCESSING_KEYS: ClassVar[frozenset[str]] = frozenset({"max_fps", "evidence", "inspect", "zones", "trigger"})
 
-    type: str
+    type: str = Field(description="The camera kind: it decides which other keys apply.")
     camera_id: Name = Field(
         "cam0", description="Name of this camera, unique among the [[source]] tables; used as the ZeroMQ topic suffix."
     )
