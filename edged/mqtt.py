@@ -71,6 +71,15 @@ LOG_EVERY_N_FAILURES = 10  # the same failure again is logged once per this many
 TICK_S = 1.0  # the thread comes round at least this often (keepalive pings, stop)
 
 
+# How to get paho 2 where edged runs. edged is not on PyPI, and Debian 12's pip refuses to install
+# into the system's Python (PEP 668): into a checkout's virtualenv, or into the .deb's own.
+INSTALL_PAHO = (
+    "in a checkout, .venv/bin/python -m pip install -e '.[mqtt]'; with the .deb, "
+    "sudo apt install python3-paho-mqtt where it is 2.x (Debian 13 and later), else (Debian 12, "
+    "Raspberry Pi OS bookworm: 1.6) sudo pip --python /usr/lib/edged/venv/bin/python install 'paho-mqtt>=2,<3'"
+)
+
+
 def load_paho() -> ModuleType:
     """paho's client module (2.x), or `MissingDependency` saying how to install it."""
     try:
@@ -78,13 +87,10 @@ def load_paho() -> ModuleType:
         version = importlib.import_module("paho.mqtt").__version__
     except ImportError as e:
         raise MissingDependency(
-            f"an [mqtt] section needs paho-mqtt 2.x, which this Python cannot import ({e}): "
-            "pip install 'edged[mqtt]' (or 'paho-mqtt>=2,<3'); with the .deb, apt install python3-paho-mqtt (2.x)"
+            f"an [mqtt] section needs paho-mqtt 2.x, which this Python cannot import ({e}): {INSTALL_PAHO}"
         ) from e
     if not str(version).startswith("2."):
-        raise MissingDependency(
-            f"an [mqtt] section needs paho-mqtt 2.x, this Python has {version}: pip install 'paho-mqtt>=2,<3'"
-        )
+        raise MissingDependency(f"an [mqtt] section needs paho-mqtt 2.x, this Python has {version}: {INSTALL_PAHO}")
     return client
 
 
