@@ -233,6 +233,31 @@ def test_the_grafana_dashboard_asks_only_for_metrics_edged_exposes() -> None:
     } <= asked
 
 
+def test_the_grafana_dashboard_picks_cameras_and_never_sums_them_together() -> None:
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "packaging" / "grafana-dashboard.json").read_text())
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    assert re.fullmatch(
+        r'label_values\(edged_[a-z_]+\{instance=~"\$instance"\}, camera\)', variables["camera"]["definition"]
+    )
+    assert variables["camera"]["multi"] and variables["camera"]["includeAll"]
+    stats = _inspected_stats()
+    metrics = Metrics()
+    metrics.update([(_status(evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())])
+    per_camera = {name for name, labels in _samples(metrics) if "camera" in dict(labels)}
+    checked = 0
+    for target in (target for panel in dashboard["panels"] for target in panel["targets"]):
+        expr = target["expr"]
+        asked = set(re.findall(r"\b(edged_[a-z_]+)\b", expr)) & per_camera
+        if not asked:
+            continue
+        selectors = [s for name in asked for s in re.findall(rf"\b{name}\{{([^}}]*)\}}", expr)]
+        assert selectors and all('camera=~"$camera"' in s for s in selectors), expr
+        assert all("camera" in group.split(", ") for group in re.findall(r"\bby \(([^)]*)\)", expr)), expr
+        assert "{{camera}}" in target["legendFormat"], target
+        checked += 1
+    assert checked >= 15
+
+
 def test_each_camera_has_its_own_series_and_the_board_says_its_thermal_state_once() -> None:
     side = _status(_thermal("warm", {"soc": 72.0}, [])).model_copy(update={"camera_id": "side", "frames_processed": 7})
     metrics = Metrics()
