@@ -270,7 +270,9 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
     (
         "subscribe",
         "print detections from a running edged",
-        "Connect to an edged PUB endpoint and print what arrives.",
+        "Connect to an edged PUB endpoint and print what arrives. Exits 0 once every camera it has "
+        "heard from says in its status that its source ended (a video file or image folder played to "
+        "its end: the daemon stops then).",
         _subscribe_arguments,
     ),
     (
