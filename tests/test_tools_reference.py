@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 from pydantic import BaseModel, TypeAdapter
@@ -14,7 +15,7 @@ from pydantic.fields import FieldInfo
 
 from edged.config import ProviderConfig, Settings
 from edged.settings.sources import KINDS, SourceBase
-from edged.tools.reference import every_key, reference_text
+from edged.tools.reference import reference_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -41,6 +42,33 @@ def _row(section: str, key: str, after: str = "") -> list[str]:
 
 def test_the_committed_reference_is_current() -> None:
     assert REFERENCE.read_text() == reference_text(), "run `edged config-reference --out docs/configuration.md`"
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _keys_of(model: type[BaseModel], path: str) -> Iterator[tuple[str, FieldInfo]]:
+    for name, field in model.model_fields.items():
+        if not (model in KINDS.values() and name == "type"):  # the kind's name; SourceBase describes the key
+            yield f"{path}.{name}", field
+        for nested in _models_in(field.annotation):
+            if nested not in _sections_models():  # a camera's [source.inspect]: the keys of [inspect]
+                yield from _keys_of(nested, f"{path}.{name}")
+
+
+def _sections_models() -> set[type[BaseModel]]:
+    return {model for field in Settings.model_fields.values() for model in _models_in(field.annotation)}
+
+
+def every_key() -> Iterator[tuple[str, FieldInfo]]:
+    """Every key of the configuration, as ``section.key`` (a camera kind's as ``source.key``), nested ones too."""
+    for name, field in Settings.model_fields.items():
+        yield name, field
+        for model in [SourceBase, *KINDS.values()] if name == "source" else _models_in(field.annotation):
+            yield from _keys_of(model, name)
 
 
 def test_every_setting_has_a_description() -> None:

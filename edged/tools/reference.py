@@ -8,7 +8,6 @@ prints it.
 
 from __future__ import annotations
 
-import enum
 import json
 import types
 from collections.abc import Callable, Iterator
@@ -79,9 +78,6 @@ def _source_tables() -> Iterator[str]:
     for kind, model in KINDS.items():
         yield f"### `type = {json.dumps(kind)}`"
         yield ""
-        if model.__doc__ and model.__doc__ is not SourceBase.__doc__:
-            yield _sentence(model.__doc__)
-            yield ""
         own = [name for name in model.model_fields if name not in SourceBase.model_fields]
         yield from _key_table(model, "source", only=own)
 
@@ -259,8 +255,6 @@ def _toml(value: Any) -> str:
     """``value`` as it is written in a TOML file."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, enum.Enum):
-        return _toml(value.value)
     if isinstance(value, (str, Path)):
         return json.dumps(str(value))
     if isinstance(value, BaseModel):
@@ -271,25 +265,3 @@ def _toml(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     return repr(value)
-
-
-def every_key() -> Iterator[tuple[str, FieldInfo]]:
-    """Every key of the configuration, as ``section.key`` (a camera kind's as ``source.key``) with its field."""
-    for name, field in Settings.model_fields.items():
-        yield name, field
-        if name != "source":
-            yield from _keys_of(_models_in(field.annotation)[0], name)
-            continue
-        yield from _keys_of(SourceBase, name)
-        for model in KINDS.values():
-            yield from _keys_of(model, name, skip=frozenset(SourceBase.model_fields))
-
-
-def _keys_of(model: type[BaseModel], path: str, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, FieldInfo]]:
-    for name, field in model.model_fields.items():
-        if name in skip:
-            continue
-        yield f"{path}.{name}", field
-        for nested in _models_in(field.annotation):
-            if not _is_section(nested):
-                yield from _keys_of(nested, f"{path}.{name}")
