@@ -257,6 +257,15 @@ class EvidenceReport(Message):
     last_error: str | None = Field(description="The last evidence error, null when none yet.")
 
 
+class JournalReport(Message):
+    path: str = Field(description="The journal file.")
+    recorded: int = Field(ge=0, description="This camera's entries written to the journal since start.")
+    dropped: int = Field(ge=0, description="This camera's entries dropped because the disk fell too far behind.")
+    errors: int = Field(ge=0, description="Journal writes or retention passes that failed (disk full, read-only).")
+    bytes: int = Field(ge=0, description="Bytes the journal holds, at the last retention pass.")
+    last_error: str | None = Field(description="The last journal error, null when none yet.")
+
+
 class StatusMessage(TopicMessage):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -276,6 +285,9 @@ class StatusMessage(TopicMessage):
     model: ModelInfo
     capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
     evidence: EvidenceReport | None = Field(None, description="The evidence writer's counters; null without [evidence].")
+    journal: JournalReport | None = Field(
+        None, description="The verdict journal's counters; null when it records nothing of this camera."
+    )
     mqtt_state: Literal["connected", "disconnected"] | None = Field(
         None, description="The MQTT output's link to its broker; null when [mqtt] is off."
     )

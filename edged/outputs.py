@@ -14,6 +14,7 @@ from edged.camera import Camera
 from edged.config import Settings
 from edged.evidence import EvidenceOutput
 from edged.http import HttpServer
+from edged.journal import JournalOutput
 from edged.messages import ThermalState, VerdictMessage
 from edged.mqtt import MqttOutput
 from edged.output import Delivery, FrameReport, Output, OutputReport, Services, StatusReport
@@ -23,7 +24,7 @@ from edged.trigger import Request, TriggerServer
 
 OutputT = TypeVar("OutputT", bound=Output)
 
-OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput)
+OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput, JournalOutput)
 
 
 class Outputs:
