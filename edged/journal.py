@@ -30,7 +30,7 @@ from edged.identity import Identity, clock_synced
 from edged.lograte import LogRate
 from edged.messages import JournalReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
-from edged.settings.journal import JournalConfig
+from edged.settings.journal import JournalConfig, default_path
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -369,8 +369,8 @@ class JournalOutput(Output):
 
     def __init__(self, settings: Settings, previous: JournalWriter | None = None) -> None:
         self._adopt(settings)
-        assert self._cfg.path is not None  # load_config fills in the default
-        self.writer = JournalWriter(self._cfg, self._cfg.path, Identity.here(), previous)
+        path = self._cfg.path or default_path(None)  # load_config fills it in; settings built in code may not
+        self.writer = JournalWriter(self._cfg, path, Identity.here(), previous)
         self.writer.start()
 
     def _adopt(self, settings: Settings) -> None:
