@@ -70,7 +70,13 @@ class Identity:
     version: str
 
     @classmethod
+    @functools.cache
     def here(cls) -> Identity:
+        """This board and boot, read once per process."""
         from edged import __version__
 
         return cls(board_id(), boot_id(), __version__)
+
+    def fields(self) -> dict[str, object]:
+        """The identity fields of a verdict or status message, the clock's state read now."""
+        return {"board_id": self.board_id, "boot_id": self.boot_id, "clock_synced": clock_synced()}

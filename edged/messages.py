@@ -146,6 +146,14 @@ class VerdictMessage(TopicMessage):
     verdict: Verdict
     reasons: list[Reason]
     verdict_latency_ms: float = Field(description="Capture to verdict.")
+    model_sha256: str | None = Field(None, description="SHA-256 of the model file that gave the verdict, hex.")
+    board_id: str | None = Field(
+        None, description="The board, derived from its /etc/machine-id (not equal to it); stable across boots."
+    )
+    boot_id: str | None = Field(None, description="The kernel's id of the boot the board was in.")
+    clock_synced: bool | None = Field(
+        None, description="Whether the kernel said the clock was synchronised (NTP); null where it cannot tell."
+    )
 
     @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
     @property
@@ -285,6 +293,13 @@ class StatusMessage(TopicMessage):
     model: ModelInfo
     capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
     evidence: EvidenceReport | None = Field(None, description="The evidence writer's counters; null without [evidence].")
+    board_id: str | None = Field(
+        None, description="The board, derived from its /etc/machine-id (not equal to it); stable across boots."
+    )
+    boot_id: str | None = Field(None, description="The kernel's id of the boot the board was in.")
+    clock_synced: bool | None = Field(
+        None, description="Whether the kernel said the clock was synchronised (NTP); null where it cannot tell."
+    )
     journal: JournalReport | None = Field(
         None, description="The verdict journal's counters; null when it records nothing of this camera."
     )

@@ -17,7 +17,7 @@ from waiting import wait_for
 from edged import journal
 from edged.config import load_config
 from edged.errors import ConfigError
-from edged.identity import Identity, board_id
+from edged.identity import Identity, board_id, boot_id
 from edged.journal import Entry, JournalStore, JournalWriter
 from edged.messages import StatusMessage, VerdictMessage
 from edged.settings.journal import JournalConfig
@@ -203,6 +203,10 @@ def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens
         verdicts = [m for m in d.collect("verdict", 20) if isinstance(m, VerdictMessage)]
         status = d.wait_status(lambda s: s.journal is not None and s.journal.recorded >= 20)
         assert status.journal is not None and status.journal.path == str(path) and status.journal.errors == 0
+        here = Identity.here()
+        assert (status.board_id, status.boot_id) == (here.board_id, here.boot_id) == (board_id(), boot_id())
+        assert {(v.board_id, v.boot_id) for v in verdicts} == {(here.board_id, here.boot_id)}
+        assert {v.clock_synced for v in verdicts} <= {True, False, None}
         assert wait_for(lambda: len(rows(path)) >= 20, 10)
         d.signal(signal.SIGKILL)
         d.proc.wait(10)
@@ -214,7 +218,7 @@ def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens
     for v in verdicts:
         frame, verdict, message, model = by_seq[v.seq]
         assert (frame, verdict, message["frame_id"]) == (v.frame_id, "ng", v.frame_id)
-        assert len(model) == 64
+        assert model == v.model_sha256 == status.model.sha256
 
 
 def test_without_inspect_the_journal_reports_nothing_of_the_camera(tmp_path: Path) -> None:
