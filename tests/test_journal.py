@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from daemon import RunningDaemon, free_port, write_config, write_video
+from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from filesystems import read_only_folder, tmpfs
 from onnx_models import fixed_scene
 from waiting import wait_for
@@ -208,6 +208,9 @@ def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens
         assert {(v.board_id, v.boot_id) for v in verdicts} == {(here.board_id, here.boot_id)}
         assert {v.clock_synced for v in verdicts} <= {True, False, None}
         assert wait_for(lambda: len(rows(path)) >= 20, 10)
+        during = run_cli("history", "--config", str(tmp_path / "edged.toml"), "--json", "--limit", "5")
+        assert during.returncode == 0, during.stderr
+        assert [row["verdict"] for row in json.loads(during.stdout)] == ["ng"] * 5
         d.signal(signal.SIGKILL)
         d.proc.wait(10)
     finally:
