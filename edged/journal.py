@@ -19,6 +19,7 @@ import logging
 import sqlite3
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,9 @@ from edged.identity import Identity, clock_synced
 from edged.lograte import LogRate
 from edged.messages import JournalReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
+from edged.replay import VerdictFeed
 from edged.settings.journal import JournalConfig, default_path
+from edged.wake import Wake
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -104,6 +107,7 @@ class JournalStore:
         self.path = path
         self._durability = durability
         self._db: sqlite3.Connection | None = None
+        self.last_id = 0  # the newest row's id, as of the last open or append (read from other threads)
 
     @property
     def opened(self) -> bool:
@@ -130,6 +134,7 @@ class JournalStore:
             if verdict != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {verdict}")
             db.executescript(SCHEMA)
+            self.last_id = int(db.execute("SELECT coalesce(max(id), 0) FROM entries").fetchone()[0])
         except BaseException:
             db.close()
             raise
@@ -176,6 +181,8 @@ class JournalStore:
             with db:  # BEGIN ... COMMIT, or ROLLBACK on an error
                 db.execute("BEGIN")
                 db.executemany(_INSERT, rows)
+                last = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
+            self.last_id = last
         except sqlite3.DatabaseError as e:
             self._after_error(e)
             raise
@@ -250,8 +257,12 @@ class JournalWriter:
         self.bytes = 0
         self._failing = False
         self._drop_log = LogRate(LOG_EVERY_S)
+        # Set after each batch is committed: the threads of the outputs that deliver from the journal.
+        self.committed: weakref.WeakSet[Wake] = weakref.WeakSet()
 
     def start(self) -> None:
+        """Open the journal now, so that a feed made next finds it, then write on a thread of its own."""
+        self._attempt(self.store.open)
         self._thread.start()
 
     def offer(self, entry: Entry) -> None:
@@ -328,6 +339,8 @@ class JournalWriter:
                 self._queue.popleft()
                 self._queued_bytes -= len(entry.message)
                 self.recorded[entry.camera_id] = self.recorded.get(entry.camera_id, 0) + 1
+        for wake in list(self.committed):
+            wake.set()
         if self._failing:
             self._failing = False
             log.info("journal %s written again after %d error(s)", self.store.path, self.errors)
@@ -444,6 +457,11 @@ class JournalOutput(Output):
             return self
         self.writer.stop(STOP_WAIT_S)
         return JournalOutput(settings, self.writer)
+
+    def feed(self, name: str, wake: Wake) -> VerdictFeed:
+        """The verdicts for output ``name`` to deliver from the journal; ``wake`` is set when new ones are recorded."""
+        self.writer.committed.add(wake)
+        return VerdictFeed(self.writer.store.path, name, first_after=self.writer.store.last_id)
 
     def drain(self) -> None:
         self.writer.stop(STOP_WAIT_S)

@@ -147,6 +147,11 @@ class VerdictMessage(TopicMessage):
     reasons: list[Reason]
     verdict_latency_ms: float = Field(description="Capture to verdict.")
     model_sha256: str | None = Field(None, description="SHA-256 of the model file that gave the verdict, hex.")
+    replayed: bool = Field(
+        False,
+        description="Sent from the journal after an outage (of the broker, the network or edged): recorded before "
+        "the connection it came on. Only on MQTT, with the journal on.",
+    )
     board_id: str | None = Field(
         None, description="The board, derived from its /etc/machine-id (not equal to it); stable across boots."
     )

@@ -42,6 +42,7 @@ class Outputs:
                     opened.callback(output.close)
                     self._running[kind] = output
             opened.pop_all()
+        self._forward()
 
     def get(self, kind: type[OutputT]) -> OutputT | None:
         """The running output of ``kind``, if its section configures one."""
@@ -92,6 +93,13 @@ class Outputs:
             self._running[kind] = output
             if output is not running and self._server is not None:
                 output.carry_requests(self._server)
+        self._forward()
+
+    def _forward(self) -> None:
+        """Outputs that promise delivery send the verdicts the journal recorded (`Output.forward_from`)."""
+        journal = self.get(JournalOutput)
+        for output in self._running.values():
+            output.forward_from(journal)
 
     def drain(self) -> None:
         for output in self._running.values():

@@ -112,7 +112,7 @@ class Processed:
 VERDICT_FIELDS = tuple(
     name
     for name in VerdictMessage.model_fields
-    if name not in ("seq", "kind", "schema_version", "model_sha256", "board_id", "boot_id", "clock_synced")
+    if name not in ("seq", "kind", "schema_version", "model_sha256", "replayed", "board_id", "boot_id", "clock_synced")
 )
 
 # What a model's output can hold that a frame's result is built without: the drop counter each counts
