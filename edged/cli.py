@@ -190,6 +190,13 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         help="instead of the per-frame rows: N synthetic 1280x720 cameras served by one `edged run`, "
         "against N `edged run`s side by side (each N given: total fps, frame age, CPU per frame, RSS)",
     )
+    p.add_argument(
+        "--journal",
+        action="store_true",
+        help="instead of the per-frame rows: the verdict journal's cost, offer and offer to commit, per durability, "
+        "--frames verdicts at --camera-fps",
+    )
+    p.add_argument("--journal-dir", type=Path, default=None, help="with --journal: a folder on the disk to measure")
     p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
     p.add_argument(
         "--camera-source",

@@ -33,7 +33,7 @@ from edged.messages import JournalReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
 from edged.replay import VerdictFeed
 from edged.settings.journal import JournalConfig, default_path
-from edged.wake import Wake
+from edged.wake import Wake, Waker
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -258,7 +258,7 @@ class JournalWriter:
         self._failing = False
         self._drop_log = LogRate(LOG_EVERY_S)
         # Set after each batch is committed: the threads of the outputs that deliver from the journal.
-        self.committed: weakref.WeakSet[Wake] = weakref.WeakSet()
+        self.committed: weakref.WeakSet[Waker] = weakref.WeakSet()
 
     def start(self) -> None:
         """Open the journal now, so that a feed made next finds it, then write on a thread of its own."""
