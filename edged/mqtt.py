@@ -413,6 +413,9 @@ class MqttOutput(MessageOutput):
                 self._follow_trigger_topics()
                 self._forward()
                 self._hand_over()
+                if self._client.socket() is None:  # a publish met a dead link, and paho closed it
+                    self._dropped(f"connection to {self.cfg.host}:{self.cfg.port} lost while sending")
+                    return
             writing = [sock] if self._client.want_write() else []
             readable, writable, _ = select.select([sock, self._wake], writing, [], 0.0 if pending() else TICK_S)
             if self._wake in readable:

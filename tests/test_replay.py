@@ -17,7 +17,7 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-from daemon import RunningDaemon, free_port, write_config, write_video
+from daemon import RunningDaemon, free_port, rss_kb, write_config, write_video
 from mosquitto import Broker
 from onnx_models import fixed_scene
 from waiting import wait_for
@@ -83,10 +83,10 @@ def broker(workdir: Path) -> Iterator[Broker]:
     b.close()
 
 
-def start(workdir: Path, port: int) -> RunningDaemon:
+def start(workdir: Path, port: int, realtime: bool = True) -> RunningDaemon:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     doc = {
-        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": realtime},
         "model": {"path": "scene.onnx"},
         "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
         "thermal": {"enabled": False},
@@ -117,16 +117,18 @@ def assert_everything_after(first: int, journal: list[dict[str, Any]], got: list
 def test_a_broker_outage_loses_no_verdict_and_those_from_it_come_replayed_in_order(workdir: Path, broker: Broker) -> None:
     topic = f"edged/{topic_hostname()}/cam0/verdict"
     historian = Historian(broker.port, topic)
-    d = start(workdir, broker.port)
+    d = start(workdir, broker.port, realtime=False)  # frames as fast as they decode: verdicts pile up
     journal = workdir / "journal.sqlite"
     try:
         assert wait_for(lambda: len(historian.got()) >= 5, 30), d.log()
         broker.stop()
         before = recorded(d)
-        outage = d.wait_status(
-            lambda s: s.journal is not None and s.journal.recorded >= before + 60 and s.mqtt_state == "disconnected"
-        )
+        d.wait_status(lambda s: s.journal is not None and s.journal.recorded >= before + 100)
+        rss_early = rss_kb(d.proc.pid)
+        outage = d.wait_status(lambda s: s.journal is not None and s.journal.recorded >= before + 600, timeout=60)
+        assert outage.mqtt_state == "disconnected"
         assert outage.mqtt_drops is not None and outage.mqtt_drops["verdict"] == 0  # none went through the outbox
+        assert rss_kb(d.proc.pid) - rss_early < 4_000  # KB: the outage's verdicts wait on disk, not in memory
         broker.start()
         after = d.wait_status(lambda s: s.mqtt_state == "connected", timeout=60)
         assert after.journal is not None
@@ -138,7 +140,7 @@ def test_a_broker_outage_loses_no_verdict_and_those_from_it_come_replayed_in_ord
     verdicts = journal_verdicts(journal)
     sent = assert_everything_after(0, verdicts[:upto], historian.got())
     replayed = [v["seq"] for v in sent if v["replayed"]]
-    assert len(replayed) >= 50, replayed  # those recorded while the broker was down
+    assert len(replayed) >= 500, len(replayed)  # those recorded while the broker was down
     assert replayed == list(range(replayed[0], replayed[-1] + 1))  # one run of them, no gap
     assert not any(v["replayed"] for v in sent[:5])
 
