@@ -34,6 +34,7 @@ from edged.heads.registry import HEADS
 from edged.settings.evidence import EvidenceConfig
 from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
+from edged.settings.journal import JournalConfig, default_path
 from edged.settings.mqtt import MqttConfig
 from edged.settings.section import Section
 from edged.settings.sources import KINDS, SourceBase, SyntheticSourceConfig, TriggerMode, mask_credentials
@@ -317,6 +318,7 @@ class Settings(BaseSettings):
     )
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
     evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
+    journal: JournalConfig = Field(default_factory=JournalConfig)
 
     @field_validator("source", mode="before")
     @classmethod
@@ -621,6 +623,7 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("mqtt", "cert_file"),
         ("mqtt", "key_file"),
         ("evidence", "dir"),
+        ("journal", "path"),
     ):
         resolve(data.get(section), key)
 
@@ -651,6 +654,12 @@ def _check_files(settings: Settings) -> list[str]:
             problems.append(str(e))
     if settings.mqtt is not None:
         problems += broker_problems(settings.mqtt)
+    journal = settings.journal
+    if journal.enabled and journal.path is not None and not journal.path.parent.is_dir():
+        problems.append(
+            f"journal.path: folder {journal.path.parent} does not exist (create it, set journal.path to a file in "
+            "an existing folder, or journal.enabled = false)"
+        )
     return problems
 
 
@@ -682,6 +691,9 @@ def load_config(path: Path | None) -> Settings:
         raise ConfigError(path, [_format_error(err, variables, cameras=cameras) for err in e.errors()]) from None
     except SettingsError as e:  # an EDGED_* variable that is not the JSON its key needs
         raise ConfigError(path, [_variable_problem(e, variables)]) from None
+    if settings.journal.path is None:
+        journal = settings.journal.model_copy(update={"path": default_path(path.resolve().parent if path else None)})
+        settings = settings.model_copy(update={"journal": journal})
     problems = _check_files(settings)
     if problems:
         raise ConfigError(path, problems)

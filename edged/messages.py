@@ -146,6 +146,19 @@ class VerdictMessage(TopicMessage):
     verdict: Verdict
     reasons: list[Reason]
     verdict_latency_ms: float = Field(description="Capture to verdict.")
+    model_sha256: str | None = Field(None, description="SHA-256 of the model file that gave the verdict, hex.")
+    replayed: bool = Field(
+        False,
+        description="Sent from the journal after an outage (of the broker, the network or edged): recorded before "
+        "the connection it came on. Only on MQTT, with the journal on.",
+    )
+    board_id: str | None = Field(
+        None, description="The board, derived from its /etc/machine-id (not equal to it); stable across boots."
+    )
+    boot_id: str | None = Field(None, description="The kernel's id of the boot the board was in.")
+    clock_synced: bool | None = Field(
+        None, description="Whether the kernel said the clock was synchronised (NTP); null where it cannot tell."
+    )
 
     @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
     @property
@@ -257,6 +270,15 @@ class EvidenceReport(Message):
     last_error: str | None = Field(description="The last evidence error, null when none yet.")
 
 
+class JournalReport(Message):
+    path: str = Field(description="The journal file.")
+    recorded: int = Field(ge=0, description="This camera's entries written to the journal since start.")
+    dropped: int = Field(ge=0, description="This camera's entries dropped because the disk fell too far behind.")
+    errors: int = Field(ge=0, description="Journal writes or retention passes that failed (disk full, read-only).")
+    bytes: int = Field(ge=0, description="Bytes the journal holds, at the last retention pass.")
+    last_error: str | None = Field(description="The last journal error, null when none yet.")
+
+
 class StatusMessage(TopicMessage):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -276,6 +298,16 @@ class StatusMessage(TopicMessage):
     model: ModelInfo
     capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
     evidence: EvidenceReport | None = Field(None, description="The evidence writer's counters; null without [evidence].")
+    board_id: str | None = Field(
+        None, description="The board, derived from its /etc/machine-id (not equal to it); stable across boots."
+    )
+    boot_id: str | None = Field(None, description="The kernel's id of the boot the board was in.")
+    clock_synced: bool | None = Field(
+        None, description="Whether the kernel said the clock was synchronised (NTP); null where it cannot tell."
+    )
+    journal: JournalReport | None = Field(
+        None, description="The verdict journal's counters; null when it records nothing of this camera."
+    )
     mqtt_state: Literal["connected", "disconnected"] | None = Field(
         None, description="The MQTT output's link to its broker; null when [mqtt] is off."
     )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from edged.config import Settings
+    from edged.journal import JournalOutput
     from edged.messages import DetectionsMessage, StatusMessage, VerdictMessage
     from edged.pipeline import Processed
     from edged.prometheus import CameraStatus
@@ -111,6 +112,10 @@ class Output:
 
     def carry_requests(self, server: TriggerServer) -> None:
         """Hand ``server`` the inspection requests that arrive through this output (request mode)."""
+
+    def forward_from(self, journal: JournalOutput | None) -> None:
+        """An output that promises delivery sends the verdicts recorded in ``journal`` (None: it is off)
+        rather than those of `frame`, so that none is lost to an outage."""
 
     def reread_secrets(self) -> None:
         """SIGHUP: read key and password files again (raises KeyFileError, keeping the old ones)."""

@@ -14,6 +14,7 @@ from edged.camera import Camera
 from edged.config import Settings
 from edged.evidence import EvidenceOutput
 from edged.http import HttpServer
+from edged.journal import JournalOutput
 from edged.messages import ThermalState, VerdictMessage
 from edged.mqtt import MqttOutput
 from edged.output import Delivery, FrameReport, Output, OutputReport, Services, StatusReport
@@ -23,7 +24,7 @@ from edged.trigger import Request, TriggerServer
 
 OutputT = TypeVar("OutputT", bound=Output)
 
-OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput)
+OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput, JournalOutput)
 
 
 class Outputs:
@@ -41,6 +42,7 @@ class Outputs:
                     opened.callback(output.close)
                     self._running[kind] = output
             opened.pop_all()
+        self._forward()
 
     def get(self, kind: type[OutputT]) -> OutputT | None:
         """The running output of ``kind``, if its section configures one."""
@@ -91,6 +93,13 @@ class Outputs:
             self._running[kind] = output
             if output is not running and self._server is not None:
                 output.carry_requests(self._server)
+        self._forward()
+
+    def _forward(self) -> None:
+        """Outputs that promise delivery send the verdicts the journal recorded (`Output.forward_from`)."""
+        journal = self.get(JournalOutput)
+        for output in self._running.values():
+            output.forward_from(journal)
 
     def drain(self) -> None:
         for output in self._running.values():

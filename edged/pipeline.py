@@ -23,6 +23,7 @@ from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
 from edged.errors import ConfigError, InferenceError
 from edged.geometry import BoxMap
+from edged.identity import Identity
 from edged.messages import DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
@@ -106,8 +107,13 @@ class Processed:
     verdict_ms: float = 0.0
 
 
-# What a verdict message repeats of its frame's detections message (all of it but ``seq``).
-VERDICT_FIELDS = tuple(name for name in VerdictMessage.model_fields if name not in ("seq", "kind", "schema_version"))
+# What a verdict message repeats of its frame's detections message (all of it but ``seq`` and
+# what says where it came from).
+VERDICT_FIELDS = tuple(
+    name
+    for name in VerdictMessage.model_fields
+    if name not in ("seq", "kind", "schema_version", "model_sha256", "replayed", "board_id", "boot_id", "clock_synced")
+)
 
 # What a model's output can hold that a frame's result is built without: the drop counter each counts
 # under, and what the log says (with the camera, how many values, the frame, and the count so far).
@@ -291,7 +297,12 @@ def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
     """The verdict topic's message for a detections message: its fields of it; None without ``[inspect]``."""
     if msg.verdict is None or msg.verdict_latency_ms is None:
         return None
-    return VerdictMessage(seq=seq, **{name: getattr(msg, name) for name in VERDICT_FIELDS})
+    return VerdictMessage(
+        seq=seq,
+        model_sha256=msg.model.sha256,
+        **Identity.here().fields(),
+        **{name: getattr(msg, name) for name in VERDICT_FIELDS},
+    )
 
 
 def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from edged.camera import Camera
 from edged.capture import CaptureStats
+from edged.identity import Identity
 from edged.messages import CaptureReport, ModelInfo, StatusMessage
 from edged.model import LoadedModel
 from edged.output import OutputReport, StatusReport
@@ -70,6 +71,7 @@ class Snapshot:
                 size_changes=self.capture.size_changes,
                 last_error=self.capture.last_error,
             ),
+            **Identity.here().fields(),
             **fields,
         )
 

@@ -14,6 +14,7 @@ from edged import __version__
 from edged.messages import (
     CaptureReport,
     EvidenceReport,
+    JournalReport,
     ModelInfo,
     Reason,
     StageLatency,
@@ -29,10 +30,14 @@ MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider
 
 
 EVIDENCE = EvidenceReport(saved=7, dropped=2, errors=1, rate_limited=3, bytes=123456, last_error="disk full")
+JOURNAL = JournalReport(path="/j.sqlite", recorded=40, dropped=1, errors=2, bytes=65536, last_error=None)
 
 
 def _status(
-    thermal: ThermalReadings | None = None, rate_cap: float | None = 2.5, evidence: EvidenceReport | None = None
+    thermal: ThermalReadings | None = None,
+    rate_cap: float | None = 2.5,
+    evidence: EvidenceReport | None = None,
+    journal: JournalReport | None = None,
 ) -> StatusMessage:
     return StatusMessage(
         camera_id="cam0",
@@ -49,6 +54,7 @@ def _status(
         model=MODEL,
         capture=CaptureReport(frames_captured=50, frames_decoded=47, reconnects=1, size_changes=0, last_error="gone"),
         evidence=evidence,
+        journal=journal,
     )
 
 
@@ -188,6 +194,18 @@ def test_evidence_counters_come_from_the_status() -> None:
     assert not any(name.startswith("edged_evidence") for name, _ in _samples(metrics))  # no [evidence]
 
 
+def test_journal_counters_come_from_the_status() -> None:
+    metrics = Metrics()
+    metrics.update([(_status(journal=JOURNAL), RunStats().histograms(), None)])
+    got = _samples(metrics)
+    assert got[("edged_journal_recorded_total", CAM0)] == 40
+    assert got[("edged_journal_dropped_total", CAM0)] == 1
+    assert got[("edged_journal_errors_total", ())] == 2
+    assert got[("edged_journal_bytes", ())] == 65536
+    metrics.update([(_status(), RunStats().histograms(), None)])
+    assert not any(name.startswith("edged_journal") for name, _ in _samples(metrics))
+
+
 def test_the_registry_is_edged_own() -> None:
     from prometheus_client import REGISTRY
 
@@ -203,7 +221,13 @@ def test_promtool_accepts_the_exposition() -> None:
     stats = _inspected_stats()
     metrics = Metrics()
     metrics.update(
-        [(_status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())]
+        [
+            (
+                _status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE, journal=JOURNAL),
+                stats.histograms(),
+                stats.verdict_counts(),
+            )
+        ]
     )
     check = subprocess.run([promtool, "check", "metrics"], input=metrics.exposition(), capture_output=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
