@@ -318,7 +318,10 @@ class Settings(BaseSettings):
     )
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
     evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
-    journal: JournalConfig = Field(default_factory=JournalConfig)
+    journal: JournalConfig = Field(
+        default_factory=JournalConfig,
+        description="The verdict journal: every verdict recorded on the board, sent to MQTT from it; on by default.",
+    )
 
     @field_validator("source", mode="before")
     @classmethod
