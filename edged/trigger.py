@@ -379,8 +379,10 @@ def run_trigger(
     try:
         request = TriggerRequest(part_id=part_id, camera_id=camera_id)
     except ValidationError as e:
-        option = {"part_id": "--part-id", "camera_id": "--camera"}[str(e.errors()[0]["loc"][0])]
-        raise UsageError(f"{option}: {e.errors()[0]['msg']}") from None
+        problem = e.errors()[0]
+        option = {"part_id": "--part-id", "camera_id": "--camera"}[str(problem["loc"][0])]
+        why = problem["ctx"]["error"] if problem["type"] == "value_error" else problem["msg"]
+        raise UsageError(f"{option}: {why}") from None
     curve = ClientKeys.from_options(server_key, client_key)
     verdict = request_verdict(endpoint, request, timeout_s, curve)
     print(verdict.model_dump_json() if raw_json else format_verdict(verdict), file=out, flush=True)
