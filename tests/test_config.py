@@ -18,6 +18,7 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
     tomllib,
 )
 from edged.errors import ConfigError
+from edged.keys import create_key_pair
 from edged.settings.sources import KINDS, FileSourceConfig, ImagesSourceConfig, SourceBase, SyntheticSourceConfig
 
 CONFIG_DIR = Path(__file__).parent.parent / "config"
@@ -140,6 +141,28 @@ def test_problems_name_their_key(tmp_path: Path, text: str, problem: str) -> Non
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, text))
     assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_a_trigger_endpoint_off_loopback_needs_the_curve_keys_or_its_own_insecure(tmp_path: Path) -> None:
+    # Anyone who reaches it could trigger inspections and read their verdicts: publish.insecure,
+    # which opens the stream, does not open it too.
+    for endpoint in ("tcp://0.0.0.0:5557", "tcp://*:5557", "tcp://[::]:5557", "tcp://192.0.2.7:5557"):
+        trigger = f'[trigger]\nendpoint = "{endpoint}"\n'
+        for text in (trigger, trigger + "[publish]\ninsecure = true\n"):
+            with pytest.raises(ConfigError) as info:
+                load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n' + text))
+            [problem] = info.value.problems
+            assert problem.startswith(f"trigger: Value error, trigger.endpoint {endpoint!r} is not a loopback"), problem
+            assert "set trigger.insecure = true" in problem and "publish.insecure" not in problem, problem
+        opted_in = load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n' + trigger + "insecure = true\n"))
+        assert opted_in.trigger.insecure and opted_in.trigger.endpoint == endpoint
+    for endpoint in ("tcp://127.0.0.1:5557", "tcp://[::1]:5557", "tcp://localhost:5557", "ipc:///run/edged/t.sock"):
+        assert load_config(_write(tmp_path, f'[model]\npath = "m.onnx"\n[trigger]\nendpoint = "{endpoint}"\n'))
+    create_key_pair(tmp_path, "server")
+    (tmp_path / "clients").mkdir()
+    keys = '[publish]\ncurve_server_key = "server.key_secret"\ncurve_clients_dir = "clients"\n'
+    secured = '[model]\npath = "m.onnx"\n[trigger]\nendpoint = "tcp://0.0.0.0:5557"\n' + keys
+    assert not load_config(_write(tmp_path, secured)).trigger.insecure
 
 
 def test_a_wrong_source_type_lists_every_registered_kind(tmp_path: Path) -> None:

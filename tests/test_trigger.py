@@ -266,11 +266,31 @@ def test_a_tcp_trigger_takes_the_publishers_curve_keys_and_refuses_other_clients
         for refused in (outsider, ()):
             result = run_cli("trigger", endpoint, "--timeout", "2", *refused)
             assert result.returncode == 1 and "no reply from" in result.stderr, result
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    with running(plain, trigger={"endpoint": trigger}) as d:
-        assert d.proc.wait(30) == 1
-        assert "would publish unencrypted" in d.log()
+
+
+def test_a_trigger_endpoint_on_the_network_without_keys_is_refused_by_check_and_run_unless_trigger_insecure(
+    tmp_path: Path,
+) -> None:
+    # Refused as a configuration (78, which systemd does not restart), naming the trigger endpoint;
+    # publish.insecure opens the stream only, never the request socket.
+    trigger = f"tcp://0.0.0.0:{free_port()}"
+    refused = tmp_path / "refused"
+    refused.mkdir()
+    with running(refused, trigger={"endpoint": trigger}, publish={"insecure": True}) as d:
+        assert d.proc.wait(60) == 78, d.log()
+        run_log = d.log()
+    check = run_cli("check", "--config", str(refused / "edged.toml"))
+    for command, code, out in (("run", 78, run_log), ("check", check.returncode, check.stderr)):
+        assert code == 78, (command, out)
+        assert f"trigger.endpoint '{trigger}' is not a loopback address" in out, (command, out)
+        assert "set trigger.insecure = true" in out and "publish.insecure" not in out, (command, out)
+    opted_in = tmp_path / "opted-in"
+    opted_in.mkdir()
+    with running(opted_in, trigger={"endpoint": trigger, "insecure": True}) as d:
+        ready(d)
+        asked = run_cli("trigger", trigger.replace("0.0.0.0", "127.0.0.1"), "--part-id", "P-2", "--timeout", "10")
+        assert asked.returncode == 3 and "part P-2]" in asked.stdout, asked.stderr
+        assert d.stop() == 0
 
 
 def test_a_reloads_trial_frame_is_not_published_in_request_mode(tmp_path: Path) -> None:
