@@ -31,7 +31,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
 
 from edged.errors import ConfigError, KeyFileError
 from edged.heads.registry import HEADS
-from edged.settings.endpoints import on_the_network
+from edged.settings.endpoints import ipc_folder_problem, on_the_network
 from edged.settings.evidence import EvidenceConfig
 from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
@@ -625,6 +625,15 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         resolve(data.get(section), key)
 
 
+def _socket_folder_problems(settings: Settings) -> list[str]:
+    """The ipc:// endpoints edged will bind whose folder is missing outside its runtime directory,
+    or is no folder (`edged.settings.endpoints`); the request socket only with a camera in request mode."""
+    endpoints = [("publish.endpoints", endpoint) for endpoint in settings.publish.endpoints]
+    if settings.requesting():
+        endpoints.append(("trigger.endpoint", settings.trigger.endpoint))
+    return [f"{key}: {problem}" for key, endpoint in endpoints if (problem := ipc_folder_problem(endpoint)) is not None]
+
+
 def _check_files(settings: Settings) -> list[str]:
     # What the cameras, the keys and the broker need (their libraries, zmq's certificates, paho) loads
     # only to check them: the settings themselves import nothing of the runtime.
@@ -682,7 +691,7 @@ def load_config(path: Path | None) -> Settings:
         raise ConfigError(path, [_format_error(err, variables, cameras=cameras) for err in e.errors()]) from None
     except SettingsError as e:  # an EDGED_* variable that is not the JSON its key needs
         raise ConfigError(path, [_variable_problem(e, variables)]) from None
-    problems = _check_files(settings)
+    problems = _check_files(settings) + _socket_folder_problems(settings)
     if problems:
         raise ConfigError(path, problems)
     return settings
