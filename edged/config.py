@@ -31,6 +31,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
 
 from edged.errors import ConfigError, KeyFileError
 from edged.heads.registry import HEADS
+from edged.settings.endpoints import ipc_folder_problem, on_the_network
 from edged.settings.evidence import EvidenceConfig
 from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
@@ -226,6 +227,11 @@ class TriggerConfig(Section):
     )
     timeout_s: float = Field(2.0, gt=0, le=60, description="A request is answered within this, with an error if need be.")
     queue: int = Field(4, ge=1, le=64, description="Requests waiting behind the one in progress; beyond it: busy.")
+    insecure: bool = Field(
+        False,
+        description="Take requests without CURVE keys on a tcp endpoint other machines can reach: anyone "
+        "there may then trigger inspections and read their verdicts (publish.insecure does not imply it).",
+    )
 
     @field_validator("endpoint")
     @classmethod
@@ -342,6 +348,22 @@ class Settings(BaseSettings):
                     f"camera_id {cfg.camera_id!r} is used by more than one [[source]]: each camera needs its own"
                 )
             seen.add(cfg.camera_id)
+        return v
+
+    @field_validator("trigger")
+    @classmethod
+    def _trigger_off_loopback(cls, v: TriggerConfig, info: Any) -> TriggerConfig:
+        """A request socket on the network without keys lets anyone trigger inspections and read
+        their verdicts: refused unless ``trigger.insecure`` accepts exactly that."""
+        publish = info.data.get("publish")  # absent when its own keys are wrong: reported there
+        keyed = publish is not None and publish.curve_server_key is not None
+        if not keyed and not v.insecure and on_the_network(v.endpoint):
+            raise ValueError(
+                f"trigger.endpoint {v.endpoint!r} is not a loopback address and publish.curve_server_key "
+                "and publish.curve_clients_dir are not set, so anyone who reaches it could trigger "
+                "inspections and read their verdicts: set those keys, bind 127.0.0.1 or ipc://, or set "
+                "trigger.insecure = true to accept that"
+            )
         return v
 
     def camera(self, camera_id: str) -> SourceBase | None:
@@ -631,6 +653,15 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         resolve(data.get(section), key)
 
 
+def _socket_folder_problems(settings: Settings) -> list[str]:
+    """The ipc:// endpoints edged will bind whose folder is missing outside its runtime directory,
+    or is no folder (`edged.settings.endpoints`); the request socket only with a camera in request mode."""
+    endpoints = [("publish.endpoints", endpoint) for endpoint in settings.publish.endpoints]
+    if settings.requesting():
+        endpoints.append(("trigger.endpoint", settings.trigger.endpoint))
+    return [f"{key}: {problem}" for key, endpoint in endpoints if (problem := ipc_folder_problem(endpoint)) is not None]
+
+
 def _check_files(settings: Settings) -> list[str]:
     # What the cameras, the keys and the broker need (their libraries, zmq's certificates, paho) loads
     # only to check them: the settings themselves import nothing of the runtime.
@@ -697,7 +728,7 @@ def load_config(path: Path | None) -> Settings:
     if settings.journal.path is None:
         journal = settings.journal.model_copy(update={"path": default_path(path.resolve().parent if path else None)})
         settings = settings.model_copy(update={"journal": journal})
-    problems = _check_files(settings)
+    problems = _check_files(settings) + _socket_folder_problems(settings)
     if problems:
         raise ConfigError(path, problems)
     return settings

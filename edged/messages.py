@@ -28,9 +28,10 @@ The MQTT output (`edged.mqtt`) sends the same payloads to a broker, under topics
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator
 
 from edged.errors import MessageError
 
@@ -183,6 +184,16 @@ class TriggerError(Message):
 
 
 MAX_PART_ID = 128
+# The Unicode categories a part id may not hold: what would forge a line (NUL, newline, escape, the
+# line separators) or reorder the text around it (bidirectional overrides, zero-width marks) in
+# every subscriber, log and terminal it reaches; and lone surrogates, which UTF-8 cannot carry.
+REFUSED_IN_PART_ID = {
+    "Cc": "a control character",
+    "Cf": "a format character",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+    "Cs": "a lone surrogate",
+}
 
 
 class TriggerRequest(BaseModel):
@@ -197,7 +208,8 @@ class TriggerRequest(BaseModel):
         None,
         min_length=1,
         max_length=MAX_PART_ID,
-        description="The part's id, carried into the verdict and detections messages.",
+        description="The part's id, carried into the verdict and detections messages; no control or "
+        "format characters (Unicode Cc, Cf), line or paragraph separators.",
     )
     camera_id: str | None = Field(
         None,
@@ -207,6 +219,18 @@ class TriggerRequest(BaseModel):
         description="The camera to inspect with; may be left out when one camera takes requests. "
         "On the broker it must match the topic's camera.",
     )
+
+    @field_validator("part_id", mode="before")
+    @classmethod
+    def _shown_as_written(cls, v: Any) -> Any:
+        """Refuse `REFUSED_IN_PART_ID`, naming the first such character as an escape: the part id
+        is shown to every subscriber and terminal, and the refusal is too."""
+        if isinstance(v, str) and len(v) <= MAX_PART_ID:  # a longer one is refused for its length
+            for i, c in enumerate(v):
+                what = REFUSED_IN_PART_ID.get(unicodedata.category(c))
+                if what is not None:
+                    raise ValueError(f"U+{ord(c):04X} at character {i + 1} is {what}, which a part id may not hold")
+        return v
 
 
 def parse_request(payload: bytes) -> TriggerRequest:
@@ -226,6 +250,8 @@ def parse_request(payload: bytes) -> TriggerRequest:
         key = str(problem["loc"][0]) if problem["loc"] else ""
         if problem["type"] == "extra_forbidden":
             raise MessageError(f'a request has the keys "part_id" and "camera_id" only, not {key!r:.80}') from None
+        if key == "part_id" and problem["type"] == "value_error":
+            raise MessageError(f"part_id: {problem['ctx']['error']}") from None
         if key == "part_id":
             raise MessageError(f"part_id must be a string of 1 to {MAX_PART_ID} characters") from None
         raise MessageError("camera_id must be a camera's name: 1 to 64 letters, digits, _ . -") from None

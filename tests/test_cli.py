@@ -265,6 +265,14 @@ def test_trigger_asks_for_the_camera_it_is_given(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "--camera: String should match pattern" in refused.stderr, refused.stderr
 
 
+def test_trigger_refuses_a_part_id_with_a_control_or_format_character_before_sending(tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path / 'nobody.sock'}"  # nothing listens: the refusal comes first
+    for part_id, named in (("A\nOK", "U+000A"), ("A-\u202eGN", "U+202E")):
+        refused = run_cli("trigger", endpoint, "--part-id", part_id, "--timeout", "1")
+        assert refused.returncode == 2 and f"--part-id: {named} at character" in refused.stderr, refused.stderr
+        assert part_id not in refused.stderr
+
+
 @pytest.mark.parametrize(
     "command",
     ["run", "check", "subscribe", "schema", "config-reference", "thermal", "eval", "keygen", "bench", "quantize", "trigger"],
