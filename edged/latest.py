@@ -47,6 +47,7 @@ class _SlotInfo:
     t_capture_ns: int = 0
     t_wall_ns: int = 0
     channel_order: Literal["bgr", "rgb"] = "bgr"
+    source_file: str | None = None
 
 
 class LatestFrame:
@@ -104,9 +105,10 @@ class LatestFrame:
             image = self._slots[index]
             info = self._info[index]
             self._demand.answered(self._clock(), served=True)
+            self._cond.notify()  # a producer keeping every frame waits for this one to be taken
         if image is None:
             raise RuntimeError("frame slot handed over without an image")
-        return Frame(image, info.frame_id, info.t_capture_ns, info.t_wall_ns, info.channel_order)
+        return Frame(image, info.frame_id, info.t_capture_ns, info.t_wall_ns, info.channel_order, info.source_file)
 
     def close(self) -> None:
         """No more frames will come: ``take`` returns the one still waiting, then ``None`` at once."""
@@ -178,7 +180,23 @@ class LatestFrame:
             self._size_changes += 1
             return previous
 
-    def hand_over(self, index: int, t_capture_ns: int, t_wall_ns: int, channel_order: Literal["bgr", "rgb"]) -> None:
+    def taken(self, timeout_s: float) -> bool:
+        """Wait until no frame is waiting to be taken, at most ``timeout_s``; False on timeout.
+
+        A producer that must not drop a frame (`edged.sources.base.keeps_every_frame`) reads the
+        next only then; once closed, nothing more is taken and this returns True at once.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: self._latest is None or self._closed, timeout_s)
+
+    def hand_over(
+        self,
+        index: int,
+        t_capture_ns: int,
+        t_wall_ns: int,
+        channel_order: Literal["bgr", "rgb"],
+        source_file: str | None = None,
+    ) -> None:
         """Make claimed slot ``index`` the latest frame, with the next id; a frame still waiting is dropped as stale."""
         with self._cond:
             info = self._info[index]
@@ -186,6 +204,7 @@ class LatestFrame:
             info.t_capture_ns = t_capture_ns
             info.t_wall_ns = t_wall_ns
             info.channel_order = channel_order
+            info.source_file = source_file
             self._next_id += 1
             self._decoded += 1
             if self._latest is not None:

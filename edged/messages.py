@@ -129,6 +129,11 @@ class DetectionsMessage(TopicMessage):
     reasons: list[Reason] = Field(default_factory=list, description="The detections that made it ng.")
     verdict_latency_ms: float | None = Field(None, description="Capture to verdict; null without [inspect].")
     part_id: str | None = Field(None, description="The part id of the trigger request this frame answered.")
+    source_file: str | None = Field(
+        None,
+        description="The image file the frame was read from (an images source: its name in the folder, or the "
+        "path a glob matched); null for a camera or video.",
+    )
 
     @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
     @property
@@ -146,6 +151,7 @@ class VerdictMessage(TopicMessage):
     verdict: Verdict
     reasons: list[Reason]
     verdict_latency_ms: float = Field(description="Capture to verdict.")
+    source_file: str | None = Field(None, description="The image file the frame was read from; null for a camera.")
 
     @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
     @property

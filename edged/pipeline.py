@@ -258,6 +258,7 @@ class FramePath:
             reasons=self.reasons(done),
             verdict_latency_ms=round(done.verdict_ms, 3) if inspected else None,
             part_id=part_id,
+            source_file=done.frame.source_file,
         )
 
     def reasons(self, done: Processed) -> list[Reason]:

@@ -130,6 +130,22 @@ def test_frames_with_detections_are_saved_as_images_labels_and_messages(workdir:
     assert_no_half_sets(workdir / "evidence")
 
 
+def test_an_unpaced_folder_names_each_saved_frame_s_image_file_in_its_message(workdir: Path) -> None:
+    path, endpoint = configure(workdir, {"save": "all", "max_per_minute": 0})
+    path.write_text(path.read_text().replace("fps = 20.0", "fps = 20.0\npace = false\nloop = false"))
+    d = RunningDaemon(path, endpoint)
+    try:
+        assert d.proc.wait(30) == 0, d.log()  # every image once, then the source ends
+    finally:
+        d.close()
+    saved = sets(workdir / "evidence")
+    assert saved
+    for image_path in saved:
+        message = parse_message((image_path.parent.parent / "messages" / f"{image_path.stem}.json").read_bytes())
+        assert isinstance(message, DetectionsMessage)
+        assert message.source_file == f"{message.frame_id:03d}.png"  # frame i is the folder's image i
+
+
 def test_save_all_keeps_empty_frames_too_with_a_message_only_where_one_was_published(workdir: Path) -> None:
     d = start(workdir, {"save": "all", "max_per_minute": 0}, publish={"publish_empty": False})
     try:

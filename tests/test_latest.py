@@ -55,6 +55,21 @@ def test_a_frame_handed_over_is_taken_once_with_its_id_times_and_channel_order()
     assert ring.take(timeout_s=0) is None
 
 
+def test_a_producer_keeping_every_frame_waits_until_the_one_waiting_is_taken() -> None:
+    ring = LatestFrame()
+    assert ring.taken(0)  # nothing waiting
+    deliver(ring, 1)
+    assert not ring.taken(0)
+    waited = threading.Thread(target=ring.taken, args=(30,))
+    waited.start()
+    assert taken(ring).frame_id == 0
+    waited.join(30)
+    assert not waited.is_alive()
+    deliver(ring, 2)
+    ring.close()
+    assert ring.taken(30)  # closed: nothing more will be taken, so nothing is waited for
+
+
 def test_a_new_frame_replaces_one_not_taken_and_counts_it_stale() -> None:
     ring = LatestFrame()
     deliver(ring, 1)
