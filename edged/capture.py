@@ -31,7 +31,7 @@ from edged.backoff import Backoff
 from edged.config import CapturePriority
 from edged.demand import StreamTiming
 from edged.errors import EdgedError, SourceError
-from edged.latest import LatestFrame, Shape
+from edged.latest import DropCause, LatestFrame, Shape
 from edged.messages import CaptureState
 from edged.sources.base import (
     Frame,
@@ -69,7 +69,7 @@ class CaptureStats:
     state: CaptureState
     frames_captured: int
     frames_decoded: int
-    dropped_stale: int
+    dropped: dict[DropCause, int]
     read_errors: int
     reconnects: int
     size_changes: int
@@ -107,7 +107,7 @@ class Capture:
 
     With a source that has ``grab`` and ``retrieve``, a frame is decoded only when the consumer
     is waiting or may ask before a newer frame could be decoded (`edged.demand`); a frame skipped
-    undecoded counts as ``dropped_stale`` like one replaced in its slot. ``decode_all`` decodes
+    undecoded counts as dropped like one replaced in its slot. ``decode_all`` decodes
     every frame, as for a consumer that takes them all (the bench's worst case).
 
     ``clock`` (monotonic ns) stamps frames and progress and times pacing and backoff; ``wait(s)``
@@ -166,6 +166,10 @@ class Capture:
         wanted, and so which frames to decode (`edged.demand`).
         """
         return self._frames.take(timeout_s)
+
+    def passing(self, cause: DropCause) -> None:
+        """Why the consumer takes no frame now: the frames dropped from now on count under ``cause``."""
+        self._frames.passing(cause)
 
     def signal_stop(self) -> None:
         """Tell the thread to stop without waiting for it: several cameras then stop together."""

@@ -118,6 +118,21 @@ def test_published_messages_validate_against_the_committed_schema(daemon: Runnin
     assert payloads["status"]["time_ms"] == payloads["status"]["time_ns"] / 1e6
 
 
+def test_frames_the_rate_cap_holds_back_count_as_rate_capped_not_as_stale(workdir: Path) -> None:
+    path, endpoint = config(workdir, service={"max_fps": 2.0})  # a 20 fps file
+    d = RunningDaemon(path, endpoint)
+    try:
+        status = d.wait_status(lambda s: s.drops.get("rate_capped", 0) >= 20)
+    finally:
+        d.close()
+    assert status.drops["not_requested"] == 0 and "stale" not in status.drops
+    assert status.capture is not None
+    assert (
+        status.drops["rate_capped"] + status.drops["stale_slow"]
+        >= status.capture.frames_captured - status.frames_processed - 2
+    )
+
+
 def test_sigterm_stops_cleanly_within_two_seconds(daemon: RunningDaemon) -> None:
     daemon.collect("detections", 3)
     started = time.monotonic()

@@ -40,7 +40,7 @@ def _frame(frame_id: int, image: np.ndarray, order: str = "bgr") -> Frame:
 
 @pytest.fixture
 def view() -> Iterator[LiveView]:
-    v = LiveView(fps=1000.0, width=960, quality=90, zones={})
+    v = LiveView("cam0", fps=1000.0, width=960, quality=90, zones={})
     v.start()
     yield v
     v.close()
@@ -129,11 +129,11 @@ def test_an_rgb_frame_is_shown_in_its_true_colours(view: LiveView) -> None:
 
 
 def test_while_the_encoder_is_busy_or_the_rate_is_spent_no_frame_is_wanted() -> None:
-    view = LiveView(fps=2.0, width=960, quality=70, zones={})  # not started: the encoder never takes the frame
+    view = LiveView("cam0", fps=2.0, width=960, quality=70, zones={})  # not started: the encoder never takes the frame
     with view.watch():
         view.offer(_frame(1, np.zeros((48, 64, 3), np.uint8)), _message(1, [], (64, 48)))
         assert not view.wants_frame()  # the offered frame is still waiting for the encoder
-    started = LiveView(fps=2.0, width=960, quality=70, zones={})
+    started = LiveView("cam0", fps=2.0, width=960, quality=70, zones={})
     started.start()
     try:
         with started.watch():
@@ -174,7 +174,7 @@ def test_offering_a_frame_creates_no_numpy_array_after_the_first(view: LiveView)
 
 
 def test_close_wakes_a_waiting_viewer() -> None:
-    view = LiveView(fps=5.0, width=960, quality=70, zones={})
+    view = LiveView("cam0", fps=5.0, width=960, quality=70, zones={})
     view.start()
     started = time.monotonic()
     with view.watch():
