@@ -386,6 +386,16 @@ def test_in_request_mode_a_viewer_sees_an_unannotated_preview_between_requests(t
         assert isinstance(parse_message(request.recv()), VerdictMessage)
         after = [decode(stream.next_jpeg()) for _ in range(6)]  # the request's annotated frame, then previews
         status = d.wait_status(lambda s: s.frames_processed >= 1)
+        chromium = shutil.which("chromium")
+        assert chromium, "Debian's chromium is needed (scripts/setup test installs it)"
+        png = tmp_path / "page.png"
+        args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--timeout=5000"]
+        shot = subprocess.run(
+            [*args, "--window-size=1000,640", f"--screenshot={png}", f"http://127.0.0.1:{port}/"],
+            capture_output=True,
+            timeout=60,
+        )
+        assert png.is_file(), shot.stderr.decode()[-2000:]
     finally:
         if stream is not None:
             stream.close()
@@ -397,6 +407,9 @@ def test_in_request_mode_a_viewer_sees_an_unannotated_preview_between_requests(t
         assert np.abs(image[40:120, 110:210].astype(np.int32) - COLOUR).max() < 24
     assert status.drops["not_requested"] > 0 and status.drops["rate_capped"] == 0, status.drops
     assert "stale" not in status.drops
+    page = cv2.imread(str(png))
+    shown = page[150:300, 100:500].reshape(-1, 3).mean(axis=0)
+    assert np.abs(shown - COLOUR).max() < 15, shown  # the page shows the camera (its background is #16181c)
 
 
 def test_off_loopback_a_token_is_required_and_checked(tmp_path: Path) -> None:

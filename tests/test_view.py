@@ -117,6 +117,20 @@ def test_zones_the_boxes_in_them_and_the_verdict_banner_are_drawn(view: LiveView
     assert _near(plain[300, 480], GREY, 30) and _near(plain[3, 950], GREY, 30)  # no zones, no verdict: neither
 
 
+def test_a_preview_shows_the_frame_and_its_zones_with_a_caption_but_nothing_of_a_model(view: LiveView) -> None:
+    image = np.full((1080, 1920, 3), GREY, np.uint8)
+    view.show_zones({"left": [(0.1, 0.2), (0.5, 0.2), (0.5, 0.9), (0.1, 0.9)]})
+    with view.watch():
+        view.offer(_frame(5, image), None)
+        got = view.next_jpeg(0, 5.0)
+    assert got is not None
+    shown = _decode(got[1])
+    assert shown.shape == (540, 960, 3)
+    assert _near(shown[300, 480], ZONE_PALETTE[0])  # the zone, to aim the camera by
+    assert _near(shown[3, 950], GREY, 30) and _near(shown[250, 300], GREY, 30)  # no banner, no box
+    assert shown[530:540, 0:200].mean() < 40  # the caption's black band, bottom left
+
+
 def test_an_rgb_frame_is_shown_in_its_true_colours(view: LiveView) -> None:
     rgb = np.zeros((96, 128, 3), np.uint8)
     rgb[..., 0] = 255  # red, in RGB order
