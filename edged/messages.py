@@ -130,6 +130,11 @@ class DetectionsMessage(TopicMessage):
     reasons: list[Reason] = Field(default_factory=list, description="The detections that made it ng.")
     verdict_latency_ms: float | None = Field(None, description="Capture to verdict; null without [inspect].")
     part_id: str | None = Field(None, description="The part id of the trigger request this frame answered.")
+    source_file: str | None = Field(
+        None,
+        description="The image file the frame was read from (an images source: its name in the folder, or the "
+        "path a glob matched); null for a camera or video.",
+    )
 
     @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
     @property
@@ -147,6 +152,7 @@ class VerdictMessage(TopicMessage):
     verdict: Verdict
     reasons: list[Reason]
     verdict_latency_ms: float = Field(description="Capture to verdict.")
+    source_file: str | None = Field(None, description="The image file the frame was read from; null for a camera.")
     model_sha256: str | None = Field(None, description="SHA-256 of the model file that gave the verdict, hex.")
     replayed: bool = Field(
         False,

@@ -33,6 +33,7 @@ class LoadedModel:
     labels: list[str]
     cfg: ModelConfig
     info: ModelInfo  # what every message says about the model
+    class_names: tuple[str, ...]  # the labels, or the class ids where the model names none: a dataset's names
 
     def make_decoder(
         self,
@@ -95,7 +96,8 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
         raise ContractError(f"{source} lists {fmt_classes(len(labels))} but the model outputs {num_classes}")
     identity = engine.identity
     info = ModelInfo(name=identity.name, sha256=identity.sha256, provider=engine.provider)
-    return LoadedModel(engine, contract, head, num_classes, labels, cfg, info)
+    names = tuple(labels) if labels else tuple(str(i) for i in range(num_classes))
+    return LoadedModel(engine, contract, head, num_classes, labels, cfg, info, names)
 
 
 def fallback_model(settings: Settings, model: LoadedModel, failures: int) -> tuple[Settings, LoadedModel] | None:

@@ -4,7 +4,8 @@ ZeroMQ (`edged.publish`), MQTT (`edged.mqtt`), the live view (`edged.http`) and 
 (`edged.evidence`) are each an `Output`; `edged.outputs` lists them and the daemon loops over
 that list. An output is made from the settings (`from_settings`, None when its section is
 absent), says per frame whether it wants the message (`wants`), gets the frame's report
-(`frame`) and every status round (`status`), adds what it knows to each camera's status
+(`frame`), may show a camera's frames unprocessed while it waits for requests (`previews`,
+`preview`), gets every status round (`status`), adds what it knows to each camera's status
 (`report`), follows a reload (`reload`, which may return a new output or None) and closes.
 Every method but `close` runs on the loop's thread and must never block it.
 """
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from edged.messages import DetectionsMessage, StatusMessage, VerdictMessage
     from edged.pipeline import Processed
     from edged.prometheus import CameraStatus
+    from edged.sources.base import Frame
     from edged.trigger import TriggerServer
 
 
@@ -102,6 +104,15 @@ class Output:
 
     def frame(self, report: FrameReport) -> None:
         """Every processed frame, with what the outputs' `wants` asked for."""
+
+    def previews(self, camera_id: str) -> bool:
+        """Whether this output would show camera ``camera_id``'s next frame unprocessed (a camera in
+        request mode between requests). No allocation."""
+        return False
+
+    def preview(self, camera_id: str, frame: Frame) -> None:
+        """A frame nobody asked the model about, right after `previews` said yes; ``frame`` is valid
+        only during the call."""
 
     def status(self, reports: Sequence[StatusReport]) -> None:
         """Every camera's status, once per status round."""

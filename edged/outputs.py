@@ -20,6 +20,7 @@ from edged.mqtt import MqttOutput
 from edged.output import Delivery, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.pipeline import Processed, verdict_message
 from edged.publish import Publisher
+from edged.sources.base import Frame
 from edged.trigger import Request, TriggerServer
 
 OutputT = TypeVar("OutputT", bound=Output)
@@ -65,6 +66,15 @@ class Outputs:
         for output in self._running.values():
             output.frame(report)
         return report.verdict
+
+    def previews(self, camera_id: str) -> bool:
+        """Some output shows camera ``camera_id``'s next frame unprocessed (`Output.previews`)."""
+        return any(output.previews(camera_id) for output in self._running.values())
+
+    def preview(self, camera_id: str, frame: Frame) -> None:
+        for output in self._running.values():
+            if output.previews(camera_id):
+                output.preview(camera_id, frame)
 
     def status(self, reports: Sequence[StatusReport]) -> None:
         for output in self._running.values():

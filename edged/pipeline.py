@@ -95,7 +95,8 @@ class Processed:
 
     ``result`` is its task's (`edged.task.TaskResult`; detections today). With ``[inspect]`` the
     detections are the inspected ones (zones applied) and ``verdict_ms`` is capture to verdict;
-    without it ``inspected`` is None.
+    without it ``inspected`` is None. ``decoded`` is every detection the decoder kept, before
+    zones dropped those outside them from ``result``.
     """
 
     frame: Frame
@@ -105,6 +106,13 @@ class Processed:
     age_ms: float
     inspected: Inspected | None = None
     verdict_ms: float = 0.0
+    decoded: Detections | None = None
+
+    @property
+    def labelled(self) -> Detections:
+        """What the frame's dataset label holds: every detection, those outside the zones too (an object
+        the line ignores there is still an object, and a label without it teaches the model it is not)."""
+        return self.decoded if self.decoded is not None else self.result
 
 
 # What a verdict message repeats of its frame's detections message (all of it but ``seq`` and
@@ -176,7 +184,7 @@ class FramePath:
             return Processed(frame, plan, detections, times, (time.monotonic_ns() - frame.t_capture_ns) / 1e6)
         inspected = self.inspector(detections, plan.spec.width, plan.spec.height)
         age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
-        return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms)
+        return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms, detections)
 
     def _plan_for(self, frame: Frame) -> FramePipeline | Rejected:
         """The plan for this frame: its size's own when sizes vary, else the camera's current one,
@@ -264,6 +272,7 @@ class FramePath:
             reasons=self.reasons(done),
             verdict_latency_ms=round(done.verdict_ms, 3) if inspected else None,
             part_id=part_id,
+            source_file=done.frame.source_file,
         )
 
     def reasons(self, done: Processed) -> list[Reason]:

@@ -37,7 +37,7 @@ class Snapshot:
     def drops(self) -> dict[str, int]:
         """Frames and messages lost, by cause: the loop's, the capture thread's and the outputs'."""
         drops = dict(self.stats.drops)
-        drops["stale"] = self.capture.dropped_stale
+        drops.update(self.capture.dropped.items())
         drops["read_error"] = self.capture.read_errors
         for output in self.outputs:
             drops.update(output.drops)

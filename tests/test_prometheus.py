@@ -47,7 +47,7 @@ def _status(
         fps=4.0,
         frames_processed=42,
         source_state="lost",
-        drops={"stale": 5, "bad_frame_size": 2},
+        drops={"stale_slow": 5, "bad_frame_size": 2},
         latency={"inference": StageLatency(p50_ms=1.0, p99_ms=2.0)},
         rate_cap_fps=rate_cap,
         thermal=thermal,
@@ -107,7 +107,7 @@ def test_counters_gauges_and_info_come_from_the_status() -> None:
     metrics.update([(_status(), RunStats().histograms(), None)])
     got = _samples(metrics)
     assert got[("edged_frames_total", CAM0)] == 42
-    assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "stale")))] == 5
+    assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "stale_slow")))] == 5
     assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "bad_frame_size")))] == 2
     assert got[("edged_frames_captured_total", CAM0)] == 50
     assert got[("edged_source_reconnects_total", CAM0)] == 1
