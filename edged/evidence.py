@@ -64,6 +64,7 @@ SUBFOLDERS = ("images", "labels", "messages")
 DATASET_FILES = ("data.yaml", "classes.txt")  # in each camera folder, written when the model's names change
 SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json"}
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # what a part id may not bring into a file name
 _FILE_MODE = 0o640
 
 
@@ -80,6 +81,7 @@ class EvidenceFrame:
     label: str  # the dataset label file (`edged.task.TaskResult.dataset_label`)
     message: bytes | None
     names: tuple[str, ...]  # the model's class names, by class id (`edged.model.LoadedModel.class_names`)
+    part_id: str | None = None  # the request's, in request mode
 
 
 def should_save(save: SavePolicy, verdict: Verdict | None, found: int, near: int) -> bool:
@@ -98,10 +100,14 @@ def should_save(save: SavePolicy, verdict: Verdict | None, found: int, near: int
     return save == "ng+near" and near > 0
 
 
-def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int) -> tuple[str, str]:
-    """The day folder and file stem of a frame: names sort by capture time, so oldest first is name order."""
+def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int, part_id: str | None = None) -> tuple[str, str]:
+    """The day folder and file stem of a frame: names sort by capture time, so oldest first is name
+    order; a request's part id ends the stem (as letters, digits and ``_ . -``, at most 64), so a
+    part's pictures are found by name."""
     when = datetime.fromtimestamp(capture_time_ns / 1e9, tz=timezone.utc)
     stem = f"{camera_id}_{when:%Y%m%dT%H%M%S}{when.microsecond // 1000:03d}_{frame_id}"
+    if part_id:
+        stem += "_" + _UNSAFE.sub("_", part_id)[:64]
     return f"{when:%Y-%m-%d}", stem
 
 
@@ -216,7 +222,7 @@ class EvidenceStore:
         return total
 
     def save(self, frame: EvidenceFrame, jpeg_quality: int) -> None:
-        day, stem = day_and_stem(frame.camera_id, frame.capture_time_ns, frame.frame_id)
+        day, stem = day_and_stem(frame.camera_id, frame.capture_time_ns, frame.frame_id, frame.part_id)
         folder = self.folder / day
         self._make_folders(folder)
         if frame.names != self._names:
@@ -403,22 +409,28 @@ class EvidenceWriter:
         *,
         names: tuple[str, ...],
         labelled: TaskResult | None = None,
-    ) -> None:
+        part_id: str | None = None,
+    ) -> Path | None:
         """Save ``frame`` if it is evidence and there is room and rate for it; only then is it copied.
+        Returns where its image will be, None when it is not saved.
 
         ``result`` is what was published, with its near misses under ``ng+near``; the label saved
         is the findings of ``labelled`` (default ``result``: the frame's findings before zones
         dropped some), never the near misses. ``message`` is the payload published for the frame,
-        None when it was not published; ``names`` the model's class names.
+        None when it was not published; ``names`` the model's class names; ``part_id`` the
+        request's, which ends the file names.
         """
         if not self.admit(verdict, len(result), result.near_misses()):
-            return
+            return None
         height, width = frame.image.shape[:2]
         label = (labelled if labelled is not None else result).dataset_label(width, height)
         image = frame.image.copy()
-        self.submit(
-            EvidenceFrame(self.camera_id, frame.frame_id, frame.t_wall_ns, image, frame.channel_order, label, message, names)
+        saved = EvidenceFrame(
+            self.camera_id, frame.frame_id, frame.t_wall_ns, image, frame.channel_order, label, message, names, part_id
         )
+        self.submit(saved)
+        day, stem = day_and_stem(self.camera_id, frame.t_wall_ns, frame.frame_id, part_id)
+        return self.store.folder / day / "images" / f"{stem}.jpg"
 
     def admit(self, verdict: Verdict | None, found: int, near: int) -> bool:
         """Whether the caller should copy this frame (``found`` detections, ``near`` near misses) and
@@ -539,7 +551,12 @@ class EvidenceOutput(Output):
             done = report.outcome
             verdict = done.inspected.verdict if done.inspected else None
             names = done.plan.model.class_names
-            writer.offer(done.frame, done.result, verdict, report.payload, names=names, labelled=done.labelled)
+            part_id = report.message.part_id if report.message is not None else None
+            image = writer.offer(
+                done.frame, done.result, verdict, report.payload, names=names, labelled=done.labelled, part_id=part_id
+            )
+            if image is not None:
+                report.saved["evidence"] = str(image)
 
     def report(self, camera_id: str) -> OutputReport:
         writer = self.writers.get(camera_id)

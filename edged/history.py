@@ -40,6 +40,7 @@ FIELDS = (
     "edged_version",
     "board_id",
     "boot_id",
+    "evidence",
     "message",
 )
 
@@ -127,7 +128,9 @@ def write(rows: Sequence[dict[str, Any]], fmt: str, out: TextIO) -> None:
             part = row["part_id"] or "-"
             out.write(
                 f"{_when(row['wall_ns'])}  {row['camera_id']}  part {part}  frame {row['frame_id']}  "
-                f"{row['verdict'] or '-'}  {_reasons(row['reasons'])}  model {row['model_sha256'][:12]}\n"
+                f"{row['verdict'] or '-'}  {_reasons(row['reasons'])}  model {row['model_sha256'][:12]}"
+                + (f"  evidence {row['evidence']}" if row["evidence"] else "")
+                + "\n"
             )
         if not rows:
             out.write("no entries match\n")

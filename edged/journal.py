@@ -65,6 +65,7 @@ CREATE TABLE IF NOT EXISTS entries (
     edged_version TEXT NOT NULL,
     board_id TEXT NOT NULL,
     boot_id TEXT NOT NULL,
+    evidence TEXT,
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS entries_part ON entries (part_id);
@@ -72,9 +73,9 @@ CREATE INDEX IF NOT EXISTS entries_camera_time ON entries (camera_id, wall_ns);
 """
 COLUMNS = (
     "kind, camera_id, frame_id, seq, part_id, verdict, reasons, wall_ns, mono_ns, clock_synced, model_sha256, "
-    "config_sha256, edged_version, board_id, boot_id, message"
+    "config_sha256, edged_version, board_id, boot_id, evidence, message"
 )
-_INSERT = f"INSERT INTO entries ({COLUMNS}) VALUES ({', '.join('?' * 16)})"
+_INSERT = f"INSERT INTO entries ({COLUMNS}) VALUES ({', '.join('?' * 17)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,7 @@ class Entry:
     model_sha256: str
     config_sha256: str
     message: bytes
+    evidence: str | None = None  # the evidence image saved of the frame, if any
 
 
 def config_sha256(settings: Settings) -> str:
@@ -173,6 +175,7 @@ class JournalStore:
                 identity.version,
                 identity.board_id,
                 identity.boot_id,
+                e.evidence,
                 e.message.decode(),
             )
             for e in entries
@@ -419,6 +422,7 @@ class JournalOutput(Output):
                     message.model.sha256,
                     self._config_sha256,
                     report.verdict_payload,
+                    report.saved.get("evidence"),
                 )
             )
         if self._cfg.detections and report.found and report.payload is not None:
@@ -436,6 +440,7 @@ class JournalOutput(Output):
                     message.model.sha256,
                     self._config_sha256,
                     report.payload,
+                    report.saved.get("evidence"),
                 )
             )
 

@@ -42,7 +42,8 @@ class FrameReport:
     ``outcome`` is a view into the camera's plan, valid until its next frame: an output that
     keeps anything of it copies it (the evidence writer copies the image it saves). ``message``
     is there when some output asked for it (`Delivery.SHOWN`); ``payload``, ``verdict`` and
-    ``verdict_payload``, the JSON bytes sent, when one asked for `Delivery.SENT`.
+    ``verdict_payload``, the JSON bytes sent, when one asked for `Delivery.SENT`. ``saved`` is what
+    an output kept of the frame, for those after it in `edged.outputs.OUTPUTS` (evidence: the image's path).
     """
 
     camera_id: str
@@ -52,6 +53,7 @@ class FrameReport:
     payload: bytes | None = None
     verdict: VerdictMessage | None = None
     verdict_payload: bytes | None = None
+    saved: dict[str, str] = field(default_factory=dict)
 
     def sent(self, publish_empty: bool) -> bytes | None:
         """The payload an output that skips empty frames unless ``publish_empty`` sends, if any."""

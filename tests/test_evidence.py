@@ -103,6 +103,13 @@ def test_stems_sort_by_capture_time_within_a_day_folder_named_in_utc() -> None:
     assert later == sorted(later)
 
 
+def test_a_requests_part_id_ends_the_stem_as_a_safe_file_name() -> None:
+    assert day_and_stem("cam0", T0_NS, 42, "A-1017")[1] == "cam0_20261130T005320000_42_A-1017"
+    assert day_and_stem("cam0", T0_NS, 42, "../x/y z")[1] == "cam0_20261130T005320000_42_.._x_y_z"
+    assert len(day_and_stem("cam0", T0_NS, 42, "P" * 128)[1]) == len("cam0_20261130T005320000_42_") + 64
+    assert day_and_stem("cam0", T0_NS, 42, "")[1] == day_and_stem("cam0", T0_NS, 42)[1]
+
+
 # ---- the files ----------------------------------------------------------------------------------
 
 

@@ -54,9 +54,11 @@ def test_a_row_says_what_when_with_which_model_and_where(tmp_path: Path) -> None
         assert wait_for(lambda: w.report("cam").recorded == 5)
         got = rows(path, f"SELECT {journal.COLUMNS} FROM entries ORDER BY id")
         assert [r[2] for r in got] == [0, 1, 2, 3, 4]  # read while the writer holds the file: WAL
-        kind, camera, frame, seq, part, verdict, reasons, wall, mono, synced, model, config, version, board, boot, msg = got[
-            1
+        (kind, camera, frame, seq, part, verdict, reasons, wall, mono, synced, model, config, version, board, boot) = got[1][
+            :15
         ]
+        evidence, msg = got[1][15:]
+        assert evidence is None
         assert (kind, camera, frame, seq, part, verdict, reasons) == ("verdict", "cam", 1, 1, "P-1", "ng", "[]")
         assert (wall, mono, model, config) == (1_700_000_000_000_000_001, 1, "m" * 64, "c" * 64)
         assert (version, board, boot) == ("9.9.9", "b0a4d1d000000000", "boot-1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -369,3 +370,22 @@ def test_a_reload_that_turns_request_mode_off_is_refused_and_requests_are_answer
             assert isinstance(reply, VerdictMessage) and (reply.camera_id, reply.part_id) == ("cam0", "still"), reply
         finally:
             ask.close()
+
+
+def test_a_requests_part_id_names_its_evidence_and_its_journal_entry_points_at_the_picture(tmp_path: Path) -> None:
+    history = ("history", "--config", str(tmp_path / "edged.toml"), "--part-id", "A-1017/rev 2", "--json")
+    with running(tmp_path, inspect={"ng_classes": ["crack"]}, evidence={"dir": "evidence", "save": "all"}) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            ready(d)
+            reply = ask.ask(b'{"part_id": "A-1017/rev 2"}')
+            assert isinstance(reply, VerdictMessage) and reply.part_id == "A-1017/rev 2"
+            # read from another process while edged runs
+            assert wait_for(lambda: len(json.loads(run_cli(*history).stdout)) == 1, 10)
+        finally:
+            ask.close()
+    [row] = json.loads(run_cli(*history).stdout)
+    image = Path(row["evidence"])
+    assert image.name.endswith("_A-1017_rev_2.jpg") and image.parent.name == "images"  # no folder from the "/"
+    assert wait_for(image.is_file, 10) and image.parent.parent.parent.name == "cam0"
+    assert row["message"]["frame_id"] == reply.frame_id and row["part_id"] == "A-1017/rev 2"
