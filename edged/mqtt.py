@@ -97,12 +97,16 @@ def broker_problems(cfg: MqttConfig) -> list[str]:
         problems.append(f"mqtt: {e}")
     for key in ("ca_file", "cert_file"):
         path = getattr(cfg, key)
+        if path is None:
+            continue
         try:
-            missing = path is not None and not path.is_file()
+            directory, missing = path.is_dir(), not path.is_file()
         except OSError as e:  # e.g. a name too long for the filesystem
             problems.append(f"mqtt.{key}: cannot read {path}: {e.strerror}")
             continue
-        if missing:
+        if directory:
+            problems.append(f"mqtt.{key}: {path} is a directory, not a file")
+        elif missing:
             problems.append(f"mqtt.{key}: {path} does not exist")
     for key in ("password_file", "key_file"):
         path = getattr(cfg, key)

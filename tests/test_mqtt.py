@@ -67,6 +67,8 @@ def test_the_environment_can_turn_it_on(tmp_path: Path, monkeypatch: pytest.Monk
         ('url = "tcp://broker:1883"', "mqtt.url: Value error, must start with mqtt:// or mqtts://"),
         ('url = "mqtt://user:pw@broker"', "must not hold credentials: set mqtt.username and mqtt.password_file"),
         ('url = "mqtt://broker:99999"', "mqtt.url"),
+        ('url = "mqtt://broker:0"', "mqtt.url: Value error, port 0 is no broker's port"),
+        ('url = "mqtts://broker:0"', "leave the port out for 8883"),
         ('url = "mqtt://broker/edged"', "nothing after the port"),
         ('url = "mqtt://b"\nca_file = "ca.crt"', "ca_file, cert_file and key_file need an mqtts:// url"),
         ('url = "mqtts://b"\ncert_file = "c.crt"', "set both cert_file and key_file, or neither"),
@@ -82,6 +84,13 @@ def test_the_environment_can_turn_it_on(tmp_path: Path, monkeypatch: pytest.Monk
 def test_bad_settings_name_their_key(tmp_path: Path, mqtt: str, problem: str) -> None:
     problems = _problems(tmp_path, mqtt)
     assert any(problem in p for p in problems), problems
+
+
+def test_a_ca_file_that_is_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    (tmp_path / "certs").mkdir()
+    problems = _problems(tmp_path, 'url = "mqtts://b"\nca_file = "certs"')
+    assert any(re.search(r"mqtt.ca_file: .*certs is a directory, not a file", p) for p in problems), problems
+    assert not any("does not exist" in p for p in problems), problems
 
 
 def test_a_password_file_others_can_read_is_refused_and_one_for_the_service_group_is_not(tmp_path: Path) -> None:
