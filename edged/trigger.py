@@ -352,11 +352,28 @@ def request_verdict(
     finally:
         sock.close(linger=0)
         context.term()
+    if isinstance(reply, VerdictMessage | TriggerError) and not _answers(reply, request):
+        raise TriggerFailed(
+            f"the reply from {endpoint} is for {_naming(reply.camera_id, reply.part_id)}, "
+            f"not {_naming(request.camera_id, request.part_id)}: "
+            "something other than edged's request server answers there, or it mixed up its requests"
+        )
     if isinstance(reply, TriggerError):
         raise TriggerFailed(f"no verdict ({reply.error}): {reply.detail}")
     if not isinstance(reply, VerdictMessage):
         raise TriggerFailed(f"the reply from {endpoint} is a {reply.kind} message, not a verdict")
     return reply
+
+
+def _answers(reply: VerdictMessage | TriggerError, request: TriggerRequest) -> bool:
+    """Whether ``reply`` is for ``request``: its part, and its camera where the request named one. A
+    verdict for another part would pass or fail the wrong part."""
+    return reply.part_id == request.part_id and request.camera_id in (None, reply.camera_id)
+
+
+def _naming(camera_id: str | None, part_id: str | None) -> str:
+    camera = f"camera {camera_id}" if camera_id is not None else "any camera"
+    return f"{camera} part {part_id if part_id is not None else '(none)'}"
 
 
 def run_trigger(
