@@ -23,7 +23,8 @@ the broker connection never waits for an inspection. The subscriptions follow th
 handler was last given (a reload changes them on the live connection) and are made again on
 every connection, as a clean session ends them: a trigger sent while edged is disconnected is
 not seen (the requester's timeout covers it, and an inspection long after its part has passed
-would be of the wrong part anyway).
+would be of the wrong part anyway). paho reads through `PacketCap`, which discards a payload over
+`MAX_TRIGGER_BYTES` as it arrives (counted as `TOO_LARGE`), so no publisher decides what edged allocates.
 
 paho-mqtt (2.x) is an optional dependency, imported only when a configuration has ``[mqtt]``.
 """
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from edged.backoff import Backoff
 from edged.errors import BrokerError, EdgedError, KeyFileError, MissingDependency
 from edged.keys import check_secret_file
+from edged.lograte import LogRate
 from edged.output import MessageKind, MessageOutput, OutputReport, Services
 from edged.settings.mqtt import MqttConfig
 from edged.wake import Wake
@@ -68,6 +70,12 @@ CONNECT_TIMEOUT_S = 5.0  # one TCP connect plus TLS handshake; the thread alone 
 CLOSE_TIMEOUT_S = 0.5  # at stop, how long the last status and the offline state may take to go out
 INFLIGHT = 20  # QoS 1/2 messages handed to paho and not yet acknowledged
 LOG_EVERY_N_FAILURES = 10  # the same failure again is logged once per this many attempts
+MAX_TRIGGER_BYTES = 1024  # a trigger's payload is a few dozen bytes; ZeroMQ's requests are capped the same
+READ_BYTES = 1 << 16  # what `PacketCap` reads from the socket at once
+TOO_LARGE = "mqtt_too_large"  # the status drop counting messages `PacketCap` cut
+TOO_LARGE_LOG_INTERVAL_S = 60.0
+CUT_TOPIC = "+"  # the topic of a message `PacketCap` cut: no broker delivers a topic with a wildcard
+PUBLISH = 3  # the MQTT packet type of a message
 TICK_S = 1.0  # the thread comes round at least this often (keepalive pings, stop)
 
 
@@ -178,6 +186,124 @@ def refusal(reason_code: Any) -> str:
     return f"the broker refused the connection: {reason_code} (reason code {reason_code.value}){hint}"
 
 
+class PacketCap:
+    """paho's socket, read through a filter that passes on no message payload over ``limit`` bytes.
+
+    paho reads a whole packet into memory before it looks at it, so a peer allowed to publish on a
+    trigger topic could make edged allocate whatever the remaining length says (up to 256 MB). This
+    reads the stream's packets as they come: a PUBLISH whose payload is over ``limit`` reaches paho
+    as the same packet (flags, packet id) with topic `CUT_TOPIC` and no payload, which paho
+    acknowledges as it would the message, and the payload is discarded as it arrives, never held;
+    ``cut`` is told the topic and the payload's size. Any other packet over ``limit`` (only a
+    broker sends them, and none is that big) loses the connection. MQTT 3.1.1, as `new_client`
+    speaks it.
+    """
+
+    def __init__(self, sock: Any, limit: int, cut: Callable[[str, int], None]) -> None:
+        self._sock = sock
+        self._limit = limit
+        self._cut = cut
+        self._ready = bytearray()  # filtered bytes paho has not read yet
+        self._header = bytearray()  # the fixed header being read, then a big PUBLISH's variable header
+        self._big: tuple[bytes, int] | None = None  # a big PUBLISH: its fixed header and remaining length
+        self._passing = 0  # bytes of the packet in hand still to pass on as they are
+        self._skipping = 0  # bytes of a cut payload still to discard
+
+    def recv(self, bufsize: int) -> bytes:
+        """At most ``bufsize`` filtered bytes; raises what the socket raises (BlockingIOError, TLS's wants)."""
+        while not self._ready:
+            data = self._sock.recv(READ_BYTES)
+            if not data:
+                return b""
+            self._feed(data)
+        out = bytes(self._ready[:bufsize])
+        del self._ready[:bufsize]
+        return out
+
+    def pending(self) -> int:
+        """Bytes already read that ``select`` no longer sees: filtered ones, and TLS's decrypted ones."""
+        return len(self._ready) + (self._sock.pending() if hasattr(self._sock, "pending") else 0)
+
+    def send(self, data: bytes) -> int:
+        return int(self._sock.send(data))
+
+    def fileno(self) -> int:
+        return int(self._sock.fileno())
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _feed(self, data: bytes) -> None:
+        pos = 0
+        while pos < len(data):
+            if self._passing or self._skipping:
+                n = min(self._passing or self._skipping, len(data) - pos)
+                if self._passing:
+                    self._ready += data[pos : pos + n]
+                    self._passing -= n
+                else:
+                    self._skipping -= n
+                pos += n
+            elif self._big is not None:
+                pos = self._variable_header(data, pos)
+            else:
+                self._header.append(data[pos])
+                pos += 1
+                self._fixed_header()
+
+    def _fixed_header(self) -> None:
+        """Once the fixed header is complete: pass on a packet within the limit, hold back a big PUBLISH."""
+        header = self._header
+        if len(header) > 5:  # the remaining length has at most four bytes
+            raise ConnectionError("the broker sent a packet with a malformed length")
+        if len(header) < 2 or header[-1] & 0x80:
+            return
+        remaining = sum((byte & 0x7F) << (7 * i) for i, byte in enumerate(header[1:]))
+        if remaining > self._limit and header[0] >> 4 != PUBLISH:
+            raise ConnectionError(f"the broker sent a {remaining}-byte packet of type {header[0] >> 4}")
+        if remaining > self._limit:
+            self._big = (bytes(header), remaining)
+        else:
+            self._ready += header
+            self._passing = remaining
+        self._header = bytearray()
+
+    def _variable_header(self, data: bytes, pos: int) -> int:
+        """Read a big PUBLISH's topic and packet id; then cut its payload, or pass it on when within the limit."""
+        assert self._big is not None
+        fixed, remaining = self._big
+        header = self._header
+        qos = (fixed[0] >> 1) & 3
+        if len(header) < 2:  # the topic's length first
+            take = min(2 - len(header), len(data) - pos)
+            header += data[pos : pos + take]
+            pos += take
+            if len(header) < 2:
+                return pos
+        need = 2 + int.from_bytes(header[:2], "big") + (2 if qos else 0)
+        take = min(need - len(header), len(data) - pos)
+        header += data[pos : pos + take]
+        pos += take
+        if len(header) < need:
+            return pos
+        payload = remaining - need
+        if payload < 0:
+            raise ConnectionError("the broker sent a message shorter than its topic")
+        if payload > self._limit:
+            topic = bytes(header[2 : need - (2 if qos else 0)]).decode(errors="replace")
+            packet_id = header[need - 2 : need] if qos else b""
+            self._ready += bytes((fixed[0], 2 + len(CUT_TOPIC) + len(packet_id)))
+            self._ready += len(CUT_TOPIC).to_bytes(2, "big") + CUT_TOPIC.encode() + packet_id
+            self._skipping = payload
+            self._cut(topic, payload)
+        else:
+            self._ready += fixed + header
+            self._passing = payload
+        self._big = None
+        self._header = bytearray()
+        return pos
+
+
 @dataclass(frozen=True, slots=True)
 class Queued:
     """One message waiting for the broker: its camera and kind pick the topic, its kind QoS and retain."""
@@ -284,6 +410,8 @@ class MqttOutput(MessageOutput):
         self._connected = False
         self._answered = False  # the broker answered this connection attempt, yes or no
         self._unacked: set[int] = set()  # QoS 1/2 messages paho holds until the broker acknowledges them
+        self.too_large = 0  # messages from the broker cut by `PacketCap`
+        self._too_large_log = LogRate(TOO_LARGE_LOG_INTERVAL_S)  # a publisher decides how often they come
         self._stop = threading.Event()
         self._wake = Wake()
         self._backoff = Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S)
@@ -309,7 +437,11 @@ class MqttOutput(MessageOutput):
 
     def report(self, camera_id: str) -> OutputReport:
         state = self.state
-        return OutputReport(fields={"mqtt_state": state, "mqtt_drops": self.outbox.counts()}, summary=f"mqtt {state}")
+        return OutputReport(
+            drops={TOO_LARGE: self.too_large},
+            fields={"mqtt_state": state, "mqtt_drops": self.outbox.counts()},
+            summary=f"mqtt {state}",
+        )
 
     def carry_requests(self, server: TriggerServer) -> None:
         server.attach(self)
@@ -384,6 +516,8 @@ class MqttOutput(MessageOutput):
         except (OSError, ValueError) as e:
             self._failed(connect_problem(e, self.cfg))
             return False
+        # paho has no hook for what it reads: it reads through the socket it holds, so it holds this.
+        self._client._sock = PacketCap(self._client.socket(), MAX_TRIGGER_BYTES, self._cut)
         return True
 
     def _serve(self) -> None:
@@ -495,8 +629,24 @@ class MqttOutput(MessageOutput):
         else:
             log.info("MQTT: taking trigger requests on %s", topic)
 
+    def _cut(self, topic: str, size: int) -> None:
+        """`PacketCap` refused a message too large to be a trigger, before reading it: counted, logged at a bounded rate."""
+        self.too_large += 1
+        if self._too_large_log.allows():
+            log.warning(
+                "MQTT: a %d-byte message on %s refused unread: a trigger is at most %d bytes "
+                "(counted in drops.%s; more within %g s unlogged)",
+                size,
+                topic,
+                MAX_TRIGGER_BYTES,
+                TOO_LARGE,
+                TOO_LARGE_LOG_INTERVAL_S,
+            )
+
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         camera_id = self._trigger_topics.get(message.topic)
+        if message.topic == CUT_TOPIC:  # what is left of a message `PacketCap` cut, counted then
+            return
         if message.retain:  # kept by the broker from an earlier publish: replayed on every subscription
             self.outbox.refused(TRIGGER)
             log.warning("MQTT: a retained trigger on %s ignored: publish triggers without retain", message.topic)

@@ -14,7 +14,7 @@ import pytest
 
 from edged.config import load_config
 from edged.errors import ConfigError
-from edged.mqtt import Outbox
+from edged.mqtt import Outbox, PacketCap
 from edged.settings.mqtt import MqttConfig, topic_hostname
 
 EXAMPLE = Path(__file__).parent.parent / "config" / "edged.toml"
@@ -191,3 +191,53 @@ def test_the_newest_status_of_each_camera_waits() -> None:
     assert box.counts()["status"] == 1
     got = [(item.camera_id, item.payload) for item in iter(box.take, None)]
     assert got == [("side", b"side-1"), ("top", b"top-2")]
+
+
+class Chunks:
+    """The socket under `PacketCap`, handing out the broker's bytes in the chunks given, then end of stream."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+
+    def recv(self, bufsize: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+def _packet(first: int, body: bytes) -> bytes:
+    length, n = b"", len(body)
+    while True:
+        length += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return bytes([first]) + length + body
+
+
+def _publish(topic: str, payload: bytes, qos: int = 0, mid: int = 7) -> bytes:
+    packet_id = mid.to_bytes(2, "big") if qos else b""
+    return _packet(0x30 | qos << 1, len(topic).to_bytes(2, "big") + topic.encode() + packet_id + payload)
+
+
+def _read(cap: PacketCap) -> bytes:
+    out = b""
+    while chunk := cap.recv(3):  # as paho reads: a few bytes at a time
+        out += chunk
+    return out
+
+
+def test_the_packet_cap_cuts_a_payload_over_the_limit_as_it_streams_by_and_passes_the_rest() -> None:
+    small, long_topic = _publish("a/cam0/trigger", b"{}", qos=1), _publish("t" * 2000, b"x" * 100)
+    big = _publish("a/cam0/trigger", b"x" * 8000, qos=2, mid=513)
+    stream = small + big + long_topic + _packet(0x90, b"\x00\x01\x01")  # and a SUBACK
+    cuts: list[tuple[str, int]] = []
+    one_byte_at_a_time = [stream[i : i + 1] for i in range(len(stream))]
+    for chunks in ([stream], one_byte_at_a_time, [stream[:40], stream[40:5000], stream[5000:]]):
+        cap = PacketCap(Chunks(*chunks), 1024, lambda topic, size: cuts.append((topic, size)))
+        cut = _packet(0x34, b"\x00\x01+\x02\x01")  # QoS 2 and packet id 513 kept, topic "+", no payload
+        assert _read(cap) == small + cut + long_topic + _packet(0x90, b"\x00\x01\x01")
+        assert cuts.pop() == ("a/cam0/trigger", 8000) and not cuts
+
+
+def test_the_packet_cap_loses_the_connection_on_a_packet_only_a_broken_broker_sends() -> None:
+    for stream in (_packet(0x90, b"\x00" * 5000), b"\x30\xff\xff\xff\xff\x01"):
+        with pytest.raises(ConnectionError):
+            _read(PacketCap(Chunks(stream), 1024, lambda topic, size: None))

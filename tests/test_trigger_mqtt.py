@@ -22,7 +22,7 @@ from waiting import wait_for
 
 from edged.config import PublishConfig, TriggerConfig
 from edged.messages import TriggerError, VerdictMessage, parse_message
-from edged.mqtt import MqttOutput
+from edged.mqtt import MAX_TRIGGER_BYTES, MqttOutput
 from edged.settings.mqtt import MqttConfig
 from edged.trigger import Request, TriggerServer
 
@@ -45,12 +45,18 @@ def mqtt(broker: Broker) -> dict[str, Any]:
 
 
 def publish(
-    broker: Broker, payload: str | bytes, *, retain: bool = False, lines: bool = False, topic: str = TRIGGER
+    broker: Broker,
+    payload: str | bytes,
+    *,
+    retain: bool = False,
+    lines: bool = False,
+    topic: str = TRIGGER,
+    qos: int = 1,
 ) -> None:
-    """On the trigger topic (cam0's unless ``topic`` says) with ``mosquitto_pub`` at QoS 1, returning
+    """On the trigger topic (cam0's unless ``topic`` says) with ``mosquitto_pub`` at ``qos``, returning
     once the broker has it: one message, or with ``lines`` one per line of ``payload``, in order, from one client."""
     message = payload if isinstance(payload, bytes) else payload.encode()
-    command = [b"mosquitto_pub", b"-h", b"127.0.0.1", b"-p", b"%d" % broker.port, b"-t", topic.encode(), b"-q", b"1"]
+    command = [b"mosquitto_pub", b"-h", b"127.0.0.1", b"-p", b"%d" % broker.port, b"-t", topic.encode(), b"-q", b"%d" % qos]
     command += [b"-l"] if lines else [b"-m", message]
     command += [b"-r"] if retain else []
     subprocess.run(command, input=message if lines else None, check=True, capture_output=True, timeout=30)
@@ -112,6 +118,28 @@ def test_malformed_and_retained_triggers_are_counted_logged_once_and_the_next_on
             log = d.log()
             assert log.count("MQTT trigger skipped") == 1 and "a request is JSON" in log, log
             assert "a retained trigger on site1/line2/board3/cam0/trigger ignored" in log
+            assert listener.on(ERROR) == [] and d.proc.poll() is None
+        finally:
+            listener.close()
+
+
+def test_a_trigger_too_large_is_refused_unread_counted_and_the_next_one_is_answered(tmp_path: Path, broker: Broker) -> None:
+    big = b'{"part_id": "big", "pad": "' + b"x" * (8 * MAX_TRIGGER_BYTES) + b'"}'  # 8x the cap
+    with running(tmp_path, mqtt=mqtt(broker)) as d:
+        listener = Listener(broker.port, f"{PREFIX}/#")
+        try:
+            subscribed(d)
+            ready(d)
+            for qos in (0, 1, 2):  # each acknowledged as its QoS asks, or the broker would stop sending
+                publish(broker, big, qos=qos)
+            status = d.wait_status(lambda s: s.drops.get("mqtt_too_large") == 3, timeout=30)
+            assert status.mqtt_drops is not None and status.mqtt_drops["trigger"] == 0  # never read to be judged
+            publish(broker, '{"part_id": "good"}', qos=2)
+            assert [v.part_id for v in verdicts(listener, 1)] == ["good"]
+            log = d.log()
+            assert log.count("refused unread: a trigger is at most 1024 bytes") == 1, log
+            assert f"a {len(big)}-byte message on {TRIGGER} refused unread" in log
+            assert log.count(SUBSCRIBED) == 1 and "MQTT: connection to" not in log  # one connection throughout
             assert listener.on(ERROR) == [] and d.proc.poll() is None
         finally:
             listener.close()
