@@ -6,6 +6,8 @@ owns the paho client, connects, reconnects with capped exponential backoff and j
 messages over while the broker is there. Disconnected, the outbox keeps at most ``max_queued``
 messages, events (verdicts) before detections, and drops the oldest beyond that, counted per
 topic; only the newest status of each camera waits, as the broker retains only the last one anyway.
+Replies to trigger requests refused on arrival (``busy``, ...) wait in a bounded line of their own,
+so that a flood of requests never pushes a verdict, a detection or a request's answer out.
 One output, one connection, serves every camera of the board; each camera has its own topics.
 
 Topics, under ``topic_prefix`` (default ``edged/<hostname>``)::
@@ -62,6 +64,8 @@ log = logging.getLogger(__name__)
 Kind = Literal["detections", "status", "verdict", "trigger/error"]
 KINDS: tuple[Kind, ...] = ("detections", "status", "verdict", "trigger/error")
 TRIGGER = "trigger"  # the topic requests arrive on, and their drops' key: those refused unread
+REFUSALS = "refusals"  # the drops' key of replies to requests refused on arrival (busy, ...) beyond their bound
+MAX_REFUSALS = 100  # such replies waiting for the broker: a flood of requests fills this, never the outbox
 MqttState = Literal["connected", "disconnected"]
 
 BACKOFF_INITIAL_S = 0.5
@@ -311,6 +315,7 @@ class Queued:
     kind: Kind
     payload: bytes
     camera_id: str
+    refusal: bool = False  # the reply to a request refused on arrival
 
 
 class Outbox:
@@ -318,6 +323,9 @@ class Outbox:
 
     Beyond ``limit`` (events and detections together) the oldest detection goes first, an event
     only when no detection is left; every message dropped or superseded is counted by kind.
+    Replies to requests refused on arrival wait apart, at most `MAX_REFUSALS` (the oldest
+    dropped beyond, counted as `REFUSALS`), and go after the events: whoever floods the trigger
+    topic fills their line alone, never pushing out a verdict, a detection or a request's answer.
     Called from the frame loop and the MQTT thread alike, so every method takes the lock.
     """
 
@@ -326,6 +334,7 @@ class Outbox:
         self.drops: Counter[str] = Counter()
         self._events: deque[Queued] = deque()
         self._detections: deque[Queued] = deque()
+        self._refusals: deque[Queued] = deque()
         self._status: dict[str, Queued] = {}  # by camera, oldest first
         self._lock = threading.Lock()
 
@@ -342,14 +351,23 @@ class Outbox:
                 oldest = (self._detections or self._events).popleft()
                 self.drops[oldest.kind] += 1
 
+    def put_refusal(self, payload: bytes, camera_id: str) -> None:
+        """Queue the ``trigger/error`` reply to a request refused on arrival, in its own bounded line."""
+        with self._lock:
+            self._refusals.append(Queued("trigger/error", payload, camera_id, refusal=True))
+            if len(self._refusals) > MAX_REFUSALS:
+                self._refusals.popleft()
+                self.drops[REFUSALS] += 1
+
     def take(self) -> Queued | None:
-        """The next message to send: the statuses, then events, then detections, oldest first."""
+        """The next message to send: the statuses, then events, refusals and detections, oldest first."""
         with self._lock:
             if self._status:
                 return self._status.pop(next(iter(self._status)))
-            if self._events:
-                return self._events.popleft()
-            return self._detections.popleft() if self._detections else None
+            for line in (self._events, self._refusals, self._detections):
+                if line:
+                    return line.popleft()
+            return None
 
     def put_back(self, item: Queued) -> None:
         """A message the client could not take yet goes back to the front of its line."""
@@ -359,6 +377,8 @@ class Outbox:
                     self.drops["status"] += 1
                 else:
                     self._status = {item.camera_id: item, **self._status}
+            elif item.refusal:
+                self._refusals.appendleft(item)
             else:
                 (self._detections if item.kind == "detections" else self._events).appendleft(item)
 
@@ -368,9 +388,9 @@ class Outbox:
             self.drops[topic] += 1
 
     def counts(self) -> dict[str, int]:
-        """Drops by topic, every topic named (zero included) so that dashboards see stable keys."""
+        """Drops by topic, and the refusals', every key named (zero included) so that dashboards see stable keys."""
         with self._lock:
-            return {topic: self.drops[topic] for topic in (*KINDS, TRIGGER)}
+            return {topic: self.drops[topic] for topic in (*KINDS, TRIGGER, REFUSALS)}
 
 
 class MqttOutput(MessageOutput):
@@ -469,6 +489,15 @@ class MqttOutput(MessageOutput):
             self.outbox.refused(kind)
             return
         self.outbox.put(kind, payload, camera_id)
+        if self._connected:
+            self._wake.set()
+
+    def refuse(self, payload: bytes, camera_id: str) -> None:
+        """Queue the ``trigger/error`` reply to a request of ``camera_id`` refused on arrival (`Outbox.put_refusal`)."""
+        if (camera_id, "trigger/error") not in self._topics:
+            self.outbox.refused(REFUSALS)
+            return
+        self.outbox.put_refusal(payload, camera_id)
         if self._connected:
             self._wake.set()
 

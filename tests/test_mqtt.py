@@ -14,7 +14,7 @@ import pytest
 
 from edged.config import load_config
 from edged.errors import ConfigError
-from edged.mqtt import Outbox, PacketCap
+from edged.mqtt import MAX_REFUSALS, Outbox, PacketCap
 from edged.settings.mqtt import MqttConfig, topic_hostname
 
 EXAMPLE = Path(__file__).parent.parent / "config" / "edged.toml"
@@ -139,7 +139,7 @@ def test_the_outbox_holds_events_before_detections_and_drops_the_oldest_detectio
     box.put("detections", b"d2", "cam0")
     box.put("detections", b"d3", "cam0")  # over the limit: d1, the oldest detection, goes
     box.put("verdict", b"v2", "cam0")  # d2 goes
-    assert box.counts() == {"detections": 2, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 0}
+    assert box.counts() == {"detections": 2, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 0, "refusals": 0}
     assert _drain(box) == [("verdict", b"v1"), ("verdict", b"v2"), ("detections", b"d3")]
 
 
@@ -147,7 +147,7 @@ def test_the_outbox_drops_the_oldest_event_only_when_no_detection_is_left() -> N
     box = Outbox(limit=2)
     for i in range(5):
         box.put("verdict", f"v{i}".encode(), "cam0")
-    assert box.counts() == {"detections": 0, "status": 0, "verdict": 3, "trigger/error": 0, "trigger": 0}
+    assert box.counts() == {"detections": 0, "status": 0, "verdict": 3, "trigger/error": 0, "trigger": 0, "refusals": 0}
     assert _drain(box) == [("verdict", b"v3"), ("verdict", b"v4")]
 
 
@@ -156,7 +156,7 @@ def test_only_the_newest_status_waits_and_goes_first() -> None:
     box.put("detections", b"d1", "cam0")
     for i in range(4):
         box.put("status", f"s{i}".encode(), "cam0")
-    assert box.counts() == {"detections": 0, "status": 3, "verdict": 0, "trigger/error": 0, "trigger": 0}
+    assert box.counts() == {"detections": 0, "status": 3, "verdict": 0, "trigger/error": 0, "trigger": 0, "refusals": 0}
     first = box.take()
     assert first is not None and (first.kind, first.payload) == ("status", b"s3")
     box.put_back(first)  # the client could not take it: it waits at the front again
@@ -170,8 +170,26 @@ def test_trigger_errors_are_events_and_refused_triggers_are_counted_under_their_
     box.put("detections", b"d2", "cam0")  # over the limit: d1 goes, the error stays
     box.refused("trigger")
     box.refused("trigger")
-    assert box.counts() == {"detections": 1, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 2}
+    assert box.counts() == {"detections": 1, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 2, "refusals": 0}
     assert _drain(box) == [("trigger/error", b"e1"), ("detections", b"d2")]
+
+
+def test_replies_to_refused_requests_wait_apart_and_never_push_out_verdicts_or_detections() -> None:
+    box = Outbox(limit=3)
+    box.put("verdict", b"v1", "cam0")
+    box.put("detections", b"d1", "side")
+    for i in range(MAX_REFUSALS + 5):  # a flood of busy replies: the oldest five go, counted apart
+        box.put_refusal(f"busy{i}".encode(), "cam0")
+    box.put("trigger/error", b"timeout", "cam0")  # a request's answer: an event, as ever
+    assert box.counts() == {"detections": 0, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 0, "refusals": 5}
+    first = box.take()
+    assert first is not None and (first.kind, first.payload) == ("verdict", b"v1")
+    held = [first, *iter(box.take, None)]
+    assert [item.payload for item in held[:4]] == [b"v1", b"timeout", b"busy5", b"busy6"]
+    assert held[-1].payload == b"d1" and len(held) == MAX_REFUSALS + 3
+    box.put_back(held[2])  # the client could not take it: first in its own line again
+    box.put("detections", b"d2", "side")
+    assert [item.payload for item in iter(box.take, None)] == [b"busy5", b"d2"]
 
 
 def test_the_outbox_stays_bounded_under_a_flood() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import zmq
 from daemon import RunningDaemon, free_port
-from mosquitto import Broker, Listener
+from mosquitto import Broker, Gate, Listener
 from test_trigger import Requester, ready, running
 from waiting import wait_for
 
@@ -290,3 +290,62 @@ def test_each_camera_in_request_mode_takes_triggers_on_its_own_topic_and_errors_
         server.close()
         output.close()
         listener.close()
+
+
+def test_a_flood_of_triggers_never_pushes_an_answer_a_verdict_or_detections_out_of_the_outbox(
+    tmp_path: Path, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="edged.mqtt")
+    gate = Gate(broker.port)  # edged's link alone can be cut; the listener stays on the broker throughout
+    output = MqttOutput(
+        MqttConfig.model_validate({**mqtt(broker), "url": f"mqtt://127.0.0.1:{gate.port}", "max_queued": 2}),
+        ["cam0", "side"],
+    )
+    # queue = 1: two requests per camera, and the inbox holds four for the loop
+    trigger = TriggerConfig(mode="request", endpoint=f"ipc://{tmp_path / 'trigger.sock'}", queue=1)
+    server = TriggerServer(trigger, PublishConfig(), ["cam0", "side"])
+    listener = Listener(broker.port, f"{PREFIX}/#")
+    try:
+        server.attach(output)
+        assert wait_for(lambda: caplog.text.count("MQTT: taking trigger requests on") == 2, 30), caplog.text
+        publish(broker, '{"part_id": "L"}')
+        legit = _next(server, "cam0")
+        publish(broker, "\n".join(f'{{"part_id": "F{i}"}}' for i in range(40)), lines=True)
+        busy = errors(listener, 36)  # F0..F3 wait in the inbox for the loop; the rest are refused at once
+        assert {e.error for e in busy.values()} == {"busy"} and set(busy) == {f"F{i}" for i in range(4, 40)}
+        gate.cut()
+        assert wait_for(lambda: output.state == "disconnected", 30)
+        # The loop's turn: L's verdict and the other camera's detections, then F0..F3 read: two wait, two are busy.
+        verdict = VerdictMessage(
+            camera_id="cam0",
+            seq=0,
+            frame_id=1,
+            capture_time_ns=1,
+            part_id="L",
+            verdict="ok",
+            reasons=[],
+            verdict_latency_ms=1,
+        )
+        server.answer(legit, verdict)
+        output.send("verdict", verdict.model_dump_json().encode(), "cam0")
+        output.send("detections", b"side's detections", "side")
+        server.collect()
+        assert output.outbox.counts() == {
+            "detections": 0,
+            "status": 0,
+            "verdict": 0,
+            "trigger/error": 0,
+            "trigger": 0,
+            "refusals": 0,
+        }
+        gate.reopen()  # edged reconnects: everything held goes out
+        assert [v.part_id for v in verdicts(listener, 1)] == ["L"]
+        assert [m.payload for m in listener.wait(f"{PREFIX}/side/detections")] == [b"side's detections"]
+        replies = errors(listener, 38)
+        assert set(replies) == {f"F{i}" for i in range(2, 40)} and {e.error for e in replies.values()} == {"busy"}
+        assert "L" not in replies and len(listener.on(ERROR)) == 38  # one answer each: L's is its verdict
+    finally:
+        server.close()
+        output.close()
+        listener.close()
+        gate.close()
