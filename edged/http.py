@@ -24,13 +24,14 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import select
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -206,6 +207,19 @@ class HttpServer(Output):
             return
 
 
+def _mask_token(text: str) -> str:
+    """``text`` with the value of every ``token`` query parameter (however its name is percent-encoded)
+    replaced by ``***``."""
+
+    def mask(match: re.Match[str]) -> str:
+        return f"{match[1]}***" if unquote_plus(match[2]) == "token" else match[0]
+
+    return _QUERY_PARAMETER.sub(mask, text)
+
+
+_QUERY_PARAMETER = re.compile(r"([?&;]([^=&;\s'\"]*)=)[^&;\s'\"]*")
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
@@ -276,9 +290,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _authorised(self, token: str, params: Mapping[str, list[str]]) -> bool:
         given = ""
-        header = self.headers.get("Authorization", "")
-        if header.startswith("Bearer "):
-            given = header[len("Bearer ") :].strip()
+        scheme, _, credentials = self.headers.get("Authorization", "").strip().partition(" ")
+        if scheme.lower() == "bearer":  # schemes are case-insensitive (RFC 7235)
+            given = credentials.strip()
         elif "token" in params:
             given = params["token"][0]
         return hmac.compare_digest(given.encode(), token.encode())
@@ -430,7 +444,8 @@ class _Handler(BaseHTTPRequestHandler):
         return peeked == b""
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http %s: %s", self.address_string(), format % args)
+        """Every line the request path logs (request lines, refusals): the token masked, as RTSP passwords are."""
+        log.debug("http %s: %s", self.address_string(), _mask_token(format % args))
 
 
 PAGE = b"""<!doctype html>

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import re
 import shutil
@@ -541,3 +542,32 @@ def test_idle_connections_and_extra_viewers_are_bounded() -> None:
         for sock in idle:
             sock.close()
         server.close()
+
+
+def test_the_token_never_reaches_the_log_and_the_scheme_is_case_insensitive(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = "0123456789abcdef0123456789abcdef"
+    token_file = tmp_path / "http.token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", token_file=token_file), lambda: None, {"cam0": {}})
+    server.start()
+    caplog.set_level(logging.DEBUG, logger="edged.http")
+    try:
+        assert serving(port)
+        for scheme in ("bearer", "BEARER", "Bearer", "beaRer"):
+            assert get(port, "/healthz", {"Authorization": f"{scheme} {token}"})[0] == 200, scheme
+        assert get(port, "/healthz", {"Authorization": f"Basic {token}"})[0] == 401
+        assert get(port, f"/healthz?camera=cam0&token={token}")[0] == 200
+        assert get(port, f"/healthz?token={token}x&camera=cam0")[0] == 401
+        assert get(port, f"/healthz?%74oken={token}")[0] == 200  # the name percent-encoded
+        with socket.create_connection(("127.0.0.1", port)) as sock:  # a request line the server refuses
+            sock.sendall(f"GET /healthz?token={token} HTTP/1.0 junk\r\n\r\n".encode())
+            sock.settimeout(10)
+            assert b"400" in sock.recv(4096)
+        assert wait_for(lambda: caplog.text.count("oken=***") >= 4, 10), caplog.text
+    finally:
+        server.close()
+    assert token not in caplog.text and "camera=cam0" in caplog.text
