@@ -28,7 +28,8 @@ import re
 import select
 import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote_plus, urlsplit
@@ -56,6 +57,9 @@ REQUEST_TIMEOUT_S = 10.0  # a client that does not finish sending its request in
 SNAPSHOT_WAIT_S = 5.0
 STREAM_SEND_BUFFER = 256 * 1024  # bytes queued in the kernel per viewer (Linux doubles it): a few frames
 BOUNDARY = "frame"
+REFUSAL_LOG_INTERVAL_S = 60.0
+# Why a connection or request was refused (``edged_http_refused_total{reason}``).
+REFUSALS = ("max_viewers",)
 
 CameraZones = Mapping[str, Mapping[str, Sequence[Point]]]  # camera id -> the zones its view draws
 
@@ -67,13 +71,17 @@ class HttpServer(Output):
         """``cameras``: each camera's id with the zones its live view draws, the one shown by default first."""
         self.cfg = cfg
         self.health = health
-        self.metrics = Metrics()
+        self.metrics = Metrics(refused=self.refusals)
         self.token = read_token(cfg.token_file, "http.token_file") if cfg.token_file else None
         # By camera: its status and verdicts (None without [inspect]) as last published.
         self.reports: Mapping[str, tuple[StatusMessage, VerdictCounts | None]] = {}
         self.views: Mapping[str, LiveView] = {}  # by camera, in configuration order: replaced whole, never changed
         self._started = False
         self._lock = threading.Lock()
+        self._counts = threading.Lock()  # guards the viewers admitted and the refusals
+        self._viewers = 0
+        self._refused = dict.fromkeys(REFUSALS, 0)
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL_S  # monotonic time of the last refusal logged
         self._stopping = threading.Event()
         self._server: _Server | None = None
         self._thread = threading.Thread(target=self._serve, name="edged-http", daemon=True)
@@ -159,6 +167,40 @@ class HttpServer(Output):
         """SIGHUP: read the token file again (a rotated token); raises KeyFileError, keeping the old one."""
         if self.cfg.token_file is not None:
             self.token = read_token(self.cfg.token_file, "http.token_file")
+
+    @contextlib.contextmanager
+    def viewer(self) -> Iterator[bool]:
+        """A stream's place among ``max_viewers`` for as long as the block runs: True when admitted.
+
+        Checked and taken under one lock: viewers that arrive together cannot all pass the check
+        before any is counted, so streams never take the connections kept for everything else."""
+        with self._counts:
+            admitted = self._viewers < self.cfg.max_viewers
+            if admitted:
+                self._viewers += 1
+        try:
+            yield admitted
+        finally:
+            if admitted:
+                with self._counts:
+                    self._viewers -= 1
+
+    def refuse(self, reason: str, client: str) -> None:
+        """Count a connection or request refused for ``reason`` (one of `REFUSALS`); the journal gets
+        a line at most every `REFUSAL_LOG_INTERVAL_S`, with the counts, so a flood cannot flood it."""
+        now = time.monotonic()
+        with self._counts:
+            self._refused[reason] += 1
+            if now - self._refusal_logged < REFUSAL_LOG_INTERVAL_S:
+                return
+            self._refusal_logged = now
+            counts = ", ".join(f"{n} {why}" for why, n in self._refused.items() if n)
+        log.warning("http: refused %s from %s (since start: %s)", reason, client, counts)
+
+    def refusals(self) -> Mapping[str, int]:
+        """Connections and requests refused since start, by reason (`REFUSALS`)."""
+        with self._counts:
+            return dict(self._refused)
 
     def update(self, cameras: Sequence[CameraStatus]) -> None:
         """Each camera's status just published, with its stage histograms and verdicts (None without
@@ -404,10 +446,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, got[1], "image/jpeg")
 
     def _stream(self, owner: HttpServer, camera: str, view: LiveView) -> None:
-        viewers = sum(v.viewers for v in owner.views.values())
-        if viewers >= owner.cfg.max_viewers:
-            self._send(503, f"already {viewers} viewers (http.max_viewers)\n".encode())
-            return
+        with owner.viewer() as admitted:
+            if admitted:
+                self._stream_to(owner, view)
+                return
+        owner.refuse("max_viewers", self.client_address[0])
+        self._send(
+            503,
+            f"already {owner.cfg.max_viewers} viewers, the most http.max_viewers allows: try again later\n".encode(),
+            headers={"Retry-After": "5"},
+        )
+
+    def _stream_to(self, owner: HttpServer, view: LiveView) -> None:
         # A viewer that stops reading fills this buffer, then is dropped after send_timeout_s.
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
         self.connection.settimeout(owner.cfg.send_timeout_s)

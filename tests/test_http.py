@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -571,3 +572,54 @@ def test_the_token_never_reaches_the_log_and_the_scheme_is_case_insensitive(
     finally:
         server.close()
     assert token not in caplog.text and "camera=cam0" in caplog.text
+
+
+@pytest.mark.parametrize(("max_viewers", "arriving"), [(4, 12), (MAX_CONNECTIONS - 4, MAX_CONNECTIONS)])
+def test_viewers_arriving_together_get_exactly_max_viewers_streams_and_healthz_still_answers(
+    max_viewers: int, arriving: int
+) -> None:
+    port = free_port()
+    cfg = HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=max_viewers)
+    server = HttpServer(cfg, health=lambda: None, cameras={"cam0": {}})
+    server.start()
+    together = threading.Barrier(arriving)
+    answers: list[tuple[int, bytes]] = []
+    streams: list[http.client.HTTPConnection] = []
+    lock = threading.Lock()
+
+    def viewer() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.connect()  # accepted before the others ask: they all ask at once
+        together.wait(30)
+        conn.request("GET", "/stream.mjpg")
+        resp = conn.getresponse()
+        body = b"" if resp.status == 200 else resp.read()
+        with lock:
+            answers.append((resp.status, body))
+            streams.append(conn)
+
+    try:
+        assert serving(port)
+        threads = [threading.Thread(target=viewer) for _ in range(arriving)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(answers) == arriving
+        assert sorted(status for status, _ in answers).count(200) == max_viewers, answers
+        refused = [body for status, body in answers if status != 200]
+        assert all(b"max_viewers" in body for body in refused), refused
+        assert wait_for(lambda: server.views["cam0"].viewers == max_viewers, 10)
+        assert get(port, "/healthz")[:3:2] == (200, b"ok\n")  # the admitted streams left it a connection
+        text = get(port, "/metrics")[2].decode()
+        assert metric_value(text, "edged_http_refused_total", {"reason": "max_viewers"}) == arriving - max_viewers
+        assert promtool_accepts(text.encode())
+    finally:
+        for conn in streams:
+            conn.close()
+        server.close()
+
+
+def promtool_accepts(exposition: bytes) -> bool:
+    check = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True, timeout=60)
+    return check.returncode == 0
