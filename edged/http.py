@@ -1,8 +1,9 @@
 """The HTTP server: a live view, a status page, Prometheus metrics and a health check, for people.
 
 Served by the daemon itself on ``http.listen`` (loopback by default) with the standard library's
-threading server: one thread per request, a bounded number of connections, and stream viewers
-that stop reading dropped after ``send_timeout_s``. Nothing here slows the loop: each camera has
+threading server: one thread per request, a bounded number of connections (in all and per client
+address, `_Server`), a deadline for the whole request header, and stream viewers that stop reading
+dropped after ``send_timeout_s``. Nothing here slows the loop: each camera has
 a `LiveView` of its own, the loop offers a camera's frames to it only while someone watches that
 camera, hands over the status once per status interval, and never waits for a client.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import io
 import json
 import logging
 import re
@@ -29,6 +31,7 @@ import select
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -53,13 +56,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BIND_RETRY_S = 5.0
-REQUEST_TIMEOUT_S = 10.0  # a client that does not finish sending its request in this time is dropped
+REQUEST_TIMEOUT_S = 10.0  # a client that has not sent its whole request header in this time is dropped
+MAX_HEADER_BYTES = 16 * 1024
+EVICTING_AT_ONCE = 4  # connections given up for newer ones whose threads may still be ending
 SNAPSHOT_WAIT_S = 5.0
 STREAM_SEND_BUFFER = 256 * 1024  # bytes queued in the kernel per viewer (Linux doubles it): a few frames
 BOUNDARY = "frame"
 REFUSAL_LOG_INTERVAL_S = 60.0
 # Why a connection or request was refused (``edged_http_refused_total{reason}``).
-REFUSALS = ("max_viewers",)
+REFUSALS = ("busy", "per_client", "header_timeout", "header_evicted", "header_too_large", "max_viewers")
 
 CameraZones = Mapping[str, Mapping[str, Sequence[Point]]]  # camera id -> the zones its view draws
 
@@ -67,9 +72,18 @@ CameraZones = Mapping[str, Mapping[str, Sequence[Point]]]  # camera id -> the zo
 class HttpServer(Output):
     """The server of one configuration; `start` binds it in the background, `close` stops it."""
 
-    def __init__(self, cfg: HttpConfig, health: Callable[[], str | None], cameras: CameraZones) -> None:
-        """``cameras``: each camera's id with the zones its live view draws, the one shown by default first."""
+    def __init__(
+        self,
+        cfg: HttpConfig,
+        health: Callable[[], str | None],
+        cameras: CameraZones,
+        *,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        """``cameras``: each camera's id with the zones its live view draws, the one shown by default
+        first; ``request_timeout_s``: the time a client has to send its whole request header."""
         self.cfg = cfg
+        self.request_timeout_s = request_timeout_s
         self.health = health
         self.metrics = Metrics(refused=self.refusals)
         self.token = read_token(cfg.token_file, "http.token_file") if cfg.token_file else None
@@ -263,38 +277,136 @@ _QUERY_PARAMETER = re.compile(r"([?&;]([^=&;\s'\"]*)=)[^&;\s'\"]*")
 
 
 class _Server(ThreadingHTTPServer):
+    """Bounded connections: `MAX_CONNECTIONS` in all and ``max_connections_per_client`` per address.
+
+    A connection still sending its request header holds a slot only until one is needed: at a
+    limit, the oldest such connection (of that address, at its limit) is closed for the newcomer.
+    So connections that trickle their header (a slowloris) cannot keep `/healthz` or `/metrics`
+    from being answered, whatever addresses they come from; connections beyond the limits that
+    requests being served hold are closed at accept. The threads stay bounded: at most
+    `EVICTING_AT_ONCE` closed connections may still be ending beside the limit.
+    """
+
     daemon_threads = True
     block_on_close = False
 
     def __init__(self, address: tuple[str, int], owner: HttpServer) -> None:
         self.owner = owner
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._per_client: Counter[str] = Counter()  # connections held, by address (not counting evicted ones)
+        self._waiting: dict[Any, str] = {}  # connections yet to send their whole header, oldest first: address
+        self._evicted: set[Any] = set()  # connections closed for newer ones, their threads not yet ended
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        client = client_address[0]
+        with self._lock:
+            refused = self._admit(client)
+            if refused is None:
+                self._per_client[client] += 1
+                self._waiting[request] = client
+        if refused is not None:
+            self.owner.refuse(refused, client)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.slots.release()
+            self._release(request, client)
             raise
+
+    def _admit(self, client: str) -> str | None:
+        """None when a connection from ``client`` may be served, after evicting the oldest connection
+        still sending its header if a limit is reached; else the reason it is refused."""
+        over_client = self._per_client[client] >= self.owner.cfg.max_connections_per_client
+        if not over_client and self._per_client.total() < MAX_CONNECTIONS:
+            return None
+        reason = "per_client" if over_client else "busy"
+        if len(self._evicted) >= EVICTING_AT_ONCE:
+            return reason
+        oldest = next((sock for sock, owner in self._waiting.items() if owner == client or not over_client), None)
+        if oldest is None:
+            return reason
+        evicted = self._waiting.pop(oldest)
+        self._leaves(evicted)
+        self._evicted.add(oldest)
+        with contextlib.suppress(OSError):  # its thread's read ends at once, and the thread with it
+            oldest.shutdown(socket.SHUT_RDWR)
+        self.owner.refuse("header_evicted", evicted)
+        return None
+
+    def header_received(self, request: Any) -> bool:
+        """Called once a connection's whole header is in: it is no longer evicted for a newcomer.
+        False when it already was (its request is not to be answered)."""
+        with self._lock:
+            return self._waiting.pop(request, None) is not None
+
+    def _release(self, request: Any, client: str) -> None:
+        with self._lock:
+            if request in self._evicted:
+                self._evicted.discard(request)
+                return
+            self._waiting.pop(request, None)
+            self._leaves(client)
+
+    def _leaves(self, client: str) -> None:
+        """One connection of ``client`` fewer (an address without any is forgotten, so the map stays small)."""
+        self._per_client[client] -= 1
+        if not self._per_client[client]:
+            del self._per_client[client]
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self._release(request, client_address[0])
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
-    timeout = REQUEST_TIMEOUT_S
+    timeout = REQUEST_TIMEOUT_S  # for sending an answer; the header has `HttpServer.request_timeout_s` in all
     server_version = "edged"
     protocol_version = "HTTP/1.0"
+
+    def handle(self) -> None:
+        """One request (HTTP/1.0), parsed once its whole header is in."""
+        header = self._read_header()
+        if header is not None and self.server.header_received(self.connection):
+            self.rfile.close()  # the socket's reader: nothing more is read from the connection
+            self.rfile = io.BytesIO(header)
+            self.connection.settimeout(self.timeout)
+            self.handle_one_request()
+
+    def _read_header(self) -> bytes | None:
+        """The request line and headers, or None (counted) when they are not all in within
+        ``request_timeout_s`` of the connection, however they trickle, or are larger than
+        `MAX_HEADER_BYTES`; None too when the connection was closed, by the client or for a newcomer."""
+        owner = self.server.owner
+        deadline = time.monotonic() + owner.request_timeout_s
+        header = bytearray()
+        while b"\r\n\r\n" not in header and b"\n\n" not in header and len(header) <= MAX_HEADER_BYTES:
+            self.connection.settimeout(max(deadline - time.monotonic(), 0.001))
+            try:
+                chunk = self.connection.recv(4096)
+            except TimeoutError:
+                owner.refuse("header_timeout", self.client_address[0])
+                return None
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            header += chunk
+        if len(header) > MAX_HEADER_BYTES:
+            owner.refuse("header_too_large", self.client_address[0])
+            with contextlib.suppress(OSError):
+                self.connection.sendall(
+                    b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Type: text/plain\r\n\r\n"
+                    b"the request header is larger than %d bytes\n" % MAX_HEADER_BYTES
+                )
+            return None
+        return bytes(header)
 
     def do_GET(self) -> None:
         owner = self.server.owner

@@ -3,6 +3,7 @@ health on a free loopback port, read by real clients (http.client, promtool, hea
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -26,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from waiting import wait_for
 
-from edged.http import REQUEST_TIMEOUT_S, HttpServer
+from edged.http import HttpServer
 from edged.messages import DetectionsMessage, StatusMessage
 from edged.settings.http import MAX_CONNECTIONS, HttpConfig
 from edged.stats import VERDICTS_KEPT
@@ -514,13 +515,10 @@ def test_viewers_that_never_read_do_not_slow_it_or_grow_it_for_a_minute(tmp_path
         d.close()
 
 
-def test_idle_connections_and_extra_viewers_are_bounded() -> None:
-    """More connections than `MAX_CONNECTIONS` are closed at accept, so threads stay bounded; more
-    viewers than ``max_viewers`` get 503; the server answers again once the idle ones time out."""
+def test_a_viewer_beyond_max_viewers_gets_503() -> None:
     port = free_port()
     server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=1), health=lambda: None, cameras={"cam0": {}})
     server.start()
-    idle: list[socket.socket] = []
     try:
         assert serving(port)
         stream = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -531,18 +529,170 @@ def test_idle_connections_and_extra_viewers_are_bounded() -> None:
         assert status == 503 and b"max_viewers" in body
         stream.close()
         assert wait_for(lambda: server.views["cam0"].viewers == 0, 10)  # noticed at its next frame or wake-up
-        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS)]  # never send a request
-        extra = socket.create_connection(("127.0.0.1", port))
-        extra.settimeout(10)
-        assert extra.recv(1) == b""  # closed at once: no thread for it
-        extra.close()
-        for sock in idle:
-            sock.close()
-        assert wait_for(lambda: get(port, "/healthz", timeout=2)[0] == 200, 2 * REQUEST_TIMEOUT_S)
     finally:
-        for sock in idle:
+        server.close()
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """True once the server has closed (or reset) ``sock``'s connection; never blocks."""
+    try:
+        return sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def _handler_threads() -> int:
+    return sum("process_request_thread" in thread.name for thread in threading.enumerate())
+
+
+def _get_from(source: str, port: int, path: str, timeout: float = 10) -> tuple[int, bytes]:
+    """GET ``path`` from the loopback address ``source``: another client, as far as the server can tell."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_a_request_header_trickled_past_the_deadline_is_cut_off() -> None:
+    """The deadline is for the whole header: a byte every 0.1 s does not extend it, as a per-read timeout would."""
+    port = free_port()
+    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}"), lambda: None, {"cam0": {}}, request_timeout_s=2.0)
+    server.start()
+    try:
+        assert serving(port)
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"GET /healthz HTTP/1.0\r\nX-Slow: ")
+
+            def cut_off() -> bool:
+                try:
+                    slow.sendall(b"a")
+                except OSError:
+                    return True
+                time.sleep(0.1)  # the trickle's pace, not a wait for the server
+                return _closed_by_server(slow)
+
+            assert wait_for(cut_off, 60)
+            assert time.monotonic() - started >= 2.0
+        with socket.create_connection(("127.0.0.1", port)) as huge:
+            huge.settimeout(10)
+            with contextlib.suppress(ConnectionResetError):  # refused before it has sent it all
+                huge.sendall(b"GET /healthz HTTP/1.0\r\nX-Huge: " + b"a" * 20_000 + b"\r\n\r\n")
+            assert huge.recv(4096).startswith(b"HTTP/1.0 431")
+        text = get(port, "/metrics")[2].decode()
+        assert metric_value(text, "edged_http_refused_total", {"reason": "header_timeout"}) == 1
+        assert metric_value(text, "edged_http_refused_total", {"reason": "header_too_large"}) == 1
+        assert promtool_accepts(text.encode())
+    finally:
+        server.close()
+
+
+def test_slow_headers_on_every_connection_cannot_lock_out_healthz_or_metrics() -> None:
+    """32 connections that never finish their header (a slowloris) hold no slot a request needs: the
+    oldest of them gives its connection to each newcomer, from the same address or another one, and
+    the server's threads stay bounded."""
+    port = free_port()
+    cfg = HttpConfig(listen=f"127.0.0.1:{port}", max_connections_per_client=MAX_CONNECTIONS)
+    server = HttpServer(cfg, lambda: None, {"cam0": {}}, request_timeout_s=600)
+    server.start()
+    slow: list[socket.socket] = []
+    try:
+        assert serving(port)
+        assert wait_for(lambda: _handler_threads() == 0, 10)  # none left from the tests before
+        for _ in range(MAX_CONNECTIONS):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"GET /healthz HTTP/1.0\r\nX-Slow: a")
+            slow.append(sock)
+        assert wait_for(lambda: _handler_threads() == MAX_CONNECTIONS, 10)
+        for source in ("127.0.0.1", "127.0.0.2", "127.0.0.1", "127.0.0.2"):
+            assert _get_from(source, port, "/healthz") == (200, b"ok\n")
+            status, body = _get_from(source, port, "/metrics")
+            assert status == 200 and b"edged_http_refused_total" in body
+        closed = [_closed_by_server(sock) for sock in slow]
+        evicted = closed.count(True)  # one at least; more when a request came before the last one's thread ended
+        assert evicted >= 1 and closed == [True] * evicted + [False] * (MAX_CONNECTIONS - evicted), closed  # oldest first
+        assert _handler_threads() <= MAX_CONNECTIONS + 4
+        text = get(port, "/metrics")[2].decode()
+        assert metric_value(text, "edged_http_refused_total", {"reason": "header_evicted"}) >= evicted
+    finally:
+        for sock in slow:
             sock.close()
         server.close()
+
+
+def test_a_client_beyond_its_connection_limit_and_connections_beyond_32_busy_ones_are_refused() -> None:
+    """A client (an address) holds at most ``max_connections_per_client`` requests being served, and
+    the server at most `MAX_CONNECTIONS`: more are closed at accept and counted, while other clients
+    are still answered."""
+    port = free_port()
+    release = threading.Event()
+    asked: list[int] = []
+
+    def health() -> str | None:
+        asked.append(1)
+        release.wait(60)  # a request that takes long to answer, for as long as the test holds it
+        return None
+
+    cfg = HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=MAX_CONNECTIONS - 4, max_connections_per_client=4)
+    server = HttpServer(cfg, health, {"cam0": {}}, request_timeout_s=600)
+    server.start()
+    held: list[http.client.HTTPResponse] = []
+    try:
+        assert wait_for(lambda: _handler_threads() == 0, 10)  # none left from the tests before
+        assert wait_for(lambda: serving_stream(port, held), 30)
+        for _ in range(3):
+            assert serving_stream(port, held)
+        assert wait_for(lambda: server.views["cam0"].viewers == 4, 10)
+        with socket.create_connection(("127.0.0.1", port)) as fifth:
+            fifth.settimeout(10)
+            assert fifth.recv(1) == b""  # closed at accept: no thread for it
+        assert _get_from("127.0.0.2", port, "/metrics")[0] == 200
+        busy = []
+        for i in range(MAX_CONNECTIONS - 4):  # 28 requests held, from 7 addresses, 4 each
+            sock = socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.1.{i // 4 + 1}", 0))
+            sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            busy.append(sock)
+        assert wait_for(lambda: len(asked) == MAX_CONNECTIONS - 4, 10)
+        with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.3", 0)) as extra:
+            extra.settimeout(10)
+            assert extra.recv(1) == b""  # 32 requests are being served: closed at accept
+        release.set()
+        for sock in busy:
+            sock.settimeout(10)
+            assert sock.recv(64).startswith(b"HTTP/1.0 200")
+            sock.close()
+        assert wait_for(lambda: _handler_threads() == 4, 10)  # the streams
+        text = _get_from("127.0.0.2", port, "/metrics")[1].decode()
+        assert metric_value(text, "edged_http_refused_total", {"reason": "per_client"}) == 1
+        assert metric_value(text, "edged_http_refused_total", {"reason": "busy"}) == 1
+    finally:
+        release.set()
+        for resp in held:
+            resp.close()
+        server.close()
+
+
+def serving_stream(port: int, held: list[http.client.HTTPResponse]) -> bool:
+    """Open a stream and keep its response (which holds the connection) in ``held``; False when the
+    server did not admit it."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/stream.mjpg")
+        resp = conn.getresponse()
+    except OSError:
+        return False
+    finally:
+        conn.close()  # the response holds the connection from here on
+    if resp.status != 200:
+        resp.close()
+        return False
+    held.append(resp)
+    return True
 
 
 def test_the_token_never_reaches_the_log_and_the_scheme_is_case_insensitive(
@@ -579,12 +729,12 @@ def test_viewers_arriving_together_get_exactly_max_viewers_streams_and_healthz_s
     max_viewers: int, arriving: int
 ) -> None:
     port = free_port()
-    cfg = HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=max_viewers)
+    cfg = HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=max_viewers, max_connections_per_client=MAX_CONNECTIONS)
     server = HttpServer(cfg, health=lambda: None, cameras={"cam0": {}})
     server.start()
     together = threading.Barrier(arriving)
     answers: list[tuple[int, bytes]] = []
-    streams: list[http.client.HTTPConnection] = []
+    streams: list[http.client.HTTPResponse] = []
     lock = threading.Lock()
 
     def viewer() -> None:
@@ -596,7 +746,7 @@ def test_viewers_arriving_together_get_exactly_max_viewers_streams_and_healthz_s
         body = b"" if resp.status == 200 else resp.read()
         with lock:
             answers.append((resp.status, body))
-            streams.append(conn)
+            streams.append(resp)  # it holds the connection
 
     try:
         assert serving(port)
@@ -615,8 +765,8 @@ def test_viewers_arriving_together_get_exactly_max_viewers_streams_and_healthz_s
         assert metric_value(text, "edged_http_refused_total", {"reason": "max_viewers"}) == arriving - max_viewers
         assert promtool_accepts(text.encode())
     finally:
-        for conn in streams:
-            conn.close()
+        for resp in streams:
+            resp.close()
         server.close()
 
 

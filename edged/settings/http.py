@@ -32,6 +32,13 @@ class HttpConfig(Section):
         8, ge=1, le=MAX_CONNECTIONS - 4, description="Live streams served at once, of all cameras together; more get 503."
     )
     send_timeout_s: float = Field(5.0, gt=0, le=60, description="A viewer that takes no data for this long is dropped.")
+    max_connections_per_client: int = Field(
+        16,
+        ge=1,
+        le=MAX_CONNECTIONS,
+        description="Connections one address may hold at once; more are closed at accept. Through an SSH "
+        "tunnel every viewer comes from 127.0.0.1: raise it with max_viewers.",
+    )
 
     @field_validator("listen")
     @classmethod
