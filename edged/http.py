@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import io
+import ipaddress
 import json
 import logging
 import re
@@ -44,7 +45,7 @@ from edged.keys import read_token
 from edged.messages import DetectionsMessage, StatusMessage
 from edged.output import Delivery, FrameReport, Output, Services, StatusReport
 from edged.prometheus import CameraStatus, Metrics
-from edged.settings.http import MAX_CONNECTIONS, HttpConfig, listen_address
+from edged.settings.http import MAX_CONNECTIONS, HttpConfig, is_loopback, listen_address
 from edged.settings.inspect import Point
 from edged.sources.base import Frame
 from edged.stats import VerdictCounts
@@ -64,7 +65,7 @@ STREAM_SEND_BUFFER = 256 * 1024  # bytes queued in the kernel per viewer (Linux 
 BOUNDARY = "frame"
 REFUSAL_LOG_INTERVAL_S = 60.0
 # Why a connection or request was refused (``edged_http_refused_total{reason}``).
-REFUSALS = ("busy", "per_client", "header_timeout", "header_evicted", "header_too_large", "max_viewers")
+REFUSALS = ("busy", "per_client", "header_timeout", "header_evicted", "header_too_large", "host", "max_viewers")
 
 CameraZones = Mapping[str, Mapping[str, Sequence[Point]]]  # camera id -> the zones its view draws
 
@@ -84,6 +85,9 @@ class HttpServer(Output):
         first; ``request_timeout_s``: the time a client has to send its whole request header."""
         self.cfg = cfg
         self.request_timeout_s = request_timeout_s
+        self.allowed_hosts = set(cfg.allowed_hosts)
+        if cfg.listen and not is_loopback(listen_address(cfg.listen)[0]):
+            self.allowed_hosts |= {socket.gethostname().lower(), f"{socket.gethostname().lower()}.local"}
         self.health = health
         self.metrics = Metrics(refused=self.refusals)
         self.token = read_token(cfg.token_file, "http.token_file") if cfg.token_file else None
@@ -199,6 +203,25 @@ class HttpServer(Output):
                 with self._counts:
                     self._viewers -= 1
 
+    def answers_to(self, host: str, local_address: str) -> bool:
+        """True when a request whose Host header is ``host`` (empty when it has none), received on
+        ``local_address``, is answered.
+
+        A web page whose own name an attacker rebinds to the board's address sends that name as
+        Host: it is answered only when it is a loopback name and the request came in on loopback,
+        the very address the request was sent to, the board's host name (on a network listen) or in
+        ``http.allowed_hosts``. A request without Host is no browser's, so there is nothing to rebind."""
+        if not host:
+            return True
+        name = _host_name(host)
+        if name in self.allowed_hosts:
+            return True
+        local = _address(local_address)
+        address = _address(name)
+        if name == "localhost" or (address is not None and address.is_loopback):
+            return local is not None and local.is_loopback
+        return address is not None and address == local
+
     def refuse(self, reason: str, client: str) -> None:
         """Count a connection or request refused for ``reason`` (one of `REFUSALS`); the journal gets
         a line at most every `REFUSAL_LOG_INTERVAL_S`, with the counts, so a flood cannot flood it."""
@@ -261,6 +284,28 @@ class HttpServer(Output):
             log.info("live view, status page and metrics on http://%s/", self.cfg.listen)
             server.serve_forever(poll_interval=0.5)
             return
+
+
+def _host_name(host: str) -> str:
+    """The name or address of a Host header, without its port, brackets or final dot, lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    name, colon, port = host.rpartition(":")
+    if colon and ":" not in name and port.isdigit():
+        host = name
+    return host.removesuffix(".")
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address ``text`` spells (an IPv4-mapped IPv6 one as IPv4), or None for a name."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 def _mask_token(text: str) -> str:
@@ -410,6 +455,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         owner = self.server.owner
+        host = self.headers.get("Host", "")
+        if not owner.answers_to(host, self.connection.getsockname()[0]):
+            owner.refuse("host", self.client_address[0])
+            self._send(
+                421,
+                f"this server does not answer to the name {_host_name(host)!r}: add it to http.allowed_hosts, "
+                "or use the board's address (names not allowed are refused against DNS rebinding)\n".encode(),
+            )
+            return
         url = urlsplit(self.path)
         params = parse_qs(url.query)
         if owner.token is not None and not self._authorised(owner.token, params):

@@ -773,3 +773,63 @@ def test_viewers_arriving_together_get_exactly_max_viewers_streams_and_healthz_s
 def promtool_accepts(exposition: bytes) -> bool:
     check = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True, timeout=60)
     return check.returncode == 0
+
+
+def _status_with_host(port: int, host: str | None, path: str, connect: str = "127.0.0.1") -> tuple[int, bytes]:
+    """GET ``path`` with ``Host: host`` (none at all for None), as a page's script would after DNS rebinding."""
+    with socket.create_connection((connect, port)) as sock:
+        sock.settimeout(10)
+        header = "" if host is None else f"Host: {host}\r\n"
+        sock.sendall(f"GET {path} HTTP/1.1\r\n{header}Connection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_on_a_loopback_listen_only_loopback_names_and_allowed_hosts_are_answered() -> None:
+    """A web page whose name was rebound to 127.0.0.1 sends its own name as Host: refused, so it reads nothing."""
+    port = free_port()
+    cfg = HttpConfig(listen=f"127.0.0.1:{port}", allowed_hosts=["Board.example"])
+    server = HttpServer(cfg, lambda: None, {"cam0": {}})
+    server.start()
+    try:
+        assert serving(port)
+        for host in ("localhost", f"localhost:{port}", "LocalHost.", f"127.0.0.1:{port}", "127.0.0.5", f"[::1]:{port}"):
+            assert _status_with_host(port, host, "/healthz") == (200, b"ok\n"), host
+        assert _status_with_host(port, f"board.example:{port}", "/healthz")[0] == 200  # http.allowed_hosts
+        assert _status_with_host(port, None, "/healthz")[0] == 200  # no Host: not a browser, nothing to rebind
+        for host in (f"evil.example:{port}", "localhost.evil.example", "127.0.0.1.nip.io", "10.1.2.3", "[::2]"):
+            for path in ("/status.json", "/snapshot.jpg", "/stream.mjpg", "/metrics", "/healthz", "/"):
+                status, body = _status_with_host(port, host, path)
+                assert status == 421 and b"http.allowed_hosts" in body and b"\xff\xd8" not in body, (host, path, body)
+        text = get(port, "/metrics")[2].decode()
+        assert metric_value(text, "edged_http_refused_total", {"reason": "host"}) == 30
+    finally:
+        server.close()
+
+
+def test_on_a_network_listen_the_address_asked_the_board_s_name_and_allowed_hosts_are_answered(tmp_path: Path) -> None:
+    token = "0123456789abcdef0123456789abcdef"
+    token_file = tmp_path / "http.token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    cfg = HttpConfig(listen=f"0.0.0.0:{port}", token_file=token_file, allowed_hosts=["line3-pi.plant1.example"])
+    server = HttpServer(cfg, lambda: None, {"cam0": {}})
+    server.start()
+    try:
+        assert serving(port)
+        board = socket.gethostname()
+        for host in ("127.0.0.1", "localhost", board, f"{board}.local", "line3-pi.plant1.example"):
+            assert _status_with_host(port, f"{host}:{port}", f"/healthz?token={token}") == (200, b"ok\n"), host
+        status, body = _status_with_host(port, f"evil.example:{port}", f"/healthz?token={token}")
+        assert status == 421 and b"http.allowed_hosts" in body
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: this finds the address of the default route
+            address = probe.getsockname()[0]
+        assert _status_with_host(port, f"{address}:{port}", f"/healthz?token={token}", connect=address)[0] == 200
+        assert _status_with_host(port, f"{address}:{port}", f"/healthz?token={token}")[0] == 421  # asked of 127.0.0.1
+    finally:
+        server.close()

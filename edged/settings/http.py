@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,13 @@ class HttpConfig(Section):
         "tunnel every viewer comes from 127.0.0.1: raise it with max_viewers.",
     )
 
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names (or addresses) requests may name in their Host header, besides loopback "
+        "names on loopback and, on a network listen, the address asked and the board's host name; "
+        "others get 421, so a web page cannot read the view through DNS rebinding.",
+    )
+
     @field_validator("listen")
     @classmethod
     def _host_port(cls, v: str) -> str:
@@ -57,6 +65,32 @@ class HttpConfig(Section):
                 "holding a token, or listen on 127.0.0.1 and reach it through ssh -L"
             )
         return v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, v: list[str]) -> list[str]:
+        """Each a name or an address as the Host header carries it without the port, lower case."""
+        names = []
+        for host in v:
+            name = host.strip().lower().removesuffix(".")
+            if not _HOST_NAME.fullmatch(name) and not _is_address(name.removeprefix("[").removesuffix("]")):
+                raise ValueError(
+                    f"{host!r} is not a host name or an IP address: give one name per entry, without a port "
+                    'or scheme (["line3-pi.plant1.example", "10.0.0.7"])'
+                )
+            names.append(name.removeprefix("[").removesuffix("]"))
+        return names
+
+
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def listen_address(listen: str) -> tuple[str, int]:
