@@ -87,7 +87,8 @@ class HttpServer(Output):
         self.request_timeout_s = request_timeout_s
         self.allowed_hosts = set(cfg.allowed_hosts)
         if cfg.listen and not is_loopback(listen_address(cfg.listen)[0]):
-            self.allowed_hosts |= {socket.gethostname().lower(), f"{socket.gethostname().lower()}.local"}
+            board = socket.gethostname().lower()
+            self.allowed_hosts |= {board, f"{board}.local"}
         self.health = health
         self.metrics = Metrics(refused=self.refusals)
         self.token = read_token(cfg.token_file, "http.token_file") if cfg.token_file else None
@@ -214,10 +215,10 @@ class HttpServer(Output):
         if not host:
             return True
         name = _host_name(host)
-        if name in self.allowed_hosts:
+        address = _address(name)
+        if name in self.allowed_hosts or (address is not None and str(address) in self.allowed_hosts):
             return True
         local = _address(local_address)
-        address = _address(name)
         if name == "localhost" or (address is not None and address.is_loopback):
             return local is not None and local.is_loopback
         return address is not None and address == local

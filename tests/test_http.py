@@ -816,13 +816,13 @@ def test_on_a_network_listen_the_address_asked_the_board_s_name_and_allowed_host
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
     port = free_port()
-    cfg = HttpConfig(listen=f"0.0.0.0:{port}", token_file=token_file, allowed_hosts=["line3-pi.plant1.example"])
+    cfg = HttpConfig(listen=f"0.0.0.0:{port}", token_file=token_file, allowed_hosts=["line3-pi.plant1.example", "10.9.8.7"])
     server = HttpServer(cfg, lambda: None, {"cam0": {}})
     server.start()
     try:
         assert serving(port)
         board = socket.gethostname()
-        for host in ("127.0.0.1", "localhost", board, f"{board}.local", "line3-pi.plant1.example"):
+        for host in ("127.0.0.1", "localhost", board, f"{board}.local", "line3-pi.plant1.example", "10.9.8.7"):
             assert _status_with_host(port, f"{host}:{port}", f"/healthz?token={token}") == (200, b"ok\n"), host
         status, body = _status_with_host(port, f"evil.example:{port}", f"/healthz?token={token}")
         assert status == 421 and b"http.allowed_hosts" in body

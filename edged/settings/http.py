@@ -40,7 +40,6 @@ class HttpConfig(Section):
         description="Connections one address may hold at once; more are closed at accept. Through an SSH "
         "tunnel every viewer comes from 127.0.0.1: raise it with max_viewers.",
     )
-
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="Host names (or addresses) requests may name in their Host header, besides loopback "
@@ -69,28 +68,25 @@ class HttpConfig(Section):
     @field_validator("allowed_hosts")
     @classmethod
     def _host_names(cls, v: list[str]) -> list[str]:
-        """Each a name or an address as the Host header carries it without the port, lower case."""
+        """Each a name in lower case without a final dot, or an address as Python writes it."""
         names = []
         for host in v:
             name = host.strip().lower().removesuffix(".")
-            if not _HOST_NAME.fullmatch(name) and not _is_address(name.removeprefix("[").removesuffix("]")):
+            try:
+                names.append(str(ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))))
+                continue
+            except ValueError:
+                pass
+            if not _HOST_NAME.fullmatch(name):
                 raise ValueError(
                     f"{host!r} is not a host name or an IP address: give one name per entry, without a port "
                     'or scheme (["line3-pi.plant1.example", "10.0.0.7"])'
                 )
-            names.append(name.removeprefix("[").removesuffix("]"))
+            names.append(name)
         return names
 
 
 _HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
-
-
-def _is_address(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def listen_address(listen: str) -> tuple[str, int]:
