@@ -433,17 +433,17 @@ def _cmd_trigger(args: argparse.Namespace) -> int:
 
 
 def _cmd_history(args: argparse.Namespace) -> int:
-    from edged.history import Query, parse_time, run_history
+    from edged.history import Query, run_history
     from edged.settings.journal import JOURNAL_FILE
 
     journal: Path = args.journal or load_config(args.config).journal.path or Path(JOURNAL_FILE)
-    query = Query(
+    query = Query.parse(
         part_id=args.part_id,
         camera_id=args.camera,
-        since_ns=parse_time(args.since) if args.since else None,
-        until_ns=parse_time(args.until) if args.until else None,
+        since=args.since,
+        until=args.until,
         verdict=args.verdict,
-        kind="detections" if args.detections else "verdict",
+        detections=args.detections,
         limit=args.limit,
     )
     return run_history(journal, query, args.format or "table")

@@ -74,6 +74,31 @@ class Query:
     kind: str = "verdict"
     limit: int = 100
 
+    @classmethod
+    def parse(
+        cls,
+        *,
+        part_id: str | None = None,
+        camera_id: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        verdict: str | None = None,
+        detections: bool = False,
+        limit: int = 100,
+    ) -> Query:
+        """The filters as a person gives them (times as `parse_time` reads them); raises UsageError."""
+        if verdict not in (None, "ok", "ng"):
+            raise UsageError(f"verdict {verdict!r}: ok or ng")
+        return cls(
+            part_id=part_id,
+            camera_id=camera_id,
+            since_ns=parse_time(since) if since else None,
+            until_ns=parse_time(until) if until else None,
+            verdict=verdict,
+            kind="detections" if detections else "verdict",
+            limit=limit,
+        )
+
     def sql(self) -> tuple[str, list[Any]]:
         where: list[str] = ["kind = ?"]
         params: list[Any] = [self.kind]
@@ -114,10 +139,15 @@ def _reasons(text: str | None) -> str:
     )
 
 
+def records(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` for JSON: every column, the message parsed."""
+    return [{**row, "message": json.loads(row["message"])} for row in rows]
+
+
 def write(rows: Sequence[dict[str, Any]], fmt: str, out: TextIO) -> None:
     """``rows`` as a table for a person, JSON (one array, each message parsed) or CSV (every column)."""
     if fmt == "json":
-        json.dump([{**row, "message": json.loads(row["message"])} for row in rows], out, indent=1)
+        json.dump(records(rows), out, indent=1)
         out.write("\n")
     elif fmt == "csv":
         writer = csv.DictWriter(out, fieldnames=FIELDS)

@@ -35,12 +35,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from edged.errors import EdgedError, KeyFileError
+from edged import history
+from edged.errors import EdgedError, JournalUnreadable, KeyFileError, UsageError
 from edged.keys import read_token
 from edged.messages import DetectionsMessage, StatusMessage
 from edged.output import Delivery, FrameReport, Output, Services, StatusReport
@@ -53,6 +55,7 @@ from edged.view import LiveView
 
 if TYPE_CHECKING:
     from edged.config import Settings
+    from edged.journal import JournalOutput
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ REQUEST_TIMEOUT_S = 10.0  # a client that has not sent its whole request header 
 MAX_HEADER_BYTES = 16 * 1024
 EVICTING_AT_ONCE = 4  # connections given up for newer ones whose threads may still be ending
 SNAPSHOT_WAIT_S = 5.0
+HISTORY_LIMIT = 1000  # the most journal entries one /history.json answer holds
 STREAM_SEND_BUFFER = 256 * 1024  # bytes queued in the kernel per viewer (Linux doubles it): a few frames
 BOUNDARY = "frame"
 REFUSAL_LOG_INTERVAL_S = 60.0
@@ -95,6 +99,7 @@ class HttpServer(Output):
         # By camera: its status and verdicts (None without [inspect]) as last published.
         self.reports: Mapping[str, tuple[StatusMessage, VerdictCounts | None]] = {}
         self.views: Mapping[str, LiveView] = {}  # by camera, in configuration order: replaced whole, never changed
+        self.journal: Path | None = None  # the verdict journal `/history.json` reads; None when it is off
         self._started = False
         self._lock = threading.Lock()
         self._counts = threading.Lock()  # guards the viewers admitted and the refusals
@@ -116,6 +121,9 @@ class HttpServer(Output):
 
     def wants(self, camera_id: str, found: bool) -> Delivery:
         return Delivery.SHOWN if self.wants_frame(camera_id) else Delivery.NONE
+
+    def use_journal(self, journal: JournalOutput | None) -> None:
+        self.journal = journal.path if journal is not None else None
 
     def frame(self, report: FrameReport) -> None:
         if report.message is not None and self.wants_frame(report.camera_id):
@@ -494,12 +502,15 @@ class _Handler(BaseHTTPRequestHandler):
             if shown is not None:
                 of_camera(owner, *shown)
             return
+        if url.path == "/history.json":
+            self._history(owner, {key: values[0] for key, values in params.items()})
+            return
         of_all = {"/cameras.json": self._cameras, "/metrics": self._metrics, "/healthz": self._healthz}.get(url.path)
         if of_all is None:
             self._send(
                 404,
                 b"not found: try /, /stream.mjpg, /snapshot.jpg, /status.json, /verdicts.json (each with ?camera=ID), "
-                b"/cameras.json, /metrics or /healthz\n",
+                b"/cameras.json, /history.json, /metrics or /healthz\n",
             )
             return
         of_all(owner)
@@ -595,6 +606,39 @@ class _Handler(BaseHTTPRequestHandler):
                 }
             )
         self._send(200, json.dumps({"cameras": cameras}).encode(), "application/json")
+
+    def _history(self, owner: HttpServer, params: Mapping[str, str]) -> None:
+        """The journal's entries as `edged history --json` gives them, its filters as parameters:
+        ``part_id``, ``camera``, ``since``, ``until``, ``verdict``, ``detections=1``, ``limit`` (at most
+        `HISTORY_LIMIT`)."""
+        if owner.journal is None:
+            self._send(404, b'{"error": "the journal is off: [journal] enabled = false"}\n', "application/json")
+            return
+        try:
+            limit = int(params.get("limit", "100"))
+            if not 1 <= limit <= HISTORY_LIMIT:
+                raise ValueError
+        except ValueError:
+            self._send(400, json.dumps({"error": f"limit: a number from 1 to {HISTORY_LIMIT}"}).encode(), "application/json")
+            return
+        try:
+            query = history.Query.parse(
+                part_id=params.get("part_id"),
+                camera_id=params.get("camera"),
+                since=params.get("since"),
+                until=params.get("until"),
+                verdict=params.get("verdict"),
+                detections=params.get("detections") in ("1", "true"),
+                limit=limit,
+            )
+            rows = history.read(owner.journal, query)
+        except UsageError as e:
+            self._send(400, json.dumps({"error": str(e)}).encode(), "application/json")
+            return
+        except JournalUnreadable as e:
+            self._send(503, json.dumps({"error": str(e)}).encode(), "application/json")
+            return
+        self._send(200, json.dumps(history.records(rows)).encode(), "application/json")
 
     def _metrics(self, owner: HttpServer) -> None:
         self._send(200, owner.metrics.exposition(), CONTENT_TYPE_LATEST)

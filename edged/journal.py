@@ -463,6 +463,10 @@ class JournalOutput(Output):
         self.writer.stop(STOP_WAIT_S)
         return JournalOutput(settings, self.writer)
 
+    @property
+    def path(self) -> Path:
+        return self.writer.store.path
+
     def feed(self, name: str, wake: Wake) -> VerdictFeed:
         """The verdicts for output ``name`` to deliver from the journal; ``wake`` is set when new ones are recorded."""
         self.writer.committed.add(wake)

@@ -440,7 +440,7 @@ class MqttOutput(MessageOutput):
         self._connected = False
         self._answered = False  # the broker answered this connection attempt, yes or no
         self._unacked: set[int] = set()  # QoS 1/2 messages paho holds until the broker acknowledges them
-        self._journal: JournalOutput | None = None  # with it, verdicts come from the journal (`forward_from`)
+        self._journal: JournalOutput | None = None  # with it, verdicts come from the journal (`use_journal`)
         self._feeds: deque[VerdictFeed | None] = deque()  # handed over by the loop, taken up by this thread
         self._feed: VerdictFeed | None = None
         self._forwarding: dict[int, int] = {}  # message id -> journal row, of verdicts not yet acknowledged
@@ -472,7 +472,7 @@ class MqttOutput(MessageOutput):
             return  # it goes out from the journal once recorded
         self.send(kind, payload, camera_id)
 
-    def forward_from(self, journal: JournalOutput | None) -> None:
+    def use_journal(self, journal: JournalOutput | None) -> None:
         """With the journal, verdicts go out from it at QoS 1 at least, in order, and after an
         outage those not yet acknowledged go again (`edged.replay`)."""
         if journal is self._journal:

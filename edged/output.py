@@ -126,9 +126,10 @@ class Output:
     def carry_requests(self, server: TriggerServer) -> None:
         """Hand ``server`` the inspection requests that arrive through this output (request mode)."""
 
-    def forward_from(self, journal: JournalOutput | None) -> None:
-        """An output that promises delivery sends the verdicts recorded in ``journal`` (None: it is off)
-        rather than those of `frame`, so that none is lost to an outage."""
+    def use_journal(self, journal: JournalOutput | None) -> None:
+        """The journal (None: it is off), after every open and reload: an output that promises
+        delivery sends the verdicts recorded there rather than those of `frame`, so that none is
+        lost to an outage (MQTT); the live view serves its history."""
 
     def reread_secrets(self) -> None:
         """SIGHUP: read key and password files again (raises KeyFileError, keeping the old ones)."""

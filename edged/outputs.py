@@ -106,10 +106,10 @@ class Outputs:
         self._forward()
 
     def _forward(self) -> None:
-        """Outputs that promise delivery send the verdicts the journal recorded (`Output.forward_from`)."""
+        """Every output learns of the journal (`Output.use_journal`)."""
         journal = self.get(JournalOutput)
         for output in self._running.values():
-            output.forward_from(journal)
+            output.use_journal(journal)
 
     def drain(self) -> None:
         for output in self._running.values():

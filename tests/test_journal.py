@@ -12,6 +12,7 @@ import pytest
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from filesystems import read_only_folder, tmpfs
 from onnx_models import fixed_scene
+from test_http import get
 from waiting import wait_for
 
 from edged import journal
@@ -191,13 +192,17 @@ SCENE = [(16.0, 20.0, 8.0, 8.0, 1, 0.9)]  # one crack in every frame: ng
 def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens(tmp_path: Path) -> None:
     fixed_scene(tmp_path / "scene.onnx", SCENE)
     write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoint, port = f"tcp://127.0.0.1:{free_port()}", free_port()
+    token = tmp_path / "http.token"
+    token.write_text("0123456789abcdef0123\n")
+    token.chmod(0o600)
     doc = {
         "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
         "model": {"path": "scene.onnx"},
         "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
         "thermal": {"enabled": False},
         "inspect": {"ng_classes": ["crack"]},
+        "http": {"listen": f"127.0.0.1:{port}", "token_file": "http.token"},
     }
     d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
     path = tmp_path / "journal.sqlite"
@@ -213,6 +218,14 @@ def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens
         during = run_cli("history", "--config", str(tmp_path / "edged.toml"), "--json", "--limit", "5")
         assert during.returncode == 0, during.stderr
         assert [row["verdict"] for row in json.loads(during.stdout)] == ["ng"] * 5
+        # The live view serves it too, with the same filters and its token.
+        assert get(port, "/history.json")[0] == 401
+        bearer = {"Authorization": "Bearer 0123456789abcdef0123"}
+        code, _, body = get(port, "/history.json?camera=cam0&verdict=ng&limit=3&part_id=", bearer)
+        assert code == 200 and [row["message"]["kind"] for row in json.loads(body)] == ["verdict"] * 3
+        assert json.loads(get(port, "/history.json?verdict=ok", bearer)[2]) == []
+        assert get(port, "/history.json?since=soon", bearer)[0] == 400
+        assert get(port, "/history.json?limit=5000", bearer)[0] == 400
         d.signal(signal.SIGKILL)
         d.proc.wait(10)
     finally:
