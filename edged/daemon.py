@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.25  # the loop comes round at least this often, frames or not
 MAX_INFERENCE_FAILURES = 20  # consecutive failed runs before the daemon gives up
 ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then counters
-LANES_STOP_WAIT_S = 5.0  # at stop, time left to the frames on the lanes to finish (one inference each)
+LANES_STOP_WAIT_S = 2.0  # at stop, time left to the frames on the lanes to finish (one inference each)
+LANES_RELOAD_WAIT_S = 1.0  # a reload's wait for the frames on the lanes; a hung one stays there, its camera idle
 
 
 class Daemon:
@@ -82,7 +83,7 @@ class Daemon:
             stack.callback(lambda: self.publish_status())  # at stop, once the evidence is written
             stack.callback(self.outputs.drain)
             self.lanes = Lanes(settings.lanes(), self._wake)
-            stack.callback(lambda: self.lanes.close())
+            stack.callback(self.lanes.close)
             stack.callback(self._finish_lanes)
             self._resources = stack.pop_all()
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
@@ -176,9 +177,8 @@ class Daemon:
         settled = self._settle(self.lanes.collect())
         if self.desk is not None and self.desk.take(self.serving(), self.lanes.carrying, self._critical()):
             self.health.frame_done()  # waiting for requests is progress in request mode
-        if self._critical():
-            self._settle(self.lanes.drain())  # inference paused, status continues, requests are refused
-            self._wake.wait(TAKE_TIMEOUT_S, self._fds())
+        if self._critical():  # inference paused, status continues, requests are refused
+            self._wake.wait(TAKE_TIMEOUT_S, self._fds())  # a result on a lane wakes it, for the next turn's collect
             self.health.frame_done()
             return
         if self._hand_out() or settled:
@@ -267,7 +267,7 @@ class Daemon:
         if fallback is None:
             return False
         self.settings, model = fallback
-        self._settle(self.lanes.drain())
+        self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
         self.model = model
         for camera in self.cameras.values():
             camera.path = frame_path(self.settings, model, camera.cfg)
@@ -299,8 +299,10 @@ class Daemon:
         log.info("loaded model %s: trying it on the next frame", replacement.model.engine.identity.short)
 
     def _end_trial(self) -> None:
-        """Back to the running cameras only (`Trial.abandon`), once the frames on the lanes are published."""
-        self._settle(self.lanes.drain())
+        """Back to the running cameras only (`Trial.abandon`), once the frames on the lanes are
+        published (or `LANES_RELOAD_WAIT_S` has passed: a frame still running keeps its camera off
+        the lanes, `edged.lanes`)."""
+        self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
         if self._trial is not None:
             self.cameras = self._trial.abandon(self.cameras, self.settings, self._start_capture)
             self._trial = None
@@ -334,11 +336,12 @@ class Daemon:
             self._finish(switched, outcome)
 
     def _switch(self, trial: Trial) -> None:
-        """The reload takes over: its model, cameras, outputs, requests and thermal watch."""
-        self._settle(self.lanes.drain())
-        self.lanes.close()
+        """The reload takes over: its model, cameras, outputs, requests and thermal watch. The frames
+        on the lanes are published first, unless one outlasts `LANES_RELOAD_WAIT_S`: it comes out
+        of the lanes later, with the camera it was taken for (`edged.lanes.Lanes.resize`)."""
+        self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
         new = trial.replacement.settings
-        self.lanes = Lanes(new.lanes(), self._wake)
+        self.lanes.resize(new.lanes())
         before = self.settings.requesting()
         self.settings, self.model = new, trial.replacement.model
         self.cameras, self._trial = trial.take_over(self.cameras), None

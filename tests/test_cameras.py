@@ -176,6 +176,39 @@ def test_a_camera_whose_inference_hangs_leaves_the_other_flowing_and_stops_the_w
         d.close()
 
 
+def test_reloads_while_one_camera_hangs_in_inference_leave_the_other_flowing_and_sigterm_stops_in_time(
+    workdir: Path,
+) -> None:
+    """The stuck camera's frame wedges one of the two lanes; two SIGHUPs (each switching to the
+    reloaded model) wait for it only briefly, so the other camera keeps flowing on the other lane,
+    the stuck camera is never handed to a lane again (a second wedged run would take the last
+    lane), /healthz goes on naming it, and SIGTERM stops edged within the unit's
+    ``TimeoutStopSec=5s`` (before, the loop waited on the wedged lane for ever)."""
+    stalling_probe(workdir / "stall.onnx")
+    (workdir / "white").mkdir()
+    cv2.imwrite(str(workdir / "white" / "white.png"), np.full((96, 128, 3), 255, np.uint8))
+    stuck = {"type": "images", "camera_id": "stuck", "path": "white", "fps": 5.0}
+    port = free_port()
+    d = start(workdir, [stuck, small()], model="stall.onnx", listen=f"127.0.0.1:{port}")
+    try:
+        wedged = d.wait_status(lambda s: s.camera_id == "stuck" and s.capture is not None and s.capture.frames_captured >= 2)
+        assert wedged.frames_processed == 0, wedged
+        for reloads in (1, 2):
+            d.signal(signal.SIGHUP)
+            assert wait_for(lambda n=reloads: d.log().count("reloaded: model") >= n, timeout_s=30), d.log()
+        before = d.wait_status(lambda s: s.camera_id == "small")
+        after = d.wait_status(lambda s: s.camera_id == "small" and s.frames_processed >= before.frames_processed + 10)
+        still = d.wait_status(lambda s: s.camera_id == "stuck" and s.seq > after.seq)
+        assert still.frames_processed == 0, still
+        assert wait_for(lambda: _get(port, "/healthz")[0] == 503, timeout_s=30), _get(port, "/healthz")
+        assert "a frame of camera stuck has been in inference" in _get(port, "/healthz")[1].decode()
+        started = time.monotonic()
+        assert d.stop(timeout=30) == 0, d.log()
+        assert time.monotonic() - started < 5.0, d.log()
+    finally:
+        d.close()
+
+
 def test_a_camera_that_vanishes_is_reported_while_the_others_flow(workdir: Path, tmp_path: Path) -> None:
     notify = NotifySocket(tmp_path / "notify.sock")
     d = start(workdir, [small(), stills()], env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "600000"})
