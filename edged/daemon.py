@@ -28,7 +28,7 @@ from edged.model import fallback_model, load_model
 from edged.output import Services
 from edged.outputs import Outputs
 from edged.pipeline import Rejected, frame_path
-from edged.reload import CAPTURE_STOP_WAIT_S, Trial, load_replacement
+from edged.reload import CAPTURE_STOP_WAIT_S, Trial, changes, load_replacement
 from edged.requests import RequestDesk
 from edged.schedule import hand_out, idle_s
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
@@ -296,7 +296,8 @@ class Daemon:
         self._end_trial()
         self._trial = Trial(replacement, self.cameras, self._start_capture)
         self._watch()
-        log.info("loaded model %s: trying it on the next frame", replacement.model.engine.identity.short)
+        short = replacement.model.engine.identity.short
+        log.info("loaded model %s (%s): trying it on the next frame", short, changes(self.settings, replacement.settings))
 
     def _end_trial(self) -> None:
         """Back to the running cameras only (`Trial.abandon`), once the frames on the lanes are

@@ -267,6 +267,7 @@ def test_sighup_adds_and_removes_cameras(workdir: Path) -> None:
         since = [m.seq for m in after["small"]]
         assert before + since == list(range(before[0], since[-1] + 1)), (before, since)
         assert "camera wide removed" in d.log() and "camera stills added" in d.log()
+        assert "(cameras kept small; added stills; removed wide; no other setting changed)" in d.log(), d.log()
         status = d.wait_status(lambda s: s.camera_id == "stills", timeout=10)
         assert status.source_state == "ok"
     finally:
