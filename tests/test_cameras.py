@@ -4,6 +4,7 @@ different frame sizes, one model, the real ZeroMQ stream read per topic."""
 from __future__ import annotations
 
 import http.client
+import itertools
 import re
 import shutil
 import signal
@@ -15,7 +16,7 @@ import cv2
 import numpy as np
 import pytest
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
-from onnx_models import colour_probe, stalling_probe
+from onnx_models import colour_probe, slow_loading_probe, stalling_probe
 from test_service import NotifySocket
 from test_trigger import Requester
 from waiting import wait_for
@@ -313,6 +314,52 @@ def test_a_storm_of_reloads_adding_and_removing_a_camera_loses_no_message_of_the
         for kind in ("detections", "status"):
             got = seqs[kind]
             assert got == list(range(got[0], got[0] + len(got))), (kind, got)
+    finally:
+        d.close()
+
+
+def test_status_keeps_its_period_through_a_sighup_every_half_second(workdir: Path) -> None:
+    """A SIGHUP every 0.5 s for 12 s, alternating between configs that add and remove a camera,
+    with a model that takes about half a second to load (as a real detector does): the kept
+    camera's status messages keep coming about every ``status_interval_s`` (1 s, the default)
+    while its detections flow; no gap between two is longer than three periods and a busy
+    machine's slack. (Each reload that added or removed a camera bound the socket afresh, and a
+    status sent while the subscriber reconnected was lost: here that made gaps of 3 s.)"""
+    slow_loading_probe(workdir / "slow.onnx")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+
+    def config(other: dict) -> Path:
+        return write_config(
+            workdir / "edged.toml",
+            {
+                "source": [small(), other],
+                "model": {"path": "slow.onnx"},
+                "publish": {"endpoints": [endpoint], "status_interval_s": 1.0},
+                "thermal": {"enabled": False},
+                "service": {"stall_timeout_s": 2.0},
+            },
+        )
+
+    d = RunningDaemon(config(wide()), endpoint)
+    try:
+        detections(d, {"small": 1, "wide": 1})  # up, its signal handlers in place
+        arrivals: dict[str, list[float]] = defaultdict(list)  # the kept camera's messages, by kind
+        started = next_reload = time.monotonic()
+        n = 0
+        while time.monotonic() - started < 12.0:
+            if time.monotonic() >= next_reload:
+                n += 1
+                config(stills() if n % 2 else wide())
+                d.signal(signal.SIGHUP)
+                next_reload += 0.5
+            for msg in d.messages(max(0.01, next_reload - time.monotonic())):
+                if msg.camera_id == "small":
+                    arrivals[msg.kind].append(time.monotonic())
+        assert d.log().count("reloaded: model") >= 5, d.log()
+        assert len(arrivals["detections"]) >= 10, len(arrivals["detections"])  # they flowed throughout
+        status = [started, *arrivals["status"], time.monotonic()]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(status)]
+        assert max(gaps) < 3 * 1.0 + 2.0, (max(gaps), [round(t - started, 2) for t in status])
     finally:
         d.close()
 
