@@ -247,13 +247,15 @@ class Daemon:
                 log.info("first frame processed: ready", extra={"CAMERA": camera.id})
 
     def status_line(self) -> str:
-        """systemd's STATUS=: every camera's rate and state (`edged.status.summary_line`)."""
-        return summary_line([snapshot(c, self.report, self.model, self.outputs) for c in self.serving()])
+        """systemd's STATUS=: every camera's rate and state, and what withholds the pings (`edged.status.summary_line`)."""
+        snapshots = [snapshot(c, self.report, self.model, self.outputs) for c in self.serving()]
+        return summary_line(snapshots, self.health.current_problem())
 
     def publish_status(self) -> None:
         """Each camera's status message to every output, the summary to systemd."""
         self._update_rate_caps()
-        self.notifier.status(summary_line(publish_status(self.serving(), self.report, self.model, self.outputs)))
+        snapshots = publish_status(self.serving(), self.report, self.model, self.outputs)
+        self.notifier.status(summary_line(snapshots, self.health.current_problem()))
 
     def _update_rate_caps(self) -> None:
         """Free cameras' caps follow the thermal state; in request mode the requests set the pace."""
