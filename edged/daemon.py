@@ -302,14 +302,15 @@ class Daemon:
         log.info("loaded model %s (%s): trying it on the next frame", short, changes(self.settings, replacement.settings))
 
     def _end_trial(self) -> None:
-        """Back to the running cameras only (`Trial.abandon`), once the frames on the lanes are
-        published (or `LANES_RELOAD_WAIT_S` has passed: a frame still running keeps its camera off
-        the lanes, `edged.lanes`)."""
+        """Back to the running cameras only (`Trial.abandon`), if a reload is on trial, once the
+        frames on the lanes are published (or `LANES_RELOAD_WAIT_S` has passed: a frame still
+        running keeps its camera off the lanes, `edged.lanes`)."""
+        if self._trial is None:
+            return
         self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
-        if self._trial is not None:
-            self.cameras = self._trial.abandon(self.cameras, self.settings, self._start_capture)
-            self._trial = None
-            self._watch()
+        self.cameras = self._trial.abandon(self.cameras, self.settings, self._start_capture)
+        self._trial = None
+        self._watch()
 
     def _try(self, camera: Camera, frame: Frame) -> None:
         """Switch to a reload's model once it has run on ``frame``, or keep the running one.
