@@ -23,6 +23,7 @@ import onnxruntime as ort
 from edged.capture import Capture
 from edged.config import Settings
 from edged.errors import ContractError, InferenceError, ModelError, SourceError
+from edged.heads.base import fmt_classes
 from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
 from edged.pipeline import FramePipeline, frame_path
@@ -89,7 +90,7 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
     labels = ", ".join(model.labels) if model.labels else "(no names: class ids only)"
     print(f"model      {engine.model_path} ({engine.identity.short})", file=out)
     print(f"input      {model.contract.describe()}", file=out)
-    print(f"output     {outputs} -> {model.head} head, {model.num_classes} classes: {labels}", file=out)
+    print(f"output     {outputs} -> {model.head} head, {fmt_classes(model.num_classes)}: {labels}", file=out)
     requested = ", ".join(p.name for p in settings.runtime.providers)
     print(f"providers  requested: {requested}", file=out)
     available = ", ".join(ort.get_available_providers())

@@ -22,8 +22,10 @@ once per burst.
 
 Security: a tcp endpoint takes the publisher's CURVE server key and allow-list when
 ``publish.curve_*`` are set (the daemon's joins the publisher's context and is served by its
-`edged.publish.Authenticator`; one made alone has its own); without
-keys a non-loopback tcp endpoint is refused unless ``publish.insecure`` says otherwise, as for the stream.
+`edged.publish.Authenticator`; one made alone has its own). Without
+keys, a tcp endpoint other machines can reach is refused when the configuration loads
+(`edged.config.Settings`) unless ``trigger.insecure`` accepts it: anyone there could trigger
+inspections and read their verdicts. ``publish.insecure`` opens the stream only.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from edged.keys import ClientKeys
 from edged.listen import Listener
 from edged.messages import TriggerError, TriggerProblem, TriggerRequest, VerdictMessage, parse_message, parse_request
 from edged.mqtt import MqttOutput
-from edged.publish import Authenticator, check_exposure
+from edged.publish import Authenticator
 from edged.subscribe import format_verdict
 from edged.wake import Wake
 
@@ -110,8 +112,7 @@ class TriggerServer:
     """The ROUTER socket requests arrive on, and per camera in request mode the ordered, bounded
     list of those waiting and the one in hand.
 
-    Raises `PublishError` for an endpoint it cannot bind or may not expose, `KeyFileError` for
-    unusable keys.
+    Raises `PublishError` for an endpoint it cannot bind, `KeyFileError` for unusable keys.
     """
 
     def __init__(
@@ -137,8 +138,6 @@ class TriggerServer:
             if tcp and auth is None:  # before bind: a CURVE peer is only ever let in by it
                 auth = self._own_auth = Authenticator.configured(publish, self._context, " for trigger.endpoint")
             self._auth = auth if tcp else None
-            if self._auth is None:
-                check_exposure(cfg.endpoint, publish.insecure)
         except BaseException:
             if not self._shared:
                 self._context.term()
@@ -212,10 +211,9 @@ class TriggerServer:
             return False
         request = Request("mqtt", (), camera_id, asked.part_id, arrived_ns)
         if self._stopping:
-            self._reply(request, self.error(request, "stopping", "edged is stopping"))
+            self._refuse(request, "stopping", "edged is stopping")
         elif not self._inbox.put(request):
-            detail = f"{self._inbox.limit} request(s) from the broker not yet taken"
-            self._reply(request, self.error(request, "busy", detail))
+            self._refuse(request, "busy", f"{self._inbox.limit} request(s) from the broker not yet taken")
         return True
 
     def collect(self) -> None:
@@ -227,10 +225,9 @@ class TriggerServer:
         for request in arrived:
             waiting = self._waiting.get(request.camera_id)
             if waiting is None:
-                self._reply(request, self.error(request, "bad_request", self._unknown(request.camera_id)))
+                self._refuse(request, "bad_request", self._unknown(request.camera_id))
             elif len(waiting) + (request.camera_id in self._in_hand) >= self._bound:
-                detail = f"{self._bound} request(s) for camera {request.camera_id} already in hand"
-                self._reply(request, self.error(request, "busy", detail))
+                self._refuse(request, "busy", f"{self._bound} request(s) for camera {request.camera_id} already in hand")
             else:
                 waiting.append(request)
 
@@ -286,6 +283,15 @@ class TriggerServer:
         """Reply to the request in hand for its camera, which may then take the next."""
         del self._in_hand[request.camera_id]
         self._reply(request, reply)
+
+    def _refuse(self, request: Request, problem: TriggerProblem, detail: str) -> None:
+        """Answer a request refused on arrival; one from the broker in the refusals' own bounded line
+        (`edged.mqtt.Outbox.put_refusal`), so that a flood of requests never displaces an answer."""
+        reply = self.error(request, problem, detail)
+        if request.origin == "zmq":
+            self._send(request.envelope, reply)
+        elif self._mqtt is not None:
+            self._mqtt.refuse(reply.model_dump_json().encode(), request.camera_id)
 
     def _reply(self, request: Request, reply: VerdictMessage | TriggerError) -> None:
         """To the requester's socket; to the broker only an error, the verdict having gone out on
@@ -352,11 +358,28 @@ def request_verdict(
     finally:
         sock.close(linger=0)
         context.term()
+    if isinstance(reply, VerdictMessage | TriggerError) and not _answers(reply, request):
+        raise TriggerFailed(
+            f"the reply from {endpoint} is for {_naming(reply.camera_id, reply.part_id)}, "
+            f"not {_naming(request.camera_id, request.part_id)}: "
+            "something other than edged's request server answers there, or it mixed up its requests"
+        )
     if isinstance(reply, TriggerError):
         raise TriggerFailed(f"no verdict ({reply.error}): {reply.detail}")
     if not isinstance(reply, VerdictMessage):
         raise TriggerFailed(f"the reply from {endpoint} is a {reply.kind} message, not a verdict")
     return reply
+
+
+def _answers(reply: VerdictMessage | TriggerError, request: TriggerRequest) -> bool:
+    """Whether ``reply`` is for ``request``: its part, and its camera where the request named one. A
+    verdict for another part would pass or fail the wrong part."""
+    return reply.part_id == request.part_id and request.camera_id in (None, reply.camera_id)
+
+
+def _naming(camera_id: str | None, part_id: str | None) -> str:
+    camera = f"camera {camera_id}" if camera_id is not None else "any camera"
+    return f"{camera} part {part_id if part_id is not None else '(none)'}"
 
 
 def run_trigger(
@@ -379,8 +402,10 @@ def run_trigger(
     try:
         request = TriggerRequest(part_id=part_id, camera_id=camera_id)
     except ValidationError as e:
-        option = {"part_id": "--part-id", "camera_id": "--camera"}[str(e.errors()[0]["loc"][0])]
-        raise UsageError(f"{option}: {e.errors()[0]['msg']}") from None
+        problem = e.errors()[0]
+        option = {"part_id": "--part-id", "camera_id": "--camera"}[str(problem["loc"][0])]
+        why = problem["ctx"]["error"] if problem["type"] == "value_error" else problem["msg"]
+        raise UsageError(f"{option}: {why}") from None
     curve = ClientKeys.from_options(server_key, client_key)
     verdict = request_verdict(endpoint, request, timeout_s, curve)
     print(verdict.model_dump_json() if raw_json else format_verdict(verdict), file=out, flush=True)

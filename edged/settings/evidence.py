@@ -22,8 +22,7 @@ def default_dir() -> Path:
 class EvidenceConfig(Section):
     dir: Path = Field(
         default_factory=default_dir,
-        description="Where evidence goes, a folder per camera and day; created when its parent exists. "
-        "Default: evidence/ in the service's state directory.",
+        description="Where evidence goes, a folder per camera and day; created when its parent exists.",
     )
     save: SavePolicy = Field(
         "ng",
