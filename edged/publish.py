@@ -195,7 +195,8 @@ class Publisher(MessageOutput):
         self._context = context or zmq.Context.instance()
         self._listeners: dict[bool, Listener] = {}  # keyed by "uses CURVE"
         self._refused_bytes: Counter[bool] = Counter()  # refused subscription bytes since the socket was bound
-        self._refused: dict[bool, set[bytes]] = {True: set(), False: set()}  # their topics: at most that many bytes
+        self._refused: dict[bool, set[bytes]] = {True: set(), False: set()}  # those a camera's topic could match
+        self._camera_topics = topics_of(cfg.topic_prefix, [""])  # what every camera's topic starts with
         self._refusal_log = LogRate(REFUSAL_LOG_INTERVAL_S)  # one per kind of warning: a peer decides how often they come
         self._cut_off_log = LogRate(REFUSAL_LOG_INTERVAL_S)
         self.auth = Authenticator.configured(cfg, self._context)  # the trigger server's CURVE socket shares it
@@ -347,7 +348,8 @@ class Publisher(MessageOutput):
                 sock.setsockopt(zmq.SUBSCRIBE if kind == b"\x01" else zmq.UNSUBSCRIBE, topic)
             elif kind == b"\x01":  # unsubscribing from a refused topic: libzmq has already forgotten it
                 self._refuse(topic)
-                self._refused[secure].add(topic)
+                if topic.startswith(self._camera_topics):  # a camera a reload adds may match it: kept, at most 64 KiB
+                    self._refused[secure].add(topic)
                 self._refused_bytes[secure] += len(topic)
                 if self._refused_bytes[secure] >= REFUSED_BYTES_BEFORE_REBIND:
                     self._cut_off(secure, f"{REFUSED_BYTES_BEFORE_REBIND // 1024} KiB of subscriptions that match no topic")
