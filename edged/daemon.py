@@ -28,7 +28,7 @@ from edged.model import fallback_model, load_model
 from edged.output import Services
 from edged.outputs import Outputs
 from edged.pipeline import Rejected, frame_path
-from edged.reload import CAPTURE_STOP_WAIT_S, Trial, load_replacement
+from edged.reload import CAPTURE_STOP_WAIT_S, Trial, changes, load_replacement
 from edged.requests import RequestDesk
 from edged.schedule import hand_out, idle_s, pause
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.25  # the loop comes round at least this often, frames or not
 MAX_INFERENCE_FAILURES = 20  # consecutive failed runs before the daemon gives up
 ERROR_LOG_INTERVAL_S = 10.0  # a burst of failing frames is one log line, then counters
-LANES_STOP_WAIT_S = 5.0  # at stop, time left to the frames on the lanes to finish (one inference each)
+LANES_STOP_WAIT_S = 2.0  # at stop, time left to the frames on the lanes to finish (one inference each)
+LANES_RELOAD_WAIT_S = 1.0  # a reload's wait for the frames on the lanes; a hung one stays there, its camera idle
 
 
 class Daemon:
@@ -82,7 +83,7 @@ class Daemon:
             stack.callback(lambda: self.publish_status())  # at stop, once the evidence is written
             stack.callback(self.outputs.drain)
             self.lanes = Lanes(settings.lanes(), self._wake)
-            stack.callback(lambda: self.lanes.close())
+            stack.callback(self.lanes.close)
             stack.callback(self._finish_lanes)
             self._resources = stack.pop_all()
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
@@ -176,10 +177,9 @@ class Daemon:
         settled = self._settle(self.lanes.collect())
         if self.desk is not None and self.desk.take(self.serving(), self.lanes.carrying, self._critical()):
             self.health.frame_done()  # waiting for requests is progress in request mode
-        if self._critical():
+        if self._critical():  # inference paused, status continues, requests are refused
             pause(self.serving())
-            self._settle(self.lanes.drain())  # inference paused, status continues, requests are refused
-            self._wake.wait(TAKE_TIMEOUT_S, self._fds())
+            self._wake.wait(TAKE_TIMEOUT_S, self._fds())  # a result on a lane wakes it, for the next turn's collect
             self.health.frame_done()
             return
         if self._hand_out() or settled:
@@ -250,13 +250,15 @@ class Daemon:
                 log.info("first frame processed: ready", extra={"CAMERA": camera.id})
 
     def status_line(self) -> str:
-        """systemd's STATUS=: every camera's rate and state (`edged.status.summary_line`)."""
-        return summary_line([snapshot(c, self.report, self.model, self.outputs) for c in self.serving()])
+        """systemd's STATUS=: every camera's rate and state, and what withholds the pings (`edged.status.summary_line`)."""
+        snapshots = [snapshot(c, self.report, self.model, self.outputs) for c in self.serving()]
+        return summary_line(snapshots, self.health.current_problem())
 
     def publish_status(self) -> None:
         """Each camera's status message to every output, the summary to systemd."""
         self._update_rate_caps()
-        self.notifier.status(summary_line(publish_status(self.serving(), self.report, self.model, self.outputs)))
+        snapshots = publish_status(self.serving(), self.report, self.model, self.outputs)
+        self.notifier.status(summary_line(snapshots, self.health.current_problem()))
 
     def _update_rate_caps(self) -> None:
         """Free cameras' caps follow the thermal state; in request mode the requests set the pace."""
@@ -270,7 +272,7 @@ class Daemon:
         if fallback is None:
             return False
         self.settings, model = fallback
-        self._settle(self.lanes.drain())
+        self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
         self.model = model
         for camera in self.cameras.values():
             camera.path = frame_path(self.settings, model, camera.cfg)
@@ -299,15 +301,19 @@ class Daemon:
         self._end_trial()
         self._trial = Trial(replacement, self.cameras, self._start_capture)
         self._watch()
-        log.info("loaded model %s: trying it on the next frame", replacement.model.engine.identity.short)
+        short = replacement.model.engine.identity.short
+        log.info("loaded model %s (%s): trying it on the next frame", short, changes(self.settings, replacement.settings))
 
     def _end_trial(self) -> None:
-        """Back to the running cameras only (`Trial.abandon`), once the frames on the lanes are published."""
-        self._settle(self.lanes.drain())
-        if self._trial is not None:
-            self.cameras = self._trial.abandon(self.cameras, self.settings, self._start_capture)
-            self._trial = None
-            self._watch()
+        """Back to the running cameras only (`Trial.abandon`), if a reload is on trial, once the
+        frames on the lanes are published (or `LANES_RELOAD_WAIT_S` has passed: a frame still
+        running keeps its camera off the lanes, `edged.lanes`)."""
+        if self._trial is None:
+            return
+        self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
+        self.cameras = self._trial.abandon(self.cameras, self.settings, self._start_capture)
+        self._trial = None
+        self._watch()
 
     def _try(self, camera: Camera, frame: Frame) -> None:
         """Switch to a reload's model once it has run on ``frame``, or keep the running one.
@@ -337,11 +343,12 @@ class Daemon:
             self._finish(switched, outcome)
 
     def _switch(self, trial: Trial) -> None:
-        """The reload takes over: its model, cameras, outputs, requests and thermal watch."""
-        self._settle(self.lanes.drain())
-        self.lanes.close()
+        """The reload takes over: its model, cameras, outputs, requests and thermal watch. The frames
+        on the lanes are published first, unless one outlasts `LANES_RELOAD_WAIT_S`: it comes out
+        of the lanes later, with the camera it was taken for (`edged.lanes.Lanes.resize`)."""
+        self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
         new = trial.replacement.settings
-        self.lanes = Lanes(new.lanes(), self._wake)
+        self.lanes.resize(new.lanes())
         before = self.settings.requesting()
         self.settings, self.model = new, trial.replacement.model
         self.cameras, self._trial = trial.take_over(self.cameras), None

@@ -26,7 +26,10 @@ edged reads each subscription and applies only those that are a prefix of a topi
 connected peer sent until that peer goes, so once the refused subscriptions since the socket was
 bound add up to `REFUSED_BYTES_BEFORE_REBIND`, or a peer sends something that is not a
 subscription at all, the socket is bound afresh, as for a revoked key: every peer is cut off and
-honest subscribers reconnect and subscribe again by themselves.
+honest subscribers reconnect and subscribe again by themselves. A reload that adds or removes
+cameras keeps the sockets, so the kept cameras' subscribers miss nothing; only a subscription
+refused since the socket was bound that a camera the reload adds now matches has it bound afresh
+(libzmq applies a subscription only as it arrives, so its peer must send it again).
 """
 
 from __future__ import annotations
@@ -192,6 +195,8 @@ class Publisher(MessageOutput):
         self._context = context or zmq.Context.instance()
         self._listeners: dict[bool, Listener] = {}  # keyed by "uses CURVE"
         self._refused_bytes: Counter[bool] = Counter()  # refused subscription bytes since the socket was bound
+        self._refused: dict[bool, set[bytes]] = {True: set(), False: set()}  # those a camera's topic could match
+        self._camera_topics = topics_of(cfg.topic_prefix, [""])  # what every camera's topic starts with
         self._refusal_log = LogRate(REFUSAL_LOG_INTERVAL_S)  # one per kind of warning: a peer decides how often they come
         self._cut_off_log = LogRate(REFUSAL_LOG_INTERVAL_S)
         self.auth = Authenticator.configured(cfg, self._context)  # the trigger server's CURVE socket shares it
@@ -269,22 +274,28 @@ class Publisher(MessageOutput):
     def follow_cameras(self, camera_ids: Sequence[str]) -> None:
         """A reload changed the cameras: their topics are the ones subscriptions may match from now on.
 
-        The sockets are bound afresh so that subscribers send again the subscriptions to the new
-        cameras' topics that were refused until now.
+        The sockets stay bound, subscribers and their queues with them; a socket that refused a
+        subscription an added camera's topic now matches is bound afresh, so that its peer sends it again.
         """
         topics = topics_of(self.cfg.topic_prefix, camera_ids)
         if topics == self._topics:
             return
         self._topics = topics
         for secure in list(self._listeners):
-            cameras = ", ".join(camera_ids)
-            log.info("cameras are now %s: %s bound afresh, so subscribers subscribe again", cameras, self._rebind(secure))
+            if any(ours.startswith(topic) for topic in self._refused[secure] for ours in topics):
+                cameras = ", ".join(camera_ids)
+                log.info(
+                    "cameras are now %s: %s bound afresh, for the subscriptions refused until now",
+                    cameras,
+                    self._rebind(secure),
+                )
 
     def _rebind(self, secure: bool) -> str:
         """The socket for ``secure`` closed and bound afresh; returns its endpoints, for the log."""
         listener = self._listeners.pop(secure)
         self._listeners[secure] = listener.reopen()
         self._refused_bytes[secure] = 0
+        self._refused[secure].clear()
         return ", ".join(listener.endpoints)
 
     def _bind(self, endpoint: str) -> None:
@@ -337,6 +348,8 @@ class Publisher(MessageOutput):
                 sock.setsockopt(zmq.SUBSCRIBE if kind == b"\x01" else zmq.UNSUBSCRIBE, topic)
             elif kind == b"\x01":  # unsubscribing from a refused topic: libzmq has already forgotten it
                 self._refuse(topic)
+                if topic.startswith(self._camera_topics):  # a camera a reload adds may match it: kept, at most 64 KiB
+                    self._refused[secure].add(topic)
                 self._refused_bytes[secure] += len(topic)
                 if self._refused_bytes[secure] >= REFUSED_BYTES_BEFORE_REBIND:
                     self._cut_off(secure, f"{REFUSED_BYTES_BEFORE_REBIND // 1024} KiB of subscriptions that match no topic")

@@ -78,6 +78,39 @@ def load_replacement(config_path: Path | None, running: Settings, *, requests: b
     return Replacement(new, model, {cfg.camera_id: frame_path(new, model, cfg) for cfg in new.source})
 
 
+def changes(running: Settings, new: Settings) -> str:
+    """What a reload changes, for its log line: the cameras it keeps, adds and removes, and the keys
+    whose values differ (``section.key``, a kept camera's as ``source.CAMERA.key``): names only,
+    never values, which may be paths or addresses."""
+    before, after = {cfg.camera_id: cfg for cfg in running.source}, {cfg.camera_id: cfg for cfg in new.source}
+    kept = [name for name in after if name in before]
+    added = [name for name in after if name not in before]
+    removed = [name for name in before if name not in after]
+    old, now = (
+        _keys(running.model_dump(mode="json", exclude={"source"})),
+        _keys(new.model_dump(mode="json", exclude={"source"})),
+    )
+    for name in kept:
+        old.update(_keys(before[name].model_dump(mode="json"), f"source.{name}."))
+        now.update(_keys(after[name].model_dump(mode="json"), f"source.{name}."))
+    changed = sorted(key for key in old.keys() | now.keys() if old.get(key) != now.get(key))
+    said = [f"cameras kept {', '.join(kept) or 'none'}"]
+    said += [f"added {', '.join(added)}"] if added else []
+    said += [f"removed {', '.join(removed)}"] if removed else []
+    said += [f"changed {', '.join(changed)}" if changed else "no other setting changed"]
+    return "; ".join(said)
+
+
+def _keys(values: object, prefix: str = "") -> dict[str, object]:
+    """``values`` (a settings dump) flattened to dotted keys; a list is one value."""
+    if not isinstance(values, dict):
+        return {prefix.rstrip("."): values}
+    flat: dict[str, object] = {}
+    for key, value in values.items():
+        flat.update(_keys(value, f"{prefix}{key}."))
+    return flat
+
+
 class Trial:
     """A reload on trial: its replacement, and the cameras it adds or opens differently, which run
     beside the others, served by its model only, until a frame decides.

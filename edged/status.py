@@ -85,19 +85,23 @@ class Snapshot:
         )
 
 
-def summary_line(snapshots: Sequence[Snapshot]) -> str:
-    """systemd's STATUS= for the whole board: one camera's own line, or every camera's rate and state.
+def summary_line(snapshots: Sequence[Snapshot], problem: str | None = None) -> str:
+    """systemd's STATUS= for the whole board: one camera's own line, or every camera's rate and state,
+    and then the health ``problem`` that withholds the watchdog's pings, if any (`edged.health`), so
+    that ``systemctl status`` names a camera stuck in inference while the others flow.
 
     Thermal state and model are the board's, so they are said once; frames are the sum.
     """
+    unhealthy = f" | unhealthy: {problem}" if problem else ""
     if len(snapshots) == 1:
-        return snapshots[0].line()
+        return snapshots[0].line() + unhealthy
     first = snapshots[0]
     thermal = first.thermal.summary() if first.thermal else "thermal off"
     cameras = ", ".join(f"{s.camera_id} {s.stats.fps:.1f} fps {s.capture.state}" for s in snapshots)
     frames = sum(s.stats.frames_processed for s in snapshots)
     outputs = first.outputs_line()
-    return f"{len(snapshots)} cameras: {cameras}{outputs} | {thermal} | {frames} frames | model {first.model_short}"
+    board = f"{thermal} | {frames} frames | model {first.model_short}{unhealthy}"
+    return f"{len(snapshots)} cameras: {cameras}{outputs} | {board}"
 
 
 def snapshot(camera: Camera, thermal: ThermalReport | None, model: LoadedModel, outputs: Outputs) -> Snapshot:

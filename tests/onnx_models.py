@@ -215,6 +215,21 @@ def stalling_probe(path: Path, iterations_when_bright: int = 10**12) -> Path:
     return _save_with_side_branch(probe, "zero", path)
 
 
+def slow_loading_probe(path: Path, additions: int = 7000) -> Path:
+    """The colour probe beside a chain of ``additions`` scalar additions that end multiplied by
+    zero: the output is unchanged and each run costs milliseconds, but ONNX Runtime takes about
+    half a second to build the session (7,000 nodes), as a real detector's load does."""
+    probe = onnx.load(str(colour_probe(path)))
+    nodes = [helper.make_node("ReduceMean", ["x"], ["chain0"], keepdims=0), _const("step", np.array(1.0, np.float32))]
+    nodes += [helper.make_node("Add", [f"chain{i}", "step"], [f"chain{i + 1}"]) for i in range(additions)]
+    nodes += [
+        _const("nought", np.array(0.0, np.float32)),
+        helper.make_node("Mul", [f"chain{additions}", "nought"], ["zero"]),
+    ]
+    probe.graph.node.extend(nodes)
+    return _save_with_side_branch(probe, "zero", path)
+
+
 def failing_probe(path: Path, brighter_than: float = 0.5) -> Path:
     """The colour probe that raises inside ONNX Runtime on bright frames (mean above ``brighter_than``).
 

@@ -7,7 +7,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from onnx_models import colour_probe, failing_probe, solid_frame
+from onnx_models import colour_probe, failing_probe, solid_frame, stalling_probe
+from waiting import wait_for
 
 from edged.camera import Camera
 from edged.capture import Capture
@@ -20,7 +21,7 @@ from edged.settings.sources import SyntheticSourceConfig
 from edged.sources.base import Frame
 from edged.sources.registry import open_source
 
-RED, BLUE = (0, 0, 255), (255, 0, 0)
+RED, BLUE, WHITE = (0, 0, 255), (255, 0, 0), (255, 255, 255)
 
 
 def _camera(model: LoadedModel, name: str) -> Camera:
@@ -92,5 +93,35 @@ def test_an_error_on_a_lane_is_raised_alone_and_the_results_beside_it_come_with_
         [(camera, outcome)] = lanes.collect()
         assert camera is good and isinstance(outcome, Processed) and outcome.frame.frame_id == 1
         assert lanes.idle == 2 and lanes.collect() == []
+    finally:
+        lanes.close()
+
+
+def test_a_frame_that_outlasts_a_reload_stays_on_its_thread_and_keeps_its_camera_off_the_new_lanes(
+    tmp_path: Path, model: LoadedModel
+) -> None:
+    """A reload goes from two lanes to one while a camera's frame is still in inference (seconds
+    here, for ever on a hung accelerator): the wait for it is bounded, the camera the reload makes
+    again (same id) is not handed a second run, the one new lane is free for the other cameras,
+    the watchdog still sees the frame, and its result comes out later with the camera it was taken for."""
+    slow_model = load_model(
+        ModelConfig(path=stalling_probe(tmp_path / "slow.onnx", iterations_when_bright=10**7)), RuntimeConfig()
+    )
+    wake = threading.Event()
+    lanes = Lanes(2, wake)
+    slow = _camera(slow_model, "slow")
+    try:
+        lanes.submit(slow, _frame(WHITE, 3))
+        assert wait_for(lambda: "slow" in lanes.inferring(), timeout_s=30)
+        assert lanes.drain(0.1) == []
+        lanes.resize(1)
+        again, red = _camera(slow_model, "slow"), _camera(model, "red")
+        assert lanes.carrying(again) and "slow" in lanes.inferring() and lanes.idle == 1
+        lanes.submit(red, _frame(RED, 4))  # on this thread, at once: the slow frame takes no lane
+        [(camera, outcome)] = lanes.collect()
+        assert camera is red and isinstance(outcome, Processed) and outcome.frame.frame_id == 4
+        [(camera, outcome)] = lanes.drain(120)
+        assert camera is slow and isinstance(outcome, Processed) and outcome.frame.frame_id == 3
+        assert lanes.idle == 1 and not lanes.carrying(again) and lanes.inferring() == {}
     finally:
         lanes.close()

@@ -240,6 +240,34 @@ def test_subscriptions_to_another_camera_are_refused_until_the_camera_becomes_it
     pub.close()
 
 
+def test_cameras_added_and_removed_keep_the_socket_unless_a_refused_subscription_wants_an_added_one(
+    context: zmq.Context, subscribe: Callable[..., zmq.Socket]
+) -> None:
+    """A reload that adds and removes cameras leaves a subscriber of a kept camera connected and
+    every message reaching it (a socket bound afresh loses those sent while its peers reconnect);
+    the socket is bound afresh only for a subscription it refused that an added camera now matches."""
+    pub = _publisher(context)
+    topic = detections_topic("edged", "cam0")
+    kept = context.socket(zmq.SUB)
+    kept.setsockopt(zmq.SUBSCRIBE, topic)
+    try:
+        with _watched(kept, pub.endpoints[0]) as monitor:
+            _send_until_received(pub, [kept], topic)
+            for n, cameras in enumerate([["cam0", "cam1"], ["cam0"], ["cam2", "cam0"], ["cam0"], ["cam0", "cam1"]]):
+                pub.follow_cameras(cameras)
+                pub.send(topic, b"%d" % n)
+                assert kept.poll(5_000), f"the message sent after cameras became {cameras} was lost"
+                assert kept.recv_multipart() == [topic, b"%d" % n]
+            assert not monitor.poll(0), "the kept camera's subscriber was cut off"
+            late = subscribe(pub.endpoints[0], detections_topic("edged", "cam3"))
+            assert wait_for(lambda: bool(pub.send(topic, b"{}")) and pub.drops["subscription_refused"] == 1, 10)
+            pub.follow_cameras(["cam0", "cam3"])
+            assert monitor.poll(10_000), "the socket was kept, so the refused subscriber never gets cam3"
+            _send_until_received(pub, [late], detections_topic("edged", "cam3"))
+    finally:
+        pub.close()
+
+
 def test_subscriptions_that_match_nothing_are_refused_and_64_kib_of_them_cut_their_peers_off(
     context: zmq.Context, subscribe: Callable[..., zmq.Socket], caplog: pytest.LogCaptureFixture
 ) -> None:

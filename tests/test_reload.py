@@ -8,10 +8,10 @@ import pytest
 from daemon import write_config
 from onnx_models import colour_probe, failing_probe, solid_frame
 
-from edged.config import load_config
+from edged.config import Settings, load_config
 from edged.errors import ConfigError, ModelError
 from edged.pipeline import Processed, Rejected
-from edged.reload import load_replacement
+from edged.reload import changes, load_replacement
 from edged.sources.base import Frame
 
 
@@ -77,3 +77,18 @@ def test_an_unfit_frame_leaves_the_trial_to_the_next_frame(tmp_path: Path) -> No
     assert isinstance(replacement.trial("cam0", _frame((0, 0, 255))), Processed)
     outcome = replacement.trial("cam0", Frame(solid_frame((0, 0, 255)), 8, 0, 0, "rgb"))  # the source said bgr
     assert isinstance(outcome, Rejected) and outcome.reason.startswith("bad_frame_")
+
+
+def test_what_a_reload_changes_is_said_by_camera_and_key_never_by_value(tmp_path: Path) -> None:
+    probe = colour_probe(tmp_path / "probe.onnx")
+
+    def settings(sources: list[dict[str, object]], conf: float) -> Settings:
+        path = write_config(tmp_path / "edged.toml", {"source": sources, "model": {"path": str(probe), "conf": conf}})
+        return load_config(path)
+
+    top, side = {"type": "synthetic", "camera_id": "top"}, {"type": "synthetic", "camera_id": "side"}
+    running = settings([top, side], 0.25)
+    new = settings([{**top, "fps": 5.0}, {"type": "synthetic", "camera_id": "back"}], 0.5)
+    assert changes(running, new) == "cameras kept top; added back; removed side; changed model.conf, source.top.fps"
+    assert changes(running, running) == "cameras kept top, side; no other setting changed"
+    assert "0.5" not in changes(running, new)

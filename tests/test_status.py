@@ -68,3 +68,14 @@ def test_the_status_line_of_several_cameras_names_each_and_sums_the_frames() -> 
     assert summary_line([lost, ok]) == (
         "2 cameras: cam3 0.0 fps lost, side 0.0 fps ok | thermal off | 2 frames | model probe@abababababab"
     )
+
+
+def test_the_status_line_ends_with_what_withholds_the_watchdog_pings() -> None:
+    lost = _snapshot()
+    ok = replace(_snapshot(), camera_id="side", capture=replace(lost.capture, state="ok"))
+    hung = "a frame of camera cam3 has been in inference for 9.0 s: a hung model or provider"
+    assert summary_line([lost, ok], hung) == (
+        "2 cameras: cam3 0.0 fps lost, side 0.0 fps ok | thermal off | 2 frames | model probe@abababababab"
+        f" | unhealthy: {hung}"
+    )
+    assert summary_line([lost], hung) == f"{lost.line()} | unhealthy: {hung}"
