@@ -37,8 +37,8 @@ RATE_WINDOW_S = 1.0  # then frames are counted this long to measure the rate
 
 @dataclass(frozen=True, slots=True)
 class SourceProbe:
-    """What the camera delivered: the frame size, the rate measured over `RATE_WINDOW_S`, the channel order,
-    and a copy of its first frame."""
+    """What the camera delivered: the frame size, the rate measured over `RATE_WINDOW_S`, the channel order
+    its source declares (frames carry no order of their own to measure), and a copy of its first frame."""
 
     width: int
     height: int
@@ -89,6 +89,11 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
     labels = ", ".join(model.labels) if model.labels else "(no names: class ids only)"
     print(f"model      {engine.model_path} ({engine.identity.short})", file=out)
     print(f"input      {model.contract.describe()}", file=out)
+    print(
+        f"colours    the model takes {model.contract.channel_order} (declared: its metadata or model.channel_order); "
+        "each camera's frames are converted to it",
+        file=out,
+    )
     print(f"output     {outputs} -> {model.head} head, {model.num_classes} classes: {labels}", file=out)
     requested = ", ".join(p.name for p in settings.runtime.providers)
     print(f"providers  requested: {requested}", file=out)
@@ -141,7 +146,11 @@ def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named
         print(f"           {e}", file=out)
         return e
     print(f"source     {name}{describe_source(cfg)}", file=out)
-    print(f"           delivers {probe.width}x{probe.height} at {probe.fps:.1f} fps, {probe.channel_order}", file=out)
+    print(
+        f"           delivers {probe.width}x{probe.height} at {probe.fps:.1f} fps (measured), "
+        f"channel order {probe.channel_order} (declared: source.channel_order)",
+        file=out,
+    )
     plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order)
     grey = np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8)
     first = f"the first frame of camera {cfg.camera_id}" if named else "the camera's first frame"

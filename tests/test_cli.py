@@ -76,7 +76,10 @@ def test_check_opens_the_source_and_reports_its_size_rate_and_channel_order(tmp:
     lines = result.stdout.splitlines()
     assert next(line for line in lines if line.startswith("source     ")).startswith("source     synthetic width=160")
     delivers = next(line for line in lines if "delivers" in line)
-    assert delivers.startswith("           delivers 160x96 at ") and delivers.endswith(" fps, bgr")
+    assert delivers.startswith("           delivers 160x96 at ") and delivers.endswith(
+        " fps (measured), channel order bgr (declared: source.channel_order)"
+    )
+    assert "colours    the model takes rgb (declared: its metadata or model.channel_order)" in result.stdout
     assert float(delivers.split(" at ")[1].split()[0]) == pytest.approx(20.0, rel=0.3)
 
 
@@ -151,6 +154,11 @@ def _model(tmp: Path, name: str, **kwargs: object) -> str:
         (
             lambda t: _config(t, {"path": _model(t, "bgr.onnx", metadata={"color_order": "bgr"}), "channel_order": "rgb"}),
             "color_order = 'bgr'",
+        ),
+        # rgb declared on a source whose frames OpenCV decodes
+        (
+            lambda t: _config(t, source={"type": "images", "path": str(t), "channel_order": "rgb"}),
+            "'rgb' cannot be right for source type 'images': OpenCV decodes its frames",
         ),
         # head declared wrongly
         (lambda t: _config(t, {"path": "probe.onnx", "head": "yolov5"}), "model.head = 'yolov5'"),
