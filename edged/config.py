@@ -31,7 +31,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
 
 from edged.errors import ConfigError, KeyFileError
 from edged.heads.registry import HEADS
-from edged.settings.evidence import EvidenceConfig
+from edged.settings.evidence import EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
 from edged.settings.mqtt import MqttConfig
@@ -629,6 +629,23 @@ def _check_files(settings: Settings) -> list[str]:
             problems.append(str(e))
     if settings.mqtt is not None:
         problems += broker_problems(settings.mqtt)
+    problems += _evidence_problems(settings)
+    return problems
+
+
+def _evidence_problems(settings: Settings) -> list[str]:
+    """An evidence folder that is a file: every save would fail, so it is refused before the daemon starts."""
+    problems: list[str] = []
+    for cfg in settings.source:
+        evidence = settings.evidence_for(cfg)
+        if evidence is None or (problem := dir_problem(evidence.dir)) is None:
+            continue
+        own = isinstance(cfg.evidence, EvidenceConfig) and "dir" in cfg.evidence.model_fields_set
+        key = "source.evidence.dir" if own else "evidence.dir"
+        named = f" (camera {cfg.camera_id})" if own and len(settings.source) > 1 else ""
+        line = f"{key}: {problem}; give a folder{named}"
+        if line not in problems:
+            problems.append(line)
     return problems
 
 

@@ -160,6 +160,8 @@ def _model(tmp: Path, name: str, **kwargs: object) -> str:
             lambda t: _config(t, source={"type": "images", "path": str(t), "channel_order": "rgb"}),
             "'rgb' cannot be right for source type 'images': OpenCV decodes its frames",
         ),
+        # an evidence folder that is a file
+        (lambda t: _config(t, evidence={"dir": "probe.onnx"}), "evidence.dir: {tmp}/probe.onnx is a file"),
         # head declared wrongly
         (lambda t: _config(t, {"path": "probe.onnx", "head": "yolov5"}), "model.head = 'yolov5'"),
         # not TOML at all
@@ -170,7 +172,7 @@ def test_refusals_exit_78_and_name_the_problem(tmp: Path, command: str, setup, m
     path = setup(tmp)
     result = run_cli(command, "--config", str(path))
     assert result.returncode == 78, (result.stdout, result.stderr)
-    assert message in result.stderr + result.stdout
+    assert message.format(tmp=tmp) in result.stderr + result.stdout
 
 
 def test_every_config_problem_is_listed_at_once(tmp: Path) -> None:

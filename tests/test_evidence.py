@@ -17,6 +17,7 @@ from waiting import wait_for
 
 from edged.config import Settings, load_config
 from edged.decode import Detections
+from edged.errors import ConfigError
 from edged.evidence import (
     QUEUE_FRAMES,
     EvidenceFrame,
@@ -339,6 +340,40 @@ def test_the_folder_defaults_to_the_state_directory_and_a_relative_one_is_beside
     monkeypatch.chdir("/")
     settings = load_config(config)
     assert settings.evidence is not None and settings.evidence.dir == tmp_path / "evidence"
+
+
+@pytest.mark.parametrize(
+    ("tables", "problem"),
+    [
+        ('[evidence]\ndir = "m.onnx"\n', "evidence.dir: {tmp}/m.onnx is a file; give a folder"),
+        (
+            '[evidence]\ndir = "m.onnx/evidence"\n',
+            "evidence.dir: {tmp}/m.onnx is a file, so {tmp}/m.onnx/evidence cannot be made under it; give a folder",
+        ),
+        (
+            '[source]\ntype = "synthetic"\n[source.evidence]\ndir = "m.onnx"\n',
+            "source.evidence.dir: {tmp}/m.onnx is a file; give a folder",
+        ),
+        ('[evidence]\ndir = "/dev/null"\n', "evidence.dir: /dev/null is not a folder; give a folder"),
+    ],
+)
+def test_an_evidence_folder_that_is_a_file_is_refused_when_the_config_loads(
+    tmp_path: Path, tables: str, problem: str
+) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "m.onnx"\n' + tables)
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert info.value.problems == [problem.format(tmp=tmp_path)]
+
+
+def test_an_evidence_folder_yet_to_be_made_or_under_a_folder_is_accepted(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "m.onnx"\n[evidence]\ndir = "not/yet/made"\n')
+    settings = load_config(config)
+    assert settings.evidence is not None and settings.evidence.dir == tmp_path / "not/yet/made"
 
 
 def test_a_reload_that_changes_a_cameras_evidence_keys_keeps_its_counters(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Literal
 
@@ -17,6 +18,23 @@ def default_dir() -> Path:
     """``evidence/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else /var/lib/edged."""
     state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
     return Path(state or "/var/lib/edged") / "evidence"
+
+
+def dir_problem(path: Path) -> str | None:
+    """Why ``path`` can never hold evidence, whatever the permissions: it, or what is above it, is no
+    folder. Found when the configuration loads; whether it can be written is `edged check`'s to try."""
+    for at in (path, *path.parents):
+        try:
+            mode = at.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # made when the first frame is saved, unless something above is no folder
+        except (OSError, ValueError):
+            return None  # cannot tell here (no permission to look): tried by edged check
+        if stat.S_ISDIR(mode):
+            return None
+        what = "a file" if stat.S_ISREG(mode) else "not a folder"
+        return f"{path} is {what}" if at == path else f"{at} is {what}, so {path} cannot be made under it"
+    return None
 
 
 class EvidenceConfig(Section):
