@@ -298,6 +298,35 @@ def describe(error: OSError) -> str:
     return f"{reason}{where}"
 
 
+def folder_problem(root: Path, camera_id: str) -> str | None:
+    """Why camera ``camera_id``'s evidence cannot be saved under ``root``, found by making its folders
+    as a save would and creating and removing a file there (``edged check``); None when it can.
+
+    The folders it made are removed again, so the check leaves nothing behind.
+    """
+    folder, made = root / camera_id, []
+    try:
+        for at in (root, folder):
+            if not at.is_dir():
+                try:
+                    at.mkdir()
+                except FileNotFoundError:
+                    if at.parent.is_dir():  # /proc and /sys answer so: they hold no folders of ours
+                        return f"{at} cannot be made in {at.parent}: that filesystem takes no files"
+                    raise
+                made.append(at)
+        probe = folder / ".edged-check"
+        write_atomic(probe, b"")
+        probe.unlink()
+    except OSError as e:
+        return describe(e)
+    finally:
+        for at in reversed(made):
+            with contextlib.suppress(OSError):
+                at.rmdir()
+    return None
+
+
 class EvidenceWriter:
     """Decides on the loop which frames are evidence, and saves them on a background thread.
 

@@ -46,9 +46,9 @@ from zmq.auth.thread import ThreadAuthenticator
 from edged.config import PublishConfig
 from edged.errors import PublishError
 from edged.keys import load_allowed_clients, load_secret_key
-from edged.listen import Listener
+from edged.listen import Listener, try_bind
 from edged.lograte import LogRate
-from edged.output import MessageKind, MessageOutput, OutputReport, Services
+from edged.output import Endpoint, MessageKind, MessageOutput, OutputReport, Services
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -91,6 +91,12 @@ def _is_loopback(host: str) -> bool:
             return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
         except (OSError, ValueError):
             return False
+
+
+def _try_bind(endpoint: str, insecure: bool) -> Callable[[], None]:
+    """`Endpoint.bind` of one publish endpoint: refused as `Publisher` refuses it, else bound once."""
+    check_exposure(endpoint, insecure)
+    return try_bind(endpoint, "publish.endpoints", zmq.XPUB)
 
 
 def check_exposure(endpoint: str, insecure: bool) -> None:
@@ -226,6 +232,11 @@ class Publisher(MessageOutput):
     def from_settings(cls, settings: Settings, services: Services) -> Publisher:
         return cls(settings.publish, settings.camera_ids())
 
+    @classmethod
+    def listening(cls, settings: Settings) -> list[Endpoint]:
+        cfg = settings.publish
+        return [Endpoint("publish.endpoints", ep, partial(_try_bind, ep, cfg.insecure)) for ep in cfg.endpoints]
+
     @property
     def publish_empty(self) -> bool:
         return self.cfg.publish_empty
@@ -259,7 +270,7 @@ class Publisher(MessageOutput):
     def _listener_for(self, secure: bool) -> Listener:
         if secure not in self._listeners:
             configure = partial(self._configure, auth=self.auth if secure else None)
-            self._listeners[secure] = Listener(self._context, zmq.XPUB, configure)
+            self._listeners[secure] = Listener(self._context, zmq.XPUB, configure, "publish.endpoints")
         return self._listeners[secure]
 
     def reload_client_keys(self) -> int:

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -42,12 +42,13 @@ from typing import Literal, TextIO
 import zmq
 from pydantic import ValidationError
 
-from edged.config import PublishConfig, TriggerConfig
+from edged.config import PublishConfig, Settings, TriggerConfig
 from edged.errors import MessageError, TriggerFailed, UsageError
 from edged.keys import ClientKeys
-from edged.listen import Listener
+from edged.listen import Listener, try_bind
 from edged.messages import TriggerError, TriggerProblem, TriggerRequest, VerdictMessage, parse_message, parse_request
 from edged.mqtt import MqttOutput
+from edged.output import Endpoint
 from edged.publish import Authenticator, check_exposure
 from edged.subscribe import format_verdict
 from edged.wake import Wake
@@ -143,7 +144,7 @@ class TriggerServer:
             if not self._shared:
                 self._context.term()
             raise
-        self._listener = Listener(self._context, zmq.ROUTER, partial(_configure, auth=self._auth))
+        self._listener = Listener(self._context, zmq.ROUTER, partial(_configure, auth=self._auth), "trigger.endpoint")
         try:
             if self._auth is not None:
                 self._auth.watch(self._keys_revoked)
@@ -157,6 +158,14 @@ class TriggerServer:
             self.endpoint,
             " with CURVE" if self._auth is not None else "",
         )
+
+    @classmethod
+    def listening(cls, settings: Settings) -> list[Endpoint]:
+        """``trigger.endpoint`` when a camera takes requests: what ``edged check`` binds and releases."""
+        if not settings.requesting():
+            return []
+        bind = partial(_try_bind, settings.publish, settings.trigger)
+        return [Endpoint("trigger.endpoint", settings.trigger.endpoint, bind)]
 
     def _keys_revoked(self, revoked: int) -> None:
         """A reload removed keys: the socket is bound afresh, as the publisher's is."""
@@ -320,6 +329,13 @@ class TriggerServer:
             self._own_auth.close()
         if not self._shared:
             self._context.term()
+
+
+def _try_bind(publish: PublishConfig, cfg: TriggerConfig) -> Callable[[], None]:
+    """`Endpoint.bind` of the trigger endpoint: refused as `TriggerServer` refuses it, else bound once."""
+    if not (cfg.endpoint.startswith("tcp://") and publish.curve_server_key is not None):
+        check_exposure(cfg.endpoint, publish.insecure)
+    return try_bind(cfg.endpoint, "trigger.endpoint", zmq.ROUTER)
 
 
 def _configure(sock: zmq.Socket[bytes], auth: Authenticator | None) -> None:

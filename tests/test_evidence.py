@@ -26,6 +26,7 @@ from edged.evidence import (
     EvidenceWriter,
     day_and_stem,
     describe,
+    folder_problem,
     should_save,
     write_atomic,
 )
@@ -400,3 +401,21 @@ def test_a_reload_that_changes_a_cameras_evidence_keys_keeps_its_counters(tmp_pa
         assert second.report().saved == 1  # was 0: a changed key reset the counters
     finally:
         output.close()
+
+
+def test_the_folder_is_tried_with_a_file_created_and_removed_leaving_nothing_behind(tmp_path: Path) -> None:
+    assert folder_problem(tmp_path / "evidence", "cam0") is None
+    assert list(tmp_path.iterdir()) == []  # the folders it made are gone again
+    (tmp_path / "kept" / "cam0").mkdir(parents=True)
+    assert folder_problem(tmp_path / "kept", "cam0") is None
+    assert list((tmp_path / "kept").rglob("*")) == [tmp_path / "kept" / "cam0"]  # what was there stays
+
+
+def test_a_folder_that_takes_no_file_is_named_with_the_reason(tmp_path: Path) -> None:
+    problem = folder_problem(Path("/proc/edged-evidence"), "cam0")
+    assert problem == "/proc/edged-evidence cannot be made in /proc: that filesystem takes no files"
+    missing = folder_problem(tmp_path / "unmounted" / "evidence", "cam0")
+    assert missing is not None and "its parent must exist: a drive not mounted?" in missing
+    with read_only_folder(tmp_path / "ro"):
+        problem = folder_problem(tmp_path / "ro" / "evidence", "cam0")
+    assert problem is not None and ("read-only" in problem or "permission denied" in problem), problem
