@@ -35,7 +35,7 @@ from edged.mqtt import probe_broker
 from edged.outputs import listening
 from edged.pipeline import FramePath, FramePipeline, frame_path
 from edged.preprocess import LETTERBOX_FILL
-from edged.settings.evidence import EvidenceConfig
+from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SourceBase, mask_credentials
 from edged.sources.registry import open_source
@@ -171,14 +171,20 @@ def _inspection(model: LoadedModel, inspect: InspectConfig | None) -> str:
     return f"inspect: thresholds {thresholds}; {zones}; NG classes: {ng}"
 
 
-def _evidence(cfg: SourceBase, evidence: EvidenceConfig | None) -> str:
+def _evidence(settings: Settings, cfg: SourceBase) -> str:
     """Where a camera's evidence goes, after creating and removing a file there; `FolderError` when it cannot."""
+    evidence = settings.evidence_for(cfg)
     if evidence is None:
         return "evidence: none saved"
+    default = settings.evidence_dir_default(cfg)
     problem = folder_problem(evidence.dir, cfg.camera_id)
     if problem is not None:
-        raise FolderError(f"evidence.dir: camera {cfg.camera_id}'s evidence cannot be saved in {evidence.dir}: {problem}")
-    return f"evidence: {evidence.save} frames to {evidence.dir / cfg.camera_id} (a file created and removed there)"
+        advice = f"; {DEFAULT_NOTE}" if default else ""
+        raise FolderError(
+            f"evidence.dir: camera {cfg.camera_id}'s evidence cannot be saved in {evidence.dir}: {problem}{advice}"
+        )
+    where = f"{evidence.dir / cfg.camera_id}{' (the default: evidence.dir is not set)' if default else ''}"
+    return f"evidence: {evidence.save} frames to {where} (a file created and removed there)"
 
 
 def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named: bool, out: TextIO) -> SourceError | None:
@@ -211,7 +217,7 @@ def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named
     mode = settings.trigger_mode(cfg)
     trigger = "request: one frame per request on trigger.endpoint" if mode == "request" else "free: every frame"
     print(f"           trigger: {trigger}", file=out)
-    print(f"           {_evidence(cfg, settings.evidence_for(cfg))}", file=out)
+    print(f"           {_evidence(settings, cfg)}", file=out)
     return None
 
 

@@ -31,7 +31,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
 
 from edged.errors import ConfigError, KeyFileError
 from edged.heads.registry import HEADS
-from edged.settings.evidence import EvidenceConfig, dir_problem
+from edged.settings.evidence import CONFIG_FOLDER, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
 from edged.settings.mqtt import MqttConfig
@@ -344,7 +344,15 @@ class Settings(BaseSettings):
         place of those keys of [evidence], the others from there; None: none saved."""
         if isinstance(cfg.evidence, bool):
             return self.evidence if cfg.evidence else None
-        return _overlay(self.evidence or EvidenceConfig(), _given(cfg.evidence))
+        if self.evidence is None:  # its table whole: the keys it does not give have the defaults it was loaded with
+            return cfg.evidence
+        return _overlay(self.evidence, _given(cfg.evidence))
+
+    def evidence_dir_default(self, cfg: SourceBase) -> bool:
+        """Whether a camera's evidence folder is the default: neither its [source.evidence] table nor
+        [evidence] gives ``dir``."""
+        tables = (self.evidence, cfg.evidence if isinstance(cfg.evidence, EvidenceConfig) else None)
+        return not any(table is not None and "dir" in table.model_fields_set for table in tables)
 
     def trigger_mode(self, cfg: SourceBase) -> TriggerMode:
         """A camera's trigger mode: its own ``trigger``, else ``trigger.mode``."""
@@ -671,12 +679,15 @@ def load_config(path: Path | None) -> Settings:
                     f"set {ENV_PREFIX}SOURCE to the whole list as JSON, or change the file"
                 ],
             )
+    folder = CONFIG_FOLDER.set(path.resolve().parent if path is not None else None)
     try:
         settings = Settings(**data)
     except ValidationError as e:
         raise ConfigError(path, [_format_error(err, variables, cameras=cameras) for err in e.errors()]) from None
     except SettingsError as e:  # an EDGED_* variable that is not the JSON its key needs
         raise ConfigError(path, [_variable_problem(e, variables)]) from None
+    finally:
+        CONFIG_FOLDER.reset(folder)
     problems = _check_files(settings)
     if problems:
         raise ConfigError(path, problems)

@@ -118,3 +118,16 @@ def test_a_problem_found_after_loading_is_one_verdict_naming_the_file(tmp: Path,
     assert result.returncode == 78, result.stdout + result.stderr
     assert f"edged: configuration error: 1 problem(s) in {config}:" in result.stderr
     assert "valid" not in result.stdout and "ok" not in result.stdout.splitlines()
+
+
+def test_the_default_evidence_folder_outside_systemd_is_beside_the_configuration(
+    tmp: Path, ports: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    config = _config(tmp, ports, evidence={"save": "all"})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        f"evidence: all frames to {tmp}/evidence/cam0 (the default: evidence.dir is not set) "
+        "(a file created and removed there)" in result.stdout
+    )

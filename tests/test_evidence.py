@@ -331,16 +331,43 @@ def test_the_folder_defaults_to_the_state_directory_and_a_relative_one_is_beside
 ) -> None:
     monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/edged/cam3")
     assert default_dir() == Path("/var/lib/edged/cam3/evidence")
-    monkeypatch.delenv("STATE_DIRECTORY")
-    assert EvidenceConfig().dir == Path("/var/lib/edged/evidence")
     (tmp_path / "m.onnx").write_bytes(b"x")
     config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "m.onnx"\n[evidence]\nsave = "all"\n')
+    settings = load_config(config)
+    assert settings.evidence is not None and settings.evidence.dir == Path("/var/lib/edged/cam3/evidence")
+    monkeypatch.delenv("STATE_DIRECTORY")
+    monkeypatch.chdir("/")
+    # Outside systemd there is no state directory: beside the configuration file, not where edged was started.
+    settings = load_config(config)
+    assert settings.evidence is not None and settings.evidence.dir == tmp_path / "evidence"
+    assert settings.evidence_dir_default(settings.source[0])
+    config.write_text('[model]\npath = "m.onnx"\n[source]\ntype = "synthetic"\n[source.evidence]\nsave = "all"\n')
+    settings = load_config(config)
+    own = settings.evidence_for(settings.source[0])
+    assert own is not None and own.dir == tmp_path / "evidence" and own.save == "all"
+    assert EvidenceConfig().dir == Path("/evidence")  # made without a configuration file: the working directory
     config.write_text('[model]\npath = "m.onnx"\n')
     assert load_config(config).evidence is None
     config.write_text('[model]\npath = "m.onnx"\n[evidence]\ndir = "evidence"\nsave = "ng+near"\n')
-    monkeypatch.chdir("/")
     settings = load_config(config)
     assert settings.evidence is not None and settings.evidence.dir == tmp_path / "evidence"
+    assert not settings.evidence_dir_default(settings.source[0])
+
+
+def test_a_default_folder_that_cannot_be_made_says_it_is_the_default_and_how_to_set_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="edged.evidence")
+    w = EvidenceWriter(EvidenceConfig(dir=tmp_path / "gone" / "evidence"), "cam0", default_dir=True)
+    w.start()
+    try:
+        assert wait_for(lambda: w.errors >= 1, timeout_s=10)  # the start-up scan
+    finally:
+        w.stop(timeout_s=10)
+    (error,) = [r.getMessage() for r in caplog.records]
+    assert "folder is missing" in error
+    assert "evidence.dir is not set, so this is its default" in error and "set evidence.dir to a folder" in error
 
 
 @pytest.mark.parametrize(

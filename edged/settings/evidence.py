@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal
 
@@ -14,10 +15,22 @@ from edged.settings.section import Section
 SavePolicy = Literal["ng", "ng+near", "all"]
 
 
+# The folder of the configuration file being validated, set by `edged.config.load_config`: a section
+# cannot see where its file is, and evidence outside systemd goes beside it.
+CONFIG_FOLDER: ContextVar[Path | None] = ContextVar("edged_config_folder", default=None)
+
+# How the default folder is named to the operator when it cannot be used.
+DEFAULT_NOTE = (
+    "evidence.dir is not set, so this is its default: evidence/ in the service's state directory under "
+    "systemd ($STATE_DIRECTORY), else beside the configuration file; set evidence.dir to a folder edged may write"
+)
+
+
 def default_dir() -> Path:
-    """``evidence/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else /var/lib/edged."""
+    """``evidence/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else beside the
+    configuration file being loaded (in the working directory for settings made without one)."""
     state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return Path(state or "/var/lib/edged") / "evidence"
+    return (Path(state) if state else CONFIG_FOLDER.get() or Path.cwd()) / "evidence"
 
 
 def dir_problem(path: Path) -> str | None:
@@ -41,7 +54,7 @@ class EvidenceConfig(Section):
     dir: Path = Field(
         default_factory=default_dir,
         description="Where evidence goes, a folder per camera and day; created when its parent exists. "
-        "Default: evidence/ in the service's state directory.",
+        "Default: evidence/ in the service's state directory under systemd, else beside the configuration file.",
     )
     save: SavePolicy = Field(
         "ng",
