@@ -99,12 +99,7 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
     outputs = ", ".join(f"{o.name} {o.shape}" for o in engine.session.get_outputs())
     labels = ", ".join(model.labels) if model.labels else "(no names: class ids only)"
     print(f"model      {engine.model_path} ({engine.identity.short})", file=out)
-    print(f"input      {model.contract.describe()}", file=out)
-    print(
-        f"colours    the model takes {model.contract.channel_order} (declared: its metadata or model.channel_order); "
-        "each camera's frames are converted to it",
-        file=out,
-    )
+    print(f"input      {model.contract.describe(order_source=True)}", file=out)
     print(f"output     {outputs} -> {model.head} head, {model.num_classes} classes: {labels}", file=out)
     requested = ", ".join(p.name for p in settings.runtime.providers)
     print(f"providers  requested: {requested}", file=out)
