@@ -31,7 +31,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
 
 from edged.errors import ConfigError, KeyFileError
 from edged.heads.registry import HEADS
-from edged.settings.evidence import CONFIG_FOLDER, EvidenceConfig, dir_problem
+from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
 from edged.settings.mqtt import MqttConfig
@@ -651,7 +651,8 @@ def _evidence_problems(settings: Settings) -> list[str]:
         own = isinstance(cfg.evidence, EvidenceConfig) and "dir" in cfg.evidence.model_fields_set
         key = "source.evidence.dir" if own else "evidence.dir"
         named = f" (camera {cfg.camera_id})" if own and len(settings.source) > 1 else ""
-        line = f"{key}: {problem}; give a folder{named}"
+        advice = DEFAULT_NOTE if settings.evidence_dir_default(cfg) else "give a folder"
+        line = f"{key}: {problem}; {advice}{named}"
         if line not in problems:
             problems.append(line)
     return problems
