@@ -31,9 +31,19 @@ from edged.backoff import Backoff
 from edged.config import CapturePriority
 from edged.demand import StreamTiming
 from edged.errors import EdgedError, SourceError
-from edged.latest import LatestFrame, Shape
+from edged.latest import DropCause, LatestFrame, Shape
 from edged.messages import CaptureState
-from edged.sources.base import Frame, Source, SplitSource, paces, splits_reading, stamps, times_out
+from edged.sources.base import (
+    Frame,
+    Source,
+    SplitSource,
+    keeps_every_frame,
+    names_frames,
+    paces,
+    splits_reading,
+    stamps,
+    times_out,
+)
 from edged.wake import Waker
 
 log = logging.getLogger(__name__)
@@ -59,7 +69,7 @@ class CaptureStats:
     state: CaptureState
     frames_captured: int
     frames_decoded: int
-    dropped_stale: int
+    dropped: dict[DropCause, int]
     read_errors: int
     reconnects: int
     size_changes: int
@@ -97,7 +107,7 @@ class Capture:
 
     With a source that has ``grab`` and ``retrieve``, a frame is decoded only when the consumer
     is waiting or may ask before a newer frame could be decoded (`edged.demand`); a frame skipped
-    undecoded counts as ``dropped_stale`` like one replaced in its slot. ``decode_all`` decodes
+    undecoded counts as dropped like one replaced in its slot. ``decode_all`` decodes
     every frame, as for a consumer that takes them all (the bench's worst case).
 
     ``clock`` (monotonic ns) stamps frames and progress and times pacing and backoff; ``wait(s)``
@@ -156,6 +166,10 @@ class Capture:
         wanted, and so which frames to decode (`edged.demand`).
         """
         return self._frames.take(timeout_s)
+
+    def passing(self, cause: DropCause) -> None:
+        """Why the consumer takes no frame now: the frames dropped from now on count under ``cause``."""
+        self._frames.passing(cause)
 
     def signal_stop(self) -> None:
         """Tell the thread to stop without waiting for it: several cameras then stop together."""
@@ -303,8 +317,10 @@ class Capture:
 
         A source with ``timeouts`` stalls when its first frame comes later than the first limit
         after ``opening_ns`` (it is starting until then), or a frame later than the second after
-        the one before.
+        the one before. A source that keeps every frame has its next frame read only once the
+        consumer has taken the one before.
         """
+        every = keeps_every_frame(source)
         split = source if splits_reading(source) else None
         watch = StallWatch(*source.timeouts(), since_ns=opening_ns) if times_out(source) else None
         period_s = source.pace() if paces(source) else None
@@ -313,6 +329,8 @@ class Capture:
         due_ns = self._clock()
         delivered = False
         while not self._stop.is_set():
+            if every and not self._until_taken():
+                return "stopped"
             if period_ns:
                 if self._wait((due_ns - self._clock()) / 1e9):
                     return "stopped"
@@ -335,6 +353,15 @@ class Capture:
                 delivered = True
         return "stopped"
 
+    def _until_taken(self) -> bool:
+        """Wait until the consumer has taken the frame waiting, touching last_progress_ns as a
+        heartbeat (a slow consumer is not a stuck camera); False once stopped."""
+        while not self._frames.taken(HEARTBEAT_S):
+            if self._stop.is_set():
+                return False
+            self._last_progress_ns = self._clock()
+        return not self._stop.is_set()
+
     def _read(self, source: Source, watch: StallWatch | None) -> ReadOutcome:
         """The next frame of a source that reads in one call, into a free slot."""
         index, buf = self._frames.claim()
@@ -345,7 +372,8 @@ class Capture:
         if watch is not None:
             watch.arrived(now_ns)
         t_capture_ns = now_ns - source.frame_age_ns() if stamps(source) else now_ns
-        self._deliver(index, image, t_capture_ns, source.channel_order)
+        name = source.frame_name() if names_frames(source) else None
+        self._deliver(index, image, t_capture_ns, source.channel_order, name)
         return "delivered"
 
     def _grab(self, source: SplitSource, timing: StreamTiming, watch: StallWatch | None, *, decode: bool) -> ReadOutcome:
@@ -366,11 +394,13 @@ class Capture:
         self._deliver(index, image, t_capture_ns, source.channel_order)
         return "delivered"
 
-    def _deliver(self, index: int, image: np.ndarray, t_capture_ns: int, order: Literal["bgr", "rgb"]) -> None:
+    def _deliver(
+        self, index: int, image: np.ndarray, t_capture_ns: int, order: Literal["bgr", "rgb"], name: str | None = None
+    ) -> None:
         previous = self._frames.adopt(index, image)
         if previous is not None:
             self._log_size_change(previous, image.shape)
-        self._frames.hand_over(index, t_capture_ns, time.time_ns(), order)
+        self._frames.hand_over(index, t_capture_ns, time.time_ns(), order, name)
         self._last_progress_ns = t_capture_ns
 
     # ---- state changes, each logged once ---------------------------------------------------

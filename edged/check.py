@@ -30,6 +30,7 @@ from edged.config import Settings
 from edged.decode import Detections
 from edged.errors import BindError, ConfigError, ContractError, FolderError, InferenceError, ModelError, SourceError
 from edged.evidence import folder_problem
+from edged.heads.base import fmt_classes
 from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
 from edged.outputs import listening
@@ -100,7 +101,7 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
     labels = ", ".join(model.labels) if model.labels else "(no names: class ids only)"
     print(f"model      {engine.model_path} ({engine.identity.short})", file=out)
     print(f"input      {model.contract.describe(order_source=True)}", file=out)
-    print(f"output     {outputs} -> {model.head} head, {model.num_classes} classes: {labels}", file=out)
+    print(f"output     {outputs} -> {model.head} head, {fmt_classes(model.num_classes)}: {labels}", file=out)
     requested = ", ".join(p.name for p in settings.runtime.providers)
     print(f"providers  requested: {requested}", file=out)
     available = ", ".join(ort.get_available_providers())

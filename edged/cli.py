@@ -190,6 +190,13 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         help="instead of the per-frame rows: N synthetic 1280x720 cameras served by one `edged run`, "
         "against N `edged run`s side by side (each N given: total fps, frame age, CPU per frame, RSS)",
     )
+    p.add_argument(
+        "--journal",
+        action="store_true",
+        help="instead of the per-frame rows: the verdict journal's cost, offer and offer to commit, per durability, "
+        "--frames verdicts at --camera-fps",
+    )
+    p.add_argument("--journal-dir", type=Path, default=None, help="with --journal: a folder on the disk to measure")
     p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
     p.add_argument(
         "--camera-source",
@@ -224,6 +231,21 @@ def _trigger_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply (default 5)")
     p.add_argument("--json", action="store_true", help="print the verdict message as JSON")
     _add_client_keys(p)
+
+
+def _history_arguments(p: argparse.ArgumentParser) -> None:
+    _config_arg(p)
+    p.add_argument("--journal", type=Path, default=None, help="the journal file (default: journal.path of --config)")
+    p.add_argument("--part-id", default=None, help="only this part's entries")
+    p.add_argument("--camera", default=None, help="only this camera's entries")
+    p.add_argument("--since", default=None, metavar="TIME", help="from this time: ISO 8601 (local time) or an age, 2h, 7d")
+    p.add_argument("--until", default=None, metavar="TIME", help="before this time, as --since")
+    p.add_argument("--verdict", choices=("ok", "ng"), default=None, help="only this verdict")
+    p.add_argument("--detections", action="store_true", help="the detections entries (journal.detections) instead")
+    p.add_argument("--limit", type=_positive, default=100, help="the newest N entries, shown oldest first (default 100)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_const", dest="format", const="json", help="a JSON array, messages parsed")
+    out.add_argument("--csv", action="store_const", dest="format", const="csv", help="CSV with every column")
 
 
 def _keygen_arguments(p: argparse.ArgumentParser) -> None:
@@ -283,7 +305,9 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
     (
         "subscribe",
         "print detections from a running edged",
-        "Connect to an edged PUB endpoint and print what arrives.",
+        "Connect to an edged PUB endpoint and print what arrives. Exits 0 once every camera it has "
+        "heard from says in its status that its source ended (a video file or image folder played to "
+        "its end: the daemon stops then).",
         _subscribe_arguments,
     ),
     (
@@ -294,6 +318,14 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "part is OK, 3 when it is NG, 1 when there is no verdict (an error reply such as a lost "
         "camera, or no reply in time).",
         _trigger_arguments,
+    ),
+    (
+        "history",
+        "what the verdict journal says, by part, camera, time and verdict",
+        "Print the journal's verdicts (or, with --detections, its detections entries) that match every "
+        "filter given: the newest --limit, oldest first, as a table, --json or --csv. It reads the "
+        "journal read-only and is safe while edged runs. Exit 1 when there is no journal to read.",
+        _history_arguments,
     ),
     (
         "keygen",
@@ -309,6 +341,13 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "schema",
         "print the JSON Schema of published messages",
         "Print the JSON Schema generated from the message models.",
+        _schema_arguments,
+    ),
+    (
+        "config-reference",
+        "print the configuration reference (Markdown)",
+        "Print the configuration reference generated from the settings models: every table and key "
+        "with its type, default, bounds and description (docs/configuration.md).",
         _schema_arguments,
     ),
     (
@@ -406,6 +445,23 @@ def _cmd_trigger(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_history(args: argparse.Namespace) -> int:
+    from edged.history import Query, parse_time, run_history
+    from edged.settings.journal import JOURNAL_FILE
+
+    journal: Path = args.journal or load_config(args.config).journal.path or Path(JOURNAL_FILE)
+    query = Query(
+        part_id=args.part_id,
+        camera_id=args.camera,
+        since_ns=parse_time(args.since) if args.since else None,
+        until_ns=parse_time(args.until) if args.until else None,
+        verdict=args.verdict,
+        kind="detections" if args.detections else "verdict",
+        limit=args.limit,
+    )
+    return run_history(journal, query, args.format or "table")
+
+
 def _cmd_keygen(args: argparse.Namespace) -> int:
     from edged.keys import run_keygen
 
@@ -419,6 +475,16 @@ def _cmd_schema(args: argparse.Namespace) -> int:
         args.out.write_text(schema_text())
     else:
         sys.stdout.write(schema_text())
+    return 0
+
+
+def _cmd_config_reference(args: argparse.Namespace) -> int:
+    from edged.tools.reference import reference_text
+
+    if args.out:
+        args.out.write_text(reference_text())
+    else:
+        sys.stdout.write(reference_text())
     return 0
 
 
@@ -464,11 +530,13 @@ COMMANDS = {
     "subscribe": _cmd_subscribe,
     "trigger": _cmd_trigger,
     "schema": _cmd_schema,
+    "config-reference": _cmd_config_reference,
     "thermal": _cmd_thermal,
     "eval": _cmd_eval,
     "bench": _cmd_bench,
     "quantize": _cmd_quantize,
     "keygen": _cmd_keygen,
+    "history": _cmd_history,
 }
 
 

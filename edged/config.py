@@ -31,9 +31,11 @@ else:  # pragma: no cover - Python 3.10 on older boards
 
 from edged.errors import ConfigError, KeyFileError
 from edged.heads.registry import HEADS
+from edged.settings.endpoints import ipc_folder_problem, on_the_network
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
+from edged.settings.journal import JournalConfig, default_path
 from edged.settings.mqtt import MqttConfig
 from edged.settings.section import Section
 from edged.settings.sources import KINDS, SourceBase, SyntheticSourceConfig, TriggerMode, mask_credentials
@@ -225,6 +227,11 @@ class TriggerConfig(Section):
     )
     timeout_s: float = Field(2.0, gt=0, le=60, description="A request is answered within this, with an error if need be.")
     queue: int = Field(4, ge=1, le=64, description="Requests waiting behind the one in progress; beyond it: busy.")
+    insecure: bool = Field(
+        False,
+        description="Take requests without CURVE keys on a tcp endpoint other machines can reach: anyone "
+        "there may then trigger inspections and read their verdicts (publish.insecure does not imply it).",
+    )
 
     @field_validator("endpoint")
     @classmethod
@@ -274,7 +281,7 @@ class ServiceConfig(Section):
 
 
 class Settings(BaseSettings):
-    """The whole configuration; see config/edged.toml for every key with its default."""
+    """The whole configuration: docs/configuration.md, generated from these models, has every key."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True)
 
@@ -283,18 +290,44 @@ class Settings(BaseSettings):
         default_factory=lambda: (SyntheticSourceConfig(),),
         description="The cameras: one [source] table, or a [[source]] table per camera.",
     )
-    model: ModelConfig
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    publish: PublishConfig = Field(default_factory=PublishConfig)
-    thermal: ThermalConfig = Field(default_factory=ThermalConfig)
+    model: ModelConfig = Field(
+        description="The ONNX model, how frames are fed to it (the layout contract checked at start) and "
+        "how its output is decoded."
+    )
+    runtime: RuntimeConfig = Field(
+        default_factory=RuntimeConfig,
+        description="ONNX Runtime: execution providers, threads, graph optimisation, and how inference and "
+        "capture share the CPUs.",
+    )
+    publish: PublishConfig = Field(
+        default_factory=PublishConfig,
+        description="The ZeroMQ stream: endpoints, topics, per-subscriber queues, the status rate and CurveZMQ keys.",
+    )
+    thermal: ThermalConfig = Field(
+        default_factory=ThermalConfig,
+        description="The board's temperatures and throttling, and the frame rates kept as it warms up.",
+    )
     inspect: InspectConfig | None = Field(
         None, description="Per-class thresholds, zones and the OK/NG verdict; none: no verdict."
     )
-    trigger: TriggerConfig = Field(default_factory=TriggerConfig)
-    service: ServiceConfig = Field(default_factory=ServiceConfig)
-    http: HttpConfig = Field(default_factory=HttpConfig)
+    trigger: TriggerConfig = Field(
+        default_factory=TriggerConfig,
+        description="Free-running frames, or one inspection per request on a ZeroMQ endpoint (and the broker).",
+    )
+    service: ServiceConfig = Field(
+        default_factory=ServiceConfig,
+        description="The daemon itself: its log level, a cap on the frame rate and the watchdog's stall timeout.",
+    )
+    http: HttpConfig = Field(
+        default_factory=HttpConfig,
+        description="The live view, status page, Prometheus metrics and health check, over HTTP.",
+    )
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
     evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
+    journal: JournalConfig = Field(
+        default_factory=JournalConfig,
+        description="The verdict journal: every verdict recorded on the board, sent to MQTT from it; on by default.",
+    )
 
     @field_validator("source", mode="before")
     @classmethod
@@ -315,6 +348,22 @@ class Settings(BaseSettings):
                     f"camera_id {cfg.camera_id!r} is used by more than one [[source]]: each camera needs its own"
                 )
             seen.add(cfg.camera_id)
+        return v
+
+    @field_validator("trigger")
+    @classmethod
+    def _trigger_off_loopback(cls, v: TriggerConfig, info: Any) -> TriggerConfig:
+        """A request socket on the network without keys lets anyone trigger inspections and read
+        their verdicts: refused unless ``trigger.insecure`` accepts exactly that."""
+        publish = info.data.get("publish")  # absent when its own keys are wrong: reported there
+        keyed = publish is not None and publish.curve_server_key is not None
+        if not keyed and not v.insecure and on_the_network(v.endpoint):
+            raise ValueError(
+                f"trigger.endpoint {v.endpoint!r} is not a loopback address and publish.curve_server_key "
+                "and publish.curve_clients_dir are not set, so anyone who reaches it could trigger "
+                "inspections and read their verdicts: set those keys, bind 127.0.0.1 or ipc://, or set "
+                "trigger.insecure = true to accept that"
+            )
         return v
 
     def camera(self, camera_id: str) -> SourceBase | None:
@@ -607,8 +656,18 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("mqtt", "cert_file"),
         ("mqtt", "key_file"),
         ("evidence", "dir"),
+        ("journal", "path"),
     ):
         resolve(data.get(section), key)
+
+
+def _socket_folder_problems(settings: Settings) -> list[str]:
+    """The ipc:// endpoints edged will bind whose folder is missing outside its runtime directory,
+    or is no folder (`edged.settings.endpoints`); the request socket only with a camera in request mode."""
+    endpoints = [("publish.endpoints", endpoint) for endpoint in settings.publish.endpoints]
+    if settings.requesting():
+        endpoints.append(("trigger.endpoint", settings.trigger.endpoint))
+    return [f"{key}: {problem}" for key, endpoint in endpoints if (problem := ipc_folder_problem(endpoint)) is not None]
 
 
 def _check_files(settings: Settings) -> list[str]:
@@ -637,6 +696,12 @@ def _check_files(settings: Settings) -> list[str]:
             problems.append(str(e))
     if settings.mqtt is not None:
         problems += broker_problems(settings.mqtt)
+    journal = settings.journal
+    if journal.enabled and journal.path is not None and not journal.path.parent.is_dir():
+        problems.append(
+            f"journal.path: folder {journal.path.parent} does not exist (create it, set journal.path to a file in "
+            "an existing folder, or journal.enabled = false)"
+        )
     problems += _evidence_problems(settings)
     return problems
 
@@ -689,7 +754,10 @@ def load_config(path: Path | None) -> Settings:
         raise ConfigError(path, [_variable_problem(e, variables)]) from None
     finally:
         CONFIG_FOLDER.reset(folder)
-    problems = _check_files(settings)
+    if settings.journal.path is None:
+        journal = settings.journal.model_copy(update={"path": default_path(path.resolve().parent if path else None)})
+        settings = settings.model_copy(update={"journal": journal})
+    problems = _check_files(settings) + _socket_folder_problems(settings)
     if problems:
         raise ConfigError(path, problems)
     return settings

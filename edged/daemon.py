@@ -30,7 +30,7 @@ from edged.outputs import Outputs
 from edged.pipeline import Rejected, frame_path
 from edged.reload import CAPTURE_STOP_WAIT_S, Trial, load_replacement
 from edged.requests import RequestDesk
-from edged.schedule import hand_out, idle_s
+from edged.schedule import hand_out, idle_s, pause
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
 from edged.settings.sources import SourceBase
 from edged.sources.base import Frame
@@ -177,6 +177,7 @@ class Daemon:
         if self.desk is not None and self.desk.take(self.serving(), self.lanes.carrying, self._critical()):
             self.health.frame_done()  # waiting for requests is progress in request mode
         if self._critical():
+            pause(self.serving())
             self._settle(self.lanes.drain())  # inference paused, status continues, requests are refused
             self._wake.wait(TAKE_TIMEOUT_S, self._fds())
             self.health.frame_done()
@@ -198,7 +199,9 @@ class Daemon:
         """Hand idle lanes the next frames (`edged.schedule.hand_out`); a reload on trial takes its
         cameras' next frame on this thread (`_try`)."""
         cameras, ready = self.serving(), self.health.ready
-        return hand_out(cameras, self.lanes, self.desk, ready=ready, on_trial=self._on_trial, try_frame=self._try)
+        return hand_out(
+            cameras, self.lanes, self.desk, self.outputs, ready=ready, on_trial=self._on_trial, try_frame=self._try
+        )
 
     def _on_trial(self, camera: Camera) -> bool:
         return self._trial is not None and self._trial.takes(camera)

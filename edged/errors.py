@@ -20,7 +20,8 @@
     ├── QuantizeError             1  quantising, or running the quantised model, failed
     ├── ColdStartError            1  ``edged bench --cold-start``: the daemon exited or published nothing
     ├── MessageError              1  a received payload is not a valid edged message
-    └── TriggerFailed             1  ``edged trigger``: an error reply, or no reply in time
+    ├── TriggerFailed             1  ``edged trigger``: an error reply, or no reply in time
+    └── JournalUnreadable         1  ``edged history``: no journal there, or it cannot be read
 
 78 is sysexits' EX_CONFIG: the units set ``RestartPreventExitStatus=78``, so systemd does not
 restart a daemon that can only fail the same way again. Nothing else exits 78.
@@ -138,3 +139,7 @@ class MessageError(EdgedError, ValueError):
 
 class TriggerFailed(EdgedError):
     """``edged trigger`` got no verdict: the daemon said why (an error reply), or nothing came in time."""
+
+
+class JournalUnreadable(EdgedError):
+    """``edged history``: the journal file is not there or cannot be read; the message says which."""

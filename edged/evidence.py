@@ -4,7 +4,11 @@ Per saved frame, three files under ``DIR/CAMERA/YYYY-MM-DD/`` (the day of captur
 ``images/STEM.jpg`` (the frame as captured, not annotated), ``labels/STEM.txt`` (the detections
 in YOLO format, ``class cx cy w h`` normalised) and ``messages/STEM.json`` (the detections message
 as published). ``images/`` beside ``labels/`` is the layout ultralytics training and
-``edged eval --data`` read as it is, and labelling tools import as YOLO pre-annotations.
+``edged eval --data`` read as it is, and labelling tools import as YOLO pre-annotations; each
+camera folder also has a ready ``data.yaml`` (ultralytics: the folder, the model's class names in
+order, every path quoted, as YAML reads an unquoted day folder as a date) and ``classes.txt``
+(one name per line, as labelling tools import YOLO). A label file holds every detection, those
+outside the zones too: an object the line ignores there is still an object to learn.
 
 Which frames are kept is a pure function of the policy (`should_save`), decided on the loop before
 the frame is copied, so a frame that will not be saved costs nothing. Encoding and writing happen on
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import queue
@@ -56,8 +61,10 @@ IDLE_WAKE_S = 60.0  # the writer wakes this often without frames, so age pruning
 RATE_WINDOW_S = 60.0
 STOP_WAIT_S = 1.0  # at stop, time left to each writer to finish its queue (a few ms per frame)
 SUBFOLDERS = ("images", "labels", "messages")
+DATASET_FILES = ("data.yaml", "classes.txt")  # in each camera folder, written when the model's names change
 SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json"}
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # what a part id may not bring into a file name
 _FILE_MODE = 0o640
 
 
@@ -73,6 +80,8 @@ class EvidenceFrame:
     channel_order: Literal["bgr", "rgb"]
     label: str  # the dataset label file (`edged.task.TaskResult.dataset_label`)
     message: bytes | None
+    names: tuple[str, ...]  # the model's class names, by class id (`edged.model.LoadedModel.class_names`)
+    part_id: str | None = None  # the request's, in request mode
 
 
 def should_save(save: SavePolicy, verdict: Verdict | None, found: int, near: int) -> bool:
@@ -91,11 +100,35 @@ def should_save(save: SavePolicy, verdict: Verdict | None, found: int, near: int
     return save == "ng+near" and near > 0
 
 
-def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int) -> tuple[str, str]:
-    """The day folder and file stem of a frame: names sort by capture time, so oldest first is name order."""
+def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int, part_id: str | None = None) -> tuple[str, str]:
+    """The day folder and file stem of a frame: names sort by capture time, so oldest first is name
+    order; a request's part id ends the stem (as letters, digits and ``_ . -``, at most 64), so a
+    part's pictures are found by name."""
     when = datetime.fromtimestamp(capture_time_ns / 1e9, tz=timezone.utc)
     stem = f"{camera_id}_{when:%Y%m%dT%H%M%S}{when.microsecond // 1000:03d}_{frame_id}"
+    if part_id:
+        stem += "_" + _UNSAFE.sub("_", part_id)[:64]
     return f"{when:%Y-%m-%d}", stem
+
+
+def data_yaml(camera_id: str, names: tuple[str, ...]) -> str:
+    """An ultralytics dataset file for a camera folder: every image under it, ``names`` in class order.
+
+    Every string is quoted (JSON's quoting is YAML's): YAML reads an unquoted ``2026-12-03`` as a date.
+    No ``path`` key: ultralytics then takes the file's own folder, so a copied-out folder still works.
+    """
+    lines = [
+        f"# The evidence of camera {camera_id} as an ultralytics dataset: every image under this folder,",
+        "# its labels in the labels/ folder beside its images/ folder. The labels are the model's",
+        "# predictions: correct them before training on them. To use one day's folder, quote it:",
+        '# val: "2026-12-03" (unquoted, YAML reads it as a date).',
+        'train: "."',
+        'val: "."',
+        f"nc: {len(names)}",
+        "names:",
+        *(f"  {class_id}: {json.dumps(name)}" for class_id, name in enumerate(names)),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -156,17 +189,19 @@ class EvidenceStore:
         self.total_bytes = 0
         self._days: deque[str] = deque()  # day folders, oldest first
         self._oldest: deque[str] = deque()  # stems of the oldest day, loaded when pruning reaches it
+        self._names: tuple[str, ...] | None = None  # the class names data.yaml holds, once written
         self.opened = False
 
     def open(self) -> None:
         """Scan the folder once: remove temp files and half-written sets, total the rest, prune."""
         self.root.mkdir(exist_ok=True)
         self.folder.mkdir(exist_ok=True)
-        total, days = 0, []
+        total, days = sum(_size(self.folder / name) for name in DATASET_FILES), []
         for day in sorted(p.name for p in self.folder.iterdir() if _DAY.match(p.name) and p.is_dir()):
             total += self._clean_day(self.folder / day)
             days.append(day)
         self.total_bytes, self._days, self._oldest = total, deque(days), deque()
+        self._names = None  # written again with the next save: the model may have changed meanwhile
         self.opened = True
         self.prune(time.time())
 
@@ -187,9 +222,11 @@ class EvidenceStore:
         return total
 
     def save(self, frame: EvidenceFrame, jpeg_quality: int) -> None:
-        day, stem = day_and_stem(frame.camera_id, frame.capture_time_ns, frame.frame_id)
+        day, stem = day_and_stem(frame.camera_id, frame.capture_time_ns, frame.frame_id, frame.part_id)
         folder = self.folder / day
         self._make_folders(folder)
+        if frame.names != self._names:
+            self._describe(frame.camera_id, frame.names)
         image = frame.image if frame.channel_order == "bgr" else cv2.cvtColor(frame.image, cv2.COLOR_RGB2BGR)
         ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, jpeg_quality])
         if not ok:
@@ -218,6 +255,16 @@ class EvidenceStore:
                 self._days, self._oldest = deque(sorted([*self._days, day])), deque()
             else:
                 self._days.append(day)
+
+    def _describe(self, camera_id: str, names: tuple[str, ...]) -> None:
+        """``data.yaml`` and ``classes.txt`` for the model's class ``names``, replacing older ones."""
+        for name, text in (("data.yaml", data_yaml(camera_id, names)), ("classes.txt", "".join(f"{n}\n" for n in names))):
+            path, data = self.folder / name, text.encode()
+            before = _size(path)
+            write_atomic(path, data)
+            self.total_bytes += len(data) - before
+        _fsync_dir(self.folder)
+        self._names = names
 
     def _make_folders(self, day: Path) -> None:
         """The day's three folders; a new folder's entry is made durable in its parent."""
@@ -386,21 +433,37 @@ class EvidenceWriter:
 
     # ---- the loop's side ---------------------------------------------------------------------
 
-    def offer(self, frame: Frame, result: TaskResult, verdict: Verdict | None, message: bytes | None) -> None:
+    def offer(
+        self,
+        frame: Frame,
+        result: TaskResult,
+        verdict: Verdict | None,
+        message: bytes | None,
+        *,
+        names: tuple[str, ...],
+        labelled: TaskResult | None = None,
+        part_id: str | None = None,
+    ) -> Path | None:
         """Save ``frame`` if it is evidence and there is room and rate for it; only then is it copied.
+        Returns where its image will be, None when it is not saved.
 
         ``result`` is what was published, with its near misses under ``ng+near``; the label saved
-        is its findings only. ``message`` is the payload published for the frame, None when it
-        was not published.
+        is the findings of ``labelled`` (default ``result``: the frame's findings before zones
+        dropped some), never the near misses. ``message`` is the payload published for the frame,
+        None when it was not published; ``names`` the model's class names; ``part_id`` the
+        request's, which ends the file names.
         """
         if not self.admit(verdict, len(result), result.near_misses()):
-            return
+            return None
         height, width = frame.image.shape[:2]
-        label = result.dataset_label(width, height)
+        label = (labelled if labelled is not None else result).dataset_label(width, height)
         image = frame.image.copy()
-        self.submit(
-            EvidenceFrame(self.camera_id, frame.frame_id, frame.t_wall_ns, image, frame.channel_order, label, message)
+        saved = EvidenceFrame(
+            self.camera_id, frame.frame_id, frame.t_wall_ns, image, frame.channel_order, label, message, names, part_id
         )
+        self.submit(saved)
+        day, stem = day_and_stem(self.camera_id, frame.t_wall_ns, frame.frame_id, part_id)
+        return self.store.folder / day / "images" / f"{stem}.jpg"
 
     def admit(self, verdict: Verdict | None, found: int, near: int) -> bool:
         """Whether the caller should copy this frame (``found`` detections, ``near`` near misses) and
@@ -522,7 +585,13 @@ class EvidenceOutput(Output):
         if writer is not None:
             done = report.outcome
             verdict = done.inspected.verdict if done.inspected else None
-            writer.offer(done.frame, done.result, verdict, report.payload)
+            names = done.plan.model.class_names
+            part_id = report.message.part_id if report.message is not None else None
+            image = writer.offer(
+                done.frame, done.result, verdict, report.payload, names=names, labelled=done.labelled, part_id=part_id
+            )
+            if image is not None:
+                report.saved["evidence"] = str(image)
 
     def report(self, camera_id: str) -> OutputReport:
         writer = self.writers.get(camera_id)

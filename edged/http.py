@@ -100,6 +100,12 @@ class HttpServer(Output):
         if report.message is not None and self.wants_frame(report.camera_id):
             self.offer(report.camera_id, report.outcome.frame, report.message)
 
+    def previews(self, camera_id: str) -> bool:
+        return self.wants_frame(camera_id)
+
+    def preview(self, camera_id: str, frame: Frame) -> None:
+        self.offer(camera_id, frame, None)
+
     def status(self, reports: Sequence[StatusReport]) -> None:
         self.update([report.status for report in reports])
 
@@ -141,7 +147,7 @@ class HttpServer(Output):
         for camera, zones in cameras.items():
             view = self.views.get(camera)
             if view is None:
-                view = LiveView(self.cfg.view_fps, self.cfg.view_width, self.cfg.jpeg_quality, zones)
+                view = LiveView(camera, self.cfg.view_fps, self.cfg.view_width, self.cfg.jpeg_quality, zones)
                 if self._started:
                     view.start()
             else:
@@ -157,8 +163,9 @@ class HttpServer(Output):
         view = self.views.get(camera)
         return view is not None and view.wants_frame()
 
-    def offer(self, camera: str, frame: Frame, message: DetectionsMessage) -> None:
-        """Copy ``frame`` to ``camera``'s view; call only right after `wants_frame` said yes."""
+    def offer(self, camera: str, frame: Frame, message: DetectionsMessage | None) -> None:
+        """Copy ``frame`` to ``camera``'s view (``message`` None: a preview, shown unannotated); call
+        only right after `wants_frame` said yes."""
         self.views[camera].offer(frame, message)
 
     def reload_token(self) -> None:

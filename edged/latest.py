@@ -5,6 +5,10 @@ taken, one held by the consumer until its next ``take``. A new frame replaces on
 not taken (counted as stale), so a slow consumer never builds a backlog and never sees a frame
 older than the newest one delivered before it asked. The consumer's calls to ``take`` are also how
 the producer learns which frames are worth decoding (`edged.demand`).
+
+A dropped frame is counted under the reason the consumer last gave for not taking frames
+(`DropCause`): a healthy triggered line drops most frames because nobody asked for them, which is
+not the fault that a model too slow for its camera is.
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ from edged.wake import Waker
 
 SLOT_COUNT = 3  # one being written, one latest, one held by the consumer
 
+# Why a frame was dropped: the consumer was busy with earlier frames (the model or the lanes too
+# slow for the camera), the rate cap held it back (service.max_fps, thermal), or it wanted no frame
+# (request mode between requests).
+DropCause = Literal["stale_slow", "rate_capped", "not_requested"]
+DROP_CAUSES: tuple[DropCause, ...] = ("stale_slow", "rate_capped", "not_requested")
+
 Shape = tuple[int, ...]
 
 
@@ -32,12 +42,13 @@ class FrameCounts:
     """A consistent snapshot of the ring's counters.
 
     Every frame the producer obtains takes an id, handed over or skipped, so ``frames_captured`` is
-    also the next frame's id, and a gap between two taken ids is the frames dropped in between.
+    also the next frame's id, and a gap between two taken ids is the frames dropped in between,
+    each counted in ``dropped`` under its `DropCause`.
     """
 
     frames_captured: int
     frames_decoded: int
-    dropped_stale: int
+    dropped: dict[DropCause, int]
     size_changes: int
 
 
@@ -47,6 +58,7 @@ class _SlotInfo:
     t_capture_ns: int = 0
     t_wall_ns: int = 0
     channel_order: Literal["bgr", "rgb"] = "bgr"
+    source_file: str | None = None
 
 
 class LatestFrame:
@@ -78,7 +90,8 @@ class LatestFrame:
         self._demand = Demand()
         self._next_id = 0
         self._decoded = 0
-        self._dropped_stale = 0
+        self._dropped: dict[DropCause, int] = dict.fromkeys(DROP_CAUSES, 0)
+        self._cause: DropCause = "stale_slow"  # set by the consumer, read under _cond by the producer
         self._size_changes = 0
 
     # ---- consumer side ---------------------------------------------------------------------
@@ -104,9 +117,14 @@ class LatestFrame:
             image = self._slots[index]
             info = self._info[index]
             self._demand.answered(self._clock(), served=True)
+            self._cond.notify()  # a producer keeping every frame waits for this one to be taken
         if image is None:
             raise RuntimeError("frame slot handed over without an image")
-        return Frame(image, info.frame_id, info.t_capture_ns, info.t_wall_ns, info.channel_order)
+        return Frame(image, info.frame_id, info.t_capture_ns, info.t_wall_ns, info.channel_order, info.source_file)
+
+    def passing(self, cause: DropCause) -> None:
+        """Why the consumer takes no frame now: frames dropped from now on count under ``cause``."""
+        self._cause = cause
 
     def close(self) -> None:
         """No more frames will come: ``take`` returns the one still waiting, then ``None`` at once."""
@@ -121,7 +139,7 @@ class LatestFrame:
             return FrameCounts(
                 frames_captured=self._next_id,
                 frames_decoded=self._decoded,
-                dropped_stale=self._dropped_stale,
+                dropped=dict(self._dropped),
                 size_changes=self._size_changes,
             )
 
@@ -178,7 +196,23 @@ class LatestFrame:
             self._size_changes += 1
             return previous
 
-    def hand_over(self, index: int, t_capture_ns: int, t_wall_ns: int, channel_order: Literal["bgr", "rgb"]) -> None:
+    def taken(self, timeout_s: float) -> bool:
+        """Wait until no frame is waiting to be taken, at most ``timeout_s``; False on timeout.
+
+        A producer that must not drop a frame (`edged.sources.base.keeps_every_frame`) reads the
+        next only then; once closed, nothing more is taken and this returns True at once.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: self._latest is None or self._closed, timeout_s)
+
+    def hand_over(
+        self,
+        index: int,
+        t_capture_ns: int,
+        t_wall_ns: int,
+        channel_order: Literal["bgr", "rgb"],
+        source_file: str | None = None,
+    ) -> None:
         """Make claimed slot ``index`` the latest frame, with the next id; a frame still waiting is dropped as stale."""
         with self._cond:
             info = self._info[index]
@@ -186,10 +220,11 @@ class LatestFrame:
             info.t_capture_ns = t_capture_ns
             info.t_wall_ns = t_wall_ns
             info.channel_order = channel_order
+            info.source_file = source_file
             self._next_id += 1
             self._decoded += 1
             if self._latest is not None:
-                self._dropped_stale += 1
+                self._dropped[self._cause] += 1
             self._latest = index
             self._cond.notify()
         if self._wake is not None:
@@ -204,5 +239,5 @@ class LatestFrame:
         """
         with self._cond:
             self._next_id += 1
-            self._dropped_stale += 1 + (self._latest is not None)
+            self._dropped[self._cause] += 1 + (self._latest is not None)
             self._latest = None

@@ -10,6 +10,9 @@ A bound socket faces whoever can reach its endpoint, so each one (`Listener`) is
 - An ipc:// path with a live listener is refused: libzmq would silently replace the socket file,
   and the process listening there would keep running, unreachable. A connection is tried first;
   a refused one means a stale file (a crash), which is replaced as before.
+- The missing folder of an ipc:// path is made only under the service's runtime directory
+  (``$RUNTIME_DIRECTORY``, else /run/edged): a path elsewhere is refused when the configuration
+  loads (`edged.config`), since edged running as root would make any folder it names.
 - Accept failures are watched (`AcceptWatch`): out of file descriptors, libzmq leaves new
   connections waiting in the backlog and retries them, so edged keeps serving the subscribers it
   has; the journal gets one line when that starts and one when connections are accepted again.
@@ -32,6 +35,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from edged.errors import PublishError
+from edged.settings.endpoints import ipc_path, ours_to_make
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +46,12 @@ RECOVERY_S = 5.0  # accepting again once no accept has failed for this long
 
 
 def _prepare_ipc(endpoint: str) -> Path | None:
-    """The socket's directory: created 0750 (whatever the umask) if missing, left alone if not."""
-    if not endpoint.startswith("ipc://"):
-        return None
-    path = Path(endpoint[len("ipc://") :])
+    """The socket's path. Its folder, when missing, is made 0750 (whatever the umask) under the
+    service's runtime directory and nowhere else (`edged.settings.endpoints`): elsewhere the bind
+    fails, naming the endpoint. An existing folder is left alone."""
+    path = ipc_path(endpoint)
+    if path is None or os.path.isdir(path.parent) or not ours_to_make(path.parent):
+        return path
     try:
         path.parent.mkdir(parents=True, mode=0o750)
         path.parent.chmod(0o750)  # mkdir's mode passes through the umask

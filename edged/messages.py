@@ -28,9 +28,10 @@ The MQTT output (`edged.mqtt`) sends the same payloads to a broker, under topics
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator
 
 from edged.errors import MessageError
 
@@ -129,6 +130,11 @@ class DetectionsMessage(TopicMessage):
     reasons: list[Reason] = Field(default_factory=list, description="The detections that made it ng.")
     verdict_latency_ms: float | None = Field(None, description="Capture to verdict; null without [inspect].")
     part_id: str | None = Field(None, description="The part id of the trigger request this frame answered.")
+    source_file: str | None = Field(
+        None,
+        description="The image file the frame was read from (an images source: its name in the folder, or the "
+        "path a glob matched); null for a camera or video.",
+    )
 
     @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
     @property
@@ -146,6 +152,20 @@ class VerdictMessage(TopicMessage):
     verdict: Verdict
     reasons: list[Reason]
     verdict_latency_ms: float = Field(description="Capture to verdict.")
+    source_file: str | None = Field(None, description="The image file the frame was read from; null for a camera.")
+    model_sha256: str | None = Field(None, description="SHA-256 of the model file that gave the verdict, hex.")
+    replayed: bool = Field(
+        False,
+        description="Sent from the journal after an outage (of the broker, the network or edged): recorded before "
+        "the connection it came on. Only on MQTT, with the journal on.",
+    )
+    board_id: str | None = Field(
+        None, description="The board, derived from its /etc/machine-id (not equal to it); stable across boots."
+    )
+    boot_id: str | None = Field(None, description="The kernel's id of the boot the board was in.")
+    clock_synced: bool | None = Field(
+        None, description="Whether the kernel said the clock was synchronised (NTP); null where it cannot tell."
+    )
 
     @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
     @property
@@ -170,6 +190,16 @@ class TriggerError(Message):
 
 
 MAX_PART_ID = 128
+# The Unicode categories a part id may not hold: what would forge a line (NUL, newline, escape, the
+# line separators) or reorder the text around it (bidirectional overrides, zero-width marks) in
+# every subscriber, log and terminal it reaches; and lone surrogates, which UTF-8 cannot carry.
+REFUSED_IN_PART_ID = {
+    "Cc": "a control character",
+    "Cf": "a format character",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+    "Cs": "a lone surrogate",
+}
 
 
 class TriggerRequest(BaseModel):
@@ -184,7 +214,8 @@ class TriggerRequest(BaseModel):
         None,
         min_length=1,
         max_length=MAX_PART_ID,
-        description="The part's id, carried into the verdict and detections messages.",
+        description="The part's id, carried into the verdict and detections messages; no control or "
+        "format characters (Unicode Cc, Cf), line or paragraph separators.",
     )
     camera_id: str | None = Field(
         None,
@@ -194,6 +225,18 @@ class TriggerRequest(BaseModel):
         description="The camera to inspect with; may be left out when one camera takes requests. "
         "On the broker it must match the topic's camera.",
     )
+
+    @field_validator("part_id", mode="before")
+    @classmethod
+    def _shown_as_written(cls, v: Any) -> Any:
+        """Refuse `REFUSED_IN_PART_ID`, naming the first such character as an escape: the part id
+        is shown to every subscriber and terminal, and the refusal is too."""
+        if isinstance(v, str) and len(v) <= MAX_PART_ID:  # a longer one is refused for its length
+            for i, c in enumerate(v):
+                what = REFUSED_IN_PART_ID.get(unicodedata.category(c))
+                if what is not None:
+                    raise ValueError(f"U+{ord(c):04X} at character {i + 1} is {what}, which a part id may not hold")
+        return v
 
 
 def parse_request(payload: bytes) -> TriggerRequest:
@@ -213,6 +256,8 @@ def parse_request(payload: bytes) -> TriggerRequest:
         key = str(problem["loc"][0]) if problem["loc"] else ""
         if problem["type"] == "extra_forbidden":
             raise MessageError(f'a request has the keys "part_id" and "camera_id" only, not {key!r:.80}') from None
+        if key == "part_id" and problem["type"] == "value_error":
+            raise MessageError(f"part_id: {problem['ctx']['error']}") from None
         if key == "part_id":
             raise MessageError(f"part_id must be a string of 1 to {MAX_PART_ID} characters") from None
         raise MessageError("camera_id must be a camera's name: 1 to 64 letters, digits, _ . -") from None
@@ -257,6 +302,15 @@ class EvidenceReport(Message):
     last_error: str | None = Field(description="The last evidence error, null when none yet.")
 
 
+class JournalReport(Message):
+    path: str = Field(description="The journal file.")
+    recorded: int = Field(ge=0, description="This camera's entries written to the journal since start.")
+    dropped: int = Field(ge=0, description="This camera's entries dropped because the disk fell too far behind.")
+    errors: int = Field(ge=0, description="Journal writes or retention passes that failed (disk full, read-only).")
+    bytes: int = Field(ge=0, description="Bytes the journal holds, at the last retention pass.")
+    last_error: str | None = Field(description="The last journal error, null when none yet.")
+
+
 class StatusMessage(TopicMessage):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -276,6 +330,16 @@ class StatusMessage(TopicMessage):
     model: ModelInfo
     capture: CaptureReport | None = Field(None, description="The camera's counters (added in edged 0.2).")
     evidence: EvidenceReport | None = Field(None, description="The evidence writer's counters; null without [evidence].")
+    board_id: str | None = Field(
+        None, description="The board, derived from its /etc/machine-id (not equal to it); stable across boots."
+    )
+    boot_id: str | None = Field(None, description="The kernel's id of the boot the board was in.")
+    clock_synced: bool | None = Field(
+        None, description="Whether the kernel said the clock was synchronised (NTP); null where it cannot tell."
+    )
+    journal: JournalReport | None = Field(
+        None, description="The verdict journal's counters; null when it records nothing of this camera."
+    )
     mqtt_state: Literal["connected", "disconnected"] | None = Field(
         None, description="The MQTT output's link to its broker; null when [mqtt] is off."
     )

@@ -16,6 +16,7 @@ from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engine import Engine
 from edged.errors import ContractError, EdgedError, HeadError, ModelError
+from edged.heads.base import fmt_classes
 from edged.heads.metadata import parse_names
 from edged.heads.registry import detect_head, head_named
 from edged.messages import ModelInfo
@@ -32,6 +33,7 @@ class LoadedModel:
     labels: list[str]
     cfg: ModelConfig
     info: ModelInfo  # what every message says about the model
+    class_names: tuple[str, ...]  # the labels, or the class ids where the model names none: a dataset's names
 
     def make_decoder(
         self,
@@ -91,10 +93,11 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
     if labels and len(labels) != num_classes:
         source = str(cfg.labels) if cfg.labels else "the model's names metadata"
-        raise ContractError(f"{source} lists {len(labels)} classes but the model outputs {num_classes}")
+        raise ContractError(f"{source} lists {fmt_classes(len(labels))} but the model outputs {num_classes}")
     identity = engine.identity
     info = ModelInfo(name=identity.name, sha256=identity.sha256, provider=engine.provider)
-    return LoadedModel(engine, contract, head, num_classes, labels, cfg, info)
+    names = tuple(labels) if labels else tuple(str(i) for i in range(num_classes))
+    return LoadedModel(engine, contract, head, num_classes, labels, cfg, info, names)
 
 
 def fallback_model(settings: Settings, model: LoadedModel, failures: int) -> tuple[Settings, LoadedModel] | None:

@@ -4,8 +4,10 @@ A peer of `edged.publish`, never a replacement: the daemon gives it each message
 it owns everything else. The frame loop only appends to a bounded outbox (`Outbox`); one thread
 owns the paho client, connects, reconnects with capped exponential backoff and jitter, and hands
 messages over while the broker is there. Disconnected, the outbox keeps at most ``max_queued``
-messages, events (verdicts) before detections, and drops the oldest beyond that, counted per
-topic; only the newest status of each camera waits, as the broker retains only the last one anyway.
+messages, events before detections, and drops the oldest beyond that, counted per topic; only
+the newest status of each camera waits, as the broker retains only the last one anyway. With the
+journal on, verdicts skip the outbox: they go out from the journal (`edged.replay`), so none is
+lost to an outage.
 One output, one connection, serves every camera of the board; each camera has its own topics.
 
 Topics, under ``topic_prefix`` (default ``edged/<hostname>``)::
@@ -53,6 +55,8 @@ from edged.wake import Wake
 
 if TYPE_CHECKING:
     from edged.config import Settings
+    from edged.journal import JournalOutput
+    from edged.replay import VerdictFeed
     from edged.trigger import TriggerServer
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,15 @@ LOG_EVERY_N_FAILURES = 10  # the same failure again is logged once per this many
 TICK_S = 1.0  # the thread comes round at least this often (keepalive pings, stop)
 
 
+# How to get paho 2 where edged runs. edged is not on PyPI, and Debian 12's pip refuses to install
+# into the system's Python (PEP 668): into a checkout's virtualenv, or into the .deb's own.
+INSTALL_PAHO = (
+    "in a checkout, .venv/bin/python -m pip install -e '.[mqtt]'; with the .deb, "
+    "sudo apt install python3-paho-mqtt where it is 2.x (Debian 13 and later), else (Debian 12, "
+    "Raspberry Pi OS bookworm: 1.6) sudo pip --python /usr/lib/edged/venv/bin/python install 'paho-mqtt>=2,<3'"
+)
+
+
 def load_paho() -> ModuleType:
     """paho's client module (2.x), or `MissingDependency` saying how to install it."""
     try:
@@ -78,13 +91,10 @@ def load_paho() -> ModuleType:
         version = importlib.import_module("paho.mqtt").__version__
     except ImportError as e:
         raise MissingDependency(
-            f"an [mqtt] section needs paho-mqtt 2.x, which this Python cannot import ({e}): "
-            "pip install 'edged[mqtt]' (or 'paho-mqtt>=2,<3'); with the .deb, apt install python3-paho-mqtt (2.x)"
+            f"an [mqtt] section needs paho-mqtt 2.x, which this Python cannot import ({e}): {INSTALL_PAHO}"
         ) from e
     if not str(version).startswith("2."):
-        raise MissingDependency(
-            f"an [mqtt] section needs paho-mqtt 2.x, this Python has {version}: pip install 'paho-mqtt>=2,<3'"
-        )
+        raise MissingDependency(f"an [mqtt] section needs paho-mqtt 2.x, this Python has {version}: {INSTALL_PAHO}")
     return client
 
 
@@ -280,6 +290,10 @@ class MqttOutput(MessageOutput):
         self._connected = False
         self._answered = False  # the broker answered this connection attempt, yes or no
         self._unacked: set[int] = set()  # QoS 1/2 messages paho holds until the broker acknowledges them
+        self._journal: JournalOutput | None = None  # with it, verdicts come from the journal (`forward_from`)
+        self._feeds: deque[VerdictFeed | None] = deque()  # handed over by the loop, taken up by this thread
+        self._feed: VerdictFeed | None = None
+        self._forwarding: dict[int, int] = {}  # message id -> journal row, of verdicts not yet acknowledged
         self._stop = threading.Event()
         self._wake = Wake()
         self._backoff = Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S)
@@ -301,7 +315,18 @@ class MqttOutput(MessageOutput):
         return self.cfg.publish_empty
 
     def deliver(self, kind: MessageKind, camera_id: str, payload: bytes) -> None:
+        if kind == "verdict" and self._journal is not None:
+            return  # it goes out from the journal once recorded
         self.send(kind, payload, camera_id)
+
+    def forward_from(self, journal: JournalOutput | None) -> None:
+        """With the journal, verdicts go out from it at QoS 1 at least, in order, and after an
+        outage those not yet acknowledged go again (`edged.replay`)."""
+        if journal is self._journal:
+            return
+        self._journal = journal
+        self._feeds.append(journal.feed("mqtt", self._wake) if journal is not None else None)
+        self._wake.set()
 
     def report(self, camera_id: str) -> OutputReport:
         state = self.state
@@ -367,6 +392,7 @@ class MqttOutput(MessageOutput):
                 if self._open():
                     self._serve()
             self._finish(time.monotonic() + CLOSE_TIMEOUT_S)
+            self._take_feed(None)
         except Exception:  # a bug here must not end the daemon: the stream stops, ZeroMQ goes on
             log.exception("the MQTT output failed and stops; ZeroMQ publishing goes on")
             self._connected = False
@@ -387,9 +413,15 @@ class MqttOutput(MessageOutput):
         sock = self._client.socket()
         pending = getattr(sock, "pending", lambda: 0)  # TLS: bytes already decrypted, unseen by select
         while not self._stop.is_set():
+            while self._feeds:
+                self._take_feed(self._feeds.popleft())
             if self._connected:
                 self._follow_trigger_topics()
+                self._forward()
                 self._hand_over()
+                if self._client.socket() is None:  # a publish met a dead link, and paho closed it
+                    self._dropped(f"connection to {self.cfg.host}:{self.cfg.port} lost while sending")
+                    return
             writing = [sock] if self._client.want_write() else []
             readable, writable, _ = select.select([sock, self._wake], writing, [], 0.0 if pending() else TICK_S)
             if self._wake in readable:
@@ -416,6 +448,36 @@ class MqttOutput(MessageOutput):
             self._subscribed.discard(topic)
             self._client.unsubscribe(topic)
             log.info("MQTT: no longer taking trigger requests on %s", topic)
+
+    def _take_feed(self, feed: VerdictFeed | None) -> None:
+        if self._feed is not None:
+            self._feed.close()
+        self._feed = feed
+        self._forwarding = {}
+        if feed is not None and self._connected:
+            feed.connected()
+
+    def _forward(self) -> None:
+        """Give paho the journal's next verdicts while its in-flight window has room; at least QoS 1,
+        as the journal moves on only on the broker's acknowledgement."""
+        feed = self._feed
+        if feed is None:
+            return
+        qos = max(1, self._qos["verdict"])
+        while not self._client.want_write():
+            batch = feed.take(INFLIGHT - len(self._unacked))
+            if not batch:
+                return
+            for verdict in batch:
+                topic = self._topics.get((verdict.camera_id, "verdict"))
+                if topic is None:  # a camera a reload removed: nobody to send it to
+                    feed.acked(verdict.row_id)
+                    continue
+                info = self._client.publish(topic, verdict.payload, qos=qos)
+                if info.rc != 0:  # the link just went: the next connection starts again from the cursor
+                    return
+                self._unacked.add(info.mid)
+                self._forwarding[info.mid] = verdict.row_id
 
     def _hand_over(self) -> None:
         """Give paho queued messages while its socket keeps up and its in-flight window has room."""
@@ -474,6 +536,8 @@ class MqttOutput(MessageOutput):
         self._connected = True
         self._subscribed = set()
         self._subscribing = {}
+        if self._feed is not None:
+            self._feed.connected()
         after = f" at attempt {self._attempts}" if self._attempts > 1 else ""
         log.info("MQTT: connected to %s%s", self.cfg.url, after)
         self._attempts = 0
@@ -482,6 +546,9 @@ class MqttOutput(MessageOutput):
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
         self._unacked.discard(mid)
+        row_id = self._forwarding.pop(mid, None)
+        if row_id is not None and self._feed is not None:
+            self._feed.acked(row_id)
 
     def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
         topic = self._subscribing.pop(mid, "a trigger topic")

@@ -4,7 +4,8 @@ ZeroMQ (`edged.publish`), MQTT (`edged.mqtt`), the live view (`edged.http`) and 
 (`edged.evidence`) are each an `Output`; `edged.outputs` lists them and the daemon loops over
 that list. An output is made from the settings (`from_settings`, None when its section is
 absent), says per frame whether it wants the message (`wants`), gets the frame's report
-(`frame`) and every status round (`status`), adds what it knows to each camera's status
+(`frame`), may show a camera's frames unprocessed while it waits for requests (`previews`,
+`preview`), gets every status round (`status`), adds what it knows to each camera's status
 (`report`), follows a reload (`reload`, which may return a new output or None) and closes.
 Every method but `close` runs on the loop's thread and must never block it. An output that
 listens (a server) lists its addresses (`listening`), which ``edged check`` binds and releases.
@@ -19,9 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from edged.config import Settings
+    from edged.journal import JournalOutput
     from edged.messages import DetectionsMessage, StatusMessage, VerdictMessage
     from edged.pipeline import Processed
     from edged.prometheus import CameraStatus
+    from edged.sources.base import Frame
     from edged.trigger import TriggerServer
 
 
@@ -40,7 +43,8 @@ class FrameReport:
     ``outcome`` is a view into the camera's plan, valid until its next frame: an output that
     keeps anything of it copies it (the evidence writer copies the image it saves). ``message``
     is there when some output asked for it (`Delivery.SHOWN`); ``payload``, ``verdict`` and
-    ``verdict_payload``, the JSON bytes sent, when one asked for `Delivery.SENT`.
+    ``verdict_payload``, the JSON bytes sent, when one asked for `Delivery.SENT`. ``saved`` is what
+    an output kept of the frame, for those after it in `edged.outputs.OUTPUTS` (evidence: the image's path).
     """
 
     camera_id: str
@@ -50,6 +54,7 @@ class FrameReport:
     payload: bytes | None = None
     verdict: VerdictMessage | None = None
     verdict_payload: bytes | None = None
+    saved: dict[str, str] = field(default_factory=dict)
 
     def sent(self, publish_empty: bool) -> bytes | None:
         """The payload an output that skips empty frames unless ``publish_empty`` sends, if any."""
@@ -122,6 +127,15 @@ class Output:
     def frame(self, report: FrameReport) -> None:
         """Every processed frame, with what the outputs' `wants` asked for."""
 
+    def previews(self, camera_id: str) -> bool:
+        """Whether this output would show camera ``camera_id``'s next frame unprocessed (a camera in
+        request mode between requests). No allocation."""
+        return False
+
+    def preview(self, camera_id: str, frame: Frame) -> None:
+        """A frame nobody asked the model about, right after `previews` said yes; ``frame`` is valid
+        only during the call."""
+
     def status(self, reports: Sequence[StatusReport]) -> None:
         """Every camera's status, once per status round."""
 
@@ -131,6 +145,10 @@ class Output:
 
     def carry_requests(self, server: TriggerServer) -> None:
         """Hand ``server`` the inspection requests that arrive through this output (request mode)."""
+
+    def forward_from(self, journal: JournalOutput | None) -> None:
+        """An output that promises delivery sends the verdicts recorded in ``journal`` (None: it is off)
+        rather than those of `frame`, so that none is lost to an outage."""
 
     def reread_secrets(self) -> None:
         """SIGHUP: read key and password files again (raises KeyFileError, keeping the old ones)."""

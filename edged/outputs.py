@@ -14,16 +14,18 @@ from edged.camera import Camera
 from edged.config import Settings
 from edged.evidence import EvidenceOutput
 from edged.http import HttpServer
+from edged.journal import JournalOutput
 from edged.messages import ThermalState, VerdictMessage
 from edged.mqtt import MqttOutput
 from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.pipeline import Processed, verdict_message
 from edged.publish import Publisher
+from edged.sources.base import Frame
 from edged.trigger import Request, TriggerServer
 
 OutputT = TypeVar("OutputT", bound=Output)
 
-OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput)
+OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput, JournalOutput)
 
 
 def listening(settings: Settings) -> list[Endpoint]:
@@ -47,6 +49,7 @@ class Outputs:
                     opened.callback(output.close)
                     self._running[kind] = output
             opened.pop_all()
+        self._forward()
 
     def get(self, kind: type[OutputT]) -> OutputT | None:
         """The running output of ``kind``, if its section configures one."""
@@ -69,6 +72,15 @@ class Outputs:
         for output in self._running.values():
             output.frame(report)
         return report.verdict
+
+    def previews(self, camera_id: str) -> bool:
+        """Some output shows camera ``camera_id``'s next frame unprocessed (`Output.previews`)."""
+        return any(output.previews(camera_id) for output in self._running.values())
+
+    def preview(self, camera_id: str, frame: Frame) -> None:
+        for output in self._running.values():
+            if output.previews(camera_id):
+                output.preview(camera_id, frame)
 
     def status(self, reports: Sequence[StatusReport]) -> None:
         for output in self._running.values():
@@ -97,6 +109,13 @@ class Outputs:
             self._running[kind] = output
             if output is not running and self._server is not None:
                 output.carry_requests(self._server)
+        self._forward()
+
+    def _forward(self) -> None:
+        """Outputs that promise delivery send the verdicts the journal recorded (`Output.forward_from`)."""
+        journal = self.get(JournalOutput)
+        for output in self._running.values():
+            output.forward_from(journal)
 
     def drain(self) -> None:
         for output in self._running.values():

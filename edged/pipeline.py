@@ -23,6 +23,7 @@ from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
 from edged.errors import ConfigError, InferenceError
 from edged.geometry import BoxMap
+from edged.identity import Identity
 from edged.messages import DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
@@ -94,7 +95,8 @@ class Processed:
 
     ``result`` is its task's (`edged.task.TaskResult`; detections today). With ``[inspect]`` the
     detections are the inspected ones (zones applied) and ``verdict_ms`` is capture to verdict;
-    without it ``inspected`` is None.
+    without it ``inspected`` is None. ``decoded`` is every detection the decoder kept, before
+    zones dropped those outside them from ``result``.
     """
 
     frame: Frame
@@ -104,10 +106,22 @@ class Processed:
     age_ms: float
     inspected: Inspected | None = None
     verdict_ms: float = 0.0
+    decoded: Detections | None = None
+
+    @property
+    def labelled(self) -> Detections:
+        """What the frame's dataset label holds: every detection, those outside the zones too (an object
+        the line ignores there is still an object, and a label without it teaches the model it is not)."""
+        return self.decoded if self.decoded is not None else self.result
 
 
-# What a verdict message repeats of its frame's detections message (all of it but ``seq``).
-VERDICT_FIELDS = tuple(name for name in VerdictMessage.model_fields if name not in ("seq", "kind", "schema_version"))
+# What a verdict message repeats of its frame's detections message (all of it but ``seq`` and
+# what says where it came from).
+VERDICT_FIELDS = tuple(
+    name
+    for name in VerdictMessage.model_fields
+    if name not in ("seq", "kind", "schema_version", "model_sha256", "replayed", "board_id", "boot_id", "clock_synced")
+)
 
 # What a model's output can hold that a frame's result is built without: the drop counter each counts
 # under, and what the log says (with the camera, how many values, the frame, and the count so far).
@@ -170,7 +184,7 @@ class FramePath:
             return Processed(frame, plan, detections, times, (time.monotonic_ns() - frame.t_capture_ns) / 1e6)
         inspected = self.inspector(detections, plan.spec.width, plan.spec.height)
         age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
-        return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms)
+        return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms, detections)
 
     def _plan_for(self, frame: Frame) -> FramePipeline | Rejected:
         """The plan for this frame: its size's own when sizes vary, else the camera's current one,
@@ -258,6 +272,7 @@ class FramePath:
             reasons=self.reasons(done),
             verdict_latency_ms=round(done.verdict_ms, 3) if inspected else None,
             part_id=part_id,
+            source_file=done.frame.source_file,
         )
 
     def reasons(self, done: Processed) -> list[Reason]:
@@ -291,7 +306,12 @@ def verdict_message(msg: DetectionsMessage, seq: int) -> VerdictMessage | None:
     """The verdict topic's message for a detections message: its fields of it; None without ``[inspect]``."""
     if msg.verdict is None or msg.verdict_latency_ms is None:
         return None
-    return VerdictMessage(seq=seq, **{name: getattr(msg, name) for name in VERDICT_FIELDS})
+    return VerdictMessage(
+        seq=seq,
+        model_sha256=msg.model.sha256,
+        **Identity.here().fields(),
+        **{name: getattr(msg, name) for name in VERDICT_FIELDS},
+    )
 
 
 def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> FramePath:

@@ -69,6 +69,7 @@ class Metrics:
         yield from _thermal(first)
         yield from _verdicts([(status.camera_id, verdicts) for status, _, verdicts in cameras if verdicts is not None])
         yield from _evidence([status for status, _, _ in cameras])
+        yield from _journal([status for status, _, _ in cameras])
         yield InfoMetricFamily(
             "edged_build",
             "edged's version and the model it runs.",
@@ -201,3 +202,25 @@ def _evidence(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
         limited.add_metric([camera], evidence.rate_limited)
         held.add_metric([camera], evidence.bytes)
     yield from (saved, dropped, errors, limited, held)
+
+
+def _journal(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
+    """Entries per camera; errors and size are the one journal's."""
+    journals = [(status.camera_id, status.journal) for status in statuses if status.journal is not None]
+    if not journals:
+        return
+    per_camera = {
+        "recorded": CounterMetricFamily("edged_journal_recorded", "Entries written to the journal.", labels=["camera"]),
+        "dropped": CounterMetricFamily(
+            "edged_journal_dropped", "Journal entries dropped: the disk fell too far behind.", labels=["camera"]
+        ),
+    }
+    for camera, journal in journals:
+        for name, family in per_camera.items():
+            family.add_metric([camera], getattr(journal, name))
+    board = journals[0][1]
+    yield from per_camera.values()
+    yield CounterMetricFamily(
+        "edged_journal_errors", "Journal writes or retention passes that failed (disk full, read-only).", value=board.errors
+    )
+    yield GaugeMetricFamily("edged_journal_bytes", "Bytes the journal holds, at its last retention pass.", value=board.bytes)

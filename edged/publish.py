@@ -31,9 +31,7 @@ honest subscribers reconnect and subscribe again by themselves.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import socket
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -49,6 +47,7 @@ from edged.keys import load_allowed_clients, load_secret_key
 from edged.listen import Listener, try_bind
 from edged.lograte import LogRate
 from edged.output import Endpoint, MessageKind, MessageOutput, OutputReport, Services
+from edged.settings.endpoints import on_the_network
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -81,18 +80,6 @@ def topics_of(prefix: str, camera_ids: Sequence[str]) -> tuple[bytes, ...]:
     return tuple(topic(prefix, camera) for camera in camera_ids for topic in (detections_topic, status_topic, verdict_topic))
 
 
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        try:  # an interface name or hostname: loopback only if it resolves there
-            return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
-        except (OSError, ValueError):
-            return False
-
-
 def _try_bind(endpoint: str, insecure: bool) -> Callable[[], None]:
     """`Endpoint.bind` of one publish endpoint: refused as `Publisher` refuses it, else bound once."""
     check_exposure(endpoint, insecure)
@@ -101,10 +88,7 @@ def _try_bind(endpoint: str, insecure: bool) -> Callable[[], None]:
 
 def check_exposure(endpoint: str, insecure: bool) -> None:
     """Refuse plaintext tcp on a non-loopback address unless the config says so explicitly."""
-    if not endpoint.startswith("tcp://") or insecure:
-        return
-    host = endpoint[len("tcp://") :].rsplit(":", 1)[0]
-    if not _is_loopback(host):
+    if not insecure and on_the_network(endpoint):
         raise PublishError(
             f"{endpoint} would publish unencrypted detections to the network; bind a loopback "
             "address or ipc://, or set publish.insecure = true to accept that"

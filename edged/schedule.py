@@ -3,7 +3,10 @@
 Of the cameras on no lane whose rate cap allows a frame, those with a request in hand go first,
 then the one served longest ago, so a fast camera cannot starve a slow one. A camera in request
 mode wants a frame only for its request in hand, a reload's trial, or before READY=1 (a frame
-through the model unpublished proves camera and model, and warms the session up).
+through the model unpublished proves camera and model, and warms the session up); between
+requests an output that shows its frames unprocessed (the live view, watched) gets them, so that
+a technician can aim and focus it. Each camera's capture is told why the frames the loop leaves
+are dropped (`drop_cause`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 from edged.camera import Camera
 from edged.lanes import Lanes
+from edged.latest import DropCause
+from edged.outputs import Outputs
 from edged.requests import RequestDesk
 from edged.sources.base import Frame
 from edged.trigger import Request
@@ -33,6 +38,21 @@ def wants_frame(camera: Camera, desk: RequestDesk | None, *, ready: bool, on_tri
     return camera.mode == "free" or request_of(desk, camera) is not None or not ready or on_trial
 
 
+def drop_cause(camera: Camera, desk: RequestDesk | None, now_s: float, *, ready: bool, on_trial: bool) -> DropCause:
+    """Why ``camera``'s frames that the loop leaves now are dropped: it wants none (request mode
+    between requests), its rate cap holds it back, or it is still busy with an earlier frame."""
+    if not wants_frame(camera, desk, ready=ready, on_trial=on_trial):
+        return "not_requested"
+    return "stale_slow" if camera.due(now_s) else "rate_capped"
+
+
+def pause(cameras: Sequence[Camera]) -> None:
+    """Inference is paused (the board is critically hot): what is dropped meanwhile is rate-capped,
+    by a thermal cap of nothing."""
+    for camera in cameras:
+        camera.capture.passing("rate_capped")
+
+
 def idle_s(cameras: Sequence[Camera], desk: RequestDesk | None, busy: Callable[[Camera], bool], at_most_s: float) -> float:
     """How long the loop may wait with nothing to do: until a rate cap lets a camera's frame be
     taken or a request's time is up, at most ``at_most_s``."""
@@ -51,27 +71,34 @@ def hand_out(
     cameras: Sequence[Camera],
     lanes: Lanes,
     desk: RequestDesk | None,
+    outputs: Outputs,
     *,
     ready: bool,
     on_trial: Callable[[Camera], bool],
     try_frame: Callable[[Camera, Frame], None],
 ) -> int:
     """Hand idle ``lanes`` the frames of the cameras that want one, are on no lane and have a frame
-    ready, in `turn_order`; returns how many frames were taken.
+    ready, in `turn_order`, and ``outputs`` that show frames unprocessed those of the cameras that
+    want none; returns how many frames were taken for the model.
 
     A camera in request mode passes over a frame captured before its request arrived (one
     waiting in the latest-frame slot, picamera2's queued one): its capture time, on the monotonic
     clock of the arrival, says so. A reload on trial (``on_trial``) takes its cameras' next frame
     on this thread instead (``try_frame``), after which the cameras may have changed: it is the
-    last frame taken.
+    last frame taken. A camera with a frame on a lane is left alone: taking another would free
+    that frame's slot.
     """
     taken = 0
     now = time.monotonic()
     for camera in turn_order(cameras, desk):
-        if not lanes.idle:
-            break
         trial = on_trial(camera)
-        if lanes.carrying(camera) or not camera.due(now) or not wants_frame(camera, desk, ready=ready, on_trial=trial):
+        if lanes.carrying(camera):
+            continue
+        if not wants_frame(camera, desk, ready=ready, on_trial=trial):
+            if outputs.previews(camera.id) and (frame := camera.take()) is not None:
+                outputs.preview(camera.id, frame)
+            continue
+        if not lanes.idle or not camera.due(now):
             continue
         frame = camera.take()
         if frame is None:
@@ -79,8 +106,11 @@ def hand_out(
         taken += 1
         if trial:
             try_frame(camera, frame)
-            break
+            return taken
         request = request_of(desk, camera)
         if request is None or frame.t_capture_ns > request.arrived_ns:
             lanes.submit(camera, frame)
+    now = time.monotonic()
+    for camera in cameras:
+        camera.capture.passing(drop_cause(camera, desk, now, ready=ready, on_trial=on_trial(camera)))
     return taken

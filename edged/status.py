@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from edged.camera import Camera
 from edged.capture import CaptureStats
+from edged.identity import Identity
 from edged.messages import CaptureReport, ModelInfo, StatusMessage
 from edged.model import LoadedModel
 from edged.output import OutputReport, StatusReport
@@ -36,7 +37,7 @@ class Snapshot:
     def drops(self) -> dict[str, int]:
         """Frames and messages lost, by cause: the loop's, the capture thread's and the outputs'."""
         drops = dict(self.stats.drops)
-        drops["stale"] = self.capture.dropped_stale
+        drops.update(self.capture.dropped.items())
         drops["read_error"] = self.capture.read_errors
         for output in self.outputs:
             drops.update(output.drops)
@@ -70,6 +71,7 @@ class Snapshot:
                 size_changes=self.capture.size_changes,
                 last_error=self.capture.last_error,
             ),
+            **Identity.here().fields(),
             **fields,
         )
 

@@ -4,6 +4,10 @@
 what a PUB socket cannot tell the publisher: messages lost on the way (gaps in ``seq``) and
 payloads it had to reject. Applications can use it directly instead of hand-parsing JSON.
 
+``edged subscribe`` follows the cameras it hears from, and stops (exit 0) once every one of them
+says in its status that its source has ended (a video file or image folder played to its end):
+the daemon stops then, so nothing more would come.
+
 Given `ClientKeys` it speaks CurveZMQ to a publisher that requires it. A refused handshake
 (key not allowed, wrong server key, CURVE on one side only) looks like silence on a SUB socket,
 so the socket's monitor is watched and the reason kept in ``stats.handshake_error``.
@@ -36,6 +40,35 @@ HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "security handshake failed: is --server-key the publisher's "
     "public key, and does it use CURVE?",
 }
+
+
+# Once every camera heard from has ended, how long the stream must bring no other camera before
+# ``edged subscribe`` stops: more than the status interval (1 s by default), so a subscriber that
+# joined between two cameras' status messages hears from the one still running first.
+ENDED_QUIET_S = 2.0
+
+
+@dataclass
+class Cameras:
+    """The cameras a subscriber has heard from and what their last status said of their source."""
+
+    states: dict[str, str] = field(default_factory=dict)
+    all_ended_since: float | None = None
+
+    def heard(self, msg: Message, now: float) -> None:
+        if isinstance(msg, StatusMessage):
+            self.states[msg.camera_id] = msg.source_state
+        else:
+            self.states.setdefault(msg.camera_id, "unknown")
+        all_ended = all(state == "ended" for state in self.states.values())
+        if not all_ended:
+            self.all_ended_since = None
+        elif self.all_ended_since is None:
+            self.all_ended_since = now
+
+    def over(self, now: float) -> bool:
+        """Every camera heard from has ended, and none other has spoken up since."""
+        return self.all_ended_since is not None and now - self.all_ended_since >= ENDED_QUIET_S
 
 
 @dataclass
@@ -180,15 +213,22 @@ def run_subscribe(
 def _print_stream(
     sub: Subscriber, *, stats: bool, raw_json: bool, count: int | None, timeout_s: float | None, out: TextIO
 ) -> int:
-    """Print messages (or, with ``stats``, a summary each second and a last one at the end) until done."""
+    """Print messages (or, with ``stats``, a summary each second and a last one at the end) until done:
+    ``count`` messages, the timeout, or every camera heard from has ended (`Cameras`)."""
     started = last_summary = time.monotonic()
     shown = 0
     told: str | None = None
     code = 0
+    cameras = Cameras()
     while count is None or shown < count:
         if timeout_s is not None and time.monotonic() - started > timeout_s:
             print(f"no more messages within {timeout_s:g} s", file=sys.stderr)
             code = 1 if shown == 0 else 0
+            break
+        if cameras.over(time.monotonic()):
+            print(
+                f"edged subscribe: every camera has ended ({', '.join(cameras.states)}): the stream is over", file=sys.stderr
+            )
             break
         msg = sub.receive(0.5)
         if sub.stats.handshake_error != told:  # say it once; the socket keeps retrying
@@ -199,6 +239,7 @@ def _print_stream(
             _print_summary(sub.stats, out)
         if msg is None:
             continue
+        cameras.heard(msg, time.monotonic())
         shown += 1
         if not stats:
             print(msg.model_dump_json() if raw_json else format_message(msg), file=out, flush=True)

@@ -22,8 +22,10 @@ once per burst.
 
 Security: a tcp endpoint takes the publisher's CURVE server key and allow-list when
 ``publish.curve_*`` are set (the daemon's joins the publisher's context and is served by its
-`edged.publish.Authenticator`; one made alone has its own); without
-keys a non-loopback tcp endpoint is refused unless ``publish.insecure`` says otherwise, as for the stream.
+`edged.publish.Authenticator`; one made alone has its own). Without
+keys, a tcp endpoint other machines can reach is refused when the configuration loads
+(`edged.config.Settings`) unless ``trigger.insecure`` accepts it: anyone there could trigger
+inspections and read their verdicts. ``publish.insecure`` opens the stream only.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from edged.listen import Listener, try_bind
 from edged.messages import TriggerError, TriggerProblem, TriggerRequest, VerdictMessage, parse_message, parse_request
 from edged.mqtt import MqttOutput
 from edged.output import Endpoint
-from edged.publish import Authenticator, check_exposure
+from edged.publish import Authenticator
 from edged.subscribe import format_verdict
 from edged.wake import Wake
 
@@ -111,8 +113,7 @@ class TriggerServer:
     """The ROUTER socket requests arrive on, and per camera in request mode the ordered, bounded
     list of those waiting and the one in hand.
 
-    Raises `PublishError` for an endpoint it cannot bind or may not expose, `KeyFileError` for
-    unusable keys.
+    Raises `PublishError` for an endpoint it cannot bind, `KeyFileError` for unusable keys.
     """
 
     def __init__(
@@ -138,8 +139,6 @@ class TriggerServer:
             if tcp and auth is None:  # before bind: a CURVE peer is only ever let in by it
                 auth = self._own_auth = Authenticator.configured(publish, self._context, " for trigger.endpoint")
             self._auth = auth if tcp else None
-            if self._auth is None:
-                check_exposure(cfg.endpoint, publish.insecure)
         except BaseException:
             if not self._shared:
                 self._context.term()
@@ -164,8 +163,7 @@ class TriggerServer:
         """``trigger.endpoint`` when a camera takes requests: what ``edged check`` binds and releases."""
         if not settings.requesting():
             return []
-        bind = partial(_try_bind, settings.publish, settings.trigger)
-        return [Endpoint("trigger.endpoint", settings.trigger.endpoint, bind)]
+        return [Endpoint("trigger.endpoint", settings.trigger.endpoint, partial(_try_bind, settings.trigger))]
 
     def _keys_revoked(self, revoked: int) -> None:
         """A reload removed keys: the socket is bound afresh, as the publisher's is."""
@@ -331,10 +329,8 @@ class TriggerServer:
             self._context.term()
 
 
-def _try_bind(publish: PublishConfig, cfg: TriggerConfig) -> Callable[[], None]:
-    """`Endpoint.bind` of the trigger endpoint: refused as `TriggerServer` refuses it, else bound once."""
-    if not (cfg.endpoint.startswith("tcp://") and publish.curve_server_key is not None):
-        check_exposure(cfg.endpoint, publish.insecure)
+def _try_bind(cfg: TriggerConfig) -> Callable[[], None]:
+    """`Endpoint.bind` of the trigger endpoint (its exposure is the configuration's to refuse): bound once."""
     return try_bind(cfg.endpoint, "trigger.endpoint", zmq.ROUTER)
 
 
@@ -395,8 +391,10 @@ def run_trigger(
     try:
         request = TriggerRequest(part_id=part_id, camera_id=camera_id)
     except ValidationError as e:
-        option = {"part_id": "--part-id", "camera_id": "--camera"}[str(e.errors()[0]["loc"][0])]
-        raise UsageError(f"{option}: {e.errors()[0]['msg']}") from None
+        problem = e.errors()[0]
+        option = {"part_id": "--part-id", "camera_id": "--camera"}[str(problem["loc"][0])]
+        why = problem["ctx"]["error"] if problem["type"] == "value_error" else problem["msg"]
+        raise UsageError(f"{option}: {why}") from None
     curve = ClientKeys.from_options(server_key, client_key)
     verdict = request_verdict(endpoint, request, timeout_s, curve)
     print(verdict.model_dump_json() if raw_json else format_verdict(verdict), file=out, flush=True)

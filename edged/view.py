@@ -8,6 +8,10 @@ the encoder thread scales it to ``view_width``, draws the detections and encodes
 every viewer is woken to send those same bytes. The encoder never queues: while it works, the
 loop's frames simply are not offered.
 
+A camera in request mode processes no frame between requests; while someone watches, the loop
+offers those frames as previews (no message): shown with the zones and a caption but no boxes, so
+that the camera can be aimed and focused, and the page loads, between triggers.
+
 With ``[inspect]`` the encoder also draws the zones (from the configuration, scaled from fractions
 of the frame to the shown image, with their names), colours each box in a zone with that zone's
 colour, and puts the verdict in a banner across the top: OK green, NG red with its reasons.
@@ -41,7 +45,8 @@ Zones = tuple[tuple[str, np.ndarray], ...]  # (name, (k, 2) points as fractions 
 class LiveView:
     """The annotated latest frame, encoded at most ``fps`` times a second while anyone watches."""
 
-    def __init__(self, fps: float, width: int, quality: int, zones: Mapping[str, Sequence[Point]]) -> None:
+    def __init__(self, camera_id: str, fps: float, width: int, quality: int, zones: Mapping[str, Sequence[Point]]) -> None:
+        self._camera_id = camera_id
         self._interval_s = 1.0 / fps
         self._width = width
         self._params = [cv2.IMWRITE_JPEG_QUALITY, quality]
@@ -52,6 +57,7 @@ class LiveView:
         self._frame: np.ndarray | None = None
         self._order = "bgr"
         self._message: DetectionsMessage | None = None
+        self._shown = (0, 0)  # the frame id and wall-clock capture time of the frame in the buffer
         self._scaled: np.ndarray | None = None
         self._jpeg = b""
         self._seq = 0
@@ -80,14 +86,16 @@ class LiveView:
         """True when a frame offered now would be shown: three reads, no lock, no allocation."""
         return self._viewers > 0 and not self._pending and time.monotonic() >= self._due
 
-    def offer(self, frame: Frame, message: DetectionsMessage) -> None:
-        """Copy ``frame`` for the encoder; call only right after `wants_frame` said yes."""
+    def offer(self, frame: Frame, message: DetectionsMessage | None) -> None:
+        """Copy ``frame`` for the encoder, annotated from ``message`` or, None, a preview; call only
+        right after `wants_frame` said yes."""
         image = frame.image
         if self._frame is None or self._frame.shape != image.shape or self._frame.dtype != image.dtype:
             self._frame = np.empty_like(image)
         np.copyto(self._frame, image)
         with self._cond:
             self._order, self._message, self._pending = frame.channel_order, message, True
+            self._shown = (frame.frame_id, frame.t_wall_ns)
             self._due = time.monotonic() + self._interval_s
             self._cond.notify_all()
 
@@ -133,12 +141,16 @@ class LiveView:
                 self._cond.wait_for(lambda: self._pending or self._closed)
                 if self._closed:
                     return
-                frame, order, message = self._frame, self._order, self._message
-            assert frame is not None and message is not None  # set together by offer
+                frame, order, message, (frame_id, t_wall_ns) = self._frame, self._order, self._message, self._shown
+            assert frame is not None  # set by offer
             image = self._scale(frame, order)
             with self._cond:
                 self._pending = False  # the buffer is free for the loop's next frame
-            draw(image, message, image.shape[1] / frame.shape[1], self._zones)
+            if message is None:
+                draw_zones(image, self._zones)
+                caption(image, self._camera_id, frame_id, t_wall_ns, "  preview: no request")
+            else:
+                draw(image, message, image.shape[1] / frame.shape[1], self._zones)
             ok, encoded = cv2.imencode(".jpg", image, self._params)
             if ok:
                 with self._cond:
@@ -165,14 +177,8 @@ def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zon
     """The zones, then the boxes, labels and scores of ``message`` onto ``image`` (the frame scaled by
     ``scale``), the verdict in a banner across the top, and a caption naming the camera, the frame
     and its capture time, so a frozen view is plain to see."""
-    h, w = image.shape[:2]
-    colour_of: dict[str, tuple[int, int, int]] = {}
-    for i, (name, points) in enumerate(zones):
-        colour = colour_of[name] = ZONE_PALETTE[i % len(ZONE_PALETTE)]
-        corners = np.rint(points * (w - 1, h - 1)).astype(np.int32)
-        cv2.polylines(image, [corners], True, colour, 2, cv2.LINE_AA)
-        x, y = corners.min(axis=0)
-        _label(image, name, (int(x) + 3, int(y) + 3), colour, (0, 0, 0))
+    w = image.shape[1]
+    colour_of = draw_zones(image, zones)
     for d in message.detections:
         colour = colour_of.get(d.zone or "", PALETTE[d.class_id % len(PALETTE)])
         x1, y1, x2, y2 = (round(v * scale) for v in d.box)
@@ -189,11 +195,30 @@ def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zon
         (_, th), base = cv2.getTextSize(text, FONT, 0.6, 2)
         cv2.rectangle(image, (0, 0), (w, th + base + 8), BANNER[message.verdict], cv2.FILLED)
         cv2.putText(image, text, (6, th + 4), FONT, 0.6, (255, 255, 255), 2, cv2.LINE_AA)
-    when = datetime.fromtimestamp(message.capture_time_ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
-    caption = f"{message.camera_id}  frame {message.frame_id}  {when}"
-    (tw, th), base = cv2.getTextSize(caption, FONT, 0.5, 1)
+    caption(image, message.camera_id, message.frame_id, message.capture_time_ns)
+
+
+def draw_zones(image: np.ndarray, zones: Zones) -> dict[str, tuple[int, int, int]]:
+    """Each zone's outline and name onto ``image``; returns the colour of each zone by name."""
+    h, w = image.shape[:2]
+    colour_of: dict[str, tuple[int, int, int]] = {}
+    for i, (name, points) in enumerate(zones):
+        colour = colour_of[name] = ZONE_PALETTE[i % len(ZONE_PALETTE)]
+        corners = np.rint(points * (w - 1, h - 1)).astype(np.int32)
+        cv2.polylines(image, [corners], True, colour, 2, cv2.LINE_AA)
+        x, y = corners.min(axis=0)
+        _label(image, name, (int(x) + 3, int(y) + 3), colour, (0, 0, 0))
+    return colour_of
+
+
+def caption(image: np.ndarray, camera_id: str, frame_id: int, capture_time_ns: int, note: str = "") -> None:
+    """The camera, the frame and its capture time across the bottom left, so a frozen view is plain to see."""
+    h = image.shape[0]
+    when = datetime.fromtimestamp(capture_time_ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
+    text = f"{camera_id}  frame {frame_id}  {when}{note}"
+    (tw, th), base = cv2.getTextSize(text, FONT, 0.5, 1)
     cv2.rectangle(image, (0, h - th - base - 8), (tw + 10, h), (0, 0, 0), cv2.FILLED)
-    cv2.putText(image, caption, (5, h - base - 4), FONT, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
+    cv2.putText(image, text, (5, h - base - 4), FONT, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
 
 
 def _label(

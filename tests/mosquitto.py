@@ -65,13 +65,22 @@ def make_password_file(path: Path, user: str, password: str) -> Path:
 class Broker:
     """Mosquitto on ``port``: anonymous, or with ``password_file``, or TLS; `close` always stops it."""
 
-    def __init__(self, directory: Path, port: int, *, password_file: Path | None = None, tls: Tls | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        port: int,
+        *,
+        password_file: Path | None = None,
+        tls: Tls | None = None,
+        persistent: bool = False,
+    ) -> None:
+        """``persistent``: sessions and their queued messages survive a `stop` and `start` (saved at a clean stop)."""
         self.port = port
         self.log_path = directory / f"mosquitto-{port}.log"
         self.config = directory / f"mosquitto-{port}.conf"
         lines = [
             f"listener {port} 127.0.0.1",
-            "persistence false",
+            f"persistence true\npersistence_location {directory}/" if persistent else "persistence false",
             "user root",  # started as root, Mosquitto would switch to its own user, who cannot read the test's files
             f"allow_anonymous {'false' if password_file else 'true'}",
         ]
@@ -99,6 +108,12 @@ class Broker:
         except OSError:
             return False
         return True
+
+    def stop(self) -> None:
+        """SIGTERM: a clean stop, which saves a persistent broker's sessions."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(20)
 
     def kill(self) -> None:
         """SIGKILL: every connection drops at once, nothing is said to the clients."""

@@ -16,6 +16,7 @@ from onnx_models import colour_probe, nan_probe
 
 from edged.config import PublishConfig, TriggerConfig
 from edged.messages import VerdictMessage, schema_text
+from edged.tools.reference import reference_text
 from edged.trigger import Request, TriggerServer
 
 pytestmark = pytest.mark.integration
@@ -218,6 +219,15 @@ def test_schema_command_prints_the_generated_schema(tmp: Path) -> None:
     assert json.loads(result.stdout)["title"] == "edged messages"
 
 
+def test_config_reference_command_prints_and_writes_the_generated_reference(tmp: Path) -> None:
+    result = run_cli("config-reference")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == reference_text()
+    written = run_cli("config-reference", "--out", str(tmp / "configuration.md"))
+    assert written.returncode == 0 and written.stdout == "", written.stderr
+    assert (tmp / "configuration.md").read_text() == reference_text()
+
+
 def _asked(server: TriggerServer, camera_id: str, proc: subprocess.Popen[str]) -> Request:
     """The request ``proc`` sends, read as the daemon loop reads them."""
     while (request := server.next(camera_id)) is None:
@@ -264,8 +274,17 @@ def test_trigger_asks_for_the_camera_it_is_given(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "--camera: String should match pattern" in refused.stderr, refused.stderr
 
 
+def test_trigger_refuses_a_part_id_with_a_control_or_format_character_before_sending(tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path / 'nobody.sock'}"  # nothing listens: the refusal comes first
+    for part_id, named in (("A\nOK", "U+000A"), ("A-\u202eGN", "U+202E")):
+        refused = run_cli("trigger", endpoint, "--part-id", part_id, "--timeout", "1")
+        assert refused.returncode == 2 and f"--part-id: {named} at character" in refused.stderr, refused.stderr
+        assert part_id not in refused.stderr
+
+
 @pytest.mark.parametrize(
-    "command", ["run", "check", "subscribe", "schema", "thermal", "eval", "keygen", "bench", "quantize", "trigger"]
+    "command",
+    ["run", "check", "subscribe", "schema", "config-reference", "thermal", "eval", "keygen", "bench", "quantize", "trigger"],
 )
 def test_every_command_has_useful_help(command: str) -> None:
     result = run_cli(command, "--help")

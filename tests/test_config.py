@@ -18,6 +18,7 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
     tomllib,
 )
 from edged.errors import ConfigError
+from edged.keys import create_key_pair
 from edged.settings.sources import KINDS, FileSourceConfig, ImagesSourceConfig, SourceBase, SyntheticSourceConfig
 
 CONFIG_DIR = Path(__file__).parent.parent / "config"
@@ -140,6 +141,68 @@ def test_problems_name_their_key(tmp_path: Path, text: str, problem: str) -> Non
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, text))
     assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_a_trigger_endpoint_off_loopback_needs_the_curve_keys_or_its_own_insecure(tmp_path: Path) -> None:
+    # Anyone who reaches it could trigger inspections and read their verdicts: publish.insecure,
+    # which opens the stream, does not open it too.
+    for endpoint in ("tcp://0.0.0.0:5557", "tcp://*:5557", "tcp://[::]:5557", "tcp://192.0.2.7:5557"):
+        trigger = f'[trigger]\nendpoint = "{endpoint}"\n'
+        for text in (trigger, trigger + "[publish]\ninsecure = true\n"):
+            with pytest.raises(ConfigError) as info:
+                load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n' + text))
+            [problem] = info.value.problems
+            assert problem.startswith(f"trigger: Value error, trigger.endpoint {endpoint!r} is not a loopback"), problem
+            assert "set trigger.insecure = true" in problem and "publish.insecure" not in problem, problem
+        opted_in = load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n' + trigger + "insecure = true\n"))
+        assert opted_in.trigger.insecure and opted_in.trigger.endpoint == endpoint
+    for endpoint in ("tcp://127.0.0.1:5557", "tcp://[::1]:5557", "tcp://localhost:5557", "ipc:///run/edged/t.sock"):
+        assert load_config(_write(tmp_path, f'[model]\npath = "m.onnx"\n[trigger]\nendpoint = "{endpoint}"\n'))
+    create_key_pair(tmp_path, "server")
+    (tmp_path / "clients").mkdir()
+    keys = '[publish]\ncurve_server_key = "server.key_secret"\ncurve_clients_dir = "clients"\n'
+    secured = '[model]\npath = "m.onnx"\n[trigger]\nendpoint = "tcp://0.0.0.0:5557"\n' + keys
+    assert not load_config(_write(tmp_path, secured)).trigger.insecure
+
+
+def test_an_ipc_socket_folder_is_made_only_under_the_runtime_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # edged running as root made /nonexistent/dir for ipc:///nonexistent/dir/t.sock.
+    runtime = tmp_path / "run"
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(runtime))
+    missing = tmp_path / "nonexistent" / "dir"
+    refused = (
+        f'[model]\npath = "m.onnx"\n[publish]\nendpoints = ["ipc://{missing}/d.sock"]\n'
+        f'[trigger]\nmode = "request"\nendpoint = "ipc://{missing}/t.sock"\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, refused))
+    why = f"the folder {missing} does not exist, and edged makes folders only under its runtime directory ({runtime})"
+    assert info.value.problems == [
+        f"publish.endpoints: ipc://{missing}/d.sock: {why}: create it, or put the socket there",
+        f"trigger.endpoint: ipc://{missing}/t.sock: {why}: create it, or put the socket there",
+    ]
+    assert not (tmp_path / "nonexistent").exists()
+    free_running = refused.replace('mode = "request"', 'mode = "free"')  # nothing binds trigger.endpoint then
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, free_running))
+    assert [p.split(":")[0] for p in info.value.problems] == ["publish.endpoints"]
+    escaping = f'[model]\npath = "m.onnx"\n[publish]\nendpoints = ["ipc://{runtime}/../elsewhere/d.sock"]\n'
+    with pytest.raises(ConfigError, match="elsewhere does not exist"):
+        load_config(_write(tmp_path, escaping))
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ConfigError, match="a-file is not a folder"):
+        load_config(
+            _write(tmp_path, f'[model]\npath = "m.onnx"\n[publish]\nendpoints = ["ipc://{tmp_path}/a-file/d.sock"]\n')
+        )
+    with pytest.raises(ConfigError, match="a path cannot hold a NUL character"):
+        load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n[publish]\nendpoints = ["ipc:///run/a\\u0000b/d.sock"]\n'))
+    ours = refused.replace(str(missing), str(runtime / "line3"))
+    assert load_config(_write(tmp_path, ours)).trigger.endpoint == f"ipc://{runtime}/line3/t.sock"
+    assert not runtime.exists()  # made when the socket is bound, not when the settings load
+    monkeypatch.delenv("RUNTIME_DIRECTORY")
+    assert load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n'))  # /run/edged: the default's, edged's own
 
 
 @pytest.mark.parametrize(

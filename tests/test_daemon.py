@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pytest
 import zmq
-from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config, write_video
+from daemon import Message, RunningDaemon, free_port, rss_kb, run_cli, write_config, write_video
 from jsonschema import Draft202012Validator
 from onnx_models import LABELS, colour_probe, failing_probe, nan_probe
 from waiting import wait_for
@@ -25,7 +25,7 @@ from waiting import wait_for
 import edged
 from edged.capture import LOW_NICENESS
 from edged.keys import ClientKeys, create_key_pair
-from edged.messages import DetectionsMessage, StatusMessage
+from edged.messages import DetectionsMessage, StatusMessage, parse_message
 from edged.subscribe import Subscriber
 
 pytestmark = pytest.mark.integration
@@ -116,6 +116,21 @@ def test_published_messages_validate_against_the_committed_schema(daemon: Runnin
         assert validator.is_valid({**doc, "field_of_a_later_release": 1}), kind
     assert payloads["detections"]["capture_time_ms"] == payloads["detections"]["capture_time_ns"] / 1e6
     assert payloads["status"]["time_ms"] == payloads["status"]["time_ns"] / 1e6
+
+
+def test_frames_the_rate_cap_holds_back_count_as_rate_capped_not_as_stale(workdir: Path) -> None:
+    path, endpoint = config(workdir, service={"max_fps": 2.0})  # a 20 fps file
+    d = RunningDaemon(path, endpoint)
+    try:
+        status = d.wait_status(lambda s: s.drops.get("rate_capped", 0) >= 20)
+    finally:
+        d.close()
+    assert status.drops["not_requested"] == 0 and "stale" not in status.drops
+    assert status.capture is not None
+    assert (
+        status.drops["rate_capped"] + status.drops["stale_slow"]
+        >= status.capture.frames_captured - status.frames_processed - 2
+    )
 
 
 def test_sigterm_stops_cleanly_within_two_seconds(daemon: RunningDaemon) -> None:
@@ -235,6 +250,18 @@ def test_a_file_that_ends_without_loop_stops_the_daemon_with_success(workdir: Pa
         d.close()
 
 
+def until_exit(d: RunningDaemon, timeout: float) -> list[Message]:
+    """Every message the daemon publishes until it exits by itself, and those still on their way."""
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if d.sub.poll(500):
+            got.append(parse_message(d.sub.recv_multipart()[1]))
+        elif d.proc.poll() is not None:
+            return got
+    raise AssertionError(f"edged did not exit within {timeout} s:\n{d.log()}")
+
+
 def _image_folder(folder: Path, sizes: list[tuple[int, int]], colours: list[tuple[int, int, int]] | None = None) -> None:
     folder.mkdir()
     for i, (w, h) in enumerate(sizes):
@@ -266,6 +293,34 @@ def test_a_mixed_size_image_folder_publishes_every_frame_with_boxes_in_its_own_s
         assert "re-planning" not in d.log() and "rejected" not in d.log()
     finally:
         d.close()
+
+
+def test_an_unpaced_image_folder_publishes_every_image_once_by_its_file_name_then_ends(workdir: Path) -> None:
+    """``pace = false``: each image is read only once the model has taken the one before, so none is
+    dropped however busy the cores are, and each message names its file.
+
+    The folder appears only once the subscriber hears the daemon (a status message); until then the
+    camera cannot open, so nothing is published before anyone listens.
+    """
+    names = [f"part{i:02d}.png" for i in range(24)]
+    staging = workdir / "staging"
+    staging.mkdir()
+    for i, name in enumerate(names):
+        cv2.imwrite(str(staging / name), np.full((96, 128, 3), RED if i % 2 == 0 else BLUE, np.uint8))
+    source = {"type": "images", "path": "imgs", "pace": False, "loop": False, "fps": 1.0}
+    path, endpoint = config(workdir, source, publish={"publish_empty": True})
+    with cpu_load():
+        d = RunningDaemon(path, endpoint)
+        try:
+            d.wait_status(lambda s: s.source_state in ("starting", "lost"))
+            staging.rename(workdir / "imgs")
+            got = [m for m in until_exit(d, 60) if isinstance(m, DetectionsMessage)]
+            assert d.proc.wait(10) == 0, d.log()
+        finally:
+            d.close()
+    assert [m.source_file for m in got] == names, d.log()
+    assert [m.seq for m in got] == list(range(len(names)))
+    assert [m.detections[0].label for m in got] == [LABELS[i % 2] for i in range(len(names))]
 
 
 def test_sighup_applies_a_good_config_and_keeps_running_on_a_bad_one(workdir: Path) -> None:

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from daemon import RunningDaemon, free_port, write_config
 from filesystems import read_only_folder, tmpfs
-from onnx_models import colour_probe
+from onnx_models import LABELS, colour_probe
 
 from edged.decode import Detections
-from edged.evidence import EvidenceFrame, EvidenceStore
+from edged.evidence import DATASET_FILES, EvidenceFrame, EvidenceStore
 from edged.messages import DetectionsMessage, StatusMessage, parse_message
 from edged.tools.evaluate import folder_samples
 
@@ -87,10 +87,10 @@ def disk_bytes(folder: Path) -> int:
 
 
 def assert_no_half_sets(folder: Path) -> None:
-    """No temp file, and every label and message beside an image of its own."""
+    """No temp file, and every label and message beside an image of its own (beside the dataset's files)."""
     images = {p.stem for p in folder.rglob("images/*")}
     for path in folder.rglob("*"):
-        if path.is_file():
+        if path.is_file() and path.name not in DATASET_FILES:
             assert not path.name.endswith(".tmp"), path
             assert path.stem in images, path
 
@@ -130,6 +130,55 @@ def test_frames_with_detections_are_saved_as_images_labels_and_messages(workdir:
     assert_no_half_sets(workdir / "evidence")
 
 
+def test_the_folder_is_a_dataset_whose_labels_hold_the_detections_outside_the_zones_too(workdir: Path) -> None:
+    path, endpoint = configure(workdir, {"save": "all", "max_per_minute": 0})
+    with path.open("a") as config:  # a zone on the right; the probe's box is left of it
+        config.write('[inspect]\noutside_zones = "drop"\nzones = { right = [[0.8, 0], [1, 0], [1, 1], [0.8, 1]] }\n')
+    d = RunningDaemon(path, endpoint)
+    try:
+        d.wait_status(lambda s: evidence_of(s)[0] >= IMAGES)
+        assert d.stop() == 0
+    finally:
+        d.close()
+    folder = workdir / "evidence" / "cam0"
+    data = (folder / "data.yaml").read_text()
+    assert [line for line in data.splitlines() if not line.startswith("#")] == [
+        'train: "."',
+        'val: "."',
+        "nc: 2",
+        "names:",
+        *(f'  {i}: "{name}"' for i, name in enumerate(LABELS)),
+    ]
+    assert (folder / "classes.txt").read_text() == "".join(f"{name}\n" for name in LABELS)
+    red = 0
+    for image_path in sets(folder):
+        message = parse_message((image_path.parent.parent / "messages" / f"{image_path.stem}.json").read_bytes())
+        assert isinstance(message, DetectionsMessage) and message.detections == []  # outside the zone: not published
+        label = (image_path.parent.parent / "labels" / f"{image_path.stem}.txt").read_text()
+        if message.frame_id % 2 == 0:
+            red += 1
+            assert label == "0 0.500000 0.333333 0.250000 0.250000\n"  # PROBE_BOX in a 128x96 frame
+        else:
+            assert label == ""
+    assert red >= IMAGES // 2
+
+
+def test_an_unpaced_folder_names_each_saved_frame_s_image_file_in_its_message(workdir: Path) -> None:
+    path, endpoint = configure(workdir, {"save": "all", "max_per_minute": 0})
+    path.write_text(path.read_text().replace("fps = 20.0", "fps = 20.0\npace = false\nloop = false"))
+    d = RunningDaemon(path, endpoint)
+    try:
+        assert d.proc.wait(30) == 0, d.log()  # every image once, then the source ends
+    finally:
+        d.close()
+    saved = sets(workdir / "evidence")
+    assert saved
+    for image_path in saved:
+        message = parse_message((image_path.parent.parent / "messages" / f"{image_path.stem}.json").read_bytes())
+        assert isinstance(message, DetectionsMessage)
+        assert message.source_file == f"{message.frame_id:03d}.png"  # frame i is the folder's image i
+
+
 def test_save_all_keeps_empty_frames_too_with_a_message_only_where_one_was_published(workdir: Path) -> None:
     d = start(workdir, {"save": "all", "max_per_minute": 0}, publish={"publish_empty": False})
     try:
@@ -153,7 +202,10 @@ def prefill(folder: Path, count: int, *, t0_ns: int, age_days: float) -> list[st
         image = noise(i)
         label = Detections(np.array([PROBE_BOX], np.float32), np.array([0.9], np.float32), np.zeros(1, np.int32))
         store.save(
-            EvidenceFrame("cam0", i, t0_ns + i * 10**9, image, "bgr", label.dataset_label(*image.shape[1::-1]), b"{}"), 95
+            EvidenceFrame(
+                "cam0", i, t0_ns + i * 10**9, image, "bgr", label.dataset_label(*image.shape[1::-1]), b"{}", LABELS
+            ),
+            95,
         )
     stems = [p.stem for p in sets(folder)][-count:]
     when = time.time() - age_days * 86400
@@ -183,7 +235,7 @@ def test_a_folder_over_its_quota_or_age_is_pruned_at_start_up_oldest_first(workd
     d = start(workdir, {"max_bytes": int(each * 3.5), "max_age_days": 30}, images="imgs/001.png")
     try:
         kept = sorted(recent[-3:] * 3)  # image, label and message of each of the newest three
-        assert wait_until(lambda: sorted(p.stem for p in folder.rglob("*") if p.is_file()) == kept, d)
+        assert wait_until(lambda: sorted(p.stem for p in folder.rglob("*/*/*/*") if p.is_file()) == kept, d)
         on_disk = disk_bytes(folder)
         assert on_disk <= each * 3.5
         status = d.wait_status(lambda s: s.evidence is not None and s.evidence.bytes == on_disk)  # the running total

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -75,8 +76,9 @@ def test_demo_model_finds_the_generated_defects_on_most_frames(tmp_path: Path) -
     assert any(m.detections for m in messages)
 
 
-def _demo_tree(tmp_path: Path, port: int) -> Path:
-    """The repository's demo script and config on ``port``, beside the models, in a tree of its own.
+def _demo_tree(tmp_path: Path, port: int, http_port: int | None = None) -> Path:
+    """The repository's demo script and config on ``port`` (and its live view on ``http_port``, a
+    free one by default), beside the models, in a tree of its own.
 
     ``scripts/setup`` installs Debian packages and the virtualenv, which are in place here: its
     stand-in does nothing, and ``.venv/bin/edged`` is this interpreter running edged.
@@ -86,13 +88,15 @@ def _demo_tree(tmp_path: Path, port: int) -> Path:
     (root / "config").mkdir()
     (root / ".venv" / "bin").mkdir(parents=True)
     (root / "models").symlink_to(ROOT / "models")
-    endpoint = "127.0.0.1:5556"
+    ports = {"127.0.0.1:5556": f"127.0.0.1:{port}", "127.0.0.1:8080": f"127.0.0.1:{http_port or free_port()}"}
     config = (ROOT / "config" / "demo.toml").read_text()
-    (root / "config" / "demo.toml").write_text(config.replace(endpoint, f"127.0.0.1:{port}"))
     script = (ROOT / "scripts" / "demo").read_text()
-    assert endpoint in config and endpoint in script
+    for default, used in ports.items():
+        assert default in config and default in script
+        config, script = config.replace(default, used), script.replace(default, used)
+    (root / "config" / "demo.toml").write_text(config)
     executables = {
-        root / "scripts" / "demo": script.replace(endpoint, f"127.0.0.1:{port}"),
+        root / "scripts" / "demo": script,
         root / "scripts" / "setup": "#!/bin/sh\n",
         root / ".venv" / "bin" / "edged": f'#!/bin/sh\nexec {sys.executable} -m edged "$@"\n',
     }
@@ -124,12 +128,14 @@ def _alive(pid: int) -> bool:
 
 
 class Demo:
-    """``scripts/demo`` as a user runs it, its output in a file."""
+    """``scripts/demo`` as a user runs it, its output in a file (its stderr in another with ``apart``)."""
 
-    def __init__(self, root: Path, tmp_path: Path) -> None:
+    def __init__(self, root: Path, tmp_path: Path, *, apart: bool = False) -> None:
         self.output = tmp_path / "demo.out"
-        with self.output.open("w") as out:
-            self.proc = subprocess.Popen([str(root / "scripts" / "demo")], stdout=out, stderr=subprocess.STDOUT)
+        self.errors = tmp_path / "demo.err"
+        with self.output.open("w") as out, self.errors.open("w") as err:
+            stderr = err if apart else subprocess.STDOUT
+            self.proc = subprocess.Popen([str(root / "scripts" / "demo")], stdout=out, stderr=stderr)
 
     def text(self) -> str:
         return self.output.read_text()
@@ -140,6 +146,22 @@ class Demo:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+def test_the_demo_says_on_stdout_where_its_live_view_is_once_the_daemon_listens(tmp_path: Path) -> None:
+    http_port = free_port()
+    demo = Demo(_demo_tree(tmp_path, free_port(), http_port), tmp_path, apart=True)
+    url = f"http://127.0.0.1:{http_port}/"
+    try:
+        assert wait_for(lambda: url in demo.text(), timeout_s=90), (demo.text(), demo.errors.read_text())
+        assert f"demo: the live view is at {url} (open it in a browser" in demo.text()
+        with urllib.request.urlopen(url, timeout=30) as answer:  # said once it listens
+            assert answer.status == 200
+        assert wait_for(lambda: "detection(s)" in demo.text(), timeout_s=90), demo.text()
+        assert demo.text().index(url) < demo.text().index("detection(s)")  # before the detections scroll
+        assert "demo: the live view" not in demo.errors.read_text()
+    finally:
+        demo.close()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])

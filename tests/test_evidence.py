@@ -36,6 +36,7 @@ from edged.sources.base import Frame
 from edged.tools.evaluate import folder_samples, label_path, read_yolo_labels
 
 T0_NS = 1_796_000_000_000_000_000  # 2026-11-30 00:53:20 UTC
+NAMES = ("scratch", "dent", "2026-12-03", 'say "no"')  # a date-like and a quoted name: both must stay strings
 DAY_NS = 86400 * 10**9
 
 
@@ -55,7 +56,7 @@ def frame(
     if detections is None:
         detections = detected((1, (10.0, 20.0, 50.0, 60.0)))
     label = detections.dataset_label(w, h)
-    return EvidenceFrame("cam0", frame_id, t_ns + frame_id * 10**6, image, order, label, message)
+    return EvidenceFrame("cam0", frame_id, t_ns + frame_id * 10**6, image, order, label, message, NAMES)
 
 
 def detected(*found: tuple[int, tuple[float, float, float, float]]) -> Detections:
@@ -104,7 +105,42 @@ def test_stems_sort_by_capture_time_within_a_day_folder_named_in_utc() -> None:
     assert later == sorted(later)
 
 
+def test_a_requests_part_id_ends_the_stem_as_a_safe_file_name() -> None:
+    assert day_and_stem("cam0", T0_NS, 42, "A-1017")[1] == "cam0_20261130T005320000_42_A-1017"
+    assert day_and_stem("cam0", T0_NS, 42, "../x/y z")[1] == "cam0_20261130T005320000_42_.._x_y_z"
+    assert len(day_and_stem("cam0", T0_NS, 42, "P" * 128)[1]) == len("cam0_20261130T005320000_42_") + 64
+    assert day_and_stem("cam0", T0_NS, 42, "")[1] == day_and_stem("cam0", T0_NS, 42)[1]
+
+
 # ---- the files ----------------------------------------------------------------------------------
+
+
+def test_the_camera_folder_is_a_ready_dataset_with_the_model_s_class_names_in_order(tmp_path: Path) -> None:
+    store = EvidenceStore(tmp_path / "ev", "cam0", 10**9, 30)
+    store.open()
+    store.save(frame(1), 95)
+    folder = tmp_path / "ev" / "cam0"
+    data = (folder / "data.yaml").read_text()
+    settings = [line for line in data.splitlines() if not line.startswith("#")]
+    assert settings == [
+        'train: "."',
+        'val: "."',
+        "nc: 4",
+        "names:",
+        '  0: "scratch"',
+        '  1: "dent"',
+        '  2: "2026-12-03"',
+        '  3: "say \\"no\\""',
+    ]
+    assert (folder / "classes.txt").read_text() == 'scratch\ndent\n2026-12-03\nsay "no"\n'
+    assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+    renamed = EvidenceFrame("cam0", 2, T0_NS, frame(2).image, "bgr", "", None, ("a", "b"))
+    store.save(renamed, 95)  # a reload with another model: its names replace the old ones
+    assert (folder / "classes.txt").read_text() == "a\nb\n" and '  1: "b"' in (folder / "data.yaml").read_text()
+    assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+    reopened = EvidenceStore(tmp_path / "ev", "cam0", 10**9, 30)
+    reopened.open()
+    assert reopened.total_bytes == store.total_bytes
 
 
 def test_a_saved_frame_is_a_jpeg_a_yolo_label_and_the_message(tmp_path: Path) -> None:
@@ -140,7 +176,7 @@ def test_an_rgb_frame_is_saved_in_its_true_colours_and_an_unpublished_one_withou
     [jpg] = list(tmp_path.rglob("*.jpg"))
     assert np.abs(cv2.imread(str(jpg)).astype(int) - (200, 20, 10)).max() <= 3  # BGR on disk
     assert not list(tmp_path.rglob("*.json"))
-    assert [p.read_text() for p in tmp_path.rglob("*.txt")] == [""]  # a negative for training
+    assert [p.read_text() for p in tmp_path.rglob("labels/*.txt")] == [""]  # a negative for training
 
 
 def test_write_atomic_replaces_whole_or_leaves_no_temp_file(tmp_path: Path) -> None:
@@ -159,7 +195,7 @@ def test_start_up_removes_half_written_sets_and_temp_files(tmp_path: Path) -> No
     store.open()
     store.save(frame(1), 95)
     store.save(frame(2), 95)
-    day = next((tmp_path / "cam0").iterdir())
+    day = next(p for p in (tmp_path / "cam0").iterdir() if p.is_dir())
     # A power cut after the label and message of a third frame, and in the middle of a fourth.
     (day / "labels" / "cam0_x_3.txt").write_text("0 0.5 0.5 0.1 0.1\n")
     (day / "messages" / "cam0_x_3.json").write_text("{}")
@@ -189,7 +225,8 @@ def test_the_quota_deletes_the_oldest_frames_first_from_a_running_total(tmp_path
         assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
     expected = [day_and_stem("cam0", T0_NS + (i // 3) * DAY_NS + i * 10**6, i)[1] for i in (6, 7, 8)]
     assert saved_sets(tmp_path) == expected
-    assert sorted(p.name for p in (tmp_path / "cam0").iterdir()) == ["2026-12-02"]  # emptied days removed
+    # Emptied days removed; the dataset's description stays.
+    assert sorted(p.name for p in (tmp_path / "cam0").iterdir()) == ["2026-12-02", "classes.txt", "data.yaml"]
 
 
 def test_a_folder_left_over_the_quota_is_pruned_at_start_up(tmp_path: Path) -> None:
@@ -217,7 +254,8 @@ def test_frames_older_than_max_age_are_deleted_at_start_up_and_after_saves(tmp_p
     reopened.open()
     assert [s.rsplit("_", 1)[1] for s in saved_sets(tmp_path)] == ["2", "3"]
     assert reopened.prune(now + 31 * 86400) == 2  # a month later, on the writer's idle wake
-    assert saved_sets(tmp_path) == [] and reopened.total_bytes == 0
+    assert saved_sets(tmp_path) == []
+    assert reopened.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))  # data.yaml, classes.txt
 
 
 # ---- the writer -------------------------------------------------------------------------------
@@ -258,16 +296,16 @@ def test_a_frame_is_copied_only_when_it_is_evidence_and_then_once(tmp_path: Path
     spot = Detections(np.array([[10, 20, 50, 60]], np.float32), np.array([0.8], np.float32), np.array([1], np.int32))
     with counter.counting():
         before = counter.buffers
-        w.offer(captured, nothing, None, b"{}")
+        w.offer(captured, nothing, None, b"{}", names=NAMES)
         assert counter.buffers == before  # not evidence: the loop copies nothing
-        w.offer(captured, spot, None, b"{}")
+        w.offer(captured, spot, None, b"{}", names=NAMES)
         assert counter.buffers == before + 1  # evidence: the frame, copied once
     captured.image[:] = 0  # the capture slot is reused by the next frame
     w.start()
     w.stop(timeout_s=10)
     [jpg] = list(tmp_path.rglob("*.jpg"))
     assert w.saved == 1 and np.abs(cv2.imread(str(jpg)).astype(int) - 50).max() <= 2
-    assert [p.read_text() for p in tmp_path.rglob("*.txt")] == ["1 0.234375 0.416667 0.312500 0.416667\n"]
+    assert [p.read_text() for p in tmp_path.rglob("labels/*.txt")] == ["1 0.234375 0.416667 0.312500 0.416667\n"]
 
 
 def test_under_ng_near_a_near_miss_alone_keeps_a_frame_whose_labels_are_its_detections(tmp_path: Path) -> None:
@@ -275,12 +313,12 @@ def test_under_ng_near_a_near_miss_alone_keeps_a_frame_whose_labels_are_its_dete
     captured = Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr")
     nothing = Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32))
     near = Detections(np.array([[10, 20, 50, 60]], np.float32), np.array([0.2], np.float32), np.array([1], np.int32))
-    w.offer(captured, nothing, "ok", b"{}")
-    w.offer(captured, Detections(nothing.xyxy, nothing.scores, nothing.class_ids, near=near), "ok", b"{}")
+    w.offer(captured, nothing, "ok", b"{}", names=NAMES)
+    w.offer(captured, Detections(nothing.xyxy, nothing.scores, nothing.class_ids, near=near), "ok", b"{}", names=NAMES)
     w.start()
     w.stop(timeout_s=10)
     assert w.saved == 1 and len(saved_sets(tmp_path)) == 1
-    assert [p.read_text() for p in tmp_path.rglob("*.txt")] == [""]  # the near miss is no label
+    assert [p.read_text() for p in tmp_path.rglob("labels/*.txt")] == [""]  # the near miss is no label
 
 
 def test_the_rate_limit_counts_the_frames_it_refuses(tmp_path: Path) -> None:
@@ -329,13 +367,15 @@ def test_a_read_only_or_missing_folder_is_logged_once_per_burst_and_counted(
 def test_the_folder_defaults_to_the_state_directory_and_a_relative_one_is_beside_the_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/edged/cam3")
-    assert default_dir() == Path("/var/lib/edged/cam3/evidence")
+    state = tmp_path / "state" / "cam3"
+    state.mkdir(parents=True)
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    assert default_dir() == state / "evidence"
     (tmp_path / "m.onnx").write_bytes(b"x")
     config = tmp_path / "edged.toml"
     config.write_text('[model]\npath = "m.onnx"\n[evidence]\nsave = "all"\n')
     settings = load_config(config)
-    assert settings.evidence is not None and settings.evidence.dir == Path("/var/lib/edged/cam3/evidence")
+    assert settings.evidence is not None and settings.evidence.dir == state / "evidence"
     monkeypatch.delenv("STATE_DIRECTORY")
     monkeypatch.chdir("/")
     # Outside systemd there is no state directory: beside the configuration file, not where edged was started.
@@ -427,7 +467,7 @@ def test_a_reload_that_changes_a_cameras_evidence_keys_keeps_its_counters(tmp_pa
     assert output is not None
     try:
         first = output.writers["cam0"]
-        first.offer(Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr"), detected(), None, b"{}")
+        first.offer(Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr"), detected(), None, b"{}", names=NAMES)
         assert wait_for(lambda: first.saved == 1, timeout_s=10)
         assert output.reload(settings(30), services) is output
         second = output.writers["cam0"]

@@ -24,7 +24,7 @@ def _capture(state: CaptureState = "ok", *, alive: bool = True, last_progress_ns
         state=state,
         frames_captured=0,
         frames_decoded=0,
-        dropped_stale=0,
+        dropped={},
         read_errors=0,
         reconnects=0,
         size_changes=0,

@@ -18,6 +18,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import zmq
 from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config, write_video
 from onnx_models import colour_probe, fixed_scene
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,7 +26,7 @@ from prometheus_client.samples import Sample
 from waiting import wait_for
 
 from edged.http import REQUEST_TIMEOUT_S, HttpServer
-from edged.messages import DetectionsMessage, StatusMessage
+from edged.messages import DetectionsMessage, StatusMessage, VerdictMessage, parse_message
 from edged.settings.http import MAX_CONNECTIONS, HttpConfig
 from edged.stats import VERDICTS_KEPT
 from edged.view import BANNER, PALETTE, ZONE_PALETTE
@@ -167,7 +168,9 @@ def test_metrics_pass_promtool_and_move_as_frames_flow(served: tuple[RunningDaem
         assert re.search(rf"^{name}[{{ ]", text, re.M), name
     assert "_created" not in text
     assert metric_value(text, "edged_source_up") == 1.0
-    assert {"stale", "read_error"} <= {s.labels["reason"] for s in samples(text, "edged_frames_dropped_total")}
+    assert {"stale_slow", "rate_capped", "not_requested", "read_error"} <= {
+        s.labels["reason"] for s in samples(text, "edged_frames_dropped_total")
+    }
     [info] = [s.labels for s in samples(text, "edged_build_info")]
     model = d.collect("detections", 1)[0].model
     assert (info["model_sha256"], info["provider"]) == (model.sha256, model.provider)
@@ -353,6 +356,60 @@ def test_headless_chromium_renders_the_page_with_the_live_image_the_fps_and_the_
         SCREENSHOT.parent.mkdir(exist_ok=True)
         small = cv2.resize(image, (800, 512), interpolation=cv2.INTER_AREA)  # small enough to commit
         cv2.imwrite(str(SCREENSHOT), small, [cv2.IMWRITE_PNG_COMPRESSION, 9])
+
+
+def test_in_request_mode_a_viewer_sees_an_unannotated_preview_between_requests(tmp_path: Path) -> None:
+    """Between requests nothing runs through the model, yet the stream shows the camera (no boxes)
+    at view_fps; the frames nobody asked for count as not requested."""
+    colour_probe(tmp_path / "probe.onnx")
+    (tmp_path / "imgs").mkdir()
+    cv2.imwrite(str(tmp_path / "imgs" / "part.png"), np.full((240, 320, 3), COLOUR, np.uint8))
+    trigger = f"tcp://127.0.0.1:{free_port()}"
+    path, endpoint, port = _config(
+        tmp_path,
+        http={"view_fps": 10.0},
+        source={"type": "images", "path": "imgs", "fps": 20.0},
+        trigger={"mode": "request", "endpoint": trigger, "timeout_s": 10.0},
+    )
+    d = RunningDaemon(path, endpoint)
+    context = zmq.Context()
+    stream = None
+    try:
+        assert serving(port), d.log()
+        stream = Stream(port)
+        before = [decode(stream.next_jpeg()) for _ in range(3)]
+        request = context.socket(zmq.REQ)
+        request.setsockopt(zmq.LINGER, 0)
+        request.connect(trigger)
+        request.send(b'{"part_id": "P-1"}')
+        assert request.poll(20_000), d.log()
+        assert isinstance(parse_message(request.recv()), VerdictMessage)
+        after = [decode(stream.next_jpeg()) for _ in range(6)]  # the request's annotated frame, then previews
+        status = d.wait_status(lambda s: s.frames_processed >= 1)
+        chromium = shutil.which("chromium")
+        assert chromium, "Debian's chromium is needed (scripts/setup test installs it)"
+        png = tmp_path / "page.png"
+        args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--timeout=5000"]
+        shot = subprocess.run(
+            [*args, "--window-size=1000,640", f"--screenshot={png}", f"http://127.0.0.1:{port}/"],
+            capture_output=True,
+            timeout=60,
+        )
+        assert png.is_file(), shot.stderr.decode()[-2000:]
+    finally:
+        if stream is not None:
+            stream.close()
+        context.destroy(linger=0)
+        d.close()
+    for image in [*before, after[-1]]:
+        assert image.shape == (240, 320, 3)
+        # Where the probe's box (120,50)-(200,110) would be drawn: the bare image, no outline, no label.
+        assert np.abs(image[40:120, 110:210].astype(np.int32) - COLOUR).max() < 24
+    assert status.drops["not_requested"] > 0 and status.drops["rate_capped"] == 0, status.drops
+    assert "stale" not in status.drops
+    page = cv2.imread(str(png))
+    shown = page[150:300, 100:500].reshape(-1, 3).mean(axis=0)
+    assert np.abs(shown - COLOUR).max() < 15, shown  # the page shows the camera (its background is #16181c)
 
 
 def test_off_loopback_a_token_is_required_and_checked(tmp_path: Path) -> None:

@@ -55,6 +55,34 @@ def test_a_frame_handed_over_is_taken_once_with_its_id_times_and_channel_order()
     assert ring.take(timeout_s=0) is None
 
 
+def test_a_producer_keeping_every_frame_waits_until_the_one_waiting_is_taken() -> None:
+    ring = LatestFrame()
+    assert ring.taken(0)  # nothing waiting
+    deliver(ring, 1)
+    assert not ring.taken(0)
+    waited = threading.Thread(target=ring.taken, args=(30,))
+    waited.start()
+    assert taken(ring).frame_id == 0
+    waited.join(30)
+    assert not waited.is_alive()
+    deliver(ring, 2)
+    ring.close()
+    assert ring.taken(30)  # closed: nothing more will be taken, so nothing is waited for
+
+
+def test_a_frame_dropped_counts_under_the_cause_the_consumer_last_gave() -> None:
+    ring = LatestFrame()
+    deliver(ring, 1)
+    deliver(ring, 2)  # nothing said yet: the consumer is taken to be busy
+    ring.passing("rate_capped")
+    deliver(ring, 3)
+    deliver(ring, 4)
+    ring.passing("not_requested")
+    deliver(ring, 5)
+    ring.skip()  # a frame left undecoded, and the one waiting with it
+    assert ring.counts().dropped == {"stale_slow": 1, "rate_capped": 2, "not_requested": 3}
+
+
 def test_a_new_frame_replaces_one_not_taken_and_counts_it_stale() -> None:
     ring = LatestFrame()
     deliver(ring, 1)
@@ -62,7 +90,7 @@ def test_a_new_frame_replaces_one_not_taken_and_counts_it_stale() -> None:
     frame = taken(ring)
     assert frame.frame_id == 1 and int(frame.image[0, 0, 0]) == 2
     counts = ring.counts()
-    assert (counts.frames_captured, counts.frames_decoded, counts.dropped_stale, counts.size_changes) == (2, 2, 1, 0)
+    assert (counts.frames_captured, counts.frames_decoded, sum(counts.dropped.values()), counts.size_changes) == (2, 2, 1, 0)
 
 
 def test_steady_state_reuses_the_preallocated_slots_and_never_writes_the_held_one() -> None:
@@ -83,7 +111,7 @@ def test_steady_state_reuses_the_preallocated_slots_and_never_writes_the_held_on
             held = taken(ring)
             assert held.frame_id == n and int(held.image[0, 0, 0]) == n
     assert len(buffers | {held.image.ctypes.data}) == SLOT_COUNT
-    assert ring.counts().dropped_stale == 29 - 29 // 3 - 1  # handed over, less taken, less the one still latest
+    assert sum(ring.counts().dropped.values()) == 29 - 29 // 3 - 1  # handed over, less taken, less the one still latest
 
 
 def test_a_source_array_of_the_slot_size_is_copied_into_the_slot() -> None:
@@ -140,7 +168,7 @@ def test_a_skipped_frame_takes_an_id_and_drops_the_frame_still_waiting() -> None
     deliver(ring, 2)
     assert taken(ring).frame_id == 2
     counts = ring.counts()
-    assert (counts.frames_captured, counts.frames_decoded, counts.dropped_stale) == (3, 2, 2)
+    assert (counts.frames_captured, counts.frames_decoded, sum(counts.dropped.values())) == (3, 2, 2)
 
 
 def test_close_hands_out_the_frame_still_waiting_then_returns_at_once() -> None:

@@ -266,6 +266,7 @@ def test_out_of_descriptors_edged_keeps_its_subscribers_and_says_so_once(workdir
 
 
 def test_a_second_daemon_on_the_same_ipc_path_is_refused_and_the_first_keeps_it(workdir: Path) -> None:
+    (workdir / "run").mkdir()
     endpoint = f"ipc://{workdir}/run/detections.sock"
     config = _config(workdir, endpoint)
     first = RunningDaemon(config, endpoint)
@@ -278,3 +279,25 @@ def test_a_second_daemon_on_the_same_ipc_path_is_refused_and_the_first_keeps_it(
         assert first.stop() == 0
     finally:
         first.close()
+
+
+def test_an_ipc_folder_is_made_only_under_the_runtime_directory(workdir: Path) -> None:
+    # As root, edged made whatever folder an ipc path named: a typo created /nonexistent/dir.
+    runtime = workdir / "run"
+    env = {"RUNTIME_DIRECTORY": str(runtime)}
+    missing = workdir / "nonexistent" / "dir"
+    endpoint = f"ipc://{missing}/detections.sock"
+    config = _config(workdir, endpoint)
+    for command in ("check", "run"):
+        refused = run_cli(command, "--config", str(config), env=env)
+        assert refused.returncode == 78, (command, refused.stderr)
+        problem = f"publish.endpoints: {endpoint}: the folder {missing} does not exist, and edged makes folders only"
+        assert problem in refused.stderr and str(runtime) in refused.stderr, (command, refused.stderr)
+    assert not (workdir / "nonexistent").exists()
+    endpoint = f"ipc://{runtime}/line3/detections.sock"
+    d = RunningDaemon(_config(workdir, endpoint), endpoint, env=env)
+    try:
+        d.collect("detections", 2)
+        assert d.stop() == 0
+    finally:
+        d.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, get_args
 
@@ -17,8 +18,10 @@ from edged.messages import (
     StatusMessage,
     ThermalReadings,
     ThermalState,
+    TriggerRequest,
     json_schema,
     parse_message,
+    parse_request,
     schema_text,
 )
 from edged.thermal import ThermalReport
@@ -196,3 +199,20 @@ def test_nanosecond_times_have_a_millisecond_copy_a_double_holds() -> None:
     # On the way in the copy is derived again, never trusted.
     tampered = parse_message(json.dumps({**detections, "capture_time_ms": 0.0}).encode())
     assert isinstance(tampered, DetectionsMessage) and tampered.capture_time_ms == detections["capture_time_ms"]
+
+
+def test_a_part_id_may_not_hold_control_format_or_separator_characters() -> None:
+    # The MQTT trigger topic and the ZeroMQ socket parse with parse_request, edged trigger builds the request.
+    for payload, named in (
+        (b'{"part_id": "A\\r1"}', "U+000D at character 2 is a control character"),
+        (b'{"part_id": "A\\u202e1"}', "U+202E at character 2 is a format character"),
+        (b'{"part_id": "\\u2029"}', "U+2029 at character 1 is a paragraph separator"),
+        (b'{"part_id": "\\udfff"}', "U+DFFF at character 1 is a lone surrogate"),
+    ):
+        with pytest.raises(MessageError, match=f"^{re.escape(f'part_id: {named}, which a part id may not hold')}$"):
+            parse_request(payload)
+    assert parse_request('{"part_id": "Ä 部品-1"}'.encode()).part_id == "Ä 部品-1"
+    with pytest.raises(ValueError, match="U\\+0009"):
+        TriggerRequest(part_id="A\t1")
+    with pytest.raises(MessageError, match="1 to 128 characters"):  # too long, whatever it holds
+        parse_request(b'{"part_id": "' + b"\\n" * 200 + b'"}')

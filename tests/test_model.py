@@ -50,6 +50,16 @@ def test_a_fixed_size_model_refuses_another_imgsz(tmp_path: Path) -> None:
         load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx"), imgsz=320), RuntimeConfig())
 
 
+@pytest.mark.parametrize(("labels", "says"), [("red\n", "lists 1 class but"), ("red\nblue\ngreen\n", "lists 3 classes but")])
+def test_a_labels_file_that_does_not_match_the_model_is_refused_counting_in_words(
+    tmp_path: Path, labels: str, says: str
+) -> None:
+    (tmp_path / "labels.txt").write_text(labels)
+    cfg = ModelConfig(path=colour_probe(tmp_path / "m.onnx"), labels=tmp_path / "labels.txt")
+    with pytest.raises(ContractError, match=f"labels.txt {says} the model outputs 2$"):
+        load_model(cfg, RuntimeConfig())
+
+
 def test_a_float16_model_is_fed_what_ultralytics_feeds_it(tmp_path: Path) -> None:
     # ultralytics gives a float16 input im.half() / 255: float32 v / 255 rounded to float16.
     model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx", dtype=np.float16)), RuntimeConfig())

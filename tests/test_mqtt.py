@@ -14,7 +14,7 @@ import pytest
 
 from edged.config import load_config
 from edged.errors import ConfigError
-from edged.mqtt import Outbox
+from edged.mqtt import INSTALL_PAHO, Outbox
 from edged.settings.mqtt import MqttConfig, topic_hostname
 
 EXAMPLE = Path(__file__).parent.parent / "config" / "edged.toml"
@@ -107,13 +107,16 @@ def test_without_paho_an_mqtt_section_is_a_config_error_saying_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "paho.mqtt.client", None)  # as if paho-mqtt were not installed
     problems = _problems(tmp_path, 'url = "mqtt://b"')
-    assert any("mqtt: " in p and "pip install 'edged[mqtt]'" in p for p in problems), problems
+    assert any("mqtt: " in p and INSTALL_PAHO in p for p in problems), problems
+    assert ".venv/bin/python -m pip install -e '.[mqtt]'" in INSTALL_PAHO  # a checkout: edged is not on PyPI
+    assert "sudo apt install python3-paho-mqtt" in INSTALL_PAHO  # the .deb's Recommends
+    assert "sudo pip --python /usr/lib/edged/venv/bin/python install 'paho-mqtt>=2,<3'" in INSTALL_PAHO
 
 
 def test_paho_1_is_refused_with_the_version_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(paho.mqtt, "__version__", "1.6.1")  # Debian bookworm's python3-paho-mqtt
     problems = _problems(tmp_path, 'url = "mqtt://b"')
-    assert any("needs paho-mqtt 2.x, this Python has 1.6.1" in p for p in problems), problems
+    assert any("needs paho-mqtt 2.x, this Python has 1.6.1: " + INSTALL_PAHO in p for p in problems), problems
 
 
 def _drain(box: Outbox) -> list[tuple[str, bytes]]:

@@ -14,6 +14,7 @@ from edged import __version__
 from edged.messages import (
     CaptureReport,
     EvidenceReport,
+    JournalReport,
     ModelInfo,
     Reason,
     StageLatency,
@@ -29,10 +30,14 @@ MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider
 
 
 EVIDENCE = EvidenceReport(saved=7, dropped=2, errors=1, rate_limited=3, bytes=123456, last_error="disk full")
+JOURNAL = JournalReport(path="/j.sqlite", recorded=40, dropped=1, errors=2, bytes=65536, last_error=None)
 
 
 def _status(
-    thermal: ThermalReadings | None = None, rate_cap: float | None = 2.5, evidence: EvidenceReport | None = None
+    thermal: ThermalReadings | None = None,
+    rate_cap: float | None = 2.5,
+    evidence: EvidenceReport | None = None,
+    journal: JournalReport | None = None,
 ) -> StatusMessage:
     return StatusMessage(
         camera_id="cam0",
@@ -42,13 +47,14 @@ def _status(
         fps=4.0,
         frames_processed=42,
         source_state="lost",
-        drops={"stale": 5, "bad_frame_size": 2},
+        drops={"stale_slow": 5, "bad_frame_size": 2},
         latency={"inference": StageLatency(p50_ms=1.0, p99_ms=2.0)},
         rate_cap_fps=rate_cap,
         thermal=thermal,
         model=MODEL,
         capture=CaptureReport(frames_captured=50, frames_decoded=47, reconnects=1, size_changes=0, last_error="gone"),
         evidence=evidence,
+        journal=journal,
     )
 
 
@@ -101,7 +107,7 @@ def test_counters_gauges_and_info_come_from_the_status() -> None:
     metrics.update([(_status(), RunStats().histograms(), None)])
     got = _samples(metrics)
     assert got[("edged_frames_total", CAM0)] == 42
-    assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "stale")))] == 5
+    assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "stale_slow")))] == 5
     assert got[("edged_frames_dropped_total", (("camera", "cam0"), ("reason", "bad_frame_size")))] == 2
     assert got[("edged_frames_captured_total", CAM0)] == 50
     assert got[("edged_source_reconnects_total", CAM0)] == 1
@@ -188,6 +194,18 @@ def test_evidence_counters_come_from_the_status() -> None:
     assert not any(name.startswith("edged_evidence") for name, _ in _samples(metrics))  # no [evidence]
 
 
+def test_journal_counters_come_from_the_status() -> None:
+    metrics = Metrics()
+    metrics.update([(_status(journal=JOURNAL), RunStats().histograms(), None)])
+    got = _samples(metrics)
+    assert got[("edged_journal_recorded_total", CAM0)] == 40
+    assert got[("edged_journal_dropped_total", CAM0)] == 1
+    assert got[("edged_journal_errors_total", ())] == 2
+    assert got[("edged_journal_bytes", ())] == 65536
+    metrics.update([(_status(), RunStats().histograms(), None)])
+    assert not any(name.startswith("edged_journal") for name, _ in _samples(metrics))
+
+
 def test_the_registry_is_edged_own() -> None:
     from prometheus_client import REGISTRY
 
@@ -203,7 +221,13 @@ def test_promtool_accepts_the_exposition() -> None:
     stats = _inspected_stats()
     metrics = Metrics()
     metrics.update(
-        [(_status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())]
+        [
+            (
+                _status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE, journal=JOURNAL),
+                stats.histograms(),
+                stats.verdict_counts(),
+            )
+        ]
     )
     check = subprocess.run([promtool, "check", "metrics"], input=metrics.exposition(), capture_output=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -231,6 +255,31 @@ def test_the_grafana_dashboard_asks_only_for_metrics_edged_exposes() -> None:
         "edged_evidence_rate_limited_total",
         "edged_evidence_bytes",
     } <= asked
+
+
+def test_the_grafana_dashboard_picks_cameras_and_never_sums_them_together() -> None:
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "packaging" / "grafana-dashboard.json").read_text())
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    assert re.fullmatch(
+        r'label_values\(edged_[a-z_]+\{instance=~"\$instance"\}, camera\)', variables["camera"]["definition"]
+    )
+    assert variables["camera"]["multi"] and variables["camera"]["includeAll"]
+    stats = _inspected_stats()
+    metrics = Metrics()
+    metrics.update([(_status(evidence=EVIDENCE), stats.histograms(), stats.verdict_counts())])
+    per_camera = {name for name, labels in _samples(metrics) if "camera" in dict(labels)}
+    checked = 0
+    for target in (target for panel in dashboard["panels"] for target in panel["targets"]):
+        expr = target["expr"]
+        asked = set(re.findall(r"\b(edged_[a-z_]+)\b", expr)) & per_camera
+        if not asked:
+            continue
+        selectors = [s for name in asked for s in re.findall(rf"\b{name}\{{([^}}]*)\}}", expr)]
+        assert selectors and all('camera=~"$camera"' in s for s in selectors), expr
+        assert all("camera" in group.split(", ") for group in re.findall(r"\bby \(([^)]*)\)", expr)), expr
+        assert "{{camera}}" in target["legendFormat"], target
+        checked += 1
+    assert checked >= 15
 
 
 def test_each_camera_has_its_own_series_and_the_board_says_its_thermal_state_once() -> None:

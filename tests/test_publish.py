@@ -143,7 +143,8 @@ def test_address_in_use_is_a_clear_error(context: zmq.Context, subscribe: Callab
     first.close()
 
 
-def test_ipc_socket_is_limited_to_the_group(context: zmq.Context, tmp_path: Path) -> None:
+def test_ipc_socket_is_limited_to_the_group(context: zmq.Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run" / "edged"))
     path = tmp_path / "run" / "edged" / "det.sock"
     pub = Publisher(PublishConfig(endpoints=[f"ipc://{path}"]), ["cam0"], context)
     mode = stat.S_IMODE(path.stat().st_mode)

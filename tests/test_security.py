@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import stat
@@ -172,7 +173,7 @@ def test_only_an_allowed_key_gets_the_stream(publisher: MakePublisher, subscribe
 def test_ipc_stays_plain_beside_a_curve_tcp_endpoint(
     publisher: MakePublisher, subscriber: MakeSubscriber, keys: Keys, tmp_path: Path
 ) -> None:
-    ipc = f"ipc://{tmp_path}/run/det.sock"
+    ipc = f"ipc://{tmp_path}/det.sock"
     pub = publisher(_curve_config(keys, [ipc, "tcp://127.0.0.1:*"]))
     assert pub.endpoints[0] == ipc and pub.endpoints[1].startswith("tcp://127.0.0.1:")
     local = subscriber(ipc)  # no keys: the file permissions are the protection
@@ -188,7 +189,7 @@ def test_ipc_stays_plain_beside_a_curve_tcp_endpoint(
 
 
 def test_keys_allow_tcp_beyond_loopback(publisher: MakePublisher, keys: Keys, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(publish, "_is_loopback", lambda host: False)  # as if 127.0.0.1 were the LAN
+    monkeypatch.setattr(publish, "on_the_network", lambda endpoint: True)  # as if 127.0.0.1 were the LAN
     with pytest.raises(PublishError, match="unencrypted"):
         publisher(PublishConfig(endpoints=["tcp://127.0.0.1:*"]))
     assert publisher(_curve_config(keys)).endpoints[0].startswith("tcp://127.0.0.1:")
@@ -369,8 +370,11 @@ def test_subscribe_refuses_half_or_unsafe_client_keys(
 
 
 @pytest.mark.parametrize("umask", [0o000, 0o077])
-def test_the_ipc_directory_is_created_0750(publisher: MakePublisher, tmp_path: Path, umask: int) -> None:
+def test_the_ipc_directory_is_created_0750(
+    publisher: MakePublisher, tmp_path: Path, umask: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runtime = tmp_path / "run" / "edged"
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(runtime))
     old = os.umask(umask)
     try:
         publisher(PublishConfig(endpoints=[f"ipc://{runtime}/det.sock"]))
@@ -378,6 +382,19 @@ def test_the_ipc_directory_is_created_0750(publisher: MakePublisher, tmp_path: P
         os.umask(old)
     assert stat.S_IMODE(runtime.stat().st_mode) == 0o750
     assert stat.S_IMODE((runtime / "det.sock").stat().st_mode) == 0o660
+
+
+def test_an_ipc_directory_is_made_only_under_the_runtime_directory(
+    publisher: MakePublisher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = tmp_path / "run"
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(runtime))
+    for folder in (tmp_path / "nonexistent" / "dir", runtime / ".." / "elsewhere"):
+        with pytest.raises(PublishError, match=re.escape(f"cannot bind ipc://{folder}/det.sock: No such file or directory")):
+            publisher(PublishConfig(endpoints=[f"ipc://{folder}/det.sock"]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert publisher(PublishConfig(endpoints=[f"ipc://{runtime}/line3/det.sock"])).endpoints
+    assert stat.S_IMODE((runtime / "line3").stat().st_mode) == 0o750
 
 
 def test_an_existing_ipc_directory_keeps_its_mode(publisher: MakePublisher, tmp_path: Path) -> None:

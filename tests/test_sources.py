@@ -203,6 +203,18 @@ def test_folder_loops_and_logs_an_unreadable_image_once(image_dir: Path, caplog:
     assert src.pace() == pytest.approx(1 / 5.0)
 
 
+def test_an_unpaced_folder_asks_for_every_image_and_names_each_by_its_file(image_dir: Path) -> None:
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False, pace=False)))
+    assert src.pace() is None and src.keeps_every_frame()
+    names = []
+    while src.read(None) is not None:
+        names.append(src.frame_name())
+    assert names == ["03.jpg", "a.bmp", "b.png", "c.PNG", "d.tiff"]  # b2.png is unreadable, skipped
+    glob = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir / "*.png"), loop=False)))
+    glob.read(None)
+    assert glob.frame_name() == str(image_dir / "b.png") and not glob.keeps_every_frame()
+
+
 def test_glob_selects_and_sorts_matching_files(image_dir: Path) -> None:
     assert [Path(p).name for p in list_images(str(image_dir / "*.png"))] == ["b.png", "b2.png"]
     src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir / "*.png"), loop=False)))

@@ -22,7 +22,7 @@ def _snapshot(rate_cap: float | None = None) -> Snapshot:
         state="lost",
         frames_captured=10,
         frames_decoded=8,
-        dropped_stale=3,
+        dropped={"stale_slow": 3, "rate_capped": 5, "not_requested": 0},
         read_errors=1,
         reconnects=2,
         size_changes=0,
@@ -36,7 +36,14 @@ def _snapshot(rate_cap: float | None = None) -> Snapshot:
 
 
 def test_drops_gather_every_cause_from_every_part() -> None:
-    assert _snapshot().drops() == {"bad_frame_size": 2, "stale": 3, "read_error": 1, "publish_full": 4}
+    assert _snapshot().drops() == {
+        "bad_frame_size": 2,
+        "stale_slow": 3,
+        "rate_capped": 5,
+        "not_requested": 0,
+        "read_error": 1,
+        "publish_full": 4,
+    }
 
 
 def test_the_message_says_what_the_parts_say() -> None:

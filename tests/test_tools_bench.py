@@ -285,3 +285,16 @@ def test_a_bench_config_loads_as_edged_run_reads_it_with_every_camera_and_the_be
     settings = load_config(write_config(tmp_path / "cold.toml", probe, endpoint, one, spinning="during-run", cache=cache))
     assert len(settings.source) == 1 and settings.runtime.optimized_model_path == cache
     assert settings.thermal.enabled  # edged's default, as a deployed daemon starts
+
+
+def test_the_journal_bench_times_offer_and_commit_under_each_durability(tmp_path: Path) -> None:
+    from edged.tools.bench_journal import format_journal, run_journal_bench
+
+    rows = run_journal_bench(tmp_path, entries=20, fps=200.0)
+    assert [r["durability"] for r in rows] == ["normal", "full"]
+    for r in rows:
+        assert r["recorded"] == 20 and r["errors"] == 0
+        assert 0 < r["offer_us"]["p50"] <= r["offer_us"]["p99"]
+        assert 0 < r["to_disk_ms"]["p50"] <= r["to_disk_ms"]["p99"] <= r["to_disk_ms"]["max"]
+    assert "offer to commit" in format_journal(rows, tmp_path)
+    assert list(tmp_path.iterdir()) == []  # its scratch files are gone

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -36,11 +37,18 @@ def images(folder: Path, grey: int = 90, count: int = 3) -> Path:
 
 @contextmanager
 def running(
-    tmp_path: Path, *, fps: float = 2.0, model: str = "scene", ipc: bool = False, **sections: dict[str, Any]
+    tmp_path: Path,
+    *,
+    fps: float = 2.0,
+    model: str = "scene",
+    ipc: bool = False,
+    env: dict[str, str] | None = None,
+    **sections: dict[str, Any],
 ) -> Iterator[RunningDaemon]:
     """The daemon in request mode on an images folder at ``fps``; its trigger endpoint in ``d.trigger``.
 
-    ``ipc`` publishes on an ipc:// socket, which stays plain when CURVE keys are configured.
+    ``ipc`` publishes on an ipc:// socket, which stays plain when CURVE keys are configured;
+    ``env`` is added to the daemon's environment.
     """
     if model == "scene":
         fixed_scene(tmp_path / "model.onnx", SCENE)
@@ -61,7 +69,7 @@ def running(
     }
     for name, keys in sections.items():
         doc.setdefault(name, {}).update(keys)
-    d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
+    d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint, env)
     d.trigger = doc["trigger"]["endpoint"]  # type: ignore[attr-defined]
     try:
         yield d
@@ -266,11 +274,54 @@ def test_a_tcp_trigger_takes_the_publishers_curve_keys_and_refuses_other_clients
         for refused in (outsider, ()):
             result = run_cli("trigger", endpoint, "--timeout", "2", *refused)
             assert result.returncode == 1 and "no reply from" in result.stderr, result
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    with running(plain, trigger={"endpoint": trigger}) as d:
-        assert d.proc.wait(30) == 1
-        assert "would publish unencrypted" in d.log()
+
+
+def test_a_trigger_endpoint_on_the_network_without_keys_is_refused_by_check_and_run_unless_trigger_insecure(
+    tmp_path: Path,
+) -> None:
+    # Refused as a configuration (78, which systemd does not restart), naming the trigger endpoint;
+    # publish.insecure opens the stream only, never the request socket.
+    trigger = f"tcp://0.0.0.0:{free_port()}"
+    refused = tmp_path / "refused"
+    refused.mkdir()
+    with running(refused, trigger={"endpoint": trigger}, publish={"insecure": True}) as d:
+        assert d.proc.wait(60) == 78, d.log()
+        run_log = d.log()
+    check = run_cli("check", "--config", str(refused / "edged.toml"))
+    for command, code, out in (("run", 78, run_log), ("check", check.returncode, check.stderr)):
+        assert code == 78, (command, out)
+        assert f"trigger.endpoint '{trigger}' is not a loopback address" in out, (command, out)
+        assert "set trigger.insecure = true" in out and "publish.insecure" not in out, (command, out)
+    opted_in = tmp_path / "opted-in"
+    opted_in.mkdir()
+    with running(opted_in, trigger={"endpoint": trigger, "insecure": True}) as d:
+        ready(d)
+        asked = run_cli("trigger", trigger.replace("0.0.0.0", "127.0.0.1"), "--part-id", "P-2", "--timeout", "10")
+        assert asked.returncode == 3 and "part P-2]" in asked.stdout, asked.stderr
+        assert d.stop() == 0
+
+
+def test_an_ipc_trigger_endpoint_outside_the_runtime_directory_is_refused_and_its_folder_not_made(
+    tmp_path: Path,
+) -> None:
+    runtime = tmp_path / "run"
+    env = {"RUNTIME_DIRECTORY": str(runtime)}
+    missing = tmp_path / "nonexistent" / "dir"
+    trigger = f"ipc://{missing}/trigger.sock"
+    with running(tmp_path, env=env, trigger={"endpoint": trigger}) as d:
+        assert d.proc.wait(60) == 78, d.log()
+        run_log = d.log()
+    check = run_cli("check", "--config", str(tmp_path / "edged.toml"), env=env)
+    problem = f"trigger.endpoint: {trigger}: the folder {missing} does not exist, and edged makes folders only"
+    for command, code, out in (("run", 78, run_log), ("check", check.returncode, check.stderr)):
+        assert code == 78 and problem in out and str(runtime) in out, (command, out)
+    assert not (tmp_path / "nonexistent").exists()
+    trigger = f"ipc://{runtime}/line3/trigger.sock"
+    with running(tmp_path, env=env, trigger={"endpoint": trigger}) as d:
+        ready(d)
+        asked = run_cli("trigger", trigger, "--part-id", "P-3", "--timeout", "10")
+        assert asked.returncode == 3 and "part P-3]" in asked.stdout, asked.stderr
+        assert d.stop() == 0
 
 
 def test_a_reloads_trial_frame_is_not_published_in_request_mode(tmp_path: Path) -> None:
@@ -319,3 +370,22 @@ def test_a_reload_that_turns_request_mode_off_is_refused_and_requests_are_answer
             assert isinstance(reply, VerdictMessage) and (reply.camera_id, reply.part_id) == ("cam0", "still"), reply
         finally:
             ask.close()
+
+
+def test_a_requests_part_id_names_its_evidence_and_its_journal_entry_points_at_the_picture(tmp_path: Path) -> None:
+    history = ("history", "--config", str(tmp_path / "edged.toml"), "--part-id", "A-1017/rev 2", "--json")
+    with running(tmp_path, inspect={"ng_classes": ["crack"]}, evidence={"dir": "evidence", "save": "all"}) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        try:
+            ready(d)
+            reply = ask.ask(b'{"part_id": "A-1017/rev 2"}')
+            assert isinstance(reply, VerdictMessage) and reply.part_id == "A-1017/rev 2"
+            # read from another process while edged runs
+            assert wait_for(lambda: len(json.loads(run_cli(*history).stdout)) == 1, 10)
+        finally:
+            ask.close()
+    [row] = json.loads(run_cli(*history).stdout)
+    image = Path(row["evidence"])
+    assert image.name.endswith("_A-1017_rev_2.jpg") and image.parent.name == "images"  # no folder from the "/"
+    assert wait_for(image.is_file, 10) and image.parent.parent.parent.name == "cam0"
+    assert row["message"]["frame_id"] == reply.frame_id and row["part_id"] == "A-1017/rev 2"

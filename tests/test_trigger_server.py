@@ -131,6 +131,32 @@ def test_a_request_naming_no_camera_or_another_is_a_bad_request_naming_the_camer
         server.close()
 
 
+def test_a_part_id_with_control_or_format_characters_is_a_bad_request_naming_the_character(clients: Clients) -> None:
+    # Part ids reach every subscriber and terminal: a newline forges a log line, U+202E reverses what follows.
+    server = serve(clients, ["cam0"])
+    try:
+        for escaped, named in (
+            (r"A-1\u0000", "U+0000"),
+            (r"A-1\nOK", "U+000A"),
+            (r"A-1\u001b[2J", "U+001B"),
+            (r"A-1\u0085", "U+0085"),
+            (r"A-\u202eGN", "U+202E"),
+            (r"A-\u200b1", "U+200B"),
+            (r"A-\ufeff1", "U+FEFF"),
+            (r"A-1\u2028", "U+2028"),
+            (r"A-1\ud800", "U+D800"),
+        ):
+            payload = b'{"part_id": "' + escaped.encode() + b'"}'
+            reply = clients.reply(arrive(server, clients, payload))
+            assert error(reply) == ("bad_request", "cam0", None), reply
+            assert isinstance(reply, TriggerError) and named in reply.detail and "part_id" in reply.detail, reply
+        assert server.next("cam0") is None
+        arrive(server, clients, '{"part_id": "Ä-1 部品 #7"}'.encode())
+        assert taken(server, "cam0").part_id == "Ä-1 部品 #7"
+    finally:
+        server.close()
+
+
 def test_with_one_camera_in_request_mode_a_request_may_leave_it_out(clients: Clients) -> None:
     server = serve(clients, ["cam0"])
     try:

@@ -40,7 +40,7 @@ def _frame(frame_id: int, image: np.ndarray, order: str = "bgr") -> Frame:
 
 @pytest.fixture
 def view() -> Iterator[LiveView]:
-    v = LiveView(fps=1000.0, width=960, quality=90, zones={})
+    v = LiveView("cam0", fps=1000.0, width=960, quality=90, zones={})
     v.start()
     yield v
     v.close()
@@ -117,6 +117,20 @@ def test_zones_the_boxes_in_them_and_the_verdict_banner_are_drawn(view: LiveView
     assert _near(plain[300, 480], GREY, 30) and _near(plain[3, 950], GREY, 30)  # no zones, no verdict: neither
 
 
+def test_a_preview_shows_the_frame_and_its_zones_with_a_caption_but_nothing_of_a_model(view: LiveView) -> None:
+    image = np.full((1080, 1920, 3), GREY, np.uint8)
+    view.show_zones({"left": [(0.1, 0.2), (0.5, 0.2), (0.5, 0.9), (0.1, 0.9)]})
+    with view.watch():
+        view.offer(_frame(5, image), None)
+        got = view.next_jpeg(0, 5.0)
+    assert got is not None
+    shown = _decode(got[1])
+    assert shown.shape == (540, 960, 3)
+    assert _near(shown[300, 480], ZONE_PALETTE[0])  # the zone, to aim the camera by
+    assert _near(shown[3, 950], GREY, 30) and _near(shown[250, 300], GREY, 30)  # no banner, no box
+    assert shown[530:540, 0:200].mean() < 40  # the caption's black band, bottom left
+
+
 def test_an_rgb_frame_is_shown_in_its_true_colours(view: LiveView) -> None:
     rgb = np.zeros((96, 128, 3), np.uint8)
     rgb[..., 0] = 255  # red, in RGB order
@@ -129,11 +143,11 @@ def test_an_rgb_frame_is_shown_in_its_true_colours(view: LiveView) -> None:
 
 
 def test_while_the_encoder_is_busy_or_the_rate_is_spent_no_frame_is_wanted() -> None:
-    view = LiveView(fps=2.0, width=960, quality=70, zones={})  # not started: the encoder never takes the frame
+    view = LiveView("cam0", fps=2.0, width=960, quality=70, zones={})  # not started: the encoder never takes the frame
     with view.watch():
         view.offer(_frame(1, np.zeros((48, 64, 3), np.uint8)), _message(1, [], (64, 48)))
         assert not view.wants_frame()  # the offered frame is still waiting for the encoder
-    started = LiveView(fps=2.0, width=960, quality=70, zones={})
+    started = LiveView("cam0", fps=2.0, width=960, quality=70, zones={})
     started.start()
     try:
         with started.watch():
@@ -174,7 +188,7 @@ def test_offering_a_frame_creates_no_numpy_array_after_the_first(view: LiveView)
 
 
 def test_close_wakes_a_waiting_viewer() -> None:
-    view = LiveView(fps=5.0, width=960, quality=70, zones={})
+    view = LiveView("cam0", fps=5.0, width=960, quality=70, zones={})
     view.start()
     started = time.monotonic()
     with view.watch():

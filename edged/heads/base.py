@@ -89,7 +89,8 @@ class Head(ABC):
         pattern = self.expected_shape(num_classes)
         if len(shape) != 3 or any(isinstance(e, int) and e != d for e, d in zip(pattern, shape, strict=True)):
             raise HeadError(
-                f"{self.name} head with {num_classes} classes expects output {fmt_shape(pattern)}, got {fmt_shape(shape)}"
+                f"{self.name} head with {fmt_classes(num_classes)} expects output {fmt_shape(pattern)}, "
+                f"got {fmt_shape(shape)}"
             )
         self.output_shape = tuple(int(d) for d in shape)
         self.num_classes = num_classes
@@ -153,6 +154,11 @@ def concrete(d: Dim) -> int | None:
     if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0:
         return int(d)
     return None
+
+
+def fmt_classes(n: int) -> str:
+    """``1 class`` or ``3 classes``: a count of classes as an error message says it."""
+    return f"{n} class" if n == 1 else f"{n} classes"
 
 
 def fmt_shape(shape: Sequence[Dim]) -> str:

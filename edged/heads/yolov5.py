@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edged.errors import HeadError
-from edged.heads.base import DenseHead, OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
+from edged.heads.base import DenseHead, OutputFacts, cxcywh_to_xyxy, fmt_classes, fmt_shape, rows
 
 
 class YoloV5Head(DenseHead, candidate_axis=1, box_columns=5):
@@ -23,8 +23,8 @@ class YoloV5Head(DenseHead, candidate_axis=1, box_columns=5):
             return None
         if facts.n_names is not None and features - 5 != facts.n_names:
             raise HeadError(
-                f"output {fmt_shape(facts.shape)} would be a yolov5 head with {features - 5} classes, "
-                f"but metadata names {facts.n_names} classes (expected [1, N, {5 + facts.n_names}])"
+                f"output {fmt_shape(facts.shape)} would be a yolov5 head with {fmt_classes(features - 5)}, "
+                f"but metadata names {fmt_classes(facts.n_names)} (expected [1, N, {5 + facts.n_names}])"
             )
         return features - 5
 

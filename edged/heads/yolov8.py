@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edged.errors import HeadError
-from edged.heads.base import DenseHead, OutputFacts, cxcywh_to_xyxy, fmt_shape, rows
+from edged.heads.base import DenseHead, OutputFacts, cxcywh_to_xyxy, fmt_classes, fmt_shape, rows
 
 
 class YoloV8Head(DenseHead, candidate_axis=2, box_columns=4):
@@ -25,8 +25,8 @@ class YoloV8Head(DenseHead, candidate_axis=2, box_columns=4):
             raise HeadError(f"output {shown} has {features} rows; a yolov8 head [1, 4+nc, N] needs >= 5")
         if facts.n_names is not None and features - 4 != facts.n_names:
             raise HeadError(
-                f"output {shown} is a yolov8 head with {features - 4} classes, "
-                f"but metadata names {facts.n_names} classes (expected [1, {4 + facts.n_names}, N])"
+                f"output {shown} is a yolov8 head with {fmt_classes(features - 4)}, "
+                f"but metadata names {fmt_classes(facts.n_names)} (expected [1, {4 + facts.n_names}, N])"
             )
         return features - 4
 

@@ -28,8 +28,9 @@ DEFAULT_NOTE = (
 
 def default_dir() -> Path:
     """``evidence/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else beside the
-    configuration file being loaded (in the working directory for settings made without one)."""
+    configuration file."""
     state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    # Settings made without a configuration file (in code) have the working directory instead.
     return (Path(state) if state else CONFIG_FOLDER.get() or Path.cwd()) / "evidence"
 
 
@@ -53,8 +54,7 @@ def dir_problem(path: Path) -> str | None:
 class EvidenceConfig(Section):
     dir: Path = Field(
         default_factory=default_dir,
-        description="Where evidence goes, a folder per camera and day; created when its parent exists. "
-        "Default: evidence/ in the service's state directory under systemd, else beside the configuration file.",
+        description="Where evidence goes, a folder per camera and day; created when its parent exists.",
     )
     save: SavePolicy = Field(
         "ng",

@@ -54,7 +54,7 @@ class SourceBase(Section):
     # keeps the camera's capture running.
     PROCESSING_KEYS: ClassVar[frozenset[str]] = frozenset({"max_fps", "evidence", "inspect", "zones", "trigger"})
 
-    type: str
+    type: str = Field(description="The camera kind: it decides which other keys apply.")
     camera_id: Name = Field(
         "cam0", description="Name of this camera, unique among the [[source]] tables; used as the ZeroMQ topic suffix."
     )
@@ -141,7 +141,12 @@ class ImagesSourceConfig(SourceBase):
     type: Literal["images"] = "images"
     path: str = Field(description="A folder (every image in it, sorted) or a glob pattern.")
     loop: bool = Field(True, description="Start again after the last image.")
-    fps: float = Field(5.0, gt=0, le=240, description="Images delivered per second.")
+    fps: float = Field(5.0, gt=0, le=240, description="Images delivered per second (with pace = true).")
+    pace: bool = Field(
+        True,
+        description="true: deliver fps images per second like a camera, the model taking the newest; false: "
+        "every image once per pass, each read as soon as the model has taken the one before, none dropped.",
+    )
 
 
 class SyntheticSourceConfig(SourceBase):

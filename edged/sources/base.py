@@ -18,7 +18,8 @@ class Frame:
 
     ``image`` is a view into a capture slot, valid until the consumer's next ``take()``; copy it to
     keep it longer. ``frame_id`` increases by 1 per captured frame and continues across reconnects,
-    so a gap between two ids is the number of frames dropped as stale.
+    so a gap between two ids is the number of frames dropped as stale. ``source_file`` is the file
+    the frame was read from, for a source that names its frames (an image folder), else None.
     """
 
     image: np.ndarray
@@ -26,6 +27,7 @@ class Frame:
     t_capture_ns: int
     t_wall_ns: int
     channel_order: Literal["bgr", "rgb"]
+    source_file: str | None = None
 
 
 class Source(Protocol):
@@ -54,6 +56,11 @@ class Source(Protocol):
     - ``frame_sizes_vary = True`` (a class attribute, read from the config by `sizes_vary`): for
       sources whose frames legitimately differ in size (an image folder). Each size then gets its
       own plan; a camera's new size is a renegotiation, re-planned only once it lasts.
+    - ``frame_name() -> str``: for sources whose frames are files (an image folder), the name of
+      the file the last ``read`` returned; the frame carries it into its messages.
+    - ``keeps_every_frame() -> bool``: True when every frame must be processed (an image folder
+      with ``pace = false``): the capture thread then reads the next frame only once the consumer
+      has taken the one before, so none is dropped, however slow the model.
     """
 
     channel_order: Literal["bgr", "rgb"]
@@ -117,6 +124,24 @@ class StampedSource(Source, Protocol):
 def stamps(source: Source) -> TypeGuard[StampedSource]:
     """Whether ``source`` has ``frame_age_ns``, so a frame's capture time comes from the camera."""
     return callable(getattr(source, "frame_age_ns", None))
+
+
+class NamedSource(Source, Protocol):
+    """A source whose frames are files (see `Source`, ``frame_name``)."""
+
+    def frame_name(self) -> str:
+        """The file the last ``read`` returned its frame from."""
+
+
+def names_frames(source: Source) -> TypeGuard[NamedSource]:
+    """Whether ``source`` has ``frame_name``, so each frame carries the name of its file."""
+    return callable(getattr(source, "frame_name", None))
+
+
+def keeps_every_frame(source: Source) -> bool:
+    """Whether every frame of ``source`` must be processed (see `Source`, ``keeps_every_frame``)."""
+    keeps = getattr(source, "keeps_every_frame", None)
+    return callable(keeps) and bool(keeps())
 
 
 class OpenCvCapture:

@@ -1,7 +1,8 @@
-"""Still images: a folder or glob read with ``cv2.imread`` in sorted order, looped and paced like a camera.
+"""Still images: a folder or glob read with ``cv2.imread`` in sorted order, looped and paced like a camera,
+or, with ``pace = false``, each one handed to the model in turn (a folder to run the model over).
 
 Unreadable images are skipped, logged once each and counted; a folder where nothing decodes raises
-``SourceError`` instead of spinning.
+``SourceError`` instead of spinning. Each frame carries the name of its file (`frame_name`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ class ImagesSource:
         self._cfg = cfg
         self.channel_order: Literal["bgr", "rgb"] = cfg.channel_order
         self._paths: list[str] = []
+        self._names: list[str] = []
         self._next = 0
+        self._last = ""
         self._reported: set[str] = set()
         self._skipped = 0
 
@@ -66,12 +69,15 @@ class ImagesSource:
         if not self._paths:
             kinds = " ".join(sorted(IMAGE_SUFFIXES))
             raise SourceError(f"no images found at {self._cfg.path} (looked for {kinds}; check source.path)")
+        # A folder's images are named by their file name; a glob's by the path it matched, which says where.
+        folder = os.path.isdir(self._cfg.path)
+        self._names = [os.path.basename(p) if folder else p for p in self._paths]
         self._next = 0
         log.info(
-            "image source %s: %d images at %.1f fps, loop=%s",
+            "image source %s: %d images %s, loop=%s",
             self._cfg.path,
             len(self._paths),
-            self._cfg.fps,
+            f"at {self._cfg.fps:.1f} fps" if self._cfg.pace else "each taken by the model in turn",
             self._cfg.loop,
             extra={"CAMERA": self._cfg.camera_id},
         )
@@ -82,7 +88,7 @@ class ImagesSource:
                 if not self._cfg.loop:
                     return None
                 self._next = 0
-            path = self._paths[self._next]
+            path, self._last = self._paths[self._next], self._names[self._next]
             self._next += 1
             image = cv2.imread(path, cv2.IMREAD_COLOR)
             if image is None:
@@ -104,8 +110,16 @@ class ImagesSource:
                 extra={"CAMERA": self._cfg.camera_id},
             )
 
-    def pace(self) -> float:
-        return 1.0 / self._cfg.fps
+    def frame_name(self) -> str:
+        """The file of the image the last ``read`` returned: its name in a folder, the matched path for a glob."""
+        return self._last
+
+    def pace(self) -> float | None:
+        return 1.0 / self._cfg.fps if self._cfg.pace else None
+
+    def keeps_every_frame(self) -> bool:
+        """With ``pace = false`` every image is processed: the next is read once the model took this one."""
+        return not self._cfg.pace
 
     def close(self) -> None:
         """Nothing to release: ``cv2.imread`` opens and closes each file itself."""

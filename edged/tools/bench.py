@@ -38,6 +38,7 @@ from edged.sources.scenes import SceneGenerator
 from edged.tools import bench_rows as rows
 from edged.tools.bench_cameras import CameraKind, format_rows, run_cameras
 from edged.tools.bench_config import write_config
+from edged.tools.bench_journal import format_journal, run_journal_bench
 
 ROW_TITLES = {
     "floor": "1 floor: session.run",
@@ -65,7 +66,11 @@ def run_bench(args: argparse.Namespace) -> int:
         report["soak"] = _soak(path, spinning, args)
     if args.cameras:
         report["cameras"] = _cameras(path, spinning, args)
-    if not (args.cold_start or args.soak or args.cameras):
+    if args.journal:
+        report["journal"] = run_journal_bench(args.journal_dir, args.frames, args.camera_fps)
+        if not args.json:
+            print(format_journal(report["journal"], args.journal_dir))
+    if not (args.cold_start or args.soak or args.cameras or args.journal):
         report = bench(path, spinning, args)
         report["model"]["kind"] = "demo model" if args.model is None else "model file"
         if not args.json:

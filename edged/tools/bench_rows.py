@@ -127,7 +127,7 @@ class FullPath:
         self._seq = itertools.count()
         self.received = 0
         view = HttpConfig()
-        self.view = LiveView(view.view_fps, view.view_width, view.jpeg_quality, {})
+        self.view = LiveView(CAMERA_ID, view.view_fps, view.view_width, view.jpeg_quality, {})
         self.plan: FramePipeline = self.process().plan  # the first frame plans for the image's size
 
     def __enter__(self) -> FullPath:

@@ -1,0 +1,141 @@
+"""``edged history``: what the journal says, by part id, camera, time and verdict.
+
+It opens the journal read-only (SQLite's WAL mode lets it read while the daemon writes, and it
+never writes or locks the daemon out), so it is safe beside a running edged, from another process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import re
+import sqlite3
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from edged.errors import JournalUnreadable, UsageError
+
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+FIELDS = (
+    "id",
+    "kind",
+    "camera_id",
+    "frame_id",
+    "seq",
+    "part_id",
+    "verdict",
+    "reasons",
+    "wall_ns",
+    "mono_ns",
+    "clock_synced",
+    "model_sha256",
+    "config_sha256",
+    "edged_version",
+    "board_id",
+    "boot_id",
+    "evidence",
+    "message",
+)
+
+
+def parse_time(text: str, now_s: float | None = None) -> int:
+    """``2h``, ``30m``, ``7d``, ``90s`` ago, or an ISO 8601 time (local time without a zone), as ns since the epoch."""
+    ago = _AGO.match(text.strip())
+    if ago:
+        now = time.time() if now_s is None else now_s
+        return int((now - float(ago.group(1)) * _UNIT_S[ago.group(2)]) * 1e9)
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(
+            f"{text!r} is not a time: give an ISO 8601 time (2026-12-01T08:00) or an age (30m, 2h, 7d)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()  # the local zone, as a person on the line means it
+    return int(moment.timestamp() * 1e9)
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """The filters; None passes everything. ``limit`` keeps the newest rows, returned oldest first."""
+
+    part_id: str | None = None
+    camera_id: str | None = None
+    since_ns: int | None = None
+    until_ns: int | None = None
+    verdict: str | None = None
+    kind: str = "verdict"
+    limit: int = 100
+
+    def sql(self) -> tuple[str, list[Any]]:
+        where: list[str] = ["kind = ?"]
+        params: list[Any] = [self.kind]
+        for column, op, value in (
+            ("part_id", "=", self.part_id),
+            ("camera_id", "=", self.camera_id),
+            ("wall_ns", ">=", self.since_ns),
+            ("wall_ns", "<", self.until_ns),
+            ("verdict", "=", self.verdict),
+        ):
+            if value is not None:
+                where.append(f"{column} {op} ?")
+                params.append(value)
+        inner = f"SELECT {', '.join(FIELDS)} FROM entries WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?"
+        return f"SELECT * FROM ({inner}) ORDER BY id", [*params, self.limit]
+
+
+def read(path: Path, query: Query) -> list[dict[str, Any]]:
+    """The journal's rows that ``query`` selects, as dicts of `FIELDS`, oldest first."""
+    if not path.is_file():
+        raise JournalUnreadable(f"no journal at {path} (journal.path; it is written once a verdict is made)")
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+            sql, params = query.sql()
+            return [dict(zip(FIELDS, row, strict=True)) for row in db.execute(sql, params)]
+    except sqlite3.Error as e:
+        raise JournalUnreadable(f"journal {path} cannot be read: {e}") from None
+
+
+def _when(wall_ns: int) -> str:
+    return datetime.fromtimestamp(wall_ns / 1e9, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _reasons(text: str | None) -> str:
+    reasons = json.loads(text) if text else []
+    return ", ".join(
+        f"{r.get('label')} {r.get('score', 0):.2f}" + (f" in {r['zone']}" if r.get("zone") else "") for r in reasons
+    )
+
+
+def write(rows: Sequence[dict[str, Any]], fmt: str, out: TextIO) -> None:
+    """``rows`` as a table for a person, JSON (one array, each message parsed) or CSV (every column)."""
+    if fmt == "json":
+        json.dump([{**row, "message": json.loads(row["message"])} for row in rows], out, indent=1)
+        out.write("\n")
+    elif fmt == "csv":
+        writer = csv.DictWriter(out, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        for row in rows:
+            part = row["part_id"] or "-"
+            out.write(
+                f"{_when(row['wall_ns'])}  {row['camera_id']}  part {part}  frame {row['frame_id']}  "
+                f"{row['verdict'] or '-'}  {_reasons(row['reasons'])}  model {row['model_sha256'][:12]}"
+                + (f"  evidence {row['evidence']}" if row["evidence"] else "")
+                + "\n"
+            )
+        if not rows:
+            out.write("no entries match\n")
+
+
+def run_history(path: Path, query: Query, fmt: str) -> int:
+    write(read(path, query), fmt, sys.stdout)
+    return 0

@@ -1,0 +1,82 @@
+"""Who produced a result: the board, its boot, and whether its clock can be trusted.
+
+A journal row or a message read weeks later, on another machine, must say which board and which
+run of it made it. The board id is derived from ``/etc/machine-id`` (which systemd says must not
+leave the machine as it is), the boot id is the kernel's, and ``clock_synced`` tells a Raspberry Pi
+without a clock battery that has not yet reached NTP from one that has.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+MACHINE_ID = Path("/etc/machine-id")
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_TIME_ERROR = 5  # adjtimex(2): the clock is not synchronised
+_TIMEX_BYTES = 512  # more than struct timex on every Linux ABI; all zero: modes = 0 reads only
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def board_id(machine_id: Path = MACHINE_ID) -> str:
+    """16 hex digits naming this board, stable across boots; "unknown" without a machine id."""
+    value = _read(machine_id)
+    if value is None:
+        return "unknown"
+    return hashlib.sha256(b"edged board id\0" + value.encode()).hexdigest()[:16]
+
+
+def boot_id(path: Path = BOOT_ID) -> str:
+    """The kernel's id of this boot; "unknown" where it has none."""
+    return _read(path) or "unknown"
+
+
+@functools.cache
+def _adjtimex() -> Callable[[ctypes.Array[ctypes.c_char]], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        call: Callable[[ctypes.Array[ctypes.c_char]], int] = ctypes.CDLL(name).adjtimex
+    except (OSError, AttributeError, TypeError):  # no C library found (name None), or none with adjtimex
+        return None
+    return call
+
+
+def clock_synced() -> bool | None:
+    """Whether the kernel says NTP (or chrony, or systemd-timesyncd) has set the clock; None when it cannot say."""
+    adjtimex = _adjtimex()
+    if adjtimex is None:
+        return None
+    state = int(adjtimex(ctypes.create_string_buffer(_TIMEX_BYTES)))
+    return None if state < 0 else state != _TIME_ERROR
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What every journal row (and message) says of where it came from."""
+
+    board_id: str
+    boot_id: str
+    version: str
+
+    @classmethod
+    @functools.cache
+    def here(cls) -> Identity:
+        """This board and boot, read once per process."""
+        from edged import __version__
+
+        return cls(board_id(), boot_id(), __version__)
+
+    def fields(self) -> dict[str, object]:
+        """The identity fields of a verdict or status message, the clock's state read now."""
+        return {"board_id": self.board_id, "boot_id": self.boot_id, "clock_synced": clock_synced()}

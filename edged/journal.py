@@ -1,0 +1,475 @@
+"""The verdict journal: every verdict (and with ``detections = true`` every detections message sent)
+in one local SQLite file, so that "what did the camera say about part A-1017, with which model?"
+has an answer weeks later, across crashes, power cuts and outages.
+
+SQLite's WAL mode lets a reader (``edged history``, another process) read while edged writes, and a
+crash of edged never loses a committed row; ``durability = "full"`` adds an fsync per batch, so a
+power cut loses nothing committed either. Rows are written on the journal's own thread, a batch
+per transaction; the loop only appends to a queue bounded in bytes and never waits on the disk. A
+disk that is full or read-only is counted and retried, never a reason to stop inspecting; a file
+that is not a journal (truncated, replaced, damaged) is moved aside and a new one started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import sqlite3
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from edged.identity import Identity, clock_synced
+from edged.lograte import LogRate
+from edged.messages import JournalReport
+from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
+from edged.replay import VerdictFeed
+from edged.settings.journal import JournalConfig, default_path
+from edged.wake import Wake, Waker
+
+if TYPE_CHECKING:
+    from edged.config import Settings
+
+log = logging.getLogger(__name__)
+
+QUEUE_BYTES = 16 * 1024 * 1024  # rows waiting for the disk, at most: beyond, new rows are dropped and counted
+BATCH_ROWS = 500  # rows per transaction, at most
+RETRY_S = (1.0, 30.0)  # after a failed write, the first wait and the longest (doubling between)
+PRUNE_EVERY_S = 60.0  # retention pass period
+STOP_WAIT_S = 2.0  # at stop, time left to write what is queued
+LOG_EVERY_S = 60.0
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    camera_id TEXT NOT NULL,
+    frame_id INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    part_id TEXT,
+    verdict TEXT,
+    reasons TEXT,
+    wall_ns INTEGER NOT NULL,
+    mono_ns INTEGER NOT NULL,
+    clock_synced INTEGER,
+    model_sha256 TEXT NOT NULL,
+    config_sha256 TEXT NOT NULL,
+    edged_version TEXT NOT NULL,
+    board_id TEXT NOT NULL,
+    boot_id TEXT NOT NULL,
+    evidence TEXT,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_part ON entries (part_id);
+CREATE INDEX IF NOT EXISTS entries_camera_time ON entries (camera_id, wall_ns);
+"""
+COLUMNS = (
+    "kind, camera_id, frame_id, seq, part_id, verdict, reasons, wall_ns, mono_ns, clock_synced, model_sha256, "
+    "config_sha256, edged_version, board_id, boot_id, evidence, message"
+)
+_INSERT = f"INSERT INTO entries ({COLUMNS}) VALUES ({', '.join('?' * 17)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One row as the loop hands it over: the message sent, and what its columns are read from."""
+
+    kind: Literal["verdict", "detections"]
+    camera_id: str
+    frame_id: int
+    seq: int
+    part_id: str | None
+    verdict: str | None
+    reasons: str | None  # JSON, as in the message
+    wall_ns: int
+    mono_ns: int
+    model_sha256: str
+    config_sha256: str
+    message: bytes
+    evidence: str | None = None  # the evidence image saved of the frame, if any
+
+
+def config_sha256(settings: Settings) -> str:
+    """SHA-256 of the settings in effect (the file and any ``EDGED_*`` variables), as JSON."""
+    return hashlib.sha256(settings.model_dump_json().encode()).hexdigest()
+
+
+class JournalStore:
+    """The SQLite file; used by one thread at a time."""
+
+    def __init__(self, path: Path, durability: Literal["normal", "full"]) -> None:
+        self.path = path
+        self._durability = durability
+        self._db: sqlite3.Connection | None = None
+        self.last_id = 0  # the newest row's id, as of the last open or append (read from other threads)
+
+    @property
+    def opened(self) -> bool:
+        return self._db is not None
+
+    def open(self) -> None:
+        """Open the journal, creating it; a file that is not a sound journal is moved aside first."""
+        try:
+            self._db = self._connect()
+        except sqlite3.OperationalError:
+            raise  # unreadable folder, read-only, locked: not the file's fault
+        except sqlite3.DatabaseError as e:  # not a database, truncated, damaged
+            aside = self._move_aside()
+            log.warning("journal %s is damaged (%s): moved aside to %s; a new journal starts", self.path, e, aside)
+            self._db = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect on a new file: retention gives space back
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute(f"PRAGMA synchronous = {'FULL' if self._durability == 'full' else 'NORMAL'}")
+            verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+            if verdict != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {verdict}")
+            db.executescript(SCHEMA)
+            self.last_id = int(db.execute("SELECT coalesce(max(id), 0) FROM entries").fetchone()[0])
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self) -> Path:
+        aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{self.path}{suffix}").replace(f"{aside}{suffix}")
+        return aside
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.open()
+        assert self._db is not None
+        return self._db
+
+    def append(self, entries: Sequence[Entry], identity: Identity, synced: bool | None) -> None:
+        """Write ``entries`` in one transaction: all of them or none."""
+        db = self._connection()
+        rows = [
+            (
+                e.kind,
+                e.camera_id,
+                e.frame_id,
+                e.seq,
+                e.part_id,
+                e.verdict,
+                e.reasons,
+                e.wall_ns,
+                e.mono_ns,
+                synced,
+                e.model_sha256,
+                e.config_sha256,
+                identity.version,
+                identity.board_id,
+                identity.boot_id,
+                e.evidence,
+                e.message.decode(),
+            )
+            for e in entries
+        ]
+        try:
+            with db:  # BEGIN ... COMMIT, or ROLLBACK on an error
+                db.execute("BEGIN")
+                db.executemany(_INSERT, rows)
+                last = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
+            self.last_id = last
+        except sqlite3.DatabaseError as e:
+            self._after_error(e)
+            raise
+
+    def _after_error(self, error: sqlite3.DatabaseError) -> None:
+        """A damaged file is moved aside now, so that the retry starts a new one."""
+        if isinstance(error, sqlite3.OperationalError):
+            return
+        self.close()
+        aside = self._move_aside()
+        log.warning("journal %s is damaged (%s): moved aside to %s; a new journal starts", self.path, error, aside)
+
+    def size(self) -> int:
+        """Bytes the journal's pages take (free pages not counted)."""
+        db = self._connection()
+        pages = db.execute("PRAGMA page_count").fetchone()[0] - db.execute("PRAGMA freelist_count").fetchone()[0]
+        return int(pages * db.execute("PRAGMA page_size").fetchone()[0])
+
+    def prune(self, now_ns: int, max_age_days: float, max_bytes: int) -> int:
+        """Delete rows older than ``max_age_days`` (0: none), then the oldest tenth until under
+        ``max_bytes``; give the space back to the file system. Returns the rows deleted."""
+        db = self._connection()
+        deleted = 0
+        try:
+            with db:
+                db.execute("BEGIN")
+                if max_age_days > 0:
+                    cutoff = now_ns - int(max_age_days * 86_400e9)
+                    deleted += db.execute("DELETE FROM entries WHERE wall_ns < ?", (cutoff,)).rowcount
+            while self.size() > max_bytes:
+                with db:
+                    db.execute("BEGIN")
+                    rows = db.execute("SELECT count(*) FROM entries").fetchone()[0]
+                    if rows == 0:
+                        break
+                    cut = db.execute(
+                        "SELECT id FROM entries ORDER BY id LIMIT 1 OFFSET ?", (max(rows // 10, 1) - 1,)
+                    ).fetchone()[0]
+                    deleted += db.execute("DELETE FROM entries WHERE id <= ?", (cut,)).rowcount
+            if deleted:
+                db.executescript("PRAGMA incremental_vacuum;")  # a page per step: executescript steps them all
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.DatabaseError as e:
+            self._after_error(e)
+            raise
+        return deleted
+
+    def close(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            self._db = None
+
+
+class JournalWriter:
+    """Takes entries from the loop (`offer`, never blocking) and writes them on its own thread."""
+
+    def __init__(self, cfg: JournalConfig, path: Path, identity: Identity, previous: JournalWriter | None) -> None:
+        self.cfg = cfg
+        self.store = JournalStore(path, cfg.durability)
+        self._identity = identity
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: deque[Entry] = deque()
+        self._queued_bytes = 0
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
+        self.recorded: dict[str, int] = previous.recorded if previous else {}
+        self.dropped: dict[str, int] = previous.dropped if previous else {}
+        self.errors: int = previous.errors if previous else 0
+        self.last_error: str | None = previous.last_error if previous else None
+        self.bytes = 0
+        self._failing = False
+        self._drop_log = LogRate(LOG_EVERY_S)
+        # Set after each batch is committed: the threads of the outputs that deliver from the journal.
+        self.committed: weakref.WeakSet[Waker] = weakref.WeakSet()
+
+    def start(self) -> None:
+        """Open the journal now, so that a feed made next finds it, then write on a thread of its own."""
+        self._attempt(self.store.open)
+        self._thread.start()
+
+    def offer(self, entry: Entry) -> None:
+        """Queue ``entry`` for the disk; when the disk is so far behind that the queue is full, it is
+        dropped and counted."""
+        size = len(entry.message)
+        with self._lock:
+            if self._queued_bytes + size > QUEUE_BYTES:
+                self.dropped[entry.camera_id] = self.dropped.get(entry.camera_id, 0) + 1
+                if self._drop_log.allows():
+                    log.error(
+                        "journal %s: %d bytes wait for the disk; new entries are dropped and counted",
+                        self.store.path,
+                        self._queued_bytes,
+                    )
+                return
+            self._queue.append(entry)
+            self._queued_bytes += size
+            self._wake.notify()
+
+    def report(self, camera_id: str) -> JournalReport:
+        return JournalReport(
+            path=str(self.store.path),
+            recorded=self.recorded.get(camera_id, 0),
+            dropped=self.dropped.get(camera_id, 0),
+            errors=self.errors,
+            bytes=self.bytes,
+            last_error=self.last_error,
+        )
+
+    def stop(self, timeout_s: float) -> None:
+        """Write what is queued, within ``timeout_s``, and close the file."""
+        with self._lock:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            with self._lock:
+                left = len(self._queue)
+            log.warning("journal %s: stopping with %d entries not yet written (the disk is too slow)", self.store.path, left)
+
+    # ---- the journal's thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        retry_s = RETRY_S[0]
+        next_prune = 0.0
+        while True:
+            with self._lock:
+                while not self._queue and not self._stopping and time.monotonic() < next_prune:
+                    self._wake.wait(next_prune - time.monotonic())
+                batch = [self._queue[i] for i in range(min(len(self._queue), BATCH_ROWS))]
+                stopping = self._stopping
+            if batch:
+                if self._attempt(partial(self.store.append, batch, self._identity, clock_synced())):
+                    self._written(batch)
+                    retry_s = RETRY_S[0]
+                elif self._pause(retry_s):
+                    break
+                else:
+                    retry_s = min(retry_s * 2, RETRY_S[1])
+                continue
+            if stopping:
+                break
+            if self._attempt(self._prune):
+                next_prune = time.monotonic() + PRUNE_EVERY_S
+            else:
+                next_prune = time.monotonic() + retry_s
+        self.store.close()
+
+    def _written(self, batch: list[Entry]) -> None:
+        with self._lock:
+            for entry in batch:
+                self._queue.popleft()
+                self._queued_bytes -= len(entry.message)
+                self.recorded[entry.camera_id] = self.recorded.get(entry.camera_id, 0) + 1
+        for wake in list(self.committed):
+            wake.set()
+        if self._failing:
+            self._failing = False
+            log.info("journal %s written again after %d error(s)", self.store.path, self.errors)
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` before a retry; True when a stop asks to give up instead."""
+        with self._lock:
+            if not self._stopping:
+                self._wake.wait_for(lambda: self._stopping, seconds)
+            return self._stopping
+
+    def _prune(self) -> None:
+        self.store.prune(time.time_ns(), self.cfg.max_age_days, self.cfg.max_bytes)
+        self.bytes = self.store.size()
+
+    def _attempt(self, action: Callable[[], None]) -> bool:
+        """Run ``action``; an error is counted, and logged when a burst of them starts."""
+        try:
+            action()
+        except (sqlite3.Error, OSError) as e:
+            self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+            if not self._failing:
+                self._failing = True
+                log.error(
+                    "journal %s not written: %s; inspection goes on, entries wait in memory (up to %d MB) and "
+                    "further failures are counted as journal errors until a write succeeds",
+                    self.store.path,
+                    self.last_error,
+                    QUEUE_BYTES // 1_000_000,
+                )
+            return False
+        return True
+
+
+class JournalOutput(Output):
+    """The journal as an output (`edged.output`): it asks for the messages as sent, and records each
+    verdict (and detections message, when configured) of every camera in one file."""
+
+    def __init__(self, settings: Settings, previous: JournalWriter | None = None) -> None:
+        self._adopt(settings)
+        path = self._cfg.path or default_path(None)  # load_config fills it in; settings built in code may not
+        self.writer = JournalWriter(self._cfg, path, Identity.here(), previous)
+        self.writer.start()
+
+    def _adopt(self, settings: Settings) -> None:
+        self._cfg = settings.journal
+        self._config_sha256 = config_sha256(settings)
+        self._inspected = {c.camera_id for c in settings.source if settings.inspection(c) is not None}
+
+    @classmethod
+    def from_settings(cls, settings: Settings, services: Services) -> JournalOutput | None:
+        return cls(settings) if settings.journal.enabled else None
+
+    def wants(self, camera_id: str, found: bool) -> Delivery:
+        return Delivery.SENT if camera_id in self._inspected or (found and self._cfg.detections) else Delivery.NONE
+
+    def frame(self, report: FrameReport) -> None:
+        message = report.message
+        if message is None:
+            return
+        mono_ns = report.outcome.frame.t_capture_ns
+        if report.verdict is not None and report.verdict_payload is not None:
+            verdict = report.verdict
+            self.writer.offer(
+                Entry(
+                    "verdict",
+                    report.camera_id,
+                    verdict.frame_id,
+                    verdict.seq,
+                    verdict.part_id,
+                    verdict.verdict,
+                    json.dumps([reason.model_dump() for reason in verdict.reasons]),
+                    verdict.capture_time_ns,
+                    mono_ns,
+                    message.model.sha256,
+                    self._config_sha256,
+                    report.verdict_payload,
+                    report.saved.get("evidence"),
+                )
+            )
+        if self._cfg.detections and report.found and report.payload is not None:
+            self.writer.offer(
+                Entry(
+                    "detections",
+                    report.camera_id,
+                    message.frame_id,
+                    message.seq,
+                    message.part_id,
+                    message.verdict,
+                    None,
+                    message.capture_time_ns,
+                    mono_ns,
+                    message.model.sha256,
+                    self._config_sha256,
+                    report.payload,
+                    report.saved.get("evidence"),
+                )
+            )
+
+    def report(self, camera_id: str) -> OutputReport:
+        if camera_id not in self._inspected and not self._cfg.detections:
+            return NO_REPORT
+        report = self.writer.report(camera_id)
+        return OutputReport(drops={"journal": report.dropped}, fields={"journal": report})
+
+    def reload(self, settings: Settings, services: Services) -> JournalOutput | None:
+        """The same file and durability keep the writer; anything else starts a new one, counters carried."""
+        cfg = settings.journal
+        if not cfg.enabled:
+            self.close()
+            return None
+        if cfg.path == self._cfg.path and cfg.durability == self._cfg.durability:
+            self._adopt(settings)
+            self.writer.cfg = cfg
+            return self
+        self.writer.stop(STOP_WAIT_S)
+        return JournalOutput(settings, self.writer)
+
+    def feed(self, name: str, wake: Wake) -> VerdictFeed:
+        """The verdicts for output ``name`` to deliver from the journal; ``wake`` is set when new ones are recorded."""
+        self.writer.committed.add(wake)
+        return VerdictFeed(self.writer.store.path, name, first_after=self.writer.store.last_id)
+
+    def drain(self) -> None:
+        self.writer.stop(STOP_WAIT_S)
+
+    def close(self) -> None:
+        self.drain()

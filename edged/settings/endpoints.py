@@ -1,0 +1,78 @@
+"""What a ZeroMQ endpoint setting (``publish.endpoints``, ``trigger.endpoint``) says about who can
+reach it, and where edged may make the folder of an ipc:// socket.
+
+edged makes folders only under the service's own runtime directory: a missing folder anywhere
+else is a mistyped path, and edged running as root would otherwise create it wherever it points.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import stat
+from pathlib import Path
+
+RUNTIME_DIR = Path("/run/edged")  # the units' RuntimeDirectory=; edged's own outside systemd too
+
+
+def loopback_host(host: str) -> bool:
+    """Whether only this machine can reach ``host``: a loopback address, or a name that resolves to loopback alone."""
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        try:  # an interface name or hostname: loopback only if it resolves there
+            return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+        except (OSError, ValueError):
+            return False
+
+
+def on_the_network(endpoint: str) -> bool:
+    """Whether ``endpoint`` is tcp on a host (``*``, an address, a name) other machines can reach."""
+    return endpoint.startswith("tcp://") and not loopback_host(endpoint[len("tcp://") :].rsplit(":", 1)[0])
+
+
+def runtime_dirs() -> tuple[Path, ...]:
+    """The service's own runtime directories: systemd's ``$RUNTIME_DIRECTORY`` (several joined by
+    ``:``) when it is set, else `RUNTIME_DIR`."""
+    given = tuple(Path(d) for d in os.environ.get("RUNTIME_DIRECTORY", "").split(":") if d)
+    return given or (RUNTIME_DIR,)
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    """The socket file of an ipc:// endpoint, or None for another transport."""
+    return Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
+
+
+def ours_to_make(folder: Path) -> bool:
+    """Whether edged may create ``folder``: it lies in one of `runtime_dirs` (or is one), ``..`` and
+    links resolved."""
+    resolved = folder.resolve()
+    return any(d == resolved or d in resolved.parents for d in (r.resolve() for r in runtime_dirs()))
+
+
+def ipc_folder_problem(endpoint: str) -> str | None:
+    """Why the folder of an ipc:// endpoint's socket cannot be had: it is missing and not edged's to
+    make, it is no folder, or the path holds a NUL. None when it is there, will be made, or cannot
+    be looked at here (the bind then says why)."""
+    path = ipc_path(endpoint)
+    if path is None:
+        return None
+    folder = Path(os.path.abspath(path)).parent
+    try:
+        is_folder = stat.S_ISDIR(folder.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        if ours_to_make(folder):
+            return None
+        where = " or ".join(str(d) for d in runtime_dirs())
+        return (
+            f"{endpoint}: the folder {folder} does not exist, and edged makes folders only under its "
+            f"runtime directory ({where}): create it, or put the socket there"
+        )
+    except ValueError:  # the only one os.stat raises: a NUL, which no path holds
+        return f"{endpoint!r}: a path cannot hold a NUL character"
+    except OSError:
+        return None
+    return None if is_folder else f"{endpoint}: {folder} is not a folder"

@@ -1,0 +1,39 @@
+"""``[journal]``: the local record of every verdict (`edged.journal` keeps it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from edged.settings.section import Section
+
+JOURNAL_FILE = "journal.sqlite"
+
+
+def default_path(config_dir: Path | None) -> Path:
+    """The journal in the service's state directory (systemd's ``$STATE_DIRECTORY``); outside systemd
+    beside the configuration file, or in the working directory without one."""
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(state or config_dir or Path.cwd()) / JOURNAL_FILE
+
+
+class JournalConfig(Section):
+    enabled: bool = Field(True, description="Record every verdict in a local SQLite file that survives crashes and outages.")
+    path: Path | None = Field(
+        None,
+        description="The journal file; its folder must exist. Default: journal.sqlite in the service's state "
+        "directory under systemd, else beside the configuration file.",
+    )
+    detections: bool = Field(
+        False, description="Also record every detections message sent (one row per frame with results: large)."
+    )
+    durability: Literal["normal", "full"] = Field(
+        "normal",
+        description="'normal': a crash of edged loses nothing recorded, a power cut may lose the last batch "
+        "(SQLite WAL, synchronous=NORMAL); 'full': every batch is on the disk before the next (fsync; more SD wear).",
+    )
+    max_bytes: int = Field(500_000_000, gt=0, description="Most bytes the journal may take; the oldest rows go first.")
+    max_age_days: float = Field(90.0, ge=0, description="Rows older than this are deleted; 0 keeps them.")

@@ -1,0 +1,244 @@
+"""The verdict journal: rows that say what, when, with which model and where; a damaged file moved
+aside; retention; a full or read-only disk counted while nothing queued is lost; the daemon's own."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from filesystems import read_only_folder, tmpfs
+from onnx_models import fixed_scene
+from waiting import wait_for
+
+from edged import journal
+from edged.config import load_config
+from edged.errors import ConfigError
+from edged.identity import Identity, board_id, boot_id
+from edged.journal import Entry, JournalStore, JournalWriter
+from edged.messages import StatusMessage, VerdictMessage
+from edged.settings.journal import JournalConfig
+
+IDENTITY = Identity("b0a4d1d000000000", "boot-1", "9.9.9")
+
+
+def entry(n: int, camera_id: str = "cam", wall_ns: int | None = None, size: int = 0) -> Entry:
+    message = json.dumps({"kind": "verdict", "frame_id": n, "pad": "x" * size}).encode()
+    wall = 1_700_000_000_000_000_000 + n if wall_ns is None else wall_ns
+    return Entry("verdict", camera_id, n, n, f"P-{n}", "ng", "[]", wall, n, "m" * 64, "c" * 64, message)
+
+
+def rows(path: Path, query: str = "SELECT frame_id FROM entries ORDER BY id") -> list[tuple[object, ...]]:
+    """Read as another process would: its own connection, while the writer may still be open."""
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return db.execute(query).fetchall()
+
+
+def writer(path: Path, **keys: object) -> JournalWriter:
+    cfg = JournalConfig(path=path, **keys)
+    w = JournalWriter(cfg, path, IDENTITY, previous=None)
+    w.start()
+    return w
+
+
+@pytest.mark.unit
+def test_a_row_says_what_when_with_which_model_and_where(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    w = writer(path)
+    try:
+        for n in range(5):
+            w.offer(entry(n))
+        assert wait_for(lambda: w.report("cam").recorded == 5)
+        got = rows(path, f"SELECT {journal.COLUMNS} FROM entries ORDER BY id")
+        assert [r[2] for r in got] == [0, 1, 2, 3, 4]  # read while the writer holds the file: WAL
+        (kind, camera, frame, seq, part, verdict, reasons, wall, mono, synced, model, config, version, board, boot) = got[1][
+            :15
+        ]
+        evidence, msg = got[1][15:]
+        assert evidence is None
+        assert (kind, camera, frame, seq, part, verdict, reasons) == ("verdict", "cam", 1, 1, "P-1", "ng", "[]")
+        assert (wall, mono, model, config) == (1_700_000_000_000_000_001, 1, "m" * 64, "c" * 64)
+        assert (version, board, boot) == ("9.9.9", "b0a4d1d000000000", "boot-1")
+        assert synced in (0, 1, None)
+        assert json.loads(msg)["frame_id"] == 1
+    finally:
+        w.stop(5)
+    assert rows(path, "PRAGMA journal_mode") == [("wal",)]
+
+
+@pytest.mark.unit
+def test_the_board_id_is_derived_from_the_machine_id_not_equal_to_it(tmp_path: Path) -> None:
+    machine = tmp_path / "machine-id"
+    machine.write_text("0123456789abcdef0123456789abcdef\n")
+    derived = board_id(machine)
+    assert len(derived) == 16 and derived not in machine.read_text()
+    assert board_id(machine) == derived
+    assert board_id(tmp_path / "none") == "unknown"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_damaged_journal_is_moved_aside_and_a_new_one_started(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "journal.sqlite"
+    if damage == "garbage":
+        path.write_bytes(b"this is not a journal\n" * 400)
+    else:
+        w = writer(path)
+        for n in range(2000):
+            w.offer(entry(n, size=200))
+        assert wait_for(lambda: w.report("cam").recorded == 2000, 20)
+        w.stop(5)
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    store = JournalStore(path, "normal")
+    store.open()
+    store.append([entry(7)], IDENTITY, None)
+    store.close()
+    aside = [p.name for p in tmp_path.iterdir() if ".damaged-" in p.name]
+    assert aside and aside[0].startswith("journal.sqlite.damaged-")
+    assert rows(path) == [(7,)]
+
+
+@pytest.mark.unit
+def test_retention_deletes_by_age_then_the_oldest_until_under_its_size(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    day_ns = 86_400 * 10**9
+    now = 100 * day_ns
+    store.append([entry(n, wall_ns=now - (40 - n) * day_ns) for n in range(40)], IDENTITY, None)
+    assert store.prune(now, max_age_days=30, max_bytes=10**9) == 10  # ages 40..31 days
+    assert rows(path)[0] == (10,)
+    store.append([entry(n, wall_ns=now, size=2000) for n in range(40, 400)], IDENTITY, None)
+    assert store.size() > 200_000
+    store.prune(now, max_age_days=0, max_bytes=200_000)
+    left = [r[0] for r in rows(path)]
+    assert store.size() <= 200_000 and left == list(range(left[0], 400))  # the newest kept, in order
+    assert path.stat().st_size < 400 * 2000  # the space went back to the file system
+    store.close()
+
+
+def test_a_full_disk_is_counted_and_what_waits_is_written_once_there_is_room(tmp_path: Path) -> None:
+    folder = tmp_path / "small"
+    with tmpfs(folder, "size=512k") as mounted:
+        if not mounted:
+            pytest.skip("a small tmpfs needs root and mount")
+        filler = folder / "filler"
+        w = writer(folder / "journal.sqlite")
+        try:
+            w.offer(entry(0))
+            assert wait_for(lambda: w.report("cam").recorded == 1)
+            with filler.open("wb") as f:  # fill what is left
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+            for n in range(1, 200):
+                w.offer(entry(n, size=1000))
+            assert wait_for(lambda: w.report("cam").errors > 0, 10), w.report("cam")
+            assert "full" in (w.report("cam").last_error or "")
+            filler.unlink()
+            assert wait_for(lambda: w.report("cam").recorded == 200, 60), w.report("cam")
+        finally:
+            w.stop(5)
+        assert [r[0] for r in rows(folder / "journal.sqlite")] == list(range(200))
+        assert w.report("cam").dropped == 0
+
+
+def test_a_read_only_folder_is_counted_and_the_queue_stays_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    monkeypatch.setattr(journal, "QUEUE_BYTES", 20_000)
+    with read_only_folder(folder):
+        w = writer(folder / "journal.sqlite")
+        try:
+            for n in range(100):
+                w.offer(entry(n, size=1000))
+            assert wait_for(lambda: w.report("cam").errors > 0, 10)
+            report = w.report("cam")
+            assert report.dropped >= 80 and report.recorded == 0  # ~19 wait in memory, the rest are counted
+        finally:
+            w.stop(1)
+
+
+@pytest.mark.unit
+def test_the_journal_defaults_beside_the_config_or_in_the_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fixed_scene(tmp_path / "m.onnx", [])
+    config = write_config(tmp_path / "edged.toml", {"source": {"type": "synthetic"}, "model": {"path": "m.onnx"}})
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    assert load_config(config).journal.path == tmp_path / "journal.sqlite"
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    assert load_config(config).journal.path == state / "journal.sqlite"
+    write_config(
+        config,
+        {"source": {"type": "synthetic"}, "model": {"path": "m.onnx"}, "journal": {"path": "no/such/j.sqlite"}},
+    )
+    with pytest.raises(ConfigError, match=r"journal.path: folder .*no/such does not exist"):
+        load_config(config)
+
+
+SCENE = [(16.0, 20.0, 8.0, 8.0, 1, 0.9)]  # one crack in every frame: ng
+
+
+def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens(tmp_path: Path) -> None:
+    fixed_scene(tmp_path / "scene.onnx", SCENE)
+    write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    doc = {
+        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+        "model": {"path": "scene.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+        "thermal": {"enabled": False},
+        "inspect": {"ng_classes": ["crack"]},
+    }
+    d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
+    path = tmp_path / "journal.sqlite"
+    try:
+        verdicts = [m for m in d.collect("verdict", 20) if isinstance(m, VerdictMessage)]
+        status = d.wait_status(lambda s: s.journal is not None and s.journal.recorded >= 20)
+        assert status.journal is not None and status.journal.path == str(path) and status.journal.errors == 0
+        here = Identity.here()
+        assert (status.board_id, status.boot_id) == (here.board_id, here.boot_id) == (board_id(), boot_id())
+        assert {(v.board_id, v.boot_id) for v in verdicts} == {(here.board_id, here.boot_id)}
+        assert {v.clock_synced for v in verdicts} <= {True, False, None}
+        assert wait_for(lambda: len(rows(path)) >= 20, 10)
+        during = run_cli("history", "--config", str(tmp_path / "edged.toml"), "--json", "--limit", "5")
+        assert during.returncode == 0, during.stderr
+        assert [row["verdict"] for row in json.loads(during.stdout)] == ["ng"] * 5
+        d.signal(signal.SIGKILL)
+        d.proc.wait(10)
+    finally:
+        d.close()
+    assert rows(path, "PRAGMA quick_check") == [("ok",)]
+    recorded = rows(path, "SELECT seq, frame_id, verdict, message, model_sha256 FROM entries WHERE kind = 'verdict'")
+    by_seq = {seq: (frame, verdict, json.loads(message), model) for seq, frame, verdict, message, model in recorded}
+    for v in verdicts:
+        frame, verdict, message, model = by_seq[v.seq]
+        assert (frame, verdict, message["frame_id"]) == (v.frame_id, "ng", v.frame_id)
+        assert model == v.model_sha256 == status.model.sha256
+
+
+def test_without_inspect_the_journal_reports_nothing_of_the_camera(tmp_path: Path) -> None:
+    fixed_scene(tmp_path / "scene.onnx", SCENE)
+    write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    doc = {
+        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+        "model": {"path": "scene.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+        "thermal": {"enabled": False},
+    }
+    d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
+    try:
+        status = d.wait_status(lambda s: s.frames_processed > 0)
+        assert isinstance(status, StatusMessage) and status.journal is None
+    finally:
+        d.stop()

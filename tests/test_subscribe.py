@@ -1,0 +1,132 @@
+"""``edged subscribe`` stops by itself once every camera it follows has ended: against a real daemon
+playing a finite image folder, and against a publisher whose cameras end one after the other."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import zmq
+from daemon import edged_command, free_port, write_config
+from onnx_models import colour_probe
+from waiting import wait_for
+
+from edged.messages import CaptureState, ModelInfo, StatusMessage
+from edged.subscribe import run_subscribe
+
+pytestmark = pytest.mark.integration
+
+MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
+
+
+def test_it_exits_0_once_the_daemon_has_played_a_finite_source_to_its_end(tmp_path: Path) -> None:
+    colour_probe(tmp_path / "probe.onnx")
+    (tmp_path / "imgs").mkdir()
+    for i in range(12):
+        cv2.imwrite(str(tmp_path / "imgs" / f"{i:03d}.png"), np.full((48, 64, 3), (0, 0, 255), np.uint8))
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "images", "path": "imgs", "fps": 3.0, "loop": False},
+            "model": {"path": "probe.onnx"},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+            "thermal": {"enabled": False},
+            "http": {"listen": ""},
+        },
+    )
+    # The subscriber first: it connects as soon as the daemon binds, seconds before the images run out.
+    subscriber = subprocess.Popen(
+        edged_command("subscribe", endpoint, "--timeout", "120"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    daemon = subprocess.Popen(edged_command("run", "--config", str(config)), stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = subscriber.communicate(timeout=150)
+        daemon_log = daemon.communicate(timeout=30)[1]
+    finally:
+        for proc in (subscriber, daemon):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert daemon.returncode == 0 and "source ended: stopping" in daemon_log, daemon_log
+    assert subscriber.returncode == 0, err
+    assert "[cam0 frame " in out and "camera ended" in out  # the detections, then the last status
+    assert "every camera has ended (cam0): the stream is over" in err
+    assert "no more messages within" not in err
+
+
+def _status(camera: str, state: CaptureState, seq: int) -> list[bytes]:
+    msg = StatusMessage(
+        camera_id=camera,
+        seq=seq,
+        time_ns=0,
+        uptime_s=1.0,
+        fps=0.0,
+        frames_processed=0,
+        source_state=state,
+        drops={},
+        latency={},
+        rate_cap_fps=None,
+        thermal=None,
+        model=MODEL,
+    )
+    return [f"edged/status/{camera}".encode(), msg.model_dump_json().encode()]
+
+
+def test_one_camera_ended_among_running_ones_keeps_it_going_until_every_one_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    endpoint = f"ipc://{tmp_path / 'pub.sock'}"
+    context = zmq.Context()
+    pub = context.socket(zmq.XPUB)
+    pub.bind(endpoint)
+    codes: list[int] = []
+    out = _Lines()
+    subscriber = threading.Thread(
+        target=lambda: codes.append(
+            run_subscribe(endpoint, "", stats=False, raw_json=False, count=None, timeout_s=120, out=out)
+        )
+    )
+    subscriber.start()
+    try:
+        assert pub.poll(30_000) and pub.recv() == b"\x01", "the subscription"
+        pub.send_multipart(_status("top", "ended", 0))  # what a subscriber joining late may hear first
+        pub.send_multipart(_status("side", "ok", 0))
+        assert wait_for(lambda: "[status side] 0.0 fps, camera ok" in out.text(), timeout_s=30), out.text()
+        for seq in range(1, 4):  # status rounds, the side camera still running
+            pub.send_multipart(_status("top", "ended", seq))
+            pub.send_multipart(_status("side", "ok", seq))
+            assert wait_for(lambda s=seq: out.text().count("[status side]") == s + 1, timeout_s=30), out.text()
+        assert subscriber.is_alive() and not codes
+        pub.send_multipart(_status("side", "ended", 4))
+        subscriber.join(60)
+        assert not subscriber.is_alive() and codes == [0]
+        assert "every camera has ended (top, side): the stream is over" in capsys.readouterr().err
+    finally:
+        pub.close(linger=0)
+        subscriber.join(130)
+        context.term()
+
+
+class _Lines:
+    """What ``edged subscribe`` prints, for the test's thread to read while it runs."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._lines.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+    def text(self) -> str:
+        with self._lock:
+            return "".join(self._lines)
