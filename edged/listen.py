@@ -73,13 +73,13 @@ def refuse_live_ipc(path: Path, endpoint: str, key: str) -> None:
         return  # nothing there, or a socket file its process left behind
     except OSError as e:
         raise PublishError(
-            f"cannot bind {endpoint}: cannot tell whether another process listens on {path} "
+            f"{key}: cannot bind {endpoint}: cannot tell whether another process listens on {path} "
             f"({e.strerror or e}); remove the file if nothing uses it, or choose another ipc path"
         ) from None
     finally:
         probe.close()
     raise PublishError(
-        f"cannot bind {endpoint}: another process is listening on {path} (another edged with the "
+        f"{key}: cannot bind {endpoint}: another process is listening on {path} (another edged with the "
         f"same {key}?); stop it, or give each instance its own ipc path"
     )
 
@@ -170,7 +170,7 @@ class Listener:
             hint = ""
             if e.errno == zmq.EADDRINUSE:
                 hint = f" (another program holds it, perhaps an edged still running: stop it or change {self.key})"
-            raise PublishError(f"cannot bind {endpoint}: {e.strerror}{hint}") from None
+            raise PublishError(f"{self.key}: cannot bind {endpoint}: {e.strerror}{hint}") from None
         if ipc_path is not None:
             os.chmod(ipc_path, 0o660)  # the service's group may connect, nobody else
         bound = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)

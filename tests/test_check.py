@@ -80,15 +80,22 @@ def test_check_says_what_run_will_do_and_binds_every_address(tmp: Path, ports: l
     assert "valid" not in result.stdout
 
 
-@pytest.mark.parametrize(("index", "key"), [(0, "publish.endpoints"), (1, "http.listen"), (2, "trigger.endpoint")])
+@pytest.mark.parametrize(
+    ("index", "key", "named"),
+    [
+        (0, "publish.endpoints", "publish.endpoints: cannot bind tcp://127.0.0.1:{port}"),
+        (1, "http.listen", "http.listen 127.0.0.1:{port}: the live view, status page and metrics cannot be served"),
+        (2, "trigger.endpoint", "trigger.endpoint: cannot bind tcp://127.0.0.1:{port}"),
+    ],
+)
 def test_a_port_in_use_fails_the_check_with_exit_1_naming_its_key_and_port(
-    tmp: Path, ports: list[int], held: list[socket.socket], index: int, key: str
+    tmp: Path, ports: list[int], held: list[socket.socket], index: int, key: str, named: str
 ) -> None:
     _hold(held, ports[index])
     config = _config(tmp, ports)
     result = run_cli("check", "--config", str(config))
     assert result.returncode == 1, result.stdout + result.stderr
-    assert key in result.stderr and f"127.0.0.1:{ports[index]}" in result.stderr, result.stderr
+    assert f"edged: check failed: {named.format(port=ports[index])}" in result.stderr, result.stderr
     assert "Address already in use" in result.stderr and "edged check --no-bind" in result.stderr
     assert "ok" not in result.stdout.splitlines()
     # Beside the running service, which holds its own ports, the rest is still checked.
