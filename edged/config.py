@@ -21,7 +21,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar, get_args
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 if sys.version_info >= (3, 11):
@@ -210,6 +210,20 @@ class PublishConfig(Section):
             if not ep.startswith(("tcp://", "ipc://")):
                 raise ValueError(f"endpoint {ep!r} must start with tcp:// or ipc://")
         return v
+
+    @model_validator(mode="after")
+    def _plaintext_off_loopback(self) -> PublishConfig:
+        """Plaintext detections on the network are refused when the configuration loads, so that
+        `edged check` finds it and `edged run` exits 78 rather than 1 at bind (a restart loop)."""
+        if self.curve_server_key is None and not self.insecure:
+            exposed = [ep for ep in self.endpoints if on_the_network(ep)]
+            if exposed:
+                raise ValueError(
+                    f"publish.endpoints {exposed[0]!r} is not a loopback address and would publish unencrypted "
+                    "detections to the network: set publish.curve_server_key and publish.curve_clients_dir "
+                    "(edged keygen), bind 127.0.0.1 or ipc://, or set publish.insecure = true to accept that"
+                )
+        return self
 
 
 # ---- trigger --------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ messages over while the broker is there. Disconnected, the outbox keeps at most 
 messages, events before detections, and drops the oldest beyond that, counted per topic; only
 the newest status of each camera waits, as the broker retains only the last one anyway. With the
 journal on, verdicts skip the outbox: they go out from the journal (`edged.replay`), so none is
-lost to an outage.
+lost to an outage. Replies to trigger requests refused on arrival (``busy``, ...) wait in a
+bounded line of their own, so that a flood of requests never pushes a verdict, a detection or a
+request's answer out.
 One output, one connection, serves every camera of the board; each camera has its own topics.
 
 Topics, under ``topic_prefix`` (default ``edged/<hostname>``)::
@@ -25,7 +27,8 @@ the broker connection never waits for an inspection. The subscriptions follow th
 handler was last given (a reload changes them on the live connection) and are made again on
 every connection, as a clean session ends them: a trigger sent while edged is disconnected is
 not seen (the requester's timeout covers it, and an inspection long after its part has passed
-would be of the wrong part anyway).
+would be of the wrong part anyway). paho reads through `PacketCap`, which discards a payload over
+`MAX_TRIGGER_BYTES` as it arrives (counted as `TOO_LARGE`), so no publisher decides what edged allocates.
 
 paho-mqtt (2.x) is an optional dependency, imported only when a configuration has ``[mqtt]``.
 """
@@ -49,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from edged.backoff import Backoff
 from edged.errors import BrokerError, EdgedError, KeyFileError, MissingDependency
 from edged.keys import check_secret_file
+from edged.lograte import LogRate
 from edged.output import MessageKind, MessageOutput, OutputReport, Services
 from edged.settings.mqtt import MqttConfig
 from edged.wake import Wake
@@ -64,6 +68,8 @@ log = logging.getLogger(__name__)
 Kind = Literal["detections", "status", "verdict", "trigger/error"]
 KINDS: tuple[Kind, ...] = ("detections", "status", "verdict", "trigger/error")
 TRIGGER = "trigger"  # the topic requests arrive on, and their drops' key: those refused unread
+REFUSALS = "refusals"  # the drops' key of replies to requests refused on arrival (busy, ...) beyond their bound
+MAX_REFUSALS = 100  # such replies waiting for the broker: a flood of requests fills this, never the outbox
 MqttState = Literal["connected", "disconnected"]
 
 BACKOFF_INITIAL_S = 0.5
@@ -72,6 +78,12 @@ CONNECT_TIMEOUT_S = 5.0  # one TCP connect plus TLS handshake; the thread alone 
 CLOSE_TIMEOUT_S = 0.5  # at stop, how long the last status and the offline state may take to go out
 INFLIGHT = 20  # QoS 1/2 messages handed to paho and not yet acknowledged
 LOG_EVERY_N_FAILURES = 10  # the same failure again is logged once per this many attempts
+MAX_TRIGGER_BYTES = 1024  # a trigger's payload is a few dozen bytes; ZeroMQ's requests are capped the same
+READ_BYTES = 1 << 16  # what `PacketCap` reads from the socket at once
+TOO_LARGE = "mqtt_too_large"  # the status drop counting messages `PacketCap` cut
+TOO_LARGE_LOG_INTERVAL_S = 60.0
+CUT_TOPIC = "+"  # the topic of a message `PacketCap` cut: no broker delivers a topic with a wildcard
+PUBLISH = 3  # the MQTT packet type of a message
 TICK_S = 1.0  # the thread comes round at least this often (keepalive pings, stop)
 
 
@@ -107,12 +119,16 @@ def broker_problems(cfg: MqttConfig) -> list[str]:
         problems.append(f"mqtt: {e}")
     for key in ("ca_file", "cert_file"):
         path = getattr(cfg, key)
+        if path is None:
+            continue
         try:
-            missing = path is not None and not path.is_file()
+            directory, missing = path.is_dir(), not path.is_file()
         except OSError as e:  # e.g. a name too long for the filesystem
             problems.append(f"mqtt.{key}: cannot read {path}: {e.strerror}")
             continue
-        if missing:
+        if directory:
+            problems.append(f"mqtt.{key}: {path} is a directory, not a file")
+        elif missing:
             problems.append(f"mqtt.{key}: {path} does not exist")
     for key in ("password_file", "key_file"):
         path = getattr(cfg, key)
@@ -184,6 +200,124 @@ def refusal(reason_code: Any) -> str:
     return f"the broker refused the connection: {reason_code} (reason code {reason_code.value}){hint}"
 
 
+class PacketCap:
+    """paho's socket, read through a filter that passes on no message payload over ``limit`` bytes.
+
+    paho reads a whole packet into memory before it looks at it, so a peer allowed to publish on a
+    trigger topic could make edged allocate whatever the remaining length says (up to 256 MB). This
+    reads the stream's packets as they come: a PUBLISH whose payload is over ``limit`` reaches paho
+    as the same packet (flags, packet id) with topic `CUT_TOPIC` and no payload, which paho
+    acknowledges as it would the message, and the payload is discarded as it arrives, never held;
+    ``cut`` is told the topic and the payload's size. Any other packet over ``limit`` (only a
+    broker sends them, and none is that big) loses the connection. MQTT 3.1.1, as `new_client`
+    speaks it.
+    """
+
+    def __init__(self, sock: Any, limit: int, cut: Callable[[str, int], None]) -> None:
+        self._sock = sock
+        self._limit = limit
+        self._cut = cut
+        self._ready = bytearray()  # filtered bytes paho has not read yet
+        self._header = bytearray()  # the fixed header being read, then a big PUBLISH's variable header
+        self._big: tuple[bytes, int] | None = None  # a big PUBLISH: its fixed header and remaining length
+        self._passing = 0  # bytes of the packet in hand still to pass on as they are
+        self._skipping = 0  # bytes of a cut payload still to discard
+
+    def recv(self, bufsize: int) -> bytes:
+        """At most ``bufsize`` filtered bytes; raises what the socket raises (BlockingIOError, TLS's wants)."""
+        while not self._ready:
+            data = self._sock.recv(READ_BYTES)
+            if not data:
+                return b""
+            self._feed(data)
+        out = bytes(self._ready[:bufsize])
+        del self._ready[:bufsize]
+        return out
+
+    def pending(self) -> int:
+        """Bytes already read that ``select`` no longer sees: filtered ones, and TLS's decrypted ones."""
+        return len(self._ready) + (self._sock.pending() if hasattr(self._sock, "pending") else 0)
+
+    def send(self, data: bytes) -> int:
+        return int(self._sock.send(data))
+
+    def fileno(self) -> int:
+        return int(self._sock.fileno())
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _feed(self, data: bytes) -> None:
+        pos = 0
+        while pos < len(data):
+            if self._passing or self._skipping:
+                n = min(self._passing or self._skipping, len(data) - pos)
+                if self._passing:
+                    self._ready += data[pos : pos + n]
+                    self._passing -= n
+                else:
+                    self._skipping -= n
+                pos += n
+            elif self._big is not None:
+                pos = self._variable_header(data, pos)
+            else:
+                self._header.append(data[pos])
+                pos += 1
+                self._fixed_header()
+
+    def _fixed_header(self) -> None:
+        """Once the fixed header is complete: pass on a packet within the limit, hold back a big PUBLISH."""
+        header = self._header
+        if len(header) > 5:  # the remaining length has at most four bytes
+            raise ConnectionError("the broker sent a packet with a malformed length")
+        if len(header) < 2 or header[-1] & 0x80:
+            return
+        remaining = sum((byte & 0x7F) << (7 * i) for i, byte in enumerate(header[1:]))
+        if remaining > self._limit and header[0] >> 4 != PUBLISH:
+            raise ConnectionError(f"the broker sent a {remaining}-byte packet of type {header[0] >> 4}")
+        if remaining > self._limit:
+            self._big = (bytes(header), remaining)
+        else:
+            self._ready += header
+            self._passing = remaining
+        self._header = bytearray()
+
+    def _variable_header(self, data: bytes, pos: int) -> int:
+        """Read a big PUBLISH's topic and packet id; then cut its payload, or pass it on when within the limit."""
+        assert self._big is not None
+        fixed, remaining = self._big
+        header = self._header
+        qos = (fixed[0] >> 1) & 3
+        if len(header) < 2:  # the topic's length first
+            take = min(2 - len(header), len(data) - pos)
+            header += data[pos : pos + take]
+            pos += take
+            if len(header) < 2:
+                return pos
+        need = 2 + int.from_bytes(header[:2], "big") + (2 if qos else 0)
+        take = min(need - len(header), len(data) - pos)
+        header += data[pos : pos + take]
+        pos += take
+        if len(header) < need:
+            return pos
+        payload = remaining - need
+        if payload < 0:
+            raise ConnectionError("the broker sent a message shorter than its topic")
+        if payload > self._limit:
+            topic = bytes(header[2 : need - (2 if qos else 0)]).decode(errors="replace")
+            packet_id = header[need - 2 : need] if qos else b""
+            self._ready += bytes((fixed[0], 2 + len(CUT_TOPIC) + len(packet_id)))
+            self._ready += len(CUT_TOPIC).to_bytes(2, "big") + CUT_TOPIC.encode() + packet_id
+            self._skipping = payload
+            self._cut(topic, payload)
+        else:
+            self._ready += fixed + header
+            self._passing = payload
+        self._big = None
+        self._header = bytearray()
+        return pos
+
+
 @dataclass(frozen=True, slots=True)
 class Queued:
     """One message waiting for the broker: its camera and kind pick the topic, its kind QoS and retain."""
@@ -191,6 +325,7 @@ class Queued:
     kind: Kind
     payload: bytes
     camera_id: str
+    refusal: bool = False  # the reply to a request refused on arrival
 
 
 class Outbox:
@@ -198,6 +333,9 @@ class Outbox:
 
     Beyond ``limit`` (events and detections together) the oldest detection goes first, an event
     only when no detection is left; every message dropped or superseded is counted by kind.
+    Replies to requests refused on arrival wait apart, at most `MAX_REFUSALS` (the oldest
+    dropped beyond, counted as `REFUSALS`), and go after the events: whoever floods the trigger
+    topic fills their line alone, never pushing out a verdict, a detection or a request's answer.
     Called from the frame loop and the MQTT thread alike, so every method takes the lock.
     """
 
@@ -206,6 +344,7 @@ class Outbox:
         self.drops: Counter[str] = Counter()
         self._events: deque[Queued] = deque()
         self._detections: deque[Queued] = deque()
+        self._refusals: deque[Queued] = deque()
         self._status: dict[str, Queued] = {}  # by camera, oldest first
         self._lock = threading.Lock()
 
@@ -222,14 +361,23 @@ class Outbox:
                 oldest = (self._detections or self._events).popleft()
                 self.drops[oldest.kind] += 1
 
+    def put_refusal(self, payload: bytes, camera_id: str) -> None:
+        """Queue the ``trigger/error`` reply to a request refused on arrival, in its own bounded line."""
+        with self._lock:
+            self._refusals.append(Queued("trigger/error", payload, camera_id, refusal=True))
+            if len(self._refusals) > MAX_REFUSALS:
+                self._refusals.popleft()
+                self.drops[REFUSALS] += 1
+
     def take(self) -> Queued | None:
-        """The next message to send: the statuses, then events, then detections, oldest first."""
+        """The next message to send: the statuses, then events, refusals and detections, oldest first."""
         with self._lock:
             if self._status:
                 return self._status.pop(next(iter(self._status)))
-            if self._events:
-                return self._events.popleft()
-            return self._detections.popleft() if self._detections else None
+            for line in (self._events, self._refusals, self._detections):
+                if line:
+                    return line.popleft()
+            return None
 
     def put_back(self, item: Queued) -> None:
         """A message the client could not take yet goes back to the front of its line."""
@@ -239,6 +387,8 @@ class Outbox:
                     self.drops["status"] += 1
                 else:
                     self._status = {item.camera_id: item, **self._status}
+            elif item.refusal:
+                self._refusals.appendleft(item)
             else:
                 (self._detections if item.kind == "detections" else self._events).appendleft(item)
 
@@ -248,9 +398,9 @@ class Outbox:
             self.drops[topic] += 1
 
     def counts(self) -> dict[str, int]:
-        """Drops by topic, every topic named (zero included) so that dashboards see stable keys."""
+        """Drops by topic, and the refusals', every key named (zero included) so that dashboards see stable keys."""
         with self._lock:
-            return {topic: self.drops[topic] for topic in (*KINDS, TRIGGER)}
+            return {topic: self.drops[topic] for topic in (*KINDS, TRIGGER, REFUSALS)}
 
 
 class MqttOutput(MessageOutput):
@@ -294,6 +444,8 @@ class MqttOutput(MessageOutput):
         self._feeds: deque[VerdictFeed | None] = deque()  # handed over by the loop, taken up by this thread
         self._feed: VerdictFeed | None = None
         self._forwarding: dict[int, int] = {}  # message id -> journal row, of verdicts not yet acknowledged
+        self.too_large = 0  # messages from the broker cut by `PacketCap`
+        self._too_large_log = LogRate(TOO_LARGE_LOG_INTERVAL_S)  # a publisher decides how often they come
         self._stop = threading.Event()
         self._wake = Wake()
         self._backoff = Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S)
@@ -330,7 +482,11 @@ class MqttOutput(MessageOutput):
 
     def report(self, camera_id: str) -> OutputReport:
         state = self.state
-        return OutputReport(fields={"mqtt_state": state, "mqtt_drops": self.outbox.counts()}, summary=f"mqtt {state}")
+        return OutputReport(
+            drops={TOO_LARGE: self.too_large},
+            fields={"mqtt_state": state, "mqtt_drops": self.outbox.counts()},
+            summary=f"mqtt {state}",
+        )
 
     def carry_requests(self, server: TriggerServer) -> None:
         server.attach(self)
@@ -358,6 +514,15 @@ class MqttOutput(MessageOutput):
             self.outbox.refused(kind)
             return
         self.outbox.put(kind, payload, camera_id)
+        if self._connected:
+            self._wake.set()
+
+    def refuse(self, payload: bytes, camera_id: str) -> None:
+        """Queue the ``trigger/error`` reply to a request of ``camera_id`` refused on arrival (`Outbox.put_refusal`)."""
+        if (camera_id, "trigger/error") not in self._topics:
+            self.outbox.refused(REFUSALS)
+            return
+        self.outbox.put_refusal(payload, camera_id)
         if self._connected:
             self._wake.set()
 
@@ -406,6 +571,8 @@ class MqttOutput(MessageOutput):
         except (OSError, ValueError) as e:
             self._failed(connect_problem(e, self.cfg))
             return False
+        # paho has no hook for what it reads: it reads through the socket it holds, so it holds this.
+        self._client._sock = PacketCap(self._client.socket(), MAX_TRIGGER_BYTES, self._cut)
         return True
 
     def _serve(self) -> None:
@@ -558,8 +725,24 @@ class MqttOutput(MessageOutput):
         else:
             log.info("MQTT: taking trigger requests on %s", topic)
 
+    def _cut(self, topic: str, size: int) -> None:
+        """`PacketCap` refused a message too large to be a trigger, before reading it: counted, logged at a bounded rate."""
+        self.too_large += 1
+        if self._too_large_log.allows():
+            log.warning(
+                "MQTT: a %d-byte message on %s refused unread: a trigger is at most %d bytes "
+                "(counted in drops.%s; more within %g s unlogged)",
+                size,
+                topic,
+                MAX_TRIGGER_BYTES,
+                TOO_LARGE,
+                TOO_LARGE_LOG_INTERVAL_S,
+            )
+
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         camera_id = self._trigger_topics.get(message.topic)
+        if message.topic == CUT_TOPIC:  # what is left of a message `PacketCap` cut, counted then
+            return
         if message.retain:  # kept by the broker from an earlier publish: replayed on every subscription
             self.outbox.refused(TRIGGER)
             log.warning("MQTT: a retained trigger on %s ignored: publish triggers without retain", message.topic)

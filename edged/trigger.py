@@ -219,10 +219,9 @@ class TriggerServer:
             return False
         request = Request("mqtt", (), camera_id, asked.part_id, arrived_ns)
         if self._stopping:
-            self._reply(request, self.error(request, "stopping", "edged is stopping"))
+            self._refuse(request, "stopping", "edged is stopping")
         elif not self._inbox.put(request):
-            detail = f"{self._inbox.limit} request(s) from the broker not yet taken"
-            self._reply(request, self.error(request, "busy", detail))
+            self._refuse(request, "busy", f"{self._inbox.limit} request(s) from the broker not yet taken")
         return True
 
     def collect(self) -> None:
@@ -234,10 +233,9 @@ class TriggerServer:
         for request in arrived:
             waiting = self._waiting.get(request.camera_id)
             if waiting is None:
-                self._reply(request, self.error(request, "bad_request", self._unknown(request.camera_id)))
+                self._refuse(request, "bad_request", self._unknown(request.camera_id))
             elif len(waiting) + (request.camera_id in self._in_hand) >= self._bound:
-                detail = f"{self._bound} request(s) for camera {request.camera_id} already in hand"
-                self._reply(request, self.error(request, "busy", detail))
+                self._refuse(request, "busy", f"{self._bound} request(s) for camera {request.camera_id} already in hand")
             else:
                 waiting.append(request)
 
@@ -293,6 +291,15 @@ class TriggerServer:
         """Reply to the request in hand for its camera, which may then take the next."""
         del self._in_hand[request.camera_id]
         self._reply(request, reply)
+
+    def _refuse(self, request: Request, problem: TriggerProblem, detail: str) -> None:
+        """Answer a request refused on arrival; one from the broker in the refusals' own bounded line
+        (`edged.mqtt.Outbox.put_refusal`), so that a flood of requests never displaces an answer."""
+        reply = self.error(request, problem, detail)
+        if request.origin == "zmq":
+            self._send(request.envelope, reply)
+        elif self._mqtt is not None:
+            self._mqtt.refuse(reply.model_dump_json().encode(), request.camera_id)
 
     def _reply(self, request: Request, reply: VerdictMessage | TriggerError) -> None:
         """To the requester's socket; to the broker only an error, the verdict having gone out on
@@ -364,11 +371,28 @@ def request_verdict(
     finally:
         sock.close(linger=0)
         context.term()
+    if isinstance(reply, VerdictMessage | TriggerError) and not _answers(reply, request):
+        raise TriggerFailed(
+            f"the reply from {endpoint} is for {_naming(reply.camera_id, reply.part_id)}, "
+            f"not {_naming(request.camera_id, request.part_id)}: "
+            "something other than edged's request server answers there, or it mixed up its requests"
+        )
     if isinstance(reply, TriggerError):
         raise TriggerFailed(f"no verdict ({reply.error}): {reply.detail}")
     if not isinstance(reply, VerdictMessage):
         raise TriggerFailed(f"the reply from {endpoint} is a {reply.kind} message, not a verdict")
     return reply
+
+
+def _answers(reply: VerdictMessage | TriggerError, request: TriggerRequest) -> bool:
+    """Whether ``reply`` is for ``request``: its part, and its camera where the request named one. A
+    verdict for another part would pass or fail the wrong part."""
+    return reply.part_id == request.part_id and request.camera_id in (None, reply.camera_id)
+
+
+def _naming(camera_id: str | None, part_id: str | None) -> str:
+    camera = f"camera {camera_id}" if camera_id is not None else "any camera"
+    return f"{camera} part {part_id if part_id is not None else '(none)'}"
 
 
 def run_trigger(

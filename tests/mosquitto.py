@@ -4,10 +4,12 @@
 ``mosquitto_passwd``, or TLS with a CA and server certificate made by `make_ca`/`make_server_cert`
 with ``openssl``), waits until it accepts connections, and can be killed and started again on the
 same port. `Listener` is an independent paho client that records everything under a topic filter.
+`Gate` forwards one client's connection to the broker, so that a test can cut that link alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import threading
@@ -185,3 +187,61 @@ class Listener:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+class Gate:
+    """A TCP forwarder from a free loopback port to the broker's that the test can cut: whoever connects
+    through it loses the link (and cannot connect again until `reopen`), while the broker stays up for
+    everyone else, such as a `Listener` connected to it directly."""
+
+    def __init__(self, broker_port: int) -> None:
+        self.broker_port = broker_port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.open = True
+        self._lock = threading.Lock()
+        self._links: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            if not self.open:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.broker_port), timeout=10)
+            upstream.settimeout(None)
+            with self._lock:
+                self._links += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        source.close()
+
+    def cut(self) -> None:
+        self.open = False
+        with self._lock:
+            links, self._links = self._links, []
+        for sock in links:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def reopen(self) -> None:
+        self.open = True
+
+    def close(self) -> None:
+        self.cut()
+        self.server.close()

@@ -283,6 +283,41 @@ def test_trigger_refuses_a_part_id_with_a_control_or_format_character_before_sen
 
 
 @pytest.mark.parametrize(
+    ("camera_id", "part_id", "said"),
+    [
+        ("top", "P-1", "for camera top part P-1, not camera side part P-1"),
+        ("side", "P-2", "for camera side part P-2, not camera side part P-1"),
+        ("side", None, "for camera side part (none), not camera side part P-1"),
+    ],
+)
+def test_trigger_refuses_a_reply_that_is_not_for_its_request(
+    tmp_path: Path, camera_id: str, part_id: str | None, said: str
+) -> None:
+    endpoint = f"ipc://{tmp_path / 'trigger.sock'}"
+    server = TriggerServer(TriggerConfig(mode="request", endpoint=endpoint), PublishConfig(), ["top", "side"])
+    try:
+        command = edged_command("trigger", endpoint, "--camera", "side", "--part-id", "P-1", "--timeout", "30")
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            request = _asked(server, "side", proc)
+            other = VerdictMessage(
+                camera_id=camera_id,
+                seq=0,
+                frame_id=7,
+                capture_time_ns=1,
+                part_id=part_id,
+                verdict="ok",
+                reasons=[],
+                verdict_latency_ms=1,
+            )
+            server.answer(request, other)
+            out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1, (out, err)
+        assert out == "" and f"the reply from {endpoint} is {said}" in err, err
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
     "command",
     ["run", "check", "subscribe", "schema", "config-reference", "thermal", "eval", "keygen", "bench", "quantize", "trigger"],
 )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+from daemon import run_cli
 from pydantic import BaseModel
 
 from edged.config import (  # TOML read as edged reads it, on every Python it supports
@@ -163,6 +164,25 @@ def test_a_trigger_endpoint_off_loopback_needs_the_curve_keys_or_its_own_insecur
     keys = '[publish]\ncurve_server_key = "server.key_secret"\ncurve_clients_dir = "clients"\n'
     secured = '[model]\npath = "m.onnx"\n[trigger]\nendpoint = "tcp://0.0.0.0:5557"\n' + keys
     assert not load_config(_write(tmp_path, secured)).trigger.insecure
+
+
+def test_plaintext_publish_endpoints_off_loopback_are_refused_at_load_with_exit_78(tmp_path: Path) -> None:
+    # `edged check` said ok and `edged run` exited 1 at bind: a restart loop under systemd.
+    model = '[model]\npath = "m.onnx"\n'
+    for endpoint in ("tcp://0.0.0.0:5556", "tcp://*:5556", "tcp://192.0.2.7:5556"):
+        text = f'{model}[publish]\nendpoints = ["ipc:///run/edged/d.sock", "{endpoint}"]\n'
+        with pytest.raises(ConfigError) as info:
+            load_config(_write(tmp_path, text))
+        [problem] = info.value.problems
+        assert f"publish.endpoints {endpoint!r} is not a loopback address" in problem, problem
+        assert "publish.insecure = true" in problem and "edged keygen" in problem, problem
+        assert load_config(_write(tmp_path, text + "insecure = true\n")).publish.insecure
+    create_key_pair(tmp_path, "server")
+    (tmp_path / "clients").mkdir()
+    keys = 'curve_server_key = "server.key_secret"\ncurve_clients_dir = "clients"\n'
+    assert load_config(_write(tmp_path, f'{model}[publish]\nendpoints = ["tcp://0.0.0.0:5556"]\n{keys}'))
+    check = run_cli("check", "--config", str(_write(tmp_path, f'{model}[publish]\nendpoints = ["tcp://*:5556"]\n')))
+    assert check.returncode == 78 and "publish.endpoints" in check.stderr, check.stderr
 
 
 def test_an_ipc_socket_folder_is_made_only_under_the_runtime_directory(

@@ -14,7 +14,7 @@ import pytest
 
 from edged.config import load_config
 from edged.errors import ConfigError
-from edged.mqtt import INSTALL_PAHO, Outbox
+from edged.mqtt import INSTALL_PAHO, MAX_REFUSALS, Outbox, PacketCap
 from edged.settings.mqtt import MqttConfig, topic_hostname
 
 EXAMPLE = Path(__file__).parent.parent / "config" / "edged.toml"
@@ -67,6 +67,8 @@ def test_the_environment_can_turn_it_on(tmp_path: Path, monkeypatch: pytest.Monk
         ('url = "tcp://broker:1883"', "mqtt.url: Value error, must start with mqtt:// or mqtts://"),
         ('url = "mqtt://user:pw@broker"', "must not hold credentials: set mqtt.username and mqtt.password_file"),
         ('url = "mqtt://broker:99999"', "mqtt.url"),
+        ('url = "mqtt://broker:0"', "mqtt.url: Value error, port 0 is no broker's port"),
+        ('url = "mqtts://broker:0"', "leave the port out for 8883"),
         ('url = "mqtt://broker/edged"', "nothing after the port"),
         ('url = "mqtt://b"\nca_file = "ca.crt"', "ca_file, cert_file and key_file need an mqtts:// url"),
         ('url = "mqtts://b"\ncert_file = "c.crt"', "set both cert_file and key_file, or neither"),
@@ -82,6 +84,13 @@ def test_the_environment_can_turn_it_on(tmp_path: Path, monkeypatch: pytest.Monk
 def test_bad_settings_name_their_key(tmp_path: Path, mqtt: str, problem: str) -> None:
     problems = _problems(tmp_path, mqtt)
     assert any(problem in p for p in problems), problems
+
+
+def test_a_ca_file_that_is_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    (tmp_path / "certs").mkdir()
+    problems = _problems(tmp_path, 'url = "mqtts://b"\nca_file = "certs"')
+    assert any(re.search(r"mqtt.ca_file: .*certs is a directory, not a file", p) for p in problems), problems
+    assert not any("does not exist" in p for p in problems), problems
 
 
 def test_a_password_file_others_can_read_is_refused_and_one_for_the_service_group_is_not(tmp_path: Path) -> None:
@@ -133,7 +142,7 @@ def test_the_outbox_holds_events_before_detections_and_drops_the_oldest_detectio
     box.put("detections", b"d2", "cam0")
     box.put("detections", b"d3", "cam0")  # over the limit: d1, the oldest detection, goes
     box.put("verdict", b"v2", "cam0")  # d2 goes
-    assert box.counts() == {"detections": 2, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 0}
+    assert box.counts() == {"detections": 2, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 0, "refusals": 0}
     assert _drain(box) == [("verdict", b"v1"), ("verdict", b"v2"), ("detections", b"d3")]
 
 
@@ -141,7 +150,7 @@ def test_the_outbox_drops_the_oldest_event_only_when_no_detection_is_left() -> N
     box = Outbox(limit=2)
     for i in range(5):
         box.put("verdict", f"v{i}".encode(), "cam0")
-    assert box.counts() == {"detections": 0, "status": 0, "verdict": 3, "trigger/error": 0, "trigger": 0}
+    assert box.counts() == {"detections": 0, "status": 0, "verdict": 3, "trigger/error": 0, "trigger": 0, "refusals": 0}
     assert _drain(box) == [("verdict", b"v3"), ("verdict", b"v4")]
 
 
@@ -150,7 +159,7 @@ def test_only_the_newest_status_waits_and_goes_first() -> None:
     box.put("detections", b"d1", "cam0")
     for i in range(4):
         box.put("status", f"s{i}".encode(), "cam0")
-    assert box.counts() == {"detections": 0, "status": 3, "verdict": 0, "trigger/error": 0, "trigger": 0}
+    assert box.counts() == {"detections": 0, "status": 3, "verdict": 0, "trigger/error": 0, "trigger": 0, "refusals": 0}
     first = box.take()
     assert first is not None and (first.kind, first.payload) == ("status", b"s3")
     box.put_back(first)  # the client could not take it: it waits at the front again
@@ -164,8 +173,26 @@ def test_trigger_errors_are_events_and_refused_triggers_are_counted_under_their_
     box.put("detections", b"d2", "cam0")  # over the limit: d1 goes, the error stays
     box.refused("trigger")
     box.refused("trigger")
-    assert box.counts() == {"detections": 1, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 2}
+    assert box.counts() == {"detections": 1, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 2, "refusals": 0}
     assert _drain(box) == [("trigger/error", b"e1"), ("detections", b"d2")]
+
+
+def test_replies_to_refused_requests_wait_apart_and_never_push_out_verdicts_or_detections() -> None:
+    box = Outbox(limit=3)
+    box.put("verdict", b"v1", "cam0")
+    box.put("detections", b"d1", "side")
+    for i in range(MAX_REFUSALS + 5):  # a flood of busy replies: the oldest five go, counted apart
+        box.put_refusal(f"busy{i}".encode(), "cam0")
+    box.put("trigger/error", b"timeout", "cam0")  # a request's answer: an event, as ever
+    assert box.counts() == {"detections": 0, "status": 0, "verdict": 0, "trigger/error": 0, "trigger": 0, "refusals": 5}
+    first = box.take()
+    assert first is not None and (first.kind, first.payload) == ("verdict", b"v1")
+    held = [first, *iter(box.take, None)]
+    assert [item.payload for item in held[:4]] == [b"v1", b"timeout", b"busy5", b"busy6"]
+    assert held[-1].payload == b"d1" and len(held) == MAX_REFUSALS + 3
+    box.put_back(held[2])  # the client could not take it: first in its own line again
+    box.put("detections", b"d2", "side")
+    assert [item.payload for item in iter(box.take, None)] == [b"busy5", b"d2"]
 
 
 def test_the_outbox_stays_bounded_under_a_flood() -> None:
@@ -185,3 +212,53 @@ def test_the_newest_status_of_each_camera_waits() -> None:
     assert box.counts()["status"] == 1
     got = [(item.camera_id, item.payload) for item in iter(box.take, None)]
     assert got == [("side", b"side-1"), ("top", b"top-2")]
+
+
+class Chunks:
+    """The socket under `PacketCap`, handing out the broker's bytes in the chunks given, then end of stream."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+
+    def recv(self, bufsize: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+def _packet(first: int, body: bytes) -> bytes:
+    length, n = b"", len(body)
+    while True:
+        length += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return bytes([first]) + length + body
+
+
+def _publish(topic: str, payload: bytes, qos: int = 0, mid: int = 7) -> bytes:
+    packet_id = mid.to_bytes(2, "big") if qos else b""
+    return _packet(0x30 | qos << 1, len(topic).to_bytes(2, "big") + topic.encode() + packet_id + payload)
+
+
+def _read(cap: PacketCap) -> bytes:
+    out = b""
+    while chunk := cap.recv(3):  # as paho reads: a few bytes at a time
+        out += chunk
+    return out
+
+
+def test_the_packet_cap_cuts_a_payload_over_the_limit_as_it_streams_by_and_passes_the_rest() -> None:
+    small, long_topic = _publish("a/cam0/trigger", b"{}", qos=1), _publish("t" * 2000, b"x" * 100)
+    big = _publish("a/cam0/trigger", b"x" * 8000, qos=2, mid=513)
+    stream = small + big + long_topic + _packet(0x90, b"\x00\x01\x01")  # and a SUBACK
+    cuts: list[tuple[str, int]] = []
+    one_byte_at_a_time = [stream[i : i + 1] for i in range(len(stream))]
+    for chunks in ([stream], one_byte_at_a_time, [stream[:40], stream[40:5000], stream[5000:]]):
+        cap = PacketCap(Chunks(*chunks), 1024, lambda topic, size: cuts.append((topic, size)))
+        cut = _packet(0x34, b"\x00\x01+\x02\x01")  # QoS 2 and packet id 513 kept, topic "+", no payload
+        assert _read(cap) == small + cut + long_topic + _packet(0x90, b"\x00\x01\x01")
+        assert cuts.pop() == ("a/cam0/trigger", 8000) and not cuts
+
+
+def test_the_packet_cap_loses_the_connection_on_a_packet_only_a_broken_broker_sends() -> None:
+    for stream in (_packet(0x90, b"\x00" * 5000), b"\x30\xff\xff\xff\xff\x01"):
+        with pytest.raises(ConnectionError):
+            _read(PacketCap(Chunks(stream), 1024, lambda topic, size: None))

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import zmq
 from daemon import RunningDaemon, free_port
-from mosquitto import Broker, Listener
+from mosquitto import Broker, Gate, Listener
 from test_trigger import Requester, ready, running
 from waiting import wait_for
 
 from edged.config import PublishConfig, TriggerConfig
 from edged.messages import TriggerError, VerdictMessage, parse_message
-from edged.mqtt import MqttOutput
+from edged.mqtt import MAX_TRIGGER_BYTES, MqttOutput
 from edged.settings.mqtt import MqttConfig
 from edged.trigger import Request, TriggerServer
 
@@ -45,12 +45,18 @@ def mqtt(broker: Broker) -> dict[str, Any]:
 
 
 def publish(
-    broker: Broker, payload: str | bytes, *, retain: bool = False, lines: bool = False, topic: str = TRIGGER
+    broker: Broker,
+    payload: str | bytes,
+    *,
+    retain: bool = False,
+    lines: bool = False,
+    topic: str = TRIGGER,
+    qos: int = 1,
 ) -> None:
-    """On the trigger topic (cam0's unless ``topic`` says) with ``mosquitto_pub`` at QoS 1, returning
+    """On the trigger topic (cam0's unless ``topic`` says) with ``mosquitto_pub`` at ``qos``, returning
     once the broker has it: one message, or with ``lines`` one per line of ``payload``, in order, from one client."""
     message = payload if isinstance(payload, bytes) else payload.encode()
-    command = [b"mosquitto_pub", b"-h", b"127.0.0.1", b"-p", b"%d" % broker.port, b"-t", topic.encode(), b"-q", b"1"]
+    command = [b"mosquitto_pub", b"-h", b"127.0.0.1", b"-p", b"%d" % broker.port, b"-t", topic.encode(), b"-q", b"%d" % qos]
     command += [b"-l"] if lines else [b"-m", message]
     command += [b"-r"] if retain else []
     subprocess.run(command, input=message if lines else None, check=True, capture_output=True, timeout=30)
@@ -112,6 +118,28 @@ def test_malformed_and_retained_triggers_are_counted_logged_once_and_the_next_on
             log = d.log()
             assert log.count("MQTT trigger skipped") == 1 and "a request is JSON" in log, log
             assert "a retained trigger on site1/line2/board3/cam0/trigger ignored" in log
+            assert listener.on(ERROR) == [] and d.proc.poll() is None
+        finally:
+            listener.close()
+
+
+def test_a_trigger_too_large_is_refused_unread_counted_and_the_next_one_is_answered(tmp_path: Path, broker: Broker) -> None:
+    big = b'{"part_id": "big", "pad": "' + b"x" * (8 * MAX_TRIGGER_BYTES) + b'"}'  # 8x the cap
+    with running(tmp_path, mqtt=mqtt(broker)) as d:
+        listener = Listener(broker.port, f"{PREFIX}/#")
+        try:
+            subscribed(d)
+            ready(d)
+            for qos in (0, 1, 2):  # each acknowledged as its QoS asks, or the broker would stop sending
+                publish(broker, big, qos=qos)
+            status = d.wait_status(lambda s: s.drops.get("mqtt_too_large") == 3, timeout=30)
+            assert status.mqtt_drops is not None and status.mqtt_drops["trigger"] == 0  # never read to be judged
+            publish(broker, '{"part_id": "good"}', qos=2)
+            assert [v.part_id for v in verdicts(listener, 1)] == ["good"]
+            log = d.log()
+            assert log.count("refused unread: a trigger is at most 1024 bytes") == 1, log
+            assert f"a {len(big)}-byte message on {TRIGGER} refused unread" in log
+            assert log.count(SUBSCRIBED) == 1 and "MQTT: connection to" not in log  # one connection throughout
             assert listener.on(ERROR) == [] and d.proc.poll() is None
         finally:
             listener.close()
@@ -262,3 +290,62 @@ def test_each_camera_in_request_mode_takes_triggers_on_its_own_topic_and_errors_
         server.close()
         output.close()
         listener.close()
+
+
+def test_a_flood_of_triggers_never_pushes_an_answer_a_verdict_or_detections_out_of_the_outbox(
+    tmp_path: Path, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="edged.mqtt")
+    gate = Gate(broker.port)  # edged's link alone can be cut; the listener stays on the broker throughout
+    output = MqttOutput(
+        MqttConfig.model_validate({**mqtt(broker), "url": f"mqtt://127.0.0.1:{gate.port}", "max_queued": 2}),
+        ["cam0", "side"],
+    )
+    # queue = 1: two requests per camera, and the inbox holds four for the loop
+    trigger = TriggerConfig(mode="request", endpoint=f"ipc://{tmp_path / 'trigger.sock'}", queue=1)
+    server = TriggerServer(trigger, PublishConfig(), ["cam0", "side"])
+    listener = Listener(broker.port, f"{PREFIX}/#")
+    try:
+        server.attach(output)
+        assert wait_for(lambda: caplog.text.count("MQTT: taking trigger requests on") == 2, 30), caplog.text
+        publish(broker, '{"part_id": "L"}')
+        legit = _next(server, "cam0")
+        publish(broker, "\n".join(f'{{"part_id": "F{i}"}}' for i in range(40)), lines=True)
+        busy = errors(listener, 36)  # F0..F3 wait in the inbox for the loop; the rest are refused at once
+        assert {e.error for e in busy.values()} == {"busy"} and set(busy) == {f"F{i}" for i in range(4, 40)}
+        gate.cut()
+        assert wait_for(lambda: output.state == "disconnected", 30)
+        # The loop's turn: L's verdict and the other camera's detections, then F0..F3 read: two wait, two are busy.
+        verdict = VerdictMessage(
+            camera_id="cam0",
+            seq=0,
+            frame_id=1,
+            capture_time_ns=1,
+            part_id="L",
+            verdict="ok",
+            reasons=[],
+            verdict_latency_ms=1,
+        )
+        server.answer(legit, verdict)
+        output.send("verdict", verdict.model_dump_json().encode(), "cam0")
+        output.send("detections", b"side's detections", "side")
+        server.collect()
+        assert output.outbox.counts() == {
+            "detections": 0,
+            "status": 0,
+            "verdict": 0,
+            "trigger/error": 0,
+            "trigger": 0,
+            "refusals": 0,
+        }
+        gate.reopen()  # edged reconnects: everything held goes out
+        assert [v.part_id for v in verdicts(listener, 1)] == ["L"]
+        assert [m.payload for m in listener.wait(f"{PREFIX}/side/detections")] == [b"side's detections"]
+        replies = errors(listener, 38)
+        assert set(replies) == {f"F{i}" for i in range(2, 40)} and {e.error for e in replies.values()} == {"busy"}
+        assert "L" not in replies and len(listener.on(ERROR)) == 38  # one answer each: L's is its verdict
+    finally:
+        server.close()
+        output.close()
+        listener.close()
+        gate.close()

@@ -68,7 +68,9 @@ class MqttConfig(Section):
             raise ValueError("must not hold credentials: set mqtt.username and mqtt.password_file")
         if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ValueError("must be mqtt://host[:port] or mqtts://host[:port], nothing after the port")
-        _ = parts.port  # ValueError for a port that is no number or out of range
+        if parts.port == 0:  # .port raises ValueError for a port that is no number or out of range
+            default = 8883 if parts.scheme == "mqtts" else 1883
+            raise ValueError(f"port 0 is no broker's port: leave the port out for {default}, or name the broker's")
         return v
 
     @model_validator(mode="after")
