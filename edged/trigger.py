@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -163,7 +163,8 @@ class TriggerServer:
         """``trigger.endpoint`` when a camera takes requests: what ``edged check`` binds and releases."""
         if not settings.requesting():
             return []
-        return [Endpoint("trigger.endpoint", settings.trigger.endpoint, partial(_try_bind, settings.trigger))]
+        endpoint = settings.trigger.endpoint  # its exposure is the configuration's to refuse
+        return [Endpoint("trigger.endpoint", endpoint, partial(try_bind, endpoint, "trigger.endpoint", zmq.ROUTER))]
 
     def _keys_revoked(self, revoked: int) -> None:
         """A reload removed keys: the socket is bound afresh, as the publisher's is."""
@@ -334,11 +335,6 @@ class TriggerServer:
             self._own_auth.close()
         if not self._shared:
             self._context.term()
-
-
-def _try_bind(cfg: TriggerConfig) -> Callable[[], None]:
-    """`Endpoint.bind` of the trigger endpoint (its exposure is the configuration's to refuse): bound once."""
-    return try_bind(cfg.endpoint, "trigger.endpoint", zmq.ROUTER)
 
 
 def _configure(sock: zmq.Socket[bytes], auth: Authenticator | None) -> None:
