@@ -1,8 +1,9 @@
 """The HTTP server: a live view, a status page, Prometheus metrics and a health check, for people.
 
 Served by the daemon itself on ``http.listen`` (loopback by default) with the standard library's
-threading server: one thread per request, a bounded number of connections, and stream viewers
-that stop reading dropped after ``send_timeout_s``. Nothing here slows the loop: each camera has
+threading server: one thread per request, a bounded number of connections (in all and per client
+address, `_Server`), a deadline for the whole request header, and stream viewers that stop reading
+dropped after ``send_timeout_s``. Nothing here slows the loop: each camera has
 a `LiveView` of its own, the loop offers a camera's frames to it only while someone watches that
 camera, hands over the status once per status interval, and never waits for a client.
 
@@ -23,16 +24,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import hmac
+import io
+import ipaddress
 import json
 import logging
+import re
 import select
 import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -41,7 +47,7 @@ from edged.keys import read_token
 from edged.messages import DetectionsMessage, StatusMessage
 from edged.output import Delivery, Endpoint, FrameReport, Output, Services, StatusReport
 from edged.prometheus import CameraStatus, Metrics
-from edged.settings.http import MAX_CONNECTIONS, HttpConfig, listen_address
+from edged.settings.http import MAX_CONNECTIONS, HttpConfig, is_loopback, listen_address
 from edged.settings.inspect import Point
 from edged.sources.base import Frame
 from edged.stats import VerdictCounts
@@ -53,10 +59,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BIND_RETRY_S = 5.0
-REQUEST_TIMEOUT_S = 10.0  # a client that does not finish sending its request in this time is dropped
+REQUEST_TIMEOUT_S = 10.0  # a client that has not sent its whole request header in this time is dropped
+MAX_HEADER_BYTES = 16 * 1024
+EVICTING_AT_ONCE = 4  # connections given up for newer ones whose threads may still be ending
 SNAPSHOT_WAIT_S = 5.0
 STREAM_SEND_BUFFER = 256 * 1024  # bytes queued in the kernel per viewer (Linux doubles it): a few frames
 BOUNDARY = "frame"
+REFUSAL_LOG_INTERVAL_S = 60.0
+# Why a connection or request was refused (``edged_http_refused_total{reason}``).
+REFUSALS = ("busy", "per_client", "header_timeout", "header_evicted", "header_too_large", "host", "max_viewers")
 
 CameraZones = Mapping[str, Mapping[str, Sequence[Point]]]  # camera id -> the zones its view draws
 
@@ -64,17 +75,34 @@ CameraZones = Mapping[str, Mapping[str, Sequence[Point]]]  # camera id -> the zo
 class HttpServer(Output):
     """The server of one configuration; `start` binds it in the background, `close` stops it."""
 
-    def __init__(self, cfg: HttpConfig, health: Callable[[], str | None], cameras: CameraZones) -> None:
-        """``cameras``: each camera's id with the zones its live view draws, the one shown by default first."""
+    def __init__(
+        self,
+        cfg: HttpConfig,
+        health: Callable[[], str | None],
+        cameras: CameraZones,
+        *,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        """``cameras``: each camera's id with the zones its live view draws, the one shown by default
+        first; ``request_timeout_s``: the time a client has to send its whole request header."""
         self.cfg = cfg
+        self.request_timeout_s = request_timeout_s
+        self.allowed_hosts = set(cfg.allowed_hosts)
+        if cfg.listen and not is_loopback(listen_address(cfg.listen)[0]):
+            board = socket.gethostname().lower()
+            self.allowed_hosts |= {board, f"{board}.local"}
         self.health = health
-        self.metrics = Metrics()
+        self.metrics = Metrics(refused=self.refusals)
         self.token = read_token(cfg.token_file, "http.token_file") if cfg.token_file else None
         # By camera: its status and verdicts (None without [inspect]) as last published.
         self.reports: Mapping[str, tuple[StatusMessage, VerdictCounts | None]] = {}
         self.views: Mapping[str, LiveView] = {}  # by camera, in configuration order: replaced whole, never changed
         self._started = False
         self._lock = threading.Lock()
+        self._counts = threading.Lock()  # guards the viewers admitted and the refusals
+        self._viewers = 0
+        self._refused = dict.fromkeys(REFUSALS, 0)
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL_S  # monotonic time of the last refusal logged
         self._stopping = threading.Event()
         self._server: _Server | None = None
         self._thread = threading.Thread(target=self._serve, name="edged-http", daemon=True)
@@ -173,6 +201,59 @@ class HttpServer(Output):
         if self.cfg.token_file is not None:
             self.token = read_token(self.cfg.token_file, "http.token_file")
 
+    @contextlib.contextmanager
+    def viewer(self) -> Iterator[bool]:
+        """A stream's place among ``max_viewers`` for as long as the block runs: True when admitted.
+
+        Checked and taken under one lock: viewers that arrive together cannot all pass the check
+        before any is counted, so streams never take the connections kept for everything else."""
+        with self._counts:
+            admitted = self._viewers < self.cfg.max_viewers
+            if admitted:
+                self._viewers += 1
+        try:
+            yield admitted
+        finally:
+            if admitted:
+                with self._counts:
+                    self._viewers -= 1
+
+    def answers_to(self, host: str, local_address: str) -> bool:
+        """True when a request whose Host header is ``host`` (empty when it has none), received on
+        ``local_address``, is answered.
+
+        A web page whose own name an attacker rebinds to the board's address sends that name as
+        Host: it is answered only when it is a loopback name and the request came in on loopback,
+        the very address the request was sent to, the board's host name (on a network listen) or in
+        ``http.allowed_hosts``. A request without Host is no browser's, so there is nothing to rebind."""
+        if not host:
+            return True
+        name = _host_name(host)
+        address = _address(name)
+        if name in self.allowed_hosts or (address is not None and str(address) in self.allowed_hosts):
+            return True
+        local = _address(local_address)
+        if name == "localhost" or (address is not None and address.is_loopback):
+            return local is not None and local.is_loopback
+        return address is not None and address == local
+
+    def refuse(self, reason: str, client: str) -> None:
+        """Count a connection or request refused for ``reason`` (one of `REFUSALS`); the journal gets
+        a line at most every `REFUSAL_LOG_INTERVAL_S`, with the counts, so a flood cannot flood it."""
+        now = time.monotonic()
+        with self._counts:
+            self._refused[reason] += 1
+            if now - self._refusal_logged < REFUSAL_LOG_INTERVAL_S:
+                return
+            self._refusal_logged = now
+            counts = ", ".join(f"{n} {why}" for why, n in self._refused.items() if n)
+        log.warning("http: refused %s from %s (since start: %s)", reason, client, counts)
+
+    def refusals(self) -> Mapping[str, int]:
+        """Connections and requests refused since start, by reason (`REFUSALS`)."""
+        with self._counts:
+            return dict(self._refused)
+
     def update(self, cameras: Sequence[CameraStatus]) -> None:
         """Each camera's status just published, with its stage histograms and verdicts (None without
         ``[inspect]``) as they were then."""
@@ -243,42 +324,184 @@ def _try_listen(listen: str) -> Callable[[], None]:
     return sock.close
 
 
+def _host_name(host: str) -> str:
+    """The name or address of a Host header, without its port, brackets or final dot, lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    name, colon, port = host.rpartition(":")
+    if colon and ":" not in name and port.isdigit():
+        host = name
+    return host.removesuffix(".")
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address ``text`` spells (an IPv4-mapped IPv6 one as IPv4), or None for a name."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _mask_token(text: str) -> str:
+    """``text`` with the value of every ``token`` query parameter (however its name is percent-encoded)
+    replaced by ``***``."""
+
+    def mask(match: re.Match[str]) -> str:
+        return f"{match[1]}***" if unquote_plus(match[2]) == "token" else match[0]
+
+    return _QUERY_PARAMETER.sub(mask, text)
+
+
+_QUERY_PARAMETER = re.compile(r"([?&;]([^=&;\s'\"]*)=)[^&;\s'\"]*")
+
+
 class _Server(ThreadingHTTPServer):
+    """Bounded connections: `MAX_CONNECTIONS` in all and ``max_connections_per_client`` per address.
+
+    A connection still sending its request header holds a slot only until one is needed: at a
+    limit, the oldest such connection (of that address, at its limit) is closed for the newcomer.
+    So connections that trickle their header (a slowloris) cannot keep `/healthz` or `/metrics`
+    from being answered, whatever addresses they come from; connections beyond the limits that
+    requests being served hold are closed at accept. The threads stay bounded: at most
+    `EVICTING_AT_ONCE` closed connections may still be ending beside the limit.
+    """
+
     daemon_threads = True
     block_on_close = False
 
     def __init__(self, address: tuple[str, int], owner: HttpServer) -> None:
         self.owner = owner
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._per_client: Counter[str] = Counter()  # connections held, by address (not counting evicted ones)
+        self._waiting: dict[Any, str] = {}  # connections yet to send their whole header, oldest first: address
+        self._evicted: set[Any] = set()  # connections closed for newer ones, their threads not yet ended
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        client = client_address[0]
+        with self._lock:
+            refused = self._admit(client)
+            if refused is None:
+                self._per_client[client] += 1
+                self._waiting[request] = client
+        if refused is not None:
+            self.owner.refuse(refused, client)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.slots.release()
+            self._release(request, client)
             raise
+
+    def _admit(self, client: str) -> str | None:
+        """None when a connection from ``client`` may be served, after evicting the oldest connection
+        still sending its header if a limit is reached; else the reason it is refused."""
+        over_client = self._per_client[client] >= self.owner.cfg.max_connections_per_client
+        if not over_client and self._per_client.total() < MAX_CONNECTIONS:
+            return None
+        reason = "per_client" if over_client else "busy"
+        if len(self._evicted) >= EVICTING_AT_ONCE:
+            return reason
+        oldest = next((sock for sock, owner in self._waiting.items() if owner == client or not over_client), None)
+        if oldest is None:
+            return reason
+        evicted = self._waiting.pop(oldest)
+        self._leaves(evicted)
+        self._evicted.add(oldest)
+        with contextlib.suppress(OSError):  # its thread's read ends at once, and the thread with it
+            oldest.shutdown(socket.SHUT_RDWR)
+        self.owner.refuse("header_evicted", evicted)
+        return None
+
+    def header_received(self, request: Any) -> bool:
+        """Called once a connection's whole header is in: it is no longer evicted for a newcomer.
+        False when it already was (its request is not to be answered)."""
+        with self._lock:
+            return self._waiting.pop(request, None) is not None
+
+    def _release(self, request: Any, client: str) -> None:
+        with self._lock:
+            if request in self._evicted:
+                self._evicted.discard(request)
+                return
+            self._waiting.pop(request, None)
+            self._leaves(client)
+
+    def _leaves(self, client: str) -> None:
+        """One connection of ``client`` fewer (an address without any is forgotten, so the map stays small)."""
+        self._per_client[client] -= 1
+        if not self._per_client[client]:
+            del self._per_client[client]
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self._release(request, client_address[0])
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
-    timeout = REQUEST_TIMEOUT_S
+    timeout = REQUEST_TIMEOUT_S  # for sending an answer; the header has `HttpServer.request_timeout_s` in all
     server_version = "edged"
     protocol_version = "HTTP/1.0"
 
+    def handle(self) -> None:
+        """One request (HTTP/1.0), parsed once its whole header is in."""
+        header = self._read_header()
+        if header is not None and self.server.header_received(self.connection):
+            self.rfile.close()  # the socket's reader: nothing more is read from the connection
+            self.rfile = io.BytesIO(header)
+            self.connection.settimeout(self.timeout)
+            self.handle_one_request()
+
+    def _read_header(self) -> bytes | None:
+        """The request line and headers, or None (counted) when they are not all in within
+        ``request_timeout_s`` of the connection, however they trickle, or are larger than
+        `MAX_HEADER_BYTES`; None too when the connection was closed, by the client or for a newcomer."""
+        owner = self.server.owner
+        deadline = time.monotonic() + owner.request_timeout_s
+        header = bytearray()
+        while b"\r\n\r\n" not in header and b"\n\n" not in header and len(header) <= MAX_HEADER_BYTES:
+            self.connection.settimeout(max(deadline - time.monotonic(), 0.001))
+            try:
+                chunk = self.connection.recv(4096)
+            except TimeoutError:
+                owner.refuse("header_timeout", self.client_address[0])
+                return None
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            header += chunk
+        if len(header) > MAX_HEADER_BYTES:
+            owner.refuse("header_too_large", self.client_address[0])
+            with contextlib.suppress(OSError):
+                self.connection.sendall(
+                    b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Type: text/plain\r\n\r\n"
+                    b"the request header is larger than %d bytes\n" % MAX_HEADER_BYTES
+                )
+            return None
+        return bytes(header)
+
     def do_GET(self) -> None:
         owner = self.server.owner
+        host = self.headers.get("Host", "")
+        if not owner.answers_to(host, self.connection.getsockname()[0]):
+            owner.refuse("host", self.client_address[0])
+            self._send(
+                421,
+                f"this server does not answer to the name {_host_name(host)!r}: add it to http.allowed_hosts, "
+                "or use the board's address (names not allowed are refused against DNS rebinding)\n".encode(),
+            )
+            return
         url = urlsplit(self.path)
         params = parse_qs(url.query)
         if owner.token is not None and not self._authorised(owner.token, params):
@@ -313,9 +536,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _authorised(self, token: str, params: Mapping[str, list[str]]) -> bool:
         given = ""
-        header = self.headers.get("Authorization", "")
-        if header.startswith("Bearer "):
-            given = header[len("Bearer ") :].strip()
+        scheme, _, credentials = self.headers.get("Authorization", "").strip().partition(" ")
+        if scheme.lower() == "bearer":  # schemes are case-insensitive (RFC 7235)
+            given = credentials.strip()
         elif "token" in params:
             given = params["token"][0]
         return hmac.compare_digest(given.encode(), token.encode())
@@ -427,10 +650,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, got[1], "image/jpeg")
 
     def _stream(self, owner: HttpServer, camera: str, view: LiveView) -> None:
-        viewers = sum(v.viewers for v in owner.views.values())
-        if viewers >= owner.cfg.max_viewers:
-            self._send(503, f"already {viewers} viewers (http.max_viewers)\n".encode())
-            return
+        with owner.viewer() as admitted:
+            if admitted:
+                self._stream_to(owner, view)
+                return
+        owner.refuse("max_viewers", self.client_address[0])
+        self._send(
+            503,
+            f"already {owner.cfg.max_viewers} viewers, the most http.max_viewers allows: try again later\n".encode(),
+            headers={"Retry-After": "5"},
+        )
+
+    def _stream_to(self, owner: HttpServer, view: LiveView) -> None:
         # A viewer that stops reading fills this buffer, then is dropped after send_timeout_s.
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
         self.connection.settimeout(owner.cfg.send_timeout_s)
@@ -467,7 +698,8 @@ class _Handler(BaseHTTPRequestHandler):
         return peeked == b""
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http %s: %s", self.address_string(), format % args)
+        """Every line the request path logs (request lines, refusals): the token masked, as RTSP passwords are."""
+        log.debug("http %s: %s", self.address_string(), _mask_token(format % args))
 
 
 PAGE = b"""<!doctype html>

@@ -444,6 +444,7 @@ class MqttOutput(MessageOutput):
         self._feeds: deque[VerdictFeed | None] = deque()  # handed over by the loop, taken up by this thread
         self._feed: VerdictFeed | None = None
         self._forwarding: dict[int, int] = {}  # message id -> journal row, of verdicts not yet acknowledged
+        self._live_from = 0  # the journal's last row when this connection came up: those up to it are replays
         self.too_large = 0  # messages from the broker cut by `PacketCap`
         self._too_large_log = LogRate(TOO_LARGE_LOG_INTERVAL_S)  # a publisher decides how often they come
         self._stop = threading.Event()
@@ -622,7 +623,7 @@ class MqttOutput(MessageOutput):
         self._feed = feed
         self._forwarding = {}
         if feed is not None and self._connected:
-            feed.connected()
+            feed.connected(self._live_from)
 
     def _forward(self) -> None:
         """Give paho the journal's next verdicts while its in-flight window has room; at least QoS 1,
@@ -635,16 +636,22 @@ class MqttOutput(MessageOutput):
             batch = feed.take(INFLIGHT - len(self._unacked))
             if not batch:
                 return
-            for verdict in batch:
+            for i, verdict in enumerate(batch):
                 topic = self._topics.get((verdict.camera_id, "verdict"))
                 if topic is None:  # a camera a reload removed: nobody to send it to
                     feed.acked(verdict.row_id)
                     continue
                 info = self._client.publish(topic, verdict.payload, qos=qos)
-                if info.rc != 0:  # the link just went: the next connection starts again from the cursor
+                if info.rc not in (0, load_paho().MQTT_ERR_NO_CONN):  # paho did not take it
+                    feed.give_back(verdict.row_id)
                     return
+                # Taken: sent, or (the link just went) held by paho for the next connection.
                 self._unacked.add(info.mid)
                 self._forwarding[info.mid] = verdict.row_id
+                if info.rc != 0:
+                    if i + 1 < len(batch):
+                        feed.give_back(batch[i + 1].row_id)
+                    return
 
     def _hand_over(self) -> None:
         """Give paho queued messages while its socket keeps up and its in-flight window has room."""
@@ -703,8 +710,10 @@ class MqttOutput(MessageOutput):
         self._connected = True
         self._subscribed = set()
         self._subscribing = {}
+        journal = self._journal
+        self._live_from = journal.writer.store.last_id if journal is not None else 0
         if self._feed is not None:
-            self._feed.connected()
+            self._feed.connected(self._live_from)
         after = f" at attempt {self._attempts}" if self._attempts > 1 else ""
         log.info("MQTT: connected to %s%s", self.cfg.url, after)
         self._attempts = 0

@@ -17,7 +17,7 @@ cameras times the classes times the zones. With ``[evidence]``, each writer's co
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -44,8 +44,10 @@ CameraStatus = tuple[StatusMessage, Mapping[str, HistogramCounts], VerdictCounts
 class Metrics:
     """The registry behind ``/metrics`` and the latest figures it exposes, per camera (label ``camera``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, refused: Callable[[], Mapping[str, int]] | None = None) -> None:
+        """``refused``: the HTTP server's refusals by reason, read at every scrape."""
         self.registry = CollectorRegistry(auto_describe=False)
+        self._refused = refused
         self._lock = threading.Lock()
         self._cameras: Sequence[CameraStatus] = ()
         self.registry.register(self)
@@ -59,6 +61,15 @@ class Metrics:
         return generate_latest(self.registry)
 
     def collect(self) -> Iterator[Metric]:
+        if self._refused is not None:
+            refused = CounterMetricFamily(
+                "edged_http_refused",
+                "HTTP connections and requests refused, by reason (limits, deadlines, unknown Host).",
+                labels=["reason"],
+            )
+            for reason, count in self._refused().items():
+                refused.add_metric([reason], count)
+            yield refused
         with self._lock:
             cameras = self._cameras
         if not cameras:

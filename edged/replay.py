@@ -86,12 +86,11 @@ class VerdictFeed:
             self._cursor = self._sent = self._saved = int(row[0])
         return self._db
 
-    def connected(self) -> None:
-        """A connection came up: what is recorded by now and not yet handed out goes out as replayed.
-        (What was handed out and not acknowledged, the client sends again itself.)"""
-        self._live_from = self._attempt(
-            lambda db: int(db.execute("SELECT coalesce(max(id), 0) FROM entries").fetchone()[0]), 0
-        )
+    def connected(self, live_from: int) -> None:
+        """A connection is up since the journal's row ``live_from``: what was recorded up to it and is
+        not yet handed out goes out as replayed. (What was handed out and not acknowledged, the
+        client sends again itself.)"""
+        self._live_from = live_from
 
     def take(self, limit: int) -> list[Forward]:
         """Up to ``limit`` verdicts after those handed out, oldest first."""
@@ -111,6 +110,13 @@ class VerdictFeed:
             self._in_flight.append(row_id)
             self._sent = row_id
         return out
+
+    def give_back(self, row_id: int) -> None:
+        """``row_id`` and the verdicts after it that were handed out were not sent after all: the
+        next `take` hands them out again."""
+        while self._in_flight and self._in_flight[-1] >= row_id:
+            self._acked.discard(self._in_flight.pop())
+        self._sent = self._in_flight[-1] if self._in_flight else self._cursor
 
     def acked(self, row_id: int) -> None:
         """The broker acknowledged ``row_id`` (or it needs no sending): the cursor moves over every

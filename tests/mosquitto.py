@@ -76,13 +76,16 @@ class Broker:
         tls: Tls | None = None,
         persistent: bool = False,
     ) -> None:
-        """``persistent``: sessions and their queued messages survive a `stop` and `start` (saved at a clean stop)."""
+        """``persistent``: sessions and all their queued messages survive a `stop` and `start` (saved at a clean stop)."""
         self.port = port
         self.log_path = directory / f"mosquitto-{port}.log"
         self.config = directory / f"mosquitto-{port}.conf"
         lines = [
             f"listener {port} 127.0.0.1",
-            f"persistence true\npersistence_location {directory}/" if persistent else "persistence false",
+            # persistent: an absent subscriber's messages all wait for it (Mosquitto keeps 1000 by default)
+            f"persistence true\npersistence_location {directory}/\nmax_queued_messages 0"
+            if persistent
+            else "persistence false",
             "user root",  # started as root, Mosquitto would switch to its own user, who cannot read the test's files
             f"allow_anonymous {'false' if password_file else 'true'}",
         ]

@@ -136,6 +136,10 @@ def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, mo
         ('[model]\npath = "m.onnx"\n[http]\nlisten = "0.0.0.0:8080"\n', "http.token_file: Value error, http.listen"),
         ('[model]\npath = "m.onnx"\n[http]\nlisten = "[::]:8080"\n', "is not a loopback address"),
         ('[model]\npath = "m.onnx"\n[http]\nlisten = "0.0.0.0:8080"\ntoken_file = "t"\n', "/t does not exist"),
+        *(
+            (f'[model]\npath = "m.onnx"\n[http]\nallowed_hosts = ["{host}"]\n', "http.allowed_hosts: Value error")
+            for host in ("line3-pi:8080", "http://line3-pi", "", "*.plant1.example")
+        ),
     ],
 )
 def test_problems_name_their_key(tmp_path: Path, text: str, problem: str) -> None:

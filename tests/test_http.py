@@ -3,14 +3,17 @@ health on a free loopback port, read by real clients (http.client, promtool, hea
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from waiting import wait_for
 
-from edged.http import REQUEST_TIMEOUT_S, HttpServer
+from edged.http import HttpServer
 from edged.messages import DetectionsMessage, StatusMessage, VerdictMessage, parse_message
 from edged.settings.http import MAX_CONNECTIONS, HttpConfig
 from edged.stats import VERDICTS_KEPT
@@ -569,13 +572,10 @@ def test_viewers_that_never_read_do_not_slow_it_or_grow_it_for_a_minute(tmp_path
         d.close()
 
 
-def test_idle_connections_and_extra_viewers_are_bounded() -> None:
-    """More connections than `MAX_CONNECTIONS` are closed at accept, so threads stay bounded; more
-    viewers than ``max_viewers`` get 503; the server answers again once the idle ones time out."""
+def test_a_viewer_beyond_max_viewers_gets_503() -> None:
     port = free_port()
     server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=1), health=lambda: None, cameras={"cam0": {}})
     server.start()
-    idle: list[socket.socket] = []
     try:
         assert serving(port)
         stream = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -586,15 +586,307 @@ def test_idle_connections_and_extra_viewers_are_bounded() -> None:
         assert status == 503 and b"max_viewers" in body
         stream.close()
         assert wait_for(lambda: server.views["cam0"].viewers == 0, 10)  # noticed at its next frame or wake-up
-        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS)]  # never send a request
-        extra = socket.create_connection(("127.0.0.1", port))
-        extra.settimeout(10)
-        assert extra.recv(1) == b""  # closed at once: no thread for it
-        extra.close()
-        for sock in idle:
-            sock.close()
-        assert wait_for(lambda: get(port, "/healthz", timeout=2)[0] == 200, 2 * REQUEST_TIMEOUT_S)
     finally:
-        for sock in idle:
+        server.close()
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """True once the server has closed (or reset) ``sock``'s connection; never blocks."""
+    try:
+        return sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def _handler_threads() -> int:
+    return sum("process_request_thread" in thread.name for thread in threading.enumerate())
+
+
+def _get_from(source: str, port: int, path: str, timeout: float = 10) -> tuple[int, bytes]:
+    """GET ``path`` from the loopback address ``source``: another client, as far as the server can tell."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_a_request_header_trickled_past_the_deadline_is_cut_off() -> None:
+    """The deadline is for the whole header: a byte every 0.1 s does not extend it, as a per-read timeout would."""
+    port = free_port()
+    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}"), lambda: None, {"cam0": {}}, request_timeout_s=2.0)
+    server.start()
+    try:
+        assert serving(port)
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"GET /healthz HTTP/1.0\r\nX-Slow: ")
+
+            def cut_off() -> bool:
+                try:
+                    slow.sendall(b"a")
+                except OSError:
+                    return True
+                time.sleep(0.1)  # the trickle's pace, not a wait for the server
+                return _closed_by_server(slow)
+
+            assert wait_for(cut_off, 60)
+            assert time.monotonic() - started >= 2.0
+        with socket.create_connection(("127.0.0.1", port)) as huge:
+            huge.settimeout(10)
+            with contextlib.suppress(ConnectionResetError):  # refused before it has sent it all
+                huge.sendall(b"GET /healthz HTTP/1.0\r\nX-Huge: " + b"a" * 20_000 + b"\r\n\r\n")
+            assert huge.recv(4096).startswith(b"HTTP/1.0 431")
+        text = get(port, "/metrics")[2].decode()
+        assert metric_value(text, "edged_http_refused_total", {"reason": "header_timeout"}) == 1
+        assert metric_value(text, "edged_http_refused_total", {"reason": "header_too_large"}) == 1
+        assert promtool_accepts(text.encode())
+    finally:
+        server.close()
+
+
+def test_slow_headers_on_every_connection_cannot_lock_out_healthz_or_metrics() -> None:
+    """32 connections that never finish their header (a slowloris) hold no slot a request needs: the
+    oldest of them gives its connection to each newcomer, from the same address or another one, and
+    the server's threads stay bounded."""
+    port = free_port()
+    cfg = HttpConfig(listen=f"127.0.0.1:{port}", max_connections_per_client=MAX_CONNECTIONS)
+    server = HttpServer(cfg, lambda: None, {"cam0": {}}, request_timeout_s=600)
+    server.start()
+    slow: list[socket.socket] = []
+    try:
+        assert serving(port)
+        assert wait_for(lambda: _handler_threads() == 0, 10)  # none left from the tests before
+        for _ in range(MAX_CONNECTIONS):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"GET /healthz HTTP/1.0\r\nX-Slow: a")
+            slow.append(sock)
+        assert wait_for(lambda: _handler_threads() == MAX_CONNECTIONS, 10)
+        for source in ("127.0.0.1", "127.0.0.2", "127.0.0.1", "127.0.0.2"):
+            assert _get_from(source, port, "/healthz") == (200, b"ok\n")
+            status, body = _get_from(source, port, "/metrics")
+            assert status == 200 and b"edged_http_refused_total" in body
+        closed = [_closed_by_server(sock) for sock in slow]
+        evicted = closed.count(True)  # one at least; more when a request came before the last one's thread ended
+        assert evicted >= 1 and closed == [True] * evicted + [False] * (MAX_CONNECTIONS - evicted), closed  # oldest first
+        assert _handler_threads() <= MAX_CONNECTIONS + 4
+        text = get(port, "/metrics")[2].decode()
+        assert metric_value(text, "edged_http_refused_total", {"reason": "header_evicted"}) >= evicted
+    finally:
+        for sock in slow:
             sock.close()
+        server.close()
+
+
+def test_a_client_beyond_its_connection_limit_and_connections_beyond_32_busy_ones_are_refused() -> None:
+    """A client (an address) holds at most ``max_connections_per_client`` requests being served, and
+    the server at most `MAX_CONNECTIONS`: more are closed at accept and counted, while other clients
+    are still answered."""
+    port = free_port()
+    release = threading.Event()
+    asked: list[int] = []
+
+    def health() -> str | None:
+        asked.append(1)
+        release.wait(60)  # a request that takes long to answer, for as long as the test holds it
+        return None
+
+    cfg = HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=MAX_CONNECTIONS - 4, max_connections_per_client=4)
+    server = HttpServer(cfg, health, {"cam0": {}}, request_timeout_s=600)
+    server.start()
+    held: list[http.client.HTTPResponse] = []
+    try:
+        assert wait_for(lambda: _handler_threads() == 0, 10)  # none left from the tests before
+        assert wait_for(lambda: serving_stream(port, held), 30)
+        for _ in range(3):
+            assert serving_stream(port, held)
+        assert wait_for(lambda: server.views["cam0"].viewers == 4, 10)
+        with socket.create_connection(("127.0.0.1", port)) as fifth:
+            fifth.settimeout(10)
+            assert fifth.recv(1) == b""  # closed at accept: no thread for it
+        assert _get_from("127.0.0.2", port, "/metrics")[0] == 200
+        busy = []
+        for i in range(MAX_CONNECTIONS - 4):  # 28 requests held, from 7 addresses, 4 each
+            sock = socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.1.{i // 4 + 1}", 0))
+            sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            busy.append(sock)
+        assert wait_for(lambda: len(asked) == MAX_CONNECTIONS - 4, 10)
+        with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.3", 0)) as extra:
+            extra.settimeout(10)
+            assert extra.recv(1) == b""  # 32 requests are being served: closed at accept
+        release.set()
+        for sock in busy:
+            sock.settimeout(10)
+            assert sock.recv(64).startswith(b"HTTP/1.0 200")
+            sock.close()
+        assert wait_for(lambda: _handler_threads() == 4, 10)  # the streams
+        text = _get_from("127.0.0.2", port, "/metrics")[1].decode()
+        assert metric_value(text, "edged_http_refused_total", {"reason": "per_client"}) == 1
+        assert metric_value(text, "edged_http_refused_total", {"reason": "busy"}) == 1
+    finally:
+        release.set()
+        for resp in held:
+            resp.close()
+        server.close()
+
+
+def serving_stream(port: int, held: list[http.client.HTTPResponse]) -> bool:
+    """Open a stream and keep its response (which holds the connection) in ``held``; False when the
+    server did not admit it."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/stream.mjpg")
+        resp = conn.getresponse()
+    except OSError:
+        return False
+    finally:
+        conn.close()  # the response holds the connection from here on
+    if resp.status != 200:
+        resp.close()
+        return False
+    held.append(resp)
+    return True
+
+
+def test_the_token_never_reaches_the_log_and_the_scheme_is_case_insensitive(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = "0123456789abcdef0123456789abcdef"
+    token_file = tmp_path / "http.token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", token_file=token_file), lambda: None, {"cam0": {}})
+    server.start()
+    caplog.set_level(logging.DEBUG, logger="edged.http")
+    try:
+        assert serving(port)
+        for scheme in ("bearer", "BEARER", "Bearer", "beaRer"):
+            assert get(port, "/healthz", {"Authorization": f"{scheme} {token}"})[0] == 200, scheme
+        assert get(port, "/healthz", {"Authorization": f"Basic {token}"})[0] == 401
+        assert get(port, f"/healthz?camera=cam0&token={token}")[0] == 200
+        assert get(port, f"/healthz?token={token}x&camera=cam0")[0] == 401
+        assert get(port, f"/healthz?%74oken={token}")[0] == 200  # the name percent-encoded
+        with socket.create_connection(("127.0.0.1", port)) as sock:  # a request line the server refuses
+            sock.sendall(f"GET /healthz?token={token} HTTP/1.0 junk\r\n\r\n".encode())
+            sock.settimeout(10)
+            assert b"400" in sock.recv(4096)
+        assert wait_for(lambda: caplog.text.count("oken=***") >= 4, 10), caplog.text
+    finally:
+        server.close()
+    assert token not in caplog.text and "camera=cam0" in caplog.text
+
+
+@pytest.mark.parametrize(("max_viewers", "arriving"), [(4, 12), (MAX_CONNECTIONS - 4, MAX_CONNECTIONS)])
+def test_viewers_arriving_together_get_exactly_max_viewers_streams_and_healthz_still_answers(
+    max_viewers: int, arriving: int
+) -> None:
+    port = free_port()
+    cfg = HttpConfig(listen=f"127.0.0.1:{port}", max_viewers=max_viewers, max_connections_per_client=MAX_CONNECTIONS)
+    server = HttpServer(cfg, health=lambda: None, cameras={"cam0": {}})
+    server.start()
+    together = threading.Barrier(arriving)
+    answers: list[tuple[int, bytes]] = []
+    streams: list[http.client.HTTPResponse] = []
+    lock = threading.Lock()
+
+    def viewer() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.connect()  # accepted before the others ask: they all ask at once
+        together.wait(30)
+        conn.request("GET", "/stream.mjpg")
+        resp = conn.getresponse()
+        body = b"" if resp.status == 200 else resp.read()
+        with lock:
+            answers.append((resp.status, body))
+            streams.append(resp)  # it holds the connection
+
+    try:
+        assert serving(port)
+        threads = [threading.Thread(target=viewer) for _ in range(arriving)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(answers) == arriving
+        assert sorted(status for status, _ in answers).count(200) == max_viewers, answers
+        refused = [body for status, body in answers if status != 200]
+        assert all(b"max_viewers" in body for body in refused), refused
+        assert wait_for(lambda: server.views["cam0"].viewers == max_viewers, 10)
+        assert get(port, "/healthz")[:3:2] == (200, b"ok\n")  # the admitted streams left it a connection
+        text = get(port, "/metrics")[2].decode()
+        assert metric_value(text, "edged_http_refused_total", {"reason": "max_viewers"}) == arriving - max_viewers
+        assert promtool_accepts(text.encode())
+    finally:
+        for resp in streams:
+            resp.close()
+        server.close()
+
+
+def promtool_accepts(exposition: bytes) -> bool:
+    check = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True, timeout=60)
+    return check.returncode == 0
+
+
+def _status_with_host(port: int, host: str | None, path: str, connect: str = "127.0.0.1") -> tuple[int, bytes]:
+    """GET ``path`` with ``Host: host`` (none at all for None), as a page's script would after DNS rebinding."""
+    with socket.create_connection((connect, port)) as sock:
+        sock.settimeout(10)
+        header = "" if host is None else f"Host: {host}\r\n"
+        sock.sendall(f"GET {path} HTTP/1.1\r\n{header}Connection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_on_a_loopback_listen_only_loopback_names_and_allowed_hosts_are_answered() -> None:
+    """A web page whose name was rebound to 127.0.0.1 sends its own name as Host: refused, so it reads nothing."""
+    port = free_port()
+    cfg = HttpConfig(listen=f"127.0.0.1:{port}", allowed_hosts=["Board.example"])
+    server = HttpServer(cfg, lambda: None, {"cam0": {}})
+    server.start()
+    try:
+        assert serving(port)
+        for host in ("localhost", f"localhost:{port}", "LocalHost.", f"127.0.0.1:{port}", "127.0.0.5", f"[::1]:{port}"):
+            assert _status_with_host(port, host, "/healthz") == (200, b"ok\n"), host
+        assert _status_with_host(port, f"board.example:{port}", "/healthz")[0] == 200  # http.allowed_hosts
+        assert _status_with_host(port, None, "/healthz")[0] == 200  # no Host: not a browser, nothing to rebind
+        for host in (f"evil.example:{port}", "localhost.evil.example", "127.0.0.1.nip.io", "10.1.2.3", "[::2]"):
+            for path in ("/status.json", "/snapshot.jpg", "/stream.mjpg", "/metrics", "/healthz", "/"):
+                status, body = _status_with_host(port, host, path)
+                assert status == 421 and b"http.allowed_hosts" in body and b"\xff\xd8" not in body, (host, path, body)
+        text = get(port, "/metrics")[2].decode()
+        assert metric_value(text, "edged_http_refused_total", {"reason": "host"}) == 30
+    finally:
+        server.close()
+
+
+def test_on_a_network_listen_the_address_asked_the_board_s_name_and_allowed_hosts_are_answered(tmp_path: Path) -> None:
+    token = "0123456789abcdef0123456789abcdef"
+    token_file = tmp_path / "http.token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    cfg = HttpConfig(listen=f"0.0.0.0:{port}", token_file=token_file, allowed_hosts=["line3-pi.plant1.example", "10.9.8.7"])
+    server = HttpServer(cfg, lambda: None, {"cam0": {}})
+    server.start()
+    try:
+        assert serving(port)
+        board = socket.gethostname()
+        for host in ("127.0.0.1", "localhost", board, f"{board}.local", "line3-pi.plant1.example", "10.9.8.7"):
+            assert _status_with_host(port, f"{host}:{port}", f"/healthz?token={token}") == (200, b"ok\n"), host
+        status, body = _status_with_host(port, f"evil.example:{port}", f"/healthz?token={token}")
+        assert status == 421 and b"http.allowed_hosts" in body
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: this finds the address of the default route
+            address = probe.getsockname()[0]
+        assert _status_with_host(port, f"{address}:{port}", f"/healthz?token={token}", connect=address)[0] == 200
+        assert _status_with_host(port, f"{address}:{port}", f"/healthz?token={token}")[0] == 421  # asked of 127.0.0.1
+    finally:
         server.close()

@@ -184,16 +184,18 @@ def test_the_cursor_moves_over_acknowledged_verdicts_only_and_survives_a_reopen(
     store = JournalStore(path, "normal")
     store.append([entry(n) for n in range(10)], IDENTITY, None)
     feed = VerdictFeed(path, "mqtt", first_after=2)  # rows 1, 2 were there before the output
-    feed.connected()
+    feed.connected(live_from=10)
     sent = feed.take(4)
     assert [f.row_id for f in sent] == [3, 4, 5, 6]
     assert json.loads(sent[0].payload)["replayed"] is True  # recorded before this connection
+    feed.give_back(5)  # 5 and 6 were not taken by the client after all
+    assert [f.row_id for f in feed.take(2)] == [5, 6]
     feed.acked(4)
     feed.acked(3)
     feed.acked(6)  # 5 not yet: the cursor stays at 4
     feed.close()
     again = VerdictFeed(path, "mqtt", first_after=0)
-    again.connected()
+    again.connected(live_from=0)
     assert [f.row_id for f in again.take(100)] == [5, 6, 7, 8, 9, 10]
     store.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,19 @@ class HttpConfig(Section):
         8, ge=1, le=MAX_CONNECTIONS - 4, description="Live streams served at once, of all cameras together; more get 503."
     )
     send_timeout_s: float = Field(5.0, gt=0, le=60, description="A viewer that takes no data for this long is dropped.")
+    max_connections_per_client: int = Field(
+        16,
+        ge=1,
+        le=MAX_CONNECTIONS,
+        description="Connections one address may hold at once; more are closed at accept. Through an SSH "
+        "tunnel every viewer comes from 127.0.0.1: raise it with max_viewers.",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names (or addresses) requests may name in their Host header, besides loopback "
+        "names on loopback and, on a network listen, the address asked and the board's host name; "
+        "others get 421, so a web page cannot read the view through DNS rebinding.",
+    )
 
     @field_validator("listen")
     @classmethod
@@ -50,6 +64,29 @@ class HttpConfig(Section):
                 "holding a token, or listen on 127.0.0.1 and reach it through ssh -L"
             )
         return v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, v: list[str]) -> list[str]:
+        """Each a name in lower case without a final dot, or an address as Python writes it."""
+        names = []
+        for host in v:
+            name = host.strip().lower().removesuffix(".")
+            try:
+                names.append(str(ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))))
+                continue
+            except ValueError:
+                pass
+            if not _HOST_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{host!r} is not a host name or an IP address: give one name per entry, without a port "
+                    'or scheme (["line3-pi.plant1.example", "10.0.0.7"])'
+                )
+            names.append(name)
+        return names
+
+
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
 
 
 def listen_address(listen: str) -> tuple[str, int]:
