@@ -1,16 +1,21 @@
-"""``edged check``: everything `run` would refuse, found before the service starts.
+"""``edged check``: everything `run` would refuse or fail on, found before the service starts.
 
 It loads the model exactly as the daemon does (same contract checks, same head detection),
 opens every camera through the capture thread the daemon uses and waits for its first frames
-(the size, rate and colour order the camera really gives), runs a grey frame of that size and the
-camera's first frame through the real pipeline (NaN or infinite outputs there mean a broken
-model, scores above 1 a wrong normalisation or head), connects once to the MQTT broker when
-``[mqtt]`` is set (refused, untrusted or absent is reported with its reason), and prints where
-ONNX Runtime placed each node (`Engine.placement`).
+(the size and rate the camera really gives), runs a grey frame of that size and the camera's
+first frame through the real pipeline (NaN or infinite outputs there mean a broken model, scores
+above 1 a wrong normalisation or head) and prints what that first frame gave, with its verdict:
+the quickest way to see a wrong model or colour order. It creates and removes a file in each
+camera's evidence folder, binds and releases every address the daemon would listen on (each
+output's, `edged.outputs.listening`; not with ``bind=False``, beside a running daemon that holds
+them), connects once to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent is
+reported with its reason), and prints where ONNX Runtime placed each node (`Engine.placement`).
+The last line is the one verdict: ``ok``, or the CLI's error naming the problem.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -22,24 +27,30 @@ import onnxruntime as ort
 
 from edged.capture import Capture
 from edged.config import Settings
-from edged.errors import ContractError, InferenceError, ModelError, SourceError
+from edged.decode import Detections
+from edged.errors import BindError, ConfigError, ContractError, FolderError, InferenceError, ModelError, SourceError
+from edged.evidence import folder_problem
 from edged.heads.base import fmt_classes
 from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
-from edged.pipeline import FramePipeline, frame_path
+from edged.outputs import listening
+from edged.pipeline import FramePath, FramePipeline, frame_path
 from edged.preprocess import LETTERBOX_FILL
+from edged.settings.evidence import DEFAULT_NOTE
+from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SourceBase, mask_credentials
 from edged.sources.registry import open_source
 
 FIRST_FRAME_TIMEOUT_S = 30.0  # longer than any camera's own open timeout: its error comes first
 SETTLE_S = 0.5  # a network stream first hands over the frames buffered while it opened, all at once
 RATE_WINDOW_S = 1.0  # then frames are counted this long to measure the rate
+FIRST_FRAME_SHOWN = 5  # detections of the first frame named, best first; the rest are counted
 
 
 @dataclass(frozen=True, slots=True)
 class SourceProbe:
-    """What the camera delivered: the frame size, the rate measured over `RATE_WINDOW_S`, the channel order,
-    and a copy of its first frame."""
+    """What the camera delivered: the frame size, the rate measured over `RATE_WINDOW_S`, the channel order
+    its source declares (frames carry no order of their own to measure), and a copy of its first frame."""
 
     width: int
     height: int
@@ -89,7 +100,7 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
     outputs = ", ".join(f"{o.name} {o.shape}" for o in engine.session.get_outputs())
     labels = ", ".join(model.labels) if model.labels else "(no names: class ids only)"
     print(f"model      {engine.model_path} ({engine.identity.short})", file=out)
-    print(f"input      {model.contract.describe()}", file=out)
+    print(f"input      {model.contract.describe(order_source=True)}", file=out)
     print(f"output     {outputs} -> {model.head} head, {fmt_classes(model.num_classes)}: {labels}", file=out)
     requested = ", ".join(p.name for p in settings.runtime.providers)
     print(f"providers  requested: {requested}", file=out)
@@ -108,7 +119,7 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
     print(f"           {placement.basis}", file=out)
 
 
-def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> None:
+def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections:
     """Run ``image`` (named by ``what``) through the model; raise what the daemon would only count per frame."""
     try:
         detections, _ = plan.process(image)
@@ -127,11 +138,55 @@ def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> None:
             "scores must be probabilities: check model.scale, mean and std against how the model was "
             "trained, and that its head ends in a sigmoid"
         )
+    return detections
+
+
+def _first_frame(model: LoadedModel, path: FramePath, detections: Detections, width: int, height: int) -> str:
+    """What the camera's first frame gave, as `run` would publish it: its detections, best first, and its verdict."""
+    verdict = ""
+    if path.inspector is not None:
+        inspected = path.inspector(detections, width, height)
+        detections, verdict = inspected.detections, f"; verdict {inspected.verdict}"
+    found = [
+        f"{model.label(c)} {score:.2f}"
+        for c, score in zip(detections.class_ids.tolist(), detections.scores.tolist(), strict=True)
+    ]
+    shown = ", ".join(found[:FIRST_FRAME_SHOWN]) + (
+        f", and {len(found) - FIRST_FRAME_SHOWN} more" if len(found) > FIRST_FRAME_SHOWN else ""
+    )
+    return f"first frame: {len(found)} detection(s){': ' + shown if found else ''}{verdict}"
+
+
+def _inspection(model: LoadedModel, inspect: InspectConfig | None) -> str:
+    """A camera's inspection in one line: thresholds, zones, NG classes."""
+    if inspect is None:
+        return "inspect: none (no verdict; every detection is published)"
+    thresholds = ", ".join([f"model.conf {model.cfg.conf:g}", *(f"{name} {t:g}" for name, t in inspect.class_conf.items())])
+    zones = f"zones {', '.join(inspect.zones)} (outside them: {inspect.outside_zones})" if inspect.zones else "whole frame"
+    ng = ", ".join(inspect.ng_classes) if inspect.ng_classes is not None else "every class"
+    return f"inspect: thresholds {thresholds}; {zones}; NG classes: {ng}"
+
+
+def _evidence(settings: Settings, cfg: SourceBase) -> str:
+    """Where a camera's evidence goes, after creating and removing a file there; `FolderError` when it cannot."""
+    evidence = settings.evidence_for(cfg)
+    if evidence is None:
+        return "evidence: none saved"
+    default = settings.evidence_dir_default(cfg)
+    problem = folder_problem(evidence.dir, cfg.camera_id)
+    if problem is not None:
+        advice = f"; {DEFAULT_NOTE}" if default else ""
+        raise FolderError(
+            f"evidence.dir: camera {cfg.camera_id}'s evidence cannot be saved in {evidence.dir}: {problem}{advice}"
+        )
+    where = f"{evidence.dir / cfg.camera_id}{' (the default: evidence.dir is not set)' if default else ''}"
+    return f"evidence: {evidence.save} frames to {where} (a file created and removed there)"
 
 
 def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named: bool, out: TextIO) -> SourceError | None:
-    """Open one camera and run its frames through the model; the camera's error, if it gave no frame."""
-    frame_path(settings, model, cfg)  # [inspect] names classes the model must have
+    """Open one camera, run its frames through the model and say what it will do; the camera's error,
+    if it gave no frame."""
+    path = frame_path(settings, model, cfg)  # [inspect] names classes the model must have
     name = f"{cfg.camera_id}: " if named else ""
     try:
         probe = probe_source(cfg)
@@ -142,24 +197,57 @@ def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named
         print(f"           {e}", file=out)
         return e
     print(f"source     {name}{describe_source(cfg)}", file=out)
-    print(f"           delivers {probe.width}x{probe.height} at {probe.fps:.1f} fps, {probe.channel_order}", file=out)
-    plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order)
+    print(
+        f"           delivers {probe.width}x{probe.height} at {probe.fps:.1f} fps (measured), "
+        f"channel order {probe.channel_order} (declared: source.channel_order)",
+        file=out,
+    )
+    thresholds = path.inspector.thresholds if path.inspector is not None else None
+    plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order, thresholds)
     grey = np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8)
+    _first_run(plan, "a plain grey frame", grey)
     first = f"the first frame of camera {cfg.camera_id}" if named else "the camera's first frame"
-    for what, image in (("a plain grey frame", grey), (first, probe.frame)):
-        _first_run(plan, what, image)
+    detections = _first_run(plan, first, probe.frame)
+    print(f"           {_first_frame(model, path, detections, probe.width, probe.height)}", file=out)
+    print(f"           {_inspection(model, settings.inspection(cfg))}", file=out)
+    mode = settings.trigger_mode(cfg)
+    trigger = "request: one frame per request on trigger.endpoint" if mode == "request" else "free: every frame"
+    print(f"           trigger: {trigger}", file=out)
+    print(f"           {_evidence(settings, cfg)}", file=out)
     return None
 
 
-def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.stdout) -> int:
+def _bind_all(settings: Settings, bind: bool, out: TextIO) -> None:
+    """Bind every address the daemon would listen on, all at once as it holds them, then release them."""
+    with contextlib.ExitStack() as bound:
+        for endpoint in listening(settings):
+            if bind:
+                try:
+                    bound.callback(endpoint.bind())
+                except BindError as e:
+                    raise type(e)(
+                        f"{e}; if the running edged service holds it, `edged check --no-bind` checks the rest"
+                    ) from None
+            tried = "bound and released" if bind else "not tried: --no-bind"
+            print(f"listen     {endpoint.key}: {endpoint.address} ({tried})", file=out)
+
+
+def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.stdout, *, bind: bool = True) -> int:
     """Every camera is opened and tried, one after the other, so that one missing camera does
-    not hide another's problem; a model or contract problem stops at once (exit 78)."""
-    print(f"config     {config_path}: valid", file=out)
-    model = load_model(settings.model, settings.runtime, record_placement=True, lanes=settings.lanes())
-    named = len(settings.source) > 1
-    failed = [
-        (cfg.camera_id, e) for cfg in settings.source if (e := _check_source(settings, model, cfg, named, out)) is not None
-    ]
+    not hide another's problem; a model or contract problem stops at once (exit 78). ``bind``:
+    bind and release every listening address (off beside a running daemon, which holds them)."""
+    print(f"config     {config_path}", file=out)
+    try:
+        model = load_model(settings.model, settings.runtime, record_placement=True, lanes=settings.lanes())
+        named = len(settings.source) > 1
+        failed = [
+            (cfg.camera_id, e)
+            for cfg in settings.source
+            if (e := _check_source(settings, model, cfg, named, out)) is not None
+        ]
+    except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems
+        raise ConfigError(e.path or config_path, e.problems) from None
+    _bind_all(settings, bind, out)
     if settings.mqtt is not None:
         print(f"mqtt       {probe_broker(settings.mqtt, settings.source[0].camera_id)}", file=out)
     _report(model, settings, out)

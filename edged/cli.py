@@ -263,6 +263,16 @@ def _schema_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="write to this file instead of stdout")
 
 
+def _check_arguments(p: argparse.ArgumentParser) -> None:
+    _config_arg(p)
+    p.add_argument(
+        "--no-bind",
+        action="store_true",
+        help="do not bind the addresses edged listens on (publish, trigger, http): for a check beside the "
+        "running service, which holds them",
+    )
+
+
 def _thermal_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("--watch", action="store_true", help="keep printing every poll interval")
@@ -283,11 +293,14 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
     ),
     (
         "check",
-        "check config, model, contract and provider placement",
-        "Load the config and model exactly as `run` would, check the layout "
-        "contract and report which execution provider each node runs on. Exit 0 when "
-        "all is well, 78 with the reasons otherwise.",
-        _config_arg,
+        "check config, model, cameras, folders and addresses before `run`",
+        "Load the config and model exactly as `run` would, check the layout contract, open every "
+        "camera and run its first frame, create and remove a file in each evidence folder, bind and "
+        "release every address edged listens on, and print what `run` will do and which execution "
+        "provider each node runs on. Exit 0 when all is well; 78 for a configuration, model or "
+        "contract problem; 1 for a camera, broker, folder or address that cannot be used now (a "
+        "port in use: another program, or the running service, holds it; see --no-bind).",
+        _check_arguments,
     ),
     (
         "subscribe",
@@ -400,7 +413,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     settings = load_config(args.config)
     from edged.check import run_check
 
-    return run_check(args.config, settings)
+    return run_check(args.config, settings, bind=not args.no_bind)
 
 
 def _cmd_subscribe(args: argparse.Namespace) -> int:

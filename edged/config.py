@@ -32,7 +32,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
 from edged.errors import ConfigError, KeyFileError
 from edged.heads.registry import HEADS
 from edged.settings.endpoints import ipc_folder_problem, on_the_network
-from edged.settings.evidence import EvidenceConfig
+from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
 from edged.settings.journal import JournalConfig, default_path
@@ -407,7 +407,15 @@ class Settings(BaseSettings):
         place of those keys of [evidence], the others from there; None: none saved."""
         if isinstance(cfg.evidence, bool):
             return self.evidence if cfg.evidence else None
-        return _overlay(self.evidence or EvidenceConfig(), _given(cfg.evidence))
+        if self.evidence is None:  # its table whole: the keys it does not give have the defaults it was loaded with
+            return cfg.evidence
+        return _overlay(self.evidence, _given(cfg.evidence))
+
+    def evidence_dir_default(self, cfg: SourceBase) -> bool:
+        """Whether a camera's evidence folder is the default: neither its [source.evidence] table nor
+        [evidence] gives ``dir``."""
+        tables = (self.evidence, cfg.evidence if isinstance(cfg.evidence, EvidenceConfig) else None)
+        return not any(table is not None and "dir" in table.model_fields_set for table in tables)
 
     def trigger_mode(self, cfg: SourceBase) -> TriggerMode:
         """A camera's trigger mode: its own ``trigger``, else ``trigger.mode``."""
@@ -708,6 +716,24 @@ def _check_files(settings: Settings) -> list[str]:
             f"journal.path: folder {journal.path.parent} does not exist (create it, set journal.path to a file in "
             "an existing folder, or journal.enabled = false)"
         )
+    problems += _evidence_problems(settings)
+    return problems
+
+
+def _evidence_problems(settings: Settings) -> list[str]:
+    """An evidence folder that is a file: every save would fail, so it is refused before the daemon starts."""
+    problems: list[str] = []
+    for cfg in settings.source:
+        evidence = settings.evidence_for(cfg)
+        if evidence is None or (problem := dir_problem(evidence.dir)) is None:
+            continue
+        own = isinstance(cfg.evidence, EvidenceConfig) and "dir" in cfg.evidence.model_fields_set
+        key = "source.evidence.dir" if own else "evidence.dir"
+        named = f" (camera {cfg.camera_id})" if own and len(settings.source) > 1 else ""
+        advice = DEFAULT_NOTE if settings.evidence_dir_default(cfg) else "give a folder"
+        line = f"{key}: {problem}; {advice}{named}"
+        if line not in problems:
+            problems.append(line)
     return problems
 
 
@@ -733,12 +759,15 @@ def load_config(path: Path | None) -> Settings:
                     f"set {ENV_PREFIX}SOURCE to the whole list as JSON, or change the file"
                 ],
             )
+    folder = CONFIG_FOLDER.set(path.resolve().parent if path is not None else None)
     try:
         settings = Settings(**data)
     except ValidationError as e:
         raise ConfigError(path, [_format_error(err, variables, cameras=cameras) for err in e.errors()]) from None
     except SettingsError as e:  # an EDGED_* variable that is not the JSON its key needs
         raise ConfigError(path, [_variable_problem(e, variables)]) from None
+    finally:
+        CONFIG_FOLDER.reset(folder)
     if settings.journal.path is None:
         journal = settings.journal.model_copy(update={"path": default_path(path.resolve().parent if path else None)})
         settings = settings.model_copy(update={"journal": journal})

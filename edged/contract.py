@@ -49,6 +49,7 @@ class InputContract:
     scale: float
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    order_declared_by: str = "model.channel_order"  # where ``channel_order`` comes from: nothing measures it
 
     @property
     def height(self) -> int:
@@ -58,7 +59,9 @@ class InputContract:
     def width(self) -> int:
         return self.shape[3] if self.layout == "nchw" else self.shape[2]
 
-    def describe(self) -> str:
+    def describe(self, *, order_source: bool = False) -> str:
+        """The contract in one line; ``order_source``: the channel order with where it is declared (``edged check``)."""
+        order = f"{self.channel_order} (declared: {self.order_declared_by})" if order_source else self.channel_order
         normalise = (
             "pixels as they are (the model normalises inside)"
             if self.dtype is np.uint8
@@ -66,7 +69,7 @@ class InputContract:
         )
         return (
             f"{self.input_name} {list(self.shape)} {np.dtype(self.dtype).name} {self.layout} "
-            f"{self.channel_order} {self.resize} {normalise}"
+            f"{order} {self.resize} {normalise}"
         )
 
 
@@ -157,7 +160,7 @@ def build_contract(
     dims = _static_dims(name, shape)
     layout = _layout(name, dims, cfg.layout, metadata.get("layout"))
     _check_imgsz(name, dims, layout, cfg.imgsz)
-    order = _channel_order(cfg, metadata)
+    order, declared_by = _channel_order(cfg, metadata)
     _check_normalisation(cfg, dtype)
     return InputContract(
         input_name=name,
@@ -169,6 +172,7 @@ def build_contract(
         scale=cfg.scale,
         mean=cfg.mean,
         std=cfg.std,
+        order_declared_by=declared_by,
     )
 
 
@@ -240,24 +244,27 @@ def _check_imgsz(name: str, dims: tuple[int, int, int, int], layout: Layout, img
         )
 
 
-def _channel_order(cfg: ModelConfig, metadata: Mapping[str, str]) -> ChannelOrder:
-    """The model's colour order: its color_order metadata, RGB for an Ultralytics export, else the config."""
+def _channel_order(cfg: ModelConfig, metadata: Mapping[str, str]) -> tuple[ChannelOrder, str]:
+    """The model's colour order: its color_order metadata, RGB for an Ultralytics export, else the
+    config; with where it is declared."""
     meta = metadata.get("color_order")
     meta_order = _ORDERS.get(meta.lower()) if meta else None
     if meta and meta_order is None:
         raise ContractError(f"model metadata color_order={meta!r} is neither rgb nor bgr")
-    declared = f"declares color_order = {meta_order!r} in its metadata"
+    declared, source = f"declares color_order = {meta_order!r} in its metadata", "model metadata color_order"
     if meta_order is None:
         ultralytics = _ultralytics_mark(metadata)
         if ultralytics is None:
-            return cfg.channel_order
+            given = "channel_order" in cfg.model_fields_set
+            return cfg.channel_order, "model.channel_order" if given else "model.channel_order's default"
         # Ultralytics writes no color_order, but every model it trains and exports takes RGB.
         meta_order, declared = "rgb", f"is an Ultralytics export ({ultralytics}), which takes 'rgb'"
+        source = "an Ultralytics export"
     if "channel_order" in cfg.model_fields_set and cfg.channel_order != meta_order:
         raise ContractError(
             f"config model.channel_order = {cfg.channel_order!r} but the model {declared}; remove the key or fix the model"
         )
-    return meta_order
+    return meta_order, source
 
 
 def _ultralytics_mark(metadata: Mapping[str, str]) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any
 from edged.camera import Camera, camera_for, start_capture, stop_captures
 from edged.capture import Capture
 from edged.config import Settings
-from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, KeyFileError, ModelError
 from edged.health import Health, Watched
 from edged.lanes import Lanes, Outcome
 from edged.lograte import LogRate
@@ -380,6 +380,8 @@ def run(config_path: Path | None, settings: Settings) -> int:
     try:
         daemon = Daemon(settings, config_path, notifier, signals)
     except EdgedError as e:
+        if isinstance(e, ConfigError) and e.path is None:  # found with the model or a camera: named as the file's own
+            e = ConfigError(config_path, e.problems)
         log.error("%s", e)
         notifier.status(f"refused to start: {e}" if e.exit_code == EXIT_CONFIG else f"cannot start: {e}")
         code = e.exit_code

@@ -11,7 +11,9 @@
     ├── MissingDependency        78  an optional package the configuration needs is not installed
     ├── DataError                65  a tool's data (images, labels) cannot be used
     ├── UsageError                2  command-line options that cannot work together
-    ├── PublishError              1  the PUB socket cannot bind its endpoints
+    ├── BindError                 1  an endpoint edged listens on is in use or cannot be bound
+    │   └── PublishError          1  a ZeroMQ socket (publish, trigger) cannot bind, or may not
+    ├── FolderError               1  ``edged check``: a folder edged writes to takes no file
     ├── BrokerError               1  ``edged check``: the MQTT broker cannot be reached or refuses edged
     ├── SourceError               1  the camera is gone or cannot be opened; capture retries
     ├── InferenceError            1  one run failed; the frame is skipped and counted
@@ -92,8 +94,19 @@ class UsageError(EdgedError):
     exit_code = EXIT_USAGE
 
 
-class PublishError(EdgedError):
-    """The PUB socket cannot bind; the message names the endpoint and what to check."""
+class BindError(EdgedError):
+    """An endpoint edged listens on is in use or cannot be bound; the message names its key and address.
+
+    Not exit 78: the same configuration starts once the other program lets go of the address.
+    """
+
+
+class PublishError(BindError):
+    """A ZeroMQ socket cannot bind, or may not where it is asked to; the message names the endpoint and what to check."""
+
+
+class FolderError(EdgedError):
+    """``edged check``: a folder edged writes to (evidence) takes no file; the message names the key and the reason."""
 
 
 class BrokerError(EdgedError):

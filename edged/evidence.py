@@ -43,7 +43,7 @@ import numpy as np
 
 from edged.messages import EvidenceReport
 from edged.output import NO_REPORT, FrameReport, Output, OutputReport, Services
-from edged.settings.evidence import EvidenceConfig, SavePolicy
+from edged.settings.evidence import DEFAULT_NOTE, EvidenceConfig, SavePolicy
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -345,6 +345,35 @@ def describe(error: OSError) -> str:
     return f"{reason}{where}"
 
 
+def folder_problem(root: Path, camera_id: str) -> str | None:
+    """Why camera ``camera_id``'s evidence cannot be saved under ``root``, found by making its folders
+    as a save would and creating and removing a file there (``edged check``); None when it can.
+
+    The folders it made are removed again, so the check leaves nothing behind.
+    """
+    folder, made = root / camera_id, []
+    try:
+        for at in (root, folder):
+            if not at.is_dir():
+                try:
+                    at.mkdir()
+                except FileNotFoundError:
+                    if at.parent.is_dir():  # /proc and /sys answer so: they hold no folders of ours
+                        return f"{at} cannot be made in {at.parent}: that filesystem takes no files"
+                    raise
+                made.append(at)
+        probe = folder / ".edged-check"
+        write_atomic(probe, b"")
+        probe.unlink()
+    except OSError as e:
+        return describe(e)
+    finally:
+        for at in reversed(made):
+            with contextlib.suppress(OSError):
+                at.rmdir()
+    return None
+
+
 class EvidenceWriter:
     """Decides on the loop which frames are evidence, and saves them on a background thread.
 
@@ -352,10 +381,14 @@ class EvidenceWriter:
     in the queue and the rate limit; only a frame it admits is copied and handed to `submit`.
     """
 
-    def __init__(self, cfg: EvidenceConfig, camera_id: str, previous: EvidenceWriter | None = None) -> None:
-        """``previous``: the camera's writer that this one replaces on a reload; its counters carry on."""
+    def __init__(
+        self, cfg: EvidenceConfig, camera_id: str, previous: EvidenceWriter | None = None, *, default_dir: bool = False
+    ) -> None:
+        """``previous``: the camera's writer that this one replaces on a reload; its counters carry on.
+        ``default_dir``: ``cfg.dir`` is the default, not set: an error then says how to set it."""
         self.cfg = cfg
         self.camera_id = camera_id
+        self._advice = f"; {DEFAULT_NOTE}" if default_dir else ""
         self.store = EvidenceStore(cfg.dir, camera_id, cfg.max_bytes, cfg.max_age_days)
         self._queue: queue.Queue[EvidenceFrame | None] = queue.Queue(QUEUE_FRAMES + 1)  # + the stop sentinel
         self._saves: deque[float] = deque(maxlen=max(cfg.max_per_minute, 1))  # times of the last saves
@@ -514,10 +547,11 @@ class EvidenceWriter:
             if not self._failing:
                 self._failing = True
                 log.error(
-                    "evidence not saved in %s: %s; inference goes on, and further failures are counted as "
+                    "evidence not saved in %s: %s%s; inference goes on, and further failures are counted as "
                     "evidence errors until a save succeeds",
                     self.store.folder,
                     self.last_error,
+                    self._advice,
                     extra=self._fields,
                 )
             return False
@@ -541,8 +575,9 @@ class EvidenceOutput(Output):
     def _start(self, camera_id: str, previous: EvidenceWriter | None = None) -> None:
         cfg = self.settings.camera(camera_id)
         evidence = self.settings.evidence_for(cfg) if cfg is not None else None
-        if evidence is not None:
-            writer = self.writers[camera_id] = EvidenceWriter(evidence, camera_id, previous)
+        if cfg is not None and evidence is not None:
+            default = self.settings.evidence_dir_default(cfg)
+            writer = self.writers[camera_id] = EvidenceWriter(evidence, camera_id, previous, default_dir=default)
             writer.start()
 
     def frame(self, report: FrameReport) -> None:

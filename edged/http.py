@@ -22,6 +22,7 @@ retried every `BIND_RETRY_S`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import io
 import ipaddress
@@ -34,6 +35,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,10 +44,10 @@ from urllib.parse import parse_qs, unquote_plus, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from edged import history
-from edged.errors import EdgedError, JournalUnreadable, KeyFileError, UsageError
+from edged.errors import BindError, EdgedError, JournalUnreadable, KeyFileError, UsageError
 from edged.keys import read_token
 from edged.messages import DetectionsMessage, StatusMessage
-from edged.output import Delivery, FrameReport, Output, Services, StatusReport
+from edged.output import Delivery, Endpoint, FrameReport, Output, Services, StatusReport
 from edged.prometheus import CameraStatus, Metrics
 from edged.settings.http import MAX_CONNECTIONS, HttpConfig, is_loopback, listen_address
 from edged.settings.inspect import Point
@@ -118,6 +120,11 @@ class HttpServer(Output):
         server = cls(settings.http, services.health, settings.camera_zones())
         server.start()
         return server
+
+    @classmethod
+    def listening(cls, settings: Settings) -> list[Endpoint]:
+        listen = settings.http.listen
+        return [Endpoint("http.listen", f"http://{listen}/", partial(_try_listen, listen))] if listen else []
 
     def wants(self, camera_id: str, found: bool) -> Delivery:
         return Delivery.SHOWN if self.wants_frame(camera_id) else Delivery.NONE
@@ -300,6 +307,29 @@ class HttpServer(Output):
             log.info("live view, status page and metrics on http://%s/", self.cfg.listen)
             server.serve_forever(poll_interval=0.5)
             return
+
+
+def _try_listen(listen: str) -> Callable[[], None]:
+    """`Endpoint.bind` of ``http.listen``: bound and listening as `_Server` binds (with address reuse,
+    as HTTPServer sets it), then released. Raises `BindError`: `run` would serve nothing there."""
+    host, port = listen_address(listen)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen()
+    except OSError as e:
+        sock.close()
+        hint = {
+            errno.EADDRINUSE: "another program holds it, perhaps an edged still running: stop it or change http.listen",
+            errno.EADDRNOTAVAIL: "no interface of this board has that address: change http.listen",
+            errno.EACCES: "a port below 1024 needs privileges edged does not have: choose a port from 1024",
+        }.get(e.errno or 0, "change http.listen")
+        raise BindError(
+            f"http.listen {listen}: the live view, status page and metrics cannot be served there: "
+            f"{e.strerror or e} ({hint})"
+        ) from None
+    return sock.close
 
 
 def _host_name(host: str) -> str:

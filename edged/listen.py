@@ -62,8 +62,9 @@ def _prepare_ipc(endpoint: str) -> Path | None:
     return path
 
 
-def refuse_live_ipc(path: Path, endpoint: str) -> None:
-    """Raise `PublishError` when a process accepts connections on ``path``; a stale file is fine."""
+def refuse_live_ipc(path: Path, endpoint: str, key: str) -> None:
+    """Raise `PublishError` when a process accepts connections on ``path``; a stale file is fine.
+    ``key``: the setting that names the endpoint, for the message."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(PROBE_TIMEOUT_S)
     try:
@@ -72,14 +73,14 @@ def refuse_live_ipc(path: Path, endpoint: str) -> None:
         return  # nothing there, or a socket file its process left behind
     except OSError as e:
         raise PublishError(
-            f"cannot bind {endpoint}: cannot tell whether another process listens on {path} "
+            f"{key}: cannot bind {endpoint}: cannot tell whether another process listens on {path} "
             f"({e.strerror or e}); remove the file if nothing uses it, or choose another ipc path"
         ) from None
     finally:
         probe.close()
     raise PublishError(
-        f"cannot bind {endpoint}: another process is listening on {path} (another edged with the "
-        "same publish.endpoints?); stop it, or give each instance its own ipc path"
+        f"{key}: cannot bind {endpoint}: another process is listening on {path} (another edged with the "
+        f"same {key}?); stop it, or give each instance its own ipc path"
     )
 
 
@@ -137,15 +138,21 @@ class Listener:
     """One ZeroMQ socket that binds endpoints, with the limits and checks above.
 
     ``configure`` sets the socket's own options (HWM, CURVE, ...) before anything is bound, and
-    again on the fresh socket `reopen` makes.
+    again on the fresh socket `reopen` makes; ``key`` is the setting that names its endpoints, which
+    its errors name.
     """
 
     def __init__(
-        self, context: zmq.Context[zmq.Socket[bytes]], socket_type: int, configure: Callable[[zmq.Socket[bytes]], None]
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        socket_type: int,
+        configure: Callable[[zmq.Socket[bytes]], None],
+        key: str,
     ) -> None:
         self._context = context
         self._type = socket_type
         self._configure = configure
+        self.key = key
         self.endpoints: list[str] = []
         self.socket = context.socket(socket_type)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -156,14 +163,14 @@ class Listener:
         """Bind one endpoint; returns it as bound (a ``*`` port resolved). Raises `PublishError`."""
         ipc_path = _prepare_ipc(endpoint)
         if ipc_path is not None:
-            refuse_live_ipc(ipc_path, endpoint)
+            refuse_live_ipc(ipc_path, endpoint, self.key)
         try:
             self.socket.bind(endpoint)
         except zmq.ZMQError as e:
             hint = ""
             if e.errno == zmq.EADDRINUSE:
-                hint = " (another program holds it, perhaps an edged still running: stop it or change publish.endpoints)"
-            raise PublishError(f"cannot bind {endpoint}: {e.strerror}{hint}") from None
+                hint = f" (another program holds it, perhaps an edged still running: stop it or change {self.key})"
+            raise PublishError(f"{self.key}: cannot bind {endpoint}: {e.strerror}{hint}") from None
         if ipc_path is not None:
             os.chmod(ipc_path, 0o660)  # the service's group may connect, nobody else
         bound = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -177,7 +184,7 @@ class Listener:
         by themselves. Raises `PublishError` when an endpoint cannot be bound again.
         """
         self.close(linger=0)
-        fresh = Listener(self._context, self._type, self._configure)
+        fresh = Listener(self._context, self._type, self._configure, self.key)
         deadline = time.monotonic() + REBIND_TIMEOUT_S
         try:
             for endpoint in self.endpoints:
@@ -197,3 +204,15 @@ class Listener:
     def close(self, linger: int) -> None:
         self._watch.stop()
         self.socket.close(linger=linger)
+
+
+def try_bind(endpoint: str, key: str, socket_type: int) -> Callable[[], None]:
+    """Bind ``endpoint`` once as a `Listener` of ``socket_type`` would (``edged check``); returns what
+    releases it. Raises `PublishError` naming ``key``."""
+    listener = Listener(zmq.Context.instance(), socket_type, lambda sock: None, key)
+    try:
+        listener.bind(endpoint)
+    except BaseException:
+        listener.close(linger=0)
+        raise
+    return lambda: listener.close(linger=0)

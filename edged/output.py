@@ -7,7 +7,8 @@ absent), says per frame whether it wants the message (`wants`), gets the frame's
 (`frame`), may show a camera's frames unprocessed while it waits for requests (`previews`,
 `preview`), gets every status round (`status`), adds what it knows to each camera's status
 (`report`), follows a reload (`reload`, which may return a new output or None) and closes.
-Every method but `close` runs on the loop's thread and must never block it.
+Every method but `close` runs on the loop's thread and must never block it. An output that
+listens (a server) lists its addresses (`listening`), which ``edged check`` binds and releases.
 """
 
 from __future__ import annotations
@@ -86,6 +87,19 @@ class StatusReport:
 
 
 @dataclass(frozen=True, slots=True)
+class Endpoint:
+    """An address edged would listen on, as ``edged check`` names and tries it.
+
+    ``bind`` binds it as `run` will and returns what releases it; it raises `edged.errors.BindError`
+    naming ``key`` when the address is in use or cannot be bound.
+    """
+
+    key: str  # the setting that names it: "publish.endpoints", "http.listen"
+    address: str  # as a client reaches it: the endpoint, the URL
+    bind: Callable[[], Callable[[], None]]
+
+
+@dataclass(frozen=True, slots=True)
 class Services:
     """What the daemon lends its outputs: the health verdict ``/healthz`` serves."""
 
@@ -99,6 +113,12 @@ class Output:
     def from_settings(cls, settings: Settings, services: Services) -> Output | None:
         """The output ``settings`` configure, started; None when they configure none."""
         raise NotImplementedError
+
+    @classmethod
+    def listening(cls, settings: Settings) -> list[Endpoint]:
+        """The addresses this output would listen on with ``settings``, none unless it is a server:
+        ``edged check`` binds and releases each, so that one in use is found before `run`."""
+        return []
 
     def wants(self, camera_id: str, found: bool) -> Delivery:
         """What this output wants of camera ``camera_id``'s next frame (``found``: it has results). No allocation."""

@@ -17,7 +17,7 @@ from edged.http import HttpServer
 from edged.journal import JournalOutput
 from edged.messages import ThermalState, VerdictMessage
 from edged.mqtt import MqttOutput
-from edged.output import Delivery, FrameReport, Output, OutputReport, Services, StatusReport
+from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.pipeline import Processed, verdict_message
 from edged.publish import Publisher
 from edged.sources.base import Frame
@@ -26,6 +26,12 @@ from edged.trigger import Request, TriggerServer
 OutputT = TypeVar("OutputT", bound=Output)
 
 OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput, JournalOutput)
+
+
+def listening(settings: Settings) -> list[Endpoint]:
+    """Every address the daemon would listen on with ``settings``: each output's (`Output.listening`),
+    then the trigger server's, which takes requests rather than sending results."""
+    return [*(endpoint for kind in OUTPUTS for endpoint in kind.listening(settings)), *TriggerServer.listening(settings)]
 
 
 class Outputs:

@@ -47,9 +47,9 @@ from zmq.auth.thread import ThreadAuthenticator
 from edged.config import PublishConfig
 from edged.errors import PublishError
 from edged.keys import load_allowed_clients, load_secret_key
-from edged.listen import Listener
+from edged.listen import Listener, try_bind
 from edged.lograte import LogRate
-from edged.output import MessageKind, MessageOutput, OutputReport, Services
+from edged.output import Endpoint, MessageKind, MessageOutput, OutputReport, Services
 from edged.settings.endpoints import on_the_network
 
 if TYPE_CHECKING:
@@ -81,6 +81,12 @@ TOPICS = {"detections": detections_topic, "verdict": verdict_topic, "status": st
 def topics_of(prefix: str, camera_ids: Sequence[str]) -> tuple[bytes, ...]:
     """Every topic edged publishes for its cameras: what a subscription must be a prefix of."""
     return tuple(topic(prefix, camera) for camera in camera_ids for topic in (detections_topic, status_topic, verdict_topic))
+
+
+def _try_bind(endpoint: str, insecure: bool) -> Callable[[], None]:
+    """`Endpoint.bind` of one publish endpoint: refused as `Publisher` refuses it, else bound once."""
+    check_exposure(endpoint, insecure)
+    return try_bind(endpoint, "publish.endpoints", zmq.XPUB)
 
 
 def check_exposure(endpoint: str, insecure: bool) -> None:
@@ -215,6 +221,11 @@ class Publisher(MessageOutput):
     def from_settings(cls, settings: Settings, services: Services) -> Publisher:
         return cls(settings.publish, settings.camera_ids())
 
+    @classmethod
+    def listening(cls, settings: Settings) -> list[Endpoint]:
+        cfg = settings.publish
+        return [Endpoint("publish.endpoints", ep, partial(_try_bind, ep, cfg.insecure)) for ep in cfg.endpoints]
+
     @property
     def publish_empty(self) -> bool:
         return self.cfg.publish_empty
@@ -248,7 +259,7 @@ class Publisher(MessageOutput):
     def _listener_for(self, secure: bool) -> Listener:
         if secure not in self._listeners:
             configure = partial(self._configure, auth=self.auth if secure else None)
-            self._listeners[secure] = Listener(self._context, zmq.XPUB, configure)
+            self._listeners[secure] = Listener(self._context, zmq.XPUB, configure, "publish.endpoints")
         return self._listeners[secure]
 
     def reload_client_keys(self) -> int:

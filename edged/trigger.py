@@ -44,12 +44,13 @@ from typing import Literal, TextIO
 import zmq
 from pydantic import ValidationError
 
-from edged.config import PublishConfig, TriggerConfig
+from edged.config import PublishConfig, Settings, TriggerConfig
 from edged.errors import MessageError, TriggerFailed, UsageError
 from edged.keys import ClientKeys
-from edged.listen import Listener
+from edged.listen import Listener, try_bind
 from edged.messages import TriggerError, TriggerProblem, TriggerRequest, VerdictMessage, parse_message, parse_request
 from edged.mqtt import MqttOutput
+from edged.output import Endpoint
 from edged.publish import Authenticator
 from edged.subscribe import format_verdict
 from edged.wake import Wake
@@ -142,7 +143,7 @@ class TriggerServer:
             if not self._shared:
                 self._context.term()
             raise
-        self._listener = Listener(self._context, zmq.ROUTER, partial(_configure, auth=self._auth))
+        self._listener = Listener(self._context, zmq.ROUTER, partial(_configure, auth=self._auth), "trigger.endpoint")
         try:
             if self._auth is not None:
                 self._auth.watch(self._keys_revoked)
@@ -156,6 +157,14 @@ class TriggerServer:
             self.endpoint,
             " with CURVE" if self._auth is not None else "",
         )
+
+    @classmethod
+    def listening(cls, settings: Settings) -> list[Endpoint]:
+        """``trigger.endpoint`` when a camera takes requests: what ``edged check`` binds and releases."""
+        if not settings.requesting():
+            return []
+        endpoint = settings.trigger.endpoint  # its exposure is the configuration's to refuse
+        return [Endpoint("trigger.endpoint", endpoint, partial(try_bind, endpoint, "trigger.endpoint", zmq.ROUTER))]
 
     def _keys_revoked(self, revoked: int) -> None:
         """A reload removed keys: the socket is bound afresh, as the publisher's is."""

@@ -42,7 +42,7 @@ def test_check_reports_contract_head_and_placement(tmp: Path) -> None:
     result = run_cli("check", "--config", str(_config(tmp)))
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "input      images [1, 3, 64, 64] float32 nchw rgb letterbox" in out
+    assert "input      images [1, 3, 64, 64] float32 nchw rgb (declared: model.channel_order's default) letterbox" in out
     assert "yolov8 head, 2 classes: red, blue" in out
     assert "placement  CPUExecutionProvider:" in out and " nodes" in out
     assert "from ONNX Runtime's" in out  # the assignment record, or the profile where this onnxruntime has none
@@ -77,7 +77,9 @@ def test_check_opens_the_source_and_reports_its_size_rate_and_channel_order(tmp:
     lines = result.stdout.splitlines()
     assert next(line for line in lines if line.startswith("source     ")).startswith("source     synthetic width=160")
     delivers = next(line for line in lines if "delivers" in line)
-    assert delivers.startswith("           delivers 160x96 at ") and delivers.endswith(" fps, bgr")
+    assert delivers.startswith("           delivers 160x96 at ") and delivers.endswith(
+        " fps (measured), channel order bgr (declared: source.channel_order)"
+    )
     assert float(delivers.split(" at ")[1].split()[0]) == pytest.approx(20.0, rel=0.3)
 
 
@@ -153,6 +155,13 @@ def _model(tmp: Path, name: str, **kwargs: object) -> str:
             lambda t: _config(t, {"path": _model(t, "bgr.onnx", metadata={"color_order": "bgr"}), "channel_order": "rgb"}),
             "color_order = 'bgr'",
         ),
+        # rgb declared on a source whose frames OpenCV decodes
+        (
+            lambda t: _config(t, source={"type": "images", "path": str(t), "channel_order": "rgb"}),
+            "'rgb' cannot be right for source type 'images': OpenCV decodes its frames",
+        ),
+        # an evidence folder that is a file
+        (lambda t: _config(t, evidence={"dir": "probe.onnx"}), "evidence.dir: {tmp}/probe.onnx is a file"),
         # head declared wrongly
         (lambda t: _config(t, {"path": "probe.onnx", "head": "yolov5"}), "model.head = 'yolov5'"),
         # not TOML at all
@@ -163,7 +172,7 @@ def test_refusals_exit_78_and_name_the_problem(tmp: Path, command: str, setup, m
     path = setup(tmp)
     result = run_cli(command, "--config", str(path))
     assert result.returncode == 78, (result.stdout, result.stderr)
-    assert message in result.stderr + result.stdout
+    assert message.format(tmp=tmp) in result.stderr + result.stdout
 
 
 def test_every_config_problem_is_listed_at_once(tmp: Path) -> None:

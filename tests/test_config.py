@@ -229,6 +229,32 @@ def test_an_ipc_socket_folder_is_made_only_under_the_runtime_directory(
     assert load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n'))  # /run/edged: the default's, edged's own
 
 
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ('type = "images"\npath = "."', "OpenCV decodes its frames, and OpenCV always delivers bgr"),
+        ('type = "file"\npath = "m.onnx"', "OpenCV decodes its frames"),
+        ('type = "rtsp"\nurl = "rtsp://cam.local/s"', "OpenCV decodes its frames"),
+        ('type = "v4l2"', "OpenCV decodes its frames"),
+        ('type = "synthetic"', "its scenes are rendered in bgr"),
+    ],
+)
+def test_rgb_on_a_source_that_only_delivers_bgr_is_refused_with_the_reason(tmp_path: Path, source: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, f'[model]\npath = "m.onnx"\n[source]\n{source}\nchannel_order = "rgb"\n'))
+    (problem,) = info.value.problems
+    assert problem.startswith("source.channel_order: Value error, 'rgb' cannot be right for source type"), problem
+    assert reason in problem and "model.channel_order" in problem
+
+
+@pytest.mark.parametrize("source", ['type = "gstreamer"\npipeline = "videotestsrc"', 'type = "picamera2"'])
+def test_rgb_is_accepted_where_the_source_can_deliver_it(source: str) -> None:
+    cfg = next(iter(Settings.model_validate({"model": {"path": "m.onnx"}, "source": tomllib.loads(source)}).source))
+    assert cfg.channel_order == "bgr"
+    kind = type(cfg)
+    assert kind.model_validate({**tomllib.loads(source), "channel_order": "rgb"}).channel_order == "rgb"
+
+
 def test_a_wrong_source_type_lists_every_registered_kind(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n[source]\ntype = "usb"\n'))

@@ -73,6 +73,22 @@ def test_model_metadata_decides_the_colour_order_unless_config_sets_it() -> None
     assert _build([1, 3, 8, 8], channel_order="bgr").channel_order == "bgr"
 
 
+@pytest.mark.parametrize(
+    ("meta", "cfg", "declared_by"),
+    [
+        ({"color_order": "bgr"}, {}, "model metadata color_order"),
+        ({"author": "Ultralytics"}, {}, "an Ultralytics export"),
+        ({}, {"channel_order": "bgr"}, "model.channel_order"),
+        ({}, {}, "model.channel_order's default"),
+    ],
+)
+def test_check_says_where_the_colour_order_is_declared(meta: dict, cfg: dict, declared_by: str) -> None:
+    contract = _build([1, 3, 8, 8], meta=meta, **cfg)
+    assert contract.order_declared_by == declared_by
+    assert f" nchw {contract.channel_order} (declared: {declared_by}) letterbox " in contract.describe(order_source=True)
+    assert f" nchw {contract.channel_order} letterbox " in contract.describe()
+
+
 ULTRALYTICS = {"author": "Ultralytics", "description": "Ultralytics YOLOv8n model trained on coco.yaml"}
 
 

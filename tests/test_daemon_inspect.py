@@ -117,6 +117,7 @@ def test_a_class_the_model_does_not_have_exits_78_naming_it_and_the_models_label
         assert result.returncode == 78, result.stderr
         text = result.stderr + result.stdout
         assert "inspect.class_conf: 'scracth' is not a class of the model (its classes: scratch, crack, dust)" in text
+        assert f"1 problem(s) in {config}:" in text, text  # named as the configuration's own problems are
 
 
 def test_evidence_saves_the_frames_the_verdict_calls_ng_and_no_others(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from waiting import wait_for
 
 from edged.config import Settings, load_config
 from edged.decode import Detections
+from edged.errors import ConfigError
 from edged.evidence import (
     QUEUE_FRAMES,
     EvidenceFrame,
@@ -25,6 +26,7 @@ from edged.evidence import (
     EvidenceWriter,
     day_and_stem,
     describe,
+    folder_problem,
     should_save,
     write_atomic,
 )
@@ -365,18 +367,88 @@ def test_a_read_only_or_missing_folder_is_logged_once_per_burst_and_counted(
 def test_the_folder_defaults_to_the_state_directory_and_a_relative_one_is_beside_the_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/edged/cam3")
-    assert default_dir() == Path("/var/lib/edged/cam3/evidence")
-    monkeypatch.delenv("STATE_DIRECTORY")
-    assert EvidenceConfig().dir == Path("/var/lib/edged/evidence")
+    state = tmp_path / "state" / "cam3"
+    state.mkdir(parents=True)
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    assert default_dir() == state / "evidence"
     (tmp_path / "m.onnx").write_bytes(b"x")
     config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "m.onnx"\n[evidence]\nsave = "all"\n')
+    settings = load_config(config)
+    assert settings.evidence is not None and settings.evidence.dir == state / "evidence"
+    monkeypatch.delenv("STATE_DIRECTORY")
+    monkeypatch.chdir("/")
+    # Outside systemd there is no state directory: beside the configuration file, not where edged was started.
+    settings = load_config(config)
+    assert settings.evidence is not None and settings.evidence.dir == tmp_path / "evidence"
+    assert settings.evidence_dir_default(settings.source[0])
+    config.write_text('[model]\npath = "m.onnx"\n[source]\ntype = "synthetic"\n[source.evidence]\nsave = "all"\n')
+    settings = load_config(config)
+    own = settings.evidence_for(settings.source[0])
+    assert own is not None and own.dir == tmp_path / "evidence" and own.save == "all"
+    assert EvidenceConfig().dir == Path("/evidence")  # made without a configuration file: the working directory
     config.write_text('[model]\npath = "m.onnx"\n')
     assert load_config(config).evidence is None
     config.write_text('[model]\npath = "m.onnx"\n[evidence]\ndir = "evidence"\nsave = "ng+near"\n')
-    monkeypatch.chdir("/")
     settings = load_config(config)
     assert settings.evidence is not None and settings.evidence.dir == tmp_path / "evidence"
+    assert not settings.evidence_dir_default(settings.source[0])
+
+
+def test_a_default_folder_that_cannot_be_made_says_it_is_the_default_and_how_to_set_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="edged.evidence")
+    w = EvidenceWriter(EvidenceConfig(dir=tmp_path / "gone" / "evidence"), "cam0", default_dir=True)
+    w.start()
+    try:
+        assert wait_for(lambda: w.errors >= 1, timeout_s=10)  # the start-up scan
+    finally:
+        w.stop(timeout_s=10)
+    (error,) = [r.getMessage() for r in caplog.records]
+    assert "folder is missing" in error
+    assert "evidence.dir is not set, so this is its default" in error and "set evidence.dir to a folder" in error
+
+
+@pytest.mark.parametrize(
+    ("tables", "problem"),
+    [
+        ('[evidence]\ndir = "m.onnx"\n', "evidence.dir: {tmp}/m.onnx is a file; give a folder"),
+        (
+            '[evidence]\ndir = "m.onnx/evidence"\n',
+            "evidence.dir: {tmp}/m.onnx is a file, so {tmp}/m.onnx/evidence cannot be made under it; give a folder",
+        ),
+        (
+            '[source]\ntype = "synthetic"\n[source.evidence]\ndir = "m.onnx"\n',
+            "source.evidence.dir: {tmp}/m.onnx is a file; give a folder",
+        ),
+        ('[evidence]\ndir = "/dev/null"\n', "evidence.dir: /dev/null is not a folder; give a folder"),
+        (
+            '[evidence]\nsave = "all"\n',
+            "evidence.dir: {tmp}/evidence is a file; evidence.dir is not set, so this is its default",
+        ),
+    ],
+)
+def test_an_evidence_folder_that_is_a_file_is_refused_when_the_config_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tables: str, problem: str
+) -> None:
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    (tmp_path / "evidence").write_bytes(b"")  # where the default folder would go
+    config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "m.onnx"\n' + tables)
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    (got,) = info.value.problems
+    assert got.startswith(problem.format(tmp=tmp_path)), got
+
+
+def test_an_evidence_folder_yet_to_be_made_or_under_a_folder_is_accepted(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "m.onnx"\n[evidence]\ndir = "not/yet/made"\n')
+    settings = load_config(config)
+    assert settings.evidence is not None and settings.evidence.dir == tmp_path / "not/yet/made"
 
 
 def test_a_reload_that_changes_a_cameras_evidence_keys_keeps_its_counters(tmp_path: Path) -> None:
@@ -403,3 +475,21 @@ def test_a_reload_that_changes_a_cameras_evidence_keys_keeps_its_counters(tmp_pa
         assert second.report().saved == 1  # was 0: a changed key reset the counters
     finally:
         output.close()
+
+
+def test_the_folder_is_tried_with_a_file_created_and_removed_leaving_nothing_behind(tmp_path: Path) -> None:
+    assert folder_problem(tmp_path / "evidence", "cam0") is None
+    assert list(tmp_path.iterdir()) == []  # the folders it made are gone again
+    (tmp_path / "kept" / "cam0").mkdir(parents=True)
+    assert folder_problem(tmp_path / "kept", "cam0") is None
+    assert list((tmp_path / "kept").rglob("*")) == [tmp_path / "kept" / "cam0"]  # what was there stays
+
+
+def test_a_folder_that_takes_no_file_is_named_with_the_reason(tmp_path: Path) -> None:
+    problem = folder_problem(Path("/proc/edged-evidence"), "cam0")
+    assert problem == "/proc/edged-evidence cannot be made in /proc: that filesystem takes no files"
+    missing = folder_problem(tmp_path / "unmounted" / "evidence", "cam0")
+    assert missing is not None and "its parent must exist: a drive not mounted?" in missing
+    with read_only_folder(tmp_path / "ro"):
+        problem = folder_problem(tmp_path / "ro" / "evidence", "cam0")
+    assert problem is not None and ("read-only" in problem or "permission denied" in problem), problem

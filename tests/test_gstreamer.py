@@ -235,7 +235,9 @@ def test_check_opens_the_pipeline_and_reports_what_it_delivers(tmp_path: Path) -
     assert result.returncode == 0, (result.stdout, result.stderr)
     assert f"source     gstreamer pipeline={LIVE_RED} open_timeout_s=20.0 read_timeout_s=5.0" in result.stdout
     line = next(line for line in result.stdout.splitlines() if "delivers" in line)
-    assert line.startswith("           delivers 128x96 at ") and line.endswith(" fps, bgr")
+    assert line.startswith("           delivers 128x96 at ") and line.endswith(
+        " fps (measured), channel order bgr (declared: source.channel_order)"
+    )
     assert float(line.split(" at ")[1].split()[0]) == pytest.approx(20, rel=0.35)
 
 

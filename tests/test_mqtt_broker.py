@@ -137,7 +137,7 @@ def test_a_password_file_authenticates_and_sigterm_says_offline_within_two_secon
         detections(listener, f"{prefix}/cam0/detections", 3)
         assert state(listener, prefix) == b"online"
 
-        check = run_cli("check", "--config", str(workdir / "edged.toml"))
+        check = run_cli("check", "--no-bind", "--config", str(workdir / "edged.toml"))  # beside the running daemon
         assert check.returncode == 0, check.stdout + check.stderr
         assert "accepted connection as line3" in check.stdout
 
@@ -168,7 +168,7 @@ def test_a_wrong_password_is_logged_with_the_reason_code_retried_and_never_stops
         assert wait_for(lambda: b.log().count("not authorised") >= 3, 30), b.log()  # retried, with backoff
         assert d.proc.poll() is None
 
-        check = run_cli("check", "--config", str(workdir / "edged.toml"))
+        check = run_cli("check", "--no-bind", "--config", str(workdir / "edged.toml"))  # beside the running daemon
         assert check.returncode == 1, check.stdout + check.stderr
         assert "Not authorized (reason code 135)" in check.stderr
     finally:
@@ -192,7 +192,7 @@ def test_tls_with_the_right_ca_publishes_and_an_untrusted_certificate_is_reporte
         assert status.mqtt_state == "disconnected"
         assert "the certificate of localhost" in bad.log() and "is not trusted" in bad.log(), bad.log()
         assert not listener.on(f"{prefix}/bad/detections")
-        check = run_cli("check", "--config", str(workdir / "bad.toml"))
+        check = run_cli("check", "--no-bind", "--config", str(workdir / "bad.toml"))
         assert check.returncode == 1 and "is not trusted" in check.stderr and "mqtt.ca_file" in check.stderr
         listener.close()
     finally:

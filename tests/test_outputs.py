@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 import edged.outputs
 from edged.config import Settings, load_config
 from edged.daemon import Daemon
+from edged.errors import BindError
 from edged.messages import parse_message
-from edged.output import Delivery, FrameReport, Output, OutputReport, Services, StatusReport
+from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.service import Notifier, Signals
 from tests.daemon import free_port, write_config
 from tests.waiting import wait_for
@@ -107,3 +109,50 @@ def test_a_registered_output_sees_every_frame_verdict_and_status_a_reload_and_th
     seqs = [s.message.seq for s in recorder.statuses]
     assert seqs == list(range(len(seqs))) and {s.message.camera_id for s in recorder.statuses} == {"line"}
     assert recorder.statuses[-1].message.drops["recorder_seen"] == len(frames)
+
+
+class Server(Output):
+    """An output that listens, as a Modbus or OPC UA server would: it lists its address, and check binds it."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings, services: Services) -> None:
+        return None
+
+    @classmethod
+    def listening(cls, settings: Settings) -> list[Endpoint]:
+        return [Endpoint("server.port", "tcp://127.0.0.1:1", lambda: lambda: None)]
+
+
+def test_every_address_the_daemon_listens_on_is_listed_with_its_key_and_binds_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ports = [free_port() for _ in range(3)]
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "synthetic"},
+            "model": {"path": str(REPO / "models/demo.onnx")},
+            "publish": {"endpoints": [f"tcp://127.0.0.1:{ports[0]}"]},
+            "http": {"listen": f"127.0.0.1:{ports[1]}"},
+            "trigger": {"mode": "request", "endpoint": f"tcp://127.0.0.1:{ports[2]}"},
+        },
+    )
+    settings = load_config(config)
+    endpoints = edged.outputs.listening(settings)
+    assert [(e.key, e.address) for e in endpoints] == [
+        ("publish.endpoints", f"tcp://127.0.0.1:{ports[0]}"),
+        ("http.listen", f"http://127.0.0.1:{ports[1]}/"),
+        ("trigger.endpoint", f"tcp://127.0.0.1:{ports[2]}"),
+    ]
+    releases = [endpoint.bind() for endpoint in endpoints]
+    try:
+        for endpoint, port in zip(endpoints, ports, strict=True):
+            with pytest.raises(BindError, match=rf"{re.escape(endpoint.key)}.*{port}|{port}.*{re.escape(endpoint.key)}"):
+                endpoint.bind()
+    finally:
+        for release in releases:
+            release()
+    for release in [endpoint.bind() for endpoint in endpoints]:  # released: free again
+        release()
+    monkeypatch.setattr(edged.outputs, "OUTPUTS", (*edged.outputs.OUTPUTS, Server))
+    assert [e.key for e in edged.outputs.listening(settings)][-2:] == ["server.port", "trigger.endpoint"]

@@ -176,7 +176,9 @@ def test_check_opens_the_stream_and_reports_what_it_delivers(tmp_path: Path, ser
     assert result.returncode == 0, result.stderr
     assert f"source     rtsp url=rtsp://***@127.0.0.1:{server.port}/cam transport=tcp" in result.stdout
     line = next(line for line in result.stdout.splitlines() if "delivers" in line)
-    assert line.startswith(f"           delivers {WIDTH}x{HEIGHT} at ") and line.endswith(" fps, bgr")
+    assert line.startswith(f"           delivers {WIDTH}x{HEIGHT} at ") and line.endswith(
+        " fps (measured), channel order bgr (declared: source.channel_order)"
+    )
     assert float(line.split(" at ")[1].split()[0]) == pytest.approx(FPS, rel=0.35)
     assert SECRET not in result.stdout + result.stderr
 

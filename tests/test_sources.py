@@ -323,7 +323,6 @@ def test_open_source_picks_the_class_for_each_type(tmp_path: Path) -> None:
         source = open_source(cfg)
         assert type(source) is cls
         assert source.channel_order == "bgr"
-    assert open_source(SyntheticSourceConfig(channel_order="rgb")).channel_order == "rgb"
 
 
 @pytest.mark.parametrize("name", list(SOURCES))

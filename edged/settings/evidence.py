@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import stat
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal
 
@@ -13,10 +15,40 @@ from edged.settings.section import Section
 SavePolicy = Literal["ng", "ng+near", "all"]
 
 
+# The folder of the configuration file being validated, set by `edged.config.load_config`: a section
+# cannot see where its file is, and evidence outside systemd goes beside it.
+CONFIG_FOLDER: ContextVar[Path | None] = ContextVar("edged_config_folder", default=None)
+
+# How the default folder is named to the operator when it cannot be used.
+DEFAULT_NOTE = (
+    "evidence.dir is not set, so this is its default: evidence/ in the service's state directory under "
+    "systemd ($STATE_DIRECTORY), else beside the configuration file; set evidence.dir to a folder edged may write"
+)
+
+
 def default_dir() -> Path:
-    """``evidence/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else /var/lib/edged."""
+    """``evidence/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else beside the
+    configuration file."""
     state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return Path(state or "/var/lib/edged") / "evidence"
+    # Settings made without a configuration file (in code) have the working directory instead.
+    return (Path(state) if state else CONFIG_FOLDER.get() or Path.cwd()) / "evidence"
+
+
+def dir_problem(path: Path) -> str | None:
+    """Why ``path`` can never hold evidence, whatever the permissions: it, or what is above it, is no
+    folder. Found when the configuration loads; whether it can be written is `edged check`'s to try."""
+    for at in (path, *path.parents):
+        try:
+            mode = at.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # made when the first frame is saved, unless something above is no folder
+        except (OSError, ValueError):
+            return None  # cannot tell here (no permission to look): tried by edged check
+        if stat.S_ISDIR(mode):
+            return None
+        what = "a file" if stat.S_ISREG(mode) else "not a folder"
+        return f"{path} is {what}" if at == path else f"{at} is {what}, so {path} cannot be made under it"
+    return None
 
 
 class EvidenceConfig(Section):

@@ -94,8 +94,24 @@ class SourceBase(Section):
         return self
 
     channel_order: Literal["bgr", "rgb"] = Field(
-        "bgr", description="Channel order of the frames this source delivers (OpenCV gives bgr)."
+        "bgr",
+        description="Channel order of the frames this source delivers: bgr, except where the kind can "
+        "deliver rgb (picamera2, gstreamer). Not the model's order: that is model.channel_order.",
     )
+
+    # Why this kind delivers bgr frames only, or None when it can deliver either order: declaring rgb
+    # where the frames are bgr swaps red and blue before the model, which shifts every score.
+    BGR_ONLY: ClassVar[str | None] = "OpenCV decodes its frames, and OpenCV always delivers bgr"
+
+    @field_validator("channel_order")
+    @classmethod
+    def _deliverable(cls, v: str) -> str:
+        if v != "bgr" and cls.BGR_ONLY is not None:
+            raise ValueError(
+                f"{v!r} cannot be right for source type {cls.model_fields['type'].default!r}: {cls.BGR_ONLY}; "
+                "remove the key (the order the model takes is model.channel_order, and edged converts to it)"
+            )
+        return v
 
     def opening(self) -> dict[str, Any]:
         """The keys that decide how the camera is opened, with their values: all but `PROCESSING_KEYS`."""
@@ -134,6 +150,8 @@ class ImagesSourceConfig(SourceBase):
 
 
 class SyntheticSourceConfig(SourceBase):
+    BGR_ONLY = "its scenes are rendered in bgr"
+
     type: Literal["synthetic"] = "synthetic"
     width: int = Field(1280, ge=32, le=7680, description="Frame width in pixels.")
     height: int = Field(720, ge=32, le=4320, description="Frame height in pixels.")
@@ -185,6 +203,8 @@ OWN_CONTROLS: dict[str, str] = {"FrameDurationLimits": "source.fps", "FrameRate"
 
 
 class Picamera2SourceConfig(SourceBase):
+    BGR_ONLY = None  # the ISP writes either order
+
     type: Literal["picamera2"] = "picamera2"
     camera: int = Field(0, ge=0, le=15, description="Camera index as libcamera lists them (`rpicam-hello --list-cameras`).")
     width: int = Field(1280, ge=64, le=9152, description="Width of the main stream; the ISP scales the sensor mode to it.")
@@ -215,6 +235,8 @@ class Picamera2SourceConfig(SourceBase):
 
 
 class GstreamerSourceConfig(SourceBase):
+    BGR_ONLY = None  # the pipeline converts to either order
+
     type: Literal["gstreamer"] = "gstreamer"
     pipeline: str = Field(
         min_length=1,

@@ -1,0 +1,140 @@
+"""``edged check`` as an operator runs it: what `run` will do, and every place `run` would fail, found first."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from daemon import free_port, run_cli, write_config
+from onnx_models import colour_probe
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Path:
+    colour_probe(tmp_path / "probe.onnx")
+    (tmp_path / "imgs").mkdir()
+    cv2.imwrite(str(tmp_path / "imgs" / "red.png"), np.full((96, 128, 3), (0, 0, 200), np.uint8))  # BGR: red
+    return tmp_path
+
+
+def _config(tmp: Path, ports: list[int], **sections: dict) -> Path:
+    """An images camera showing red, every server on a port of ``ports``: publish, http, trigger."""
+    doc: dict = {
+        "source": {"type": "images", "path": str(tmp / "imgs")},
+        "model": {"path": "probe.onnx"},
+        "publish": {"endpoints": [f"tcp://127.0.0.1:{ports[0]}"]},
+        "http": {"listen": f"127.0.0.1:{ports[1]}"},
+        "trigger": {"mode": "request", "endpoint": f"tcp://127.0.0.1:{ports[2]}"},
+        "thermal": {"enabled": False},
+    }
+    doc.update(sections)
+    return write_config(tmp / "edged.toml", doc)
+
+
+@pytest.fixture
+def ports() -> list[int]:
+    return [free_port() for _ in range(3)]
+
+
+@pytest.fixture
+def held() -> Iterator[list[socket.socket]]:
+    sockets: list[socket.socket] = []
+    yield sockets
+    for s in sockets:
+        s.close()
+
+
+def _hold(held: list[socket.socket], port: int) -> None:
+    """Another program listening on ``port``, as it holds it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    held.append(s)
+
+
+def test_check_says_what_run_will_do_and_binds_every_address(tmp: Path, ports: list[int]) -> None:
+    inspect = {"class_conf": {"red": 0.5}, "ng_classes": ["red"], "zones": {"all": [[0, 0], [1, 0], [1, 1], [0, 1]]}}
+    evidence = tmp / "evidence"
+    config = _config(tmp, ports, inspect=inspect, evidence={"dir": str(evidence), "save": "ng+near"})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert lines[0] == f"config     {config}" and lines[-1] == "ok"
+    assert "first frame: 1 detection(s): red 0.70; verdict ng" in lines
+    assert "inspect: thresholds model.conf 0.25, red 0.5; zones all (outside them: drop); NG classes: red" in lines
+    assert "trigger: request: one frame per request on trigger.endpoint" in lines
+    assert f"evidence: ng+near frames to {evidence}/cam0 (a file created and removed there)" in lines
+    assert not evidence.exists()  # made for the try, and removed: run makes it again
+    for key, address in (
+        ("publish.endpoints", f"tcp://127.0.0.1:{ports[0]}"),
+        ("http.listen", f"http://127.0.0.1:{ports[1]}/"),
+        ("trigger.endpoint", f"tcp://127.0.0.1:{ports[2]}"),
+    ):
+        assert f"listen     {key}: {address} (bound and released)" in result.stdout
+    assert "valid" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("index", "key", "named"),
+    [
+        (0, "publish.endpoints", "publish.endpoints: cannot bind tcp://127.0.0.1:{port}"),
+        (1, "http.listen", "http.listen 127.0.0.1:{port}: the live view, status page and metrics cannot be served"),
+        (2, "trigger.endpoint", "trigger.endpoint: cannot bind tcp://127.0.0.1:{port}"),
+    ],
+)
+def test_a_port_in_use_fails_the_check_with_exit_1_naming_its_key_and_port(
+    tmp: Path, ports: list[int], held: list[socket.socket], index: int, key: str, named: str
+) -> None:
+    _hold(held, ports[index])
+    config = _config(tmp, ports)
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"edged: check failed: {named.format(port=ports[index])}" in result.stderr, result.stderr
+    assert "Address already in use" in result.stderr and "edged check --no-bind" in result.stderr
+    assert "ok" not in result.stdout.splitlines()
+    # Beside the running service, which holds its own ports, the rest is still checked.
+    beside = run_cli("check", "--no-bind", "--config", str(config))
+    assert beside.returncode == 0, beside.stdout + beside.stderr
+    assert f"listen     {key}: " in beside.stdout and "(not tried: --no-bind)" in beside.stdout
+
+
+def test_the_same_port_twice_in_one_configuration_fails_the_check(tmp: Path, ports: list[int]) -> None:
+    config = _config(tmp, ports, http={"listen": f"127.0.0.1:{ports[0]}"})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"http.listen 127.0.0.1:{ports[0]}" in result.stderr and "Address already in use" in result.stderr
+
+
+def test_an_evidence_folder_that_takes_no_file_fails_the_check(tmp: Path, ports: list[int]) -> None:
+    config = _config(tmp, ports, evidence={"dir": "/proc/edged-evidence"})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "evidence.dir: camera cam0's evidence cannot be saved in /proc/edged-evidence" in result.stderr
+    assert "that filesystem takes no files" in result.stderr
+
+
+def test_a_problem_found_after_loading_is_one_verdict_naming_the_file(tmp: Path, ports: list[int]) -> None:
+    config = _config(tmp, ports, inspect={"ng_classes": ["crack"]})  # the probe's classes are red and blue
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 78, result.stdout + result.stderr
+    assert f"edged: configuration error: 1 problem(s) in {config}:" in result.stderr
+    assert "valid" not in result.stdout and "ok" not in result.stdout.splitlines()
+
+
+def test_the_default_evidence_folder_outside_systemd_is_beside_the_configuration(
+    tmp: Path, ports: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    config = _config(tmp, ports, evidence={"save": "all"})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        f"evidence: all frames to {tmp}/evidence/cam0 (the default: evidence.dir is not set) "
+        "(a file created and removed there)" in result.stdout
+    )
