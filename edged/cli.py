@@ -468,24 +468,25 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     return run_keygen(args.dir, args.name, args.user)
 
 
+def _emit(text: str, out: Path | None) -> int:
+    """A generated document to ``out``, or to stdout without one."""
+    if out:
+        out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _cmd_schema(args: argparse.Namespace) -> int:
     from edged.messages import schema_text
 
-    if args.out:
-        args.out.write_text(schema_text())
-    else:
-        sys.stdout.write(schema_text())
-    return 0
+    return _emit(schema_text(), args.out)
 
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:
     from edged.tools.reference import reference_text
 
-    if args.out:
-        args.out.write_text(reference_text())
-    else:
-        sys.stdout.write(reference_text())
-    return 0
+    return _emit(reference_text(), args.out)
 
 
 def _cmd_thermal(args: argparse.Namespace) -> int:

@@ -294,6 +294,15 @@ class ServiceConfig(Section):
     stall_timeout_s: float = Field(10.0, gt=0, le=3600, description="No progress for this long stops the watchdog pings.")
 
 
+S = TypeVar("S", bound=BaseModel)
+
+
+def section(kind: type[S], description: str) -> S:
+    """A section with its defaults when the file has none of it, and what it is for."""
+    result: S = Field(default_factory=kind, description=description)
+    return result
+
+
 class Settings(BaseSettings):
     """The whole configuration: docs/configuration.md, generated from these models, has every key."""
 
@@ -308,39 +317,30 @@ class Settings(BaseSettings):
         description="The ONNX model, how frames are fed to it (the layout contract checked at start) and "
         "how its output is decoded."
     )
-    runtime: RuntimeConfig = Field(
-        default_factory=RuntimeConfig,
-        description="ONNX Runtime: execution providers, threads, graph optimisation, and how inference and "
-        "capture share the CPUs.",
+    runtime: RuntimeConfig = section(
+        RuntimeConfig,
+        "ONNX Runtime: execution providers, threads, graph optimisation, and how inference and capture share the CPUs.",
     )
-    publish: PublishConfig = Field(
-        default_factory=PublishConfig,
-        description="The ZeroMQ stream: endpoints, topics, per-subscriber queues, the status rate and CurveZMQ keys.",
+    publish: PublishConfig = section(
+        PublishConfig, "The ZeroMQ stream: endpoints, topics, per-subscriber queues, the status rate and CurveZMQ keys."
     )
-    thermal: ThermalConfig = Field(
-        default_factory=ThermalConfig,
-        description="The board's temperatures and throttling, and the frame rates kept as it warms up.",
+    thermal: ThermalConfig = section(
+        ThermalConfig, "The board's temperatures and throttling, and the frame rates kept as it warms up."
     )
     inspect: InspectConfig | None = Field(
         None, description="Per-class thresholds, zones and the OK/NG verdict; none: no verdict."
     )
-    trigger: TriggerConfig = Field(
-        default_factory=TriggerConfig,
-        description="Free-running frames, or one inspection per request on a ZeroMQ endpoint (and the broker).",
+    trigger: TriggerConfig = section(
+        TriggerConfig, "Free-running frames, or one inspection per request on a ZeroMQ endpoint (and the broker)."
     )
-    service: ServiceConfig = Field(
-        default_factory=ServiceConfig,
-        description="The daemon itself: its log level, a cap on the frame rate and the watchdog's stall timeout.",
+    service: ServiceConfig = section(
+        ServiceConfig, "The daemon itself: its log level, a cap on the frame rate and the watchdog's stall timeout."
     )
-    http: HttpConfig = Field(
-        default_factory=HttpConfig,
-        description="The live view, status page, Prometheus metrics and health check, over HTTP.",
-    )
+    http: HttpConfig = section(HttpConfig, "The live view, status page, Prometheus metrics and health check, over HTTP.")
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
     evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
-    journal: JournalConfig = Field(
-        default_factory=JournalConfig,
-        description="The verdict journal: every verdict recorded on the board, sent to MQTT from it; on by default.",
+    journal: JournalConfig = section(
+        JournalConfig, "The verdict journal: every verdict recorded on the board, sent to MQTT from it; on by default."
     )
 
     @field_validator("source", mode="before")

@@ -43,6 +43,17 @@ ThermalState = Literal["unknown", "ok", "warm", "throttled", "critical"]
 CaptureState = Literal["starting", "ok", "lost", "ended"]
 
 _MS_COPY = "{} in ms since the Unix epoch: a double (JavaScript's number) holds it to under a microsecond."
+
+
+def ms_copy(ns_field: str) -> Any:
+    """A computed field: the nanosecond timestamp ``ns_field`` in milliseconds, for JavaScript readers."""
+
+    def in_ms(message: BaseModel) -> float:
+        return float(getattr(message, ns_field)) / 1e6
+
+    return computed_field(description=_MS_COPY.format(ns_field))(property(in_ms))
+
+
 ENVELOPE = ("schema_version", "kind")  # what every message has, and a reader checks first
 
 
@@ -136,10 +147,7 @@ class DetectionsMessage(TopicMessage):
         "path a glob matched); null for a camera or video.",
     )
 
-    @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
-    @property
-    def capture_time_ms(self) -> float:
-        return self.capture_time_ns / 1e6
+    capture_time_ms = ms_copy("capture_time_ns")  # type: ignore[pydantic-field]  # a computed field: no annotation
 
 
 class VerdictMessage(TopicMessage):
@@ -167,10 +175,7 @@ class VerdictMessage(TopicMessage):
         None, description="Whether the kernel said the clock was synchronised (NTP); null where it cannot tell."
     )
 
-    @computed_field(description=_MS_COPY.format("capture_time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
-    @property
-    def capture_time_ms(self) -> float:
-        return self.capture_time_ns / 1e6
+    capture_time_ms = ms_copy("capture_time_ns")  # type: ignore[pydantic-field]  # a computed field: no annotation
 
 
 TriggerProblem = Literal["bad_request", "busy", "timeout", "camera_lost", "thermal_critical", "inference_failed", "stopping"]
@@ -293,22 +298,23 @@ class ThermalReadings(Message):
     power_mode: str | None = Field(description="The board's power mode (Jetson nvpmodel); null when none.")
 
 
-class EvidenceReport(Message):
+class WriterReport(Message):
+    """What a writer thread behind an output (evidence, the journal) says of the disk it writes to."""
+
+    dropped: int = Field(ge=0, description="Items to write dropped because the disk fell too far behind.")
+    errors: int = Field(ge=0, description="Writes or retention passes that failed (disk full, read-only, ...).")
+    bytes: int = Field(ge=0, description="Bytes it holds on the disk.")
+    last_error: str | None = Field(description="The last error, null when none yet.")
+
+
+class EvidenceReport(WriterReport):
     saved: int = Field(ge=0, description="Frames saved as evidence since start.")
-    dropped: int = Field(ge=0, description="Frames to save dropped because the writer's queue was full.")
-    errors: int = Field(ge=0, description="Saves or retention passes that failed (disk full, read-only, ...).")
     rate_limited: int = Field(ge=0, description="Frames to save refused by evidence.max_per_minute.")
-    bytes: int = Field(ge=0, description="Bytes this camera's evidence folder holds.")
-    last_error: str | None = Field(description="The last evidence error, null when none yet.")
 
 
-class JournalReport(Message):
+class JournalReport(WriterReport):
     path: str = Field(description="The journal file.")
     recorded: int = Field(ge=0, description="This camera's entries written to the journal since start.")
-    dropped: int = Field(ge=0, description="This camera's entries dropped because the disk fell too far behind.")
-    errors: int = Field(ge=0, description="Journal writes or retention passes that failed (disk full, read-only).")
-    bytes: int = Field(ge=0, description="Bytes the journal holds, at the last retention pass.")
-    last_error: str | None = Field(description="The last journal error, null when none yet.")
 
 
 class StatusMessage(TopicMessage):
@@ -349,10 +355,7 @@ class StatusMessage(TopicMessage):
         "(detections, status, verdict); null when [mqtt] is off.",
     )
 
-    @computed_field(description=_MS_COPY.format("time_ns"))  # type: ignore[prop-decorator]  # as pydantic documents
-    @property
-    def time_ms(self) -> float:
-        return self.time_ns / 1e6
+    time_ms = ms_copy("time_ns")  # type: ignore[pydantic-field]  # a computed field: no annotation
 
 
 EVOLUTION = (
