@@ -217,6 +217,18 @@ def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named
     return None
 
 
+def _journal(settings: Settings) -> str:
+    """Where the verdict journal goes and what it will record."""
+    journal = settings.journal
+    if not journal.enabled:
+        return "off ([journal] enabled = false)"
+    inspected = [cfg.camera_id for cfg in settings.source if settings.inspection(cfg) is not None]
+    what = f"the verdicts of {', '.join(inspected)}" if inspected else "no verdicts (no camera has [inspect])"
+    if journal.detections:
+        what += ", and every detections message sent"
+    return f"{journal.path}: {what}; durability {journal.durability}"
+
+
 def _bind_all(settings: Settings, bind: bool, out: TextIO) -> None:
     """Bind every address the daemon would listen on, all at once as it holds them, then release them."""
     with contextlib.ExitStack() as bound:
@@ -248,6 +260,7 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems
         raise ConfigError(e.path or config_path, e.problems) from None
     _bind_all(settings, bind, out)
+    print(f"journal    {_journal(settings)}", file=out)
     if settings.mqtt is not None:
         print(f"mqtt       {probe_broker(settings.mqtt, settings.source[0].camera_id)}", file=out)
     _report(model, settings, out)

@@ -71,6 +71,7 @@ def test_check_says_what_run_will_do_and_binds_every_address(tmp: Path, ports: l
     assert "trigger: request: one frame per request on trigger.endpoint" in lines
     assert f"evidence: ng+near frames to {evidence}/cam0 (a file created and removed there)" in lines
     assert not evidence.exists()  # made for the try, and removed: run makes it again
+    assert f"journal    {config.parent / 'journal.sqlite'}: the verdicts of cam0; durability normal" in lines
     for key, address in (
         ("publish.endpoints", f"tcp://127.0.0.1:{ports[0]}"),
         ("http.listen", f"http://127.0.0.1:{ports[1]}/"),
