@@ -255,3 +255,46 @@ def test_without_inspect_the_journal_reports_nothing_of_the_camera(tmp_path: Pat
         assert isinstance(status, StatusMessage) and status.journal is None
     finally:
         d.stop()
+
+
+def test_a_disk_filled_under_the_running_daemon_is_counted_inspection_goes_on_and_nothing_queued_is_lost(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "small"
+    with tmpfs(folder, "size=1m") as mounted:
+        if not mounted:
+            pytest.skip("a small tmpfs needs root and mount")
+        fixed_scene(tmp_path / "scene.onnx", SCENE)
+        write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        doc = {
+            "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+            "model": {"path": "scene.onnx"},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
+            "thermal": {"enabled": False},
+            "inspect": {"ng_classes": ["crack"]},
+            "journal": {"path": str(folder / "journal.sqlite")},
+        }
+        d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
+        filler = folder / "filler"
+        try:
+            d.wait_status(lambda s: s.journal is not None and s.journal.recorded >= 5)
+            with filler.open("wb") as f:  # the disk fills up under the running daemon
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+            full = d.wait_status(lambda s: s.journal is not None and s.journal.errors > 0)
+            assert full.journal is not None and "full" in (full.journal.last_error or ""), full.journal
+            during = d.collect("verdict", 10)  # inspection goes on, at its pace
+            assert all(isinstance(v, VerdictMessage) and v.verdict == "ng" for v in during)
+            filler.unlink()
+            after = d.wait_status(lambda s: s.journal is not None and s.journal.recorded > full.journal.recorded + 10)
+            assert after.journal is not None and after.journal.dropped == 0
+            newest = during[-1]
+        finally:
+            d.close()
+        seqs = [seq for (seq,) in rows(folder / "journal.sqlite", "SELECT seq FROM entries ORDER BY id")]
+        assert seqs == list(range(seqs[0], seqs[-1] + 1)) and newest.seq in seqs  # what waited was written, in order
