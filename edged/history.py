@@ -20,29 +20,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from edged.errors import JournalUnreadable, UsageError
+from edged.journal import COLUMNS
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-FIELDS = (
-    "id",
-    "kind",
-    "camera_id",
-    "frame_id",
-    "seq",
-    "part_id",
-    "verdict",
-    "reasons",
-    "wall_ns",
-    "mono_ns",
-    "clock_synced",
-    "model_sha256",
-    "config_sha256",
-    "edged_version",
-    "board_id",
-    "boot_id",
-    "evidence",
-    "message",
-)
+FIELDS = ("id", *COLUMNS)  # a row as `read` returns it
 
 
 def parse_time(text: str, now_s: float | None = None) -> int:

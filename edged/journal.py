@@ -47,35 +47,35 @@ PRUNE_EVERY_S = 60.0  # retention pass period
 STOP_WAIT_S = 2.0  # at stop, time left to write what is queued
 LOG_EVERY_S = 60.0
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,
-    camera_id TEXT NOT NULL,
-    frame_id INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    part_id TEXT,
-    verdict TEXT,
-    reasons TEXT,
-    wall_ns INTEGER NOT NULL,
-    mono_ns INTEGER NOT NULL,
-    clock_synced INTEGER,
-    model_sha256 TEXT NOT NULL,
-    config_sha256 TEXT NOT NULL,
-    edged_version TEXT NOT NULL,
-    board_id TEXT NOT NULL,
-    boot_id TEXT NOT NULL,
-    evidence TEXT,
-    message TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_part ON entries (part_id);
-CREATE INDEX IF NOT EXISTS entries_camera_time ON entries (camera_id, wall_ns);
-"""
-COLUMNS = (
-    "kind, camera_id, frame_id, seq, part_id, verdict, reasons, wall_ns, mono_ns, clock_synced, model_sha256, "
-    "config_sha256, edged_version, board_id, boot_id, evidence, message"
+# The entries table: its columns after ``id``, in the order rows are written and read.
+TABLE = (
+    ("kind", "TEXT NOT NULL"),
+    ("camera_id", "TEXT NOT NULL"),
+    ("frame_id", "INTEGER NOT NULL"),
+    ("seq", "INTEGER NOT NULL"),
+    ("part_id", "TEXT"),
+    ("verdict", "TEXT"),
+    ("reasons", "TEXT"),
+    ("wall_ns", "INTEGER NOT NULL"),
+    ("mono_ns", "INTEGER NOT NULL"),
+    ("clock_synced", "INTEGER"),
+    ("model_sha256", "TEXT NOT NULL"),
+    ("config_sha256", "TEXT NOT NULL"),
+    ("edged_version", "TEXT NOT NULL"),
+    ("board_id", "TEXT NOT NULL"),
+    ("boot_id", "TEXT NOT NULL"),
+    ("evidence", "TEXT"),
+    ("message", "TEXT NOT NULL"),
 )
-_INSERT = f"INSERT INTO entries ({COLUMNS}) VALUES ({', '.join('?' * 17)})"
+COLUMNS = tuple(name for name, _ in TABLE)
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS entries (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+    + ", ".join(f"{name} {kind}" for name, kind in TABLE)
+    + ");\n"
+    "CREATE INDEX IF NOT EXISTS entries_part ON entries (part_id);\n"
+    "CREATE INDEX IF NOT EXISTS entries_camera_time ON entries (camera_id, wall_ns);\n"
+)
+_INSERT = f"INSERT INTO entries ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +122,7 @@ class JournalStore:
         except sqlite3.OperationalError:
             raise  # unreadable folder, read-only, locked: not the file's fault
         except sqlite3.DatabaseError as e:  # not a database, truncated, damaged
-            aside = self._move_aside()
-            log.warning("journal %s is damaged (%s): moved aside to %s; a new journal starts", self.path, e, aside)
+            self._move_aside(e)
             self._db = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -142,12 +141,13 @@ class JournalStore:
             raise
         return db
 
-    def _move_aside(self) -> Path:
+    def _move_aside(self, why: sqlite3.DatabaseError) -> None:
+        """The damaged file (with its WAL and shared memory) goes aside, said once; the next open starts anew."""
         aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 Path(f"{self.path}{suffix}").replace(f"{aside}{suffix}")
-        return aside
+        log.warning("journal %s is damaged (%s): moved aside to %s; a new journal starts", self.path, why, aside)
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
@@ -195,8 +195,7 @@ class JournalStore:
         if isinstance(error, sqlite3.OperationalError):
             return
         self.close()
-        aside = self._move_aside()
-        log.warning("journal %s is damaged (%s): moved aside to %s; a new journal starts", self.path, error, aside)
+        self._move_aside(error)
 
     def size(self) -> int:
         """Bytes the journal's pages take (free pages not counted)."""

@@ -53,7 +53,7 @@ def test_a_row_says_what_when_with_which_model_and_where(tmp_path: Path) -> None
         for n in range(5):
             w.offer(entry(n))
         assert wait_for(lambda: w.report("cam").recorded == 5)
-        got = rows(path, f"SELECT {journal.COLUMNS} FROM entries ORDER BY id")
+        got = rows(path, f"SELECT {', '.join(journal.COLUMNS)} FROM entries ORDER BY id")
         assert [r[2] for r in got] == [0, 1, 2, 3, 4]  # read while the writer holds the file: WAL
         (kind, camera, frame, seq, part, verdict, reasons, wall, mono, synced, model, config, version, board, boot) = got[1][
             :15
