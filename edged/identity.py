@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import functools
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 MACHINE_ID = Path("/etc/machine-id")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _TIME_ERROR = 5  # adjtimex(2): the clock is not synchronised
+CLOCK_EVERY_S = 1.0  # the clock's state is read again after this long: it changes once, when NTP syncs
 _TIMEX_BYTES = 512  # more than struct timex on every Linux ABI; all zero: modes = 0 reads only
 
 
@@ -52,13 +54,36 @@ def _adjtimex() -> Callable[[ctypes.Array[ctypes.c_char]], int] | None:
     return call
 
 
-def clock_synced() -> bool | None:
-    """Whether the kernel says NTP (or chrony, or systemd-timesyncd) has set the clock; None when it cannot say."""
+def _ask_kernel() -> bool | None:
     adjtimex = _adjtimex()
     if adjtimex is None:
         return None
     state = int(adjtimex(ctypes.create_string_buffer(_TIMEX_BYTES)))
     return None if state < 0 else state != _TIME_ERROR
+
+
+class _Clock:
+    """The kernel's answer and when it was given, kept as one tuple: the loop and the journal's thread both ask."""
+
+    def __init__(self) -> None:
+        self.asked: tuple[float, bool | None] = (-CLOCK_EVERY_S, None)
+
+    def synced(self) -> bool | None:
+        at, synced = self.asked
+        now = time.monotonic()
+        if now - at >= CLOCK_EVERY_S:
+            synced = _ask_kernel()
+            self.asked = (now, synced)
+        return synced
+
+
+_CLOCK = _Clock()
+
+
+def clock_synced() -> bool | None:
+    """Whether the kernel says NTP (or chrony, or systemd-timesyncd) has set the clock; None when it
+    cannot say. Every verdict message carries it, so the kernel is asked at most once a `CLOCK_EVERY_S`."""
+    return _CLOCK.synced()
 
 
 @dataclass(frozen=True, slots=True)
