@@ -222,7 +222,7 @@ def _journal(settings: Settings) -> str:
     journal = settings.journal
     if not journal.enabled:
         return "off ([journal] enabled = false)"
-    inspected = [cfg.camera_id for cfg in settings.source if settings.inspection(cfg) is not None]
+    inspected = settings.inspected()
     what = f"the verdicts of {', '.join(inspected)}" if inspected else "no verdicts (no camera has [inspect])"
     if journal.detections:
         what += ", and every detections message sent"

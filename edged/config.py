@@ -441,6 +441,10 @@ class Settings(BaseSettings):
         """The cameras in request mode, in config order."""
         return [cfg.camera_id for cfg in self.source if self.trigger_mode(cfg) == "request"]
 
+    def inspected(self) -> list[str]:
+        """The cameras with a verdict (their own or the board's ``[inspect]``), in config order."""
+        return [cfg.camera_id for cfg in self.source if self.inspection(cfg) is not None]
+
     @classmethod
     def settings_customise_sources(
         cls,

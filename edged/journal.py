@@ -391,7 +391,7 @@ class JournalOutput(Output):
     def _adopt(self, settings: Settings) -> None:
         self._cfg = settings.journal
         self._config_sha256 = config_sha256(settings)
-        self._inspected = {c.camera_id for c in settings.source if settings.inspection(c) is not None}
+        self._inspected = set(settings.inspected())
 
     @classmethod
     def from_settings(cls, settings: Settings, services: Services) -> JournalOutput | None:
