@@ -40,3 +40,14 @@ def read_only_folder(folder: Path) -> Iterator[int]:
         yield errno.EACCES
     finally:
         folder.chmod(0o755)
+
+
+def fill(path: Path) -> None:
+    """Write ``path`` until its filesystem has no room left."""
+    with path.open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass

@@ -15,7 +15,7 @@ from daemon import edged_command, run_cli, write_config
 from onnx_models import colour_probe, nan_probe
 
 from edged.config import PublishConfig, TriggerConfig
-from edged.messages import VerdictMessage, schema_text
+from edged.messages import Verdict, VerdictMessage, schema_text
 from edged.tools.reference import reference_text
 from edged.trigger import Request, TriggerServer
 
@@ -237,27 +237,36 @@ def _asked(server: TriggerServer, camera_id: str, proc: subprocess.Popen[str]) -
     return request
 
 
+def _reply_to_side_p1(
+    server: TriggerServer, endpoint: str, camera_id: str, part_id: str | None, verdict: Verdict
+) -> tuple[int, str, str]:
+    """`edged trigger --camera side --part-id P-1` against ``server``, answered with a ``verdict`` of
+    camera ``camera_id`` for ``part_id``: its exit status, stdout and stderr."""
+    command = edged_command("trigger", endpoint, "--camera", "side", "--part-id", "P-1", "--timeout", "30")
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        request = _asked(server, "side", proc)
+        assert (request.camera_id, request.part_id) == ("side", "P-1") and server.next("top") is None
+        reply = VerdictMessage(
+            camera_id=camera_id,
+            seq=0,
+            frame_id=7,
+            capture_time_ns=1,
+            part_id=part_id,
+            verdict=verdict,
+            reasons=[],
+            verdict_latency_ms=1,
+        )
+        server.answer(request, reply)
+        out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
 def test_trigger_asks_for_the_camera_it_is_given(tmp_path: Path) -> None:
     endpoint = f"ipc://{tmp_path / 'trigger.sock'}"
     server = TriggerServer(TriggerConfig(mode="request", endpoint=endpoint), PublishConfig(), ["top", "side"])
     try:
-        command = edged_command("trigger", endpoint, "--camera", "side", "--part-id", "P-1", "--timeout", "30")
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-            request = _asked(server, "side", proc)
-            assert (request.camera_id, request.part_id) == ("side", "P-1") and server.next("top") is None
-            verdict = VerdictMessage(
-                camera_id="side",
-                seq=0,
-                frame_id=7,
-                capture_time_ns=1,
-                part_id="P-1",
-                verdict="ng",
-                reasons=[],
-                verdict_latency_ms=1,
-            )
-            server.answer(request, verdict)
-            out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 3, err
+        code, out, err = _reply_to_side_p1(server, endpoint, "side", "P-1", "ng")
+        assert code == 3, err
         assert "[verdict side frame 7 part P-1] NG" in out
         unnamed = edged_command("trigger", endpoint, "--timeout", "30")
         with subprocess.Popen(unnamed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
@@ -296,22 +305,8 @@ def test_trigger_refuses_a_reply_that_is_not_for_its_request(
     endpoint = f"ipc://{tmp_path / 'trigger.sock'}"
     server = TriggerServer(TriggerConfig(mode="request", endpoint=endpoint), PublishConfig(), ["top", "side"])
     try:
-        command = edged_command("trigger", endpoint, "--camera", "side", "--part-id", "P-1", "--timeout", "30")
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-            request = _asked(server, "side", proc)
-            other = VerdictMessage(
-                camera_id=camera_id,
-                seq=0,
-                frame_id=7,
-                capture_time_ns=1,
-                part_id=part_id,
-                verdict="ok",
-                reasons=[],
-                verdict_latency_ms=1,
-            )
-            server.answer(request, other)
-            out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 1, (out, err)
+        code, out, err = _reply_to_side_p1(server, endpoint, camera_id, part_id, "ok")
+        assert code == 1, (out, err)
         assert out == "" and f"the reply from {endpoint} is {said}" in err, err
     finally:
         server.close()

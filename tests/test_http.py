@@ -68,9 +68,10 @@ def _probe_workdir(workdir: Path, frames: int = 40) -> Path:
 
 
 def get(
-    port: int, path: str, headers: dict[str, str] | None = None, timeout: float = 10
+    port: int, path: str, headers: dict[str, str] | None = None, timeout: float = 10, source: str | None = None
 ) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    """GET ``path``; from the loopback address ``source`` when given: another client, as far as the server can tell."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0) if source else None)
     try:
         conn.request("GET", path, headers=headers or {})
         resp = conn.getresponse()
@@ -604,17 +605,6 @@ def _handler_threads() -> int:
     return sum("process_request_thread" in thread.name for thread in threading.enumerate())
 
 
-def _get_from(source: str, port: int, path: str, timeout: float = 10) -> tuple[int, bytes]:
-    """GET ``path`` from the loopback address ``source``: another client, as far as the server can tell."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
-
-
 def test_a_request_header_trickled_past_the_deadline_is_cut_off() -> None:
     """The deadline is for the whole header: a byte every 0.1 s does not extend it, as a per-read timeout would."""
     port = free_port()
@@ -667,8 +657,8 @@ def test_slow_headers_on_every_connection_cannot_lock_out_healthz_or_metrics() -
             slow.append(sock)
         assert wait_for(lambda: _handler_threads() == MAX_CONNECTIONS, 10)
         for source in ("127.0.0.1", "127.0.0.2", "127.0.0.1", "127.0.0.2"):
-            assert _get_from(source, port, "/healthz") == (200, b"ok\n")
-            status, body = _get_from(source, port, "/metrics")
+            assert get(port, "/healthz", source=source)[::2] == (200, b"ok\n")
+            status, _, body = get(port, "/metrics", source=source)
             assert status == 200 and b"edged_http_refused_total" in body
         closed = [_closed_by_server(sock) for sock in slow]
         evicted = closed.count(True)  # one at least; more when a request came before the last one's thread ended
@@ -708,7 +698,7 @@ def test_a_client_beyond_its_connection_limit_and_connections_beyond_32_busy_one
         with socket.create_connection(("127.0.0.1", port)) as fifth:
             fifth.settimeout(10)
             assert fifth.recv(1) == b""  # closed at accept: no thread for it
-        assert _get_from("127.0.0.2", port, "/metrics")[0] == 200
+        assert get(port, "/metrics", source="127.0.0.2")[0] == 200
         busy = []
         for i in range(MAX_CONNECTIONS - 4):  # 28 requests held, from 7 addresses, 4 each
             sock = socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.1.{i // 4 + 1}", 0))
@@ -724,7 +714,7 @@ def test_a_client_beyond_its_connection_limit_and_connections_beyond_32_busy_one
             assert sock.recv(64).startswith(b"HTTP/1.0 200")
             sock.close()
         assert wait_for(lambda: _handler_threads() == 4, 10)  # the streams
-        text = _get_from("127.0.0.2", port, "/metrics")[1].decode()
+        text = get(port, "/metrics", source="127.0.0.2")[2].decode()
         assert metric_value(text, "edged_http_refused_total", {"reason": "per_client"}) == 1
         assert metric_value(text, "edged_http_refused_total", {"reason": "busy"}) == 1
     finally:

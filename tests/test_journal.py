@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
-from filesystems import read_only_folder, tmpfs
+from filesystems import fill, read_only_folder, tmpfs
 from onnx_models import fixed_scene
 from test_http import get
 from waiting import wait_for
@@ -131,13 +131,7 @@ def test_a_full_disk_is_counted_and_what_waits_is_written_once_there_is_room(tmp
         try:
             w.offer(entry(0))
             assert wait_for(lambda: w.report("cam").recorded == 1)
-            with filler.open("wb") as f:  # fill what is left
-                try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
-                except OSError:
-                    pass
+            fill(filler)  # fill what is left
             for n in range(1, 200):
                 w.offer(entry(n, size=1000))
             assert wait_for(lambda: w.report("cam").errors > 0, 10), w.report("cam")
@@ -189,22 +183,28 @@ def test_the_journal_defaults_beside_the_config_or_in_the_state_directory(
 SCENE = [(16.0, 20.0, 8.0, 8.0, 1, 0.9)]  # one crack in every frame: ng
 
 
-def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens(tmp_path: Path) -> None:
+def start(tmp_path: Path, *, realtime: bool = True, inspect: bool = True, **sections: dict[str, object]) -> RunningDaemon:
+    """`edged run` on a looping clip whose every frame holds a crack, ng with ``inspect``; ``sections`` added."""
     fixed_scene(tmp_path / "scene.onnx", SCENE)
     write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
-    endpoint, port = f"tcp://127.0.0.1:{free_port()}", free_port()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    doc: dict[str, dict[str, object]] = {
+        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": realtime},
+        "model": {"path": "scene.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
+        "thermal": {"enabled": False},
+    }
+    if inspect:
+        doc["inspect"] = {"ng_classes": ["crack"]}
+    return RunningDaemon(write_config(tmp_path / "edged.toml", {**doc, **sections}), endpoint)
+
+
+def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens(tmp_path: Path) -> None:
+    port = free_port()
     token = tmp_path / "http.token"
     token.write_text("0123456789abcdef0123\n")
     token.chmod(0o600)
-    doc = {
-        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
-        "model": {"path": "scene.onnx"},
-        "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
-        "thermal": {"enabled": False},
-        "inspect": {"ng_classes": ["crack"]},
-        "http": {"listen": f"127.0.0.1:{port}", "token_file": "http.token"},
-    }
-    d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
+    d = start(tmp_path, http={"listen": f"127.0.0.1:{port}", "token_file": "http.token"})
     path = tmp_path / "journal.sqlite"
     try:
         verdicts = [m for m in d.collect("verdict", 20) if isinstance(m, VerdictMessage)]
@@ -240,16 +240,7 @@ def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens
 
 
 def test_without_inspect_the_journal_reports_nothing_of_the_camera(tmp_path: Path) -> None:
-    fixed_scene(tmp_path / "scene.onnx", SCENE)
-    write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    doc = {
-        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
-        "model": {"path": "scene.onnx"},
-        "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
-        "thermal": {"enabled": False},
-    }
-    d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
+    d = start(tmp_path, inspect=False)
     try:
         status = d.wait_status(lambda s: s.frames_processed > 0)
         assert isinstance(status, StatusMessage) and status.journal is None
@@ -264,28 +255,11 @@ def test_a_disk_filled_under_the_running_daemon_is_counted_inspection_goes_on_an
     with tmpfs(folder, "size=1m") as mounted:
         if not mounted:
             pytest.skip("a small tmpfs needs root and mount")
-        fixed_scene(tmp_path / "scene.onnx", SCENE)
-        write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
-        endpoint = f"tcp://127.0.0.1:{free_port()}"
-        doc = {
-            "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
-            "model": {"path": "scene.onnx"},
-            "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
-            "thermal": {"enabled": False},
-            "inspect": {"ng_classes": ["crack"]},
-            "journal": {"path": str(folder / "journal.sqlite")},
-        }
-        d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
+        d = start(tmp_path, journal={"path": str(folder / "journal.sqlite")})
         filler = folder / "filler"
         try:
             d.wait_status(lambda s: s.journal is not None and s.journal.recorded >= 5)
-            with filler.open("wb") as f:  # the disk fills up under the running daemon
-                try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
-                except OSError:
-                    pass
+            fill(filler)  # the disk fills up under the running daemon
             full = d.wait_status(lambda s: s.journal is not None and s.journal.errors > 0)
             assert full.journal is not None and "full" in (full.journal.last_error or ""), full.journal
             during = d.collect("verdict", 10)  # inspection goes on, at its pace

@@ -9,7 +9,6 @@ what it got is compared with the journal itself.
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,16 +16,15 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-from daemon import RunningDaemon, free_port, rss_kb, write_config, write_video
+from daemon import RunningDaemon, free_port, rss_kb
 from mosquitto import Broker
-from onnx_models import fixed_scene
+from test_journal import IDENTITY, entry, rows
+from test_journal import start as journaled
 from waiting import wait_for
 
 from edged.messages import StatusMessage
 from edged.replay import VerdictFeed, mark_replayed
 from edged.settings.mqtt import topic_hostname
-
-SCENE = [(16.0, 20.0, 8.0, 8.0, 1, 0.9)]  # a crack in every frame: an ng verdict per frame
 
 
 class Historian:
@@ -61,8 +59,7 @@ class Historian:
 
 
 def journal_verdicts(path: Path) -> list[dict[str, Any]]:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        return [json.loads(m) for (m,) in db.execute("SELECT message FROM entries WHERE kind = 'verdict' ORDER BY id")]
+    return [json.loads(str(m)) for (m,) in rows(path, "SELECT message FROM entries WHERE kind = 'verdict' ORDER BY id")]
 
 
 def key(verdict: dict[str, Any]) -> tuple[Any, ...]:
@@ -70,30 +67,17 @@ def key(verdict: dict[str, Any]) -> tuple[Any, ...]:
 
 
 @pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    fixed_scene(tmp_path / "scene.onnx", SCENE)
-    write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
-    return tmp_path
-
-
-@pytest.fixture
-def broker(workdir: Path) -> Iterator[Broker]:
-    b = Broker(workdir, free_port(), persistent=True)
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path, free_port(), persistent=True)
     yield b
     b.close()
 
 
-def start(workdir: Path, port: int, realtime: bool = True) -> RunningDaemon:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    doc = {
-        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": realtime},
-        "model": {"path": "scene.onnx"},
-        "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
-        "thermal": {"enabled": False},
-        "inspect": {"ng_classes": ["crack"]},
-        "mqtt": {"url": f"mqtt://127.0.0.1:{port}", "keepalive_s": 5, "max_queued": 10},
-    }
-    return RunningDaemon(write_config(workdir / "edged.toml", doc), endpoint)
+def start(tmp_path: Path, port: int, realtime: bool = True) -> RunningDaemon:
+    """The journal's daemon (`test_journal.start`), inspecting, with [mqtt] on the broker at ``port``."""
+    return journaled(
+        tmp_path, realtime=realtime, mqtt={"url": f"mqtt://127.0.0.1:{port}", "keepalive_s": 5, "max_queued": 10}
+    )
 
 
 def recorded(d: RunningDaemon) -> int:
@@ -114,11 +98,11 @@ def assert_everything_after(first: int, journal: list[dict[str, Any]], got: list
     return [once[k] for k in wanted]
 
 
-def test_a_broker_outage_loses_no_verdict_and_those_from_it_come_replayed_in_order(workdir: Path, broker: Broker) -> None:
+def test_a_broker_outage_loses_no_verdict_and_those_from_it_come_replayed_in_order(tmp_path: Path, broker: Broker) -> None:
     topic = f"edged/{topic_hostname()}/cam0/verdict"
     historian = Historian(broker.port, topic)
-    d = start(workdir, broker.port, realtime=False)  # frames as fast as they decode: verdicts pile up
-    journal = workdir / "journal.sqlite"
+    d = start(tmp_path, broker.port, realtime=False)  # frames as fast as they decode: verdicts pile up
+    journal = tmp_path / "journal.sqlite"
     try:
         assert wait_for(lambda: len(historian.got()) >= 5, 30), d.log()
         broker.stop()
@@ -146,12 +130,12 @@ def test_a_broker_outage_loses_no_verdict_and_those_from_it_come_replayed_in_ord
 
 
 def test_edged_restarted_during_the_outage_sends_both_runs_verdicts_once_the_broker_is_back(
-    workdir: Path, broker: Broker
+    tmp_path: Path, broker: Broker
 ) -> None:
     topic = f"edged/{topic_hostname()}/cam0/verdict"
     historian = Historian(broker.port, topic)
-    d = start(workdir, broker.port)
-    journal = workdir / "journal.sqlite"
+    d = start(tmp_path, broker.port)
+    journal = tmp_path / "journal.sqlite"
     try:
         assert wait_for(lambda: len(historian.got()) >= 3, 30), d.log()
         broker.stop()
@@ -160,7 +144,7 @@ def test_edged_restarted_during_the_outage_sends_both_runs_verdicts_once_the_bro
     finally:
         d.stop()
     first_run = len(journal_verdicts(journal))
-    d = start(workdir, broker.port)
+    d = start(tmp_path, broker.port)
     try:
         d.wait_status(lambda s: s.journal is not None and s.journal.recorded >= 20)
         broker.start()
@@ -176,8 +160,6 @@ def test_edged_restarted_during_the_outage_sends_both_runs_verdicts_once_the_bro
 
 @pytest.mark.unit
 def test_the_cursor_moves_over_acknowledged_verdicts_only_and_survives_a_reopen(tmp_path: Path) -> None:
-    from test_journal import IDENTITY, entry
-
     from edged.journal import JournalStore
 
     path = tmp_path / "journal.sqlite"
