@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Literal
 import cv2
 import numpy as np
 
+from edged.lograte import Failures
 from edged.messages import EvidenceReport
 from edged.output import NO_REPORT, FrameReport, Output, OutputReport, Services
 from edged.settings.evidence import DEFAULT_NOTE, EvidenceConfig, SavePolicy
@@ -394,12 +395,10 @@ class EvidenceWriter:
         self._saves: deque[float] = deque(maxlen=max(cfg.max_per_minute, 1))  # times of the last saves
         self._thread = threading.Thread(target=self._run, name="evidence", daemon=True)
         self._stopping = threading.Event()
-        self.saved = self.dropped = self.errors = self.rate_limited = 0
-        self.last_error: str | None = None
+        self.saved = self.dropped = self.rate_limited = 0
         if previous is not None:
-            self.saved, self.dropped, self.errors = previous.saved, previous.dropped, previous.errors
-            self.rate_limited, self.last_error = previous.rate_limited, previous.last_error
-        self._failing = False
+            self.saved, self.dropped, self.rate_limited = previous.saved, previous.dropped, previous.rate_limited
+        self.failures: Failures = Failures(previous.failures if previous is not None else None)
         self._refusing: Literal["dropped", "rate_limited"] | None = None  # said once per burst of refusals
         self._fields = {"CAMERA": camera_id, "STAGE": "evidence"}  # journald fields of its log lines
 
@@ -425,10 +424,10 @@ class EvidenceWriter:
         return EvidenceReport(
             saved=self.saved,
             dropped=self.dropped,
-            errors=self.errors,
+            errors=self.failures.count,
             rate_limited=self.rate_limited,
             bytes=self.store.total_bytes,
-            last_error=self.last_error,
+            last_error=self.failures.last,
         )
 
     # ---- the loop's side ---------------------------------------------------------------------
@@ -514,10 +513,12 @@ class EvidenceWriter:
             except queue.Empty:
                 frame = None
             if frame is not None:
-                if self._attempt(partial(self._save, frame)) and self._failing:
-                    self._failing = False
+                if self._attempt(partial(self._save, frame)) and self.failures.succeeded():
                     log.info(
-                        "evidence saved again in %s after %d error(s)", self.store.folder, self.errors, extra=self._fields
+                        "evidence saved again in %s after %d error(s)",
+                        self.store.folder,
+                        self.failures.count,
+                        extra=self._fields,
                     )
             elif self._stopping.is_set() and self._queue.empty():
                 return
@@ -542,15 +543,12 @@ class EvidenceWriter:
         try:
             action()
         except (OSError, cv2.error) as e:
-            self.errors += 1
-            self.last_error = describe(e) if isinstance(e, OSError) else str(e)
-            if not self._failing:
-                self._failing = True
+            if self.failures.failed(describe(e) if isinstance(e, OSError) else str(e)):
                 log.error(
                     "evidence not saved in %s: %s%s; inference goes on, and further failures are counted as "
                     "evidence errors until a save succeeds",
                     self.store.folder,
-                    self.last_error,
+                    self.failures.last,
                     self._advice,
                     extra=self._fields,
                 )

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from edged.identity import Identity, clock_synced
-from edged.lograte import LogRate
+from edged.lograte import Failures, LogRate
 from edged.messages import JournalReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
 from edged.replay import VerdictFeed
@@ -254,10 +254,8 @@ class JournalWriter:
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
         self.recorded: dict[str, int] = previous.recorded if previous else {}
         self.dropped: dict[str, int] = previous.dropped if previous else {}
-        self.errors: int = previous.errors if previous else 0
-        self.last_error: str | None = previous.last_error if previous else None
+        self.failures: Failures = Failures(previous.failures if previous else None)
         self.bytes = 0
-        self._failing = False
         self._drop_log = LogRate(LOG_EVERY_S)
         # Set after each batch is committed: the threads of the outputs that deliver from the journal.
         self.committed: weakref.WeakSet[Waker] = weakref.WeakSet()
@@ -290,9 +288,9 @@ class JournalWriter:
             path=str(self.store.path),
             recorded=self.recorded.get(camera_id, 0),
             dropped=self.dropped.get(camera_id, 0),
-            errors=self.errors,
+            errors=self.failures.count,
             bytes=self.bytes,
-            last_error=self.last_error,
+            last_error=self.failures.last,
         )
 
     def stop(self, timeout_s: float) -> None:
@@ -343,9 +341,8 @@ class JournalWriter:
                 self.recorded[entry.camera_id] = self.recorded.get(entry.camera_id, 0) + 1
         for wake in list(self.committed):
             wake.set()
-        if self._failing:
-            self._failing = False
-            log.info("journal %s written again after %d error(s)", self.store.path, self.errors)
+        if self.failures.succeeded():
+            log.info("journal %s written again after %d error(s)", self.store.path, self.failures.count)
 
     def _pause(self, seconds: float) -> bool:
         """Wait ``seconds`` before a retry; True when a stop asks to give up instead."""
@@ -363,15 +360,12 @@ class JournalWriter:
         try:
             action()
         except (sqlite3.Error, OSError) as e:
-            self.errors += 1
-            self.last_error = f"{type(e).__name__}: {e}"
-            if not self._failing:
-                self._failing = True
+            if self.failures.failed(f"{type(e).__name__}: {e}"):
                 log.error(
                     "journal %s not written: %s; inspection goes on, entries wait in memory (up to %d MB) and "
                     "further failures are counted as journal errors until a write succeeds",
                     self.store.path,
-                    self.last_error,
+                    self.failures.last,
                     QUEUE_BYTES // 1_000_000,
                 )
             return False

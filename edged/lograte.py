@@ -1,5 +1,6 @@
 """At most one log line per interval: a failure that repeats every frame, or as often as a peer
-likes, is one line per interval, and its counter carries the rest."""
+likes, is one line per interval, and its counter carries the rest. A writer thread's failures
+(`Failures`) are said once per burst instead: when it starts, and when a write succeeds again."""
 
 from __future__ import annotations
 
@@ -23,3 +24,26 @@ class LogRate:
             return False
         self._next = now + self._interval_s
         return True
+
+
+class Failures:
+    """A writer thread's failures (evidence, the journal): counted, the last one kept, and a burst of
+    them said twice, when it starts and when it ends; ``previous`` (a writer a reload replaces) carries
+    its count and last error on."""
+
+    def __init__(self, previous: Failures | None = None) -> None:
+        self.count: int = previous.count if previous else 0
+        self.last: str | None = previous.last if previous else None
+        self._failing = False
+
+    def failed(self, what: str) -> bool:
+        """Count a failure described by ``what``; True when it starts a burst, for the caller to log."""
+        self.count += 1
+        self.last = what
+        started, self._failing = not self._failing, True
+        return started
+
+    def succeeded(self) -> bool:
+        """True when this success ends a burst, for the caller to log."""
+        ended, self._failing = self._failing, False
+        return ended

@@ -341,14 +341,14 @@ def test_a_read_only_or_missing_folder_is_logged_once_per_burst_and_counted(
         for i in range(3):  # the drive is not there: its parent folder is missing
             assert w.admit(None, 0, 0)
             w.submit(frame(i))
-            assert wait_for(lambda i=i: w.errors >= i + 2, timeout_s=10)  # + the start-up scan
-        assert "folder is missing" in (w.last_error or "")
+            assert wait_for(lambda i=i: w.failures.count >= i + 2, timeout_s=10)  # + the start-up scan
+        assert "folder is missing" in (w.failures.last or "")
         with read_only_folder(tmp_path / "drive") as code:
             for i in range(3, 6):
                 assert w.admit(None, 0, 0)
                 w.submit(frame(i))
-                assert wait_for(lambda i=i: w.errors >= i + 2, timeout_s=10)
-            assert describe(OSError(code, "x")).split(" (")[0] in (w.last_error or "")
+                assert wait_for(lambda i=i: w.failures.count >= i + 2, timeout_s=10)
+            assert describe(OSError(code, "x")).split(" (")[0] in (w.failures.last or "")
         for i in range(6, 8):
             assert w.admit(None, 0, 0)
             w.submit(frame(i))
@@ -402,7 +402,7 @@ def test_a_default_folder_that_cannot_be_made_says_it_is_the_default_and_how_to_
     w = EvidenceWriter(EvidenceConfig(dir=tmp_path / "gone" / "evidence"), "cam0", default_dir=True)
     w.start()
     try:
-        assert wait_for(lambda: w.errors >= 1, timeout_s=10)  # the start-up scan
+        assert wait_for(lambda: w.failures.count >= 1, timeout_s=10)  # the start-up scan
     finally:
         w.stop(timeout_s=10)
     (error,) = [r.getMessage() for r in caplog.records]

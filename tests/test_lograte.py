@@ -1,8 +1,9 @@
-"""The log-rate limiter, on a clock the tests move: one line, then none until the interval has passed."""
+"""The log-rate limiter, on a clock the tests move: one line, then none until the interval has passed;
+a writer's failures, said once at the start and once at the end of a burst."""
 
 from __future__ import annotations
 
-from edged.lograte import LogRate
+from edged.lograte import Failures, LogRate
 
 
 class Clock:
@@ -47,3 +48,13 @@ def test_each_limiter_has_its_own_interval() -> None:
     assert refused.allows()
     assert cut_off.allows()  # another kind of line is not held back by the first
     assert not refused.allows() and not cut_off.allows()
+
+
+def test_failures_are_counted_and_a_burst_is_said_at_its_start_and_its_end() -> None:
+    failures = Failures()
+    assert failures.failed("disk full") and not failures.failed("disk full again")
+    assert (failures.count, failures.last) == (2, "disk full again")
+    assert failures.succeeded() and not failures.succeeded()
+    assert failures.failed("read-only")  # a new burst
+    carried = Failures(failures)  # a writer a reload replaces
+    assert (carried.count, carried.last) == (3, "read-only") and carried.failed("again")

@@ -73,7 +73,7 @@ def journal_latency(folder: Path, durability: Durability, entries: int, fps: flo
             "p99": float(np.percentile(to_disk_ms, 99)),
             "max": float(to_disk_ms.max()),
         },
-        "errors": writer.errors,
+        "errors": writer.failures.count,
     }
 
 
