@@ -447,9 +447,8 @@ def _cmd_trigger(args: argparse.Namespace) -> int:
 
 def _cmd_history(args: argparse.Namespace) -> int:
     from edged.history import Query, run_history
-    from edged.settings.journal import JOURNAL_FILE
 
-    journal: Path = args.journal or load_config(args.config).journal.path or Path(JOURNAL_FILE)
+    journal: Path = args.journal or load_config(args.config).journal.file
     query = Query.parse(
         part_id=args.part_id,
         camera_id=args.camera,

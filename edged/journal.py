@@ -32,7 +32,7 @@ from edged.lograte import Failures, LogRate
 from edged.messages import JournalReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
 from edged.replay import VerdictFeed
-from edged.settings.journal import JournalConfig, default_path
+from edged.settings.journal import JournalConfig
 from edged.wake import Wake, Waker
 
 if TYPE_CHECKING:
@@ -242,9 +242,9 @@ class JournalStore:
 class JournalWriter:
     """Takes entries from the loop (`offer`, never blocking) and writes them on its own thread."""
 
-    def __init__(self, cfg: JournalConfig, path: Path, identity: Identity, previous: JournalWriter | None) -> None:
+    def __init__(self, cfg: JournalConfig, identity: Identity, previous: JournalWriter | None) -> None:
         self.cfg = cfg
-        self.store = JournalStore(path, cfg.durability)
+        self.store = JournalStore(cfg.file, cfg.durability)
         self._identity = identity
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -378,8 +378,7 @@ class JournalOutput(Output):
 
     def __init__(self, settings: Settings, previous: JournalWriter | None = None) -> None:
         self._adopt(settings)
-        path = self._cfg.path or default_path(None)  # load_config fills it in; settings built in code may not
-        self.writer = JournalWriter(self._cfg, path, Identity.here(), previous)
+        self.writer = JournalWriter(self._cfg, Identity.here(), previous)
         self.writer.start()
 
     def _adopt(self, settings: Settings) -> None:
@@ -460,10 +459,15 @@ class JournalOutput(Output):
     def path(self) -> Path:
         return self.writer.store.path
 
+    @property
+    def last_id(self) -> int:
+        """The newest entry's id, as of the last write (read from other threads)."""
+        return self.writer.store.last_id
+
     def feed(self, name: str, wake: Wake) -> VerdictFeed:
         """The verdicts for output ``name`` to deliver from the journal; ``wake`` is set when new ones are recorded."""
         self.writer.committed.add(wake)
-        return VerdictFeed(self.writer.store.path, name, first_after=self.writer.store.last_id)
+        return VerdictFeed(self.path, name, first_after=self.last_id)
 
     def drain(self) -> None:
         self.writer.stop(STOP_WAIT_S)

@@ -711,7 +711,7 @@ class MqttOutput(MessageOutput):
         self._subscribed = set()
         self._subscribing = {}
         journal = self._journal
-        self._live_from = journal.writer.store.last_id if journal is not None else 0
+        self._live_from = journal.last_id if journal is not None else 0
         if self._feed is not None:
             self._feed.connected(self._live_from)
         after = f" at attempt {self._attempts}" if self._attempts > 1 else ""

@@ -40,7 +40,7 @@ def rows(path: Path, query: str = "SELECT frame_id FROM entries ORDER BY id") ->
 
 def writer(path: Path, **keys: object) -> JournalWriter:
     cfg = JournalConfig(path=path, **keys)
-    w = JournalWriter(cfg, path, IDENTITY, previous=None)
+    w = JournalWriter(cfg, IDENTITY, previous=None)
     w.start()
     return w
 

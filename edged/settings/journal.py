@@ -37,3 +37,8 @@ class JournalConfig(Section):
     )
     max_bytes: int = Field(500_000_000, gt=0, description="Most bytes the journal may take; the oldest rows go first.")
     max_age_days: float = Field(90.0, ge=0, description="Rows older than this are deleted; 0 keeps them.")
+
+    @property
+    def file(self) -> Path:
+        """``path``, which `edged.config.load_config` fills in; settings built in code take the default."""
+        return self.path or default_path(None)

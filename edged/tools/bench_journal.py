@@ -38,7 +38,7 @@ class _Commits:
 def journal_latency(folder: Path, durability: Durability, entries: int, fps: float) -> dict[str, Any]:
     """Offer ``entries`` verdicts at ``fps`` and time each offer, and each from offer to commit."""
     path = folder / f"bench-{durability}.sqlite"
-    writer = JournalWriter(JournalConfig(path=path, durability=durability), path, Identity.here(), previous=None)
+    writer = JournalWriter(JournalConfig(path=path, durability=durability), Identity.here(), previous=None)
     commits = _Commits(writer)
     writer.committed.add(commits)
     writer.start()
