@@ -49,7 +49,7 @@ class Outputs:
                     opened.callback(output.close)
                     self._running[kind] = output
             opened.pop_all()
-        self._forward()
+        self._lend_journal()
 
     def get(self, kind: type[OutputT]) -> OutputT | None:
         """The running output of ``kind``, if its section configures one."""
@@ -109,9 +109,9 @@ class Outputs:
             self._running[kind] = output
             if output is not running and self._server is not None:
                 output.carry_requests(self._server)
-        self._forward()
+        self._lend_journal()
 
-    def _forward(self) -> None:
+    def _lend_journal(self) -> None:
         """Every output learns of the journal (`Output.use_journal`)."""
         journal = self.get(JournalOutput)
         for output in self._running.values():
