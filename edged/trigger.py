@@ -13,8 +13,9 @@ on `TriggerServer.fds`, reads with `collect` and takes each camera's next reques
 
 With ``[mqtt]`` requests also arrive on the broker's ``PREFIX/CAMERA/trigger`` topic of every
 camera in request mode (`attach`): the MQTT thread checks and stamps each as it arrives and hands
-it over through a small locked queue with a wake-up socket, so the loop takes requests from both
-in the order they arrived, under the one bound per camera. The topic names the camera; a payload
+it over through a small locked queue with a wake-up socket, so the loop takes requests from all
+in the order they arrived, under the one bound per camera. Server outputs (a PLC's protocols)
+hand theirs over the same way (`offer`), each with the callable that takes its reply. The topic names the camera; a payload
 that names another is malformed. The verdict goes out on the verdict topic as every verdict does;
 an error goes to ``PREFIX/CAMERA/trigger/error``, so that the verdict topic carries verdicts alone.
 A malformed payload there has nobody to answer: it is counted (``mqtt_drops.trigger``) and logged
@@ -35,11 +36,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import TextIO
 
 import zmq
 from pydantic import ValidationError
@@ -61,23 +62,29 @@ MALFORMED_BURST_S = 10.0  # malformed requests from the broker this close togeth
 EXIT_NG = 3  # `edged trigger`: 0 is OK, 3 NG, 1 no verdict (an error reply or none)
 
 
-Origin = Literal["zmq", "mqtt"]
+Answer = Callable[[VerdictMessage | TriggerError], None]
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
     """One request: where it came from and the reply goes, the camera it asks for, its part id, and
-    when it was read (monotonic ns)."""
+    when it was read (monotonic ns).
 
-    origin: Origin
-    envelope: tuple[bytes, ...]  # the ROUTER's routing frames; none for a request from the broker
+    ``origin`` names what brought it: "zmq" (the request socket: the reply goes to ``envelope``),
+    "mqtt", or the output that `TriggerServer.offer` ed it, whose ``answer`` takes the reply.
+    """
+
+    origin: str
+    envelope: tuple[bytes, ...]  # the ROUTER's routing frames; none for a request from elsewhere
     camera_id: str
     part_id: str | None
     arrived_ns: int
+    answer: Answer | None = None  # how an offered request's reply goes back (`TriggerServer.offer`)
 
 
 class Inbox:
-    """Requests from the MQTT thread to the loop: bounded, locked, with a `Wake` the loop's wait ends on."""
+    """Requests from other threads (MQTT's, a server output's) to the loop: bounded, locked, with a
+    `Wake` the loop's wait ends on."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -193,7 +200,8 @@ class TriggerServer:
 
     @property
     def fds(self) -> list[zmq.Socket[bytes] | Wake]:
-        """What the loop's ``zmq.select`` waits on for requests to arrive: the socket and the broker's inbox."""
+        """What the loop's ``zmq.select`` waits on for requests to arrive: the socket, and the inbox of
+        those from other threads."""
         return [self._listener.socket, self._inbox.wake]
 
     def _offer(self, camera_id: str, payload: bytes) -> bool:
@@ -224,6 +232,20 @@ class TriggerServer:
         elif not self._inbox.put(request):
             self._refuse(request, "busy", f"{self._inbox.limit} request(s) from the broker not yet taken")
         return True
+
+    def offer(self, origin: str, camera_id: str, part_id: str | None, answer: Answer) -> None:
+        """From any thread (a server output's, `Output.carry_requests`): stamp and queue a request for
+        ``camera_id``, whose reply goes to ``answer``.
+
+        ``answer`` is called once, without blocking: on the loop's thread with the verdict or the
+        reason there is none, or here at once when the request is refused on arrival (beyond the
+        bound, or edged is stopping). A camera that takes no requests is refused by `collect`.
+        """
+        request = Request(origin, (), camera_id, part_id, time.monotonic_ns(), answer)
+        if self._stopping:
+            self._refuse(request, "stopping", "edged is stopping")
+        elif not self._inbox.put(request):
+            self._refuse(request, "busy", f"{self._inbox.limit} request(s) from outside not yet taken")
 
     def collect(self) -> None:
         """Take every request that has arrived, from the socket and the broker, in arrival order: queue
@@ -297,15 +319,19 @@ class TriggerServer:
         """Answer a request refused on arrival; one from the broker in the refusals' own bounded line
         (`edged.mqtt.Outbox.put_refusal`), so that a flood of requests never displaces an answer."""
         reply = self.error(request, problem, detail)
-        if request.origin == "zmq":
+        if request.answer is not None:
+            request.answer(reply)
+        elif request.origin == "zmq":
             self._send(request.envelope, reply)
         elif self._mqtt is not None:
             self._mqtt.refuse(reply.model_dump_json().encode(), request.camera_id)
 
     def _reply(self, request: Request, reply: VerdictMessage | TriggerError) -> None:
         """To the requester's socket; to the broker only an error, the verdict having gone out on
-        the verdict topic with the frame's other messages."""
-        if request.origin == "zmq":
+        the verdict topic with the frame's other messages; to an offered request's ``answer``."""
+        if request.answer is not None:
+            request.answer(reply)
+        elif request.origin == "zmq":
             self._send(request.envelope, reply)
         elif isinstance(reply, TriggerError) and self._mqtt is not None:
             self._mqtt.send("trigger/error", reply.model_dump_json().encode(), request.camera_id)

@@ -6,7 +6,8 @@ Each request is sent, then the test waits on the server's ``fds`` until it is re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,42 @@ def test_close_answers_every_request_in_hand_waiting_or_unread_that_edged_is_sto
         ("stopping", "side", "C"),
         ("stopping", "side", "D"),
     ]
+
+
+def test_a_request_offered_from_another_thread_is_queued_in_arrival_order_and_answered_through_its_callable(
+    clients: Clients,
+) -> None:
+    server = serve(clients, ["top", "side"], queue=1)
+    replies: list[tuple[str, AnyMessage]] = []
+
+    def answer(part_id: str) -> Callable[[AnyMessage], None]:
+        return lambda reply: replies.append((part_id, reply))
+
+    try:
+        sock = arrive(server, clients, b'{"part_id": "A", "camera_id": "top"}')
+        assert taken(server, "top").part_id == "A"
+        offering = threading.Thread(
+            target=lambda: [server.offer("plc", camera, part, answer(part)) for camera, part in OFFERED], daemon=True
+        )
+        offering.start()
+        offering.join(WAIT_S)
+        assert zmq.select(server.fds, [], [], WAIT_S)[0], "the offered requests never woke the loop"
+        server.collect()  # B waits behind A; C is beyond top's bound; D names a camera that takes none here
+        assert [(part, error(reply)[0]) for part, reply in replies] == [("C", "busy"), ("D", "bad_request")]
+        replies.clear()
+        first = server.in_hand("top")
+        assert first is not None
+        server.answer(first, server.error(first, "timeout", "no frame"))
+        assert error(clients.reply(sock)) == ("timeout", "top", "A")
+        offered = taken(server, "top")
+        assert (offered.origin, offered.part_id, replies) == ("plc", "B", [])
+        server.answer(offered, server.error(offered, "timeout", "no frame"))
+        assert [(part, error(reply)) for part, reply in replies] == [("B", ("timeout", "top", "B"))]
+    finally:
+        server.close()
+    replies.clear()
+    server.offer("plc", "side", "E", answer("E"))  # once closed: refused at once, on the offering thread
+    assert [(part, error(reply)[0]) for part, reply in replies] == [("E", "stopping")]
+
+
+OFFERED = (("top", "B"), ("top", "C"), ("nowhere", "D"))
