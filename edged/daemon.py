@@ -75,7 +75,7 @@ class Daemon:
                 cfg.camera_id: camera_for(settings, cfg, captures[cfg.camera_id], frame_path(settings, self.model, cfg))
                 for cfg in settings.source
             }
-            self.outputs = Outputs(settings, Services(self.health.current_problem))
+            self.outputs = Outputs(settings, Services(self.health.current_problem, self._wake))
             stack.callback(self.outputs.close)
             self.desk = RequestDesk(settings, self.outputs) if settings.requesting() else None
             if self.desk is not None:
@@ -174,6 +174,7 @@ class Daemon:
         """Publish the lanes' results, take the requests that arrived, hand out the next frames; or
         wait for a frame, a result or a request."""
         self._wake.clear()  # cleared before looking: a hand-over, result or request after this ends the wait below
+        self.outputs.deliver_recorded()  # verdicts the journal has recorded since the last turn go out
         settled = self._settle(self.lanes.collect())
         if self.desk is not None and self.desk.take(self.serving(), self.lanes.carrying, self._critical()):
             self.health.frame_done()  # waiting for requests is progress in request mode

@@ -256,8 +256,11 @@ class JournalWriter:
         self.dropped: dict[str, int] = previous.dropped if previous else {}
         self.failures: Failures = Failures(previous.failures if previous else None)
         self.bytes = 0
+        self.accepted = 0  # entries queued so far, in order (the loop's count)
+        self.written = 0  # of those, the ones committed (the journal thread's count)
         self._drop_log = LogRate(LOG_EVERY_S)
-        # Set after each batch is committed: the threads of the outputs that deliver from the journal.
+        # Set after each batch is committed, and when a write fails: the threads that wait on the journal
+        # (the outputs that deliver from it, the loop's sends held until it records, `JournalOutput.after_recorded`).
         self.committed: weakref.WeakSet[Waker] = weakref.WeakSet()
 
     def start(self) -> None:
@@ -281,6 +284,7 @@ class JournalWriter:
                 return
             self._queue.append(entry)
             self._queued_bytes += size
+            self.accepted += 1
             self._wake.notify()
 
     def report(self, camera_id: str) -> JournalReport:
@@ -292,6 +296,11 @@ class JournalWriter:
             bytes=self.bytes,
             last_error=self.failures.last,
         )
+
+    @property
+    def writing(self) -> bool:
+        """Its thread runs and its last write succeeded: what is queued will be on disk soon."""
+        return self._thread.is_alive() and not self.failures.failing
 
     def stop(self, timeout_s: float) -> None:
         """Write what is queued, within ``timeout_s``, and close the file."""
@@ -339,10 +348,14 @@ class JournalWriter:
                 self._queue.popleft()
                 self._queued_bytes -= len(entry.message)
                 self.recorded[entry.camera_id] = self.recorded.get(entry.camera_id, 0) + 1
-        for wake in list(self.committed):
-            wake.set()
+            self.written += len(batch)
+        self._tell()
         if self.failures.succeeded():
             log.info("journal %s written again after %d error(s)", self.store.path, self.failures.count)
+
+    def _tell(self) -> None:
+        for wake in list(self.committed):
+            wake.set()
 
     def _pause(self, seconds: float) -> bool:
         """Wait ``seconds`` before a retry; True when a stop asks to give up instead."""
@@ -368,17 +381,26 @@ class JournalWriter:
                     self.failures.last,
                     QUEUE_BYTES // 1_000_000,
                 )
+                self._tell()  # what waits for the journal goes on without it (`JournalOutput.deliver_recorded`)
             return False
         return True
 
 
 class JournalOutput(Output):
     """The journal as an output (`edged.output`): it asks for the messages as sent, and records each
-    verdict (and detections message, when configured) of every camera in one file."""
+    verdict (and detections message, when configured) of every camera in one file.
 
-    def __init__(self, settings: Settings, previous: JournalWriter | None = None) -> None:
+    A verdict leaves through ZeroMQ or as a request's reply only once it is recorded
+    (`after_recorded`): after a crash, every verdict anybody received is in the journal. It comes
+    before those outputs in `edged.outputs.OUTPUTS`, so a frame's entries are queued when they hold its sends.
+    """
+
+    def __init__(self, settings: Settings, wake: Waker, previous: JournalWriter | None = None) -> None:
         self._adopt(settings)
+        self._loop_wake = wake
+        self._held: deque[tuple[int, Callable[[], object]]] = deque()  # (entries accepted before it, the send)
         self.writer = JournalWriter(self._cfg, Identity.here(), previous)
+        self.writer.committed.add(wake)
         self.writer.start()
 
     def _adopt(self, settings: Settings) -> None:
@@ -388,7 +410,7 @@ class JournalOutput(Output):
 
     @classmethod
     def from_settings(cls, settings: Settings, services: Services) -> JournalOutput | None:
-        return cls(settings) if settings.journal.enabled else None
+        return cls(settings, services.wake) if settings.journal.enabled else None
 
     def wants(self, camera_id: str, found: bool) -> Delivery:
         return Delivery.SENT if camera_id in self._inspected or (found and self._cfg.detections) else Delivery.NONE
@@ -452,8 +474,8 @@ class JournalOutput(Output):
             self._adopt(settings)
             self.writer.cfg = cfg
             return self
-        self.writer.stop(STOP_WAIT_S)
-        return JournalOutput(settings, self.writer)
+        self.drain()
+        return JournalOutput(settings, self._loop_wake, self.writer)
 
     @property
     def path(self) -> Path:
@@ -469,8 +491,25 @@ class JournalOutput(Output):
         self.writer.committed.add(wake)
         return VerdictFeed(self.path, name, first_after=self.last_id)
 
+    def after_recorded(self, send: Callable[[], object]) -> None:
+        """Call ``send`` (on the loop's thread) once every entry queued so far is on disk, in the order
+        held; at once while the journal cannot write, so that a broken disk never holds up answers
+        (those verdicts wait in its queue, counted as journal errors until written)."""
+        self._held.append((self.writer.accepted, send))
+        if not self.writer.writing:
+            self.deliver_recorded()
+
+    def deliver_recorded(self) -> None:
+        """On the loop's thread, every turn: the held sends whose entries are recorded; all of them
+        while the journal cannot write."""
+        held, writer = self._held, self.writer
+        while held and (held[0][0] <= writer.written or not writer.writing):
+            held.popleft()[1]()
+
     def drain(self) -> None:
+        """Write what is queued, within `STOP_WAIT_S`; then whatever was held goes out, recorded or not."""
         self.writer.stop(STOP_WAIT_S)
+        self.deliver_recorded()
 
     def close(self) -> None:
         self.drain()

@@ -43,6 +43,11 @@ class Failures:
         started, self._failing = not self._failing, True
         return started
 
+    @property
+    def failing(self) -> bool:
+        """Within a burst: the last attempt failed."""
+        return self._failing
+
     def succeeded(self) -> bool:
         """True when this success ends a burst, for the caller to log."""
         ended, self._failing = self._failing, False

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from edged.prometheus import CameraStatus
     from edged.sources.base import Frame
     from edged.trigger import TriggerServer
+    from edged.wake import Waker
 
 
 class Delivery(enum.IntEnum):
@@ -101,9 +102,11 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class Services:
-    """What the daemon lends its outputs: the health verdict ``/healthz`` serves."""
+    """What the daemon lends its outputs: the health verdict ``/healthz`` serves, and the loop's
+    wake-up, for an output whose thread has something for the loop (the journal, `Outputs.deliver_recorded`)."""
 
     health: Callable[[], str | None]
+    wake: Waker
 
 
 class Output:

@@ -7,7 +7,7 @@ one line in `OUTPUTS`. The order is the order each frame and status round reache
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from edged.camera import Camera
@@ -25,7 +25,9 @@ from edged.trigger import Request, TriggerServer
 
 OutputT = TypeVar("OutputT", bound=Output)
 
-OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput, JournalOutput)
+# Evidence first, so that the journal records where the image went; the journal before ZeroMQ,
+# whose verdicts wait for it (`JournalOutput.after_recorded`).
+OUTPUTS: tuple[type[Output], ...] = (EvidenceOutput, JournalOutput, Publisher, MqttOutput, HttpServer)
 
 
 def listening(settings: Settings) -> list[Endpoint]:
@@ -72,6 +74,21 @@ class Outputs:
         for output in self._running.values():
             output.frame(report)
         return report.verdict
+
+    def after_recorded(self, send: Callable[[], object]) -> None:
+        """Call ``send``, a verdict leaving edged, once the journal has recorded this frame's entries
+        (`JournalOutput.after_recorded`); at once without a journal."""
+        journal = self.get(JournalOutput)
+        if journal is None:
+            send()
+        else:
+            journal.after_recorded(send)
+
+    def deliver_recorded(self) -> None:
+        """Every turn of the loop: the sends the journal has recorded go out (`JournalOutput.deliver_recorded`)."""
+        journal = self.get(JournalOutput)
+        if journal is not None:
+            journal.deliver_recorded()
 
     def previews(self, camera_id: str) -> bool:
         """Some output shows camera ``camera_id``'s next frame unprocessed (`Output.previews`)."""

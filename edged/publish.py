@@ -54,6 +54,7 @@ from edged.settings.endpoints import on_the_network
 
 if TYPE_CHECKING:
     from edged.config import Settings
+    from edged.journal import JournalOutput
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +206,7 @@ class Publisher(MessageOutput):
         self._camera_topics = topics_of(cfg.topic_prefix, [""])  # what every camera's topic starts with
         self._refusal_log = LogRate(REFUSAL_LOG_INTERVAL_S)  # one per kind of warning: a peer decides how often they come
         self._cut_off_log = LogRate(REFUSAL_LOG_INTERVAL_S)
+        self._journal: JournalOutput | None = None  # with it, each verdict waits until recorded (`use_journal`)
         self.auth = Authenticator.configured(cfg, self._context)  # the trigger server's CURVE socket shares it
         try:
             if self.auth is not None:
@@ -231,7 +233,15 @@ class Publisher(MessageOutput):
         return self.cfg.publish_empty
 
     def deliver(self, kind: MessageKind, camera_id: str, payload: bytes) -> None:
-        self.send(TOPICS[kind](self.cfg.topic_prefix, camera_id), payload)
+        """A verdict goes out once the journal has it, if there is one (`JournalOutput.after_recorded`)."""
+        topic = TOPICS[kind](self.cfg.topic_prefix, camera_id)
+        if kind == "verdict" and self._journal is not None:
+            self._journal.after_recorded(partial(self.send, topic, payload))
+        else:
+            self.send(topic, payload)
+
+    def use_journal(self, journal: JournalOutput | None) -> None:
+        self._journal = journal
 
     def report(self, camera_id: str) -> OutputReport:
         return OutputReport(drops=self.drops)

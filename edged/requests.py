@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import zmq
 
@@ -31,6 +32,7 @@ class RequestDesk:
     def __init__(self, settings: Settings, outputs: Outputs) -> None:
         """Raises `PublishError` or `KeyFileError` as `TriggerServer` does."""
         self._timeout_s = settings.trigger.timeout_s
+        self._outputs = outputs
         # The ZeroMQ publisher's CURVE keys and authenticator serve the request socket too.
         publisher = outputs.get(Publisher)
         auth = publisher.auth if publisher is not None else None
@@ -92,7 +94,10 @@ class RequestDesk:
         return request if request is not None and captured_ns > request.arrived_ns else None
 
     def answer(self, request: Request, verdict: VerdictMessage) -> None:
-        self.server.answer(request, verdict)
+        """The camera may take its next request now; the verdict goes back once the journal has it
+        (`Outputs.after_recorded`), so a requester never holds a verdict a crash could lose."""
+        self.server.release(request)
+        self._outputs.after_recorded(partial(self.server.reply, request, verdict))
 
     def refuse(self, request: Request, problem: TriggerProblem, detail: str) -> None:
         self.server.answer(request, self.server.error(request, problem, detail))

@@ -186,7 +186,7 @@ class TriggerServer:
         self._cameras = tuple(camera_ids)
         for camera_id in [c for c in self._waiting if c not in self._cameras]:
             for request in self._waiting.pop(camera_id):
-                self._reply(request, self.error(request, "bad_request", f"camera {camera_id} no longer takes requests"))
+                self.reply(request, self.error(request, "bad_request", f"camera {camera_id} no longer takes requests"))
         for camera_id in self._cameras:
             self._waiting.setdefault(camera_id, deque())
         self._inbox.limit = self._bound * len(self._cameras)
@@ -312,8 +312,12 @@ class TriggerServer:
 
     def answer(self, request: Request, reply: VerdictMessage | TriggerError) -> None:
         """Reply to the request in hand for its camera, which may then take the next."""
+        self.release(request)
+        self.reply(request, reply)
+
+    def release(self, request: Request) -> None:
+        """The request in hand for its camera is answered, or will be (`reply`): the camera may take the next."""
         del self._in_hand[request.camera_id]
-        self._reply(request, reply)
 
     def _refuse(self, request: Request, problem: TriggerProblem, detail: str) -> None:
         """Answer a request refused on arrival; one from the broker in the refusals' own bounded line
@@ -326,7 +330,7 @@ class TriggerServer:
         elif self._mqtt is not None:
             self._mqtt.refuse(reply.model_dump_json().encode(), request.camera_id)
 
-    def _reply(self, request: Request, reply: VerdictMessage | TriggerError) -> None:
+    def reply(self, request: Request, reply: VerdictMessage | TriggerError) -> None:
         """To the requester's socket; to the broker only an error, the verdict having gone out on
         the verdict topic with the frame's other messages; to an offered request's ``answer``."""
         if request.answer is not None:
@@ -352,7 +356,7 @@ class TriggerServer:
         for waiting in self._waiting.values():
             waiting.clear()
         for request in sorted(unanswered, key=lambda request: request.arrived_ns):
-            self._reply(request, self.error(request, "stopping", "edged is stopping"))
+            self.reply(request, self.error(request, "stopping", "edged is stopping"))
         self._inbox.close()
         self._listener.close(linger=0)
         if self._auth is not None:

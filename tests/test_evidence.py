@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Literal
@@ -462,7 +463,7 @@ def test_a_reload_that_changes_a_cameras_evidence_keys_keeps_its_counters(tmp_pa
         )
         return load_config(config)
 
-    services = Services(lambda: None)
+    services = Services(lambda: None, threading.Event())
     output = EvidenceOutput.from_settings(settings(60), services)
     assert output is not None
     try:

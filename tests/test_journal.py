@@ -3,12 +3,15 @@ aside; retention; a full or read-only disk counted while nothing queued is lost;
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
+import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from filesystems import fill, read_only_folder, tmpfs
 from onnx_models import fixed_scene
@@ -20,7 +23,7 @@ from edged.config import load_config
 from edged.errors import ConfigError
 from edged.identity import Identity, board_id, boot_id
 from edged.journal import Entry, JournalStore, JournalWriter
-from edged.messages import StatusMessage, VerdictMessage
+from edged.messages import AnyMessage, StatusMessage, VerdictMessage, parse_message
 from edged.settings.journal import JournalConfig
 
 IDENTITY = Identity("b0a4d1d000000000", "boot-1", "9.9.9")
@@ -237,6 +240,65 @@ def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens
         frame, verdict, message, model = by_seq[v.seq]
         assert (frame, verdict, message["frame_id"]) == (v.frame_id, "ng", v.frame_id)
         assert model == v.model_sha256 == status.model.sha256
+
+
+def test_a_kill_in_a_burst_leaves_in_the_journal_every_verdict_a_subscriber_or_a_requester_received(
+    tmp_path: Path,
+) -> None:
+    """One camera floods verdicts to a subscriber while requests for another are answered back to
+    back; SIGKILL at any moment: whatever either got is on record (``full``: each batch fsynced,
+    so a verdict sent before its commit would be caught most runs)."""
+    trigger = f"tcp://127.0.0.1:{free_port()}"
+    clip = {"type": "file", "path": "clip.avi", "loop": True}
+    line, gate = {**clip, "camera_id": "line", "realtime": False}, {**clip, "camera_id": "gate", "trigger": "request"}
+    d = start(
+        tmp_path, source=[line, gate], trigger={"endpoint": trigger, "timeout_s": 10.0}, journal={"durability": "full"}
+    )
+    replies: list[AnyMessage] = []
+    requesting = threading.Thread(target=request_until_silence, args=(trigger, replies), daemon=True)
+    try:
+        received = d.collect("verdict", 10)
+        requesting.start()
+        assert wait_for(lambda: len(replies) >= 3, 30), d.log()
+        received += d.collect("verdict", 10)
+        d.signal(signal.SIGKILL)
+        d.proc.wait(10)
+        received += [parse_message(payload) for _, payload in drain(d.sub)]
+        requesting.join(30)
+    finally:
+        d.close()
+    got = [m for m in [*received, *replies] if isinstance(m, VerdictMessage)]
+    assert {m.camera_id for m in got} == {"line", "gate"}, got
+    recorded = set(rows(tmp_path / "journal.sqlite", "SELECT camera_id, seq FROM entries WHERE kind = 'verdict'"))
+    missing = [(m.camera_id, m.seq) for m in got if (m.camera_id, m.seq) not in recorded]
+    assert missing == [], f"received but not on record: {missing}"
+
+
+def request_until_silence(endpoint: str, replies: list[AnyMessage]) -> None:
+    """Ask camera gate for one part after another, each as soon as the last is answered, until none is."""
+    context = zmq.Context()
+    try:
+        for n in itertools.count():
+            sock = context.socket(zmq.REQ)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            sock.send(json.dumps({"part_id": f"P-{n}", "camera_id": "gate"}).encode())
+            answered = sock.poll(5000)
+            if answered:
+                replies.append(parse_message(sock.recv()))
+            sock.close(linger=0)
+            if not answered:
+                return
+    finally:
+        context.term()
+
+
+def drain(sub: zmq.Socket[bytes]) -> list[list[bytes]]:
+    """What a subscriber holds already, once the publisher is gone."""
+    frames: list[list[bytes]] = []
+    while sub.poll(200):
+        frames.append(sub.recv_multipart())
+    return frames
 
 
 def test_without_inspect_the_journal_reports_nothing_of_the_camera(tmp_path: Path) -> None:
