@@ -100,6 +100,8 @@ def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
     outputs = ", ".join(f"{o.name} {o.shape}" for o in engine.session.get_outputs())
     labels = ", ".join(model.labels) if model.labels else "(no names: class ids only)"
     print(f"model      {engine.model_path} ({engine.identity.short})", file=out)
+    if model.cfg.require_signature:
+        print(f"signature  verified with {model.cfg.signature_key}", file=out)
     print(f"input      {model.contract.describe(order_source=True)}", file=out)
     print(f"output     {outputs} -> {model.head} head, {fmt_classes(model.num_classes)}: {labels}", file=out)
     requested = ", ".join(p.name for p in settings.runtime.providers)

@@ -15,7 +15,7 @@ from typing import get_args
 
 from edged import __version__
 from edged.config import DEFAULT_CONFIG_PATH, RuntimeConfig, Spinning, load_config
-from edged.errors import ConfigError, EdgedError, MissingDependency
+from edged.errors import ConfigError, EdgedError, MissingDependency, UsageError
 from edged.keys import SERVICE_USER
 from edged.service import setup_logging
 
@@ -259,6 +259,13 @@ def _keygen_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _sign_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", type=Path, help="the ONNX model file to sign")
+    p.add_argument("--key", type=Path, required=True, help="the ed25519 private key (PEM), kept off the board")
+    p.add_argument("--labels", type=Path, default=None, help="the labels file model.labels will name, if any")
+    p.add_argument("--out", type=Path, default=None, help="the signature file (default: MODEL.sig beside the model)")
+
+
 def _schema_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="write to this file instead of stdout")
 
@@ -326,6 +333,15 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "filter given: the newest --limit, oldest first, as a table, --json or --csv. It reads the "
         "journal read-only and is safe while edged runs. Exit 1 when there is no journal to read.",
         _history_arguments,
+    ),
+    (
+        "sign",
+        "sign a model for boards that require signed models",
+        "Write MODEL.sig: an ed25519 signature over the model file's sha256 and its labels "
+        "file's (or the model's own names), which edged checks with model.require_signature "
+        "before it serves the model. Keys: openssl genpkey -algorithm ed25519 -out signing.pem; "
+        "the board gets only the public half (openssl pkey -in signing.pem -pubout).",
+        _sign_arguments,
     ),
     (
         "keygen",
@@ -467,6 +483,19 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     return run_keygen(args.dir, args.name, args.user)
 
 
+def _cmd_sign(args: argparse.Namespace) -> int:
+    from edged.signature import sign, signature_path
+
+    for path in (args.model, args.labels):
+        if path is not None and not path.is_file():
+            raise UsageError(f"{path} is not a file")
+    text = sign(args.model, args.labels, args.key)
+    out = signature_path(args.model, args.out)
+    out.write_text(text)
+    print(f"signed {args.model} ({text.splitlines()[1].split()[1][:12]}) into {out}")
+    return 0
+
+
 def _emit(text: str, out: Path | None) -> int:
     """A generated document to ``out``, or to stdout without one."""
     if out:
@@ -535,6 +564,7 @@ COMMANDS = {
     "eval": _cmd_eval,
     "bench": _cmd_bench,
     "quantize": _cmd_quantize,
+    "sign": _cmd_sign,
     "keygen": _cmd_keygen,
     "history": _cmd_history,
 }

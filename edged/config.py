@@ -93,12 +93,25 @@ class ModelConfig(Section):
     iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
     max_det: int = Field(100, ge=1, le=10000, description="Most detections kept per frame.")
     agnostic_nms: bool = Field(False, description="Suppress overlapping boxes across classes too.")
+    require_signature: bool = Field(
+        False,
+        description="Serve only a model whose signature (edged sign) verifies with signature_key, "
+        "checked at start and on every reload before the model is loaded.",
+    )
+    signature_key: Path | None = Field(None, description="The ed25519 public key (PEM) model signatures must verify with.")
+    signature: Path | None = Field(None, description="The model's signature file; default: the model's path + .sig.")
 
     @field_validator("imgsz", mode="before")
     @classmethod
     def _square(cls, v: Any) -> Any:
         """One number is a square input, as ultralytics reads ``imgsz=640``."""
         return (v, v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _signature_key(self) -> ModelConfig:
+        if self.require_signature and self.signature_key is None:
+            raise ValueError("require_signature needs signature_key: the public key signatures must verify with")
+        return self
 
     @field_validator("std")
     @classmethod
@@ -665,6 +678,8 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
     for section, key in (
         ("model", "path"),
         ("model", "labels"),
+        ("model", "signature_key"),
+        ("model", "signature"),
         ("runtime", "optimized_model_path"),
         ("publish", "curve_server_key"),
         ("publish", "curve_clients_dir"),

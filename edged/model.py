@@ -20,6 +20,7 @@ from edged.heads.base import fmt_classes
 from edged.heads.metadata import parse_names
 from edged.heads.registry import detect_head, head_named
 from edged.messages import ModelInfo
+from edged.signature import verify
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,10 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     ModelError (cannot load) or ContractError (cannot trust)."""
     if not cfg.path.is_file():
         raise ModelError(f"model file {cfg.path} does not exist")
+    signed = verify(cfg) if cfg.require_signature else None  # before the runtime parses a byte of it
     engine = Engine(cfg.path, runtime, imgsz=cfg.imgsz, record_placement=record_placement, lanes=lanes)
+    if signed is not None and engine.identity.sha256 != signed:
+        raise ModelError(f"model {cfg.path} changed while it was loaded: it is not the file its signature verified")
     head, num_classes = _head(engine, cfg)
     inputs = [(i.name, i.shape, i.type) for i in engine.input_meta]
     contract = build_contract(inputs, engine.metadata, cfg, head_named(head))

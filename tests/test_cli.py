@@ -314,7 +314,20 @@ def test_trigger_refuses_a_reply_that_is_not_for_its_request(
 
 @pytest.mark.parametrize(
     "command",
-    ["run", "check", "subscribe", "schema", "config-reference", "thermal", "eval", "keygen", "bench", "quantize", "trigger"],
+    [
+        "run",
+        "check",
+        "subscribe",
+        "schema",
+        "config-reference",
+        "thermal",
+        "eval",
+        "keygen",
+        "sign",
+        "bench",
+        "quantize",
+        "trigger",
+    ],
 )
 def test_every_command_has_useful_help(command: str) -> None:
     result = run_cli(command, "--help")

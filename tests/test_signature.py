@@ -1,0 +1,145 @@
+"""Signed models: ``edged sign`` and openssl's own signatures verify; an unsigned, tampered, relabelled
+or foreign-signed model is refused before it is loaded, at start (78) and on reload (the running model stays)."""
+
+from __future__ import annotations
+
+import base64
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from onnx_models import fixed_scene
+from waiting import wait_for
+
+from edged.config import ModelConfig, RuntimeConfig
+from edged.errors import KeyFileError, ModelError
+from edged.model import load_model
+from edged.signature import Signed, sign, signature_path, verify
+
+SCENE = [(16.0, 20.0, 8.0, 8.0, 1, 0.9)]
+
+
+def keypair(folder: Path, name: str = "signing") -> tuple[Path, Path]:
+    """An ed25519 pair made by openssl, as a plant would make it: (private, public)."""
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(private)], check=True)
+    subprocess.run(["openssl", "pkey", "-in", str(private), "-pubout", "-out", str(public)], check=True)
+    return private, public
+
+
+@pytest.fixture
+def signed(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A model signed with ``edged sign`` and its key pair: (model, private, public)."""
+    model = fixed_scene(tmp_path / "scene.onnx", SCENE)
+    private, public = keypair(tmp_path)
+    result = run_cli("sign", str(model), "--key", str(private))
+    assert result.returncode == 0, result.stderr
+    assert f"into {model}.sig" in result.stdout
+    return model, private, public
+
+
+def config(model: Path, public: Path, labels: Path | None = None) -> ModelConfig:
+    return ModelConfig(path=model, labels=labels, require_signature=True, signature_key=public)
+
+
+def test_a_model_signed_by_edged_sign_verifies_and_loads(signed: tuple[Path, Path, Path]) -> None:
+    model, _, public = signed
+    text = signature_path(model).read_text()
+    assert text.splitlines()[:3] == Signed.of(model, None).text().splitlines()  # readable: what it vouches for
+    loaded = load_model(config(model, public), RuntimeConfig())
+    assert loaded.info.sha256 == verify(config(model, public))
+
+
+def test_a_signature_made_by_openssl_over_the_same_lines_verifies(tmp_path: Path) -> None:
+    model = fixed_scene(tmp_path / "scene.onnx", SCENE)
+    private, public = keypair(tmp_path)
+    lines = tmp_path / "signed.txt"
+    lines.write_text(Signed.of(model, None).text())
+    raw = subprocess.run(
+        ["openssl", "pkeyutl", "-sign", "-inkey", str(private), "-rawin", "-in", str(lines)],
+        check=True,
+        capture_output=True,
+    ).stdout
+    signature_path(model).write_text(f"{lines.read_text()}signature {base64.b64encode(raw).decode()}\n")
+    assert verify(config(model, public)) == Signed.of(model, None).model_sha256
+
+
+def test_an_unsigned_model_is_refused_saying_how_to_sign_it(tmp_path: Path) -> None:
+    model = fixed_scene(tmp_path / "scene.onnx", SCENE)
+    _, public = keypair(tmp_path)
+    with pytest.raises(ModelError, match=r"is not signed \(no .*scene.onnx.sig\).*edged sign .*scene.onnx --key"):
+        load_model(config(model, public), RuntimeConfig())
+
+
+def test_a_model_changed_after_signing_is_refused_before_it_is_loaded(signed: tuple[Path, Path, Path]) -> None:
+    model, _, public = signed
+    model.write_bytes(model.read_bytes() + b"\0")  # one byte more: still a loadable file to the runtime
+    with pytest.raises(ModelError, match=r"is not the file .* signs .* it changed after signing"):
+        load_model(config(model, public), RuntimeConfig())
+
+
+def test_a_signature_by_another_key_or_edited_is_refused(signed: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    model, _, public = signed
+    other_private, other_public = keypair(tmp_path, "other")
+    with pytest.raises(ModelError, match=r"does not verify with .*other.pub"):
+        verify(config(model, other_public))
+    sig = signature_path(model)
+    lines = sig.read_text().splitlines()
+    forged = Signed.of(model, None).model_sha256.replace("0", "1").replace("a", "b")
+    sig.write_text("\n".join([lines[0], f"model-sha256 {forged}", *lines[2:]]) + "\n")
+    with pytest.raises(ModelError, match="does not verify"):
+        verify(config(model, public))
+    sig.write_text("signature of a kind\n")
+    with pytest.raises(ModelError, match="not an edged signature file"):
+        verify(config(model, public))
+    with pytest.raises(KeyFileError, match=r"not an ed25519 public key|not a PEM public key"):
+        verify(config(model, other_private))
+
+
+def test_the_labels_are_signed_with_the_model(signed: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    model, private, public = signed
+    labels = tmp_path / "labels.txt"
+    labels.write_text("dent\ncrack\n")
+    with pytest.raises(ModelError, match=r"signed with the model's own names, and is configured with model.labels"):
+        verify(config(model, public, labels))
+    signature_path(model).write_text(sign(model, labels, private))
+    assert verify(config(model, public, labels))
+    labels.write_text("crack\ndent\n")  # the classes swapped: a verdict would name the wrong defect
+    with pytest.raises(ModelError, match="signed with another labels file"):
+        verify(config(model, public, labels))
+
+
+def test_the_daemon_refuses_an_unsigned_model_with_78_and_keeps_a_signed_one_over_a_reload_to_an_unsigned(
+    signed: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    model, _, public = signed
+    write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    doc = {
+        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+        "model": {"path": model.name, "require_signature": True, "signature_key": public.name},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
+        "thermal": {"enabled": False},
+    }
+    unsigned = fixed_scene(tmp_path / "unsigned.onnx", [(30.0, 30.0, 8.0, 8.0, 0, 0.9)])
+    unsigned_doc = {**doc, "model": {**doc["model"], "path": unsigned.name}}
+    refused = run_cli("run", "--config", str(write_config(tmp_path / "refused.toml", unsigned_doc)))
+    assert refused.returncode == 78 and "unsigned.onnx is not signed" in refused.stderr + refused.stdout
+    checked = run_cli("check", "--config", str(write_config(tmp_path / "edged.toml", doc)), "--no-bind")
+    assert checked.returncode == 0 and f"signature  verified with {public}" in checked.stdout, (
+        checked.stdout + checked.stderr
+    )
+    d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
+    try:
+        first = d.collect("detections", 1)[0]
+        assert first.model.sha256 == Signed.of(model, None).model_sha256  # type: ignore[union-attr]
+        write_config(tmp_path / "edged.toml", unsigned_doc)
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reload refused" in d.log(), 20), d.log()
+        assert "unsigned.onnx is not signed" in d.log()
+        after = d.collect("detections", 3)
+        assert {m.model.sha256 for m in after} == {first.model.sha256}  # type: ignore[union-attr]
+    finally:
+        d.stop()
