@@ -767,6 +767,11 @@ def _check_files(settings: Settings) -> list[str]:
             "an existing folder, or journal.enabled = false)"
         )
     problems += _evidence_problems(settings)
+    if settings.rejecting():
+        from edged.reject import gpiod_problem
+
+        if (problem := gpiod_problem()) is not None:
+            problems.append(f"reject: {problem}")
     return problems
 
 

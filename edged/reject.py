@@ -63,6 +63,15 @@ def import_gpiod() -> ModuleType:
     return gpiod
 
 
+def gpiod_problem() -> str | None:
+    """Why the reject line cannot be driven here (no gpiod 2.x), for the configuration's problems; None: it can."""
+    try:
+        import_gpiod()
+    except MissingDependency as e:
+        return str(e)
+    return None
+
+
 def chip_path(gpiod: ModuleType, chip: str) -> str:
     """The device of ``chip``: a path as it is, a name under /dev, or the chip whose label it is."""
     if "/" in chip:
@@ -176,7 +185,7 @@ def check_lines(settings: Settings) -> list[str]:
         lines = open_lines(reject, cfg.camera_id)
         lines.release()
         alarm = f", alarm line {lines.alarm}" if lines.alarm is not None else ""
-        said.append(f"reject line of camera {cfg.camera_id}: {lines.chip} line {lines.line}{alarm}")
+        said.append(f"camera {cfg.camera_id}: {lines.chip} line {lines.line}{alarm} (requested and released)")
     return said
 
 

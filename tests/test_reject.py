@@ -253,7 +253,7 @@ def test_a_wrong_line_names_the_chips_lines_and_a_wrong_chip_says_so(gpiod: Modu
 
 def test_check_requests_each_line_once_and_releases_it(gpiod: ModuleType) -> None:
     s = settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 100, "late": "alarm", "alarm_line": 1})
-    assert check_lines(s) == [f"reject line of camera cam0: {CHIP} line 0, alarm line 1"]
+    assert check_lines(s) == [f"camera cam0: {CHIP} line 0, alarm line 1 (requested and released)"]
     assert [level for _, level in levels(gpiod, 0)] == [0, 0, None]
     assert gpiod.CHIPS[CHIP].requested == {}
 
@@ -333,3 +333,19 @@ def test_on_gpio_sim_a_wrong_line_names_the_lines_and_a_held_one_is_busy(sim: tu
             open_lines(reject(chip=path, line="BUSY"), "cam0")
     finally:
         held.release()
+
+
+def test_without_gpiod_the_configuration_is_refused_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edged.config import load_config
+    from edged.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "gpiod", None)
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "m.onnx"\n[inspect]\n[reject]\nline = 4\ndelay_ms = 100\n')
+    with pytest.raises(
+        ConfigError, match=r"reject: the reject line needs libgpiod's v2 Python binding: pip install 'edged\[gpio\]'"
+    ):
+        load_config(config)
