@@ -11,10 +11,16 @@ fires: the part has gone by.
 
 Each camera's line is owned by one thread (`RejectLine`), which requests it through libgpiod's
 v2 character-device API once at start, driven inactive, and fires the pulses on the monotonic
-clock: it sleeps until just before an edge and spins the rest, so that neither a slow frame, the
-loop nor the interpreter lock moves a pulse. Pulses closer than ``min_gap_ms`` merge into one.
-Every stop, a reload that changes the line, and a failure of the thread itself drive the line
-inactive before it is released.
+clock: it sleeps until just before an edge and spins the rest, so that neither a slow frame nor
+the loop moves a pulse. Two things the thread cannot do alone: a core kept busy by other work
+delays its wake-up by a scheduler time slice (milliseconds), so it asks for SCHED_FIFO (allowed
+with ``LimitRTPRIO=`` in the unit, or as root; without it, it runs as any thread and says so);
+and a thread woken while another holds the interpreter lock waits up to the switch interval
+(5 ms by default) for it, so while a reject line runs the interval is `SWITCH_INTERVAL_S`. What
+remains: another thread that holds the lock and loses its core to other work delays the pulse
+thread by a time slice (BENCHMARKS.md measures it). Pulses closer than ``min_gap_ms`` merge into
+one. Every stop, a reload that changes the line, and a failure of the thread itself drive the
+line inactive before it is released.
 
 ``gpiod`` (the ``gpio`` extra) is imported only when a reject line is configured.
 """
@@ -24,6 +30,8 @@ from __future__ import annotations
 import errno
 import glob
 import logging
+import os
+import sys
 import threading
 import time
 from collections import deque
@@ -45,7 +53,9 @@ log = logging.getLogger(__name__)
 
 CONSUMER = "edged"  # the name the kernel shows for the line's holder (gpioinfo)
 INSTALL_HINT = "the reject line needs libgpiod's v2 Python binding: pip install 'edged[gpio]' (gpiod 2.x)"
-SPIN_S = 0.002  # the pulse thread sleeps until this long before an edge and spins the rest
+SPIN_S = 0.001  # the pulse thread sleeps until this long before an edge and spins the rest
+SWITCH_INTERVAL_S = 0.0002  # the interpreter lock's longest hold while a reject line runs (Python's default: 5 ms)
+RT_PRIORITY = 10  # the pulse thread's SCHED_FIFO priority, where the process may have one
 STOP_WAIT_S = 1.0  # how long a stop waits for the pulse thread before driving the line itself
 LINES_NAMED = 64  # the most of a chip's lines an error lists
 WINDOW = 1024  # pulses and verdicts the lateness and margin percentiles are taken over
@@ -189,6 +199,47 @@ def check_lines(settings: Settings) -> list[str]:
     return said
 
 
+class _SwitchInterval:
+    """`SWITCH_INTERVAL_S` while any reject line runs, the interpreter's own interval again after the last."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._before = sys.getswitchinterval()
+
+    def hold(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._before = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._before, SWITCH_INTERVAL_S))
+            self._users += 1
+
+    def let_go(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                sys.setswitchinterval(self._before)
+
+
+SWITCH = _SwitchInterval()
+
+
+def realtime(camera_id: str) -> bool:
+    """Ask SCHED_FIFO for the calling thread; False, said once per line, where the process may not have it."""
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+    except (OSError, AttributeError) as e:
+        log.info(
+            "reject line: normal scheduling (%s): a busy CPU may delay pulses by a time slice; LimitRTPRIO=%d in the "
+            "unit allows SCHED_FIFO",
+            e,
+            RT_PRIORITY,
+            extra={"CAMERA": camera_id},
+        )
+        return False
+    return True
+
+
 class RejectLine:
     """One camera's reject line and the thread that owns it (module docstring).
 
@@ -214,7 +265,9 @@ class RejectLine:
         self.last_error: str | None = None
         self._lateness = LatencyWindow(WINDOW)
         self._margin = LatencyWindow(WINDOW)
+        self.realtime = False
         self._thread = threading.Thread(target=self._run, name=f"edged-reject-{camera_id}", daemon=True)
+        SWITCH.hold()
         self._thread.start()
 
     @property
@@ -312,6 +365,7 @@ class RejectLine:
         return self._pulses[0][1] if self._active else self._pulses[0][0]
 
     def _run(self) -> None:
+        self.realtime = realtime(self.camera_id)
         try:
             with self._cond:
                 while not self._stopping:
@@ -344,6 +398,7 @@ class RejectLine:
             if self._released:
                 return
             self._released = True
+            SWITCH.let_go()
             try:
                 self.lines.release()
             except Exception as e:  # said, the stop goes on
