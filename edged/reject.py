@@ -292,6 +292,8 @@ class RejectLine:
     def resolve(self, t_capture_ns: int, verdict: str | None, now_ns: int) -> None:
         """The verdict of the frame captured at ``t_capture_ns`` (None: it has none) came at ``now_ns``."""
         with self._cond:
+            if self._released:  # the thread failed and let go of the line: nothing left to drive
+                return
             deadline = self._take(t_capture_ns)
             if deadline is None:
                 if t_capture_ns <= self._late_upto:  # its deadline passed: the late policy had it

@@ -349,3 +349,27 @@ def test_without_gpiod_the_configuration_is_refused_saying_what_to_install(
         ConfigError, match=r"reject: the reject line needs libgpiod's v2 Python binding: pip install 'edged\[gpio\]'"
     ):
         load_config(config)
+
+
+def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_changed_one(gpiod: ModuleType) -> None:
+    from edged.output import Services
+    from edged.reject import RejectOutput
+
+    def board(**keys: Any) -> Settings:
+        return settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 100.0} | keys)
+
+    services = Services(lambda: None)
+    output = RejectOutput.from_settings(board(), services)
+    assert output is not None
+    try:
+        kept = output.lines["cam0"]
+        assert output.reload(board(delay_ms=300.0, pulse_ms=80.0), services) is output
+        assert output.lines["cam0"] is kept and kept.cfg.delay_ms == 300.0
+        assert [level for _, level in levels(gpiod, 0)] == [0]  # never let go of
+        assert output.reload(board(line="SPARE"), services) is output
+        assert output.lines["cam0"] is not kept
+        assert [level for _, level in levels(gpiod, 0)] == [0, 0, None] and levels(gpiod, 2)[0][1] == 0
+        assert output.reload(settings(), services) is None
+        assert [level for _, level in levels(gpiod, 2)] == [0, 0, None]
+    finally:
+        output.close()
