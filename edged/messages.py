@@ -326,7 +326,10 @@ class RejectReport(Message):
     late_verdicts: int = Field(ge=0, description="Verdicts that arrived after their part's deadline, and were ignored.")
     merged: int = Field(ge=0, description="Pulses merged into the one before (closer than reject.min_gap_ms).")
     alarm: bool = Field(description="The alarm line is active (late = 'alarm' and a deadline was missed).")
-    lateness_p50_ms: float = Field(description="Pulse start minus its target, median; the thread's own delay.")
+    lateness_p50_ms: float = Field(
+        description="Pulse start minus its target, median, over the pulses known before their target: the line's "
+        "own delay (a part whose frame reached the model after its deadline is counted in late instead)."
+    )
     lateness_p99_ms: float = Field(description="Pulse start minus its target, 99th percentile.")
     lateness_max_ms: float = Field(description="Pulse start minus its target, the worst.")
     margin_p1_ms: float | None = Field(

@@ -235,3 +235,15 @@ def test_in_request_mode_each_request_pulses_once_counted_from_its_frames_captur
     assert reject_of(status).late == 0  # no frame between requests, nor the warm-up's, had a deadline
     assert d.stop() == 0
     assert rig.levels().count(1) == 2
+
+
+def test_a_daemon_killed_outright_during_a_pulse_still_leaves_the_line_inactive(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    rig = Rig(tmp_path, NG, {"delay_ms": 0.0, "pulse_ms": 10_000.0})
+    d = rig.start()
+    daemons.append(d)
+    assert wait_for(lambda: 1 in rig.levels(), 60), d.log()
+    d.proc.kill()  # SIGKILL: nothing of the daemon runs again; its line process sees the pipe close
+    d.proc.wait()
+    assert wait_for(lambda: rig.levels()[-2:] == [0, None], 10), rig.levels()

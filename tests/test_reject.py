@@ -8,6 +8,7 @@ reading the line's level back from the simulator; elsewhere they skip saying why
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -35,18 +36,19 @@ GPIO_SIM = Path("/sys/kernel/config/gpio-sim")
 
 
 @pytest.fixture
-def gpiod(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """The fake gpiod importable as ``gpiod``, with one chip of four lines, BUSY held by another program."""
+def gpiod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ModuleType]:
+    """The fake gpiod importable as ``gpiod`` here and in the line processes started, with one chip of
+    four lines, BUSY held by another program; every process's levels go to one record file."""
     names = [name for name in sys.modules if name == "gpiod" or name.startswith("gpiod.")]
     for name in names:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.delenv("FAKE_GPIOD", raising=False)
+    spec = {"chips": {CHIP: {"label": "pinctrl-test", "lines": LINES, "held": {"3": "conveyor-plc"}}}}
+    (tmp_path / "gpio.json").write_text(json.dumps(spec | {"record": str(tmp_path / "gpio.record")}))
+    monkeypatch.setenv("FAKE_GPIOD", str(tmp_path / "gpio.json"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.syspath_prepend(str(FAKES))
     import gpiod as fake
 
-    fake.CHIPS.clear()
-    fake.RECORD.clear()
-    fake.CHIPS[CHIP] = fake.FakeChip("pinctrl-test", list(LINES), {3: "conveyor-plc"})
     yield fake
     for name in [name for name in sys.modules if name == "gpiod" or name.startswith("gpiod.")]:
         sys.modules.pop(name, None)
@@ -65,14 +67,16 @@ def lines() -> Iterator[list[RejectLine]]:
 
 
 def start(lines: list[RejectLine], cfg: RejectConfig) -> RejectLine:
-    line = RejectLine("cam0", cfg, open_lines(cfg, "cam0"))
+    line = RejectLine("cam0", cfg)
     lines.append(line)
     return line
 
 
 def levels(fake: ModuleType, offset: int) -> list[tuple[int, int | None]]:
-    """(monotonic ns, physical level or None: released) of one line, in order."""
-    return [(t, level) for t, path, line, level in list(fake.RECORD) if path == CHIP and line == offset]
+    """(monotonic ns, physical level or None: released) of one line, in order, by every process."""
+    record = Path(fake.RECORD_FILE)
+    rows = [row.split() for row in record.read_text().splitlines()] if record.exists() else []
+    return [(int(t), None if v == "released" else int(v)) for t, path, o, v in rows if path == CHIP and int(o) == offset]
 
 
 def pulses(fake: ModuleType, offset: int = 0) -> list[tuple[int, int]]:
@@ -89,11 +93,12 @@ def pulses(fake: ModuleType, offset: int = 0) -> list[tuple[int, int]]:
 
 def sentinel(fake: ModuleType, line: RejectLine, count: int) -> None:
     """Send one NG part and wait for its pulse, the ``count``-th: whatever an earlier part was going to
-    fire would have fired by then."""
+    fire would have fired by then. It waits for the pulses before it to end first, or it would merge."""
+    assert wait_for(lambda: len(pulses(fake)) >= count - 1, 5.0), levels(fake, 0)
     t = time.monotonic_ns()
     line.expect(t)
     line.resolve(t, "ng", time.monotonic_ns())
-    assert wait_for(lambda: len(pulses(fake)) >= count, 5.0), fake.RECORD
+    assert wait_for(lambda: len(pulses(fake)) >= count, 5.0), levels(fake, 0)
 
 
 # ---- settings -----------------------------------------------------------------------------------
@@ -140,10 +145,11 @@ def test_the_line_is_requested_inactive_and_an_ng_part_fires_one_pulse_at_its_de
     t = time.monotonic_ns()
     line.expect(t)
     line.resolve(t, "ng", time.monotonic_ns())
-    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), gpiod.RECORD
+    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), levels(gpiod, 0)
     (rise, fall), target = pulses(gpiod)[0], t + 100 * MS
     assert target <= rise < target + SLACK_MS * MS
     assert 30 * MS <= fall - rise < (30 + SLACK_MS) * MS
+    assert wait_for(lambda: line.report().pulses == 1, 5.0)
     report = line.report()
     assert (report.pulses, report.late, report.merged) == (1, 0, 0)
     assert report.margin_p50_ms is not None and 0 < report.margin_p50_ms <= 100
@@ -156,14 +162,14 @@ def test_an_ok_part_fires_nothing(gpiod: ModuleType, lines: list[RejectLine]) ->
     line.expect(t)
     line.resolve(t, "ok", time.monotonic_ns())
     sentinel(gpiod, line, 1)
-    assert len(pulses(gpiod)) == 1 and line.report().pulses == 1
+    assert len(pulses(gpiod)) == 1 and wait_for(lambda: line.report().pulses == 1, 5.0)
 
 
 def test_active_low_inverts_the_level_on_the_pin(gpiod: ModuleType, lines: list[RejectLine]) -> None:
     line = start(lines, reject(active_low=True, delay_ms=0.0))
     line.expect(t := time.monotonic_ns())
     line.resolve(t, "ng", time.monotonic_ns())
-    assert wait_for(lambda: [level for _, level in levels(gpiod, 0)] == [1, 0, 1], 5.0), gpiod.RECORD
+    assert wait_for(lambda: [level for _, level in levels(gpiod, 0)] == [1, 0, 1], 5.0), levels(gpiod, 0)
 
 
 def test_a_part_without_a_verdict_is_rejected_at_its_deadline_and_its_late_verdict_never_fires(
@@ -172,23 +178,25 @@ def test_a_part_without_a_verdict_is_rejected_at_its_deadline_and_its_late_verdi
     line = start(lines, reject(delay_ms=50.0))
     t = time.monotonic_ns()
     line.expect(t)
-    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), gpiod.RECORD
+    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), levels(gpiod, 0)
     assert pulses(gpiod)[0][0] >= t + 50 * MS
     line.resolve(t, "ng", time.monotonic_ns())  # the model's verdict, too late
     sentinel(gpiod, line, 2)
-    report = line.report()
-    assert len(pulses(gpiod)) == 2 and (report.pulses, report.late, report.late_fired, report.late_verdicts) == (2, 1, 1, 1)
+    counted = (2, 1, 1, 1)  # pulses, late, late_fired, late_verdicts
+    assert wait_for(lambda: (r := line.report()) and (r.pulses, r.late, r.late_fired, r.late_verdicts) == counted, 5.0)
+    assert len(pulses(gpiod)) == 2
 
 
-def test_a_verdict_that_comes_after_its_deadline_but_before_the_thread_saw_it_fires_once(
+def test_a_verdict_that_comes_after_its_deadline_but_before_the_line_saw_it_fires_once(
     gpiod: ModuleType, lines: list[RejectLine]
 ) -> None:
     line = start(lines, reject(delay_ms=10.0))
-    t = time.monotonic_ns() - 50 * MS  # captured long ago: its deadline has passed
+    t = time.monotonic_ns() - 500 * MS  # captured long ago: its deadline has passed
     line.expect(t)
     line.resolve(t, "ng", time.monotonic_ns())
     sentinel(gpiod, line, 2)
-    assert len(pulses(gpiod)) == 2 and line.report().late_fired == 1
+    assert len(pulses(gpiod)) == 2 and wait_for(lambda: line.report().late_fired == 1, 5.0)
+    assert line.report().lateness_max_ms < 490  # late by the loop, not by the line: not its lateness
 
 
 def test_late_pass_lets_the_part_go(gpiod: ModuleType, lines: list[RejectLine]) -> None:
@@ -196,19 +204,20 @@ def test_late_pass_lets_the_part_go(gpiod: ModuleType, lines: list[RejectLine]) 
     line.expect(time.monotonic_ns())
     assert wait_for(lambda: line.report().late == 1, 5.0)
     sentinel(gpiod, line, 1)
+    assert wait_for(lambda: line.report().pulses == 1, 5.0)
     assert len(pulses(gpiod)) == 1 and line.report().late_fired == 0
 
 
 def test_late_alarm_holds_the_alarm_line_until_a_verdict_is_on_time(gpiod: ModuleType, lines: list[RejectLine]) -> None:
     line = start(lines, reject(delay_ms=10.0, late="alarm", alarm_line="ALARM"))
     line.expect(time.monotonic_ns())
-    assert wait_for(lambda: [level for _, level in levels(gpiod, 1)] == [0, 1], 5.0), gpiod.RECORD
-    assert line.report().alarm and pulses(gpiod) == []
+    assert wait_for(lambda: [level for _, level in levels(gpiod, 1)] == [0, 1], 5.0), levels(gpiod, 0)
+    assert wait_for(lambda: line.report().alarm, 5.0) and pulses(gpiod) == []
     t = time.monotonic_ns()
     line.expect(t)
     line.resolve(t, "ok", time.monotonic_ns())
-    assert [level for _, level in levels(gpiod, 1)] == [0, 1, 0]
-    assert not line.report().alarm
+    assert wait_for(lambda: [level for _, level in levels(gpiod, 1)] == [0, 1, 0], 5.0), levels(gpiod, 1)
+    assert wait_for(lambda: not line.report().alarm, 5.0)
 
 
 def test_two_ng_parts_closer_than_min_gap_merge_into_one_pulse(gpiod: ModuleType, lines: list[RejectLine]) -> None:
@@ -217,11 +226,11 @@ def test_two_ng_parts_closer_than_min_gap_merge_into_one_pulse(gpiod: ModuleType
     for capture in (t, t + 60 * MS):  # 30 ms apart end to start
         line.expect(capture)
         line.resolve(capture, "ng", time.monotonic_ns())
-    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), gpiod.RECORD
+    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), levels(gpiod, 0)
     rise, fall = pulses(gpiod)[0]
     assert rise >= t + 100 * MS and fall - rise >= 90 * MS
     sentinel(gpiod, line, 2)
-    assert line.report().merged == 1 and line.report().pulses == 2
+    assert wait_for(lambda: (line.report().merged, line.report().pulses) == (1, 2), 5.0)
 
 
 def test_a_stop_during_a_pulse_leaves_the_line_inactive_and_released(gpiod: ModuleType, lines: list[RejectLine]) -> None:

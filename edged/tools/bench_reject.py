@@ -1,13 +1,12 @@
 """``edged bench --reject``: how late the reject line's pulses start, idle and with every core busy.
 
-The real `edged.reject.RejectLine` fires NG parts handed to it at a camera's pace, on a
-``gpio-sim`` chip through the real binding where the kernel has it (configfs, root), otherwise
-on a line that records at the ``gpiod`` boundary. Lateness is each pulse's start, as its
-``set_value`` returns, minus its target (capture + ``delay_ms``), as the line's status reports
-it. Three loads: idle; every core busy (a spinning process per core); and the same with a
-Python thread of this process spinning too, which holds the interpreter lock as the loop's
-Python work does: a core the scheduler takes from that thread while it holds the lock delays the
-pulse thread's next step by a time slice, whatever the pulse thread's own priority.
+The real `edged.reject.RejectLine` (its line process) fires NG parts handed to it at a camera's
+pace, on a ``gpio-sim`` chip through the real binding where the kernel has it (configfs, root),
+otherwise on a line that drives nothing at the ``gpiod`` boundary (`edged.reject.RecordingRequest`).
+Lateness is each pulse's start, as its ``set_value`` returns, minus its target (capture +
+``delay_ms``), as the line's status reports it. Three loads: idle; every core busy (a spinning
+process per core); and the same with a Python thread of this process spinning too, which holds
+the interpreter lock as the loop's Python work does (the line process has a lock of its own).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from edged.reject import Lines, RejectLine, open_lines
+from edged.reject import RejectLine
 from edged.settings.reject import RejectConfig
 
 Load = Literal["idle", "cores busy", "cores + GIL busy"]
@@ -32,24 +31,6 @@ DELAY_MS = 20.0
 PULSE_MS = 5.0
 PART_INTERVAL_S = 0.02  # 50 parts a second: a fast belt
 GPIO_SIM = Path("/sys/kernel/config/gpio-sim")
-
-
-class _Timed:
-    """A line request (the real one, or none) that records when each rising ``set_value`` returned."""
-
-    def __init__(self, request: Any) -> None:
-        self.request = request
-        self.rises: list[int] = []
-
-    def set_value(self, offset: int, value: Any) -> None:
-        if self.request is not None:
-            self.request.set_value(offset, value)
-        if value:
-            self.rises.append(time.monotonic_ns())
-
-    def release(self) -> None:
-        if self.request is not None:
-            self.request.release()
 
 
 @contextlib.contextmanager
@@ -108,15 +89,8 @@ def _spin(stop: threading.Event) -> None:
 def reject_lateness(chip: str | None, load: Load, parts: int) -> dict[str, Any]:
     """Fire ``parts`` NG parts under ``load`` and time each pulse's start against its target."""
     cfg = RejectConfig(chip=chip or "recording", line=0, delay_ms=DELAY_MS, pulse_ms=PULSE_MS)
-    if chip is not None:
-        real = open_lines(cfg, "bench")
-        timed = _Timed(real.request)
-        lines = Lines(timed, real.line, None, real.chip, real.values)
-    else:
-        timed = _Timed(None)
-        lines = Lines(timed, 0, None, "recording", (False, True))
     with _load(load):
-        line = RejectLine("bench", cfg, lines)
+        line = RejectLine("bench", cfg, record=chip is None)
         try:
             next_s = time.monotonic()
             for _ in range(parts):
@@ -126,8 +100,8 @@ def reject_lateness(chip: str | None, load: Load, parts: int) -> dict[str, Any]:
                 next_s += PART_INTERVAL_S
                 time.sleep(max(0.0, next_s - time.monotonic()))
             deadline = time.monotonic() + 10
-            while line.pulses + line.merged < parts and time.monotonic() < deadline:
-                time.sleep(0.01)
+            while (r := line.report()).pulses + r.merged < parts and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             line.stop()
     report = line.report()
@@ -136,7 +110,7 @@ def reject_lateness(chip: str | None, load: Load, parts: int) -> dict[str, Any]:
         "line": "gpio-sim" if chip is not None else "recording",
         "realtime": line.realtime,
         "parts": parts,
-        "pulses": len(timed.rises),
+        "pulses": report.pulses,
         "merged": report.merged,
         "lateness_ms": {"p50": report.lateness_p50_ms, "p99": report.lateness_p99_ms, "max": report.lateness_max_ms},
     }

@@ -30,7 +30,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TextIO
 
 from . import exception, line
 from . import line as _l  # the real package exports its enums from gpiod.line only
@@ -70,12 +69,12 @@ class FakeChip:
 
 CHIPS: dict[str, FakeChip] = {}
 RECORD: list[tuple[int, str, int, int | None]] = []  # (monotonic ns, chip path, offset, physical level or None: released)
+RECORD_FILE: str | None = None  # where every process using this fake appends the levels, from $FAKE_GPIOD
 _lock = threading.Lock()
-_record_file: TextIO | None = None
 
 
 def _load() -> None:
-    global _record_file
+    global RECORD_FILE
     spec_path = os.environ.get("FAKE_GPIOD")
     if not spec_path:
         return
@@ -84,16 +83,16 @@ def _load() -> None:
     for path, chip in spec.get("chips", {}).items():
         held = {int(k): v for k, v in chip.get("held", {}).items()}
         CHIPS[path] = FakeChip(chip.get("label", ""), list(chip["lines"]), held)
-    if spec.get("record"):
-        _record_file = open(spec["record"], "a", buffering=1)
+    RECORD_FILE = spec.get("record")
 
 
 def _record(path: str, offset: int, level: int | None) -> None:
     t = time.monotonic_ns()
     with _lock:
         RECORD.append((t, path, offset, level))
-        if _record_file is not None:
-            _record_file.write(f"{t} {path} {offset} {'released' if level is None else level}\n")
+        if RECORD_FILE is not None:  # one append per level, so that the processes' lines never mix
+            with open(RECORD_FILE, "a") as f:
+                f.write(f"{t} {path} {offset} {'released' if level is None else level}\n")
 
 
 @dataclass(frozen=True, repr=False)
