@@ -524,6 +524,11 @@ class RejectLine:
         error = self._report.last_error or self.last_error
         return self._report if error == self._report.last_error else self._report.model_copy(update={"last_error": error})
 
+    @property
+    def pid(self) -> int:
+        """The line process's id (``ps``, ``gpioinfo``'s holder)."""
+        return self._proc.pid
+
     def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
         """Drive the line inactive and release it (the process does both as it ends); pulses still
         scheduled are dropped."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import uuid
@@ -382,3 +383,14 @@ def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_change
         assert [level for _, level in levels(gpiod, 2)] == [0, 0, None]
     finally:
         output.close()
+
+
+def test_a_line_process_that_dies_is_said_in_the_status_and_the_loop_goes_on(
+    gpiod: ModuleType, lines: list[RejectLine]
+) -> None:
+    line = start(lines, reject())
+    os.kill(line.pid, signal.SIGKILL)
+    assert wait_for(lambda: line.report().last_error == "the reject line's process ended (exit -9)", 5.0)
+    line.expect(t := time.monotonic_ns())  # nobody reads the pipe any more: said, never raised
+    line.resolve(t, "ng", time.monotonic_ns())
+    assert line.report().last_error is not None
