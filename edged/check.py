@@ -8,8 +8,9 @@ above 1 a wrong normalisation or head) and prints what that first frame gave, wi
 the quickest way to see a wrong model or colour order. It creates and removes a file in each
 camera's evidence folder, binds and releases every address the daemon would listen on (each
 output's, `edged.outputs.listening`; not with ``bind=False``, beside a running daemon that holds
-them), connects once to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent is
-reported with its reason), and prints where ONNX Runtime placed each node (`Engine.placement`).
+them) and requests and releases every reject line (`edged.reject`; not with ``bind=False``
+either), connects once to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent
+is reported with its reason), and prints where ONNX Runtime placed each node (`Engine.placement`).
 The last line is the one verdict: ``ok``, or the CLI's error naming the problem.
 """
 
@@ -36,6 +37,7 @@ from edged.mqtt import probe_broker
 from edged.outputs import listening
 from edged.pipeline import FramePath, FramePipeline, frame_path
 from edged.preprocess import LETTERBOX_FILL
+from edged.reject import check_lines
 from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SourceBase, mask_credentials
@@ -246,6 +248,17 @@ def _bind_all(settings: Settings, bind: bool, out: TextIO) -> None:
             print(f"listen     {endpoint.key}: {endpoint.address} ({tried})", file=out)
 
 
+def _reject_lines(settings: Settings, bind: bool, out: TextIO) -> None:
+    """Request every reject line once and release it (`edged.reject.check_lines`); not with ``bind=False``,
+    beside a running daemon that holds them."""
+    if not bind:
+        for camera_id in settings.rejecting():
+            print(f"reject     camera {camera_id}: not tried: --no-bind", file=out)
+        return
+    for said in check_lines(settings):
+        print(f"reject     {said}", file=out)
+
+
 def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.stdout, *, bind: bool = True) -> int:
     """Every camera is opened and tried, one after the other, so that one missing camera does
     not hide another's problem; a model or contract problem stops at once (exit 78). ``bind``:
@@ -262,6 +275,7 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems
         raise ConfigError(e.path or config_path, e.problems) from None
     _bind_all(settings, bind, out)
+    _reject_lines(settings, bind, out)
     print(f"journal    {_journal(settings)}", file=out)
     if settings.mqtt is not None:
         print(f"mqtt       {probe_broker(settings.mqtt, settings.source[0].camera_id)}", file=out)

@@ -197,6 +197,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         "--frames verdicts at --camera-fps",
     )
     p.add_argument("--journal-dir", type=Path, default=None, help="with --journal: a folder on the disk to measure")
+    p.add_argument(
+        "--reject",
+        action="store_true",
+        help="instead of the per-frame rows: the reject line's pulse lateness for --frames NG parts, idle and with "
+        "every core busy, on gpio-sim where the kernel has it, else on a line recorded at the gpiod boundary",
+    )
     p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
     p.add_argument(
         "--camera-source",

@@ -37,6 +37,7 @@ from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
 from edged.settings.journal import JournalConfig, default_path
 from edged.settings.mqtt import MqttConfig
+from edged.settings.reject import RejectConfig
 from edged.settings.section import Section
 from edged.settings.sources import KINDS, SourceBase, SyntheticSourceConfig, TriggerMode, mask_credentials
 
@@ -355,6 +356,9 @@ class Settings(BaseSettings):
     journal: JournalConfig = section(
         JournalConfig, "The verdict journal: every verdict recorded on the board, sent to MQTT from it; on by default."
     )
+    reject: RejectConfig | None = Field(
+        None, description="The GPIO line pulsed when a judged part reaches the ejector; absent: none."
+    )
 
     @field_validator("source", mode="before")
     @classmethod
@@ -393,6 +397,35 @@ class Settings(BaseSettings):
             )
         return v
 
+    @model_validator(mode="after")
+    def _reject_lines(self) -> Settings:
+        """Every camera's reject line is complete, has a verdict to act on, and is its own: two
+        cameras on one line would fight over it (the second request of a line fails as busy)."""
+        problems: list[str] = []
+        owners: dict[tuple[str, int | str], str] = {}
+        for cfg in self.source:
+            reject = self.reject_for(cfg)
+            if reject is None:
+                continue
+            named = f" (camera {cfg.camera_id})" if len(self.source) > 1 else ""
+            problems += [problem + named for problem in reject.missing()]
+            if self.inspection(cfg) is None:
+                problems.append(
+                    f"reject: camera {cfg.camera_id} has no verdict to act on: add [inspect] or [source.inspect]"
+                )
+            for line in (reject.line, reject.alarm_line):
+                if line is None:
+                    continue
+                other = owners.setdefault((reject.chip, line), cfg.camera_id)
+                if other != cfg.camera_id:
+                    problems.append(
+                        f"reject: cameras {other} and {cfg.camera_id} both drive line {line!r} of {reject.chip}: "
+                        "give each camera its own [source.reject] line"
+                    )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     def camera(self, camera_id: str) -> SourceBase | None:
         """The camera called ``camera_id``, if this configuration has it."""
         return next((cfg for cfg in self.source if cfg.camera_id == camera_id), None)
@@ -429,6 +462,19 @@ class Settings(BaseSettings):
         [evidence] gives ``dir``."""
         tables = (self.evidence, cfg.evidence if isinstance(cfg.evidence, EvidenceConfig) else None)
         return not any(table is not None and "dir" in table.model_fields_set for table in tables)
+
+    def reject_for(self, cfg: SourceBase) -> RejectConfig | None:
+        """A camera's reject line: the keys of its [source.reject] table in place of those keys of
+        [reject], the others from there; None: the camera drives none."""
+        if cfg.reject is None:
+            return self.reject
+        if self.reject is None:
+            return cfg.reject
+        return _overlay(self.reject, _given(cfg.reject))
+
+    def rejecting(self) -> list[str]:
+        """The cameras that drive a reject line, in config order."""
+        return [cfg.camera_id for cfg in self.source if self.reject_for(cfg) is not None]
 
     def trigger_mode(self, cfg: SourceBase) -> TriggerMode:
         """A camera's trigger mode: its own ``trigger``, else ``trigger.mode``."""
@@ -736,6 +782,11 @@ def _check_files(settings: Settings) -> list[str]:
             "an existing folder, or journal.enabled = false)"
         )
     problems += _evidence_problems(settings)
+    if settings.rejecting():
+        from edged.reject import gpiod_problem
+
+        if (problem := gpiod_problem()) is not None:
+            problems.append(f"reject: {problem}")
     return problems
 
 

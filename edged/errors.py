@@ -9,6 +9,7 @@
     │   └── HeadError            78  the output is not a detection head edged can decode
     ├── KeyFileError             78  a CURVE key, password or TLS key file is missing, malformed or too open
     ├── MissingDependency        78  an optional package the configuration needs is not installed
+    ├── LineError                78  the reject line's chip or line does not exist (the chip's lines named)
     ├── DataError                65  a tool's data (images, labels) cannot be used
     ├── UsageError                2  command-line options that cannot work together
     ├── BindError                 1  an endpoint edged listens on is in use or cannot be bound
@@ -21,7 +22,8 @@
     ├── ColdStartError            1  ``edged bench --cold-start``: the daemon exited or published nothing
     ├── MessageError              1  a received payload is not a valid edged message
     ├── TriggerFailed             1  ``edged trigger``: an error reply, or no reply in time
-    └── JournalUnreadable         1  ``edged history``: no journal there, or it cannot be read
+    ├── JournalUnreadable         1  ``edged history``: no journal there, or it cannot be read
+    └── LineBusy                  1  the reject line is held by another process (its consumer named)
 
 78 is sysexits' EX_CONFIG: the units set ``RestartPreventExitStatus=78``, so systemd does not
 restart a daemon that can only fail the same way again. Nothing else exits 78.
@@ -80,6 +82,11 @@ class KeyFileError(SetupError):
 
 class MissingDependency(SetupError):
     """An optional package that this configuration or command needs is not installed."""
+
+
+class LineError(SetupError):
+    """The reject line's GPIO chip or line does not exist, or cannot be an output; the message names
+    the chips found, or the chip's lines."""
 
 
 class DataError(EdgedError):
@@ -143,3 +150,8 @@ class TriggerFailed(EdgedError):
 
 class JournalUnreadable(EdgedError):
     """``edged history``: the journal file is not there or cannot be read; the message says which."""
+
+
+class LineBusy(EdgedError):
+    """The reject line is held by another process; the message names its consumer where the kernel
+    says it. Not exit 78: the same configuration starts once the other program lets go of the line."""

@@ -778,6 +778,7 @@ nav a.shown{border-color:#e6e6e6;font-weight:bold}
 <h2>latency, ms</h2><table id="latency"></table>
 <h2>drops</h2><table id="drops"></table>
 <div id="inspect" hidden><h2>verdicts <span id="tally"></span></h2><table id="verdicts"></table></div>
+<div id="reject" hidden><h2>reject line</h2><table id="rejects"></table></div>
 </section></main>
 <script>
 "use strict";
@@ -851,6 +852,14 @@ async function tick() {
     rows("latency", [["stage", "p50", "p99"], ...stages]);
     const drops = Object.entries(s.drops).filter(([, n]) => n > 0).map(([k, n]) => [k, String(n)]);
     rows("drops", drops.length ? drops : [["none"]]);
+    const rj = s.reject, ms = (v) => v === null ? "-" : v.toFixed(2);
+    $("reject").hidden = !rj;
+    if (rj) rows("rejects", [
+      ["pulses", String(rj.pulses)], ["late, rejected", rj.late + ", " + rj.late_fired],
+      ["late verdicts", String(rj.late_verdicts)], ["merged", String(rj.merged)],
+      ["lateness ms, p50/p99/max", [rj.lateness_p50_ms, rj.lateness_p99_ms, rj.lateness_max_ms].map(ms).join(" / ")],
+      ["margin ms, p1/p50", ms(rj.margin_p1_ms) + " / " + ms(rj.margin_p50_ms)],
+      ...(rj.alarm ? [["alarm", "ON"]] : []), ...(rj.last_error ? [["error", rj.last_error]] : [])]);
     await verdicts();
     const h = await fetch("healthz" + q, {cache: "no-store"});
     pill("health", h.ok ? "healthy" : "unhealthy: " + (await h.text()).trim(), h.ok ? "ok" : "bad");

@@ -317,6 +317,29 @@ class JournalReport(WriterReport):
     recorded: int = Field(ge=0, description="This camera's entries written to the journal since start.")
 
 
+class RejectReport(Message):
+    """The reject line of a camera: what it fired, and how close to its deadlines (over the last pulses)."""
+
+    pulses: int = Field(ge=0, description="Pulses fired since start (merged ones count once).")
+    late: int = Field(ge=0, description="Parts with no verdict by their deadline (capture + reject.delay_ms).")
+    late_fired: int = Field(ge=0, description="Of those, parts rejected anyway (late = 'reject', the fail-safe).")
+    late_verdicts: int = Field(ge=0, description="Verdicts that arrived after their part's deadline, and were ignored.")
+    merged: int = Field(ge=0, description="Pulses merged into the one before (closer than reject.min_gap_ms).")
+    alarm: bool = Field(description="The alarm line is active (late = 'alarm' and a deadline was missed).")
+    lateness_p50_ms: float = Field(
+        description="Pulse start minus its target, median, over the pulses known before their target: the line's "
+        "own delay (a part whose frame reached the model after its deadline is counted in late instead)."
+    )
+    lateness_p99_ms: float = Field(description="Pulse start minus its target, 99th percentile.")
+    lateness_max_ms: float = Field(description="Pulse start minus its target, the worst.")
+    margin_p1_ms: float | None = Field(
+        description="Target minus verdict time, 1st percentile: how close verdicts come to their deadline; "
+        "shrinking warns of late rejects. Null before the first verdict."
+    )
+    margin_p50_ms: float | None = Field(description="Target minus verdict time, median; null before the first verdict.")
+    last_error: str | None = Field(description="The line's last error (its thread failed); null when none.")
+
+
 class StatusMessage(TopicMessage):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -346,6 +369,7 @@ class StatusMessage(TopicMessage):
     journal: JournalReport | None = Field(
         None, description="The verdict journal's counters; null when it records nothing of this camera."
     )
+    reject: RejectReport | None = Field(None, description="The reject line's counters; null without [reject].")
     mqtt_state: Literal["connected", "disconnected"] | None = Field(
         None, description="The MQTT output's link to its broker; null when [mqtt] is off."
     )

@@ -4,11 +4,13 @@ ZeroMQ (`edged.publish`), MQTT (`edged.mqtt`), the live view (`edged.http`) and 
 (`edged.evidence`) are each an `Output`; `edged.outputs` lists them and the daemon loops over
 that list. An output is made from the settings (`from_settings`, None when its section is
 absent), says per frame whether it wants the message (`wants`), gets the frame's report
-(`frame`), may show a camera's frames unprocessed while it waits for requests (`previews`,
-`preview`), gets every status round (`status`), adds what it knows to each camera's status
-(`report`), follows a reload (`reload`, which may return a new output or None) and closes.
-Every method but `close` runs on the loop's thread and must never block it. An output that
-listens (a server) lists its addresses (`listening`), which ``edged check`` binds and releases.
+(`frame`), may learn of a frame as it is taken, before its result (`taken`), may show a camera's
+frames unprocessed while it waits for requests (`previews`, `preview`), gets every status round
+(`status`), adds what it knows to each camera's status (`report`), follows a reload (`reload`,
+which may return a new output or None) and closes. Every method but `close` runs on the loop's
+thread and must never block it. An output that listens (a server) lists its addresses
+(`listening`), which ``edged check`` binds and releases. The reject line (`edged.reject`) is an
+output too.
 """
 
 from __future__ import annotations
@@ -126,6 +128,11 @@ class Output:
     def wants(self, camera_id: str, found: bool) -> Delivery:
         """What this output wants of camera ``camera_id``'s next frame (``found``: it has results). No allocation."""
         return Delivery.NONE
+
+    def taken(self, camera_id: str, t_capture_ns: int) -> None:
+        """Camera ``camera_id``'s frame captured at ``t_capture_ns`` (monotonic) went to the model to be
+        published: its `frame` follows unless the contract rejects the frame or the model fails. An
+        output with a deadline per part (the reject line) starts counting here. No allocation."""
 
     def frame(self, report: FrameReport) -> None:
         """Every processed frame, with what the outputs' `wants` asked for."""

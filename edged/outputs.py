@@ -20,14 +20,16 @@ from edged.mqtt import MqttOutput
 from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.pipeline import Processed, verdict_message
 from edged.publish import Publisher
+from edged.reject import RejectOutput
 from edged.sources.base import Frame
 from edged.trigger import Request, TriggerServer
 
 OutputT = TypeVar("OutputT", bound=Output)
 
-# Evidence first, so that the journal records where the image went; the journal before ZeroMQ,
-# whose verdicts wait for it (`JournalOutput.after_recorded`).
-OUTPUTS: tuple[type[Output], ...] = (EvidenceOutput, JournalOutput, Publisher, MqttOutput, HttpServer)
+# The reject line first: a verdict acts on the line before anything else is done with it. Evidence
+# before the journal, which records where the image went; the journal before ZeroMQ, whose verdicts
+# wait for it (`JournalOutput.after_recorded`).
+OUTPUTS: tuple[type[Output], ...] = (RejectOutput, EvidenceOutput, JournalOutput, Publisher, MqttOutput, HttpServer)
 
 
 def listening(settings: Settings) -> list[Endpoint]:
@@ -61,6 +63,11 @@ class Outputs:
     def wants(self, camera_id: str, found: bool) -> Delivery:
         """The most any output wants of this frame (`Delivery`)."""
         return max((output.wants(camera_id, found) for output in self._running.values()), default=Delivery.NONE)
+
+    def taken(self, camera_id: str, t_capture_ns: int) -> None:
+        """Camera ``camera_id``'s frame captured at ``t_capture_ns`` went to the model (`Output.taken`)."""
+        for output in self._running.values():
+            output.taken(camera_id, t_capture_ns)
 
     def publish(
         self, camera: Camera, done: Processed, request: Request | None, thermal_state: ThermalState

@@ -81,6 +81,7 @@ class Metrics:
         yield from _verdicts([(status.camera_id, verdicts) for status, _, verdicts in cameras if verdicts is not None])
         yield from _evidence([status for status, _, _ in cameras])
         yield from _journal([status for status, _, _ in cameras])
+        yield from _reject([status for status, _, _ in cameras])
         yield InfoMetricFamily(
             "edged_build",
             "edged's version and the model it runs.",
@@ -235,3 +236,39 @@ def _journal(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
         "edged_journal_errors", "Journal writes or retention passes that failed (disk full, read-only).", value=board.errors
     )
     yield GaugeMetricFamily("edged_journal_bytes", "Bytes the journal holds, at its last retention pass.", value=board.bytes)
+
+
+def _reject(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
+    """Each camera's reject line: what it fired, and how close to its deadlines."""
+    lines = [(status.camera_id, status.reject) for status in statuses if status.reject is not None]
+    if not lines:
+        return
+    counters = {
+        "pulses": "Reject pulses fired (merged ones count once).",
+        "late": "Parts with no verdict by their deadline (capture + reject.delay_ms).",
+        "late_fired": "Parts rejected without a verdict at their deadline (late = 'reject', the fail-safe).",
+        "late_verdicts": "Verdicts that came after their part's deadline, ignored.",
+        "merged": "Reject pulses merged into the one before (closer than reject.min_gap_ms).",
+    }
+    families = {
+        name: CounterMetricFamily(f"edged_reject_{name}", text, labels=["camera"]) for name, text in counters.items()
+    }
+    lateness = GaugeMetricFamily(
+        "edged_reject_lateness_seconds", "Pulse start minus its target over the last pulses.", labels=["camera", "stat"]
+    )
+    margin = GaugeMetricFamily(
+        "edged_reject_margin_seconds",
+        "Target minus verdict time over the last verdicts: shrinking warns of late rejects.",
+        labels=["camera", "stat"],
+    )
+    alarm = GaugeMetricFamily("edged_reject_alarm", "1 while the alarm line is active (late = 'alarm').", labels=["camera"])
+    for camera, report in lines:
+        for name, family in families.items():
+            family.add_metric([camera], getattr(report, name))
+        for stat, ms in (("p50", report.lateness_p50_ms), ("p99", report.lateness_p99_ms), ("max", report.lateness_max_ms)):
+            lateness.add_metric([camera, stat], ms / 1000)
+        for stat, maybe in (("p1", report.margin_p1_ms), ("p50", report.margin_p50_ms)):
+            if maybe is not None:
+                margin.add_metric([camera, stat], maybe / 1000)
+        alarm.add_metric([camera], 1.0 if report.alarm else 0.0)
+    yield from (*families.values(), lateness, margin, alarm)

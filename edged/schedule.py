@@ -86,7 +86,7 @@ def hand_out(
     clock of the arrival, says so. A reload on trial (``on_trial``) takes its cameras' next frame
     on this thread instead (``try_frame``), after which the cameras may have changed: it is the
     last frame taken. A camera with a frame on a lane is left alone: taking another would free
-    that frame's slot.
+    that frame's slot. ``outputs`` learn of each frame taken to be published (`Outputs.taken`).
     """
     taken = 0
     now = time.monotonic()
@@ -109,6 +109,8 @@ def hand_out(
             return taken
         request = request_of(desk, camera)
         if request is None or frame.t_capture_ns > request.arrived_ns:
+            if camera.mode == "free" or request is not None:  # its result will be published
+                outputs.taken(camera.id, frame.t_capture_ns)
             lanes.submit(camera, frame)
     now = time.monotonic()
     for camera in cameras:

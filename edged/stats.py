@@ -91,6 +91,12 @@ class LatencyWindow:
         self._next = (self._next + 1) % self._samples.shape[0]
         self._count = min(self._count + 1, self._samples.shape[0])
 
+    def percentiles(self, *qs: float) -> list[float] | None:
+        """The samples' percentiles ``qs`` (100: the worst), rounded to µs; None before the first sample."""
+        if self._count == 0:
+            return None
+        return [round(float(v), 3) for v in np.percentile(self._samples[: self._count], qs)]
+
     def summary(self) -> StageLatency:
         if self._count == 0:
             return StageLatency(p50_ms=0.0, p99_ms=0.0)

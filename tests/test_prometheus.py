@@ -17,6 +17,7 @@ from edged.messages import (
     JournalReport,
     ModelInfo,
     Reason,
+    RejectReport,
     StageLatency,
     StatusMessage,
     ThermalReadings,
@@ -31,6 +32,20 @@ MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider
 
 EVIDENCE = EvidenceReport(saved=7, dropped=2, errors=1, rate_limited=3, bytes=123456, last_error="disk full")
 JOURNAL = JournalReport(path="/j.sqlite", recorded=40, dropped=1, errors=2, bytes=65536, last_error=None)
+REJECT = RejectReport(
+    pulses=9,
+    late=3,
+    late_fired=2,
+    late_verdicts=1,
+    merged=4,
+    alarm=False,
+    lateness_p50_ms=0.1,
+    lateness_p99_ms=0.8,
+    lateness_max_ms=1.5,
+    margin_p1_ms=12.0,
+    margin_p50_ms=80.0,
+    last_error=None,
+)
 
 
 def _status(
@@ -38,6 +53,7 @@ def _status(
     rate_cap: float | None = 2.5,
     evidence: EvidenceReport | None = None,
     journal: JournalReport | None = None,
+    reject: RejectReport | None = None,
 ) -> StatusMessage:
     return StatusMessage(
         camera_id="cam0",
@@ -55,6 +71,7 @@ def _status(
         capture=CaptureReport(frames_captured=50, frames_decoded=47, reconnects=1, size_changes=0, last_error="gone"),
         evidence=evidence,
         journal=journal,
+        reject=reject,
     )
 
 
@@ -206,6 +223,20 @@ def test_journal_counters_come_from_the_status() -> None:
     assert not any(name.startswith("edged_journal") for name, _ in _samples(metrics))
 
 
+def test_reject_line_counters_lateness_and_margin_come_from_the_status() -> None:
+    metrics = Metrics()
+    metrics.update([(_status(reject=REJECT), RunStats().histograms(), None)])
+    got = _samples(metrics)
+    assert got[("edged_reject_pulses_total", CAM0)] == 9
+    assert got[("edged_reject_late_fired_total", CAM0)] == 2
+    assert got[("edged_reject_merged_total", CAM0)] == 4
+    assert got[("edged_reject_lateness_seconds", (*CAM0, ("stat", "p99")))] == 0.0008
+    assert got[("edged_reject_margin_seconds", (*CAM0, ("stat", "p1")))] == 0.012
+    assert got[("edged_reject_alarm", CAM0)] == 0
+    metrics.update([(_status(), RunStats().histograms(), None)])
+    assert not any(name.startswith("edged_reject") for name, _ in _samples(metrics))
+
+
 def test_the_registry_is_edged_own() -> None:
     from prometheus_client import REGISTRY
 
@@ -223,7 +254,7 @@ def test_promtool_accepts_the_exposition() -> None:
     metrics.update(
         [
             (
-                _status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE, journal=JOURNAL),
+                _status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE, journal=JOURNAL, reject=REJECT),
                 stats.histograms(),
                 stats.verdict_counts(),
             )

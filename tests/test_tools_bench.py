@@ -298,3 +298,13 @@ def test_the_journal_bench_times_offer_and_commit_under_each_durability(tmp_path
         assert 0 < r["to_disk_ms"]["p50"] <= r["to_disk_ms"]["p99"] <= r["to_disk_ms"]["max"]
     assert "offer to commit" in format_journal(rows, tmp_path)
     assert list(tmp_path.iterdir()) == []  # its scratch files are gone
+
+
+def test_the_reject_bench_fires_every_part_and_times_its_pulses() -> None:
+    from edged.tools.bench_reject import format_reject, reject_lateness
+
+    row = reject_lateness(None, "idle", 20)
+    assert row["line"] == "recording" and row["pulses"] + row["merged"] == 20 and row["pulses"] >= 1
+    late = row["lateness_ms"]
+    assert 0 <= late["p50"] <= late["p99"] <= late["max"]
+    assert "pulse start minus target" in format_reject([row])

@@ -18,6 +18,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from edged.settings.evidence import EvidenceConfig
 from edged.settings.inspect import InspectConfig, ZoneName, usable_zones
+from edged.settings.reject import RejectConfig
 from edged.settings.section import Name, Section
 
 # How a camera's frames are taken: every one the rate allows ("free"), or one per inspection request.
@@ -52,7 +53,7 @@ class SourceBase(Section):
 
     # What is done with the camera's frames, not how it is opened: a reload that changes only these
     # keeps the camera's capture running.
-    PROCESSING_KEYS: ClassVar[frozenset[str]] = frozenset({"max_fps", "evidence", "inspect", "zones", "trigger"})
+    PROCESSING_KEYS: ClassVar[frozenset[str]] = frozenset({"max_fps", "evidence", "inspect", "zones", "trigger", "reject"})
 
     type: str = Field(description="The camera kind: it decides which other keys apply.")
     camera_id: Name = Field(
@@ -71,6 +72,11 @@ class SourceBase(Section):
         None,
         description="A [source.inspect] table: this camera's inspection keys, in place of those keys of "
         "[inspect] (the others come from there); the camera is inspected even without an [inspect] section.",
+    )
+    reject: RejectConfig | None = Field(
+        None,
+        description="A [source.reject] table: this camera's reject-line keys, in place of those keys of [reject] "
+        "(the others come from there); the camera drives a reject line even without a [reject] section.",
     )
     trigger: TriggerMode | None = Field(
         None, description="This camera's trigger.mode ('free' or 'request'); default: trigger.mode."

@@ -1,0 +1,633 @@
+"""The reject line: a GPIO output pulsed when a judged part reaches the ejector (``[reject]``).
+
+A part's frame is captured ``delay_ms`` before the part is in front of the ejector. The output
+learns of the frame when the loop takes it for the model (`RejectOutput.taken`): from then on
+the part has a deadline, capture + ``delay_ms``, whether or not a verdict ever comes. Its verdict
+(`RejectOutput.frame`) schedules a pulse at that deadline when it is one of ``on``; a part
+still without a verdict at its deadline (inference slow or stuck, the frame rejected by the
+contract, the model failing) gets the ``late`` policy: a pulse anyway (the fail-safe), none, or
+the alarm line active until verdicts come in time again. A verdict after its deadline never
+fires: the part has gone by.
+
+Each camera's line is owned by a small process of its own (`serve`, started by `RejectLine`),
+which requests it through libgpiod's v2 character-device API once at start, driven inactive, and
+fires the pulses on the monotonic clock: it sleeps until just before an edge and spins the rest.
+A process rather than a thread: the loop's Python work holds the daemon's interpreter lock, and a
+thread that needs it at an edge waits for the holder, which a busy CPU may have set aside for a
+whole time slice (tens of ms; BENCHMARKS.md). The line process has its own lock and nothing else
+to do, and asks for SCHED_FIFO (allowed with ``LimitRTPRIO=`` in the unit, or as root; without
+it, it runs as any process and says so) so that a busy CPU does not delay it either. The loop's
+side is a write to a pipe per frame taken and per verdict. Pulses closer than ``min_gap_ms``
+merge into one. Every stop, a reload that changes the line, a failure of the process itself, and
+the daemon's end however it comes (the pipe closes) drive the line inactive before it is released.
+
+``gpiod`` (the ``gpio`` extra) is imported only when a reject line is configured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from edged.errors import EdgedError, LineBusy, LineError, MissingDependency
+from edged.messages import RejectReport
+from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
+from edged.settings.reject import LineId, RejectConfig
+from edged.stats import LatencyWindow
+
+if TYPE_CHECKING:
+    from edged.config import Settings
+
+log = logging.getLogger(__name__)
+
+CONSUMER = "edged"  # the name the kernel shows for the line's holder (gpioinfo)
+INSTALL_HINT = "the reject line needs libgpiod's v2 Python binding: pip install 'edged[gpio]' (gpiod 2.x)"
+SPIN_S = 0.001  # the line process sleeps until this long before an edge and spins the rest
+REPORT_INTERVAL_S = 0.2  # the line process says its counters at most this often
+START_WAIT_S = 10.0  # how long a line process may take to start and request its line
+RT_PRIORITY = 10  # the line process's SCHED_FIFO priority, where it may have one
+STOP_WAIT_S = 1.0  # how long a stop waits for the line process before killing it (the kernel then releases the line)
+LINES_NAMED = 64  # the most of a chip's lines an error lists
+WINDOW = 1024  # pulses and verdicts the lateness and margin percentiles are taken over
+
+
+def import_gpiod() -> ModuleType:
+    """libgpiod's v2 binding, or `MissingDependency` saying what to install."""
+    try:
+        import gpiod
+        import gpiod.line
+    except ImportError as e:
+        raise MissingDependency(f"{INSTALL_HINT} ({e})") from None
+    if not hasattr(gpiod, "request_lines"):  # gpiod 1.x has another API altogether
+        raise MissingDependency(f"{INSTALL_HINT}: the installed gpiod is version 1")
+    return gpiod
+
+
+def gpiod_problem() -> str | None:
+    """Why the reject line cannot be driven here (no gpiod 2.x), for the configuration's problems; None: it can."""
+    try:
+        import_gpiod()
+    except MissingDependency as e:
+        return str(e)
+    return None
+
+
+def chip_path(gpiod: ModuleType, chip: str) -> str:
+    """The device of ``chip``: a path as it is, a name under /dev, or the chip whose label it is."""
+    if "/" in chip:
+        return chip
+    path = f"/dev/{chip}"
+    if gpiod.is_gpiochip_device(path):
+        return path
+    for candidate in sorted(glob.glob("/dev/gpiochip*")):
+        if gpiod.is_gpiochip_device(candidate):
+            with gpiod.Chip(candidate) as found:
+                if found.get_info().label == chip:
+                    return candidate
+    return path
+
+
+def _chips(gpiod: ModuleType) -> str:
+    """The GPIO chips under /dev, as ``gpiochip0 (label)``, for an error."""
+    named = []
+    for candidate in sorted(glob.glob("/dev/gpiochip*")):
+        if gpiod.is_gpiochip_device(candidate):
+            with gpiod.Chip(candidate) as found:
+                info = found.get_info()
+            named.append(f"{info.name} ({info.label}, {info.num_lines} lines)")
+    return "the chips here: " + ", ".join(named) if named else "no GPIO chip found under /dev"
+
+
+def _lines(chip: Any) -> str:
+    """A chip's lines as ``offset name``, for an error."""
+    count = chip.get_info().num_lines
+    named = []
+    for offset in range(min(count, LINES_NAMED)):
+        name = chip.get_line_info(offset).name
+        named.append(f"{offset} {name}" if name else str(offset))
+    more = f", ... ({count} in all)" if count > LINES_NAMED else ""
+    return ", ".join(named) + more
+
+
+@dataclass(frozen=True, slots=True)
+class Lines:
+    """The requested lines of one camera: the reject line and the alarm line (None without one)."""
+
+    request: Any  # gpiod.LineRequest
+    line: int
+    alarm: int | None
+    chip: str
+    values: tuple[Any, Any]  # gpiod.line.Value.INACTIVE, .ACTIVE
+
+    def drive(self, offset: int, active: bool) -> None:
+        self.request.set_value(offset, self.values[active])
+
+    def release(self) -> None:
+        """Both lines inactive, then let go of them."""
+        self.drive(self.line, False)
+        if self.alarm is not None:
+            self.drive(self.alarm, False)
+        self.request.release()
+
+
+def open_lines(cfg: RejectConfig, camera_id: str) -> Lines:
+    """Request ``cfg``'s line (and alarm line) as outputs, driven inactive.
+
+    Raises `LineError` (exit 78) naming the chips when the chip does not exist, or the chip's lines
+    when a line does not; `LineBusy` (exit 1) naming the holder when another process has the line.
+    """
+    gpiod = import_gpiod()
+    from gpiod.line import Direction, Value
+
+    path = chip_path(gpiod, cfg.chip)
+    try:
+        chip = gpiod.Chip(path)
+    except OSError as e:
+        raise LineError(f"reject.chip {cfg.chip!r} (camera {camera_id}): {path}: {e.strerror}; {_chips(gpiod)}") from None
+    with chip:
+        info = chip.get_info()
+        offsets: dict[str, int] = {}
+        wanted: list[tuple[str, LineId | None]] = [("line", cfg.line), ("alarm_line", cfg.alarm_line)]
+        for key, line in wanted:
+            if line is None:
+                continue
+            try:
+                offsets[key] = chip.line_offset_from_id(line)
+            except (OSError, ValueError):
+                raise LineError(
+                    f"reject.{key} {line!r} (camera {camera_id}): {info.name} ({info.label}) has no such line; "
+                    f"its lines: {_lines(chip)}"
+                ) from None
+        settings = gpiod.LineSettings(direction=Direction.OUTPUT, active_low=cfg.active_low, output_value=Value.INACTIVE)
+        try:
+            request = chip.request_lines({tuple(offsets.values()): settings}, consumer=CONSUMER)
+        except OSError as e:
+            if e.errno == errno.EBUSY:
+                holders = [chip.get_line_info(offset).consumer for offset in offsets.values()]
+                holder = next((h for h in holders if h), None)
+                who = f"held by {holder!r}" if holder else "held by another process (the kernel names no consumer)"
+                raise LineBusy(
+                    f"reject.line {cfg.line!r} of {info.name} (camera {camera_id}) is {who}: stop it, or choose "
+                    "another line (gpioinfo lists who holds what)"
+                ) from None
+            raise LineError(f"reject.line {cfg.line!r} of {info.name} (camera {camera_id}): {e.strerror}") from None
+    return Lines(request, offsets["line"], offsets.get("alarm_line"), path, (Value.INACTIVE, Value.ACTIVE))
+
+
+def check_lines(settings: Settings) -> list[str]:
+    """``edged check``: request every camera's reject line once and release it; one line per line
+    requested. Raises as `open_lines` does."""
+    said = []
+    for cfg in settings.source:
+        reject = settings.reject_for(cfg)
+        if reject is None:
+            continue
+        lines = open_lines(reject, cfg.camera_id)
+        lines.release()
+        alarm = f", alarm line {lines.alarm}" if lines.alarm is not None else ""
+        said.append(f"camera {cfg.camera_id}: {lines.chip} line {lines.line}{alarm} (requested and released)")
+    return said
+
+
+class RecordingRequest:
+    """A line request that drives nothing: `edged bench --reject`'s line where there is no gpio-sim."""
+
+    def set_value(self, offset: int, value: Any) -> None:
+        """Nothing to drive: the schedule times the call as it would a real line's."""
+
+    def release(self) -> None:
+        """Nothing to let go of."""
+
+
+def realtime() -> bool:
+    """Ask SCHED_FIFO for this process; False, said, where it may not have it."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+    except (OSError, AttributeError) as e:
+        log.info(
+            "normal scheduling (%s): a busy CPU may delay pulses by a time slice; LimitRTPRIO=%d in the unit "
+            "allows SCHED_FIFO",
+            e,
+            RT_PRIORITY,
+        )
+        return False
+    return True
+
+
+class Schedule:
+    """One camera's parts, deadlines and pulses, and the line they drive: the line process's state.
+
+    Times are monotonic ns. ``_parts`` holds the parts without a verdict yet, as (capture,
+    deadline), in the order they were taken; ``_pulses`` the pulses to fire, as [start, end,
+    ahead], the first one active while ``_active``; ``ahead`` (1 or 0) says whether the pulse was
+    known before its start. Lateness counts those alone: a pulse scheduled after its start (a
+    frame the loop took after its part's deadline) is late by the loop, and counted in ``late``.
+    """
+
+    def __init__(self, cfg: RejectConfig, lines: Lines) -> None:
+        self.cfg = cfg
+        self.lines = lines
+        self._parts: deque[tuple[int, int]] = deque()
+        self._pulses: deque[list[int]] = deque()
+        self._active = False
+        self._alarm = False
+        self._late_upto = -1  # the latest capture whose deadline passed without a verdict
+        self.pulses = self.late = self.late_fired = self.late_verdicts = self.merged = 0
+        self._lateness = LatencyWindow(WINDOW)
+        self._margin = LatencyWindow(WINDOW)
+
+    @property
+    def _delay_ns(self) -> int:
+        assert self.cfg.delay_ms is not None  # checked when the settings load
+        return int(self.cfg.delay_ms * 1e6)
+
+    def expect(self, t_capture_ns: int) -> None:
+        """A frame captured at ``t_capture_ns`` went to the model: its part now has a deadline."""
+        self._parts.append((t_capture_ns, t_capture_ns + self._delay_ns))
+
+    def resolve(self, t_capture_ns: int, verdict: str | None, now_ns: int) -> None:
+        """The verdict of the frame captured at ``t_capture_ns`` (None: it has none) came at ``now_ns``."""
+        deadline = self._take(t_capture_ns)
+        if deadline is None:
+            if t_capture_ns <= self._late_upto:  # its deadline passed: the late policy had it
+                self.late_verdicts += 1
+                return
+            deadline = t_capture_ns + self._delay_ns  # a frame not announced (a reload's trial frame)
+        if now_ns >= deadline:
+            self.late_verdicts += 1
+            self.missed(t_capture_ns, deadline)
+            return
+        self._margin.add((deadline - now_ns) / 1e6)
+        if self._alarm and self.lines.alarm is not None:
+            self.lines.drive(self.lines.alarm, False)
+            self._alarm = False
+            log.info("verdicts on time again: alarm off")
+        if verdict in self.cfg.on:
+            self._schedule(deadline)
+
+    def _take(self, t_capture_ns: int) -> int | None:
+        for i, (capture, deadline) in enumerate(self._parts):
+            if capture == t_capture_ns:
+                del self._parts[i]
+                return deadline
+        return None
+
+    def _schedule(self, start_ns: int) -> None:
+        end = start_ns + int(self.cfg.pulse_ms * 1e6)
+        last = self._pulses[-1] if self._pulses else None
+        if last is not None and start_ns - last[1] < self.cfg.min_gap_ms * 1e6:
+            last[1] = max(last[1], end)
+            self.merged += 1
+            return
+        self._pulses.append([start_ns, end, int(start_ns >= time.monotonic_ns())])
+
+    def missed(self, t_capture_ns: int, deadline_ns: int) -> None:
+        """A part without a verdict at its deadline: the late policy."""
+        self.late += 1
+        self._late_upto = max(self._late_upto, t_capture_ns)
+        if self.cfg.late == "reject":
+            self.late_fired += 1
+            self._schedule(deadline_ns)
+        elif self.cfg.late == "alarm" and not self._alarm and self.lines.alarm is not None:
+            self.lines.drive(self.lines.alarm, True)
+            self._alarm = True
+            log.warning("a part had no verdict by its deadline: alarm on")
+
+    def due(self, now: int) -> int | None:
+        """Apply the late policy to the parts whose deadline has come, drive the line for the pulses
+        due at ``now``; returns when something is next due."""
+        while self._parts and self._parts[0][1] <= now:
+            self.missed(*self._parts.popleft())
+        if self._active and now >= self._pulses[0][1]:
+            self.lines.drive(self.lines.line, False)
+            self._active = False
+            self._pulses.popleft()
+        if not self._active and self._pulses and now >= self._pulses[0][0]:
+            pulse = self._pulses[0]
+            self.lines.drive(self.lines.line, True)
+            started = time.monotonic_ns()
+            self._active = True
+            self.pulses += 1
+            if pulse[2]:
+                self._lateness.add((started - pulse[0]) / 1e6)
+            if started > pulse[0]:  # late: the pulse keeps its length
+                pulse[1] += started - pulse[0]
+        edge = (self._pulses[0][1] if self._active else self._pulses[0][0]) if self._pulses else None
+        deadline = self._parts[0][1] if self._parts else None
+        return min((t for t in (edge, deadline) if t is not None), default=None)
+
+    def report(self, last_error: str | None = None) -> RejectReport:
+        lateness = self._lateness.percentiles(50, 99, 100) or [0.0, 0.0, 0.0]
+        margin: Sequence[float | None] = self._margin.percentiles(1, 50) or [None, None]
+        return RejectReport(
+            pulses=self.pulses,
+            late=self.late,
+            late_fired=self.late_fired,
+            late_verdicts=self.late_verdicts,
+            merged=self.merged,
+            alarm=self._alarm,
+            lateness_p50_ms=lateness[0],
+            lateness_p99_ms=lateness[1],
+            lateness_max_ms=lateness[2],
+            margin_p1_ms=margin[0],
+            margin_p50_ms=margin[1],
+            last_error=last_error,
+        )
+
+
+def serve(camera_id: str, cfg: RejectConfig, record: bool, commands: int, out: int) -> int:
+    """The line process: request the line, then fire what the daemon's commands schedule until it says
+    stop, its pipe closes (the daemon is gone) or a signal ends it; the line inactive and released
+    on every way out. Says ``ready`` or ``error`` first, then a report line whenever its counters
+    moved (at most every `REPORT_INTERVAL_S`)."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the daemon's reload is the daemon's
+    try:
+        lines = Lines(RecordingRequest(), 0, None, "recording", (False, True)) if record else open_lines(cfg, camera_id)
+    except (LineError, LineBusy, MissingDependency) as e:
+        os.write(out, f"error {e.exit_code} {type(e).__name__} {json.dumps(str(e))}\n".encode())
+        return e.exit_code
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    schedule = Schedule(cfg, lines)
+    fast = realtime()
+    ready = {"chip": lines.chip, "line": lines.line, "alarm": lines.alarm, "realtime": fast}
+    os.write(out, f"ready {json.dumps(ready)}\n".encode())
+    error: str | None = None
+    said = schedule.report()
+    next_report = 0.0
+    buffer = b""
+    poller = select.poll()
+    poller.register(commands, select.POLLIN)
+    try:
+        while not stopping:
+            due = schedule.due(time.monotonic_ns())
+            now = time.monotonic_ns()
+            if due is not None and due - now <= SPIN_S * 1e9 and not poller.poll(0):
+                while time.monotonic_ns() < due:
+                    pass
+                continue
+            wait_ms = max(0, int((next_report - time.monotonic()) * 1000))
+            if due is not None:
+                wait_ms = min(wait_ms, max(0, (due - now) // 1_000_000 - int(SPIN_S * 1000)))
+            if poller.poll(wait_ms):
+                chunk = os.read(commands, 65536)
+                if not chunk:
+                    break  # the daemon is gone
+                buffer += chunk
+                *lines_in, buffer = buffer.split(b"\n")
+                for command in lines_in:
+                    stopping |= _command(schedule, command)
+            if time.monotonic() >= next_report:
+                report = schedule.report(error)
+                if report != said:
+                    os.write(out, f"report {report.model_dump_json()}\n".encode())
+                    said = report
+                next_report = time.monotonic() + REPORT_INTERVAL_S
+    except Exception as e:  # the line must end inactive whatever failed
+        error = f"the reject line failed: {e}"
+        log.exception("failed: driving the line inactive")
+    finally:
+        try:
+            lines.release()
+        except Exception as e:  # said, the stop goes on
+            error = f"releasing the line failed: {e}"
+            log.error("%s", error)
+        with contextlib.suppress(OSError):
+            os.write(out, f"report {schedule.report(error).model_dump_json()}\n".encode())
+    return 0
+
+
+def _command(schedule: Schedule, command: bytes) -> bool:
+    """One command of the daemon's; True: stop."""
+    kind, _, rest = command.decode().partition(" ")
+    if kind == "e":
+        schedule.expect(int(rest))
+    elif kind == "r":
+        capture, verdict, now = rest.split()
+        schedule.resolve(int(capture), None if verdict == "-" else verdict, int(now))
+    elif kind == "a":
+        schedule.cfg = RejectConfig.model_validate_json(rest)
+    return kind == "s"
+
+
+class RejectLine:
+    """One camera's reject line, as the loop sees it: a process of its own owns the line (`serve`).
+
+    The loop's calls (`expect`, `resolve`, `adopt`) are one short write each to the process's
+    pipe, and `report` reads what it said last, so none of them waits on the line. The process
+    has its own interpreter lock: the loop's Python work, however busy, never holds up a pulse.
+    Its ``stderr`` is the daemon's (its log lines go where the daemon's go).
+    """
+
+    def __init__(self, camera_id: str, cfg: RejectConfig, *, record: bool = False) -> None:
+        self.camera_id = camera_id
+        self.cfg = cfg
+        command = [sys.executable, "-m", "edged.reject", camera_id, cfg.model_dump_json(), *(["--record"] if record else [])]
+        self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._in, self._out = self._proc.stdin.fileno(), self._proc.stdout.fileno()
+        self._buffer = b""
+        self.last_error: str | None = None
+        try:
+            ready = self._first_line()
+        except BaseException:
+            self._proc.kill()
+            self._proc.wait()
+            raise
+        self.chip, self.line, self.alarm = ready["chip"], ready["line"], ready["alarm"]
+        self.realtime: bool = ready["realtime"]
+        os.set_blocking(self._out, False)
+        self._report = RejectReport(
+            pulses=0,
+            late=0,
+            late_fired=0,
+            late_verdicts=0,
+            merged=0,
+            alarm=False,
+            lateness_p50_ms=0.0,
+            lateness_p99_ms=0.0,
+            lateness_max_ms=0.0,
+            margin_p1_ms=None,
+            margin_p50_ms=None,
+            last_error=None,
+        )
+
+    def _first_line(self) -> dict[str, Any]:
+        """The process's ``ready``, or the error it requesting the line raised, raised here."""
+        deadline = time.monotonic() + START_WAIT_S
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self._out], [], [], max(0.0, left))
+            chunk = os.read(self._out, 65536) if ready else b""
+            if not chunk:
+                code = self._proc.poll()
+                raise LineError(f"reject line of camera {self.camera_id}: its process did not start (exit {code})")
+            self._buffer += chunk
+        first, _, self._buffer = self._buffer.partition(b"\n")
+        kind, _, rest = first.decode().partition(" ")
+        if kind == "error":
+            _, name, message = rest.split(" ", 2)
+            raise _ERRORS.get(name, LineError)(json.loads(message))
+        answer: dict[str, Any] = json.loads(rest)
+        return answer
+
+    def _send(self, command: str) -> None:
+        try:
+            os.write(self._in, command.encode())
+        except OSError as e:  # the process is gone: said in the status, the loop goes on
+            self.last_error = f"the reject line's process is gone ({e.strerror}; exit {self._proc.poll()})"
+
+    def expect(self, t_capture_ns: int) -> None:
+        """A frame captured at ``t_capture_ns`` went to the model: its part now has a deadline."""
+        self._send(f"e {t_capture_ns}\n")
+
+    def resolve(self, t_capture_ns: int, verdict: str | None, now_ns: int) -> None:
+        """The verdict of the frame captured at ``t_capture_ns`` (None: it has none) came at ``now_ns``."""
+        self._send(f"r {t_capture_ns} {verdict or '-'} {now_ns}\n")
+
+    def adopt(self, cfg: RejectConfig) -> None:
+        """A reload's timing and policy for the same line: parts already taken keep their deadlines."""
+        self.cfg = cfg
+        self._send(f"a {cfg.model_dump_json()}\n")
+
+    def report(self) -> RejectReport:
+        """What the process said last; its error, or its end, in ``last_error``."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            while chunk := os.read(self._out, 65536):
+                self._buffer += chunk
+        *said, self._buffer = self._buffer.split(b"\n")
+        reports = [line for line in said if line.startswith(b"report ")]
+        if reports:
+            self._report = RejectReport.model_validate_json(reports[-1].removeprefix(b"report "))
+        if self._report.last_error is None and self.last_error is None and self._proc.poll() not in (None, 0):
+            self.last_error = f"the reject line's process ended (exit {self._proc.returncode})"
+        error = self._report.last_error or self.last_error
+        return self._report if error == self._report.last_error else self._report.model_copy(update={"last_error": error})
+
+    @property
+    def pid(self) -> int:
+        """The line process's id (``ps``, ``gpioinfo``'s holder)."""
+        return self._proc.pid
+
+    def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
+        """Drive the line inactive and release it (the process does both as it ends); pulses still
+        scheduled are dropped."""
+        self._send("s\n")
+        try:
+            self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()  # the kernel releases the line
+            self._proc.wait()
+        self.report()
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+_ERRORS: dict[str, type[EdgedError]] = {"LineError": LineError, "LineBusy": LineBusy, "MissingDependency": MissingDependency}
+
+
+def _same_line(a: RejectConfig, b: RejectConfig) -> bool:
+    """Whether two settings request the very same lines the same way (a reload then keeps the request)."""
+    keys = ("chip", "line", "alarm_line", "active_low")
+    return all(getattr(a, key) == getattr(b, key) for key in keys)
+
+
+class RejectOutput(Output):
+    """Every camera's reject line (``[reject]``, ``[source.reject]``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.lines: dict[str, RejectLine] = {}
+        try:
+            for cfg in settings.source:
+                reject = settings.reject_for(cfg)
+                if reject is not None:
+                    self.lines[cfg.camera_id] = RejectLine(cfg.camera_id, reject)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_settings(cls, settings: Settings, services: Services) -> RejectOutput | None:
+        return cls(settings) if settings.rejecting() else None
+
+    def taken(self, camera_id: str, t_capture_ns: int) -> None:
+        line = self.lines.get(camera_id)
+        if line is not None:
+            line.expect(t_capture_ns)
+
+    def wants(self, camera_id: str, found: bool) -> Delivery:
+        return Delivery.NONE  # the verdict is read off the outcome itself
+
+    def frame(self, report: FrameReport) -> None:
+        line = self.lines.get(report.camera_id)
+        if line is not None:
+            inspected = report.outcome.inspected
+            verdict = inspected.verdict if inspected is not None else None
+            line.resolve(report.outcome.frame.t_capture_ns, verdict, time.monotonic_ns())
+
+    def report(self, camera_id: str) -> OutputReport:
+        line = self.lines.get(camera_id)
+        if line is None:
+            return NO_REPORT
+        report = line.report()
+        summary = f"reject {report.pulses} pulses, {report.late} late" if report.late else None
+        return OutputReport(fields={"reject": report}, summary=summary)
+
+    def reload(self, settings: Settings, services: Services) -> RejectOutput | None:
+        """A camera whose line stays the same keeps it, with the new timing; the others' lines are
+        driven inactive and released, and those the new settings name requested."""
+        for camera_id, line in list(self.lines.items()):
+            cfg = settings.camera(camera_id)
+            reject = settings.reject_for(cfg) if cfg is not None else None
+            if reject is not None and _same_line(line.cfg, reject):
+                line.adopt(reject)
+                continue
+            line.stop()
+            del self.lines[camera_id]
+        for cfg in settings.source:
+            reject = settings.reject_for(cfg)
+            if reject is None or cfg.camera_id in self.lines:
+                continue
+            try:
+                self.lines[cfg.camera_id] = RejectLine(cfg.camera_id, reject)
+            except (LineError, LineBusy, MissingDependency) as e:
+                log.error("reload: camera %s drives no reject line: %s", cfg.camera_id, e)
+        return self if self.lines else None
+
+    def close(self) -> None:
+        for line in self.lines.values():
+            line.stop()
+        self.lines.clear()
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m edged.reject CAMERA CONFIG_JSON [--record]``: the line process `RejectLine` starts,
+    its commands on stdin, what it says on stdout."""
+    logging.basicConfig(level=logging.INFO, format=f"edged reject line {argv[0]}: %(message)s")
+    return serve(argv[0], RejectConfig.model_validate_json(argv[1]), "--record" in argv[2:], 0, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,249 @@
+"""The reject line on the running daemon: `edged run` and `edged check` against the fake gpiod at the
+import boundary (tests/fakes/gpiod), which records every level the line takes with its monotonic time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from onnx_models import colour_probe, failing_probe, stalling_probe
+from waiting import wait_for
+
+from edged.messages import RejectReport, StatusMessage, VerdictMessage, parse_message
+
+pytestmark = pytest.mark.integration
+
+FAKES = Path(__file__).parent / "fakes"
+CHIP = "/dev/gpiochip0"
+LINES = ["EJECT", "ALARM", "SPARE", "BUSY"]
+NG = (255, 200, 255)  # bright: the probe scores both classes high, so every frame is NG
+OK = (20, 20, 20)  # dark: no detection, an OK part
+MS = 1_000_000
+
+
+class Rig:
+    """A config in ``tmp_path`` for a clip of one colour and a model, the fake chip, and its record."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        colour: tuple[int, int, int],
+        reject: dict[str, Any],
+        model: str = "probe",
+        trigger: dict[str, Any] | None = None,
+    ) -> None:
+        tmp_path.mkdir(exist_ok=True)
+        self.record = tmp_path / "gpio.record"
+        spec = {"chips": {CHIP: {"label": "pinctrl-test", "lines": LINES, "held": {"3": "conveyor-plc"}}}}
+        (tmp_path / "gpio.json").write_text(json.dumps(spec | {"record": str(self.record)}))
+        self.env = {
+            "PYTHONPATH": os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]),
+            "FAKE_GPIOD": str(tmp_path / "gpio.json"),
+        }
+        builders = {"probe": colour_probe, "slow": lambda p: stalling_probe(p, 10**5), "failing": failing_probe}
+        builders[model](tmp_path / "model.onnx")
+        write_video(tmp_path / "clip.avi", [colour] * 10)
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.config = write_config(
+            tmp_path / "edged.toml",
+            {
+                "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+                "model": {"path": "model.onnx"},
+                "publish": {"endpoints": [self.endpoint], "status_interval_s": 0.3},
+                "thermal": {"enabled": False},
+                "journal": {"enabled": False},
+                "inspect": {},
+                "reject": {"chip": CHIP, "line": "EJECT", "delay_ms": 100.0, "pulse_ms": 10.0} | reject,
+            }
+            | ({"trigger": trigger} if trigger else {}),
+        )
+
+    def start(self) -> RunningDaemon:
+        return RunningDaemon(self.config, self.endpoint, env=self.env)
+
+    def cli(self, command: str) -> Any:
+        return run_cli(command, "--config", str(self.config), env=self.env)
+
+    def levels(self, offset: int = 0) -> list[int | None]:
+        """The levels the line took, in order (None: released)."""
+        return [level for _, level in self.timed(offset)]
+
+    def timed(self, offset: int = 0) -> list[tuple[int, int | None]]:
+        if not self.record.exists():
+            return []
+        rows = [line.split() for line in self.record.read_text().splitlines()]
+        return [(int(t), None if v == "released" else int(v)) for t, path, o, v in rows if path == CHIP and int(o) == offset]
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[RunningDaemon]]:
+    started: list[RunningDaemon] = []
+    yield started
+    for d in started:
+        d.close()
+
+
+def reject_of(status: StatusMessage) -> RejectReport:
+    assert status.reject is not None
+    return status.reject
+
+
+def test_ng_parts_pulse_the_line_once_each_after_their_capture(tmp_path: Path, daemons: list[RunningDaemon]) -> None:
+    rig = Rig(tmp_path, NG, {"delay_ms": 1000.0})  # every verdict in time, on a busy machine too
+    d = rig.start()
+    daemons.append(d)
+    verdicts = [m for m in d.collect("verdict", 3, timeout=60) if isinstance(m, VerdictMessage)]
+    assert {v.verdict for v in verdicts} == {"ng"}
+    status = d.wait_status(lambda s: s.reject is not None and s.reject.pulses >= 3, timeout=30)
+    report = reject_of(status)
+    assert report.late == 0 and report.margin_p1_ms is not None and 0 < report.margin_p1_ms <= 1000
+    assert 0 <= report.lateness_p50_ms <= report.lateness_max_ms
+    timed = rig.timed()
+    assert timed[0][1] == 0  # requested inactive
+    rises = [t for (t, level), (_, before) in zip(timed[1:], timed, strict=False) if level == 1 and before == 0]
+    falls = [t for (t, level), (_, before) in zip(timed[1:], timed, strict=False) if level == 0 and before == 1]
+    assert len(rises) >= 3 and all(fall - rise >= 10 * MS for rise, fall in zip(rises, falls, strict=False))
+    assert d.stop() == 0
+    assert rig.levels()[-2:] == [0, None]
+
+
+def test_ok_parts_never_pulse(tmp_path: Path, daemons: list[RunningDaemon]) -> None:
+    rig = Rig(tmp_path, OK, {"delay_ms": 3000.0})  # every verdict in time, on a busy machine too
+    d = rig.start()
+    daemons.append(d)
+    status = d.wait_status(lambda s: s.frames_processed >= 5 and s.reject is not None and s.reject.margin_p50_ms is not None)
+    assert reject_of(status).pulses == 0 and reject_of(status).late == 0
+    assert d.stop() == 0
+    assert rig.levels() == [0, 0, None]
+
+
+def test_a_slow_model_fires_the_fail_safe_at_the_deadline_and_never_again_for_its_late_verdict(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    rig = Rig(tmp_path, NG, {"delay_ms": 5.0}, model="slow")
+    d = rig.start()
+    daemons.append(d)
+    status = d.wait_status(lambda s: s.reject is not None and s.reject.late_verdicts >= 2, timeout=60)
+    report = reject_of(status)
+    # Every part is late: each pulse is a fail-safe one, none fired by the verdict that came after it.
+    assert report.late >= 2 and report.late_fired == report.late
+    assert report.pulses <= report.late_fired and report.margin_p50_ms is None
+    d.stop()
+    assert rig.levels()[-2:] == [0, None]
+
+
+def test_late_pass_and_alarm(tmp_path: Path, daemons: list[RunningDaemon]) -> None:
+    passing = Rig(tmp_path / "pass", NG, {"delay_ms": 5.0, "late": "pass"}, model="slow")
+    d = passing.start()
+    daemons.append(d)
+    report = reject_of(d.wait_status(lambda s: s.reject is not None and s.reject.late >= 2, timeout=60))
+    assert report.pulses == report.late_fired == 0
+    d.stop()
+    assert passing.levels() == [0, 0, None]
+    alarm = Rig(tmp_path / "alarm", NG, {"delay_ms": 5.0, "late": "alarm", "alarm_line": "ALARM"}, model="slow")
+    d = alarm.start()
+    daemons.append(d)
+    report = reject_of(d.wait_status(lambda s: s.reject is not None and s.reject.alarm, timeout=60))
+    assert report.pulses == 0 and alarm.levels(1)[:2] == [0, 1]
+    d.stop()
+    assert alarm.levels(1)[-2:] == [0, None]
+
+
+def test_sigterm_during_a_pulse_and_sighup_leave_the_line_inactive(tmp_path: Path, daemons: list[RunningDaemon]) -> None:
+    rig = Rig(tmp_path, NG, {"delay_ms": 0.0, "pulse_ms": 10_000.0})
+    d = rig.start()
+    daemons.append(d)
+    assert wait_for(lambda: 1 in rig.levels(), 60), d.log()
+    config = rig.config.read_text().replace('line = "EJECT"', 'line = "SPARE"')
+    rig.config.write_text(config)
+    d.signal(signal.SIGHUP)  # the reload moves the line: the old one inactive and released, the new one requested
+    assert wait_for(lambda: rig.levels()[-2:] == [0, None] and rig.levels(2)[:1] == [0], 60), d.log()
+    assert wait_for(lambda: 1 in rig.levels(2), 60), d.log()
+    assert d.stop() == 0
+    assert rig.levels(2)[-3:] == [1, 0, None] and rig.levels()[-2:] == [0, None]
+
+
+def test_a_loop_that_gives_up_leaves_the_line_inactive_after_its_parts_fail_safe(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    rig = Rig(tmp_path, NG, {"delay_ms": 5.0}, model="failing")  # every bright frame fails inside ONNX Runtime
+    d = rig.start()
+    daemons.append(d)
+    assert d.proc.wait(60) == 1, d.log()
+    levels = rig.levels()
+    assert 1 in levels and levels[-2:] == [0, None], levels  # no verdict: rejected at the deadline
+
+
+def test_a_line_another_program_holds_exits_1_naming_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, NG, {"line": "BUSY"})
+    for command in ("run", "check"):
+        result = rig.cli(command)
+        assert result.returncode == 1, result.stderr
+        assert "reject.line 'BUSY' of gpiochip0 (camera cam0) is held by 'conveyor-plc'" in result.stderr + result.stdout
+
+
+def test_a_wrong_line_exits_78_naming_the_chips_lines(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, NG, {"line": "EJCT"})
+    for command in ("run", "check"):
+        result = rig.cli(command)
+        assert result.returncode == 78, result.stderr
+        assert "its lines: 0 EJECT, 1 ALARM, 2 SPARE, 3 BUSY" in result.stderr + result.stdout
+
+
+def test_check_requests_and_releases_the_line(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, NG, {})
+    result = rig.cli("check")
+    assert result.returncode == 0, result.stderr
+    assert f"reject     camera cam0: {CHIP} line 0 (requested and released)" in result.stdout
+    assert rig.levels() == [0, 0, None]
+
+
+def test_in_request_mode_each_request_pulses_once_counted_from_its_frames_capture(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    rig = Rig(tmp_path, NG, {"delay_ms": 1000.0}, trigger={"mode": "request", "endpoint": endpoint, "timeout_s": 5.0})
+    d = rig.start()
+    daemons.append(d)
+    d.wait_status(lambda s: s.capture is not None and s.capture.frames_captured >= 3, timeout=30)
+    context = zmq.Context()
+    try:
+        for part in range(2):
+            sent = time.monotonic_ns()
+            sock = context.socket(zmq.REQ)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            sock.send(f'{{"part_id": "P{part}"}}'.encode())
+            assert sock.poll(15_000), d.log()
+            reply = parse_message(sock.recv())
+            sock.close(linger=0)
+            assert isinstance(reply, VerdictMessage) and reply.verdict == "ng", reply
+            assert wait_for(lambda n=part + 1: rig.levels().count(1) == n, 30), (rig.levels(), d.log())
+            rise = next(t for t, level in rig.timed() if level == 1 and t > sent)
+            assert rise >= sent + 1000 * MS  # the frame was captured after the request arrived
+    finally:
+        context.destroy(linger=0)
+    status = d.wait_status(lambda s: s.reject is not None and s.reject.pulses == 2, timeout=30)
+    assert reject_of(status).late == 0  # no frame between requests, nor the warm-up's, had a deadline
+    assert d.stop() == 0
+    assert rig.levels().count(1) == 2
+
+
+def test_a_daemon_killed_outright_during_a_pulse_still_leaves_the_line_inactive(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    rig = Rig(tmp_path, NG, {"delay_ms": 0.0, "pulse_ms": 10_000.0})
+    d = rig.start()
+    daemons.append(d)
+    assert wait_for(lambda: 1 in rig.levels(), 60), d.log()
+    d.proc.kill()  # SIGKILL: nothing of the daemon runs again; its line process sees the pipe close
+    d.proc.wait()
+    assert wait_for(lambda: rig.levels()[-2:] == [0, None], 10), rig.levels()

@@ -1,0 +1,396 @@
+"""The reject line: its settings, and its pulses on a line that records them.
+
+Every test runs against the fake ``gpiod`` at the import boundary (tests/fakes/gpiod), which
+records each level a line takes with its monotonic time. Where the kernel has ``gpio-sim``
+(configfs), the tests marked so run again on a simulated chip through the real binding,
+reading the line's level back from the simulator; elsewhere they skip saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from waiting import wait_for
+
+from edged.config import Settings
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, LineBusy, LineError
+from edged.reject import RejectLine, check_lines, open_lines
+from edged.settings.reject import RejectConfig
+
+FAKES = Path(__file__).parent / "fakes"
+CHIP = "/dev/gpiochip0"
+LINES = ["EJECT", "ALARM", "SPARE", "BUSY"]
+MS = 1_000_000
+SLACK_MS = 250  # how far a busy machine may push an edge late; never early
+GPIO_SIM = Path("/sys/kernel/config/gpio-sim")
+
+
+@pytest.fixture
+def gpiod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ModuleType]:
+    """The fake gpiod importable as ``gpiod`` here and in the line processes started, with one chip of
+    four lines, BUSY held by another program; every process's levels go to one record file."""
+    names = [name for name in sys.modules if name == "gpiod" or name.startswith("gpiod.")]
+    for name in names:
+        monkeypatch.delitem(sys.modules, name)
+    spec = {"chips": {CHIP: {"label": "pinctrl-test", "lines": LINES, "held": {"3": "conveyor-plc"}}}}
+    (tmp_path / "gpio.json").write_text(json.dumps(spec | {"record": str(tmp_path / "gpio.record")}))
+    monkeypatch.setenv("FAKE_GPIOD", str(tmp_path / "gpio.json"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(FAKES))
+    import gpiod as fake
+
+    yield fake
+    for name in [name for name in sys.modules if name == "gpiod" or name.startswith("gpiod.")]:
+        sys.modules.pop(name, None)
+
+
+def reject(**keys: Any) -> RejectConfig:
+    return RejectConfig(**({"chip": CHIP, "line": "EJECT", "delay_ms": 100.0, "pulse_ms": 30.0} | keys))
+
+
+@pytest.fixture
+def lines() -> Iterator[list[RejectLine]]:
+    started: list[RejectLine] = []
+    yield started
+    for line in started:
+        line.stop()
+
+
+def start(lines: list[RejectLine], cfg: RejectConfig) -> RejectLine:
+    line = RejectLine("cam0", cfg)
+    lines.append(line)
+    return line
+
+
+def levels(fake: ModuleType, offset: int) -> list[tuple[int, int | None]]:
+    """(monotonic ns, physical level or None: released) of one line, in order, by every process."""
+    record = Path(fake.RECORD_FILE)
+    rows = [row.split() for row in record.read_text().splitlines()] if record.exists() else []
+    return [(int(t), None if v == "released" else int(v)) for t, path, o, v in rows if path == CHIP and int(o) == offset]
+
+
+def pulses(fake: ModuleType, offset: int = 0) -> list[tuple[int, int]]:
+    """The completed pulses of a line (active high) as (start, end) ns, after the level it was requested at."""
+    found, rise = [], None
+    for t, level in levels(fake, offset)[1:]:
+        if level == 1 and rise is None:
+            rise = t
+        elif level != 1 and rise is not None:
+            found.append((rise, t))
+            rise = None
+    return found
+
+
+def sentinel(fake: ModuleType, line: RejectLine, count: int) -> None:
+    """Send one NG part and wait for its pulse, the ``count``-th: whatever an earlier part was going to
+    fire would have fired by then. It waits for the pulses before it to end first, or it would merge."""
+    assert wait_for(lambda: len(pulses(fake)) >= count - 1, 5.0), levels(fake, 0)
+    t = time.monotonic_ns()
+    line.expect(t)
+    line.resolve(t, "ng", time.monotonic_ns())
+    assert wait_for(lambda: len(pulses(fake)) >= count, 5.0), levels(fake, 0)
+
+
+# ---- settings -----------------------------------------------------------------------------------
+
+
+def settings(**doc: Any) -> Settings:
+    return Settings.model_validate({"model": {"path": "m.onnx"}, "inspect": {}} | doc)
+
+
+def test_a_camera_table_overlays_the_board_one_and_the_merged_table_must_be_complete() -> None:
+    s = settings(
+        source=[{"type": "synthetic", "camera_id": "a"}, {"type": "synthetic", "camera_id": "b", "reject": {"line": 5}}],
+        reject={"line": 4, "delay_ms": 500, "chip": "gpiochip4"},
+    )
+    a, b = (s.reject_for(cfg) for cfg in s.source)
+    assert a is not None and b is not None
+    assert (a.chip, a.line, a.delay_ms, a.on, a.late) == ("gpiochip4", 4, 500.0, ["ng"], "reject")
+    assert (b.chip, b.line, b.delay_ms) == ("gpiochip4", 5, 500.0)
+    assert s.rejecting() == ["a", "b"]
+    with pytest.raises(ValidationError, match=r"reject.delay_ms: required"):
+        settings(reject={"line": 4})
+    with pytest.raises(ValidationError, match=r"reject.alarm_line: required with late = 'alarm'"):
+        settings(reject={"line": 4, "delay_ms": 10, "late": "alarm"})
+
+
+def test_two_cameras_on_one_line_and_a_line_without_a_verdict_are_refused() -> None:
+    with pytest.raises(ValidationError, match=r"cameras a and b both drive line 4 of gpiochip0"):
+        settings(
+            source=[{"type": "synthetic", "camera_id": "a"}, {"type": "synthetic", "camera_id": "b"}],
+            reject={"line": 4, "delay_ms": 500},
+        )
+    with pytest.raises(ValidationError, match=r"camera cam0 has no verdict to act on: add \[inspect\]"):
+        Settings.model_validate({"model": {"path": "m.onnx"}, "reject": {"line": 4, "delay_ms": 5}})
+
+
+# ---- pulses -------------------------------------------------------------------------------------
+
+
+def test_the_line_is_requested_inactive_and_an_ng_part_fires_one_pulse_at_its_deadline(
+    gpiod: ModuleType, lines: list[RejectLine]
+) -> None:
+    line = start(lines, reject())
+    assert levels(gpiod, 0) == [(levels(gpiod, 0)[0][0], 0)]  # requested as an output, inactive
+    t = time.monotonic_ns()
+    line.expect(t)
+    line.resolve(t, "ng", time.monotonic_ns())
+    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), levels(gpiod, 0)
+    (rise, fall), target = pulses(gpiod)[0], t + 100 * MS
+    assert target <= rise < target + SLACK_MS * MS
+    assert 30 * MS <= fall - rise < (30 + SLACK_MS) * MS
+    assert wait_for(lambda: line.report().pulses == 1, 5.0)
+    report = line.report()
+    assert (report.pulses, report.late, report.merged) == (1, 0, 0)
+    assert report.margin_p50_ms is not None and 0 < report.margin_p50_ms <= 100
+    assert 0 <= report.lateness_p50_ms <= report.lateness_max_ms
+
+
+def test_an_ok_part_fires_nothing(gpiod: ModuleType, lines: list[RejectLine]) -> None:
+    line = start(lines, reject(delay_ms=20.0))
+    t = time.monotonic_ns()
+    line.expect(t)
+    line.resolve(t, "ok", time.monotonic_ns())
+    sentinel(gpiod, line, 1)
+    assert len(pulses(gpiod)) == 1 and wait_for(lambda: line.report().pulses == 1, 5.0)
+
+
+def test_active_low_inverts_the_level_on_the_pin(gpiod: ModuleType, lines: list[RejectLine]) -> None:
+    line = start(lines, reject(active_low=True, delay_ms=0.0))
+    line.expect(t := time.monotonic_ns())
+    line.resolve(t, "ng", time.monotonic_ns())
+    assert wait_for(lambda: [level for _, level in levels(gpiod, 0)] == [1, 0, 1], 5.0), levels(gpiod, 0)
+
+
+def test_a_part_without_a_verdict_is_rejected_at_its_deadline_and_its_late_verdict_never_fires(
+    gpiod: ModuleType, lines: list[RejectLine]
+) -> None:
+    line = start(lines, reject(delay_ms=50.0))
+    t = time.monotonic_ns()
+    line.expect(t)
+    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), levels(gpiod, 0)
+    assert pulses(gpiod)[0][0] >= t + 50 * MS
+    line.resolve(t, "ng", time.monotonic_ns())  # the model's verdict, too late
+    sentinel(gpiod, line, 2)
+    counted = (2, 1, 1, 1)  # pulses, late, late_fired, late_verdicts
+    assert wait_for(lambda: (r := line.report()) and (r.pulses, r.late, r.late_fired, r.late_verdicts) == counted, 5.0)
+    assert len(pulses(gpiod)) == 2
+
+
+def test_a_verdict_that_comes_after_its_deadline_but_before_the_line_saw_it_fires_once(
+    gpiod: ModuleType, lines: list[RejectLine]
+) -> None:
+    line = start(lines, reject(delay_ms=10.0))
+    t = time.monotonic_ns() - 500 * MS  # captured long ago: its deadline has passed
+    line.expect(t)
+    line.resolve(t, "ng", time.monotonic_ns())
+    sentinel(gpiod, line, 2)
+    assert len(pulses(gpiod)) == 2 and wait_for(lambda: line.report().late_fired == 1, 5.0)
+    assert line.report().lateness_max_ms < 490  # late by the loop, not by the line: not its lateness
+
+
+def test_late_pass_lets_the_part_go(gpiod: ModuleType, lines: list[RejectLine]) -> None:
+    line = start(lines, reject(delay_ms=10.0, late="pass"))
+    line.expect(time.monotonic_ns())
+    assert wait_for(lambda: line.report().late == 1, 5.0)
+    sentinel(gpiod, line, 1)
+    assert wait_for(lambda: line.report().pulses == 1, 5.0)
+    assert len(pulses(gpiod)) == 1 and line.report().late_fired == 0
+
+
+def test_late_alarm_holds_the_alarm_line_until_a_verdict_is_on_time(gpiod: ModuleType, lines: list[RejectLine]) -> None:
+    line = start(lines, reject(delay_ms=10.0, late="alarm", alarm_line="ALARM"))
+    line.expect(time.monotonic_ns())
+    assert wait_for(lambda: [level for _, level in levels(gpiod, 1)] == [0, 1], 5.0), levels(gpiod, 0)
+    assert wait_for(lambda: line.report().alarm, 5.0) and pulses(gpiod) == []
+    t = time.monotonic_ns()
+    line.expect(t)
+    line.resolve(t, "ok", time.monotonic_ns())
+    assert wait_for(lambda: [level for _, level in levels(gpiod, 1)] == [0, 1, 0], 5.0), levels(gpiod, 1)
+    assert wait_for(lambda: not line.report().alarm, 5.0)
+
+
+def test_two_ng_parts_closer_than_min_gap_merge_into_one_pulse(gpiod: ModuleType, lines: list[RejectLine]) -> None:
+    line = start(lines, reject(delay_ms=100.0, pulse_ms=30.0, min_gap_ms=50.0))
+    t = time.monotonic_ns()
+    for capture in (t, t + 60 * MS):  # 30 ms apart end to start
+        line.expect(capture)
+        line.resolve(capture, "ng", time.monotonic_ns())
+    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), levels(gpiod, 0)
+    rise, fall = pulses(gpiod)[0]
+    assert rise >= t + 100 * MS and fall - rise >= 90 * MS
+    sentinel(gpiod, line, 2)
+    assert wait_for(lambda: (line.report().merged, line.report().pulses) == (1, 2), 5.0)
+
+
+def test_a_stop_during_a_pulse_leaves_the_line_inactive_and_released(gpiod: ModuleType, lines: list[RejectLine]) -> None:
+    line = start(lines, reject(delay_ms=0.0, pulse_ms=5000.0))
+    line.expect(t := time.monotonic_ns())
+    line.resolve(t, "ng", time.monotonic_ns())
+    assert wait_for(lambda: [level for _, level in levels(gpiod, 0)] == [0, 1], 5.0)
+    line.stop()
+    assert [level for _, level in levels(gpiod, 0)] == [0, 1, 0, None]
+
+
+# ---- requesting the line ------------------------------------------------------------------------
+
+
+def test_a_line_held_by_another_program_is_busy_naming_it(gpiod: ModuleType) -> None:
+    with pytest.raises(LineBusy, match=r"reject.line 'BUSY' of gpiochip0 \(camera cam0\) is held by 'conveyor-plc'") as e:
+        open_lines(reject(line="BUSY"), "cam0")
+    assert e.value.exit_code == EXIT_FAILURE
+
+
+def test_a_wrong_line_names_the_chips_lines_and_a_wrong_chip_says_so(gpiod: ModuleType) -> None:
+    for line in ("EJCT", 9):
+        with pytest.raises(LineError, match=r"its lines: 0 EJECT, 1 ALARM, 2 SPARE, 3 BUSY") as e:
+            open_lines(reject(line=line), "cam0")
+        assert e.value.exit_code == EXIT_CONFIG
+    with pytest.raises(LineError, match=r"reject.chip '/dev/gpiochip7' \(camera cam0\): /dev/gpiochip7: No such file"):
+        open_lines(reject(chip="/dev/gpiochip7"), "cam0")
+
+
+def test_check_requests_each_line_once_and_releases_it(gpiod: ModuleType) -> None:
+    s = settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 100, "late": "alarm", "alarm_line": 1})
+    assert check_lines(s) == [f"camera cam0: {CHIP} line 0, alarm line 1 (requested and released)"]
+    assert [level for _, level in levels(gpiod, 0)] == [0, 0, None]
+    assert gpiod.CHIPS[CHIP].requested == {}
+
+
+# ---- the real binding on gpio-sim ---------------------------------------------------------------
+
+
+def _gpio_sim_reason() -> str | None:
+    if not GPIO_SIM.is_dir():
+        return "gpio-sim is absent: no /sys/kernel/config/gpio-sim (configfs with the gpio-sim module)"
+    if not os.access(GPIO_SIM, os.W_OK):
+        return "gpio-sim needs root to create a simulated chip"
+    try:
+        import gpiod  # noqa: F401
+    except ImportError:
+        return "the gpiod package is not installed (pip install 'edged[gpio]')"
+    return None
+
+
+@pytest.fixture
+def sim() -> Iterator[tuple[str, Path]]:
+    """A simulated chip of four named lines through configfs: its /dev path and its sysfs folder."""
+    reason = _gpio_sim_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    device = GPIO_SIM / f"edged-{uuid.uuid4().hex[:8]}"
+    bank = device / "bank0"
+    bank.mkdir(parents=True)
+    (bank / "num_lines").write_text("4")
+    for offset, name in enumerate(LINES):
+        (bank / f"line{offset}").mkdir()
+        (bank / f"line{offset}" / "name").write_text(name)
+    (device / "live").write_text("1")
+    try:
+        chip = (bank / "chip_name").read_text().strip()
+        platform = Path("/sys/devices/platform") / (device / "dev_name").read_text().strip() / chip
+        yield f"/dev/{chip}", platform
+    finally:
+        (device / "live").write_text("0")
+        for offset in range(len(LINES)):
+            (bank / f"line{offset}").rmdir()
+        bank.rmdir()
+        device.rmdir()
+
+
+def sim_level(platform: Path, offset: int) -> int:
+    return int((platform / f"sim_gpio{offset}" / "value").read_text())
+
+
+def test_on_gpio_sim_an_ng_part_pulses_the_real_line_and_a_stop_leaves_it_inactive(
+    sim: tuple[str, Path], lines: list[RejectLine]
+) -> None:
+    path, platform = sim
+    line = start(lines, reject(chip=path, delay_ms=20.0, pulse_ms=400.0))
+    assert sim_level(platform, 0) == 0
+    line.expect(t := time.monotonic_ns())
+    line.resolve(t, "ng", time.monotonic_ns())
+    assert wait_for(lambda: sim_level(platform, 0) == 1, 5.0)
+    assert wait_for(lambda: sim_level(platform, 0) == 0, 5.0) and line.report().pulses == 1
+    line.expect(t := time.monotonic_ns())
+    line.resolve(t, "ng", time.monotonic_ns())
+    assert wait_for(lambda: sim_level(platform, 0) == 1, 5.0)
+    line.stop()
+    assert sim_level(platform, 0) == 0
+
+
+def test_on_gpio_sim_a_wrong_line_names_the_lines_and_a_held_one_is_busy(sim: tuple[str, Path]) -> None:
+    import gpiod
+    from gpiod.line import Direction
+
+    path, _ = sim
+    with pytest.raises(LineError, match=r"its lines: 0 EJECT, 1 ALARM, 2 SPARE, 3 BUSY"):
+        open_lines(reject(chip=path, line="EJCT"), "cam0")
+    held = gpiod.request_lines(path, {3: gpiod.LineSettings(direction=Direction.OUTPUT)}, consumer="conveyor-plc")
+    try:
+        with pytest.raises(LineBusy, match=r"held by 'conveyor-plc'"):
+            open_lines(reject(chip=path, line="BUSY"), "cam0")
+    finally:
+        held.release()
+
+
+def test_without_gpiod_the_configuration_is_refused_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edged.config import load_config
+    from edged.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "gpiod", None)
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "m.onnx"\n[inspect]\n[reject]\nline = 4\ndelay_ms = 100\n')
+    with pytest.raises(
+        ConfigError, match=r"reject: the reject line needs libgpiod's v2 Python binding: pip install 'edged\[gpio\]'"
+    ):
+        load_config(config)
+
+
+def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_changed_one(gpiod: ModuleType) -> None:
+    from edged.output import Services
+    from edged.reject import RejectOutput
+
+    def board(**keys: Any) -> Settings:
+        return settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 100.0} | keys)
+
+    services = Services(lambda: None)
+    output = RejectOutput.from_settings(board(), services)
+    assert output is not None
+    try:
+        kept = output.lines["cam0"]
+        assert output.reload(board(delay_ms=300.0, pulse_ms=80.0), services) is output
+        assert output.lines["cam0"] is kept and kept.cfg.delay_ms == 300.0
+        assert [level for _, level in levels(gpiod, 0)] == [0]  # never let go of
+        assert output.reload(board(line="SPARE"), services) is output
+        assert output.lines["cam0"] is not kept
+        assert [level for _, level in levels(gpiod, 0)] == [0, 0, None] and levels(gpiod, 2)[0][1] == 0
+        assert output.reload(settings(), services) is None
+        assert [level for _, level in levels(gpiod, 2)] == [0, 0, None]
+    finally:
+        output.close()
+
+
+def test_a_line_process_that_dies_is_said_in_the_status_and_the_loop_goes_on(
+    gpiod: ModuleType, lines: list[RejectLine]
+) -> None:
+    line = start(lines, reject())
+    os.kill(line.pid, signal.SIGKILL)
+    assert wait_for(lambda: line.report().last_error == "the reject line's process ended (exit -9)", 5.0)
+    line.expect(t := time.monotonic_ns())  # nobody reads the pipe any more: said, never raised
+    line.resolve(t, "ng", time.monotonic_ns())
+    assert line.report().last_error is not None
