@@ -96,9 +96,9 @@ def timed(fn: Callable[[], object]) -> Row:
 
 
 def floor_row(model: LoadedModel, tensor: np.ndarray) -> Row:
-    """Inference alone: the engine's session fed a ready tensor, outputs allocated by ORT."""
-    session, feed = model.engine.session, {model.contract.input_name: tensor.copy()}
-    return timed(lambda: session.run(None, feed))
+    """Inference alone: the engine fed a ready tensor, outputs allocated by the runtime."""
+    engine, ready = model.engine, tensor.copy()
+    return timed(lambda: engine.infer(ready))
 
 
 class FullPath:
@@ -225,7 +225,7 @@ def naive_detect(model: LoadedModel, image: np.ndarray) -> tuple[np.ndarray, np.
         resized, top, in_h - new_h - top, left, in_w - new_w - left, cv2.BORDER_CONSTANT, value=(LETTERBOX_FILL,) * 3
     )
     blob = cv2.dnn.blobFromImage(padded, c.scale, (in_w, in_h), swapRB=True)
-    pred = model.engine.session.run(None, {c.input_name: blob})[0][0].T
+    pred = model.engine.infer(blob)[0][0].T
     class_scores = pred[:, 4:]
     class_ids = class_scores.argmax(axis=1)
     scores = class_scores.max(axis=1)
