@@ -8,11 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from allocations import NumpyAllocations
+from daemon import RunningDaemon, free_port, run_cli, write_config
 from onnx_models import colour_probe, dynamic_probe
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.decode import Detections
 from edged.errors import EXIT_CONFIG, ConfigError, ContractError
+from edged.messages import DetectionsMessage
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.sources.scenes import SceneGenerator
@@ -215,3 +217,55 @@ def test_check_reports_device_plugin_and_precision() -> None:
     assert lines["device"].startswith("CPU: runs on CPU")
     assert "openvino_intel_cpu_plugin" in lines["plugin"] or "cpu" in lines["plugin"].lower()
     assert lines["precision"] == "f32: inference precision f32"
+
+
+def _daemon_config(tmp_path: Path, endpoint: str) -> Path:
+    return write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "synthetic", "width": 640, "height": 360, "fps": 10.0},
+            "model": {"path": str(DEMO), "engine": "openvino", "precision": "f32"},
+            "runtime": {"cache_dir": str(tmp_path / "cache")},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+            "thermal": {"enabled": False},
+        },
+    )
+
+
+@pytest.mark.integration
+def test_the_daemon_on_openvino_publishes_detections_over_zeromq(tmp_path: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    daemon = RunningDaemon(_daemon_config(tmp_path, endpoint), endpoint)
+    try:
+        messages = daemon.collect("detections", 5, timeout=60)
+        assert all(isinstance(m, DetectionsMessage) and m.model.provider == "OpenVINO CPU" for m in messages)
+        assert any(isinstance(m, DetectionsMessage) and m.detections for m in messages), daemon.log()
+        assert daemon.stop(timeout=15) == 0, daemon.log()
+    finally:
+        daemon.close()
+    assert list((tmp_path / "cache" / "openvino").glob("*.blob"))
+
+
+@pytest.mark.integration
+def test_edged_check_reports_the_device_plugin_and_precision(tmp_path: Path) -> None:
+    result = run_cli("check", "--config", str(_daemon_config(tmp_path, "tcp://127.0.0.1:0")), timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("engine     openvino ") for line in lines)
+    assert "device     CPU: runs on CPU" in result.stdout
+    assert any(line.startswith("plugin     CPU: ") for line in lines)
+    assert "precision  f32: inference precision f32" in result.stdout
+    assert "nodes run in f32: " in result.stdout
+    assert result.stdout.rstrip().endswith("ok")
+
+
+@pytest.mark.integration
+def test_a_precision_the_device_lacks_stops_the_daemon_with_exit_78(tmp_path: Path) -> None:
+    lacking = [p for p, cap in (("f16", "FP16"), ("bf16", "BF16")) if cap not in _capabilities()]
+    if not lacking:
+        pytest.skip("this CPU runs every precision")
+    config = _daemon_config(tmp_path, f"tcp://127.0.0.1:{free_port()}")
+    config.write_text(config.read_text().replace('precision = "f32"', f'precision = "{lacking[0]}"'))
+    result = run_cli("run", "--config", str(config), timeout=120)
+    assert result.returncode == EXIT_CONFIG
+    assert f"model.precision: CPU cannot run {lacking[0]!r}" in result.stderr and "it runs f32" in result.stderr
