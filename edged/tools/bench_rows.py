@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import zmq
 
-from edged.config import ModelConfig, PublishConfig, RuntimeConfig, Spinning
+from edged.config import EngineName, ModelConfig, Precision, PublishConfig, RuntimeConfig, Spinning
 from edged.decode import Detections
 from edged.errors import InferenceError, ModelError
 from edged.model import LoadedModel, load_model
@@ -79,9 +79,20 @@ def resolve_model(path: Path | None) -> Path:
     raise ModelError(f"no model to time: {DEMO_MODEL} is not here; pass --model PATH")
 
 
-def load(path: Path, *, spinning: Spinning, threads: int = 0, conf: float = 0.25) -> LoadedModel:
-    """The model as the daemon loads it, with the bench's runtime settings."""
-    return load_model(ModelConfig(path=path, conf=conf), RuntimeConfig(spinning=spinning, intra_op_threads=threads))
+def load(
+    path: Path,
+    *,
+    spinning: Spinning,
+    threads: int = 0,
+    conf: float = 0.25,
+    engine: EngineName = "onnxruntime",
+    precision: Precision = "f32",
+) -> LoadedModel:
+    """The model as the daemon loads it on ``engine`` at ``precision``, with the bench's runtime settings."""
+    return load_model(
+        ModelConfig(path=path, conf=conf, engine=engine, precision=precision),
+        RuntimeConfig(spinning=spinning, intra_op_threads=threads),
+    )
 
 
 def timed(fn: Callable[[], object]) -> Row:
