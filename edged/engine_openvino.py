@@ -46,6 +46,8 @@ PRECISIONS = {
 }
 # OpenVINO element types as ONNX Runtime names them, the spelling `edged.contract` reads.
 _ONNX_TYPES = {"f32": "tensor(float)", "f16": "tensor(float16)", "u8": "tensor(uint8)"}
+# Devices made of others: AUTO picks one, MULTI:CPU,GPU and HETERO:GPU,CPU combine them.
+VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
 CACHE_FOLDER = "openvino"  # inside the cache folder: OpenVINO's compiled models, one file per model and setting
 
 
@@ -116,14 +118,17 @@ class OpenVinoEngine:
 
     def _check_device(self, capability: str) -> None:
         """Refuse a device OpenVINO does not have, or a precision it cannot run, naming what it has."""
-        kind = self.device.split(":")[0].split(".")[0]
         available = self.core.available_devices
-        if kind not in ("AUTO", "MULTI", "HETERO") and self.device not in available and kind not in available:
+        names = set(available) | {name.split(".")[0] for name in available}  # GPU for GPU.0
+        if self.device.split(":")[0] not in VIRTUAL_DEVICES and self.device not in names:
             raise ConfigError(
                 None,
                 [f"model.device: OpenVINO has no device {self.device!r} here; it has {', '.join([*available, 'AUTO'])}"],
             )
-        capabilities = list(self.core.get_property(self.device, "OPTIMIZATION_CAPABILITIES"))
+        try:
+            capabilities = list(self.core.get_property(self.device, "OPTIMIZATION_CAPABILITIES"))
+        except RuntimeError:  # MULTI:... and HETERO:... answer only once compiled: they refuse what they cannot run then
+            return
         if capability not in capabilities:
             supported = [p for p, (_, cap) in PRECISIONS.items() if cap in capabilities]
             raise ConfigError(

@@ -131,17 +131,18 @@ def test_a_precision_the_device_lacks_is_refused_naming_those_it_runs() -> None:
 
 def test_a_device_openvino_does_not_have_is_refused_naming_those_it_has() -> None:
     with pytest.raises(ConfigError) as info:
-        load_model(ModelConfig(path=DEMO, engine="openvino", device="NPU7"), RuntimeConfig())
+        load_model(ModelConfig(path=DEMO, engine="openvino", device="CPU.7"), RuntimeConfig())
     assert info.value.exit_code == EXIT_CONFIG
     assert info.value.problems == [
-        f"model.device: OpenVINO has no device 'NPU7' here; it has {', '.join(ov.Core().available_devices)}, AUTO"
+        f"model.device: OpenVINO has no device 'CPU.7' here; it has {', '.join(ov.Core().available_devices)}, AUTO"
     ]
 
 
-def test_auto_picks_a_device_and_says_which() -> None:
-    model = load_model(ModelConfig(path=DEMO, engine="openvino", device="AUTO"), RuntimeConfig())
-    report = dict(model.engine.report())
-    assert report["device"].startswith("AUTO: runs on ")
+@pytest.mark.parametrize("device", ["AUTO", "MULTI:CPU", "HETERO:CPU"])
+def test_a_device_made_of_others_picks_one_and_says_which(device: str) -> None:
+    model = load_model(ModelConfig(path=DEMO, engine="openvino", device=device), RuntimeConfig())
+    assert dict(model.engine.report())["device"].startswith(f"{device}: runs on CPU")
+    assert len(_detect(model, _scenes()[:1])[0].scores) > 0
 
 
 def test_a_dynamic_export_is_pinned_to_batch_one_and_the_configured_size(tmp_path: Path) -> None:
