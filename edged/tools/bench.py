@@ -218,7 +218,10 @@ def bench(
         run = _run(spinning, samples, cpu, full)
         heap = rows.heap_per_frame(full, args.alloc_frames)
         verdict = rows.verdict_cost(args.frames)
-        matches = None if skipped else rows.detections_match(model, full)
+        # At bf16 or f16 a rounding difference in the naive path's input moves scores by about 0.01, so
+        # the exact cross-check holds only where the engine computes in the graph's own types.
+        inexact = None if precision in ORT_PRECISIONS else f"exact only at f32 or int8, not at {precision}"
+        matches = None if skipped or inexact else rows.detections_match(model, full)
         model_info = {
             "path": str(path),
             "name": model.engine.identity.name,
@@ -240,7 +243,7 @@ def bench(
         "allocations": heap,
         "verdict": verdict,
         "detections_match": matches,
-        "naive_skipped": skipped,
+        "naive_skipped": skipped or inexact,
         "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
     }
 
