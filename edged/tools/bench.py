@@ -11,6 +11,7 @@ several cameras with a process per camera (`edged.tools.bench_cameras`).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -288,11 +289,20 @@ def machine_info() -> dict[str, Any]:
         "logical_cores": len(online),
         "physical_cores": physical_cores(online),
         "onnxruntime": ort.__version__,
+        "openvino": _installed("openvino"),
         "numpy": np.__version__,
         "opencv": cv2.__version__,
         "python": platform.python_version(),
         "loadavg_start": round(os.getloadavg()[0], 2),
     }
+
+
+def _installed(package: str) -> str | None:
+    """A package's version without importing it (openvino takes half a second), or None."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def format_report(r: dict[str, Any]) -> str:
@@ -341,7 +351,8 @@ def format_variants(reports: list[dict[str, Any]], skipped: list[str]) -> str:
     m, model, s = first["machine"], first["model"], first["settings"]
     lines = [
         f"edged bench: {model['name']} ({model['kind']}), input {model['input']}",
-        f"  {m['cpu']}, {m['logical_cores']} cores ({m['physical_cores']} physical); {s['frames']} frames per row, "
+        f"  {m['cpu']}, {m['logical_cores']} cores ({m['physical_cores']} physical); onnxruntime {m['onnxruntime']}, "
+        f"openvino {m['openvino'] or 'not installed'}; {s['frames']} frames per row, "
         f"interleaved within each variant, after {s['warmup']} warm-up; frame {s['frame']}",
         "",
         f"{'engine':<12}{'precision':<10}{'floor ms':>9}{'p99':>8}{'full ms':>9}{'p99':>8}{'full/floor':>11}  "
