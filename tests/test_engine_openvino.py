@@ -16,8 +16,11 @@ from edged.decode import Detections
 from edged.errors import EXIT_CONFIG, ConfigError, ContractError
 from edged.messages import DetectionsMessage
 from edged.model import LoadedModel, load_model
-from edged.pipeline import FramePipeline
+from edged.pipeline import FramePath, FramePipeline, Processed
+from edged.settings.inspect import InspectConfig
+from edged.sources.base import Frame
 from edged.sources.scenes import SceneGenerator
+from edged.verdict import Inspector
 
 ov = pytest.importorskip("openvino", reason="the openvino package (edged[openvino]) is not installed")
 
@@ -170,6 +173,25 @@ def test_outputs_land_in_the_bound_buffers_and_a_run_creates_no_array(tmp_path: 
             binding.run()
         assert counter.buffers == before
     assert buffer[0, 4, 0] == pytest.approx(0.0) and buffer[0, 5, 0] == pytest.approx(0.5)
+
+
+def test_an_inspected_frame_on_openvino_creates_no_arrays_from_contract_check_to_verdict() -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    model = _load(DEMO, "openvino")
+    inspector = Inspector(InspectConfig(zones={"left": [(0, 0), (0.5, 0), (0.5, 1), (0, 1)]}), model.labels, 3, 0.25, 100)
+    path = FramePath(model, "cam0", "bgr", inspector)
+    frame = Frame(_scenes()[1], 0, 0, 0, "bgr")
+    for _ in range(3):
+        path.run(frame)
+    with counter.counting():
+        before = counter.buffers
+        for _ in range(10):
+            done = path.run(frame)
+            assert isinstance(done, Processed)
+            path.verdict_record(done, None)
+        assert counter.buffers == before
+    assert done.inspected is not None and len(done.decoded or done.result) > 0
 
 
 def test_the_full_path_accumulates_nothing_after_warm_up() -> None:
