@@ -128,7 +128,7 @@ class InferenceEngine(Protocol):
 
     @property
     def precision(self) -> str:
-        """The precision the engine was set to run at (model.precision)."""
+        """What it computes in: OpenVINO's model.precision; ONNX Runtime's the graph's own (int8 when quantised)."""
 
     @property
     def threads(self) -> ThreadPlan: ...
