@@ -30,7 +30,7 @@ try:
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
-except ImportError as e:  # pragma: no cover - the optional extra missing
+except ImportError as e:  # the optional extra is not installed
     raise MissingDependency(
         f'model.engine = "openvino" needs the openvino package: pip install "edged[openvino]" ({e})'
     ) from None

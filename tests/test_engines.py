@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -11,7 +13,7 @@ from onnx_models import colour_probe
 
 from edged.config import EngineName, ModelConfig, RuntimeConfig, load_config
 from edged.engines import ENGINES, is_quantised, open_engine
-from edged.errors import ConfigError
+from edged.errors import EXIT_CONFIG, ConfigError
 from edged.model import load_model
 
 
@@ -47,3 +49,17 @@ def test_a_float_model_is_not_quantised_and_its_precision_is_f32(tmp_path: Path)
     path = colour_probe(tmp_path / "probe.onnx")
     assert not is_quantised(path)
     assert load_model(ModelConfig(path=path), RuntimeConfig()).engine.precision == "f32"
+
+
+@pytest.mark.integration
+def test_openvino_configured_but_not_installed_exits_78_saying_what_to_install(tmp_path: Path) -> None:
+    colour_probe(tmp_path / "probe.onnx")
+    config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "probe.onnx"\nengine = "openvino"\n[thermal]\nenabled = false\n')
+    # The package made unimportable, as on a board without the extra.
+    script = "import sys; sys.modules['openvino'] = None; from edged.cli import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-c", script, "run", "--config", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == EXIT_CONFIG, result.stderr
+    assert 'model.engine = "openvino" needs the openvino package: pip install "edged[openvino]"' in result.stderr
