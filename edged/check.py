@@ -10,7 +10,8 @@ camera's evidence folder, binds and releases every address the daemon would list
 output's, `edged.outputs.listening`; not with ``bind=False``, beside a running daemon that holds
 them) and requests and releases every reject line (`edged.reject`; not with ``bind=False``
 either), connects once to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent
-is reported with its reason), and prints where ONNX Runtime placed each node (`Engine.placement`).
+is reported with its reason), and prints what the engine says of itself (`InferenceEngine.report`:
+ONNX Runtime's providers and where it placed each node, OpenVINO's device, plugin and precision).
 The last line is the one verdict: ``ok``, or the CLI's error naming the problem.
 """
 
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import TextIO
 
 import numpy as np
-import onnxruntime as ort
 
 from edged.capture import Capture
 from edged.config import Settings
@@ -97,30 +97,17 @@ def _take_for(capture: Capture, seconds: float) -> float:
     return elapsed
 
 
-def _report(model: LoadedModel, settings: Settings, out: TextIO) -> None:
+def _report(model: LoadedModel, out: TextIO) -> None:
     engine = model.engine
-    outputs = ", ".join(f"{o.name} {o.shape}" for o in engine.session.get_outputs())
+    outputs = ", ".join(f"{o.name} {list(o.shape)}" for o in engine.output_meta)
     labels = ", ".join(model.labels) if model.labels else "(no names: class ids only)"
     print(f"model      {engine.model_path} ({engine.identity.short})", file=out)
     if model.cfg.require_signature:
         print(f"signature  verified with {model.cfg.signature_key}", file=out)
     print(f"input      {model.contract.describe(order_source=True)}", file=out)
     print(f"output     {outputs} -> {model.head} head, {fmt_classes(model.num_classes)}: {labels}", file=out)
-    requested = ", ".join(p.name for p in settings.runtime.providers)
-    print(f"providers  requested: {requested}", file=out)
-    available = ", ".join(ort.get_available_providers())
-    print(f"           available in this build (onnxruntime {ort.__version__}): {available}", file=out)
-    print(f"           session uses: {', '.join(engine.session.get_providers())}", file=out)
-    for warning in engine.provider_warnings:
-        print(f"           warning: {warning}", file=out)
-    print(f"threads    {engine.threads.summary}", file=out)
-    if engine.threads.warning:
-        print(f"           warning: {engine.threads.warning}", file=out)
-    placement = engine.placement()
-    total = sum(placement.nodes.values())
-    for provider, count in sorted(placement.nodes.items(), key=lambda kv: -kv[1]):
-        print(f"placement  {provider}: {count} of {total} nodes", file=out)
-    print(f"           {placement.basis}", file=out)
+    for label, line in engine.report():
+        print(f"{label:<10} {line}", file=out)
 
 
 def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections:
@@ -279,7 +266,7 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     print(f"journal    {_journal(settings)}", file=out)
     if settings.mqtt is not None:
         print(f"mqtt       {probe_broker(settings.mqtt, settings.source[0].camera_id)}", file=out)
-    _report(model, settings, out)
+    _report(model, out)
     if failed:
         names = ", ".join(name for name, _ in failed)
         raise SourceError(f"{len(failed)} of {len(settings.source)} cameras gave no frame ({names}): {failed[0][1]}")

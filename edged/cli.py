@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import get_args
 
 from edged import __version__
-from edged.config import DEFAULT_CONFIG_PATH, RuntimeConfig, Spinning, load_config
+from edged.config import DEFAULT_CONFIG_PATH, EngineName, Precision, RuntimeConfig, Spinning, load_config
 from edged.errors import ConfigError, EdgedError, MissingDependency, UsageError
 from edged.keys import SERVICE_USER
 from edged.service import setup_logging
@@ -149,6 +149,19 @@ def _positive(text: str) -> int:
     return value
 
 
+def _names(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """An option's comma-separated list of ``choices``, each checked, in the order given."""
+
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        wrong = [name for name in names if name not in choices]
+        if wrong or not names:
+            raise argparse.ArgumentTypeError(f"{', '.join(wrong) or 'nothing'} given; choose from {', '.join(choices)}")
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
     spinning = RuntimeConfig.model_fields["spinning"].default
     p.add_argument("--model", type=Path, default=None, metavar="PATH", help="ONNX model to time (default: models/demo.onnx)")
@@ -165,6 +178,20 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         help=f"runtime.spinning for the session (default {spinning})",
     )
     p.add_argument("--threads", type=int, default=0, help="runtime.intra_op_threads (default 0: one per physical core)")
+    p.add_argument(
+        "--engine",
+        type=_names(get_args(EngineName)),
+        default=["onnxruntime"],
+        metavar="NAME[,NAME]",
+        help="model.engine, or several comma-separated: their rows side by side (default onnxruntime)",
+    )
+    p.add_argument(
+        "--precision",
+        type=_names(get_args(Precision)),
+        default=["f32"],
+        metavar="P[,P]",
+        help="model.precision, or several comma-separated, for each engine that runs it (default f32)",
+    )
     p.add_argument("--conf", type=float, default=0.25, help="model.conf (default 0.25)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument(

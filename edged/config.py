@@ -65,12 +65,30 @@ if TYPE_CHECKING:
 else:
     HeadChoice = Literal[tuple(["auto", *HEADS])]
 
+EngineName = Literal["onnxruntime", "openvino"]  # edged.engines.ENGINES holds their modules
+Precision = Literal["f32", "bf16", "f16", "int8"]
+# What ONNX Runtime can be asked for: it runs the graph's own types (f32, or int8 in a quantised model).
+ORT_PRECISIONS = ("f32", "int8")
+
 # One side of a model input in pixels; the bound keeps a typo from allocating gigabytes.
 InputSide = Annotated[int, Field(gt=0, le=8192)]
 
 
 class ModelConfig(Section):
     path: Path = Field(description="ONNX model file.")
+    engine: EngineName = Field(
+        "onnxruntime", description="Inference runtime: onnxruntime, or openvino (the optional edged[openvino] package)."
+    )
+    precision: Precision = Field(
+        "f32",
+        description="f32: boxes equal to the exported model's; bf16/f16: OpenVINO computes at that precision where "
+        "the device supports it (faster, boxes within a pixel or so); int8: an `edged quantize` model.",
+    )
+    device: str = Field(
+        "CPU",
+        min_length=1,
+        description="OpenVINO device: CPU, GPU (an Intel iGPU), AUTO; ONNX Runtime's are runtime.providers.",
+    )
     labels: Path | None = Field(None, description="Class names, one per line; default: model metadata.")
     layout: Literal["auto", "nchw", "nhwc"] = Field(
         "auto", description="Input layout; auto infers it from where the size-3 axis sits."
@@ -112,6 +130,19 @@ class ModelConfig(Section):
     def _signature_key(self) -> ModelConfig:
         if self.require_signature and self.signature_key is None:
             raise ValueError("require_signature needs signature_key: the public key signatures must verify with")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> ModelConfig:
+        if self.engine == "onnxruntime" and self.precision not in ORT_PRECISIONS:
+            raise ValueError(
+                f"model.precision = {self.precision!r} needs model.engine = 'openvino'; onnxruntime runs "
+                f"{' or '.join(ORT_PRECISIONS)} (the model's own types)"
+            )
+        if self.engine == "onnxruntime" and self.device != "CPU":
+            raise ValueError(
+                "model.device chooses OpenVINO's device (model.engine = 'openvino'); onnxruntime's are runtime.providers"
+            )
         return self
 
     @field_validator("std")
@@ -158,6 +189,11 @@ class RuntimeConfig(Section):
     optimized_model_path: Path | None = Field(
         None, description="Cache of the optimised graph: written on first start, loaded after."
     )
+    cache_dir: Path | None = Field(
+        None,
+        description="Folder of OpenVINO's compiled-model cache (a fast cold start); default: the service's "
+        "cache directory under systemd ($CACHE_DIRECTORY), else none (compiled at every start).",
+    )
     spinning: Spinning = Field(
         "during-run",
         description="Idle ORT threads: 'off' sleep at once; 'during-run' spin while an inference runs "
@@ -174,6 +210,13 @@ class RuntimeConfig(Section):
         description="The capture thread's scheduling: 'normal'; 'low', nice +10: it yields cores to "
         "inference; 'idle', SCHED_IDLE: it never preempts inference, but starves on a board kept busy.",
     )
+
+    def cache_folder(self) -> Path | None:
+        """runtime.cache_dir, else the service's cache directory (systemd's ``$CACHE_DIRECTORY``), else none."""
+        if self.cache_dir is not None:
+            return self.cache_dir
+        cache = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
+        return Path(cache) if cache else None
 
     @field_validator("spinning", mode="before")
     @classmethod
@@ -727,6 +770,7 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("model", "signature_key"),
         ("model", "signature"),
         ("runtime", "optimized_model_path"),
+        ("runtime", "cache_dir"),
         ("publish", "curve_server_key"),
         ("publish", "curve_clients_dir"),
         ("http", "token_file"),

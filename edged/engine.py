@@ -1,4 +1,4 @@
-"""Inference: the ONNX Runtime session, its execution providers and its IOBinding.
+"""The ONNX Runtime engine (`edged.engines`, model.engine = "onnxruntime"): the session, its providers, its IOBinding.
 
 The session is created once (twice for a dynamic export: the second time with its symbolic input
 dimensions pinned, through ONNX Runtime's free-dimension overrides, to batch 1 and the input size
@@ -13,7 +13,6 @@ every onnxruntime edged supports writes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -27,9 +26,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from edged.config import ProviderConfig, RuntimeConfig
+from edged.config import ModelConfig, ProviderConfig, RuntimeConfig
 from edged.contract import pinned_dimensions
 from edged.cpus import plan_threads
+from edged.engines import ModelIdentity, check_int8, file_sha256, first_line, is_quantised
 from edged.errors import InferenceError, ModelError
 
 log = logging.getLogger(__name__)
@@ -47,29 +47,11 @@ _OPT_LEVELS = {
 
 
 @dataclass(frozen=True, slots=True)
-class ModelIdentity:
-    name: str
-    sha256: str
-
-    @property
-    def short(self) -> str:
-        return f"{self.name}@{self.sha256[:12]}"
-
-
-@dataclass(frozen=True, slots=True)
 class Placement:
     """Nodes per execution provider, and what ORT's answer counted (said beside the counts)."""
 
     nodes: dict[str, int]
     basis: str
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def resolve_providers(
@@ -92,6 +74,13 @@ def resolve_providers(
     if not any(name == "CPUExecutionProvider" for name, _ in chosen):
         chosen.append(("CPUExecutionProvider", {}))
     return chosen, warnings
+
+
+def open_engine(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool, lanes: int) -> Engine:
+    """`edged.engines.open_engine` for ONNX Runtime: model.precision f32 or int8 is the graph's own."""
+    engine = Engine(cfg.path, runtime, imgsz=cfg.imgsz, record_placement=record_placement, lanes=lanes)
+    check_int8(cfg.path, cfg.precision)
+    return engine
 
 
 class Engine:
@@ -137,7 +126,10 @@ class Engine:
             weakref.finalize(self, _discard_profile, self.session, self._profile_dir)
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         self.input_meta = self.session.get_inputs()
-        self.output_names = [o.name for o in self.session.get_outputs()]
+        # ONNX Runtime runs the graph's own types: a quantised graph's are int8.
+        self.precision = "int8" if is_quantised(model_path) else "f32"
+        self.output_meta = self.session.get_outputs()
+        self.output_names = [o.name for o in self.output_meta]
 
     # ---- session construction ------------------------------------------------------------
 
@@ -184,7 +176,7 @@ class Engine:
         try:
             session = ort.InferenceSession(str(source), sess_options=so, providers=self.providers)
         except Exception as e:  # ORT raises its own Fail/InvalidProtobuf/NoSuchFile types
-            raise ModelError(f"onnxruntime cannot load {source}: {_first_line(e)}") from None
+            raise ModelError(f"onnxruntime cannot load {source}: {first_line(e)}") from None
         if cache is not None and write_cache and not pins:
             self._write_cache_stamp(cache)
         return session
@@ -227,9 +219,32 @@ class Engine:
         """
         return Binding(self.session, self.input_meta[0].name, self.output_names, input_tensor)
 
+    def infer(self, input_tensor: np.ndarray) -> list[np.ndarray]:
+        """``session.run`` on ``input_tensor``, outputs allocated by ORT."""
+        return list(self.session.run(None, {self.input_meta[0].name: input_tensor}))
+
     @property
     def provider(self) -> str:
         return str(self.session.get_providers()[0])
+
+    def report(self) -> list[tuple[str, str]]:
+        """The providers requested, available and used, the threads, and where ORT placed each node."""
+        lines = [
+            ("engine", f"onnxruntime {ort.__version__}, precision {self.precision} (the graph's own types)"),
+            ("providers", f"requested: {', '.join(p.name for p in self.cfg.providers)}"),
+            ("", f"available in this build: {', '.join(ort.get_available_providers())}"),
+            ("", f"session uses: {', '.join(self.session.get_providers())}"),
+            *(("", f"warning: {warning}") for warning in self.provider_warnings),
+            ("threads", self.threads.summary),
+        ]
+        if self.threads.warning:
+            lines.append(("", f"warning: {self.threads.warning}"))
+        placement = self.placement()
+        total = sum(placement.nodes.values())
+        for provider, count in sorted(placement.nodes.items(), key=lambda kv: -kv[1]):
+            lines.append(("placement", f"{provider}: {count} of {total} nodes"))
+        lines.append(("", placement.basis))
+        return lines
 
     def placement(self) -> Placement:
         """Nodes per execution provider as ORT placed them (needs record_placement=True).
@@ -264,7 +279,7 @@ class Binding:
         try:
             warm = session.run(None, {input_name: tensor})
         except Exception as e:
-            raise ModelError(f"the model fails on its first run: {_first_line(e)}") from None
+            raise ModelError(f"the model fails on its first run: {first_line(e)}") from None
         self._session = session
         self._binding = session.io_binding()
         # OrtValues wrap the numpy buffers without copying; keep them alive with the binding.
@@ -286,7 +301,7 @@ class Binding:
         try:
             self._session.run_with_iobinding(self._binding, self._options)
         except Exception as e:
-            raise InferenceError(_first_line(e)) from None
+            raise InferenceError(first_line(e)) from None
         for raw, out in zip(self._raw, self.outputs, strict=True):
             if raw is not out:
                 np.copyto(out, raw, casting="unsafe")
@@ -296,8 +311,3 @@ def _discard_profile(session: ort.InferenceSession, directory: Path) -> None:
     """End ORT's profiling (a session still profiling writes its profile when destroyed) and remove the files."""
     session.end_profiling()
     shutil.rmtree(directory, ignore_errors=True)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:500]

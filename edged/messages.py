@@ -103,7 +103,9 @@ class Reason(Message):
 class ModelInfo(Message):
     name: str = Field(description="Model file name without extension.")
     sha256: str = Field(description="SHA-256 of the model file, hex.")
-    provider: str = Field(description="Execution provider that ran the model.")
+    provider: str = Field(
+        description="What ran the model: the ONNX Runtime execution provider, or OpenVINO and its device (`OpenVINO CPU`)."
+    )
 
 
 class Timings(Message):

@@ -14,7 +14,7 @@ from pathlib import Path
 from edged.config import ModelConfig, ProviderConfig, RuntimeConfig, Settings
 from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
-from edged.engine import Engine
+from edged.engines import InferenceEngine, open_engine
 from edged.errors import ContractError, EdgedError, HeadError, ModelError
 from edged.heads.base import fmt_classes
 from edged.heads.metadata import parse_names
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
-    engine: Engine
+    engine: InferenceEngine
     contract: InputContract
     head: str  # a name in edged.heads.HEADS
     num_classes: int
@@ -69,8 +69,8 @@ def read_labels(path: Path) -> list[str]:
     return [line.strip() for line in lines if line.strip()]
 
 
-def _head(engine: Engine, cfg: ModelConfig) -> tuple[str, int]:
-    shapes = [o.shape for o in engine.session.get_outputs()]
+def _head(engine: InferenceEngine, cfg: ModelConfig) -> tuple[str, int]:
+    shapes = [list(o.shape) for o in engine.output_meta]
     try:
         head, num_classes = detect_head(shapes, engine.metadata)
     except HeadError as e:
@@ -88,11 +88,11 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     if not cfg.path.is_file():
         raise ModelError(f"model file {cfg.path} does not exist")
     signed = verify(cfg) if cfg.require_signature else None  # before the runtime parses a byte of it
-    engine = Engine(cfg.path, runtime, imgsz=cfg.imgsz, record_placement=record_placement, lanes=lanes)
+    engine = open_engine(cfg, runtime, record_placement=record_placement, lanes=lanes)
     if signed is not None and engine.identity.sha256 != signed:
         raise ModelError(f"model {cfg.path} changed while it was loaded: it is not the file its signature verified")
     head, num_classes = _head(engine, cfg)
-    inputs = [(i.name, i.shape, i.type) for i in engine.input_meta]
+    inputs = [(i.name, list(i.shape), i.type) for i in engine.input_meta]
     contract = build_contract(inputs, engine.metadata, cfg, head_named(head))
     labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
     if labels and len(labels) != num_classes:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edged.engine import file_sha256
+from edged.engines import file_sha256
 from edged.errors import KeyFileError, MissingDependency, ModelError
 
 if TYPE_CHECKING:

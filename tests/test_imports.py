@@ -1,5 +1,5 @@
 """What edged's modules import: no circle anywhere, settings that load no runtime, and ``edged run``
-without the offline tools, their ONNX dependencies or paho."""
+without the offline tools, their ONNX dependencies, OpenVINO or paho."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ print("\\n".join(sorted(sys.modules)))
 
 
 @pytest.mark.integration
-def test_edged_run_imports_no_tool_no_onnx_and_without_mqtt_no_paho(tmp_path: Path) -> None:
+def test_edged_run_imports_no_tool_no_onnx_no_openvino_and_without_mqtt_no_paho(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", RUN_IMPORTS, str(tmp_path / "missing.toml")], capture_output=True, text=True, timeout=60
     )
@@ -150,4 +150,5 @@ def test_edged_run_imports_no_tool_no_onnx_and_without_mqtt_no_paho(tmp_path: Pa
     tools = {m for m in modules if m == "edged.tools" or m.startswith("edged.tools.")}
     onnx = {m for m in modules if m.split(".")[0] in ("onnx", "sympy")}
     paho = {m for m in modules if m.split(".")[0] == "paho"}  # imported only for an [mqtt] section
-    assert tools == set() and onnx == set() and paho == set()
+    openvino = {m for m in modules if m.split(".")[0] == "openvino" or m == "edged.engine_openvino"}  # model.engine
+    assert tools == set() and onnx == set() and paho == set() and openvino == set()

@@ -21,7 +21,7 @@ from edged.cli import main
 from edged.config import load_config
 from edged.errors import EXIT_CONFIG, EXIT_USAGE
 from edged.messages import DetectionsMessage
-from edged.tools.bench import cold_start, soak
+from edged.tools.bench import cold_start, engine_variants, soak
 from edged.tools.bench_cameras import camera_ids, format_rows, source_table
 from edged.tools.bench_config import write_config
 from edged.tools.bench_rows import STAGES, FullPath, bench_frame, load, naive_detect
@@ -308,3 +308,52 @@ def test_the_reject_bench_fires_every_part_and_times_its_pulses() -> None:
     late = row["lateness_ms"]
     assert 0 <= late["p50"] <= late["p99"] <= late["max"]
     assert "pulse start minus target" in format_reject([row])
+
+
+def test_engine_variants_pair_each_engine_with_the_precisions_it_can_be_asked_for() -> None:
+    variants, skipped = engine_variants(["onnxruntime", "openvino"], ["f32", "bf16", "int8"])
+    assert variants == [
+        ("onnxruntime", "f32"),
+        ("onnxruntime", "int8"),
+        ("openvino", "f32"),
+        ("openvino", "bf16"),
+        ("openvino", "int8"),
+    ]
+    assert skipped == ["onnxruntime bf16: it runs f32 or int8 (the graph's own types)"]
+
+
+def test_an_engine_or_precision_that_does_not_exist_is_a_usage_error(
+    probe: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["bench", "--model", str(probe), "--engine", "onnxruntime,tensorflow"])
+    assert (
+        stopped.value.code == EXIT_USAGE and "tensorflow given; choose from onnxruntime, openvino" in capsys.readouterr().err
+    )
+    assert main(["bench", "--model", str(probe), "--precision", "bf16"]) == EXIT_USAGE
+    assert "no engine runs these precisions: onnxruntime bf16" in capsys.readouterr().err
+
+
+def test_engines_and_precisions_run_side_by_side_in_one_run(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("openvino", reason="the openvino package (edged[openvino]) is not installed")
+    argv = ["bench", "--model", str(probe), *QUICK, "--engine", "onnxruntime,openvino", "--precision", "f32,int8"]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    ran = [(r["model"]["engine"], r["model"]["precision"], r["model"]["provider"]) for r in result["variants"]]
+    assert ran == [("onnxruntime", "f32", "CPUExecutionProvider"), ("openvino", "f32", "OpenVINO CPU")]
+    assert [reason.split(":")[0] for reason in result["skipped"]] == ["onnxruntime int8", "openvino int8"]
+    assert all("is not quantised" in reason for reason in result["skipped"])
+    for r in result["variants"]:
+        assert r["runs"][0]["rows"]["floor"]["latency"]["median_ms"] > 0 and r["detections_match"] is True
+    assert main(argv) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[3].split()[:2] == ["engine", "precision"]
+    assert [line.split()[:2] for line in table[4:6]] == [["onnxruntime", "f32"], ["openvino", "f32"]]
+    assert table[6].startswith("skipped: onnxruntime int8: ")
+
+
+def test_cold_start_on_openvino_writes_and_then_loads_its_compiled_model_cache(probe: Path) -> None:
+    pytest.importorskip("openvino", reason="the openvino package (edged[openvino]) is not installed")
+    (result,) = cold_start(probe, trials=1, spinning="during-run", sources=("images",), engine="openvino")
+    assert (result["engine"], result["precision"]) == ("openvino", "f32")
+    assert 0 < result["with_cache_median_s"] < 60 and 0 < result["without_cache_median_s"] < 60

@@ -11,10 +11,12 @@ several cameras with a process per camera (`edged.tools.bench_cameras`).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,9 +32,9 @@ import numpy as np
 import onnxruntime as ort
 import zmq
 
-from edged.config import Spinning, check_thread_option
+from edged.config import ORT_PRECISIONS, EngineName, Precision, Spinning, check_thread_option
 from edged.cpus import online_cpus, physical_cores
-from edged.errors import ColdStartError, UsageError
+from edged.errors import ColdStartError, ConfigError, SetupError, UsageError
 from edged.model import LoadedModel
 from edged.sources.scenes import SceneGenerator
 from edged.tools import bench_rows as rows
@@ -42,7 +44,7 @@ from edged.tools.bench_journal import format_journal, run_journal_bench
 from edged.tools.bench_reject import format_reject, run_reject_bench
 
 ROW_TITLES = {
-    "floor": "1 floor: session.run",
+    "floor": "1 floor: inference alone",
     "full": "2 edged full path",
     "viewer": "2b the same, live view watched",
     "naive": "3 naive reference",
@@ -60,9 +62,10 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     path = rows.resolve_model(args.model)
     spinning = cast(Spinning, args.spinning)  # argparse checked it
+    variants, skipped = engine_variants(args.engine, args.precision)
     report: dict[str, Any] = {}
     if args.cold_start:
-        report["cold_start"] = _cold_start(path, spinning, args)
+        report["cold_start"] = [r for variant in variants for r in _cold_start(path, spinning, args, variant)]
     if args.soak:
         report["soak"] = _soak(path, spinning, args)
     if args.cameras:
@@ -76,13 +79,55 @@ def run_bench(args: argparse.Namespace) -> int:
         if not args.json:
             print(format_reject(report["reject"]))
     if not (args.cold_start or args.soak or args.cameras or args.journal or args.reject):
-        report = bench(path, spinning, args)
-        report["model"]["kind"] = "demo model" if args.model is None else "model file"
-        if not args.json:
-            print(format_report(report))
+        if len(variants) == 1 and not skipped:
+            report = bench(path, spinning, args, variants[0])
+            report["model"]["kind"] = "demo model" if args.model is None else "model file"
+            if not args.json:
+                print(format_report(report))
+        else:
+            report = _variants(path, spinning, args, variants, skipped)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     return 0
+
+
+Variant = tuple[EngineName, Precision]
+
+
+def engine_variants(engines: list[str], precisions: list[str]) -> tuple[list[Variant], list[str]]:
+    """Each engine at each precision it can be asked for, and why each other pairing is left out."""
+    variants: list[Variant] = []
+    skipped = []
+    for engine in engines:
+        for precision in precisions:
+            if engine == "onnxruntime" and precision not in ORT_PRECISIONS:
+                skipped.append(f"onnxruntime {precision}: it runs {' or '.join(ORT_PRECISIONS)} (the graph's own types)")
+            else:
+                variants.append((cast(EngineName, engine), cast(Precision, precision)))
+    if not variants:
+        raise UsageError(f"no engine runs these precisions: {'; '.join(skipped)}")
+    return variants, skipped
+
+
+def _variants(
+    path: Path, spinning: Spinning, args: argparse.Namespace, variants: list[Variant], skipped: list[str]
+) -> dict[str, Any]:
+    """Every variant's per-frame rows, one after the other, and a table of them side by side; a variant
+    this machine or model cannot run (a precision the device lacks, int8 on a float model) is said and skipped."""
+    reports = []
+    for variant in variants:
+        try:
+            reports.append(bench(path, spinning, args, variant))
+        except SetupError as e:
+            reason = "; ".join(e.problems) if isinstance(e, ConfigError) else str(e)
+            skipped.append(f"{' '.join(variant)}: {reason}")
+    if not reports:
+        raise UsageError(f"no variant runs here: {'; '.join(skipped)}")
+    for r in reports:
+        r["model"]["kind"] = "demo model" if args.model is None else "model file"
+    if not args.json:
+        print(format_variants(reports, skipped))
+    return {"variants": reports, "skipped": skipped}
 
 
 def _cameras(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str, Any]:
@@ -110,18 +155,19 @@ def _cameras(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[s
     }
 
 
-def _cold_start(path: Path, spinning: Spinning, args: argparse.Namespace) -> list[dict[str, Any]]:
-    results = cold_start(path, trials=args.cold_runs, spinning=spinning)
+def _cold_start(path: Path, spinning: Spinning, args: argparse.Namespace, variant: Variant) -> list[dict[str, Any]]:
+    engine, precision = variant
+    results = cold_start(path, trials=args.cold_runs, spinning=spinning, engine=engine, precision=precision)
     if not args.json:
         print(
-            f"cold start of `edged run` on {path.name}: process start -> first detections message received, "
-            f"{args.cold_runs} trial(s) each"
+            f"cold start of `edged run` on {path.name}, {engine} {precision}: process start -> first detections "
+            f"message received, {args.cold_runs} trial(s) each"
         )
         for r in results:
             for state, key in (("cold", "without_cache"), ("warm", "with_cache")):
                 trials = ", ".join(f"{s:.3f}" for s in r[f"{key}_s"])
                 median = r[f"{key}_median_s"]
-                print(f"  {r['source']:<9} source, optimised-model cache {state}: median {median:.3f} s  ({trials})")
+                print(f"  {r['source']:<9} source, {engine} cache {state}: median {median:.3f} s  ({trials})")
             print(f"  {r['source']:<9} source, seq of each first message received: {r['first_seq']}")
     return results
 
@@ -147,8 +193,11 @@ def _soak(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str,
     return r
 
 
-def bench(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str, Any]:
-    """Every per-frame measurement on the model at ``path``: the report that ``--json`` prints."""
+def bench(
+    path: Path, spinning: Spinning, args: argparse.Namespace, variant: Variant = ("onnxruntime", "f32")
+) -> dict[str, Any]:
+    """Every per-frame measurement on the model at ``path`` on one engine at one precision: the report that
+    ``--json`` prints."""
     settings = {
         "frames": args.frames,
         "warmup": args.warmup,
@@ -159,7 +208,8 @@ def bench(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str,
         "frame": "1280x720 BGR scene 0, seed 0",
     }
     machine = machine_info()
-    model = rows.load(path, spinning=spinning, threads=args.threads, conf=args.conf)
+    engine, precision = variant
+    model = rows.load(path, spinning=spinning, threads=args.threads, conf=args.conf, engine=engine, precision=precision)
     with rows.FullPath(model, rows.bench_frame()) as full:
         paths: dict[str, rows.Row] = {
             "floor": rows.floor_row(model, full.plan.preprocess.tensor),
@@ -174,10 +224,15 @@ def bench(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str,
         run = _run(spinning, samples, cpu, full)
         heap = rows.heap_per_frame(full, args.alloc_frames)
         verdict = rows.verdict_cost(args.frames)
-        matches = None if skipped else rows.detections_match(model, full)
+        # At bf16 or f16 a rounding difference in the naive path's input moves scores by about 0.01, so
+        # the exact cross-check holds only where the engine computes in the graph's own types.
+        inexact = None if precision in ORT_PRECISIONS else f"exact only at f32 or int8, not at {precision}"
+        matches = None if skipped or inexact else rows.detections_match(model, full)
         model_info = {
             "path": str(path),
             "name": model.engine.identity.name,
+            "engine": engine,
+            "precision": precision,
             "provider": model.engine.provider,
             "threads": model.engine.threads.summary,
             "input": list(model.contract.shape),
@@ -194,7 +249,7 @@ def bench(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str,
         "allocations": heap,
         "verdict": verdict,
         "detections_match": matches,
-        "naive_skipped": skipped,
+        "naive_skipped": skipped or inexact,
         "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
     }
 
@@ -239,11 +294,20 @@ def machine_info() -> dict[str, Any]:
         "logical_cores": len(online),
         "physical_cores": physical_cores(online),
         "onnxruntime": ort.__version__,
+        "openvino": _installed("openvino"),
         "numpy": np.__version__,
         "opencv": cv2.__version__,
         "python": platform.python_version(),
         "loadavg_start": round(os.getloadavg()[0], 2),
     }
+
+
+def _installed(package: str) -> str | None:
+    """A package's version without importing it (openvino takes half a second), or None."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def format_report(r: dict[str, Any]) -> str:
@@ -283,6 +347,31 @@ def format_report(r: dict[str, Any]) -> str:
         else f"detections: edged and the naive reference {verdict} on the bench frame",
         f"peak RSS {r['peak_rss_kb'] / 1024:.0f} MB",
     ]
+    return "\n".join(lines)
+
+
+def format_variants(reports: list[dict[str, Any]], skipped: list[str]) -> str:
+    """Several engines and precisions side by side: each one's floor and full path (median, p99)."""
+    first = reports[0]
+    m, model, s = first["machine"], first["model"], first["settings"]
+    lines = [
+        f"edged bench: {model['name']} ({model['kind']}), input {model['input']}",
+        f"  {m['cpu']}, {m['logical_cores']} cores ({m['physical_cores']} physical); onnxruntime {m['onnxruntime']}, "
+        f"openvino {m['openvino'] or 'not installed'}; {s['frames']} frames per row, "
+        f"interleaved within each variant, after {s['warmup']} warm-up; frame {s['frame']}",
+        "",
+        f"{'engine':<12}{'precision':<10}{'floor ms':>9}{'p99':>8}{'full ms':>9}{'p99':>8}{'full/floor':>11}  "
+        "detections vs naive",
+    ]
+    for r in reports:
+        run, info = r["runs"][0], r["model"]
+        floor, full = run["rows"]["floor"]["latency"], run["rows"]["full"]["latency"]
+        agree = "skipped" if r["detections_match"] is None else "agree" if r["detections_match"] else "DISAGREE"
+        lines.append(
+            f"{info['engine']:<12}{info['precision']:<10}{floor['median_ms']:9.3f}{floor['p99_ms']:8.3f}"
+            f"{full['median_ms']:9.3f}{full['p99_ms']:8.3f}{run['full_over_floor']:11.3f}  {agree}"
+        )
+    lines += [f"skipped: {reason}" for reason in skipped]
     return "\n".join(lines)
 
 
@@ -365,15 +454,22 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def cold_start(
-    model: Path, *, trials: int, spinning: Spinning, sources: tuple[str, ...] = COLD_SOURCES
+    model: Path,
+    *,
+    trials: int,
+    spinning: Spinning,
+    sources: tuple[str, ...] = COLD_SOURCES,
+    engine: EngineName = "onnxruntime",
+    precision: Precision = "f32",
 ) -> list[dict[str, Any]]:
     """Seconds from starting ``edged run`` to the first detections message, per source.
 
     A SUB is connected before the child starts (ZeroMQ retries every 10 ms until it binds), so the
     clock runs as a consumer waiting for edged sees it. Sources: ``synthetic`` (which first
     synthesises its texture pool) and ``images`` (one scene PNG, a camera that delivers at once).
-    Each trial runs with the optimised-model cache deleted, which builds and writes it, then
-    loading it; the OS file cache is warm in both. ``first_seq`` 0 means no message was missed.
+    Each trial runs with the engine's cache deleted (ONNX Runtime's optimised model, OpenVINO's
+    compiled model), which builds and writes it, then loading it; the OS file cache is warm in both.
+    ``first_seq`` 0 means no message was missed.
     """
     results = []
     for source in sources:
@@ -382,21 +478,32 @@ def cold_start(
         with tempfile.TemporaryDirectory(prefix="edged-cold-") as tmp:
             folder = Path(tmp)
             camera = _cold_source(folder, source)
+            cache = folder / ("optimized.onnx" if engine == "onnxruntime" else "cache")
             for _ in range(trials):
                 endpoint = f"tcp://127.0.0.1:{_free_port()}"
                 config = write_config(
-                    folder / "edged.toml", model, endpoint, camera, spinning=spinning, cache=folder / "optimized.onnx"
+                    folder / "edged.toml",
+                    model,
+                    endpoint,
+                    camera,
+                    spinning=spinning,
+                    cache=cache,
+                    engine=engine,
+                    precision=precision,
                 )
-                for stale in folder.glob("optimized.onnx*"):
-                    stale.unlink()
+                for stale in folder.glob(f"{cache.name}*"):
+                    if stale.is_dir():
+                        shutil.rmtree(stale)
+                    else:
+                        stale.unlink()
                 for runs in seconds.values():
                     elapsed, seq = _first_message(config, endpoint)
                     runs.append(elapsed)
                     seqs.append(seq)
-                    if not (folder / "optimized.onnx").is_file():
-                        raise ColdStartError("cold start: edged run did not write the optimised-model cache")
+                    if not (cache.is_file() or any(p.is_file() for p in cache.rglob("*"))):
+                        raise ColdStartError(f"cold start: edged run did not write the {engine} cache {cache}")
         medians = {f"{key.removesuffix('_s')}_median_s": float(np.median(runs)) for key, runs in seconds.items()}
-        results.append({"source": source, **seconds, "first_seq": seqs, **medians})
+        results.append({"source": source, "engine": engine, "precision": precision, **seconds, "first_seq": seqs, **medians})
     return results
 
 

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import zmq
 
-from edged.config import ModelConfig, PublishConfig, RuntimeConfig, Spinning
+from edged.config import EngineName, ModelConfig, Precision, PublishConfig, RuntimeConfig, Spinning
 from edged.decode import Detections
 from edged.errors import InferenceError, ModelError
 from edged.model import LoadedModel, load_model
@@ -79,9 +79,20 @@ def resolve_model(path: Path | None) -> Path:
     raise ModelError(f"no model to time: {DEMO_MODEL} is not here; pass --model PATH")
 
 
-def load(path: Path, *, spinning: Spinning, threads: int = 0, conf: float = 0.25) -> LoadedModel:
-    """The model as the daemon loads it, with the bench's runtime settings."""
-    return load_model(ModelConfig(path=path, conf=conf), RuntimeConfig(spinning=spinning, intra_op_threads=threads))
+def load(
+    path: Path,
+    *,
+    spinning: Spinning,
+    threads: int = 0,
+    conf: float = 0.25,
+    engine: EngineName = "onnxruntime",
+    precision: Precision = "f32",
+) -> LoadedModel:
+    """The model as the daemon loads it on ``engine`` at ``precision``, with the bench's runtime settings."""
+    return load_model(
+        ModelConfig(path=path, conf=conf, engine=engine, precision=precision),
+        RuntimeConfig(spinning=spinning, intra_op_threads=threads),
+    )
 
 
 def timed(fn: Callable[[], object]) -> Row:
@@ -96,9 +107,9 @@ def timed(fn: Callable[[], object]) -> Row:
 
 
 def floor_row(model: LoadedModel, tensor: np.ndarray) -> Row:
-    """Inference alone: the engine's session fed a ready tensor, outputs allocated by ORT."""
-    session, feed = model.engine.session, {model.contract.input_name: tensor.copy()}
-    return timed(lambda: session.run(None, feed))
+    """Inference alone: the engine fed a ready tensor, outputs allocated by the runtime."""
+    engine, ready = model.engine, tensor.copy()
+    return timed(lambda: engine.infer(ready))
 
 
 class FullPath:
@@ -225,7 +236,7 @@ def naive_detect(model: LoadedModel, image: np.ndarray) -> tuple[np.ndarray, np.
         resized, top, in_h - new_h - top, left, in_w - new_w - left, cv2.BORDER_CONSTANT, value=(LETTERBOX_FILL,) * 3
     )
     blob = cv2.dnn.blobFromImage(padded, c.scale, (in_w, in_h), swapRB=True)
-    pred = model.engine.session.run(None, {c.input_name: blob})[0][0].T
+    pred = model.engine.infer(blob)[0][0].T
     class_scores = pred[:, 4:]
     class_ids = class_scores.argmax(axis=1)
     scores = class_scores.max(axis=1)

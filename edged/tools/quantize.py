@@ -346,9 +346,9 @@ class Comparison:
 
 
 def _interface(model: LoadedModel) -> list[tuple[str, str, Any, str]]:
-    session = model.engine.session
-    return [("input", i.name, i.shape, i.type) for i in session.get_inputs()] + [
-        ("output", o.name, o.shape, o.type) for o in session.get_outputs()
+    engine = model.engine
+    return [("input", i.name, list(i.shape), i.type) for i in engine.input_meta] + [
+        ("output", o.name, list(o.shape), o.type) for o in engine.output_meta
     ]
 
 

@@ -1,0 +1,262 @@
+"""The OpenVINO engine (`edged.engines`, model.engine = "openvino"): a compiled model and its infer requests.
+
+The ONNX file is read by OpenVINO, its input reshaped to batch 1 and the contract's size, and
+compiled for ``model.device`` (CPU, GPU for an Intel iGPU, AUTO) at ``model.precision``, always
+given explicitly: OpenVINO's CPU plugin otherwise computes in bf16 wherever the CPU has it, and
+boxes would differ from the exported model's. int8 is a quantised model (`edged quantize`) whose
+quantised operators OpenVINO runs in int8, the rest in f32. A precision the device lacks is refused
+with the ones it has. The compiled model is cached in the cache folder (`RuntimeConfig.cache_folder`),
+so a second start skips compiling. Each plan's `OpenVinoBinding` is an infer request whose input and
+output tensors share the plan's numpy buffers, so a steady-state run copies and allocates nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.config import ModelConfig, RuntimeConfig
+from edged.contract import pinned_dimensions
+from edged.cpus import ThreadPlan
+from edged.engines import ModelIdentity, Port, check_int8, file_sha256, first_line
+from edged.errors import ConfigError, InferenceError, MissingDependency, ModelError
+
+try:
+    import openvino as ov
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+except ImportError as e:  # the optional extra is not installed
+    raise MissingDependency(
+        f'model.engine = "openvino" needs the openvino package: pip install "edged[openvino]" ({e})'
+    ) from None
+
+log = logging.getLogger(__name__)
+
+# model.precision -> the inference precision hint, and the capability (OPTIMIZATION_CAPABILITIES) it needs.
+PRECISIONS = {
+    "f32": (ov.Type.f32, "FP32"),
+    "bf16": (ov.Type.bf16, "BF16"),
+    "f16": (ov.Type.f16, "FP16"),
+    "int8": (ov.Type.f32, "INT8"),
+}
+# OpenVINO element types as ONNX Runtime names them, the spelling `edged.contract` reads.
+_ONNX_TYPES = {"f32": "tensor(float)", "f16": "tensor(float16)", "u8": "tensor(uint8)"}
+# Devices made of others: AUTO picks one, MULTI:CPU,GPU and HETERO:GPU,CPU combine them.
+VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
+CACHE_FOLDER = "openvino"  # inside the cache folder: OpenVINO's compiled models, one file per model and setting
+
+
+def open_engine(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool, lanes: int) -> OpenVinoEngine:
+    """`edged.engines.open_engine` for OpenVINO (``record_placement``: the runtime model is always there)."""
+    return OpenVinoEngine(cfg, runtime, lanes=lanes)
+
+
+def _onnx_type(element: Any) -> str:
+    name = str(element.to_string())
+    return _ONNX_TYPES.get(name, f"tensor({name})")
+
+
+def _ports(nodes: Sequence[Any], prefix: str) -> list[Port]:
+    """Inputs or outputs as `Port`s: a dynamic dimension is named by its port and axis."""
+    ports = []
+    for n, node in enumerate(nodes):
+        name = node.get_any_name() if node.get_names() else f"{prefix}{n}"
+        shape: list[int | str] = [
+            dim.get_length() if dim.is_static else f"{name}_{axis}" for axis, dim in enumerate(node.get_partial_shape())
+        ]
+        ports.append(Port(name, shape, _onnx_type(node.get_element_type())))
+    return ports
+
+
+class OpenVinoEngine:
+    """One batch-1 model compiled for one device at one precision."""
+
+    def __init__(self, cfg: ModelConfig, runtime: RuntimeConfig, *, lanes: int = 1) -> None:
+        self.model_path = cfg.path
+        self.cfg = runtime
+        self.device = cfg.device
+        self.precision = cfg.precision
+        try:
+            self.identity = ModelIdentity(cfg.path.stem, file_sha256(cfg.path))
+        except OSError as e:
+            raise ModelError(f"cannot read model {cfg.path}: {e.strerror}") from None
+        self.core = ov.Core()
+        hint, capability = PRECISIONS[cfg.precision]
+        self._check_device(capability)
+        try:
+            model = self.core.read_model(str(cfg.path))
+        except Exception as e:  # OpenVINO raises RuntimeError and its own frontend errors
+            raise ModelError(f"openvino cannot load {cfg.path}: {first_line(e)}") from None
+        check_int8(cfg.path, cfg.precision)
+        self.metadata = _metadata(model)
+        self._pin(model, cfg.imgsz)
+        self.cache = self._cache_dir()
+        config: dict[str, Any] = {
+            hints.inference_precision: hint,
+            hints.performance_mode: hints.PerformanceMode.LATENCY,
+        }
+        if lanes > 1:  # one stream per lane, so lanes run at once as they do on one ORT session
+            config[props.streams.num] = lanes
+        if runtime.intra_op_threads:
+            config[props.inference_num_threads] = runtime.intra_op_threads
+        if self.cache is not None:
+            config[props.cache_dir] = str(self.cache)
+        try:
+            self.compiled = self.core.compile_model(model, self.device, config)
+        except Exception as e:
+            raise ModelError(f"openvino cannot compile {cfg.path} for {self.device}: {first_line(e)}") from None
+        self.input_meta = _ports(self.compiled.inputs, "input")
+        self.output_meta = _ports(self.compiled.outputs, "output")
+        self.providers: list[tuple[str, dict[str, Any]]] = [(self.device, {})]
+        self.threads = self._thread_plan()
+        log.info("inference threads: %s", self.threads.summary)
+
+    def _check_device(self, capability: str) -> None:
+        """Refuse a device OpenVINO does not have, or a precision it cannot run, naming what it has."""
+        available = self.core.available_devices
+        names = set(available) | {name.split(".")[0] for name in available}  # GPU for GPU.0
+        if self.device.split(":")[0] not in VIRTUAL_DEVICES and self.device not in names:
+            raise ConfigError(
+                None,
+                [f"model.device: OpenVINO has no device {self.device!r} here; it has {', '.join([*available, 'AUTO'])}"],
+            )
+        try:
+            capabilities = list(self.core.get_property(self.device, "OPTIMIZATION_CAPABILITIES"))
+        except RuntimeError:  # MULTI:... and HETERO:... answer only once compiled: they refuse what they cannot run then
+            return
+        if capability not in capabilities:
+            supported = [p for p, (_, cap) in PRECISIONS.items() if cap in capabilities]
+            raise ConfigError(
+                None,
+                [
+                    f"model.precision: {self.device} cannot run {self.precision!r} (its capabilities: "
+                    f"{', '.join(capabilities)}); it runs {', '.join(supported)}"
+                ],
+            )
+
+    def _pin(self, model: Any, imgsz: tuple[int, int] | None) -> None:
+        """Reshape a dynamic input to batch 1 and the input size (`edged.contract.pinned_dimensions`)."""
+        if not model.inputs:
+            return
+        port = _ports(model.inputs, "input")[0]
+        pins = pinned_dimensions(port.name, port.shape, self.metadata, imgsz)
+        if pins:
+            shape = [pins[d] if isinstance(d, str) else d for d in port.shape]
+            log.info("pinning the dynamic input dimensions: %s", shape)
+            model.reshape({model.inputs[0]: ov.PartialShape(shape)})
+
+    def _cache_dir(self) -> Path | None:
+        folder = self.cfg.cache_folder()
+        if folder is None:
+            return None
+        cache = folder / CACHE_FOLDER
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            log.warning("no OpenVINO model cache in %s (%s): compiling at every start", cache, e.strerror)
+            return None
+        return cache
+
+    def _property(self, name: str) -> Any:
+        """A property of the compiled model, or None where its device does not tell (AUTO keeps some to itself)."""
+        try:
+            return self.compiled.get_property(name)
+        except RuntimeError:
+            return None
+
+    def _thread_plan(self) -> ThreadPlan:
+        threads, streams = self._property(props.inference_num_threads), self._property(props.streams.num)
+        if threads is None or streams is None:
+            return ThreadPlan(self.cfg.intra_op_threads, f"chosen by OpenVINO's {self.device} device")
+        how = "as configured" if self.cfg.intra_op_threads else "OpenVINO's choice"
+        return ThreadPlan(int(threads), f"{threads} in {streams} stream(s), {how}")
+
+    @property
+    def provider(self) -> str:
+        return f"OpenVINO {self.device}"
+
+    def bind(self, input_tensor: np.ndarray) -> OpenVinoBinding:
+        return OpenVinoBinding(self.compiled, input_tensor)
+
+    def infer(self, input_tensor: np.ndarray) -> list[np.ndarray]:
+        """The compiled model called on ``input_tensor``, outputs allocated by OpenVINO."""
+        return list(self.compiled({0: input_tensor}, share_inputs=True).to_tuple())
+
+    def report(self) -> list[tuple[str, str]]:
+        """The device and plugin, the precision asked for and the precisions the nodes really run in, the cache."""
+        used = ", ".join(str(d) for d in self.compiled.get_property("EXECUTION_DEVICES"))
+        plugins = self.core.get_versions(self.device)
+        lines = [
+            ("engine", f"openvino {ov.__version__}"),
+            ("device", f"{self.device}: runs on {used} ({self.core.get_property(used.split(',')[0], 'FULL_DEVICE_NAME')})"),
+            *(("plugin", f"{name}: {v.description} {v.build_number}") for name, v in plugins.items()),
+            ("precision", f"{self.precision}: inference precision {self._precision_used()}"),
+        ]
+        runs = self.runtime_precisions()
+        if runs:
+            lines.append(("", "nodes run in " + ", ".join(f"{p}: {n}" for p, n in runs.most_common())))
+        where = str(self.cache) if self.cache is not None else "none (set runtime.cache_dir for a faster start)"
+        lines += [("cache", where), ("threads", self.threads.summary)]
+        return lines
+
+    def _precision_used(self) -> str:
+        hint = self._property(hints.inference_precision)
+        return str(hint.to_string()) if hint is not None else f"chosen by {self.device}"
+
+    def runtime_precisions(self) -> Counter[str]:
+        """Nodes of the compiled model per precision it runs them in (empty where the device does not say)."""
+        try:
+            ops = self.compiled.get_runtime_model().get_ops()
+        except RuntimeError:
+            return Counter()
+        infos = [op.get_rt_info() for op in ops]
+        return Counter(str(info["runtimePrecision"].astype(str)) for info in infos if "runtimePrecision" in info)
+
+
+class OpenVinoBinding:
+    """An infer request reading a plan's input tensor in place and writing into its own output buffers.
+
+    A warm-up run fixes the output sizes; after it, `run` allocates nothing.
+    """
+
+    def __init__(self, compiled: Any, tensor: np.ndarray) -> None:
+        self._request = compiled.create_infer_request()
+        # Tensors over numpy memory (no copy); kept alive with the request.
+        self._tensors = [ov.Tensor(tensor, shared_memory=True)]
+        self._request.set_input_tensor(self._tensors[0])
+        try:
+            self._request.infer()
+        except Exception as e:
+            raise ModelError(f"the model fails on its first run: {first_line(e)}") from None
+        self._raw = [np.empty(t.shape, t.data.dtype) for t in self._request.output_tensors]
+        for i, buf in enumerate(self._raw):
+            self._tensors.append(ov.Tensor(buf, shared_memory=True))
+            self._request.set_output_tensor(i, self._tensors[-1])
+        self.outputs: list[np.ndarray] = [b if b.dtype == np.float32 else np.empty(b.shape, np.float32) for b in self._raw]
+
+    def run(self) -> None:
+        """One inference on the bound input, results in `outputs`; raises InferenceError.
+
+        start_async and wait, not infer: infer builds a dictionary of the results every run.
+        """
+        try:
+            self._request.start_async()
+            self._request.wait()
+        except Exception as e:
+            raise InferenceError(first_line(e)) from None
+        for raw, out in zip(self._raw, self.outputs, strict=True):
+            if raw is not out:
+                np.copyto(out, raw, casting="unsafe")
+
+
+def _metadata(model: Any) -> dict[str, str]:
+    """The ONNX file's metadata, which OpenVINO keeps in the model's ``framework`` runtime info."""
+    info = model.get_rt_info()
+    if "framework" not in info:
+        return {}
+    return {key: str(value.astype(str)) for key, value in info["framework"].items()}

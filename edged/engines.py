@@ -1,0 +1,157 @@
+"""What the pipeline asks of an inference engine, and the registry that opens the one ``model.engine`` names.
+
+An engine loads the model once, pinned to batch 1 and the contract's input size, and `bind` ties
+a plan's preallocated input tensor to a `Binding` whose output buffers are allocated once, so a
+steady-state `Binding.run` writes into them and allocates nothing. `edged.engine` is ONNX Runtime's
+(the default), `edged.engine_openvino` OpenVINO's; each module is imported only when configured,
+so a board without openvino never loads it. Another runtime (TensorRT on a Jetson) is one more
+module with an ``open_engine`` and one more line in `ENGINES`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import mmap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from edged.config import ModelConfig, RuntimeConfig
+from edged.cpus import ThreadPlan
+from edged.errors import ContractError
+
+# model.engine -> the module that holds its ``open_engine``.
+ENGINES = {"onnxruntime": "edged.engine", "openvino": "edged.engine_openvino"}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIdentity:
+    name: str
+    sha256: str
+
+    @property
+    def short(self) -> str:
+        return f"{self.name}@{self.sha256[:12]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    """A model input or output as the contract and head detection read it: a symbolic dimension is its
+    name, and ``type`` is spelt as ONNX Runtime spells it (``tensor(float)``)."""
+
+    name: str
+    shape: list[int | str]
+    type: str
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# The operators only a quantised ONNX graph holds: QDQ's QuantizeLinear (and DequantizeLinear,
+# DynamicQuantizeLinear) and the QOperator format's QLinearConv, QLinearMatMul and the rest.
+QUANTISED_OPERATORS = (b"QuantizeLinear", b"QLinear")
+
+
+def is_quantised(path: Path) -> bool:
+    """Whether the ONNX file holds a quantised operator: its operator names are plain strings in the file."""
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return any(data.find(name) >= 0 for name in QUANTISED_OPERATORS)
+
+
+def check_int8(path: Path, precision: str) -> None:
+    """Refuse model.precision = int8 on a model that is not quantised: it would run in float unseen."""
+    if precision == "int8" and not is_quantised(path):
+        raise ContractError(
+            f"model.precision = 'int8' but {path} is not quantised (no QuantizeLinear or QLinear operator): "
+            "make an INT8 model with `edged quantize`, or set model.precision = 'f32'"
+        )
+
+
+def first_line(e: BaseException) -> str:
+    """A runtime's exception as one line for edged's own error: runtimes raise pages of context."""
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:500]
+
+
+class PortLike(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> Sequence[Any]: ...
+    @property
+    def type(self) -> str: ...
+
+
+class Binding(Protocol):
+    """A plan's input tensor bound to the model, with output buffers of its own (float32)."""
+
+    @property
+    def outputs(self) -> list[np.ndarray]: ...
+
+    def run(self) -> None:
+        """One inference on the bound input, results in `outputs`; raises InferenceError."""
+
+
+class InferenceEngine(Protocol):
+    """One loaded model, batch 1; the daemon, check, eval and bench see engines only through this."""
+
+    @property
+    def model_path(self) -> Path: ...
+    @property
+    def cfg(self) -> RuntimeConfig: ...
+    @property
+    def identity(self) -> ModelIdentity: ...
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The model's metadata (ultralytics: names, imgsz, stride...)."""
+
+    @property
+    def input_meta(self) -> Sequence[PortLike]: ...
+    @property
+    def output_meta(self) -> Sequence[PortLike]: ...
+    @property
+    def providers(self) -> list[tuple[str, dict[str, Any]]]:
+        """The backends in order of preference: a fallback after failing frames drops the first."""
+
+    @property
+    def provider(self) -> str:
+        """What ran the model, as every message names it."""
+
+    @property
+    def precision(self) -> str:
+        """What it computes in: OpenVINO's model.precision; ONNX Runtime's the graph's own (int8 when quantised)."""
+
+    @property
+    def threads(self) -> ThreadPlan: ...
+
+    def bind(self, input_tensor: np.ndarray) -> Binding:
+        """A binding of ``input_tensor`` (read in place at every run) with its own output buffers."""
+
+    def infer(self, input_tensor: np.ndarray) -> list[np.ndarray]:
+        """One plain run with outputs the runtime allocates: `edged bench`'s floor and naive reference."""
+
+    def report(self) -> list[tuple[str, str]]:
+        """What `edged check` says of the engine, (label, line) each: its backends, device, precision, threads."""
+
+
+class EngineOpener(Protocol):
+    def __call__(
+        self, cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool, lanes: int
+    ) -> InferenceEngine: ...
+
+
+def open_engine(
+    cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool = False, lanes: int = 1
+) -> InferenceEngine:
+    """The engine ``cfg.engine`` names, its module imported now; ``record_placement`` for `edged check`."""
+    opener: EngineOpener = importlib.import_module(ENGINES[cfg.engine]).open_engine
+    return opener(cfg, runtime, record_placement=record_placement, lanes=lanes)
