@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -368,7 +369,7 @@ def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_change
     def board(**keys: Any) -> Settings:
         return settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 100.0} | keys)
 
-    services = Services(lambda: None)
+    services = Services(lambda: None, threading.Event())
     output = RejectOutput.from_settings(board(), services)
     assert output is not None
     try:
