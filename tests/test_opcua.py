@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,39 @@ def test_trigger_returns_the_verdict_of_a_frame_captured_after_the_call(tmp_path
         assert verdict.part_id == part and verdict.verdict == "ng" and verdict.capture_time_ns > sent_ns
     error = parse_message(replies[3][1].encode())
     assert isinstance(error, TriggerError) and error.error == "bad_request" and "partId" in error.detail
+
+
+def test_status_metrics_and_live_view_show_the_clients_and_requests_served(tmp_path: Path) -> None:
+    port, http = free_port(), free_port()
+    with running(tmp_path, opcua={"listen": url(port)}, http={"listen": f"127.0.0.1:{http}"}) as d:
+        serving(d)
+        ready(d, frames=2)
+
+        async def connected() -> tuple[bytes, bytes, Any]:
+            async with client(url(port)) as c:
+                camera, ns = await camera_node(c)
+                await camera.call_method(await camera.get_child(f"{ns}:Trigger"), ua.Variant("P1", ua.VariantType.String))
+                loop = asyncio.get_running_loop()
+                status = await loop.run_in_executor(
+                    None, d.wait_status, lambda s: s.opcua is not None and s.opcua.clients == 1 and s.opcua.requests == 1
+                )
+                metrics = await loop.run_in_executor(None, _get, f"http://127.0.0.1:{http}/metrics")
+                page = await loop.run_in_executor(None, _get, f"http://127.0.0.1:{http}/")
+                return metrics, page, status
+
+        metrics, page, status = asyncio.run(connected())
+        assert status.opcua.serving and status.opcua.listen == url(port) and status.opcua.updates >= 1
+        assert status.opcua.update_ms.p99_ms > 0 and status.drops["opcua_dropped"] == 0
+        assert b"edged_opcua_clients 1.0" in metrics and b"edged_opcua_requests_total 1.0" in metrics
+        assert b'id="opcua"' in page and b"s.opcua" in page
+        after = d.wait_status(lambda s: s.opcua is not None and s.opcua.clients == 0)
+        assert after.opcua is not None and after.opcua.requests == 1
+        assert d.stop() == 0
+
+
+def _get(address: str) -> bytes:
+    with urllib.request.urlopen(address, timeout=30) as answer:
+        return bytes(answer.read())
 
 
 def test_off_loopback_without_a_users_file_is_refused_at_load_with_exit_78(tmp_path: Path) -> None:
