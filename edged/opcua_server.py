@@ -378,6 +378,7 @@ class UaServer:
     async def _add_trigger(self, camera: Node, ns: int, camera_id: str) -> None:
         async def trigger(parent: ua.NodeId, *arguments: ua.Variant) -> list[ua.Variant]:
             reply = await self._trigger(camera_id, arguments)
+            self.requests += 1
             return [ua.Variant(reply.model_dump_json(), ua.VariantType.String)]
 
         part = ua.Argument(Name="partId", DataType=ua.NodeId(ua.Int32(ObjectIds.String)), ValueRank=-1)
@@ -390,7 +391,6 @@ class UaServer:
 
     async def _trigger(self, camera_id: str, arguments: Sequence[ua.Variant]) -> VerdictMessage | TriggerError:
         """One inspection of a frame captured after the call, through the request desk."""
-        self.requests += 1
         value = arguments[0].Value if arguments else None
         try:
             if value is not None and not isinstance(value, str):
