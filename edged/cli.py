@@ -197,6 +197,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         "--frames verdicts at --camera-fps",
     )
     p.add_argument("--journal-dir", type=Path, default=None, help="with --journal: a folder on the disk to measure")
+    p.add_argument(
+        "--opcua",
+        action="store_true",
+        help="instead of the per-frame rows: capture to OPC UA node update and to a subscriber's notification, "
+        "p50/p99, over --frames verdicts of an `edged run` at --camera-fps (needs asyncua)",
+    )
     p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
     p.add_argument(
         "--camera-source",

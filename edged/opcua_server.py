@@ -244,7 +244,8 @@ class UaServer:
         self.dropped = 0  # changes dropped: the server's loop fell behind
         self.requests = 0  # Trigger calls answered
         self.updates = 0  # verdicts written to the nodes
-        self.latency = LatencyWindow()  # capture to node update, ms
+        self.latency = LatencyWindow()  # capture to node update, ms, of frames captured while serving
+        self._serving_since_ns = 0  # monotonic: frames captured before, queued while the server started, are not timed
         self._nodes: dict[tuple[str, str], ua.NodeId] = {}
         self._server: Server | None = None
         self._loop = asyncio.new_event_loop()
@@ -332,6 +333,7 @@ class UaServer:
             log.error("OPC UA: %s; every other output goes on", self.failure)
             return
         self._server = server
+        self._serving_since_ns = time.monotonic_ns()
         log.info(
             "OPC UA: serving camera %s on %s (%s)",
             ", ".join(self.cameras),
@@ -451,7 +453,8 @@ class UaServer:
             ms = (time.monotonic_ns() - change.capture_ns) / 1e6
             with self._lock:
                 self.updates += 1
-                self.latency.add(ms)
+                if change.capture_ns >= self._serving_since_ns:
+                    self.latency.add(ms)
 
 
 def _node_id(name: str, ns: int) -> ua.NodeId:

@@ -298,3 +298,14 @@ def test_the_journal_bench_times_offer_and_commit_under_each_durability(tmp_path
         assert 0 < r["to_disk_ms"]["p50"] <= r["to_disk_ms"]["p99"] <= r["to_disk_ms"]["max"]
     assert "offer to commit" in format_journal(rows, tmp_path)
     assert list(tmp_path.iterdir()) == []  # its scratch files are gone
+
+
+def test_the_opcua_bench_times_capture_to_node_update_and_to_a_subscriber() -> None:
+    from edged.tools.bench_opcua import format_opcua, opcua_latency
+    from edged.tools.bench_rows import resolve_model
+
+    r = opcua_latency(resolve_model(None), verdicts=15, fps=10.0, spinning="off")
+    assert r["verdicts"] >= 15 and r["dropped"] == 0
+    assert 0 < r["update_ms"]["p50"] <= r["update_ms"]["p99"]
+    assert 0 < r["notified_ms"]["p50"] <= r["notified_ms"]["p99"] <= r["notified_ms"]["max"]
+    assert "capture to node update" in format_opcua(r) and "capture to notification" in format_opcua(r)

@@ -70,7 +70,13 @@ def run_bench(args: argparse.Namespace) -> int:
         report["journal"] = run_journal_bench(args.journal_dir, args.frames, args.camera_fps)
         if not args.json:
             print(format_journal(report["journal"], args.journal_dir))
-    if not (args.cold_start or args.soak or args.cameras or args.journal):
+    if args.opcua:
+        from edged.tools.bench_opcua import format_opcua, opcua_latency  # asyncua: only for this figure
+
+        report["opcua"] = opcua_latency(path, args.frames, args.camera_fps, spinning)
+        if not args.json:
+            print(format_opcua(report["opcua"]))
+    if not (args.cold_start or args.soak or args.cameras or args.journal or args.opcua):
         report = bench(path, spinning, args)
         report["model"]["kind"] = "demo model" if args.model is None else "model file"
         if not args.json:
