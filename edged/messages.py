@@ -324,6 +324,7 @@ class OpcuaReport(Message):
     serving: bool = Field(description="It listens and takes clients; false while it starts, or once it failed.")
     clients: int = Field(ge=0, description="Client connections now.")
     requests: int = Field(ge=0, description="Trigger calls answered since start, of every camera.")
+    refused: int = Field(ge=0, description="Sign-ins refused since start (a wrong user or password).")
     updates: int = Field(ge=0, description="Verdicts written to the nodes since start, of every camera.")
     update_ms: StageLatency = Field(description="Capture to node update over the last verdicts, of every camera.")
 

@@ -167,6 +167,7 @@ class OpcuaOutput(Output):
                 "serving": server.failure is None and server.serving,
                 "clients": clients,
                 "requests": server.requests,
+                "refused": server.users.refused,
                 "updates": server.updates,
                 "update_ms": {"p50_ms": p50, "p99_ms": p99},
             }

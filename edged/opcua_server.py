@@ -49,6 +49,7 @@ from pydantic import ValidationError
 
 from edged.errors import KeyFileError
 from edged.keys import check_secret_file
+from edged.lograte import LogRate
 from edged.messages import TriggerError, TriggerRequest, VerdictMessage
 from edged.settings.opcua import OpcuaConfig
 from edged.stats import LatencyWindow
@@ -66,6 +67,7 @@ ACTIVATION_S = 10.0  # a connection without an activated session after this is c
 REPLY_MARGIN_S = 1.0  # beyond trigger.timeout_s, how long a Trigger call waits for the desk's reply
 START_TIMEOUT_S = 30.0  # what `UaServer.wait_started` waits at most
 STOP_TIMEOUT_S = 5.0
+REFUSED_LOG_INTERVAL_S = 60.0
 
 Answer = Callable[[VerdictMessage | TriggerError], None]
 # (origin, camera, part id, answer): `edged.trigger.TriggerServer.offer`
@@ -206,10 +208,13 @@ def read_users(path: Path) -> dict[str, str]:
 
 
 class Users(UserManager):
-    """asyncua's user manager: the users of ``users_file`` (None: anonymous clients, on loopback)."""
+    """asyncua's user manager: the users of ``users_file`` (None: anonymous clients, on loopback).
+    A refused sign-in is counted, and logged at most once a minute: a client decides how often."""
 
     def __init__(self, users: dict[str, str] | None) -> None:
         self._users = users
+        self.refused = 0
+        self._log = LogRate(REFUSED_LOG_INTERVAL_S)
 
     def get_user(
         self, iserver: Any, username: str | None = None, password: str | None = None, certificate: Any = None
@@ -218,7 +223,14 @@ class Users(UserManager):
             return User(role=UserRole.User)
         known = self._users.get(username or "")
         if known is None or password is None or not hmac.compare_digest(known.encode(), password.encode()):
-            log.warning("OPC UA: sign-in refused for user %r", username)
+            self.refused += 1
+            if self._log.allows():
+                log.warning(
+                    "OPC UA: sign-in refused for user %r (wrong user or password; counted in opcua.refused, "
+                    "more within %g s unlogged)",
+                    username,
+                    REFUSED_LOG_INTERVAL_S,
+                )
             return None
         return User(role=UserRole.User, name=username)
 
@@ -235,7 +247,7 @@ class UaServer:
         self.cameras = tuple(cameras)
         self.requesting = tuple(requesting)
         self.offer: Offer | None = None  # set by the loop's thread (`Output.carry_requests`)
-        self._users = read_users(cfg.users_file) if cfg.users_file is not None else None
+        self.users = Users(read_users(cfg.users_file) if cfg.users_file is not None else None)
         self._cert = server_certificate(cfg.cert_dir) if cfg.secured else None
         self._reply_s = trigger_timeout_s + REPLY_MARGIN_S
         self._lock = threading.Lock()
@@ -309,7 +321,7 @@ class UaServer:
             self._loop.close()
 
     async def _serve(self) -> None:
-        server = Server(user_manager=Users(self._users))
+        server = Server(user_manager=self.users)
         await server.init()
         server.set_server_name(f"edged on {socket.gethostname()}")
         await server.set_application_uri(application_uri())

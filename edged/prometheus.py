@@ -227,6 +227,7 @@ def _opcua(status: StatusMessage) -> Iterator[Metric]:
     )
     yield GaugeMetricFamily("edged_opcua_clients", "OPC UA client connections now.", value=server.clients)
     yield CounterMetricFamily("edged_opcua_requests", "OPC UA Trigger calls answered.", value=server.requests)
+    yield CounterMetricFamily("edged_opcua_refused", "OPC UA sign-ins refused.", value=server.refused)
     yield CounterMetricFamily("edged_opcua_updates", "Verdicts written to the OPC UA nodes.", value=server.updates)
     update = GaugeMetricFamily(
         "edged_opcua_update_seconds",

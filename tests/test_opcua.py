@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -22,17 +23,18 @@ import numpy as np
 import pytest
 from asyncua import Client, ua
 from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config
 from onnx_models import colour_probe
 from test_trigger import ready, running
 from waiting import wait_for
 
 from edged.config import load_config
-from edged.errors import ConfigError
+from edged.errors import ConfigError, KeyFileError
 from edged.messages import TriggerError, VerdictMessage, parse_message
-from edged.opcua_server import VARIABLES, server_certificate
-
-pytestmark = pytest.mark.integration
+from edged.opcua_server import VARIABLES, application_uri, read_users, server_certificate
+from edged.settings.opcua import OpcuaConfig
 
 SERVING = "OPC UA: serving camera"
 TIMEOUT_S = 30.0  # a client's request timeout: generous, both cores may be busy
@@ -79,6 +81,7 @@ class Notifications:
         return [(val, value) for identifier, val, value in self.changes if identifier == f"cam0.{name}"]
 
 
+@pytest.mark.integration
 def test_a_subscriber_gets_one_set_of_notifications_per_verdict_in_the_order_of_the_verdict_stream(
     tmp_path: Path,
 ) -> None:
@@ -124,6 +127,7 @@ def test_a_subscriber_gets_one_set_of_notifications_per_verdict_in_the_order_of_
             assert parse_message(text.encode()) == sent
 
 
+@pytest.mark.integration
 def test_uals_and_uaread_browse_and_read_the_camera(tmp_path: Path) -> None:
     if shutil.which("uaread", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("asyncua's command-line tools are not installed")
@@ -152,6 +156,7 @@ def test_uals_and_uaread_browse_and_read_the_camera(tmp_path: Path) -> None:
         assert read.stdout.strip() == "NG", read.stdout
 
 
+@pytest.mark.integration
 def test_trigger_returns_the_verdict_of_a_frame_captured_after_the_call(tmp_path: Path) -> None:
     port = free_port()
     with running(tmp_path, opcua={"listen": url(port)}) as d:
@@ -180,6 +185,7 @@ def test_trigger_returns_the_verdict_of_a_frame_captured_after_the_call(tmp_path
     assert isinstance(error, TriggerError) and error.error == "bad_request" and "partId" in error.detail
 
 
+@pytest.mark.integration
 def test_status_metrics_and_live_view_show_the_clients_and_requests_served(tmp_path: Path) -> None:
     port, http = free_port(), free_port()
     with running(tmp_path, opcua={"listen": url(port)}, http={"listen": f"127.0.0.1:{http}"}) as d:
@@ -215,6 +221,7 @@ def _get(address: str) -> bytes:
         return bytes(answer.read())
 
 
+@pytest.mark.integration
 def test_off_loopback_without_a_users_file_is_refused_at_load_with_exit_78(tmp_path: Path) -> None:
     text = f'[model]\npath = "m.onnx"\n[opcua]\nlisten = "{url(4840, "0.0.0.0")}"\n'
     (tmp_path / "m.onnx").write_bytes(b"x")
@@ -235,6 +242,7 @@ def _users(tmp_path: Path, mode: int = 0o600) -> Path:
     return users
 
 
+@pytest.mark.integration
 def test_a_users_file_others_can_read_is_refused_at_load(tmp_path: Path) -> None:
     (tmp_path / "m.onnx").write_bytes(b"x")
     users = _users(tmp_path, 0o644)
@@ -245,6 +253,7 @@ def test_a_users_file_others_can_read_is_refused_at_load(tmp_path: Path) -> None
     assert f"opcua.users_file: permissions 0644 on {users} are too open" in str(info.value)
 
 
+@pytest.mark.integration
 def test_off_loopback_only_signed_in_encrypted_clients_are_served(tmp_path: Path) -> None:
     port = free_port()
     users, certs = _users(tmp_path), tmp_path / "opcua"
@@ -288,10 +297,13 @@ def test_off_loopback_only_signed_in_encrypted_clients_are_served(tmp_path: Path
         with pytest.raises(Exception):  # noqa: B017
             asyncio.run(secured("plc", "wrong"))
         assert "sign-in refused for user 'plc'" in d.log()
+        refused = d.wait_status(lambda s: s.opcua is not None and s.opcua.refused >= 1)
+        assert refused.opcua is not None and refused.opcua.refused == 1
         # Made once: a restart keeps the certificate clients were told to trust.
         assert (certs / "server.der").read_bytes() == server_cert.read_bytes()
 
 
+@pytest.mark.integration
 def test_check_binds_the_listen_address_and_a_busy_one_is_exit_1_naming_it(tmp_path: Path) -> None:
     port = free_port()
     (tmp_path / "imgs").mkdir()
@@ -320,6 +332,7 @@ def test_check_binds_the_listen_address_and_a_busy_one_is_exit_1_naming_it(tmp_p
         assert run.returncode == 1 and "opcua.listen" in run.stderr, run.stderr
 
 
+@pytest.mark.integration
 def test_fifty_clients_and_one_that_never_reads_stay_bounded(tmp_path: Path) -> None:
     port = free_port()
     with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua={"listen": url(port), "max_clients": 10}) as d:
@@ -361,6 +374,44 @@ def test_fifty_clients_and_one_that_never_reads_stay_bounded(tmp_path: Path) -> 
             stopped.wait()
             if stopped.stdout is not None:
                 stopped.stdout.close()
+
+
+def test_a_users_file_names_each_user_once_per_line_and_refuses_what_is_not(tmp_path: Path) -> None:
+    users = _users(tmp_path)
+    assert read_users(users) == {"plc": PASSWORD}
+    users.write_text("plc:a:b\n\n  # comment\nscada:pw\n")
+    assert read_users(users) == {"plc": "a:b", "scada": "pw"}  # the password is all after the first colon
+    for text, problem in (("just-a-name\n", "line 1 of"), (":pw\n", "line 1 of"), ("# none\n", "holds no USER")):
+        users.write_text(text)
+        with pytest.raises(KeyFileError, match=problem):
+            read_users(users)
+
+
+def test_the_certificate_is_made_once_and_half_a_pair_is_refused(tmp_path: Path) -> None:
+    cert, key = server_certificate(tmp_path / "opcua")
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE((tmp_path / "opcua").stat().st_mode) == 0o750
+    made = x509.load_der_x509_certificate(cert.read_bytes())
+    uris = made.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert application_uri() in uris.get_values_for_type(x509.UniformResourceIdentifier)
+    assert server_certificate(tmp_path / "opcua") == (cert, key) and cert.read_bytes() == made.public_bytes(Encoding.DER)
+    key.unlink()
+    with pytest.raises(KeyFileError, match=re.escape("holds only one of server.der and server.pem")):
+        server_certificate(tmp_path / "opcua")
+
+
+def test_off_loopback_needs_a_users_file_and_loopback_does_not() -> None:
+    assert OpcuaConfig().listen == "opc.tcp://127.0.0.1:4840" and not OpcuaConfig().secured
+    assert OpcuaConfig(listen="opc.tcp://[::1]:4841/edged").users_file is None
+    with pytest.raises(ValueError, match=re.escape("is not a loopback address: set opcua.users_file")):
+        OpcuaConfig(listen="opc.tcp://192.168.1.20:4840")
+    assert OpcuaConfig(listen="opc.tcp://0.0.0.0:4840", users_file=Path("/etc/edged/opcua.users")).secured
+    for bad, problem in (
+        ("tcp://127.0.0.1:4840", "is not opc.tcp://HOST:PORT"),
+        ("opc.tcp://127.0.0.1", "is not HOST:PORT"),
+        ("opc.tcp://plc-gateway:4840", "binds an address, not a name"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(problem)):
+            OpcuaConfig(listen=bad)
 
 
 STALLED = """

@@ -214,6 +214,7 @@ def test_opcua_clients_and_counters_come_from_the_status() -> None:
         serving=True,
         clients=3,
         requests=12,
+        refused=2,
         updates=40,
         update_ms=StageLatency(p50_ms=1.5, p99_ms=4.0),
     )
@@ -223,6 +224,7 @@ def test_opcua_clients_and_counters_come_from_the_status() -> None:
     assert got[("edged_opcua_clients", ())] == 3
     assert got[("edged_opcua_requests_total", ())] == 12
     assert got[("edged_opcua_updates_total", ())] == 40
+    assert got[("edged_opcua_refused_total", ())] == 2
     assert got[("edged_opcua_update_seconds", (("quantile", "0.99"),))] == 0.004
     metrics.update([(_status(), RunStats().histograms(), None)])
     assert not any(name.startswith("edged_opcua") for name, _ in _samples(metrics))  # no [opcua]
