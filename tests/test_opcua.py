@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -374,6 +375,38 @@ def test_fifty_clients_and_one_that_never_reads_stay_bounded(tmp_path: Path) -> 
             stopped.wait()
             if stopped.stdout is not None:
                 stopped.stdout.close()
+
+
+@pytest.mark.integration
+def test_a_reload_keeps_the_server_and_its_sessions_and_new_opcua_settings_restart_it(tmp_path: Path) -> None:
+    port = free_port()
+    with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua={"listen": url(port), "max_clients": 10}) as d:
+        serving(d)
+        d.collect("verdict", 1, timeout=30)
+
+        async def across_reloads() -> tuple[str, str]:
+            loop = asyncio.get_running_loop()
+            async with client(url(port)) as c:
+                camera, ns = await camera_node(c)
+                sequence = await camera.get_child(f"{ns}:Sequence")
+                before = await sequence.read_value()
+                d.signal(signal.SIGHUP)
+                assert await until(lambda: "reloaded: model" in d.log()), d.log()
+                await loop.run_in_executor(None, d.collect, "verdict", 2)
+                kept = await sequence.read_value()  # the same session, on the same server
+                assert kept > before, (before, kept)
+            config = tmp_path / "edged.toml"
+            config.write_text(config.read_text().replace("max_clients = 10", "max_clients = 5"))
+            d.signal(signal.SIGHUP)
+            assert await until(lambda: d.log().count(SERVING) == 2), d.log()
+            async with client(url(port)) as c:
+                camera, ns = await camera_node(c)
+                await loop.run_in_executor(None, d.collect, "verdict", 1)
+                return str(await (await camera.get_child(f"{ns}:Verdict")).read_value()), d.log()
+
+        verdict, log = asyncio.run(across_reloads())
+        assert verdict == "NG" and "OPC UA output off" not in log
+        assert d.stop() == 0
 
 
 def test_a_users_file_names_each_user_once_per_line_and_refuses_what_is_not(tmp_path: Path) -> None:
