@@ -174,6 +174,14 @@ class OpcuaOutput(Output):
         }
         return OutputReport(drops={DROPPED: server.dropped}, fields=fields, summary=f"opcua {clients} client(s)")
 
+    def reread_secrets(self) -> None:
+        """SIGHUP: the users file again (its users take over from the next sign-in; raises KeyFileError,
+        keeping the old ones)."""
+        if self.cfg.users_file is not None:
+            from edged.opcua_server import read_users
+
+            self.server.users.replace(read_users(self.cfg.users_file))
+
     def carry_requests(self, server: TriggerServer) -> None:
         self.server.offer = server.offer
 

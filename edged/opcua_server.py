@@ -216,6 +216,10 @@ class Users(UserManager):
         self.refused = 0
         self._log = LogRate(REFUSED_LOG_INTERVAL_S)
 
+    def replace(self, users: dict[str, str]) -> None:
+        """Another users file's users, from the next sign-in on (sessions signed in stay)."""
+        self._users = users
+
     def get_user(
         self, iserver: Any, username: str | None = None, password: str | None = None, certificate: Any = None
     ) -> User | None:

@@ -300,6 +300,13 @@ def test_off_loopback_only_signed_in_encrypted_clients_are_served(tmp_path: Path
         assert "sign-in refused for user 'plc'" in d.log()
         refused = d.wait_status(lambda s: s.opcua is not None and s.opcua.refused >= 1)
         assert refused.opcua is not None and refused.opcua.refused == 1
+        # A reload reads the users file again: the new password from the next sign-in on.
+        users.write_text("plc:a new password\n")
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reloaded: model" in d.log(), 60), d.log()
+        assert asyncio.run(secured("plc", "a new password")) == "NG"
+        with pytest.raises(Exception):  # noqa: B017
+            asyncio.run(secured("plc", PASSWORD))
         # Made once: a restart keeps the certificate clients were told to trust.
         assert (certs / "server.der").read_bytes() == server_cert.read_bytes()
 
