@@ -49,7 +49,7 @@ class OpcuaConfig(Section):
     cert_dir: Path = Field(
         default_factory=default_cert_dir,
         description="Where the server's certificate (server.der) and private key (server.pem, mode 0600) are "
-        "made on first start and kept; default: opcua/ in the service's state directory under systemd, "
+        "made on the first start with users_file, and kept; default: opcua/ in the service's state directory under systemd, "
         "else beside the configuration file.",
     )
     max_clients: int = Field(10, ge=1, le=200, description="Client connections at once; more are refused as they connect.")
