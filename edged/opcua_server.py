@@ -68,6 +68,7 @@ REPLY_MARGIN_S = 1.0  # beyond trigger.timeout_s, how long a Trigger call waits 
 START_TIMEOUT_S = 30.0  # what `UaServer.wait_started` waits at most
 STOP_TIMEOUT_S = 5.0
 REFUSED_LOG_INTERVAL_S = 60.0
+ASYNCUA_LOG_INTERVAL_S = 60.0
 
 Answer = Callable[[VerdictMessage | TriggerError], None]
 # (origin, camera, part id, answer): `edged.trigger.TriggerServer.offer`
@@ -106,9 +107,33 @@ class Change:
     capture_ns: int = 0
 
 
+class BoundedLog(logging.Handler):
+    """asyncua's records, each of its messages at most once per `ASYNCUA_LOG_INTERVAL_S`, passed on
+    to edged's own handlers: a client decides how often asyncua logs (a refused connection, a
+    malformed message with its traceback), so it must not decide how much goes to the journal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rates: dict[tuple[str, str], LogRate] = {}  # by logger and message template: a bounded set
+        self._lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = (record.name, str(record.msg))
+        with self._lock:
+            rate = self._rates.setdefault(key, LogRate(ASYNCUA_LOG_INTERVAL_S))
+            allowed = rate.allows()
+        if allowed:
+            logging.getLogger().handle(record)
+
+
 def quiet_asyncua() -> None:
-    """asyncua logs every connection and request at info: warnings and above only."""
-    logging.getLogger("asyncua").setLevel(logging.WARNING)
+    """asyncua logs every connection and request at info: warnings and above only, each of its
+    messages at most once a minute (`BoundedLog`)."""
+    asyncua = logging.getLogger("asyncua")
+    asyncua.setLevel(logging.WARNING)
+    if not any(isinstance(handler, BoundedLog) for handler in asyncua.handlers):
+        asyncua.addHandler(BoundedLog())
+    asyncua.propagate = False
 
 
 def application_uri() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import shutil
@@ -34,7 +35,7 @@ from waiting import wait_for
 from edged.config import load_config
 from edged.errors import ConfigError, KeyFileError
 from edged.messages import TriggerError, VerdictMessage, parse_message
-from edged.opcua_server import VARIABLES, application_uri, read_users, server_certificate
+from edged.opcua_server import VARIABLES, application_uri, quiet_asyncua, read_users, server_certificate
 from edged.settings.opcua import OpcuaConfig
 
 SERVING = "OPC UA: serving camera"
@@ -437,6 +438,24 @@ def test_the_certificate_is_made_once_and_half_a_pair_is_refused(tmp_path: Path)
     key.unlink()
     with pytest.raises(KeyFileError, match=re.escape("holds only one of server.der and server.pem")):
         server_certificate(tmp_path / "opcua")
+
+
+def test_asyncua_says_each_thing_at_most_once_a_minute_and_nothing_below_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    quiet_asyncua()
+    quiet_asyncua()  # a second server adds no second handler
+    noisy = logging.getLogger("asyncua.server.binary_server_asyncio")
+    with caplog.at_level(logging.INFO):
+        for peer in range(100):
+            noisy.warning("Refusing connection from %s: at max_connections=%s", peer, 10)
+            noisy.info("New connection from %s", peer)
+        noisy.error("Exception raised while processing message from client")
+    said = [record.getMessage() for record in caplog.records if record.name.startswith("asyncua")]
+    assert said == [
+        "Refusing connection from 0: at max_connections=10",
+        "Exception raised while processing message from client",
+    ]
 
 
 def test_off_loopback_needs_a_users_file_and_loopback_does_not() -> None:
