@@ -37,6 +37,7 @@ from typing import Any
 from asyncua import ua
 from asyncua.common.node import Node
 from asyncua.crypto.permission_rules import User, UserRole
+from asyncua.server import binary_server_asyncio
 from asyncua.server.internal_session import InternalSession
 from asyncua.server.server import Server
 from asyncua.server.user_managers import UserManager
@@ -69,6 +70,7 @@ START_TIMEOUT_S = 30.0  # what `UaServer.wait_started` waits at most
 STOP_TIMEOUT_S = 5.0
 REFUSED_LOG_INTERVAL_S = 60.0
 ASYNCUA_LOG_INTERVAL_S = 60.0
+MAX_CHUNK_BYTES = 65535 + 12  # the largest chunk the server takes (limits.max_recv_buffer), with its header
 
 Answer = Callable[[VerdictMessage | TriggerError], None]
 # (origin, camera, part id, answer): `edged.trigger.TriggerServer.offer`
@@ -124,6 +126,25 @@ class BoundedLog(logging.Handler):
             allowed = rate.allows()
         if allowed:
             logging.getLogger().handle(record)
+
+
+class CappedProtocol(binary_server_asyncio.OPCUAProtocol):
+    """asyncua's connection, which keeps what a peer sends until the chunk its header announces is
+    complete (up to 4 GiB, before any session): here a connection whose unfinished chunk outgrows
+    `MAX_CHUNK_BYTES`, the chunk size the server negotiates, is closed, so no peer decides what
+    edged holds for it."""
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # every complete chunk taken off; what is left is one unfinished
+        if len(self._buffer) > MAX_CHUNK_BYTES and self.transport is not None:
+            self._buffer = b""
+            self.transport.close()
+
+
+def cap_chunks() -> None:
+    """Every OPC UA connection of this process is a `CappedProtocol`: asyncua's server makes its
+    connections by that module-level name, and edged runs one server."""
+    binary_server_asyncio.OPCUAProtocol = CappedProtocol  # type: ignore[misc]
 
 
 def quiet_asyncua() -> None:
@@ -272,6 +293,7 @@ class UaServer:
         self, cfg: OpcuaConfig, cameras: Sequence[str], requesting: Sequence[str], trigger_timeout_s: float
     ) -> None:
         quiet_asyncua()
+        cap_chunks()
         self.cfg = cfg
         self.cameras = tuple(cameras)
         self.requesting = tuple(requesting)

@@ -386,6 +386,25 @@ def test_fifty_clients_and_one_that_never_reads_stay_bounded(tmp_path: Path) -> 
 
 
 @pytest.mark.integration
+def test_a_peer_announcing_a_huge_chunk_is_cut_off_not_buffered(tmp_path: Path) -> None:
+    port = free_port()
+    with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua={"listen": url(port)}) as d:
+        serving(d)
+        before = rss_kb(d.proc.pid)
+        sent = 0
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as peer:
+            peer.sendall(b"HELF" + (1 << 30).to_bytes(4, "little"))  # a Hello of 1 GiB, before any session
+            piece = bytes(1 << 16)
+            with pytest.raises(OSError):  # the server closed the connection: ECONNRESET or EPIPE
+                while sent < 200 << 20:
+                    peer.sendall(piece)
+                    sent += len(piece)
+        assert sent < 8 << 20, sent  # cut off within a few reads, not after buffering what it announced
+        assert rss_kb(d.proc.pid) - before < 50_000
+        d.collect("verdict", 1, timeout=30)  # and the daemon goes on
+
+
+@pytest.mark.integration
 def test_a_reload_keeps_the_server_and_its_sessions_and_new_opcua_settings_restart_it(tmp_path: Path) -> None:
     port = free_port()
     with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua={"listen": url(port), "max_clients": 10}) as d:
