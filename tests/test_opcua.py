@@ -378,6 +378,7 @@ def test_fifty_clients_and_one_that_never_reads_stay_bounded(tmp_path: Path) -> 
                     return str(await (await camera.get_child(f"{ns}:Verdict")).read_value())
 
             assert asyncio.run(still()) == "NG"
+            assert d.stop(timeout=20) == 0  # with the stopped client still connected
         finally:
             stopped.kill()
             stopped.wait()
