@@ -67,6 +67,24 @@ def opcua_problems(cfg: OpcuaConfig) -> list[str]:
     return []
 
 
+def describe(cfg: OpcuaConfig, settings: Settings) -> str:
+    """``edged check``'s line: where, for which cameras, and who may sign in."""
+    requesting = settings.requesting()
+    trigger = f", Trigger on {', '.join(requesting)}" if requesting else ""
+    cameras = f"verdicts of {', '.join(settings.inspected()) or 'no camera (none has [inspect])'}{trigger}"
+    if cfg.users_file is None:
+        return f"{cfg.listen}: {cameras}; anonymous, unencrypted (loopback only)"
+    from edged.opcua_server import CERT_FILE, read_users
+
+    users = read_users(cfg.users_file)
+    cert = cfg.cert_dir / CERT_FILE
+    made = "" if cert.is_file() else ", made on the first start"
+    return (
+        f"{cfg.listen}: {cameras}; Basic256Sha256 SignAndEncrypt, {len(users)} user(s) of {cfg.users_file}; "
+        f"certificate {cert}{made}"
+    )
+
+
 def try_listen(listen: str) -> Callable[[], None]:
     """`Endpoint.bind` of ``opcua.listen``: bound and listening as the server binds it (address
     reuse, as asyncio sets it), then released. Raises `BindError` naming the key."""

@@ -32,9 +32,10 @@ from onnx_models import colour_probe
 from test_trigger import ready, running
 from waiting import wait_for
 
-from edged.config import load_config
+from edged.config import Settings, load_config
 from edged.errors import ConfigError, KeyFileError
 from edged.messages import TriggerError, VerdictMessage, parse_message
+from edged.opcua import describe
 from edged.opcua_server import VARIABLES, application_uri, quiet_asyncua, read_users, server_certificate
 from edged.settings.opcua import OpcuaConfig
 
@@ -331,6 +332,7 @@ def test_check_binds_the_listen_address_and_a_busy_one_is_exit_1_naming_it(tmp_p
     result = run_cli("check", "--config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"listen     opcua.listen: {url(port)} (bound and released)" in result.stdout
+    assert f"opcua      {url(port)}: verdicts of no camera (none has [inspect]); anonymous, unencrypted" in result.stdout
     with socket.socket() as held:
         held.bind(("127.0.0.1", port))
         held.listen()
@@ -476,6 +478,19 @@ def test_asyncua_says_each_thing_at_most_once_a_minute_and_nothing_below_warning
         "Refusing connection from 0: at max_connections=10",
         "Exception raised while processing message from client",
     ]
+
+
+def test_check_says_who_may_sign_in_and_where_the_certificate_is(tmp_path: Path) -> None:
+    users = _users(tmp_path)
+    cfg = OpcuaConfig(listen="opc.tcp://0.0.0.0:4840", users_file=users, cert_dir=tmp_path / "opcua")
+    settings = Settings(model={"path": tmp_path / "m.onnx"}, inspect={}, opcua=cfg)
+    said = describe(cfg, settings)
+    assert said == (
+        f"opc.tcp://0.0.0.0:4840: verdicts of cam0; Basic256Sha256 SignAndEncrypt, 1 user(s) of {users}; "
+        f"certificate {tmp_path / 'opcua' / 'server.der'}, made on the first start"
+    )
+    server_certificate(tmp_path / "opcua")
+    assert describe(cfg, settings).endswith("server.der")
 
 
 def test_off_loopback_needs_a_users_file_and_loopback_does_not() -> None:
