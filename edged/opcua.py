@@ -182,7 +182,7 @@ class OpcuaOutput(Output):
         fields = {
             "opcua": {
                 "listen": self.cfg.listen,
-                "serving": server.failure is None and server.serving,
+                "serving": server.serving,
                 "clients": clients,
                 "requests": server.requests,
                 "refused": server.users.refused,

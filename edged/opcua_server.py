@@ -66,7 +66,7 @@ MAX_PENDING_MESSAGES = 16  # requests parsed and waiting per connection; beyond,
 MAX_SESSION_TIMEOUT_MS = 60_000  # a session whose client went silent is closed after at most this
 ACTIVATION_S = 10.0  # a connection without an activated session after this is closed
 REPLY_MARGIN_S = 1.0  # beyond trigger.timeout_s, how long a Trigger call waits for the desk's reply
-START_TIMEOUT_S = 30.0  # what `UaServer.wait_started` waits at most
+START_TIMEOUT_S = 30.0  # what `UaServer.close` waits at most for a server still starting
 STOP_TIMEOUT_S = 5.0
 REFUSED_LOG_INTERVAL_S = 60.0
 ASYNCUA_LOG_INTERVAL_S = 60.0
@@ -313,8 +313,7 @@ class UaServer:
         self._server: Server | None = None
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()  # bound to the server's loop when it first waits on it
-        self._started = threading.Event()
-        self.failure: str | None = None  # why the server is not serving, once it has tried
+        self._started = threading.Event()  # it listens, or has given up
         self._thread = threading.Thread(target=self._run, name="edged-opcua", daemon=True)
         self._thread.start()
 
@@ -348,12 +347,9 @@ class UaServer:
             summary = self.latency.summary()
         return summary.p50_ms, summary.p99_ms
 
-    def wait_started(self, timeout_s: float = START_TIMEOUT_S) -> bool:
-        """Until the server listens or has failed (`failure`); False when neither within ``timeout_s``."""
-        return self._started.wait(timeout_s)
-
     def close(self) -> None:
-        """Stop the server (sessions closed) within `STOP_TIMEOUT_S`."""
+        """Stop the server (sessions closed) within `STOP_TIMEOUT_S`; one still starting is waited for
+        within `START_TIMEOUT_S`, and stops as soon as it has started."""
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server has stopped already
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(START_TIMEOUT_S if not self._started.is_set() else STOP_TIMEOUT_S)
@@ -364,8 +360,7 @@ class UaServer:
         asyncio.set_event_loop(self._loop)
         try:
             self._loop.run_until_complete(self._serve())
-        except Exception as e:  # a bug or a bind failure: OPC UA stops, every other output goes on
-            self.failure = f"{type(e).__name__}: {e}"
+        except Exception:  # a bug: OPC UA stops, every other output goes on
             log.exception("OPC UA: the server stopped; every other output goes on")
         finally:
             self._started.set()
@@ -391,9 +386,8 @@ class UaServer:
             return
         try:
             await server.start()
-        except OSError as e:
-            self.failure = f"opcua.listen {self.cfg.listen}: cannot listen there: {e.strerror or e}"
-            log.error("OPC UA: %s; every other output goes on", self.failure)
+        except OSError as e:  # taken since `edged.opcua.try_listen` tried it: status says not serving
+            log.error("OPC UA: opcua.listen %s: cannot listen there: %s; every other output goes on", self.cfg.listen, e)
             return
         self._server = server
         self._serving_since_ns = time.monotonic_ns()
