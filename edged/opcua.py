@@ -2,7 +2,7 @@
 
 Under ``Objects/edged/<camera_id>/`` (namespace ``urn:edged``) every camera has::
 
-    Verdict             String   "OK" or "NG" (empty until the first verdict)
+    Verdict             String   "OK" or "NG"
     Sequence            UInt64   the verdict message's seq, as on ZeroMQ's verdict topic
     PartId              String   the request's part id; empty when free-running or none given
     OkCount, NgCount    UInt64   verdicts since start
@@ -11,11 +11,11 @@ Under ``Objects/edged/<camera_id>/`` (namespace ``urn:edged``) every camera has:
     LastMessage         String   the verdict message, JSON, as sent on ZeroMQ
     Trigger(partId: String) -> String   in request mode: the verdict message of a frame captured after the call
 
-A verdict's values are written together with the frame's capture time as source timestamp, so a
-subscriber gets them as one set. Verdict repeats its value from one part to the next: a
-subscriber that wants a notification for each verdict monitors Sequence, or Verdict with the
-StatusValueTimestamp trigger. The server runs on its own thread (`edged.opcua_server`); the
-frame loop only queues each change.
+Until the first verdict, a verdict's variables are Bad_WaitingForInitialData. A verdict's values
+are written together with the frame's capture time as source timestamp, so a subscriber gets
+them as one set. Verdict repeats its value from one part to the next: a subscriber that wants a
+notification for each verdict monitors Sequence, or Verdict with the StatusValueTimestamp trigger.
+The server runs on its own thread (`edged.opcua_server`); the frame loop only queues each change.
 
 asyncua is an optional dependency (``pip install 'edged[opcua]'``), imported only when a
 configuration has ``[opcua]``.

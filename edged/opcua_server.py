@@ -42,6 +42,7 @@ from asyncua.server.internal_session import InternalSession
 from asyncua.server.server import Server
 from asyncua.server.user_managers import UserManager
 from asyncua.ua.object_ids import ObjectIds
+from asyncua.ua.status_codes import StatusCodes
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -96,6 +97,10 @@ INITIAL: dict[str, Any] = {
     "CaptureToVerdictMs": 0.0,
     "LastMessage": "",
 }
+
+
+AWAITING = frozenset({"Verdict", "Sequence", "PartId", "CaptureToVerdictMs", "LastMessage"})
+WAITING = ua.StatusCode(ua.UInt32(StatusCodes.BadWaitingForInitialData))
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,7 +426,11 @@ class UaServer:
         server.limits.max_chunk_count = (1 << 20) // server.limits.max_recv_buffer + 1
 
     async def _build(self, server: Server) -> None:
-        """``Objects/edged/<camera_id>/`` with every variable of `VARIABLES`, and ``Trigger`` in request mode."""
+        """``Objects/edged/<camera_id>/`` with every variable of `VARIABLES`, and ``Trigger`` in request mode.
+
+        Those of a verdict (`AWAITING`) are Bad_WaitingForInitialData until the first: the first
+        verdict then changes their status whatever its values, so that a subscriber monitoring
+        ``Sequence`` hears of verdict 0 too."""
         ns = await server.register_namespace(NAMESPACE)
         root = await server.nodes.objects.add_object(_node_id("edged", ns), ua.QualifiedName("edged", ns))
         for camera_id in self.cameras:
@@ -431,6 +440,8 @@ class UaServer:
                     _node_id(f"{camera_id}.{name}", ns), ua.QualifiedName(name, ns), INITIAL[name], kind
                 )
                 self._nodes[camera_id, name] = node.nodeid
+                if name in AWAITING:
+                    await server.write_attribute_value(node.nodeid, ua.DataValue(StatusCode=WAITING))
             if camera_id in self.requesting:
                 await self._add_trigger(camera, ns, camera_id)
 
