@@ -44,9 +44,8 @@ class _Arrivals:
         self.at: list[tuple[int, int]] = []
 
     def datachange_notification(self, node: Any, val: Any, data: Any) -> None:
-        stamp = data.monitored_item.Value.SourceTimestamp
-        if stamp is not None:
-            self.at.append((time.time_ns(), int(stamp.timestamp() * 1e9)))
+        stamp = data.monitored_item.Value.SourceTimestamp  # none while waiting for the first verdict
+        self.at.append((time.time_ns(), int(stamp.timestamp() * 1e9) if stamp is not None else 0))
 
 
 def _source(folder: Path, fps: float) -> str:
@@ -77,7 +76,7 @@ async def _subscribe(url: str, verdicts: int, timeout_s: float) -> list[tuple[in
         await sub.delete()
     finally:
         await client.disconnect()
-    return arrivals.at[1:]  # the first is the value when subscribed
+    return [(at, stamp) for at, stamp in arrivals.at[1:] if stamp]  # the first is the value when subscribed
 
 
 def _last_status(sub: zmq.Socket[bytes], timeout_ms: int = 5000) -> StatusMessage | None:
