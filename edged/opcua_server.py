@@ -71,6 +71,7 @@ START_TIMEOUT_S = 30.0  # what `UaServer.close` waits at most for a server still
 STOP_TIMEOUT_S = 5.0
 REFUSED_LOG_INTERVAL_S = 60.0
 ASYNCUA_LOG_INTERVAL_S = 60.0
+MIN_PUBLISHING_MS = 10.0  # the shortest publishing interval a subscription gets
 MAX_CHUNK_BYTES = 65535 + 12  # the largest chunk the server takes (limits.max_recv_buffer), with its header
 
 Answer = Callable[[VerdictMessage | TriggerError], None]
@@ -422,6 +423,16 @@ class UaServer:
         internal.max_unacked_messages_per_subscription = self.cfg.max_queued
         internal.max_monitored_item_queue_size = self.cfg.max_queued
         InternalSession.max_connections = self.cfg.max_clients  # activated sessions: the class keeps the count
+        service = internal.subscription_service
+        create = service.create_subscription
+
+        async def create_at_most_as_often(params: ua.CreateSubscriptionParameters, *args: Any, **kwargs: Any) -> Any:
+            """asyncua grants any publishing interval, 0 (a publish per value written: no sets) or a
+            microsecond (a loop that never sleeps): it is revised to `MIN_PUBLISHING_MS` at least."""
+            params.RequestedPublishingInterval = max(params.RequestedPublishingInterval, MIN_PUBLISHING_MS)
+            return await create(params, *args, **kwargs)
+
+        service.create_subscription = create_at_most_as_often  # type: ignore[method-assign]
         server.limits.max_message_size = 1 << 20
         server.limits.max_chunk_count = (1 << 20) // server.limits.max_recv_buffer + 1
 

@@ -111,6 +111,10 @@ def test_a_subscriber_gets_one_set_of_notifications_per_verdict_in_the_order_of_
                 names = {(await child.read_browse_name()).Name for child in await camera.get_children()}
                 assert names == set(VARIABLES)  # free-running: no Trigger
                 handler = Notifications()
+                asked = ua.CreateSubscriptionParameters(RequestedPublishingInterval=0, RequestedMaxKeepAliveCount=10)
+                granted = await c.uaclient.create_subscription(asked, lambda result: None)
+                assert granted.RevisedPublishingInterval == 10  # never 0: a publish per value would split the sets
+                await c.uaclient.delete_subscriptions([granted.SubscriptionId])
                 sub = await c.create_subscription(50, handler)
                 verdict = await camera.get_child(f"{ns}:Verdict")
                 sequence = await camera.get_child(f"{ns}:Sequence")
