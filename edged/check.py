@@ -34,6 +34,7 @@ from edged.evidence import folder_problem
 from edged.heads.base import fmt_classes
 from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
+from edged.opcua import describe as describe_opcua
 from edged.outputs import listening
 from edged.pipeline import FramePath, FramePipeline, frame_path
 from edged.preprocess import LETTERBOX_FILL
@@ -266,6 +267,8 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     print(f"journal    {_journal(settings)}", file=out)
     if settings.mqtt is not None:
         print(f"mqtt       {probe_broker(settings.mqtt, settings.source[0].camera_id)}", file=out)
+    if settings.opcua is not None:
+        print(f"opcua      {describe_opcua(settings.opcua, settings)}", file=out)
     _report(model, out)
     if failed:
         names = ", ".join(name for name, _ in failed)

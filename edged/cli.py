@@ -230,6 +230,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         help="instead of the per-frame rows: the reject line's pulse lateness for --frames NG parts, idle and with "
         "every core busy, on gpio-sim where the kernel has it, else on a line recorded at the gpiod boundary",
     )
+    p.add_argument(
+        "--opcua",
+        action="store_true",
+        help="instead of the per-frame rows: capture to OPC UA node update and to a subscriber's notification, "
+        "p50/p99, over --frames verdicts of an `edged run` at --camera-fps (needs asyncua)",
+    )
     p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
     p.add_argument(
         "--camera-source",

@@ -37,6 +37,7 @@ from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
 from edged.settings.journal import JournalConfig, default_path
 from edged.settings.mqtt import MqttConfig
+from edged.settings.opcua import OpcuaConfig
 from edged.settings.reject import RejectConfig
 from edged.settings.section import Section
 from edged.settings.sources import KINDS, SourceBase, SyntheticSourceConfig, TriggerMode, mask_credentials
@@ -396,6 +397,7 @@ class Settings(BaseSettings):
     http: HttpConfig = section(HttpConfig, "The live view, status page, Prometheus metrics and health check, over HTTP.")
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
     evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
+    opcua: OpcuaConfig | None = Field(None, description="OPC UA server of each camera's verdicts; absent: off.")
     journal: JournalConfig = section(
         JournalConfig, "The verdict journal: every verdict recorded on the board, sent to MQTT from it; on by default."
     )
@@ -778,6 +780,8 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("mqtt", "ca_file"),
         ("mqtt", "cert_file"),
         ("mqtt", "key_file"),
+        ("opcua", "users_file"),
+        ("opcua", "cert_dir"),
         ("evidence", "dir"),
         ("journal", "path"),
     ):
@@ -798,6 +802,7 @@ def _check_files(settings: Settings) -> list[str]:
     # only to check them: the settings themselves import nothing of the runtime.
     from edged.keys import key_file_problems, read_token
     from edged.mqtt import broker_problems
+    from edged.opcua import opcua_problems
     from edged.sources.registry import config_problems as camera_problems
 
     problems = [
@@ -819,6 +824,8 @@ def _check_files(settings: Settings) -> list[str]:
             problems.append(str(e))
     if settings.mqtt is not None:
         problems += broker_problems(settings.mqtt)
+    if settings.opcua is not None:
+        problems += opcua_problems(settings.opcua)
     journal = settings.journal
     if journal.enabled and journal.path is not None and not journal.path.parent.is_dir():
         problems.append(

@@ -342,6 +342,18 @@ class RejectReport(Message):
     last_error: str | None = Field(description="The line's last error (its thread failed); null when none.")
 
 
+class OpcuaReport(Message):
+    """What the OPC UA server (``[opcua]``) says of itself; the same for every camera but ``updates``."""
+
+    listen: str = Field(description="The address it listens on (opcua.listen).")
+    serving: bool = Field(description="It listens and takes clients; false while it starts, or once it failed.")
+    clients: int = Field(ge=0, description="Client connections now.")
+    requests: int = Field(ge=0, description="Trigger calls answered since start, of every camera.")
+    refused: int = Field(ge=0, description="Sign-ins refused since start (a wrong user or password).")
+    updates: int = Field(ge=0, description="Verdicts written to the nodes since start, of every camera.")
+    update_ms: StageLatency = Field(description="Capture to node update over the last verdicts, of every camera.")
+
+
 class StatusMessage(TopicMessage):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -379,6 +391,10 @@ class StatusMessage(TopicMessage):
         None,
         description="MQTT messages dropped or superseded while the broker was away, by topic "
         "(detections, status, verdict); null when [mqtt] is off.",
+    )
+
+    opcua: OpcuaReport | None = Field(
+        None, description="The OPC UA server's clients and counters; null when [opcua] is off."
     )
 
     time_ms = ms_copy("time_ns")  # type: ignore[pydantic-field]  # a computed field: no annotation

@@ -17,6 +17,7 @@ from edged.http import HttpServer
 from edged.journal import JournalOutput
 from edged.messages import ThermalState, VerdictMessage
 from edged.mqtt import MqttOutput
+from edged.opcua import OpcuaOutput
 from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.pipeline import Processed, verdict_message
 from edged.publish import Publisher
@@ -29,7 +30,15 @@ OutputT = TypeVar("OutputT", bound=Output)
 # The reject line first: a verdict acts on the line before anything else is done with it. Evidence
 # before the journal, which records where the image went; the journal before ZeroMQ, whose verdicts
 # wait for it (`JournalOutput.after_recorded`).
-OUTPUTS: tuple[type[Output], ...] = (RejectOutput, EvidenceOutput, JournalOutput, Publisher, MqttOutput, HttpServer)
+OUTPUTS: tuple[type[Output], ...] = (
+    RejectOutput,
+    EvidenceOutput,
+    JournalOutput,
+    Publisher,
+    MqttOutput,
+    HttpServer,
+    OpcuaOutput,
+)
 
 
 def listening(settings: Settings) -> list[Endpoint]:

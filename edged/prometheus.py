@@ -11,7 +11,8 @@ Names follow Prometheus' conventions: the ``edged_`` prefix, base units (seconds
 camera carries a ``camera`` label (its ``camera_id``); thermal state and build are the board's.
 With ``[inspect]`` the verdicts come too, counted since start by `edged.stats` and handed over with
 the status: NG reasons are labelled by camera, class and zone, so their cardinality is at most the
-cameras times the classes times the zones. With ``[evidence]``, each writer's counters from the status.
+cameras times the classes times the zones. With ``[evidence]``, each writer's counters from the status;
+with ``[opcua]``, the server's clients and counters.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Metrics:
         yield from _evidence([status for status, _, _ in cameras])
         yield from _journal([status for status, _, _ in cameras])
         yield from _reject([status for status, _, _ in cameras])
+        yield from _opcua(first)
         yield InfoMetricFamily(
             "edged_build",
             "edged's version and the model it runs.",
@@ -214,6 +216,28 @@ def _evidence(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
         limited.add_metric([camera], evidence.rate_limited)
         held.add_metric([camera], evidence.bytes)
     yield from (saved, dropped, errors, limited, held)
+
+
+def _opcua(status: StatusMessage) -> Iterator[Metric]:
+    """The OPC UA server's, the board's one: any camera's status says it."""
+    server = status.opcua
+    if server is None:
+        return
+    yield GaugeMetricFamily(
+        "edged_opcua_serving", "1 while the OPC UA server listens and takes clients.", value=server.serving
+    )
+    yield GaugeMetricFamily("edged_opcua_clients", "OPC UA client connections now.", value=server.clients)
+    yield CounterMetricFamily("edged_opcua_requests", "OPC UA Trigger calls answered.", value=server.requests)
+    yield CounterMetricFamily("edged_opcua_refused", "OPC UA sign-ins refused.", value=server.refused)
+    yield CounterMetricFamily("edged_opcua_updates", "Verdicts written to the OPC UA nodes.", value=server.updates)
+    update = GaugeMetricFamily(
+        "edged_opcua_update_seconds",
+        "Capture to OPC UA node update over the last verdicts, by quantile.",
+        labels=["quantile"],
+    )
+    update.add_metric(["0.5"], server.update_ms.p50_ms / 1000)
+    update.add_metric(["0.99"], server.update_ms.p99_ms / 1000)
+    yield update
 
 
 def _journal(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:

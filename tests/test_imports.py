@@ -115,9 +115,9 @@ def test_the_settings_load_no_output_no_camera_library_and_no_network() -> None:
     result = subprocess.run([sys.executable, "-c", SETTINGS_IMPORTS], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     modules = set(result.stdout.split())
-    runtime = ("edged.http", "edged.mqtt", "edged.evidence", "edged.trigger", "edged.view", "edged.publish")
+    runtime = ("edged.http", "edged.mqtt", "edged.evidence", "edged.trigger", "edged.view", "edged.publish", "edged.opcua")
     assert {m for m in modules if m.startswith(runtime)} == set()
-    assert {m for m in modules if m.split(".")[0] in ("cv2", "zmq", "paho", "prometheus_client")} == set()
+    assert {m for m in modules if m.split(".")[0] in ("cv2", "zmq", "paho", "prometheus_client", "asyncua")} == set()
     assert "http.server" not in modules
 
 
@@ -140,7 +140,9 @@ print("\\n".join(sorted(sys.modules)))
 
 
 @pytest.mark.integration
-def test_edged_run_imports_no_tool_no_onnx_no_openvino_and_without_mqtt_no_paho(tmp_path: Path) -> None:
+def test_edged_run_imports_no_tool_no_onnx_no_openvino_and_without_mqtt_no_paho_nor_without_opcua_asyncua(
+    tmp_path: Path,
+) -> None:
     result = subprocess.run(
         [sys.executable, "-c", RUN_IMPORTS, str(tmp_path / "missing.toml")], capture_output=True, text=True, timeout=60
     )
@@ -151,4 +153,5 @@ def test_edged_run_imports_no_tool_no_onnx_no_openvino_and_without_mqtt_no_paho(
     onnx = {m for m in modules if m.split(".")[0] in ("onnx", "sympy")}
     paho = {m for m in modules if m.split(".")[0] == "paho"}  # imported only for an [mqtt] section
     openvino = {m for m in modules if m.split(".")[0] == "openvino" or m == "edged.engine_openvino"}  # model.engine
-    assert tools == set() and onnx == set() and paho == set() and openvino == set()
+    asyncua = {m for m in modules if m.split(".")[0] == "asyncua" or m == "edged.opcua_server"}  # only for [opcua]
+    assert tools == set() and onnx == set() and paho == set() and openvino == set() and asyncua == set()

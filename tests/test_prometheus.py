@@ -16,6 +16,7 @@ from edged.messages import (
     EvidenceReport,
     JournalReport,
     ModelInfo,
+    OpcuaReport,
     Reason,
     RejectReport,
     StageLatency,
@@ -235,6 +236,29 @@ def test_reject_line_counters_lateness_and_margin_come_from_the_status() -> None
     assert got[("edged_reject_alarm", CAM0)] == 0
     metrics.update([(_status(), RunStats().histograms(), None)])
     assert not any(name.startswith("edged_reject") for name, _ in _samples(metrics))
+
+
+def test_opcua_clients_and_counters_come_from_the_status() -> None:
+    metrics = Metrics()
+    server = OpcuaReport(
+        listen="opc.tcp://127.0.0.1:4840",
+        serving=True,
+        clients=3,
+        requests=12,
+        refused=2,
+        updates=40,
+        update_ms=StageLatency(p50_ms=1.5, p99_ms=4.0),
+    )
+    metrics.update([(_status().model_copy(update={"opcua": server}), RunStats().histograms(), None)])
+    got = _samples(metrics)
+    assert got[("edged_opcua_serving", ())] == 1
+    assert got[("edged_opcua_clients", ())] == 3
+    assert got[("edged_opcua_requests_total", ())] == 12
+    assert got[("edged_opcua_updates_total", ())] == 40
+    assert got[("edged_opcua_refused_total", ())] == 2
+    assert got[("edged_opcua_update_seconds", (("quantile", "0.99"),))] == 0.004
+    metrics.update([(_status(), RunStats().histograms(), None)])
+    assert not any(name.startswith("edged_opcua") for name, _ in _samples(metrics))  # no [opcua]
 
 
 def test_the_registry_is_edged_own() -> None:

@@ -357,3 +357,14 @@ def test_cold_start_on_openvino_writes_and_then_loads_its_compiled_model_cache(p
     (result,) = cold_start(probe, trials=1, spinning="during-run", sources=("images",), engine="openvino")
     assert (result["engine"], result["precision"]) == ("openvino", "f32")
     assert 0 < result["with_cache_median_s"] < 60 and 0 < result["without_cache_median_s"] < 60
+
+
+def test_the_opcua_bench_times_capture_to_node_update_and_to_a_subscriber() -> None:
+    from edged.tools.bench_opcua import format_opcua, opcua_latency
+    from edged.tools.bench_rows import resolve_model
+
+    r = opcua_latency(resolve_model(None), verdicts=15, fps=10.0, spinning="off")
+    assert r["verdicts"] >= 15 and r["dropped"] == 0
+    assert 0 < r["update_ms"]["p50"] <= r["update_ms"]["p99"]
+    assert 0 < r["notified_ms"]["p50"] <= r["notified_ms"]["p99"] <= r["notified_ms"]["max"]
+    assert "capture to node update" in format_opcua(r) and "capture to notification" in format_opcua(r)

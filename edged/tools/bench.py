@@ -78,6 +78,15 @@ def run_bench(args: argparse.Namespace) -> int:
         report["reject"] = run_reject_bench(args.frames)
         if not args.json:
             print(format_reject(report["reject"]))
+    if args.opcua:
+        from edged.tools.bench_opcua import format_opcua, opcua_latency  # asyncua: only for this figure
+
+        report["opcua"] = opcua_latency(path, args.frames, args.camera_fps, spinning)
+        if not args.json:
+            print(format_opcua(report["opcua"]))
+    if not (args.cold_start or args.soak or args.cameras or args.journal or args.reject or args.opcua):
+        if not args.json:
+            print(format_reject(report["reject"]))
     if not (args.cold_start or args.soak or args.cameras or args.journal or args.reject):
         if len(variants) == 1 and not skipped:
             report = bench(path, spinning, args, variants[0])

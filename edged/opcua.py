@@ -1,0 +1,225 @@
+"""OPC UA output: each camera's verdicts as nodes a PLC or SCADA reads, subscribes to and triggers.
+
+Under ``Objects/edged/<camera_id>/`` (namespace ``urn:edged``) every camera has::
+
+    Verdict             String   "OK" or "NG"
+    Sequence            UInt64   the verdict message's seq, as on ZeroMQ's verdict topic
+    PartId              String   the request's part id; empty when free-running or none given
+    OkCount, NgCount    UInt64   verdicts since start
+    State               String   the camera: starting, ok, lost or ended (from each status round)
+    CaptureToVerdictMs  Double   capture to verdict
+    LastMessage         String   the verdict message, JSON, as sent on ZeroMQ
+    Trigger(partId: String) -> String   in request mode: the verdict message of a frame captured after the call
+
+Until the first verdict, a verdict's variables are Bad_WaitingForInitialData. A verdict's values
+are written together with the frame's capture time as source timestamp, so a subscriber gets
+them as one set. Verdict repeats its value from one part to the next: a subscriber that wants a
+notification for each verdict monitors Sequence, or Verdict with the StatusValueTimestamp trigger.
+The server runs on its own thread (`edged.opcua_server`); the frame loop only queues each change.
+
+asyncua is an optional dependency (``pip install 'edged[opcua]'``), imported only when a
+configuration has ``[opcua]``.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import logging
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+from edged.errors import BindError, EdgedError, KeyFileError, MissingDependency
+from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
+from edged.settings.opcua import OpcuaConfig, listen_host_port
+
+if TYPE_CHECKING:
+    from edged.config import Settings
+    from edged.opcua_server import Change, UaServer
+    from edged.trigger import TriggerServer
+
+log = logging.getLogger(__name__)
+
+DROPPED = "opcua_dropped"  # the status drop counting verdicts the server fell too far behind to write
+INSTALL_ASYNCUA = (
+    "in a checkout, .venv/bin/python -m pip install -e '.[opcua]'; with the .deb, "
+    "sudo pip --python /usr/lib/edged/venv/bin/python install 'asyncua>=1.1'"
+)
+
+
+def opcua_problems(cfg: OpcuaConfig) -> list[str]:
+    """What would stop the server from starting, one line each, reported when the config loads."""
+    try:
+        importlib.import_module("asyncua")
+    except ImportError as e:
+        return [f"opcua: an [opcua] section needs asyncua, which this Python cannot import ({e}): {INSTALL_ASYNCUA}"]
+    from edged.opcua_server import read_users
+
+    try:
+        if cfg.users_file is not None:
+            read_users(cfg.users_file)
+    except KeyFileError as e:
+        return [str(e)]
+    return []
+
+
+def describe(cfg: OpcuaConfig, settings: Settings) -> str:
+    """``edged check``'s line: where, for which cameras, and who may sign in."""
+    requesting = settings.requesting()
+    trigger = f", Trigger on {', '.join(requesting)}" if requesting else ""
+    cameras = f"verdicts of {', '.join(settings.inspected()) or 'no camera (none has [inspect])'}{trigger}"
+    if cfg.users_file is None:
+        return f"{cfg.listen}: {cameras}; anonymous, unencrypted (loopback only)"
+    from edged.opcua_server import CERT_FILE, read_users
+
+    users = read_users(cfg.users_file)
+    cert = cfg.cert_dir / CERT_FILE
+    made = "" if cert.is_file() else ", made on the first start"
+    return (
+        f"{cfg.listen}: {cameras}; Basic256Sha256 SignAndEncrypt, {len(users)} user(s) of {cfg.users_file}; "
+        f"certificate {cert}{made}"
+    )
+
+
+def try_listen(listen: str) -> Callable[[], None]:
+    """`Endpoint.bind` of ``opcua.listen``: bound and listening as the server binds it (address
+    reuse, as asyncio sets it), then released. Raises `BindError` naming the key."""
+    host, port = listen_host_port(listen)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen()
+    except OSError as e:
+        sock.close()
+        hint = {
+            errno.EADDRINUSE: "another program holds it, perhaps an edged still running: stop it or change opcua.listen",
+            errno.EADDRNOTAVAIL: "no interface of this board has that address: change opcua.listen",
+            errno.EACCES: "a port below 1024 needs privileges edged does not have: choose a port from 1024",
+        }.get(e.errno or 0, "change opcua.listen")
+        raise BindError(
+            f"opcua.listen {listen}: the OPC UA server cannot listen there: {e.strerror or e} ({hint})"
+        ) from None
+    return sock.close
+
+
+class OpcuaOutput(Output):
+    """The verdicts and states of ``cameras`` handed to the OPC UA server; `frame` never blocks."""
+
+    def __init__(
+        self,
+        cfg: OpcuaConfig,
+        cameras: Sequence[str],
+        inspected: Sequence[str],
+        requesting: Sequence[str],
+        trigger_timeout_s: float,
+    ) -> None:
+        """``inspected``: the cameras with verdicts; ``requesting``: those in request mode, which get ``Trigger``."""
+        try:
+            from edged.opcua_server import Change, UaServer
+        except ImportError as e:
+            raise MissingDependency(f"an [opcua] section needs asyncua ({e}): {INSTALL_ASYNCUA}") from None
+        self.cfg = cfg
+        self._change: type[Change] = Change
+        self._key = (cfg, tuple(cameras), tuple(inspected), tuple(requesting), trigger_timeout_s)
+        self._inspected = frozenset(inspected)
+        self._counts: dict[str, Counter[str]] = {camera: Counter() for camera in cameras}
+        self._states: dict[str, str] = {}
+        try_listen(cfg.listen)()  # a busy port fails here, at once, not in the server's thread
+        self.server: UaServer = UaServer(cfg, cameras, requesting, trigger_timeout_s)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, services: Services) -> OpcuaOutput | None:
+        cfg = settings.opcua
+        if cfg is None:
+            return None
+        return cls(cfg, settings.camera_ids(), settings.inspected(), settings.requesting(), settings.trigger.timeout_s)
+
+    @classmethod
+    def listening(cls, settings: Settings) -> list[Endpoint]:
+        cfg = settings.opcua
+        return [] if cfg is None else [Endpoint("opcua.listen", cfg.listen, partial(try_listen, cfg.listen))]
+
+    def wants(self, camera_id: str, found: bool) -> Delivery:
+        """Every frame of an inspected camera has a verdict, OK ones too: a PLC waits for both."""
+        return Delivery.SENT if camera_id in self._inspected else Delivery.NONE
+
+    def frame(self, report: FrameReport) -> None:
+        verdict = report.verdict
+        if verdict is None or report.verdict_payload is None:
+            return
+        counts = self._counts.get(report.camera_id)
+        if counts is None:
+            return
+        counts[verdict.verdict] += 1
+        values = {
+            "Verdict": verdict.verdict.upper(),
+            "Sequence": verdict.seq,
+            "PartId": verdict.part_id or "",
+            "OkCount": counts["ok"],
+            "NgCount": counts["ng"],
+            "CaptureToVerdictMs": verdict.verdict_latency_ms,
+            "LastMessage": report.verdict_payload.decode(),
+        }
+        self.server.put(self._change(report.camera_id, values, verdict.capture_time_ns, report.outcome.frame.t_capture_ns))
+
+    def status(self, reports: Sequence[StatusReport]) -> None:
+        """Each camera's state, written when it changes."""
+        for report in reports:
+            message = report.message
+            if self._states.get(message.camera_id) != message.source_state and message.camera_id in self._counts:
+                self._states[message.camera_id] = message.source_state
+                self.server.put(self._change(message.camera_id, {"State": message.source_state}, time.time_ns()))
+
+    def report(self, camera_id: str) -> OutputReport:
+        server = self.server
+        p50, p99 = server.update_ms()
+        clients = server.clients
+        fields = {
+            "opcua": {
+                "listen": self.cfg.listen,
+                "serving": server.serving,
+                "clients": clients,
+                "requests": server.requests,
+                "refused": server.users.refused,
+                "updates": server.updates,
+                "update_ms": {"p50_ms": p50, "p99_ms": p99},
+            }
+        }
+        return OutputReport(drops={DROPPED: server.dropped}, fields=fields, summary=f"opcua {clients} client(s)")
+
+    def reread_secrets(self) -> None:
+        """SIGHUP: the users file again (its users take over from the next sign-in; raises KeyFileError,
+        keeping the old ones)."""
+        if self.cfg.users_file is not None:
+            from edged.opcua_server import read_users
+
+            self.server.users.replace(read_users(self.cfg.users_file))
+
+    def carry_requests(self, server: TriggerServer) -> None:
+        self.server.offer = server.offer
+
+    def reload(self, settings: Settings, services: Services) -> OpcuaOutput | None:
+        """The same settings and cameras keep this server and its sessions; others replace it."""
+        key = (
+            settings.opcua,
+            tuple(settings.camera_ids()),
+            tuple(settings.inspected()),
+            tuple(settings.requesting()),
+            settings.trigger.timeout_s,
+        )
+        if key == self._key:
+            return self
+        self.close()
+        try:
+            return OpcuaOutput.from_settings(settings, services)
+        except EdgedError as e:  # the users file went, or the port was taken, between the check and here
+            log.error("OPC UA output off until the next reload: %s", e)
+            return None
+
+    def close(self) -> None:
+        self.server.close()

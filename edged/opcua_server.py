@@ -1,0 +1,546 @@
+"""The OPC UA server behind `edged.opcua`: asyncua on a thread of its own, with its own event loop.
+
+The frame loop never waits for it. Each verdict and each camera's state reach it as a `Change`
+through a bounded, locked line (`UaServer.put`, the oldest dropped and counted beyond the bound)
+and one wake-up of its loop, which writes all the nodes of one change before anything else runs
+there: a subscription's publishing cycle sees the whole change or none of it, so a subscriber's
+data-change notifications for one verdict arrive in one set. Each value carries the frame's
+capture time as its source timestamp. A ``Trigger`` call is handed to the request desk
+(`edged.trigger.TriggerServer.offer`) and awaits its reply, which the loop's thread hands back
+with ``call_soon_threadsafe``, within ``trigger.timeout_s`` and a little more.
+
+Security (`edged.settings.opcua`): without ``users_file`` only anonymous, unencrypted sessions
+(which the settings allow on loopback alone); with it, only Basic256Sha256 SignAndEncrypt with a
+user name and password from that file, under a certificate made here on first start.
+Connections, subscriptions, queued notifications and unacknowledged messages are capped, so
+that many clients, or one that never acknowledges, cost a bounded amount of memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import hmac
+import ipaddress
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncua import ua
+from asyncua.common.node import Node
+from asyncua.crypto.permission_rules import User, UserRole
+from asyncua.server import binary_server_asyncio
+from asyncua.server.internal_session import InternalSession
+from asyncua.server.server import Server
+from asyncua.server.user_managers import UserManager
+from asyncua.ua.object_ids import ObjectIds
+from asyncua.ua.status_codes import StatusCodes
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from pydantic import ValidationError
+
+from edged.errors import KeyFileError
+from edged.keys import check_secret_file
+from edged.lograte import LogRate
+from edged.messages import TriggerError, TriggerRequest, VerdictMessage
+from edged.settings.opcua import OpcuaConfig
+from edged.stats import LatencyWindow
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "urn:edged"
+CERT_FILE = "server.der"
+KEY_FILE = "server.pem"
+CERT_DAYS = 3650
+MAX_CHANGES = 64  # changes waiting for the server's loop; beyond, the oldest are dropped and counted
+MAX_PENDING_MESSAGES = 16  # requests parsed and waiting per connection; beyond, the connection is closed
+MAX_SESSION_TIMEOUT_MS = 60_000  # a session whose client went silent is closed after at most this
+ACTIVATION_S = 10.0  # a connection without an activated session after this is closed
+REPLY_MARGIN_S = 1.0  # beyond trigger.timeout_s, how long a Trigger call waits for the desk's reply
+START_TIMEOUT_S = 30.0  # what `UaServer.close` waits at most for a server still starting
+STOP_TIMEOUT_S = 5.0
+REFUSED_LOG_INTERVAL_S = 60.0
+ASYNCUA_LOG_INTERVAL_S = 60.0
+MIN_PUBLISHING_MS = 10.0  # the shortest publishing interval a subscription gets
+MAX_CHUNK_BYTES = 65535 + 12  # the largest chunk the server takes (limits.max_recv_buffer), with its header
+
+Answer = Callable[[VerdictMessage | TriggerError], None]
+# (origin, camera, part id, answer): `edged.trigger.TriggerServer.offer`
+Offer = Callable[[str, str, str | None, Answer], None]
+
+VARIABLES: dict[str, ua.VariantType] = {
+    "Verdict": ua.VariantType.String,
+    "Sequence": ua.VariantType.UInt64,
+    "PartId": ua.VariantType.String,
+    "OkCount": ua.VariantType.UInt64,
+    "NgCount": ua.VariantType.UInt64,
+    "State": ua.VariantType.String,
+    "CaptureToVerdictMs": ua.VariantType.Double,
+    "LastMessage": ua.VariantType.String,
+}
+INITIAL: dict[str, Any] = {
+    "Verdict": "",
+    "Sequence": 0,
+    "PartId": "",
+    "OkCount": 0,
+    "NgCount": 0,
+    "State": "starting",
+    "CaptureToVerdictMs": 0.0,
+    "LastMessage": "",
+}
+
+
+AWAITING = frozenset({"Verdict", "Sequence", "PartId", "CaptureToVerdictMs", "LastMessage"})
+WAITING = ua.StatusCode(ua.UInt32(StatusCodes.BadWaitingForInitialData))
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """Values of one camera's variables written together, at ``source_ns`` (wall clock); ``capture_ns``
+    (monotonic) of a verdict's frame, 0 for other changes, times the update."""
+
+    camera_id: str
+    values: dict[str, Any]
+    source_ns: int
+    capture_ns: int = 0
+
+
+class BoundedLog(logging.Handler):
+    """asyncua's records, each of its messages at most once per `ASYNCUA_LOG_INTERVAL_S`, passed on
+    to edged's own handlers: a client decides how often asyncua logs (a refused connection, a
+    malformed message with its traceback), so it must not decide how much goes to the journal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rates: dict[tuple[str, str], LogRate] = {}  # by logger and message template: a bounded set
+        self._lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = (record.name, str(record.msg))
+        with self._lock:
+            rate = self._rates.setdefault(key, LogRate(ASYNCUA_LOG_INTERVAL_S))
+            allowed = rate.allows()
+        if allowed:
+            logging.getLogger().handle(record)
+
+
+class CappedProtocol(binary_server_asyncio.OPCUAProtocol):
+    """asyncua's connection, which keeps what a peer sends until the chunk its header announces is
+    complete (up to 4 GiB, before any session): here a connection whose unfinished chunk outgrows
+    `MAX_CHUNK_BYTES`, the chunk size the server negotiates, is closed, so no peer decides what
+    edged holds for it."""
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # every complete chunk taken off; what is left is one unfinished
+        if len(self._buffer) > MAX_CHUNK_BYTES and self.transport is not None:
+            self._buffer = b""
+            self.transport.close()
+
+
+def cap_chunks() -> None:
+    """Every OPC UA connection of this process is a `CappedProtocol`: asyncua's server makes its
+    connections by that module-level name, and edged runs one server."""
+    binary_server_asyncio.OPCUAProtocol = CappedProtocol  # type: ignore[misc]
+
+
+def quiet_asyncua() -> None:
+    """asyncua logs every connection and request at info: warnings and above only, each of its
+    messages at most once a minute (`BoundedLog`)."""
+    asyncua = logging.getLogger("asyncua")
+    asyncua.setLevel(logging.WARNING)
+    if not any(isinstance(handler, BoundedLog) for handler in asyncua.handlers):
+        asyncua.addHandler(BoundedLog())
+    asyncua.propagate = False
+
+
+def application_uri() -> str:
+    return f"urn:edged:{socket.gethostname()}"
+
+
+def server_certificate(directory: Path) -> tuple[Path, Path]:
+    """The server's certificate and key in ``directory``, made there (RSA 2048, self-signed, ten
+    years) when absent, as ``edged keygen`` makes CURVE keys: the key 0600, the folder 0750.
+    Raises `KeyFileError` naming ``opcua.cert_dir``."""
+    cert, key = directory / CERT_FILE, directory / KEY_FILE
+    try:
+        if cert.is_file() and key.is_file():
+            check_secret_file(key, "opcua.cert_dir")
+            return cert, key
+        if cert.exists() or key.exists():
+            raise KeyFileError(
+                f"opcua.cert_dir: {directory} holds only one of {CERT_FILE} and {KEY_FILE}: remove it to have "
+                "both made again, or put back the other"
+            )
+        directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+        private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+        cert.write_bytes(_self_signed(private).public_bytes(serialization.Encoding.DER))
+        cert.chmod(0o644)
+    except OSError as e:
+        raise KeyFileError(f"opcua.cert_dir: cannot make the server certificate in {directory}: {e.strerror or e}") from None
+    log.info("OPC UA: made the server certificate %s (clients must trust it) and its key %s", cert, key)
+    return cert, key
+
+
+def _self_signed(private: rsa.RSAPrivateKey) -> x509.Certificate:
+    host = socket.gethostname()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"edged@{host}")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    names: list[x509.GeneralName] = [
+        x509.UniformResourceIdentifier(application_uri()),
+        x509.DNSName(host),
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    ]
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=True,
+                key_encipherment=True,
+                data_encipherment=True,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(private, hashes.SHA256())
+    )
+
+
+def read_users(path: Path) -> dict[str, str]:
+    """USER:PASSWORD lines (blank lines and ``#`` comments skipped) of a secret file; raises `KeyFileError`."""
+    label = "opcua.users_file"
+    check_secret_file(path, label, group_readable=True)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise KeyFileError(f"{label}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    users: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, password = line.partition(":")
+        if not sep or not name.strip() or not password:
+            raise KeyFileError(f"{label}: line {number} of {path} is not USER:PASSWORD")
+        users[name.strip()] = password
+    if not users:
+        raise KeyFileError(f"{label}: {path} holds no USER:PASSWORD line")
+    return users
+
+
+class Users(UserManager):
+    """asyncua's user manager: the users of ``users_file`` (None: anonymous clients, on loopback).
+    A refused sign-in is counted, and logged at most once a minute: a client decides how often."""
+
+    def __init__(self, users: dict[str, str] | None) -> None:
+        self._users = users
+        self.refused = 0
+        self._log = LogRate(REFUSED_LOG_INTERVAL_S)
+
+    def replace(self, users: dict[str, str]) -> None:
+        """Another users file's users, from the next sign-in on (sessions signed in stay)."""
+        self._users = users
+
+    def get_user(
+        self, iserver: Any, username: str | None = None, password: str | None = None, certificate: Any = None
+    ) -> User | None:
+        if self._users is None:
+            return User(role=UserRole.User)
+        known = self._users.get(username or "")
+        if known is None or password is None or not hmac.compare_digest(known.encode(), password.encode()):
+            self.refused += 1
+            if self._log.allows():
+                log.warning(
+                    "OPC UA: sign-in refused for user %r (wrong user or password; counted in opcua.refused, "
+                    "more within %g s unlogged)",
+                    username,
+                    REFUSED_LOG_INTERVAL_S,
+                )
+            return None
+        return User(role=UserRole.User, name=username)
+
+
+class UaServer:
+    """asyncua's server for ``cameras``, on its own thread and event loop; ``requesting`` get a
+    ``Trigger`` method, answered through `offer` once set."""
+
+    def __init__(
+        self, cfg: OpcuaConfig, cameras: Sequence[str], requesting: Sequence[str], trigger_timeout_s: float
+    ) -> None:
+        quiet_asyncua()
+        cap_chunks()
+        self.cfg = cfg
+        self.cameras = tuple(cameras)
+        self.requesting = tuple(requesting)
+        self.offer: Offer | None = None  # set by the loop's thread (`Output.carry_requests`)
+        self.users = Users(read_users(cfg.users_file) if cfg.users_file is not None else None)
+        self._cert = server_certificate(cfg.cert_dir) if cfg.secured else None
+        self._reply_s = trigger_timeout_s + REPLY_MARGIN_S
+        self._lock = threading.Lock()
+        self._changes: deque[Change] = deque()
+        self._kicked = False
+        self.dropped = 0  # changes dropped: the server's loop fell behind
+        self.requests = 0  # Trigger calls answered
+        self.updates = 0  # verdicts written to the nodes
+        self.latency = LatencyWindow()  # capture to node update, ms, of frames captured while serving
+        self._serving_since_ns = 0  # monotonic: frames captured before, queued while the server started, are not timed
+        self._nodes: dict[tuple[str, str], ua.NodeId] = {}
+        self._server: Server | None = None
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()  # bound to the server's loop when it first waits on it
+        self._started = threading.Event()  # it listens, or has given up
+        self._thread = threading.Thread(target=self._run, name="edged-opcua", daemon=True)
+        self._thread.start()
+
+    # ---- any thread ---------------------------------------------------------------------------
+
+    def put(self, change: Change) -> None:
+        """Queue ``change`` for the server's loop; never blocks."""
+        with self._lock:
+            if len(self._changes) >= MAX_CHANGES:
+                self._changes.popleft()
+                self.dropped += 1
+            self._changes.append(change)
+            kick, self._kicked = not self._kicked, True
+        if kick:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: edged is stopping
+                self._loop.call_soon_threadsafe(self._write_changes)
+
+    @property
+    def serving(self) -> bool:
+        """Listening, and taking clients."""
+        return self._server is not None
+
+    @property
+    def clients(self) -> int:
+        """Client connections now."""
+        server = self._server
+        return len(server.bserver.clients) if server is not None and server.bserver is not None else 0
+
+    def update_ms(self) -> tuple[float, float]:
+        with self._lock:
+            summary = self.latency.summary()
+        return summary.p50_ms, summary.p99_ms
+
+    def close(self) -> None:
+        """Stop the server (sessions closed) within `STOP_TIMEOUT_S`; one still starting is waited for
+        within `START_TIMEOUT_S`, and stops as soon as it has started."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server has stopped already
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(START_TIMEOUT_S if not self._started.is_set() else STOP_TIMEOUT_S)
+
+    # ---- the server's thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except Exception:  # a bug: OPC UA stops, every other output goes on
+            log.exception("OPC UA: the server stopped; every other output goes on")
+        finally:
+            self._started.set()
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        server = Server(user_manager=self.users)
+        await server.init()
+        server.set_server_name(f"edged on {socket.gethostname()}")
+        await server.set_application_uri(application_uri())
+        server.set_endpoint(self.cfg.listen)
+        self._limit(server)
+        if self._cert is not None:
+            await server.load_certificate(str(self._cert[0]))
+            await server.load_private_key(str(self._cert[1]))
+            server.set_security_policy([ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt])
+            server.set_identity_tokens([ua.UserNameIdentityToken])
+        else:
+            server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+            server.set_identity_tokens([ua.AnonymousIdentityToken])
+        await self._build(server)
+        if self._stop.is_set():  # closed while starting
+            return
+        try:
+            await server.start()
+        except OSError as e:  # taken since `edged.opcua.try_listen` tried it: status says not serving
+            log.error("OPC UA: opcua.listen %s: cannot listen there: %s; every other output goes on", self.cfg.listen, e)
+            return
+        self._server = server
+        self._serving_since_ns = time.monotonic_ns()
+        log.info(
+            "OPC UA: serving camera %s on %s (%s)",
+            ", ".join(self.cameras),
+            self.cfg.listen,
+            "Basic256Sha256 SignAndEncrypt, users of opcua.users_file" if self._cert else "anonymous, loopback",
+        )
+        self._started.set()
+        self._loop.create_task(self._apply())  # what was queued while the server was starting
+        try:
+            await self._stop.wait()
+        finally:
+            self._server = None
+            await server.stop()
+
+    def _limit(self, server: Server) -> None:
+        """Caps on what clients may make the server hold (`edged.settings.opcua`)."""
+        internal = server.iserver
+        internal.allow_remote_admin = False
+        internal.max_connections = self.cfg.max_clients
+        internal.max_pending_messages_per_connection = MAX_PENDING_MESSAGES
+        internal.max_pending_activation_seconds = ACTIVATION_S
+        internal.max_session_timeout_ms = MAX_SESSION_TIMEOUT_MS
+        internal.max_subscriptions = 4 * self.cfg.max_clients
+        internal.max_unacked_messages_per_subscription = self.cfg.max_queued
+        internal.max_monitored_item_queue_size = self.cfg.max_queued
+        InternalSession.max_connections = self.cfg.max_clients  # activated sessions: the class keeps the count
+        service = internal.subscription_service
+        create = service.create_subscription
+
+        async def create_at_most_as_often(params: ua.CreateSubscriptionParameters, *args: Any, **kwargs: Any) -> Any:
+            """asyncua grants any publishing interval, 0 (a publish per value written: no sets) or a
+            microsecond (a loop that never sleeps): it is revised to `MIN_PUBLISHING_MS` at least."""
+            params.RequestedPublishingInterval = max(params.RequestedPublishingInterval, MIN_PUBLISHING_MS)
+            return await create(params, *args, **kwargs)
+
+        service.create_subscription = create_at_most_as_often  # type: ignore[method-assign]
+        server.limits.max_message_size = 1 << 20
+        server.limits.max_chunk_count = (1 << 20) // server.limits.max_recv_buffer + 1
+
+    async def _build(self, server: Server) -> None:
+        """``Objects/edged/<camera_id>/`` with every variable of `VARIABLES`, and ``Trigger`` in request mode.
+
+        Those of a verdict (`AWAITING`) are Bad_WaitingForInitialData until the first: the first
+        verdict then changes their status whatever its values, so that a subscriber monitoring
+        ``Sequence`` hears of verdict 0 too."""
+        ns = await server.register_namespace(NAMESPACE)
+        root = await server.nodes.objects.add_object(_node_id("edged", ns), ua.QualifiedName("edged", ns))
+        for camera_id in self.cameras:
+            camera = await root.add_object(_node_id(camera_id, ns), ua.QualifiedName(camera_id, ns))
+            for name, kind in VARIABLES.items():
+                node = await camera.add_variable(
+                    _node_id(f"{camera_id}.{name}", ns), ua.QualifiedName(name, ns), INITIAL[name], kind
+                )
+                self._nodes[camera_id, name] = node.nodeid
+                if name in AWAITING:
+                    await server.write_attribute_value(node.nodeid, ua.DataValue(StatusCode=WAITING))
+            if camera_id in self.requesting:
+                await self._add_trigger(camera, ns, camera_id)
+
+    async def _add_trigger(self, camera: Node, ns: int, camera_id: str) -> None:
+        async def trigger(parent: ua.NodeId, *arguments: ua.Variant) -> list[ua.Variant]:
+            reply = await self._trigger(camera_id, arguments)
+            self.requests += 1
+            return [ua.Variant(reply.model_dump_json(), ua.VariantType.String)]
+
+        part = ua.Argument(Name="partId", DataType=ua.NodeId(ua.Int32(ObjectIds.String)), ValueRank=-1)
+        part.Description = ua.LocalizedText("The part's id, returned in the verdict; empty: none.")
+        answer = ua.Argument(Name="verdict", DataType=ua.NodeId(ua.Int32(ObjectIds.String)), ValueRank=-1)
+        answer.Description = ua.LocalizedText("The verdict message (JSON), or the error saying why there is none.")
+        await camera.add_method(
+            _node_id(f"{camera_id}.Trigger", ns), ua.QualifiedName("Trigger", ns), trigger, [part], [answer]
+        )
+
+    async def _trigger(self, camera_id: str, arguments: Sequence[ua.Variant]) -> VerdictMessage | TriggerError:
+        """One inspection of a frame captured after the call, through the request desk."""
+        value = arguments[0].Value if arguments else None
+        try:
+            if value is not None and not isinstance(value, str):
+                raise ValueError("partId must be a String")
+            part_id = TriggerRequest(part_id=value or None).part_id
+        except (ValueError, ValidationError) as e:
+            detail = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+            return TriggerError(camera_id=camera_id, part_id=None, error="bad_request", detail=f"partId: {detail}")
+        offer = self.offer
+        if offer is None:
+            return TriggerError(
+                camera_id=camera_id, part_id=part_id, error="stopping", detail="edged is not taking requests"
+            )
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[VerdictMessage | TriggerError] = loop.create_future()
+
+        def answer(message: VerdictMessage | TriggerError) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to tell
+                loop.call_soon_threadsafe(_resolve, reply, message)
+
+        offer("opcua", camera_id, part_id, answer)
+        try:
+            return await asyncio.wait_for(reply, self._reply_s)
+        except TimeoutError:
+            return TriggerError(
+                camera_id=camera_id, part_id=part_id, error="timeout", detail=f"no verdict within {self._reply_s:g} s"
+            )
+
+    def _write_changes(self) -> None:
+        """On the server's loop: take every change queued and write each, whole, before anything else runs."""
+        self._loop.create_task(self._apply())
+
+    async def _apply(self) -> None:
+        with self._lock:
+            changes = list(self._changes)
+            self._changes.clear()
+            self._kicked = False
+        server = self._server
+        if server is None:  # not listening yet: kept for when it is (`_serve`)
+            with self._lock:
+                self._changes.extendleft(reversed(changes))
+            return
+        for change in changes:
+            await self._write(server, change)
+
+    async def _write(self, server: Server, change: Change) -> None:
+        """Every value of ``change``; nothing here awaits anything that yields to the loop, so no
+        publishing cycle runs between two of them."""
+        stamp = ua.DateTime.fromtimestamp(change.source_ns / 1e9, datetime.timezone.utc)
+        now = ua.DateTime.now(datetime.timezone.utc)
+        for name, value in change.values.items():
+            nodeid = self._nodes.get((change.camera_id, name))
+            if nodeid is None:
+                continue
+            data = ua.DataValue(ua.Variant(value, VARIABLES[name]), SourceTimestamp=stamp, ServerTimestamp=now)
+            await server.write_attribute_value(nodeid, data)
+        if change.capture_ns:
+            ms = (time.monotonic_ns() - change.capture_ns) / 1e6
+            with self._lock:
+                self.updates += 1
+                if change.capture_ns >= self._serving_since_ns:
+                    self.latency.add(ms)
+
+
+def _node_id(name: str, ns: int) -> ua.NodeId:
+    """A string node id in edged's namespace: ``ns=N;s=cam0.Verdict``."""
+    return ua.NodeId(ua.String(name), ua.Int16(ns))
+
+
+def _resolve(future: asyncio.Future[VerdictMessage | TriggerError], reply: VerdictMessage | TriggerError) -> None:
+    if not future.done():  # a reply after the call gave up waiting has nobody to go to
+        future.set_result(reply)

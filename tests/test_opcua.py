@@ -1,0 +1,550 @@
+"""The OPC UA output on the running daemon, read by real OPC UA clients over TCP: asyncua's client,
+and asyncua's command-line tools (``uals``, ``uaread``) as an independent one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from asyncua import Client, ua
+from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config
+from onnx_models import colour_probe
+from test_trigger import ready, running
+from waiting import wait_for
+
+from edged.config import Settings, load_config
+from edged.errors import ConfigError, KeyFileError
+from edged.messages import TriggerError, VerdictMessage, parse_message
+from edged.opcua import describe
+from edged.opcua_server import VARIABLES, application_uri, quiet_asyncua, read_users, server_certificate
+from edged.settings.opcua import OpcuaConfig
+
+SERVING = "OPC UA: serving camera"
+TIMEOUT_S = 30.0  # a client's request timeout: generous, both cores may be busy
+PASSWORD = "a long enough password"
+
+
+def url(port: int, host: str = "127.0.0.1") -> str:
+    return f"opc.tcp://{host}:{port}"
+
+
+def serving(d: RunningDaemon) -> None:
+    assert wait_for(lambda: SERVING in d.log(), 60), d.log()
+
+
+def client(address: str) -> Client:
+    return Client(address, timeout=TIMEOUT_S)
+
+
+async def camera_node(c: Client, camera_id: str = "cam0") -> Any:
+    ns = await c.get_namespace_index("urn:edged")
+    return await c.nodes.objects.get_child([f"{ns}:edged", f"{ns}:{camera_id}"]), ns
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 60) -> bool:
+    """`waiting.wait_for` for a test's event loop, which must go on serving the client meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def written(node: Any, timeout_s: float = 60) -> Any:
+    """The node's value once the first verdict has been written to it (until then it is
+    Bad_WaitingForInitialData: the ZeroMQ stream may tell of a verdict a moment before)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await node.read_value()
+        except ua.UaStatusCodeError as e:
+            if "WaitingForInitialData" not in type(e).__name__ or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+class Notifications:
+    """asyncua's subscription handler: every data change, with the node it is of."""
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[str, Any, ua.DataValue]] = []
+
+    def datachange_notification(self, node: Any, val: Any, data: Any) -> None:
+        self.changes.append((str(node.nodeid.Identifier), val, data.monitored_item.Value))
+
+    def of(self, name: str) -> list[tuple[Any, ua.DataValue]]:
+        return [(val, value) for identifier, val, value in self.changes if identifier == f"cam0.{name}"]
+
+
+@pytest.mark.integration
+def test_a_subscriber_gets_one_set_of_notifications_per_verdict_in_the_order_of_the_verdict_stream(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua={"listen": url(port)}) as d:
+        serving(d)
+
+        async def watch() -> Notifications:
+            async with client(url(port)) as c:
+                camera, ns = await camera_node(c)
+                names = {(await child.read_browse_name()).Name for child in await camera.get_children()}
+                assert names == set(VARIABLES)  # free-running: no Trigger
+                handler = Notifications()
+                asked = ua.CreateSubscriptionParameters(RequestedPublishingInterval=0, RequestedMaxKeepAliveCount=10)
+                granted = await c.uaclient.create_subscription(asked, lambda result: None)
+                assert granted.RevisedPublishingInterval == 10  # never 0: a publish per value would split the sets
+                await c.uaclient.delete_subscriptions([granted.SubscriptionId])
+                sub = await c.create_subscription(50, handler)
+                verdict = await camera.get_child(f"{ns}:Verdict")
+                sequence = await camera.get_child(f"{ns}:Sequence")
+                message = await camera.get_child(f"{ns}:LastMessage")
+                # Verdict stays "NG" here: its timestamp tells one verdict from the next.
+                each = ua.DataChangeFilter(Trigger=ua.DataChangeTrigger.StatusValueTimestamp)
+                await sub._subscribe([verdict, sequence, message], mfilter=each, queuesize=20)
+                assert await until(lambda: len(handler.of("Sequence")) >= 6), handler.changes
+                await sub.delete()
+                return handler
+
+        handler = asyncio.run(watch())
+        on_zmq = {m.seq: m for m in d.collect("verdict", 3, timeout=30) if isinstance(m, VerdictMessage)}
+    sequences = handler.of("Sequence")[1:]  # the first is the value when subscribed
+    verdicts, messages = handler.of("Verdict")[1:], handler.of("LastMessage")[1:]
+    seqs = [val for val, _ in sequences]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs  # each verdict once, in order
+    # One set per verdict: the same source timestamp (its frame's capture) on each of its values.
+    stamps = [value.SourceTimestamp for _, value in sequences]
+    assert [value.SourceTimestamp for _, value in verdicts[: len(stamps)]] == stamps
+    assert {val for val, _ in verdicts} == {"NG"}
+    for (seq, value), (text, _) in zip(sequences, messages, strict=False):
+        sent = parse_message(text.encode())
+        assert isinstance(sent, VerdictMessage) and sent.seq == seq
+        assert abs(value.SourceTimestamp.timestamp() * 1e9 - sent.capture_time_ns) < 1e3
+    # The same verdicts as on ZeroMQ's verdict topic, seq for seq.
+    for seq, sent in on_zmq.items():
+        text = next((t for t, _ in messages if json.loads(t)["seq"] == seq), None)
+        if text is not None:
+            assert parse_message(text.encode()) == sent
+
+
+@pytest.mark.integration
+def test_uals_and_uaread_browse_and_read_the_camera(tmp_path: Path) -> None:
+    if shutil.which("uaread", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("asyncua's command-line tools are not installed")
+    port = free_port()
+    with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua={"listen": url(port)}) as d:
+        serving(d)
+        d.wait_status(lambda s: s.opcua is not None and s.opcua.updates >= 1, timeout=60)
+        tools = Path(sys.executable).parent
+        listed = subprocess.run(
+            [str(tools / "uals"), "-u", url(port), "-n", "ns=2;s=cam0", "-l", "1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert listed.returncode == 0, listed.stderr
+        for name in VARIABLES:
+            assert f"2:{name}" in listed.stdout, listed.stdout
+        read = subprocess.run(
+            [str(tools / "uaread"), "-u", url(port), "-n", "ns=2;s=cam0.Verdict"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert read.returncode == 0, read.stderr
+        assert read.stdout.strip() == "NG", read.stdout
+
+
+@pytest.mark.integration
+def test_trigger_returns_the_verdict_of_a_frame_captured_after_the_call(tmp_path: Path) -> None:
+    port = free_port()
+    with running(tmp_path, opcua={"listen": url(port)}) as d:
+        serving(d)
+        ready(d, frames=3)
+
+        async def ask() -> list[tuple[int, str]]:
+            async with client(url(port)) as c:
+                camera, ns = await camera_node(c)
+                method = await camera.get_child(f"{ns}:Trigger")
+                sequence = await camera.get_child(f"{ns}:Sequence")
+                with pytest.raises(ua.UaStatusCodeError, match="WaitingForInitialData"):
+                    await sequence.read_value()  # no verdict yet
+                watcher = client(url(port))  # a subscription of its own: a call holds its session
+                await watcher.connect()
+                handler = Notifications()
+                sub = await watcher.create_subscription(50, handler)
+                await sub.subscribe_data_change(watcher.get_node(sequence.nodeid), queuesize=10)  # default trigger
+                replies = []
+                for part in ("P1", "P2", ""):
+                    sent_ns = time.time_ns()
+                    replies.append((sent_ns, await camera.call_method(method, ua.Variant(part, ua.VariantType.String))))
+                bad = await camera.call_method(method, ua.Variant("x" * 1000, ua.VariantType.String))
+                replies.append((0, bad))
+                # Verdict 0 too, though Sequence was 0 before it: it ends the wait for initial data.
+                assert await until(lambda: [val for val, _ in handler.of("Sequence")][-3:] == [0, 1, 2]), handler.changes
+                await watcher.disconnect()
+                return replies
+
+        replies = asyncio.run(ask())
+        assert d.wait_status(lambda s: s.opcua is not None and s.opcua.requests >= 4, timeout=30)
+    for (sent_ns, text), part in zip(replies[:3], ("P1", "P2", None), strict=True):
+        verdict = parse_message(text.encode())
+        assert isinstance(verdict, VerdictMessage), text
+        assert verdict.part_id == part and verdict.verdict == "ng" and verdict.capture_time_ns > sent_ns
+    error = parse_message(replies[3][1].encode())
+    assert isinstance(error, TriggerError) and error.error == "bad_request" and "partId" in error.detail
+
+
+@pytest.mark.integration
+def test_status_metrics_and_live_view_show_the_clients_and_requests_served(tmp_path: Path) -> None:
+    port, http = free_port(), free_port()
+    with running(tmp_path, opcua={"listen": url(port)}, http={"listen": f"127.0.0.1:{http}"}) as d:
+        serving(d)
+        ready(d, frames=2)
+
+        async def connected() -> tuple[bytes, bytes, Any]:
+            async with client(url(port)) as c:
+                camera, ns = await camera_node(c)
+                await camera.call_method(await camera.get_child(f"{ns}:Trigger"), ua.Variant("P1", ua.VariantType.String))
+                loop = asyncio.get_running_loop()
+                status = await loop.run_in_executor(
+                    None,
+                    d.wait_status,
+                    lambda s: s.opcua is not None and (s.opcua.clients, s.opcua.requests, s.opcua.updates) == (1, 1, 1),
+                )
+                metrics = await loop.run_in_executor(None, _get, f"http://127.0.0.1:{http}/metrics")
+                page = await loop.run_in_executor(None, _get, f"http://127.0.0.1:{http}/")
+                return metrics, page, status
+
+        metrics, page, status = asyncio.run(connected())
+        assert status.opcua.serving and status.opcua.listen == url(port)
+        assert status.opcua.update_ms.p99_ms > 0 and status.drops["opcua_dropped"] == 0
+        assert b"edged_opcua_clients 1.0" in metrics and b"edged_opcua_requests_total 1.0" in metrics
+        assert b'id="opcua"' in page and b"s.opcua" in page
+        after = d.wait_status(lambda s: s.opcua is not None and s.opcua.clients == 0)
+        assert after.opcua is not None and after.opcua.requests == 1
+        assert d.stop() == 0
+
+
+def _get(address: str) -> bytes:
+    with urllib.request.urlopen(address, timeout=30) as answer:
+        return bytes(answer.read())
+
+
+@pytest.mark.integration
+def test_off_loopback_without_a_users_file_is_refused_at_load_with_exit_78(tmp_path: Path) -> None:
+    text = f'[model]\npath = "m.onnx"\n[opcua]\nlisten = "{url(4840, "0.0.0.0")}"\n'
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    config = tmp_path / "edged.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert "opcua.listen 'opc.tcp://0.0.0.0:4840' is not a loopback address: set opcua.users_file" in str(info.value)
+    result = run_cli("run", "--config", str(config))
+    assert result.returncode == 78, result.stderr
+    assert "opcua.users_file" in result.stderr
+
+
+def _users(tmp_path: Path, mode: int = 0o600) -> Path:
+    users = tmp_path / "opcua-users"
+    users.write_text(f"# who may sign in\nplc:{PASSWORD}\n")
+    users.chmod(mode)
+    return users
+
+
+@pytest.mark.integration
+def test_a_users_file_others_can_read_is_refused_at_load(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    users = _users(tmp_path, 0o644)
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[model]\npath = "m.onnx"\n[opcua]\nusers_file = "{users}"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert f"opcua.users_file: permissions 0644 on {users} are too open" in str(info.value)
+
+
+@pytest.mark.integration
+def test_off_loopback_only_signed_in_encrypted_clients_are_served(tmp_path: Path) -> None:
+    port = free_port()
+    users, certs = _users(tmp_path), tmp_path / "opcua"
+    mine = server_certificate(tmp_path / "client")  # the client's own certificate, as any would have
+    with running(
+        tmp_path,
+        trigger={"mode": "free"},
+        inspect={},
+        opcua={"listen": url(port, "0.0.0.0"), "users_file": str(users), "cert_dir": str(certs)},
+    ) as d:
+        serving(d)
+        server_cert = certs / "server.der"
+        assert server_cert.is_file() and stat.S_IMODE((certs / "server.pem").stat().st_mode) == 0o600
+
+        async def secured(user: str | None, password: str | None) -> str:
+            c = client(url(port))
+            await c.set_security(
+                SecurityPolicyBasic256Sha256,
+                certificate=str(mine[0]),
+                private_key=str(mine[1]),
+                server_certificate=str(server_cert),
+                mode=ua.MessageSecurityMode.SignAndEncrypt,
+            )
+            if user is not None:
+                c.set_user(user)
+                c.set_password(password or "")
+            async with c:
+                camera, ns = await camera_node(c)
+                return str(await written(await camera.get_child(f"{ns}:Verdict")))
+
+        async def plain() -> None:
+            async with client(url(port)):
+                pass
+
+        assert asyncio.run(secured("plc", PASSWORD)) == "NG"
+        with pytest.raises(Exception):  # noqa: B017 - refused however asyncua words it
+            asyncio.run(plain())
+        with pytest.raises(Exception):  # noqa: B017
+            asyncio.run(secured(None, None))
+        with pytest.raises(Exception):  # noqa: B017
+            asyncio.run(secured("plc", "wrong"))
+        assert "sign-in refused for user 'plc'" in d.log()
+        refused = d.wait_status(lambda s: s.opcua is not None and s.opcua.refused >= 1)
+        assert refused.opcua is not None and refused.opcua.refused == 1
+        # A reload reads the users file again: the new password from the next sign-in on.
+        users.write_text("plc:a new password\n")
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reloaded: model" in d.log(), 60), d.log()
+        assert asyncio.run(secured("plc", "a new password")) == "NG"
+        with pytest.raises(Exception):  # noqa: B017
+            asyncio.run(secured("plc", PASSWORD))
+        # Made once: a restart keeps the certificate clients were told to trust.
+        assert (certs / "server.der").read_bytes() == server_cert.read_bytes()
+
+
+@pytest.mark.integration
+def test_check_binds_the_listen_address_and_a_busy_one_is_exit_1_naming_it(tmp_path: Path) -> None:
+    port = free_port()
+    (tmp_path / "imgs").mkdir()
+    colour_probe(tmp_path / "probe.onnx")
+    cv2.imwrite(str(tmp_path / "imgs" / "red.png"), np.full((96, 128, 3), (0, 0, 200), np.uint8))
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "images", "path": str(tmp_path / "imgs")},
+            "model": {"path": "probe.onnx"},
+            "publish": {"endpoints": [f"tcp://127.0.0.1:{free_port()}"]},
+            "thermal": {"enabled": False},
+            "opcua": {"listen": url(port)},
+        },
+    )
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"listen     opcua.listen: {url(port)} (bound and released)" in result.stdout
+    assert f"opcua      {url(port)}: verdicts of no camera (none has [inspect]); anonymous, unencrypted" in result.stdout
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        busy = run_cli("check", "--config", str(config))
+        assert busy.returncode == 1, busy.stdout + busy.stderr
+        assert f"opcua.listen {url(port)}: the OPC UA server cannot listen there" in busy.stderr
+        run = run_cli("run", "--config", str(config))
+        assert run.returncode == 1 and "opcua.listen" in run.stderr, run.stderr
+
+
+@pytest.mark.integration
+def test_fifty_clients_and_one_that_never_reads_stay_bounded(tmp_path: Path) -> None:
+    port = free_port()
+    with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua={"listen": url(port), "max_clients": 10}) as d:
+        serving(d)
+        ready(d, frames=2)
+        before = rss_kb(d.proc.pid)
+        # A client that subscribes and then stops: it neither reads nor acknowledges any more.
+        stopped = subprocess.Popen([sys.executable, "-c", STALLED, url(port)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert stopped.stdout is not None and stopped.stdout.readline().strip() == "subscribed"
+            os.kill(stopped.pid, 19)  # SIGSTOP
+
+            async def many() -> int:
+                async def one() -> bool:
+                    try:
+                        async with client(url(port)) as c:
+                            await asyncio.sleep(1.0)
+                            await camera_node(c)
+                            return True
+                    except Exception:
+                        return False
+
+                return sum(await asyncio.gather(*(one() for _ in range(50))))
+
+            served = asyncio.run(many())
+            assert 1 <= served <= 10, served
+            after_many = d.wait_status(lambda s: s.opcua is not None and s.opcua.updates >= 10, timeout=60)
+            assert after_many.opcua is not None
+            assert rss_kb(d.proc.pid) - before < 100_000  # KB: bounded, nowhere near 50 sessions' queues
+
+            async def still() -> str:
+                async with client(url(port)) as c:
+                    camera, ns = await camera_node(c)
+                    return str(await (await camera.get_child(f"{ns}:Verdict")).read_value())
+
+            assert asyncio.run(still()) == "NG"
+            assert d.stop(timeout=20) == 0  # with the stopped client still connected
+        finally:
+            stopped.kill()
+            stopped.wait()
+            if stopped.stdout is not None:
+                stopped.stdout.close()
+
+
+@pytest.mark.integration
+def test_a_peer_announcing_a_huge_chunk_is_cut_off_not_buffered(tmp_path: Path) -> None:
+    port = free_port()
+    with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua={"listen": url(port)}) as d:
+        serving(d)
+        before = rss_kb(d.proc.pid)
+        sent = 0
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as peer:
+            peer.sendall(b"HELF" + (1 << 30).to_bytes(4, "little"))  # a Hello of 1 GiB, before any session
+            piece = bytes(1 << 16)
+            with pytest.raises(OSError):  # the server closed the connection: ECONNRESET or EPIPE
+                while sent < 200 << 20:
+                    peer.sendall(piece)
+                    sent += len(piece)
+        assert sent < 8 << 20, sent  # cut off within a few reads, not after buffering what it announced
+        assert rss_kb(d.proc.pid) - before < 50_000
+        d.collect("verdict", 1, timeout=30)  # and the daemon goes on
+
+
+@pytest.mark.integration
+def test_a_reload_keeps_the_server_and_its_sessions_and_new_opcua_settings_restart_it(tmp_path: Path) -> None:
+    port = free_port()
+    with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua={"listen": url(port), "max_clients": 10}) as d:
+        serving(d)
+
+        async def across_reloads() -> tuple[str, str]:
+            loop = asyncio.get_running_loop()
+            async with client(url(port)) as c:
+                camera, ns = await camera_node(c)
+                sequence = await camera.get_child(f"{ns}:Sequence")
+                before = await written(sequence)
+                d.signal(signal.SIGHUP)
+                assert await until(lambda: "reloaded: model" in d.log()), d.log()
+                await loop.run_in_executor(None, d.collect, "verdict", 2)
+                kept = await sequence.read_value()  # the same session, on the same server
+                assert kept > before, (before, kept)
+            config = tmp_path / "edged.toml"
+            config.write_text(config.read_text().replace("max_clients = 10", "max_clients = 5"))
+            d.signal(signal.SIGHUP)
+            assert await until(lambda: d.log().count(SERVING) == 2), d.log()
+            async with client(url(port)) as c:
+                camera, ns = await camera_node(c)
+                return str(await written(await camera.get_child(f"{ns}:Verdict"))), d.log()
+
+        verdict, log = asyncio.run(across_reloads())
+        assert verdict == "NG" and "OPC UA output off" not in log
+        assert d.stop() == 0
+
+
+def test_a_users_file_names_each_user_once_per_line_and_refuses_what_is_not(tmp_path: Path) -> None:
+    users = _users(tmp_path)
+    assert read_users(users) == {"plc": PASSWORD}
+    users.write_text("plc:a:b\n\n  # comment\nscada:pw\n")
+    assert read_users(users) == {"plc": "a:b", "scada": "pw"}  # the password is all after the first colon
+    for text, problem in (("just-a-name\n", "line 1 of"), (":pw\n", "line 1 of"), ("# none\n", "holds no USER")):
+        users.write_text(text)
+        with pytest.raises(KeyFileError, match=problem):
+            read_users(users)
+
+
+def test_the_certificate_is_made_once_and_half_a_pair_is_refused(tmp_path: Path) -> None:
+    cert, key = server_certificate(tmp_path / "opcua")
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE((tmp_path / "opcua").stat().st_mode) == 0o750
+    made = x509.load_der_x509_certificate(cert.read_bytes())
+    uris = made.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert application_uri() in uris.get_values_for_type(x509.UniformResourceIdentifier)
+    assert server_certificate(tmp_path / "opcua") == (cert, key) and cert.read_bytes() == made.public_bytes(Encoding.DER)
+    key.unlink()
+    with pytest.raises(KeyFileError, match=re.escape("holds only one of server.der and server.pem")):
+        server_certificate(tmp_path / "opcua")
+
+
+def test_asyncua_says_each_thing_at_most_once_a_minute_and_nothing_below_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    quiet_asyncua()
+    quiet_asyncua()  # a second server adds no second handler
+    noisy = logging.getLogger("asyncua.server.binary_server_asyncio")
+    with caplog.at_level(logging.INFO):
+        for peer in range(100):
+            noisy.warning("Refusing connection from %s: at max_connections=%s", peer, 10)
+            noisy.info("New connection from %s", peer)
+        noisy.error("Exception raised while processing message from client")
+    said = [record.getMessage() for record in caplog.records if record.name.startswith("asyncua")]
+    assert said == [
+        "Refusing connection from 0: at max_connections=10",
+        "Exception raised while processing message from client",
+    ]
+
+
+def test_check_says_who_may_sign_in_and_where_the_certificate_is(tmp_path: Path) -> None:
+    users = _users(tmp_path)
+    cfg = OpcuaConfig(listen="opc.tcp://0.0.0.0:4840", users_file=users, cert_dir=tmp_path / "opcua")
+    settings = Settings(model={"path": tmp_path / "m.onnx"}, inspect={}, opcua=cfg)
+    said = describe(cfg, settings)
+    assert said == (
+        f"opc.tcp://0.0.0.0:4840: verdicts of cam0; Basic256Sha256 SignAndEncrypt, 1 user(s) of {users}; "
+        f"certificate {tmp_path / 'opcua' / 'server.der'}, made on the first start"
+    )
+    server_certificate(tmp_path / "opcua")
+    assert describe(cfg, settings).endswith("server.der")
+
+
+def test_off_loopback_needs_a_users_file_and_loopback_does_not() -> None:
+    assert OpcuaConfig().listen == "opc.tcp://127.0.0.1:4840" and not OpcuaConfig().secured
+    assert OpcuaConfig(listen="opc.tcp://[::1]:4841/edged").users_file is None
+    with pytest.raises(ValueError, match=re.escape("is not a loopback address: set opcua.users_file")):
+        OpcuaConfig(listen="opc.tcp://192.168.1.20:4840")
+    assert OpcuaConfig(listen="opc.tcp://0.0.0.0:4840", users_file=Path("/etc/edged/opcua.users")).secured
+    for bad, problem in (
+        ("tcp://127.0.0.1:4840", "is not opc.tcp://HOST:PORT"),
+        ("opc.tcp://127.0.0.1", "is not HOST:PORT"),
+        ("opc.tcp://plc-gateway:4840", "binds an address, not a name"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(problem)):
+            OpcuaConfig(listen=bad)
+
+
+STALLED = """
+import asyncio, sys
+from asyncua import Client
+class Quiet:
+    def datachange_notification(self, node, val, data): pass
+async def main():
+    c = Client(sys.argv[1], timeout=30)
+    await c.connect()
+    ns = await c.get_namespace_index("urn:edged")
+    node = await c.nodes.objects.get_child([f"{ns}:edged", f"{ns}:cam0", f"{ns}:LastMessage"])
+    sub = await c.create_subscription(10, Quiet())
+    await sub.subscribe_data_change(node, queuesize=100)
+    print("subscribed", flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
