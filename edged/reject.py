@@ -59,6 +59,7 @@ INSTALL_HINT = "the reject line needs libgpiod's v2 Python binding: pip install 
 SPIN_S = 0.001  # the line process sleeps until this long before an edge and spins the rest
 REPORT_INTERVAL_S = 0.2  # the line process says its counters at most this often
 START_WAIT_S = 10.0  # how long a line process may take to start and request its line
+RESTART_INTERVAL_S = 5.0  # a line process that ended unasked is started again at most this often
 RT_PRIORITY = 10  # the line process's SCHED_FIFO priority, where it may have one
 STOP_WAIT_S = 1.0  # how long a stop waits for the line process before killing it (the kernel then releases the line)
 LINES_NAMED = 64  # the most of a chip's lines an error lists
@@ -436,41 +437,40 @@ class RejectLine:
     The loop's calls (`expect`, `resolve`, `adopt`) are one short write each to the process's
     pipe, and `report` reads what it said last, so none of them waits on the line. The process
     has its own interpreter lock: the loop's Python work, however busy, never holds up a pulse.
-    Its ``stderr`` is the daemon's (its log lines go where the daemon's go).
+    Its ``stderr`` is the daemon's (its log lines go where the daemon's go). A process that ends
+    unasked is started again by the next `report` (a status round; at most every
+    `RESTART_INTERVAL_S`), without waiting for it: its counters carry on from the last one's.
     """
 
     def __init__(self, camera_id: str, cfg: RejectConfig, *, record: bool = False) -> None:
         self.camera_id = camera_id
         self.cfg = cfg
-        command = [sys.executable, "-m", "edged.reject", camera_id, cfg.model_dump_json(), *(["--record"] if record else [])]
-        self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._in, self._out = self._proc.stdin.fileno(), self._proc.stdout.fileno()
-        self._buffer = b""
+        self._record = record
         self.last_error: str | None = None
+        self._stopped = False
+        self._before = NO_PULSES  # the counters of the processes that ended
+        self._report = NO_PULSES
+        self._restarted_at = 0.0
+        self._spawn()
         try:
-            ready = self._first_line()
+            self._ready(self._first_line())
         except BaseException:
             self._proc.kill()
             self._proc.wait()
             raise
+
+    def _spawn(self) -> None:
+        record = ["--record"] if self._record else []
+        command = [sys.executable, "-m", "edged.reject", self.camera_id, self.cfg.model_dump_json(), *record]
+        self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._in, self._out = self._proc.stdin.fileno(), self._proc.stdout.fileno()
+        os.set_blocking(self._out, False)  # `report` reads what is there, never waits
+        self._buffer = b""
+
+    def _ready(self, ready: dict[str, Any]) -> None:
         self.chip, self.line, self.alarm = ready["chip"], ready["line"], ready["alarm"]
         self.realtime: bool = ready["realtime"]
-        os.set_blocking(self._out, False)
-        self._report = RejectReport(
-            pulses=0,
-            late=0,
-            late_fired=0,
-            late_verdicts=0,
-            merged=0,
-            alarm=False,
-            lateness_p50_ms=0.0,
-            lateness_p99_ms=0.0,
-            lateness_max_ms=0.0,
-            margin_p1_ms=None,
-            margin_p50_ms=None,
-            last_error=None,
-        )
 
     def _first_line(self) -> dict[str, Any]:
         """The process's ``ready``, or the error it requesting the line raised, raised here."""
@@ -484,12 +484,7 @@ class RejectLine:
                 raise LineError(f"reject line of camera {self.camera_id}: its process did not start (exit {code})")
             self._buffer += chunk
         first, _, self._buffer = self._buffer.partition(b"\n")
-        kind, _, rest = first.decode().partition(" ")
-        if kind == "error":
-            _, name, message = rest.split(" ", 2)
-            raise _ERRORS.get(name, LineError)(json.loads(message))
-        answer: dict[str, Any] = json.loads(rest)
-        return answer
+        return _ready_or_raise(first)
 
     def _send(self, command: str) -> None:
         try:
@@ -511,18 +506,37 @@ class RejectLine:
         self._send(f"a {cfg.model_dump_json()}\n")
 
     def report(self) -> RejectReport:
-        """What the process said last; its error, or its end, in ``last_error``."""
+        """What the process said last, added to what the ended ones said; an error, or the process's
+        end (and its restart), in ``last_error``."""
         with contextlib.suppress(BlockingIOError, OSError):
             while chunk := os.read(self._out, 65536):
                 self._buffer += chunk
         *said, self._buffer = self._buffer.split(b"\n")
-        reports = [line for line in said if line.startswith(b"report ")]
-        if reports:
-            self._report = RejectReport.model_validate_json(reports[-1].removeprefix(b"report "))
-        if self._report.last_error is None and self.last_error is None and self._proc.poll() not in (None, 0):
-            self.last_error = f"the reject line's process ended (exit {self._proc.returncode})"
+        for line in said:
+            if line.startswith(b"report "):
+                self._report = RejectReport.model_validate_json(line.removeprefix(b"report "))
+            elif line:
+                try:
+                    self._ready(_ready_or_raise(line))
+                except EdgedError as e:
+                    self.last_error = f"the reject line could not be requested again: {e}"
+        if not self._stopped and self._proc.poll() is not None:
+            self._restart()
+        report = _added(self._before, self._report)
         error = self._report.last_error or self.last_error
-        return self._report if error == self._report.last_error else self._report.model_copy(update={"last_error": error})
+        return report.model_copy(update={"last_error": error}) if error != report.last_error else report
+
+    def _restart(self) -> None:
+        """Start the line process again, if the last start is long enough ago: its ``ready`` or
+        error comes with a later report."""
+        if time.monotonic() - self._restarted_at < RESTART_INTERVAL_S:
+            return
+        self._restarted_at = time.monotonic()
+        self._close_pipes()
+        self._before, self._report = _added(self._before, self._report), NO_PULSES
+        self.last_error = f"the reject line's process ended (exit {self._proc.returncode}); started again"
+        log.error("reject line: %s", self.last_error, extra={"CAMERA": self.camera_id})
+        self._spawn()
 
     @property
     def pid(self) -> int:
@@ -532,6 +546,7 @@ class RejectLine:
     def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
         """Drive the line inactive and release it (the process does both as it ends); pulses still
         scheduled are dropped."""
+        self._stopped = True
         self._send("s\n")
         try:
             self._proc.wait(timeout_s)
@@ -539,10 +554,47 @@ class RejectLine:
             self._proc.kill()  # the kernel releases the line
             self._proc.wait()
         self.report()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
         for pipe in (self._proc.stdin, self._proc.stdout):
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
+
+
+NO_PULSES = RejectReport(
+    pulses=0,
+    late=0,
+    late_fired=0,
+    late_verdicts=0,
+    merged=0,
+    alarm=False,
+    lateness_p50_ms=0.0,
+    lateness_p99_ms=0.0,
+    lateness_max_ms=0.0,
+    margin_p1_ms=None,
+    margin_p50_ms=None,
+    last_error=None,
+)
+COUNTERS = ("pulses", "late", "late_fired", "late_verdicts", "merged")
+
+
+def _added(before: RejectReport, now: RejectReport) -> RejectReport:
+    """``now``'s report with the counters of the processes before it added."""
+    if before == NO_PULSES:
+        return now
+    return now.model_copy(update={key: getattr(before, key) + getattr(now, key) for key in COUNTERS})
+
+
+def _ready_or_raise(line: bytes) -> dict[str, Any]:
+    """A line process's first line: what it requested, or the error it raised, raised here."""
+    kind, _, rest = line.decode().partition(" ")
+    if kind == "error":
+        _, name, message = rest.split(" ", 2)
+        raise _ERRORS.get(name, LineError)(json.loads(message))
+    answer: dict[str, Any] = json.loads(rest)
+    return answer
 
 
 _ERRORS: dict[str, type[EdgedError]] = {"LineError": LineError, "LineBusy": LineBusy, "MissingDependency": MissingDependency}

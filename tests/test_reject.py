@@ -386,12 +386,15 @@ def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_change
         output.close()
 
 
-def test_a_line_process_that_dies_is_said_in_the_status_and_the_loop_goes_on(
+def test_a_line_process_that_dies_is_said_in_the_status_and_started_again(
     gpiod: ModuleType, lines: list[RejectLine]
 ) -> None:
-    line = start(lines, reject())
+    line = start(lines, reject(delay_ms=10.0))
+    sentinel(gpiod, line, 1)
+    assert wait_for(lambda: line.report().pulses == 1, 5.0)
     os.kill(line.pid, signal.SIGKILL)
-    assert wait_for(lambda: line.report().last_error == "the reject line's process ended (exit -9)", 5.0)
-    line.expect(t := time.monotonic_ns())  # nobody reads the pipe any more: said, never raised
-    line.resolve(t, "ng", time.monotonic_ns())
-    assert line.report().last_error is not None
+    said = "the reject line's process ended (exit -9); started again"
+    assert wait_for(lambda: line.report().last_error == said, 5.0)
+    sentinel(gpiod, line, 2)  # the new process requested the line and fires again
+    assert wait_for(lambda: line.report().pulses == 2, 5.0)  # counted on from the first process's
+    assert [level for _, level in levels(gpiod, 0)] == [0, 1, 0, 0, 1, 0]
