@@ -240,7 +240,7 @@ def _history_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--camera", default=None, help="only this camera's entries")
     p.add_argument("--since", default=None, metavar="TIME", help="from this time: ISO 8601 (local time) or an age, 2h, 7d")
     p.add_argument("--until", default=None, metavar="TIME", help="before this time, as --since")
-    p.add_argument("--verdict", choices=("ok", "ng"), default=None, help="only this verdict")
+    p.add_argument("--verdict", choices=("ok", "ng", "uncertain"), default=None, help="only this verdict")
     p.add_argument("--detections", action="store_true", help="the detections entries (journal.detections) instead")
     p.add_argument("--limit", type=_positive, default=100, help="the newest N entries, shown oldest first (default 100)")
     out = p.add_mutually_exclusive_group()

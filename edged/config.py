@@ -30,7 +30,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError, KeyFileError
-from edged.heads.registry import HEADS
+from edged.heads.registry import FORMATS
 from edged.settings.endpoints import ipc_folder_problem, on_the_network
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     # A Literal assembled at run time is no static type: a type checker sees plain str.
     HeadChoice: TypeAlias = str
 else:
-    HeadChoice = Literal[tuple(["auto", *HEADS])]
+    HeadChoice = Literal[tuple(["auto", *FORMATS])]
 
 # One side of a model input in pixels; the bound keeps a typo from allocating gigabytes.
 InputSide = Annotated[int, Field(gt=0, le=8192)]
@@ -77,8 +77,10 @@ class ModelConfig(Section):
     channel_order: Literal["rgb", "bgr"] = Field(
         "rgb", description="Channel order the model was trained on; checked against its metadata (Ultralytics: rgb)."
     )
-    resize: Literal["letterbox", "stretch"] = Field(
-        "letterbox", description="letterbox keeps the aspect ratio (pad 114); stretch fills the input."
+    resize: Literal["letterbox", "stretch", "crop"] = Field(
+        "letterbox",
+        description="letterbox keeps the aspect ratio (pad 114); stretch fills the input; crop (classification "
+        "models, as ultralytics feeds them) resizes the shortest side to the input and takes its centre.",
     )
     imgsz: tuple[InputSide, InputSide] | None = Field(
         None,
@@ -92,6 +94,7 @@ class ModelConfig(Section):
     conf: float = Field(0.25, gt=0, le=1, description="Minimum score of a published detection.")
     iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
     max_det: int = Field(100, ge=1, le=10000, description="Most detections kept per frame.")
+    top_k: int = Field(5, ge=1, le=1000, description="Classification models: the best classes each message lists.")
     agnostic_nms: bool = Field(False, description="Suppress overlapping boxes across classes too.")
 
     @field_validator("imgsz", mode="before")

@@ -42,7 +42,7 @@ import cv2
 import numpy as np
 
 from edged.lograte import Failures
-from edged.messages import EvidenceReport
+from edged.messages import EvidenceReport, Verdict
 from edged.output import NO_REPORT, FrameReport, Output, OutputReport, Services
 from edged.settings.evidence import DEFAULT_NOTE, EvidenceConfig, SavePolicy
 
@@ -54,8 +54,6 @@ if TYPE_CHECKING:
     from edged.task import TaskResult
 
 log = logging.getLogger(__name__)
-
-Verdict = Literal["ok", "ng"]
 
 QUEUE_FRAMES = 4  # frames waiting for the writer: bounds the memory a slow disk can take (4 copies)
 IDLE_WAKE_S = 60.0  # the writer wakes this often without frames, so age pruning runs on a quiet line
@@ -92,11 +90,12 @@ def should_save(save: SavePolicy, verdict: Verdict | None, found: int, near: int
     ``ng+near`` adds frames with a near miss, a score the decoder found within ``near_margin``
     below its class's threshold (`edged.decode.Detections.near`): what the model is unsure about
     is what is worth labelling. The decoder alone compares scores with thresholds, so a score is
-    never judged twice, once in float32 and once in float64.
+    never judged twice, once in float32 and once in float64. A frame a classifier is uncertain of
+    is kept as an NG one is: its best class is the one to check and relabel.
     """
     if save == "all":
         return True
-    if verdict == "ng" or (verdict is None and found > 0):
+    if verdict in ("ng", "uncertain") or (verdict is None and found > 0):
         return True
     return save == "ng+near" and near > 0
 

@@ -87,13 +87,26 @@ class Detection(Message):
     )
 
 
-Verdict = Literal["ok", "ng"]
+class TopClass(Message):
+    """One of a classification model's best classes for a frame."""
+
+    class_id: int = Field(ge=0, description="Index into the model's classes.")
+    label: str = Field(description="Class name from the model metadata or the labels file.")
+    score: float = Field(ge=0, le=1, description="The model's probability of the class.")
+
+
+Task = Literal["detect", "segment", "classify"]
+# 'uncertain': a classification model's best score below inspect.min_confidence.
+Verdict = Literal["ok", "ng", "uncertain"]
 
 
 class Reason(Message):
-    """One detection that made the part NG."""
+    """One detection (or a classification model's best class) that made the part NG or uncertain."""
 
-    detection: int = Field(ge=0, description="Index into the detections message's detections.")
+    detection: int = Field(
+        ge=0,
+        description="Index into the detections message's detections; for a classification model, into its top (0).",
+    )
     class_id: int = Field(ge=0)
     label: str
     score: float = Field(ge=0, le=1)
@@ -134,10 +147,23 @@ class DetectionsMessage(TopicMessage):
     frame_size: tuple[int, int] = Field(description="Frame width, height in pixels.")
     input_size: tuple[int, int] = Field(description="Model input width, height in pixels.")
     model: ModelInfo
+    task: Task = Field(
+        "detect",
+        description="The model's task: detect (detections), classify (top, no detections) or segment.",
+    )
     detections: list[Detection]
+    top: list[TopClass] | None = Field(
+        None,
+        description="A classification model's best classes (model.top_k), best first; absent for other tasks.",
+        exclude_if=lambda top: top is None,
+    )
     timings: Timings
     thermal_state: ThermalState = Field(description="The board's thermal state when the frame was processed.")
-    verdict: Verdict | None = Field(None, description="ok or ng for this frame; null without [inspect].")
+    verdict: Verdict | None = Field(
+        None,
+        description="ok or ng for this frame, or uncertain (a classification model's best score below "
+        "inspect.min_confidence); null without [inspect].",
+    )
     reasons: list[Reason] = Field(default_factory=list, description="The detections that made it ng.")
     verdict_latency_ms: float | None = Field(None, description="Capture to verdict; null without [inspect].")
     part_id: str | None = Field(None, description="The part id of the trigger request this frame answered.")

@@ -11,15 +11,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from edged.classify import Classifier
 from edged.config import ModelConfig, ProviderConfig, RuntimeConfig, Settings
 from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engine import Engine
 from edged.errors import ContractError, EdgedError, HeadError, ModelError
 from edged.heads.base import fmt_classes
+from edged.heads.classify import ClassifyHead
 from edged.heads.metadata import parse_names
-from edged.heads.registry import detect_head, head_named
-from edged.messages import ModelInfo
+from edged.heads.registry import detect_head, format_named
+from edged.messages import ModelInfo, Task
 
 log = logging.getLogger(__name__)
 
@@ -28,22 +30,28 @@ log = logging.getLogger(__name__)
 class LoadedModel:
     engine: Engine
     contract: InputContract
-    head: str  # a name in edged.heads.HEADS
+    head: str  # a name in edged.heads.registry.FORMATS
     num_classes: int
     labels: list[str]
     cfg: ModelConfig
     info: ModelInfo  # what every message says about the model
     class_names: tuple[str, ...]  # the labels, or the class ids where the model names none: a dataset's names
 
+    @property
+    def task(self) -> Task:
+        return "classify" if self.head == ClassifyHead.name else "detect"
+
     def make_decoder(
         self,
         output_shape: tuple[int, ...],
         thresholds: Sequence[float] | None = None,
         near_margin: float | None = None,
-    ) -> Decoder:
+    ) -> Decoder | Classifier:
         """A decoder for a bound output (its size is only known after `Engine.bind`); ``thresholds``
         per class id replace model.conf (``[inspect]``); ``near_margin`` has it find near misses
-        (evidence saved under ``ng+near``)."""
+        (evidence saved under ``ng+near``). A classifier's ranks its ``top_k`` classes."""
+        if self.task == "classify":
+            return Classifier(output_shape, self.num_classes, self.cfg.top_k)
         return Decoder(
             self.head,
             output_shape,
@@ -89,7 +97,7 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     engine = Engine(cfg.path, runtime, imgsz=cfg.imgsz, record_placement=record_placement, lanes=lanes)
     head, num_classes = _head(engine, cfg)
     inputs = [(i.name, i.shape, i.type) for i in engine.input_meta]
-    contract = build_contract(inputs, engine.metadata, cfg, head_named(head))
+    contract = build_contract(inputs, engine.metadata, cfg, format_named(head))
     labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
     if labels and len(labels) != num_classes:
         source = str(cfg.labels) if cfg.labels else "the model's names metadata"

@@ -6,6 +6,10 @@ thresholds become the vector the decoder compares candidates with (`edged.decode
 zones a `ZoneMap`. Per frame it takes the decoder's detections, tags each with its zone (dropping
 those outside every zone when so configured) and decides which of them make the part NG, all in
 buffers made here once: the verdict adds no arrays to a frame.
+
+A classification model's frames are judged by a `ClassInspector` instead: NG when its best class
+is an NG class above that class's threshold, ``uncertain`` when its best score is below
+``min_confidence`` (a part the model cannot tell, kept for relabelling and rejected by default).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edged.classify import Classes
 from edged.decode import Detections
 from edged.errors import ConfigError
 from edged.heads.base import TrueIndex
@@ -106,6 +111,55 @@ class Inspector:
 
     def zone_name(self, zone: int) -> str | None:
         return None if zone == NO_ZONE else self.zone_names[zone]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Judged:
+    """One classified frame's inspection: its verdict, and the best class's threshold."""
+
+    classes: Classes
+    verdict: Verdict
+    threshold: float | None  # None when the model gave no probability
+
+
+class ClassInspector:
+    """``[inspect]`` for a classification model: its NG classes, their thresholds and ``min_confidence``."""
+
+    def __init__(self, cfg: InspectConfig, labels: Sequence[str], num_classes: int, conf: float) -> None:
+        resolve = _ClassNames(labels, num_classes)
+        self.thresholds = [conf] * num_classes
+        for name, threshold in cfg.class_conf.items():
+            self.thresholds[resolve("class_conf", name)] = threshold
+        self._ng = {resolve("ng_classes", n) for n in cfg.ng_classes or ()}
+        resolve.raise_problems()
+        problems = []
+        if cfg.ng_classes is None:
+            known = ", ".join(labels) if labels else f"class ids 0..{num_classes - 1}"
+            problems.append(
+                f"inspect.ng_classes: a classification model's verdict needs the classes that make a part NG "
+                f"(its classes: {known})"
+            )
+        for key in ("zones", "min_area"):
+            if getattr(cfg, key):
+                problems.append(
+                    f"inspect.{key}: a classification model has no boxes to place or measure; "
+                    "inspect.roi sets the region it classifies"
+                )
+        if problems:
+            raise ConfigError(None, problems)
+        self._min_confidence = cfg.min_confidence
+
+    def __call__(self, classes: Classes) -> Judged:
+        """NG for an NG class above its threshold, uncertain below ``min_confidence`` or without any
+        probability, else OK."""
+        top = classes.top
+        if top is None:
+            return Judged(classes, "uncertain", None)
+        class_id, score = top
+        threshold = self.thresholds[class_id]
+        if self._min_confidence is not None and score < self._min_confidence:
+            return Judged(classes, "uncertain", threshold)
+        return Judged(classes, "ng" if class_id in self._ng and score > threshold else "ok", threshold)
 
 
 class _InsideOnly:

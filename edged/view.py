@@ -36,7 +36,7 @@ from edged.sources.base import Frame
 PALETTE = ((56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72), (23, 204, 146))
 # One colour per zone (BGR), cycled: cyan, magenta, yellow, white, none of them a verdict colour.
 ZONE_PALETTE = ((255, 255, 0), (255, 0, 255), (0, 255, 255), (255, 255, 255))
-BANNER = {"ok": (40, 160, 40), "ng": (40, 40, 210)}  # BGR: green, red
+BANNER = {"ok": (40, 160, 40), "ng": (40, 40, 210), "uncertain": (0, 160, 230)}  # BGR: green, red, amber
 FONT = cv2.FONT_HERSHEY_SIMPLEX
 
 Zones = tuple[tuple[str, np.ndarray], ...]  # (name, (k, 2) points as fractions of the frame)

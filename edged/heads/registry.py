@@ -1,8 +1,9 @@
 """The head formats edged reads, and telling which one a model's output is.
 
-Each format is one module holding one `Head` subclass; adding a format means writing that module
-and adding its class to `HEADS`. The allowed ``model.head`` values, `detect_head` and the layouts
-named in its error messages all come from this registry.
+Each detection format is one module holding one `Head` subclass; adding a format means writing that
+module and adding its class to `HEADS`. A classifier is `ClassifyHead` (`FORMATS` holds both). The
+allowed ``model.head`` values, `detect_head` and the layouts named in its error messages all come
+from this registry.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from edged.errors import HeadError
 from edged.heads.base import Dim, Head, OutputFacts, concrete, fmt_shape
+from edged.heads.classify import ClassifyHead
 from edged.heads.end2end import End2EndHead
 from edged.heads.metadata import parse_names, says_nms_inside, says_rtdetr
 from edged.heads.rtdetr import RtDetrHead
@@ -18,6 +20,8 @@ from edged.heads.yolov5 import YoloV5Head
 from edged.heads.yolov8 import YoloV8Head
 
 HEADS: dict[str, type[Head]] = {head.name: head for head in (YoloV8Head, YoloV5Head, End2EndHead, RtDetrHead)}
+Format = type[Head] | type[ClassifyHead]
+FORMATS: dict[str, Format] = {**HEADS, ClassifyHead.name: ClassifyHead}
 
 
 def _listed(items: Sequence[str]) -> str:
@@ -27,13 +31,13 @@ def _listed(items: Sequence[str]) -> str:
 
 _LAYOUTS = _listed([f"{head.layout} ({name})" for name, head in HEADS.items()])
 _NMS_INSIDE_LAYOUTS = " or ".join(head.layout for head in HEADS.values() if not head.needs_nms)
-# ultralytics' tasks other than detection, as its 'task' metadata names them.
+# ultralytics' tasks edged does not serve, as its 'task' metadata names them.
 _TASKS = {
     "segment": "instance segmentation",
     "pose": "pose estimation",
     "obb": "oriented bounding boxes",
-    "classify": "classification",
 }
+_SERVED = "edged serves detection and classification models only"
 
 
 def head_named(name: str) -> type[Head]:
@@ -44,14 +48,22 @@ def head_named(name: str) -> type[Head]:
     return head
 
 
+def format_named(name: str) -> Format:
+    """The registered format ``name``, a classifier's included; `HeadError` for any other."""
+    return ClassifyHead if name == ClassifyHead.name else head_named(name)
+
+
 def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, str]) -> tuple[str, int]:
     """The head format's name and the class count, from the output shapes and ultralytics metadata.
 
     A symbolic dimension (str or None, as ONNX Runtime reports dynamic axes) is taken as the
     candidate count. The one format whose `Head.matches` claims the output wins; a model whose
     metadata says NMS is inside can only be a format that needs none. Known names must agree
-    with the shape. Raises `HeadError` naming the shape otherwise.
+    with the shape. A classifier is `ClassifyHead`'s. Raises `HeadError` naming the shape otherwise.
     """
+    if ClassifyHead.claims(output_shapes, metadata.get("task")):
+        names = parse_names(metadata)
+        return ClassifyHead.name, ClassifyHead.classes(output_shapes, None if names is None else len(names))
     _refuse_other_tasks(output_shapes, metadata.get("task"))
     if len(output_shapes) != 1:
         shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
@@ -76,11 +88,10 @@ def _refuse_other_tasks(output_shapes: Sequence[Sequence[Dim]], task: str | None
     shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
     if task not in (None, "detect"):
         what = f"{task!r} ({_TASKS[task]})" if task in _TASKS else repr(task)
-        raise HeadError(f"model task {what} is not supported (outputs {shown}); edged serves detection models only")
+        raise HeadError(f"model task {what} is not supported (outputs {shown}); {_SERVED}")
     if task is None and len(output_shapes) == 2 and len(output_shapes[1]) == 4:
         raise HeadError(
-            f"outputs {shown} are an instance segmentation export's (the second holds mask prototypes); "
-            "edged serves detection models only"
+            f"outputs {shown} are an instance segmentation export's (the second holds mask prototypes); " + _SERVED
         )
 
 

@@ -72,6 +72,7 @@ def _segments_meet(a: Point, b: Point, c: Point, d: Point) -> bool:
 
 
 Threshold = Annotated[float, Field(gt=0, le=1)]
+NonNegative = Annotated[int, Field(ge=0, le=65535)]
 
 
 class InspectConfig(Section):
@@ -97,6 +98,26 @@ class InspectConfig(Section):
         default_factory=dict,
         description="Label (or class id) -> smallest box, as a fraction of the frame's area, that makes a part NG.",
     )
+
+    min_confidence: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Classification models: a best score below this gives the verdict 'uncertain' (NG on the reject "
+        "line, saved as evidence) rather than ok or ng; default: none.",
+    )
+    roi: tuple[NonNegative, NonNegative, NonNegative, NonNegative] | None = Field(
+        None,
+        description="Classification models: the region [x1, y1, x2, y2] of the frame, in pixels, that is classified; "
+        "default: the whole frame.",
+    )
+
+    @field_validator("roi")
+    @classmethod
+    def _region(cls, v: tuple[int, int, int, int] | None) -> tuple[int, int, int, int] | None:
+        if v is not None and not (v[2] > v[0] and v[3] > v[1]):
+            raise ValueError(f"roi {list(v)} is no region: x2 must be above x1 and y2 above y1")
+        return v
 
     @field_validator("zones")
     @classmethod

@@ -26,6 +26,7 @@ import cv2
 import numpy as np
 
 from edged.config import ModelConfig, RuntimeConfig
+from edged.decode import Detections
 from edged.errors import DataError, UsageError
 from edged.heads.registry import head_named
 from edged.model import LoadedModel, load_model
@@ -140,6 +141,7 @@ def evaluate(
         if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
             plan = FramePipeline(model, w, h, "bgr")
         detections, _ = plan.process(sample.image)
+        assert isinstance(detections, Detections)  # run_eval scores a classifier with `evaluate_classes`
         published = (detections.xyxy.copy(), detections.scores.copy(), detections.class_ids.copy())
         xyxy, scores, classes = _every_class(plan) or published
         acc.add(xyxy, scores, classes, sample.boxes, sample.class_ids, published=published)
@@ -168,6 +170,7 @@ def _every_class(plan: FramePipeline) -> Predictions | None:
         scores[:c] = 0.0
         scores[c + 1 :] = 0.0
         found = plan.decoder.decode(masked, plan.box_map)
+        assert isinstance(found, Detections)  # a classifier's decoder has no class scores to mask: returned above
         parts.append((found.xyxy.copy(), found.scores.copy(), found.class_ids.copy()))
     xyxy, scores, classes = (np.concatenate([part[i] for part in parts]) for i in range(3))
     best = np.argsort(-scores, kind="stable")[: plan.model.cfg.max_det]
