@@ -53,9 +53,12 @@ class Classes:
         return 0  # a classifier's doubt is its top score below inspect.min_confidence: the verdict 'uncertain'
 
     def dataset_label(self, width: int, height: int) -> str:
-        """The best class's id: an ultralytics classification dataset files the image under its class."""
+        return ""  # no label file: the image is filed under its class (`dataset_class`)
+
+    def dataset_class(self) -> int | None:
+        """The best class: an ultralytics classification dataset files the image in its folder."""
         top = self.top
-        return "" if top is None else f"{top[0]}\n"
+        return None if top is None else top[0]
 
     def message_fields(
         self, label: Callable[[int], str], zones: Sequence[str | None] | None, thresholds: Sequence[float | None] | None

@@ -36,6 +36,11 @@ class TaskResult(Protocol):
         trains on (ultralytics' YOLO text for detection)."""
         ...
 
+    def dataset_class(self) -> int | None:
+        """The class an ultralytics classification dataset files the frame's image under (its folder),
+        with no label file; None for a task whose label is a file (`dataset_label`)."""
+        ...
+
     def message_fields(
         self, label: Callable[[int], str], zones: Sequence[str | None] | None, thresholds: Sequence[float | None] | None
     ) -> dict[str, Any]:

@@ -75,7 +75,7 @@ def test_values_that_are_no_probability_are_counted_and_never_ranked() -> None:
 def test_a_model_without_any_probability_has_no_top() -> None:
     classes = Classifier((1, 2), 2, top_k=5).decode(np.array([[np.nan, 7.0]], np.float32), BOX_MAP)
     assert len(classes) == 0 and classes.top is None
-    assert classes.dataset_label(10, 10) == ""
+    assert classes.dataset_class() is None
 
 
 @pytest.mark.unit
