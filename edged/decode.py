@@ -29,7 +29,7 @@ import numpy as np
 
 from edged.errors import HeadError
 from edged.geometry import BoxMap
-from edged.heads.base import TrueIndex, fmt_shape, rows
+from edged.heads.base import Head, TrueIndex, fmt_shape, rows
 from edged.heads.registry import head_named
 from edged.messages import Detection
 from edged.nms import GreedyNms
@@ -179,6 +179,15 @@ class Decoder:
         self._near_only = np.empty_like(self._near_keep)
         self._near_kept = _KeptRows(self._near_keep.shape[0])
 
+    @property
+    def head(self) -> Head:
+        return self._head
+
+    def kept(self) -> np.ndarray:
+        """The head's candidate slots (its ``boxes``, ``scores`` and ``class_ids`` columns) of the last
+        frame's detections, in their order: a view, valid until the next frame."""
+        return self._kept.slots
+
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Detections:
         """Threshold, NMS and ``max_det`` in input space, then map to frame pixels and clip.
 
@@ -301,6 +310,7 @@ class _KeptRows:
         self._ids32 = np.empty(most, dtype=np.int32)
         # What consumers see: read-only views made once; their slices are read-only too.
         self._shown = tuple(_read_only(a.view()) for a in (self._xyxy, self._scores, self._ids32))
+        self.slots = self._shown_keep[:0]  # the kept rows' candidate slots, in their order (`Decoder.kept`)
 
     def __call__(
         self,
@@ -326,6 +336,7 @@ class _KeptRows:
         m = shown.shape[0]
         kept, shown_columns = self._shown_keep[:m], rows(self._shown_columns, 4, m)
         np.take(keep, shown, out=kept, mode="clip")
+        self.slots = kept
         np.take(columns, shown, axis=1, out=shown_columns, mode="clip")
         np.copyto(self._xyxy[:m], shown_columns.T)
         np.take(scores, kept, out=self._scores[:m], mode="clip")

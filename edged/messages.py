@@ -85,6 +85,27 @@ class Detection(Message):
     threshold: float | None = Field(
         None, description="The score this class had to pass (inspect.class_conf or model.conf); null without [inspect]."
     )
+    polygon: list[tuple[float, float]] | None = Field(
+        None,
+        description="A segmentation model's: the instance's outline, [x, y] in frame pixels (ultralytics' masks.xy); "
+        "absent for other tasks and past model.max_masks.",
+        exclude_if=lambda polygon: polygon is None,
+    )
+    area_px: int | None = Field(
+        None, ge=0, description="A segmentation model's: the mask's pixels in the frame.", exclude_if=lambda v: v is None
+    )
+    length_px: float | None = Field(
+        None,
+        ge=0,
+        description="A segmentation model's: the longer side of the mask's minimum-area rectangle, in frame pixels.",
+        exclude_if=lambda v: v is None,
+    )
+    width_px: float | None = Field(
+        None,
+        ge=0,
+        description="A segmentation model's: the shorter side of the mask's minimum-area rectangle, in frame pixels.",
+        exclude_if=lambda v: v is None,
+    )
 
 
 class TopClass(Message):
@@ -149,7 +170,8 @@ class DetectionsMessage(TopicMessage):
     model: ModelInfo
     task: Task = Field(
         "detect",
-        description="The model's task: detect (detections), classify (top, no detections) or segment.",
+        description="The model's task: detect (detections), segment (detections with their outlines and sizes) "
+        "or classify (top, no detections).",
     )
     detections: list[Detection]
     top: list[TopClass] | None = Field(

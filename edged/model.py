@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from edged.classify import Classifier
 from edged.config import ModelConfig, ProviderConfig, RuntimeConfig, Settings
 from edged.contract import InputContract, build_contract
@@ -21,7 +23,9 @@ from edged.heads.base import fmt_classes
 from edged.heads.classify import ClassifyHead
 from edged.heads.metadata import parse_names
 from edged.heads.registry import detect_head, format_named
+from edged.heads.segment import SegmentHead
 from edged.messages import ModelInfo, Task
+from edged.segment import Segmenter
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +43,23 @@ class LoadedModel:
 
     @property
     def task(self) -> Task:
-        return "classify" if self.head == ClassifyHead.name else "detect"
+        tasks: dict[str, Task] = {ClassifyHead.name: "classify", SegmentHead.name: "segment"}
+        return tasks.get(self.head, "detect")
 
     def make_decoder(
         self,
         output_shape: tuple[int, ...],
         thresholds: Sequence[float] | None = None,
         near_margin: float | None = None,
-    ) -> Decoder | Classifier:
+        prototypes: np.ndarray | None = None,
+    ) -> Decoder | Classifier | Segmenter:
         """A decoder for a bound output (its size is only known after `Engine.bind`); ``thresholds``
         per class id replace model.conf (``[inspect]``); ``near_margin`` has it find near misses
-        (evidence saved under ``ng+near``). A classifier's ranks its ``top_k`` classes."""
+        (evidence saved under ``ng+near``). A classifier's ranks its ``top_k`` classes; a segmentation
+        model's makes the masks from its bound ``prototypes`` output too."""
         if self.task == "classify":
             return Classifier(output_shape, self.num_classes, self.cfg.top_k)
-        return Decoder(
+        decoder = Decoder(
             self.head,
             output_shape,
             self.num_classes,
@@ -63,6 +70,9 @@ class LoadedModel:
             thresholds=thresholds,
             near_margin=near_margin,
         )
+        if prototypes is not None:
+            return Segmenter(decoder, prototypes, self.num_classes, self.cfg.max_masks, self.cfg.max_det)
+        return decoder
 
     def label(self, class_id: int) -> str:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)

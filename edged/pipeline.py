@@ -78,7 +78,9 @@ class FramePipeline:
             frame_w, frame_h = x2 - x1, y2 - y1
         self.preprocess = Preprocessor(model.contract, frame_w, frame_h, source_order)
         self.binding = model.engine.bind(self.preprocess.tensor)
-        self.decoder = model.make_decoder(self.binding.outputs[0].shape, thresholds, near_margin)
+        outputs = self.binding.outputs
+        prototypes = outputs[1] if model.task == "segment" else None
+        self.decoder = model.make_decoder(outputs[0].shape, thresholds, near_margin, prototypes)
 
     @property
     def box_map(self) -> BoxMap:

@@ -1,0 +1,97 @@
+"""Segmentation: edged's instances against ultralytics' own predict of a real ``-seg`` export.
+
+``tests/data/tasks`` holds a YOLOv8 ``-seg`` export (random weights, made input-sensitive) and what
+ultralytics' ``predict`` returned for frames of four aspect ratios
+(`tests/reference/build_ultralytics_tasks.py` made them): boxes, classes, scores, the masks mapped to
+the frame (``ops.scale_masks``) and the outlines (``masks.xy``). edged must keep the same detections
+(ultralytics drops those whose mask is empty), with masks of IoU >= 0.99 and the same outlines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edged.config import ModelConfig, RuntimeConfig
+from edged.messages import parse_message
+from edged.model import LoadedModel, load_model
+from edged.pipeline import FramePath, FramePipeline, Processed
+from edged.segment import Instances, merge_segments
+from edged.sources.base import Frame
+
+DATA = Path(__file__).parent / "data" / "tasks"
+REFERENCE = np.load(DATA / "seg.npz")
+FRAMES = ["wide", "tall", "square", "strip"]
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    # ultralytics predict's defaults: conf 0.25, NMS IoU 0.7, 300 detections.
+    return load_model(ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=300), RuntimeConfig())
+
+
+def test_a_seg_export_loads_as_a_segmentation_model(model: LoadedModel) -> None:
+    assert (model.head, model.task, model.num_classes) == ("segment", "segment", 3)
+    assert model.labels == ["scratch", "dent", "stain"]
+
+
+@pytest.mark.parametrize("name", FRAMES)
+def test_instances_are_ultralytics_predicts(model: LoadedModel, name: str) -> None:
+    image = cv2.imread(str(DATA / f"{name}.png"))
+    h, w = image.shape[:2]
+    instances, _ = FramePipeline(model, w, h, "bgr").process(image)
+    assert isinstance(instances, Instances)
+    expected_masks = np.unpackbits(REFERENCE[f"{name}/frame_masks"], axis=-1)[..., :w].astype(bool)
+    assert instances.class_ids.tolist() == REFERENCE[f"{name}/cls"].tolist()
+    np.testing.assert_allclose(instances.xyxy, REFERENCE[f"{name}/xyxy"], atol=0.05)
+    np.testing.assert_allclose(instances.scores, REFERENCE[f"{name}/conf"], atol=2e-3)
+    assert len(instances.polygons) == len(expected_masks) > 0
+    for i, expected in enumerate(expected_masks):
+        mask = instances.masks[i]
+        assert (mask & expected).sum() / (mask | expected).sum() >= 0.99
+        assert instances.area_px[i] == int(mask.sum())
+        polygon = REFERENCE[f"{name}/polygon{i}"]
+        assert instances.polygons[i].shape == polygon.shape
+        np.testing.assert_allclose(instances.polygons[i], polygon, atol=0.5)
+        (_, _), (rw, rh), _ = cv2.minAreaRect(polygon)
+        assert instances.sides[i] == pytest.approx((max(rw, rh), min(rw, rh)), abs=0.5)
+
+
+def test_the_message_carries_each_instances_outline_and_sizes(model: LoadedModel) -> None:
+    path = FramePath(model, "cam0", "bgr")
+    done = path.run(Frame(cv2.imread(str(DATA / "tall.png")), 3, 0, 0, "bgr"))
+    assert isinstance(done, Processed) and isinstance(done.result, Instances)
+    msg = parse_message(path.message(done, seq=0, thermal_state="ok").model_dump_json().encode())
+    assert msg.kind == "detections" and msg.task == "segment" and msg.top is None
+    first = msg.detections[0]
+    assert first.polygon == [(round(x, 1), round(y, 1)) for x, y in REFERENCE["tall/polygon0"].tolist()]
+    assert first.area_px == done.result.area_px[0]
+    assert (first.length_px, first.width_px) == pytest.approx(done.result.sides[0], abs=0.05)
+    label = done.result.dataset_label(180, 320).splitlines()[0].split()
+    assert int(label[0]) == first.class_id and len(label) == 1 + 2 * len(first.polygon)
+
+
+def test_detections_past_max_masks_are_published_without_a_mask(model: LoadedModel) -> None:
+    image = cv2.imread(str(DATA / "wide.png"))
+    every, _ = FramePipeline(model, 320, 240, "bgr").process(image)
+    few = load_model(ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=9), RuntimeConfig())
+    instances, _ = FramePipeline(few, 320, 240, "bgr").process(image)
+    assert isinstance(every, Instances) and isinstance(instances, Instances)
+    # Of the nine best, those with an empty mask are dropped; the ones past nine are kept, with no mask.
+    masked = len(instances.polygons)
+    assert 0 < masked < 9 < len(instances)
+    assert instances.area_px == every.area_px[:masked]
+    fields = instances.message_fields(few.label, None, None)
+    assert [d.polygon is not None for d in fields["detections"]] == [i < masked for i in range(len(instances))]
+
+
+@pytest.mark.unit
+def test_separate_outlines_are_joined_at_their_closest_points_as_ultralytics_joins_them() -> None:
+    a = np.array([[0, 0], [2, 0], [2, 2], [0, 2]])
+    b = np.array([[5, 0], [7, 0], [7, 2], [5, 2]])
+    merged = merge_segments([a, b])
+    # Out along a from its point nearest b, across, round b and back: ultralytics' merge_multi_segment.
+    assert merged.tolist() == [[2, 0], [2, 2], [0, 2], [0, 0], [2, 0], [5, 0], [7, 0], [7, 2], [5, 2], [5, 0]]
