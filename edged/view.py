@@ -176,14 +176,18 @@ class LiveView:
 
 def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zones) -> None:
     """The zones, then the boxes, labels and scores of ``message`` onto ``image`` (the frame scaled by
-    ``scale``; a classifier's best classes, one a line, top left), the verdict in a banner across the
-    top, and a caption naming the camera, the frame and its capture time, so a frozen view is plain to see."""
+    ``scale``; a segmentation model's outlines too; a classifier's best classes, one a line, top left),
+    the verdict in a banner across the top, and a caption naming the camera, the frame and its capture
+    time, so a frozen view is plain to see."""
     w = image.shape[1]
     colour_of = draw_zones(image, zones)
     for d in message.detections:
         colour = colour_of.get(d.zone or "", PALETTE[d.class_id % len(PALETTE)])
         x1, y1, x2, y2 = (round(v * scale) for v in d.box)
-        cv2.rectangle(image, (x1, y1), (x2, y2), colour, 2)
+        if d.polygon:  # a segmentation model's instance: its outline, inside a thin box
+            outline = np.rint(np.asarray(d.polygon, np.float32) * scale).astype(np.int32)
+            cv2.polylines(image, [outline], True, colour, 2, cv2.LINE_AA)
+        cv2.rectangle(image, (x1, y1), (x2, y2), colour, 1 if d.polygon else 2)
         text = f"{d.label} {d.score:.2f}" + (f" @{d.zone}" if d.zone else "")
         (_, th), base = cv2.getTextSize(text, FONT, 0.5, 1)
         top = y1 - th - base - 2 if y1 - th - base - 2 >= 0 else y1

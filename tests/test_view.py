@@ -117,6 +117,21 @@ def test_zones_the_boxes_in_them_and_the_verdict_banner_are_drawn(view: LiveView
     assert _near(plain[300, 480], GREY, 30) and _near(plain[3, 950], GREY, 30)  # no zones, no verdict: neither
 
 
+def test_an_instances_outline_is_drawn_in_its_class_colour(view: LiveView) -> None:
+    image = np.full((540, 960, 3), GREY, np.uint8)
+    outline = [(300.0, 200.0), (500.0, 200.0), (400.0, 400.0)]  # a triangle inside its box
+    found = Detection(class_id=1, label="dent", score=0.9, box=(300, 200, 500, 400), polygon=outline, area_px=20000)
+    msg = _message(0, [], (960, 540)).model_copy(update={"task": "segment", "detections": [found]})
+    with view.watch():
+        assert wait_for(view.wants_frame, 5.0)
+        view.offer(_frame(0, image), msg)
+        got = view.next_jpeg(0, 5.0)
+    assert got is not None
+    shown = _decode(got[1])
+    assert _near(shown[300, 350], PALETTE[1]), shown[300, 350]  # on the triangle's left edge
+    assert _near(shown[300, 320], GREY, 30)  # inside the box, outside the outline
+
+
 def test_a_classifiers_best_classes_are_listed_below_an_uncertain_banner(view: LiveView) -> None:
     image = np.full((540, 960, 3), GREY, np.uint8)
     top = [TopClass(class_id=3, label="crack", score=0.42), TopClass(class_id=1, label="good", score=0.4)]
