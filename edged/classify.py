@@ -61,7 +61,13 @@ class Classes:
         return None if top is None else top[0]
 
     def message_fields(
-        self, label: Callable[[int], str], zones: Sequence[str | None] | None, thresholds: Sequence[float | None] | None
+        self,
+        label: Callable[[int], str],
+        zones: Sequence[str | None] | None,
+        thresholds: Sequence[float | None] | None,
+        *,
+        notes: Sequence[str | None] | None = None,
+        mm_per_px: float | None = None,
     ) -> dict[str, Any]:
         """``task``, ``top`` and no ``detections``."""
         return {

@@ -87,12 +87,19 @@ class Detections:
         return None
 
     def message_fields(
-        self, label: Callable[[int], str], zones: Sequence[str | None] | None, thresholds: Sequence[float | None] | None
+        self,
+        label: Callable[[int], str],
+        zones: Sequence[str | None] | None,
+        thresholds: Sequence[float | None] | None,
+        *,
+        notes: Sequence[str | None] | None = None,
+        mm_per_px: float | None = None,
     ) -> dict[str, Any]:
         """``detections``. Each column becomes a Python list in one ``tolist`` call, rather than one
         numpy scalar per value: that halves the cost of building the message."""
         boxes, scores, class_ids = self.xyxy.tolist(), self.scores.tolist(), self.class_ids.tolist()
-        marks = zip(zones or [None] * len(class_ids), thresholds or [None] * len(class_ids), strict=True)
+        n = len(class_ids)
+        marks = zip(zones or [None] * n, thresholds or [None] * n, notes or [None] * n, strict=True)
         return {
             "detections": [
                 Detection(
@@ -102,8 +109,9 @@ class Detections:
                     box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)),
                     zone=z,
                     threshold=round(t, 4) if t is not None else None,
+                    note=note,
                 )
-                for b, s, c, (z, t) in zip(boxes, scores, class_ids, marks, strict=True)
+                for b, s, c, (z, t, note) in zip(boxes, scores, class_ids, marks, strict=True)
             ]
         }
 

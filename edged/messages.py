@@ -106,6 +106,21 @@ class Detection(Message):
         description="A segmentation model's: the shorter side of the mask's minimum-area rectangle, in frame pixels.",
         exclude_if=lambda v: v is None,
     )
+    area_mm2: float | None = Field(
+        None, ge=0, description="area_px in mm2, with the camera's inspect.mm_per_px.", exclude_if=lambda v: v is None
+    )
+    length_mm: float | None = Field(
+        None, ge=0, description="length_px in mm, with inspect.mm_per_px.", exclude_if=lambda v: v is None
+    )
+    width_mm: float | None = Field(
+        None, ge=0, description="width_px in mm, with inspect.mm_per_px.", exclude_if=lambda v: v is None
+    )
+    note: str | None = Field(
+        None,
+        description="Why a detection of an NG class did not make the part NG: 'within limits' (inside the size "
+        "limits of [inspect] for its class); absent otherwise.",
+        exclude_if=lambda v: v is None,
+    )
 
 
 class TopClass(Message):

@@ -129,6 +129,8 @@ class Processed:
         return self.decoded if self.decoded is not None else self.result
 
 
+WITHIN_LIMITS = "within limits"  # the note on a defect its class's size limits tolerate
+
 # What a verdict message repeats of its frame's detections message (all of it but ``seq`` and
 # what says where it came from).
 VERDICT_FIELDS = tuple(
@@ -275,10 +277,13 @@ class FramePath:
         """The wire message for one processed frame, its task's fields rendered by its result
         (`edged.task.TaskResult.message_fields`): the one small object a frame allocates."""
         box_map, times, inspector, inspected = done.plan.box_map, done.times, self.inspector, done.inspected
-        zones = thresholds = None
+        zones = thresholds = notes = None
+        mm_per_px = None
         if isinstance(inspector, Inspector) and isinstance(inspected, Inspected):
             zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
             thresholds = [inspector.thresholds[c] for c in inspected.detections.class_ids.tolist()]
+            notes = [WITHIN_LIMITS if w else None for w in inspected.within.tolist()]
+            mm_per_px = inspector.mm_per_px
         return DetectionsMessage(
             camera_id=self.camera_id,
             seq=seq,
@@ -287,7 +292,7 @@ class FramePath:
             frame_size=(box_map.frame_w, box_map.frame_h),
             input_size=(box_map.input_w, box_map.input_h),
             model=self.model.info,
-            **done.result.message_fields(self.model.label, zones, thresholds),
+            **done.result.message_fields(self.model.label, zones, thresholds, notes=notes, mm_per_px=mm_per_px),
             timings=Timings(
                 preprocess_ms=round(times.preprocess_ms, 3),
                 inference_ms=round(times.inference_ms, 3),

@@ -58,21 +58,31 @@ class Instances(Detections):
         return "".join(lines)
 
     def message_fields(
-        self, label: Callable[[int], str], zones: Sequence[str | None] | None, thresholds: Sequence[float | None] | None
+        self,
+        label: Callable[[int], str],
+        zones: Sequence[str | None] | None,
+        thresholds: Sequence[float | None] | None,
+        *,
+        notes: Sequence[str | None] | None = None,
+        mm_per_px: float | None = None,
     ) -> dict[str, Any]:
-        """Each detection with its ``polygon``, ``area_px``, ``length_px`` and ``width_px``."""
-        fields = Detections.message_fields(self, label, zones, thresholds)
+        """Each detection with its ``polygon``, ``area_px``, ``length_px`` and ``width_px``, and in mm
+        with the camera's ``mm_per_px``."""
+        fields = Detections.message_fields(self, label, zones, thresholds, notes=notes)
         detections: list[Detection] = fields["detections"]
         for i, polygon in enumerate(self.polygons):
             length, width = self.sides[i]
-            detections[i] = detections[i].model_copy(
-                update={
-                    "polygon": [(round(x, 1), round(y, 1)) for x, y in polygon.tolist()],
-                    "area_px": self.area_px[i],
-                    "length_px": round(length, 1),
-                    "width_px": round(width, 1),
-                }
-            )
+            sizes: dict[str, Any] = {
+                "polygon": [(round(x, 1), round(y, 1)) for x, y in polygon.tolist()],
+                "area_px": self.area_px[i],
+                "length_px": round(length, 1),
+                "width_px": round(width, 1),
+            }
+            if mm_per_px is not None:
+                sizes["area_mm2"] = round(self.area_px[i] * mm_per_px * mm_per_px, 3)
+                sizes["length_mm"] = round(length * mm_per_px, 3)
+                sizes["width_mm"] = round(width * mm_per_px, 3)
+            detections[i] = detections[i].model_copy(update=sizes)
         return {**fields, "task": "segment"}
 
 

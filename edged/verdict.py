@@ -14,6 +14,7 @@ is an NG class above that class's threshold, ``uncertain`` when its best score i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from edged.decode import Detections
 from edged.errors import ConfigError
 from edged.heads.base import TrueIndex
 from edged.messages import Verdict
+from edged.segment import Instances
 from edged.settings.inspect import InspectConfig
 from edged.zones import NO_ZONE, ZoneMap
 
@@ -36,13 +38,15 @@ class Inspected:
 
     ``detections`` are what is published (those outside every zone gone when zones drop them);
     ``zones`` (n,) their zone index into `Inspector.zone_names`, `NO_ZONE` for none;
-    ``ng`` (n,) which of them make the frame NG.
+    ``ng`` (n,) which of them make the frame NG; ``within`` (n,) which are of an NG class but
+    within its size limits (a segmentation model's, with ``max_length_*`` or ``max_area_*``).
     """
 
     detections: Detections
     zones: np.ndarray
     ng: np.ndarray
     verdict: Verdict
+    within: np.ndarray
 
 
 class Inspector:
@@ -57,6 +61,8 @@ class Inspector:
         min_area = [0.0] * num_classes
         for name, area in cfg.min_area.items():
             min_area[resolve("min_area", name)] = area
+        self.mm_per_px = cfg.mm_per_px
+        self._limits = self._size_limits(cfg, resolve, num_classes)
         resolve.raise_problems()
         self.zone_names: tuple[str, ...] = tuple(cfg.zones)
         overlap = cfg.match == "overlap"
@@ -78,6 +84,26 @@ class Inspector:
         self._need = np.empty(max_det, dtype=np.float32)
         self._ng = np.empty(max_det, dtype=np.bool_)
         self._test = np.empty(max_det, dtype=np.bool_)
+        self._within = np.zeros(max_det, dtype=np.bool_)
+
+    def _size_limits(
+        self, cfg: InspectConfig, resolve: _ClassNames, num_classes: int
+    ) -> tuple[list[float], list[float]] | None:
+        """Per class, the longest and the largest defect tolerated, in frame pixels (inf: no limit); None without any."""
+        lengths, areas = [math.inf] * num_classes, [math.inf] * num_classes
+        scale = cfg.mm_per_px
+        if scale is None and (cfg.max_length_mm or cfg.max_area_mm2):
+            resolve.problem("inspect.max_length_mm and max_area_mm2 need the camera's scale, inspect.mm_per_px")
+            scale = 1.0
+        for key, limits, factor, out in (
+            ("max_length_px", cfg.max_length_px, 1.0, lengths),
+            ("max_area_px", cfg.max_area_px, 1.0, areas),
+            ("max_length_mm", cfg.max_length_mm, 1 / (scale or 1.0), lengths),
+            ("max_area_mm2", cfg.max_area_mm2, 1 / (scale or 1.0) ** 2, areas),
+        ):
+            for name, limit in limits.items():
+                out[resolve(key, name)] = limit * factor
+        return (lengths, areas) if any(map(math.isfinite, lengths + areas)) else None
 
     def __call__(self, detections: Detections, frame_w: int, frame_h: int) -> Inspected:
         """Zones, then the verdict: NG when a detection of an NG class, inside a zone (when zones
@@ -107,7 +133,11 @@ class Inspector:
         np.take(self._min_area, ids, out=need, mode="clip")
         np.greater_equal(area, need, out=test)
         np.logical_and(ng, test, out=ng)
-        return Inspected(detections, zones, ng, "ng" if np.count_nonzero(ng) else "ok")
+        within = self._within[:m]
+        within.fill(False)
+        if self._limits is not None and isinstance(detections, Instances):
+            _tolerate(detections, ng, within, self._limits)
+        return Inspected(detections, zones, ng, "ng" if np.count_nonzero(ng) else "ok", within)
 
     def zone_name(self, zone: int) -> str | None:
         return None if zone == NO_ZONE else self.zone_names[zone]
@@ -162,6 +192,18 @@ class ClassInspector:
         return Judged(classes, "ng" if class_id in self._ng and score > threshold else "ok", threshold)
 
 
+def _tolerate(instances: Instances, ng: np.ndarray, within: np.ndarray, limits: tuple[list[float], list[float]]) -> None:
+    """Mark the NG instances within every size limit of their class (per class, the longest and the
+    largest in frame pixels), and take them out of ``ng``; an instance without a mask has no size."""
+    lengths, areas = limits
+    ids = instances.class_ids.tolist()
+    for i, ((length, _), area) in enumerate(zip(instances.sides, instances.area_px, strict=True)):
+        c = ids[i]
+        if ng[i] and length <= lengths[c] and area <= areas[c]:
+            within[i] = True
+            ng[i] = False
+
+
 class _InsideOnly:
     """Keeps the detections inside a zone, in order, copied into buffers of its own."""
 
@@ -204,6 +246,9 @@ class _ClassNames:
         known = ", ".join(self._labels) if self._labels else f"none named; class ids 0..{self._num_classes - 1}"
         self._problems.append(f"inspect.{key}: {name!r} is not a class of the model (its classes: {known})")
         return 0
+
+    def problem(self, text: str) -> None:
+        self._problems.append(text)
 
     def raise_problems(self) -> None:
         if self._problems:

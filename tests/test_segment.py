@@ -16,11 +16,14 @@ import numpy as np
 import pytest
 
 from edged.config import ModelConfig, RuntimeConfig
+from edged.errors import ConfigError
 from edged.messages import parse_message
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, FramePipeline, Processed
 from edged.segment import Instances, merge_segments
+from edged.settings.inspect import InspectConfig
 from edged.sources.base import Frame
+from edged.verdict import Inspector
 
 DATA = Path(__file__).parent / "data" / "tasks"
 REFERENCE = np.load(DATA / "seg.npz")
@@ -95,3 +98,33 @@ def test_separate_outlines_are_joined_at_their_closest_points_as_ultralytics_joi
     merged = merge_segments([a, b])
     # Out along a from its point nearest b, across, round b and back: ultralytics' merge_multi_segment.
     assert merged.tolist() == [[2, 0], [2, 2], [0, 2], [0, 0], [2, 0], [5, 0], [7, 0], [7, 2], [5, 2], [5, 0]]
+
+
+def test_a_defect_within_its_class_size_limits_is_noted_and_makes_no_ng_and_mm_come_with_a_scale(
+    model: LoadedModel,
+) -> None:
+    image = cv2.imread(str(DATA / "tall.png"))
+    every, _ = FramePipeline(model, 180, 320, "bgr").process(image)
+    assert isinstance(every, Instances)
+    # The class of the shortest instance tolerates it, in mm at 0.1 mm per pixel, and nothing longer.
+    shortest = min(range(len(every.polygons)), key=lambda i: every.sides[i][0])
+    label, length = model.label(int(every.class_ids[shortest])), every.sides[shortest][0]
+    limit_mm = (length + 0.05) * 0.1
+    cfg = InspectConfig(ng_classes=[label], mm_per_px=0.1, max_length_mm={label: limit_mm})
+    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300))
+    done = path.run(Frame(image, 3, 0, 0, "bgr"))
+    assert isinstance(done, Processed)
+    msg = path.message(done, seq=0, thermal_state="ok")
+    ours = [i for i, d in enumerate(msg.detections) if d.label == label]
+    within = {i for i in ours if i < len(every.polygons) and every.sides[i][0] <= length + 0.05}
+    assert shortest in within
+    assert {i for i, d in enumerate(msg.detections) if d.note == "within limits"} == within
+    assert {r.detection for r in msg.reasons} == set(ours) - within
+    first = msg.detections[shortest]
+    assert first.length_mm == pytest.approx(first.length_px * 0.1, abs=1e-3)
+    assert first.area_mm2 == pytest.approx(first.area_px * 0.01, abs=1e-3)
+
+
+def test_limits_in_mm_need_the_cameras_scale(model: LoadedModel) -> None:
+    with pytest.raises(ConfigError, match=r"need the camera's scale, inspect\.mm_per_px"):
+        Inspector(InspectConfig(max_area_mm2={"dent": 4.0}), model.labels, 3, 0.25, 300)
