@@ -95,6 +95,11 @@ class ModelConfig(Section):
     iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
     max_det: int = Field(100, ge=1, le=10000, description="Most detections kept per frame.")
     top_k: int = Field(5, ge=1, le=1000, description="Classification models: the best classes each message lists.")
+    retina_masks: bool = Field(
+        False,
+        description="Segmentation models: make the masks at the frame size, as ultralytics' retina_masks option "
+        "does, rather than at the input size mapped to the frame.",
+    )
     max_masks: int = Field(
         20,
         ge=1,

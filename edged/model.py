@@ -71,7 +71,8 @@ class LoadedModel:
             near_margin=near_margin,
         )
         if prototypes is not None:
-            return Segmenter(decoder, prototypes, self.num_classes, self.cfg.max_masks, self.cfg.max_det)
+            cfg = self.cfg
+            return Segmenter(decoder, prototypes, self.num_classes, cfg.max_masks, cfg.max_det, retina=cfg.retina_masks)
         return decoder
 
     def label(self, class_id: int) -> str:

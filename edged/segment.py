@@ -9,6 +9,11 @@ contours (joined into one when there are several, as its ``merge_multi_segment``
 the frame. Its area is the frame mask's pixels, its length and width the sides of the outline's
 minimum-area rectangle. A detection whose mask is empty in the input is dropped, as ultralytics drops it.
 
+With ``model.retina_masks`` (ultralytics' option of that name, its ``process_mask_native``) the
+masks are made at the frame size instead: the prototypes' logits upsampled (by 1, 2 or 4, the least
+that cuts the letterbox padding on whole pixels), the padding cut, resized to the frame, thresholded
+at 0 and cropped to the box in the frame; the outline is then the frame mask's.
+
 The masks of up to ``model.max_masks`` detections per frame are kept, in buffers made with the
 plan: each costs one frame of bytes (0.9 MB at 1280x720); detections past them are published
 without a mask.
@@ -89,8 +94,19 @@ class Instances(Detections):
 class Segmenter:
     """Decodes a segmentation model's frame: its detections (`Decoder`), then their masks."""
 
-    def __init__(self, decoder: Decoder, prototypes: np.ndarray, num_classes: int, max_masks: int, max_det: int) -> None:
-        """``prototypes`` is the bound prototypes output [1, 32, h, w], refreshed in place each frame."""
+    def __init__(
+        self,
+        decoder: Decoder,
+        prototypes: np.ndarray,
+        num_classes: int,
+        max_masks: int,
+        max_det: int,
+        *,
+        retina: bool = False,
+    ) -> None:
+        """``prototypes`` is the bound prototypes output [1, 32, h, w], refreshed in place each frame;
+        ``retina``: masks made at the frame size (``model.retina_masks``)."""
+        self._retina = retina
         head = decoder.head
         if not isinstance(head, SegmentHead):
             raise HeadError(f"masks need a segment head's mask coefficients; the model's head is {head.name}")
@@ -120,6 +136,16 @@ class Segmenter:
         self._content_f = np.empty((m.resized_h, m.resized_w), dtype=np.float32)
         self._frame_f = np.empty((m.frame_h, m.frame_w), dtype=np.float32)
         self._masks = np.empty((self._max_masks, m.frame_h, m.frame_w), dtype=np.bool_)
+        if self._retina:  # as ultralytics' process_mask_native and scale_masks
+            mh, mw = self._mh, self._mw
+            gain = min(4 * mh / m.frame_h, 4 * mw / m.frame_w)
+            pad = (4 * mh - max(round(m.frame_h * gain), 1)) | (4 * mw - max(round(m.frame_w * gain), 1))
+            f = 4 // math.gcd(4, pad | pad // 2)
+            self._native = np.empty((f * mh, f * mw), dtype=np.float32)
+            gain = min(f * mh / m.frame_h, f * mw / m.frame_w)
+            new_h, new_w = max(round(m.frame_h * gain), 1), max(round(m.frame_w * gain), 1)
+            top, left = round((f * mh - new_h) / 2 - 0.1), round((f * mw - new_w) / 2 - 0.1)
+            self._native_content = (slice(top, top + new_h), slice(left, left + new_w))
         self._planned = box_map
 
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Instances:
@@ -142,13 +168,20 @@ class Segmenter:
         areas: list[int] = []
         sides: list[tuple[float, float]] = []
         for i, slot in enumerate(slots.tolist()):
-            self._mask(logits[i], boxes[:, slot].tolist(), box_map)
-            if not self._mask_in.any():
-                keep[i] = False
-                continue
             frame_mask = self._masks[len(polygons)]
-            np.greater(self._frame_f, _HALF, out=frame_mask)
-            polygon = self._outline(box_map)
+            if self._retina:
+                self._native_mask(logits[i], det.xyxy[i].tolist(), box_map, frame_mask)
+                if not frame_mask.any():
+                    keep[i] = False
+                    continue
+                polygon = self._frame_outline(frame_mask, box_map)
+            else:
+                self._mask(logits[i], boxes[:, slot].tolist(), box_map)
+                if not self._mask_in.any():
+                    keep[i] = False
+                    continue
+                np.greater(self._frame_f, _HALF, out=frame_mask)
+                polygon = self._outline(box_map)
             polygons.append(polygon)
             areas.append(int(np.count_nonzero(frame_mask)))
             sides.append(_sides(polygon))
@@ -173,6 +206,34 @@ class Segmenter:
             np.greater(self._up[r0:r1, c0:c1], _ZERO, out=self._mask_in[r0:r1, c0:c1])
         np.copyto(self._content_f, self._mask_in[self._content])
         cv2.resize(self._content_f, (m.frame_w, m.frame_h), dst=self._frame_f, interpolation=cv2.INTER_LINEAR)
+
+    def _native_mask(self, logits: np.ndarray, box: list[float], m: BoxMap, mask: np.ndarray) -> None:
+        """One detection's mask made at the frame size into ``mask``, cropped to its box in the frame."""
+        small = logits.reshape(self._mh, self._mw)
+        native = self._native
+        if native.shape == small.shape:
+            np.copyto(native, small)
+        else:
+            cv2.resize(small, native.shape[::-1], dst=native, interpolation=cv2.INTER_LINEAR)
+        cv2.resize(native[self._native_content], (m.frame_w, m.frame_h), dst=self._frame_f, interpolation=cv2.INTER_LINEAR)
+        x1, y1, x2, y2 = box
+        c0, c1 = max(math.ceil(x1), 0), min(math.ceil(x2), m.frame_w)
+        r0, r1 = max(math.ceil(y1), 0), min(math.ceil(y2), m.frame_h)
+        mask.fill(False)
+        if c1 > c0 and r1 > r0:
+            np.greater(self._frame_f[r0:r1, c0:c1], _ZERO, out=mask[r0:r1, c0:c1])
+
+    @staticmethod
+    def _frame_outline(mask: np.ndarray, m: BoxMap) -> np.ndarray:
+        """ultralytics' ``masks.xy`` of a frame-size mask: its outline, (p, 2) float32 in the frame."""
+        contours, _ = cv2.findContours(mask.view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+        if not contours:
+            return np.zeros((0, 2), np.float32)
+        points = merge_segments([c.reshape(-1, 2) for c in contours]) if len(contours) > 1 else contours[0].reshape(-1, 2)
+        xy = points.astype(np.float32)
+        np.clip(xy[:, 0], 0, m.frame_w, out=xy[:, 0])
+        np.clip(xy[:, 1], 0, m.frame_h, out=xy[:, 1])
+        return xy
 
     def _outline(self, m: BoxMap) -> np.ndarray:
         """ultralytics' ``masks.xy`` of the input-size mask: its outline in frame pixels, (p, 2) float32."""

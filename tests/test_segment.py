@@ -128,3 +128,16 @@ def test_a_defect_within_its_class_size_limits_is_noted_and_makes_no_ng_and_mm_c
 def test_limits_in_mm_need_the_cameras_scale(model: LoadedModel) -> None:
     with pytest.raises(ConfigError, match=r"need the camera's scale, inspect\.mm_per_px"):
         Inspector(InspectConfig(max_area_mm2={"dent": 4.0}), model.labels, 3, 0.25, 300)
+
+
+@pytest.mark.parametrize("name", FRAMES)
+def test_retina_masks_are_ultralytics_retina_masks(name: str) -> None:
+    cfg = ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=300, retina_masks=True)
+    image = cv2.imread(str(DATA / f"{name}.png"))
+    h, w = image.shape[:2]
+    instances, _ = FramePipeline(load_model(cfg, RuntimeConfig()), w, h, "bgr").process(image)
+    assert isinstance(instances, Instances)
+    expected_masks = np.unpackbits(REFERENCE[f"{name}/retina_masks"], axis=-1)[..., :w].astype(bool)
+    assert len(instances.masks) == len(expected_masks) > 0
+    for mask, expected in zip(instances.masks, expected_masks, strict=True):
+        assert (mask & expected).sum() / (mask | expected).sum() >= 0.99
