@@ -27,7 +27,7 @@ from edged.heads.base import TrueIndex
 from edged.messages import Verdict
 from edged.segment import Instances
 from edged.settings.inspect import InspectConfig
-from edged.zones import NO_ZONE, ZoneMap
+from edged.zones import NO_ZONE, ZoneMap, ZoneRaster
 
 _OUTSIDE = np.array(NO_ZONE, dtype=np.intp)  # 0-d operands: a Python int costs numpy an array per call
 
@@ -67,6 +67,7 @@ class Inspector:
         self.zone_names: tuple[str, ...] = tuple(cfg.zones)
         overlap = cfg.match == "overlap"
         self._zones = ZoneMap(cfg.zones, max_det, overlap=overlap) if cfg.zones else None
+        self._raster = ZoneRaster(cfg.zones) if cfg.zones else None  # a segmentation model's instances, by mask
         # When zones drop what is outside them: the detections' buffers, and a zone map and buffers
         # for the near misses (dropped outside the zones too) while the detections' zones are in use.
         self._drop: tuple[_InsideOnly, ZoneMap, _InsideOnly] | None = None
@@ -112,6 +113,8 @@ class Inspector:
         zones = self._no_zone[:m]
         if self._zones is not None:
             zones = self._zones(detections.xyxy, frame_w, frame_h)
+            if self._raster is not None and isinstance(detections, Instances):
+                self._raster(detections.masks, zones, frame_w, frame_h)
             if self._drop is not None:
                 inside, near_zones, near_inside = self._drop
                 near = detections.near
@@ -214,6 +217,7 @@ class _InsideOnly:
         self._scores = np.empty(capacity, dtype=np.float32)
         self._class_ids = np.empty(capacity, dtype=np.int32)
         self._zone_ids = np.empty(capacity, dtype=np.intp)
+        self._masks = np.empty((0, 0, 0), dtype=np.bool_)  # a segmentation model's kept masks (`_instances`)
 
     def __call__(self, detections: Detections, zones: np.ndarray, near: Detections | None) -> tuple[Detections, np.ndarray]:
         """The detections of ``zones`` other than `NO_ZONE`, with their zones; ``near`` their near misses."""
@@ -226,7 +230,35 @@ class _InsideOnly:
         np.take(detections.scores, index, out=scores, mode="clip")
         np.take(detections.class_ids, index, out=ids, mode="clip")
         np.take(zones, index, out=zone_ids, mode="clip")
+        if isinstance(detections, Instances):
+            return self._instances(detections, index, xyxy, scores, ids, near), zone_ids
         return Detections(xyxy, scores, ids, detections.scores_above_one, detections.nonfinite, near), zone_ids
+
+    def _instances(
+        self,
+        instances: Instances,
+        index: np.ndarray,
+        xyxy: np.ndarray,
+        scores: np.ndarray,
+        ids: np.ndarray,
+        near: Detections | None,
+    ) -> Instances:
+        """The kept instances with their masks, outlines and sizes: those with a mask come first, so the
+        kept ones with a mask are the first of ``index``. Their masks are copied into a buffer of this
+        object's, grown (once per count and size) to the most seen."""
+        kept = index.tolist()
+        q = sum(1 for j in kept if j < len(instances.polygons))
+        shape = instances.masks.shape
+        if self._masks.shape[1:] != shape[1:] or self._masks.shape[0] < q:
+            self._masks = np.empty((max(q, self._masks.shape[0]), *shape[1:]), dtype=np.bool_)
+        masks = self._masks[:q]
+        np.take(instances.masks, index[:q], axis=0, out=masks, mode="clip")
+        found = (
+            tuple(instances.polygons[j] for j in kept[:q]),
+            tuple(instances.area_px[j] for j in kept[:q]),
+            tuple(instances.sides[j] for j in kept[:q]),
+        )
+        return Instances(xyxy, scores, ids, instances.scores_above_one, instances.nonfinite, near, masks, *found)
 
 
 class _ClassNames:

@@ -141,3 +141,22 @@ def test_retina_masks_are_ultralytics_retina_masks(name: str) -> None:
     assert len(instances.masks) == len(expected_masks) > 0
     for mask, expected in zip(instances.masks, expected_masks, strict=True):
         assert (mask & expected).sum() / (mask | expected).sum() >= 0.99
+
+
+def test_zones_place_an_instance_by_its_mask_and_keep_its_outline_when_others_are_dropped(model: LoadedModel) -> None:
+    image = cv2.imread(str(DATA / "wide.png"))
+    every, _ = FramePipeline(model, 320, 240, "bgr").process(image)
+    assert isinstance(every, Instances)
+    # A zone over the left third of the frame (x < 106.7): an instance is in it when any of its mask is.
+    left = [(0.0, 0.0), (1 / 3, 0.0), (1 / 3, 1.0), (0.0, 1.0)]
+    in_left = [i for i, mask in enumerate(every.masks) if mask[:, :106].any()]
+    by_box = [i for i in range(len(every.polygons)) if (every.xyxy[i, 0] + every.xyxy[i, 2]) / 2 < 320 / 3]
+    assert set(in_left) != set(by_box)  # the masks decide other than the boxes' centres would
+    cfg = InspectConfig(zones={"left": left}, ng_classes=[])
+    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300))
+    done = path.run(Frame(image, 3, 0, 0, "bgr"))
+    assert isinstance(done, Processed) and isinstance(done.result, Instances)
+    msg = path.message(done, seq=0, thermal_state="ok")
+    masked = [d for d in msg.detections if d.polygon is not None]
+    assert [d.area_px for d in masked] == [every.area_px[i] for i in in_left]
+    assert {d.zone for d in msg.detections} == {"left"}
