@@ -28,6 +28,7 @@ from edged.identity import Identity
 from edged.messages import DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
+from edged.segment import Segmenter
 from edged.settings.sources import SourceBase
 from edged.sources.base import Frame
 from edged.sources.registry import sizes_vary
@@ -49,6 +50,7 @@ class StageTimes:
     preprocess_ms: float
     inference_ms: float
     decode_ms: float
+    masks_ms: float = 0.0  # of decode_ms, a segmentation model's masks, outlines and sizes
 
 
 class FramePipeline:
@@ -100,7 +102,8 @@ class FramePipeline:
         t2 = time.perf_counter_ns()
         detections = self.decoder.decode(self.binding.outputs[0], self.preprocess.box_map)
         t3 = time.perf_counter_ns()
-        return detections, StageTimes((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6)
+        masks_ms = self.decoder.masks_ms if isinstance(self.decoder, Segmenter) else 0.0
+        return detections, StageTimes((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6, masks_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from edged.messages import DetectionsMessage
 from edged.tools.bench import cold_start, soak
 from edged.tools.bench_cameras import camera_ids, format_rows, source_table
 from edged.tools.bench_config import write_config
-from edged.tools.bench_rows import STAGES, FullPath, bench_frame, load, naive_detect
+from edged.tools.bench_rows import MASKS, STAGES, FullPath, bench_frame, load, naive_detect
 
 pytestmark = pytest.mark.tools
 
@@ -298,3 +298,13 @@ def test_the_journal_bench_times_offer_and_commit_under_each_durability(tmp_path
         assert 0 < r["to_disk_ms"]["p50"] <= r["to_disk_ms"]["p99"] <= r["to_disk_ms"]["max"]
     assert "offer to commit" in format_journal(rows, tmp_path)
     assert list(tmp_path.iterdir()) == []  # its scratch files are gone
+
+
+def test_a_segmentation_model_has_its_masks_timed_within_decode() -> None:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["bench", "--model", str(Path(__file__).parent / "data" / "tasks" / "seg.onnx"), *QUICK, "--json"]) == 0
+    (run,) = json.loads(out.getvalue())["runs"]
+    stages = run["rows"]["full"]["stages"]
+    assert list(stages) == ["preprocess", "inference", "decode", MASKS, "publish", "view"]
+    assert 0 < stages[MASKS]["median_ms"] <= stages["decode"]["median_ms"]
