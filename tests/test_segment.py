@@ -17,6 +17,7 @@ import pytest
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import ConfigError
+from edged.heads.segment import SegmentHead
 from edged.messages import parse_message
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, FramePipeline, Processed
@@ -160,3 +161,12 @@ def test_zones_place_an_instance_by_its_mask_and_keep_its_outline_when_others_ar
     masked = [d for d in msg.detections if d.polygon is not None]
     assert [d.area_px for d in masked] == [every.area_px[i] for i in in_left]
     assert {d.zone for d in msg.detections} == {"left"}
+
+
+@pytest.mark.unit
+def test_the_class_scores_edged_eval_masks_are_the_scores_alone_not_the_mask_coefficients() -> None:
+    output = np.zeros((1, 4 + 3 + 32, 10), np.float32)
+    scores = SegmentHead.class_scores(output)
+    assert scores.shape == (3, 10)
+    scores[:] = 1.0
+    assert output[0, 4:7].all() and not output[0, 7:].any()

@@ -6,6 +6,8 @@ selects and suppresses them as for detection, and `edged.segment` makes the mask
 
 from __future__ import annotations
 
+import numpy as np
+
 from edged.errors import HeadError
 from edged.heads.base import Dim, OutputFacts, fmt_classes, fmt_shape
 from edged.heads.yolov8 import YoloV8Head
@@ -21,6 +23,12 @@ class SegmentHead(YoloV8Head, candidate_axis=2, box_columns=4):
     @classmethod
     def expected_shape(cls, num_classes: int) -> list[Dim]:
         return [1, 4 + num_classes + MASK_COEFFICIENTS, "N"]
+
+    @classmethod
+    def class_scores(cls, output: np.ndarray) -> np.ndarray:
+        """The class scores alone, as a writable (classes, candidates) view: not the mask coefficients."""
+        scores: np.ndarray = output[0, 4:-MASK_COEFFICIENTS]
+        return scores
 
     @classmethod
     def matches(cls, facts: OutputFacts) -> int | None:
