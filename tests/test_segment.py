@@ -13,7 +13,9 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import ConfigError
@@ -170,3 +172,20 @@ def test_the_class_scores_edged_eval_masks_are_the_scores_alone_not_the_mask_coe
     assert scores.shape == (3, 10)
     scores[:] = 1.0
     assert output[0, 4:7].all() and not output[0, 7:].any()
+
+
+def test_a_float16_export_is_segmented_not_a_crash(tmp_path: Path) -> None:
+    # Both outputs cast to float16 inside the graph, as a half-precision export hands them out.
+    graph = onnx.load(str(DATA / "seg.onnx"))
+    for output in graph.graph.output:
+        graph.graph.node.append(helper.make_node("Cast", [output.name], [output.name + "_f16"], to=TensorProto.FLOAT16))
+        output.name += "_f16"
+        output.type.tensor_type.elem_type = TensorProto.FLOAT16
+    onnx.save(graph, str(tmp_path / "seg16.onnx"))
+    image = cv2.imread(str(DATA / "square.png"))
+    half = load_model(ModelConfig(path=tmp_path / "seg16.onnx", iou=0.7, max_det=300, max_masks=300), RuntimeConfig())
+    instances, _ = FramePipeline(half, 200, 200, "bgr").process(image)
+    assert isinstance(instances, Instances)
+    # float16 rounds the scores, so one near the threshold may come or go: the masks are made all the same.
+    assert abs(len(instances) - len(REFERENCE["square/cls"])) <= 2
+    assert len(instances.polygons) == len(instances) and all(mask.any() for mask in instances.masks)
