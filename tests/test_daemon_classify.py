@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from daemon import RunningDaemon, free_port, write_config
+from daemon import RunningDaemon, free_port, run_cli, write_config
 
 from edged.messages import DetectionsMessage, VerdictMessage
 
@@ -60,5 +60,32 @@ def test_a_classifier_publishes_its_top_classes_and_verdicts_and_files_its_evide
         filed = {p.parent.name for p in (tmp_path / "evidence").rglob("images/*/*.jpg")}
         assert filed == {"crack", "scratch"}
         assert not list((tmp_path / "evidence").rglob("labels/*.txt"))
+    finally:
+        d.stop()
+
+
+def test_an_uncertain_part_is_ng_on_the_triggers_exit_code(tmp_path: Path) -> None:
+    # square.png: scratch 0.42, below min_confidence 0.5: uncertain, which the reject line takes as NG (exit 3).
+    (tmp_path / "frames").mkdir()
+    shutil.copy(DATA / "square.png", tmp_path / "frames" / "square.png")
+    shutil.copy(DATA / "cls.onnx", tmp_path / "cls.onnx")
+    endpoint, trigger = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "images", "path": "frames", "fps": 4},
+            "model": {"path": "cls.onnx"},
+            "inspect": {"ng_classes": ["crack"], "min_confidence": 0.5},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
+            "thermal": {"enabled": False},
+            "trigger": {"mode": "request", "endpoint": trigger, "timeout_s": 2.0},
+        },
+    )
+    d = RunningDaemon(config, endpoint)
+    try:
+        d.wait_status(lambda s: s.capture is not None and s.capture.frames_captured >= 1, timeout=30)
+        result = run_cli("trigger", trigger, "--part-id", "U-1", "--timeout", "10")
+        assert result.returncode == 3, result.stderr
+        assert "UNCERTAIN: scratch 0.42" in result.stdout
     finally:
         d.stop()
