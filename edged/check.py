@@ -27,6 +27,7 @@ from typing import TextIO
 import numpy as np
 
 from edged.capture import Capture
+from edged.classify import Classes
 from edged.config import Settings
 from edged.decode import Detections
 from edged.errors import BindError, ConfigError, ContractError, FolderError, InferenceError, ModelError, SourceError
@@ -43,6 +44,7 @@ from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SourceBase, mask_credentials
 from edged.sources.registry import open_source
+from edged.verdict import ClassInspector, Inspector
 
 FIRST_FRAME_TIMEOUT_S = 30.0  # longer than any camera's own open timeout: its error comes first
 SETTLE_S = 0.5  # a network stream first hands over the frames buffered while it opened, all at once
@@ -111,7 +113,7 @@ def _report(model: LoadedModel, out: TextIO) -> None:
         print(f"{label:<10} {line}", file=out)
 
 
-def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections:
+def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections | Classes:
     """Run ``image`` (named by ``what``) through the model; raise what the daemon would only count per frame."""
     try:
         detections, _ = plan.process(image)
@@ -133,10 +135,19 @@ def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections:
     return detections
 
 
-def _first_frame(model: LoadedModel, path: FramePath, detections: Detections, width: int, height: int) -> str:
-    """What the camera's first frame gave, as `run` would publish it: its detections, best first, and its verdict."""
+def _first_frame(model: LoadedModel, path: FramePath, detections: Detections | Classes, width: int, height: int) -> str:
+    """What the camera's first frame gave, as `run` would publish it: its detections (a classifier's
+    best classes), best first, and its verdict."""
     verdict = ""
-    if path.inspector is not None:
+    if isinstance(detections, Classes):
+        if isinstance(path.inspector, ClassInspector):
+            verdict = f"; verdict {path.inspector(detections).verdict}"
+        top = ", ".join(
+            f"{model.label(c)} {score:.2f}"
+            for c, score in zip(detections.class_ids.tolist(), detections.scores.tolist(), strict=True)
+        )
+        return f"first frame: classes {top or 'none'}{verdict}"
+    if isinstance(path.inspector, Inspector):
         inspected = path.inspector(detections, width, height)
         detections, verdict = inspected.detections, f"; verdict {inspected.verdict}"
     found = [

@@ -37,7 +37,12 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, required=True, help="ONNX model to evaluate")
     p.add_argument("--labels", type=Path, default=None, help="class names file (default: model metadata)")
     data = p.add_mutually_exclusive_group(required=True)
-    data.add_argument("--data", type=Path, help="folder of images with YOLO-format .txt labels")
+    data.add_argument(
+        "--data",
+        type=Path,
+        help="folder of images with YOLO-format .txt labels; for a classification model, a folder per class "
+        "(or its val/ subfolder), as yolo val reads it",
+    )
     data.add_argument("--scenes", type=int, metavar="N", help="evaluate on N generated inspection scenes")
     p.add_argument("--seed", type=int, default=0, help="scene seed (0 is held out from the demo's training)")
     p.add_argument("--size", default="1280x720", help="scene size WxH (default 1280x720)")
@@ -279,7 +284,7 @@ def _history_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--camera", default=None, help="only this camera's entries")
     p.add_argument("--since", default=None, metavar="TIME", help="from this time: ISO 8601 (local time) or an age, 2h, 7d")
     p.add_argument("--until", default=None, metavar="TIME", help="before this time, as --since")
-    p.add_argument("--verdict", choices=("ok", "ng"), default=None, help="only this verdict")
+    p.add_argument("--verdict", choices=("ok", "ng", "uncertain"), default=None, help="only this verdict")
     p.add_argument("--detections", action="store_true", help="the detections entries (journal.detections) instead")
     p.add_argument("--limit", type=_positive, default=100, help="the newest N entries, shown oldest first (default 100)")
     out = p.add_mutually_exclusive_group()

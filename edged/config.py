@@ -30,7 +30,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError, KeyFileError
-from edged.heads.registry import HEADS
+from edged.heads.registry import FORMATS
 from edged.settings.endpoints import ipc_folder_problem, on_the_network
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     # A Literal assembled at run time is no static type: a type checker sees plain str.
     HeadChoice: TypeAlias = str
 else:
-    HeadChoice = Literal[tuple(["auto", *HEADS])]
+    HeadChoice = Literal[tuple(["auto", *FORMATS])]
 
 EngineName = Literal["onnxruntime", "openvino"]  # edged.engines.ENGINES holds their modules
 Precision = Literal["f32", "bf16", "f16", "int8"]
@@ -97,8 +97,10 @@ class ModelConfig(Section):
     channel_order: Literal["rgb", "bgr"] = Field(
         "rgb", description="Channel order the model was trained on; checked against its metadata (Ultralytics: rgb)."
     )
-    resize: Literal["letterbox", "stretch"] = Field(
-        "letterbox", description="letterbox keeps the aspect ratio (pad 114); stretch fills the input."
+    resize: Literal["letterbox", "stretch", "crop"] = Field(
+        "letterbox",
+        description="letterbox keeps the aspect ratio (pad 114); stretch fills the input; crop (classification "
+        "models, as ultralytics feeds them) resizes the shortest side to the input and takes its centre.",
     )
     imgsz: tuple[InputSide, InputSide] | None = Field(
         None,
@@ -112,6 +114,19 @@ class ModelConfig(Section):
     conf: float = Field(0.25, gt=0, le=1, description="Minimum score of a published detection.")
     iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
     max_det: int = Field(100, ge=1, le=10000, description="Most detections kept per frame.")
+    top_k: int = Field(5, ge=1, le=1000, description="Classification models: the best classes each message lists.")
+    retina_masks: bool = Field(
+        False,
+        description="Segmentation models: make the masks at the frame size, as ultralytics' retina_masks option "
+        "does, rather than at the input size mapped to the frame.",
+    )
+    max_masks: int = Field(
+        20,
+        ge=1,
+        le=10000,
+        description="Segmentation models: the detections per frame whose masks are made, each costing one frame's "
+        "pixels in bytes (0.9 MB at 1280x720); those past it are published without a mask.",
+    )
     agnostic_nms: bool = Field(False, description="Suppress overlapping boxes across classes too.")
     require_signature: bool = Field(
         False,

@@ -21,11 +21,11 @@ import numpy as np
 
 from edged.config import ModelConfig
 from edged.errors import ContractError
-from edged.heads.base import Head
+from edged.heads.registry import Format
 
 Layout = Literal["nchw", "nhwc"]
 ChannelOrder = Literal["rgb", "bgr"]
-Resize = Literal["letterbox", "stretch"]
+Resize = Literal["letterbox", "stretch", "crop"]
 _LAYOUTS: dict[str, Layout] = {"nchw": "nchw", "nhwc": "nhwc"}
 _ORDERS: dict[str, ChannelOrder] = {"rgb": "rgb", "bgr": "bgr"}
 
@@ -145,7 +145,7 @@ def build_contract(
     inputs: Sequence[tuple[str, Sequence[int | str | None], str]],
     metadata: Mapping[str, str],
     cfg: ModelConfig,
-    head: type[Head] | None = None,
+    head: Format | None = None,
 ) -> InputContract:
     """Check the model's inputs against the config, the metadata and the ``head`` format; ``inputs``
     holds (name, shape, type).
@@ -276,9 +276,15 @@ def _ultralytics_mark(metadata: Mapping[str, str]) -> str | None:
     return None
 
 
-def _resize(cfg: ModelConfig, head: type[Head] | None) -> Resize:
-    """The preprocessing the head format requires (RT-DETR's stretch, as ultralytics feeds it), else the config's."""
+def _resize(cfg: ModelConfig, head: Format | None) -> Resize:
+    """The preprocessing the head format requires (RT-DETR's stretch, a classifier's crop, as ultralytics
+    feeds them), else the config's; crop is a classifier's only."""
     if head is None or head.resize is None:
+        if cfg.resize == "crop":
+            raise ContractError(
+                "config model.resize = 'crop' is classification's preprocessing, but this is a detection model; "
+                "remove the key or set it to 'letterbox' or 'stretch'"
+            )
         return cfg.resize
     if "resize" in cfg.model_fields_set and cfg.resize != head.resize:
         raise ContractError(

@@ -29,7 +29,7 @@ import numpy as np
 
 from edged.errors import HeadError
 from edged.geometry import BoxMap
-from edged.heads.base import TrueIndex, fmt_shape, rows
+from edged.heads.base import Head, TrueIndex, fmt_shape, rows
 from edged.heads.registry import head_named
 from edged.messages import Detection
 from edged.nms import GreedyNms
@@ -83,13 +83,23 @@ class Detections:
             lines.append(f"{c} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}\n")
         return "".join(lines)
 
+    def dataset_class(self) -> None:
+        return None
+
     def message_fields(
-        self, label: Callable[[int], str], zones: Sequence[str | None] | None, thresholds: Sequence[float | None] | None
+        self,
+        label: Callable[[int], str],
+        zones: Sequence[str | None] | None,
+        thresholds: Sequence[float | None] | None,
+        *,
+        notes: Sequence[str | None] | None = None,
+        mm_per_px: float | None = None,
     ) -> dict[str, Any]:
         """``detections``. Each column becomes a Python list in one ``tolist`` call, rather than one
         numpy scalar per value: that halves the cost of building the message."""
         boxes, scores, class_ids = self.xyxy.tolist(), self.scores.tolist(), self.class_ids.tolist()
-        marks = zip(zones or [None] * len(class_ids), thresholds or [None] * len(class_ids), strict=True)
+        n = len(class_ids)
+        marks = zip(zones or [None] * n, thresholds or [None] * n, notes or [None] * n, strict=True)
         return {
             "detections": [
                 Detection(
@@ -99,8 +109,9 @@ class Detections:
                     box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)),
                     zone=z,
                     threshold=round(t, 4) if t is not None else None,
+                    note=note,
                 )
-                for b, s, c, (z, t) in zip(boxes, scores, class_ids, marks, strict=True)
+                for b, s, c, (z, t, note) in zip(boxes, scores, class_ids, marks, strict=True)
             ]
         }
 
@@ -175,6 +186,15 @@ class Decoder:
         self._below_index = TrueIndex(self._near_keep.shape[0])
         self._near_only = np.empty_like(self._near_keep)
         self._near_kept = _KeptRows(self._near_keep.shape[0])
+
+    @property
+    def head(self) -> Head:
+        return self._head
+
+    def kept(self) -> np.ndarray:
+        """The head's candidate slots (its ``boxes``, ``scores`` and ``class_ids`` columns) of the last
+        frame's detections, in their order: a view, valid until the next frame."""
+        return self._kept.slots
 
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Detections:
         """Threshold, NMS and ``max_det`` in input space, then map to frame pixels and clip.
@@ -298,6 +318,7 @@ class _KeptRows:
         self._ids32 = np.empty(most, dtype=np.int32)
         # What consumers see: read-only views made once; their slices are read-only too.
         self._shown = tuple(_read_only(a.view()) for a in (self._xyxy, self._scores, self._ids32))
+        self.slots = self._shown_keep[:0]  # the kept rows' candidate slots, in their order (`Decoder.kept`)
 
     def __call__(
         self,
@@ -323,6 +344,7 @@ class _KeptRows:
         m = shown.shape[0]
         kept, shown_columns = self._shown_keep[:m], rows(self._shown_columns, 4, m)
         np.take(keep, shown, out=kept, mode="clip")
+        self.slots = kept
         np.take(columns, shown, axis=1, out=shown_columns, mode="clip")
         np.copyto(self._xyxy[:m], shown_columns.T)
         np.take(scores, kept, out=self._scores[:m], mode="clip")

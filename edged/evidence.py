@@ -8,7 +8,10 @@ as published). ``images/`` beside ``labels/`` is the layout ultralytics training
 camera folder also has a ready ``data.yaml`` (ultralytics: the folder, the model's class names in
 order, every path quoted, as YAML reads an unquoted day folder as a date) and ``classes.txt``
 (one name per line, as labelling tools import YOLO). A label file holds every detection, those
-outside the zones too: an object the line ignores there is still an object to learn.
+outside the zones too: an object the line ignores there is still an object to learn. A
+classification model's frame has no label file: its image is filed under its best class,
+``images/CLASS/STEM.jpg``, so that ``images/`` is an ultralytics classification folder (one folder
+per class: ``yolo classify train data=DIR/CAMERA/DAY/images`` splits it).
 
 Which frames are kept is a pure function of the policy (`should_save`), decided on the loop before
 the frame is copied, so a frame that will not be saved costs nothing. Encoding and writing happen on
@@ -42,7 +45,7 @@ import cv2
 import numpy as np
 
 from edged.lograte import Failures
-from edged.messages import EvidenceReport
+from edged.messages import EvidenceReport, Verdict
 from edged.output import NO_REPORT, FrameReport, Output, OutputReport, Services
 from edged.settings.evidence import DEFAULT_NOTE, EvidenceConfig, SavePolicy
 
@@ -54,8 +57,6 @@ if TYPE_CHECKING:
     from edged.task import TaskResult
 
 log = logging.getLogger(__name__)
-
-Verdict = Literal["ok", "ng"]
 
 QUEUE_FRAMES = 4  # frames waiting for the writer: bounds the memory a slow disk can take (4 copies)
 IDLE_WAKE_S = 60.0  # the writer wakes this often without frames, so age pruning runs on a quiet line
@@ -83,6 +84,7 @@ class EvidenceFrame:
     message: bytes | None
     names: tuple[str, ...]  # the model's class names, by class id (`edged.model.LoadedModel.class_names`)
     part_id: str | None = None  # the request's, in request mode
+    image_class: str | None = None  # a classifier's: the class folder under images/ (no label file then)
 
 
 def should_save(save: SavePolicy, verdict: Verdict | None, found: int, near: int) -> bool:
@@ -92,11 +94,12 @@ def should_save(save: SavePolicy, verdict: Verdict | None, found: int, near: int
     ``ng+near`` adds frames with a near miss, a score the decoder found within ``near_margin``
     below its class's threshold (`edged.decode.Detections.near`): what the model is unsure about
     is what is worth labelling. The decoder alone compares scores with thresholds, so a score is
-    never judged twice, once in float32 and once in float64.
+    never judged twice, once in float32 and once in float64. A frame a classifier is uncertain of
+    is kept as an NG one is: its best class is the one to check and relabel.
     """
     if save == "all":
         return True
-    if verdict == "ng" or (verdict is None and found > 0):
+    if verdict in ("ng", "uncertain") or (verdict is None and found > 0):
         return True
     return save == "ng+near" and near > 0
 
@@ -110,6 +113,23 @@ def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int, part_id: s
     if part_id:
         stem += "_" + _UNSAFE.sub("_", part_id)[:64]
     return f"{when:%Y-%m-%d}", stem
+
+
+def class_folder(name: str) -> str:
+    """A class name as a folder under ``images/``: letters, digits and ``_ . -``, at most 64."""
+    folder = _UNSAFE.sub("_", name)[:64]
+    return folder if folder.strip(".") else "_"
+
+
+def _images(day: Path) -> list[Path]:
+    """A day's images, ``images/*.jpg`` and a classifier's ``images/CLASS/*.jpg``, temp files included."""
+    images = day / "images"
+    if not images.is_dir():
+        return []
+    found: list[Path] = []
+    for path in images.iterdir():
+        found.extend(path.iterdir() if path.is_dir() else [path])
+    return found
 
 
 def data_yaml(camera_id: str, names: tuple[str, ...]) -> str:
@@ -189,7 +209,7 @@ class EvidenceStore:
         self.max_age_s = max_age_days * 86400.0
         self.total_bytes = 0
         self._days: deque[str] = deque()  # day folders, oldest first
-        self._oldest: deque[str] = deque()  # stems of the oldest day, loaded when pruning reaches it
+        self._oldest: deque[Path] = deque()  # images of the oldest day, loaded when pruning reaches it
         self._names: tuple[str, ...] | None = None  # the class names data.yaml holds, once written
         self.opened = False
 
@@ -208,14 +228,14 @@ class EvidenceStore:
 
     def _clean_day(self, day: Path) -> int:
         """Delete a day's temp files and labels or messages without an image; its remaining bytes."""
-        images = day / "images"
-        stems = {p.stem for p in images.iterdir() if not _is_temp(p.name)} if images.is_dir() else set()
+        images = _images(day)
+        stems = {p.stem for p in images if not _is_temp(p.name)}
         total = 0
         for sub in SUBFOLDERS:
             folder = day / sub
             if not folder.is_dir():
                 continue
-            for path in folder.iterdir():
+            for path in images if sub == "images" else list(folder.iterdir()):
                 if _is_temp(path.name) or path.stem not in stems:
                     path.unlink(missing_ok=True)
                 else:
@@ -232,10 +252,15 @@ class EvidenceStore:
         ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, jpeg_quality])
         if not ok:
             raise OSError(errno.EINVAL, f"OpenCV could not encode frame {frame.frame_id} as JPEG")
-        sidecars = [(folder / "labels" / f"{stem}.txt", frame.label.encode())]
+        images = folder / "images"
+        sidecars = []
+        if frame.image_class is None:
+            sidecars.append((folder / "labels" / f"{stem}.txt", frame.label.encode()))
+        else:
+            images = self._class_folder(images, frame.image_class)
         if frame.message is not None:
             sidecars.append((folder / "messages" / f"{stem}.json", frame.message))
-        image_path, image_bytes = folder / "images" / f"{stem}.jpg", jpeg.tobytes()
+        image_path, image_bytes = images / f"{stem}.jpg", jpeg.tobytes()
         written: list[Path] = []
         try:
             for path, data in sidecars:
@@ -279,6 +304,15 @@ class EvidenceStore:
                 _fsync_dir(folder.parent)
                 _fsync_dir(folder.parent.parent)
 
+    @staticmethod
+    def _class_folder(images: Path, name: str) -> Path:
+        """A class's folder under a day's ``images/``; a new one's entry made durable in its parent."""
+        folder = images / name
+        if not folder.is_dir():
+            folder.mkdir(exist_ok=True)
+            _fsync_dir(images)
+        return folder
+
     def prune(self, now_s: float) -> int:
         """Delete the oldest sets while over ``max_bytes`` or older than ``max_age_days``; how many went."""
         cutoff = now_s - self.max_age_s if self.max_age_s else None
@@ -286,30 +320,33 @@ class EvidenceStore:
         while self._days:
             if not self._oldest and not self._load_oldest():
                 continue
-            day, stem = self._days[0], self._oldest[0]
+            day, image = self._days[0], self._oldest[0]
             if self.total_bytes <= self.max_bytes:
                 if cutoff is None:
                     break
                 try:
-                    mtime = (self.folder / day / "images" / f"{stem}.jpg").stat().st_mtime
+                    mtime = image.stat().st_mtime
                 except FileNotFoundError:
                     self._oldest.popleft()
                     continue
                 if mtime >= cutoff:
                     break
-            self._delete(self.folder / day, stem)
+            self._delete(self.folder / day, image)
             self._oldest.popleft()
             deleted += 1
         return deleted
 
     def _load_oldest(self) -> bool:
-        """The oldest day's stems, in name (= capture) order; an empty day is removed. False when it was."""
+        """The oldest day's images, in name (= capture) order; an empty day is removed. False when it was."""
         day = self.folder / self._days[0]
-        images = day / "images"
-        stems = sorted(p.stem for p in images.iterdir() if p.suffix == ".jpg") if images.is_dir() else []
-        if stems:
-            self._oldest.extend(stems)
+        images = sorted((p for p in _images(day) if p.suffix == ".jpg"), key=lambda p: p.name)
+        if images:
+            self._oldest.extend(images)
             return True
+        if (day / "images").is_dir():
+            for folder in (day / "images").iterdir():
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
         for sub in SUBFOLDERS:
             if (day / sub).is_dir() and not any((day / sub).iterdir()):
                 (day / sub).rmdir()
@@ -318,10 +355,10 @@ class EvidenceStore:
         self._days.popleft()
         return False
 
-    def _delete(self, day: Path, stem: str) -> None:
+    def _delete(self, day: Path, image: Path) -> None:
         """One saved frame, image first, so that no image is ever left without its label."""
         for sub in SUBFOLDERS:
-            path = day / sub / f"{stem}{SUFFIXES[sub]}"
+            path = image if sub == "images" else day / sub / f"{image.stem}{SUFFIXES[sub]}"
             size = _size(path)
             path.unlink(missing_ok=True)
             self.total_bytes = max(0, self.total_bytes - size)
@@ -456,13 +493,25 @@ class EvidenceWriter:
             return None
         height, width = frame.image.shape[:2]
         label = (labelled if labelled is not None else result).dataset_label(width, height)
+        class_id = result.dataset_class()
+        image_class = None if class_id is None else class_folder(names[class_id])
         image = frame.image.copy()
         saved = EvidenceFrame(
-            self.camera_id, frame.frame_id, frame.t_wall_ns, image, frame.channel_order, label, message, names, part_id
+            self.camera_id,
+            frame.frame_id,
+            frame.t_wall_ns,
+            image,
+            frame.channel_order,
+            label,
+            message,
+            names,
+            part_id,
+            image_class,
         )
         self.submit(saved)
         day, stem = day_and_stem(self.camera_id, frame.t_wall_ns, frame.frame_id, part_id)
-        return self.store.folder / day / "images" / f"{stem}.jpg"
+        images = self.store.folder / day / "images"
+        return (images if image_class is None else images / image_class) / f"{stem}.jpg"
 
     def admit(self, verdict: Verdict | None, found: int, near: int) -> bool:
         """Whether the caller should copy this frame (``found`` detections, ``near`` near misses) and

@@ -59,3 +59,18 @@ class BoxMap:
             input_w,
             input_h,
         )
+
+    @classmethod
+    def crop(cls, frame_w: int, frame_h: int, input_w: int, input_h: int) -> BoxMap:
+        """Ultralytics' classification preprocessing (torchvision ``Resize`` then ``CenterCrop``): a
+        square input takes the shortest side resized to it, the longest in proportion (truncated), and
+        its centre; another input is filled by a plain resize. ``pad`` is minus the crop's corner."""
+        if input_w == input_h:
+            short, long = sorted((frame_w, frame_h))
+            new_long = int(input_w * long / short)
+            resized_w, resized_h = (input_w, new_long) if frame_w <= frame_h else (new_long, input_w)
+        else:
+            resized_w, resized_h = input_w, input_h
+        left, top = round((resized_w - input_w) / 2.0), round((resized_h - input_h) / 2.0)
+        gain_x, gain_y = resized_w / frame_w, resized_h / frame_h
+        return cls(frame_w, frame_h, input_w, input_h, gain_x, gain_y, -left, -top, resized_w, resized_h)

@@ -69,8 +69,8 @@ class Query:
         limit: int = 100,
     ) -> Query:
         """The filters as a person gives them (times as `parse_time` reads them); raises UsageError."""
-        if verdict not in (None, "ok", "ng"):
-            raise UsageError(f"verdict {verdict!r}: ok or ng")
+        if verdict not in (None, "ok", "ng", "uncertain"):
+            raise UsageError(f"verdict {verdict!r}: ok, ng or uncertain")
         return cls(
             part_id=part_id,
             camera_id=camera_id,

@@ -615,7 +615,8 @@ class _Handler(BaseHTTPRequestHandler):
             }
             for v in verdicts.latest
         ]
-        body = {"ok": verdicts.verdicts["ok"], "ng": verdicts.verdicts["ng"], "latest": latest}
+        body: dict[str, object] = {str(verdict): count for verdict, count in verdicts.verdicts.items()}
+        body["latest"] = latest
         self._send(200, json.dumps(body).encode(), "application/json")
 
     def _cameras(self, owner: HttpServer) -> None:
@@ -632,6 +633,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "fps": status.fps if status else None,
                     "ok": verdicts.verdicts["ok"] if verdicts else None,
                     "ng": verdicts.verdicts["ng"] if verdicts else None,
+                    "uncertain": verdicts.verdicts["uncertain"] if verdicts else None,
                     "verdict": verdicts.latest[0].verdict if verdicts and verdicts.latest else None,
                 }
             )
@@ -824,7 +826,7 @@ async function cameras() {
     const a = document.createElement("a");
     a.href = "?" + link;
     a.dataset.camera = c.camera_id;
-    const kind = c.source_state !== "ok" ? "warn" : c.verdict === "ng" ? "bad" : "ok";
+    const kind = c.source_state !== "ok" ? "warn" : c.verdict === "ng" ? "bad" : c.verdict === "uncertain" ? "warn" : "ok";
     a.className = "pill " + kind + (c.camera_id === shown ? " shown" : "");
     const tally = c.verdict ? " " + c.verdict.toUpperCase() + " (ng " + c.ng + " of " + (c.ok + c.ng) + ")" : "";
     a.textContent = c.camera_id + " " + c.source_state + tally;

@@ -85,15 +85,64 @@ class Detection(Message):
     threshold: float | None = Field(
         None, description="The score this class had to pass (inspect.class_conf or model.conf); null without [inspect]."
     )
+    polygon: list[tuple[float, float]] | None = Field(
+        None,
+        description="A segmentation model's: the instance's outline, [x, y] in frame pixels (ultralytics' masks.xy); "
+        "absent for other tasks and past model.max_masks.",
+        exclude_if=lambda polygon: polygon is None,
+    )
+    area_px: int | None = Field(
+        None, ge=0, description="A segmentation model's: the mask's pixels in the frame.", exclude_if=lambda v: v is None
+    )
+    length_px: float | None = Field(
+        None,
+        ge=0,
+        description="A segmentation model's: the longer side of the mask's minimum-area rectangle, in frame pixels.",
+        exclude_if=lambda v: v is None,
+    )
+    width_px: float | None = Field(
+        None,
+        ge=0,
+        description="A segmentation model's: the shorter side of the mask's minimum-area rectangle, in frame pixels.",
+        exclude_if=lambda v: v is None,
+    )
+    area_mm2: float | None = Field(
+        None, ge=0, description="area_px in mm2, with the camera's inspect.mm_per_px.", exclude_if=lambda v: v is None
+    )
+    length_mm: float | None = Field(
+        None, ge=0, description="length_px in mm, with inspect.mm_per_px.", exclude_if=lambda v: v is None
+    )
+    width_mm: float | None = Field(
+        None, ge=0, description="width_px in mm, with inspect.mm_per_px.", exclude_if=lambda v: v is None
+    )
+    note: str | None = Field(
+        None,
+        description="Why a detection of an NG class did not make the part NG: 'within limits' (inside the size "
+        "limits of [inspect] for its class); absent otherwise.",
+        exclude_if=lambda v: v is None,
+    )
 
 
-Verdict = Literal["ok", "ng"]
+class TopClass(Message):
+    """One of a classification model's best classes for a frame."""
+
+    class_id: int = Field(ge=0, description="Index into the model's classes.")
+    label: str = Field(description="Class name from the model metadata or the labels file.")
+    score: float = Field(ge=0, le=1, description="The model's probability of the class.")
+
+
+Task = Literal["detect", "segment", "classify"]
+# 'uncertain': a classification model's best score below inspect.min_confidence.
+Verdict = Literal["ok", "ng", "uncertain"]
 
 
 class Reason(Message):
-    """One detection that made the part NG."""
+    """One detection (or a classification model's best class) that made the part NG or uncertain."""
 
-    detection: int = Field(ge=0, description="Index into the detections message's detections.")
+    detection: int = Field(
+        ge=0,
+        description="Index into the detections message's detections; for a classification model, into its top (0).",
+    )
     class_id: int = Field(ge=0)
     label: str
     score: float = Field(ge=0, le=1)
@@ -136,10 +185,24 @@ class DetectionsMessage(TopicMessage):
     frame_size: tuple[int, int] = Field(description="Frame width, height in pixels.")
     input_size: tuple[int, int] = Field(description="Model input width, height in pixels.")
     model: ModelInfo
+    task: Task = Field(
+        "detect",
+        description="The model's task: detect (detections), segment (detections with their outlines and sizes) "
+        "or classify (top, no detections).",
+    )
     detections: list[Detection]
+    top: list[TopClass] | None = Field(
+        None,
+        description="A classification model's best classes (model.top_k), best first; absent for other tasks.",
+        exclude_if=lambda top: top is None,
+    )
     timings: Timings
     thermal_state: ThermalState = Field(description="The board's thermal state when the frame was processed.")
-    verdict: Verdict | None = Field(None, description="ok or ng for this frame; null without [inspect].")
+    verdict: Verdict | None = Field(
+        None,
+        description="ok or ng for this frame, or uncertain (a classification model's best score below "
+        "inspect.min_confidence); null without [inspect].",
+    )
     reasons: list[Reason] = Field(default_factory=list, description="The detections that made it ng.")
     verdict_latency_ms: float | None = Field(None, description="Capture to verdict; null without [inspect].")
     part_id: str | None = Field(None, description="The part id of the trigger request this frame answered.")

@@ -11,15 +11,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from edged.classify import Classifier
 from edged.config import ModelConfig, ProviderConfig, RuntimeConfig, Settings
 from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engines import InferenceEngine, open_engine
 from edged.errors import ContractError, EdgedError, HeadError, ModelError
 from edged.heads.base import fmt_classes
+from edged.heads.classify import ClassifyHead
 from edged.heads.metadata import parse_names
-from edged.heads.registry import detect_head, head_named
-from edged.messages import ModelInfo
+from edged.heads.registry import detect_head, format_named
+from edged.heads.segment import SegmentHead
+from edged.messages import ModelInfo, Task
+from edged.segment import Segmenter
 from edged.signature import verify
 
 log = logging.getLogger(__name__)
@@ -29,23 +35,32 @@ log = logging.getLogger(__name__)
 class LoadedModel:
     engine: InferenceEngine
     contract: InputContract
-    head: str  # a name in edged.heads.HEADS
+    head: str  # a name in edged.heads.registry.FORMATS
     num_classes: int
     labels: list[str]
     cfg: ModelConfig
     info: ModelInfo  # what every message says about the model
     class_names: tuple[str, ...]  # the labels, or the class ids where the model names none: a dataset's names
 
+    @property
+    def task(self) -> Task:
+        tasks: dict[str, Task] = {ClassifyHead.name: "classify", SegmentHead.name: "segment"}
+        return tasks.get(self.head, "detect")
+
     def make_decoder(
         self,
         output_shape: tuple[int, ...],
         thresholds: Sequence[float] | None = None,
         near_margin: float | None = None,
-    ) -> Decoder:
+        prototypes: np.ndarray | None = None,
+    ) -> Decoder | Classifier | Segmenter:
         """A decoder for a bound output (its size is only known after `Engine.bind`); ``thresholds``
         per class id replace model.conf (``[inspect]``); ``near_margin`` has it find near misses
-        (evidence saved under ``ng+near``)."""
-        return Decoder(
+        (evidence saved under ``ng+near``). A classifier's ranks its ``top_k`` classes; a segmentation
+        model's makes the masks from its bound ``prototypes`` output too."""
+        if self.task == "classify":
+            return Classifier(output_shape, self.num_classes, self.cfg.top_k)
+        decoder = Decoder(
             self.head,
             output_shape,
             self.num_classes,
@@ -56,6 +71,10 @@ class LoadedModel:
             thresholds=thresholds,
             near_margin=near_margin,
         )
+        if prototypes is not None:
+            cfg = self.cfg
+            return Segmenter(decoder, prototypes, self.num_classes, cfg.max_masks, cfg.max_det, retina=cfg.retina_masks)
+        return decoder
 
     def label(self, class_id: int) -> str:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
@@ -93,7 +112,7 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
         raise ModelError(f"model {cfg.path} changed while it was loaded: it is not the file its signature verified")
     head, num_classes = _head(engine, cfg)
     inputs = [(i.name, list(i.shape), i.type) for i in engine.input_meta]
-    contract = build_contract(inputs, engine.metadata, cfg, head_named(head))
+    contract = build_contract(inputs, engine.metadata, cfg, format_named(head))
     labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
     if labels and len(labels) != num_classes:
         source = str(cfg.labels) if cfg.labels else "the model's names metadata"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edged.classify import Classes
 from edged.config import Settings
 from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Detections
@@ -27,11 +28,12 @@ from edged.identity import Identity
 from edged.messages import DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
 from edged.preprocess import Preprocessor
+from edged.segment import Segmenter
 from edged.settings.sources import SourceBase
 from edged.sources.base import Frame
 from edged.sources.registry import sizes_vary
 from edged.stats import VerdictRecord
-from edged.verdict import Inspected, Inspector
+from edged.verdict import ClassInspector, Inspected, Inspector, Judged
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class StageTimes:
     preprocess_ms: float
     inference_ms: float
     decode_ms: float
+    masks_ms: float = 0.0  # of decode_ms, a segmentation model's masks, outlines and sizes
 
 
 class FramePipeline:
@@ -61,12 +64,25 @@ class FramePipeline:
         source_order: ChannelOrder,
         thresholds: list[float] | None = None,
         near_margin: float | None = None,
+        roi: tuple[int, int, int, int] | None = None,
     ) -> None:
+        """``roi``: the region [x1, y1, x2, y2] of each frame the model sees (a classifier's
+        ``inspect.roi``); ValueError when it does not fit in a frame of this size (`FramePath` rejects
+        such frames first)."""
         self.model = model
         self.spec = FrameSpec(frame_w, frame_h, source_order)
+        self._region = (slice(None), slice(None))
+        if roi is not None:
+            x1, y1, x2, y2 = roi
+            if x2 > frame_w or y2 > frame_h:
+                raise ValueError(f"roi {list(roi)} does not fit in a {frame_w}x{frame_h} frame")
+            self._region = (slice(y1, y2), slice(x1, x2))
+            frame_w, frame_h = x2 - x1, y2 - y1
         self.preprocess = Preprocessor(model.contract, frame_w, frame_h, source_order)
         self.binding = model.engine.bind(self.preprocess.tensor)
-        self.decoder = model.make_decoder(self.binding.outputs[0].shape, thresholds, near_margin)
+        outputs = self.binding.outputs
+        prototypes = outputs[1] if model.task == "segment" else None
+        self.decoder = model.make_decoder(outputs[0].shape, thresholds, near_margin, prototypes)
 
     @property
     def box_map(self) -> BoxMap:
@@ -77,43 +93,46 @@ class FramePipeline:
         """The raw detection output of the last `process` (float32, refreshed in place)."""
         return self.binding.outputs[0]
 
-    def process(self, image: np.ndarray) -> tuple[Detections, StageTimes]:
+    def process(self, image: np.ndarray) -> tuple[Detections | Classes, StageTimes]:
         """Run one checked frame through the model; raises InferenceError from the engine."""
         t0 = time.perf_counter_ns()
-        self.preprocess(image)
+        self.preprocess(image[self._region])
         t1 = time.perf_counter_ns()
         self.binding.run()
         t2 = time.perf_counter_ns()
         detections = self.decoder.decode(self.binding.outputs[0], self.preprocess.box_map)
         t3 = time.perf_counter_ns()
-        return detections, StageTimes((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6)
+        masks_ms = self.decoder.masks_ms if isinstance(self.decoder, Segmenter) else 0.0
+        return detections, StageTimes((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6, masks_ms)
 
 
 @dataclass(frozen=True, slots=True)
 class Processed:
     """One frame through the model; ``result`` (and ``inspected``) hold until the plan's next frame.
 
-    ``result`` is its task's (`edged.task.TaskResult`; detections today). With ``[inspect]`` the
-    detections are the inspected ones (zones applied) and ``verdict_ms`` is capture to verdict;
-    without it ``inspected`` is None. ``decoded`` is every detection the decoder kept, before
-    zones dropped those outside them from ``result``.
+    ``result`` is its task's (`edged.task.TaskResult`: detections or a classifier's classes). With
+    ``[inspect]`` the detections are the inspected ones (zones applied) and ``verdict_ms`` is capture
+    to verdict; without it ``inspected`` is None. ``decoded`` is every detection the decoder kept,
+    before zones dropped those outside them from ``result``.
     """
 
     frame: Frame
     plan: FramePipeline
-    result: Detections
+    result: Detections | Classes
     times: StageTimes
     age_ms: float
-    inspected: Inspected | None = None
+    inspected: Inspected | Judged | None = None
     verdict_ms: float = 0.0
     decoded: Detections | None = None
 
     @property
-    def labelled(self) -> Detections:
+    def labelled(self) -> Detections | Classes:
         """What the frame's dataset label holds: every detection, those outside the zones too (an object
         the line ignores there is still an object, and a label without it teaches the model it is not)."""
         return self.decoded if self.decoded is not None else self.result
 
+
+WITHIN_LIMITS = "within limits"  # the note on a defect its class's size limits tolerate
 
 # What a verdict message repeats of its frame's detections message (all of it but ``seq`` and
 # what says where it came from).
@@ -152,13 +171,16 @@ class FramePath:
         model: LoadedModel,
         camera_id: str,
         declared_order: ChannelOrder,
-        inspector: Inspector | None = None,
+        inspector: Inspector | ClassInspector | None = None,
         *,
         sizes_vary: bool = False,
         near_margin: float | None = None,
+        roi: tuple[int, int, int, int] | None = None,
     ) -> None:
         """``sizes_vary``: the source declares frames of many sizes (`edged.sources.sizes_vary`);
-        ``near_margin``: the decoder also finds near misses (`edged.decode.Detections.near`)."""
+        ``near_margin``: the decoder also finds near misses (`edged.decode.Detections.near`);
+        ``roi``: the region of each frame a classifier sees (``inspect.roi``)."""
+        self.roi = roi
         self.model = model
         self.camera_id = camera_id
         self.declared_order = declared_order
@@ -180,17 +202,25 @@ class FramePath:
             detections, times = plan.process(frame.image)
         except InferenceError as e:
             return Rejected(frame, "inference_error", str(e))
-        if self.inspector is None:
-            return Processed(frame, plan, detections, times, (time.monotonic_ns() - frame.t_capture_ns) / 1e6)
-        inspected = self.inspector(detections, plan.spec.width, plan.spec.height)
-        age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
-        return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms, detections)
+        inspector = self.inspector
+        if isinstance(inspector, ClassInspector) and isinstance(detections, Classes):
+            judged = inspector(detections)
+            age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
+            return Processed(frame, plan, detections, times, age_ms, judged, age_ms)
+        if isinstance(inspector, Inspector) and isinstance(detections, Detections):
+            inspected = inspector(detections, plan.spec.width, plan.spec.height)
+            age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
+            return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms, detections)
+        return Processed(frame, plan, detections, times, (time.monotonic_ns() - frame.t_capture_ns) / 1e6)
 
     def _plan_for(self, frame: Frame) -> FramePipeline | Rejected:
         """The plan for this frame: its size's own when sizes vary, else the camera's current one,
         re-planned after a lasting size change."""
         image = frame.image
         size = (image.shape[1], image.shape[0]) if image.ndim >= 2 else (0, 0)
+        if self.roi is not None and (self.roi[2] > size[0] or self.roi[3] > size[1]):
+            detail = f"inspect.roi {list(self.roi)} does not fit in a {size[0]}x{size[1]} frame: set it inside the frame"
+            return Rejected(frame, "bad_frame_size", detail)
         if not self._plans:  # the first frame plans for its size
             return self._checked(frame, self._add_plan(size))
         current = next(reversed(self._plans.values()))
@@ -224,7 +254,9 @@ class FramePath:
                     extra={"CAMERA": self.camera_id},
                 )
         thresholds = self.inspector.thresholds if self.inspector else None
-        plan = self._plans[size] = FramePipeline(self.model, *size, self.declared_order, thresholds, self.near_margin)
+        plan = self._plans[size] = FramePipeline(
+            self.model, *size, self.declared_order, thresholds, self.near_margin, self.roi
+        )
         return plan
 
     def _checked(self, frame: Frame, plan: FramePipeline) -> FramePipeline | Rejected:
@@ -248,10 +280,13 @@ class FramePath:
         """The wire message for one processed frame, its task's fields rendered by its result
         (`edged.task.TaskResult.message_fields`): the one small object a frame allocates."""
         box_map, times, inspector, inspected = done.plan.box_map, done.times, self.inspector, done.inspected
-        zones = thresholds = None
-        if inspector is not None and inspected is not None:
+        zones = thresholds = notes = None
+        mm_per_px = None
+        if isinstance(inspector, Inspector) and isinstance(inspected, Inspected):
             zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
             thresholds = [inspector.thresholds[c] for c in inspected.detections.class_ids.tolist()]
+            notes = [WITHIN_LIMITS if w else None for w in inspected.within.tolist()]
+            mm_per_px = inspector.mm_per_px
         return DetectionsMessage(
             camera_id=self.camera_id,
             seq=seq,
@@ -260,7 +295,7 @@ class FramePath:
             frame_size=(box_map.frame_w, box_map.frame_h),
             input_size=(box_map.input_w, box_map.input_h),
             model=self.model.info,
-            **done.result.message_fields(self.model.label, zones, thresholds),
+            **done.result.message_fields(self.model.label, zones, thresholds, notes=notes, mm_per_px=mm_per_px),
             timings=Timings(
                 preprocess_ms=round(times.preprocess_ms, 3),
                 inference_ms=round(times.inference_ms, 3),
@@ -277,10 +312,16 @@ class FramePath:
 
     def reasons(self, done: Processed) -> list[Reason]:
         """The detections that made ``done`` NG; none for an OK or uninspected frame."""
-        inspector, inspected = self.inspector, done.inspected
+        inspector, inspected, label = self.inspector, done.inspected, self.model.label
         if inspector is None or inspected is None or inspected.verdict == "ok":
             return []
-        det, label = done.result, self.model.label
+        if isinstance(inspected, Judged):  # a classifier: its best class decided
+            top = inspected.classes.top
+            if top is None:
+                return []
+            return [Reason(detection=0, class_id=top[0], label=label(top[0]), score=round(top[1], 4), zone=None)]
+        det = inspected.detections
+        assert isinstance(inspector, Inspector)  # an Inspected comes from one
         scores, class_ids, zones = det.scores.tolist(), det.class_ids.tolist(), inspected.zones.tolist()
         return [
             Reason(
@@ -320,10 +361,15 @@ def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> Fr
     class named in its inspection that the model does not have (naming the camera when there are
     several)."""
     inspect = settings.inspection(source)
-    inspector = None
+    inspector: Inspector | ClassInspector | None = None
     if inspect is not None:
         try:
-            inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
+            if model.task == "classify":
+                inspector = ClassInspector(inspect, model.labels, model.num_classes, model.cfg.conf)
+            else:
+                if inspect.roi is not None:
+                    raise ConfigError(None, ["inspect.roi is for classification models; a detector's region is its zones"])
+                inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
         except ConfigError as e:
             if len(settings.source) == 1:
                 raise
@@ -331,5 +377,11 @@ def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> Fr
     evidence = settings.evidence_for(source)
     near_margin = evidence.near_margin if evidence is not None and evidence.save == "ng+near" else None
     return FramePath(
-        model, source.camera_id, source.channel_order, inspector, sizes_vary=sizes_vary(source), near_margin=near_margin
+        model,
+        source.camera_id,
+        source.channel_order,
+        inspector,
+        sizes_vary=sizes_vary(source),
+        near_margin=near_margin,
+        roi=inspect.roi if inspect is not None else None,
     )

@@ -11,10 +11,16 @@ for each of the 256 bytes, so the tensor is bit for bit what ultralytics feeds t
 a multiplication by 1/255 is wrong in the last bit for half of them. The letterbox padding never
 changes, so it is converted once, with the plan; each frame converts only the rows and columns
 of its content (for 16:9 into a square input, 56 % of the tensor). Nothing is allocated per frame.
+
+A classifier is fed ultralytics' classification preprocessing instead (``crop``, `BoxMap.crop`):
+torchvision resizes the frame with Pillow's antialiased bilinear filter, in Pillow's fixed-point
+arithmetic, then takes the centre. `CropResample` computes exactly those bytes, and only the ones
+the crop keeps, into the canvas; the rest of the path is the same.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import cv2
@@ -24,6 +30,10 @@ from edged.contract import ChannelOrder, InputContract
 from edged.geometry import BoxMap
 
 LETTERBOX_FILL = 114  # ultralytics' padding value; models trained there expect it
+PRECISION_BITS = 22  # Pillow's fixed-point weights of 8-bit resampling: 32 - 8 - 2
+_HALF_UNIT = np.array(1 << (PRECISION_BITS - 1), dtype=np.int32)  # 0-d operands allocate nothing per call
+_BITS = np.array(PRECISION_BITS, dtype=np.int32)
+_BLACK, _WHITE = np.array(0, dtype=np.int32), np.array(255, dtype=np.int32)
 Region = tuple[slice, slice]  # rows, columns of the model's input
 WHOLE: Region = (slice(None), slice(None))
 
@@ -57,12 +67,15 @@ class Preprocessor:
     def __init__(self, contract: InputContract, frame_w: int, frame_h: int, source_order: ChannelOrder = "bgr") -> None:
         self.contract = contract
         self.source_order = source_order
-        plan = BoxMap.letterbox if contract.resize == "letterbox" else BoxMap.stretch
+        plan = {"letterbox": BoxMap.letterbox, "stretch": BoxMap.stretch, "crop": BoxMap.crop}[contract.resize]
         self.box_map = plan(frame_w, frame_h, contract.width, contract.height)
         self.tensor = np.zeros(contract.shape, dtype=contract.dtype)
         self._canvas = np.full((contract.height, contract.width, 3), LETTERBOX_FILL, np.uint8)
         m = self.box_map
-        content: Region = (slice(m.pad_y, m.pad_y + m.resized_h), slice(m.pad_x, m.pad_x + m.resized_w))
+        self._crop = CropResample(m) if contract.resize == "crop" else None
+        content: Region = (
+            WHOLE if self._crop else (slice(m.pad_y, m.pad_y + m.resized_h), slice(m.pad_x, m.pad_x + m.resized_w))
+        )
         self._content = self._canvas[content]
         self._needs_resize = (m.resized_w, m.resized_h) != (frame_w, frame_h)
         self._swap = contract.channel_order != source_order
@@ -123,7 +136,9 @@ class Preprocessor:
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
         """Fill the input tensor from a frame of the planned size and order; returns the tensor."""
-        if self._needs_resize:
+        if self._crop is not None:
+            self._crop(image, self._content)
+        elif self._needs_resize:
             cv2.resize(
                 image, (self.box_map.resized_w, self.box_map.resized_h), dst=self._content, interpolation=cv2.INTER_LINEAR
             )
@@ -143,3 +158,91 @@ class Preprocessor:
             np.copyto(p.copy_into, p.canvas)
         for pixels, table, out in p.lookups:
             cv2.LUT(pixels, table, dst=out)
+
+
+def pillow_bilinear(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pillow's antialiased bilinear filter from ``in_size`` to ``out_size`` pixels, as its C code
+    computes it (``precompute_coeffs``, ``normalize_coeffs_8bpc``): for each output pixel, (taps,)
+    input indices and their int32 fixed-point weights, the unused taps weighing 0."""
+    scale = in_size / out_size
+    filterscale = max(scale, 1.0)
+    support = filterscale  # the bilinear filter's support is 1
+    taps = math.ceil(support) * 2 + 1
+    index = np.zeros((out_size, taps), dtype=np.intp)
+    fixed = np.zeros((out_size, taps), dtype=np.int32)
+    for xx in range(out_size):
+        center = (xx + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)
+        count = min(int(center + support + 0.5), in_size) - xmin
+        weights = [max(0.0, 1.0 - abs((x + xmin - center + 0.5) / filterscale)) for x in range(count)]
+        total = 0.0
+        for w in weights:
+            total += w
+        if total != 0.0:
+            weights = [w / total for w in weights]
+        index[xx, :count] = np.arange(xmin, xmin + count)
+        index[xx, count:] = xmin
+        fixed[xx, :count] = [int(0.5 + w * (1 << PRECISION_BITS)) for w in weights]
+    return index, fixed
+
+
+class CropResample:
+    """The bytes of a frame resized as Pillow does (bilinear, antialiased) and centre-cropped, as
+    `BoxMap.crop` says, into a (h, w, 3) uint8 canvas: the crop's columns are resampled along each
+    row first, rounded to bytes, then its rows along each column, as Pillow's two passes are. All
+    in int32 buffers made here: a frame allocates nothing."""
+
+    def __init__(self, m: BoxMap) -> None:
+        w, h = m.input_w, m.input_h
+        left, top = -m.pad_x, -m.pad_y
+        self._horizontal = m.resized_w != m.frame_w
+        self._vertical = m.resized_h != m.frame_h
+        cols, col_weights = pillow_bilinear(m.frame_w, m.resized_w)
+        rows, row_weights = pillow_bilinear(m.frame_h, m.resized_h)
+        cols, col_weights = cols[left : left + w], col_weights[left : left + w]
+        rows, row_weights = rows[top : top + h], row_weights[top : top + h]
+        if not self._horizontal:
+            cols = np.arange(left, left + w, dtype=np.intp)[:, None]
+        if not self._vertical:
+            rows = np.arange(top, top + h, dtype=np.intp)[:, None]
+        # The frame rows the crop reads: only they are resampled along the row.
+        self._first, last = int(rows.min()), int(rows.max()) + 1
+        self._frame = np.empty((last - self._first, m.frame_w, 3), dtype=np.int32)
+        self._row_taps = [np.ascontiguousarray(rows[:, k] - self._first) for k in range(rows.shape[1])]
+        self._col_taps = [np.ascontiguousarray(cols[:, k]) for k in range(cols.shape[1])]
+        self._row_weights = [np.ascontiguousarray(row_weights[:, k, None, None]) for k in range(row_weights.shape[1])]
+        self._col_weights = [np.ascontiguousarray(col_weights[None, :, k, None]) for k in range(col_weights.shape[1])]
+        self._across = np.empty((last - self._first, w, 3), dtype=np.int32)  # after the row pass
+        self._row_gather = np.empty_like(self._across)
+        self._out = np.empty((h, w, 3), dtype=np.int32)
+        self._col_gather = np.empty_like(self._out)
+
+    def __call__(self, image: np.ndarray, canvas: np.ndarray) -> None:
+        """Resample and crop ``image`` (the planned frame size) into ``canvas``."""
+        frame = self._frame
+        np.copyto(frame, image[self._first : self._first + frame.shape[0]])
+        across = self._across
+        if self._horizontal:
+            self._taps(frame, self._col_taps, self._col_weights, 1, self._row_gather, across)
+        else:
+            np.take(frame, self._col_taps[0], axis=1, out=across, mode="clip")
+        if self._vertical:
+            self._taps(across, self._row_taps, self._row_weights, 0, self._col_gather, self._out)
+        else:
+            np.take(across, self._row_taps[0], axis=0, out=self._out, mode="clip")
+        np.copyto(canvas, self._out, casting="unsafe")  # bytes already: every value is in 0..255
+
+    @staticmethod
+    def _taps(
+        source: np.ndarray, taps: list[np.ndarray], weights: list[np.ndarray], axis: int, gather: np.ndarray, out: np.ndarray
+    ) -> None:
+        """One pass: ``out`` = the weighted sum of ``source``'s taps along ``axis``, rounded and
+        clamped to a byte as Pillow's ``clip8``."""
+        np.copyto(out, _HALF_UNIT)
+        for index, weight in zip(taps, weights, strict=True):
+            np.take(source, index, axis=axis, out=gather, mode="clip")
+            np.multiply(gather, weight, out=gather)
+            np.add(out, gather, out=out)
+        np.right_shift(out, _BITS, out=out)
+        np.minimum(out, _WHITE, out=out)
+        np.maximum(out, _BLACK, out=out)

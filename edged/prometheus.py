@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -30,7 +31,7 @@ from prometheus_client.core import (
 )
 
 from edged import __version__
-from edged.messages import StatusMessage
+from edged.messages import StatusMessage, Verdict
 from edged.stats import BUCKETS_MS, HistogramCounts, VerdictCounts
 from edged.thermal_readers import THROTTLED_BITS
 
@@ -186,7 +187,7 @@ def _verdicts(cameras: Sequence[tuple[str, VerdictCounts]]) -> Iterator[Metric]:
         "edged_verdict_latency_seconds", "Capture to verdict of each inspected frame.", labels=["camera"]
     )
     for camera, verdicts in cameras:
-        for verdict in ("ok", "ng"):
+        for verdict in get_args(Verdict):
             by_verdict.add_metric([camera, verdict], verdicts.verdicts[verdict])
         for (label, zone), count in sorted(verdicts.ng_reasons.items()):
             reasons.add_metric([camera, label, zone], count)

@@ -15,6 +15,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 import numpy.ma  # np.percentile imports it on first use: load it while files can still be opened
@@ -141,7 +142,7 @@ class RunStats:
 
     def verdict_counts(self) -> VerdictCounts:
         return VerdictCounts(
-            {"ok": self._verdicts["ok"], "ng": self._verdicts["ng"]},
+            {verdict: self._verdicts[verdict] for verdict in get_args(Verdict)},
             dict(self._ng_reasons),
             self._verdict_latency.counts(),
             tuple(self._latest_verdicts),

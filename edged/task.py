@@ -36,8 +36,20 @@ class TaskResult(Protocol):
         trains on (ultralytics' YOLO text for detection)."""
         ...
 
+    def dataset_class(self) -> int | None:
+        """The class an ultralytics classification dataset files the frame's image under (its folder),
+        with no label file; None for a task whose label is a file (`dataset_label`)."""
+        ...
+
     def message_fields(
-        self, label: Callable[[int], str], zones: Sequence[str | None] | None, thresholds: Sequence[float | None] | None
+        self,
+        label: Callable[[int], str],
+        zones: Sequence[str | None] | None,
+        thresholds: Sequence[float | None] | None,
+        *,
+        notes: Sequence[str | None] | None = None,
+        mm_per_px: float | None = None,
     ) -> dict[str, Any]:
-        """Its fields of the frame's message; ``zones`` and ``thresholds`` per finding with ``[inspect]``."""
+        """Its fields of the frame's message; ``zones``, ``thresholds`` and ``notes`` per finding with
+        ``[inspect]``, and the camera's scale ``mm_per_px`` when it has one."""
         ...

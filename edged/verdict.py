@@ -6,21 +6,28 @@ thresholds become the vector the decoder compares candidates with (`edged.decode
 zones a `ZoneMap`. Per frame it takes the decoder's detections, tags each with its zone (dropping
 those outside every zone when so configured) and decides which of them make the part NG, all in
 buffers made here once: the verdict adds no arrays to a frame.
+
+A classification model's frames are judged by a `ClassInspector` instead: NG when its best class
+is an NG class above that class's threshold, ``uncertain`` when its best score is below
+``min_confidence`` (a part the model cannot tell, kept for relabelling and rejected by default).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from edged.classify import Classes
 from edged.decode import Detections
 from edged.errors import ConfigError
 from edged.heads.base import TrueIndex
 from edged.messages import Verdict
+from edged.segment import Instances
 from edged.settings.inspect import InspectConfig
-from edged.zones import NO_ZONE, ZoneMap
+from edged.zones import NO_ZONE, ZoneMap, ZoneRaster
 
 _OUTSIDE = np.array(NO_ZONE, dtype=np.intp)  # 0-d operands: a Python int costs numpy an array per call
 
@@ -31,13 +38,15 @@ class Inspected:
 
     ``detections`` are what is published (those outside every zone gone when zones drop them);
     ``zones`` (n,) their zone index into `Inspector.zone_names`, `NO_ZONE` for none;
-    ``ng`` (n,) which of them make the frame NG.
+    ``ng`` (n,) which of them make the frame NG; ``within`` (n,) which are of an NG class but
+    within its size limits (a segmentation model's, with ``max_length_*`` or ``max_area_*``).
     """
 
     detections: Detections
     zones: np.ndarray
     ng: np.ndarray
     verdict: Verdict
+    within: np.ndarray
 
 
 class Inspector:
@@ -52,10 +61,13 @@ class Inspector:
         min_area = [0.0] * num_classes
         for name, area in cfg.min_area.items():
             min_area[resolve("min_area", name)] = area
+        self.mm_per_px = cfg.mm_per_px
+        self._limits = self._size_limits(cfg, resolve, num_classes)
         resolve.raise_problems()
         self.zone_names: tuple[str, ...] = tuple(cfg.zones)
         overlap = cfg.match == "overlap"
         self._zones = ZoneMap(cfg.zones, max_det, overlap=overlap) if cfg.zones else None
+        self._raster = ZoneRaster(cfg.zones) if cfg.zones else None  # a segmentation model's instances, by mask
         # When zones drop what is outside them: the detections' buffers, and a zone map and buffers
         # for the near misses (dropped outside the zones too) while the detections' zones are in use.
         self._drop: tuple[_InsideOnly, ZoneMap, _InsideOnly] | None = None
@@ -73,6 +85,26 @@ class Inspector:
         self._need = np.empty(max_det, dtype=np.float32)
         self._ng = np.empty(max_det, dtype=np.bool_)
         self._test = np.empty(max_det, dtype=np.bool_)
+        self._within = np.zeros(max_det, dtype=np.bool_)
+
+    def _size_limits(
+        self, cfg: InspectConfig, resolve: _ClassNames, num_classes: int
+    ) -> tuple[list[float], list[float]] | None:
+        """Per class, the longest and the largest defect tolerated, in frame pixels (inf: no limit); None without any."""
+        lengths, areas = [math.inf] * num_classes, [math.inf] * num_classes
+        scale = cfg.mm_per_px
+        if scale is None and (cfg.max_length_mm or cfg.max_area_mm2):
+            resolve.problem("inspect.max_length_mm and max_area_mm2 need the camera's scale, inspect.mm_per_px")
+            scale = 1.0
+        for key, limits, factor, out in (
+            ("max_length_px", cfg.max_length_px, 1.0, lengths),
+            ("max_area_px", cfg.max_area_px, 1.0, areas),
+            ("max_length_mm", cfg.max_length_mm, 1 / (scale or 1.0), lengths),
+            ("max_area_mm2", cfg.max_area_mm2, 1 / (scale or 1.0) ** 2, areas),
+        ):
+            for name, limit in limits.items():
+                out[resolve(key, name)] = limit * factor
+        return (lengths, areas) if any(map(math.isfinite, lengths + areas)) else None
 
     def __call__(self, detections: Detections, frame_w: int, frame_h: int) -> Inspected:
         """Zones, then the verdict: NG when a detection of an NG class, inside a zone (when zones
@@ -81,6 +113,8 @@ class Inspector:
         zones = self._no_zone[:m]
         if self._zones is not None:
             zones = self._zones(detections.xyxy, frame_w, frame_h)
+            if self._raster is not None and isinstance(detections, Instances):
+                self._raster(detections.masks, zones, frame_w, frame_h)
             if self._drop is not None:
                 inside, near_zones, near_inside = self._drop
                 near = detections.near
@@ -102,10 +136,75 @@ class Inspector:
         np.take(self._min_area, ids, out=need, mode="clip")
         np.greater_equal(area, need, out=test)
         np.logical_and(ng, test, out=ng)
-        return Inspected(detections, zones, ng, "ng" if np.count_nonzero(ng) else "ok")
+        within = self._within[:m]
+        within.fill(False)
+        if self._limits is not None and isinstance(detections, Instances):
+            _tolerate(detections, ng, within, self._limits)
+        return Inspected(detections, zones, ng, "ng" if np.count_nonzero(ng) else "ok", within)
 
     def zone_name(self, zone: int) -> str | None:
         return None if zone == NO_ZONE else self.zone_names[zone]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Judged:
+    """One classified frame's inspection: its verdict, and the best class's threshold."""
+
+    classes: Classes
+    verdict: Verdict
+    threshold: float | None  # None when the model gave no probability
+
+
+class ClassInspector:
+    """``[inspect]`` for a classification model: its NG classes, their thresholds and ``min_confidence``."""
+
+    def __init__(self, cfg: InspectConfig, labels: Sequence[str], num_classes: int, conf: float) -> None:
+        resolve = _ClassNames(labels, num_classes)
+        self.thresholds = [conf] * num_classes
+        for name, threshold in cfg.class_conf.items():
+            self.thresholds[resolve("class_conf", name)] = threshold
+        self._ng = {resolve("ng_classes", n) for n in cfg.ng_classes or ()}
+        resolve.raise_problems()
+        problems = []
+        if cfg.ng_classes is None:
+            known = ", ".join(labels) if labels else f"class ids 0..{num_classes - 1}"
+            problems.append(
+                f"inspect.ng_classes: a classification model's verdict needs the classes that make a part NG "
+                f"(its classes: {known})"
+            )
+        for key in ("zones", "min_area"):
+            if getattr(cfg, key):
+                problems.append(
+                    f"inspect.{key}: a classification model has no boxes to place or measure; "
+                    "inspect.roi sets the region it classifies"
+                )
+        if problems:
+            raise ConfigError(None, problems)
+        self._min_confidence = cfg.min_confidence
+
+    def __call__(self, classes: Classes) -> Judged:
+        """NG for an NG class above its threshold, uncertain below ``min_confidence`` or without any
+        probability, else OK."""
+        top = classes.top
+        if top is None:
+            return Judged(classes, "uncertain", None)
+        class_id, score = top
+        threshold = self.thresholds[class_id]
+        if self._min_confidence is not None and score < self._min_confidence:
+            return Judged(classes, "uncertain", threshold)
+        return Judged(classes, "ng" if class_id in self._ng and score > threshold else "ok", threshold)
+
+
+def _tolerate(instances: Instances, ng: np.ndarray, within: np.ndarray, limits: tuple[list[float], list[float]]) -> None:
+    """Mark the NG instances within every size limit of their class (per class, the longest and the
+    largest in frame pixels), and take them out of ``ng``; an instance without a mask has no size."""
+    lengths, areas = limits
+    ids = instances.class_ids.tolist()
+    for i, ((length, _), area) in enumerate(zip(instances.sides, instances.area_px, strict=True)):
+        c = ids[i]
+        if ng[i] and length <= lengths[c] and area <= areas[c]:
+            within[i] = True
+            ng[i] = False
 
 
 class _InsideOnly:
@@ -118,6 +217,7 @@ class _InsideOnly:
         self._scores = np.empty(capacity, dtype=np.float32)
         self._class_ids = np.empty(capacity, dtype=np.int32)
         self._zone_ids = np.empty(capacity, dtype=np.intp)
+        self._masks = np.empty((0, 0, 0), dtype=np.bool_)  # a segmentation model's kept masks (`_instances`)
 
     def __call__(self, detections: Detections, zones: np.ndarray, near: Detections | None) -> tuple[Detections, np.ndarray]:
         """The detections of ``zones`` other than `NO_ZONE`, with their zones; ``near`` their near misses."""
@@ -130,7 +230,35 @@ class _InsideOnly:
         np.take(detections.scores, index, out=scores, mode="clip")
         np.take(detections.class_ids, index, out=ids, mode="clip")
         np.take(zones, index, out=zone_ids, mode="clip")
+        if isinstance(detections, Instances):
+            return self._instances(detections, index, xyxy, scores, ids, near), zone_ids
         return Detections(xyxy, scores, ids, detections.scores_above_one, detections.nonfinite, near), zone_ids
+
+    def _instances(
+        self,
+        instances: Instances,
+        index: np.ndarray,
+        xyxy: np.ndarray,
+        scores: np.ndarray,
+        ids: np.ndarray,
+        near: Detections | None,
+    ) -> Instances:
+        """The kept instances with their masks, outlines and sizes: those with a mask come first, so the
+        kept ones with a mask are the first of ``index``. Their masks are copied into a buffer of this
+        object's, grown (once per count and size) to the most seen."""
+        kept = index.tolist()
+        q = sum(1 for j in kept if j < len(instances.polygons))
+        shape = instances.masks.shape
+        if self._masks.shape[1:] != shape[1:] or self._masks.shape[0] < q:
+            self._masks = np.empty((max(q, self._masks.shape[0]), *shape[1:]), dtype=np.bool_)
+        masks = self._masks[:q]
+        np.take(instances.masks, index[:q], axis=0, out=masks, mode="clip")
+        found = (
+            tuple(instances.polygons[j] for j in kept[:q]),
+            tuple(instances.area_px[j] for j in kept[:q]),
+            tuple(instances.sides[j] for j in kept[:q]),
+        )
+        return Instances(xyxy, scores, ids, instances.scores_above_one, instances.nonfinite, near, masks, *found)
 
 
 class _ClassNames:
@@ -150,6 +278,9 @@ class _ClassNames:
         known = ", ".join(self._labels) if self._labels else f"none named; class ids 0..{self._num_classes - 1}"
         self._problems.append(f"inspect.{key}: {name!r} is not a class of the model (its classes: {known})")
         return 0
+
+    def problem(self, text: str) -> None:
+        self._problems.append(text)
 
     def raise_problems(self) -> None:
         if self._problems:

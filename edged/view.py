@@ -36,7 +36,8 @@ from edged.sources.base import Frame
 PALETTE = ((56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72), (23, 204, 146))
 # One colour per zone (BGR), cycled: cyan, magenta, yellow, white, none of them a verdict colour.
 ZONE_PALETTE = ((255, 255, 0), (255, 0, 255), (0, 255, 255), (255, 255, 255))
-BANNER = {"ok": (40, 160, 40), "ng": (40, 40, 210)}  # BGR: green, red
+TOP_CLASSES_Y = 32  # a classifier's classes start below the verdict banner
+BANNER = {"ok": (40, 160, 40), "ng": (40, 40, 210), "uncertain": (0, 160, 230)}  # BGR: green, red, amber
 FONT = cv2.FONT_HERSHEY_SIMPLEX
 
 Zones = tuple[tuple[str, np.ndarray], ...]  # (name, (k, 2) points as fractions of the frame)
@@ -175,18 +176,30 @@ class LiveView:
 
 def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zones) -> None:
     """The zones, then the boxes, labels and scores of ``message`` onto ``image`` (the frame scaled by
-    ``scale``), the verdict in a banner across the top, and a caption naming the camera, the frame
-    and its capture time, so a frozen view is plain to see."""
+    ``scale``; a segmentation model's outlines too; a classifier's best classes, one a line, top left),
+    the verdict in a banner across the top, and a caption naming the camera, the frame and its capture
+    time, so a frozen view is plain to see."""
     w = image.shape[1]
     colour_of = draw_zones(image, zones)
     for d in message.detections:
         colour = colour_of.get(d.zone or "", PALETTE[d.class_id % len(PALETTE)])
         x1, y1, x2, y2 = (round(v * scale) for v in d.box)
-        cv2.rectangle(image, (x1, y1), (x2, y2), colour, 2)
+        if d.polygon:  # a segmentation model's instance: its outline, inside a thin box
+            outline = np.rint(np.asarray(d.polygon, np.float32) * scale).astype(np.int32)
+            cv2.polylines(image, [outline], True, colour, 2, cv2.LINE_AA)
+        cv2.rectangle(image, (x1, y1), (x2, y2), colour, 1 if d.polygon else 2)
         text = f"{d.label} {d.score:.2f}" + (f" @{d.zone}" if d.zone else "")
         (_, th), base = cv2.getTextSize(text, FONT, 0.5, 1)
         top = y1 - th - base - 2 if y1 - th - base - 2 >= 0 else y1
         _label(image, text, (x1, top), (255, 255, 255), colour)
+    for i, t in enumerate(message.top or ()):
+        _label(
+            image,
+            f"{t.label} {t.score:.2f}",
+            (4, TOP_CLASSES_Y + 20 * i),
+            (255, 255, 255),
+            PALETTE[t.class_id % len(PALETTE)],
+        )
     if message.verdict is not None:
         reasons = ", ".join(
             f"{r.label}@{r.zone} {r.score:.2f}" if r.zone else f"{r.label} {r.score:.2f}" for r in message.reasons

@@ -5,13 +5,15 @@ change of camera resolution. `edged.settings.inspect.polygon_problem` is the che
 runs on every zone
 when it loads (``[inspect]``'s zones and a camera's own); `ZoneMap` answers, per frame, which zone
 each kept detection belongs to. It runs on the few dozen detections NMS kept, vectorised over
-(detections x polygon edges) in buffers made once, so a frame creates no arrays.
+(detections x polygon edges) in buffers made once, so a frame creates no arrays. A segmentation
+model's instance is placed by its mask instead (`ZoneRaster`): the zone holding most of its pixels.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import cv2
 import numpy as np
 
 from edged.settings.inspect import Point
@@ -137,3 +139,35 @@ class ZoneMap:
         touch = self._touch[:m]
         np.logical_or.reduceat(meets, self._first_edge, axis=1, out=touch)
         return touch
+
+
+class ZoneRaster:
+    """The zones as frame-size masks, so that a segmentation model's instance is placed by its mask:
+    in the zone holding most of its pixels, in none when no zone holds any. Made once per frame size."""
+
+    def __init__(self, zones: Mapping[str, Sequence[Point]]) -> None:
+        self._polygons = [np.asarray(points, dtype=np.float64) for points in zones.values()]
+        self._size: tuple[int, int] | None = None
+
+    def _plan(self, frame_w: int, frame_h: int) -> None:
+        self._rasters = np.zeros((len(self._polygons), frame_h, frame_w), dtype=np.uint8)
+        for raster, points in zip(self._rasters, self._polygons, strict=True):
+            corners = np.rint(points * (frame_w, frame_h) * 16).astype(np.int32)  # 4 bits of subpixel
+            cv2.fillPoly(raster, [corners], 1, cv2.LINE_8, 4)
+        self._rasters = self._rasters.view(np.bool_)
+        self._scratch = np.empty((frame_h, frame_w), dtype=np.bool_)
+        self._size = (frame_w, frame_h)
+
+    def __call__(self, masks: np.ndarray, zones: np.ndarray, frame_w: int, frame_h: int) -> None:
+        """Set ``zones[i]`` of each of ``masks`` (m, h, w) to the zone holding most of its pixels (the
+        first of equals), `NO_ZONE` where none holds any."""
+        if self._size != (frame_w, frame_h):
+            self._plan(frame_w, frame_h)
+        for i, mask in enumerate(masks):
+            best, most = NO_ZONE, 0
+            for z, raster in enumerate(self._rasters):
+                np.logical_and(mask, raster, out=self._scratch)
+                inside = int(np.count_nonzero(self._scratch))
+                if inside > most:
+                    best, most = z, inside
+            zones[i] = best

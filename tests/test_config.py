@@ -46,7 +46,7 @@ def _documented(text: str) -> set[str]:
             section = header.group(1)
             keys.add(section)
             continue
-        key = re.match(r"^#?\s*([a-z_]+)\s*=", line)
+        key = re.match(r"^#?\s*([a-z][a-z0-9_]*)\s*=", line)
         if key:
             keys.add(f"{section}.{key.group(1)}")
     return keys

@@ -51,6 +51,11 @@ def yolov8_tensor(candidates: Sequence[Candidate], nc: int = NC, n: int = N) -> 
     return out
 
 
+def segment_tensor(candidates: Sequence[Candidate], nc: int = NC, n: int = N) -> np.ndarray:
+    """[1, 4+nc+32, n]: yolov8's rows, then 32 mask coefficients (here 0)."""
+    return np.concatenate([yolov8_tensor(candidates, nc, n), np.zeros((1, 32, n), np.float32)], axis=1)
+
+
 def yolov5_tensor(candidates: Sequence[Candidate], nc: int = NC, n: int = N) -> np.ndarray:
     """[1, n, 5+nc]: cx cy w h, objectness = score, class prob 1 (0.5 for the others)."""
     out = np.zeros((1, n, 5 + nc), dtype=np.float32)
@@ -82,6 +87,7 @@ ENCODERS: dict[str, Callable[..., np.ndarray]] = {
     "yolov5": yolov5_tensor,
     "end2end": end2end_tensor,
     "rtdetr": rtdetr_tensor,
+    "segment": segment_tensor,
 }
 
 

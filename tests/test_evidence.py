@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +26,7 @@ from edged.evidence import (
     EvidenceOutput,
     EvidenceStore,
     EvidenceWriter,
+    class_folder,
     day_and_stem,
     describe,
     folder_problem,
@@ -228,6 +230,28 @@ def test_the_quota_deletes_the_oldest_frames_first_from_a_running_total(tmp_path
     assert saved_sets(tmp_path) == expected
     # Emptied days removed; the dataset's description stays.
     assert sorted(p.name for p in (tmp_path / "cam0").iterdir()) == ["2026-12-02", "classes.txt", "data.yaml"]
+
+
+def test_a_classifiers_frames_are_filed_by_class_kept_in_the_quota_and_cleaned_at_start_up(tmp_path: Path) -> None:
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    store.open()
+    classes = ["good", "crack/deep", "good", "crack/deep"]  # a class name is made a safe folder name
+    for i, name in enumerate(classes):
+        store.save(
+            replace(frame(i, t_ns=T0_NS + (i // 2) * DAY_NS, noise=True), label="", image_class=class_folder(name)), 95
+        )
+    day0, day1 = (tmp_path / "cam0" / day_and_stem("cam0", T0_NS + d * DAY_NS, 0)[0] for d in (0, 1))
+    assert sorted(p.relative_to(day0).parent.as_posix() for p in day0.rglob("*.jpg")) == ["images/crack_deep", "images/good"]
+    assert not list(tmp_path.rglob("labels/*.txt"))  # the folder is the label
+    assert len(list(tmp_path.rglob("messages/*.json"))) == 4
+    assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+    (day1 / "images" / "good" / ".x.jpg.tmp").write_bytes(b"half")  # a power cut's leftover
+    day0_bytes = sum(p.stat().st_size for p in files_on_disk(day0))
+    reopened = EvidenceStore(tmp_path, "cam0", store.total_bytes - day0_bytes, 0)
+    reopened.open()  # over the quota: the oldest day goes, class folders and all
+    assert not day0.exists() and not list(tmp_path.rglob("*.tmp"))
+    assert sorted(p.parent.name for p in day1.rglob("*.jpg")) == ["crack_deep", "good"]
+    assert reopened.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
 
 
 def test_a_folder_left_over_the_quota_is_pruned_at_start_up(tmp_path: Path) -> None:

@@ -25,6 +25,12 @@ Shapes = list[list[int | str | None]]
 DETECTED: list[tuple[Shapes, Mapping[str, str], tuple[str, int]]] = [
     # Ultralytics v8/v11 COCO export.
     ([[1, 84, 8400]], NAMES_80, ("yolov8", 80)),
+    # Segmentation exports: by their task, or by a second output of mask prototypes.
+    ([[1, 116, 8400], [1, 32, 160, 160]], {"task": "segment"}, ("segment", 80)),
+    ([[1, 39, 525], [1, 32, 40, 40]], {}, ("segment", 3)),
+    # Classification exports: by their task, or by their one rank-2 output.
+    ([[1, 1000]], {"task": "classify"}, ("classify", 1000)),
+    ([[1, 5]], {}, ("classify", 5)),
     # The same without metadata: the shape alone is enough.
     ([[1, 84, 8400]], {}, ("yolov8", 80)),
     # Single-class v8 head.
@@ -52,12 +58,12 @@ DETECTED: list[tuple[Shapes, Mapping[str, str], tuple[str, int]]] = [
 ]
 
 REFUSED: list[tuple[Shapes, Mapping[str, str], list[str]]] = [
-    # Rank 2 and rank 4.
-    ([[1, 3]], {}, ["[1, 3]", "rank 2"]),
+    # Rank 4 (rank 2 is a classifier's).
     ([[1, 2, 2, 2]], {}, ["[1, 2, 2, 2]", "rank 4"]),
-    # Segmentation: two outputs, the second of mask prototypes, named so even without metadata.
-    ([[1, 116, 8400], [1, 32, 160, 160]], {}, ["[1, 116, 8400]", "[1, 32, 160, 160]", "instance segmentation"]),
-    ([[1, 116, 8400], [1, 32, 160, 160]], {"task": "segment"}, ["'segment' (instance segmentation)", "[1, 32, 160, 160]"]),
+    # Segmentation exports whose outputs do not add up: prototypes that are not 32, too few rows.
+    ([[1, 116, 8400], [1, 16, 160, 160]], {"task": "segment"}, ["a segmentation model has outputs", "[1, 16, 160, 160]"]),
+    ([[1, 116, 8400]], {"task": "segment"}, ["a segmentation model has outputs", "[1, 116, 8400]"]),
+    ([[1, 36, 8400], [1, 32, 160, 160]], {}, ["[1, 36, 8400]", "a segment head [1, 4+nc+32, N] needs >= 37"]),
     # Two outputs that are no segmentation export.
     ([[1, 84, 8400], [1, 84, 8400]], {}, ["exactly one detection output", "[1, 84, 8400], [1, 84, 8400]"]),
     # No outputs.
@@ -80,9 +86,15 @@ REFUSED: list[tuple[Shapes, Mapping[str, str], list[str]]] = [
     ([[1, "a", "b"]], {}, ["[1, a, b]"]),
     # Other tasks, named: pose, oriented boxes, classification, and one edged does not know.
     ([[1, 56, 8400]], {**NAMES_1, "task": "pose"}, ["pose", "[1, 56, 8400]"]),
-    ([[1, 56, 8400]], {**NAMES_1, "task": "pose"}, ["'pose' (pose estimation)", "detection models only"]),
+    (
+        [[1, 56, 8400]],
+        {**NAMES_1, "task": "pose"},
+        ["'pose' (pose estimation)", "detection, segmentation and classification models only"],
+    ),
     ([[1, 20, 21504]], {"task": "obb"}, ["'obb' (oriented bounding boxes)", "[1, 20, 21504]"]),
-    ([[1, 1000]], {"task": "classify"}, ["'classify' (classification)", "[1, 1000]"]),
+    # A classifier's task with a detector's output, or names that count other classes.
+    ([[1, 6, 8]], {"task": "classify"}, ["a classification model has one output [1, nc]", "[1, 6, 8]"]),
+    ([[1, 5]], {**NAMES_1, "task": "classify"}, ["classifier of 5 classes", "metadata names 1 class"]),
     ([[1, 84, 8400]], {**NAMES_80, "task": "depth"}, ["model task 'depth' is not supported"]),
 ]
 
@@ -118,7 +130,7 @@ def test_registry_order_does_not_matter(order: tuple[str, ...], monkeypatch: pyt
 
 def test_errors_name_every_registered_layout() -> None:
     with pytest.raises(HeadError) as info:
-        detect_head([[1, 3]], {})
+        detect_head([[1, 2, 3, 4]], {})
     for name, head in HEADS.items():
         assert f"{head.layout} ({name})" in str(info.value)
 

@@ -13,8 +13,8 @@ def test_verdicts_are_counted_and_only_the_latest_are_kept_newest_first() -> Non
         ng = frame_id % 5 == 0
         stats.record_verdict(VerdictRecord(frame_id, frame_id, None, "ng" if ng else "ok", (scratch,) if ng else ()), 3.0)
     counts = stats.verdict_counts()
-    assert counts.verdicts == {"ok": 20, "ng": 5}
+    assert counts.verdicts == {"ok": 20, "ng": 5, "uncertain": 0}
     assert counts.ng_reasons == {("scratch", ""): 5}  # no zones: the zone label is empty
     assert counts.latency.count == VERDICTS_KEPT + 5
     assert [r.frame_id for r in counts.latest] == list(range(VERDICTS_KEPT + 4, 4, -1))
-    assert RunStats().verdict_counts().verdicts == {"ok": 0, "ng": 0}
+    assert RunStats().verdict_counts().verdicts == {"ok": 0, "ng": 0, "uncertain": 0}

@@ -24,7 +24,7 @@ from edged.messages import DetectionsMessage
 from edged.tools.bench import cold_start, engine_variants, soak
 from edged.tools.bench_cameras import camera_ids, format_rows, source_table
 from edged.tools.bench_config import write_config
-from edged.tools.bench_rows import STAGES, FullPath, bench_frame, load, naive_detect
+from edged.tools.bench_rows import MASKS, STAGES, FullPath, bench_frame, load, naive_detect
 
 pytestmark = pytest.mark.tools
 
@@ -368,3 +368,13 @@ def test_the_opcua_bench_times_capture_to_node_update_and_to_a_subscriber() -> N
     assert 0 < r["update_ms"]["p50"] <= r["update_ms"]["p99"]
     assert 0 < r["notified_ms"]["p50"] <= r["notified_ms"]["p99"] <= r["notified_ms"]["max"]
     assert "capture to node update" in format_opcua(r) and "capture to notification" in format_opcua(r)
+
+
+def test_a_segmentation_model_has_its_masks_timed_within_decode() -> None:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["bench", "--model", str(Path(__file__).parent / "data" / "tasks" / "seg.onnx"), *QUICK, "--json"]) == 0
+    (run,) = json.loads(out.getvalue())["runs"]
+    stages = run["rows"]["full"]["stages"]
+    assert list(stages) == ["preprocess", "inference", "decode", MASKS, "publish", "view"]
+    assert 0 < stages[MASKS]["median_ms"] <= stages["decode"]["median_ms"]

@@ -156,3 +156,32 @@ def test_label_path_follows_the_yolo_layout(tmp_path: Path) -> None:
     boxes, classes = read_yolo_labels(data / "labels" / "a.txt", 100, 50, 1)
     np.testing.assert_allclose(boxes, [[40, 20, 60, 30]])
     assert classes.tolist() == [0]
+
+
+TASKS = Path(__file__).parent / "data" / "tasks"
+
+
+def test_a_classifier_is_scored_top1_and_top5_as_yolo_val_on_a_folder_per_class(tmp_path: Path) -> None:
+    # ultralytics' predict (tests/data/tasks/cls.json) ranks crack first on wide, dent on tall, stain on strip,
+    # and scratch on square, labelled good here: three of four right; five classes, so every class is in the top 5.
+    for name, label in (("wide", "crack"), ("tall", "dent"), ("strip", "stain"), ("square", "good")):
+        folder = tmp_path / "data" / "val" / label
+        folder.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(folder / f"{name}.png"), cv2.imread(str(TASKS / f"{name}.png")))
+    (tmp_path / "data" / "train").mkdir()  # yolo val reads val/ only
+    report_file = tmp_path / "report.json"
+    result = run_cli(
+        "eval", "--model", str(TASKS / "cls.onnx"), "--data", str(tmp_path / "data"), "--json", str(report_file)
+    )
+    assert result.returncode == 0, result.stderr
+    assert "top1_acc 0.7500  top5_acc 1.0000  (4 images)" in result.stdout
+    report = json.loads(report_file.read_text())
+    assert (report["top1"], report["top5"], report["images"]) == (0.75, 1.0, 4)
+
+
+def test_a_classifier_refuses_a_folder_named_for_no_class_and_scenes(tmp_path: Path) -> None:
+    (tmp_path / "val" / "rust").mkdir(parents=True)
+    cv2.imwrite(str(tmp_path / "val" / "rust" / "a.png"), np.zeros((8, 8, 3), np.uint8))
+    assert main(["eval", "--model", str(TASKS / "cls.onnx"), "--data", str(tmp_path)]) == EXIT_DATA
+    result = run_cli("eval", "--model", str(TASKS / "cls.onnx"), "--scenes", "2")
+    assert result.returncode != 0 and "a classification model is evaluated on --data" in result.stderr

@@ -11,9 +11,9 @@ import pytest
 from allocations import NumpyAllocations
 from waiting import wait_for
 
-from edged.messages import Detection, DetectionsMessage, ModelInfo, Reason, Timings, Verdict
+from edged.messages import Detection, DetectionsMessage, ModelInfo, Reason, Timings, TopClass, Verdict
 from edged.sources.base import Frame
-from edged.view import BANNER, PALETTE, ZONE_PALETTE, LiveView
+from edged.view import BANNER, PALETTE, TOP_CLASSES_Y, ZONE_PALETTE, LiveView
 
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 GREY = (60, 60, 60)
@@ -115,6 +115,37 @@ def test_zones_the_boxes_in_them_and_the_verdict_banner_are_drawn(view: LiveView
         assert _near(image_shown[250, 300], GREY, 30)  # inside the zone: the frame itself
         assert _near(image_shown[3, 950], BANNER[verdict]), image_shown[3, 950]  # the banner, across the top
     assert _near(plain[300, 480], GREY, 30) and _near(plain[3, 950], GREY, 30)  # no zones, no verdict: neither
+
+
+def test_an_instances_outline_is_drawn_in_its_class_colour(view: LiveView) -> None:
+    image = np.full((540, 960, 3), GREY, np.uint8)
+    outline = [(300.0, 200.0), (500.0, 200.0), (400.0, 400.0)]  # a triangle inside its box
+    found = Detection(class_id=1, label="dent", score=0.9, box=(300, 200, 500, 400), polygon=outline, area_px=20000)
+    msg = _message(0, [], (960, 540)).model_copy(update={"task": "segment", "detections": [found]})
+    with view.watch():
+        assert wait_for(view.wants_frame, 5.0)
+        view.offer(_frame(0, image), msg)
+        got = view.next_jpeg(0, 5.0)
+    assert got is not None
+    shown = _decode(got[1])
+    assert _near(shown[300, 350], PALETTE[1]), shown[300, 350]  # on the triangle's left edge
+    assert _near(shown[300, 320], GREY, 30)  # inside the box, outside the outline
+
+
+def test_a_classifiers_best_classes_are_listed_below_an_uncertain_banner(view: LiveView) -> None:
+    image = np.full((540, 960, 3), GREY, np.uint8)
+    top = [TopClass(class_id=3, label="crack", score=0.42), TopClass(class_id=1, label="good", score=0.4)]
+    msg = _message(0, [], (960, 540)).model_copy(update={"task": "classify", "top": top, "verdict": "uncertain"})
+    with view.watch():
+        assert wait_for(view.wants_frame, 5.0)
+        view.offer(_frame(0, image), msg)
+        got = view.next_jpeg(0, 5.0)
+    assert got is not None
+    shown = _decode(got[1])
+    assert _near(shown[3, 950], BANNER["uncertain"]), shown[3, 950]
+    for i, t in enumerate(top):  # each class on its colour, one a line
+        assert _near(shown[TOP_CLASSES_Y + 20 * i + 2, 5], PALETTE[t.class_id % len(PALETTE)]), shown[TOP_CLASSES_Y + 2, 5]
+    assert _near(shown[TOP_CLASSES_Y + 60, 5], GREY, 30)  # two classes, two lines
 
 
 def test_a_preview_shows_the_frame_and_its_zones_with_a_caption_but_nothing_of_a_model(view: LiveView) -> None:

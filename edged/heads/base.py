@@ -34,6 +34,7 @@ class OutputFacts:
     from_ultralytics: bool  # a 'task' key: only the ultralytics package writes one
     nms_inside: bool  # the metadata says the model already ran NMS
     rtdetr: bool  # the metadata names ultralytics' RT-DETR decoder as the model's head
+    prototypes: bool = False  # a second output of mask prototypes [1, 32, H/4, W/4]: a segmentation model
 
 
 class Head(ABC):

@@ -1,8 +1,9 @@
 """The head formats edged reads, and telling which one a model's output is.
 
-Each format is one module holding one `Head` subclass; adding a format means writing that module
-and adding its class to `HEADS`. The allowed ``model.head`` values, `detect_head` and the layouts
-named in its error messages all come from this registry.
+Each detection format is one module holding one `Head` subclass; adding a format means writing that
+module and adding its class to `HEADS`. A classifier is `ClassifyHead` (`FORMATS` holds both). The
+allowed ``model.head`` values, `detect_head` and the layouts named in its error messages all come
+from this registry.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ from collections.abc import Mapping, Sequence
 
 from edged.errors import HeadError
 from edged.heads.base import Dim, Head, OutputFacts, concrete, fmt_shape
+from edged.heads.classify import ClassifyHead
 from edged.heads.end2end import End2EndHead
 from edged.heads.metadata import parse_names, says_nms_inside, says_rtdetr
 from edged.heads.rtdetr import RtDetrHead
+from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
 from edged.heads.yolov5 import YoloV5Head
 from edged.heads.yolov8 import YoloV8Head
 
-HEADS: dict[str, type[Head]] = {head.name: head for head in (YoloV8Head, YoloV5Head, End2EndHead, RtDetrHead)}
+HEADS: dict[str, type[Head]] = {head.name: head for head in (YoloV8Head, YoloV5Head, End2EndHead, RtDetrHead, SegmentHead)}
+Format = type[Head] | type[ClassifyHead]
+FORMATS: dict[str, Format] = {**HEADS, ClassifyHead.name: ClassifyHead}
 
 
 def _listed(items: Sequence[str]) -> str:
@@ -27,13 +32,12 @@ def _listed(items: Sequence[str]) -> str:
 
 _LAYOUTS = _listed([f"{head.layout} ({name})" for name, head in HEADS.items()])
 _NMS_INSIDE_LAYOUTS = " or ".join(head.layout for head in HEADS.values() if not head.needs_nms)
-# ultralytics' tasks other than detection, as its 'task' metadata names them.
+# ultralytics' tasks edged does not serve, as its 'task' metadata names them.
 _TASKS = {
-    "segment": "instance segmentation",
     "pose": "pose estimation",
     "obb": "oriented bounding boxes",
-    "classify": "classification",
 }
+_SERVED = "edged serves detection, segmentation and classification models only"
 
 
 def head_named(name: str) -> type[Head]:
@@ -44,19 +48,28 @@ def head_named(name: str) -> type[Head]:
     return head
 
 
+def format_named(name: str) -> Format:
+    """The registered format ``name``, a classifier's included; `HeadError` for any other."""
+    return ClassifyHead if name == ClassifyHead.name else head_named(name)
+
+
 def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, str]) -> tuple[str, int]:
     """The head format's name and the class count, from the output shapes and ultralytics metadata.
 
     A symbolic dimension (str or None, as ONNX Runtime reports dynamic axes) is taken as the
     candidate count. The one format whose `Head.matches` claims the output wins; a model whose
     metadata says NMS is inside can only be a format that needs none. Known names must agree
-    with the shape. Raises `HeadError` naming the shape otherwise.
+    with the shape. A classifier is `ClassifyHead`'s. Raises `HeadError` naming the shape otherwise.
     """
+    if ClassifyHead.claims(output_shapes, metadata.get("task")):
+        names = parse_names(metadata)
+        return ClassifyHead.name, ClassifyHead.classes(output_shapes, None if names is None else len(names))
     _refuse_other_tasks(output_shapes, metadata.get("task"))
-    if len(output_shapes) != 1:
+    prototypes = _prototypes(output_shapes, metadata.get("task"))
+    if len(output_shapes) != 1 + prototypes:
         shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
         raise HeadError(f"expected exactly one detection output {_LAYOUTS}; got {shown}")
-    facts = _read_facts(list(output_shapes[0]), metadata)
+    facts = _read_facts(list(output_shapes[0]), metadata, prototypes=prototypes)
     for name, head in HEADS.items():
         if facts.nms_inside and head.needs_nms:
             continue
@@ -71,20 +84,26 @@ def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, s
 
 
 def _refuse_other_tasks(output_shapes: Sequence[Sequence[Dim]], task: str | None) -> None:
-    """`HeadError` naming the task of a model that is no detector: from ultralytics' ``task`` metadata,
-    or for a segmentation export without it, from its second output (the mask prototypes)."""
+    """`HeadError` naming the task of a model edged does not serve, from ultralytics' ``task`` metadata."""
     shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
-    if task not in (None, "detect"):
+    if task not in (None, "detect", "segment"):
         what = f"{task!r} ({_TASKS[task]})" if task in _TASKS else repr(task)
-        raise HeadError(f"model task {what} is not supported (outputs {shown}); edged serves detection models only")
-    if task is None and len(output_shapes) == 2 and len(output_shapes[1]) == 4:
-        raise HeadError(
-            f"outputs {shown} are an instance segmentation export's (the second holds mask prototypes); "
-            "edged serves detection models only"
-        )
+        raise HeadError(f"model task {what} is not supported (outputs {shown}); {_SERVED}")
 
 
-def _read_facts(shape: list[Dim], metadata: Mapping[str, str]) -> OutputFacts:
+def _prototypes(output_shapes: Sequence[Sequence[Dim]], task: str | None) -> bool:
+    """Whether the model is a segmentation export: its task says so, or a second output of rank 4
+    (the mask prototypes); `HeadError` when its task says so and the prototypes are not [1, 32, h, w]."""
+    second = output_shapes[1] if len(output_shapes) == 2 else None
+    if task != "segment" and (second is None or len(second) != 4):
+        return False
+    if second is None or len(second) != 4 or concrete(second[1]) != MASK_COEFFICIENTS:
+        shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
+        raise HeadError(f"a segmentation model has outputs {SegmentHead.layout}; got {shown}")
+    return True
+
+
+def _read_facts(shape: list[Dim], metadata: Mapping[str, str], *, prototypes: bool = False) -> OutputFacts:
     """The facts of a single output; `HeadError` for a shape no format has."""
     task = metadata.get("task")
     names = parse_names(metadata)
@@ -97,6 +116,7 @@ def _read_facts(shape: list[Dim], metadata: Mapping[str, str]) -> OutputFacts:
         from_ultralytics=task is not None,
         nms_inside=says_nms_inside(metadata),
         rtdetr=says_rtdetr(metadata),
+        prototypes=prototypes,
     )
 
 

@@ -72,6 +72,7 @@ def _segments_meet(a: Point, b: Point, c: Point, d: Point) -> bool:
 
 
 Threshold = Annotated[float, Field(gt=0, le=1)]
+NonNegative = Annotated[int, Field(ge=0, le=65535)]
 
 
 class InspectConfig(Section):
@@ -97,6 +98,47 @@ class InspectConfig(Section):
         default_factory=dict,
         description="Label (or class id) -> smallest box, as a fraction of the frame's area, that makes a part NG.",
     )
+
+    mm_per_px: float | None = Field(
+        None,
+        gt=0,
+        description="Segmentation models: millimetres per frame pixel of this camera; its messages then carry "
+        "area_mm2, length_mm and width_mm, and the max_*_mm limits apply.",
+    )
+    max_length_mm: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="Segmentation models: label -> the longest defect of the class tolerated, in mm (needs mm_per_px): "
+        "within every limit of its class, a defect is reported 'within limits' and does not make the part NG.",
+    )
+    max_area_mm2: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="Segmentation models: label -> the largest defect (mask area) of the class tolerated, in mm2.",
+    )
+    max_length_px: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="As max_length_mm, in frame pixels (no scale needed)."
+    )
+    max_area_px: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="As max_area_mm2, in frame pixels."
+    )
+    min_confidence: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Classification models: a best score below this gives the verdict 'uncertain' (NG on the reject "
+        "line, saved as evidence) rather than ok or ng; default: none.",
+    )
+    roi: tuple[NonNegative, NonNegative, NonNegative, NonNegative] | None = Field(
+        None,
+        description="Classification models: the region [x1, y1, x2, y2] of the frame, in pixels, that is classified; "
+        "default: the whole frame.",
+    )
+
+    @field_validator("roi")
+    @classmethod
+    def _region(cls, v: tuple[int, int, int, int] | None) -> tuple[int, int, int, int] | None:
+        if v is not None and not (v[2] > v[0] and v[3] > v[1]):
+            raise ValueError(f"roi {list(v)} is no region: x2 must be above x1 and y2 above y1")
+        return v
 
     @field_validator("zones")
     @classmethod

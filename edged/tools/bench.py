@@ -269,7 +269,7 @@ def _run(
     """Each row's latency, CPU and stage times, and the full path against the floor."""
     table: dict[str, dict[str, Any]] = {}
     for name, timed in samples.items():
-        stages = {k: rows.timing([t.stages[k] for t in timed]) for k in rows.STAGES} if timed[0].stages else {}
+        stages = {k: rows.timing([t.stages[k] for t in timed]) for k in timed[0].stages}
         table[name] = {"latency": rows.timing([t.total_ms for t in timed]), **cpu[name], "stages": stages}
     floor, full_ms = (table[k]["latency"]["median_ms"] for k in ("floor", "full"))
     paired = np.array([t.total_ms for t in samples["full"]]) - np.array([t.total_ms for t in samples["floor"]])

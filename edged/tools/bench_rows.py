@@ -35,11 +35,12 @@ from edged.sources.scenes import SceneGenerator
 from edged.verdict import Inspector
 from edged.view import LiveView
 
-STAGES = ("preprocess", "inference", "decode", "publish", "view")
 DEMO_MODEL = Path("models") / "demo.onnx"
 # Where `edged bench` looks for the demo model: here, the source tree, and where the package installs it.
 DEMO_MODELS = (DEMO_MODEL, Path(__file__).resolve().parents[2] / DEMO_MODEL, Path("/usr/share/edged") / DEMO_MODEL)
 CAMERA_ID: str = SourceBase.model_fields["camera_id"].default
+STAGES = ("preprocess", "inference", "decode", "publish", "view")  # every model's
+MASKS = "masks (in decode)"  # a segmentation model's masks, outlines and sizes: part of decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,13 +178,10 @@ class FullPath:
             self.view.offer(done.frame, msg or self.path.message(done, seq=0, thermal_state="ok"))
         t3 = time.perf_counter_ns()
         t = done.times
-        stages = {
-            "preprocess": t.preprocess_ms,
-            "inference": t.inference_ms,
-            "decode": t.decode_ms,
-            "publish": _ms(t1, t2),
-            "view": _ms(t2, t3),
-        }
+        stages = dict(zip(STAGES[:3], (t.preprocess_ms, t.inference_ms, t.decode_ms), strict=True))
+        if self.plan.model.task == "segment":
+            stages[MASKS] = t.masks_ms
+        stages.update(zip(STAGES[3:], (_ms(t1, t2), _ms(t2, t3)), strict=True))
         return TimedFrame(_ms(t0, t3), stages)
 
     def drain(self) -> None:
@@ -263,6 +261,8 @@ def naive_detect(model: LoadedModel, image: np.ndarray) -> tuple[np.ndarray, np.
 def detections_match(model: LoadedModel, full: FullPath) -> bool:
     """edged's detections equal the naive reference's on the benchmark frame."""
     mine = full.process().result
+    if not isinstance(mine, Detections):
+        return False  # the naive reference is a detector's
     xyxy, scores, class_ids = naive_detect(model, full.image)
     if len(mine) != len(scores):
         return False

@@ -9,6 +9,10 @@ same predictions as pycocotools does (`edged.tools.metrics` has both conventions
 recall count the boxes the daemon publishes. Data is either a folder of images with YOLO-format
 label files (what ultralytics and Roboflow export) or generated inspection scenes with their
 ground truth.
+
+A classification model is scored as ``yolo val`` scores one, top-1 and top-5 accuracy (the share of
+images whose class is the best, or among the five best), on an ultralytics classification folder:
+one folder per class, named as the model names it, under ``--data`` or its ``val/``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from typing import TextIO
 import cv2
 import numpy as np
 
+from edged.classify import Classes
 from edged.config import ModelConfig, RuntimeConfig
+from edged.decode import Detections
 from edged.errors import DataError, UsageError
 from edged.heads.registry import head_named
 from edged.model import LoadedModel, load_model
@@ -72,6 +78,26 @@ def read_yolo_labels(path: Path, width: int, height: int, num_classes: int) -> t
         boxes.append(((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height))
         classes.append(c)
     return np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(classes, np.int64)
+
+
+def _run_eval_classes(args: argparse.Namespace, model: LoadedModel, out: TextIO) -> int:
+    """``edged eval`` of a classification model: top-1 and top-5 accuracy on a classification folder."""
+    if args.data is None:
+        raise UsageError("a classification model is evaluated on --data, a folder per class: scenes have no classes")
+    samples = class_samples(args.data, model.class_names)
+    report = evaluate_classes(model, samples, ProgressBar(len(samples)))
+    print(report.format(), file=out)
+    if args.json is not None:
+        document = {
+            "model": str(args.model),
+            "model_sha256": model.engine.identity.sha256,
+            "data": str(args.data),
+            "top1": report.top1,
+            "top5": report.top5,
+            "images": report.images,
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    return 0
 
 
 def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[EvalSample]]:
@@ -140,12 +166,64 @@ def evaluate(
         if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
             plan = FramePipeline(model, w, h, "bgr")
         detections, _ = plan.process(sample.image)
+        assert isinstance(detections, Detections)  # run_eval scores a classifier with `evaluate_classes`
         published = (detections.xyxy.copy(), detections.scores.copy(), detections.class_ids.copy())
         xyxy, scores, classes = _every_class(plan) or published
         acc.add(xyxy, scores, classes, sample.boxes, sample.class_ids, published=published)
         if progress:
             progress.update(done)
     return acc.report(conf=report_conf, convention=convention)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassReport:
+    """Top-1 and top-5 accuracy, as fractions, over ``images`` images."""
+
+    top1: float
+    top5: float
+    images: int
+
+    def format(self) -> str:
+        return f"top1_acc {self.top1:.4f}  top5_acc {self.top5:.4f}  ({self.images} images)"
+
+
+def class_samples(folder: Path, class_names: tuple[str, ...]) -> list[tuple[Path, int]]:
+    """The images of an ultralytics classification folder (``folder/val`` when there is one, as yolo
+    val reads it), each with the class id its folder names; `DataError` for a folder no class has."""
+    root = folder / "val" if (folder / "val").is_dir() else folder
+    ids = {name: i for i, name in enumerate(class_names)}
+    samples = []
+    for sub in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        if sub.name not in ids:
+            raise DataError(f"{sub}: no class of the model is named {sub.name!r} (its classes: {', '.join(class_names)})")
+        images = sorted(p for p in sub.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        samples += [(image, ids[sub.name]) for image in images]
+    if not samples:
+        raise DataError(f"no images in class folders under {root} (a classification folder has one folder per class)")
+    return samples
+
+
+def evaluate_classes(
+    model: LoadedModel, samples: list[tuple[Path, int]], progress: ProgressBar | None = None
+) -> ClassReport:
+    """Run every image through the daemon's pipeline; the share whose class is the best, and among the five best."""
+    plan: FramePipeline | None = None
+    top1 = top5 = 0
+    for done, (path, class_id) in enumerate(samples, 1):
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if image is None:
+            raise DataError(f"cannot decode image {path}")
+        h, w = image.shape[:2]
+        if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
+            plan = FramePipeline(model, w, h, "bgr")
+        classes, _ = plan.process(image)
+        assert isinstance(classes, Classes)  # a classifier's pipeline
+        best = classes.class_ids.tolist()[:5]
+        top1 += bool(best) and best[0] == class_id
+        top5 += class_id in best
+        if progress:
+            progress.update(done)
+    return ClassReport(top1 / len(samples), top5 / len(samples), len(samples))
 
 
 def _every_class(plan: FramePipeline) -> Predictions | None:
@@ -168,6 +246,7 @@ def _every_class(plan: FramePipeline) -> Predictions | None:
         scores[:c] = 0.0
         scores[c + 1 :] = 0.0
         found = plan.decoder.decode(masked, plan.box_map)
+        assert isinstance(found, Detections)  # a classifier's decoder has no class scores to mask: returned above
         parts.append((found.xyxy.copy(), found.scores.copy(), found.class_ids.copy()))
     xyxy, scores, classes = (np.concatenate([part[i] for part in parts]) for i in range(3))
     best = np.argsort(-scores, kind="stable")[: plan.model.cfg.max_det]
@@ -209,10 +288,12 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if convention == "coco":
         require_pycocotools()
     try:
-        cfg = ModelConfig(path=args.model, labels=args.labels, conf=args.conf, iou=args.iou, max_det=args.max_det)
+        cfg = ModelConfig(path=args.model, labels=args.labels, conf=args.conf, iou=args.iou, max_det=args.max_det, top_k=5)
     except ValueError as e:
         raise UsageError(str(e)) from None
     model = load_model(cfg, RuntimeConfig())
+    if model.task == "classify":
+        return _run_eval_classes(args, model, out)
     if args.data is not None:
         total, samples = folder_samples(args.data, model.num_classes)
     else:

@@ -1,0 +1,292 @@
+"""Segment: the masks of a segmentation model's detections, as ultralytics' predict makes them.
+
+The detections are decode's (`edged.decode`), exactly as for a detector. Then, for the kept ones
+only, as ultralytics' ``process_mask`` and ``scale_masks`` do: each one's 32 coefficients times the
+prototypes, upsampled (bilinear) to the input, thresholded at 0 (a sigmoid of 0.5), cropped to its
+box in the input, and mapped to the frame (the letterbox padding cut off, bilinear to the frame
+size, thresholded at 0.5). The outline is ultralytics' ``masks.xy``: the input-size mask's external
+contours (joined into one when there are several, as its ``merge_multi_segment`` does), scaled to
+the frame. Its area is the frame mask's pixels, its length and width the sides of the outline's
+minimum-area rectangle. A detection whose mask is empty in the input is dropped, as ultralytics drops it.
+
+With ``model.retina_masks`` (ultralytics' option of that name, its ``process_mask_native``) the
+masks are made at the frame size instead: the prototypes' logits upsampled (by 1, 2 or 4, the least
+that cuts the letterbox padding on whole pixels), the padding cut, resized to the frame, thresholded
+at 0 and cropped to the box in the frame; the outline is then the frame mask's.
+
+The masks of up to ``model.max_masks`` detections per frame are kept, in buffers made with the
+plan: each costs one frame of bytes (0.9 MB at 1280x720); detections past them are published
+without a mask.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cv2
+import numpy as np
+
+from edged.decode import Decoder, Detections
+from edged.errors import HeadError
+from edged.geometry import BoxMap
+from edged.heads.base import TrueIndex, rows
+from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
+from edged.messages import Detection
+
+_ZERO = np.array(0.0, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
+_HALF = np.array(0.5, dtype=np.float32)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Instances(Detections):
+    """Detections with masks: for the first ``len(polygons)`` of them, ``masks`` (m, H, W) bool in the
+    frame (views of the segmenter's buffers, valid until its next frame), ``polygons`` in frame pixels,
+    ``area_px`` and ``sides`` (m, 2), the length then the width of the minimum-area rectangle."""
+
+    masks: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0), np.bool_))
+    polygons: tuple[np.ndarray, ...] = ()
+    area_px: tuple[int, ...] = ()
+    sides: tuple[tuple[float, float], ...] = ()
+
+    def dataset_label(self, width: int, height: int) -> str:
+        """ultralytics' segmentation label: per detection its class and outline, normalised to the
+        frame (a detection without a mask, its box's corners)."""
+        lines = []
+        for i, ((x1, y1, x2, y2), c) in enumerate(zip(self.xyxy.tolist(), self.class_ids.tolist(), strict=True)):
+            points = self.polygons[i].tolist() if i < len(self.polygons) else []
+            if len(points) < 3:
+                points = [[x1, y1], [x2, y1], [x2, y2], [x1, y2]]
+            lines.append(f"{c} " + " ".join(f"{x / width:.6f} {y / height:.6f}" for x, y in points) + "\n")
+        return "".join(lines)
+
+    def message_fields(
+        self,
+        label: Callable[[int], str],
+        zones: Sequence[str | None] | None,
+        thresholds: Sequence[float | None] | None,
+        *,
+        notes: Sequence[str | None] | None = None,
+        mm_per_px: float | None = None,
+    ) -> dict[str, Any]:
+        """Each detection with its ``polygon``, ``area_px``, ``length_px`` and ``width_px``, and in mm
+        with the camera's ``mm_per_px``."""
+        fields = Detections.message_fields(self, label, zones, thresholds, notes=notes)
+        detections: list[Detection] = fields["detections"]
+        for i, polygon in enumerate(self.polygons):
+            length, width = self.sides[i]
+            sizes: dict[str, Any] = {
+                "polygon": [(round(x, 1), round(y, 1)) for x, y in polygon.tolist()],
+                "area_px": self.area_px[i],
+                "length_px": round(length, 1),
+                "width_px": round(width, 1),
+            }
+            if mm_per_px is not None:
+                sizes["area_mm2"] = round(self.area_px[i] * mm_per_px * mm_per_px, 3)
+                sizes["length_mm"] = round(length * mm_per_px, 3)
+                sizes["width_mm"] = round(width * mm_per_px, 3)
+            detections[i] = detections[i].model_copy(update=sizes)
+        return {**fields, "task": "segment"}
+
+
+class Segmenter:
+    """Decodes a segmentation model's frame: its detections (`Decoder`), then their masks."""
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        prototypes: np.ndarray,
+        num_classes: int,
+        max_masks: int,
+        max_det: int,
+        *,
+        retina: bool = False,
+    ) -> None:
+        """``prototypes`` is the bound prototypes output [1, 32, h, w], refreshed in place each frame;
+        ``retina``: masks made at the frame size (``model.retina_masks``)."""
+        self._retina = retina
+        head = decoder.head
+        if not isinstance(head, SegmentHead):
+            raise HeadError(f"masks need a segment head's mask coefficients; the model's head is {head.name}")
+        self._decoder, self._head = decoder, head
+        _, c, mh, mw = prototypes.shape
+        self._prototypes = prototypes[0].reshape(c, mh * mw)
+        self._mh, self._mw = mh, mw
+        self._coefficient_rows = slice(4 + num_classes, 4 + num_classes + MASK_COEFFICIENTS)
+        self._max_masks = max_masks
+        self._columns = np.empty(max_masks, dtype=np.intp)
+        self._coefficients = np.empty((MASK_COEFFICIENTS, max_masks), dtype=np.float32)
+        self._logits = np.empty((max_masks, mh * mw), dtype=np.float32)
+        self._planned: BoxMap | None = None
+        self.masks_ms = 0.0  # the last frame's masks, outlines and sizes: `edged bench` shows it
+        # The detections left when those with an empty mask are dropped, in buffers of their own.
+        self._keep = np.empty(max_det, dtype=np.bool_)
+        self._index_of = TrueIndex(max_det)
+        self._xyxy = np.empty((max_det, 4), dtype=np.float32)
+        self._scores = np.empty(max_det, dtype=np.float32)
+        self._ids = np.empty(max_det, dtype=np.int32)
+
+    def _plan(self, box_map: BoxMap) -> None:
+        """The buffers of one input and frame size, made with the first frame of that size."""
+        h, w, m = box_map.input_h, box_map.input_w, box_map
+        self._up = np.empty((h, w), dtype=np.float32)
+        self._mask_in = np.empty((h, w), dtype=np.bool_)
+        self._content = (slice(m.pad_y, m.pad_y + m.resized_h), slice(m.pad_x, m.pad_x + m.resized_w))
+        self._content_f = np.empty((m.resized_h, m.resized_w), dtype=np.float32)
+        self._frame_f = np.empty((m.frame_h, m.frame_w), dtype=np.float32)
+        self._masks = np.empty((self._max_masks, m.frame_h, m.frame_w), dtype=np.bool_)
+        if self._retina:  # as ultralytics' process_mask_native and scale_masks
+            mh, mw = self._mh, self._mw
+            gain = min(4 * mh / m.frame_h, 4 * mw / m.frame_w)
+            pad = (4 * mh - max(round(m.frame_h * gain), 1)) | (4 * mw - max(round(m.frame_w * gain), 1))
+            f = 4 // math.gcd(4, pad | pad // 2)
+            self._native = np.empty((f * mh, f * mw), dtype=np.float32)
+            gain = min(f * mh / m.frame_h, f * mw / m.frame_w)
+            new_h, new_w = max(round(m.frame_h * gain), 1), max(round(m.frame_w * gain), 1)
+            top, left = round((f * mh - new_h) / 2 - 0.1), round((f * mw - new_w) / 2 - 0.1)
+            self._native_content = (slice(top, top + new_h), slice(left, left + new_w))
+        self._planned = box_map
+
+    def decode(self, output: np.ndarray, box_map: BoxMap) -> Instances:
+        """The frame's detections, the first ``max_masks`` with their masks."""
+        det = self._decoder.decode(output, box_map)
+        t0 = time.perf_counter_ns()
+        if box_map is not self._planned:
+            self._plan(box_map)
+        head = self._head
+        m = min(len(det), self._max_masks)
+        slots = self._decoder.kept()[:m]
+        columns, coefficients = self._columns[:m], self._coefficients[:, :m]
+        np.take(head.selected, slots, out=columns, mode="clip")
+        np.take(output[0, self._coefficient_rows], columns, axis=1, out=coefficients, mode="clip")
+        logits = self._logits[:m]
+        np.matmul(coefficients.T, self._prototypes, out=logits)
+        boxes = rows(head.boxes, 4, head.selected.shape[0])  # the candidates' x1 y1 x2 y2 in the input
+        keep = self._keep[: len(det)]
+        keep.fill(True)
+        polygons: list[np.ndarray] = []
+        areas: list[int] = []
+        sides: list[tuple[float, float]] = []
+        for i, slot in enumerate(slots.tolist()):
+            frame_mask = self._masks[len(polygons)]
+            if self._retina:
+                self._native_mask(logits[i], det.xyxy[i].tolist(), box_map, frame_mask)
+                if not frame_mask.any():
+                    keep[i] = False
+                    continue
+                polygon = self._frame_outline(frame_mask, box_map)
+            else:
+                self._mask(logits[i], boxes[:, slot].tolist(), box_map)
+                if not self._mask_in.any():
+                    keep[i] = False
+                    continue
+                np.greater(self._frame_f, _HALF, out=frame_mask)
+                polygon = self._outline(box_map)
+            polygons.append(polygon)
+            areas.append(int(np.count_nonzero(frame_mask)))
+            sides.append(_sides(polygon))
+        index = self._index_of(keep)
+        k = index.shape[0]
+        xyxy, scores, ids = self._xyxy[:k], self._scores[:k], self._ids[:k]
+        np.take(det.xyxy, index, axis=0, out=xyxy, mode="clip")
+        np.take(det.scores, index, out=scores, mode="clip")
+        np.take(det.class_ids, index, out=ids, mode="clip")
+        masks = self._masks[: len(polygons)]
+        found = (tuple(polygons), tuple(areas), tuple(sides))
+        self.masks_ms = (time.perf_counter_ns() - t0) / 1e6
+        return Instances(xyxy, scores, ids, det.scores_above_one, det.nonfinite, det.near, masks, *found)
+
+    def _mask(self, logits: np.ndarray, box: list[float], m: BoxMap) -> None:
+        """One detection's mask at the input size (``_mask_in``) and, not yet thresholded, in the frame (``_frame_f``)."""
+        cv2.resize(logits.reshape(self._mh, self._mw), (m.input_w, m.input_h), dst=self._up, interpolation=cv2.INTER_LINEAR)
+        x1, y1, x2, y2 = box
+        c0, c1 = max(math.ceil(x1), 0), min(math.ceil(x2), m.input_w)  # pixel c is in the box when x1 <= c < x2
+        r0, r1 = max(math.ceil(y1), 0), min(math.ceil(y2), m.input_h)
+        self._mask_in.fill(False)
+        if c1 > c0 and r1 > r0:
+            np.greater(self._up[r0:r1, c0:c1], _ZERO, out=self._mask_in[r0:r1, c0:c1])
+        np.copyto(self._content_f, self._mask_in[self._content])
+        cv2.resize(self._content_f, (m.frame_w, m.frame_h), dst=self._frame_f, interpolation=cv2.INTER_LINEAR)
+
+    def _native_mask(self, logits: np.ndarray, box: list[float], m: BoxMap, mask: np.ndarray) -> None:
+        """One detection's mask made at the frame size into ``mask``, cropped to its box in the frame."""
+        small = logits.reshape(self._mh, self._mw)
+        native = self._native
+        if native.shape == small.shape:
+            np.copyto(native, small)
+        else:
+            cv2.resize(small, native.shape[::-1], dst=native, interpolation=cv2.INTER_LINEAR)
+        cv2.resize(native[self._native_content], (m.frame_w, m.frame_h), dst=self._frame_f, interpolation=cv2.INTER_LINEAR)
+        x1, y1, x2, y2 = box
+        c0, c1 = max(math.ceil(x1), 0), min(math.ceil(x2), m.frame_w)
+        r0, r1 = max(math.ceil(y1), 0), min(math.ceil(y2), m.frame_h)
+        mask.fill(False)
+        if c1 > c0 and r1 > r0:
+            np.greater(self._frame_f[r0:r1, c0:c1], _ZERO, out=mask[r0:r1, c0:c1])
+
+    @staticmethod
+    def _frame_outline(mask: np.ndarray, m: BoxMap) -> np.ndarray:
+        """ultralytics' ``masks.xy`` of a frame-size mask: its outline, (p, 2) float32 in the frame."""
+        contours, _ = cv2.findContours(mask.view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+        if not contours:
+            return np.zeros((0, 2), np.float32)
+        points = merge_segments([c.reshape(-1, 2) for c in contours]) if len(contours) > 1 else contours[0].reshape(-1, 2)
+        xy = points.astype(np.float32)
+        np.clip(xy[:, 0], 0, m.frame_w, out=xy[:, 0])
+        np.clip(xy[:, 1], 0, m.frame_h, out=xy[:, 1])
+        return xy
+
+    def _outline(self, m: BoxMap) -> np.ndarray:
+        """ultralytics' ``masks.xy`` of the input-size mask: its outline in frame pixels, (p, 2) float32."""
+        contours, _ = cv2.findContours(self._mask_in.view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+        if not contours:
+            return np.zeros((0, 2), np.float32)
+        points = merge_segments([c.reshape(-1, 2) for c in contours]) if len(contours) > 1 else contours[0].reshape(-1, 2)
+        xy = points.astype(np.float32)
+        xy[:, 0] = np.clip((xy[:, 0] - np.float32(m.pad_x)) / np.float32(m.scale_x), 0, m.frame_w)
+        xy[:, 1] = np.clip((xy[:, 1] - np.float32(m.pad_y)) / np.float32(m.scale_y), 0, m.frame_h)
+        return xy
+
+
+def _sides(polygon: np.ndarray) -> tuple[float, float]:
+    """The length and width of the outline's minimum-area rectangle, the longer first."""
+    if len(polygon) == 0:
+        return 0.0, 0.0
+    (_, _), (w, h), _ = cv2.minAreaRect(polygon)
+    return (float(max(w, h)), float(min(w, h)))
+
+
+def merge_segments(segments: list[np.ndarray]) -> np.ndarray:
+    """Several contours joined into one outline, each to the next at their closest points, as
+    ultralytics' ``merge_multi_segment`` joins them (there and back, so the outline is closed)."""
+    segments = [np.asarray(s).reshape(-1, 2) for s in segments]
+    idx_list: list[list[int]] = [[] for _ in segments]
+    for i in range(1, len(segments)):
+        distances = ((segments[i - 1][:, None, :] - segments[i][None, :, :]) ** 2).sum(-1)
+        idx1, idx2 = np.unravel_index(np.argmin(distances, axis=None), distances.shape)
+        idx_list[i - 1].append(int(idx1))
+        idx_list[i].append(int(idx2))
+    merged: list[np.ndarray] = []
+    for k in range(2):
+        if k == 0:
+            for i, idx in enumerate(idx_list):
+                if len(idx) == 2 and idx[0] > idx[1]:
+                    idx = [len(segments[i]) - 1 - x for x in idx]
+                    segments[i] = segments[i][::-1, :]
+                segments[i] = np.roll(segments[i], -idx[0], axis=0)
+                segments[i] = np.concatenate([segments[i], segments[i][:1]])
+                if i in {0, len(idx_list) - 1}:
+                    merged.append(segments[i])
+                else:
+                    idx = [0, idx[1] - idx[0]]
+                    merged.append(segments[i][idx[0] : idx[1] + 1])
+        else:
+            for i in range(len(idx_list) - 1, -1, -1):
+                if i not in {0, len(idx_list) - 1}:
+                    idx = idx_list[i]
+                    nidx = abs(idx[1] - idx[0])
+                    merged.append(segments[i][nidx:])
+    return np.concatenate(merged)

@@ -1,0 +1,191 @@
+"""Segmentation: edged's instances against ultralytics' own predict of a real ``-seg`` export.
+
+``tests/data/tasks`` holds a YOLOv8 ``-seg`` export (random weights, made input-sensitive) and what
+ultralytics' ``predict`` returned for frames of four aspect ratios
+(`tests/reference/build_ultralytics_tasks.py` made them): boxes, classes, scores, the masks mapped to
+the frame (``ops.scale_masks``) and the outlines (``masks.xy``). edged must keep the same detections
+(ultralytics drops those whose mask is empty), with masks of IoU >= 0.99 and the same outlines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from edged.config import ModelConfig, RuntimeConfig
+from edged.errors import ConfigError
+from edged.heads.segment import SegmentHead
+from edged.messages import parse_message
+from edged.model import LoadedModel, load_model
+from edged.pipeline import FramePath, FramePipeline, Processed
+from edged.segment import Instances, merge_segments
+from edged.settings.inspect import InspectConfig
+from edged.sources.base import Frame
+from edged.verdict import Inspector
+
+DATA = Path(__file__).parent / "data" / "tasks"
+REFERENCE = np.load(DATA / "seg.npz")
+FRAMES = ["wide", "tall", "square", "strip"]
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    # ultralytics predict's defaults: conf 0.25, NMS IoU 0.7, 300 detections.
+    return load_model(ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=300), RuntimeConfig())
+
+
+def test_a_seg_export_loads_as_a_segmentation_model(model: LoadedModel) -> None:
+    assert (model.head, model.task, model.num_classes) == ("segment", "segment", 3)
+    assert model.labels == ["scratch", "dent", "stain"]
+
+
+@pytest.mark.parametrize("name", FRAMES)
+def test_instances_are_ultralytics_predicts(model: LoadedModel, name: str) -> None:
+    image = cv2.imread(str(DATA / f"{name}.png"))
+    h, w = image.shape[:2]
+    instances, _ = FramePipeline(model, w, h, "bgr").process(image)
+    assert isinstance(instances, Instances)
+    expected_masks = np.unpackbits(REFERENCE[f"{name}/frame_masks"], axis=-1)[..., :w].astype(bool)
+    assert instances.class_ids.tolist() == REFERENCE[f"{name}/cls"].tolist()
+    np.testing.assert_allclose(instances.xyxy, REFERENCE[f"{name}/xyxy"], atol=0.05)
+    np.testing.assert_allclose(instances.scores, REFERENCE[f"{name}/conf"], atol=2e-3)
+    assert len(instances.polygons) == len(expected_masks) > 0
+    for i, expected in enumerate(expected_masks):
+        mask = instances.masks[i]
+        assert (mask & expected).sum() / (mask | expected).sum() >= 0.99
+        assert instances.area_px[i] == int(mask.sum())
+        polygon = REFERENCE[f"{name}/polygon{i}"]
+        assert instances.polygons[i].shape == polygon.shape
+        np.testing.assert_allclose(instances.polygons[i], polygon, atol=0.5)
+        (_, _), (rw, rh), _ = cv2.minAreaRect(polygon)
+        assert instances.sides[i] == pytest.approx((max(rw, rh), min(rw, rh)), abs=0.5)
+
+
+def test_the_message_carries_each_instances_outline_and_sizes(model: LoadedModel) -> None:
+    path = FramePath(model, "cam0", "bgr")
+    done = path.run(Frame(cv2.imread(str(DATA / "tall.png")), 3, 0, 0, "bgr"))
+    assert isinstance(done, Processed) and isinstance(done.result, Instances)
+    msg = parse_message(path.message(done, seq=0, thermal_state="ok").model_dump_json().encode())
+    assert msg.kind == "detections" and msg.task == "segment" and msg.top is None
+    first = msg.detections[0]
+    assert first.polygon == [(round(x, 1), round(y, 1)) for x, y in REFERENCE["tall/polygon0"].tolist()]
+    assert first.area_px == done.result.area_px[0]
+    assert (first.length_px, first.width_px) == pytest.approx(done.result.sides[0], abs=0.05)
+    label = done.result.dataset_label(180, 320).splitlines()[0].split()
+    assert int(label[0]) == first.class_id and len(label) == 1 + 2 * len(first.polygon)
+
+
+def test_detections_past_max_masks_are_published_without_a_mask(model: LoadedModel) -> None:
+    image = cv2.imread(str(DATA / "wide.png"))
+    every, _ = FramePipeline(model, 320, 240, "bgr").process(image)
+    few = load_model(ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=9), RuntimeConfig())
+    instances, _ = FramePipeline(few, 320, 240, "bgr").process(image)
+    assert isinstance(every, Instances) and isinstance(instances, Instances)
+    # Of the nine best, those with an empty mask are dropped; the ones past nine are kept, with no mask.
+    masked = len(instances.polygons)
+    assert 0 < masked < 9 < len(instances)
+    assert instances.area_px == every.area_px[:masked]
+    fields = instances.message_fields(few.label, None, None)
+    assert [d.polygon is not None for d in fields["detections"]] == [i < masked for i in range(len(instances))]
+
+
+@pytest.mark.unit
+def test_separate_outlines_are_joined_at_their_closest_points_as_ultralytics_joins_them() -> None:
+    a = np.array([[0, 0], [2, 0], [2, 2], [0, 2]])
+    b = np.array([[5, 0], [7, 0], [7, 2], [5, 2]])
+    merged = merge_segments([a, b])
+    # Out along a from its point nearest b, across, round b and back: ultralytics' merge_multi_segment.
+    assert merged.tolist() == [[2, 0], [2, 2], [0, 2], [0, 0], [2, 0], [5, 0], [7, 0], [7, 2], [5, 2], [5, 0]]
+
+
+def test_a_defect_within_its_class_size_limits_is_noted_and_makes_no_ng_and_mm_come_with_a_scale(
+    model: LoadedModel,
+) -> None:
+    image = cv2.imread(str(DATA / "tall.png"))
+    every, _ = FramePipeline(model, 180, 320, "bgr").process(image)
+    assert isinstance(every, Instances)
+    # The class of the shortest instance tolerates it, in mm at 0.1 mm per pixel, and nothing longer.
+    shortest = min(range(len(every.polygons)), key=lambda i: every.sides[i][0])
+    label, length = model.label(int(every.class_ids[shortest])), every.sides[shortest][0]
+    limit_mm = (length + 0.05) * 0.1
+    cfg = InspectConfig(ng_classes=[label], mm_per_px=0.1, max_length_mm={label: limit_mm})
+    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300))
+    done = path.run(Frame(image, 3, 0, 0, "bgr"))
+    assert isinstance(done, Processed)
+    msg = path.message(done, seq=0, thermal_state="ok")
+    ours = [i for i, d in enumerate(msg.detections) if d.label == label]
+    within = {i for i in ours if i < len(every.polygons) and every.sides[i][0] <= length + 0.05}
+    assert shortest in within
+    assert {i for i, d in enumerate(msg.detections) if d.note == "within limits"} == within
+    assert {r.detection for r in msg.reasons} == set(ours) - within
+    first = msg.detections[shortest]
+    assert first.length_mm == pytest.approx(first.length_px * 0.1, abs=1e-3)
+    assert first.area_mm2 == pytest.approx(first.area_px * 0.01, abs=1e-3)
+
+
+def test_limits_in_mm_need_the_cameras_scale(model: LoadedModel) -> None:
+    with pytest.raises(ConfigError, match=r"need the camera's scale, inspect\.mm_per_px"):
+        Inspector(InspectConfig(max_area_mm2={"dent": 4.0}), model.labels, 3, 0.25, 300)
+
+
+@pytest.mark.parametrize("name", FRAMES)
+def test_retina_masks_are_ultralytics_retina_masks(name: str) -> None:
+    cfg = ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=300, retina_masks=True)
+    image = cv2.imread(str(DATA / f"{name}.png"))
+    h, w = image.shape[:2]
+    instances, _ = FramePipeline(load_model(cfg, RuntimeConfig()), w, h, "bgr").process(image)
+    assert isinstance(instances, Instances)
+    expected_masks = np.unpackbits(REFERENCE[f"{name}/retina_masks"], axis=-1)[..., :w].astype(bool)
+    assert len(instances.masks) == len(expected_masks) > 0
+    for mask, expected in zip(instances.masks, expected_masks, strict=True):
+        assert (mask & expected).sum() / (mask | expected).sum() >= 0.99
+
+
+def test_zones_place_an_instance_by_its_mask_and_keep_its_outline_when_others_are_dropped(model: LoadedModel) -> None:
+    image = cv2.imread(str(DATA / "wide.png"))
+    every, _ = FramePipeline(model, 320, 240, "bgr").process(image)
+    assert isinstance(every, Instances)
+    # A zone over the left third of the frame (x < 106.7): an instance is in it when any of its mask is.
+    left = [(0.0, 0.0), (1 / 3, 0.0), (1 / 3, 1.0), (0.0, 1.0)]
+    in_left = [i for i, mask in enumerate(every.masks) if mask[:, :106].any()]
+    by_box = [i for i in range(len(every.polygons)) if (every.xyxy[i, 0] + every.xyxy[i, 2]) / 2 < 320 / 3]
+    assert set(in_left) != set(by_box)  # the masks decide other than the boxes' centres would
+    cfg = InspectConfig(zones={"left": left}, ng_classes=[])
+    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300))
+    done = path.run(Frame(image, 3, 0, 0, "bgr"))
+    assert isinstance(done, Processed) and isinstance(done.result, Instances)
+    msg = path.message(done, seq=0, thermal_state="ok")
+    masked = [d for d in msg.detections if d.polygon is not None]
+    assert [d.area_px for d in masked] == [every.area_px[i] for i in in_left]
+    assert {d.zone for d in msg.detections} == {"left"}
+
+
+@pytest.mark.unit
+def test_the_class_scores_edged_eval_masks_are_the_scores_alone_not_the_mask_coefficients() -> None:
+    output = np.zeros((1, 4 + 3 + 32, 10), np.float32)
+    scores = SegmentHead.class_scores(output)
+    assert scores.shape == (3, 10)
+    scores[:] = 1.0
+    assert output[0, 4:7].all() and not output[0, 7:].any()
+
+
+def test_a_float16_export_is_segmented_not_a_crash(tmp_path: Path) -> None:
+    # Both outputs cast to float16 inside the graph, as a half-precision export hands them out.
+    graph = onnx.load(str(DATA / "seg.onnx"))
+    for output in graph.graph.output:
+        graph.graph.node.append(helper.make_node("Cast", [output.name], [output.name + "_f16"], to=TensorProto.FLOAT16))
+        output.name += "_f16"
+        output.type.tensor_type.elem_type = TensorProto.FLOAT16
+    onnx.save(graph, str(tmp_path / "seg16.onnx"))
+    image = cv2.imread(str(DATA / "square.png"))
+    half = load_model(ModelConfig(path=tmp_path / "seg16.onnx", iou=0.7, max_det=300, max_masks=300), RuntimeConfig())
+    instances, _ = FramePipeline(half, 200, 200, "bgr").process(image)
+    assert isinstance(instances, Instances)
+    # float16 rounds the scores, so one near the threshold may come or go: the masks are made all the same.
+    assert abs(len(instances) - len(REFERENCE["square/cls"])) <= 2
+    assert len(instances.polygons) == len(instances) and all(mask.any() for mask in instances.masks)
