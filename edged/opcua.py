@@ -2,7 +2,7 @@
 
 Under ``Objects/edged/<camera_id>/`` (namespace ``urn:edged``) every camera has::
 
-    Verdict             String   "OK" or "NG"
+    Verdict             String   "OK", "NG", or "uncertain" (a classifier unsure of its best class)
     Sequence            UInt64   the verdict message's seq, as on ZeroMQ's verdict topic
     PartId              String   the request's part id; empty when free-running or none given
     OkCount, NgCount    UInt64   verdicts since start
@@ -13,8 +13,10 @@ Under ``Objects/edged/<camera_id>/`` (namespace ``urn:edged``) every camera has:
 
 Until the first verdict, a verdict's variables are Bad_WaitingForInitialData. A verdict's values
 are written together with the frame's capture time as source timestamp, so a subscriber gets
-them as one set. Verdict repeats its value from one part to the next: a subscriber that wants a
-notification for each verdict monitors Sequence, or Verdict with the StatusValueTimestamp trigger.
+them as one set, once the journal has recorded the verdict (`JournalOutput.after_recorded`): a
+PLC never acts on a verdict a crash could lose. Verdict repeats its value from one part to the
+next: a subscriber that wants a notification for each verdict monitors Sequence, or Verdict with
+the StatusValueTimestamp trigger.
 The server runs on its own thread (`edged.opcua_server`); the frame loop only queues each change.
 
 asyncua is an optional dependency (``pip install 'edged[opcua]'``), imported only when a
@@ -39,11 +41,13 @@ from edged.settings.opcua import OpcuaConfig, listen_host_port
 
 if TYPE_CHECKING:
     from edged.config import Settings
+    from edged.journal import JournalOutput
     from edged.opcua_server import Change, UaServer
     from edged.trigger import TriggerServer
 
 log = logging.getLogger(__name__)
 
+VERDICTS = {"ok": "OK", "ng": "NG", "uncertain": "uncertain"}  # the Verdict node's strings
 DROPPED = "opcua_dropped"  # the status drop counting verdicts the server fell too far behind to write
 INSTALL_ASYNCUA = (
     "in a checkout, .venv/bin/python -m pip install -e '.[opcua]'; with the .deb, "
@@ -129,6 +133,7 @@ class OpcuaOutput(Output):
         self._inspected = frozenset(inspected)
         self._counts: dict[str, Counter[str]] = {camera: Counter() for camera in cameras}
         self._states: dict[str, str] = {}
+        self._journal: JournalOutput | None = None  # with it, a verdict's values wait until it is recorded
         try_listen(cfg.listen)()  # a busy port fails here, at once, not in the server's thread
         self.server: UaServer = UaServer(cfg, cameras, requesting, trigger_timeout_s)
 
@@ -157,7 +162,7 @@ class OpcuaOutput(Output):
             return
         counts[verdict.verdict] += 1
         values = {
-            "Verdict": verdict.verdict.upper(),
+            "Verdict": VERDICTS[verdict.verdict],
             "Sequence": verdict.seq,
             "PartId": verdict.part_id or "",
             "OkCount": counts["ok"],
@@ -165,7 +170,14 @@ class OpcuaOutput(Output):
             "CaptureToVerdictMs": verdict.verdict_latency_ms,
             "LastMessage": report.verdict_payload.decode(),
         }
-        self.server.put(self._change(report.camera_id, values, verdict.capture_time_ns, report.outcome.frame.t_capture_ns))
+        change = self._change(report.camera_id, values, verdict.capture_time_ns, report.outcome.frame.t_capture_ns)
+        if self._journal is None:
+            self.server.put(change)
+        else:
+            self._journal.after_recorded(partial(self.server.put, change))
+
+    def use_journal(self, journal: JournalOutput | None) -> None:
+        self._journal = journal
 
     def status(self, reports: Sequence[StatusReport]) -> None:
         """Each camera's state, written when it changes."""
