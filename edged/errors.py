@@ -143,3 +143,7 @@ class TriggerFailed(EdgedError):
 
 class JournalUnreadable(EdgedError):
     """``edged history``: the journal file is not there or cannot be read; the message says which."""
+
+
+class ControlError(EdgedError):
+    """``edged promote`` or ``edged rollback``: the daemon refused the command, or did not answer."""
