@@ -251,7 +251,7 @@ class Daemon:
             self.health.frame_done()
             verdict = self.outputs.publish(camera, outcome, request, self.report.state if self.report else "unknown")
             if self.shadow is not None:
-                self.shadow.observe(camera, outcome)
+                self.shadow.observe(camera.id, outcome)
         self._announce_ready(frame_processed=True, camera=camera)
         return verdict
 

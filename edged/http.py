@@ -778,6 +778,8 @@ nav a.shown{border-color:#e6e6e6;font-weight:bold}
 <h2>latency, ms</h2><table id="latency"></table>
 <h2>drops</h2><table id="drops"></table>
 <div id="inspect" hidden><h2>verdicts <span id="tally"></span></h2><table id="verdicts"></table></div>
+<div id="candidate" hidden><h2>candidate <span id="trial"></span></h2><table id="trialrows"></table>
+<table id="trialclasses"></table></div>
 </section></main>
 <script>
 "use strict";
@@ -808,6 +810,23 @@ async function verdicts() {
     const cell = tr.cells[2], kind = {OK: "ok", NG: "bad"}[cell.textContent];
     if (kind) cell.className = kind;
   }
+}
+function candidate(c) {
+  $("candidate").hidden = !c;
+  if (!c) return;
+  $("trial").textContent = "(" + c.state + (c.model ? " " + c.model.name : "") + ")";
+  const pct = (x) => x === null ? "-" : (100 * x).toFixed(1) + " %";
+  rows("trialrows", [
+    ["gate", c.gate === null ? "passed: edged promote" : c.gate],
+    ["frames", c.frames + " compared, " + c.skipped_busy + " skipped (busy), " + c.failed_frames + " failed"],
+    ["agreement", pct(c.agreement)],
+    ["verdicts", Object.entries(c.verdicts).map(([k, n]) => k + " " + n).join(", ") || "-"],
+    ["score shift", c.score_shift === null ? "-" : c.score_shift.toFixed(3)],
+    ["latency", c.latency ? c.latency.p50_ms.toFixed(1) + " / " + c.latency.p99_ms.toFixed(1) + " ms" : "-"],
+    ["saved", String(c.disagreements_saved)],
+    ...(c.error ? [["error", c.error]] : [])]);
+  rows("trialclasses", [["class", "matched", "live only", "candidate only"], ...Object.entries(c.classes).map(
+    ([k, v]) => [k, String(v.matched), String(v.live_only), String(v.candidate_only)])]);
 }
 async function cameras() {
   const r = await fetch("cameras.json" + q, {cache: "no-store"});
@@ -851,6 +870,7 @@ async function tick() {
     rows("latency", [["stage", "p50", "p99"], ...stages]);
     const drops = Object.entries(s.drops).filter(([, n]) => n > 0).map(([k, n]) => [k, String(n)]);
     rows("drops", drops.length ? drops : [["none"]]);
+    candidate(s.candidate);
     await verdicts();
     const h = await fetch("healthz" + q, {cache: "no-store"});
     pill("health", h.ok ? "healthy" : "unhealthy: " + (await h.text()).trim(), h.ok ? "ok" : "bad");

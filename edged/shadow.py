@@ -227,23 +227,23 @@ class Shadow:
         self.state, self.error, self.model, self.paths = "failed", why, None, {}
         log.error("%s; the live model goes on alone", why)
 
-    def observe(self, camera: Camera, done: Processed) -> None:
+    def observe(self, camera_id: str, done: Processed) -> None:
         """A frame the live model published: learn the camera's frame interval, and keep every
         ``sample_every``-th for the candidate (a sample it never ran on counts as skipped)."""
         frame = done.frame
-        last = self._last.get(camera.id)
-        self._last[camera.id] = (frame.frame_id, frame.t_capture_ns)
+        last = self._last.get(camera_id)
+        self._last[camera_id] = (frame.frame_id, frame.t_capture_ns)
         if last is not None and frame.frame_id > last[0]:
             interval = (frame.t_capture_ns - last[1]) / (frame.frame_id - last[0])
-            previous = self._interval_ns.get(camera.id)
+            previous = self._interval_ns.get(camera_id)
             smoothed = interval if previous is None else previous + INTERVAL_SMOOTHING * (interval - previous)
-            self._interval_ns[camera.id] = smoothed
-        if self.state != "on_trial" or camera.id not in self.paths:
+            self._interval_ns[camera_id] = smoothed
+        if self.state != "on_trial" or camera_id not in self.paths:
             return
-        seen = self._seen[camera.id] = self._seen.get(camera.id, 0) + 1
+        seen = self._seen[camera_id] = self._seen.get(camera_id, 0) + 1
         if seen % self.cfg.sample_every:
             return
-        sample = self._samples.setdefault(camera.id, Sample(self.settings.model.max_det))
+        sample = self._samples.setdefault(camera_id, Sample(self.settings.model.max_det))
         self.tally.skipped_busy += sample.pending
         sample.keep(done)
 
