@@ -15,7 +15,7 @@ import getpass
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import zmq
 
@@ -24,6 +24,7 @@ from edged.listen import Listener
 from edged.messages import ModelInfo
 
 if TYPE_CHECKING:  # the client (edged promote) loads no model runtime
+    from edged.journal import JournalOutput
     from edged.shadow import Shadow, Swap
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,17 @@ class ControlSocket:
     def fds(self) -> list[Any]:
         return [self._listener.socket]
 
-    def serve(self, shadow: Shadow, current: Callable[[], Swap], apply: Callable[[Swap], None], blocked: str | None) -> None:
+    def serve(
+        self,
+        shadow: Shadow,
+        current: Callable[[], Swap],
+        apply: Callable[[Swap], None],
+        blocked: str | None,
+        journal: JournalOutput | None,
+    ) -> None:
         """Answer every command waiting: ``current`` is the model and frame paths serving now,
-        ``apply`` swaps in others between frames; ``blocked`` says why no swap can be made now."""
+        ``apply`` swaps in others between frames; ``blocked`` says why no swap can be made now.
+        The ``journal``, when on, records each promotion and rollback with both models' sha256."""
         sock = self._listener.socket
         while True:
             try:
@@ -60,6 +69,11 @@ class ControlSocket:
             except zmq.Again:
                 return
             reply = _answer(raw, shadow, current, apply, blocked)
+            if journal is not None and reply["ok"]:
+                done: Literal["promotion", "rollback"] = "promotion" if reply["done"] == "promote" else "rollback"
+                record = {key: reply.get(key) for key in ("user", "reason", "forced", "gate")}
+                live = current().model.info.sha256
+                journal.model_change(done, live, {"from_sha256": reply["from"]["sha256"], "to_sha256": live, **record})
             reply["live"] = current().model.info.model_dump()
             previous = shadow.previous
             reply["previous"] = previous.info.model_dump() if previous is not None else None
@@ -91,7 +105,7 @@ def _answer(
             return {"ok": False, "error": f"rollback refused: {blocked}"}
         apply(rolled)
         log.warning("rolled back from model %s to %s (by %s)", _short(before.model.info), _short(rolled.model.info), user)
-        return {"ok": True, "done": "rollback", "from": before.model.info.model_dump()}
+        return {"ok": True, "done": "rollback", "from": before.model.info.model_dump(), "user": user}
     why = shadow.gate()
     if why is not None and (not force or shadow.state != "on_trial"):
         return {"ok": False, "error": f"promotion refused: {why}"}
@@ -106,7 +120,8 @@ def _answer(
         log.warning("promoted model %s over %s (by %s; the trial passed its gate)", *names, user)
     else:
         log.warning("promoted model %s over %s by force (by %s: %s; gate: %s)", *names, user, reason, why)
-    return {"ok": True, "done": "promote", "from": before.model.info.model_dump(), "forced": why is not None}
+    done = {"ok": True, "done": "promote", "from": before.model.info.model_dump(), "user": user}
+    return {**done, "forced": why is not None, "reason": reason or None, "gate": why}
 
 
 def _short(info: ModelInfo) -> str:

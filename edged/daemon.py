@@ -22,6 +22,7 @@ from edged.config import Settings
 from edged.control import ControlSocket
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, KeyFileError, ModelError
 from edged.health import Health, Watched
+from edged.journal import JournalOutput
 from edged.lanes import Lanes, Outcome
 from edged.lograte import LogRate
 from edged.messages import VerdictMessage
@@ -183,7 +184,8 @@ class Daemon:
         self._wake.clear()  # cleared before looking: a hand-over, result or request after this ends the wait below
         self.outputs.deliver_recorded()  # verdicts the journal has recorded since the last turn go out
         if self.control is not None and self.shadow is not None:
-            self.control.serve(self.shadow, self._live, self._swap, "a reload is on trial" if self._trial else None)
+            blocked = "a reload is on trial" if self._trial else None
+            self.control.serve(self.shadow, self._live, self._swap, blocked, self.outputs.get(JournalOutput))
         settled = self._settle(self.lanes.collect())
         if self.desk is not None and self.desk.take(self.serving(), self.lanes.carrying, self._critical()):
             self.health.frame_done()  # waiting for requests is progress in request mode

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sqlite3
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import fixed_scene, nan_probe
 from test_signature import keypair
+from waiting import wait_for
 
 from edged.messages import DetectionsMessage, StatusMessage
 
@@ -38,6 +40,7 @@ def start(
     model: dict[str, Any] | None = None,
     colour: tuple[int, int, int] = (90, 90, 90),
     http: str = "",
+    journal: str | None = None,
 ) -> tuple[RunningDaemon, Path]:
     fixed_scene(tmp_path / "scene.onnx", SCENE)
     write_video(tmp_path / "clip.avi", [colour] * 10)
@@ -51,6 +54,8 @@ def start(
         "thermal": {"enabled": False},
         "http": {"listen": http},
     }
+    if journal is not None:
+        doc["journal"] = {"path": journal}
     config = write_config(tmp_path / "edged.toml", doc)
     return RunningDaemon(config, endpoint), config
 
@@ -104,7 +109,7 @@ def test_an_identical_candidate_agrees_on_every_frame_and_passes_the_gate(tmp_pa
 
 def test_a_candidate_with_its_classes_swapped_is_refused_then_forced_and_rolled_back(tmp_path: Path) -> None:
     fixed_scene(tmp_path / "swapped.onnx", SWAPPED)
-    d, config = start(tmp_path, {"path": "swapped.onnx", "evidence_dir": "disagree"})
+    d, config = start(tmp_path, {"path": "swapped.onnx", "evidence_dir": "disagree"}, journal="journal.sqlite")
     live, candidate = sha256(tmp_path / "scene.onnx"), sha256(tmp_path / "swapped.onnx")
     try:
         report = trial(d).candidate
@@ -135,6 +140,17 @@ def test_a_candidate_with_its_classes_swapped_is_refused_then_forced_and_rolled_
         assert again.returncode == 1 and "nothing to roll back" in again.stderr
         status = d.wait_status(lambda s: s.candidate is not None and s.candidate.state == "on_trial")
         assert status.model.sha256 == live
+
+        def changes() -> list[tuple[str, str, dict[str, Any]]]:
+            with sqlite3.connect(tmp_path / "journal.sqlite") as db:
+                query = "SELECT kind, model_sha256, message FROM entries WHERE kind IN ('promotion', 'rollback') ORDER BY id"
+                return [(kind, sha, json.loads(message)) for kind, sha, message in db.execute(query)]
+
+        assert wait_for(lambda: len(changes()) == 2, 10), changes()
+        (promoted, to, said), (rolled, back_to, undone) = changes()
+        assert (promoted, to, said["from_sha256"], said["to_sha256"]) == ("promotion", candidate, live, candidate)
+        assert said["forced"] is True and said["reason"] == "new fixture" and said["user"] and "agree" in said["gate"]
+        assert (rolled, back_to, undone["from_sha256"], undone["to_sha256"]) == ("rollback", live, candidate, live)
     finally:
         d.stop()
 
