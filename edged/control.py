@@ -65,10 +65,10 @@ class ControlSocket:
         sock = self._listener.socket
         while True:
             try:
-                raw = sock.recv(zmq.NOBLOCK)
+                parts = sock.recv_multipart(zmq.NOBLOCK)  # every part: a REP socket answers whole requests
             except zmq.Again:
                 return
-            reply = _answer(raw, shadow, current, apply, blocked)
+            reply = _answer(parts[0] if len(parts) == 1 else b"", shadow, current, apply, blocked)
             if journal is not None and reply["ok"]:
                 done: Literal["promotion", "rollback"] = "promotion" if reply["done"] == "promote" else "rollback"
                 record = {key: reply.get(key) for key in ("user", "reason", "forced", "gate")}
