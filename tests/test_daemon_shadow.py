@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
 import sqlite3
 import urllib.request
 from pathlib import Path
@@ -151,6 +152,25 @@ def test_a_candidate_with_its_classes_swapped_is_refused_then_forced_and_rolled_
         assert (promoted, to, said["from_sha256"], said["to_sha256"]) == ("promotion", candidate, live, candidate)
         assert said["forced"] is True and said["reason"] == "new fixture" and said["user"] and "agree" in said["gate"]
         assert (rolled, back_to, undone["from_sha256"], undone["to_sha256"]) == ("rollback", live, candidate, live)
+    finally:
+        d.stop()
+
+
+def test_a_reload_after_a_promotion_serves_the_configured_model_and_tries_the_candidate_again(tmp_path: Path) -> None:
+    fixed_scene(tmp_path / "swapped.onnx", SWAPPED)
+    d, config = start(tmp_path, {"path": "swapped.onnx"})
+    live, candidate = sha256(tmp_path / "scene.onnx"), sha256(tmp_path / "swapped.onnx")
+    try:
+        trial(d, 1)
+        forced = run_cli("promote", "--config", str(config), "--force", "--reason", "try it")
+        assert forced.returncode == 0, forced.stderr
+        detections_from(d, candidate, 1)
+        d.signal(signal.SIGHUP)
+        for msg in detections_from(d, live):
+            assert msg.model.sha256 == live
+        status = d.wait_status(lambda s: s.candidate is not None and s.candidate.state == "on_trial")
+        assert status.candidate is not None and status.candidate.model is not None
+        assert status.candidate.model.sha256 == candidate
     finally:
         d.stop()
 
