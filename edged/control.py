@@ -15,13 +15,16 @@ import getpass
 import json
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import zmq
 
+from edged.config import Settings
 from edged.errors import ControlError, PublishError
-from edged.listen import Listener
+from edged.listen import Listener, try_bind
 from edged.messages import ModelInfo
+from edged.output import Endpoint
 
 if TYPE_CHECKING:  # the client (edged promote) loads no model runtime
     from edged.journal import JournalOutput
@@ -31,6 +34,15 @@ log = logging.getLogger(__name__)
 
 MAX_REASON = 300  # characters of a --reason: the request must stay under the socket's message limit
 COMMANDS = ("promote", "rollback")
+KEY = "model.candidate.control"
+
+
+def listening(settings: Settings) -> list[Endpoint]:
+    """The control socket with ``[model.candidate]``: what ``edged check`` binds and releases."""
+    candidate = settings.model.candidate
+    if candidate is None:
+        return []
+    return [Endpoint(KEY, candidate.control, partial(try_bind, candidate.control, KEY, zmq.REP))]
 
 
 class ControlSocket:
