@@ -100,7 +100,9 @@ class CandidateConfig(Section):
         description="The ipc:// socket edged promote and edged rollback reach the daemon on (mode 0660).",
     )
     evidence_dir: Path | None = Field(
-        None, description="Frames on which the models disagree are saved here (JPEG and JSON); none when unset."
+        None,
+        description="Frames on which the models disagree are saved here, per camera and day as evidence is: the "
+        "image, the live model's label and a JSON of both models' boxes; none when unset.",
     )
 
     @field_validator("control")

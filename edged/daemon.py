@@ -89,6 +89,7 @@ class Daemon:
             stack.callback(self.lanes.close)
             candidate = settings.model.candidate
             self.shadow = Shadow(settings, candidate) if candidate is not None else None
+            stack.callback(lambda: self.shadow.close() if self.shadow is not None else None)
             self.control = ControlSocket(candidate.control) if candidate is not None else None
             if self.control is not None:
                 stack.callback(self.control.close)
@@ -392,6 +393,8 @@ class Daemon:
         candidate = new.model.candidate
         if candidate is not None and self.control is None:
             log.warning("[model.candidate] added by a reload: restart edged to bind its control socket")
+        if self.shadow is not None:
+            self.shadow.close()
         self.shadow = Shadow(new, candidate) if candidate is not None and self.control is not None else None
         self._watch()
 

@@ -22,18 +22,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import cv2
 import numpy as np
 
 from edged.camera import Camera
 from edged.config import CandidateConfig, ModelConfig, Settings
 from edged.decode import Detections
 from edged.errors import EdgedError
-from edged.evidence import write_atomic
+from edged.evidence import EvidenceWriter
 from edged.messages import CandidateReport, CandidateState, ClassAgreement, StageLatency
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.requests import RequestDesk
+from edged.settings.evidence import EvidenceConfig
 from edged.sources.base import Frame
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 LATENCY_WINDOW = 256  # the candidate's latest runs its p50 and p99 are taken over
 HEADROOM_FACTOR = 1.2  # the spare time must exceed the candidate's p99 by this much
 MATCH_IOU = 0.5  # two boxes of one class at this IoU or more are the same object
-MAX_SAVED = 500  # disagreeing frames saved per trial: a badly wrong candidate cannot fill the disk
+EVIDENCE_STOP_WAIT_S = 1.0  # at stop, time left to save the disagreeing frames queued
 INTERVAL_SMOOTHING = 0.2  # weight of the newest frame interval in a camera's running estimate
 
 
@@ -142,7 +142,7 @@ class Tally:
     """What the trial has found so far, board-wide."""
 
     def __init__(self) -> None:
-        self.frames = self.agreed = self.skipped_busy = self.failed_frames = self.saved = 0
+        self.frames = self.agreed = self.skipped_busy = self.failed_frames = 0
         self.verdicts: dict[str, int] = {}
         self.matched: dict[int, int] = {}
         self.live_only: dict[int, int] = {}
@@ -215,6 +215,7 @@ class Shadow:
         self._last: dict[str, tuple[int, int]] = {}  # camera id -> its last frame's (frame_id, t_capture_ns)
         self._interval_ns: dict[str, float] = {}  # camera id -> its capture interval, estimated
         self._previous: Swap | None = None  # the model a promotion replaced, for rollback
+        self._writers: dict[str, EvidenceWriter] = {}  # by camera id: where disagreeing frames are saved
         try:
             self.model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
             self.paths = {source.camera_id: frame_path(settings, self.model, source) for source in settings.source}
@@ -307,35 +308,34 @@ class Shadow:
             log.error("the candidate failed on a frame (the live path is not affected): %s", self.error)
 
     def _save(self, camera_id: str, sample: Sample, live: Detections, outcome: Processed) -> None:
-        """The frame the models disagree on, as a JPEG and a JSON of both models' boxes."""
-        folder = self.cfg.evidence_dir
-        if folder is None or self.tally.saved >= MAX_SAVED or sample.image is None or sample.frame is None:
+        """The frame the models disagree on, to ``evidence_dir`` through an evidence writer of its own
+        (saved on its thread, rate-limited and pruned as `[evidence]` is): the image, the live
+        model's boxes as its label, and a JSON of both models' verdicts and boxes."""
+        folder, frame = self.cfg.evidence_dir, sample.frame
+        if folder is None or frame is None or self.model is None:
             return
-        frame, model = sample.frame, self.model
-        assert model is not None  # a trial runs only with its model loaded
-        stem = f"{camera_id}-{frame.t_wall_ns}-{frame.frame_id}"
-        image = cv2.cvtColor(sample.image, cv2.COLOR_RGB2BGR) if frame.channel_order == "rgb" else sample.image
-        ok, jpeg = cv2.imencode(".jpg", image)
+        writer = self._writers.get(camera_id)
+        if writer is None:
+            writer = self._writers[camera_id] = EvidenceWriter(EvidenceConfig(dir=folder, save="all"), camera_id)
+            writer.start()
         record = {
             "camera_id": camera_id,
             "frame_id": frame.frame_id,
             "capture_time_ns": frame.t_wall_ns,
-            "live": {"verdict": sample.verdict, "detections": _boxes(live, self.settings.model.max_det)},
+            "live": {"verdict": sample.verdict, "detections": _boxes(live)},
             "candidate": {
-                "model": model.info.model_dump(),
+                "model": self.model.info.model_dump(),
                 "verdict": outcome.inspected.verdict if outcome.inspected is not None else "none",
-                "detections": _boxes(outcome.result, model.cfg.max_det),
+                "detections": _boxes(outcome.result),
             },
         }
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if ok:
-                write_atomic(folder / f"{stem}.jpg", jpeg.tobytes())
-            write_atomic(folder / f"{stem}.json", json.dumps(record).encode())
-        except OSError as e:
-            self.error = f"cannot save a disagreeing frame in {folder}: {e.strerror or e}"
-            return
-        self.tally.saved += 1
+        names = self.model.class_names
+        writer.offer(frame, outcome.result, None, json.dumps(record).encode(), names=names, labelled=live)
+
+    def close(self) -> None:
+        """Finish saving the disagreeing frames queued."""
+        for writer in self._writers.values():
+            writer.stop(EVIDENCE_STOP_WAIT_S)
 
     def gate(self) -> str | None:
         """Why the candidate may not be promoted now; None when it passed the gate."""
@@ -404,18 +404,15 @@ class Shadow:
             },
             score_shift=round(tally.shift_sum / matched, 4) if matched else None,
             latency=latency,
-            disagreements_saved=tally.saved,
+            disagreements_saved=sum(writer.saved for writer in self._writers.values()),
             gate=self.gate(),
         )
 
 
-def _boxes(detections: Detections, limit: int) -> list[dict[str, object]]:
+def _boxes(detections: Detections) -> list[dict[str, object]]:
     return [
         {"class_id": int(cls), "score": round(float(score), 4), "box": [round(float(v), 1) for v in box]}
         for box, score, cls in zip(
-            detections.xyxy[:limit].tolist(),
-            detections.scores[:limit].tolist(),
-            detections.class_ids[:limit].tolist(),
-            strict=True,
+            detections.xyxy.tolist(), detections.scores.tolist(), detections.class_ids.tolist(), strict=True
         )
     ]

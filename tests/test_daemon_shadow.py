@@ -117,7 +117,13 @@ def test_a_candidate_with_its_classes_swapped_is_refused_then_forced_and_rolled_
         assert report is not None and report.agreement == 0.0
         assert report.classes["scratch"].live_only > 0 and report.classes["crack"].candidate_only > 0
         assert report.classes["dust"].live_only == 0 and report.gate is not None and "agree" in report.gate
-        assert sorted(p.suffix for p in (tmp_path / "disagree").iterdir())[:2] == [".jpg", ".jpg"]
+        saved = tmp_path / "disagree" / "cam0"
+        assert wait_for(lambda: any(saved.glob("*/messages/*.json")), 10), d.log()
+        record = json.loads(next(saved.glob("*/messages/*.json")).read_text())
+        assert record["candidate"]["model"]["sha256"] == candidate and record["live"]["verdict"] == "none"
+        assert [box["class_id"] for box in record["live"]["detections"]] == [0, 1, 2]
+        assert [box["class_id"] for box in record["candidate"]["detections"]] == [1, 0, 2]
+        assert any(saved.glob("*/images/*.jpg")) and any(saved.glob("*/labels/*.txt"))
 
         refused = run_cli("promote", "--config", str(config))
         assert refused.returncode == 1 and "promotion refused: the models agree on 0.0%" in refused.stderr
