@@ -250,7 +250,8 @@ class Shadow:
 
     def spare_s(self, cameras: Sequence[Camera], desk: RequestDesk | None) -> float:
         """How long the loop can give the candidate now: until the first camera's next frame is
-        due (or its rate cap lets one be taken); nothing while a request is in hand."""
+        due (or its rate cap lets one be taken); nothing while a request is in hand, and no bound
+        from a camera in request mode between requests."""
         now_s, now_ns = time.monotonic(), time.monotonic_ns()
         spare = float("inf")
         for camera in cameras:
@@ -262,7 +263,7 @@ class Shadow:
             if last is None or interval is None:
                 return 0.0  # its pace is not known yet
             spare = min(spare, max(camera.wait_s(now_s), (last[1] + interval - now_ns) / 1e9))
-        return spare if spare != float("inf") else 0.0
+        return spare  # with only cameras in request mode, between requests: as long as it takes
 
     def run(self, spare_s: float) -> bool:
         """Run the candidate on one waiting sample if it fits in ``spare_s``; returns whether it ran."""

@@ -42,6 +42,7 @@ def start(
     colour: tuple[int, int, int] = (90, 90, 90),
     http: str = "",
     journal: str | None = None,
+    trigger: dict[str, Any] | None = None,
 ) -> tuple[RunningDaemon, Path]:
     fixed_scene(tmp_path / "scene.onnx", SCENE)
     write_video(tmp_path / "clip.avi", [colour] * 10)
@@ -57,6 +58,8 @@ def start(
     }
     if journal is not None:
         doc["journal"] = {"path": journal}
+    if trigger is not None:
+        doc["trigger"] = trigger
     config = write_config(tmp_path / "edged.toml", doc)
     return RunningDaemon(config, endpoint), config
 
@@ -177,6 +180,21 @@ def test_a_reload_after_a_promotion_serves_the_configured_model_and_tries_the_ca
         status = d.wait_status(lambda s: s.candidate is not None and s.candidate.state == "on_trial")
         assert status.candidate is not None and status.candidate.model is not None
         assert status.candidate.model.sha256 == candidate
+    finally:
+        d.stop()
+
+
+def test_in_request_mode_the_candidate_runs_between_requests(tmp_path: Path) -> None:
+    fixed_scene(tmp_path / "same.onnx", SCENE)
+    trigger = f"tcp://127.0.0.1:{free_port()}"
+    d, _ = start(tmp_path, {"path": "same.onnx"}, trigger={"mode": "request", "endpoint": trigger})
+    try:
+        for part in ("a", "b", "c"):
+            asked = run_cli("trigger", trigger, "--part-id", part, "--timeout", "20")
+            assert asked.returncode == 3, asked.stdout + asked.stderr  # NG: without [inspect], any detection
+        report = trial(d, 2).candidate
+        assert report is not None and report.agreement == 1.0 and report.failed_frames == 0
+        assert set(report.verdicts) == {"ng/ng"}
     finally:
         d.stop()
 
