@@ -4,7 +4,9 @@ The loop hands the cameras' frames (`edged.camera`) to the inference lanes (`edg
 the order `edged.schedule` says, counts each result and hands it to the outputs
 (`edged.outputs`), answering requests (`edged.requests`); with nothing to do it waits for a
 hand-over, a result or a request (`edged.wake`). Between frames: thermal polls, status
-(`edged.status`), rate caps, and reloads, whose trial `edged.reload.Trial` owns. The watchdog and
+(`edged.status`), rate caps, and reloads, whose trial `edged.reload.Trial` owns. In time it would
+spend waiting, a candidate model's shadow trial (`edged.shadow`), which the control socket
+(`edged.control`) promotes or rolls back between frames. The watchdog and
 ``/healthz`` read what the loop publishes to them (`edged.health.Watched`), never its own state.
 """
 
