@@ -29,6 +29,7 @@ import numpy as np
 from edged.capture import Capture
 from edged.classify import Classes
 from edged.config import Settings
+from edged.control import listening as control_socket
 from edged.decode import Detections
 from edged.errors import BindError, ConfigError, ContractError, FolderError, InferenceError, ModelError, SourceError
 from edged.evidence import folder_problem
@@ -235,7 +236,7 @@ def _journal(settings: Settings) -> str:
 def _bind_all(settings: Settings, bind: bool, out: TextIO) -> None:
     """Bind every address the daemon would listen on, all at once as it holds them, then release them."""
     with contextlib.ExitStack() as bound:
-        for endpoint in listening(settings):
+        for endpoint in [*listening(settings), *control_socket(settings)]:
             if bind:
                 try:
                     bound.callback(endpoint.bind())

@@ -310,6 +310,18 @@ def _sign_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="the signature file (default: MODEL.sig beside the model)")
 
 
+def _promote_arguments(p: argparse.ArgumentParser) -> None:
+    _config_arg(p)
+    p.add_argument("--force", action="store_true", help="promote although the trial has not passed its gate")
+    p.add_argument("--reason", default=None, help="why a forced promotion is made: logged with the user")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)")
+
+
+def _rollback_arguments(p: argparse.ArgumentParser) -> None:
+    _config_arg(p)
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)")
+
+
 def _schema_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="write to this file instead of stdout")
 
@@ -377,6 +389,24 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "filter given: the newest --limit, oldest first, as a table, --json or --csv. It reads the "
         "journal read-only and is safe while edged runs. Exit 1 when there is no journal to read.",
         _history_arguments,
+    ),
+    (
+        "promote",
+        "make the candidate model live once its shadow trial passed",
+        "Ask the running edged (found from --config: model.candidate.control) to make the candidate "
+        "of [model.candidate] the live model, between two frames, keeping the previous one for "
+        "`edged rollback`. Refused, naming why, until the shadow trial has passed its gate (enough "
+        "frames, agreement, no class missed), unless --force with --reason, which the log keeps "
+        "with the user. Prints what is live now. Exit 0 when promoted, 1 when refused or unanswered.",
+        _promote_arguments,
+    ),
+    (
+        "rollback",
+        "return to the model a promotion replaced",
+        "Ask the running edged to make the model that `edged promote` replaced live again, between "
+        "two frames, with no restart; the candidate goes back on trial. Prints what is live now. "
+        "Exit 0 when rolled back, 1 when there was nothing to roll back or no answer.",
+        _rollback_arguments,
     ),
     (
         "sign",
@@ -540,6 +570,16 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_control(args: argparse.Namespace) -> int:
+    from edged.control import run_control
+
+    candidate = load_config(args.config).model.candidate
+    if candidate is None:
+        raise UsageError(f"{args.config} has no [model.candidate]: there is no trial to promote or roll back")
+    force, reason = getattr(args, "force", False), getattr(args, "reason", None)
+    return run_control(candidate.control, args.command, force=force, reason=reason, timeout_s=args.timeout)
+
+
 def _emit(text: str, out: Path | None) -> int:
     """A generated document to ``out``, or to stdout without one."""
     if out:
@@ -609,6 +649,8 @@ COMMANDS = {
     "bench": _cmd_bench,
     "quantize": _cmd_quantize,
     "sign": _cmd_sign,
+    "promote": _cmd_control,
+    "rollback": _cmd_control,
     "keygen": _cmd_keygen,
     "history": _cmd_history,
 }

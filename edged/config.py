@@ -75,6 +75,51 @@ ORT_PRECISIONS = ("f32", "int8")
 InputSide = Annotated[int, Field(gt=0, le=8192)]
 
 
+CONTROL_ENDPOINT = "ipc:///run/edged/control.sock"
+
+
+class CandidateConfig(Section):
+    """A model on trial beside the live one (``[model.candidate]``): it sees a sample of the live
+    frames, publishes nothing, and goes live only through ``edged promote``."""
+
+    path: Path = Field(description="The candidate ONNX model file.")
+    labels: Path | None = Field(None, description="Its class names, one per line; default: its metadata.")
+    conf: float | None = Field(None, gt=0, le=1, description="Its minimum detection score; default: model.conf.")
+    iou: float | None = Field(None, gt=0, le=1, description="Its NMS IoU; default: model.iou.")
+    signature: Path | None = Field(
+        None, description="Its signature file (with model.require_signature); default: its path + .sig."
+    )
+    sample_every: int = Field(
+        5, ge=1, le=100000, description="Every Nth live frame of a camera is offered to the candidate."
+    )
+    min_frames: int = Field(100, ge=1, description="Gate: frames the candidate must have run on before promotion.")
+    min_agreement: float = Field(
+        0.98, ge=0, le=1, description="Gate: the share of compared frames on which both models agree."
+    )
+    max_missing: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="Gate: for each class, the share of the live model's boxes the candidate may miss.",
+    )
+    control: str = Field(
+        CONTROL_ENDPOINT,
+        description="The ipc:// socket edged promote and edged rollback reach the daemon on (mode 0660).",
+    )
+    evidence_dir: Path | None = Field(
+        None,
+        description="Frames on which the models disagree are saved here, per camera and day as evidence is: the "
+        "image, the live model's label and a JSON of both models' boxes; none when unset.",
+    )
+
+    @field_validator("control")
+    @classmethod
+    def _ipc(cls, v: str) -> str:
+        if not v.startswith("ipc://") or len(v) <= len("ipc://"):
+            raise ValueError("the control socket must be an ipc:// path: only local users may promote a model")
+        return v
+
+
 class ModelConfig(Section):
     path: Path = Field(description="ONNX model file.")
     engine: EngineName = Field(
@@ -135,6 +180,9 @@ class ModelConfig(Section):
     )
     signature_key: Path | None = Field(None, description="The ed25519 public key (PEM) model signatures must verify with.")
     signature: Path | None = Field(None, description="The model's signature file; default: the model's path + .sig.")
+    candidate: CandidateConfig | None = Field(
+        None, description="A model on trial on the live frames, promoted with edged promote; none when unset."
+    )
 
     @field_validator("imgsz", mode="before")
     @classmethod
@@ -801,6 +849,10 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         ("journal", "path"),
     ):
         resolve(data.get(section), key)
+    model = data.get("model")
+    candidate = model.get("candidate") if isinstance(model, dict) else None
+    for key in ("path", "labels", "signature", "evidence_dir"):
+        resolve(candidate, key)
 
 
 def _socket_folder_problems(settings: Settings) -> list[str]:
@@ -809,6 +861,8 @@ def _socket_folder_problems(settings: Settings) -> list[str]:
     endpoints = [("publish.endpoints", endpoint) for endpoint in settings.publish.endpoints]
     if settings.requesting():
         endpoints.append(("trigger.endpoint", settings.trigger.endpoint))
+    if settings.model.candidate is not None:
+        endpoints.append(("model.candidate.control", settings.model.candidate.control))
     return [f"{key}: {problem}" for key, endpoint in endpoints if (problem := ipc_folder_problem(endpoint)) is not None]
 
 

@@ -155,3 +155,7 @@ class JournalUnreadable(EdgedError):
 class LineBusy(EdgedError):
     """The reject line is held by another process; the message names its consumer where the kernel
     says it. Not exit 78: the same configuration starts once the other program lets go of the line."""
+
+
+class ControlError(EdgedError):
+    """``edged promote`` or ``edged rollback``: the daemon refused the command, or did not answer."""

@@ -782,6 +782,8 @@ nav a.shown{border-color:#e6e6e6;font-weight:bold}
 <h2>drops</h2><table id="drops"></table>
 <div id="inspect" hidden><h2>verdicts <span id="tally"></span></h2><table id="verdicts"></table></div>
 <div id="reject" hidden><h2>reject line</h2><table id="rejects"></table></div>
+<div id="candidate" hidden><h2>candidate <span id="trial"></span></h2><table id="trialrows"></table>
+<table id="trialclasses"></table></div>
 </section></main>
 <script>
 "use strict";
@@ -812,6 +814,23 @@ async function verdicts() {
     const cell = tr.cells[2], kind = {OK: "ok", NG: "bad"}[cell.textContent];
     if (kind) cell.className = kind;
   }
+}
+function candidate(c) {
+  $("candidate").hidden = !c;
+  if (!c) return;
+  $("trial").textContent = "(" + c.state + (c.model ? " " + c.model.name : "") + ")";
+  const pct = (x) => x === null ? "-" : (100 * x).toFixed(1) + " %";
+  rows("trialrows", [
+    ["gate", c.gate === null ? "passed: edged promote" : c.gate],
+    ["frames", c.frames + " compared, " + c.skipped_busy + " skipped (busy), " + c.failed_frames + " failed"],
+    ["agreement", pct(c.agreement)],
+    ["verdicts", Object.entries(c.verdicts).map(([k, n]) => k + " " + n).join(", ") || "-"],
+    ["score shift", c.score_shift === null ? "-" : c.score_shift.toFixed(3)],
+    ["latency", c.latency ? c.latency.p50_ms.toFixed(1) + " / " + c.latency.p99_ms.toFixed(1) + " ms" : "-"],
+    ["saved", String(c.disagreements_saved)],
+    ...(c.error ? [["error", c.error]] : [])]);
+  rows("trialclasses", [["class", "matched", "live only", "candidate only"], ...Object.entries(c.classes).map(
+    ([k, v]) => [k, String(v.matched), String(v.live_only), String(v.candidate_only)])]);
 }
 async function cameras() {
   const r = await fetch("cameras.json" + q, {cache: "no-store"});
@@ -867,6 +886,7 @@ async function tick() {
       ["lateness ms, p50/p99/max", [rj.lateness_p50_ms, rj.lateness_p99_ms, rj.lateness_max_ms].map(ms).join(" / ")],
       ["margin ms, p1/p50", ms(rj.margin_p1_ms) + " / " + ms(rj.margin_p50_ms)],
       ...(rj.alarm ? [["alarm", "ON"]] : []), ...(rj.last_error ? [["error", rj.last_error]] : [])]);
+    candidate(s.candidate);
     await verdicts();
     const h = await fetch("healthz" + q, {cache: "no-store"});
     pill("health", h.ok ? "healthy" : "unhealthy: " + (await h.text()).trim(), h.ok ? "ok" : "bad");

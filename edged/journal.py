@@ -82,8 +82,8 @@ _INSERT = f"INSERT INTO entries ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * 
 class Entry:
     """One row as the loop hands it over: the message sent, and what its columns are read from."""
 
-    kind: Literal["verdict", "detections"]
-    camera_id: str
+    kind: Literal["verdict", "detections", "promotion", "rollback"]
+    camera_id: str  # empty for a board's entry (a promotion or rollback)
     frame_id: int
     seq: int
     part_id: str | None
@@ -457,6 +457,15 @@ class JournalOutput(Output):
                     report.saved.get("evidence"),
                 )
             )
+
+    def model_change(self, kind: Literal["promotion", "rollback"], live_sha256: str, record: dict[str, object]) -> None:
+        """A promotion or rollback (`edged.control`): the board's entry (no camera, no frame), its
+        message the JSON ``record`` naming both models' sha256, who and why."""
+        message = json.dumps({"kind": kind, **record}).encode()
+        entry = Entry(
+            kind, "", 0, 0, None, None, None, time.time_ns(), time.monotonic_ns(), live_sha256, self._config_sha256, message
+        )
+        self.writer.offer(entry)
 
     def report(self, camera_id: str) -> OutputReport:
         if camera_id not in self._inspected and not self._cfg.detections:

@@ -417,6 +417,43 @@ class OpcuaReport(Message):
     update_ms: StageLatency = Field(description="Capture to node update over the last verdicts, of every camera.")
 
 
+CandidateState = Literal["on_trial", "failed", "live"]
+
+
+class ClassAgreement(Message):
+    matched: int = Field(ge=0, description="Boxes both models found (IoU 0.5 or more, same class).")
+    live_only: int = Field(ge=0, description="Boxes the live model found and the candidate missed.")
+    candidate_only: int = Field(ge=0, description="Boxes only the candidate found.")
+
+
+class CandidateReport(Message):
+    """The shadow trial of ``[model.candidate]``: how far it agrees with the live model on this line's frames."""
+
+    state: CandidateState = Field(
+        description="on_trial: runs beside the live model; failed: did not load (see error); live: promoted, "
+        "the previous model kept for edged rollback."
+    )
+    model: ModelInfo | None = Field(description="The candidate (when live: the previous model); null when it failed.")
+    error: str | None = Field(None, description="Why the candidate is not on trial, or its last failure.")
+    frames: int = Field(ge=0, description="Live frames both models ran on and were compared, board-wide.")
+    skipped_busy: int = Field(
+        ge=0, description="Sampled frames the candidate never ran on: the loop had no headroom for it."
+    )
+    failed_frames: int = Field(ge=0, description="Sampled frames the candidate failed on (an error, or NaN output).")
+    agreement: float | None = Field(
+        description="Share of compared frames on which the models agree: the same verdict with [inspect], "
+        "else every box matched; null before the first."
+    )
+    verdicts: dict[str, int] = Field(
+        description='Compared frames by "live/candidate" verdict (ok, ng; none without [inspect]).'
+    )
+    classes: dict[str, ClassAgreement] = Field(description="Box agreement by class label.")
+    score_shift: float | None = Field(description="Mean of candidate minus live score over matched boxes.")
+    latency: StageLatency | None = Field(description="The candidate's own latency per frame (preprocess to decode).")
+    disagreements_saved: int = Field(ge=0, description="Frames the models disagree on saved to evidence_dir.")
+    gate: str | None = Field(description="Why promotion would be refused now; null once the gate is passed.")
+
+
 class StatusMessage(TopicMessage):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -455,6 +492,7 @@ class StatusMessage(TopicMessage):
         description="MQTT messages dropped or superseded while the broker was away, by topic "
         "(detections, status, verdict); null when [mqtt] is off.",
     )
+    candidate: CandidateReport | None = Field(None, description="The shadow trial; null without [model.candidate].")
 
     opcua: OpcuaReport | None = Field(
         None, description="The OPC UA server's clients and counters; null when [opcua] is off."

@@ -132,7 +132,7 @@ def fallback_model(settings: Settings, model: LoadedModel, failures: int) -> tup
     remaining = [ProviderConfig(name=name, options=options) for name, options in providers[1:]]
     runtime = settings.runtime.model_copy(update={"providers": remaining})
     try:
-        fallback = load_model(settings.model, runtime, lanes=settings.lanes())
+        fallback = load_model(model.cfg, runtime, lanes=settings.lanes())  # a promoted candidate's own settings
     except EdgedError as e:
         log.error("cannot fall back from %s: %s", providers[0][0], e)
         return None

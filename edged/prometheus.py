@@ -12,7 +12,8 @@ camera carries a ``camera`` label (its ``camera_id``); thermal state and build a
 With ``[inspect]`` the verdicts come too, counted since start by `edged.stats` and handed over with
 the status: NG reasons are labelled by camera, class and zone, so their cardinality is at most the
 cameras times the classes times the zones. With ``[evidence]``, each writer's counters from the status;
-with ``[opcua]``, the server's clients and counters.
+with ``[opcua]``, the server's clients and counters;
+with ``[model.candidate]``, the shadow trial's (the board's), boxes labelled by class and outcome.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class Metrics:
         yield from _journal([status for status, _, _ in cameras])
         yield from _reject([status for status, _, _ in cameras])
         yield from _opcua(first)
+        yield from _candidate(first)
         yield InfoMetricFamily(
             "edged_build",
             "edged's version and the model it runs.",
@@ -297,3 +299,54 @@ def _reject(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
                 margin.add_metric([camera, stat], maybe / 1000)
         alarm.add_metric([camera], 1.0 if report.alarm else 0.0)
     yield from (*families.values(), lateness, margin, alarm)
+
+
+def _candidate(status: StatusMessage) -> Iterator[Metric]:
+    """The shadow trial of ``[model.candidate]``: the board's, said by any camera's status."""
+    trial = status.candidate
+    if trial is None:
+        return
+    model = trial.model
+    yield InfoMetricFamily(
+        "edged_candidate",
+        "The candidate model on trial and its state (on_trial, failed, live).",
+        value={"state": trial.state, "model": model.name if model else "", "model_sha256": model.sha256 if model else ""},
+    )
+    yield CounterMetricFamily("edged_candidate_frames", "Live frames the candidate was compared on.", value=trial.frames)
+    yield CounterMetricFamily(
+        "edged_candidate_skipped_busy", "Sampled frames the candidate never ran on: no headroom.", value=trial.skipped_busy
+    )
+    yield CounterMetricFamily(
+        "edged_candidate_failed_frames", "Sampled frames the candidate failed on (error, NaN).", value=trial.failed_frames
+    )
+    yield GaugeMetricFamily(
+        "edged_candidate_gate_passed", "1 when edged promote would promote the candidate now.", value=trial.gate is None
+    )
+    if trial.agreement is not None:
+        yield GaugeMetricFamily(
+            "edged_candidate_agreement", "Share of compared frames both models agree on.", value=trial.agreement
+        )
+    if trial.score_shift is not None:
+        yield GaugeMetricFamily(
+            "edged_candidate_score_shift", "Mean candidate minus live score over matched boxes.", value=trial.score_shift
+        )
+    verdicts = CounterMetricFamily(
+        "edged_candidate_verdicts", "Compared frames by live and candidate verdict.", labels=["live", "candidate"]
+    )
+    for pair, count in trial.verdicts.items():
+        verdicts.add_metric(pair.split("/", 1), count)
+    yield verdicts
+    boxes = CounterMetricFamily(
+        "edged_candidate_boxes", "Boxes by class: matched, live_only, candidate_only.", labels=["class", "outcome"]
+    )
+    for label, agreement in trial.classes.items():
+        for outcome in ("matched", "live_only", "candidate_only"):
+            boxes.add_metric([label, outcome], getattr(agreement, outcome))
+    yield boxes
+    if trial.latency is not None:
+        latency = GaugeMetricFamily(
+            "edged_candidate_latency_seconds", "The candidate's latency per frame.", labels=["quantile"]
+        )
+        latency.add_metric(["0.5"], trial.latency.p50_ms / 1e3)
+        latency.add_metric(["0.99"], trial.latency.p99_ms / 1e3)
+        yield latency

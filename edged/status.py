@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from edged.camera import Camera
 from edged.capture import CaptureStats
 from edged.identity import Identity
-from edged.messages import CaptureReport, ModelInfo, StatusMessage
+from edged.messages import CandidateReport, CaptureReport, ModelInfo, StatusMessage
 from edged.model import LoadedModel
 from edged.output import OutputReport, StatusReport
 from edged.outputs import Outputs
@@ -33,6 +33,7 @@ class Snapshot:
     model: ModelInfo
     model_short: str  # name@hash prefix, as the logs name the model
     outputs: Sequence[OutputReport] = ()  # what each output adds (`edged.output.Output.report`)
+    candidate: CandidateReport | None = None  # the shadow trial's, the board's (`edged.shadow`)
 
     def drops(self) -> dict[str, int]:
         """Frames and messages lost, by cause: the loop's, the capture thread's and the outputs'."""
@@ -71,6 +72,7 @@ class Snapshot:
                 size_changes=self.capture.size_changes,
                 last_error=self.capture.last_error,
             ),
+            candidate=self.candidate,
             **Identity.here().fields(),
             **fields,
         )
@@ -104,23 +106,32 @@ def summary_line(snapshots: Sequence[Snapshot], problem: str | None = None) -> s
     return f"{len(snapshots)} cameras: {cameras}{outputs} | {board}"
 
 
-def snapshot(camera: Camera, thermal: ThermalReport | None, model: LoadedModel, outputs: Outputs) -> Snapshot:
-    """Camera ``camera``'s state now, with what each output adds."""
+def snapshot(
+    camera: Camera,
+    thermal: ThermalReport | None,
+    model: LoadedModel,
+    outputs: Outputs,
+    candidate: CandidateReport | None = None,
+) -> Snapshot:
+    """Camera ``camera``'s state now, with what each output adds, and the shadow trial's report."""
     short = model.engine.identity.short
     capture = camera.capture.stats()
-    return Snapshot(
-        camera.id, camera.stats, capture, camera.rate_cap.fps, thermal, model.info, short, outputs.reports(camera.id)
-    )
+    reports = outputs.reports(camera.id)
+    return Snapshot(camera.id, camera.stats, capture, camera.rate_cap.fps, thermal, model.info, short, reports, candidate)
 
 
 def publish_status(
-    cameras: Sequence[Camera], thermal: ThermalReport | None, model: LoadedModel, outputs: Outputs
+    cameras: Sequence[Camera],
+    thermal: ThermalReport | None,
+    model: LoadedModel,
+    outputs: Outputs,
+    candidate: CandidateReport | None = None,
 ) -> list[Snapshot]:
     """Each camera's status message, on its own ``seq``, to every output; returns what they said."""
     snapshots, reports = [], []
     for camera in cameras:
         camera.stats.update_fps()
-        snap = snapshot(camera, thermal, model, outputs)
+        snap = snapshot(camera, thermal, model, outputs, candidate)
         snapshots.append(snap)
         message = snap.message(camera.next_seq("status"))
         verdicts = camera.stats.verdict_counts() if camera.path.inspector else None

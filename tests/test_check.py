@@ -61,7 +61,15 @@ def _hold(held: list[socket.socket], port: int) -> None:
 def test_check_says_what_run_will_do_and_binds_every_address(tmp: Path, ports: list[int]) -> None:
     inspect = {"class_conf": {"red": 0.5}, "ng_classes": ["red"], "zones": {"all": [[0, 0], [1, 0], [1, 1], [0, 1]]}}
     evidence = tmp / "evidence"
-    config = _config(tmp, ports, inspect=inspect, evidence={"dir": str(evidence), "save": "ng+near"})
+    control = f"ipc://{tmp}/control.sock"
+    candidate = {"candidate": {"path": "probe.onnx", "control": control}}
+    config = _config(
+        tmp,
+        ports,
+        inspect=inspect,
+        evidence={"dir": str(evidence), "save": "ng+near"},
+        model={"path": "probe.onnx", **candidate},
+    )
     result = run_cli("check", "--config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line.strip() for line in result.stdout.splitlines()]
@@ -76,6 +84,7 @@ def test_check_says_what_run_will_do_and_binds_every_address(tmp: Path, ports: l
         ("publish.endpoints", f"tcp://127.0.0.1:{ports[0]}"),
         ("http.listen", f"http://127.0.0.1:{ports[1]}/"),
         ("trigger.endpoint", f"tcp://127.0.0.1:{ports[2]}"),
+        ("model.candidate.control", control),
     ):
         assert f"listen     {key}: {address} (bound and released)" in result.stdout
     assert "valid" not in result.stdout

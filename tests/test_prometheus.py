@@ -12,7 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edged import __version__
 from edged.messages import (
+    CandidateReport,
     CaptureReport,
+    ClassAgreement,
     EvidenceReport,
     JournalReport,
     ModelInfo,
@@ -55,6 +57,7 @@ def _status(
     evidence: EvidenceReport | None = None,
     journal: JournalReport | None = None,
     reject: RejectReport | None = None,
+    candidate: CandidateReport | None = None,
 ) -> StatusMessage:
     return StatusMessage(
         camera_id="cam0",
@@ -73,6 +76,7 @@ def _status(
         evidence=evidence,
         journal=journal,
         reject=reject,
+        candidate=candidate,
     )
 
 
@@ -351,3 +355,35 @@ def test_each_camera_has_its_own_series_and_the_board_says_its_thermal_state_onc
     assert got[("edged_soc_temperature_celsius", (("zone", "soc"),))] == 72.0  # no camera label, one series
     metrics.update([(side, RunStats().histograms(), None)])  # cam0 removed by a reload: its series go
     assert ("edged_frames_total", CAM0) not in _samples(metrics)
+
+
+def test_the_shadow_trial_comes_from_the_status() -> None:
+    trial = CandidateReport(
+        state="on_trial",
+        model=ModelInfo(name="next", sha256="cd" * 32, provider="CPUExecutionProvider"),
+        frames=20,
+        skipped_busy=3,
+        failed_frames=1,
+        agreement=0.9,
+        verdicts={"ok/ok": 18, "ok/ng": 2},
+        classes={"crack": ClassAgreement(matched=5, live_only=1, candidate_only=2)},
+        score_shift=-0.05,
+        latency=StageLatency(p50_ms=4.0, p99_ms=8.0),
+        disagreements_saved=2,
+        gate="the models agree on 90.0% of the frames, below the gate's 98.0%",
+    )
+    metrics = Metrics()
+    metrics.update([(_status(candidate=trial), {}, None)])
+    got = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+    }
+    assert got[("edged_candidate_frames_total", ())] == 20
+    assert got[("edged_candidate_skipped_busy_total", ())] == 3
+    assert got[("edged_candidate_gate_passed", ())] == 0
+    assert got[("edged_candidate_agreement", ())] == 0.9
+    assert got[("edged_candidate_verdicts_total", (("candidate", "ng"), ("live", "ok")))] == 2
+    assert got[("edged_candidate_boxes_total", (("class", "crack"), ("outcome", "live_only")))] == 1
+    assert got[("edged_candidate_latency_seconds", (("quantile", "0.99"),))] == 0.008
+    assert ("edged_candidate_info", (("model", "next"), ("model_sha256", "cd" * 32), ("state", "on_trial"))) in got

@@ -1,0 +1,428 @@
+"""The shadow trial: a candidate model (``[model.candidate]``) beside the live one, on live frames.
+
+Every ``sample_every``-th frame a camera publishes is copied, with what the live model found in
+it, into that camera's `Sample` (a buffer of its own: the live frame's slot is reused by the
+capture). The candidate runs on the loop's thread, and only when the loop would otherwise wait:
+nothing on the lanes, no request in hand, and the time until each camera's next frame is due
+longer than the candidate's measured p99 latency (`spare_s`), so the live frame rate and frame
+age are not touched. A loop kept busy by the live model never gives the candidate a turn; the
+samples it never ran on are counted (``skipped_busy``). The candidate publishes nothing and
+drives no output: its results are only compared with the live model's (`Tally`).
+
+A candidate that fails to load, fails on a frame or outputs NaN is reported in the status and
+never reaches the live path. `Shadow.promote` and `Shadow.rollback` hand the daemon the model
+and frame paths to swap in between frames (`edged.control` carries the commands).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edged.camera import Camera
+from edged.config import CandidateConfig, ModelConfig, Settings
+from edged.decode import Detections
+from edged.errors import EdgedError
+from edged.evidence import EvidenceWriter
+from edged.messages import CandidateReport, CandidateState, ClassAgreement, StageLatency
+from edged.model import LoadedModel, load_model
+from edged.pipeline import FramePath, Processed, Rejected, frame_path
+from edged.requests import RequestDesk
+from edged.settings.evidence import EvidenceConfig
+from edged.sources.base import Frame
+from edged.task import TaskResult
+
+log = logging.getLogger(__name__)
+
+LATENCY_WINDOW = 256  # the candidate's latest runs its p50 and p99 are taken over
+HEADROOM_FACTOR = 1.2  # the spare time must exceed the candidate's p99 by this much
+MATCH_IOU = 0.5  # two boxes of one class at this IoU or more are the same object
+EVIDENCE_STOP_WAIT_S = 1.0  # at stop, time left to save the disagreeing frames queued
+INTERVAL_SMOOTHING = 0.2  # weight of the newest frame interval in a camera's running estimate
+
+
+def candidate_model_config(live: ModelConfig, candidate: CandidateConfig) -> ModelConfig:
+    """The candidate's model settings: the live model's, its own file, labels, thresholds and signature."""
+    return live.model_copy(
+        update={
+            "path": candidate.path,
+            "labels": candidate.labels,
+            "conf": candidate.conf if candidate.conf is not None else live.conf,
+            "iou": candidate.iou if candidate.iou is not None else live.iou,
+            "signature": candidate.signature,
+            "candidate": None,
+        }
+    )
+
+
+class Sample:
+    """One camera's frame waiting for the candidate: a copy of the image and of the live model's
+    detections, in buffers allocated once (again only when the frame size changes)."""
+
+    def __init__(self, max_det: int) -> None:
+        self.image: np.ndarray | None = None
+        self.frame: Frame | None = None
+        self.xyxy = np.empty((max_det, 4), np.float32)
+        self.scores = np.empty(max_det, np.float32)
+        self.class_ids = np.empty(max_det, np.int32)
+        self.found = 0
+        self.verdict = "none"
+        self.live_s = 0.0  # the live model's own time on it: the candidate's estimate before it has run
+        self.pending = False
+
+    def keep(self, done: Processed) -> None:
+        frame, image = done.frame, done.frame.image
+        if self.image is None or self.image.shape != image.shape or self.image.dtype != image.dtype:
+            self.image = np.empty_like(image)
+        np.copyto(self.image, image)
+        self.frame = Frame(
+            self.image, frame.frame_id, frame.t_capture_ns, frame.t_wall_ns, frame.channel_order, frame.source_file
+        )
+        result = boxes_of(done.result)
+        n = self.found = min(len(result), self.scores.shape[0])
+        self.xyxy[:n] = result.xyxy[:n]
+        self.scores[:n] = result.scores[:n]
+        self.class_ids[:n] = result.class_ids[:n]
+        self.verdict = done.inspected.verdict if done.inspected is not None else "none"
+        times = done.times
+        self.live_s = (times.preprocess_ms + times.inference_ms + times.decode_ms) / 1e3
+        self.pending = True
+
+
+@dataclass(slots=True)
+class Matches:
+    """One frame's boxes paired by class at `MATCH_IOU`: counts by class id, and the score shift."""
+
+    matched: dict[int, int] = field(default_factory=dict)
+    live_only: dict[int, int] = field(default_factory=dict)
+    candidate_only: dict[int, int] = field(default_factory=dict)
+    shift_sum: float = 0.0
+
+    @property
+    def agree(self) -> bool:
+        return not any(self.live_only.values()) and not any(self.candidate_only.values())
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box of ``a`` (n, 4) with every box of ``b`` (m, 4), x1 y1 x2 y2: (n, m)."""
+    x1 = np.maximum(a[:, None, 0], b[None, :, 0])
+    y1 = np.maximum(a[:, None, 1], b[None, :, 1])
+    x2 = np.minimum(a[:, None, 2], b[None, :, 2])
+    y2 = np.minimum(a[:, None, 3], b[None, :, 3])
+    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+NO_BOXES = Detections(np.empty((0, 4), np.float32), np.empty(0, np.float32), np.empty(0, np.int32))
+
+
+def boxes_of(result: TaskResult) -> Detections:
+    """A result's boxes; none for a classifier's, whose models are compared by their verdicts alone."""
+    return result if isinstance(result, Detections) else NO_BOXES
+
+
+def match(live: Detections, candidate: Detections) -> Matches:
+    """Pair the two models' boxes class by class, best IoU first, at `MATCH_IOU` or more."""
+    found = Matches()
+    for cls in sorted(set(live.class_ids.tolist()) | set(candidate.class_ids.tolist())):
+        li, ci = np.flatnonzero(live.class_ids == cls), np.flatnonzero(candidate.class_ids == cls)
+        overlap = iou(live.xyxy[li], candidate.xyxy[ci]) if len(li) and len(ci) else np.zeros((len(li), len(ci)))
+        pairs = 0
+        while overlap.size and overlap.max() >= MATCH_IOU:
+            i, j = np.unravel_index(int(overlap.argmax()), overlap.shape)
+            found.shift_sum += float(candidate.scores[ci[j]]) - float(live.scores[li[i]])
+            overlap[i, :] = overlap[:, j] = -1.0
+            pairs += 1
+        found.matched[cls] = pairs
+        found.live_only[cls] = len(li) - pairs
+        found.candidate_only[cls] = len(ci) - pairs
+    return found
+
+
+class Tally:
+    """What the trial has found so far, board-wide."""
+
+    def __init__(self) -> None:
+        self.frames = self.agreed = self.skipped_busy = self.failed_frames = 0
+        self.verdicts: dict[str, int] = {}
+        self.matched: dict[int, int] = {}
+        self.live_only: dict[int, int] = {}
+        self.candidate_only: dict[int, int] = {}
+        self.shift_sum = 0.0
+        self.latencies = np.zeros(LATENCY_WINDOW, np.float64)  # seconds, a ring
+        self.runs = 0  # runs timed, failed ones too: the latency ring's fill
+
+    def timed(self, seconds: float) -> None:
+        self.latencies[self.runs % LATENCY_WINDOW] = seconds
+        self.runs += 1
+
+    def p99_s(self) -> float | None:
+        return float(np.percentile(self.latencies[: min(self.runs, LATENCY_WINDOW)], 99)) if self.runs else None
+
+    def add(self, live_verdict: str, candidate_verdict: str, found: Matches) -> bool:
+        """Count one compared frame; returns whether the models agree on it."""
+        self.frames += 1
+        key = f"{live_verdict}/{candidate_verdict}"
+        self.verdicts[key] = self.verdicts.get(key, 0) + 1
+        agree = live_verdict == candidate_verdict if live_verdict != "none" else found.agree
+        self.agreed += agree
+        for mine, theirs in (
+            (self.matched, found.matched),
+            (self.live_only, found.live_only),
+            (self.candidate_only, found.candidate_only),
+        ):
+            for cls, count in theirs.items():
+                mine[cls] = mine.get(cls, 0) + count
+        self.shift_sum += found.shift_sum
+        return agree
+
+    def agreement(self) -> float | None:
+        return self.agreed / self.frames if self.frames else None
+
+    def missing(self) -> dict[int, float]:
+        """By class, the share of the live model's boxes the candidate missed."""
+        return {
+            cls: self.live_only.get(cls, 0) / total
+            for cls in self.live_only
+            if (total := self.live_only.get(cls, 0) + self.matched.get(cls, 0))
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Swap:
+    """What the daemon swaps in between frames: the model and each camera's frame path."""
+
+    model: LoadedModel
+    paths: dict[str, FramePath]
+
+
+class Shadow:
+    """The candidate of ``[model.candidate]``, its frame paths per camera, the samples and the tally.
+
+    It loads the candidate at once (through `edged.model.load_model`, so a signature is checked
+    as the live model's is); one that does not load is reported, and the trial stays off.
+    """
+
+    def __init__(self, settings: Settings, cfg: CandidateConfig) -> None:
+        self.cfg = cfg
+        self.settings = settings
+        self.state: CandidateState = "on_trial"
+        self.error: str | None = None
+        self.model: LoadedModel | None = None
+        self.paths: dict[str, FramePath] = {}
+        self.tally = Tally()
+        self._samples = {source.camera_id: Sample(settings.model.max_det) for source in settings.source}
+        self._seen: dict[str, int] = {}
+        self._last: dict[str, tuple[int, int]] = {}  # camera id -> its last frame's (frame_id, t_capture_ns)
+        self._interval_ns: dict[str, float] = {}  # camera id -> its capture interval, estimated
+        self._previous: Swap | None = None  # the model a promotion replaced, for rollback
+        self._writers: dict[str, EvidenceWriter] = {}  # by camera id: where disagreeing frames are saved
+        try:
+            self.model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
+            self.paths = {source.camera_id: frame_path(settings, self.model, source) for source in settings.source}
+        except EdgedError as e:
+            self._fail(f"the candidate did not load: {e}")
+            return
+        log.info("candidate model %s on trial beside the live model", self.model.engine.identity.short)
+
+    def _fail(self, why: str) -> None:
+        self.state, self.error, self.model, self.paths = "failed", why, None, {}
+        log.error("%s; the live model goes on alone", why)
+
+    def observe(self, camera_id: str, done: Processed) -> None:
+        """A frame the live model published: learn the camera's frame interval, and keep every
+        ``sample_every``-th for the candidate (a sample it never ran on counts as skipped)."""
+        frame = done.frame
+        last = self._last.get(camera_id)
+        self._last[camera_id] = (frame.frame_id, frame.t_capture_ns)
+        if last is not None and frame.frame_id > last[0]:
+            interval = (frame.t_capture_ns - last[1]) / (frame.frame_id - last[0])
+            previous = self._interval_ns.get(camera_id)
+            smoothed = interval if previous is None else previous + INTERVAL_SMOOTHING * (interval - previous)
+            self._interval_ns[camera_id] = smoothed
+        if self.state != "on_trial" or camera_id not in self.paths:
+            return
+        seen = self._seen[camera_id] = self._seen.get(camera_id, 0) + 1
+        if seen % self.cfg.sample_every:
+            return
+        sample = self._samples.setdefault(camera_id, Sample(self.settings.model.max_det))
+        self.tally.skipped_busy += sample.pending
+        sample.keep(done)
+
+    def spare_s(self, cameras: Sequence[Camera], desk: RequestDesk | None) -> float:
+        """How long the loop can give the candidate now: until the first camera's next frame is
+        due (or its rate cap lets one be taken); nothing while a request is in hand, and no bound
+        from a camera in request mode between requests."""
+        now_s, now_ns = time.monotonic(), time.monotonic_ns()
+        spare = float("inf")
+        for camera in cameras:
+            if desk is not None and desk.request(camera) is not None:
+                return 0.0
+            if camera.mode != "free":
+                continue  # a request may come at any time; it waits at most one candidate run
+            last, interval = self._last.get(camera.id), self._interval_ns.get(camera.id)
+            if last is None or interval is None:
+                return 0.0  # its pace is not known yet
+            spare = min(spare, max(camera.wait_s(now_s), (last[1] + interval - now_ns) / 1e9))
+        return spare  # with only cameras in request mode, between requests: as long as it takes
+
+    def run(self, spare_s: float) -> bool:
+        """Run the candidate on one waiting sample if it fits in ``spare_s``; returns whether it ran."""
+        if self.state != "on_trial":
+            return False
+        for camera_id, sample in self._samples.items():
+            if not sample.pending or sample.frame is None:
+                continue
+            estimate = self.tally.p99_s()
+            if spare_s <= (estimate if estimate is not None else sample.live_s) * HEADROOM_FACTOR:
+                return False
+            sample.pending = False
+            self._try(camera_id, sample, sample.frame)
+            return True
+        return False
+
+    def _try(self, camera_id: str, sample: Sample, frame: Frame) -> None:
+        start = time.perf_counter()
+        try:
+            outcome = self.paths[camera_id].run(frame)
+        except EdgedError as e:
+            outcome = Rejected(frame, "inference_error", str(e))
+        self.tally.timed(time.perf_counter() - start)
+        if isinstance(outcome, Rejected):
+            if outcome.reason == "inference_error":
+                self._failed_frame(camera_id, frame, outcome.detail)
+            return
+        problems = outcome.result.problems()
+        if problems:
+            self._failed_frame(camera_id, frame, ", ".join(f"{problem} ({count})" for problem, count in problems))
+            return
+        n = sample.found
+        live = Detections(sample.xyxy[:n], sample.scores[:n], sample.class_ids[:n])
+        found = match(live, boxes_of(outcome.result))
+        candidate_verdict = outcome.inspected.verdict if outcome.inspected is not None else "none"
+        if not self.tally.add(sample.verdict, candidate_verdict, found):
+            self._save(camera_id, sample, live, outcome)
+
+    def _failed_frame(self, camera_id: str, frame: Frame, why: str) -> None:
+        self.tally.failed_frames += 1
+        self.error = f"camera {camera_id} frame {frame.frame_id}: {why}"
+        if self.tally.failed_frames == 1:
+            log.error("the candidate failed on a frame (the live path is not affected): %s", self.error)
+
+    def _save(self, camera_id: str, sample: Sample, live: Detections, outcome: Processed) -> None:
+        """The frame the models disagree on, to ``evidence_dir`` through an evidence writer of its own
+        (saved on its thread, rate-limited and pruned as `[evidence]` is): the image, the live
+        model's boxes as its label, and a JSON of both models' verdicts and boxes."""
+        folder, frame = self.cfg.evidence_dir, sample.frame
+        if folder is None or frame is None or self.model is None:
+            return
+        writer = self._writers.get(camera_id)
+        if writer is None:
+            writer = self._writers[camera_id] = EvidenceWriter(EvidenceConfig(dir=folder, save="all"), camera_id)
+            writer.start()
+        record = {
+            "camera_id": camera_id,
+            "frame_id": frame.frame_id,
+            "capture_time_ns": frame.t_wall_ns,
+            "live": {"verdict": sample.verdict, "detections": _boxes(live)},
+            "candidate": {
+                "model": self.model.info.model_dump(),
+                "verdict": outcome.inspected.verdict if outcome.inspected is not None else "none",
+                "detections": _boxes(boxes_of(outcome.result)),
+            },
+        }
+        names = self.model.class_names
+        writer.offer(frame, outcome.result, None, json.dumps(record).encode(), names=names, labelled=live)
+
+    def close(self) -> None:
+        """Finish saving the disagreeing frames queued."""
+        for writer in self._writers.values():
+            writer.stop(EVIDENCE_STOP_WAIT_S)
+
+    def gate(self) -> str | None:
+        """Why the candidate may not be promoted now; None when it passed the gate."""
+        cfg, tally = self.cfg, self.tally
+        if self.state != "on_trial" or self.model is None:
+            return "the candidate is live already" if self.state == "live" else f"no candidate on trial: {self.error}"
+        if tally.frames < cfg.min_frames:
+            return f"compared on {tally.frames} frame(s) of the {cfg.min_frames} the gate asks for"
+        agreement = tally.agreement() or 0.0
+        if agreement < cfg.min_agreement:
+            return f"the models agree on {agreement:.1%} of the frames, below the gate's {cfg.min_agreement:.1%}"
+        for cls, share in sorted(tally.missing().items()):
+            if share > cfg.max_missing:
+                label = self.model.label(cls)
+                return f"the candidate misses {share:.1%} of the live model's {label} boxes, above {cfg.max_missing:.1%}"
+        return None
+
+    def promote(self, live: Swap) -> Swap:
+        """The candidate and its frame paths, to go live; ``live`` is kept for `rollback`."""
+        assert self.model is not None  # promoted only on trial, with its model loaded
+        self._previous, self.state = live, "live"
+        for sample in self._samples.values():
+            sample.pending = False
+        return Swap(self.model, dict(self.paths))
+
+    def rollback(self) -> Swap | None:
+        """The model a promotion replaced, to go live again, and the candidate back on trial from
+        zero; None when nothing was promoted."""
+        previous = self._previous
+        if previous is None or self.state != "live":
+            return None
+        self._previous, self.state, self.tally, self._seen = None, "on_trial", Tally(), {}
+        return previous
+
+    @property
+    def previous(self) -> LoadedModel | None:
+        return self._previous.model if self._previous is not None else None
+
+    def report(self) -> CandidateReport:
+        tally = self.tally
+        names = self.model.label if self.model is not None else str
+        p99 = tally.p99_s()
+        latency = None
+        if p99 is not None:
+            p50 = float(np.percentile(tally.latencies[: min(tally.runs, LATENCY_WINDOW)], 50))
+            latency = StageLatency(p50_ms=round(p50 * 1e3, 3), p99_ms=round(p99 * 1e3, 3))
+        matched = sum(tally.matched.values())
+        shown = self.previous if self.state == "live" else self.model
+        agreement = tally.agreement()
+        return CandidateReport(
+            state=self.state,
+            model=shown.info if shown is not None else None,
+            error=self.error,
+            frames=tally.frames,
+            skipped_busy=tally.skipped_busy,
+            failed_frames=tally.failed_frames,
+            agreement=round(agreement, 4) if agreement is not None else None,
+            verdicts=dict(tally.verdicts),
+            classes={
+                names(cls): ClassAgreement(
+                    matched=tally.matched.get(cls, 0),
+                    live_only=tally.live_only.get(cls, 0),
+                    candidate_only=tally.candidate_only.get(cls, 0),
+                )
+                for cls in sorted(tally.matched.keys() | tally.live_only.keys() | tally.candidate_only.keys())
+            },
+            score_shift=round(tally.shift_sum / matched, 4) if matched else None,
+            latency=latency,
+            disagreements_saved=sum(writer.saved for writer in self._writers.values()),
+            gate=self.gate(),
+        )
+
+
+def _boxes(detections: Detections) -> list[dict[str, object]]:
+    return [
+        {"class_id": int(cls), "score": round(float(score), 4), "box": [round(float(v), 1) for v in box]}
+        for box, score, cls in zip(
+            detections.xyxy.tolist(), detections.scores.tolist(), detections.class_ids.tolist(), strict=True
+        )
+    ]

@@ -1,0 +1,113 @@
+"""The shadow trial in process: boxes paired by class, the candidate run only in time to spare,
+the tally and the gate, promotion and rollback handing back the right model."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnx_models import fixed_scene
+
+from edged.config import CandidateConfig, ModelConfig, Settings
+from edged.decode import Detections
+from edged.model import load_model
+from edged.pipeline import Processed, frame_path
+from edged.settings.sources import SyntheticSourceConfig
+from edged.shadow import Shadow, Swap, match
+from edged.sources.base import Frame
+
+SCENE = [(16.0, 20.0, 8.0, 8.0, 0, 0.9), (48.0, 20.0, 8.0, 8.0, 1, 0.8), (16.0, 44.0, 8.0, 8.0, 2, 0.7)]
+
+
+def detections(*rows: tuple[float, float, float, float, int, float]) -> Detections:
+    data = np.array(rows, np.float64).reshape(-1, 6)
+    return Detections(data[:, :4].astype(np.float32), data[:, 5].astype(np.float32), data[:, 4].astype(np.int32))
+
+
+def test_boxes_pair_by_class_at_iou_one_half_and_the_rest_count_on_their_side() -> None:
+    live = detections((0, 0, 10, 10, 0, 0.9), (20, 20, 30, 30, 0, 0.8), (0, 0, 10, 10, 1, 0.7))
+    candidate = detections((1, 1, 11, 11, 0, 0.6), (50, 50, 60, 60, 0, 0.5), (0, 0, 10, 10, 2, 0.7))
+    found = match(live, candidate)
+    assert found.matched == {0: 1, 1: 0, 2: 0}
+    assert found.live_only == {0: 1, 1: 1, 2: 0} and found.candidate_only == {0: 1, 1: 0, 2: 1}
+    assert round(found.shift_sum, 4) == -0.3 and not found.agree
+    assert match(live, live).agree
+
+
+def settings(tmp_path: Path, candidate: list[Any], **gate: Any) -> Settings:
+    fixed_scene(tmp_path / "live.onnx", SCENE)
+    fixed_scene(tmp_path / "candidate.onnx", candidate)
+    trial = CandidateConfig(
+        path=tmp_path / "candidate.onnx", sample_every=1, control=f"ipc://{tmp_path}/c.sock", **{"min_frames": 3, **gate}
+    )
+    source = SyntheticSourceConfig(width=128, height=96)
+    return Settings(model=ModelConfig(path=tmp_path / "live.onnx", candidate=trial), source=(source,))
+
+
+def live_frames(s: Settings, count: int) -> list[Processed]:
+    """Frames through the live model, 50 ms apart."""
+    model = load_model(s.model, s.runtime)
+    path = frame_path(s, model, s.source[0])
+    image = np.full((96, 128, 3), 90, np.uint8)
+    now = time.monotonic_ns()
+    done = []
+    for i in range(count):
+        outcome = path.run(Frame(image, i, now + i * 50_000_000, time.time_ns(), "bgr"))
+        assert isinstance(outcome, Processed)
+        done.append(outcome)
+    return done
+
+
+def test_without_time_to_spare_the_candidate_never_runs_and_says_how_many_samples_it_skipped(tmp_path: Path) -> None:
+    s = settings(tmp_path, SCENE)
+    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
+    for done in live_frames(s, 4):
+        shadow.observe("cam0", done)
+        assert not shadow.run(0.0)
+    report = shadow.report()
+    assert report.frames == 0 and report.skipped_busy == 3 and report.latency is None
+    assert report.gate == "compared on 0 frame(s) of the 3 the gate asks for"
+
+
+def test_with_time_to_spare_an_identical_candidate_agrees_and_passes_the_gate(tmp_path: Path) -> None:
+    s = settings(tmp_path, SCENE)
+    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
+    for done in live_frames(s, 3):
+        shadow.observe("cam0", done)
+        assert shadow.run(10.0)
+    report = shadow.report()
+    assert report.frames == 3 and report.agreement == 1.0 and report.gate is None and report.skipped_busy == 0
+    assert report.verdicts == {"none/none": 3} and report.classes["dust"].matched == 3
+
+
+def test_the_gate_names_a_class_the_candidate_misses(tmp_path: Path) -> None:
+    s = settings(tmp_path, SCENE[:2], min_agreement=0.0)
+    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
+    for done in live_frames(s, 3):
+        shadow.observe("cam0", done)
+        shadow.run(10.0)
+    assert shadow.report().gate == "the candidate misses 100.0% of the live model's dust boxes, above 2.0%"
+
+
+def test_promotion_keeps_the_live_model_and_rollback_hands_it_back_with_the_trial_started_again(tmp_path: Path) -> None:
+    s = settings(tmp_path, SCENE[:2])
+    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
+    live = load_model(s.model, s.runtime)
+    paths = {"cam0": frame_path(s, live, s.source[0])}
+    promoted = shadow.promote(Swap(live, paths))
+    assert promoted.model is shadow.model and promoted.paths == shadow.paths
+    assert shadow.state == "live" and shadow.previous is live and shadow.report().model == live.info
+    back = shadow.rollback()
+    assert back is not None and back.model is live and back.paths == paths
+    assert shadow.state == "on_trial" and shadow.previous is None and shadow.rollback() is None
+
+
+def test_a_candidate_that_does_not_load_is_reported_failed(tmp_path: Path) -> None:
+    s = settings(tmp_path, SCENE)
+    (tmp_path / "candidate.onnx").write_bytes(b"no model")
+    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
+    report = shadow.report()
+    assert report.state == "failed" and report.model is None and "did not load" in (report.error or "")
+    assert not shadow.run(10.0)
