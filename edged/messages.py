@@ -317,6 +317,17 @@ class JournalReport(WriterReport):
     recorded: int = Field(ge=0, description="This camera's entries written to the journal since start.")
 
 
+class ModbusReport(Message):
+    """The Modbus TCP server's counters (`edged.modbus`), the board's: every camera's status says the same."""
+
+    clients: int = Field(ge=0, description="Clients connected now.")
+    requests: int = Field(ge=0, description="Requests answered since start, exceptions included.")
+    exceptions: int = Field(ge=0, description="Requests answered with a Modbus exception (bad address, unit, function).")
+    refused: int = Field(ge=0, description="Connections closed as they came, beyond modbus.max_connections.")
+    unread: int = Field(ge=0, description="Connections closed for leaving their answers unread.")
+    triggers: int = Field(ge=0, description="Inspection requests taken through a coil.")
+
+
 class StatusMessage(TopicMessage):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -354,6 +365,7 @@ class StatusMessage(TopicMessage):
         description="MQTT messages dropped or superseded while the broker was away, by topic "
         "(detections, status, verdict); null when [mqtt] is off.",
     )
+    modbus: ModbusReport | None = Field(None, description="The Modbus TCP server's counters; null when [modbus] is off.")
 
     time_ms = ms_copy("time_ns")  # type: ignore[pydantic-field]  # a computed field: no annotation
 

@@ -16,6 +16,7 @@ from edged.evidence import EvidenceOutput
 from edged.http import HttpServer
 from edged.journal import JournalOutput
 from edged.messages import ThermalState, VerdictMessage
+from edged.modbus import ModbusOutput
 from edged.mqtt import MqttOutput
 from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.pipeline import Processed, verdict_message
@@ -25,7 +26,7 @@ from edged.trigger import Request, TriggerServer
 
 OutputT = TypeVar("OutputT", bound=Output)
 
-OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput, JournalOutput)
+OUTPUTS: tuple[type[Output], ...] = (Publisher, MqttOutput, HttpServer, EvidenceOutput, JournalOutput, ModbusOutput)
 
 
 def listening(settings: Settings) -> list[Endpoint]:
