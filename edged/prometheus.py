@@ -81,6 +81,7 @@ class Metrics:
         yield from _verdicts([(status.camera_id, verdicts) for status, _, verdicts in cameras if verdicts is not None])
         yield from _evidence([status for status, _, _ in cameras])
         yield from _journal([status for status, _, _ in cameras])
+        yield from _modbus(first)
         yield InfoMetricFamily(
             "edged_build",
             "edged's version and the model it runs.",
@@ -235,3 +236,28 @@ def _journal(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
         "edged_journal_errors", "Journal writes or retention passes that failed (disk full, read-only).", value=board.errors
     )
     yield GaugeMetricFamily("edged_journal_bytes", "Bytes the journal holds, at its last retention pass.", value=board.bytes)
+
+
+def _modbus(status: StatusMessage) -> Iterator[Metric]:
+    """The Modbus server's clients and requests: the board's, so any camera's status says them."""
+    modbus = status.modbus
+    if modbus is None:
+        return
+    yield GaugeMetricFamily("edged_modbus_clients", "Modbus TCP clients connected.", value=modbus.clients)
+    yield CounterMetricFamily(
+        "edged_modbus_requests", "Modbus requests answered, exceptions included.", value=modbus.requests
+    )
+    yield CounterMetricFamily(
+        "edged_modbus_exceptions", "Modbus requests answered with an exception.", value=modbus.exceptions
+    )
+    refused = CounterMetricFamily(
+        "edged_modbus_connections_dropped",
+        "Modbus connections closed by edged: beyond max_connections, or leaving their answers unread.",
+        labels=["reason"],
+    )
+    refused.add_metric(["max_connections"], modbus.refused)
+    refused.add_metric(["unread"], modbus.unread)
+    yield refused
+    yield CounterMetricFamily(
+        "edged_modbus_triggers", "Inspection requests taken through a Modbus coil.", value=modbus.triggers
+    )

@@ -8,6 +8,7 @@ import socket
 import struct
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,7 +97,7 @@ def block(c: ModbusTcpClient, count: int = BLOCK, address: int = 0) -> list[int]
 
 
 @contextmanager
-def free_running(tmp_path: Path, **modbus: Any) -> Iterator[tuple[RunningDaemon, int]]:
+def free_running(tmp_path: Path, http: dict[str, Any] | None = None, **modbus: Any) -> Iterator[tuple[RunningDaemon, int]]:
     """A free-running inspected camera at 30 fps with ``[modbus]`` on a free port; every frame NG (crack)."""
     fixed_scene(tmp_path / "model.onnx", SCENE)
     folder = images(tmp_path / "frames")
@@ -108,6 +109,7 @@ def free_running(tmp_path: Path, **modbus: Any) -> Iterator[tuple[RunningDaemon,
         "thermal": {"enabled": False},
         "inspect": {"ng_classes": ["crack"]},
         "modbus": {"listen": f"127.0.0.1:{port}", "unit_id": UNIT, **modbus},
+        "http": http or {"listen": ""},
     }
     d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
     try:
@@ -143,6 +145,30 @@ def test_reads_during_a_flood_of_verdicts_are_whole_and_match_the_stream(tmp_pat
         assert status.modbus is not None and status.modbus.clients == 1
         words = block(c, 12)
         assert words[1] == 1 and 0 < words[11] <= 400 and words[10] > 0  # running; fps x 10; 0.1 ms
+
+
+def test_status_metrics_and_the_live_view_show_the_clients_and_requests_served(tmp_path: Path) -> None:
+    http = free_port()
+    with free_running(tmp_path, {"listen": f"127.0.0.1:{http}"}) as (d, port), client(port) as c:
+        block(c)
+        c.read_holding_registers(0, count=1, device_id=UNIT + 1)
+        status = modbus_status(d, lambda m: m.clients == 1 and m.requests >= 2)
+        assert status.modbus is not None and status.modbus.exceptions == 1
+        metrics = ""
+
+        def scraped() -> bool:
+            nonlocal metrics
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10).read().decode()
+            return "edged_modbus_requests_total" in metrics and metric(metrics, "edged_modbus_requests_total") >= 2
+
+        assert wait_for(scraped, 30), metrics
+        assert metric(metrics, "edged_modbus_clients") == 1 and metric(metrics, "edged_modbus_exceptions_total") == 1
+        page = urllib.request.urlopen(f"http://127.0.0.1:{http}/", timeout=10).read().decode()
+        assert 'id="modbus"' in page and "m.clients" in page
+
+
+def metric(text: str, name: str) -> float:
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
 def test_the_heartbeat_counts_seconds_while_the_loop_turns(tmp_path: Path) -> None:
