@@ -318,6 +318,37 @@ def test_a_busy_port_fails_the_check_with_exit_1_naming_modbus_listen(tmp_path: 
     assert "Address already in use" in result.stderr
 
 
+def test_a_busy_port_at_run_is_logged_and_retried_while_detection_goes_on(tmp_path: Path) -> None:
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    port = free_port()
+    held.bind(("127.0.0.1", port))
+    held.listen()
+    fixed_scene(tmp_path / "model.onnx", SCENE)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    doc: dict[str, Any] = {
+        "source": {"type": "images", "path": str(images(tmp_path / "frames")), "fps": 30.0},
+        "model": {"path": "model.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
+        "thermal": {"enabled": False},
+        "inspect": {"ng_classes": ["crack"]},
+        "modbus": {"listen": f"127.0.0.1:{port}", "unit_id": UNIT},
+    }
+    d = RunningDaemon(write_config(tmp_path / "edged.toml", doc), endpoint)
+    try:
+        frames = ready(d).frames_processed
+        assert d.wait_status(lambda s: s.frames_processed > frames + 10)
+        assert wait_for(lambda: "the Modbus server cannot listen there" in d.log(), 30), d.log()
+        assert d.log().count("Address already in use") == 1
+        held.close()
+        assert wait_for(lambda: "Modbus TCP on" in d.log(), 30), d.log()
+        with client(port) as c:
+            assert len(block(c)) == BLOCK
+    finally:
+        held.close()
+        d.close()
+
+
 @pytest.mark.skipif(shutil.which("mbpoll") is None, reason="mbpoll is not installed (Debian: apt install mbpoll)")
 def test_mbpoll_reads_the_block(tmp_path: Path) -> None:
     with free_running(tmp_path) as (d, port):
