@@ -197,6 +197,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         "--frames verdicts at --camera-fps",
     )
     p.add_argument("--journal-dir", type=Path, default=None, help="with --journal: a folder on the disk to measure")
+    p.add_argument(
+        "--modbus",
+        action="store_true",
+        help="instead of the per-frame rows: `edged run` with [modbus], --frames verdicts at --camera-fps, "
+        "capture to the register update and to a polling client's read, p50 and p99 (needs pymodbus)",
+    )
     p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
     p.add_argument(
         "--camera-source",

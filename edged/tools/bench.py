@@ -39,6 +39,7 @@ from edged.tools import bench_rows as rows
 from edged.tools.bench_cameras import CameraKind, format_rows, run_cameras
 from edged.tools.bench_config import write_config
 from edged.tools.bench_journal import format_journal, run_journal_bench
+from edged.tools.bench_modbus import format_modbus, run_modbus_bench
 
 ROW_TITLES = {
     "floor": "1 floor: session.run",
@@ -70,7 +71,11 @@ def run_bench(args: argparse.Namespace) -> int:
         report["journal"] = run_journal_bench(args.journal_dir, args.frames, args.camera_fps)
         if not args.json:
             print(format_journal(report["journal"], args.journal_dir))
-    if not (args.cold_start or args.soak or args.cameras or args.journal):
+    if args.modbus:
+        report["modbus"] = run_modbus_bench(path, args.frames, args.camera_fps, spinning)
+        if not args.json:
+            print(format_modbus(report["modbus"]))
+    if not (args.cold_start or args.soak or args.cameras or args.journal or args.modbus):
         report = bench(path, spinning, args)
         report["model"]["kind"] = "demo model" if args.model is None else "model file"
         if not args.json:
