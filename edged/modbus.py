@@ -199,8 +199,14 @@ class ModbusOutput(Output):
     """The server of one configuration; its thread serves, the loop's calls only write registers."""
 
     def __init__(
-        self, cfg: ModbusConfig, camera_ids: Sequence[str], requesting: Sequence[str], inspected: Sequence[str]
+        self,
+        cfg: ModbusConfig,
+        camera_ids: Sequence[str],
+        requesting: Sequence[str],
+        inspected: Sequence[str],
+        previous: ModbusOutput | None = None,
     ) -> None:
+        """``previous``: the server a reload replaces, closed, whose registers and counts go on here."""
         load_pymodbus()
         self.cfg = cfg
         self.camera_ids = list(camera_ids)
@@ -210,6 +216,8 @@ class ModbusOutput(Output):
         self.registers = Registers(cfg.base, len(camera_ids))
         self._ok = [0] * len(camera_ids)
         self._ng = [0] * len(camera_ids)
+        if previous is not None:
+            self._carry_on(previous)
         self._stopping = False
         self._t0_ns = time.monotonic_ns()
         self._trigger: TriggerServer | None = None
@@ -312,7 +320,11 @@ class ModbusOutput(Output):
         if same == (self.cfg, self.camera_ids, self.requesting, self.inspected):
             return self
         self.close()
-        return ModbusOutput.from_settings(settings, services)
+        if settings.modbus is None:
+            return None
+        return ModbusOutput(
+            settings.modbus, settings.camera_ids(), settings.requesting(), settings.inspected(), previous=self
+        )
 
     def drain(self) -> None:
         """At stop: every camera's state says stopping, for the last status round and after."""
@@ -332,6 +344,16 @@ class ModbusOutput(Output):
     def latencies_ns(self) -> list[int]:
         """Capture to register update of each verdict since `record_latency` was set (`edged bench`)."""
         return list(self._update_ns)
+
+    def _carry_on(self, previous: ModbusOutput) -> None:
+        """After a reload, each camera's registers and counts go on from the server this one replaces,
+        so that a PLC sees the counts since start and no verdict vanish."""
+        for camera, index in self._index.items():
+            was = previous._index.get(camera)
+            if was is not None:
+                block = previous.registers.words[BLOCK * was : BLOCK * (was + 1)]
+                self.registers.words[BLOCK * index : BLOCK * (index + 1)] = block
+                self._ok[index], self._ng[index] = previous._ok[was], previous._ng[was]
 
     # ---- the loop's side ----------------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -165,6 +166,9 @@ def test_status_metrics_and_the_live_view_show_the_clients_and_requests_served(t
         assert metric(metrics, "edged_modbus_clients") == 1 and metric(metrics, "edged_modbus_exceptions_total") == 1
         page = urllib.request.urlopen(f"http://127.0.0.1:{http}/", timeout=10).read().decode()
         assert 'id="modbus"' in page and "m.clients" in page
+        started = time.monotonic()
+        assert d.stop(timeout=10) == 0  # a client still connected: closed within the server's bound
+        assert time.monotonic() - started < 5
 
 
 def metric(text: str, name: str) -> float:
@@ -175,6 +179,22 @@ def test_the_heartbeat_counts_seconds_while_the_loop_turns(tmp_path: Path) -> No
     with free_running(tmp_path) as (_d, port), client(port) as c:
         first = block(c, 1)[0]
         assert wait_for(lambda: block(c, 1)[0] >= first + 2, 30)
+
+
+def test_a_reload_that_moves_the_blocks_serves_them_at_their_new_address(tmp_path: Path) -> None:
+    with free_running(tmp_path) as (d, port):
+        with client(port) as c:
+            assert wait_for(lambda: block(c)[2] == 2, 15)
+        config = tmp_path / "edged.toml"
+        config.write_text(config.read_text().replace(f"unit_id = {UNIT}", f"unit_id = {UNIT}\nbase = 100"))
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "registers from 100" in d.log(), 30), d.log()
+        with client(port) as c:
+            assert wait_for(lambda: block(c, address=100)[2] == 2, 15)
+            words = block(c, address=100)  # the counts go on since start, as the sequence numbers do
+            assert words32(*words[3:5]) == words32(*words[5:7]) + words32(*words[7:9]) - 1 > 0
+            reply = c.read_holding_registers(0, count=1, device_id=UNIT)
+            assert isinstance(reply, ExceptionResponse) and reply.exception_code == 2
 
 
 def test_a_coil_write_inspects_a_frame_captured_after_it_and_clears_the_coil(tmp_path: Path) -> None:
