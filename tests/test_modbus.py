@@ -3,16 +3,18 @@ the running daemon served to real Modbus clients is tests/test_daemon_modbus.py.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
+import pymodbus
 import pytest
 from daemon import write_config
 from onnx_models import fixed_scene
 from test_trigger import SCENE
 
 from edged.config import ConfigError, load_config
-from edged.modbus import NO_CLASS, Registers, part_id_of
+from edged.modbus import INSTALL_PYMODBUS, NO_CLASS, Registers, part_id_of
 
 
 @pytest.mark.unit
@@ -54,3 +56,29 @@ def test_a_server_off_loopback_is_refused_unless_allow_remote(tmp_path: Path) ->
     doc["modbus"]["allow_remote"] = True
     settings = load_config(write_config(tmp_path / "edged.toml", doc))
     assert settings.modbus is not None and settings.modbus.allow_remote
+
+
+def _modbus_problems(tmp_path: Path) -> list[str]:
+    fixed_scene(tmp_path / "model.onnx", SCENE)
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path / "edged.toml", {"model": {"path": "model.onnx"}, "modbus": {}}))
+    return e.value.problems
+
+
+@pytest.mark.unit
+def test_without_pymodbus_a_modbus_section_is_a_config_error_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pymodbus.server", None)  # as if pymodbus were not installed
+    problems = _modbus_problems(tmp_path)
+    assert any(p.startswith("modbus: ") and INSTALL_PYMODBUS in p for p in problems), problems
+    assert ".venv/bin/python -m pip install -e '.[modbus]'" in INSTALL_PYMODBUS
+
+
+@pytest.mark.unit
+def test_a_pymodbus_older_than_3_16_is_refused_with_the_version_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pymodbus, "__version__", "3.6.9")
+    problems = _modbus_problems(tmp_path)
+    assert any("needs pymodbus 3.16 or a later 3.x, this Python has 3.6.9" in p for p in problems), problems
