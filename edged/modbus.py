@@ -21,12 +21,13 @@ Only registers 12-13 take writes; the coil at ``base + 16 * i`` takes a request 
 when it is in request mode. The loop builds a verdict's new registers and writes them under
 the lock every read takes, so a PLC never reads a new verdict with an old sequence number.
 
-The server is pymodbus' (3.x, the ``modbus`` extra), run on an asyncio loop of its own thread; a
-coil write goes to `edged.trigger.TriggerServer.offer`, whose answer (on the loop's thread)
-clears the coil once the verdict's registers hold the verdict. Connections beyond
-``max_connections`` are closed as they come; a client that lets `edged.modbus_server.MAX_UNREAD_BYTES` of answers
-pile up unread is closed. Both are counted. pymodbus' own log lines (one per malformed frame)
-are kept to critical ones: a flood of bad frames must not flood the journal.
+The server is pymodbus' (3.16 or a later 3.x, the ``modbus`` extra), run on an asyncio loop of
+its own thread; a coil write goes to `edged.trigger.TriggerServer.offer`, whose answer (on the
+loop's thread) clears the coil once the verdict's registers hold the verdict. Connections beyond
+``max_connections`` are closed as they come; a client that lets
+`edged.modbus_server.MAX_UNREAD_BYTES` of answers pile up unread is dropped. Both are counted.
+pymodbus' own log lines (one per malformed frame) are kept to critical ones: a flood of bad
+frames must not flood the journal.
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ class ModbusOutput(Output):
         if previous is not None:
             self._carry_on(previous)
         self._stopping = False
-        self._t0_ns = time.monotonic_ns()
+        self._t0_ns = previous._t0_ns if previous is not None else time.monotonic_ns()  # the heartbeat goes on too
         self._trigger: TriggerServer | None = None
         # Counted on the server's thread, read by `report`: plain ints, each written by that thread alone.
         self.requests = 0  # requests answered, exceptions included
@@ -228,11 +229,8 @@ class ModbusOutput(Output):
         self.unread = 0  # connections closed for leaving their answers unread
         self.triggers = 0  # inspection requests taken through a coil
         self.clients = 0
-        self._update_ns: list[int] = []  # capture to register update of each verdict, for `edged bench`
-        self.record_latency = False
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
-        self.serving = threading.Event()  # set once the server listens
         self._thread = threading.Thread(target=self._run, name="edged-modbus", daemon=True)
         self._thread.start()
 
@@ -274,13 +272,11 @@ class ModbusOutput(Output):
             words = registers.words
             words[at + HEARTBEAT] = self._heartbeat(now_ns)
             words[at + VERDICT] = OK if verdict.verdict == "ok" else NG
-            words[at + SEQ], words[at + SEQ + 1] = _split(verdict.seq)
-            words[at + OK_COUNT], words[at + OK_COUNT + 1] = _split(self._ok[index])
-            words[at + NG_COUNT], words[at + NG_COUNT + 1] = _split(self._ng[index])
+            _put32(words, at + SEQ, verdict.seq)
+            _put32(words, at + OK_COUNT, self._ok[index])
+            _put32(words, at + NG_COUNT, self._ng[index])
             words[at + NG_CLASS] = min(ng_class, NO_CLASS)
             words[at + LATENCY] = min(latency_ns // 100_000, 0xFFFF)
-        if self.record_latency:
-            self._update_ns.append(time.monotonic_ns() - report.outcome.frame.t_capture_ns)
 
     def status(self, reports: Sequence[StatusReport]) -> None:
         """Each camera's state, rate and the heartbeat, once per status round."""
@@ -340,10 +336,6 @@ class ModbusOutput(Output):
             with contextlib.suppress(RuntimeError):  # the loop ended already
                 self._loop.call_soon_threadsafe(stop.set)
         self._thread.join(CLOSE_TIMEOUT_S)
-
-    def latencies_ns(self) -> list[int]:
-        """Capture to register update of each verdict since `record_latency` was set (`edged bench`)."""
-        return list(self._update_ns)
 
     def _carry_on(self, previous: ModbusOutput) -> None:
         """After a reload, each camera's registers and counts go on from the server this one replaces,
@@ -427,14 +419,13 @@ class ModbusOutput(Output):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), BIND_RETRY_S)
                 continue
-            self.serving.set()
             log.info("Modbus TCP on %s, unit %d, registers from %d", self.cfg.listen, self.cfg.unit_id, self.cfg.base)
             await self._stop.wait()
             await server.shutdown()  # type: ignore[no-untyped-call]
             return
 
 
-def _split(value: int) -> tuple[int, int]:
-    """A 32-bit number (modulo 2**32) as its high and low words."""
-    value &= 0xFFFFFFFF
-    return value >> 16, value & 0xFFFF
+def _put32(words: list[int], at: int, value: int) -> None:
+    """A 32-bit number (modulo 2**32) into two registers, high word first."""
+    words[at] = (value >> 16) & 0xFFFF
+    words[at + 1] = value & 0xFFFF
