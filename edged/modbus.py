@@ -220,7 +220,7 @@ class ModbusOutput(Output):
         if previous is not None:
             self._carry_on(previous)
         self._stopping = False
-        self._t0_ns = previous._t0_ns if previous is not None else time.monotonic_ns()  # the heartbeat goes on too
+        self._t0_ns: int = previous._t0_ns if previous is not None else time.monotonic_ns()  # the heartbeat goes on
         self._trigger: TriggerServer | None = None
         # Counted on the server's thread, read by `report`: plain ints, each written by that thread alone.
         self.requests = 0  # requests answered, exceptions included
