@@ -177,6 +177,31 @@ def requested(d: RunningDaemon, c: ModbusTcpClient) -> None:
     assert modbus_status(d, lambda m: m.triggers == 2)
 
 
+def test_each_camera_has_its_block_and_coil_at_base_plus_16_times_its_index(tmp_path: Path) -> None:
+    port = free_port()
+    folder = images(tmp_path / "frames")
+    cameras = [
+        {"type": "images", "path": str(folder), "fps": 30.0, "camera_id": "front", "trigger": "free"},
+        {"type": "images", "path": str(folder), "fps": 2.0, "camera_id": "back"},
+    ]
+    modbus = {"listen": f"127.0.0.1:{port}", "unit_id": UNIT, "base": 40}
+    with running(tmp_path, source=cameras, modbus=modbus) as d:  # type: ignore[arg-type]
+        assert wait_for(lambda: "Modbus TCP on" in d.log(), 30), d.log()
+        with client(port) as c:
+            # front: free-running and not inspected: running, its rate shown, no verdict ever
+            assert wait_for(lambda: block(c, address=40)[1] == 1 and block(c, address=40)[11] > 0, 30)
+            assert block(c, address=40)[2] == 0
+            reply = c.write_coil(40, True, device_id=UNIT)
+            assert isinstance(reply, ExceptionResponse) and reply.exception_code == 2
+            assert block(c, address=56)[2] == 0  # back: in request mode, no verdict yet
+            assert not c.write_registers(56 + 12, [0, 7], device_id=UNIT).isError()
+            assert not c.write_coil(56, True, device_id=UNIT).isError()
+            assert wait_for(lambda: not c.read_coils(56, count=1, device_id=UNIT).bits[0], 15)
+            back = block(c, address=56)
+            verdict = next(m for m in d.messages(15) if isinstance(m, VerdictMessage) and m.camera_id == "back")
+            assert verdict.part_id == "7" and words32(*back[3:5]) == verdict.seq and back[2] == 2 and back[14] == 0
+
+
 def test_a_coil_of_a_free_running_camera_or_between_cameras_is_an_illegal_address(tmp_path: Path) -> None:
     with free_running(tmp_path) as (_d, port), client(port) as c:
         for address in (0, 1):
