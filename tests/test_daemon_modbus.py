@@ -177,6 +177,20 @@ def requested(d: RunningDaemon, c: ModbusTcpClient) -> None:
     assert modbus_status(d, lambda m: m.triggers == 2)
 
 
+def test_a_request_without_a_frame_in_time_clears_the_coil_and_says_timeout(tmp_path: Path) -> None:
+    # One image every 20 s: after the first, no frame comes within the request's second.
+    port = free_port()
+    modbus = {"listen": f"127.0.0.1:{port}", "unit_id": UNIT}
+    with running(tmp_path, fps=0.05, trigger={"timeout_s": 1.0}, modbus=modbus) as d:
+        ready(d)
+        assert wait_for(lambda: "Modbus TCP on" in d.log(), 30), d.log()
+        with client(port) as c:
+            assert not c.write_coil(0, True, device_id=UNIT).isError()
+            assert wait_for(lambda: not c.read_coils(0, count=1, device_id=UNIT).bits[0], 15)
+            words = block(c)
+            assert words[14] == 3 and words[2] == 0  # timeout; no verdict
+
+
 def test_each_camera_has_its_block_and_coil_at_base_plus_16_times_its_index(tmp_path: Path) -> None:
     port = free_port()
     folder = images(tmp_path / "frames")
