@@ -241,6 +241,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         help="instead of the per-frame rows: capture to OPC UA node update and to a subscriber's notification, "
         "p50/p99, over --frames verdicts of an `edged run` at --camera-fps (needs asyncua)",
     )
+    p.add_argument(
+        "--modbus",
+        action="store_true",
+        help="instead of the per-frame rows: `edged run` with [modbus], --frames verdicts at --camera-fps, "
+        "capture to the register update and to a polling client's read, p50 and p99 (needs pymodbus)",
+    )
     p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
     p.add_argument(
         "--camera-source",

@@ -36,6 +36,7 @@ from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig,
 from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
 from edged.settings.journal import JournalConfig, default_path
+from edged.settings.modbus import ModbusConfig
 from edged.settings.mqtt import MqttConfig
 from edged.settings.opcua import OpcuaConfig
 from edged.settings.reject import RejectConfig
@@ -459,6 +460,9 @@ class Settings(BaseSettings):
     )
     http: HttpConfig = section(HttpConfig, "The live view, status page, Prometheus metrics and health check, over HTTP.")
     mqtt: MqttConfig | None = Field(None, description="MQTT output beside the ZeroMQ stream; absent: off.")
+    modbus: ModbusConfig | None = Field(
+        None, description="Modbus TCP server of each camera's state and verdicts, and request coils; absent: off."
+    )
     evidence: EvidenceConfig | None = Field(None, description="Evidence images; off without the section.")
     opcua: OpcuaConfig | None = Field(None, description="OPC UA server of each camera's verdicts; absent: off.")
     journal: JournalConfig = section(
@@ -870,6 +874,7 @@ def _check_files(settings: Settings) -> list[str]:
     # What the cameras, the keys and the broker need (their libraries, zmq's certificates, paho) loads
     # only to check them: the settings themselves import nothing of the runtime.
     from edged.keys import key_file_problems, read_token
+    from edged.modbus import dependency_problems as modbus_problems
     from edged.mqtt import broker_problems
     from edged.opcua import opcua_problems
     from edged.sources.registry import config_problems as camera_problems
@@ -895,6 +900,8 @@ def _check_files(settings: Settings) -> list[str]:
         problems += broker_problems(settings.mqtt)
     if settings.opcua is not None:
         problems += opcua_problems(settings.opcua)
+    if settings.modbus is not None:
+        problems += modbus_problems()
     journal = settings.journal
     if journal.enabled and journal.path is not None and not journal.path.parent.is_dir():
         problems.append(

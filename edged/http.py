@@ -777,6 +777,7 @@ nav a.shown{border-color:#e6e6e6;font-weight:bold}
 <tr><th>model</th><td id="model">-</td></tr>
 <tr><th>uptime</th><td id="uptime">-</td></tr>
 <tr id="opcua-row" hidden><th>OPC UA</th><td id="opcua">-</td></tr>
+<tr id="modbus-row" hidden><th>modbus</th><td id="modbus">-</td></tr>
 </table>
 <h2>latency, ms</h2><table id="latency"></table>
 <h2>drops</h2><table id="drops"></table>
@@ -874,6 +875,9 @@ async function tick() {
     $("opcua-row").hidden = !o;
     const served = o ? o.clients + " client(s), " + o.requests + " request(s)" : "";
     if (o) $("opcua").textContent = (o.serving ? "" : "not serving: ") + served;
+    const m = s.modbus;
+    $("modbus-row").hidden = !m;
+    if (m) $("modbus").textContent = m.clients + " client(s), " + m.requests + " requests";
     const stages = Object.entries(s.latency).map(([k, v]) => [k, v.p50_ms.toFixed(2), v.p99_ms.toFixed(2)]);
     rows("latency", [["stage", "p50", "p99"], ...stages]);
     const drops = Object.entries(s.drops).filter(([, n]) => n > 0).map(([k, n]) => [k, String(n)]);

@@ -454,6 +454,17 @@ class CandidateReport(Message):
     gate: str | None = Field(description="Why promotion would be refused now; null once the gate is passed.")
 
 
+class ModbusReport(Message):
+    """The Modbus TCP server's counters (`edged.modbus`), the board's: every camera's status says the same."""
+
+    clients: int = Field(ge=0, description="Clients connected now.")
+    requests: int = Field(ge=0, description="Requests answered since start, exceptions included.")
+    exceptions: int = Field(ge=0, description="Requests answered with a Modbus exception (bad address, unit, function).")
+    refused: int = Field(ge=0, description="Connections closed as they came, beyond modbus.max_connections.")
+    unread: int = Field(ge=0, description="Connections closed for leaving their answers unread.")
+    triggers: int = Field(ge=0, description="Inspection requests taken through a coil.")
+
+
 class StatusMessage(TopicMessage):
     """Periodic health: published even when no frames flow (camera lost, thermal pause)."""
 
@@ -497,6 +508,7 @@ class StatusMessage(TopicMessage):
     opcua: OpcuaReport | None = Field(
         None, description="The OPC UA server's clients and counters; null when [opcua] is off."
     )
+    modbus: ModbusReport | None = Field(None, description="The Modbus TCP server's counters; null when [modbus] is off.")
 
     time_ms = ms_copy("time_ns")  # type: ignore[pydantic-field]  # a computed field: no annotation
 

@@ -16,6 +16,7 @@ from edged.evidence import EvidenceOutput
 from edged.http import HttpServer
 from edged.journal import JournalOutput
 from edged.messages import ThermalState, VerdictMessage
+from edged.modbus import ModbusOutput
 from edged.mqtt import MqttOutput
 from edged.opcua import OpcuaOutput
 from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
@@ -38,6 +39,7 @@ OUTPUTS: tuple[type[Output], ...] = (
     MqttOutput,
     HttpServer,
     OpcuaOutput,
+    ModbusOutput,
 )
 
 

@@ -87,6 +87,7 @@ class Metrics:
         yield from _reject([status for status, _, _ in cameras])
         yield from _opcua(first)
         yield from _candidate(first)
+        yield from _modbus(first)
         yield InfoMetricFamily(
             "edged_build",
             "edged's version and the model it runs.",
@@ -350,3 +351,28 @@ def _candidate(status: StatusMessage) -> Iterator[Metric]:
         latency.add_metric(["0.5"], trial.latency.p50_ms / 1e3)
         latency.add_metric(["0.99"], trial.latency.p99_ms / 1e3)
         yield latency
+
+
+def _modbus(status: StatusMessage) -> Iterator[Metric]:
+    """The Modbus server's clients and requests: the board's, so any camera's status says them."""
+    modbus = status.modbus
+    if modbus is None:
+        return
+    yield GaugeMetricFamily("edged_modbus_clients", "Modbus TCP clients connected.", value=modbus.clients)
+    yield CounterMetricFamily(
+        "edged_modbus_requests", "Modbus requests answered, exceptions included.", value=modbus.requests
+    )
+    yield CounterMetricFamily(
+        "edged_modbus_exceptions", "Modbus requests answered with an exception.", value=modbus.exceptions
+    )
+    refused = CounterMetricFamily(
+        "edged_modbus_connections_dropped",
+        "Modbus connections closed by edged: beyond max_connections, or leaving their answers unread.",
+        labels=["reason"],
+    )
+    refused.add_metric(["max_connections"], modbus.refused)
+    refused.add_metric(["unread"], modbus.unread)
+    yield refused
+    yield CounterMetricFamily(
+        "edged_modbus_triggers", "Inspection requests taken through a Modbus coil.", value=modbus.triggers
+    )

@@ -141,6 +141,7 @@ def test_expected_paths_modes_and_owner(contents: dict[str, tuple[str, str, str]
         "/usr/share/doc/edged/copyright": "-rw-r--r--",
         "/usr/share/doc/edged/changelog.gz": "-rw-r--r--",
         "/usr/share/doc/edged/README.Debian": "-rw-r--r--",
+        "/usr/share/doc/edged/examples/modbus-port-502.conf": "-rw-r--r--",
         "/usr/share/lintian/overrides/edged": "-rw-r--r--",
     }
     assert {path: contents[path][0] for path in expected if path in contents} == expected
@@ -160,6 +161,7 @@ def test_packaged_files_are_the_repository_files(unpacked: Path) -> None:
         "lib/systemd/system/edged.service": "systemd/edged.service",
         "lib/systemd/system/edged@.service": "systemd/edged@.service",
         "usr/lib/sysusers.d/edged.conf": "systemd/edged.sysusers.conf",
+        "usr/share/doc/edged/examples/modbus-port-502.conf": "systemd/modbus-port-502.conf",
         "usr/share/edged/models/demo.onnx": "models/demo.onnx",
         "usr/share/edged/models/demo.labels": "models/demo.labels",
     }

@@ -378,3 +378,16 @@ def test_a_segmentation_model_has_its_masks_timed_within_decode() -> None:
     stages = run["rows"]["full"]["stages"]
     assert list(stages) == ["preprocess", "inference", "decode", MASKS, "publish", "view"]
     assert 0 < stages[MASKS]["median_ms"] <= stages["decode"]["median_ms"]
+
+
+def test_the_modbus_bench_times_capture_to_the_registers_on_the_real_daemon(
+    probe: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--modbus", "--model", str(probe), "--frames", "10", "--camera-fps", "20", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["modbus"]
+    assert result["verdicts"] == 10 and result["reads"] >= 10
+    register, seen = result["capture_to_register_ms"], result["capture_to_client_read_ms"]
+    assert 0 < register["p50"] <= register["p99"] <= register["max"]
+    assert seen is not None and 0 < seen["p50"] <= seen["p99"]
+    assert main(["bench", "--modbus", "--model", str(probe), "--frames", "3", "--camera-fps", "20"]) == 0
+    assert "capture to register update p50" in capsys.readouterr().out

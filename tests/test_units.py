@@ -160,6 +160,32 @@ def test_security_score_notices_a_weaker_sandbox(analyze_root: Path) -> None:
         unit_path.unlink()
 
 
+@needs_analyze
+@pytest.mark.parametrize("unit", ["edged.service", "edged@.service"])
+def test_the_modbus_port_502_drop_in_adds_only_the_bind_capability_and_verifies_clean(analyze_root: Path, unit: str) -> None:
+    drop_in = parse_unit((UNIT_DIR / "modbus-port-502.conf").read_text())
+    assert drop_in == {
+        "Service": [("CapabilityBoundingSet", "CAP_NET_BIND_SERVICE"), ("AmbientCapabilities", "CAP_NET_BIND_SERVICE")]
+    }
+    folder = analyze_root / "usr" / "lib" / "systemd" / "system" / f"{unit}.d"
+    folder.mkdir()
+    try:
+        shutil.copy(UNIT_DIR / "modbus-port-502.conf", folder / "modbus-port-502.conf")
+        rc, complaints = _verify(analyze_root, unit.replace("@", "@cam0"))
+        assert complaints == [] and rc == 0
+        assert _exposure(analyze_root, unit.replace("@", "@cam0")) <= MAX_EXPOSURE
+        assert ANALYZE is not None
+        scored = subprocess.run(
+            [ANALYZE, "security", "--offline=yes", f"--root={analyze_root}", unit.replace("@", "@cam0")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert "Service process receives ambient capabilities" in scored  # the drop-in took effect
+    finally:
+        shutil.rmtree(folder)
+
+
 # ---- what the daemon and the package rely on ---------------------------------------------------
 
 

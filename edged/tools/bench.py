@@ -41,6 +41,7 @@ from edged.tools import bench_rows as rows
 from edged.tools.bench_cameras import CameraKind, format_rows, run_cameras
 from edged.tools.bench_config import write_config
 from edged.tools.bench_journal import format_journal, run_journal_bench
+from edged.tools.bench_modbus import format_modbus, run_modbus_bench
 from edged.tools.bench_reject import format_reject, run_reject_bench
 
 ROW_TITLES = {
@@ -84,10 +85,11 @@ def run_bench(args: argparse.Namespace) -> int:
         report["opcua"] = opcua_latency(path, args.frames, args.camera_fps, spinning)
         if not args.json:
             print(format_opcua(report["opcua"]))
-    if not (args.cold_start or args.soak or args.cameras or args.journal or args.reject or args.opcua):
+    if args.modbus:
+        report["modbus"] = run_modbus_bench(path, args.frames, args.camera_fps, spinning)
         if not args.json:
-            print(format_reject(report["reject"]))
-    if not (args.cold_start or args.soak or args.cameras or args.journal or args.reject):
+            print(format_modbus(report["modbus"]))
+    if not (args.cold_start or args.soak or args.cameras or args.journal or args.reject or args.opcua or args.modbus):
         if len(variants) == 1 and not skipped:
             report = bench(path, spinning, args, variants[0])
             report["model"]["kind"] = "demo model" if args.model is None else "model file"

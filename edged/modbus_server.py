@@ -1,0 +1,133 @@
+"""pymodbus' TCP server over `edged.modbus`' registers: imported only when ``[modbus]`` is configured.
+
+pymodbus (3.x) decodes the frames, answers malformed ones and unknown function codes, and calls a
+server context for every read and write. `Context` is that context, over `edged.modbus.Registers`
+(the unit id checked, every address outside the blocks an exception); `_Server` and `_Handler`
+bound the connections (beyond ``max_connections`` closed as they come) and the answers a client
+leaves unread (`edged.modbus.MAX_UNREAD_BYTES`), and count the requests answered.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pymodbus.constants import ExcCodes
+from pymodbus.datastore import ModbusServerContext
+from pymodbus.exceptions import NoSuchIdException
+from pymodbus.pdu import ExceptionResponse, ModbusPDU
+from pymodbus.server import ModbusTcpServer
+from pymodbus.server.requesthandler import ServerRequestHandler
+
+if TYPE_CHECKING:
+    from edged.modbus import ModbusOutput
+
+READ_REGISTERS, READ_COILS = 3, 1
+WRITE_COILS = (5, 15)
+WRITE_REGISTERS = (6, 16, 22, 23)
+MAX_UNREAD_BYTES = 64 * 1024  # answers a client has not read, held by edged; beyond, it is dropped
+SEND_BUFFER_BYTES = 16 * 1024  # the kernel's send buffer of a client (it doubles it): answers are at most 260 bytes
+
+
+class Context(ModbusServerContext):
+    """The datastore pymodbus calls on its loop: the output's registers, for its unit id alone."""
+
+    def __init__(self, owner: ModbusOutput) -> None:
+        # Not ModbusServerContext.__init__: it builds a simulated device this context replaces.
+        self.owner = owner
+        self.old_simulator = True  # pymodbus calls this context as it is, rather than a simulator of it
+        self.simdevices = []
+
+    def device_ids(self) -> list[int]:
+        return [self.owner.cfg.unit_id]
+
+    def _check(self, device_id: int) -> None:
+        if device_id != self.owner.cfg.unit_id:
+            raise NoSuchIdException(f"unit {device_id} is not edged's")  # answered with exception 0x0B
+
+    async def async_getValues(
+        self, device_id: int, func_code: int, address: int, count: int = 1
+    ) -> list[int] | list[bool] | ExcCodes:
+        self._check(device_id)
+        registers = self.owner.registers
+        if func_code == READ_COILS or func_code in WRITE_COILS:
+            coils = registers.read_coils(address, count)
+            return coils if coils is not None else ExcCodes.ILLEGAL_ADDRESS
+        if func_code == READ_REGISTERS or func_code in WRITE_REGISTERS:
+            words = registers.read(address, count)
+            return words if words is not None else ExcCodes.ILLEGAL_ADDRESS
+        return ExcCodes.ILLEGAL_FUNCTION
+
+    async def async_setValues(
+        self, device_id: int, func_code: int, address: int, values: Sequence[int] | Sequence[bool]
+    ) -> ExcCodes | None:
+        self._check(device_id)
+        owner = self.owner
+        if func_code in WRITE_COILS:
+            indexes = [owner.registers.coil_index(address + k) for k in range(len(values))]
+            if any(index is None or not owner.takes_requests(index) for index in indexes):
+                return ExcCodes.ILLEGAL_ADDRESS
+            for index, value in zip(indexes, values, strict=True):
+                if value and index is not None:
+                    owner.request(index)
+            return None
+        if func_code in WRITE_REGISTERS:
+            return None if owner.registers.write_part_id(address, [int(v) for v in values]) else ExcCodes.ILLEGAL_ADDRESS
+        return ExcCodes.ILLEGAL_FUNCTION
+
+
+class _Handler(ServerRequestHandler):
+    """One client's connection: closed at once beyond ``max_connections``, or once its unread answers pile up."""
+
+    server: _Server
+
+    def callback_connected(self) -> None:
+        super().callback_connected()
+        owner = self.server.owner
+        if len(self.server.active_connections) > owner.cfg.max_connections:
+            owner.refused += 1
+            self.close()
+            return
+        owner.clients = len(self.server.active_connections)
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # the kernel's share of a client's unread answers: small, as they are
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+
+    def callback_disconnected(self, exc: Exception | None) -> None:
+        super().callback_disconnected(exc)
+        self.server.owner.clients = max(len(self.server.active_connections) - 1, 0)
+
+    def callback_data(self, data: bytes, addr: tuple[str, int] | None = None) -> int:
+        transport: Any = self.transport
+        if transport is not None and transport.get_write_buffer_size() > MAX_UNREAD_BYTES:
+            self.server.owner.unread += 1
+            transport.abort()  # not close(), which would wait for the unread answers to go out
+            self.close()
+            self.server.owner.clients = len(self.server.active_connections)
+            return len(data)
+        return int(super().callback_data(data, addr))
+
+
+class _Server(ModbusTcpServer):
+    def __init__(self, owner: ModbusOutput) -> None:
+        self.owner = owner
+        super().__init__(Context(owner), address=owner.cfg.host_port(), trace_pdu=self._answered)
+
+    def callback_new_connection(self) -> _Handler:
+        return _Handler(self, self.trace_packet, self.trace_pdu, self.trace_connect)  # type: ignore[no-untyped-call]
+
+    def _answered(self, sending: bool, pdu: ModbusPDU) -> ModbusPDU:
+        """Every PDU in or out: each answer sent counts a request served, an exception one more."""
+        if sending:
+            self.owner.requests += 1
+            if isinstance(pdu, ExceptionResponse):
+                self.owner.exceptions += 1
+        return pdu
+
+
+async def start_server(owner: ModbusOutput) -> _Server:
+    """The server listening on ``owner``'s address; RuntimeError when it cannot."""
+    server = _Server(owner)
+    await server.serve_forever(background=True)
+    return server

@@ -1,0 +1,84 @@
+"""The Modbus TCP output's register image and its settings (`edged.modbus`, `edged.settings.modbus`);
+the running daemon served to real Modbus clients is tests/test_daemon_modbus.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pymodbus
+import pytest
+from daemon import write_config
+from onnx_models import fixed_scene
+from test_trigger import SCENE
+
+from edged.config import ConfigError, load_config
+from edged.modbus import INSTALL_PYMODBUS, NO_CLASS, Registers, part_id_of
+
+
+@pytest.mark.unit
+def test_reads_stay_within_the_blocks_and_only_the_part_id_takes_writes() -> None:
+    registers = Registers(100, 2)
+    assert registers.read(100, 32) == [0] * 9 + [NO_CLASS] + [0] * 15 + [NO_CLASS] + [0] * 6
+    assert registers.read(99, 1) is None and registers.read(131, 2) is None and registers.read(132, 1) is None
+    assert registers.write_part_id(112, [1, 2]) and registers.write_part_id(128, [3, 4])
+    assert registers.read(112, 2) == [1, 2] and registers.read(128, 2) == [3, 4]
+    assert not registers.write_part_id(111, [9, 9]) and not registers.write_part_id(113, [9, 9])
+    assert not registers.write_part_id(100, [9]) and not registers.write_part_id(144, [9])
+    assert registers.read(112, 3) == [1, 2, 0]  # a refused write wrote nothing
+
+
+@pytest.mark.unit
+def test_a_coil_per_camera_at_its_blocks_start() -> None:
+    registers = Registers(0, 3)
+    assert [registers.coil_index(a) for a in (0, 1, 15, 16, 32, 48, -1)] == [0, None, None, 1, 2, None, None]
+    registers.coils[1] = True
+    assert registers.read_coils(15, 3) == [False, True, False]
+    assert registers.read_coils(40, 9) is None
+
+
+@pytest.mark.unit
+def test_the_part_id_is_the_32_bit_number_high_word_first_and_0_is_none() -> None:
+    assert part_id_of(0, 0) is None
+    assert part_id_of(0, 42) == "42"
+    assert part_id_of(1, 2) == str(65538)
+    assert part_id_of(0xFFFF, 0xFFFF) == "4294967295"
+
+
+@pytest.mark.unit
+def test_a_server_off_loopback_is_refused_unless_allow_remote(tmp_path: Path) -> None:
+    fixed_scene(tmp_path / "model.onnx", SCENE)
+    doc: dict[str, Any] = {"model": {"path": "model.onnx"}, "modbus": {"listen": "0.0.0.0:5020"}}
+    with pytest.raises(ConfigError, match=r"modbus\.allow_remote = true") as e:
+        load_config(write_config(tmp_path / "edged.toml", doc))
+    assert e.value.exit_code == 78
+    doc["modbus"]["allow_remote"] = True
+    settings = load_config(write_config(tmp_path / "edged.toml", doc))
+    assert settings.modbus is not None and settings.modbus.allow_remote
+
+
+def _modbus_problems(tmp_path: Path) -> list[str]:
+    fixed_scene(tmp_path / "model.onnx", SCENE)
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path / "edged.toml", {"model": {"path": "model.onnx"}, "modbus": {}}))
+    return e.value.problems
+
+
+@pytest.mark.unit
+def test_without_pymodbus_a_modbus_section_is_a_config_error_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pymodbus.server", None)  # as if pymodbus were not installed
+    problems = _modbus_problems(tmp_path)
+    assert any(p.startswith("modbus: ") and INSTALL_PYMODBUS in p for p in problems), problems
+    assert ".venv/bin/python -m pip install -e '.[modbus]'" in INSTALL_PYMODBUS
+
+
+@pytest.mark.unit
+def test_a_pymodbus_older_than_3_16_is_refused_with_the_version_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pymodbus, "__version__", "3.6.9")
+    problems = _modbus_problems(tmp_path)
+    assert any("needs pymodbus 3.16 or a later 3.x, this Python has 3.6.9" in p for p in problems), problems
