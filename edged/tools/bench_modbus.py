@@ -109,7 +109,8 @@ def _poll(client: Any, sub: zmq.Socket[bytes], verdicts: int, fps: float) -> dic
         while sub.poll(0):
             _take(sub, captured, verdict_ms)
         time.sleep(POLL_S)
-    while sub.poll(200):
+    drained = time.monotonic() + 2.0  # the verdicts already sent; the stream itself never ends
+    while time.monotonic() < drained and sub.poll(200):
         _take(sub, captured, verdict_ms)
     if not register_ms:
         raise ColdStartError("modbus bench: no verdict reached the registers")
