@@ -22,7 +22,6 @@ retried every `BIND_RETRY_S`.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hmac
 import io
 import ipaddress
@@ -44,8 +43,9 @@ from urllib.parse import parse_qs, unquote_plus, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from edged import history
-from edged.errors import BindError, EdgedError, JournalUnreadable, KeyFileError, UsageError
+from edged.errors import EdgedError, JournalUnreadable, KeyFileError, UsageError
 from edged.keys import read_token
+from edged.listen import listen_tcp
 from edged.messages import DetectionsMessage, StatusMessage
 from edged.output import Delivery, Endpoint, FrameReport, Output, Services, StatusReport
 from edged.prometheus import CameraStatus, Metrics
@@ -310,26 +310,11 @@ class HttpServer(Output):
 
 
 def _try_listen(listen: str) -> Callable[[], None]:
-    """`Endpoint.bind` of ``http.listen``: bound and listening as `_Server` binds (with address reuse,
-    as HTTPServer sets it), then released. Raises `BindError`: `run` would serve nothing there."""
+    """`Endpoint.bind` of ``http.listen``: bound and listening as `_Server` binds, then released.
+    Raises `BindError`: `run` would serve nothing there."""
     host, port = listen_address(listen)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen()
-    except OSError as e:
-        sock.close()
-        hint = {
-            errno.EADDRINUSE: "another program holds it, perhaps an edged still running: stop it or change http.listen",
-            errno.EADDRNOTAVAIL: "no interface of this board has that address: change http.listen",
-            errno.EACCES: "a port below 1024 needs privileges edged does not have: choose a port from 1024",
-        }.get(e.errno or 0, "change http.listen")
-        raise BindError(
-            f"http.listen {listen}: the live view, status page and metrics cannot be served there: "
-            f"{e.strerror or e} ({hint})"
-        ) from None
-    return sock.close
+    what = "the live view, status page and metrics cannot be served there"
+    return listen_tcp("http.listen", listen, host, port, what).close
 
 
 def _host_name(host: str) -> str:

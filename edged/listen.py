@@ -34,7 +34,7 @@ from pathlib import Path
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from edged.errors import PublishError
+from edged.errors import BindError, PublishError
 from edged.settings.endpoints import ipc_path, ours_to_make
 
 log = logging.getLogger(__name__)
@@ -204,6 +204,29 @@ class Listener:
     def close(self, linger: int) -> None:
         self._watch.stop()
         self.socket.close(linger=linger)
+
+
+PRIVILEGED_PORT = "a port below 1024 needs privileges edged does not have: choose a port from 1024"
+
+
+def listen_tcp(key: str, listen: str, host: str, port: int, what: str, privileged: str = PRIVILEGED_PORT) -> socket.socket:
+    """A TCP socket bound and listening on ``host``:``port`` as edged's servers bind (address reuse,
+    as asyncio and HTTPServer set it); else `BindError` naming ``key`` (``listen`` as written), that
+    ``what`` cannot happen there, and what to do (``privileged``: for a port below 1024)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen()
+    except OSError as e:
+        sock.close()
+        hint = {
+            errno.EADDRINUSE: f"another program holds it, perhaps an edged still running: stop it or change {key}",
+            errno.EADDRNOTAVAIL: f"no interface of this board has that address: change {key}",
+            errno.EACCES: privileged,
+        }.get(e.errno or 0, f"change {key}")
+        raise BindError(f"{key} {listen}: {what}: {e.strerror or e} ({hint})") from None
+    return sock
 
 
 def try_bind(endpoint: str, key: str, socket_type: int) -> Callable[[], None]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import importlib
 import logging
 import socket
@@ -45,6 +44,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from edged.errors import BindError, MissingDependency
+from edged.listen import listen_tcp
 from edged.messages import ModbusReport, TriggerError, TriggerProblem, VerdictMessage
 from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.settings.modbus import BLOCK, ModbusConfig
@@ -120,26 +120,14 @@ def dependency_problems() -> list[str]:
 
 
 def bind(listen: str) -> socket.socket:
-    """A socket bound and listening on ``listen`` as pymodbus binds it (address reuse); raises
-    `BindError` naming ``modbus.listen`` and what to do."""
+    """A socket bound and listening on ``listen`` as pymodbus binds it; raises `BindError` naming
+    ``modbus.listen`` and what to do."""
     host, port = ModbusConfig(listen=listen, allow_remote=True).host_port()
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen()
-    except OSError as e:
-        sock.close()
-        hint = {
-            errno.EADDRINUSE: "another program holds it, perhaps an edged still running: stop it or change modbus.listen",
-            errno.EADDRNOTAVAIL: "no interface of this board has that address: change modbus.listen",
-            errno.EACCES: "a port below 1024 (502) needs CAP_NET_BIND_SERVICE: add the drop-in the README's "
-            "Modbus section gives, or choose a port from 1024",
-        }.get(e.errno or 0, "change modbus.listen")
-        raise BindError(
-            f"modbus.listen {listen}: the Modbus server cannot listen there: {e.strerror or e} ({hint})"
-        ) from None
-    return sock
+    privileged = (
+        "a port below 1024 (502) needs CAP_NET_BIND_SERVICE: add the drop-in the README's Modbus section "
+        "gives, or choose a port from 1024"
+    )
+    return listen_tcp("modbus.listen", listen, host, port, "the Modbus server cannot listen there", privileged)
 
 
 def _try_bind(listen: str) -> Callable[[], None]:

@@ -25,17 +25,16 @@ configuration has ``[opcua]``.
 
 from __future__ import annotations
 
-import errno
 import importlib
 import logging
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-from edged.errors import BindError, EdgedError, KeyFileError, MissingDependency
+from edged.errors import EdgedError, KeyFileError, MissingDependency
+from edged.listen import listen_tcp
 from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.settings.opcua import OpcuaConfig, listen_host_port
 
@@ -90,25 +89,10 @@ def describe(cfg: OpcuaConfig, settings: Settings) -> str:
 
 
 def try_listen(listen: str) -> Callable[[], None]:
-    """`Endpoint.bind` of ``opcua.listen``: bound and listening as the server binds it (address
-    reuse, as asyncio sets it), then released. Raises `BindError` naming the key."""
+    """`Endpoint.bind` of ``opcua.listen``: bound and listening as the server binds it, then
+    released. Raises `BindError` naming the key."""
     host, port = listen_host_port(listen)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen()
-    except OSError as e:
-        sock.close()
-        hint = {
-            errno.EADDRINUSE: "another program holds it, perhaps an edged still running: stop it or change opcua.listen",
-            errno.EADDRNOTAVAIL: "no interface of this board has that address: change opcua.listen",
-            errno.EACCES: "a port below 1024 needs privileges edged does not have: choose a port from 1024",
-        }.get(e.errno or 0, "change opcua.listen")
-        raise BindError(
-            f"opcua.listen {listen}: the OPC UA server cannot listen there: {e.strerror or e} ({hint})"
-        ) from None
-    return sock.close
+    return listen_tcp("opcua.listen", listen, host, port, "the OPC UA server cannot listen there").close
 
 
 class OpcuaOutput(Output):
