@@ -129,6 +129,11 @@ class Segmenter:
         self._scores = np.empty(max_det, dtype=np.float32)
         self._ids = np.empty(max_det, dtype=np.int32)
 
+    @property
+    def detector(self) -> Decoder:
+        """The decoder of the detections, before their masks: `edged eval` reads its kept candidates."""
+        return self._decoder
+
     def _plan(self, box_map: BoxMap) -> None:
         """The buffers of one input and frame size, made with the first frame of that size."""
         h, w, m = box_map.input_h, box_map.input_w, box_map
