@@ -221,3 +221,13 @@ def test_overlapping_truth_masks_give_the_overlap_to_the_smaller() -> None:
     masks = truth_masks([big, small], m, (4, 4)).reshape(2, 4, 4)
     assert masks[1].sum() == 4 and masks[1][:2, :2].all()
     assert masks[0].sum() == 12 and not (masks[0] & masks[1]).any()
+
+
+def test_a_segmentation_model_on_scenes_scores_masks_against_the_boxes_rectangles(tmp_path: Path) -> None:
+    report_file = tmp_path / "report.json"
+    result = run_cli(
+        "eval", "--model", str(TASKS / "seg.onnx"), "--scenes", "2", "--size", "320x240", "--json", str(report_file)
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_file.read_text())
+    assert report["mask"]["n_images"] == 2 and sum(c["n_gt"] for c in report["mask"]["per_class"]) > 0

@@ -197,7 +197,8 @@ def evaluate(
         xyxy, scores, classes = _every_class(plan) or published
         acc.add(xyxy, scores, classes, sample.boxes, sample.class_ids, published=published)
         if mask_acc is not None:
-            truth = truth_masks(sample.outlines, plan.box_map, plan.binding.outputs[1].shape[2:])
+            outlines = sample.outlines or tuple(_corners(box) for box in sample.boxes)  # scenes have boxes only
+            truth = truth_masks(outlines, plan.box_map, plan.binding.outputs[1].shape[2:])
             (ranked, ranked_masks), (shown, shown_masks) = _with_masks(plan)
             mask_acc.add(
                 *ranked, sample.boxes, sample.class_ids, shown, (ranked_masks, truth), published_masks=(shown_masks, truth)
@@ -360,6 +361,12 @@ def truth_masks(outlines: Sequence[np.ndarray], m: BoxMap, size: tuple[int, ...]
     ranks[order] = np.arange(1, len(order) + 1)
     masks: np.ndarray = overlap.reshape(1, -1) == ranks[:, None]
     return masks
+
+
+def _corners(box: np.ndarray) -> np.ndarray:
+    """A box as the outline of its rectangle, (4, 2) float32."""
+    x1, y1, x2, y2 = box.tolist()
+    return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32)
 
 
 def _resampled(outline: np.ndarray, n: int = 1000) -> np.ndarray:
