@@ -16,7 +16,8 @@ at 0 and cropped to the box in the frame; the outline is then the frame mask's.
 
 The masks of up to ``model.max_masks`` detections per frame are kept, in buffers made with the
 plan: each costs one frame of bytes (0.9 MB at 1280x720); detections past them are published
-without a mask.
+without a mask. The outlines are written into buffers made with the plan too: what a frame still
+allocates is OpenCV's contours (`Segmenter._outline` says why).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class Segmenter:
         self._coefficient_rows = slice(4 + num_classes, 4 + num_classes + MASK_COEFFICIENTS)
         self._max_masks = max_masks
         self._columns = np.empty(max_masks, dtype=np.intp)
-        self._coefficients = np.empty((MASK_COEFFICIENTS, max_masks), dtype=np.float32)
+        self._coefficients = np.empty(MASK_COEFFICIENTS * max_masks, dtype=np.float32)  # as (32, m): see `rows`
         self._logits = np.empty((max_masks, mh * mw), dtype=np.float32)
         self._planned: BoxMap | None = None
         self.masks_ms = 0.0  # the last frame's masks, outlines and sizes: `edged bench` shows it
@@ -129,6 +130,11 @@ class Segmenter:
         self._scores = np.empty(max_det, dtype=np.float32)
         self._ids = np.empty(max_det, dtype=np.int32)
 
+    @property
+    def detector(self) -> Decoder:
+        """The decoder of the detections, before their masks: `edged eval` reads its kept candidates."""
+        return self._decoder
+
     def _plan(self, box_map: BoxMap) -> None:
         """The buffers of one input and frame size, made with the first frame of that size."""
         h, w, m = box_map.input_h, box_map.input_w, box_map
@@ -138,6 +144,13 @@ class Segmenter:
         self._content_f = np.empty((m.resized_h, m.resized_w), dtype=np.float32)
         self._frame_f = np.empty((m.frame_h, m.frame_w), dtype=np.float32)
         self._masks = np.empty((self._max_masks, m.frame_h, m.frame_w), dtype=np.bool_)
+        # The outlines, (p, 2) float32 each, in frame pixels: room for an outline as long as the mask
+        # it is found on is round, and more, once, when a longer one comes.
+        outline_h, outline_w = (m.frame_h, m.frame_w) if self._retina else (h, w)
+        self._points = np.empty((self._max_masks, 2 * (outline_h + outline_w), 2), dtype=np.float32)
+        self._pad = np.array((m.pad_x, m.pad_y), dtype=np.float32)
+        self._gain = np.array((m.scale_x, m.scale_y), dtype=np.float32)
+        self._limit = np.array((m.frame_w, m.frame_h), dtype=np.float32)
         if self._retina:  # as ultralytics' process_mask_native and scale_masks
             mh, mw = self._mh, self._mw
             gain = min(4 * mh / m.frame_h, 4 * mw / m.frame_w)
@@ -159,7 +172,8 @@ class Segmenter:
         head = self._head
         m = min(len(det), self._max_masks)
         slots = self._decoder.kept()[:m]
-        columns, coefficients = self._columns[:m], self._coefficients[:, :m]
+        # np.take copies into a temporary unless `out` is contiguous: (32, m) made from a flat buffer.
+        columns, coefficients = self._columns[:m], rows(self._coefficients, MASK_COEFFICIENTS, m)
         np.take(head.selected, slots, out=columns, mode="clip")
         np.take(output[0, self._coefficient_rows], columns, axis=1, out=coefficients, mode="clip")
         logits = self._logits[:m]
@@ -174,17 +188,17 @@ class Segmenter:
             frame_mask = self._masks[len(polygons)]
             if self._retina:
                 self._native_mask(logits[i], det.xyxy[i].tolist(), box_map, frame_mask)
-                if not frame_mask.any():
+                if not np.count_nonzero(frame_mask):
                     keep[i] = False
                     continue
-                polygon = self._frame_outline(frame_mask, box_map)
+                polygon = self._outline(frame_mask, len(polygons), in_input=False)
             else:
                 self._mask(logits[i], boxes[:, slot].tolist(), box_map)
-                if not self._mask_in.any():
+                if not np.count_nonzero(self._mask_in):
                     keep[i] = False
                     continue
                 np.greater(self._frame_f, _HALF, out=frame_mask)
-                polygon = self._outline(box_map)
+                polygon = self._outline(self._mask_in, len(polygons), in_input=True)
             polygons.append(polygon)
             areas.append(int(np.count_nonzero(frame_mask)))
             sides.append(_sides(polygon))
@@ -227,27 +241,27 @@ class Segmenter:
         if c1 > c0 and r1 > r0:
             np.greater(self._frame_f[r0:r1, c0:c1], _ZERO, out=mask[r0:r1, c0:c1])
 
-    @staticmethod
-    def _frame_outline(mask: np.ndarray, m: BoxMap) -> np.ndarray:
-        """ultralytics' ``masks.xy`` of a frame-size mask: its outline, (p, 2) float32 in the frame."""
+    def _outline(self, mask: np.ndarray, k: int, *, in_input: bool) -> np.ndarray:
+        """ultralytics' ``masks.xy`` of `mask` (the input-size mask, or with retina masks the frame's):
+        its outline in frame pixels, (p, 2) float32, written into the `k`-th outline buffer.
+
+        OpenCV returns contours only as new arrays: findContours is called once per mask, and its
+        arrays (one per contour, and the hierarchy) are all a one-piece mask costs after warm-up. A
+        mask in several pieces also costs what joining them costs (`merge_segments`), as many
+        arrays as pieces; the outline buffers grow, once, for an outline longer than any before.
+        """
         contours, _ = cv2.findContours(mask.view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
         if not contours:
-            return np.zeros((0, 2), np.float32)
+            return self._points[k, :0]
         points = merge_segments([c.reshape(-1, 2) for c in contours]) if len(contours) > 1 else contours[0].reshape(-1, 2)
-        xy = points.astype(np.float32)
-        np.clip(xy[:, 0], 0, m.frame_w, out=xy[:, 0])
-        np.clip(xy[:, 1], 0, m.frame_h, out=xy[:, 1])
-        return xy
-
-    def _outline(self, m: BoxMap) -> np.ndarray:
-        """ultralytics' ``masks.xy`` of the input-size mask: its outline in frame pixels, (p, 2) float32."""
-        contours, _ = cv2.findContours(self._mask_in.view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
-        if not contours:
-            return np.zeros((0, 2), np.float32)
-        points = merge_segments([c.reshape(-1, 2) for c in contours]) if len(contours) > 1 else contours[0].reshape(-1, 2)
-        xy = points.astype(np.float32)
-        xy[:, 0] = np.clip((xy[:, 0] - np.float32(m.pad_x)) / np.float32(m.scale_x), 0, m.frame_w)
-        xy[:, 1] = np.clip((xy[:, 1] - np.float32(m.pad_y)) / np.float32(m.scale_y), 0, m.frame_h)
+        if len(points) > self._points.shape[1]:
+            self._points = np.empty((self._max_masks, 2 * len(points), 2), dtype=np.float32)
+        xy = self._points[k, : len(points)]
+        np.copyto(xy, points, casting="unsafe")
+        if in_input:
+            np.subtract(xy, self._pad, out=xy)
+            np.divide(xy, self._gain, out=xy)
+        np.clip(xy, _ZERO, self._limit, out=xy)
         return xy
 
 

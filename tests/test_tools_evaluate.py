@@ -16,8 +16,9 @@ from onnx_models import colour_probe
 from edged.cli import main
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import EXIT_CONFIG, EXIT_DATA
+from edged.geometry import BoxMap
 from edged.model import load_model
-from edged.tools.evaluate import evaluate, folder_samples, label_path, read_yolo_labels
+from edged.tools.evaluate import evaluate, folder_samples, label_path, read_yolo_labels, read_yolo_outlines, truth_masks
 
 pytestmark = pytest.mark.tools
 
@@ -185,3 +186,48 @@ def test_a_classifier_refuses_a_folder_named_for_no_class_and_scenes(tmp_path: P
     assert main(["eval", "--model", str(TASKS / "cls.onnx"), "--data", str(tmp_path)]) == EXIT_DATA
     result = run_cli("eval", "--model", str(TASKS / "cls.onnx"), "--scenes", "2")
     assert result.returncode != 0 and "a classification model is evaluated on --data" in result.stderr
+
+
+def test_a_segmentation_model_has_mask_map_as_yolo_val(tmp_path: Path) -> None:
+    # tests/data/tasks/segval: eight frames with outline labels and what yolo val reported for seg.onnx
+    # there (tests/reference/build_segment_val.py). Its box figures match boxes in the input, unclipped,
+    # where edged matches them clipped to the frame, so only the masks are held to its figures.
+    reference = json.loads((TASKS / "segval" / "val.json").read_text())
+    report_file = tmp_path / "report.json"
+    result = run_cli("eval", "--model", str(TASKS / "seg.onnx"), "--data", str(TASKS / "segval"), "--json", str(report_file))
+    assert result.returncode == 0, result.stderr
+    mask = json.loads(report_file.read_text())["mask"]
+    assert mask["map50"] == pytest.approx(reference["mask_map50"], abs=0.001)
+    assert mask["map50_95"] == pytest.approx(reference["mask_map50_95"], abs=0.001)
+    assert 0 < mask["map50_95"] < mask["map50"] < 1
+    assert "Mask" in result.stdout and "masks at the prototypes' size" in result.stdout
+
+
+@pytest.mark.unit
+def test_outline_labels_give_their_extent_as_box() -> None:
+    folder = Path(__file__).parent / "data" / "tasks" / "segval" / "labels"
+    boxes, classes, outlines = read_yolo_outlines(folder / "val0.txt", 160, 160, 3)
+    assert len(boxes) == len(classes) == len(outlines) > 1
+    for box, outline in zip(boxes, outlines, strict=True):
+        np.testing.assert_allclose(box, [*outline.min(axis=0), *outline.max(axis=0)])
+
+
+@pytest.mark.unit
+def test_overlapping_truth_masks_give_the_overlap_to_the_smaller() -> None:
+    # A 16x16 input, prototypes 4x4: a big square over the whole input and a small one in its corner.
+    m = BoxMap.letterbox(16, 16, 16, 16)
+    big = np.float32([[0, 0], [16, 0], [16, 16], [0, 16]])
+    small = np.float32([[0, 0], [8, 0], [8, 8], [0, 8]])
+    masks = truth_masks([big, small], m, (4, 4)).reshape(2, 4, 4)
+    assert masks[1].sum() == 4 and masks[1][:2, :2].all()
+    assert masks[0].sum() == 12 and not (masks[0] & masks[1]).any()
+
+
+def test_a_segmentation_model_on_scenes_scores_masks_against_the_boxes_rectangles(tmp_path: Path) -> None:
+    report_file = tmp_path / "report.json"
+    result = run_cli(
+        "eval", "--model", str(TASKS / "seg.onnx"), "--scenes", "2", "--size", "320x240", "--json", str(report_file)
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_file.read_text())
+    assert report["mask"]["n_images"] == 2 and sum(c["n_gt"] for c in report["mask"]["per_class"]) > 0

@@ -10,6 +10,10 @@ recall count the boxes the daemon publishes. Data is either a folder of images w
 label files (what ultralytics and Roboflow export) or generated inspection scenes with their
 ground truth.
 
+A segmentation model's masks are scored too, on labels with outlines, as ``yolo val`` scores them
+(`_with_masks`, `truth_masks`): the same predictions and matching, by the IoU of masks at the
+prototypes' size.
+
 A classification model is scored as ``yolo val`` scores one, top-1 and top-5 accuracy (the share of
 images whose class is the best, or among the five best), on an ultralytics classification folder:
 one folder per class, named as the model names it, under ``--data`` or its ``val/``.
@@ -21,8 +25,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -33,9 +37,13 @@ from edged.classify import Classes
 from edged.config import ModelConfig, RuntimeConfig
 from edged.decode import Detections
 from edged.errors import DataError, UsageError
+from edged.geometry import BoxMap
+from edged.heads.base import rows
 from edged.heads.registry import head_named
+from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
+from edged.segment import Segmenter
 from edged.sources.images import IMAGE_SUFFIXES
 from edged.sources.scenes import SceneGenerator
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
@@ -47,6 +55,7 @@ class EvalSample:
     image: np.ndarray  # (H, W, 3) uint8 BGR
     boxes: np.ndarray  # (M, 4) float32 x1 y1 x2 y2 in pixels
     class_ids: np.ndarray  # (M,) int64
+    outlines: tuple[np.ndarray, ...] = ()  # (p, 2) float32 in pixels per object, where the labels have them
 
 
 def label_path(image: Path) -> Path:
@@ -61,23 +70,39 @@ def label_path(image: Path) -> Path:
 
 
 def read_yolo_labels(path: Path, width: int, height: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``class cx cy w h`` normalised to 0..1; a missing file is an image without objects."""
+    """Rows ``class cx cy w h``, or ``class x1 y1 x2 y2 ...`` (an outline), normalised to 0..1; a
+    missing file is an image without objects. An outline's box is its extent, as ultralytics takes it."""
+    boxes, classes, _ = read_yolo_outlines(path, width, height, num_classes)
+    return boxes, classes
+
+
+def read_yolo_outlines(
+    path: Path, width: int, height: int, num_classes: int
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    """`read_yolo_labels` and each object's outline, (p, 2) float32 in pixels (a box row's, its corners)."""
     if not path.is_file():
-        return np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
-    boxes, classes = [], []
+        return np.zeros((0, 4), np.float32), np.zeros(0, np.int64), ()
+    boxes, classes, outlines = [], [], []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         fields = line.split()
         if not fields:
             continue
         try:
-            c, cx, cy, w, h = int(fields[0]), *map(float, fields[1:5])
-        except (ValueError, TypeError):
-            raise DataError(f"{path}:{number}: expected 'class cx cy w h', got {line!r}") from None
+            c, values = int(fields[0]), [float(v) for v in fields[1:]]
+        except ValueError:
+            values = []
+        if len(values) == 4:
+            cx, cy, w, h = values
+            values = [cx - w / 2, cy - h / 2, cx + w / 2, cy - h / 2, cx + w / 2, cy + h / 2, cx - w / 2, cy + h / 2]
+        elif len(values) < 6 or len(values) % 2:
+            raise DataError(f"{path}:{number}: expected 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...', got {line!r}")
         if not 0 <= c < num_classes:
             raise DataError(f"{path}:{number}: class {c} but the model has {num_classes} classes")
-        boxes.append(((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height))
+        outline = np.asarray(values, np.float32).reshape(-1, 2) * np.array((width, height), np.float32)
+        boxes.append((*outline.min(axis=0), *outline.max(axis=0)))
         classes.append(c)
-    return np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(classes, np.int64)
+        outlines.append(outline)
+    return np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(classes, np.int64), tuple(outlines)
 
 
 def _run_eval_classes(args: argparse.Namespace, model: LoadedModel, out: TextIO) -> int:
@@ -110,8 +135,8 @@ def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[EvalSa
             image = cv2.imread(str(path), cv2.IMREAD_COLOR)
             if image is None:
                 raise DataError(f"cannot decode image {path}")
-            boxes, classes = read_yolo_labels(label_path(path), image.shape[1], image.shape[0], num_classes)
-            yield EvalSample(str(path.relative_to(folder)), image, boxes, classes)
+            found = read_yolo_outlines(label_path(path), image.shape[1], image.shape[0], num_classes)
+            yield EvalSample(str(path.relative_to(folder)), image, *found)
 
     return len(images), generate()
 
@@ -160,6 +185,7 @@ def evaluate(
     """Run every sample through the daemon's pipeline and score the detections under `convention`."""
     names = model.labels or [str(i) for i in range(model.num_classes)]
     acc = MetricAccumulator(names)
+    mask_acc = MetricAccumulator(names) if model.task == "segment" else None
     plan: FramePipeline | None = None
     for done, sample in enumerate(samples, 1):
         h, w = sample.image.shape[:2]
@@ -170,9 +196,19 @@ def evaluate(
         published = (detections.xyxy.copy(), detections.scores.copy(), detections.class_ids.copy())
         xyxy, scores, classes = _every_class(plan) or published
         acc.add(xyxy, scores, classes, sample.boxes, sample.class_ids, published=published)
+        if mask_acc is not None:
+            outlines = sample.outlines or tuple(_corners(box) for box in sample.boxes)  # scenes have boxes only
+            truth = truth_masks(outlines, plan.box_map, plan.binding.outputs[1].shape[2:])
+            (ranked, ranked_masks), (shown, shown_masks) = _with_masks(plan)
+            mask_acc.add(
+                *ranked, sample.boxes, sample.class_ids, shown, (ranked_masks, truth), published_masks=(shown_masks, truth)
+            )
         if progress:
             progress.update(done)
-    return acc.report(conf=report_conf, convention=convention)
+    report = acc.report(conf=report_conf, convention=convention)
+    if mask_acc is None:
+        return report
+    return replace(report, mask=mask_acc.report(conf=report_conf))
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +289,98 @@ def _every_class(plan: FramePipeline) -> Predictions | None:
     return xyxy[best], scores[best], classes[best]
 
 
+def _with_masks(plan: FramePipeline) -> tuple[tuple[Predictions, np.ndarray], tuple[Predictions, np.ndarray]]:
+    """A segmentation model's predictions for the frame `plan` last processed with their masks as
+    ``yolo val`` makes them: yolo val's (as `_every_class`), then the daemon's, each with (N, h*w)
+    masks at the prototypes' size (ultralytics' ``process_mask``: coefficients times prototypes
+    above 0, cropped to the box scaled to that size). The daemon's are taken before it drops those
+    whose mask is empty at the input size: yolo val keeps them, with an empty mask."""
+    segmenter = plan.decoder
+    assert isinstance(segmenter, Segmenter)  # a segmentation model's pipeline
+    detector, model = segmenter.detector, plan.model
+    head = detector.head
+    assert isinstance(head, SegmentHead)  # a Segmenter refuses any other
+    nc = model.num_classes
+    prototypes = plan.binding.outputs[1][0]
+    _, mh, mw = prototypes.shape
+    protos = prototypes.reshape(MASK_COEFFICIENTS, mh * mw)
+    to_protos = np.array([mw / plan.box_map.input_w, mh / plan.box_map.input_h] * 2, np.float32)
+    columns_x, rows_y = np.arange(mw, dtype=np.float32), np.arange(mh, dtype=np.float32)
+
+    def found(output: np.ndarray) -> tuple[Predictions, np.ndarray]:
+        det = detector.decode(output, plan.box_map)
+        slots = detector.kept()[: len(det)]
+        columns = head.selected[slots]
+        boxes = rows(head.boxes, 4, head.selected.shape[0])[:, slots].T * to_protos  # x1 y1 x2 y2 in the prototypes
+        coefficients = plan.output[0, 4 + nc : 4 + nc + MASK_COEFFICIENTS][:, columns]
+        masks = (coefficients.T @ protos).reshape(-1, mh, mw) > 0
+        masks &= ((columns_x >= boxes[:, 0:1]) & (columns_x < boxes[:, 2:3]))[:, None, :]
+        masks &= ((rows_y >= boxes[:, 1:2]) & (rows_y < boxes[:, 3:4]))[:, :, None]
+        return (det.xyxy.copy(), det.scores.copy(), det.class_ids.copy()), masks.reshape(len(det), mh * mw)
+
+    shown = found(plan.output)
+    if nc == 1:
+        return shown, shown
+    masked = np.empty_like(plan.output)
+    scores = head.class_scores(masked)  # a view: zeroing it edits `masked`
+    assert scores is not None  # a segment head has class scores
+    parts = []
+    for c in range(nc):
+        np.copyto(masked, plan.output)
+        scores[:c] = 0.0
+        scores[c + 1 :] = 0.0
+        parts.append(found(masked))
+    xyxy, confs, classes = (np.concatenate([part[0][i] for part in parts]) for i in range(3))
+    masks = np.concatenate([part[1] for part in parts])
+    best = np.argsort(-confs, kind="stable")[: model.cfg.max_det]
+    return ((xyxy[best], confs[best], classes[best]), masks[best]), shown
+
+
+def truth_masks(outlines: Sequence[np.ndarray], m: BoxMap, size: tuple[int, ...]) -> np.ndarray:
+    """The ground truth's masks as ``yolo val`` makes them, (M, h*w) bool at the prototypes' `size`:
+    each outline in the input (resampled to 1000 points, as its dataset does), filled at the input
+    size on whole pixels, resized to `size`; where outlines overlap, the smaller one's (ultralytics'
+    ``polygons2masks_overlap`` and ``overlap_mask``)."""
+    mh, mw = size
+    painted = []
+    for outline in outlines:
+        points = _resampled(
+            outline * np.array((m.scale_x, m.scale_y), np.float32) + np.array((m.pad_x, m.pad_y), np.float32)
+        )
+        filled = np.zeros((m.input_h, m.input_w), np.uint8)
+        cv2.fillPoly(filled, [points.astype(np.int32)], color=1)
+        painted.append(cv2.resize(filled, (mw, mh)))
+    if not painted:
+        return np.zeros((0, mh * mw), np.bool_)
+    areas = np.array([int(p.sum()) for p in painted])
+    order = np.argsort(-areas)  # the largest drawn first, the smallest on top
+    overlap = np.zeros((mh, mw), np.int32)
+    for rank, i in enumerate(order, 1):
+        np.maximum(overlap, painted[i].astype(np.int32) * rank, out=overlap)
+    ranks = np.empty(len(order), np.int32)
+    ranks[order] = np.arange(1, len(order) + 1)
+    masks: np.ndarray = overlap.reshape(1, -1) == ranks[:, None]
+    return masks
+
+
+def _corners(box: np.ndarray) -> np.ndarray:
+    """A box as the outline of its rectangle, (4, 2) float32."""
+    x1, y1, x2, y2 = box.tolist()
+    return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32)
+
+
+def _resampled(outline: np.ndarray, n: int = 1000) -> np.ndarray:
+    """A closed outline resampled to `n` points along its sides, keeping its corners (ultralytics' ``resample_segments``)."""
+    if len(outline) == n:
+        return outline
+    closed = np.concatenate((outline, outline[:1]))
+    x = np.linspace(0, len(closed) - 1, n - len(closed) if len(closed) < n else n)
+    xp = np.arange(len(closed))
+    if len(closed) < n:
+        x = np.insert(x, np.searchsorted(x, xp), xp)
+    return np.stack([np.interp(x, xp, closed[:, i]) for i in range(2)], axis=1).astype(np.float32)
+
+
 _CONVENTION_NOTES: dict[Convention, str] = {
     "ultralytics": "AP as yolo val: its predictions, 101-point precision envelope integrated by the trapezoid rule",
     "coco": "AP as pycocotools' COCOeval on yolo val's predictions: 101-point precision envelope averaged, "
@@ -261,6 +389,15 @@ _CONVENTION_NOTES: dict[Convention, str] = {
 
 
 def format_report(report: EvalReport) -> str:
+    """The box table and, for a segmentation model, the mask table beneath it."""
+    lines = _table(report, "boxes")
+    if report.mask is not None:
+        lines += ["", "Mask", *_table(report.mask, "masks")]
+        lines.append("(mask AP as yolo val: masks at the prototypes' size, a quarter of the input's)")
+    return "\n".join(lines)
+
+
+def _table(report: EvalReport, what: str) -> list[str]:
     lines = [f"{'class':<16}{'images':>8}{'labels':>8}{'P':>8}{'R':>8}{'mAP50':>8}{'mAP50-95':>10}"]
     lines.append(
         f"{'all':<16}{report.n_images:>8}{sum(c.n_gt for c in report.per_class):>8}"
@@ -270,9 +407,9 @@ def format_report(report: EvalReport) -> str:
         lines.append(f"{c.name:<16}{'':>8}{c.n_gt:>8}{c.precision:>8.3f}{c.recall:>8.3f}{c.ap50:>8.3f}{c.ap50_95:>10.3f}")
     lines.append(f"({_CONVENTION_NOTES[report.convention]})")
     lines.append(
-        f"(precision and recall: the boxes the daemon publishes at conf {report.report_conf:g}, matched at IoU 0.5)"
+        f"(precision and recall: the {what} the daemon publishes at conf {report.report_conf:g}, matched at IoU 0.5)"
     )
-    return "\n".join(lines)
+    return lines
 
 
 def _size(text: str) -> tuple[int, int]:

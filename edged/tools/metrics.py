@@ -74,6 +74,7 @@ class EvalReport:
     n_images: int
     report_conf: float  # the confidence of precision, recall and n_pred
     convention: Convention
+    mask: EvalReport | None = None  # a segmentation model's: the same predictions matched by their masks
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -89,6 +90,15 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=1)
     area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=1)
     union = area_a[:, None] + area_b[None, :] - inter
+    iou: np.ndarray = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    return iou
+
+
+def mask_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every mask in `a` (N, pixels) with every mask in `b` (M, pixels), both bool: (N, M), 0 for empty."""
+    fa, fb = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    inter = fa @ fb.T
+    union = fa.sum(axis=1)[:, None] + fb.sum(axis=1)[None, :] - inter
     iou: np.ndarray = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
     return iou
 
@@ -130,6 +140,9 @@ def _ultralytics_ap(hits: np.ndarray, n_gt: int) -> float:
 Predictions = tuple[np.ndarray, np.ndarray, np.ndarray]
 """One image's predicted boxes (N, 4) x1 y1 x2 y2, scores (N,) and class ids (N,)."""
 
+Masks = tuple[np.ndarray, np.ndarray]
+"""One image's predicted masks (N, pixels) in the predictions' order and ground-truth masks (M, pixels), bool."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Ranked:
@@ -166,23 +179,26 @@ class MetricAccumulator:
         gt_xyxy: np.ndarray,
         gt_cls: np.ndarray,
         published: Predictions | None = None,
+        masks: Masks | None = None,
+        published_masks: Masks | None = None,
     ) -> None:
         """One image: predictions (N, 4) / (N,) / (N,) and ground truth (M, 4) / (M,).
 
         AP ranks the predictions; precision and recall count `published` instead where given:
         what a deployment shows can differ from what an evaluation ranks (one class per box
-        against every class above the threshold).
+        against every class above the threshold). With `masks` (and `published_masks` for
+        `published`) predictions match ground truth by their masks' IoU, not their boxes'.
         """
         gt_xyxy = np.asarray(gt_xyxy, np.float64).reshape(-1, 4)
         gt_cls = np.asarray(gt_cls, np.int64).reshape(-1)
         if len(gt_xyxy) != len(gt_cls):
             raise ValueError("ground-truth boxes and classes differ in length")
         self._check_classes(gt_cls)
-        ranked = self._rank((pred_xyxy, pred_scores, pred_cls), gt_xyxy, gt_cls, IOU_THRESHOLDS)
+        ranked = self._rank((pred_xyxy, pred_scores, pred_cls), gt_xyxy, gt_cls, IOU_THRESHOLDS, masks)
         if published is None:
             shown = _Ranked(ranked.xyxy, ranked.scores, ranked.classes, ranked.tp[:, :1])
         else:
-            shown = self._rank(published, gt_xyxy, gt_cls, IOU_THRESHOLDS[:1])
+            shown = self._rank(published, gt_xyxy, gt_cls, IOU_THRESHOLDS[:1], published_masks)
         self._images.append(_Image(ranked, shown, gt_xyxy, gt_cls))
 
     def _check_classes(self, classes: np.ndarray) -> None:
@@ -190,7 +206,14 @@ class MetricAccumulator:
         if np.any((classes < 0) | (classes >= nc)):
             raise ValueError(f"class ids must lie in [0, {nc})")
 
-    def _rank(self, predictions: Predictions, gt_xyxy: np.ndarray, gt_cls: np.ndarray, thresholds: np.ndarray) -> _Ranked:
+    def _rank(
+        self,
+        predictions: Predictions,
+        gt_xyxy: np.ndarray,
+        gt_cls: np.ndarray,
+        thresholds: np.ndarray,
+        masks: Masks | None = None,
+    ) -> _Ranked:
         xyxy = np.asarray(predictions[0], np.float64).reshape(-1, 4)
         scores = np.asarray(predictions[1], np.float64).reshape(-1)
         classes = np.asarray(predictions[2], np.int64).reshape(-1)
@@ -199,7 +222,13 @@ class MetricAccumulator:
         self._check_classes(classes)
         order = np.argsort(-scores, kind="stable")
         xyxy, scores, classes = xyxy[order], scores[order], classes[order]
-        ious = box_iou(xyxy, gt_xyxy)
+        if masks is None:
+            ious = box_iou(xyxy, gt_xyxy)
+        else:
+            pred_masks, gt_masks = masks
+            if len(pred_masks) != len(order) or len(gt_masks) != len(gt_cls):
+                raise ValueError("masks and their boxes differ in number")
+            ious = mask_iou(pred_masks[order], gt_masks)
         ious[classes[:, None] != gt_cls[None, :]] = 0.0
         return _Ranked(xyxy, scores, classes, match(ious, thresholds))
 
