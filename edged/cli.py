@@ -115,6 +115,19 @@ def _comparison_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--eval-seed", type=int, default=0, help="scene seed of the comparison (default 0, held out)")
     p.add_argument(
+        "--data",
+        type=Path,
+        metavar="DIR",
+        help="compare on these images instead of scenes (an evidence folder works): INT8 against FP32's own boxes, "
+        "and against YOLO labels where there are label files",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="compare OK/NG verdicts under this configuration's [inspect] section and model.conf",
+    )
+    p.add_argument(
         "--latency-frames",
         type=int,
         default=200,
