@@ -115,3 +115,10 @@ def test_tune_with_labels_scores_each_variant_against_them(tmp_path: Path) -> No
     (row,) = report["rows"]
     assert row["labels"]["n_images"] == total and row["map50"] == row["labels"]["map50"] > 0.5
     assert report["choice"]["precision"] == "f32"
+
+
+def test_tune_refuses_an_engine_or_precision_it_does_not_know(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli("tune", "--config", str(config), "--precision", "f32,int4", "--frames", "1")
+    assert done.returncode == EXIT_USAGE and "no engine or precision named int4" in done.stderr

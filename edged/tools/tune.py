@@ -15,6 +15,7 @@ same images, unless one is given. Nothing running is touched: tune reads the con
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -80,7 +81,9 @@ def _images(folder: Path | None, labels: Path | None, limit: int, num_classes: i
     return f"{len(samples)} images under {folder}", samples
 
 
-def _int8_model(args: argparse.Namespace, settings: Settings, samples: list[EvalSample], log: TextIO) -> Path:
+def _int8_model(
+    args: argparse.Namespace, settings: Settings, reference: LoadedModel, samples: list[EvalSample], log: TextIO
+) -> Path:
     """The INT8 model: ``--int8`` as given, else `edged quantize`'s, calibrated on the images tune runs on
     (or training-seed scenes), in ``--cache-dir``, runtime.cache_dir, or a folder kept in the temp dir."""
     if args.int8 is not None:
@@ -90,14 +93,13 @@ def _int8_model(args: argparse.Namespace, settings: Settings, samples: list[Eval
     folder = args.cache_dir or settings.runtime.cache_folder() or Path(tempfile.mkdtemp(prefix="edged-tune."))
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"{settings.model.path.stem}.int8.onnx"
-    fp32 = load_model(ModelConfig(path=settings.model.path), settings.runtime)
     if args.images is not None:
         total, frames = len(samples), iter(samples)
     else:
         total, frames = scene_samples(len(samples), CALIB_SEED, *SCENE_SIZE)
     print(f"quantising {settings.model.path} to {out}, calibrated on {total} frames ...", file=log)
-    calibration = q.CalibrationFrames(fp32.contract, frames, total, log)
-    q.quantize(settings.model.path, out, calibration, pixel_input=q.pixel_scale(fp32.contract))
+    calibration = q.CalibrationFrames(reference.contract, frames, total, log)
+    q.quantize(settings.model.path, out, calibration, pixel_input=q.pixel_scale(reference.contract))
     return out
 
 
@@ -108,7 +110,7 @@ def _variant_config(settings: Settings, engine: EngineName, precision: Precision
 
 def _timing(model: LoadedModel, samples: list[EvalSample], frames: int, warmup: int) -> dict[str, float]:
     """Latency p50/p99 and CPU per frame of the daemon's full path, cycling through the images."""
-    cycle = iter(range(1 << 62))
+    cycle = itertools.count()
     with rows.FullPath(model, samples[0].image) as full:
 
         def row() -> rows.TimedFrame:
@@ -192,17 +194,16 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def _rows(
-    args: argparse.Namespace, settings: Settings, samples: list[EvalSample], log: TextIO
+    args: argparse.Namespace, settings: Settings, reference: LoadedModel, samples: list[EvalSample], log: TextIO
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every variant this machine runs, the reference first; and why each other one is left out."""
     engines, precisions = set(args.engine.split(",")), set(args.precision.split(","))
-    reference = load_model(
-        settings.model.model_copy(update={"conf": RANK_CONF, "engine": "onnxruntime", "precision": "f32"}),
-        settings.runtime,
-    )
+    unknown = (engines - {e for e, _ in VARIANTS}) | (precisions - {p for _, p in VARIANTS})
+    if unknown:
+        raise UsageError(f"no engine or precision named {', '.join(sorted(unknown))}; see edged tune --help")
     int8: Path | None = None
     if "int8" in precisions:
-        int8 = _int8_model(args, settings, samples, log)
+        int8 = _int8_model(args, settings, reference, samples, log)
     rows_, skipped = [], []
     for engine, precision in VARIANTS:
         if (engine, precision) != REFERENCE and (engine not in engines or precision not in precisions):
@@ -227,10 +228,15 @@ def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = s
     if args.labels is not None and args.images is None:
         raise UsageError("--labels are the labels of --images: give the images too")
     settings = load_config(args.config)
-    num_classes = load_model(settings.model.model_copy(update={"candidate": None}), settings.runtime).num_classes
-    data, samples = _images(args.images, args.labels, args.max_images, num_classes)
+    reference = load_model(
+        settings.model.model_copy(update={"conf": RANK_CONF, "engine": "onnxruntime", "precision": "f32"}),
+        settings.runtime,
+    )
+    if reference.task == "classify":
+        raise UsageError("tune compares boxes and verdicts of a detection or segmentation model, not a classifier")
+    data, samples = _images(args.images, args.labels, args.max_images, reference.num_classes)
     gate = Gate(args.max_map_drop, args.max_flips)
-    rows_, skipped = _rows(args, settings, samples, log)
+    rows_, skipped = _rows(args, settings, reference, samples, log)
     choice = _judge(rows_, gate, settings.inspect is not None)
     report: dict[str, Any] = {
         "config": str(args.config),
