@@ -23,7 +23,9 @@ to the 99.999th percentile, which lost less mAP than MinMax on the demo model. T
 head is kept in float (see `find_head`): box coordinates in input pixels and 0..1 scores share
 its last tensors, and one uint8 scale cannot hold both. The result is then compared with the
 original: the median per-frame time of `FramePipeline.process`, interleaved on the bench's
-1280x720 frame, and accuracy through `edged.tools.evaluate` on held-out scenes.
+1280x720 frame, and accuracy on held-out scenes or on the user's images (``--data``): against the
+FP32 model's own boxes and OK/NG verdicts (`edged.tools.agreement`, no labels needed) and, where
+there are labels, through `edged.tools.evaluate`.
 """
 
 from __future__ import annotations
