@@ -104,6 +104,42 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     _comparison_arguments(p)
 
 
+def _tune_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config", type=Path, required=True, help="the configuration to tune: its model, [runtime] and [inspect]"
+    )
+    p.add_argument("--images", type=Path, metavar="DIR", help="run on these images (default: generated scenes)")
+    p.add_argument(
+        "--labels", type=Path, metavar="DIR", help="YOLO labels of --images (DIR/NAME.txt): accuracy against them"
+    )
+    p.add_argument("--max-images", type=int, default=20, metavar="N", help="the first N images or scenes (default 20)")
+    p.add_argument("--int8", type=Path, metavar="MODEL", help="an `edged quantize` model (default: quantise here)")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where tune writes the INT8 model it makes (default runtime.cache_dir, else a new temp folder)",
+    )
+    p.add_argument("--engine", default="onnxruntime,openvino", help="engines, comma-separated (default both)")
+    p.add_argument(
+        "--precision", default="f32,bf16,f16,int8", help="precisions, comma-separated (default f32,bf16,f16,int8)"
+    )
+    p.add_argument("--frames", type=int, default=100, metavar="N", help="timed frames per variant (default 100)")
+    p.add_argument("--warmup", type=int, default=10, metavar="N", help="warm-up frames per variant (default 10)")
+    p.add_argument(
+        "--max-map-drop",
+        type=float,
+        default=1.0,
+        metavar="POINTS",
+        help="gate: points of mAP@0.5 a variant may lose against FP32 (default 1)",
+    )
+    p.add_argument(
+        "--max-flips", type=int, default=0, metavar="N", help="gate: images whose OK/NG verdict may flip (default 0)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--out", type=Path, metavar="SNIPPET", help="write the choice as a [model] TOML snippet here")
+
+
 def _comparison_arguments(p: argparse.ArgumentParser) -> None:
     """How `edged quantize` compares the INT8 model with the original."""
     p.add_argument(
@@ -114,6 +150,19 @@ def _comparison_arguments(p: argparse.ArgumentParser) -> None:
         help="held-out scenes for the FP32 vs INT8 accuracy comparison (default 200; 0 skips it)",
     )
     p.add_argument("--eval-seed", type=int, default=0, help="scene seed of the comparison (default 0, held out)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        metavar="DIR",
+        help="compare on these images instead of scenes (an evidence folder works): INT8 against FP32's own boxes, "
+        "and against YOLO labels where there are label files",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="compare OK/NG verdicts under this configuration's [inspect] section and model.conf",
+    )
     p.add_argument(
         "--latency-frames",
         type=int,
@@ -466,6 +515,15 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         _quantize_arguments,
     ),
     (
+        "tune",
+        "choose the fastest engine and precision that keeps the accuracy",
+        "Run each engine x precision this machine offers (ONNX Runtime f32 and int8, OpenVINO f32, bf16, "
+        "f16 and int8) through the daemon's full per-frame path on your images, measure latency, CPU and "
+        "memory and the accuracy against FP32 (or labels), gate it, and write the fastest that passes as a "
+        "[model] snippet. It changes no configuration.",
+        _tune_arguments,
+    ),
+    (
         "bench",
         "time edged's per-frame path against bare inference",
         "Measure, in one process and interleaved, bare session.run (the floor), "
@@ -636,6 +694,13 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     return run_quantize(args)
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from edged.tools.tune import run_tune
+
+    setup_logging("warning")
+    return run_tune(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from edged.tools.bench import run_bench
 
@@ -654,6 +719,7 @@ COMMANDS = {
     "eval": _cmd_eval,
     "bench": _cmd_bench,
     "quantize": _cmd_quantize,
+    "tune": _cmd_tune,
     "sign": _cmd_sign,
     "promote": _cmd_control,
     "rollback": _cmd_control,

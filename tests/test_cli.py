@@ -326,6 +326,7 @@ def test_trigger_refuses_a_reply_that_is_not_for_its_request(
         "sign",
         "bench",
         "quantize",
+        "tune",
         "trigger",
     ],
 )

@@ -332,6 +332,8 @@ def test_unloadable_result_fails_with_a_message(
         eval_scenes=0,
         eval_seed=0,
         latency_frames=0,
+        data=None,
+        config=None,
         report=None,
     )
     with pytest.raises(QuantizeError, match="quantised model") as raised:

@@ -23,7 +23,9 @@ to the 99.999th percentile, which lost less mAP than MinMax on the demo model. T
 head is kept in float (see `find_head`): box coordinates in input pixels and 0..1 scores share
 its last tensors, and one uint8 scale cannot hold both. The result is then compared with the
 original: the median per-frame time of `FramePipeline.process`, interleaved on the bench's
-1280x720 frame, and accuracy through `edged.tools.evaluate` on held-out scenes.
+1280x720 frame, and accuracy on held-out scenes or on the user's images (``--data``): against the
+FP32 model's own boxes and OK/NG verdicts (`edged.tools.agreement`, no labels needed) and, where
+there are labels, through `edged.tools.evaluate`.
 """
 
 from __future__ import annotations
@@ -51,13 +53,15 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from edged.config import ModelConfig, RuntimeConfig, check_thread_option
+from edged.config import ModelConfig, RuntimeConfig, check_thread_option, load_config
 from edged.contract import InputContract
 from edged.errors import ContractError, InferenceError, ModelError, QuantizeError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.preprocess import Preprocessor
+from edged.settings.inspect import InspectConfig
 from edged.sources.scenes import CLASS_NAMES
+from edged.tools.agreement import Agreement, agreement, labelled
 from edged.tools.bench import machine_info
 from edged.tools.bench_rows import Row, TimedFrame, bench_frame, interleave
 from edged.tools.evaluate import EvalSample, ProgressBar, evaluate, folder_samples, scene_samples
@@ -330,6 +334,7 @@ class Comparison:
     latency_frames: int = 0
     accuracy: dict[str, EvalReport] = field(default_factory=dict)
     accuracy_data: str = ""
+    agreement: Agreement | None = None  # against FP32's own boxes: needs no labels
 
     @property
     def speedup(self) -> float | None:
@@ -389,10 +394,25 @@ def measure_latency(models: dict[str, LoadedModel], frames: int) -> tuple[dict[s
 
 
 def compare(
-    models: dict[str, LoadedModel], *, latency_frames: int, eval_scenes: int, eval_seed: int, log: TextIO = sys.stderr
+    models: dict[str, LoadedModel],
+    *,
+    latency_frames: int,
+    eval_scenes: int,
+    eval_seed: int,
+    data: Path | None = None,
+    inspect: InspectConfig | None = None,
+    conf: float = REPORT_CONF,
+    log: TextIO = sys.stderr,
 ) -> Comparison:
-    """Latency and held-out accuracy of each model; raises QuantizeError if a run fails."""
+    """Latency, agreement with FP32's boxes (and verdicts under ``inspect``) and, with labels, accuracy
+    of each model, on the images under ``data`` or on held-out scenes; raises QuantizeError if a run fails."""
     result = Comparison()
+
+    def samples() -> tuple[int, Iterator[EvalSample]]:
+        if data is not None:
+            return folder_samples(data, models["fp32"].num_classes)
+        return scene_samples(eval_scenes, eval_seed, *SCENE_SIZE)
+
     try:
         if latency_frames > 0:
             print(
@@ -402,11 +422,16 @@ def compare(
             )
             result.latency_ms, result.inference_ms = measure_latency(models, latency_frames)
             result.latency_frames = latency_frames
-        if eval_scenes > 0:
-            result.accuracy_data = f"scenes seed={eval_seed} n={eval_scenes}"
-            for name, model in models.items():
-                print(f"evaluating {name} on {result.accuracy_data} ...", file=log)
-                total, frames = scene_samples(eval_scenes, eval_seed, *SCENE_SIZE)
+        if data is not None or eval_scenes > 0:
+            result.accuracy_data = f"images {data}" if data is not None else f"scenes seed={eval_seed} n={eval_scenes}"
+            print(f"comparing int8 with fp32's boxes on {result.accuracy_data} ...", file=log)
+            total, frames = samples()
+            result.agreement = agreement(
+                models["fp32"], models["int8"], frames, inspect=inspect, conf=conf, progress=ProgressBar(total, log)
+            )
+            for name, model in models.items() if data is None or labelled(data) else ():
+                print(f"evaluating {name} against the labels of {result.accuracy_data} ...", file=log)
+                total, frames = samples()
                 result.accuracy[name] = evaluate(model, frames, total, REPORT_CONF, ProgressBar(total, log))
     except InferenceError as e:
         raise QuantizeError(f"running the models failed: {e}") from None
@@ -414,7 +439,7 @@ def compare(
 
 
 def format_comparison(c: Comparison) -> str:
-    lines = [f"{'':<18}{'FP32':>10}{'INT8':>10}  change"]
+    lines = [f"{'':<18}{'FP32':>10}{'INT8':>10}  change"] if c.latency_ms or c.accuracy else []
     if c.latency_ms:
         fp, q = c.latency_ms["fp32"], c.latency_ms["int8"]
         lines.append(
@@ -436,6 +461,8 @@ def format_comparison(c: Comparison) -> str:
             fp, q = getattr(c.accuracy["fp32"], key), getattr(c.accuracy["int8"], key)
             lines.append(f"{label:<18}{fp:>10.3f}{q:>10.3f}  {100 * (q - fp):+.1f} points")
         lines.append(f"(accuracy on {c.accuracy_data}; precision and recall at conf {REPORT_CONF:g})")
+    if c.agreement is not None:
+        lines.append(f"int8 {c.agreement.format()}")
     return "\n".join(lines)
 
 
@@ -479,6 +506,7 @@ def report_document(
             "data": c.accuracy_data,
             "map50_delta_points": c.map50_delta_points,
             **{name: r.to_dict() for name, r in c.accuracy.items()},
+            "agreement": c.agreement.to_dict() if c.agreement is not None else None,
         },
         "machine": machine_info(),
     }
@@ -524,6 +552,14 @@ def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, Cal
     return source, CalibrationFrames(model.contract, frames, total, sys.stderr)
 
 
+def _inspection(config: Path | None) -> tuple[InspectConfig | None, float]:
+    """The ``[inspect]`` section and ``model.conf`` of ``config`` the verdicts are compared under; none without one."""
+    if config is None:
+        return None, REPORT_CONF
+    settings = load_config(config)
+    return settings.inspect, settings.model.conf
+
+
 def print_result(result: Quantised, contract: InputContract, out: TextIO) -> None:
     for part in (result.head, result.stem):
         print(f"kept in float: {len(part.nodes)} node(s), {part.reason}", file=out)
@@ -547,7 +583,9 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         ModelConfig(path=args.model, conf=MAP_CONF, iou=MAP_IOU, max_det=MAX_DET),
         RuntimeConfig(intra_op_threads=args.threads),
     )
-    _check_scene_classes(args, original)
+    if args.data is None:
+        _check_scene_classes(args, original)
+    inspect, conf = _inspection(args.config)
     calibration, frames = _calibration(args, original)
     result = quantize(
         args.model,
@@ -566,6 +604,9 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         latency_frames=args.latency_frames,
         eval_scenes=args.eval_scenes,
         eval_seed=args.eval_seed,
+        data=args.data,
+        inspect=inspect,
+        conf=conf,
     )
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB, calibrated on {calibration})", file=out)
     print(format_comparison(comparison), file=out)

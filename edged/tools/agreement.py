@@ -1,0 +1,141 @@
+"""How far a reduced-precision model agrees with the FP32 one, on the user's own images, without labels.
+
+The FP32 model's published boxes (at ``model.conf``) are the ground truth: the candidate's boxes are
+ranked and scored against them with `edged.tools.metrics` (mAP@0.5 and mAP@0.5:0.95, as ``edged eval``
+scores labels), so identical models score 1.0 (0.995 under yolo val's integration). With an
+``[inspect]`` section both models' boxes are also judged OK/NG, as the daemon judges them, and the
+frames whose verdict flips are named: what a line would notice. Both models run through the daemon's
+own `FramePipeline` at a low threshold, so the candidate's boxes just under ``model.conf`` still rank;
+since NMS only suppresses a box under a higher-scoring one, keeping those at or above a class's
+threshold afterwards gives exactly the boxes the daemon publishes at that threshold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.decode import Detections
+from edged.errors import UsageError
+from edged.model import LoadedModel
+from edged.pipeline import FramePipeline
+from edged.settings.inspect import InspectConfig
+from edged.sources.images import IMAGE_SUFFIXES
+from edged.tools.evaluate import EvalSample, ProgressBar, label_path
+from edged.tools.metrics import MetricAccumulator
+from edged.verdict import Inspector
+
+RANK_CONF = 0.001  # the threshold both models are loaded at here, as `edged eval` ranks
+
+
+@dataclass(slots=True)
+class Agreement:
+    """The candidate against the reference over ``images`` frames; verdict figures None without ``[inspect]``."""
+
+    images: int
+    map50: float
+    map50_95: float
+    reference_boxes: int
+    verdicts_agree: float | None = None
+    flipped: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "images": self.images,
+            "map50": self.map50,
+            "map50_95": self.map50_95,
+            "reference_boxes": self.reference_boxes,
+            "verdicts_agree": self.verdicts_agree,
+            "verdicts_flipped": self.flipped,
+        }
+
+    def format(self) -> str:
+        line = (
+            f"agreement with FP32's boxes on {self.images} image(s) ({self.reference_boxes} boxes): "
+            f"mAP@0.5 {self.map50:.3f}, mAP@0.5:0.95 {self.map50_95:.3f}"
+        )
+        if self.verdicts_agree is not None:
+            line += f"; OK/NG verdicts agree on {100 * self.verdicts_agree:.1f} %"
+            if self.flipped:
+                line += f", flipped on: {', '.join(self.flipped[:5])}" + (" ..." if len(self.flipped) > 5 else "")
+        return line
+
+
+class _Judge:
+    """One model's frames at one size, and its verdicts under ``[inspect]``."""
+
+    def __init__(self, model: LoadedModel, inspect: InspectConfig | None, conf: float) -> None:
+        if model.task != "detect" and model.task != "segment":
+            raise UsageError(f"agreement compares boxes; this model is a {model.task} model")
+        self.model = model
+        self.plan: FramePipeline | None = None
+        names = model.labels or [str(i) for i in range(model.num_classes)]
+        self.inspector = Inspector(inspect, names, model.num_classes, conf, model.cfg.max_det) if inspect else None
+        self.thresholds = np.array(self.inspector.thresholds if self.inspector else [conf] * model.num_classes)
+
+    def __call__(self, image: np.ndarray) -> tuple[Detections, Detections, str | None]:
+        """(every box down to RANK_CONF, the boxes published at the thresholds, the verdict or None)."""
+        h, w = image.shape[:2]
+        if self.plan is None or (self.plan.spec.width, self.plan.spec.height) != (w, h):
+            self.plan = FramePipeline(self.model, w, h, "bgr")
+        found, _ = self.plan.process(image)
+        assert isinstance(found, Detections)  # checked in __init__: a detection or segmentation model
+        ranked = Detections(found.xyxy.copy(), found.scores.copy(), found.class_ids.copy())
+        keep = ranked.scores >= self.thresholds[ranked.class_ids]
+        shown = Detections(ranked.xyxy[keep], ranked.scores[keep], ranked.class_ids[keep])
+        verdict = self.inspector(shown, w, h).verdict if self.inspector else None
+        return ranked, shown, verdict
+
+
+def agreement(
+    reference: LoadedModel,
+    candidate: LoadedModel,
+    samples: Iterator[EvalSample],
+    *,
+    inspect: InspectConfig | None = None,
+    conf: float = 0.25,
+    progress: ProgressBar | None = None,
+) -> Agreement:
+    """Score ``candidate`` against ``reference``'s published boxes (at ``conf``, or ``[inspect]``'s
+    per-class thresholds) on each sample, and compare their verdicts when ``inspect`` is given. Both
+    models should be loaded at `RANK_CONF` so that what ranks below ``conf`` is there to rank."""
+    judges = _Judge(reference, inspect, conf), _Judge(candidate, inspect, conf)
+    names = reference.labels or [str(i) for i in range(reference.num_classes)]
+    acc = MetricAccumulator(names)
+    agree = boxes = found = images = 0
+    flipped = []
+    for images, sample in enumerate(samples, 1):
+        _, truth, expected = judges[0](sample.image)
+        ranked, shown, verdict = judges[1](sample.image)
+        boxes, found = boxes + len(truth), found + len(shown)
+        acc.add(
+            ranked.xyxy,
+            ranked.scores,
+            ranked.class_ids,
+            truth.xyxy,
+            truth.class_ids,
+            published=(shown.xyxy, shown.scores, shown.class_ids),
+        )
+        if verdict == expected:
+            agree += 1
+        else:
+            flipped.append(sample.name)
+        if progress:
+            progress.update(images)
+    if images == 0:
+        raise UsageError("no images to compare the models on")
+    report = acc.report(conf=conf)
+    verdicts = agree / images if inspect else None
+    if boxes == 0:  # nothing to find: agreement is finding nothing too
+        score = 1.0 if found == 0 else 0.0
+        return Agreement(images, score, score, boxes, verdicts, flipped)
+    return Agreement(images, report.map50, report.map50_95, boxes, verdicts, flipped)
+
+
+def labelled(folder: Path) -> bool:
+    """Whether any image under ``folder`` has a YOLO label file (`edged.tools.evaluate.label_path`)."""
+    return any(label_path(p).is_file() for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())

@@ -1,0 +1,258 @@
+"""``edged tune``: which engine and precision to run on this board, chosen by measuring them here.
+
+Each engine x precision the machine offers (ONNX Runtime f32 and int8; OpenVINO f32, bf16, f16 and
+int8, those the device lacks said and skipped) runs the daemon's own per-frame path, the one
+``edged bench`` times (`edged.tools.bench_rows.FullPath`: preprocess, inference, decode, the
+message serialised and sent), over the user's images, one variant after the other. Each is timed
+(latency p50 and p99, process CPU per frame, resident memory after it) and judged against the FP32
+model on ONNX Runtime (`edged.tools.agreement`: mAP of its boxes against FP32's, and OK/NG verdicts
+under the configuration's ``[inspect]``), or against labels when given. The gate (by default at most
+one point of mAP@0.5 lost and no verdict flipped) decides which may be chosen; the fastest that
+passes is written as a ``[model]`` snippet. The INT8 model is `edged quantize`'s, calibrated on the
+same images, unless one is given. Nothing running is touched: tune reads the configuration only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import cv2
+import numpy as np
+
+from edged.config import EngineName, ModelConfig, Precision, Settings, load_config
+from edged.errors import ConfigError, DataError, SetupError, UsageError
+from edged.model import LoadedModel, load_model
+from edged.sources.images import IMAGE_SUFFIXES
+from edged.tools import bench_rows as rows
+from edged.tools.agreement import RANK_CONF, agreement
+from edged.tools.bench import machine_info, rss_kb
+from edged.tools.evaluate import EvalSample, evaluate, read_yolo_labels, scene_samples
+
+VARIANTS: tuple[tuple[EngineName, Precision], ...] = (
+    ("onnxruntime", "f32"),
+    ("onnxruntime", "int8"),
+    ("openvino", "f32"),
+    ("openvino", "bf16"),
+    ("openvino", "f16"),
+    ("openvino", "int8"),
+)
+REFERENCE = VARIANTS[0]
+SCENE_SIZE = (1280, 720)
+SCENE_SEED = 0  # held out: `edged quantize` calibrates on seed 1 by default
+CALIB_SEED = 1
+REPORT_CONF = 0.25  # precision and recall against labels, as `edged eval`
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """What a variant may lose against the reference and still be chosen."""
+
+    max_map_drop: float  # points of mAP@0.5
+    max_flips: int  # images whose OK/NG verdict differs
+
+
+def _images(folder: Path | None, labels: Path | None, limit: int, num_classes: int) -> tuple[str, list[EvalSample]]:
+    """The frames tune runs on, in memory (each is run by every variant), with labels from ``labels``
+    (``DIR/NAME.txt`` per image, its path under the image folder kept) when given."""
+    if folder is None:
+        total, scenes = scene_samples(limit, SCENE_SEED, *SCENE_SIZE)
+        return f"{total} generated scenes, seed {SCENE_SEED}", list(scenes)
+    paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())[:limit]
+    if not paths:
+        raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
+    samples = []
+    for path in paths:
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if image is None:
+            raise DataError(f"cannot decode image {path}")
+        name = path.relative_to(folder)
+        boxes, classes = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
+        if labels is not None:
+            h, w = image.shape[:2]
+            boxes, classes = read_yolo_labels((labels / name).with_suffix(".txt"), w, h, num_classes)
+        samples.append(EvalSample(str(name), image, boxes, classes))
+    return f"{len(samples)} images under {folder}", samples
+
+
+def _int8_model(
+    args: argparse.Namespace, settings: Settings, reference: LoadedModel, samples: list[EvalSample], log: TextIO
+) -> Path:
+    """The INT8 model: ``--int8`` as given, else `edged quantize`'s, calibrated on the images tune runs on
+    (or training-seed scenes), in ``--cache-dir``, runtime.cache_dir, or a folder kept in the temp dir."""
+    if args.int8 is not None:
+        return Path(args.int8)
+    from edged.tools import quantize as q  # the onnx package: only when tune quantises
+
+    folder = args.cache_dir or settings.runtime.cache_folder() or Path(tempfile.mkdtemp(prefix="edged-tune."))
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{settings.model.path.stem}.int8.onnx"
+    if args.images is not None:
+        total, frames = len(samples), iter(samples)
+    else:
+        total, frames = scene_samples(len(samples), CALIB_SEED, *SCENE_SIZE)
+    print(f"quantising {settings.model.path} to {out}, calibrated on {total} frames ...", file=log)
+    calibration = q.CalibrationFrames(reference.contract, frames, total, log)
+    q.quantize(settings.model.path, out, calibration, pixel_input=q.pixel_scale(reference.contract))
+    return out
+
+
+def _variant_config(settings: Settings, engine: EngineName, precision: Precision, int8: Path | None) -> ModelConfig:
+    path = int8 if precision == "int8" and int8 is not None else settings.model.path
+    return settings.model.model_copy(update={"engine": engine, "precision": precision, "path": path, "candidate": None})
+
+
+def _timing(model: LoadedModel, samples: list[EvalSample], frames: int, warmup: int) -> dict[str, float]:
+    """Latency p50/p99 and CPU per frame of the daemon's full path, cycling through the images."""
+    cycle = itertools.count()
+    with rows.FullPath(model, samples[0].image) as full:
+
+        def row() -> rows.TimedFrame:
+            full.image = samples[next(cycle) % len(samples)].image
+            return full()
+
+        for _ in range(warmup):
+            row()
+        times = rows.timing([row().total_ms for _ in range(frames)])
+        cpu = rows.cpu_per_frame(row, max(10, frames // 3), 0)
+    return {"p50_ms": times["median_ms"], "p99_ms": times["p99_ms"], "cpu_ms_per_frame": cpu["cpu_ms_per_frame"]}
+
+
+def _variant(
+    settings: Settings,
+    cfg: ModelConfig,
+    reference: LoadedModel,
+    samples: list[EvalSample],
+    labelled: bool,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """One engine x precision: its timing on the configured thresholds, its accuracy ranked at RANK_CONF."""
+    timed = load_model(cfg, settings.runtime)
+    row: dict[str, Any] = {"engine": cfg.engine, "precision": cfg.precision, "path": str(cfg.path)}
+    row.update(_timing(timed, samples, args.frames, args.warmup))
+    row["rss_mb"] = rss_kb() / 1024
+    ranked = load_model(cfg.model_copy(update={"conf": RANK_CONF}), settings.runtime)
+    agreed = agreement(reference, ranked, iter(samples), inspect=settings.inspect, conf=settings.model.conf)
+    row["agreement"] = agreed.to_dict()
+    row["map50"] = agreed.map50
+    if labelled:
+        row["labels"] = evaluate(ranked, iter(samples), len(samples), REPORT_CONF).to_dict()
+        row["map50"] = row["labels"]["map50"]
+    return row
+
+
+def _judge(rows_: list[dict[str, Any]], gate: Gate, inspecting: bool) -> dict[str, Any] | None:
+    """Mark each row passed or not against the reference row (the first); the fastest passing row."""
+    base = rows_[0]["map50"]
+    for row in rows_:
+        drop = 100 * (base - row["map50"])
+        flips = len(row["agreement"]["verdicts_flipped"]) if inspecting else 0
+        row["map50_drop_points"] = drop
+        row["verdicts_flipped"] = flips if inspecting else None
+        row["passed"] = drop <= gate.max_map_drop + 1e-9 and flips <= gate.max_flips
+    passing = [row for row in rows_ if row["passed"]]
+    return min(passing, key=lambda row: row["p50_ms"]) if passing else None
+
+
+def snippet(choice: dict[str, Any], reason: str) -> str:
+    """The ``[model]`` keys of the choice, as TOML to merge into the configuration."""
+    return (
+        f"# {reason}\n[model]\n"
+        f"engine = {json.dumps(choice['engine'])}\nprecision = {json.dumps(choice['precision'])}\n"
+        f"path = {json.dumps(choice['path'])}\n"
+    )
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"edged tune: {report['model']} on {report['data']}; {report['machine']['cpu']}, "
+        f"load {report['machine']['loadavg_start']}",
+        f"gate: at most {report['gate']['max_map_drop']:g} point(s) of mAP@0.5 lost against "
+        f"{report['accuracy_against']}, at most {report['gate']['max_flips']} verdict(s) flipped",
+        "",
+        f"{'engine':<12}{'precision':<10}{'p50 ms':>8}{'p99 ms':>8}{'CPU ms':>8}{'RSS MB':>8}{'mAP50':>8}"
+        f"{'drop':>7}{'flips':>6}  passed",
+    ]
+    for row in report["rows"]:
+        flips = "-" if row["verdicts_flipped"] is None else str(row["verdicts_flipped"])
+        lines.append(
+            f"{row['engine']:<12}{row['precision']:<10}{row['p50_ms']:8.2f}{row['p99_ms']:8.2f}"
+            f"{row['cpu_ms_per_frame']:8.2f}{row['rss_mb']:8.0f}{row['map50']:8.3f}{row['map50_drop_points']:7.2f}"
+            f"{flips:>6}  {'yes' if row['passed'] else 'NO'}"
+        )
+    lines += [f"skipped: {reason}" for reason in report["skipped"]]
+    choice = report["choice"]
+    lines.append("")
+    lines.append(f"choice: {choice['engine']} {choice['precision']} ({choice['path']})" if choice else "choice: none")
+    return "\n".join(lines)
+
+
+def _rows(
+    args: argparse.Namespace, settings: Settings, reference: LoadedModel, samples: list[EvalSample], log: TextIO
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every variant this machine runs, the reference first; and why each other one is left out."""
+    engines, precisions = set(args.engine.split(",")), set(args.precision.split(","))
+    unknown = (engines - {e for e, _ in VARIANTS}) | (precisions - {p for _, p in VARIANTS})
+    if unknown:
+        raise UsageError(f"no engine or precision named {', '.join(sorted(unknown))}; see edged tune --help")
+    int8: Path | None = None
+    if "int8" in precisions:
+        int8 = _int8_model(args, settings, reference, samples, log)
+    rows_, skipped = [], []
+    for engine, precision in VARIANTS:
+        if (engine, precision) != REFERENCE and (engine not in engines or precision not in precisions):
+            continue
+        print(f"running {engine} {precision} ...", file=log)
+        try:
+            cfg = _variant_config(settings, engine, precision, int8)
+            rows_.append(_variant(settings, cfg, reference, samples, args.labels is not None, args))
+        except SetupError as e:
+            reason = "; ".join(e.problems) if isinstance(e, ConfigError) else str(e)
+            skipped.append(f"{engine} {precision}: {reason}")
+    return rows_, skipped
+
+
+def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = sys.stderr) -> int:
+    """``edged tune``: the table (or JSON) on ``out``, the snippet to ``--out``; progress on ``log``."""
+    for name in ("frames", "max_images"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.out is not None and args.out.resolve() == args.config.resolve():
+        raise UsageError("--out must not be the configuration: tune writes a snippet to merge, it changes no configuration")
+    if args.labels is not None and args.images is None:
+        raise UsageError("--labels are the labels of --images: give the images too")
+    settings = load_config(args.config)
+    reference = load_model(
+        settings.model.model_copy(update={"conf": RANK_CONF, "engine": "onnxruntime", "precision": "f32"}),
+        settings.runtime,
+    )
+    if reference.task == "classify":
+        raise UsageError("tune compares boxes and verdicts of a detection or segmentation model, not a classifier")
+    data, samples = _images(args.images, args.labels, args.max_images, reference.num_classes)
+    gate = Gate(args.max_map_drop, args.max_flips)
+    rows_, skipped = _rows(args, settings, reference, samples, log)
+    choice = _judge(rows_, gate, settings.inspect is not None)
+    report: dict[str, Any] = {
+        "config": str(args.config),
+        "model": str(settings.model.path),
+        "data": data,
+        "accuracy_against": f"labels under {args.labels}" if args.labels else "FP32's own boxes on ONNX Runtime",
+        "gate": {"max_map_drop": gate.max_map_drop, "max_flips": gate.max_flips},
+        "frames": args.frames,
+        "rows": rows_,
+        "skipped": skipped,
+        "choice": None if choice is None else {k: choice[k] for k in ("engine", "precision", "path")},
+        "machine": machine_info(),
+    }
+    print(json.dumps(report, indent=2) if args.json else format_table(report), file=out)
+    if args.out is not None and choice is not None:
+        reason = f"edged tune: the fastest that passed its gate on {data} ({choice['p50_ms']:.2f} ms p50)"
+        args.out.write_text(snippet(choice, reason))
+        print(f"wrote {args.out}", file=log)
+    return 0

@@ -1,0 +1,124 @@
+"""``edged tune`` on the demo model: every variant through the full path, the gate, and the snippet it writes."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import cv2
+import pytest
+from daemon import run_cli
+
+from edged.config import load_config
+from edged.errors import EXIT_USAGE
+from edged.tools.evaluate import scene_samples
+from edged.tools.tune import Gate, _judge
+
+pytestmark = pytest.mark.tools
+
+DEMO = Path(__file__).resolve().parents[1] / "models" / "demo.onnx"
+CONFIG = f'[model]\npath = "{DEMO}"\nconf = 0.3\n\n[inspect]\nng_classes = ["crack"]\n'
+
+
+def _row(engine: str, precision: str, p50: float, map50: float, flipped: int = 0) -> dict[str, Any]:
+    return {
+        "engine": engine,
+        "precision": precision,
+        "path": "m.onnx",
+        "p50_ms": p50,
+        "map50": map50,
+        "agreement": {"verdicts_flipped": [f"image {i}" for i in range(flipped)]},
+    }
+
+
+@pytest.mark.unit
+def test_the_gate_leaves_out_the_fastest_when_it_loses_accuracy_or_flips_a_verdict() -> None:
+    rows = [_row("onnxruntime", "f32", 10, 0.90), _row("openvino", "int8", 4, 0.88), _row("openvino", "bf16", 6, 0.895)]
+    choice = _judge(rows, Gate(max_map_drop=1.0, max_flips=0), inspecting=True)
+    assert [r["passed"] for r in rows] == [True, False, True]  # int8 lost 2 points
+    assert choice is rows[2]
+    rows[2]["agreement"]["verdicts_flipped"] = ["scene 0:3"]
+    assert _judge(rows, Gate(1.0, 0), inspecting=True) is rows[0]
+    assert _judge(rows, Gate(1.0, 1), inspecting=True) is rows[2]
+    assert _judge(rows, Gate(5.0, 1), inspecting=True) is rows[1]
+    assert _judge(rows, Gate(1.0, 0), inspecting=False) is rows[2]  # no [inspect]: no verdict to flip
+
+
+def test_tune_on_the_demo_model_writes_a_choice_that_passed_and_merges_into_the_config(tmp_path: Path) -> None:
+    (tmp_path / "images").mkdir()
+    _, frames = scene_samples(3, 0, 640, 360)
+    for i, sample in enumerate(frames):
+        cv2.imwrite(str(tmp_path / "images" / f"{i}.png"), sample.image)
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    snippet = tmp_path / "tuned.toml"
+    done = run_cli(
+        "tune", "--config", str(config), "--images", str(tmp_path / "images"), "--frames", "5", "--warmup", "2",
+        "--engine", "onnxruntime", "--cache-dir", str(tmp_path / "cache"), "--json", "--out", str(snippet),
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [(r["engine"], r["precision"]) for r in report["rows"]] == [("onnxruntime", "f32"), ("onnxruntime", "int8")]
+    for row in report["rows"]:
+        assert row["p50_ms"] > 0 and row["p99_ms"] >= row["p50_ms"] and row["cpu_ms_per_frame"] > 0
+        assert row["rss_mb"] > 0 and row["agreement"]["images"] == 3 and isinstance(row["passed"], bool)
+    assert report["rows"][0]["map50"] >= 0.99 and report["rows"][0]["passed"]  # FP32 against itself
+    choice = report["choice"]
+    chosen = next(r for r in report["rows"] if (r["engine"], r["precision"]) == (choice["engine"], choice["precision"]))
+    assert chosen["passed"] and chosen["p50_ms"] == min(r["p50_ms"] for r in report["rows"] if r["passed"])
+    assert config.read_text() == CONFIG  # the configuration is never changed
+    merged = tomllib.loads(CONFIG)
+    merged["model"].update(tomllib.loads(snippet.read_text())["model"])
+    combined = tmp_path / "combined.toml"
+    combined.write_text(
+        f'[model]\npath = "{merged["model"]["path"]}"\nconf = 0.3\nengine = "{merged["model"]["engine"]}"\n'
+        f'precision = "{merged["model"]["precision"]}"\n\n[inspect]\nng_classes = ["crack"]\n'
+    )
+    settings = load_config(combined)
+    assert (settings.model.engine, settings.model.precision) == (choice["engine"], choice["precision"])
+    assert settings.model.path == Path(choice["path"]) and settings.model.path.is_file()
+
+
+def test_tune_refuses_to_write_over_the_configuration(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli("tune", "--config", str(config), "--out", str(config))
+    assert done.returncode == EXIT_USAGE and "changes no configuration" in done.stderr
+    assert config.read_text() == CONFIG
+
+
+def test_tune_with_labels_scores_each_variant_against_them(tmp_path: Path) -> None:
+    (tmp_path / "images").mkdir()
+    (tmp_path / "labels").mkdir()
+    total, frames = scene_samples(2, 0, 640, 360)
+    for i, sample in enumerate(frames):
+        cv2.imwrite(str(tmp_path / "images" / f"{i}.png"), sample.image)
+        h, w = sample.image.shape[:2]
+        lines = [
+            f"{c} {(x1 + x2) / 2 / w} {(y1 + y2) / 2 / h} {(x2 - x1) / w} {(y2 - y1) / h}"
+            for (x1, y1, x2, y2), c in zip(sample.boxes.tolist(), sample.class_ids.tolist(), strict=True)
+        ]
+        (tmp_path / "labels" / f"{i}.txt").write_text("\n".join(lines) + "\n")
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli(
+        "tune", "--config", str(config), "--images", str(tmp_path / "images"), "--labels", str(tmp_path / "labels"),
+        "--frames", "3", "--warmup", "1", "--engine", "onnxruntime", "--precision", "f32", "--json",
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["accuracy_against"].startswith("labels under")
+    (row,) = report["rows"]
+    assert row["labels"]["n_images"] == total and row["map50"] == row["labels"]["map50"] > 0.5
+    assert report["choice"]["precision"] == "f32"
+
+
+def test_tune_refuses_an_engine_or_precision_it_does_not_know(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli("tune", "--config", str(config), "--precision", "f32,int4", "--frames", "1")
+    assert done.returncode == EXIT_USAGE and "no engine or precision named int4" in done.stderr
