@@ -30,7 +30,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError, KeyFileError
-from edged.heads.registry import HEADS
+from edged.heads.registry import FORMATS
 from edged.settings.endpoints import ipc_folder_problem, on_the_network
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     # A Literal assembled at run time is no static type: a type checker sees plain str.
     HeadChoice: TypeAlias = str
 else:
-    HeadChoice = Literal[tuple(["auto", *HEADS])]
+    HeadChoice = Literal[tuple(["auto", *FORMATS])]
 
 # One side of a model input in pixels; the bound keeps a typo from allocating gigabytes.
 InputSide = Annotated[int, Field(gt=0, le=8192)]
@@ -93,6 +93,20 @@ class ModelConfig(Section):
     iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
     max_det: int = Field(100, ge=1, le=10000, description="Most detections kept per frame.")
     agnostic_nms: bool = Field(False, description="Suppress overlapping boxes across classes too.")
+    anomaly_threshold: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Anomaly models: the image score above which a frame is anomalous, on the export's normalised "
+        "scale (0.5 is the threshold it was exported with, `edged calibrate` proposes one); default: the export's.",
+    )
+    pixel_threshold: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Anomaly models: the map value above which a pixel belongs to a region, on the export's "
+        "normalised scale; default: the export's mask (0.5).",
+    )
 
     @field_validator("imgsz", mode="before")
     @classmethod

@@ -31,6 +31,7 @@ from edged.config import ProviderConfig, RuntimeConfig
 from edged.contract import pinned_dimensions
 from edged.cpus import plan_threads
 from edged.errors import InferenceError, ModelError
+from edged.heads.anomaly import AnomalyHead, trained_size
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +171,22 @@ class Engine:
         if not inputs:
             return session
         metadata = session.get_modelmeta().custom_metadata_map
-        pins = pinned_dimensions(inputs[0].name, inputs[0].shape, metadata, imgsz)
+        pins = pinned_dimensions(inputs[0].name, inputs[0].shape, metadata, imgsz, self._trained_size(session))
         if pins:
             log.info("pinning the dynamic input dimensions: %s", ", ".join(f"{k}={v}" for k, v in pins.items()))
             session = self._open(source, record_placement, pins, write_cache=False)
         return session
+
+    @staticmethod
+    def _trained_size(session: ort.InferenceSession) -> tuple[int, int] | None:
+        """An anomalib export's trained size (`edged.heads.anomaly.trained_size`); None for other models."""
+        outputs = [(o.name, o.shape) for o in session.get_outputs()]
+        return trained_size(outputs) if AnomalyHead.claims([name for name, _ in outputs]) else None
+
+    @property
+    def trained_size(self) -> tuple[int, int] | None:
+        """The size an anomalib export was trained at, which it is fed; None for other models."""
+        return self._trained_size(self.session)
 
     def _open(self, source: Path, record: bool, pins: dict[str, int], write_cache: bool) -> ort.InferenceSession:
         so = self._session_options(record, pins)

@@ -87,13 +87,28 @@ class Detection(Message):
     )
 
 
+class AnomalyRegion(Message):
+    """One connected region of an anomaly model's mask."""
+
+    box: tuple[float, float, float, float] = Field(description="x1, y1, x2, y2 in frame pixels, around the region.")
+    area_px: float = Field(ge=0, description="Its area in frame pixels.")
+    max_score: float = Field(ge=0, le=1, description="The highest anomaly map value in it (normalised: 0.5 the export's).")
+    polygon: list[tuple[float, float]] = Field(description="Its outline, x, y points in frame pixels.")
+    zone: str | None = Field(None, description="The [inspect] zone it is in; null without zones or outside all.")
+
+
+Task = Literal["detect", "anomaly"]
 Verdict = Literal["ok", "ng"]
 
 
 class Reason(Message):
-    """One detection that made the part NG."""
+    """One detection (or an anomaly model's score) that made the part NG."""
 
-    detection: int = Field(ge=0, description="Index into the detections message's detections.")
+    detection: int = Field(
+        ge=0,
+        description="Index into the detections message's detections; for an anomaly model (label 'anomaly score'), "
+        "into its regions (0 when it has none).",
+    )
     class_id: int = Field(ge=0)
     label: str
     score: float = Field(ge=0, le=1)
@@ -134,7 +149,28 @@ class DetectionsMessage(TopicMessage):
     frame_size: tuple[int, int] = Field(description="Frame width, height in pixels.")
     input_size: tuple[int, int] = Field(description="Model input width, height in pixels.")
     model: ModelInfo
+    task: Task = Field("detect", description="The model's task: detect (detections) or anomaly (no detections).")
     detections: list[Detection]
+    anomaly_score: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="An anomaly model's image score, normalised as its export does (0.5: the exported threshold).",
+        exclude_if=lambda value: value is None,
+    )
+    anomalous: bool | None = Field(
+        None, description="Whether the anomaly score is above the threshold.", exclude_if=lambda value: value is None
+    )
+    threshold: float | None = Field(
+        None,
+        description="The anomaly score threshold used: model.anomaly_threshold, else the export's (0.5).",
+        exclude_if=lambda value: value is None,
+    )
+    regions: list[AnomalyRegion] | None = Field(
+        None,
+        description="An anomaly model's regions: the connected components of its mask, largest first.",
+        exclude_if=lambda value: value is None,
+    )
     timings: Timings
     thermal_state: ThermalState = Field(description="The board's thermal state when the frame was processed.")
     verdict: Verdict | None = Field(None, description="ok or ng for this frame; null without [inspect].")

@@ -11,15 +11,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from edged.anomaly import AnomalyDecoder
 from edged.config import ModelConfig, ProviderConfig, RuntimeConfig, Settings
 from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engine import Engine
 from edged.errors import ContractError, EdgedError, HeadError, ModelError
+from edged.heads.anomaly import AnomalyHead
 from edged.heads.base import fmt_classes
 from edged.heads.metadata import parse_names
-from edged.heads.registry import detect_head, head_named
-from edged.messages import ModelInfo
+from edged.heads.registry import detect_format, format_named
+from edged.messages import ModelInfo, Task
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +30,23 @@ log = logging.getLogger(__name__)
 class LoadedModel:
     engine: Engine
     contract: InputContract
-    head: str  # a name in edged.heads.HEADS
+    head: str  # a name in edged.heads.registry.FORMATS
     num_classes: int
     labels: list[str]
     cfg: ModelConfig
     info: ModelInfo  # what every message says about the model
     class_names: tuple[str, ...]  # the labels, or the class ids where the model names none: a dataset's names
+
+    @property
+    def task(self) -> Task:
+        return "anomaly" if self.head == AnomalyHead.name else "detect"
+
+    def anomaly_decoder(self, outputs: Sequence[tuple[str, tuple[int, ...]]]) -> AnomalyDecoder:
+        """An anomaly model's decoder for its bound outputs (name, shape), with the thresholds of the config."""
+        cfg = self.cfg
+        return AnomalyDecoder(
+            outputs, threshold=cfg.anomaly_threshold, pixel_threshold=cfg.pixel_threshold, max_regions=cfg.max_det
+        )
 
     def make_decoder(
         self,
@@ -69,9 +82,10 @@ def read_labels(path: Path) -> list[str]:
 
 
 def _head(engine: Engine, cfg: ModelConfig) -> tuple[str, int]:
-    shapes = [o.shape for o in engine.session.get_outputs()]
+    outputs = [(o.name, o.shape) for o in engine.session.get_outputs()]
+    shapes = [shape for _, shape in outputs]
     try:
-        head, num_classes = detect_head(shapes, engine.metadata)
+        head, num_classes = detect_format(outputs, engine.metadata, cfg.head)
     except HeadError as e:
         if cfg.head == "auto":
             raise
@@ -89,8 +103,10 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     engine = Engine(cfg.path, runtime, imgsz=cfg.imgsz, record_placement=record_placement, lanes=lanes)
     head, num_classes = _head(engine, cfg)
     inputs = [(i.name, i.shape, i.type) for i in engine.input_meta]
-    contract = build_contract(inputs, engine.metadata, cfg, head_named(head))
+    contract = build_contract(inputs, engine.metadata, cfg, format_named(head), engine.trained_size)
     labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
+    if head == AnomalyHead.name:
+        labels = labels or ["anomaly"]
     if labels and len(labels) != num_classes:
         source = str(cfg.labels) if cfg.labels else "the model's names metadata"
         raise ContractError(f"{source} lists {fmt_classes(len(labels))} but the model outputs {num_classes}")

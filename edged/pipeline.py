@@ -18,20 +18,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edged.anomaly import Anomaly, AnomalyDecoder
 from edged.config import Settings
 from edged.contract import ChannelOrder, FrameSpec, frame_problem
-from edged.decode import Detections
+from edged.decode import Decoder, Detections
 from edged.errors import ConfigError, InferenceError
 from edged.geometry import BoxMap
 from edged.identity import Identity
 from edged.messages import DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
-from edged.preprocess import Preprocessor
+from edged.preprocess import preprocessor
 from edged.settings.sources import SourceBase
 from edged.sources.base import Frame
 from edged.sources.registry import sizes_vary
 from edged.stats import VerdictRecord
-from edged.verdict import Inspected, Inspector
+from edged.verdict import AnomalyInspected, AnomalyInspector, Inspected, Inspector
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,14 @@ class FramePipeline:
     ) -> None:
         self.model = model
         self.spec = FrameSpec(frame_w, frame_h, source_order)
-        self.preprocess = Preprocessor(model.contract, frame_w, frame_h, source_order)
+        self.preprocess = preprocessor(model.contract, frame_w, frame_h, source_order)
         self.binding = model.engine.bind(self.preprocess.tensor)
-        self.decoder = model.make_decoder(self.binding.outputs[0].shape, thresholds, near_margin)
+        self.decoder: Decoder | AnomalyDecoder  # an anomaly model's reads every output
+        if model.task == "anomaly":
+            outputs = zip(model.engine.output_names, self.binding.outputs, strict=True)
+            self.decoder = model.anomaly_decoder([(name, out.shape) for name, out in outputs])
+        else:
+            self.decoder = model.make_decoder(self.binding.outputs[0].shape, thresholds, near_margin)
 
     @property
     def box_map(self) -> BoxMap:
@@ -77,14 +83,18 @@ class FramePipeline:
         """The raw detection output of the last `process` (float32, refreshed in place)."""
         return self.binding.outputs[0]
 
-    def process(self, image: np.ndarray) -> tuple[Detections, StageTimes]:
+    def process(self, image: np.ndarray) -> tuple[Detections | Anomaly, StageTimes]:
         """Run one checked frame through the model; raises InferenceError from the engine."""
         t0 = time.perf_counter_ns()
         self.preprocess(image)
         t1 = time.perf_counter_ns()
         self.binding.run()
         t2 = time.perf_counter_ns()
-        detections = self.decoder.decode(self.binding.outputs[0], self.preprocess.box_map)
+        detections: Detections | Anomaly
+        if isinstance(self.decoder, AnomalyDecoder):
+            detections = self.decoder.decode(self.binding.outputs, self.preprocess.box_map)
+        else:
+            detections = self.decoder.decode(self.binding.outputs[0], self.preprocess.box_map)
         t3 = time.perf_counter_ns()
         return detections, StageTimes((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6)
 
@@ -101,15 +111,15 @@ class Processed:
 
     frame: Frame
     plan: FramePipeline
-    result: Detections
+    result: Detections | Anomaly
     times: StageTimes
     age_ms: float
-    inspected: Inspected | None = None
+    inspected: Inspected | AnomalyInspected | None = None
     verdict_ms: float = 0.0
     decoded: Detections | None = None
 
     @property
-    def labelled(self) -> Detections:
+    def labelled(self) -> Detections | Anomaly:
         """What the frame's dataset label holds: every detection, those outside the zones too (an object
         the line ignores there is still an object, and a label without it teaches the model it is not)."""
         return self.decoded if self.decoded is not None else self.result
@@ -152,7 +162,7 @@ class FramePath:
         model: LoadedModel,
         camera_id: str,
         declared_order: ChannelOrder,
-        inspector: Inspector | None = None,
+        inspector: Inspector | AnomalyInspector | None = None,
         *,
         sizes_vary: bool = False,
         near_margin: float | None = None,
@@ -180,11 +190,16 @@ class FramePath:
             detections, times = plan.process(frame.image)
         except InferenceError as e:
             return Rejected(frame, "inference_error", str(e))
-        if self.inspector is None:
-            return Processed(frame, plan, detections, times, (time.monotonic_ns() - frame.t_capture_ns) / 1e6)
-        inspected = self.inspector(detections, plan.spec.width, plan.spec.height)
-        age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
-        return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms, detections)
+        inspector = self.inspector
+        if isinstance(inspector, AnomalyInspector) and isinstance(detections, Anomaly):
+            judged = inspector(detections, plan.spec.width, plan.spec.height)
+            age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
+            return Processed(frame, plan, detections, times, age_ms, judged, age_ms)
+        if isinstance(inspector, Inspector) and isinstance(detections, Detections):
+            inspected = inspector(detections, plan.spec.width, plan.spec.height)
+            age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
+            return Processed(frame, plan, inspected.detections, times, age_ms, inspected, age_ms, detections)
+        return Processed(frame, plan, detections, times, (time.monotonic_ns() - frame.t_capture_ns) / 1e6)
 
     def _plan_for(self, frame: Frame) -> FramePipeline | Rejected:
         """The plan for this frame: its size's own when sizes vary, else the camera's current one,
@@ -249,7 +264,9 @@ class FramePath:
         (`edged.task.TaskResult.message_fields`): the one small object a frame allocates."""
         box_map, times, inspector, inspected = done.plan.box_map, done.times, self.inspector, done.inspected
         zones = thresholds = None
-        if inspector is not None and inspected is not None:
+        if isinstance(inspected, AnomalyInspected) and isinstance(inspector, AnomalyInspector):
+            zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
+        elif isinstance(inspector, Inspector) and isinstance(inspected, Inspected):
             zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
             thresholds = [inspector.thresholds[c] for c in inspected.detections.class_ids.tolist()]
         return DetectionsMessage(
@@ -280,7 +297,14 @@ class FramePath:
         inspector, inspected = self.inspector, done.inspected
         if inspector is None or inspected is None or inspected.verdict == "ok":
             return []
+        if isinstance(inspected, AnomalyInspected):
+            i, zones = inspected.reason_region, inspected.zones.tolist()
+            zone = inspector.zone_name(zones[i]) if i < len(zones) else None
+            score = round(min(max(inspected.result.score, 0.0), 1.0), 4)
+            return [Reason(detection=i, class_id=0, label="anomaly score", score=score, zone=zone)]
         det, label = done.result, self.model.label
+        if not isinstance(det, Detections) or not isinstance(inspected, Inspected):
+            return []
         scores, class_ids, zones = det.scores.tolist(), det.class_ids.tolist(), inspected.zones.tolist()
         return [
             Reason(
@@ -320,8 +344,10 @@ def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> Fr
     class named in its inspection that the model does not have (naming the camera when there are
     several)."""
     inspect = settings.inspection(source)
-    inspector = None
-    if inspect is not None:
+    inspector: Inspector | AnomalyInspector | None = None
+    if inspect is not None and model.task == "anomaly":
+        inspector = AnomalyInspector(inspect, model.cfg.max_det)
+    elif inspect is not None:
         try:
             inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
         except ConfigError as e:

@@ -143,3 +143,66 @@ class Preprocessor:
             np.copyto(p.copy_into, p.canvas)
         for pixels, table, out in p.lookups:
             cv2.LUT(pixels, table, dst=out)
+
+
+def antialias_weights(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) float32: each output sample's weights over the input samples, for PyTorch's
+    antialiased bilinear resize (``interpolate(mode="bilinear", antialias=True)``, Pillow's filter).
+
+    A triangle filter stretched over the input pixels one output pixel covers, each row normalised
+    to sum to 1; when upsampling it is plain bilinear interpolation. The support and the rounding
+    of its ends are PyTorch's, so that the values are the ones anomalib trained on.
+    """
+    scale = n_in / n_out
+    support, inverse = (scale, 1 / scale) if scale >= 1 else (1.0, 1.0)
+    weights = np.zeros((n_out, n_in), dtype=np.float64)
+    for i in range(n_out):
+        center = scale * (i + 0.5)
+        lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
+        taps = np.maximum(0.0, 1.0 - np.abs((np.arange(lo, hi) - center + 0.5) * inverse))
+        weights[i, lo:hi] = taps / taps.sum()
+    return weights.astype(np.float32)
+
+
+class AntialiasPreprocessor:
+    """Writes frames of one size into the input tensor of an anomalib export: the whole frame
+    stretched to the input with an antialiased bilinear resize, RGB values in 0..1, NCHW.
+
+    anomalib trains, validates and predicts on images resized that way; its ONNX export resizes
+    without antialiasing, so edged resizes here and feeds the trained size, which the graph's own
+    resize then leaves as it is. The resize is two matrix products per channel, over weights made
+    once per frame size (`antialias_weights`): each byte is looked up to its float value into a
+    frame-sized plane, resized down the columns, then along the rows, straight into the tensor.
+    """
+
+    def __init__(self, contract: InputContract, frame_w: int, frame_h: int, source_order: ChannelOrder = "bgr") -> None:
+        self.contract = contract
+        self.source_order = source_order
+        self.box_map = BoxMap.stretch(frame_w, frame_h, contract.width, contract.height)
+        self.tensor = np.zeros(contract.shape, dtype=contract.dtype)
+        self._rows = antialias_weights(frame_h, contract.height)  # (h, frame_h)
+        self._columns = np.ascontiguousarray(antialias_weights(frame_w, contract.width).T)  # (frame_w, w)
+        self._planes = np.empty((3, frame_h, frame_w), np.uint8)
+        self._values = np.empty((frame_h, frame_w), np.float32)
+        self._half = np.empty((contract.height, frame_w), np.float32)
+        order = (2, 1, 0) if contract.channel_order != source_order else (0, 1, 2)
+        self._split_into = [self._planes[i] for i in order]
+        self._tables = normalisation_table(contract)
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        """Fill the input tensor from a frame of the planned size and order; returns the tensor."""
+        cv2.split(image, self._split_into)
+        for c in range(3):
+            cv2.LUT(self._planes[c], self._tables[c], dst=self._values)
+            np.matmul(self._rows, self._values, out=self._half)
+            np.matmul(self._half, self._columns, out=self.tensor[0, c])
+        return self.tensor
+
+
+def preprocessor(
+    contract: InputContract, frame_w: int, frame_h: int, source_order: ChannelOrder
+) -> Preprocessor | AntialiasPreprocessor:
+    """The preprocessor the contract's resize asks for."""
+    if contract.resize == "antialias":
+        return AntialiasPreprocessor(contract, frame_w, frame_h, source_order)
+    return Preprocessor(contract, frame_w, frame_h, source_order)

@@ -1,8 +1,9 @@
 """The head formats edged reads, and telling which one a model's output is.
 
-Each format is one module holding one `Head` subclass; adding a format means writing that module
-and adding its class to `HEADS`. The allowed ``model.head`` values, `detect_head` and the layouts
-named in its error messages all come from this registry.
+Each detection format is one module holding one `Head` subclass; adding a format means writing that
+module and adding its class to `HEADS`. An anomalib export is `AnomalyHead`'s (`FORMATS` holds them
+all). The allowed ``model.head`` values, `detect_head` and the layouts named in its error messages
+all come from this registry.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from edged.errors import HeadError
+from edged.heads.anomaly import AnomalyHead
 from edged.heads.base import Dim, Head, OutputFacts, concrete, fmt_shape
 from edged.heads.end2end import End2EndHead
 from edged.heads.metadata import parse_names, says_nms_inside, says_rtdetr
@@ -18,6 +20,8 @@ from edged.heads.yolov5 import YoloV5Head
 from edged.heads.yolov8 import YoloV8Head
 
 HEADS: dict[str, type[Head]] = {head.name: head for head in (YoloV8Head, YoloV5Head, End2EndHead, RtDetrHead)}
+Format = type[Head] | type[AnomalyHead]
+FORMATS: dict[str, Format] = {**HEADS, AnomalyHead.name: AnomalyHead}
 
 
 def _listed(items: Sequence[str]) -> str:
@@ -42,6 +46,23 @@ def head_named(name: str) -> type[Head]:
     if head is None:
         raise HeadError(f"unknown head format {name!r}; expected one of {tuple(HEADS)}")
     return head
+
+
+def format_named(name: str) -> Format:
+    """The registered format ``name``, the anomaly head's included; `HeadError` for any other."""
+    return AnomalyHead if name == AnomalyHead.name else head_named(name)
+
+
+def detect_format(
+    outputs: Sequence[tuple[str, Sequence[Dim]]], metadata: Mapping[str, str], forced: str = "auto"
+) -> tuple[str, int]:
+    """The format's name and class count from the outputs (name, shape): an anomalib export by its
+    output names (or ``forced`` to ``anomaly``, ``model.head``), else the detection head `detect_head`
+    finds. An anomaly model has one class, the anomaly."""
+    if forced == AnomalyHead.name or AnomalyHead.claims([name for name, _ in outputs]):
+        AnomalyHead.check(outputs)
+        return AnomalyHead.name, 1
+    return detect_head([shape for _, shape in outputs], metadata)
 
 
 def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, str]) -> tuple[str, int]:

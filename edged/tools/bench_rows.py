@@ -252,6 +252,8 @@ def naive_detect(model: LoadedModel, image: np.ndarray) -> tuple[np.ndarray, np.
 def detections_match(model: LoadedModel, full: FullPath) -> bool:
     """edged's detections equal the naive reference's on the benchmark frame."""
     mine = full.process().result
+    if not isinstance(mine, Detections):
+        return False
     xyxy, scores, class_ids = naive_detect(model, full.image)
     if len(mine) != len(scores):
         return False

@@ -26,6 +26,7 @@ import cv2
 import numpy as np
 
 from edged.config import ModelConfig, RuntimeConfig
+from edged.decode import Decoder, Detections
 from edged.errors import DataError, UsageError
 from edged.heads.registry import head_named
 from edged.model import LoadedModel, load_model
@@ -140,6 +141,8 @@ def evaluate(
         if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
             plan = FramePipeline(model, w, h, "bgr")
         detections, _ = plan.process(sample.image)
+        if not isinstance(detections, Detections):
+            raise UsageError("edged eval scores detection models; this is an anomaly model")
         published = (detections.xyxy.copy(), detections.scores.copy(), detections.class_ids.copy())
         xyxy, scores, classes = _every_class(plan) or published
         acc.add(xyxy, scores, classes, sample.boxes, sample.class_ids, published=published)
@@ -158,6 +161,8 @@ def _every_class(plan: FramePipeline) -> Predictions | None:
     ``max_det`` over all classes are kept. (yolo val also stops at its 30,000 best candidates
     before NMS; edged does not, which can only matter where more than that score above conf.)
     """
+    if not isinstance(plan.decoder, Decoder):
+        return None
     masked = np.empty_like(plan.output)
     scores = head_named(plan.model.head).class_scores(masked)  # a view: zeroing it edits `masked`
     if scores is None or plan.model.num_classes == 1:
