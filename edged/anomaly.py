@@ -52,6 +52,8 @@ class Anomaly:
     labels: np.ndarray
     box_map: BoxMap
     nonfinite: int = 0
+    anomaly_map: np.ndarray | None = None  # the model's map output, [h, w], when it has one
+    heat: np.ndarray | None = None  # the decoder's uint8 buffer the map is scaled into for `heatmap`
 
     def __len__(self) -> int:
         """Its regions; an anomalous frame without one still counts as a finding."""
@@ -62,6 +64,13 @@ class Anomaly:
 
     def near_misses(self) -> int:
         return 0
+
+    def heatmap(self) -> np.ndarray | None:
+        """The anomaly map as uint8 (0..255 for the normalised 0..1), in the decoder's buffer."""
+        if self.anomaly_map is None or self.heat is None:
+            return None
+        cv2.convertScaleAbs(self.anomaly_map, dst=self.heat, alpha=255.0)
+        return self.heat
 
     def polygons(self) -> list[list[tuple[float, float]]]:
         """Each region's outline (its largest outer contour) in frame pixels."""
@@ -140,6 +149,7 @@ class AnomalyDecoder:
         self._area = np.empty(max_regions, dtype=np.float32)
         self._scores = np.empty(max_regions, dtype=np.float32)
         self._ids = np.empty(max_regions, dtype=np.int32)
+        self._heat = np.empty(size if size is not None else (0, 0), dtype=np.uint8)
 
     def decode(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> Anomaly:
         """The frame's score, verdict and regions; `HeadError` only when ``outputs`` are not the
@@ -166,6 +176,8 @@ class AnomalyDecoder:
             self._labels,
             box_map,
             nonfinite,
+            outputs[self._index["anomaly_map"]][0, 0] if "anomaly_map" in self._index else None,
+            self._heat,
         )
 
     def _find_regions(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> int:

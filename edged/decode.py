@@ -83,6 +83,9 @@ class Detections:
             lines.append(f"{c} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}\n")
         return "".join(lines)
 
+    def heatmap(self) -> None:
+        return None
+
     def message_fields(
         self, label: Callable[[int], str], zones: Sequence[str | None] | None, thresholds: Sequence[float | None] | None
     ) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
 
 class TaskResult(Protocol):
     """One frame's result of the model's task; a view into its plan's buffers, valid until the plan's
@@ -34,6 +36,11 @@ class TaskResult(Protocol):
     def dataset_label(self, width: int, height: int) -> str:
         """The label file saved beside a ``width`` x ``height`` evidence image, in the format the task
         trains on (ultralytics' YOLO text for detection)."""
+        ...
+
+    def heatmap(self) -> np.ndarray | None:
+        """A map over the model's input to save beside the frame's evidence image (an anomaly model's
+        map, uint8 0..255), a view valid until the next frame; None for a task without one."""
         ...
 
     def message_fields(

@@ -14,7 +14,8 @@ that the camera can be aimed and focused, and the page loads, between triggers.
 
 With ``[inspect]`` the encoder also draws the zones (from the configuration, scaled from fractions
 of the frame to the shown image, with their names), colours each box in a zone with that zone's
-colour, and puts the verdict in a banner across the top: OK green, NG red with its reasons.
+colour, and puts the verdict in a banner across the top: OK green, NG red with its reasons. For an
+anomaly model it outlines the regions (with their peak) and shows the score against its threshold.
 """
 
 from __future__ import annotations
@@ -187,6 +188,7 @@ def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zon
         (_, th), base = cv2.getTextSize(text, FONT, 0.5, 1)
         top = y1 - th - base - 2 if y1 - th - base - 2 >= 0 else y1
         _label(image, text, (x1, top), (255, 255, 255), colour)
+    draw_regions(image, message, scale, colour_of)
     if message.verdict is not None:
         reasons = ", ".join(
             f"{r.label}@{r.zone} {r.score:.2f}" if r.zone else f"{r.label} {r.score:.2f}" for r in message.reasons
@@ -196,6 +198,26 @@ def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zon
         cv2.rectangle(image, (0, 0), (w, th + base + 8), BANNER[message.verdict], cv2.FILLED)
         cv2.putText(image, text, (6, th + 4), FONT, 0.6, (255, 255, 255), 2, cv2.LINE_AA)
     caption(image, message.camera_id, message.frame_id, message.capture_time_ns)
+
+
+def draw_regions(
+    image: np.ndarray, message: DetectionsMessage, scale: float, colour_of: dict[str, tuple[int, int, int]]
+) -> None:
+    """An anomaly model's regions (their outlines, in their zone's colour) and its score and threshold."""
+    if message.anomaly_score is None:
+        return
+    for region in message.regions or []:
+        colour = colour_of.get(region.zone or "", PALETTE[0])
+        if len(region.polygon) >= 2:
+            outline = np.rint(np.array(region.polygon) * scale).astype(np.int32)
+            cv2.polylines(image, [outline], True, colour, 2, cv2.LINE_AA)
+        x1, y1 = (round(v * scale) for v in region.box[:2])
+        _label(image, f"{region.max_score:.2f}", (x1, max(y1 - 18, 0)), (255, 255, 255), colour)
+    text = f"anomaly {message.anomaly_score:.3f} / {message.threshold or 0.5:g}"
+    (tw, _), _ = cv2.getTextSize(text, FONT, 0.5, 1)
+    _label(
+        image, text, (max(image.shape[1] - tw - 10, 0), 30), (255, 255, 255), (0, 0, 160) if message.anomalous else (0, 0, 0)
+    )
 
 
 def draw_zones(image: np.ndarray, zones: Zones) -> dict[str, tuple[int, int, int]]:

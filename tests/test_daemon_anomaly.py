@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 from daemon import RunningDaemon, free_port, run_cli, write_config
 
@@ -19,7 +21,7 @@ REFERENCE: dict[str, Any] = json.loads((DATA / "padim.json").read_text())
 FRAMES = ("good_320x240", "spot_320x240")
 
 
-def config(tmp_path: Path, endpoint: str, **model: Any) -> Path:
+def config(tmp_path: Path, endpoint: str, evidence: dict[str, Any] | None = None, **model: Any) -> Path:
     shutil.copy(DATA / "padim.onnx", tmp_path / "padim.onnx")
     (tmp_path / "frames").mkdir()
     for name in FRAMES:
@@ -32,6 +34,7 @@ def config(tmp_path: Path, endpoint: str, **model: Any) -> Path:
             "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
             "thermal": {"enabled": False},
             "inspect": {},
+            **({"evidence": evidence} if evidence else {}),
         },
     )
 
@@ -78,3 +81,24 @@ def test_an_anomaly_model_fed_bgr_or_normalised_twice_exits_78_naming_why(tmp_pa
         result = run_cli("run", "--config", str(config(folder, f"tcp://127.0.0.1:{free_port()}", **model)))
         assert result.returncode == 78, result.stderr
         assert words in result.stderr + result.stdout
+
+
+def test_evidence_of_an_anomalous_frame_saves_its_map_beside_the_image(tmp_path: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    d = RunningDaemon(config(tmp_path, endpoint, {"dir": "evidence", "save": "ng"}), endpoint)
+    try:
+        d.wait_status(lambda s: s.evidence is not None and s.evidence.saved > 0, timeout=60)
+    finally:
+        d.stop()
+    maps = sorted((tmp_path / "evidence").rglob("maps/*.png"))
+    images = sorted((tmp_path / "evidence").rglob("images/*.jpg"))
+    assert maps and [m.stem for m in maps] == [i.stem for i in images]
+    for path in maps:
+        heat = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+        sidecar = DetectionsMessage.model_validate_json((path.parent.parent / "messages" / f"{path.stem}.json").read_text())
+        assert Path(sidecar.source_file or "").stem == "spot_320x240"
+        expected = np.load(DATA / "padim_maps.npz")["spot_320x240_map"]
+        assert heat.shape == (256, 256) and heat.dtype == np.uint8
+        assert np.abs(heat.astype(np.float32) / 255 - expected).max() <= 1 / 255 + 1e-3
+        label = (path.parent.parent / "labels" / f"{path.stem}.txt").read_text()
+        assert label.startswith("0 ") and len(label.split()) >= 7
