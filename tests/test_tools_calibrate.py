@@ -66,3 +66,13 @@ def test_calibrate_refuses_a_detection_model_and_an_empty_folder(tmp_path: Path)
     )
     result = run_cli("calibrate", "--config", str(config), "--good", str(tmp_path / "empty"))
     assert result.returncode == 65 and "holds no images" in result.stderr
+
+
+def test_eval_of_an_anomaly_model_reports_the_image_auroc_and_f1_on_good_and_bad_folders(tmp_path: Path) -> None:
+    folders(tmp_path)
+    report = tmp_path / "report.json"
+    result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path), "--json", str(report))
+    assert result.returncode == 0, result.stderr
+    assert "2 good, 3 bad parts: image AUROC 1.0000" in result.stdout
+    document = json.loads(report.read_text())
+    assert (document["image_auroc"], document["missed"], document["false_alarms"], document["f1"]) == (1.0, 0, 0, 1.0)

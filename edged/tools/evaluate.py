@@ -33,6 +33,7 @@ from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.sources.images import IMAGE_SUFFIXES
 from edged.sources.scenes import SceneGenerator
+from edged.tools.calibrate import auroc, best_f1, f1_at, images_in, score_images
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
 
 
@@ -209,6 +210,38 @@ def _size(text: str) -> tuple[int, int]:
     return width, height
 
 
+def evaluate_anomaly(model: LoadedModel, data: Path | None, json_path: Path | None, out: TextIO) -> int:
+    """An anomaly model over ``data``/good and ``data``/bad (images of good and bad parts): the image
+    AUROC, and the F1 and misses at the export's threshold (0.5), through the daemon's pipeline."""
+    if data is None:
+        raise UsageError("an anomaly model is evaluated on --data DIR holding good/ and bad/ folders of images")
+    good, bad = (score_images(model, images_in(data / kind)).scores for kind in ("good", "bad"))
+    threshold, best = best_f1(good, bad)
+    document = {
+        "model": str(model.cfg.path),
+        "model_sha256": model.engine.identity.sha256,
+        "data": str(data),
+        "good": int(good.size),
+        "bad": int(bad.size),
+        "image_auroc": auroc(good, bad),
+        "threshold": 0.5,
+        "f1": f1_at(good, bad, 0.5),
+        "missed": int((bad <= 0.5).sum()),
+        "false_alarms": int((good > 0.5).sum()),
+        "best_f1": best,
+        "best_f1_threshold": threshold,
+    }
+    print(
+        f"{good.size} good, {bad.size} bad parts: image AUROC {document['image_auroc']:.4f}; at the threshold 0.5 "
+        f"F1 {document['f1']:.4f}, {document['missed']} missed, {document['false_alarms']} false alarm(s); "
+        f"best F1 {best:.4f} at {threshold:.4f}",
+        file=out,
+    )
+    if json_path is not None:
+        json_path.write_text(json.dumps(document, indent=2) + "\n")
+    return 0
+
+
 def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     convention: Convention = "coco" if args.coco else "ultralytics"
     if convention == "coco":
@@ -218,6 +251,8 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     model = load_model(cfg, RuntimeConfig())
+    if model.task == "anomaly":
+        return evaluate_anomaly(model, args.data, args.json, out)
     if args.data is not None:
         total, samples = folder_samples(args.data, model.num_classes)
     else:
