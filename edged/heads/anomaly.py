@@ -2,7 +2,8 @@
 
 Not a detection format: there are no candidates to select, so it is no `edged.heads.base.Head`;
 `edged.anomaly` reads its outputs. anomalib names them, so they are recognised by name:
-``pred_score`` (the image's normalised anomaly score, [1, 1]), ``pred_label`` ([1, 1] bool),
+``pred_score`` (the image's normalised anomaly score, [1, 1], or [1] in PatchCore's),
+``pred_label`` ([1, 1] or [1], bool),
 ``anomaly_map`` ([1, 1, H, W], normalised per pixel) and ``pred_mask`` ([1, 1, H, W] bool), or the
 subset a model exports (the score is required). The export holds anomalib's pre- and
 post-processing: a resize to the trained size (without antialiasing), the ImageNet
@@ -29,7 +30,7 @@ class AnomalyHead:
     """anomalib's named outputs: an image score, its label, and the map and mask at the trained size."""
 
     name: ClassVar[str] = "anomaly"
-    layout: ClassVar[str] = "pred_score [1, 1], pred_label [1, 1], anomaly_map [1, 1, H, W], pred_mask [1, 1, H, W]"
+    layout: ClassVar[str] = "pred_score [1, 1], pred_label [1, 1] (or [1]), anomaly_map [1, 1, H, W], pred_mask [1, 1, H, W]"
     resize: ClassVar[Literal["antialias"]] = "antialias"
 
     @staticmethod
@@ -46,8 +47,11 @@ class AnomalyHead:
         if not cls.claims(names):
             raise HeadError(f"an anomaly model has the outputs {cls.layout} (anomalib's names); got {shown}")
         for name, shape in outputs:
-            rank = 2 if name in ("pred_score", "pred_label") else 4
-            if len(shape) != rank or concrete(shape[1]) != 1:
+            if name in ("pred_score", "pred_label"):  # [b, 1], or [b] as PatchCore's export has it
+                fits = len(shape) in (1, 2) and all(concrete(d) == 1 for d in shape[1:])
+            else:
+                fits = len(shape) == 4 and concrete(shape[1]) == 1
+            if not fits:
                 raise HeadError(f"anomaly output {name} {fmt_shape(shape)}: expected {cls.layout}")
             batch = concrete(shape[0])
             if batch not in (None, 1):
