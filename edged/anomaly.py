@@ -7,10 +7,9 @@ exported with), and the regions: the connected components (8-connected) of the m
 frame pixels with their area and their highest map value, largest first, at most ``model.max_det``.
 Without thresholds in config the label and mask are the export's, so they are exactly anomalib's.
 
-A frame works in buffers made once per plan: the mask, the component labels, the regions' boxes,
-areas and scores. A frame with no pixel above the pixel threshold (a good part) allocates nothing;
-one with regions costs OpenCV's component statistics, a few small arrays. Polygons are traced only
-when the message is built.
+A frame works in buffers made once per plan: the mask, the component labels, each component's
+mask, the regions' boxes, areas and scores; it allocates no array. Polygons are traced only when
+the message is built (OpenCV's contours are arrays of their own).
 """
 
 from __future__ import annotations
@@ -28,8 +27,6 @@ from edged.geometry import BoxMap
 from edged.heads.anomaly import THRESHOLD, trained_size
 from edged.heads.base import fmt_shape
 from edged.messages import AnomalyRegion
-
-_NEG_INF = np.array(-np.inf, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -142,8 +139,8 @@ class AnomalyDecoder:
         self._mask = np.zeros((h, w), dtype=np.uint8)
         self._above = self._mask.view(np.bool_)
         self._labels = np.zeros((h, w), dtype=np.int32)
-        self._masked = np.empty((h, w), dtype=np.float32)
         self._in_region = np.empty((h, w), dtype=np.bool_)
+        self._region = np.zeros((), dtype=np.int32)  # 0-d operand: a Python int costs numpy an array per call
         self._max_regions = max_regions
         self._xyxy = np.empty((max_regions, 4), dtype=np.float32)
         self._area = np.empty(max_regions, dtype=np.float32)
@@ -189,19 +186,27 @@ class AnomalyDecoder:
             np.copyto(self._mask, outputs[self._index["pred_mask"]][0, 0], casting="unsafe")
         if not cv2.countNonZero(self._mask):
             return 0
-        n, _, stats, _ = cv2.connectedComponentsWithStats(self._mask, self._labels, connectivity=8, ltype=cv2.CV_32S)
-        order = np.argsort(-stats[1:, cv2.CC_STAT_AREA], kind="stable")[: self._max_regions] + 1
+        n, _ = cv2.connectedComponents(self._mask, self._labels, connectivity=8, ltype=cv2.CV_32S)
+        found = []  # (area, label) of each component, in label order
+        for region in range(1, n):
+            found.append((cv2.countNonZero(self._select(region)), region))
+        found.sort(key=lambda f: -f[0])  # largest first; stable, so equal areas stay in label order
         sx, sy = box_map.scale_x, box_map.scale_y
-        for k, region in enumerate(order.tolist()):
-            x, y, w, h, area = stats[region].tolist()
-            self._xyxy[k] = (x / sx, y / sy, (x + w) / sx, (y + h) / sy)
+        for k, (area, region) in enumerate(found[: self._max_regions]):
+            selected = self._select(region)
+            x, y, bw, bh = cv2.boundingRect(selected)
+            box = self._xyxy[k]
+            box[0], box[1], box[2], box[3] = x / sx, y / sy, (x + bw) / sx, (y + bh) / sy
             self._area[k] = area / (sx * sy)
             self._ids[k] = region
             if anomaly_map is None:
                 self._scores[k] = 1.0
                 continue
-            np.equal(self._labels, region, out=self._in_region)
-            np.copyto(self._masked, _NEG_INF)
-            np.copyto(self._masked, anomaly_map, where=self._in_region)
-            self._scores[k] = self._masked.max()
+            self._scores[k] = cv2.minMaxLoc(anomaly_map, mask=selected)[1]  # the peak inside the region
         return min(n - 1, self._max_regions)
+
+    def _select(self, region: int) -> np.ndarray:
+        """The uint8 mask (0 or 1) of component ``region``, in the decoder's buffer."""
+        self._region[()] = region
+        np.equal(self._labels, self._region, out=self._in_region)
+        return self._in_region.view(np.uint8)

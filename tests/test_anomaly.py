@@ -22,7 +22,6 @@ from allocations import NumpyAllocations
 from edged.anomaly import Anomaly, AnomalyDecoder
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import ContractError, HeadError
-from edged.geometry import BoxMap
 from edged.heads.anomaly import AnomalyHead
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
@@ -169,19 +168,22 @@ def test_thresholds_in_config_override_the_exports() -> None:
 
 
 @pytest.mark.unit
-def test_post_processing_of_a_good_part_creates_no_arrays(model: LoadedModel) -> None:
+@pytest.mark.parametrize(("name", "regions"), [("good_320x240", 0), ("scratch_200x300", 2)])
+def test_post_processing_creates_no_arrays_with_or_without_regions(model: LoadedModel, name: str, regions: int) -> None:
     counter = NumpyAllocations.get()
     assert counter is not None
-    _, plan = run(model, "good_320x240")
+    result, plan = run(model, name)
+    expected = (result.xyxy.copy(), result.area_px.copy(), result.scores.copy())
     decoder = plan.decoder
     assert isinstance(decoder, AnomalyDecoder)
-    outputs, box_map = plan.binding.outputs, BoxMap.stretch(320, 240, 256, 256)
-    decoder.decode(outputs, box_map)
+    outputs, box_map = plan.binding.outputs, plan.box_map
     with counter.counting():
         before = counter.buffers
-        result = decoder.decode(outputs, box_map)
+        again = decoder.decode(outputs, box_map)
         assert counter.buffers == before
-    assert len(result) == 0 and not result.anomalous
+    assert len(again.scores) == regions
+    for got, want in zip((again.xyxy, again.area_px, again.scores), expected, strict=True):
+        assert np.array_equal(got, want)
 
 
 @pytest.mark.unit
