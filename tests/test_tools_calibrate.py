@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 from daemon import run_cli, write_config
 
-from edged.tools.calibrate import auroc, best_f1, f1_at
+from edged.tools.calibrate import auroc, best_f1, f1_at, ranked_auroc
 
 DATA = Path(__file__).parent / "data" / "anomaly"
 REFERENCE: dict[str, Any] = json.loads((DATA / "padim.json").read_text())
@@ -76,3 +78,29 @@ def test_eval_of_an_anomaly_model_reports_the_image_auroc_and_f1_on_good_and_bad
     assert "2 good, 3 bad parts: image AUROC 1.0000" in result.stdout
     document = json.loads(report.read_text())
     assert (document["image_auroc"], document["missed"], document["false_alarms"], document["f1"]) == (1.0, 0, 0, 1.0)
+
+
+@pytest.mark.unit
+def test_the_ranked_auroc_is_the_pairwise_one() -> None:
+    rng = np.random.default_rng(0)
+    good, bad = rng.integers(0, 20, 50).astype(np.float64), rng.integers(5, 25, 40).astype(np.float64)  # many ties
+    scores = np.concatenate([good, bad])
+    positive = np.concatenate([np.zeros(50, np.bool_), np.ones(40, np.bool_)])
+    assert ranked_auroc(scores, positive) == pytest.approx(auroc(good, bad))
+
+
+def test_eval_reports_the_pixel_auroc_where_masks_of_the_defects_exist(tmp_path: Path) -> None:
+    scenes = Path(__file__).parent / "reference" / "anomaly_scenes.py"
+    made = subprocess.run(
+        [sys.executable, str(scenes), "--out", str(tmp_path), "--count", "4", "--seed", "5"], capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in (tmp_path / "masks").iterdir()) == [f"{i:03d}.png" for i in range(4)]
+    report = tmp_path / "report.json"
+    result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path), "--json", str(report))
+    assert result.returncode == 0, result.stderr
+    pixel = json.loads(report.read_text())["pixel_auroc"]
+    assert 0.8 < pixel <= 1.0 and f"pixel AUROC {pixel:.4f}" in result.stdout
+    (tmp_path / "masks" / "002.png").unlink()
+    result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path))
+    assert result.returncode == 65 and "no readable mask for 002.png" in result.stderr
