@@ -25,6 +25,7 @@ from edged.contract import pinned_dimensions
 from edged.cpus import ThreadPlan
 from edged.engines import ModelIdentity, Port, check_int8, file_sha256, first_line
 from edged.errors import ConfigError, InferenceError, MissingDependency, ModelError
+from edged.heads.anomaly import anomalib_size
 
 try:
     import openvino as ov
@@ -144,7 +145,8 @@ class OpenVinoEngine:
         if not model.inputs:
             return
         port = _ports(model.inputs, "input")[0]
-        pins = pinned_dimensions(port.name, port.shape, self.metadata, imgsz)
+        trained = anomalib_size([(p.name, p.shape) for p in _ports(model.outputs, "output")])
+        pins = pinned_dimensions(port.name, port.shape, self.metadata, imgsz, trained)
         if pins:
             shape = [pins[d] if isinstance(d, str) else d for d in port.shape]
             log.info("pinning the dynamic input dimensions: %s", shape)
