@@ -10,6 +10,7 @@ uint8) and must give the same numbers.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,10 @@ from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import ContractError, HeadError
 from edged.heads.anomaly import AnomalyHead
 from edged.model import LoadedModel, load_model
-from edged.pipeline import FramePipeline
+from edged.pipeline import FramePath, FramePipeline, Processed
 from edged.preprocess import AntialiasPreprocessor, antialias_taps
 from edged.settings.inspect import InspectConfig
+from edged.sources.base import Frame
 from edged.verdict import AnomalyInspector
 
 DATA = Path(__file__).parent / "data" / "anomaly"
@@ -197,6 +199,21 @@ def test_verdict_is_ng_when_anomalous_and_zones_judge_the_regions(model: LoadedM
     assert AnomalyInspector(elsewhere, 100)(result, 200, 300).verdict == "ok"
     good, _ = run(model, "good_320x240")
     assert AnomalyInspector(InspectConfig(), 100)(good, 320, 240).verdict == "ok"
+
+
+@pytest.mark.unit
+def test_with_the_cameras_scale_a_regions_message_gives_its_area_in_mm2(model: LoadedModel) -> None:
+    image = cv2.imread(str(DATA / "scratch_200x300.png"))
+    messages = []
+    for scale in (None, 0.1):
+        path = FramePath(model, "cam0", "bgr", AnomalyInspector(InspectConfig(mm_per_px=scale), 100))
+        done = path.run(Frame(image, 1, time.monotonic_ns(), time.time_ns(), "bgr"))
+        assert isinstance(done, Processed)
+        messages.append(path.message(done, seq=0, thermal_state="ok"))
+    plain, scaled = (m.regions for m in messages)
+    assert plain and scaled and messages[1].verdict == "ng"
+    assert plain[0].area_mm2 is None and "area_mm2" not in messages[0].model_dump_json()
+    assert scaled[0].area_mm2 == pytest.approx(scaled[0].area_px * 0.01, abs=1e-3)
 
 
 @pytest.mark.unit
