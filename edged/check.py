@@ -26,6 +26,7 @@ from typing import TextIO
 
 import numpy as np
 
+from edged.anomaly import Anomaly
 from edged.capture import Capture
 from edged.classify import Classes
 from edged.config import Settings
@@ -45,7 +46,7 @@ from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SourceBase, mask_credentials
 from edged.sources.registry import open_source
-from edged.verdict import ClassInspector, Inspector
+from edged.verdict import AnomalyInspector, ClassInspector, Inspector
 
 FIRST_FRAME_TIMEOUT_S = 30.0  # longer than any camera's own open timeout: its error comes first
 SETTLE_S = 0.5  # a network stream first hands over the frames buffered while it opened, all at once
@@ -114,7 +115,7 @@ def _report(model: LoadedModel, out: TextIO) -> None:
         print(f"{label:<10} {line}", file=out)
 
 
-def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections | Classes:
+def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections | Classes | Anomaly:
     """Run ``image`` (named by ``what``) through the model; raise what the daemon would only count per frame."""
     try:
         detections, _ = plan.process(image)
@@ -126,7 +127,7 @@ def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections 
             "the threshold, so edged would publish no detection at all: the model is broken, or overflows on "
             "this input (check an fp16 export, and model.scale, mean and std against how it was trained)"
         )
-    if detections.scores_above_one:
+    if isinstance(detections, Detections) and detections.scores_above_one:
         # A probability never exceeds 1: on the first frames this can only be the set-up.
         raise ContractError(
             f"{what} gave {detections.scores_above_one} score(s) above 1; "
@@ -136,9 +137,11 @@ def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections 
     return detections
 
 
-def _first_frame(model: LoadedModel, path: FramePath, detections: Detections | Classes, width: int, height: int) -> str:
+def _first_frame(
+    model: LoadedModel, path: FramePath, detections: Detections | Classes | Anomaly, width: int, height: int
+) -> str:
     """What the camera's first frame gave, as `run` would publish it: its detections (a classifier's
-    best classes), best first, and its verdict."""
+    best classes, an anomaly model's score and regions), best first, and its verdict."""
     verdict = ""
     if isinstance(detections, Classes):
         if isinstance(path.inspector, ClassInspector):
@@ -148,6 +151,14 @@ def _first_frame(model: LoadedModel, path: FramePath, detections: Detections | C
             for c, score in zip(detections.class_ids.tolist(), detections.scores.tolist(), strict=True)
         )
         return f"first frame: classes {top or 'none'}{verdict}"
+    if isinstance(detections, Anomaly):
+        if isinstance(path.inspector, AnomalyInspector):
+            verdict = f"; verdict {path.inspector(detections, width, height).verdict}"
+        state = "anomalous" if detections.anomalous else "normal"
+        return (
+            f"first frame: anomaly score {detections.score:.4f} ({state}, threshold {detections.threshold:g}), "
+            f"{detections.scores.shape[0]} region(s){verdict}"
+        )
     if isinstance(path.inspector, Inspector):
         inspected = path.inspector(detections, width, height)
         detections, verdict = inspected.detections, f"; verdict {inspected.verdict}"

@@ -60,6 +60,9 @@ class Classes:
         top = self.top
         return None if top is None else top[0]
 
+    def heatmap(self) -> None:
+        return None
+
     def message_fields(
         self,
         label: Callable[[int], str],

@@ -398,6 +398,14 @@ def _thermal_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", type=Path, default=None, help="read this tree instead of /")
 
 
+def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    _config_arg(p)
+    p.add_argument("--good", type=Path, required=True, metavar="DIR", help="a folder of images of good parts")
+    p.add_argument(
+        "--bad", type=Path, default=None, metavar="DIR", help="a folder of images of bad parts: report the separation"
+    )
+
+
 # Each command: its name, its one-line help, its description and what adds its arguments, in the order
 # `edged --help` lists them.
 SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
@@ -503,6 +511,16 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "precision, recall, mAP@0.5 and mAP@0.5:0.95 per class, computed as yolo val "
         "computes them (ultralytics 8.4) or, with --coco, as pycocotools' COCOeval.",
         _eval_arguments,
+    ),
+    (
+        "calibrate",
+        "propose an anomaly model's thresholds from images of good parts",
+        "Run an anomaly model (an anomalib export) through the daemon's pipeline over a folder of images "
+        "of good parts, print the distribution of their scores and propose model.anomaly_threshold and "
+        "model.pixel_threshold as a config snippet; with --bad, report the image AUROC and the best F1 "
+        "threshold. Exit 0; 78 for a configuration or model problem; 65 for unusable images; 2 for a "
+        "detection model.",
+        _calibrate_arguments,
     ),
     (
         "quantize",
@@ -685,6 +703,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return run_eval(args)
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from edged.tools.calibrate import run_calibrate
+
+    setup_logging("warning")
+    return run_calibrate(args, load_config(args.config), sys.stdout)
+
+
 def _cmd_quantize(args: argparse.Namespace) -> int:
     try:
         from edged.tools.quantize import run_quantize
@@ -717,6 +742,7 @@ COMMANDS = {
     "config-reference": _cmd_config_reference,
     "thermal": _cmd_thermal,
     "eval": _cmd_eval,
+    "calibrate": _cmd_calibrate,
     "bench": _cmd_bench,
     "quantize": _cmd_quantize,
     "tune": _cmd_tune,

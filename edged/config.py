@@ -174,6 +174,20 @@ class ModelConfig(Section):
         "pixels in bytes (0.9 MB at 1280x720); those past it are published without a mask.",
     )
     agnostic_nms: bool = Field(False, description="Suppress overlapping boxes across classes too.")
+    anomaly_threshold: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Anomaly models: the image score above which a frame is anomalous, on the export's normalised "
+        "scale (0.5 is the threshold it was exported with, `edged calibrate` proposes one); default: the export's.",
+    )
+    pixel_threshold: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Anomaly models: the map value above which a pixel belongs to a region, on the export's "
+        "normalised scale; default: the export's mask (0.5).",
+    )
     require_signature: bool = Field(
         False,
         description="Serve only a model whose signature (edged sign) verifies with signature_key, "

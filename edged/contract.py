@@ -21,11 +21,12 @@ import numpy as np
 
 from edged.config import ModelConfig
 from edged.errors import ContractError
+from edged.heads.anomaly import AnomalyHead
 from edged.heads.registry import Format
 
 Layout = Literal["nchw", "nhwc"]
 ChannelOrder = Literal["rgb", "bgr"]
-Resize = Literal["letterbox", "stretch", "crop"]
+Resize = Literal["letterbox", "stretch", "crop", "antialias"]  # antialias: an anomalib export's, see edged.heads.anomaly
 _LAYOUTS: dict[str, Layout] = {"nchw": "nchw", "nhwc": "nhwc"}
 _ORDERS: dict[str, ChannelOrder] = {"rgb": "rgb", "bgr": "bgr"}
 
@@ -87,27 +88,34 @@ _IMGSZ = re.compile(r"\s*\[?\s*(\d+)\s*(?:,\s*(\d+)\s*)?\]?\s*")  # ultralytics 
 
 
 def pinned_dimensions(
-    name: str, shape: Sequence[Dim], metadata: Mapping[str, str], imgsz: tuple[int, int] | None
+    name: str,
+    shape: Sequence[Dim],
+    metadata: Mapping[str, str],
+    imgsz: tuple[int, int] | None,
+    trained: tuple[int, int] | None = None,
 ) -> dict[str, int]:
     """The sizes to fix the input's symbolic dimensions to, by name: batch 1, height and width the input size.
 
     The input size is ``model.imgsz`` ([h, w], as ultralytics orders it), else the model's
-    ``imgsz`` metadata. Raises `ContractError` when the height or width is symbolic and neither
-    gives a size, or when the size is not a multiple of the model's stride.
+    ``imgsz`` metadata, else ``trained``: the size an anomalib export was trained at (its map's,
+    `edged.heads.anomaly.trained_size`). Raises `ContractError` when the height or width is symbolic
+    and none gives a size, when the size is not a multiple of the model's stride, or when
+    ``model.imgsz`` is not the trained size.
     """
     if len(shape) != 4:
         return {}  # not an image tensor: build_contract says so
+    _check_trained_size(name, imgsz, trained, "config model.imgsz")
     pins = {shape[0]: 1} if isinstance(shape[0], str) else {}
     spatial = (2, 3) if shape[1] == 3 else (1, 2) if shape[3] == 3 else ()
     if not any(isinstance(shape[axis], str) for axis in spatial):
         return pins
-    size = imgsz or _metadata_imgsz(metadata)
+    size = imgsz or _metadata_imgsz(metadata) or trained
     if size is None:
         raise ContractError(
             f"input {name!r} has a dynamic height and width {list(shape)} and the model has no imgsz metadata; "
             "set model.imgsz to the size to serve it at (e.g. 640 or [384, 640])"
         )
-    where = "config model.imgsz" if imgsz else "the model's imgsz metadata"
+    where = "config model.imgsz" if imgsz else "the model's imgsz metadata" if size != trained else "its trained size"
     _check_stride(size, metadata.get("stride"), where)
     for axis, value in zip(spatial, size, strict=True):
         dim = shape[axis]
@@ -118,6 +126,17 @@ def pinned_dimensions(
                     f"but {where} is {list(size)}"
                 )
     return pins
+
+
+def _check_trained_size(name: str, size: tuple[int, int] | None, trained: tuple[int, int] | None, where: str) -> None:
+    """An anomalib export resizes to its trained size inside, without antialiasing: fed any other size
+    it scores differently from what its training measured, so it is fed exactly that size."""
+    if size is not None and trained is not None and size != trained:
+        raise ContractError(
+            f"{where} is {list(size)} but the anomaly model {name!r} was trained at {list(trained)} (the size of "
+            "its anomaly map): its graph resizes any other size without antialiasing, which changes its scores; "
+            f"edged feeds it {list(trained)}: remove model.imgsz, or export the model at that size"
+        )
 
 
 def _metadata_imgsz(metadata: Mapping[str, str]) -> tuple[int, int] | None:
@@ -146,9 +165,10 @@ def build_contract(
     metadata: Mapping[str, str],
     cfg: ModelConfig,
     head: Format | None = None,
+    trained: tuple[int, int] | None = None,
 ) -> InputContract:
     """Check the model's inputs against the config, the metadata and the ``head`` format; ``inputs``
-    holds (name, shape, type).
+    holds (name, shape, type); ``trained``: an anomaly model's trained size.
 
     The shape must already have its symbolic dimensions pinned (see `pinned_dimensions`).
     """
@@ -162,6 +182,8 @@ def build_contract(
     _check_imgsz(name, dims, layout, cfg.imgsz)
     order, declared_by = _channel_order(cfg, metadata)
     _check_normalisation(cfg, dtype)
+    if head is AnomalyHead:
+        order, declared_by = _check_anomalib_input(name, dims, dtype, layout, cfg, trained)
     return InputContract(
         input_name=name,
         shape=dims,
@@ -276,6 +298,37 @@ def _ultralytics_mark(metadata: Mapping[str, str]) -> str | None:
     return None
 
 
+def _check_anomalib_input(
+    name: str,
+    dims: tuple[int, int, int, int],
+    dtype: type[np.generic],
+    layout: Layout,
+    cfg: ModelConfig,
+    trained: tuple[int, int] | None,
+) -> tuple[ChannelOrder, str]:
+    """What an anomalib export takes, checked: RGB values in 0..1 as float32 NCHW at its trained size
+    (the ImageNet normalisation is inside it); the order and where that is declared."""
+    if dtype is not np.float32 or layout != "nchw":
+        raise ContractError(
+            f"input {name!r} {list(dims)} {np.dtype(dtype).name} {layout.upper()}: an anomalib export takes float32 "
+            "NCHW (RGB values in 0..1); re-export it with anomalib's own export"
+        )
+    _check_trained_size(name, (dims[2], dims[3]), trained, "its input")
+    normalised = {"scale", "mean", "std"} & cfg.model_fields_set
+    if normalised and (cfg.scale, cfg.mean, cfg.std) != (1 / 255, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)):
+        raise ContractError(
+            f"config sets {', '.join(sorted('model.' + k for k in normalised))}, but an anomalib export takes "
+            "values in 0..1 and applies the ImageNet mean and std inside: normalising here too feeds it wrong "
+            "values; remove the keys"
+        )
+    if cfg.channel_order != "rgb":
+        raise ContractError(
+            f"config model.channel_order = {cfg.channel_order!r}, but anomalib trains on RGB images (it reads "
+            "them with Pillow) and its export takes RGB; remove the key"
+        )
+    return "rgb", "an anomalib export, which takes 'rgb'"
+
+
 def _resize(cfg: ModelConfig, head: Format | None) -> Resize:
     """The preprocessing the head format requires (RT-DETR's stretch, a classifier's crop, as ultralytics
     feeds them), else the config's; crop is a classifier's only."""
@@ -288,8 +341,8 @@ def _resize(cfg: ModelConfig, head: Format | None) -> Resize:
         return cfg.resize
     if "resize" in cfg.model_fields_set and cfg.resize != head.resize:
         raise ContractError(
-            f"config model.resize = {cfg.resize!r} but a {head.name} model is fed {head.resize!r}, as ultralytics "
-            f"feeds it; remove the key or set it to {head.resize!r}"
+            f"config model.resize = {cfg.resize!r} but a {head.name} model is fed {head.resize!r}, as it was "
+            f"trained; remove the key or set it to {head.resize!r}"
         )
     return head.resize
 

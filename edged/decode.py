@@ -86,6 +86,9 @@ class Detections:
     def dataset_class(self) -> None:
         return None
 
+    def heatmap(self) -> None:
+        return None
+
     def message_fields(
         self,
         label: Callable[[int], str],

@@ -31,6 +31,7 @@ from edged.contract import pinned_dimensions
 from edged.cpus import plan_threads
 from edged.engines import ModelIdentity, check_int8, file_sha256, first_line, is_quantised
 from edged.errors import InferenceError, ModelError
+from edged.heads.anomaly import anomalib_size
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,8 @@ class Engine:
         if not inputs:
             return session
         metadata = session.get_modelmeta().custom_metadata_map
-        pins = pinned_dimensions(inputs[0].name, inputs[0].shape, metadata, imgsz)
+        trained = anomalib_size([(o.name, o.shape) for o in session.get_outputs()])
+        pins = pinned_dimensions(inputs[0].name, inputs[0].shape, metadata, imgsz, trained)
         if pins:
             log.info("pinning the dynamic input dimensions: %s", ", ".join(f"{k}={v}" for k, v in pins.items()))
             session = self._open(source, record_placement, pins, write_cache=False)

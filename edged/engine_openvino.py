@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from edged.contract import pinned_dimensions
 from edged.cpus import ThreadPlan
 from edged.engines import ModelIdentity, Port, check_int8, file_sha256, first_line
 from edged.errors import ConfigError, InferenceError, MissingDependency, ModelError
+from edged.heads.anomaly import anomalib_size
 
 try:
     import openvino as ov
@@ -94,7 +96,9 @@ class OpenVinoEngine:
             raise ModelError(f"openvino cannot load {cfg.path}: {first_line(e)}") from None
         check_int8(cfg.path, cfg.precision)
         self.metadata = _metadata(model)
-        self._pin(model, cfg.imgsz)
+        # Named as read: compiling merges names onto a tensor (anomalib's pred_score may come out as clamp_1).
+        outputs = _ports(model.outputs, "output")
+        self._pin(model, cfg.imgsz, outputs)
         self.cache = self._cache_dir()
         config: dict[str, Any] = {
             hints.inference_precision: hint,
@@ -111,7 +115,8 @@ class OpenVinoEngine:
         except Exception as e:
             raise ModelError(f"openvino cannot compile {cfg.path} for {self.device}: {first_line(e)}") from None
         self.input_meta = _ports(self.compiled.inputs, "input")
-        self.output_meta = _ports(self.compiled.outputs, "output")
+        compiled = _ports(self.compiled.outputs, "output")
+        self.output_meta = [replace(port, name=read.name) for port, read in zip(compiled, outputs, strict=True)]
         self.providers: list[tuple[str, dict[str, Any]]] = [(self.device, {})]
         self.threads = self._thread_plan()
         log.info("inference threads: %s", self.threads.summary)
@@ -139,12 +144,13 @@ class OpenVinoEngine:
                 ],
             )
 
-    def _pin(self, model: Any, imgsz: tuple[int, int] | None) -> None:
+    def _pin(self, model: Any, imgsz: tuple[int, int] | None, outputs: Sequence[Port]) -> None:
         """Reshape a dynamic input to batch 1 and the input size (`edged.contract.pinned_dimensions`)."""
         if not model.inputs:
             return
         port = _ports(model.inputs, "input")[0]
-        pins = pinned_dimensions(port.name, port.shape, self.metadata, imgsz)
+        trained = anomalib_size([(o.name, o.shape) for o in outputs])
+        pins = pinned_dimensions(port.name, port.shape, self.metadata, imgsz, trained)
         if pins:
             shape = [pins[d] if isinstance(d, str) else d for d in port.shape]
             log.info("pinning the dynamic input dimensions: %s", shape)

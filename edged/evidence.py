@@ -3,7 +3,8 @@
 Per saved frame, three files under ``DIR/CAMERA/YYYY-MM-DD/`` (the day of capture, UTC):
 ``images/STEM.jpg`` (the frame as captured, not annotated), ``labels/STEM.txt`` (the detections
 in YOLO format, ``class cx cy w h`` normalised) and ``messages/STEM.json`` (the detections message
-as published). ``images/`` beside ``labels/`` is the layout ultralytics training and
+as published); for an anomaly model also ``maps/STEM.png``, its anomaly map (grey, 0..255 for the
+normalised 0..1, at the model's input size). ``images/`` beside ``labels/`` is the layout ultralytics training and
 ``edged eval --data`` read as it is, and labelling tools import as YOLO pre-annotations; each
 camera folder also has a ready ``data.yaml`` (ultralytics: the folder, the model's class names in
 order, every path quoted, as YAML reads an unquoted day folder as a date) and ``classes.txt``
@@ -63,8 +64,10 @@ IDLE_WAKE_S = 60.0  # the writer wakes this often without frames, so age pruning
 RATE_WINDOW_S = 60.0
 STOP_WAIT_S = 1.0  # at stop, time left to each writer to finish its queue (a few ms per frame)
 SUBFOLDERS = ("images", "labels", "messages")
+MAPS = "maps"  # an anomaly model's map, made only for frames that have one
+SIDECAR_FOLDERS = (*SUBFOLDERS, MAPS)
 DATASET_FILES = ("data.yaml", "classes.txt")  # in each camera folder, written when the model's names change
-SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json"}
+SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json", MAPS: ".png"}
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # what a part id may not bring into a file name
 _FILE_MODE = 0o640
@@ -85,6 +88,7 @@ class EvidenceFrame:
     names: tuple[str, ...]  # the model's class names, by class id (`edged.model.LoadedModel.class_names`)
     part_id: str | None = None  # the request's, in request mode
     image_class: str | None = None  # a classifier's: the class folder under images/ (no label file then)
+    heatmap: np.ndarray | None = None  # the caller's copy of `edged.task.TaskResult.heatmap`: maps/STEM.png
 
 
 def should_save(save: SavePolicy, verdict: Verdict | None, found: int, near: int) -> bool:
@@ -231,7 +235,7 @@ class EvidenceStore:
         images = _images(day)
         stems = {p.stem for p in images if not _is_temp(p.name)}
         total = 0
-        for sub in SUBFOLDERS:
+        for sub in SIDECAR_FOLDERS:
             folder = day / sub
             if not folder.is_dir():
                 continue
@@ -260,6 +264,12 @@ class EvidenceStore:
             images = self._class_folder(images, frame.image_class)
         if frame.message is not None:
             sidecars.append((folder / "messages" / f"{stem}.json", frame.message))
+        if frame.heatmap is not None:
+            ok, png = cv2.imencode(".png", frame.heatmap)
+            if not ok:
+                raise OSError(errno.EINVAL, f"OpenCV could not encode the map of frame {frame.frame_id} as PNG")
+            (folder / MAPS).mkdir(exist_ok=True)
+            sidecars.append((folder / MAPS / f"{stem}.png", png.tobytes()))
         image_path, image_bytes = images / f"{stem}.jpg", jpeg.tobytes()
         written: list[Path] = []
         try:
@@ -347,7 +357,7 @@ class EvidenceStore:
             for folder in (day / "images").iterdir():
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
-        for sub in SUBFOLDERS:
+        for sub in SIDECAR_FOLDERS:
             if (day / sub).is_dir() and not any((day / sub).iterdir()):
                 (day / sub).rmdir()
         if day.is_dir() and not any(day.iterdir()):
@@ -357,7 +367,7 @@ class EvidenceStore:
 
     def _delete(self, day: Path, image: Path) -> None:
         """One saved frame, image first, so that no image is ever left without its label."""
-        for sub in SUBFOLDERS:
+        for sub in SIDECAR_FOLDERS:
             path = image if sub == "images" else day / sub / f"{image.stem}{SUFFIXES[sub]}"
             size = _size(path)
             path.unlink(missing_ok=True)
@@ -496,6 +506,7 @@ class EvidenceWriter:
         class_id = result.dataset_class()
         image_class = None if class_id is None else class_folder(names[class_id])
         image = frame.image.copy()
+        heatmap = result.heatmap()
         saved = EvidenceFrame(
             self.camera_id,
             frame.frame_id,
@@ -507,6 +518,7 @@ class EvidenceWriter:
             names,
             part_id,
             image_class,
+            None if heatmap is None else heatmap.copy(),
         )
         self.submit(saved)
         day, stem = day_and_stem(self.camera_id, frame.t_wall_ns, frame.frame_id, part_id)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote_plus, urlsplit
 
+import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from edged import history
@@ -134,7 +135,7 @@ class HttpServer(Output):
 
     def frame(self, report: FrameReport) -> None:
         if report.message is not None and self.wants_frame(report.camera_id):
-            self.offer(report.camera_id, report.outcome.frame, report.message)
+            self.offer(report.camera_id, report.outcome.frame, report.message, report.outcome.result.heatmap())
 
     def previews(self, camera_id: str) -> bool:
         return self.wants_frame(camera_id)
@@ -199,10 +200,10 @@ class HttpServer(Output):
         view = self.views.get(camera)
         return view is not None and view.wants_frame()
 
-    def offer(self, camera: str, frame: Frame, message: DetectionsMessage | None) -> None:
-        """Copy ``frame`` to ``camera``'s view (``message`` None: a preview, shown unannotated); call
-        only right after `wants_frame` said yes."""
-        self.views[camera].offer(frame, message)
+    def offer(self, camera: str, frame: Frame, message: DetectionsMessage | None, heatmap: np.ndarray | None = None) -> None:
+        """Copy ``frame`` to ``camera``'s view (``message`` None: a preview, shown unannotated), with
+        ``heatmap`` overlaid when given; call only right after `wants_frame` said yes."""
+        self.views[camera].offer(frame, message, heatmap)
 
     def reload_token(self) -> None:
         """SIGHUP: read the token file again (a rotated token); raises KeyFileError, keeping the old one."""

@@ -131,17 +131,32 @@ class TopClass(Message):
     score: float = Field(ge=0, le=1, description="The model's probability of the class.")
 
 
-Task = Literal["detect", "segment", "classify"]
+class AnomalyRegion(Message):
+    """One connected region of an anomaly model's mask."""
+
+    box: tuple[float, float, float, float] = Field(description="x1, y1, x2, y2 in frame pixels, around the region.")
+    area_px: float = Field(ge=0, description="Its area in frame pixels.")
+    max_score: float = Field(ge=0, le=1, description="The highest anomaly map value in it (normalised: 0.5 the export's).")
+    polygon: list[tuple[float, float]] = Field(description="Its outline, x, y points in frame pixels.")
+    zone: str | None = Field(None, description="The [inspect] zone it is in; null without zones or outside all.")
+    area_mm2: float | None = Field(
+        None, ge=0, description="area_px in mm2, with the camera's inspect.mm_per_px.", exclude_if=lambda v: v is None
+    )
+
+
+Task = Literal["detect", "segment", "classify", "anomaly"]
 # 'uncertain': a classification model's best score below inspect.min_confidence.
 Verdict = Literal["ok", "ng", "uncertain"]
 
 
 class Reason(Message):
-    """One detection (or a classification model's best class) that made the part NG or uncertain."""
+    """One detection (or a classification model's best class, or an anomaly model's score) that made the
+    part NG or uncertain."""
 
     detection: int = Field(
         ge=0,
-        description="Index into the detections message's detections; for a classification model, into its top (0).",
+        description="Index into the detections message's detections; for a classification model, into its top (0); "
+        "for an anomaly model (label 'anomaly score'), into its regions (0 when it has none).",
     )
     class_id: int = Field(ge=0)
     label: str
@@ -187,14 +202,34 @@ class DetectionsMessage(TopicMessage):
     model: ModelInfo
     task: Task = Field(
         "detect",
-        description="The model's task: detect (detections), segment (detections with their outlines and sizes) "
-        "or classify (top, no detections).",
+        description="The model's task: detect (detections), segment (detections with their outlines and sizes), "
+        "classify (top, no detections) or anomaly (an anomaly score and regions, no detections).",
     )
     detections: list[Detection]
     top: list[TopClass] | None = Field(
         None,
         description="A classification model's best classes (model.top_k), best first; absent for other tasks.",
         exclude_if=lambda top: top is None,
+    )
+    anomaly_score: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="An anomaly model's image score, normalised as its export does (0.5: the exported threshold).",
+        exclude_if=lambda value: value is None,
+    )
+    anomalous: bool | None = Field(
+        None, description="Whether the anomaly score is above the threshold.", exclude_if=lambda value: value is None
+    )
+    threshold: float | None = Field(
+        None,
+        description="The anomaly score threshold used: model.anomaly_threshold, else the export's (0.5).",
+        exclude_if=lambda value: value is None,
+    )
+    regions: list[AnomalyRegion] | None = Field(
+        None,
+        description="An anomaly model's regions: the connected components of its mask, largest first.",
+        exclude_if=lambda value: value is None,
     )
     timings: Timings
     thermal_state: ThermalState = Field(description="The board's thermal state when the frame was processed.")

@@ -13,16 +13,18 @@ from pathlib import Path
 
 import numpy as np
 
+from edged.anomaly import AnomalyDecoder
 from edged.classify import Classifier
 from edged.config import ModelConfig, ProviderConfig, RuntimeConfig, Settings
 from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engines import InferenceEngine, open_engine
 from edged.errors import ContractError, EdgedError, HeadError, ModelError
+from edged.heads.anomaly import AnomalyHead, anomalib_size
 from edged.heads.base import fmt_classes
 from edged.heads.classify import ClassifyHead
 from edged.heads.metadata import parse_names
-from edged.heads.registry import detect_head, format_named
+from edged.heads.registry import detect_format, format_named
 from edged.heads.segment import SegmentHead
 from edged.messages import ModelInfo, Task
 from edged.segment import Segmenter
@@ -44,8 +46,15 @@ class LoadedModel:
 
     @property
     def task(self) -> Task:
-        tasks: dict[str, Task] = {ClassifyHead.name: "classify", SegmentHead.name: "segment"}
+        tasks: dict[str, Task] = {ClassifyHead.name: "classify", SegmentHead.name: "segment", AnomalyHead.name: "anomaly"}
         return tasks.get(self.head, "detect")
+
+    def anomaly_decoder(self, outputs: Sequence[tuple[str, tuple[int, ...]]]) -> AnomalyDecoder:
+        """An anomaly model's decoder for its bound outputs (name, shape), with the thresholds of the config."""
+        cfg = self.cfg
+        return AnomalyDecoder(
+            outputs, threshold=cfg.anomaly_threshold, pixel_threshold=cfg.pixel_threshold, max_regions=cfg.max_det
+        )
 
     def make_decoder(
         self,
@@ -89,9 +98,10 @@ def read_labels(path: Path) -> list[str]:
 
 
 def _head(engine: InferenceEngine, cfg: ModelConfig) -> tuple[str, int]:
-    shapes = [list(o.shape) for o in engine.output_meta]
+    outputs = [(o.name, list(o.shape)) for o in engine.output_meta]
+    shapes = [shape for _, shape in outputs]
     try:
-        head, num_classes = detect_head(shapes, engine.metadata)
+        head, num_classes = detect_format(outputs, engine.metadata, cfg.head)
     except HeadError as e:
         if cfg.head == "auto":
             raise
@@ -112,8 +122,11 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
         raise ModelError(f"model {cfg.path} changed while it was loaded: it is not the file its signature verified")
     head, num_classes = _head(engine, cfg)
     inputs = [(i.name, list(i.shape), i.type) for i in engine.input_meta]
-    contract = build_contract(inputs, engine.metadata, cfg, format_named(head))
+    trained = anomalib_size([(o.name, list(o.shape)) for o in engine.output_meta])
+    contract = build_contract(inputs, engine.metadata, cfg, format_named(head), trained)
     labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
+    if head == AnomalyHead.name:
+        labels = labels or ["anomaly"]
     if labels and len(labels) != num_classes:
         source = str(cfg.labels) if cfg.labels else "the model's names metadata"
         raise ContractError(f"{source} lists {fmt_classes(len(labels))} but the model outputs {num_classes}")

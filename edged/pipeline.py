@@ -18,22 +18,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edged.classify import Classes
+from edged.anomaly import Anomaly, AnomalyDecoder
+from edged.classify import Classes, Classifier
 from edged.config import Settings
 from edged.contract import ChannelOrder, FrameSpec, frame_problem
-from edged.decode import Detections
+from edged.decode import Decoder, Detections
 from edged.errors import ConfigError, InferenceError
 from edged.geometry import BoxMap
 from edged.identity import Identity
 from edged.messages import DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
-from edged.preprocess import Preprocessor
+from edged.preprocess import preprocessor
 from edged.segment import Segmenter
 from edged.settings.sources import SourceBase
 from edged.sources.base import Frame
 from edged.sources.registry import sizes_vary
 from edged.stats import VerdictRecord
-from edged.verdict import ClassInspector, Inspected, Inspector, Judged
+from edged.verdict import AnomalyInspected, AnomalyInspector, ClassInspector, Inspected, Inspector, Judged
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,16 @@ class FramePipeline:
                 raise ValueError(f"roi {list(roi)} does not fit in a {frame_w}x{frame_h} frame")
             self._region = (slice(y1, y2), slice(x1, x2))
             frame_w, frame_h = x2 - x1, y2 - y1
-        self.preprocess = Preprocessor(model.contract, frame_w, frame_h, source_order)
+        self.preprocess = preprocessor(model.contract, frame_w, frame_h, source_order)
         self.binding = model.engine.bind(self.preprocess.tensor)
         outputs = self.binding.outputs
-        prototypes = outputs[1] if model.task == "segment" else None
-        self.decoder = model.make_decoder(outputs[0].shape, thresholds, near_margin, prototypes)
+        self.decoder: Decoder | Classifier | Segmenter | AnomalyDecoder  # an anomaly model's reads every output
+        if model.task == "anomaly":
+            names = [o.name for o in model.engine.output_meta]
+            self.decoder = model.anomaly_decoder([(name, out.shape) for name, out in zip(names, outputs, strict=True)])
+        else:
+            prototypes = outputs[1] if model.task == "segment" else None
+            self.decoder = model.make_decoder(outputs[0].shape, thresholds, near_margin, prototypes)
 
     @property
     def box_map(self) -> BoxMap:
@@ -93,14 +99,18 @@ class FramePipeline:
         """The raw detection output of the last `process` (float32, refreshed in place)."""
         return self.binding.outputs[0]
 
-    def process(self, image: np.ndarray) -> tuple[Detections | Classes, StageTimes]:
+    def process(self, image: np.ndarray) -> tuple[Detections | Classes | Anomaly, StageTimes]:
         """Run one checked frame through the model; raises InferenceError from the engine."""
         t0 = time.perf_counter_ns()
         self.preprocess(image[self._region])
         t1 = time.perf_counter_ns()
         self.binding.run()
         t2 = time.perf_counter_ns()
-        detections = self.decoder.decode(self.binding.outputs[0], self.preprocess.box_map)
+        detections: Detections | Classes | Anomaly
+        if isinstance(self.decoder, AnomalyDecoder):
+            detections = self.decoder.decode(self.binding.outputs, self.preprocess.box_map)
+        else:
+            detections = self.decoder.decode(self.binding.outputs[0], self.preprocess.box_map)
         t3 = time.perf_counter_ns()
         masks_ms = self.decoder.masks_ms if isinstance(self.decoder, Segmenter) else 0.0
         return detections, StageTimes((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6, masks_ms)
@@ -118,15 +128,15 @@ class Processed:
 
     frame: Frame
     plan: FramePipeline
-    result: Detections | Classes
+    result: Detections | Classes | Anomaly
     times: StageTimes
     age_ms: float
-    inspected: Inspected | Judged | None = None
+    inspected: Inspected | Judged | AnomalyInspected | None = None
     verdict_ms: float = 0.0
     decoded: Detections | None = None
 
     @property
-    def labelled(self) -> Detections | Classes:
+    def labelled(self) -> Detections | Classes | Anomaly:
         """What the frame's dataset label holds: every detection, those outside the zones too (an object
         the line ignores there is still an object, and a label without it teaches the model it is not)."""
         return self.decoded if self.decoded is not None else self.result
@@ -171,7 +181,7 @@ class FramePath:
         model: LoadedModel,
         camera_id: str,
         declared_order: ChannelOrder,
-        inspector: Inspector | ClassInspector | None = None,
+        inspector: Inspector | ClassInspector | AnomalyInspector | None = None,
         *,
         sizes_vary: bool = False,
         near_margin: float | None = None,
@@ -204,7 +214,11 @@ class FramePath:
             return Rejected(frame, "inference_error", str(e))
         inspector = self.inspector
         if isinstance(inspector, ClassInspector) and isinstance(detections, Classes):
-            judged = inspector(detections)
+            judged: Judged | AnomalyInspected = inspector(detections)
+            age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
+            return Processed(frame, plan, detections, times, age_ms, judged, age_ms)
+        if isinstance(inspector, AnomalyInspector) and isinstance(detections, Anomaly):
+            judged = inspector(detections, plan.spec.width, plan.spec.height)
             age_ms = (time.monotonic_ns() - frame.t_capture_ns) / 1e6
             return Processed(frame, plan, detections, times, age_ms, judged, age_ms)
         if isinstance(inspector, Inspector) and isinstance(detections, Detections):
@@ -282,7 +296,10 @@ class FramePath:
         box_map, times, inspector, inspected = done.plan.box_map, done.times, self.inspector, done.inspected
         zones = thresholds = notes = None
         mm_per_px = None
-        if isinstance(inspector, Inspector) and isinstance(inspected, Inspected):
+        if isinstance(inspected, AnomalyInspected) and isinstance(inspector, AnomalyInspector):
+            zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
+            mm_per_px = inspector.mm_per_px
+        elif isinstance(inspector, Inspector) and isinstance(inspected, Inspected):
             zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
             thresholds = [inspector.thresholds[c] for c in inspected.detections.class_ids.tolist()]
             notes = [WITHIN_LIMITS if w else None for w in inspected.within.tolist()]
@@ -320,6 +337,12 @@ class FramePath:
             if top is None:
                 return []
             return [Reason(detection=0, class_id=top[0], label=label(top[0]), score=round(top[1], 4), zone=None)]
+        if isinstance(inspected, AnomalyInspected):
+            assert isinstance(inspector, AnomalyInspector)  # an AnomalyInspected comes from one
+            i, zones = inspected.reason_region, inspected.zones.tolist()
+            zone = inspector.zone_name(zones[i]) if i < len(zones) else None
+            score = round(min(max(inspected.result.score, 0.0), 1.0), 4)
+            return [Reason(detection=i, class_id=0, label="anomaly score", score=score, zone=zone)]
         det = inspected.detections
         assert isinstance(inspector, Inspector)  # an Inspected comes from one
         scores, class_ids, zones = det.scores.tolist(), det.class_ids.tolist(), inspected.zones.tolist()
@@ -361,14 +384,16 @@ def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> Fr
     class named in its inspection that the model does not have (naming the camera when there are
     several)."""
     inspect = settings.inspection(source)
-    inspector: Inspector | ClassInspector | None = None
+    inspector: Inspector | ClassInspector | AnomalyInspector | None = None
     if inspect is not None:
         try:
             if model.task == "classify":
                 inspector = ClassInspector(inspect, model.labels, model.num_classes, model.cfg.conf)
+            elif inspect.roi is not None:
+                raise ConfigError(None, ["inspect.roi is for classification models; a detector's region is its zones"])
+            elif model.task == "anomaly":
+                inspector = AnomalyInspector(inspect, model.cfg.max_det)
             else:
-                if inspect.roi is not None:
-                    raise ConfigError(None, ["inspect.roi is for classification models; a detector's region is its zones"])
                 inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
         except ConfigError as e:
             if len(settings.source) == 1:

@@ -15,7 +15,9 @@ of its content (for 16:9 into a square input, 56 % of the tensor). Nothing is al
 A classifier is fed ultralytics' classification preprocessing instead (``crop``, `BoxMap.crop`):
 torchvision resizes the frame with Pillow's antialiased bilinear filter, in Pillow's fixed-point
 arithmetic, then takes the centre. `CropResample` computes exactly those bytes, and only the ones
-the crop keeps, into the canvas; the rest of the path is the same.
+the crop keeps, into the canvas; the rest of the path is the same. An anomalib export is fed by
+`AntialiasPreprocessor` (``antialias``): the whole frame stretched with PyTorch's antialiased
+bilinear resize in float32, as anomalib trains (`preprocessor` picks the one the contract asks for).
 """
 
 from __future__ import annotations
@@ -246,3 +248,92 @@ class CropResample:
         np.right_shift(out, _BITS, out=out)
         np.minimum(out, _WHITE, out=out)
         np.maximum(out, _BLACK, out=out)
+
+
+def antialias_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """PyTorch's antialiased bilinear resize (``interpolate(mode="bilinear", antialias=True)``, Pillow's
+    filter) from ``n_in`` samples to ``n_out``, as taps: (k, n_out) input indices and (k, n_out)
+    float32 weights, output i being the sum over j of ``weights[j, i] * input[indices[j, i]]``.
+
+    A triangle filter stretched over the input samples one output sample covers, each output's
+    weights normalised to sum to 1; when upsampling it is plain bilinear interpolation. The support
+    and the rounding of its ends are PyTorch's, so that the values are the ones anomalib trained on.
+    An output with fewer taps than k has the rest pointing at its first with weight 0.
+    """
+    scale = n_in / n_out
+    support, inverse = (scale, 1 / scale) if scale >= 1 else (1.0, 1.0)
+    spans = []
+    for i in range(n_out):
+        center = scale * (i + 0.5)
+        lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
+        taps = np.maximum(0.0, 1.0 - np.abs((np.arange(lo, hi) - center + 0.5) * inverse))
+        spans.append((lo, taps / taps.sum()))
+    k = max(len(taps) for _, taps in spans)
+    indices = np.zeros((k, n_out), dtype=np.intp)
+    weights = np.zeros((k, n_out), dtype=np.float64)
+    for i, (lo, taps) in enumerate(spans):
+        indices[:, i] = lo
+        indices[: len(taps), i] = np.arange(lo, lo + len(taps))
+        weights[: len(taps), i] = taps
+    return indices, weights.astype(np.float32)
+
+
+class AntialiasPreprocessor:
+    """Writes frames of one size into the input tensor of an anomalib export: the whole frame
+    stretched to the input with an antialiased bilinear resize, RGB values in 0..1, NCHW.
+
+    anomalib trains, validates and predicts on images resized that way; its ONNX export resizes
+    without antialiasing, so edged resizes here and feeds the trained size, which the graph's own
+    resize then leaves as it is. The resize is separable, with taps made once per frame size
+    (`antialias_taps`): each byte is looked up to its float value into a frame-sized plane, which
+    is resized down the columns (one gather, scale and add per row tap), then along the rows
+    straight into the tensor. Every buffer is made here; a frame allocates nothing.
+    """
+
+    def __init__(self, contract: InputContract, frame_w: int, frame_h: int, source_order: ChannelOrder = "bgr") -> None:
+        self.contract = contract
+        self.source_order = source_order
+        h, w = contract.height, contract.width
+        self.box_map = BoxMap.stretch(frame_w, frame_h, w, h)
+        self.tensor = np.zeros(contract.shape, dtype=contract.dtype)
+        rows, row_weights = antialias_taps(frame_h, h)
+        self._rows, self._row_weights = rows, row_weights[:, :, None]  # (k, h, 1): scales whole rows
+        self._columns, self._column_weights = antialias_taps(frame_w, w)  # (k, w): broadcast over rows
+        self._planes = np.empty((3, frame_h, frame_w), np.uint8)
+        self._values = np.empty((frame_h, frame_w), np.float32)
+        self._half = np.empty((h, frame_w), np.float32)  # resized down the columns
+        self._tap_rows = np.empty((h, frame_w), np.float32)
+        self._tap_columns = np.empty((h, w), np.float32)
+        order = (2, 1, 0) if contract.channel_order != source_order else (0, 1, 2)
+        self._split_into = [self._planes[i] for i in order]
+        self._tables = normalisation_table(contract)
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        """Fill the input tensor from a frame of the planned size and order; returns the tensor."""
+        cv2.split(image, self._split_into)
+        half, tap_rows, tap_columns = self._half, self._tap_rows, self._tap_columns
+        for c in range(3):
+            cv2.LUT(self._planes[c], self._tables[c], dst=self._values)
+            out = self.tensor[0, c]
+            for k in range(self._rows.shape[0]):
+                target = half if k == 0 else tap_rows
+                np.take(self._values, self._rows[k], axis=0, out=target, mode="clip")
+                np.multiply(target, self._row_weights[k], out=target)
+                if k:
+                    np.add(half, tap_rows, out=half)
+            for k in range(self._columns.shape[0]):
+                target = out if k == 0 else tap_columns
+                np.take(half, self._columns[k], axis=1, out=target, mode="clip")
+                np.multiply(target, self._column_weights[k], out=target)
+                if k:
+                    np.add(out, tap_columns, out=out)
+        return self.tensor
+
+
+def preprocessor(
+    contract: InputContract, frame_w: int, frame_h: int, source_order: ChannelOrder
+) -> Preprocessor | AntialiasPreprocessor:
+    """The preprocessor the contract's resize asks for."""
+    if contract.resize == "antialias":
+        return AntialiasPreprocessor(contract, frame_w, frame_h, source_order)
+    return Preprocessor(contract, frame_w, frame_h, source_order)

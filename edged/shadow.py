@@ -125,7 +125,7 @@ NO_BOXES = Detections(np.empty((0, 4), np.float32), np.empty(0, np.float32), np.
 
 
 def boxes_of(result: TaskResult) -> Detections:
-    """A result's boxes; none for a classifier's, whose models are compared by their verdicts alone."""
+    """A result's boxes; none for a classifier's or an anomaly model's, compared by their verdicts alone."""
     return result if isinstance(result, Detections) else NO_BOXES
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
 
 class TaskResult(Protocol):
     """One frame's result of the model's task; a view into its plan's buffers, valid until the plan's
@@ -39,6 +41,11 @@ class TaskResult(Protocol):
     def dataset_class(self) -> int | None:
         """The class an ultralytics classification dataset files the frame's image under (its folder),
         with no label file; None for a task whose label is a file (`dataset_label`)."""
+        ...
+
+    def heatmap(self) -> np.ndarray | None:
+        """A map over the model's input to save beside the frame's evidence image (an anomaly model's
+        map, uint8 0..255), a view valid until the next frame; None for a task without one."""
         ...
 
     def message_fields(

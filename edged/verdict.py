@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edged.anomaly import Anomaly
 from edged.classify import Classes
 from edged.decode import Detections
 from edged.errors import ConfigError
@@ -285,3 +286,74 @@ class _ClassNames:
     def raise_problems(self) -> None:
         if self._problems:
             raise ConfigError(None, self._problems)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AnomalyInspected:
+    """One anomaly frame's inspection; the arrays are views valid until the inspector's next frame.
+
+    ``zones`` (k,) each region's zone index into `AnomalyInspector.zone_names` (`NO_ZONE` for none);
+    ``ng`` (k,) which regions count against the part; ``reason_region`` the region the NG reason
+    names (the largest that counts; 0 when it has none).
+    """
+
+    result: Anomaly
+    zones: np.ndarray
+    ng: np.ndarray
+    verdict: Verdict
+    reason_region: int
+
+
+class AnomalyInspector:
+    """``[inspect]`` for an anomaly model: NG when the image score is above the threshold (reason
+    "anomaly score"). With zones, the regions are judged in them: a frame is NG when a region at
+    least ``min_area`` (of the class ``anomaly``) lies in a zone, or when it has no region at all (a
+    high score with nothing to place is still an anomaly); its regions all outside the zones, or
+    all too small, make it OK."""
+
+    thresholds = None  # the threshold is model.anomaly_threshold: an anomaly decoder takes no class thresholds
+
+    def __init__(self, cfg: InspectConfig, max_regions: int) -> None:
+        unused = [key for key in ("class_conf", "ng_classes") if getattr(cfg, key)]
+        if unused:
+            raise ConfigError(
+                None,
+                [
+                    f"inspect.{key} is for detection models; an anomaly model's threshold is model.anomaly_threshold"
+                    for key in unused
+                ],
+            )
+        unknown = [name for name in cfg.min_area if name != "anomaly"]
+        if unknown:
+            raise ConfigError(None, [f"inspect.min_area: an anomaly model has the one class 'anomaly', not {unknown}"])
+        self.zone_names: tuple[str, ...] = tuple(cfg.zones)
+        self.mm_per_px = cfg.mm_per_px
+        self._zones = ZoneMap(cfg.zones, max_regions, overlap=cfg.match == "overlap") if cfg.zones else None
+        self._min_area = cfg.min_area.get("anomaly", 0.0)
+        self._need = np.array(self._min_area, dtype=np.float32)
+        self._area = np.empty(max_regions, dtype=np.float32)
+        self._no_zone = np.full(max_regions, NO_ZONE, dtype=np.intp)
+        self._ng = np.empty(max_regions, dtype=np.bool_)
+        self._big = np.empty(max_regions, dtype=np.bool_)
+        self._frame_area = np.ones((), dtype=np.float32)
+
+    def __call__(self, result: Anomaly, frame_w: int, frame_h: int) -> AnomalyInspected:
+        k = result.scores.shape[0]
+        zones, ng, big = self._no_zone[:k], self._ng[:k], self._big[:k]
+        if self._zones is not None:
+            zones = self._zones(result.xyxy, frame_w, frame_h)
+            np.not_equal(zones, _OUTSIDE, out=ng)
+        else:
+            ng.fill(True)
+        self._frame_area[()] = frame_w * frame_h
+        area = self._area[:k]
+        np.divide(result.area_px, self._frame_area, out=area)
+        np.greater_equal(area, self._need, out=big)
+        np.logical_and(ng, big, out=ng)
+        counts = k == 0 or (self._zones is None and self._min_area == 0.0) or bool(ng.any())
+        verdict: Verdict = "ng" if result.anomalous and counts else "ok"
+        first = int(np.argmax(ng)) if k and ng.any() else 0
+        return AnomalyInspected(result, zones, ng, verdict, first)
+
+    def zone_name(self, zone: int) -> str | None:
+        return None if zone == NO_ZONE else self.zone_names[zone]

@@ -14,7 +14,9 @@ that the camera can be aimed and focused, and the page loads, between triggers.
 
 With ``[inspect]`` the encoder also draws the zones (from the configuration, scaled from fractions
 of the frame to the shown image, with their names), colours each box in a zone with that zone's
-colour, and puts the verdict in a banner across the top: OK green, NG red with its reasons.
+colour, and puts the verdict in a banner across the top: OK green, NG red with its reasons. For an
+anomaly model it overlays the anomaly map as a heatmap (blue to red), outlines the regions (with
+their peak) and shows the score against its threshold.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ class LiveView:
         self._message: DetectionsMessage | None = None
         self._shown = (0, 0)  # the frame id and wall-clock capture time of the frame in the buffer
         self._scaled: np.ndarray | None = None
+        self._heat: np.ndarray | None = None  # the offered frame's heatmap (an anomaly model's map), copied
+        self._has_heat = False
+        # The heatmap scaled to the view, and coloured: made for the view's size on the first overlay.
+        self._heat_scaled = (np.empty((0, 0), np.uint8), np.empty((0, 0, 3), np.uint8))
         self._jpeg = b""
         self._seq = 0
         self._closed = False
@@ -87,14 +93,20 @@ class LiveView:
         """True when a frame offered now would be shown: three reads, no lock, no allocation."""
         return self._viewers > 0 and not self._pending and time.monotonic() >= self._due
 
-    def offer(self, frame: Frame, message: DetectionsMessage | None) -> None:
-        """Copy ``frame`` for the encoder, annotated from ``message`` or, None, a preview; call only
-        right after `wants_frame` said yes."""
+    def offer(self, frame: Frame, message: DetectionsMessage | None, heatmap: np.ndarray | None = None) -> None:
+        """Copy ``frame`` for the encoder, annotated from ``message`` or, None, a preview, and overlaid
+        with ``heatmap`` (`edged.task.TaskResult.heatmap`, stretched over the frame) when given; call
+        only right after `wants_frame` said yes."""
         image = frame.image
         if self._frame is None or self._frame.shape != image.shape or self._frame.dtype != image.dtype:
             self._frame = np.empty_like(image)
         np.copyto(self._frame, image)
+        if heatmap is not None:
+            if self._heat is None or self._heat.shape != heatmap.shape:
+                self._heat = np.empty_like(heatmap)
+            np.copyto(self._heat, heatmap)
         with self._cond:
+            self._has_heat = heatmap is not None
             self._order, self._message, self._pending = frame.channel_order, message, True
             self._shown = (frame.frame_id, frame.t_wall_ns)
             self._due = time.monotonic() + self._interval_s
@@ -145,6 +157,8 @@ class LiveView:
                 frame, order, message, (frame_id, t_wall_ns) = self._frame, self._order, self._message, self._shown
             assert frame is not None  # set by offer
             image = self._scale(frame, order)
+            if self._has_heat and self._heat is not None:
+                self._overlay(image, self._heat)
             with self._cond:
                 self._pending = False  # the buffer is free for the loop's next frame
             if message is None:
@@ -157,6 +171,17 @@ class LiveView:
                 with self._cond:
                     self._jpeg, self._seq = encoded.tobytes(), self._seq + 1
                     self._cond.notify_all()
+
+    def _overlay(self, image: np.ndarray, heat: np.ndarray) -> None:
+        """``heat`` (uint8, 255 the most anomalous) stretched over ``image``, coloured (JET: blue to
+        red) and blended in at 40 %, in a buffer kept for the view's size."""
+        h, w = image.shape[:2]
+        grey, colour = self._heat_scaled
+        if colour.shape != (h, w, 3):
+            grey, colour = self._heat_scaled = np.empty((h, w), np.uint8), np.empty((h, w, 3), np.uint8)
+        cv2.resize(heat, (w, h), dst=grey, interpolation=cv2.INTER_LINEAR)
+        cv2.applyColorMap(grey, cv2.COLORMAP_JET, dst=colour)
+        cv2.addWeighted(image, 0.6, colour, 0.4, 0.0, dst=image)
 
     def _scale(self, frame: np.ndarray, order: str) -> np.ndarray:
         """``frame`` as BGR at most ``view_width`` wide, in a buffer kept for that size."""
@@ -200,6 +225,7 @@ def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zon
             (255, 255, 255),
             PALETTE[t.class_id % len(PALETTE)],
         )
+    draw_regions(image, message, scale, colour_of)
     if message.verdict is not None:
         reasons = ", ".join(
             f"{r.label}@{r.zone} {r.score:.2f}" if r.zone else f"{r.label} {r.score:.2f}" for r in message.reasons
@@ -209,6 +235,26 @@ def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zon
         cv2.rectangle(image, (0, 0), (w, th + base + 8), BANNER[message.verdict], cv2.FILLED)
         cv2.putText(image, text, (6, th + 4), FONT, 0.6, (255, 255, 255), 2, cv2.LINE_AA)
     caption(image, message.camera_id, message.frame_id, message.capture_time_ns)
+
+
+def draw_regions(
+    image: np.ndarray, message: DetectionsMessage, scale: float, colour_of: dict[str, tuple[int, int, int]]
+) -> None:
+    """An anomaly model's regions (their outlines, in their zone's colour) and its score and threshold."""
+    if message.anomaly_score is None:
+        return
+    for region in message.regions or []:
+        colour = colour_of.get(region.zone or "", PALETTE[0])
+        if len(region.polygon) >= 2:
+            outline = np.rint(np.array(region.polygon) * scale).astype(np.int32)
+            cv2.polylines(image, [outline], True, colour, 2, cv2.LINE_AA)
+        x1, y1 = (round(v * scale) for v in region.box[:2])
+        _label(image, f"{region.max_score:.2f}", (x1, max(y1 - 18, 0)), (255, 255, 255), colour)
+    text = f"anomaly {message.anomaly_score:.3f} / {message.threshold or 0.5:g}"
+    (tw, _), _ = cv2.getTextSize(text, FONT, 0.5, 1)
+    _label(
+        image, text, (max(image.shape[1] - tw - 10, 0), 30), (255, 255, 255), (0, 0, 160) if message.anomalous else (0, 0, 0)
+    )
 
 
 def draw_zones(image: np.ndarray, zones: Zones) -> dict[str, tuple[int, int, int]]:

@@ -198,3 +198,12 @@ def test_a_demo_whose_port_is_taken_shows_the_bind_error_and_fails(tmp_path: Pat
     assert f"cannot bind tcp://127.0.0.1:{port}: Address already in use" in out, out
     assert "another program holds it" in out and "demo: edged run stopped with exit status 1" in out
     assert not children
+
+
+def test_anomaly_demo_config_is_valid_and_its_first_frame_is_scored() -> None:
+    config = ROOT / "config" / "anomaly-demo.toml"
+    settings = load_config(config)
+    assert settings.model.path == (ROOT / "tests" / "data" / "anomaly" / "padim.onnx").resolve()
+    result = run_cli("check", "--config", str(config), "--no-bind")
+    assert result.returncode == 0, result.stderr
+    assert "first frame: anomaly score" in result.stdout

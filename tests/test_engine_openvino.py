@@ -5,12 +5,14 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 from allocations import NumpyAllocations
 from daemon import RunningDaemon, free_port, run_cli, write_config
 from onnx_models import colour_probe, dynamic_probe
 
+from edged.anomaly import Anomaly
 from edged.config import ModelConfig, RuntimeConfig
 from edged.decode import Detections
 from edged.errors import EXIT_CONFIG, ConfigError, ContractError
@@ -25,6 +27,7 @@ from edged.verdict import Inspector
 ov = pytest.importorskip("openvino", reason="the openvino package (edged[openvino]) is not installed")
 
 DEMO = Path(__file__).resolve().parent.parent / "models" / "demo.onnx"
+ANOMALY = Path(__file__).resolve().parent / "data" / "anomaly"
 SCENES = 4  # 1280x720 scenes with defects: several boxes of every class
 
 
@@ -62,6 +65,27 @@ def test_f32_gives_onnxruntimes_boxes_through_the_pipeline() -> None:
         assert ours.class_ids.tolist() == theirs.class_ids.tolist()
         np.testing.assert_allclose(ours.xyxy, theirs.xyxy, atol=0.01)  # float rounding, hundredths of a pixel
         np.testing.assert_allclose(ours.scores, theirs.scores, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["padim", "patchcore"])
+def test_an_anomalib_export_gives_onnxruntimes_score_map_and_regions_at_f32(kind: str) -> None:
+    """Its outputs keep anomalib's names (compiling merges others onto them), so it is recognised,
+    pinned to its trained size and decoded as on ONNX Runtime."""
+    path = ANOMALY / f"{kind}.onnx"
+    models = [_load(path, engine) for engine in ("onnxruntime", "openvino")]
+    assert [o.name for o in models[1].engine.output_meta] == ["pred_score", "pred_label", "anomaly_map", "pred_mask"]
+    assert models[1].task == "anomaly" and models[1].contract.shape == (1, 3, 256, 256)
+    for name in ("good_1280x720", "scratch_640x480", "spot_320x240"):
+        image = cv2.imread(str(ANOMALY / f"{name}.png"))
+        found = []
+        for model in models:
+            result, _ = FramePipeline(model, image.shape[1], image.shape[0], "bgr").process(image)
+            assert isinstance(result, Anomaly) and result.anomaly_map is not None
+            found.append((result.score, result.anomalous, result.xyxy.copy(), result.anomaly_map.copy()))
+        (score, anomalous, boxes, heat), (ov_score, ov_anomalous, ov_boxes, ov_heat) = found
+        assert ov_score == pytest.approx(score, abs=1e-4) and ov_anomalous == anomalous
+        np.testing.assert_array_equal(ov_boxes, boxes)
+        np.testing.assert_allclose(ov_heat, heat, atol=1e-4)
 
 
 def test_f32_is_asked_for_explicitly_and_the_nodes_run_in_it() -> None:

@@ -89,7 +89,7 @@ REFUSED: list[tuple[Shapes, Mapping[str, str], list[str]]] = [
     (
         [[1, 56, 8400]],
         {**NAMES_1, "task": "pose"},
-        ["'pose' (pose estimation)", "detection, segmentation and classification models only"],
+        ["'pose' (pose estimation)", "detection, segmentation, classification and anomaly models only"],
     ),
     ([[1, 20, 21504]], {"task": "obb"}, ["'obb' (oriented bounding boxes)", "[1, 20, 21504]"]),
     # A classifier's task with a detector's output, or names that count other classes.

@@ -11,7 +11,7 @@ import pytest
 from allocations import NumpyAllocations
 from waiting import wait_for
 
-from edged.messages import Detection, DetectionsMessage, ModelInfo, Reason, Timings, TopClass, Verdict
+from edged.messages import AnomalyRegion, Detection, DetectionsMessage, ModelInfo, Reason, Timings, TopClass, Verdict
 from edged.sources.base import Frame
 from edged.view import BANNER, PALETTE, TOP_CLASSES_Y, ZONE_PALETTE, LiveView
 
@@ -226,3 +226,42 @@ def test_close_wakes_a_waiting_viewer() -> None:
         view.close()
         assert view.next_jpeg(0, 10.0) is None
     assert time.monotonic() - started < 5
+
+
+def test_an_anomaly_models_regions_are_outlined_and_its_score_shown(view: LiveView) -> None:
+    image = np.full((1080, 1920, 3), GREY, np.uint8)
+    # Shown 960x540: the region's outline runs along x 200 from y 100 to 200.
+    square = [(400.0, 200.0), (800.0, 200.0), (800.0, 400.0), (400.0, 400.0)]
+    message = _message(0, [], (1920, 1080)).model_copy(
+        update={
+            "task": "anomaly",
+            "anomaly_score": 0.8,
+            "anomalous": True,
+            "threshold": 0.5,
+            "regions": [AnomalyRegion(box=(400, 200, 800, 400), area_px=80000, max_score=0.9, polygon=square)],
+        }
+    )
+    with view.watch():
+        assert wait_for(view.wants_frame, 5.0)
+        view.offer(_frame(0, image), message)
+        got = view.next_jpeg(0, 5.0)
+        assert got is not None
+    shown = _decode(got[1])
+    assert _near(shown[150, 200], PALETTE[0]), shown[150, 200]  # the outline's left edge
+    assert _near(shown[150, 300], GREY, 30)  # inside the region: the frame itself
+    assert _near(shown[31, 945], (0, 0, 160), 60), shown[31, 945]  # the score's label, red: anomalous
+
+
+def test_an_anomaly_map_offered_with_the_frame_is_overlaid_as_a_heatmap(view: LiveView) -> None:
+    image = np.full((480, 640, 3), GREY, np.uint8)
+    heat = np.zeros((256, 256), np.uint8)
+    heat[:, 128:] = 255  # the right half most anomalous
+    with view.watch():
+        assert wait_for(view.wants_frame, 5.0)
+        view.offer(_frame(0, image), _message(0, [], (640, 480)), heat)
+        got = view.next_jpeg(0, 5.0)
+        assert got is not None
+    shown = _decode(got[1])
+    left, right = shown[240, 100].astype(int), shown[240, 540].astype(int)
+    assert left[0] > left[2] + 40, left  # blue over the normal half (BGR)
+    assert right[2] > right[0] + 40, right  # red over the anomalous half

@@ -1,9 +1,9 @@
 """The head formats edged reads, and telling which one a model's output is.
 
 Each detection format is one module holding one `Head` subclass; adding a format means writing that
-module and adding its class to `HEADS`. A classifier is `ClassifyHead` (`FORMATS` holds both). The
-allowed ``model.head`` values, `detect_head` and the layouts named in its error messages all come
-from this registry.
+module and adding its class to `HEADS`. A classifier is `ClassifyHead`, an anomalib export
+`AnomalyHead` (`FORMATS` holds them all). The allowed ``model.head`` values, `detect_head` and the
+layouts named in its error messages all come from this registry.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from edged.errors import HeadError
+from edged.heads.anomaly import AnomalyHead
 from edged.heads.base import Dim, Head, OutputFacts, concrete, fmt_shape
 from edged.heads.classify import ClassifyHead
 from edged.heads.end2end import End2EndHead
@@ -21,8 +22,8 @@ from edged.heads.yolov5 import YoloV5Head
 from edged.heads.yolov8 import YoloV8Head
 
 HEADS: dict[str, type[Head]] = {head.name: head for head in (YoloV8Head, YoloV5Head, End2EndHead, RtDetrHead, SegmentHead)}
-Format = type[Head] | type[ClassifyHead]
-FORMATS: dict[str, Format] = {**HEADS, ClassifyHead.name: ClassifyHead}
+Format = type[Head] | type[ClassifyHead] | type[AnomalyHead]
+FORMATS: dict[str, Format] = {**HEADS, ClassifyHead.name: ClassifyHead, AnomalyHead.name: AnomalyHead}
 
 
 def _listed(items: Sequence[str]) -> str:
@@ -37,7 +38,7 @@ _TASKS = {
     "pose": "pose estimation",
     "obb": "oriented bounding boxes",
 }
-_SERVED = "edged serves detection, segmentation and classification models only"
+_SERVED = "edged serves detection, segmentation, classification and anomaly models only"
 
 
 def head_named(name: str) -> type[Head]:
@@ -49,8 +50,22 @@ def head_named(name: str) -> type[Head]:
 
 
 def format_named(name: str) -> Format:
-    """The registered format ``name``, a classifier's included; `HeadError` for any other."""
-    return ClassifyHead if name == ClassifyHead.name else head_named(name)
+    """The registered format ``name``, a classifier's and the anomaly head's included; `HeadError` for any other."""
+    if name == ClassifyHead.name:
+        return ClassifyHead
+    return AnomalyHead if name == AnomalyHead.name else head_named(name)
+
+
+def detect_format(
+    outputs: Sequence[tuple[str, Sequence[Dim]]], metadata: Mapping[str, str], forced: str = "auto"
+) -> tuple[str, int]:
+    """The format's name and class count from the outputs (name, shape): an anomalib export by its
+    output names (or ``forced`` to ``anomaly``, ``model.head``), else the head `detect_head`
+    finds. An anomaly model has one class, the anomaly."""
+    if forced == AnomalyHead.name or AnomalyHead.claims([name for name, _ in outputs]):
+        AnomalyHead.check(outputs)
+        return AnomalyHead.name, 1
+    return detect_head([shape for _, shape in outputs], metadata)
 
 
 def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, str]) -> tuple[str, int]:

@@ -35,7 +35,7 @@ import numpy as np
 
 from edged.classify import Classes
 from edged.config import ModelConfig, RuntimeConfig
-from edged.decode import Detections
+from edged.decode import Decoder, Detections
 from edged.errors import DataError, UsageError
 from edged.geometry import BoxMap
 from edged.heads.base import rows
@@ -46,6 +46,7 @@ from edged.pipeline import FramePipeline
 from edged.segment import Segmenter
 from edged.sources.images import IMAGE_SUFFIXES
 from edged.sources.scenes import SceneGenerator
+from edged.tools.calibrate import auroc, best_f1, f1_at, images_in, ranked_auroc, score_images
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
 
 
@@ -192,7 +193,7 @@ def evaluate(
         if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
             plan = FramePipeline(model, w, h, "bgr")
         detections, _ = plan.process(sample.image)
-        assert isinstance(detections, Detections)  # run_eval scores a classifier with `evaluate_classes`
+        assert isinstance(detections, Detections)  # run_eval scores classifiers and anomaly models apart
         published = (detections.xyxy.copy(), detections.scores.copy(), detections.class_ids.copy())
         xyxy, scores, classes = _every_class(plan) or published
         acc.add(xyxy, scores, classes, sample.boxes, sample.class_ids, published=published)
@@ -272,6 +273,8 @@ def _every_class(plan: FramePipeline) -> Predictions | None:
     ``max_det`` over all classes are kept. (yolo val also stops at its 30,000 best candidates
     before NMS; edged does not, which can only matter where more than that score above conf.)
     """
+    if not isinstance(plan.decoder, Decoder):
+        return None
     masked = np.empty_like(plan.output)
     scores = head_named(plan.model.head).class_scores(masked)  # a view: zeroing it edits `masked`
     if scores is None or plan.model.num_classes == 1:
@@ -420,6 +423,64 @@ def _size(text: str) -> tuple[int, int]:
     return width, height
 
 
+def _pixel_auroc(
+    masks: Path, bad_images: Sequence[Path], good_maps: Sequence[np.ndarray], bad_maps: Sequence[np.ndarray]
+) -> float | None:
+    """The pixel AUROC of the maps against the defect masks in ``masks`` (one per bad image, by its
+    name; non-zero on the defect; good images have none), each stretched to the map's size as the
+    frame was; None without a masks folder or a map."""
+    if not masks.is_dir() or not bad_maps:
+        return None
+    truth = [np.zeros(m.shape, np.bool_) for m in good_maps]
+    for path, anomaly_map in zip(bad_images, bad_maps, strict=True):
+        found = [p for p in masks.iterdir() if p.stem == path.stem]
+        mask = cv2.imread(str(found[0]), cv2.IMREAD_GRAYSCALE) if found else None
+        if mask is None:
+            raise DataError(f"{masks} has no readable mask for {path.name} (a PNG named {path.stem}.png)")
+        h, w = anomaly_map.shape
+        truth.append(cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST) > 0)
+    positive = np.concatenate([t.ravel() for t in truth])
+    if not positive.any():
+        raise DataError(f"the masks in {masks} mark no defect pixel")
+    return ranked_auroc(np.concatenate([m.ravel() for m in (*good_maps, *bad_maps)]), positive)
+
+
+def evaluate_anomaly(model: LoadedModel, data: Path | None, json_path: Path | None, out: TextIO) -> int:
+    """An anomaly model over ``data``/good and ``data``/bad (images of good and bad parts): the image
+    AUROC, and the F1 and misses at the export's threshold (0.5), through the daemon's pipeline."""
+    if data is None:
+        raise UsageError("an anomaly model is evaluated on --data DIR holding good/ and bad/ folders of images")
+    bad_images = images_in(data / "bad")
+    scored_good, scored_bad = score_images(model, images_in(data / "good")), score_images(model, bad_images)
+    good, bad = scored_good.scores, scored_bad.scores
+    threshold, best = best_f1(good, bad)
+    pixel = _pixel_auroc(data / "masks", bad_images, scored_good.maps, scored_bad.maps)
+    document = {
+        "model": str(model.cfg.path),
+        "model_sha256": model.engine.identity.sha256,
+        "data": str(data),
+        "good": int(good.size),
+        "bad": int(bad.size),
+        "image_auroc": auroc(good, bad),
+        "threshold": 0.5,
+        "f1": f1_at(good, bad, 0.5),
+        "missed": int((bad <= 0.5).sum()),
+        "false_alarms": int((good > 0.5).sum()),
+        "best_f1": best,
+        "best_f1_threshold": threshold,
+        "pixel_auroc": pixel,
+    }
+    print(
+        f"{good.size} good, {bad.size} bad parts: image AUROC {document['image_auroc']:.4f}; at the threshold 0.5 "
+        f"F1 {document['f1']:.4f}, {document['missed']} missed, {document['false_alarms']} false alarm(s); "
+        f"best F1 {best:.4f} at {threshold:.4f}" + (f"; pixel AUROC {pixel:.4f}" if pixel is not None else ""),
+        file=out,
+    )
+    if json_path is not None:
+        json_path.write_text(json.dumps(document, indent=2) + "\n")
+    return 0
+
+
 def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     convention: Convention = "coco" if args.coco else "ultralytics"
     if convention == "coco":
@@ -431,6 +492,8 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     model = load_model(cfg, RuntimeConfig())
     if model.task == "classify":
         return _run_eval_classes(args, model, out)
+    if model.task == "anomaly":
+        return evaluate_anomaly(model, args.data, args.json, out)
     if args.data is not None:
         total, samples = folder_samples(args.data, model.num_classes)
     else:

@@ -1,0 +1,223 @@
+"""Decode an anomaly model's outputs (`edged.heads.anomaly`): the image verdict and the regions of its map.
+
+The score, label, map and mask are anomalib's own, computed inside its export; edged reads them and
+only adds what anomalib leaves to its user: thresholds set in config (``model.anomaly_threshold``,
+``model.pixel_threshold``, on the export's normalised scale, where 0.5 is the threshold it was
+exported with), and the regions: the connected components (8-connected) of the mask, as boxes in
+frame pixels with their area and their highest map value, largest first, at most ``model.max_det``.
+Without thresholds in config the label and mask are the export's, so they are exactly anomalib's.
+
+A frame works in buffers made once per plan: the mask, the component labels, each component's
+mask, the regions' boxes, areas and scores; it allocates no array. Polygons are traced only when
+the message is built (OpenCV's contours are arrays of their own).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+
+from edged.errors import HeadError
+from edged.geometry import BoxMap
+from edged.heads.anomaly import THRESHOLD, trained_size
+from edged.heads.base import fmt_shape
+from edged.messages import AnomalyRegion
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Anomaly:
+    """One frame's anomaly result (`edged.task.TaskResult`); its arrays are views of its decoder's
+    buffers, valid until the decoder's next frame.
+
+    ``xyxy`` (k, 4) float32 region boxes in frame pixels, ``area_px`` (k,) their areas in frame
+    pixels, ``scores`` (k,) their highest map values, ``ids`` (k,) their component labels in
+    ``labels`` (the map-sized component image), largest region first.
+    """
+
+    score: float
+    anomalous: bool
+    threshold: float
+    xyxy: np.ndarray
+    area_px: np.ndarray
+    scores: np.ndarray
+    ids: np.ndarray
+    labels: np.ndarray
+    box_map: BoxMap
+    nonfinite: int = 0
+    anomaly_map: np.ndarray | None = None  # the model's map output, [h, w], when it has one
+    heat: np.ndarray | None = None  # the decoder's uint8 buffer the map is scaled into for `heatmap`
+
+    def __len__(self) -> int:
+        """Its regions; an anomalous frame without one still counts as a finding."""
+        return max(int(self.scores.shape[0]), int(self.anomalous))
+
+    def problems(self) -> list[tuple[str, int]]:
+        return [("nonfinite_output", self.nonfinite)] if self.nonfinite else []
+
+    def near_misses(self) -> int:
+        return 0
+
+    def heatmap(self) -> np.ndarray | None:
+        """The anomaly map as uint8 (0..255 for the normalised 0..1), in the decoder's buffer."""
+        if self.anomaly_map is None or self.heat is None:
+            return None
+        cv2.convertScaleAbs(self.anomaly_map, dst=self.heat, alpha=255.0)
+        return self.heat
+
+    def polygons(self) -> list[list[tuple[float, float]]]:
+        """Each region's outline (its largest outer contour) in frame pixels."""
+        m = self.box_map
+        outlines = []
+        for region in self.ids.tolist():
+            contours, _ = cv2.findContours(
+                (self.labels == region).view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE
+            )
+            points = max(contours, key=len).reshape(-1, 2).astype(np.float64) if contours else np.zeros((0, 2))
+            outlines.append([(round(x / m.scale_x, 1), round(y / m.scale_y, 1)) for x, y in points.tolist()])
+        return outlines
+
+    def dataset_label(self, width: int, height: int) -> str:
+        """One ``0 x1 y1 x2 y2 ...`` line per region, its outline normalised to the frame: ultralytics'
+        segmentation labels, class 0 the anomaly."""
+        lines = []
+        for outline in self.polygons():
+            points = " ".join(f"{x / width:.6f} {y / height:.6f}" for x, y in outline)
+            lines.append(f"0 {points}\n")
+        return "".join(lines)
+
+    def dataset_class(self) -> None:
+        return None  # its label is a file (`dataset_label`)
+
+    def message_fields(
+        self,
+        label: Callable[[int], str],
+        zones: Sequence[str | None] | None,
+        thresholds: Sequence[float | None] | None,
+        *,
+        notes: Sequence[str | None] | None = None,
+        mm_per_px: float | None = None,
+    ) -> dict[str, Any]:
+        """``task``, ``anomaly_score``, ``anomalous``, ``threshold`` and ``regions`` (each region's
+        ``area_mm2`` with the camera's ``mm_per_px``); ``detections`` is empty."""
+        boxes, areas, scores = self.xyxy.tolist(), self.area_px.tolist(), self.scores.tolist()
+        in_zones = zones or [None] * len(scores)
+        return {
+            "task": "anomaly",
+            "detections": [],
+            "anomaly_score": round(self.score, 6),
+            "anomalous": self.anomalous,
+            "threshold": self.threshold,
+            "regions": [
+                AnomalyRegion(
+                    box=(round(b[0], 1), round(b[1], 1), round(b[2], 1), round(b[3], 1)),
+                    area_px=round(a, 1),
+                    max_score=round(s, 4),
+                    polygon=outline,
+                    zone=z,
+                    area_mm2=None if mm_per_px is None else round(a * mm_per_px * mm_per_px, 3),
+                )
+                for b, a, s, z, outline in zip(boxes, areas, scores, in_zones, self.polygons(), strict=True)
+            ],
+        }
+
+
+class AnomalyDecoder:
+    """Reads one anomaly model's outputs for one plan; reuse it for every frame."""
+
+    def __init__(
+        self,
+        outputs: Sequence[tuple[str, Sequence[int]]],
+        *,
+        threshold: float | None = None,
+        pixel_threshold: float | None = None,
+        max_regions: int = 100,
+    ) -> None:
+        """``outputs``: the bound outputs' (name, shape), in the session's order."""
+        self._index = {name: i for i, (name, _) in enumerate(outputs)}
+        self._shapes = [tuple(shape) for _, shape in outputs]
+        size = trained_size(outputs)
+        self._threshold = threshold
+        self.threshold = THRESHOLD if threshold is None else threshold
+        self._pixel_threshold = None if pixel_threshold is None else np.array(pixel_threshold, dtype=np.float32)
+        has_mask = "pred_mask" in self._index or ("anomaly_map" in self._index and pixel_threshold is not None)
+        h, w = size if size is not None and has_mask else (0, 0)
+        self._regions = h > 0
+        self._mask = np.zeros((h, w), dtype=np.uint8)
+        self._above = self._mask.view(np.bool_)
+        self._labels = np.zeros((h, w), dtype=np.int32)
+        self._in_region = np.empty((h, w), dtype=np.bool_)
+        self._region = np.zeros((), dtype=np.int32)  # 0-d operand: a Python int costs numpy an array per call
+        self._max_regions = max_regions
+        self._xyxy = np.empty((max_regions, 4), dtype=np.float32)
+        self._area = np.empty(max_regions, dtype=np.float32)
+        self._scores = np.empty(max_regions, dtype=np.float32)
+        self._ids = np.empty(max_regions, dtype=np.int32)
+        self._heat = np.empty(size if size is not None else (0, 0), dtype=np.uint8)
+
+    def decode(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> Anomaly:
+        """The frame's score, verdict and regions; `HeadError` only when ``outputs`` are not the
+        arrays this decoder was built for."""
+        shapes = [o.shape for o in outputs]
+        if shapes != self._shapes:
+            shown = ", ".join(fmt_shape(s) for s in shapes)
+            raise HeadError(f"anomaly decoder expects outputs {[fmt_shape(s) for s in self._shapes]}, got {shown}")
+        score = float(outputs[self._index["pred_score"]].flat[0])
+        nonfinite = 0 if math.isfinite(score) else 1
+        if self._threshold is not None or "pred_label" not in self._index:
+            anomalous = score > self.threshold
+        else:
+            anomalous = bool(outputs[self._index["pred_label"]].flat[0])
+        k = self._find_regions(outputs, box_map) if self._regions else 0
+        return Anomaly(
+            score,
+            anomalous,
+            self.threshold,
+            self._xyxy[:k],
+            self._area[:k],
+            self._scores[:k],
+            self._ids[:k],
+            self._labels,
+            box_map,
+            nonfinite,
+            outputs[self._index["anomaly_map"]][0, 0] if "anomaly_map" in self._index else None,
+            self._heat,
+        )
+
+    def _find_regions(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> int:
+        """Fill the region buffers from the mask (the export's, or the map above ``model.pixel_threshold``)."""
+        anomaly_map = outputs[self._index["anomaly_map"]][0, 0] if "anomaly_map" in self._index else None
+        if self._pixel_threshold is not None and anomaly_map is not None:
+            np.greater(anomaly_map, self._pixel_threshold, out=self._above)
+        else:
+            np.copyto(self._mask, outputs[self._index["pred_mask"]][0, 0], casting="unsafe")
+        if not cv2.countNonZero(self._mask):
+            return 0
+        n, _ = cv2.connectedComponents(self._mask, self._labels, connectivity=8, ltype=cv2.CV_32S)
+        found = []  # (area, label) of each component, in label order
+        for region in range(1, n):
+            found.append((cv2.countNonZero(self._select(region)), region))
+        found.sort(key=lambda f: -f[0])  # largest first; stable, so equal areas stay in label order
+        sx, sy = box_map.scale_x, box_map.scale_y
+        for k, (area, region) in enumerate(found[: self._max_regions]):
+            selected = self._select(region)
+            x, y, bw, bh = cv2.boundingRect(selected)
+            box = self._xyxy[k]
+            box[0], box[1], box[2], box[3] = x / sx, y / sy, (x + bw) / sx, (y + bh) / sy
+            self._area[k] = area / (sx * sy)
+            self._ids[k] = region
+            if anomaly_map is None:
+                self._scores[k] = 1.0
+                continue
+            self._scores[k] = cv2.minMaxLoc(anomaly_map, mask=selected)[1]  # the peak inside the region
+        return min(n - 1, self._max_regions)
+
+    def _select(self, region: int) -> np.ndarray:
+        """The uint8 mask (0 or 1) of component ``region``, in the decoder's buffer."""
+        self._region[()] = region
+        np.equal(self._labels, self._region, out=self._in_region)
+        return self._in_region.view(np.uint8)

@@ -1,0 +1,153 @@
+"""``edged calibrate``: an anomaly model's thresholds, from how it scores good parts.
+
+An anomaly model learns from good parts only, and its export's threshold was chosen on anomalib's
+validation set, not on this line's parts, light and camera. Calibration runs images of good parts
+through the daemon's own pipeline (`edged.pipeline.FramePipeline`: the same preprocessing and
+model as ``run``), prints the distribution of their scores and proposes, as a config snippet:
+
+- ``model.anomaly_threshold``: the 99.5th percentile of the good parts' image scores plus a margin
+  of 0.02 (so that about one good part in 200, or none of a smaller set, is called anomalous);
+- ``model.pixel_threshold``: the 99.9th percentile of the good parts' map values plus the same
+  margin, so that a good part shows almost no region.
+
+With ``--bad`` (images of some bad parts) it reports how well the scores separate the two: the
+image AUROC, the threshold with the best F1 and that F1, and the F1 and misses at the proposal.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import cv2
+import numpy as np
+
+from edged.anomaly import Anomaly
+from edged.config import Settings
+from edged.errors import DataError, UsageError
+from edged.model import LoadedModel, load_model
+from edged.pipeline import FramePipeline
+from edged.sources.images import IMAGE_SUFFIXES
+
+IMAGE_QUANTILE = 99.5
+PIXEL_QUANTILE = 99.9
+MARGIN = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """The image scores of a set of images, and (when the model outputs a map) the chosen quantile of their map values."""
+
+    scores: np.ndarray
+    pixel_quantile: float | None
+    maps: list[np.ndarray]  # each image's anomaly map (copies), when the model outputs one
+
+
+def images_in(folder: Path) -> list[Path]:
+    """The images in ``folder``, sorted; `DataError` when there is none or it is no folder."""
+    if not folder.is_dir():
+        raise DataError(f"{folder} is not a folder of images")
+    found = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not found:
+        raise DataError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    return found
+
+
+def score_images(model: LoadedModel, paths: Sequence[Path]) -> Scored:
+    """Each image's score through the daemon's pipeline, one plan per image size."""
+    plans: dict[tuple[int, int], FramePipeline] = {}
+    scores, maps = [], []
+    names = [o.name for o in model.engine.output_meta]
+    for path in paths:
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if image is None:
+            raise DataError(f"cannot read {path} as an image")
+        size = (image.shape[1], image.shape[0])
+        plan = plans.get(size) or plans.setdefault(size, FramePipeline(model, *size, "bgr"))
+        result, _ = plan.process(image)
+        if not isinstance(result, Anomaly):
+            raise UsageError("edged calibrate is for anomaly models (anomalib exports)")
+        scores.append(result.score)
+        if "anomaly_map" in names:
+            maps.append(plan.binding.outputs[names.index("anomaly_map")][0, 0].copy())
+    pixel = float(np.percentile(np.concatenate([m.ravel() for m in maps]), PIXEL_QUANTILE)) if maps else None
+    return Scored(np.array(scores, dtype=np.float64), pixel, maps)
+
+
+def ranked_auroc(scores: np.ndarray, positive: np.ndarray) -> float:
+    """AUROC of ``scores`` against the boolean ``positive``, from average ranks (ties count half):
+    for the millions of pixels of a pixel AUROC, where the pairwise `auroc` would not fit."""
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    ranks = (ends - (counts - 1) / 2.0)[inverse]  # each value's average rank, from 1
+    n_pos = int(positive.sum())
+    n_neg = positive.size - n_pos
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def auroc(good: np.ndarray, bad: np.ndarray) -> float:
+    """The probability that a bad part scores above a good one (ties count half): the image AUROC."""
+    above = (bad[:, None] > good[None, :]).sum() + 0.5 * (bad[:, None] == good[None, :]).sum()
+    return float(above / (good.size * bad.size))
+
+
+def f1_at(good: np.ndarray, bad: np.ndarray, threshold: float) -> float:
+    """F1 of calling a part bad when its score is above ``threshold``."""
+    hits, false_alarms = int((bad > threshold).sum()), int((good > threshold).sum())
+    misses = bad.size - hits
+    return 2 * hits / (2 * hits + false_alarms + misses) if hits else 0.0
+
+
+def best_f1(good: np.ndarray, bad: np.ndarray) -> tuple[float, float]:
+    """(threshold, F1) of the best threshold: each candidate just below a bad part's score."""
+    candidates = np.unique(np.concatenate([good, bad]))
+    best = max(((float(t), f1_at(good, bad, float(t))) for t in np.nextafter(candidates, -np.inf)), key=lambda x: x[1])
+    return best
+
+
+def _distribution(scores: np.ndarray) -> str:
+    p50, p90, p99 = np.percentile(scores, [50, 90, 99]).tolist()
+    return f"min {scores.min():.4f}  median {p50:.4f}  p90 {p90:.4f}  p99 {p99:.4f}  max {scores.max():.4f}"
+
+
+def report(model: LoadedModel, good: Scored, bad: Scored | None, out: TextIO) -> None:
+    """The distributions, the proposed thresholds as a config snippet, and the separation with bad parts."""
+    proposed = min(1.0, float(np.percentile(good.scores, IMAGE_QUANTILE)) + MARGIN)
+    print(f"model {model.info.name}: export threshold 0.5 (scores normalised by the export)", file=out)
+    print(f"good parts ({good.scores.size}): {_distribution(good.scores)}", file=out)
+    if bad is not None:
+        print(f"bad parts  ({bad.scores.size}): {_distribution(bad.scores)}", file=out)
+    print("\nproposed, for the configuration file:\n\n[model]", file=out)
+    print(
+        f"anomaly_threshold = {proposed:.4f}  # the {IMAGE_QUANTILE}th percentile of the good parts' scores plus {MARGIN}",
+        file=out,
+    )
+    if good.pixel_quantile is not None:
+        pixel = min(1.0, good.pixel_quantile + MARGIN)
+        print(
+            f"pixel_threshold = {pixel:.4f}  # the {PIXEL_QUANTILE}th percentile of their map values plus {MARGIN}",
+            file=out,
+        )
+    if bad is not None:
+        threshold, f1 = best_f1(good.scores, bad.scores)
+        missed = int((bad.scores <= proposed).sum())
+        print(f"\nimage AUROC {auroc(good.scores, bad.scores):.4f}", file=out)
+        print(f"best F1 {f1:.4f} at anomaly_threshold = {threshold:.4f}", file=out)
+        print(
+            f"at the proposed threshold: F1 {f1_at(good.scores, bad.scores, proposed):.4f}, "
+            f"{missed} of {bad.scores.size} bad part(s) missed",
+            file=out,
+        )
+
+
+def run_calibrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    model = load_model(settings.model, settings.runtime)
+    if model.task != "anomaly":
+        raise UsageError(f"edged calibrate is for anomaly models (anomalib exports); {settings.model.path} is a detector")
+    good = score_images(model, images_in(args.good))
+    bad = score_images(model, images_in(args.bad)) if args.bad is not None else None
+    report(model, good, bad, out)
+    return 0

@@ -1,0 +1,251 @@
+"""Anomaly models (anomalib 2.x exports): edged's scores, maps, labels and masks are anomalib's own.
+
+tests/data/anomaly holds a PaDiM and a PatchCore export made by anomalib's own ONNX export (PaDiM's
+dynamic, PatchCore's static at a batch of 1) and ``Engine.predict``'s results on frames of several
+sizes and aspect ratios (tests/reference/build_anomalib.py), which resize with antialiasing before
+the model. edged reads the frames as a camera delivers them (BGR
+uint8) and must give the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import onnxruntime as ort
+import pytest
+from allocations import NumpyAllocations
+
+from edged.anomaly import Anomaly, AnomalyDecoder
+from edged.config import ModelConfig, RuntimeConfig
+from edged.errors import ContractError, HeadError
+from edged.heads.anomaly import AnomalyHead
+from edged.model import LoadedModel, load_model
+from edged.pipeline import FramePath, FramePipeline, Processed
+from edged.preprocess import AntialiasPreprocessor, antialias_taps
+from edged.settings.inspect import InspectConfig
+from edged.sources.base import Frame
+from edged.verdict import AnomalyInspector
+
+DATA = Path(__file__).parent / "data" / "anomaly"
+MODEL = DATA / "padim.onnx"
+REFERENCE: dict[str, Any] = json.loads((DATA / "padim.json").read_text())
+FRAMES = sorted(name for name in REFERENCE if not name.startswith("_"))
+KINDS = ("padim", "patchcore")
+_LOADED: dict[str, LoadedModel] = {}
+
+
+def loaded(kind: str) -> LoadedModel:
+    if kind not in _LOADED:
+        _LOADED[kind] = load_model(ModelConfig(path=DATA / f"{kind}.onnx"), RuntimeConfig(intra_op_threads=1))
+    return _LOADED[kind]
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return loaded("padim")
+
+
+def run(model: LoadedModel, name: str) -> tuple[Anomaly, FramePipeline]:
+    image = cv2.imread(str(DATA / f"{name}.png"))
+    plan = FramePipeline(model, image.shape[1], image.shape[0], "bgr")
+    result, _ = plan.process(image)
+    assert isinstance(result, Anomaly)
+    return result, plan
+
+
+def output(model: LoadedModel, plan: FramePipeline, name: str) -> np.ndarray:
+    return plan.binding.outputs[[o.name for o in model.engine.output_meta].index(name)][0, 0]
+
+
+@pytest.mark.unit
+def test_an_anomalib_export_is_recognised_fed_rgb_0_to_1_at_its_trained_size_with_antialiasing(model: LoadedModel) -> None:
+    assert (model.head, model.task, model.labels) == ("anomaly", "anomaly", ["anomaly"])
+    c = model.contract
+    assert (c.shape, c.layout, c.channel_order, c.resize, c.dtype) == (
+        (1, 3, 256, 256),
+        "nchw",
+        "rgb",
+        "antialias",
+        np.float32,
+    )
+    assert (c.scale, c.mean, c.std) == (1 / 255, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", FRAMES)
+def test_score_label_map_and_mask_are_anomalibs_on_frames_of_every_size(kind: str, name: str) -> None:
+    model = loaded(kind)
+    result, plan = run(model, name)
+    expected = json.loads((DATA / f"{kind}.json").read_text())[name]
+    maps = np.load(DATA / f"{kind}_maps.npz")
+    assert result.score == pytest.approx(expected["pred_score"], rel=1e-4)
+    assert result.anomalous is expected["pred_label"]
+    assert result.threshold == 0.5
+    np.testing.assert_allclose(output(model, plan, "anomaly_map"), maps[f"{name}_map"], atol=1e-3, rtol=0)
+    assert np.array_equal(output(model, plan, "pred_mask").astype(bool), maps[f"{name}_mask"])
+
+
+@pytest.mark.unit
+def test_the_export_fed_the_full_frame_scores_differently_which_is_why_edged_resizes_first(model: LoadedModel) -> None:
+    # What anomalib's users report: the graph's own resize has no antialiasing.
+    name = "good_1280x720"
+    image = cv2.imread(str(DATA / f"{name}.png"))[:, :, ::-1].astype(np.float32) / 255
+    session = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
+    naive = float(session.run(["pred_score"], {"input": np.ascontiguousarray(image.transpose(2, 0, 1)[None])})[0][0, 0])
+    assert abs(naive - REFERENCE[name]["pred_score"]) > 0.05
+    assert abs(run(model, name)[0].score - REFERENCE[name]["pred_score"]) < 1e-5
+
+
+def dense(n_in: int, n_out: int) -> np.ndarray:
+    """The resize of `antialias_taps` as an (n_out, n_in) matrix."""
+    indices, weights = antialias_taps(n_in, n_out)
+    matrix = np.zeros((n_out, n_in), dtype=np.float64)
+    for row_indices, row_weights in zip(indices, weights, strict=True):
+        np.add.at(matrix, (np.arange(n_out), row_indices), row_weights)
+    return matrix
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("n_in", "n_out"), [(720, 256), (256, 256), (200, 256), (1000, 3)])
+def test_antialias_taps_sum_to_one_and_are_the_identity_at_the_same_size(n_in: int, n_out: int) -> None:
+    weights = dense(n_in, n_out)
+    assert (weights >= 0).all()
+    np.testing.assert_allclose(weights.sum(axis=1), 1.0, rtol=1e-6)
+    if n_in == n_out:
+        assert np.array_equal(weights, np.eye(n_in))
+
+
+@pytest.mark.unit
+def test_the_antialiased_resize_is_the_matrix_product_and_allocates_nothing(model: LoadedModel) -> None:
+    image = cv2.imread(str(DATA / "good_1280x720.png"))
+    pre = AntialiasPreprocessor(model.contract, 1280, 720, "bgr")
+    pre(image)
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    with counter.counting():
+        before = counter.buffers
+        tensor = pre(image)
+        assert counter.buffers == before
+    rgb = image[:, :, ::-1].astype(np.float64) / 255
+    expected = np.stack([dense(720, 256) @ rgb[:, :, c] @ dense(1280, 256).T for c in range(3)])
+    np.testing.assert_allclose(tensor[0], expected, atol=1e-5)
+
+
+@pytest.mark.unit
+def test_regions_are_the_masks_components_as_boxes_in_frame_pixels_with_area_and_peak(model: LoadedModel) -> None:
+    result, plan = run(model, "scratch_200x300")
+    mask = output(model, plan, "pred_mask").astype(np.uint8)
+    n, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+    assert len(result.scores) == n - 1 >= 1
+    x, y, w, h, area = stats[1:][np.argmax(stats[1:, 4])].tolist()
+    sx, sy = 256 / 200, 256 / 300
+    np.testing.assert_allclose(result.xyxy[0], [x / sx, y / sy, (x + w) / sx, (y + h) / sy], rtol=1e-6)
+    assert result.area_px[0] == pytest.approx(area / (sx * sy))
+    assert 0.5 < result.scores[0] <= output(model, plan, "anomaly_map").max()
+    fields = result.message_fields(model.label, None, None)
+    assert fields["task"] == "anomaly" and fields["detections"] == [] and fields["anomalous"] is True
+    region = fields["regions"][0]
+    assert len(region.polygon) >= 3
+    xs, ys = [p[0] for p in region.polygon], [p[1] for p in region.polygon]
+    assert region.box[0] - 1 <= min(xs) and max(xs) <= region.box[2] + 1
+    assert region.box[1] - 1 <= min(ys) and max(ys) <= region.box[3] + 1
+    assert result.dataset_label(200, 300).startswith("0 ")
+
+
+@pytest.mark.unit
+def test_thresholds_in_config_override_the_exports() -> None:
+    cfg = ModelConfig(path=MODEL, anomaly_threshold=0.95, pixel_threshold=0.9)
+    strict = load_model(cfg, RuntimeConfig(intra_op_threads=1))
+    ok, _ = run(strict, "spot_320x240")
+    ng, plan = run(strict, "scratch_200x300")
+    assert (ok.anomalous, ok.threshold, ng.anomalous) == (False, 0.95, True)
+    above = output(strict, plan, "anomaly_map") > 0.9
+    assert round(sum(ng.area_px.tolist()) * (256 / 200) * (256 / 300)) == int(above.sum())
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("name", "regions"), [("good_320x240", 0), ("scratch_200x300", 2)])
+def test_post_processing_creates_no_arrays_with_or_without_regions(model: LoadedModel, name: str, regions: int) -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    result, plan = run(model, name)
+    expected = (result.xyxy.copy(), result.area_px.copy(), result.scores.copy())
+    decoder = plan.decoder
+    assert isinstance(decoder, AnomalyDecoder)
+    outputs, box_map = plan.binding.outputs, plan.box_map
+    with counter.counting():
+        before = counter.buffers
+        again = decoder.decode(outputs, box_map)
+        assert counter.buffers == before
+    assert len(again.scores) == regions
+    for got, want in zip((again.xyxy, again.area_px, again.scores), expected, strict=True):
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.unit
+def test_verdict_is_ng_when_anomalous_and_zones_judge_the_regions(model: LoadedModel) -> None:
+    result, _ = run(model, "scratch_200x300")
+    assert AnomalyInspector(InspectConfig(), 100)(result, 200, 300).verdict == "ng"
+    inside = InspectConfig(zones={"left": [[0, 0], [0.7, 0], [0.7, 1], [0, 1]]})
+    judged = AnomalyInspector(inside, 100)(result, 200, 300)
+    assert judged.verdict == "ng" and judged.ng[judged.reason_region]
+    elsewhere = InspectConfig(zones={"corner": [[0.9, 0.9], [1, 0.9], [1, 1], [0.9, 1]]})
+    assert AnomalyInspector(elsewhere, 100)(result, 200, 300).verdict == "ok"
+    good, _ = run(model, "good_320x240")
+    assert AnomalyInspector(InspectConfig(), 100)(good, 320, 240).verdict == "ok"
+
+
+@pytest.mark.unit
+def test_with_the_cameras_scale_a_regions_message_gives_its_area_in_mm2(model: LoadedModel) -> None:
+    image = cv2.imread(str(DATA / "scratch_200x300.png"))
+    messages = []
+    for scale in (None, 0.1):
+        path = FramePath(model, "cam0", "bgr", AnomalyInspector(InspectConfig(mm_per_px=scale), 100))
+        done = path.run(Frame(image, 1, time.monotonic_ns(), time.time_ns(), "bgr"))
+        assert isinstance(done, Processed)
+        messages.append(path.message(done, seq=0, thermal_state="ok"))
+    plain, scaled = (m.regions for m in messages)
+    assert plain and scaled and messages[1].verdict == "ng"
+    assert plain[0].area_mm2 is None and "area_mm2" not in messages[0].model_dump_json()
+    assert scaled[0].area_mm2 == pytest.approx(scaled[0].area_px * 0.01, abs=1e-3)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        ({"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}, ["model.mean", "ImageNet", "inside"]),
+        ({"scale": 1.0}, ["model.scale", "0..1"]),
+        ({"channel_order": "bgr"}, ["'bgr'", "RGB"]),
+        ({"imgsz": 320}, ["[320, 320]", "trained at [256, 256]", "antialiasing"]),
+    ],
+)
+def test_a_config_that_feeds_the_wrong_range_order_or_size_is_refused_naming_it(
+    keys: dict[str, Any], words: list[str]
+) -> None:
+    with pytest.raises(ContractError) as info:
+        load_model(ModelConfig(path=MODEL, **keys), RuntimeConfig(intra_op_threads=1))
+    assert all(word in str(info.value) for word in words), info.value
+
+
+@pytest.mark.unit
+def test_forcing_a_detection_head_on_an_anomaly_export_is_refused() -> None:
+    with pytest.raises(ContractError):
+        load_model(ModelConfig(path=MODEL, head="yolov8"), RuntimeConfig(intra_op_threads=1))
+
+
+@pytest.mark.unit
+def test_patchcores_default_export_fixed_at_a_batch_of_two_is_refused_by_name() -> None:
+    # The shapes of anomalib's own default PatchCore export, recorded when the test data was made.
+    exported = json.loads((DATA / "patchcore.json").read_text())["_exports"]["default_export"]
+    outputs = [(name, shape) for name, shape in exported.items() if name != "input"]
+    assert exported["input"][0] == 2
+    with pytest.raises(HeadError, match=r"batch of 2.*re-export the model with a batch of 1.*PatchCore"):
+        AnomalyHead.check(outputs)
+    AnomalyHead.check([("pred_score", ["batch_size", 1]), ("anomaly_map", ["batch_size", 1, 256, 256])])

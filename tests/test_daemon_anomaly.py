@@ -1,0 +1,104 @@
+"""An anomaly model on the running daemon: its messages over ZeroMQ carry anomalib's scores and the verdict."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from daemon import RunningDaemon, free_port, run_cli, write_config
+
+from edged.messages import DetectionsMessage, VerdictMessage
+
+pytestmark = pytest.mark.integration
+
+DATA = Path(__file__).parent / "data" / "anomaly"
+REFERENCE: dict[str, Any] = json.loads((DATA / "padim.json").read_text())
+FRAMES = ("good_320x240", "spot_320x240")
+
+
+def config(tmp_path: Path, endpoint: str, evidence: dict[str, Any] | None = None, **model: Any) -> Path:
+    shutil.copy(DATA / "padim.onnx", tmp_path / "padim.onnx")
+    (tmp_path / "frames").mkdir()
+    for name in FRAMES:
+        shutil.copy(DATA / f"{name}.png", tmp_path / "frames" / f"{name}.png")
+    return write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "images", "path": "frames", "loop": True, "fps": 10},
+            "model": {"path": "padim.onnx", **model},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+            "thermal": {"enabled": False},
+            "inspect": {},
+            **({"evidence": evidence} if evidence else {}),
+        },
+    )
+
+
+def test_the_daemon_publishes_anomalibs_score_the_verdict_and_regions(tmp_path: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    d = RunningDaemon(config(tmp_path, endpoint), endpoint)
+    try:
+        seen: dict[str, DetectionsMessage] = {}
+        verdicts: dict[int, VerdictMessage] = {}
+        for msg in d.messages(60):
+            if isinstance(msg, DetectionsMessage) and msg.source_file:
+                seen[Path(msg.source_file).stem] = msg
+            elif isinstance(msg, VerdictMessage):
+                verdicts[msg.frame_id] = msg
+            if len(seen) == len(FRAMES) and all(m.frame_id in verdicts for m in seen.values()):
+                break
+        else:
+            raise AssertionError(f"not every frame and verdict came in 60 s:\n{d.log()}")
+    finally:
+        d.stop()
+    for name, msg in seen.items():
+        expected = REFERENCE[name]
+        assert msg.task == "anomaly" and msg.detections == [] and msg.threshold == 0.5
+        assert msg.anomaly_score == pytest.approx(expected["pred_score"], rel=1e-4)
+        assert msg.anomalous is expected["pred_label"]
+        assert msg.input_size == (256, 256) and msg.frame_size == (320, 240)
+    good, spot = seen["good_320x240"], seen["spot_320x240"]
+    assert (good.verdict, good.reasons, good.regions) == ("ok", [], [])
+    assert spot.verdict == "ng" and [r.label for r in spot.reasons] == ["anomaly score"]
+    assert spot.regions and spot.regions[0].area_px > 0 and len(spot.regions[0].polygon) >= 3
+    assert verdicts[spot.frame_id].verdict == "ng" and verdicts[good.frame_id].verdict == "ok"
+
+
+def test_an_anomaly_model_fed_bgr_or_normalised_twice_exits_78_naming_why(tmp_path: Path) -> None:
+    for i, (model, words) in enumerate(
+        [
+            ({"channel_order": "bgr"}, "anomalib trains on RGB images"),
+            ({"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}, "applies the ImageNet mean and std inside"),
+        ]
+    ):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        result = run_cli("run", "--config", str(config(folder, f"tcp://127.0.0.1:{free_port()}", **model)))
+        assert result.returncode == 78, result.stderr
+        assert words in result.stderr + result.stdout
+
+
+def test_evidence_of_an_anomalous_frame_saves_its_map_beside_the_image(tmp_path: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    d = RunningDaemon(config(tmp_path, endpoint, {"dir": "evidence", "save": "ng"}), endpoint)
+    try:
+        d.wait_status(lambda s: s.evidence is not None and s.evidence.saved > 0, timeout=60)
+    finally:
+        d.stop()
+    maps = sorted((tmp_path / "evidence").rglob("maps/*.png"))
+    images = sorted((tmp_path / "evidence").rglob("images/*.jpg"))
+    assert maps and [m.stem for m in maps] == [i.stem for i in images]
+    for path in maps:
+        heat = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+        sidecar = DetectionsMessage.model_validate_json((path.parent.parent / "messages" / f"{path.stem}.json").read_text())
+        assert Path(sidecar.source_file or "").stem == "spot_320x240"
+        expected = np.load(DATA / "padim_maps.npz")["spot_320x240_map"]
+        assert heat.shape == (256, 256) and heat.dtype == np.uint8
+        assert np.abs(heat.astype(np.float32) / 255 - expected).max() <= 1 / 255 + 1e-3
+        label = (path.parent.parent / "labels" / f"{path.stem}.txt").read_text()
+        assert label.startswith("0 ") and len(label.split()) >= 7

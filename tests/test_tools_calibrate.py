@@ -1,0 +1,106 @@
+"""``edged calibrate``: an anomaly model's score distribution over good parts, the proposed thresholds, the separation."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from daemon import run_cli, write_config
+
+from edged.tools.calibrate import auroc, best_f1, f1_at, ranked_auroc
+
+DATA = Path(__file__).parent / "data" / "anomaly"
+REFERENCE: dict[str, Any] = json.loads((DATA / "padim.json").read_text())
+GOOD = ("good_320x240", "good_1280x720")
+BAD = ("spot_320x240", "scratch_200x300", "spot_256x256")
+
+
+@pytest.mark.unit
+def test_auroc_and_f1_count_as_their_definitions_say() -> None:
+    good, bad = np.array([0.1, 0.2, 0.6]), np.array([0.5, 0.7, 0.9])
+    assert auroc(good, bad) == pytest.approx(8 / 9)
+    assert auroc(np.array([0.5]), np.array([0.5])) == 0.5
+    assert f1_at(good, bad, 0.65) == pytest.approx(2 * 2 / (2 * 2 + 0 + 1))
+    threshold, f1 = best_f1(good, bad)
+    assert f1 == pytest.approx(f1_at(good, bad, threshold)) and f1 >= f1_at(good, bad, 0.65)
+    assert 0.2 < threshold < 0.5 or 0.6 <= threshold < 0.7
+
+
+def folders(tmp_path: Path) -> tuple[Path, Path]:
+    for kind, names in (("good", GOOD), ("bad", BAD)):
+        (tmp_path / kind).mkdir()
+        for name in names:
+            shutil.copy(DATA / f"{name}.png", tmp_path / kind / f"{name}.png")
+    return tmp_path / "good", tmp_path / "bad"
+
+
+def test_calibrate_proposes_thresholds_from_good_parts_and_reports_the_separation(tmp_path: Path) -> None:
+    good, bad = folders(tmp_path)
+    config = write_config(
+        tmp_path / "edged.toml", {"source": {"type": "synthetic"}, "model": {"path": str(DATA / "padim.onnx")}}
+    )
+    result = run_cli("calibrate", "--config", str(config), "--good", str(good), "--bad", str(bad))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    scores = sorted(REFERENCE[name]["pred_score"] for name in GOOD)
+    assert f"good parts (2): min {scores[0]:.4f}" in out and f"max {scores[1]:.4f}" in out
+    proposed = float(re.search(r"^anomaly_threshold = ([0-9.]+)", out, re.M).group(1))  # type: ignore[union-attr]
+    assert proposed == pytest.approx(np.percentile(scores, 99.5) + 0.02, abs=1e-4)
+    assert re.search(r"^pixel_threshold = 0\.[0-9]+", out, re.M)
+    assert "image AUROC 1.0000" in out and "best F1 1.0000" in out and "0 of 3 bad part(s) missed" in out
+
+
+def test_calibrate_refuses_a_detection_model_and_an_empty_folder(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    demo = Path(__file__).parent.parent / "models" / "demo.onnx"
+    config = write_config(tmp_path / "edged.toml", {"source": {"type": "synthetic"}, "model": {"path": str(demo)}})
+    result = run_cli("calibrate", "--config", str(config), "--good", str(tmp_path))
+    assert result.returncode == 2 and "is for anomaly models" in result.stderr
+    config = write_config(
+        tmp_path / "a.toml", {"source": {"type": "synthetic"}, "model": {"path": str(DATA / "padim.onnx")}}
+    )
+    result = run_cli("calibrate", "--config", str(config), "--good", str(tmp_path / "empty"))
+    assert result.returncode == 65 and "holds no images" in result.stderr
+
+
+def test_eval_of_an_anomaly_model_reports_the_image_auroc_and_f1_on_good_and_bad_folders(tmp_path: Path) -> None:
+    folders(tmp_path)
+    report = tmp_path / "report.json"
+    result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path), "--json", str(report))
+    assert result.returncode == 0, result.stderr
+    assert "2 good, 3 bad parts: image AUROC 1.0000" in result.stdout
+    document = json.loads(report.read_text())
+    assert (document["image_auroc"], document["missed"], document["false_alarms"], document["f1"]) == (1.0, 0, 0, 1.0)
+
+
+@pytest.mark.unit
+def test_the_ranked_auroc_is_the_pairwise_one() -> None:
+    rng = np.random.default_rng(0)
+    good, bad = rng.integers(0, 20, 50).astype(np.float64), rng.integers(5, 25, 40).astype(np.float64)  # many ties
+    scores = np.concatenate([good, bad])
+    positive = np.concatenate([np.zeros(50, np.bool_), np.ones(40, np.bool_)])
+    assert ranked_auroc(scores, positive) == pytest.approx(auroc(good, bad))
+
+
+def test_eval_reports_the_pixel_auroc_where_masks_of_the_defects_exist(tmp_path: Path) -> None:
+    scenes = Path(__file__).parent / "reference" / "anomaly_scenes.py"
+    made = subprocess.run(
+        [sys.executable, str(scenes), "--out", str(tmp_path), "--count", "4", "--seed", "5"], capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in (tmp_path / "masks").iterdir()) == [f"{i:03d}.png" for i in range(4)]
+    report = tmp_path / "report.json"
+    result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path), "--json", str(report))
+    assert result.returncode == 0, result.stderr
+    pixel = json.loads(report.read_text())["pixel_auroc"]
+    assert 0.8 < pixel <= 1.0 and f"pixel AUROC {pixel:.4f}" in result.stdout
+    (tmp_path / "masks" / "002.png").unlink()
+    result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path))
+    assert result.returncode == 65 and "no readable mask for 002.png" in result.stderr
