@@ -5,8 +5,12 @@ The daemon binds a ZeroMQ REP socket on ``model.candidate.control``, an ipc:// p
 its other sockets and answers each command between frames (`ControlSocket.serve`), with what is
 live now. A promotion is refused, naming why, unless the shadow trial passed its gate
 (`edged.shadow.Shadow.gate`) or ``--force`` is given, which is logged with the user and reason.
-The user is the one the client runs as (its process's login name): the socket's mode already
-limits who that can be.
+The user is the kernel's word, not the client's: libzmq reads the connecting process's
+credentials (``SO_PEERCRED``) and gives them with each message as its ``Peer-Address``
+(``…:uid:gid:pid``), which `_peer` maps to a login name. The name a client sends is kept only
+when it differs, as ``claimed``. A request is bounded by the socket's ``MAXMSGSIZE``
+(`edged.listen`): a larger one drops that peer, and a peer that sends nothing costs the loop
+nothing, since it reads only whole requests waiting.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import getpass
 import json
 import logging
+import pwd
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -77,13 +82,14 @@ class ControlSocket:
         sock = self._listener.socket
         while True:
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK)  # every part: a REP socket answers whole requests
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)  # every part: REP answers whole requests
             except zmq.Again:
                 return
-            reply = _answer(parts[0] if len(parts) == 1 else b"", shadow, current, apply, blocked)
+            raw = parts[0].bytes if len(parts) == 1 else b""
+            reply = _answer(raw, _peer(parts[0]), shadow, current, apply, blocked)
             if journal is not None and reply["ok"]:
                 done: Literal["promotion", "rollback"] = "promotion" if reply["done"] == "promote" else "rollback"
-                record = {key: reply.get(key) for key in ("user", "reason", "forced", "gate")}
+                record = {key: reply.get(key) for key in ("user", "pid", "claimed", "reason", "forced", "gate")}
                 live = current().model.info.sha256
                 journal.model_change(done, live, {"from_sha256": reply["from"]["sha256"], "to_sha256": live, **record})
             reply["live"] = current().model.info.model_dump()
@@ -96,16 +102,40 @@ class ControlSocket:
         self._context.term()
 
 
+def _peer(frame: zmq.Frame) -> tuple[str, int | None]:
+    """Who sent ``frame``: the login name of the process's uid (the uid itself when it has none)
+    and its pid, from the credentials libzmq read with ``SO_PEERCRED`` when the peer connected.
+    ``unknown`` where libzmq gave none (built without ``SO_PEERCRED``)."""
+    try:
+        fields = str(frame.get("Peer-Address")).rsplit(":", 3)
+        uid, pid = int(fields[-3]), int(fields[-1])
+    except (zmq.ZMQError, ValueError, IndexError):
+        return "unknown", None
+    try:
+        return pwd.getpwuid(uid).pw_name, pid
+    except KeyError:
+        return f"uid {uid}", pid
+
+
 def _answer(
-    raw: bytes, shadow: Shadow, current: Callable[[], Swap], apply: Callable[[Swap], None], blocked: str | None
+    raw: bytes,
+    peer: tuple[str, int | None],
+    shadow: Shadow,
+    current: Callable[[], Swap],
+    apply: Callable[[Swap], None],
+    blocked: str | None,
 ) -> dict[str, Any]:
-    """One command carried out, or refused naming why."""
+    """One command carried out, or refused naming why; ``peer``: the sender's user and pid (`_peer`)."""
     try:
         request = json.loads(raw)
         command, force = request["command"], request.get("force") is True
-        user, reason = str(request.get("user", "?")), str(request.get("reason") or "")[:MAX_REASON]
+        said, reason = request.get("user"), str(request.get("reason") or "")[:MAX_REASON]
     except (ValueError, KeyError, TypeError, AttributeError):
         return {"ok": False, "error": "not a control request"}
+    user, pid = peer
+    claimed = str(said)[:MAX_REASON] if said is not None and str(said) != user else None
+    by = f"{user} pid {pid}" + (f", claimed {claimed!r}" if claimed is not None else "")
+    who = {"user": user, "pid": pid, "claimed": claimed}
     if command not in COMMANDS:
         return {"ok": False, "error": f"unknown command {command!r}"}
     before = current()
@@ -116,8 +146,8 @@ def _answer(
         if rolled is None:
             return {"ok": False, "error": f"rollback refused: {blocked}"}
         apply(rolled)
-        log.warning("rolled back from model %s to %s (by %s)", _short(before.model.info), _short(rolled.model.info), user)
-        return {"ok": True, "done": "rollback", "from": before.model.info.model_dump(), "user": user}
+        log.warning("rolled back from model %s to %s (by %s)", _short(before.model.info), _short(rolled.model.info), by)
+        return {"ok": True, "done": "rollback", "from": before.model.info.model_dump(), **who}
     why = shadow.gate()
     if why is not None and (not force or shadow.state != "on_trial"):
         return {"ok": False, "error": f"promotion refused: {why}"}
@@ -129,10 +159,10 @@ def _answer(
     apply(promoted)
     names = (_short(promoted.model.info), _short(before.model.info))
     if why is None:
-        log.warning("promoted model %s over %s (by %s; the trial passed its gate)", *names, user)
+        log.warning("promoted model %s over %s (by %s; the trial passed its gate)", *names, by)
     else:
-        log.warning("promoted model %s over %s by force (by %s: %s; gate: %s)", *names, user, reason, why)
-    done = {"ok": True, "done": "promote", "from": before.model.info.model_dump(), "user": user}
+        log.warning("promoted model %s over %s by force (by %s: %s; gate: %s)", *names, by, reason, why)
+    done = {"ok": True, "done": "promote", "from": before.model.info.model_dump(), **who}
     return {**done, "forced": why is not None, "reason": reason or None, "gate": why}
 
 

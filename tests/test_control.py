@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import pwd
 import stat
 from pathlib import Path
 from typing import Any
@@ -65,9 +68,40 @@ def test_promotion_before_the_gate_is_refused_and_forced_only_with_a_reason(serv
     no_reason = ask(served, json.dumps({"command": "promote", "force": True}).encode())
     assert "--reason" in no_reason["error"] and len(current) == 1
     forced = ask(served, json.dumps({"command": "promote", "force": True, "reason": "r", "user": "anna"}).encode())
-    assert forced["ok"] is True and forced["forced"] is True and forced["user"] == "anna"
+    assert forced["ok"] is True and forced["forced"] is True and forced["claimed"] == "anna"
     assert current[-1].model is shadow.model and forced["live"] == shadow.model.info.model_dump()
     assert forced["previous"] == live.model.info.model_dump()
     back = ask(served, json.dumps({"command": "rollback"}).encode())
     assert back["ok"] is True and current[-1] is live and back["live"] == live.model.info.model_dump()
     assert ask(served, json.dumps({"command": "rollback"}).encode())["error"].startswith("nothing to roll back")
+
+
+def test_the_user_logged_and_journaled_is_the_kernels_not_the_one_the_client_claims(
+    served: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    me = pwd.getpwuid(os.getuid()).pw_name
+    with caplog.at_level(logging.WARNING, logger="edged.control"):
+        forced = ask(served, json.dumps({"command": "promote", "force": True, "reason": "r", "user": "mallory"}).encode())
+        honest = ask(served, json.dumps({"command": "rollback", "user": me}).encode())
+    assert (forced["user"], forced["pid"], forced["claimed"]) == (me, os.getpid(), "mallory")
+    assert (honest["user"], honest["pid"], honest["claimed"]) == (me, os.getpid(), None)
+    said = [r.getMessage() for r in caplog.records]
+    assert f"by force (by {me} pid {os.getpid()}, claimed 'mallory': r;" in said[0]
+    assert said[1].endswith(f"(by {me} pid {os.getpid()})") and "claimed" not in said[1]
+
+
+def test_an_oversized_request_or_a_silent_client_never_blocks_the_loop(served: Any, tmp_path: Path) -> None:
+    control, shadow, current, client, _ = served
+    silent = zmq.Context.instance().socket(zmq.REQ)
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.connect(f"ipc://{tmp_path}/control.sock")
+    try:
+        client.send(json.dumps({"command": "promote", "force": True, "reason": "r" * 2000}).encode())
+        control.serve(shadow, lambda: current[-1], current.append, None, None)  # returns: nothing whole waits
+        assert not client.poll(500) and len(current) == 1  # the peer was dropped, nothing promoted
+        silent.send(json.dumps({"command": "delete"}).encode())  # a later client is served as before
+        assert zmq.select(control.fds, [], [], 10)[0]
+        control.serve(shadow, lambda: current[-1], current.append, None, None)
+        assert silent.poll(10_000) and json.loads(silent.recv())["error"] == "unknown command 'delete'"
+    finally:
+        silent.close(linger=0)

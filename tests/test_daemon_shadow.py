@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import pwd
 import shutil
 import signal
 import sqlite3
@@ -134,7 +136,8 @@ def test_a_candidate_with_its_classes_swapped_is_refused_then_forced_and_rolled_
         no_reason = run_cli("promote", "--config", str(config), "--force")
         assert no_reason.returncode == 1 and "--reason" in no_reason.stderr
 
-        forced = run_cli("promote", "--config", str(config), "--force", "--reason", "new fixture")
+        claims = {"LOGNAME": "mallory", "USER": "mallory"}  # what the client sends: its environment's word
+        forced = run_cli("promote", "--config", str(config), "--force", "--reason", "new fixture", env=claims)
         assert forced.returncode == 0, forced.stderr
         assert candidate in forced.stdout and f"previous, kept for edged rollback: scene sha256 {live}" in forced.stdout
         for msg in detections_from(d, candidate):
@@ -159,7 +162,9 @@ def test_a_candidate_with_its_classes_swapped_is_refused_then_forced_and_rolled_
         assert wait_for(lambda: len(changes()) == 2, 10), changes()
         (promoted, to, said), (rolled, back_to, undone) = changes()
         assert (promoted, to, said["from_sha256"], said["to_sha256"]) == ("promotion", candidate, live, candidate)
-        assert said["forced"] is True and said["reason"] == "new fixture" and said["user"] and "agree" in said["gate"]
+        assert said["forced"] is True and said["reason"] == "new fixture" and "agree" in said["gate"]
+        assert (said["user"], said["claimed"]) == (pwd.getpwuid(os.getuid()).pw_name, "mallory")
+        assert f"by {said['user']} pid {said['pid']}, claimed 'mallory': new fixture" in d.log()
         assert (rolled, back_to, undone["from_sha256"], undone["to_sha256"]) == ("rollback", live, candidate, live)
     finally:
         d.stop()
