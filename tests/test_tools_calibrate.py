@@ -134,3 +134,21 @@ def test_eval_takes_the_defects_from_yolo_polygons_beside_the_bad_images_as_evid
     (tmp_path / "bad" / "001.txt").unlink()
     result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path))
     assert result.returncode == 65 and "no readable mask for 001.png" in result.stderr
+
+
+def test_calibrate_on_frames_of_the_configured_camera_scores_them_as_the_folder(tmp_path: Path) -> None:
+    good, _ = folders(tmp_path)
+    camera = {"type": "images", "path": str(good), "loop": True, "fps": 20}
+    config = write_config(tmp_path / "edged.toml", {"source": camera, "model": {"path": str(DATA / "padim.onnx")}})
+    result = run_cli("calibrate", "--config", str(config), "--frames", "4")
+    assert result.returncode == 0, result.stderr
+    scores = sorted(REFERENCE[name]["pred_score"] for name in GOOD)
+    assert f"good parts (4): min {scores[0]:.4f}" in result.stdout and f"max {scores[1]:.4f}" in result.stdout
+    assert re.search(r"^anomaly_threshold = 0\.[0-9]+", result.stdout, re.M)
+    once = write_config(
+        tmp_path / "once.toml", {"source": {**camera, "loop": False}, "model": {"path": str(DATA / "padim.onnx")}}
+    )
+    result = run_cli("calibrate", "--config", str(once), "--frames", "5")
+    assert result.returncode == 1 and "gave 2 of 5 frames" in result.stderr
+    result = run_cli("calibrate", "--config", str(config), "--frames", "4", "--good", str(good))
+    assert result.returncode == 2 and "one of them" in result.stderr
