@@ -400,7 +400,10 @@ def _thermal_arguments(p: argparse.ArgumentParser) -> None:
 
 def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
-    p.add_argument("--good", type=Path, required=True, metavar="DIR", help="a folder of images of good parts")
+    p.add_argument("--good", type=Path, default=None, metavar="DIR", help="a folder of images of good parts")
+    p.add_argument(
+        "--frames", type=int, default=None, metavar="N", help="instead of --good: N frames of the configured camera"
+    )
     p.add_argument(
         "--bad", type=Path, default=None, metavar="DIR", help="a folder of images of bad parts: report the separation"
     )

@@ -288,6 +288,23 @@ class _ClassNames:
             raise ConfigError(None, self._problems)
 
 
+_SIZE_LIMIT = (
+    "is for segmentation models' classes; an anomaly model's regions are judged by inspect.min_area "
+    "(of 'anomaly') and its zones"
+)
+# The [inspect] keys that mean nothing for an anomaly model, and why: set, they would be silently ignored.
+_NOT_FOR_ANOMALY = {
+    "class_conf": "is for detection models; an anomaly model's threshold is model.anomaly_threshold",
+    "ng_classes": "is for detection models; an anomaly model's threshold is model.anomaly_threshold",
+    "min_confidence": "is for classification models; an anomaly model's verdict is its score against "
+    "model.anomaly_threshold",
+    "max_length_mm": _SIZE_LIMIT,
+    "max_area_mm2": _SIZE_LIMIT,
+    "max_length_px": _SIZE_LIMIT,
+    "max_area_px": _SIZE_LIMIT,
+}
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class AnomalyInspected:
     """One anomaly frame's inspection; the arrays are views valid until the inspector's next frame.
@@ -314,15 +331,9 @@ class AnomalyInspector:
     thresholds = None  # the threshold is model.anomaly_threshold: an anomaly decoder takes no class thresholds
 
     def __init__(self, cfg: InspectConfig, max_regions: int) -> None:
-        unused = [key for key in ("class_conf", "ng_classes") if getattr(cfg, key)]
+        unused = [f"inspect.{key} {why}" for key, why in _NOT_FOR_ANOMALY.items() if getattr(cfg, key)]
         if unused:
-            raise ConfigError(
-                None,
-                [
-                    f"inspect.{key} is for detection models; an anomaly model's threshold is model.anomaly_threshold"
-                    for key in unused
-                ],
-            )
+            raise ConfigError(None, unused)
         unknown = [name for name in cfg.min_area if name != "anomaly"]
         if unknown:
             raise ConfigError(None, [f"inspect.min_area: an anomaly model has the one class 'anomaly', not {unknown}"])

@@ -22,7 +22,7 @@ from allocations import NumpyAllocations
 
 from edged.anomaly import Anomaly, AnomalyDecoder
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import ContractError, HeadError
+from edged.errors import ConfigError, ContractError, HeadError
 from edged.heads.anomaly import AnomalyHead
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, FramePipeline, Processed
@@ -249,3 +249,24 @@ def test_patchcores_default_export_fixed_at_a_batch_of_two_is_refused_by_name() 
     with pytest.raises(HeadError, match=r"batch of 2.*re-export the model with a batch of 1.*PatchCore"):
         AnomalyHead.check(outputs)
     AnomalyHead.check([("pred_score", ["batch_size", 1]), ("anomaly_map", ["batch_size", 1, 256, 256])])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        ({"class_conf": {"anomaly": 0.5}}, ["inspect.class_conf", "model.anomaly_threshold"]),
+        ({"ng_classes": ["anomaly"]}, ["inspect.ng_classes", "model.anomaly_threshold"]),
+        ({"min_confidence": 0.5}, ["inspect.min_confidence", "classification models"]),
+        ({"max_length_px": {"anomaly": 10.0}}, ["inspect.max_length_px", "segmentation models", "min_area"]),
+        ({"max_area_px": {"anomaly": 10.0}}, ["inspect.max_area_px", "segmentation models"]),
+        ({"mm_per_px": 0.1, "max_length_mm": {"anomaly": 1.0}}, ["inspect.max_length_mm", "segmentation models"]),
+        ({"mm_per_px": 0.1, "max_area_mm2": {"anomaly": 1.0}}, ["inspect.max_area_mm2", "segmentation models"]),
+    ],
+)
+def test_inspect_keys_that_mean_nothing_for_an_anomaly_model_are_refused_naming_them(
+    keys: dict[str, Any], words: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        AnomalyInspector(InspectConfig(**keys), 100)
+    assert all(word in str(info.value) for word in words), info.value

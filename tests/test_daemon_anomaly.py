@@ -21,7 +21,13 @@ REFERENCE: dict[str, Any] = json.loads((DATA / "padim.json").read_text())
 FRAMES = ("good_320x240", "spot_320x240")
 
 
-def config(tmp_path: Path, endpoint: str, evidence: dict[str, Any] | None = None, **model: Any) -> Path:
+def config(
+    tmp_path: Path,
+    endpoint: str,
+    evidence: dict[str, Any] | None = None,
+    inspect: dict[str, Any] | None = None,
+    **model: Any,
+) -> Path:
     shutil.copy(DATA / "padim.onnx", tmp_path / "padim.onnx")
     (tmp_path / "frames").mkdir()
     for name in FRAMES:
@@ -33,7 +39,7 @@ def config(tmp_path: Path, endpoint: str, evidence: dict[str, Any] | None = None
             "model": {"path": "padim.onnx", **model},
             "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
             "thermal": {"enabled": False},
-            "inspect": {},
+            "inspect": inspect or {},
             **({"evidence": evidence} if evidence else {}),
         },
     )
@@ -81,6 +87,22 @@ def test_an_anomaly_model_fed_bgr_or_normalised_twice_exits_78_naming_why(tmp_pa
         result = run_cli("run", "--config", str(config(folder, f"tcp://127.0.0.1:{free_port()}", **model)))
         assert result.returncode == 78, result.stderr
         assert words in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("inspect", "words"),
+    [
+        ({"roi": [0, 0, 100, 100]}, "inspect.roi is for classification models"),
+        ({"min_confidence": 0.5}, "inspect.min_confidence is for classification models"),
+        ({"max_area_px": {"anomaly": 50.0}}, "inspect.max_area_px is for segmentation models"),
+    ],
+)
+def test_inspect_keys_an_anomaly_model_cannot_honour_exit_78_naming_the_key(
+    tmp_path: Path, inspect: dict[str, Any], words: str
+) -> None:
+    result = run_cli("run", "--config", str(config(tmp_path, f"tcp://127.0.0.1:{free_port()}", inspect=inspect)))
+    assert result.returncode == 78, result.stderr
+    assert words in result.stderr + result.stdout
 
 
 def test_evidence_of_an_anomalous_frame_saves_its_map_beside_the_image(tmp_path: Path) -> None:

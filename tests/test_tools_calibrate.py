@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import pytest
 from daemon import run_cli, write_config
@@ -104,3 +105,50 @@ def test_eval_reports_the_pixel_auroc_where_masks_of_the_defects_exist(tmp_path:
     (tmp_path / "masks" / "002.png").unlink()
     result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path))
     assert result.returncode == 65 and "no readable mask for 002.png" in result.stderr
+
+
+def test_eval_takes_the_defects_from_yolo_polygons_beside_the_bad_images_as_evidence_writes_them(tmp_path: Path) -> None:
+    scenes = Path(__file__).parent / "reference" / "anomaly_scenes.py"
+    made = subprocess.run(
+        [sys.executable, str(scenes), "--out", str(tmp_path), "--count", "4", "--seed", "5"], capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    from_masks = tmp_path / "masks.json"
+    assert (
+        run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path), "--json", str(from_masks)).returncode
+        == 0
+    )
+    for mask_path in sorted((tmp_path / "masks").iterdir()):
+        mask = cv2.imread(str(mask_path), cv2.IMREAD_GRAYSCALE)
+        h, w = mask.shape
+        contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+        rows = ["0 " + " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in c.reshape(-1, 2)) for c in contours if len(c) >= 3]
+        assert rows
+        (tmp_path / "bad" / f"{mask_path.stem}.txt").write_text("\n".join(rows) + "\n")
+    shutil.rmtree(tmp_path / "masks")
+    report = tmp_path / "report.json"
+    result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path), "--json", str(report))
+    assert result.returncode == 0, result.stderr
+    pixel, expected = (json.loads(p.read_text())["pixel_auroc"] for p in (report, from_masks))
+    assert pixel == pytest.approx(expected, abs=0.01) and f"pixel AUROC {pixel:.4f}" in result.stdout
+    (tmp_path / "bad" / "001.txt").unlink()
+    result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path))
+    assert result.returncode == 65 and "no readable mask for 001.png" in result.stderr
+
+
+def test_calibrate_on_frames_of_the_configured_camera_scores_them_as_the_folder(tmp_path: Path) -> None:
+    good, _ = folders(tmp_path)
+    camera = {"type": "images", "path": str(good), "loop": True, "fps": 20}
+    config = write_config(tmp_path / "edged.toml", {"source": camera, "model": {"path": str(DATA / "padim.onnx")}})
+    result = run_cli("calibrate", "--config", str(config), "--frames", "4")
+    assert result.returncode == 0, result.stderr
+    scores = sorted(REFERENCE[name]["pred_score"] for name in GOOD)
+    assert f"good parts (4): min {scores[0]:.4f}" in result.stdout and f"max {scores[1]:.4f}" in result.stdout
+    assert re.search(r"^anomaly_threshold = 0\.[0-9]+", result.stdout, re.M)
+    once = write_config(
+        tmp_path / "once.toml", {"source": {**camera, "loop": False}, "model": {"path": str(DATA / "padim.onnx")}}
+    )
+    result = run_cli("calibrate", "--config", str(once), "--frames", "5")
+    assert result.returncode == 1 and "gave 2 of 5 frames" in result.stderr
+    result = run_cli("calibrate", "--config", str(config), "--frames", "4", "--good", str(good))
+    assert result.returncode == 2 and "one of them" in result.stderr

@@ -3,7 +3,8 @@
 An anomaly model learns from good parts only, and its export's threshold was chosen on anomalib's
 validation set, not on this line's parts, light and camera. Calibration runs images of good parts
 through the daemon's own pipeline (`edged.pipeline.FramePipeline`: the same preprocessing and
-model as ``run``), prints the distribution of their scores and proposes, as a config snippet:
+model as ``run``), or ``--frames N`` of the configured camera as the daemon takes them, prints
+the distribution of their scores and proposes, as a config snippet:
 
 - ``model.anomaly_threshold``: the 99.5th percentile of the good parts' image scores plus a margin
   of 0.02 (so that about one good part in 200, or none of a smaller set, is called anomalous);
@@ -17,7 +18,8 @@ image AUROC, the threshold with the best F1 and that F1, and the F1 and misses a
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -26,15 +28,21 @@ import cv2
 import numpy as np
 
 from edged.anomaly import Anomaly
+from edged.capture import Capture
+from edged.check import describe_source
 from edged.config import Settings
-from edged.errors import DataError, UsageError
+from edged.contract import ChannelOrder
+from edged.errors import DataError, SourceError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
+from edged.settings.sources import SourceBase
 from edged.sources.images import IMAGE_SUFFIXES
+from edged.sources.registry import open_source
 
 IMAGE_QUANTILE = 99.5
 PIXEL_QUANTILE = 99.9
 MARGIN = 0.02
+FRAME_TIMEOUT_S = 30.0  # longer than any camera's own open timeout: its error comes first
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +66,46 @@ def images_in(folder: Path) -> list[Path]:
 
 def score_images(model: LoadedModel, paths: Sequence[Path]) -> Scored:
     """Each image's score through the daemon's pipeline, one plan per image size."""
-    plans: dict[tuple[int, int], FramePipeline] = {}
+    return score_frames(model, (_read(path) for path in paths))
+
+
+def _read(path: Path) -> tuple[np.ndarray, ChannelOrder]:
+    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if image is None:
+        raise DataError(f"cannot read {path} as an image")
+    return image, "bgr"
+
+
+def camera_frames(
+    cfg: SourceBase, count: int, timeout_s: float = FRAME_TIMEOUT_S
+) -> Iterator[tuple[np.ndarray, ChannelOrder]]:
+    """``count`` frames of camera ``cfg``, opened and taken as the daemon does; ``SourceError`` when it
+    gives none for ``timeout_s`` or ends first."""
+    capture = Capture(lambda: open_source(cfg), cfg.camera_id, decode_all=True)
+    capture.start()
+    try:
+        for taken in range(count):
+            deadline = time.monotonic() + timeout_s
+            while (frame := capture.take(0.05)) is None:
+                if capture.fatal is not None:
+                    raise capture.fatal
+                stats = capture.stats()
+                if stats.state in ("lost", "ended") or time.monotonic() > deadline:
+                    reason = stats.last_error or ("it ended" if stats.state == "ended" else f"none in {timeout_s:g} s")
+                    raise SourceError(f"camera {describe_source(cfg)} gave {taken} of {count} frames: {reason}")
+            yield frame.image, frame.channel_order
+    finally:
+        capture.stop()
+
+
+def score_frames(model: LoadedModel, frames: Iterable[tuple[np.ndarray, ChannelOrder]]) -> Scored:
+    """Each frame's score (an image and its channel order) through the daemon's pipeline, one plan per size and order."""
+    plans: dict[tuple[int, int, ChannelOrder], FramePipeline] = {}
     scores, maps = [], []
     names = [o.name for o in model.engine.output_meta]
-    for path in paths:
-        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if image is None:
-            raise DataError(f"cannot read {path} as an image")
-        size = (image.shape[1], image.shape[0])
-        plan = plans.get(size) or plans.setdefault(size, FramePipeline(model, *size, "bgr"))
+    for image, order in frames:
+        key = (image.shape[1], image.shape[0], order)
+        plan = plans.get(key) or plans.setdefault(key, FramePipeline(model, key[0], key[1], order))
         result, _ = plan.process(image)
         if not isinstance(result, Anomaly):
             raise UsageError("edged calibrate is for anomaly models (anomalib exports)")
@@ -147,7 +186,16 @@ def run_calibrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> 
     model = load_model(settings.model, settings.runtime)
     if model.task != "anomaly":
         raise UsageError(f"edged calibrate is for anomaly models (anomalib exports); {settings.model.path} is a detector")
-    good = score_images(model, images_in(args.good))
+    if (args.good is None) == (args.frames is None):
+        raise UsageError("edged calibrate takes good parts from --good DIR or from --frames N of the camera, one of them")
+    if args.frames is not None:
+        if len(settings.source) != 1:
+            raise UsageError("edged calibrate --frames takes the frames of a config's one camera; this one has several")
+        if args.frames < 1:
+            raise UsageError(f"--frames must be at least 1, got {args.frames}")
+        good = score_frames(model, camera_frames(settings.source[0], args.frames))
+    else:
+        good = score_images(model, images_in(args.good))
     bad = score_images(model, images_in(args.bad)) if args.bad is not None else None
     report(model, good, bad, out)
     return 0

@@ -426,23 +426,48 @@ def _size(text: str) -> tuple[int, int]:
 def _pixel_auroc(
     masks: Path, bad_images: Sequence[Path], good_maps: Sequence[np.ndarray], bad_maps: Sequence[np.ndarray]
 ) -> float | None:
-    """The pixel AUROC of the maps against the defect masks in ``masks`` (one per bad image, by its
-    name; non-zero on the defect; good images have none), each stretched to the map's size as the
-    frame was; None without a masks folder or a map."""
-    if not masks.is_dir() or not bad_maps:
-        return None
+    """The pixel AUROC of the maps against each bad image's defect: a mask in ``masks`` by its name
+    (non-zero on the defect), else the YOLO polygons of its label file (`label_path`, as edged's
+    evidence writes an anomaly's regions); good images have none. Each is stretched to the map's size
+    as the frame was. None when no bad image has either, or without a map."""
     truth = [np.zeros(m.shape, np.bool_) for m in good_maps]
+    missing = []
     for path, anomaly_map in zip(bad_images, bad_maps, strict=True):
-        found = [p for p in masks.iterdir() if p.stem == path.stem]
-        mask = cv2.imread(str(found[0]), cv2.IMREAD_GRAYSCALE) if found else None
-        if mask is None:
-            raise DataError(f"{masks} has no readable mask for {path.name} (a PNG named {path.stem}.png)")
-        h, w = anomaly_map.shape
-        truth.append(cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST) > 0)
+        defect = _defect(masks, path, anomaly_map.shape)
+        if defect is None:
+            missing.append(path.name)
+        else:
+            truth.append(defect)
+    if not bad_maps or len(missing) == len(bad_maps):
+        return None
+    if missing:
+        raise DataError(
+            f"no readable mask for {', '.join(missing)} (a PNG of the same name in {masks}, "
+            "or YOLO polygons in a label file beside the image)"
+        )
     positive = np.concatenate([t.ravel() for t in truth])
     if not positive.any():
-        raise DataError(f"the masks in {masks} mark no defect pixel")
+        raise DataError(f"the masks and labels of the bad images in {masks.parent} mark no defect pixel")
     return ranked_auroc(np.concatenate([m.ravel() for m in (*good_maps, *bad_maps)]), positive)
+
+
+def _defect(masks: Path, image: Path, size: tuple[int, ...]) -> np.ndarray | None:
+    """The defect pixels of bad ``image`` at ``size`` (h, w), from its mask PNG or its YOLO polygons; None without either."""
+    h, w = size
+    found = [p for p in masks.iterdir() if p.stem == image.stem] if masks.is_dir() else []
+    if found:
+        mask = cv2.imread(str(found[0]), cv2.IMREAD_GRAYSCALE)
+        if mask is None:
+            raise DataError(f"{found[0]} is no readable mask for {image.name}")
+        return cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST) > 0
+    labels = label_path(image)
+    if not labels.is_file():
+        return None
+    _, _, outlines = read_yolo_outlines(labels, w, h, 1)  # an anomaly's regions are class 0, as evidence writes them
+    drawn = np.zeros((h, w), np.uint8)
+    if outlines:
+        cv2.fillPoly(drawn, [np.round(o).astype(np.int32) for o in outlines], 1)
+    return drawn > 0
 
 
 def evaluate_anomaly(model: LoadedModel, data: Path | None, json_path: Path | None, out: TextIO) -> int:
