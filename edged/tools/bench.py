@@ -42,6 +42,7 @@ from edged.tools.bench_cameras import CameraKind, format_rows, run_cameras
 from edged.tools.bench_config import write_config
 from edged.tools.bench_journal import format_journal, run_journal_bench
 from edged.tools.bench_modbus import format_modbus, run_modbus_bench
+from edged.tools.bench_modbus_abuse import format_modbus_abuse, run_modbus_abuse_bench
 from edged.tools.bench_reject import format_reject, run_reject_bench
 
 ROW_TITLES = {
@@ -85,7 +86,11 @@ def run_bench(args: argparse.Namespace) -> int:
         report["opcua"] = opcua_latency(path, args.frames, args.camera_fps, spinning)
         if not args.json:
             print(format_opcua(report["opcua"]))
-    if args.modbus:
+    if args.modbus and args.abuse:
+        report["modbus_abuse"] = run_modbus_abuse_bench(path, args.camera_fps, args.abuse_s, spinning)
+        if not args.json:
+            print(format_modbus_abuse(report["modbus_abuse"]))
+    elif args.modbus:
         report["modbus"] = run_modbus_bench(path, args.frames, args.camera_fps, spinning)
         if not args.json:
             print(format_modbus(report["modbus"]))
