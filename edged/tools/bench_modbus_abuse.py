@@ -162,7 +162,7 @@ def run_modbus_abuse_bench(model: Path, fps: float, seconds: float, spinning: Sp
         )
         try:
             _wait_for_frames(sub, child)
-            return _phases(sub, port, seconds, fps)
+            return measure_phases(sub, seconds, fps, lambda s: _abuse(port, s), "modbus")
         finally:
             child.terminate()
             child.wait(30)
@@ -178,21 +178,24 @@ def _wait_for_frames(sub: zmq.Socket[bytes], child: subprocess.Popen[bytes]) -> 
     raise ColdStartError(f"modbus abuse bench: edged run (exit {child.poll()}) never processed a frame")
 
 
-def _phases(sub: zmq.Socket[bytes], port: int, seconds: float, fps: float) -> dict[str, Any]:
+def measure_phases(
+    sub: zmq.Socket[bytes], seconds: float, fps: float, abuse: Callable[[float], dict[str, Any]], output: str
+) -> dict[str, Any]:
+    """The rate quiet, while ``abuse(seconds)`` runs in a thread, and quiet again; beside it the status'
+    ``output`` counters, their peak of clients and their last values."""
     clients: dict[str, Any] = {}
-    abuse = threading.Thread(target=lambda: clients.update(_abuse(port, seconds)), daemon=True)
+    abusing = threading.Thread(target=lambda: clients.update(abuse(seconds)), daemon=True)
     statuses = {"quiet": _statuses(sub, seconds)}
-    abuse.start()
+    abusing.start()
     statuses["abuse"] = _statuses(sub, seconds)
-    abuse.join(30.0)
+    abusing.join(60.0)
     statuses["quiet after"] = _statuses(sub, seconds)
     rates = {phase: _rate(s) for phase, s in statuses.items()}
     quiet = [r["fps"] for phase, r in rates.items() if phase != "abuse" and r["fps"] is not None]
     quiet_mean = sum(quiet) / len(quiet) if quiet else None
     abused = rates["abuse"]["fps"]
     change = None if quiet_mean is None or abused is None else (abused - quiet_mean) / quiet_mean * 100
-    peak = {key: max(s["modbus"][key] for s in statuses["abuse"]) for key in ("clients",)}
-    last = statuses["quiet after"][-1]["modbus"] if statuses["quiet after"] else statuses["abuse"][-1]["modbus"]
+    counters = [s[output] for s in statuses["abuse"] + statuses["quiet after"] if s.get(output)]
     return {
         "camera_fps": fps,
         "phase_s": seconds,
@@ -202,7 +205,7 @@ def _phases(sub: zmq.Socket[bytes], port: int, seconds: float, fps: float) -> di
         "within_target": None if change is None else abs(change) <= TARGET_PCT,
         "target_pct": TARGET_PCT,
         "abusers": clients,
-        "server": {"peak_clients": peak["clients"], **{k: last[k] for k in ("requests", "exceptions", "refused", "unread")}},
+        "server": {"peak_clients": max((c["clients"] for c in counters), default=0), **(counters[-1] if counters else {})},
     }
 
 
