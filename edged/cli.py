@@ -300,7 +300,8 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         "--abuse",
         action="store_true",
         help="with --modbus: instead, the loop's frame rate quiet, then while clients misbehave (200 connections, "
-        "malformed frames, unknown function codes, answers never read), then quiet again",
+        "malformed frames, unknown function codes, answers never read), then quiet again; with --opcua: the same "
+        "with 50 sessions, one a subscriber that never acknowledges",
     )
     p.add_argument(
         "--abuse-s", type=float, default=10.0, help="with --abuse: seconds of each of the three phases (default 10)"

@@ -407,3 +407,18 @@ def test_the_modbus_abuse_bench_measures_the_rate_quiet_and_while_clients_misbeh
     assert server["peak_clients"] == 64 and server["refused"] > 0  # held past max_connections: the rest closed
     assert abusers["malformed"]["sent"] > 0 and abusers["never_reads"]["sent"] > 0
     assert abusers["unknown_function"]["sent"] > 0 and server["exceptions"] > 0  # answered, as exceptions
+
+
+def test_the_opcua_abuse_bench_measures_the_rate_quiet_and_with_fifty_sessions_open(
+    probe: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["bench", "--opcua", "--abuse", "--abuse-s", "3", "--model", str(probe), "--camera-fps", "20"]
+    assert main([*args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["opcua_abuse"]
+    assert list(result["phases"]) == ["quiet", "abuse", "quiet after"]
+    assert all(phase["frames"] > 0 for phase in result["phases"].values())
+    assert result["change_pct"] is not None and isinstance(result["within_target"], bool)
+    abusers = result["abusers"]
+    assert abusers["sessions_opened"] + abusers["sessions_failed"] == 50
+    assert abusers["silent_subscriber_nodes"] > 0
+    assert result["server"]["peak_clients"] >= 2  # the sessions reached the server

@@ -80,7 +80,13 @@ def run_bench(args: argparse.Namespace) -> int:
         report["reject"] = run_reject_bench(args.frames)
         if not args.json:
             print(format_reject(report["reject"]))
-    if args.opcua:
+    if args.opcua and args.abuse:
+        from edged.tools.bench_opcua_abuse import format_opcua_abuse, run_opcua_abuse_bench
+
+        report["opcua_abuse"] = run_opcua_abuse_bench(path, args.camera_fps, args.abuse_s, spinning)
+        if not args.json:
+            print(format_opcua_abuse(report["opcua_abuse"]))
+    elif args.opcua:
         from edged.tools.bench_opcua import format_opcua, opcua_latency  # asyncua: only for this figure
 
         report["opcua"] = opcua_latency(path, args.frames, args.camera_fps, spinning)

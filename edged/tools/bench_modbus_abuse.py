@@ -161,7 +161,7 @@ def run_modbus_abuse_bench(model: Path, fps: float, seconds: float, spinning: Sp
             env=env,
         )
         try:
-            _wait_for_frames(sub, child)
+            wait_for_frames(sub, child)
             return measure_phases(sub, seconds, fps, lambda s: _abuse(port, s), "modbus")
         finally:
             child.terminate()
@@ -170,7 +170,8 @@ def run_modbus_abuse_bench(model: Path, fps: float, seconds: float, spinning: Sp
             context.term()
 
 
-def _wait_for_frames(sub: zmq.Socket[bytes], child: subprocess.Popen[bytes]) -> None:
+def wait_for_frames(sub: zmq.Socket[bytes], child: subprocess.Popen[bytes]) -> None:
+    """Return once a status message counts a frame processed; ColdStartError if ``child`` never does."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline and child.poll() is None:
         if sub.poll(500) and json.loads(sub.recv_multipart()[1])["frames_processed"] > 0:
