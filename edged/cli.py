@@ -296,6 +296,16 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         help="instead of the per-frame rows: `edged run` with [modbus], --frames verdicts at --camera-fps, "
         "capture to the register update and to a polling client's read, p50 and p99 (needs pymodbus)",
     )
+    p.add_argument(
+        "--abuse",
+        action="store_true",
+        help="with --modbus: instead, the loop's frame rate quiet, then while clients misbehave (200 connections, "
+        "malformed frames, unknown function codes, answers never read), then quiet again; with --opcua: the same "
+        "with 50 sessions, one a subscriber that never acknowledges",
+    )
+    p.add_argument(
+        "--abuse-s", type=float, default=10.0, help="with --abuse: seconds of each of the three phases (default 10)"
+    )
     p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
     p.add_argument(
         "--camera-source",

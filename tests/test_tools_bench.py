@@ -391,3 +391,34 @@ def test_the_modbus_bench_times_capture_to_the_registers_on_the_real_daemon(
     assert seen is not None and 0 < seen["p50"] <= seen["p99"]
     assert main(["bench", "--modbus", "--model", str(probe), "--frames", "3", "--camera-fps", "20"]) == 0
     assert "capture to register update p50" in capsys.readouterr().out
+
+
+def test_the_modbus_abuse_bench_measures_the_rate_quiet_and_while_clients_misbehave(
+    probe: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["bench", "--modbus", "--abuse", "--abuse-s", "3", "--model", str(probe), "--camera-fps", "20"]
+    assert main([*args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["modbus_abuse"]
+    assert list(result["phases"]) == ["quiet", "abuse", "quiet after"]
+    assert all(phase["frames"] > 0 for phase in result["phases"].values())
+    assert result["change_pct"] is not None and isinstance(result["within_target"], bool)
+    abusers, server = result["abusers"], result["server"]
+    assert abusers["held_opened"] + abusers["held_failed"] == 200
+    assert server["peak_clients"] == 64 and server["refused"] > 0  # held past max_connections: the rest closed
+    assert abusers["malformed"]["sent"] > 0 and abusers["never_reads"]["sent"] > 0
+    assert abusers["unknown_function"]["sent"] > 0 and server["exceptions"] > 0  # answered, as exceptions
+
+
+def test_the_opcua_abuse_bench_measures_the_rate_quiet_and_with_fifty_sessions_open(
+    probe: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["bench", "--opcua", "--abuse", "--abuse-s", "3", "--model", str(probe), "--camera-fps", "20"]
+    assert main([*args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["opcua_abuse"]
+    assert list(result["phases"]) == ["quiet", "abuse", "quiet after"]
+    assert all(phase["frames"] > 0 for phase in result["phases"].values())
+    assert result["change_pct"] is not None and isinstance(result["within_target"], bool)
+    abusers = result["abusers"]
+    assert abusers["sessions_opened"] + abusers["sessions_failed"] == 50
+    assert abusers["silent_subscriber_nodes"] > 0
+    assert result["server"]["peak_clients"] >= 2  # the sessions reached the server

@@ -42,6 +42,7 @@ from edged.tools.bench_cameras import CameraKind, format_rows, run_cameras
 from edged.tools.bench_config import write_config
 from edged.tools.bench_journal import format_journal, run_journal_bench
 from edged.tools.bench_modbus import format_modbus, run_modbus_bench
+from edged.tools.bench_modbus_abuse import format_modbus_abuse, run_modbus_abuse_bench
 from edged.tools.bench_reject import format_reject, run_reject_bench
 
 ROW_TITLES = {
@@ -79,13 +80,23 @@ def run_bench(args: argparse.Namespace) -> int:
         report["reject"] = run_reject_bench(args.frames)
         if not args.json:
             print(format_reject(report["reject"]))
-    if args.opcua:
+    if args.opcua and args.abuse:
+        from edged.tools.bench_opcua_abuse import format_opcua_abuse, run_opcua_abuse_bench
+
+        report["opcua_abuse"] = run_opcua_abuse_bench(path, args.camera_fps, args.abuse_s, spinning)
+        if not args.json:
+            print(format_opcua_abuse(report["opcua_abuse"]))
+    elif args.opcua:
         from edged.tools.bench_opcua import format_opcua, opcua_latency  # asyncua: only for this figure
 
         report["opcua"] = opcua_latency(path, args.frames, args.camera_fps, spinning)
         if not args.json:
             print(format_opcua(report["opcua"]))
-    if args.modbus:
+    if args.modbus and args.abuse:
+        report["modbus_abuse"] = run_modbus_abuse_bench(path, args.camera_fps, args.abuse_s, spinning)
+        if not args.json:
+            print(format_modbus_abuse(report["modbus_abuse"]))
+    elif args.modbus:
         report["modbus"] = run_modbus_bench(path, args.frames, args.camera_fps, spinning)
         if not args.json:
             print(format_modbus(report["modbus"]))
