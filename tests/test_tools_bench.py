@@ -399,6 +399,14 @@ def test_the_modbus_abuse_bench_measures_the_rate_quiet_and_while_clients_misbeh
     args = ["bench", "--modbus", "--abuse", "--abuse-s", "3", "--model", str(probe), "--camera-fps", "20"]
     assert main([*args, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)["modbus_abuse"]
+    from edged.tools.bench_modbus_abuse import format_modbus_abuse
+
+    assert [line.split()[0] for line in format_modbus_abuse(result).splitlines()[:4]] == [
+        "modbus",
+        "quiet",
+        "abuse",
+        "quiet",
+    ]
     assert list(result["phases"]) == ["quiet", "abuse", "quiet after"]
     assert all(phase["frames"] > 0 for phase in result["phases"].values())
     assert result["change_pct"] is not None and isinstance(result["within_target"], bool)
@@ -415,6 +423,10 @@ def test_the_opcua_abuse_bench_measures_the_rate_quiet_and_with_fifty_sessions_o
     args = ["bench", "--opcua", "--abuse", "--abuse-s", "3", "--model", str(probe), "--camera-fps", "20"]
     assert main([*args, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)["opcua_abuse"]
+    from edged.tools.bench_opcua_abuse import format_opcua_abuse
+
+    said = format_opcua_abuse(result).splitlines()
+    assert [line.split()[0] for line in said[:4]] == ["opcua", "quiet", "abuse", "quiet"]
     assert list(result["phases"]) == ["quiet", "abuse", "quiet after"]
     assert all(phase["frames"] > 0 for phase in result["phases"].values())
     assert result["change_pct"] is not None and isinstance(result["within_target"], bool)

@@ -229,10 +229,10 @@ def _rate(statuses: list[dict[str, Any]]) -> dict[str, Any]:
     return {"frames": frames, "fps": frames / ((last["time_ns"] - first["time_ns"]) / 1e9)}
 
 
-def format_modbus_abuse(r: dict[str, Any]) -> str:
-    a, s = r["abusers"], r["server"]
+def format_phases(server: str, r: dict[str, Any]) -> list[str]:
+    """The lines every abuse bench (`measure_phases`) starts with: each phase's rate, and the change."""
     lines = [
-        f"modbus under abuse: camera at {r['camera_fps']:g} fps, {r['phase_s']:g} s per phase",
+        f"{server} under abuse: camera at {r['camera_fps']:g} fps, {r['phase_s']:g} s per phase",
         *(
             f"  {phase:<12} {p['frames']:>6} frames  " + ("n/a" if p["fps"] is None else f"{p['fps']:.2f} fps")
             for phase, p in r["phases"].items()
@@ -241,6 +241,12 @@ def format_modbus_abuse(r: dict[str, Any]) -> str:
     if r["change_pct"] is not None:
         verdict = "within" if r["within_target"] else "beyond"
         lines.append(f"  abused against the quiet mean: {r['change_pct']:+.1f} % ({verdict} {r['target_pct']:g} %)")
+    return lines
+
+
+def format_modbus_abuse(r: dict[str, Any]) -> str:
+    a, s = r["abusers"], r["server"]
+    lines = format_phases("modbus", r)
     if a:
         lines.append(
             f"  clients: {a['held_opened']} connections held ({a['held_failed']} failed to connect), "

@@ -25,7 +25,7 @@ from asyncua.ua.uaerrors import UaError
 
 from edged.config import Spinning
 from edged.tools.bench_config import write_config
-from edged.tools.bench_modbus_abuse import measure_phases, wait_for_frames
+from edged.tools.bench_modbus_abuse import format_phases, measure_phases, wait_for_frames
 from edged.tools.bench_opcua import _free_port, _source
 
 SESSIONS = 50
@@ -99,16 +99,7 @@ def run_opcua_abuse_bench(model: Path, fps: float, seconds: float, spinning: Spi
 
 def format_opcua_abuse(r: dict[str, Any]) -> str:
     a, s = r["abusers"], r["server"]
-    lines = [
-        f"opcua under abuse: camera at {r['camera_fps']:g} fps, {r['phase_s']:g} s per phase",
-        *(
-            f"  {phase:<12} {p['frames']:>6} frames  " + ("n/a" if p["fps"] is None else f"{p['fps']:.2f} fps")
-            for phase, p in r["phases"].items()
-        ),
-    ]
-    if r["change_pct"] is not None:
-        verdict = "within" if r["within_target"] else "beyond"
-        lines.append(f"  abused against the quiet mean: {r['change_pct']:+.1f} % ({verdict} {r['target_pct']:g} %)")
+    lines = format_phases("opcua", r)
     if a:
         lines.append(
             f"  clients: {a['sessions_opened']} sessions ({a['sessions_failed']} failed), one subscribed to "
