@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from edged.camera import Camera, camera_for, start_capture, stop_captures
+from edged.candidate import Candidate, added_by_reload
 from edged.capture import Capture
 from edged.config import Settings
-from edged.control import ControlSocket
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, KeyFileError, ModelError
 from edged.health import Health, Watched
 from edged.journal import JournalOutput
@@ -37,7 +37,7 @@ from edged.requests import RequestDesk
 from edged.schedule import hand_out, idle_s, pause
 from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
 from edged.settings.sources import SourceBase
-from edged.shadow import Shadow, Swap
+from edged.shadow import Swap
 from edged.sources.base import Frame
 from edged.status import publish_status, snapshot, summary_line
 from edged.thermal import ThermalReport, ThermalWatch
@@ -89,12 +89,9 @@ class Daemon:
             stack.callback(self.outputs.drain)
             self.lanes = Lanes(settings.lanes(), self._wake)
             stack.callback(self.lanes.close)
-            candidate = settings.model.candidate
-            self.shadow = Shadow(settings, candidate) if candidate is not None else None
-            stack.callback(lambda: self.shadow.close() if self.shadow is not None else None)
-            self.control = ControlSocket(candidate.control) if candidate is not None else None
-            if self.control is not None:
-                stack.callback(self.control.close)
+            self.candidate = Candidate.configured(settings)
+            if self.candidate is not None:
+                stack.callback(self.candidate.close)
             stack.callback(self._finish_lanes)
             self._resources = stack.pop_all()
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
@@ -186,9 +183,9 @@ class Daemon:
         wait for a frame, a result or a request."""
         self._wake.clear()  # cleared before looking: a hand-over, result or request after this ends the wait below
         self.outputs.deliver_recorded()  # verdicts the journal has recorded since the last turn go out
-        if self.control is not None and self.shadow is not None:
+        if self.candidate is not None:
             blocked = "a reload is on trial" if self._trial else None
-            self.control.serve(self.shadow, self._live, self._swap, blocked, self.outputs.get(JournalOutput))
+            self.candidate.serve(self._live, self._swap, blocked, self.outputs.get(JournalOutput))
         settled = self._settle(self.lanes.collect())
         if self.desk is not None and self.desk.take(self.serving(), self.lanes.carrying, self._critical()):
             self.health.frame_done()  # waiting for requests is progress in request mode
@@ -199,9 +196,12 @@ class Daemon:
             return
         if self._hand_out() or settled:
             return
-        if self.shadow is not None and self.lanes.idle == self.lanes.count:
-            if self.shadow.run(self.shadow.spare_s(self.serving(), self.desk)):
-                return  # the candidate took the time the loop would have waited
+        if (
+            self.candidate is not None
+            and self.lanes.idle == self.lanes.count
+            and self.candidate.run(self.serving(), self.desk)
+        ):
+            return  # the candidate took the time the loop would have waited
         self._wake.wait(idle_s(self.serving(), self.desk, self.lanes.carrying, TAKE_TIMEOUT_S), self._fds())
         if not self._settle(self.lanes.collect()) and not self._hand_out():
             self._announce_ready(frame_processed=False)
@@ -211,8 +211,7 @@ class Daemon:
         return self.report is not None and self.report.rate_factor == 0.0
 
     def _fds(self) -> list[Any]:
-        control = self.control.fds if self.control is not None else []
-        return (self.desk.fds if self.desk is not None else []) + control
+        return (self.desk.fds if self.desk is not None else []) + (self.candidate.fds if self.candidate else [])
 
     def _hand_out(self) -> int:
         """Hand idle lanes the next frames (`edged.schedule.hand_out`); a reload on trial takes its
@@ -255,8 +254,8 @@ class Daemon:
             camera.record(outcome, request.part_id if request else None, self._errors)
             self.health.frame_done()
             verdict = self.outputs.publish(camera, outcome, request, self.report.state if self.report else "unknown")
-            if self.shadow is not None:
-                self.shadow.observe(camera.id, outcome)
+            if self.candidate is not None:
+                self.candidate.observe(camera.id, outcome)
         self._announce_ready(frame_processed=True, camera=camera)
         return verdict
 
@@ -272,14 +271,14 @@ class Daemon:
 
     def status_line(self) -> str:
         """systemd's STATUS=: every camera's rate and state, and what withholds the pings (`edged.status.summary_line`)."""
-        candidate = self.shadow.report() if self.shadow is not None else None
+        candidate = self.candidate.report() if self.candidate is not None else None
         snapshots = [snapshot(c, self.report, self.model, self.outputs, candidate) for c in self.serving()]
         return summary_line(snapshots, self.health.current_problem())
 
     def publish_status(self) -> None:
         """Each camera's status message to every output, the summary to systemd."""
         self._update_rate_caps()
-        candidate = self.shadow.report() if self.shadow is not None else None
+        candidate = self.candidate.report() if self.candidate is not None else None
         snapshots = publish_status(self.serving(), self.report, self.model, self.outputs, candidate)
         self.notifier.status(summary_line(snapshots, self.health.current_problem()))
 
@@ -392,12 +391,10 @@ class Daemon:
             self.desk.follow(new, before)
         self.outputs.reload(new)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
-        candidate = new.model.candidate
-        if candidate is not None and self.control is None:
-            log.warning("[model.candidate] added by a reload: restart edged to bind its control socket")
-        if self.shadow is not None:
-            self.shadow.close()
-        self.shadow = Shadow(new, candidate) if candidate is not None and self.control is not None else None
+        if self.candidate is None:
+            added_by_reload(new)
+        else:
+            self.candidate.reload(new)
         self._watch()
 
     def _finish_lanes(self) -> None:
