@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from edged.camera import Camera
-from edged.config import CandidateConfig, Settings
+from edged.config import Settings
 from edged.control import ControlSocket
 from edged.journal import JournalOutput
 from edged.messages import CandidateReport
@@ -25,31 +25,28 @@ log = logging.getLogger(__name__)
 
 
 class Candidate:
-    """The trial of a candidate model and its control socket; raises as `ControlSocket` does."""
+    """The trial of a candidate model and its control socket, when ``[model.candidate]`` is set at
+    start; every call does nothing without one. Raises as `ControlSocket` does."""
 
-    def __init__(self, settings: Settings, cfg: CandidateConfig) -> None:
-        self.control = ControlSocket(cfg.control)
-        try:
-            self.shadow: Shadow | None = Shadow(settings, cfg)
-        except BaseException:
-            self.control.close()
-            raise
-
-    @classmethod
-    def configured(cls, settings: Settings) -> Candidate | None:
+    def __init__(self, settings: Settings) -> None:
         cfg = settings.model.candidate
-        return cls(settings, cfg) if cfg is not None else None
+        self.control = ControlSocket(cfg.control) if cfg is not None else None
+        try:
+            self.shadow: Shadow | None = Shadow(settings, cfg) if cfg is not None else None
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def fds(self) -> list[Any]:
         """What the loop's wait selects on: commands arriving."""
-        return self.control.fds
+        return self.control.fds if self.control is not None else []
 
     def serve(
         self, current: Callable[[], Swap], apply: Callable[[Swap], None], blocked: str | None, journal: JournalOutput | None
     ) -> None:
         """Answer the commands waiting (`ControlSocket.serve`); none is taken without a trial."""
-        if self.shadow is not None:
+        if self.control is not None and self.shadow is not None:
             self.control.serve(self.shadow, current, apply, blocked, journal)
 
     def observe(self, camera_id: str, done: Processed) -> None:
@@ -64,19 +61,19 @@ class Candidate:
         return self.shadow.report() if self.shadow is not None else None
 
     def reload(self, settings: Settings) -> None:
-        """A reload's candidate goes on a fresh trial; without one, the trial ends."""
+        """A reload's candidate goes on a fresh trial; without one, the trial ends. One added to a
+        daemon started without one is said, not served: its socket is bound only at start."""
+        cfg = settings.model.candidate
+        if self.control is None:
+            if cfg is not None:
+                log.warning("[model.candidate] added by a reload: restart edged to bind its control socket")
+            return
         if self.shadow is not None:
             self.shadow.close()
-        cfg = settings.model.candidate
         self.shadow = Shadow(settings, cfg) if cfg is not None else None
 
     def close(self) -> None:
         if self.shadow is not None:
             self.shadow.close()
-        self.control.close()
-
-
-def added_by_reload(settings: Settings) -> None:
-    """A reload that adds a candidate to a daemon started without one: said, not served."""
-    if settings.model.candidate is not None:
-        log.warning("[model.candidate] added by a reload: restart edged to bind its control socket")
+        if self.control is not None:
+            self.control.close()

@@ -4,10 +4,9 @@ The loop hands the cameras' frames (`edged.camera`) to the inference lanes (`edg
 the order `edged.schedule` says, counts each result and hands it to the outputs
 (`edged.outputs`), answering requests (`edged.requests`); with nothing to do it waits for a
 hand-over, a result or a request (`edged.wake`). Between frames: thermal polls, status
-(`edged.status`), rate caps, and reloads, whose trial `edged.reload.Trial` owns. In time it would
-spend waiting, a candidate model's shadow trial (`edged.shadow`), which the control socket
-(`edged.control`) promotes or rolls back between frames. The watchdog and
-``/healthz`` read what the loop publishes to them (`edged.health.Watched`), never its own state.
+(`edged.status`), rate caps, reloads (`edged.reload.Trial`), and in time it would spend waiting a
+candidate model's trial (`edged.candidate`). The watchdog and ``/healthz`` read what the loop
+publishes to them (`edged.health.Watched`), never its own state.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.camera import Camera, camera_for, start_capture, stop_captures
-from edged.candidate import Candidate, added_by_reload
+from edged.candidate import Candidate
 from edged.capture import Capture
 from edged.config import Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, KeyFileError, ModelError
@@ -89,9 +88,8 @@ class Daemon:
             stack.callback(self.outputs.drain)
             self.lanes = Lanes(settings.lanes(), self._wake)
             stack.callback(self.lanes.close)
-            self.candidate = Candidate.configured(settings)
-            if self.candidate is not None:
-                stack.callback(self.candidate.close)
+            self.candidate = Candidate(settings)
+            stack.callback(self.candidate.close)
             stack.callback(self._finish_lanes)
             self._resources = stack.pop_all()
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
@@ -183,9 +181,8 @@ class Daemon:
         wait for a frame, a result or a request."""
         self._wake.clear()  # cleared before looking: a hand-over, result or request after this ends the wait below
         self.outputs.deliver_recorded()  # verdicts the journal has recorded since the last turn go out
-        if self.candidate is not None:
-            blocked = "a reload is on trial" if self._trial else None
-            self.candidate.serve(self._live, self._swap, blocked, self.outputs.get(JournalOutput))
+        blocked = "a reload is on trial" if self._trial else None
+        self.candidate.serve(self._live, self._swap, blocked, self.outputs.get(JournalOutput))
         settled = self._settle(self.lanes.collect())
         if self.desk is not None and self.desk.take(self.serving(), self.lanes.carrying, self._critical()):
             self.health.frame_done()  # waiting for requests is progress in request mode
@@ -196,11 +193,7 @@ class Daemon:
             return
         if self._hand_out() or settled:
             return
-        if (
-            self.candidate is not None
-            and self.lanes.idle == self.lanes.count
-            and self.candidate.run(self.serving(), self.desk)
-        ):
+        if self.lanes.idle == self.lanes.count and self.candidate.run(self.serving(), self.desk):
             return  # the candidate took the time the loop would have waited
         self._wake.wait(idle_s(self.serving(), self.desk, self.lanes.carrying, TAKE_TIMEOUT_S), self._fds())
         if not self._settle(self.lanes.collect()) and not self._hand_out():
@@ -211,7 +204,7 @@ class Daemon:
         return self.report is not None and self.report.rate_factor == 0.0
 
     def _fds(self) -> list[Any]:
-        return (self.desk.fds if self.desk is not None else []) + (self.candidate.fds if self.candidate else [])
+        return (self.desk.fds if self.desk is not None else []) + self.candidate.fds
 
     def _hand_out(self) -> int:
         """Hand idle lanes the next frames (`edged.schedule.hand_out`); a reload on trial takes its
@@ -254,8 +247,7 @@ class Daemon:
             camera.record(outcome, request.part_id if request else None, self._errors)
             self.health.frame_done()
             verdict = self.outputs.publish(camera, outcome, request, self.report.state if self.report else "unknown")
-            if self.candidate is not None:
-                self.candidate.observe(camera.id, outcome)
+            self.candidate.observe(camera.id, outcome)
         self._announce_ready(frame_processed=True, camera=camera)
         return verdict
 
@@ -271,15 +263,14 @@ class Daemon:
 
     def status_line(self) -> str:
         """systemd's STATUS=: every camera's rate and state, and what withholds the pings (`edged.status.summary_line`)."""
-        candidate = self.candidate.report() if self.candidate is not None else None
+        candidate = self.candidate.report()
         snapshots = [snapshot(c, self.report, self.model, self.outputs, candidate) for c in self.serving()]
         return summary_line(snapshots, self.health.current_problem())
 
     def publish_status(self) -> None:
         """Each camera's status message to every output, the summary to systemd."""
         self._update_rate_caps()
-        candidate = self.candidate.report() if self.candidate is not None else None
-        snapshots = publish_status(self.serving(), self.report, self.model, self.outputs, candidate)
+        snapshots = publish_status(self.serving(), self.report, self.model, self.outputs, self.candidate.report())
         self.notifier.status(summary_line(snapshots, self.health.current_problem()))
 
     def _update_rate_caps(self) -> None:
@@ -391,10 +382,7 @@ class Daemon:
             self.desk.follow(new, before)
         self.outputs.reload(new)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
-        if self.candidate is None:
-            added_by_reload(new)
-        else:
-            self.candidate.reload(new)
+        self.candidate.reload(new)
         self._watch()
 
     def _finish_lanes(self) -> None:
