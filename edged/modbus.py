@@ -1,7 +1,7 @@
 """Modbus TCP output: each camera's state and last verdict in holding registers a PLC polls, and a
 coil per camera in request mode that triggers an inspection.
 
-The register map is fixed across versions (README, "Modbus TCP"). Camera i (in ``[[source]]``
+The register map is fixed across versions (docs/outputs.md, "Modbus TCP"). Camera i (in ``[[source]]``
 order) has the block of 16 holding registers at ``base + 16 * i``::
 
     0   heartbeat: +1 per second while the loop turns (modulo 65536); a PLC watches it change
@@ -124,7 +124,7 @@ def bind(listen: str) -> socket.socket:
     ``modbus.listen`` and what to do."""
     host, port = ModbusConfig(listen=listen, allow_remote=True).host_port()
     privileged = (
-        "a port below 1024 (502) needs CAP_NET_BIND_SERVICE: add the drop-in the README's Modbus section "
+        "a port below 1024 (502) needs CAP_NET_BIND_SERVICE: add the drop-in docs/outputs.md's Modbus section "
         "gives, or choose a port from 1024"
     )
     return listen_tcp("modbus.listen", listen, host, port, "the Modbus server cannot listen there", privileged)

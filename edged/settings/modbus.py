@@ -18,7 +18,7 @@ class ModbusConfig(Section):
         "127.0.0.1:5020",
         description="HOST:PORT (an IP address, [v6] or localhost) of the Modbus TCP server. Modbus has no "
         "authentication: an address off loopback needs allow_remote = true; a port below 1024 (502) needs "
-        "the unit's AmbientCapabilities=CAP_NET_BIND_SERVICE (see the README).",
+        "the unit's AmbientCapabilities=CAP_NET_BIND_SERVICE (see docs/outputs.md, Modbus TCP).",
     )
     allow_remote: bool = Field(
         False,
