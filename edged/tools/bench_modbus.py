@@ -9,6 +9,7 @@ capture time, on ZeroMQ) to the read that first showed the verdict's sequence nu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +46,13 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99)), "max": float(max(values))}
 
 
-def run_modbus_bench(model: Path, verdicts: int, fps: float, spinning: Spinning) -> dict[str, Any]:
-    """Run the daemon until the client has seen ``verdicts`` verdicts; their latencies in ms."""
-    from pymodbus.client import ModbusTcpClient
-
-    logging.getLogger("pymodbus").setLevel(logging.CRITICAL)  # its refused connects while edged starts
-
+@contextlib.contextmanager
+def modbus_daemon(
+    model: Path, fps: float, spinning: Spinning, topic: bytes, modbus_keys: str = ""
+) -> Iterator[tuple[subprocess.Popen[bytes], zmq.Socket[bytes], int]]:
+    """`edged run` on the bench scene (an images source at ``fps``) with ``[inspect]`` and
+    ``[modbus]`` (plus ``modbus_keys``, TOML lines), and a SUB on its ``topic``; yields the process,
+    the SUB and the Modbus port, and stops them all."""
     with tempfile.TemporaryDirectory(prefix="edged-modbus-") as tmp:
         folder = Path(tmp)
         (folder / "frames").mkdir()
@@ -58,11 +61,11 @@ def run_modbus_bench(model: Path, verdicts: int, fps: float, spinning: Spinning)
         camera = f'[source]\ntype = "images"\npath = {json.dumps(str(folder / "frames"))}\nfps = {fps}\n'
         config = write_config(folder / "edged.toml", model, endpoint, camera, spinning=spinning, thermal=False)
         with config.open("a") as f:
-            f.write(f'[inspect]\n[modbus]\nlisten = "127.0.0.1:{port}"\nunit_id = {UNIT}\n')
+            f.write(f'[inspect]\n[modbus]\nlisten = "127.0.0.1:{port}"\nunit_id = {UNIT}\n{modbus_keys}')
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         sub = context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, b"edged/verdict/")
+        sub.setsockopt(zmq.SUBSCRIBE, topic)
         sub.connect(endpoint)
         env = {k: v for k, v in os.environ.items() if not k.startswith("EDGED_")}
         child = subprocess.Popen(
@@ -71,6 +74,22 @@ def run_modbus_bench(model: Path, verdicts: int, fps: float, spinning: Spinning)
             stderr=subprocess.DEVNULL,
             env=env,
         )
+        try:
+            yield child, sub, port
+        finally:
+            child.terminate()
+            child.wait(30)
+            sub.close(linger=0)
+            context.term()
+
+
+def run_modbus_bench(model: Path, verdicts: int, fps: float, spinning: Spinning) -> dict[str, Any]:
+    """Run the daemon until the client has seen ``verdicts`` verdicts; their latencies in ms."""
+    from pymodbus.client import ModbusTcpClient
+
+    logging.getLogger("pymodbus").setLevel(logging.CRITICAL)  # its refused connects while edged starts
+
+    with modbus_daemon(model, fps, spinning, b"edged/verdict/") as (child, sub, port):
         client = ModbusTcpClient("127.0.0.1", port=port, timeout=5, retries=0)
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -81,10 +100,6 @@ def run_modbus_bench(model: Path, verdicts: int, fps: float, spinning: Spinning)
             return _poll(client, sub, verdicts, fps)
         finally:
             client.close()  # type: ignore[no-untyped-call]
-            child.terminate()
-            child.wait(30)
-            sub.close(linger=0)
-            context.term()
 
 
 def _poll(client: Any, sub: zmq.Socket[bytes], verdicts: int, fps: float) -> dict[str, Any]:

@@ -14,39 +14,26 @@ the quiet mean, beside the `TARGET_PCT` the server must stay within.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import cv2
 import zmq
 
 from edged.config import Spinning
 from edged.errors import ColdStartError
 from edged.settings.modbus import MAX_CONNECTIONS
-from edged.sources.scenes import SceneGenerator
-from edged.tools.bench_config import write_config
+from edged.tools.bench_modbus import STARTUP_TIMEOUT_S, UNIT, modbus_daemon
 
-STARTUP_TIMEOUT_S = 120.0
 HOLDERS = 200
 ABUSE_HZ = 500.0
 TARGET_PCT = 5.0
-UNIT = 1
 PIPELINED = 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _mbap(transaction: int, pdu: bytes, unit: int = UNIT) -> bytes:
@@ -137,37 +124,10 @@ def _abuse(port: int, seconds: float) -> dict[str, Any]:
 
 def run_modbus_abuse_bench(model: Path, fps: float, seconds: float, spinning: Spinning) -> dict[str, Any]:
     """The daemon's frame rate for ``seconds`` quiet, ``seconds`` abused, ``seconds`` quiet again."""
-    with tempfile.TemporaryDirectory(prefix="edged-modbus-abuse-") as tmp:
-        folder = Path(tmp)
-        (folder / "frames").mkdir()
-        cv2.imwrite(str(folder / "frames" / "scene.png"), SceneGenerator(1280, 720, seed=0).render(0).image)
-        port, endpoint = _free_port(), f"tcp://127.0.0.1:{_free_port()}"
-        camera = f'[source]\ntype = "images"\npath = {json.dumps(str(folder / "frames"))}\nfps = {fps}\n'
-        config = write_config(folder / "edged.toml", model, endpoint, camera, spinning=spinning, thermal=False)
-        with config.open("a") as f:
-            f.write(
-                f'[inspect]\n[modbus]\nlisten = "127.0.0.1:{port}"\nunit_id = {UNIT}\nmax_connections = {MAX_CONNECTIONS}\n'
-            )
-        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        sub = context.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, b"edged/status/")
-        sub.connect(endpoint)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("EDGED_")}
-        child = subprocess.Popen(
-            [sys.executable, "-m", "edged", "run", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        try:
-            wait_for_frames(sub, child)
-            return measure_phases(sub, seconds, fps, lambda s: _abuse(port, s), "modbus")
-        finally:
-            child.terminate()
-            child.wait(30)
-            sub.close(linger=0)
-            context.term()
+    keys = f"max_connections = {MAX_CONNECTIONS}\n"
+    with modbus_daemon(model, fps, spinning, b"edged/status/", keys) as (child, sub, port):
+        wait_for_frames(sub, child)
+        return measure_phases(sub, seconds, fps, lambda s: _abuse(port, s), "modbus")
 
 
 def wait_for_frames(sub: zmq.Socket[bytes], child: subprocess.Popen[bytes]) -> None:
