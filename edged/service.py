@@ -30,6 +30,7 @@ class Notifier:
         # "@name" is an abstract socket: its address starts with a NUL byte.
         self._address = "\0" + address[1:] if address.startswith("@") else address
         self._lock = threading.Lock()
+        self._dropped = 0  # notifications refused by a full queue since the last one accepted
         self._socket: socket.socket | None = None
         if self._address:
             self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -39,15 +40,30 @@ class Notifier:
         return self._socket is not None
 
     def send(self, *lines: str) -> None:
-        """One datagram of ``KEY=value`` lines; a vanished socket is logged, never fatal."""
+        """One datagram of ``KEY=value`` lines; a vanished socket is logged, never fatal.
+
+        The send never waits: a receiver that stops reading (a wedged manager, a test harness)
+        fills the socket's small queue, and a blocking send would then freeze the loop and the
+        watchdog with it. A notification the queue refuses is dropped; the first drop and the
+        recovery are logged.
+        """
         if self._socket is None:
             return
         data = "\n".join(lines).encode()
         with self._lock:
             try:
-                self._socket.sendto(data, self._address)
+                self._socket.sendto(data, socket.MSG_DONTWAIT, self._address)
+            except BlockingIOError:
+                self._dropped += 1
+                if self._dropped == 1:
+                    log.warning("sd_notify: %s is full (nothing reads it); dropping notifications", self._address)
+                return
             except OSError as e:
                 log.debug("sd_notify to %s failed: %s", self._address, e.strerror)
+                return
+            if self._dropped:
+                log.info("sd_notify: %s accepts again after %d dropped notification(s)", self._address, self._dropped)
+                self._dropped = 0
 
     def ready(self, status: str) -> None:
         self.send("READY=1", "STATUS=" + status)

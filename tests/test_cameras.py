@@ -196,7 +196,6 @@ def test_reloads_while_one_camera_hangs_in_inference_leave_the_other_flowing_and
     try:
         named = "| unhealthy: a frame of camera stuck has been in inference"  # STATUS=, read as systemd would
         assert wait_for(lambda: any(named in x for _, x in notify.drain(0.2)), timeout_s=30), notify.received
-        notify.close()  # unread, its queue would fill and block edged's next notification
         wedged = d.wait_status(lambda s: s.camera_id == "stuck" and s.capture is not None and s.capture.frames_captured >= 2)
         assert wedged.frames_processed == 0, wedged
         for reloads in (1, 2):
@@ -213,6 +212,7 @@ def test_reloads_while_one_camera_hangs_in_inference_leave_the_other_flowing_and
         assert time.monotonic() - started < 5.0, d.log()
     finally:
         d.close()
+        notify.close()
 
 
 def test_a_camera_that_vanishes_is_reported_while_the_others_flow(workdir: Path, tmp_path: Path) -> None:

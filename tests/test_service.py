@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,29 +18,47 @@ from daemon import RunningDaemon, free_port, write_config
 from onnx_models import colour_probe, failing_probe, stalling_probe
 from waiting import wait_for
 
+from edged.service import Notifier
+
 pytestmark = pytest.mark.integration
 
 WATCHDOG_USEC = 600_000  # pings expected every 0.3 s
 
 
 class NotifySocket:
-    """What systemd would be: the receiving end of NOTIFY_SOCKET, timestamping every datagram."""
+    """What systemd would be: the receiving end of NOTIFY_SOCKET, read on its own thread as systemd
+    reads it, timestamping every datagram on arrival."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
         self.sock.settimeout(0.1)
-        self.received: list[tuple[float, str]] = []
+        self._received: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="notify-reader", daemon=True)
+        self._reader.start()
 
-    def drain(self, seconds: float) -> list[tuple[float, str]]:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+    def _read(self) -> None:
+        while not self._closed.is_set():
             try:
                 data = self.sock.recv(4096)
             except TimeoutError:
                 continue
-            self.received.append((time.monotonic(), data.decode()))
+            except OSError:
+                return
+            with self._lock:
+                self._received.append((time.monotonic(), data.decode()))
+
+    @property
+    def received(self) -> list[tuple[float, str]]:
+        with self._lock:
+            return list(self._received)
+
+    def drain(self, seconds: float) -> list[tuple[float, str]]:
+        """Everything received after ``seconds`` more of listening."""
+        time.sleep(seconds)
         return self.received
 
     def wait_for(self, line: str, timeout: float) -> float:
@@ -47,13 +67,15 @@ class NotifySocket:
             for t, datagram in self.received:
                 if line in datagram.splitlines():
                     return t
-            self.drain(0.1)
+            time.sleep(0.1)
         raise AssertionError(f"{line!r} never arrived; got {[d for _, d in self.received]}")
 
     def times_of(self, line: str, since: float = 0.0) -> list[float]:
         return [t for t, d in self.received if line in d.splitlines() and t >= since]
 
     def close(self) -> None:
+        self._closed.set()
+        self._reader.join()
         self.sock.close()
 
 
@@ -224,3 +246,36 @@ def test_under_systemd_logs_go_to_journald_with_structured_fields(
         assert d.log() == ""  # nothing on stderr when journald has it
     finally:
         d.close()
+
+
+def test_a_notify_socket_nobody_reads_never_blocks_the_sender_and_the_drop_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full NOTIFY_SOCKET queue drops notifications instead of freezing the loop and the watchdog."""
+    unread = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    unread.bind(str(tmp_path / "notify.sock"))
+    notifier = Notifier(str(tmp_path / "notify.sock"))
+    sender = threading.Thread(target=lambda: [notifier.status(f"frame {i}") for i in range(5000)], daemon=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="edged.service"):
+            sender.start()
+            sender.join(timeout=30)
+            assert not sender.is_alive(), "sd_notify blocked on a queue nobody reads"
+            assert [r.message for r in caplog.records].count(
+                f"sd_notify: {tmp_path / 'notify.sock'} is full (nothing reads it); dropping notifications"
+            ) == 1
+            unread.settimeout(0.1)
+            queued = 0
+            while True:
+                try:
+                    unread.recv(4096)
+                except TimeoutError:
+                    break
+                queued += 1
+            assert 0 < queued < 5000
+            notifier.status("read again")
+            assert unread.recv(4096) == b"STATUS=read again"
+            assert f"accepts again after {5000 - queued} dropped notification(s)" in caplog.text
+    finally:
+        notifier.close()
+        unread.close()
