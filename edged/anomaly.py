@@ -8,8 +8,9 @@ frame pixels with their area and their highest map value, largest first, at most
 Without thresholds in config the label and mask are the export's, so they are exactly anomalib's.
 
 A frame works in buffers made once per plan: the mask, the component labels, each component's
-mask, the regions' boxes, areas and scores; it allocates no array. Polygons are traced only when
-the message is built (OpenCV's contours are arrays of their own).
+mask, the regions' boxes, areas and scores; it allocates no array. The regions' outlines are traced
+once a frame, only when first asked for (by length limits in ``[inspect]``, or for the message's
+polygons and lengths): OpenCV's contours are arrays of their own, the rest is done in buffers.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class Anomaly:
     buffers, valid until the decoder's next frame.
 
     ``xyxy`` (k, 4) float32 region boxes in frame pixels, ``area_px`` (k,) their areas in frame
-    pixels, ``scores`` (k,) their highest map values, ``ids`` (k,) their component labels in
-    ``labels`` (the map-sized component image), largest region first.
+    pixels, ``scores`` (k,) their highest map values, ``ids`` (k,) their component labels in the
+    decoder's map-sized component image, largest region first; ``outlines_of`` traces and measures
+    their outlines (`outlines`, `sides`), once a frame.
     """
 
     score: float
@@ -46,8 +48,8 @@ class Anomaly:
     area_px: np.ndarray
     scores: np.ndarray
     ids: np.ndarray
-    labels: np.ndarray
     box_map: BoxMap
+    outlines_of: _Outlines
     nonfinite: int = 0
     anomaly_map: np.ndarray | None = None  # the model's map output, [h, w], when it has one
     heat: np.ndarray | None = None  # the decoder's uint8 buffer the map is scaled into for `heatmap`
@@ -69,17 +71,23 @@ class Anomaly:
         cv2.convertScaleAbs(self.anomaly_map, dst=self.heat, alpha=255.0)
         return self.heat
 
+    def outlines(self) -> list[np.ndarray]:
+        """Each region's outline (its largest outer contour), (n, 1, 2) int32 in map pixels; traced
+        on the first call of the frame, the same list after."""
+        return self.outlines_of.outlines(self.ids)
+
+    def sides(self) -> list[tuple[float, float]]:
+        """Each region's length and width: the sides of its outline's minimum-area rectangle, in frame
+        pixels (found on the outline mapped to the frame, so right under any map-to-frame scale), the
+        longer first."""
+        return self.outlines_of.sides(self.ids, self.box_map)
+
     def polygons(self) -> list[list[tuple[float, float]]]:
-        """Each region's outline (its largest outer contour) in frame pixels."""
-        m = self.box_map
-        outlines = []
-        for region in self.ids.tolist():
-            contours, _ = cv2.findContours(
-                (self.labels == region).view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE
-            )
-            points = max(contours, key=len).reshape(-1, 2).astype(np.float64) if contours else np.zeros((0, 2))
-            outlines.append([(round(x / m.scale_x, 1), round(y / m.scale_y, 1)) for x, y in points.tolist()])
-        return outlines
+        """Each region's outline in frame pixels."""
+        sx, sy = self.box_map.scale_x, self.box_map.scale_y
+        return [
+            [(round(x / sx, 1), round(y / sy, 1)) for x, y in outline.reshape(-1, 2).tolist()] for outline in self.outlines()
+        ]
 
     def dataset_label(self, width: int, height: int) -> str:
         """One ``0 x1 y1 x2 y2 ...`` line per region, its outline normalised to the frame: ultralytics'
@@ -103,9 +111,12 @@ class Anomaly:
         mm_per_px: float | None = None,
     ) -> dict[str, Any]:
         """``task``, ``anomaly_score``, ``anomalous``, ``threshold`` and ``regions`` (each region's
-        ``area_mm2`` with the camera's ``mm_per_px``); ``detections`` is empty."""
+        sizes in mm with the camera's ``mm_per_px``, and its note from the inspector: 'within
+        limits'); ``detections`` is empty."""
         boxes, areas, scores = self.xyxy.tolist(), self.area_px.tolist(), self.scores.tolist()
         in_zones = zones or [None] * len(scores)
+        in_notes = notes or [None] * len(scores)
+        mm = mm_per_px
         return {
             "task": "anomaly",
             "detections": [],
@@ -119,9 +130,16 @@ class Anomaly:
                     max_score=round(s, 4),
                     polygon=outline,
                     zone=z,
-                    area_mm2=None if mm_per_px is None else round(a * mm_per_px * mm_per_px, 3),
+                    length_px=round(length, 1),
+                    width_px=round(width, 1),
+                    area_mm2=None if mm is None else round(a * mm * mm, 3),
+                    length_mm=None if mm is None else round(length * mm, 3),
+                    width_mm=None if mm is None else round(width * mm, 3),
+                    note=note,
                 )
-                for b, a, s, z, outline in zip(boxes, areas, scores, in_zones, self.polygons(), strict=True)
+                for b, a, s, z, note, outline, (length, width) in zip(
+                    boxes, areas, scores, in_zones, in_notes, self.polygons(), self.sides(), strict=True
+                )
             ],
         }
 
@@ -158,6 +176,7 @@ class AnomalyDecoder:
         self._scores = np.empty(max_regions, dtype=np.float32)
         self._ids = np.empty(max_regions, dtype=np.int32)
         self._heat = np.empty(size if size is not None else (0, 0), dtype=np.uint8)
+        self._outlines = _Outlines(self._select)
 
     def decode(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> Anomaly:
         """The frame's score, verdict and regions; `HeadError` only when ``outputs`` are not the
@@ -173,6 +192,7 @@ class AnomalyDecoder:
         else:
             anomalous = bool(outputs[self._index["pred_label"]].flat[0])
         k = self._find_regions(outputs, box_map) if self._regions else 0
+        self._outlines.clear()
         return Anomaly(
             score,
             anomalous,
@@ -181,8 +201,8 @@ class AnomalyDecoder:
             self._area[:k],
             self._scores[:k],
             self._ids[:k],
-            self._labels,
             box_map,
+            self._outlines,
             nonfinite,
             outputs[self._index["anomaly_map"]][0, 0] if "anomaly_map" in self._index else None,
             self._heat,
@@ -221,3 +241,48 @@ class AnomalyDecoder:
         self._region[()] = region
         np.equal(self._labels, self._region, out=self._in_region)
         return self._in_region.view(np.uint8)
+
+
+class _Outlines:
+    """One frame's region outlines and their sizes, worked out once, when first asked for: OpenCV's
+    contours are arrays of its own (findContours makes them), each outline mapped to the frame for
+    its rectangle in a buffer grown (once per longer outline) to the longest seen."""
+
+    def __init__(self, select: Callable[[int], np.ndarray]) -> None:
+        """``select``: the decoder's mask of one component, in its buffer."""
+        self._select = select
+        self._scale = np.ones(2, dtype=np.float32)
+        self._points = np.empty((0, 2), dtype=np.float32)
+        self._outlines: list[np.ndarray] | None = None
+        self._sides: list[tuple[float, float]] | None = None
+
+    def clear(self) -> None:
+        """Forget the last frame's outlines: a new frame's regions are in the decoder's buffers."""
+        self._outlines = self._sides = None
+
+    def outlines(self, ids: np.ndarray) -> list[np.ndarray]:
+        if self._outlines is None:
+            self._outlines = []
+            for region in ids.tolist():
+                contours, _ = cv2.findContours(self._select(region), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+                self._outlines.append(max(contours, key=len) if contours else np.zeros((0, 1, 2), dtype=np.int32))
+        return self._outlines
+
+    def sides(self, ids: np.ndarray, box_map: BoxMap) -> list[tuple[float, float]]:
+        if self._sides is None:
+            self._scale[0], self._scale[1] = box_map.scale_x, box_map.scale_y
+            self._sides = [self._rectangle(outline.reshape(-1, 2)) for outline in self.outlines(ids)]
+        return self._sides
+
+    def _rectangle(self, outline: np.ndarray) -> tuple[float, float]:
+        """The sides of ``outline``'s minimum-area rectangle once mapped to frame pixels, the longer first."""
+        n = outline.shape[0]
+        if n == 0:
+            return 0.0, 0.0
+        if self._points.shape[0] < n:
+            self._points = np.empty((n, 2), dtype=np.float32)
+        points = self._points[:n]
+        np.copyto(points, outline, casting="unsafe")
+        np.divide(points, self._scale, out=points)
+        (_, _), (w, h), _ = cv2.minAreaRect(points)
+        return float(max(w, h)), float(min(w, h))

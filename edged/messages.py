@@ -139,8 +139,22 @@ class AnomalyRegion(Message):
     max_score: float = Field(ge=0, le=1, description="The highest anomaly map value in it (normalised: 0.5 the export's).")
     polygon: list[tuple[float, float]] = Field(description="Its outline, x, y points in frame pixels.")
     zone: str | None = Field(None, description="The [inspect] zone it is in; null without zones or outside all.")
+    length_px: float = Field(ge=0, description="The longer side of its outline's minimum-area rectangle, in frame pixels.")
+    width_px: float = Field(ge=0, description="The shorter side of its outline's minimum-area rectangle, in frame pixels.")
     area_mm2: float | None = Field(
         None, ge=0, description="area_px in mm2, with the camera's inspect.mm_per_px.", exclude_if=lambda v: v is None
+    )
+    length_mm: float | None = Field(
+        None, ge=0, description="length_px in mm, with inspect.mm_per_px.", exclude_if=lambda v: v is None
+    )
+    width_mm: float | None = Field(
+        None, ge=0, description="width_px in mm, with inspect.mm_per_px.", exclude_if=lambda v: v is None
+    )
+    note: str | None = Field(
+        None,
+        description="Why the region does not count against the part: 'within limits' (inside the size limits of "
+        "[inspect] for the class 'anomaly'); absent otherwise.",
+        exclude_if=lambda v: v is None,
     )
 
 

@@ -298,6 +298,7 @@ class FramePath:
         mm_per_px = None
         if isinstance(inspected, AnomalyInspected) and isinstance(inspector, AnomalyInspector):
             zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]
+            notes = [WITHIN_LIMITS if w else None for w in inspected.within.tolist()]
             mm_per_px = inspector.mm_per_px
         elif isinstance(inspector, Inspector) and isinstance(inspected, Inspected):
             zones = [inspector.zone_name(z) for z in inspected.zones.tolist()]

@@ -63,7 +63,7 @@ class Inspector:
         for name, area in cfg.min_area.items():
             min_area[resolve("min_area", name)] = area
         self.mm_per_px = cfg.mm_per_px
-        self._limits = self._size_limits(cfg, resolve, num_classes)
+        self._limits = _size_limits(cfg, resolve, num_classes)
         resolve.raise_problems()
         self.zone_names: tuple[str, ...] = tuple(cfg.zones)
         overlap = cfg.match == "overlap"
@@ -87,25 +87,6 @@ class Inspector:
         self._ng = np.empty(max_det, dtype=np.bool_)
         self._test = np.empty(max_det, dtype=np.bool_)
         self._within = np.zeros(max_det, dtype=np.bool_)
-
-    def _size_limits(
-        self, cfg: InspectConfig, resolve: _ClassNames, num_classes: int
-    ) -> tuple[list[float], list[float]] | None:
-        """Per class, the longest and the largest defect tolerated, in frame pixels (inf: no limit); None without any."""
-        lengths, areas = [math.inf] * num_classes, [math.inf] * num_classes
-        scale = cfg.mm_per_px
-        if scale is None and (cfg.max_length_mm or cfg.max_area_mm2):
-            resolve.problem("inspect.max_length_mm and max_area_mm2 need the camera's scale, inspect.mm_per_px")
-            scale = 1.0
-        for key, limits, factor, out in (
-            ("max_length_px", cfg.max_length_px, 1.0, lengths),
-            ("max_area_px", cfg.max_area_px, 1.0, areas),
-            ("max_length_mm", cfg.max_length_mm, 1 / (scale or 1.0), lengths),
-            ("max_area_mm2", cfg.max_area_mm2, 1 / (scale or 1.0) ** 2, areas),
-        ):
-            for name, limit in limits.items():
-                out[resolve(key, name)] = limit * factor
-        return (lengths, areas) if any(map(math.isfinite, lengths + areas)) else None
 
     def __call__(self, detections: Detections, frame_w: int, frame_h: int) -> Inspected:
         """Zones, then the verdict: NG when a detection of an NG class, inside a zone (when zones
@@ -262,6 +243,24 @@ class _InsideOnly:
         return Instances(xyxy, scores, ids, instances.scores_above_one, instances.nonfinite, near, masks, *found)
 
 
+def _size_limits(cfg: InspectConfig, resolve: _ClassNames, num_classes: int) -> tuple[list[float], list[float]] | None:
+    """Per class, the longest and the largest defect tolerated, in frame pixels (inf: no limit); None without any."""
+    lengths, areas = [math.inf] * num_classes, [math.inf] * num_classes
+    scale = cfg.mm_per_px
+    if scale is None and (cfg.max_length_mm or cfg.max_area_mm2):
+        resolve.problem("inspect.max_length_mm and max_area_mm2 need the camera's scale, inspect.mm_per_px")
+        scale = 1.0
+    for key, limits, factor, out in (
+        ("max_length_px", cfg.max_length_px, 1.0, lengths),
+        ("max_area_px", cfg.max_area_px, 1.0, areas),
+        ("max_length_mm", cfg.max_length_mm, 1 / (scale or 1.0), lengths),
+        ("max_area_mm2", cfg.max_area_mm2, 1 / (scale or 1.0) ** 2, areas),
+    ):
+        for name, limit in limits.items():
+            out[resolve(key, name)] = limit * factor
+    return (lengths, areas) if any(map(math.isfinite, lengths + areas)) else None
+
+
 class _ClassNames:
     """Resolves the labels (or class ids) named in ``[inspect]``, collecting every unknown one."""
 
@@ -288,20 +287,24 @@ class _ClassNames:
             raise ConfigError(None, self._problems)
 
 
-_SIZE_LIMIT = (
-    "is for segmentation models' classes; an anomaly model's regions are judged by inspect.min_area "
-    "(of 'anomaly') and its zones"
-)
+class _AnomalyClass(_ClassNames):
+    """An anomaly model's one class, 'anomaly', the only name its ``[inspect]`` keys take."""
+
+    def __init__(self) -> None:
+        super().__init__(("anomaly",), 1)
+
+    def __call__(self, key: str, name: str) -> int:
+        if name != "anomaly":
+            self.problem(f"inspect.{key}: an anomaly model has the one class 'anomaly', not {name!r}")
+        return 0
+
+
 # The [inspect] keys that mean nothing for an anomaly model, and why: set, they would be silently ignored.
 _NOT_FOR_ANOMALY = {
     "class_conf": "is for detection models; an anomaly model's threshold is model.anomaly_threshold",
     "ng_classes": "is for detection models; an anomaly model's threshold is model.anomaly_threshold",
     "min_confidence": "is for classification models; an anomaly model's verdict is its score against "
     "model.anomaly_threshold",
-    "max_length_mm": _SIZE_LIMIT,
-    "max_area_mm2": _SIZE_LIMIT,
-    "max_length_px": _SIZE_LIMIT,
-    "max_area_px": _SIZE_LIMIT,
 }
 
 
@@ -310,8 +313,9 @@ class AnomalyInspected:
     """One anomaly frame's inspection; the arrays are views valid until the inspector's next frame.
 
     ``zones`` (k,) each region's zone index into `AnomalyInspector.zone_names` (`NO_ZONE` for none);
-    ``ng`` (k,) which regions count against the part; ``reason_region`` the region the NG reason
-    names (the largest that counts; 0 when it has none).
+    ``ng`` (k,) which regions count against the part; ``within`` (k,) which would but are within the
+    size limits (``max_length_*``, ``max_area_*`` of 'anomaly'); ``reason_region`` the region the NG
+    reason names (the largest that counts; 0 when it has none).
     """
 
     result: Anomaly
@@ -319,14 +323,17 @@ class AnomalyInspected:
     ng: np.ndarray
     verdict: Verdict
     reason_region: int
+    within: np.ndarray
 
 
 class AnomalyInspector:
     """``[inspect]`` for an anomaly model: NG when the image score is above the threshold (reason
-    "anomaly score"). With zones, the regions are judged in them: a frame is NG when a region at
-    least ``min_area`` (of the class ``anomaly``) lies in a zone, or when it has no region at all (a
-    high score with nothing to place is still an anomaly); its regions all outside the zones, or
-    all too small, make it OK."""
+    "anomaly score") and a region counts against the part, or when it has no region at all (a high
+    score with nothing to place is still an anomaly). A region counts when it lies in a zone (with
+    zones), is at least ``min_area`` and is not within every size limit (``max_length_*``,
+    ``max_area_*``) of the class ``anomaly``; its regions all outside the zones, too small or
+    within the limits make the frame OK (a spot under 1 mm2 is dust). Lengths are traced only
+    with a length limit (`Anomaly.sides`: the message reuses them)."""
 
     thresholds = None  # the threshold is model.anomaly_threshold: an anomaly decoder takes no class thresholds
 
@@ -334,18 +341,21 @@ class AnomalyInspector:
         unused = [f"inspect.{key} {why}" for key, why in _NOT_FOR_ANOMALY.items() if getattr(cfg, key)]
         if unused:
             raise ConfigError(None, unused)
-        unknown = [name for name in cfg.min_area if name != "anomaly"]
-        if unknown:
-            raise ConfigError(None, [f"inspect.min_area: an anomaly model has the one class 'anomaly', not {unknown}"])
+        resolve = _AnomalyClass()
+        for name in cfg.min_area:
+            resolve("min_area", name)
+        limits = _size_limits(cfg, resolve, 1)
+        resolve.raise_problems()
+        self._max_length, self._max_area = (limits[0][0], limits[1][0]) if limits else (math.inf, math.inf)
         self.zone_names: tuple[str, ...] = tuple(cfg.zones)
         self.mm_per_px = cfg.mm_per_px
         self._zones = ZoneMap(cfg.zones, max_regions, overlap=cfg.match == "overlap") if cfg.zones else None
-        self._min_area = cfg.min_area.get("anomaly", 0.0)
-        self._need = np.array(self._min_area, dtype=np.float32)
+        self._need = np.array(cfg.min_area.get("anomaly", 0.0), dtype=np.float32)
         self._area = np.empty(max_regions, dtype=np.float32)
         self._no_zone = np.full(max_regions, NO_ZONE, dtype=np.intp)
         self._ng = np.empty(max_regions, dtype=np.bool_)
         self._big = np.empty(max_regions, dtype=np.bool_)
+        self._within = np.zeros(max_regions, dtype=np.bool_)
         self._frame_area = np.ones((), dtype=np.float32)
 
     def __call__(self, result: Anomaly, frame_w: int, frame_h: int) -> AnomalyInspected:
@@ -361,10 +371,22 @@ class AnomalyInspector:
         np.divide(result.area_px, self._frame_area, out=area)
         np.greater_equal(area, self._need, out=big)
         np.logical_and(ng, big, out=ng)
-        counts = k == 0 or (self._zones is None and self._min_area == 0.0) or bool(ng.any())
-        verdict: Verdict = "ng" if result.anomalous and counts else "ok"
-        first = int(np.argmax(ng)) if k and ng.any() else 0
-        return AnomalyInspected(result, zones, ng, verdict, first)
+        within = self._within[:k]
+        within.fill(False)
+        if k and (self._max_area != math.inf or self._max_length != math.inf):
+            self._tolerate(result, ng, within)
+        counting = ng.tolist()  # a list: numpy's any and argmax would each make an array
+        counts = True in counting
+        verdict: Verdict = "ng" if result.anomalous and (k == 0 or counts) else "ok"
+        return AnomalyInspected(result, zones, ng, verdict, counting.index(True) if counts else 0, within)
+
+    def _tolerate(self, result: Anomaly, ng: np.ndarray, within: np.ndarray) -> None:
+        """Mark the counting regions within every size limit, and take them out of ``ng``."""
+        lengths = [s[0] for s in result.sides()] if self._max_length != math.inf else None
+        for i, area in enumerate(result.area_px.tolist()):
+            if ng[i] and area <= self._max_area and (lengths is None or lengths[i] <= self._max_length):
+                within[i] = True
+                ng[i] = False
 
     def zone_name(self, zone: int) -> str | None:
         return None if zone == NO_ZONE else self.zone_names[zone]

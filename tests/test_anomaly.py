@@ -10,6 +10,7 @@ uint8) and must give the same numbers.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,14 @@ from allocations import NumpyAllocations
 from edged.anomaly import Anomaly, AnomalyDecoder
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import ConfigError, ContractError, HeadError
+from edged.geometry import BoxMap
 from edged.heads.anomaly import AnomalyHead
 from edged.model import LoadedModel, load_model
-from edged.pipeline import FramePath, FramePipeline, Processed
+from edged.pipeline import WITHIN_LIMITS, FramePath, FramePipeline, Processed
 from edged.preprocess import AntialiasPreprocessor, antialias_taps
 from edged.settings.inspect import InspectConfig
 from edged.sources.base import Frame
-from edged.verdict import AnomalyInspector
+from edged.verdict import AnomalyInspected, AnomalyInspector
 
 DATA = Path(__file__).parent / "data" / "anomaly"
 MODEL = DATA / "padim.onnx"
@@ -258,15 +260,129 @@ def test_patchcores_default_export_fixed_at_a_batch_of_two_is_refused_by_name() 
         ({"class_conf": {"anomaly": 0.5}}, ["inspect.class_conf", "model.anomaly_threshold"]),
         ({"ng_classes": ["anomaly"]}, ["inspect.ng_classes", "model.anomaly_threshold"]),
         ({"min_confidence": 0.5}, ["inspect.min_confidence", "classification models"]),
-        ({"max_length_px": {"anomaly": 10.0}}, ["inspect.max_length_px", "segmentation models", "min_area"]),
-        ({"max_area_px": {"anomaly": 10.0}}, ["inspect.max_area_px", "segmentation models"]),
-        ({"mm_per_px": 0.1, "max_length_mm": {"anomaly": 1.0}}, ["inspect.max_length_mm", "segmentation models"]),
-        ({"mm_per_px": 0.1, "max_area_mm2": {"anomaly": 1.0}}, ["inspect.max_area_mm2", "segmentation models"]),
+        ({"max_area_px": {"dent": 10.0}}, ["inspect.max_area_px", "the one class 'anomaly'", "dent"]),
+        ({"mm_per_px": 0.1, "max_length_mm": {"0": 1.0}}, ["inspect.max_length_mm", "the one class 'anomaly'"]),
+        ({"max_area_mm2": {"anomaly": 1.0}}, ["max_area_mm2 need the camera's scale, inspect.mm_per_px"]),
+        ({"max_length_mm": {"anomaly": 1.0}}, ["inspect.max_length_mm", "inspect.mm_per_px"]),
     ],
 )
-def test_inspect_keys_that_mean_nothing_for_an_anomaly_model_are_refused_naming_them(
+def test_inspect_keys_that_mean_nothing_for_an_anomaly_model_or_name_another_class_are_refused_naming_them(
     keys: dict[str, Any], words: list[str]
 ) -> None:
     with pytest.raises(ConfigError) as info:
         AnomalyInspector(InspectConfig(**keys), 100)
     assert all(word in str(info.value) for word in words), info.value
+
+
+MAP = 64  # the synthetic model's map: 64 x 64, stretched over frames of other sizes
+
+
+def decoded(shapes: list[tuple[str, tuple[int, ...]]], frame: tuple[int, int] = (128, 256), score: float = 0.9) -> Anomaly:
+    """A frame of a synthetic model whose mask holds ``shapes``: ("rect", (x1, y1, x2, y2)) filled, or
+    ("line", (x1, y1, x2, y2)) one map pixel wide, in map pixels."""
+    mask = np.zeros((1, 1, MAP, MAP), dtype=np.uint8)
+    for kind, (x1, y1, x2, y2) in shapes:
+        if kind == "rect":
+            mask[0, 0, y1:y2, x1:x2] = 1
+        else:
+            cv2.line(mask[0, 0], (x1, y1), (x2, y2), 1, 1)
+    decoder = AnomalyDecoder([("pred_score", (1,)), ("pred_mask", (1, 1, MAP, MAP))])
+    return decoder.decode([np.array([score], dtype=np.float32), mask], BoxMap.stretch(*frame, MAP, MAP))
+
+
+def judge(result: Anomaly, frame: tuple[int, int] = (128, 256), **keys: Any) -> tuple[AnomalyInspected, list[Any]]:
+    """The inspector's verdict on ``result`` and the regions of its message."""
+    inspector = AnomalyInspector(InspectConfig(**keys), 100)
+    judged = inspector(result, *frame)
+    notes = [WITHIN_LIMITS if w else None for w in judged.within.tolist()]
+    fields = result.message_fields(lambda _: "anomaly", None, None, notes=notes, mm_per_px=inspector.mm_per_px)
+    return judged, fields["regions"]
+
+
+@pytest.mark.unit
+def test_a_regions_length_and_width_are_its_min_area_rectangles_sides_in_frame_pixels_under_any_scale() -> None:
+    # Frame 128 x 256 over a 64 x 64 map: x doubles and y quadruples, so a diagonal in the map is
+    # steep in the frame, and its rectangle must be found on the outline mapped there.
+    result = decoded([("line", (10, 10, 40, 40)), ("rect", (50, 2, 60, 6))])
+    _, regions = judge(result)
+    square, diagonal = regions  # 40 map pixels, then 31
+    assert diagonal.length_px == pytest.approx(math.hypot(30 * 2, 30 * 4), abs=1.5)
+    assert diagonal.width_px < 6
+    assert (square.length_px, square.width_px) == (18.0, 12.0)  # 9 x 3 map pixels between outline corners
+    assert diagonal.length_mm is None and "length_mm" not in diagonal.model_dump_json()
+    _, scaled = judge(result, mm_per_px=0.5)
+    assert (scaled[0].length_mm, scaled[0].width_mm) == (9.0, 6.0)
+    assert all(r.note is None for r in regions) and "note" not in regions[0].model_dump_json()
+
+
+@pytest.mark.unit
+def test_an_anomaly_frame_traces_its_outlines_once_for_the_verdict_and_the_message() -> None:
+    result = decoded([("rect", (10, 10, 20, 20)), ("line", (30, 30, 50, 40))])
+    first = result.outlines()
+    assert result.outlines() is first and len(first) == 2
+    judge(result, max_length_px={"anomaly": 100.0})
+    assert result.outlines() is first
+
+
+@pytest.mark.unit
+def test_a_region_within_an_area_limit_in_pixels_does_not_count_and_is_noted() -> None:
+    result = decoded([("rect", (10, 10, 20, 20))])  # 10 x 10 map pixels: 800 frame pixels
+    assert result.area_px.tolist() == [800.0]
+    judged, regions = judge(result, max_area_px={"anomaly": 800.0})
+    assert judged.verdict == "ok" and judged.within.tolist() == [True] and regions[0].note == WITHIN_LIMITS
+    judged, regions = judge(result, max_area_px={"anomaly": 799.0})
+    assert judged.verdict == "ng" and judged.within.tolist() == [False] and regions[0].note is None
+
+
+@pytest.mark.unit
+def test_a_region_within_limits_in_millimetres_does_not_count() -> None:
+    result = decoded([("rect", (10, 10, 20, 20))])  # 800 px; 36 x 18 px between outline corners
+    judged, regions = judge(result, mm_per_px=0.5, max_area_mm2={"anomaly": 200.0}, max_length_mm={"anomaly": 18.0})
+    assert judged.verdict == "ok" and regions[0].note == WITHIN_LIMITS
+    assert (regions[0].area_mm2, regions[0].length_mm) == (200.0, 18.0)
+    assert judge(result, mm_per_px=0.5, max_length_mm={"anomaly": 17.9})[0].verdict == "ng"
+    assert judge(result, mm_per_px=0.5, max_area_mm2={"anomaly": 199.0})[0].verdict == "ng"
+
+
+@pytest.mark.unit
+def test_one_region_within_and_one_over_the_limits_is_ng_naming_the_one_over() -> None:
+    # The block is the larger region and within the length limit; the long thin line is over it.
+    result = decoded([("rect", (5, 5, 15, 15)), ("line", (20, 50, 60, 50))])
+    judged, regions = judge(result, max_length_px={"anomaly": 40.0})
+    assert judged.verdict == "ng" and judged.within.tolist() == [True, False]
+    assert judged.reason_region == 1 and judged.ng.tolist() == [False, True]
+    assert [r.note for r in regions] == [WITHIN_LIMITS, None]
+
+
+@pytest.mark.unit
+def test_limits_judge_only_the_regions_in_the_zones() -> None:
+    # The small block sits in the left half of the frame, the large one in the right half.
+    result = decoded([("rect", (40, 40, 60, 60)), ("rect", (5, 5, 10, 10))])
+    left = {"left": [[0, 0], [0.5, 0], [0.5, 1], [0, 1]]}
+    judged, regions = judge(result, zones=left, outside_zones="keep", max_area_px={"anomaly": 400.0})
+    assert judged.verdict == "ok" and judged.within.tolist() == [False, True]
+    assert [r.note for r in regions] == [None, WITHIN_LIMITS]
+    judged, _ = judge(result, zones=left, max_area_px={"anomaly": 100.0})
+    assert judged.verdict == "ng" and judged.reason_region == 1
+
+
+@pytest.mark.unit
+def test_a_high_score_without_any_region_stays_ng_whatever_the_limits() -> None:
+    judged, regions = judge(decoded([]), max_area_px={"anomaly": 1e9}, max_length_px={"anomaly": 1e9})
+    assert (judged.verdict, judged.reason_region, regions) == ("ng", 0, [])
+    calm, _ = judge(decoded([("rect", (10, 10, 20, 20))], score=0.1), max_area_px={"anomaly": 1.0})
+    assert calm.verdict == "ok"
+
+
+@pytest.mark.unit
+def test_area_limits_alone_judge_a_frame_without_creating_arrays() -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    result = decoded([("rect", (10, 10, 20, 20)), ("rect", (30, 30, 35, 35))])  # 800 and 200 frame pixels
+    inspector = AnomalyInspector(InspectConfig(max_area_px={"anomaly": 200.0}), 100)
+    inspector(result, 128, 256)
+    with counter.counting():
+        before = counter.buffers
+        judged = inspector(result, 128, 256)
+        assert counter.buffers == before
+    assert judged.verdict == "ng" and judged.within.tolist() == [False, True]

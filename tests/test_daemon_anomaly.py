@@ -94,7 +94,6 @@ def test_an_anomaly_model_fed_bgr_or_normalised_twice_exits_78_naming_why(tmp_pa
     [
         ({"roi": [0, 0, 100, 100]}, "inspect.roi is for classification models"),
         ({"min_confidence": 0.5}, "inspect.min_confidence is for classification models"),
-        ({"max_area_px": {"anomaly": 50.0}}, "inspect.max_area_px is for segmentation models"),
     ],
 )
 def test_inspect_keys_an_anomaly_model_cannot_honour_exit_78_naming_the_key(
@@ -103,6 +102,26 @@ def test_inspect_keys_an_anomaly_model_cannot_honour_exit_78_naming_the_key(
     result = run_cli("run", "--config", str(config(tmp_path, f"tcp://127.0.0.1:{free_port()}", inspect=inspect)))
     assert result.returncode == 78, result.stderr
     assert words in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(("limit", "verdict", "note"), [(300.0, "ok", "within limits"), (100.0, "ng", None)])
+def test_a_region_within_the_size_limits_does_not_make_the_part_ng(
+    tmp_path: Path, limit: float, verdict: str, note: str | None
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    inspect = {"max_area_px": {"anomaly": limit}}  # the spot's one region is about 227 frame pixels
+    d = RunningDaemon(config(tmp_path, endpoint, inspect=inspect), endpoint)
+    try:
+        spot = next(
+            (m for m in d.messages(60) if isinstance(m, DetectionsMessage) and "spot" in (m.source_file or "")), None
+        )
+    finally:
+        d.stop()
+    assert spot is not None, f"no spot frame came in 60 s:\n{d.log()}"
+    assert spot.anomalous is True and spot.regions and 100 < spot.regions[0].area_px < 300
+    assert spot.verdict == verdict and [r.note for r in spot.regions] == [note]
+    assert [r.label for r in spot.reasons] == (["anomaly score"] if verdict == "ng" else [])
+    assert spot.regions[0].length_px >= spot.regions[0].width_px > 0
 
 
 def test_evidence_of_an_anomalous_frame_saves_its_map_beside_the_image(tmp_path: Path) -> None:

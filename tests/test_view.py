@@ -238,7 +238,11 @@ def test_an_anomaly_models_regions_are_outlined_and_its_score_shown(view: LiveVi
             "anomaly_score": 0.8,
             "anomalous": True,
             "threshold": 0.5,
-            "regions": [AnomalyRegion(box=(400, 200, 800, 400), area_px=80000, max_score=0.9, polygon=square)],
+            "regions": [
+                AnomalyRegion(
+                    box=(400, 200, 800, 400), area_px=80000, max_score=0.9, polygon=square, length_px=400, width_px=200
+                )
+            ],
         }
     )
     with view.watch():

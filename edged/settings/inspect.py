@@ -102,23 +102,29 @@ class InspectConfig(Section):
     mm_per_px: float | None = Field(
         None,
         gt=0,
-        description="Segmentation models: millimetres per frame pixel of this camera; its messages then carry "
-        "area_mm2, length_mm and width_mm, and the max_*_mm limits apply.",
+        description="Segmentation and anomaly models: millimetres per frame pixel of this camera; its messages then "
+        "carry area_mm2, length_mm and width_mm (of detections or regions), and the max_*_mm limits apply.",
     )
     max_length_mm: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict,
         description="Segmentation models: label -> the longest defect of the class tolerated, in mm (needs mm_per_px): "
-        "within every limit of its class, a defect is reported 'within limits' and does not make the part NG.",
+        "within every limit of its class, a defect is reported 'within limits' and does not make the part NG; "
+        "anomaly models: the same for their regions, under the class 'anomaly'.",
     )
     max_area_mm2: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict,
-        description="Segmentation models: label -> the largest defect (mask area) of the class tolerated, in mm2.",
+        description="Segmentation models: label -> the largest defect (mask area) of the class tolerated, in mm2; "
+        "anomaly models: the largest region, under the class 'anomaly'.",
     )
     max_length_px: dict[str, Annotated[float, Field(gt=0)]] = Field(
-        default_factory=dict, description="As max_length_mm, in frame pixels (no scale needed)."
+        default_factory=dict,
+        description="As max_length_mm (segmentation models, and anomaly models' regions under the class 'anomaly'), "
+        "in frame pixels (no scale needed).",
     )
     max_area_px: dict[str, Annotated[float, Field(gt=0)]] = Field(
-        default_factory=dict, description="As max_area_mm2, in frame pixels."
+        default_factory=dict,
+        description="As max_area_mm2 (segmentation models, and anomaly models' regions under the class 'anomaly'), "
+        "in frame pixels.",
     )
     min_confidence: float | None = Field(
         None,
