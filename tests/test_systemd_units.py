@@ -141,11 +141,14 @@ def test_start_returns_only_after_ready_and_the_unit_is_activating_until_then(st
 
 
 def test_systemctl_status_shows_edged_status_line(running: Container) -> None:
+    line = re.compile(r"fps .*\| camera ok \| .* \| \d+ frames \| model demo@[0-9a-f]+")
+    # READY=1 carries the first frame's line ("camera starting"); the camera's state follows on the next.
+    assert wait_until(lambda: bool(line.search(running.show("edged.service", "StatusText")["StatusText"])), 60)
     out = running.ok("systemctl", "status", "edged.service")
     assert "Active: active (running)" in out
     status = re.search(r'^\s*Status: "(.*)"$', out, re.M)
     assert status, out
-    assert re.search(r"fps .*\| camera ok \| .* \| \d+ frames \| model demo@[0-9a-f]+", status.group(1)), status.group(1)
+    assert line.search(status.group(1)), status.group(1)
 
 
 def test_journal_has_edged_structured_fields(running: Container) -> None:
