@@ -232,6 +232,13 @@ def test_status_metrics_and_live_view_show_the_clients_and_requests_served(tmp_p
                     d.wait_status,
                     lambda s: s.opcua is not None and (s.opcua.clients, s.opcua.requests, s.opcua.updates) == (1, 1, 1),
                 )
+
+                # /metrics reads the live view's last status, handed to it just after the stream's.
+                def counted() -> bool:
+                    metrics = _get(f"http://127.0.0.1:{http}/metrics")
+                    return b"edged_opcua_clients 1.0" in metrics and b"edged_opcua_requests_total 1.0" in metrics
+
+                assert await loop.run_in_executor(None, wait_for, counted, 30)
                 metrics = await loop.run_in_executor(None, _get, f"http://127.0.0.1:{http}/metrics")
                 page = await loop.run_in_executor(None, _get, f"http://127.0.0.1:{http}/")
                 return metrics, page, status
