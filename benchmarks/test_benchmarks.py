@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import paced
 import pytest
+import shadow_trial
 import stages_alone
 import yolov8n_like
 from onnx_models import colour_probe
@@ -135,3 +136,11 @@ def test_paced_beside_a_capture_thread(probe: Path, tmp_path: Path, capsys: pyte
     out = capsys.readouterr().out
     assert "capture thread (idle)" in out and "during-run" in out
     assert (tmp_path / "capture-1280x720-mjpg-30fps-v1.avi").is_file()
+
+
+def test_shadow_trial_compares_runs_and_prints_the_cost_the_trial_measures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert shadow_trial.main(["--rounds", "1", "--seconds", "12", "--case", "scene"]) == 0
+    off, on, summary = capsys.readouterr().out.splitlines()
+    assert "candidate off" in off and "added frame age" not in off
+    assert "candidate on" in on and "live frames delayed" in on and "% of the frame age" in on
+    assert "frame age p50" in summary and "attributed added frame age" in summary

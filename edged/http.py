@@ -814,6 +814,9 @@ function candidate(c) {
     ["verdicts", Object.entries(c.verdicts).map(([k, n]) => k + " " + n).join(", ") || "-"],
     ["score shift", c.score_shift === null ? "-" : c.score_shift.toFixed(3)],
     ["latency", c.latency ? c.latency.p50_ms.toFixed(1) + " / " + c.latency.p99_ms.toFixed(1) + " ms" : "-"],
+    ["live frames", c.live_frames + " published, " + c.live_delayed + " delayed" + (c.live_delay ? " by " +
+      c.live_delay.p50_ms.toFixed(1) + " / " + c.live_delay.p99_ms.toFixed(1) + " ms" : "")],
+    ["added age", c.live_delay_ms === null ? "-" : c.live_delay_ms.toFixed(3) + " ms per frame (at most)"],
     ["saved", String(c.disagreements_saved)],
     ...(c.error ? [["error", c.error]] : [])]);
   rows("trialclasses", [["class", "matched", "live only", "candidate only"], ...Object.entries(c.classes).map(

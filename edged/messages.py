@@ -501,6 +501,22 @@ class CandidateReport(Message):
     latency: StageLatency | None = Field(description="The candidate's own latency per frame (preprocess to decode).")
     disagreements_saved: int = Field(ge=0, description="Frames the models disagree on saved to evidence_dir.")
     gate: str | None = Field(description="Why promotion would be refused now; null once the gate is passed.")
+    live_frames: int = Field(0, ge=0, description="Live frames published while the candidate was on trial, board-wide.")
+    live_delayed: int = Field(
+        0,
+        ge=0,
+        description="Of those, frames captured before a candidate run (or a sample copy) on the loop's thread "
+        "ended and taken after it: frames that may have waited for the trial.",
+    )
+    live_delay_ms: float | None = Field(
+        None,
+        ge=0,
+        description="Frame age the trial added per live frame, averaged over all live_frames: an upper bound "
+        "(the loop might have been busy anyway), free of run-to-run noise; null before the first.",
+    )
+    live_delay: StageLatency | None = Field(
+        None, description="Frame age the trial added to each delayed frame (p50, p99); null before the first."
+    )
 
 
 class ModbusReport(Message):

@@ -351,6 +351,27 @@ def _candidate(status: StatusMessage) -> Iterator[Metric]:
         latency.add_metric(["0.5"], trial.latency.p50_ms / 1e3)
         latency.add_metric(["0.99"], trial.latency.p99_ms / 1e3)
         yield latency
+    yield CounterMetricFamily(
+        "edged_candidate_live_frames", "Live frames published while the candidate was on trial.", value=trial.live_frames
+    )
+    yield CounterMetricFamily(
+        "edged_candidate_live_delayed",
+        "Live frames that may have waited for the trial's time on the loop.",
+        value=trial.live_delayed,
+    )
+    if trial.live_delay_ms is not None:
+        yield GaugeMetricFamily(
+            "edged_candidate_live_delay_mean_seconds",
+            "Frame age the trial added per live frame, an upper bound.",
+            value=trial.live_delay_ms / 1e3,
+        )
+    if trial.live_delay is not None:
+        delay = GaugeMetricFamily(
+            "edged_candidate_live_delay_seconds", "Frame age the trial added to a delayed frame.", labels=["quantile"]
+        )
+        delay.add_metric(["0.5"], trial.live_delay.p50_ms / 1e3)
+        delay.add_metric(["0.99"], trial.live_delay.p99_ms / 1e3)
+        yield delay
 
 
 def _modbus(status: StatusMessage) -> Iterator[Metric]:

@@ -9,6 +9,11 @@ age are not touched. A loop kept busy by the live model never gives the candidat
 samples it never ran on are counted (``skipped_busy``). The candidate publishes nothing and
 drives no output: its results are only compared with the live model's (`Tally`).
 
+What the trial costs the live frames is measured rather than assumed: the loop time it takes (each
+candidate run, each sample copy) is kept as busy intervals (`BusyTimes`), and every live frame is
+charged the part of them after its capture (`Tally.delayed`), so the status says how much frame age
+the trial added, whatever other load the machine carries.
+
 A candidate that fails to load, fails on a frame or outputs NaN is reported in the status and
 never reaches the live path. `Shadow.promote` and `Shadow.rollback` hand the daemon the model
 and frame paths to swap in between frames (`edged.control` carries the commands).
@@ -19,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +40,7 @@ from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.requests import RequestDesk
 from edged.settings.evidence import EvidenceConfig
 from edged.sources.base import Frame
+from edged.stats import LatencyWindow
 from edged.task import TaskResult
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,7 @@ HEADROOM_FACTOR = 1.2  # the spare time must exceed the candidate's p99 by this 
 MATCH_IOU = 0.5  # two boxes of one class at this IoU or more are the same object
 EVIDENCE_STOP_WAIT_S = 1.0  # at stop, time left to save the disagreeing frames queued
 INTERVAL_SMOOTHING = 0.2  # weight of the newest frame interval in a camera's running estimate
+BUSY_KEPT = 64  # the trial's busy intervals kept for charging the live frames captured before they ended
 
 
 def candidate_model_config(live: ModelConfig, candidate: CandidateConfig) -> ModelConfig:
@@ -147,6 +154,50 @@ def match(live: Detections, candidate: Detections) -> Matches:
     return found
 
 
+class BusyTimes:
+    """The loop time the trial took lately, as (start, end) intervals on the monotonic clock of
+    ``Frame.t_capture_ns``, oldest first, in a ring of ``size`` allocated once.
+
+    `settle` drops the intervals no frame still to come can have waited for; a camera gone quiet
+    holds them back, and then the oldest go once ``size`` are kept (its next frame is captured
+    after them).
+    """
+
+    def __init__(self, size: int = BUSY_KEPT) -> None:
+        self._starts = [0] * size
+        self._ends = [0] * size
+        self._first = self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, start_ns: int, end_ns: int) -> None:
+        if end_ns <= start_ns:
+            return
+        size = len(self._starts)
+        if self._count == size:
+            self._first, self._count = (self._first + 1) % size, self._count - 1
+        i = (self._first + self._count) % size
+        self._starts[i], self._ends[i] = start_ns, end_ns
+        self._count += 1
+
+    def delay_ns(self, capture_ns: int) -> int:
+        """How long a frame captured at ``capture_ns`` and taken after the intervals kept may have
+        waited for them: the part of each after the capture."""
+        total, size = 0, len(self._starts)
+        for k in range(self._count):
+            i = (self._first + k) % size
+            if self._ends[i] > capture_ns:
+                total += self._ends[i] - max(capture_ns, self._starts[i])
+        return total
+
+    def settle(self, captured_ns: int) -> None:
+        """Every camera has a frame captured at ``captured_ns`` or later: the intervals ended by then are charged."""
+        size = len(self._starts)
+        while self._count and self._ends[self._first] <= captured_ns:
+            self._first, self._count = (self._first + 1) % size, self._count - 1
+
+
 class Tally:
     """What the trial has found so far, board-wide."""
 
@@ -157,15 +208,24 @@ class Tally:
         self.live_only: dict[int, int] = {}
         self.candidate_only: dict[int, int] = {}
         self.shift_sum = 0.0
-        self.latencies = np.zeros(LATENCY_WINDOW, np.float64)  # seconds, a ring
-        self.runs = 0  # runs timed, failed ones too: the latency ring's fill
+        self.latency = LatencyWindow(LATENCY_WINDOW)  # the candidate's runs, failed ones too, in ms
+        self.live_frames = self.live_delayed = self.live_delay_ns = 0
+        self.live_delays = LatencyWindow(LATENCY_WINDOW)  # the delayed live frames' delays, in ms
 
     def timed(self, seconds: float) -> None:
-        self.latencies[self.runs % LATENCY_WINDOW] = seconds
-        self.runs += 1
+        self.latency.add(seconds * 1e3)
 
     def p99_s(self) -> float | None:
-        return float(np.percentile(self.latencies[: min(self.runs, LATENCY_WINDOW)], 99)) if self.runs else None
+        p99 = self.latency.percentiles(99)
+        return p99[0] / 1e3 if p99 is not None else None
+
+    def delayed(self, delay_ns: int) -> None:
+        """Count one live frame that may have waited ``delay_ns`` for the trial (0: not at all)."""
+        self.live_frames += 1
+        if delay_ns > 0:
+            self.live_delayed += 1
+            self.live_delay_ns += delay_ns
+            self.live_delays.add(delay_ns / 1e6)
 
     def add(self, live_verdict: str, candidate_verdict: str, found: Matches) -> bool:
         """Count one compared frame; returns whether the models agree on it."""
@@ -209,10 +269,13 @@ class Shadow:
 
     It loads the candidate at once (through `edged.model.load_model`, so a signature is checked
     as the live model's is); one that does not load is reported, and the trial stays off.
+    ``clock`` (monotonic ns, the frames' capture clock) times the loop time the trial takes.
     """
 
-    def __init__(self, settings: Settings, cfg: CandidateConfig) -> None:
+    def __init__(self, settings: Settings, cfg: CandidateConfig, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.cfg = cfg
+        self._clock = clock
+        self.busy = BusyTimes()
         self.settings = settings
         self.state: CandidateState = "on_trial"
         self.error: str | None = None
@@ -238,8 +301,13 @@ class Shadow:
         log.error("%s; the live model goes on alone", why)
 
     def observe(self, camera_id: str, done: Processed) -> None:
-        """A frame the live model published: learn the camera's frame interval, and keep every
-        ``sample_every``-th for the candidate (a sample it never ran on counts as skipped)."""
+        """A frame the live model published: learn the camera's frame interval, charge the frame
+        the trial's loop time after its capture, and keep every ``sample_every``-th for the
+        candidate (a sample it never ran on counts as skipped).
+
+        The charge is an upper bound of what the trial added to the frame's age: the frame waited
+        at most until the end of each busy interval, and the loop might have been busy anyway.
+        """
         frame = done.frame
         last = self._last.get(camera_id)
         self._last[camera_id] = (frame.frame_id, frame.t_capture_ns)
@@ -250,18 +318,22 @@ class Shadow:
             self._interval_ns[camera_id] = smoothed
         if self.state != "on_trial" or camera_id not in self.paths:
             return
+        self.tally.delayed(self.busy.delay_ns(frame.t_capture_ns))
+        self.busy.settle(min(captured for _, captured in self._last.values()))
         seen = self._seen[camera_id] = self._seen.get(camera_id, 0) + 1
         if seen % self.cfg.sample_every:
             return
         sample = self._samples.setdefault(camera_id, Sample(self.settings.model.max_det))
         self.tally.skipped_busy += sample.pending
+        start = self._clock()
         sample.keep(done)
+        self.busy.add(start, self._clock())
 
     def spare_s(self, cameras: Sequence[Camera], desk: RequestDesk | None) -> float:
         """How long the loop can give the candidate now: until the first camera's next frame is
         due (or its rate cap lets one be taken); nothing while a request is in hand, and no bound
         from a camera in request mode between requests."""
-        now_s, now_ns = time.monotonic(), time.monotonic_ns()
+        now_s, now_ns = time.monotonic(), self._clock()
         spare = float("inf")
         for camera in cameras:
             if desk is not None and desk.request(camera) is not None:
@@ -290,12 +362,14 @@ class Shadow:
         return False
 
     def _try(self, camera_id: str, sample: Sample, frame: Frame) -> None:
-        start = time.perf_counter()
+        start = self._clock()
         try:
             outcome = self.paths[camera_id].run(frame)
         except EdgedError as e:
             outcome = Rejected(frame, "inference_error", str(e))
-        self.tally.timed(time.perf_counter() - start)
+        end = self._clock()
+        self.busy.add(start, end)
+        self.tally.timed((end - start) / 1e9)
         if isinstance(outcome, Rejected):
             if outcome.reason == "inference_error":
                 self._failed_frame(camera_id, frame, outcome.detail)
@@ -387,11 +461,6 @@ class Shadow:
     def report(self) -> CandidateReport:
         tally = self.tally
         names = self.model.label if self.model is not None else str
-        p99 = tally.p99_s()
-        latency = None
-        if p99 is not None:
-            p50 = float(np.percentile(tally.latencies[: min(tally.runs, LATENCY_WINDOW)], 50))
-            latency = StageLatency(p50_ms=round(p50 * 1e3, 3), p99_ms=round(p99 * 1e3, 3))
         matched = sum(tally.matched.values())
         shown = self.previous if self.state == "live" else self.model
         agreement = tally.agreement()
@@ -413,10 +482,20 @@ class Shadow:
                 for cls in sorted(tally.matched.keys() | tally.live_only.keys() | tally.candidate_only.keys())
             },
             score_shift=round(tally.shift_sum / matched, 4) if matched else None,
-            latency=latency,
+            latency=_summary(tally.latency),
             disagreements_saved=sum(writer.saved for writer in self._writers.values()),
             gate=self.gate(),
+            live_frames=tally.live_frames,
+            live_delayed=tally.live_delayed,
+            live_delay_ms=round(tally.live_delay_ns / 1e6 / tally.live_frames, 4) if tally.live_frames else None,
+            live_delay=_summary(tally.live_delays),
         )
+
+
+def _summary(window: LatencyWindow) -> StageLatency | None:
+    """The window's p50 and p99; None before its first sample."""
+    got = window.percentiles(50, 99)
+    return StageLatency(p50_ms=got[0], p99_ms=got[1]) if got is not None else None
 
 
 def _boxes(detections: Detections) -> list[dict[str, object]]:

@@ -105,6 +105,9 @@ def test_an_identical_candidate_agrees_on_every_frame_and_passes_the_gate(tmp_pa
         }
         assert report.score_shift == 0.0 and report.latency is not None and report.latency.p99_ms > 0
         assert report.disagreements_saved == 0 and not (tmp_path / "disagree").exists()
+        assert report.live_frames > 0 and 0 <= report.live_delayed <= report.live_frames
+        assert report.live_delay_ms is not None and report.live_delay_ms >= 0.0
+        assert "edged_candidate_live_frames_total" in metrics
         done = run_cli("promote", "--config", str(config))
         assert done.returncode == 0, done.stderr
         assert "promoted" in done.stdout and sha256(tmp_path / "same.onnx") in done.stdout

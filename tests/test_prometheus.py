@@ -371,6 +371,10 @@ def test_the_shadow_trial_comes_from_the_status() -> None:
         latency=StageLatency(p50_ms=4.0, p99_ms=8.0),
         disagreements_saved=2,
         gate="the models agree on 90.0% of the frames, below the gate's 98.0%",
+        live_frames=100,
+        live_delayed=4,
+        live_delay_ms=0.2,
+        live_delay=StageLatency(p50_ms=4.0, p99_ms=6.0),
     )
     metrics = Metrics()
     metrics.update([(_status(candidate=trial), {}, None)])
@@ -386,4 +390,8 @@ def test_the_shadow_trial_comes_from_the_status() -> None:
     assert got[("edged_candidate_verdicts_total", (("candidate", "ng"), ("live", "ok")))] == 2
     assert got[("edged_candidate_boxes_total", (("class", "crack"), ("outcome", "live_only")))] == 1
     assert got[("edged_candidate_latency_seconds", (("quantile", "0.99"),))] == 0.008
+    assert got[("edged_candidate_live_frames_total", ())] == 100
+    assert got[("edged_candidate_live_delayed_total", ())] == 4
+    assert got[("edged_candidate_live_delay_mean_seconds", ())] == 0.0002
+    assert got[("edged_candidate_live_delay_seconds", (("quantile", "0.99"),))] == 0.006
     assert ("edged_candidate_info", (("model", "next"), ("model_sha256", "cd" * 32), ("state", "on_trial"))) in got

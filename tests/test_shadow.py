@@ -1,21 +1,25 @@
 """The shadow trial in process: boxes paired by class, the candidate run only in time to spare,
-the tally and the gate, promotion and rollback handing back the right model."""
+the tally and the gate, promotion and rollback handing back the right model, and the loop time the
+trial took from the live frames."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from onnx_models import fixed_scene
 
 from edged.config import CandidateConfig, ModelConfig, Settings
 from edged.decode import Detections
+from edged.messages import StageLatency
 from edged.model import load_model
 from edged.pipeline import Processed, frame_path
 from edged.settings.sources import SyntheticSourceConfig
-from edged.shadow import Shadow, Swap, match
+from edged.shadow import BUSY_KEPT, BusyTimes, Shadow, Swap, match
 from edged.sources.base import Frame
 
 SCENE = [(16.0, 20.0, 8.0, 8.0, 0, 0.9), (48.0, 20.0, 8.0, 8.0, 1, 0.8), (16.0, 44.0, 8.0, 8.0, 2, 0.7)]
@@ -46,18 +50,34 @@ def settings(tmp_path: Path, candidate: list[Any], **gate: Any) -> Settings:
     return Settings(model=ModelConfig(path=tmp_path / "live.onnx", candidate=trial), source=(source,))
 
 
-def live_frames(s: Settings, count: int) -> list[Processed]:
-    """Frames through the live model, 50 ms apart."""
+def live_frames(s: Settings, count: int, captured_ns: list[int] | None = None) -> list[Processed]:
+    """Frames through the live model, captured at ``captured_ns`` (else 50 ms apart from now)."""
     model = load_model(s.model, s.runtime)
     path = frame_path(s, model, s.source[0])
     image = np.full((96, 128, 3), 90, np.uint8)
     now = time.monotonic_ns()
     done = []
     for i in range(count):
-        outcome = path.run(Frame(image, i, now + i * 50_000_000, time.time_ns(), "bgr"))
+        t_capture_ns = captured_ns[i] if captured_ns is not None else now + i * 50_000_000
+        outcome = path.run(Frame(image, i, t_capture_ns, time.time_ns(), "bgr"))
         assert isinstance(outcome, Processed)
         done.append(outcome)
     return done
+
+
+class Clock:
+    """A monotonic clock the test sets: each read returns ``ns``, then moves it on by ``step``."""
+
+    def __init__(self, ns: int = 0, step: int = 0) -> None:
+        self.ns, self.step = ns, step
+
+    def __call__(self) -> int:
+        now = self.ns
+        self.ns += self.step
+        return now
+
+
+MS = 1_000_000
 
 
 def test_without_time_to_spare_the_candidate_never_runs_and_says_how_many_samples_it_skipped(tmp_path: Path) -> None:
@@ -111,3 +131,71 @@ def test_a_candidate_that_does_not_load_is_reported_failed(tmp_path: Path) -> No
     report = shadow.report()
     assert report.state == "failed" and report.model is None and "did not load" in (report.error or "")
     assert not shadow.run(10.0)
+
+
+@pytest.mark.unit
+def test_busy_times_charge_a_frame_the_busy_time_after_its_capture_and_stay_bounded() -> None:
+    busy = BusyTimes()
+    busy.add(20 * MS, 50 * MS)
+    busy.add(60 * MS, 70 * MS)
+    busy.add(80 * MS, 80 * MS)  # took no time: nothing to charge
+    assert len(busy) == 2
+    assert busy.delay_ns(10 * MS) == 40 * MS  # waited through both
+    assert busy.delay_ns(40 * MS) == 20 * MS  # the first run's last 10 ms, then the second
+    assert busy.delay_ns(75 * MS) == 0
+    busy.settle(55 * MS)  # every camera has a frame captured at 55 ms or later: the first is done
+    assert len(busy) == 1 and busy.delay_ns(0) == 10 * MS
+    for i in range(10 * BUSY_KEPT):
+        busy.add(100 * MS + 2 * i, 100 * MS + 2 * i + 1)
+    assert len(busy) == BUSY_KEPT  # never settled (a camera gone quiet): the oldest go
+    assert busy.delay_ns(0) == BUSY_KEPT
+
+
+def test_a_frame_that_waited_through_a_candidate_run_is_charged_the_run_and_one_after_it_nothing(
+    tmp_path: Path,
+) -> None:
+    s = settings(tmp_path, SCENE)
+    clock = Clock(10 * MS)
+    shadow = Shadow(s, s.model.candidate, clock=clock)  # type: ignore[arg-type]
+    first, before, during, after = live_frames(s, 4, [0, 10 * MS, 40 * MS, 60 * MS])
+    shadow.observe("cam0", first)
+    clock.ns, clock.step = 20 * MS, 30 * MS  # the candidate runs from 20 to 50 ms
+    assert shadow.run(10.0)
+    clock.ns, clock.step = 80 * MS, 0
+    for done in (before, during, after):
+        shadow.observe("cam0", done)
+    report = shadow.report()
+    assert report.live_frames == 4 and report.live_delayed == 2  # the run's 30 ms, its last 10 ms
+    assert report.live_delay_ms == 10.0  # 40 ms over 4 frames
+    assert report.live_delay == StageLatency(p50_ms=20.0, p99_ms=29.8)
+
+
+def test_the_sample_copy_is_charged_to_the_frames_captured_before_it_ended(tmp_path: Path) -> None:
+    s = settings(tmp_path, SCENE)
+    clock = Clock(10 * MS, 5 * MS)  # the copy of the first frame takes 10 to 15 ms
+    shadow = Shadow(s, s.model.candidate, clock=clock)  # type: ignore[arg-type]
+    first, second = live_frames(s, 2, [0, 12 * MS])
+    shadow.observe("cam0", first)
+    shadow.observe("cam0", second)
+    report = shadow.report()
+    assert (report.live_frames, report.live_delayed, report.live_delay_ms) == (2, 1, 1.5)
+    assert report.live_delay == StageLatency(p50_ms=3.0, p99_ms=3.0)
+
+
+def test_the_busy_times_kept_stay_few_over_many_frames(tmp_path: Path) -> None:
+    s = settings(tmp_path, SCENE)
+    clock = Clock(0, MS)
+    shadow = Shadow(s, s.model.candidate, clock=clock)  # type: ignore[arg-type]
+    done = live_frames(s, 1)[0]
+    for i in range(2000):
+        captured = clock.ns
+        shadow.observe("cam0", replace(done, frame=replace(done.frame, frame_id=i, t_capture_ns=captured)))
+        shadow.run(10.0)
+        assert len(shadow.busy) <= 3
+    assert shadow.report().live_frames == 2000
+
+
+def test_before_any_live_frame_the_report_says_no_delay(tmp_path: Path) -> None:
+    s = settings(tmp_path, SCENE)
+    report = Shadow(s, s.model.candidate).report()  # type: ignore[arg-type]
+    assert (report.live_frames, report.live_delayed, report.live_delay_ms, report.live_delay) == (0, 0, None, None)
