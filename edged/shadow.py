@@ -362,14 +362,19 @@ class Shadow:
         return False
 
     def _try(self, camera_id: str, sample: Sample, frame: Frame) -> None:
+        """One candidate run and its comparison; the loop time all of it took is charged to the live frames."""
         start = self._clock()
+        try:
+            self._compare(camera_id, sample, frame, start)
+        finally:
+            self.busy.add(start, self._clock())
+
+    def _compare(self, camera_id: str, sample: Sample, frame: Frame, start: int) -> None:
         try:
             outcome = self.paths[camera_id].run(frame)
         except EdgedError as e:
             outcome = Rejected(frame, "inference_error", str(e))
-        end = self._clock()
-        self.busy.add(start, end)
-        self.tally.timed((end - start) / 1e9)
+        self.tally.timed((self._clock() - start) / 1e9)
         if isinstance(outcome, Rejected):
             if outcome.reason == "inference_error":
                 self._failed_frame(camera_id, frame, outcome.detail)

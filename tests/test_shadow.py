@@ -159,13 +159,13 @@ def test_a_frame_that_waited_through_a_candidate_run_is_charged_the_run_and_one_
     shadow = Shadow(s, s.model.candidate, clock=clock)  # type: ignore[arg-type]
     first, before, during, after = live_frames(s, 4, [0, 10 * MS, 40 * MS, 60 * MS])
     shadow.observe("cam0", first)
-    clock.ns, clock.step = 20 * MS, 30 * MS  # the candidate runs from 20 to 50 ms
+    clock.ns, clock.step = 20 * MS, 15 * MS  # the candidate runs from 20 to 35 ms, and is compared until 50 ms
     assert shadow.run(10.0)
     clock.ns, clock.step = 80 * MS, 0
     for done in (before, during, after):
         shadow.observe("cam0", done)
     report = shadow.report()
-    assert report.live_frames == 4 and report.live_delayed == 2  # the run's 30 ms, its last 10 ms
+    assert report.live_frames == 4 and report.live_delayed == 2  # the trial's 30 ms, its last 10 ms
     assert report.live_delay_ms == 10.0  # 40 ms over 4 frames
     assert report.live_delay == StageLatency(p50_ms=20.0, p99_ms=29.8)
 
