@@ -41,7 +41,7 @@ def stages_alone(path: Path, *, frames: int, warmup: int, conf: float) -> dict[s
     model = load(path, spinning="off", conf=conf)  # the loops run no inference: spinning plays no part
     with FullPath(model, bench_frame()) as full:
         plan = full.plan
-        detections = len(full.process().detections)
+        detections = len(full.process().result)
         output = plan.output.copy()
         m = plan.box_map
         head = head_named(model.head)

@@ -49,7 +49,7 @@ def test_yolov8n_builder_has_the_documented_shape_and_cost(small_yolo: Path) -> 
 
 def test_yolov8n_builder_calibrates_the_candidates_edged_sees(small_yolo: Path) -> None:
     with FullPath(load(small_yolo, spinning="off"), bench_frame()) as full:
-        detections = full.process().detections
+        detections = full.process().result
         output = full.plan.output
         assert int((output[0, 4:].max(axis=0) >= 0.25).sum()) == 40
         assert 0 < len(detections) <= 40
