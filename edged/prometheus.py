@@ -32,7 +32,7 @@ from prometheus_client.core import (
 )
 
 from edged import __version__
-from edged.messages import StatusMessage, Verdict
+from edged.messages import StageLatency, StatusMessage, Verdict
 from edged.stats import BUCKETS_MS, HistogramCounts, VerdictCounts
 from edged.thermal_readers import THROTTLED_BITS
 
@@ -234,14 +234,9 @@ def _opcua(status: StatusMessage) -> Iterator[Metric]:
     yield CounterMetricFamily("edged_opcua_requests", "OPC UA Trigger calls answered.", value=server.requests)
     yield CounterMetricFamily("edged_opcua_refused", "OPC UA sign-ins refused.", value=server.refused)
     yield CounterMetricFamily("edged_opcua_updates", "Verdicts written to the OPC UA nodes.", value=server.updates)
-    update = GaugeMetricFamily(
-        "edged_opcua_update_seconds",
-        "Capture to OPC UA node update over the last verdicts, by quantile.",
-        labels=["quantile"],
+    yield _quantiles(
+        "edged_opcua_update_seconds", "Capture to OPC UA node update over the last verdicts, by quantile.", server.update_ms
     )
-    update.add_metric(["0.5"], server.update_ms.p50_ms / 1000)
-    update.add_metric(["0.99"], server.update_ms.p99_ms / 1000)
-    yield update
 
 
 def _journal(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
@@ -345,12 +340,7 @@ def _candidate(status: StatusMessage) -> Iterator[Metric]:
             boxes.add_metric([label, outcome], getattr(agreement, outcome))
     yield boxes
     if trial.latency is not None:
-        latency = GaugeMetricFamily(
-            "edged_candidate_latency_seconds", "The candidate's latency per frame.", labels=["quantile"]
-        )
-        latency.add_metric(["0.5"], trial.latency.p50_ms / 1e3)
-        latency.add_metric(["0.99"], trial.latency.p99_ms / 1e3)
-        yield latency
+        yield _quantiles("edged_candidate_latency_seconds", "The candidate's latency per frame.", trial.latency)
     yield CounterMetricFamily(
         "edged_candidate_live_frames", "Live frames published while the candidate was on trial.", value=trial.live_frames
     )
@@ -366,12 +356,17 @@ def _candidate(status: StatusMessage) -> Iterator[Metric]:
             value=trial.live_delay_ms / 1e3,
         )
     if trial.live_delay is not None:
-        delay = GaugeMetricFamily(
-            "edged_candidate_live_delay_seconds", "Frame age the trial added to a delayed frame.", labels=["quantile"]
+        yield _quantiles(
+            "edged_candidate_live_delay_seconds", "Frame age the trial added to a delayed frame.", trial.live_delay
         )
-        delay.add_metric(["0.5"], trial.live_delay.p50_ms / 1e3)
-        delay.add_metric(["0.99"], trial.live_delay.p99_ms / 1e3)
-        yield delay
+
+
+def _quantiles(name: str, documentation: str, latency: StageLatency) -> GaugeMetricFamily:
+    """A latency's median and 99th percentile, in seconds, labelled by quantile."""
+    gauge = GaugeMetricFamily(name, documentation, labels=["quantile"])
+    gauge.add_metric(["0.5"], latency.p50_ms / 1e3)
+    gauge.add_metric(["0.99"], latency.p99_ms / 1e3)
+    return gauge
 
 
 def _modbus(status: StatusMessage) -> Iterator[Metric]:
