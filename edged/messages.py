@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator
 
@@ -53,6 +53,16 @@ def ms_copy(ns_field: str) -> Any:
 
     return computed_field(description=_MS_COPY.format(ns_field))(property(in_ms))
 
+
+def absent_when_none(description: str, **constraints: Any) -> Any:
+    """An optional field left out of the message while it is None (a size without a scale, a note)."""
+    return Field(None, description=description, exclude_if=lambda v: v is None, **constraints)
+
+
+# A size in mm, from one in frame pixels and the camera's scale: absent without one.
+AreaMm2 = Annotated[float | None, absent_when_none("area_px in mm2, with the camera's inspect.mm_per_px.", ge=0)]
+LengthMm = Annotated[float | None, absent_when_none("length_px in mm, with inspect.mm_per_px.", ge=0)]
+WidthMm = Annotated[float | None, absent_when_none("width_px in mm, with inspect.mm_per_px.", ge=0)]
 
 ENVELOPE = ("schema_version", "kind")  # what every message has, and a reader checks first
 
@@ -91,35 +101,19 @@ class Detection(Message):
         "absent for other tasks and past model.max_masks.",
         exclude_if=lambda polygon: polygon is None,
     )
-    area_px: int | None = Field(
-        None, ge=0, description="A segmentation model's: the mask's pixels in the frame.", exclude_if=lambda v: v is None
+    area_px: int | None = absent_when_none("A segmentation model's: the mask's pixels in the frame.", ge=0)
+    length_px: float | None = absent_when_none(
+        "A segmentation model's: the longer side of the mask's minimum-area rectangle, in frame pixels.", ge=0
     )
-    length_px: float | None = Field(
-        None,
-        ge=0,
-        description="A segmentation model's: the longer side of the mask's minimum-area rectangle, in frame pixels.",
-        exclude_if=lambda v: v is None,
+    width_px: float | None = absent_when_none(
+        "A segmentation model's: the shorter side of the mask's minimum-area rectangle, in frame pixels.", ge=0
     )
-    width_px: float | None = Field(
-        None,
-        ge=0,
-        description="A segmentation model's: the shorter side of the mask's minimum-area rectangle, in frame pixels.",
-        exclude_if=lambda v: v is None,
-    )
-    area_mm2: float | None = Field(
-        None, ge=0, description="area_px in mm2, with the camera's inspect.mm_per_px.", exclude_if=lambda v: v is None
-    )
-    length_mm: float | None = Field(
-        None, ge=0, description="length_px in mm, with inspect.mm_per_px.", exclude_if=lambda v: v is None
-    )
-    width_mm: float | None = Field(
-        None, ge=0, description="width_px in mm, with inspect.mm_per_px.", exclude_if=lambda v: v is None
-    )
-    note: str | None = Field(
-        None,
-        description="Why a detection of an NG class did not make the part NG: 'within limits' (inside the size "
-        "limits of [inspect] for its class); absent otherwise.",
-        exclude_if=lambda v: v is None,
+    area_mm2: AreaMm2 = None
+    length_mm: LengthMm = None
+    width_mm: WidthMm = None
+    note: str | None = absent_when_none(
+        "Why a detection of an NG class did not make the part NG: 'within limits' (inside the size "
+        "limits of [inspect] for its class); absent otherwise."
     )
 
 
@@ -141,20 +135,12 @@ class AnomalyRegion(Message):
     zone: str | None = Field(None, description="The [inspect] zone it is in; null without zones or outside all.")
     length_px: float = Field(ge=0, description="The longer side of its outline's minimum-area rectangle, in frame pixels.")
     width_px: float = Field(ge=0, description="The shorter side of its outline's minimum-area rectangle, in frame pixels.")
-    area_mm2: float | None = Field(
-        None, ge=0, description="area_px in mm2, with the camera's inspect.mm_per_px.", exclude_if=lambda v: v is None
-    )
-    length_mm: float | None = Field(
-        None, ge=0, description="length_px in mm, with inspect.mm_per_px.", exclude_if=lambda v: v is None
-    )
-    width_mm: float | None = Field(
-        None, ge=0, description="width_px in mm, with inspect.mm_per_px.", exclude_if=lambda v: v is None
-    )
-    note: str | None = Field(
-        None,
-        description="Why the region does not count against the part: 'within limits' (inside the size limits of "
-        "[inspect] for the class 'anomaly'); absent otherwise.",
-        exclude_if=lambda v: v is None,
+    area_mm2: AreaMm2 = None
+    length_mm: LengthMm = None
+    width_mm: WidthMm = None
+    note: str | None = absent_when_none(
+        "Why the region does not count against the part: 'within limits' (inside the size limits of "
+        "[inspect] for the class 'anomaly'); absent otherwise."
     )
 
 
