@@ -48,7 +48,10 @@ def _answered(trigger: TriggerServer, req: zmq.Socket[bytes], timeout_s: float) 
     deadline = time.monotonic() + timeout_s
     if not req.poll(int(timeout_s * 1000), zmq.POLLOUT):  # a REQ cut off for good has nowhere to send
         return False
-    req.send(b'{"camera_id": "elsewhere"}')
+    try:  # its connection may be cut between the poll and the send: a blocking send would wait for ever
+        req.send(b'{"camera_id": "elsewhere"}', zmq.NOBLOCK)
+    except zmq.Again:
+        return False
     while time.monotonic() < deadline:
         if zmq.select(trigger.fds, [], [], 0.02)[0]:
             trigger.collect()
