@@ -45,6 +45,7 @@ from edged.reject import check_lines
 from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SourceBase, mask_credentials
+from edged.sources.base import Frame
 from edged.sources.registry import open_source
 from edged.verdict import AnomalyInspector, ClassInspector, Inspector
 
@@ -72,19 +73,26 @@ def describe_source(cfg: SourceBase) -> str:
     return mask_credentials(f"{cfg.type} {keys}".strip())
 
 
+def next_frame(capture: Capture, cfg: SourceBase, timeout_s: float, gave: str) -> Frame:
+    """Camera ``cfg``'s next frame from its started ``capture``; the capture's fatal error, or a
+    ``SourceError`` saying it ``gave`` only that, when it is lost, ends or gives none for ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while (frame := capture.take(0.05)) is None:
+        if capture.fatal is not None:
+            raise capture.fatal
+        stats = capture.stats()
+        if stats.state in ("lost", "ended") or time.monotonic() > deadline:
+            reason = stats.last_error or ("it ended" if stats.state == "ended" else f"none in {timeout_s:g} s")
+            raise SourceError(f"camera {describe_source(cfg)} gave {gave}: {reason}")
+    return frame
+
+
 def probe_source(cfg: SourceBase, timeout_s: float = FIRST_FRAME_TIMEOUT_S) -> SourceProbe:
     """Open the camera as the daemon does and measure its first frames; ``SourceError`` with its reason when it cannot."""
     capture = Capture(lambda: open_source(cfg), cfg.camera_id, decode_all=True)
     capture.start()
     try:
-        deadline = time.monotonic() + timeout_s
-        while (frame := capture.take(0.05)) is None:
-            if capture.fatal is not None:
-                raise capture.fatal
-            stats = capture.stats()
-            if stats.state in ("lost", "ended") or time.monotonic() > deadline:
-                reason = stats.last_error or ("it ended" if stats.state == "ended" else f"none in {timeout_s:g} s")
-                raise SourceError(f"camera {describe_source(cfg)} gave no frame: {reason}")
+        frame = next_frame(capture, cfg, timeout_s, "no frame")
         height, width, order, image = *frame.image.shape[:2], frame.channel_order, frame.image.copy()
         _take_for(capture, SETTLE_S)
         first = capture.stats().frames_captured

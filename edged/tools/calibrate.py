@@ -18,7 +18,6 @@ image AUROC, the threshold with the best F1 and that F1, and the F1 and misses a
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +28,10 @@ import numpy as np
 
 from edged.anomaly import Anomaly
 from edged.capture import Capture
-from edged.check import describe_source
+from edged.check import next_frame
 from edged.config import Settings
 from edged.contract import ChannelOrder
-from edged.errors import DataError, SourceError, UsageError
+from edged.errors import DataError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.settings.sources import SourceBase
@@ -85,14 +84,7 @@ def camera_frames(
     capture.start()
     try:
         for taken in range(count):
-            deadline = time.monotonic() + timeout_s
-            while (frame := capture.take(0.05)) is None:
-                if capture.fatal is not None:
-                    raise capture.fatal
-                stats = capture.stats()
-                if stats.state in ("lost", "ended") or time.monotonic() > deadline:
-                    reason = stats.last_error or ("it ended" if stats.state == "ended" else f"none in {timeout_s:g} s")
-                    raise SourceError(f"camera {describe_source(cfg)} gave {taken} of {count} frames: {reason}")
+            frame = next_frame(capture, cfg, timeout_s, f"{taken} of {count} frames")
             yield frame.image, frame.channel_order
     finally:
         capture.stop()
