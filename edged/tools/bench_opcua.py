@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -91,28 +93,43 @@ def _last_status(sub: zmq.Socket[bytes], timeout_ms: int = 5000) -> StatusMessag
     return last
 
 
-def opcua_latency(model: Path, verdicts: int, fps: float, spinning: Spinning) -> dict[str, Any]:
-    """Run edged for ``verdicts`` verdicts at ``fps`` with an OPC UA subscriber; both latencies, p50 and p99."""
+@contextmanager
+def opcua_daemon(
+    model: Path, fps: float, spinning: Spinning, opcua_keys: str = ""
+) -> Iterator[tuple[subprocess.Popen[bytes], zmq.Socket[bytes], str, Path]]:
+    """`edged run` on the bench scene at ``fps`` with ``[opcua]`` (plus ``opcua_keys``, TOML lines) and a
+    SUB on its status; yields the process, the SUB, the server's URL and the file its stderr goes to,
+    and stops them all."""
     with tempfile.TemporaryDirectory(prefix="edged-opcua-") as tmp:
         folder = Path(tmp)
-        endpoint, port = f"tcp://127.0.0.1:{_free_port()}", _free_port()
-        url = f"opc.tcp://127.0.0.1:{port}"
+        endpoint, url = f"tcp://127.0.0.1:{_free_port()}", f"opc.tcp://127.0.0.1:{_free_port()}"
         sources = _source(folder, fps) + f"[opcua]\nlisten = {json.dumps(url)}\ncert_dir = {json.dumps(tmp)}\n"
-        config = write_config(folder / "edged.toml", model, endpoint, sources, spinning=spinning, thermal=False)
+        config = write_config(folder / "edged.toml", model, endpoint, sources + opcua_keys, spinning=spinning, thermal=False)
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         sub = context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"edged/status/")
         sub.connect(endpoint)
-        child = subprocess.Popen([sys.executable, "-m", "edged", "run", "--config", str(config)], stderr=subprocess.PIPE)
+        log = folder / "edged.stderr"
+        with log.open("wb") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "edged", "run", "--config", str(config)], stdout=subprocess.DEVNULL, stderr=stderr
+            )
         try:
-            arrivals = asyncio.run(_subscribe(url, verdicts, STARTUP_TIMEOUT_S + verdicts / fps * 2))
-            status = _last_status(sub)
+            yield child, sub, url, log
         finally:
             child.terminate()
-            _, stderr = child.communicate(timeout=30)
+            child.wait(30)
             sub.close(linger=0)
             context.term()
+
+
+def opcua_latency(model: Path, verdicts: int, fps: float, spinning: Spinning) -> dict[str, Any]:
+    """Run edged for ``verdicts`` verdicts at ``fps`` with an OPC UA subscriber; both latencies, p50 and p99."""
+    with opcua_daemon(model, fps, spinning) as (_, sub, url, log):
+        arrivals = asyncio.run(_subscribe(url, verdicts, STARTUP_TIMEOUT_S + verdicts / fps * 2))
+        status = _last_status(sub)
+        stderr = log.read_bytes()
     if not arrivals or status is None or status.opcua is None:
         raise ColdStartError(f"bench --opcua: edged published no verdict over OPC UA:\n{stderr.decode()[-2000:]}")
     notified_ms = np.array([(at - stamp) / 1e6 for at, stamp in arrivals])

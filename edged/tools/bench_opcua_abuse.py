@@ -11,22 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import zmq
 from asyncua.client.client import Client
 from asyncua.ua.uaerrors import UaError
 
 from edged.config import Spinning
-from edged.tools.bench_config import write_config
 from edged.tools.bench_modbus_abuse import format_phases, measure_phases, wait_for_frames
-from edged.tools.bench_opcua import _free_port, _source
+from edged.tools.bench_opcua import opcua_daemon
 
 SESSIONS = 50
 PUBLISHING_MS = 10.0
@@ -70,31 +64,9 @@ async def _sessions(url: str, seconds: float) -> dict[str, Any]:
 
 def run_opcua_abuse_bench(model: Path, fps: float, seconds: float, spinning: Spinning) -> dict[str, Any]:
     """The daemon's frame rate for ``seconds`` quiet, ``seconds`` with the sessions open, ``seconds`` quiet."""
-    with tempfile.TemporaryDirectory(prefix="edged-opcua-abuse-") as tmp:
-        folder = Path(tmp)
-        endpoint, url = f"tcp://127.0.0.1:{_free_port()}", f"opc.tcp://127.0.0.1:{_free_port()}"
-        sources = _source(folder, fps) + (
-            f"[opcua]\nlisten = {json.dumps(url)}\ncert_dir = {json.dumps(tmp)}\nmax_clients = {SESSIONS}\n"
-        )
-        config = write_config(folder / "edged.toml", model, endpoint, sources, spinning=spinning, thermal=False)
-        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        sub = context.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, b"edged/status/")
-        sub.connect(endpoint)
-        child = subprocess.Popen(
-            [sys.executable, "-m", "edged", "run", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_for_frames(sub, child)
-            return measure_phases(sub, seconds, fps, lambda s: asyncio.run(_sessions(url, s)), "opcua")
-        finally:
-            child.terminate()
-            child.wait(30)
-            sub.close(linger=0)
-            context.term()
+    with opcua_daemon(model, fps, spinning, f"max_clients = {SESSIONS}\n") as (child, sub, url, _):
+        wait_for_frames(sub, child)
+        return measure_phases(sub, seconds, fps, lambda s: asyncio.run(_sessions(url, s)), "opcua")
 
 
 def format_opcua_abuse(r: dict[str, Any]) -> str:
