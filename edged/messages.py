@@ -513,6 +513,9 @@ class ModbusReport(Message):
     exceptions: int = Field(ge=0, description="Requests answered with a Modbus exception (bad address, unit, function).")
     refused: int = Field(ge=0, description="Connections closed as they came, beyond modbus.max_connections.")
     unread: int = Field(ge=0, description="Connections closed for leaving their answers unread.")
+    reclaimed: int = Field(
+        ge=0, description="Silent connections closed to make room for a new client (modbus.reclaim_idle_s)."
+    )
     triggers: int = Field(ge=0, description="Inspection requests taken through a coil.")
 
 

@@ -24,8 +24,10 @@ the lock every read takes, so a PLC never reads a new verdict with an old sequen
 The server is pymodbus' (3.16 or a later 3.x, the ``modbus`` extra), run on an asyncio loop of
 its own thread; a coil write goes to `edged.trigger.TriggerServer.offer`, whose answer (on the
 loop's thread) clears the coil once the verdict's registers hold the verdict. Connections beyond
-``max_connections`` are closed as they come; a client that lets
-`edged.modbus_server.MAX_UNREAD_BYTES` of answers pile up unread is dropped. Both are counted.
+``max_connections`` are closed as they come, unless the client silent longest has been silent
+for ``reclaim_idle_s``: it makes room instead (a PLC reconnecting after a restart gets in past
+its stale connections); a client that lets
+`edged.modbus_server.MAX_UNREAD_BYTES` of answers pile up unread is dropped. All three are counted.
 pymodbus' own log lines (one per malformed frame) are kept to critical ones: a flood of bad
 frames must not flood the journal.
 """
@@ -218,6 +220,7 @@ class ModbusOutput(Output):
         self.exceptions = 0  # requests answered with a Modbus exception
         self.refused = 0  # connections closed as they came, beyond max_connections
         self.unread = 0  # connections closed for leaving their answers unread
+        self.reclaimed = 0  # silent connections closed to make room for a new client
         self.triggers = 0  # inspection requests taken through a coil
         self.clients = 0
         self._loop = asyncio.new_event_loop()
@@ -306,6 +309,7 @@ class ModbusOutput(Output):
             exceptions=self.exceptions,
             refused=self.refused,
             unread=self.unread,
+            reclaimed=self.reclaimed,
             triggers=self.triggers,
         )
         return OutputReport(fields={"modbus": modbus}, summary=f"modbus {self.clients} client(s)")

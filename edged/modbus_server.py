@@ -3,15 +3,17 @@
 pymodbus (3.x) decodes the frames, answers malformed ones and unknown function codes, and calls a
 server context for every read and write. `Context` is that context, over `edged.modbus.Registers`
 (the unit id checked, every address outside the blocks an exception); `_Server` and `_Handler`
-bound the connections (beyond ``max_connections`` closed as they come) and the answers a client
+bound the connections (beyond ``max_connections`` closed as they come, unless the one silent
+longest has been silent for ``reclaim_idle_s``: it is closed instead) and the answers a client
 leaves unread (`edged.modbus.MAX_UNREAD_BYTES`), and count the requests answered.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pymodbus.constants import ExcCodes
 from pymodbus.datastore import ModbusServerContext
@@ -78,14 +80,16 @@ class Context(ModbusServerContext):
 
 
 class _Handler(ServerRequestHandler):
-    """One client's connection: closed at once beyond ``max_connections``, or once its unread answers pile up."""
+    """One client's connection: closed at once beyond ``max_connections`` (unless a silent one makes
+    room, `_Server.reclaim`), or once its unread answers pile up."""
 
     server: _Server
+    heard: float  # monotonic time of the connection or of its last bytes
 
     def callback_connected(self) -> None:
         super().callback_connected()
         owner = self.server.owner
-        if len(self.server.active_connections) > owner.cfg.max_connections:
+        if len(self.server.active_connections) > owner.cfg.max_connections and not self.server.reclaim(self):
             owner.refused += 1
             self.close()
             return
@@ -99,6 +103,7 @@ class _Handler(ServerRequestHandler):
         self.server.owner.clients = max(len(self.server.active_connections) - 1, 0)
 
     def callback_data(self, data: bytes, addr: tuple[str, int] | None = None) -> int:
+        self.heard = time.monotonic()
         transport: Any = self.transport
         if transport is not None and transport.get_write_buffer_size() > MAX_UNREAD_BYTES:
             self.server.owner.unread += 1
@@ -114,8 +119,26 @@ class _Server(ModbusTcpServer):
         self.owner = owner
         super().__init__(Context(owner), address=owner.cfg.host_port(), trace_pdu=self._answered)
 
+    def reclaim(self, new: _Handler) -> bool:
+        """Close the connection silent longest to make room for ``new``, if it has been silent for
+        ``reclaim_idle_s``; False, and nothing closed, when none has."""
+        others = [cast(_Handler, h) for h in self.active_connections.values() if h is not new]
+        if not others:
+            return False
+        silent = min(others, key=lambda h: h.heard)
+        if time.monotonic() - silent.heard < self.owner.cfg.reclaim_idle_s:
+            return False
+        self.owner.reclaimed += 1
+        transport: Any = silent.transport
+        if transport is not None:
+            transport.abort()  # its unsent answers, if any, are not waited for
+        silent.close()
+        return True
+
     def callback_new_connection(self) -> _Handler:
-        return _Handler(self, self.trace_packet, self.trace_pdu, self.trace_connect)  # type: ignore[no-untyped-call]
+        handler = _Handler(self, self.trace_packet, self.trace_pdu, self.trace_connect)  # type: ignore[no-untyped-call]
+        handler.heard = time.monotonic()  # listed from here on, before its callback_connected
+        return handler
 
     def _answered(self, sending: bool, pdu: ModbusPDU) -> ModbusPDU:
         """Every PDU in or out: each answer sent counts a request served, an exception one more."""

@@ -383,11 +383,13 @@ def _modbus(status: StatusMessage) -> Iterator[Metric]:
     )
     refused = CounterMetricFamily(
         "edged_modbus_connections_dropped",
-        "Modbus connections closed by edged: beyond max_connections, or leaving their answers unread.",
+        "Modbus connections closed by edged: beyond max_connections, leaving their answers unread, or silent "
+        "when a new client needed the room.",
         labels=["reason"],
     )
     refused.add_metric(["max_connections"], modbus.refused)
     refused.add_metric(["unread"], modbus.unread)
+    refused.add_metric(["reclaimed"], modbus.reclaimed)
     yield refused
     yield CounterMetricFamily(
         "edged_modbus_triggers", "Inspection requests taken through a Modbus coil.", value=modbus.triggers

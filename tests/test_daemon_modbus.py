@@ -261,7 +261,7 @@ def test_malformed_frames_and_unknown_function_codes_leave_the_server_serving(tm
 
 
 def test_connections_beyond_the_bound_are_closed_as_they_come_and_counted(tmp_path: Path) -> None:
-    with free_running(tmp_path, max_connections=4) as (d, port):
+    with free_running(tmp_path, max_connections=4, reclaim_idle_s=3600) as (d, port):
         sockets = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(200)]
         try:
             status = modbus_status(d, lambda m: m.refused >= 196)
@@ -276,6 +276,33 @@ def test_connections_beyond_the_bound_are_closed_as_they_come_and_counted(tmp_pa
         assert rss_kb(d.proc.pid) < rss + 20_000
         frames = ready(d).frames_processed
         assert d.wait_status(lambda s: s.frames_processed > frames + 10)
+
+
+def test_a_new_client_takes_the_place_of_one_silent_for_reclaim_idle_s_and_a_busy_one_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    # Two clients that connect and never ask take every place. While they are younger than
+    # reclaim_idle_s a third is refused; once they are older, each newcomer closes the one silent
+    # longest, and a client that keeps asking is never the one closed.
+    with free_running(tmp_path, max_connections=3, reclaim_idle_s=1.0) as (d, port), client(port) as plc:
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        try:
+            modbus_status(d, lambda m: m.clients == 3)
+            early = socket.create_connection(("127.0.0.1", port), timeout=10)
+            assert early.recv(1) == b"", "refused while the silent ones are younger than reclaim_idle_s"
+            early.close()
+            assert modbus_status(d, lambda m: m.refused == 1).modbus.reclaimed == 0  # type: ignore[union-attr]
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:  # the PLC keeps asking while the others say nothing
+                assert len(block(plc, 1)) == 1
+            with client(port) as newcomer:
+                assert len(block(newcomer)) == BLOCK
+                assert silent[0].recv(1) == b"", "the connection silent longest made room"
+                assert modbus_status(d, lambda m: m.reclaimed == 1).modbus.clients == 3  # type: ignore[union-attr]
+                assert len(block(plc)) == BLOCK
+        finally:
+            for s in silent:
+                s.close()
 
 
 def test_a_client_that_never_reads_its_answers_is_closed_and_counted(tmp_path: Path) -> None:

@@ -36,7 +36,20 @@ class ModbusConfig(Section):
         "camera i's block starts at base + 16 * i, in [[source]] order.",
     )
     max_connections: int = Field(
-        8, ge=1, le=MAX_CONNECTIONS, description="Clients connected at once; more are closed as they connect (counted)."
+        8,
+        ge=1,
+        le=MAX_CONNECTIONS,
+        description="Clients connected at once; more are closed as they connect (counted), unless one has "
+        "been silent for reclaim_idle_s.",
+    )
+    reclaim_idle_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="With every connection taken, a new client takes the place of the one silent longest, "
+        "if silent this long (counted): a PLC reconnecting after a restart or a cable fault gets past its own "
+        "stale connections and clients that connect and never ask. A quiet client keeps its connection "
+        "while there is room.",
     )
 
     @model_validator(mode="after")
