@@ -130,13 +130,18 @@ def run_modbus_abuse_bench(model: Path, fps: float, seconds: float, spinning: Sp
         return measure_phases(sub, seconds, fps, lambda s: _abuse(port, s), "modbus")
 
 
-def wait_for_frames(sub: zmq.Socket[bytes], child: subprocess.Popen[bytes]) -> None:
-    """Return once a status message counts a frame processed; ColdStartError if ``child`` never does."""
+def wait_for_frames(
+    sub: zmq.Socket[bytes], child: subprocess.Popen[bytes], ready: Callable[[dict[str, Any]], bool] = lambda s: True
+) -> None:
+    """Return once a status message counts a frame processed and says ``ready`` (the server under test
+    listens); ColdStartError if ``child`` never does."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline and child.poll() is None:
-        if sub.poll(500) and json.loads(sub.recv_multipart()[1])["frames_processed"] > 0:
-            return
-    raise ColdStartError(f"modbus abuse bench: edged run (exit {child.poll()}) never processed a frame")
+        if sub.poll(500):
+            status = json.loads(sub.recv_multipart()[1])
+            if status["frames_processed"] > 0 and ready(status):
+                return
+    raise ColdStartError(f"abuse bench: edged run (exit {child.poll()}) never processed a frame with its server ready")
 
 
 def measure_phases(

@@ -65,7 +65,9 @@ async def _sessions(url: str, seconds: float) -> dict[str, Any]:
 def run_opcua_abuse_bench(model: Path, fps: float, seconds: float, spinning: Spinning) -> dict[str, Any]:
     """The daemon's frame rate for ``seconds`` quiet, ``seconds`` with the sessions open, ``seconds`` quiet."""
     with opcua_daemon(model, fps, spinning, f"max_clients = {SESSIONS}\n") as (child, sub, url, _):
-        wait_for_frames(sub, child)
+        # The OPC UA server builds its address space on a thread of its own, and a loaded board
+        # may process frames seconds before it listens: sessions opened then are refused.
+        wait_for_frames(sub, child, lambda status: bool((status.get("opcua") or {}).get("serving")))
         return measure_phases(sub, seconds, fps, lambda s: asyncio.run(_sessions(url, s)), "opcua")
 
 
