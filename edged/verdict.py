@@ -179,12 +179,14 @@ class ClassInspector:
 
 def _tolerate(instances: Instances, ng: np.ndarray, within: np.ndarray, limits: tuple[list[float], list[float]]) -> None:
     """Mark the NG instances within every size limit of their class (per class, the longest and the
-    largest in frame pixels), and take them out of ``ng``; an instance without a mask has no size."""
+    largest in frame pixels), and take them out of ``ng``; a class without limits tolerates none,
+    and an instance without a mask has no size."""
     lengths, areas = limits
     ids = instances.class_ids.tolist()
     for i, ((length, _), area) in enumerate(zip(instances.sides, instances.area_px, strict=True)):
         c = ids[i]
-        if ng[i] and length <= lengths[c] and area <= areas[c]:
+        limited = lengths[c] < math.inf or areas[c] < math.inf  # a class without limits tolerates nothing
+        if ng[i] and limited and length <= lengths[c] and area <= areas[c]:
             within[i] = True
             ng[i] = False
 

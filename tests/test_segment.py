@@ -129,6 +129,25 @@ def test_a_defect_within_its_class_size_limits_is_noted_and_makes_no_ng_and_mm_c
     assert first.area_mm2 == pytest.approx(first.area_px * 0.01, abs=1e-3)
 
 
+def test_a_class_without_size_limits_stays_ng_beside_one_that_has_them(model: LoadedModel) -> None:
+    image = cv2.imread(str(DATA / "tall.png"))
+    path = FramePath(model, "cam0", "bgr", None)
+    done = path.run(Frame(image, 3, 0, 0, "bgr"))
+    assert isinstance(done, Processed)
+    labels = [d.label for d in path.message(done, seq=0, thermal_state="ok").detections]
+    limited = labels[0]
+    assert set(labels) - {limited}, "the frame needs instances of a second class"
+    # Limits no instance reaches, for one class only: every other class's instances stay NG.
+    cfg = InspectConfig(mm_per_px=0.1, max_length_mm={limited: 1e6}, max_area_mm2={limited: 1e6})
+    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300))
+    done = path.run(Frame(image, 3, 0, 0, "bgr"))
+    assert isinstance(done, Processed)
+    msg = path.message(done, seq=0, thermal_state="ok")
+    assert [d.note for d in msg.detections] == ["within limits" if d.label == limited else None for d in msg.detections]
+    assert {r.detection for r in msg.reasons} == {i for i, d in enumerate(msg.detections) if d.label != limited}
+    assert msg.verdict == "ng"
+
+
 def test_limits_in_mm_need_the_cameras_scale(model: LoadedModel) -> None:
     with pytest.raises(ConfigError, match=r"need the camera's scale, inspect\.mm_per_px"):
         Inspector(InspectConfig(max_area_mm2={"dent": 4.0}), model.labels, 3, 0.25, 300)
