@@ -220,7 +220,7 @@ def format_modbus_abuse(r: dict[str, Any]) -> str:
             f"over {a['never_reads']['connections']} connection(s)"
         )
     lines.append(
-        f"  server: peak {s['peak_clients']} clients, {s['refused']} refused, {s['unread']} closed unread, "
-        f"{s['exceptions']} exceptions of {s['requests']} answers"
+        f"  server: peak {s['peak_clients']} clients, {s['refused']} refused, {s['reclaimed']} reclaimed, "
+        f"{s['unread']} closed unread, {s['exceptions']} exceptions of {s['requests']} answers"
     )
     return "\n".join(lines)
