@@ -100,3 +100,25 @@ def test_rejects_bad_arguments() -> None:
         SceneGenerator(16, 720)
     with pytest.raises(ValueError):
         SceneGenerator(max_defects=-1)
+
+
+def test_masks_hold_exactly_the_painted_pixels(gen: SceneGenerator) -> None:
+    assert gen.render(3).masks is None
+    for i in FRAMES:
+        scene = gen.render(i, masks=True)
+        assert np.array_equal(scene.image, gen.render(i).image), "masks do not change the frame"
+        assert scene.masks is not None and scene.masks.dtype == bool
+        assert scene.masks.shape == (len(scene.boxes), 720, 1280)
+        diff = np.abs(scene.image.astype(np.int16) - gen._render_background(i)).sum(2)
+        painted = np.zeros(diff.shape, bool)
+        for mask, (x1, y1, x2, y2) in zip(scene.masks, scene.boxes.astype(int), strict=True):
+            ys, xs = np.nonzero(mask)
+            assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == (x1, y1, x2, y2), "box is the mask's extent"
+            painted |= mask
+        grown = np.zeros_like(painted)
+        for dy in range(-3, 4):
+            for dx in range(-3, 4):
+                grown |= np.roll(painted, (dy, dx), (0, 1))
+        assert diff[~grown].max(initial=0) == 0, "nothing is painted outside the masks (blur aside)"
+        if painted.any():
+            assert np.median(diff[painted]) > 0, "masked pixels are really painted"

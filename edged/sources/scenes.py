@@ -9,7 +9,9 @@ defects but are not (screw holes, printed text, marker lines, glints, PCB pads a
 exactly reproducible from ``(seed, index, size)``.
 
 Defects are painted as alpha layers on small tiles; alpha below `_ALPHA_FLOOR` is dropped, and
-the box is the bounding rectangle of what is left, so every painted pixel lies in its box.
+the box is the bounding rectangle of what is left, so every painted pixel lies in its box. The
+same pixels form the defect's instance mask, which `render(masks=True)` returns for training and
+scoring segmentation models; the live source leaves it off and allocates nothing for it.
 """
 
 from __future__ import annotations
@@ -46,11 +48,15 @@ Box = tuple[int, int, int, int]
 
 @dataclass(frozen=True, slots=True)
 class Scene:
-    """One frame and its ground truth (boxes are x1 y1 x2 y2 in frame pixels, half-open)."""
+    """One frame and its ground truth (boxes are x1 y1 x2 y2 in frame pixels, half-open).
+
+    `masks` is (N, H, W) bool, one per box, when rendered with ``masks=True``; else None.
+    """
 
     image: np.ndarray
     boxes: np.ndarray
     class_ids: np.ndarray
+    masks: np.ndarray | None = None
 
 
 def _smooth(rng: np.random.Generator, cells: int) -> np.ndarray:
@@ -265,14 +271,31 @@ class SceneGenerator:
         self._pool = _texture_pool(seed)
         self._noise = _noise_field(seed, width, height)
 
-    def render(self, index: int, out: np.ndarray | None = None) -> Scene:
-        """Frame `index` with its defects; drawn into `out` (H, W, 3 uint8) when given."""
+    def render(self, index: int, out: np.ndarray | None = None, masks: bool = False) -> Scene:
+        """Frame `index` with its defects; drawn into `out` (H, W, 3 uint8) when given.
+
+        With `masks`, each defect's painted pixels (alpha above the floor) come back as a
+        full-frame mask; the frame itself is the same either way.
+        """
         img = self._target(out)
         bg_rng, defect_rng = np.random.default_rng((self.seed, index)).spawn(2)
         surface, occupied = self._paint_surface(img, bg_rng)
-        boxes, kinds = self._paint_defects(img, defect_rng, occupied)
+        boxes, kinds, tiles = self._paint_defects(img, defect_rng, occupied)
         self._finish(img, bg_rng, surface)
-        return Scene(img, np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(kinds, np.int32))
+        return Scene(
+            img,
+            np.asarray(boxes, np.float32).reshape(-1, 4),
+            np.asarray(kinds, np.int32),
+            self._masks(tiles) if masks else None,
+        )
+
+    def _masks(self, tiles: list[tuple[int, int, np.ndarray]]) -> np.ndarray:
+        """Full-frame bool masks from each defect's placed tile (x0, y0, painted pixels)."""
+        out = np.zeros((len(tiles), self.height, self.width), bool)
+        for m, (x0, y0, union) in zip(out, tiles, strict=True):
+            th, tw = union.shape
+            m[y0 : y0 + th, x0 : x0 + tw] = union.astype(bool)
+        return out
 
     def _render_background(self, index: int) -> np.ndarray:
         """Frame `index` exactly as `render` draws it, minus the defects."""
@@ -394,23 +417,28 @@ class SceneGenerator:
             cv2.rectangle(img, body[0], body[1], (int(rng.integers(20, 45)),) * 3, -1)
         return int(x), int(y), int(x + w) + 1, int(y + h + 2 * pad_l) + 1
 
-    def _paint_defects(self, img: np.ndarray, rng: np.random.Generator, occupied: list[Box]) -> tuple[list[Box], list[int]]:
+    def _paint_defects(
+        self, img: np.ndarray, rng: np.random.Generator, occupied: list[Box]
+    ) -> tuple[list[Box], list[int], list[tuple[int, int, np.ndarray]]]:
+        """Boxes, classes and placed tiles (x0, y0, painted pixels) of the defects painted."""
         boxes: list[Box] = []
         kinds: list[int] = []
+        tiles: list[tuple[int, int, np.ndarray]] = []
         for _ in range(int(rng.integers(0, self.max_defects + 1))):
             kind = int(rng.integers(0, len(CLASS_NAMES)))
             for _ in range(_TRIES):
                 placed = self._try_defect(img, rng, kind, occupied, boxes)
                 if placed is not None:
-                    boxes.append(placed)
+                    boxes.append(placed[0])
                     kinds.append(kind)
+                    tiles.append(placed[1])
                     break
-        return boxes, kinds
+        return boxes, kinds, tiles
 
     def _try_defect(
         self, img: np.ndarray, rng: np.random.Generator, kind: int, occupied: list[Box], defects: list[Box]
-    ) -> Box | None:
-        """Paint one defect of `kind` at a random free spot; its box, or None if it did not fit.
+    ) -> tuple[Box, tuple[int, int, np.ndarray]] | None:
+        """Paint one defect of `kind` at a random free spot; its box and placed tile, or None.
 
         Defects keep clear of distractors and mostly of each other (IoU <= 0.05, and at most
         30% of either box covered by another defect).
@@ -432,7 +460,7 @@ class SceneGenerator:
             if iou > 0.05 or (j >= len(occupied) and cover > 0.3):
                 return None
         _blend(img, x0, y0, layers)
-        return box
+        return box, (x0, y0, union)
 
     def _finish(self, img: np.ndarray, rng: np.random.Generator, surface: int) -> None:
         """Lighting and tint, sensor noise, then optics blur — identical with or without defects."""
