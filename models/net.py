@@ -3,8 +3,11 @@
 Owned here: the architecture (strided conv backbone, top-down neck, decoupled box/class heads at
 strides 8/16/32), the inference head that emits exactly the ultralytics ``yolov8`` layout
 (``[1, 4 + nc, N]``: cx, cy, w, h in input pixels, then sigmoid class scores), and the
-task-aligned assignment + loss used to train it. Only `models/train.py` imports this; torch is
-an optional extra and nothing under ``edged/`` depends on it.
+task-aligned assignment + loss used to train it. The segmentation variant (``masks=32``) adds
+what ``yolov8-seg`` has: 32 prototypes at stride 4 and 32 mask coefficients per anchor, exported
+as ``[1, 4 + nc + 32, N]`` and ``[1, 32, S/4, S/4]``, trained with a per-instance mask BCE.
+Only `models/train.py` imports this; torch is an optional extra and nothing under ``edged/``
+depends on it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 STRIDES: tuple[int, ...] = (8, 16, 32)
+PROTO_STRIDE = STRIDES[0] // 2  # prototypes: the stride-8 features upsampled 2x
 # SiLU for the shipped model; ReLU folds into an INT8 convolution, while each SiLU stays a
 # separate sigmoid and multiply (models/README.md, "INT8 variant", compares the two).
 ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "relu": nn.ReLU}
@@ -39,23 +43,41 @@ class Residual(nn.Module):
 
 
 class Head(nn.Module):
-    """Decoupled branches for one level: 4 box distances (ltrb, in strides) and nc class logits."""
+    """Decoupled branches for one level: 4 box distances (ltrb, in strides), nc class logits and,
+    for segmentation, `nm` mask coefficients."""
 
-    def __init__(self, c: int, nc: int, act: str) -> None:
+    def __init__(self, c: int, nc: int, act: str, nm: int = 0) -> None:
         super().__init__()
         self.box = nn.Sequential(conv(c, c, act=act), nn.Conv2d(c, 4, 1))
         self.cls = nn.Sequential(conv(c, c, act=act), nn.Conv2d(c, nc, 1))
+        self.coef = nn.Sequential(conv(c, c, act=act), nn.Conv2d(c, nm, 1)) if nm else None
         nn.init.constant_(self.box[-1].get_parameter("bias"), 0.5)
         nn.init.constant_(self.cls[-1].get_parameter("bias"), -math.log(99.0))
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        return self.box(x).flatten(2), self.cls(x).flatten(2)
+    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
+        out = (self.box(x).flatten(2), self.cls(x).flatten(2))
+        return out if self.coef is None else (*out, self.coef(x).flatten(2))
+
+
+class Proto(nn.Module):
+    """Mask prototypes at stride 4: the stride-8 features, upsampled 2x, to `nm` channels."""
+
+    def __init__(self, c: int, nm: int, act: str) -> None:
+        super().__init__()
+        self.pre = conv(c, c, act=act)
+        self.post = nn.Sequential(conv(c, c, act=act), nn.Conv2d(c, nm, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.post(F.interpolate(self.pre(x), scale_factor=2.0, mode="nearest"))
 
 
 class Detector(nn.Module):
-    """320x320 RGB in; raw per-anchor (ltrb distances in pixels, class logits) out."""
+    """320x320 RGB in; raw per-anchor (ltrb distances in pixels, class logits) out, and with
+    `masks` > 0 also per-anchor mask coefficients (B, masks, A) and prototypes (B, masks, S/4, S/4)."""
 
-    def __init__(self, nc: int = 3, width: tuple[int, ...] = (16, 24, 48, 96, 128), act: str = "silu") -> None:
+    def __init__(
+        self, nc: int = 3, width: tuple[int, ...] = (16, 24, 48, 96, 128), act: str = "silu", masks: int = 0
+    ) -> None:
         super().__init__()
         c1, c2, c3, c4, c5 = width
         self.stem = nn.Sequential(conv(3, c1, 3, 2, act), conv(c1, c2, 3, 2, act))
@@ -64,10 +86,11 @@ class Detector(nn.Module):
         self.p5 = nn.Sequential(conv(c4, c5, 3, 2, act), Residual(c5, act))
         self.lat5, self.lat4, self.lat3 = conv(c5, c3, 1, act=act), conv(c4, c3, 1, act=act), conv(c3, c3, 1, act=act)
         self.fuse4, self.fuse3 = conv(c3, c3, act=act), conv(c3, c3, act=act)
-        self.heads = nn.ModuleList(Head(c3, nc, act) for _ in STRIDES)
-        self.nc = nc
+        self.heads = nn.ModuleList(Head(c3, nc, act, masks) for _ in STRIDES)
+        self.proto = Proto(c3, masks, act) if masks else None
+        self.nc, self.masks = nc, masks
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
         x3 = self.p3(self.stem(x))
         x4 = self.p4(x3)
         t5 = self.lat5(self.p5(x4))
@@ -78,7 +101,10 @@ class Detector(nn.Module):
             [torch.full((o[0].shape[-1],), float(s), device=x.device) for o, s in zip(outs, STRIDES, strict=True)]
         )
         dist = F.softplus(torch.cat([o[0] for o in outs], 2)) * strides
-        return dist, torch.cat([o[1] for o in outs], 2)
+        logits = torch.cat([o[1] for o in outs], 2)
+        if self.proto is None:
+            return dist, logits
+        return dist, logits, torch.cat([o[2] for o in outs], 2), self.proto(t3)
 
 
 def anchor_points(size: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
@@ -94,7 +120,8 @@ def anchor_points(size: int, device: torch.device | None = None) -> tuple[Tensor
 
 
 class ExportHead(nn.Module):
-    """Wraps a `Detector` so its single output is the ultralytics yolov8 tensor [1, 4+nc, A]."""
+    """Wraps a `Detector` so its output is the ultralytics yolov8 tensor [1, 4+nc, A], or for a
+    segmentation model yolov8-seg's pair: [1, 4+nc+nm, A] (raw coefficients last) and prototypes."""
 
     def __init__(self, model: Detector, size: int) -> None:
         super().__init__()
@@ -102,11 +129,15 @@ class ExportHead(nn.Module):
         points, _ = anchor_points(size)
         self.register_buffer("points", points.t().unsqueeze(0).contiguous())
 
-    def forward(self, images: Tensor) -> Tensor:
-        dist, logits = self.model(images)
+    def forward(self, images: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        dist, logits, *seg = self.model(images)
         lt, rb = dist[:, :2], dist[:, 2:]
         x1y1, x2y2 = self.points - lt, self.points + rb
-        return torch.cat([(x1y1 + x2y2) / 2, x2y2 - x1y1, logits.sigmoid()], 1)
+        boxes = torch.cat([(x1y1 + x2y2) / 2, x2y2 - x1y1, logits.sigmoid()], 1)
+        if not seg:
+            return boxes
+        coef, proto = seg
+        return torch.cat([boxes, coef], 1), proto
 
 
 def box_iou_pairs(a: Tensor, b: Tensor, eps: float = 1e-7) -> tuple[Tensor, Tensor]:
@@ -138,12 +169,20 @@ class TaskAlignedLoss:
         self.topk, self.alpha, self.beta = topk, alpha, beta
 
     def __call__(
-        self, dist: Tensor, logits: Tensor, gt_boxes: Tensor, gt_cls: Tensor, gt_valid: Tensor
+        self,
+        dist: Tensor,
+        logits: Tensor,
+        gt_boxes: Tensor,
+        gt_cls: Tensor,
+        gt_valid: Tensor,
+        seg: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
+        """Detection loss; with `seg` = (coefficients, prototypes, gt masks (B, G, S/4, S/4) float)
+        also the mask loss."""
         dist, logits = dist.transpose(1, 2), logits.transpose(1, 2)
         pred = torch.cat([self.points - dist[..., :2], self.points + dist[..., 2:]], -1)
         scores = logits.sigmoid()
-        target_scores, target_boxes, fg = self._assign(scores.detach(), pred.detach(), gt_boxes, gt_cls, gt_valid)
+        target_scores, target_boxes, fg, owner = self._assign(scores.detach(), pred.detach(), gt_boxes, gt_cls, gt_valid)
         norm = target_scores.sum().clamp(min=1.0)
         cls_loss = F.binary_cross_entropy_with_logits(logits, target_scores, reduction="sum") / norm
         weight = target_scores.sum(-1)[fg]
@@ -166,12 +205,17 @@ class TaskAlignedLoss:
             "l1": l1_loss.item(),
             "iou": iou.detach().mean().item() if iou.numel() else 0.0,
         }
+        if seg is not None:
+            mask_loss = mask_bce(seg[0].transpose(1, 2), seg[1], seg[2], fg, owner, target_boxes)
+            total = total + 7.5 * mask_loss
+            stats["mask"] = mask_loss.item()
         return total * gt_boxes.shape[0], stats
 
     @torch.no_grad()
     def _assign(
         self, scores: Tensor, pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor, gt_valid: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Class targets (B, A, nc), box targets (B, A, 4), foreground (B, A) and owning gt (B, A)."""
         b, a, _ = scores.shape
         half = torch.maximum((gt_boxes[..., 2:] - gt_boxes[..., :2])[:, :, None] / 2, self.strides[None, None, :, None] / 2)
         centre = (gt_boxes[..., :2] + gt_boxes[..., 2:])[:, :, None] / 2
@@ -196,4 +240,28 @@ class TaskAlignedLoss:
         strength = norm_align.amax(1) * fg
         target_scores.scatter_(-1, owner_cls[..., None], strength[..., None])
         target_boxes = gt_boxes.gather(1, owner[..., None].expand(-1, -1, 4))
-        return target_scores, target_boxes, fg
+        return target_scores, target_boxes, fg, owner
+
+
+def mask_bce(coef: Tensor, proto: Tensor, gt_masks: Tensor, fg: Tensor, owner: Tensor, boxes: Tensor) -> Tensor:
+    """Mean over foreground anchors of the BCE of coefficients x prototypes against the owning
+    instance's mask, inside its box only (as ultralytics' ``single_mask_loss``), so a mask is
+    learnt where `process_mask` will crop it.
+
+    coef (B, A, nm); proto (B, nm, h, w); gt_masks (B, G, h, w) in 0..1 at `PROTO_STRIDE`; boxes
+    (B, A, 4) in input pixels.
+    """
+    if not bool(fg.any()):
+        return coef.sum() * 0.0
+    batch = fg.nonzero()[:, 0]
+    h, w = proto.shape[2:]
+    logits = torch.einsum("nc,nchw->nhw", coef[fg], proto[batch])
+    target = gt_masks[batch, owner[fg]]
+    box = boxes[fg] / PROTO_STRIDE
+    xs = torch.arange(w, device=coef.device, dtype=coef.dtype)[None, None, :] + 0.5
+    ys = torch.arange(h, device=coef.device, dtype=coef.dtype)[None, :, None] + 0.5
+    crop = (xs >= box[:, 0, None, None]) & (xs < box[:, 2, None, None])
+    crop = crop & (ys >= box[:, 1, None, None]) & (ys < box[:, 3, None, None])
+    bce = F.binary_cross_entropy_with_logits(logits, target, reduction="none") * crop
+    area = crop.sum((1, 2)).clamp(min=1)
+    return (bce.sum((1, 2)) / area).mean()
