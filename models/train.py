@@ -7,6 +7,10 @@ final held-out evaluation. Needs the optional ``torch`` extra (CPU wheel); nothi
 ``edged/`` imports torch.
 
     python models/train.py --epochs 8 --scenes 12000 --out models/demo.onnx --seed 0
+
+``--task segment`` trains the yolov8-seg variant instead (32 prototypes at stride 4, instance masks
+from the scenes' painted pixels) and exports ``output0`` [1, 4+nc+32, N] plus ``output1``
+[1, 32, S/4, S/4] with ``task=segment``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import cv2
 import numpy as np
 import onnx
 import torch
@@ -26,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from net import STRIDES, Detector, ExportHead, TaskAlignedLoss, anchor_points
+from net import PROTO_STRIDE, STRIDES, Detector, ExportHead, TaskAlignedLoss, anchor_points
 
 from edged import __version__
 from edged.config import ModelConfig, RuntimeConfig
@@ -39,6 +44,8 @@ from edged.tools.evaluate import evaluate, scene_samples
 SIZE = 320
 TRAIN_SEEDS = tuple(range(1, 9))
 FRAME_SIZES = ((1280, 720),) * 8 + ((640, 480), (1024, 1024))
+MAX_OBJECTS = 8
+MASK_COEFFICIENTS = 32
 
 
 def letterboxers() -> dict[tuple[int, int], Preprocessor]:
@@ -49,30 +56,41 @@ def letterboxers() -> dict[tuple[int, int], Preprocessor]:
     return {(w, h): Preprocessor(contract, w, h) for w, h in set(FRAME_SIZES)}
 
 
-def build_cache(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Letterboxed RGB inputs (count, S, S, 3) plus padded boxes (count, G, 4) and classes."""
+def build_cache(count: int, masks: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Letterboxed RGB inputs (count, S, S, 3), padded boxes (count, G, 4) and classes, and with
+    `masks` each object's coverage of the prototype cells (count, G, S/4, S/4) as uint8 0..255."""
     gens = {(w, h, s): SceneGenerator(w, h, seed=s) for w, h in set(FRAME_SIZES) for s in TRAIN_SEEDS}
     pres = letterboxers()
     images = np.empty((count, SIZE, SIZE, 3), np.uint8)
-    boxes = np.zeros((count, 8, 4), np.float32)
-    classes = np.full((count, 8), -1, np.int64)
+    boxes = np.zeros((count, MAX_OBJECTS, 4), np.float32)
+    classes = np.full((count, MAX_OBJECTS), -1, np.int64)
+    cells = SIZE // PROTO_STRIDE
+    cover = np.zeros((count, MAX_OBJECTS, cells, cells), np.uint8) if masks else None
     for j in range(count):
         w, h = FRAME_SIZES[j % len(FRAME_SIZES)]
-        scene = gens[(w, h, TRAIN_SEEDS[j % len(TRAIN_SEEDS)])].render(j // len(TRAIN_SEEDS))
+        scene = gens[(w, h, TRAIN_SEEDS[j % len(TRAIN_SEEDS)])].render(j // len(TRAIN_SEEDS), masks=masks)
         pre = pres[(w, h)]
         images[j], bm = pre(scene.image)[0], pre.box_map
         n = len(scene.boxes)
         boxes[j, :n] = scene.boxes * bm.scale_x + np.array([bm.pad_x, bm.pad_y] * 2, np.float32)
         classes[j, :n] = scene.class_ids
-    return images, boxes, classes
+        if cover is not None and scene.masks is not None:
+            rw, rh = round(bm.resized_w / PROTO_STRIDE), round(bm.resized_h / PROTO_STRIDE)
+            px, py = round(bm.pad_x / PROTO_STRIDE), round(bm.pad_y / PROTO_STRIDE)
+            for k, mask in enumerate(scene.masks):
+                small = cv2.resize(mask.astype(np.uint8) * 255, (rw, rh), interpolation=cv2.INTER_AREA)
+                cover[j, k, py : py + rh, px : px + rw] = small[: cells - py, : cells - px]
+    return images, boxes, classes, cover
 
 
-def augment(x: torch.Tensor, boxes: torch.Tensor, gen: torch.Generator) -> None:
-    """In place: per-sample horizontal/vertical flips and a brightness/contrast jitter."""
+def augment(x: torch.Tensor, boxes: torch.Tensor, gen: torch.Generator, masks: torch.Tensor | None = None) -> None:
+    """In place: per-sample horizontal/vertical flips (of masks too) and a brightness/contrast jitter."""
     n = x.shape[0]
     for dim, lo, hi in ((3, 0, 2), (2, 1, 3)):
         flip = torch.rand(n, generator=gen) < 0.5
         x[flip] = x[flip].flip(dim)
+        if masks is not None:
+            masks[flip] = masks[flip].flip(dim)
         b = boxes[flip]
         b[..., [lo, hi]] = SIZE - b[..., [hi, lo]]
         boxes[flip] = b
@@ -105,9 +123,10 @@ def train(args: argparse.Namespace) -> Ema:
     torch.set_num_threads(2)
     gen = torch.Generator().manual_seed(args.seed)
     start = time.perf_counter()
-    images, boxes, classes = build_cache(args.scenes)
+    segment = args.task == "segment"
+    images, boxes, classes, cover = build_cache(args.scenes, masks=segment)
     print(f"cache: {len(images)} scenes in {time.perf_counter() - start:.0f} s", flush=True)
-    model = Detector(len(CLASS_NAMES), act=args.act)
+    model = Detector(len(CLASS_NAMES), act=args.act, masks=MASK_COEFFICIENTS if segment else 0)
     model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     points, strides = anchor_points(SIZE)
     criterion = TaskAlignedLoss(points, strides, len(CLASS_NAMES))
@@ -124,12 +143,13 @@ def train(args: argparse.Namespace) -> Ema:
             idx = order[k * args.batch : (k + 1) * args.batch].numpy()
             x = torch.from_numpy(images[idx]).permute(0, 3, 1, 2).float().div_(255)
             b, c = torch.from_numpy(boxes[idx]), torch.from_numpy(classes[idx])
-            augment(x, b, gen)
+            m = None if cover is None else torch.from_numpy(cover[idx]).float().div_(255)
+            augment(x, b, gen, m)
             lr = args.lr * min(1.0, (step + 1) / warmup) * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * step / total)))
             for group in opt.param_groups:
                 group["lr"] = lr
-            dist, logits = model(x.contiguous(memory_format=torch.channels_last))
-            loss, stats = criterion(dist, logits, b, c, c >= 0)
+            dist, logits, *seg = model(x.contiguous(memory_format=torch.channels_last))
+            loss, stats = criterion(dist, logits, b, c, c >= 0, None if m is None else (seg[0], seg[1], m))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
@@ -147,7 +167,8 @@ def train(args: argparse.Namespace) -> Ema:
 
 
 def export(model: Detector, out: Path, meta: dict[str, str]) -> None:
-    """ONNX with input ``images`` [1,3,S,S] and output ``output0`` [1, 4+nc, N], plus metadata."""
+    """ONNX with input ``images`` [1,3,S,S] and output ``output0`` [1, 4+nc, N] (a segmentation
+    model's [1, 4+nc+32, N] and ``output1`` [1, 32, S/4, S/4]), plus metadata."""
     wrapper = ExportHead(copy.deepcopy(model).float().eval(), SIZE).eval()
     dummy = torch.zeros(1, 3, SIZE, SIZE)
     torch.onnx.export(
@@ -155,7 +176,7 @@ def export(model: Detector, out: Path, meta: dict[str, str]) -> None:
         (dummy,),
         str(out),
         input_names=["images"],
-        output_names=["output0"],
+        output_names=["output0", "output1"] if model.masks else ["output0"],
         opset_version=17,
         dynamo=False,
         do_constant_folding=True,
@@ -181,6 +202,9 @@ def main() -> None:
         default="silu",
         help="activation after every conv (silu: the shipped model; relu: the INT8 experiment)",
     )
+    ap.add_argument(
+        "--task", choices=("detect", "segment"), default="detect", help="segment: the yolov8-seg variant with masks"
+    )
     ap.add_argument("--out", type=Path, default=Path("models/demo.onnx"))
     ap.add_argument("--eval-count", type=int, default=500)
     args = ap.parse_args()
@@ -194,7 +218,7 @@ def main() -> None:
         "names": repr(dict(enumerate(CLASS_NAMES))),
         "stride": str(max(STRIDES)),
         "imgsz": f"[{SIZE}, {SIZE}]",
-        "task": "detect",
+        "task": args.task,
         "color_order": "rgb",
         "layout": "nchw",
         "batch": "1",
