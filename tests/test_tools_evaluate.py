@@ -18,7 +18,16 @@ from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import EXIT_CONFIG, EXIT_DATA
 from edged.geometry import BoxMap
 from edged.model import load_model
-from edged.tools.evaluate import evaluate, folder_samples, label_path, read_yolo_labels, read_yolo_outlines, truth_masks
+from edged.sources.scenes import SceneGenerator
+from edged.tools.evaluate import (
+    evaluate,
+    folder_samples,
+    label_path,
+    read_yolo_labels,
+    read_yolo_outlines,
+    scene_samples,
+    truth_masks,
+)
 
 pytestmark = pytest.mark.tools
 
@@ -223,7 +232,24 @@ def test_overlapping_truth_masks_give_the_overlap_to_the_smaller() -> None:
     assert masks[0].sum() == 12 and not (masks[0] & masks[1]).any()
 
 
-def test_a_segmentation_model_on_scenes_scores_masks_against_the_boxes_rectangles(tmp_path: Path) -> None:
+def test_scene_outlines_trace_each_defects_painted_pixels() -> None:
+    _, samples = scene_samples(12, seed=7, width=640, height=480)
+    generator = SceneGenerator(640, 480, seed=7)
+    traced = 0
+    for index, sample in enumerate(samples):
+        masks = generator.render(index, masks=True).masks
+        assert masks is not None and len(sample.outlines) == len(masks) == len(sample.boxes)
+        for outline, mask, (x1, y1, x2, y2) in zip(sample.outlines, masks, sample.boxes, strict=True):
+            assert outline.dtype == np.float32 and outline.shape[1] == 2
+            assert np.all((outline >= (x1, y1)) & (outline < (x2, y2))), "an outline lies in its box"
+            filled = np.zeros(mask.shape, np.uint8)
+            cv2.drawContours(filled, [outline.astype(np.int32)[:, None]], -1, 1, cv2.FILLED)
+            assert (filled.astype(bool) & mask).sum() >= 0.5 * mask.sum(), "not the box's rectangle: the painted pixels"
+            traced += 1
+    assert traced > 5
+
+
+def test_a_segmentation_model_on_scenes_scores_masks_against_the_painted_outlines(tmp_path: Path) -> None:
     report_file = tmp_path / "report.json"
     result = run_cli(
         "eval", "--model", str(TASKS / "seg.onnx"), "--scenes", "2", "--size", "320x240", "--json", str(report_file)

@@ -143,14 +143,25 @@ def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[EvalSa
 
 
 def scene_samples(count: int, seed: int, width: int, height: int) -> tuple[int, Iterator[EvalSample]]:
+    """Generated scenes with their boxes and, for scoring masks, each defect's painted outline."""
     generator = SceneGenerator(width, height, seed=seed)
 
     def generate() -> Iterator[EvalSample]:
         for index in range(count):
-            scene = generator.render(index)
-            yield EvalSample(f"scene {seed}:{index}", scene.image, scene.boxes, scene.class_ids.astype(np.int64))
+            scene = generator.render(index, masks=True)
+            assert scene.masks is not None
+            outlines = tuple(_outline(mask) for mask in scene.masks)
+            yield EvalSample(f"scene {seed}:{index}", scene.image, scene.boxes, scene.class_ids.astype(np.int64), outlines)
 
     return count, generate()
+
+
+def _outline(mask: np.ndarray) -> np.ndarray:
+    """A scene defect's mask as one outline, (p, 2) float32: its longest outer contour (a defect is
+    one painted stroke or blob; stray anti-aliased specks are left out, as a labeller would)."""
+    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    longest = max(contours, key=len)
+    return longest.reshape(-1, 2).astype(np.float32)
 
 
 class ProgressBar:
@@ -198,7 +209,7 @@ def evaluate(
         xyxy, scores, classes = _every_class(plan) or published
         acc.add(xyxy, scores, classes, sample.boxes, sample.class_ids, published=published)
         if mask_acc is not None:
-            outlines = sample.outlines or tuple(_corners(box) for box in sample.boxes)  # scenes have boxes only
+            outlines = sample.outlines or tuple(_corners(box) for box in sample.boxes)
             truth = truth_masks(outlines, plan.box_map, plan.binding.outputs[1].shape[2:])
             (ranked, ranked_masks), (shown, shown_masks) = _with_masks(plan)
             mask_acc.add(
