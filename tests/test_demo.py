@@ -10,6 +10,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import zmq
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parent.parent
 MODEL = ROOT / "models" / "demo.onnx"
+SEGMENT_CONFIG = ROOT / "config" / "segment-demo.toml"
+CELL = 16  # frame pixels per prototype cell of the segmentation demo: 1280 / 320 x stride 4
 SEED = 0  # held out from the demo model's training
 
 
@@ -207,3 +210,56 @@ def test_anomaly_demo_config_is_valid_and_its_first_frame_is_scored() -> None:
     result = run_cli("check", "--config", str(config), "--no-bind")
     assert result.returncode == 0, result.stderr
     assert "first frame: anomaly score" in result.stdout
+
+
+def test_segment_demo_config_is_valid_and_its_first_frame_has_sized_defects() -> None:
+    settings = load_config(SEGMENT_CONFIG)
+    assert settings.model.path == (ROOT / "models" / "demo-seg.onnx").resolve()
+    result = run_cli("check", "--config", str(SEGMENT_CONFIG), "--no-bind")
+    assert result.returncode == 0, result.stderr
+    assert "segment head, 3 classes: scratch, spot, crack" in result.stdout
+
+
+def _on_defect(polygon: list[tuple[float, float]], truth: np.ndarray) -> bool:
+    """Whether ``polygon`` outlines part of the painted defect ``truth``, and little else: nine tenths
+    of its pixels within one prototype cell (16 frame pixels) of the paint, and some of the paint
+    inside it. Not a mask IoU: on the prototypes' grid, a quarter of the input's size, a scratch 3
+    pixels wide is drawn a cell wide, and a thin defect's mask comes out in pieces."""
+    drawn = np.zeros(truth.shape, np.uint8)
+    cv2.fillPoly(drawn, [np.round(np.asarray(polygon)).astype(np.int32)], 1)
+    near = cv2.dilate(truth.astype(np.uint8), np.ones((2 * CELL + 1, 2 * CELL + 1), np.uint8))
+    on = np.logical_and(drawn, near).sum() / max(int(drawn.sum()), 1)
+    return bool(on >= 0.9 and np.logical_and(drawn, truth).any())
+
+
+def test_segment_demo_outlines_and_sizes_the_generated_defects(tmp_path: Path) -> None:
+    """The segmentation demo as configured (scale and dust limit included), on held-out scenes:
+    every message says its task, nearly every defect an outline on a painted one, each its size in
+    mm, and a spot under 1 mm2 alone is within limits."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = SEGMENT_CONFIG.read_text().replace("tcp://127.0.0.1:5558", endpoint)
+    config = config.replace('listen = "127.0.0.1:8082"', f'listen = "127.0.0.1:{free_port()}"')
+    config = config.replace("fps = 10.0", f"fps = 8.0\nseed = {SEED}").replace("../models/", f"{ROOT}/models/")
+    path = tmp_path / "segment.toml"
+    path.write_text(config)
+    d = RunningDaemon(path, endpoint)
+    try:
+        messages = [m for m in d.collect("detections", 20, timeout=60) if isinstance(m, DetectionsMessage)]
+    finally:
+        d.close()
+    generator = SceneGenerator(1280, 720, seed=SEED)
+    outlined = found = tolerated = 0
+    for msg in messages:
+        assert msg.task == "segment"
+        truth = generator.render(msg.frame_id, masks=True)
+        assert truth.masks is not None
+        for det in msg.detections:
+            assert det.polygon and det.area_px and det.length_px and det.area_mm2 is not None
+            assert det.area_mm2 == pytest.approx(det.area_px * 0.05**2, abs=0.001)  # each rounded on its own
+            assert det.length_mm == pytest.approx(det.length_px * 0.05, abs=0.006)
+            assert (det.note == "within limits") == (det.label == "spot" and det.area_mm2 <= 1.0)
+            found += 1
+            tolerated += det.note is not None
+            outlined += any(_on_defect(det.polygon, m) for m in truth.masks)
+    assert found and outlined >= 0.8 * found, f"{outlined} of {found} outlines lie on a painted defect"
+    assert tolerated, "no spot under 1 mm2 in these frames: the dust limit went untried"
