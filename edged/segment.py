@@ -143,6 +143,11 @@ class Segmenter:
         self._content = (slice(m.pad_y, m.pad_y + m.resized_h), slice(m.pad_x, m.pad_x + m.resized_w))
         self._content_f = np.empty((m.resized_h, m.resized_w), dtype=np.float32)
         self._frame_f = np.empty((m.frame_h, m.frame_w), dtype=np.float32)
+        # A frame a whole number of times the letterboxed content each way: a mask is mapped over
+        # its box's part of the frame alone (`_mask`), the same values as over the whole frame.
+        ky, rest_y = divmod(m.frame_h, m.resized_h)
+        kx, rest_x = divmod(m.frame_w, m.resized_w)
+        self._whole = (ky, kx) if rest_y == 0 and rest_x == 0 else None
         self._masks = np.empty((self._max_masks, m.frame_h, m.frame_w), dtype=np.bool_)
         # The outlines, (p, 2) float32 each, in frame pixels: room for an outline as long as the mask
         # it is found on is round, and more, once, when a longer one comes.
@@ -193,11 +198,9 @@ class Segmenter:
                     continue
                 polygon = self._outline(frame_mask, len(polygons), in_input=False)
             else:
-                self._mask(logits[i], boxes[:, slot].tolist(), box_map)
-                if not np.count_nonzero(self._mask_in):
+                if not self._mask(logits[i], boxes[:, slot].tolist(), box_map, frame_mask):
                     keep[i] = False
                     continue
-                np.greater(self._frame_f, _HALF, out=frame_mask)
                 polygon = self._outline(self._mask_in, len(polygons), in_input=True)
             polygons.append(polygon)
             areas.append(int(np.count_nonzero(frame_mask)))
@@ -213,17 +216,43 @@ class Segmenter:
         self.masks_ms = (time.perf_counter_ns() - t0) / 1e6
         return Instances(xyxy, scores, ids, det.scores_above_one, det.nonfinite, det.near, masks, *found)
 
-    def _mask(self, logits: np.ndarray, box: list[float], m: BoxMap) -> None:
-        """One detection's mask at the input size (``_mask_in``) and, not yet thresholded, in the frame (``_frame_f``)."""
+    def _mask(self, logits: np.ndarray, box: list[float], m: BoxMap, mask: np.ndarray) -> bool:
+        """One detection's mask at the input size (``_mask_in``) and in the frame (``mask``), as
+        ultralytics' ``scale_image`` maps it; False, ``mask`` left as it was, when it is empty.
+
+        Outside its box the input-size mask is 0, and so is the frame's beyond the pixels
+        interpolated from the box's: where the frame is a whole number of times the content, the
+        resize covers the box's part of the frame alone (two content pixels of 0 round it, so that
+        the edges interpolate what the whole frame's resize would), not the whole frame.
+        """
         cv2.resize(logits.reshape(self._mh, self._mw), (m.input_w, m.input_h), dst=self._up, interpolation=cv2.INTER_LINEAR)
         x1, y1, x2, y2 = box
         c0, c1 = max(math.ceil(x1), 0), min(math.ceil(x2), m.input_w)  # pixel c is in the box when x1 <= c < x2
         r0, r1 = max(math.ceil(y1), 0), min(math.ceil(y2), m.input_h)
         self._mask_in.fill(False)
-        if c1 > c0 and r1 > r0:
-            np.greater(self._up[r0:r1, c0:c1], _ZERO, out=self._mask_in[r0:r1, c0:c1])
-        np.copyto(self._content_f, self._mask_in[self._content])
-        cv2.resize(self._content_f, (m.frame_w, m.frame_h), dst=self._frame_f, interpolation=cv2.INTER_LINEAR)
+        if c1 <= c0 or r1 <= r0:
+            return False
+        np.greater(self._up[r0:r1, c0:c1], _ZERO, out=self._mask_in[r0:r1, c0:c1])
+        if not np.count_nonzero(self._mask_in[r0:r1, c0:c1]):
+            return False
+        mask.fill(False)
+        if self._whole is None:
+            np.copyto(self._content_f, self._mask_in[self._content])
+            cv2.resize(self._content_f, (m.frame_w, m.frame_h), dst=self._frame_f, interpolation=cv2.INTER_LINEAR)
+            np.greater(self._frame_f, _HALF, out=mask)
+            return True
+        (ky, kx), rows, cols = self._whole, self._content[0], self._content[1]
+        top, bottom = max(r0 - rows.start - 2, 0), min(r1 - rows.start + 2, m.resized_h)
+        left, right = max(c0 - cols.start - 2, 0), min(c1 - cols.start + 2, m.resized_w)
+        if bottom <= top or right <= left:  # the box is on the padding alone: nothing in the frame
+            return True
+        h, w = bottom - top, right - left
+        content = self._content_f.reshape(-1)[: h * w].reshape(h, w)
+        np.copyto(content, self._mask_in[rows.start + top : rows.start + bottom, cols.start + left : cols.start + right])
+        frame = self._frame_f.reshape(-1)[: h * ky * w * kx].reshape(h * ky, w * kx)
+        cv2.resize(content, (w * kx, h * ky), dst=frame, interpolation=cv2.INTER_LINEAR)
+        np.greater(frame, _HALF, out=mask[top * ky : bottom * ky, left * kx : right * kx])
+        return True
 
     def _native_mask(self, logits: np.ndarray, box: list[float], m: BoxMap, mask: np.ndarray) -> None:
         """One detection's mask made at the frame size into ``mask``, cropped to its box in the frame."""

@@ -48,6 +48,15 @@ def _matches_truth(msg: DetectionsMessage, generator: SceneGenerator) -> bool:
     return True
 
 
+def _twenty_frames(config: Path, endpoint: str) -> list[DetectionsMessage]:
+    """The first 20 frames' messages of the daemon run on ``config``, publishing on ``endpoint``."""
+    d = RunningDaemon(config, endpoint)
+    try:
+        return [m for m in d.collect("detections", 20, timeout=60) if isinstance(m, DetectionsMessage)]
+    finally:
+        d.close()
+
+
 def test_demo_config_is_valid_and_checks() -> None:
     settings = load_config(ROOT / "config" / "demo.toml")
     assert settings.model.path == MODEL.resolve()
@@ -68,11 +77,7 @@ def test_demo_model_finds_the_generated_defects_on_most_frames(tmp_path: Path) -
             "thermal": {"enabled": False},
         },
     )
-    d = RunningDaemon(config, endpoint)
-    try:
-        messages = [m for m in d.collect("detections", 20, timeout=60) if isinstance(m, DetectionsMessage)]
-    finally:
-        d.close()
+    messages = _twenty_frames(config, endpoint)
     generator = SceneGenerator(1280, 720, seed=SEED)
     matched = sum(_matches_truth(m, generator) for m in messages)
     assert matched >= 0.7 * len(messages), f"{matched} of {len(messages)} frames match the ground truth"
@@ -242,11 +247,7 @@ def test_segment_demo_outlines_and_sizes_the_generated_defects(tmp_path: Path) -
     config = config.replace("fps = 10.0", f"fps = 8.0\nseed = {SEED}").replace("../models/", f"{ROOT}/models/")
     path = tmp_path / "segment.toml"
     path.write_text(config)
-    d = RunningDaemon(path, endpoint)
-    try:
-        messages = [m for m in d.collect("detections", 20, timeout=60) if isinstance(m, DetectionsMessage)]
-    finally:
-        d.close()
+    messages = _twenty_frames(path, endpoint)
     generator = SceneGenerator(1280, 720, seed=SEED)
     outlined = found = tolerated = 0
     for msg in messages:

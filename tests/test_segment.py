@@ -24,7 +24,7 @@ from edged.heads.segment import SegmentHead
 from edged.messages import parse_message
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, FramePipeline, Processed
-from edged.segment import Instances, merge_segments
+from edged.segment import Instances, Segmenter, merge_segments
 from edged.settings.inspect import InspectConfig
 from edged.sources.base import Frame
 from edged.verdict import Inspector
@@ -146,6 +146,34 @@ def test_a_class_without_size_limits_stays_ng_beside_one_that_has_them(model: Lo
     assert [d.note for d in msg.detections] == ["within limits" if d.label == limited else None for d in msg.detections]
     assert {r.detection for r in msg.reasons} == {i for i, d in enumerate(msg.detections) if d.label != limited}
     assert msg.verdict == "ng"
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1920, 1080), (640, 480), (720, 1280)])
+def test_a_mask_mapped_over_its_box_alone_is_the_whole_frames_mapping_bit_for_bit(
+    model: LoadedModel, size: tuple[int, int]
+) -> None:
+    # Frames a whole number of times the letterboxed content map each mask over its box's part of
+    # the frame only; random smooth masks and boxes, some off the content, against the whole frame.
+    w, h = size
+    pipeline = FramePipeline(model, w, h, "bgr")
+    segmenter, box_map = pipeline.decoder, pipeline.box_map
+    assert isinstance(segmenter, Segmenter)
+    segmenter._plan(box_map)
+    side = box_map.input_w
+    aligned = segmenter._whole
+    assert aligned is not None
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        noise = rng.standard_normal((side // 4, side // 4)).astype(np.float32) * 3 + np.float32(rng.uniform(-3, 1))
+        logits = cv2.GaussianBlur(noise, (0, 0), 2).reshape(-1)
+        x1, y1 = rng.uniform(-10, side - 20, 2)
+        box = [float(x1), float(y1), float(x1 + rng.uniform(1, side / 2)), float(y1 + rng.uniform(1, side / 2))]
+        over_box, over_frame = np.zeros((h, w), bool), np.zeros((h, w), bool)
+        found = segmenter._mask(logits, box, box_map, over_box)
+        segmenter._whole = None
+        assert segmenter._mask(logits, box, box_map, over_frame) == found
+        segmenter._whole = aligned
+        assert np.array_equal(over_box, over_frame)
 
 
 def test_limits_in_mm_need_the_cameras_scale(model: LoadedModel) -> None:
