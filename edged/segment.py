@@ -235,12 +235,12 @@ class Segmenter:
         np.greater(self._up[r0:r1, c0:c1], _ZERO, out=self._mask_in[r0:r1, c0:c1])
         if not np.count_nonzero(self._mask_in[r0:r1, c0:c1]):
             return False
-        mask.fill(False)
         if self._whole is None:
             np.copyto(self._content_f, self._mask_in[self._content])
             cv2.resize(self._content_f, (m.frame_w, m.frame_h), dst=self._frame_f, interpolation=cv2.INTER_LINEAR)
             np.greater(self._frame_f, _HALF, out=mask)
             return True
+        mask.fill(False)  # the box's part is written below; the rest of the frame stays 0
         (ky, kx), rows, cols = self._whole, self._content[0], self._content[1]
         top, bottom = max(r0 - rows.start - 2, 0), min(r1 - rows.start + 2, m.resized_h)
         left, right = max(c0 - cols.start - 2, 0), min(c1 - cols.start + 2, m.resized_w)
