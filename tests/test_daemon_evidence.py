@@ -216,11 +216,14 @@ def prefill(folder: Path, count: int, *, t0_ns: int, age_days: float) -> list[st
 
 
 def wait_until(predicate: Callable[[], bool], d: RunningDaemon, timeout_s: float = 30) -> bool:
-    """Wait for ``predicate`` while the daemon runs; fail with its log when it never holds."""
+    """Wait for ``predicate`` while the daemon runs; fail with its log when it never holds. A
+    predicate walking a folder the daemon is pruning may meet a directory removed under it: that
+    is "not yet", and it is asked again."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if predicate():
-            return True
+        with contextlib.suppress(FileNotFoundError):
+            if predicate():
+                return True
         assert d.proc.poll() is None, d.log()
         time.sleep(0.05)
     raise AssertionError(f"never happened in {timeout_s} s:\n{d.log()}")
