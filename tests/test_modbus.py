@@ -3,15 +3,18 @@ the running daemon served to real Modbus clients is tests/test_daemon_modbus.py.
 
 from __future__ import annotations
 
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pymodbus
 import pytest
-from daemon import write_config
+from daemon import free_port, write_config
 from onnx_models import fixed_scene
 from test_trigger import SCENE
+from waiting import wait_for
 
 from edged.config import ConfigError, load_config
 from edged.modbus import INSTALL_PYMODBUS, NO_CLASS, Registers, part_id_of
@@ -82,3 +85,66 @@ def test_a_pymodbus_older_than_3_16_is_refused_with_the_version_found(
     monkeypatch.setattr(pymodbus, "__version__", "3.6.9")
     problems = _modbus_problems(tmp_path)
     assert any("needs pymodbus 3.16 or a later 3.x, this Python has 3.6.9" in p for p in problems), problems
+
+
+class _Clock:
+    """The server's view of time, moved by the test: a connection's silence is what the test says."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_full_server_reclaims_the_place_silent_longest_only_once_it_is_reclaim_idle_s_silent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pymodbus.client import ModbusTcpClient
+
+    import edged.modbus_server
+    from edged.modbus import BLOCK, ModbusOutput
+    from edged.settings.modbus import ModbusConfig
+
+    clock = _Clock()
+    monkeypatch.setattr(edged.modbus_server, "monotonic", clock)
+    port = free_port()
+    output = ModbusOutput(ModbusConfig(listen=f"127.0.0.1:{port}", max_connections=2, reclaim_idle_s=10), ["cam"], [], [])
+    silent = plc = None
+    try:
+        silent = _first_connection(port)
+        plc = ModbusTcpClient("127.0.0.1", port=port, timeout=10, retries=0)
+        assert plc.connect()
+        assert wait_for(lambda: output.clients == 2, 10)
+        clock.now += 5
+        assert not plc.read_holding_registers(0, count=BLOCK, device_id=1).isError()  # heard at +5
+        clock.now += 4  # the silent one 9 s silent: not yet
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as early:
+            assert early.recv(1) == b""
+        assert (output.refused, output.reclaimed) == (1, 0)
+        clock.now += 2  # 11 s silent, the PLC 6 s
+        with ModbusTcpClient("127.0.0.1", port=port, timeout=10, retries=0) as newcomer:
+            assert not newcomer.read_holding_registers(0, count=BLOCK, device_id=1).isError()
+            assert silent.recv(1) == b"", "the connection silent longest made room"
+            assert (output.refused, output.reclaimed) == (1, 1)
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as late:  # the rest heard within 10 s
+                assert late.recv(1) == b""
+            assert (output.refused, output.reclaimed) == (2, 1)
+            assert not plc.read_holding_registers(0, count=BLOCK, device_id=1).isError()
+    finally:
+        for s in (silent, plc):
+            if s is not None:
+                s.close()
+        output.close()
+
+
+def _first_connection(port: int) -> socket.socket:
+    """A connection to the server starting on ``port``, once it listens."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=10)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
