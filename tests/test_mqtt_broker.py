@@ -322,6 +322,8 @@ def test_a_frozen_broker_is_lost_on_the_keepalive_and_reconnected_after_it_thaws
         listener = Listener(broker.port, "edged/#")
         detections(listener, topic, 3)
         listener.close()
+        # The statuses from before the first connection say "disconnected" too: read past them.
+        d.wait_status(lambda s: s.mqtt_state == "connected")
         assert broker.proc is not None
         broker.proc.send_signal(signal.SIGSTOP)  # the connection stays open, nothing answers
         try:
