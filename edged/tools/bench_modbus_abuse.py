@@ -4,11 +4,11 @@ The real daemon runs the model on one camera (an image folder of the bench scene
 with ``[inspect]`` and ``[modbus]`` at its most connections. Its rate, from the status messages'
 ``frames_processed`` over their ``time_ns``, is taken for a quiet phase, a phase under abuse and a
 quiet phase again. The abuse runs in threads of the bench: a flood of malformed MBAP frames,
-requests with unknown function codes, a client that asks for the camera's block `PIPELINED` times a
-send and never reads the answers (each at most `ABUSE_HZ` sends a second, reconnecting whenever
-edged closes it), then `HOLDERS` connections opened and held, past ``max_connections``: edged
-closes the rest as they come. The finding is each phase's rate and the abused one's change against
-the quiet mean, beside the `TARGET_PCT` the server must stay within.
+requests with unknown function codes (each answer awaited), a client that asks for the camera's
+block `PIPELINED` times a send and never reads the answers (each at most `ABUSE_HZ` sends a second,
+reconnecting whenever edged closes it), then `HOLDERS` connections opened and held, past
+``max_connections``: edged closes the rest as they come. The finding is each phase's rate and the
+abused one's change against the quiet mean, beside the `TARGET_PCT` the server must stay within.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import zmq
 
@@ -51,18 +51,28 @@ def _malformed(transaction: int) -> bytes:
     return kinds[transaction % len(kinds)]
 
 
+def _unknown_function(transaction: int) -> bytes:
+    """A request with one of 20 function codes Modbus does not define (0x41-0x54): answered as an exception."""
+    return _mbap(transaction, bytes((0x41 + transaction % 20,)) + b"\x00\x00\x00\x01")
+
+
 def _unread(transaction: int) -> bytes:
     """`PIPELINED` reads of the camera's whole block at once: answers pile up fast for a client that never reads."""
     return b"".join(_mbap(transaction + i, struct.pack(">BHH", 3, 0, 16)) for i in range(PIPELINED))
 
 
-class _Abuser:
-    """One misbehaving client in a thread: ``frame(n)`` sent at most `ABUSE_HZ` times a second, answers
-    read or not; a new connection whenever edged closes the old one."""
+Answers = Literal["unread", "skimmed", "awaited"]  # what an abuser does with edged's answers
 
-    def __init__(self, port: int, frame: Callable[[int], bytes], reads: bool, stop: threading.Event) -> None:
-        self.port, self.frame, self.reads, self.stop = port, frame, reads, stop
+
+class _Abuser:
+    """One misbehaving client in a thread: ``frame(n)`` sent at most `ABUSE_HZ` times a second, its
+    answers never read, read as far as they have come, or each awaited (for at most a second); a new
+    connection whenever edged closes the old one."""
+
+    def __init__(self, port: int, frame: Callable[[int], bytes], answers: Answers, stop: threading.Event) -> None:
+        self.port, self.frame, self.answers, self.stop = port, frame, answers, stop
         self.sent = 0
+        self.answered = 0  # awaited answers that came
         self.connections = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -71,36 +81,54 @@ class _Abuser:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
                     self.connections += 1
-                    if not self.reads:
+                    if self.answers == "unread":
                         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                    while not self.stop.is_set():
-                        s.sendall(self.frame(self.sent))
-                        self.sent += 1
-                        if self.reads:
-                            s.setblocking(False)
-                            try:
-                                if s.recv(4096) == b"":
-                                    break
-                            except BlockingIOError:
-                                pass
-                            s.setblocking(True)
+                    while not self.stop.is_set() and self._send(s):
                         time.sleep(1 / ABUSE_HZ)
             except OSError:
                 self.stop.wait(0.01)
+
+    def _send(self, s: socket.socket) -> bool:
+        """One frame, and its answer as this abuser takes answers; False once edged closed the connection."""
+        s.sendall(self.frame(self.sent))
+        self.sent += 1
+        if self.answers == "awaited":
+            try:
+                if s.recv(4096) == b"":
+                    return False
+                self.answered += 1
+            except TimeoutError:
+                pass
+        elif self.answers == "skimmed":
+            s.setblocking(False)
+            try:
+                if s.recv(4096) == b"":
+                    return False
+            except BlockingIOError:
+                pass
+            s.setblocking(True)
+        return True
 
 
 def _abuse(port: int, seconds: float) -> dict[str, Any]:
     """Run the abusive clients for ``seconds``; what they did."""
     stop = threading.Event()
     abusers = {
-        "malformed": _Abuser(port, _malformed, True, stop),
-        "unknown_function": _Abuser(port, lambda n: _mbap(n, bytes((0x41 + n % 20,)) + b"\x00\x00\x00\x01"), True, stop),
-        "never_reads": _Abuser(port, _unread, False, stop),
+        "malformed": _Abuser(port, _malformed, "skimmed", stop),
+        # Each answered before the next goes: a flood of them, read in one piece by a busy server,
+        # would be dropped by pymodbus unanswered (it discards a backlog over 516 bytes).
+        "unknown_function": _Abuser(
+            port, lambda n: _mbap(n, bytes((0x41 + n % 20,)) + b"\x00\x00\x00\x01"), "awaited", stop
+        ),
+        "never_reads": _Abuser(port, _unread, "unread", stop),
     }
     for a in abusers.values():
         a.thread.start()
-    connected = time.monotonic() + 5.0  # the abusers first, so that the held connections leave them their slots
-    while any(a.connections == 0 for a in abusers.values()) and time.monotonic() < connected:
+    # The abusers first, so that the held connections leave them their slots: each connected, and
+    # one served (its first answer in).
+    connected = time.monotonic() + 5.0
+    served = abusers["unknown_function"]
+    while (any(a.connections == 0 for a in abusers.values()) or not served.answered) and time.monotonic() < connected:
         time.sleep(0.01)
     held: list[socket.socket] = []
     failed = 0  # connects that timed out or were reset: the listen backlog full while edged closes the others
@@ -118,7 +146,7 @@ def _abuse(port: int, seconds: float) -> dict[str, Any]:
     return {
         "held_opened": len(held),
         "held_failed": failed,
-        **{name: {"sent": a.sent, "connections": a.connections} for name, a in abusers.items()},
+        **{name: {"sent": a.sent, "answered": a.answered, "connections": a.connections} for name, a in abusers.items()},
     }
 
 
