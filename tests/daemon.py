@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -22,7 +23,37 @@ from edged.messages import AnyMessage, StatusMessage, parse_message
 Message = AnyMessage
 
 
+PORT_BLOCK = 1000  # ports of one pytest-xdist worker
+
+
+def _port_block() -> range:
+    """This test process's own ports: its worker's block, just below the kernel's ephemeral range."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = low - (int(worker) % 16 + 1) * PORT_BLOCK if worker.isdigit() else 1024
+    return range(first, first + PORT_BLOCK) if first >= 1024 else range(0)
+
+
+_BLOCK = _port_block()
+_next = itertools.count()
+
+
 def free_port() -> int:
+    """A loopback port free now, for a daemon to bind later.
+
+    A port the kernel picks (bind to 0) is one it may pick again for another worker's test, or as a
+    client socket's own port, before the daemon binds it; then two daemons share a test's port, and
+    the test reads the other's answers. So each xdist worker hands out its own block in turn, below
+    the ephemeral range; where that range leaves no room, the kernel picks.
+    """
+    for _ in range(len(_BLOCK)):
+        port = _BLOCK[next(_next) % len(_BLOCK)]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
