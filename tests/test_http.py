@@ -154,7 +154,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningDa
 
 def test_metrics_pass_promtool_and_move_as_frames_flow(served: tuple[RunningDaemon, int]) -> None:
     d, port = served
-    d.collect("status", 2)
+    # A frame processed and the camera up, then one more round: /metrics follows the stream by up to one.
+    d.wait_status(lambda s: s.frames_processed > 0 and s.source_state == "ok")
+    d.collect("status", 1)
     status, headers, body = get(port, "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain; version=")
     text = body.decode()
@@ -195,7 +197,8 @@ def test_metrics_pass_promtool_and_move_as_frames_flow(served: tuple[RunningDaem
 
 def test_status_json_health_and_unknown_paths(served: tuple[RunningDaemon, int]) -> None:
     d, port = served
-    d.collect("status", 1)
+    d.wait_status(lambda s: s.frames_processed > 0 and s.source_state == "ok")
+    d.collect("status", 1)  # /status.json follows the stream by up to one round
     status, headers, body = get(port, "/status.json")
     assert status == 200 and headers["content-type"] == "application/json"
     message = StatusMessage.model_validate_json(body)
