@@ -17,8 +17,10 @@ import pytest
 import shadow_trial
 import stages_alone
 import yolov8n_like
+import yolov8n_trained
 from onnx_models import colour_probe
 
+from edged.sources.scenes import SceneGenerator
 from edged.tools.bench_rows import FullPath, bench_frame, load
 
 pytestmark = pytest.mark.tools
@@ -60,6 +62,35 @@ def test_the_script_prints_the_cached_model(tmp_path: Path, capsys: pytest.Captu
     assert yolov8n_like.main(["--size", "64", "--candidates", "5", "--cache-dir", str(tmp_path)]) == 0
     path = Path(capsys.readouterr().out.strip())
     assert path.parent == tmp_path and path.is_file()
+
+
+def test_the_trained_yolov8ns_crops_label_each_defect_where_the_halved_scene_has_it() -> None:
+    scene = SceneGenerator(1280, 720, seed=3).render(7)
+    pairs = list(zip(scene.boxes.tolist(), scene.class_ids.tolist(), strict=True))
+    crops = yolov8n_trained._crops(scene.image, pairs, np.random.default_rng(0))
+    assert [image.shape for image, _ in crops] == [(320, 320, 3)] * 2
+    half = cv2.resize(scene.image, None, fx=0.5, fy=0.5, interpolation=cv2.INTER_LINEAR)
+    labelled = 0
+    for (image, lines), x0 in zip(crops, (0, 640 - 320), strict=True):
+        y0 = next(y for y in range(360 - 320 + 1) if np.array_equal(half[y : y + 320, x0 : x0 + 320], image))
+        inside = [
+            (c, (x1 / 2 - x0, y1 / 2 - y0, x2 / 2 - x0, y2 / 2 - y0))
+            for (x1, y1, x2, y2), c in pairs
+            if x1 / 2 - x0 >= 0 and y1 / 2 - y0 >= 0 and x2 / 2 - x0 <= 320 and y2 / 2 - y0 <= 320
+        ]
+        got = [(int(c), *(float(v) * 320 for v in rest)) for c, *rest in (line.split() for line in lines)]
+        for c, (bx1, by1, bx2, by2) in inside:  # a defect wholly inside the crop keeps its class and box
+            assert any(
+                g[0] == c
+                and abs(g[1] - (bx1 + bx2) / 2) < 0.01
+                and abs(g[3] - (bx2 - bx1)) < 0.01
+                and abs(g[2] - (by1 + by2) / 2) < 0.01
+                and abs(g[4] - (by2 - by1)) < 0.01
+                for g in got
+            ), (c, got)
+        assert all(0 <= v <= 320 for g in got for v in g[1:])
+        labelled += len(inside)
+    assert labelled > 0
 
 
 def test_graph_cost_counts_the_demo_models_work(capsys: pytest.CaptureFixture[str]) -> None:
