@@ -117,9 +117,7 @@ def _abuse(port: int, seconds: float) -> dict[str, Any]:
         "malformed": _Abuser(port, _malformed, "skimmed", stop),
         # Each answered before the next goes: a flood of them, read in one piece by a busy server,
         # would be dropped by pymodbus unanswered (it discards a backlog over 516 bytes).
-        "unknown_function": _Abuser(
-            port, lambda n: _mbap(n, bytes((0x41 + n % 20,)) + b"\x00\x00\x00\x01"), "awaited", stop
-        ),
+        "unknown_function": _Abuser(port, _unknown_function, "awaited", stop),
         "never_reads": _Abuser(port, _unread, "unread", stop),
     }
     for a in abusers.values():
