@@ -233,7 +233,7 @@ def test_overlapping_truth_masks_give_the_overlap_to_the_smaller() -> None:
 
 
 def test_scene_outlines_trace_each_defects_painted_pixels() -> None:
-    _, samples = scene_samples(12, seed=7, width=640, height=480)
+    _, samples = scene_samples(12, seed=7, width=640, height=480, outlines=True)
     generator = SceneGenerator(640, 480, seed=7)
     traced = 0
     for index, sample in enumerate(samples):
@@ -247,6 +247,8 @@ def test_scene_outlines_trace_each_defects_painted_pixels() -> None:
             assert (filled.astype(bool) & mask).sum() >= 0.5 * mask.sum(), "not the box's rectangle: the painted pixels"
             traced += 1
     assert traced > 5
+    _, plain = scene_samples(2, seed=7, width=640, height=480)
+    assert all(sample.outlines == () for sample in plain)  # without outlines, no mask is traced
 
 
 def test_a_segmentation_model_on_scenes_scores_masks_against_the_painted_outlines(tmp_path: Path) -> None:

@@ -142,16 +142,18 @@ def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[EvalSa
     return len(images), generate()
 
 
-def scene_samples(count: int, seed: int, width: int, height: int) -> tuple[int, Iterator[EvalSample]]:
-    """Generated scenes with their boxes and, for scoring masks, each defect's painted outline."""
+def scene_samples(
+    count: int, seed: int, width: int, height: int, *, outlines: bool = False
+) -> tuple[int, Iterator[EvalSample]]:
+    """Generated scenes with their boxes and, with ``outlines`` (for scoring masks), each defect's
+    painted outline; without, no mask is rendered or traced."""
     generator = SceneGenerator(width, height, seed=seed)
 
     def generate() -> Iterator[EvalSample]:
         for index in range(count):
-            scene = generator.render(index, masks=True)
-            assert scene.masks is not None
-            outlines = tuple(_outline(mask) for mask in scene.masks)
-            yield EvalSample(f"scene {seed}:{index}", scene.image, scene.boxes, scene.class_ids.astype(np.int64), outlines)
+            scene = generator.render(index, masks=outlines)
+            traced = tuple(_outline(mask) for mask in scene.masks) if scene.masks is not None else ()
+            yield EvalSample(f"scene {seed}:{index}", scene.image, scene.boxes, scene.class_ids.astype(np.int64), traced)
 
     return count, generate()
 
@@ -534,7 +536,7 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         total, samples = folder_samples(args.data, model.num_classes)
     else:
         width, height = _size(args.size)
-        total, samples = scene_samples(args.scenes, args.seed, width, height)
+        total, samples = scene_samples(args.scenes, args.seed, width, height, outlines=model.task == "segment")
     report = evaluate(model, samples, total, args.report_conf, ProgressBar(total), convention)
     print(format_report(report), file=out)
     if args.json is not None:
