@@ -198,10 +198,13 @@ class ModbusOutput(Output):
         requesting: Sequence[str],
         inspected: Sequence[str],
         previous: ModbusOutput | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``previous``: the server a reload replaces, closed, whose registers and counts go on here."""
+        """``previous``: the server a reload replaces, closed, whose registers and counts go on here;
+        ``clock``: what the server times each connection's silence by (`reclaim_idle_s`)."""
         load_pymodbus()
         self.cfg = cfg
+        self.clock = clock
         self.camera_ids = list(camera_ids)
         self.requesting = frozenset(requesting)
         self.inspected = frozenset(inspected)

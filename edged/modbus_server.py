@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from time import monotonic  # the clock of each connection's silence (tests set it)
 from typing import TYPE_CHECKING, Any, cast
 
 from pymodbus.constants import ExcCodes
@@ -103,7 +102,7 @@ class _Handler(ServerRequestHandler):
         self.server.owner.clients = max(len(self.server.active_connections) - 1, 0)
 
     def callback_data(self, data: bytes, addr: tuple[str, int] | None = None) -> int:
-        self.heard = monotonic()
+        self.heard = self.server.owner.clock()
         transport: Any = self.transport
         if transport is not None and transport.get_write_buffer_size() > MAX_UNREAD_BYTES:
             self.server.owner.unread += 1
@@ -126,7 +125,7 @@ class _Server(ModbusTcpServer):
         if not others:
             return False
         silent = min(others, key=lambda h: h.heard)
-        if monotonic() - silent.heard < self.owner.cfg.reclaim_idle_s:
+        if self.owner.clock() - silent.heard < self.owner.cfg.reclaim_idle_s:
             return False
         self.owner.reclaimed += 1
         transport: Any = silent.transport
@@ -137,7 +136,7 @@ class _Server(ModbusTcpServer):
 
     def callback_new_connection(self) -> _Handler:
         handler = _Handler(self, self.trace_packet, self.trace_pdu, self.trace_connect)  # type: ignore[no-untyped-call]
-        handler.heard = monotonic()  # listed from here on, before its callback_connected
+        handler.heard = self.owner.clock()  # listed from here on, before its callback_connected
         return handler
 
     def _answered(self, sending: bool, pdu: ModbusPDU) -> ModbusPDU:

@@ -13,11 +13,14 @@ import pymodbus
 import pytest
 from daemon import free_port, write_config
 from onnx_models import fixed_scene
+from pymodbus.client import ModbusTcpClient
+from test_lograte import Clock
 from test_trigger import SCENE
 from waiting import wait_for
 
 from edged.config import ConfigError, load_config
-from edged.modbus import INSTALL_PYMODBUS, NO_CLASS, Registers, part_id_of
+from edged.modbus import BLOCK, INSTALL_PYMODBUS, NO_CLASS, ModbusOutput, Registers, part_id_of
+from edged.settings.modbus import ModbusConfig
 
 
 @pytest.mark.unit
@@ -87,29 +90,11 @@ def test_a_pymodbus_older_than_3_16_is_refused_with_the_version_found(
     assert any("needs pymodbus 3.16 or a later 3.x, this Python has 3.6.9" in p for p in problems), problems
 
 
-class _Clock:
-    """The server's view of time, moved by the test: a connection's silence is what the test says."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_a_full_server_reclaims_the_place_silent_longest_only_once_it_is_reclaim_idle_s_silent(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from pymodbus.client import ModbusTcpClient
-
-    import edged.modbus_server
-    from edged.modbus import BLOCK, ModbusOutput
-    from edged.settings.modbus import ModbusConfig
-
-    clock = _Clock()
-    monkeypatch.setattr(edged.modbus_server, "monotonic", clock)
+def test_a_full_server_reclaims_the_place_silent_longest_only_once_it_is_reclaim_idle_s_silent() -> None:
+    clock = Clock(1000.0)  # what the server times each connection's silence by
     port = free_port()
-    output = ModbusOutput(ModbusConfig(listen=f"127.0.0.1:{port}", max_connections=2, reclaim_idle_s=10), ["cam"], [], [])
+    cfg = ModbusConfig(listen=f"127.0.0.1:{port}", max_connections=2, reclaim_idle_s=10)
+    output = ModbusOutput(cfg, ["cam"], [], [], clock=clock)
     silent = plc = None
     try:
         silent = _first_connection(port)
