@@ -235,7 +235,7 @@ def main() -> None:
     )
     if args.eval_count:
         model = load_model(ModelConfig(path=args.out, conf=0.001, iou=0.6, max_det=100), RuntimeConfig())
-        total, samples = scene_samples(args.eval_count, seed=0, width=1280, height=720)
+        total, samples = scene_samples(args.eval_count, seed=0, width=1280, height=720, outlines=model.task == "segment")
         report = evaluate(model, samples, total, report_conf=0.25)
         print(json.dumps(report.to_dict(), indent=2), flush=True)
 
