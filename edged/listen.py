@@ -231,11 +231,21 @@ def listen_tcp(key: str, listen: str, host: str, port: int, what: str, privilege
 
 def try_bind(endpoint: str, key: str, socket_type: int) -> Callable[[], None]:
     """Bind ``endpoint`` once as a `Listener` of ``socket_type`` would (``edged check``); returns what
-    releases it. Raises `PublishError` naming ``key``."""
-    listener = Listener(zmq.Context.instance(), socket_type, lambda sock: None, key)
+    releases it. Raises `PublishError` naming ``key``.
+
+    The release returns once the endpoint is free again: a closed socket lets go of its port later,
+    in libzmq's I/O thread, so the listener has a context of its own, whose ``term`` waits for that.
+    """
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    listener = Listener(context, socket_type, lambda sock: None, key)
+
+    def release() -> None:
+        listener.close(linger=0)
+        context.term()
+
     try:
         listener.bind(endpoint)
     except BaseException:
-        listener.close(linger=0)
+        release()
         raise
-    return lambda: listener.close(linger=0)
+    return release

@@ -17,6 +17,7 @@ from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config, writ
 from onnx_models import colour_probe
 from waiting import wait_for
 
+from edged.listen import try_bind
 from edged.messages import DetectionsMessage
 from edged.subscribe import Subscriber
 
@@ -78,6 +79,17 @@ def _stream_a_huge_message(port: int, declared: int, send_at_most: int) -> int:
         except (BrokenPipeError, ConnectionResetError):
             pass
     return sent
+
+
+@pytest.mark.parametrize("socket_type", [zmq.XPUB, zmq.ROUTER, zmq.REP])
+def test_a_trial_bind_is_released_before_its_release_returns(socket_type: int) -> None:
+    """``edged check`` binds each endpoint and lets go of it: a port still held by libzmq's I/O
+    thread after the release would refuse whoever binds it next (the daemon, or the next check)."""
+    port = free_port()
+    for _ in range(20):
+        try_bind(f"tcp://127.0.0.1:{port}", "publish.endpoints", socket_type)()
+        with socket.socket() as peer, pytest.raises(ConnectionRefusedError):
+            peer.connect(("127.0.0.1", port))
 
 
 def test_a_peer_declaring_a_huge_message_is_cut_off_and_memory_stays_flat(tcp_daemon: RunningDaemon) -> None:
