@@ -285,10 +285,9 @@ class Daemon:
         if fallback is None:
             return False
         self.settings, model = fallback
-        self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
-        self.model = model
-        for camera in self.cameras.values():
-            camera.path = frame_path(self.settings, model, camera.cfg)
+        self._swap(
+            Swap(model, {camera.id: frame_path(self.settings, model, camera.cfg) for camera in self.cameras.values()})
+        )
         self._inference_failures = 0
         return True
 
@@ -297,8 +296,8 @@ class Daemon:
         return Swap(self.model, {camera.id: camera.path for camera in self.cameras.values()})
 
     def _swap(self, swap: Swap) -> None:
-        """A promotion or rollback takes over between frames: the frames on the lanes are published
-        first (`_switch` says why one may outlast the wait)."""
+        """A promotion, a rollback or a provider fallback takes over between frames, and STATUS= says
+        so: the frames on the lanes are published first (`_switch` says why one may outlast the wait)."""
         self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
         self.model = swap.model
         for camera in self.cameras.values():
