@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +44,7 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
         help="folder of images with YOLO-format .txt labels; for a classification model, a folder per class "
         "(or its val/ subfolder), as yolo val reads it",
     )
-    data.add_argument("--scenes", type=int, metavar="N", help="evaluate on N generated inspection scenes")
+    data.add_argument("--scenes", type=_positive, metavar="N", help="evaluate on N generated inspection scenes")
     p.add_argument("--seed", type=int, default=0, help="scene seed (0 is held out from the demo's training)")
     p.add_argument("--size", default="1280x720", help="scene size WxH (default 1280x720)")
     p.add_argument("--conf", type=float, default=0.001, help="score threshold for mAP (default 0.001)")
@@ -62,12 +63,12 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="score as pycocotools' COCOeval (needs pycocotools) instead of as yolo val (the default)",
     )
-    p.add_argument("--json", type=Path, default=None, help="also write the report as JSON to this file")
+    p.add_argument("--json", type=_output_file, default=None, help="also write the report as JSON to this file")
 
 
 def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, required=True, help="FP32 ONNX model to quantise")
-    p.add_argument("--out", type=Path, required=True, help="where to write the INT8 (QDQ) model")
+    p.add_argument("--out", type=_output_file, required=True, help="where to write the INT8 (QDQ) model")
     calib = p.add_mutually_exclusive_group()
     calib.add_argument("--calib-images", type=Path, metavar="DIR", help="calibrate on the images in this folder")
     calib.add_argument(
@@ -137,7 +138,7 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
         "--max-flips", type=int, default=0, metavar="N", help="gate: images whose OK/NG verdict may flip (default 0)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--out", type=Path, metavar="SNIPPET", help="write the choice as a [model] TOML snippet here")
+    p.add_argument("--out", type=_output_file, metavar="SNIPPET", help="write the choice as a [model] TOML snippet here")
 
 
 def _comparison_arguments(p: argparse.ArgumentParser) -> None:
@@ -178,7 +179,11 @@ def _comparison_arguments(p: argparse.ArgumentParser) -> None:
         help="runtime.intra_op_threads for both models (default 0: one per physical core); INT8's gain depends on it",
     )
     p.add_argument(
-        "--report", type=Path, default=None, metavar="FILE", help="also write the before/after report as JSON to this file"
+        "--report",
+        type=_output_file,
+        default=None,
+        metavar="FILE",
+        help="also write the before/after report as JSON to this file",
     )
 
 
@@ -194,6 +199,19 @@ def _add_client_keys(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="CURVE: this client's secret key file (NAME.key_secret, mode 0600)",
     )
+
+
+def _output_file(text: str) -> Path:
+    """A file a command writes once its work is done: its folder is checked now, not after the work."""
+    path = Path(text)
+    folder = path.parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder: name a file in it")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"no folder {folder} to write {path.name} in: create it first")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{path} cannot be written by this user")
+    return path
 
 
 def _positive(text: str) -> int:
@@ -372,7 +390,7 @@ def _sign_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path, help="the ONNX model file to sign")
     p.add_argument("--key", type=Path, required=True, help="the ed25519 private key (PEM), kept off the board")
     p.add_argument("--labels", type=Path, default=None, help="the labels file model.labels will name, if any")
-    p.add_argument("--out", type=Path, default=None, help="the signature file (default: MODEL.sig beside the model)")
+    p.add_argument("--out", type=_output_file, default=None, help="the signature file (default: MODEL.sig beside the model)")
 
 
 def _promote_arguments(p: argparse.ArgumentParser) -> None:
@@ -388,7 +406,7 @@ def _rollback_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _schema_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=None, help="write to this file instead of stdout")
+    p.add_argument("--out", type=_output_file, default=None, help="write to this file instead of stdout")
 
 
 def _check_arguments(p: argparse.ArgumentParser) -> None:

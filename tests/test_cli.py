@@ -337,6 +337,31 @@ def test_every_command_has_useful_help(command: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        ["eval", "--model", "m.onnx", "--scenes", "1", "--json", "{out}"],
+        ["quantize", "--model", "m.onnx", "--out", "{out}"],
+        ["quantize", "--model", "m.onnx", "--out", "m.int8.onnx", "--report", "{out}"],
+        ["tune", "--config", "edged.toml", "--out", "{out}"],
+        ["sign", "m.onnx", "--key", "k.pem", "--out", "{out}"],
+        ["schema", "--out", "{out}"],
+        ["config-reference", "--out", "{out}"],
+    ],
+)
+def test_a_file_to_write_in_a_missing_folder_is_refused_before_any_work(tmp_path: Path, args: list[str]) -> None:
+    missing = tmp_path / "no-such-folder" / "out.json"
+    result = run_cli(*(a.format(out=missing) for a in args))
+    assert result.returncode == 2 and f"no folder {missing.parent} to write out.json in" in result.stderr
+    result = run_cli(*(a.format(out=tmp_path) for a in args))
+    assert result.returncode == 2 and f"{tmp_path} is a folder" in result.stderr
+
+
+def test_eval_refuses_zero_scenes() -> None:
+    result = run_cli("eval", "--model", "m.onnx", "--scenes", "0")
+    assert result.returncode == 2 and "--scenes: must be >= 1, got 0" in result.stderr
+
+
+@pytest.mark.parametrize(
     ("board", "expected"),
     [
         ("rpi4", ["state       ok", "raspberrypi (Raspberry Pi 4 Model B", "cpu-thermal", "under_voltage_occurred"]),

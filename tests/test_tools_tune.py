@@ -12,7 +12,7 @@ import pytest
 from daemon import run_cli
 
 from edged.config import load_config
-from edged.errors import EXIT_USAGE
+from edged.errors import EXIT_CONFIG, EXIT_USAGE
 from edged.tools.evaluate import scene_samples
 from edged.tools.tune import Gate, _judge
 
@@ -122,3 +122,16 @@ def test_tune_refuses_an_engine_or_precision_it_does_not_know(tmp_path: Path) ->
     config.write_text(CONFIG)
     done = run_cli("tune", "--config", str(config), "--precision", "f32,int4", "--frames", "1")
     assert done.returncode == EXIT_USAGE and "no engine or precision named int4" in done.stderr
+
+
+@pytest.mark.parametrize(("content", "message"), [(b"not a model", "cannot load"), (None, "is not quantised")])
+def test_tune_refuses_an_int8_model_it_cannot_run_before_timing_anything(
+    tmp_path: Path, content: bytes | None, message: str
+) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    int8 = tmp_path / "int8.onnx"
+    int8.write_bytes(DEMO.read_bytes() if content is None else content)  # None: a float model
+    done = run_cli("tune", "--config", str(config), "--int8", str(int8), "--frames", "1", "--max-images", "1")
+    assert done.returncode == EXIT_CONFIG and f"--int8 {int8}: " in done.stderr and message in done.stderr
+    assert "running" not in done.stderr  # no variant was timed first

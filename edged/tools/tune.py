@@ -27,7 +27,7 @@ import cv2
 import numpy as np
 
 from edged.config import EngineName, ModelConfig, Precision, Settings, load_config
-from edged.errors import ConfigError, DataError, SetupError, UsageError
+from edged.errors import ConfigError, ContractError, DataError, ModelError, SetupError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.sources.images import IMAGE_SUFFIXES
 from edged.tools import bench_rows as rows
@@ -87,6 +87,12 @@ def _int8_model(
     """The INT8 model: ``--int8`` as given, else `edged quantize`'s, calibrated on the images tune runs on
     (or training-seed scenes), in ``--cache-dir``, runtime.cache_dir, or a folder kept in the temp dir."""
     if args.int8 is not None:
+        # One that onnxruntime cannot run as INT8 is a wrong path or file: said now, with exit 78, not
+        # as two skipped rows once every other variant has been timed.
+        try:
+            load_model(_variant_config(settings, "onnxruntime", "int8", args.int8), settings.runtime)
+        except (ModelError, ContractError) as e:
+            raise ModelError(f"--int8 {args.int8}: {e}") from None
         return Path(args.int8)
     from edged.tools import quantize as q  # the onnx package: only when tune quantises
 
