@@ -269,3 +269,19 @@ def test_the_segmentation_demo_on_scenes_is_scored_against_outlines_not_box_rect
     result = run_cli("eval", "--model", str(demo), "--scenes", "4", "--json", str(report_file))
     assert result.returncode == 0, result.stderr
     assert json.loads(report_file.read_text())["mask"]["map50"] > 0.6
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--size", "0x0"], "--size must be from 32x32 to 7680x4320; got 0x0"),
+        (["--size", "99999x99999"], "--size must be from 32x32 to 7680x4320"),  # not a 112 GiB allocation
+        (["--size", "wide"], "--size must be WIDTHxHEIGHT"),
+        (["--iou", "5"], "--iou: Input should be less than or equal to 1"),
+        (["--max-det", "0", "--conf", "2"], "--conf: Input should be less than or equal to 1; --max-det: Input"),
+    ],
+)
+def test_eval_options_out_of_range_are_named_and_exit_2(args: list[str], message: str) -> None:
+    demo = Path(__file__).parents[1] / "models" / "demo.onnx"
+    result = run_cli("eval", "--model", str(demo), "--scenes", "1", *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -32,6 +32,7 @@ from typing import TextIO
 
 import cv2
 import numpy as np
+from pydantic import ValidationError
 
 from edged.classify import Classes
 from edged.config import ModelConfig, RuntimeConfig
@@ -428,11 +429,21 @@ def _table(report: EvalReport, what: str) -> list[str]:
     return lines
 
 
+def _option_problem(loc: tuple[int | str, ...], message: str) -> str:
+    """A `ModelConfig` problem named by the ``edged eval`` option that set the field."""
+    if not loc:
+        return message
+    field = str(loc[0])
+    return f"--{'model' if field == 'path' else field.replace('_', '-')}: {message}"
+
+
 def _size(text: str) -> tuple[int, int]:
     try:
         width, height = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise UsageError(f"--size must be WIDTHxHEIGHT, e.g. 1280x720; got {text!r}") from None
+    if not (32 <= width <= 7680 and 32 <= height <= 4320):  # a synthetic camera's frames
+        raise UsageError(f"--size must be from 32x32 to 7680x4320; got {text}")
     return width, height
 
 
@@ -525,8 +536,8 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         require_pycocotools()
     try:
         cfg = ModelConfig(path=args.model, labels=args.labels, conf=args.conf, iou=args.iou, max_det=args.max_det, top_k=5)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    except ValidationError as e:
+        raise UsageError("; ".join(_option_problem(err["loc"], err["msg"]) for err in e.errors())) from None
     model = load_model(cfg, RuntimeConfig())
     if model.task == "classify":
         return _run_eval_classes(args, model, out)
