@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,8 @@ from edged.keys import SERVICE_USER
 from edged.service import setup_logging
 
 log = logging.getLogger("edged")
+
+MAX_BENCH_CAMERAS = 16  # `bench --cameras`: more than a board serves, and as many `edged run`s at once
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
@@ -45,12 +49,12 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
         "(or its val/ subfolder), as yolo val reads it",
     )
     data.add_argument("--scenes", type=_positive, metavar="N", help="evaluate on N generated inspection scenes")
-    p.add_argument("--seed", type=int, default=0, help="scene seed (0 is held out from the demo's training)")
+    p.add_argument("--seed", type=_non_negative, default=0, help="scene seed (0 is held out from the demo's training)")
     p.add_argument("--size", default="1280x720", help="scene size WxH (default 1280x720)")
     p.add_argument("--conf", type=float, default=0.001, help="score threshold for mAP (default 0.001)")
     p.add_argument(
         "--report-conf",
-        type=float,
+        type=_fraction,
         default=0.25,
         help="score at which precision and recall are reported (default 0.25, the daemon's)",
     )
@@ -75,7 +79,7 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
         "--calib-scenes", type=int, default=200, metavar="N", help="calibrate on N generated 1280x720 scenes (default 200)"
     )
     p.add_argument(
-        "--seed", type=int, default=1, help="calibration scene seed (default 1, a training seed; 0 stays held out)"
+        "--seed", type=_non_negative, default=1, help="calibration scene seed (default 1, a training seed; 0 stays held out)"
     )
     p.add_argument(
         "--method",
@@ -126,16 +130,20 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
         "--precision", default="f32,bf16,f16,int8", help="precisions, comma-separated (default f32,bf16,f16,int8)"
     )
     p.add_argument("--frames", type=int, default=100, metavar="N", help="timed frames per variant (default 100)")
-    p.add_argument("--warmup", type=int, default=10, metavar="N", help="warm-up frames per variant (default 10)")
+    p.add_argument("--warmup", type=_non_negative, default=10, metavar="N", help="warm-up frames per variant (default 10)")
     p.add_argument(
         "--max-map-drop",
-        type=float,
+        type=_non_negative_float,
         default=1.0,
         metavar="POINTS",
         help="gate: points of mAP@0.5 a variant may lose against FP32 (default 1)",
     )
     p.add_argument(
-        "--max-flips", type=int, default=0, metavar="N", help="gate: images whose OK/NG verdict may flip (default 0)"
+        "--max-flips",
+        type=_non_negative,
+        default=0,
+        metavar="N",
+        help="gate: images whose OK/NG verdict may flip (default 0)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", type=_output_file, metavar="SNIPPET", help="write the choice as a [model] TOML snippet here")
@@ -150,7 +158,7 @@ def _comparison_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="held-out scenes for the FP32 vs INT8 accuracy comparison (default 200; 0 skips it)",
     )
-    p.add_argument("--eval-seed", type=int, default=0, help="scene seed of the comparison (default 0, held out)")
+    p.add_argument("--eval-seed", type=_non_negative, default=0, help="scene seed of the comparison (default 0, held out)")
     p.add_argument(
         "--data",
         type=Path,
@@ -214,10 +222,62 @@ def _output_file(text: str) -> Path:
     return path
 
 
+def _folder(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"no folder {path}")
+    return path
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _camera_count(text: str) -> int:
+    """``bench --cameras``: each N starts N ``edged run``s, each holding a model and its frames."""
+    value = _positive(text)
+    if value > MAX_BENCH_CAMERAS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_BENCH_CAMERAS}, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """Seconds or a rate: 0 would make a loop spin or a wait end at once."""
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """A score threshold, as model.conf takes it."""
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
     return value
 
 
@@ -264,7 +324,7 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         metavar="P[,P]",
         help="model.precision, or several comma-separated, for each engine that runs it (default f32)",
     )
-    p.add_argument("--conf", type=float, default=0.25, help="model.conf (default 0.25)")
+    p.add_argument("--conf", type=_fraction, default=0.25, help="model.conf (default 0.25)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument(
         "--cold-start",
@@ -282,7 +342,7 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cameras",
-        type=_positive,
+        type=_camera_count,
         nargs="+",
         default=None,
         metavar="N",
@@ -295,7 +355,7 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         help="instead of the per-frame rows: the verdict journal's cost, offer and offer to commit, per durability, "
         "--frames verdicts at --camera-fps",
     )
-    p.add_argument("--journal-dir", type=Path, default=None, help="with --journal: a folder on the disk to measure")
+    p.add_argument("--journal-dir", type=_folder, default=None, help="with --journal: a folder on the disk to measure")
     p.add_argument(
         "--reject",
         action="store_true",
@@ -322,9 +382,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         "with 50 sessions, one a subscriber that never acknowledges",
     )
     p.add_argument(
-        "--abuse-s", type=float, default=10.0, help="with --abuse: seconds of each of the three phases (default 10)"
+        "--abuse-s",
+        type=_positive_float,
+        default=10.0,
+        help="with --abuse: seconds of each of the three phases (default 10)",
     )
-    p.add_argument("--camera-fps", type=float, default=10.0, help="each camera's rate with --cameras (default 10)")
+    p.add_argument("--camera-fps", type=_positive_float, default=10.0, help="each camera's rate with --cameras (default 10)")
     p.add_argument(
         "--camera-source",
         choices=("synthetic", "video"),
@@ -337,8 +400,8 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help="with --cameras: measure each arrangement this many times, interleaved, and report medians (default 1)",
     )
-    p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per arrangement (default 20)")
-    p.add_argument("--warmup-s", type=float, default=5.0, help="seconds let pass before measuring (default 5)")
+    p.add_argument("--seconds", type=_positive_float, default=20.0, help="measured seconds per arrangement (default 20)")
+    p.add_argument("--warmup-s", type=_non_negative_float, default=5.0, help="seconds let pass before measuring (default 5)")
 
 
 def _subscribe_arguments(p: argparse.ArgumentParser) -> None:
@@ -346,8 +409,8 @@ def _subscribe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", default="", help="topic prefix to subscribe to (default: everything)")
     p.add_argument("--stats", action="store_true", help="print a rolling summary instead of messages")
     p.add_argument("--json", action="store_true", help="print each message as JSON")
-    p.add_argument("--count", type=int, default=None, help="exit after this many messages")
-    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    p.add_argument("--count", type=_positive, default=None, help="exit after this many messages")
+    p.add_argument("--timeout", type=_positive_float, default=None, help="give up after this many seconds")
     _add_client_keys(p)
 
 
@@ -355,7 +418,7 @@ def _trigger_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("endpoint", help="edged's trigger.endpoint, e.g. tcp://127.0.0.1:5557")
     p.add_argument("--part-id", default=None, help="the part's id, carried into the verdict and detections messages")
     p.add_argument("--camera", default=None, help="the camera_id to inspect with; needed when several cameras take requests")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply (default 5)")
+    p.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to wait for the reply (default 5)")
     p.add_argument("--json", action="store_true", help="print the verdict message as JSON")
     _add_client_keys(p)
 
@@ -397,12 +460,12 @@ def _promote_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("--force", action="store_true", help="promote although the trial has not passed its gate")
     p.add_argument("--reason", default=None, help="why a forced promotion is made: logged with the user")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)")
+    p.add_argument("--timeout", type=_positive_float, default=10.0, help="seconds to wait for the answer (default 10)")
 
 
 def _rollback_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)")
+    p.add_argument("--timeout", type=_positive_float, default=10.0, help="seconds to wait for the answer (default 10)")
 
 
 def _schema_arguments(p: argparse.ArgumentParser) -> None:
@@ -422,7 +485,7 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
 def _thermal_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("--watch", action="store_true", help="keep printing every poll interval")
-    p.add_argument("--interval", type=float, default=None, help="seconds between readings")
+    p.add_argument("--interval", type=_positive_float, default=None, help="seconds between readings")
     p.add_argument("--root", type=Path, default=None, help="read this tree instead of /")
 
 
@@ -430,7 +493,7 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("--good", type=Path, default=None, metavar="DIR", help="a folder of images of good parts")
     p.add_argument(
-        "--frames", type=int, default=None, metavar="N", help="instead of --good: N frames of the configured camera"
+        "--frames", type=_positive, default=None, metavar="N", help="instead of --good: N frames of the configured camera"
     )
     p.add_argument(
         "--bad", type=Path, default=None, metavar="DIR", help="a folder of images of bad parts: report the separation"
@@ -761,7 +824,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from edged.tools.bench import run_bench
 
     setup_logging("warning")
+    # SIGTERM (timeout, systemctl) ends a bench as Ctrl-C does: through the blocks that kill the
+    # `edged run`s and busy processes it started, which would otherwise run on, orphaned.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     return run_bench(args)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 COMMANDS = {

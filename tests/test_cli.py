@@ -356,6 +356,34 @@ def test_a_file_to_write_in_a_missing_folder_is_refused_before_any_work(tmp_path
     assert result.returncode == 2 and f"{tmp_path} is a folder" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["thermal", "--watch", "--interval", "0"], "--interval: must be > 0, got 0"),  # printed in a tight loop
+        (["subscribe", "tcp://127.0.0.1:1", "--timeout", "-1"], "--timeout: must be > 0"),
+        (["subscribe", "tcp://127.0.0.1:1", "--count", "0"], "--count: must be >= 1"),
+        (["trigger", "tcp://127.0.0.1:1", "--timeout", "0"], "--timeout: must be > 0"),
+        (["promote", "--timeout", "nan"], "--timeout: must be a finite number, got nan"),
+        (["rollback", "--timeout", "inf"], "--timeout: must be a finite number"),
+        (["tune", "--config", "c.toml", "--max-flips", "-1"], "--max-flips: must be >= 0"),
+        (["tune", "--config", "c.toml", "--max-map-drop", "-5"], "--max-map-drop: must be >= 0"),
+        (["bench", "--conf", "5"], "--conf: must be above 0 and at most 1, got 5"),
+        (["bench", "--camera-fps", "0"], "--camera-fps: must be > 0"),
+        (["bench", "--seconds", "-1"], "--seconds: must be > 0"),
+        (["bench", "--warmup-s", "-1"], "--warmup-s: must be >= 0"),
+        (["bench", "--abuse-s", "0"], "--abuse-s: must be > 0"),
+        (["bench", "--cameras", "2", "17"], "--cameras: must be at most 16, got 17"),
+        (["bench", "--journal", "--journal-dir", "/nonexistent"], "--journal-dir: no folder /nonexistent"),
+        (["eval", "--model", "m.onnx", "--scenes", "1", "--seed", "-1"], "--seed: must be >= 0"),
+        (["eval", "--model", "m.onnx", "--scenes", "1", "--report-conf", "0"], "--report-conf: must be above 0"),
+        (["calibrate", "--frames", "0"], "--frames: must be >= 1"),
+    ],
+)
+def test_options_out_of_range_exit_2_naming_the_option(args: list[str], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
 def test_eval_refuses_zero_scenes() -> None:
     result = run_cli("eval", "--model", "m.onnx", "--scenes", "0")
     assert result.returncode == 2 and "--scenes: must be >= 1, got 0" in result.stderr

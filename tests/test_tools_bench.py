@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import signal
+import subprocess
 from collections.abc import Callable
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -15,7 +17,9 @@ import onnxruntime as ort
 import pytest
 import zmq
 from allocations import NumpyAllocations
+from daemon import edged_command
 from onnx_models import colour_probe
+from waiting import wait_for
 
 from edged.cli import main
 from edged.config import load_config
@@ -434,3 +438,20 @@ def test_the_opcua_abuse_bench_measures_the_rate_quiet_and_with_fifty_sessions_o
     assert abusers["sessions_opened"] + abusers["sessions_failed"] == 50
     assert abusers["silent_subscriber_nodes"] > 0
     assert result["server"]["peak_clients"] >= 2  # the sessions reached the server
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_bench_that_is_stopped_or_killed_leaves_no_edged_run_behind(probe: Path, signum: int) -> None:
+    argv = ["bench", "--model", str(probe), "--cameras", "2", "--seconds", "120", "--warmup-s", "0"]
+    bench = subprocess.Popen(edged_command(*argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        children = Path(f"/proc/{bench.pid}/task/{bench.pid}/children")
+        assert wait_for(lambda: bool(children.read_text().split()), timeout_s=60), "bench started no edged run"
+        started = [int(pid) for pid in children.read_text().split()]
+        bench.send_signal(signum)
+        assert bench.wait(30) == (128 + signum if signum == signal.SIGTERM else -signum)
+    finally:
+        bench.kill()
+        bench.wait()
+    # Killed (by the bench, or by the kernel when the bench died) and reaped, not left running.
+    assert wait_for(lambda: not [pid for pid in started if Path(f"/proc/{pid}").exists()], timeout_s=10)

@@ -37,6 +37,7 @@ from edged.cpus import online_cpus, physical_cores
 from edged.errors import ColdStartError, ConfigError, SetupError, UsageError
 from edged.model import LoadedModel
 from edged.sources.scenes import SceneGenerator
+from edged.tools import bench_process
 from edged.tools import bench_rows as rows
 from edged.tools.bench_cameras import CameraKind, format_rows, run_cameras
 from edged.tools.bench_config import write_config
@@ -560,7 +561,7 @@ def _first_message(config: Path, endpoint: str) -> tuple[float, int]:
     argv = [sys.executable, "-m", "edged", "run", "--config", str(config)]
     with tempfile.TemporaryFile() as stderr:
         t0 = time.perf_counter()
-        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+        child = bench_process.start(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
         try:
             while time.perf_counter() - t0 < STARTUP_TIMEOUT_S:
                 if sub.poll(20):

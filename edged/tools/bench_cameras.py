@@ -34,6 +34,7 @@ from edged.config import Spinning
 from edged.errors import ColdStartError
 from edged.messages import DetectionsMessage, parse_message
 from edged.sources.scenes import SceneGenerator
+from edged.tools import bench_process
 from edged.tools.bench_config import write_config
 
 ARRANGEMENTS = ("one process", "separate processes")
@@ -109,7 +110,7 @@ def measure(
                 config = write_config(Path(tmp) / f"{i}.toml", model, endpoint, tables, spinning=spinning, thermal=False)
                 sub.connect(endpoint)
                 argv = [sys.executable, "-m", "edged", "run", "--config", str(config)]
-                children.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+                children.append(bench_process.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
             _await_cameras(sub, children, cameras)
             _receive(sub, children, warmup_s)
             cpu0 = sum(cpu_s(c.pid) for c in children)

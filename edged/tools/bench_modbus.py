@@ -29,6 +29,7 @@ import zmq
 from edged.config import Spinning
 from edged.errors import ColdStartError
 from edged.sources.scenes import SceneGenerator
+from edged.tools import bench_process
 from edged.tools.bench_config import write_config
 
 STARTUP_TIMEOUT_S = 120.0
@@ -68,7 +69,7 @@ def modbus_daemon(
         sub.setsockopt(zmq.SUBSCRIBE, topic)
         sub.connect(endpoint)
         env = {k: v for k, v in os.environ.items() if not k.startswith("EDGED_")}
-        child = subprocess.Popen(
+        child = bench_process.start(
             [sys.executable, "-m", "edged", "run", "--config", str(config)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -33,6 +33,7 @@ from edged.config import Spinning
 from edged.errors import ColdStartError
 from edged.messages import StatusMessage, parse_message
 from edged.sources.scenes import SceneGenerator
+from edged.tools import bench_process
 from edged.tools.bench_config import write_config
 
 PUBLISHING_MS = 10.0  # the client's publishing interval: as short as a PLC would ask
@@ -112,7 +113,7 @@ def opcua_daemon(
         sub.connect(endpoint)
         log = folder / "edged.stderr"
         with log.open("wb") as stderr:
-            child = subprocess.Popen(
+            child = bench_process.start(
                 [sys.executable, "-m", "edged", "run", "--config", str(config)], stdout=subprocess.DEVNULL, stderr=stderr
             )
         try:

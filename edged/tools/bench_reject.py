@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from edged.reject import RejectLine
 from edged.settings.reject import RejectConfig
+from edged.tools import bench_process
 
 Load = Literal["idle", "cores busy", "cores + GIL busy"]
 LOADS: tuple[Load, ...] = ("idle", "cores busy", "cores + GIL busy")
@@ -77,7 +78,7 @@ def _load(load: Load) -> Iterator[None]:
 
 
 def _burner() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    return bench_process.start([sys.executable, "-c", "while True: pass"])
 
 
 def _spin(stop: threading.Event) -> None:
