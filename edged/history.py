@@ -32,7 +32,7 @@ def parse_time(text: str, now_s: float | None = None) -> int:
     ago = _AGO.match(text.strip())
     if ago:
         now = time.time() if now_s is None else now_s
-        return int((now - float(ago.group(1)) * _UNIT_S[ago.group(2)]) * 1e9)
+        return _stored(int((now - float(ago.group(1)) * _UNIT_S[ago.group(2)]) * 1e9))
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -40,8 +40,17 @@ def parse_time(text: str, now_s: float | None = None) -> int:
             f"{text!r} is not a time: give an ISO 8601 time (2026-12-01T08:00) or an age (30m, 2h, 7d)"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.astimezone()  # the local zone, as a person on the line means it
-    return int(moment.timestamp() * 1e9)
+        try:
+            moment = moment.astimezone()  # the local zone, as a person on the line means it
+        except (ValueError, OverflowError):  # year 1 or 9999, moved out of range by the zone
+            moment = moment.replace(tzinfo=timezone.utc)
+    return _stored(int(moment.timestamp() * 1e9))
+
+
+def _stored(ns: int) -> int:
+    """A time within what the journal stores (ns since 1970 in SQLite's 64-bit integer): before 1970
+    finds the same entries as 1970, and a time past 2262 overflowed the query."""
+    return min(max(ns, 0), 2**63 - 1)
 
 
 @dataclass(frozen=True, slots=True)

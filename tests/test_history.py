@@ -48,6 +48,8 @@ def test_every_filter_narrows_and_the_limit_keeps_the_newest_oldest_first(journa
     assert frames(since_ns=T0 + 10 * 10**9, until_ns=T0 + 13 * 10**9) == [10, 11, 12]
     assert frames(limit=3) == [27, 28, 29]
     assert frames(kind="detections") == []
+    assert frames(since_ns=parse_time("0001-01-01")) == list(range(30))
+    assert frames(since_ns=parse_time("9999-12-31")) == []  # within SQLite's integers: no OverflowError
 
 
 @pytest.mark.unit
@@ -58,6 +60,8 @@ def test_ages_and_iso_times_and_a_clear_refusal() -> None:
     assert parse_time("2027-01-15T09:00:00+01:00") == T0
     with pytest.raises(UsageError, match="not a time"):
         parse_time("yesterday")
+    assert parse_time("0001-01-01") == parse_time("99999999d") == 0  # before 1970: all there is
+    assert parse_time("9999-12-31T23:59") == 2**63 - 1  # past what SQLite's integers hold
 
 
 @pytest.mark.unit
