@@ -222,6 +222,22 @@ def _output_file(text: str) -> Path:
     return path
 
 
+def _endpoint(text: str) -> str:
+    """An address to connect to, tried on a throwaway socket: libzmq's refusal, later, was a traceback."""
+    import zmq
+
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+    try:
+        sock.connect(text)
+    except zmq.ZMQError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an address to connect to: tcp://HOST:PORT or ipc:///PATH"
+        ) from None
+    finally:
+        sock.close(linger=0)
+    return text
+
+
 def _folder(text: str) -> Path:
     path = Path(text)
     if not path.is_dir():
@@ -405,7 +421,7 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _subscribe_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5556 or ipc:///run/edged/detections.sock")
+    p.add_argument("endpoint", type=_endpoint, help="e.g. tcp://127.0.0.1:5556 or ipc:///run/edged/detections.sock")
     p.add_argument("--topic", default="", help="topic prefix to subscribe to (default: everything)")
     p.add_argument("--stats", action="store_true", help="print a rolling summary instead of messages")
     p.add_argument("--json", action="store_true", help="print each message as JSON")
@@ -415,7 +431,7 @@ def _subscribe_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _trigger_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("endpoint", help="edged's trigger.endpoint, e.g. tcp://127.0.0.1:5557")
+    p.add_argument("endpoint", type=_endpoint, help="edged's trigger.endpoint, e.g. tcp://127.0.0.1:5557")
     p.add_argument("--part-id", default=None, help="the part's id, carried into the verdict and detections messages")
     p.add_argument("--camera", default=None, help="the camera_id to inspect with; needed when several cameras take requests")
     p.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to wait for the reply (default 5)")
@@ -486,7 +502,7 @@ def _thermal_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("--watch", action="store_true", help="keep printing every poll interval")
     p.add_argument("--interval", type=_positive_float, default=None, help="seconds between readings")
-    p.add_argument("--root", type=Path, default=None, help="read this tree instead of /")
+    p.add_argument("--root", type=_folder, default=None, help="read this tree instead of /")
 
 
 def _calibrate_arguments(p: argparse.ArgumentParser) -> None:

@@ -377,6 +377,9 @@ def test_a_file_to_write_in_a_missing_folder_is_refused_before_any_work(tmp_path
         (["eval", "--model", "m.onnx", "--scenes", "1", "--seed", "-1"], "--seed: must be >= 0"),
         (["eval", "--model", "m.onnx", "--scenes", "1", "--report-conf", "0"], "--report-conf: must be above 0"),
         (["calibrate", "--frames", "0"], "--frames: must be >= 1"),
+        (["subscribe", "notanendpoint"], "'notanendpoint' is not an address to connect to: tcp://HOST:PORT"),
+        (["trigger", "tcp://::::"], "'tcp://::::' is not an address to connect to"),
+        (["thermal", "--root", "/nonexistent"], "--root: no folder /nonexistent"),
     ],
 )
 def test_options_out_of_range_exit_2_naming_the_option(args: list[str], message: str) -> None:
