@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import get_args
+from typing import TypeVar, get_args
 
 from edged import __version__
 from edged.config import DEFAULT_CONFIG_PATH, EngineName, Precision, RuntimeConfig, Spinning, load_config
@@ -23,6 +23,8 @@ from edged.keys import SERVICE_USER
 from edged.service import setup_logging
 
 log = logging.getLogger("edged")
+
+N = TypeVar("N", int, float)
 
 MAX_BENCH_CAMERAS = 16  # `bench --cameras`: more than a board serves, and as many `edged run`s at once
 
@@ -245,28 +247,6 @@ def _folder(text: str) -> Path:
     return path
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _camera_count(text: str) -> int:
-    """``bench --cameras``: each N starts N ``edged run``s, each holding a model and its frames."""
-    value = _positive(text)
-    if value > MAX_BENCH_CAMERAS:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_BENCH_CAMERAS}, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _number(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -274,27 +254,28 @@ def _number(text: str) -> float:
     return value
 
 
-def _positive_float(text: str) -> float:
-    """Seconds or a rate: 0 would make a loop spin or a wait end at once."""
-    value = _number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+def _bounded(parse: Callable[[str], N], allowed: Callable[[N], bool], expected: str, kind: str) -> Callable[[str], N]:
+    """An argparse type: ``parse`` (argparse names it ``kind`` when it fails), then refuse what
+    ``allowed`` refuses, saying what was ``expected``."""
+
+    def check(text: str) -> N:
+        value = parse(text)
+        if not allowed(value):
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text}")
+        return value
+
+    check.__name__ = kind
+    return check
 
 
-def _non_negative_float(text: str) -> float:
-    value = _number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    """A score threshold, as model.conf takes it."""
-    value = _number(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
-    return value
+_positive = _bounded(int, lambda v: v >= 1, ">= 1", "whole number")
+_non_negative = _bounded(int, lambda v: v >= 0, ">= 0", "whole number")
+# bench --cameras: each N starts N `edged run`s, each holding a model and its frames.
+_camera_count = _bounded(int, lambda v: 1 <= v <= MAX_BENCH_CAMERAS, f"from 1 to {MAX_BENCH_CAMERAS}", "whole number")
+# Seconds or a rate: 0 would make a loop spin or a wait end at once.
+_positive_float = _bounded(_number, lambda v: v > 0, "> 0", "number")
+_non_negative_float = _bounded(_number, lambda v: v >= 0, ">= 0", "number")
+_fraction = _bounded(_number, lambda v: 0 < v <= 1, "above 0 and at most 1", "number")  # a score, as model.conf
 
 
 def _names(choices: tuple[str, ...]) -> Callable[[str], list[str]]:

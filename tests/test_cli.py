@@ -372,7 +372,7 @@ def test_a_file_to_write_in_a_missing_folder_is_refused_before_any_work(tmp_path
         (["bench", "--seconds", "-1"], "--seconds: must be > 0"),
         (["bench", "--warmup-s", "-1"], "--warmup-s: must be >= 0"),
         (["bench", "--abuse-s", "0"], "--abuse-s: must be > 0"),
-        (["bench", "--cameras", "2", "17"], "--cameras: must be at most 16, got 17"),
+        (["bench", "--cameras", "2", "17"], "--cameras: must be from 1 to 16, got 17"),
         (["bench", "--journal", "--journal-dir", "/nonexistent"], "--journal-dir: no folder /nonexistent"),
         (["eval", "--model", "m.onnx", "--scenes", "1", "--seed", "-1"], "--seed: must be >= 0"),
         (["eval", "--model", "m.onnx", "--scenes", "1", "--report-conf", "0"], "--report-conf: must be above 0"),
