@@ -15,7 +15,7 @@ from onnx_models import colour_probe
 
 from edged.cli import main
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import EXIT_CONFIG, EXIT_DATA
+from edged.errors import EXIT_CONFIG, EXIT_DATA, DataError
 from edged.geometry import BoxMap
 from edged.model import load_model
 from edged.sources.scenes import SceneGenerator
@@ -285,3 +285,11 @@ def test_eval_options_out_of_range_are_named_and_exit_2(args: list[str], message
     demo = Path(__file__).parents[1] / "models" / "demo.onnx"
     result = run_cli("eval", "--model", str(demo), "--scenes", "1", *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("content", [b"0 0.5 0.5 0.2 0.2 \xe9\n", b"\x85\xff\x00garbage"])
+def test_a_label_file_that_is_not_text_is_refused_with_its_name(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "a.txt").write_bytes(content)
+    with pytest.raises(DataError, match=r"a\.txt.*not UTF-8 text"):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)

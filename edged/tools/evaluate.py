@@ -85,7 +85,7 @@ def read_yolo_outlines(
     if not path.is_file():
         return np.zeros((0, 4), np.float32), np.zeros(0, np.int64), ()
     boxes, classes, outlines = [], [], []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(_label_lines(path), 1):
         fields = line.split()
         if not fields:
             continue
@@ -105,6 +105,19 @@ def read_yolo_outlines(
         classes.append(c)
         outlines.append(outline)
     return np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(classes, np.int64), tuple(outlines)
+
+
+def _label_lines(path: Path) -> list[str]:
+    """The lines of label file `path`; `DataError` naming it where it is no UTF-8 text or cannot be read."""
+    try:
+        return path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path}: not UTF-8 text (byte {e.start}); a YOLO label file holds lines 'class cx cy w h', "
+            "save it as UTF-8 or remove it"
+        ) from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the label file: {e.strerror}") from None
 
 
 def _run_eval_classes(args: argparse.Namespace, model: LoadedModel, out: TextIO) -> int:
