@@ -293,3 +293,11 @@ def test_a_label_file_that_is_not_text_is_refused_with_its_name(tmp_path: Path, 
     (tmp_path / "a.txt").write_bytes(content)
     with pytest.raises(DataError, match=r"a\.txt.*not UTF-8 text"):
         read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+
+
+@pytest.mark.unit
+def test_a_label_file_with_a_byte_order_mark_or_crlf_reads_as_without(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbf0 0.5 0.5 0.2 0.2\r\n0 0.5 0.5 0.4 0.4\r\n")
+    boxes, classes = read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+    np.testing.assert_allclose(boxes, [[40, 20, 60, 30], [30, 15, 70, 35]])
+    assert classes.tolist() == [0, 0]

@@ -110,7 +110,7 @@ def read_yolo_outlines(
 def _label_lines(path: Path) -> list[str]:
     """The lines of label file `path`; `DataError` naming it where it is no UTF-8 text or cannot be read."""
     try:
-        return path.read_bytes().decode("utf-8").splitlines()
+        return path.read_bytes().decode("utf-8-sig").splitlines()  # Windows editors write a BOM
     except UnicodeDecodeError as e:
         raise DataError(
             f"{path}: not UTF-8 text (byte {e.start}); a YOLO label file holds lines 'class cx cy w h', "
