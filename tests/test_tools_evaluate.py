@@ -301,3 +301,21 @@ def test_a_label_file_with_a_byte_order_mark_or_crlf_reads_as_without(tmp_path: 
     boxes, classes = read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
     np.testing.assert_allclose(boxes, [[40, 20, 60, 30], [30, 15, 70, 35]])
     assert classes.tolist() == [0, 0]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "label",
+    [
+        "0 nan 0.5 0.2 0.2",
+        "0 0.5 inf 0.2 0.2",
+        "0 -0.5 0.5 0.2 0.2",
+        "0 5 0.5 0.2 0.2",
+        "0 0.5 0.5 -0.2 0.2",
+        "0 0.1 0.1 0.9 0.1 1e9 0.9",
+    ],
+)
+def test_a_coordinate_that_is_no_fraction_of_the_image_is_refused_with_file_and_line(tmp_path: Path, label: str) -> None:
+    (tmp_path / "a.txt").write_text(f"0 0.5 0.5 0.2 0.2\n{label}\n")
+    with pytest.raises(DataError, match=r"a\.txt:2: .*from 0 to 1"):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)

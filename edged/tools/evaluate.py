@@ -72,8 +72,9 @@ def label_path(image: Path) -> Path:
 
 
 def read_yolo_labels(path: Path, width: int, height: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``class cx cy w h``, or ``class x1 y1 x2 y2 ...`` (an outline), normalised to 0..1; a
-    missing file is an image without objects. An outline's box is its extent, as ultralytics takes it."""
+    """Rows ``class cx cy w h``, or ``class x1 y1 x2 y2 ...`` (an outline), normalised to 0..1 (as
+    ultralytics, a value outside, or NaN, is refused: it would score silently wrong); a missing file
+    is an image without objects. An outline's box is its extent, as ultralytics takes it."""
     boxes, classes, _ = read_yolo_outlines(path, width, height, num_classes)
     return boxes, classes
 
@@ -93,6 +94,11 @@ def read_yolo_outlines(
             c, values = int(fields[0]), [float(v) for v in fields[1:]]
         except ValueError:
             values = []
+        if values and not all(0.0 <= v <= 1.0 for v in values):  # NaN too
+            raise DataError(
+                f"{path}:{number}: coordinates are fractions of the image's width and height, from 0 to 1 "
+                f"(YOLO format), got {line!r}"
+            )
         if len(values) == 4:
             cx, cy, w, h = values
             values = [cx - w / 2, cy - h / 2, cx + w / 2, cy - h / 2, cx + w / 2, cy + h / 2, cx - w / 2, cy + h / 2]
