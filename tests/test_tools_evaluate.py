@@ -319,3 +319,11 @@ def test_a_coordinate_that_is_no_fraction_of_the_image_is_refused_with_file_and_
     (tmp_path / "a.txt").write_text(f"0 0.5 0.5 0.2 0.2\n{label}\n")
     with pytest.raises(DataError, match=r"a\.txt:2: .*from 0 to 1"):
         read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("label", ["1.5 0.5 0.5 0.2 0.2", "x 0.5 0.5 0.2 0.2", "1e3 0.5 0.5 0.2 0.2"])
+def test_a_class_that_is_no_whole_number_is_named_as_such(tmp_path: Path, label: str) -> None:
+    (tmp_path / "a.txt").write_text(label + "\n")
+    with pytest.raises(DataError, match=r"a\.txt:1: the class .* is no whole number from 0 to 1"):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 2)

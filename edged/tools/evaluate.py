@@ -91,7 +91,14 @@ def read_yolo_outlines(
         if not fields:
             continue
         try:
-            c, values = int(fields[0]), [float(v) for v in fields[1:]]
+            c = int(fields[0])
+        except ValueError:
+            raise DataError(
+                f"{path}:{number}: the class {fields[0]!r} is no whole number from 0 to {num_classes - 1} "
+                "(the first field of a YOLO label)"
+            ) from None
+        try:
+            values = [float(v) for v in fields[1:]]
         except ValueError:
             values = []
         if values and not all(0.0 <= v <= 1.0 for v in values):  # NaN too
