@@ -327,3 +327,12 @@ def test_a_class_that_is_no_whole_number_is_named_as_such(tmp_path: Path, label:
     (tmp_path / "a.txt").write_text(label + "\n")
     with pytest.raises(DataError, match=r"a\.txt:1: the class .* is no whole number from 0 to 1"):
         read_yolo_labels(tmp_path / "a.txt", 100, 50, 2)
+
+
+@pytest.mark.unit
+def test_a_label_that_is_a_folder_is_refused_not_read_as_no_objects(tmp_path: Path) -> None:
+    data = _dataset(tmp_path / "set", {"a": (RED, None)})
+    (data / "labels" / "a.txt").mkdir()
+    _, samples = folder_samples(data, 1)
+    with pytest.raises(DataError, match=r"labels/a\.txt is a folder"):
+        list(samples)

@@ -66,7 +66,7 @@ def label_path(image: Path) -> Path:
     if "images" in parts:
         i = len(parts) - 1 - parts[::-1].index("images")
         candidate = Path(*parts[:i], "labels", *parts[i + 1 :]).with_suffix(".txt")
-        if candidate.is_file():
+        if candidate.exists():  # a folder there too: `read_yolo_outlines` refuses it
             return candidate
     return image.with_suffix(".txt")
 
@@ -83,6 +83,8 @@ def read_yolo_outlines(
     path: Path, width: int, height: int, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
     """`read_yolo_labels` and each object's outline, (p, 2) float32 in pixels (a box row's, its corners)."""
+    if path.is_dir():
+        raise DataError(f"{path} is a folder, not a label file: move it away or replace it with the image's labels")
     if not path.is_file():
         return np.zeros((0, 4), np.float32), np.zeros(0, np.int64), ()
     boxes, classes, outlines = [], [], []
