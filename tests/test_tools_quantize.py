@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -17,11 +18,11 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_models import colour_probe
 
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_USAGE, QuantizeError
+from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_FAILURE, EXIT_USAGE, DataError, QuantizeError
 from edged.model import LoadedModel, load_model
 from edged.preprocess import Preprocessor
 from edged.tools import quantize as q
-from edged.tools.evaluate import scene_samples
+from edged.tools.evaluate import folder_samples, scene_samples
 
 pytestmark = pytest.mark.tools
 
@@ -435,3 +436,14 @@ def test_cli_refuses_to_overwrite_the_input_model(built: dict[str, Any]) -> None
     result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(built["fp32"]))
     assert result.returncode == EXIT_USAGE and "must not be the input model" in result.stderr
     assert built["fp32"].read_bytes() == before
+
+
+def test_an_unreadable_calibration_image_is_a_data_error_naming_it(built: dict[str, Any], tmp_path: Path) -> None:
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((48, 64, 3), np.uint8))
+    (tmp_path / "images" / "b.png").write_bytes(b"")
+    total, samples = folder_samples(tmp_path / "images", NC)
+    frames = q.CalibrationFrames(built["model"].contract, samples, total)
+    with pytest.raises(DataError, match=r"images/b\.png") as raised:
+        q.quantize(built["fp32"], tmp_path / "o.onnx", frames)
+    assert raised.value.exit_code == EXIT_DATA

@@ -55,7 +55,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from edged.config import ModelConfig, RuntimeConfig, check_thread_option, load_config
 from edged.contract import InputContract
-from edged.errors import ContractError, InferenceError, ModelError, QuantizeError, UsageError
+from edged.errors import ContractError, DataError, InferenceError, ModelError, QuantizeError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.preprocess import Preprocessor
@@ -311,6 +311,8 @@ def quantize(
                     calibrate_method=METHODS[method],
                     extra_options={"CalibStridedMinMax": chunk_size(len(frames)), "TensorQuantOverrides": overrides},
                 )
+        except DataError:  # a calibration image: the user's data, not the quantiser, at fault
+            raise
         except Exception as e:  # onnx and onnxruntime raise many unrelated types here
             raise QuantizeError(f"quantising {src} failed: {type(e).__name__}: {e}") from e
     pixels = False
