@@ -20,6 +20,7 @@ from edged.geometry import BoxMap
 from edged.model import load_model
 from edged.sources.scenes import SceneGenerator
 from edged.tools.evaluate import (
+    class_samples,
     evaluate,
     folder_samples,
     label_path,
@@ -336,3 +337,13 @@ def test_a_label_that_is_a_folder_is_refused_not_read_as_no_objects(tmp_path: Pa
     _, samples = folder_samples(data, 1)
     with pytest.raises(DataError, match=r"labels/a\.txt is a folder"):
         list(samples)
+
+
+@pytest.mark.unit
+def test_a_class_folder_counts_the_images_in_its_subfolders_as_yolo_val(tmp_path: Path) -> None:
+    # torchvision's ImageFolder, which yolo val reads a classification folder with, walks each class's tree.
+    (tmp_path / "crack" / "day2").mkdir(parents=True)
+    for path in (tmp_path / "crack" / "a.png", tmp_path / "crack" / "day2" / "b.png"):
+        cv2.imwrite(str(path), np.zeros((8, 8, 3), np.uint8))
+    samples = class_samples(tmp_path, ("good", "crack"))
+    assert samples == [(tmp_path / "crack" / "a.png", 1), (tmp_path / "crack" / "day2" / "b.png", 1)]

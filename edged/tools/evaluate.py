@@ -268,14 +268,15 @@ class ClassReport:
 
 def class_samples(folder: Path, class_names: tuple[str, ...]) -> list[tuple[Path, int]]:
     """The images of an ultralytics classification folder (``folder/val`` when there is one, as yolo
-    val reads it), each with the class id its folder names; `DataError` for a folder no class has."""
+    val reads it), each with the class id its folder names, subfolders included (as torchvision's
+    ImageFolder, which yolo val reads it with); `DataError` for a folder no class has."""
     root = folder / "val" if (folder / "val").is_dir() else folder
     ids = {name: i for i, name in enumerate(class_names)}
     samples = []
     for sub in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         if sub.name not in ids:
             raise DataError(f"{sub}: no class of the model is named {sub.name!r} (its classes: {', '.join(class_names)})")
-        images = sorted(p for p in sub.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        images = sorted(p for p in sub.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         samples += [(image, ids[sub.name]) for image in images]
     if not samples:
         raise DataError(f"no images in class folders under {root} (a classification folder has one folder per class)")
