@@ -67,6 +67,12 @@ def _images(folder: Path | None, labels: Path | None, limit: int, num_classes: i
     paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())[:limit]
     if not paths:
         raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
+    if labels is not None and not any((labels / p.relative_to(folder)).with_suffix(".txt").exists() for p in paths):
+        first = (labels / paths[0].relative_to(folder)).with_suffix(".txt")
+        raise DataError(
+            f"--labels {labels} labels none of the {len(paths)} image(s) under {folder} (the first would be {first}): "
+            "give the folder that holds a NAME.txt per image"
+        )
     samples = []
     for path in paths:
         image = cv2.imread(str(path), cv2.IMREAD_COLOR)
