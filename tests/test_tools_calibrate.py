@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import numpy as np
 import pytest
 from daemon import run_cli, write_config
 
-from edged.tools.calibrate import auroc, best_f1, f1_at, ranked_auroc
+from edged.config import ModelConfig, RuntimeConfig
+from edged.model import LoadedModel, load_model
+from edged.tools.calibrate import auroc, best_f1, f1_at, ranked_auroc, score_frames
 
 DATA = Path(__file__).parent / "data" / "anomaly"
 REFERENCE: dict[str, Any] = json.loads((DATA / "padim.json").read_text())
@@ -152,3 +155,21 @@ def test_calibrate_on_frames_of_the_configured_camera_scores_them_as_the_folder(
     assert result.returncode == 1 and "gave 2 of 5 frames" in result.stderr
     result = run_cli("calibrate", "--config", str(config), "--frames", "4", "--good", str(good))
     assert result.returncode == 2 and "one of them" in result.stderr
+
+
+def _peak_mb(model: LoadedModel, sizes: list[int]) -> float:
+    frames = ((np.zeros((200 + extra, 300, 3), np.uint8), "bgr") for extra in sizes)
+    tracemalloc.start()
+    try:
+        score_frames(model, frames)  # type: ignore[arg-type]  # "bgr" is a ChannelOrder
+        return tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+
+
+def test_images_of_many_sizes_do_not_each_keep_a_pipeline() -> None:
+    # A folder of crops has as many sizes as images; a pipeline kept per size (~3 MB each here) grew
+    # without bound: 1000 sizes took 3 GB.
+    model = load_model(ModelConfig(path=DATA / "padim.onnx"), RuntimeConfig())
+    same, distinct = _peak_mb(model, [0] * 30), _peak_mb(model, list(range(30)))
+    assert distinct < same + 15, (same, distinct)

@@ -91,13 +91,16 @@ def camera_frames(
 
 
 def score_frames(model: LoadedModel, frames: Iterable[tuple[np.ndarray, ChannelOrder]]) -> Scored:
-    """Each frame's score (an image and its channel order) through the daemon's pipeline, one plan per size and order."""
-    plans: dict[tuple[int, int, ChannelOrder], FramePipeline] = {}
+    """Each frame's score (an image and its channel order) through the daemon's pipeline; a plan is
+    made when the size or order changes, and only the last kept (a folder of crops has as many
+    sizes as images: a plan kept for each would grow without bound)."""
+    plan: FramePipeline | None = None
     scores, maps = [], []
     names = [o.name for o in model.engine.output_meta]
     for image, order in frames:
-        key = (image.shape[1], image.shape[0], order)
-        plan = plans.get(key) or plans.setdefault(key, FramePipeline(model, key[0], key[1], order))
+        h, w = image.shape[:2]
+        if plan is None or (plan.spec.width, plan.spec.height, plan.spec.channel_order) != (w, h, order):
+            plan = FramePipeline(model, w, h, order)
         result, _ = plan.process(image)
         if not isinstance(result, Anomaly):
             raise UsageError("edged calibrate is for anomaly models (anomalib exports)")
