@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_FAILURE, EXIT_USAGE, DataE
 from edged.model import LoadedModel, load_model
 from edged.preprocess import Preprocessor
 from edged.tools import quantize as q
-from edged.tools.evaluate import folder_samples, scene_samples
+from edged.tools.evaluate import EvalSample, folder_samples, scene_samples
 
 pytestmark = pytest.mark.tools
 
@@ -447,3 +448,26 @@ def test_an_unreadable_calibration_image_is_a_data_error_naming_it(built: dict[s
     with pytest.raises(DataError, match=r"images/b\.png") as raised:
         q.quantize(built["fp32"], tmp_path / "o.onnx", frames)
     assert raised.value.exit_code == EXIT_DATA
+
+
+def _calibration_peak_mb(model: LoadedModel, sizes: list[int]) -> float:
+    samples = (
+        EvalSample("x", np.zeros((40 + extra, 64, 3), np.uint8), np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
+        for extra in sizes
+    )
+    frames = q.CalibrationFrames(model.contract, samples, len(sizes))
+    tracemalloc.start()
+    try:
+        while frames.get_next() is not None:
+            pass
+        return tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+
+
+def test_calibration_images_of_many_sizes_do_not_each_keep_a_preprocessor() -> None:
+    # A folder of crops has as many sizes as images: a preprocessor kept for each (1.8 MB for the demo
+    # model) grew without bound.
+    model = _load(Path(__file__).resolve().parents[1] / "models" / "demo.onnx")
+    same, distinct = _calibration_peak_mb(model, [0] * 40), _calibration_peak_mb(model, list(range(40)))
+    assert distinct < same + 10, (same, distinct)

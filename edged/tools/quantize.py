@@ -194,7 +194,7 @@ class CalibrationFrames(CalibrationDataReader):  # type: ignore[misc]  # onnxrun
     ) -> None:
         self._contract, self._frames, self._total, self._progress_to = contract, frames, total, progress_to
         self._progress: ProgressBar | None = None
-        self._plans: dict[tuple[int, int], Preprocessor] = {}
+        self._plan: Preprocessor | None = None  # the last size's only: a folder of crops has as many sizes as images
         self._left = total
         self.done = 0
 
@@ -214,8 +214,9 @@ class CalibrationFrames(CalibrationDataReader):  # type: ignore[misc]  # onnxrun
             return None
         self._left -= 1
         h, w = frame.image.shape[:2]
-        plan = self._plans.get((w, h)) or self._plans.setdefault((w, h), Preprocessor(self._contract, w, h, "bgr"))
-        tensor = plan(frame.image).copy()  # the plan's tensor is reused by the next frame
+        if self._plan is None or (self._plan.box_map.frame_w, self._plan.box_map.frame_h) != (w, h):
+            self._plan = Preprocessor(self._contract, w, h, "bgr")
+        tensor = self._plan(frame.image).copy()  # the plan's tensor is reused by the next frame
         self.done += 1
         if self._progress_to is not None:
             self._progress = self._progress or ProgressBar(self._total, self._progress_to)  # clock starts here
