@@ -154,3 +154,20 @@ def test_tune_refuses_labels_that_label_none_of_the_images(tmp_path: Path, label
     )  # fmt: skip
     assert done.returncode == EXIT_DATA, done.stderr
     assert str(tmp_path / labels) in done.stderr and "a.txt" in done.stderr
+
+
+def test_tune_times_images_of_several_sizes_on_those_of_the_first_size(tmp_path: Path) -> None:
+    # The full path plans for one frame size, as a camera has; the second size was rejected as a bad frame.
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((96, 128, 3), np.uint8))
+    cv2.imwrite(str(tmp_path / "images" / "b.png"), np.zeros((200, 100, 3), np.uint8))
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli(
+        "tune", "--config", str(config), "--images", str(tmp_path / "images"),
+        "--frames", "4", "--warmup", "1", "--engine", "onnxruntime", "--precision", "f32", "--json",
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["rows"]
+    assert row["agreement"]["images"] == 2

@@ -121,12 +121,14 @@ def _variant_config(settings: Settings, engine: EngineName, precision: Precision
 
 
 def _timing(model: LoadedModel, samples: list[EvalSample], frames: int, warmup: int) -> dict[str, float]:
-    """Latency p50/p99 and CPU per frame of the daemon's full path, cycling through the images."""
+    """Latency p50/p99 and CPU per frame of the daemon's full path, cycling through the images of the
+    first image's size: the path is planned for one frame size, as a camera gives."""
     cycle = itertools.count()
-    with rows.FullPath(model, samples[0].image) as full:
+    timed = [s.image for s in samples if s.image.shape == samples[0].image.shape]
+    with rows.FullPath(model, timed[0]) as full:
 
         def row() -> rows.TimedFrame:
-            full.image = samples[next(cycle) % len(samples)].image
+            full.image = timed[next(cycle) % len(timed)]
             return full()
 
         for _ in range(warmup):
