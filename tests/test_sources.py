@@ -10,6 +10,7 @@ from typing import Literal, TypeVar
 import cv2
 import numpy as np
 import pytest
+from images import oversized_png
 
 from edged.capture import Capture
 from edged.errors import SourceError
@@ -192,6 +193,19 @@ def test_folder_is_read_sorted_skipping_unreadable_images(image_dir: Path, caplo
     assert numbers == [0, 1, 2, 3, 4]
     assert src.skipped == 1
     assert sum("b2.png" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_an_image_over_what_opencv_decodes_is_skipped_as_unreadable(
+    image_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    oversized_png(image_dir / "b3.png")
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    numbers = []
+    while (img := src.read(None)) is not None:
+        numbers.append(frame_number(img))
+    assert numbers == [0, 1, 2, 3, 4]
+    assert src.skipped == 2
+    assert sum("b3.png" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_folder_loops_and_logs_an_unreadable_image_once(image_dir: Path, caplog: pytest.LogCaptureFixture) -> None:

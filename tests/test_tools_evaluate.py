@@ -11,6 +11,7 @@ import cv2
 import numpy as np
 import pytest
 from daemon import run_cli
+from images import oversized_png
 from onnx_models import colour_probe
 
 from edged.cli import main
@@ -347,3 +348,12 @@ def test_a_class_folder_counts_the_images_in_its_subfolders_as_yolo_val(tmp_path
         cv2.imwrite(str(path), np.zeros((8, 8, 3), np.uint8))
     samples = class_samples(tmp_path, ("good", "crack"))
     assert samples == [(tmp_path / "crack" / "a.png", 1), (tmp_path / "crack" / "day2" / "b.png", 1)]
+
+
+@pytest.mark.unit
+def test_an_image_over_what_opencv_decodes_is_a_data_error_naming_it(tmp_path: Path) -> None:
+    data = _dataset(tmp_path / "set", {"a": (RED, None)})
+    oversized_png(data / "images" / "b.png")
+    _, samples = folder_samples(data, 1)
+    with pytest.raises(DataError, match=r"images/b\.png"):
+        list(samples)

@@ -36,6 +36,15 @@ def list_images(pattern: str) -> list[str]:
     raise SourceError(f"image folder {pattern} does not exist (check source.path: a folder, a glob or a file)")
 
 
+def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
+    """``cv2.imread``, None for any file it cannot decode: it returns None for most, but raises for
+    a header that claims more pixels than it decodes (2^30), which a 60-byte file can claim."""
+    try:
+        return cv2.imread(str(path), flags)
+    except cv2.error:
+        return None
+
+
 def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
     """``image`` copied into ``out`` when the shapes match, else ``image`` itself (a new size)."""
     if out is not None and out.shape == image.shape and out.dtype == image.dtype:
@@ -90,7 +99,7 @@ class ImagesSource:
                 self._next = 0
             path, self._last = self._paths[self._next], self._names[self._next]
             self._next += 1
-            image = cv2.imread(path, cv2.IMREAD_COLOR)
+            image = read_image(path)
             if image is None:
                 self._skip(path)
                 continue

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import cv2
 import numpy as np
 
 from edged.anomaly import Anomaly
@@ -35,7 +34,7 @@ from edged.errors import DataError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.settings.sources import SourceBase
-from edged.sources.images import IMAGE_SUFFIXES
+from edged.sources.images import IMAGE_SUFFIXES, read_image
 from edged.sources.registry import open_source
 
 IMAGE_QUANTILE = 99.5
@@ -69,7 +68,7 @@ def score_images(model: LoadedModel, paths: Sequence[Path]) -> Scored:
 
 
 def _read(path: Path) -> tuple[np.ndarray, ChannelOrder]:
-    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    image = read_image(path)
     if image is None:
         raise DataError(f"cannot read {path} as an image")
     return image, "bgr"

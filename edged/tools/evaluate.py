@@ -45,7 +45,7 @@ from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.segment import Segmenter
-from edged.sources.images import IMAGE_SUFFIXES
+from edged.sources.images import IMAGE_SUFFIXES, read_image
 from edged.sources.scenes import SceneGenerator
 from edged.tools.calibrate import auroc, best_f1, f1_at, images_in, ranked_auroc, score_images
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
@@ -162,7 +162,7 @@ def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[EvalSa
 
     def generate() -> Iterator[EvalSample]:
         for path in images:
-            image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            image = read_image(path)
             if image is None:
                 raise DataError(f"cannot decode image {path}")
             found = read_yolo_outlines(label_path(path), image.shape[1], image.shape[0], num_classes)
@@ -290,7 +290,7 @@ def evaluate_classes(
     plan: FramePipeline | None = None
     top1 = top5 = 0
     for done, (path, class_id) in enumerate(samples, 1):
-        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        image = read_image(path)
         if image is None:
             raise DataError(f"cannot decode image {path}")
         h, w = image.shape[:2]
@@ -509,7 +509,7 @@ def _defect(masks: Path, image: Path, size: tuple[int, ...]) -> np.ndarray | Non
     h, w = size
     found = [p for p in masks.iterdir() if p.stem == image.stem] if masks.is_dir() else []
     if found:
-        mask = cv2.imread(str(found[0]), cv2.IMREAD_GRAYSCALE)
+        mask = read_image(found[0], cv2.IMREAD_GRAYSCALE)
         if mask is None:
             raise DataError(f"{found[0]} is no readable mask for {image.name}")
         return cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST) > 0

@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import cv2
 import numpy as np
 
 from edged.config import EngineName, ModelConfig, Precision, Settings, load_config
 from edged.errors import ConfigError, ContractError, DataError, ModelError, SetupError, UsageError
 from edged.model import LoadedModel, load_model
-from edged.sources.images import IMAGE_SUFFIXES
+from edged.sources.images import IMAGE_SUFFIXES, read_image
 from edged.tools import bench_rows as rows
 from edged.tools.agreement import RANK_CONF, agreement
 from edged.tools.bench import machine_info, rss_kb
@@ -75,7 +74,7 @@ def _images(folder: Path | None, labels: Path | None, limit: int, num_classes: i
         )
     samples = []
     for path in paths:
-        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        image = read_image(path)
         if image is None:
             raise DataError(f"cannot decode image {path}")
         name = path.relative_to(folder)
