@@ -173,3 +173,14 @@ def test_images_of_many_sizes_do_not_each_keep_a_pipeline() -> None:
     model = load_model(ModelConfig(path=DATA / "padim.onnx"), RuntimeConfig())
     same, distinct = _peak_mb(model, [0] * 30), _peak_mb(model, list(range(30)))
     assert distinct < same + 15, (same, distinct)
+
+
+def test_calibrate_checks_the_bad_folder_before_scoring_the_good_parts(tmp_path: Path) -> None:
+    # Scoring a large --good folder takes minutes: a mistyped --bad is said first, not after them.
+    good, _ = folders(tmp_path)
+    (good / "unreadable.png").write_bytes(b"")  # scoring the good parts would fail here
+    config = write_config(
+        tmp_path / "edged.toml", {"source": {"type": "synthetic"}, "model": {"path": str(DATA / "padim.onnx")}}
+    )
+    result = run_cli("calibrate", "--config", str(config), "--good", str(good), "--bad", str(tmp_path / "nope"))
+    assert result.returncode == 65 and "nope is not a folder of images" in result.stderr, result.stderr

@@ -182,6 +182,7 @@ def run_calibrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> 
         raise UsageError(f"edged calibrate is for anomaly models (anomalib exports); {settings.model.path} is a detector")
     if (args.good is None) == (args.frames is None):
         raise UsageError("edged calibrate takes good parts from --good DIR or from --frames N of the camera, one of them")
+    bad_images = images_in(args.bad) if args.bad is not None else None  # said before the good parts are scored
     if args.frames is not None:
         if len(settings.source) != 1:
             raise UsageError("edged calibrate --frames takes the frames of a config's one camera; this one has several")
@@ -190,6 +191,6 @@ def run_calibrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> 
         good = score_frames(model, camera_frames(settings.source[0], args.frames))
     else:
         good = score_images(model, images_in(args.good))
-    bad = score_images(model, images_in(args.bad)) if args.bad is not None else None
+    bad = score_images(model, bad_images) if bad_images is not None else None
     report(model, good, bad, out)
     return 0
