@@ -471,3 +471,16 @@ def test_calibration_images_of_many_sizes_do_not_each_keep_a_preprocessor() -> N
     model = _load(Path(__file__).resolve().parents[1] / "models" / "demo.onnx")
     same, distinct = _calibration_peak_mb(model, [0] * 40), _calibration_peak_mb(model, list(range(40)))
     assert distinct < same + 10, (same, distinct)
+
+
+def test_a_data_folder_without_images_is_said_before_quantising(built: dict[str, Any], tmp_path: Path) -> None:
+    # --data is read only for the comparison after the quantisation: an empty or mistyped folder was
+    # said after minutes of calibration, with the INT8 model already written.
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "o.onnx"
+    result = run_cli(
+        "quantize", "--model", str(built["fp32"]), "--out", str(out), "--calib-scenes", "2",
+        "--data", str(tmp_path / "empty"), "--latency-frames", "0",
+    )  # fmt: skip
+    assert result.returncode == EXIT_DATA and "no images" in result.stderr, result.stderr
+    assert not out.exists() and "calibrating" not in result.stderr

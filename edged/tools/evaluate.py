@@ -155,10 +155,16 @@ def _run_eval_classes(args: argparse.Namespace, model: LoadedModel, out: TextIO)
     return 0
 
 
-def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[EvalSample]]:
+def image_files(folder: Path) -> list[Path]:
+    """The images under ``folder``, sorted; `DataError` where there is none."""
     images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not images:
         raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
+    return images
+
+
+def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[EvalSample]]:
+    images = image_files(folder)
 
     def generate() -> Iterator[EvalSample]:
         for path in images:

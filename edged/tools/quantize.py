@@ -64,7 +64,7 @@ from edged.sources.scenes import CLASS_NAMES
 from edged.tools.agreement import Agreement, agreement, labelled
 from edged.tools.bench import machine_info
 from edged.tools.bench_rows import Row, TimedFrame, bench_frame, interleave
-from edged.tools.evaluate import EvalSample, ProgressBar, evaluate, folder_samples, scene_samples
+from edged.tools.evaluate import EvalSample, ProgressBar, evaluate, folder_samples, image_files, scene_samples
 from edged.tools.metrics import EvalReport
 
 HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -588,6 +588,8 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     )
     if args.data is None:
         _check_scene_classes(args, original)
+    else:
+        image_files(args.data)  # said now, not after the quantisation
     inspect, conf = _inspection(args.config)
     calibration, frames = _calibration(args, original)
     result = quantize(
