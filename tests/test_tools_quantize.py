@@ -484,3 +484,15 @@ def test_a_data_folder_without_images_is_said_before_quantising(built: dict[str,
     )  # fmt: skip
     assert result.returncode == EXIT_DATA and "no images" in result.stderr, result.stderr
     assert not out.exists() and "calibrating" not in result.stderr
+
+
+def test_calibration_images_are_taken_without_reading_their_labels(built: dict[str, Any], tmp_path: Path) -> None:
+    # Calibration uses the pixels only: a label the comparison would refuse must not stop it.
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((48, 64, 3), np.uint8))
+    (tmp_path / "images" / "a.txt").write_text("9 0.5 0.5 0.2 0.2\n")
+    result = run_cli(
+        "quantize", "--model", str(built["fp32"]), "--out", str(tmp_path / "o.onnx"),
+        "--calib-images", str(tmp_path / "images"), "--eval-scenes", "0", "--latency-frames", "0",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr

@@ -163,15 +163,22 @@ def image_files(folder: Path) -> list[Path]:
     return images
 
 
-def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[EvalSample]]:
+def folder_samples(folder: Path, num_classes: int | None) -> tuple[int, Iterator[EvalSample]]:
+    """The images under ``folder`` with their labels, for a model of ``num_classes``; None reads no
+    label (calibration takes the pixels only, and a label it would refuse must not stop it)."""
     images = image_files(folder)
+    unlabelled = np.zeros((0, 4), np.float32), np.zeros(0, np.int64), ()
 
     def generate() -> Iterator[EvalSample]:
         for path in images:
             image = read_image(path)
             if image is None:
                 raise DataError(f"cannot decode image {path}")
-            found = read_yolo_outlines(label_path(path), image.shape[1], image.shape[0], num_classes)
+            found = (
+                unlabelled
+                if num_classes is None
+                else read_yolo_outlines(label_path(path), image.shape[1], image.shape[0], num_classes)
+            )
             yield EvalSample(str(path.relative_to(folder)), image, *found)
 
     return len(images), generate()

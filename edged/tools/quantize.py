@@ -541,7 +541,7 @@ def _check_scene_classes(args: argparse.Namespace, model: LoadedModel) -> None:
 
 def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, CalibrationFrames]:
     if args.calib_images is not None:
-        total, frames = folder_samples(args.calib_images, model.num_classes)
+        total, frames = folder_samples(args.calib_images, None)  # pixels only
         source = f"images {args.calib_images} n={total}"
     else:
         total, frames = scene_samples(args.calib_scenes, args.seed, *SCENE_SIZE)
