@@ -122,9 +122,9 @@ def ranked_auroc(scores: np.ndarray, positive: np.ndarray) -> float:
 
 
 def auroc(good: np.ndarray, bad: np.ndarray) -> float:
-    """The probability that a bad part scores above a good one (ties count half): the image AUROC."""
-    above = (bad[:, None] > good[None, :]).sum() + 0.5 * (bad[:, None] == good[None, :]).sum()
-    return float(above / (good.size * bad.size))
+    """The probability that a bad part scores above a good one (ties count half): the image AUROC,
+    from ranks (`ranked_auroc`), where comparing every pair took good x bad bytes."""
+    return ranked_auroc(np.concatenate([good, bad]), np.arange(good.size + bad.size) >= good.size)
 
 
 def f1_at(good: np.ndarray, bad: np.ndarray, threshold: float) -> float:
