@@ -357,3 +357,15 @@ def test_an_image_over_what_opencv_decodes_is_a_data_error_naming_it(tmp_path: P
     _, samples = folder_samples(data, 1)
     with pytest.raises(DataError, match=r"images/b\.png"):
         list(samples)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "line", ["0 0.5 0.5 0.2 0.2 " + "0.5 " * 100_001, "x" * 1_000_000, "0 " + "7 " * 500_000, "0 0.5 0.5 0.2 x" * 50_000]
+)
+def test_a_refused_label_line_is_shown_cut_short(tmp_path: Path, line: str) -> None:
+    # A megabyte line was echoed whole into the error, a megabyte on the terminal and in the journal.
+    (tmp_path / "a.txt").write_text(line + "\n")
+    with pytest.raises(DataError, match=r"a\.txt:1: ") as raised:
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+    assert len(str(raised.value)) < 400 + len(str(tmp_path))

@@ -96,7 +96,7 @@ def read_yolo_outlines(
             c = int(fields[0])
         except ValueError:
             raise DataError(
-                f"{path}:{number}: the class {fields[0]!r} is no whole number from 0 to {num_classes - 1} "
+                f"{path}:{number}: the class {_excerpt(fields[0])} is no whole number from 0 to {num_classes - 1} "
                 "(the first field of a YOLO label)"
             ) from None
         try:
@@ -106,13 +106,15 @@ def read_yolo_outlines(
         if values and not all(0.0 <= v <= 1.0 for v in values):  # NaN too
             raise DataError(
                 f"{path}:{number}: coordinates are fractions of the image's width and height, from 0 to 1 "
-                f"(YOLO format), got {line!r}"
+                f"(YOLO format), got {_excerpt(line)}"
             )
         if len(values) == 4:
             cx, cy, w, h = values
             values = [cx - w / 2, cy - h / 2, cx + w / 2, cy - h / 2, cx + w / 2, cy + h / 2, cx - w / 2, cy + h / 2]
         elif len(values) < 6 or len(values) % 2:
-            raise DataError(f"{path}:{number}: expected 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...', got {line!r}")
+            raise DataError(
+                f"{path}:{number}: expected 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...', got {_excerpt(line)}"
+            )
         if not 0 <= c < num_classes:
             raise DataError(f"{path}:{number}: class {c} but the model has {num_classes} classes")
         outline = np.asarray(values, np.float32).reshape(-1, 2) * np.array((width, height), np.float32)
@@ -120,6 +122,11 @@ def read_yolo_outlines(
         classes.append(c)
         outlines.append(outline)
     return np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(classes, np.int64), tuple(outlines)
+
+
+def _excerpt(text: str, limit: int = 80) -> str:
+    """``text`` quoted for an error message, cut short: a label line may be megabytes long."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def _label_lines(path: Path) -> list[str]:
