@@ -369,3 +369,11 @@ def test_a_refused_label_line_is_shown_cut_short(tmp_path: Path, line: str) -> N
     with pytest.raises(DataError, match=r"a\.txt:1: ") as raised:
         read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
     assert len(str(raised.value)) < 400 + len(str(tmp_path))
+
+
+@pytest.mark.unit
+def test_a_label_file_larger_than_any_image_needs_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    # 1,000,000 boxes in 18 MB: read whole, it took some 200 MB; a gigabyte one took gigabytes.
+    (tmp_path / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n" * 1_000_000)
+    with pytest.raises(DataError, match=r"a\.txt holds 18\.0 MB"):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)

@@ -50,6 +50,8 @@ from edged.sources.scenes import SceneGenerator
 from edged.tools.calibrate import auroc, best_f1, f1_at, images_in, ranked_auroc, score_images
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
 
+MAX_LABEL_BYTES = 16 << 20  # a box is a line of some 40 bytes, an outline of 1000 points some 18 KB
+
 
 @dataclass(frozen=True, slots=True)
 class EvalSample:
@@ -130,8 +132,15 @@ def _excerpt(text: str, limit: int = 80) -> str:
 
 
 def _label_lines(path: Path) -> list[str]:
-    """The lines of label file `path`; `DataError` naming it where it is no UTF-8 text or cannot be read."""
+    """The lines of label file `path`; `DataError` naming it where it is no UTF-8 text, cannot be
+    read, or is larger than `MAX_LABEL_BYTES` (read whole, it would take ten times that)."""
     try:
+        size = path.stat().st_size
+        if size > MAX_LABEL_BYTES:
+            raise DataError(
+                f"{path} holds {size / 1e6:.1f} MB, more than a label file of any image "
+                f"({MAX_LABEL_BYTES >> 20} MiB, some 400,000 boxes): is it the right file?"
+            )
         return path.read_bytes().decode("utf-8-sig").splitlines()  # Windows editors write a BOM
     except UnicodeDecodeError as e:
         raise DataError(
