@@ -382,3 +382,11 @@ def test_only_an_image_folder_declares_frames_of_varying_size() -> None:
 def test_every_camera_kind_has_settings_and_a_reader_and_nothing_else_does() -> None:
     assert list(KINDS) == list(SOURCES)
     assert all(config.model_fields["type"].annotation == Literal[kind] for kind, config in KINDS.items())
+
+
+def test_an_image_that_is_a_link_to_nothing_is_skipped_and_counted(image_dir: Path) -> None:
+    (image_dir / "b1.png").symlink_to(image_dir / "gone.png")
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    while src.read(None) is not None:
+        pass
+    assert src.skipped == 2  # b1.png and the truncated b2.png

@@ -377,3 +377,15 @@ def test_a_label_file_larger_than_any_image_needs_is_refused_before_it_is_read(t
     (tmp_path / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n" * 1_000_000)
     with pytest.raises(DataError, match=r"a\.txt holds 18\.0 MB"):
         read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+
+
+@pytest.mark.unit
+def test_an_image_that_is_a_link_to_nothing_is_named_not_left_out(tmp_path: Path) -> None:
+    # A git-annex or DVC data set whose content was never fetched is links to nothing: they were left
+    # out without a word, for figures on fewer images than the folder shows.
+    data = _dataset(tmp_path / "set", {"a": (RED, None)})
+    (data / "images" / "b.png").symlink_to(tmp_path / "annex" / "b.png")
+    total, samples = folder_samples(data, 1)
+    assert total == 2
+    with pytest.raises(DataError, match=r"images/b\.png .*link to nothing"):
+        list(samples)

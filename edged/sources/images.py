@@ -24,11 +24,17 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
+def is_image_file(path: Path) -> bool:
+    """Named as an image, and a file or a link: a link to nothing (a git-annex or DVC data set whose
+    content was never fetched) is listed, so that reading it says so instead of leaving it out."""
+    return path.suffix.lower() in IMAGE_SUFFIXES and (path.is_file() or path.is_symlink())
+
+
 def list_images(pattern: str) -> list[str]:
     """The image files named by ``pattern``: a folder (known suffixes only), a glob, or one file; sorted."""
     path = Path(pattern)
     if path.is_dir():
-        return sorted(str(p) for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        return sorted(str(p) for p in path.iterdir() if is_image_file(p))
     if any(c in pattern for c in "*?["):
         return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     if path.is_file():

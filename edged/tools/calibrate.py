@@ -34,7 +34,7 @@ from edged.errors import DataError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.settings.sources import SourceBase
-from edged.sources.images import IMAGE_SUFFIXES, read_image
+from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
 from edged.sources.registry import open_source
 
 IMAGE_QUANTILE = 99.5
@@ -56,7 +56,7 @@ def images_in(folder: Path) -> list[Path]:
     """The images in ``folder``, sorted; `DataError` when there is none or it is no folder."""
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder of images")
-    found = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    found = sorted(p for p in folder.iterdir() if is_image_file(p))
     if not found:
         raise DataError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
     return found
@@ -64,14 +64,16 @@ def images_in(folder: Path) -> list[Path]:
 
 def score_images(model: LoadedModel, paths: Sequence[Path]) -> Scored:
     """Each image's score through the daemon's pipeline, one plan per image size."""
-    return score_frames(model, (_read(path) for path in paths))
+    return score_frames(model, ((decoded(path), "bgr") for path in paths))
 
 
-def _read(path: Path) -> tuple[np.ndarray, ChannelOrder]:
+def decoded(path: Path) -> np.ndarray:
+    """The image at ``path``, BGR, as the tools read one; `DataError` naming it where it cannot be decoded."""
     image = read_image(path)
     if image is None:
-        raise DataError(f"cannot read {path} as an image")
-    return image, "bgr"
+        why = "a link to nothing: fetch its content" if not path.exists() else "empty, truncated or no image"
+        raise DataError(f"cannot decode image {path} ({why}); replace or remove it")
+    return image
 
 
 def camera_frames(

@@ -45,9 +45,9 @@ from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.segment import Segmenter
-from edged.sources.images import IMAGE_SUFFIXES, read_image
+from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
 from edged.sources.scenes import SceneGenerator
-from edged.tools.calibrate import auroc, best_f1, f1_at, images_in, ranked_auroc, score_images
+from edged.tools.calibrate import auroc, best_f1, decoded, f1_at, images_in, ranked_auroc, score_images
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
 
 MAX_LABEL_BYTES = 16 << 20  # a box is a line of some 40 bytes, an outline of 1000 points some 18 KB
@@ -173,7 +173,7 @@ def _run_eval_classes(args: argparse.Namespace, model: LoadedModel, out: TextIO)
 
 def image_files(folder: Path) -> list[Path]:
     """The images under ``folder``, sorted; `DataError` where there is none."""
-    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    images = sorted(p for p in folder.rglob("*") if is_image_file(p))
     if not images:
         raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
     return images
@@ -187,9 +187,7 @@ def folder_samples(folder: Path, num_classes: int | None) -> tuple[int, Iterator
 
     def generate() -> Iterator[EvalSample]:
         for path in images:
-            image = read_image(path)
-            if image is None:
-                raise DataError(f"cannot decode image {path}")
+            image = decoded(path)
             found = (
                 unlabelled
                 if num_classes is None
@@ -305,7 +303,7 @@ def class_samples(folder: Path, class_names: tuple[str, ...]) -> list[tuple[Path
     for sub in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         if sub.name not in ids:
             raise DataError(f"{sub}: no class of the model is named {sub.name!r} (its classes: {', '.join(class_names)})")
-        images = sorted(p for p in sub.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        images = sorted(p for p in sub.rglob("*") if is_image_file(p))
         samples += [(image, ids[sub.name]) for image in images]
     if not samples:
         raise DataError(f"no images in class folders under {root} (a classification folder has one folder per class)")
@@ -319,9 +317,7 @@ def evaluate_classes(
     plan: FramePipeline | None = None
     top1 = top5 = 0
     for done, (path, class_id) in enumerate(samples, 1):
-        image = read_image(path)
-        if image is None:
-            raise DataError(f"cannot decode image {path}")
+        image = decoded(path)
         h, w = image.shape[:2]
         if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
             plan = FramePipeline(model, w, h, "bgr")

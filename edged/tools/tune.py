@@ -28,11 +28,11 @@ import numpy as np
 from edged.config import EngineName, ModelConfig, Precision, Settings, load_config
 from edged.errors import ConfigError, ContractError, DataError, ModelError, SetupError, UsageError
 from edged.model import LoadedModel, load_model
-from edged.sources.images import IMAGE_SUFFIXES, read_image
 from edged.tools import bench_rows as rows
 from edged.tools.agreement import RANK_CONF, agreement
 from edged.tools.bench import machine_info, rss_kb
-from edged.tools.evaluate import EvalSample, evaluate, read_yolo_labels, scene_samples
+from edged.tools.calibrate import decoded
+from edged.tools.evaluate import EvalSample, evaluate, image_files, read_yolo_labels, scene_samples
 
 VARIANTS: tuple[tuple[EngineName, Precision], ...] = (
     ("onnxruntime", "f32"),
@@ -63,9 +63,7 @@ def _images(folder: Path | None, labels: Path | None, limit: int, num_classes: i
     if folder is None:
         total, scenes = scene_samples(limit, SCENE_SEED, *SCENE_SIZE)
         return f"{total} generated scenes, seed {SCENE_SEED}", list(scenes)
-    paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())[:limit]
-    if not paths:
-        raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
+    paths = image_files(folder)[:limit]
     if labels is not None and not any((labels / p.relative_to(folder)).with_suffix(".txt").exists() for p in paths):
         first = (labels / paths[0].relative_to(folder)).with_suffix(".txt")
         raise DataError(
@@ -74,9 +72,7 @@ def _images(folder: Path | None, labels: Path | None, limit: int, num_classes: i
         )
     samples = []
     for path in paths:
-        image = read_image(path)
-        if image is None:
-            raise DataError(f"cannot decode image {path}")
+        image = decoded(path)
         name = path.relative_to(folder)
         boxes, classes = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
         if labels is not None:
