@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -390,3 +391,11 @@ def test_an_image_that_is_a_link_to_nothing_is_skipped_and_counted(image_dir: Pa
     while src.read(None) is not None:
         pass
     assert src.skipped == 2  # b1.png and the truncated b2.png
+
+
+def test_an_image_whose_name_is_not_utf8_is_read(image_dir: Path) -> None:
+    # OpenCV's Python binding crashed the daemon (SIGSEGV) on a file name of other bytes.
+    os.rename(image_dir / "03.jpg", os.fsencode(image_dir) + b"/03\xe9.jpg")
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    assert frame_number(src.read(None)) == 0
+    assert src.frame_name() == "03\ufffd.jpg" and src.skipped == 0  # messages are UTF-8 JSON

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -389,3 +390,14 @@ def test_an_image_that_is_a_link_to_nothing_is_named_not_left_out(tmp_path: Path
     assert total == 2
     with pytest.raises(DataError, match=r"images/b\.png .*link to nothing"):
         list(samples)
+
+
+def test_an_image_whose_name_is_not_utf8_is_read(tmp_path: Path) -> None:
+    # OpenCV's Python binding crashed (SIGSEGV) on a file name of other bytes (a Latin-1 name copied
+    # from an old share), which Python holds as lone surrogates; run as a process, so a crash is a failure.
+    data = _dataset(tmp_path / "set", {"a": (RED, f"0 {PROBE_LABEL}")})
+    os.rename(data / "images" / "a.png", os.fsencode(data / "images") + b"/\xe9t\xe9.png")
+    os.rename(data / "labels" / "a.txt", os.fsencode(data / "labels") + b"/\xe9t\xe9.txt")
+    result = run_cli("eval", "--model", str(colour_probe(tmp_path / "probe.onnx")), "--data", str(data))
+    assert result.returncode == 0, result.stderr
+    assert "all" in result.stdout and "1/1 images" in result.stderr

@@ -44,11 +44,26 @@ def list_images(pattern: str) -> list[str]:
 
 def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
     """``cv2.imread``, None for any file it cannot decode: it returns None for most, but raises for
-    a header that claims more pixels than it decodes (2^30), which a 60-byte file can claim."""
+    a header that claims more pixels than it decodes (2^30), which a 60-byte file can claim.
+
+    A file name that is not UTF-8 (Python holds its bytes as lone surrogates) crashes OpenCV's
+    Python binding with SIGSEGV; such a file is read by Python and decoded from memory.
+    """
+    name = str(path)
     try:
-        return cv2.imread(str(path), flags)
-    except cv2.error:
+        if _utf8(name):
+            return cv2.imread(name, flags)
+        return cv2.imdecode(np.fromfile(name, np.uint8), flags)
+    except (cv2.error, OSError):
         return None
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
@@ -86,7 +101,8 @@ class ImagesSource:
             raise SourceError(f"no images found at {self._cfg.path} (looked for {kinds}; check source.path)")
         # A folder's images are named by their file name; a glob's by the path it matched, which says where.
         folder = os.path.isdir(self._cfg.path)
-        self._names = [os.path.basename(p) if folder else p for p in self._paths]
+        # A name that is not UTF-8 is shown with U+FFFD where its odd bytes were: messages are UTF-8 JSON.
+        self._names = [os.fsencode(os.path.basename(p) if folder else p).decode(errors="replace") for p in self._paths]
         self._next = 0
         log.info(
             "image source %s: %d images %s, loop=%s",
