@@ -401,3 +401,15 @@ def test_an_image_whose_name_is_not_utf8_is_read(tmp_path: Path) -> None:
     result = run_cli("eval", "--model", str(colour_probe(tmp_path / "probe.onnx")), "--data", str(data))
     assert result.returncode == 0, result.stderr
     assert "all" in result.stdout and "1/1 images" in result.stderr
+
+
+@pytest.mark.unit
+def test_an_outline_may_stray_outside_the_image_where_its_box_does_not_as_ultralytics_checks_it(tmp_path: Path) -> None:
+    # ultralytics checks an outline's box (centre and size, from its extent), not each point: a
+    # labelling tool's point a hair outside the image is kept, with the box it spans.
+    (tmp_path / "a.txt").write_text("0 -0.01 0.2 0.4 0.2 0.4 0.6\n0 0.2 0.2 0.4 0.2 0.4 nan\n")
+    with pytest.raises(DataError, match=r"a\.txt:2: "):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+    (tmp_path / "a.txt").write_text("0 -0.01 0.2 0.4 0.2 0.4 0.6\n")
+    boxes, _ = read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+    np.testing.assert_allclose(boxes, [[-1, 10, 40, 30]])

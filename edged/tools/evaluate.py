@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -75,7 +76,7 @@ def label_path(image: Path) -> Path:
 
 def read_yolo_labels(path: Path, width: int, height: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``class cx cy w h``, or ``class x1 y1 x2 y2 ...`` (an outline), normalised to 0..1 (as
-    ultralytics, a value outside, or NaN, is refused: it would score silently wrong); a missing file
+    ultralytics, a box outside, or NaN, is refused: it would score silently wrong); a missing file
     is an image without objects. An outline's box is its extent, as ultralytics takes it."""
     boxes, classes, _ = read_yolo_outlines(path, width, height, num_classes)
     return boxes, classes
@@ -105,17 +106,20 @@ def read_yolo_outlines(
             values = [float(v) for v in fields[1:]]
         except ValueError:
             values = []
-        if values and not all(0.0 <= v <= 1.0 for v in values):  # NaN too
-            raise DataError(
-                f"{path}:{number}: coordinates are fractions of the image's width and height, from 0 to 1 "
-                f"(YOLO format), got {_excerpt(line)}"
-            )
         if len(values) == 4:
-            cx, cy, w, h = values
+            box = cx, cy, w, h = values
             values = [cx - w / 2, cy - h / 2, cx + w / 2, cy - h / 2, cx + w / 2, cy + h / 2, cx - w / 2, cy + h / 2]
         elif len(values) < 6 or len(values) % 2:
             raise DataError(
                 f"{path}:{number}: expected 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...', got {_excerpt(line)}"
+            )
+        else:  # an outline: its box is checked, as ultralytics checks it; a point may stray a hair outside
+            xs, ys = values[0::2], values[1::2]
+            box = [(min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2, max(xs) - min(xs), max(ys) - min(ys)]
+        if not (all(math.isfinite(v) for v in values) and all(0.0 <= v <= 1.0 for v in box)):
+            raise DataError(
+                f"{path}:{number}: coordinates are fractions of the image's width and height, from 0 to 1 "
+                f"(YOLO format), got {_excerpt(line)}"
             )
         if not 0 <= c < num_classes:
             raise DataError(f"{path}:{number}: class {c} but the model has {num_classes} classes")
