@@ -413,3 +413,18 @@ def test_an_outline_may_stray_outside_the_image_where_its_box_does_not_as_ultral
     (tmp_path / "a.txt").write_text("0 -0.01 0.2 0.4 0.2 0.4 0.6\n")
     boxes, _ = read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
     np.testing.assert_allclose(boxes, [[-1, 10, 40, 30]])
+
+
+@pytest.mark.unit
+def test_duplicate_label_rows_are_dropped_and_logged_as_yolo_val_drops_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A row labelled twice (a merge of two exports) was two objects here and one in yolo val: a
+    # recall and mAP below the figures ultralytics gives for the same data.
+    (tmp_path / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n1 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n")
+    boxes, classes = read_yolo_labels(tmp_path / "a.txt", 100, 50, 2)
+    np.testing.assert_allclose(boxes, [[40, 20, 60, 30]] * 2)
+    assert classes.tolist() == [0, 1]
+    assert [r.getMessage() for r in caplog.records if "a.txt" in r.getMessage()] == [
+        f"{tmp_path / 'a.txt'}: 2 duplicate label(s) removed, as yolo val removes them"
+    ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 import time
@@ -51,6 +52,8 @@ from edged.sources.scenes import SceneGenerator
 from edged.tools.calibrate import auroc, best_f1, decoded, f1_at, images_in, ranked_auroc, score_images
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
 
+log = logging.getLogger(__name__)
+
 MAX_LABEL_BYTES = 16 << 20  # a box is a line of some 40 bytes, an outline of 1000 points some 18 KB
 
 
@@ -76,8 +79,9 @@ def label_path(image: Path) -> Path:
 
 def read_yolo_labels(path: Path, width: int, height: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``class cx cy w h``, or ``class x1 y1 x2 y2 ...`` (an outline), normalised to 0..1 (as
-    ultralytics, a box outside, or NaN, is refused: it would score silently wrong); a missing file
-    is an image without objects. An outline's box is its extent, as ultralytics takes it."""
+    ultralytics, a box outside, or NaN, is refused: it would score silently wrong; a row repeated is
+    kept once, with a warning); a missing file is an image without objects. An outline's box is its
+    extent, as ultralytics takes it."""
     boxes, classes, _ = read_yolo_outlines(path, width, height, num_classes)
     return boxes, classes
 
@@ -91,6 +95,8 @@ def read_yolo_outlines(
     if not path.is_file():
         return np.zeros((0, 4), np.float32), np.zeros(0, np.int64), ()
     boxes, classes, outlines = [], [], []
+    seen: set[tuple[float, ...]] = set()
+    dropped = 0
     for number, line in enumerate(_label_lines(path), 1):
         fields = line.split()
         if not fields:
@@ -123,10 +129,16 @@ def read_yolo_outlines(
             )
         if not 0 <= c < num_classes:
             raise DataError(f"{path}:{number}: class {c} but the model has {num_classes} classes")
+        if (c, *box) in seen:  # yolo val keeps one row per class and box
+            dropped += 1
+            continue
+        seen.add((c, *box))
         outline = np.asarray(values, np.float32).reshape(-1, 2) * np.array((width, height), np.float32)
         boxes.append((*outline.min(axis=0), *outline.max(axis=0)))
         classes.append(c)
         outlines.append(outline)
+    if dropped:
+        log.warning("%s: %d duplicate label(s) removed, as yolo val removes them", path, dropped)
     return np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(classes, np.int64), tuple(outlines)
 
 
