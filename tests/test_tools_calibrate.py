@@ -17,8 +17,9 @@ import pytest
 from daemon import run_cli, write_config
 
 from edged.config import ModelConfig, RuntimeConfig
+from edged.errors import DataError
 from edged.model import LoadedModel, load_model
-from edged.tools.calibrate import auroc, best_f1, f1_at, ranked_auroc, score_frames
+from edged.tools.calibrate import auroc, best_f1, f1_at, images_in, ranked_auroc, score_frames
 
 DATA = Path(__file__).parent / "data" / "anomaly"
 REFERENCE: dict[str, Any] = json.loads((DATA / "padim.json").read_text())
@@ -204,3 +205,19 @@ def test_the_image_auroc_of_large_sets_takes_memory_in_proportion_to_them() -> N
     )
     assert value == pytest.approx(pairs / (good.size * bad.size), abs=1e-12)
     assert auroc(np.array([0.1, 0.5]), np.array([0.5, 0.9])) == pytest.approx((0.5 + 1 + 1 + 1) / 4)
+
+
+@pytest.mark.unit
+def test_images_in_subfolders_of_a_parts_folder_are_said_not_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # good/ and bad/ are read without their subfolders (an evidence day's maps/ are no parts); images
+    # there were left out without a word, and a folder with images only there was said to hold none.
+    (tmp_path / "good" / "day2").mkdir(parents=True)
+    for name in ("good/a.png", "good/day2/b.png", "good/day2/c.png"):
+        cv2.imwrite(str(tmp_path / name), np.zeros((8, 8, 3), np.uint8))
+    assert images_in(tmp_path / "good") == [tmp_path / "good" / "a.png"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'good'}: 2 image(s) in its subfolders are not read (give each folder of parts itself)"
+    ]
+    (tmp_path / "good" / "a.png").unlink()
+    with pytest.raises(DataError, match=r"holds no images .*2 in its subfolders"):
+        images_in(tmp_path / "good")

@@ -18,6 +18,7 @@ image AUROC, the threshold with the best F1 and that F1, and the F1 and misses a
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ from edged.settings.sources import SourceBase
 from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
 from edged.sources.registry import open_source
 
+log = logging.getLogger(__name__)
+
 IMAGE_QUANTILE = 99.5
 PIXEL_QUANTILE = 99.9
 MARGIN = 0.02
@@ -53,12 +56,17 @@ class Scored:
 
 
 def images_in(folder: Path) -> list[Path]:
-    """The images in ``folder``, sorted; `DataError` when there is none or it is no folder."""
+    """The images in ``folder``, sorted, without its subfolders (an evidence day's ``maps/`` are no
+    parts), whose images are counted and said; `DataError` when there is none or it is no folder."""
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder of images")
     found = sorted(p for p in folder.iterdir() if is_image_file(p))
+    nested = sum(1 for p in folder.rglob("*") if p.parent != folder and is_image_file(p))
     if not found:
-        raise DataError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        below = f"; {nested} in its subfolders: give the folder that holds them" if nested else ""
+        raise DataError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)}){below}")
+    if nested:
+        log.warning("%s: %d image(s) in its subfolders are not read (give each folder of parts itself)", folder, nested)
     return found
 
 
