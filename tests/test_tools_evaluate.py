@@ -325,7 +325,7 @@ def test_a_coordinate_that_is_no_fraction_of_the_image_is_refused_with_file_and_
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("label", ["1.5 0.5 0.5 0.2 0.2", "x 0.5 0.5 0.2 0.2", "1e3 0.5 0.5 0.2 0.2"])
+@pytest.mark.parametrize("label", ["1.5 0.5 0.5 0.2 0.2", "x 0.5 0.5 0.2 0.2", "nan 0.5 0.5 0.2 0.2"])
 def test_a_class_that_is_no_whole_number_is_named_as_such(tmp_path: Path, label: str) -> None:
     (tmp_path / "a.txt").write_text(label + "\n")
     with pytest.raises(DataError, match=r"a\.txt:1: the class .* is no whole number from 0 to 1"):
@@ -428,3 +428,11 @@ def test_duplicate_label_rows_are_dropped_and_logged_as_yolo_val_drops_them(
     assert [r.getMessage() for r in caplog.records if "a.txt" in r.getMessage()] == [
         f"{tmp_path / 'a.txt'}: 2 duplicate label(s) removed, as yolo val removes them"
     ]
+
+
+@pytest.mark.unit
+def test_a_class_written_as_a_whole_float_reads_as_yolo_val_reads_it(tmp_path: Path) -> None:
+    # ultralytics reads a label file as floats: "1.0" is class 1 there, and was refused here.
+    (tmp_path / "a.txt").write_text("1.0 0.5 0.5 0.2 0.2\n")
+    _, classes = read_yolo_labels(tmp_path / "a.txt", 100, 50, 2)
+    assert classes.tolist() == [1]

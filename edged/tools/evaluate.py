@@ -102,7 +102,10 @@ def read_yolo_outlines(
         if not fields:
             continue
         try:
-            c = int(fields[0])
+            as_float = float(fields[0])  # as ultralytics reads it: "1.0" is class 1
+            if not as_float.is_integer():
+                raise ValueError(fields[0])
+            c = int(as_float)
         except ValueError:
             raise DataError(
                 f"{path}:{number}: the class {_excerpt(fields[0])} is no whole number from 0 to {num_classes - 1} "
