@@ -79,7 +79,9 @@ def decoded(path: Path) -> np.ndarray:
     """The image at ``path``, BGR, as the tools read one; `DataError` naming it where it cannot be decoded."""
     image = read_image(path)
     if image is None:
-        why = "a link to nothing: fetch its content" if not path.exists() else "empty, truncated or no image"
+        why = (
+            "a link to nothing: fetch its content" if not path.exists() else "empty, truncated, over 2^30 pixels or no image"
+        )
         raise DataError(f"cannot decode image {path} ({why}); replace or remove it")
     return image
 
