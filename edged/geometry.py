@@ -36,9 +36,11 @@ class BoxMap:
         The rounding copies ultralytics exactly (``round(w * r)``, then ``round(dw - 0.1)``
         for the left/top pad) so a model trained there sees the same pixels here; boxes map
         back with the gain of each rounded side, ``resized / frame``, as its ``scale_boxes`` does.
+        A side that rounds to 0 (a strip far thinner than the input) keeps one pixel, where
+        ultralytics' resize fails.
         """
         r = min(input_h / frame_h, input_w / frame_w)
-        resized_w, resized_h = round(frame_w * r), round(frame_h * r)
+        resized_w, resized_h = max(1, round(frame_w * r)), max(1, round(frame_h * r))
         dw, dh = (input_w - resized_w) / 2, (input_h - resized_h) / 2
         pad_x, pad_y = round(dw - 0.1), round(dh - 0.1)
         gain_x, gain_y = resized_w / frame_w, resized_h / frame_h

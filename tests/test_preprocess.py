@@ -235,3 +235,12 @@ def test_letterbox_geometry(
 ) -> None:
     m = BoxMap.letterbox(*frame_wh, *input_wh)
     assert (m.scale_x, m.scale_y, (m.pad_x, m.pad_y)) == (scale, scale, pad)
+
+
+@pytest.mark.parametrize("frame_wh", [(1, 20000), (20000, 1), (3, 5000)])
+def test_a_frame_thinner_than_an_input_pixel_keeps_one_pixel_of_content(frame_wh: tuple[int, int]) -> None:
+    # ultralytics rounds its side to 0 and cv2.resize fails; edged keeps a pixel so that any image runs.
+    pre = Preprocessor(contract(320, 320), *frame_wh)
+    assert min(pre.box_map.resized_w, pre.box_map.resized_h) == 1
+    tensor = pre(np.full((frame_wh[1], frame_wh[0], 3), 255, np.uint8))
+    assert tensor.max() == 1.0 and tensor.shape == (1, 3, 320, 320)

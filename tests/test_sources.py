@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Literal, TypeVar
 import cv2
 import numpy as np
 import pytest
+from images import oversized_png
 
 from edged.capture import Capture
 from edged.errors import SourceError
@@ -194,6 +196,19 @@ def test_folder_is_read_sorted_skipping_unreadable_images(image_dir: Path, caplo
     assert sum("b2.png" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_an_image_over_what_opencv_decodes_is_skipped_as_unreadable(
+    image_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    oversized_png(image_dir / "b3.png")
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    numbers = []
+    while (img := src.read(None)) is not None:
+        numbers.append(frame_number(img))
+    assert numbers == [0, 1, 2, 3, 4]
+    assert src.skipped == 2
+    assert sum("b3.png" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_folder_loops_and_logs_an_unreadable_image_once(image_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=True)))
     numbers = [frame_number(src.read(None)) for _ in range(12)]
@@ -368,3 +383,19 @@ def test_only_an_image_folder_declares_frames_of_varying_size() -> None:
 def test_every_camera_kind_has_settings_and_a_reader_and_nothing_else_does() -> None:
     assert list(KINDS) == list(SOURCES)
     assert all(config.model_fields["type"].annotation == Literal[kind] for kind, config in KINDS.items())
+
+
+def test_an_image_that_is_a_link_to_nothing_is_skipped_and_counted(image_dir: Path) -> None:
+    (image_dir / "b1.png").symlink_to(image_dir / "gone.png")
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    while src.read(None) is not None:
+        pass
+    assert src.skipped == 2  # b1.png and the truncated b2.png
+
+
+def test_an_image_whose_name_is_not_utf8_is_read(image_dir: Path) -> None:
+    # OpenCV's Python binding crashed the daemon (SIGSEGV) on a file name of other bytes.
+    os.rename(image_dir / "03.jpg", os.fsencode(image_dir) + b"/03\xe9.jpg")
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    assert frame_number(src.read(None)) == 0
+    assert src.frame_name() == "03\ufffd.jpg" and src.skipped == 0  # messages are UTF-8 JSON

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,15 +12,17 @@ import cv2
 import numpy as np
 import pytest
 from daemon import run_cli
+from images import oversized_png
 from onnx_models import colour_probe
 
 from edged.cli import main
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import EXIT_CONFIG, EXIT_DATA
+from edged.errors import EXIT_CONFIG, EXIT_DATA, DataError
 from edged.geometry import BoxMap
 from edged.model import load_model
 from edged.sources.scenes import SceneGenerator
 from edged.tools.evaluate import (
+    class_samples,
     evaluate,
     folder_samples,
     label_path,
@@ -285,3 +288,151 @@ def test_eval_options_out_of_range_are_named_and_exit_2(args: list[str], message
     demo = Path(__file__).parents[1] / "models" / "demo.onnx"
     result = run_cli("eval", "--model", str(demo), "--scenes", "1", *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("content", [b"0 0.5 0.5 0.2 0.2 \xe9\n", b"\x85\xff\x00garbage"])
+def test_a_label_file_that_is_not_text_is_refused_with_its_name(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "a.txt").write_bytes(content)
+    with pytest.raises(DataError, match=r"a\.txt.*not UTF-8 text"):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+
+
+@pytest.mark.unit
+def test_a_label_file_with_a_byte_order_mark_or_crlf_reads_as_without(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbf0 0.5 0.5 0.2 0.2\r\n0 0.5 0.5 0.4 0.4\r\n")
+    boxes, classes = read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+    np.testing.assert_allclose(boxes, [[40, 20, 60, 30], [30, 15, 70, 35]])
+    assert classes.tolist() == [0, 0]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "label",
+    [
+        "0 nan 0.5 0.2 0.2",
+        "0 0.5 inf 0.2 0.2",
+        "0 -0.5 0.5 0.2 0.2",
+        "0 5 0.5 0.2 0.2",
+        "0 0.5 0.5 -0.2 0.2",
+        "0 0.1 0.1 0.9 0.1 1e9 0.9",
+    ],
+)
+def test_a_coordinate_that_is_no_fraction_of_the_image_is_refused_with_file_and_line(tmp_path: Path, label: str) -> None:
+    (tmp_path / "a.txt").write_text(f"0 0.5 0.5 0.2 0.2\n{label}\n")
+    with pytest.raises(DataError, match=r"a\.txt:2: .*from 0 to 1"):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("label", ["1.5 0.5 0.5 0.2 0.2", "x 0.5 0.5 0.2 0.2", "nan 0.5 0.5 0.2 0.2"])
+def test_a_class_that_is_no_whole_number_is_named_as_such(tmp_path: Path, label: str) -> None:
+    (tmp_path / "a.txt").write_text(label + "\n")
+    with pytest.raises(DataError, match=r"a\.txt:1: the class .* is no whole number from 0 to 1"):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 2)
+
+
+@pytest.mark.unit
+def test_a_label_that_is_a_folder_is_refused_not_read_as_no_objects(tmp_path: Path) -> None:
+    data = _dataset(tmp_path / "set", {"a": (RED, None)})
+    (data / "labels" / "a.txt").mkdir()
+    _, samples = folder_samples(data, 1)
+    with pytest.raises(DataError, match=r"labels/a\.txt is a folder"):
+        list(samples)
+
+
+@pytest.mark.unit
+def test_a_class_folder_counts_the_images_in_its_subfolders_as_yolo_val(tmp_path: Path) -> None:
+    # torchvision's ImageFolder, which yolo val reads a classification folder with, walks each class's tree.
+    (tmp_path / "crack" / "day2").mkdir(parents=True)
+    for path in (tmp_path / "crack" / "a.png", tmp_path / "crack" / "day2" / "b.png"):
+        cv2.imwrite(str(path), np.zeros((8, 8, 3), np.uint8))
+    samples = class_samples(tmp_path, ("good", "crack"))
+    assert samples == [(tmp_path / "crack" / "a.png", 1), (tmp_path / "crack" / "day2" / "b.png", 1)]
+
+
+@pytest.mark.unit
+def test_an_image_over_what_opencv_decodes_is_a_data_error_naming_it(tmp_path: Path) -> None:
+    data = _dataset(tmp_path / "set", {"a": (RED, None)})
+    oversized_png(data / "images" / "b.png")
+    _, samples = folder_samples(data, 1)
+    with pytest.raises(DataError, match=r"images/b\.png"):
+        list(samples)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "line", ["0 0.5 0.5 0.2 0.2 " + "0.5 " * 100_001, "x" * 1_000_000, "0 " + "7 " * 500_000, "0 0.5 0.5 0.2 x" * 50_000]
+)
+def test_a_refused_label_line_is_shown_cut_short(tmp_path: Path, line: str) -> None:
+    # A megabyte line was echoed whole into the error, a megabyte on the terminal and in the journal.
+    (tmp_path / "a.txt").write_text(line + "\n")
+    with pytest.raises(DataError, match=r"a\.txt:1: ") as raised:
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+    assert len(str(raised.value)) < 400 + len(str(tmp_path))
+
+
+@pytest.mark.unit
+def test_a_label_file_larger_than_any_image_needs_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    # 1,000,000 boxes in 18 MB: read whole, it took some 200 MB; a gigabyte one took gigabytes.
+    (tmp_path / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n" * 1_000_000)
+    with pytest.raises(DataError, match=r"a\.txt holds 18\.0 MB"):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+
+
+@pytest.mark.unit
+def test_an_image_that_is_a_link_to_nothing_is_named_not_left_out(tmp_path: Path) -> None:
+    # A git-annex or DVC data set whose content was never fetched is links to nothing: they were left
+    # out without a word, for figures on fewer images than the folder shows.
+    data = _dataset(tmp_path / "set", {"a": (RED, None)})
+    (data / "images" / "b.png").symlink_to(tmp_path / "annex" / "b.png")
+    total, samples = folder_samples(data, 1)
+    assert total == 2
+    with pytest.raises(DataError, match=r"images/b\.png .*link to nothing"):
+        list(samples)
+
+
+def test_an_image_whose_name_is_not_utf8_is_read(tmp_path: Path) -> None:
+    # OpenCV's Python binding crashed (SIGSEGV) on a file name of other bytes (a Latin-1 name copied
+    # from an old share), which Python holds as lone surrogates; run as a process, so a crash is a failure.
+    data = _dataset(tmp_path / "set", {"a": (RED, f"0 {PROBE_LABEL}")})
+    os.rename(data / "images" / "a.png", os.fsencode(data / "images") + b"/\xe9t\xe9.png")
+    os.rename(data / "labels" / "a.txt", os.fsencode(data / "labels") + b"/\xe9t\xe9.txt")
+    result = run_cli("eval", "--model", str(colour_probe(tmp_path / "probe.onnx")), "--data", str(data))
+    assert result.returncode == 0, result.stderr
+    assert "all" in result.stdout and "1/1 images" in result.stderr
+
+
+@pytest.mark.unit
+def test_an_outline_may_stray_outside_the_image_where_its_box_does_not_as_ultralytics_checks_it(tmp_path: Path) -> None:
+    # ultralytics checks an outline's box (centre and size, from its extent), not each point: a
+    # labelling tool's point a hair outside the image is kept, with the box it spans.
+    (tmp_path / "a.txt").write_text("0 -0.01 0.2 0.4 0.2 0.4 0.6\n0 0.2 0.2 0.4 0.2 0.4 nan\n")
+    with pytest.raises(DataError, match=r"a\.txt:2: "):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+    (tmp_path / "a.txt").write_text("0 -0.01 0.2 0.4 0.2 0.4 0.6\n")
+    boxes, _ = read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+    np.testing.assert_allclose(boxes, [[-1, 10, 40, 30]])
+
+
+@pytest.mark.unit
+def test_duplicate_label_rows_are_dropped_and_logged_as_yolo_val_drops_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A row labelled twice (a merge of two exports) was two objects here and one in yolo val: a
+    # recall and mAP below the figures ultralytics gives for the same data.
+    (tmp_path / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n1 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n")
+    boxes, classes = read_yolo_labels(tmp_path / "a.txt", 100, 50, 2)
+    np.testing.assert_allclose(boxes, [[40, 20, 60, 30]] * 2)
+    assert classes.tolist() == [0, 1]
+    assert [r.getMessage() for r in caplog.records if "a.txt" in r.getMessage()] == [
+        f"{tmp_path / 'a.txt'}: 2 duplicate label(s) removed, as yolo val removes them"
+    ]
+
+
+@pytest.mark.unit
+def test_a_class_written_as_a_whole_float_reads_as_yolo_val_reads_it(tmp_path: Path) -> None:
+    # ultralytics reads a label file as floats: "1.0" is class 1 there, and was refused here.
+    (tmp_path / "a.txt").write_text("1.0 0.5 0.5 0.2 0.2\n")
+    _, classes = read_yolo_labels(tmp_path / "a.txt", 100, 50, 2)
+    assert classes.tolist() == [1]

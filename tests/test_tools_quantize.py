@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -17,11 +19,11 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_models import colour_probe
 
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_USAGE, QuantizeError
+from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_FAILURE, EXIT_USAGE, DataError, QuantizeError
 from edged.model import LoadedModel, load_model
 from edged.preprocess import Preprocessor
 from edged.tools import quantize as q
-from edged.tools.evaluate import scene_samples
+from edged.tools.evaluate import EvalSample, folder_samples, scene_samples
 
 pytestmark = pytest.mark.tools
 
@@ -435,3 +437,62 @@ def test_cli_refuses_to_overwrite_the_input_model(built: dict[str, Any]) -> None
     result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(built["fp32"]))
     assert result.returncode == EXIT_USAGE and "must not be the input model" in result.stderr
     assert built["fp32"].read_bytes() == before
+
+
+def test_an_unreadable_calibration_image_is_a_data_error_naming_it(built: dict[str, Any], tmp_path: Path) -> None:
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((48, 64, 3), np.uint8))
+    (tmp_path / "images" / "b.png").write_bytes(b"")
+    total, samples = folder_samples(tmp_path / "images", NC)
+    frames = q.CalibrationFrames(built["model"].contract, samples, total)
+    with pytest.raises(DataError, match=r"images/b\.png") as raised:
+        q.quantize(built["fp32"], tmp_path / "o.onnx", frames)
+    assert raised.value.exit_code == EXIT_DATA
+
+
+def _calibration_peak_mb(model: LoadedModel, sizes: list[int]) -> float:
+    samples = (
+        EvalSample("x", np.zeros((40 + extra, 64, 3), np.uint8), np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
+        for extra in sizes
+    )
+    frames = q.CalibrationFrames(model.contract, samples, len(sizes))
+    tracemalloc.start()
+    try:
+        while frames.get_next() is not None:
+            pass
+        return tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+
+
+def test_calibration_images_of_many_sizes_do_not_each_keep_a_preprocessor() -> None:
+    # A folder of crops has as many sizes as images: a preprocessor kept for each (1.8 MB for the demo
+    # model) grew without bound.
+    model = _load(Path(__file__).resolve().parents[1] / "models" / "demo.onnx")
+    same, distinct = _calibration_peak_mb(model, [0] * 40), _calibration_peak_mb(model, list(range(40)))
+    assert distinct < same + 10, (same, distinct)
+
+
+def test_a_data_folder_without_images_is_said_before_quantising(built: dict[str, Any], tmp_path: Path) -> None:
+    # --data is read only for the comparison after the quantisation: an empty or mistyped folder was
+    # said after minutes of calibration, with the INT8 model already written.
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "o.onnx"
+    result = run_cli(
+        "quantize", "--model", str(built["fp32"]), "--out", str(out), "--calib-scenes", "2",
+        "--data", str(tmp_path / "empty"), "--latency-frames", "0",
+    )  # fmt: skip
+    assert result.returncode == EXIT_DATA and "no images" in result.stderr, result.stderr
+    assert not out.exists() and "calibrating" not in result.stderr
+
+
+def test_calibration_images_are_taken_without_reading_their_labels(built: dict[str, Any], tmp_path: Path) -> None:
+    # Calibration uses the pixels only: a label the comparison would refuse must not stop it.
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((48, 64, 3), np.uint8))
+    (tmp_path / "images" / "a.txt").write_text("9 0.5 0.5 0.2 0.2\n")
+    result = run_cli(
+        "quantize", "--model", str(built["fp32"]), "--out", str(tmp_path / "o.onnx"),
+        "--calib-images", str(tmp_path / "images"), "--eval-scenes", "0", "--latency-frames", "0",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import cv2
+import numpy as np
 import pytest
 from daemon import run_cli
 
 from edged.config import load_config
-from edged.errors import EXIT_CONFIG, EXIT_USAGE
+from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_USAGE
 from edged.tools.evaluate import scene_samples
 from edged.tools.tune import Gate, _judge
 
@@ -135,3 +136,38 @@ def test_tune_refuses_an_int8_model_it_cannot_run_before_timing_anything(
     done = run_cli("tune", "--config", str(config), "--int8", str(int8), "--frames", "1", "--max-images", "1")
     assert done.returncode == EXIT_CONFIG and f"--int8 {int8}: " in done.stderr and message in done.stderr
     assert "running" not in done.stderr  # no variant was timed first
+
+
+@pytest.mark.parametrize("labels", ["missing", "elsewhere"])
+def test_tune_refuses_labels_that_label_none_of_the_images(tmp_path: Path, labels: str) -> None:
+    # A --labels folder that does not exist, or holds no NAME.txt for any image, scored every image
+    # as having no objects: an mAP of 0 against nothing, and a gate judged on it.
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((48, 64, 3), np.uint8))
+    (tmp_path / "elsewhere" / "labels").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "labels" / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli(
+        "tune", "--config", str(config), "--images", str(tmp_path / "images"), "--labels", str(tmp_path / labels),
+        "--frames", "1", "--warmup", "0", "--engine", "onnxruntime", "--precision", "f32",
+    )  # fmt: skip
+    assert done.returncode == EXIT_DATA, done.stderr
+    assert str(tmp_path / labels) in done.stderr and "a.txt" in done.stderr
+
+
+def test_tune_times_images_of_several_sizes_on_those_of_the_first_size(tmp_path: Path) -> None:
+    # The full path plans for one frame size, as a camera has; the second size was rejected as a bad frame.
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((96, 128, 3), np.uint8))
+    cv2.imwrite(str(tmp_path / "images" / "b.png"), np.zeros((200, 100, 3), np.uint8))
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli(
+        "tune", "--config", str(config), "--images", str(tmp_path / "images"),
+        "--frames", "4", "--warmup", "1", "--engine", "onnxruntime", "--precision", "f32", "--json",
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["rows"]
+    assert row["agreement"]["images"] == 2

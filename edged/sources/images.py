@@ -24,16 +24,46 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
+def is_image_file(path: Path) -> bool:
+    """Named as an image, and a file or a link: a link to nothing (a git-annex or DVC data set whose
+    content was never fetched) is listed, so that reading it says so instead of leaving it out."""
+    return path.suffix.lower() in IMAGE_SUFFIXES and (path.is_file() or path.is_symlink())
+
+
 def list_images(pattern: str) -> list[str]:
     """The image files named by ``pattern``: a folder (known suffixes only), a glob, or one file; sorted."""
     path = Path(pattern)
     if path.is_dir():
-        return sorted(str(p) for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        return sorted(str(p) for p in path.iterdir() if is_image_file(p))
     if any(c in pattern for c in "*?["):
         return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     if path.is_file():
         return [pattern]
     raise SourceError(f"image folder {pattern} does not exist (check source.path: a folder, a glob or a file)")
+
+
+def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
+    """``cv2.imread``, None for any file it cannot decode: it returns None for most, but raises for
+    a header that claims more pixels than it decodes (2^30), which a 60-byte file can claim.
+
+    A file name that is not UTF-8 (Python holds its bytes as lone surrogates) crashes OpenCV's
+    Python binding with SIGSEGV; such a file is read by Python and decoded from memory.
+    """
+    name = str(path)
+    try:
+        if _utf8(name):
+            return cv2.imread(name, flags)
+        return cv2.imdecode(np.fromfile(name, np.uint8), flags)
+    except (cv2.error, OSError):
+        return None
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
@@ -71,7 +101,8 @@ class ImagesSource:
             raise SourceError(f"no images found at {self._cfg.path} (looked for {kinds}; check source.path)")
         # A folder's images are named by their file name; a glob's by the path it matched, which says where.
         folder = os.path.isdir(self._cfg.path)
-        self._names = [os.path.basename(p) if folder else p for p in self._paths]
+        # A name that is not UTF-8 is shown with U+FFFD where its odd bytes were: messages are UTF-8 JSON.
+        self._names = [os.fsencode(os.path.basename(p) if folder else p).decode(errors="replace") for p in self._paths]
         self._next = 0
         log.info(
             "image source %s: %d images %s, loop=%s",
@@ -90,7 +121,7 @@ class ImagesSource:
                 self._next = 0
             path, self._last = self._paths[self._next], self._names[self._next]
             self._next += 1
-            image = cv2.imread(path, cv2.IMREAD_COLOR)
+            image = read_image(path)
             if image is None:
                 self._skip(path)
                 continue

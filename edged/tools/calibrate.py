@@ -18,12 +18,12 @@ image AUROC, the threshold with the best F1 and that F1, and the F1 and misses a
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import cv2
 import numpy as np
 
 from edged.anomaly import Anomaly
@@ -35,8 +35,10 @@ from edged.errors import DataError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.settings.sources import SourceBase
-from edged.sources.images import IMAGE_SUFFIXES
+from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
 from edged.sources.registry import open_source
+
+log = logging.getLogger(__name__)
 
 IMAGE_QUANTILE = 99.5
 PIXEL_QUANTILE = 99.9
@@ -54,25 +56,34 @@ class Scored:
 
 
 def images_in(folder: Path) -> list[Path]:
-    """The images in ``folder``, sorted; `DataError` when there is none or it is no folder."""
+    """The images in ``folder``, sorted, without its subfolders (an evidence day's ``maps/`` are no
+    parts), whose images are counted and said; `DataError` when there is none or it is no folder."""
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder of images")
-    found = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    found = sorted(p for p in folder.iterdir() if is_image_file(p))
+    nested = sum(1 for p in folder.rglob("*") if p.parent != folder and is_image_file(p))
     if not found:
-        raise DataError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        below = f"; {nested} in its subfolders: give the folder that holds them" if nested else ""
+        raise DataError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)}){below}")
+    if nested:
+        log.warning("%s: %d image(s) in its subfolders are not read (give each folder of parts itself)", folder, nested)
     return found
 
 
 def score_images(model: LoadedModel, paths: Sequence[Path]) -> Scored:
     """Each image's score through the daemon's pipeline, one plan per image size."""
-    return score_frames(model, (_read(path) for path in paths))
+    return score_frames(model, ((decoded(path), "bgr") for path in paths))
 
 
-def _read(path: Path) -> tuple[np.ndarray, ChannelOrder]:
-    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+def decoded(path: Path) -> np.ndarray:
+    """The image at ``path``, BGR, as the tools read one; `DataError` naming it where it cannot be decoded."""
+    image = read_image(path)
     if image is None:
-        raise DataError(f"cannot read {path} as an image")
-    return image, "bgr"
+        why = (
+            "a link to nothing: fetch its content" if not path.exists() else "empty, truncated, over 2^30 pixels or no image"
+        )
+        raise DataError(f"cannot decode image {path} ({why}); replace or remove it")
+    return image
 
 
 def camera_frames(
@@ -91,13 +102,16 @@ def camera_frames(
 
 
 def score_frames(model: LoadedModel, frames: Iterable[tuple[np.ndarray, ChannelOrder]]) -> Scored:
-    """Each frame's score (an image and its channel order) through the daemon's pipeline, one plan per size and order."""
-    plans: dict[tuple[int, int, ChannelOrder], FramePipeline] = {}
+    """Each frame's score (an image and its channel order) through the daemon's pipeline; a plan is
+    made when the size or order changes, and only the last kept (a folder of crops has as many
+    sizes as images: a plan kept for each would grow without bound)."""
+    plan: FramePipeline | None = None
     scores, maps = [], []
     names = [o.name for o in model.engine.output_meta]
     for image, order in frames:
-        key = (image.shape[1], image.shape[0], order)
-        plan = plans.get(key) or plans.setdefault(key, FramePipeline(model, key[0], key[1], order))
+        h, w = image.shape[:2]
+        if plan is None or (plan.spec.width, plan.spec.height, plan.spec.channel_order) != (w, h, order):
+            plan = FramePipeline(model, w, h, order)
         result, _ = plan.process(image)
         if not isinstance(result, Anomaly):
             raise UsageError("edged calibrate is for anomaly models (anomalib exports)")
@@ -120,9 +134,9 @@ def ranked_auroc(scores: np.ndarray, positive: np.ndarray) -> float:
 
 
 def auroc(good: np.ndarray, bad: np.ndarray) -> float:
-    """The probability that a bad part scores above a good one (ties count half): the image AUROC."""
-    above = (bad[:, None] > good[None, :]).sum() + 0.5 * (bad[:, None] == good[None, :]).sum()
-    return float(above / (good.size * bad.size))
+    """The probability that a bad part scores above a good one (ties count half): the image AUROC,
+    from ranks (`ranked_auroc`), where comparing every pair took good x bad bytes."""
+    return ranked_auroc(np.concatenate([good, bad]), np.arange(good.size + bad.size) >= good.size)
 
 
 def f1_at(good: np.ndarray, bad: np.ndarray, threshold: float) -> float:
@@ -180,6 +194,7 @@ def run_calibrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> 
         raise UsageError(f"edged calibrate is for anomaly models (anomalib exports); {settings.model.path} is a detector")
     if (args.good is None) == (args.frames is None):
         raise UsageError("edged calibrate takes good parts from --good DIR or from --frames N of the camera, one of them")
+    bad_images = images_in(args.bad) if args.bad is not None else None  # said before the good parts are scored
     if args.frames is not None:
         if len(settings.source) != 1:
             raise UsageError("edged calibrate --frames takes the frames of a config's one camera; this one has several")
@@ -188,6 +203,6 @@ def run_calibrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> 
         good = score_frames(model, camera_frames(settings.source[0], args.frames))
     else:
         good = score_images(model, images_in(args.good))
-    bad = score_images(model, images_in(args.bad)) if args.bad is not None else None
+    bad = score_images(model, bad_images) if bad_images is not None else None
     report(model, good, bad, out)
     return 0

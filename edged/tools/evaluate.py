@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -45,10 +47,14 @@ from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.segment import Segmenter
-from edged.sources.images import IMAGE_SUFFIXES
+from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
 from edged.sources.scenes import SceneGenerator
-from edged.tools.calibrate import auroc, best_f1, f1_at, images_in, ranked_auroc, score_images
+from edged.tools.calibrate import auroc, best_f1, decoded, f1_at, images_in, ranked_auroc, score_images
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
+
+log = logging.getLogger(__name__)
+
+MAX_LABEL_BYTES = 16 << 20  # a box is a line of some 40 bytes, an outline of 1000 points some 18 KB
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +72,16 @@ def label_path(image: Path) -> Path:
     if "images" in parts:
         i = len(parts) - 1 - parts[::-1].index("images")
         candidate = Path(*parts[:i], "labels", *parts[i + 1 :]).with_suffix(".txt")
-        if candidate.is_file():
+        if candidate.exists():  # a folder there too: `read_yolo_outlines` refuses it
             return candidate
     return image.with_suffix(".txt")
 
 
 def read_yolo_labels(path: Path, width: int, height: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``class cx cy w h``, or ``class x1 y1 x2 y2 ...`` (an outline), normalised to 0..1; a
-    missing file is an image without objects. An outline's box is its extent, as ultralytics takes it."""
+    """Rows ``class cx cy w h``, or ``class x1 y1 x2 y2 ...`` (an outline), normalised to 0..1 (as
+    ultralytics, a box outside, or NaN, is refused: it would score silently wrong; a row repeated is
+    kept once, with a warning); a missing file is an image without objects. An outline's box is its
+    extent, as ultralytics takes it."""
     boxes, classes, _ = read_yolo_outlines(path, width, height, num_classes)
     return boxes, classes
 
@@ -82,29 +90,84 @@ def read_yolo_outlines(
     path: Path, width: int, height: int, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
     """`read_yolo_labels` and each object's outline, (p, 2) float32 in pixels (a box row's, its corners)."""
+    if path.is_dir():
+        raise DataError(f"{path} is a folder, not a label file: move it away or replace it with the image's labels")
     if not path.is_file():
         return np.zeros((0, 4), np.float32), np.zeros(0, np.int64), ()
     boxes, classes, outlines = [], [], []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    seen: set[tuple[float, ...]] = set()
+    dropped = 0
+    for number, line in enumerate(_label_lines(path), 1):
         fields = line.split()
         if not fields:
             continue
         try:
-            c, values = int(fields[0]), [float(v) for v in fields[1:]]
+            as_float = float(fields[0])  # as ultralytics reads it: "1.0" is class 1
+            if not as_float.is_integer():
+                raise ValueError(fields[0])
+            c = int(as_float)
+        except ValueError:
+            raise DataError(
+                f"{path}:{number}: the class {_excerpt(fields[0])} is no whole number from 0 to {num_classes - 1} "
+                "(the first field of a YOLO label)"
+            ) from None
+        try:
+            values = [float(v) for v in fields[1:]]
         except ValueError:
             values = []
         if len(values) == 4:
-            cx, cy, w, h = values
+            box = cx, cy, w, h = values
             values = [cx - w / 2, cy - h / 2, cx + w / 2, cy - h / 2, cx + w / 2, cy + h / 2, cx - w / 2, cy + h / 2]
         elif len(values) < 6 or len(values) % 2:
-            raise DataError(f"{path}:{number}: expected 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...', got {line!r}")
+            raise DataError(
+                f"{path}:{number}: expected 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...', got {_excerpt(line)}"
+            )
+        else:  # an outline: its box is checked, as ultralytics checks it; a point may stray a hair outside
+            xs, ys = values[0::2], values[1::2]
+            box = [(min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2, max(xs) - min(xs), max(ys) - min(ys)]
+        if not (all(math.isfinite(v) for v in values) and all(0.0 <= v <= 1.0 for v in box)):
+            raise DataError(
+                f"{path}:{number}: coordinates are fractions of the image's width and height, from 0 to 1 "
+                f"(YOLO format), got {_excerpt(line)}"
+            )
         if not 0 <= c < num_classes:
             raise DataError(f"{path}:{number}: class {c} but the model has {num_classes} classes")
+        if (c, *box) in seen:  # yolo val keeps one row per class and box
+            dropped += 1
+            continue
+        seen.add((c, *box))
         outline = np.asarray(values, np.float32).reshape(-1, 2) * np.array((width, height), np.float32)
         boxes.append((*outline.min(axis=0), *outline.max(axis=0)))
         classes.append(c)
         outlines.append(outline)
+    if dropped:
+        log.warning("%s: %d duplicate label(s) removed, as yolo val removes them", path, dropped)
     return np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(classes, np.int64), tuple(outlines)
+
+
+def _excerpt(text: str, limit: int = 80) -> str:
+    """``text`` quoted for an error message, cut short: a label line may be megabytes long."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def _label_lines(path: Path) -> list[str]:
+    """The lines of label file `path`; `DataError` naming it where it is no UTF-8 text, cannot be
+    read, or is larger than `MAX_LABEL_BYTES` (read whole, it would take ten times that)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_LABEL_BYTES:
+            raise DataError(
+                f"{path} holds {size / 1e6:.1f} MB, more than a label file of any image "
+                f"({MAX_LABEL_BYTES >> 20} MiB, some 400,000 boxes): is it the right file?"
+            )
+        return path.read_bytes().decode("utf-8-sig").splitlines()  # Windows editors write a BOM
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path}: not UTF-8 text (byte {e.start}); a YOLO label file holds lines 'class cx cy w h', "
+            "save it as UTF-8 or remove it"
+        ) from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the label file: {e.strerror}") from None
 
 
 def _run_eval_classes(args: argparse.Namespace, model: LoadedModel, out: TextIO) -> int:
@@ -127,17 +190,28 @@ def _run_eval_classes(args: argparse.Namespace, model: LoadedModel, out: TextIO)
     return 0
 
 
-def folder_samples(folder: Path, num_classes: int) -> tuple[int, Iterator[EvalSample]]:
-    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+def image_files(folder: Path) -> list[Path]:
+    """The images under ``folder``, sorted; `DataError` where there is none."""
+    images = sorted(p for p in folder.rglob("*") if is_image_file(p))
     if not images:
         raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
+    return images
+
+
+def folder_samples(folder: Path, num_classes: int | None) -> tuple[int, Iterator[EvalSample]]:
+    """The images under ``folder`` with their labels, for a model of ``num_classes``; None reads no
+    label (calibration takes the pixels only, and a label it would refuse must not stop it)."""
+    images = image_files(folder)
+    unlabelled = np.zeros((0, 4), np.float32), np.zeros(0, np.int64), ()
 
     def generate() -> Iterator[EvalSample]:
         for path in images:
-            image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-            if image is None:
-                raise DataError(f"cannot decode image {path}")
-            found = read_yolo_outlines(label_path(path), image.shape[1], image.shape[0], num_classes)
+            image = decoded(path)
+            found = (
+                unlabelled
+                if num_classes is None
+                else read_yolo_outlines(label_path(path), image.shape[1], image.shape[0], num_classes)
+            )
             yield EvalSample(str(path.relative_to(folder)), image, *found)
 
     return len(images), generate()
@@ -240,14 +314,15 @@ class ClassReport:
 
 def class_samples(folder: Path, class_names: tuple[str, ...]) -> list[tuple[Path, int]]:
     """The images of an ultralytics classification folder (``folder/val`` when there is one, as yolo
-    val reads it), each with the class id its folder names; `DataError` for a folder no class has."""
+    val reads it), each with the class id its folder names, subfolders included (as torchvision's
+    ImageFolder, which yolo val reads it with); `DataError` for a folder no class has."""
     root = folder / "val" if (folder / "val").is_dir() else folder
     ids = {name: i for i, name in enumerate(class_names)}
     samples = []
     for sub in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         if sub.name not in ids:
             raise DataError(f"{sub}: no class of the model is named {sub.name!r} (its classes: {', '.join(class_names)})")
-        images = sorted(p for p in sub.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        images = sorted(p for p in sub.rglob("*") if is_image_file(p))
         samples += [(image, ids[sub.name]) for image in images]
     if not samples:
         raise DataError(f"no images in class folders under {root} (a classification folder has one folder per class)")
@@ -261,9 +336,7 @@ def evaluate_classes(
     plan: FramePipeline | None = None
     top1 = top5 = 0
     for done, (path, class_id) in enumerate(samples, 1):
-        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if image is None:
-            raise DataError(f"cannot decode image {path}")
+        image = decoded(path)
         h, w = image.shape[:2]
         if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
             plan = FramePipeline(model, w, h, "bgr")
@@ -480,7 +553,7 @@ def _defect(masks: Path, image: Path, size: tuple[int, ...]) -> np.ndarray | Non
     h, w = size
     found = [p for p in masks.iterdir() if p.stem == image.stem] if masks.is_dir() else []
     if found:
-        mask = cv2.imread(str(found[0]), cv2.IMREAD_GRAYSCALE)
+        mask = read_image(found[0], cv2.IMREAD_GRAYSCALE)
         if mask is None:
             raise DataError(f"{found[0]} is no readable mask for {image.name}")
         return cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST) > 0

@@ -55,7 +55,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from edged.config import ModelConfig, RuntimeConfig, check_thread_option, load_config
 from edged.contract import InputContract
-from edged.errors import ContractError, InferenceError, ModelError, QuantizeError, UsageError
+from edged.errors import ContractError, DataError, InferenceError, ModelError, QuantizeError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.preprocess import Preprocessor
@@ -64,7 +64,7 @@ from edged.sources.scenes import CLASS_NAMES
 from edged.tools.agreement import Agreement, agreement, labelled
 from edged.tools.bench import machine_info
 from edged.tools.bench_rows import Row, TimedFrame, bench_frame, interleave
-from edged.tools.evaluate import EvalSample, ProgressBar, evaluate, folder_samples, scene_samples
+from edged.tools.evaluate import EvalSample, ProgressBar, evaluate, folder_samples, image_files, scene_samples
 from edged.tools.metrics import EvalReport
 
 HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -194,7 +194,7 @@ class CalibrationFrames(CalibrationDataReader):  # type: ignore[misc]  # onnxrun
     ) -> None:
         self._contract, self._frames, self._total, self._progress_to = contract, frames, total, progress_to
         self._progress: ProgressBar | None = None
-        self._plans: dict[tuple[int, int], Preprocessor] = {}
+        self._plan: Preprocessor | None = None  # the last size's only: a folder of crops has as many sizes as images
         self._left = total
         self.done = 0
 
@@ -214,8 +214,9 @@ class CalibrationFrames(CalibrationDataReader):  # type: ignore[misc]  # onnxrun
             return None
         self._left -= 1
         h, w = frame.image.shape[:2]
-        plan = self._plans.get((w, h)) or self._plans.setdefault((w, h), Preprocessor(self._contract, w, h, "bgr"))
-        tensor = plan(frame.image).copy()  # the plan's tensor is reused by the next frame
+        if self._plan is None or (self._plan.box_map.frame_w, self._plan.box_map.frame_h) != (w, h):
+            self._plan = Preprocessor(self._contract, w, h, "bgr")
+        tensor = self._plan(frame.image).copy()  # the plan's tensor is reused by the next frame
         self.done += 1
         if self._progress_to is not None:
             self._progress = self._progress or ProgressBar(self._total, self._progress_to)  # clock starts here
@@ -311,6 +312,8 @@ def quantize(
                     calibrate_method=METHODS[method],
                     extra_options={"CalibStridedMinMax": chunk_size(len(frames)), "TensorQuantOverrides": overrides},
                 )
+        except DataError:  # a calibration image: the user's data, not the quantiser, at fault
+            raise
         except Exception as e:  # onnx and onnxruntime raise many unrelated types here
             raise QuantizeError(f"quantising {src} failed: {type(e).__name__}: {e}") from e
     pixels = False
@@ -538,7 +541,7 @@ def _check_scene_classes(args: argparse.Namespace, model: LoadedModel) -> None:
 
 def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, CalibrationFrames]:
     if args.calib_images is not None:
-        total, frames = folder_samples(args.calib_images, model.num_classes)
+        total, frames = folder_samples(args.calib_images, None)  # pixels only
         source = f"images {args.calib_images} n={total}"
     else:
         total, frames = scene_samples(args.calib_scenes, args.seed, *SCENE_SIZE)
@@ -585,6 +588,8 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     )
     if args.data is None:
         _check_scene_classes(args, original)
+    else:
+        image_files(args.data)  # said now, not after the quantisation
     inspect, conf = _inspection(args.config)
     calibration, frames = _calibration(args, original)
     result = quantize(

@@ -23,17 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import cv2
 import numpy as np
 
 from edged.config import EngineName, ModelConfig, Precision, Settings, load_config
 from edged.errors import ConfigError, ContractError, DataError, ModelError, SetupError, UsageError
 from edged.model import LoadedModel, load_model
-from edged.sources.images import IMAGE_SUFFIXES
 from edged.tools import bench_rows as rows
 from edged.tools.agreement import RANK_CONF, agreement
 from edged.tools.bench import machine_info, rss_kb
-from edged.tools.evaluate import EvalSample, evaluate, read_yolo_labels, scene_samples
+from edged.tools.calibrate import decoded
+from edged.tools.evaluate import EvalSample, evaluate, image_files, read_yolo_labels, scene_samples
 
 VARIANTS: tuple[tuple[EngineName, Precision], ...] = (
     ("onnxruntime", "f32"),
@@ -64,14 +63,16 @@ def _images(folder: Path | None, labels: Path | None, limit: int, num_classes: i
     if folder is None:
         total, scenes = scene_samples(limit, SCENE_SEED, *SCENE_SIZE)
         return f"{total} generated scenes, seed {SCENE_SEED}", list(scenes)
-    paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())[:limit]
-    if not paths:
-        raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
+    paths = image_files(folder)[:limit]
+    if labels is not None and not any((labels / p.relative_to(folder)).with_suffix(".txt").exists() for p in paths):
+        first = (labels / paths[0].relative_to(folder)).with_suffix(".txt")
+        raise DataError(
+            f"--labels {labels} labels none of the {len(paths)} image(s) under {folder} (the first would be {first}): "
+            "give the folder that holds a NAME.txt per image"
+        )
     samples = []
     for path in paths:
-        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if image is None:
-            raise DataError(f"cannot decode image {path}")
+        image = decoded(path)
         name = path.relative_to(folder)
         boxes, classes = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
         if labels is not None:
@@ -115,12 +116,14 @@ def _variant_config(settings: Settings, engine: EngineName, precision: Precision
 
 
 def _timing(model: LoadedModel, samples: list[EvalSample], frames: int, warmup: int) -> dict[str, float]:
-    """Latency p50/p99 and CPU per frame of the daemon's full path, cycling through the images."""
+    """Latency p50/p99 and CPU per frame of the daemon's full path, cycling through the images of the
+    first image's size: the path is planned for one frame size, as a camera gives."""
     cycle = itertools.count()
-    with rows.FullPath(model, samples[0].image) as full:
+    timed = [s.image for s in samples if s.image.shape == samples[0].image.shape]
+    with rows.FullPath(model, timed[0]) as full:
 
         def row() -> rows.TimedFrame:
-            full.image = samples[next(cycle) % len(samples)].image
+            full.image = timed[next(cycle) % len(timed)]
             return full()
 
         for _ in range(warmup):
