@@ -916,12 +916,7 @@ def _check_files(settings: Settings) -> list[str]:
         problems += opcua_problems(settings.opcua)
     if settings.modbus is not None:
         problems += modbus_problems()
-    journal = settings.journal
-    if journal.enabled and journal.path is not None and not journal.path.parent.is_dir():
-        problems.append(
-            f"journal.path: folder {journal.path.parent} does not exist (create it, set journal.path to a file in "
-            "an existing folder, or journal.enabled = false)"
-        )
+    problems += _journal_problems(settings)
     problems += _evidence_problems(settings)
     if settings.rejecting():
         from edged.reject import gpiod_problem
@@ -929,6 +924,25 @@ def _check_files(settings: Settings) -> list[str]:
         if (problem := gpiod_problem()) is not None:
             problems.append(f"reject: {problem}")
     return problems
+
+
+def _journal_problems(settings: Settings) -> list[str]:
+    """A journal path whose folder is missing, or that is a folder or a device: every write would fail
+    (or go nowhere) while the daemon runs, so it is refused before it starts."""
+    journal = settings.journal
+    if not journal.enabled or journal.path is None:
+        return []
+    if not journal.path.parent.is_dir():
+        return [
+            f"journal.path: folder {journal.path.parent} does not exist (create it, set journal.path to a file in "
+            "an existing folder, or journal.enabled = false)"
+        ]
+    if journal.path.exists() and not journal.path.is_file():
+        return [
+            f"journal.path: {journal.path} is not a regular file (a folder or a device); name a file in it, "
+            "such as journal.sqlite, or set journal.enabled = false"
+        ]
+    return []
 
 
 def _evidence_problems(settings: Settings) -> list[str]:

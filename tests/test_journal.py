@@ -183,6 +183,21 @@ def test_the_journal_defaults_beside_the_config_or_in_the_state_directory(
         load_config(config)
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("where", ["folder", "device"])
+def test_a_journal_path_that_is_a_folder_or_not_a_file_is_refused_at_load(tmp_path: Path, where: str) -> None:
+    fixed_scene(tmp_path / "m.onnx", [])
+    path = tmp_path / "j" if where == "folder" else Path("/dev/null")
+    if where == "folder":
+        path.mkdir()
+    config = write_config(
+        tmp_path / "edged.toml",
+        {"source": {"type": "synthetic"}, "model": {"path": "m.onnx"}, "journal": {"path": str(path)}},
+    )
+    with pytest.raises(ConfigError, match=rf"journal.path: {path} is not a regular file .*journal.enabled = false"):
+        load_config(config)
+
+
 SCENE = [(16.0, 20.0, 8.0, 8.0, 1, 0.9)]  # one crack in every frame: ng
 
 
