@@ -282,6 +282,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+MAX_TIMEOUT_S = 86400
+
+
+def _timeout_s(text: str) -> float:
+    """A client's wait: ZeroMQ polls in int milliseconds, which overflow past 24 days."""
+    value = _positive_float(text)
+    if value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_TIMEOUT_S} s, got {text}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     value = _number(text)
     if value < 0:
@@ -426,7 +437,7 @@ def _subscribe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats", action="store_true", help="print a rolling summary instead of messages")
     p.add_argument("--json", action="store_true", help="print each message as JSON")
     p.add_argument("--count", type=_positive, default=None, help="exit after this many messages")
-    p.add_argument("--timeout", type=_positive_float, default=None, help="give up after this many seconds")
+    p.add_argument("--timeout", type=_timeout_s, default=None, help="give up after this many seconds")
     _add_client_keys(p)
 
 
@@ -434,7 +445,7 @@ def _trigger_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("endpoint", type=_endpoint, help="edged's trigger.endpoint, e.g. tcp://127.0.0.1:5557")
     p.add_argument("--part-id", default=None, help="the part's id, carried into the verdict and detections messages")
     p.add_argument("--camera", default=None, help="the camera_id to inspect with; needed when several cameras take requests")
-    p.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to wait for the reply (default 5)")
+    p.add_argument("--timeout", type=_timeout_s, default=5.0, help="seconds to wait for the reply (default 5)")
     p.add_argument("--json", action="store_true", help="print the verdict message as JSON")
     _add_client_keys(p)
 
@@ -476,12 +487,12 @@ def _promote_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("--force", action="store_true", help="promote although the trial has not passed its gate")
     p.add_argument("--reason", default=None, help="why a forced promotion is made: logged with the user")
-    p.add_argument("--timeout", type=_positive_float, default=10.0, help="seconds to wait for the answer (default 10)")
+    p.add_argument("--timeout", type=_timeout_s, default=10.0, help="seconds to wait for the answer (default 10)")
 
 
 def _rollback_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
-    p.add_argument("--timeout", type=_positive_float, default=10.0, help="seconds to wait for the answer (default 10)")
+    p.add_argument("--timeout", type=_timeout_s, default=10.0, help="seconds to wait for the answer (default 10)")
 
 
 def _schema_arguments(p: argparse.ArgumentParser) -> None:
