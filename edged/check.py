@@ -255,7 +255,13 @@ def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named
         file=out,
     )
     thresholds = path.inspector.thresholds if path.inspector is not None else None
-    plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order, thresholds)
+    try:  # the region run classifies: one that does not fit would have every frame rejected
+        plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order, thresholds, roi=path.roi)
+    except ValueError:
+        camera = f" of camera {cfg.camera_id}" if named else ""
+        size = f"{probe.width}x{probe.height}"
+        problem = f"inspect.roi {list(path.roi or ())} does not fit in a {size} frame{camera}: set it inside the frame"
+        raise ConfigError(None, [problem]) from None
     grey = np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8)
     _first_run(plan, "a plain grey frame", grey)
     first = f"the first frame of camera {cfg.camera_id}" if named else "the camera's first frame"
