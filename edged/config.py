@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import reduce
 from pathlib import Path
@@ -707,6 +708,31 @@ def _unknown_key_hint(loc: Sequence[str | int]) -> str:
     return "unknown key: check its spelling against config/edged.toml"
 
 
+_UNION_MEMBER = re.compile(r"(?:constrained-)?(int|float|str|bool)")
+_MEMBER_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _one_per_union(errors: Sequence[Any]) -> list[Any]:
+    """A key that takes one of several kinds (reject.line: an offset or a name) fails once per kind,
+    each at its own path (line.constrained-int, line.constrained-str); the user gave one value, so
+    one problem is said at the key's path: that of the value's own kind, else the first."""
+
+    def member(err: Any) -> str | None:
+        found = _UNION_MEMBER.fullmatch(str(err["loc"][-1])) if len(err["loc"]) > 1 else None
+        return found.group(1) if found else None
+
+    parents = Counter(tuple(err["loc"][:-1]) for err in errors if member(err) is not None)
+    kept: dict[tuple[Any, ...], Any] = {}
+    for err in errors:
+        kind, key = member(err), tuple(err["loc"][:-1])
+        if kind is None or parents[key] < 2:  # a table key named int or str is no union member
+            own_slot = (len(kept), *err["loc"])
+            kept[own_slot] = err
+        elif key not in kept or type(err.get("input")) is _MEMBER_TYPES[kind]:
+            kept[key] = {**err, "loc": key}
+    return list(kept.values())
+
+
 def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras: bool = False) -> str:
     """One problem as one line: the key path as the user writes it, pydantic's message, a hint, and
     the ``EDGED_*`` variable the value came from when it did not come from the file.
@@ -988,7 +1014,8 @@ def load_config(path: Path | None) -> Settings:
     try:
         settings = Settings(**data)
     except ValidationError as e:
-        raise ConfigError(path, [_format_error(err, variables, cameras=cameras) for err in e.errors()]) from None
+        errors = _one_per_union(e.errors())
+        raise ConfigError(path, [_format_error(err, variables, cameras=cameras) for err in errors]) from None
     except SettingsError as e:  # an EDGED_* variable that is not the JSON its key needs
         raise ConfigError(path, [_variable_problem(e, variables)]) from None
     finally:
