@@ -32,7 +32,16 @@ from edged.classify import Classes
 from edged.config import Settings
 from edged.control import listening as control_socket
 from edged.decode import Detections
-from edged.errors import BindError, ConfigError, ContractError, FolderError, InferenceError, ModelError, SourceError
+from edged.errors import (
+    BindError,
+    ConfigError,
+    ContractError,
+    EdgedError,
+    FolderError,
+    InferenceError,
+    ModelError,
+    SourceError,
+)
 from edged.evidence import folder_problem
 from edged.heads.base import fmt_classes
 from edged.model import LoadedModel, load_model
@@ -45,6 +54,7 @@ from edged.reject import check_lines
 from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SourceBase, mask_credentials
+from edged.shadow import candidate_model_config
 from edged.sources.base import Frame
 from edged.sources.registry import open_source
 from edged.verdict import AnomalyInspector, ClassInspector, Inspector
@@ -108,6 +118,25 @@ def _take_for(capture: Capture, seconds: float) -> float:
     while (elapsed := time.monotonic() - start) < seconds:
         capture.take(seconds - elapsed)
     return elapsed
+
+
+def _candidate(settings: Settings, live: LoadedModel) -> str | None:
+    """``[model.candidate]`` loaded as the daemon's trial loads it (`edged.shadow.Shadow`), so that one
+    that would not load is found now, not as a log line while the live model goes on alone."""
+    cfg = settings.model.candidate
+    if cfg is None:
+        return None
+    try:
+        model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
+        for source in settings.source:
+            frame_path(settings, model, source)
+    except EdgedError as e:
+        raise ConfigError(
+            None, [f"model.candidate.path: the candidate does not load ({e}); the live model would go on alone"]
+        ) from None
+    same = model.engine.identity.sha256 == live.engine.identity.sha256
+    itself = ": the live model itself, the trial would compare it with itself" if same else ""
+    return f"{model.engine.model_path} ({model.engine.identity.short}){itself}"
 
 
 def _report(model: LoadedModel, out: TextIO) -> None:
@@ -226,7 +255,13 @@ def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named
         file=out,
     )
     thresholds = path.inspector.thresholds if path.inspector is not None else None
-    plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order, thresholds)
+    try:  # the region run classifies: one that does not fit would have every frame rejected
+        plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order, thresholds, roi=path.roi)
+    except ValueError:
+        camera = f" of camera {cfg.camera_id}" if named else ""
+        size = f"{probe.width}x{probe.height}"
+        problem = f"inspect.roi {list(path.roi or ())} does not fit in a {size} frame{camera}: set it inside the frame"
+        raise ConfigError(None, [problem]) from None
     grey = np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8)
     _first_run(plan, "a plain grey frame", grey)
     first = f"the first frame of camera {cfg.camera_id}" if named else "the camera's first frame"
@@ -291,6 +326,7 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
             for cfg in settings.source
             if (e := _check_source(settings, model, cfg, named, out)) is not None
         ]
+        candidate = _candidate(settings, model)
     except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems
         raise ConfigError(e.path or config_path, e.problems) from None
     _bind_all(settings, bind, out)
@@ -301,6 +337,8 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     if settings.opcua is not None:
         print(f"opcua      {describe_opcua(settings.opcua, settings)}", file=out)
     _report(model, out)
+    if candidate is not None:
+        print(f"candidate  {candidate}", file=out)
     if failed:
         names = ", ".join(name for name, _ in failed)
         raise SourceError(f"{len(failed)} of {len(settings.source)} cameras gave no frame ({names}): {failed[0][1]}")

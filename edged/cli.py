@@ -27,6 +27,7 @@ log = logging.getLogger("edged")
 N = TypeVar("N", int, float)
 
 MAX_BENCH_CAMERAS = 16  # `bench --cameras`: more than a board serves, and as many `edged run`s at once
+MAX_TIMEOUT_S = 86400  # a client's --timeout: a day
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
@@ -274,6 +275,8 @@ _non_negative = _bounded(int, lambda v: v >= 0, ">= 0", "whole number")
 _camera_count = _bounded(int, lambda v: 1 <= v <= MAX_BENCH_CAMERAS, f"from 1 to {MAX_BENCH_CAMERAS}", "whole number")
 # Seconds or a rate: 0 would make a loop spin or a wait end at once.
 _positive_float = _bounded(_number, lambda v: v > 0, "> 0", "number")
+# A client's wait: ZeroMQ polls in int milliseconds, which overflow past 24 days.
+_timeout_s = _bounded(_number, lambda v: 0 < v <= MAX_TIMEOUT_S, f"above 0 and at most {MAX_TIMEOUT_S} s", "number")
 _non_negative_float = _bounded(_number, lambda v: v >= 0, ">= 0", "number")
 _fraction = _bounded(_number, lambda v: 0 < v <= 1, "above 0 and at most 1", "number")  # a score, as model.conf
 
@@ -407,7 +410,7 @@ def _subscribe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats", action="store_true", help="print a rolling summary instead of messages")
     p.add_argument("--json", action="store_true", help="print each message as JSON")
     p.add_argument("--count", type=_positive, default=None, help="exit after this many messages")
-    p.add_argument("--timeout", type=_positive_float, default=None, help="give up after this many seconds")
+    p.add_argument("--timeout", type=_timeout_s, default=None, help="give up after this many seconds")
     _add_client_keys(p)
 
 
@@ -415,7 +418,7 @@ def _trigger_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("endpoint", type=_endpoint, help="edged's trigger.endpoint, e.g. tcp://127.0.0.1:5557")
     p.add_argument("--part-id", default=None, help="the part's id, carried into the verdict and detections messages")
     p.add_argument("--camera", default=None, help="the camera_id to inspect with; needed when several cameras take requests")
-    p.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to wait for the reply (default 5)")
+    p.add_argument("--timeout", type=_timeout_s, default=5.0, help="seconds to wait for the reply (default 5)")
     p.add_argument("--json", action="store_true", help="print the verdict message as JSON")
     _add_client_keys(p)
 
@@ -457,12 +460,12 @@ def _promote_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("--force", action="store_true", help="promote although the trial has not passed its gate")
     p.add_argument("--reason", default=None, help="why a forced promotion is made: logged with the user")
-    p.add_argument("--timeout", type=_positive_float, default=10.0, help="seconds to wait for the answer (default 10)")
+    p.add_argument("--timeout", type=_timeout_s, default=10.0, help="seconds to wait for the answer (default 10)")
 
 
 def _rollback_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
-    p.add_argument("--timeout", type=_positive_float, default=10.0, help="seconds to wait for the answer (default 10)")
+    p.add_argument("--timeout", type=_timeout_s, default=10.0, help="seconds to wait for the answer (default 10)")
 
 
 def _schema_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import reduce
 from pathlib import Path
@@ -707,6 +708,31 @@ def _unknown_key_hint(loc: Sequence[str | int]) -> str:
     return "unknown key: check its spelling against config/edged.toml"
 
 
+_UNION_MEMBER = re.compile(r"(?:constrained-)?(int|float|str|bool)")
+_MEMBER_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _one_per_union(errors: Sequence[Any]) -> list[Any]:
+    """A key that takes one of several kinds (reject.line: an offset or a name) fails once per kind,
+    each at its own path (line.constrained-int, line.constrained-str); the user gave one value, so
+    one problem is said at the key's path: that of the value's own kind, else the first."""
+
+    def member(err: Any) -> str | None:
+        found = _UNION_MEMBER.fullmatch(str(err["loc"][-1])) if len(err["loc"]) > 1 else None
+        return found.group(1) if found else None
+
+    parents = Counter(tuple(err["loc"][:-1]) for err in errors if member(err) is not None)
+    kept: dict[tuple[Any, ...], Any] = {}
+    for err in errors:
+        kind, key = member(err), tuple(err["loc"][:-1])
+        if kind is None or parents[key] < 2:  # a table key named int or str is no union member
+            own_slot = (len(kept), *err["loc"])
+            kept[own_slot] = err
+        elif key not in kept or type(err.get("input")) is _MEMBER_TYPES[kind]:
+            kept[key] = {**err, "loc": key}
+    return list(kept.values())
+
+
 def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras: bool = False) -> str:
     """One problem as one line: the key path as the user writes it, pydantic's message, a hint, and
     the ``EDGED_*`` variable the value came from when it did not come from the file.
@@ -916,12 +942,7 @@ def _check_files(settings: Settings) -> list[str]:
         problems += opcua_problems(settings.opcua)
     if settings.modbus is not None:
         problems += modbus_problems()
-    journal = settings.journal
-    if journal.enabled and journal.path is not None and not journal.path.parent.is_dir():
-        problems.append(
-            f"journal.path: folder {journal.path.parent} does not exist (create it, set journal.path to a file in "
-            "an existing folder, or journal.enabled = false)"
-        )
+    problems += _journal_problems(settings)
     problems += _evidence_problems(settings)
     if settings.rejecting():
         from edged.reject import gpiod_problem
@@ -929,6 +950,25 @@ def _check_files(settings: Settings) -> list[str]:
         if (problem := gpiod_problem()) is not None:
             problems.append(f"reject: {problem}")
     return problems
+
+
+def _journal_problems(settings: Settings) -> list[str]:
+    """A journal path whose folder is missing, or that is a folder or a device: every write would fail
+    (or go nowhere) while the daemon runs, so it is refused before it starts."""
+    journal = settings.journal
+    if not journal.enabled or journal.path is None:
+        return []
+    if not journal.path.parent.is_dir():
+        return [
+            f"journal.path: folder {journal.path.parent} does not exist (create it, set journal.path to a file in "
+            "an existing folder, or journal.enabled = false)"
+        ]
+    if journal.path.exists() and not journal.path.is_file():
+        return [
+            f"journal.path: {journal.path} is not a regular file (a folder or a device); name a file in it, "
+            "such as journal.sqlite, or set journal.enabled = false"
+        ]
+    return []
 
 
 def _evidence_problems(settings: Settings) -> list[str]:
@@ -974,7 +1014,8 @@ def load_config(path: Path | None) -> Settings:
     try:
         settings = Settings(**data)
     except ValidationError as e:
-        raise ConfigError(path, [_format_error(err, variables, cameras=cameras) for err in e.errors()]) from None
+        errors = _one_per_union(e.errors())
+        raise ConfigError(path, [_format_error(err, variables, cameras=cameras) for err in errors]) from None
     except SettingsError as e:  # an EDGED_* variable that is not the JSON its key needs
         raise ConfigError(path, [_variable_problem(e, variables)]) from None
     finally:

@@ -116,7 +116,8 @@ class JournalStore:
         return self._db is not None
 
     def open(self) -> None:
-        """Open the journal, creating it; a file that is not a sound journal is moved aside first."""
+        """Open the journal, creating it; a file that is not a sound journal (damaged, or another
+        version's table, which every write would fail on) is moved aside first, kept whole."""
         try:
             self._db = self._connect()
         except sqlite3.OperationalError:
@@ -134,6 +135,9 @@ class JournalStore:
             verdict = db.execute("PRAGMA quick_check").fetchone()[0]
             if verdict != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {verdict}")
+            have = {str(row[1]) for row in db.execute("PRAGMA table_info(entries)")}  # none: a new file
+            if have and (missing := [name for name in COLUMNS if name not in have]):  # another version's table
+                raise sqlite3.DatabaseError(f"its entries table has no {', '.join(missing)}")
             db.executescript(SCHEMA)
             self.last_id = int(db.execute("SELECT coalesce(max(id), 0) FROM entries").fetchone()[0])
         except BaseException:

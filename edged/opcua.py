@@ -60,14 +60,16 @@ def opcua_problems(cfg: OpcuaConfig) -> list[str]:
         importlib.import_module("asyncua")
     except ImportError as e:
         return [f"opcua: an [opcua] section needs asyncua, which this Python cannot import ({e}): {INSTALL_ASYNCUA}"]
-    from edged.opcua_server import read_users
+    from edged.opcua_server import cert_dir_problem, read_users
 
+    if cfg.users_file is None:
+        return []
     try:
-        if cfg.users_file is not None:
-            read_users(cfg.users_file)
+        read_users(cfg.users_file)
     except KeyFileError as e:
         return [str(e)]
-    return []
+    problem = cert_dir_problem(cfg.cert_dir)
+    return [] if problem is None else [problem]
 
 
 def describe(cfg: OpcuaConfig, settings: Settings) -> str:

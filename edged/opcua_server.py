@@ -167,6 +167,21 @@ def application_uri() -> str:
     return f"urn:edged:{socket.gethostname()}"
 
 
+def cert_dir_problem(directory: Path) -> str | None:
+    """Why `server_certificate` could not make or take the pair in ``directory``, known without writing:
+    it or a folder above it is a file, or it holds half a pair."""
+    above = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if above is not None and not above.is_dir():
+        return f"opcua.cert_dir: {above} is not a folder: set opcua.cert_dir to a folder (made when absent)"
+    cert, key = directory / CERT_FILE, directory / KEY_FILE
+    if cert.exists() != key.exists():
+        return (
+            f"opcua.cert_dir: {directory} holds only one of {CERT_FILE} and {KEY_FILE}: remove it to have "
+            "both made again, or put back the other"
+        )
+    return None
+
+
 def server_certificate(directory: Path) -> tuple[Path, Path]:
     """The server's certificate and key in ``directory``, made there (RSA 2048, self-signed, ten
     years) when absent, as ``edged keygen`` makes CURVE keys: the key 0600, the folder 0750.
@@ -176,11 +191,8 @@ def server_certificate(directory: Path) -> tuple[Path, Path]:
         if cert.is_file() and key.is_file():
             check_secret_file(key, "opcua.cert_dir")
             return cert, key
-        if cert.exists() or key.exists():
-            raise KeyFileError(
-                f"opcua.cert_dir: {directory} holds only one of {CERT_FILE} and {KEY_FILE}: remove it to have "
-                "both made again, or put back the other"
-            )
+        if (problem := cert_dir_problem(directory)) is not None:
+            raise KeyFileError(problem)
         directory.mkdir(mode=0o750, parents=True, exist_ok=True)
         private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         pem = private.private_bytes(

@@ -137,6 +137,34 @@ def test_a_problem_found_after_loading_is_one_verdict_naming_the_file(tmp: Path,
     assert "valid" not in result.stdout and "ok" not in result.stdout.splitlines()
 
 
+def test_a_candidate_that_will_not_load_fails_the_check_naming_it(tmp: Path, ports: list[int]) -> None:
+    (tmp / "notes.txt").write_text("not a model\n")
+    colour_probe(tmp / "next.onnx")
+    control = f"ipc://{tmp / 'control.sock'}"
+    config = _config(tmp, ports, model={"path": "probe.onnx", "candidate": {"path": "next.onnx", "control": control}})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"candidate  {tmp / 'next.onnx'} (next@" in result.stdout
+    config = _config(tmp, ports, model={"path": "probe.onnx", "candidate": {"path": "notes.txt", "control": control}})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 78, result.stdout + result.stderr
+    assert "model.candidate.path: the candidate does not load" in result.stderr
+    assert "notes.txt" in result.stderr and "the live model would go on alone" in result.stderr
+    assert "ok" not in result.stdout.splitlines()
+
+
+def test_a_classifier_roi_outside_the_cameras_frames_fails_the_check_naming_it(tmp: Path, ports: list[int]) -> None:
+    model = Path(__file__).parent / "data" / "tasks" / "cls.onnx"
+    inspect = {"ng_classes": ["crack"], "roi": [10, 10, 120, 90]}  # the camera's frames are 128x96
+    config = _config(tmp, ports, model={"path": str(model)}, inspect=inspect)
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = _config(tmp, ports, model={"path": str(model)}, inspect={**inspect, "roi": [200, 10, 300, 50]})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 78, result.stdout + result.stderr  # run rejected every frame
+    assert "inspect.roi [200, 10, 300, 50] does not fit in a 128x96 frame" in result.stderr
+
+
 def test_the_default_evidence_folder_outside_systemd_is_beside_the_configuration(
     tmp: Path, ports: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -360,11 +360,18 @@ def test_a_file_to_write_in_a_missing_folder_is_refused_before_any_work(tmp_path
     ("args", "message"),
     [
         (["thermal", "--watch", "--interval", "0"], "--interval: must be > 0, got 0"),  # printed in a tight loop
-        (["subscribe", "tcp://127.0.0.1:1", "--timeout", "-1"], "--timeout: must be > 0"),
+        (["subscribe", "tcp://127.0.0.1:1", "--timeout", "-1"], "--timeout: must be above 0 and at most 86400 s"),
         (["subscribe", "tcp://127.0.0.1:1", "--count", "0"], "--count: must be >= 1"),
-        (["trigger", "tcp://127.0.0.1:1", "--timeout", "0"], "--timeout: must be > 0"),
+        (["trigger", "tcp://127.0.0.1:1", "--timeout", "0"], "--timeout: must be above 0 and at most 86400 s"),
         (["promote", "--timeout", "nan"], "--timeout: must be a finite number, got nan"),
         (["rollback", "--timeout", "inf"], "--timeout: must be a finite number"),
+        (
+            ["promote", "--timeout", "1e9"],
+            "--timeout: must be above 0 and at most 86400 s, got 1e9",
+        ),  # overflowed zmq's poll
+        (["rollback", "--timeout", "3e6"], "--timeout: must be above 0 and at most 86400 s"),
+        (["trigger", "tcp://127.0.0.1:1", "--timeout", "1e9"], "--timeout: must be above 0 and at most 86400 s"),
+        (["subscribe", "tcp://127.0.0.1:1", "--timeout", "1e12"], "--timeout: must be above 0 and at most 86400 s"),
         (["tune", "--config", "c.toml", "--max-flips", "-1"], "--max-flips: must be >= 0"),
         (["tune", "--config", "c.toml", "--max-map-drop", "-5"], "--max-map-drop: must be >= 0"),
         (["bench", "--conf", "5"], "--conf: must be above 0 and at most 1, got 5"),

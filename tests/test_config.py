@@ -615,3 +615,20 @@ def test_only_the_keys_that_open_a_camera_tell_whether_it_opens_the_same_way(tmp
     assert set(SourceBase.PROCESSING_KEYS) <= set(type(before).model_fields)
     paced = _cameras(tmp_path, CAMERAS.replace("max_fps = 5", "max_fps = 5\nfps = 3")).source[0]
     assert paced.opening() != before.opening()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("99999", "reject.line: Input should be less than or equal to 65535; got 99999"),
+        ('""', "reject.line: String should have at least 1 character; got ''"),
+        ("1.5", "reject.line: Input should be a valid integer, got a number with a fractional part; got 1.5"),
+    ],
+)
+def test_a_key_of_an_offset_or_a_name_is_one_problem_of_the_kind_given(tmp_path: Path, value: str, problem: str) -> None:
+    config = tmp_path / "edged.toml"  # before: reject.line.constrained-int and reject.line.constrained-str, both
+    config.write_text(f'[model]\npath = "m.onnx"\n[inspect]\n[reject]\nline = {value}\ndelay_ms = 100\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(config)
+    assert [p for p in e.value.problems if p.startswith("reject.line")] == [problem], e.value.problems

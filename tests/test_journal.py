@@ -107,6 +107,22 @@ def test_a_damaged_journal_is_moved_aside_and_a_new_one_started(tmp_path: Path, 
 
 
 @pytest.mark.unit
+def test_a_journal_with_another_tables_columns_is_moved_aside_kept_whole_and_a_new_one_started(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    with sqlite3.connect(path) as db:  # another version's table: "no such column" on every write, for ever
+        db.execute("CREATE TABLE entries (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, v2 TEXT)")
+        db.execute("INSERT INTO entries (kind, v2) VALUES ('verdict', 'theirs')")
+    db.close()
+    w = writer(path)
+    w.offer(entry(7))
+    assert wait_for(lambda: w.report("cam").recorded == 1, 20), w.report("cam")
+    w.stop(5)
+    assert w.report("cam").errors == 0 and rows(path) == [(7,)]
+    aside = [p for p in tmp_path.glob("journal.sqlite.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert len(aside) == 1 and rows(aside[0], "SELECT v2 FROM entries") == [("theirs",)]
+
+
+@pytest.mark.unit
 def test_retention_deletes_by_age_then_the_oldest_until_under_its_size(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite"
     store = JournalStore(path, "normal")
@@ -180,6 +196,21 @@ def test_the_journal_defaults_beside_the_config_or_in_the_state_directory(
         {"source": {"type": "synthetic"}, "model": {"path": "m.onnx"}, "journal": {"path": "no/such/j.sqlite"}},
     )
     with pytest.raises(ConfigError, match=r"journal.path: folder .*no/such does not exist"):
+        load_config(config)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("where", ["folder", "device"])
+def test_a_journal_path_that_is_a_folder_or_not_a_file_is_refused_at_load(tmp_path: Path, where: str) -> None:
+    fixed_scene(tmp_path / "m.onnx", [])
+    path = tmp_path / "j" if where == "folder" else Path("/dev/null")
+    if where == "folder":
+        path.mkdir()
+    config = write_config(
+        tmp_path / "edged.toml",
+        {"source": {"type": "synthetic"}, "model": {"path": "m.onnx"}, "journal": {"path": str(path)}},
+    )
+    with pytest.raises(ConfigError, match=rf"journal.path: {path} is not a regular file .*journal.enabled = false"):
         load_config(config)
 
 

@@ -64,6 +64,18 @@ def test_a_server_off_loopback_is_refused_unless_allow_remote(tmp_path: Path) ->
     assert settings.modbus is not None and settings.modbus.allow_remote
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("listen", ["not an address", "127.0.0.1:0", "127.0.0.1:65536"])
+def test_a_listen_that_is_not_host_port_is_refused_naming_modbus_listen(tmp_path: Path, listen: str) -> None:
+    fixed_scene(tmp_path / "model.onnx", SCENE)
+    doc: dict[str, Any] = {"model": {"path": "model.onnx"}, "modbus": {"listen": listen}}
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path / "edged.toml", doc))
+    assert [p for p in e.value.problems if "HOST:PORT" in p] == [
+        f"modbus.listen: Value error, {listen!r} is not HOST:PORT with a port from 1 to 65535; got {listen!r}"
+    ], e.value.problems
+
+
 def _modbus_problems(tmp_path: Path) -> list[str]:
     fixed_scene(tmp_path / "model.onnx", SCENE)
     with pytest.raises(ConfigError) as e:

@@ -35,7 +35,7 @@ from waiting import wait_for
 from edged.config import Settings, load_config
 from edged.errors import ConfigError, KeyFileError
 from edged.messages import TriggerError, VerdictMessage, parse_message
-from edged.opcua import describe
+from edged.opcua import describe, opcua_problems
 from edged.opcua_server import VARIABLES, application_uri, quiet_asyncua, read_users, server_certificate
 from edged.settings.opcua import OpcuaConfig
 
@@ -491,6 +491,24 @@ def test_the_certificate_is_made_once_and_half_a_pair_is_refused(tmp_path: Path)
     key.unlink()
     with pytest.raises(KeyFileError, match=re.escape("holds only one of server.der and server.pem")):
         server_certificate(tmp_path / "opcua")
+
+
+def test_a_cert_dir_the_server_cannot_use_is_refused_at_load_as_the_daemon_would(tmp_path: Path) -> None:
+    users = _users(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "server.der").write_bytes(b"x")
+    for cert_dir, problem in (
+        (tmp_path / "afile", "is not a folder"),
+        (tmp_path / "afile" / "opcua", "is not a folder"),
+        (half, "holds only one of server.der and server.pem"),
+    ):
+        cfg = OpcuaConfig(listen="opc.tcp://127.0.0.1:4840", users_file=users, cert_dir=cert_dir)
+        said = opcua_problems(cfg)
+        assert len(said) == 1 and said[0].startswith("opcua.cert_dir: ") and problem in said[0], said
+    assert opcua_problems(OpcuaConfig(listen="opc.tcp://127.0.0.1:4840", users_file=users, cert_dir=tmp_path / "new")) == []
+    assert opcua_problems(OpcuaConfig(cert_dir=tmp_path / "afile")) == []  # no users_file: no certificate
 
 
 def test_asyncua_says_each_thing_at_most_once_a_minute_and_nothing_below_warnings(

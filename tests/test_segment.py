@@ -17,6 +17,7 @@ import onnx
 import pytest
 from allocations import NumpyAllocations
 from onnx import TensorProto, helper
+from pydantic import ValidationError
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import ConfigError
@@ -179,6 +180,16 @@ def test_a_mask_mapped_over_its_box_alone_is_the_whole_frames_mapping_bit_for_bi
 def test_limits_in_mm_need_the_cameras_scale(model: LoadedModel) -> None:
     with pytest.raises(ConfigError, match=r"need the camera's scale, inspect\.mm_per_px"):
         Inspector(InspectConfig(max_area_mm2={"dent": 4.0}), model.labels, 3, 0.25, 300)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("scale", [1e-300, 1e300, 1e-7, 1e5])
+def test_a_scale_no_camera_has_is_refused_naming_mm_per_px_not_a_traceback(scale: float) -> None:
+    with pytest.raises(ValidationError) as e:  # 1e-300 divided by zero, 1e300 overflowed, squared
+        InspectConfig(mm_per_px=scale, max_area_mm2={"dent": 4.0})
+    assert [error["loc"] for error in e.value.errors()] == [("mm_per_px",)]
+    assert InspectConfig(mm_per_px=1e-6, max_area_mm2={"dent": 4.0}).mm_per_px == 1e-6
+    assert InspectConfig(mm_per_px=1e4).mm_per_px == 1e4
 
 
 @pytest.mark.parametrize("name", FRAMES)

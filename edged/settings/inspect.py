@@ -20,6 +20,7 @@ ZoneName = Name
 
 
 MIN_ZONE_AREA = 1e-6  # of the frame: below this a polygon is a line or a point, not a region
+MIN_MM_PER_PX, MAX_MM_PER_PX = 1e-6, 1e4  # a nanometre to ten metres per pixel: beyond, a typo (and mm limits overflow)
 
 
 def usable_zones(zones: Mapping[str, Sequence[Point]]) -> None:
@@ -101,7 +102,8 @@ class InspectConfig(Section):
 
     mm_per_px: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_MM_PER_PX,
+        le=MAX_MM_PER_PX,
         description="Segmentation and anomaly models: millimetres per frame pixel of this camera; its messages then "
         "carry area_mm2, length_mm and width_mm (of detections or regions), and the max_*_mm limits apply.",
     )

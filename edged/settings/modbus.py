@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from edged.settings.http import is_loopback, listen_address
 from edged.settings.section import Section
@@ -51,6 +51,13 @@ class ModbusConfig(Section):
         "stale connections and clients that connect and never ask. A quiet client keeps its connection "
         "while there is room.",
     )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        """Checked here, so that the problem names modbus.listen, not the whole section."""
+        listen_address(v)
+        return v
 
     @model_validator(mode="after")
     def _loopback_unless_allowed(self) -> ModbusConfig:
