@@ -733,6 +733,9 @@ def _one_per_union(errors: Sequence[Any]) -> list[Any]:
     return list(kept.values())
 
 
+_KEY_SAID = re.compile(r"^Value error, (?P<text>(?P<key>[a-z_]+(?:\.[a-z_]+)*): .*)$")
+
+
 def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras: bool = False) -> str:
     """One problem as one line: the key path as the user writes it, pydantic's message, a hint, and
     the ``EDGED_*`` variable the value came from when it did not come from the file.
@@ -757,6 +760,9 @@ def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras
     hint = _unknown_key_hint(raw_loc) if err["type"] == "extra_forbidden" else _HINTS.get(err["type"], "")
     # pydantic quotes some values in its message (a union's tag): escape what would break the line.
     msg = "".join(c if c.isprintable() else repr(c)[1:-1] for c in err["msg"])
+    said = _KEY_SAID.match(msg) if not loc and err["type"] == "value_error" else None
+    if said and said["key"].split(".")[0] in Settings.model_fields:  # a check across sections names its key
+        return said["text"]
     text = f"{loc or '(top level)'}: {msg}"
     if hint and hint not in msg:
         text += f" ({hint})"

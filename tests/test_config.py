@@ -632,3 +632,14 @@ def test_a_key_of_an_offset_or_a_name_is_one_problem_of_the_kind_given(tmp_path:
     with pytest.raises(ConfigError) as e:
         load_config(config)
     assert [p for p in e.value.problems if p.startswith("reject.line")] == [problem], e.value.problems
+
+
+@pytest.mark.unit
+def test_a_check_across_sections_is_reported_at_the_key_it_names(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"  # before: "(top level): Value error, reject.alarm_line: ..."
+    config.write_text(
+        '[model]\npath = "m.onnx"\n[inspect]\n[reject]\nline = 3\ndelay_ms = 100\nlate = "alarm"\nalarm_line = 3\n'
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(config)
+    assert "reject.alarm_line: must differ from reject.line" in e.value.problems, e.value.problems
