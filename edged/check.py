@@ -48,7 +48,7 @@ from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
 from edged.opcua import describe as describe_opcua
 from edged.outputs import listening
-from edged.pipeline import FramePath, FramePipeline, frame_path
+from edged.pipeline import FramePath, FramePipeline, frame_path, roi_problem
 from edged.preprocess import LETTERBOX_FILL
 from edged.reject import check_lines
 from edged.settings.evidence import DEFAULT_NOTE
@@ -255,13 +255,10 @@ def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named
         file=out,
     )
     thresholds = path.inspector.thresholds if path.inspector is not None else None
-    try:  # the region run classifies: one that does not fit would have every frame rejected
-        plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order, thresholds, roi=path.roi)
-    except ValueError:
-        camera = f" of camera {cfg.camera_id}" if named else ""
-        size = f"{probe.width}x{probe.height}"
-        problem = f"inspect.roi {list(path.roi or ())} does not fit in a {size} frame{camera}: set it inside the frame"
-        raise ConfigError(None, [problem]) from None
+    # The region run classifies: one that does not fit would have every frame rejected.
+    if (problem := roi_problem(path.roi, probe.width, probe.height)) is not None:
+        raise ConfigError(None, [f"{problem} (camera {cfg.camera_id})" if named else problem])
+    plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order, thresholds, roi=path.roi)
     grey = np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8)
     _first_run(plan, "a plain grey frame", grey)
     first = f"the first frame of camera {cfg.camera_id}" if named else "the camera's first frame"

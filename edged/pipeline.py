@@ -54,6 +54,13 @@ class StageTimes:
     masks_ms: float = 0.0  # of decode_ms, a segmentation model's masks, outlines and sizes
 
 
+def roi_problem(roi: tuple[int, int, int, int] | None, frame_w: int, frame_h: int) -> str | None:
+    """Why a classifier's ``inspect.roi`` cannot be cut from a frame of this size; None when it can."""
+    if roi is not None and (roi[2] > frame_w or roi[3] > frame_h):
+        return f"inspect.roi {list(roi)} does not fit in a {frame_w}x{frame_h} frame: set it inside the frame"
+    return None
+
+
 class FramePipeline:
     """Preallocated buffers for one frame size, and the three stages that use them."""
 
@@ -74,9 +81,9 @@ class FramePipeline:
         self.spec = FrameSpec(frame_w, frame_h, source_order)
         self._region = (slice(None), slice(None))
         if roi is not None:
+            if (problem := roi_problem(roi, frame_w, frame_h)) is not None:
+                raise ValueError(problem)
             x1, y1, x2, y2 = roi
-            if x2 > frame_w or y2 > frame_h:
-                raise ValueError(f"roi {list(roi)} does not fit in a {frame_w}x{frame_h} frame")
             self._region = (slice(y1, y2), slice(x1, x2))
             frame_w, frame_h = x2 - x1, y2 - y1
         self.preprocess = preprocessor(model.contract, frame_w, frame_h, source_order)
@@ -232,8 +239,7 @@ class FramePath:
         re-planned after a lasting size change."""
         image = frame.image
         size = (image.shape[1], image.shape[0]) if image.ndim >= 2 else (0, 0)
-        if self.roi is not None and (self.roi[2] > size[0] or self.roi[3] > size[1]):
-            detail = f"inspect.roi {list(self.roi)} does not fit in a {size[0]}x{size[1]} frame: set it inside the frame"
+        if (detail := roi_problem(self.roi, *size)) is not None:
             return Rejected(frame, "bad_frame_size", detail)
         if not self._plans:  # the first frame plans for its size
             return self._checked(frame, self._add_plan(size))
