@@ -79,7 +79,11 @@ def _quantize_arguments(p: argparse.ArgumentParser) -> None:
     calib = p.add_mutually_exclusive_group()
     calib.add_argument("--calib-images", type=Path, metavar="DIR", help="calibrate on the images in this folder")
     calib.add_argument(
-        "--calib-scenes", type=int, default=200, metavar="N", help="calibrate on N generated 1280x720 scenes (default 200)"
+        "--calib-scenes",
+        type=_positive,
+        default=200,
+        metavar="N",
+        help="calibrate on N generated 1280x720 scenes (default 200)",
     )
     p.add_argument(
         "--seed", type=_non_negative, default=1, help="calibration scene seed (default 1, a training seed; 0 stays held out)"
@@ -120,7 +124,7 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--labels", type=Path, metavar="DIR", help="YOLO labels of --images (DIR/NAME.txt): accuracy against them"
     )
-    p.add_argument("--max-images", type=int, default=20, metavar="N", help="the first N images or scenes (default 20)")
+    p.add_argument("--max-images", type=_positive, default=20, metavar="N", help="the first N images or scenes (default 20)")
     p.add_argument("--int8", type=Path, metavar="MODEL", help="an `edged quantize` model (default: quantise here)")
     p.add_argument(
         "--cache-dir",
@@ -132,7 +136,7 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--precision", default="f32,bf16,f16,int8", help="precisions, comma-separated (default f32,bf16,f16,int8)"
     )
-    p.add_argument("--frames", type=int, default=100, metavar="N", help="timed frames per variant (default 100)")
+    p.add_argument("--frames", type=_positive, default=100, metavar="N", help="timed frames per variant (default 100)")
     p.add_argument("--warmup", type=_non_negative, default=10, metavar="N", help="warm-up frames per variant (default 10)")
     p.add_argument(
         "--max-map-drop",
@@ -156,7 +160,7 @@ def _comparison_arguments(p: argparse.ArgumentParser) -> None:
     """How `edged quantize` compares the INT8 model with the original."""
     p.add_argument(
         "--eval-scenes",
-        type=int,
+        type=_non_negative,
         default=200,
         metavar="N",
         help="held-out scenes for the FP32 vs INT8 accuracy comparison (default 200; 0 skips it)",
@@ -177,7 +181,7 @@ def _comparison_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--latency-frames",
-        type=int,
+        type=_non_negative,
         default=200,
         metavar="N",
         help="interleaved frames per model for the latency comparison (default 200; 0 skips it)",

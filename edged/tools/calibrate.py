@@ -198,8 +198,6 @@ def run_calibrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> 
     if args.frames is not None:
         if len(settings.source) != 1:
             raise UsageError("edged calibrate --frames takes the frames of a config's one camera; this one has several")
-        if args.frames < 1:
-            raise UsageError(f"--frames must be at least 1, got {args.frames}")
         good = score_frames(model, camera_frames(settings.source[0], args.frames))
     else:
         good = score_images(model, images_in(args.good))

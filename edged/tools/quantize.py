@@ -519,10 +519,6 @@ def report_document(
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    for name in ("calib_scenes", "eval_scenes", "latency_frames"):
-        minimum = 1 if name == "calib_scenes" else 0
-        if getattr(args, name) < minimum:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least {minimum}")
     try:
         check_thread_option(args.threads)
     except ValueError as e:

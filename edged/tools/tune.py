@@ -229,9 +229,6 @@ def _rows(
 
 def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = sys.stderr) -> int:
     """``edged tune``: the table (or JSON) on ``out``, the snippet to ``--out``; progress on ``log``."""
-    for name in ("frames", "max_images"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.out is not None and args.out.resolve() == args.config.resolve():
         raise UsageError("--out must not be the configuration: tune writes a snippet to merge, it changes no configuration")
     if args.labels is not None and args.images is None:
