@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TypeVar, get_args
 
 from edged import __version__
-from edged.config import DEFAULT_CONFIG_PATH, EngineName, Precision, RuntimeConfig, Spinning, load_config
-from edged.errors import ConfigError, EdgedError, MissingDependency, UsageError
+from edged.config import DEFAULT_CONFIG_PATH, EngineName, Precision, RuntimeConfig, Settings, Spinning, load_config
+from edged.errors import EXIT_CONFIG, ConfigError, EdgedError, MissingDependency, UsageError
 from edged.keys import SERVICE_USER
 from edged.service import setup_logging
 
@@ -673,9 +673,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     setup_logging("warning")  # loading the config may warn before it says which level to log at
     settings = load_config(args.config)
     setup_logging(settings.service.log_level)
-    from edged.daemon import run
+    return _serve(args.config, settings)
 
-    return run(args.config, settings)
+
+def _serve(config_path: Path | None, settings: Settings) -> int:
+    """The process around an `edged.daemon.Daemon`: returns its exit code, or exits with it
+    (`edged.service.exit_safely`).
+
+    Every way out, a refused start included, stops the capture thread first; one still inside a
+    camera call after its join is abandoned by exiting at once, never by interpreter finalisation.
+    """
+    from edged.daemon import Daemon
+    from edged.service import Notifier, Signals, exit_safely
+
+    notifier = Notifier()
+    signals = Signals()
+    signals.install()
+    try:
+        daemon = Daemon(settings, config_path, notifier, signals)
+    except EdgedError as e:
+        if isinstance(e, ConfigError) and e.path is None:  # found with the model or a camera: named as the file's own
+            e = ConfigError(config_path, e.problems)
+        log.error("%s", e)
+        notifier.status(f"refused to start: {e}" if e.exit_code == EXIT_CONFIG else f"cannot start: {e}")
+        code = e.exit_code
+    else:
+        code = daemon.run()
+    notifier.close()
+    return exit_safely(code)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from edged.camera import Camera, camera_for, start_capture, stop_captures
 from edged.candidate import Candidate
 from edged.capture import Capture
 from edged.config import Settings
-from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, KeyFileError, ModelError
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
 from edged.health import Health, Watched
 from edged.journal import JournalOutput
 from edged.lanes import Lanes, Outcome
@@ -34,7 +34,7 @@ from edged.pipeline import Rejected, frame_path
 from edged.reload import CAPTURE_STOP_WAIT_S, Trial, changes, load_replacement
 from edged.requests import RequestDesk
 from edged.schedule import hand_out, idle_s, pause
-from edged.service import Notifier, Signals, Watchdog, exit_safely, watchdog_interval_s
+from edged.service import Notifier, Signals, Watchdog, watchdog_interval_s
 from edged.settings.sources import SourceBase
 from edged.shadow import Swap
 from edged.sources.base import Frame
@@ -392,26 +392,3 @@ class Daemon:
                 return
             except ModelError as e:  # another lane's frame failed as the first did: said, and stopping anyway
                 log.error("%s", e)
-
-
-def run(config_path: Path | None, settings: Settings) -> int:
-    """``edged run``: returns the process exit code, or exits with it (`edged.service.exit_safely`).
-
-    Every way out, a refused start included, stops the capture thread first; one still inside a
-    camera call after its join is abandoned by exiting at once, never by interpreter finalisation.
-    """
-    notifier = Notifier()
-    signals = Signals()
-    signals.install()
-    try:
-        daemon = Daemon(settings, config_path, notifier, signals)
-    except EdgedError as e:
-        if isinstance(e, ConfigError) and e.path is None:  # found with the model or a camera: named as the file's own
-            e = ConfigError(config_path, e.problems)
-        log.error("%s", e)
-        notifier.status(f"refused to start: {e}" if e.exit_code == EXIT_CONFIG else f"cannot start: {e}")
-        code = e.exit_code
-    else:
-        code = daemon.run()
-    notifier.close()
-    return exit_safely(code)
