@@ -64,20 +64,20 @@ def _images(folder: Path | None, labels: Path | None, limit: int, num_classes: i
         total, scenes = scene_samples(limit, SCENE_SEED, *SCENE_SIZE)
         return f"{total} generated scenes, seed {SCENE_SEED}", list(scenes)
     paths = image_files(folder)[:limit]
-    if labels is not None and not any((labels / p.relative_to(folder)).with_suffix(".txt").exists() for p in paths):
-        first = (labels / paths[0].relative_to(folder)).with_suffix(".txt")
+    names = [path.relative_to(folder) for path in paths]
+    label_files = [(labels / name).with_suffix(".txt") for name in names] if labels is not None else []
+    if labels is not None and not any(file.exists() for file in label_files):
         raise DataError(
-            f"--labels {labels} labels none of the {len(paths)} image(s) under {folder} (the first would be {first}): "
-            "give the folder that holds a NAME.txt per image"
+            f"--labels {labels} labels none of the {len(paths)} image(s) under {folder} (the first would be "
+            f"{label_files[0]}): give the folder that holds a NAME.txt per image"
         )
     samples = []
-    for path in paths:
+    for i, (path, name) in enumerate(zip(paths, names, strict=True)):
         image = decoded(path)
-        name = path.relative_to(folder)
         boxes, classes = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
-        if labels is not None:
+        if label_files:
             h, w = image.shape[:2]
-            boxes, classes = read_yolo_labels((labels / name).with_suffix(".txt"), w, h, num_classes)
+            boxes, classes = read_yolo_labels(label_files[i], w, h, num_classes)
         samples.append(EvalSample(str(name), image, boxes, classes))
     return f"{len(samples)} images under {folder}", samples
 
