@@ -46,7 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from edged import history
 from edged.errors import EdgedError, JournalUnreadable, KeyFileError, UsageError
 from edged.keys import read_token
-from edged.listen import listen_tcp
+from edged.listen import BIND_RETRY_S, listen_tcp
 from edged.messages import DetectionsMessage, StatusMessage
 from edged.output import Delivery, Endpoint, FrameReport, Output, Services, StatusReport
 from edged.prometheus import CameraStatus, Metrics
@@ -62,7 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BIND_RETRY_S = 5.0
 REQUEST_TIMEOUT_S = 10.0  # a client that has not sent its whole request header in this time is dropped
 MAX_HEADER_BYTES = 16 * 1024
 EVICTING_AT_ONCE = 4  # connections given up for newer ones whose threads may still be ending

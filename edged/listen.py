@@ -43,6 +43,7 @@ MAX_MESSAGE_BYTES = 1024
 PROBE_TIMEOUT_S = 1.0  # a live listener accepts at once, even when its process is stopped
 REBIND_TIMEOUT_S = 5.0  # libzmq closes a socket's listeners asynchronously
 RECOVERY_S = 5.0  # accepting again once no accept has failed for this long
+BIND_RETRY_S = 5.0  # a server whose address is taken tries it again this often, while detection goes on
 
 
 def _prepare_ipc(endpoint: str) -> Path | None:

@@ -46,7 +46,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from edged.errors import BindError, MissingDependency
-from edged.listen import listen_tcp
+from edged.listen import BIND_RETRY_S, listen_tcp
 from edged.messages import ModbusReport, TriggerError, TriggerProblem, VerdictMessage
 from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.settings.modbus import BLOCK, ModbusConfig
@@ -85,7 +85,6 @@ REQUEST_ERRORS: dict[TriggerProblem, int] = {
     "inference_failed": 6,
     "stopping": 7,
 }
-BIND_RETRY_S = 5.0
 CLOSE_TIMEOUT_S = 2.0
 MIN_MINOR = 16  # pymodbus 3.16: the server hooks `edged.modbus_server` uses
 INSTALL_PYMODBUS = (

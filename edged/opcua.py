@@ -120,7 +120,6 @@ class OpcuaOutput(Output):
         self._counts: dict[str, Counter[str]] = {camera: Counter() for camera in cameras}
         self._states: dict[str, str] = {}
         self._journal: JournalOutput | None = None  # with it, a verdict's values wait until it is recorded
-        try_listen(cfg.listen)()  # a busy port fails here, at once, not in the server's thread
         self.server: UaServer = UaServer(cfg, cameras, requesting, trigger_timeout_s)
 
     @classmethod

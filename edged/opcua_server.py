@@ -49,10 +49,12 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import ValidationError
 
-from edged.errors import KeyFileError
+from edged.errors import BindError, KeyFileError
 from edged.keys import check_secret_file
+from edged.listen import BIND_RETRY_S
 from edged.lograte import LogRate
 from edged.messages import TriggerError, TriggerRequest, VerdictMessage
+from edged.opcua import try_listen
 from edged.settings.opcua import OpcuaConfig
 from edged.stats import LatencyWindow
 
@@ -400,11 +402,11 @@ class UaServer:
             server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
             server.set_identity_tokens([ua.AnonymousIdentityToken])
         await self._build(server)
-        if self._stop.is_set():  # closed while starting
+        if not await self._listenable():  # closed while starting
             return
         try:
             await server.start()
-        except OSError as e:  # taken since `edged.opcua.try_listen` tried it: status says not serving
+        except OSError as e:  # taken again since `_listenable` tried it: status says not serving
             log.error("OPC UA: opcua.listen %s: cannot listen there: %s; every other output goes on", self.cfg.listen, e)
             return
         self._server = server
@@ -422,6 +424,23 @@ class UaServer:
         finally:
             self._server = None
             await server.stop()
+
+    async def _listenable(self) -> bool:
+        """Wait until ``opcua.listen`` can be bound (held by another program, or an edged still
+        stopping), trying every `BIND_RETRY_S` as the Modbus server and the live view do; False once
+        closed. A server that failed to start cannot be started again, so the address is tried first."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                try_listen(self.cfg.listen)()
+                return True
+            except BindError as e:
+                if failures == 0:
+                    log.error("OPC UA: %s; every other output goes on; retrying every %.0f s", e, BIND_RETRY_S)
+                failures += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), BIND_RETRY_S)
+        return False
 
     def _limit(self, server: Server) -> None:
         """Caps on what clients may make the server hold (`edged.settings.opcua`)."""
