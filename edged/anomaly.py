@@ -167,16 +167,14 @@ class AnomalyDecoder:
         self._regions = h > 0
         self._mask = np.zeros((h, w), dtype=np.uint8)
         self._above = self._mask.view(np.bool_)
-        self._labels = np.zeros((h, w), dtype=np.int32)
-        self._in_region = np.empty((h, w), dtype=np.bool_)
-        self._region = np.zeros((), dtype=np.int32)  # 0-d operand: a Python int costs numpy an array per call
+        self._components = _Components(h, w)
         self._max_regions = max_regions
         self._xyxy = np.empty((max_regions, 4), dtype=np.float32)
         self._area = np.empty(max_regions, dtype=np.float32)
         self._scores = np.empty(max_regions, dtype=np.float32)
         self._ids = np.empty(max_regions, dtype=np.int32)
         self._heat = np.empty(size if size is not None else (0, 0), dtype=np.uint8)
-        self._outlines = _Outlines(self._select)
+        self._outlines = _Outlines(self._components)
 
     def decode(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> Anomaly:
         """The frame's score, verdict and regions; `HeadError` only when ``outputs`` are not the
@@ -217,14 +215,14 @@ class AnomalyDecoder:
             np.copyto(self._mask, outputs[self._index["pred_mask"]][0, 0], casting="unsafe")
         if not cv2.countNonZero(self._mask):
             return 0
-        n, _ = cv2.connectedComponents(self._mask, self._labels, connectivity=8, ltype=cv2.CV_32S)
+        n, _ = cv2.connectedComponents(self._mask, self._components.labels, connectivity=8, ltype=cv2.CV_32S)
         found = []  # (area, label) of each component, in label order
         for region in range(1, n):
-            found.append((cv2.countNonZero(self._select(region)), region))
+            found.append((cv2.countNonZero(self._components.select(region)), region))
         found.sort(key=lambda f: -f[0])  # largest first; stable, so equal areas stay in label order
         sx, sy = box_map.scale_x, box_map.scale_y
         for k, (area, region) in enumerate(found[: self._max_regions]):
-            selected = self._select(region)
+            selected = self._components.select(region)
             x, y, bw, bh = cv2.boundingRect(selected)
             box = self._xyxy[k]
             box[0], box[1], box[2], box[3] = x / sx, y / sy, (x + bw) / sx, (y + bh) / sy
@@ -236,10 +234,22 @@ class AnomalyDecoder:
             self._scores[k] = cv2.minMaxLoc(anomaly_map, mask=selected)[1]  # the peak inside the region
         return min(n - 1, self._max_regions)
 
-    def _select(self, region: int) -> np.ndarray:
-        """The uint8 mask (0 or 1) of component ``region``, in the decoder's buffer."""
+
+class _Components:
+    """The connected regions of the decoder's mask, as labels, and one region's mask at a time, in
+    buffers of the map's size. Apart from the decoder so that `_Outlines` can select regions without
+    holding the decoder: a cycle kept each dropped decoder's buffers until the cyclic collector
+    came round, tens of MB for a tool reading images of many sizes."""
+
+    def __init__(self, h: int, w: int) -> None:
+        self.labels = np.zeros((h, w), dtype=np.int32)
+        self._in_region = np.empty((h, w), dtype=np.bool_)
+        self._region = np.zeros((), dtype=np.int32)  # 0-d operand: a Python int costs numpy an array per call
+
+    def select(self, region: int) -> np.ndarray:
+        """The uint8 mask (0 or 1) of region ``region``, in this object's buffer."""
         self._region[()] = region
-        np.equal(self._labels, self._region, out=self._in_region)
+        np.equal(self.labels, self._region, out=self._in_region)
         return self._in_region.view(np.uint8)
 
 
@@ -248,9 +258,9 @@ class _Outlines:
     contours are arrays of its own (findContours makes them), each outline mapped to the frame for
     its rectangle in a buffer grown (once per longer outline) to the longest seen."""
 
-    def __init__(self, select: Callable[[int], np.ndarray]) -> None:
-        """``select``: the decoder's mask of one component, in its buffer."""
-        self._select = select
+    def __init__(self, components: _Components) -> None:
+        """``components``: the decoder's regions, one selected at a time."""
+        self._components = components
         self._scale = np.ones(2, dtype=np.float32)
         self._points = np.empty((0, 2), dtype=np.float32)
         self._outlines: list[np.ndarray] | None = None
@@ -264,7 +274,7 @@ class _Outlines:
         if self._outlines is None:
             self._outlines = []
             for region in ids.tolist():
-                contours, _ = cv2.findContours(self._select(region), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+                contours, _ = cv2.findContours(self._components.select(region), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
                 self._outlines.append(max(contours, key=len) if contours else np.zeros((0, 1, 2), dtype=np.int32))
         return self._outlines
 

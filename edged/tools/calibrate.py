@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -52,7 +53,77 @@ class Scored:
 
     scores: np.ndarray
     pixel_quantile: float | None
-    maps: list[np.ndarray]  # each image's anomaly map (copies), when the model outputs one
+
+
+MapSink = Callable[[int, np.ndarray], None]  # each frame's index and anomaly map, valid during the call only
+
+
+class UpperQuantile:
+    """``np.percentile(values, q)`` (linear) of the values of ``maps`` maps of one size, added one at
+    a time. It holds only the largest values that percentile can need, 0.1 % of them at the 99.9th:
+    keeping every map took 256 KB an image, gigabytes for a folder of evidence."""
+
+    def __init__(self, q: float, maps: int) -> None:
+        self.q, self._maps = q, maps
+        self._total = self._seen = 0
+        self._top = np.empty(0, np.float32)
+
+    def add(self, _index: int, values: np.ndarray) -> None:
+        flat = values.ravel()
+        if not self._total:
+            self._total = self._maps * flat.size
+        self._seen += flat.size
+        keep = self._total - math.floor((self._total - 1) * (self.q / 100))  # from the lower of the two interpolated
+        merged = np.concatenate([self._top, flat])
+        self._top = np.partition(merged, merged.size - keep)[merged.size - keep :] if merged.size > keep else merged
+
+    def value(self) -> float | None:
+        """The percentile; None when no map came."""
+        if not self._seen:
+            return None
+        if self._seen != self._total:
+            raise ValueError(f"{self._seen} values added, {self._total} announced: maps of another size or number")
+        position = (self._total - 1) * (self.q / 100)
+        top = np.sort(self._top)  # the first is the value at the position's lower neighbour
+        upper = top[1] if top.size > 1 else top[0]
+        return float(top[0]) + (float(upper) - float(top[0])) * (position - math.floor(position))
+
+
+class PixelAuroc:
+    """The AUROC of map values against their pixels' truth, over more pixels than memory holds: each
+    value counted in one of 2^20 bins ordered as float32 values are (the top 20 bits of their
+    order-preserving integer form: sign, exponent and 11 bits of mantissa), positives and negatives
+    apart, in 16 MB whatever the number of maps. Values within one bin, a relative 2^-11 of each
+    other, tie and count half, as equal values do in `ranked_auroc`."""
+
+    BITS = 20
+
+    def __init__(self) -> None:
+        self.positive = np.zeros(1 << self.BITS, np.int64)
+        self.negative = np.zeros(1 << self.BITS, np.int64)
+
+    def good(self, _index: int, values: np.ndarray) -> None:
+        """A good part's map (a `MapSink`): no pixel marked."""
+        self.add(values, None)
+
+    def add(self, values: np.ndarray, truth: np.ndarray | None) -> None:
+        """One map's values and its defect pixels (None: a good part, none)."""
+        bits = np.ascontiguousarray(values, np.float32).view(np.uint32).ravel()
+        ordered = np.where(bits >> 31, ~bits, bits | np.uint32(1 << 31)) >> np.uint32(32 - self.BITS)
+        if truth is None:
+            self.negative += np.bincount(ordered, minlength=self.negative.size)
+        else:
+            marked = truth.ravel()
+            self.positive += np.bincount(ordered[marked], minlength=self.positive.size)
+            self.negative += np.bincount(ordered[~marked], minlength=self.negative.size)
+
+    def value(self) -> float | None:
+        """The AUROC; None when no pixel is marked or none is left unmarked."""
+        n_pos, n_neg = int(self.positive.sum()), int(self.negative.sum())
+        if not n_pos or not n_neg:
+            return None
+        below = np.cumsum(self.negative, dtype=np.float64) - self.negative
+        return float((self.positive * (below + 0.5 * self.negative)).sum() / (n_pos * n_neg))
 
 
 def images_in(folder: Path) -> list[Path]:
@@ -70,9 +141,21 @@ def images_in(folder: Path) -> list[Path]:
     return found
 
 
-def score_images(model: LoadedModel, paths: Sequence[Path]) -> Scored:
-    """Each image's score through the daemon's pipeline, one plan per image size."""
-    return score_frames(model, ((decoded(path), "bgr") for path in paths))
+def score_images(model: LoadedModel, paths: Sequence[Path], maps: MapSink | None = None) -> np.ndarray:
+    """Each image's score through the daemon's pipeline (`score_frames`)."""
+    return score_frames(model, frames_of(paths), maps)
+
+
+def frames_of(paths: Sequence[Path]) -> Iterator[tuple[np.ndarray, ChannelOrder]]:
+    """Each image, decoded when its turn comes."""
+    return ((decoded(path), "bgr") for path in paths)
+
+
+def scored_with_quantile(model: LoadedModel, frames: Iterable[tuple[np.ndarray, ChannelOrder]], count: int) -> Scored:
+    """The scores of ``count`` frames, and the `PIXEL_QUANTILE` of their map values when the model outputs a map."""
+    quantile = UpperQuantile(PIXEL_QUANTILE, count)
+    scores = score_frames(model, frames, quantile.add)
+    return Scored(scores, quantile.value())
 
 
 def decoded(path: Path) -> np.ndarray:
@@ -101,14 +184,17 @@ def camera_frames(
         capture.stop()
 
 
-def score_frames(model: LoadedModel, frames: Iterable[tuple[np.ndarray, ChannelOrder]]) -> Scored:
-    """Each frame's score (an image and its channel order) through the daemon's pipeline; a plan is
-    made when the size or order changes, and only the last kept (a folder of crops has as many
-    sizes as images: a plan kept for each would grow without bound)."""
+def score_frames(
+    model: LoadedModel, frames: Iterable[tuple[np.ndarray, ChannelOrder]], maps: MapSink | None = None
+) -> np.ndarray:
+    """Each frame's score (an image and its channel order) through the daemon's pipeline, and its
+    anomaly map to ``maps`` when the model outputs one. A plan is made when the size or order
+    changes, and only the last kept (a folder of crops has as many sizes as images: a plan kept for
+    each would grow without bound); no map is kept (`UpperQuantile`, `PixelAuroc`)."""
     plan: FramePipeline | None = None
-    scores, maps = [], []
+    scores = []
     names = [o.name for o in model.engine.output_meta]
-    for image, order in frames:
+    for index, (image, order) in enumerate(frames):
         h, w = image.shape[:2]
         if plan is None or (plan.spec.width, plan.spec.height, plan.spec.channel_order) != (w, h, order):
             plan = FramePipeline(model, w, h, order)
@@ -116,10 +202,9 @@ def score_frames(model: LoadedModel, frames: Iterable[tuple[np.ndarray, ChannelO
         if not isinstance(result, Anomaly):
             raise UsageError("edged calibrate is for anomaly models (anomalib exports)")
         scores.append(result.score)
-        if "anomaly_map" in names:
-            maps.append(plan.binding.outputs[names.index("anomaly_map")][0, 0].copy())
-    pixel = float(np.percentile(np.concatenate([m.ravel() for m in maps]), PIXEL_QUANTILE)) if maps else None
-    return Scored(np.array(scores, dtype=np.float64), pixel, maps)
+        if maps is not None and "anomaly_map" in names:
+            maps(index, plan.binding.outputs[names.index("anomaly_map")][0, 0])
+    return np.array(scores, dtype=np.float64)
 
 
 def ranked_auroc(scores: np.ndarray, positive: np.ndarray) -> float:
@@ -158,13 +243,13 @@ def _distribution(scores: np.ndarray) -> str:
     return f"min {scores.min():.4f}  median {p50:.4f}  p90 {p90:.4f}  p99 {p99:.4f}  max {scores.max():.4f}"
 
 
-def report(model: LoadedModel, good: Scored, bad: Scored | None, out: TextIO) -> None:
+def report(model: LoadedModel, good: Scored, bad: np.ndarray | None, out: TextIO) -> None:
     """The distributions, the proposed thresholds as a config snippet, and the separation with bad parts."""
     proposed = min(1.0, float(np.percentile(good.scores, IMAGE_QUANTILE)) + MARGIN)
     print(f"model {model.info.name}: export threshold 0.5 (scores normalised by the export)", file=out)
     print(f"good parts ({good.scores.size}): {_distribution(good.scores)}", file=out)
     if bad is not None:
-        print(f"bad parts  ({bad.scores.size}): {_distribution(bad.scores)}", file=out)
+        print(f"bad parts  ({bad.size}): {_distribution(bad)}", file=out)
     print("\nproposed, for the configuration file:\n\n[model]", file=out)
     print(
         f"anomaly_threshold = {proposed:.4f}  # the {IMAGE_QUANTILE}th percentile of the good parts' scores plus {MARGIN}",
@@ -177,13 +262,13 @@ def report(model: LoadedModel, good: Scored, bad: Scored | None, out: TextIO) ->
             file=out,
         )
     if bad is not None:
-        threshold, f1 = best_f1(good.scores, bad.scores)
-        missed = int((bad.scores <= proposed).sum())
-        print(f"\nimage AUROC {auroc(good.scores, bad.scores):.4f}", file=out)
+        threshold, f1 = best_f1(good.scores, bad)
+        missed = int((bad <= proposed).sum())
+        print(f"\nimage AUROC {auroc(good.scores, bad):.4f}", file=out)
         print(f"best F1 {f1:.4f} at anomaly_threshold = {threshold:.4f}", file=out)
         print(
-            f"at the proposed threshold: F1 {f1_at(good.scores, bad.scores, proposed):.4f}, "
-            f"{missed} of {bad.scores.size} bad part(s) missed",
+            f"at the proposed threshold: F1 {f1_at(good.scores, bad, proposed):.4f}, "
+            f"{missed} of {bad.size} bad part(s) missed",
             file=out,
         )
 
@@ -198,9 +283,10 @@ def run_calibrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> 
     if args.frames is not None:
         if len(settings.source) != 1:
             raise UsageError("edged calibrate --frames takes the frames of a config's one camera; this one has several")
-        good = score_frames(model, camera_frames(settings.source[0], args.frames))
+        good = scored_with_quantile(model, camera_frames(settings.source[0], args.frames), args.frames)
     else:
-        good = score_images(model, images_in(args.good))
+        paths = images_in(args.good)
+        good = scored_with_quantile(model, frames_of(paths), len(paths))
     bad = score_images(model, bad_images) if bad_images is not None else None
     report(model, good, bad, out)
     return 0

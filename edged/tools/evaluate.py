@@ -49,7 +49,7 @@ from edged.pipeline import FramePipeline
 from edged.segment import Segmenter
 from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
 from edged.sources.scenes import SceneGenerator
-from edged.tools.calibrate import auroc, best_f1, decoded, f1_at, images_in, ranked_auroc, score_images
+from edged.tools.calibrate import PixelAuroc, auroc, best_f1, decoded, f1_at, images_in, score_images
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
 
 log = logging.getLogger(__name__)
@@ -520,36 +520,27 @@ def _size(text: str) -> tuple[int, int]:
     return width, height
 
 
-def _pixel_auroc(
-    masks: Path, bad_images: Sequence[Path], good_maps: Sequence[np.ndarray], bad_maps: Sequence[np.ndarray]
-) -> float | None:
-    """The pixel AUROC of the maps against each bad image's defect: a mask in ``masks`` by its name
-    (non-zero on the defect), else the YOLO polygons of its label file (`label_path`, as edged's
-    evidence writes an anomaly's regions); good images have none. Each is stretched to the map's size
-    as the frame was. None when no bad image has either, or without a map."""
-    truth = [np.zeros(m.shape, np.bool_) for m in good_maps]
-    missing = []
-    for path, anomaly_map in zip(bad_images, bad_maps, strict=True):
-        defect = _defect(masks, path, anomaly_map.shape)
-        if defect is None:
-            missing.append(path.name)
-        else:
-            truth.append(defect)
-    if not bad_maps or len(missing) == len(bad_maps):
-        return None
+def _truth_kept(masks: Path, bad_images: Sequence[Path]) -> bool:
+    """Whether the bad images have their defects marked, for a pixel AUROC: each has a mask in
+    ``masks`` by its name (non-zero on the defect) or YOLO polygons in its label file (`label_path`,
+    as edged's evidence writes an anomaly's regions). Said before any image is scored: False when
+    none has either, `DataError` naming those without when only some have."""
+    stems = {p.stem for p in masks.iterdir()} if masks.is_dir() else set()
+    missing = [p.name for p in bad_images if p.stem not in stems and not label_path(p).is_file()]
+    if len(missing) == len(bad_images):
+        return False
     if missing:
-        raise DataError(
-            f"no readable mask for {', '.join(missing)} (a PNG of the same name in {masks}, "
-            "or YOLO polygons in a label file beside the image)"
-        )
-    positive = np.concatenate([t.ravel() for t in truth])
-    if not positive.any():
-        raise DataError(f"the masks and labels of the bad images in {masks.parent} mark no defect pixel")
-    return ranked_auroc(np.concatenate([m.ravel() for m in (*good_maps, *bad_maps)]), positive)
+        raise DataError(_no_mask(masks, missing))
+    return True
 
 
-def _defect(masks: Path, image: Path, size: tuple[int, ...]) -> np.ndarray | None:
-    """The defect pixels of bad ``image`` at ``size`` (h, w), from its mask PNG or its YOLO polygons; None without either."""
+def _no_mask(masks: Path, names: Sequence[str]) -> str:
+    where = f"a PNG of the same name in {masks}, or YOLO polygons in a label file beside the image"
+    return f"no readable mask for {', '.join(names)} ({where})"
+
+
+def _defect(masks: Path, image: Path, size: tuple[int, ...]) -> np.ndarray:
+    """The defect pixels of bad ``image`` at ``size`` (h, w), from its mask PNG or its YOLO polygons."""
     h, w = size
     found = [p for p in masks.iterdir() if p.stem == image.stem] if masks.is_dir() else []
     if found:
@@ -558,8 +549,8 @@ def _defect(masks: Path, image: Path, size: tuple[int, ...]) -> np.ndarray | Non
             raise DataError(f"{found[0]} is no readable mask for {image.name}")
         return cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST) > 0
     labels = label_path(image)
-    if not labels.is_file():
-        return None
+    if not labels.is_file():  # gone since `_truth_kept` saw it
+        raise DataError(_no_mask(masks, [image.name]))
     _, _, outlines = read_yolo_outlines(labels, w, h, 1)  # an anomaly's regions are class 0, as evidence writes them
     drawn = np.zeros((h, w), np.uint8)
     if outlines:
@@ -572,11 +563,19 @@ def evaluate_anomaly(model: LoadedModel, data: Path | None, json_path: Path | No
     AUROC, and the F1 and misses at the export's threshold (0.5), through the daemon's pipeline."""
     if data is None:
         raise UsageError("an anomaly model is evaluated on --data DIR holding good/ and bad/ folders of images")
-    bad_images = images_in(data / "bad")
-    scored_good, scored_bad = score_images(model, images_in(data / "good")), score_images(model, bad_images)
-    good, bad = scored_good.scores, scored_bad.scores
+    bad_images, masks = images_in(data / "bad"), data / "masks"
+    pixels = PixelAuroc() if _truth_kept(masks, bad_images) else None
+
+    def bad_map(index: int, values: np.ndarray) -> None:
+        assert pixels is not None
+        pixels.add(values, _defect(masks, bad_images[index], values.shape))
+
+    good = score_images(model, images_in(data / "good"), pixels.good if pixels else None)
+    bad = score_images(model, bad_images, bad_map if pixels else None)
     threshold, best = best_f1(good, bad)
-    pixel = _pixel_auroc(data / "masks", bad_images, scored_good.maps, scored_bad.maps)
+    pixel = pixels.value() if pixels is not None else None
+    if pixels is not None and pixel is None:
+        raise DataError(f"the masks and labels of the bad images in {data} mark no defect pixel")
     document = {
         "model": str(model.cfg.path),
         "model_sha256": model.engine.identity.sha256,
