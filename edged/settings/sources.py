@@ -26,6 +26,7 @@ TriggerMode = Literal["free", "request"]
 
 
 _CREDENTIALS = re.compile(r"(?<=://)[^/\s]*@")  # user[:password]@ after a URL's scheme
+MIN_SIDE, MAX_WIDTH, MAX_HEIGHT = 32, 7680, 4320  # the frame sizes asked of a camera or generated: up to 8K
 
 
 def mask_credentials(text: str) -> str:
@@ -159,8 +160,8 @@ class SyntheticSourceConfig(SourceBase):
     BGR_ONLY = "its scenes are rendered in bgr"
 
     type: Literal["synthetic"] = "synthetic"
-    width: int = Field(1280, ge=32, le=7680, description="Frame width in pixels.")
-    height: int = Field(720, ge=32, le=4320, description="Frame height in pixels.")
+    width: int = Field(1280, ge=MIN_SIDE, le=MAX_WIDTH, description="Frame width in pixels.")
+    height: int = Field(720, ge=MIN_SIDE, le=MAX_HEIGHT, description="Frame height in pixels.")
     fps: float = Field(15.0, gt=0, le=240, description="Frames generated per second.")
     seed: int = Field(0, ge=0, description="Scene seed; the same seed gives the same stream.")
 
@@ -168,8 +169,8 @@ class SyntheticSourceConfig(SourceBase):
 class V4l2SourceConfig(SourceBase):
     type: Literal["v4l2"] = "v4l2"
     device: str = Field("/dev/video0", description="Device path or index (e.g. 0).")
-    width: int = Field(1280, ge=32, le=7680, description="Requested width; read back after open.")
-    height: int = Field(720, ge=32, le=4320, description="Requested height; read back after open.")
+    width: int = Field(1280, ge=MIN_SIDE, le=MAX_WIDTH, description="Requested width; read back after open.")
+    height: int = Field(720, ge=MIN_SIDE, le=MAX_HEIGHT, description="Requested height; read back after open.")
     fps: float = Field(30.0, gt=0, le=240, description="Requested frame rate.")
     fourcc: Literal["MJPG", "YUYV"] = Field("MJPG", description="Pixel format asked of the camera.")
 

@@ -47,6 +47,7 @@ from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.segment import Segmenter
+from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, MIN_SIDE
 from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
 from edged.sources.scenes import SceneGenerator
 from edged.tools.calibrate import PixelAuroc, auroc, best_f1, decoded, f1_at, images_in, score_images
@@ -515,8 +516,8 @@ def _size(text: str) -> tuple[int, int]:
         width, height = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise UsageError(f"--size must be WIDTHxHEIGHT, e.g. 1280x720; got {text!r}") from None
-    if not (32 <= width <= 7680 and 32 <= height <= 4320):  # a synthetic camera's frames
-        raise UsageError(f"--size must be from 32x32 to 7680x4320; got {text}")
+    if not (MIN_SIDE <= width <= MAX_WIDTH and MIN_SIDE <= height <= MAX_HEIGHT):  # a synthetic camera's frames
+        raise UsageError(f"--size must be from {MIN_SIDE}x{MIN_SIDE} to {MAX_WIDTH}x{MAX_HEIGHT}; got {text}")
     return width, height
 
 
