@@ -338,7 +338,8 @@ def test_a_frozen_broker_is_lost_on_the_keepalive_and_reconnected_after_it_thaws
             broker.proc.send_signal(signal.SIGCONT)
         listener = Listener(broker.port, "edged/#")
         assert detections(listener, topic, 12)[-1].frame_id > zmq_during[-1].frame_id  # past the 10 held
-        assert d.wait_status(lambda s: s.mqtt_state == "connected").mqtt_drops["detections"] > 0
+        thawed = d.wait_status(lambda s: s.mqtt_state == "connected")
+        assert thawed.mqtt_drops is not None and thawed.mqtt_drops["detections"] > 0, (frozen, thawed, d.log())
         listener.close()
     finally:
         d.close()
