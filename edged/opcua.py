@@ -120,7 +120,7 @@ class OpcuaOutput(Output):
         self._counts: dict[str, Counter[str]] = {camera: Counter() for camera in cameras}
         self._states: dict[str, str] = {}
         self._journal: JournalOutput | None = None  # with it, a verdict's values wait until it is recorded
-        self.server: UaServer = UaServer(cfg, cameras, requesting, trigger_timeout_s)
+        self.server: UaServer = UaServer(cfg, cameras, requesting, trigger_timeout_s, partial(try_listen, cfg.listen))
 
     @classmethod
     def from_settings(cls, settings: Settings, services: Services) -> OpcuaOutput | None:

@@ -54,7 +54,6 @@ from edged.keys import check_secret_file
 from edged.listen import BIND_RETRY_S
 from edged.lograte import LogRate
 from edged.messages import TriggerError, TriggerRequest, VerdictMessage
-from edged.opcua import try_listen
 from edged.settings.opcua import OpcuaConfig
 from edged.stats import LatencyWindow
 
@@ -307,14 +306,21 @@ class Users(UserManager):
 
 class UaServer:
     """asyncua's server for ``cameras``, on its own thread and event loop; ``requesting`` get a
-    ``Trigger`` method, answered through `offer` once set."""
+    ``Trigger`` method, answered through `offer` once set. ``try_listen`` binds ``opcua.listen`` and
+    returns its release, or raises `BindError` saying why (`edged.opcua.try_listen`)."""
 
     def __init__(
-        self, cfg: OpcuaConfig, cameras: Sequence[str], requesting: Sequence[str], trigger_timeout_s: float
+        self,
+        cfg: OpcuaConfig,
+        cameras: Sequence[str],
+        requesting: Sequence[str],
+        trigger_timeout_s: float,
+        try_listen: Callable[[], Callable[[], None]],
     ) -> None:
         quiet_asyncua()
         cap_chunks()
         self.cfg = cfg
+        self._try_listen = try_listen
         self.cameras = tuple(cameras)
         self.requesting = tuple(requesting)
         self.offer: Offer | None = None  # set by the loop's thread (`Output.carry_requests`)
@@ -432,7 +438,7 @@ class UaServer:
         failures = 0
         while not self._stop.is_set():
             try:
-                try_listen(self.cfg.listen)()
+                self._try_listen()()
                 return True
             except BindError as e:
                 if failures == 0:

@@ -1,10 +1,12 @@
 """Shared test set-up: tests import their model builders from this folder; unmarked tests are unit tests.
 
-The .deb is built here, once per run, for the packaging tests and the systemd tests alike.
+The .deb is built here, once per run (one pytest-xdist worker builds it, the others wait for it),
+for the packaging tests and the systemd tests alike.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -26,12 +28,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """packaging/build-deb's package; dpkg-deb compresses with gzip -1 instead of xz to save minutes of CPU."""
+    """packaging/build-deb's package, built by the first worker that asks for it; each worker's
+    session fixture would build it again, 20 s of both cores."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return _build_deb(tmp_path_factory.mktemp("deb"))
+    run = tmp_path_factory.getbasetemp().parent  # this run's folder, shared by its workers
+    with (run / "deb.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = run / "deb.path"
+        if not built.exists():
+            out = run / "deb"
+            out.mkdir()
+            built.write_text(str(_build_deb(out)))
+        return Path(built.read_text())
+
+
+def _build_deb(out: Path) -> Path:
+    """packaging/build-deb's package in ``out``; dpkg-deb compresses with gzip -1 instead of xz to save minutes of CPU."""
     repo = Path(__file__).resolve().parent.parent
     for required in ("config/edged.toml", "models/demo.onnx", "models/demo.labels"):
         if not (repo / required).exists():
             pytest.fail(f"{required} is missing: the package cannot be built without it")
-    out = tmp_path_factory.mktemp("deb")
     env = dict(os.environ, DPKG_DEB_COMPRESSOR_TYPE="gzip", DPKG_DEB_COMPRESSOR_LEVEL="1", PIP=f"{sys.executable} -m pip")
     proc = subprocess.run(
         [str(repo / "packaging" / "build-deb"), "--output-dir", str(out)],
