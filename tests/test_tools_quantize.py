@@ -312,6 +312,34 @@ def test_cli_rejects_a_missing_or_corrupt_model(tmp_path: Path) -> None:
     assert not (tmp_path / "o.onnx").exists()
 
 
+def test_an_anomaly_model_and_a_classifiers_box_comparison_are_refused_before_any_work(tmp_path: Path) -> None:
+    # Before: the anomaly model failed inside onnxruntime's shape inference (a TypeError), and the
+    # classifier after its calibration and timing, in the box comparison.
+    data = Path(__file__).parent / "data"
+    out = tmp_path / "o.onnx"
+    anomaly = run_cli("quantize", "--model", str(data / "anomaly" / "padim.onnx"), "--out", str(out))
+    assert anomaly.returncode == EXIT_USAGE and "is an anomaly model (an anomalib export)" in anomaly.stderr
+    classifier = run_cli("quantize", "--model", str(data / "tasks" / "cls.onnx"), "--out", str(out))
+    assert classifier.returncode == EXIT_USAGE and "pass --eval-scenes 0 without --data" in classifier.stderr
+    for refused in (anomaly, classifier):
+        assert "calibrating" not in refused.stderr and not out.exists()
+    made = run_cli(
+        "quantize",
+        "--model",
+        str(data / "tasks" / "cls.onnx"),
+        "--out",
+        str(out),
+        "--eval-scenes",
+        "0",
+        "--calib-scenes",
+        "2",
+        "--latency-frames",
+        "0",
+    )
+    assert made.returncode == 0 and out.is_file(), made.stderr
+    assert "a classifier's softmax" in made.stdout
+
+
 def test_unloadable_result_fails_with_a_message(
     built: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -91,6 +91,16 @@ def test_tune_refuses_to_write_over_the_configuration(tmp_path: Path) -> None:
     assert config.read_text() == CONFIG
 
 
+@pytest.mark.parametrize(("model", "what"), [("anomaly/padim.onnx", "an anomaly model"), ("tasks/cls.onnx", "a classifier")])
+def test_tune_refuses_a_model_whose_boxes_it_cannot_compare_before_quantising(tmp_path: Path, model: str, what: str) -> None:
+    # An anomaly model went on to be quantised, and failed inside onnxruntime with a TypeError.
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[model]\npath = "{Path(__file__).parent / "data" / model}"\n')
+    done = run_cli("tune", "--config", str(config), "--frames", "1")
+    assert done.returncode == EXIT_USAGE and f"detection or segmentation model, not {what}" in done.stderr
+    assert "quantising" not in done.stderr
+
+
 def test_tune_with_labels_scores_each_variant_against_them(tmp_path: Path) -> None:
     (tmp_path / "images").mkdir()
     (tmp_path / "labels").mkdir()

@@ -156,8 +156,8 @@ def find_head(model: onnx.ModelProto) -> FloatNodes:
             {}, "the output comes straight from a Conv/Gemm/MatMul; nothing after it to keep in float; excluding nothing"
         )
     why = (
-        "after the last Conv/Gemm/MatMul: box decode, sigmoid and final concat, whose tensors mix "
-        "input-pixel coordinates with 0..1 scores"
+        "after the last Conv/Gemm/MatMul: the output's decode (a detector's box math, sigmoid and final "
+        "concat, whose tensors mix input-pixel coordinates with 0..1 scores; a classifier's softmax)"
     )
     if region - tail:
         why += f", plus the {len(region - tail)} node(s) that decode the candidate axis"
@@ -527,6 +527,21 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("--out must not be the input model")
 
 
+def _check_task(args: argparse.Namespace, model: LoadedModel) -> None:
+    """Refuse what quantize cannot compare or make before any work: an anomaly model, and a
+    classifier's comparison, which would be of boxes."""
+    if model.task == "anomaly":
+        raise UsageError(
+            f"{args.model} is an anomaly model (an anomalib export): edged quantize makes INT8 detection, "
+            "segmentation and classification models"
+        )
+    if model.task == "classify" and (args.data is not None or args.eval_scenes):
+        raise UsageError(
+            "a classifier's INT8 model is not compared here (the comparison is of boxes): pass --eval-scenes 0 "
+            "without --data, then score both models with edged eval --data on a folder per class"
+        )
+
+
 def _check_scene_classes(args: argparse.Namespace, model: LoadedModel) -> None:
     if args.eval_scenes and model.num_classes < len(CLASS_NAMES):
         raise UsageError(
@@ -582,6 +597,7 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         ModelConfig(path=args.model, conf=MAP_CONF, iou=MAP_IOU, max_det=MAX_DET),
         RuntimeConfig(intra_op_threads=args.threads),
     )
+    _check_task(args, original)
     if args.data is None:
         _check_scene_classes(args, original)
     else:

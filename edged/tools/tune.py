@@ -238,8 +238,9 @@ def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = s
         settings.model.model_copy(update={"conf": RANK_CONF, "engine": "onnxruntime", "precision": "f32"}),
         settings.runtime,
     )
-    if reference.task == "classify":
-        raise UsageError("tune compares boxes and verdicts of a detection or segmentation model, not a classifier")
+    if reference.task not in ("detect", "segment"):
+        what = "a classifier" if reference.task == "classify" else "an anomaly model"
+        raise UsageError(f"tune compares boxes and verdicts of a detection or segmentation model, not {what}")
     data, samples = _images(args.images, args.labels, args.max_images, reference.num_classes)
     gate = Gate(args.max_map_drop, args.max_flips)
     rows_, skipped = _rows(args, settings, reference, samples, log)
