@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import tracemalloc
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from edged.model import LoadedModel, load_model
 from edged.preprocess import Preprocessor
 from edged.tools import quantize as q
 from edged.tools.evaluate import EvalSample, folder_samples, scene_samples
+
+TASKS = Path(__file__).parent / "data" / "tasks"
 
 pytestmark = pytest.mark.tools
 
@@ -312,32 +315,76 @@ def test_cli_rejects_a_missing_or_corrupt_model(tmp_path: Path) -> None:
     assert not (tmp_path / "o.onnx").exists()
 
 
-def test_an_anomaly_model_and_a_classifiers_box_comparison_are_refused_before_any_work(tmp_path: Path) -> None:
-    # Before: the anomaly model failed inside onnxruntime's shape inference (a TypeError), and the
-    # classifier after its calibration and timing, in the box comparison.
-    data = Path(__file__).parent / "data"
+def test_an_anomaly_model_is_refused_before_any_work(tmp_path: Path) -> None:
+    # Before: it was calibrated, then failed inside onnxruntime's shape inference with a TypeError.
     out = tmp_path / "o.onnx"
-    anomaly = run_cli("quantize", "--model", str(data / "anomaly" / "padim.onnx"), "--out", str(out))
+    anomaly = run_cli("quantize", "--model", str(TASKS.parent / "anomaly" / "padim.onnx"), "--out", str(out))
     assert anomaly.returncode == EXIT_USAGE and "is an anomaly model (an anomalib export)" in anomaly.stderr
-    classifier = run_cli("quantize", "--model", str(data / "tasks" / "cls.onnx"), "--out", str(out))
-    assert classifier.returncode == EXIT_USAGE and "pass --eval-scenes 0 without --data" in classifier.stderr
-    for refused in (anomaly, classifier):
-        assert "calibrating" not in refused.stderr and not out.exists()
+    assert "calibrating" not in anomaly.stderr and not out.exists()
+
+
+def _reversed_classes(path: Path) -> Path:
+    """``cls.onnx`` with its scores handed out in reverse class order: a classifier that disagrees."""
+    model = onnx.load(TASKS / "cls.onnx")
+    last = model.graph.node[-1]
+    last.output[0] = "in_order"
+    model.graph.initializer.append(numpy_helper.from_array(np.arange(4, -1, -1, dtype=np.int64), "reverse"))
+    model.graph.node.append(helper.make_node("Gather", ["in_order", "reverse"], ["output0"], axis=1))
+    onnx.save(model, path)
+    return path
+
+
+def test_a_classifier_is_compared_by_its_best_class_and_its_verdicts(tmp_path: Path) -> None:
+    # Before: the comparison was of boxes, and failed after the calibration and the timing.
+    out, report, config = tmp_path / "o.onnx", tmp_path / "report.json", tmp_path / "edged.toml"
+    config.write_text(
+        f'[model]\npath = "{TASKS / "cls.onnx"}"\n\n[inspect]\nng_classes = ["scratch", "dent", "stain", "crack"]\n'
+    )
     made = run_cli(
         "quantize",
         "--model",
-        str(data / "tasks" / "cls.onnx"),
+        str(TASKS / "cls.onnx"),
         "--out",
         str(out),
         "--eval-scenes",
-        "0",
+        "6",
         "--calib-scenes",
         "2",
         "--latency-frames",
         "0",
+        "--config",
+        str(config),
+        "--report",
+        str(report),
     )
     assert made.returncode == 0 and out.is_file(), made.stderr
     assert "a classifier's softmax" in made.stdout
+    agreed = json.loads(report.read_text())["accuracy"]["agreement"]
+    # This small test classifier tells scenes apart by pooled features a few thousandths apart,
+    # under one INT8 step: its best class changes on most scenes, which the report is there to say.
+    assert agreed["images"] == 6 and 0.0 <= agreed["top1_agree"] <= 1.0 and agreed["verdicts_agree"] is not None
+    assert f"agreement with FP32's best class on 6 image(s): {100 * agreed['top1_agree']:.1f} %" in made.stdout
+
+
+@pytest.mark.unit
+def test_class_agreement_names_the_images_whose_best_class_or_verdict_changes(tmp_path: Path) -> None:
+    from edged.settings.inspect import InspectConfig
+    from edged.tools.agreement import class_agreement
+
+    reference = load_model(ModelConfig(path=TASKS / "cls.onnx"), RuntimeConfig())
+    reversed_ = load_model(ModelConfig(path=_reversed_classes(tmp_path / "reversed.onnx")), RuntimeConfig())
+    images = [TASKS / name for name in ("square.png", "wide.png", "tall.png", "strip.png")]
+
+    def samples() -> Iterator[EvalSample]:
+        empty = np.zeros((0, 4), np.float32), np.zeros(0, np.int64), ()
+        return (EvalSample(p.name, cv2.imread(str(p)), *empty) for p in images)
+
+    inspect = InspectConfig(ng_classes=["scratch", "dent", "stain", "crack"])
+    same = class_agreement(reference, reference, samples(), inspect=inspect)
+    assert (same.top1_agree, same.changed, same.verdicts_agree, same.flipped) == (1.0, [], 1.0, [])
+    other = class_agreement(reference, reversed_, samples(), inspect=inspect)
+    assert other.top1_agree < 1.0 and other.changed and set(other.changed) <= {p.name for p in images}
+    assert other.verdicts_agree is not None and len(other.flipped) == round(4 * (1 - other.verdicts_agree))
 
 
 def test_unloadable_result_fails_with_a_message(

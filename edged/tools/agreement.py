@@ -1,5 +1,8 @@
 """How far a reduced-precision model agrees with the FP32 one, on the user's own images, without labels.
 
+A classifier is compared by its best class instead (`class_agreement`): the share of images where
+both models name the same one, and with ``[inspect]`` the OK/NG/uncertain verdicts that flip.
+
 The FP32 model's published boxes (at ``model.conf``) are the ground truth: the candidate's boxes are
 ranked and scored against them with `edged.tools.metrics` (mAP@0.5 and mAP@0.5:0.95, as ``edged eval``
 scores labels), so identical models score 1.0 (0.995 under yolo val's integration). With an
@@ -19,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.classify import Classes
 from edged.decode import Detections
 from edged.errors import UsageError
 from edged.model import LoadedModel
@@ -27,7 +31,7 @@ from edged.settings.inspect import InspectConfig
 from edged.sources.images import IMAGE_SUFFIXES
 from edged.tools.evaluate import EvalSample, ProgressBar, label_path
 from edged.tools.metrics import MetricAccumulator
-from edged.verdict import Inspector
+from edged.verdict import ClassInspector, Inspector
 
 RANK_CONF = 0.001  # the threshold both models are loaded at here, as `edged eval` ranks
 
@@ -134,6 +138,79 @@ def agreement(
         score = 1.0 if found == 0 else 0.0
         return Agreement(images, score, score, boxes, verdicts, flipped)
     return Agreement(images, report.map50, report.map50_95, boxes, verdicts, flipped)
+
+
+@dataclass(slots=True)
+class ClassAgreement:
+    """A classifier against the reference over ``images`` frames; verdict figures None without ``[inspect]``."""
+
+    images: int
+    top1_agree: float
+    changed: list[str]  # the images whose best class differs
+    verdicts_agree: float | None = None
+    flipped: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "images": self.images,
+            "top1_agree": self.top1_agree,
+            "top1_changed": self.changed,
+            "verdicts_agree": self.verdicts_agree,
+            "verdicts_flipped": self.flipped,
+        }
+
+    def format(self) -> str:
+        line = f"agreement with FP32's best class on {self.images} image(s): {100 * self.top1_agree:.1f} %"
+        line += _named(self.changed)
+        if self.verdicts_agree is not None:
+            line += f"; OK/NG verdicts agree on {100 * self.verdicts_agree:.1f} %" + _named(self.flipped, "flipped")
+        return line
+
+
+def _named(images: list[str], what: str = "changed") -> str:
+    return f", {what} on: {', '.join(images[:5])}" + (" ..." if len(images) > 5 else "") if images else ""
+
+
+def class_agreement(
+    reference: LoadedModel,
+    candidate: LoadedModel,
+    samples: Iterator[EvalSample],
+    *,
+    inspect: InspectConfig | None = None,
+    conf: float = 0.25,
+    progress: ProgressBar | None = None,
+) -> ClassAgreement:
+    """Whether ``candidate`` names ``reference``'s best class on each sample, and, with ``inspect``,
+    gives the same verdict as the daemon judges a classifier (thresholds from ``conf``)."""
+    models = (reference, candidate)
+    plans: list[FramePipeline | None] = [None, None]
+    inspectors = [ClassInspector(inspect, m.labels, m.num_classes, conf) for m in models] if inspect is not None else None
+    same = agree = images = 0
+    changed, flipped = [], []
+    for images, sample in enumerate(samples, 1):
+        h, w = sample.image.shape[:2]
+        tops, verdicts = [], []
+        for i, model in enumerate(models):
+            plan = plans[i]
+            if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
+                plan = plans[i] = FramePipeline(model, w, h, "bgr")
+            found, _ = plan.process(sample.image)
+            assert isinstance(found, Classes)  # checked by the caller: a classification model
+            tops.append(found.top[0] if found.top is not None else None)
+            verdicts.append(inspectors[i](found).verdict if inspectors is not None else None)
+        if tops[0] == tops[1]:
+            same += 1
+        else:
+            changed.append(sample.name)
+        if verdicts[0] == verdicts[1]:
+            agree += 1
+        else:
+            flipped.append(sample.name)
+        if progress:
+            progress.update(images)
+    if images == 0:
+        raise UsageError("no images to compare the models on")
+    return ClassAgreement(images, same / images, changed, agree / images if inspect else None, flipped)
 
 
 def labelled(folder: Path) -> bool:

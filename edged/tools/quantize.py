@@ -61,7 +61,7 @@ from edged.pipeline import FramePipeline
 from edged.preprocess import Preprocessor
 from edged.settings.inspect import InspectConfig
 from edged.sources.scenes import CLASS_NAMES
-from edged.tools.agreement import Agreement, agreement, labelled
+from edged.tools.agreement import Agreement, ClassAgreement, agreement, class_agreement, labelled
 from edged.tools.bench import machine_info
 from edged.tools.bench_rows import Row, TimedFrame, bench_frame, interleave
 from edged.tools.evaluate import EvalSample, ProgressBar, evaluate, folder_samples, image_files, scene_samples
@@ -337,7 +337,7 @@ class Comparison:
     latency_frames: int = 0
     accuracy: dict[str, EvalReport] = field(default_factory=dict)
     accuracy_data: str = ""
-    agreement: Agreement | None = None  # against FP32's own boxes: needs no labels
+    agreement: Agreement | ClassAgreement | None = None  # against FP32's own boxes or best class: needs no labels
 
     @property
     def speedup(self) -> float | None:
@@ -410,10 +410,11 @@ def compare(
     """Latency, agreement with FP32's boxes (and verdicts under ``inspect``) and, with labels, accuracy
     of each model, on the images under ``data`` or on held-out scenes; raises QuantizeError if a run fails."""
     result = Comparison()
+    classifier = models["fp32"].task == "classify"  # compared by its best class: no box labels to read
 
     def samples() -> tuple[int, Iterator[EvalSample]]:
         if data is not None:
-            return folder_samples(data, models["fp32"].num_classes)
+            return folder_samples(data, None if classifier else models["fp32"].num_classes)
         return scene_samples(eval_scenes, eval_seed, *SCENE_SIZE)
 
     try:
@@ -427,12 +428,17 @@ def compare(
             result.latency_frames = latency_frames
         if data is not None or eval_scenes > 0:
             result.accuracy_data = f"images {data}" if data is not None else f"scenes seed={eval_seed} n={eval_scenes}"
-            print(f"comparing int8 with fp32's boxes on {result.accuracy_data} ...", file=log)
+            print(
+                f"comparing int8 with fp32's {'best class' if classifier else 'boxes'} on {result.accuracy_data} ...",
+                file=log,
+            )
             total, frames = samples()
-            result.agreement = agreement(
+            compared = class_agreement if classifier else agreement
+            result.agreement = compared(
                 models["fp32"], models["int8"], frames, inspect=inspect, conf=conf, progress=ProgressBar(total, log)
             )
-            for name, model in models.items() if data is None or labelled(data) else ():
+            labels = not classifier and (data is None or labelled(data))
+            for name, model in models.items() if labels else ():
                 print(f"evaluating {name} against the labels of {result.accuracy_data} ...", file=log)
                 total, frames = samples()
                 result.accuracy[name] = evaluate(model, frames, total, REPORT_CONF, ProgressBar(total, log))
@@ -528,22 +534,16 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _check_task(args: argparse.Namespace, model: LoadedModel) -> None:
-    """Refuse what quantize cannot compare or make before any work: an anomaly model, and a
-    classifier's comparison, which would be of boxes."""
+    """Refuse an anomaly model before any work: quantize makes and compares the other tasks' models."""
     if model.task == "anomaly":
         raise UsageError(
             f"{args.model} is an anomaly model (an anomalib export): edged quantize makes INT8 detection, "
             "segmentation and classification models"
         )
-    if model.task == "classify" and (args.data is not None or args.eval_scenes):
-        raise UsageError(
-            "a classifier's INT8 model is not compared here (the comparison is of boxes): pass --eval-scenes 0 "
-            "without --data, then score both models with edged eval --data on a folder per class"
-        )
 
 
 def _check_scene_classes(args: argparse.Namespace, model: LoadedModel) -> None:
-    if args.eval_scenes and model.num_classes < len(CLASS_NAMES):
+    if args.eval_scenes and model.task != "classify" and model.num_classes < len(CLASS_NAMES):
         raise UsageError(
             f"the generated scenes have {len(CLASS_NAMES)} classes but the model outputs "
             f"{model.num_classes}; pass --eval-scenes 0 to skip the accuracy comparison"
