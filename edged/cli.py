@@ -126,6 +126,7 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-images", type=_positive, default=20, metavar="N", help="the first N images or scenes (default 20)")
     p.add_argument("--int8", type=Path, metavar="MODEL", help="an `edged quantize` model (default: quantise here)")
+    _camera_argument(p)
     p.add_argument(
         "--cache-dir",
         type=Path,
@@ -156,6 +157,15 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=_output_file, metavar="SNIPPET", help="write the choice as a [model] TOML snippet here")
 
 
+def _camera_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--camera",
+        metavar="ID",
+        help="judge verdicts as this camera of the configuration does, with its [source.inspect] keys "
+        "(mm_per_px, zones, ...) over [inspect] (default: the first camera)",
+    )
+
+
 def _comparison_arguments(p: argparse.ArgumentParser) -> None:
     """How `edged quantize` compares the INT8 model with the original."""
     p.add_argument(
@@ -177,8 +187,9 @@ def _comparison_arguments(p: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         metavar="FILE",
-        help="compare OK/NG verdicts under this configuration's [inspect] section and model.conf",
+        help="compare OK/NG verdicts under this configuration's inspection (its first camera's) and model.conf",
     )
+    _camera_argument(p)
     p.add_argument(
         "--latency-frames",
         type=_non_negative,

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_models import colour_probe
 
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_FAILURE, EXIT_USAGE, DataError, QuantizeError
+from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_FAILURE, EXIT_USAGE, DataError, QuantizeError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.preprocess import Preprocessor
 from edged.tools import quantize as q
@@ -313,6 +313,26 @@ def test_cli_rejects_a_missing_or_corrupt_model(tmp_path: Path) -> None:
     bad = run_cli("quantize", "--model", str(corrupt), "--out", str(tmp_path / "o.onnx"))
     assert bad.returncode == EXIT_CONFIG and "quantize failed" in bad.stderr
     assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.unit
+def test_verdicts_are_compared_under_the_configured_cameras_inspection(tmp_path: Path) -> None:
+    # Its [source.inspect] keys over [inspect], as the daemon judges: [inspect] alone lacked the
+    # camera's mm_per_px, and the comparison failed (exit 78) after the calibration.
+    config = tmp_path / "edged.toml"
+    config.write_text(
+        '[[source]]\ntype = "synthetic"\ncamera_id = "a"\n\n[[source]]\ntype = "synthetic"\ncamera_id = "b"\n\n'
+        f'[source.inspect]\nmm_per_px = 0.05\n\n[model]\npath = "{TASKS / "seg.onnx"}"\nconf = 0.4\n\n'
+        "[inspect]\nmax_area_mm2 = { spot = 1.0 }\n"
+    )
+    first, conf = q._inspection(config, None)
+    second, _ = q._inspection(config, "b")
+    assert first is not None and second is not None and conf == 0.4
+    assert (first.mm_per_px, second.mm_per_px, second.max_area_mm2) == (None, 0.05, {"spot": 1.0})
+    with pytest.raises(UsageError, match="the configuration's cameras are a, b"):
+        q._inspection(config, "c")
+    with pytest.raises(UsageError, match="give the configuration too"):
+        q._inspection(None, "a")
 
 
 def test_an_anomaly_model_is_refused_before_any_work(tmp_path: Path) -> None:

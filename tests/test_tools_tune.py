@@ -101,6 +101,22 @@ def test_tune_refuses_a_model_whose_boxes_it_cannot_compare_before_quantising(tm
     assert "quantising" not in done.stderr
 
 
+def test_tune_judges_verdicts_as_the_configured_camera_does(tmp_path: Path) -> None:
+    # config/segment-demo.toml gives the scale in its camera's [source.inspect] and the limits in
+    # [inspect]: tune judged with [inspect] alone, the reference row failed on the missing scale,
+    # and tune ended in an IndexError.
+    seg = DEMO.parent / "demo-seg.onnx"
+    camera = '[source]\ntype = "synthetic"\ncamera_id = "line"\n\n[source.inspect]\nmm_per_px = 0.05\n\n'
+    config = tmp_path / "edged.toml"
+    config.write_text(f'{camera}[model]\npath = "{seg}"\n\n[inspect]\nmax_area_mm2 = {{ spot = 1.0 }}\n')
+    args = ("tune", "--config", str(config), "--frames", "2", "--max-images", "2", "--precision", "f32", "--json")
+    done = run_cli(*args, "--engine", "onnxruntime")
+    assert done.returncode == 0, done.stderr
+    assert [row["verdicts_flipped"] for row in json.loads(done.stdout)["rows"]] == [0]
+    unknown = run_cli(*args, "--camera", "nope")
+    assert unknown.returncode == EXIT_USAGE and "--camera 'nope': the configuration's cameras are line" in unknown.stderr
+
+
 def test_tune_with_labels_scores_each_variant_against_them(tmp_path: Path) -> None:
     (tmp_path / "images").mkdir()
     (tmp_path / "labels").mkdir()

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from edged.classify import Classes
+from edged.config import Settings
 from edged.decode import Detections
 from edged.errors import UsageError
 from edged.model import LoadedModel
@@ -211,6 +212,17 @@ def class_agreement(
     if images == 0:
         raise UsageError("no images to compare the models on")
     return ClassAgreement(images, same / images, changed, agree / images if inspect else None, flipped)
+
+
+def camera_inspection(settings: Settings, camera_id: str | None) -> InspectConfig | None:
+    """What camera ``camera_id`` (the first without one) judges its frames with, as the daemon does
+    (`Settings.inspection`: its [source.inspect] keys, such as ``mm_per_px``, over [inspect])."""
+    cameras = {cfg.camera_id: cfg for cfg in settings.source}
+    if camera_id is None:
+        return settings.inspection(settings.source[0])
+    if camera_id not in cameras:
+        raise UsageError(f"--camera {camera_id!r}: the configuration's cameras are {', '.join(cameras)}")
+    return settings.inspection(cameras[camera_id])
 
 
 def labelled(folder: Path) -> bool:

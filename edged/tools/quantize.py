@@ -61,7 +61,7 @@ from edged.pipeline import FramePipeline
 from edged.preprocess import Preprocessor
 from edged.settings.inspect import InspectConfig
 from edged.sources.scenes import CLASS_NAMES
-from edged.tools.agreement import Agreement, ClassAgreement, agreement, class_agreement, labelled
+from edged.tools.agreement import Agreement, ClassAgreement, agreement, camera_inspection, class_agreement, labelled
 from edged.tools.bench import machine_info
 from edged.tools.bench_rows import Row, TimedFrame, bench_frame, interleave
 from edged.tools.evaluate import EvalSample, ProgressBar, evaluate, folder_samples, image_files, scene_samples
@@ -566,12 +566,15 @@ def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, Cal
     return source, CalibrationFrames(model.contract, frames, total, sys.stderr)
 
 
-def _inspection(config: Path | None) -> tuple[InspectConfig | None, float]:
-    """The ``[inspect]`` section and ``model.conf`` of ``config`` the verdicts are compared under; none without one."""
+def _inspection(config: Path | None, camera_id: str | None) -> tuple[InspectConfig | None, float]:
+    """The inspection of ``config``'s camera ``camera_id`` (its first without) and its ``model.conf``,
+    which the verdicts are compared under; none without ``config``."""
     if config is None:
+        if camera_id is not None:
+            raise UsageError("--camera names a camera of --config: give the configuration too")
         return None, REPORT_CONF
     settings = load_config(config)
-    return settings.inspect, settings.model.conf
+    return camera_inspection(settings, camera_id), settings.model.conf
 
 
 def print_result(result: Quantised, contract: InputContract, out: TextIO) -> None:
@@ -602,7 +605,7 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         _check_scene_classes(args, original)
     else:
         image_files(args.data)  # said now, not after the quantisation
-    inspect, conf = _inspection(args.config)
+    inspect, conf = _inspection(args.config, args.camera)
     calibration, frames = _calibration(args, original)
     result = quantize(
         args.model,

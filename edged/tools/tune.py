@@ -29,7 +29,7 @@ from edged.config import EngineName, ModelConfig, Precision, Settings, load_conf
 from edged.errors import ConfigError, ContractError, DataError, ModelError, SetupError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.tools import bench_rows as rows
-from edged.tools.agreement import RANK_CONF, agreement
+from edged.tools.agreement import RANK_CONF, agreement, camera_inspection
 from edged.tools.bench import machine_info, rss_kb
 from edged.tools.calibrate import decoded
 from edged.tools.evaluate import EvalSample, evaluate, image_files, read_yolo_labels, scene_samples
@@ -147,7 +147,8 @@ def _variant(
     row.update(_timing(timed, samples, args.frames, args.warmup))
     row["rss_mb"] = rss_kb() / 1024
     ranked = load_model(cfg.model_copy(update={"conf": RANK_CONF}), settings.runtime)
-    agreed = agreement(reference, ranked, iter(samples), inspect=settings.inspect, conf=settings.model.conf)
+    inspect = camera_inspection(settings, args.camera)
+    agreed = agreement(reference, ranked, iter(samples), inspect=inspect, conf=settings.model.conf)
     row["agreement"] = agreed.to_dict()
     row["map50"] = agreed.map50
     if labelled:
@@ -222,6 +223,8 @@ def _rows(
             cfg = _variant_config(settings, engine, precision, int8)
             rows_.append(_variant(settings, cfg, reference, samples, args.labels is not None, args))
         except SetupError as e:
+            if (engine, precision) == REFERENCE:  # the one every other is judged against: the configuration's fault
+                raise
             reason = "; ".join(e.problems) if isinstance(e, ConfigError) else str(e)
             skipped.append(f"{engine} {precision}: {reason}")
     return rows_, skipped
@@ -238,13 +241,14 @@ def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = s
         settings.model.model_copy(update={"conf": RANK_CONF, "engine": "onnxruntime", "precision": "f32"}),
         settings.runtime,
     )
+    inspecting = camera_inspection(settings, args.camera) is not None  # an unknown --camera said now
     if reference.task not in ("detect", "segment"):
         what = "a classifier" if reference.task == "classify" else "an anomaly model"
         raise UsageError(f"tune compares boxes and verdicts of a detection or segmentation model, not {what}")
     data, samples = _images(args.images, args.labels, args.max_images, reference.num_classes)
     gate = Gate(args.max_map_drop, args.max_flips)
     rows_, skipped = _rows(args, settings, reference, samples, log)
-    choice = _judge(rows_, gate, settings.inspect is not None)
+    choice = _judge(rows_, gate, inspecting)
     report: dict[str, Any] = {
         "config": str(args.config),
         "model": str(settings.model.path),
