@@ -15,7 +15,7 @@ from daemon import run_cli
 from edged.config import load_config
 from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_USAGE
 from edged.tools.evaluate import scene_samples
-from edged.tools.tune import Gate, _judge
+from edged.tools.tune import Gate, _judge, snippet, to_move
 
 pytestmark = pytest.mark.tools
 
@@ -81,6 +81,16 @@ def test_tune_on_the_demo_model_writes_a_choice_that_passed_and_merges_into_the_
     settings = load_config(combined)
     assert (settings.model.engine, settings.model.precision) == (choice["engine"], choice["precision"])
     assert settings.model.path == Path(choice["path"]) and settings.model.path.is_file()
+
+
+@pytest.mark.unit
+def test_an_int8_choice_in_a_temporary_folder_says_to_move_it() -> None:
+    # The snippet's path pointed into /tmp: the service, with PrivateTmp=, then could not find it.
+    chosen = {"engine": "onnxruntime", "precision": "int8", "path": "/tmp/edged-tune.x/m.int8.onnx"}
+    moved = to_move(chosen)
+    assert moved.startswith("/tmp/edged-tune.x/m.int8.onnx is in a temporary folder") and "PrivateTmp" in moved
+    assert to_move({**chosen, "precision": "bf16"}) == "" and to_move(None) == ""
+    assert f"# {moved}\n[model]" in snippet(chosen, "reason\n# " + moved)
 
 
 def test_tune_refuses_to_write_over_the_configuration(tmp_path: Path) -> None:

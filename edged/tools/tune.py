@@ -86,7 +86,7 @@ def _int8_model(
     args: argparse.Namespace, settings: Settings, reference: LoadedModel, samples: list[EvalSample], log: TextIO
 ) -> Path:
     """The INT8 model: ``--int8`` as given, else `edged quantize`'s, calibrated on the images tune runs on
-    (or training-seed scenes), in ``--cache-dir``, runtime.cache_dir, or a folder kept in the temp dir."""
+    (or training-seed scenes), in ``--cache-dir`` (which `run_tune` sets when the user did not)."""
     if args.int8 is not None:
         # One that onnxruntime cannot run as INT8 is a wrong path or file: said now, with exit 78, not
         # as two skipped rows once every other variant has been timed.
@@ -97,7 +97,7 @@ def _int8_model(
         return Path(args.int8)
     from edged.tools import quantize as q  # the onnx package: only when tune quantises
 
-    folder = args.cache_dir or settings.runtime.cache_folder() or Path(tempfile.mkdtemp(prefix="edged-tune."))
+    folder: Path = args.cache_dir
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"{settings.model.path.stem}.int8.onnx"
     if args.images is not None:
@@ -168,6 +168,17 @@ def _judge(rows_: list[dict[str, Any]], gate: Gate, inspecting: bool) -> dict[st
         row["passed"] = drop <= gate.max_map_drop + 1e-9 and flips <= gate.max_flips
     passing = [row for row in rows_ if row["passed"]]
     return min(passing, key=lambda row: row["p50_ms"]) if passing else None
+
+
+def to_move(choice: dict[str, Any] | None) -> str:
+    """What to do when the choice is the INT8 model tune wrote into a temporary folder; "" otherwise."""
+    if choice is None or choice["precision"] != "int8":
+        return ""
+    return (
+        f"{choice['path']} is in a temporary folder, which the service cannot see (its unit has PrivateTmp=) "
+        "and a reboot empties: copy it where edged reads its models and change path to match "
+        "(or run tune with --cache-dir)"
+    )
 
 
 def snippet(choice: dict[str, Any], reason: str) -> str:
@@ -242,6 +253,10 @@ def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = s
         settings.runtime,
     )
     inspecting = camera_inspection(settings, args.camera) is not None  # an unknown --camera said now
+    args.cache_dir = args.cache_dir or settings.runtime.cache_folder()
+    temporary = args.cache_dir is None and args.int8 is None and "int8" in args.precision.split(",")
+    if temporary:  # where tune quantises when told nowhere: said again below when the choice is there
+        args.cache_dir = Path(tempfile.mkdtemp(prefix="edged-tune."))
     if reference.task not in ("detect", "segment"):
         what = "a classifier" if reference.task == "classify" else "an anomaly model"
         raise UsageError(f"tune compares boxes and verdicts of a detection or segmentation model, not {what}")
@@ -262,8 +277,11 @@ def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = s
         "machine": machine_info(),
     }
     print(json.dumps(report, indent=2) if args.json else format_table(report), file=out)
+    moved = to_move(choice) if temporary else ""
+    if moved:
+        print(f"warning: {moved}", file=log)
     if args.out is not None and choice is not None:
         reason = f"edged tune: the fastest that passed its gate on {data} ({choice['p50_ms']:.2f} ms p50)"
-        args.out.write_text(snippet(choice, reason))
+        args.out.write_text(snippet(choice, reason + (f"\n# {moved}" if moved else "")))
         print(f"wrote {args.out}", file=log)
     return 0
