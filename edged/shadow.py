@@ -53,6 +53,28 @@ INTERVAL_SMOOTHING = 0.2  # weight of the newest frame interval in a camera's ru
 BUSY_KEPT = 64  # the trial's busy intervals kept for charging the live frames captured before they ended
 
 
+BOX_TASKS = frozenset({"detect", "segment"})  # tasks whose results the trial pairs box by box
+
+
+def incomparable(live: LoadedModel, candidate: LoadedModel) -> str | None:
+    """Why the trial cannot compare ``candidate`` with ``live``, or None: their results are compared
+    as one task's (boxes by class id, a classifier's or an anomaly model's verdicts), so a model of
+    another task, or one whose class ids name other classes, would be a silent mis-comparison (and,
+    promoted, would change what every output receives)."""
+    if live.task != candidate.task and not {live.task, candidate.task} <= BOX_TASKS:
+        return (
+            f"the candidate is a {candidate.task} model and the live model a {live.task} model: a trial compares "
+            "models of one task; try a model of another task on its own daemon (edged eval, edged check)"
+        )
+    for class_id, (mine, theirs) in enumerate(zip(live.labels, candidate.labels, strict=False)):
+        if mine != theirs:
+            return (
+                f"the candidate's class {class_id} is {theirs!r} where the live model's is {mine!r}: the trial "
+                "compares classes by id; export the candidate with the live model's class order"
+            )
+    return None
+
+
 def candidate_model_config(live: ModelConfig, candidate: CandidateConfig) -> ModelConfig:
     """The candidate's model settings: the live model's, its own file, labels, thresholds and signature."""
     return live.model_copy(
@@ -268,11 +290,18 @@ class Shadow:
     """The candidate of ``[model.candidate]``, its frame paths per camera, the samples and the tally.
 
     It loads the candidate at once (through `edged.model.load_model`, so a signature is checked
-    as the live model's is); one that does not load is reported, and the trial stays off.
+    as the live model's is); one that does not load, or that `incomparable` refuses beside the
+    ``live`` model, is reported, and the trial stays off.
     ``clock`` (monotonic ns, the frames' capture clock) times the loop time the trial takes.
     """
 
-    def __init__(self, settings: Settings, cfg: CandidateConfig, clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        cfg: CandidateConfig,
+        live: LoadedModel,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.cfg = cfg
         self._clock = clock
         self.busy = BusyTimes()
@@ -289,7 +318,11 @@ class Shadow:
         self._previous: Swap | None = None  # the model a promotion replaced, for rollback
         self._writers: dict[str, EvidenceWriter] = {}  # by camera id: where disagreeing frames are saved
         try:
-            self.model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
+            model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
+            if (why := incomparable(live, model)) is not None:
+                self._fail(f"the candidate cannot be tried: {why}")
+                return
+            self.model = model
             self.paths = {source.camera_id: frame_path(settings, self.model, source) for source in settings.source}
         except EdgedError as e:
             self._fail(f"the candidate did not load: {e}")

@@ -153,6 +153,15 @@ def test_a_candidate_that_will_not_load_fails_the_check_naming_it(tmp: Path, por
     assert "ok" not in result.stdout.splitlines()
 
 
+def test_a_candidate_of_another_task_fails_the_check_naming_both(tmp: Path, ports: list[int]) -> None:
+    control = f"ipc://{tmp / 'control.sock'}"
+    candidate = {"path": str(Path(__file__).parent / "data" / "tasks" / "cls.onnx"), "control": control}
+    config = _config(tmp, ports, model={"path": "probe.onnx", "candidate": candidate})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 78, result.stdout + result.stderr
+    assert "model.candidate.path: the candidate is a classify model and the live model a detect model" in result.stderr
+
+
 def test_a_classifier_roi_outside_the_cameras_frames_fails_the_check_naming_it(tmp: Path, ports: list[int]) -> None:
     model = Path(__file__).parent / "data" / "tasks" / "cls.onnx"
     inspect = {"ng_classes": ["crack"], "roi": [10, 10, 120, 90]}  # the camera's frames are 128x96
