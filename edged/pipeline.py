@@ -92,7 +92,8 @@ class FramePipeline:
         self.decoder: Decoder | Classifier | Segmenter | AnomalyDecoder  # an anomaly model's reads every output
         if model.task == "anomaly":
             names = [o.name for o in model.engine.output_meta]
-            self.decoder = model.anomaly_decoder([(name, out.shape) for name, out in zip(names, outputs, strict=True)])
+            shapes = [(name, out.shape) for name, out in zip(names, outputs, strict=True)]
+            self.decoder = model.anomaly_decoder(shapes, near_margin)
         else:
             prototypes = outputs[1] if model.task == "segment" else None
             self.decoder = model.make_decoder(outputs[0].shape, thresholds, near_margin, prototypes)
