@@ -83,6 +83,10 @@ def candidate_model_config(live: ModelConfig, candidate: CandidateConfig) -> Mod
             "labels": candidate.labels,
             "conf": candidate.conf if candidate.conf is not None else live.conf,
             "iou": candidate.iou if candidate.iou is not None else live.iou,
+            "anomaly_threshold": candidate.anomaly_threshold
+            if candidate.anomaly_threshold is not None
+            else live.anomaly_threshold,
+            "pixel_threshold": candidate.pixel_threshold if candidate.pixel_threshold is not None else live.pixel_threshold,
             "signature": candidate.signature,
             "candidate": None,
         }

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import pytest
 from onnx_models import fixed_scene
@@ -19,11 +20,13 @@ from edged.decode import Detections
 from edged.messages import StageLatency
 from edged.model import load_model
 from edged.pipeline import Processed, frame_path
+from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SyntheticSourceConfig
 from edged.shadow import BUSY_KEPT, BusyTimes, Shadow, Swap, match
 from edged.sources.base import Frame
 
 TASKS = Path(__file__).parent / "data" / "tasks"
+ANOMALY = Path(__file__).parent / "data" / "anomaly"
 SCENE = [(16.0, 20.0, 8.0, 8.0, 0, 0.9), (48.0, 20.0, 8.0, 8.0, 1, 0.8), (16.0, 44.0, 8.0, 8.0, 2, 0.7)]
 
 
@@ -151,6 +154,28 @@ def test_a_candidate_whose_class_ids_name_other_classes_is_refused_naming_the_fi
     report = Shadow(s, trial, load_model(s.model, s.runtime)).report()
     assert report.state == "failed"
     assert "the candidate's class 0 is 'crack' where the live model's is 'scratch'" in (report.error or "")
+
+
+def test_an_anomaly_candidate_is_judged_by_its_own_threshold(tmp_path: Path) -> None:
+    # spot_320x240 scores 0.677: OK under the live model's 0.7, NG under the candidate's own 0.31.
+    shutil.copy(ANOMALY / "padim.onnx", tmp_path / "live.onnx")
+    shutil.copy(ANOMALY / "padim.onnx", tmp_path / "candidate.onnx")
+    trial = CandidateConfig(
+        path=tmp_path / "candidate.onnx", anomaly_threshold=0.31, sample_every=1, control=f"ipc://{tmp_path}/c.sock"
+    )
+    s = Settings(
+        model=ModelConfig(path=tmp_path / "live.onnx", anomaly_threshold=0.7, candidate=trial),
+        source=(SyntheticSourceConfig(width=320, height=240),),
+        inspect=InspectConfig(),
+    )
+    live = load_model(s.model, s.runtime)
+    image = cv2.imread(str(ANOMALY / "spot_320x240.png"))
+    done = frame_path(s, live, s.source[0]).run(Frame(image, 0, time.monotonic_ns(), time.time_ns(), "bgr"))
+    assert isinstance(done, Processed)
+    shadow = Shadow(s, trial, live)
+    shadow.observe("cam0", done)
+    assert shadow.run(10.0)
+    assert shadow.report().verdicts == {"ok/ng": 1}
 
 
 @pytest.mark.unit
