@@ -456,7 +456,8 @@ class Shadow:
             },
         }
         names = self.model.class_names
-        writer.offer(frame, outcome.result, None, json.dumps(record).encode(), names=names, labelled=live)
+        record_bytes = json.dumps(record).encode()
+        writer.offer(frame, outcome.result, None, record_bytes, names=names, labelled=live, region=outcome.plan.region)
 
     def close(self) -> None:
         """Finish saving the disagreeing frames queued."""
