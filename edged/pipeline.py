@@ -403,7 +403,9 @@ def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> Fr
             elif model.task == "anomaly":
                 inspector = AnomalyInspector(inspect, model.cfg.max_det)
             else:
-                inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
+                masks = model.task == "segment"
+                cfg = model.cfg
+                inspector = Inspector(inspect, model.labels, model.num_classes, cfg.conf, cfg.max_det, masks=masks)
         except ConfigError as e:
             if len(settings.source) == 1:
                 raise
