@@ -217,12 +217,24 @@ def _first_frame(
 
 
 def _inspection(model: LoadedModel, inspect: InspectConfig | None) -> str:
-    """A camera's inspection in one line: thresholds, zones, NG classes."""
+    """A camera's inspection in one line, in the terms of the model's task: thresholds, zones or
+    region, NG classes (an anomaly model's one threshold, a classifier's ``min_confidence``)."""
     if inspect is None:
         return "inspect: none (no verdict; every detection is published)"
+    if model.task == "anomaly":
+        given = model.cfg.anomaly_threshold
+        threshold = f"model.anomaly_threshold {given:g}" if given is not None else "the export's"
+        zones = (
+            f"zones {', '.join(inspect.zones)} (regions outside them count for nothing)" if inspect.zones else "whole frame"
+        )
+        return f"inspect: anomaly score above {threshold}; {zones}"
     thresholds = ", ".join([f"model.conf {model.cfg.conf:g}", *(f"{name} {t:g}" for name, t in inspect.class_conf.items())])
-    zones = f"zones {', '.join(inspect.zones)} (outside them: {inspect.outside_zones})" if inspect.zones else "whole frame"
     ng = ", ".join(inspect.ng_classes) if inspect.ng_classes is not None else "every class"
+    if model.task == "classify":
+        region = f"region {list(inspect.roi)}" if inspect.roi is not None else "whole frame"
+        doubt = f"; uncertain below {inspect.min_confidence:g}" if inspect.min_confidence is not None else ""
+        return f"inspect: thresholds {thresholds}; {region}; NG classes: {ng}{doubt}"
+    zones = f"zones {', '.join(inspect.zones)} (outside them: {inspect.outside_zones})" if inspect.zones else "whole frame"
     return f"inspect: thresholds {thresholds}; {zones}; NG classes: {ng}"
 
 
