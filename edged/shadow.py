@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edged.anomaly import Anomaly
 from edged.camera import Camera
+from edged.classify import Classes
 from edged.config import CandidateConfig, ModelConfig, Settings
 from edged.decode import Detections
 from edged.errors import EdgedError
@@ -121,7 +123,7 @@ class Sample:
         self.xyxy[:n] = result.xyxy[:n]
         self.scores[:n] = result.scores[:n]
         self.class_ids[:n] = result.class_ids[:n]
-        self.verdict = done.inspected.verdict if done.inspected is not None else "none"
+        self.verdict = trial_verdict(done)
         times = done.times
         self.live_s = (times.preprocess_ms + times.inference_ms + times.decode_ms) / 1e3
         self.pending = True
@@ -155,6 +157,22 @@ def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 NO_BOXES = Detections(np.empty((0, 4), np.float32), np.empty(0, np.float32), np.empty(0, np.int32))
+
+
+def trial_verdict(done: Processed) -> str:
+    """What the trial compares a frame by besides its boxes: its verdict with ``[inspect]``; without
+    one, a classifier's best class and whether an anomaly model found the part anomalous (their
+    results have no boxes, so every frame would agree), and 'none' for a detector's, whose boxes
+    are compared instead."""
+    if done.inspected is not None:
+        return done.inspected.verdict
+    result = done.result
+    if isinstance(result, Classes):
+        top = result.top
+        return done.plan.model.label(top[0]) if top is not None else "no class"
+    if isinstance(result, Anomaly):
+        return "anomalous" if result.anomalous else "normal"
+    return "none"
 
 
 def boxes_of(result: TaskResult) -> Detections:
@@ -423,8 +441,7 @@ class Shadow:
         n = sample.found
         live = Detections(sample.xyxy[:n], sample.scores[:n], sample.class_ids[:n])
         found = match(live, boxes_of(outcome.result))
-        candidate_verdict = outcome.inspected.verdict if outcome.inspected is not None else "none"
-        if not self.tally.add(sample.verdict, candidate_verdict, found):
+        if not self.tally.add(sample.verdict, trial_verdict(outcome), found):
             self._save(camera_id, sample, live, outcome)
 
     def _failed_frame(self, camera_id: str, frame: Frame, why: str) -> None:
@@ -451,7 +468,7 @@ class Shadow:
             "live": {"verdict": sample.verdict, "detections": _boxes(live)},
             "candidate": {
                 "model": self.model.info.model_dump(),
-                "verdict": outcome.inspected.verdict if outcome.inspected is not None else "none",
+                "verdict": trial_verdict(outcome),
                 "detections": _boxes(boxes_of(outcome.result)),
             },
         }

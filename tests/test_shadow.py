@@ -156,8 +156,10 @@ def test_a_candidate_whose_class_ids_name_other_classes_is_refused_naming_the_fi
     assert "the candidate's class 0 is 'crack' where the live model's is 'scratch'" in (report.error or "")
 
 
-def test_an_anomaly_candidate_is_judged_by_its_own_threshold(tmp_path: Path) -> None:
-    # spot_320x240 scores 0.677: OK under the live model's 0.7, NG under the candidate's own 0.31.
+def anomaly_trial(tmp_path: Path, inspect: InspectConfig | None) -> Shadow:
+    """A trial of PaDiM at the threshold 0.31 beside PaDiM at 0.7, which has run on spot_320x240
+    (score 0.677): OK, or normal, under the live model's threshold, NG, or anomalous, under the
+    candidate's own."""
     shutil.copy(ANOMALY / "padim.onnx", tmp_path / "live.onnx")
     shutil.copy(ANOMALY / "padim.onnx", tmp_path / "candidate.onnx")
     trial = CandidateConfig(
@@ -166,7 +168,7 @@ def test_an_anomaly_candidate_is_judged_by_its_own_threshold(tmp_path: Path) -> 
     s = Settings(
         model=ModelConfig(path=tmp_path / "live.onnx", anomaly_threshold=0.7, candidate=trial),
         source=(SyntheticSourceConfig(width=320, height=240),),
-        inspect=InspectConfig(),
+        inspect=inspect,
     )
     live = load_model(s.model, s.runtime)
     image = cv2.imread(str(ANOMALY / "spot_320x240.png"))
@@ -175,7 +177,18 @@ def test_an_anomaly_candidate_is_judged_by_its_own_threshold(tmp_path: Path) -> 
     shadow = Shadow(s, trial, live)
     shadow.observe("cam0", done)
     assert shadow.run(10.0)
-    assert shadow.report().verdicts == {"ok/ng": 1}
+    return shadow
+
+
+def test_an_anomaly_candidate_is_judged_by_its_own_threshold(tmp_path: Path) -> None:
+    assert anomaly_trial(tmp_path, InspectConfig()).report().verdicts == {"ok/ng": 1}
+
+
+def test_without_inspect_an_anomaly_candidate_is_compared_by_its_judgement_not_by_boxes_it_has_none_of(
+    tmp_path: Path,
+) -> None:
+    report = anomaly_trial(tmp_path, None).report()
+    assert report.verdicts == {"normal/anomalous": 1} and report.agreement == 0.0
 
 
 @pytest.mark.unit
