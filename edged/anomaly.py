@@ -53,6 +53,7 @@ class Anomaly:
     nonfinite: int = 0
     anomaly_map: np.ndarray | None = None  # the model's map output, [h, w], when it has one
     heat: np.ndarray | None = None  # the decoder's uint8 buffer the map is scaled into for `heatmap`
+    near: bool = False  # not anomalous, but its score within the decoder's near margin below the threshold
 
     def __len__(self) -> int:
         """Its regions; an anomalous frame without one still counts as a finding."""
@@ -62,7 +63,8 @@ class Anomaly:
         return [("nonfinite_output", self.nonfinite)] if self.nonfinite else []
 
     def near_misses(self) -> int:
-        return 0
+        """One for a part scored just below the threshold (``near``): the part worth labelling."""
+        return int(self.near)
 
     def heatmap(self) -> np.ndarray | None:
         """The anomaly map as uint8 (0..255 for the normalised 0..1), in the decoder's buffer."""
@@ -154,13 +156,16 @@ class AnomalyDecoder:
         threshold: float | None = None,
         pixel_threshold: float | None = None,
         max_regions: int = 100,
+        near_margin: float | None = None,
     ) -> None:
-        """``outputs``: the bound outputs' (name, shape), in the session's order."""
+        """``outputs``: the bound outputs' (name, shape), in the session's order; ``near_margin``: how
+        far below the threshold a score makes a near miss (evidence saved under ``ng+near``)."""
         self._index = {name: i for i, (name, _) in enumerate(outputs)}
         self._shapes = [tuple(shape) for _, shape in outputs]
         size = trained_size(outputs)
         self._threshold = threshold
         self.threshold = THRESHOLD if threshold is None else threshold
+        self._near_from = math.inf if near_margin is None else self.threshold - near_margin
         self._pixel_threshold = None if pixel_threshold is None else np.array(pixel_threshold, dtype=np.float32)
         has_mask = "pred_mask" in self._index or ("anomaly_map" in self._index and pixel_threshold is not None)
         h, w = size if size is not None and has_mask else (0, 0)
@@ -204,6 +209,7 @@ class AnomalyDecoder:
             nonfinite,
             outputs[self._index["anomaly_map"]][0, 0] if "anomaly_map" in self._index else None,
             self._heat,
+            near=not anomalous and score >= self._near_from,
         )
 
     def _find_regions(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> int:

@@ -17,6 +17,7 @@ from edged.config import Settings
 from edged.control import ControlSocket
 from edged.journal import JournalOutput
 from edged.messages import CandidateReport
+from edged.model import LoadedModel
 from edged.pipeline import Processed
 from edged.requests import RequestDesk
 from edged.shadow import Shadow, Swap
@@ -28,11 +29,11 @@ class Candidate:
     """The trial of a candidate model and its control socket, when ``[model.candidate]`` is set at
     start; every call does nothing without one. Raises as `ControlSocket` does."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, live: LoadedModel) -> None:
         cfg = settings.model.candidate
         self.control = ControlSocket(cfg.control) if cfg is not None else None
         try:
-            self.shadow: Shadow | None = Shadow(settings, cfg) if cfg is not None else None
+            self.shadow: Shadow | None = Shadow(settings, cfg, live) if cfg is not None else None
         except BaseException:
             self.close()
             raise
@@ -60,7 +61,7 @@ class Candidate:
     def report(self) -> CandidateReport | None:
         return self.shadow.report() if self.shadow is not None else None
 
-    def reload(self, settings: Settings) -> None:
+    def reload(self, settings: Settings, live: LoadedModel) -> None:
         """A reload's candidate goes on a fresh trial; without one, the trial ends. One added to a
         daemon started without one is said, not served: its socket is bound only at start."""
         cfg = settings.model.candidate
@@ -70,7 +71,7 @@ class Candidate:
             return
         if self.shadow is not None:
             self.shadow.close()
-        self.shadow = Shadow(settings, cfg) if cfg is not None else None
+        self.shadow = Shadow(settings, cfg, live) if cfg is not None else None
 
     def close(self) -> None:
         if self.shadow is not None:

@@ -54,7 +54,7 @@ from edged.reject import check_lines
 from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SourceBase, mask_credentials
-from edged.shadow import candidate_model_config
+from edged.shadow import candidate_model_config, incomparable
 from edged.sources.base import Frame
 from edged.sources.registry import open_source
 from edged.verdict import AnomalyInspector, ClassInspector, Inspector
@@ -120,6 +120,10 @@ def _take_for(capture: Capture, seconds: float) -> float:
     return elapsed
 
 
+def _unloadable(e: EdgedError) -> ConfigError:
+    return ConfigError(None, [f"model.candidate.path: the candidate does not load ({e}); the live model would go on alone"])
+
+
 def _candidate(settings: Settings, live: LoadedModel) -> str | None:
     """``[model.candidate]`` loaded as the daemon's trial loads it (`edged.shadow.Shadow`), so that one
     that would not load is found now, not as a log line while the live model goes on alone."""
@@ -128,12 +132,15 @@ def _candidate(settings: Settings, live: LoadedModel) -> str | None:
         return None
     try:
         model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
+    except EdgedError as e:
+        raise _unloadable(e) from None
+    if (why := incomparable(live, model)) is not None:
+        raise ConfigError(None, [f"model.candidate.path: {why}; the live model would go on alone"])
+    try:
         for source in settings.source:
             frame_path(settings, model, source)
     except EdgedError as e:
-        raise ConfigError(
-            None, [f"model.candidate.path: the candidate does not load ({e}); the live model would go on alone"]
-        ) from None
+        raise _unloadable(e) from None
     same = model.engine.identity.sha256 == live.engine.identity.sha256
     itself = ": the live model itself, the trial would compare it with itself" if same else ""
     return f"{model.engine.model_path} ({model.engine.identity.short}){itself}"
@@ -210,12 +217,24 @@ def _first_frame(
 
 
 def _inspection(model: LoadedModel, inspect: InspectConfig | None) -> str:
-    """A camera's inspection in one line: thresholds, zones, NG classes."""
+    """A camera's inspection in one line, in the terms of the model's task: thresholds, zones or
+    region, NG classes (an anomaly model's one threshold, a classifier's ``min_confidence``)."""
     if inspect is None:
         return "inspect: none (no verdict; every detection is published)"
+    if model.task == "anomaly":
+        given = model.cfg.anomaly_threshold
+        threshold = f"model.anomaly_threshold {given:g}" if given is not None else "the export's"
+        zones = (
+            f"zones {', '.join(inspect.zones)} (regions outside them count for nothing)" if inspect.zones else "whole frame"
+        )
+        return f"inspect: anomaly score above {threshold}; {zones}"
     thresholds = ", ".join([f"model.conf {model.cfg.conf:g}", *(f"{name} {t:g}" for name, t in inspect.class_conf.items())])
-    zones = f"zones {', '.join(inspect.zones)} (outside them: {inspect.outside_zones})" if inspect.zones else "whole frame"
     ng = ", ".join(inspect.ng_classes) if inspect.ng_classes is not None else "every class"
+    if model.task == "classify":
+        region = f"region {list(inspect.roi)}" if inspect.roi is not None else "whole frame"
+        doubt = f"; uncertain below {inspect.min_confidence:g}" if inspect.min_confidence is not None else ""
+        return f"inspect: thresholds {thresholds}; {region}; NG classes: {ng}{doubt}"
+    zones = f"zones {', '.join(inspect.zones)} (outside them: {inspect.outside_zones})" if inspect.zones else "whole frame"
     return f"inspect: thresholds {thresholds}; {zones}; NG classes: {ng}"
 
 

@@ -88,6 +88,16 @@ class CandidateConfig(Section):
     labels: Path | None = Field(None, description="Its class names, one per line; default: its metadata.")
     conf: float | None = Field(None, gt=0, le=1, description="Its minimum detection score; default: model.conf.")
     iou: float | None = Field(None, gt=0, le=1, description="Its NMS IoU; default: model.iou.")
+    anomaly_threshold: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="An anomaly candidate's image threshold (its own scale: `edged calibrate` it as the live "
+        "model's); default: model.anomaly_threshold.",
+    )
+    pixel_threshold: float | None = Field(
+        None, ge=0, le=1, description="An anomaly candidate's pixel threshold; default: model.pixel_threshold."
+    )
     signature: Path | None = Field(
         None, description="Its signature file (with model.require_signature); default: its path + .sig."
     )

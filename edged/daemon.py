@@ -88,7 +88,7 @@ class Daemon:
             stack.callback(self.outputs.drain)
             self.lanes = Lanes(settings.lanes(), self._wake)
             stack.callback(self.lanes.close)
-            self.candidate = Candidate(settings)
+            self.candidate = Candidate(settings, self.model)
             stack.callback(self.candidate.close)
             stack.callback(self._finish_lanes)
             self._resources = stack.pop_all()
@@ -381,7 +381,7 @@ class Daemon:
             self.desk.follow(new, before)
         self.outputs.reload(new)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
-        self.candidate.reload(new)
+        self.candidate.reload(new, self.model)
         self._watch()
 
     def _finish_lanes(self) -> None:

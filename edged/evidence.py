@@ -489,6 +489,7 @@ class EvidenceWriter:
         names: tuple[str, ...],
         labelled: TaskResult | None = None,
         part_id: str | None = None,
+        region: tuple[slice, slice] = (slice(None), slice(None)),
     ) -> Path | None:
         """Save ``frame`` if it is evidence and there is room and rate for it; only then is it copied.
         Returns where its image will be, None when it is not saved.
@@ -497,15 +498,17 @@ class EvidenceWriter:
         is the findings of ``labelled`` (default ``result``: the frame's findings before zones
         dropped some), never the near misses. ``message`` is the payload published for the frame,
         None when it was not published; ``names`` the model's class names; ``part_id`` the
-        request's, which ends the file names.
+        request's, which ends the file names; ``region`` the rows and columns of the frame the model
+        saw (a classifier's ``inspect.roi``): the image saved, so a dataset made of it trains on
+        what the model is shown.
         """
         if not self.admit(verdict, len(result), result.near_misses()):
             return None
-        height, width = frame.image.shape[:2]
+        image = frame.image[region].copy()
+        height, width = image.shape[:2]
         label = (labelled if labelled is not None else result).dataset_label(width, height)
         class_id = result.dataset_class()
         image_class = None if class_id is None else class_folder(names[class_id])
-        image = frame.image.copy()
         heatmap = result.heatmap()
         saved = EvidenceFrame(
             self.camera_id,
@@ -647,7 +650,14 @@ class EvidenceOutput(Output):
             names = done.plan.model.class_names
             part_id = report.message.part_id if report.message is not None else None
             image = writer.offer(
-                done.frame, done.result, verdict, report.payload, names=names, labelled=done.labelled, part_id=part_id
+                done.frame,
+                done.result,
+                verdict,
+                report.payload,
+                names=names,
+                labelled=done.labelled,
+                part_id=part_id,
+                region=done.plan.region,
             )
             if image is not None:
                 report.saved["evidence"] = str(image)

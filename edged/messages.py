@@ -476,11 +476,12 @@ class CandidateReport(Message):
     )
     failed_frames: int = Field(ge=0, description="Sampled frames the candidate failed on (an error, or NaN output).")
     agreement: float | None = Field(
-        description="Share of compared frames on which the models agree: the same verdict with [inspect], "
-        "else every box matched; null before the first."
+        description="Share of compared frames on which the models agree: the same verdict with [inspect] (a "
+        "classifier's best class, an anomaly model's judgement without), else every box matched; null before the first."
     )
     verdicts: dict[str, int] = Field(
-        description='Compared frames by "live/candidate" verdict (ok, ng; none without [inspect]).'
+        description='Compared frames by "live/candidate" verdict (ok, ng, uncertain; without [inspect] a '
+        "classifier's best class, an anomaly model's normal or anomalous, and none for a detector)."
     )
     classes: dict[str, ClassAgreement] = Field(description="Box agreement by class label.")
     score_shift: float | None = Field(description="Mean of candidate minus live score over matched boxes.")

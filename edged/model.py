@@ -49,11 +49,18 @@ class LoadedModel:
         tasks: dict[str, Task] = {ClassifyHead.name: "classify", SegmentHead.name: "segment", AnomalyHead.name: "anomaly"}
         return tasks.get(self.head, "detect")
 
-    def anomaly_decoder(self, outputs: Sequence[tuple[str, tuple[int, ...]]]) -> AnomalyDecoder:
-        """An anomaly model's decoder for its bound outputs (name, shape), with the thresholds of the config."""
+    def anomaly_decoder(
+        self, outputs: Sequence[tuple[str, tuple[int, ...]]], near_margin: float | None = None
+    ) -> AnomalyDecoder:
+        """An anomaly model's decoder for its bound outputs (name, shape), with the thresholds of the
+        config; ``near_margin`` has it mark a score just below the threshold (``ng+near``)."""
         cfg = self.cfg
         return AnomalyDecoder(
-            outputs, threshold=cfg.anomaly_threshold, pixel_threshold=cfg.pixel_threshold, max_regions=cfg.max_det
+            outputs,
+            threshold=cfg.anomaly_threshold,
+            pixel_threshold=cfg.pixel_threshold,
+            max_regions=cfg.max_det,
+            near_margin=near_margin,
         )
 
     def make_decoder(

@@ -79,12 +79,13 @@ class FramePipeline:
         such frames first)."""
         self.model = model
         self.spec = FrameSpec(frame_w, frame_h, source_order)
-        self._region = (slice(None), slice(None))
+        # The rows and columns of each frame the model sees: evidence saves them, as what it judged.
+        self.region: tuple[slice, slice] = (slice(None), slice(None))
         if roi is not None:
             if (problem := roi_problem(roi, frame_w, frame_h)) is not None:
                 raise ValueError(problem)
             x1, y1, x2, y2 = roi
-            self._region = (slice(y1, y2), slice(x1, x2))
+            self.region = (slice(y1, y2), slice(x1, x2))
             frame_w, frame_h = x2 - x1, y2 - y1
         self.preprocess = preprocessor(model.contract, frame_w, frame_h, source_order)
         self.binding = model.engine.bind(self.preprocess.tensor)
@@ -92,7 +93,8 @@ class FramePipeline:
         self.decoder: Decoder | Classifier | Segmenter | AnomalyDecoder  # an anomaly model's reads every output
         if model.task == "anomaly":
             names = [o.name for o in model.engine.output_meta]
-            self.decoder = model.anomaly_decoder([(name, out.shape) for name, out in zip(names, outputs, strict=True)])
+            shapes = [(name, out.shape) for name, out in zip(names, outputs, strict=True)]
+            self.decoder = model.anomaly_decoder(shapes, near_margin)
         else:
             prototypes = outputs[1] if model.task == "segment" else None
             self.decoder = model.make_decoder(outputs[0].shape, thresholds, near_margin, prototypes)
@@ -109,7 +111,7 @@ class FramePipeline:
     def process(self, image: np.ndarray) -> tuple[Detections | Classes | Anomaly, StageTimes]:
         """Run one checked frame through the model; raises InferenceError from the engine."""
         t0 = time.perf_counter_ns()
-        self.preprocess(image[self._region])
+        self.preprocess(image[self.region])
         t1 = time.perf_counter_ns()
         self.binding.run()
         t2 = time.perf_counter_ns()
@@ -401,7 +403,9 @@ def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> Fr
             elif model.task == "anomaly":
                 inspector = AnomalyInspector(inspect, model.cfg.max_det)
             else:
-                inspector = Inspector(inspect, model.labels, model.num_classes, model.cfg.conf, model.cfg.max_det)
+                masks = model.task == "segment"
+                cfg = model.cfg
+                inspector = Inspector(inspect, model.labels, model.num_classes, cfg.conf, cfg.max_det, masks=masks)
         except ConfigError as e:
             if len(settings.source) == 1:
                 raise

@@ -277,7 +277,7 @@ class Schedule:
             self.lines.drive(self.lines.alarm, False)
             self._alarm = False
             log.info("verdicts on time again: alarm off")
-        if verdict in self.cfg.on:
+        if ("ng" if verdict == "uncertain" else verdict) in self.cfg.on:  # a part the model cannot tell is NG
             self._schedule(deadline)
 
     def _take(self, t_capture_ns: int) -> int | None:

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edged.anomaly import Anomaly
 from edged.camera import Camera
+from edged.classify import Classes
 from edged.config import CandidateConfig, ModelConfig, Settings
 from edged.decode import Detections
 from edged.errors import EdgedError
@@ -53,6 +55,28 @@ INTERVAL_SMOOTHING = 0.2  # weight of the newest frame interval in a camera's ru
 BUSY_KEPT = 64  # the trial's busy intervals kept for charging the live frames captured before they ended
 
 
+BOX_TASKS = frozenset({"detect", "segment"})  # tasks whose results the trial pairs box by box
+
+
+def incomparable(live: LoadedModel, candidate: LoadedModel) -> str | None:
+    """Why the trial cannot compare ``candidate`` with ``live``, or None: their results are compared
+    as one task's (boxes by class id, a classifier's or an anomaly model's verdicts), so a model of
+    another task, or one whose class ids name other classes, would be a silent mis-comparison (and,
+    promoted, would change what every output receives)."""
+    if live.task != candidate.task and not {live.task, candidate.task} <= BOX_TASKS:
+        return (
+            f"the candidate is a {candidate.task} model and the live model a {live.task} model: a trial compares "
+            "models of one task; try a model of another task on its own daemon (edged eval, edged check)"
+        )
+    for class_id, (mine, theirs) in enumerate(zip(live.labels, candidate.labels, strict=False)):
+        if mine != theirs:
+            return (
+                f"the candidate's class {class_id} is {theirs!r} where the live model's is {mine!r}: the trial "
+                "compares classes by id; export the candidate with the live model's class order"
+            )
+    return None
+
+
 def candidate_model_config(live: ModelConfig, candidate: CandidateConfig) -> ModelConfig:
     """The candidate's model settings: the live model's, its own file, labels, thresholds and signature."""
     return live.model_copy(
@@ -61,6 +85,10 @@ def candidate_model_config(live: ModelConfig, candidate: CandidateConfig) -> Mod
             "labels": candidate.labels,
             "conf": candidate.conf if candidate.conf is not None else live.conf,
             "iou": candidate.iou if candidate.iou is not None else live.iou,
+            "anomaly_threshold": candidate.anomaly_threshold
+            if candidate.anomaly_threshold is not None
+            else live.anomaly_threshold,
+            "pixel_threshold": candidate.pixel_threshold if candidate.pixel_threshold is not None else live.pixel_threshold,
             "signature": candidate.signature,
             "candidate": None,
         }
@@ -95,7 +123,7 @@ class Sample:
         self.xyxy[:n] = result.xyxy[:n]
         self.scores[:n] = result.scores[:n]
         self.class_ids[:n] = result.class_ids[:n]
-        self.verdict = done.inspected.verdict if done.inspected is not None else "none"
+        self.verdict = trial_verdict(done)
         times = done.times
         self.live_s = (times.preprocess_ms + times.inference_ms + times.decode_ms) / 1e3
         self.pending = True
@@ -129,6 +157,22 @@ def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 NO_BOXES = Detections(np.empty((0, 4), np.float32), np.empty(0, np.float32), np.empty(0, np.int32))
+
+
+def trial_verdict(done: Processed) -> str:
+    """What the trial compares a frame by besides its boxes: its verdict with ``[inspect]``; without
+    one, a classifier's best class and whether an anomaly model found the part anomalous (their
+    results have no boxes, so every frame would agree), and 'none' for a detector's, whose boxes
+    are compared instead."""
+    if done.inspected is not None:
+        return done.inspected.verdict
+    result = done.result
+    if isinstance(result, Classes):
+        top = result.top
+        return done.plan.model.label(top[0]) if top is not None else "no class"
+    if isinstance(result, Anomaly):
+        return "anomalous" if result.anomalous else "normal"
+    return "none"
 
 
 def boxes_of(result: TaskResult) -> Detections:
@@ -268,11 +312,18 @@ class Shadow:
     """The candidate of ``[model.candidate]``, its frame paths per camera, the samples and the tally.
 
     It loads the candidate at once (through `edged.model.load_model`, so a signature is checked
-    as the live model's is); one that does not load is reported, and the trial stays off.
+    as the live model's is); one that does not load, or that `incomparable` refuses beside the
+    ``live`` model, is reported, and the trial stays off.
     ``clock`` (monotonic ns, the frames' capture clock) times the loop time the trial takes.
     """
 
-    def __init__(self, settings: Settings, cfg: CandidateConfig, clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        cfg: CandidateConfig,
+        live: LoadedModel,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.cfg = cfg
         self._clock = clock
         self.busy = BusyTimes()
@@ -289,7 +340,11 @@ class Shadow:
         self._previous: Swap | None = None  # the model a promotion replaced, for rollback
         self._writers: dict[str, EvidenceWriter] = {}  # by camera id: where disagreeing frames are saved
         try:
-            self.model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
+            model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
+            if (why := incomparable(live, model)) is not None:
+                self._fail(f"the candidate cannot be tried: {why}")
+                return
+            self.model = model
             self.paths = {source.camera_id: frame_path(settings, self.model, source) for source in settings.source}
         except EdgedError as e:
             self._fail(f"the candidate did not load: {e}")
@@ -386,8 +441,7 @@ class Shadow:
         n = sample.found
         live = Detections(sample.xyxy[:n], sample.scores[:n], sample.class_ids[:n])
         found = match(live, boxes_of(outcome.result))
-        candidate_verdict = outcome.inspected.verdict if outcome.inspected is not None else "none"
-        if not self.tally.add(sample.verdict, candidate_verdict, found):
+        if not self.tally.add(sample.verdict, trial_verdict(outcome), found):
             self._save(camera_id, sample, live, outcome)
 
     def _failed_frame(self, camera_id: str, frame: Frame, why: str) -> None:
@@ -414,12 +468,13 @@ class Shadow:
             "live": {"verdict": sample.verdict, "detections": _boxes(live)},
             "candidate": {
                 "model": self.model.info.model_dump(),
-                "verdict": outcome.inspected.verdict if outcome.inspected is not None else "none",
+                "verdict": trial_verdict(outcome),
                 "detections": _boxes(boxes_of(outcome.result)),
             },
         }
         names = self.model.class_names
-        writer.offer(frame, outcome.result, None, json.dumps(record).encode(), names=names, labelled=live)
+        record_bytes = json.dumps(record).encode()
+        writer.offer(frame, outcome.result, None, record_bytes, names=names, labelled=live, region=outcome.plan.region)
 
     def close(self) -> None:
         """Finish saving the disagreeing frames queued."""

@@ -53,7 +53,18 @@ class Inspected:
 class Inspector:
     """``[inspect]`` for one model: thresholds for its decoder, zones and NG rules for its frames."""
 
-    def __init__(self, cfg: InspectConfig, labels: Sequence[str], num_classes: int, conf: float, max_det: int) -> None:
+    def __init__(
+        self,
+        cfg: InspectConfig,
+        labels: Sequence[str],
+        num_classes: int,
+        conf: float,
+        max_det: int,
+        *,
+        masks: bool = False,
+    ) -> None:
+        """``masks``: the model's findings have masks (a segmentation model), which the size limits
+        (``max_length_*``, ``max_area_*``) measure; a detector's are refused, not silently ignored."""
         resolve = _ClassNames(labels, num_classes)
         self.thresholds = [conf] * num_classes
         for name, threshold in cfg.class_conf.items():
@@ -64,6 +75,14 @@ class Inspector:
             min_area[resolve("min_area", name)] = area
         self.mm_per_px = cfg.mm_per_px
         self._limits = _size_limits(cfg, resolve, num_classes)
+        if cfg.min_confidence is not None:
+            resolve.problem(f"inspect.min_confidence {_NOT_FOR_BOXES}")
+        for key in () if masks else SIZE_LIMITS:
+            if getattr(cfg, key):
+                resolve.problem(
+                    f"inspect.{key} is for segmentation and anomaly models (a mask's size); a detection model's "
+                    "smallest box that makes a part NG is inspect.min_area"
+                )
         resolve.raise_problems()
         self.zone_names: tuple[str, ...] = tuple(cfg.zones)
         overlap = cfg.match == "overlap"
@@ -154,7 +173,7 @@ class ClassInspector:
                 f"inspect.ng_classes: a classification model's verdict needs the classes that make a part NG "
                 f"(its classes: {known})"
             )
-        for key in ("zones", "min_area"):
+        for key in ("zones", "min_area", *SIZE_LIMITS):
             if getattr(cfg, key):
                 problems.append(
                     f"inspect.{key}: a classification model has no boxes to place or measure; "
@@ -175,6 +194,10 @@ class ClassInspector:
         if self._min_confidence is not None and score < self._min_confidence:
             return Judged(classes, "uncertain", threshold)
         return Judged(classes, "ng" if class_id in self._ng and score > threshold else "ok", threshold)
+
+
+SIZE_LIMITS = ("max_length_mm", "max_area_mm2", "max_length_px", "max_area_px")
+_NOT_FOR_BOXES = "is for classification models; a detector's threshold is model.conf, or inspect.class_conf per class"
 
 
 def _tolerate(instances: Instances, ng: np.ndarray, within: np.ndarray, limits: tuple[list[float], list[float]]) -> None:

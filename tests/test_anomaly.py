@@ -300,6 +300,14 @@ def judge(result: Anomaly, frame: tuple[int, int] = (128, 256), **keys: Any) -> 
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize(("score", "near"), [(0.45, 1), (0.41, 1), (0.39, 0), (0.55, 0)])
+def test_a_score_within_the_near_margin_below_the_threshold_is_a_near_miss(score: float, near: int) -> None:
+    decoder = AnomalyDecoder([("pred_score", (1,))], threshold=0.5, near_margin=0.1)
+    result = decoder.decode([np.array([score], dtype=np.float32)], BoxMap.stretch(64, 64, MAP, MAP))
+    assert result.near_misses() == near
+
+
+@pytest.mark.unit
 def test_a_regions_length_and_width_are_its_min_area_rectangles_sides_in_frame_pixels_under_any_scale() -> None:
     # Frame 128 x 256 over a 64 x 64 map: x doubles and y quadruples, so a diagonal in the map is
     # steep in the frame, and its rectangle must be found on the outline mapped there.

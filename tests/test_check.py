@@ -153,6 +153,28 @@ def test_a_candidate_that_will_not_load_fails_the_check_naming_it(tmp: Path, por
     assert "ok" not in result.stdout.splitlines()
 
 
+def test_an_anomaly_models_inspection_is_said_in_its_own_terms(tmp: Path, ports: list[int]) -> None:
+    model = Path(__file__).parent / "data" / "anomaly" / "padim.onnx"
+    inspect = {"zones": {"left": [(0, 0), (0.5, 0), (0.5, 1), (0, 1)]}}
+    config = _config(tmp, ports, model={"path": str(model), "anomaly_threshold": 0.31}, inspect=inspect)
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert (
+        "inspect: anomaly score above model.anomaly_threshold 0.31; zones left (regions outside them count for nothing)"
+        in lines
+    )
+
+
+def test_a_candidate_of_another_task_fails_the_check_naming_both(tmp: Path, ports: list[int]) -> None:
+    control = f"ipc://{tmp / 'control.sock'}"
+    candidate = {"path": str(Path(__file__).parent / "data" / "tasks" / "cls.onnx"), "control": control}
+    config = _config(tmp, ports, model={"path": "probe.onnx", "candidate": candidate})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 78, result.stdout + result.stderr
+    assert "model.candidate.path: the candidate is a classify model and the live model a detect model" in result.stderr
+
+
 def test_a_classifier_roi_outside_the_cameras_frames_fails_the_check_naming_it(tmp: Path, ports: list[int]) -> None:
     model = Path(__file__).parent / "data" / "tasks" / "cls.onnx"
     inspect = {"ng_classes": ["crack"], "roi": [10, 10, 120, 90]}  # the camera's frames are 128x96

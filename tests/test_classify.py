@@ -145,6 +145,8 @@ def test_a_region_is_classified_and_a_frame_it_does_not_fit_is_rejected(model: L
         ({}, "inspect.ng_classes: a classification model's verdict needs the classes that make a part NG"),
         ({"ng_classes": ["crack"], "zones": {"a": [(0, 0), (1, 0), (1, 1)]}}, "inspect.zones: a classification model"),
         ({"ng_classes": ["rust"]}, "inspect.ng_classes: 'rust' is not a class of the model"),
+        ({"ng_classes": ["crack"], "max_area_px": {"crack": 50.0}}, "inspect.max_area_px: a classification model"),
+        ({"ng_classes": ["crack"], "max_length_mm": {"crack": 2.0}}, "inspect.max_length_mm: a classification model"),
     ],
 )
 def test_inspection_a_classifier_cannot_apply_is_refused(

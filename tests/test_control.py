@@ -23,8 +23,8 @@ from edged.shadow import Shadow, Swap
 @pytest.fixture
 def served(tmp_path: Path) -> tuple[ControlSocket, Shadow, list[Swap], zmq.Socket[bytes], Swap]:
     s = settings(tmp_path, SCENE[:2])
-    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
     live = load_model(s.model, s.runtime)
+    shadow = Shadow(s, s.model.candidate, live)  # type: ignore[arg-type]
     current = [Swap(live, {"cam0": frame_path(s, live, s.source[0])})]
     control = ControlSocket(f"ipc://{tmp_path}/control.sock")
     context = zmq.Context.instance()

@@ -124,6 +124,24 @@ def test_a_region_within_the_size_limits_does_not_make_the_part_ng(
     assert spot.regions[0].length_px >= spot.regions[0].width_px > 0
 
 
+def test_under_ng_plus_near_a_part_scored_just_below_the_threshold_is_saved_and_a_good_one_is_not(
+    tmp_path: Path,
+) -> None:
+    # spot_320x240 scores 0.677: OK under 0.7, within near_margin 0.1 of it; good_320x240, 0.061, is not.
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    evidence = {"dir": "evidence", "save": "ng+near", "near_margin": 0.1}
+    d = RunningDaemon(config(tmp_path, endpoint, evidence, anomaly_threshold=0.7), endpoint)
+    try:
+        status = d.wait_status(lambda s: s.evidence is not None and s.evidence.saved >= 2, timeout=30)
+        assert status.frames_processed >= 3
+    finally:
+        d.stop()
+    sidecars = [
+        DetectionsMessage.model_validate_json(path.read_text()) for path in (tmp_path / "evidence").rglob("messages/*.json")
+    ]
+    assert sidecars and {(m.source_file, m.verdict) for m in sidecars} == {("spot_320x240.png", "ok")}
+
+
 def test_evidence_of_an_anomalous_frame_saves_its_map_beside_the_image(tmp_path: Path) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     d = RunningDaemon(config(tmp_path, endpoint, {"dir": "evidence", "save": "ng"}), endpoint)

@@ -6,6 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 from daemon import RunningDaemon, free_port, run_cli, write_config
 
@@ -89,3 +91,33 @@ def test_an_uncertain_part_is_ng_on_the_triggers_exit_code(tmp_path: Path) -> No
         assert "UNCERTAIN: scratch 0.42" in result.stdout
     finally:
         d.stop()
+
+
+def test_a_classifier_with_a_roi_saves_the_region_it_classified_as_its_evidence(tmp_path: Path) -> None:
+    # wide.png is 320x240; the region [40, 30, 220, 200] classifies as crack 0.83 (NG): a 180x170 image under crack/.
+    (tmp_path / "frames").mkdir()
+    shutil.copy(DATA / "wide.png", tmp_path / "frames" / "wide.png")
+    shutil.copy(DATA / "cls.onnx", tmp_path / "cls.onnx")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "images", "path": "frames", "loop": True, "fps": 10},
+            "model": {"path": "cls.onnx"},
+            "inspect": {"ng_classes": ["crack"], "roi": REFERENCE["roi"]},
+            "evidence": {"dir": "evidence", "save": "ng"},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+            "thermal": {"enabled": False},
+        },
+    )
+    d = RunningDaemon(config, endpoint)
+    try:
+        d.wait_status(lambda s: s.evidence is not None and s.evidence.saved >= 1, timeout=30)
+    finally:
+        d.stop()
+    images = list((tmp_path / "evidence").rglob("images/crack/*.jpg"))
+    assert images, d.log()
+    image = cv2.imread(str(images[0]))
+    expected = cv2.imread(str(DATA / "wide.png"))[30:200, 40:220]
+    assert image.shape == expected.shape == (170, 180, 3)
+    assert np.abs(image.astype(np.int16) - expected).mean() < 4  # the region, through JPEG

@@ -239,7 +239,8 @@ def test_a_candidate_that_does_not_load_is_reported_and_the_live_model_serves_on
 
 def test_a_candidate_that_outputs_nan_is_reported_and_the_live_path_is_untouched(tmp_path: Path) -> None:
     nan_probe(tmp_path / "nan.onnx")
-    d, _ = start(tmp_path, {"path": "nan.onnx"}, colour=(230, 230, 230))
+    (tmp_path / "nan.labels").write_text("scratch\ncrack\n")  # the live model's first classes: comparable
+    d, _ = start(tmp_path, {"path": "nan.onnx", "labels": "nan.labels"}, colour=(230, 230, 230))
     try:
         status = d.wait_status(lambda s: s.candidate is not None and s.candidate.failed_frames >= 3, timeout=30)
         assert status.candidate is not None and status.candidate.state == "on_trial"

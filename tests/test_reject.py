@@ -167,6 +167,15 @@ def test_an_ok_part_fires_nothing(gpiod: ModuleType, lines: list[RejectLine]) ->
     assert len(pulses(gpiod)) == 1 and wait_for(lambda: line.report().pulses == 1, 5.0)
 
 
+def test_an_uncertain_part_fires_as_an_ng_one(gpiod: ModuleType, lines: list[RejectLine]) -> None:
+    line = start(lines, reject(delay_ms=20.0))
+    t = time.monotonic_ns()
+    line.expect(t)
+    line.resolve(t, "uncertain", time.monotonic_ns())  # a classifier below inspect.min_confidence
+    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), levels(gpiod, 0)
+    assert wait_for(lambda: line.report().pulses == 1, 5.0)
+
+
 def test_active_low_inverts_the_level_on_the_pin(gpiod: ModuleType, lines: list[RejectLine]) -> None:
     line = start(lines, reject(active_low=True, delay_ms=0.0))
     line.expect(t := time.monotonic_ns())

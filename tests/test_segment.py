@@ -116,7 +116,7 @@ def test_a_defect_within_its_class_size_limits_is_noted_and_makes_no_ng_and_mm_c
     label, length = model.label(int(every.class_ids[shortest])), every.sides[shortest][0]
     limit_mm = (length + 0.05) * 0.1
     cfg = InspectConfig(ng_classes=[label], mm_per_px=0.1, max_length_mm={label: limit_mm})
-    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300))
+    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300, masks=True))
     done = path.run(Frame(image, 3, 0, 0, "bgr"))
     assert isinstance(done, Processed)
     msg = path.message(done, seq=0, thermal_state="ok")
@@ -140,7 +140,7 @@ def test_a_class_without_size_limits_stays_ng_beside_one_that_has_them(model: Lo
     assert set(labels) - {limited}, "the frame needs instances of a second class"
     # Limits no instance reaches, for one class only: every other class's instances stay NG.
     cfg = InspectConfig(mm_per_px=0.1, max_length_mm={limited: 1e6}, max_area_mm2={limited: 1e6})
-    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300))
+    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300, masks=True))
     done = path.run(Frame(image, 3, 0, 0, "bgr"))
     assert isinstance(done, Processed)
     msg = path.message(done, seq=0, thermal_state="ok")
@@ -179,7 +179,7 @@ def test_a_mask_mapped_over_its_box_alone_is_the_whole_frames_mapping_bit_for_bi
 
 def test_limits_in_mm_need_the_cameras_scale(model: LoadedModel) -> None:
     with pytest.raises(ConfigError, match=r"need the camera's scale, inspect\.mm_per_px"):
-        Inspector(InspectConfig(max_area_mm2={"dent": 4.0}), model.labels, 3, 0.25, 300)
+        Inspector(InspectConfig(max_area_mm2={"dent": 4.0}), model.labels, 3, 0.25, 300, masks=True)
 
 
 @pytest.mark.unit
@@ -215,7 +215,7 @@ def test_zones_place_an_instance_by_its_mask_and_keep_its_outline_when_others_ar
     by_box = [i for i in range(len(every.polygons)) if (every.xyxy[i, 0] + every.xyxy[i, 2]) / 2 < 320 / 3]
     assert set(in_left) != set(by_box)  # the masks decide other than the boxes' centres would
     cfg = InspectConfig(zones={"left": left}, ng_classes=[])
-    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300))
+    path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300, masks=True))
     done = path.run(Frame(image, 3, 0, 0, "bgr"))
     assert isinstance(done, Processed) and isinstance(done.result, Instances)
     msg = path.message(done, seq=0, thermal_state="ok")
@@ -259,7 +259,7 @@ def test_a_segmented_frame_creates_no_arrays_but_opencvs_contours(retina: bool) 
     cfg = ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=300, retina_masks=retina)
     model = load_model(cfg, RuntimeConfig())
     inspect = InspectConfig(ng_classes=["dent"], mm_per_px=0.1, max_length_mm={"dent": 5.0}, max_area_mm2={"dent": 40.0})
-    path = FramePath(model, "cam0", "bgr", Inspector(inspect, model.labels, 3, 0.25, 300))
+    path = FramePath(model, "cam0", "bgr", Inspector(inspect, model.labels, 3, 0.25, 300, masks=True))
     frame = Frame(cv2.imread(str(DATA / "tall.png")), 3, 0, 0, "bgr")
     for _ in range(3):
         path.run(frame)

@@ -4,11 +4,13 @@ trial took from the live frames."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import pytest
 from onnx_models import fixed_scene
@@ -18,10 +20,13 @@ from edged.decode import Detections
 from edged.messages import StageLatency
 from edged.model import load_model
 from edged.pipeline import Processed, frame_path
+from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SyntheticSourceConfig
 from edged.shadow import BUSY_KEPT, BusyTimes, Shadow, Swap, match
 from edged.sources.base import Frame
 
+TASKS = Path(__file__).parent / "data" / "tasks"
+ANOMALY = Path(__file__).parent / "data" / "anomaly"
 SCENE = [(16.0, 20.0, 8.0, 8.0, 0, 0.9), (48.0, 20.0, 8.0, 8.0, 1, 0.8), (16.0, 44.0, 8.0, 8.0, 2, 0.7)]
 
 
@@ -82,7 +87,7 @@ MS = 1_000_000
 
 def test_without_time_to_spare_the_candidate_never_runs_and_says_how_many_samples_it_skipped(tmp_path: Path) -> None:
     s = settings(tmp_path, SCENE)
-    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
+    shadow = Shadow(s, s.model.candidate, load_model(s.model, s.runtime))  # type: ignore[arg-type]
     for done in live_frames(s, 4):
         shadow.observe("cam0", done)
         assert not shadow.run(0.0)
@@ -93,7 +98,7 @@ def test_without_time_to_spare_the_candidate_never_runs_and_says_how_many_sample
 
 def test_with_time_to_spare_an_identical_candidate_agrees_and_passes_the_gate(tmp_path: Path) -> None:
     s = settings(tmp_path, SCENE)
-    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
+    shadow = Shadow(s, s.model.candidate, load_model(s.model, s.runtime))  # type: ignore[arg-type]
     for done in live_frames(s, 3):
         shadow.observe("cam0", done)
         assert shadow.run(10.0)
@@ -104,7 +109,7 @@ def test_with_time_to_spare_an_identical_candidate_agrees_and_passes_the_gate(tm
 
 def test_the_gate_names_a_class_the_candidate_misses(tmp_path: Path) -> None:
     s = settings(tmp_path, SCENE[:2], min_agreement=0.0)
-    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
+    shadow = Shadow(s, s.model.candidate, load_model(s.model, s.runtime))  # type: ignore[arg-type]
     for done in live_frames(s, 3):
         shadow.observe("cam0", done)
         shadow.run(10.0)
@@ -113,7 +118,7 @@ def test_the_gate_names_a_class_the_candidate_misses(tmp_path: Path) -> None:
 
 def test_promotion_keeps_the_live_model_and_rollback_hands_it_back_with_the_trial_started_again(tmp_path: Path) -> None:
     s = settings(tmp_path, SCENE[:2])
-    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
+    shadow = Shadow(s, s.model.candidate, load_model(s.model, s.runtime))  # type: ignore[arg-type]
     live = load_model(s.model, s.runtime)
     paths = {"cam0": frame_path(s, live, s.source[0])}
     promoted = shadow.promote(Swap(live, paths))
@@ -127,10 +132,63 @@ def test_promotion_keeps_the_live_model_and_rollback_hands_it_back_with_the_tria
 def test_a_candidate_that_does_not_load_is_reported_failed(tmp_path: Path) -> None:
     s = settings(tmp_path, SCENE)
     (tmp_path / "candidate.onnx").write_bytes(b"no model")
-    shadow = Shadow(s, s.model.candidate)  # type: ignore[arg-type]
+    shadow = Shadow(s, s.model.candidate, load_model(s.model, s.runtime))  # type: ignore[arg-type]
     report = shadow.report()
     assert report.state == "failed" and report.model is None and "did not load" in (report.error or "")
     assert not shadow.run(10.0)
+
+
+def test_a_candidate_of_another_task_is_refused_naming_both_tasks(tmp_path: Path) -> None:
+    s = settings(tmp_path, SCENE)
+    shutil.copy(TASKS / "cls.onnx", tmp_path / "candidate.onnx")
+    report = Shadow(s, s.model.candidate, load_model(s.model, s.runtime)).report()  # type: ignore[arg-type]
+    assert report.state == "failed" and report.model is None and report.frames == 0
+    assert "the candidate is a classify model and the live model a detect model" in (report.error or "")
+
+
+def test_a_candidate_whose_class_ids_name_other_classes_is_refused_naming_the_first(tmp_path: Path) -> None:
+    s = settings(tmp_path, SCENE)
+    (tmp_path / "candidate.labels").write_text("crack\nscratch\ndust\n")
+    assert s.model.candidate is not None
+    trial = s.model.candidate.model_copy(update={"labels": tmp_path / "candidate.labels"})
+    report = Shadow(s, trial, load_model(s.model, s.runtime)).report()
+    assert report.state == "failed"
+    assert "the candidate's class 0 is 'crack' where the live model's is 'scratch'" in (report.error or "")
+
+
+def anomaly_trial(tmp_path: Path, inspect: InspectConfig | None) -> Shadow:
+    """A trial of PaDiM at the threshold 0.31 beside PaDiM at 0.7, which has run on spot_320x240
+    (score 0.677): OK, or normal, under the live model's threshold, NG, or anomalous, under the
+    candidate's own."""
+    shutil.copy(ANOMALY / "padim.onnx", tmp_path / "live.onnx")
+    shutil.copy(ANOMALY / "padim.onnx", tmp_path / "candidate.onnx")
+    trial = CandidateConfig(
+        path=tmp_path / "candidate.onnx", anomaly_threshold=0.31, sample_every=1, control=f"ipc://{tmp_path}/c.sock"
+    )
+    s = Settings(
+        model=ModelConfig(path=tmp_path / "live.onnx", anomaly_threshold=0.7, candidate=trial),
+        source=(SyntheticSourceConfig(width=320, height=240),),
+        inspect=inspect,
+    )
+    live = load_model(s.model, s.runtime)
+    image = cv2.imread(str(ANOMALY / "spot_320x240.png"))
+    done = frame_path(s, live, s.source[0]).run(Frame(image, 0, time.monotonic_ns(), time.time_ns(), "bgr"))
+    assert isinstance(done, Processed)
+    shadow = Shadow(s, trial, live)
+    shadow.observe("cam0", done)
+    assert shadow.run(10.0)
+    return shadow
+
+
+def test_an_anomaly_candidate_is_judged_by_its_own_threshold(tmp_path: Path) -> None:
+    assert anomaly_trial(tmp_path, InspectConfig()).report().verdicts == {"ok/ng": 1}
+
+
+def test_without_inspect_an_anomaly_candidate_is_compared_by_its_judgement_not_by_boxes_it_has_none_of(
+    tmp_path: Path,
+) -> None:
+    report = anomaly_trial(tmp_path, None).report()
+    assert report.verdicts == {"normal/anomalous": 1} and report.agreement == 0.0
 
 
 @pytest.mark.unit
@@ -156,7 +214,7 @@ def test_a_frame_that_waited_through_a_candidate_run_is_charged_the_run_and_one_
 ) -> None:
     s = settings(tmp_path, SCENE)
     clock = Clock(10 * MS)
-    shadow = Shadow(s, s.model.candidate, clock=clock)  # type: ignore[arg-type]
+    shadow = Shadow(s, s.model.candidate, load_model(s.model, s.runtime), clock=clock)  # type: ignore[arg-type]
     first, before, during, after = live_frames(s, 4, [0, 10 * MS, 40 * MS, 60 * MS])
     shadow.observe("cam0", first)
     clock.ns, clock.step = 20 * MS, 15 * MS  # the candidate runs from 20 to 35 ms, and is compared until 50 ms
@@ -173,7 +231,7 @@ def test_a_frame_that_waited_through_a_candidate_run_is_charged_the_run_and_one_
 def test_the_sample_copy_is_charged_to_the_frames_captured_before_it_ended(tmp_path: Path) -> None:
     s = settings(tmp_path, SCENE)
     clock = Clock(10 * MS, 5 * MS)  # the copy of the first frame takes 10 to 15 ms
-    shadow = Shadow(s, s.model.candidate, clock=clock)  # type: ignore[arg-type]
+    shadow = Shadow(s, s.model.candidate, load_model(s.model, s.runtime), clock=clock)  # type: ignore[arg-type]
     first, second = live_frames(s, 2, [0, 12 * MS])
     shadow.observe("cam0", first)
     shadow.observe("cam0", second)
@@ -185,7 +243,7 @@ def test_the_sample_copy_is_charged_to_the_frames_captured_before_it_ended(tmp_p
 def test_the_busy_times_kept_stay_few_over_many_frames(tmp_path: Path) -> None:
     s = settings(tmp_path, SCENE)
     clock = Clock(0, MS)
-    shadow = Shadow(s, s.model.candidate, clock=clock)  # type: ignore[arg-type]
+    shadow = Shadow(s, s.model.candidate, load_model(s.model, s.runtime), clock=clock)  # type: ignore[arg-type]
     done = live_frames(s, 1)[0]
     for i in range(2000):
         captured = clock.ns
@@ -197,5 +255,5 @@ def test_the_busy_times_kept_stay_few_over_many_frames(tmp_path: Path) -> None:
 
 def test_before_any_live_frame_the_report_says_no_delay(tmp_path: Path) -> None:
     s = settings(tmp_path, SCENE)
-    report = Shadow(s, s.model.candidate).report()  # type: ignore[arg-type]
+    report = Shadow(s, s.model.candidate, load_model(s.model, s.runtime)).report()  # type: ignore[arg-type]
     assert (report.live_frames, report.live_delayed, report.live_delay_ms, report.live_delay) == (0, 0, None, None)

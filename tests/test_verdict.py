@@ -46,6 +46,18 @@ def test_class_conf_by_label_or_id_fills_the_thresholds_the_decoder_uses() -> No
     assert inspector(class_conf={"crack": 0.6, "2": 0.1}).thresholds == [0.25, 0.6, 0.1]
 
 
+def test_keys_a_detector_cannot_honour_are_config_errors_naming_them() -> None:
+    with pytest.raises(ConfigError) as raised:
+        inspector(max_area_px={"crack": 50.0}, max_length_px={"dust": 9.0}, min_confidence=0.5)
+    problems = raised.value.problems
+    assert raised.value.exit_code == 78 and len(problems) == 3
+    assert problems[0].startswith("inspect.min_confidence is for classification models")
+    assert problems[1].startswith("inspect.max_length_px is for segmentation and anomaly models")
+    assert problems[2].startswith("inspect.max_area_px is for segmentation and anomaly models")
+    masked = Inspector(InspectConfig(max_area_px={"crack": 50.0}), LABELS, len(LABELS), 0.25, 20, masks=True)
+    assert masked.thresholds == [0.25] * 3
+
+
 def test_unknown_class_names_are_config_errors_listing_the_models_classes() -> None:
     with pytest.raises(ConfigError) as raised:
         inspector(class_conf={"scrach": 0.5}, ng_classes=["crack", "7"], min_area={"dents": 0.1})

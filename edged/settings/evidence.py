@@ -59,13 +59,15 @@ class EvidenceConfig(Section):
     save: SavePolicy = Field(
         "ng",
         description="Frames saved: 'ng' (the verdict is ng; without [inspect], any detection), 'ng+near' "
-        "(also a near miss: a score within near_margin below its class threshold), 'all'.",
+        "(also a near miss: a score within near_margin below its class threshold, or an anomaly model's "
+        "image score within it below model.anomaly_threshold), 'all'.",
     )
     near_margin: float = Field(
         0.1,
         gt=0,
         le=1,
-        description="ng+near: how far below its class threshold a score makes a near miss (never published).",
+        description="ng+near: how far below its class threshold (an anomaly model's: model.anomaly_threshold) a "
+        "score makes a near miss (never published).",
     )
     max_bytes: int = Field(
         1_000_000_000, gt=0, description="Most bytes this camera's evidence may take; the oldest frames go first."

@@ -39,7 +39,11 @@ class RejectConfig(Section):
         None, description="Required: the line, by offset on the chip or by name (gpioinfo lists both)."
     )
     active_low: bool = Field(False, description="The line is active when low (the ejector's input inverts).")
-    on: list[FiringVerdict] = Field(default_factory=_ng, min_length=1, description="The verdicts that fire the line.")
+    on: list[FiringVerdict] = Field(
+        default_factory=_ng,
+        min_length=1,
+        description="The verdicts that fire the line; a classifier's 'uncertain' is 'ng' here (the part it cannot tell).",
+    )
     delay_ms: float | None = Field(
         None,
         ge=0,

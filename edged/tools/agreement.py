@@ -79,7 +79,9 @@ class _Judge:
         self.model = model
         self.plan: FramePipeline | None = None
         names = model.labels or [str(i) for i in range(model.num_classes)]
-        self.inspector = Inspector(inspect, names, model.num_classes, conf, model.cfg.max_det) if inspect else None
+        masks = model.task == "segment"
+        max_det = model.cfg.max_det
+        self.inspector = Inspector(inspect, names, model.num_classes, conf, max_det, masks=masks) if inspect else None
         self.thresholds = np.array(self.inspector.thresholds if self.inspector else [conf] * model.num_classes)
 
     def __call__(self, image: np.ndarray) -> tuple[Detections, Detections, str | None]:
