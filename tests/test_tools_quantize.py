@@ -431,6 +431,7 @@ def test_unloadable_result_fails_with_a_message(
         latency_frames=0,
         data=None,
         config=None,
+        camera=None,
         report=None,
     )
     with pytest.raises(QuantizeError, match="quantised model") as raised:
