@@ -49,25 +49,15 @@ class Agreement:
     flipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "images": self.images,
-            "map50": self.map50,
-            "map50_95": self.map50_95,
-            "reference_boxes": self.reference_boxes,
-            "verdicts_agree": self.verdicts_agree,
-            "verdicts_flipped": self.flipped,
-        }
+        boxes = {"map50": self.map50, "map50_95": self.map50_95, "reference_boxes": self.reference_boxes}
+        return {"images": self.images, **boxes, **_verdicts(self.verdicts_agree, self.flipped)}
 
     def format(self) -> str:
         line = (
             f"agreement with FP32's boxes on {self.images} image(s) ({self.reference_boxes} boxes): "
             f"mAP@0.5 {self.map50:.3f}, mAP@0.5:0.95 {self.map50_95:.3f}"
         )
-        if self.verdicts_agree is not None:
-            line += f"; OK/NG verdicts agree on {100 * self.verdicts_agree:.1f} %"
-            if self.flipped:
-                line += f", flipped on: {', '.join(self.flipped[:5])}" + (" ..." if len(self.flipped) > 5 else "")
-        return line
+        return line + _said(self.verdicts_agree, self.flipped)
 
 
 class _Judge:
@@ -154,23 +144,24 @@ class ClassAgreement:
     flipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "images": self.images,
-            "top1_agree": self.top1_agree,
-            "top1_changed": self.changed,
-            "verdicts_agree": self.verdicts_agree,
-            "verdicts_flipped": self.flipped,
-        }
+        top1 = {"top1_agree": self.top1_agree, "top1_changed": self.changed}
+        return {"images": self.images, **top1, **_verdicts(self.verdicts_agree, self.flipped)}
 
     def format(self) -> str:
         line = f"agreement with FP32's best class on {self.images} image(s): {100 * self.top1_agree:.1f} %"
-        line += _named(self.changed)
-        if self.verdicts_agree is not None:
-            line += f"; OK/NG verdicts agree on {100 * self.verdicts_agree:.1f} %" + _named(self.flipped, "flipped")
-        return line
+        return line + _named(self.changed, "changed") + _said(self.verdicts_agree, self.flipped)
 
 
-def _named(images: list[str], what: str = "changed") -> str:
+def _verdicts(agree: float | None, flipped: list[str]) -> dict[str, Any]:
+    return {"verdicts_agree": agree, "verdicts_flipped": flipped}
+
+
+def _said(agree: float | None, flipped: list[str]) -> str:
+    """The verdict figures, as the reports print them; nothing without ``[inspect]``."""
+    return "" if agree is None else f"; OK/NG verdicts agree on {100 * agree:.1f} %" + _named(flipped, "flipped")
+
+
+def _named(images: list[str], what: str) -> str:
     return f", {what} on: {', '.join(images[:5])}" + (" ..." if len(images) > 5 else "") if images else ""
 
 
