@@ -87,7 +87,9 @@ class InspectConfig(Section):
         description="Name -> polygon [[x, y], ...] in fractions of the frame (0..1); none: the whole frame.",
     )
     outside_zones: Literal["drop", "keep"] = Field(
-        "drop", description="Detections outside every zone: 'drop' them, or 'keep' them with no zone (never NG)."
+        "drop",
+        description="Detections outside every zone: 'drop' them, or 'keep' them with no zone (never NG). An anomaly "
+        "model's regions outside every zone are always kept with no zone and never count, as its map shows them.",
     )
     match: Literal["centre", "overlap"] = Field(
         "centre", description="A detection is in a zone when its box centre is inside, or with 'overlap' any of its box."
