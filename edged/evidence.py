@@ -495,19 +495,19 @@ class EvidenceWriter:
         Returns where its image will be, None when it is not saved.
 
         ``result`` is what was published, with its near misses under ``ng+near``; the label saved
-        is the findings of ``labelled`` (default ``result``: the frame's findings before zones
-        dropped some), never the near misses. ``message`` is the payload published for the frame,
-        None when it was not published; ``names`` the model's class names; ``part_id`` the
-        request's, which ends the file names; ``region`` the rows and columns of the frame the model
-        saw (a classifier's ``inspect.roi``): the image saved, so a dataset made of it trains on
-        what the model is shown.
+        and a classifier's class folder are the findings of ``labelled`` (default ``result``: the
+        frame's findings before zones dropped some), never the near misses. ``message`` is the
+        payload published for the frame, None when it was not published; ``names`` the model's
+        class names; ``part_id`` the request's, which ends the file names; ``region`` the rows and
+        columns of the frame the model saw (a classifier's ``inspect.roi``): the image saved, so a
+        dataset made of it trains on what the model is shown.
         """
         if not self.admit(verdict, len(result), result.near_misses()):
             return None
         image = frame.image[region].copy()
         height, width = image.shape[:2]
-        label = (labelled if labelled is not None else result).dataset_label(width, height)
-        class_id = result.dataset_class()
+        findings = labelled if labelled is not None else result
+        label, class_id = findings.dataset_label(width, height), findings.dataset_class()
         image_class = None if class_id is None else class_folder(names[class_id])
         heatmap = result.heatmap()
         saved = EvidenceFrame(

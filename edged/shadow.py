@@ -106,6 +106,7 @@ class Sample:
         self.scores = np.empty(max_det, np.float32)
         self.class_ids = np.empty(max_det, np.int32)
         self.found = 0
+        self.top: tuple[int, float] | None = None  # a classifier's best class and score
         self.verdict = "none"
         self.live_s = 0.0  # the live model's own time on it: the candidate's estimate before it has run
         self.pending = False
@@ -123,6 +124,7 @@ class Sample:
         self.xyxy[:n] = result.xyxy[:n]
         self.scores[:n] = result.scores[:n]
         self.class_ids[:n] = result.class_ids[:n]
+        self.top = done.result.top if isinstance(done.result, Classes) else None
         self.verdict = trial_verdict(done)
         times = done.times
         self.live_s = (times.preprocess_ms + times.inference_ms + times.decode_ms) / 1e3
@@ -474,7 +476,11 @@ class Shadow:
         }
         names = self.model.class_names
         record_bytes = json.dumps(record).encode()
-        writer.offer(frame, outcome.result, None, record_bytes, names=names, labelled=live, region=outcome.plan.region)
+        labelled: TaskResult = live
+        if isinstance(outcome.result, Classes):  # filed under the live model's class, as boxes are labelled with its
+            top = [sample.top] if sample.top is not None else []
+            labelled = Classes(np.array([c for c, _ in top], np.int64), np.array([s for _, s in top], np.float32))
+        writer.offer(frame, outcome.result, None, record_bytes, names=names, labelled=labelled, region=outcome.plan.region)
 
     def close(self) -> None:
         """Finish saving the disagreeing frames queued."""

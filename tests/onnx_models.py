@@ -424,3 +424,15 @@ def _border_head_nodes(head: str, n: int, rows: int, top_k: int) -> list[onnx.No
         _const("out_shape", np.array([1, top_k, 6], np.int64)),
         helper.make_node("Reshape", ["top_rows", "out_shape"], ["output0"]),
     ]
+
+
+def reversed_classes(path: Path) -> Path:
+    """``tests/data/tasks/cls.onnx`` with its scores handed out in reverse class order, under the same
+    class names: a classifier that disagrees with it."""
+    model = onnx.load(Path(__file__).parent / "data" / "tasks" / "cls.onnx")
+    last = model.graph.node[-1]
+    last.output[0] = "in_order"
+    model.graph.initializer.append(numpy_helper.from_array(np.arange(4, -1, -1, dtype=np.int64), "reverse"))
+    model.graph.node.append(helper.make_node("Gather", ["in_order", "reverse"], ["output0"], axis=1))
+    onnx.save(model, path)
+    return path

@@ -13,7 +13,7 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
-from onnx_models import fixed_scene
+from onnx_models import fixed_scene, reversed_classes
 
 from edged.config import CandidateConfig, ModelConfig, Settings
 from edged.decode import Detections
@@ -178,6 +178,33 @@ def anomaly_trial(tmp_path: Path, inspect: InspectConfig | None) -> Shadow:
     shadow.observe("cam0", done)
     assert shadow.run(10.0)
     return shadow
+
+
+def test_a_classifiers_disagreement_is_filed_under_the_live_models_class(tmp_path: Path) -> None:
+    # As a detector's is labelled with the live model's boxes; it was filed under the candidate's class.
+    trial = CandidateConfig(
+        path=reversed_classes(tmp_path / "candidate.onnx"),
+        sample_every=1,
+        control=f"ipc://{tmp_path}/c.sock",
+        evidence_dir=tmp_path / "disagreements",
+    )
+    s = Settings(
+        model=ModelConfig(path=TASKS / "cls.onnx", candidate=trial), source=(SyntheticSourceConfig(width=320, height=240),)
+    )
+    live = load_model(s.model, s.runtime)
+    image = cv2.imread(str(TASKS / "wide.png"))
+    done = frame_path(s, live, s.source[0]).run(Frame(image, 0, time.monotonic_ns(), time.time_ns(), "bgr"))
+    assert isinstance(done, Processed)
+    shadow = Shadow(s, trial, live)
+    shadow.observe("cam0", done)
+    assert shadow.run(10.0)
+    shadow.close()
+    report = shadow.report()
+    assert report.agreement == 0.0 and report.disagreements_saved == 1, report
+    live_class, candidate_class = (live.class_names[c] for c in (done.result.top[0], 4 - done.result.top[0]))  # type: ignore[union-attr]
+    assert live_class != candidate_class
+    saved = [p for p in (tmp_path / "disagreements").rglob("*") if p.suffix in (".jpg", ".png")]
+    assert [p.parent.name for p in saved] == [live_class], saved
 
 
 def test_an_anomaly_candidate_is_judged_by_its_own_threshold(tmp_path: Path) -> None:

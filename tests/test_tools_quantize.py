@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from daemon import run_cli
 from onnx import TensorProto, helper, numpy_helper
-from onnx_models import colour_probe
+from onnx_models import colour_probe, reversed_classes
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_FAILURE, EXIT_USAGE, DataError, QuantizeError, UsageError
@@ -343,17 +343,6 @@ def test_an_anomaly_model_is_refused_before_any_work(tmp_path: Path) -> None:
     assert "calibrating" not in anomaly.stderr and not out.exists()
 
 
-def _reversed_classes(path: Path) -> Path:
-    """``cls.onnx`` with its scores handed out in reverse class order: a classifier that disagrees."""
-    model = onnx.load(TASKS / "cls.onnx")
-    last = model.graph.node[-1]
-    last.output[0] = "in_order"
-    model.graph.initializer.append(numpy_helper.from_array(np.arange(4, -1, -1, dtype=np.int64), "reverse"))
-    model.graph.node.append(helper.make_node("Gather", ["in_order", "reverse"], ["output0"], axis=1))
-    onnx.save(model, path)
-    return path
-
-
 def test_a_classifier_is_compared_by_its_best_class_and_its_verdicts(tmp_path: Path) -> None:
     # Before: the comparison was of boxes, and failed after the calibration and the timing.
     out, report, config = tmp_path / "o.onnx", tmp_path / "report.json", tmp_path / "edged.toml"
@@ -392,7 +381,7 @@ def test_class_agreement_names_the_images_whose_best_class_or_verdict_changes(tm
     from edged.tools.agreement import class_agreement
 
     reference = load_model(ModelConfig(path=TASKS / "cls.onnx"), RuntimeConfig())
-    reversed_ = load_model(ModelConfig(path=_reversed_classes(tmp_path / "reversed.onnx")), RuntimeConfig())
+    reversed_ = load_model(ModelConfig(path=reversed_classes(tmp_path / "reversed.onnx")), RuntimeConfig())
     images = [TASKS / name for name in ("square.png", "wide.png", "tall.png", "strip.png")]
 
     def samples() -> Iterator[EvalSample]:
