@@ -170,14 +170,19 @@ def anomaly_trial(tmp_path: Path, inspect: InspectConfig | None) -> Shadow:
         source=(SyntheticSourceConfig(width=320, height=240),),
         inspect=inspect,
     )
+    return one_trial(s, trial, ANOMALY / "spot_320x240.png")[0]
+
+
+def one_trial(s: Settings, trial: CandidateConfig, image: Path) -> tuple[Shadow, Processed]:
+    """The trial of ``trial`` after it has run on the live model's frame of ``image``, and that frame."""
     live = load_model(s.model, s.runtime)
-    image = cv2.imread(str(ANOMALY / "spot_320x240.png"))
-    done = frame_path(s, live, s.source[0]).run(Frame(image, 0, time.monotonic_ns(), time.time_ns(), "bgr"))
+    frame = Frame(cv2.imread(str(image)), 0, time.monotonic_ns(), time.time_ns(), "bgr")
+    done = frame_path(s, live, s.source[0]).run(frame)
     assert isinstance(done, Processed)
     shadow = Shadow(s, trial, live)
     shadow.observe("cam0", done)
     assert shadow.run(10.0)
-    return shadow
+    return shadow, done
 
 
 def test_a_classifiers_disagreement_is_filed_under_the_live_models_class(tmp_path: Path) -> None:
@@ -191,17 +196,12 @@ def test_a_classifiers_disagreement_is_filed_under_the_live_models_class(tmp_pat
     s = Settings(
         model=ModelConfig(path=TASKS / "cls.onnx", candidate=trial), source=(SyntheticSourceConfig(width=320, height=240),)
     )
-    live = load_model(s.model, s.runtime)
-    image = cv2.imread(str(TASKS / "wide.png"))
-    done = frame_path(s, live, s.source[0]).run(Frame(image, 0, time.monotonic_ns(), time.time_ns(), "bgr"))
-    assert isinstance(done, Processed)
-    shadow = Shadow(s, trial, live)
-    shadow.observe("cam0", done)
-    assert shadow.run(10.0)
+    shadow, done = one_trial(s, trial, TASKS / "wide.png")
     shadow.close()
     report = shadow.report()
     assert report.agreement == 0.0 and report.disagreements_saved == 1, report
-    live_class, candidate_class = (live.class_names[c] for c in (done.result.top[0], 4 - done.result.top[0]))  # type: ignore[union-attr]
+    names = done.plan.model.class_names
+    live_class, candidate_class = (names[c] for c in (done.result.top[0], 4 - done.result.top[0]))  # type: ignore[union-attr]
     assert live_class != candidate_class
     saved = [p for p in (tmp_path / "disagreements").rglob("*") if p.suffix in (".jpg", ".png")]
     assert [p.parent.name for p in saved] == [live_class], saved
