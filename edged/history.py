@@ -123,11 +123,16 @@ def _when(wall_ns: int) -> str:
     return datetime.fromtimestamp(wall_ns / 1e9, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _reasons(text: str | None) -> str:
-    reasons = json.loads(text) if text else []
-    return ", ".join(
-        f"{r.get('label')} {r.get('score', 0):.2f}" + (f" in {r['zone']}" if r.get("zone") else "") for r in reasons
-    )
+def _found(row: dict[str, Any]) -> str:
+    """The reasons of an NG frame; without any, a classifier's best class (its message's ``top``),
+    which an OK frame of a classifier would otherwise not show at all."""
+    reasons = json.loads(row["reasons"]) if row["reasons"] else []
+    if reasons:
+        return ", ".join(
+            f"{r.get('label')} {r.get('score', 0):.2f}" + (f" in {r['zone']}" if r.get("zone") else "") for r in reasons
+        )
+    top = json.loads(row["message"]).get("top") if row["message"] else None
+    return f"{top[0].get('label')} {top[0].get('score', 0):.2f}" if top else ""
 
 
 def records(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -149,7 +154,7 @@ def write(rows: Sequence[dict[str, Any]], fmt: str, out: TextIO) -> None:
             part = row["part_id"] or "-"
             out.write(
                 f"{_when(row['wall_ns'])}  {row['camera_id']}  part {part}  frame {row['frame_id']}  "
-                f"{row['verdict'] or '-'}  {_reasons(row['reasons'])}  model {row['model_sha256'][:12]}"
+                f"{row['verdict'] or '-'}  {_found(row)}  model {row['model_sha256'][:12]}"
                 + (f"  evidence {row['evidence']}" if row["evidence"] else "")
                 + "\n"
             )

@@ -86,6 +86,12 @@ def test_a_table_for_a_person_json_and_csv_for_programs(journal: Path) -> None:
     write(read(journal, Query(verdict="ng")), "csv", as_csv)
     parsed = list(csv.DictReader(io.StringIO(as_csv.getvalue())))
     assert [r["part_id"] for r in parsed] == ["P-0", "P-3", "P-6", "P-9", "P-12", "P-15", "P-18", "P-21", "P-24", "P-27"]
+    # A classifier's OK frame has no reason: its best class is said instead.
+    top = {"kind": "detections", "top": [{"class_id": 0, "label": "good", "score": 0.91}]}
+    classified = {**rows[0], "verdict": "ok", "reasons": "[]", "message": json.dumps(top).encode()}
+    table = io.StringIO()
+    write([classified], "table", table)
+    assert "frame 3  ok  good 0.91  model" in table.getvalue()
     empty = io.StringIO()
     write([], "table", empty)
     assert empty.getvalue() == "no entries match\n"
