@@ -8,7 +8,7 @@ import math
 import signal
 import subprocess
 from collections.abc import Callable
-from contextlib import redirect_stdout
+from contextlib import redirect_stdout, suppress
 from pathlib import Path
 from typing import Any
 
@@ -446,8 +446,18 @@ def test_a_bench_that_is_stopped_or_killed_leaves_no_edged_run_behind(probe: Pat
     bench = subprocess.Popen(edged_command(*argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         children = Path(f"/proc/{bench.pid}/task/{bench.pid}/children")
-        assert wait_for(lambda: bool(children.read_text().split()), timeout_s=60), "bench started no edged run"
-        started = [int(pid) for pid in children.read_text().split()]
+
+        def runs() -> list[int]:
+            """The bench's children that are ``edged run``s by now (past their exec)."""
+            found = []
+            for pid in children.read_text().split():
+                with suppress(OSError):
+                    if b"\0run\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        found.append(int(pid))
+            return found
+
+        assert wait_for(lambda: bool(runs()), timeout_s=60), "bench started no edged run"
+        started = runs()
         bench.send_signal(signum)
         assert bench.wait(30) == (128 + signum if signum == signal.SIGTERM else -signum)
     finally:

@@ -306,8 +306,9 @@ def _run(
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model from /proc/cpuinfo ("model name" on x86, "Model" on a Raspberry Pi); cores from sysfs."""
-    cpu = platform.processor() or platform.machine()
+    """CPU model from /proc/cpuinfo ("model name" on x86, "Model" on a Raspberry Pi); cores from sysfs.
+    Not `platform.processor`, which on Linux runs ``uname -p`` in a child process for the same word."""
+    cpu = platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = (part.strip() for part in line.partition(":"))
