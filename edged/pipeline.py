@@ -182,6 +182,16 @@ class Rejected:
     detail: str
 
 
+def planned(plan: FramePipeline | None, model: LoadedModel, image: np.ndarray, order: ChannelOrder = "bgr") -> FramePipeline:
+    """``plan`` when it was made for ``image``'s size and ``order``, else a new one. The tools read
+    images of any size one after another and keep only the last size's buffers: a folder of crops
+    has as many sizes as images, and a plan kept for each would grow without bound."""
+    h, w = image.shape[:2]
+    if plan is not None and (plan.spec.width, plan.spec.height, plan.spec.channel_order) == (w, h, order):
+        return plan
+    return FramePipeline(model, w, h, order)
+
+
 class FramePath:
     """The path of one camera's frames through one model: check, plan, process, message."""
 

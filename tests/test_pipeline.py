@@ -14,7 +14,16 @@ from onnx_models import colour_probe, fixed_scene, solid_frame
 from edged.config import ModelConfig, RuntimeConfig, Settings, TriggerConfig, load_config
 from edged.errors import ConfigError
 from edged.model import load_model
-from edged.pipeline import MAX_PLANS, FramePath, FramePipeline, Processed, Rejected, frame_path, verdict_message
+from edged.pipeline import (
+    MAX_PLANS,
+    FramePath,
+    FramePipeline,
+    Processed,
+    Rejected,
+    frame_path,
+    planned,
+    verdict_message,
+)
 from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SyntheticSourceConfig
 from edged.sources.base import Frame
@@ -296,3 +305,15 @@ def test_a_camera_in_request_mode_gives_verdicts_without_inspect_and_a_free_one_
     asked = frame_path(settings, model, top).run(_frame(np.full((96, 128, 3), 90, np.uint8)))
     assert isinstance(asked, Processed) and asked.inspected is not None and asked.inspected.verdict == "ng"
     assert frame_path(settings, model, side).inspector is None
+
+
+@pytest.mark.unit
+def test_a_tools_plan_is_kept_for_frames_of_its_size_and_order_and_made_anew_for_others(tmp_path: Path) -> None:
+    model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx")), RuntimeConfig())
+    small, large = np.zeros((96, 128, 3), np.uint8), np.zeros((120, 160, 3), np.uint8)
+    first = planned(None, model, small)
+    assert (first.spec.width, first.spec.height, first.spec.channel_order) == (128, 96, "bgr")
+    assert planned(first, model, small) is first
+    other = planned(first, model, large)
+    assert other is not first and (other.spec.width, other.spec.height) == (160, 120)
+    assert planned(other, model, large, "rgb").spec.channel_order == "rgb"

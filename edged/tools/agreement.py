@@ -27,7 +27,7 @@ from edged.config import Settings
 from edged.decode import Detections
 from edged.errors import UsageError
 from edged.model import LoadedModel
-from edged.pipeline import FramePipeline
+from edged.pipeline import FramePipeline, planned
 from edged.settings.inspect import InspectConfig
 from edged.sources.images import IMAGE_SUFFIXES
 from edged.tools.evaluate import EvalSample, ProgressBar, label_path
@@ -77,8 +77,7 @@ class _Judge:
     def __call__(self, image: np.ndarray) -> tuple[Detections, Detections, str | None]:
         """(every box down to RANK_CONF, the boxes published at the thresholds, the verdict or None)."""
         h, w = image.shape[:2]
-        if self.plan is None or (self.plan.spec.width, self.plan.spec.height) != (w, h):
-            self.plan = FramePipeline(self.model, w, h, "bgr")
+        self.plan = planned(self.plan, self.model, image)
         found, _ = self.plan.process(image)
         assert isinstance(found, Detections)  # checked in __init__: a detection or segmentation model
         ranked = Detections(found.xyxy.copy(), found.scores.copy(), found.class_ids.copy())
@@ -182,12 +181,9 @@ def class_agreement(
     same = agree = images = 0
     changed, flipped = [], []
     for images, sample in enumerate(samples, 1):
-        h, w = sample.image.shape[:2]
         tops, verdicts = [], []
         for i, model in enumerate(models):
-            plan = plans[i]
-            if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
-                plan = plans[i] = FramePipeline(model, w, h, "bgr")
+            plan = plans[i] = planned(plans[i], model, sample.image)
             found, _ = plan.process(sample.image)
             assert isinstance(found, Classes)  # checked by the caller: a classification model
             tops.append(found.top[0] if found.top is not None else None)

@@ -34,7 +34,7 @@ from edged.config import Settings
 from edged.contract import ChannelOrder
 from edged.errors import DataError, UsageError
 from edged.model import LoadedModel, load_model
-from edged.pipeline import FramePipeline
+from edged.pipeline import FramePipeline, planned
 from edged.settings.sources import SourceBase
 from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
 from edged.sources.registry import open_source
@@ -195,9 +195,7 @@ def score_frames(
     scores = []
     names = [o.name for o in model.engine.output_meta]
     for index, (image, order) in enumerate(frames):
-        h, w = image.shape[:2]
-        if plan is None or (plan.spec.width, plan.spec.height, plan.spec.channel_order) != (w, h, order):
-            plan = FramePipeline(model, w, h, order)
+        plan = planned(plan, model, image, order)
         result, _ = plan.process(image)
         if not isinstance(result, Anomaly):
             raise UsageError("edged calibrate is for anomaly models (anomalib exports)")

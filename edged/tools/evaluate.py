@@ -45,7 +45,7 @@ from edged.heads.base import rows
 from edged.heads.registry import head_named
 from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
 from edged.model import LoadedModel, load_model
-from edged.pipeline import FramePipeline
+from edged.pipeline import FramePipeline, planned
 from edged.segment import Segmenter
 from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, MIN_SIDE
 from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
@@ -278,9 +278,7 @@ def evaluate(
     mask_acc = MetricAccumulator(names) if model.task == "segment" else None
     plan: FramePipeline | None = None
     for done, sample in enumerate(samples, 1):
-        h, w = sample.image.shape[:2]
-        if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
-            plan = FramePipeline(model, w, h, "bgr")
+        plan = planned(plan, model, sample.image)
         detections, _ = plan.process(sample.image)
         assert isinstance(detections, Detections)  # run_eval scores classifiers and anomaly models apart
         published = (detections.xyxy.copy(), detections.scores.copy(), detections.class_ids.copy())
@@ -338,9 +336,7 @@ def evaluate_classes(
     top1 = top5 = 0
     for done, (path, class_id) in enumerate(samples, 1):
         image = decoded(path)
-        h, w = image.shape[:2]
-        if plan is None or (plan.spec.width, plan.spec.height) != (w, h):
-            plan = FramePipeline(model, w, h, "bgr")
+        plan = planned(plan, model, image)
         classes, _ = plan.process(image)
         assert isinstance(classes, Classes)  # a classifier's pipeline
         best = classes.class_ids.tolist()[:5]
