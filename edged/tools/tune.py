@@ -28,6 +28,7 @@ import numpy as np
 from edged.config import EngineName, ModelConfig, Precision, Settings, load_config
 from edged.errors import ConfigError, ContractError, DataError, ModelError, SetupError, UsageError
 from edged.model import LoadedModel, load_model
+from edged.settings.inspect import InspectConfig
 from edged.tools import bench_rows as rows
 from edged.tools.agreement import RANK_CONF, agreement, camera_inspection
 from edged.tools.bench import machine_info, rss_kb
@@ -139,15 +140,16 @@ def _variant(
     reference: LoadedModel,
     samples: list[EvalSample],
     labelled: bool,
+    inspect: InspectConfig | None,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """One engine x precision: its timing on the configured thresholds, its accuracy ranked at RANK_CONF."""
+    """One engine x precision: its timing on the configured thresholds, its accuracy ranked at RANK_CONF
+    and its verdicts under ``inspect`` (the camera's, `camera_inspection`)."""
     timed = load_model(cfg, settings.runtime)
     row: dict[str, Any] = {"engine": cfg.engine, "precision": cfg.precision, "path": str(cfg.path)}
     row.update(_timing(timed, samples, args.frames, args.warmup))
     row["rss_mb"] = rss_kb() / 1024
     ranked = load_model(cfg.model_copy(update={"conf": RANK_CONF}), settings.runtime)
-    inspect = camera_inspection(settings, args.camera)
     agreed = agreement(reference, ranked, iter(samples), inspect=inspect, conf=settings.model.conf)
     row["agreement"] = agreed.to_dict()
     row["map50"] = agreed.map50
@@ -215,7 +217,12 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def _rows(
-    args: argparse.Namespace, settings: Settings, reference: LoadedModel, samples: list[EvalSample], log: TextIO
+    args: argparse.Namespace,
+    settings: Settings,
+    reference: LoadedModel,
+    samples: list[EvalSample],
+    inspect: InspectConfig | None,
+    log: TextIO,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every variant this machine runs, the reference first; and why each other one is left out."""
     engines, precisions = set(args.engine.split(",")), set(args.precision.split(","))
@@ -232,7 +239,7 @@ def _rows(
         print(f"running {engine} {precision} ...", file=log)
         try:
             cfg = _variant_config(settings, engine, precision, int8)
-            rows_.append(_variant(settings, cfg, reference, samples, args.labels is not None, args))
+            rows_.append(_variant(settings, cfg, reference, samples, args.labels is not None, inspect, args))
         except SetupError as e:
             if (engine, precision) == REFERENCE:  # the one every other is judged against: the configuration's fault
                 raise
@@ -252,18 +259,18 @@ def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = s
         settings.model.model_copy(update={"conf": RANK_CONF, "engine": "onnxruntime", "precision": "f32"}),
         settings.runtime,
     )
-    inspecting = camera_inspection(settings, args.camera) is not None  # an unknown --camera said now
+    if reference.task not in ("detect", "segment"):
+        what = "a classifier" if reference.task == "classify" else "an anomaly model"
+        raise UsageError(f"tune compares boxes and verdicts of a detection or segmentation model, not {what}")
+    inspect = camera_inspection(settings, args.camera)  # an unknown --camera said now
     args.cache_dir = args.cache_dir or settings.runtime.cache_folder()
     temporary = args.cache_dir is None and args.int8 is None and "int8" in args.precision.split(",")
     if temporary:  # where tune quantises when told nowhere: said again below when the choice is there
         args.cache_dir = Path(tempfile.mkdtemp(prefix="edged-tune."))
-    if reference.task not in ("detect", "segment"):
-        what = "a classifier" if reference.task == "classify" else "an anomaly model"
-        raise UsageError(f"tune compares boxes and verdicts of a detection or segmentation model, not {what}")
     data, samples = _images(args.images, args.labels, args.max_images, reference.num_classes)
     gate = Gate(args.max_map_drop, args.max_flips)
-    rows_, skipped = _rows(args, settings, reference, samples, log)
-    choice = _judge(rows_, gate, inspecting)
+    rows_, skipped = _rows(args, settings, reference, samples, inspect, log)
+    choice = _judge(rows_, gate, inspect is not None)
     report: dict[str, Any] = {
         "config": str(args.config),
         "model": str(settings.model.path),
