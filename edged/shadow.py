@@ -478,8 +478,8 @@ class Shadow:
         record_bytes = json.dumps(record).encode()
         labelled: TaskResult = live
         if isinstance(outcome.result, Classes):  # filed under the live model's class, as boxes are labelled with its
-            top = [sample.top] if sample.top is not None else []
-            labelled = Classes(np.array([c for c, _ in top], np.int64), np.array([s for _, s in top], np.float32))
+            class_ids, scores = ([sample.top[0]], [sample.top[1]]) if sample.top is not None else ([], [])
+            labelled = Classes(np.array(class_ids, np.int64), np.array(scores, np.float32))
         writer.offer(frame, outcome.result, None, record_bytes, names=names, labelled=labelled, region=outcome.plan.region)
 
     def close(self) -> None:
