@@ -22,14 +22,17 @@ A bound socket faces whoever can reach its endpoint, so each one (`Listener`) is
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -39,11 +42,35 @@ from edged.settings.endpoints import ipc_path, ours_to_make
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 MAX_MESSAGE_BYTES = 1024
 PROBE_TIMEOUT_S = 1.0  # a live listener accepts at once, even when its process is stopped
 REBIND_TIMEOUT_S = 5.0  # libzmq closes a socket's listeners asynchronously
 RECOVERY_S = 5.0  # accepting again once no accept has failed for this long
 BIND_RETRY_S = 5.0  # a server whose address is taken tries it again this often, while detection goes on
+
+
+async def retry_bind(
+    attempt: Callable[[], Awaitable[T]],
+    stop: asyncio.Event,
+    said: Callable[[Exception], None],
+    errors: tuple[type[Exception], ...] = (BindError,),
+) -> T | None:
+    """``attempt`` (an asyncio server's bind) until it binds, again every `BIND_RETRY_S` while its
+    address is taken and ``stop`` is clear; ``said`` is given the first failure only, one log line
+    and not one per try. None once ``stop`` is set."""
+    failed = False
+    while not stop.is_set():
+        try:
+            return await attempt()
+        except errors as e:
+            if not failed:
+                said(e)
+            failed = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), BIND_RETRY_S)
+    return None
 
 
 def _prepare_ipc(endpoint: str) -> Path | None:

@@ -46,12 +46,14 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from edged.errors import BindError, MissingDependency
-from edged.listen import BIND_RETRY_S, listen_tcp
+from edged.listen import BIND_RETRY_S, listen_tcp, retry_bind
 from edged.messages import ModbusReport, TriggerError, TriggerProblem, VerdictMessage
 from edged.output import Delivery, Endpoint, FrameReport, Output, OutputReport, Services, StatusReport
 from edged.settings.modbus import BLOCK, ModbusConfig
 
 if TYPE_CHECKING:
+    from pymodbus.server import ModbusTcpServer
+
     from edged.config import Settings
     from edged.journal import JournalOutput
     from edged.trigger import TriggerServer
@@ -416,22 +418,20 @@ class ModbusOutput(Output):
 
         self._stop = asyncio.Event()
         logging.getLogger("pymodbus").setLevel(logging.CRITICAL)
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                bind(self.cfg.listen).close()  # says why, where pymodbus would only fail
-                server = await start_server(self)
-            except (BindError, RuntimeError) as e:
-                if failures == 0:
-                    log.error("%s; the registers are not served, detection goes on; retrying every %.0f s", e, BIND_RETRY_S)
-                failures += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), BIND_RETRY_S)
-                continue
-            log.info("Modbus TCP on %s, unit %d, registers from %d", self.cfg.listen, self.cfg.unit_id, self.cfg.base)
-            await self._stop.wait()
-            await server.shutdown()  # type: ignore[no-untyped-call]
+
+        async def attempt() -> ModbusTcpServer:
+            bind(self.cfg.listen).close()  # says why, where pymodbus would only fail
+            return await start_server(self)
+
+        def said(e: Exception) -> None:
+            log.error("%s; the registers are not served, detection goes on; retrying every %.0f s", e, BIND_RETRY_S)
+
+        server = await retry_bind(attempt, self._stop, said, (BindError, RuntimeError))
+        if server is None:  # closed first
             return
+        log.info("Modbus TCP on %s, unit %d, registers from %d", self.cfg.listen, self.cfg.unit_id, self.cfg.base)
+        await self._stop.wait()
+        await server.shutdown()  # type: ignore[no-untyped-call]
 
 
 def _put32(words: list[int], at: int, value: int) -> None:

@@ -49,9 +49,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import ValidationError
 
-from edged.errors import BindError, KeyFileError
+from edged.errors import KeyFileError
 from edged.keys import check_secret_file
-from edged.listen import BIND_RETRY_S
+from edged.listen import BIND_RETRY_S, retry_bind
 from edged.lograte import LogRate
 from edged.messages import TriggerError, TriggerRequest, VerdictMessage
 from edged.settings.opcua import OpcuaConfig
@@ -435,18 +435,15 @@ class UaServer:
         """Wait until ``opcua.listen`` can be bound (held by another program, or an edged still
         stopping), trying every `BIND_RETRY_S` as the Modbus server and the live view do; False once
         closed. A server that failed to start cannot be started again, so the address is tried first."""
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                self._try_listen()()
-                return True
-            except BindError as e:
-                if failures == 0:
-                    log.error("OPC UA: %s; every other output goes on; retrying every %.0f s", e, BIND_RETRY_S)
-                failures += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), BIND_RETRY_S)
-        return False
+
+        async def attempt() -> bool:
+            self._try_listen()()
+            return True
+
+        def said(e: Exception) -> None:
+            log.error("OPC UA: %s; every other output goes on; retrying every %.0f s", e, BIND_RETRY_S)
+
+        return await retry_bind(attempt, self._stop, said) is not None
 
     def _limit(self, server: Server) -> None:
         """Caps on what clients may make the server hold (`edged.settings.opcua`)."""

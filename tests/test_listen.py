@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import signal
@@ -17,7 +18,8 @@ from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config, writ
 from onnx_models import colour_probe
 from waiting import wait_for
 
-from edged.listen import try_bind
+from edged.errors import BindError
+from edged.listen import retry_bind, try_bind
 from edged.messages import DetectionsMessage
 from edged.subscribe import Subscriber
 
@@ -313,3 +315,28 @@ def test_an_ipc_folder_is_made_only_under_the_runtime_directory(workdir: Path) -
         assert d.stop() == 0
     finally:
         d.close()
+
+
+@pytest.mark.unit
+def test_a_taken_address_is_tried_again_said_once_and_given_up_when_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("edged.listen.BIND_RETRY_S", 0.01)
+    tries: list[int] = []
+    said: list[Exception] = []
+
+    async def run(free_at: int | None) -> int | None:
+        stop = asyncio.Event()
+
+        async def attempt() -> int:
+            tries.append(1)
+            if free_at is None or len(tries) < free_at:
+                if len(tries) == 5:
+                    stop.set()  # closed while the address is still taken
+                raise BindError("taken")
+            return len(tries)
+
+        return await retry_bind(attempt, stop, said.append)
+
+    assert asyncio.run(run(free_at=3)) == 3 and len(said) == 1
+    tries.clear()
+    said.clear()
+    assert asyncio.run(run(free_at=None)) is None and len(tries) == 5 and len(said) == 1
