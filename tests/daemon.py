@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,26 @@ def write_config(path: Path, sections: dict[str, dict[str, Any] | list[dict[str,
             lines += [f"{key} = {toml_value(value)}" for key, value in keys.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def images_config(
+    tmp_path: Path, model_file: Path, images: Sequence[Path], endpoint: str, **sections: dict[str, Any]
+) -> Path:
+    """``tmp_path/edged.toml``: ``model_file`` (copied beside it) on a looping folder of ``images`` at 10 fps,
+    publishing on ``endpoint``; each of ``sections`` is added, or its keys put over the table's."""
+    shutil.copy(model_file, tmp_path / model_file.name)
+    (tmp_path / "frames").mkdir()
+    for image in images:
+        shutil.copy(image, tmp_path / "frames" / image.name)
+    doc: dict[str, dict[str, Any]] = {
+        "source": {"type": "images", "path": "frames", "loop": True, "fps": 10},
+        "model": {"path": model_file.name},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+        "thermal": {"enabled": False},
+    }
+    for name, keys in sections.items():
+        doc.setdefault(name, {}).update(keys)
+    return write_config(tmp_path / "edged.toml", doc)
 
 
 def write_video(

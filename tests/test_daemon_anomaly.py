@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 import pytest
-from daemon import RunningDaemon, free_port, run_cli, write_config
+from daemon import RunningDaemon, free_port, images_config, run_cli
 
 from edged.messages import DetectionsMessage, VerdictMessage
 
@@ -28,21 +27,9 @@ def config(
     inspect: dict[str, Any] | None = None,
     **model: Any,
 ) -> Path:
-    shutil.copy(DATA / "padim.onnx", tmp_path / "padim.onnx")
-    (tmp_path / "frames").mkdir()
-    for name in FRAMES:
-        shutil.copy(DATA / f"{name}.png", tmp_path / "frames" / f"{name}.png")
-    return write_config(
-        tmp_path / "edged.toml",
-        {
-            "source": {"type": "images", "path": "frames", "loop": True, "fps": 10},
-            "model": {"path": "padim.onnx", **model},
-            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
-            "thermal": {"enabled": False},
-            "inspect": inspect or {},
-            **({"evidence": evidence} if evidence else {}),
-        },
-    )
+    frames = [DATA / f"{name}.png" for name in FRAMES]
+    sections = {"model": model, "inspect": inspect or {}, **({"evidence": evidence} if evidence else {})}
+    return images_config(tmp_path, DATA / "padim.onnx", frames, endpoint, **sections)
 
 
 def test_the_daemon_publishes_anomalibs_score_the_verdict_and_regions(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from daemon import RunningDaemon, free_port, run_cli, write_config
+from daemon import RunningDaemon, free_port, images_config, run_cli, write_config
 
 from edged.messages import DetectionsMessage, VerdictMessage
 
@@ -21,21 +21,16 @@ REFERENCE = json.loads((DATA / "cls.json").read_text())
 
 def test_a_classifier_publishes_its_top_classes_and_verdicts_and_files_its_evidence_by_class(tmp_path: Path) -> None:
     # wide.png: crack 0.80 (an NG class, above 0.5): ng; square.png: scratch 0.42, below min_confidence: uncertain.
-    (tmp_path / "frames").mkdir()
-    for name in ("square", "wide"):
-        shutil.copy(DATA / f"{name}.png", tmp_path / "frames" / f"{name}.png")
-    shutil.copy(DATA / "cls.onnx", tmp_path / "cls.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(
-        tmp_path / "edged.toml",
-        {
-            "source": {"type": "images", "path": "frames", "loop": True, "fps": 20},
-            "model": {"path": "cls.onnx", "top_k": 3},
-            "inspect": {"ng_classes": ["crack"], "min_confidence": 0.5},
-            "evidence": {"dir": "evidence", "save": "ng"},
-            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
-            "thermal": {"enabled": False},
-        },
+    config = images_config(
+        tmp_path,
+        DATA / "cls.onnx",
+        [DATA / "square.png", DATA / "wide.png"],
+        endpoint,
+        source={"fps": 20},
+        model={"top_k": 3},
+        inspect={"ng_classes": ["crack"], "min_confidence": 0.5},
+        evidence={"dir": "evidence", "save": "ng"},
     )
     d = RunningDaemon(config, endpoint)
     try:
@@ -95,20 +90,14 @@ def test_an_uncertain_part_is_ng_on_the_triggers_exit_code(tmp_path: Path) -> No
 
 def test_a_classifier_with_a_roi_saves_the_region_it_classified_as_its_evidence(tmp_path: Path) -> None:
     # wide.png is 320x240; the region [40, 30, 220, 200] classifies as crack 0.83 (NG): a 180x170 image under crack/.
-    (tmp_path / "frames").mkdir()
-    shutil.copy(DATA / "wide.png", tmp_path / "frames" / "wide.png")
-    shutil.copy(DATA / "cls.onnx", tmp_path / "cls.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(
-        tmp_path / "edged.toml",
-        {
-            "source": {"type": "images", "path": "frames", "loop": True, "fps": 10},
-            "model": {"path": "cls.onnx"},
-            "inspect": {"ng_classes": ["crack"], "roi": REFERENCE["roi"]},
-            "evidence": {"dir": "evidence", "save": "ng"},
-            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
-            "thermal": {"enabled": False},
-        },
+    config = images_config(
+        tmp_path,
+        DATA / "cls.onnx",
+        [DATA / "wide.png"],
+        endpoint,
+        inspect={"ng_classes": ["crack"], "roi": REFERENCE["roi"]},
+        evidence={"dir": "evidence", "save": "ng"},
     )
     d = RunningDaemon(config, endpoint)
     try:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon import RunningDaemon, free_port, write_config
+from daemon import RunningDaemon, free_port, images_config
 
 from edged.messages import DetectionsMessage
 
@@ -18,20 +17,15 @@ REFERENCE = np.load(DATA / "seg.npz")
 
 
 def test_a_segmentation_model_publishes_outlines_in_mm_and_saves_polygon_labels(tmp_path: Path) -> None:
-    (tmp_path / "frames").mkdir()
-    shutil.copy(DATA / "tall.png", tmp_path / "frames" / "tall.png")
-    shutil.copy(DATA / "seg.onnx", tmp_path / "seg.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(
-        tmp_path / "edged.toml",
-        {
-            "source": {"type": "images", "path": "frames", "loop": True, "fps": 10},
-            "model": {"path": "seg.onnx", "iou": 0.7, "max_det": 300},
-            "inspect": {"mm_per_px": 0.5},
-            "evidence": {"dir": "evidence", "save": "ng"},
-            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
-            "thermal": {"enabled": False},
-        },
+    config = images_config(
+        tmp_path,
+        DATA / "seg.onnx",
+        [DATA / "tall.png"],
+        endpoint,
+        model={"iou": 0.7, "max_det": 300},
+        inspect={"mm_per_px": 0.5},
+        evidence={"dir": "evidence", "save": "ng"},
     )
     d = RunningDaemon(config, endpoint)
     try:
