@@ -17,8 +17,9 @@ ARMv8.2 dot-product kernels widen u8 x s8 products, so nothing saturates and the
 pure precision. x86 CPUs with VNNI are the same. Only x86 without VNNI (AVX2 ``vpmaddubsw``) can
 saturate its 16-bit pair sums, and ``--reduce-range`` exists for that case.
 
-Calibration frames go through the daemon's own `Preprocessor`, built from the model's contract,
-so the ranges are those of what the deployed model sees, letterbox grey included. Ranges default
+Calibration frames go through the daemon's own preprocessor (`edged.preprocess.preprocessor`),
+built from the model's contract, so the ranges are those of what the deployed model sees,
+letterbox grey included. Ranges default
 to the 99.999th percentile, which lost less mAP than MinMax on the demo model. The detection
 head is kept in float (see `find_head`): box coordinates in input pixels and 0..1 scores share
 its last tensors, and one uint8 scale cannot hold both. The result is then compared with the
@@ -58,7 +59,7 @@ from edged.contract import InputContract
 from edged.errors import ContractError, DataError, InferenceError, ModelError, QuantizeError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
-from edged.preprocess import Preprocessor
+from edged.preprocess import AntialiasPreprocessor, Preprocessor, preprocessor
 from edged.settings.inspect import InspectConfig
 from edged.sources.scenes import CLASS_NAMES
 from edged.tools.agreement import Agreement, ClassAgreement, agreement, camera_inspection, class_agreement, labelled
@@ -194,7 +195,9 @@ class CalibrationFrames(CalibrationDataReader):  # type: ignore[misc]  # onnxrun
     ) -> None:
         self._contract, self._frames, self._total, self._progress_to = contract, frames, total, progress_to
         self._progress: ProgressBar | None = None
-        self._plan: Preprocessor | None = None  # the last size's only: a folder of crops has as many sizes as images
+        self._plan: Preprocessor | AntialiasPreprocessor | None = (
+            None  # the last size's only: a folder of crops has as many sizes as images
+        )
         self._left = total
         self.done = 0
 
@@ -215,7 +218,7 @@ class CalibrationFrames(CalibrationDataReader):  # type: ignore[misc]  # onnxrun
         self._left -= 1
         h, w = frame.image.shape[:2]
         if self._plan is None or (self._plan.box_map.frame_w, self._plan.box_map.frame_h) != (w, h):
-            self._plan = Preprocessor(self._contract, w, h, "bgr")
+            self._plan = preprocessor(self._contract, w, h, "bgr")
         tensor = self._plan(frame.image).copy()  # the plan's tensor is reused by the next frame
         self.done += 1
         if self._progress_to is not None:
