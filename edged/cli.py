@@ -339,6 +339,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         metavar="P[,P]",
         help="model.precision, or several comma-separated, for each engine that runs it (default f32)",
     )
+    p.add_argument(
+        "--int8",
+        type=Path,
+        metavar="MODEL",
+        help="an `edged quantize` model for the int8 rows, beside --model's float rows (default: --model)",
+    )
     p.add_argument("--conf", type=_fraction, default=0.25, help="model.conf (default 0.25)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument(

@@ -356,6 +356,49 @@ def test_engines_and_precisions_run_side_by_side_in_one_run(probe: Path, capsys:
     assert table[6].startswith("skipped: onnxruntime int8: ")
 
 
+def _quantised(probe: Path, out: Path) -> Path:
+    """The probe with a QuantizeLinear/DequantizeLinear pair on its pixels: quantised, and exact (scale 1)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(probe)
+    graph = model.graph
+    cast = next(n for n in graph.node if n.op_type == "Cast")
+    cast.output[0] = "x_float"
+    graph.initializer.extend(
+        [
+            helper.make_tensor("q_scale", TensorProto.FLOAT, [], [1.0]),
+            helper.make_tensor("q_zero", TensorProto.UINT8, [], [0]),
+        ]
+    )
+    at = list(graph.node).index(cast) + 1
+    graph.node.insert(at, helper.make_node("QuantizeLinear", ["x_float", "q_scale", "q_zero"], ["x_q"]))
+    graph.node.insert(at + 1, helper.make_node("DequantizeLinear", ["x_q", "q_scale", "q_zero"], ["x"]))
+    onnx.save(model, out)
+    return out
+
+
+def test_the_int8_rows_run_the_quantised_model_beside_the_float_models_rows(
+    probe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    int8 = _quantised(probe, tmp_path / "probe.int8.onnx")
+    argv = ["bench", "--model", str(probe), *QUICK, "--precision", "f32,int8", "--int8", str(int8)]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    ran = [(r["model"]["name"], r["model"]["precision"]) for r in result["variants"]]
+    assert ran == [("probe", "f32"), ("probe.int8", "int8")] and result["skipped"] == []
+    assert main(argv) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[2] == "  int8 rows: probe.int8"
+    assert table[4].split()[9] == "speed-up"
+    float_row, int8_row = (line.split() for line in table[5:7])
+    assert float_row[:2] == ["onnxruntime", "f32"] and float_row[-2] == "1.00x"
+    full_f32, full_int8 = float(float_row[4]), float(int8_row[4])
+    assert int8_row[:2] == ["onnxruntime", "int8"] and int8_row[-2] == f"{full_f32 / full_int8:.2f}x"
+    assert main(["bench", "--model", str(probe), "--int8", str(int8)]) == EXIT_USAGE
+    assert "--precision asks for none: add int8" in capsys.readouterr().err
+
+
 def test_cold_start_on_openvino_writes_and_then_loads_its_compiled_model_cache(probe: Path) -> None:
     pytest.importorskip("openvino", reason="the openvino package (edged[openvino]) is not installed")
     (result,) = cold_start(probe, trials=1, spinning="during-run", sources=("images",), engine="openvino")

@@ -67,6 +67,8 @@ def run_bench(args: argparse.Namespace) -> int:
     path = rows.resolve_model(args.model)
     spinning = cast(Spinning, args.spinning)  # argparse checked it
     variants, skipped = engine_variants(args.engine, args.precision)
+    if args.int8 is not None and "int8" not in args.precision:
+        raise UsageError("--int8 gives the model of the int8 rows, but --precision asks for none: add int8")
     report: dict[str, Any] = {}
     if args.cold_start:
         report["cold_start"] = [r for variant in variants for r in _cold_start(path, spinning, args, variant)]
@@ -137,11 +139,14 @@ def _variants(
     path: Path, spinning: Spinning, args: argparse.Namespace, variants: list[Variant], skipped: list[str]
 ) -> dict[str, Any]:
     """Every variant's per-frame rows, one after the other, and a table of them side by side; a variant
-    this machine or model cannot run (a precision the device lacks, int8 on a float model) is said and skipped."""
+    this machine or model cannot run (a precision the device lacks, int8 on a float model) is said and skipped.
+    The int8 rows run ``--int8``'s model when given, so that a float model's rows and its quantised model's
+    share one table."""
     reports = []
     for variant in variants:
+        model = args.int8 if variant[1] == "int8" and args.int8 is not None else path
         try:
-            reports.append(bench(path, spinning, args, variant))
+            reports.append(bench(model, spinning, args, variant))
         except SetupError as e:
             reason = "; ".join(e.problems) if isinstance(e, ConfigError) else str(e)
             skipped.append(f"{' '.join(variant)}: {reason}")
@@ -379,7 +384,8 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def format_variants(reports: list[dict[str, Any]], skipped: list[str]) -> str:
-    """Several engines and precisions side by side: each one's floor and full path (median, p99)."""
+    """Several engines and precisions side by side: each one's floor and full path (median, p99), and how
+    many times faster its full path runs than ONNX Runtime f32's when that row is in the table."""
     first = reports[0]
     m, model, s = first["machine"], first["model"], first["settings"]
     lines = [
@@ -387,20 +393,32 @@ def format_variants(reports: list[dict[str, Any]], skipped: list[str]) -> str:
         f"  {m['cpu']}, {m['logical_cores']} cores ({m['physical_cores']} physical); onnxruntime {m['onnxruntime']}, "
         f"openvino {m['openvino'] or 'not installed'}; {s['frames']} frames per row, "
         f"interleaved within each variant, after {s['warmup']} warm-up; frame {s['frame']}",
-        "",
-        f"{'engine':<12}{'precision':<10}{'floor ms':>9}{'p99':>8}{'full ms':>9}{'p99':>8}{'full/floor':>11}  "
-        "detections vs naive",
     ]
+    lines += [f"  int8 rows: {name}" for name in sorted({r["model"]["name"] for r in reports} - {model["name"]})]
+    lines += [
+        "",
+        f"{'engine':<12}{'precision':<10}{'floor ms':>9}{'p99':>8}{'full ms':>9}{'p99':>8}{'full/floor':>11}"
+        f"{'speed-up':>9}  detections vs naive",
+    ]
+    baseline = next(
+        (_full_ms(r) for r in reports if (r["model"]["engine"], r["model"]["precision"]) == ("onnxruntime", "f32")), None
+    )
     for r in reports:
         run, info = r["runs"][0], r["model"]
         floor, full = run["rows"]["floor"]["latency"], run["rows"]["full"]["latency"]
         agree = "skipped" if r["detections_match"] is None else "agree" if r["detections_match"] else "DISAGREE"
+        speed_up = "-" if baseline is None else f"{baseline / full['median_ms']:.2f}x"
         lines.append(
             f"{info['engine']:<12}{info['precision']:<10}{floor['median_ms']:9.3f}{floor['p99_ms']:8.3f}"
-            f"{full['median_ms']:9.3f}{full['p99_ms']:8.3f}{run['full_over_floor']:11.3f}  {agree}"
+            f"{full['median_ms']:9.3f}{full['p99_ms']:8.3f}{run['full_over_floor']:11.3f}{speed_up:>9}  {agree}"
         )
     lines += [f"skipped: {reason}" for reason in skipped]
     return "\n".join(lines)
+
+
+def _full_ms(report: dict[str, Any]) -> float:
+    median: float = report["runs"][0]["rows"]["full"]["latency"]["median_ms"]
+    return median
 
 
 def rss_kb() -> float:
