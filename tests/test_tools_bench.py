@@ -389,7 +389,7 @@ def test_the_int8_rows_run_the_quantised_model_beside_the_float_models_rows(
     assert ran == [("probe", "f32"), ("probe.int8", "int8")] and result["skipped"] == []
     assert main(argv) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[2] == "  int8 rows: probe.int8"
+    assert table[2] == "  int8 rows: probe.int8, input [1, 3, 64, 64]"
     assert table[4].split()[9] == "speed-up"
     float_row, int8_row = (line.split() for line in table[5:7])
     assert float_row[:2] == ["onnxruntime", "f32"] and float_row[-2] == "1.00x"

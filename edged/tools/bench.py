@@ -394,7 +394,13 @@ def format_variants(reports: list[dict[str, Any]], skipped: list[str]) -> str:
         f"openvino {m['openvino'] or 'not installed'}; {s['frames']} frames per row, "
         f"interleaved within each variant, after {s['warmup']} warm-up; frame {s['frame']}",
     ]
-    lines += [f"  int8 rows: {name}" for name in sorted({r["model"]["name"] for r in reports} - {model["name"]})]
+    lines += sorted(
+        {
+            f"  int8 rows: {r['model']['name']}, input {r['model']['input']}"
+            for r in reports
+            if r["model"]["name"] != model["name"]
+        }
+    )
     lines += [
         "",
         f"{'engine':<12}{'precision':<10}{'floor ms':>9}{'p99':>8}{'full ms':>9}{'p99':>8}{'full/floor':>11}"
