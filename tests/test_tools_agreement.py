@@ -15,7 +15,7 @@ from edged.config import ModelConfig, RuntimeConfig
 from edged.model import LoadedModel, load_model
 from edged.settings.inspect import InspectConfig
 from edged.tools import quantize as q
-from edged.tools.agreement import RANK_CONF, agreement, labelled
+from edged.tools.agreement import RANK_CONF, Flip, agreement, labelled
 from edged.tools.evaluate import folder_samples, scene_samples
 
 pytestmark = pytest.mark.tools
@@ -44,7 +44,10 @@ def test_swapped_classes_agree_in_no_box_and_flip_the_verdict(tmp_path: Path) ->
     ng_only = InspectConfig(ng_classes=[SCENE_LABELS[0], SCENE_LABELS[1]])
     result = agreement(reference, swapped, frames, inspect=ng_only)
     assert result.reference_boxes == 6
-    assert result.map50 == 0.0 and result.verdicts_agree == 0.0 and len(result.flipped) == 3
+    assert result.map50 == 0.0 and result.verdicts_agree == 0.0
+    assert result.flipped == [Flip(sample, "ng", "ok") for sample in ("scene 0:0", "scene 0:1", "scene 0:2")]
+    assert result.to_dict()["flips"][0] == {"image": "scene 0:0", "reference": "ng", "candidate": "ok"}
+    assert result.format().endswith("flipped on: scene 0:0 (ng -> ok), scene 0:1 (ng -> ok), scene 0:2 (ng -> ok)")
     _, frames = scene_samples(3, 0, 64, 64)
     assert agreement(reference, swapped, frames).verdicts_agree is None  # no [inspect]: no verdicts to compare
 

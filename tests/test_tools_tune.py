@@ -15,7 +15,7 @@ from daemon import run_cli
 from edged.config import load_config
 from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_USAGE
 from edged.tools.evaluate import scene_samples
-from edged.tools.tune import Gate, _judge, snippet, to_move
+from edged.tools.tune import Gate, _judge, format_table, snippet, to_move
 
 pytestmark = pytest.mark.tools
 
@@ -45,6 +45,28 @@ def test_the_gate_leaves_out_the_fastest_when_it_loses_accuracy_or_flips_a_verdi
     assert _judge(rows, Gate(1.0, 1), inspecting=True) is rows[2]
     assert _judge(rows, Gate(5.0, 1), inspecting=True) is rows[1]
     assert _judge(rows, Gate(1.0, 0), inspecting=False) is rows[2]  # no [inspect]: no verdict to flip
+
+
+@pytest.mark.unit
+def test_the_table_names_each_flipped_image_and_which_way_it_flipped() -> None:
+    rows = [_row("onnxruntime", "f32", 10, 0.90), _row("openvino", "int8", 4, 0.90, flipped=1)]
+    rows[1]["agreement"]["flips"] = [{"image": "scene029.png", "reference": "ng", "candidate": "ok"}]
+    for row in rows:
+        row.update(p99_ms=row["p50_ms"], cpu_ms_per_frame=1.0, rss_mb=100.0)
+        row["agreement"].setdefault("flips", [])
+    choice = _judge(rows, Gate(1.0, 0), inspecting=True)
+    report = {
+        "model": "m.onnx",
+        "data": "images",
+        "machine": {"cpu": "cpu", "loadavg_start": 0.0},
+        "gate": {"max_map_drop": 1.0, "max_flips": 0},
+        "accuracy_against": "FP32",
+        "rows": rows,
+        "skipped": [],
+        "choice": choice,
+    }
+    lines = format_table(report).splitlines()
+    assert lines[-3:] == ["openvino int8 flipped: scene029.png (ng -> ok)", "", "choice: onnxruntime f32 (m.onnx)"]
 
 
 def test_tune_on_the_demo_model_writes_a_choice_that_passed_and_merges_into_the_config(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from edged.classify import Classes
 from edged.config import Settings
 from edged.decode import Detections
 from edged.errors import UsageError
+from edged.messages import Verdict
 from edged.model import LoadedModel
 from edged.pipeline import FramePipeline, planned
 from edged.settings.inspect import InspectConfig
@@ -37,6 +38,21 @@ from edged.verdict import ClassInspector, Inspector
 RANK_CONF = 0.001  # the threshold both models are loaded at here, as `edged eval` ranks
 
 
+@dataclass(frozen=True, slots=True)
+class Flip:
+    """An image the two models judge differently, and how: an NG that turns OK is a defect let through."""
+
+    image: str
+    reference: Verdict | None
+    candidate: Verdict | None
+
+    def __str__(self) -> str:
+        return f"{self.image} ({self.reference} -> {self.candidate})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"image": self.image, "reference": self.reference, "candidate": self.candidate}
+
+
 @dataclass(slots=True)
 class Agreement:
     """The candidate against the reference over ``images`` frames; verdict figures None without ``[inspect]``."""
@@ -46,7 +62,7 @@ class Agreement:
     map50_95: float
     reference_boxes: int
     verdicts_agree: float | None = None
-    flipped: list[str] = field(default_factory=list)
+    flipped: list[Flip] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         boxes = {"map50": self.map50, "map50_95": self.map50_95, "reference_boxes": self.reference_boxes}
@@ -74,7 +90,7 @@ class _Judge:
         self.inspector = Inspector(inspect, names, model.num_classes, conf, max_det, masks=masks) if inspect else None
         self.thresholds = np.array(self.inspector.thresholds if self.inspector else [conf] * model.num_classes)
 
-    def __call__(self, image: np.ndarray) -> tuple[Detections, Detections, str | None]:
+    def __call__(self, image: np.ndarray) -> tuple[Detections, Detections, Verdict | None]:
         """(every box down to RANK_CONF, the boxes published at the thresholds, the verdict or None)."""
         h, w = image.shape[:2]
         self.plan = planned(self.plan, self.model, image)
@@ -103,7 +119,7 @@ def agreement(
     names = reference.labels or [str(i) for i in range(reference.num_classes)]
     acc = MetricAccumulator(names)
     agree = boxes = found = images = 0
-    flipped = []
+    flipped: list[Flip] = []
     for images, sample in enumerate(samples, 1):
         _, truth, expected = judges[0](sample.image)
         ranked, shown, verdict = judges[1](sample.image)
@@ -119,7 +135,7 @@ def agreement(
         if verdict == expected:
             agree += 1
         else:
-            flipped.append(sample.name)
+            flipped.append(Flip(sample.name, expected, verdict))
         if progress:
             progress.update(images)
     if images == 0:
@@ -140,7 +156,7 @@ class ClassAgreement:
     top1_agree: float
     changed: list[str]  # the images whose best class differs
     verdicts_agree: float | None = None
-    flipped: list[str] = field(default_factory=list)
+    flipped: list[Flip] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         top1 = {"top1_agree": self.top1_agree, "top1_changed": self.changed}
@@ -151,13 +167,17 @@ class ClassAgreement:
         return line + _named(self.changed, "changed") + _said(self.verdicts_agree, self.flipped)
 
 
-def _verdicts(agree: float | None, flipped: list[str]) -> dict[str, Any]:
-    return {"verdicts_agree": agree, "verdicts_flipped": flipped}
+def _verdicts(agree: float | None, flipped: list[Flip]) -> dict[str, Any]:
+    return {"verdicts_agree": agree, "verdicts_flipped": [f.image for f in flipped], "flips": [f.to_dict() for f in flipped]}
 
 
-def _said(agree: float | None, flipped: list[str]) -> str:
+def _said(agree: float | None, flipped: list[Flip]) -> str:
     """The verdict figures, as the reports print them; nothing without ``[inspect]``."""
-    return "" if agree is None else f"; OK/NG verdicts agree on {100 * agree:.1f} %" + _named(flipped, "flipped")
+    return (
+        ""
+        if agree is None
+        else f"; OK/NG verdicts agree on {100 * agree:.1f} %" + _named(list(map(str, flipped)), "flipped")
+    )
 
 
 def _named(images: list[str], what: str) -> str:
@@ -179,7 +199,8 @@ def class_agreement(
     plans: list[FramePipeline | None] = [None, None]
     inspectors = [ClassInspector(inspect, m.labels, m.num_classes, conf) for m in models] if inspect is not None else None
     same = agree = images = 0
-    changed, flipped = [], []
+    changed: list[str] = []
+    flipped: list[Flip] = []
     for images, sample in enumerate(samples, 1):
         tops, verdicts = [], []
         for i, model in enumerate(models):
@@ -195,7 +216,7 @@ def class_agreement(
         if verdicts[0] == verdicts[1]:
             agree += 1
         else:
-            flipped.append(sample.name)
+            flipped.append(Flip(sample.name, verdicts[0], verdicts[1]))
         if progress:
             progress.update(images)
     if images == 0:

@@ -209,6 +209,12 @@ def format_table(report: dict[str, Any]) -> str:
             f"{row['cpu_ms_per_frame']:8.2f}{row['rss_mb']:8.0f}{row['map50']:8.3f}{row['map50_drop_points']:7.2f}"
             f"{flips:>6}  {'yes' if row['passed'] else 'NO'}"
         )
+    lines += [
+        f"{row['engine']} {row['precision']} flipped: "
+        + ", ".join(f"{f['image']} ({f['reference']} -> {f['candidate']})" for f in row["agreement"]["flips"])
+        for row in report["rows"]
+        if row["agreement"]["flips"]
+    ]
     lines += [f"skipped: {reason}" for reason in report["skipped"]]
     choice = report["choice"]
     lines.append("")
