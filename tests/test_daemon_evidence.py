@@ -88,7 +88,7 @@ def disk_bytes(folder: Path) -> int:
 
 def assert_no_half_sets(folder: Path) -> None:
     """No temp file, and every label and message beside an image of its own (beside the dataset's files)."""
-    images = {p.stem for p in folder.rglob("images/*")}
+    images = {p.stem for p in folder.rglob("*.jpg")}  # images/ and a classifier's images/CLASS/
     for path in folder.rglob("*"):
         if path.is_file() and path.name not in DATASET_FILES:
             assert not path.name.endswith(".tmp"), path
@@ -203,7 +203,16 @@ def prefill(folder: Path, count: int, *, t0_ns: int, age_days: float) -> list[st
         label = Detections(np.array([PROBE_BOX], np.float32), np.array([0.9], np.float32), np.zeros(1, np.int32))
         store.save(
             EvidenceFrame(
-                "cam0", i, t0_ns + i * 10**9, image, "bgr", label.dataset_label(*image.shape[1::-1]), b"{}", LABELS
+                "cam0",
+                i,
+                t0_ns + i * 10**9,
+                image,
+                "bgr",
+                label.dataset_label(*image.shape[1::-1]),
+                b"{}",
+                LABELS,
+                "detect",
+                store.dataset_for("detect", LABELS),
             ),
             95,
         )
