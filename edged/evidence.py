@@ -6,27 +6,38 @@ in YOLO format, ``class cx cy w h`` normalised) and ``messages/STEM.json`` (the 
 as published); for an anomaly model also ``maps/STEM.png``, its anomaly map (grey, 0..255 for the
 normalised 0..1, at the model's input size). ``images/`` beside ``labels/`` is the layout ultralytics training and
 ``edged eval --data`` read as it is, and labelling tools import as YOLO pre-annotations; each
-camera folder also has a ready ``data.yaml`` (ultralytics: the folder, the model's class names in
-order, every path quoted, as YAML reads an unquoted day folder as a date) and ``classes.txt``
-(one name per line, as labelling tools import YOLO). A label file holds every detection, those
-outside the zones too: an object the line ignores there is still an object to learn. A
-classification model's frame has no label file: its image is filed under its best class,
-``images/CLASS/STEM.jpg``, so that ``images/`` is an ultralytics classification folder (one folder
-per class: ``yolo classify train data=DIR/CAMERA/DAY/images`` splits it).
+folder of a camera also has a ready ``data.yaml`` (ultralytics: the folder, the model's class names in
+order, every path quoted, as YAML reads an unquoted day folder as a date), ``classes.txt`` (one
+name per line, as labelling tools import YOLO) and ``dataset.json`` (the model's task and names).
+A label file holds every detection, those outside the zones too: an object the line ignores there
+is still an object to learn. A classification model's frame has no label file: its image is filed
+under its best class, ``images/CLASS/STEM.jpg``, so that ``images/`` is an ultralytics
+classification folder (one folder per class: ``yolo classify train data=DIR/CAMERA/DAY/images``
+splits it).
+
+A folder is the dataset of one model, by its task and class names: a label's class id means a name
+only beside the names it was written with. So the camera folder holds the evidence of the model
+first saved there, and a model of another task or other names (a reload, or a restart with another
+model) saves to a folder of its own beside it, ``DIR/CAMERA@TASK-HASH/`` (`dataset_name`), laid out
+the same; nothing saved is moved or described anew, and a model brought back finds its folder
+again. The folder is picked on the loop from what the camera folder held when the writer started,
+so the path handed to the journal is where the image goes.
 
 Which frames are kept is a pure function of the policy (`should_save`), decided on the loop before
 the frame is copied, so a frame that will not be saved costs nothing. Encoding and writing happen on
 one background thread behind a small bounded queue: a full queue drops the frame and counts it,
 never blocking inference. A disk that is full, read-only, missing or not ours is logged once per
-burst and counted; inference goes on. Retention (`max_bytes`, oldest first, and `max_age_days`) is
-enforced at start-up, which also removes what a power cut left half written, and after every save
-from a running total, never by rescanning the tree per frame.
+burst and counted; inference goes on. Retention (`max_bytes`, oldest first, and `max_age_days`)
+covers every folder of the camera together; it is enforced at start-up, which also removes what a
+power cut left half written, and after every save from a running total, never by rescanning the
+tree per frame.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -46,7 +57,7 @@ import cv2
 import numpy as np
 
 from edged.lograte import Failures
-from edged.messages import EvidenceReport, Verdict
+from edged.messages import EvidenceReport, Task, Verdict
 from edged.output import NO_REPORT, FrameReport, Output, OutputReport, Services
 from edged.settings.evidence import DEFAULT_NOTE, EvidenceConfig, SavePolicy
 
@@ -66,7 +77,8 @@ STOP_WAIT_S = 1.0  # at stop, time left to each writer to finish its queue (a fe
 SUBFOLDERS = ("images", "labels", "messages")
 MAPS = "maps"  # an anomaly model's map, made only for frames that have one
 SIDECAR_FOLDERS = (*SUBFOLDERS, MAPS)
-DATASET_FILES = ("data.yaml", "classes.txt")  # in each camera folder, written when the model's names change
+IDENTITY = "dataset.json"  # in each dataset folder: the task and class names of the model whose evidence it is
+DATASET_FILES = ("data.yaml", "classes.txt", IDENTITY)  # in each dataset folder, written at its first save
 SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json", MAPS: ".png"}
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # what a part id may not bring into a file name
@@ -86,6 +98,8 @@ class EvidenceFrame:
     label: str  # the dataset label file (`edged.task.TaskResult.dataset_label`)
     message: bytes | None
     names: tuple[str, ...]  # the model's class names, by class id (`edged.model.LoadedModel.class_names`)
+    task: Task  # the model's: with ``names``, which dataset the frame belongs to
+    dataset: str  # the dataset folder under the evidence folder (`EvidenceStore.dataset_for`)
     part_id: str | None = None  # the request's, in request mode
     image_class: str | None = None  # a classifier's: the class folder under images/ (no label file then)
     heatmap: np.ndarray | None = None  # the caller's copy of `edged.task.TaskResult.heatmap`: maps/STEM.png
@@ -156,6 +170,42 @@ def data_yaml(camera_id: str, names: tuple[str, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+Identity = tuple[str | None, tuple[str, ...]]  # a model's task and class names; task None: a folder an older edged wrote
+_UNREADABLE: Identity = ("", ())  # a dataset.json or classes.txt that cannot be read: no model's task, so no model's folder
+
+
+def dataset_name(camera_id: str, task: Task, names: tuple[str, ...]) -> str:
+    """The dataset folder of a model whose task or class names are not those of the camera folder's:
+    ``CAMERA@TASK-HASH`` beside it, the hash of the task and names, so that the same model finds its
+    folder again and no camera id (no ``@`` in it) names it."""
+    digest = hashlib.sha256(json.dumps([task, list(names)]).encode()).hexdigest()[:8]
+    return f"{camera_id}@{task}-{digest}"
+
+
+def recorded_identity(folder: Path) -> Identity | None:
+    """The model whose evidence a dataset folder holds: its ``dataset.json``; for a folder an older
+    edged wrote, without one, the names of its ``classes.txt`` (task unknown); None for a folder
+    with neither, which is anyone's. One that cannot be read as either matches no model."""
+    try:
+        record = json.loads((folder / IDENTITY).read_bytes())
+        return str(record["task"]), tuple(str(name) for name in record["names"])
+    except FileNotFoundError:
+        pass
+    except (ValueError, KeyError, TypeError):
+        return _UNREADABLE
+    try:
+        return None, tuple((folder / "classes.txt").read_text(encoding="utf-8").splitlines())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return _UNREADABLE
+
+
+def _matches(recorded: Identity, task: Task, names: tuple[str, ...]) -> bool:
+    """Whether a folder recorded as ``recorded`` is the dataset of a model of ``task`` and ``names``."""
+    return recorded[1] == names and recorded[0] in (None, task)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -198,35 +248,58 @@ def _size(path: Path) -> int:
 
 
 class EvidenceStore:
-    """One camera's evidence folder: the layout, atomic saves, and retention from a running total.
+    """One camera's evidence folders: the layout, atomic saves, and retention from a running total.
 
-    Every method may raise OSError (a full, read-only, missing or foreign directory); the writer
-    counts it. A save writes the label and the message before the image and makes both durable
-    first, so a power cut leaves at worst a label without its image (removed at the next
-    `open`), never an image without its label; deleting goes the other way round.
+    Each folder is the dataset of one model, by its task and class names: the camera folder that of
+    the first model saved there (``dataset.json`` says which), ``CAMERA@TASK-HASH`` beside it that of
+    any other (`dataset_name`), so a label file is always described by the names of the model that
+    wrote it, and a classifier's folders never land in a detector's dataset. Retention counts them
+    all as the camera's. Every method may raise OSError (a full, read-only, missing or foreign
+    directory); the writer counts it. A save writes the label and the message before the image and
+    makes both durable first, so a power cut leaves at worst a label without its image (removed at
+    the next `open`), never an image without its label; deleting goes the other way round.
     """
 
     def __init__(self, root: Path, camera_id: str, max_bytes: int, max_age_days: float) -> None:
         self.root = root
+        self.camera_id = camera_id
         self.folder = root / camera_id
         self.max_bytes = max_bytes
         self.max_age_s = max_age_days * 86400.0
         self.total_bytes = 0
-        self._days: deque[str] = deque()  # day folders, oldest first
-        self._oldest: deque[Path] = deque()  # images of the oldest day, loaded when pruning reaches it
-        self._names: tuple[str, ...] | None = None  # the class names data.yaml holds, once written
+        self._days: deque[str] = deque()  # day folders of every dataset, oldest first
+        self._oldest: deque[tuple[Path, Path]] = deque()  # the oldest day's (day folder, image), loaded by `prune`
+        self._datasets: set[str] = set()  # the camera's dataset folders under root
+        self._described: set[str] = set()  # datasets checked and described since `open`
+        try:  # read here, once, so that `dataset_for` on the loop never touches the disk
+            self.primary = recorded_identity(self.folder)  # the camera folder's model
+        except OSError:
+            self.primary = None  # checked again by the save: a folder that holds another model's is refused
         self.opened = False
 
+    def dataset_for(self, task: Task, names: tuple[str, ...]) -> str:
+        """The dataset folder, under root, of a model of ``task`` and ``names``: the camera folder
+        when it is that model's (or no model's yet: it becomes this one's), else `dataset_name`."""
+        primary = self.primary
+        if primary is None or (primary[0] is None and primary[1] == names):
+            self.primary = primary = (task, names)
+        return self.camera_id if primary == (task, names) else dataset_name(self.camera_id, task, names)
+
     def open(self) -> None:
-        """Scan the folder once: remove temp files and half-written sets, total the rest, prune."""
+        """Scan the camera's folders once: remove temp files and half-written sets, total the rest, prune."""
         self.root.mkdir(exist_ok=True)
         self.folder.mkdir(exist_ok=True)
-        total, days = sum(_size(self.folder / name) for name in DATASET_FILES), []
-        for day in sorted(p.name for p in self.folder.iterdir() if _DAY.match(p.name) and p.is_dir()):
-            total += self._clean_day(self.folder / day)
-            days.append(day)
-        self.total_bytes, self._days, self._oldest = total, deque(days), deque()
-        self._names = None  # written again with the next save: the model may have changed meanwhile
+        mine = f"{self.camera_id}@"
+        datasets = {p.name for p in self.root.iterdir() if p.name.startswith(mine) and p.is_dir()} | {self.camera_id}
+        total, days = 0, set()
+        for dataset in sorted(datasets):
+            folder = self.root / dataset
+            total += sum(_size(folder / name) for name in DATASET_FILES)
+            for day in (p.name for p in folder.iterdir() if _DAY.match(p.name) and p.is_dir()):
+                total += self._clean_day(folder / day)
+                days.add(day)
+        self.total_bytes, self._days, self._oldest = total, deque(sorted(days)), deque()
+        self._datasets, self._described = datasets, set()  # described again at their next save
         self.opened = True
         self.prune(time.time())
 
@@ -248,10 +321,8 @@ class EvidenceStore:
 
     def save(self, frame: EvidenceFrame, jpeg_quality: int) -> None:
         day, stem = day_and_stem(frame.camera_id, frame.capture_time_ns, frame.frame_id, frame.part_id)
-        folder = self.folder / day
+        folder = self._dataset(frame) / day
         self._make_folders(folder)
-        if frame.names != self._names:
-            self._describe(frame.camera_id, frame.names)
         image = frame.image if frame.channel_order == "bgr" else cv2.cvtColor(frame.image, cv2.COLOR_RGB2BGR)
         ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, jpeg_quality])
         if not ok:
@@ -292,21 +363,62 @@ class EvidenceStore:
             else:
                 self._days.append(day)
 
-    def _describe(self, camera_id: str, names: tuple[str, ...]) -> None:
-        """``data.yaml`` and ``classes.txt`` for the model's class ``names``, replacing older ones."""
-        for name, text in (("data.yaml", data_yaml(camera_id, names)), ("classes.txt", "".join(f"{n}\n" for n in names))):
-            path, data = self.folder / name, text.encode()
+    def _dataset(self, frame: EvidenceFrame) -> Path:
+        """The frame's dataset folder, made if new (a known one deleted under the running daemon: made
+        again, and all rescanned), and described at its first save since `open`."""
+        folder = self.root / frame.dataset
+        if not folder.is_dir():
+            if frame.dataset in self._datasets or not self.root.is_dir():
+                self.opened = False
+                self.open()
+            if not folder.is_dir():
+                folder.mkdir()
+                _fsync_dir(self.root)
+                log.info(
+                    "evidence of the %s model with classes %s goes to %s, a dataset of its own: %s holds the "
+                    "evidence of another model",
+                    frame.task,
+                    ", ".join(frame.names),
+                    folder,
+                    self.folder,
+                    extra={"CAMERA": frame.camera_id, "STAGE": "evidence"},
+                )
+            self._datasets.add(frame.dataset)
+        if frame.dataset not in self._described:
+            self._describe(folder, frame)
+        return folder
+
+    def _describe(self, folder: Path, frame: EvidenceFrame) -> None:
+        """``dataset.json``, ``data.yaml`` and ``classes.txt`` of the frame's model, once the folder is
+        known to be its dataset (or no model's yet); one that holds another model's is refused."""
+        recorded = recorded_identity(folder)
+        if recorded is not None and not _matches(recorded, frame.task, frame.names):
+            if frame.dataset == self.camera_id:
+                self.primary = recorded  # the frames offered from now on go to a folder of their own
+            held = f"{recorded[0] or 'a'} model with classes {', '.join(recorded[1])}"
+            raise OSError(
+                errno.EEXIST,
+                f"the folder holds the evidence of the {held}, not of the {frame.task} model with classes "
+                f"{', '.join(frame.names)}: the frame is not saved, and the next go to a folder of their own",
+                str(folder),
+            )
+        identity = json.dumps({"task": frame.task, "names": list(frame.names)}) + "\n"
+        names = "".join(f"{n}\n" for n in frame.names)
+        for name, text in (
+            ("data.yaml", data_yaml(frame.camera_id, frame.names)),
+            ("classes.txt", names),
+            (IDENTITY, identity),
+        ):
+            path, data = folder / name, text.encode()
             before = _size(path)
             write_atomic(path, data)
             self.total_bytes += len(data) - before
-        _fsync_dir(self.folder)
-        self._names = names
+        _fsync_dir(folder)
+        self._described.add(frame.dataset)
 
-    def _make_folders(self, day: Path) -> None:
+    @staticmethod
+    def _make_folders(day: Path) -> None:
         """The day's three folders; a new folder's entry is made durable in its parent."""
-        if not self.folder.is_dir():  # deleted under the running daemon: made again, and rescanned
-            self.opened = False
-            self.open()
         for sub in SUBFOLDERS:
             folder = day / sub
             if not folder.is_dir():
@@ -324,13 +436,14 @@ class EvidenceStore:
         return folder
 
     def prune(self, now_s: float) -> int:
-        """Delete the oldest sets while over ``max_bytes`` or older than ``max_age_days``; how many went."""
+        """Delete the oldest sets of every dataset while over ``max_bytes`` or older than
+        ``max_age_days``; how many went."""
         cutoff = now_s - self.max_age_s if self.max_age_s else None
         deleted = 0
         while self._days:
             if not self._oldest and not self._load_oldest():
                 continue
-            day, image = self._days[0], self._oldest[0]
+            day, image = self._oldest[0]
             if self.total_bytes <= self.max_bytes:
                 if cutoff is None:
                     break
@@ -341,27 +454,29 @@ class EvidenceStore:
                     continue
                 if mtime >= cutoff:
                     break
-            self._delete(self.folder / day, image)
+            self._delete(day, image)
             self._oldest.popleft()
             deleted += 1
         return deleted
 
     def _load_oldest(self) -> bool:
-        """The oldest day's images, in name (= capture) order; an empty day is removed. False when it was."""
-        day = self.folder / self._days[0]
-        images = sorted((p for p in _images(day) if p.suffix == ".jpg"), key=lambda p: p.name)
+        """The oldest day's images of every dataset, in name (= capture) order; an empty day is
+        removed. False when it was."""
+        days = [self.root / dataset / self._days[0] for dataset in sorted(self._datasets)]
+        images = sorted(((day, p) for day in days for p in _images(day) if p.suffix == ".jpg"), key=lambda d: d[1].name)
         if images:
             self._oldest.extend(images)
             return True
-        if (day / "images").is_dir():
-            for folder in (day / "images").iterdir():
-                if folder.is_dir() and not any(folder.iterdir()):
-                    folder.rmdir()
-        for sub in SIDECAR_FOLDERS:
-            if (day / sub).is_dir() and not any((day / sub).iterdir()):
-                (day / sub).rmdir()
-        if day.is_dir() and not any(day.iterdir()):
-            day.rmdir()
+        for day in days:
+            if (day / "images").is_dir():
+                for folder in (day / "images").iterdir():
+                    if folder.is_dir() and not any(folder.iterdir()):
+                        folder.rmdir()
+            for sub in SIDECAR_FOLDERS:
+                if (day / sub).is_dir() and not any((day / sub).iterdir()):
+                    (day / sub).rmdir()
+            if day.is_dir() and not any(day.iterdir()):
+                day.rmdir()
         self._days.popleft()
         return False
 
@@ -487,6 +602,7 @@ class EvidenceWriter:
         message: bytes | None,
         *,
         names: tuple[str, ...],
+        task: Task,
         labelled: TaskResult | None = None,
         part_id: str | None = None,
         region: tuple[slice, slice] = (slice(None), slice(None)),
@@ -497,10 +613,11 @@ class EvidenceWriter:
         ``result`` is what was published, with its near misses under ``ng+near``; the label saved
         and a classifier's class folder are the findings of ``labelled`` (default ``result``: the
         frame's findings before zones dropped some), never the near misses. ``message`` is the
-        payload published for the frame, None when it was not published; ``names`` the model's
-        class names; ``part_id`` the request's, which ends the file names; ``region`` the rows and
-        columns of the frame the model saw (a classifier's ``inspect.roi``): the image saved, so a
-        dataset made of it trains on what the model is shown.
+        payload published for the frame, None when it was not published; ``names`` and ``task`` the
+        model's, which pick its dataset folder (`EvidenceStore.dataset_for`); ``part_id`` the
+        request's, which ends the file names; ``region`` the rows and columns of the frame the model
+        saw (a classifier's ``inspect.roi``): the image saved, so a dataset made of it trains on what
+        the model is shown.
         """
         if not self.admit(verdict, len(result), result.near_misses()):
             return None
@@ -510,6 +627,7 @@ class EvidenceWriter:
         label, class_id = findings.dataset_label(width, height), findings.dataset_class()
         image_class = None if class_id is None else class_folder(names[class_id])
         heatmap = result.heatmap()
+        dataset = self.store.dataset_for(task, names)
         saved = EvidenceFrame(
             self.camera_id,
             frame.frame_id,
@@ -519,13 +637,15 @@ class EvidenceWriter:
             label,
             message,
             names,
+            task,
+            dataset,
             part_id,
             image_class,
             None if heatmap is None else heatmap.copy(),
         )
         self.submit(saved)
         day, stem = day_and_stem(self.camera_id, frame.t_wall_ns, frame.frame_id, part_id)
-        images = self.store.folder / day / "images"
+        images = self.store.root / dataset / day / "images"
         return (images if image_class is None else images / image_class) / f"{stem}.jpg"
 
     def admit(self, verdict: Verdict | None, found: int, near: int) -> bool:
@@ -647,14 +767,15 @@ class EvidenceOutput(Output):
         if writer is not None:
             done = report.outcome
             verdict = done.inspected.verdict if done.inspected else None
-            names = done.plan.model.class_names
+            model = done.plan.model
             part_id = report.message.part_id if report.message is not None else None
             image = writer.offer(
                 done.frame,
                 done.result,
                 verdict,
                 report.payload,
-                names=names,
+                names=model.class_names,
+                task=model.task,
                 labelled=done.labelled,
                 part_id=part_id,
                 region=done.plan.region,

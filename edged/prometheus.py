@@ -212,7 +212,7 @@ def _evidence(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
     limited = CounterMetricFamily(
         "edged_evidence_rate_limited", "Evidence frames refused by evidence.max_per_minute.", labels=["camera"]
     )
-    held = GaugeMetricFamily("edged_evidence_bytes", "Bytes the camera's evidence folder holds.", labels=["camera"])
+    held = GaugeMetricFamily("edged_evidence_bytes", "Bytes the camera's evidence folders hold.", labels=["camera"])
     for camera, evidence in writers:
         saved.add_metric([camera], evidence.saved)
         dropped.add_metric([camera], evidence.dropped)

@@ -480,7 +480,16 @@ class Shadow:
         if isinstance(outcome.result, Classes):  # filed under the live model's class, as boxes are labelled with its
             class_ids, scores = ([sample.top[0]], [sample.top[1]]) if sample.top is not None else ([], [])
             labelled = Classes(np.array(class_ids, np.int64), np.array(scores, np.float32))
-        writer.offer(frame, outcome.result, None, record_bytes, names=names, labelled=labelled, region=outcome.plan.region)
+        writer.offer(
+            frame,
+            outcome.result,
+            None,
+            record_bytes,
+            names=names,
+            task=self.model.task,
+            labelled=labelled,
+            region=outcome.plan.region,
+        )
 
     def close(self) -> None:
         """Finish saving the disagreeing frames queued."""

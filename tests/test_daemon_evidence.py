@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import resource
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -18,12 +21,13 @@ from filesystems import read_only_folder, tmpfs
 from onnx_models import LABELS, colour_probe
 
 from edged.decode import Detections
-from edged.evidence import DATASET_FILES, EvidenceFrame, EvidenceStore
+from edged.evidence import DATASET_FILES, EvidenceFrame, EvidenceStore, class_folder
 from edged.messages import DetectionsMessage, StatusMessage, parse_message
 from edged.tools.evaluate import folder_samples
 
 pytestmark = pytest.mark.integration
 
+TASKS = Path(__file__).parent / "data" / "tasks"
 IMAGES = 8  # frame i shows image i % IMAGES: even ones reddish noise (a "red" detection), odd ones black (none)
 PROBE_BOX = (48.0, 20.0, 80.0, 44.0)  # the probe's box in a 128x96 frame
 
@@ -53,12 +57,13 @@ def configure(
     images: str = "imgs",
     publish: dict[str, object] | None = None,
     endpoint: str | None = None,
+    model: str = "probe.onnx",
 ) -> tuple[Path, str]:
     """Write the daemon's config (``evidence`` None: no [evidence] section); its path and endpoint."""
     endpoint = endpoint or f"tcp://127.0.0.1:{free_port()}"
     doc: dict[str, dict[str, object]] = {
         "source": {"type": "images", "path": images, "fps": 20.0},
-        "model": {"path": "probe.onnx"},
+        "model": {"path": model},
         "publish": {"endpoints": [endpoint], "status_interval_s": 0.3, **(publish or {})},
         "thermal": {"enabled": False},
     }
@@ -88,7 +93,7 @@ def disk_bytes(folder: Path) -> int:
 
 def assert_no_half_sets(folder: Path) -> None:
     """No temp file, and every label and message beside an image of its own (beside the dataset's files)."""
-    images = {p.stem for p in folder.rglob("images/*")}
+    images = {p.stem for p in folder.rglob("*.jpg")}  # images/ and a classifier's images/CLASS/
     for path in folder.rglob("*"):
         if path.is_file() and path.name not in DATASET_FILES:
             assert not path.name.endswith(".tmp"), path
@@ -203,7 +208,16 @@ def prefill(folder: Path, count: int, *, t0_ns: int, age_days: float) -> list[st
         label = Detections(np.array([PROBE_BOX], np.float32), np.array([0.9], np.float32), np.zeros(1, np.int32))
         store.save(
             EvidenceFrame(
-                "cam0", i, t0_ns + i * 10**9, image, "bgr", label.dataset_label(*image.shape[1::-1]), b"{}", LABELS
+                "cam0",
+                i,
+                t0_ns + i * 10**9,
+                image,
+                "bgr",
+                label.dataset_label(*image.shape[1::-1]),
+                b"{}",
+                LABELS,
+                "detect",
+                store.dataset_for("detect", LABELS),
             ),
             95,
         )
@@ -341,3 +355,53 @@ def test_sighup_turns_evidence_off_and_on_again_in_another_folder(workdir: Path)
         assert len(sets(workdir / "evidence2")) >= 2 and len(sets(workdir / "evidence")) == before
     finally:
         d.close()
+
+
+def test_a_reload_from_a_detector_to_a_classifier_leaves_each_models_evidence_a_dataset_of_its_own(
+    workdir: Path,
+) -> None:
+    shutil.copy(TASKS / "cls.onnx", workdir / "cls.onnx")
+    keys: dict[str, object] = {"save": "all", "max_per_minute": 0}
+    path, endpoint = configure(workdir, keys)
+    evidence = workdir / "evidence"
+    d = RunningDaemon(path, endpoint)
+    try:
+        d.wait_status(lambda s: evidence_of(s)[0] >= 4)
+        configure(workdir, keys, endpoint=endpoint, model="cls.onnx")  # the same [evidence], another task
+        d.signal(signal.SIGHUP)
+        labels = set()
+        for msg in d.messages(30):
+            if isinstance(msg, DetectionsMessage) and msg.task == "classify" and msg.top:
+                labels.add(msg.top[0].label)
+                if len(labels) >= 2:
+                    break
+        assert labels, d.log()
+        wait_until(lambda: len(list(evidence.glob("*/*/images/*/*.jpg"))) >= 4, d)
+        assert d.stop() == 0
+    finally:
+        d.close()
+    folders = sorted(p.name for p in evidence.iterdir())
+    assert len(folders) == 2 and folders[0] == "cam0" and re.fullmatch(r"cam0@classify-[0-9a-f]{8}", folders[1]), folders
+    detector, classifier = (evidence / name for name in folders)
+    # The detector's dataset: its names, every image with its label file beside it, no class folder.
+    assert json.loads((detector / "dataset.json").read_text()) == {"task": "detect", "names": list(LABELS)}
+    assert tuple((detector / "classes.txt").read_text().splitlines()) == LABELS
+    assert [line for line in (detector / "data.yaml").read_text().splitlines() if line.startswith("  ")] == [
+        f'  {i}: "{name}"' for i, name in enumerate(LABELS)
+    ]
+    detected = sorted(detector.rglob("*.jpg"))
+    assert len(detected) >= 4 and all(p.parent.name == "images" for p in detected)
+    assert len(list(folder_samples(detector, len(LABELS))[1])) == len(detected)
+    # The classifier's: its names, every image in the folder of its class, no label file.
+    record = json.loads((classifier / "dataset.json").read_text())
+    names = tuple(record["names"])
+    assert record["task"] == "classify" and tuple((classifier / "classes.txt").read_text().splitlines()) == names
+    assert labels <= set(names)
+    classified = sorted(classifier.rglob("*.jpg"))
+    assert len(classified) >= 4 and not list(classifier.rglob("labels/*.txt"))
+    for image in classified:
+        assert image.parent.parent.name == "images" and image.parent.name in {class_folder(n) for n in names}
+        message = parse_message((image.parents[2] / "messages" / f"{image.stem}.json").read_bytes())
+        assert isinstance(message, DetectionsMessage) and message.top
+        assert class_folder(message.top[0].label) == image.parent.name
+    assert_no_half_sets(evidence)

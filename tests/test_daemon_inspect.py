@@ -134,7 +134,7 @@ def test_evidence_saves_the_frames_the_verdict_calls_ng_and_no_others(tmp_path: 
                 assert status.evidence.saved == 0 and not list((folder / "evidence").rglob("*.jpg"))
                 continue
             d.wait_status(lambda s: s.evidence is not None and s.evidence.saved > 0)
-            sidecar = next((folder / "evidence").rglob("*.json"))
+            sidecar = next((folder / "evidence").rglob("messages/*.json"))
             msg = DetectionsMessage.model_validate_json(sidecar.read_text())
             assert msg.verdict == "ng" and [r.label for r in msg.reasons] == ["dust"]
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -17,6 +18,7 @@ from allocations import NumpyAllocations
 from filesystems import read_only_folder
 from waiting import wait_for
 
+from edged.classify import Classes
 from edged.config import Settings, load_config
 from edged.decode import Detections
 from edged.errors import ConfigError
@@ -27,12 +29,14 @@ from edged.evidence import (
     EvidenceStore,
     EvidenceWriter,
     class_folder,
+    dataset_name,
     day_and_stem,
     describe,
     folder_problem,
     should_save,
     write_atomic,
 )
+from edged.messages import Task
 from edged.output import Services
 from edged.settings.evidence import EvidenceConfig, default_dir
 from edged.sources.base import Frame
@@ -52,6 +56,9 @@ def frame(
     detections: Detections | None = None,
     message: bytes | None = b'{"frame": 1}',
     noise: bool = False,
+    names: tuple[str, ...] = NAMES,
+    task: Task = "detect",
+    dataset: str = "cam0",
 ) -> EvidenceFrame:
     w, h = size
     rng = np.random.default_rng(frame_id)
@@ -59,7 +66,7 @@ def frame(
     if detections is None:
         detections = detected((1, (10.0, 20.0, 50.0, 60.0)))
     label = detections.dataset_label(w, h)
-    return EvidenceFrame("cam0", frame_id, t_ns + frame_id * 10**6, image, order, label, message, NAMES)
+    return EvidenceFrame("cam0", frame_id, t_ns + frame_id * 10**6, image, order, label, message, names, task, dataset)
 
 
 def detected(*found: tuple[int, tuple[float, float, float, float]]) -> Detections:
@@ -136,10 +143,7 @@ def test_the_camera_folder_is_a_ready_dataset_with_the_model_s_class_names_in_or
         '  3: "say \\"no\\""',
     ]
     assert (folder / "classes.txt").read_text() == 'scratch\ndent\n2026-12-03\nsay "no"\n'
-    assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
-    renamed = EvidenceFrame("cam0", 2, T0_NS, frame(2).image, "bgr", "", None, ("a", "b"))
-    store.save(renamed, 95)  # a reload with another model: its names replace the old ones
-    assert (folder / "classes.txt").read_text() == "a\nb\n" and '  1: "b"' in (folder / "data.yaml").read_text()
+    assert json.loads((folder / "dataset.json").read_text()) == {"task": "detect", "names": list(NAMES)}
     assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
     reopened = EvidenceStore(tmp_path / "ev", "cam0", 10**9, 30)
     reopened.open()
@@ -178,7 +182,7 @@ def test_an_rgb_frame_is_saved_in_its_true_colours_and_an_unpublished_one_withou
     store.save(rgb, jpeg_quality=95)
     [jpg] = list(tmp_path.rglob("*.jpg"))
     assert np.abs(cv2.imread(str(jpg)).astype(int) - (200, 20, 10)).max() <= 3  # BGR on disk
-    assert not list(tmp_path.rglob("*.json"))
+    assert not list(tmp_path.rglob("messages/*.json"))
     assert [p.read_text() for p in tmp_path.rglob("labels/*.txt")] == [""]  # a negative for training
 
 
@@ -211,6 +215,158 @@ def test_start_up_removes_half_written_sets_and_temp_files(tmp_path: Path) -> No
     assert reopened.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
 
 
+# ---- one dataset per model ----------------------------------------------------------------------
+
+SWAPPED = ("dent", "scratch", "2026-12-03", 'say "no"')  # the same classes in another order: class 0 is now dent
+CLASSES = ("good", "crack")
+
+
+def save_as(
+    store: EvidenceStore,
+    frame_id: int,
+    names: tuple[str, ...] = NAMES,
+    task: Task = "detect",
+    *,
+    t_ns: int = T0_NS,
+    noise: bool = False,
+) -> Path:
+    """A frame of a model of ``task`` and ``names`` saved as the writer saves it; its dataset folder."""
+    dataset = store.dataset_for(task, names)
+    saved = frame(frame_id, t_ns=t_ns, noise=noise, names=names, task=task, dataset=dataset)
+    if task == "classify":
+        saved = replace(saved, label="", image_class=class_folder(names[frame_id % len(names)]))
+    store.save(saved, 95)
+    return store.root / dataset
+
+
+def described(folder: Path) -> tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """A dataset folder's task and its names as dataset.json, data.yaml and classes.txt give them."""
+    record = json.loads((folder / "dataset.json").read_text())
+    yaml_names = tuple(
+        json.loads(line.split(": ", 1)[1])
+        for line in (folder / "data.yaml").read_text().splitlines()
+        if line.startswith("  ")
+    )
+    return record["task"], tuple(record["names"]), yaml_names, tuple((folder / "classes.txt").read_text().splitlines())
+
+
+def assert_one_dataset(folder: Path, task: str, names: tuple[str, ...], frames: int) -> None:
+    """``folder`` is the dataset of one model: described by its names, and every image under it
+    filed as that task files it (a label file beside it, or a class folder and none)."""
+    assert described(folder) == (task, names, names, names)
+    images = sorted(folder.rglob("*.jpg"))
+    assert len(images) == frames
+    for image in images:
+        if task == "classify":
+            assert image.parent.parent.name == "images" and image.parent.name in {class_folder(n) for n in names}
+            assert not label_path(image).exists()
+        else:
+            assert image.parent.name == "images" and label_path(image).is_file()
+    assert not list(folder.rglob("labels/*.txt")) or task != "classify"
+
+
+def test_a_model_with_other_class_names_saves_a_dataset_of_its_own_and_the_first_keeps_its_names(
+    tmp_path: Path,
+) -> None:
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    store.open()
+    first = [save_as(store, i) for i in range(2)]
+    swapped = [save_as(store, i, SWAPPED) for i in range(2, 5)]  # a reload to a model whose class 0 is dent
+    assert set(first) == {tmp_path / "cam0"}
+    assert set(swapped) == {tmp_path / dataset_name("cam0", "detect", SWAPPED)} and swapped[0].name.startswith(
+        "cam0@detect-"
+    )
+    assert save_as(store, 5) == tmp_path / "cam0"  # the first model back: its own folder again
+    assert_one_dataset(tmp_path / "cam0", "detect", NAMES, 3)
+    assert_one_dataset(swapped[0], "detect", SWAPPED, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cam0", swapped[0].name]
+    assert len(list(folder_samples(tmp_path / "cam0", 4)[1])) == 3  # `edged eval --data` reads one model's frames
+    assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+    reopened = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    reopened.open()
+    assert reopened.total_bytes == store.total_bytes
+
+
+def test_a_classifier_after_a_detector_files_its_images_in_a_dataset_of_its_own(tmp_path: Path) -> None:
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    store.open()
+    save_as(store, 0)
+    classified = save_as(store, 1, CLASSES, "classify")
+    same_names = save_as(store, 2, NAMES, "classify")  # the task alone changed: still another dataset
+    save_as(store, 3)
+    assert classified.name.startswith("cam0@classify-") and same_names.name.startswith("cam0@classify-")
+    assert len({classified, same_names, tmp_path / "cam0"}) == 3
+    assert_one_dataset(tmp_path / "cam0", "detect", NAMES, 2)
+    assert_one_dataset(classified, "classify", CLASSES, 1)
+    assert_one_dataset(same_names, "classify", NAMES, 1)
+    assert [p.name for p in (tmp_path / "cam0").rglob("images/*")] == [p.name for p in (tmp_path / "cam0").rglob("*.jpg")]
+
+
+def test_across_a_restart_the_camera_folder_keeps_the_model_it_holds_and_an_older_one_is_known_by_its_names(
+    tmp_path: Path,
+) -> None:
+    before = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    before.open()
+    save_as(before, 0)
+    after = EvidenceStore(tmp_path, "cam0", 10**9, 0)  # restarted with another model
+    after.open()
+    assert save_as(after, 1, SWAPPED) == tmp_path / dataset_name("cam0", "detect", SWAPPED)
+    assert save_as(after, 2, CLASSES, "classify") == tmp_path / dataset_name("cam0", "classify", CLASSES)
+    assert_one_dataset(tmp_path / "cam0", "detect", NAMES, 1)
+    # A camera folder an older edged wrote has no dataset.json: its classes.txt names its model.
+    (tmp_path / "cam0" / "dataset.json").unlink()
+    older = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    older.open()
+    assert save_as(older, 3, SWAPPED) == tmp_path / dataset_name("cam0", "detect", SWAPPED)
+    assert save_as(older, 4) == tmp_path / "cam0"
+    assert_one_dataset(tmp_path / "cam0", "detect", NAMES, 2)
+    assert older.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+
+
+def test_a_camera_folder_found_holding_another_models_evidence_is_refused_not_relabelled(tmp_path: Path) -> None:
+    late = EvidenceStore(tmp_path, "cam0", 10**9, 0)  # made while the folder was missing (a drive not yet mounted)
+    other = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    other.open()
+    save_as(other, 0)
+    late.open()
+    with pytest.raises(OSError, match="holds the evidence of the detect model with classes scratch, dent") as refused:
+        save_as(late, 1, CLASSES, "classify")
+    assert "the frame is not saved" in describe(refused.value)
+    assert_one_dataset(tmp_path / "cam0", "detect", NAMES, 1)
+    assert save_as(late, 2, CLASSES, "classify") == tmp_path / dataset_name("cam0", "classify", CLASSES)
+    (tmp_path / "cam0" / "dataset.json").write_text("{not json")  # unreadable: no model's folder
+    assert EvidenceStore(tmp_path, "cam0", 10**9, 0).dataset_for("detect", NAMES) == dataset_name("cam0", "detect", NAMES)
+
+
+def test_retention_and_start_up_cleaning_cover_every_dataset_of_the_camera(tmp_path: Path) -> None:
+    (tmp_path / "cam1").mkdir()
+    (tmp_path / "cam1" / "kept.txt").write_text("another camera's")  # neither counted nor pruned
+    store = EvidenceStore(tmp_path, "cam0", 10**12, 0)
+    store.open()
+    for i in range(9):  # three days, each with frames of both models
+        save_as(
+            store, i, *((CLASSES, "classify") if i % 2 else (NAMES, "detect")), t_ns=T0_NS + (i // 3) * DAY_NS, noise=True
+        )
+    classified = tmp_path / dataset_name("cam0", "classify", CLASSES)
+    day0, day2 = (day_and_stem("cam0", T0_NS + d * DAY_NS, 0)[0] for d in (0, 2))
+    (classified / day2 / "images" / "crack" / ".x.jpg.tmp").write_bytes(b"half")  # a power cut's leftovers
+    (classified / day2 / "messages" / "cam0_x_9.json").write_text("{}")
+    on_disk = sum(p.stat().st_size for p in files_on_disk(tmp_path / "cam0")) + sum(
+        p.stat().st_size for p in files_on_disk(classified)
+    )
+    reopened = EvidenceStore(tmp_path, "cam0", 10**12, 0)
+    reopened.open()
+    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob("cam0_x_9.json"))
+    assert reopened.total_bytes == on_disk - len(b"half") - len(b"{}")
+    each = reopened.total_bytes // 9
+    reopened.max_bytes = reopened.total_bytes - 4 * each - each // 2  # room for the newest four and a half sets
+    assert reopened.prune(time.time()) == 5
+    assert sorted(int(p.stem.rsplit("_", 1)[1]) for p in tmp_path.rglob("*.jpg")) == [5, 6, 7, 8]  # oldest first
+    assert not (classified / day0).exists() and not (tmp_path / "cam0" / day0).exists()
+    assert reopened.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path)) - len("another camera's")
+    assert (tmp_path / "cam1" / "kept.txt").is_file()
+
+
 # ---- retention ----------------------------------------------------------------------------------
 
 
@@ -229,7 +385,12 @@ def test_the_quota_deletes_the_oldest_frames_first_from_a_running_total(tmp_path
     expected = [day_and_stem("cam0", T0_NS + (i // 3) * DAY_NS + i * 10**6, i)[1] for i in (6, 7, 8)]
     assert saved_sets(tmp_path) == expected
     # Emptied days removed; the dataset's description stays.
-    assert sorted(p.name for p in (tmp_path / "cam0").iterdir()) == ["2026-12-02", "classes.txt", "data.yaml"]
+    assert sorted(p.name for p in (tmp_path / "cam0").iterdir()) == [
+        "2026-12-02",
+        "classes.txt",
+        "data.yaml",
+        "dataset.json",
+    ]
 
 
 def test_a_classifiers_frames_are_filed_by_class_kept_in_the_quota_and_cleaned_at_start_up(tmp_path: Path) -> None:
@@ -321,9 +482,9 @@ def test_a_frame_is_copied_only_when_it_is_evidence_and_then_once(tmp_path: Path
     spot = Detections(np.array([[10, 20, 50, 60]], np.float32), np.array([0.8], np.float32), np.array([1], np.int32))
     with counter.counting():
         before = counter.buffers
-        w.offer(captured, nothing, None, b"{}", names=NAMES)
+        w.offer(captured, nothing, None, b"{}", names=NAMES, task="detect")
         assert counter.buffers == before  # not evidence: the loop copies nothing
-        w.offer(captured, spot, None, b"{}", names=NAMES)
+        w.offer(captured, spot, None, b"{}", names=NAMES, task="detect")
         assert counter.buffers == before + 1  # evidence: the frame, copied once
     captured.image[:] = 0  # the capture slot is reused by the next frame
     w.start()
@@ -338,12 +499,36 @@ def test_under_ng_near_a_near_miss_alone_keeps_a_frame_whose_labels_are_its_dete
     captured = Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr")
     nothing = Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32))
     near = Detections(np.array([[10, 20, 50, 60]], np.float32), np.array([0.2], np.float32), np.array([1], np.int32))
-    w.offer(captured, nothing, "ok", b"{}", names=NAMES)
-    w.offer(captured, Detections(nothing.xyxy, nothing.scores, nothing.class_ids, near=near), "ok", b"{}", names=NAMES)
+    w.offer(captured, nothing, "ok", b"{}", names=NAMES, task="detect")
+    w.offer(
+        captured,
+        Detections(nothing.xyxy, nothing.scores, nothing.class_ids, near=near),
+        "ok",
+        b"{}",
+        names=NAMES,
+        task="detect",
+    )
     w.start()
     w.stop(timeout_s=10)
     assert w.saved == 1 and len(saved_sets(tmp_path)) == 1
     assert [p.read_text() for p in tmp_path.rglob("labels/*.txt")] == [""]  # the near miss is no label
+
+
+def test_the_path_a_frame_is_offered_at_is_where_each_models_frame_is_saved(tmp_path: Path) -> None:
+    w = writer(tmp_path, save="all", max_per_minute=0)
+    w.start()
+    try:
+        image = np.full((96, 128, 3), 50, np.uint8)
+        detector = w.offer(Frame(image, 1, 0, T0_NS, "bgr"), detected(), None, b"{}", names=NAMES, task="detect")
+        best = Classes(np.array([1], np.int64), np.array([0.9], np.float32))
+        classifier = w.offer(Frame(image, 2, 0, T0_NS, "bgr"), best, None, b"{}", names=CLASSES, task="classify")
+        assert wait_for(lambda: w.saved == 2, timeout_s=10)
+    finally:
+        w.stop(timeout_s=5)
+    day = day_and_stem("cam0", T0_NS, 1)[0]
+    assert detector is not None and detector.parent == tmp_path / "ev" / "cam0" / day / "images" and detector.is_file()
+    classified = tmp_path / "ev" / dataset_name("cam0", "classify", CLASSES)
+    assert classifier is not None and classifier.parent == classified / day / "images" / "crack" and classifier.is_file()
 
 
 def test_the_rate_limit_counts_the_frames_it_refuses(tmp_path: Path) -> None:
@@ -492,7 +677,14 @@ def test_a_reload_that_changes_a_cameras_evidence_keys_keeps_its_counters(tmp_pa
     assert output is not None
     try:
         first = output.writers["cam0"]
-        first.offer(Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr"), detected(), None, b"{}", names=NAMES)
+        first.offer(
+            Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr"),
+            detected(),
+            None,
+            b"{}",
+            names=NAMES,
+            task="detect",
+        )
         assert wait_for(lambda: first.saved == 1, timeout_s=10)
         assert output.reload(settings(30), services) is output
         second = output.writers["cam0"]
