@@ -11,7 +11,7 @@ from typing import Literal, TypeVar
 import cv2
 import numpy as np
 import pytest
-from images import oversized_png
+from images import oversized_png, truncated_jpeg
 
 from edged.capture import Capture
 from edged.errors import SourceError
@@ -207,6 +207,23 @@ def test_an_image_over_what_opencv_decodes_is_skipped_as_unreadable(
     assert numbers == [0, 1, 2, 3, 4]
     assert src.skipped == 2
     assert sum("b3.png" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_jpeg_cut_short_is_skipped_as_truncated_and_one_padded_after_its_end_is_read(
+    image_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A camera's upload still being written was decoded with its missing rows grey and judged as real.
+    truncated_jpeg(image_dir / "b1.jpg", coded_frame(7))
+    padded = cv2.imencode(".jpg", coded_frame(5))[1]
+    (image_dir / "b0.jpg").write_bytes(padded.tobytes() + bytes(512))  # some cameras pad after the end
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    numbers = []
+    while (img := src.read(None)) is not None:
+        numbers.append(frame_number(img))
+    assert numbers == [0, 1, 2, 5, 3, 4]
+    assert src.skipped == 2  # b1.jpg and b2.png
+    [line] = [r.getMessage() for r in caplog.records if "b1.jpg" in r.getMessage()]
+    assert "truncated JPEG" in line and "is it still being written" in line, line
 
 
 def test_folder_loops_and_logs_an_unreadable_image_once(image_dir: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 import pytest
 from daemon import run_cli
-from images import oversized_png
+from images import oversized_png, truncated_jpeg
 from onnx_models import colour_probe
 
 from edged.cli import main
@@ -357,6 +357,16 @@ def test_an_image_over_what_opencv_decodes_is_a_data_error_naming_it(tmp_path: P
     oversized_png(data / "images" / "b.png")
     _, samples = folder_samples(data, 1)
     with pytest.raises(DataError, match=r"images/b\.png"):
+        list(samples)
+
+
+@pytest.mark.unit
+def test_a_jpeg_cut_short_is_a_data_error_saying_so(tmp_path: Path) -> None:
+    # Its missing rows were decoded grey and scored as if the part looked so.
+    data = _dataset(tmp_path / "set", {"a": (RED, None)})
+    truncated_jpeg(data / "images" / "b.jpg", np.full((96, 128, 3), RED, np.uint8))
+    _, samples = folder_samples(data, 1)
+    with pytest.raises(DataError, match=r"images/b\.jpg \(truncated JPEG: .* still being written"):
         list(samples)
 
 
