@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 from daemon import run_cli, write_config
-from images import truncated_jpeg
+from images import black_png, truncated_jpeg
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import DataError
@@ -178,12 +178,17 @@ def test_eval_names_why_a_mask_cannot_be_read(tmp_path: Path) -> None:
     (tmp_path / "masks").mkdir()
     for name in BAD:
         cv2.imwrite(str(tmp_path / "masks" / f"{name}.png"), np.zeros((8, 8), np.uint8))
-    png = (tmp_path / "masks" / f"{BAD[1]}.png").read_bytes()
-    (tmp_path / "masks" / f"{BAD[1]}.png").write_bytes(png[: len(png) // 2])
+    mask = tmp_path / "masks" / f"{BAD[1]}.png"
+    png = mask.read_bytes()
+    mask.write_bytes(png[: len(png) // 2])
     model = load_model(ModelConfig(path=DATA / "padim.onnx"), RuntimeConfig())
     with open(tmp_path / "out.txt", "w") as out, pytest.raises(DataError) as raised:
         evaluate_anomaly(model, tmp_path, None, out)
     assert f"{BAD[1]}.png is no readable mask for {BAD[1]}.png (truncated PNG:" in str(raised.value)
+    black_png(mask, 8000, 4400)  # was decoded, 35 MB, then resized to the image
+    with open(tmp_path / "out.txt", "w") as out, pytest.raises(DataError) as raised:
+        evaluate_anomaly(model, tmp_path, None, out)
+    assert f"{BAD[1]}.png (its PNG header claims 8000x4400 pixels, over the 33177600 pixels" in str(raised.value)
 
 
 def test_eval_takes_the_defects_from_yolo_polygons_beside_the_bad_images_as_evidence_writes_them(tmp_path: Path) -> None:

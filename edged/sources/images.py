@@ -18,12 +18,17 @@ import cv2
 import numpy as np
 
 from edged.errors import ImageError, SourceError
-from edged.settings.sources import ImagesSourceConfig
-from edged.sources.image_header import read_header
+from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, ImagesSourceConfig
+from edged.sources.image_header import KINDS, read_header
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+# The largest image decoded: a camera's largest frame, 100 MB decoded, well below the 2^30 pixels
+# (3.2 GB) OpenCV allows, which a file of a few kilobytes can claim and a 4 GB board cannot hold.
+MAX_PIXELS = MAX_WIDTH * MAX_HEIGHT
+MAX_FILE_BYTES = 8 * MAX_PIXELS  # such an image uncompressed, 4 channels of 16 bits
+_LIMIT = f"{MAX_PIXELS} pixels ({MAX_WIDTH}x{MAX_HEIGHT})"
 
 
 def is_image_file(path: Path) -> bool:
@@ -46,30 +51,39 @@ def list_images(pattern: str) -> list[str]:
 
 def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     """The image file at ``path``, read once and decoded from memory by OpenCV; `ImageError` saying
-    why where it cannot be, or must not be: a JPEG cut short (`edged.sources.image_header`), which
-    OpenCV's own reader decodes with its missing rows grey.
+    why where it cannot be, or must not be (`edged.sources.image_header`): a JPEG cut short, which
+    OpenCV decodes with its missing rows grey, a header claiming more than `MAX_PIXELS` or none, a
+    file larger than `MAX_FILE_BYTES`, a format other than those of `IMAGE_SUFFIXES` (its size is
+    not known before it is decoded).
 
-    OpenCV raises rather than returns None for a header that claims more pixels than it decodes
-    (2^30), which a 60-byte file can claim. Reading the bytes in Python also spares OpenCV's binding
-    a file name that is not UTF-8 (Python holds its bytes as lone surrogates), on which it crashes
-    with SIGSEGV.
+    Reading the bytes in Python also spares OpenCV's binding a file name that is not UTF-8 (Python
+    holds its bytes as lone surrogates), on which it crashes with SIGSEGV.
     """
     try:
         with open(path, "rb") as file:
-            data = file.read()
+            size = os.fstat(file.fileno()).st_size
+            data = file.read(MAX_FILE_BYTES + 1) if size <= MAX_FILE_BYTES else b""  # it may grow while read
     except OSError as e:
         why = "a link to nothing: fetch its content" if os.path.islink(path) else e.strerror or str(e)
         raise ImageError(str(path), why) from e
+    if max(size, len(data)) > MAX_FILE_BYTES:
+        raise ImageError(str(path), f"{max(size, len(data)) / 1e6:.0f} MB, more than any image of {_LIMIT} takes")
     header = read_header(data)
-    if header is not None and header.cut is not None:
+    if header is None:
+        raise ImageError(str(path), "empty" if not data else f"not a {KINDS} image")
+    if header.cut is not None:
         why = f"truncated {header.kind}: {header.cut}; is it still being written, or was its copy cut short?"
         raise ImageError(str(path), why)
+    if not header.width * header.height:
+        raise ImageError(str(path), f"its {header.kind} header gives no image size")
+    if header.pixels > MAX_PIXELS:
+        raise ImageError(str(path), f"its {header.kind} header claims {header.size} pixels, over the {_LIMIT} edged decodes")
     try:
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), flags) if data else None
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
     except cv2.error:
         image = None
     if image is None:
-        raise ImageError(str(path), "empty, corrupt or not an image OpenCV decodes")
+        raise ImageError(str(path), f"a corrupt {header.kind} that OpenCV cannot decode")
     return image
 
 
