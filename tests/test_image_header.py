@@ -176,6 +176,14 @@ def test_any_bytes_after_a_signature_give_an_answer() -> None:
             assert isinstance(header, Header) and header.width >= 0 and header.height >= 0
 
 
+def test_a_jpeg_of_endless_fill_bytes_or_markers_is_cut_or_gives_no_size() -> None:
+    # Each would be millions of steps of a marker walk in Python; a camera writes tens of markers.
+    assert read_header(b"\xff\xd8" + b"\xff" * 4_000_000) == Header("JPEG", 0, 0, "it ends before its image data")
+    comments = b"\xff\xd8" + b"\xff\xfe\x00\x02" * 1_000_000 + JPEGS["baseline"][2:]
+    assert read_header(comments) == Header("JPEG", 0, 0)
+    assert read_header(b"\xff\xd8" + b"\xff\xfe\x00\x02" * 100 + JPEGS["baseline"][2:]) == Header("JPEG", W, H)
+
+
 def test_every_prefix_of_every_format_gives_an_answer() -> None:
     for data in FILES.values():
         for end in range(len(data)):

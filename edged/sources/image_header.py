@@ -18,6 +18,7 @@ why. OpenCV refuses a BMP cut short too.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +27,8 @@ import numpy as np
 KINDS = "JPEG, PNG, WebP, BMP or TIFF"  # the formats read here, as said to the user
 
 _SOS, _EOI = 0xDA, 0xD9
+_NOT_FILL = re.compile(rb"[^\xff]")  # a marker's code, after its 0xFF and any fill bytes
+_MAX_MARKERS = 10_000  # before the image data; a camera writes tens
 _NO_LENGTH = {0x01, *range(0xD0, 0xD9)}  # TEM, the restart markers and SOI carry no length
 _SOF = {*range(0xC0, 0xD0)} - {0xC4, 0xC8, 0xCC}  # every start of frame: DHT, JPG and DAC are not
 _TIFF_SIZES = (256, 257, 322, 323)  # ImageWidth, ImageLength, TileWidth, TileLength
@@ -50,6 +53,7 @@ class Header:
 
     @property
     def size(self) -> str:
+        """As the user is told it: ``WxH``, and a tiled TIFF's tile."""
         tile = f" in tiles of {self.tile[0]}x{self.tile[1]}" if self.tile != (0, 0) else ""
         return f"{self.width}x{self.height}{tile}"
 
@@ -71,16 +75,15 @@ def read_header(data: bytes) -> Header | None:
 
 def _jpeg(data: bytes) -> Header:
     """Its markers walked as libjpeg walks them (bytes before a marker and fill bytes skipped): the
-    size from the first start of frame, then its end-of-image marker looked for from the end."""
+    size from its start of frame, then its end-of-image marker looked for from the end. Each scan
+    over bytes is done in C, and a header of more markers than any camera writes gives no size:
+    hostile bytes cost no more than reading them."""
     width = height = 0
     pos = 2
-    while (pos := data.find(b"\xff", pos)) >= 0:
-        while pos < len(data) and data[pos] == 0xFF:
-            pos += 1
-        if pos >= len(data):
-            break
-        marker = data[pos]
-        pos += 1
+    for _ in range(_MAX_MARKERS):
+        if (pos := data.find(b"\xff", pos)) < 0 or (after := _NOT_FILL.search(data, pos)) is None:
+            return Header("JPEG", width, height, "it ends before its image data")
+        marker, pos = data[after.start()], after.start() + 1
         if marker == _SOS:
             whole = data.rfind(b"\xff\xd9", pos) >= 0
             return Header("JPEG", width, height, None if whole else "it ends before its end-of-image marker")
@@ -88,12 +91,12 @@ def _jpeg(data: bytes) -> Header:
             return Header("JPEG", width, height, "it ends before its image data")
         if marker and marker not in _NO_LENGTH:
             if pos + 7 > len(data):
-                break
+                return Header("JPEG", width, height, "it ends before its image data")
             if marker in _SOF:  # libjpeg refuses a second one: the larger is taken, to be safe
                 height = max(height, int.from_bytes(data[pos + 3 : pos + 5], "big"))
                 width = max(width, int.from_bytes(data[pos + 5 : pos + 7], "big"))
             pos += max(2, int.from_bytes(data[pos : pos + 2], "big"))
-    return Header("JPEG", width, height, "it ends before its image data")
+    return Header("JPEG", 0, 0)
 
 
 def _png(data: bytes) -> Header:
