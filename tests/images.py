@@ -1,4 +1,4 @@
-"""Image files that OpenCV's readers cannot take, made for real byte by byte."""
+"""Image files edged must refuse (cut short, claiming too many pixels) or that OpenCV cannot take, made byte by byte."""
 
 from __future__ import annotations
 
