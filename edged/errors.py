@@ -11,6 +11,7 @@
     ├── MissingDependency        78  an optional package the configuration needs is not installed
     ├── LineError                78  the reject line's chip or line does not exist (the chip's lines named)
     ├── DataError                65  a tool's data (images, labels) cannot be used
+    │   └── ImageError           65  an image file cannot be decoded, or must not be (cut short, too large)
     ├── UsageError                2  command-line options that cannot work together
     ├── BindError                 1  an endpoint edged listens on is in use or cannot be bound
     │   └── PublishError          1  a ZeroMQ socket (publish, trigger) cannot bind, or may not
@@ -93,6 +94,17 @@ class DataError(EdgedError):
     """A tool's data set (images, labels) cannot be used."""
 
     exit_code = EXIT_DATA
+
+
+class ImageError(DataError):
+    """An image file that cannot be decoded, or must not be (cut short, too large); ``why`` says which.
+
+    The tools stop on it naming the file; the images source skips the file and counts it.
+    """
+
+    def __init__(self, path: str, why: str) -> None:
+        self.why = why
+        super().__init__(f"cannot decode image {path} ({why})")
 
 
 class UsageError(EdgedError):

@@ -162,7 +162,7 @@ def _sigterm_stop_s(d: RunningDaemon) -> float:
 
 @pytest.mark.slow
 def test_sigterm_during_an_8k_image_decode_stops_within_two_seconds(workdir: Path) -> None:
-    """The capture thread is always inside ``cv2.imread`` of an 8K JPEG of noise (seconds of decoding).
+    """The capture thread is always inside OpenCV's decode of an 8K JPEG of noise (seconds of decoding).
 
     It gets one second to return; a longer call is abandoned and the process exits at once. Under
     this load, waiting 1.5 s and then finalising around the thread took 2.2 to 4 s.

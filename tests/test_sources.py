@@ -11,7 +11,7 @@ from typing import Literal, TypeVar
 import cv2
 import numpy as np
 import pytest
-from images import oversized_png
+from images import black_png, lying_jpeg, oversized_png, truncated_jpeg
 
 from edged.capture import Capture
 from edged.errors import SourceError
@@ -24,7 +24,7 @@ from edged.settings.sources import (
     V4l2SourceConfig,
 )
 from edged.sources.file import FileSource
-from edged.sources.images import ImagesSource, list_images
+from edged.sources.images import MAX_FILE_BYTES, ImagesSource, list_images
 from edged.sources.registry import SOURCES, open_source, sizes_vary
 from edged.sources.scenes import SceneGenerator
 from edged.sources.synthetic import SyntheticSource
@@ -207,6 +207,67 @@ def test_an_image_over_what_opencv_decodes_is_skipped_as_unreadable(
     assert numbers == [0, 1, 2, 3, 4]
     assert src.skipped == 2
     assert sum("b3.png" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_jpeg_cut_short_is_skipped_as_truncated_and_one_padded_after_its_end_is_read(
+    image_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A camera's upload still being written was decoded with its missing rows grey and judged as real.
+    truncated_jpeg(image_dir / "b1.jpg", coded_frame(7))
+    padded = cv2.imencode(".jpg", coded_frame(5))[1]
+    (image_dir / "b0.jpg").write_bytes(padded.tobytes() + bytes(512))  # some cameras pad after the end
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    numbers = []
+    while (img := src.read(None)) is not None:
+        numbers.append(frame_number(img))
+    assert numbers == [0, 1, 2, 5, 3, 4]
+    assert src.skipped == 2  # b1.jpg and b2.png
+    [line] = [r.getMessage() for r in caplog.records if "b1.jpg" in r.getMessage()]
+    assert "truncated JPEG" in line and "is it still being written" in line, line
+
+
+def test_an_image_claiming_more_pixels_than_a_camera_gives_is_skipped_before_it_is_decoded(
+    image_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 8000x4400 in a few kilobytes was decoded into 106 MB; 30000x30000 would take 2.7 GB, all of a 4 GB board.
+    black_png(image_dir / "b3.png", 8000, 4400)
+    lying_jpeg(image_dir / "b4.jpg", 4400, 8000)
+    black_png(image_dir / "b5.png", 4320, 7680)  # 8K on its side is read
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    sizes = []
+    while (img := src.read(None)) is not None:
+        sizes.append(img.shape[:2])
+    assert sizes == [(H, W)] * 3 + [(7680, 4320)] + [(H, W)] * 2
+    assert src.skipped == 3  # b2.png, b3.png and b4.jpg
+    lines = [r.getMessage() for r in caplog.records]
+    limit = "pixels, over the 33177600 pixels (7680x4320) edged decodes"
+    assert any("b3.png" in line and f"its PNG header claims 8000x4400 {limit}" in line for line in lines), lines
+    assert any("b4.jpg" in line and f"its JPEG header claims 4400x8000 {limit}" in line for line in lines), lines
+
+
+def test_an_image_of_a_format_whose_size_is_not_read_first_is_skipped_naming_those_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A glob or a file may name any format OpenCV decodes; only those whose header is read are.
+    cv2.imwrite(str(tmp_path / "a.png"), coded_frame(1))
+    cv2.imwrite(str(tmp_path / "b.ppm"), coded_frame(2))
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(tmp_path / "*"), loop=False)))
+    assert frame_number(src.read(None)) == 1 and src.read(None) is None and src.skipped == 1
+    [line] = [r.getMessage() for r in caplog.records if "b.ppm" in r.getMessage()]
+    assert "not a JPEG, PNG, WebP, BMP or TIFF image" in line, line
+
+
+def test_a_file_larger_than_any_image_is_skipped_without_being_read(
+    image_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with open(image_dir / "b3.png", "wb") as file:
+        file.truncate(MAX_FILE_BYTES + 1)  # sparse: no disk is used
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    while src.read(None) is not None:
+        pass
+    assert src.skipped == 2
+    [line] = [r.getMessage() for r in caplog.records if "b3.png" in r.getMessage()]
+    assert "265 MB, more than any image of 33177600 pixels (7680x4320) takes" in line, line
 
 
 def test_folder_loops_and_logs_an_unreadable_image_once(image_dir: Path, caplog: pytest.LogCaptureFixture) -> None:

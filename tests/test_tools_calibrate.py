@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 import pytest
 from daemon import run_cli, write_config
+from images import black_png, truncated_jpeg
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import DataError
@@ -25,10 +26,12 @@ from edged.tools.calibrate import (
     auroc,
     best_f1,
     f1_at,
+    frames_of,
     images_in,
     ranked_auroc,
     scored_with_quantile,
 )
+from edged.tools.evaluate import evaluate_anomaly
 
 DATA = Path(__file__).parent / "data" / "anomaly"
 REFERENCE: dict[str, Any] = json.loads((DATA / "padim.json").read_text())
@@ -159,6 +162,33 @@ def test_eval_reports_the_pixel_auroc_where_masks_of_the_defects_exist(tmp_path:
     (tmp_path / "masks" / "002.png").unlink()
     result = run_cli("eval", "--model", str(DATA / "padim.onnx"), "--data", str(tmp_path))
     assert result.returncode == 65 and "no readable mask for 002.png" in result.stderr
+
+
+@pytest.mark.unit
+def test_a_good_part_cut_short_is_a_data_error_saying_so(tmp_path: Path) -> None:
+    # Its missing rows were decoded grey and scored as a good part looking so.
+    good, _ = folders(tmp_path)
+    truncated_jpeg(good / "late.jpg", cv2.imread(str(DATA / "good_320x240.png")))
+    with pytest.raises(DataError, match=r"late\.jpg \(truncated JPEG: .*still being written"):
+        list(frames_of(images_in(good)))
+
+
+def test_eval_names_why_a_mask_cannot_be_read(tmp_path: Path) -> None:
+    folders(tmp_path)
+    (tmp_path / "masks").mkdir()
+    for name in BAD:
+        cv2.imwrite(str(tmp_path / "masks" / f"{name}.png"), np.zeros((8, 8), np.uint8))
+    mask = tmp_path / "masks" / f"{BAD[1]}.png"
+    png = mask.read_bytes()
+    mask.write_bytes(png[: len(png) // 2])
+    model = load_model(ModelConfig(path=DATA / "padim.onnx"), RuntimeConfig())
+    with open(tmp_path / "out.txt", "w") as out, pytest.raises(DataError) as raised:
+        evaluate_anomaly(model, tmp_path, None, out)
+    assert f"{BAD[1]}.png is no readable mask for {BAD[1]}.png (truncated PNG:" in str(raised.value)
+    black_png(mask, 8000, 4400)  # was decoded, 35 MB, then resized to the image
+    with open(tmp_path / "out.txt", "w") as out, pytest.raises(DataError) as raised:
+        evaluate_anomaly(model, tmp_path, None, out)
+    assert f"{BAD[1]}.png (its PNG header claims 8000x4400 pixels, over the 33177600 pixels" in str(raised.value)
 
 
 def test_eval_takes_the_defects_from_yolo_polygons_beside_the_bad_images_as_evidence_writes_them(tmp_path: Path) -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 from daemon import run_cli
-from images import oversized_png
+from images import black_png, lying_jpeg, oversized_png, truncated_jpeg
 from onnx_models import colour_probe
 
 from edged.cli import main
@@ -357,6 +357,30 @@ def test_an_image_over_what_opencv_decodes_is_a_data_error_naming_it(tmp_path: P
     oversized_png(data / "images" / "b.png")
     _, samples = folder_samples(data, 1)
     with pytest.raises(DataError, match=r"images/b\.png"):
+        list(samples)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("make", "kind"), [(black_png, "PNG"), (lying_jpeg, "JPEG")])
+def test_an_image_claiming_more_pixels_than_a_camera_gives_is_a_data_error_naming_the_limit(
+    tmp_path: Path, make: Callable[[Path, int, int], Path], kind: str
+) -> None:
+    # 8000x4400 in a few kilobytes was decoded into 106 MB; 30000x30000 would take 2.7 GB, all of a 4 GB board.
+    data = _dataset(tmp_path / "set", {"a": (RED, None)})
+    make(data / "images" / f"b.{kind.lower()}", 8000, 4400)
+    _, samples = folder_samples(data, 1)
+    limit = r"over the 33177600 pixels \(7680x4320\) edged decodes"
+    with pytest.raises(DataError, match=rf"images/b\.{kind.lower()} \(its {kind} header claims 8000x4400 pixels, {limit}"):
+        list(samples)
+
+
+@pytest.mark.unit
+def test_a_jpeg_cut_short_is_a_data_error_saying_so(tmp_path: Path) -> None:
+    # Its missing rows were decoded grey and scored as if the part looked so.
+    data = _dataset(tmp_path / "set", {"a": (RED, None)})
+    truncated_jpeg(data / "images" / "b.jpg", np.full((96, 128, 3), RED, np.uint8))
+    _, samples = folder_samples(data, 1)
+    with pytest.raises(DataError, match=r"images/b\.jpg \(truncated JPEG: .* still being written"):
         list(samples)
 
 

@@ -146,7 +146,11 @@ class FileSourceConfig(SourceBase):
 
 class ImagesSourceConfig(SourceBase):
     type: Literal["images"] = "images"
-    path: str = Field(description="A folder (every image in it, sorted) or a glob pattern.")
+    path: str = Field(
+        description="A folder (every image in it, sorted) or a glob pattern. JPEG, PNG, WebP, BMP or TIFF "
+        f"images of at most {MAX_WIDTH * MAX_HEIGHT} pixels ({MAX_WIDTH}x{MAX_HEIGHT}) are read; others, and "
+        "images cut short (a JPEG still being written), are skipped, logged and counted."
+    )
     loop: bool = Field(True, description="Start again after the last image.")
     fps: float = Field(5.0, gt=0, le=240, description="Images delivered per second (with pace = true).")
     pace: bool = Field(

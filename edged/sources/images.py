@@ -1,8 +1,9 @@
-"""Still images: a folder or glob read with ``cv2.imread`` in sorted order, looped and paced like a camera,
+"""Still images: a folder or glob read with `read_image` in sorted order, looped and paced like a camera,
 or, with ``pace = false``, each one handed to the model in turn (a folder to run the model over).
 
-Unreadable images are skipped, logged once each and counted; a folder where nothing decodes raises
-``SourceError`` instead of spinning. Each frame carries the name of its file (`frame_name`).
+Unreadable images (a JPEG still being written among them) are skipped, logged once each with why,
+and counted; a folder where nothing decodes raises ``SourceError`` instead of spinning. Each frame
+carries the name of its file (`frame_name`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ from typing import ClassVar, Literal
 import cv2
 import numpy as np
 
-from edged.errors import SourceError
-from edged.settings.sources import ImagesSourceConfig
+from edged.errors import ImageError, SourceError
+from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, ImagesSourceConfig
+from edged.sources.image_header import KINDS, read_header
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+# The largest image decoded: a camera's largest frame, 100 MB decoded, well below the 2^30 pixels
+# (3.2 GB) OpenCV allows, which a file of a few kilobytes can claim and a 4 GB board cannot hold.
+MAX_PIXELS = MAX_WIDTH * MAX_HEIGHT
+MAX_FILE_BYTES = 8 * MAX_PIXELS  # such an image uncompressed, 4 channels of 16 bits
+_LIMIT = f"{MAX_PIXELS} pixels ({MAX_WIDTH}x{MAX_HEIGHT})"
 
 
 def is_image_file(path: Path) -> bool:
@@ -42,28 +49,42 @@ def list_images(pattern: str) -> list[str]:
     raise SourceError(f"image folder {pattern} does not exist (check source.path: a folder, a glob or a file)")
 
 
-def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
-    """``cv2.imread``, None for any file it cannot decode: it returns None for most, but raises for
-    a header that claims more pixels than it decodes (2^30), which a 60-byte file can claim.
+def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
+    """The image file at ``path``, read once and decoded from memory by OpenCV; `ImageError` saying
+    why where it cannot be, or must not be (`edged.sources.image_header`): a JPEG cut short, which
+    OpenCV decodes with its missing rows grey, a header claiming more than `MAX_PIXELS` or none, a
+    file larger than `MAX_FILE_BYTES`, a format other than those of `IMAGE_SUFFIXES` (its size is
+    not known before it is decoded).
 
-    A file name that is not UTF-8 (Python holds its bytes as lone surrogates) crashes OpenCV's
-    Python binding with SIGSEGV; such a file is read by Python and decoded from memory.
+    Reading the bytes in Python also spares OpenCV's binding a file name that is not UTF-8 (Python
+    holds its bytes as lone surrogates), on which it crashes with SIGSEGV.
     """
-    name = str(path)
     try:
-        if _utf8(name):
-            return cv2.imread(name, flags)
-        return cv2.imdecode(np.fromfile(name, np.uint8), flags)
-    except (cv2.error, OSError):
-        return None
-
-
-def _utf8(name: str) -> bool:
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            data = file.read(MAX_FILE_BYTES + 1) if size <= MAX_FILE_BYTES else b""  # it may grow while read
+    except OSError as e:
+        why = "a link to nothing: fetch its content" if os.path.islink(path) else e.strerror or str(e)
+        raise ImageError(str(path), why) from e
+    if max(size, len(data)) > MAX_FILE_BYTES:
+        raise ImageError(str(path), f"{max(size, len(data)) / 1e6:.0f} MB, more than any image of {_LIMIT} takes")
+    header = read_header(data)
+    if header is None:
+        raise ImageError(str(path), "empty" if not data else f"not a {KINDS} image")
+    if header.cut is not None:
+        why = f"truncated {header.kind}: {header.cut}; is it still being written, or was its copy cut short?"
+        raise ImageError(str(path), why)
+    if not header.width * header.height:
+        raise ImageError(str(path), f"its {header.kind} header gives no image size")
+    if header.pixels > MAX_PIXELS:
+        raise ImageError(str(path), f"its {header.kind} header claims {header.size} pixels, over the {_LIMIT} edged decodes")
     try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    except cv2.error:
+        image = None
+    if image is None:
+        raise ImageError(str(path), f"a corrupt {header.kind} that OpenCV cannot decode")
+    return image
 
 
 def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
@@ -75,7 +96,7 @@ def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
 
 
 class ImagesSource:
-    """Still images read with ``cv2.imread`` in sorted order; unreadable ones are skipped and counted."""
+    """Still images read with `read_image` in sorted order; unreadable ones are skipped and counted."""
 
     frame_sizes_vary: ClassVar[bool] = True  # a folder may hold images of any size, each one processed
 
@@ -121,9 +142,10 @@ class ImagesSource:
                 self._next = 0
             path, self._last = self._paths[self._next], self._names[self._next]
             self._next += 1
-            image = read_image(path)
-            if image is None:
-                self._skip(path)
+            try:
+                image = read_image(path)
+            except ImageError as e:
+                self._skip(path, e.why)
                 continue
             return _into(out, image)
         raise SourceError(
@@ -131,13 +153,14 @@ class ImagesSource:
             "(check that they are image files OpenCV can decode)"
         )
 
-    def _skip(self, path: str) -> None:
+    def _skip(self, path: str, why: str) -> None:
         self._skipped += 1
         if path not in self._reported:
             self._reported.add(path)
             log.warning(
-                "skipping unreadable image %s (missing, truncated or not an image)",
+                "skipping unreadable image %s (%s)",
                 path,
+                why,
                 extra={"CAMERA": self._cfg.camera_id},
             )
 
@@ -153,4 +176,4 @@ class ImagesSource:
         return not self._cfg.pace
 
     def close(self) -> None:
-        """Nothing to release: ``cv2.imread`` opens and closes each file itself."""
+        """Nothing to release: `read_image` opens and closes each file itself."""

@@ -32,7 +32,7 @@ from edged.capture import Capture
 from edged.check import next_frame
 from edged.config import Settings
 from edged.contract import ChannelOrder
-from edged.errors import DataError, UsageError
+from edged.errors import DataError, ImageError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline, planned
 from edged.settings.sources import SourceBase
@@ -159,14 +159,11 @@ def scored_with_quantile(model: LoadedModel, frames: Iterable[tuple[np.ndarray, 
 
 
 def decoded(path: Path) -> np.ndarray:
-    """The image at ``path``, BGR, as the tools read one; `DataError` naming it where it cannot be decoded."""
-    image = read_image(path)
-    if image is None:
-        why = (
-            "a link to nothing: fetch its content" if not path.exists() else "empty, truncated, over 2^30 pixels or no image"
-        )
-        raise DataError(f"cannot decode image {path} ({why}); replace or remove it")
-    return image
+    """The image at ``path``, BGR, as the tools read one; `DataError` naming it and why where it cannot be decoded."""
+    try:
+        return read_image(path)
+    except ImageError as e:
+        raise DataError(f"{e}; replace or remove it") from e
 
 
 def camera_frames(

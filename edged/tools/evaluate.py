@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from edged.classify import Classes
 from edged.config import ModelConfig, RuntimeConfig
 from edged.decode import Decoder, Detections
-from edged.errors import DataError, UsageError
+from edged.errors import DataError, ImageError, UsageError
 from edged.geometry import BoxMap
 from edged.heads.base import rows
 from edged.heads.registry import head_named
@@ -541,9 +541,10 @@ def _defect(masks: Path, image: Path, size: tuple[int, ...]) -> np.ndarray:
     h, w = size
     found = [p for p in masks.iterdir() if p.stem == image.stem] if masks.is_dir() else []
     if found:
-        mask = read_image(found[0], cv2.IMREAD_GRAYSCALE)
-        if mask is None:
-            raise DataError(f"{found[0]} is no readable mask for {image.name}")
+        try:
+            mask = read_image(found[0], cv2.IMREAD_GRAYSCALE)
+        except ImageError as e:
+            raise DataError(f"{found[0]} is no readable mask for {image.name} ({e.why})") from e
         return cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST) > 0
     labels = label_path(image)
     if not labels.is_file():  # gone since `_truth_kept` saw it
