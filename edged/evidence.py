@@ -6,8 +6,10 @@ in YOLO format, ``class cx cy w h`` normalised) and ``messages/STEM.json`` (the 
 as published); for an anomaly model also ``maps/STEM.png``, its anomaly map (grey, 0..255 for the
 normalised 0..1, at the model's input size). ``images/`` beside ``labels/`` is the layout ultralytics training and
 ``edged eval --data`` read as it is, and labelling tools import as YOLO pre-annotations; each
-folder of a camera also has a ready ``data.yaml`` (ultralytics: the folder, the model's class names in
-order, every path quoted, as YAML reads an unquoted day folder as a date), ``classes.txt`` (one
+folder of a detector or segmenter also has a ready ``data.yaml`` (ultralytics: the folder, the model's
+class names in order, every path quoted, as YAML reads an unquoted day folder as a date; a
+classifier's trains from a day's ``images/``, and an anomaly model's would take its maps for
+training images), and every folder ``classes.txt`` (one
 name per line, as labelling tools import YOLO) and ``dataset.json`` (the model's task and names).
 A label file holds every detection, those outside the zones too: an object the line ignores there
 is still an object to learn. A classification model's frame has no label file: its image is filed
@@ -79,6 +81,9 @@ MAPS = "maps"  # an anomaly model's map, made only for frames that have one
 SIDECAR_FOLDERS = (*SUBFOLDERS, MAPS)
 IDENTITY = "dataset.json"  # in each dataset folder: the task and class names of the model whose evidence it is
 DATASET_FILES = ("data.yaml", "classes.txt", IDENTITY)  # in each dataset folder, written at its first save
+# The tasks whose dataset ultralytics trains from a data.yaml of the whole folder: a classifier's trains
+# from a day's images/, and an anomaly model's would take its maps/ for training images.
+YAML_TASKS = ("detect", "segment")
 SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json", MAPS: ".png"}
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # what a part id may not bring into a file name
@@ -194,7 +199,8 @@ def recorded_identity(folder: Path) -> Identity | None:
     except (ValueError, KeyError, TypeError):
         return _UNREADABLE
     try:
-        return None, tuple((folder / "classes.txt").read_text(encoding="utf-8").splitlines())
+        # As an editor may leave it: a byte-order mark, CRLF line ends, blank lines after the names.
+        return None, tuple((folder / "classes.txt").read_text(encoding="utf-8-sig").rstrip("\r\n").splitlines())
     except FileNotFoundError:
         return None
     except ValueError:
@@ -404,11 +410,10 @@ class EvidenceStore:
             )
         identity = json.dumps({"task": frame.task, "names": list(frame.names)}) + "\n"
         names = "".join(f"{n}\n" for n in frame.names)
-        for name, text in (
-            ("data.yaml", data_yaml(frame.camera_id, frame.names)),
-            ("classes.txt", names),
-            (IDENTITY, identity),
-        ):
+        files = [("classes.txt", names), (IDENTITY, identity)]
+        if frame.task in YAML_TASKS:
+            files.insert(0, ("data.yaml", data_yaml(frame.camera_id, frame.names)))
+        for name, text in files:
             path, data = folder / name, text.encode()
             before = _size(path)
             write_atomic(path, data)
