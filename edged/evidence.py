@@ -45,6 +45,7 @@ import logging
 import os
 import queue
 import re
+import stat
 import threading
 import time
 from collections import deque
@@ -176,6 +177,7 @@ def data_yaml(camera_id: str, names: tuple[str, ...]) -> str:
 
 
 Identity = tuple[str | None, tuple[str, ...]]  # a model's task and class names; task None: a folder an older edged wrote
+_MAX_RECORD_BYTES = 1 << 20  # a dataset.json or classes.txt: thousands of class names take kilobytes
 _UNREADABLE: Identity = ("", ())  # a dataset.json or classes.txt that cannot be read: no model's task, so no model's folder
 
 
@@ -192,7 +194,7 @@ def recorded_identity(folder: Path) -> Identity | None:
     edged wrote, without one, the names of its ``classes.txt`` (task unknown); None for a folder
     with neither, which is anyone's. One that cannot be read as either matches no model."""
     try:
-        record = json.loads((folder / IDENTITY).read_bytes())
+        record = json.loads(_read_record(folder / IDENTITY))
         return str(record["task"]), tuple(str(name) for name in record["names"])
     except FileNotFoundError:
         pass
@@ -200,11 +202,26 @@ def recorded_identity(folder: Path) -> Identity | None:
         return _UNREADABLE
     try:
         # As an editor may leave it: a byte-order mark, CRLF line ends, blank lines after the names.
-        return None, tuple((folder / "classes.txt").read_text(encoding="utf-8-sig").rstrip("\r\n").splitlines())
+        return None, tuple(_read_record(folder / "classes.txt").decode("utf-8-sig").rstrip("\r\n").splitlines())
     except FileNotFoundError:
         return None
     except ValueError:
         return _UNREADABLE
+
+
+def _read_record(path: Path) -> bytes:
+    """A dataset folder's ``dataset.json`` or ``classes.txt``; ValueError for one that is no regular
+    file (a pipe would hold up the loop that reads it) or larger than any model's names take."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        data = os.read(fd, _MAX_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_RECORD_BYTES:
+        raise ValueError(f"{path} is larger than {_MAX_RECORD_BYTES} bytes")
+    return data
 
 
 def _matches(recorded: Identity, task: Task, names: tuple[str, ...]) -> bool:

@@ -338,6 +338,33 @@ def test_an_older_camera_folders_classes_txt_as_editors_write_it_still_names_its
     assert_one_dataset(tmp_path / "cam0", "detect", NAMES, 1)
 
 
+@pytest.mark.parametrize("record", ["dataset.json", "classes.txt"])
+@pytest.mark.parametrize("kind", ["fifo", "directory", "huge"])
+def test_a_record_that_is_a_pipe_a_folder_or_huge_is_another_models_never_a_hang_or_a_failed_save(
+    tmp_path: Path, record: str, kind: str
+) -> None:
+    folder = tmp_path / "cam0"
+    folder.mkdir()
+    if kind == "fifo":  # reading it waits for a writer that never comes
+        os.mkfifo(folder / record)
+    elif kind == "directory":  # reading it failed every save, each frame lost
+        (folder / record).mkdir()
+    else:  # sparse: read whole, a larger one would take as much memory
+        with (folder / record).open("wb") as file:
+            file.truncate(64 << 20)
+    made: list[EvidenceStore] = []
+    thread = threading.Thread(target=lambda: made.append(EvidenceStore(tmp_path, "cam0", 10**9, 0)), daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():  # let the reader go before failing
+        os.close(os.open(folder / record, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"a {kind} {record} held up the evidence store")
+    (store,) = made
+    store.open()
+    assert save_as(store, 1) == tmp_path / dataset_name("cam0", "detect", NAMES)
+    assert_one_dataset(tmp_path / dataset_name("cam0", "detect", NAMES), "detect", NAMES, 1)
+
+
 def test_across_a_restart_the_camera_folder_keeps_the_model_it_holds_and_an_older_one_is_known_by_its_names(
     tmp_path: Path,
 ) -> None:
