@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -14,7 +15,7 @@ import pytest
 from images import black_png, lying_jpeg, oversized_png, truncated_jpeg
 
 from edged.capture import Capture
-from edged.errors import SourceError
+from edged.errors import ImageError, SourceError
 from edged.settings.sources import (
     KINDS,
     FileSourceConfig,
@@ -452,6 +453,32 @@ def test_an_image_that_is_a_link_to_nothing_is_skipped_and_counted(image_dir: Pa
     while src.read(None) is not None:
         pass
     assert src.skipped == 2  # b1.png and the truncated b2.png
+
+
+def test_an_image_that_is_a_link_to_a_pipe_or_a_device_is_skipped_not_waited_on_or_read_without_end(
+    image_dir: Path,
+) -> None:
+    # A pipe's reader waits for a writer that never comes: the capture thread stopped for good.
+    os.mkfifo(image_dir.parent / "pipe")
+    (image_dir / "b1.png").symlink_to(image_dir.parent / "pipe")
+    (image_dir / "b3.png").symlink_to("/dev/zero")  # read to the size limit on every pass
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    frames: list[int] = []
+
+    def read_all() -> None:
+        while (image := src.read(None)) is not None:
+            frames.append(frame_number(image))
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    reader.join(60)
+    if reader.is_alive():  # let the reader go before failing
+        os.close(os.open(image_dir.parent / "pipe", os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading an image folder waited on a pipe")
+    assert frames == [0, 1, 2, 3, 4]
+    assert src.skipped == 3  # the pipe, the device and the truncated b2.png
+    with pytest.raises(ImageError, match="not a regular file"):
+        read_image(image_dir / "b3.png")
 
 
 def test_an_image_whose_name_is_not_utf8_is_read(image_dir: Path) -> None:
