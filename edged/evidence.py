@@ -9,8 +9,8 @@ normalised 0..1, at the model's input size). ``images/`` beside ``labels/`` is t
 folder of a detector or segmenter also has a ready ``data.yaml`` (ultralytics: the folder, the model's
 class names in order, every path quoted, as YAML reads an unquoted day folder as a date; a
 classifier's trains from a day's ``images/``, and an anomaly model's would take its maps for
-training images), and every folder ``classes.txt`` (one
-name per line, as labelling tools import YOLO) and ``dataset.json`` (the model's task and names).
+training images), and every folder ``classes.txt`` (one name per line, as labelling tools import
+YOLO) and ``dataset.json`` (the model's task and names).
 A label file holds every detection, those outside the zones too: an object the line ignores there
 is still an object to learn. A classification model's frame has no label file: its image is filed
 under its best class, ``images/CLASS/STEM.jpg``, so that ``images/`` is an ultralytics
