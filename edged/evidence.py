@@ -6,9 +6,11 @@ in YOLO format, ``class cx cy w h`` normalised) and ``messages/STEM.json`` (the 
 as published); for an anomaly model also ``maps/STEM.png``, its anomaly map (grey, 0..255 for the
 normalised 0..1, at the model's input size). ``images/`` beside ``labels/`` is the layout ultralytics training and
 ``edged eval --data`` read as it is, and labelling tools import as YOLO pre-annotations; each
-folder of a camera also has a ready ``data.yaml`` (ultralytics: the folder, the model's class names in
-order, every path quoted, as YAML reads an unquoted day folder as a date), ``classes.txt`` (one
-name per line, as labelling tools import YOLO) and ``dataset.json`` (the model's task and names).
+folder of a detector or segmenter also has a ready ``data.yaml`` (ultralytics: the folder, the model's
+class names in order, every path quoted, as YAML reads an unquoted day folder as a date; a
+classifier's trains from a day's ``images/``, and an anomaly model's would take its maps for
+training images), and every folder ``classes.txt`` (one name per line, as labelling tools import
+YOLO) and ``dataset.json`` (the model's task and names).
 A label file holds every detection, those outside the zones too: an object the line ignores there
 is still an object to learn. A classification model's frame has no label file: its image is filed
 under its best class, ``images/CLASS/STEM.jpg``, so that ``images/`` is an ultralytics
@@ -43,6 +45,7 @@ import logging
 import os
 import queue
 import re
+import stat
 import threading
 import time
 from collections import deque
@@ -79,6 +82,9 @@ MAPS = "maps"  # an anomaly model's map, made only for frames that have one
 SIDECAR_FOLDERS = (*SUBFOLDERS, MAPS)
 IDENTITY = "dataset.json"  # in each dataset folder: the task and class names of the model whose evidence it is
 DATASET_FILES = ("data.yaml", "classes.txt", IDENTITY)  # in each dataset folder, written at its first save
+# The tasks whose dataset ultralytics trains from a data.yaml of the whole folder: a classifier's trains
+# from a day's images/, and an anomaly model's would take its maps/ for training images.
+YAML_TASKS = ("detect", "segment")
 SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json", MAPS: ".png"}
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # what a part id may not bring into a file name
@@ -171,6 +177,7 @@ def data_yaml(camera_id: str, names: tuple[str, ...]) -> str:
 
 
 Identity = tuple[str | None, tuple[str, ...]]  # a model's task and class names; task None: a folder an older edged wrote
+_MAX_RECORD_BYTES = 1 << 20  # a dataset.json or classes.txt: thousands of class names take kilobytes
 _UNREADABLE: Identity = ("", ())  # a dataset.json or classes.txt that cannot be read: no model's task, so no model's folder
 
 
@@ -187,18 +194,34 @@ def recorded_identity(folder: Path) -> Identity | None:
     edged wrote, without one, the names of its ``classes.txt`` (task unknown); None for a folder
     with neither, which is anyone's. One that cannot be read as either matches no model."""
     try:
-        record = json.loads((folder / IDENTITY).read_bytes())
+        record = json.loads(_read_record(folder / IDENTITY))
         return str(record["task"]), tuple(str(name) for name in record["names"])
     except FileNotFoundError:
         pass
     except (ValueError, KeyError, TypeError):
         return _UNREADABLE
     try:
-        return None, tuple((folder / "classes.txt").read_text(encoding="utf-8").splitlines())
+        # As an editor may leave it: a byte-order mark, CRLF line ends, blank lines after the names.
+        return None, tuple(_read_record(folder / "classes.txt").decode("utf-8-sig").rstrip("\r\n").splitlines())
     except FileNotFoundError:
         return None
     except ValueError:
         return _UNREADABLE
+
+
+def _read_record(path: Path) -> bytes:
+    """A dataset folder's ``dataset.json`` or ``classes.txt``; ValueError for one that is no regular
+    file (a pipe would hold up the loop that reads it) or larger than any model's names take."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        data = os.read(fd, _MAX_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_RECORD_BYTES:
+        raise ValueError(f"{path} is larger than {_MAX_RECORD_BYTES} bytes")
+    return data
 
 
 def _matches(recorded: Identity, task: Task, names: tuple[str, ...]) -> bool:
@@ -404,11 +427,10 @@ class EvidenceStore:
             )
         identity = json.dumps({"task": frame.task, "names": list(frame.names)}) + "\n"
         names = "".join(f"{n}\n" for n in frame.names)
-        for name, text in (
-            ("data.yaml", data_yaml(frame.camera_id, frame.names)),
-            ("classes.txt", names),
-            (IDENTITY, identity),
-        ):
+        files = [("classes.txt", names), (IDENTITY, identity)]
+        if frame.task in YAML_TASKS:
+            files.insert(0, ("data.yaml", data_yaml(frame.camera_id, frame.names)))
+        for name, text in files:
             path, data = folder / name, text.encode()
             before = _size(path)
             write_atomic(path, data)

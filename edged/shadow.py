@@ -36,7 +36,7 @@ from edged.config import CandidateConfig, ModelConfig, Settings
 from edged.decode import Detections
 from edged.errors import EdgedError
 from edged.evidence import EvidenceWriter
-from edged.messages import CandidateReport, CandidateState, ClassAgreement, StageLatency
+from edged.messages import CandidateReport, CandidateState, ClassAgreement, StageLatency, Task
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.requests import RequestDesk
@@ -341,6 +341,12 @@ class Shadow:
         self._interval_ns: dict[str, float] = {}  # camera id -> its capture interval, estimated
         self._previous: Swap | None = None  # the model a promotion replaced, for rollback
         self._writers: dict[str, EvidenceWriter] = {}  # by camera id: where disagreeing frames are saved
+        # A disagreement is labelled by the live model (its boxes, or its class): its dataset is the
+        # live model's names, and a detection dataset for either box task, as only the boxes are kept.
+        self._labels: tuple[Task, tuple[str, ...]] = (
+            "detect" if live.task in BOX_TASKS else live.task,
+            live.class_names,
+        )
         try:
             model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
             if (why := incomparable(live, model)) is not None:
@@ -474,7 +480,7 @@ class Shadow:
                 "detections": _boxes(boxes_of(outcome.result)),
             },
         }
-        names = self.model.class_names
+        task, names = self._labels
         record_bytes = json.dumps(record).encode()
         labelled: TaskResult = live
         if isinstance(outcome.result, Classes):  # filed under the live model's class, as boxes are labelled with its
@@ -486,7 +492,7 @@ class Shadow:
             None,
             record_bytes,
             names=names,
-            task=self.model.task,
+            task=task,
             labelled=labelled,
             region=outcome.plan.region,
         )

@@ -240,12 +240,15 @@ def save_as(
 
 
 def described(folder: Path) -> tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """A dataset folder's task and its names as dataset.json, data.yaml and classes.txt give them."""
+    """A dataset folder's task and its names as dataset.json, data.yaml (a detector's or segmenter's
+    only: the names of the record where it has none) and classes.txt give them."""
     record = json.loads((folder / "dataset.json").read_text())
-    yaml_names = tuple(
-        json.loads(line.split(": ", 1)[1])
-        for line in (folder / "data.yaml").read_text().splitlines()
-        if line.startswith("  ")
+    yaml = folder / "data.yaml"
+    assert yaml.exists() == (record["task"] in ("detect", "segment"))
+    yaml_names = (
+        tuple(json.loads(line.split(": ", 1)[1]) for line in yaml.read_text().splitlines() if line.startswith("  "))
+        if yaml.exists()
+        else tuple(record["names"])
     )
     return record["task"], tuple(record["names"]), yaml_names, tuple((folder / "classes.txt").read_text().splitlines())
 
@@ -300,6 +303,66 @@ def test_a_classifier_after_a_detector_files_its_images_in_a_dataset_of_its_own(
     assert_one_dataset(classified, "classify", CLASSES, 1)
     assert_one_dataset(same_names, "classify", NAMES, 1)
     assert [p.name for p in (tmp_path / "cam0").rglob("images/*")] == [p.name for p in (tmp_path / "cam0").rglob("*.jpg")]
+
+
+def test_only_a_detection_or_segmentation_dataset_has_a_data_yaml_which_would_train_on_an_anomaly_models_maps(
+    tmp_path: Path,
+) -> None:
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    store.open()
+    anomalous = replace(frame(1, task="anomaly", names=("anomaly",)), heatmap=np.zeros((96, 128), np.uint8))
+    store.save(replace(anomalous, dataset=store.dataset_for("anomaly", ("anomaly",))), 95)
+    segmented = save_as(store, 2, NAMES, "segment")
+    classified = save_as(store, 3, CLASSES, "classify")
+    assert list((tmp_path / "cam0").rglob("maps/*.png"))
+    assert not (tmp_path / "cam0" / "data.yaml").exists() and not (classified / "data.yaml").exists()
+    assert (segmented / "data.yaml").is_file()
+    assert_one_dataset(classified, "classify", CLASSES, 1)
+    assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        'scratch\r\ndent\r\n2026-12-03\r\nsay "no"\r\n',  # edited on Windows
+        '\ufeffscratch\ndent\n2026-12-03\nsay "no"\n',  # saved by an editor that marks UTF-8
+        'scratch\ndent\n2026-12-03\nsay "no"\n\n\n',  # blank lines after the names
+    ],
+)
+def test_an_older_camera_folders_classes_txt_as_editors_write_it_still_names_its_model(tmp_path: Path, written: str) -> None:
+    (tmp_path / "cam0").mkdir()
+    (tmp_path / "cam0" / "classes.txt").write_bytes(written.encode())
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    store.open()
+    assert save_as(store, 1) == tmp_path / "cam0"
+    assert_one_dataset(tmp_path / "cam0", "detect", NAMES, 1)
+
+
+@pytest.mark.parametrize("record", ["dataset.json", "classes.txt"])
+@pytest.mark.parametrize("kind", ["fifo", "directory", "huge"])
+def test_a_record_that_is_a_pipe_a_folder_or_huge_is_another_models_never_a_hang_or_a_failed_save(
+    tmp_path: Path, record: str, kind: str
+) -> None:
+    folder = tmp_path / "cam0"
+    folder.mkdir()
+    if kind == "fifo":  # reading it waits for a writer that never comes
+        os.mkfifo(folder / record)
+    elif kind == "directory":  # reading it failed every save, each frame lost
+        (folder / record).mkdir()
+    else:  # sparse: read whole, a larger one would take as much memory
+        with (folder / record).open("wb") as file:
+            file.truncate(64 << 20)
+    made: list[EvidenceStore] = []
+    thread = threading.Thread(target=lambda: made.append(EvidenceStore(tmp_path, "cam0", 10**9, 0)), daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():  # let the reader go before failing
+        os.close(os.open(folder / record, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"a {kind} {record} held up the evidence store")
+    (store,) = made
+    store.open()
+    assert save_as(store, 1) == tmp_path / dataset_name("cam0", "detect", NAMES)
+    assert_one_dataset(tmp_path / dataset_name("cam0", "detect", NAMES), "detect", NAMES, 1)
 
 
 def test_across_a_restart_the_camera_folder_keeps_the_model_it_holds_and_an_older_one_is_known_by_its_names(

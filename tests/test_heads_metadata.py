@@ -35,6 +35,11 @@ from edged.heads.registry import detect_head
         ({"names": "{0: 'a', '0': 'b'}"}, None),
         ({"names": "'person'"}, None),
         ({"names": "{0: 'person'"}, None),
+        # A name that is not text (a lone surrogate: no UTF-8 message or file can hold it), or of
+        # several lines (one line each in classes.txt, where it would shift every later class id).
+        ({"names": "{0: 'ok', 1: '\\udc80'}"}, None),
+        ({"names": "{0: 'ok', 1: 'two\\nlines'}"}, None),
+        ({"names": "['ok', 'cr\\r']"}, None),
         # Pathological nesting and size.
         ({"names": "[" * 100_000}, None),
         ({"names": "['a'," + " 'a'," * 300_000 + "]"}, None),

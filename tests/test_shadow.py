@@ -4,6 +4,7 @@ trial took from the live frames."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import replace
@@ -205,6 +206,27 @@ def test_a_classifiers_disagreement_is_filed_under_the_live_models_class(tmp_pat
     assert live_class != candidate_class
     saved = [p for p in (tmp_path / "disagreements").rglob("*") if p.suffix in (".jpg", ".png")]
     assert [p.parent.name for p in saved] == [live_class], saved
+
+
+def test_a_disagreement_is_saved_in_the_dataset_of_the_live_model_whose_boxes_label_it(tmp_path: Path) -> None:
+    # A segmentation candidate beside a detector: the label is the live model's boxes, by its class ids,
+    # so the folder is a detection dataset of its names, not a segmentation dataset of the candidate's.
+    s = settings(tmp_path, SCENE)
+    shutil.copy(TASKS / "seg.onnx", tmp_path / "candidate.onnx")
+    (tmp_path / "candidate.labels").write_text("scratch\ncrack\ndust\n")
+    assert s.model.candidate is not None
+    trial = s.model.candidate.model_copy(
+        update={"labels": tmp_path / "candidate.labels", "evidence_dir": tmp_path / "disagreements"}
+    )
+    s = s.model_copy(update={"model": s.model.model_copy(update={"candidate": trial})})
+    shadow, done = one_trial(s, trial, TASKS / "wide.png")
+    shadow.close()
+    assert shadow.report().disagreements_saved == 1
+    folder = tmp_path / "disagreements" / "cam0"
+    record = json.loads((folder / "dataset.json").read_text())
+    assert record == {"task": "detect", "names": list(done.plan.model.class_names)}
+    (label,) = folder.rglob("labels/*.txt")
+    assert len(label.read_text().splitlines()) == len(SCENE)
 
 
 def test_an_anomaly_candidate_is_judged_by_its_own_threshold(tmp_path: Path) -> None:

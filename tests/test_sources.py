@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -14,7 +15,7 @@ import pytest
 from images import black_png, lying_jpeg, oversized_png, truncated_jpeg
 
 from edged.capture import Capture
-from edged.errors import SourceError
+from edged.errors import ImageError, SourceError
 from edged.settings.sources import (
     KINDS,
     FileSourceConfig,
@@ -24,7 +25,7 @@ from edged.settings.sources import (
     V4l2SourceConfig,
 )
 from edged.sources.file import FileSource
-from edged.sources.images import MAX_FILE_BYTES, ImagesSource, list_images
+from edged.sources.images import MAX_FILE_BYTES, ImagesSource, list_images, read_image
 from edged.sources.registry import SOURCES, open_source, sizes_vary
 from edged.sources.scenes import SceneGenerator
 from edged.sources.synthetic import SyntheticSource
@@ -454,9 +455,93 @@ def test_an_image_that_is_a_link_to_nothing_is_skipped_and_counted(image_dir: Pa
     assert src.skipped == 2  # b1.png and the truncated b2.png
 
 
+def test_an_image_that_is_a_link_to_a_pipe_or_a_device_is_skipped_not_waited_on_or_read_without_end(
+    image_dir: Path,
+) -> None:
+    # A pipe's reader waits for a writer that never comes: the capture thread stopped for good.
+    os.mkfifo(image_dir.parent / "pipe")
+    (image_dir / "b1.png").symlink_to(image_dir.parent / "pipe")
+    (image_dir / "b3.png").symlink_to("/dev/zero")  # read to the size limit on every pass
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    frames: list[int] = []
+
+    def read_all() -> None:
+        while (image := src.read(None)) is not None:
+            frames.append(frame_number(image))
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    reader.join(60)
+    if reader.is_alive():  # let the reader go before failing
+        os.close(os.open(image_dir.parent / "pipe", os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading an image folder waited on a pipe")
+    assert frames == [0, 1, 2, 3, 4]
+    assert src.skipped == 3  # the pipe, the device and the truncated b2.png
+    with pytest.raises(ImageError, match="not a regular file"):
+        read_image(image_dir / "b3.png")
+
+
 def test_an_image_whose_name_is_not_utf8_is_read(image_dir: Path) -> None:
     # OpenCV's Python binding crashed the daemon (SIGSEGV) on a file name of other bytes.
     os.rename(image_dir / "03.jpg", os.fsencode(image_dir) + b"/03\xe9.jpg")
     src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
     assert frame_number(src.read(None)) == 0
     assert src.frame_name() == "03\ufffd.jpg" and src.skipped == 0  # messages are UTF-8 JSON
+
+
+def _picture(channels: int, dtype: type[np.generic]) -> np.ndarray:
+    """A 97x131 camera-like picture (odd sides, detail everywhere) of ``channels`` and ``dtype``."""
+    rng = np.random.default_rng(channels)
+    top = 65535 if dtype is np.uint16 else 255
+    image = rng.integers(0, top, (97, 131, channels), dtype=dtype)
+    return image[:, :, 0] if channels == 1 else image
+
+
+J = cv2
+REAL_ENCODINGS = [
+    *(
+        (".jpg", channels, np.uint8, params)
+        for channels in (1, 3)
+        for params in (
+            (),
+            (J.IMWRITE_JPEG_PROGRESSIVE, 1),
+            (J.IMWRITE_JPEG_OPTIMIZE, 1),
+            (J.IMWRITE_JPEG_RST_INTERVAL, 1),
+            (J.IMWRITE_JPEG_RST_INTERVAL, 3, J.IMWRITE_JPEG_PROGRESSIVE, 1),
+            (J.IMWRITE_JPEG_QUALITY, 5),
+            (J.IMWRITE_JPEG_QUALITY, 100, J.IMWRITE_JPEG_SAMPLING_FACTOR, J.IMWRITE_JPEG_SAMPLING_FACTOR_444),
+            (J.IMWRITE_JPEG_SAMPLING_FACTOR, J.IMWRITE_JPEG_SAMPLING_FACTOR_411),
+            (J.IMWRITE_JPEG_LUMA_QUALITY, 10, J.IMWRITE_JPEG_CHROMA_QUALITY, 10),
+        )
+    ),
+    *(
+        (".png", 3, np.uint8, (J.IMWRITE_PNG_COMPRESSION, level, J.IMWRITE_PNG_STRATEGY, s))
+        for level in (0, 9)
+        for s in range(5)
+    ),
+    *((".png", channels, dtype, ()) for channels in (1, 3, 4) for dtype in (np.uint8, np.uint16)),
+    *((".webp", channels, np.uint8, (J.IMWRITE_WEBP_QUALITY, q)) for channels in (1, 3, 4) for q in (1, 90, 101)),
+    *(
+        (".tiff", channels, dtype, (J.IMWRITE_TIFF_COMPRESSION, compression))
+        for channels in (1, 3, 4)
+        for dtype in (np.uint8, np.uint16)
+        for compression in (1, 5, 8, 32773, 32946)
+    ),
+    *((".bmp", channels, np.uint8, ()) for channels in (1, 3, 4)),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("suffix", "channels", "dtype", "params"), REAL_ENCODINGS)
+@pytest.mark.parametrize("flags", [cv2.IMREAD_COLOR, cv2.IMREAD_UNCHANGED, cv2.IMREAD_GRAYSCALE])
+def test_every_real_encoding_decodes_as_opencv_reads_it(
+    tmp_path: Path, suffix: str, channels: int, dtype: type[np.generic], params: tuple[int, ...], flags: int
+) -> None:
+    # A good image refused by the header checks would be a camera's frames lost: each cv2 option, each one decoded.
+    ok, data = cv2.imencode(suffix, _picture(channels, dtype), list(params))
+    assert ok
+    path = tmp_path / f"picture{suffix}"
+    path.write_bytes(data.tobytes())
+    expected = cv2.imread(str(path), flags)
+    assert expected is not None
+    np.testing.assert_array_equal(read_image(path, flags), expected)

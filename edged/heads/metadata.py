@@ -23,8 +23,19 @@ def parse_names(metadata: Mapping[str, str]) -> list[str] | None:
         value = _names_from_dict(value)
     if not isinstance(value, (list, tuple)) or not value:
         return None
-    names = [name for name in value if isinstance(name, str)]
+    names = [name for name in value if isinstance(name, str) and _one_line_of_text(name)]
     return names if len(names) == len(value) else None
+
+
+def _one_line_of_text(name: str) -> bool:
+    """Whether a class name can be published and written as one line of ``classes.txt``: a lone
+    surrogate (``'\\udc80'`` in the literal) has no UTF-8, and a line break would shift every later
+    class id in a labelling tool."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return "".join(name.splitlines()) == name
 
 
 def says_nms_inside(metadata: Mapping[str, str]) -> bool:

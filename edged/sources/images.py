@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -60,8 +61,12 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     holds its bytes as lone surrogates), on which it crashes with SIGSEGV.
     """
     try:
-        with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
+        # Opened without waiting: a pipe (a link to one among the images) has no writer to wait for.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as file:
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode):  # a pipe, or a device such as /dev/zero that never ends
+                raise ImageError(str(path), "not a regular file: a pipe, a device or a folder")
+            size = status.st_size
             data = file.read(MAX_FILE_BYTES + 1) if size <= MAX_FILE_BYTES else b""  # it may grow while read
     except OSError as e:
         why = "a link to nothing: fetch its content" if os.path.islink(path) else e.strerror or str(e)
