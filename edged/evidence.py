@@ -45,7 +45,6 @@ import logging
 import os
 import queue
 import re
-import stat
 import threading
 import time
 from collections import deque
@@ -59,6 +58,7 @@ from typing import TYPE_CHECKING, Literal
 import cv2
 import numpy as np
 
+from edged.files import read_regular
 from edged.lograte import Failures
 from edged.messages import EvidenceReport, Task, Verdict
 from edged.output import NO_REPORT, FrameReport, Output, OutputReport, Services
@@ -212,16 +212,7 @@ def recorded_identity(folder: Path) -> Identity | None:
 def _read_record(path: Path) -> bytes:
     """A dataset folder's ``dataset.json`` or ``classes.txt``; ValueError for one that is no regular
     file (a pipe would hold up the loop that reads it) or larger than any model's names take."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        data = os.read(fd, _MAX_RECORD_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > _MAX_RECORD_BYTES:
-        raise ValueError(f"{path} is larger than {_MAX_RECORD_BYTES} bytes")
-    return data
+    return read_regular(path, _MAX_RECORD_BYTES)
 
 
 def _matches(recorded: Identity, task: Task, names: tuple[str, ...]) -> bool:

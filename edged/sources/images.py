@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import stat
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -19,6 +18,7 @@ import cv2
 import numpy as np
 
 from edged.errors import ImageError, SourceError
+from edged.files import FileTooLarge, NotRegularFile, read_regular
 from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, ImagesSourceConfig
 from edged.sources.image_header import KINDS, read_header
 
@@ -61,18 +61,14 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     holds its bytes as lone surrogates), on which it crashes with SIGSEGV.
     """
     try:
-        # Opened without waiting: a pipe (a link to one among the images) has no writer to wait for.
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as file:
-            status = os.fstat(file.fileno())
-            if not stat.S_ISREG(status.st_mode):  # a pipe, or a device such as /dev/zero that never ends
-                raise ImageError(str(path), "not a regular file: a pipe, a device or a folder")
-            size = status.st_size
-            data = file.read(MAX_FILE_BYTES + 1) if size <= MAX_FILE_BYTES else b""  # it may grow while read
+        data = read_regular(path, MAX_FILE_BYTES)  # a link to a pipe or a device among the images holds nothing up
+    except NotRegularFile:
+        raise ImageError(str(path), "not a regular file: a pipe, a device or a folder") from None
+    except FileTooLarge as e:
+        raise ImageError(str(path), f"{e.size / 1e6:.0f} MB, more than any image of {_LIMIT} takes") from None
     except OSError as e:
         why = "a link to nothing: fetch its content" if os.path.islink(path) else e.strerror or str(e)
         raise ImageError(str(path), why) from e
-    if max(size, len(data)) > MAX_FILE_BYTES:
-        raise ImageError(str(path), f"{max(size, len(data)) / 1e6:.0f} MB, more than any image of {_LIMIT} takes")
     header = read_header(data)
     if header is None:
         raise ImageError(str(path), "empty" if not data else f"not a {KINDS} image")
