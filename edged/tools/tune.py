@@ -30,7 +30,7 @@ from edged.errors import ConfigError, ContractError, DataError, ModelError, Setu
 from edged.model import LoadedModel, load_model
 from edged.settings.inspect import InspectConfig
 from edged.tools import bench_rows as rows
-from edged.tools.agreement import RANK_CONF, agreement, camera_inspection
+from edged.tools.agreement import RANK_CONF, Flip, agreement, camera_inspection
 from edged.tools.bench import machine_info, rss_kb
 from edged.tools.calibrate import decoded
 from edged.tools.evaluate import EvalSample, evaluate, image_files, read_yolo_labels, scene_samples
@@ -210,8 +210,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{flips:>6}  {'yes' if row['passed'] else 'NO'}"
         )
     lines += [
-        f"{row['engine']} {row['precision']} flipped: "
-        + ", ".join(f"{f['image']} ({f['reference']} -> {f['candidate']})" for f in row["agreement"]["flips"])
+        f"{row['engine']} {row['precision']} flipped: " + ", ".join(str(Flip(**flip)) for flip in row["agreement"]["flips"])
         for row in report["rows"]
         if row["agreement"]["flips"]
     ]
