@@ -407,7 +407,12 @@ def format_variants(reports: list[dict[str, Any]], skipped: list[str]) -> str:
         f"{'speed-up':>9}  detections vs naive",
     ]
     baseline = next(
-        (_full_ms(r) for r in reports if (r["model"]["engine"], r["model"]["precision"]) == ("onnxruntime", "f32")), None
+        (
+            r["runs"][0]["rows"]["full"]["latency"]["median_ms"]
+            for r in reports
+            if (r["model"]["engine"], r["model"]["precision"]) == ("onnxruntime", "f32")
+        ),
+        None,
     )
     for r in reports:
         run, info = r["runs"][0], r["model"]
@@ -420,11 +425,6 @@ def format_variants(reports: list[dict[str, Any]], skipped: list[str]) -> str:
         )
     lines += [f"skipped: {reason}" for reason in skipped]
     return "\n".join(lines)
-
-
-def _full_ms(report: dict[str, Any]) -> float:
-    median: float = report["runs"][0]["rows"]["full"]["latency"]["median_ms"]
-    return median
 
 
 def rss_kb() -> float:
