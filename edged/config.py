@@ -121,7 +121,8 @@ class CandidateConfig(Section):
     evidence_dir: Path | None = Field(
         None,
         description="Frames on which the models disagree are saved here, per camera and day as evidence is: the "
-        "image, the live model's label and a JSON of both models' boxes; none when unset.",
+        "image, the live model's label and a JSON of both models' boxes; none when unset. A folder of its own: "
+        "one that shares a camera's evidence folder is refused.",
     )
 
     @field_validator("control")
@@ -1001,7 +1002,38 @@ def _evidence_problems(settings: Settings) -> list[str]:
         line = f"{key}: {problem}; {advice}{named}"
         if line not in problems:
             problems.append(line)
-    return problems
+    return problems + _trial_evidence_problems(settings)
+
+
+def _trial_evidence_problems(settings: Settings) -> list[str]:
+    """A shadow trial's evidence folder that is, holds or lies in a camera's evidence folder: two
+    stores would each prune it from their own running total and describe its dataset, so it is refused."""
+    candidate = settings.model.candidate
+    if candidate is None or candidate.evidence_dir is None:
+        return []
+    trial, cameras = candidate.evidence_dir.resolve(), [cfg.camera_id for cfg in settings.source]
+    for cfg in settings.source:
+        evidence = settings.evidence_for(cfg)
+        if evidence is None:
+            continue
+        live = evidence.dir.resolve()
+        for camera in cameras:
+            if _owns(live, cfg.camera_id, trial / camera) or _owns(trial, camera, live / cfg.camera_id):
+                return [
+                    f"model.candidate.evidence_dir: {trial} would share camera {cfg.camera_id}'s evidence folder "
+                    f"{live / cfg.camera_id}, and two stores would prune it and describe its dataset; give the "
+                    "trial a folder of its own, such as one beside the evidence folder"
+                ]
+    return []
+
+
+def _owns(root: Path, camera_id: str, path: Path) -> bool:
+    """Whether ``path`` is in a folder an evidence store at ``root`` keeps for the camera: ``CAMERA``
+    or one of its ``CAMERA@TASK-HASH`` (`edged.evidence`)."""
+    if not path.is_relative_to(root) or path == root:
+        return False
+    first = path.relative_to(root).parts[0]
+    return first == camera_id or first.startswith(f"{camera_id}@")
 
 
 def load_config(path: Path | None) -> Settings:

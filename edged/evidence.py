@@ -192,20 +192,21 @@ def dataset_name(camera_id: str, task: Task, names: tuple[str, ...]) -> str:
 def recorded_identity(folder: Path) -> Identity | None:
     """The model whose evidence a dataset folder holds: its ``dataset.json``; for a folder an older
     edged wrote, without one, the names of its ``classes.txt`` (task unknown); None for a folder
-    with neither, which is anyone's. One that cannot be read as either matches no model."""
+    with neither, which is anyone's. One that cannot be read as either (malformed, or a file edged's
+    user may not read) matches no model, so frames go to a folder of their own rather than fail."""
     try:
         record = json.loads(_read_record(folder / IDENTITY))
         return str(record["task"]), tuple(str(name) for name in record["names"])
     except FileNotFoundError:
         pass
-    except (ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):
         return _UNREADABLE
     try:
         # As an editor may leave it: a byte-order mark, CRLF line ends, blank lines after the names.
         return None, tuple(_read_record(folder / "classes.txt").decode("utf-8-sig").rstrip("\r\n").splitlines())
     except FileNotFoundError:
         return None
-    except ValueError:
+    except (OSError, ValueError):
         return _UNREADABLE
 
 
@@ -409,10 +410,14 @@ class EvidenceStore:
         if recorded is not None and not _matches(recorded, frame.task, frame.names):
             if frame.dataset == self.camera_id:
                 self.primary = recorded  # the frames offered from now on go to a folder of their own
-            held = f"{recorded[0] or 'a'} model with classes {', '.join(recorded[1])}"
+            held = (
+                f"the {recorded[0] or 'a'} model with classes {', '.join(recorded[1])}"
+                if recorded != _UNREADABLE
+                else f"a model its {IDENTITY} or classes.txt does not name readably"
+            )
             raise OSError(
                 errno.EEXIST,
-                f"the folder holds the evidence of the {held}, not of the {frame.task} model with classes "
+                f"the folder holds the evidence of {held}, not of the {frame.task} model with classes "
                 f"{', '.join(frame.names)}: the frame is not saved, and the next go to a folder of their own",
                 str(folder),
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -365,6 +366,29 @@ def test_a_record_that_is_a_pipe_a_folder_or_huge_is_another_models_never_a_hang
     assert_one_dataset(tmp_path / dataset_name("cam0", "detect", NAMES), "detect", NAMES, 1)
 
 
+@pytest.mark.parametrize("record", ["dataset.json", "classes.txt"])
+def test_a_record_edgeds_user_may_not_read_is_another_models_never_a_failed_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record: str
+) -> None:
+    folder = tmp_path / "cam0"
+    folder.mkdir()
+    (folder / record).write_text("scratch\n")
+    (folder / record).chmod(0)
+    real_open = os.open
+
+    def denied(path: str | os.PathLike[str], flags: int, *args: int, **kwargs: int | None) -> int:
+        if Path(path) == folder / record:  # as for a file of another user's, mode 0600 (root reads any)
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", denied)
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    store.open()
+    for frame_id in (1, 2):  # each saved: before, every save failed reading the record
+        assert save_as(store, frame_id) == tmp_path / dataset_name("cam0", "detect", NAMES)
+    assert_one_dataset(tmp_path / dataset_name("cam0", "detect", NAMES), "detect", NAMES, 2)
+
+
 def test_across_a_restart_the_camera_folder_keeps_the_model_it_holds_and_an_older_one_is_known_by_its_names(
     tmp_path: Path,
 ) -> None:
@@ -399,6 +423,8 @@ def test_a_camera_folder_found_holding_another_models_evidence_is_refused_not_re
     assert save_as(late, 2, CLASSES, "classify") == tmp_path / dataset_name("cam0", "classify", CLASSES)
     (tmp_path / "cam0" / "dataset.json").write_text("{not json")  # unreadable: no model's folder
     assert EvidenceStore(tmp_path, "cam0", 10**9, 0).dataset_for("detect", NAMES) == dataset_name("cam0", "detect", NAMES)
+    with pytest.raises(OSError, match=r"the evidence of a model its dataset\.json or classes\.txt does not name readably"):
+        save_as(late, 3)  # the store has not read the record since it was made
 
 
 def test_retention_and_start_up_cleaning_cover_every_dataset_of_the_camera(tmp_path: Path) -> None:
@@ -714,6 +740,39 @@ def test_an_evidence_folder_that_is_a_file_is_refused_when_the_config_loads(
         load_config(config)
     (got,) = info.value.problems
     assert got.startswith(problem.format(tmp=tmp_path)), got
+
+
+@pytest.mark.parametrize(
+    ("evidence", "trial", "shared"),
+    [
+        ("ev", "ev", "ev/cam0"),  # both save to ev/cam0
+        ("ev", "ev/cam0/trial", "ev/cam0"),
+        ("ev", "ev/cam0@detect-0123abcd", "ev/cam0"),  # a folder the camera keeps for another model
+        ("trial/cam1/ev", "trial", "trial/cam1/ev/cam0"),  # the camera's folder inside the trial's
+        ("ev", "ev/cam1", "ev/cam1"),  # cam0's trial saves to ev/cam1/cam0, inside cam1's folder
+        ("ev", "ok", None),
+        ("ev", "ev/disagreements", None),  # a folder of its own, beside the cameras'
+        ("trial/ev", "trial", None),  # the trial's camera folders are trial/cam0 and trial/cam1
+    ],
+)
+def test_a_trial_evidence_folder_shared_with_a_cameras_is_refused_when_the_config_loads(
+    tmp_path: Path, evidence: str, trial: str, shared: str | None
+) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    config = tmp_path / "edged.toml"
+    config.write_text(
+        f'[model]\npath = "m.onnx"\n[model.candidate]\npath = "m.onnx"\nevidence_dir = "{trial}"\n'
+        f'[evidence]\ndir = "{evidence}"\n'
+        '[[source]]\ntype = "synthetic"\ncamera_id = "cam0"\n[[source]]\ntype = "synthetic"\ncamera_id = "cam1"\n'
+    )
+    if shared is None:
+        assert load_config(config).model.candidate is not None
+        return
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    (got,) = info.value.problems
+    assert got.startswith(f"model.candidate.evidence_dir: {tmp_path / trial} would share camera"), got
+    assert f"evidence folder {tmp_path / shared}, and two stores" in got and "a folder of its own" in got
 
 
 def test_an_evidence_folder_yet_to_be_made_or_under_a_folder_is_accepted(tmp_path: Path) -> None:

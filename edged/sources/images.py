@@ -25,8 +25,9 @@ from edged.sources.image_header import KINDS, read_header
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
-# The largest image decoded: a camera's largest frame, 100 MB decoded, well below the 2^30 pixels
-# (3.2 GB) OpenCV allows, which a file of a few kilobytes can claim and a 4 GB board cannot hold.
+# The largest image decoded: a camera's largest frame, 100 MB as 8-bit BGR (about twice that at the
+# peak, while OpenCV converts a 16-bit or 4-channel file), well below the 2^30 pixels (3.2 GB and
+# more) OpenCV allows, which a file of a few kilobytes can claim and a 4 GB board cannot hold.
 MAX_PIXELS = MAX_WIDTH * MAX_HEIGHT
 MAX_FILE_BYTES = 8 * MAX_PIXELS  # such an image uncompressed, 4 channels of 16 bits
 _LIMIT = f"{MAX_PIXELS} pixels ({MAX_WIDTH}x{MAX_HEIGHT})"
