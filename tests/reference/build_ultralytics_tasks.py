@@ -3,11 +3,12 @@
 Run only in a scratch environment that has ultralytics (it is no dependency of edged):
 
     python3 -m venv /tmp/ul && /tmp/ul/bin/pip install torch ultralytics onnx onnxslim onnxruntime
-    /tmp/ul/bin/python tests/reference/build_ultralytics_tasks.py
+    /tmp/ul/bin/python tests/reference/build_ultralytics_tasks.py [cls] [seg]   # both by default
 
 It writes tests/data/tasks/: ``cls.onnx`` and ``seg.onnx``, tiny YOLOv8 ``-cls`` and ``-seg`` exports
 built from ultralytics' model yaml with random weights (nothing downloaded), scaled so that their
-outputs follow the input; the frames they are run on (PNG, four aspect ratios); and ``cls.json`` /
+outputs follow the input (the classifier's last layer fitted to give each frame chosen
+probabilities); the frames they are run on (PNG, four aspect ratios); and ``cls.json`` /
 ``seg.npz``, what ultralytics' ``predict`` returned for each frame. The tests compare edged with
 those stored results and need no ultralytics.
 
@@ -45,6 +46,15 @@ CLS_NAMES = ["good", "scratch", "dent", "stain", "crack"]
 SEG_NAMES = ["scratch", "dent", "stain"]
 CLS_IMGSZ, SEG_IMGSZ = 64, 160
 ROI = (40, 30, 220, 200)  # x1, y1, x2, y2 of the "wide" frame: the classification of a region
+# The probabilities the classifier is fitted to give each frame as ultralytics' predict feeds it; the
+# tests name them: a best class that differs between frames, one under 0.5 (square), the rest above.
+CLS_TARGETS = {
+    "wide": [0.0618, 0.118, 0.0121, 0.00736, 0.80],
+    "tall": [0.0914, 0.0206, 0.769, 0.119, 2.68e-05],
+    "square": [0.0581, 0.423, 0.00531, 0.369, 0.145],
+    "strip": [0.0404, 0.0542, 0.178, 0.722, 0.00537],
+    "wide-roi": [0.119, 0.00838, 0.0211, 0.0178, 0.834],
+}
 
 
 def frame(name: str, width: int, height: int, seed: int) -> np.ndarray:
@@ -84,28 +94,41 @@ def tiny_yaml(folder: Path, base: str, nc: int, width: float = 0.0625) -> Path:
 
 
 def input_sensitive(model: torch.nn.Module, seed: int, images: list[np.ndarray], imgsz: int) -> None:
-    """Random batch-norm gains above one, so that activations do not fade with depth; then the
-    classifier's linear layer reads each pooled feature's deviation from its mean over ``images``
-    (random weights average out in the pooling, leaving the same scores for any input)."""
+    """Random batch-norm gains and biases, each layer normalised by its statistics over ``images``
+    (as training would leave them), so that activations keep the input's variation through the
+    depth; then the classifier's linear layer fitted so that ultralytics' predict gives each of
+    ``images`` its `CLS_TARGETS` probabilities (least squares with the smallest weights: other
+    frames get other scores).
+
+    Normalised by random statistics instead, the pooled features varied by 1e-5 of their size
+    between frames, and the weights that read them amplified floating-point rounding: the same
+    export gave probabilities 1e-3 apart on two CPUs (AVX-512 and AVX2 kernels)."""
+    from PIL import Image
+    from ultralytics.data.augment import classify_transforms
+
+    transform = classify_transforms(imgsz)  # what predict feeds a classifier: resize, centre crop
+    batch = torch.stack([transform(Image.fromarray(cv2.cvtColor(image, cv2.COLOR_BGR2RGB))) for image in images])
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
                 module.weight.copy_(1.6 + 0.4 * torch.rand(module.weight.shape, generator=gen))
                 module.bias.copy_(0.2 * torch.randn(module.bias.shape, generator=gen))
+                module.reset_running_stats()
+                module.momentum = None  # the running statistics become those of the one batch
+        model.train()
+        model(batch)
+        model.eval()
         linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
         pooled: list[torch.Tensor] = []
         hook = linear.register_forward_pre_hook(lambda _, args: pooled.append(args[0].detach().clone()))
-        model.eval()
-        for image in images:
-            rgb = cv2.resize(image, (imgsz, imgsz), interpolation=cv2.INTER_AREA)[..., ::-1]
-            model(torch.from_numpy(rgb.copy()).permute(2, 0, 1)[None].float() / 255)
+        model(batch)
         hook.remove()
-        features = torch.cat(pooled)
-        mean, std = features.mean(0), features.std(0) + 1e-6
-        weight = torch.randn(linear.weight.shape, generator=gen) / std / features.shape[1] ** 0.5 * 2
-        linear.weight.copy_(weight)
-        linear.bias.copy_(-(weight @ mean))
+        features = torch.cat([pooled[0], torch.ones(len(images), 1)], dim=1).double()
+        logits = torch.tensor(list(CLS_TARGETS.values()), dtype=torch.float64).log()
+        fitted = torch.linalg.pinv(features) @ logits  # (features + 1, classes)
+        linear.weight.copy_(fitted[:-1].T)
+        linear.bias.copy_(fitted[-1])
 
 
 def export(yaml_path: Path, names: list[str], imgsz: int, seed: int, images: list[np.ndarray]) -> Path:
@@ -120,33 +143,43 @@ def export(yaml_path: Path, names: list[str], imgsz: int, seed: int, images: lis
     return Path(yolo.export(format="onnx", imgsz=imgsz, simplify=True))
 
 
-def main() -> None:
+def main(tasks: set[str]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     frames = {}
     for i, (name, (w, h)) in enumerate(FRAMES.items()):
-        image = frame(name, w, h, i + 1)
-        cv2.imwrite(str(OUT / f"{name}.png"), image)
-        frames[name] = cv2.imread(str(OUT / f"{name}.png"))
+        image, path = frame(name, w, h, i + 1), OUT / f"{name}.png"
+        stored = cv2.imread(str(path))
+        if stored is None or stored.shape != image.shape or (stored != image).any():  # else left as it is
+            cv2.imwrite(str(path), image)
+        frames[name] = cv2.imread(str(path))
     home = Path.cwd()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
-        x1, y1, x2, y2 = ROI
-        runs = {**frames, "wide-roi": np.ascontiguousarray(frames["wide"][y1:y2, x1:x2])}
-        cls_yaml = tiny_yaml(Path(tmp), "yolov8-cls.yaml", len(CLS_NAMES))
-        cls = export(cls_yaml, CLS_NAMES, CLS_IMGSZ, 1, list(runs.values()))
-        (OUT / "cls.onnx").write_bytes(cls.read_bytes())
-        model = YOLO(str(OUT / "cls.onnx"), task="classify")
-        reference = {}
-        for name, image in runs.items():
-            probs = model.predict(image, imgsz=CLS_IMGSZ, verbose=False)[0].probs
-            reference[name] = {"probs": probs.data.tolist(), "top5": probs.top5}
-        (OUT / "cls.json").write_text(json.dumps({"imgsz": CLS_IMGSZ, "roi": ROI, "frames": reference}, indent=1) + "\n")
-        for name, result in reference.items():
-            print("cls", name, result["top5"], [round(p, 3) for p in result["probs"]])
-        seg = export_seg(tiny_yaml(Path(tmp), "yolov8-seg.yaml", len(SEG_NAMES), 0.03125), list(frames.values()))
-        (OUT / "seg.onnx").write_bytes(seg.read_bytes())
+        if "cls" in tasks:
+            classify_reference(Path(tmp), frames)
+        if "seg" in tasks:
+            seg = export_seg(tiny_yaml(Path(tmp), "yolov8-seg.yaml", len(SEG_NAMES), 0.03125), list(frames.values()))
+            (OUT / "seg.onnx").write_bytes(seg.read_bytes())
         os.chdir(home)
-    segment_reference(frames)
+    if "seg" in tasks:
+        segment_reference(frames)
+
+
+def classify_reference(tmp: Path, frames: dict[str, np.ndarray]) -> None:
+    """``cls.onnx`` and ultralytics' predict of it on each frame and on a region of one (``cls.json``)."""
+    x1, y1, x2, y2 = ROI
+    runs = {**frames, "wide-roi": np.ascontiguousarray(frames["wide"][y1:y2, x1:x2])}
+    assert list(runs) == list(CLS_TARGETS)  # fitted in this order
+    cls = export(tiny_yaml(tmp, "yolov8-cls.yaml", len(CLS_NAMES)), CLS_NAMES, CLS_IMGSZ, 1, list(runs.values()))
+    (OUT / "cls.onnx").write_bytes(cls.read_bytes())
+    model = YOLO(str(OUT / "cls.onnx"), task="classify")
+    reference = {}
+    for name, image in runs.items():
+        probs = model.predict(image, imgsz=CLS_IMGSZ, verbose=False)[0].probs
+        reference[name] = {"probs": probs.data.tolist(), "top5": probs.top5}
+    (OUT / "cls.json").write_text(json.dumps({"imgsz": CLS_IMGSZ, "roi": ROI, "frames": reference}, indent=1) + "\n")
+    for name, result in reference.items():
+        print("cls", name, result["top5"], [round(p, 3) for p in result["probs"]])
 
 
 def export_seg(yaml_path: Path, images: list[np.ndarray]) -> Path:
@@ -224,4 +257,4 @@ def segment_reference(frames: dict[str, np.ndarray]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(set(sys.argv[1:]) or {"cls", "seg"})
