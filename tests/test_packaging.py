@@ -203,7 +203,8 @@ def test_changelog_and_copyright(unpacked: Path) -> None:
 
 @needs_debian_tools
 def test_lintian_reports_no_errors(deb: Path) -> None:
-    proc = _run(["lintian", "--tag-display-limit", "0", str(deb)], timeout=600)
+    # binaries/spelling, half of lintian's minute on the bundled libraries, gives one tag, of severity info.
+    proc = _run(["lintian", "--tag-display-limit", "0", "--dont-check-part", "binaries/spelling", str(deb)], timeout=600)
     errors = [line for line in proc.stdout.splitlines() if line.startswith("E:")]
     assert errors == []
     assert proc.returncode == 0, proc.stdout + proc.stderr
