@@ -1006,17 +1006,19 @@ def _evidence_problems(settings: Settings) -> list[str]:
 
 
 def _trial_evidence_problems(settings: Settings) -> list[str]:
-    """A shadow trial's evidence folder that is, holds or lies in a camera's evidence folder: two
-    stores would each prune it from their own running total and describe its dataset, so it is refused."""
+    """A shadow trial's evidence folder that is a file, or is, holds or lies in a camera's evidence
+    folder: two stores would each prune it from their own running total and describe its dataset."""
     candidate = settings.model.candidate
     if candidate is None or candidate.evidence_dir is None:
         return []
-    trial, cameras = candidate.evidence_dir.resolve(), [cfg.camera_id for cfg in settings.source]
+    if (problem := dir_problem(candidate.evidence_dir)) is not None:
+        return [f"model.candidate.evidence_dir: {problem}; give a folder"]
+    trial, cameras = _real(candidate.evidence_dir), [cfg.camera_id for cfg in settings.source]
     for cfg in settings.source:
         evidence = settings.evidence_for(cfg)
         if evidence is None:
             continue
-        live = evidence.dir.resolve()
+        live = _real(evidence.dir)
         for camera in cameras:
             if _owns(live, cfg.camera_id, trial / camera) or _owns(trial, camera, live / cfg.camera_id):
                 return [
@@ -1025,6 +1027,15 @@ def _trial_evidence_problems(settings: Settings) -> list[str]:
                     "trial a folder of its own, such as one beside the evidence folder"
                 ]
     return []
+
+
+def _real(path: Path) -> Path:
+    """``path`` with its links followed; a loop of links as written (its folder cannot be made,
+    which the save reports)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a loop, before Python 3.13
+        return Path(os.path.abspath(path))
 
 
 def _owns(root: Path, camera_id: str, path: Path) -> bool:

@@ -723,6 +723,11 @@ def test_a_default_folder_that_cannot_be_made_says_it_is_the_default_and_how_to_
         ),
         ('[evidence]\ndir = "/dev/null"\n', "evidence.dir: /dev/null is not a folder; give a folder"),
         (
+            '[model.candidate]\npath = "m.onnx"\nevidence_dir = "m.onnx/trial"\n',
+            "model.candidate.evidence_dir: {tmp}/m.onnx is a file, so {tmp}/m.onnx/trial cannot be made under it; "
+            "give a folder",
+        ),
+        (
             '[evidence]\nsave = "all"\n',
             "evidence.dir: {tmp}/evidence is a file; evidence.dir is not set, so this is its default",
         ),
@@ -773,6 +778,16 @@ def test_a_trial_evidence_folder_shared_with_a_cameras_is_refused_when_the_confi
     (got,) = info.value.problems
     assert got.startswith(f"model.candidate.evidence_dir: {tmp_path / trial} would share camera"), got
     assert f"evidence folder {tmp_path / shared}, and two stores" in got and "a folder of its own" in got
+
+
+def test_a_trial_evidence_folder_through_a_loop_of_links_is_no_crash_at_load(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    config = tmp_path / "edged.toml"
+    config.write_text('[model]\npath = "m.onnx"\n[model.candidate]\npath = "m.onnx"\nevidence_dir = "a/x"\n')
+    candidate = load_config(config).model.candidate  # before, resolving it raised RuntimeError: a traceback
+    assert candidate is not None and candidate.evidence_dir == tmp_path / "a/x"
 
 
 def test_an_evidence_folder_yet_to_be_made_or_under_a_folder_is_accepted(tmp_path: Path) -> None:
