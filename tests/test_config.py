@@ -20,6 +20,7 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
 )
 from edged.errors import ConfigError
 from edged.keys import create_key_pair
+from edged.settings.endpoints import ours_to_make
 from edged.settings.sources import KINDS, FileSourceConfig, ImagesSourceConfig, SourceBase, SyntheticSourceConfig
 
 CONFIG_DIR = Path(__file__).parent.parent / "config"
@@ -227,6 +228,17 @@ def test_an_ipc_socket_folder_is_made_only_under_the_runtime_directory(
     assert not runtime.exists()  # made when the socket is bound, not when the settings load
     monkeypatch.delenv("RUNTIME_DIRECTORY")
     assert load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n'))  # /run/edged: the default's, edged's own
+
+
+def test_an_ipc_socket_folder_through_a_loop_of_links_is_not_made_and_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path))  # the loop lies in the runtime directory
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop = f'[model]\npath = "m.onnx"\n[publish]\nendpoints = ["ipc://{tmp_path}/a/d.sock"]\n'
+    assert load_config(_write(tmp_path, loop))  # cannot tell at load: the bind says why
+    assert not ours_to_make(tmp_path / "a")  # before, following the loop raised RuntimeError: a traceback at bind
 
 
 @pytest.mark.parametrize(

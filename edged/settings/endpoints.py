@@ -48,9 +48,12 @@ def ipc_path(endpoint: str) -> Path | None:
 
 def ours_to_make(folder: Path) -> bool:
     """Whether edged may create ``folder``: it lies in one of `runtime_dirs` (or is one), ``..`` and
-    links resolved."""
-    resolved = folder.resolve()
-    return any(d == resolved or d in resolved.parents for d in (r.resolve() for r in runtime_dirs()))
+    links resolved; not one its links loop through (the bind then says so)."""
+    try:
+        resolved, runtime = folder.resolve(), [r.resolve() for r in runtime_dirs()]
+    except (OSError, RuntimeError):  # RuntimeError: a loop, before Python 3.13
+        return False
+    return any(d == resolved or d in resolved.parents for d in runtime)
 
 
 def ipc_folder_problem(endpoint: str) -> str | None:
