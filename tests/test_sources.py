@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -298,6 +299,27 @@ def test_glob_selects_and_sorts_matching_files(image_dir: Path) -> None:
     assert frame_number(src.read(None)) == 2
     assert src.read(None) is None
     assert src.skipped == 1
+
+
+def test_a_recursive_glob_lists_what_globs_does_and_each_image_once_through_links_back_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = tmp_path / "line"
+    for name in ("x.png", "sub/y.png", "sub/deep/z.PNG", ".cache/h.png", "sub/.hid.png", "sub/deep/n.txt"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    patterns = ["line/**/*.png", "line/**", "line/*/*.png", "line/**/deep/*", "**/*.PNG", f"{tree}/**/.*"]
+    for pattern in patterns:  # without links, exactly glob's own list
+        assert list_images(pattern) == sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)), pattern
+    (tree / "loop").symlink_to(".")  # a link back up: glob listed x.png 41 times, and with two, never returned
+    (tree / "sub" / "up").symlink_to("..")
+    (tree / "today").symlink_to("sub")  # the same folder by a second path: listed once, under the first met
+    found: list[list[str]] = []
+    thread = threading.Thread(target=lambda: found.append(list_images(f"{tree}/**/*.png")), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert found == [[str(tree / "sub" / "y.png"), str(tree / "x.png")]]
 
 
 def test_image_of_another_size_comes_back_as_a_new_array(tmp_path: Path) -> None:

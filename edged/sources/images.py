@@ -8,6 +8,7 @@ carries the name of its file (`frame_name`).
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import logging
 import os
@@ -45,10 +46,54 @@ def list_images(pattern: str) -> list[str]:
     if path.is_dir():
         return sorted(str(p) for p in path.iterdir() if is_image_file(p))
     if any(c in pattern for c in "*?["):
-        return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        return sorted(p for p in _glob(pattern) if os.path.isfile(p))
     if path.is_file():
         return [pattern]
     raise SourceError(f"image folder {pattern} does not exist (check source.path: a folder, a glob or a file)")
+
+
+def _glob(pattern: str) -> list[str]:
+    """``glob.glob(pattern, recursive=True)``, but a ``**`` pattern walks each folder once. glob's
+    ``**`` follows links to folders, so a link back to a folder above (``latest -> .``) listed each
+    image once per level (40), and two such links made the listing exponential: the camera's open
+    never returned. A folder reached by a link and by its own path is listed under the first met,
+    in sorted order."""
+    parts = Path(pattern).parts
+    if "**" not in parts:
+        return glob.glob(pattern)
+    fixed = next(i for i, part in enumerate(parts) if any(c in part for c in "*?["))
+    root, wanted = os.path.join(*parts[:fixed]) if fixed else os.curdir, parts[fixed:]
+    found: list[str] = []
+    seen: set[tuple[int, int]] = set()
+    for folder, folders, files in os.walk(root, followlinks=True):
+        folders.sort()  # the first path met to a folder is the one kept
+        try:
+            status = os.stat(folder)
+        except OSError:
+            folders.clear()
+            continue
+        if (status.st_dev, status.st_ino) in seen:
+            folders.clear()
+            continue
+        seen.add((status.st_dev, status.st_ino))
+        at = Path(os.path.relpath(folder, root)).parts if folder != root else ()
+        found += [os.path.normpath(os.path.join(folder, n)) for n in files if _matches((*at, n), wanted)]
+    return found
+
+
+def _matches(parts: tuple[str, ...], wanted: tuple[str, ...]) -> bool:
+    """Whether a path's ``parts`` match the glob's segments as glob matches them: ``**`` any number of
+    folders, a hidden name only by a segment that starts with a dot, case as written."""
+    if not wanted:
+        return not parts
+    if wanted[0] == "**":
+        return _matches(parts, wanted[1:]) or (bool(parts) and not parts[0].startswith(".") and _matches(parts[1:], wanted))
+    return (
+        bool(parts)
+        and (not parts[0].startswith(".") or wanted[0].startswith("."))
+        and fnmatch.fnmatchcase(parts[0], wanted[0])
+        and _matches(parts[1:], wanted[1:])
+    )
 
 
 def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
