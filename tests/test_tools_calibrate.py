@@ -226,8 +226,12 @@ def test_calibrate_on_frames_of_the_configured_camera_scores_them_as_the_folder(
     config = write_config(tmp_path / "edged.toml", {"source": camera, "model": {"path": str(DATA / "padim.onnx")}})
     result = run_cli("calibrate", "--config", str(config), "--frames", "4")
     assert result.returncode == 0, result.stderr
-    scores = sorted(REFERENCE[name]["pred_score"] for name in GOOD)
-    assert f"good parts (4): min {scores[0]:.4f}" in result.stdout and f"max {scores[1]:.4f}" in result.stdout
+    # The camera drops frames as the daemon does, so which of the two images the four are depends on timing;
+    # each score must be one of theirs.
+    scores = {f"{REFERENCE[name]['pred_score']:.4f}" for name in GOOD}
+    found = re.search(r"^good parts \(4\): min ([0-9.]+) .* max ([0-9.]+)", result.stdout, re.M)
+    assert found is not None, result.stdout
+    assert set(found.groups()) <= scores
     assert re.search(r"^anomaly_threshold = 0\.[0-9]+", result.stdout, re.M)
     once = write_config(
         tmp_path / "once.toml", {"source": {**camera, "loop": False}, "model": {"path": str(DATA / "padim.onnx")}}
