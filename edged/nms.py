@@ -23,6 +23,7 @@ MAX_NMS = 30000  # ultralytics' cap on the candidates entering NMS (max_nms)
 _NEG_INF = np.array(-np.inf, dtype=np.float32)
 _ZERO = np.array(0.0, dtype=np.float32)
 _CLASS_SHIFT = np.array(MAX_WH, dtype=np.float32)
+PAIRWISE_MAX = 128  # up to this many candidates, every pair's overlap is computed at once (`GreedyNms`)
 
 
 def float32_threshold(iou: float) -> np.ndarray:
@@ -41,6 +42,11 @@ class GreedyNms:
     apart first, so boxes of different classes do not suppress each other. Only the ``max_nms``
     best candidates take part. ``iou=None`` only ranks: the best ``max_det`` by score, for models
     that ran NMS themselves. Equal scores keep their input order, so results are deterministic.
+
+    Up to ``PAIRWISE_MAX`` candidates (a frame's usual few dozen), the IoU of every pair is
+    computed in one vectorised pass and the greedy walk runs over its rows in Python: a dozen
+    numpy calls a frame instead of a dozen per kept box, whose fixed cost is most of NMS at that
+    size. Each pair's IoU is the same float32 arithmetic either way, so the boxes kept are too.
     """
 
     def __init__(
@@ -67,13 +73,19 @@ class GreedyNms:
         self._best = np.empty((), dtype=np.intp)
         # The scores as they came, for ranking picks; only an output with more candidates than max_nms needs them.
         self._ranked = np.empty(capacity if capacity > max_nms else 0, dtype=np.float32)
+        # Every pair's overlap at once, for up to `PAIRWISE_MAX` candidates: flat, reshaped to (k, k) per call.
+        pairs = min(capacity, PAIRWISE_MAX) ** 2 if self._suppresses else 0
+        self._pair_near = np.empty(2 * pairs, dtype=np.float32)
+        self._pair_far = np.empty(2 * pairs, dtype=np.float32)
+        self._pair_union = np.empty(pairs, dtype=np.float32)
+        self._pair_over = np.empty(pairs, dtype=np.bool_)
 
     def __call__(self, xyxy: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, keep: np.ndarray) -> int:
         """Write the indices of the kept boxes, best first, to ``keep``; return how many.
 
         ``xyxy`` is (4, k) float32 rows x1 y1 x2 y2, ``scores`` (k,) float32 and ``class_ids``
         (k,) integers. Scores must be finite or -inf; a -inf candidate is never kept. ``scores``
-        is used as the working copy and left at -inf for every kept or suppressed box.
+        is the working copy: what it holds afterwards is unspecified.
         """
         k = scores.shape[0]
         if k > self.capacity:
@@ -85,6 +97,8 @@ class GreedyNms:
             sides = self._far[:, :k]
             np.subtract(boxes[2:], boxes[:2], out=sides)
             np.multiply(sides[0], sides[1], out=self._areas[:k])
+            if not cut and k <= PAIRWISE_MAX:
+                return self._pairwise(boxes, scores, k, keep)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # 0/0: two empty boxes, not an overlap
             for n in range(self.max_det):
                 if k == 0 or not self._next_best(scores):
@@ -97,6 +111,44 @@ class GreedyNms:
                 if self._suppresses:
                     self._suppress(boxes, scores, best, k)
         return self.max_det
+
+    def _pairwise(self, boxes: np.ndarray, scores: np.ndarray, k: int, keep: np.ndarray) -> int:
+        """Greedy NMS of k candidates from the matrix of their overlaps: the candidates best first
+        (equal scores in input order, as `_next_best` picks them), each kept unless a kept one
+        overlaps it, each kept one then marking those it overlaps."""
+        over = self._overlaps(boxes, k)
+        listed = scores.tolist()
+        alive = [True] * k
+        n = 0
+        for i in sorted(range(k), key=listed.__getitem__, reverse=True):  # stable: ties keep their order
+            if listed[i] == -np.inf or n == self.max_det:
+                break
+            if alive[i]:
+                keep[n] = i
+                n += 1
+                alive = [a and not o for a, o in zip(alive, over[i].tolist(), strict=True)]
+        return n
+
+    def _overlaps(self, boxes: np.ndarray, k: int) -> np.ndarray:
+        """(k, k) bool: row i says which boxes box i overlaps by more than the threshold, computed
+        as `_suppress` computes a row (``_areas`` filled first)."""
+        near = self._pair_near[: 2 * k * k].reshape(2, k, k)
+        far = self._pair_far[: 2 * k * k].reshape(2, k, k)
+        union = self._pair_union[: k * k].reshape(k, k)
+        over = self._pair_over[: k * k].reshape(k, k)
+        areas = self._areas[:k]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # 0/0: two empty boxes, not an overlap
+            np.maximum(boxes[:2, None, :], boxes[:2, :, None], out=near)
+            np.minimum(boxes[2:, None, :], boxes[2:, :, None], out=far)
+            np.subtract(far, near, out=far)
+            np.maximum(far, _ZERO, out=far)
+            inter = far[0]
+            np.multiply(inter, far[1], out=inter)
+            np.add(areas[:, None], areas[None, :], out=union)
+            np.subtract(union, inter, out=union)
+            np.divide(inter, union, out=inter)
+            np.greater(inter, self._iou, out=over)
+        return over
 
     def _separated(self, xyxy: np.ndarray, class_ids: np.ndarray, k: int) -> np.ndarray:
         """The boxes NMS compares: ``xyxy`` itself when agnostic, else each class shifted by MAX_WH."""

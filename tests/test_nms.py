@@ -10,7 +10,7 @@ from allocations import NumpyAllocations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edged.nms import MAX_WH, GreedyNms, float32_threshold
+from edged.nms import MAX_WH, PAIRWISE_MAX, GreedyNms, float32_threshold
 
 
 def _iou(a: list[float], b: list[float]) -> float:
@@ -156,13 +156,12 @@ def test_rank_only_keeps_overlaps_in_score_order() -> None:
     assert run_nms(boxes, [0.2, 0.9, 0.5, 0.9], None, max_det=3) == [1, 3, 2]
 
 
-def test_scores_are_consumed_and_kept_order_is_written() -> None:
+def test_kept_order_is_written_and_the_rest_of_keep_left_alone() -> None:
     nms = GreedyNms(4, 0.45, max_det=4)
     xyxy = np.ascontiguousarray(np.array([[0, 0, 10, 10], [1, 1, 11, 11]], np.float32).T)
-    scores = np.array([0.8, 0.9], np.float32)
-    keep = np.empty(4, np.intp)
-    assert nms(xyxy, scores, np.zeros(2, np.intp), keep) == 1
-    assert keep[0] == 1 and (scores == -np.inf).all()
+    keep = np.full(4, -1, np.intp)
+    assert nms(xyxy, np.array([0.8, 0.9], np.float32), np.zeros(2, np.intp), keep) == 1
+    assert keep.tolist() == [1, -1, -1, -1]
 
 
 def test_more_candidates_than_capacity_is_refused() -> None:
@@ -232,17 +231,56 @@ def test_max_nms_matches_cutting_first(boxes: list[list[float]], iou: float, max
     assert run_nms(boxes, scores, iou, max_nms=max_nms) == [best[k] for k in kept]
 
 
-@pytest.mark.parametrize(("agnostic", "max_nms"), [(False, 1000), (True, 1000), (False, 60)])
-def test_a_call_creates_no_arrays(agnostic: bool, max_nms: int) -> None:
+_fine_box = st.tuples(*[st.floats(0, 60, width=32)] * 2, *[st.floats(0, 30, width=32)] * 2).map(
+    lambda b: [b[0], b[1], b[0] + b[2], b[1] + b[3]]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    candidates=st.lists(
+        st.tuples(_fine_box, st.sampled_from([0.2, 0.5, 0.5, 0.9, -np.inf]), st.integers(0, 2)), max_size=40
+    ),
+    iou=st.floats(0.05, 1.0),
+    max_det=st.integers(1, 40),
+    agnostic=st.booleans(),
+)
+def test_many_candidates_walk_one_box_at_a_time_and_keep_what_few_keep_at_once(
+    candidates: list[tuple[list[float], float, int]], iou: float, max_det: int, agnostic: bool
+) -> None:
+    # Past PAIRWISE_MAX candidates NMS suppresses around each kept box in turn; the same candidates
+    # followed by enough that can never be kept must come out the same as the few alone, with
+    # fractional corners, empty boxes, ties and thresholds that fall between float32 values.
+    boxes = [c[0] for c in candidates]
+    scores = [c[1] for c in candidates]
+    classes = None if agnostic else [c[2] for c in candidates]
+    pad = PAIRWISE_MAX + 1
+    few = run_nms(boxes, scores, iou, class_ids=classes, max_det=max_det, capacity=len(boxes) + pad)
+    many = run_nms(
+        boxes + [[0.0, 0.0, 10.0, 10.0]] * pad,
+        scores + [-np.inf] * pad,
+        iou,
+        class_ids=None if classes is None else classes + [0] * pad,
+        max_det=max_det,
+        capacity=len(boxes) + pad,
+    )
+    assert few == many
+
+
+@pytest.mark.parametrize(
+    ("candidates", "agnostic", "max_nms"),
+    [(100, False, 1000), (100, True, 1000), (100, False, 60), (PAIRWISE_MAX + 72, False, 1000)],
+)
+def test_a_call_creates_no_arrays(candidates: int, agnostic: bool, max_nms: int) -> None:
     counter = NumpyAllocations.get()
     assert counter is not None
     rng = np.random.default_rng(0)
-    corner = rng.uniform(0, 600, (2, 100)).astype(np.float32)
-    xyxy = np.concatenate([corner, corner + rng.uniform(5, 80, (2, 100)).astype(np.float32)])
-    classes = rng.integers(0, 3, 100).astype(np.intp)
-    nms = GreedyNms(100, 0.45, max_det=50, agnostic=agnostic, max_nms=max_nms)
+    corner = rng.uniform(0, 600, (2, candidates)).astype(np.float32)
+    xyxy = np.concatenate([corner, corner + rng.uniform(5, 80, (2, candidates)).astype(np.float32)])
+    classes = rng.integers(0, 3, candidates).astype(np.intp)
+    nms = GreedyNms(candidates, 0.45, max_det=50, agnostic=agnostic, max_nms=max_nms)
     keep = np.empty(50, np.intp)
-    scores = rng.uniform(0.3, 1, 100).astype(np.float32)
+    scores = rng.uniform(0.3, 1, candidates).astype(np.float32)
     work = scores.copy()
     kept = nms(xyxy, work, classes, keep)
     with counter.counting():
