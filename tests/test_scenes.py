@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import cv2
 import numpy as np
 import pytest
@@ -120,3 +125,62 @@ def test_masks_hold_exactly_the_painted_pixels(gen: SceneGenerator) -> None:
         assert diff[~grown].max(initial=0) == 0, "nothing is painted outside the masks (blur aside)"
         if painted.any():
             assert np.median(diff[painted]) > 0, "masked pixels are really painted"
+
+
+# ---- the texture cache ----------------------------------------------------------------------
+
+RENDER = """
+import sys
+import numpy as np
+from edged.sources.scenes import SceneGenerator
+generator = SceneGenerator(320, 240, seed=int(sys.argv[1]))
+np.save(sys.argv[2], np.stack([generator.render(i).image for i in range(6)]))
+"""
+
+
+def render_in_a_new_process(tmp_path: Path, seed: int, **cache: str) -> tuple[np.ndarray, str]:
+    """Six frames rendered by a fresh process whose cache variables are ``cache``; its stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CACHE_DIRECTORY", "XDG_CACHE_HOME")} | cache
+    out = tmp_path / f"frames-{len(list(tmp_path.glob('frames-*')))}.npy"
+    proc = subprocess.run(
+        [sys.executable, "-c", RENDER, str(seed), str(out)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return np.load(out), proc.stderr
+
+
+def test_the_textures_one_process_makes_are_read_by_the_next_and_give_the_same_frames(tmp_path: Path) -> None:
+    nowhere = tmp_path / "a-file"
+    nowhere.write_text("not a folder")
+    made, _ = render_in_a_new_process(tmp_path, 4242, XDG_CACHE_HOME=str(nowhere))  # no cache: made every time
+    folder = tmp_path / "user" / "edged" / "scenes"
+    first, _ = render_in_a_new_process(tmp_path, 4242, XDG_CACHE_HOME=str(tmp_path / "user"))
+    files = {p.name: p.stat().st_ino for p in folder.iterdir()}
+    assert sorted(name.split("-")[0] for name in files) == ["noise", "textures"]
+    second, errors = render_in_a_new_process(tmp_path, 4242, XDG_CACHE_HOME=str(tmp_path / "user"))
+    assert {p.name: p.stat().st_ino for p in folder.iterdir()} == files  # read, not made and written again
+    assert made.tobytes() == first.tobytes() == second.tobytes()
+    assert errors == ""
+
+
+def test_a_damaged_cache_file_is_made_again_and_older_versions_files_are_dropped(tmp_path: Path) -> None:
+    user = str(tmp_path / "user")
+    expected, _ = render_in_a_new_process(tmp_path, 4243, XDG_CACHE_HOME=user)
+    folder = tmp_path / "user" / "edged" / "scenes"
+    textures = next(folder.glob("textures-*"))
+    textures.write_bytes(b"\x93NUMPY garbage")
+    stale = folder / "textures-4243-0123456789abcdef.npy"  # as a version before this one named it
+    stale.write_bytes(b"old")
+    frames, errors = render_in_a_new_process(tmp_path, 4243, XDG_CACHE_HOME=user)
+    assert frames.tobytes() == expected.tobytes()
+    assert f"scene cache {textures} could not be read" in errors and "making it again" in errors
+    assert not stale.exists()
+    assert np.load(textures).shape == (10, 1024, 1024, 3)
+
+
+def test_a_service_keeps_its_textures_in_its_own_cache_directory(tmp_path: Path) -> None:
+    render_in_a_new_process(
+        tmp_path, 4244, CACHE_DIRECTORY=f"{tmp_path / 'service'}:{tmp_path / 'other'}", XDG_CACHE_HOME=str(tmp_path / "user")
+    )
+    assert len(list((tmp_path / "service" / "scenes").glob("textures-4244-*.npy"))) == 1
+    assert not (tmp_path / "user").exists() and not (tmp_path / "other").exists()

@@ -167,7 +167,12 @@ class SyntheticSourceConfig(SourceBase):
     width: int = Field(1280, ge=MIN_SIDE, le=MAX_WIDTH, description="Frame width in pixels.")
     height: int = Field(720, ge=MIN_SIDE, le=MAX_HEIGHT, description="Frame height in pixels.")
     fps: float = Field(15.0, gt=0, le=240, description="Frames generated per second.")
-    seed: int = Field(0, ge=0, description="Scene seed; the same seed gives the same stream.")
+    seed: int = Field(
+        0,
+        ge=0,
+        description="Scene seed; the same seed gives the same stream. Its textures (31 MB) are made at the first start "
+        "and kept for the next in the cache directory ($CACHE_DIRECTORY/scenes under systemd, else ~/.cache/edged/scenes).",
+    )
 
 
 class V4l2SourceConfig(SourceBase):

@@ -5,8 +5,8 @@ sheet) under uneven lighting with sensor noise and slight blur, adds things that
 defects but are not (screw holes, printed text, marker lines, glints, PCB pads and chips), then
 0..N real defects of three classes with tight pixel boxes. It feeds the daemon's live
 ``synthetic`` source and the training/evaluation of the demo model, so it has to be fast
-(textures are pooled once per seed; a frame is cv2 work on whole images plus small tiles) and
-exactly reproducible from ``(seed, index, size)``.
+(textures are made once per seed and kept on disk for the next process, `cache_folder`; a frame
+is cv2 work on whole images plus small tiles) and exactly reproducible from ``(seed, index, size)``.
 
 Defects are painted as alpha layers on small tiles; alpha below `_ALPHA_FLOOR` is dropped, and
 the box is the bounding rectangle of what is left, so every painted pixel lies in its box. The
@@ -16,13 +16,22 @@ scoring segmentation models; the live source leaves it off and allocates nothing
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import logging
+import os
 import string
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import cv2
 import numpy as np
+
+log = logging.getLogger(__name__)
+_CODE = Path(__file__).read_bytes()  # what the generated textures depend on, with the libraries' versions
 
 CLASS_NAMES: tuple[str, ...] = ("scratch", "spot", "crack")
 SURFACES: tuple[str, ...] = ("metal", "wood", "pcb", "fabric", "painted")
@@ -126,26 +135,103 @@ _MAKERS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {
 }
 
 
+def cache_folder() -> Path | None:
+    """Where generated textures are kept between processes: the service's cache directory under
+    systemd (``$CACHE_DIRECTORY``), else the user's (``$XDG_CACHE_HOME``, ``~/.cache``); None without one."""
+    service = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    if service:
+        return Path(service) / "scenes"
+    user = os.environ.get("XDG_CACHE_HOME", "")
+    if user:
+        return Path(user) / "edged" / "scenes"
+    try:
+        return Path.home() / ".cache" / "edged" / "scenes"
+    except RuntimeError:  # no $HOME and no password entry
+        return None
+
+
+def _kept(name: str, shape: tuple[int, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
+    """``make()`` (a uint8 array of ``shape``), read back from the cache folder when an earlier
+    process made it, else made and written there for the next one.
+
+    Making the texture pool takes most of a second of CPU, which every process with a synthetic
+    camera paid at start. The file's name changes with this module's code and numpy's and
+    OpenCV's versions, so a stale file is never read. A file that cannot be read or written is
+    made again: the cache only saves time (logged, never an error).
+    """
+    folder = cache_folder()
+    if folder is None:
+        return make()
+    facts = f"{name} {shape} numpy {np.__version__} opencv {cv2.__version__}".encode()
+    path = folder / f"{name}-{hashlib.sha256(_CODE + facts).hexdigest()[:16]}.npy"
+    try:
+        kept = np.load(path, allow_pickle=False)
+        if isinstance(kept, np.ndarray) and kept.shape == shape and kept.dtype == np.uint8:
+            return kept
+        log.warning("scene cache %s is not the uint8 array %s expected: making it again", path, shape)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, EOFError) as e:
+        log.warning("scene cache %s could not be read (%s): making it again", path, e)
+    made = make()
+    _keep(path, made, name)
+    return made
+
+
+def _keep(path: Path, array: np.ndarray, name: str) -> None:
+    """Write ``array`` to ``path`` whole (a reader never sees part of it), and drop the files an
+    older code or library version left under ``name``."""
+    written: Path | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{name}-", suffix=".npy")
+        written = Path(temporary)
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+        os.replace(written, path)
+        written = None
+        for stale in path.parent.glob(f"{name}-*.npy"):
+            if stale != path:
+                stale.unlink(missing_ok=True)
+    except OSError as e:
+        log.debug("scene cache %s not written: %s", path, e)
+    finally:
+        if written is not None:
+            with contextlib.suppress(OSError):
+                written.unlink()
+
+
 @functools.lru_cache(maxsize=8)
 def _texture_pool(seed: int) -> tuple[tuple[np.ndarray, ...], ...]:
     """Two textures per surface (metal: one per brushing direction), built once per seed."""
-    rng = np.random.default_rng((seed, 0x7E57))
-    pool = []
-    for name in SURFACES:
-        a, b = _MAKERS[name](rng), _MAKERS[name](rng)
-        pool.append((a, np.ascontiguousarray(b.transpose(1, 0, 2)) if name == "metal" else b))
-    for textures in pool:
-        for t in textures:
-            t.setflags(write=False)
-    return tuple(pool)
+
+    shape = (2 * len(SURFACES), _TEX, _TEX, 3)
+
+    def make() -> np.ndarray:
+        rng = np.random.default_rng((seed, 0x7E57))
+        pool = np.empty(shape, np.uint8)
+        for i, name in enumerate(SURFACES):
+            pool[2 * i] = _MAKERS[name](rng)
+            b = _MAKERS[name](rng)
+            pool[2 * i + 1] = b.transpose(1, 0, 2) if name == "metal" else b
+        return pool
+
+    textures = _kept(f"textures-{seed}", shape, make)
+    textures.setflags(write=False)
+    return tuple((textures[i], textures[i + 1]) for i in range(0, len(textures), 2))
 
 
 @functools.lru_cache(maxsize=8)
 def _noise_field(seed: int, width: int, height: int) -> np.ndarray:
     """Sensor noise (uint8, mean 128, sd 20) with a margin so frames can take shifted crops."""
-    rng = np.random.default_rng((seed, width, height, 0x0153))
-    n = rng.standard_normal((height + _NOISE_PAD, width + _NOISE_PAD, 3), dtype=np.float32)
-    field = np.clip(128 + 20 * n, 0, 255).astype(np.uint8)
+    shape = (height + _NOISE_PAD, width + _NOISE_PAD, 3)
+
+    def make() -> np.ndarray:
+        rng = np.random.default_rng((seed, width, height, 0x0153))
+        n = rng.standard_normal(shape, dtype=np.float32)
+        return np.clip(128 + 20 * n, 0, 255).astype(np.uint8)
+
+    field = _kept(f"noise-{seed}-{width}x{height}", shape, make)
     field.setflags(write=False)
     return field
 
