@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edged.sources.scenes import CLASS_NAMES, Scene, SceneGenerator
+from edged.sources.scenes import CACHE_BYTES, CLASS_NAMES, Scene, SceneGenerator
 
 pytestmark = pytest.mark.tools
 
@@ -157,8 +157,11 @@ def test_the_textures_one_process_makes_are_read_by_the_next_and_give_the_same_f
     first, _ = render_in_a_new_process(tmp_path, 4242, XDG_CACHE_HOME=str(tmp_path / "user"))
     files = {p.name: p.stat().st_ino for p in folder.iterdir()}
     assert sorted(name.split("-")[0] for name in files) == ["noise", "textures"]
+    for p in folder.iterdir():
+        os.utime(p, ns=(0, 0))
     second, errors = render_in_a_new_process(tmp_path, 4242, XDG_CACHE_HOME=str(tmp_path / "user"))
     assert {p.name: p.stat().st_ino for p in folder.iterdir()} == files  # read, not made and written again
+    assert all(p.stat().st_mtime_ns > 0 for p in folder.iterdir())  # and marked as used now
     assert made.tobytes() == first.tobytes() == second.tobytes()
     assert errors == ""
 
@@ -184,3 +187,16 @@ def test_a_service_keeps_its_textures_in_its_own_cache_directory(tmp_path: Path)
     )
     assert len(list((tmp_path / "service" / "scenes").glob("textures-4244-*.npy"))) == 1
     assert not (tmp_path / "user").exists() and not (tmp_path / "other").exists()
+
+
+def test_the_cache_keeps_the_most_recently_used_files_within_its_bound(tmp_path: Path) -> None:
+    folder = tmp_path / "user" / "edged" / "scenes"
+    folder.mkdir(parents=True)
+    older = [folder / f"noise-{seed}-8000x8000-0123456789abcdef.npy" for seed in (97, 98, 99)]
+    for age, path in enumerate(older):  # a third of the bound each (sparse), the first the least recently used
+        with path.open("wb") as f:
+            f.truncate(CACHE_BYTES // 3)
+        os.utime(path, ns=(age, age))
+    render_in_a_new_process(tmp_path, 4245, XDG_CACHE_HOME=str(tmp_path / "user"))
+    assert [p.exists() for p in older] == [False, True, True]
+    assert sorted(p.name.split("-")[0] for p in folder.glob("*-4245-*.npy")) == ["noise", "textures"]

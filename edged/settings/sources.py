@@ -171,7 +171,8 @@ class SyntheticSourceConfig(SourceBase):
         0,
         ge=0,
         description="Scene seed; the same seed gives the same stream. Its textures (31 MB) are made at the first start "
-        "and kept for the next in the cache directory ($CACHE_DIRECTORY/scenes under systemd, else ~/.cache/edged/scenes).",
+        "and kept for the next in the cache directory ($CACHE_DIRECTORY/scenes under systemd, else ~/.cache/edged/scenes), "
+        "which keeps the most recently used within 256 MB.",
     )
 
 

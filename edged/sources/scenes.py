@@ -40,6 +40,7 @@ _TEX = 1024
 _ALPHA_FLOOR = 0.15
 _TRIES = 12
 _NOISE_PAD = 32
+CACHE_BYTES = 256 << 20  # the cache folder's bound: eight texture pools (31 MB each), or fewer with noise fields
 # Per-surface colour casts (BGR gains), applied with the lighting; same order as SURFACES.
 _TINTS: tuple[tuple[tuple[float, float, float], ...], ...] = (
     ((1.0, 1.0, 1.0), (1.06, 1.0, 0.94), (0.92, 0.96, 1.04)),
@@ -167,6 +168,8 @@ def _kept(name: str, shape: tuple[int, ...], make: Callable[[], np.ndarray]) -> 
     try:
         kept = np.load(path, allow_pickle=False)
         if isinstance(kept, np.ndarray) and kept.shape == shape and kept.dtype == np.uint8:
+            with contextlib.suppress(OSError):
+                os.utime(path)  # used now: the last file `_keep` would drop
             return kept
         log.warning("scene cache %s is not the uint8 array %s expected: making it again", path, shape)
     except FileNotFoundError:
@@ -176,6 +179,17 @@ def _kept(name: str, shape: tuple[int, ...], make: Callable[[], np.ndarray]) -> 
     made = make()
     _keep(path, made, name)
     return made
+
+
+def _bound(folder: Path) -> None:
+    """Drop the least recently used files until the folder holds at most `CACHE_BYTES`: each seed
+    and frame size a camera or a script ever used would otherwise stay there for good."""
+    files = sorted(((p.stat(), p) for p in folder.glob("*.npy")), key=lambda f: f[0].st_mtime_ns, reverse=True)
+    total = 0
+    for stat, path in files:
+        total += stat.st_size
+        if total > CACHE_BYTES:
+            path.unlink(missing_ok=True)
 
 
 def _keep(path: Path, array: np.ndarray, name: str) -> None:
@@ -193,6 +207,7 @@ def _keep(path: Path, array: np.ndarray, name: str) -> None:
         for stale in path.parent.glob(f"{name}-*.npy"):
             if stale != path:
                 stale.unlink(missing_ok=True)
+        _bound(path.parent)
     except OSError as e:
         log.debug("scene cache %s not written: %s", path, e)
     finally:
