@@ -130,24 +130,17 @@ class GreedyNms:
         return n
 
     def _overlaps(self, boxes: np.ndarray, k: int) -> np.ndarray:
-        """(k, k) bool: row i says which boxes box i overlaps by more than the threshold, computed
-        as `_suppress` computes a row (``_areas`` filled first)."""
-        near = self._pair_near[: 2 * k * k].reshape(2, k, k)
-        far = self._pair_far[: 2 * k * k].reshape(2, k, k)
-        union = self._pair_union[: k * k].reshape(k, k)
+        """(k, k) bool: row i says which boxes box i overlaps by more than the threshold, as
+        `_suppress` finds them for one box (``_areas`` filled first)."""
+        scratch = (
+            self._pair_near[: 2 * k * k].reshape(2, k, k),
+            self._pair_far[: 2 * k * k].reshape(2, k, k),
+            self._pair_union[: k * k].reshape(k, k),
+        )
         over = self._pair_over[: k * k].reshape(k, k)
         areas = self._areas[:k]
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # 0/0: two empty boxes, not an overlap
-            np.maximum(boxes[:2, None, :], boxes[:2, :, None], out=near)
-            np.minimum(boxes[2:, None, :], boxes[2:, :, None], out=far)
-            np.subtract(far, near, out=far)
-            np.maximum(far, _ZERO, out=far)
-            inter = far[0]
-            np.multiply(inter, far[1], out=inter)
-            np.add(areas[:, None], areas[None, :], out=union)
-            np.subtract(union, inter, out=union)
-            np.divide(inter, union, out=inter)
-            np.greater(inter, self._iou, out=over)
+            self._exceeds(boxes[:, :, None], areas[:, None], boxes[:, None, :], areas[None, :], scratch, over)
         return over
 
     def _separated(self, xyxy: np.ndarray, class_ids: np.ndarray, k: int) -> np.ndarray:
@@ -187,22 +180,35 @@ class GreedyNms:
         return bool(scores.item(int(self._best)) != -np.inf)
 
     def _suppress(self, boxes: np.ndarray, scores: np.ndarray, best: int, k: int) -> None:
-        """Set to -inf the score of every box overlapping ``best`` by more than the threshold.
-
-        torchvision's arithmetic, step for step: ``inter / (area_best + area - inter)`` in
-        float32, where two empty boxes give NaN and so no suppression.
-        """
+        """Set to -inf the score of every box overlapping ``best`` by more than the threshold (`_exceeds`)."""
         one = slice(best, best + 1)  # a length-1 view broadcasts without making a 0-d array
-        near, far, union, over = self._corner[:, :k], self._far[:, :k], self._union[:k], self._over[:k]
-        areas = self._areas[:k]
-        np.maximum(boxes[:2], boxes[:2, one], out=near)
-        np.minimum(boxes[2:], boxes[2:, one], out=far)
+        areas, over = self._areas[:k], self._over[:k]
+        self._exceeds(
+            boxes[:, one], areas[one], boxes, areas, (self._corner[:, :k], self._far[:, :k], self._union[:k]), over
+        )
+        np.copyto(scores, _NEG_INF, where=over)
+
+    def _exceeds(
+        self,
+        pivots: np.ndarray,
+        pivot_areas: np.ndarray,
+        others: np.ndarray,
+        other_areas: np.ndarray,
+        scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
+        over: np.ndarray,
+    ) -> None:
+        """``over`` = the IoU of each pivot box with each other box (x1 y1 x2 y2 rows, broadcast
+        against each other) is above the threshold. torchvision's arithmetic, step for step:
+        ``inter / (area_pivot + area - inter)`` in float32, where two empty boxes give NaN and so
+        no overlap. ``scratch`` is (near corners, far corners, union) of the broadcast shape."""
+        near, far, union = scratch
+        np.maximum(others[:2], pivots[:2], out=near)
+        np.minimum(others[2:], pivots[2:], out=far)
         np.subtract(far, near, out=far)
         np.maximum(far, _ZERO, out=far)
         inter = far[0]
         np.multiply(inter, far[1], out=inter)
-        np.add(areas[one], areas, out=union)
+        np.add(pivot_areas, other_areas, out=union)
         np.subtract(union, inter, out=union)
         np.divide(inter, union, out=inter)
         np.greater(inter, self._iou, out=over)
-        np.copyto(scores, _NEG_INF, where=over)
