@@ -184,7 +184,11 @@ def _kept(name: str, shape: tuple[int, ...], make: Callable[[], np.ndarray]) -> 
 def _bound(folder: Path) -> None:
     """Drop the least recently used files until the folder holds at most `CACHE_BYTES`: each seed
     and frame size a camera or a script ever used would otherwise stay there for good."""
-    files = sorted(((p.stat(), p) for p in folder.glob("*.npy")), key=lambda f: f[0].st_mtime_ns, reverse=True)
+    files = []
+    for path in folder.glob("*.npy"):
+        with contextlib.suppress(FileNotFoundError):  # another process's `_keep` dropped it meanwhile
+            files.append((path.stat(), path))
+    files.sort(key=lambda f: f[0].st_mtime_ns, reverse=True)
     total = 0
     for stat, path in files:
         total += stat.st_size
@@ -219,7 +223,6 @@ def _keep(path: Path, array: np.ndarray, name: str) -> None:
 @functools.lru_cache(maxsize=8)
 def _texture_pool(seed: int) -> tuple[tuple[np.ndarray, ...], ...]:
     """Two textures per surface (metal: one per brushing direction), built once per seed."""
-
     shape = (2 * len(SURFACES), _TEX, _TEX, 3)
 
     def make() -> np.ndarray:
