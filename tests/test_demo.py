@@ -48,11 +48,11 @@ def _matches_truth(msg: DetectionsMessage, generator: SceneGenerator) -> bool:
     return True
 
 
-def _twenty_frames(config: Path, endpoint: str) -> list[DetectionsMessage]:
-    """The first 20 frames' messages of the daemon run on ``config``, publishing on ``endpoint``."""
+def _first_frames(config: Path, endpoint: str, count: int = 20) -> list[DetectionsMessage]:
+    """The first ``count`` frames' messages of the daemon run on ``config``, publishing on ``endpoint``."""
     d = RunningDaemon(config, endpoint)
     try:
-        return [m for m in d.collect("detections", 20, timeout=60) if isinstance(m, DetectionsMessage)]
+        return [m for m in d.collect("detections", count, timeout=60) if isinstance(m, DetectionsMessage)]
     finally:
         d.close()
 
@@ -77,7 +77,7 @@ def test_demo_model_finds_the_generated_defects_on_most_frames(tmp_path: Path) -
             "thermal": {"enabled": False},
         },
     )
-    messages = _twenty_frames(config, endpoint)
+    messages = _first_frames(config, endpoint)
     generator = SceneGenerator(1280, 720, seed=SEED)
     matched = sum(_matches_truth(m, generator) for m in messages)
     assert matched >= 0.7 * len(messages), f"{matched} of {len(messages)} frames match the ground truth"
@@ -247,7 +247,9 @@ def test_segment_demo_outlines_and_sizes_the_generated_defects(tmp_path: Path) -
     config = config.replace("fps = 10.0", f"fps = 8.0\nseed = {SEED}").replace("../models/", f"{ROOT}/models/")
     path = tmp_path / "segment.toml"
     path.write_text(config)
-    messages = _twenty_frames(path, endpoint)
+    # Spots under 1 mm2 are rare in these scenes (frames 1 and 37 of the first 80); the camera runs
+    # while the model loads, so a start slower than one frame passes frame 1 by.
+    messages = _first_frames(path, endpoint, 40)
     generator = SceneGenerator(1280, 720, seed=SEED)
     outlined = found = tolerated = 0
     for msg in messages:
