@@ -170,7 +170,7 @@ def test_paced_beside_a_capture_thread(probe: Path, tmp_path: Path, capsys: pyte
 
 
 def test_shadow_trial_compares_runs_and_prints_the_cost_the_trial_measures(capsys: pytest.CaptureFixture[str]) -> None:
-    assert shadow_trial.main(["--rounds", "1", "--seconds", "12", "--case", "scene"]) == 0
+    assert shadow_trial.main(["--rounds", "1", "--seconds", "3", "--warm-up", "1", "--case", "scene"]) == 0
     off, on, summary = capsys.readouterr().out.splitlines()
     assert "candidate off" in off and "added frame age" not in off
     assert "candidate on" in on and "live frames delayed" in on and "% of the frame age" in on
