@@ -4,6 +4,7 @@ without the offline tools, their ONNX dependencies, OpenVINO or paho."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,23 @@ def test_edged_run_imports_no_tool_no_onnx_no_openvino_and_without_mqtt_no_paho_
     openvino = {m for m in modules if m.split(".")[0] == "openvino" or m == "edged.engine_openvino"}  # model.engine
     asyncua = {m for m in modules if m.split(".")[0] == "asyncua" or m == "edged.opcua_server"}  # only for [opcua]
     assert tools == set() and onnx == set() and paho == set() and openvino == set() and asyncua == set()
+
+
+# numpy imported through edged, then the threads the process has: its own and OpenBLAS's workers.
+BLAS_THREADS = """
+import os
+import edged.config
+import numpy
+print(len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.parametrize(("environment", "threads"), [({}, 1), ({"OPENBLAS_NUM_THREADS": "2"}, 2)])
+def test_numpy_in_edged_starts_no_blas_threads_unless_the_environment_asks(
+    environment: dict[str, str], threads: int
+) -> None:
+    """Left to itself OpenBLAS would start one thread per core (two here, the count asked for below)."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | environment
+    result = subprocess.run([sys.executable, "-c", BLAS_THREADS], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == threads
