@@ -486,9 +486,13 @@ def test_the_opcua_abuse_bench_measures_the_rate_quiet_and_with_fifty_sessions_o
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
-def test_a_bench_that_is_stopped_or_killed_leaves_no_edged_run_behind(probe: Path, signum: int) -> None:
+def test_a_bench_that_is_stopped_or_killed_leaves_no_edged_run_behind(probe: Path, signum: int, tmp_path: Path) -> None:
     argv = ["bench", "--model", str(probe), "--cameras", "2", "--seconds", "120", "--warmup-s", "0"]
-    bench = subprocess.Popen(edged_command(*argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # With faulthandler, a bench that outlives its SIGTERM is sent SIGABRT and prints every thread's stack.
+    command = [edged_command()[0], "-X", "faulthandler", *edged_command(*argv)[1:]]
+    stderr = (tmp_path / "bench.err").open("w")
+    bench = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+    stderr.close()
     try:
         children = Path(f"/proc/{bench.pid}/task/{bench.pid}/children")
 
@@ -504,7 +508,13 @@ def test_a_bench_that_is_stopped_or_killed_leaves_no_edged_run_behind(probe: Pat
         assert wait_for(lambda: bool(runs()), timeout_s=60), "bench started no edged run"
         started = runs()
         bench.send_signal(signum)
-        assert bench.wait(30) == (128 + signum if signum == signal.SIGTERM else -signum)
+        try:
+            code = bench.wait(30)
+        except subprocess.TimeoutExpired:
+            bench.send_signal(signal.SIGABRT)
+            bench.wait(30)
+            pytest.fail(f"the bench ran on 30 s after the signal:\n{(tmp_path / 'bench.err').read_text()}")
+        assert code == (128 + signum if signum == signal.SIGTERM else -signum)
     finally:
         bench.kill()
         bench.wait()
