@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import signal
 import subprocess
 from collections.abc import Callable
@@ -489,10 +490,9 @@ def test_the_opcua_abuse_bench_measures_the_rate_quiet_and_with_fifty_sessions_o
 def test_a_bench_that_is_stopped_or_killed_leaves_no_edged_run_behind(probe: Path, signum: int, tmp_path: Path) -> None:
     argv = ["bench", "--model", str(probe), "--cameras", "2", "--seconds", "120", "--warmup-s", "0"]
     # With faulthandler, a bench that outlives its SIGTERM is sent SIGABRT and prints every thread's stack.
-    command = [edged_command()[0], "-X", "faulthandler", *edged_command(*argv)[1:]]
-    stderr = (tmp_path / "bench.err").open("w")
-    bench = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
-    stderr.close()
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    with (tmp_path / "bench.err").open("w") as stderr:
+        bench = subprocess.Popen(edged_command(*argv), stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     try:
         children = Path(f"/proc/{bench.pid}/task/{bench.pid}/children")
 
