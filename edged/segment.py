@@ -38,6 +38,8 @@ from edged.heads.base import TrueIndex, rows
 from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
 from edged.messages import Detection
 
+Region = tuple[slice, slice]  # rows, columns of a mask: it is 0 outside them
+NOWHERE: Region = (slice(0, 0), slice(0, 0))
 _ZERO = np.array(0.0, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
 _HALF = np.array(0.5, dtype=np.float32)
 
@@ -139,6 +141,11 @@ class Segmenter:
         """The buffers of one input and frame size, made with the first frame of that size."""
         h, w, m = box_map.input_h, box_map.input_w, box_map
         self._up = np.empty((h, w), dtype=np.float32)
+        # An input a whole number of times the prototypes each way (4 for ultralytics' exports): a
+        # mask is upsampled over its box's part alone (`_mask`), the same values as over the whole.
+        sy, rest_y = divmod(h, self._mh)
+        sx, rest_x = divmod(w, self._mw)
+        self._step = (sy, sx) if rest_y == 0 and rest_x == 0 else None
         self._mask_in = np.empty((h, w), dtype=np.bool_)
         self._content = (slice(m.pad_y, m.pad_y + m.resized_h), slice(m.pad_x, m.pad_x + m.resized_w))
         self._content_f = np.empty((m.resized_h, m.resized_w), dtype=np.float32)
@@ -148,7 +155,10 @@ class Segmenter:
         ky, rest_y = divmod(m.frame_h, m.resized_h)
         kx, rest_x = divmod(m.frame_w, m.resized_w)
         self._whole = (ky, kx) if rest_y == 0 and rest_x == 0 else None
-        self._masks = np.empty((self._max_masks, m.frame_h, m.frame_w), dtype=np.bool_)
+        # Each frame mask is 0 but where its last mask was written (`_written`): only that part is
+        # cleared for the next, not the whole frame (0.9 MB at 1280x720) per mask.
+        self._masks = np.zeros((self._max_masks, m.frame_h, m.frame_w), dtype=np.bool_)
+        self._written: list[Region] = [NOWHERE] * self._max_masks
         # The outlines, (p, 2) float32 each, in frame pixels: room for an outline as long as the mask
         # it is found on is round, and more, once, when a longer one comes.
         outline_h, outline_w = (m.frame_h, m.frame_w) if self._retina else (h, w)
@@ -190,20 +200,28 @@ class Segmenter:
         areas: list[int] = []
         sides: list[tuple[float, float]] = []
         for i, slot in enumerate(slots.tolist()):
-            frame_mask = self._masks[len(polygons)]
+            n = len(polygons)  # the buffers this detection's mask and outline go into
+            frame_mask = self._masks[n]
+            frame_mask[self._written[n]].fill(False)  # all 0 again
+            self._written[n] = NOWHERE
             if self._retina:
-                self._native_mask(logits[i], det.xyxy[i].tolist(), box_map, frame_mask)
-                if not np.count_nonzero(frame_mask):
+                in_frame = self._native_mask(logits[i], det.xyxy[i].tolist(), box_map, frame_mask)
+                area = int(np.count_nonzero(frame_mask[in_frame]))
+                if not area:
                     keep[i] = False
                     continue
-                polygon = self._outline(frame_mask, len(polygons), in_input=False)
+                polygon = self._outline(frame_mask, in_frame, n, in_input=False)
             else:
-                if not self._mask(logits[i], boxes[:, slot].tolist(), box_map, frame_mask):
+                made = self._mask(logits[i], boxes[:, slot].tolist(), box_map, frame_mask)
+                if made is None:
                     keep[i] = False
                     continue
-                polygon = self._outline(self._mask_in, len(polygons), in_input=True)
+                in_input, in_frame = made
+                area = int(np.count_nonzero(frame_mask[in_frame]))
+                polygon = self._outline(self._mask_in, in_input, n, in_input=True)
+            self._written[n] = in_frame
             polygons.append(polygon)
-            areas.append(int(np.count_nonzero(frame_mask)))
+            areas.append(area)
             sides.append(_sides(polygon))
         index = self._index_of(keep)
         k = index.shape[0]
@@ -216,46 +234,69 @@ class Segmenter:
         self.masks_ms = (time.perf_counter_ns() - t0) / 1e6
         return Instances(xyxy, scores, ids, det.scores_above_one, det.nonfinite, det.near, masks, *found)
 
-    def _mask(self, logits: np.ndarray, box: list[float], m: BoxMap, mask: np.ndarray) -> bool:
+    def _mask(self, logits: np.ndarray, box: list[float], m: BoxMap, mask: np.ndarray) -> tuple[Region, Region] | None:
         """One detection's mask at the input size (``_mask_in``) and in the frame (``mask``), as
-        ultralytics' ``scale_image`` maps it; False, ``mask`` left as it was, when it is empty.
+        ultralytics' ``scale_image`` maps it; None, ``mask`` left as it was, when it is empty. Else
+        the parts of the input and of the frame outside which each is 0 (``mask`` is all 0 when
+        it is called).
 
         Outside its box the input-size mask is 0, and so is the frame's beyond the pixels
         interpolated from the box's: where the frame is a whole number of times the content, the
         resize covers the box's part of the frame alone (two content pixels of 0 round it, so that
         the edges interpolate what the whole frame's resize would), not the whole frame.
         """
-        cv2.resize(logits.reshape(self._mh, self._mw), (m.input_w, m.input_h), dst=self._up, interpolation=cv2.INTER_LINEAR)
         x1, y1, x2, y2 = box
         c0, c1 = max(math.ceil(x1), 0), min(math.ceil(x2), m.input_w)  # pixel c is in the box when x1 <= c < x2
         r0, r1 = max(math.ceil(y1), 0), min(math.ceil(y2), m.input_h)
         self._mask_in.fill(False)
         if c1 <= c0 or r1 <= r0:
-            return False
-        np.greater(self._up[r0:r1, c0:c1], _ZERO, out=self._mask_in[r0:r1, c0:c1])
+            return None
+        np.greater(self._upsampled(logits, m, r0, r1, c0, c1), _ZERO, out=self._mask_in[r0:r1, c0:c1])
         if not np.count_nonzero(self._mask_in[r0:r1, c0:c1]):
-            return False
+            return None
+        in_input = (slice(r0, r1), slice(c0, c1))
         if self._whole is None:
             np.copyto(self._content_f, self._mask_in[self._content])
             cv2.resize(self._content_f, (m.frame_w, m.frame_h), dst=self._frame_f, interpolation=cv2.INTER_LINEAR)
             np.greater(self._frame_f, _HALF, out=mask)
-            return True
-        mask.fill(False)  # the box's part is written below; the rest of the frame stays 0
+            return in_input, (slice(None), slice(None))
         (ky, kx), rows, cols = self._whole, self._content[0], self._content[1]
         top, bottom = max(r0 - rows.start - 2, 0), min(r1 - rows.start + 2, m.resized_h)
         left, right = max(c0 - cols.start - 2, 0), min(c1 - cols.start + 2, m.resized_w)
         if bottom <= top or right <= left:  # the box is on the padding alone: nothing in the frame
-            return True
+            return in_input, NOWHERE
         h, w = bottom - top, right - left
         content = self._content_f.reshape(-1)[: h * w].reshape(h, w)
         np.copyto(content, self._mask_in[rows.start + top : rows.start + bottom, cols.start + left : cols.start + right])
         frame = self._frame_f.reshape(-1)[: h * ky * w * kx].reshape(h * ky, w * kx)
         cv2.resize(content, (w * kx, h * ky), dst=frame, interpolation=cv2.INTER_LINEAR)
-        np.greater(frame, _HALF, out=mask[top * ky : bottom * ky, left * kx : right * kx])
-        return True
+        in_frame = (slice(top * ky, bottom * ky), slice(left * kx, right * kx))
+        np.greater(frame, _HALF, out=mask[in_frame])
+        return in_input, in_frame
 
-    def _native_mask(self, logits: np.ndarray, box: list[float], m: BoxMap, mask: np.ndarray) -> None:
-        """One detection's mask made at the frame size into ``mask``, cropped to its box in the frame."""
+    def _upsampled(self, logits: np.ndarray, m: BoxMap, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+        """The mask's logits upsampled (bilinear) to the input size, rows ``r0:r1`` and columns ``c0:c1``.
+
+        Where the input is a whole number of times the prototypes, only the prototype pixels these
+        pixels interpolate between (and one more each side) are upsampled: OpenCV's bilinear weights
+        depend on a pixel's place within its prototype pixel alone, so the values are those of the
+        whole upsampled mask, at a fraction of its cost for a small box.
+        """
+        small = logits.reshape(self._mh, self._mw)
+        if self._step is None:
+            cv2.resize(small, (m.input_w, m.input_h), dst=self._up, interpolation=cv2.INTER_LINEAR)
+            return self._up[r0:r1, c0:c1]
+        sy, sx = self._step
+        top, bottom = max(r0 // sy - 1, 0), min((r1 - 1) // sy + 2, self._mh)
+        left, right = max(c0 // sx - 1, 0), min((c1 - 1) // sx + 2, self._mw)
+        h, w = (bottom - top) * sy, (right - left) * sx
+        up = self._up.reshape(-1)[: h * w].reshape(h, w)
+        cv2.resize(small[top:bottom, left:right], (w, h), dst=up, interpolation=cv2.INTER_LINEAR)
+        return up[r0 - top * sy : r1 - top * sy, c0 - left * sx : c1 - left * sx]
+
+    def _native_mask(self, logits: np.ndarray, box: list[float], m: BoxMap, mask: np.ndarray) -> Region:
+        """One detection's mask made at the frame size into ``mask`` (all 0 when it is called),
+        cropped to its box in the frame, which it returns."""
         small = logits.reshape(self._mh, self._mw)
         native = self._native
         if native.shape == small.shape:
@@ -266,20 +307,26 @@ class Segmenter:
         x1, y1, x2, y2 = box
         c0, c1 = max(math.ceil(x1), 0), min(math.ceil(x2), m.frame_w)
         r0, r1 = max(math.ceil(y1), 0), min(math.ceil(y2), m.frame_h)
-        mask.fill(False)
-        if c1 > c0 and r1 > r0:
-            np.greater(self._frame_f[r0:r1, c0:c1], _ZERO, out=mask[r0:r1, c0:c1])
+        if c1 <= c0 or r1 <= r0:
+            return NOWHERE
+        np.greater(self._frame_f[r0:r1, c0:c1], _ZERO, out=mask[r0:r1, c0:c1])
+        return slice(r0, r1), slice(c0, c1)
 
-    def _outline(self, mask: np.ndarray, k: int, *, in_input: bool) -> np.ndarray:
-        """ultralytics' ``masks.xy`` of `mask` (the input-size mask, or with retina masks the frame's):
-        its outline in frame pixels, (p, 2) float32, written into the `k`-th outline buffer.
+    def _outline(self, mask: np.ndarray, inside: Region, k: int, *, in_input: bool) -> np.ndarray:
+        """ultralytics' ``masks.xy`` of `mask` (the input-size mask, or with retina masks the frame's),
+        which is 0 outside ``inside``: its outline in frame pixels, (p, 2) float32, written into the
+        `k`-th outline buffer. The contours are traced over ``inside`` and a pixel of 0 round it,
+        which finds those of the whole mask.
 
         OpenCV returns contours only as new arrays: findContours is called once per mask, and its
         arrays (one per contour, and the hierarchy) are all a one-piece mask costs after warm-up. A
         mask in several pieces also costs what joining them costs (`merge_segments`), as many
         arrays as pieces; the outline buffers grow, once, for an outline longer than any before.
         """
-        contours, _ = cv2.findContours(mask.view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+        rows, cols = inside
+        top, left = max(rows.start - 1, 0), max(cols.start - 1, 0)
+        around = mask[top : rows.stop + 1, left : cols.stop + 1].view(np.uint8)
+        contours, _ = cv2.findContours(around, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE, offset=(left, top))
         if not contours:
             return self._points[k, :0]
         points = merge_segments([c.reshape(-1, 2) for c in contours]) if len(contours) > 1 else contours[0].reshape(-1, 2)
@@ -309,9 +356,9 @@ def merge_segments(segments: list[np.ndarray]) -> np.ndarray:
     idx_list: list[list[int]] = [[] for _ in segments]
     for i in range(1, len(segments)):
         distances = ((segments[i - 1][:, None, :] - segments[i][None, :, :]) ** 2).sum(-1)
-        idx1, idx2 = np.unravel_index(np.argmin(distances, axis=None), distances.shape)
-        idx_list[i - 1].append(int(idx1))
-        idx_list[i].append(int(idx2))
+        idx1, idx2 = divmod(int(distances.argmin()), distances.shape[1])
+        idx_list[i - 1].append(idx1)
+        idx_list[i].append(idx2)
     merged: list[np.ndarray] = []
     for k in range(2):
         if k == 0:
@@ -319,8 +366,8 @@ def merge_segments(segments: list[np.ndarray]) -> np.ndarray:
                 if len(idx) == 2 and idx[0] > idx[1]:
                     idx = [len(segments[i]) - 1 - x for x in idx]
                     segments[i] = segments[i][::-1, :]
-                segments[i] = np.roll(segments[i], -idx[0], axis=0)
-                segments[i] = np.concatenate([segments[i], segments[i][:1]])
+                # rolled to start at idx[0], and closed: np.roll then the first point again
+                segments[i] = np.concatenate((segments[i][idx[0] :], segments[i][: idx[0] + 1]))
                 if i in {0, len(idx_list) - 1}:
                     merged.append(segments[i])
                 else:

@@ -9,6 +9,7 @@ the frame (``ops.scale_masks``) and the outlines (``masks.xy``). edged must keep
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import cv2
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import ConfigError
+from edged.geometry import BoxMap
 from edged.heads.segment import SegmentHead
 from edged.messages import parse_message
 from edged.model import LoadedModel, load_model
@@ -172,9 +174,52 @@ def test_a_mask_mapped_over_its_box_alone_is_the_whole_frames_mapping_bit_for_bi
         over_box, over_frame = np.zeros((h, w), bool), np.zeros((h, w), bool)
         found = segmenter._mask(logits, box, box_map, over_box)
         segmenter._whole = None
-        assert segmenter._mask(logits, box, box_map, over_frame) == found
+        whole = segmenter._mask(logits, box, box_map, over_frame)
         segmenter._whole = aligned
         assert np.array_equal(over_box, over_frame)
+        assert (found is None) == (whole is None)
+        if found is not None and whole is not None:
+            assert found[0] == whole[0]
+            outside = over_box.copy()
+            outside[found[1]] = False  # the mask is 0 outside the part of the frame it says
+            assert not outside.any()
+
+
+@pytest.mark.parametrize("input_size", [(640, 640), (640, 384), (320, 320)])
+def test_a_mask_upsampled_over_its_box_alone_is_the_whole_upsampled_mask_bit_for_bit(
+    model: LoadedModel, input_size: tuple[int, int]
+) -> None:
+    # Inputs a whole number of times the prototypes upsample each mask over the prototype pixels
+    # its box's pixels interpolate between; random masks and boxes, some off the input, some on its
+    # edges, against the whole mask upsampled, and their outlines against the whole mask's.
+    in_w, in_h = input_size
+    pipeline = FramePipeline(model, 1280, 720, "bgr")
+    segmenter = pipeline.decoder
+    assert isinstance(segmenter, Segmenter)
+    box_map = BoxMap.letterbox(1280, 720, in_w, in_h)
+    segmenter._mh, segmenter._mw = in_h // 4, in_w // 4
+    segmenter._plan(box_map)
+    step = segmenter._step
+    assert step == (4, 4)
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        logits = (rng.standard_normal(in_h * in_w // 16) * 3).astype(np.float32)
+        x1, x2 = sorted(rng.uniform(-20, in_w + 20, 2))
+        y1, y2 = sorted(rng.uniform(-20, in_h + 20, 2))
+        r0, r1, c0, c1 = max(math.ceil(y1), 0), min(math.ceil(y2), in_h), max(math.ceil(x1), 0), min(math.ceil(x2), in_w)
+        if r1 <= r0 or c1 <= c0:
+            continue
+        part = segmenter._upsampled(logits, box_map, r0, r1, c0, c1).copy()
+        segmenter._step = None
+        whole = segmenter._upsampled(logits, box_map, r0, r1, c0, c1).copy()
+        segmenter._step = step
+        assert np.array_equal(part, whole)
+        mask = np.zeros((in_h, in_w), bool)
+        np.greater(part, 0, out=mask[r0:r1, c0:c1])
+        inside = (slice(r0, r1), slice(c0, c1))
+        outline = segmenter._outline(mask, inside, 0, in_input=True).copy()
+        everywhere = segmenter._outline(mask, (slice(0, in_h), slice(0, in_w)), 0, in_input=True)
+        assert np.array_equal(outline, everywhere)
 
 
 def test_limits_in_mm_need_the_cameras_scale(model: LoadedModel) -> None:
@@ -203,6 +248,24 @@ def test_retina_masks_are_ultralytics_retina_masks(name: str) -> None:
     assert len(instances.masks) == len(expected_masks) > 0
     for mask, expected in zip(instances.masks, expected_masks, strict=True):
         assert (mask & expected).sum() / (mask | expected).sum() >= 0.99
+
+
+@pytest.mark.parametrize("retina", [False, True])
+def test_a_mask_buffer_the_next_frame_reuses_holds_that_frames_mask_alone(retina: bool) -> None:
+    # Only the part of a mask buffer the last mask was written to is cleared for the next: frames
+    # whose instances lie elsewhere, after one another on one pipeline, against each on a new one.
+    cfg = ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=300, retina_masks=retina)
+    model = load_model(cfg, RuntimeConfig())
+    image = cv2.imread(str(DATA / "wide.png"))
+    frames = [image, cv2.flip(image, -1), np.ascontiguousarray(image[::-1]), image]
+    pipeline = FramePipeline(model, 320, 240, "bgr")
+    for frame in frames:
+        reused, _ = pipeline.process(frame)
+        fresh, _ = FramePipeline(model, 320, 240, "bgr").process(frame)
+        assert isinstance(reused, Instances) and isinstance(fresh, Instances)
+        assert len(reused.masks) == len(fresh.masks) > 0
+        assert np.array_equal(reused.masks, fresh.masks)
+        assert reused.area_px == fresh.area_px
 
 
 def test_zones_place_an_instance_by_its_mask_and_keep_its_outline_when_others_are_dropped(model: LoadedModel) -> None:
