@@ -176,6 +176,11 @@ class Segmenter:
             new_h, new_w = max(round(m.frame_h * gain), 1), max(round(m.frame_w * gain), 1)
             top, left = round((f * mh - new_h) / 2 - 0.1), round((f * mw - new_w) / 2 - 0.1)
             self._native_content = (slice(top, top + new_h), slice(left, left + new_w))
+            # A frame a whole number of times the native content each way: a mask is made over its
+            # box's part of the frame alone (`_native_mask`), the same values as over the whole.
+            ky, rest_y = divmod(m.frame_h, new_h)
+            kx, rest_x = divmod(m.frame_w, new_w)
+            self._native_whole = (f, ky, kx) if rest_y == 0 and rest_x == 0 else None
         self._planned = box_map
 
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Instances:
@@ -287,29 +292,44 @@ class Segmenter:
             cv2.resize(small, (m.input_w, m.input_h), dst=self._up, interpolation=cv2.INTER_LINEAR)
             return self._up[r0:r1, c0:c1]
         sy, sx = self._step
-        top, bottom = max(r0 // sy - 1, 0), min((r1 - 1) // sy + 2, self._mh)
-        left, right = max(c0 // sx - 1, 0), min((c1 - 1) // sx + 2, self._mw)
-        h, w = (bottom - top) * sy, (right - left) * sx
-        up = self._up.reshape(-1)[: h * w].reshape(h, w)
-        cv2.resize(small[top:bottom, left:right], (w, h), dst=up, interpolation=cv2.INTER_LINEAR)
-        return up[r0 - top * sy : r1 - top * sy, c0 - left * sx : c1 - left * sx]
+        top, bottom = _source_span(r0, r1, sy, self._mh)
+        left, right = _source_span(c0, c1, sx, self._mw)
+        return _upsampled_part(small[top:bottom, left:right], sy, sx, (top, left), (r0, r1, c0, c1), self._up)
 
     def _native_mask(self, logits: np.ndarray, box: list[float], m: BoxMap, mask: np.ndarray) -> Region:
         """One detection's mask made at the frame size into ``mask`` (all 0 when it is called),
-        cropped to its box in the frame, which it returns."""
-        small = logits.reshape(self._mh, self._mw)
-        native = self._native
-        if native.shape == small.shape:
-            np.copyto(native, small)
-        else:
-            cv2.resize(small, native.shape[::-1], dst=native, interpolation=cv2.INTER_LINEAR)
-        cv2.resize(native[self._native_content], (m.frame_w, m.frame_h), dst=self._frame_f, interpolation=cv2.INTER_LINEAR)
+        cropped to its box in the frame, which it returns.
+
+        Where the frame is a whole number of times the native content, only the box's part of the
+        frame is made, from the native pixels it interpolates between, made in turn from the
+        prototype pixels those interpolate between (`_upsampled_part`): the same values.
+        """
         x1, y1, x2, y2 = box
         c0, c1 = max(math.ceil(x1), 0), min(math.ceil(x2), m.frame_w)
         r0, r1 = max(math.ceil(y1), 0), min(math.ceil(y2), m.frame_h)
         if c1 <= c0 or r1 <= r0:
             return NOWHERE
-        np.greater(self._frame_f[r0:r1, c0:c1], _ZERO, out=mask[r0:r1, c0:c1])
+        small, native, (rows, cols) = logits.reshape(self._mh, self._mw), self._native, self._native_content
+        if self._native_whole is None:
+            if native.shape == small.shape:
+                np.copyto(native, small)
+            else:
+                cv2.resize(small, native.shape[::-1], dst=native, interpolation=cv2.INTER_LINEAR)
+            cv2.resize(native[rows, cols], (m.frame_w, m.frame_h), dst=self._frame_f, interpolation=cv2.INTER_LINEAR)
+            np.greater(self._frame_f[r0:r1, c0:c1], _ZERO, out=mask[r0:r1, c0:c1])
+            return slice(r0, r1), slice(c0, c1)
+        f, ky, kx = self._native_whole
+        top, bottom = _source_span(r0, r1, ky, rows.stop - rows.start)  # in the native content
+        left, right = _source_span(c0, c1, kx, cols.stop - cols.start)
+        n0, n1, n2, n3 = rows.start + top, rows.start + bottom, cols.start + left, cols.start + right  # in native
+        if f == 1:
+            part = small[n0:n1, n2:n3]
+        else:
+            a, b = _source_span(n0, n1, f, self._mh)
+            c, d = _source_span(n2, n3, f, self._mw)
+            part = _upsampled_part(small[a:b, c:d], f, f, (a, c), (n0, n1, n2, n3), native)
+        values = _upsampled_part(part, ky, kx, (top, left), (r0, r1, c0, c1), self._frame_f)
+        np.greater(values, _ZERO, out=mask[r0:r1, c0:c1])
         return slice(r0, r1), slice(c0, c1)
 
     def _outline(self, mask: np.ndarray, inside: Region, k: int, *, in_input: bool) -> np.ndarray:
@@ -339,6 +359,29 @@ class Segmenter:
             np.divide(xy, self._gain, out=xy)
         np.clip(xy, _ZERO, self._limit, out=xy)
         return xy
+
+
+def _source_span(start: int, stop: int, k: int, size: int) -> tuple[int, int]:
+    """The source pixels that output pixels ``start:stop`` of a ``k``-fold bilinear upsampling of
+    ``size`` pixels interpolate between, and one more each side."""
+    return max(start // k - 1, 0), min((stop - 1) // k + 2, size)
+
+
+def _upsampled_part(
+    source: np.ndarray, ky: int, kx: int, origin: tuple[int, int], part: tuple[int, int, int, int], scratch: np.ndarray
+) -> np.ndarray:
+    """Rows ``r0:r1`` and columns ``c0:c1`` (``part``) of an image upsampled (bilinear) ``ky`` by
+    ``kx`` times, from ``source``: its pixels from ``origin`` (row, column) on, `_source_span` of them.
+
+    OpenCV's bilinear weights depend on an output pixel's place within its source pixel alone, and
+    the pixel round the span keeps the image's edges out of it, so the values are those of the whole
+    image upsampled, bit for bit. Written into ``scratch``, which must hold the whole image.
+    """
+    (top, left), (r0, r1, c0, c1) = origin, part
+    h, w = source.shape[0] * ky, source.shape[1] * kx
+    out = scratch.reshape(-1)[: h * w].reshape(h, w)
+    cv2.resize(source, (w, h), dst=out, interpolation=cv2.INTER_LINEAR)
+    return out[r0 - top * ky : r1 - top * ky, c0 - left * kx : c1 - left * kx]
 
 
 def _sides(polygon: np.ndarray) -> tuple[float, float]:

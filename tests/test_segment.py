@@ -185,6 +185,33 @@ def test_a_mask_mapped_over_its_box_alone_is_the_whole_frames_mapping_bit_for_bi
             assert not outside.any()
 
 
+@pytest.mark.parametrize("size", [(1280, 720), (1920, 1080), (640, 480), (720, 1280), (320, 240)])
+def test_a_retina_mask_made_over_its_box_alone_is_the_whole_frames_bit_for_bit(size: tuple[int, int]) -> None:
+    # With retina masks, frames a whole number of times the native content make each mask over its
+    # box's part of the frame, from the native and prototype pixels it needs: against the whole frame.
+    cfg = ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=300, retina_masks=True)
+    w, h = size
+    pipeline = FramePipeline(load_model(cfg, RuntimeConfig()), w, h, "bgr")
+    segmenter, box_map = pipeline.decoder, pipeline.box_map
+    assert isinstance(segmenter, Segmenter)
+    segmenter._plan(box_map)
+    aligned = segmenter._native_whole
+    assert aligned is not None
+    rng = np.random.default_rng(2)
+    side = segmenter._mh
+    for _ in range(40):
+        noise = rng.standard_normal((side, segmenter._mw)).astype(np.float32) * 3 + np.float32(rng.uniform(-3, 1))
+        logits = cv2.GaussianBlur(noise, (0, 0), 2).reshape(-1)
+        x1, y1 = rng.uniform(-10, w - 5), rng.uniform(-10, h - 5)
+        box = [float(x1), float(y1), float(x1 + rng.uniform(1, w / 2)), float(y1 + rng.uniform(1, h / 2))]
+        over_box, over_frame = np.zeros((h, w), bool), np.zeros((h, w), bool)
+        found = segmenter._native_mask(logits, box, box_map, over_box)
+        segmenter._native_whole = None
+        assert segmenter._native_mask(logits, box, box_map, over_frame) == found
+        segmenter._native_whole = aligned
+        assert np.array_equal(over_box, over_frame)
+
+
 @pytest.mark.parametrize("input_size", [(640, 640), (640, 384), (320, 320)])
 def test_a_mask_upsampled_over_its_box_alone_is_the_whole_upsampled_mask_bit_for_bit(
     model: LoadedModel, input_size: tuple[int, int]
