@@ -71,7 +71,7 @@ def test_heating_lowers_the_published_rate_pauses_then_recovers(tmp_path: Path) 
         d.collect("detections", 5)
 
         heat.write_text("75000\n")  # Pi 4: warm from 70 C, half the camera's measured rate
-        # The cap is half the camera's rate, which is measured over half a second: in the daemon's
+        # The cap is half the camera's rate, which is measured over two seconds: in the daemon's
         # first moments a warm state may come before the rate, and the cap with the next status.
         warm = d.wait_status(lambda s: s.thermal is not None and s.thermal.state == "warm" and s.rate_cap_fps is not None)
         assert warm.rate_cap_fps is not None and 0 < warm.rate_cap_fps <= FPS / 2 * 1.2 + 1, warm.rate_cap_fps

@@ -172,10 +172,12 @@ def test_a_reloaded_model_that_fails_its_first_run_is_refused_and_the_running_on
 
 
 def test_pings_stop_when_inference_wedges(tmp_path: Path, notify: NotifySocket) -> None:
-    """Black frames run normally; the bright frame after them hangs inside ONNX Runtime."""
+    """Black frames run normally; the bright frame after them hangs inside ONNX Runtime. Unpaced, the
+    folder is read an image at a time as the model takes them: paced, a start slower than the black
+    frames skipped them all, the bright one came first and READY=1 never did."""
     model = stalling_probe(tmp_path / "stall.onnx")
     _images(tmp_path / "imgs", [(0, 0, 0)] * 4 + [(255, 255, 255)])
-    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0, "loop": False}, model)
+    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "pace": False, "loop": False}, model)
     try:
         ready_at = notify.wait_for("READY=1", timeout=20)
         # The pings stop stall_timeout_s after the last frame, however long a loaded machine takes to
