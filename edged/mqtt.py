@@ -682,10 +682,24 @@ class MqttOutput(MessageOutput):
                 return
             sock = self._client.socket()
 
+    def _await_acks(self, deadline: float) -> None:
+        """At stop: read the broker's acknowledgements of the QoS 1/2 messages handed over until none
+        is outstanding, or ``deadline`` comes. A socket closed under messages not yet acknowledged
+        makes the broker fail writing the acknowledgement and drop the connection with the rest of
+        what it had received unread: with mosquitto, the second of two "edged is stopping" replies,
+        the offline state and the DISCONNECT (its Last Will said offline instead)."""
+        sock = self._client.socket()
+        pending = getattr(sock, "pending", lambda: 0)  # TLS: bytes already decrypted, unseen by select
+        while self._unacked and sock is not None and (left := deadline - time.monotonic()) > 0:
+            if (pending() or select.select([sock], [], [], left)[0]) and self._client.loop_read():
+                return
+            sock = self._client.socket()
+
     def _finish(self, deadline: float) -> None:
         """At stop: the last messages and a retained offline, then a clean disconnect, all within ``deadline``."""
         if self._connected:
             self._drain(deadline)
+            self._await_acks(deadline)
             # QoS 0: straight into the stream ahead of DISCONNECT, never held back by unacknowledged
             # messages (a clean DISCONNECT makes the broker discard the Last Will).
             self._client.publish(self._state_topic, b"offline", qos=0, retain=True)
