@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 # The camera's rate is re-measured over at least this long. Counting frames over a window is off by
-# the frames at its edges, and by one more where a looping file restarts: 2-4 frames, up to 40 % of
-# a 20 fps camera's rate over half a second (a warm board's cap of 10 fps became 13), under 10 % here.
+# the frames at its edges, and by one more where a looping file restarts: up to 3 frames, 30 % of a
+# 20 fps camera's rate over half a second (a warm board's cap of 10 fps became 13), under 8 % here.
 MEASURE_EVERY_NS = 2_000_000_000
 
 
