@@ -42,6 +42,7 @@ from edged.settings.mqtt import MqttConfig
 from edged.settings.opcua import OpcuaConfig
 from edged.settings.reject import RejectConfig
 from edged.settings.section import Section
+from edged.settings.service_dirs import service_dir
 from edged.settings.sources import KINDS, SourceBase, SyntheticSourceConfig, TriggerMode, mask_credentials
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
@@ -306,8 +307,7 @@ class RuntimeConfig(Section):
         """runtime.cache_dir, else the service's cache directory (systemd's ``$CACHE_DIRECTORY``), else none."""
         if self.cache_dir is not None:
             return self.cache_dir
-        cache = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
-        return Path(cache) if cache else None
+        return service_dir("cache")
 
     @field_validator("spinning", mode="before")
     @classmethod

@@ -13,6 +13,8 @@ import socket
 import stat
 from pathlib import Path
 
+from edged.settings.service_dirs import service_dirs
+
 RUNTIME_DIR = Path("/run/edged")  # the units' RuntimeDirectory=; edged's own outside systemd too
 
 
@@ -37,8 +39,7 @@ def on_the_network(endpoint: str) -> bool:
 def runtime_dirs() -> tuple[Path, ...]:
     """The service's own runtime directories: systemd's ``$RUNTIME_DIRECTORY`` (several joined by
     ``:``) when it is set, else `RUNTIME_DIR`."""
-    given = tuple(Path(d) for d in os.environ.get("RUNTIME_DIRECTORY", "").split(":") if d)
-    return given or (RUNTIME_DIR,)
+    return service_dirs("runtime") or (RUNTIME_DIR,)
 
 
 def ipc_path(endpoint: str) -> Path | None:

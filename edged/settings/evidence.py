@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import stat
 from contextvars import ContextVar
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from edged.settings.section import Section
+from edged.settings.service_dirs import service_dir
 
 SavePolicy = Literal["ng", "ng+near", "all"]
 
@@ -29,9 +29,8 @@ DEFAULT_NOTE = (
 def default_dir() -> Path:
     """``evidence/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else beside the
     configuration file."""
-    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
     # Settings made without a configuration file (in code) have the working directory instead.
-    return (Path(state) if state else CONFIG_FOLDER.get() or Path.cwd()) / "evidence"
+    return (service_dir("state") or CONFIG_FOLDER.get() or Path.cwd()) / "evidence"
 
 
 def dir_problem(path: Path) -> str | None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from edged.settings.section import Section
+from edged.settings.service_dirs import service_dir
 
 JOURNAL_FILE = "journal.sqlite"
 
@@ -16,8 +16,7 @@ JOURNAL_FILE = "journal.sqlite"
 def default_path(config_dir: Path | None) -> Path:
     """The journal in the service's state directory (systemd's ``$STATE_DIRECTORY``); outside systemd
     beside the configuration file, or in the working directory without one."""
-    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return Path(state or config_dir or Path.cwd()) / JOURNAL_FILE
+    return (service_dir("state") or config_dir or Path.cwd()) / JOURNAL_FILE
 
 
 class JournalConfig(Section):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,6 +11,7 @@ from pydantic import Field, field_validator
 from edged.settings.evidence import CONFIG_FOLDER
 from edged.settings.http import is_loopback, listen_address
 from edged.settings.section import Section
+from edged.settings.service_dirs import service_dir
 
 SCHEME = "opc.tcp"
 
@@ -19,8 +19,7 @@ SCHEME = "opc.tcp"
 def default_cert_dir() -> Path:
     """``opcua/`` in the service's state directory (systemd's ``$STATE_DIRECTORY``), else beside the
     configuration file; settings made in code have the working directory instead."""
-    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return (Path(state) if state else CONFIG_FOLDER.get() or Path.cwd()) / "opcua"
+    return (service_dir("state") or CONFIG_FOLDER.get() or Path.cwd()) / "opcua"
 
 
 def listen_host_port(listen: str) -> tuple[str, int]:

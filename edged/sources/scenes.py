@@ -30,6 +30,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from edged.settings.service_dirs import service_dir
+
 log = logging.getLogger(__name__)
 _CODE = Path(__file__).read_bytes()  # what the generated textures depend on, with the libraries' versions
 
@@ -139,9 +141,9 @@ _MAKERS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {
 def cache_folder() -> Path | None:
     """Where generated textures are kept between processes: the service's cache directory under
     systemd (``$CACHE_DIRECTORY``), else the user's (``$XDG_CACHE_HOME``, ``~/.cache``); None without one."""
-    service = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
-    if service:
-        return Path(service) / "scenes"
+    service = service_dir("cache")
+    if service is not None:
+        return service / "scenes"
     user = os.environ.get("XDG_CACHE_HOME", "")
     if user:
         return Path(user) / "edged" / "scenes"
