@@ -1,16 +1,17 @@
 """``edged check``: everything `run` would refuse or fail on, found before the service starts.
 
-It loads the model exactly as the daemon does (same contract checks, same head detection),
-opens every camera through the capture thread the daemon uses and waits for its first frames
-(the size and rate the camera really gives), runs a grey frame of that size and the camera's
-first frame through the real pipeline (NaN or infinite outputs there mean a broken model, scores
-above 1 a wrong normalisation or head) and prints what that first frame gave, with its verdict:
-the quickest way to see a wrong model or colour order. It creates and removes a file in each
-camera's evidence folder, binds and releases every address the daemon would listen on (each
-output's, `edged.outputs.listening`; not with ``bind=False``, beside a running daemon that holds
-them) and requests and releases every reject line (`edged.reject`; not with ``bind=False``
-either), connects once to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent
-is reported with its reason), and prints what the engine says of itself (`InferenceEngine.report`:
+It loads the model exactly as the daemon does (same contract checks, same head detection), opens
+every camera through the capture thread the daemon uses, all at once as the daemon does and while
+the model loads, and waits for their first frames (the size and rate each camera really gives,
+counted side by side once the model is loaded, as the cameras will run), runs a grey frame of that
+size and the camera's first frame through the real pipeline (NaN or infinite outputs there mean a
+broken model, scores above 1 a wrong normalisation or head) and prints what that first frame gave,
+with its verdict: the quickest way to see a wrong model or colour order. It creates and removes a
+file in each camera's evidence folder, binds and releases every address the daemon would listen on
+(each output's, `edged.outputs.listening`; not with ``bind=False``, beside a running daemon that
+holds them) and requests and releases every reject line (`edged.reject`; not with ``bind=False``
+either), connects once to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent is
+reported with its reason), and prints what the engine says of itself (`InferenceEngine.report`:
 ONNX Runtime's providers and where it placed each node, OpenVINO's device, plugin and precision).
 The last line is the one verdict: ``ok``, or the CLI's error naming the problem.
 """
@@ -19,8 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -62,6 +67,7 @@ from edged.verdict import AnomalyInspector, ClassInspector, Inspector
 FIRST_FRAME_TIMEOUT_S = 30.0  # longer than any camera's own open timeout: its error comes first
 SETTLE_S = 0.5  # a network stream first hands over the frames buffered while it opened, all at once
 RATE_WINDOW_S = 1.0  # then frames are counted this long to measure the rate
+TAKE_S = 0.05  # how long a probe waits for a frame before it looks whether it is to stop
 FIRST_FRAME_SHOWN = 5  # detections of the first frame named, best first; the rest are counted
 
 
@@ -83,41 +89,83 @@ def describe_source(cfg: SourceBase) -> str:
     return mask_credentials(f"{cfg.type} {keys}".strip())
 
 
-def next_frame(capture: Capture, cfg: SourceBase, timeout_s: float, gave: str) -> Frame:
+def next_frame(capture: Capture, cfg: SourceBase, timeout_s: float, gave: str, stop: threading.Event | None = None) -> Frame:
     """Camera ``cfg``'s next frame from its started ``capture``; the capture's fatal error, or a
-    ``SourceError`` saying it ``gave`` only that, when it is lost, ends or gives none for ``timeout_s``."""
+    ``SourceError`` saying it ``gave`` only that, when it is lost, ends or gives none for ``timeout_s``
+    (or ``stop`` is set: nobody waits for it any more)."""
     deadline = time.monotonic() + timeout_s
-    while (frame := capture.take(0.05)) is None:
+    while (frame := capture.take(TAKE_S)) is None:
         if capture.fatal is not None:
             raise capture.fatal
         stats = capture.stats()
-        if stats.state in ("lost", "ended") or time.monotonic() > deadline:
+        if stats.state in ("lost", "ended") or time.monotonic() > deadline or (stop is not None and stop.is_set()):
             reason = stats.last_error or ("it ended" if stats.state == "ended" else f"none in {timeout_s:g} s")
             raise SourceError(f"camera {describe_source(cfg)} gave {gave}: {reason}")
     return frame
 
 
-def probe_source(cfg: SourceBase, timeout_s: float = FIRST_FRAME_TIMEOUT_S) -> SourceProbe:
-    """Open the camera as the daemon does and measure its first frames; ``SourceError`` with its reason when it cannot."""
+def probe_source(
+    cfg: SourceBase,
+    timeout_s: float = FIRST_FRAME_TIMEOUT_S,
+    *,
+    measure: threading.Event | None = None,
+    stop: threading.Event | None = None,
+) -> SourceProbe:
+    """Open the camera as the daemon does and measure its first frames; ``SourceError`` with its reason
+    when it cannot. The rate is counted once ``measure`` is set (at once without one); ``stop`` ends
+    the probe early, its result unwanted."""
+    stop = stop or threading.Event()
     capture = Capture(lambda: open_source(cfg), cfg.camera_id, decode_all=True)
     capture.start()
     try:
-        frame = next_frame(capture, cfg, timeout_s, "no frame")
+        frame = next_frame(capture, cfg, timeout_s, "no frame", stop)
         height, width, order, image = *frame.image.shape[:2], frame.channel_order, frame.image.copy()
-        _take_for(capture, SETTLE_S)
+        _take_for(capture, SETTLE_S, stop)
+        while measure is not None and not measure.is_set() and not stop.is_set():
+            capture.take(TAKE_S)  # as the daemon would: a camera that is not read may fall behind
         first = capture.stats().frames_captured
-        elapsed = _take_for(capture, RATE_WINDOW_S)
+        elapsed = _take_for(capture, RATE_WINDOW_S, stop)
         return SourceProbe(width, height, (capture.stats().frames_captured - first) / elapsed, order, image)
     finally:
         capture.stop()
 
 
-def _take_for(capture: Capture, seconds: float) -> float:
-    """Take frames as the daemon would for ``seconds``; the time it really took."""
+def _take_for(capture: Capture, seconds: float, stop: threading.Event) -> float:
+    """Take frames as the daemon would for ``seconds``, or until ``stop``; the time it really took."""
     start = time.monotonic()
-    while (elapsed := time.monotonic() - start) < seconds:
-        capture.take(seconds - elapsed)
+    while (elapsed := time.monotonic() - start) < seconds and not stop.is_set():
+        capture.take(min(seconds - elapsed, TAKE_S))
     return elapsed
+
+
+class _Probes:
+    """Every camera probed at once (`probe_source`), as the daemon opens them, while the model loads:
+    a camera's opening and first frame are waited for beside the others' and the model's loading,
+    not after them, and the rates are counted side by side once the model is loaded (`measure`), as
+    the cameras will run: cameras that share a bus deliver less together than alone. Leaving stops
+    the probes still running (a model problem ends the check) and waits for them to close their cameras."""
+
+    def __init__(self, sources: Sequence[SourceBase]) -> None:
+        self._measure, self._stop = threading.Event(), threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=len(sources), thread_name_prefix="edged-probe")
+        self._probes: dict[str, Future[SourceProbe]] = {
+            cfg.camera_id: self._pool.submit(probe_source, cfg, measure=self._measure, stop=self._stop) for cfg in sources
+        }
+
+    def measure(self) -> None:
+        """The model is loaded: count the cameras' rates now."""
+        self._measure.set()
+
+    def result(self, cfg: SourceBase) -> SourceProbe:
+        """Camera ``cfg``'s probe, once it is done; its `SourceError` (or other error) raised here."""
+        return self._probes[cfg.camera_id].result()
+
+    def __enter__(self) -> _Probes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=True)
 
 
 def _unloadable(e: EdgedError) -> ConfigError:
@@ -254,13 +302,20 @@ def _evidence(settings: Settings, cfg: SourceBase) -> str:
     return f"evidence: {evidence.save} frames to {where} (a file created and removed there)"
 
 
-def _check_source(settings: Settings, model: LoadedModel, cfg: SourceBase, named: bool, out: TextIO) -> SourceError | None:
-    """Open one camera, run its frames through the model and say what it will do; the camera's error,
-    if it gave no frame."""
+def _check_source(
+    settings: Settings,
+    model: LoadedModel,
+    cfg: SourceBase,
+    probed: Callable[[], SourceProbe],
+    named: bool,
+    out: TextIO,
+) -> SourceError | None:
+    """Run one camera's frames (``probed()``) through the model and say what it will do; the camera's
+    error, if it gave no frame."""
     path = frame_path(settings, model, cfg)  # [inspect] names classes the model must have
     name = f"{cfg.camera_id}: " if named else ""
     try:
-        probe = probe_source(cfg)
+        probe = probed()
     except SourceError as e:
         if not named:
             raise
@@ -330,18 +385,20 @@ def _reject_lines(settings: Settings, bind: bool, out: TextIO) -> None:
 
 
 def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.stdout, *, bind: bool = True) -> int:
-    """Every camera is opened and tried, one after the other, so that one missing camera does
-    not hide another's problem; a model or contract problem stops at once (exit 78). ``bind``:
-    bind and release every listening address (off beside a running daemon, which holds them)."""
+    """Every camera is opened and tried, so that one missing camera does not hide another's
+    problem; a model or contract problem stops at once (exit 78). ``bind``: bind and release
+    every listening address (off beside a running daemon, which holds them)."""
     print(f"config     {config_path}", file=out)
     try:
-        model = load_model(settings.model, settings.runtime, record_placement=True, lanes=settings.lanes())
-        named = len(settings.source) > 1
-        failed = [
-            (cfg.camera_id, e)
-            for cfg in settings.source
-            if (e := _check_source(settings, model, cfg, named, out)) is not None
-        ]
+        with _Probes(settings.source) as probes:
+            model = load_model(settings.model, settings.runtime, record_placement=True, lanes=settings.lanes())
+            probes.measure()
+            named = len(settings.source) > 1
+            failed = [
+                (cfg.camera_id, e)
+                for cfg in settings.source
+                if (e := _check_source(settings, model, cfg, partial(probes.result, cfg), named, out)) is not None
+            ]
         candidate = _candidate(settings, model)
     except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems
         raise ConfigError(e.path or config_path, e.problems) from None

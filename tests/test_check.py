@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import select
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import PIPE
 
 import cv2
 import numpy as np
 import pytest
-from daemon import free_port, run_cli, write_config
+from daemon import edged_command, free_port, run_cli, write_config
 from onnx_models import colour_probe
 
 pytestmark = pytest.mark.integration
@@ -198,3 +203,45 @@ def test_the_default_evidence_folder_outside_systemd_is_beside_the_configuration
         f"evidence: all frames to {tmp}/evidence/cam0 (the default: evidence.dir is not set) "
         "(a file created and removed there)" in result.stdout
     )
+
+
+def test_the_cameras_are_opened_at_once_not_one_after_the_other(tmp: Path) -> None:
+    """Two cameras whose streams (GStreamer's TCP client) connect and never send: the second is
+    connected to while the first still waits for its first frame, not once the first has given up.
+    One after the other, a board of several hung cameras waited out each one's open_timeout_s in
+    turn. (GStreamer, not RTSP: OpenCV's FFmpeg captures open one at a time in any case.)"""
+    with contextlib.ExitStack() as stack:
+        listeners = []
+        for _ in range(2):
+            listener = stack.enter_context(socket.socket())
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(8)
+            listeners.append(listener)
+        cameras = [
+            {
+                "type": "gstreamer",
+                "camera_id": f"cam{i}",
+                "pipeline": f"tcpclientsrc host=127.0.0.1 port={s.getsockname()[1]} ! jpegdec",
+                "open_timeout_s": 4.0,
+            }
+            for i, s in enumerate(listeners)
+        ]
+        config = write_config(
+            tmp / "edged.toml", {"source": cameras, "model": {"path": "probe.onnx"}, "thermal": {"enabled": False}}
+        )
+        proc = subprocess.Popen(edged_command("check", "--config", str(config)), stdout=PIPE, stderr=PIPE, text=True)
+        stack.callback(proc.kill)
+        accepted: dict[socket.socket, socket.socket] = {}
+        deadline = time.monotonic() + 60
+        while len(accepted) < 2:
+            waiting = [s for s in listeners if s not in accepted]
+            readable, _, _ = select.select([*waiting, *accepted.values()], [], [], max(0.0, deadline - time.monotonic()))
+            assert readable, f"no camera connected within 60 s: {proc.poll()}"
+            for s in readable:
+                if s in listeners:
+                    accepted[s] = stack.enter_context(s.accept()[0])
+                else:  # the end, when the camera gives up
+                    assert s.recv(4096) != b"", "a camera gave up before the other was connected to"
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1, out + err
+        assert "2 of 2 cameras gave no frame (cam0, cam1)" in err
