@@ -96,6 +96,31 @@ def test_frames_from_a_real_rtsp_server_become_detections_and_credentials_never_
     assert SECRET not in status.model_dump_json()
 
 
+def test_the_stream_read_through_a_gstreamer_rtspsrc_pipeline_becomes_detections(
+    tmp_path: Path, server: RtspServer, daemons: list[RunningDaemon]
+) -> None:
+    """The way docs/cameras.md gives for a board of several RTSP cameras, whose opens through
+    OpenCV's FFmpeg wait for one another: the same stream through GStreamer's rtspsrc."""
+    colour_probe(tmp_path / "probe.onnx")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    pipeline = f"rtspsrc location={server.url()} protocols=tcp latency=0 ! decodebin"
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "gstreamer", "pipeline": pipeline},
+            "model": {"path": "probe.onnx"},
+            "publish": {"endpoints": [endpoint]},
+            "thermal": {"enabled": False},
+        },
+    )
+    daemon = RunningDaemon(config, endpoint)
+    daemons.append(daemon)
+    for msg in detections(daemon, 3):
+        assert msg.frame_size == (WIDTH, HEIGHT)
+        assert [d.label for d in msg.detections] == [LABELS[0]]
+    assert terminate(daemon) == 0
+
+
 def test_a_frozen_server_is_lost_within_the_read_timeout_and_frames_continue_after_it_thaws_or_restarts(
     tmp_path: Path, server: RtspServer, daemons: list[RunningDaemon]
 ) -> None:
