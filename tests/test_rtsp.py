@@ -19,6 +19,7 @@ import pytest
 from daemon import RunningDaemon, free_port, run_cli, write_config
 from onnx_models import LABELS, colour_probe
 from rtsp_server import FPS, HEIGHT, WIDTH, RtspServer
+from waiting import wait_for
 
 from edged.messages import DetectionsMessage
 
@@ -119,6 +120,50 @@ def test_the_stream_read_through_a_gstreamer_rtspsrc_pipeline_becomes_detections
         assert msg.frame_size == (WIDTH, HEIGHT)
         assert [d.label for d in msg.detections] == [LABELS[0]]
     assert terminate(daemon) == 0
+
+
+def _connecting_to(port: int) -> bool:
+    """Whether a socket on this machine is sending its SYN to loopback ``port``, unanswered."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return any(f[2] == f"0100007F:{port:04X}" and f[3] == "02" for f in (line.split() for line in lines))
+
+
+def test_a_camera_that_takes_no_connection_holds_up_no_other_cameras_opening(
+    tmp_path: Path, server: RtspServer, daemons: list[RunningDaemon]
+) -> None:
+    """OpenCV opens one FFmpeg capture at a time, and a camera that is off leaves FFmpeg's connect
+    unanswered for the whole open_timeout_s: every other RTSP camera's opening waited behind it, at
+    each of its retries. The camera is now connected to first, outside that wait. Here the dead
+    camera is a port whose queue is full, which drops the connect as a camera that is off does;
+    the live camera's server starts only once the dead one is connecting."""
+    server.close()
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))
+        dead.listen(0)
+        dead_port = int(dead.getsockname()[1])
+        with socket.create_connection(("127.0.0.1", dead_port)):  # fills the queue: the next connect hangs
+            colour_probe(tmp_path / "probe.onnx")
+            endpoint = f"tcp://127.0.0.1:{free_port()}"
+            cameras = [
+                {"type": "rtsp", "camera_id": "dead", "url": f"rtsp://127.0.0.1:{dead_port}/cam", "open_timeout_s": 60.0},
+                {"type": "rtsp", "camera_id": "live", "url": server.url(), "open_timeout_s": 5.0},
+            ]
+            config = write_config(
+                tmp_path / "edged.toml",
+                {
+                    "source": cameras,
+                    "model": {"path": "probe.onnx"},
+                    "publish": {"endpoints": [endpoint]},
+                    "thermal": {"enabled": False},
+                },
+            )
+            daemon = RunningDaemon(config, endpoint)
+            daemons.append(daemon)
+            assert wait_for(lambda: _connecting_to(dead_port), 30), daemon.log()
+            server.start()
+            frames = (m for m in daemon.messages(30) if isinstance(m, DetectionsMessage) and m.camera_id == "live")
+            assert next(frames, None), f"no frame of the live camera in 30 s, within the dead one's open:\n{daemon.log()}"
+            assert wait_for(lambda: f"no answer from 127.0.0.1:{dead_port}" in daemon.log(), 30), daemon.log()
 
 
 def test_a_frozen_server_is_lost_within_the_read_timeout_and_frames_continue_after_it_thaws_or_restarts(

@@ -4,7 +4,10 @@ FFmpeg waits forever (OpenCV: 30 s) for a silent camera unless the open and read
 passed when the capture is opened, so both go in ``VideoCapture``'s parameters. The transport
 and the discarding of corrupt packets are FFmpeg demuxer options, which OpenCV reads from
 ``OPENCV_FFMPEG_CAPTURE_OPTIONS`` only while opening: they are set for that call alone, on top
-of any options the user set there. A stall that FFmpeg's own timeout does not catch (old frames
+of any options the user set there. OpenCV opens one FFmpeg capture at a time in a process, so a
+camera is connected to first, outside that wait: one that is off or unreachable is found in at
+most `PROBE_TIMEOUT_S`, and never holds up the other cameras' opening for its open_timeout_s. A
+stall that FFmpeg's own timeout does not catch (old frames
 returned after a long wait) is the capture thread's to see, from `RtspSource.timeouts`.
 """
 
@@ -29,7 +32,7 @@ from edged.sources.base import OpenCvCapture
 log = logging.getLogger(__name__)
 
 FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
-PROBE_TIMEOUT_S = 2.0  # the connect that explains a failed open
+PROBE_TIMEOUT_S = 2.0  # the plain connect before an open, and the one that explains a failed open
 
 _UNDECODABLE = "the stream delivered data FFmpeg could not convert to an image; check the camera's codec settings"
 _options_lock = threading.Lock()  # the environment is process-wide: one open at a time sets it
@@ -71,6 +74,8 @@ class RtspSource(OpenCvCapture):
             cv2.CAP_PROP_READ_TIMEOUT_MSEC,
             round(cfg.read_timeout_s * 1000),
         ]
+        if (problem := self._connect_problem()) is not None:
+            raise SourceError(f"cannot open RTSP stream {self._name}: {problem}")
         started = time.monotonic()
         with _ffmpeg_options({"rtsp_transport": cfg.transport, "fflags": "discardcorrupt"}):
             cap = cv2.VideoCapture(cfg.url, cv2.CAP_FFMPEG, params)
@@ -88,19 +93,28 @@ class RtspSource(OpenCvCapture):
             extra={"CAMERA": cfg.camera_id},
         )
 
-    def _why_not_open(self, waited_s: float) -> str:
-        """What a plain TCP connect to the camera says, since OpenCV's failed open says nothing."""
+    def _address(self) -> tuple[str, int]:
         parts = urlsplit(self._cfg.url)
-        host, port = parts.hostname or "", parts.port or DEFAULT_PORTS[parts.scheme]
+        return parts.hostname or "", parts.port or DEFAULT_PORTS[parts.scheme]
+
+    def _connect_problem(self) -> str | None:
+        """Why a plain TCP connect to the camera fails (refused, no answer, unreachable), or None."""
+        host, port = self._address()
         try:
             with socket.create_connection((host, port), timeout=min(PROBE_TIMEOUT_S, self._cfg.open_timeout_s)):
-                pass
+                return None
         except ConnectionRefusedError:
             return f"connection to {host}:{port} refused (is the camera's RTSP server on that port?)"
         except TimeoutError:
             return f"no answer from {host}:{port} (is the address right and the camera reachable from here?)"
         except OSError as e:
             return f"cannot reach {host}:{port}: {e.strerror or e} (check the address and the network)"
+
+    def _why_not_open(self, waited_s: float) -> str:
+        """What a plain TCP connect to the camera says, since OpenCV's failed open says nothing."""
+        if (problem := self._connect_problem()) is not None:
+            return problem
+        host, port = self._address()
         if waited_s >= self._cfg.open_timeout_s:
             return (
                 f"{host}:{port} accepts connections but sent no stream within open_timeout_s = "
