@@ -1,14 +1,14 @@
 """IP cameras over RTSP through OpenCV's FFmpeg backend, with bounded waits and credentials kept out of logs.
 
 FFmpeg waits forever (OpenCV: 30 s) for a silent camera unless the open and read timeouts are
-passed when the capture is opened, so both go in ``VideoCapture``'s parameters. The transport
-and the discarding of corrupt packets are FFmpeg demuxer options, which OpenCV reads from
-``OPENCV_FFMPEG_CAPTURE_OPTIONS`` only while opening: they are set for that call alone, on top
-of any options the user set there. OpenCV opens one FFmpeg capture at a time in a process, so a
-camera is connected to first, outside that wait: one that is off or unreachable is found in at
+passed when the capture is opened, so both go in ``VideoCapture``'s parameters. The transport and
+the discarding of corrupt packets are FFmpeg demuxer options, which OpenCV reads from
+``OPENCV_FFMPEG_CAPTURE_OPTIONS`` only while opening: they are set for that call alone, on top of
+any options the user set there. OpenCV opens one FFmpeg capture at a time in a process, so edged
+connects to a camera first, outside OpenCV's open: one that is off or unreachable is found in at
 most `PROBE_TIMEOUT_S`, and never holds up the other cameras' opening for its open_timeout_s. A
-stall that FFmpeg's own timeout does not catch (old frames
-returned after a long wait) is the capture thread's to see, from `RtspSource.timeouts`.
+stall that FFmpeg's own timeout does not catch (old frames returned after a long wait) is the
+capture thread's to see, from `RtspSource.timeouts`.
 """
 
 from __future__ import annotations
