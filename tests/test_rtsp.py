@@ -47,9 +47,15 @@ def silent_port() -> Iterator[int]:
 
 
 def start(tmp_path: Path, url: str, **keys: Any) -> RunningDaemon:
+    return start_cameras(
+        tmp_path, {"type": "rtsp", "url": url, "open_timeout_s": 5.0, "read_timeout_s": READ_TIMEOUT_S, **keys}
+    )
+
+
+def start_cameras(tmp_path: Path, source: dict[str, Any] | list[dict[str, Any]]) -> RunningDaemon:
+    """`edged run` of the colour probe on ``source``: one camera's table, or a list of them."""
     colour_probe(tmp_path / "probe.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    source = {"type": "rtsp", "url": url, "open_timeout_s": 5.0, "read_timeout_s": READ_TIMEOUT_S, **keys}
     config = write_config(
         tmp_path / "edged.toml",
         {
@@ -102,19 +108,8 @@ def test_the_stream_read_through_a_gstreamer_rtspsrc_pipeline_becomes_detections
 ) -> None:
     """The way docs/cameras.md gives for a board of several RTSP cameras, whose opens through
     OpenCV's FFmpeg wait for one another: the same stream through GStreamer's rtspsrc."""
-    colour_probe(tmp_path / "probe.onnx")
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
     pipeline = f"rtspsrc location={server.url()} protocols=tcp latency=0 ! decodebin"
-    config = write_config(
-        tmp_path / "edged.toml",
-        {
-            "source": {"type": "gstreamer", "pipeline": pipeline},
-            "model": {"path": "probe.onnx"},
-            "publish": {"endpoints": [endpoint]},
-            "thermal": {"enabled": False},
-        },
-    )
-    daemon = RunningDaemon(config, endpoint)
+    daemon = start_cameras(tmp_path, {"type": "gstreamer", "pipeline": pipeline})
     daemons.append(daemon)
     for msg in detections(daemon, 3):
         assert msg.frame_size == (WIDTH, HEIGHT)
@@ -142,22 +137,11 @@ def test_a_camera_that_takes_no_connection_holds_up_no_other_cameras_opening(
         dead.listen(0)
         dead_port = int(dead.getsockname()[1])
         with socket.create_connection(("127.0.0.1", dead_port)):  # fills the queue: the next connect hangs
-            colour_probe(tmp_path / "probe.onnx")
-            endpoint = f"tcp://127.0.0.1:{free_port()}"
             cameras = [
                 {"type": "rtsp", "camera_id": "dead", "url": f"rtsp://127.0.0.1:{dead_port}/cam", "open_timeout_s": 60.0},
                 {"type": "rtsp", "camera_id": "live", "url": server.url(), "open_timeout_s": 5.0},
             ]
-            config = write_config(
-                tmp_path / "edged.toml",
-                {
-                    "source": cameras,
-                    "model": {"path": "probe.onnx"},
-                    "publish": {"endpoints": [endpoint]},
-                    "thermal": {"enabled": False},
-                },
-            )
-            daemon = RunningDaemon(config, endpoint)
+            daemon = start_cameras(tmp_path, cameras)
             daemons.append(daemon)
             assert wait_for(lambda: _connecting_to(dead_port), 30), daemon.log()
             server.start()
