@@ -200,6 +200,12 @@ def refusal(reason_code: Any) -> str:
     return f"the broker refused the connection: {reason_code} (reason code {reason_code.value}){hint}"
 
 
+def _unseen_by_select(sock: Any) -> Callable[[], int]:
+    """How many bytes ``sock`` has read that ``select`` no longer sees (`PacketCap.pending`); none
+    for a socket that keeps no such bytes."""
+    return getattr(sock, "pending", lambda: 0)
+
+
 class PacketCap:
     """paho's socket, read through a filter that passes on no message payload over ``limit`` bytes.
 
@@ -579,7 +585,7 @@ class MqttOutput(MessageOutput):
     def _serve(self) -> None:
         """Run the connection until it drops or edged stops."""
         sock = self._client.socket()
-        pending = getattr(sock, "pending", lambda: 0)  # TLS: bytes already decrypted, unseen by select
+        pending = _unseen_by_select(sock)
         while not self._stop.is_set():
             while self._feeds:
                 self._take_feed(self._feeds.popleft())
@@ -689,7 +695,7 @@ class MqttOutput(MessageOutput):
         what it had received unread: with mosquitto, the second of two "edged is stopping" replies,
         the offline state and the DISCONNECT (its Last Will said offline instead)."""
         sock = self._client.socket()
-        pending = getattr(sock, "pending", lambda: 0)  # TLS: bytes already decrypted, unseen by select
+        pending = _unseen_by_select(sock)
         while self._unacked and sock is not None and (left := deadline - time.monotonic()) > 0:
             if (pending() or select.select([sock], [], [], left)[0]) and self._client.loop_read():
                 return
