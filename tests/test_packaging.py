@@ -215,7 +215,10 @@ def test_lintian_reports_no_errors(deb: Path, contents: dict[str, tuple[str, str
     assert outside == {p for p, mode in EXPECTED_MODES.items() if mode.startswith("-") and not p.startswith(f"{VENV}/")}
     skipped = ["binaries/spelling", "libraries/embedded", "files/unicode/trojan"]
     skipped += ["languages/javascript/embedded", "languages/php/embedded", "languages/php/pear/embedded"]
-    proc = _run(["lintian", "--tag-display-limit", "0", "--dont-check-part", ",".join(skipped), str(deb)], timeout=600)
+    # The suite's package is built uncompressed (tests/conftest.py), which lintian rightly calls an error.
+    uncompressed = "uses-no-compression-for-control-tarball,uses-no-compression-for-data-tarball"
+    options = ["--tag-display-limit", "0", "--dont-check-part", ",".join(skipped), "--suppress-tags", uncompressed]
+    proc = _run(["lintian", *options, str(deb)], timeout=600)
     errors = [line for line in proc.stdout.splitlines() if line.startswith("E:")]
     assert errors == []
     assert proc.returncode == 0, proc.stdout + proc.stderr
