@@ -105,7 +105,7 @@ def test_a_frame_that_outlasts_a_reload_stays_on_its_thread_and_keeps_its_camera
     again (same id) is not handed a second run, the one new lane is free for the other cameras,
     the watchdog still sees the frame, and its result comes out later with the camera it was taken for."""
     slow_model = load_model(
-        ModelConfig(path=stalling_probe(tmp_path / "slow.onnx", iterations_when_bright=10**7)), RuntimeConfig()
+        ModelConfig(path=stalling_probe(tmp_path / "slow.onnx", iterations_when_bright=3 * 10**6)), RuntimeConfig()
     )
     wake = threading.Event()
     lanes = Lanes(2, wake)
