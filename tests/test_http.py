@@ -491,6 +491,35 @@ def test_page_and_stream_survive_a_sighup_reload_and_a_camera_reconnect(tmp_path
         d.close()
 
 
+def test_a_reload_that_sets_http_listen_starts_the_server_and_one_that_empties_it_stops_it(tmp_path: Path) -> None:
+    _probe_workdir(tmp_path)
+    path, endpoint, port = _config(tmp_path, http={"listen": ""})
+    on = path.read_text()
+    d = RunningDaemon(path, endpoint)
+    try:
+        d.collect("detections", 1)
+        path.write_text(on.replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
+        d.signal(signal.SIGHUP)
+        assert serving(port), d.log()
+        path.write_text(on)
+        d.signal(signal.SIGHUP)
+
+        def refused() -> bool:
+            try:
+                get(port, "/healthz", timeout=2)
+            except ConnectionRefusedError:
+                return True
+            except OSError:  # reset or timed out while the server closes
+                return False
+            return False
+
+        assert wait_for(refused, 30), d.log()
+        d.collect("detections", 3)  # and detection goes on
+        assert d.stop() == 0, d.log()
+    finally:
+        d.close()
+
+
 def test_a_busy_port_is_logged_and_retried_while_detection_goes_on(tmp_path: Path) -> None:
     _probe_workdir(tmp_path)
     path, endpoint, port = _config(tmp_path)
@@ -755,7 +784,7 @@ def test_the_token_never_reaches_the_log_and_the_scheme_is_case_insensitive(
     port = free_port()
     server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}", token_file=token_file), lambda: None, {"cam0": {}})
     server.start()
-    caplog.set_level(logging.DEBUG, logger="edged.http")
+    caplog.set_level(logging.DEBUG, logger="edged.http_server")
     try:
         assert serving(port)
         for scheme in ("bearer", "BEARER", "Bearer", "beaRer"):

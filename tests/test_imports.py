@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from daemon import free_port, write_config
 
 PACKAGE = Path(__file__).resolve().parent.parent / "edged"
+DEMO_MODEL = PACKAGE.parent / "models" / "demo.onnx"
 
 
 def _module_name(path: Path, package: Path) -> str:
@@ -156,6 +158,39 @@ def test_edged_run_imports_no_tool_no_onnx_no_openvino_and_without_mqtt_no_paho_
     openvino = {m for m in modules if m.split(".")[0] == "openvino" or m == "edged.engine_openvino"}  # model.engine
     asyncua = {m for m in modules if m.split(".")[0] == "asyncua" or m == "edged.opcua_server"}  # only for [opcua]
     assert tools == set() and onnx == set() and paho == set() and openvino == set() and asyncua == set()
+
+
+# The outputs of a configuration started as `edged run` starts them, then every module imported.
+OUTPUTS_IMPORTS = """
+import sys
+import threading
+from pathlib import Path
+from edged.config import load_config
+from edged.output import Services
+from edged.outputs import Outputs
+outputs = Outputs(load_config(Path(sys.argv[1])), Services(lambda: None, threading.Event()))
+outputs.close()
+print("\\n".join(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("on", [False, True])
+def test_the_http_server_and_prometheus_load_only_with_an_http_listen_address(tmp_path: Path, on: bool) -> None:
+    """Some 40 ms of CPU at every start, and their memory, spared where the live view is off."""
+    listen = f"127.0.0.1:{free_port()}" if on else ""
+    sections = {
+        "model": {"path": str(DEMO_MODEL)},
+        "publish": {"endpoints": ["tcp://127.0.0.1:0"]},
+        "http": {"listen": listen},
+    }
+    config = write_config(tmp_path / "edged.toml", {"source": {"type": "synthetic"}, **sections})
+    result = subprocess.run([sys.executable, "-c", OUTPUTS_IMPORTS, str(config)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    modules = set(result.stdout.split())
+    server = {m for m in modules if m.split(".")[0] == "prometheus_client"} | {"http.server", "edged.http_server"} & modules
+    assert bool(server) == on, server
+    assert "edged.publish" in modules  # the outputs were made
 
 
 # numpy imported through edged, then the threads the process has: its own and OpenBLAS's workers.
