@@ -1,9 +1,9 @@
 """The HTTP server: a live view, a status page, Prometheus metrics and a health check, for people.
 
 Served by the daemon itself on ``http.listen`` (loopback by default) with the standard library's
-threading server: one thread per request, a bounded number of connections (in all and per client
-address, `edged.http_server`), a deadline for the whole request header, and stream viewers that stop reading
-dropped after ``send_timeout_s``. Nothing here slows the loop: each camera has
+threading server (`edged.http_server`): one thread per request, a bounded number of connections
+(in all and per client address), a deadline for the whole request header, and stream viewers
+that stop reading dropped after ``send_timeout_s``. Nothing here slows the loop: each camera has
 a `LiveView` of its own, the loop offers a camera's frames to it only while someone watches that
 camera, hands over the status once per status interval, and never waits for a client.
 
