@@ -31,7 +31,6 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError, KeyFileError
-from edged.heads.registry import FORMATS
 from edged.settings.endpoints import ipc_folder_problem, on_the_network
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
@@ -63,12 +62,8 @@ else:
 
 # ---- model, inference -------------------------------------------------------------------------
 
-if TYPE_CHECKING:
-    # A Literal assembled at run time is no static type: a type checker sees plain str.
-    HeadChoice: TypeAlias = str
-else:
-    HeadChoice = Literal[tuple(["auto", *FORMATS])]
-
+# The head formats by name; edged.heads.registry.FORMATS holds their classes, which the settings do not import.
+HeadName = Literal["yolov8", "yolov5", "end2end", "rtdetr", "segment", "classify", "anomaly"]
 EngineName = Literal["onnxruntime", "openvino"]  # edged.engines.ENGINES holds their modules
 Precision = Literal["f32", "bf16", "f16", "int8"]
 # What ONNX Runtime can be asked for: it runs the graph's own types (f32, or int8 in a quantised model).
@@ -169,7 +164,9 @@ class ModelConfig(Section):
     scale: float = Field(1 / 255, gt=0, description="Pixel values are multiplied by this first.")
     mean: tuple[float, float, float] = Field((0.0, 0.0, 0.0), description="Per channel, after scale.")
     std: tuple[float, float, float] = Field((1.0, 1.0, 1.0), description="Per channel, after mean.")
-    head: HeadChoice = Field("auto", description="Output head format; auto reads it from shapes and metadata.")
+    head: Literal["auto", HeadName] = Field(
+        "auto", description="Output head format; auto reads it from shapes and metadata."
+    )
     conf: float = Field(0.25, gt=0, le=1, description="Minimum score of a published detection.")
     iou: float = Field(0.45, gt=0, le=1, description="IoU above which NMS suppresses a box.")
     max_det: int = Field(100, ge=1, le=10000, description="Most detections kept per frame.")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from pydantic import ValidationError
 
-from edged.config import ModelConfig
+from edged.config import HeadName, ModelConfig
 from edged.errors import HeadError
 from edged.heads import registry
-from edged.heads.registry import HEADS, detect_head, head_named
+from edged.heads.registry import FORMATS, HEADS, detect_head, head_named
 
 NAMES_80 = {"names": str({i: f"class{i}" for i in range(80)})}
 NAMES_3 = {"names": "{0: 'a', 1: 'b', 2: 'c'}"}
@@ -143,8 +144,9 @@ def test_unknown_head_format_names_the_registered_ones() -> None:
 
 
 def test_model_head_accepts_exactly_auto_and_the_registered_formats(tmp_path: Path) -> None:
-    for name in ("auto", *HEADS):
+    assert get_args(HeadName) == tuple(FORMATS)  # the settings name them without importing a head
+    for name in ("auto", *FORMATS):
         assert ModelConfig(path=tmp_path / "m.onnx", head=name).head == name
     with pytest.raises(ValidationError) as info:
         ModelConfig(path=tmp_path / "m.onnx", head="yolov9")
-    assert all(repr(name) in str(info.value) for name in ("auto", *HEADS))
+    assert all(repr(name) in str(info.value) for name in ("auto", *FORMATS))

@@ -2,8 +2,9 @@
 
 Each detection format is one module holding one `Head` subclass; adding a format means writing that
 module and adding its class to `HEADS`. A classifier is `ClassifyHead`, an anomalib export
-`AnomalyHead` (`FORMATS` holds them all). The allowed ``model.head`` values, `detect_head` and the
-layouts named in its error messages all come from this registry.
+`AnomalyHead` (`FORMATS` holds them all). `detect_head` and the layouts named in its error messages
+come from this registry; the allowed ``model.head`` values are `edged.config.HeadName`, the same names,
+since the settings import no head.
 """
 
 from __future__ import annotations
