@@ -171,6 +171,7 @@ def test_a_trigger_endpoint_off_loopback_needs_the_curve_keys_or_its_own_insecur
     assert not load_config(_write(tmp_path, secured)).trigger.insecure
 
 
+@pytest.mark.integration
 def test_plaintext_publish_endpoints_off_loopback_are_refused_at_load_with_exit_78(tmp_path: Path) -> None:
     # `edged check` said ok and `edged run` exited 1 at bind: a restart loop under systemd.
     model = '[model]\npath = "m.onnx"\n'

@@ -97,6 +97,7 @@ def test_a_table_for_a_person_json_and_csv_for_programs(journal: Path) -> None:
     assert empty.getvalue() == "no entries match\n"
 
 
+@pytest.mark.integration
 def test_the_command_reads_a_journal_and_says_when_there_is_none(journal: Path, tmp_path: Path) -> None:
     done = run_cli("history", "--journal", str(journal), "--camera", "cam1", "--verdict", "ng", "--json")
     assert done.returncode == 0, done.stderr

@@ -203,6 +203,7 @@ print(len(os.listdir("/proc/self/task")))
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("environment", "threads"), [({}, 1), ({"OPENBLAS_NUM_THREADS": "2"}, 2)])
 def test_numpy_in_edged_starts_no_blas_threads_unless_the_environment_asks(
     environment: dict[str, str], threads: int

@@ -233,6 +233,7 @@ def start(tmp_path: Path, *, realtime: bool = True, inspect: bool = True, **sect
     return RunningDaemon(write_config(tmp_path / "edged.toml", {**doc, **sections}), endpoint)
 
 
+@pytest.mark.integration
 def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens(tmp_path: Path) -> None:
     port = free_port()
     token = tmp_path / "http.token"
@@ -273,6 +274,7 @@ def test_the_daemon_records_every_verdict_and_a_kill_leaves_a_journal_that_opens
         assert model == v.model_sha256 == status.model.sha256
 
 
+@pytest.mark.integration
 def test_a_kill_in_a_burst_leaves_in_the_journal_every_verdict_a_subscriber_or_a_requester_received(
     tmp_path: Path,
 ) -> None:
@@ -332,6 +334,7 @@ def drain(sub: zmq.Socket[bytes]) -> list[list[bytes]]:
     return frames
 
 
+@pytest.mark.integration
 def test_without_inspect_the_journal_reports_nothing_of_the_camera(tmp_path: Path) -> None:
     d = start(tmp_path, inspect=False)
     try:
@@ -341,6 +344,7 @@ def test_without_inspect_the_journal_reports_nothing_of_the_camera(tmp_path: Pat
         d.stop()
 
 
+@pytest.mark.integration
 def test_a_disk_filled_under_the_running_daemon_is_counted_inspection_goes_on_and_nothing_queued_is_lost(
     tmp_path: Path,
 ) -> None:

@@ -98,6 +98,7 @@ def assert_everything_after(first: int, journal: list[dict[str, Any]], got: list
     return [once[k] for k in wanted]
 
 
+@pytest.mark.integration
 def test_a_broker_outage_loses_no_verdict_and_those_from_it_come_replayed_in_order(tmp_path: Path, broker: Broker) -> None:
     topic = f"edged/{topic_hostname()}/cam0/verdict"
     historian = Historian(broker.port, topic)
@@ -132,6 +133,7 @@ def test_a_broker_outage_loses_no_verdict_and_those_from_it_come_replayed_in_ord
     assert not any(v["replayed"] for v in sent if first_live <= v["seq"] <= live_before)  # live while the link was up
 
 
+@pytest.mark.integration
 def test_edged_restarted_during_the_outage_sends_both_runs_verdicts_once_the_broker_is_back(
     tmp_path: Path, broker: Broker
 ) -> None:

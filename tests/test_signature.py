@@ -111,6 +111,7 @@ def test_the_labels_are_signed_with_the_model(signed: tuple[Path, Path, Path], t
         verify(config(model, public, labels))
 
 
+@pytest.mark.integration
 def test_the_daemon_refuses_an_unsigned_model_with_78_and_keeps_a_signed_one_over_a_reload_to_an_unsigned(
     signed: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:

@@ -440,6 +440,7 @@ def test_only_a_video_file_source_reports_a_missing_file(tmp_path: Path) -> None
         assert cfg.file_problems() == []
 
 
+@pytest.mark.integration
 def test_the_scene_painter_is_loaded_only_when_a_synthetic_source_opens() -> None:
     probe = (
         "import sys\n"

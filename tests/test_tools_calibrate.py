@@ -33,6 +33,8 @@ from edged.tools.calibrate import (
 )
 from edged.tools.evaluate import evaluate_anomaly
 
+pytestmark = pytest.mark.tools
+
 DATA = Path(__file__).parent / "data" / "anomaly"
 REFERENCE: dict[str, Any] = json.loads((DATA / "padim.json").read_text())
 GOOD = ("good_320x240", "good_1280x720")
