@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import re
 import tracemalloc
 from collections.abc import Iterator
 from dataclasses import replace
@@ -533,6 +535,20 @@ def test_an_unreadable_calibration_image_is_a_data_error_naming_it(built: dict[s
     with pytest.raises(DataError, match=r"images/b\.png") as raised:
         q.quantize(built["fp32"], tmp_path / "o.onnx", frames)
     assert raised.value.exit_code == EXIT_DATA
+
+
+def test_calibration_progress_counts_the_frames_run_not_those_handed_out() -> None:
+    model = _load(Path(__file__).resolve().parents[1] / "models" / "demo.onnx")
+    total, samples = scene_samples(10, 0, 320, 240)
+    out = io.StringIO()
+    frames = q.CalibrationFrames(model.contract, samples, total, out)
+    assert frames.get_next() is not None
+    assert out.getvalue() == ""  # handed out, not yet run
+    while frames.get_next() is not None:
+        assert re.findall(r"^(\d+)/10 images", out.getvalue(), re.M)[-1] == str(frames.done - 1)
+    lines = out.getvalue().splitlines()
+    assert [line.split("/")[0] for line in lines] == [str(n) for n in range(1, 11)]
+    assert lines[-1].startswith("10/10 images")
 
 
 def _calibration_peak_mb(model: LoadedModel, sizes: list[int]) -> float:

@@ -212,6 +212,7 @@ class CalibrationFrames(CalibrationDataReader):  # type: ignore[misc]  # onnxrun
         self._left = end_index - start_index
 
     def get_next(self) -> dict[str, np.ndarray] | None:
+        self._report()
         frame = next(self._frames, None) if self._left > 0 else None
         if frame is None:
             return None
@@ -221,10 +222,17 @@ class CalibrationFrames(CalibrationDataReader):  # type: ignore[misc]  # onnxrun
             self._plan = preprocessor(self._contract, w, h, "bgr")
         tensor = self._plan(frame.image).copy()  # the plan's tensor is reused by the next frame
         self.done += 1
-        if self._progress_to is not None:
-            self._progress = self._progress or ProgressBar(self._total, self._progress_to)  # clock starts here
-            self._progress.update(self.done)
         return {self._contract.input_name: tensor}
+
+    def _report(self) -> None:
+        """Progress as onnxruntime asks for the next frame, once it has run those handed out before:
+        counted at the hand-out, the first frame's rate was its preprocessing alone (50,000 img/s)."""
+        if self._progress_to is None:
+            return
+        if self._progress is None:
+            self._progress = ProgressBar(self._total, self._progress_to)  # the clock starts with the first frame
+        elif self.done:
+            self._progress.update(self.done)
 
 
 def chunk_size(total: int) -> int:
