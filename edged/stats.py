@@ -11,14 +11,13 @@ dictionary adds and one small record, handed to the HTTP server with each status
 from __future__ import annotations
 
 import bisect
+import math
 import time
+from array import array
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import get_args
-
-import numpy as np
-import numpy.ma  # np.percentile imports it on first use: load it while files can still be opened
 
 from edged.messages import Reason, StageLatency, Verdict
 
@@ -80,29 +79,42 @@ class VerdictCounts:
 
 
 class LatencyWindow:
-    """The last ``size`` samples of one stage, in milliseconds."""
+    """The last ``size`` samples of one stage, in milliseconds.
+
+    Kept as C doubles in the standard library's `array`, without numpy: the reject line's process,
+    which keeps two, then loads no numpy (12 MB of memory per camera).
+    """
 
     def __init__(self, size: int = 1024) -> None:
-        self._samples = np.zeros(size, np.float64)
+        self._samples = array("d", bytes(8 * size))
         self._next = 0
         self._count = 0
 
     def add(self, ms: float) -> None:
         self._samples[self._next] = ms
-        self._next = (self._next + 1) % self._samples.shape[0]
-        self._count = min(self._count + 1, self._samples.shape[0])
+        self._next = (self._next + 1) % len(self._samples)
+        self._count = min(self._count + 1, len(self._samples))
 
     def percentiles(self, *qs: float) -> list[float] | None:
         """The samples' percentiles ``qs`` (100: the worst), rounded to µs; None before the first sample."""
         if self._count == 0:
             return None
-        return [round(float(v), 3) for v in np.percentile(self._samples[: self._count], qs)]
+        ordered = sorted(self._samples[: self._count])
+        return [round(percentile(ordered, q), 3) for q in qs]
 
     def summary(self) -> StageLatency:
-        if self._count == 0:
-            return StageLatency(p50_ms=0.0, p99_ms=0.0)
-        p50, p99 = np.percentile(self._samples[: self._count], (50, 99))
-        return StageLatency(p50_ms=round(float(p50), 3), p99_ms=round(float(p99), 3))
+        p50, p99 = self.percentiles(50, 99) or (0.0, 0.0)
+        return StageLatency(p50_ms=p50, p99_ms=p99)
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of the sorted samples, interpolated between the two nearest as
+    numpy's default (``linear``) does, to the last bit: from the upper one when nearer to it."""
+    at = q / 100 * (len(ordered) - 1)
+    below = math.floor(at)
+    t = at - below
+    a, b = ordered[below], ordered[min(below + 1, len(ordered) - 1)]
+    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
 
 
 class RunStats:

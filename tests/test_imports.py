@@ -125,6 +125,22 @@ def test_the_settings_load_nothing_of_the_runtime_no_camera_library_and_no_netwo
     assert "http.server" not in modules
 
 
+REJECT_LINE_IMPORTS = """
+import sys
+import edged.reject
+print("\\n".join(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.integration
+def test_the_reject_line_process_loads_no_numpy_and_no_camera_library() -> None:
+    """`python -m edged.reject`, a process per camera with a reject line: numpy alone is 12 MB of it."""
+    result = subprocess.run([sys.executable, "-c", REJECT_LINE_IMPORTS], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    modules = set(result.stdout.split())
+    assert {m for m in modules if m.split(".")[0] in ("numpy", "cv2", "zmq", "onnxruntime", "openvino")} == set()
+
+
 # In a fresh interpreter: the command line as `edged run` parses it, the daemon, and camera sources
 # built and opened the way the capture thread does it; then every module that got imported.
 RUN_IMPORTS = """
