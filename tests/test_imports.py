@@ -106,18 +106,17 @@ def test_the_cycle_check_sees_a_circle_through_a_package_and_a_lazy_import(tmp_p
     assert cycles(import_graph(package)) == [["edged.a", "edged.b"], ["edged.kinds", "edged.kinds.one"]]
 
 
-SETTINGS_IMPORTS = """
-import sys
-import edged.config
-print("\\n".join(sorted(sys.modules)))
-"""
+def _loaded_after(statement: str) -> set[str]:
+    """Every module a fresh interpreter has loaded once it ran ``statement``."""
+    code = f"import sys\n{statement}\nprint('\\n'.join(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
 
 
 @pytest.mark.integration
 def test_the_settings_load_nothing_of_the_runtime_no_camera_library_and_no_network() -> None:
-    result = subprocess.run([sys.executable, "-c", SETTINGS_IMPORTS], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    modules = set(result.stdout.split())
+    modules = _loaded_after("import edged.config")
     edged = {m for m in modules if m.split(".")[0] == "edged" and not m.startswith("edged.settings")}
     assert edged == {"edged", "edged.config", "edged.errors"}  # and the sections in edged/settings/
     runtime = ("numpy", "cv2", "zmq", "onnxruntime", "openvino", "paho", "prometheus_client", "asyncua", "pymodbus")
@@ -125,19 +124,10 @@ def test_the_settings_load_nothing_of_the_runtime_no_camera_library_and_no_netwo
     assert "http.server" not in modules
 
 
-REJECT_LINE_IMPORTS = """
-import sys
-import edged.reject
-print("\\n".join(sorted(sys.modules)))
-"""
-
-
 @pytest.mark.integration
 def test_the_reject_line_process_loads_no_numpy_and_no_camera_library() -> None:
     """`python -m edged.reject`, a process per camera with a reject line: numpy alone is 12 MB of it."""
-    result = subprocess.run([sys.executable, "-c", REJECT_LINE_IMPORTS], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    modules = set(result.stdout.split())
+    modules = _loaded_after("import edged.reject")
     assert {m for m in modules if m.split(".")[0] in ("numpy", "cv2", "zmq", "onnxruntime", "openvino")} == set()
 
 

@@ -225,8 +225,8 @@ class CalibrationFrames(CalibrationDataReader):  # type: ignore[misc]  # onnxrun
         return {self._contract.input_name: tensor}
 
     def _report(self) -> None:
-        """Progress as onnxruntime asks for the next frame, once it has run those handed out before:
-        counted at the hand-out, the first frame's rate was its preprocessing alone (50,000 img/s)."""
+        """Progress as onnxruntime asks for the next frame, once it has run those handed out before: a
+        frame counted as it is handed out would be timed by its preprocessing alone."""
         if self._progress_to is None:
             return
         if self._progress is None:
