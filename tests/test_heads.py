@@ -13,7 +13,9 @@ from pydantic import ValidationError
 from edged.config import HeadName, ModelConfig
 from edged.errors import HeadError
 from edged.heads import registry
-from edged.heads.registry import FORMATS, HEADS, detect_head, head_named
+from edged.heads.anomaly import AnomalyHead
+from edged.heads.classify import ClassifyHead
+from edged.heads.registry import FORMATS, HEADS, detect_head, format_named, head_named
 
 NAMES_80 = {"names": str({i: f"class{i}" for i in range(80)})}
 NAMES_3 = {"names": "{0: 'a', 1: 'b', 2: 'c'}"}
@@ -141,6 +143,11 @@ def test_unknown_head_format_names_the_registered_ones() -> None:
     with pytest.raises(HeadError, match="yolov9") as info:
         head_named("yolov9")
     assert str(tuple(HEADS)) in str(info.value)
+    assert format_named("classify") is ClassifyHead and format_named("anomaly") is AnomalyHead
+    assert format_named("segment") is HEADS["segment"]
+    with pytest.raises(HeadError, match="yolov9") as info:
+        format_named("yolov9")
+    assert str(tuple(FORMATS)) in str(info.value)
 
 
 def test_model_head_accepts_exactly_auto_and_the_registered_formats(tmp_path: Path) -> None:

@@ -52,9 +52,10 @@ def head_named(name: str) -> type[Head]:
 
 def format_named(name: str) -> Format:
     """The registered format ``name``, a classifier's and the anomaly head's included; `HeadError` for any other."""
-    if name == ClassifyHead.name:
-        return ClassifyHead
-    return AnomalyHead if name == AnomalyHead.name else head_named(name)
+    found = FORMATS.get(name)
+    if found is None:
+        raise HeadError(f"unknown head format {name!r}; expected one of {tuple(FORMATS)}")
+    return found
 
 
 def detect_format(
