@@ -1,4 +1,4 @@
-"""Run statistics: the verdicts counted since start and the latest few kept for the status page."""
+"""Run statistics: the verdicts counted since start, the latest few kept for the status page, the latency windows."""
 
 from __future__ import annotations
 
