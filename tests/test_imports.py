@@ -106,10 +106,10 @@ def test_the_cycle_check_sees_a_circle_through_a_package_and_a_lazy_import(tmp_p
     assert cycles(import_graph(package)) == [["edged.a", "edged.b"], ["edged.kinds", "edged.kinds.one"]]
 
 
-def _loaded_after(statement: str) -> set[str]:
-    """Every module a fresh interpreter has loaded once it ran ``statement``."""
-    code = f"import sys\n{statement}\nprint('\\n'.join(sorted(sys.modules)))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+def _loaded_after(statements: str, *argv: str) -> set[str]:
+    """Every module a fresh interpreter has loaded once it ran ``statements`` (with ``argv``)."""
+    code = f"import sys\n{statements}\nprint('\\n'.join(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return set(result.stdout.split())
 
@@ -134,7 +134,6 @@ def test_the_reject_line_process_loads_no_numpy_and_no_camera_library() -> None:
 # In a fresh interpreter: the command line as `edged run` parses it, the daemon, and camera sources
 # built and opened the way the capture thread does it; then every module that got imported.
 RUN_IMPORTS = """
-import sys
 from pathlib import Path
 from edged.cli import main
 main(["run", "--config", sys.argv[1]])  # a missing config: stops after parsing, with exit 78
@@ -145,7 +144,6 @@ open_source(FileSourceConfig(path=Path(sys.argv[1])))
 synthetic = open_source(SyntheticSourceConfig(width=64, height=64))
 synthetic.open()
 synthetic.close()
-print("\\n".join(sorted(sys.modules)))
 """
 
 
@@ -153,11 +151,7 @@ print("\\n".join(sorted(sys.modules)))
 def test_edged_run_imports_no_tool_no_onnx_no_openvino_and_without_mqtt_no_paho_nor_without_opcua_asyncua(
     tmp_path: Path,
 ) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", RUN_IMPORTS, str(tmp_path / "missing.toml")], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    modules = set(result.stdout.split())
+    modules = _loaded_after(RUN_IMPORTS, str(tmp_path / "missing.toml"))
     assert {"edged.daemon", "edged.sources.file", "edged.sources.scenes"} <= modules  # the synthetic camera painted
     tools = {m for m in modules if m == "edged.tools" or m.startswith("edged.tools.")}
     onnx = {m for m in modules if m.split(".")[0] in ("onnx", "sympy")}
@@ -169,7 +163,6 @@ def test_edged_run_imports_no_tool_no_onnx_no_openvino_and_without_mqtt_no_paho_
 
 # The outputs of a configuration started as `edged run` starts them, then every module imported.
 OUTPUTS_IMPORTS = """
-import sys
 import threading
 from pathlib import Path
 from edged.config import load_config
@@ -177,7 +170,6 @@ from edged.output import Services
 from edged.outputs import Outputs
 outputs = Outputs(load_config(Path(sys.argv[1])), Services(lambda: None, threading.Event()))
 outputs.close()
-print("\\n".join(sorted(sys.modules)))
 """
 
 
@@ -192,15 +184,13 @@ def test_the_http_server_and_prometheus_load_only_with_an_http_listen_address(tm
         "http": {"listen": listen},
     }
     config = write_config(tmp_path / "edged.toml", {"source": {"type": "synthetic"}, **sections})
-    result = subprocess.run([sys.executable, "-c", OUTPUTS_IMPORTS, str(config)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    modules = set(result.stdout.split())
+    modules = _loaded_after(OUTPUTS_IMPORTS, str(config))
     server = {m for m in modules if m.split(".")[0] == "prometheus_client"} | {"http.server", "edged.http_server"} & modules
     assert bool(server) == on, server
     assert "edged.publish" in modules  # the outputs were made
 
 
-# numpy imported through edged, then the threads the process has: its own and OpenBLAS's workers.
+# numpy imported after edged, then the threads the process has: its own and OpenBLAS's workers.
 BLAS_THREADS = """
 import os
 import edged.config
