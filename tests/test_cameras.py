@@ -146,7 +146,7 @@ def test_a_fast_camera_does_not_starve_a_slow_one(workdir: Path) -> None:
         assert delivered >= 15, (first, last)
         assert processed >= 0.9 * delivered, (processed, delivered)
         # The fast one got the rest: its frames kept the lane busy most of the time, however slow the
-        # machine makes each (twice the slow camera's rate, asked before, failed on a busy machine: 12.4 against 6.2).
+        # machine makes each (a rate asked as a multiple of the slow camera's is one a busy machine may not give).
         assert busy.latency["inference"].p50_ms > 3.0, busy.latency  # the loop really was kept busy
         assert busy.fps * busy.latency["inference"].p50_ms / 1000 > 0.5, (busy.fps, busy.latency)
     finally:
