@@ -10,6 +10,7 @@ since the settings import no head.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from edged.errors import HeadError
 from edged.heads.anomaly import AnomalyHead
@@ -25,6 +26,7 @@ from edged.heads.yolov8 import YoloV8Head
 HEADS: dict[str, type[Head]] = {head.name: head for head in (YoloV8Head, YoloV5Head, End2EndHead, RtDetrHead, SegmentHead)}
 Format = type[Head] | type[ClassifyHead] | type[AnomalyHead]
 FORMATS: dict[str, Format] = {**HEADS, ClassifyHead.name: ClassifyHead, AnomalyHead.name: AnomalyHead}
+_F = TypeVar("_F", type[Head], Format)
 
 
 def _listed(items: Sequence[str]) -> str:
@@ -44,17 +46,18 @@ _SERVED = "edged serves detection, segmentation, classification and anomaly mode
 
 def head_named(name: str) -> type[Head]:
     """The registered head format ``name``; `HeadError` for any other."""
-    head = HEADS.get(name)
-    if head is None:
-        raise HeadError(f"unknown head format {name!r}; expected one of {tuple(HEADS)}")
-    return head
+    return _named(HEADS, name)
 
 
 def format_named(name: str) -> Format:
     """The registered format ``name``, a classifier's and the anomaly head's included; `HeadError` for any other."""
-    found = FORMATS.get(name)
+    return _named(FORMATS, name)
+
+
+def _named(registered: Mapping[str, _F], name: str) -> _F:
+    found = registered.get(name)
     if found is None:
-        raise HeadError(f"unknown head format {name!r}; expected one of {tuple(FORMATS)}")
+        raise HeadError(f"unknown head format {name!r}; expected one of {tuple(registered)}")
     return found
 
 
