@@ -213,6 +213,7 @@ class ModbusOutput(Output):
         self.registers = Registers(cfg.base, len(camera_ids))
         self._ok = [0] * len(camera_ids)
         self._ng = [0] * len(camera_ids)
+        self._successor: ModbusOutput | None = None  # the server a reload put in this one's place
         if previous is not None:
             self._carry_on(previous)
         self._stopping = False
@@ -255,18 +256,34 @@ class ModbusOutput(Output):
         """A verdict's registers, once the journal has it (`JournalOutput.after_recorded`): a PLC
         never acts on a verdict a crash could lose."""
         verdict = report.verdict
-        index = self._index.get(report.camera_id)
-        if verdict is None or index is None:
+        if verdict is None or report.camera_id not in self._index:
             return
+        write = partial(self._write, report.camera_id, verdict, report.outcome.frame.t_capture_ns)
         if self._journal is None:
-            self._write(index, verdict, report.outcome.frame.t_capture_ns)
+            write()
         else:
-            self._journal.after_recorded(partial(self._write, index, verdict, report.outcome.frame.t_capture_ns))
+            self._journal.after_recorded(write)
 
     def use_journal(self, journal: JournalOutput | None) -> None:
         self._journal = journal
 
-    def _write(self, index: int, verdict: VerdictMessage, t_capture_ns: int) -> None:
+    def _current(self) -> ModbusOutput:
+        """This server, or the one that carries on from it after reloads: a verdict the journal held
+        across a reload, or a request answered after one, goes to the registers the PLC reads now."""
+        current = self
+        while current._successor is not None:
+            current = current._successor
+        return current
+
+    def _write(self, camera_id: str, verdict: VerdictMessage, t_capture_ns: int) -> None:
+        """A verdict's registers, written by the server the PLC reads now (`_current`)."""
+        current = self._current()
+        index = current._index.get(camera_id)
+        if index is None:  # the camera went with a reload
+            return
+        current._put(index, verdict, t_capture_ns)
+
+    def _put(self, index: int, verdict: VerdictMessage, t_capture_ns: int) -> None:
         """Write a verdict's registers at once under the lock (the heartbeat with them); an uncertain
         verdict counts as neither OK nor NG."""
         if verdict.verdict == "ok":
@@ -349,14 +366,18 @@ class ModbusOutput(Output):
         self._thread.join(CLOSE_TIMEOUT_S)
 
     def _carry_on(self, previous: ModbusOutput) -> None:
-        """After a reload, each camera's registers and counts go on from the server this one replaces,
-        so that a PLC sees the counts since start and no verdict vanish."""
+        """After a reload, each camera's registers, counts and request coil go on from the server this
+        one replaces, so that a PLC sees the counts since start, no verdict vanish, and a request in
+        hand keeps its coil at 1 until it is answered here. What still comes for the server replaced,
+        verdicts the journal holds and requests' answers, comes here (`_current`)."""
         for camera, index in self._index.items():
             was = previous._index.get(camera)
             if was is not None:
                 block = previous.registers.words[BLOCK * was : BLOCK * (was + 1)]
                 self.registers.words[BLOCK * index : BLOCK * (index + 1)] = block
+                self.registers.coils[index] = previous.registers.coils[was]
                 self._ok[index], self._ng[index] = previous._ok[was], previous._ng[was]
+        previous._successor = self
 
     # ---- the loop's side ----------------------------------------------------------------------
 
@@ -372,13 +393,18 @@ class ModbusOutput(Output):
             return STARTING
         return THROTTLED if thermal_state in ("throttled", "critical") else RUNNING
 
-    def _answered(self, index: int, reply: VerdictMessage | TriggerError) -> None:
+    def _answered(self, camera_id: str, reply: VerdictMessage | TriggerError) -> None:
         """A request's reply (on the loop's thread, or at once when refused on arrival): its coil
         cleared, and the error register set, after the verdict's registers were written (`frame`)."""
-        with self.registers.lock:
-            self.registers.coils[index] = False
+        current = self._current()
+        index = current._index.get(camera_id)
+        if index is None:  # the camera went with a reload
+            return
+        registers = current.registers
+        with registers.lock:
+            registers.coils[index] = False
             error = REQUEST_ERRORS[reply.error] if isinstance(reply, TriggerError) else 0
-            self.registers.words[BLOCK * index + REQUEST_ERROR] = error
+            registers.words[BLOCK * index + REQUEST_ERROR] = error
 
     # ---- the server's thread ------------------------------------------------------------------
 
@@ -400,7 +426,8 @@ class ModbusOutput(Output):
             at = BLOCK * index
             part_id = part_id_of(registers.words[at + PART_ID], registers.words[at + PART_ID + 1])
         self.triggers += 1
-        server.offer("modbus", self.camera_ids[index], part_id, partial(self._answered, index))
+        camera_id = self.camera_ids[index]
+        server.offer("modbus", camera_id, part_id, partial(self._answered, camera_id))
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)

@@ -25,6 +25,7 @@ configuration has ``[opcua]``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import time
@@ -107,8 +108,10 @@ class OpcuaOutput(Output):
         inspected: Sequence[str],
         requesting: Sequence[str],
         trigger_timeout_s: float,
+        previous: OpcuaOutput | None = None,
     ) -> None:
-        """``inspected``: the cameras with verdicts; ``requesting``: those in request mode, which get ``Trigger``."""
+        """``inspected``: the cameras with verdicts; ``requesting``: those in request mode, which get ``Trigger``;
+        ``previous``: the output a reload replaces, closed, whose counts and last verdicts go on here."""
         try:
             from edged.opcua_server import Change, UaServer
         except ImportError as e:
@@ -120,7 +123,11 @@ class OpcuaOutput(Output):
         self._counts: dict[str, Counter[str]] = {camera: Counter() for camera in cameras}
         self._states: dict[str, str] = {}
         self._journal: JournalOutput | None = None  # with it, a verdict's values wait until it is recorded
+        self._last: dict[str, Change] = {}  # each camera's last verdict handed to the server
+        self._successor: OpcuaOutput | None = None  # the output a reload put in this one's place
         self.server: UaServer = UaServer(cfg, cameras, requesting, trigger_timeout_s, partial(try_listen, cfg.listen))
+        if previous is not None:
+            self._carry_on(previous)
 
     @classmethod
     def from_settings(cls, settings: Settings, services: Services) -> OpcuaOutput | None:
@@ -157,9 +164,31 @@ class OpcuaOutput(Output):
         }
         change = self._change(report.camera_id, values, verdict.capture_time_ns, report.outcome.frame.t_capture_ns)
         if self._journal is None:
-            self.server.put(change)
+            self._put_verdict(change)
         else:
-            self._journal.after_recorded(partial(self.server.put, change))
+            self._journal.after_recorded(partial(self._put_verdict, change))
+
+    def _put_verdict(self, change: Change) -> None:
+        """A verdict's values, to the server clients read now: a verdict the journal held across a
+        reload that restarted the server goes to the one that carries on (`_carry_on`)."""
+        current = self
+        while current._successor is not None:
+            current = current._successor
+        if change.camera_id in current._counts:
+            current._last[change.camera_id] = change
+            current.server.put(change)
+
+    def _carry_on(self, previous: OpcuaOutput) -> None:
+        """After a reload that restarts the server, each camera's counts go on from the output this one
+        replaces, and its last verdict is the new server's first values (written, not timed as an
+        update), so that clients reconnecting see the verdicts since start and the last one."""
+        for camera, counts in self._counts.items():
+            counts.update(previous._counts.get(camera, Counter()))
+            last = previous._last.get(camera)
+            if last is not None:
+                self._last[camera] = last
+                self.server.put(dataclasses.replace(last, capture_ns=0))
+        previous._successor = self
 
     def use_journal(self, journal: JournalOutput | None) -> None:
         self._journal = journal
@@ -212,8 +241,18 @@ class OpcuaOutput(Output):
         if key == self._key:
             return self
         self.close()
+        cfg = settings.opcua
+        if cfg is None:
+            return None
         try:
-            return OpcuaOutput.from_settings(settings, services)
+            return OpcuaOutput(
+                cfg,
+                settings.camera_ids(),
+                settings.inspected(),
+                settings.requesting(),
+                settings.trigger.timeout_s,
+                previous=self,
+            )
         except EdgedError as e:  # the users file went, or the port was taken, between the check and here
             log.error("OPC UA output off until the next reload: %s", e)
             return None

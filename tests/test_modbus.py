@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,30 @@ import pytest
 from daemon import free_port, write_config
 from onnx_models import fixed_scene
 from pymodbus.client import ModbusTcpClient
+from reports import ng_report
 from test_lograte import Clock
 from test_trigger import SCENE
+from test_trigger_mqtt import _next
 from waiting import wait_for
 
 from edged.config import ConfigError, load_config
-from edged.modbus import BLOCK, INSTALL_PYMODBUS, NO_CLASS, ModbusOutput, Registers, part_id_of
+from edged.journal import JournalOutput
+from edged.modbus import (
+    BLOCK,
+    INSTALL_PYMODBUS,
+    NG,
+    NG_COUNT,
+    NO_CLASS,
+    SEQ,
+    VERDICT,
+    ModbusOutput,
+    Registers,
+    part_id_of,
+)
+from edged.model import load_model
+from edged.output import Services
 from edged.settings.modbus import ModbusConfig
+from edged.trigger import TriggerServer
 
 
 @pytest.mark.unit
@@ -145,3 +163,58 @@ def _first_connection(port: int) -> socket.socket:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def test_a_reload_hands_the_server_that_carries_on_the_verdicts_the_journal_held_and_the_request_in_hand(
+    tmp_path: Path,
+) -> None:
+    """What reaches the server a reload replaces after it was replaced (a verdict the journal was
+    still recording, a request's answer) reaches the registers the PLC reads now, and a request in
+    hand keeps its coil at 1 there until its answer."""
+    fixed_scene(tmp_path / "model.onnx", SCENE)
+    port, unit = free_port(), 7
+    doc: dict[str, Any] = {
+        "source": {"type": "synthetic", "camera_id": "cam0", "width": 128, "height": 96},
+        "model": {"path": "model.onnx"},
+        "inspect": {"ng_classes": ["crack"]},
+        "trigger": {"mode": "request", "endpoint": f"ipc://{tmp_path / 'trigger.sock'}"},
+        "modbus": {"listen": f"127.0.0.1:{port}", "unit_id": unit},
+        "journal": {"path": str(tmp_path / "journal.db")},
+    }
+    settings = load_config(write_config(tmp_path / "edged.toml", doc))
+    doc["modbus"]["base"] = 100
+    moved = load_config(write_config(tmp_path / "edged.toml", doc))
+    services = Services(lambda: None, threading.Event())
+    journal = JournalOutput(settings, services.wake)
+    trigger = TriggerServer(settings.trigger, settings.publish, settings.requesting())
+    old = ModbusOutput.from_settings(settings, services)
+    assert old is not None
+    old.use_journal(journal)
+    old.carry_requests(trigger)
+    new = None
+    try:
+        with ModbusTcpClient("127.0.0.1", port=port, timeout=10, retries=0) as plc:
+            assert wait_for(plc.connect, 30)
+            assert not plc.write_coil(0, True, device_id=unit).isError()
+        request = _next(trigger, "cam0")  # in hand: the loop takes a frame for it
+        report = ng_report(load_model(settings.model, settings.runtime), "cam0", 0)
+        old.frame(report)  # held until the journal has recorded it
+        new = old.reload(moved, services)
+        assert new is not None and new is not old
+        new.use_journal(journal)
+        new.carry_requests(trigger)
+        with ModbusTcpClient("127.0.0.1", port=port, timeout=10, retries=0) as plc:
+            assert wait_for(plc.connect, 30)
+            assert plc.read_coils(100, count=1, device_id=unit).bits[0], "the request in hand lost its coil"
+            journal.deliver_recorded()
+            assert report.verdict is not None
+            trigger.answer(request, report.verdict)
+            words = plc.read_holding_registers(100, count=BLOCK, device_id=unit).registers
+            assert words[VERDICT] == NG and words[SEQ : SEQ + 2] == [0, 0] and words[NG_COUNT : NG_COUNT + 2] == [0, 1]
+            assert not plc.read_coils(100, count=1, device_id=unit).bits[0]
+    finally:
+        for output in (new, old):
+            if output is not None:
+                output.close()
+        trigger.close()
+        journal.close()

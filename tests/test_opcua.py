@@ -14,6 +14,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -30,15 +31,19 @@ from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config
-from onnx_models import colour_probe
-from test_trigger import ready, running
+from onnx_models import colour_probe, fixed_scene
+from reports import ng_report
+from test_trigger import SCENE, ready, running
 from waiting import wait_for
 
 from edged.config import Settings, load_config
 from edged.errors import ConfigError, KeyFileError
+from edged.journal import JournalOutput
 from edged.messages import TriggerError, VerdictMessage, parse_message
-from edged.opcua import describe, opcua_problems
+from edged.model import load_model
+from edged.opcua import OpcuaOutput, describe, opcua_problems
 from edged.opcua_server import VARIABLES, application_uri, quiet_asyncua, read_users, server_certificate
+from edged.output import Services
 from edged.settings.opcua import OpcuaConfig
 
 SERVING = "OPC UA: serving camera"
@@ -617,3 +622,58 @@ async def main():
     await asyncio.sleep(3600)
 asyncio.run(main())
 """
+
+
+@pytest.mark.integration
+def test_a_reload_that_restarts_the_server_carries_the_counts_the_last_verdict_and_what_the_journal_held(
+    tmp_path: Path,
+) -> None:
+    fixed_scene(tmp_path / "model.onnx", SCENE)
+    port = free_port()
+    doc: dict[str, Any] = {
+        "source": {"type": "synthetic", "camera_id": "cam0", "width": 128, "height": 96},
+        "model": {"path": "model.onnx"},
+        "inspect": {"ng_classes": ["crack"]},
+        "opcua": {"listen": url(port), "max_clients": 10},
+        "journal": {"path": str(tmp_path / "journal.db")},
+    }
+    settings = load_config(write_config(tmp_path / "edged.toml", doc))
+    doc["opcua"]["max_clients"] = 5
+    restarted = load_config(write_config(tmp_path / "edged.toml", doc))
+    services = Services(lambda: None, threading.Event())
+    model = load_model(settings.model, settings.runtime)
+    journal = JournalOutput(settings, services.wake)
+    old = OpcuaOutput.from_settings(settings, services)
+    assert old is not None
+    old.use_journal(journal)
+    new = None
+    try:
+        old.frame(ng_report(model, "cam0", 0))
+        journal.deliver_recorded()  # verdict 0 recorded: the server has it
+        old.frame(ng_report(model, "cam0", 1))  # verdict 1 still held by the journal when the reload comes
+        new = old.reload(restarted, services)
+        assert new is not None and new is not old
+        new.use_journal(journal)
+        assert wait_for(lambda: new.server.serving, 60)
+
+        async def read() -> list[tuple[int, int]]:
+            async with client(url(port)) as c:
+                camera, ns = await camera_node(c)
+                nodes = [await camera.get_child(f"{ns}:{name}") for name in ("Sequence", "NgCount")]
+
+                async def values() -> tuple[int, int]:
+                    return (await written(nodes[0]), await nodes[1].read_value())
+
+                first = await values()  # the new server's first values: verdict 0, counts since start
+                journal.deliver_recorded()
+                deadline = time.monotonic() + 60
+                while (then := await values()) == first and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                return [first, then]
+
+        assert asyncio.run(read()) == [(0, 1), (1, 2)]
+    finally:
+        for output in (new, old):
+            if output is not None:
+                output.close()
+        journal.close()
