@@ -165,6 +165,7 @@ def _first_connection(port: int) -> socket.socket:
             time.sleep(0.05)
 
 
+@pytest.mark.integration
 def test_a_reload_hands_the_server_that_carries_on_the_verdicts_the_journal_held_and_the_request_in_hand(
     tmp_path: Path,
 ) -> None:
