@@ -19,20 +19,22 @@ def _blocked(pid: int) -> int:
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
 
 
-def test_a_sigterm_that_lands_in_the_fork_hooks_still_ends_the_bench() -> None:
-    # A fork hook sends the signal, so it lands where logging's own hook would run: inside one, an
-    # exit raised by the handler is printed and dropped, and the program went on to say "ran on".
-    script = """
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, -signal.SIGINT)])
+def test_a_signal_that_lands_in_the_fork_hooks_still_ends_the_bench(signum: int, code: int) -> None:
+    # A fork hook sends the signal, so it lands where logging's own hook would run: inside one, the
+    # exception the handler raises (SystemExit, KeyboardInterrupt) is printed and dropped, and the
+    # program went on to say "ran on".
+    script = f"""
 import os, signal
 from edged.cli import _exit_on_signal
 from edged.tools.bench_process import start
 signal.signal(signal.SIGTERM, _exit_on_signal)
-os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), signal.SIGTERM))
+os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), {int(signum)}))
 start(["true"]).wait()
 print("ran on")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert (done.returncode, done.stdout) == (128 + signal.SIGTERM, ""), done.stderr
+    assert (done.returncode, done.stdout) == (code, ""), done.stderr
 
 
 def test_the_child_gets_the_benchs_signal_mask_back_and_ends_on_sigterm() -> None:
