@@ -180,14 +180,19 @@ class OpcuaOutput(Output):
 
     def _carry_on(self, previous: OpcuaOutput) -> None:
         """After a reload that restarts the server, each camera's counts go on from the output this one
-        replaces, and its last verdict is the new server's first values (written, not timed as an
-        update), so that clients reconnecting see the verdicts since start and the last one."""
+        replaces, and its last verdict and state are the new server's first values (the verdict
+        written, not timed as an update), so that clients reconnecting see the verdicts since start,
+        the last one, and the camera's state before the next status round."""
         for camera, counts in self._counts.items():
             counts.update(previous._counts.get(camera, Counter()))
             last = previous._last.get(camera)
             if last is not None:
                 self._last[camera] = last
                 self.server.put(dataclasses.replace(last, capture_ns=0))
+            state = previous._states.get(camera)
+            if state is not None:
+                self._states[camera] = state
+                self.server.put(self._change(camera, {"State": state}, time.time_ns()))
         previous._successor = self
 
     def use_journal(self, journal: JournalOutput | None) -> None:

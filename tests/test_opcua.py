@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config
 from onnx_models import colour_probe, fixed_scene
 from reports import ng_report
+from test_prometheus import _status as camera_status
 from test_trigger import SCENE, ready, running
 from waiting import wait_for
 
@@ -43,7 +44,7 @@ from edged.messages import TriggerError, VerdictMessage, parse_message
 from edged.model import load_model
 from edged.opcua import OpcuaOutput, describe, opcua_problems
 from edged.opcua_server import VARIABLES, application_uri, quiet_asyncua, read_users, server_certificate
-from edged.output import Services
+from edged.output import Services, StatusReport
 from edged.settings.opcua import OpcuaConfig
 
 SERVING = "OPC UA: serving camera"
@@ -625,7 +626,7 @@ asyncio.run(main())
 
 
 @pytest.mark.integration
-def test_a_reload_that_restarts_the_server_carries_the_counts_the_last_verdict_and_what_the_journal_held(
+def test_a_reload_that_restarts_the_server_carries_counts_last_verdict_state_and_what_the_journal_held(
     tmp_path: Path,
 ) -> None:
     fixed_scene(tmp_path / "model.onnx", SCENE)
@@ -651,27 +652,28 @@ def test_a_reload_that_restarts_the_server_carries_the_counts_the_last_verdict_a
         old.frame(ng_report(model, "cam0", 0))
         journal.deliver_recorded()  # verdict 0 recorded: the server has it
         old.frame(ng_report(model, "cam0", 1))  # verdict 1 still held by the journal when the reload comes
+        old.status([StatusReport((camera_status(), {}, None), b"")])  # the camera is lost
         new = old.reload(restarted, services)
         assert new is not None and new is not old
         new.use_journal(journal)
         assert wait_for(lambda: new.server.serving, 60)
 
-        async def read() -> list[tuple[int, int]]:
+        async def read() -> list[tuple[int, int, str]]:
             async with client(url(port)) as c:
                 camera, ns = await camera_node(c)
-                nodes = [await camera.get_child(f"{ns}:{name}") for name in ("Sequence", "NgCount")]
+                nodes = [await camera.get_child(f"{ns}:{name}") for name in ("Sequence", "NgCount", "State")]
 
-                async def values() -> tuple[int, int]:
-                    return (await written(nodes[0]), await nodes[1].read_value())
+                async def values() -> tuple[int, int, str]:
+                    return (await written(nodes[0]), await nodes[1].read_value(), await nodes[2].read_value())
 
-                first = await values()  # the new server's first values: verdict 0, counts since start
+                first = await values()  # the new server's first values: verdict 0, counts since start, the state
                 journal.deliver_recorded()
                 deadline = time.monotonic() + 60
                 while (then := await values()) == first and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                 return [first, then]
 
-        assert asyncio.run(read()) == [(0, 1), (1, 2)]
+        assert asyncio.run(read()) == [(0, 1, "lost"), (1, 2, "lost")]
     finally:
         for output in (new, old):
             if output is not None:
