@@ -214,8 +214,6 @@ class ModbusOutput(Output):
         self._ok = [0] * len(camera_ids)
         self._ng = [0] * len(camera_ids)
         self._successor: ModbusOutput | None = None  # the server a reload put in this one's place
-        if previous is not None:
-            self._carry_on(previous)
         self._stopping = False
         self._t0_ns: int = previous._t0_ns if previous is not None else time.monotonic_ns()  # the heartbeat goes on
         self._trigger: TriggerServer | None = None
@@ -228,6 +226,8 @@ class ModbusOutput(Output):
         self.reclaimed = 0  # silent connections closed to make room for a new client
         self.triggers = 0  # inspection requests taken through a coil
         self.clients = 0
+        if previous is not None:
+            self._carry_on(previous)
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="edged-modbus", daemon=True)
@@ -369,7 +369,10 @@ class ModbusOutput(Output):
         """After a reload, each camera's registers, counts and request coil go on from the server this
         one replaces, so that a PLC sees the counts since start, no verdict vanish, and a request in
         hand keeps its coil at 1 until it is answered here. What still comes for the server replaced,
-        verdicts the journal holds and requests' answers, comes here (`_current`)."""
+        verdicts the journal holds and requests' answers, comes here (`_current`). The server's own
+        counters go on too (its thread has stopped): the status says them since start."""
+        self.requests, self.exceptions, self.refused = previous.requests, previous.exceptions, previous.refused
+        self.unread, self.reclaimed, self.triggers = previous.unread, previous.reclaimed, previous.triggers
         for camera, index in self._index.items():
             was = previous._index.get(camera)
             if was is not None:

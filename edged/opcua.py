@@ -182,7 +182,9 @@ class OpcuaOutput(Output):
         """After a reload that restarts the server, each camera's counts go on from the output this one
         replaces, and its last verdict and state are the new server's first values (the verdict
         written, not timed as an update), so that clients reconnecting see the verdicts since start,
-        the last one, and the camera's state before the next status round."""
+        the last one, and the camera's state before the next status round. The server's counters
+        go on too."""
+        self.server.carry_on(previous.server)
         for camera, counts in self._counts.items():
             counts.update(previous._counts.get(camera, Counter()))
             last = previous._last.get(camera)

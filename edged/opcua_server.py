@@ -368,6 +368,15 @@ class UaServer:
         server = self._server
         return len(server.bserver.clients) if server is not None and server.bserver is not None else 0
 
+    def carry_on(self, previous: UaServer) -> None:
+        """The counters of the server a reload replaces (stopped) go on here, before this one serves:
+        the status says them since start."""
+        with self._lock:
+            self.dropped += previous.dropped
+            self.requests += previous.requests
+            self.updates += previous.updates
+        self.users.refused += previous.users.refused
+
     def update_ms(self) -> tuple[float, float]:
         with self._lock:
             summary = self.latency.summary()

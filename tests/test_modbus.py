@@ -200,6 +200,7 @@ def test_a_reload_hands_the_server_that_carries_on_the_verdicts_the_journal_held
         request = _next(trigger, "cam0")  # in hand: the loop takes a frame for it
         report = ng_report(load_model(settings.model, settings.runtime), "cam0", 0)
         old.frame(report)  # held until the journal has recorded it
+        served = old.requests
         new = old.reload(moved, services)
         assert new is not None and new is not old
         new.use_journal(journal)
@@ -213,6 +214,8 @@ def test_a_reload_hands_the_server_that_carries_on_the_verdicts_the_journal_held
             words = plc.read_holding_registers(100, count=BLOCK, device_id=unit).registers
             assert words[VERDICT] == NG and words[SEQ : SEQ + 2] == [0, 0] and words[NG_COUNT : NG_COUNT + 2] == [0, 1]
             assert not plc.read_coils(100, count=1, device_id=unit).bits[0]
+        assert wait_for(lambda: new.requests == served + 3, 10), (served, new.requests)  # since start
+        assert new.report("cam0").fields["modbus"].triggers == 1
     finally:
         for output in (new, old):
             if output is not None:

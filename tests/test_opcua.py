@@ -649,8 +649,10 @@ def test_a_reload_that_restarts_the_server_carries_counts_last_verdict_state_and
     old.use_journal(journal)
     new = None
     try:
+        assert wait_for(lambda: old.server.serving, 60)
         old.frame(ng_report(model, "cam0", 0))
         journal.deliver_recorded()  # verdict 0 recorded: the server has it
+        assert wait_for(lambda: old.server.updates == 1, 10)
         old.frame(ng_report(model, "cam0", 1))  # verdict 1 still held by the journal when the reload comes
         old.status([StatusReport((camera_status(), {}, None), b"")])  # the camera is lost
         new = old.reload(restarted, services)
@@ -674,6 +676,7 @@ def test_a_reload_that_restarts_the_server_carries_counts_last_verdict_state_and
                 return [first, then]
 
         assert asyncio.run(read()) == [(0, 1, "lost"), (1, 2, "lost")]
+        assert wait_for(lambda: new.server.updates == 2, 10)  # since start: verdict 1 here, verdict 0 on the server replaced
     finally:
         for output in (new, old):
             if output is not None:
