@@ -213,7 +213,6 @@ class ModbusOutput(Output):
         self.registers = Registers(cfg.base, len(camera_ids))
         self._ok = [0] * len(camera_ids)
         self._ng = [0] * len(camera_ids)
-        self._successor: ModbusOutput | None = None  # the server a reload put in this one's place
         self._stopping = False
         self._t0_ns: int = previous._t0_ns if previous is not None else time.monotonic_ns()  # the heartbeat goes on
         self._trigger: TriggerServer | None = None
@@ -267,17 +266,10 @@ class ModbusOutput(Output):
     def use_journal(self, journal: JournalOutput | None) -> None:
         self._journal = journal
 
-    def _current(self) -> ModbusOutput:
-        """This server, or the one that carries on from it after reloads: a verdict the journal held
-        across a reload, or a request answered after one, goes to the registers the PLC reads now."""
-        current = self
-        while current._successor is not None:
-            current = current._successor
-        return current
-
     def _write(self, camera_id: str, verdict: VerdictMessage, t_capture_ns: int) -> None:
-        """A verdict's registers, written by the server the PLC reads now (`_current`)."""
-        current = self._current()
+        """A verdict's registers, written by the server the PLC reads now (`Output.current`): one
+        the journal held across a reload goes to the server that replaced this one."""
+        current = self.current()
         index = current._index.get(camera_id)
         if index is None:  # the camera went with a reload
             return
@@ -369,7 +361,7 @@ class ModbusOutput(Output):
         """After a reload, each camera's registers, counts and request coil go on from the server this
         one replaces, so that a PLC sees the counts since start, no verdict vanish, and a request in
         hand keeps its coil at 1 until it is answered here. What still comes for the server replaced,
-        verdicts the journal holds and requests' answers, comes here (`_current`). The server's own
+        verdicts the journal holds and requests' answers, comes here (`Output.current`). The server's own
         counters go on too (its thread has stopped): the status says them since start."""
         self.requests, self.exceptions, self.refused = previous.requests, previous.exceptions, previous.refused
         self.unread, self.reclaimed, self.triggers = previous.unread, previous.reclaimed, previous.triggers
@@ -380,7 +372,6 @@ class ModbusOutput(Output):
                 self.registers.words[BLOCK * index : BLOCK * (index + 1)] = block
                 self.registers.coils[index] = previous.registers.coils[was]
                 self._ok[index], self._ng[index] = previous._ok[was], previous._ng[was]
-        previous._successor = self
 
     # ---- the loop's side ----------------------------------------------------------------------
 
@@ -399,7 +390,7 @@ class ModbusOutput(Output):
     def _answered(self, camera_id: str, reply: VerdictMessage | TriggerError) -> None:
         """A request's reply (on the loop's thread, or at once when refused on arrival): its coil
         cleared, and the error register set, after the verdict's registers were written (`frame`)."""
-        current = self._current()
+        current = self.current()
         index = current._index.get(camera_id)
         if index is None:  # the camera went with a reload
             return

@@ -124,17 +124,21 @@ class OpcuaOutput(Output):
         self._states: dict[str, str] = {}
         self._journal: JournalOutput | None = None  # with it, a verdict's values wait until it is recorded
         self._last: dict[str, Change] = {}  # each camera's last verdict handed to the server
-        self._successor: OpcuaOutput | None = None  # the output a reload put in this one's place
         self.server: UaServer = UaServer(cfg, cameras, requesting, trigger_timeout_s, partial(try_listen, cfg.listen))
         if previous is not None:
             self._carry_on(previous)
 
     @classmethod
     def from_settings(cls, settings: Settings, services: Services) -> OpcuaOutput | None:
+        return cls._made(settings)
+
+    @classmethod
+    def _made(cls, settings: Settings, previous: OpcuaOutput | None = None) -> OpcuaOutput | None:
         cfg = settings.opcua
         if cfg is None:
             return None
-        return cls(cfg, settings.camera_ids(), settings.inspected(), settings.requesting(), settings.trigger.timeout_s)
+        requesting, timeout_s = settings.requesting(), settings.trigger.timeout_s
+        return cls(cfg, settings.camera_ids(), settings.inspected(), requesting, timeout_s, previous)
 
     @classmethod
     def listening(cls, settings: Settings) -> list[Endpoint]:
@@ -169,11 +173,9 @@ class OpcuaOutput(Output):
             self._journal.after_recorded(partial(self._put_verdict, change))
 
     def _put_verdict(self, change: Change) -> None:
-        """A verdict's values, to the server clients read now: a verdict the journal held across a
-        reload that restarted the server goes to the one that carries on (`_carry_on`)."""
-        current = self
-        while current._successor is not None:
-            current = current._successor
+        """A verdict's values, to the server clients read now (`Output.current`): a verdict the journal
+        held across a reload that restarted the server goes to the one that carries on."""
+        current = self.current()
         if change.camera_id in current._counts:
             current._last[change.camera_id] = change
             current.server.put(change)
@@ -195,7 +197,6 @@ class OpcuaOutput(Output):
             if state is not None:
                 self._states[camera] = state
                 self.server.put(self._change(camera, {"State": state}, time.time_ns()))
-        previous._successor = self
 
     def use_journal(self, journal: JournalOutput | None) -> None:
         self._journal = journal
@@ -248,18 +249,8 @@ class OpcuaOutput(Output):
         if key == self._key:
             return self
         self.close()
-        cfg = settings.opcua
-        if cfg is None:
-            return None
         try:
-            return OpcuaOutput(
-                cfg,
-                settings.camera_ids(),
-                settings.inspected(),
-                settings.requesting(),
-                settings.trigger.timeout_s,
-                previous=self,
-            )
+            return OpcuaOutput._made(settings, previous=self)
         except EdgedError as e:  # the users file went, or the port was taken, between the check and here
             log.error("OPC UA output off until the next reload: %s", e)
             return None

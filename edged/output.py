@@ -7,10 +7,10 @@ absent), says per frame whether it wants the message (`wants`), gets the frame's
 (`frame`), may learn of a frame as it is taken, before its result (`taken`), may show a camera's
 frames unprocessed while it waits for requests (`previews`, `preview`), gets every status round
 (`status`), adds what it knows to each camera's status (`report`), follows a reload (`reload`,
-which may return a new output or None) and closes. Every method but `close` runs on the loop's
-thread and must never block it. An output that listens (a server) lists its addresses
-(`listening`), which ``edged check`` binds and releases. The reject line (`edged.reject`) is an
-output too.
+which may return a new output or None; what still comes for one replaced goes to `current`) and
+closes. Every method but `close` runs on the loop's thread and must never block it. An output
+that listens (a server) lists its addresses (`listening`), which ``edged check`` binds and
+releases. The reject line (`edged.reject`) is an output too.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -111,8 +111,21 @@ class Services:
     wake: Waker
 
 
+OutputT = TypeVar("OutputT", bound="Output")
+
+
 class Output:
     """The base of every output; each hook does nothing unless the output needs it."""
+
+    replaced_by: Output | None = None  # set by `edged.outputs.Outputs.reload` when a reload replaces it
+
+    def current(self: OutputT) -> OutputT:
+        """This output, or the one a reload put in its place (and so on): what still comes for a
+        replaced output, such as a send the journal held across the reload, goes on there."""
+        output: Output = self
+        while output.replaced_by is not None:
+            output = output.replaced_by
+        return cast(OutputT, output)
 
     @classmethod
     def from_settings(cls, settings: Settings, services: Services) -> Output | None:

@@ -139,6 +139,8 @@ class Outputs:
         for kind in self._kinds:
             running = self._running.pop(kind, None)
             output = running.reload(settings, self.services) if running else kind.from_settings(settings, self.services)
+            if running is not None and output is not running:
+                running.replaced_by = output
             if output is None:
                 continue
             self._running[kind] = output

@@ -37,6 +37,7 @@ from edged.modbus import (
 )
 from edged.model import load_model
 from edged.output import Services
+from edged.outputs import Outputs
 from edged.settings.modbus import ModbusConfig
 from edged.trigger import TriggerServer
 
@@ -181,18 +182,17 @@ def test_a_reload_hands_the_server_that_carries_on_the_verdicts_the_journal_held
         "trigger": {"mode": "request", "endpoint": f"ipc://{tmp_path / 'trigger.sock'}"},
         "modbus": {"listen": f"127.0.0.1:{port}", "unit_id": unit},
         "journal": {"path": str(tmp_path / "journal.db")},
+        "publish": {"endpoints": [f"ipc://{tmp_path / 'detections.sock'}"]},
+        "http": {"listen": ""},
     }
     settings = load_config(write_config(tmp_path / "edged.toml", doc))
     doc["modbus"]["base"] = 100
     moved = load_config(write_config(tmp_path / "edged.toml", doc))
-    services = Services(lambda: None, threading.Event())
-    journal = JournalOutput(settings, services.wake)
+    outputs = Outputs(settings, Services(lambda: None, threading.Event()))
     trigger = TriggerServer(settings.trigger, settings.publish, settings.requesting())
-    old = ModbusOutput.from_settings(settings, services)
-    assert old is not None
-    old.use_journal(journal)
-    old.carry_requests(trigger)
-    new = None
+    outputs.carry_requests(trigger)
+    journal, old = outputs.get(JournalOutput), outputs.get(ModbusOutput)
+    assert journal is not None and old is not None
     try:
         with ModbusTcpClient("127.0.0.1", port=port, timeout=10, retries=0) as plc:
             assert wait_for(plc.connect, 30)
@@ -201,10 +201,9 @@ def test_a_reload_hands_the_server_that_carries_on_the_verdicts_the_journal_held
         report = ng_report(load_model(settings.model, settings.runtime), "cam0", 0)
         old.frame(report)  # held until the journal has recorded it
         served = old.requests
-        new = old.reload(moved, services)
+        outputs.reload(moved)  # the daemon's reload: the server moves
+        new = outputs.get(ModbusOutput)
         assert new is not None and new is not old
-        new.use_journal(journal)
-        new.carry_requests(trigger)
         with ModbusTcpClient("127.0.0.1", port=port, timeout=10, retries=0) as plc:
             assert wait_for(plc.connect, 30)
             assert plc.read_coils(100, count=1, device_id=unit).bits[0], "the request in hand lost its coil"
@@ -217,8 +216,5 @@ def test_a_reload_hands_the_server_that_carries_on_the_verdicts_the_journal_held
         assert wait_for(lambda: new.requests == served + 3, 10), (served, new.requests)  # since start
         assert new.report("cam0").fields["modbus"].triggers == 1
     finally:
-        for output in (new, old):
-            if output is not None:
-                output.close()
+        outputs.close()
         trigger.close()
-        journal.close()

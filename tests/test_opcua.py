@@ -45,6 +45,7 @@ from edged.model import load_model
 from edged.opcua import OpcuaOutput, describe, opcua_problems
 from edged.opcua_server import VARIABLES, application_uri, quiet_asyncua, read_users, server_certificate
 from edged.output import Services, StatusReport
+from edged.outputs import Outputs
 from edged.settings.opcua import OpcuaConfig
 
 SERVING = "OPC UA: serving camera"
@@ -637,17 +638,16 @@ def test_a_reload_that_restarts_the_server_carries_counts_last_verdict_state_and
         "inspect": {"ng_classes": ["crack"]},
         "opcua": {"listen": url(port), "max_clients": 10},
         "journal": {"path": str(tmp_path / "journal.db")},
+        "publish": {"endpoints": [f"ipc://{tmp_path / 'detections.sock'}"]},
+        "http": {"listen": ""},
     }
     settings = load_config(write_config(tmp_path / "edged.toml", doc))
     doc["opcua"]["max_clients"] = 5
     restarted = load_config(write_config(tmp_path / "edged.toml", doc))
-    services = Services(lambda: None, threading.Event())
     model = load_model(settings.model, settings.runtime)
-    journal = JournalOutput(settings, services.wake)
-    old = OpcuaOutput.from_settings(settings, services)
-    assert old is not None
-    old.use_journal(journal)
-    new = None
+    outputs = Outputs(settings, Services(lambda: None, threading.Event()))
+    journal, old = outputs.get(JournalOutput), outputs.get(OpcuaOutput)
+    assert journal is not None and old is not None
     try:
         assert wait_for(lambda: old.server.serving, 60)
         old.frame(ng_report(model, "cam0", 0))
@@ -655,9 +655,9 @@ def test_a_reload_that_restarts_the_server_carries_counts_last_verdict_state_and
         assert wait_for(lambda: old.server.updates == 1, 10)
         old.frame(ng_report(model, "cam0", 1))  # verdict 1 still held by the journal when the reload comes
         old.status([StatusReport((camera_status(), {}, None), b"")])  # the camera is lost
-        new = old.reload(restarted, services)
+        outputs.reload(restarted)  # the daemon's reload: the server restarts
+        new = outputs.get(OpcuaOutput)
         assert new is not None and new is not old
-        new.use_journal(journal)
         assert wait_for(lambda: new.server.serving, 60)
 
         async def read() -> list[tuple[int, int, str]]:
@@ -678,7 +678,4 @@ def test_a_reload_that_restarts_the_server_carries_counts_last_verdict_state_and
         assert asyncio.run(read()) == [(0, 1, "lost"), (1, 2, "lost")]
         assert wait_for(lambda: new.server.updates == 2, 10)  # since start: verdict 1 here, verdict 0 on the server replaced
     finally:
-        for output in (new, old):
-            if output is not None:
-                output.close()
-        journal.close()
+        outputs.close()
