@@ -1,16 +1,36 @@
-"""A frame's report as the outputs get it, for tests that hand an output its verdicts without a daemon."""
+"""A frame's report as the outputs get it, and a configuration to make outputs from, for tests that
+hand outputs their verdicts without a daemon."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+from onnx_models import fixed_scene
+from test_trigger import SCENE
 
 from edged.messages import Reason, VerdictMessage
 from edged.model import LoadedModel
 from edged.output import FrameReport
 from edged.pipeline import FramePath, Processed
 from edged.sources.base import Frame
+
+
+def inspecting(tmp_path: Path, **sections: dict[str, Any]) -> dict[str, Any]:
+    """Camera cam0 (synthetic, 128x96) inspected for cracks by the SCENE model, written to
+    ``tmp_path``, its journal and ZeroMQ endpoint there, no live view; with ``sections`` added."""
+    fixed_scene(tmp_path / "model.onnx", SCENE)
+    return {
+        "source": {"type": "synthetic", "camera_id": "cam0", "width": 128, "height": 96},
+        "model": {"path": "model.onnx"},
+        "inspect": {"ng_classes": ["crack"]},
+        "journal": {"path": str(tmp_path / "journal.db")},
+        "publish": {"endpoints": [f"ipc://{tmp_path / 'detections.sock'}"]},
+        "http": {"listen": ""},
+        **sections,
+    }
 
 
 def ng_report(model: LoadedModel, camera_id: str, seq: int) -> FrameReport:

@@ -15,7 +15,7 @@ import pytest
 from daemon import free_port, write_config
 from onnx_models import fixed_scene
 from pymodbus.client import ModbusTcpClient
-from reports import ng_report
+from reports import inspecting, ng_report
 from test_lograte import Clock
 from test_trigger import SCENE
 from test_trigger_mqtt import _next
@@ -173,18 +173,12 @@ def test_a_reload_hands_the_server_that_carries_on_the_verdicts_the_journal_held
     """What reaches the server a reload replaces after it was replaced (a verdict the journal was
     still recording, a request's answer) reaches the registers the PLC reads now, and a request in
     hand keeps its coil at 1 there until its answer."""
-    fixed_scene(tmp_path / "model.onnx", SCENE)
     port, unit = free_port(), 7
-    doc: dict[str, Any] = {
-        "source": {"type": "synthetic", "camera_id": "cam0", "width": 128, "height": 96},
-        "model": {"path": "model.onnx"},
-        "inspect": {"ng_classes": ["crack"]},
-        "trigger": {"mode": "request", "endpoint": f"ipc://{tmp_path / 'trigger.sock'}"},
-        "modbus": {"listen": f"127.0.0.1:{port}", "unit_id": unit},
-        "journal": {"path": str(tmp_path / "journal.db")},
-        "publish": {"endpoints": [f"ipc://{tmp_path / 'detections.sock'}"]},
-        "http": {"listen": ""},
-    }
+    doc = inspecting(
+        tmp_path,
+        trigger={"mode": "request", "endpoint": f"ipc://{tmp_path / 'trigger.sock'}"},
+        modbus={"listen": f"127.0.0.1:{port}", "unit_id": unit},
+    )
     settings = load_config(write_config(tmp_path / "edged.toml", doc))
     doc["modbus"]["base"] = 100
     moved = load_config(write_config(tmp_path / "edged.toml", doc))

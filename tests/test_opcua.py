@@ -31,10 +31,10 @@ from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config
-from onnx_models import colour_probe, fixed_scene
-from reports import ng_report
+from onnx_models import colour_probe
+from reports import inspecting, ng_report
 from test_prometheus import _status as camera_status
-from test_trigger import SCENE, ready, running
+from test_trigger import ready, running
 from waiting import wait_for
 
 from edged.config import Settings, load_config
@@ -630,17 +630,8 @@ asyncio.run(main())
 def test_a_reload_that_restarts_the_server_carries_counts_last_verdict_state_and_what_the_journal_held(
     tmp_path: Path,
 ) -> None:
-    fixed_scene(tmp_path / "model.onnx", SCENE)
     port = free_port()
-    doc: dict[str, Any] = {
-        "source": {"type": "synthetic", "camera_id": "cam0", "width": 128, "height": 96},
-        "model": {"path": "model.onnx"},
-        "inspect": {"ng_classes": ["crack"]},
-        "opcua": {"listen": url(port), "max_clients": 10},
-        "journal": {"path": str(tmp_path / "journal.db")},
-        "publish": {"endpoints": [f"ipc://{tmp_path / 'detections.sock'}"]},
-        "http": {"listen": ""},
-    }
+    doc = inspecting(tmp_path, opcua={"listen": url(port), "max_clients": 10})
     settings = load_config(write_config(tmp_path / "edged.toml", doc))
     doc["opcua"]["max_clients"] = 5
     restarted = load_config(write_config(tmp_path / "edged.toml", doc))
