@@ -760,7 +760,11 @@ def _cmd_trigger(args: argparse.Namespace) -> int:
 def _cmd_history(args: argparse.Namespace) -> int:
     from edged.history import Query, run_history
 
-    journal: Path = args.journal or load_config(args.config).journal.file
+    journal: Path | None = args.journal
+    journal_off = False
+    if journal is None:
+        settings = load_config(args.config).journal
+        journal, journal_off = settings.file, not settings.enabled
     query = Query.parse(
         part_id=args.part_id,
         camera_id=args.camera,
@@ -770,7 +774,7 @@ def _cmd_history(args: argparse.Namespace) -> int:
         detections=args.detections,
         limit=args.limit,
     )
-    return run_history(journal, query, args.format or "table")
+    return run_history(journal, query, args.format or "table", journal_off=journal_off)
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:

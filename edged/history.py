@@ -1,7 +1,9 @@
 """``edged history``: what the journal says, by part id, camera, time and verdict.
 
-It opens the journal read-only (SQLite's WAL mode lets it read while the daemon writes, and it
-never writes or locks the daemon out), so it is safe beside a running edged, from another process.
+It reads the journal without ever writing to it or locking the daemon out, so it is safe beside a
+running edged, from another process, and as a user who may only read the file (`_open`). Rows are
+written out as they are read, a page at a time: a whole journal costs no more memory than a page,
+and no read keeps the daemon's checkpoints waiting while a slow pipe takes the output.
 """
 
 from __future__ import annotations
@@ -9,22 +11,33 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import re
 import sqlite3
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import quote
 
 from edged.errors import JournalUnreadable, UsageError
 from edged.journal import COLUMNS
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-FIELDS = ("id", *COLUMNS)  # a row as `read` returns it
+FIELDS = ("id", *COLUMNS)  # a row as `entries` gives it
+MAX_INTEGER = 2**63 - 1  # SQLite's largest integer: the latest time and the largest limit a query takes
+PAGE_ROWS = 100  # rows read per statement: the most a command holds in memory at once
+# What a row edged cannot have written (the file edited by hand) raises when it is shown.
+_UNREADABLE = (ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError)
+# The rows chosen, by id: the newest `limit` of those the query selects, read a page at a time.
+_PAGE = (
+    f"SELECT {', '.join(f'e.{name}' for name in FIELDS)} FROM chosen AS c JOIN entries AS e ON e.id = c.id "
+    "WHERE c.id > ? ORDER BY c.id LIMIT ?"
+)
 
 
 def parse_time(text: str, now_s: float | None = None) -> int:
@@ -32,7 +45,7 @@ def parse_time(text: str, now_s: float | None = None) -> int:
     ago = _AGO.match(text.strip())
     if ago:
         now = time.time() if now_s is None else now_s
-        return _stored(int((now - float(ago.group(1)) * _UNIT_S[ago.group(2)]) * 1e9))
+        return _stored((now - float(ago.group(1)) * _UNIT_S[ago.group(2)]) * 1e9)
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -44,13 +57,14 @@ def parse_time(text: str, now_s: float | None = None) -> int:
             moment = moment.astimezone()  # the local zone, as a person on the line means it
         except (ValueError, OverflowError):  # year 1 or 9999, moved out of range by the zone
             moment = moment.replace(tzinfo=timezone.utc)
-    return _stored(int(moment.timestamp() * 1e9))
+    return _stored(moment.timestamp() * 1e9)
 
 
-def _stored(ns: int) -> int:
-    """A time within what the journal stores (ns since 1970 in SQLite's 64-bit integer): before 1970
-    finds the same entries as 1970, and a time past 2262 overflowed the query."""
-    return min(max(ns, 0), 2**63 - 1)
+def _stored(ns: float) -> int:
+    """A time within what the journal stores (ns since 1970 in SQLite's 64-bit integer): before 1970,
+    an age past what a float holds included, finds the same entries as 1970, and a time past 2262
+    overflowed the query."""
+    return int(min(max(ns, 0), MAX_INTEGER))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,20 +91,34 @@ class Query:
         detections: bool = False,
         limit: int = 100,
     ) -> Query:
-        """The filters as a person gives them (times as `parse_time` reads them); raises UsageError."""
+        """The filters as a person gives them (times as `parse_time` reads them, ages from the same
+        moment); raises UsageError for what no query can take, and for a range that holds nothing."""
         if verdict not in (None, "ok", "ng", "uncertain"):
             raise UsageError(f"verdict {verdict!r}: ok, ng or uncertain")
+        if not 1 <= limit <= MAX_INTEGER:
+            raise UsageError(f"--limit {limit}: from 1 to {MAX_INTEGER}")
+        for option, text in (("--part-id", part_id), ("--camera", camera_id)):
+            try:
+                (text or "").encode()
+            except UnicodeEncodeError:  # bytes of another encoding in argv, which the journal's text never equals
+                raise UsageError(f"{option} is not valid UTF-8") from None
+        now_s = time.time()
+        since_ns = parse_time(since, now_s) if since else None
+        until_ns = parse_time(until, now_s) if until else None
+        if since_ns is not None and until_ns is not None and since_ns > until_ns:
+            raise UsageError(f"--since {since} is later than --until {until}: no entry can be between them")
         return cls(
             part_id=part_id,
             camera_id=camera_id,
-            since_ns=parse_time(since) if since else None,
-            until_ns=parse_time(until) if until else None,
+            since_ns=since_ns,
+            until_ns=until_ns,
             verdict=verdict,
             kind="detections" if detections else "verdict",
             limit=limit,
         )
 
-    def sql(self) -> tuple[str, list[Any]]:
+    def where(self) -> tuple[str, list[Any]]:
+        """The WHERE clause of the filters, and its parameters."""
         where: list[str] = ["kind = ?"]
         params: list[Any] = [self.kind]
         for column, op, value in (
@@ -103,65 +131,135 @@ class Query:
             if value is not None:
                 where.append(f"{column} {op} ?")
                 params.append(value)
-        inner = f"SELECT {', '.join(FIELDS)} FROM entries WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?"
-        return f"SELECT * FROM ({inner}) ORDER BY id", [*params, self.limit]
+        return " AND ".join(where), params
 
 
-def read(path: Path, query: Query) -> list[dict[str, Any]]:
-    """The journal's rows that ``query`` selects, as dicts of `FIELDS`, oldest first."""
+def _open(path: Path) -> sqlite3.Connection:
+    """The journal, read-only. With a ``-wal`` beside it (edged has it open, or was killed), through
+    SQLite's shared memory as any reader; without one (edged stopped, its last close folded the WAL
+    into the file), as immutable, which creates no ``-wal`` or ``-shm``: a user who may only read
+    the folder cannot create them (SQLITE_READONLY_DIRECTORY), and root's would be left there
+    owned by root, so that edged, started next, could not write its journal. Should edged start
+    during such a read, the read may miss what it writes, or fail; the journal is never touched."""
     if not path.is_file():
         raise JournalUnreadable(f"no journal at {path} (journal.path; it is written once a verdict is made)")
+    mode = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
-            sql, params = query.sql()
-            return [dict(zip(FIELDS, row, strict=True)) for row in db.execute(sql, params)]
+        db = sqlite3.connect(f"file:{quote(str(path))}?{mode}", uri=True, timeout=10, isolation_level=None)
     except sqlite3.Error as e:
         raise JournalUnreadable(f"journal {path} cannot be read: {e}") from None
+    return db
+
+
+def entries(path: Path, query: Query) -> Iterator[dict[str, Any]]:
+    """The rows ``query`` selects, as dicts of `FIELDS`, oldest first. The ids of the newest
+    ``limit`` are chosen in one statement (those there then), into SQLite's temporary store, which
+    spills to a file; their rows are read a page at a time, each page a read of its own
+    (autocommit), so that a reader that stops holds no snapshot the daemon's checkpoints wait on."""
+    where, params = query.where()
+    with contextlib.closing(_open(path)) as db:
+        try:
+            db.execute("CREATE TEMP TABLE chosen (id INTEGER PRIMARY KEY)")
+            db.execute(
+                f"INSERT INTO chosen SELECT id FROM entries WHERE {where} ORDER BY id DESC LIMIT ?", [*params, query.limit]
+            )
+            last = 0
+            while page := db.execute(_PAGE, (last, PAGE_ROWS)).fetchall():
+                for row in page:
+                    yield dict(zip(FIELDS, row, strict=True))
+                last = page[-1][0]
+        except sqlite3.Error as e:
+            raise JournalUnreadable(f"journal {path} cannot be read: {e}") from None
 
 
 def _when(wall_ns: int) -> str:
     return datetime.fromtimestamp(wall_ns / 1e9, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _parsed(row: dict[str, Any], column: str) -> Any:
+    """``column``'s JSON, None for NULL; ValueError naming the column where it is not JSON."""
+    try:
+        return None if row[column] is None else json.loads(row[column])
+    except (ValueError, TypeError):
+        raise ValueError(f"its {column} is not JSON") from None
+
+
 def _found(row: dict[str, Any]) -> str:
     """The reasons of an NG frame; without any, a classifier's best class (its message's ``top``),
     which an OK frame of a classifier would otherwise not show at all."""
-    reasons = json.loads(row["reasons"]) if row["reasons"] else []
+    reasons = _parsed(row, "reasons")
     if reasons:
         return ", ".join(
             f"{r.get('label')} {r.get('score', 0):.2f}" + (f" in {r['zone']}" if r.get("zone") else "") for r in reasons
         )
-    top = json.loads(row["message"]).get("top") if row["message"] else None
+    message = _parsed(row, "message")
+    top = message.get("top") if message else None
     return f"{top[0].get('label')} {top[0].get('score', 0):.2f}" if top else ""
 
 
-def records(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``rows`` for JSON: every column, the message parsed."""
-    return [{**row, "message": json.loads(row["message"])} for row in rows]
+def _line(row: dict[str, Any]) -> str:
+    """``row`` in the table; raises one of `_UNREADABLE` for a row edged cannot have written."""
+    return (
+        f"{_when(row['wall_ns'])}  {row['camera_id']}  part {row['part_id'] or '-'}  frame {row['frame_id']}  "
+        f"{row['verdict'] or '-'}  {_found(row)}  model {row['model_sha256'][:12]}"
+        + (f"  evidence {row['evidence']}" if row["evidence"] else "")
+    )
 
 
-def write(rows: Sequence[dict[str, Any]], fmt: str, out: TextIO) -> None:
-    """``rows`` as a table for a person, JSON (one array, each message parsed) or CSV (every column)."""
+def record(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` for JSON: every column, the message parsed; a message that is not JSON (the file
+    edited by hand) is null, and ``unreadable`` says so."""
+    try:
+        return {**row, "message": _parsed(row, "message")}
+    except ValueError as e:
+        return {**row, "message": None, "unreadable": str(e)}
+
+
+def write(rows: Iterable[dict[str, Any]], fmt: str, out: TextIO) -> int:
+    """``rows`` as a table for a person, JSON (one array, each message parsed) or CSV (every
+    column), each written as it comes; returns how many were shown as unreadable."""
+    if fmt == "csv":
+        writer = csv.writer(out)
+        writer.writerow(FIELDS)
+        writer.writerows(row.values() for row in rows)
+        return 0
+    shown = unreadable = 0
+    for row in rows:
+        if fmt == "json":
+            item = record(row)
+            bad = "unreadable" in item
+            text = json.dumps(item, indent=1, default=str).replace("\n", "\n ")  # as one json.dump of the list
+            out.write(("[\n " if shown == 0 else ",\n ") + text)
+        else:
+            try:
+                text, bad = _line(row), False
+            except _UNREADABLE as e:
+                text, bad = f"entry {row['id']}  unreadable: {e}", True
+            out.write(text + "\n")
+        shown += 1
+        unreadable += bad
     if fmt == "json":
-        json.dump(records(rows), out, indent=1)
-        out.write("\n")
-    elif fmt == "csv":
-        writer = csv.DictWriter(out, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    else:
-        for row in rows:
-            part = row["part_id"] or "-"
-            out.write(
-                f"{_when(row['wall_ns'])}  {row['camera_id']}  part {part}  frame {row['frame_id']}  "
-                f"{row['verdict'] or '-'}  {_found(row)}  model {row['model_sha256'][:12]}"
-                + (f"  evidence {row['evidence']}" if row["evidence"] else "")
-                + "\n"
-            )
-        if not rows:
-            out.write("no entries match\n")
+        out.write("\n]\n" if shown else "[]\n")
+    elif not shown:
+        out.write("no entries match\n")
+    return unreadable
 
 
-def run_history(path: Path, query: Query, fmt: str) -> int:
-    write(read(path, query), fmt, sys.stdout)
+def run_history(path: Path, query: Query, fmt: str, *, journal_off: bool = False) -> int:
+    """Print what ``query`` selects; ``journal_off``: the configuration has ``[journal] enabled =
+    false``, which is said rather than that the journal is yet to be written."""
+    if journal_off and not path.is_file():
+        raise JournalUnreadable(f"the journal is off in this configuration ([journal] enabled = false): none at {path}")
+    try:
+        unreadable = write(entries(path, query), fmt, sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `edged history | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the flush at exit fails again
+        return 0
+    if unreadable:
+        print(
+            f"edged history: {unreadable} {'entry is' if unreadable == 1 else 'entries are'} not as edged writes "
+            "them (the journal edited by hand?): shown as unreadable",
+            file=sys.stderr,
+        )
     return 0

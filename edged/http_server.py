@@ -398,14 +398,14 @@ class _Handler(BaseHTTPRequestHandler):
                 detections=params.get("detections") in ("1", "true"),
                 limit=limit,
             )
-            rows = history.read(owner.journal, query)
+            rows = [history.record(row) for row in history.entries(owner.journal, query)]  # at most HISTORY_LIMIT
         except UsageError as e:
             self._send(400, json.dumps({"error": str(e)}).encode(), "application/json")
             return
         except JournalUnreadable as e:
             self._send(503, json.dumps({"error": str(e)}).encode(), "application/json")
             return
-        self._send(200, json.dumps(history.records(rows)).encode(), "application/json")
+        self._send(200, json.dumps(rows, default=str).encode(), "application/json")  # str: a BLOB put in by hand
 
     def _metrics(self, owner: HttpServer) -> None:
         self._send(200, owner.metrics.exposition(), CONTENT_TYPE_LATEST)

@@ -5,13 +5,21 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import pwd
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon import run_cli
+from daemon import edged_command, run_cli
 
-from edged.errors import UsageError
-from edged.history import Query, parse_time, read, write
+from edged.errors import JournalUnreadable, UsageError
+from edged.history import Query, entries, parse_time, run_history, write
 from edged.identity import Identity
 from edged.journal import Entry, JournalStore
 
@@ -40,7 +48,7 @@ def journal(tmp_path: Path) -> Path:
 @pytest.mark.unit
 def test_every_filter_narrows_and_the_limit_keeps_the_newest_oldest_first(journal: Path) -> None:
     def frames(**keys: object) -> list[int]:
-        return [row["frame_id"] for row in read(journal, Query(**keys))]  # type: ignore[arg-type]
+        return [row["frame_id"] for row in entries(journal, Query(**keys))]  # type: ignore[arg-type]
 
     assert frames() == list(range(30))
     assert frames(part_id="P-7") == [7]
@@ -66,7 +74,7 @@ def test_ages_and_iso_times_and_a_clear_refusal() -> None:
 
 @pytest.mark.unit
 def test_a_table_for_a_person_json_and_csv_for_programs(journal: Path) -> None:
-    rows = read(journal, Query(part_id="P-3"))
+    rows = list(entries(journal, Query(part_id="P-3")))
     table = io.StringIO()
     write(rows, "table", table)
     assert (
@@ -83,7 +91,7 @@ def test_a_table_for_a_person_json_and_csv_for_programs(journal: Path) -> None:
         "9.9.9",
     )
     as_csv = io.StringIO()
-    write(read(journal, Query(verdict="ng")), "csv", as_csv)
+    write(entries(journal, Query(verdict="ng")), "csv", as_csv)
     parsed = list(csv.DictReader(io.StringIO(as_csv.getvalue())))
     assert [r["part_id"] for r in parsed] == ["P-0", "P-3", "P-6", "P-9", "P-12", "P-15", "P-18", "P-21", "P-24", "P-27"]
     # A classifier's OK frame has no reason: its best class is said instead.
@@ -106,3 +114,233 @@ def test_the_command_reads_a_journal_and_says_when_there_is_none(journal: Path, 
     assert missing.returncode == 1 and "no journal at" in missing.stderr
     bad = run_cli("history", "--journal", str(journal), "--since", "last tuesday")
     assert bad.returncode == 2 and "not a time" in bad.stderr
+
+
+def _busy_journal(path: Path, rows: int) -> Path:
+    """A journal of ``rows`` verdicts whose messages carry 3 KB of detections, as a busy line's do."""
+    detections = [{"class_id": 1, "label": "crack", "score": 0.5, "box": [i, i, i + 10, i + 10]} for i in range(40)]
+    message = json.dumps({"kind": "verdict", "detections": detections}).encode()
+    store = JournalStore(path, "normal")
+    for first in range(0, rows, 5000):
+        batch = range(first, min(first + 5000, rows))
+        store.append(
+            [Entry("verdict", "cam0", n, n, f"P-{n}", "ng", "[]", T0 + n, n, "ab" * 32, "cd" * 32, message) for n in batch],
+            IDENTITY,
+            True,
+        )
+    store.close()
+    return path
+
+
+def _edit(journal: Path, sql: str) -> None:
+    """The journal edited by hand, as with the sqlite3 shell."""
+    with sqlite3.connect(journal) as db:
+        db.execute(sql)
+    db.close()
+
+
+@pytest.mark.integration
+def test_what_no_query_can_take_is_a_usage_error_and_an_endless_age_is_all_there_is(journal: Path) -> None:
+    """Each exited 1 with a traceback (OverflowError, UnicodeEncodeError); a reversed range said "no entries match"."""
+    cases = {
+        ("--limit", str(2**63)): "--limit 9223372036854775808: from 1 to 9223372036854775807",
+        ("--part-id", "\udcff"): "--part-id is not valid UTF-8",  # the byte 0xff in argv
+        ("--camera", "a\udcedb"): "--camera is not valid UTF-8",
+        ("--since", "5d", "--until", "10d"): "--since 5d is later than --until 10d",
+    }
+    for args, said in cases.items():
+        done = run_cli("history", "--journal", str(journal), *args)
+        assert (done.returncode, "Traceback" in done.stderr) == (2, False), done.stderr
+        assert said in done.stderr
+    endless = "9" * 400 + "d"  # past what a float holds: as 99999999d, before 1970, so every entry
+    since = run_cli("history", "--journal", str(journal), "--since", endless, "--json")
+    assert since.returncode == 0, since.stderr
+    assert len(json.loads(since.stdout)) == 30
+    until = run_cli("history", "--journal", str(journal), "--until", endless)
+    assert (until.returncode, until.stdout) == (0, "no entries match\n"), until.stderr
+
+
+@pytest.mark.integration
+def test_a_row_edited_by_hand_is_shown_unreadable_and_counted_the_rest_as_ever(journal: Path) -> None:
+    """A row whose reasons or message is not JSON, or a column of the wrong type, stopped the command with a traceback."""
+    _edit(journal, """UPDATE entries SET reasons = '[{"label": "crack"' WHERE frame_id = 3""")
+    _edit(journal, "UPDATE entries SET message = 'not json' WHERE frame_id = 4")
+    _edit(journal, "UPDATE entries SET part_id = x'ff' WHERE frame_id = 5")  # a BLOB: JSON has no bytes
+    _edit(journal, "UPDATE entries SET wall_ns = 'noon' WHERE frame_id = 7")
+    table = run_cli("history", "--journal", str(journal))
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert len(lines) == 30
+    assert lines[3] == "entry 4  unreadable: its reasons is not JSON"
+    assert lines[4] == "entry 5  unreadable: its message is not JSON"
+    assert lines[7].startswith("entry 8  unreadable: ")
+    assert lines[6].startswith("2027-01-15T08:00:06.000Z  cam1  part P-6  frame 6  ng  crack 0.83 in left  model ")
+    assert "3 entries are not as edged writes them" in table.stderr
+    as_json = run_cli("history", "--journal", str(journal), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    rows = json.loads(as_json.stdout)
+    assert [row["frame_id"] for row in rows] == list(range(30))
+    assert (rows[4]["message"], rows[4]["unreadable"]) == (None, "its message is not JSON")
+    assert rows[5]["part_id"] == "b'\\xff'" and rows[5]["message"]["frame_id"] == 5
+    assert "edged history: 1 entry is not as edged writes them" in as_json.stderr
+    as_csv = run_cli("history", "--journal", str(journal), "--csv")
+    assert as_csv.returncode == 0, as_csv.stderr
+    assert list(csv.DictReader(io.StringIO(as_csv.stdout)))[4]["message"] == "not json"  # as it is in the file
+
+
+class _Discard(io.TextIOBase):
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+@pytest.mark.unit
+def test_rows_are_written_as_they_are_read_in_every_format(tmp_path: Path) -> None:
+    """All rows were read into a list (and for JSON parsed into another) before the first was written:
+    `--limit 100000000` of a 128 MB journal took 745 MB."""
+    journal = _busy_journal(tmp_path / "journal.sqlite", 1000)  # 3 MB of messages
+    for fmt in ("json", "csv", "table"):
+        tracemalloc.start()
+        try:
+            write(entries(journal, Query(limit=2**63 - 1)), fmt, _Discard())
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 2_000_000, (fmt, peak)  # a page of rows, whatever the journal holds
+
+
+@pytest.mark.integration
+def test_the_command_takes_as_little_memory_for_a_large_journal_as_for_a_small_one(tmp_path: Path) -> None:
+    def peak_rss_mb(journal: Path) -> float:
+        """The command's peak RSS (its own, by wait4), its output thrown away."""
+        argv = edged_command("history", "--journal", str(journal), "--limit", "100000000", "--json")
+        pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=[(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+        _, status, usage = os.wait4(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        return usage.ru_maxrss / 1024
+
+    small = peak_rss_mb(_busy_journal(tmp_path / "small.sqlite", 100))
+    large = peak_rss_mb(_busy_journal(tmp_path / "large.sqlite", 10_000))  # 30 MB of messages: 180 MB more before
+    assert large - small < 15, (small, large)
+
+
+@pytest.mark.integration
+def test_a_reader_that_stops_early_ends_it_quietly(tmp_path: Path) -> None:
+    """`edged history | head`: a BrokenPipeError traceback, now that rows are written as they are read."""
+    journal = _busy_journal(tmp_path / "journal.sqlite", 2000)  # 6 MB of JSON: far more than a pipe holds
+    proc = subprocess.Popen(
+        edged_command("history", "--journal", str(journal), "--limit", "5000", "--json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == "[\n"
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert (proc.wait(60), err) == (0, "")
+
+
+@pytest.fixture
+def readable_only() -> Iterator[Path]:
+    """A folder as the .deb's UMask=0027 leaves /var/lib/edged to a member of the service's group
+    (here nogroup, with nobody as the member): the group may read and enter it, not write to it."""
+    folder = Path(tempfile.mkdtemp(prefix="edged-history-", dir="/tmp"))  # outside pytest's root-only folders
+    try:
+        yield folder
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+
+
+def _history_as_nobody(*args: str) -> tuple[int, str, str]:
+    """edged's CLI (`edged.cli.main`) in a forked child that gave up root for nobody:nogroup and no
+    other group: its exit status, stdout and stderr."""
+    from edged.cli import main
+
+    nobody = pwd.getpwnam("nobody")
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: it never returns into pytest
+        code = 70
+        try:
+            os.close(out_r)
+            os.close(err_r)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            sys.stdout, sys.stderr = open(out_w, "w"), open(err_w, "w")
+            code = main(["history", *args])
+            sys.stdout.flush()
+        except BaseException as e:
+            sys.stderr.write(f"{type(e).__name__}: {e}\n")
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    with open(out_r) as out, open(err_r) as err:
+        stdout, stderr = out.read(), err.read()
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), stdout, stderr
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+def test_a_member_of_the_group_reads_the_journal_while_edged_runs_and_while_it_is_stopped(readable_only: Path) -> None:
+    """Stopped, edged leaves no -shm, which a reader that may not write the folder cannot create:
+    "attempt to write a readonly database", exit 1."""
+    group = pwd.getpwnam("nobody").pw_gid
+    journal = readable_only / "journal.sqlite"
+    daemon = JournalStore(journal, "normal")
+    daemon.open()
+    os.chown(journal, 0, group)
+    journal.chmod(0o640)  # SQLite gives its -wal and -shm the file's owner and mode
+    daemon.close()
+    os.chown(readable_only, 0, group)
+    readable_only.chmod(0o750)
+    daemon.append([_entry(n, "cam0", "ok", f"P-{n}") for n in range(3)], IDENTITY, True)  # edged runs: rows in its WAL
+    assert {p.name for p in readable_only.iterdir()} == {"journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm"}
+    code, out, err = _history_as_nobody("--journal", str(journal), "--json")
+    assert code == 0, err
+    assert [row["part_id"] for row in json.loads(out)] == ["P-0", "P-1", "P-2"]
+    daemon.append([_entry(3, "cam0", "ng", "P-3")], IDENTITY, True)
+    daemon.close()  # edged stops: the WAL is folded into the file, -wal and -shm are gone
+    assert [p.name for p in readable_only.iterdir()] == ["journal.sqlite"]
+    code, out, err = _history_as_nobody("--journal", str(journal), "--json")
+    assert code == 0, err
+    assert [row["part_id"] for row in json.loads(out)] == ["P-0", "P-1", "P-2", "P-3"]
+    code, out, err = _history_as_nobody("--journal", str(journal), "--part-id", "P-3")
+    assert (code, out.count("\n")) == (0, 1), err
+
+
+@pytest.mark.integration
+def test_reading_a_stopped_daemons_journal_leaves_nothing_beside_it(journal: Path) -> None:
+    """A read-only open created -wal and -shm and left them, owned by the reader: root's kept edged,
+    started next as its own user, from writing its journal ("attempt to write a readonly database")."""
+    done = run_cli("history", "--journal", str(journal), "--part-id", "P-7")
+    assert done.returncode == 0, done.stderr
+    assert "frame 7" in done.stdout
+    assert [p.name for p in journal.parent.iterdir()] == ["journal.sqlite"]
+
+
+@pytest.mark.integration
+def test_a_journal_path_with_uri_characters_is_read_where_it_is(journal: Path, tmp_path: Path) -> None:
+    """The path went into an SQLite URI as it was: ``?`` and ``#`` cut it short and an empty database was created there."""
+    odd = tmp_path / "line?1#a%20"
+    odd.mkdir()
+    journal = journal.rename(odd / "journal.sqlite")
+    done = run_cli("history", "--journal", str(journal), "--json")
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)) == 30
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["line?1#a%20"]
+
+
+@pytest.mark.unit
+def test_a_configuration_with_the_journal_off_says_so(
+    journal: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "no journal at ...; it is written once a verdict is made", which it never would be."""
+    with pytest.raises(JournalUnreadable, match=r"the journal is off in this configuration \(\[journal\] enabled = false\)"):
+        run_history(tmp_path / "none.sqlite", Query(), "table", journal_off=True)
+    assert run_history(journal, Query(part_id="P-7"), "table", journal_off=True) == 0  # one kept from before: shown
+    assert "frame 7" in capsys.readouterr().out

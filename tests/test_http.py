@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import threading
 import time
@@ -29,6 +30,8 @@ from prometheus_client.samples import Sample
 from waiting import wait_for
 
 from edged.http import HttpServer
+from edged.identity import Identity
+from edged.journal import Entry, JournalStore
 from edged.messages import DetectionsMessage, StatusMessage, VerdictMessage, parse_message
 from edged.settings.http import MAX_CONNECTIONS, HttpConfig
 from edged.stats import VERDICTS_KEPT
@@ -910,5 +913,37 @@ def test_on_a_network_listen_the_address_asked_the_board_s_name_and_allowed_host
             address = probe.getsockname()[0]
         assert _status_with_host(port, f"{address}:{port}", f"/healthz?token={token}", connect=address)[0] == 200
         assert _status_with_host(port, f"{address}:{port}", f"/healthz?token={token}")[0] == 421  # asked of 127.0.0.1
+    finally:
+        server.close()
+
+
+def test_history_json_answers_a_reversed_range_400_and_an_endless_age_or_a_row_edited_by_hand_200(
+    tmp_path: Path,
+) -> None:
+    """An age past what a float holds (OverflowError) and a message that is not JSON (a hand-edited
+    journal) dropped the connection with a traceback in the daemon's log; a reversed range gave []."""
+    journal = tmp_path / "journal.sqlite"
+    store = JournalStore(journal, "normal")
+    message = [json.dumps({"kind": "verdict", "frame_id": n}).encode() for n in range(3)]
+    rows = [Entry("verdict", "cam0", n, n, f"P-{n}", "ok", "[]", n, n, "ab" * 32, "cd" * 32, message[n]) for n in range(3)]
+    store.append(rows, Identity("b0a4d1d000000000", "boot-1", "9.9.9"), True)
+    store.close()
+    with sqlite3.connect(journal) as db:
+        db.execute("UPDATE entries SET message = 'not json' WHERE frame_id = 1")
+    db.close()
+    port = free_port()
+    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}"), lambda: None, {"cam0": {}})
+    server.journal = journal
+    server.start()
+    try:
+        assert serving(port)
+        code, _, body = get(port, "/history.json?since=" + "9" * 400 + "d")  # before 1970: every entry
+        assert code == 200, body
+        got = json.loads(body)
+        assert [row["frame_id"] for row in got] == [0, 1, 2]
+        assert (got[1]["message"], got[1]["unreadable"]) == (None, "its message is not JSON")
+        assert got[2]["message"] == {"kind": "verdict", "frame_id": 2}
+        code, _, body = get(port, "/history.json?since=5d&until=10d")
+        assert code == 400 and "--since 5d is later than --until 10d" in json.loads(body)["error"]
     finally:
         server.close()
