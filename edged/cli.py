@@ -19,6 +19,7 @@ from typing import TypeVar, get_args
 from edged import __version__
 from edged.config import DEFAULT_CONFIG_PATH, EngineName, Precision, RuntimeConfig, Settings, Spinning, load_config
 from edged.errors import EXIT_CONFIG, ConfigError, EdgedError, MissingDependency, UsageError
+from edged.files import refuse_overwriting, write_whole
 from edged.keys import SERVICE_USER
 from edged.service import setup_logging
 
@@ -233,6 +234,8 @@ def _output_file(text: str) -> Path:
     folder = path.parent
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is a folder: name a file in it")
+    if path.exists() and not path.is_file():  # a pipe would hold the command up once its work is done
+        raise argparse.ArgumentTypeError(f"{path} is not a regular file (a pipe or a device): name a file")
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"no folder {folder} to write {path.name} in: create it first")
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
@@ -789,9 +792,12 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     for path in (args.model, args.labels):
         if path is not None and not path.is_file():
             raise UsageError(f"{path} is not a file")
-    text = sign(args.model, args.labels, args.key)
     out = signature_path(args.model, args.out)
-    out.write_text(text)
+    refuse_overwriting({"--out": out}, {"the model": args.model, "--key": args.key, "--labels": args.labels})
+    text = sign(args.model, args.labels, args.key)
+    if args.key.stat().st_mode & 0o077:  # kept off the board, and still a secret: ssh would refuse it
+        print(f"warning: others may read the private key {args.key}: chmod 600 {args.key}", file=sys.stderr)
+    write_whole(out, text)
     print(f"signed {args.model} ({text.splitlines()[1].split()[1][:12]}) into {out}")
     return 0
 
@@ -809,7 +815,7 @@ def _cmd_control(args: argparse.Namespace) -> int:
 def _emit(text: str, out: Path | None) -> int:
     """A generated document to ``out``, or to stdout without one."""
     if out:
-        out.write_text(text)
+        write_whole(out, text)
     else:
         sys.stdout.write(text)
     return 0
@@ -860,6 +866,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise MissingDependency(f"quantize needs the onnx package (pip install onnx): {e}") from None
     setup_logging("warning")
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # as Ctrl-C: its temporary files are removed on the way out
     return run_quantize(args)
 
 
@@ -867,6 +874,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from edged.tools.tune import run_tune
 
     setup_logging("warning")
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # as Ctrl-C: the INT8 model it was making is removed
     return run_tune(args)
 
 
@@ -914,6 +922,9 @@ def main(argv: list[str] | None = None) -> int:
         what = "configuration error" if isinstance(e, ConfigError) else f"{args.command} failed"
         print(f"edged: {what}: {e}", file=sys.stderr)
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C in a tool: what it started is undone on the way here, no traceback
+        print(f"edged: {args.command} interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

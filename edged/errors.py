@@ -20,6 +20,7 @@
     ├── SourceError               1  the camera is gone or cannot be opened; capture retries
     ├── InferenceError            1  one run failed; the frame is skipped and counted
     ├── QuantizeError             1  quantising, or running the quantised model, failed
+    ├── OutputFileError           1  a file a command writes cannot be written (no space, no permission)
     ├── ColdStartError            1  ``edged bench --cold-start``: the daemon exited or published nothing
     ├── MessageError              1  a received payload is not a valid edged message
     ├── TriggerFailed             1  ``edged trigger``: an error reply, or no reply in time
@@ -145,6 +146,11 @@ class InferenceError(EdgedError):
 
 class QuantizeError(EdgedError):
     """Quantising failed, or the quantised model does not load or run."""
+
+
+class OutputFileError(EdgedError):
+    """A file a command writes (a report, a model, a signature) cannot be written; the message says
+    why. Nothing half-written is left in its place (`edged.files.write_whole`)."""
 
 
 class ColdStartError(EdgedError):

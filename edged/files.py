@@ -1,16 +1,24 @@
-"""Reading a small file that anyone may have put in its place: an image in a folder, a dataset's record.
+"""Reading a small file that anyone may have put in its place, and writing a command's output whole.
 
-Opened without waiting, so a pipe where the file was expected (a link to one) holds nothing up;
-read only when it is a regular file, so a device such as ``/dev/zero`` is not read without end;
-and never more than the caller's bound, checked on the size before reading and on what was read
-(a file may grow while it is read).
+A file is read opened without waiting, so a pipe where the file was expected (a link to one) holds
+nothing up; only when it is a regular file, so a device such as ``/dev/zero`` is not read without
+end; and never more than the caller's bound, checked on the size before reading and on what was
+read (a file may grow while it is read).
+
+A command's output (a model, a report, a signature) is written beside its place and renamed into
+it, so a full disk or a kill leaves the old file or none, never half of one; and never over one of
+the command's own inputs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from edged.errors import OutputFileError, UsageError
 
 
 class NotRegularFile(ValueError):
@@ -42,3 +50,51 @@ def read_regular(path: str | Path, limit: int) -> bytes:
     if size > limit:
         raise FileTooLarge(path, size, limit)
     return data
+
+
+def write_whole(path: Path, data: bytes | str) -> None:
+    """``data`` in the file at ``path``, whole or not at all: `OutputFileError` naming why not."""
+    write_with(path, lambda tmp: tmp.write_bytes(data.encode() if isinstance(data, str) else data))
+
+
+def write_with(path: Path, write: Callable[[Path], object]) -> None:
+    """The file ``write`` makes at the path it is given, moved to ``path`` once whole (`write_whole`);
+    never over a device or a pipe, which the move would replace."""
+    if path.exists() and not path.is_file():
+        raise OutputFileError(f"cannot write {path}: not a regular file")
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.part{path.suffix}")  # the suffix kept: onnx.save reads it
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OSError):
+            raise OutputFileError(f"cannot write {path}: {e.strerror or e}") from None
+        raise
+
+
+def _identity(path: Path) -> tuple[int, int] | Path:
+    """What makes two paths one file: its device and inode where it exists (a hard link is the same
+    file), else the path with its links resolved."""
+    try:
+        status = path.stat()
+    except OSError:
+        return path.resolve()
+    return status.st_dev, status.st_ino
+
+
+def refuse_overwriting(outputs: Mapping[str, Path | None], inputs: Mapping[str, Path | None]) -> None:
+    """`UsageError` for an output that is one of the command's ``inputs`` or another output: writing
+    it would destroy what the command reads (a signing key, the model) or what it wrote first."""
+    taken: dict[tuple[int, int] | Path, str] = {}
+    for name, path in inputs.items():
+        if path is not None and path.exists():
+            taken.setdefault(_identity(path), name)
+    for name, path in outputs.items():
+        if path is None:
+            continue
+        key = _identity(path)
+        if key in taken:
+            raise UsageError(f"{name} {path} is the file of {taken[key]}: writing it would destroy it; name another file")
+        taken[key] = name

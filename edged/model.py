@@ -20,6 +20,7 @@ from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engines import InferenceEngine, open_engine
 from edged.errors import ContractError, EdgedError, HeadError, ModelError
+from edged.files import read_regular
 from edged.heads.anomaly import AnomalyHead, anomalib_size
 from edged.heads.base import fmt_classes
 from edged.heads.classify import ClassifyHead
@@ -96,12 +97,20 @@ class LoadedModel:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
 
 
+MAX_LABELS_BYTES = 1 << 20  # a labels file: 1 MiB is some 50,000 class names
+
+
 def read_labels(path: Path) -> list[str]:
+    """The class names in ``path``, one per line; `ModelError` for a file that is none (a pipe, a
+    device, megabytes) or lists no class: the model's own names would be dropped for its class ids."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        lines = read_regular(path, MAX_LABELS_BYTES).decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ModelError(f"cannot read labels file {path}: {e}") from None
-    return [line.strip() for line in lines if line.strip()]
+    names = [line.strip() for line in lines if line.strip()]
+    if not names:
+        raise ModelError(f"labels file {path} lists no class: one name per line, in class order")
+    return names
 
 
 def _head(engine: InferenceEngine, cfg: ModelConfig) -> tuple[str, int]:
@@ -122,7 +131,8 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     """Load and check a model for ``lanes`` threads running it at once (`edged.lanes`); raises
     ModelError (cannot load) or ContractError (cannot trust)."""
     if not cfg.path.is_file():
-        raise ModelError(f"model file {cfg.path} does not exist")
+        what = "is not a file" if cfg.path.exists() else "does not exist"
+        raise ModelError(f"model file {cfg.path} {what}")
     signed = verify(cfg) if cfg.require_signature else None  # before the runtime parses a byte of it
     engine = open_engine(cfg, runtime, record_placement=record_placement, lanes=lanes)
     if signed is not None and engine.identity.sha256 != signed:

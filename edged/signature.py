@@ -64,7 +64,10 @@ def sign(model: Path, labels: Path | None, private_key: Path) -> str:
     key = _read_key(private_key, lambda data: serialization.load_pem_private_key(data, password=None), "private")
     if not isinstance(key, ed25519.Ed25519PrivateKey):
         raise KeyFileError(f"{private_key} is not an ed25519 private key (openssl genpkey -algorithm ed25519)")
-    signed = Signed.of(model, labels).text()
+    try:
+        signed = Signed.of(model, labels).text()
+    except OSError as e:
+        raise ModelError(f"cannot read {e.filename}: {e.strerror or e}") from None
     return f"{signed}signature {base64.b64encode(key.sign(signed.encode())).decode()}\n"
 
 

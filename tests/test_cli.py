@@ -364,12 +364,17 @@ def test_every_command_has_useful_help(command: str) -> None:
         ["config-reference", "--out", "{out}"],
     ],
 )
-def test_a_file_to_write_in_a_missing_folder_is_refused_before_any_work(tmp_path: Path, args: list[str]) -> None:
+def test_a_file_to_write_in_a_missing_folder_a_folder_or_a_pipe_is_refused_before_any_work(
+    tmp_path: Path, args: list[str]
+) -> None:
     missing = tmp_path / "no-such-folder" / "out.json"
     code, _, err = parsed(*(a.format(out=missing) for a in args))
     assert code == 2 and f"no folder {missing.parent} to write out.json in" in err
     code, _, err = parsed(*(a.format(out=tmp_path) for a in args))
     assert code == 2 and f"{tmp_path} is a folder" in err
+    os.mkfifo(tmp_path / "pipe")  # written once the work was done, it held the command up for ever
+    code, _, err = parsed(*(a.format(out=tmp_path / "pipe") for a in args))
+    assert code == 2 and f"{tmp_path / 'pipe'} is not a regular file" in err
 
 
 @pytest.mark.parametrize(

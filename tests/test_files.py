@@ -1,4 +1,5 @@
-"""Reading a file that may be a pipe, a device or too large, without waiting or reading without end."""
+"""Reading a file that may be a pipe, a device or too large, without waiting or reading without end;
+writing a command's output whole or not at all, and never over one of its inputs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from edged.files import FileTooLarge, NotRegularFile, read_regular
+from edged.errors import OutputFileError, UsageError
+from edged.files import FileTooLarge, NotRegularFile, read_regular, refuse_overwriting, write_whole, write_with
 
 pytestmark = pytest.mark.unit
 
@@ -35,3 +37,41 @@ def test_a_file_over_the_bound_is_refused_with_its_size(tmp_path: Path) -> None:
 def test_a_missing_file_is_an_oserror(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         read_regular(tmp_path / "missing", 5)
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_nothing_beside_it(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    out.write_text("the old report")
+
+    def half(path: Path) -> None:
+        path.write_text("half of the new")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OutputFileError, match=r"cannot write .*report\.json: No space left on device"):
+        write_with(out, half)
+    assert out.read_text() == "the old report" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+    write_whole(out, "the new report")
+    assert out.read_text() == "the new report" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_a_write_into_a_folder_that_takes_no_file_is_an_output_error(tmp_path: Path) -> None:
+    with pytest.raises(OutputFileError, match="cannot write"):
+        write_whole(tmp_path / "missing" / "report.json", "{}")
+    os.mkfifo(tmp_path / "pipe")
+    for device in (Path("/dev/full"), tmp_path / "pipe"):  # moved over, the device or pipe would be replaced
+        with pytest.raises(OutputFileError, match="not a regular file"):
+            write_whole(device, "{}")
+    assert Path("/dev/full").is_char_device() and (tmp_path / "pipe").is_fifo()
+
+
+def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path: Path) -> None:
+    key = tmp_path / "signing.pem"
+    key.write_text("secret")
+    os.link(key, tmp_path / "hard.pem")
+    os.symlink(key, tmp_path / "soft.pem")
+    for out in (key, tmp_path / "hard.pem", tmp_path / "soft.pem", tmp_path / "." / "signing.pem"):
+        with pytest.raises(UsageError, match=f"--out {out} is the file of --key: writing it would destroy it"):
+            refuse_overwriting({"--out": out}, {"--key": key, "--labels": None})
+    with pytest.raises(UsageError, match=r"--report .* is the file of --out"):
+        refuse_overwriting({"--out": tmp_path / "new", "--report": tmp_path / "new"}, {})
+    refuse_overwriting({"--out": tmp_path / "new", "--report": None}, {"--key": key, "--missing": tmp_path / "gone"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from onnx import TensorProto, helper
 from onnx_models import colour_probe, dynamic_probe, solid_frame
 
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import ContractError
+from edged.errors import ContractError, ModelError
 from edged.model import load_model
 from edged.pipeline import FramePipeline
 
@@ -48,6 +49,16 @@ def test_a_dynamic_export_with_no_size_to_serve_is_refused(tmp_path: Path) -> No
 def test_a_fixed_size_model_refuses_another_imgsz(tmp_path: Path) -> None:
     with pytest.raises(ContractError, match=r"model\.imgsz = \[320, 320\] but input 'images' is fixed at \[1, 3, 64, 64\]"):
         load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx"), imgsz=320), RuntimeConfig())
+
+
+def test_a_labels_file_that_lists_no_class_or_is_no_file_is_refused(tmp_path: Path) -> None:
+    # An empty file was taken for "no labels": the model's own names gave way to class ids.
+    model = colour_probe(tmp_path / "m.onnx")
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    os.mkfifo(tmp_path / "pipe")  # with no writer, reading it waited for ever
+    for labels, says in ((tmp_path / "empty.txt", "lists no class"), (tmp_path / "pipe", "is not a regular file")):
+        with pytest.raises(ModelError, match=says):
+            load_model(ModelConfig(path=model, labels=labels), RuntimeConfig())
 
 
 @pytest.mark.parametrize(("labels", "says"), [("red\n", "lists 1 class but"), ("red\nblue\ngreen\n", "lists 3 classes but")])

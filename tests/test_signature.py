@@ -4,17 +4,18 @@ or foreign-signed model is refused before it is loaded, at start (78) and on rel
 from __future__ import annotations
 
 import base64
+import shlex
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
-from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from daemon import RunningDaemon, edged_command, free_port, run_cli, write_config, write_video
 from onnx_models import fixed_scene
 from waiting import wait_for
 
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import KeyFileError, ModelError
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, KeyFileError, ModelError
 from edged.model import load_model
 from edged.signature import Signed, sign, signature_path, verify
 
@@ -144,3 +145,59 @@ def test_the_daemon_refuses_an_unsigned_model_with_78_and_keeps_a_signed_one_ove
         assert {m.model.sha256 for m in after} == {first.model.sha256}  # type: ignore[union-attr]
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("target", ["key", "model", "labels"])
+def test_sign_refuses_to_write_its_signature_over_the_key_the_model_or_the_labels(tmp_path: Path, target: str) -> None:
+    # --out over the key replaced the private key with the signature.
+    model = fixed_scene(tmp_path / "scene.onnx", SCENE)
+    labels = tmp_path / "labels.txt"
+    labels.write_text("a\nb\n")
+    private, _ = keypair(tmp_path)
+    paths = {"key": private, "model": model, "labels": labels}
+    before = {path: path.read_bytes() for path in paths.values()}
+    result = run_cli("sign", str(model), "--labels", str(labels), "--key", str(private), "--out", str(paths[target]))
+    assert result.returncode == 2 and "writing it would destroy it" in result.stderr, result.stderr
+    assert {path: path.read_bytes() for path in paths.values()} == before
+
+
+def test_sign_says_what_it_cannot_read_or_write_without_a_traceback(tmp_path: Path) -> None:
+    # A model it could not read, or a folder it could not write the signature into, was a traceback.
+    model = fixed_scene(tmp_path / "scene.onnx", SCENE)
+    private, _ = keypair(tmp_path)
+    private.chmod(0o600)
+    (tmp_path / "sealed").mkdir()
+    sealed_model = tmp_path / "sealed" / "m.onnx"
+    sealed_model.write_bytes(model.read_bytes())
+    (tmp_path / "sealed").chmod(0o555)
+    unprivileged = ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c"]  # root, as any user is
+    model.chmod(0)
+    result = subprocess.run(
+        [*unprivileged, shlex.join(edged_command("sign", str(model), "--key", str(private)))], capture_output=True, text=True
+    )
+    assert result.returncode == EXIT_CONFIG and f"cannot read {model}: Permission denied" in result.stderr, result.stderr
+    model.chmod(0o644)
+    out = tmp_path / "sealed" / "scene.onnx.sig"
+    result = subprocess.run(
+        [*unprivileged, shlex.join(edged_command("sign", str(model), "--key", str(private), "--out", str(out)))],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "cannot be written by this user" in result.stderr, result.stderr
+    result = subprocess.run(  # the signature's default place, beside the model
+        [*unprivileged, shlex.join(edged_command("sign", str(sealed_model), "--key", str(private)))],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == EXIT_FAILURE and f"cannot write {sealed_model}.sig: Permission denied" in result.stderr
+    assert list((tmp_path / "sealed").iterdir()) == [sealed_model]
+
+
+def test_sign_warns_of_a_private_key_others_may_read(tmp_path: Path) -> None:
+    model = fixed_scene(tmp_path / "scene.onnx", SCENE)
+    private, _ = keypair(tmp_path)
+    private.chmod(0o644)
+    result = run_cli("sign", str(model), "--key", str(private))
+    assert result.returncode == 0 and f"others may read the private key {private}: chmod 600" in result.stderr
+    private.chmod(0o600)
+    assert "warning" not in run_cli("sign", str(model), "--key", str(private)).stderr

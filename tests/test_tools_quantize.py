@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
+import signal
+import subprocess
 import tracemalloc
 from collections.abc import Iterator
 from dataclasses import replace
@@ -17,7 +20,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from daemon import run_cli
+from daemon import edged_command, run_cli
 from onnx import TensorProto, helper, numpy_helper
 from onnx_models import colour_probe, reversed_classes
 
@@ -25,10 +28,12 @@ from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_FAILURE, EXIT_USAGE, DataError, QuantizeError, UsageError
 from edged.model import LoadedModel, load_model
 from edged.preprocess import Preprocessor
+from edged.sources.scenes import CLASS_NAMES
 from edged.tools import quantize as q
 from edged.tools.evaluate import EvalSample, folder_samples, scene_samples
 
 TASKS = Path(__file__).parent / "data" / "tasks"
+DEMO = Path(__file__).resolve().parents[1] / "models" / "demo.onnx"
 
 pytestmark = pytest.mark.tools
 
@@ -66,7 +71,8 @@ def _save(path: Path, nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
-    helper.set_model_props(model, {"names": str({i: f"c{i}" for i in range(NC)})})
+    # The generated scenes' classes: scored on them, a model of other classes is refused.
+    helper.set_model_props(model, {"names": str(dict(enumerate(CLASS_NAMES[:NC])))})
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
@@ -519,11 +525,41 @@ def test_cli_refuses_a_negative_thread_count(built: dict[str, Any], tmp_path: Pa
     assert result.returncode == EXIT_USAGE and "--threads must be 0" in result.stderr
 
 
-def test_cli_refuses_to_overwrite_the_input_model(built: dict[str, Any]) -> None:
-    before = built["fp32"].read_bytes()
-    result = run_cli("quantize", "--model", str(built["fp32"]), "--out", str(built["fp32"]))
-    assert result.returncode == EXIT_USAGE and "must not be the input model" in result.stderr
-    assert built["fp32"].read_bytes() == before
+@pytest.mark.parametrize(
+    ("out", "report", "named"),
+    [
+        ("model", None, "--out"),
+        ("o.onnx", "model", "--report"),
+        ("o.onnx", "o.onnx", "--report"),
+        ("o.onnx", "config", "--report"),
+    ],
+)
+def test_cli_refuses_to_write_over_its_own_inputs_or_outputs(
+    built: dict[str, Any], tmp_path: Path, out: str, report: str | None, named: str
+) -> None:
+    # Only --out over --model was refused: the report replaced the INT8 model it had just written,
+    # or the FP32 model, or the configuration.
+    model = tmp_path / "tiny.onnx"
+    model.write_bytes(built["fp32"].read_bytes())
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[model]\npath = "{model}"\n')
+    paths = {"model": model, "config": config}
+    args = ["--out", str(paths.get(out, tmp_path / out)), "--config", str(config)]
+    if report is not None:
+        args += ["--report", str(paths.get(report, tmp_path / report))]
+    before = {path: path.read_bytes() for path in paths.values()}
+    result = run_cli("quantize", "--model", str(model), *args, "--calib-scenes", "2")
+    assert result.returncode == EXIT_USAGE and f"{named} " in result.stderr, result.stderr
+    assert "writing it would destroy it" in result.stderr and "calibrating" not in result.stderr
+    assert {path: path.read_bytes() for path in paths.values()} == before and not (tmp_path / "o.onnx").exists()
+
+
+def test_an_int8_model_is_refused_as_the_model_to_quantise(built: dict[str, Any], tmp_path: Path) -> None:
+    # Quantised again, it failed at the end ("two nodes with same node name") and left the invalid model.
+    out = tmp_path / "o.onnx"
+    result = run_cli("quantize", "--model", str(built["int8"]), "--out", str(out))
+    assert result.returncode == EXIT_USAGE and "is already quantised" in result.stderr, result.stderr
+    assert not out.exists()
 
 
 def test_an_unreadable_calibration_image_is_a_data_error_naming_it(built: dict[str, Any], tmp_path: Path) -> None:
@@ -597,3 +633,53 @@ def test_calibration_images_are_taken_without_reading_their_labels(built: dict[s
         "--calib-images", str(tmp_path / "images"), "--eval-scenes", "0", "--latency-frames", "0",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("label", "inspect", "code", "message"),
+    [
+        ("0 nan 0.5 0.2 0.2\n", "", EXIT_DATA, "a.txt:1: coordinates are fractions"),
+        ("0 0.5 0.5 0.2 0.2\n", '[inspect]\nng_classes = ["dent"]\n', EXIT_CONFIG, "'dent'"),
+    ],
+)
+def test_a_bad_label_or_inspection_for_the_comparison_is_said_before_quantising(
+    built: dict[str, Any], tmp_path: Path, label: str, inspect: str, code: int, message: str
+) -> None:
+    # Both were found by the comparison, after the calibration, with the INT8 model written.
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((48, 64, 3), np.uint8))
+    (tmp_path / "images" / "a.txt").write_text(label)
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[model]\npath = "{built["fp32"]}"\n\n{inspect}')
+    out = tmp_path / "o.onnx"
+    result = run_cli(
+        "quantize", "--model", str(built["fp32"]), "--out", str(out), "--calib-scenes", "2",
+        "--data", str(tmp_path / "images"), "--config", str(config), "--latency-frames", "0",
+    )  # fmt: skip
+    assert result.returncode == code and message in result.stderr, result.stderr
+    assert "calibrating" not in result.stderr and not out.exists()
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_stopped_while_quantising_it_leaves_no_file_behind(tmp_path: Path, signum: int, code: int) -> None:
+    # SIGTERM left the prepared model and onnxruntime's augmented one in /tmp (3.4 MB each), and
+    # Ctrl-C printed a traceback.
+    temp, out = tmp_path / "tmp", tmp_path / "out"
+    temp.mkdir()
+    out.mkdir()
+    command = edged_command(
+        "quantize", "--model", str(DEMO), "--out", str(out / "demo.int8.onnx"), "--calib-scenes", "200",
+        "--eval-scenes", "0", "--latency-frames", "0",
+    )  # fmt: skip
+    with subprocess.Popen(command, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(temp)}) as proc:
+        assert proc.stderr is not None
+        said = b""
+        while b"/200 images" not in said:  # calibration has begun: the temporary models are written
+            chunk = proc.stderr.read1(4096)
+            assert chunk, said.decode()
+            said += chunk
+        proc.send_signal(signum)
+        said += proc.stderr.read()
+        assert proc.wait(timeout=60) == code, said.decode()
+    left = {path.name for path in temp.iterdir()} - {".ses"}  # onnxruntime's own session id, kept for the next run
+    assert b"Traceback" not in said and left == set() and list(out.iterdir()) == []

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
+import onnx
 import pytest
-from daemon import run_cli
+from daemon import edged_command, run_cli
+from onnx import TensorProto, helper, numpy_helper
 
 from edged.config import load_config
 from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_USAGE
@@ -77,12 +82,19 @@ def test_tune_on_the_demo_model_writes_a_choice_that_passed_and_merges_into_the_
     config = tmp_path / "edged.toml"
     config.write_text(CONFIG)
     snippet = tmp_path / "tuned.toml"
-    done = run_cli(
-        "tune", "--config", str(config), "--images", str(tmp_path / "images"), "--frames", "5", "--warmup", "2",
-        "--engine", "onnxruntime", "--cache-dir", str(tmp_path / "cache"), "--json", "--out", str(snippet),
-        timeout=300,
+    # Someone's INT8 model where tune would write its own, which tune left as it was.
+    (tmp_path / "cache").mkdir()
+    theirs = tmp_path / "cache" / "demo.int8.onnx"
+    theirs.write_bytes(b"an INT8 model, signed and calibrated on other images")
+    done = subprocess.run(
+        edged_command(
+            "tune", "--config", str(config), "--images", "images", "--frames", "5", "--warmup", "2",
+            "--engine", "onnxruntime", "--cache-dir", "cache", "--json", "--out", str(snippet),
+        ),
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert theirs.read_bytes() == b"an INT8 model, signed and calibrated on other images"
     report = json.loads(done.stdout)
     assert [(r["engine"], r["precision"]) for r in report["rows"]] == [("onnxruntime", "f32"), ("onnxruntime", "int8")]
     for row in report["rows"]:
@@ -103,6 +115,10 @@ def test_tune_on_the_demo_model_writes_a_choice_that_passed_and_merges_into_the_
     settings = load_config(combined)
     assert (settings.model.engine, settings.model.precision) == (choice["engine"], choice["precision"])
     assert settings.model.path == Path(choice["path"]) and settings.model.path.is_file()
+    # The path is absolute: a relative --cache-dir, merged into a configuration elsewhere, named a file that was not there.
+    assert Path(choice["path"]).is_absolute() and tomllib.loads(snippet.read_text())["model"]["path"] == choice["path"]
+    made = tmp_path / "cache" / "demo.int8.2.onnx"
+    assert made.exists() == (choice["precision"] == "int8")  # its own, removed unless chosen
 
 
 @pytest.mark.unit
@@ -229,3 +245,97 @@ def test_tune_times_images_of_several_sizes_on_those_of_the_first_size(tmp_path:
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(done.stdout)["rows"]
     assert row["agreement"]["images"] == 2
+
+
+def _qdq_model(path: Path) -> Path:
+    """A quantised model: a tensor through QuantizeLinear and back."""
+    scale, zero = (
+        numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.uint8), "z"),
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+        ],
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [scale, zero],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return path
+
+
+def test_tune_refuses_a_quantised_model_as_the_fp32_reference(tmp_path: Path) -> None:
+    # Its row was called f32, its boxes "FP32's own", and it was quantised again into a model that did not load.
+    model = _qdq_model(tmp_path / "demo.int8.onnx")
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[model]\npath = "{model}"\nprecision = "int8"\n')
+    done = run_cli("tune", "--config", str(config), "--frames", "1")
+    assert done.returncode == EXIT_USAGE and "is quantised" in done.stderr and "give this one as --int8" in done.stderr
+
+
+@pytest.mark.parametrize("target", ["model", "labels"])
+def test_tune_refuses_to_write_its_snippet_over_the_model_or_its_labels(tmp_path: Path, target: str) -> None:
+    # --out over the configured model turned a 3.4 MB model into a snippet naming itself.
+    model, labels = tmp_path / "demo.onnx", tmp_path / "demo.labels"
+    model.write_bytes(DEMO.read_bytes())
+    labels.write_text("scratch\nspot\ncrack\n")
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[model]\npath = "{model}"\nlabels = "{labels}"\n')
+    target_path = model if target == "model" else labels
+    before = target_path.read_bytes()
+    done = run_cli("tune", "--config", str(config), "--out", str(target_path), "--frames", "1")
+    assert done.returncode == EXIT_USAGE and "writing it would destroy it" in done.stderr, done.stderr
+    assert target_path.read_bytes() == before
+
+
+def test_tune_refuses_an_inspection_naming_a_class_the_model_lacks_before_quantising(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[model]\npath = "{DEMO}"\n\n[inspect]\nng_classes = ["dent"]\n')
+    done = run_cli("tune", "--config", str(config), "--frames", "1")
+    assert done.returncode == EXIT_CONFIG and "'dent'" in done.stderr, done.stderr
+    assert "quantising" not in done.stderr
+
+
+def test_tune_refuses_generated_scenes_for_a_model_of_other_classes(tmp_path: Path) -> None:
+    # Its FP32 rows found nothing of their own classes there, so every variant "agreed" with them.
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[model]\npath = "{Path(__file__).parent / "data" / "tasks" / "seg.onnx"}"\n')
+    done = run_cli("tune", "--config", str(config), "--frames", "1")
+    assert done.returncode == EXIT_USAGE and "scratch, dent, stain" in done.stderr and "--images DIR" in done.stderr
+
+
+def test_a_tune_that_fails_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    # The folder tune quantises into when told nowhere was made, then left, whatever stopped it.
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((48, 64, 3), np.uint8))
+    (tmp_path / "images" / "a.txt").write_text("0 nan 0.5 0.2 0.2\n")
+    (tmp_path / "tmp").mkdir()
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli(
+        "tune", "--config", str(config), "--images", str(tmp_path / "images"), "--labels", str(tmp_path / "images"),
+        "--frames", "1", env={"TMPDIR": str(tmp_path / "tmp")},
+    )  # fmt: skip
+    assert done.returncode == EXIT_DATA and "coordinates are fractions" in done.stderr, done.stderr
+    assert {path.name for path in (tmp_path / "tmp").iterdir()} - {".ses"} == set()
+
+
+def test_a_tune_stopped_while_it_quantises_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    (tmp_path / "tmp").mkdir()
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    command = edged_command("tune", "--config", str(config), "--max-images", "50", "--engine", "onnxruntime")
+    with subprocess.Popen(command, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")}) as proc:
+        assert proc.stderr is not None
+        said = b""
+        while b"/50 images" not in said:  # calibrating into the temporary folder
+            chunk = proc.stderr.read1(4096)
+            assert chunk, said.decode()
+            said += chunk
+        proc.send_signal(signal.SIGTERM)
+        said += proc.stderr.read()
+        assert proc.wait(timeout=60) == 143, said.decode()
+    assert {path.name for path in (tmp_path / "tmp").iterdir()} - {".ses"} == set()  # onnxruntime's own session id

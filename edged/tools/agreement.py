@@ -224,6 +224,17 @@ def class_agreement(
     return ClassAgreement(images, same / images, changed, agree / images if inspect else None, flipped)
 
 
+def check_inspection(model: LoadedModel, inspect: InspectConfig | None, conf: float) -> None:
+    """Refuse now (`ConfigError`) an inspection that names a class ``model`` lacks: found when the
+    verdicts are compared, it would come after minutes of quantising."""
+    if inspect is None:
+        return
+    if model.task == "classify":
+        ClassInspector(inspect, model.labels, model.num_classes, conf)
+    elif model.task in ("detect", "segment"):
+        _Judge(model, inspect, conf)
+
+
 def camera_inspection(settings: Settings, camera_id: str | None) -> InspectConfig | None:
     """What camera ``camera_id`` (the first without one) judges its frames with, as the daemon does
     (`Settings.inspection`: its [source.inspect] keys, such as ``mm_per_px``, over [inspect])."""

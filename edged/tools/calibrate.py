@@ -268,10 +268,14 @@ def report(model: LoadedModel, good: Scored, bad: np.ndarray | None, out: TextIO
         )
 
 
+TASK_NAMES = {"detect": "detection model", "segment": "segmentation model", "classify": "classification model"}
+
+
 def run_calibrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     model = load_model(settings.model, settings.runtime)
     if model.task != "anomaly":
-        raise UsageError(f"edged calibrate is for anomaly models (anomalib exports); {settings.model.path} is a detector")
+        what = TASK_NAMES[model.task]
+        raise UsageError(f"edged calibrate is for anomaly models (anomalib exports); {settings.model.path} is a {what}")
     if (args.good is None) == (args.frames is None):
         raise UsageError("edged calibrate takes good parts from --good DIR or from --frames N of the camera, one of them")
     bad_images = images_in(args.bad) if args.bad is not None else None  # said before the good parts are scored

@@ -40,6 +40,7 @@ from edged.classify import Classes
 from edged.config import ModelConfig, RuntimeConfig
 from edged.decode import Decoder, Detections
 from edged.errors import DataError, ImageError, UsageError
+from edged.files import refuse_overwriting, write_whole
 from edged.geometry import BoxMap
 from edged.heads.base import rows
 from edged.heads.registry import head_named
@@ -49,7 +50,7 @@ from edged.pipeline import FramePipeline, planned
 from edged.segment import Segmenter
 from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, MIN_SIDE
 from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
-from edged.sources.scenes import SceneGenerator
+from edged.sources.scenes import CLASS_NAMES, SceneGenerator
 from edged.tools.calibrate import PixelAuroc, auroc, best_f1, decoded, f1_at, images_in, score_images
 from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predictions, require_pycocotools
 
@@ -87,10 +88,18 @@ def read_yolo_labels(path: Path, width: int, height: int, num_classes: int) -> t
     return boxes, classes
 
 
+def check_labels(folder: Path, num_classes: int) -> None:
+    """Read every label file of the images under ``folder``, so that a bad one (`DataError`) is said
+    before the work that needs them, not after it."""
+    for image in image_files(folder):
+        read_yolo_outlines(label_path(image), 1, 1, num_classes, warn=False)
+
+
 def read_yolo_outlines(
-    path: Path, width: int, height: int, num_classes: int
+    path: Path, width: int, height: int, num_classes: int, *, warn: bool = True
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
-    """`read_yolo_labels` and each object's outline, (p, 2) float32 in pixels (a box row's, its corners)."""
+    """`read_yolo_labels` and each object's outline, (p, 2) float32 in pixels (a box row's, its corners);
+    ``warn``: log the duplicate rows it drops."""
     if path.is_dir():
         raise DataError(f"{path} is a folder, not a label file: move it away or replace it with the image's labels")
     if not path.is_file():
@@ -141,7 +150,7 @@ def read_yolo_outlines(
         boxes.append((*outline.min(axis=0), *outline.max(axis=0)))
         classes.append(c)
         outlines.append(outline)
-    if dropped:
+    if dropped and warn:
         log.warning("%s: %d duplicate label(s) removed, as yolo val removes them", path, dropped)
     return np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(classes, np.int64), tuple(outlines)
 
@@ -187,7 +196,7 @@ def _run_eval_classes(args: argparse.Namespace, model: LoadedModel, out: TextIO)
             "top5": report.top5,
             "images": report.images,
         }
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        write_whole(args.json, json.dumps(document, indent=2) + "\n")
     return 0
 
 
@@ -216,6 +225,19 @@ def folder_samples(folder: Path, num_classes: int | None) -> tuple[int, Iterator
             yield EvalSample(str(path.relative_to(folder)), image, *found)
 
     return len(images), generate()
+
+
+def check_scene_classes(model: LoadedModel, instead: str) -> None:
+    """`UsageError` saying what to do ``instead`` when ``model``'s classes are not the generated
+    scenes' (scratch, spot, crack as class 0, 1, 2): scored on them, any model would seem to lose
+    nothing, since it finds nothing of its own classes there."""
+    names = tuple(model.labels[: len(CLASS_NAMES)])
+    if model.num_classes < len(CLASS_NAMES) or (names and names != CLASS_NAMES):
+        theirs = ", ".join(names) if names else f"{model.num_classes} unnamed"
+        raise UsageError(
+            f"the generated scenes hold {', '.join(CLASS_NAMES)} as classes 0-{len(CLASS_NAMES) - 1}, and the "
+            f"model's classes are {theirs}: scores on them would say nothing; {instead}"
+        )
 
 
 def scene_samples(
@@ -596,11 +618,12 @@ def evaluate_anomaly(model: LoadedModel, data: Path | None, json_path: Path | No
         file=out,
     )
     if json_path is not None:
-        json_path.write_text(json.dumps(document, indent=2) + "\n")
+        write_whole(json_path, json.dumps(document, indent=2) + "\n")
     return 0
 
 
 def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    refuse_overwriting({"--json": args.json}, {"--model": args.model, "--labels": args.labels})
     convention: Convention = "coco" if args.coco else "ultralytics"
     if convention == "coco":
         require_pycocotools()
@@ -616,6 +639,7 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if args.data is not None:
         total, samples = folder_samples(args.data, model.num_classes)
     else:
+        check_scene_classes(model, "evaluate it on your own labelled images with --data DIR")
         width, height = _size(args.size)
         total, samples = scene_samples(args.scenes, args.seed, width, height, outlines=model.task == "segment")
     report = evaluate(model, samples, total, args.report_conf, ProgressBar(total), convention)
@@ -630,5 +654,5 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             "max_det": args.max_det,
             **report.to_dict(),
         }
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        write_whole(args.json, json.dumps(document, indent=2) + "\n")
     return 0

@@ -56,16 +56,34 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from edged.config import ModelConfig, RuntimeConfig, check_thread_option, load_config
 from edged.contract import InputContract
+from edged.engines import is_quantised
 from edged.errors import ContractError, DataError, InferenceError, ModelError, QuantizeError, UsageError
+from edged.files import refuse_overwriting, write_whole, write_with
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePipeline
 from edged.preprocess import AntialiasPreprocessor, Preprocessor, preprocessor
 from edged.settings.inspect import InspectConfig
-from edged.sources.scenes import CLASS_NAMES
-from edged.tools.agreement import Agreement, ClassAgreement, agreement, camera_inspection, class_agreement, labelled
+from edged.tools.agreement import (
+    Agreement,
+    ClassAgreement,
+    agreement,
+    camera_inspection,
+    check_inspection,
+    class_agreement,
+    labelled,
+)
 from edged.tools.bench import machine_info
 from edged.tools.bench_rows import Row, TimedFrame, bench_frame, interleave
-from edged.tools.evaluate import EvalSample, ProgressBar, evaluate, folder_samples, image_files, scene_samples
+from edged.tools.evaluate import (
+    EvalSample,
+    ProgressBar,
+    check_labels,
+    check_scene_classes,
+    evaluate,
+    folder_samples,
+    image_files,
+    scene_samples,
+)
 from edged.tools.metrics import EvalReport
 
 HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -540,8 +558,11 @@ def _check_args(args: argparse.Namespace) -> None:
         check_thread_option(args.threads)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.out.resolve() == args.model.resolve():
-        raise UsageError("--out must not be the input model")
+    refuse_overwriting({"--out": args.out, "--report": args.report}, {"--model": args.model, "--config": args.config})
+    if args.model.is_file() and is_quantised(args.model):
+        raise UsageError(
+            f"{args.model} is already quantised (an `edged quantize` model): quantise the FP32 model it was made from"
+        )
 
 
 def _check_task(args: argparse.Namespace, model: LoadedModel) -> None:
@@ -550,14 +571,6 @@ def _check_task(args: argparse.Namespace, model: LoadedModel) -> None:
         raise UsageError(
             f"{args.model} is an anomaly model (an anomalib export): edged quantize makes INT8 detection, "
             "segmentation and classification models"
-        )
-
-
-def _check_scene_classes(args: argparse.Namespace, model: LoadedModel) -> None:
-    if args.eval_scenes and model.task != "classify" and model.num_classes < len(CLASS_NAMES):
-        raise UsageError(
-            f"the generated scenes have {len(CLASS_NAMES)} classes but the model outputs "
-            f"{model.num_classes}; pass --eval-scenes 0 to skip the accuracy comparison"
         )
 
 
@@ -612,22 +625,34 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         RuntimeConfig(intra_op_threads=args.threads),
     )
     _check_task(args, original)
+    # What the comparison needs is checked now, not after minutes of quantising.
     if args.data is None:
-        _check_scene_classes(args, original)
+        if args.eval_scenes and original.task != "classify":
+            check_scene_classes(original, "compare on your own images with --data DIR, or skip it with --eval-scenes 0")
+    elif original.task == "classify":
+        image_files(args.data)
     else:
-        image_files(args.data)  # said now, not after the quantisation
+        check_labels(args.data, original.num_classes)
     inspect, conf = _inspection(args.config, args.camera)
+    check_inspection(original, inspect, conf)
     calibration, frames = _calibration(args, original)
-    result = quantize(
-        args.model,
+    done: list[Quantised] = []
+    write_with(
         args.out,
-        frames,
-        method=args.method,
-        exclude_head=args.exclude_head,
-        float_stem=args.float_stem,
-        reduce_range=args.reduce_range,
-        pixel_input=pixel_scale(original.contract),
+        lambda tmp: done.append(
+            quantize(
+                args.model,
+                tmp,
+                frames,
+                method=args.method,
+                exclude_head=args.exclude_head,
+                float_stem=args.float_stem,
+                reduce_range=args.reduce_range,
+                pixel_input=pixel_scale(original.contract),
+            )
+        ),
     )
+    result = done[0]
     print_result(result, original.contract, out)
     quantised = load_quantised(args.out, original, pixel_input=result.pixel_input)
     comparison = compare(
@@ -643,5 +668,5 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     print(format_comparison(comparison), file=out)
     if args.report is not None:
         document = report_document(args, original, quantised, result, calibration, comparison)
-        args.report.write_text(json.dumps(document, indent=2) + "\n")
+        write_whole(args.report, json.dumps(document, indent=2) + "\n")
     return 0

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -26,14 +28,16 @@ from typing import Any, TextIO
 import numpy as np
 
 from edged.config import EngineName, ModelConfig, Precision, Settings, load_config
+from edged.engines import is_quantised
 from edged.errors import ConfigError, ContractError, DataError, ModelError, SetupError, UsageError
+from edged.files import refuse_overwriting, write_whole, write_with
 from edged.model import LoadedModel, load_model
 from edged.settings.inspect import InspectConfig
 from edged.tools import bench_rows as rows
-from edged.tools.agreement import RANK_CONF, Flip, agreement, camera_inspection
+from edged.tools.agreement import RANK_CONF, Flip, agreement, camera_inspection, check_inspection
 from edged.tools.bench import machine_info, rss_kb
 from edged.tools.calibrate import decoded
-from edged.tools.evaluate import EvalSample, evaluate, image_files, read_yolo_labels, scene_samples
+from edged.tools.evaluate import EvalSample, check_scene_classes, evaluate, image_files, read_yolo_labels, scene_samples
 
 VARIANTS: tuple[tuple[EngineName, Precision], ...] = (
     ("onnxruntime", "f32"),
@@ -84,10 +88,15 @@ def _images(folder: Path | None, labels: Path | None, limit: int, num_classes: i
 
 
 def _int8_model(
-    args: argparse.Namespace, settings: Settings, reference: LoadedModel, samples: list[EvalSample], log: TextIO
+    args: argparse.Namespace,
+    settings: Settings,
+    reference: LoadedModel,
+    samples: list[EvalSample],
+    made: Path | None,
+    log: TextIO,
 ) -> Path:
-    """The INT8 model: ``--int8`` as given, else `edged quantize`'s, calibrated on the images tune runs on
-    (or training-seed scenes), in ``--cache-dir`` (which `run_tune` sets when the user did not)."""
+    """The INT8 model: ``--int8`` as given, else `edged quantize`'s written to ``made``, calibrated on
+    the images tune runs on (or training-seed scenes)."""
     if args.int8 is not None:
         # One that onnxruntime cannot run as INT8 is a wrong path or file: said now, with exit 78, not
         # as two skipped rows once every other variant has been timed.
@@ -98,17 +107,40 @@ def _int8_model(
         return Path(args.int8)
     from edged.tools import quantize as q  # the onnx package: only when tune quantises
 
-    folder: Path = args.cache_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / f"{settings.model.path.stem}.int8.onnx"
+    assert made is not None  # `run_tune` names it whenever tune quantises
+    out = made
     if args.images is not None:
         total, frames = len(samples), iter(samples)
     else:
         total, frames = scene_samples(len(samples), CALIB_SEED, *SCENE_SIZE)
     print(f"quantising {settings.model.path} to {out}, calibrated on {total} frames ...", file=log)
     calibration = q.CalibrationFrames(reference.contract, frames, total, log)
-    q.quantize(settings.model.path, out, calibration, pixel_input=q.pixel_scale(reference.contract))
+    write_with(
+        out, lambda tmp: q.quantize(settings.model.path, tmp, calibration, pixel_input=q.pixel_scale(reference.contract))
+    )
     return out
+
+
+def _unused(folder: Path, stem: str) -> Path:
+    """``folder/stem.onnx``, or ``stem.2.onnx`` and on where that is taken: a model there (signed,
+    calibrated on other images) is someone's, and stays. Tune removes its own unless it is chosen."""
+    path, n = folder / f"{stem}.onnx", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stem}.{n}.onnx"
+    return path
+
+
+def _cache_folder(folder: Path) -> Path:
+    """``folder``, made now if need be, and writable: found out before the work, not after it."""
+    where = f"{folder}, where tune writes the INT8 model it makes (--cache-dir, else runtime.cache_dir),"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{where} cannot be made: {e.strerror or e}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{where} cannot be written by this user")
+    return folder
 
 
 def _variant_config(settings: Settings, engine: EngineName, precision: Precision, int8: Path | None) -> ModelConfig:
@@ -146,7 +178,8 @@ def _variant(
     """One engine x precision: its timing on the configured thresholds, its accuracy ranked at RANK_CONF
     and its verdicts under ``inspect`` (the camera's, `camera_inspection`)."""
     timed = load_model(cfg, settings.runtime)
-    row: dict[str, Any] = {"engine": cfg.engine, "precision": cfg.precision, "path": str(cfg.path)}
+    # Absolute: the snippet is merged into a configuration, which reads paths relative to its own folder.
+    row: dict[str, Any] = {"engine": cfg.engine, "precision": cfg.precision, "path": str(cfg.path.resolve())}
     row.update(_timing(timed, samples, args.frames, args.warmup))
     row["rss_mb"] = rss_kb() / 1024
     ranked = load_model(cfg.model_copy(update={"conf": RANK_CONF}), settings.runtime)
@@ -227,6 +260,7 @@ def _rows(
     reference: LoadedModel,
     samples: list[EvalSample],
     inspect: InspectConfig | None,
+    made: Path | None,
     log: TextIO,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every variant this machine runs, the reference first; and why each other one is left out."""
@@ -236,7 +270,7 @@ def _rows(
         raise UsageError(f"no engine or precision named {', '.join(sorted(unknown))}; see edged tune --help")
     int8: Path | None = None
     if "int8" in precisions:
-        int8 = _int8_model(args, settings, reference, samples, log)
+        int8 = _int8_model(args, settings, reference, samples, made, log)
     rows_, skipped = [], []
     for engine, precision in VARIANTS:
         if (engine, precision) != REFERENCE and (engine not in engines or precision not in precisions):
@@ -260,21 +294,55 @@ def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = s
     if args.labels is not None and args.images is None:
         raise UsageError("--labels are the labels of --images: give the images too")
     settings = load_config(args.config)
+    model = settings.model
+    refuse_overwriting({"--out": args.out}, {"model.path": model.path, "model.labels": model.labels, "--int8": args.int8})
+    if model.path.is_file() and is_quantised(model.path):
+        raise UsageError(
+            f"model.path {model.path} is quantised, and tune measures every variant against the FP32 model: "
+            "set model.path to the FP32 model it was made from, and give this one as --int8"
+        )
     reference = load_model(
-        settings.model.model_copy(update={"conf": RANK_CONF, "engine": "onnxruntime", "precision": "f32"}),
-        settings.runtime,
+        model.model_copy(update={"conf": RANK_CONF, "engine": "onnxruntime", "precision": "f32"}), settings.runtime
     )
     if reference.task not in ("detect", "segment"):
         what = "a classifier" if reference.task == "classify" else "an anomaly model"
         raise UsageError(f"tune compares boxes and verdicts of a detection or segmentation model, not {what}")
+    if args.images is None:
+        check_scene_classes(reference, "run tune on your own images with --images DIR")
     inspect = camera_inspection(settings, args.camera)  # an unknown --camera said now
-    args.cache_dir = args.cache_dir or settings.runtime.cache_folder()
-    temporary = args.cache_dir is None and args.int8 is None and "int8" in args.precision.split(",")
-    if temporary:  # where tune quantises when told nowhere: said again below when the choice is there
-        args.cache_dir = Path(tempfile.mkdtemp(prefix="edged-tune."))
+    check_inspection(reference, inspect, model.conf)
+    folder: Path | None = args.cache_dir or settings.runtime.cache_folder()
+    temporary = folder is None
+    made = None
+    if args.int8 is None and "int8" in args.precision.split(","):
+        # Where tune quantises: a temporary folder when told nowhere (said again below when it is the choice).
+        folder = Path(tempfile.mkdtemp(prefix="edged-tune.")) if folder is None else _cache_folder(folder)
+        made = _unused(folder, f"{model.path.stem}.int8")
+    choice = None
+    try:
+        choice = _tune(args, settings, reference, inspect, made, temporary, out, log)
+    finally:  # the INT8 model made goes unless it is the choice: after a failure, an interruption, another choice
+        if made is not None and (choice is None or choice["precision"] != "int8"):
+            made.unlink(missing_ok=True)
+            if temporary:
+                shutil.rmtree(made.parent, ignore_errors=True)
+    return 0
+
+
+def _tune(
+    args: argparse.Namespace,
+    settings: Settings,
+    reference: LoadedModel,
+    inspect: InspectConfig | None,
+    made: Path | None,
+    temporary: bool,
+    out: TextIO,
+    log: TextIO,
+) -> dict[str, Any] | None:
+    """Every variant timed and judged, the report printed and the snippet written; the choice."""
     data, samples = _images(args.images, args.labels, args.max_images, reference.num_classes)
     gate = Gate(args.max_map_drop, args.max_flips)
-    rows_, skipped = _rows(args, settings, reference, samples, inspect, log)
+    rows_, skipped = _rows(args, settings, reference, samples, inspect, made, log)
     choice = _judge(rows_, gate, inspect is not None)
     report: dict[str, Any] = {
         "config": str(args.config),
@@ -294,6 +362,6 @@ def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = s
         print(f"warning: {moved}", file=log)
     if args.out is not None and choice is not None:
         reason = f"edged tune: the fastest that passed its gate on {data} ({choice['p50_ms']:.2f} ms p50)"
-        args.out.write_text(snippet(choice, reason + (f"\n# {moved}" if moved else "")))
+        write_whole(args.out, snippet(choice, reason + (f"\n# {moved}" if moved else "")))
         print(f"wrote {args.out}", file=log)
-    return 0
+    return choice
