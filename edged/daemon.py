@@ -21,9 +21,10 @@ from edged.camera import Camera, camera_for, start_capture, stop_captures
 from edged.candidate import Candidate
 from edged.capture import Capture
 from edged.config import Settings
-from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EdgedError, KeyFileError, ModelError
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, KeyFileError, ModelError
 from edged.health import Health, Watched
 from edged.journal import JournalOutput
+from edged.journal import in_use as journal_in_use
 from edged.lanes import Lanes, Outcome
 from edged.lograte import LogRate
 from edged.messages import VerdictMessage
@@ -79,6 +80,8 @@ class Daemon:
                 cfg.camera_id: camera_for(settings, cfg, captures[cfg.camera_id], frame_path(settings, self.model, cfg))
                 for cfg in settings.source
             }
+            if problem := journal_in_use(settings):
+                raise ConfigError(None, [problem])
             self.outputs = Outputs(settings, Services(self.health.current_problem, self._wake))
             stack.callback(self.outputs.close)
             self.desk = RequestDesk(settings, self.outputs) if settings.requesting() else None

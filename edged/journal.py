@@ -13,9 +13,12 @@ that is not a journal (truncated, replaced, damaged) is moved aside and a new on
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -97,6 +100,38 @@ class Entry:
     evidence: str | None = None  # the evidence image saved of the frame, if any
 
 
+def lock(path: Path) -> int:
+    """A file descriptor holding journal ``path``'s lock (``flock`` on ``path.lock``, let go when it
+    closes or edged ends, however it ends); an OSError when another process holds it. Two edged
+    writing one journal would each replay the other's verdicts to its broker, under the same seq."""
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(errno.EWOULDBLOCK, f"in use by another edged (its lock {path}.lock is held)") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def in_use(settings: Settings) -> str | None:
+    """Why ``settings``' journal cannot be this edged's (another edged writes it), for a start or a
+    reload that moves the journal; None when it can, or when it is off. A folder that takes no
+    file is not said here: the writer counts and retries that as it would any full disk."""
+    cfg = settings.journal
+    if not cfg.enabled:
+        return None
+    try:
+        os.close(lock(cfg.file))
+    except OSError as e:
+        if e.errno != errno.EWOULDBLOCK:
+            return None
+        return f"journal.path {cfg.file} is {e.strerror}: give each edged a journal.path of its own"
+    return None
+
+
 def config_sha256(settings: Settings) -> str:
     """SHA-256 of the settings in effect (the file and any ``EDGED_*`` variables), as JSON."""
     return hashlib.sha256(settings.model_dump_json().encode()).hexdigest()
@@ -109,6 +144,7 @@ class JournalStore:
         self.path = path
         self._durability = durability
         self._db: sqlite3.Connection | None = None
+        self._lock: int | None = None  # `lock`'s descriptor while the journal is open
         self.last_id = 0  # the newest row's id, as of the last open or append (read from other threads)
 
     @property
@@ -117,7 +153,10 @@ class JournalStore:
 
     def open(self) -> None:
         """Open the journal, creating it; a file that is not a sound journal (damaged, or another
-        version's table, which every write would fail on) is moved aside first, kept whole."""
+        version's table, which every write would fail on) is moved aside first, kept whole; an
+        OSError while another edged holds it (`lock`)."""
+        if self._lock is None:
+            self._lock = lock(self.path)
         try:
             self._db = self._connect()
         except sqlite3.OperationalError:
@@ -241,26 +280,34 @@ class JournalStore:
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
             self._db = None
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 class JournalWriter:
     """Takes entries from the loop (`offer`, never blocking) and writes them on its own thread."""
 
-    def __init__(self, cfg: JournalConfig, identity: Identity, previous: JournalWriter | None) -> None:
+    def __init__(
+        self, cfg: JournalConfig, identity: Identity, previous: JournalWriter | None, carried: Sequence[Entry] = ()
+    ) -> None:
+        """``previous``: the writer this one replaces, whose counters it goes on with; ``carried``:
+        the entries it could not write, which this one writes first."""
         self.cfg = cfg
         self.store = JournalStore(cfg.file, cfg.durability)
         self._identity = identity
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._queue: deque[Entry] = deque()
-        self._queued_bytes = 0
+        self._queue: deque[Entry] = deque(carried)
+        self._queued_bytes = sum(len(entry.message) for entry in carried)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
         self.recorded: dict[str, int] = previous.recorded if previous else {}
         self.dropped: dict[str, int] = previous.dropped if previous else {}
         self.failures: Failures = Failures(previous.failures if previous else None)
         self.bytes = 0
-        self.accepted = 0  # entries queued so far, in order (the loop's count)
+        self.opened_id = 0  # the newest row's id when `start` opened the journal
+        self.accepted = len(carried)  # entries queued so far, in order (the loop's count)
         self.written = 0  # of those, the ones committed (the journal thread's count)
         self._drop_log = LogRate(LOG_EVERY_S)
         # Set after each batch is committed, and when a write fails: the threads that wait on the journal
@@ -270,6 +317,7 @@ class JournalWriter:
     def start(self) -> None:
         """Open the journal now, so that a feed made next finds it, then write on a thread of its own."""
         self._attempt(self.store.open)
+        self.opened_id = self.store.last_id
         self._thread.start()
 
     def offer(self, entry: Entry) -> None:
@@ -306,21 +354,54 @@ class JournalWriter:
         """Its thread runs and its last write succeeded: what is queued will be on disk soon."""
         return self._thread.is_alive() and not self.failures.failing
 
-    def stop(self, timeout_s: float) -> None:
-        """Write what is queued, within ``timeout_s``, and close the file."""
+    def stop(self, timeout_s: float) -> list[Entry]:
+        """Write what is queued, within ``timeout_s``, and close the file; returns the entries a
+        failing disk kept it from writing, for the writer that replaces it (`JournalOutput.reload`)
+        or to be given up (`give_up`); none while a write is still under way: they are its."""
         with self._lock:
             self._stopping = True
             self._wake.notify()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            with self._lock:
-                left = len(self._queue)
-            log.warning("journal %s: stopping with %d entries not yet written (the disk is too slow)", self.store.path, left)
+        with self._lock:
+            if self._thread.is_alive():
+                log.warning(
+                    "journal %s: stopping with %d entries not yet written (the disk is too slow)",
+                    self.store.path,
+                    len(self._queue),
+                )
+                return []
+            left = list(self._queue)
+            self._queue.clear()
+            self._queued_bytes = 0
+        return left
+
+    def give_up(self, entries: Sequence[Entry]) -> None:
+        """``entries`` will never be written (edged stops while the disk fails): said, and counted as dropped."""
+        if not entries:
+            return
+        for entry in entries:
+            self.dropped[entry.camera_id] = self.dropped.get(entry.camera_id, 0) + 1
+        log.warning(
+            "journal %s: stopping with %d entries not written (%s); they are lost",
+            self.store.path,
+            len(entries),
+            self.failures.last or "the disk failed",
+        )
 
     # ---- the journal's thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._write()
+        except Exception as e:  # a fault of edged's own: said and shown, never a thread gone without a word
+            log.exception("journal %s: its writer stopped", self.store.path)
+            self.failures.failed(f"the journal's writer stopped: {type(e).__name__}: {e}")
+            self._tell()
+        self.store.close()
+
+    def _write(self) -> None:
+        """Write batches as they come, prune now and then, until a stop."""
         retry_s = RETRY_S[0]
         next_prune = 0.0
         while True:
@@ -344,7 +425,6 @@ class JournalWriter:
                 next_prune = time.monotonic() + PRUNE_EVERY_S
             else:
                 next_prune = time.monotonic() + retry_s
-        self.store.close()
 
     def _written(self, batch: list[Entry]) -> None:
         with self._lock:
@@ -376,7 +456,9 @@ class JournalWriter:
         """Run ``action``; an error is counted, and logged when a burst of them starts."""
         try:
             action()
-        except (sqlite3.Error, OSError) as e:
+        except Exception as e:  # the disk's (sqlite3.Error, OSError), or a fault of edged's own: retried as one
+            if not isinstance(e, (sqlite3.Error, OSError)):
+                log.exception("journal %s: unexpected error", self.store.path)
             if self.failures.failed(f"{type(e).__name__}: {e}"):
                 log.error(
                     "journal %s not written: %s; inspection goes on, entries wait in memory (up to %d MB) and "
@@ -399,11 +481,14 @@ class JournalOutput(Output):
     before those outputs in `edged.outputs.OUTPUTS`, so a frame's entries are queued when they hold its sends.
     """
 
-    def __init__(self, settings: Settings, wake: Waker, previous: JournalWriter | None = None) -> None:
+    def __init__(
+        self, settings: Settings, wake: Waker, previous: JournalWriter | None = None, carried: Sequence[Entry] = ()
+    ) -> None:
         self._adopt(settings)
         self._loop_wake = wake
         self._held: deque[tuple[int, Callable[[], object]]] = deque()  # (entries accepted before it, the send)
-        self.writer = JournalWriter(self._cfg, Identity.here(), previous)
+        self.writer = JournalWriter(self._cfg, Identity.here(), previous, carried)
+        self._carried = bool(carried)
         self.writer.committed.add(wake)
         self.writer.start()
 
@@ -487,8 +572,9 @@ class JournalOutput(Output):
             self._adopt(settings)
             self.writer.cfg = cfg
             return self
-        self.drain()
-        return JournalOutput(settings, self._loop_wake, self.writer)
+        left = self.writer.stop(STOP_WAIT_S)  # what a failing disk kept: written to the new journal first
+        self.deliver_recorded()
+        return JournalOutput(settings, self._loop_wake, self.writer, left)
 
     @property
     def path(self) -> Path:
@@ -500,9 +586,12 @@ class JournalOutput(Output):
         return self.writer.store.last_id
 
     def feed(self, name: str, wake: Wake) -> VerdictFeed:
-        """The verdicts for output ``name`` to deliver from the journal; ``wake`` is set when new ones are recorded."""
+        """The verdicts for output ``name`` to deliver from the journal; ``wake`` is set when new ones
+        are recorded. Where the file has no cursor for ``name``, those recorded before the output was
+        there stay unsent, but not the entries carried over from the journal this one replaced:
+        they were made while it was."""
         self.writer.committed.add(wake)
-        return VerdictFeed(self.path, name, first_after=self.last_id)
+        return VerdictFeed(self.path, name, first_after=self.writer.opened_id if self._carried else self.last_id)
 
     def after_recorded(self, send: Callable[[], object]) -> None:
         """Call ``send`` (on the loop's thread) once every entry queued so far is on disk, in the order
@@ -521,7 +610,7 @@ class JournalOutput(Output):
 
     def drain(self) -> None:
         """Write what is queued, within `STOP_WAIT_S`; then whatever was held goes out, recorded or not."""
-        self.writer.stop(STOP_WAIT_S)
+        self.writer.give_up(self.writer.stop(STOP_WAIT_S))
         self.deliver_recorded()
 
     def close(self) -> None:

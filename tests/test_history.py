@@ -299,13 +299,14 @@ def test_a_member_of_the_group_reads_the_journal_while_edged_runs_and_while_it_i
     os.chown(readable_only, 0, group)
     readable_only.chmod(0o750)
     daemon.append([_entry(n, "cam0", "ok", f"P-{n}") for n in range(3)], IDENTITY, True)  # edged runs: rows in its WAL
-    assert {p.name for p in readable_only.iterdir()} == {"journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm"}
+    beside = {"journal.sqlite", "journal.sqlite.lock"}  # the file and edged's lock on it
+    assert {p.name for p in readable_only.iterdir()} == {*beside, "journal.sqlite-wal", "journal.sqlite-shm"}
     code, out, err = _history_as_nobody("--journal", str(journal), "--json")
     assert code == 0, err
     assert [row["part_id"] for row in json.loads(out)] == ["P-0", "P-1", "P-2"]
     daemon.append([_entry(3, "cam0", "ng", "P-3")], IDENTITY, True)
     daemon.close()  # edged stops: the WAL is folded into the file, -wal and -shm are gone
-    assert [p.name for p in readable_only.iterdir()] == ["journal.sqlite"]
+    assert {p.name for p in readable_only.iterdir()} == beside
     code, out, err = _history_as_nobody("--journal", str(journal), "--json")
     assert code == 0, err
     assert [row["part_id"] for row in json.loads(out)] == ["P-0", "P-1", "P-2", "P-3"]
@@ -320,7 +321,7 @@ def test_reading_a_stopped_daemons_journal_leaves_nothing_beside_it(journal: Pat
     done = run_cli("history", "--journal", str(journal), "--part-id", "P-7")
     assert done.returncode == 0, done.stderr
     assert "frame 7" in done.stdout
-    assert [p.name for p in journal.parent.iterdir()] == ["journal.sqlite"]
+    assert {p.name for p in journal.parent.iterdir()} == {"journal.sqlite", "journal.sqlite.lock"}  # and edged's lock
 
 
 @pytest.mark.integration
@@ -332,7 +333,7 @@ def test_a_journal_path_with_uri_characters_is_read_where_it_is(journal: Path, t
     done = run_cli("history", "--journal", str(journal), "--json")
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)) == 30
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["line?1#a%20"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.sqlite.lock", "line?1#a%20"]  # edged's lock stays
 
 
 @pytest.mark.unit

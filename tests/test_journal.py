@@ -8,6 +8,7 @@ import json
 import signal
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,18 +16,22 @@ import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from filesystems import fill, read_only_folder, tmpfs
 from onnx_models import fixed_scene
+from reports import inspecting
 from test_http import get
 from waiting import wait_for
 
 from edged import journal
-from edged.config import load_config
-from edged.errors import ConfigError
+from edged.config import Settings, load_config
+from edged.errors import EXIT_CONFIG, ConfigError
 from edged.identity import Identity, board_id, boot_id
-from edged.journal import Entry, JournalStore, JournalWriter
+from edged.journal import Entry, JournalOutput, JournalStore, JournalWriter
 from edged.messages import AnyMessage, StatusMessage, VerdictMessage, parse_message
+from edged.output import Services
+from edged.reload import load_replacement
 from edged.settings.journal import JournalConfig
 
 IDENTITY = Identity("b0a4d1d000000000", "boot-1", "9.9.9")
+SERVICES = Services(lambda: None, threading.Event())
 
 
 def entry(n: int, camera_id: str = "cam", wall_ns: int | None = None, size: int = 0) -> Entry:
@@ -197,6 +202,114 @@ def test_the_journal_defaults_beside_the_config_or_in_the_state_directory(
     )
     with pytest.raises(ConfigError, match=r"journal.path: folder .*no/such does not exist"):
         load_config(config)
+
+
+def _config(tmp_path: Path, journal_path: Path) -> Path:
+    """A configuration of its own for a journal at ``journal_path``."""
+    name = f"{journal_path.parent.name}-{journal_path.stem}.toml"
+    return write_config(tmp_path / name, inspecting(tmp_path, journal={"path": str(journal_path)}))
+
+
+def _settings(tmp_path: Path, journal_path: Path) -> Settings:
+    return load_config(_config(tmp_path, journal_path))
+
+
+def test_a_reload_that_moves_the_journal_off_a_failing_disk_writes_what_waited_there_first(tmp_path: Path) -> None:
+    # The entries waiting in memory for the full disk were in neither file: the reload that moves the
+    # journal, what an operator does to rescue a full disk, threw them away without a word.
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "good").mkdir()
+    with read_only_folder(tmp_path / "ro"):
+        output = JournalOutput(_settings(tmp_path, tmp_path / "ro" / "journal.sqlite"), threading.Event())
+        for n in range(5):
+            output.writer.offer(entry(n, wall_ns=time.time_ns()))  # within the retention
+        assert wait_for(lambda: output.writer.report("cam").errors > 0)
+        moved = output.reload(_settings(tmp_path, tmp_path / "good" / "journal.sqlite"), SERVICES)
+        assert moved is not None and moved is not output
+        try:
+            assert wait_for(lambda: moved.writer.report("cam").recorded == 5), moved.writer.report("cam")
+            assert [r[0] for r in rows(tmp_path / "good" / "journal.sqlite")] == list(range(5))
+            assert moved.writer.report("cam").dropped == 0
+            feed = moved.feed("mqtt", threading.Event())  # made after they were written: still theirs to send
+            assert [forward.row_id for forward in feed.take(10)] == [1, 2, 3, 4, 5]
+            feed.close()
+        finally:
+            moved.close()
+
+
+def test_a_stop_while_the_disk_fails_says_and_counts_what_it_loses(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "ro").mkdir()
+    with read_only_folder(tmp_path / "ro"):
+        output = JournalOutput(_settings(tmp_path, tmp_path / "ro" / "journal.sqlite"), threading.Event())
+        for n in range(3):
+            output.writer.offer(entry(n))
+        assert wait_for(lambda: output.writer.report("cam").errors > 0)
+        output.close()
+    assert output.writer.report("cam").dropped == 3
+    assert "stopping with 3 entries not written" in caplog.text
+
+
+@pytest.mark.unit
+def test_a_retention_past_a_century_is_refused_at_load(tmp_path: Path) -> None:
+    # 999999 days overflowed SQLite's integer at the first retention pass, and the journal's thread
+    # ended there: nothing was recorded again, and the status said no error.
+    doc = inspecting(tmp_path, journal={"path": str(tmp_path / "j.sqlite"), "max_age_days": 999999})
+    with pytest.raises(ConfigError, match="max_age_days"):
+        load_config(write_config(tmp_path / "edged.toml", doc))
+
+
+def test_an_error_of_edged_own_in_the_journal_thread_is_counted_and_writing_goes_on(tmp_path: Path) -> None:
+    cfg = JournalConfig.model_construct(
+        **{**JournalConfig().model_dump(), "path": tmp_path / "j.sqlite", "max_age_days": 1e9}
+    )
+    w = JournalWriter(cfg, IDENTITY, previous=None)  # settings made in code, past what loading allows
+    w.start()
+    try:
+        for n in range(3):
+            w.offer(entry(n))
+        assert wait_for(lambda: w.report("cam").recorded == 3), w.report("cam")
+        assert w.report("cam").errors > 0 and "OverflowError" in (w.report("cam").last_error or "")
+    finally:
+        w.stop(1)
+
+
+@pytest.mark.unit
+def test_a_journal_held_by_another_edged_is_said_and_not_written_by_a_second(tmp_path: Path) -> None:
+    # Two edged on one file each replayed the other's verdicts to its broker, under the same seq.
+    settings = _settings(tmp_path, tmp_path / "journal.sqlite")
+    assert journal.in_use(settings) is None
+    first = JournalStore(tmp_path / "journal.sqlite", "normal")
+    first.open()
+    try:
+        problem = journal.in_use(settings)
+        assert problem is not None and "in use by another edged" in problem and "journal.path" in problem
+        elsewhere = _settings(tmp_path, tmp_path / "other.sqlite")
+        with pytest.raises(ConfigError, match="in use by another edged"):  # a reload onto it is refused
+            load_replacement(_config(tmp_path, tmp_path / "journal.sqlite"), elsewhere)
+        second = writer(tmp_path / "journal.sqlite")
+        try:
+            second.offer(entry(0))
+            assert wait_for(lambda: second.report("cam").errors > 0)
+            assert "in use by another edged" in (second.report("cam").last_error or "")
+            assert second.report("cam").recorded == 0
+        finally:
+            second.stop(1)
+    finally:
+        first.close()
+    assert journal.in_use(settings) is None  # let go with the file
+
+
+@pytest.mark.integration
+def test_a_second_daemon_naming_a_running_daemons_journal_is_refused_at_start(tmp_path: Path) -> None:
+    d = start(tmp_path)
+    try:
+        d.collect("verdict", 1)  # recording
+        done = run_cli("run", "--config", str(tmp_path / "edged.toml"), timeout=60)  # the same configuration again
+        journal_path = tmp_path / "journal.sqlite"
+        assert done.returncode == EXIT_CONFIG, done.stderr
+        assert f"journal.path {journal_path} is in use by another edged" in done.stderr
+    finally:
+        d.close()
 
 
 @pytest.mark.unit

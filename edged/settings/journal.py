@@ -35,7 +35,9 @@ class JournalConfig(Section):
         "(SQLite WAL, synchronous=NORMAL); 'full': every batch is on the disk before the next (fsync; more SD wear).",
     )
     max_bytes: int = Field(500_000_000, gt=0, description="Most bytes the journal may take; the oldest rows go first.")
-    max_age_days: float = Field(90.0, ge=0, description="Rows older than this are deleted; 0 keeps them.")
+    max_age_days: float = Field(
+        90.0, ge=0, le=36500, description="Rows older than this are deleted; 0 keeps them (at most 36500: a century)."
+    )
 
     @property
     def file(self) -> Path:
