@@ -118,10 +118,11 @@ def lock(path: Path) -> int:
 
 def in_use(settings: Settings) -> str | None:
     """Why ``settings``' journal cannot be this edged's (another edged writes it), for a start or a
-    reload that moves the journal; None when it can, or when it is off. A folder that takes no
-    file is not said here: the writer counts and retries that as it would any full disk."""
+    reload that moves the journal; None when it can, when it is off, or when it records nothing
+    (`JournalWriter.start`). A folder that takes no file is not said here: the writer counts and
+    retries that as it would any full disk."""
     cfg = settings.journal
-    if not cfg.enabled:
+    if not cfg.enabled or not (cfg.detections or settings.inspected()):
         return None
     try:
         os.close(lock(cfg.file))
@@ -314,9 +315,13 @@ class JournalWriter:
         # (the outputs that deliver from it, the loop's sends held until it records, `JournalOutput.after_recorded`).
         self.committed: weakref.WeakSet[Waker] = weakref.WeakSet()
 
-    def start(self) -> None:
-        """Open the journal now, so that a feed made next finds it, then write on a thread of its own."""
-        self._attempt(self.store.open)
+    def start(self, records: bool) -> None:
+        """Open the journal now when it ``records`` verdicts or detections, so that a feed made next
+        finds it, then write on a thread of its own. One that records neither opens (and locks,
+        `lock`) its file only for a first entry, a promotion's: two edged without [inspect] beside
+        one configuration folder share its default journal path, and neither holds it."""
+        if records:
+            self._attempt(self.store.open)
         self.opened_id = self.store.last_id
         self._thread.start()
 
@@ -449,6 +454,8 @@ class JournalWriter:
             return self._stopping
 
     def _prune(self) -> None:
+        if not self.store.opened:  # nothing written yet, or the file went aside: the next write opens it
+            return
         self.store.prune(time.time_ns(), self.cfg.max_age_days, self.cfg.max_bytes)
         self.bytes = self.store.size()
 
@@ -490,7 +497,7 @@ class JournalOutput(Output):
         self.writer = JournalWriter(self._cfg, Identity.here(), previous, carried)
         self._carried = bool(carried)
         self.writer.committed.add(wake)
-        self.writer.start()
+        self.writer.start(records=bool(self._inspected) or self._cfg.detections)
 
     def _adopt(self, settings: Settings) -> None:
         self._cfg = settings.journal

@@ -49,7 +49,7 @@ def rows(path: Path, query: str = "SELECT frame_id FROM entries ORDER BY id") ->
 def writer(path: Path, **keys: object) -> JournalWriter:
     cfg = JournalConfig(path=path, **keys)
     w = JournalWriter(cfg, IDENTITY, previous=None)
-    w.start()
+    w.start(records=True)
     return w
 
 
@@ -263,7 +263,7 @@ def test_an_error_of_edged_own_in_the_journal_thread_is_counted_and_writing_goes
         **{**JournalConfig().model_dump(), "path": tmp_path / "j.sqlite", "max_age_days": 1e9}
     )
     w = JournalWriter(cfg, IDENTITY, previous=None)  # settings made in code, past what loading allows
-    w.start()
+    w.start(records=True)
     try:
         for n in range(3):
             w.offer(entry(n))
@@ -297,6 +297,21 @@ def test_a_journal_held_by_another_edged_is_said_and_not_written_by_a_second(tmp
     finally:
         first.close()
     assert journal.in_use(settings) is None  # let go with the file
+
+
+@pytest.mark.unit
+def test_journals_that_record_nothing_hold_nothing(tmp_path: Path) -> None:
+    # Without [inspect], edged beside one configuration folder share the default journal path (as
+    # `edged bench --cameras` runs them): none opens, locks or refuses it.
+    doc = inspecting(tmp_path, journal={"path": str(tmp_path / "journal.sqlite")})
+    del doc["inspect"]
+    settings = load_config(write_config(tmp_path / "plain.toml", doc))
+    outputs = [JournalOutput(settings, threading.Event()) for _ in range(2)]
+    try:
+        assert not (tmp_path / "journal.sqlite").exists() and journal.in_use(settings) is None
+    finally:
+        for output in outputs:
+            output.close()
 
 
 @pytest.mark.integration

@@ -41,7 +41,7 @@ def journal_latency(folder: Path, durability: Durability, entries: int, fps: flo
     writer = JournalWriter(JournalConfig(path=path, durability=durability), Identity.here(), previous=None)
     commits = _Commits(writer)
     writer.committed.add(commits)
-    writer.start()
+    writer.start(records=True)
     offered: list[int] = []
     offer_ns: list[int] = []
     period_ns = int(1e9 / fps)
