@@ -448,9 +448,9 @@ class MqttOutput(MessageOutput):
         self._unacked: set[int] = set()  # QoS 1/2 messages paho holds until the broker acknowledges them
         self._journal: JournalOutput | None = None  # with it, verdicts come from the journal (`use_journal`)
         self._feeds: deque[VerdictFeed | None] = deque()  # handed over by the loop, taken up by this thread
-        self._feed: VerdictFeed | None = None
-        self._forwarding: dict[int, int] = {}  # message id -> journal row, of verdicts not yet acknowledged
-        self._live_from = 0  # the journal's last row when this connection came up: those up to it are replays
+        self._feed: VerdictFeed | None = None  # the journal's in use (None: none), last of `_sending`
+        self._sending: deque[VerdictFeed] = deque()  # feeds with verdicts to send, the oldest journal's first
+        self._forwarding: dict[int, tuple[VerdictFeed, int]] = {}  # message id -> feed and row, until acknowledged
         self.too_large = 0  # messages from the broker cut by `PacketCap`
         self._too_large_log = LogRate(TOO_LARGE_LOG_INTERVAL_S)  # a publisher decides how often they come
         self._stop = threading.Event()
@@ -564,7 +564,8 @@ class MqttOutput(MessageOutput):
                 if self._open():
                     self._serve()
             self._finish(time.monotonic() + CLOSE_TIMEOUT_S)
-            self._take_feed(None)
+            for feed in {*self._sending, *(feed for feed, _ in self._forwarding.values())}:
+                feed.close()
         except Exception:  # a bug here must not end the daemon: the stream stops, ZeroMQ goes on
             log.exception("the MQTT output failed and stops; ZeroMQ publishing goes on")
             self._connected = False
@@ -587,8 +588,7 @@ class MqttOutput(MessageOutput):
         sock = self._client.socket()
         pending = _unseen_by_select(sock)
         while not self._stop.is_set():
-            while self._feeds:
-                self._take_feed(self._feeds.popleft())
+            self._take_feeds()
             if self._connected:
                 self._follow_trigger_topics()
                 self._forward()
@@ -623,25 +623,47 @@ class MqttOutput(MessageOutput):
             self._client.unsubscribe(topic)
             log.info("MQTT: no longer taking trigger requests on %s", topic)
 
+    def _take_feeds(self) -> None:
+        while self._feeds:
+            self._take_feed(self._feeds.popleft())
+
     def _take_feed(self, feed: VerdictFeed | None) -> None:
-        if self._feed is not None:
-            self._feed.close()
+        """The journal's feed after a start or reload (None: the journal is off). A reload that moves
+        the journal leaves verdicts not yet acknowledged in the file before (an outage's): they go
+        out first, in order, then the new file's (`_forward`). A feed of the file in hand changes
+        nothing: the one in hand goes on where it stands, rather than a second reading its cursor."""
+        last = self._sending[-1] if self._sending else None
+        if feed is not None and last is not None and feed.path == last.path:
+            feed.close()
+            self._feed = last
+            return
         self._feed = feed
-        self._forwarding = {}
-        if feed is not None and self._connected:
-            feed.connected(self._live_from)
+        if feed is not None:
+            self._sending.append(feed)
+            if self._connected:
+                feed.connected_before()
+
+    def _let_go(self, feed: VerdictFeed) -> None:
+        """A feed of a journal before a reload, with all its verdicts handed out, is closed (its cursor
+        written) once the broker has acknowledged them."""
+        if feed not in self._sending and not feed.in_flight:
+            feed.close()
 
     def _forward(self) -> None:
-        """Give paho the journal's next verdicts while its in-flight window has room; at least QoS 1,
-        as the journal moves on only on the broker's acknowledgement."""
-        feed = self._feed
-        if feed is None:
-            return
+        """Give paho the journals' next verdicts while its in-flight window has room; at least QoS 1,
+        as a journal moves on only on the broker's acknowledgement."""
         qos = max(1, self._qos["verdict"])
-        while not self._client.want_write():
-            batch = feed.take(INFLIGHT - len(self._unacked))
+        while self._sending and not self._client.want_write() and (room := INFLIGHT - len(self._unacked)) > 0:
+            feed = self._sending[0]
+            batch = feed.take(room)
             if not batch:
-                return
+                if feed is self._feed:
+                    return
+                # An earlier journal's verdicts are all handed out (or it cannot be read: they wait
+                # there, behind its cursor): the next journal's go.
+                self._sending.popleft()
+                self._let_go(feed)
+                continue
             for i, verdict in enumerate(batch):
                 topic = self._topics.get((verdict.camera_id, "verdict"))
                 if topic is None:  # a camera a reload removed: nobody to send it to
@@ -653,7 +675,7 @@ class MqttOutput(MessageOutput):
                     return
                 # Taken: sent, or (the link just went) held by paho for the next connection.
                 self._unacked.add(info.mid)
-                self._forwarding[info.mid] = verdict.row_id
+                self._forwarding[info.mid] = (feed, verdict.row_id)
                 if info.rc != 0:
                     if i + 1 < len(batch):
                         feed.give_back(batch[i + 1].row_id)
@@ -727,13 +749,12 @@ class MqttOutput(MessageOutput):
             self._failed(refusal(reason_code))
             return
         client.publish(self._state_topic, b"online", qos=self.cfg.qos_events, retain=True)
+        self._take_feeds()  # each feed handed over by now learns of this connection just below
         self._connected = True
         self._subscribed = set()
         self._subscribing = {}
-        journal = self._journal
-        self._live_from = journal.last_id if journal is not None else 0
-        if self._feed is not None:
-            self._feed.connected(self._live_from)
+        for feed in self._sending:
+            feed.connected()
         after = f" at attempt {self._attempts}" if self._attempts > 1 else ""
         log.info("MQTT: connected to %s%s", self.cfg.url, after)
         self._attempts = 0
@@ -742,9 +763,11 @@ class MqttOutput(MessageOutput):
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
         self._unacked.discard(mid)
-        row_id = self._forwarding.pop(mid, None)
-        if row_id is not None and self._feed is not None:
-            self._feed.acked(row_id)
+        forwarded = self._forwarding.pop(mid, None)
+        if forwarded is not None:
+            feed, row_id = forwarded
+            feed.acked(row_id)
+            self._let_go(feed)
 
     def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
         topic = self._subscribing.pop(mid, "a trigger topic")

@@ -4,11 +4,13 @@ The output's own thread asks for the verdicts after those it has handed out (`Ve
 and says which ones the broker acknowledged (`acked`); its client sends again, on the next
 connection, those handed out and not yet acknowledged. Everything up to the cursor has been
 acknowledged, and the cursor is kept in the journal, so an outage of the broker or the network
-resumes where it stopped, and a restart of edged where the acknowledgements stopped. Delivery is
-at least once: a verdict sent and not acknowledged before edged stopped goes again (a subscriber
-that must count each once keys on ``board_id``, ``boot_id``, ``camera_id`` and ``seq``). A verdict committed before the
-connection it goes out on carries ``replayed: true``. Memory stays flat whatever the outage: rows
-are read a window at a time.
+resumes where it stopped, and a restart of edged where the acknowledgements stopped. The cursor is
+written as the feed is made, so the verdicts of a run that never reached the broker go out after
+the next start too. Delivery is at least once: a verdict sent and not acknowledged before edged
+stopped goes again (a subscriber that must count each once keys on ``board_id``, ``boot_id``,
+``camera_id`` and ``seq``). A verdict committed before the connection it goes out on carries
+``replayed: true``; each feed knows, for its own file, the row at which that connection came up.
+Memory stays flat whatever the outage: rows are read a window at a time.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import quote
 
 from edged.lograte import LogRate
 
@@ -50,62 +53,118 @@ def mark_replayed(message: str) -> bytes:
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
+def _cursor_row(db: sqlite3.Connection, name: str, first_after: int) -> int:
+    """``name``'s cursor in the journal ``db``, written at ``first_after`` where it has none yet."""
+    db.execute(CURSORS)
+    row = db.execute("SELECT row_id FROM cursors WHERE name = ?", (name,)).fetchone()
+    if row is None:
+        db.execute("INSERT INTO cursors (name, row_id) VALUES (?, ?)", (name, first_after))
+        return first_after
+    return int(row[0])
+
+
+def _last_row(db: sqlite3.Connection) -> int:
+    return int(db.execute("SELECT coalesce(max(id), 0) FROM entries").fetchone()[0])
+
+
 class VerdictFeed:
-    """The journal's verdicts not yet acknowledged to one output (``name``); used by that output's thread only."""
+    """The journal's verdicts not yet acknowledged to one output (``name``): made on the loop's
+    thread, then used by that output's thread only."""
 
     def __init__(self, path: Path, name: str, first_after: int) -> None:
-        """``first_after``: when the journal has no cursor for ``name`` yet, the verdicts after this
-        row are the first this output sends (those recorded before it existed stay unsent)."""
+        """``first_after``: the row up to which the journal's verdicts were recorded before this
+        output was given them. Where the journal has no cursor for ``name`` yet, it is written at
+        that row now (those up to it stay unsent), not at the first read: only a connection makes
+        one, and a run that never reached the broker would leave none, so the next start would
+        skip its verdicts."""
         self.path = path
         self.name = name
-        self._first_after = first_after
+        self._made_after = first_after
+        self._first_after = first_after  # a cursor missing at the first read starts here
         self._db: sqlite3.Connection | None = None
         self._cursor = 0  # every verdict up to this row is acknowledged
         self._sent = 0  # handed out up to this row
         self._in_flight: deque[int] = deque()  # rows handed out and not yet acknowledged, in order
         self._acked: set[int] = set()  # of those, acknowledged out of order
-        self._live_from = 0  # rows above this were recorded while this connection was up
+        self._live_from: int | None = None  # rows above this were recorded while this connection was up; None: read it
         self._saved = 0  # the cursor as last written
         self._saved_at = 0.0
         self.errors = 0
         self._log = LogRate(60.0)
+        try:
+            db = self._open()
+            if db is not None:
+                with contextlib.closing(db):
+                    _cursor_row(db, name, first_after)
+        except sqlite3.Error as e:
+            self._failed(e)  # written at the first read instead
+        else:
+            # A file found later without the cursor was started since (this one moved aside as
+            # damaged, or none there yet): every verdict in it is this output's.
+            self._first_after = 0
 
-    def _connection(self) -> sqlite3.Connection:
+    def _open(self) -> sqlite3.Connection | None:
+        """The journal's file; None while there is none (a journal that records nothing has none
+        until its first entry): only its writer makes one, and locks it."""
+        if not self.path.exists():
+            return None
+        return sqlite3.connect(
+            f"file:{quote(str(self.path))}?mode=rw",
+            uri=True,
+            timeout=BUSY_WAIT_S,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+
+    def _connection(self) -> sqlite3.Connection | None:
         if self._db is None:
-            db = sqlite3.connect(self.path, timeout=BUSY_WAIT_S, isolation_level=None, check_same_thread=False)
+            db = self._open()
+            if db is None:
+                return None
             try:
-                db.execute(CURSORS)
-                row = db.execute("SELECT row_id FROM cursors WHERE name = ?", (self.name,)).fetchone()
-                if row is None:
-                    db.execute("INSERT INTO cursors (name, row_id) VALUES (?, ?)", (self.name, self._first_after))
-                    row = (self._first_after,)
+                cursor = _cursor_row(db, self.name, self._first_after)
             except BaseException:
                 db.close()
                 raise
             self._db = db
-            self._cursor = self._sent = self._saved = int(row[0])
+            self._cursor = self._sent = self._saved = cursor
         return self._db
 
-    def connected(self, live_from: int) -> None:
-        """A connection is up since the journal's row ``live_from``: what was recorded up to it and is
-        not yet handed out goes out as replayed. (What was handed out and not acknowledged, the
-        client sends again itself.)"""
-        self._live_from = live_from
+    @property
+    def in_flight(self) -> int:
+        """Verdicts handed out and not yet acknowledged."""
+        return len(self._in_flight)
+
+    def connected(self) -> None:
+        """A connection came up: the verdicts the journal holds now and not yet handed out go out as
+        replayed, those recorded from now on as they are. (What was handed out and not
+        acknowledged, the client sends again itself.)"""
+        self._live_from = self._attempt(_last_row, None)  # None where it cannot be read now: the next `take` reads it
+
+    def connected_before(self) -> None:
+        """The connection these verdicts go out on came up before this feed was made (a start whose
+        connection beat the journal to the output, a reload that moved the journal): the verdicts
+        recorded before the feed are replayed, those after it as they are."""
+        self._live_from = self._made_after
 
     def take(self, limit: int) -> list[Forward]:
         """Up to ``limit`` verdicts after those handed out, oldest first."""
         if limit <= 0:
             return []
-        rows: list[tuple[int, str, str]] = self._attempt(
-            lambda db: db.execute(
+
+        def read(db: sqlite3.Connection) -> tuple[int, list[tuple[int, str, str]]]:
+            if self._live_from is None:
+                self._live_from = _last_row(db)
+            return self._live_from, db.execute(
                 "SELECT id, camera_id, message FROM entries WHERE kind = 'verdict' AND id > ? ORDER BY id LIMIT ?",
                 (self._sent, limit),
-            ).fetchall(),
-            [],
-        )
+            ).fetchall()
+
+        nothing: list[tuple[int, str, str]] = []
+        live_from, rows = self._attempt(read, (0, nothing))
         out = []
         for row_id, camera_id, message in rows:
-            payload = mark_replayed(message) if row_id <= self._live_from else message.encode()
+            payload = mark_replayed(message) if row_id <= live_from else message.encode()
             out.append(Forward(row_id, camera_id, payload))
             self._in_flight.append(row_id)
             self._sent = row_id
@@ -134,18 +193,21 @@ class VerdictFeed:
         self._saved, self._saved_at = cursor, time.monotonic()
 
     def _attempt(self, action: Callable[[sqlite3.Connection], T], failed: T) -> T:
-        """``action`` on the journal; a failure (the journal being moved aside, a disk error) is
-        counted, logged at most once a minute, and tried again at the next call."""
+        """``action`` on the journal (``failed`` while it has no file); a failure (the journal being
+        moved aside, a disk error) is counted, logged at most once a minute, and tried again at the
+        next call."""
         try:
-            return action(self._connection())
+            db = self._connection()
+            return failed if db is None else action(db)
         except sqlite3.Error as e:
-            self.errors += 1
-            if self._log.allows():
-                log.error(
-                    "journal %s: verdicts cannot be read for %s (%s); they wait in the journal", self.path, self.name, e
-                )
+            self._failed(e)
             self.close()
             return failed
+
+    def _failed(self, e: sqlite3.Error) -> None:
+        self.errors += 1
+        if self._log.allows():
+            log.error("journal %s: verdicts cannot be read for %s (%s); they wait in the journal", self.path, self.name, e)
 
     def close(self) -> None:
         """Write the cursor and let the file go."""

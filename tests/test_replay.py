@@ -3,28 +3,39 @@ broker or a restart of edged, in order, those from the outage marked ``replayed`
 
 A historian subscribes with a persistent session (QoS 1, clean session off) to a Mosquitto that
 saves its sessions, so that it is sent every verdict the broker accepted, whenever it reconnects;
-what it got is compared with the journal itself.
+what it got is compared with the journal itself. Where only what one run of edged sends matters,
+a `Listener` with a clean session subscribes just before it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-from daemon import RunningDaemon, free_port, rss_kb
-from mosquitto import Broker
+from daemon import RunningDaemon, free_port, rss_kb, write_config
+from mosquitto import Broker, Listener
+from reports import inspecting
 from test_journal import IDENTITY, entry, rows
 from test_journal import start as journaled
 from waiting import wait_for
 
+from edged.config import load_config
+from edged.journal import JournalOutput, JournalStore
 from edged.messages import StatusMessage
-from edged.replay import VerdictFeed, mark_replayed
+from edged.mqtt import MqttOutput
+from edged.replay import CURSORS, VerdictFeed, mark_replayed
 from edged.settings.mqtt import topic_hostname
+
+TOPIC = f"edged/{topic_hostname()}/cam0/verdict"
 
 
 class Historian:
@@ -73,11 +84,22 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     b.close()
 
 
-def start(tmp_path: Path, port: int, realtime: bool = True) -> RunningDaemon:
-    """The journal's daemon (`test_journal.start`), inspecting, with [mqtt] on the broker at ``port``."""
-    return journaled(
-        tmp_path, realtime=realtime, mqtt={"url": f"mqtt://127.0.0.1:{port}", "keepalive_s": 5, "max_queued": 10}
-    )
+def start(tmp_path: Path, port: int, realtime: bool = True, **sections: dict[str, object]) -> RunningDaemon:
+    """The journal's daemon (`test_journal.start`), inspecting, with [mqtt] on the broker at ``port``
+    and ``sections`` added (``edged.toml`` in ``tmp_path``)."""
+    mqtt = {"url": f"mqtt://127.0.0.1:{port}", "keepalive_s": 5, "max_queued": 10}
+    return journaled(tmp_path, realtime=realtime, mqtt=mqtt, **sections)
+
+
+def move_journal(d: RunningDaemon, config: Path, old: Path, new: Path) -> None:
+    """SIGHUP with ``journal.path`` moved from ``old`` to ``new``; returns once the daemon records there."""
+    config.write_text(config.read_text().replace(str(old), str(new)))
+    d.signal(signal.SIGHUP)
+    d.wait_status(lambda s: s.journal is not None and s.journal.path == str(new), timeout=30)
+
+
+def listened(listener: Listener) -> list[dict[str, Any]]:
+    return [json.loads(m.payload) for m in listener.on(TOPIC)]
 
 
 def recorded(d: RunningDaemon) -> int:
@@ -163,15 +185,180 @@ def test_edged_restarted_during_the_outage_sends_both_runs_verdicts_once_the_bro
     assert len({v["boot_id"] for v in sent}) == 1 and sent[first_run - 1]["replayed"] and sent[first_run]["replayed"]
 
 
+@pytest.mark.integration
+def test_verdicts_recorded_before_the_first_connection_ever_go_out_replayed_after_a_restart(
+    tmp_path: Path, broker: Broker
+) -> None:
+    """A fresh journal, the broker away for a whole run: the next run, its broker up from the start,
+    sends that run's verdicts first, replayed, then its own (before: none of the first run's, as
+    the cursor was written on the first read, which only a connection made; and where the broker's
+    connection came up before the journal was handed to the output, a backlog went out as live)."""
+    broker.stop()
+    journal = tmp_path / "journal.sqlite"
+    d = start(tmp_path, broker.port)
+    try:
+        d.wait_status(lambda s: s.journal is not None and s.journal.recorded >= 20 and s.mqtt_state == "disconnected")
+    finally:
+        d.stop()
+    first_run = len(journal_verdicts(journal))
+    broker.start()
+    listener = Listener(broker.port, TOPIC)
+    d = start(tmp_path, broker.port)
+    try:
+        assert wait_for(lambda: len({key(v) for v in listened(listener)}) >= first_run + 20, 60), d.log()
+    finally:
+        d.stop()
+        listener.close()
+    sent = assert_everything_after(0, journal_verdicts(journal)[: first_run + 20], listened(listener))
+    assert all(v["replayed"] for v in sent[:first_run])
+    second_run = [v["replayed"] for v in sent[first_run:]]
+    assert second_run == sorted(second_run, reverse=True)  # replayed only those recorded before the link came up
+
+
+@pytest.mark.integration
+def test_a_backlog_handed_over_after_the_connection_came_up_goes_out_replayed_and_new_verdicts_live(
+    tmp_path: Path, broker: Broker
+) -> None:
+    """At a start, the MQTT thread may connect before the outputs are lent the journal (the other
+    outputs take a while to start): the backlog of the run before goes out replayed all the same,
+    and a verdict recorded from then on live (before: the whole backlog went out as live)."""
+    settings = load_config(
+        write_config(
+            tmp_path / "edged.toml", inspecting(tmp_path, mqtt={"url": f"mqtt://127.0.0.1:{broker.port}", "keepalive_s": 5})
+        )
+    )
+    path = settings.journal.file
+    store = JournalStore(path, "normal")
+    store.append([entry(n, "cam0", time.time_ns()) for n in range(5)], IDENTITY, None)  # within retention
+    store.close()
+    with contextlib.closing(sqlite3.connect(path)) as db, db:  # the run before: rows 1 and 2 acknowledged
+        db.execute(CURSORS)
+        db.execute("INSERT INTO cursors (name, row_id) VALUES ('mqtt', 2)")
+    listener = Listener(broker.port, TOPIC)
+    mqtt = MqttOutput(settings.mqtt, settings.camera_ids())
+    journal = JournalOutput(settings, threading.Event())
+    try:
+        assert wait_for(lambda: mqtt.state == "connected", 30)
+        mqtt.use_journal(journal)  # as `Outputs` does once every output is made
+        journal.writer.offer(entry(5, "cam0", time.time_ns()))  # recorded while the connection is up
+        listener.wait(TOPIC, 4)
+    finally:
+        mqtt.close()
+        journal.close()
+        listener.close()
+    assert [(v["frame_id"], v.get("replayed", False)) for v in listened(listener)] == [
+        (2, True),
+        (3, True),
+        (4, True),
+        (5, False),
+    ]
+
+
+@pytest.mark.integration
+def test_a_reload_that_moves_the_journal_while_connected_sends_the_new_files_verdicts_live(
+    tmp_path: Path, broker: Broker
+) -> None:
+    """The new file's verdicts are recorded while the connection is up: none is replayed (before:
+    those up to the old file's last row when the connection came up were)."""
+    broker.stop()
+    first, second = tmp_path / "first.sqlite", tmp_path / "second.sqlite"
+    d = start(tmp_path, broker.port, journal={"path": str(first)})
+    try:
+        d.wait_status(lambda s: s.journal is not None and s.journal.recorded >= 30)
+        broker.start()  # the connection comes up with 30 verdicts and more in the first file
+        listener = Listener(broker.port, TOPIC)
+        try:
+            d.wait_status(lambda s: s.mqtt_state == "connected", timeout=60)
+            move_journal(d, tmp_path / "edged.toml", first, second)
+            assert wait_for(lambda: len(journal_verdicts(second)) >= 40, 30), d.log()
+            moved = {key(v) for v in journal_verdicts(second)[:40]}
+            assert wait_for(lambda: moved <= {key(v) for v in listened(listener)}, 30), d.log()
+        finally:
+            listener.close()
+    finally:
+        d.stop()
+    assert not [v["seq"] for v in listened(listener) if key(v) in moved and v["replayed"]]
+
+
+@pytest.mark.integration
+def test_a_reload_that_moves_the_journal_during_an_outage_sends_the_old_files_backlog_first(
+    tmp_path: Path, broker: Broker
+) -> None:
+    """The verdicts the old file holds past its cursor go out once the broker is back, in order,
+    replayed, before the new file's (before: they were never sent)."""
+    historian = Historian(broker.port, TOPIC)
+    first, second = tmp_path / "first.sqlite", tmp_path / "second.sqlite"
+    d = start(tmp_path, broker.port, journal={"path": str(first)})
+    try:
+        assert wait_for(lambda: len(historian.got()) >= 3, 30), d.log()
+        broker.stop()
+        d.wait_status(lambda s: s.mqtt_state == "disconnected")
+        outage = len(journal_verdicts(first))  # from here on, recorded while edged knew the broker away
+        d.wait_status(lambda s: s.journal is not None and s.journal.recorded >= outage + 20)
+        move_journal(d, tmp_path / "edged.toml", first, second)
+        assert wait_for(lambda: len(journal_verdicts(second)) >= 20, 30), d.log()
+        verdicts = journal_verdicts(first) + journal_verdicts(second)[:20]
+        broker.start()
+        assert wait_for(lambda: len({key(v) for v in historian.got()}) >= len(verdicts), 60), d.log()
+    finally:
+        d.stop()
+        historian.close()
+    sent = assert_everything_after(0, verdicts, historian.got())
+    assert all(v["replayed"] for v in sent[outage:])
+
+
+@pytest.mark.unit
+def test_the_cursor_is_written_as_the_feed_is_made_so_a_run_that_never_connected_is_sent_by_the_next(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    store.append([entry(n) for n in range(3)], IDENTITY, None)  # before the output was there
+    VerdictFeed(path, "mqtt", first_after=3).close()  # a run whose broker never came
+    store.append([entry(n) for n in range(3, 6)], IDENTITY, None)
+    store.close()
+    again = VerdictFeed(path, "mqtt", first_after=6)  # the next start
+    again.connected()
+    assert [(f.row_id, json.loads(f.payload)["replayed"]) for f in again.take(10)] == [(4, True), (5, True), (6, True)]
+    again.close()
+
+
+@pytest.mark.unit
+def test_a_journal_moved_aside_as_damaged_before_the_first_read_has_every_verdict_of_the_new_one_sent(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    store.append([entry(n) for n in range(5)], IDENTITY, None)
+    store.close()
+    feed = VerdictFeed(path, "mqtt", first_after=5)  # made while the broker is away
+    path.write_bytes(b"this is not a journal\n" * 400)
+    store = JournalStore(path, "normal")
+    store.append([entry(n) for n in range(5, 8)], IDENTITY, None)  # moved aside, a new journal started
+    store.close()
+    feed.connected()
+    assert [f.row_id for f in feed.take(10)] == [1, 2, 3]
+    feed.close()
+
+
+@pytest.mark.unit
+def test_a_journal_with_no_file_yet_is_neither_made_nor_an_error(tmp_path: Path) -> None:
+    """A journal that records nothing has no file until its first entry, made and locked by its
+    writer alone (before: the feed made a bare one, and logged "no such table" every minute)."""
+    path = tmp_path / "journal.sqlite"
+    feed = VerdictFeed(path, "mqtt", first_after=0)
+    feed.connected()
+    assert feed.take(10) == [] and feed.errors == 0 and not path.exists()
+    feed.close()
+
+
 @pytest.mark.unit
 def test_the_cursor_moves_over_acknowledged_verdicts_only_and_survives_a_reopen(tmp_path: Path) -> None:
-    from edged.journal import JournalStore
-
     path = tmp_path / "journal.sqlite"
     store = JournalStore(path, "normal")
     store.append([entry(n) for n in range(10)], IDENTITY, None)
     feed = VerdictFeed(path, "mqtt", first_after=2)  # rows 1, 2 were there before the output
-    feed.connected(live_from=10)
+    feed.connected()  # with all 10 recorded
     sent = feed.take(4)
     assert [f.row_id for f in sent] == [3, 4, 5, 6]
     assert json.loads(sent[0].payload)["replayed"] is True  # recorded before this connection
@@ -182,7 +369,7 @@ def test_the_cursor_moves_over_acknowledged_verdicts_only_and_survives_a_reopen(
     feed.acked(6)  # 5 not yet: the cursor stays at 4
     feed.close()
     again = VerdictFeed(path, "mqtt", first_after=0)
-    again.connected(live_from=0)
+    again.connected()
     assert [f.row_id for f in again.take(100)] == [5, 6, 7, 8, 9, 10]
     store.close()
 
