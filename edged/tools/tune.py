@@ -108,17 +108,16 @@ def _int8_model(
     from edged.tools import quantize as q  # the onnx package: only when tune quantises
 
     assert made is not None  # `run_tune` names it whenever tune quantises
-    out = made
     if args.images is not None:
         total, frames = len(samples), iter(samples)
     else:
         total, frames = scene_samples(len(samples), CALIB_SEED, *SCENE_SIZE)
-    print(f"quantising {settings.model.path} to {out}, calibrated on {total} frames ...", file=log)
+    print(f"quantising {settings.model.path} to {made}, calibrated on {total} frames ...", file=log)
     calibration = q.CalibrationFrames(reference.contract, frames, total, log)
     write_with(
-        out, lambda tmp: q.quantize(settings.model.path, tmp, calibration, pixel_input=q.pixel_scale(reference.contract))
+        made, lambda tmp: q.quantize(settings.model.path, tmp, calibration, pixel_input=q.pixel_scale(reference.contract))
     )
-    return out
+    return made
 
 
 def _unused(folder: Path, stem: str) -> Path:
