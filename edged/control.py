@@ -130,7 +130,7 @@ def _answer(
         request = json.loads(raw)
         command, force = request["command"], request.get("force") is True
         said, reason = request.get("user"), str(request.get("reason") or "")[:MAX_REASON]
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # RecursionError: `[[[...` a KiB deep
         return {"ok": False, "error": "not a control request"}
     user, pid = peer
     claimed = str(said)[:MAX_REASON] if said is not None and str(said) != user else None

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from edged.errors import OutputFileError, UsageError
 
+MAX_LABELS_BYTES = 1 << 20  # a labels file: 1 MiB is some 50,000 class names
+
 
 class NotRegularFile(ValueError):
     """A pipe, a device or a folder where a file was expected."""

@@ -20,7 +20,7 @@ from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engines import InferenceEngine, open_engine
 from edged.errors import ContractError, EdgedError, HeadError, ModelError
-from edged.files import read_regular
+from edged.files import MAX_LABELS_BYTES, read_regular
 from edged.heads.anomaly import AnomalyHead, anomalib_size
 from edged.heads.base import fmt_classes
 from edged.heads.classify import ClassifyHead
@@ -95,9 +95,6 @@ class LoadedModel:
 
     def label(self, class_id: int) -> str:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
-
-
-MAX_LABELS_BYTES = 1 << 20  # a labels file: 1 MiB is some 50,000 class names
 
 
 def read_labels(path: Path) -> list[str]:

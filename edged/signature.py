@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edged.engines import file_sha256
 from edged.errors import KeyFileError, MissingDependency, ModelError
+from edged.files import MAX_LABELS_BYTES, read_regular
 
 if TYPE_CHECKING:
     from edged.config import ModelConfig
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
 HEADER = "edged-model-signature 1"
 FROM_MODEL = "model"  # the labels-sha256 of a model whose names are in its own metadata
 INSTALL = "pip install 'edged[signing]', or apt install python3-cryptography"
+# A signature or a PEM key is a few hundred bytes: read no more than this of one, and never a pipe.
+MAX_TEXT_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +49,17 @@ class Signed:
 
     @classmethod
     def of(cls, model: Path, labels: Path | None) -> Signed:
-        """The model and labels files as they are now."""
-        return cls(file_sha256(model), file_sha256(labels) if labels is not None else FROM_MODEL)
+        """The model and labels files as they are now; `ModelError` where one cannot be read (the
+        labels also where they are no regular file, or larger than any labels file)."""
+        try:
+            labels_sha256 = FROM_MODEL
+            if labels is not None:
+                labels_sha256 = hashlib.sha256(read_regular(labels, MAX_LABELS_BYTES)).hexdigest()
+            return cls(file_sha256(model), labels_sha256)
+        except OSError as e:
+            raise ModelError(f"cannot read {e.filename}: {e.strerror or e}") from None
+        except ValueError as e:  # `read_regular`'s refusals name the file
+            raise ModelError(f"cannot read the labels: {e}") from None
 
     def text(self) -> str:
         """The signed lines."""
@@ -64,10 +77,7 @@ def sign(model: Path, labels: Path | None, private_key: Path) -> str:
     key = _read_key(private_key, lambda data: serialization.load_pem_private_key(data, password=None), "private")
     if not isinstance(key, ed25519.Ed25519PrivateKey):
         raise KeyFileError(f"{private_key} is not an ed25519 private key (openssl genpkey -algorithm ed25519)")
-    try:
-        signed = Signed.of(model, labels).text()
-    except OSError as e:
-        raise ModelError(f"cannot read {e.filename}: {e.strerror or e}") from None
+    signed = Signed.of(model, labels).text()
     return f"{signed}signature {base64.b64encode(key.sign(signed.encode())).decode()}\n"
 
 
@@ -86,10 +96,10 @@ def verify(cfg: ModelConfig) -> str:
     path = signature_path(cfg.path, cfg.signature)
     sign_it = f"sign it with: edged sign {cfg.path}{f' --labels {cfg.labels}' if cfg.labels else ''} --key PRIVATE.pem"
     try:
-        lines = path.read_text().splitlines()
+        lines = read_regular(path, MAX_TEXT_BYTES).decode().splitlines()
     except FileNotFoundError:
         raise ModelError(f"model {cfg.path} is not signed (no {path}); model.require_signature is on: {sign_it}") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, ValueError) as e:  # a pipe, a device, a file far larger than a signature, not UTF-8
         raise ModelError(f"model signature {path} cannot be read: {e}") from None
     fields = dict(line.split(" ", 1) for line in lines[1:] if " " in line)
     if not lines or lines[0] != HEADER or set(fields) != {"model-sha256", "labels-sha256", "signature"}:
@@ -114,9 +124,13 @@ def verify(cfg: ModelConfig) -> str:
 
 def _read_key(path: Path, load: Any, kind: str) -> Any:
     try:
-        return load(path.read_bytes())
+        data = read_regular(path, MAX_TEXT_BYTES)
     except OSError as e:
         raise KeyFileError(f"{kind} key {path} cannot be read: {e.strerror or e}") from None
+    except ValueError as e:  # a pipe, a device, a file far larger than a key
+        raise KeyFileError(f"{kind} key {path} cannot be read: {e}") from None
+    try:
+        return load(data)
     except (ValueError, TypeError) as e:
         raise KeyFileError(f"{path} is not a PEM {kind} key: {e}") from None
 

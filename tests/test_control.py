@@ -105,3 +105,18 @@ def test_an_oversized_request_or_a_silent_client_never_blocks_the_loop(served: A
         assert silent.poll(10_000) and json.loads(silent.recv())["error"] == "unknown command 'delete'"
     finally:
         silent.close(linger=0)
+
+
+def test_a_request_nested_deeper_than_json_decodes_is_refused_and_the_next_served(served: Any) -> None:
+    # 1000 '[' in a request under the size limit: json.loads raised RecursionError, which ended the daemon.
+    control, shadow, current, client, _ = served
+    client.send(b"[" * 1000)
+    assert zmq.select(control.fds, [], [], 10)[0]
+    control.serve(shadow, lambda: current[-1], current.append, None, None)
+    assert client.poll(10_000)
+    answer = json.loads(client.recv())
+    assert (answer["ok"], answer["error"]) == (False, "not a control request")
+    client.send(json.dumps({"command": "delete"}).encode())
+    assert zmq.select(control.fds, [], [], 10)[0]
+    control.serve(shadow, lambda: current[-1], current.append, None, None)
+    assert client.poll(10_000) and json.loads(client.recv())["error"] == "unknown command 'delete'"

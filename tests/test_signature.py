@@ -4,6 +4,7 @@ or foreign-signed model is refused before it is loaded, at start (78) and on rel
 from __future__ import annotations
 
 import base64
+import os
 import shlex
 import signal
 import subprocess
@@ -201,3 +202,37 @@ def test_sign_warns_of_a_private_key_others_may_read(tmp_path: Path) -> None:
     assert result.returncode == 0 and f"others may read the private key {private}: chmod 600" in result.stderr
     private.chmod(0o600)
     assert "warning" not in run_cli("sign", str(model), "--key", str(private)).stderr
+
+
+def test_a_signature_key_or_labels_that_is_a_pipe_or_huge_is_refused_without_reading_it(
+    signed: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    # Each was read with read_text or hashed whole: a pipe hung edged for ever (SIGTERM too), and a
+    # 1 GB sparse signature took 2.2 GB of memory.
+    model, _, public = signed
+    os.mkfifo(tmp_path / "pipe")
+    huge = tmp_path / "huge"
+    with huge.open("wb") as f:
+        f.truncate(1 << 30)
+    for path in (tmp_path / "pipe", huge):
+        with pytest.raises(ModelError, match=f"model signature {path} cannot be read"):
+            verify(ModelConfig(path=model, require_signature=True, signature_key=public, signature=path))
+        with pytest.raises(KeyFileError, match=f"public key {path} cannot be read"):
+            verify(config(model, path))
+        with pytest.raises(KeyFileError, match=f"private key {path} cannot be read"):
+            sign(model, None, path)
+        with pytest.raises(ModelError, match=f"cannot read the labels: {path}"):
+            verify(config(model, public, labels=path))
+    with pytest.raises(ModelError, match="holds 1073741824 bytes, more than"):  # refused by its size, unread
+        verify(config(model, public, labels=huge))
+
+
+def test_signed_labels_that_are_missing_or_a_folder_are_a_model_error(
+    signed: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    # A candidate's labels file mistyped, with signatures on: FileNotFoundError and IsADirectoryError
+    # ended edged at start and after a reload, where a candidate that does not load is to be reported.
+    model, _, public = signed
+    for labels, says in ((tmp_path / "no-such.labels", "No such file or directory"), (tmp_path, "is not a regular file")):
+        with pytest.raises(ModelError, match=says):
+            verify(config(model, public, labels=labels))
