@@ -2,8 +2,9 @@
 socket that promotes or rolls it back (`edged.control`), behind the few calls the daemon makes.
 
 The control socket is bound at start and stays for the process's life; a reload replaces the
-trial (or ends it, when the candidate is gone), and one that adds a candidate to a daemon started
-without one asks for a restart, since the socket cannot be bound then.
+trial (or ends it, when the candidate is gone: the socket then refuses each command, `serve`), and
+one that adds a candidate to a daemon started without one asks for a restart, since the socket
+cannot be bound then.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ class Candidate:
 
     def __init__(self, settings: Settings, live: LoadedModel) -> None:
         cfg = settings.model.candidate
+        self.shadow: Shadow | None = None  # set before the socket binds: `close` reads it if the trial fails
         self.control = ControlSocket(cfg.control) if cfg is not None else None
         try:
-            self.shadow: Shadow | None = Shadow(settings, cfg, live) if cfg is not None else None
+            self.shadow = Shadow(settings, cfg, live) if cfg is not None else None
         except BaseException:
             self.close()
             raise
@@ -46,8 +48,8 @@ class Candidate:
     def serve(
         self, current: Callable[[], Swap], apply: Callable[[Swap], None], blocked: str | None, journal: JournalOutput | None
     ) -> None:
-        """Answer the commands waiting (`ControlSocket.serve`); none is taken without a trial."""
-        if self.control is not None and self.shadow is not None:
+        """Answer the commands waiting (`ControlSocket.serve`); without a trial each is refused."""
+        if self.control is not None:
             self.control.serve(self.shadow, current, apply, blocked, journal)
 
     def observe(self, camera_id: str, done: Processed) -> None:
@@ -62,8 +64,9 @@ class Candidate:
         return self.shadow.report() if self.shadow is not None else None
 
     def reload(self, settings: Settings, live: LoadedModel) -> None:
-        """A reload's candidate goes on a fresh trial; without one, the trial ends. One added to a
-        daemon started without one is said, not served: its socket is bound only at start."""
+        """A reload's candidate goes on a fresh trial; without one, the trial ends (`serve` refuses
+        each command then). One added to a daemon started without one is said, not served: its
+        socket is bound only at start."""
         cfg = settings.model.candidate
         if self.control is None:
             if cfg is not None:

@@ -50,6 +50,9 @@ def listening(settings: Settings) -> list[Endpoint]:
     return [Endpoint(KEY, candidate.control, partial(try_bind, candidate.control, KEY, zmq.REP))]
 
 
+NO_TRIAL = "refused: no [model.candidate] in the running configuration (a reload removed it)"
+
+
 class ControlSocket:
     """The daemon's end: a REP socket the loop polls (`fds`) and serves between frames."""
 
@@ -70,7 +73,7 @@ class ControlSocket:
 
     def serve(
         self,
-        shadow: Shadow,
+        shadow: Shadow | None,
         current: Callable[[], Swap],
         apply: Callable[[Swap], None],
         blocked: str | None,
@@ -78,7 +81,10 @@ class ControlSocket:
     ) -> None:
         """Answer every command waiting: ``current`` is the model and frame paths serving now,
         ``apply`` swaps in others between frames; ``blocked`` says why no swap can be made now.
-        The ``journal``, when on, records each promotion and rollback with both models' sha256."""
+        The ``journal``, when on, records each promotion and rollback with both models' sha256.
+        Without a trial (``shadow`` None: a reload removed ``[model.candidate]``, the socket stays
+        bound) each command is refused: a request left unread would keep the loop's wait
+        (`zmq.select`, level-triggered) returning at once, and its client waiting for nothing."""
         sock = self._listener.socket
         while True:
             try:
@@ -86,14 +92,16 @@ class ControlSocket:
             except zmq.Again:
                 return
             raw = parts[0].bytes if len(parts) == 1 else b""
-            reply = _answer(raw, _peer(parts[0]), shadow, current, apply, blocked)
+            reply: dict[str, Any] = {"ok": False, "error": NO_TRIAL}
+            if shadow is not None:
+                reply = _answer(raw, _peer(parts[0]), shadow, current, apply, blocked)
             if journal is not None and reply["ok"]:
                 done: Literal["promotion", "rollback"] = "promotion" if reply["done"] == "promote" else "rollback"
                 record = {key: reply.get(key) for key in ("user", "pid", "claimed", "reason", "forced", "gate")}
                 live = current().model.info.sha256
                 journal.model_change(done, live, {"from_sha256": reply["from"]["sha256"], "to_sha256": live, **record})
             reply["live"] = current().model.info.model_dump()
-            previous = shadow.previous
+            previous = shadow.previous if shadow is not None else None
             reply["previous"] = previous.info.model_dump() if previous is not None else None
             sock.send(json.dumps(reply).encode())
 

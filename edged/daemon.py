@@ -69,6 +69,7 @@ class Daemon:
         self._wake = Wake()  # set by every capture thread's hand-over and every lane's result
         self.cameras: dict[str, Camera] = {}
         self._trial: Trial | None = None  # a reload on trial: it takes over on its first frame
+        self._started = False  # a start that fails publishes no status at stop: the daemon never ran
         with contextlib.ExitStack() as stack:
             stack.callback(self._wake.close)
             # The cameras open (or the scene pool is drawn) while the model loads: cold start pays
@@ -87,7 +88,7 @@ class Daemon:
             self.desk = RequestDesk(settings, self.outputs) if settings.requesting() else None
             if self.desk is not None:
                 stack.callback(self.desk.close)
-            stack.callback(lambda: self.publish_status())  # at stop, once the evidence is written
+            stack.callback(self._last_status)
             stack.callback(self.outputs.drain)
             self.lanes = Lanes(settings.lanes(), self._wake)
             stack.callback(self.lanes.close)
@@ -95,12 +96,20 @@ class Daemon:
             stack.callback(self.candidate.close)
             stack.callback(self._finish_lanes)
             self._resources = stack.pop_all()
+        self._started = True
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
         self._inference_failures = 0
         self._errors = LogRate(ERROR_LOG_INTERVAL_S)  # a burst of failing frames is one log line
         self._next_status = self._next_thermal = time.monotonic()
         self._watch()
+
+    def _last_status(self) -> None:
+        """At stop, once the evidence is written: the last status, from a daemon that started. A
+        start that failed served nothing, what a status reads may not exist yet, and its error is
+        what counts."""
+        if self._started:
+            self.publish_status()
 
     def _start_capture(self, cfg: SourceBase) -> Capture:
         return start_capture(cfg, self.settings.runtime.capture_priority, self._wake)

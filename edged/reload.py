@@ -79,6 +79,12 @@ def load_replacement(config_path: Path | None, running: Settings, *, requests: b
         # The request socket, like the PUB socket, stays bound as it is.
         log.warning("trigger settings changed: restart edged to apply them")
         new = new.model_copy(update={"trigger": running.trigger})
+    kept, candidate = running.model.candidate, new.model.candidate
+    if kept is not None and candidate is not None and candidate.control != kept.control:
+        # The control socket, too, stays bound where it is (`edged.candidate`).
+        log.warning("model.candidate.control changed: restart edged to apply it")
+        candidate = candidate.model_copy(update={"control": kept.control})
+        new = new.model_copy(update={"model": new.model.model_copy(update={"candidate": candidate})})
     return Replacement(new, model, {cfg.camera_id: frame_path(new, model, cfg) for cfg in new.source})
 
 

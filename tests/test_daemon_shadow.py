@@ -8,14 +8,17 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import sqlite3
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import fixed_scene, nan_probe
 from test_signature import keypair
@@ -46,6 +49,20 @@ def start(
     journal: str | None = None,
     trigger: dict[str, Any] | None = None,
 ) -> tuple[RunningDaemon, Path]:
+    config, endpoint = configure(tmp_path, candidate, model, colour, http, journal, trigger)
+    return RunningDaemon(config, endpoint), config
+
+
+def configure(
+    tmp_path: Path,
+    candidate: dict[str, Any],
+    model: dict[str, Any] | None = None,
+    colour: tuple[int, int, int] = (90, 90, 90),
+    http: str = "",
+    journal: str | None = None,
+    trigger: dict[str, Any] | None = None,
+) -> tuple[Path, str]:
+    """``tmp_path/edged.toml``: the live model and ``candidate`` on a looping clip; returns it and its publish endpoint."""
     fixed_scene(tmp_path / "scene.onnx", SCENE)
     write_video(tmp_path / "clip.avi", [colour] * 10)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -62,8 +79,7 @@ def start(
         doc["journal"] = {"path": journal}
     if trigger is not None:
         doc["trigger"] = trigger
-    config = write_config(tmp_path / "edged.toml", doc)
-    return RunningDaemon(config, endpoint), config
+    return write_config(tmp_path / "edged.toml", doc), endpoint
 
 
 def trial(d: RunningDaemon, frames: int = 5) -> StatusMessage:
@@ -257,3 +273,63 @@ def test_promote_without_a_candidate_in_the_config_says_so(tmp_path: Path) -> No
     shutil.copy(fixed_scene(tmp_path / "x.onnx", SCENE), tmp_path / "scene.onnx")
     done = run_cli("promote", "--config", str(config))
     assert done.returncode == 2 and "no [model.candidate]" in done.stderr
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU time the main thread of process ``pid`` has used, user and system, in seconds."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_command_after_a_reload_removed_the_candidate_is_refused_and_the_loop_keeps_waiting(tmp_path: Path) -> None:
+    fixed_scene(tmp_path / "same.onnx", SCENE)
+    d, config = start(tmp_path, {"path": "same.onnx"})
+    started = shutil.copy(config, tmp_path / "started.toml")  # what `edged promote` reads the socket from
+    try:
+        d.wait_status(lambda s: s.candidate is not None)
+        config.write_text(re.sub(r"\[model\.candidate\]\n(?:[^\[].*\n)*", "", config.read_text()))
+        d.signal(signal.SIGHUP)
+        d.wait_status(lambda s: s.candidate is None)
+        promote = run_cli("promote", "--config", str(started))
+        assert promote.returncode == 1, promote.stderr
+        assert "refused: no [model.candidate] in the running configuration" in promote.stderr
+        assert f"live: scene sha256 {sha256(tmp_path / 'scene.onnx')}" in promote.stderr
+        # A client still waiting: its request, left unread, would keep the loop's wait returning at
+        # once, a core's worth of turns. The loop's thread is measured over ten status messages (3 s),
+        # so that a busy machine's stalls even out.
+        context = zmq.Context()
+        waiting = context.socket(zmq.REQ)
+        waiting.setsockopt(zmq.LINGER, 0)
+        try:
+            waiting.connect(f"ipc://{tmp_path}/control.sock")
+            waiting.send(json.dumps({"command": "rollback"}).encode())
+            before, since = cpu_s(d.proc.pid), time.monotonic()
+            d.collect("status", 10)
+            busy = (cpu_s(d.proc.pid) - before) / (time.monotonic() - since)
+            assert busy < 0.5, f"the loop's thread used {busy:.2f} CPU-seconds a second"
+            assert waiting.poll(10_000), "no answer to the waiting client"
+            assert json.loads(waiting.recv())["error"].startswith("refused: no [model.candidate]")
+        finally:
+            waiting.close()
+            context.term()
+    finally:
+        d.stop()
+
+
+def test_a_control_socket_that_cannot_be_bound_stops_the_start_with_its_error_alone(tmp_path: Path) -> None:
+    unwritable, _ = configure(tmp_path, {"path": "scene.onnx", "control": "ipc:///proc/sys/edged-control.sock"})
+    refused = run_cli("run", "--config", str(unwritable))
+    assert refused.returncode == 1, refused.stderr
+    assert "model.candidate.control: cannot bind ipc:///proc/sys/edged-control.sock" in refused.stderr
+    assert "Traceback" not in refused.stderr, refused.stderr
+
+    d, config = start(tmp_path, {"path": "scene.onnx"})
+    try:
+        d.wait_status(lambda s: s.candidate is not None)
+        second = tmp_path / "second.toml"  # the same control socket, its own publish port
+        second.write_text(config.read_text().replace(d.endpoint, f"tcp://127.0.0.1:{free_port()}"))
+        refused = run_cli("run", "--config", str(second))
+        assert refused.returncode == 1, refused.stderr
+        assert "another process is listening on" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    finally:
+        d.stop()

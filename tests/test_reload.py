@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,21 @@ def test_a_good_config_comes_back_with_its_model_loaded(tmp_path: Path) -> None:
     replacement = load_replacement(path, running)
     assert replacement.settings.model.conf == 0.9 and replacement.model.cfg.conf == 0.9
     assert replacement.settings.publish == running.publish  # the bound socket cannot change: the running settings stay
+
+
+def test_a_moved_control_socket_is_said_to_need_a_restart_and_the_bound_one_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    probe = colour_probe(tmp_path / "probe.onnx")
+    path = _config(tmp_path / "edged.toml", probe)
+    text = path.read_text()
+    path.write_text(f"{text}[model.candidate]\npath = {str(probe)!r}\ncontrol = 'ipc://{tmp_path}/a.sock'\n")
+    running = load_config(path)
+    path.write_text(f"{text}[model.candidate]\npath = {str(probe)!r}\ncontrol = 'ipc://{tmp_path}/b.sock'\n")
+    with caplog.at_level(logging.WARNING, logger="edged.reload"):
+        replacement = load_replacement(path, running)
+    assert "model.candidate.control changed: restart edged to apply it" in caplog.text
+    assert replacement.settings.model.candidate == running.model.candidate
 
 
 def test_a_bad_config_or_model_raises_for_the_daemon_to_keep_what_runs(tmp_path: Path) -> None:
