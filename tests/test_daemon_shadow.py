@@ -40,16 +40,9 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def start(
-    tmp_path: Path,
-    candidate: dict[str, Any],
-    model: dict[str, Any] | None = None,
-    colour: tuple[int, int, int] = (90, 90, 90),
-    http: str = "",
-    journal: str | None = None,
-    trigger: dict[str, Any] | None = None,
-) -> tuple[RunningDaemon, Path]:
-    config, endpoint = configure(tmp_path, candidate, model, colour, http, journal, trigger)
+def start(tmp_path: Path, candidate: dict[str, Any], *args: Any, **keys: Any) -> tuple[RunningDaemon, Path]:
+    """`configure`'s daemon, running, and its configuration."""
+    config, endpoint = configure(tmp_path, candidate, *args, **keys)
     return RunningDaemon(config, endpoint), config
 
 
