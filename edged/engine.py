@@ -29,7 +29,7 @@ import onnxruntime as ort
 from edged.config import ModelConfig, ProviderConfig, RuntimeConfig
 from edged.contract import pinned_dimensions
 from edged.cpus import plan_threads
-from edged.engines import ModelIdentity, check_int8, file_sha256, first_line, is_quantised
+from edged.engines import check_int8, first_line, is_quantised, read_model
 from edged.errors import InferenceError, ModelError
 from edged.heads.anomaly import anomalib_size
 
@@ -104,10 +104,7 @@ class Engine:
         """
         self.model_path = model_path
         self.cfg = cfg
-        try:
-            self.identity = ModelIdentity(model_path.stem, file_sha256(model_path))
-        except OSError as e:
-            raise ModelError(f"cannot read model {model_path}: {e.strerror}") from None
+        data, self.identity = read_model(model_path)  # the session is made from these bytes
         self.providers, self.provider_warnings = resolve_providers(cfg.providers, ort.get_available_providers())
         for warning in self.provider_warnings:
             log.warning(warning, extra={"MODEL": self.identity.short})
@@ -118,7 +115,7 @@ class Engine:
         profiled = record_placement and not HAS_ASSIGNMENT_RECORD
         self._profile_dir = Path(tempfile.mkdtemp(prefix="edged-placement-")) if profiled else None
         try:
-            self.session = self._create_session(record_placement, imgsz)
+            self.session = self._create_session(data, record_placement, imgsz)
         except BaseException:
             if self._profile_dir is not None:
                 shutil.rmtree(self._profile_dir, ignore_errors=True)
@@ -156,8 +153,8 @@ class Engine:
             so.add_free_dimension_override_by_name(name, size)
         return so
 
-    def _create_session(self, record_placement: bool, imgsz: tuple[int, int] | None) -> ort.InferenceSession:
-        source, cache_hit = self._model_source()
+    def _create_session(self, data: bytes, record_placement: bool, imgsz: tuple[int, int] | None) -> ort.InferenceSession:
+        source, cache_hit = self._model_source(data)
         session = self._open(source, record_placement, {}, write_cache=not cache_hit)
         inputs = session.get_inputs()
         if not inputs:
@@ -170,15 +167,22 @@ class Engine:
             session = self._open(source, record_placement, pins, write_cache=False)
         return session
 
-    def _open(self, source: Path, record: bool, pins: dict[str, int], write_cache: bool) -> ort.InferenceSession:
+    def _open(self, source: Path | bytes, record: bool, pins: dict[str, int], write_cache: bool) -> ort.InferenceSession:
+        """A session of ``source``: the optimised-model cache's path, or the model's bytes (its
+        external data, if any, read beside the model file)."""
         so = self._session_options(record, pins)
         cache = self.cfg.optimized_model_path
         if cache is not None and write_cache and not pins:
             so.optimized_model_filepath = str(cache)
+        if isinstance(source, bytes):
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.model_path.parent))
+        where = source if isinstance(source, Path) else self.model_path
         try:
-            session = ort.InferenceSession(str(source), sess_options=so, providers=self.providers)
+            session = ort.InferenceSession(
+                source if isinstance(source, bytes) else str(source), sess_options=so, providers=self.providers
+            )
         except Exception as e:  # ORT raises its own Fail/InvalidProtobuf/NoSuchFile types
-            raise ModelError(f"onnxruntime cannot load {source}: {first_line(e)}") from None
+            raise ModelError(f"onnxruntime cannot load {where}: {first_line(e)}") from None
         if cache is not None and write_cache and not pins:
             self._write_cache_stamp(cache)
         return session
@@ -191,11 +195,11 @@ class Engine:
             "graph_optimization": self.cfg.graph_optimization,
         }
 
-    def _model_source(self) -> tuple[Path, bool]:
-        """The optimised-graph cache when it was made from this very model, else the model."""
+    def _model_source(self, data: bytes) -> tuple[Path | bytes, bool]:
+        """The optimised-graph cache when it was made from this very model, else the model's ``data``."""
         cache = self.cfg.optimized_model_path
         if cache is None:
-            return self.model_path, False
+            return data, False
         stamp = cache.with_name(cache.name + ".json")
         try:
             if json.loads(stamp.read_text()) == self._cache_stamp() and cache.is_file():
@@ -204,7 +208,7 @@ class Engine:
         except (OSError, ValueError):
             pass
         log.info("optimised-model cache %s missing or stale; rebuilding it", cache)
-        return self.model_path, False
+        return data, False
 
     def _write_cache_stamp(self, cache: Path) -> None:
         try:

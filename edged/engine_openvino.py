@@ -24,7 +24,7 @@ import numpy as np
 from edged.config import ModelConfig, RuntimeConfig
 from edged.contract import pinned_dimensions
 from edged.cpus import ThreadPlan
-from edged.engines import ModelIdentity, Port, check_int8, file_sha256, first_line
+from edged.engines import Port, check_int8, first_line, read_model
 from edged.errors import ConfigError, InferenceError, MissingDependency, ModelError
 from edged.heads.anomaly import anomalib_size
 
@@ -83,15 +83,12 @@ class OpenVinoEngine:
         self.cfg = runtime
         self.device = cfg.device
         self.precision = cfg.precision
-        try:
-            self.identity = ModelIdentity(cfg.path.stem, file_sha256(cfg.path))
-        except OSError as e:
-            raise ModelError(f"cannot read model {cfg.path}: {e.strerror}") from None
+        data, self.identity = read_model(cfg.path)  # compiled from these bytes
         self.core = ov.Core()
         hint, capability = PRECISIONS[cfg.precision]
         self._check_device(capability)
         try:
-            model = self.core.read_model(str(cfg.path))
+            model = self.core.read_model(data)
         except Exception as e:  # OpenVINO raises RuntimeError and its own frontend errors
             raise ModelError(f"openvino cannot load {cfg.path}: {first_line(e)}") from None
         check_int8(cfg.path, cfg.precision)

@@ -22,7 +22,7 @@ import numpy as np
 
 from edged.config import ModelConfig, RuntimeConfig
 from edged.cpus import ThreadPlan
-from edged.errors import ContractError
+from edged.errors import ContractError, ModelError
 
 # model.engine -> the module that holds its ``open_engine``.
 ENGINES = {"onnxruntime": "edged.engine", "openvino": "edged.engine_openvino"}
@@ -46,6 +46,17 @@ class Port:
     name: str
     shape: list[int | str]
     type: str
+
+
+def read_model(path: Path) -> tuple[bytes, ModelIdentity]:
+    """The model file's bytes, read once, and its identity from those very bytes; `ModelError` where
+    it cannot be read. An engine runs these bytes, not the path again: a file replaced in between
+    (after `edged.signature.verify` checked it) would run under the identity of the one checked."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ModelError(f"cannot read model {path}: {e.strerror}") from None
+    return data, ModelIdentity(path.stem, hashlib.sha256(data).hexdigest())
 
 
 def file_sha256(path: Path) -> str:

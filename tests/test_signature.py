@@ -4,12 +4,15 @@ or foreign-signed model is refused before it is loaded, at start (78) and on rel
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import shlex
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import onnxruntime as ort
 import pytest
 from daemon import RunningDaemon, edged_command, free_port, run_cli, write_config, write_video
 from onnx_models import fixed_scene
@@ -236,3 +239,26 @@ def test_signed_labels_that_are_missing_or_a_folder_are_a_model_error(
     for labels, says in ((tmp_path / "no-such.labels", "No such file or directory"), (tmp_path, "is not a regular file")):
         with pytest.raises(ModelError, match=says):
             verify(config(model, public, labels=labels))
+
+
+def test_the_model_run_is_the_file_verified_though_it_is_replaced_as_the_runtime_reads_it(
+    signed: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The signature was checked on the file, and ONNX Runtime then opened the path again: a file
+    # replaced in between ran unsigned under the signed model's sha256 (22 loads in 300, in a race).
+    model, _, public = signed
+    verified = model.read_bytes()
+    other = fixed_scene(tmp_path / "other.onnx", [(8.0, 8.0, 4.0, 4.0, 0, 0.5)] * 20)  # another model, unsigned
+    real = ort.InferenceSession
+
+    def replaced_first(source: Any, *args: Any, **kwargs: Any) -> ort.InferenceSession:
+        if other.exists():
+            other.replace(model)  # as the runtime comes to read it
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", replaced_first)
+    loaded = load_model(config(model, public), RuntimeConfig())
+    assert model.read_bytes() != verified  # it was replaced
+    expected = [o.shape for o in real(verified, providers=["CPUExecutionProvider"]).get_outputs()]
+    assert [o.shape for o in loaded.engine.output_meta] == expected  # and what runs is what was verified
+    assert loaded.info.sha256 == hashlib.sha256(verified).hexdigest()
