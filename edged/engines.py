@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import mmap
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,12 +49,23 @@ class Port:
     type: str
 
 
+MAX_MODEL_BYTES = 2**31 - 1  # protobuf's limit on one message: an ONNX file past it cannot be parsed
+
+
 def read_model(path: Path) -> tuple[bytes, ModelIdentity]:
     """The model file's bytes, read once, and its identity from those very bytes; `ModelError` where
-    it cannot be read. An engine runs these bytes, not the path again: a file replaced in between
-    (after `edged.signature.verify` checked it) would run under the identity of the one checked."""
+    it cannot be read, or is larger than an ONNX file can be. An engine runs these bytes, not the
+    path again: a file replaced in between (after `edged.signature.verify` checked it) would run
+    under the identity of the one checked."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_MODEL_BYTES:  # said before a byte is read: a board has no room for it
+                raise ModelError(
+                    f"model {path} holds {size} bytes, more than an ONNX file can ({MAX_MODEL_BYTES}); "
+                    "a larger model keeps its weights as external data"
+                )
+            data = f.read()
     except OSError as e:
         raise ModelError(f"cannot read model {path}: {e.strerror}") from None
     return data, ModelIdentity(path.stem, hashlib.sha256(data).hexdigest())

@@ -126,3 +126,16 @@ def test_other_tasks_are_refused_by_name_without_a_useless_hint(tmp_path: Path, 
         load_model(ModelConfig(path=path), RuntimeConfig())
     assert f"model task '{task}' ({name}) is not supported" in str(info.value)
     assert "model.head" not in str(info.value)
+
+
+@pytest.mark.parametrize("engine", ["onnxruntime", "openvino"])
+def test_a_model_file_larger_than_onnx_allows_is_refused_unread(tmp_path: Path, engine: str) -> None:
+    # Each engine reads the model's bytes once, to run what it hashed: a 3 GiB file (a sparse one
+    # here; a wrong file on a board) would have been read whole into memory first.
+    huge = tmp_path / "huge.onnx"
+    with huge.open("wb") as f:
+        f.truncate(3 << 30)
+    if engine == "openvino":
+        pytest.importorskip("openvino")
+    with pytest.raises(ModelError, match=r"holds 3221225472 bytes, more than an ONNX file can"):
+        load_model(ModelConfig(path=huge, engine=engine), RuntimeConfig())
