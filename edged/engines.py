@@ -52,6 +52,16 @@ class Port:
 MAX_MODEL_BYTES = 2**31 - 1  # protobuf's limit on one message: an ONNX file past it cannot be parsed
 
 
+def check_model_size(path: Path, size: int) -> None:
+    """`ModelError` for a model file of ``size`` bytes past `MAX_MODEL_BYTES`, said before a byte of
+    it is read or hashed: a board has no room for it, and no time to read it on the loop's thread."""
+    if size > MAX_MODEL_BYTES:
+        raise ModelError(
+            f"model {path} holds {size} bytes, more than an ONNX file can ({MAX_MODEL_BYTES}); "
+            "a larger model keeps its weights as external data"
+        )
+
+
 def read_model(path: Path) -> tuple[bytes, ModelIdentity]:
     """The model file's bytes, read once, and its identity from those very bytes; `ModelError` where
     it cannot be read, or is larger than an ONNX file can be. An engine runs these bytes, not the
@@ -59,12 +69,7 @@ def read_model(path: Path) -> tuple[bytes, ModelIdentity]:
     under the identity of the one checked."""
     try:
         with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_MODEL_BYTES:  # said before a byte is read: a board has no room for it
-                raise ModelError(
-                    f"model {path} holds {size} bytes, more than an ONNX file can ({MAX_MODEL_BYTES}); "
-                    "a larger model keeps its weights as external data"
-                )
+            check_model_size(path, os.fstat(f.fileno()).st_size)
             data = f.read()
     except OSError as e:
         raise ModelError(f"cannot read model {path}: {e.strerror}") from None

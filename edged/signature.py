@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edged.engines import file_sha256
+from edged.engines import check_model_size, file_sha256
 from edged.errors import KeyFileError, MissingDependency, ModelError
 from edged.files import MAX_LABELS_BYTES, read_regular
 
@@ -55,6 +55,7 @@ class Signed:
             labels_sha256 = FROM_MODEL
             if labels is not None:
                 labels_sha256 = hashlib.sha256(read_regular(labels, MAX_LABELS_BYTES)).hexdigest()
+            check_model_size(model, model.stat().st_size)
             return cls(file_sha256(model), labels_sha256)
         except OSError as e:
             raise ModelError(f"cannot read {e.filename}: {e.strerror or e}") from None

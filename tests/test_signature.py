@@ -262,3 +262,14 @@ def test_the_model_run_is_the_file_verified_though_it_is_replaced_as_the_runtime
     expected = [o.shape for o in real(verified, providers=["CPUExecutionProvider"]).get_outputs()]
     assert [o.shape for o in loaded.engine.output_meta] == expected  # and what runs is what was verified
     assert loaded.info.sha256 == hashlib.sha256(verified).hexdigest()
+
+
+def test_a_signed_model_grown_past_what_onnx_holds_is_refused_before_it_is_hashed(
+    signed: tuple[Path, Path, Path],
+) -> None:
+    # Hashed whole first: 4 GB took 7.8 s of the loop's thread when a reload brought it as a candidate.
+    model, _, public = signed
+    with model.open("r+b") as f:
+        f.truncate(3 << 30)
+    with pytest.raises(ModelError, match=r"holds 3221225472 bytes, more than an ONNX file can"):
+        verify(config(model, public))
