@@ -80,7 +80,7 @@ def resolve_providers(
 def open_engine(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool, lanes: int) -> Engine:
     """`edged.engines.open_engine` for ONNX Runtime: model.precision f32 or int8 is the graph's own."""
     engine = Engine(cfg.path, runtime, imgsz=cfg.imgsz, record_placement=record_placement, lanes=lanes)
-    check_int8(cfg.path, cfg.precision)
+    check_int8(cfg.path, cfg.precision, engine.precision == "int8")
     return engine
 
 
@@ -125,7 +125,7 @@ class Engine:
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         self.input_meta = self.session.get_inputs()
         # ONNX Runtime runs the graph's own types: a quantised graph's are int8.
-        self.precision = "int8" if is_quantised(model_path) else "f32"
+        self.precision = "int8" if is_quantised(data) else "f32"
         self.output_meta = self.session.get_outputs()
         self.output_names = [o.name for o in self.output_meta]
 

@@ -24,7 +24,7 @@ import numpy as np
 from edged.config import ModelConfig, RuntimeConfig
 from edged.contract import pinned_dimensions
 from edged.cpus import ThreadPlan
-from edged.engines import Port, check_int8, first_line, read_model
+from edged.engines import Port, check_int8, first_line, is_quantised, read_model
 from edged.errors import ConfigError, InferenceError, MissingDependency, ModelError
 from edged.heads.anomaly import anomalib_size
 
@@ -91,7 +91,7 @@ class OpenVinoEngine:
             model = self.core.read_model(data)
         except Exception as e:  # OpenVINO raises RuntimeError and its own frontend errors
             raise ModelError(f"openvino cannot load {cfg.path}: {first_line(e)}") from None
-        check_int8(cfg.path, cfg.precision)
+        check_int8(cfg.path, cfg.precision, is_quantised(data))
         self.metadata = _metadata(model)
         # Named as read: compiling merges names onto a tensor (anomalib's pred_score may come out as clamp_1).
         outputs = _ports(model.outputs, "output")

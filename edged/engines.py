@@ -89,15 +89,18 @@ def file_sha256(path: Path) -> str:
 QUANTISED_OPERATORS = (b"QuantizeLinear", b"QLinear")
 
 
-def is_quantised(path: Path) -> bool:
-    """Whether the ONNX file holds a quantised operator: its operator names are plain strings in the file."""
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+def is_quantised(model: Path | bytes) -> bool:
+    """Whether the ONNX model (its file, or the bytes an engine runs, `read_model`) holds a quantised
+    operator: its operator names are plain strings in the file."""
+    if isinstance(model, bytes):
+        return any(name in model for name in QUANTISED_OPERATORS)
+    with model.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         return any(data.find(name) >= 0 for name in QUANTISED_OPERATORS)
 
 
-def check_int8(path: Path, precision: str) -> None:
-    """Refuse model.precision = int8 on a model that is not quantised: it would run in float unseen."""
-    if precision == "int8" and not is_quantised(path):
+def check_int8(path: Path, precision: str, quantised: bool) -> None:
+    """Refuse model.precision = int8 on a model that is not ``quantised``: it would run in float unseen."""
+    if precision == "int8" and not quantised:
         raise ContractError(
             f"model.precision = 'int8' but {path} is not quantised (no QuantizeLinear or QLinear operator): "
             "make an INT8 model with `edged quantize`, or set model.precision = 'f32'"
