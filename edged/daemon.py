@@ -24,7 +24,6 @@ from edged.config import Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, KeyFileError, ModelError
 from edged.health import Health, Watched
 from edged.journal import JournalOutput
-from edged.journal import in_use as journal_in_use
 from edged.lanes import Lanes, Outcome
 from edged.lograte import LogRate
 from edged.messages import VerdictMessage
@@ -69,7 +68,7 @@ class Daemon:
         self._wake = Wake()  # set by every capture thread's hand-over and every lane's result
         self.cameras: dict[str, Camera] = {}
         self._trial: Trial | None = None  # a reload on trial: it takes over on its first frame
-        self._started = False  # a start that fails publishes no status at stop: the daemon never ran
+        self._started = False
         with contextlib.ExitStack() as stack:
             stack.callback(self._wake.close)
             # The cameras open (or the scene pool is drawn) while the model loads: cold start pays
@@ -81,14 +80,14 @@ class Daemon:
                 cfg.camera_id: camera_for(settings, cfg, captures[cfg.camera_id], frame_path(settings, self.model, cfg))
                 for cfg in settings.source
             }
-            if problem := journal_in_use(settings):
+            if problem := JournalOutput.in_use(settings):
                 raise ConfigError(None, [problem])
             self.outputs = Outputs(settings, Services(self.health.current_problem, self._wake))
             stack.callback(self.outputs.close)
             self.desk = RequestDesk(settings, self.outputs) if settings.requesting() else None
             if self.desk is not None:
                 stack.callback(self.desk.close)
-            stack.callback(self._last_status)
+            stack.callback(lambda: self.publish_status())  # at stop, once the evidence is written
             stack.callback(self.outputs.drain)
             self.lanes = Lanes(settings.lanes(), self._wake)
             stack.callback(self.lanes.close)
@@ -103,13 +102,6 @@ class Daemon:
         self._errors = LogRate(ERROR_LOG_INTERVAL_S)  # a burst of failing frames is one log line
         self._next_status = self._next_thermal = time.monotonic()
         self._watch()
-
-    def _last_status(self) -> None:
-        """At stop, once the evidence is written: the last status, from a daemon that started. A
-        start that failed served nothing, what a status reads may not exist yet, and its error is
-        what counts."""
-        if self._started:
-            self.publish_status()
 
     def _start_capture(self, cfg: SourceBase) -> Capture:
         return start_capture(cfg, self.settings.runtime.capture_priority, self._wake)
@@ -280,7 +272,9 @@ class Daemon:
         return summary_line(snapshots, self.health.current_problem())
 
     def publish_status(self) -> None:
-        """Each camera's status message to every output, the summary to systemd."""
+        """Each camera's status message to every output, the summary to systemd; none from a start that failed."""
+        if not self._started:  # the stack closing a failed start: it served nothing, and made not all a status reads
+            return
         self._update_rate_caps()
         snapshots = publish_status(self.serving(), self.report, self.model, self.outputs, self.candidate.report())
         self.notifier.status(summary_line(snapshots, self.health.current_problem()))

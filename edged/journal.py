@@ -116,21 +116,9 @@ def lock(path: Path) -> int:
     return fd
 
 
-def in_use(settings: Settings) -> str | None:
-    """Why ``settings``' journal cannot be this edged's (another edged writes it), for a start or a
-    reload that moves the journal; None when it can, when it is off, or when it records nothing
-    (`JournalWriter.start`). A folder that takes no file is not said here: the writer counts and
-    retries that as it would any full disk."""
-    cfg = settings.journal
-    if not cfg.enabled or not (cfg.detections or settings.inspected()):
-        return None
-    try:
-        os.close(lock(cfg.file))
-    except OSError as e:
-        if e.errno != errno.EWOULDBLOCK:
-            return None
-        return f"journal.path {cfg.file} is {e.strerror}: give each edged a journal.path of its own"
-    return None
+def records(settings: Settings) -> bool:
+    """Whether ``settings``' journal has anything to record: verdicts (a camera inspected) or detections."""
+    return settings.journal.detections or bool(settings.inspected())
 
 
 def config_sha256(settings: Settings) -> str:
@@ -497,12 +485,29 @@ class JournalOutput(Output):
         self.writer = JournalWriter(self._cfg, Identity.here(), previous, carried)
         self._carried = bool(carried)
         self.writer.committed.add(wake)
-        self.writer.start(records=bool(self._inspected) or self._cfg.detections)
+        self.writer.start(records=records(settings))
 
     def _adopt(self, settings: Settings) -> None:
         self._cfg = settings.journal
         self._config_sha256 = config_sha256(settings)
         self._inspected = set(settings.inspected())
+
+    @staticmethod
+    def in_use(settings: Settings) -> str | None:
+        """Why ``settings``' journal cannot be this edged's (another edged writes it), for a start or a
+        reload that moves the journal; None when it can, when it is off, or when it records nothing
+        (`JournalWriter.start`). A folder that takes no file is not said here: the writer counts and
+        retries that as it would any full disk."""
+        cfg = settings.journal
+        if not cfg.enabled or not records(settings):
+            return None
+        try:
+            os.close(lock(cfg.file))
+        except OSError as e:
+            if e.errno != errno.EWOULDBLOCK:
+                return None
+            return f"journal.path {cfg.file} is {e.strerror}: give each edged a journal.path of its own"
+        return None
 
     @classmethod
     def from_settings(cls, settings: Settings, services: Services) -> JournalOutput | None:

@@ -18,7 +18,7 @@ from edged.camera import Camera, camera_for, stop_captures
 from edged.capture import Capture
 from edged.config import Settings, load_config
 from edged.errors import ConfigError, ModelError
-from edged.journal import in_use as journal_in_use
+from edged.journal import JournalOutput
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.settings.sources import SourceBase
@@ -67,7 +67,7 @@ def load_replacement(config_path: Path | None, running: Settings, *, requests: b
         problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
         raise ConfigError(config_path, [problem])
     moved = not running.journal.enabled or new.journal.file != running.journal.file
-    if moved and (held := journal_in_use(new)):  # the running journal is held by this edged itself
+    if moved and (held := JournalOutput.in_use(new)):  # the running journal is held by this edged itself
         raise ConfigError(config_path, [held])
     model = load_model(new.model, new.runtime, lanes=new.lanes())
     if new.publish != running.publish:

@@ -277,11 +277,11 @@ def test_an_error_of_edged_own_in_the_journal_thread_is_counted_and_writing_goes
 def test_a_journal_held_by_another_edged_is_said_and_not_written_by_a_second(tmp_path: Path) -> None:
     # Two edged on one file each replayed the other's verdicts to its broker, under the same seq.
     settings = _settings(tmp_path, tmp_path / "journal.sqlite")
-    assert journal.in_use(settings) is None
+    assert JournalOutput.in_use(settings) is None
     first = JournalStore(tmp_path / "journal.sqlite", "normal")
     first.open()
     try:
-        problem = journal.in_use(settings)
+        problem = JournalOutput.in_use(settings)
         assert problem is not None and "in use by another edged" in problem and "journal.path" in problem
         elsewhere = _settings(tmp_path, tmp_path / "other.sqlite")
         with pytest.raises(ConfigError, match="in use by another edged"):  # a reload onto it is refused
@@ -296,7 +296,7 @@ def test_a_journal_held_by_another_edged_is_said_and_not_written_by_a_second(tmp
             second.stop(1)
     finally:
         first.close()
-    assert journal.in_use(settings) is None  # let go with the file
+    assert JournalOutput.in_use(settings) is None  # let go with the file
 
 
 @pytest.mark.unit
@@ -308,7 +308,7 @@ def test_journals_that_record_nothing_hold_nothing(tmp_path: Path) -> None:
     settings = load_config(write_config(tmp_path / "plain.toml", doc))
     outputs = [JournalOutput(settings, threading.Event()) for _ in range(2)]
     try:
-        assert not (tmp_path / "journal.sqlite").exists() and journal.in_use(settings) is None
+        assert not (tmp_path / "journal.sqlite").exists() and JournalOutput.in_use(settings) is None
     finally:
         for output in outputs:
             output.close()
