@@ -35,10 +35,17 @@ class Candidate:
         self.shadow: Shadow | None = None  # set before the socket binds: `close` reads it if the trial fails
         self.control = ControlSocket(cfg.control) if cfg is not None else None
         try:
-            self.shadow = Shadow(settings, cfg, live) if cfg is not None else None
+            self._begin(Shadow(settings, cfg, live) if cfg is not None else None)
         except BaseException:
             self.close()
             raise
+
+    def _begin(self, shadow: Shadow | None) -> None:
+        """``shadow``'s trial starts: said here rather than as it loads, which a reload does before
+        its model is tried and may be refused."""
+        self.shadow = shadow
+        if shadow is not None and shadow.model is not None:
+            log.info("candidate model %s on trial beside the live model", shadow.model.engine.identity.short)
 
     @property
     def fds(self) -> list[Any]:
@@ -63,18 +70,24 @@ class Candidate:
     def report(self) -> CandidateReport | None:
         return self.shadow.report() if self.shadow is not None else None
 
-    def reload(self, settings: Settings, live: LoadedModel) -> None:
-        """A reload's candidate goes on a fresh trial; without one, the trial ends (`serve` refuses
-        each command then). One added to a daemon started without one is said, not served: its
-        socket is bound only at start."""
+    def trial_for(self, settings: Settings, live: LoadedModel) -> Shadow | None:
+        """A reload's candidate on a fresh trial beside the reload's model ``live``, loaded with it
+        off the loop's thread (`edged.reload.Loading`); None without a candidate, or without the
+        control socket to serve one."""
         cfg = settings.model.candidate
+        return Shadow(settings, cfg, live) if cfg is not None and self.control is not None else None
+
+    def reload(self, settings: Settings, shadow: Shadow | None) -> None:
+        """A reload's candidate goes on its fresh trial (`trial_for`); without one, the trial ends
+        (`serve` refuses each command then). One added to a daemon started without one is said, not
+        served: its socket is bound only at start."""
         if self.control is None:
-            if cfg is not None:
+            if settings.model.candidate is not None:
                 log.warning("[model.candidate] added by a reload: restart edged to bind its control socket")
             return
         if self.shadow is not None:
             self.shadow.close()
-        self.shadow = Shadow(settings, cfg, live) if cfg is not None else None
+        self._begin(shadow)
 
     def close(self) -> None:
         if self.shadow is not None:

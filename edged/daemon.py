@@ -21,7 +21,7 @@ from edged.camera import Camera, camera_for, start_capture, stop_captures
 from edged.candidate import Candidate
 from edged.capture import Capture
 from edged.config import Settings
-from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, KeyFileError, ModelError
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, KeyFileError, ModelError
 from edged.health import Health, Watched
 from edged.journal import JournalOutput
 from edged.lanes import Lanes, Outcome
@@ -31,7 +31,7 @@ from edged.model import fallback_model, load_model
 from edged.output import Services
 from edged.outputs import Outputs
 from edged.pipeline import Rejected, frame_path
-from edged.reload import CAPTURE_STOP_WAIT_S, Trial, changes, load_replacement
+from edged.reload import CAPTURE_STOP_WAIT_S, Loading, Trial, changes
 from edged.requests import RequestDesk
 from edged.schedule import hand_out, idle_s, pause
 from edged.service import Notifier, Signals, Watchdog, watchdog_interval_s
@@ -67,6 +67,7 @@ class Daemon:
         self.health = Health(settings.service.stall_timeout_s)
         self._wake = Wake()  # set by every capture thread's hand-over and every lane's result
         self.cameras: dict[str, Camera] = {}
+        self._loading: Loading | None = None  # a reload loading, on a thread of its own
         self._trial: Trial | None = None  # a reload on trial: it takes over on its first frame
         self._started = False
         with contextlib.ExitStack() as stack:
@@ -128,9 +129,7 @@ class Daemon:
             watchdog.start()
         try:
             while not self.signals.stop.is_set():
-                if self.signals.reload.is_set():
-                    self.signals.reload.clear()
-                    self.reload()
+                self._reload()
                 self.housekeeping()
                 code = self._exit_code()
                 if code is not None:
@@ -185,7 +184,7 @@ class Daemon:
         wait for a frame, a result or a request."""
         self._wake.clear()  # cleared before looking: a hand-over, result or request after this ends the wait below
         self.outputs.deliver_recorded()  # verdicts the journal has recorded since the last turn go out
-        blocked = "a reload is on trial" if self._trial else None
+        blocked = "a reload is loading" if self._loading else "a reload is on trial" if self._trial else None
         self.candidate.serve(self._live, self._swap, blocked, self.outputs.get(JournalOutput))
         settled = self._settle(self.lanes.collect())
         if self.desk is not None and self.desk.take(self.serving(), self.lanes.carrying, self._critical()):
@@ -310,19 +309,22 @@ class Daemon:
             camera.path = swap.paths.get(camera.id, camera.path)
         self.notifier.status(self.status_line())
 
-    def reload(self) -> None:
-        """SIGHUP: load a new config and model; they take over once the model has run on a frame.
-
-        A config or model that does not load is refused here; one that loads is tried on the next
-        frame from one of its cameras (`_try`), since a model can load and still fail on the
-        cameras' frames (`edged.reload.Trial`). A reload while another is on trial replaces it.
-        """
-        log.info("reloading configuration from %s", self.config_path)
-        self.notifier.reloading()
-        try:
-            replacement = load_replacement(self.config_path, self.settings, requests=self.desk is not None)
-        except EdgedError as e:
-            log.error("reload refused, keeping the running configuration: %s", e)
+    def _reload(self) -> None:
+        """SIGHUP: a new config and model (and candidate) load on a thread of their own (`edged.reload.Loading`),
+        the running ones serving the frames meanwhile; a SIGHUP while one loads waits its turn. One that did
+        not load is refused; one that loaded is tried on the next frame from one of its cameras (`_try`), since
+        a model can load and still fail on the cameras' frames (`edged.reload.Trial`), replacing one on trial."""
+        if self._loading is None and self.signals.reload.is_set():
+            self.signals.reload.clear()
+            log.info("reloading configuration from %s", self.config_path)
+            self.notifier.reloading()
+            requests, trial_for = self.desk is not None, self.candidate.trial_for
+            self._loading = Loading(self.config_path, self.settings, self._wake, requests=requests, trial_for=trial_for)
+        if (replacement := self._loading.outcome() if self._loading else None) is None:
+            return
+        self._loading = None
+        if isinstance(replacement, str):
+            log.error("reload refused, keeping the running configuration: %s", replacement)
             self.notifier.ready(self.status_line())
             return
         try:
@@ -347,11 +349,9 @@ class Daemon:
         self._watch()
 
     def _try(self, camera: Camera, frame: Frame) -> None:
-        """Switch to a reload's model once it has run on ``frame``, or keep the running one.
-
-        In free mode ``frame`` is then published like any other; in request mode nobody asked
-        for it, so it is not (the warm-up before READY=1 is not either).
-        """
+        """Switch to a reload's model once it has run on ``frame``, or keep the running one. In free
+        mode ``frame`` is then published like any other; in request mode nobody asked for it, so it
+        is not (the warm-up before READY=1 is not either)."""
         trial = self._trial
         if trial is None:
             return
@@ -387,7 +387,7 @@ class Daemon:
             self.desk.follow(new, before)
         self.outputs.reload(new)
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
-        self.candidate.reload(new, self.model)
+        self.candidate.reload(new, trial.replacement.shadow)
         self._watch()
 
     def _finish_lanes(self) -> None:

@@ -3,13 +3,17 @@
 Nothing is switched here: the daemon applies what this returns once `Replacement.trial` has run
 the new model and its plan on a frame from one of the new configuration's cameras, so a bad
 config, a model that will not load, or one that loads but fails on the camera's frames leaves
-the running daemon exactly as it was. `Trial` owns the cameras a reload opens while it is on
-trial, and says which cameras the daemon serves meanwhile and after.
+the running daemon exactly as it was. The loading itself runs on a thread of its own
+(`Loading`), so the running model goes on serving the frames while it does. `Trial` owns the
+cameras a reload opens while it is on trial, and says which cameras the daemon serves meanwhile
+and after.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,17 +21,20 @@ from pathlib import Path
 from edged.camera import Camera, camera_for, stop_captures
 from edged.capture import Capture
 from edged.config import Settings, load_config
-from edged.errors import ConfigError, ModelError
+from edged.errors import ConfigError, EdgedError, ModelError
 from edged.journal import JournalOutput
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.settings.sources import SourceBase
+from edged.shadow import Shadow
 from edged.sources.base import Frame
+from edged.wake import Waker
 
 log = logging.getLogger(__name__)
 
 CAPTURE_STOP_WAIT_S = 1.0  # how long all the capture threads a reload stops may take, together
 StartCapture = Callable[[SourceBase], Capture]
+TrialFor = Callable[[Settings, LoadedModel], Shadow | None]  # the candidate's trial beside a model (`edged.candidate`)
 
 
 def same_source(a: SourceBase, b: SourceBase) -> bool:
@@ -38,11 +45,13 @@ def same_source(a: SourceBase, b: SourceBase) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Replacement:
-    """A reloaded configuration, its model and a frame path per camera, on trial until a frame runs through it."""
+    """A reloaded configuration, its model and a frame path per camera, on trial until a frame runs
+    through it; and the candidate's trial beside its model, if it has one."""
 
     settings: Settings
     model: LoadedModel
     paths: dict[str, FramePath]  # by camera_id, one per camera of the new configuration
+    shadow: Shadow | None = None
 
     def trial(self, camera_id: str, frame: Frame) -> Processed | Rejected | str:
         """``frame``, from camera ``camera_id``, through the new model: `Processed` when it works,
@@ -57,11 +66,14 @@ class Replacement:
         return outcome
 
 
-def load_replacement(config_path: Path | None, running: Settings, *, requests: bool = False) -> Replacement:
-    """The new settings with their loaded model; raises an EdgedError when either is unusable, or
-    (`ConfigError`) when they turn request mode on or off: ``requests`` says whether the running
-    daemon takes requests, and the request socket is bound at start, as the trigger settings say.
-    Cameras may move between the modes while some camera stays in request mode."""
+def load_replacement(
+    config_path: Path | None, running: Settings, *, requests: bool = False, trial_for: TrialFor | None = None
+) -> Replacement:
+    """The new settings with their loaded model (and the candidate's trial beside it, `trial_for`);
+    raises an EdgedError when either is unusable, or (`ConfigError`) when they turn request mode on
+    or off: ``requests`` says whether the running daemon takes requests, and the request socket is
+    bound at start, as the trigger settings say. Cameras may move between the modes while some
+    camera stays in request mode."""
     new = load_config(config_path)
     if bool(new.requesting()) != requests:
         problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
@@ -85,7 +97,40 @@ def load_replacement(config_path: Path | None, running: Settings, *, requests: b
         log.warning("model.candidate.control changed: restart edged to apply it")
         candidate = candidate.model_copy(update={"control": kept.control})
         new = new.model_copy(update={"model": new.model.model_copy(update={"candidate": candidate})})
-    return Replacement(new, model, {cfg.camera_id: frame_path(new, model, cfg) for cfg in new.source})
+    paths = {cfg.camera_id: frame_path(new, model, cfg) for cfg in new.source}
+    return Replacement(new, model, paths, trial_for(new, model) if trial_for is not None else None)
+
+
+class Loading:
+    """A reload's configuration and models loading on a thread of their own: reading, hashing and
+    parsing a model takes seconds on a board (a model on a slow or stalled disk, longer), and the
+    loop goes on serving the frames with the running model meanwhile. ``wake`` is set once it ends.
+
+    A daemon stopped meanwhile does not wait for it (the thread dies with the process).
+    """
+
+    def __init__(
+        self, config_path: Path | None, running: Settings, wake: Waker, *, requests: bool, trial_for: TrialFor
+    ) -> None:
+        """`load_replacement`'s arguments, and the loop's wake-up."""
+        self._outcome: Replacement | str | None = None
+        load = functools.partial(load_replacement, config_path, running, requests=requests, trial_for=trial_for)
+        threading.Thread(target=self._load, args=(load, wake), name="edged-reload", daemon=True).start()
+
+    def _load(self, load: Callable[[], Replacement], wake: Waker) -> None:
+        try:
+            self._outcome = load()
+        except EdgedError as e:
+            self._outcome = str(e)
+        except Exception as e:  # a fault of edged's own: said with its traceback, and the reload refused
+            log.exception("reload failed")
+            self._outcome = f"unexpected {type(e).__name__}: {e}"
+        finally:
+            wake.set()
+
+    def outcome(self) -> Replacement | str | None:
+        """The replacement loaded, why none could be (the reload is refused), or None while it loads."""
+        return self._outcome
 
 
 def changes(running: Settings, new: Settings) -> str:

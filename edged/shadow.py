@@ -356,8 +356,6 @@ class Shadow:
             self.paths = {source.camera_id: frame_path(settings, self.model, source) for source in settings.source}
         except EdgedError as e:
             self._fail(f"the candidate did not load: {e}")
-            return
-        log.info("candidate model %s on trial beside the live model", self.model.engine.identity.short)
 
     def _fail(self, why: str) -> None:
         self.state, self.error, self.model, self.paths = "failed", why, None, {}

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import zmq
 
-from edged.messages import AnyMessage, StatusMessage, parse_message
+from edged.messages import AnyMessage, DetectionsMessage, StatusMessage, parse_message
 
 Message = AnyMessage
 
@@ -183,6 +183,16 @@ class RunningDaemon:
                 yield msg
                 if n >= count:
                     return
+
+    def captured_after(self, since_ns: int, count: int, timeout: float = 20) -> list[DetectionsMessage]:
+        """``count`` detections messages of frames captured after ``since_ns`` (wall clock): published since."""
+        got: list[DetectionsMessage] = []
+        for msg in self.messages(timeout):
+            if isinstance(msg, DetectionsMessage) and msg.capture_time_ns > since_ns:
+                got.append(msg)
+                if len(got) == count:
+                    return got
+        raise AssertionError(f"only {len(got)} frame(s) captured since then were published in {timeout} s:\n{self.log()}")
 
     def wait_status(self, condition: Callable[[StatusMessage], bool], timeout: float = 20) -> StatusMessage:
         """The first status message that satisfies ``condition``."""

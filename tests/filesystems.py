@@ -1,12 +1,15 @@
-"""Filesystems that fail for real in tests: a small tmpfs that fills up, a read-only mount, a folder's mode."""
+"""Filesystems that fail for real in tests: a small tmpfs that fills up, a read-only mount, a folder's mode,
+a file whose opening stalls."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -51,3 +54,30 @@ def fill(path: Path) -> None:
                 f.flush()
         except OSError:
             pass
+
+
+@contextlib.contextmanager
+def opening_stalled(path: Path) -> Iterator[Callable[[], bool]]:
+    """While inside, another process's ``open`` of ``path`` waits, as on a stalled disk: the kernel holds it
+    until this write lease (``F_SETLEASE``) is given up on leaving, or ``/proc/sys/fs/lease-break-time``
+    passes. Yields a check that an open is waiting (the lease's line in ``/proc/locks`` says BREAKING)."""
+    told = signal.signal(signal.SIGIO, signal.SIG_IGN)  # the kernel tells the holder so, and SIGIO would end it
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        except OSError as e:
+            pytest.skip(f"this filesystem takes no file leases ({e.strerror}): no stalled open to be had")
+        held = os.fstat(fd)
+        lease = f"{os.major(held.st_dev):02x}:{os.minor(held.st_dev):02x}:{held.st_ino} "
+
+        def waiting() -> bool:
+            locks = Path("/proc/locks").read_text().splitlines()
+            return any(" LEASE " in line and "BREAKING" in line and lease in line for line in locks)
+
+        yield waiting
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        os.close(fd)
+        signal.signal(signal.SIGIO, told)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import zmq
 from daemon import Message, RunningDaemon, free_port, rss_kb, run_cli, write_config, write_video
+from filesystems import opening_stalled
 from jsonschema import Draft202012Validator
 from onnx_models import LABELS, colour_probe, failing_probe, nan_probe
 from waiting import wait_for
@@ -342,6 +343,37 @@ def test_sighup_applies_a_good_config_and_keeps_running_on_a_bad_one(workdir: Pa
         assert "reload refused, keeping the running configuration" in d.log()
         assert "bogus" in d.log()
         d.collect("detections", 2)
+    finally:
+        d.close()
+
+
+def test_frames_go_on_while_a_reload_loads_its_model_and_a_stop_does_not_wait_for_it(workdir: Path) -> None:
+    """Reading a model can stall (a slow SD card, a network disk): the running model goes on publishing
+    until the reload's has loaded and taken over, and a stop meanwhile ends at once."""
+    path, endpoint = config(workdir)
+    running = path.read_text()
+    d = RunningDaemon(path, endpoint)
+    try:
+        first = d.collect("detections", 2)[-1].model.sha256
+        for version in ("2", "3"):
+            colour_probe(workdir / f"v{version}.onnx", metadata={"version": version})
+        path.write_text(running.replace('path = "probe.onnx"', 'path = "v2.onnx"'))
+        with opening_stalled(workdir / "v2.onnx") as waiting:
+            d.signal(signal.SIGHUP)
+            assert wait_for(waiting, timeout_s=20), d.log()
+            stalled = time.time_ns()
+            assert {m.model.sha256 for m in d.captured_after(stalled, 5)} == {first}
+            assert "loaded model" not in d.log()
+        deadline = time.monotonic() + 20
+        while (sha := d.collect("detections", 1)[0].model.sha256) == first:
+            assert time.monotonic() < deadline, d.log()
+        path.write_text(running.replace('path = "probe.onnx"', 'path = "v3.onnx"'))
+        with opening_stalled(workdir / "v3.onnx") as waiting:
+            d.signal(signal.SIGHUP)
+            assert wait_for(waiting, timeout_s=20), d.log()
+            assert d.stop(timeout=10) == 0, d.log_path.read_text()
+        said = d.log_path.read_text()
+        assert "Traceback" not in said and re.search(rf"reloaded: model \S+@{sha[:12]}", said), said
     finally:
         d.close()
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
+from filesystems import opening_stalled
 from onnx_models import fixed_scene, nan_probe
 from test_signature import keypair
 from waiting import wait_for
@@ -197,6 +198,33 @@ def test_a_reload_after_a_promotion_serves_the_configured_model_and_tries_the_ca
         status = d.wait_status(lambda s: s.candidate is not None and s.candidate.state == "on_trial")
         assert status.candidate is not None and status.candidate.model is not None
         assert status.candidate.model.sha256 == candidate
+    finally:
+        d.stop()
+
+
+def test_a_candidate_on_a_stalled_disk_holds_back_no_live_frame_and_no_command_swaps_meanwhile(tmp_path: Path) -> None:
+    """A reload's candidate loads with its model, off the loop's thread: the live model goes on publishing
+    while its file cannot be read, a promotion then is refused, and the candidate is on trial once loaded."""
+    fixed_scene(tmp_path / "same.onnx", SCENE)
+    d, config = start(tmp_path, {"path": "same.onnx"})
+    try:
+        trial(d, 1)
+        slow = fixed_scene(tmp_path / "slow.onnx", SWAPPED)
+        config.write_text(config.read_text().replace('path = "same.onnx"', 'path = "slow.onnx"'))
+        live, candidate = sha256(tmp_path / "scene.onnx"), sha256(slow)
+        with opening_stalled(slow) as waiting:
+            d.signal(signal.SIGHUP)
+            assert wait_for(waiting, timeout_s=20), d.log()
+            assert {m.model.sha256 for m in d.captured_after(time.time_ns(), 5)} == {live}
+            forced = run_cli("promote", "--config", str(config), "--force", "--reason", "now")
+            assert forced.returncode == 1 and "promotion refused: a reload is loading" in forced.stderr, forced.stderr
+
+        def tried(status: StatusMessage) -> bool:
+            report = status.candidate
+            return report is not None and report.model is not None and report.model.sha256 == candidate
+
+        on_trial = d.wait_status(lambda s: tried(s) and s.candidate is not None and s.candidate.frames > 0)
+        assert on_trial.candidate is not None and on_trial.candidate.state == "on_trial"
     finally:
         d.stop()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ from onnx_models import colour_probe, failing_probe, solid_frame
 
 from edged.config import Settings, load_config
 from edged.errors import ConfigError, ModelError
+from edged.model import LoadedModel
 from edged.pipeline import Processed, Rejected
-from edged.reload import changes, load_replacement
+from edged.reload import Loading, Replacement, changes, load_replacement
 from edged.sources.base import Frame
 
 
@@ -62,6 +64,42 @@ def test_a_bad_config_or_model_raises_for_the_daemon_to_keep_what_runs(tmp_path:
     _config(path, broken)
     with pytest.raises(ModelError):
         load_replacement(path, running)
+
+
+def _loaded(loading: Loading, wake: threading.Event) -> Replacement | str | None:
+    assert wake.wait(60), "the load never said it ended"
+    return loading.outcome()
+
+
+def test_a_reload_loads_on_its_own_thread_and_says_when_it_ends_loaded_or_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    probe = colour_probe(tmp_path / "probe.onnx")
+    path = _config(tmp_path / "edged.toml", probe)
+    running = load_config(path)
+    loops: list[threading.Thread] = []
+
+    def candidate(settings: Settings, live: LoadedModel) -> None:
+        loops.append(threading.current_thread())
+
+    wake = threading.Event()
+    loaded = _loaded(Loading(path, running, wake, requests=False, trial_for=candidate), wake)
+    assert isinstance(loaded, Replacement) and loaded.settings.model.path == probe
+    assert loops and loops[0] is not threading.main_thread()  # the candidate's trial loads there too
+    path.write_text(path.read_text().replace("[model]", "[model]\nconff = 0.9"))
+    wake.clear()
+    refused = _loaded(Loading(path, running, wake, requests=False, trial_for=candidate), wake)
+    assert isinstance(refused, str) and "conff" in refused
+
+    def faulty(settings: Settings, live: LoadedModel) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    _config(path, probe)
+    wake.clear()
+    with caplog.at_level(logging.ERROR, logger="edged.reload"):
+        fault = _loaded(Loading(path, running, wake, requests=False, trial_for=faulty), wake)
+    assert fault == "unexpected ZeroDivisionError: division by zero"
+    assert "reload failed" in caplog.text and "Traceback" in caplog.text  # an error of edged's own, said whole
 
 
 def _frame(bgr: tuple[int, int, int], frame_id: int = 7) -> Frame:
