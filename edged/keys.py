@@ -201,6 +201,9 @@ def _make_private_dir(directory: Path) -> bool:
     """
     if directory.is_dir():
         return False
+    for parent in [*reversed(directory.parents), directory]:
+        if parent.exists() and not parent.is_dir():
+            raise KeyFileError(f"{parent} is a file, not a directory: name a directory for the keys (DIR)")
     for parent in reversed(directory.parents):
         if not parent.is_dir():
             parent.mkdir()

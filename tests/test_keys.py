@@ -124,6 +124,15 @@ def test_keygen_for_the_publisher_twice_keeps_the_first_pair_and_its_clients(tmp
     assert (keys / "clients" / "line3.key").read_text() == "kept"
 
 
+def test_keygen_under_a_file_names_the_file_not_the_errno(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # It said "cannot write afile: File exists", which reads as a key already there.
+    (tmp_path / "afile").write_text("")
+    for args in (["afile/sub"], ["afile/sub", "--name", "line3"], ["afile"]):
+        assert main(["keygen", str(tmp_path / args[0]), *args[1:]]) == 1
+        assert f"{tmp_path / 'afile'} is a file, not a directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 # ---- the README, word for word ----------------------------------------------------------------
 
 

@@ -416,6 +416,10 @@ def test_an_image_that_is_a_link_to_nothing_is_named_not_left_out(tmp_path: Path
     assert total == 2
     with pytest.raises(DataError, match=r"images/b\.png .*link to nothing"):
         list(samples)
+    (data / "images" / "b.png").unlink()
+    (data / "images" / "b.png").symlink_to("b.png")  # a loop of links is not one to fetch
+    with pytest.raises(DataError, match=r"images/b\.png .*Too many levels of symbolic links"):
+        list(folder_samples(data, 1)[1])
 
 
 def test_an_image_whose_name_is_not_utf8_is_read(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ carries the name of its file (`frame_name`).
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import glob
 import logging
@@ -113,7 +114,8 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     except FileTooLarge as e:
         raise ImageError(str(path), f"{e.size / 1e6:.0f} MB, more than any image of {_LIMIT} takes") from None
     except OSError as e:
-        why = "a link to nothing: fetch its content" if os.path.islink(path) else e.strerror or str(e)
+        nothing = e.errno == errno.ENOENT and os.path.islink(path)  # not a loop of links (ELOOP)
+        why = "a link to nothing: fetch its content" if nothing else e.strerror or str(e)
         raise ImageError(str(path), why) from e
     header = read_header(data)
     if header is None:
