@@ -145,10 +145,13 @@ def test_a_fast_camera_does_not_starve_a_slow_one(workdir: Path) -> None:
         processed = last.frames_processed - first.frames_processed
         assert delivered >= 15, (first, last)
         assert processed >= 0.9 * delivered, (processed, delivered)
-        # The fast one got the rest: its frames kept the lane busy most of the time, however slow the
-        # machine makes each (a rate asked as a multiple of the slow camera's is one a busy machine may not give).
+        # The fast one got the rest: its frames kept the lane busy, however slow the machine makes each
+        # (a rate asked as a multiple of the slow camera's is one a busy machine may not give). Its rate
+        # times its median inference counts only part of that time where other work spreads the runs
+        # (0.39 seen with both cores busy: p50 6.4 ms, p99 17.8 ms); a fast camera starved to the slow
+        # one's pace would give 0.03.
         assert busy.latency["inference"].p50_ms > 3.0, busy.latency  # the loop really was kept busy
-        assert busy.fps * busy.latency["inference"].p50_ms / 1000 > 0.5, (busy.fps, busy.latency)
+        assert busy.fps * busy.latency["inference"].p50_ms / 1000 > 0.25, (busy.fps, busy.latency)
     finally:
         d.close()
 
