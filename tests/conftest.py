@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# A run started in the background by a shell without job control (`cmd &` in a script) inherits
+# SIGINT ignored, and every process it starts with it: the tests that press Ctrl-C on a tool or the
+# daemon need it as a terminal gives it. A handler here is reset to the default in each child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 CATEGORIES = ("unit", "integration", "packaging", "tools")
 
