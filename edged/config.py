@@ -872,6 +872,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         data: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
     except ValueError as e:  # TOMLDecodeError, not UTF-8, or an integer too long to convert
         raise ConfigError(path, [f"not valid TOML: {e}"]) from None
+    except RecursionError:  # tomllib parses nested arrays and tables by recursion
+        raise ConfigError(path, ["not valid TOML: arrays or tables nested too deeply to read"]) from None
     return data
 
 

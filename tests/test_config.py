@@ -290,6 +290,14 @@ def test_a_fifo_at_the_config_path_is_refused_without_blocking(tmp_path: Path) -
         load_config(fifo)
 
 
+def test_arrays_nested_too_deeply_to_read_are_a_config_error(tmp_path: Path) -> None:
+    # tomllib reads them by recursion: a RecursionError, a traceback and exit 1 at start.
+    path = _write(tmp_path, "a = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == ["not valid TOML: arrays or tables nested too deeply to read"]
+
+
 def test_running_out_of_file_descriptors_while_reading_is_a_config_error(tmp_path: Path) -> None:
     path = _write(tmp_path, '[model]\npath = "m.onnx"\n')
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
