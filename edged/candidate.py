@@ -41,11 +41,13 @@ class Candidate:
             raise
 
     def _begin(self, shadow: Shadow | None) -> None:
-        """``shadow``'s trial starts: said here rather than as it loads, which a reload does before
-        its model is tried and may be refused."""
+        """``shadow``'s trial starts, or is off for the reason it gives: said here rather than as it
+        loads, which a reload does before its model is tried and may then be refused."""
         self.shadow = shadow
         if shadow is not None and shadow.model is not None:
             log.info("candidate model %s on trial beside the live model", shadow.model.engine.identity.short)
+        elif shadow is not None:
+            log.error("%s; the live model goes on alone", shadow.error)
 
     @property
     def fds(self) -> list[Any]:

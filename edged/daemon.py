@@ -31,7 +31,7 @@ from edged.model import fallback_model, load_model
 from edged.output import Services
 from edged.outputs import Outputs
 from edged.pipeline import Rejected, frame_path
-from edged.reload import CAPTURE_STOP_WAIT_S, Loading, Trial, changes
+from edged.reload import CAPTURE_STOP_WAIT_S, Reloads, Trial, changes
 from edged.requests import RequestDesk
 from edged.schedule import hand_out, idle_s, pause
 from edged.service import Notifier, Signals, Watchdog, watchdog_interval_s
@@ -67,7 +67,6 @@ class Daemon:
         self.health = Health(settings.service.stall_timeout_s)
         self._wake = Wake()  # set by every capture thread's hand-over and every lane's result
         self.cameras: dict[str, Camera] = {}
-        self._loading: Loading | None = None  # a reload loading, on a thread of its own
         self._trial: Trial | None = None  # a reload on trial: it takes over on its first frame
         self._started = False
         with contextlib.ExitStack() as stack:
@@ -97,6 +96,9 @@ class Daemon:
             stack.callback(self._finish_lanes)
             self._resources = stack.pop_all()
         self._started = True
+        self._reloads = Reloads(
+            config_path, self._wake, notifier.reloading, requests=self.desk is not None, trial_for=self.candidate.trial_for
+        )
         self.thermal = ThermalWatch(settings.thermal) if settings.thermal.enabled else None
         self.report: ThermalReport | None = None
         self._inference_failures = 0
@@ -184,7 +186,7 @@ class Daemon:
         wait for a frame, a result or a request."""
         self._wake.clear()  # cleared before looking: a hand-over, result or request after this ends the wait below
         self.outputs.deliver_recorded()  # verdicts the journal has recorded since the last turn go out
-        blocked = "a reload is loading" if self._loading else "a reload is on trial" if self._trial else None
+        blocked = "a reload is loading" if self._reloads.loading else "a reload is on trial" if self._trial else None
         self.candidate.serve(self._live, self._swap, blocked, self.outputs.get(JournalOutput))
         settled = self._settle(self.lanes.collect())
         if self.desk is not None and self.desk.take(self.serving(), self.lanes.carrying, self._critical()):
@@ -310,19 +312,14 @@ class Daemon:
         self.notifier.status(self.status_line())
 
     def _reload(self) -> None:
-        """SIGHUP: a new config and model (and candidate) load on a thread of their own (`edged.reload.Loading`),
-        the running ones serving the frames meanwhile; a SIGHUP while one loads waits its turn. One that did
-        not load is refused; one that loaded is tried on the next frame from one of its cameras (`_try`), since
-        a model can load and still fail on the cameras' frames (`edged.reload.Trial`), replacing one on trial."""
-        if self._loading is None and self.signals.reload.is_set():
-            self.signals.reload.clear()
-            log.info("reloading configuration from %s", self.config_path)
-            self.notifier.reloading()
-            requests, trial_for = self.desk is not None, self.candidate.trial_for
-            self._loading = Loading(self.config_path, self.settings, self._wake, requests=requests, trial_for=trial_for)
-        if (replacement := self._loading.outcome() if self._loading else None) is None:
+        """SIGHUP (`edged.reload.Reloads`): a reload that loaded is tried on the next frame from one of its
+        cameras (`_try`), since a model can load and still fail on them (`edged.reload.Trial`); one that did
+        not is refused. One on trial when a newer starts loading is dropped: the running ones serve meanwhile."""
+        replacement = self._reloads.take(self.signals.reload, self.settings)
+        if self._reloads.loading:
+            self._end_trial()
+        if replacement is None:
             return
-        self._loading = None
         if isinstance(replacement, str):
             log.error("reload refused, keeping the running configuration: %s", replacement)
             self.notifier.ready(self.status_line())

@@ -87,15 +87,28 @@ def file_sha256(path: Path) -> str:
 # The operators only a quantised ONNX graph holds: QDQ's QuantizeLinear (and DequantizeLinear,
 # DynamicQuantizeLinear) and the QOperator format's QLinearConv, QLinearMatMul and the rest.
 QUANTISED_OPERATORS = (b"QuantizeLinear", b"QLinear")
+SEARCH_PART_BYTES = 8 << 20  # searched for them a part at a time (`_holds`)
 
 
 def is_quantised(model: Path | bytes) -> bool:
     """Whether the ONNX model (its file, or the bytes an engine runs, `read_model`) holds a quantised
     operator: its operator names are plain strings in the file."""
     if isinstance(model, bytes):
-        return any(name in model for name in QUANTISED_OPERATORS)
+        return _holds(model)
     with model.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        return any(data.find(name) >= 0 for name in QUANTISED_OPERATORS)
+        return _holds(data)
+
+
+def _holds(data: bytes | mmap.mmap) -> bool:
+    """A quantised operator's name in ``data``, searched a part at a time: a search holds Python's
+    lock, and a reload loads on a thread beside the loop (`edged.reload.Loading`), whose frames
+    would wait out a whole large model's (0.8 s for 1.5 GB) instead of a part's."""
+    overlap = max(len(name) for name in QUANTISED_OPERATORS) - 1  # a name across two parts is found
+    for start in range(0, len(data), SEARCH_PART_BYTES):
+        end = start + SEARCH_PART_BYTES + overlap
+        if any(data.find(name, start, end) >= 0 for name in QUANTISED_OPERATORS):
+            return True
+    return False
 
 
 def check_int8(path: Path, precision: str, quantised: bool) -> None:

@@ -33,6 +33,7 @@ from edged.wake import Waker
 log = logging.getLogger(__name__)
 
 CAPTURE_STOP_WAIT_S = 1.0  # how long all the capture threads a reload stops may take, together
+LOAD_WARNING_S = 30.0  # a reload still loading after this long is said in the log
 StartCapture = Callable[[SourceBase], Capture]
 TrialFor = Callable[[Settings, LoadedModel], Shadow | None]  # the candidate's trial beside a model (`edged.candidate`)
 
@@ -65,6 +66,14 @@ class Replacement:
             return f"inference failed: {outcome.detail}"
         return outcome
 
+    def held(self, running: Settings) -> str | None:
+        """Why this reload cannot take over from ``running``: the journal it moves to is another
+        edged's. Asked on the loop's thread of the settings running then, not of those running when
+        the load began: a reload switched in meanwhile may hold that journal itself (and ``flock``
+        conflicts within one process too)."""
+        moved = not running.journal.enabled or self.settings.journal.file != running.journal.file
+        return JournalOutput.in_use(self.settings) if moved else None
+
 
 def load_replacement(
     config_path: Path | None, running: Settings, *, requests: bool = False, trial_for: TrialFor | None = None
@@ -78,9 +87,6 @@ def load_replacement(
     if bool(new.requesting()) != requests:
         problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
         raise ConfigError(config_path, [problem])
-    moved = not running.journal.enabled or new.journal.file != running.journal.file
-    if moved and (held := JournalOutput.in_use(new)):  # the running journal is held by this edged itself
-        raise ConfigError(config_path, [held])
     model = load_model(new.model, new.runtime, lanes=new.lanes())
     if new.publish != running.publish:
         # The bound socket keeps its endpoints and options, so the settings must say so too
@@ -104,16 +110,27 @@ def load_replacement(
 class Loading:
     """A reload's configuration and models loading on a thread of their own: reading, hashing and
     parsing a model takes seconds on a board (a model on a slow or stalled disk, longer), and the
-    loop goes on serving the frames with the running model meanwhile. ``wake`` is set once it ends.
+    loop goes on serving the frames with the running model meanwhile. ``wake`` is set once it ends;
+    one still loading after `LOAD_WARNING_S` is said, since the reloads after it wait for it.
 
     A daemon stopped meanwhile does not wait for it (the thread dies with the process).
     """
 
     def __init__(
-        self, config_path: Path | None, running: Settings, wake: Waker, *, requests: bool, trial_for: TrialFor
+        self,
+        config_path: Path | None,
+        running: Settings,
+        wake: Waker,
+        *,
+        requests: bool,
+        trial_for: TrialFor,
+        warn_after_s: float = LOAD_WARNING_S,
     ) -> None:
-        """`load_replacement`'s arguments, and the loop's wake-up."""
+        """`load_replacement`'s arguments, the loop's wake-up, and when to say that it is still loading."""
         self._outcome: Replacement | str | None = None
+        self._overdue = threading.Timer(warn_after_s, self._warn, args=(config_path, warn_after_s))
+        self._overdue.daemon = True
+        self._overdue.start()
         load = functools.partial(load_replacement, config_path, running, requests=requests, trial_for=trial_for)
         threading.Thread(target=self._load, args=(load, wake), name="edged-reload", daemon=True).start()
 
@@ -126,11 +143,55 @@ class Loading:
             log.exception("reload failed")
             self._outcome = f"unexpected {type(e).__name__}: {e}"
         finally:
+            self._overdue.cancel()
             wake.set()
+
+    def _warn(self, config_path: Path | None, after_s: float) -> None:
+        log.warning(
+            "the reload of %s has been loading for %.0f s (a file it reads on a slow or stalled disk?): "
+            "later reloads wait for it, and promote and rollback are refused until it ends",
+            config_path,
+            after_s,
+        )
 
     def outcome(self) -> Replacement | str | None:
         """The replacement loaded, why none could be (the reload is refused), or None while it loads."""
         return self._outcome
+
+
+class Reloads:
+    """SIGHUP's configurations, loaded one at a time (`Loading`) while the running ones serve: a SIGHUP
+    while one loads waits for it, then loads instead of it, so the newest configuration is the one
+    tried, and a reload never waits behind a pile of older ones."""
+
+    def __init__(
+        self, config_path: Path | None, wake: Waker, reloading: Callable[[], None], *, requests: bool, trial_for: TrialFor
+    ) -> None:
+        """``reloading`` tells systemd (RELOADING=1); the rest is `Loading`'s."""
+        self._config_path, self._wake, self._reloading = config_path, wake, reloading
+        self._requests, self._trial_for = requests, trial_for
+        self._loading: Loading | None = None
+
+    @property
+    def loading(self) -> bool:
+        return self._loading is not None
+
+    def take(self, sighup: threading.Event, running: Settings) -> Replacement | str | None:
+        """What a finished load gives the loop to try, or why it is refused (a journal another edged
+        holds counts, asked of ``running`` now: `Replacement.held`); None while nothing has finished.
+        A SIGHUP pending starts a load, in place of one that finished meanwhile."""
+        outcome = self._loading.outcome() if self._loading is not None else None
+        if (self._loading is None or outcome is not None) and sighup.is_set():
+            sighup.clear()
+            log.info("reloading configuration from %s", self._config_path)
+            self._reloading()
+            self._loading = Loading(
+                self._config_path, running, self._wake, requests=self._requests, trial_for=self._trial_for
+            )
+            return None
+        if outcome is not None:
+            self._loading = None
+        return outcome.held(running) or outcome if isinstance(outcome, Replacement) else outcome
 
 
 def changes(running: Settings, new: Settings) -> str:

@@ -315,7 +315,7 @@ class Shadow:
 
     It loads the candidate at once (through `edged.model.load_model`, so a signature is checked
     as the live model's is); one that does not load, or that `incomparable` refuses beside the
-    ``live`` model, is reported, and the trial stays off.
+    ``live`` model, is reported (``error``), and the trial stays off.
     ``clock`` (monotonic ns, the frames' capture clock) times the loop time the trial takes.
     """
 
@@ -358,8 +358,8 @@ class Shadow:
             self._fail(f"the candidate did not load: {e}")
 
     def _fail(self, why: str) -> None:
+        """Off, and why: said when the trial would start (`edged.candidate`), since a reload's may never."""
         self.state, self.error, self.model, self.paths = "failed", why, None, {}
-        log.error("%s; the live model goes on alone", why)
 
     def observe(self, camera_id: str, done: Processed) -> None:
         """A frame the live model published: learn the camera's frame interval, charge the frame

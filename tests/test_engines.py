@@ -12,7 +12,7 @@ import pytest
 from onnx_models import colour_probe
 
 from edged.config import EngineName, ModelConfig, RuntimeConfig, load_config
-from edged.engines import ENGINES, is_quantised, open_engine
+from edged.engines import ENGINES, QUANTISED_OPERATORS, SEARCH_PART_BYTES, is_quantised, open_engine
 from edged.errors import EXIT_CONFIG, ConfigError
 from edged.model import load_model
 
@@ -63,3 +63,14 @@ def test_openvino_configured_but_not_installed_exits_78_saying_what_to_install(t
     )
     assert result.returncode == EXIT_CONFIG, result.stderr
     assert 'model.engine = "openvino" needs the openvino package: pip install "edged[openvino]"' in result.stderr
+
+
+def test_a_quantised_operator_is_found_wherever_it_lies_even_across_two_parts_of_the_search() -> None:
+    # The search goes a part at a time, so that a large model's does not hold the loop up for long.
+    size = 2 * SEARCH_PART_BYTES + 100
+    assert not is_quantised(bytes(size))
+    for name in QUANTISED_OPERATORS:
+        for at in (0, SEARCH_PART_BYTES - len(name) + 1, SEARCH_PART_BYTES - 1, size - len(name)):
+            data = bytearray(size)
+            data[at : at + len(name)] = name
+            assert is_quantised(bytes(data)), (name, at)

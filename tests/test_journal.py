@@ -27,7 +27,7 @@ from edged.identity import Identity, board_id, boot_id
 from edged.journal import Entry, JournalOutput, JournalStore, JournalWriter
 from edged.messages import AnyMessage, StatusMessage, VerdictMessage, parse_message
 from edged.output import Services
-from edged.reload import load_replacement
+from edged.reload import Reloads, Replacement, load_replacement
 from edged.settings.journal import JournalConfig
 
 IDENTITY = Identity("b0a4d1d000000000", "boot-1", "9.9.9")
@@ -284,8 +284,9 @@ def test_a_journal_held_by_another_edged_is_said_and_not_written_by_a_second(tmp
         problem = JournalOutput.in_use(settings)
         assert problem is not None and "in use by another edged" in problem and "journal.path" in problem
         elsewhere = _settings(tmp_path, tmp_path / "other.sqlite")
-        with pytest.raises(ConfigError, match="in use by another edged"):  # a reload onto it is refused
-            load_replacement(_config(tmp_path, tmp_path / "journal.sqlite"), elsewhere)
+        onto = load_replacement(_config(tmp_path, tmp_path / "journal.sqlite"), elsewhere)
+        assert "in use by another edged" in (onto.held(elsewhere) or "")  # a reload onto it is refused
+        assert onto.held(settings) is None  # where it runs already (a reload switched in meanwhile), it is its own
         second = writer(tmp_path / "journal.sqlite")
         try:
             second.offer(entry(0))
@@ -297,6 +298,25 @@ def test_a_journal_held_by_another_edged_is_said_and_not_written_by_a_second(tmp
     finally:
         first.close()
     assert JournalOutput.in_use(settings) is None  # let go with the file
+
+
+@pytest.mark.unit
+def test_a_reload_is_judged_against_the_journal_running_once_it_has_loaded(tmp_path: Path) -> None:
+    # A reload that switched in while a later one loaded holds the later one's journal itself: judged
+    # against the settings running as the load began, the later one was refused, "in use by another edged".
+    began = _settings(tmp_path, tmp_path / "j1.sqlite")
+    path = _config(tmp_path, tmp_path / "j2.sqlite")
+    wake, sighup = threading.Event(), threading.Event()
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None)
+    sighup.set()
+    assert reloads.take(sighup, began) is None and reloads.loading
+    switched = JournalStore(tmp_path / "j2.sqlite", "normal")  # what the reload switched in meanwhile writes
+    switched.open()
+    try:
+        assert wake.wait(60)
+        assert isinstance(reloads.take(sighup, load_config(path)), Replacement)
+    finally:
+        switched.close()
 
 
 @pytest.mark.unit

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 from daemon import write_config
+from filesystems import opening_stalled
 from onnx_models import colour_probe, failing_probe, solid_frame
+from waiting import wait_for
 
 from edged.config import Settings, load_config
 from edged.errors import ConfigError, ModelError
 from edged.model import LoadedModel
 from edged.pipeline import Processed, Rejected
-from edged.reload import Loading, Replacement, changes, load_replacement
+from edged.reload import Loading, Reloads, Replacement, changes, load_replacement
 from edged.sources.base import Frame
 
 
@@ -100,6 +102,41 @@ def test_a_reload_loads_on_its_own_thread_and_says_when_it_ends_loaded_or_refuse
         fault = _loaded(Loading(path, running, wake, requests=False, trial_for=faulty), wake)
     assert fault == "unexpected ZeroDivisionError: division by zero"
     assert "reload failed" in caplog.text and "Traceback" in caplog.text  # an error of edged's own, said whole
+
+
+def test_a_reload_still_loading_after_a_while_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The reloads after it wait for it, and promote and rollback are refused: the log says why.
+    path = _config(tmp_path / "edged.toml", colour_probe(tmp_path / "probe.onnx"))
+    running, wake = load_config(path), threading.Event()
+    with caplog.at_level(logging.WARNING, logger="edged.reload"), opening_stalled(path) as waiting:
+        loading = Loading(path, running, wake, requests=False, trial_for=lambda s, m: None, warn_after_s=0.1)
+        assert wait_for(waiting, timeout_s=20)
+        assert wait_for(lambda: "has been loading for 0 s" in caplog.text, timeout_s=20)
+        assert loading.outcome() is None
+    assert isinstance(_loaded(loading, wake), Replacement)
+    caplog.clear()
+    _loaded(Loading(path, running, wake, requests=False, trial_for=lambda s, m: None, warn_after_s=0.5), wake)
+    timer = threading.Timer  # the warning's: gone with the load
+    assert wait_for(lambda: not any(isinstance(t, timer) for t in threading.enumerate()), timeout_s=10)
+    assert "has been loading" not in caplog.text
+
+
+def test_a_sighup_while_a_reload_loads_waits_for_it_then_loads_the_newest_configuration_instead(tmp_path: Path) -> None:
+    probe = colour_probe(tmp_path / "probe.onnx")
+    path = _config(tmp_path / "edged.toml", probe)
+    running, told = load_config(path), []
+    wake, sighup = threading.Event(), threading.Event()
+    reloads = Reloads(path, wake, lambda: told.append("RELOADING=1"), requests=False, trial_for=lambda s, m: None)
+    assert reloads.take(sighup, running) is None and not reloads.loading  # no SIGHUP, nothing to load
+    sighup.set()
+    assert reloads.take(sighup, running) is None and reloads.loading and not sighup.is_set()
+    path.write_text(path.read_text().replace("[model]", "[model]\nconf = 0.9"))
+    sighup.set()  # while the first loads
+    while (got := reloads.take(sighup, running)) is None:
+        assert wake.wait(60), "a load never said it ended"
+        wake.clear()
+    assert isinstance(got, Replacement) and got.settings.model.conf == 0.9  # the first one's was dropped
+    assert told == ["RELOADING=1"] * 2 and not reloads.loading
 
 
 def _frame(bgr: tuple[int, int, int], frame_id: int = 7) -> Frame:
