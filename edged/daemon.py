@@ -314,15 +314,13 @@ class Daemon:
     def _reload(self) -> None:
         """SIGHUP (`edged.reload.Reloads`): a reload that loaded is tried on the next frame from one of its
         cameras (`_try`), since a model can load and still fail on them (`edged.reload.Trial`); one that did
-        not is refused. One on trial when a newer starts loading is dropped: the running ones serve meanwhile."""
+        not is refused. A reload while another is on trial replaces it."""
         replacement = self._reloads.take(self.signals.reload, self.settings)
-        if self._reloads.loading:
-            self._end_trial()
         if replacement is None:
             return
         if isinstance(replacement, str):
             log.error("reload refused, keeping the running configuration: %s", replacement)
-            self.notifier.ready(self.status_line())
+            self._ready()
             return
         try:
             self.outputs.reread_secrets()  # the request socket's keys too: it shares the publisher's
@@ -333,6 +331,11 @@ class Daemon:
         self._watch()
         short = replacement.model.engine.identity.short
         log.info("loaded model %s (%s): trying it on the next frame", short, changes(self.settings, replacement.settings))
+
+    def _ready(self) -> None:
+        """READY=1 as a reload ends, refused or switched in; not while a later one loads, whose end says it."""
+        if not self._reloads.loading:
+            self.notifier.ready(self.status_line())
 
     def _end_trial(self) -> None:
         """Back to the running cameras only (`Trial.abandon`), if a reload is on trial, once the
@@ -361,11 +364,11 @@ class Daemon:
             self._end_trial()
             if camera.id not in trial.incoming and camera.mode == "free":
                 self._finish(camera, camera.path.run(frame))
-            self.notifier.ready(self.status_line())
+            self._ready()
             return
         self._switch(trial)
         log.info("reloaded: model %s", self.model.engine.identity.short)
-        self.notifier.ready(self.status_line())
+        self._ready()
         switched = self.cameras[camera.id]
         if switched.mode == "free":  # in request mode nobody asked for the trial frame: it is not published
             self._finish(switched, outcome)

@@ -161,8 +161,8 @@ class Loading:
 
 class Reloads:
     """SIGHUP's configurations, loaded one at a time (`Loading`) while the running ones serve: a SIGHUP
-    while one loads waits for it, then loads instead of it, so the newest configuration is the one
-    tried, and a reload never waits behind a pile of older ones."""
+    while one loads waits for it, and loads once the loop has taken it; `loading` says whether one is
+    under way (systemd hears READY=1 once none is: the newest is in)."""
 
     def __init__(
         self, config_path: Path | None, wake: Waker, reloading: Callable[[], None], *, requests: bool, trial_for: TrialFor
@@ -178,17 +178,18 @@ class Reloads:
 
     def take(self, sighup: threading.Event, running: Settings) -> Replacement | str | None:
         """What a finished load gives the loop to try, or why it is refused (a journal another edged
-        holds counts, asked of ``running`` now: `Replacement.held`); None while nothing has finished.
-        A SIGHUP pending starts a load, in place of one that finished meanwhile."""
-        outcome = self._loading.outcome() if self._loading is not None else None
-        if (self._loading is None or outcome is not None) and sighup.is_set():
-            sighup.clear()
-            log.info("reloading configuration from %s", self._config_path)
-            self._reloading()
-            self._loading = Loading(
-                self._config_path, running, self._wake, requests=self._requests, trial_for=self._trial_for
-            )
+        holds counts, asked of ``running`` now: `Replacement.held`); None while nothing has finished,
+        starting a load when a SIGHUP is pending and none is under way."""
+        if self._loading is None:
+            if sighup.is_set():
+                sighup.clear()
+                log.info("reloading configuration from %s", self._config_path)
+                self._reloading()
+                self._loading = Loading(
+                    self._config_path, running, self._wake, requests=self._requests, trial_for=self._trial_for
+                )
             return None
+        outcome = self._loading.outcome()
         if outcome is not None:
             self._loading = None
         return outcome.held(running) or outcome if isinstance(outcome, Replacement) else outcome

@@ -121,22 +121,31 @@ def test_a_reload_still_loading_after_a_while_is_said(tmp_path: Path, caplog: py
     assert "has been loading" not in caplog.text
 
 
-def test_a_sighup_while_a_reload_loads_waits_for_it_then_loads_the_newest_configuration_instead(tmp_path: Path) -> None:
+def test_a_sighup_while_a_reload_loads_waits_for_it_then_loads_the_newest_configuration(tmp_path: Path) -> None:
     probe = colour_probe(tmp_path / "probe.onnx")
     path = _config(tmp_path / "edged.toml", probe)
     running, told = load_config(path), []
     wake, sighup = threading.Event(), threading.Event()
     reloads = Reloads(path, wake, lambda: told.append("RELOADING=1"), requests=False, trial_for=lambda s, m: None)
     assert reloads.take(sighup, running) is None and not reloads.loading  # no SIGHUP, nothing to load
-    sighup.set()
-    assert reloads.take(sighup, running) is None and reloads.loading and not sighup.is_set()
-    path.write_text(path.read_text().replace("[model]", "[model]\nconf = 0.9"))
-    sighup.set()  # while the first loads
-    while (got := reloads.take(sighup, running)) is None:
-        assert wake.wait(60), "a load never said it ended"
-        wake.clear()
-    assert isinstance(got, Replacement) and got.settings.model.conf == 0.9  # the first one's was dropped
-    assert told == ["RELOADING=1"] * 2 and not reloads.loading
+    with opening_stalled(probe) as waiting:  # the first load has read the configuration, and waits on its model
+        sighup.set()
+        assert reloads.take(sighup, running) is None and reloads.loading and not sighup.is_set()
+        assert wait_for(waiting, timeout_s=20)
+        path.write_text(path.read_text().replace("[model]", "[model]\nconf = 0.9"))
+        sighup.set()
+        assert reloads.take(sighup, running) is None and reloads.loading and sighup.is_set()  # one load at a time
+        assert told == ["RELOADING=1"]
+    taken: list[Replacement] = []
+    while len(taken) < 2:
+        if (got := reloads.take(sighup, running)) is None:
+            assert wake.wait(60), "a load never said it ended"
+            wake.clear()
+        else:
+            assert isinstance(got, Replacement)
+            taken.append(got)
+    assert [r.settings.model.conf for r in taken] == [running.model.conf, 0.9]  # each in turn, the newest last
+    assert told == ["RELOADING=1"] * 2 and not reloads.loading and not sighup.is_set()
 
 
 def _frame(bgr: tuple[int, int, int], frame_id: int = 7) -> Frame:
