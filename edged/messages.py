@@ -145,7 +145,8 @@ class AnomalyRegion(Message):
 
 
 Task = Literal["detect", "segment", "classify", "anomaly"]
-# 'uncertain': a classification model's best score below inspect.min_confidence.
+# 'uncertain': a part the model cannot tell: a classification model's best score below
+# inspect.min_confidence, or a model's output broken (NaN, scores above 1) with nothing NG found.
 Verdict = Literal["ok", "ng", "uncertain"]
 
 
@@ -236,7 +237,8 @@ class DetectionsMessage(TopicMessage):
     verdict: Verdict | None = Field(
         None,
         description="ok or ng for this frame, or uncertain (a classification model's best score below "
-        "inspect.min_confidence); null without [inspect].",
+        "inspect.min_confidence, or a model's output that held NaN or scores above 1 and nothing NG); null "
+        "without [inspect].",
     )
     reasons: list[Reason] = Field(default_factory=list, description="The detections that made it ng.")
     verdict_latency_ms: float | None = Field(None, description="Capture to verdict; null without [inspect].")

@@ -6,7 +6,7 @@ order) has the block of 16 holding registers at ``base + 16 * i``::
 
     0   heartbeat: +1 per second while the loop turns (modulo 65536); a PLC watches it change
     1   state: 0 starting, 1 running, 2 camera lost, 3 throttled, 4 stopping
-    2   last verdict: 0 none, 1 OK, 2 NG, 3 uncertain (a classifier unsure of its best class)
+    2   last verdict: 0 none, 1 OK, 2 NG, 3 uncertain (a part the model cannot tell)
     3-4 the last verdict's sequence number, as on ZeroMQ and MQTT (32 bits, high word first)
     5-6 OK count since start (32 bits, high word first)
     7-8 NG count since start (32 bits, high word first)

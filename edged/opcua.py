@@ -2,7 +2,7 @@
 
 Under ``Objects/edged/<camera_id>/`` (namespace ``urn:edged``) every camera has::
 
-    Verdict             String   "OK", "NG", or "uncertain" (a classifier unsure of its best class)
+    Verdict             String   "OK", "NG", or "uncertain" (a part the model cannot tell)
     Sequence            UInt64   the verdict message's seq, as on ZeroMQ's verdict topic
     PartId              String   the request's part id; empty when free-running or none given
     OkCount, NgCount    UInt64   verdicts since start

@@ -10,6 +10,8 @@ buffers made here once: the verdict adds no arrays to a frame.
 A classification model's frames are judged by a `ClassInspector` instead: NG when its best class
 is an NG class above that class's threshold, ``uncertain`` when its best score is below
 ``min_confidence`` (a part the model cannot tell, kept for relabelling and rejected by default).
+A detector's frame is ``uncertain`` too when its model's output was broken on it and nothing NG
+was found.
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ class Inspector:
 
     def __call__(self, detections: Detections, frame_w: int, frame_h: int) -> Inspected:
         """Zones, then the verdict: NG when a detection of an NG class, inside a zone (when zones
-        are set), is at least its class's min_area."""
+        are set), is at least its class's min_area; else uncertain when the model's output was
+        broken on the frame (`_broken`), else OK."""
         m = len(detections)
         zones = self._no_zone[:m]
         if self._zones is not None:
@@ -141,10 +144,18 @@ class Inspector:
         within.fill(False)
         if self._limits is not None and isinstance(detections, Instances):
             _tolerate(detections, ng, within, self._limits)
-        return Inspected(detections, zones, ng, "ng" if np.count_nonzero(ng) else "ok", within)
+        verdict: Verdict = "ng" if np.count_nonzero(ng) else "uncertain" if _broken(detections) else "ok"
+        return Inspected(detections, zones, ng, verdict, within)
 
     def zone_name(self, zone: int) -> str | None:
         return None if zone == NO_ZONE else self.zone_names[zone]
+
+
+def _broken(detections: Detections) -> bool:
+    """The model's output held NaN, infinite values or scores above 1 on this frame: they are dropped
+    before NMS, so a defect they stood for is not among the detections, and the part is not OK but one
+    the model could not tell (`uncertain`: NG on the reject line by default)."""
+    return bool(detections.nonfinite or detections.scores_above_one)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

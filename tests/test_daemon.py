@@ -501,6 +501,23 @@ def test_nan_outputs_are_counted_and_logged_once_per_burst(workdir: Path) -> Non
         d.close()
 
 
+def test_a_frame_whose_model_output_is_nan_is_judged_uncertain_and_never_ok(workdir: Path) -> None:
+    # Its candidates are dropped before NMS, and a defect may be among them: it was published OK.
+    nan_probe(workdir / "nan.onnx")
+    _image_folder(workdir / "imgs", [(128, 96)] * 2, [RED, (255, 255, 255)])  # red detects, white gives NaN
+    source = {"type": "images", "path": "imgs", "fps": 20.0}
+    path, endpoint = config(workdir, source, model={"path": "nan.onnx"}, inspect={"ng_classes": ["blue"]})
+    d = RunningDaemon(path, endpoint)
+    try:
+        verdicts = {}
+        for msg in d.collect("detections", 6):
+            assert isinstance(msg, DetectionsMessage)
+            verdicts.setdefault(msg.source_file, set()).add(msg.verdict)
+        assert verdicts == {"000.png": {"ok"}, "001.png": {"uncertain"}}, verdicts
+    finally:
+        d.close()
+
+
 def test_inference_that_always_fails_falls_back_down_the_providers_then_exits(workdir: Path) -> None:
     failing_probe(workdir / "failing.onnx")
     _image_folder(workdir / "imgs", [(128, 128)], [(255, 255, 255)])

@@ -79,6 +79,18 @@ def test_without_zones_every_detection_of_an_ng_class_makes_the_frame_ng() -> No
     assert empty.verdict == "ok" and len(empty.detections) == 0
 
 
+def test_a_frame_whose_model_output_was_broken_is_uncertain_unless_something_ng_was_found() -> None:
+    # NaN candidates and scores above 1 are dropped before NMS: a defect may be among them, and the
+    # frame was judged OK.
+    scratch = (100, 200, 200, 300, 0.9, 0)
+    for broken in ({"nonfinite": 3}, {"scores_above_one": 1}):
+        found = detections([scratch])
+        fine = Detections(found.xyxy, found.scores, found.class_ids, **broken)
+        assert inspector(ng_classes=["crack"])(fine, W, H).verdict == "uncertain"
+        assert inspector(ng_classes=["scratch"])(fine, W, H).verdict == "ng"  # what was found still decides NG
+    assert inspector(ng_classes=["crack"])(detections([scratch]), W, H).verdict == "ok"
+
+
 def test_min_area_is_a_fraction_of_the_frame() -> None:
     # The scratch is 100x100 px of 1000x500: 0.02 of the frame.
     assert inspector(min_area={"scratch": 0.02})(SCENE, W, H).ng.tolist() == [True, True, True]

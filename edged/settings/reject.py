@@ -42,7 +42,7 @@ class RejectConfig(Section):
     on: list[FiringVerdict] = Field(
         default_factory=_ng,
         min_length=1,
-        description="The verdicts that fire the line; a classifier's 'uncertain' is 'ng' here (the part it cannot tell).",
+        description="The verdicts that fire the line; 'uncertain' (a part the model cannot tell) is 'ng' here.",
     )
     delay_ms: float | None = Field(
         None,
