@@ -312,10 +312,12 @@ class Daemon:
         self.notifier.status(self.status_line())
 
     def _reload(self) -> None:
-        """SIGHUP (`edged.reload.Reloads`): a reload that loaded is tried on the next frame from one of its
-        cameras (`_try`), since a model can load and still fail on them (`edged.reload.Trial`); one that did
-        not is refused. A reload while another is on trial replaces it."""
+        """SIGHUP (`edged.reload.Reloads`): one loaded is tried on the next frame from one of its cameras (`_try`),
+        since a model can load and still fail on them (`edged.reload.Trial`); one that did not is refused. A reload
+        replaces one on trial, and one that closed a running camera gives way once a newer loads: it serves meanwhile."""
         replacement = self._reloads.take(self.signals.reload, self.settings)
+        if self._trial is not None and self._trial.reopens and self._reloads.loading:
+            self._end_trial()
         if replacement is None:
             return
         if isinstance(replacement, str):
@@ -333,14 +335,13 @@ class Daemon:
         log.info("loaded model %s (%s): trying it on the next frame", short, changes(self.settings, replacement.settings))
 
     def _ready(self) -> None:
-        """READY=1 as a reload ends, refused or switched in; not while a later one loads, whose end says it."""
-        if not self._reloads.loading:
+        """READY=1 as a reload ends, refused or switched in; not while a later one waits or loads: its end says it."""
+        if not self._reloads.loading and not self.signals.reload.is_set():
             self.notifier.ready(self.status_line())
 
     def _end_trial(self) -> None:
-        """Back to the running cameras only (`Trial.abandon`), if a reload is on trial, once the
-        frames on the lanes are published (or `LANES_RELOAD_WAIT_S` has passed: a frame still
-        running keeps its camera off the lanes, `edged.lanes`)."""
+        """Back to the running cameras only (`Trial.abandon`), if a reload is on trial, once the frames on the lanes
+        are published (or `LANES_RELOAD_WAIT_S` has passed: a frame still running keeps its camera off them)."""
         if self._trial is None:
             return
         self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
@@ -352,8 +353,7 @@ class Daemon:
         """Switch to a reload's model once it has run on ``frame``, or keep the running one. In free
         mode ``frame`` is then published like any other; in request mode nobody asked for it, so it
         is not (the warm-up before READY=1 is not either)."""
-        trial = self._trial
-        if trial is None:
+        if (trial := self._trial) is None:
             return
         outcome = trial.replacement.trial(camera.id, frame)
         if isinstance(outcome, Rejected):  # the frame is unfit, not the model: the next frame decides

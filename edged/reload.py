@@ -128,7 +128,9 @@ class Loading:
     ) -> None:
         """`load_replacement`'s arguments, the loop's wake-up, and when to say that it is still loading."""
         self._outcome: Replacement | str | None = None
-        self._overdue = threading.Timer(warn_after_s, self._warn, args=(config_path, warn_after_s))
+        # A function of its own, not a method: a timer holding this object would hold the loaded
+        # models in a cycle, freed only when the garbage collector comes round.
+        self._overdue = threading.Timer(warn_after_s, _still_loading, args=(config_path, warn_after_s))
         self._overdue.daemon = True
         self._overdue.start()
         load = functools.partial(load_replacement, config_path, running, requests=requests, trial_for=trial_for)
@@ -146,17 +148,18 @@ class Loading:
             self._overdue.cancel()
             wake.set()
 
-    def _warn(self, config_path: Path | None, after_s: float) -> None:
-        log.warning(
-            "the reload of %s has been loading for %.0f s (a file it reads on a slow or stalled disk?): "
-            "later reloads wait for it, and promote and rollback are refused until it ends",
-            config_path,
-            after_s,
-        )
-
     def outcome(self) -> Replacement | str | None:
         """The replacement loaded, why none could be (the reload is refused), or None while it loads."""
         return self._outcome
+
+
+def _still_loading(config_path: Path | None, after_s: float) -> None:
+    log.warning(
+        "the reload of %s has been loading for %.0f s (a file it reads on a slow or stalled disk?): "
+        "later reloads wait for it, and promote and rollback are refused until it ends",
+        config_path,
+        after_s,
+    )
 
 
 class Reloads:
@@ -239,6 +242,7 @@ class Trial:
     def __init__(self, replacement: Replacement, running: Mapping[str, Camera], start: StartCapture) -> None:
         self.replacement = replacement
         self.incoming: dict[str, Camera] = {}
+        self.reopens = False  # it closed a running camera to open it its own way
         new = replacement.settings
         for cfg in new.source:
             camera = running.get(cfg.camera_id)
@@ -246,6 +250,7 @@ class Trial:
                 continue
             if camera is not None:
                 camera.capture.stop()
+                self.reopens = True
             self.incoming[cfg.camera_id] = camera_for(new, cfg, start(cfg), replacement.paths[cfg.camera_id], camera)
 
     def refused(self, running: LoadedModel, camera_id: str, frame: Frame, why: str) -> None:

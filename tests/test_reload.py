@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -119,6 +121,22 @@ def test_a_reload_still_loading_after_a_while_is_said(tmp_path: Path, caplog: py
     timer = threading.Timer  # the warning's: gone with the load
     assert wait_for(lambda: not any(isinstance(t, timer) for t in threading.enumerate()), timeout_s=10)
     assert "has been loading" not in caplog.text
+
+
+def test_a_load_taken_and_dropped_is_freed_at_once_with_its_models(tmp_path: Path) -> None:
+    # A timer holding a method of the load made a cycle: each model a reload replaced stayed in
+    # memory (100 MB apiece for a large one) until the garbage collector came round.
+    path = _config(tmp_path / "edged.toml", colour_probe(tmp_path / "probe.onnx"))
+    running, wake = load_config(path), threading.Event()
+    gc.disable()
+    try:
+        loading = Loading(path, running, wake, requests=False, trial_for=lambda s, m: None)
+        assert isinstance(_loaded(loading, wake), Replacement)
+        gone = weakref.ref(loading)
+        del loading
+        assert wait_for(lambda: gone() is None, timeout_s=10)  # once its thread and timer have ended
+    finally:
+        gc.enable()
 
 
 def test_a_sighup_while_a_reload_loads_waits_for_it_then_loads_the_newest_configuration(tmp_path: Path) -> None:

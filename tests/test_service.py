@@ -172,33 +172,68 @@ def test_a_reloaded_model_that_fails_its_first_run_is_refused_and_the_running_on
         d.close()
 
 
+def _versions(tmp_path: Path, *names: str) -> None:
+    for name in names:
+        colour_probe(tmp_path / f"{name}.onnx", metadata={"version": name})
+
+
 def test_ready_waits_for_the_newest_reload_when_an_older_one_switches_in_while_it_loads(
     tmp_path: Path, notify: NotifySocket
 ) -> None:
-    """B is on trial, its new camera not yet there, when C's SIGHUP comes (what `systemctl reload` then
-    waits for) and C's model file stalls: B switches in once its camera delivers, and READY=1 waits for C."""
+    """B, on trial for the camera it adds (not there yet; the running one serves meanwhile), switches in
+    once that camera delivers, while C's model file stalls: READY=1, what `systemctl reload` waits for,
+    comes once C is in."""
     probe = colour_probe(tmp_path / "probe.onnx")
-    for version in ("b", "c"):
-        colour_probe(tmp_path / f"{version}.onnx", metadata={"version": version})
+    _versions(tmp_path, "b", "c")
     _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
     d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0}, probe)
     config = tmp_path / "edged.toml"
-    later = config.read_text().replace('path = "imgs"', 'path = "later"')  # a folder not there yet: B's trial waits
+    added = config.read_text().replace('path = "imgs"', 'path = "later"\ncamera_id = "added"')
     try:
         notify.wait_for("READY=1", timeout=20)
-        config.write_text(later.replace(str(probe), str(tmp_path / "b.onnx")))
+        config.write_text(added.replace(str(probe), str(tmp_path / "b.onnx")))
         d.signal(signal.SIGHUP)
         assert wait_for(lambda: "loaded model b@" in d.log(), timeout_s=20), d.log()
-        config.write_text(later.replace(str(probe), str(tmp_path / "c.onnx")))
+        config.write_text(added.replace(str(probe), str(tmp_path / "c.onnx")))
         with opening_stalled(tmp_path / "c.onnx") as waiting:
             d.signal(signal.SIGHUP)
             assert wait_for(waiting, timeout_s=20), d.log()
             _images(tmp_path / "later", [(0, 0, 255)] * 3)
             assert wait_for(lambda: "reloaded: model b@" in d.log(), timeout_s=30), d.log()
-            b = d.collect("detections", 3)[-1]
-            assert b.frame_size == (128, 128) and "loaded model c@" not in d.log()
+            assert {m.camera_id for m in d.captured_after(time.time_ns(), 3)} == {"added"}
+            assert "loaded model c@" not in d.log()
             assert len(notify.times_of("RELOADING=1")) == 2 and len(notify.times_of("READY=1")) == 1
         assert wait_for(lambda: "reloaded: model c@" in d.log(), timeout_s=30), d.log()
+        assert wait_for(lambda: len(notify.times_of("READY=1")) == 2, timeout_s=10), notify.received
+    finally:
+        d.close()
+
+
+def test_a_reload_on_trial_that_closed_the_running_camera_gives_way_when_a_newer_one_loads(
+    tmp_path: Path, notify: NotifySocket
+) -> None:
+    """B reopens the running camera at a folder not there yet, so it waits on trial with no camera serving;
+    C's SIGHUP (to set it right) stalls on its model file: B gives way, and the running camera and model
+    serve until C is in."""
+    probe = colour_probe(tmp_path / "probe.onnx")
+    _versions(tmp_path, "b", "c")
+    _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
+    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0}, probe)
+    config = tmp_path / "edged.toml"
+    running = config.read_text()
+    try:
+        notify.wait_for("READY=1", timeout=20)
+        first = d.collect("detections", 2)[-1].model.sha256
+        config.write_text(running.replace('path = "imgs"', 'path = "later"').replace(str(probe), str(tmp_path / "b.onnx")))
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "loaded model b@" in d.log(), timeout_s=20), d.log()
+        config.write_text(running.replace(str(probe), str(tmp_path / "c.onnx")))
+        with opening_stalled(tmp_path / "c.onnx") as waiting:
+            d.signal(signal.SIGHUP)
+            assert wait_for(waiting, timeout_s=20), d.log()
+            assert {m.model.sha256 for m in d.captured_after(time.time_ns(), 5)} == {first}
+        assert wait_for(lambda: "reloaded: model c@" in d.log(), timeout_s=30), d.log()
+        assert "reloaded: model b@" not in d.log()
         assert wait_for(lambda: len(notify.times_of("READY=1")) == 2, timeout_s=10), notify.received
     finally:
         d.close()
