@@ -16,8 +16,13 @@ at 0 and cropped to the box in the frame; the outline is then the frame mask's.
 
 The masks of up to ``model.max_masks`` detections per frame are kept, in buffers made with the
 plan: each costs one frame of bytes (0.9 MB at 1280x720); detections past them are published
-without a mask. The outlines are written into buffers made with the plan too: what a frame still
-allocates is OpenCV's contours (`Segmenter._outline` says why).
+without a mask. Buffers past `MASK_BUFFER_BUDGET` are refused before they are made (`mask_bytes`).
+The outlines are written into buffers made with the plan too: what a frame still allocates is
+OpenCV's contours (`Segmenter._outline` says why).
+
+A NaN or infinite prototype makes the mask of every kept detection empty, which would drop them
+all unseen: the frame counts the prototypes' non-finite values with the output's (`Detections.nonfinite`),
+so that it is judged and counted as one whose output held NaN.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import cv2
 import numpy as np
 
 from edged.decode import Decoder, Detections
-from edged.errors import HeadError
+from edged.errors import HeadError, ModelError
 from edged.geometry import BoxMap
 from edged.heads.base import TrueIndex, rows
 from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
@@ -42,6 +47,12 @@ Region = tuple[slice, slice]  # rows, columns of a mask: it is 0 outside them
 NOWHERE: Region = (slice(0, 0), slice(0, 0))
 _ZERO = np.array(0.0, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
 _HALF = np.array(0.5, dtype=np.float32)
+
+# The most bytes a segmenter's mask buffers may take for one frame size (`mask_bytes` of each of
+# ``model.max_masks``). A fixed budget, not the memory free, so that `edged check` and `edged run`
+# refuse the same configuration on every board and at any moment; 1 GiB, a quarter of a 4 GB board,
+# holds over 1000 masks at 1280x720 and over 120 at 3840x2160, far more than a frame has defects.
+MASK_BUFFER_BUDGET = 1 << 30
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -120,10 +131,8 @@ class Segmenter:
         self._mh, self._mw = mh, mw
         self._coefficient_rows = slice(4 + num_classes, 4 + num_classes + MASK_COEFFICIENTS)
         self._max_masks = max_masks
-        self._columns = np.empty(max_masks, dtype=np.intp)
-        self._coefficients = np.empty(MASK_COEFFICIENTS * max_masks, dtype=np.float32)  # as (32, m): see `rows`
-        self._logits = np.empty((max_masks, mh * mw), dtype=np.float32)
         self._planned: BoxMap | None = None
+        self._sum = np.empty((), dtype=np.float32)  # the kept detections' mask logits, added up (`_nonfinite`)
         self.masks_ms = 0.0  # the last frame's masks, outlines and sizes: `edged bench` shows it
         # The detections left when those with an empty mask are dropped, in buffers of their own.
         self._keep = np.empty(max_det, dtype=np.bool_)
@@ -138,8 +147,15 @@ class Segmenter:
         return self._decoder
 
     def _plan(self, box_map: BoxMap) -> None:
-        """The buffers of one input and frame size, made with the first frame of that size."""
+        """The buffers of one input and frame size, made with the first frame of that size;
+        `ModelError` before any is made when ``max_masks`` of them would not fit in `MASK_BUFFER_BUDGET`:
+        numpy would fail on them with a traceback, or take the board's memory."""
         h, w, m = box_map.input_h, box_map.input_w, box_map
+        self._refuse_past_budget(m)
+        mh, mw = self._mh, self._mw
+        self._columns = np.empty(self._max_masks, dtype=np.intp)
+        self._coefficients = np.empty(MASK_COEFFICIENTS * self._max_masks, dtype=np.float32)  # as (32, m): see `rows`
+        self._logits = np.empty((self._max_masks, mh * mw), dtype=np.float32)
         self._up = np.empty((h, w), dtype=np.float32)
         # An input a whole number of times the prototypes each way (4 for ultralytics' exports): a
         # mask is upsampled over its box's part alone (`_mask`), the same values as over the whole.
@@ -167,7 +183,6 @@ class Segmenter:
         self._gain = np.array((m.scale_x, m.scale_y), dtype=np.float32)
         self._limit = np.array((m.frame_w, m.frame_h), dtype=np.float32)
         if self._retina:  # as ultralytics' process_mask_native and scale_masks
-            mh, mw = self._mh, self._mw
             gain = min(4 * mh / m.frame_h, 4 * mw / m.frame_w)
             pad = (4 * mh - max(round(m.frame_h * gain), 1)) | (4 * mw - max(round(m.frame_w * gain), 1))
             f = 4 // math.gcd(4, pad | pad // 2)
@@ -183,6 +198,20 @@ class Segmenter:
             self._native_whole = (f, ky, kx) if rest_y == 0 and rest_x == 0 else None
         self._planned = box_map
 
+    def _refuse_past_budget(self, m: BoxMap) -> None:
+        """`ModelError` naming ``model.max_masks``, the frame size and the memory its masks would take,
+        when that is more than `MASK_BUFFER_BUDGET`."""
+        each = mask_bytes(m, self._mh * self._mw, retina=self._retina)
+        if self._max_masks * each <= MASK_BUFFER_BUDGET:
+            return
+        fit = MASK_BUFFER_BUDGET // each
+        fix = f"set model.max_masks to {fit} or less" if fit else "send smaller frames"
+        raise ModelError(
+            f"model.max_masks = {self._max_masks} would need {self._max_masks * each / 2**30:.1f} GiB of mask buffers "
+            f"for {m.frame_w}x{m.frame_h} frames ({each / 1e6:.1f} MB a mask), more than the "
+            f"{MASK_BUFFER_BUDGET / 2**30:g} GiB edged allows them: {fix}"
+        )
+
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Instances:
         """The frame's detections, the first ``max_masks`` with their masks."""
         det = self._decoder.decode(output, box_map)
@@ -197,7 +226,8 @@ class Segmenter:
         np.take(head.selected, slots, out=columns, mode="clip")
         np.take(output[0, self._coefficient_rows], columns, axis=1, out=coefficients, mode="clip")
         logits = self._logits[:m]
-        np.matmul(coefficients.T, self._prototypes, out=logits)
+        with np.errstate(invalid="ignore", over="ignore"):  # a broken model's NaN or inf: `_nonfinite` counts it
+            np.matmul(coefficients.T, self._prototypes, out=logits)
         boxes = rows(head.boxes, 4, head.selected.shape[0])  # the candidates' x1 y1 x2 y2 in the input
         keep = self._keep[: len(det)]
         keep.fill(True)
@@ -228,6 +258,10 @@ class Segmenter:
             polygons.append(polygon)
             areas.append(area)
             sides.append(_sides(polygon))
+        nonfinite = det.nonfinite
+        if np.count_nonzero(keep) < keep.shape[0]:  # a mask came out empty: broken prototypes? (none: nothing paid)
+            with np.errstate(invalid="ignore", over="ignore"):
+                nonfinite += self._nonfinite(logits)
         index = self._index_of(keep)
         k = index.shape[0]
         xyxy, scores, ids = self._xyxy[:k], self._scores[:k], self._ids[:k]
@@ -237,7 +271,21 @@ class Segmenter:
         masks = self._masks[: len(polygons)]
         found = (tuple(polygons), tuple(areas), tuple(sides))
         self.masks_ms = (time.perf_counter_ns() - t0) / 1e6
-        return Instances(xyxy, scores, ids, det.scores_above_one, det.nonfinite, det.near, masks, *found)
+        return Instances(xyxy, scores, ids, det.scores_above_one, nonfinite, det.near, masks, *found)
+
+    def _nonfinite(self, logits: np.ndarray) -> int:
+        """The prototypes' NaN or infinite values when the kept detections' mask ``logits`` hold some
+        (each logit adds up a pixel of every prototype, so one such value spoils every mask), else 0.
+
+        Asked only when a mask came out empty. Their sum is finite unless one of them is not, or finite
+        ones overflow it: one pass over what the masks are made from, and no array. Only then are the
+        prototypes counted. A NaN among the mask coefficients is the output's, counted by decode.
+        Called with floating-point warnings silenced: these values are what it looks for.
+        """
+        np.add.reduce(logits, axis=None, out=self._sum)
+        if math.isfinite(float(self._sum)):
+            return 0
+        return int(self._prototypes.size - np.count_nonzero(np.isfinite(self._prototypes)))
 
     def _mask(self, logits: np.ndarray, box: list[float], m: BoxMap, mask: np.ndarray) -> tuple[Region, Region] | None:
         """One detection's mask at the input size (``_mask_in``) and in the frame (``mask``), as
@@ -359,6 +407,13 @@ class Segmenter:
             np.divide(xy, self._gain, out=xy)
         np.clip(xy, _ZERO, self._limit, out=xy)
         return xy
+
+
+def mask_bytes(m: BoxMap, prototype_pixels: int, *, retina: bool) -> int:
+    """The bytes of one mask's buffers for frames of ``m``: its frame mask, its logits, its outline's
+    first room (`Segmenter._plan`), its coefficients and candidate column."""
+    outline_h, outline_w = (m.frame_h, m.frame_w) if retina else (m.input_h, m.input_w)
+    return m.frame_h * m.frame_w + 4 * prototype_pixels + 16 * (outline_h + outline_w) + 4 * MASK_COEFFICIENTS + 8
 
 
 def _source_span(start: int, stop: int, k: int, size: int) -> tuple[int, int]:

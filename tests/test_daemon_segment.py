@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
-from daemon import RunningDaemon, free_port, images_config
+from daemon import RunningDaemon, free_port, images_config, run_cli
+from test_segment import spoiled_prototypes
 
 from edged.messages import DetectionsMessage
 
@@ -43,3 +46,41 @@ def test_a_segmentation_model_publishes_outlines_in_mm_and_saves_polygon_labels(
         assert first[0] == msg.detections[0].class_id and len(first) == 1 + 2 * len(msg.detections[0].polygon or [])
     finally:
         d.stop()
+
+
+def test_max_masks_past_what_a_4k_frame_can_hold_is_refused_with_exit_78_not_a_memory_error(tmp_path: Path) -> None:
+    # 10000 masks of a 3840x2160 frame are 77 GiB: said, naming the key, before any is made; systemd
+    # does not restart a daemon for it (before: numpy's allocation error, a traceback, exit 1).
+    (tmp_path / "made").mkdir()
+    cv2.imwrite(str(tmp_path / "made" / "4k.png"), np.zeros((2160, 3840, 3), np.uint8))
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = images_config(tmp_path, DATA / "seg.onnx", [tmp_path / "made" / "4k.png"], endpoint, model={"max_masks": 10000})
+    checked = run_cli("check", "--config", str(config))
+    assert checked.returncode == 78, checked.stdout + checked.stderr
+    d = RunningDaemon(config, endpoint)
+    try:
+        assert d.proc.wait(60) == 78, d.log()
+        logged = d.log()
+    finally:
+        d.close()
+    for said in (checked.stderr, logged):
+        assert "model.max_masks = 10000" in said and "3840x2160" in said and "GiB of mask buffers" in said
+        assert "set model.max_masks to 129 or less" in said and "Traceback" not in said
+
+
+def test_nan_prototypes_make_the_frame_uncertain_counted_and_logged_not_an_ok_part(tmp_path: Path) -> None:
+    # Every mask made from them is empty, so every detection was dropped and the part passed as OK.
+    (tmp_path / "made").mkdir()
+    model = spoiled_prototypes(tmp_path / "made" / "nan.onnx", math.nan)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = images_config(tmp_path, model, [DATA / "tall.png"], endpoint, inspect={"mm_per_px": 0.5})
+    checked = run_cli("check", "--config", str(config))
+    assert checked.returncode == 78 and "NaN or infinite output value(s)" in checked.stderr, checked.stderr
+    d = RunningDaemon(config, endpoint)
+    try:
+        msg = next(m for m in d.collect("detections", 1) if isinstance(m, DetectionsMessage))
+        assert msg.verdict == "uncertain" and msg.detections == []
+        d.wait_status(lambda s: s.drops.get("nonfinite_output", 0) >= 1)
+        assert "NaN or infinite value(s)" in d.log() and d.proc.poll() is None
+    finally:
+        d.close()

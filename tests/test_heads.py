@@ -157,3 +157,25 @@ def test_model_head_accepts_exactly_auto_and_the_registered_formats(tmp_path: Pa
     with pytest.raises(ValidationError) as info:
         ModelConfig(path=tmp_path / "m.onnx", head="yolov9")
     assert all(repr(name) in str(info.value) for name in ("auto", *FORMATS))
+
+
+@pytest.mark.parametrize(
+    ("shapes", "metadata", "expected"),
+    [
+        # 80 classes at imgsz 64: 8*8 + 4*4 + 2*2 = 84 candidates, fewer than its 116 rows.
+        ([[1, 116, 84], [1, 32, 16, 16]], {**NAMES_80, "task": "segment"}, ("segment", 80)),
+        ([[1, 116, 84], [1, 32, 16, 16]], {"task": "segment"}, ("segment", 80)),
+        ([[1, 38, 20], [1, 32, 16, 16]], {}, ("segment", 2)),
+        ([[1, 116, 116], [1, 32, 16, 16]], NAMES_80, ("segment", 80)),
+    ],
+)
+def test_a_segmentation_export_with_fewer_candidates_than_rows_is_a_segment_head(
+    shapes: Shapes, metadata: Mapping[str, str], expected: tuple[str, int]
+) -> None:
+    # Its prototypes say its features are the middle axis whatever the lengths: not a yolov5 head.
+    assert detect_head(shapes, metadata) == expected
+
+
+def test_without_prototypes_the_longer_axis_still_holds_the_candidates() -> None:
+    assert detect_head([[1, 116, 84]], {}) == ("yolov5", 79)
+    assert detect_head([[1, 84, 8400]], {}) == ("yolov8", 80)

@@ -17,17 +17,17 @@ import numpy as np
 import onnx
 import pytest
 from allocations import NumpyAllocations
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import ConfigError
+from edged.errors import ConfigError, ModelError
 from edged.geometry import BoxMap
 from edged.heads.segment import SegmentHead
 from edged.messages import parse_message
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, FramePipeline, Processed
-from edged.segment import Instances, Segmenter, merge_segments
+from edged.segment import MASK_BUFFER_BUDGET, Instances, Segmenter, mask_bytes, merge_segments
 from edged.settings.inspect import InspectConfig
 from edged.sources.base import Frame
 from edged.verdict import Inspector
@@ -363,3 +363,93 @@ def test_a_segmented_frame_creates_no_arrays_but_opencvs_contours(retina: bool) 
     masks = len(done.result.polygons)
     assert masks >= 5 and record is not None
     assert created == 5 * 2 * masks
+
+
+def spoiled_prototypes(path: Path, value: float) -> Path:
+    """The ``-seg`` export with ``value`` (NaN, inf) added to its prototypes inside the graph: output1
+    is all ``value``, output0 as it was."""
+    graph = onnx.load(str(DATA / "seg.onnx"))
+    protos = next(o for o in graph.graph.output if o.name == "output1")
+    spoil = numpy_helper.from_array(np.full((1, 1, 1, 1), value, np.float32), "spoil")
+    graph.graph.node.append(helper.make_node("Constant", [], ["spoil_c"], value=spoil))
+    graph.graph.node.append(helper.make_node("Add", ["output1", "spoil_c"], ["output1_spoiled"]))
+    protos.name = "output1_spoiled"
+    onnx.save(graph, str(path))
+    return path
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_nan_or_inf_prototypes_count_as_a_nonfinite_output_not_a_frame_without_defects(tmp_path: Path, value: float) -> None:
+    # Every kept detection's mask is made from them: before, each came out empty and was dropped, unseen.
+    model = load_model(ModelConfig(path=spoiled_prototypes(tmp_path / "m.onnx", value), iou=0.7), RuntimeConfig())
+    instances, _ = FramePipeline(model, 180, 320, "bgr").process(cv2.imread(str(DATA / "tall.png")))
+    assert isinstance(instances, Instances)
+    assert instances.problems() == [("nonfinite_output", 32 * 40 * 40)]
+    path = FramePath(model, "cam0", "bgr", Inspector(InspectConfig(), model.labels, 3, 0.25, 100, masks=True))
+    done = path.run(Frame(cv2.imread(str(DATA / "tall.png")), 3, 0, 0, "bgr"))
+    assert isinstance(done, Processed) and done.inspected is not None
+    # Their masks are empty, so the detections are still dropped, as ultralytics drops them: the
+    # frame is one the model could not judge, not an OK part.
+    assert (done.inspected.verdict, len(done.result)) == ("uncertain", 0)
+
+
+def test_mask_buffers_past_the_budget_are_refused_naming_max_masks_and_the_frame_size() -> None:
+    # 3840x2160: 8.3 MB a mask. The most that fit in the budget are planned; one more is refused
+    # before any buffer is made (max_masks = 10000 was a 77 GiB allocation, and a traceback).
+    image = np.zeros((2160, 3840, 3), np.uint8)
+    box_map = BoxMap.letterbox(3840, 2160, 160, 160)
+    fit = MASK_BUFFER_BUDGET // mask_bytes(box_map, 40 * 40, retina=False)
+    assert 100 < fit < 200
+    most = load_model(ModelConfig(path=DATA / "seg.onnx", max_masks=fit), RuntimeConfig())
+    FramePipeline(most, 3840, 2160, "bgr").process(image)
+    for max_masks in (fit + 1, 10000):
+        model = load_model(ModelConfig(path=DATA / "seg.onnx", max_masks=max_masks), RuntimeConfig())
+        pipeline = FramePipeline(model, 3840, 2160, "bgr")
+        with pytest.raises(ModelError) as e:
+            pipeline.process(image)
+        for words in (f"model.max_masks = {max_masks}", "3840x2160", "GiB", f"set model.max_masks to {fit} or less"):
+            assert words in str(e.value)
+
+
+def _constant_seg_export(path: Path, output0: np.ndarray, prototypes: np.ndarray, metadata: dict[str, str]) -> Path:
+    """An export at imgsz 64 whose outputs are ``output0`` and ``prototypes`` whatever the input (it is
+    read, times 0)."""
+    nodes = [
+        helper.make_node("ReduceMean", ["images"], ["mean"], keepdims=0),
+        helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.zeros((), np.float32), "z")),
+        helper.make_node("Mul", ["mean", "zero"], ["nothing"]),
+    ]
+    outputs = []
+    for name, value in (("output0", output0), ("output1", prototypes)):
+        nodes.append(helper.make_node("Constant", [], [name + "_c"], value=numpy_helper.from_array(value, name + "_v")))
+        nodes.append(helper.make_node("Add", [name + "_c", "nothing"], [name]))
+        outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(value.shape)))
+    images = helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 64, 64])
+    model = helper.make_model(
+        helper.make_graph(nodes, "seg", [images], outputs), opset_imports=[helper.make_opsetid("", 18)]
+    )
+    model.ir_version = 8
+    helper.set_model_props(model, metadata)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(("classes", "candidates"), [(80, 84), (2, 20)])
+def test_a_small_seg_export_with_fewer_candidates_than_rows_is_segmented(
+    tmp_path: Path, classes: int, candidates: int
+) -> None:
+    # 80 classes at imgsz 64: [1, 116, 84] (8*8 + 4*4 + 2*2 candidates), which the lengths alone read
+    # as a yolov5 head of 79 classes. One candidate of class 1, its mask the first prototype.
+    output0 = np.zeros((1, 4 + classes + 32, candidates), np.float32)
+    output0[0, :4, 0] = (32, 32, 16, 16)
+    output0[0, 4 + 1, 0] = 0.9
+    output0[0, 4 + classes, 0] = 1.0
+    prototypes = np.zeros((1, 32, 16, 16), np.float32)
+    prototypes[0, 0] = 1.0
+    names = str({i: f"c{i}" for i in range(classes)})
+    path = _constant_seg_export(tmp_path / "m.onnx", output0, prototypes, {"task": "segment", "names": names})
+    model = load_model(ModelConfig(path=path), RuntimeConfig())
+    assert (model.head, model.task, model.num_classes) == ("segment", "segment", classes)
+    instances, _ = FramePipeline(model, 64, 64, "bgr").process(np.zeros((64, 64, 3), np.uint8))
+    assert isinstance(instances, Instances)
+    assert instances.class_ids.tolist() == [1] and instances.area_px == (16 * 16,)

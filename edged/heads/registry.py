@@ -127,7 +127,7 @@ def _read_facts(shape: list[Dim], metadata: Mapping[str, str], *, prototypes: bo
     """The facts of a single output; `HeadError` for a shape no format has."""
     task = metadata.get("task")
     names = parse_names(metadata)
-    features, candidates_in_rows = _feature_dim(shape)
+    features, candidates_in_rows = _feature_dim(shape, features_first=prototypes)
     return OutputFacts(
         shape=tuple(shape),
         features=features,
@@ -140,14 +140,20 @@ def _read_facts(shape: list[Dim], metadata: Mapping[str, str], *, prototypes: bo
     )
 
 
-def _feature_dim(shape: list[Dim]) -> tuple[int, bool]:
-    """(feature count, whether candidates are rows) of a rank-3, batch-1 output shape."""
+def _feature_dim(shape: list[Dim], *, features_first: bool = False) -> tuple[int, bool]:
+    """(feature count, whether candidates are rows) of a rank-3, batch-1 output shape.
+
+    Mostly the longer axis holds the candidates. ``features_first``: a segmentation export's (it has
+    the prototypes output), whose features are always the middle axis, as ultralytics lays out its
+    Segment head: at a small imgsz it has fewer candidates than rows (80 classes at imgsz 64 are
+    [1, 116, 84]), which the lengths alone would take for a yolov5 head.
+    """
     if len(shape) != 3:
         raise HeadError(f"output {fmt_shape(shape)} has rank {len(shape)}; expected {_LAYOUTS}")
     batch, a, b = (concrete(d) for d in shape)
     if batch not in (None, 1):
         raise HeadError(f"output {fmt_shape(shape)} has batch {batch}; expected batch 1")
-    if a is not None and (b is None or a < b):
+    if a is not None and (b is None or a < b or features_first):
         return a, False
     if b is not None and (a is None or a > b):
         return b, True
