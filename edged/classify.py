@@ -2,13 +2,17 @@
 
 The classification counterpart of `edged.decode`: ultralytics' ``probs.top5`` for a frame, the
 ``top_k`` best classes, best first (the first of equal scores first). A value that is no probability
-(NaN, infinite, outside 0..1) means a model broken or fed wrongly, or an export without its softmax:
-it is counted, as decode counts such values, and never ranked. Everything a frame needs is
-allocated with the classifier, so ranking creates no arrays.
+(NaN, infinite, outside 0..1) means a model broken or fed wrongly, or an export without its softmax
+(raw logits): it is counted, as decode counts such values, and the frame ranks no class at all, so
+``[inspect]`` judges it 'uncertain', never OK. Ranking the classes that happen to lie in 0..1 would
+judge a part on a class the model did not pick: logits [0.5, 3.0, -2.0] would read as the first
+class, 0.50, although the second is the strongest. Everything a frame needs is allocated with the
+classifier, so ranking creates no arrays.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +24,8 @@ from edged.geometry import BoxMap
 from edged.heads.base import fmt_shape
 from edged.messages import TopClass
 
+log = logging.getLogger(__name__)
+
 _ZERO = np.array(0.0, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
 _ONE = np.array(1.0, dtype=np.float32)
 _NEG_INF = np.array(-np.inf, dtype=np.float32)
@@ -28,11 +34,12 @@ _NEG_INF = np.array(-np.inf, dtype=np.float32)
 @dataclass(frozen=True, slots=True, eq=False)
 class Classes:
     """One frame's classes: ``class_ids`` (k,) and ``scores`` (k,) float32 of the best ones, best
-    first; views of the classifier's buffers, valid until its next frame."""
+    first; views of the classifier's buffers, valid until its next frame. Empty when any output value
+    was no probability: ``scores_above_one`` (above 1 or below 0) and ``nonfinite`` count them."""
 
     class_ids: np.ndarray
     scores: np.ndarray
-    scores_above_one: int = 0  # values above 1 (or below 0): no probability, so not ranked
+    scores_above_one: int = 0
     nonfinite: int = 0
 
     def __len__(self) -> int:
@@ -40,7 +47,7 @@ class Classes:
 
     @property
     def top(self) -> tuple[int, float] | None:
-        """The best class and its score; None when the model gave no probability."""
+        """The best class and its score; None when the model's output was no probabilities."""
         return (int(self.class_ids[0]), float(self.scores[0])) if len(self) else None
 
     # ---- as the classification task's result (`edged.task.TaskResult`) --------------------------
@@ -96,45 +103,43 @@ class Classifier:
             )
         self._k = min(top_k, num_classes)
         self._ranked = np.empty(num_classes, dtype=np.float32)  # what is left to rank
-        self._as_f32 = np.empty(num_classes, dtype=np.float32)
-        self._bad = np.empty(num_classes, dtype=np.bool_)
         self._check = np.empty(num_classes, dtype=np.bool_)
         self._below = np.empty(num_classes, dtype=np.bool_)
         self._finite = np.empty(num_classes, dtype=np.bool_)
         self._best = np.empty((), dtype=np.intp)
         self._ids = np.empty(self._k, dtype=np.int32)
         self._scores = np.empty(self._k, dtype=np.float32)
+        self._told_softmax = False  # the hint to export with a softmax, logged once per classifier
 
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Classes:
-        """The ``top_k`` probabilities, best first; raises `HeadError` only for an output that is not a
-        float array of the planned shape."""
+        """The ``top_k`` probabilities, best first, or none when any value is no probability; raises
+        `HeadError` only for an output that is not a float array of the planned shape."""
         if not isinstance(output, np.ndarray) or output.shape != self.output_shape or output.dtype.kind != "f":
             got = f"{output.dtype} {fmt_shape(output.shape)}" if isinstance(output, np.ndarray) else type(output).__name__
             raise HeadError(f"expected a float output {fmt_shape(self.output_shape)}, got {got}")
-        values, ranked, bad, check, below, finite = (
-            self._as_f32,
-            self._ranked,
-            self._bad,
-            self._check,
-            self._below,
-            self._finite,
-        )
+        ranked, check, below, finite = self._ranked, self._check, self._below, self._finite
         with np.errstate(invalid="ignore"):
-            np.copyto(values, output[0], casting="same_kind")
-            np.isfinite(values, out=finite)
-            np.logical_not(finite, out=bad)
-            nonfinite = int(np.count_nonzero(bad))
-            np.greater(values, _ONE, out=check)
-            np.less(values, _ZERO, out=below)
+            np.copyto(ranked, output[0], casting="same_kind")
+            np.isfinite(ranked, out=finite)
+            nonfinite = finite.shape[0] - int(np.count_nonzero(finite))
+            np.greater(ranked, _ONE, out=check)
+            np.less(ranked, _ZERO, out=below)
             np.logical_or(check, below, out=check)
             np.logical_and(check, finite, out=check)
             above = int(np.count_nonzero(check))
-            np.logical_or(bad, check, out=bad)
-            np.copyto(ranked, values)
-            np.copyto(ranked, _NEG_INF, where=bad)
-        k = min(self._k, ranked.shape[0] - nonfinite - above)
-        for i in range(k):
+        if nonfinite or above:
+            if above and not self._told_softmax:
+                self._told_softmax = True
+                log.error(
+                    "the classifier output %d value(s) outside 0..1: its outputs must be probabilities, so its "
+                    "frames rank no class and their verdict is uncertain; export the classifier with its softmax "
+                    "(ultralytics' -cls exports include it), and check model.scale, mean and std against how it "
+                    "was trained",
+                    above,
+                )
+            return Classes(self._ids[:0], self._scores[:0], above, nonfinite)
+        for i in range(self._k):
             best = int(np.argmax(ranked, out=self._best))  # into a buffer: argmax alone makes one
             self._ids[i], self._scores[i] = best, ranked[best]
             ranked[best] = _NEG_INF
-        return Classes(self._ids[:k], self._scores[:k], above, nonfinite)
+        return Classes(self._ids, self._scores)

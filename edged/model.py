@@ -110,6 +110,22 @@ def read_labels(path: Path) -> list[str]:
     return names
 
 
+def _distinct(labels: Sequence[str], source: str, *, labels_file: bool) -> None:
+    """`ContractError` naming each class name ``labels`` repeats and its class ids: the configuration
+    names a class by its label (inspect.ng_classes, class_conf), so of two classes named alike one
+    would go unjudged, and a message's label could not tell them apart."""
+    ids: dict[str, list[int]] = {}
+    for class_id, name in enumerate(labels):
+        ids.setdefault(name, []).append(class_id)
+    repeated = [f"{name!r} (class ids {', '.join(map(str, found))})" for name, found in ids.items() if len(found) > 1]
+    if repeated:
+        fix = "give each class its own name" if labels_file else "set model.labels to a file naming each class once"
+        raise ContractError(
+            f"{source} names more than one class alike: {'; '.join(repeated)}; "
+            f"{fix}, one per line in class order, so that each can be judged and published on its own"
+        )
+
+
 def _head(engine: InferenceEngine, cfg: ModelConfig) -> tuple[str, int]:
     outputs = [(o.name, list(o.shape)) for o in engine.output_meta]
     shapes = [shape for _, shape in outputs]
@@ -141,9 +157,10 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
     if head == AnomalyHead.name:
         labels = labels or ["anomaly"]
+    source = str(cfg.labels) if cfg.labels else "the model's names metadata"
     if labels and len(labels) != num_classes:
-        source = str(cfg.labels) if cfg.labels else "the model's names metadata"
         raise ContractError(f"{source} lists {fmt_classes(len(labels))} but the model outputs {num_classes}")
+    _distinct(labels, source, labels_file=cfg.labels is not None)
     identity = engine.identity
     info = ModelInfo(name=identity.name, sha256=identity.sha256, provider=engine.provider)
     names = tuple(labels) if labels else tuple(str(i) for i in range(num_classes))

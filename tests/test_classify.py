@@ -9,6 +9,7 @@ within 1e-4, and the same five best classes in the same order.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import cv2
@@ -64,11 +65,56 @@ def test_ranking_keeps_top_k_best_first_the_first_of_equals_first() -> None:
 
 
 @pytest.mark.unit
-def test_values_that_are_no_probability_are_counted_and_never_ranked() -> None:
-    output = np.array([[np.nan, 3.0, 0.4, -0.5, np.inf]], np.float32)
-    classes = Classifier((1, 5), 5, top_k=5).decode(output, BOX_MAP)
-    assert classes.class_ids.tolist() == [2]
-    assert classes.problems() == [("nonfinite_output", 2), ("score_above_one", 2)]
+@pytest.mark.parametrize(
+    ("output", "problems"),
+    [
+        ([0.5, 3.0, -2.0], [("score_above_one", 2)]),  # logits: 'crack' is the strongest, 'ok' alone in 0..1
+        ([0.3, np.nan, 0.1], [("nonfinite_output", 1)]),
+        ([np.inf, 1.5, 0.4], [("nonfinite_output", 1), ("score_above_one", 1)]),
+    ],
+)
+def test_a_frame_with_any_value_that_is_no_probability_ranks_no_class_and_is_never_ok(
+    output: list[float], problems: list[tuple[str, int]]
+) -> None:
+    # The values that happened to lie in 0..1 were ranked: logits [0.5, 3.0, -2.0] published 'ok 0.50', verdict OK.
+    classes = Classifier((1, 3), 3, top_k=3).decode(np.array([output], np.float32), BOX_MAP)
+    assert len(classes) == 0 and classes.top is None
+    assert classes.problems() == problems
+    inspector = ClassInspector(InspectConfig(ng_classes=["crack", "scratch"]), ["ok", "crack", "scratch"], 3, 0.25)
+    assert inspector(classes).verdict == "uncertain"
+
+
+@pytest.mark.unit
+def test_outputs_outside_0_to_1_tell_once_to_export_the_classifier_with_its_softmax(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    classifier = Classifier((1, 3), 3, top_k=3)
+    with caplog.at_level(logging.ERROR, logger="edged.classify"):
+        classifier.decode(np.array([[0.3, np.nan, 0.1]], np.float32), BOX_MAP)  # NaN: a broken model, no softmax hint
+        assert not caplog.records
+        for _ in range(3):
+            classifier.decode(np.array([[0.5, 3.0, -2.0]], np.float32), BOX_MAP)
+    assert [r.getMessage() for r in caplog.records] == [
+        "the classifier output 2 value(s) outside 0..1: its outputs must be probabilities, so its frames rank "
+        "no class and their verdict is uncertain; export the classifier with its softmax (ultralytics' -cls "
+        "exports include it), and check model.scale, mean and std against how it was trained"
+    ]
+
+
+def test_a_frame_that_is_no_probabilities_creates_no_arrays() -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    classifier = Classifier((1, 3), 3, top_k=3)
+    good, logits = np.array([[0.2, 0.7, 0.1]], np.float32), np.array([[0.5, 3.0, -2.0]], np.float32)
+    for output in (good, logits):
+        classifier.decode(output, BOX_MAP)
+    tops = []
+    with counter.counting():
+        before = counter.buffers
+        for _ in range(5):
+            tops += [classifier.decode(logits, BOX_MAP).top, classifier.decode(good, BOX_MAP).top]
+        assert counter.buffers == before
+    assert tops == [None, (1, pytest.approx(0.7))] * 5
 
 
 @pytest.mark.unit

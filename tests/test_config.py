@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import resource
@@ -664,3 +665,24 @@ def test_a_check_across_sections_is_reported_at_the_key_it_names(tmp_path: Path)
     with pytest.raises(ConfigError) as e:
         load_config(config)
     assert "reject.alarm_line: must differ from reject.line" in e.value.problems, e.value.problems
+
+
+def _round_zone(points: int) -> str:
+    """``[inspect.zones]`` with one zone 'part': a circle of ``points`` points, as a traced outline gives."""
+    circle = (
+        f"[{0.5 + 0.4 * math.cos(2 * math.pi * i / points):.6f}, {0.5 + 0.4 * math.sin(2 * math.pi * i / points):.6f}]"
+        for i in range(points)
+    )
+    return f"[inspect.zones]\npart = [{', '.join(circle)}]\n"
+
+
+def test_a_zone_of_more_points_than_a_drawn_outline_needs_is_refused_naming_it_and_its_count(tmp_path: Path) -> None:
+    # Every pair of a zone's edges was compared: ten thousand points took over a minute to load,
+    # past systemd's start timeout, and the unit restarted for ever.
+    model = '[model]\npath = "m.onnx"\n'
+    assert len(load_config(_write(tmp_path, model + _round_zone(1000))).inspect.zones["part"]) == 1000
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, model + _round_zone(1001)))
+    assert "zone 'part' has 1001 points; a zone may have at most 1000" in str(info.value)
+    check = run_cli("check", "--config", str(_write(tmp_path, model + _round_zone(10_000))))
+    assert check.returncode == 78 and "zone 'part' has 10000 points; a zone may have at most 1000" in check.stderr

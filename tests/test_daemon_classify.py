@@ -8,8 +8,10 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import onnx
 import pytest
 from daemon import RunningDaemon, free_port, images_config, run_cli, write_config
+from onnx import TensorProto, helper, numpy_helper
 
 from edged.messages import DetectionsMessage, VerdictMessage
 
@@ -17,6 +19,31 @@ pytestmark = pytest.mark.integration
 
 DATA = Path(__file__).parent / "data" / "tasks"
 REFERENCE = json.loads((DATA / "cls.json").read_text())
+
+
+def constant_classifier(path: Path, output: list[float], labels: list[str]) -> Path:
+    """An ultralytics-style classifier whose output is ``output`` whatever the frame: the input is read,
+    times zero, so the runtime cannot fold the model into a constant."""
+    const = [np.zeros((), np.float32), np.array([output], np.float32)]
+    nodes = [
+        helper.make_node("ReduceMean", ["images"], ["mean"], keepdims=0),
+        helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(const[0], "zero_v")),
+        helper.make_node("Mul", ["mean", "zero"], ["nothing"]),
+        helper.make_node("Constant", [], ["fixed"], value=numpy_helper.from_array(const[1], "fixed_v")),
+        helper.make_node("Add", ["fixed", "nothing"], ["output0"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "constant_classifier",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, len(output)])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    helper.set_model_props(model, {"names": str(dict(enumerate(labels))), "task": "classify"})
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
 
 
 def test_a_classifier_publishes_its_top_classes_and_verdicts_and_files_its_evidence_by_class(tmp_path: Path) -> None:
@@ -110,3 +137,25 @@ def test_a_classifier_with_a_roi_saves_the_region_it_classified_as_its_evidence(
     expected = cv2.imread(str(DATA / "wide.png"))[30:200, 40:220]
     assert image.shape == expected.shape == (170, 180, 3)
     assert np.abs(image.astype(np.int16) - expected).mean() < 4  # the region, through JPEG
+
+
+def test_a_classifier_exported_without_its_softmax_is_never_ok_and_is_told_to_export_one(tmp_path: Path) -> None:
+    # Logits [0.5, 3.0, -2.0]: 'crack' is the strongest, yet 'ok', alone in 0..1, was published as the
+    # top class with the verdict OK, and `edged check` passed it.
+    made = tmp_path / "made"
+    made.mkdir()
+    model = constant_classifier(made / "logits.onnx", [0.5, 3.0, -2.0], ["ok", "crack", "scratch"])
+    cv2.imwrite(str(made / "part.png"), np.full((96, 128, 3), 90, np.uint8))
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = images_config(tmp_path, model, [made / "part.png"], endpoint, inspect={"ng_classes": ["crack", "scratch"]})
+    check = run_cli("check", "--no-bind", "--config", str(config))
+    assert check.returncode == 78, check.stdout + check.stderr
+    assert "class score(s) outside 0..1" in check.stderr and "export it with its softmax" in check.stderr
+    d = RunningDaemon(config, endpoint)
+    try:
+        published = [m for m in d.collect("detections", 2) if isinstance(m, DetectionsMessage)]
+        assert [(m.top, m.verdict) for m in published] == [([], "uncertain")] * 2, d.log()
+        d.wait_status(lambda s: s.drops.get("score_above_one", 0) >= 2)
+    finally:
+        d.stop()
+    assert d.log_path.read_text().count("export the classifier with its softmax (ultralytics' -cls exports include it)") == 1

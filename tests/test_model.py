@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import cv2
 import numpy as np
 import onnx
 import pytest
+from daemon import free_port, images_config, run_cli
 from onnx import TensorProto, helper
 from onnx_models import colour_probe, dynamic_probe, solid_frame
 
@@ -69,6 +71,53 @@ def test_a_labels_file_that_does_not_match_the_model_is_refused_counting_in_word
     cfg = ModelConfig(path=colour_probe(tmp_path / "m.onnx"), labels=tmp_path / "labels.txt")
     with pytest.raises(ContractError, match=f"labels.txt {says} the model outputs 2$"):
         load_model(cfg, RuntimeConfig())
+
+
+@pytest.mark.parametrize(
+    ("labels", "names", "says"),
+    [
+        (
+            "crack\ncrack\n",
+            None,
+            r"labels.txt names more than one class alike: 'crack' \(class ids 0, 1\); give each class its own name",
+        ),
+        (
+            None,
+            {0: "red", 1: "red"},
+            r"the model's names metadata names more than one class alike: 'red' \(class ids 0, 1\); "
+            "set model.labels to a file naming each class once",
+        ),
+    ],
+)
+def test_labels_that_name_two_classes_alike_are_refused_naming_them(
+    tmp_path: Path, labels: str | None, names: dict[int, str] | None, says: str
+) -> None:
+    # inspect.ng_classes = ['crack'] made only the last class of the name NG: a class-0 crack was OK.
+    model = colour_probe(tmp_path / "m.onnx", metadata={"names": str(names)} if names else None)
+    if labels is not None:
+        (tmp_path / "labels.txt").write_text(labels)
+    cfg = ModelConfig(path=model, labels=tmp_path / "labels.txt" if labels is not None else None)
+    with pytest.raises(ContractError, match=says):
+        load_model(cfg, RuntimeConfig())
+
+
+def test_check_and_run_refuse_labels_that_name_two_classes_alike_with_exit_78(tmp_path: Path) -> None:
+    made = tmp_path / "made"
+    made.mkdir()
+    (tmp_path / "m.labels").write_text("crack\ncrack\n")
+    cv2.imwrite(str(made / "part.png"), solid_frame((0, 0, 255)))
+    config = images_config(
+        tmp_path,
+        colour_probe(made / "m.onnx"),
+        [made / "part.png"],
+        f"tcp://127.0.0.1:{free_port()}",
+        model={"labels": "m.labels"},
+        inspect={"ng_classes": ["crack"]},
+    )
+    for command in ("check", "run"):
+        result = run_cli(command, "--config", str(config))
+        assert result.returncode == 78, result.stdout + result.stderr
+        assert "names more than one class alike: 'crack' (class ids 0, 1)" in result.stderr
 
 
 def test_a_float16_model_is_fed_what_ultralytics_feeds_it(tmp_path: Path) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import cv2
 import numpy as np
 import pytest
 from allocations import NumpyAllocations
 
-from edged.settings.inspect import polygon_problem
+from edged.settings.inspect import _segments_meet, polygon_problem
 from edged.zones import NO_ZONE, ZoneMap
 
 SQUARE = [(0.25, 0.25), (0.75, 0.25), (0.75, 0.75), (0.25, 0.75)]
@@ -36,6 +38,51 @@ def test_unusable_polygons_say_why(points: list[tuple[float, float]], problem: s
 )
 def test_usable_polygons_pass_concave_ones_included(points: list[tuple[float, float]]) -> None:
     assert polygon_problem(points) is None
+
+
+def circle(points: int) -> list[tuple[float, float]]:
+    return [
+        (0.5 + 0.4 * math.cos(2 * math.pi * i / points), 0.5 + 0.4 * math.sin(2 * math.pi * i / points))
+        for i in range(points)
+    ]
+
+
+def test_a_zone_may_have_up_to_a_thousand_points() -> None:
+    # Ten thousand points took over a minute to check, past systemd's start timeout.
+    assert polygon_problem(circle(1000)) is None
+    assert polygon_problem(circle(1001)) == (
+        "has 1001 points; a zone may have at most 1000: simplify its outline (a traced contour, e.g. with "
+        "OpenCV's approxPolyDP)"
+    )
+
+
+def first_crossing_of_every_pair(points: list[tuple[float, float]]) -> str | None:
+    """The self-intersection check by its definition: the first two edges, no neighbours, that meet."""
+    n = len(points)
+    edges = [(points[i], points[(i + 1) % n]) for i in range(n)]
+    for i in range(n):
+        for j in range(i + 2, n):
+            if not (i == 0 and j == n - 1) and _segments_meet(*edges[i], *edges[j]):
+                return f"is self-intersecting: edge {i + 1} crosses edge {j + 1}"
+    return None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_self_intersection_check_finds_the_first_crossing_of_every_pair(seed: int) -> None:
+    # Simple stars, stars with two points swapped (crossing edges), random scribbles, and points on a
+    # coarse grid (edges meeting end to end, along a line, or at equal x): the same first pair, or none.
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 60))
+    swapped = star(rng, n)
+    i, j = rng.choice(n, 2, replace=False)
+    swapped[i], swapped[j] = swapped[j], swapped[i]
+    scribble = [(float(x), float(y)) for x, y in rng.uniform(0, 1, (n, 2))]
+    grid = [(float(x), float(y)) for x, y in rng.integers(0, 5, (n, 2)) / 4]
+    grid = [p for k, p in enumerate(grid) if p != grid[k - 1]]  # no point repeated by the next
+    for points in (star(rng, n), swapped, scribble, grid):
+        found = polygon_problem(points)
+        crossing = found if found is not None and found.startswith("is self-intersecting") else None
+        assert crossing == first_crossing_of_every_pair(points), points
 
 
 def star(rng: np.random.Generator, points: int) -> list[tuple[float, float]]:

@@ -19,6 +19,11 @@ Point = tuple[float, float]
 ZoneName = Name
 
 
+# The most points a zone may have. A zone drawn by hand, or traced around a part and simplified,
+# needs tens of points, rarely hundreds; the self-intersection check may have to compare every pair
+# of edges (a zigzag whose edges all span the frame), so without a cap its time grows with the square
+# of the points: ten thousand took over a minute, past systemd's start timeout (a restart loop).
+MAX_ZONE_POINTS = 1000
 MIN_ZONE_AREA = 1e-6  # of the frame: below this a polygon is a line or a point, not a region
 MIN_MM_PER_PX, MAX_MM_PER_PX = 1e-6, 1e4  # a nanometre to ten metres per pixel: beyond, a typo (and mm limits overflow)
 
@@ -31,9 +36,15 @@ def usable_zones(zones: Mapping[str, Sequence[Point]]) -> None:
 
 
 def polygon_problem(points: Sequence[Point]) -> str | None:
-    """Why ``points`` is not a usable zone (too few points, outside 0..1, no area, self-intersecting), or None."""
+    """Why ``points`` is not a usable zone (too few or too many points, outside 0..1, no area,
+    self-intersecting), or None."""
     if len(points) < 3:
         return f"has {len(points)} point(s); a zone needs at least 3"
+    if len(points) > MAX_ZONE_POINTS:
+        return (
+            f"has {len(points)} points; a zone may have at most {MAX_ZONE_POINTS}: "
+            "simplify its outline (a traced contour, e.g. with OpenCV's approxPolyDP)"
+        )
     for x, y in points:
         if not (0.0 <= x <= 1.0 and 0.0 <= y <= 1.0):
             return f"point ({x}, {y}) is outside 0..1 (coordinates are fractions of the frame's width and height)"
@@ -42,16 +53,36 @@ def polygon_problem(points: Sequence[Point]) -> str | None:
     for i, (a, b) in enumerate(edges):
         if a == b:
             return f"repeats point {a} (points {i + 1} and {(i + 1) % n + 1})"
-    for i in range(n):
-        for j in range(i + 2, n):
-            if i == 0 and j == n - 1:
-                continue  # neighbours through the closing edge
-            if _segments_meet(*edges[i], *edges[j]):
-                return f"is self-intersecting: edge {i + 1} crosses edge {j + 1}"
+    if (crossing := _first_crossing(edges)) is not None:
+        return f"is self-intersecting: edge {crossing[0] + 1} crosses edge {crossing[1] + 1}"
     area = abs(sum(a[0] * b[1] - b[0] * a[1] for a, b in edges)) / 2
     if area < MIN_ZONE_AREA:
         return "encloses no area (its points lie on one line)"
     return None
+
+
+def _first_crossing(edges: Sequence[tuple[Point, Point]]) -> tuple[int, int] | None:
+    """The first pair (i, j), i < j, of a closed polygon's ``edges`` that meet and are no neighbours.
+
+    Only edges whose x ranges overlap can meet, so the edges are swept in order of their left end and
+    each is compared with those starting before its right end: a zone of hundreds of points is
+    checked in milliseconds rather than against every other edge."""
+    n = len(edges)
+    left = [min(a[0], b[0]) for a, b in edges]
+    right = [max(a[0], b[0]) for a, b in edges]
+    order = sorted(range(n), key=left.__getitem__)
+    first: tuple[int, int] | None = None
+    for at, e in enumerate(order):
+        for k in range(at + 1, n):
+            f = order[k]
+            if left[f] > right[e]:
+                break
+            i, j = min(e, f), max(e, f)
+            if j - i < 2 or (i == 0 and j == n - 1):
+                continue  # neighbours share a point
+            if (first is None or (i, j) < first) and _segments_meet(*edges[i], *edges[j]):
+                first = (i, j)
+    return first
 
 
 def _orientation(a: Point, b: Point, c: Point) -> float:
