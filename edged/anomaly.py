@@ -7,6 +7,12 @@ exported with), and the regions: the connected components (8-connected) of the m
 frame pixels with their area and their highest map value, largest first, at most ``model.max_det``.
 Without thresholds in config the label and mask are the export's, so they are exactly anomalib's.
 
+A score that is no normalised score (NaN, infinite, or outside 0..1: an export without anomalib's
+normalisation) is dropped and counted as the model's problem, as a detector's bad scores are: the
+frame is not anomalous (with ``[inspect]``, uncertain) and its message carries no score. Regions past
+``model.max_det`` (the smallest) are counted (``cut``): the inspector cannot judge them, so a part
+with any is not found within its size limits (`edged.verdict.AnomalyInspector`).
+
 A frame works in buffers made once per plan: the mask, the component labels, each component's
 mask, the regions' boxes, areas and scores; it allocates no array. The regions' outlines are traced
 once a frame, only when first asked for (by length limits in ``[inspect]``, or for the message's
@@ -25,7 +31,7 @@ import numpy as np
 
 from edged.errors import HeadError
 from edged.geometry import BoxMap
-from edged.heads.anomaly import THRESHOLD, trained_size
+from edged.heads.anomaly import THRESHOLD, sizes_differ, trained_size
 from edged.heads.base import fmt_shape
 from edged.messages import AnomalyRegion
 
@@ -51,16 +57,19 @@ class Anomaly:
     box_map: BoxMap
     outlines_of: _Outlines
     nonfinite: int = 0
+    scores_above_one: int = 0  # a finite score outside 0..1: not the export's normalised score, so dropped
     anomaly_map: np.ndarray | None = None  # the model's map output, [h, w], when it has one
     heat: np.ndarray | None = None  # the decoder's uint8 buffer the map is scaled into for `heatmap`
     near: bool = False  # not anomalous, but its score within the decoder's near margin below the threshold
+    cut: int = 0  # regions past model.max_det, the smallest: not among those kept, so never judged
 
     def __len__(self) -> int:
         """Its regions; an anomalous frame without one still counts as a finding."""
         return max(int(self.scores.shape[0]), int(self.anomalous))
 
     def problems(self) -> list[tuple[str, int]]:
-        return [("nonfinite_output", self.nonfinite)] if self.nonfinite else []
+        found = (("nonfinite_output", self.nonfinite), ("score_above_one", self.scores_above_one))
+        return [(problem, count) for problem, count in found if count]
 
     def near_misses(self) -> int:
         """One for a part scored just below the threshold (``near``): the part worth labelling."""
@@ -93,11 +102,13 @@ class Anomaly:
 
     def dataset_label(self, width: int, height: int) -> str:
         """One ``0 x1 y1 x2 y2 ...`` line per region, its outline normalised to the frame: ultralytics'
-        segmentation labels, class 0 the anomaly."""
+        segmentation labels, class 0 the anomaly. An outline of fewer than 3 points (a region one
+        pixel wide or tall) is no polygon, and ultralytics would read two points as a box: its box's
+        corners instead, as `edged.segment.Instances.dataset_label` does."""
         lines = []
-        for outline in self.polygons():
-            points = " ".join(f"{x / width:.6f} {y / height:.6f}" for x, y in outline)
-            lines.append(f"0 {points}\n")
+        for outline, (x1, y1, x2, y2) in zip(self.polygons(), self.xyxy.tolist(), strict=True):
+            points = outline if len(outline) >= 3 else [(x1, y1), (x2, y1), (x2, y2), (x1, y2)]
+            lines.append("0 " + " ".join(f"{x / width:.6f} {y / height:.6f}" for x, y in points) + "\n")
         return "".join(lines)
 
     def dataset_class(self) -> None:
@@ -114,7 +125,8 @@ class Anomaly:
     ) -> dict[str, Any]:
         """``task``, ``anomaly_score``, ``anomalous``, ``threshold`` and ``regions`` (each region's
         sizes in mm with the camera's ``mm_per_px``, and its note from the inspector: 'within
-        limits'); ``detections`` is empty."""
+        limits'); ``detections`` is empty, and ``anomaly_score`` absent when the score was dropped
+        (`problems`): the message holds only scores in 0..1."""
         boxes, areas, scores = self.xyxy.tolist(), self.area_px.tolist(), self.scores.tolist()
         in_zones = zones or [None] * len(scores)
         in_notes = notes or [None] * len(scores)
@@ -122,7 +134,7 @@ class Anomaly:
         return {
             "task": "anomaly",
             "detections": [],
-            "anomaly_score": round(self.score, 6),
+            "anomaly_score": None if self.problems() else round(self.score, 6),
             "anomalous": self.anomalous,
             "threshold": self.threshold,
             "regions": [
@@ -159,7 +171,10 @@ class AnomalyDecoder:
         near_margin: float | None = None,
     ) -> None:
         """``outputs``: the bound outputs' (name, shape), in the session's order; ``near_margin``: how
-        far below the threshold a score makes a near miss (evidence saved under ``ng+near``)."""
+        far below the threshold a score makes a near miss (evidence saved under ``ng+near``); `HeadError`
+        when the map and the mask differ in size (`edged.heads.anomaly.sizes_differ`)."""
+        if (problem := sizes_differ(outputs)) is not None:
+            raise HeadError(problem)
         self._index = {name: i for i, (name, _) in enumerate(outputs)}
         self._shapes = [tuple(shape) for _, shape in outputs]
         size = trained_size(outputs)
@@ -174,6 +189,7 @@ class AnomalyDecoder:
         self._above = self._mask.view(np.bool_)
         self._components = _Components(h, w)
         self._max_regions = max_regions
+        self._cut = 0  # the last frame's regions past max_regions
         self._xyxy = np.empty((max_regions, 4), dtype=np.float32)
         self._area = np.empty(max_regions, dtype=np.float32)
         self._scores = np.empty(max_regions, dtype=np.float32)
@@ -190,10 +206,14 @@ class AnomalyDecoder:
             raise HeadError(f"anomaly decoder expects outputs {[fmt_shape(s) for s in self._shapes]}, got {shown}")
         score = float(outputs[self._index["pred_score"]].flat[0])
         nonfinite = 0 if math.isfinite(score) else 1
-        if self._threshold is not None or "pred_label" not in self._index:
+        outside = int(not nonfinite and not 0.0 <= score <= 1.0)
+        if nonfinite or outside:  # no score to judge by: dropped and counted (`Anomaly.problems`)
+            anomalous = False
+        elif self._threshold is not None or "pred_label" not in self._index:
             anomalous = score > self.threshold
         else:
             anomalous = bool(outputs[self._index["pred_label"]].flat[0])
+        self._cut = 0
         k = self._find_regions(outputs, box_map) if self._regions else 0
         self._outlines.clear()
         return Anomaly(
@@ -207,9 +227,11 @@ class AnomalyDecoder:
             box_map,
             self._outlines,
             nonfinite,
+            outside,
             outputs[self._index["anomaly_map"]][0, 0] if "anomaly_map" in self._index else None,
             self._heat,
-            near=not anomalous and score >= self._near_from,
+            near=not (anomalous or outside) and score >= self._near_from,
+            cut=self._cut,
         )
 
     def _find_regions(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> int:
@@ -226,8 +248,10 @@ class AnomalyDecoder:
         for region in range(1, n):
             found.append((cv2.countNonZero(self._components.select(region)), region))
         found.sort(key=lambda f: -f[0])  # largest first; stable, so equal areas stay in label order
+        self._cut = max(0, len(found) - self._max_regions)
+        found = found[: self._max_regions]
         sx, sy = box_map.scale_x, box_map.scale_y
-        for k, (area, region) in enumerate(found[: self._max_regions]):
+        for k, (area, region) in enumerate(found):
             selected = self._components.select(region)
             x, y, bw, bh = cv2.boundingRect(selected)
             box = self._xyxy[k]
@@ -238,7 +262,7 @@ class AnomalyDecoder:
                 self._scores[k] = 1.0
                 continue
             self._scores[k] = cv2.minMaxLoc(anomaly_map, mask=selected)[1]  # the peak inside the region
-        return min(n - 1, self._max_regions)
+        return len(found)
 
 
 class _Components:

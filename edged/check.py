@@ -226,6 +226,19 @@ def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections 
             "scores must be probabilities: check model.scale, mean and std against how the model was "
             "trained, and that its head ends in a sigmoid"
         )
+    if isinstance(detections, Classes) and detections.scores_above_one:
+        # Every frame of it would rank no class, and be uncertain: a classifier exported without its softmax.
+        raise ContractError(
+            f"{what} gave {detections.scores_above_one} class score(s) outside 0..1; a classifier's scores must "
+            "be probabilities: export it with its softmax (ultralytics' -cls exports include it)"
+        )
+    if isinstance(detections, Anomaly) and detections.scores_above_one:
+        # anomalib's export normalises the score to 0..1 (0.5 its threshold); run would drop every such frame.
+        raise ContractError(
+            f"{what} gave the anomaly score {detections.score:g}, outside 0..1: an anomalib export "
+            "normalises its score (0.5 the threshold it was trained with), so this one was exported "
+            "without anomalib's post-processing, or is no anomalib model; re-export it with anomalib"
+        )
     return detections
 
 

@@ -167,9 +167,9 @@ OUTPUT_PROBLEMS = {
     "nonfinite_output": "camera %s: the model output %d NaN or infinite value(s) on frame %d, dropped (%d frame(s) "
     "so far): a NaN score never passes the threshold, so the model is broken or overflows on this input (check an "
     "fp16 export, and model.scale, mean and std); `edged check` runs it on a frame from the camera",
-    "score_above_one": "camera %s: the model gave %d score(s) above 1 on frame %d, dropped (%d frame(s) so far): "
-    "scores must be probabilities, so check model.scale, mean and std against how the model was trained, and that "
-    "its head ends in a sigmoid",
+    "score_above_one": "camera %s: the model gave %d score(s) outside 0..1 on frame %d, dropped (%d frame(s) so "
+    "far): scores must be probabilities, so check model.scale, mean and std against how the model was trained, and "
+    "that its head ends in a sigmoid (a classifier's in a softmax)",
 }
 
 
@@ -358,6 +358,8 @@ class FramePath:
             return [Reason(detection=0, class_id=top[0], label=label(top[0]), score=round(top[1], 4), zone=None)]
         if isinstance(inspected, AnomalyInspected):
             assert isinstance(inspector, AnomalyInspector)  # an AnomalyInspected comes from one
+            if inspected.verdict == "uncertain":  # its score was dropped (`edged.anomaly`): nothing to give
+                return []
             i, zones = inspected.reason_region, inspected.zones.tolist()
             zone = inspector.zone_name(zones[i]) if i < len(zones) else None
             score = round(min(max(inspected.result.score, 0.0), 1.0), 4)

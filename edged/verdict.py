@@ -368,8 +368,10 @@ class AnomalyInspector:
     score with nothing to place is still an anomaly). A region counts when it lies in a zone (with
     zones), is at least ``min_area`` and is not within every size limit (``max_length_*``,
     ``max_area_*``) of the class ``anomaly``; its regions all outside the zones, too small or
-    within the limits make the frame OK (a spot under 1 mm2 is dust). Lengths are traced only
-    with a length limit (`Anomaly.sides`: the message reuses them)."""
+    within the limits make the frame OK (a spot under 1 mm2 is dust), unless some were past
+    ``model.max_det`` (`Anomaly.cut`): those are not judged, so they count against the part. A
+    score the decoder dropped (not finite, or outside 0..1) makes the part uncertain. Lengths are
+    traced only with a length limit (`Anomaly.sides`: the message reuses them)."""
 
     thresholds = None  # the threshold is model.anomaly_threshold: an anomaly decoder takes no class thresholds
 
@@ -413,7 +415,9 @@ class AnomalyInspector:
             self._tolerate(result, ng, within)
         counting = ng.tolist()  # a list: numpy's any and argmax would each make an array
         counts = True in counting
-        verdict: Verdict = "ng" if result.anomalous and (k == 0 or counts) else "ok"
+        verdict: Verdict = "ng" if result.anomalous and (k == 0 or counts or result.cut) else "ok"
+        if result.nonfinite or result.scores_above_one:  # no score to judge by: a part the model cannot tell
+            verdict = "uncertain"
         return AnomalyInspected(result, zones, ng, verdict, counting.index(True) if counts else 0, within)
 
     def _tolerate(self, result: Anomaly, ng: np.ndarray, within: np.ndarray) -> None:

@@ -394,3 +394,53 @@ def test_area_limits_alone_judge_a_frame_without_creating_arrays() -> None:
         judged = inspector(result, 128, 256)
         assert counter.buffers == before
     assert judged.verdict == "ng" and judged.within.tolist() == [False, True]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("score", "problem"), [(7.0, "score_above_one"), (-3.0, "score_above_one"), (math.nan, "nonfinite_output")]
+)
+def test_a_score_outside_0_to_1_is_dropped_and_counted_and_the_message_holds_none(score: float, problem: str) -> None:
+    decoder = AnomalyDecoder([("pred_score", (1,)), ("pred_label", (1,))], near_margin=10.0)
+    result = decoder.decode([np.array([score], np.float32), np.array([True])], BoxMap.stretch(64, 64, MAP, MAP))
+    assert result.problems() == [(problem, 1)] and not result.anomalous and result.near_misses() == 0
+    fields = result.message_fields(lambda _: "anomaly", None, None)
+    assert fields["anomaly_score"] is None and fields["anomalous"] is False
+    assert decoded([], score=1.0).problems() == [] and decoded([], score=0.0).problems() == []
+
+
+@pytest.mark.unit
+def test_a_map_and_a_mask_of_different_sizes_are_refused_naming_both() -> None:
+    outputs = [("pred_score", (1, 1)), ("anomaly_map", (1, 1, 64, 64)), ("pred_mask", (1, 1, 32, 32))]
+    words = r"anomaly_map \[1, 1, 64, 64\] and pred_mask \[1, 1, 32, 32\] differ"
+    with pytest.raises(HeadError, match=words):
+        AnomalyHead.check(outputs)
+    with pytest.raises(HeadError, match=words):
+        AnomalyDecoder(outputs)
+    AnomalyHead.check([("pred_score", (1, 1)), ("anomaly_map", (1, 1, 64, 64)), ("pred_mask", (1, 1, "h", "w"))])
+
+
+@pytest.mark.unit
+def test_regions_past_max_det_count_against_the_part_as_they_are_not_judged() -> None:
+    # 100 specks of 3 x 3 map pixels within the limits, and a line 8 map pixels long, over the length
+    # limit and smaller in area than any speck: cut at max_det (the smallest go), it was not judged,
+    # and the part was OK.
+    specks = [("rect", (x, y, x + 3, y + 3)) for y in range(0, 40, 4) for x in range(0, 40, 4)]
+    limits = {"max_area_px": {"anomaly": 1000.0}, "max_length_px": {"anomaly": 10.0}}
+    result = decoded([*specks, ("line", (10, 50, 17, 50))])
+    assert len(result.scores) == 100 and result.cut == 1
+    assert judge(result, **limits)[0].verdict == "ng"
+    within = decoded(specks)
+    assert within.area_px.tolist() == [72.0] * 100 and within.cut == 0
+    assert judge(within, **limits)[0].verdict == "ok"  # all of them judged, all within the limits
+
+
+@pytest.mark.unit
+def test_the_evidence_label_of_a_one_pixel_region_or_a_thin_line_is_its_boxs_corners() -> None:
+    result = decoded([("rect", (20, 20, 30, 30)), ("line", (10, 40, 39, 40)), ("rect", (10, 10, 11, 11))])
+    lines = result.dataset_label(128, 256).splitlines()
+    assert len(lines) == 3 and all(line.startswith("0 ") and len(line.split()) >= 7 for line in lines)
+    (x1, y1, x2, y2), single = result.xyxy[2].tolist(), lines[2].split()[1:]
+    assert [float(v) for v in single] == pytest.approx(
+        [x1 / 128, y1 / 256, x2 / 128, y1 / 256, x2 / 128, y2 / 256, x1 / 128, y2 / 256]
+    )

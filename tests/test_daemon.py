@@ -462,8 +462,8 @@ def test_scores_above_one_are_dropped_counted_and_explained_not_a_crash(workdir:
         assert all(not m.detections for m in d.collect("detections", 3))
         assert d.proc.poll() is None
         log = d.log()
-        assert "score(s) above 1" in log and "model.scale" in log
-        assert log.count("score(s) above 1") == 1  # rate-limited; the counter carries the rest
+        assert "score(s) outside 0..1" in log and "model.scale" in log
+        assert log.count("score(s) outside 0..1") == 1  # rate-limited; the counter carries the rest
     finally:
         d.close()
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
+import onnx
 import pytest
 from daemon import RunningDaemon, free_port, images_config, run_cli
+from onnx import TensorProto, helper, numpy_helper
 
 from edged.messages import DetectionsMessage, VerdictMessage
 
@@ -153,3 +156,71 @@ def test_evidence_of_an_anomalous_frame_saves_its_map_beside_the_image(tmp_path:
         assert np.abs(heat.astype(np.float32) / 255 - expected).max() <= 1 / 255 + 1e-3
         label = (path.parent.parent / "labels" / f"{path.stem}.txt").read_text()
         assert label.startswith("0 ") and len(label.split()) >= 7
+
+
+def constant_anomaly_model(path: Path, score: float, map_size: int = 64, mask_size: int = 64) -> Path:
+    """An anomaly model (anomalib's output names) whose outputs are fixed: ``pred_score`` ``score``, an
+    empty map and mask of these sizes; its input, 64 x 64, is read but changes nothing."""
+    outputs = {
+        "pred_score": np.array([[score]], np.float32),
+        "anomaly_map": np.zeros((1, 1, map_size, map_size), np.float32),
+        "pred_mask": np.zeros((1, 1, mask_size, mask_size), np.float32),
+    }
+    nodes = [
+        helper.make_node("ReduceMean", ["input"], ["mean"], keepdims=0),
+        helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.zeros((), np.float32), "z")),
+        helper.make_node("Mul", ["mean", "zero"], ["nothing"]),
+    ]
+    for name, value in outputs.items():
+        nodes.append(helper.make_node("Constant", [], [f"{name}_c"], value=numpy_helper.from_array(value, f"{name}_v")))
+        nodes.append(helper.make_node("Add", [f"{name}_c", "nothing"], [name]))
+    graph = helper.make_graph(
+        nodes,
+        "constant_anomaly",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 64, 64])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(v.shape)) for name, v in outputs.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("score", "counter"), [(7.0, "score_above_one"), (-3.0, "score_above_one"), (math.nan, "nonfinite_output")]
+)
+def test_a_score_outside_0_to_1_is_dropped_counted_and_uncertain_frame_after_frame_not_a_crash(
+    tmp_path: Path, score: float, counter: str
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    model = constant_anomaly_model(tmp_path.parent / f"{tmp_path.name}.onnx", score)
+    d = RunningDaemon(images_config(tmp_path, model, [DATA / "good_320x240.png"], endpoint, inspect={}), endpoint)
+    try:
+        status = d.wait_status(lambda s: s.drops.get(counter, 0) >= 3, timeout=30)
+        sent = [m for m in d.collect("detections", 2) if isinstance(m, DetectionsMessage)]
+        assert d.proc.poll() is None, d.log()
+        log = d.log()
+    finally:
+        d.stop()
+    assert status.drops[counter] >= 3
+    assert all(m.anomaly_score is None and m.anomalous is False and m.verdict == "uncertain" for m in sent)
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize("score", [7.0, -3.0])
+def test_check_refuses_an_anomaly_model_whose_score_is_outside_0_to_1(tmp_path: Path, score: float) -> None:
+    model = constant_anomaly_model(tmp_path.parent / f"{tmp_path.name}.onnx", score)
+    config = images_config(tmp_path, model, [DATA / "good_320x240.png"], f"tcp://127.0.0.1:{free_port()}")
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 78, result.stdout + result.stderr
+    assert f"the anomaly score {score:g}, outside 0..1" in result.stderr
+
+
+def test_a_map_and_a_mask_of_different_sizes_are_refused_at_load_naming_both(tmp_path: Path) -> None:
+    model = constant_anomaly_model(tmp_path.parent / f"{tmp_path.name}.onnx", 0.9, map_size=64, mask_size=32)
+    config = images_config(tmp_path, model, [DATA / "good_320x240.png"], f"tcp://127.0.0.1:{free_port()}")
+    for command in ("check", "run"):
+        result = run_cli(command, "--config", str(config))
+        assert result.returncode == 78, result.stdout + result.stderr
+        said = result.stdout + result.stderr
+        assert "anomaly_map [1, 1, 64, 64] and pred_mask [1, 1, 32, 32] differ" in said and "Traceback" not in said

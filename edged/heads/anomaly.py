@@ -62,6 +62,8 @@ class AnomalyHead:
                 )
         if trained_size(outputs) is None and any(name in ("anomaly_map", "pred_mask") for name in names):
             raise HeadError(f"anomaly outputs {shown}: the map's height and width must be fixed (the trained size)")
+        if (problem := sizes_differ(outputs)) is not None:
+            raise HeadError(problem)
 
 
 def trained_size(outputs: Sequence[tuple[str, Sequence[Dim]]]) -> tuple[int, int] | None:
@@ -73,6 +75,21 @@ def trained_size(outputs: Sequence[tuple[str, Sequence[Dim]]]) -> tuple[int, int
             if h is not None and w is not None:
                 return h, w
     return None
+
+
+def sizes_differ(outputs: Sequence[tuple[str, Sequence[Dim]]]) -> str | None:
+    """Why the map and the mask of ``outputs`` (name, shape) cannot be read together: their fixed
+    heights and widths differ, where anomalib's mask is its map thresholded, both at the trained
+    size (`trained_size` reads either); None when they agree."""
+    sizes = {
+        name: (concrete(shape[2]), concrete(shape[3]))
+        for name, shape in outputs
+        if name in ("anomaly_map", "pred_mask") and len(shape) == 4
+    }
+    if len({size for size in sizes.values() if None not in size}) < 2:
+        return None
+    differ = " and ".join(f"{name} {fmt_shape(shape)}" for name, shape in outputs if name in sizes)
+    return f"anomaly outputs {differ} differ in height and width: anomalib's mask is at its map's size (the trained size)"
 
 
 def anomalib_size(outputs: Sequence[tuple[str, Sequence[Dim]]]) -> tuple[int, int] | None:
