@@ -172,9 +172,21 @@ def test_a_reloaded_model_that_fails_its_first_run_is_refused_and_the_running_on
         d.close()
 
 
-def _versions(tmp_path: Path, *names: str) -> None:
-    for name in names:
+def _start_for_reloads(tmp_path: Path, notify: NotifySocket) -> tuple[RunningDaemon, Path, Path]:
+    """The daemon on a folder of images and probe.onnx, with b.onnx and c.onnx beside it to reload to;
+    returns it, its configuration and the probe."""
+    probe = colour_probe(tmp_path / "probe.onnx")
+    for name in ("b", "c"):
         colour_probe(tmp_path / f"{name}.onnx", metadata={"version": name})
+    _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
+    return _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0}, probe), tmp_path / "edged.toml", probe
+
+
+def _on_trial(d: RunningDaemon, config: Path, text: str) -> None:
+    """``text`` as the configuration, reloaded: its model b loaded, on trial."""
+    config.write_text(text)
+    d.signal(signal.SIGHUP)
+    assert wait_for(lambda: "loaded model b@" in d.log(), timeout_s=20), d.log()
 
 
 def test_ready_waits_for_the_newest_reload_when_an_older_one_switches_in_while_it_loads(
@@ -183,17 +195,11 @@ def test_ready_waits_for_the_newest_reload_when_an_older_one_switches_in_while_i
     """B, on trial for the camera it adds (not there yet; the running one serves meanwhile), switches in
     once that camera delivers, while C's model file stalls: READY=1, what `systemctl reload` waits for,
     comes once C is in."""
-    probe = colour_probe(tmp_path / "probe.onnx")
-    _versions(tmp_path, "b", "c")
-    _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
-    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0}, probe)
-    config = tmp_path / "edged.toml"
+    d, config, probe = _start_for_reloads(tmp_path, notify)
     added = config.read_text().replace('path = "imgs"', 'path = "later"\ncamera_id = "added"')
     try:
         notify.wait_for("READY=1", timeout=20)
-        config.write_text(added.replace(str(probe), str(tmp_path / "b.onnx")))
-        d.signal(signal.SIGHUP)
-        assert wait_for(lambda: "loaded model b@" in d.log(), timeout_s=20), d.log()
+        _on_trial(d, config, added.replace(str(probe), str(tmp_path / "b.onnx")))
         config.write_text(added.replace(str(probe), str(tmp_path / "c.onnx")))
         with opening_stalled(tmp_path / "c.onnx") as waiting:
             d.signal(signal.SIGHUP)
@@ -215,18 +221,13 @@ def test_a_reload_on_trial_that_closed_the_running_camera_gives_way_when_a_newer
     """B reopens the running camera at a folder not there yet, so it waits on trial with no camera serving;
     C's SIGHUP (to set it right) stalls on its model file: B gives way, and the running camera and model
     serve until C is in."""
-    probe = colour_probe(tmp_path / "probe.onnx")
-    _versions(tmp_path, "b", "c")
-    _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
-    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0}, probe)
-    config = tmp_path / "edged.toml"
+    d, config, probe = _start_for_reloads(tmp_path, notify)
     running = config.read_text()
     try:
         notify.wait_for("READY=1", timeout=20)
         first = d.collect("detections", 2)[-1].model.sha256
-        config.write_text(running.replace('path = "imgs"', 'path = "later"').replace(str(probe), str(tmp_path / "b.onnx")))
-        d.signal(signal.SIGHUP)
-        assert wait_for(lambda: "loaded model b@" in d.log(), timeout_s=20), d.log()
+        reopened = running.replace('path = "imgs"', 'path = "later"')
+        _on_trial(d, config, reopened.replace(str(probe), str(tmp_path / "b.onnx")))
         config.write_text(running.replace(str(probe), str(tmp_path / "c.onnx")))
         with opening_stalled(tmp_path / "c.onnx") as waiting:
             d.signal(signal.SIGHUP)
