@@ -686,3 +686,12 @@ def test_a_zone_of_more_points_than_a_drawn_outline_needs_is_refused_naming_it_a
     assert "zone 'part' has 1001 points; a zone may have at most 1000" in str(info.value)
     check = run_cli("check", "--config", str(_write(tmp_path, model + _round_zone(10_000))))
     assert check.returncode == 78 and "zone 'part' has 10000 points; a zone may have at most 1000" in check.stderr
+
+
+def test_an_empty_list_of_ng_classes_is_refused_for_a_part_could_never_be_ng(tmp_path: Path) -> None:
+    # Accepted, it judged every part OK whatever the model found.
+    model = '[model]\npath = "m.onnx"\n'
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, model + "[inspect]\nng_classes = []\n"))
+    assert "inspect.ng_classes" in str(info.value) and "no class could make a part NG" in str(info.value)
+    assert load_config(_write(tmp_path, model + '[inspect]\nng_classes = ["crack"]\n')).inspect.ng_classes == ["crack"]

@@ -95,6 +95,8 @@ REFUSED: list[tuple[Shapes, Mapping[str, str], list[str]]] = [
         ["'pose' (pose estimation)", "detection, segmentation, classification and anomaly models only"],
     ),
     ([[1, 20, 21504]], {"task": "obb"}, ["'obb' (oriented bounding boxes)", "[1, 20, 21504]"]),
+    # A pose export whose task metadata was lost still names its keypoints (it read as 52 classes).
+    ([[1, 56, 8400]], {**NAMES_1, "kpt_shape": "[17, 3]"}, ["'pose' (pose estimation)", "[1, 56, 8400]"]),
     # A classifier's task with a detector's output, or names that count other classes.
     ([[1, 6, 8]], {"task": "classify"}, ["a classification model has one output [1, nc]", "[1, 6, 8]"]),
     ([[1, 5]], {**NAMES_1, "task": "classify"}, ["classifier of 5 classes", "metadata names 1 class"]),

@@ -304,7 +304,7 @@ def test_zones_place_an_instance_by_its_mask_and_keep_its_outline_when_others_ar
     in_left = [i for i, mask in enumerate(every.masks) if mask[:, :106].any()]
     by_box = [i for i in range(len(every.polygons)) if (every.xyxy[i, 0] + every.xyxy[i, 2]) / 2 < 320 / 3]
     assert set(in_left) != set(by_box)  # the masks decide other than the boxes' centres would
-    cfg = InspectConfig(zones={"left": left}, ng_classes=[])
+    cfg = InspectConfig(zones={"left": left})
     path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300, masks=True))
     done = path.run(Frame(image, 3, 0, 0, "bgr"))
     assert isinstance(done, Processed) and isinstance(done.result, Instances)

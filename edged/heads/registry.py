@@ -84,7 +84,7 @@ def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, s
     if ClassifyHead.claims(output_shapes, metadata.get("task")):
         names = parse_names(metadata)
         return ClassifyHead.name, ClassifyHead.classes(output_shapes, None if names is None else len(names))
-    _refuse_other_tasks(output_shapes, metadata.get("task"))
+    _refuse_other_tasks(output_shapes, _task(metadata))
     prototypes = _prototypes(output_shapes, metadata.get("task"))
     if len(output_shapes) != 1 + prototypes:
         shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
@@ -101,6 +101,12 @@ def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, s
         raise HeadError(f"metadata says NMS is inside the model, but output {shown} is not {_NMS_INSIDE_LAYOUTS}")
     side = "columns" if facts.candidates_in_rows else "rows"
     raise HeadError(f"output {shown} has {facts.features} {side}; expected {_LAYOUTS}")
+
+
+def _task(metadata: Mapping[str, str]) -> str | None:
+    """ultralytics' ``task`` metadata; a pose export whose task was lost (re-saved by a tool that keeps
+    only some keys) still names its keypoints, ``kpt_shape``, and would read as a detector of 52 classes."""
+    return metadata.get("task") or ("pose" if metadata.get("kpt_shape") else None)
 
 
 def _refuse_other_tasks(output_shapes: Sequence[Sequence[Dim]], task: str | None) -> None:

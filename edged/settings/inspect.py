@@ -181,6 +181,15 @@ class InspectConfig(Section):
             raise ValueError(f"roi {list(v)} is no region: x2 must be above x1 and y2 above y1")
         return v
 
+    @field_validator("ng_classes")
+    @classmethod
+    def _some_class(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:  # every part would be OK, whatever the model finds
+            raise ValueError(
+                "is empty, so no class could make a part NG: leave it out for every class to, or name the classes that do"
+            )
+        return v
+
     @field_validator("zones")
     @classmethod
     def _usable_polygons(cls, v: dict[str, list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
