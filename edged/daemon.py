@@ -110,8 +110,7 @@ class Daemon:
         return start_capture(cfg, self.settings.runtime.capture_priority, self._wake)
 
     def _captures(self) -> list[Capture]:
-        trial = list(self._trial.incoming.values()) if self._trial else []
-        return [camera.capture for camera in [*self.cameras.values(), *trial]]
+        return [c.capture for c in [*self.cameras.values(), *(self._trial.incoming.values() if self._trial else ())]]
 
     def serving(self) -> list[Camera]:
         """The cameras the loop takes frames from (during a reload's trial, `Trial.serving`)."""
@@ -317,6 +316,7 @@ class Daemon:
         replaces one on trial, and one that closed a running camera gives way once a newer loads: it serves meanwhile."""
         replacement = self._reloads.take(self.signals.reload, self.settings)
         if self._trial is not None and self._trial.reopens and self._reloads.loading:
+            log.info("the reload on trial gives way to a newer one, loading: the running cameras serve meanwhile")
             self._end_trial()
         if replacement is None:
             return

@@ -233,6 +233,7 @@ def test_a_reload_on_trial_that_closed_the_running_camera_gives_way_when_a_newer
             d.signal(signal.SIGHUP)
             assert wait_for(waiting, timeout_s=20), d.log()
             assert {m.model.sha256 for m in d.captured_after(time.time_ns(), 5)} == {first}
+            assert "the reload on trial gives way to a newer one" in d.log()
         assert wait_for(lambda: "reloaded: model c@" in d.log(), timeout_s=30), d.log()
         assert "reloaded: model b@" not in d.log()
         assert wait_for(lambda: len(notify.times_of("READY=1")) == 2, timeout_s=10), notify.received
