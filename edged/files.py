@@ -7,7 +7,7 @@ read (a file may grow while it is read).
 
 A command's output (a model, a report, a signature) is written beside its place and renamed into
 it, so a full disk or a kill leaves the old file or none, never half of one; and never over one of
-the command's own inputs.
+the command's own inputs. A SQLite file opened by URI has its path quoted there (`sqlite_uri`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from urllib.parse import quote
 
 from edged.errors import OutputFileError, UsageError
 
@@ -52,6 +53,12 @@ def read_regular(path: str | Path, limit: int) -> bytes:
     if size > limit:
         raise FileTooLarge(path, size, limit)
     return data
+
+
+def sqlite_uri(path: Path, query: str) -> str:
+    """A SQLite URI of ``path`` with ``query`` (``mode=rw``, ``immutable=1``): the path quoted, as a
+    ``?`` or ``#`` in a folder's name would otherwise end it and open another file."""
+    return f"file:{quote(str(path))}?{query}"
 
 
 def write_whole(path: Path, data: bytes | str) -> None:

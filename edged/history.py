@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import quote
 
 from edged.errors import JournalUnreadable, UsageError
+from edged.files import sqlite_uri
 from edged.journal import COLUMNS
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
@@ -145,7 +145,7 @@ def _open(path: Path) -> sqlite3.Connection:
         raise JournalUnreadable(f"no journal at {path} (journal.path; it is written once a verdict is made)")
     mode = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"
     try:
-        db = sqlite3.connect(f"file:{quote(str(path))}?{mode}", uri=True, timeout=10, isolation_level=None)
+        db = sqlite3.connect(sqlite_uri(path, mode), uri=True, timeout=10, isolation_level=None)
     except sqlite3.Error as e:
         raise JournalUnreadable(f"journal {path} cannot be read: {e}") from None
     return db

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import quote
 
+from edged.files import sqlite_uri
 from edged.lograte import LogRate
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class VerdictFeed:
         if not self.path.exists():
             return None
         return sqlite3.connect(
-            f"file:{quote(str(self.path))}?mode=rw",
+            sqlite_uri(self.path, "mode=rw"),
             uri=True,
             timeout=BUSY_WAIT_S,
             isolation_level=None,
