@@ -151,11 +151,12 @@ class Inspector:
         return None if zone == NO_ZONE else self.zone_names[zone]
 
 
-def _broken(detections: Detections) -> bool:
-    """The model's output held NaN, infinite values or scores above 1 on this frame: they are dropped
-    before NMS, so a defect they stood for is not among the detections, and the part is not OK but one
-    the model could not tell (`uncertain`: NG on the reject line by default)."""
-    return bool(detections.nonfinite or detections.scores_above_one)
+def _broken(result: Detections | Anomaly) -> bool:
+    """The model's output held NaN, infinite values or scores outside 0..1 on this frame: they are
+    dropped (a detector's before NMS, an anomaly model's score), so a defect they stood for is not
+    judged, and the part is not OK but one the model could not tell (`uncertain`: NG on the reject
+    line by default)."""
+    return bool(result.nonfinite or result.scores_above_one)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -416,7 +417,7 @@ class AnomalyInspector:
         counting = ng.tolist()  # a list: numpy's any and argmax would each make an array
         counts = True in counting
         verdict: Verdict = "ng" if result.anomalous and (k == 0 or counts or result.cut) else "ok"
-        if result.nonfinite or result.scores_above_one:  # no score to judge by: a part the model cannot tell
+        if _broken(result):  # no score to judge by (a dropped score is never anomalous)
             verdict = "uncertain"
         return AnomalyInspected(result, zones, ng, verdict, counting.index(True) if counts else 0, within)
 
