@@ -34,6 +34,7 @@ from edged.geometry import BoxMap
 from edged.heads.anomaly import THRESHOLD, sizes_differ, trained_size
 from edged.heads.base import fmt_shape
 from edged.messages import AnomalyRegion
+from edged.task import output_problems
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -68,8 +69,7 @@ class Anomaly:
         return max(int(self.scores.shape[0]), int(self.anomalous))
 
     def problems(self) -> list[tuple[str, int]]:
-        found = (("nonfinite_output", self.nonfinite), ("score_above_one", self.scores_above_one))
-        return [(problem, count) for problem, count in found if count]
+        return output_problems(self.nonfinite, self.scores_above_one)
 
     def near_misses(self) -> int:
         """One for a part scored just below the threshold (``near``): the part worth labelling."""

@@ -23,6 +23,7 @@ from edged.errors import HeadError
 from edged.geometry import BoxMap
 from edged.heads.base import fmt_shape
 from edged.messages import TopClass
+from edged.task import output_problems
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,7 @@ class Classes:
     # ---- as the classification task's result (`edged.task.TaskResult`) --------------------------
 
     def problems(self) -> list[tuple[str, int]]:
-        found = (("nonfinite_output", self.nonfinite), ("score_above_one", self.scores_above_one))
-        return [(problem, count) for problem, count in found if count]
+        return output_problems(self.nonfinite, self.scores_above_one)
 
     def near_misses(self) -> int:
         return 0  # a classifier's doubt is its top score below inspect.min_confidence: the verdict 'uncertain'

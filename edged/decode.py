@@ -33,6 +33,7 @@ from edged.heads.base import Head, TrueIndex, fmt_shape, rows
 from edged.heads.registry import head_named
 from edged.messages import Detection
 from edged.nms import GreedyNms
+from edged.task import output_problems
 
 _ZERO = np.array(0.0, dtype=np.float32)  # 0-d operands: a Python float costs numpy an array per call
 _NEG_INF = np.array(-np.inf, dtype=np.float32)
@@ -69,8 +70,7 @@ class Detections:
     # ---- as the detection task's result (`edged.task.TaskResult`) ------------------------------
 
     def problems(self) -> list[tuple[str, int]]:
-        found = (("nonfinite_output", self.nonfinite), ("score_above_one", self.scores_above_one))
-        return [(problem, count) for problem, count in found if count]
+        return output_problems(self.nonfinite, self.scores_above_one)
 
     def near_misses(self) -> int:
         return len(self.near) if self.near is not None else 0

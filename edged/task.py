@@ -60,3 +60,10 @@ class TaskResult(Protocol):
         """Its fields of the frame's message; ``zones``, ``thresholds`` and ``notes`` per finding with
         ``[inspect]``, and the camera's scale ``mm_per_px`` when it has one."""
         ...
+
+
+def output_problems(nonfinite: int, scores_above_one: int) -> list[tuple[str, int]]:
+    """`TaskResult.problems` of a result that counted ``nonfinite`` values and ``scores_above_one``
+    (scores outside 0..1): each drop counter with its count, those with none left out."""
+    found = (("nonfinite_output", nonfinite), ("score_above_one", scores_above_one))
+    return [(problem, count) for problem, count in found if count]
