@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
@@ -10,10 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import cv2
 import numpy as np
@@ -24,20 +26,44 @@ from edged.messages import AnyMessage, DetectionsMessage, StatusMessage, parse_m
 Message = AnyMessage
 
 
-PORT_BLOCK = 1000  # ports of one pytest-xdist worker
+PORT_BLOCK = 1000  # ports of one test process
+PORT_BLOCKS = 16  # blocks just below the kernel's ephemeral range
 
 
 def _port_block() -> range:
-    """This test process's own ports: its worker's block, just below the kernel's ephemeral range."""
+    """This test process's own ports: a block just below the kernel's ephemeral range that no other
+    test process on the machine holds.
+
+    Each process claims its block with a lock on a file (`fcntl.flock`), held until it exits, so
+    two test runs side by side, or a run beside a single test, never share one; an xdist worker
+    tries its own block first. Where every block is held, or the range leaves no room, the kernel
+    picks (`free_port`).
+    """
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return range(0)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    first = low - (int(worker) % 16 + 1) * PORT_BLOCK if worker.isdigit() else 1024
-    return range(first, first + PORT_BLOCK) if first >= 1024 else range(0)
+    first_choice = int(worker) % PORT_BLOCKS if worker.isdigit() else 0
+    locks = Path(tempfile.gettempdir()) / f"edged-test-ports-{os.getuid()}"
+    locks.mkdir(exist_ok=True)
+    for k in range(PORT_BLOCKS):
+        index = (first_choice + k) % PORT_BLOCKS
+        first = low - (index + 1) * PORT_BLOCK
+        if first < 1024:
+            continue
+        lock = (locks / f"{first}.lock").open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        _HELD.append(lock)
+        return range(first, first + PORT_BLOCK)
+    return range(0)
 
 
+_HELD: list[IO[str]] = []  # the lock on this process's block, held open until it exits
 _BLOCK = _port_block()
 _next = itertools.count()
 
@@ -47,8 +73,8 @@ def free_port() -> int:
 
     A port the kernel picks (bind to 0) is one it may pick again for another worker's test, or as a
     client socket's own port, before the daemon binds it; then two daemons share a test's port, and
-    the test reads the other's answers. So each xdist worker hands out its own block in turn, below
-    the ephemeral range; where that range leaves no room, the kernel picks.
+    the test reads the other's answers. So each test process hands out its own block in turn, below
+    the ephemeral range (`_port_block`); where it has none, the kernel picks.
     """
     for _ in range(len(_BLOCK)):
         port = _BLOCK[next(_next) % len(_BLOCK)]

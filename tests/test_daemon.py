@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
+import daemon as daemon_ports
 import numpy as np
 import pytest
 import zmq
@@ -65,6 +66,26 @@ def daemon(workdir: Path) -> Iterator[RunningDaemon]:
 
 def expected_label(frame_id: int) -> str:
     return LABELS[0] if (frame_id % FRAMES) % 2 == 0 else LABELS[1]
+
+
+def test_test_processes_side_by_side_hand_out_ports_of_their_own() -> None:
+    """Two test runs at once (as xdist worker gw0 both) take different port blocks, and neither
+    this process's: a shared block let one run's test read another run's daemon."""
+    if not daemon_ports._BLOCK:
+        pytest.skip("the ephemeral port range leaves no room for blocks below it here")
+    code = "import sys, daemon; print(daemon._BLOCK.start, flush=True); sys.stdin.read()"
+    env = {**os.environ, "PYTEST_XDIST_WORKER": "gw0", "PYTHONPATH": str(Path(__file__).parent)}
+    runs = [
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(2)
+    ]
+    try:
+        starts = [int(run.stdout.readline()) for run in runs if run.stdout is not None]
+    finally:
+        for run in runs:
+            run.communicate("", timeout=30)
+    assert len(set(starts)) == 2, starts
+    assert daemon_ports._BLOCK.start not in starts
 
 
 def test_video_frames_become_detections_in_frame_pixels(daemon: RunningDaemon) -> None:
