@@ -20,6 +20,7 @@ from edged.heads.registry import FORMATS, HEADS, detect_head, format_named, head
 NAMES_80 = {"names": str({i: f"class{i}" for i in range(80)})}
 NAMES_3 = {"names": "{0: 'a', 1: 'b', 2: 'c'}"}
 NAMES_1 = {"names": "{0: 'person'}"}
+NAMES_15 = {"names": str({i: f"class{i}" for i in range(15)})}  # DOTA's, an OBB export's
 NMS_ARGS = {"args": "{'batch': 1, 'half': False, 'nms': True}"}
 
 
@@ -66,6 +67,7 @@ REFUSED: list[tuple[Shapes, Mapping[str, str], list[str]]] = [
     # Segmentation exports whose outputs do not add up: prototypes that are not 32, too few rows.
     ([[1, 116, 8400], [1, 16, 160, 160]], {"task": "segment"}, ["a segmentation model has outputs", "[1, 16, 160, 160]"]),
     ([[1, 116, 8400]], {"task": "segment"}, ["a segmentation model has outputs", "[1, 116, 8400]"]),
+    ([[1, 116, 8400], [2, 32, 160, 160]], {}, ["a segmentation model has outputs", "[2, 32, 160, 160]"]),
     ([[1, 36, 8400], [1, 32, 160, 160]], {}, ["[1, 36, 8400]", "a segment head [1, 4+nc+32, N] needs >= 37"]),
     # Two outputs that are no segmentation export.
     ([[1, 84, 8400], [1, 84, 8400]], {}, ["exactly one detection output", "[1, 84, 8400], [1, 84, 8400]"]),
@@ -97,6 +99,9 @@ REFUSED: list[tuple[Shapes, Mapping[str, str], list[str]]] = [
     ([[1, 20, 21504]], {"task": "obb"}, ["'obb' (oriented bounding boxes)", "[1, 20, 21504]"]),
     # A pose export whose task metadata was lost still names its keypoints (it read as 52 classes).
     ([[1, 56, 8400]], {**NAMES_1, "kpt_shape": "[17, 3]"}, ["'pose' (pose estimation)", "[1, 56, 8400]"]),
+    # An OBB export whose task metadata was lost: a detector's rows for its names, and one more (it read
+    # as a yolov8 head whose names were one class short).
+    ([[1, 20, 21504]], NAMES_15, ["OBB export", "oriented bounding boxes", "'task' metadata was lost", "[1, 20, 21504]"]),
     # A classifier's task with a detector's output, or names that count other classes.
     ([[1, 6, 8]], {"task": "classify"}, ["a classification model has one output [1, nc]", "[1, 6, 8]"]),
     ([[1, 5]], {**NAMES_1, "task": "classify"}, ["classifier of 5 classes", "metadata names 1 class"]),

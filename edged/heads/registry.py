@@ -90,6 +90,7 @@ def detect_head(output_shapes: Sequence[Sequence[Dim]], metadata: Mapping[str, s
         shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
         raise HeadError(f"expected exactly one detection output {_LAYOUTS}; got {shown}")
     facts = _read_facts(list(output_shapes[0]), metadata, prototypes=prototypes)
+    _refuse_oriented_boxes(facts)
     for name, head in HEADS.items():
         if facts.nms_inside and head.needs_nms:
             continue
@@ -117,13 +118,33 @@ def _refuse_other_tasks(output_shapes: Sequence[Sequence[Dim]], task: str | None
         raise HeadError(f"model task {what} is not supported (outputs {shown}); {_SERVED}")
 
 
+def _refuse_oriented_boxes(facts: OutputFacts) -> None:
+    """`HeadError` naming an OBB export whose ``task`` metadata was lost: nothing else in its metadata
+    says OBB, but its rows are a detector's for the classes it names plus one, the boxes' angle (a
+    yolov5 head's extra column, its objectness, comes with the candidates in rows)."""
+    if facts.n_names is None or facts.candidates_in_rows or facts.prototypes or facts.nms_inside:
+        return
+    if facts.features == 4 + facts.n_names + 1:
+        raise HeadError(
+            f"output {fmt_shape(facts.shape)} has 4 + {facts.n_names} + 1 rows for the {facts.n_names} classes its "
+            f"metadata names: an OBB export's ({_TASKS['obb']}, the angle last) whose 'task' metadata was lost; "
+            f"{_SERVED}"
+        )
+
+
 def _prototypes(output_shapes: Sequence[Sequence[Dim]], task: str | None) -> bool:
     """Whether the model is a segmentation export: its task says so, or a second output of rank 4
-    (the mask prototypes); `HeadError` when its task says so and the prototypes are not [1, 32, h, w]."""
+    (the mask prototypes); `HeadError` when it is one and the prototypes are not [1, 32, h, w] (batch 1,
+    as the detection output: one frame's masks)."""
     second = output_shapes[1] if len(output_shapes) == 2 else None
     if task != "segment" and (second is None or len(second) != 4):
         return False
-    if second is None or len(second) != 4 or concrete(second[1]) != MASK_COEFFICIENTS:
+    if (
+        second is None
+        or len(second) != 4
+        or concrete(second[1]) != MASK_COEFFICIENTS
+        or concrete(second[0]) not in (None, 1)
+    ):
         shown = ", ".join(fmt_shape(shape) for shape in output_shapes) or "none"
         raise HeadError(f"a segmentation model has outputs {SegmentHead.layout}; got {shown}")
     return True
