@@ -16,7 +16,7 @@ from allocations import NumpyAllocations
 
 from edged.contract import InputContract
 from edged.geometry import BoxMap
-from edged.preprocess import Preprocessor, normalisation_table
+from edged.preprocess import Preprocessor, exact_divisor, normalisation_table
 
 
 def contract(
@@ -210,6 +210,30 @@ def test_the_table_for_the_default_is_float32_v_over_255() -> None:
     table = normalisation_table(contract(8, 8))
     assert table.shape == (3, 256) and table.dtype == np.float32
     np.testing.assert_array_equal(table, np.tile(np.arange(256, dtype=np.float32) / np.float32(255), (3, 1)))
+
+
+def test_the_default_normalisation_divides_and_others_look_up() -> None:
+    assert exact_divisor(contract(8, 8)) == 255.0
+    assert exact_divisor(contract(8, 8, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))) is None
+    assert exact_divisor(contract(8, 8, dtype=np.float16)) is None
+    assert exact_divisor(contract(8, 8, dtype=np.uint8)) is None
+
+
+def test_where_opencv_divides_inexactly_the_planes_are_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CPU whose SIMD division rounds differently (OpenCV's NEON path, say) must not change a bit
+    # of the tensor: the division is checked on every byte when the plan is made.
+    divide = cv2.divide
+
+    def off_by_one_ulp(*args: object, **kwargs: object) -> np.ndarray:
+        out = divide(*args, **kwargs)
+        np.nextafter(out, np.float32(2), out=out)
+        return out
+
+    monkeypatch.setattr(cv2, "divide", off_by_one_ulp)
+    assert exact_divisor(contract(16, 16)) is None
+    frame, pixels = every_byte("rgb")
+    out = Preprocessor(contract(16, 16), 16, 16)(frame)[0]
+    np.testing.assert_array_equal(out.transpose(1, 2, 0), pixels.astype(np.float32) / np.float32(255))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
