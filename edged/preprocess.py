@@ -10,7 +10,7 @@ byte's normalised value up and writes it into the input tensor. The table holds 
 for each of the 256 bytes, so the tensor is bit for bit what ultralytics feeds the model, where
 a multiplication by 1/255 is wrong in the last bit for half of them. For the usual float32 NCHW
 model, whose table is each byte over 255, one ``cv2.divide`` per plane writes the same values
-faster, where OpenCV's division is checked to give them (`exact_divisor`). The letterbox padding never
+faster, where OpenCV's division is checked to give them (`_divides_exactly`). The letterbox padding never
 changes, so it is converted once, with the plan; each frame converts only the rows and columns
 of its content (for 16:9 into a square input, 56 % of the tensor). Nothing is allocated per frame.
 
@@ -25,7 +25,7 @@ bilinear resize in float32, as anomalib trains (`preprocessor` picks the one the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cv2
 import numpy as np
@@ -86,7 +86,7 @@ class Preprocessor:
         self._swap = contract.channel_order != source_order
         self._float = contract.dtype is not np.uint8
         self._tables = self._lookup_tables(contract)
-        self._divisor = exact_divisor(contract) if contract.layout == "nchw" else None
+        self._divisor = divisor_of(contract) if contract.layout == "nchw" else None
         if contract.layout == "nchw":
             # uint8 planes in the model's colour order, filled by one cv2.split; a uint8 model's
             # tensor is itself the planes.
@@ -96,6 +96,8 @@ class Preprocessor:
             # A float model in the other colour order reads the swapped pixels from their own buffer.
             swapped = np.empty((contract.height, contract.width, 3), np.uint8) if self._float and self._swap else None
             whole, frame = (self._nhwc_pass(region, swapped) for region in (WHOLE, content))
+        if not (_divides_exactly(whole) and _divides_exactly(frame)):
+            whole, frame = replace(whole, divisor=None), replace(frame, divisor=None)
         # The padding, once. Until the first frame the tensor is an empty letterboxed image, which
         # is also what the engine's warm-up run sees.
         self._convert(whole)
@@ -170,22 +172,33 @@ class Preprocessor:
                 cv2.divide(pixels, p.divisor, dst=out, dtype=cv2.CV_32F)  # type: ignore[call-overload]
 
 
-def exact_divisor(contract: InputContract) -> float | None:
-    """The divisor a float32 model's normalisation is, when OpenCV's division by it gives exactly its
-    table on this machine (`normalisation_table`), else None: the planes are then looked up.
+def divisor_of(contract: InputContract) -> float | None:
+    """What a float32 model's normalisation divides each byte by, when it only divides (scale, no
+    mean or std: ultralytics' 1/255), else None: its table is looked up.
 
-    The default normalisation, scale 1/255 with no mean or std, is each byte over 255, and one
-    ``cv2.divide`` per plane computes it three times faster than ``cv2.LUT`` (tens of microseconds a
-    frame). Whether OpenCV's division rounds exactly as the table may depend on the CPU's SIMD, so it
-    is checked here, on all 256 bytes, rather than assumed.
+    One ``cv2.divide`` per plane computes it three times faster than ``cv2.LUT`` (tens of
+    microseconds a frame), where OpenCV's division gives exactly the table (`_divides_exactly`).
     """
     if contract.dtype is not np.float32 or any(contract.mean) or any(s != 1.0 for s in contract.std) or not contract.scale:
         return None
-    divisor = 1.0 / contract.scale
-    every_byte = np.arange(256, dtype=np.uint8).reshape(1, 256)
-    divided = cv2.divide(every_byte, divisor, dtype=cv2.CV_32F)  # type: ignore[call-overload]
-    exact = all(np.array_equal(divided[0], row) for row in normalisation_table(contract))
-    return divisor if exact else None
+    return 1.0 / contract.scale
+
+
+def _divides_exactly(p: _Pass) -> bool:
+    """Whether OpenCV's division writes exactly the table's values into this pass's views (true when
+    it does not divide). Its rounding may depend on the CPU's SIMD, and on which of its loops a
+    pixel falls to (a row's tail, an unaligned start), so it is tried once, with the plan, on the
+    very views a frame converts, each byte value at many places; the whole conversion that follows
+    overwrites what it wrote.
+    """
+    if p.divisor is None:
+        return True
+    for pixels, table, out in p.lookups:
+        pixels[...] = (np.arange(pixels.size) % 256).reshape(pixels.shape)
+        cv2.divide(pixels, p.divisor, dst=out, dtype=cv2.CV_32F)  # type: ignore[call-overload]
+        if not np.array_equal(out, table[pixels]):
+            return False
+    return True
 
 
 def pillow_bilinear(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
