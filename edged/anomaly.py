@@ -13,10 +13,20 @@ frame is not anomalous (with ``[inspect]``, uncertain) and its message carries n
 ``model.max_det`` (the smallest) are counted (``cut``): the inspector cannot judge them, so a part
 with any is not found within its size limits (`edged.verdict.AnomalyInspector`).
 
-A frame works in buffers made once per plan: the mask, the component labels, each component's
-mask, the regions' boxes, areas and scores; it allocates no array. The regions' outlines are traced
-once a frame, only when first asked for (by length limits in ``[inspect]``, or for the message's
-polygons and lengths): OpenCV's contours are arrays of their own, the rest is done in buffers.
+Labelling the mask's components measures their areas and bounding rectangles
+(`_Components.find`); only the kept regions are worked on after it, each within its rectangle (its
+mask, its peak, its outline). A frame so costs a few passes over its mask's bounding rectangle and
+its kept regions' rectangles, not a pass over the whole map per region: seconds, on a noisy map of
+thousands of specks.
+
+A frame works in buffers made once per plan: the mask, the component labels, a component's mask,
+the regions' boxes, areas and scores; and in buffers that grow (at least doubled) when a frame has
+more components than they hold: their areas and rectangles and the keys they are sorted by. So a
+frame allocates no array, except one with more components than the buffers hold (they grow) and
+one with more regions than ``model.max_det`` (numpy's partition makes two arrays of 8 bytes). The
+regions' outlines are traced once a frame, only when first asked for (by length limits in
+``[inspect]``, or for the message's polygons and lengths): OpenCV's contours are arrays of their
+own, the rest is done in buffers.
 """
 
 from __future__ import annotations
@@ -243,17 +253,11 @@ class AnomalyDecoder:
             np.copyto(self._mask, outputs[self._index["pred_mask"]][0, 0], casting="unsafe")
         if not cv2.countNonZero(self._mask):
             return 0
-        n, _ = cv2.connectedComponents(self._mask, self._components.labels, connectivity=8, ltype=cv2.CV_32S)
-        found = []  # (area, label) of each component, in label order
-        for region in range(1, n):
-            found.append((cv2.countNonZero(self._components.select(region)), region))
-        found.sort(key=lambda f: -f[0])  # largest first; stable, so equal areas stay in label order
-        self._cut = max(0, len(found) - self._max_regions)
-        found = found[: self._max_regions]
+        kept = self._components.find(self._mask, self._max_regions)
+        self._cut = self._components.count - len(kept)
         sx, sy = box_map.scale_x, box_map.scale_y
-        for k, (area, region) in enumerate(found):
-            selected = self._components.select(region)
-            x, y, bw, bh = cv2.boundingRect(selected)
+        for k, region in enumerate(kept):
+            x, y, bw, bh, area = self._components.stats(region)
             box = self._xyxy[k]
             box[0], box[1], box[2], box[3] = x / sx, y / sy, (x + bw) / sx, (y + bh) / sy
             self._area[k] = area / (sx * sy)
@@ -261,32 +265,104 @@ class AnomalyDecoder:
             if anomaly_map is None:
                 self._scores[k] = 1.0
                 continue
-            self._scores[k] = cv2.minMaxLoc(anomaly_map, mask=selected)[1]  # the peak inside the region
-        return len(found)
+            selected, _ = self._components.select(region)
+            self._scores[k] = cv2.minMaxLoc(anomaly_map[y : y + bh, x : x + bw], mask=selected)[1]  # the region's peak
+        return len(kept)
+
+
+_ONE_BY_ONE = 4
+"""Up to this many regions are measured one by one, a pass over the mask's bounding rectangle each:
+OpenCV's stats pass, which measures the background's every pixel too, costs about eight of them."""
 
 
 class _Components:
-    """The connected regions of the decoder's mask, as labels, and one region's mask at a time, in
-    buffers of the map's size. Apart from the decoder so that `_Outlines` can select regions without
-    holding the decoder: a cycle kept each dropped decoder's buffers until the cyclic collector
-    came round, tens of MB for a tool reading images of many sizes."""
+    """The connected regions (8-connected) of the decoder's mask: their labels in a buffer of the
+    map's size, their areas and bounding rectangles, and one region's mask at a time, cut to its
+    rectangle. Apart from the decoder so that `_Outlines` can select regions without holding the
+    decoder: a cycle kept each dropped decoder's buffers until the cyclic collector came round, tens
+    of MB for a tool reading images of many sizes."""
 
     def __init__(self, h: int, w: int) -> None:
-        self.labels = np.zeros((h, w), dtype=np.int32)
-        self._in_region = np.empty((h, w), dtype=np.bool_)
+        self.labels = np.zeros((h, w), dtype=np.int32)  # the last frame's only within its mask's bounding rectangle
+        self.count = 0  # the last frame's regions
+        self._corner = (0, 0)  # where the last frame's labelling began: the stats' rectangles are from there
+        self._in_region = np.empty(h * w, dtype=np.bool_)  # a region's mask, shaped to the rectangle it is cut to
         self._region = np.zeros((), dtype=np.int32)  # 0-d operand: a Python int costs numpy an array per call
+        self._key_area = np.array(-(1 << 32), dtype=np.int64)
+        self._key_label = np.array(0xFFFFFFFF, dtype=np.int64)
+        self._grow(_ONE_BY_ONE + 1)
 
-    def select(self, region: int) -> np.ndarray:
-        """The uint8 mask (0 or 1) of region ``region``, in this object's buffer."""
+    def _grow(self, n: int) -> None:
+        """Buffers for ``n`` labels (the background's included): the stats (OpenCV's layout) and
+        centroids, the sort keys, and the labels themselves as int64 to build the keys from."""
+        self._stats = np.empty((n, 5), dtype=np.int32)
+        self._centroids = np.empty((n, 2), dtype=np.float64)  # unused, but OpenCV writes them
+        self._keys = np.empty(n, dtype=np.int64)
+        self._numbers = np.arange(n, dtype=np.int64)
+
+    def find(self, mask: np.ndarray, most: int) -> list[int]:
+        """Label ``mask``'s regions and measure them; the labels of the ``most`` largest, largest first
+        and equal areas in label order.
+
+        Only the mask's bounding rectangle is labelled, from even coordinates: OpenCV's 8-connected
+        labelling (BBDT, CCL_GRANA, or the default Spaghetti alike) works in 2 x 2 blocks and numbers
+        the regions in the order of their first block, so the map's blocks give the map's labels.
+        More regions than `_ONE_BY_ONE` are labelled again with OpenCV's stats: it writes them into
+        buffers only of exactly their count of rows (it makes new arrays otherwise), which the first
+        pass counts. BBDT's stats pass costs a third of Spaghetti's."""
+        x, y, w, h = cv2.boundingRect(mask)
+        x0, y0, w, h = x & ~1, y & ~1, w + (x & 1), h + (y & 1)
+        around, labels = mask[y0 : y0 + h, x0 : x0 + w], self.labels[y0 : y0 + h, x0 : x0 + w]
+        n = cv2.connectedComponentsWithAlgorithm(around, 8, cv2.CV_32S, cv2.CCL_GRANA, labels)[0]
+        self.count, self._corner = n - 1, (x0, y0)
+        if self.count <= _ONE_BY_ONE:
+            for region in range(1, n):
+                selected = self._cut(region, x0, y0, w, h)
+                row = self._stats[region]
+                row[0], row[1], row[2], row[3] = cv2.boundingRect(selected)
+                row[4] = cv2.countNonZero(selected)
+        else:
+            if n > self._stats.shape[0]:
+                self._grow(max(n, 2 * self._stats.shape[0]))
+            stats, centroids = self._stats[:n], self._centroids[:n]
+            cv2.connectedComponentsWithStatsWithAlgorithm(around, 8, cv2.CV_32S, cv2.CCL_GRANA, labels, stats, centroids)
+        keys = self._keys[: self.count]  # -area in the high 32 bits, the label in the low: ascending is the order
+        np.copyto(keys, self._stats[1:n, cv2.CC_STAT_AREA])
+        np.multiply(keys, self._key_area, out=keys)
+        np.add(keys, self._numbers[1:n], out=keys)
+        kept = keys[: min(most, self.count)]
+        if kept.shape[0] < self.count:
+            keys.partition(kept.shape[0] - 1)  # the largest first, in O(regions), unordered
+        kept.sort()
+        np.bitwise_and(kept, self._key_label, out=kept)
+        regions: list[int] = kept.tolist()
+        return regions
+
+    def stats(self, region: int) -> tuple[int, int, int, int, int]:
+        """Region ``region``'s bounding rectangle (x, y, width, height) in the map and its area, in map pixels."""
+        x, y, w, h, area = self._stats[region].tolist()
+        return x + self._corner[0], y + self._corner[1], w, h, area
+
+    def select(self, region: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """The mask of region ``region`` over its bounding rectangle (`_cut`), and the rectangle's
+        top-left corner in the map."""
+        x, y, w, h, _ = self.stats(region)
+        return self._cut(region, x, y, w, h), (x, y)
+
+    def _cut(self, region: int, x: int, y: int, w: int, h: int) -> np.ndarray:
+        """The uint8 mask (0 or 1) of region ``region`` within the map's rectangle (x, y, w, h), in this
+        object's buffer."""
+        selected = self._in_region[: w * h].reshape(h, w)
         self._region[()] = region
-        np.equal(self.labels, self._region, out=self._in_region)
-        return self._in_region.view(np.uint8)
+        np.equal(self.labels[y : y + h, x : x + w], self._region, out=selected)
+        return selected.view(np.uint8)
 
 
 class _Outlines:
-    """One frame's region outlines and their sizes, worked out once, when first asked for: OpenCV's
-    contours are arrays of its own (findContours makes them), each outline mapped to the frame for
-    its rectangle in a buffer grown (once per longer outline) to the longest seen."""
+    """One frame's region outlines and their sizes, worked out once, when first asked for. Each is
+    traced within its region's rectangle (offset back to map pixels), so it costs the rectangle, not
+    the map; OpenCV's contours are arrays of its own (findContours makes them), each outline mapped
+    to the frame for its rectangle in a buffer grown (once per longer outline) to the longest seen."""
 
     def __init__(self, components: _Components) -> None:
         """``components``: the decoder's regions, one selected at a time."""
@@ -304,7 +380,8 @@ class _Outlines:
         if self._outlines is None:
             self._outlines = []
             for region in ids.tolist():
-                contours, _ = cv2.findContours(self._components.select(region), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+                selected, corner = self._components.select(region)
+                contours, _ = cv2.findContours(selected, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE, offset=corner)
                 self._outlines.append(max(contours, key=len) if contours else np.zeros((0, 1, 2), dtype=np.int32))
         return self._outlines
 

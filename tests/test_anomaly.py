@@ -444,3 +444,139 @@ def test_the_evidence_label_of_a_one_pixel_region_or_a_thin_line_is_its_boxs_cor
     assert [float(v) for v in single] == pytest.approx(
         [x1 / 128, y1 / 256, x2 / 128, y1 / 256, x2 / 128, y2 / 256, x1 / 128, y2 / 256]
     )
+
+
+def hostile_map(h: int, w: int, seed: int) -> np.ndarray:
+    """A noisy map, scores in 0..1 with ``0.5`` the pixel threshold: isolated specks (regions of one
+    pixel, equal areas ordered by label alone) around a ring holding a blob, a diagonal line, an
+    L, and a staircase of pixels touching only at corners, which 8-connectivity joins. Its first
+    pixels sit at an odd row and column."""
+    rng = np.random.default_rng(seed)
+    scores = rng.uniform(0.0, 0.45, (h, w)).astype(np.float32)
+    high = np.zeros((h, w), dtype=np.uint8)
+    high[1:h:3, 1:w:3] = 1  # specks, 2 pixels apart
+    high[4:37, 4:49] = 0
+    cv2.rectangle(high, (8, 8), (40, 30), 1, 1)  # the ring, its rectangle holding the blob's
+    high[15:22, 14:30] = 1
+    high[38:69, 4:61] = 0
+    cv2.line(high, (6, 40), (26, 62), 1, 1)  # 8-connected diagonal steps
+    high[40:61, 34] = high[60, 34:51] = 1  # the L
+    for k in range(4):
+        high[42 + k, 44 + k] = 1
+    scores[high == 1] = rng.uniform(0.55, 1.0, int(high.sum()))
+    return scores
+
+
+def reference_regions(
+    mask: np.ndarray, scores: np.ndarray, most: int
+) -> tuple[list[tuple[int, int, tuple[int, int, int, int], float]], int]:
+    """The regions straight from OpenCV's labels and numpy, one label at a time: (label, area, box
+    (x1, y1, x2, y2) in map pixels, peak), largest first and equal areas in label order, at most
+    ``most``; and how many more there are."""
+    n, labels = cv2.connectedComponents(mask, connectivity=8, ltype=cv2.CV_32S)
+    regions = []
+    for label in range(1, n):
+        ys, xs = np.nonzero(labels == label)
+        box = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
+        regions.append((label, len(xs), box, float(scores[labels == label].max())))
+    regions.sort(key=lambda r: (-r[1], r[0]))
+    return regions[:most], max(0, len(regions) - most)
+
+
+def map_decoder(h: int, w: int, mask: bool, most: int) -> AnomalyDecoder:
+    """A decoder of a map ``h`` x ``w``: its mask the export's (``mask``) or the map above 0.5."""
+    outputs: list[tuple[str, tuple[int, ...]]] = [("pred_score", (1,)), ("anomaly_map", (1, 1, h, w))]
+    if mask:
+        return AnomalyDecoder([*outputs, ("pred_mask", (1, 1, h, w))], max_regions=most)
+    return AnomalyDecoder(outputs, pixel_threshold=0.5, max_regions=most)
+
+
+def decode_map(decoder: AnomalyDecoder, scores: np.ndarray, frame: tuple[int, int], mask: bool = False) -> Anomaly:
+    """``scores`` decoded for a frame ``frame`` (width, height), with the export's mask (``mask``)."""
+    h, w = scores.shape
+    outputs = [np.array([0.9], dtype=np.float32), scores[None, None]]
+    if mask:
+        outputs.append((scores > 0.5)[None, None])
+    return decoder.decode(outputs, BoxMap.stretch(*frame, w, h))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mask", [False, True], ids=["pixel_threshold", "pred_mask"])
+@pytest.mark.parametrize(("shape", "most"), [((70, 90), 100), ((70, 90), 2000), ((67, 81), 5), ((64, 64), 1)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_noisy_maps_regions_are_its_components_largest_first_and_the_rest_cut(
+    shape: tuple[int, int], most: int, mask: bool, seed: int
+) -> None:
+    h, w = shape
+    scores = hostile_map(h, w, seed)
+    frame = (w * 3, h * 2)
+    sx, sy = w / frame[0], h / frame[1]
+    decoder = map_decoder(h, w, mask, most)
+    for _ in range(2):  # the second frame in the buffers the first grew
+        result = decode_map(decoder, scores, frame, mask)
+        expected, cut = reference_regions((scores > 0.5).astype(np.uint8), scores, most)
+        assert result.cut == cut and (cut > 0) is (most < 2000)
+        assert result.ids.tolist() == [label for label, *_ in expected]
+        assert result.area_px.tolist() == [np.float32(area / (sx * sy)) for _, area, _, _ in expected]
+        boxes = [[x1 / sx, y1 / sy, x2 / sx, y2 / sy] for _, _, (x1, y1, x2, y2), _ in expected]
+        assert np.array_equal(result.xyxy, np.array(boxes, dtype=np.float32).reshape(-1, 4))
+        assert result.scores.tolist() == [np.float32(peak) for *_, peak in expected]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("seed", range(40))
+def test_random_masks_of_any_density_and_offset_give_the_components_of_the_whole_map(seed: int) -> None:
+    # Labels are found within the mask's bounding rectangle; the order of equal areas must still be
+    # the whole map's labels'.
+    rng = np.random.default_rng(seed)
+    h, w = (int(v) for v in rng.integers(3, 60, 2))
+    scores = rng.uniform(0.0, 1.0, (h, w)).astype(np.float32)
+    scores[scores < 1 - rng.choice([0.01, 0.05, 0.2, 0.45])] = 0.0
+    scores[: int(rng.integers(0, h)), :] = 0.0
+    scores[:, : int(rng.integers(0, w))] = 0.0
+    if not (scores > 0.5).any():
+        scores[h - 1, w - 1] = 0.9
+    most = int(rng.integers(1, 8))
+    result = decode_map(map_decoder(h, w, False, most), scores, (w, h))
+    expected, cut = reference_regions((scores > 0.5).astype(np.uint8), scores, most)
+    assert result.ids.tolist() == [label for label, *_ in expected] and result.cut == cut
+    assert result.area_px.tolist() == [area for _, area, _, _ in expected]
+    assert result.xyxy.astype(int).tolist() == [list(box) for _, _, box, _ in expected]
+    assert result.scores.tolist() == [np.float32(peak) for *_, peak in expected]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("specks", [0, 30], ids=["few regions", "many regions"])
+def test_outlines_of_regions_whose_rectangles_overlap_are_those_traced_over_the_whole_map(specks: int) -> None:
+    h, w = 48, 64
+    scores = np.zeros((h, w), dtype=np.float32)
+    high = np.zeros((h, w), dtype=np.uint8)
+    cv2.rectangle(high, (3, 3), (40, 30), 1, 2)  # a thick ring
+    high[10:20, 12:30] = 1  # inside it
+    high[24:27, 8:12] = 1  # inside it, touching nothing
+    high[10:35, 44] = high[34, 10:45] = 1  # an L around its corner, its rectangle over the ring's
+    high[44, 1:w:2][:specks] = 1
+    scores[high == 1] = 0.8
+    result = decode_map(map_decoder(h, w, False, 100), scores, (w * 2, h * 2))
+    n, labels = cv2.connectedComponents(high, connectivity=8, ltype=cv2.CV_32S)
+    assert len(result.ids) == n - 1 == 4 + specks
+    for outline, label in zip(result.outlines(), result.ids.tolist(), strict=True):
+        alone = (labels == label).astype(np.uint8)
+        contours, _ = cv2.findContours(alone, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+        assert np.array_equal(outline, max(contours, key=len))
+
+
+@pytest.mark.unit
+def test_a_noisy_maps_regions_are_found_without_creating_arrays_once_its_buffers_have_grown() -> None:
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    scores = hostile_map(70, 90, 0)
+    decoder = map_decoder(70, 90, False, 2000)
+    outputs, box_map = [np.array([0.9], dtype=np.float32), scores[None, None]], BoxMap.stretch(90, 70, 90, 70)
+    first = decoder.decode(outputs, box_map).ids.tolist()
+    assert len(first) > 300
+    with counter.counting():
+        before = counter.buffers
+        again = decoder.decode(outputs, box_map)
+        assert counter.buffers == before
+    assert again.ids.tolist() == first and again.cut == 0
