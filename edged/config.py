@@ -126,6 +126,11 @@ class CandidateConfig(Section):
     def _ipc(cls, v: str) -> str:
         if not v.startswith("ipc://") or len(v) <= len("ipc://"):
             raise ValueError("the control socket must be an ipc:// path: only local users may promote a model")
+        if v.startswith("ipc://@"):
+            raise ValueError(
+                "the control socket must be a path, not an abstract name (@): one has no file mode, so every "
+                "local user could promote a model"
+            )
         return v
 
 

@@ -10,7 +10,8 @@ credentials (``SO_PEERCRED``) and gives them with each message as its ``Peer-Add
 (``…:uid:gid:pid``), which `_peer` maps to a login name. The name a client sends is kept only
 when it differs, as ``claimed``. A request is bounded by the socket's ``MAXMSGSIZE``
 (`edged.listen`): a larger one drops that peer, and a peer that sends nothing costs the loop
-nothing, since it reads only whole requests waiting.
+nothing, since it reads only whole requests waiting; a peer that floods it is answered a few
+commands a turn, between the frames.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import zmq
 
 from edged.config import Settings
-from edged.errors import ControlError, PublishError
-from edged.listen import Listener, try_bind
-from edged.messages import ModelInfo
+from edged.errors import ControlError, PublishError, UsageError
+from edged.listen import MAX_MESSAGE_BYTES, Listener, try_bind
+from edged.messages import ModelInfo, refused_character
 from edged.output import Endpoint
 
 if TYPE_CHECKING:  # the client (edged promote) loads no model runtime
@@ -37,7 +38,11 @@ if TYPE_CHECKING:  # the client (edged promote) loads no model runtime
 
 log = logging.getLogger(__name__)
 
-MAX_REASON = 300  # characters of a --reason: the request must stay under the socket's message limit
+MAX_REASON = 300  # characters of a --reason, which the request carries whole (`_payload`)
+MAX_USER = 64  # characters of the user name a client claims: a claim, kept beside the kernel's word
+# Commands answered per `ControlSocket.serve`: the rest of a flood waits in libzmq's bounded queue
+# for the loop's next turn, rather than holding its frames, status and stop.
+COMMANDS_PER_SERVE = 10
 COMMANDS = ("promote", "rollback")
 KEY = "model.candidate.control"
 
@@ -79,14 +84,15 @@ class ControlSocket:
         blocked: str | None,
         journal: JournalOutput | None,
     ) -> None:
-        """Answer every command waiting: ``current`` is the model and frame paths serving now,
-        ``apply`` swaps in others between frames; ``blocked`` says why no swap can be made now.
-        The ``journal``, when on, records each promotion and rollback with both models' sha256.
+        """Answer the commands waiting, at most `COMMANDS_PER_SERVE` (the rest on the loop's next
+        turns): ``current`` is the model and frame paths serving now, ``apply`` swaps in others
+        between frames; ``blocked`` says why no swap can be made now. The ``journal``, when on,
+        records each promotion and rollback with both models' sha256.
         Without a trial (``shadow`` None: a reload removed ``[model.candidate]``, the socket stays
         bound) each command is refused: a request left unread would keep the loop's wait
         (`zmq.select`, level-triggered) returning at once, and its client waiting for nothing."""
         sock = self._listener.socket
-        while True:
+        for _ in range(COMMANDS_PER_SERVE):
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)  # every part: REP answers whole requests
             except zmq.Again:
@@ -146,6 +152,9 @@ def _answer(
     who = {"user": user, "pid": pid, "claimed": claimed}
     if command not in COMMANDS:
         return {"ok": False, "error": f"unknown command {command!r}"}
+    if (found := refused_character(reason)) is not None:  # the log shows the reason as it is: it could forge lines
+        refused = "promotion" if command == "promote" else "rollback"
+        return {"ok": False, "error": f"{refused} refused: in the reason, {found}: say it on one line, as text"}
     before = current()
     if command == "rollback":
         if shadow.previous is None:
@@ -187,8 +196,7 @@ def request(
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(endpoint)
-        body = {"command": command, "force": force, "reason": (reason or "")[:MAX_REASON], "user": getpass.getuser()}
-        sock.send(json.dumps(body).encode())
+        sock.send(_payload(command, force, reason or ""))
         if not sock.poll(int(timeout_s * 1000)):
             raise ControlError(f"no answer on {endpoint} in {timeout_s:g} s: is edged running with [model.candidate]?")
         reply: dict[str, Any] = json.loads(sock.recv())
@@ -196,6 +204,21 @@ def request(
     finally:
         sock.close(linger=0)
         context.term()
+
+
+def _payload(command: str, force: bool, reason: str) -> bytes:
+    """The request as sent: JSON in UTF-8, which the daemon reads only whole and within the socket's
+    message limit (a larger one drops the client unanswered, as if no edged listened). Raises
+    `UsageError` for a ``reason`` it cannot carry whole, before anything is sent."""
+    body = {"command": command, "force": force, "reason": reason, "user": getpass.getuser()[:MAX_USER]}
+    payload = json.dumps(body, ensure_ascii=False).encode(errors="backslashreplace")  # a lone surrogate as JSON escapes it
+    if len(reason) > MAX_REASON or len(payload) > MAX_MESSAGE_BYTES:
+        size = len(reason.encode(errors="backslashreplace"))
+        raise UsageError(
+            f"--reason is {len(reason)} characters ({size} bytes in UTF-8): a request carries at most "
+            f"{MAX_REASON} characters and {MAX_MESSAGE_BYTES} bytes in all; say it in fewer"
+        )
+    return payload
 
 
 def run_control(endpoint: str, command: str, *, force: bool, reason: str | None, timeout_s: float) -> int:

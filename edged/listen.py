@@ -9,7 +9,9 @@ A bound socket faces whoever can reach its endpoint, so each one (`Listener`) is
   bytes; a peer that declares more is disconnected before anything is allocated.
 - An ipc:// path with a live listener is refused: libzmq would silently replace the socket file,
   and the process listening there would keep running, unreachable. A connection is tried first;
-  a refused one means a stale file (a crash), which is replaced as before.
+  a refused one means a stale file (a crash), which is replaced as before. A path where anything
+  but a socket is (a file, a folder, a link: libzmq would delete it), or one too long for a
+  socket's address, is refused too (`edged.settings.endpoints.ipc_path_problem`).
 - The missing folder of an ipc:// path is made only under the service's runtime directory
   (``$RUNTIME_DIRECTORY``, else /run/edged): a path elsewhere is refused when the configuration
   loads (`edged.config`), since edged running as root would make any folder it names.
@@ -38,7 +40,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from edged.errors import BindError, PublishError
-from edged.settings.endpoints import ipc_path, ours_to_make
+from edged.settings.endpoints import ipc_path, ipc_path_problem, ours_to_make
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +93,11 @@ def _prepare_ipc(endpoint: str) -> Path | None:
 
 
 def refuse_live_ipc(path: Path, endpoint: str, key: str) -> None:
-    """Raise `PublishError` when a process accepts connections on ``path``; a stale file is fine.
-    ``key``: the setting that names the endpoint, for the message."""
+    """Raise `PublishError` when a process accepts connections on ``path``, or no socket can be
+    bound there (`ipc_path_problem`: libzmq would delete a file in its place); a stale socket is
+    fine. ``key``: the setting that names the endpoint, for the message."""
+    if (problem := ipc_path_problem(path)) is not None:
+        raise PublishError(f"{key}: cannot bind {endpoint}: {problem}")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(PROBE_TIMEOUT_S)
     try:

@@ -309,6 +309,16 @@ REFUSED_IN_PART_ID = {
 }
 
 
+def refused_character(text: str) -> str | None:
+    """The first character of `REFUSED_IN_PART_ID` in ``text``, named as an escape with its
+    position (``U+000A at character 3 is a control character``); None when it holds none."""
+    for i, c in enumerate(text):
+        what = REFUSED_IN_PART_ID.get(unicodedata.category(c))
+        if what is not None:
+            return f"U+{ord(c):04X} at character {i + 1} is {what}"
+    return None
+
+
 class TriggerRequest(BaseModel):
     """What a trigger request says, on ZeroMQ or the broker's trigger topic: nothing else is accepted.
 
@@ -339,10 +349,9 @@ class TriggerRequest(BaseModel):
         """Refuse `REFUSED_IN_PART_ID`, naming the first such character as an escape: the part id
         is shown to every subscriber and terminal, and the refusal is too."""
         if isinstance(v, str) and len(v) <= MAX_PART_ID:  # a longer one is refused for its length
-            for i, c in enumerate(v):
-                what = REFUSED_IN_PART_ID.get(unicodedata.category(c))
-                if what is not None:
-                    raise ValueError(f"U+{ord(c):04X} at character {i + 1} is {what}, which a part id may not hold")
+            found = refused_character(v)
+            if found is not None:
+                raise ValueError(f"{found}, which a part id may not hold")
         return v
 
 

@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 
 MALFORMED_BURST_S = 10.0  # malformed requests from the broker this close together are one burst, one log line
 EXIT_NG = 3  # `edged trigger`: 0 is OK, 3 NG, 1 no verdict (an error reply or none)
+# Requests read from the socket per `TriggerServer.collect`: the rest of a flood waits in libzmq's
+# bounded queue (its receive high-water mark, then TCP's flow control) for the loop's next turn,
+# rather than holding the loop, its frames, status and stop, while the list of them grows unbounded.
+READ_PER_COLLECT = 100
 
 
 Answer = Callable[[VerdictMessage | TriggerError], None]
@@ -248,9 +252,10 @@ class TriggerServer:
             self._refuse(request, "busy", f"{self._inbox.limit} request(s) from outside not yet taken")
 
     def collect(self) -> None:
-        """Take every request that has arrived, from the socket and the broker, in arrival order: queue
-        it behind its camera's, or answer it at once (malformed, or no camera of this server:
-        ``bad_request``; beyond the camera's bound: ``busy``)."""
+        """Take the requests that have arrived, from the socket (at most `READ_PER_COLLECT`: a flood is
+        read over the loop's next turns) and the broker, in arrival order: queue each behind its
+        camera's, or answer it at once (malformed, or no camera of this server: ``bad_request``;
+        beyond the camera's bound: ``busy``)."""
         arrived = self._read_socket() + self._inbox.take()
         arrived.sort(key=lambda request: request.arrived_ns)
         for request in arrived:
@@ -263,19 +268,21 @@ class TriggerServer:
                 waiting.append(request)
 
     def _read_socket(self) -> list[Request]:
-        """Every request waiting on the socket, stamped as read; one that is malformed or names no
-        camera while several take requests is answered here."""
+        """The requests waiting on the socket, at most `READ_PER_COLLECT`, stamped as read; one that
+        is malformed or names no camera while several take requests is answered here."""
         requests: list[Request] = []
-        while True:
+        for _ in range(READ_PER_COLLECT):
             try:
                 frames = self._listener.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return requests
+                break
             arrived_ns = time.monotonic_ns()
-            envelope, payload = tuple(frames[:-1]), frames[-1]
+            envelope, body = _split(frames)
             only = self._cameras[0] if len(self._cameras) == 1 else ""
             try:
-                asked = parse_request(payload)
+                if len(body) != 1:
+                    raise MessageError(f"a request is one message part, not {len(body)}")
+                asked = parse_request(body[0])
             except MessageError as e:
                 self._send(envelope, TriggerError(camera_id=only, part_id=None, error="bad_request", detail=str(e)))
                 continue
@@ -285,6 +292,7 @@ class TriggerServer:
                 self._send(envelope, TriggerError(camera_id="", part_id=asked.part_id, error="bad_request", detail=detail))
                 continue
             requests.append(Request("zmq", envelope, camera_id, asked.part_id, arrived_ns))
+        return requests
 
     def _unknown(self, camera_id: str) -> str:
         """Why a request for ``camera_id`` is not taken, naming the cameras that are."""
@@ -365,6 +373,15 @@ class TriggerServer:
             self._own_auth.close()
         if not self._shared:
             self._context.term()
+
+
+def _split(frames: list[bytes]) -> tuple[tuple[bytes, ...], list[bytes]]:
+    """A message the ROUTER read, as its envelope (the routing frames: up to and with the first empty
+    one, which a REQ client or a proxy puts there; the peer's identity alone from a DEALER that puts
+    none) and its body. A body of several parts is no request: taking its last part would inspect
+    one part id of several, and send the others back to the client as routing frames."""
+    end = frames.index(b"", 1) + 1 if b"" in frames[1:-1] else 1
+    return tuple(frames[:end]), frames[end:]
 
 
 def _configure(sock: zmq.Socket[bytes], auth: Authenticator | None) -> None:

@@ -15,6 +15,7 @@ import zmq
 from test_shadow import SCENE, settings
 
 from edged.control import ControlSocket
+from edged.errors import PublishError
 from edged.model import load_model
 from edged.pipeline import frame_path
 from edged.shadow import Shadow, Swap
@@ -120,3 +121,24 @@ def test_a_request_nested_deeper_than_json_decodes_is_refused_and_the_next_serve
     assert zmq.select(control.fds, [], [], 10)[0]
     control.serve(shadow, lambda: current[-1], current.append, None, None)
     assert client.poll(10_000) and json.loads(client.recv())["error"] == "unknown command 'delete'"
+
+
+def test_a_file_in_the_sockets_place_is_refused_not_replaced(tmp_path: Path) -> None:
+    # Bound without the configuration's check (a file made after it was loaded): libzmq deleted it.
+    (tmp_path / "notes.txt").write_text("precious\n")
+    with pytest.raises(PublishError, match=r"notes.txt is a file, not a socket, which edged would replace"):
+        ControlSocket(f"ipc://{tmp_path}/notes.txt")
+    assert (tmp_path / "notes.txt").read_text() == "precious\n"
+
+
+def test_a_reason_that_would_forge_a_log_line_is_refused_naming_the_character(
+    served: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The reason is logged as it is: a newline in it wrote a second line, a forged rollback by pid 1.
+    _, shadow, current, _, _ = served
+    forged = "fixture\n2026-12-06 14:00:00,000 WARNING edged.control: rolled back from model a to b (by root pid 1)"
+    for reason, found in ((forged, "U+000A at character 8 is a control character"), ("ok\u202eko", "U+202E at character 3")):
+        with caplog.at_level(logging.WARNING, logger="edged.control"):
+            refused = ask(served, json.dumps({"command": "promote", "force": True, "reason": reason}).encode())
+        assert refused["ok"] is False and refused["error"].startswith(f"promotion refused: in the reason, {found}")
+    assert len(current) == 1 and shadow.state == "on_trial" and not caplog.records

@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import sqlite3
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -352,5 +353,94 @@ def test_a_control_socket_that_cannot_be_bound_stops_the_start_with_its_error_al
         refused = run_cli("run", "--config", str(second))
         assert refused.returncode == 1, refused.stderr
         assert "another process is listening on" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    finally:
+        d.stop()
+
+
+def test_a_control_path_taken_by_a_file_a_link_or_a_folder_or_too_long_is_refused_and_left_alone(
+    tmp_path: Path,
+) -> None:
+    # libzmq's bind deletes whatever is at an ipc path: `edged check` and `edged run` replaced a
+    # mistyped control path's file (the configuration itself, say) with their socket.
+    (tmp_path / "edged.conf.bak").write_text("precious\n")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "link.sock").symlink_to(tmp_path / "edged.conf.bak")
+    long = tmp_path / ("x" * 110)
+    cases = {
+        "edged.conf.bak": "is a file, not a socket, which edged would replace",
+        "folder": "is a folder, not a socket",
+        "link.sock": "is a link, not a socket",
+        long.name: f"the path is {len(str(long))} bytes and a socket's holds at most 107",
+    }
+    for name, why in cases.items():
+        control = f"ipc://{tmp_path / name}"
+        config, _ = configure(tmp_path, {"path": "scene.onnx", "control": control})
+        for command in ("check", "run"):
+            refused = run_cli(command, "--config", str(config))
+            assert refused.returncode == 78, refused.stderr
+            assert f"model.candidate.control: {control}: " in refused.stderr and why in refused.stderr, refused.stderr
+    assert (tmp_path / "edged.conf.bak").read_text() == "precious\n" and (tmp_path / "folder").is_dir()
+    assert (tmp_path / "link.sock").is_symlink() and not long.exists()
+    abstract, _ = configure(tmp_path, {"path": "scene.onnx", "control": "ipc://@edged-control"})
+    refused = run_cli("check", "--config", str(abstract))
+    assert refused.returncode == 78 and "not an abstract name (@)" in refused.stderr, refused.stderr
+
+
+def test_a_flood_of_commands_holds_up_neither_the_frames_nor_the_stop(tmp_path: Path) -> None:
+    # Clients in the service's group that send commands as fast as libzmq takes them and read no
+    # answer: the loop answers a few a turn, so frames and status go on and SIGTERM stops it.
+    d, _ = start(tmp_path, {"path": "scene.onnx"})
+    context, flooding, sent = zmq.Context(), threading.Event(), [0]
+
+    def flood() -> None:
+        socks = [context.socket(zmq.DEALER) for _ in range(4)]
+        for sock in socks:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 100_000)  # always more waiting than the loop answers in a turn
+            sock.connect(f"ipc://{tmp_path}/control.sock")
+        while not flooding.is_set():
+            for sock in socks:
+                try:
+                    sock.send_multipart([b"", json.dumps({"command": "rollback"}).encode()], zmq.NOBLOCK)
+                    sent[0] += 1
+                except zmq.Again:
+                    flooding.wait(0.001)
+        for sock in socks:
+            sock.close(linger=0)
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    try:
+        d.wait_status(lambda s: s.candidate is not None)
+        flooder.start()
+        assert wait_for(lambda: sent[0] >= 50_000, 60), sent
+        since_ns = time.time_ns()
+        d.captured_after(since_ns, 3, timeout=30)  # live frames go on amid the flood
+        d.signal(signal.SIGTERM)
+        assert d.proc.wait(30) == 0, d.log()
+    finally:
+        flooding.set()
+        flooder.join()
+        context.term()
+        d.stop()
+
+
+def test_a_reason_in_any_script_reaches_the_daemon_whole_and_one_too_long_is_refused_before_sending(
+    tmp_path: Path,
+) -> None:
+    # Sent as ASCII JSON, each Japanese character took 6 bytes: these 241 passed the 300-character
+    # cap, and the daemon dropped the request over its 1 KiB limit, "no answer ... is edged running?".
+    d, config = start(tmp_path, {"path": "scene.onnx", "min_frames": 100_000})  # promoted by force only
+    reason = "新しい治具で旧モデルは合わない" * 16 + "。"
+    try:
+        d.wait_status(lambda s: s.candidate is not None)
+        forced = run_cli("promote", "--config", str(config), "--force", "--reason", reason, "--timeout", "10")
+        assert forced.returncode == 0, forced.stderr
+        assert wait_for(lambda: f": {reason}; gate:" in d.log(), 10), d.log()
+        d.signal(signal.SIGHUP)  # the candidate back on trial
+        d.wait_status(lambda s: s.candidate is not None and s.candidate.state == "on_trial")
+        too_long = run_cli("promote", "--config", str(config), "--force", "--reason", "x" * 301)
+        assert too_long.returncode == 2, too_long.stderr
+        assert "--reason is 301 characters (301 bytes in UTF-8): a request carries at most 300" in too_long.stderr
+        assert d.log().count("promoted model") == 1
     finally:
         d.stop()

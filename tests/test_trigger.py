@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -389,3 +390,56 @@ def test_a_requests_part_id_names_its_evidence_and_its_journal_entry_points_at_t
     assert image.name.endswith("_A-1017_rev_2.jpg") and image.parent.name == "images"  # no folder from the "/"
     assert wait_for(image.is_file, 10) and image.parent.parent.parent.name == "cam0"
     assert row["message"]["frame_id"] == reply.frame_id and row["part_id"] == "A-1017/rev 2"
+
+
+def test_a_flood_of_requests_holds_up_neither_the_loop_nor_its_stop(tmp_path: Path) -> None:
+    # Clients that send requests as fast as libzmq takes them and read no reply: the loop reads a
+    # bounded batch a turn, so status and requests go on and SIGTERM stops it while the flood goes on.
+    with running(tmp_path, fps=5.0) as d:
+        ask = Requester(d.trigger)  # type: ignore[attr-defined]
+        flooding, sent = threading.Event(), [0]
+
+        def flood() -> None:
+            socks = [ask.context.socket(zmq.DEALER) for _ in range(4)]
+            for sock in socks:
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, 100_000)  # always more waiting than the loop reads in a turn
+                sock.connect(ask.endpoint)
+            while not flooding.is_set():
+                for sock in socks:
+                    try:
+                        sock.send_multipart([b"", b'{"part_id": "flood"}'], zmq.NOBLOCK)
+                        sent[0] += 1
+                    except zmq.Again:
+                        flooding.wait(0.001)
+            for sock in socks:
+                sock.close(linger=0)
+
+        flooder = threading.Thread(target=flood, daemon=True)
+        try:
+            ready(d)
+            flooder.start()
+            assert wait_for(lambda: sent[0] >= 50_000, 60), sent
+            since_ns = time.time_ns()
+            d.wait_status(lambda s: s.time_ns > since_ns, timeout=30)  # the loop turns amid the flood
+            reply = ask.ask(b'{"part_id": "amid"}', timeout_s=30)
+            assert isinstance(reply, VerdictMessage | TriggerError) and reply.part_id == "amid", reply
+            d.signal(signal.SIGTERM)
+            assert d.proc.wait(30) == 0, d.log()
+        finally:
+            flooding.set()
+            flooder.join()
+            ask.close()
+
+
+def test_a_trigger_endpoint_with_an_abstract_name_is_bound_and_answers(tmp_path: Path) -> None:
+    # An abstract ipc name (@...) has no file: its bind ended in a traceback, chmod finding none.
+    endpoint = f"ipc://@edged-trigger-{tmp_path.name}-{time.monotonic_ns()}"
+    with running(tmp_path, trigger={"endpoint": endpoint}) as d:
+        ask = Requester(endpoint)
+        try:
+            ready(d)
+            reply = ask.ask(b'{"part_id": "abstract"}')
+            assert isinstance(reply, VerdictMessage) and reply.part_id == "abstract", reply
+        finally:
+            ask.close()

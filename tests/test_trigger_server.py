@@ -270,3 +270,39 @@ def test_a_request_offered_from_another_thread_is_queued_in_arrival_order_and_an
 
 
 OFFERED = (("top", "B"), ("top", "C"), ("nowhere", "D"))
+
+
+def test_a_request_in_several_parts_is_a_bad_request_in_one_part_and_a_dealers_request_is_answered(
+    clients: Clients,
+) -> None:
+    # The last part was taken as the request and the others as routing frames: the client got its
+    # first part back before a verdict for the second's part id.
+    server = serve(clients, ["top"])
+    try:
+        sock = clients.context.socket(zmq.REQ)
+        clients.sockets.append(sock)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(clients.endpoint)
+        sock.send_multipart([b'{"part_id": "A"}', b'{"part_id": "B"}'])
+        assert zmq.select(server.fds, [], [], WAIT_S)[0]
+        server.collect()
+        assert sock.poll(int(WAIT_S * 1000))
+        [reply] = sock.recv_multipart()
+        answer = parse_message(reply)
+        assert isinstance(answer, TriggerError) and answer.error == "bad_request", answer
+        assert answer.detail == "a request is one message part, not 2" and server.next("top") is None
+        dealer = clients.context.socket(zmq.DEALER)  # no empty frame: its identity is the whole envelope
+        clients.sockets.append(dealer)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(clients.endpoint)
+        dealer.send(b'{"part_id": "D"}')
+        assert zmq.select(server.fds, [], [], WAIT_S)[0]
+        server.collect()
+        request = taken(server, "top")
+        assert request.part_id == "D"
+        server.answer(request, server.error(request, "timeout", "none"))
+        assert dealer.poll(int(WAIT_S * 1000))
+        [reply] = dealer.recv_multipart()
+        assert error(parse_message(reply)) == ("timeout", "top", "D")
+    finally:
+        server.close()

@@ -1,5 +1,5 @@
 """What a ZeroMQ endpoint setting (``publish.endpoints``, ``trigger.endpoint``) says about who can
-reach it, and where edged may make the folder of an ipc:// socket.
+reach it, where edged may make the folder of an ipc:// socket, and what may be at its path.
 
 edged makes folders only under the service's own runtime directory: a missing folder anywhere
 else is a mistyped path, and edged running as root would otherwise create it wherever it points.
@@ -16,6 +16,7 @@ from pathlib import Path
 from edged.settings.service_dirs import service_dirs
 
 RUNTIME_DIR = Path("/run/edged")  # the units' RuntimeDirectory=; edged's own outside systemd too
+MAX_IPC_PATH_BYTES = 107  # a Unix socket's address (sun_path, 108 bytes) with libzmq's terminating NUL
 
 
 def loopback_host(host: str) -> bool:
@@ -43,8 +44,30 @@ def runtime_dirs() -> tuple[Path, ...]:
 
 
 def ipc_path(endpoint: str) -> Path | None:
-    """The socket file of an ipc:// endpoint, or None for another transport."""
-    return Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
+    """The socket file of an ipc:// endpoint; None for another transport, and for an abstract name
+    (``ipc://@name``), which has no file, folder or mode."""
+    if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):
+        return None
+    return Path(endpoint[len("ipc://") :])
+
+
+def ipc_path_problem(path: Path) -> str | None:
+    """Why no socket can be bound at ``path``: it is too long for a socket's address, or something
+    other than a socket is there. libzmq's bind deletes a file or a link to put its socket in its
+    place (a mistyped path would cost that file), and fails on a folder as if the address were taken."""
+    length = len(os.fsencode(path))
+    if length > MAX_IPC_PATH_BYTES:
+        return f"the path is {length} bytes and a socket's holds at most {MAX_IPC_PATH_BYTES}: choose a shorter one"
+    try:
+        mode = path.lstat().st_mode
+    except (OSError, ValueError):  # nothing there, or nothing to be looked at here: the bind says why
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return f"{path} is a folder, not a socket: choose another path"
+    what = "a link" if stat.S_ISLNK(mode) else "a file"
+    return f"{path} is {what}, not a socket, which edged would replace: remove it, or choose another path"
 
 
 def ours_to_make(folder: Path) -> bool:
@@ -58,12 +81,14 @@ def ours_to_make(folder: Path) -> bool:
 
 
 def ipc_folder_problem(endpoint: str) -> str | None:
-    """Why the folder of an ipc:// endpoint's socket cannot be had: it is missing and not edged's to
-    make, it is no folder, or the path holds a NUL. None when it is there, will be made, or cannot
-    be looked at here (the bind then says why)."""
+    """Why an ipc:// endpoint's socket cannot be had: its folder is missing and not edged's to make,
+    it is no folder, the path holds a NUL, or `ipc_path_problem`. None when it is there, will be
+    made, or cannot be looked at here (the bind then says why)."""
     path = ipc_path(endpoint)
     if path is None:
         return None
+    if (problem := ipc_path_problem(path)) is not None:
+        return f"{endpoint}: {problem}"
     folder = Path(os.path.abspath(path)).parent
     try:
         is_folder = stat.S_ISDIR(folder.stat().st_mode)
