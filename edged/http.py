@@ -10,9 +10,9 @@ camera, hands over the status once per status interval, and never waits for a cl
 Endpoints: ``/`` (the page), ``/stream.mjpg`` (multipart JPEG), ``/snapshot.jpg``,
 ``/status.json`` (the last status message), ``/verdicts.json`` (the latest verdicts, with
 ``[inspect]``), each of the first camera or, with ``?camera=ID``, of that one; ``/cameras.json``
-(every camera's state and verdicts at a glance), ``/metrics`` and ``/healthz``. On anything but
-loopback a bearer token is required (``http.token_file``), as ``Authorization: Bearer`` or
-``?token=`` (a browser's only way for an image).
+(every camera's state and verdicts at a glance), ``/metrics`` and ``/healthz``; GET, or HEAD for
+the headers alone. On anything but loopback a bearer token is required (``http.token_file``), as
+``Authorization: Bearer`` or ``?token=`` (a browser's only way for an image).
 
 A listen address that cannot be bound (the port is taken by another instance, the address is not
 up yet) does not stop the daemon: detections are what the line depends on. It is logged and

@@ -99,7 +99,9 @@ def _mask_token(text: str) -> str:
     return _QUERY_PARAMETER.sub(mask, text)
 
 
-_QUERY_PARAMETER = re.compile(r"([?&;]([^=&;\s'\"]*)=)[^&;\s'\"]*")
+# A name ends at the next ``?`` too, so each place in the line is tried once: a name that ran on over
+# ``?`` made a request line of 16 KB of them cost seconds of CPU, the GIL held and the loop with it.
+_QUERY_PARAMETER = re.compile(r"([?&;]([^=&;?\s'\"]*)=)[^&;\s'\"]*")
 
 
 class Server(ThreadingHTTPServer):
@@ -189,6 +191,11 @@ class Server(ThreadingHTTPServer):
         finally:
             self._release(request, client_address[0])
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that failed in edged's own code: logged with its traceback, as every other fault
+        is, not printed on stderr as the standard library does."""
+        log.error("http: answering %s failed", client_address[0], exc_info=True)
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: Server
@@ -203,7 +210,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.close()  # the socket's reader: nothing more is read from the connection
             self.rfile = io.BytesIO(header)
             self.connection.settimeout(self.timeout)
-            self.handle_one_request()
+            try:
+                self.handle_one_request()
+            except ConnectionError as e:  # the client closed or reset its end: nothing is wrong here
+                log.debug("http %s: left before its answer was sent (%s)", self.address_string(), e.strerror or e)
 
     def _read_header(self) -> bytes | None:
         """The request line and headers, or None (counted) when they are not all in within
@@ -233,6 +243,11 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             return None
         return bytes(header)
+
+    def do_HEAD(self) -> None:
+        """What GET answers, without its body (RFC 9110 asks every server for HEAD): health checks
+        such as ``curl -I`` and load balancers' probes use it."""
+        self.do_GET()
 
     def do_GET(self) -> None:
         owner = self.server.owner
@@ -318,7 +333,8 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _page(self, owner: HttpServer, camera: str, view: LiveView) -> None:
         """The page is the same for every camera: its script reads ``?camera=`` (and ``?token=``) from its address."""
@@ -418,8 +434,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, f"{problem}\n".encode())
 
     def _snapshot(self, owner: HttpServer, camera: str, view: LiveView) -> None:
-        with view.watch():
-            got = view.next_jpeg(view.seq, SNAPSHOT_WAIT_S)
+        """The next frame encoded. Waiting for it, the request is a viewer like a stream, among
+        ``max_viewers``: snapshots of a camera that delivers nothing wait their whole
+        `SNAPSHOT_WAIT_S`, and without the bound a few pollers took every connection, `/healthz` too."""
+        with owner.viewer() as admitted:
+            if not admitted:
+                self._too_many_viewers(owner)
+                return
+            with view.watch():
+                got = view.next_jpeg(view.seq, SNAPSHOT_WAIT_S)
         if got is None and view.closed:
             self._send(404, f"camera {camera!r} is no longer configured\n".encode())
             return
@@ -435,6 +458,9 @@ class _Handler(BaseHTTPRequestHandler):
             if admitted:
                 self._stream_to(owner, view)
                 return
+        self._too_many_viewers(owner)
+
+    def _too_many_viewers(self, owner: HttpServer) -> None:
         owner.refuse("max_viewers", self.client_address[0])
         self._send(
             503,
@@ -450,6 +476,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", f"multipart/x-mixed-replace; boundary={BOUNDARY}")
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
+        if self.command == "HEAD":
+            return
         seq = view.seq
         with view.watch():
             while not (owner.stopping or view.closed):
@@ -479,8 +507,11 @@ class _Handler(BaseHTTPRequestHandler):
         return peeked == b""
 
     def log_message(self, format: str, *args: Any) -> None:
-        """Every line the request path logs (request lines, refusals): the token masked, as RTSP passwords are."""
-        log.debug("http %s: %s", self.address_string(), _mask_token(format % args))
+        """Every line the request path logs (request lines, refusals), at debug level: the token masked,
+        as RTSP passwords are. The line is made and masked only when debug lines are logged: each
+        request's line is up to 16 KiB of a client's choosing."""
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("http %s: %s", self.address_string(), _mask_token(format % args))
 
 
 PAGE = b"""<!doctype html>

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import subprocess
 import sys
@@ -171,6 +172,38 @@ def test_corrupt_video_names_the_file(tmp_path: Path) -> None:
         src.read(None)
 
 
+def test_a_video_deleted_while_it_plays_is_named_gone_when_it_loops(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "clip.avi", "MJPG", count=4)
+    src = opened(FileSource(FileSourceConfig(path=path, loop=True)))
+    assert [src.grab() for _ in range(4)] == [True] * 4
+    path.unlink()
+    with pytest.raises(SourceError, match=r"clip\.avi does not exist"):
+        src.grab()  # the end, and the file reopened for the next pass: it is gone, not unrecognised
+    src.close()
+
+
+def test_an_empty_video_file_is_named_empty(tmp_path: Path) -> None:
+    path = tmp_path / "upload.mp4"
+    path.touch()
+    with pytest.raises(SourceError, match=r"upload\.mp4 is empty \(0 bytes\)"):
+        FileSource(FileSourceConfig(path=path)).open()
+
+
+def test_a_video_that_ends_before_the_frames_its_container_lists_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    whole = write_video(tmp_path / "whole.avi", "MJPG", count=40)
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])  # a copy cut short
+    for path in (whole, cut):
+        src = opened(FileSource(FileSourceConfig(path=path, loop=True)))
+        played = [src.grab() for _ in range(100)]  # past the end of either, twice
+        assert all(played)
+        src.close()
+    [line] = [r.getMessage() for r in caplog.records if "ended after" in r.getMessage()]
+    assert str(cut) in line and "of the 40 frames its container lists" in line and "truncated or damaged" in line
+
+
 # ---- image folders and globs -------------------------------------------------------------------
 
 
@@ -291,6 +324,40 @@ def test_an_unpaced_folder_asks_for_every_image_and_names_each_by_its_file(image
     glob = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir / "*.png"), loop=False)))
     glob.read(None)
     assert glob.frame_name() == str(image_dir / "b.png") and not glob.keeps_every_frame()
+
+
+def test_each_pass_reads_the_folder_as_it_is_then(image_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "edged.sources.images")
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=True, pace=False)))
+    assert frame_number(src.read(None)) == 0 and src.frame_name() == "03.jpg"
+    (image_dir / "c.PNG").rename(image_dir / "e.png")  # renamed, and one added, while it is read
+    cv2.imwrite(str(image_dir / "f.png"), coded_frame(5))
+    names = []
+    while len(names) < 10:
+        assert src.read(None) is not None
+        names.append(src.frame_name())
+    assert names == ["a.bmp", "b.png", "d.tiff", "03.jpg", "a.bmp", "b.png", "d.tiff", "e.png", "f.png", "03.jpg"]
+    assert src.skipped == 3  # b2.png in each pass, c.PNG in the first alone
+    assert any("7 images now (6 before this pass)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_folder_whose_images_all_went_says_why_none_could_be_read(image_dir: Path) -> None:
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=True)))
+    for image in image_dir.iterdir():
+        image.unlink()
+    with pytest.raises(SourceError, match=r"none of the 6 images .* \(the last, .*d\.tiff: No such file or directory"):
+        src.read(None)
+
+
+def test_a_file_name_with_control_characters_is_logged_on_one_line(
+    image_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (image_dir / "b2.png").rename(image_dir / "b2\n2026-01-01 00:00:00 INFO edged: forged\x1b[2K.png")
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    while src.read(None) is not None:
+        pass
+    [line] = [r.getMessage() for r in caplog.records if "forged" in r.getMessage()]
+    assert "\n" not in line and "\x1b" not in line and "b2\\n2026" in line and "\\x1b[2K.png" in line
 
 
 def test_glob_selects_and_sorts_matching_files(image_dir: Path) -> None:

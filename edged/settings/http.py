@@ -30,7 +30,11 @@ class HttpConfig(Section):
     view_width: int = Field(960, ge=160, le=3840, description="The live view is scaled down to at most this width.")
     jpeg_quality: int = Field(70, ge=10, le=100, description="JPEG quality of the live view and snapshots.")
     max_viewers: int = Field(
-        8, ge=1, le=MAX_CONNECTIONS - 4, description="Live streams served at once, of all cameras together; more get 503."
+        8,
+        ge=1,
+        le=MAX_CONNECTIONS - 4,
+        description="Live streams, and snapshots waiting for their frame, served at once, of all cameras together; "
+        "more get 503.",
     )
     send_timeout_s: float = Field(5.0, gt=0, le=60, description="A viewer that takes no data for this long is dropped.")
     max_connections_per_client: int = Field(

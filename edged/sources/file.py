@@ -33,12 +33,10 @@ class FileSource(OpenCvCapture):
         self._path = cfg.path
         self._fps = FALLBACK_FPS
         self._decoded = 0  # frames decoded since the file was last opened
+        self._listed = 0  # frames its container lists (0: not said)
+        self._cut_said = False
 
     def open(self) -> None:
-        if not self._path.is_file():
-            raise SourceError(f"video file {self._path} does not exist or is not a file (check source.path)")
-        if not os.access(self._path, os.R_OK):
-            raise SourceError(f"video file {self._path} is not readable by this user (check its permissions)")
         self._cap = self._open_capture()
         fps = float(self._cap.get(cv2.CAP_PROP_FPS))
         if _PLAUSIBLE_FPS[0] <= fps <= _PLAUSIBLE_FPS[1]:
@@ -64,6 +62,21 @@ class FileSource(OpenCvCapture):
         )
 
     def _open_capture(self) -> cv2.VideoCapture:
+        """The file opened at its start, at `open` and at each loop; `SourceError` says why not. The
+        file is looked at first each time: one deleted, emptied or made unreadable while it played is
+        named as such, not as a file FFmpeg does not recognise."""
+        try:
+            size = os.stat(self._path).st_size if self._path.is_file() else None
+        except OSError:
+            size = None
+        if size is None:
+            raise SourceError(f"video file {self._path} does not exist or is not a file (check source.path)")
+        if not os.access(self._path, os.R_OK):
+            raise SourceError(f"video file {self._path} is not readable by this user (check its permissions)")
+        if size == 0:
+            raise SourceError(
+                f"video file {self._path} is empty (0 bytes): is it still being written, or was its copy cut short?"
+            )
         cap = cv2.VideoCapture(str(self._path), cv2.CAP_FFMPEG)
         if not cap.isOpened():
             cap.release()
@@ -73,6 +86,7 @@ class FileSource(OpenCvCapture):
                 "e.g. with ffprobe)"
             )
         self._decoded = 0
+        self._listed = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
         return cap
 
     def read(self, out: np.ndarray | None) -> np.ndarray | None:
@@ -91,6 +105,7 @@ class FileSource(OpenCvCapture):
                 f"no frame could be decoded from video file {self._path} "
                 "(check its codec with ffprobe; the file may be truncated)"
             )
+        self._say_if_cut()
         if not self._cfg.loop:
             return False
         # Reopening is slower than seeking to frame 0 but works for every container, seekable or not.
@@ -102,6 +117,24 @@ class FileSource(OpenCvCapture):
                 "(was it replaced or truncated while running?)"
             )
         return True
+
+    def _say_if_cut(self) -> None:
+        """At the end of the file: a warning, once, when it ended well before the frames its container
+        lists (a copy cut short, data damaged halfway): FFmpeg reads such a file to where it breaks and
+        reports its end, and the rest would be left out without a word. A few frames short is an
+        estimate's error (a container that gives only a duration), not a fault."""
+        if self._cut_said or self._decoded + max(2, self._listed // 20) >= self._listed:
+            return
+        self._cut_said = True
+        log.warning(
+            "video file %s ended after %d of the %d frames its container lists: the rest could not be read "
+            "(is it truncated or damaged? check it with ffprobe)%s",
+            self._path,
+            self._decoded,
+            self._listed,
+            "; playing it again from its start" if self._cfg.loop else "",
+            extra={"CAMERA": self._cfg.camera_id},
+        )
 
     def _grab_one(self) -> bool:
         ok = self._grab()

@@ -1,5 +1,6 @@
 """Still images: a folder or glob read with `read_image` in sorted order, looped and paced like a camera,
-or, with ``pace = false``, each one handed to the model in turn (a folder to run the model over).
+or, with ``pace = false``, each one handed to the model in turn (a folder to run the model over). Each
+pass lists the images anew, so a folder that changes while it is read is read as it is.
 
 Unreadable images (a JPEG still being written among them) are skipped, logged once each with why,
 and counted; a folder where nothing decodes raises ``SourceError`` instead of spinning. Each frame
@@ -13,6 +14,7 @@ import fnmatch
 import glob
 import logging
 import os
+import re
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -136,6 +138,15 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     return image
 
 
+def _printable(path: str) -> str:
+    """``path`` with its control characters escaped (``\\n`` for a line feed), so that a file named with
+    one cannot break a log line in two or forge the next."""
+    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], path)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
     """``image`` copied into ``out`` when the shapes match, else ``image`` itself (a new size)."""
     if out is not None and out.shape == image.shape and out.dtype == image.dtype:
@@ -165,14 +176,7 @@ class ImagesSource:
         return self._skipped
 
     def open(self) -> None:
-        self._paths = list_images(self._cfg.path)
-        if not self._paths:
-            kinds = " ".join(sorted(IMAGE_SUFFIXES))
-            raise SourceError(f"no images found at {self._cfg.path} (looked for {kinds}; check source.path)")
-        # A folder's images are named by their file name; a glob's by the path it matched, which says where.
-        folder = os.path.isdir(self._cfg.path)
-        # A name that is not UTF-8 is shown with U+FFFD where its odd bytes were: messages are UTF-8 JSON.
-        self._names = [os.fsencode(os.path.basename(p) if folder else p).decode(errors="replace") for p in self._paths]
+        self._list()
         self._next = 0
         log.info(
             "image source %s: %d images %s, loop=%s",
@@ -183,24 +187,54 @@ class ImagesSource:
             extra={"CAMERA": self._cfg.camera_id},
         )
 
+    def _list(self) -> None:
+        """The images at ``path`` as they are now; `SourceError` where there are none."""
+        self._paths = list_images(self._cfg.path)
+        if not self._paths:
+            kinds = " ".join(sorted(IMAGE_SUFFIXES))
+            raise SourceError(f"no images found at {self._cfg.path} (looked for {kinds}; check source.path)")
+        # A folder's images are named by their file name; a glob's by the path it matched, which says where.
+        folder = os.path.isdir(self._cfg.path)
+        # A name that is not UTF-8 is shown with U+FFFD where its odd bytes were: messages are UTF-8 JSON.
+        self._names = [os.fsencode(os.path.basename(p) if folder else p).decode(errors="replace") for p in self._paths]
+
     def read(self, out: np.ndarray | None) -> np.ndarray | None:
-        for _ in range(len(self._paths)):
+        """The next image that can be read. Each pass after the first lists the images again, so those
+        added, renamed or replaced since are read and those removed are not looked for; `SourceError`
+        once a whole pass's images could not be read, with the last one's reason."""
+        failed, why = 0, ""
+        while failed < len(self._paths):
             if self._next == len(self._paths):
                 if not self._cfg.loop:
                     return None
-                self._next = 0
+                self._relist()
+                failed = 0
             path, self._last = self._paths[self._next], self._names[self._next]
             self._next += 1
             try:
                 image = read_image(path)
             except ImageError as e:
                 self._skip(path, e.why)
+                failed, why = failed + 1, f"{_printable(path)}: {e.why}"
                 continue
             return _into(out, image)
         raise SourceError(
-            f"none of the {len(self._paths)} images at {self._cfg.path} could be read "
-            "(check that they are image files OpenCV can decode)"
+            f"none of the {len(self._paths)} images at {self._cfg.path} could be read (the last, {why}; each is logged once)"
         )
+
+    def _relist(self) -> None:
+        """A new pass: the images listed again, and said when their number changed."""
+        before = len(self._paths)
+        self._list()
+        self._next = 0
+        if len(self._paths) != before:
+            log.info(
+                "image source %s: %d images now (%d before this pass)",
+                self._cfg.path,
+                len(self._paths),
+                before,
+                extra={"CAMERA": self._cfg.camera_id},
+            )
 
     def _skip(self, path: str, why: str) -> None:
         self._skipped += 1
@@ -208,7 +242,7 @@ class ImagesSource:
             self._reported.add(path)
             log.warning(
                 "skipping unreadable image %s (%s)",
-                path,
+                _printable(path),
                 why,
                 extra={"CAMERA": self._cfg.camera_id},
             )
