@@ -37,9 +37,11 @@ from edged.sources.base import (
     Frame,
     Source,
     SplitSource,
+    frames_vary_in_size,
     keeps_every_frame,
     names_frames,
     paces,
+    skipped,
     splits_reading,
     stamps,
     times_out,
@@ -71,6 +73,7 @@ class CaptureStats:
     frames_decoded: int
     dropped: dict[DropCause, int]
     read_errors: int
+    unreadable: int  # frames the source passed over as unreadable (an image folder's bad images)
     reconnects: int
     size_changes: int
     last_error: str | None
@@ -145,6 +148,8 @@ class Capture:
         self._state: CaptureState = "starting"
         self._failures = 0  # failed opens/reads since the last good frame
         self._read_errors = 0
+        self._unreadable = 0  # of the sources closed before and the one open, together
+        self._sizes_vary = False  # the open source's frames differ in size by nature: a change is no news
         self._reconnects = 0
         self._last_error: str | None = None
         self._last_progress_ns = clock()
@@ -206,6 +211,7 @@ class Capture:
                 state=self._state,
                 **asdict(counts),  # the ring's counters, as they are
                 read_errors=self._read_errors,
+                unreadable=self._unreadable,
                 reconnects=self._reconnects,
                 last_error=self._last_error,
                 last_progress_ns=self._last_progress_ns,
@@ -328,6 +334,8 @@ class Capture:
         timing = StreamTiming(period_ns=float(period_ns), paced=period_ns > 0)
         due_ns = self._clock()
         delivered = False
+        before = self._unreadable  # a source counts its own from 0: those of the sources before stay
+        self._sizes_vary = frames_vary_in_size(source)
         while not self._stop.is_set():
             if every and not self._until_taken():
                 return "stopped"
@@ -344,8 +352,10 @@ class Capture:
                 else:
                     got = self._grab(split, timing, watch, decode=not delivered or self._decode_all)
             except SourceError as e:
+                self._unreadable = before + skipped(source)
                 self._fail(str(e), read=True)
                 return "lost"
+            self._unreadable = before + skipped(source)
             if got == "ended":
                 return "ended"
             if got == "delivered" and not delivered:
@@ -406,7 +416,10 @@ class Capture:
     # ---- state changes, each logged once ---------------------------------------------------
 
     def _log_size_change(self, previous: Shape, shape: Shape) -> None:
-        log.warning(
+        """A warning for a camera (a renegotiation); a debug line for a source whose frames differ in
+        size by nature (an image folder of several sizes would write one at every image, each pass)."""
+        log.log(
+            logging.DEBUG if self._sizes_vary else logging.WARNING,
             "camera %s: frame size changed from %dx%d to %dx%d",
             self._camera_id,
             previous[1],

@@ -40,6 +40,8 @@ class Snapshot:
         drops = dict(self.stats.drops)
         drops.update(self.capture.dropped.items())
         drops["read_error"] = self.capture.read_errors
+        if self.capture.unreadable:
+            drops["unreadable_image"] = self.capture.unreadable
         for output in self.outputs:
             drops.update(output.drops)
         return drops

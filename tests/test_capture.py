@@ -487,6 +487,45 @@ def test_camera_lost_mid_stream_reconnects_with_backoff_and_ids_continue(
     assert all(getattr(r, "CAMERA", None) == "cam7" for r in caplog.records)
 
 
+class SkippingSource(FakeSource):
+    """A source that passes over an unreadable frame before each it delivers, as an image folder
+    passes over a bad image: its own count starts from 0 each time it is built."""
+
+    def __init__(self, camera: FakeCamera) -> None:
+        super().__init__(camera)
+        self._skipped = 0
+
+    @property
+    def skipped(self) -> int:
+        return self._skipped
+
+    def read(self, out: np.ndarray | None) -> np.ndarray | None:
+        image = super().read(out)
+        self._skipped += 1
+        return image
+
+
+def test_frames_a_source_passes_over_are_counted_across_its_reopens(captures: Captures) -> None:
+    # An image folder's unreadable images were counted by the source alone, which nothing read:
+    # the status and /metrics said nothing of them.
+    clock = ManualClock()
+    camera = FakeCamera(fps=100.0, fail_at=3, clock=clock)
+    sources: list[SkippingSource] = []
+
+    def build() -> SkippingSource:
+        sources.append(SkippingSource(camera))
+        return sources[-1]
+
+    capture, _ = captures.on_clock(build, clock, backoff_initial_s=0.05, backoff_max_s=0.05)
+    clock.waiting(1)
+    take_all(capture, clock, 3)  # frames 0-2; the read of the fourth fails
+    assert capture.state == "lost"
+    clock.step()  # the backoff, then the camera is back
+    take_all(capture, clock, 2)
+    assert len(sources) == 2 and sources[0].skipped == 3  # before each of its three frames
+    assert capture.stats().unreadable == sources[0].skipped + sources[1].skipped > sources[1].skipped
+
+
 def test_camera_that_never_comes_back_keeps_retrying_quietly(captures: Captures, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="edged.capture")
     camera = FakeCamera(never_back=True)
@@ -616,6 +655,27 @@ def test_size_change_mid_stream_reallocates_slots_and_keeps_the_held_frame(captu
     later = take_all(capture, clock, 4)
     assert all(f.image.shape == (48, 40, 3) for f in later)
     assert capture.stats().size_changes == 1
+
+
+class MixedSizesSource(FakeSource):
+    """A source whose frames differ in size by nature, as an image folder's do."""
+
+    frame_sizes_vary = True
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_size_change_is_a_warning_for_a_camera_and_a_debug_line_where_sizes_vary(
+    captures: Captures, caplog: pytest.LogCaptureFixture, mixed: bool
+) -> None:
+    # An image folder of several sizes wrote a warning at every image of another size, every pass.
+    caplog.set_level(logging.DEBUG, logger="edged.capture")
+    camera = FakeCamera(fps=100.0, resize_at=2)
+    capture, clock = captures.on_clock(lambda: MixedSizesSource(camera) if mixed else FakeSource(camera))
+    clock.waiting(1)
+    take_all(capture, clock, 4)
+    assert capture.stats().size_changes == 1
+    [line] = [r for r in caplog.records if "frame size changed" in r.getMessage()]
+    assert line.levelno == (logging.DEBUG if mixed else logging.WARNING)
 
 
 def test_finite_source_without_loop_ends(tmp_path: Path, captures: Captures) -> None:

@@ -26,6 +26,7 @@ def _capture(state: CaptureState = "ok", *, alive: bool = True, last_progress_ns
         frames_decoded=0,
         dropped={},
         read_errors=0,
+        unreadable=0,
         reconnects=0,
         size_changes=0,
         last_error=None,

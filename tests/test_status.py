@@ -24,6 +24,7 @@ def _snapshot(rate_cap: float | None = None) -> Snapshot:
         frames_decoded=8,
         dropped={"stale_slow": 3, "rate_capped": 5, "not_requested": 0},
         read_errors=1,
+        unreadable=0,
         reconnects=2,
         size_changes=0,
         last_error="gone",
@@ -44,6 +45,14 @@ def test_drops_gather_every_cause_from_every_part() -> None:
         "read_error": 1,
         "publish_full": 4,
     }
+
+
+def test_images_a_source_could_not_read_are_among_the_drops() -> None:
+    # An image folder's unreadable images: "skipped, logged and counted", and the count is here.
+    snapshot = _snapshot()
+    counted = replace(snapshot, capture=replace(snapshot.capture, unreadable=2)).drops()
+    assert counted["unreadable_image"] == 2
+    assert "unreadable_image" not in snapshot.drops()  # a camera that skips none does not show the cause
 
 
 def test_the_message_says_what_the_parts_say() -> None:

@@ -61,6 +61,8 @@ class Source(Protocol):
     - ``keeps_every_frame() -> bool``: True when every frame must be processed (an image folder
       with ``pace = false``): the capture thread then reads the next frame only once the consumer
       has taken the one before, so none is dropped, however slow the model.
+    - ``skipped`` (an int property): for sources that pass over frames they cannot read (an image
+      folder's unreadable images), how many since opening; the capture counts them across reopens.
     """
 
     channel_order: Literal["bgr", "rgb"]
@@ -136,6 +138,17 @@ class NamedSource(Source, Protocol):
 def names_frames(source: Source) -> TypeGuard[NamedSource]:
     """Whether ``source`` has ``frame_name``, so each frame carries the name of its file."""
     return callable(getattr(source, "frame_name", None))
+
+
+def frames_vary_in_size(source: Source) -> bool:
+    """Whether the frames of ``source`` differ in size by nature (see `Source`, ``frame_sizes_vary``)."""
+    return bool(getattr(source, "frame_sizes_vary", False))
+
+
+def skipped(source: Source) -> int:
+    """The frames ``source`` has passed over as unreadable since it opened (see `Source`, ``skipped``); 0 for others."""
+    count = getattr(source, "skipped", 0)
+    return count if isinstance(count, int) else 0
 
 
 def keeps_every_frame(source: Source) -> bool:
