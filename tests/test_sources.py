@@ -500,6 +500,10 @@ def test_each_registered_type_name_is_the_one_its_config_declares(name: str) -> 
 def test_only_a_video_file_source_reports_a_missing_file(tmp_path: Path) -> None:
     gone = tmp_path / "gone.mp4"
     assert FileSourceConfig(path=gone).file_problems() == [f"source.path: video file {gone} does not exist"]
+    folder = tmp_path / "clip.mp4"
+    folder.mkdir()
+    [problem] = FileSourceConfig(path=folder).file_problems()
+    assert "is a folder, not a video file" in problem and 'type = "images"' in problem
     gone.write_bytes(b"x")
     assert FileSourceConfig(path=gone).file_problems() == []
     assert FileSourceConfig(path=tmp_path / ("x" * 5000)).file_problems() != []

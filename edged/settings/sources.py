@@ -141,7 +141,11 @@ class FileSourceConfig(SourceBase):
 
     def file_problems(self) -> list[str]:
         # os.path.isfile, unlike Path.is_file, answers False for a name the filesystem cannot hold.
-        return [] if os.path.isfile(self.path) else [f"source.path: video file {self.path} does not exist"]
+        if os.path.isfile(self.path):
+            return []
+        if os.path.isdir(self.path):
+            return [f'source.path: {self.path} is a folder, not a video file (a folder of images is type = "images")']
+        return [f"source.path: video file {self.path} does not exist"]
 
 
 class ImagesSourceConfig(SourceBase):
