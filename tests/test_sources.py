@@ -25,6 +25,7 @@ from edged.settings.sources import (
     SourceBase,
     SyntheticSourceConfig,
     V4l2SourceConfig,
+    mask_credentials,
 )
 from edged.sources.file import FileSource
 from edged.sources.images import MAX_FILE_BYTES, ImagesSource, list_images, read_image
@@ -495,6 +496,11 @@ def test_open_source_picks_the_class_for_each_type(tmp_path: Path) -> None:
 def test_each_registered_type_name_is_the_one_its_config_declares(name: str) -> None:
     config = KINDS[name]
     assert config.model_fields["type"].default == name
+
+
+def test_credentials_are_masked_and_an_abstract_socket_name_is_left_alone() -> None:
+    assert mask_credentials("rtsp://admin:s3cret@10.0.0.5/cam") == "rtsp://***@10.0.0.5/cam"
+    assert mask_credentials("ipc://@edged-trigger") == "ipc://@edged-trigger"  # no user: it read ipc://***@
 
 
 def test_only_a_video_file_source_reports_a_missing_file(tmp_path: Path) -> None:

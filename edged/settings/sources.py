@@ -25,7 +25,7 @@ from edged.settings.section import Name, Section
 TriggerMode = Literal["free", "request"]
 
 
-_CREDENTIALS = re.compile(r"(?<=://)[^/\s]*@")  # user[:password]@ after a URL's scheme
+_CREDENTIALS = re.compile(r"(?<=://)[^/\s]+@")  # user[:password]@ after a URL's scheme (ipc://@name has none)
 MIN_SIDE, MAX_WIDTH, MAX_HEIGHT = 32, 7680, 4320  # the frame sizes asked of a camera or generated: up to 8K
 
 
