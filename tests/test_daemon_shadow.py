@@ -12,7 +12,6 @@ import re
 import shutil
 import signal
 import sqlite3
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from filesystems import opening_stalled
+from floods import Flood
 from onnx_models import fixed_scene, nan_probe
 from test_signature import keypair
 from waiting import wait_for
@@ -390,36 +390,16 @@ def test_a_flood_of_commands_holds_up_neither_the_frames_nor_the_stop(tmp_path: 
     # Clients in the service's group that send commands as fast as libzmq takes them and read no
     # answer: the loop answers a few a turn, so frames and status go on and SIGTERM stops it.
     d, _ = start(tmp_path, {"path": "scene.onnx"})
-    context, flooding, sent = zmq.Context(), threading.Event(), [0]
-
-    def flood() -> None:
-        socks = [context.socket(zmq.DEALER) for _ in range(4)]
-        for sock in socks:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 100_000)  # always more waiting than the loop answers in a turn
-            sock.connect(f"ipc://{tmp_path}/control.sock")
-        while not flooding.is_set():
-            for sock in socks:
-                try:
-                    sock.send_multipart([b"", json.dumps({"command": "rollback"}).encode()], zmq.NOBLOCK)
-                    sent[0] += 1
-                except zmq.Again:
-                    flooding.wait(0.001)
-        for sock in socks:
-            sock.close(linger=0)
-
-    flooder = threading.Thread(target=flood, daemon=True)
+    context = zmq.Context()
     try:
         d.wait_status(lambda s: s.candidate is not None)
-        flooder.start()
-        assert wait_for(lambda: sent[0] >= 50_000, 60), sent
-        since_ns = time.time_ns()
-        d.captured_after(since_ns, 3, timeout=30)  # live frames go on amid the flood
-        d.signal(signal.SIGTERM)
-        assert d.proc.wait(30) == 0, d.log()
+        with Flood(context, f"ipc://{tmp_path}/control.sock", json.dumps({"command": "rollback"}).encode()) as flood:
+            assert wait_for(lambda: flood.sent >= 50_000, 60), flood.sent
+            since_ns = time.time_ns()
+            d.captured_after(since_ns, 3, timeout=30)  # live frames go on amid the flood
+            d.signal(signal.SIGTERM)
+            assert d.proc.wait(30) == 0, d.log()
     finally:
-        flooding.set()
-        flooder.join()
         context.term()
         d.stop()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config
+from floods import Flood
 from onnx_models import failing_probe, fixed_scene
 from waiting import wait_for
 
@@ -397,38 +397,17 @@ def test_a_flood_of_requests_holds_up_neither_the_loop_nor_its_stop(tmp_path: Pa
     # bounded batch a turn, so status and requests go on and SIGTERM stops it while the flood goes on.
     with running(tmp_path, fps=5.0) as d:
         ask = Requester(d.trigger)  # type: ignore[attr-defined]
-        flooding, sent = threading.Event(), [0]
-
-        def flood() -> None:
-            socks = [ask.context.socket(zmq.DEALER) for _ in range(4)]
-            for sock in socks:
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.SNDHWM, 100_000)  # always more waiting than the loop reads in a turn
-                sock.connect(ask.endpoint)
-            while not flooding.is_set():
-                for sock in socks:
-                    try:
-                        sock.send_multipart([b"", b'{"part_id": "flood"}'], zmq.NOBLOCK)
-                        sent[0] += 1
-                    except zmq.Again:
-                        flooding.wait(0.001)
-            for sock in socks:
-                sock.close(linger=0)
-
-        flooder = threading.Thread(target=flood, daemon=True)
         try:
             ready(d)
-            flooder.start()
-            assert wait_for(lambda: sent[0] >= 50_000, 60), sent
-            since_ns = time.time_ns()
-            d.wait_status(lambda s: s.time_ns > since_ns, timeout=30)  # the loop turns amid the flood
-            reply = ask.ask(b'{"part_id": "amid"}', timeout_s=30)
-            assert isinstance(reply, VerdictMessage | TriggerError) and reply.part_id == "amid", reply
-            d.signal(signal.SIGTERM)
-            assert d.proc.wait(30) == 0, d.log()
+            with Flood(ask.context, ask.endpoint, b'{"part_id": "flood"}') as flood:
+                assert wait_for(lambda: flood.sent >= 50_000, 60), flood.sent
+                since_ns = time.time_ns()
+                d.wait_status(lambda s: s.time_ns > since_ns, timeout=30)  # the loop turns amid the flood
+                reply = ask.ask(b'{"part_id": "amid"}', timeout_s=30)
+                assert isinstance(reply, VerdictMessage | TriggerError) and reply.part_id == "amid", reply
+                d.signal(signal.SIGTERM)
+                assert d.proc.wait(30) == 0, d.log()
         finally:
-            flooding.set()
-            flooder.join()
             ask.close()
 
 
