@@ -352,10 +352,10 @@ class Capture:
                 else:
                     got = self._grab(split, timing, watch, decode=not delivered or self._decode_all)
             except SourceError as e:
-                self._unreadable = before + skipped(source)
                 self._fail(str(e), read=True)
                 return "lost"
-            self._unreadable = before + skipped(source)
+            finally:
+                self._unreadable = before + skipped(source)
             if got == "ended":
                 return "ended"
             if got == "delivered" and not delivered:

@@ -140,8 +140,9 @@ def names_frames(source: Source) -> TypeGuard[NamedSource]:
     return callable(getattr(source, "frame_name", None))
 
 
-def frames_vary_in_size(source: Source) -> bool:
-    """Whether the frames of ``source`` differ in size by nature (see `Source`, ``frame_sizes_vary``)."""
+def frames_vary_in_size(source: object) -> bool:
+    """Whether the frames of ``source`` (a source, or what builds one) differ in size by nature (see `Source`,
+    ``frame_sizes_vary``)."""
     return bool(getattr(source, "frame_sizes_vary", False))
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from edged.settings.sources import SourceBase
 from edged.sources import gstreamer, picamera2
-from edged.sources.base import Source
+from edged.sources.base import Source, frames_vary_in_size
 from edged.sources.file import FileSource
 from edged.sources.gstreamer import GstreamerSource
 from edged.sources.images import ImagesSource
@@ -49,7 +49,7 @@ def config_problems(cfg: SourceBase) -> list[str]:
 
 def sizes_vary(cfg: SourceBase) -> bool:
     """Whether the source ``cfg`` builds declares ``frame_sizes_vary`` (see `edged.sources.base.Source`)."""
-    return bool(getattr(SOURCES[cfg.type], "frame_sizes_vary", False))
+    return frames_vary_in_size(SOURCES[cfg.type])
 
 
 def open_source(cfg: SourceBase) -> Source:
