@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 QUEUE_FRAMES = 4  # frames waiting for the writer: bounds the memory a slow disk can take (4 copies)
 IDLE_WAKE_S = 60.0  # the writer wakes this often without frames, so age pruning runs on a quiet line
 RATE_WINDOW_S = 60.0
+STEP_S = 3600.0  # a step of the wall clock forward by more moves the saved images' times (`EvidenceWriter`)
 STOP_WAIT_S = 1.0  # at stop, time left to each writer to finish its queue (a few ms per frame)
 SUBFOLDERS = ("images", "labels", "messages")
 MAPS = "maps"  # an anomaly model's map, made only for frames that have one
@@ -457,9 +458,10 @@ class EvidenceStore:
         """Delete the oldest sets of every dataset while over ``max_bytes`` or older than
         ``max_age_days``; how many went."""
         cutoff = now_s - self.max_age_s if self.max_age_s else None
+        today = f"{datetime.fromtimestamp(now_s, tz=timezone.utc):%Y-%m-%d}"
         deleted = 0
         while self._days:
-            if not self._oldest and not self._load_oldest():
+            if not self._oldest and not self._load_oldest(today):
                 continue
             day, image = self._oldest[0]
             if self.total_bytes <= self.max_bytes:
@@ -477,9 +479,29 @@ class EvidenceStore:
             deleted += 1
         return deleted
 
-    def _load_oldest(self) -> bool:
+    def restamp(self, before_s: float, by_s: float) -> int:
+        """Move the images saved before ``before_s`` on by ``by_s``: the wall clock was stepped forward
+        by as much since (`EvidenceWriter`), and the age limit counts from an image's time. How many moved."""
+        moved = 0
+        for dataset in sorted(self._datasets):
+            for day in self._days:
+                for image in _images(self.root / dataset / day):
+                    try:
+                        stamp = image.stat()
+                        if image.suffix == ".jpg" and stamp.st_mtime < before_s:
+                            os.utime(image, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + round(by_s * 1e9)))
+                            moved += 1
+                    except FileNotFoundError:
+                        continue
+        return moved
+
+    def _load_oldest(self, today: str) -> bool:
         """The oldest day's images of every dataset, in name (= capture) order; an empty day is
-        removed. False when it was."""
+        removed. False when it was. A day after ``today`` counts as older than any other: its frames
+        were stamped by a clock since stepped back (set wrongly into the future), so saved before
+        any frame stamped now, which would otherwise be the first to go while over ``max_bytes``."""
+        if self._days[-1] > today:
+            self._days = deque(sorted(self._days, key=lambda day: (day <= today, day)))
         days = [self.root / dataset / self._days[0] for dataset in sorted(self._datasets)]
         images = sorted(((day, p) for day in days for p in _images(day) if p.suffix == ".jpg"), key=lambda d: d[1].name)
         if images:
@@ -555,6 +577,12 @@ def folder_problem(root: Path, camera_id: str) -> str | None:
     return None
 
 
+def _wall_less_monotonic() -> float:
+    """The wall clock less the clock since boot: constant but for a step (or NTP's slow slewing) of the
+    wall clock. The boot clock counts a suspend, as the wall clock does; the monotonic one does not."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 class EvidenceWriter:
     """Decides on the loop which frames are evidence, and saves them on a background thread.
 
@@ -579,6 +607,8 @@ class EvidenceWriter:
         if previous is not None:
             self.saved, self.dropped, self.rate_limited = previous.saved, previous.dropped, previous.rate_limited
         self.failures: Failures = Failures(previous.failures if previous is not None else None)
+        # The wall clock less the monotonic clock as last seen: only a step of the wall clock moves it far.
+        self._clock_offset: float = previous._clock_offset if previous is not None else _wall_less_monotonic()
         self._refusing: Literal["dropped", "rate_limited"] | None = None  # said once per burst of refusals
         self._fields = {"CAMERA": camera_id, "STAGE": "evidence"}  # journald fields of its log lines
 
@@ -730,15 +760,35 @@ class EvidenceWriter:
     def _save(self, frame: EvidenceFrame) -> None:
         if not self.store.opened:
             self.store.open()
+        self._follow_clock()
         self.store.save(frame, self.cfg.jpeg_quality)
         self.saved += 1
         self.store.prune(time.time())
 
     def _prune(self) -> None:
         if self.store.opened:
+            self._follow_clock()
             self.store.prune(time.time())
         else:
             self.store.open()
+
+    def _follow_clock(self) -> None:
+        """A step of the wall clock forward since the last look (NTP setting right a board that ran
+        on a clock behind) moves the times of the images saved before it on by as much, so that the
+        age limit counts from when they were saved and deletes none early, now or after a restart.
+        A step back is let be: its frames only stay longer, within ``max_bytes``."""
+        offset = _wall_less_monotonic()
+        step = offset - self._clock_offset
+        if step > STEP_S:
+            moved = self.store.restamp(time.time() - step, step)
+            log.warning(
+                "evidence: the wall clock was stepped forward by %.1f days; the times of the %d images saved "
+                "before are moved on by as much, so the age limit counts from when they were saved",
+                step / 86400,
+                moved,
+                extra=self._fields,
+            )
+        self._clock_offset = offset
 
     def _attempt(self, action: Callable[[], None]) -> bool:
         """Run ``action``; an error is counted, and logged only when a burst of them starts."""

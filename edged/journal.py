@@ -34,7 +34,7 @@ from edged.identity import Identity, clock_synced
 from edged.lograte import Failures, LogRate
 from edged.messages import JournalReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
-from edged.replay import VerdictFeed
+from edged.replay import VerdictFeed, acknowledged
 from edged.settings.journal import JournalConfig
 from edged.wake import Wake, Waker
 
@@ -49,6 +49,7 @@ RETRY_S = (1.0, 30.0)  # after a failed write, the first wait and the longest (d
 PRUNE_EVERY_S = 60.0  # retention pass period
 STOP_WAIT_S = 2.0  # at stop, time left to write what is queued
 LOG_EVERY_S = 60.0
+LAST_ROW = 2**63 - 1  # SQLite's largest integer: no row id is above it
 
 # The entries table: its columns after ``id``, in the order rows are written and read.
 TABLE = (
@@ -175,11 +176,21 @@ class JournalStore:
 
     def _move_aside(self, why: sqlite3.DatabaseError) -> None:
         """The damaged file (with its WAL and shared memory) goes aside, said once; the next open starts anew."""
-        aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+        aside = self._aside_name()
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 Path(f"{self.path}{suffix}").replace(f"{aside}{suffix}")
         log.warning("journal %s is damaged (%s): moved aside to %s; a new journal starts", self.path, why, aside)
+
+    def _aside_name(self) -> Path:
+        """``journal.sqlite.damaged-TIME``, numbered where a journal moved aside before has the name: a
+        board without a real-time clock boots to the same time again, and would replace that one."""
+        name = f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+        aside, n = self.path.with_name(name), 1
+        while any(Path(f"{aside}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
+            n += 1
+            aside = self.path.with_name(f"{name}-{n}")
+        return aside
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
@@ -235,17 +246,37 @@ class JournalStore:
         pages = db.execute("PRAGMA page_count").fetchone()[0] - db.execute("PRAGMA freelist_count").fetchone()[0]
         return int(pages * db.execute("PRAGMA page_size").fetchone()[0])
 
-    def prune(self, now_ns: int, max_age_days: float, max_bytes: int) -> int:
+    def prune(
+        self,
+        now_ns: int,
+        max_age_days: float,
+        max_bytes: int,
+        *,
+        boot: tuple[str, int] | None = None,
+        keep_unsent: bool = False,
+    ) -> int:
         """Delete rows older than ``max_age_days`` (0: none), then the oldest tenth until under
-        ``max_bytes``; give the space back to the file system. Returns the rows deleted."""
+        ``max_bytes``; give the space back to the file system. Returns the rows deleted.
+
+        The rows of ``boot`` (this boot's id, and its monotonic clock now) are aged on the monotonic
+        clock, which no step of the wall clock moves: a board without a real-time clock whose clock
+        NTP corrects by months deletes none of them early. With ``keep_unsent``, age never deletes a
+        verdict an output delivering from the journal (MQTT) has not had acknowledged: a backlog is
+        bounded by ``max_bytes`` alone, whatever the clock says of its age."""
         db = self._connection()
         deleted = 0
         try:
             with db:
                 db.execute("BEGIN")
                 if max_age_days > 0:
-                    cutoff = now_ns - int(max_age_days * 86_400e9)
-                    deleted += db.execute("DELETE FROM entries WHERE wall_ns < ?", (cutoff,)).rowcount
+                    age_ns = int(max_age_days * 86_400e9)
+                    boot_id, mono_ns = boot if boot is not None else (None, 0)  # NULL: no row is this boot's
+                    sent = acknowledged(db) if keep_unsent else None
+                    deleted += db.execute(
+                        "DELETE FROM entries WHERE CASE WHEN boot_id = ? THEN mono_ns < ? ELSE wall_ns < ? END "
+                        "AND (kind != 'verdict' OR id <= ?)",
+                        (boot_id, mono_ns - age_ns, now_ns - age_ns, LAST_ROW if sent is None else sent),
+                    ).rowcount
             while self.size() > max_bytes:
                 with db:
                     db.execute("BEGIN")
@@ -278,11 +309,20 @@ class JournalWriter:
     """Takes entries from the loop (`offer`, never blocking) and writes them on its own thread."""
 
     def __init__(
-        self, cfg: JournalConfig, identity: Identity, previous: JournalWriter | None, carried: Sequence[Entry] = ()
+        self,
+        cfg: JournalConfig,
+        identity: Identity,
+        previous: JournalWriter | None,
+        carried: Sequence[Entry] = (),
+        *,
+        keep_unsent: bool = False,
     ) -> None:
         """``previous``: the writer this one replaces, whose counters it goes on with; ``carried``:
-        the entries it could not write, which this one writes first."""
+        the entries it could not write, which this one writes first; ``keep_unsent``: an output
+        delivers from the journal, whose verdicts not yet acknowledged age never deletes
+        (`JournalStore.prune`)."""
         self.cfg = cfg
+        self.keep_unsent = keep_unsent
         self.store = JournalStore(cfg.file, cfg.durability)
         self._identity = identity
         self._lock = threading.Lock()
@@ -444,7 +484,8 @@ class JournalWriter:
     def _prune(self) -> None:
         if not self.store.opened:  # nothing written yet, or the file went aside: the next write opens it
             return
-        self.store.prune(time.time_ns(), self.cfg.max_age_days, self.cfg.max_bytes)
+        boot = (self._identity.boot_id, time.monotonic_ns())
+        self.store.prune(time.time_ns(), self.cfg.max_age_days, self.cfg.max_bytes, boot=boot, keep_unsent=self.keep_unsent)
         self.bytes = self.store.size()
 
     def _attempt(self, action: Callable[[], None]) -> bool:
@@ -482,13 +523,14 @@ class JournalOutput(Output):
         self._adopt(settings)
         self._loop_wake = wake
         self._held: deque[tuple[int, Callable[[], object]]] = deque()  # (entries accepted before it, the send)
-        self.writer = JournalWriter(self._cfg, Identity.here(), previous, carried)
+        self.writer = JournalWriter(self._cfg, Identity.here(), previous, carried, keep_unsent=self._delivers)
         self._carried = bool(carried)
         self.writer.committed.add(wake)
         self.writer.start(records=records(settings))
 
     def _adopt(self, settings: Settings) -> None:
         self._cfg = settings.journal
+        self._delivers = settings.mqtt is not None  # MQTT sends the verdicts from the journal (`edged.replay`)
         self._config_sha256 = config_sha256(settings)
         self._inspected = set(settings.inspected())
 
@@ -582,7 +624,7 @@ class JournalOutput(Output):
             return None
         if cfg.path == self._cfg.path and cfg.durability == self._cfg.durability:
             self._adopt(settings)
-            self.writer.cfg = cfg
+            self.writer.cfg, self.writer.keep_unsent = cfg, self._delivers
             return self
         left = self.writer.stop(STOP_WAIT_S)  # what a failing disk kept: written to the new journal first
         self.deliver_recorded()

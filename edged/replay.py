@@ -63,6 +63,15 @@ def _cursor_row(db: sqlite3.Connection, name: str, first_after: int) -> int:
     return int(row[0])
 
 
+def acknowledged(db: sqlite3.Connection) -> int | None:
+    """The row up to which every output delivering from journal ``db`` had its verdicts
+    acknowledged (the least cursor); None where no output has a cursor there yet."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cursors'").fetchone() is None:
+        return None
+    least = db.execute("SELECT min(row_id) FROM cursors").fetchone()[0]
+    return None if least is None else int(least)
+
+
 def _last_row(db: sqlite3.Connection) -> int:
     return int(db.execute("SELECT coalesce(max(id), 0) FROM entries").fetchone()[0])
 

@@ -533,6 +533,26 @@ def test_frames_older_than_max_age_are_deleted_at_start_up_and_after_saves(tmp_p
     assert reopened.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))  # data.yaml, classes.txt
 
 
+def test_after_a_clock_stepped_back_from_the_future_the_quota_deletes_the_frames_it_stamped_first(tmp_path: Path) -> None:
+    """A board set wrongly four years ahead saves evidence to its quota; stepped back, every frame it
+    saves now is named before those (the names sort by capture time). Those from the future were
+    saved first, and go first (before: each new frame went at the save after it, and the folder kept
+    only what the wrong clock had stamped)."""
+    future_ns = time.time_ns() + 4 * 365 * DAY_NS
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    store.open()
+    for i in range(3):
+        store.save(frame(i, t_ns=future_ns, noise=True), 95)
+    store.max_bytes = int(store.total_bytes * 1.2)
+    stepped_back = [frame(i, t_ns=time.time_ns(), noise=True) for i in range(3, 6)]
+    for saved in stepped_back:
+        store.save(saved, 95)
+        store.prune(time.time())
+        assert store.total_bytes <= store.max_bytes
+    kept = [day_and_stem("cam0", f.capture_time_ns, f.frame_id)[1] for f in stepped_back]
+    assert set(kept) <= set(saved_sets(tmp_path)), saved_sets(tmp_path)
+
+
 # ---- the writer -------------------------------------------------------------------------------
 
 
@@ -847,3 +867,33 @@ def test_a_folder_that_takes_no_file_is_named_with_the_reason(tmp_path: Path) ->
     with read_only_folder(tmp_path / "ro"):
         problem = folder_problem(tmp_path / "ro" / "evidence", "cam0")
     assert problem is not None and ("read-only" in problem or "permission denied" in problem), problem
+
+
+def test_a_clock_stepped_forward_past_the_age_limit_while_saving_deletes_no_frame_early(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A board without a real-time clock saves evidence on a clock 200 days behind, then NTP sets it
+    right while edged runs. The images saved before carry the old clock's times (made so here with
+    `os.utime`, as the kernel stamped them), 200 days past the age limit: the writer moves them on by
+    the step it sees, so none goes, then or after a restart (before: the next save deleted them all)."""
+    real = time.time
+    behind_s = 200 * 86400.0
+    monkeypatch.setattr(time, "time", lambda: real() - behind_s)  # the wall clock as the board booted
+    w = writer(tmp_path, save="all", max_per_minute=0, max_age_days=30)
+    w.start()
+    try:
+        for i in range(3):
+            w.submit(frame(i, t_ns=time.time_ns() - round(behind_s * 1e9)))
+        assert wait_for(lambda: w.saved == 3, 10)
+        for image in tmp_path.rglob("*.jpg"):
+            stamp = image.stat().st_mtime - behind_s
+            os.utime(image, (stamp, stamp))
+        monkeypatch.setattr(time, "time", real)  # NTP steps the clock 200 days forward
+        w.submit(frame(3))
+        assert wait_for(lambda: w.saved == 4, 10)
+        assert len(saved_sets(tmp_path)) == 4
+    finally:
+        w.stop(timeout_s=10)
+    reopened = EvidenceStore(tmp_path / "ev", "cam0", 10**9, 30)
+    reopened.open()  # the next start: each image's time is when it was saved, on the clock as set right
+    assert len(saved_sets(tmp_path)) == 4 and w.report().errors == 0

@@ -3,6 +3,7 @@ aside; retention; a full or read-only disk counted while nothing queued is lost;
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import signal
@@ -28,6 +29,7 @@ from edged.journal import Entry, JournalOutput, JournalStore, JournalWriter
 from edged.messages import AnyMessage, StatusMessage, VerdictMessage, parse_message
 from edged.output import Services
 from edged.reload import Reloads, Replacement, load_replacement
+from edged.replay import VerdictFeed
 from edged.settings.journal import JournalConfig
 
 IDENTITY = Identity("b0a4d1d000000000", "boot-1", "9.9.9")
@@ -112,6 +114,24 @@ def test_a_damaged_journal_is_moved_aside_and_a_new_one_started(tmp_path: Path, 
 
 
 @pytest.mark.unit
+def test_a_journal_damaged_again_at_the_same_clock_time_keeps_the_one_moved_aside_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A board without a real-time clock boots to the same time each time: a journal damaged at one
+    boot and another at the next were moved aside under one name, the second replacing the first."""
+    monkeypatch.setattr(time, "strftime", lambda format, *when: "20260101T000012")  # the clock as booted, twice
+    path = tmp_path / "journal.sqlite"
+    for boot in ("first", "second"):
+        path.write_bytes(f"the {boot} damaged journal\n".encode() * 400)
+        store = JournalStore(path, "normal")
+        store.open()
+        store.close()
+    aside = sorted(p.name for p in tmp_path.glob("journal.sqlite.damaged-*"))
+    assert aside == ["journal.sqlite.damaged-20260101T000012", "journal.sqlite.damaged-20260101T000012-2"]
+    assert [(tmp_path / name).read_bytes()[:10] for name in aside] == [b"the first ", b"the second"]
+
+
+@pytest.mark.unit
 def test_a_journal_with_another_tables_columns_is_moved_aside_kept_whole_and_a_new_one_started(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite"
     with sqlite3.connect(path) as db:  # another version's table: "no such column" on every write, for ever
@@ -143,6 +163,93 @@ def test_retention_deletes_by_age_then_the_oldest_until_under_its_size(tmp_path:
     assert store.size() <= 200_000 and left == list(range(left[0], 400))  # the newest kept, in order
     assert path.stat().st_size < 400 * 2000  # the space went back to the file system
     store.close()
+
+
+DAY_NS = 86_400 * 10**9
+EARLIER = Identity(IDENTITY.board_id, "boot-0", IDENTITY.version)  # a boot of the same board before this one
+
+
+def at(n: int, wall_ns: int, mono_ns: int, kind: str = "verdict") -> Entry:
+    """Entry ``n`` stamped ``wall_ns`` on the wall clock and ``mono_ns`` on the monotonic clock."""
+    return dataclasses.replace(entry(n, wall_ns=wall_ns), mono_ns=mono_ns, kind=kind)
+
+
+@pytest.mark.unit
+def test_a_clock_stepped_forward_past_the_age_limit_deletes_no_row_of_this_boot(tmp_path: Path) -> None:
+    """A board without a real-time clock records for days on a clock months behind, then NTP steps it
+    forward: the rows of this boot are aged on the monotonic clock, which the step left alone, so
+    none goes early (before: every one, each looking 200 days old). An earlier boot's rows have
+    only their wall time, and go by it."""
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    wall, mono = 1_700_000_000 * 10**9, 5 * DAY_NS  # the clock as booted; five days up
+    store.append([at(n, wall - 60 * DAY_NS, mono) for n in range(3)], EARLIER, False)
+    store.append([at(n, wall + (n - 3) * DAY_NS, mono + (n - 3) * DAY_NS) for n in range(3, 6)], IDENTITY, False)
+    stepped = wall + 200 * DAY_NS  # two days on, NTP sets the clock 200 days later
+    assert store.prune(stepped, 30, 10**9, boot=(IDENTITY.boot_id, mono + 2 * DAY_NS)) == 3  # the earlier boot's
+    assert rows(path) == [(3,), (4,), (5,)]
+    assert store.prune(stepped + 29 * DAY_NS, 30, 10**9, boot=(IDENTITY.boot_id, mono + 31 * DAY_NS)) == 1
+    assert rows(path) == [(4,), (5,)]  # 31 days on the monotonic clock: the first is past the limit, and went
+    store.close()
+
+
+def backlog(path: Path, wall_ns: int) -> None:
+    """An outage's ten verdicts and two detections messages, recorded by an earlier boot at ``wall_ns``,
+    MQTT's cursor after the fourth (all it had acknowledged)."""
+    store = JournalStore(path, "normal")
+    store.append([at(n, wall_ns, n, "detections" if n in (3, 8) else "verdict") for n in range(1, 13)], EARLIER, False)
+    store.close()
+    VerdictFeed(path, "mqtt", first_after=4)  # the feed writes its cursor as it is made
+
+
+@pytest.mark.unit
+def test_age_never_deletes_a_verdict_the_broker_has_not_acknowledged_and_size_still_bounds_them(tmp_path: Path) -> None:
+    """The backlog of an outage, recorded on a clock NTP then stepped forward by months, looks past
+    any age limit: age deletes what MQTT had acknowledged (up to its cursor) and the detections
+    messages, never a verdict still to send; ``max_bytes`` still bounds those."""
+    path = tmp_path / "journal.sqlite"
+    wall = 1_700_000_000 * 10**9
+    backlog(path, wall)
+    store = JournalStore(path, "normal")
+    boot = (IDENTITY.boot_id, DAY_NS)
+    assert store.prune(wall + 200 * DAY_NS, 90, 10**9, boot=boot, keep_unsent=True) == 5  # ids 1..4, and 8
+    assert rows(path, "SELECT id FROM entries ORDER BY id") == [(5,), (6,), (7,), (9,), (10,), (11,), (12,)]
+    store.append([entry(n, size=20_000) for n in range(13, 40)], IDENTITY, None)
+    store.prune(wall + 200 * DAY_NS, 90, 300_000, boot=boot, keep_unsent=True)
+    assert store.size() <= 300_000 and (5,) not in rows(path, "SELECT id FROM entries")  # the oldest went for room
+    store.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mqtt", [True, False])
+def test_a_journal_opened_after_the_clock_stepped_forward_keeps_what_mqtt_has_still_to_send(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mqtt: bool
+) -> None:
+    """The journal's first retention pass, as edged starts on a clock NTP set 200 days later than the
+    one an outage's backlog was recorded on: with [mqtt], the verdicts it has not had acknowledged
+    stay (before: all went, and the broker never had them); without it, age deletes them all, a
+    cursor left in the file holding nothing back. A reload that adds or removes [mqtt] says so."""
+    path = tmp_path / "journal.sqlite"
+    wall = time.time_ns()
+    backlog(path, wall)
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 200 * DAY_NS)  # the wall clock, stepped
+    mqtt_section: dict[str, dict[str, object]] = {"mqtt": {"url": "mqtt://127.0.0.1:1"}} if mqtt else {}
+    settings = load_config(
+        write_config(tmp_path / "edged.toml", inspecting(tmp_path, journal={"path": str(path)}, **mqtt_section))
+    )
+    output = JournalOutput(settings, threading.Event())
+    try:
+        assert wait_for(lambda: output.writer.bytes > 0, 10)  # its first retention pass is done
+        left = [r[0] for r in rows(path, "SELECT id FROM entries WHERE kind = 'verdict' ORDER BY id")]
+        assert left == ([5, 6, 7, 9, 10, 11, 12] if mqtt else [])
+        other = inspecting(
+            tmp_path, journal={"path": str(path)}, **({} if mqtt else {"mqtt": {"url": "mqtt://127.0.0.1:1"}})
+        )
+        assert output.reload(load_config(write_config(tmp_path / "other.toml", other)), SERVICES) is output
+        assert output.writer.keep_unsent is not mqtt
+    finally:
+        output.close()
 
 
 def test_a_full_disk_is_counted_and_what_waits_is_written_once_there_is_room(tmp_path: Path) -> None:
@@ -365,8 +472,16 @@ def test_a_journal_path_that_is_a_folder_or_not_a_file_is_refused_at_load(tmp_pa
 SCENE = [(16.0, 20.0, 8.0, 8.0, 1, 0.9)]  # one crack in every frame: ng
 
 
-def start(tmp_path: Path, *, realtime: bool = True, inspect: bool = True, **sections: dict[str, object]) -> RunningDaemon:
-    """`edged run` on a looping clip whose every frame holds a crack, ng with ``inspect``; ``sections`` added."""
+def start(
+    tmp_path: Path,
+    *,
+    realtime: bool = True,
+    inspect: bool = True,
+    env: dict[str, str] | None = None,
+    **sections: dict[str, object],
+) -> RunningDaemon:
+    """`edged run` on a looping clip whose every frame holds a crack, ng with ``inspect``; ``sections``
+    added, ``env`` in its environment."""
     fixed_scene(tmp_path / "scene.onnx", SCENE)
     write_video(tmp_path / "clip.avi", [(90, 90, 90)] * 10)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -378,7 +493,7 @@ def start(tmp_path: Path, *, realtime: bool = True, inspect: bool = True, **sect
     }
     if inspect:
         doc["inspect"] = {"ng_classes": ["crack"]}
-    return RunningDaemon(write_config(tmp_path / "edged.toml", {**doc, **sections}), endpoint)
+    return RunningDaemon(write_config(tmp_path / "edged.toml", {**doc, **sections}), endpoint, env)
 
 
 @pytest.mark.integration

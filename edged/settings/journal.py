@@ -36,7 +36,11 @@ class JournalConfig(Section):
     )
     max_bytes: int = Field(500_000_000, gt=0, description="Most bytes the journal may take; the oldest rows go first.")
     max_age_days: float = Field(
-        90.0, ge=0, le=36500, description="Rows older than this are deleted; 0 keeps them (at most 36500: a century)."
+        90.0,
+        ge=0,
+        le=36500,
+        description="Rows older than this are deleted; 0 keeps them (at most 36500: a century). A verdict MQTT "
+        "has still to send is kept whatever its age, within max_bytes.",
     )
 
     @property
