@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from edged.wake import Waker
 log = logging.getLogger(__name__)
 
 CAPTURE_STOP_WAIT_S = 1.0  # how long all the capture threads a reload stops may take, together
-LOAD_WARNING_S = 30.0  # a reload still loading after this long is said in the log
+LOAD_STUCK_S = 30.0  # a reload still loading after this long is said, and a later SIGHUP loads in its place
 StartCapture = Callable[[SourceBase], Capture]
 TrialFor = Callable[[Settings, LoadedModel], Shadow | None]  # the candidate's trial beside a model (`edged.candidate`)
 
@@ -76,17 +77,24 @@ class Replacement:
 
 
 def load_replacement(
-    config_path: Path | None, running: Settings, *, requests: bool = False, trial_for: TrialFor | None = None
+    config_path: Path | None,
+    running: Settings,
+    *,
+    requests: bool = False,
+    trial_for: TrialFor | None = None,
+    reading: Callable[[str], object] = lambda what: None,
 ) -> Replacement:
     """The new settings with their loaded model (and the candidate's trial beside it, `trial_for`);
     raises an EdgedError when either is unusable, or (`ConfigError`) when they turn request mode on
     or off: ``requests`` says whether the running daemon takes requests, and the request socket is
     bound at start, as the trigger settings say. Cameras may move between the modes while some
-    camera stays in request mode."""
+    camera stays in request mode. ``reading`` hears each file as it goes to read it, so that a load
+    that never ends can say where it stopped (`Loading`)."""
     new = load_config(config_path)
     if bool(new.requesting()) != requests:
         problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
         raise ConfigError(config_path, [problem])
+    reading(f"model {new.model.path}")
     model = load_model(new.model, new.runtime, lanes=new.lanes())
     if new.publish != running.publish:
         # The bound socket keeps its endpoints and options, so the settings must say so too
@@ -104,6 +112,8 @@ def load_replacement(
         candidate = candidate.model_copy(update={"control": kept.control})
         new = new.model_copy(update={"model": new.model.model_copy(update={"candidate": candidate})})
     paths = {cfg.camera_id: frame_path(new, model, cfg) for cfg in new.source}
+    if new.model.candidate is not None:
+        reading(f"candidate model {new.model.candidate.path}")
     return Replacement(new, model, paths, trial_for(new, model) if trial_for is not None else None)
 
 
@@ -111,30 +121,27 @@ class Loading:
     """A reload's configuration and models loading on a thread of their own: reading, hashing and
     parsing a model takes seconds on a board (a model on a slow or stalled disk, longer), and the
     loop goes on serving the frames with the running model meanwhile. ``wake`` is set once it ends;
-    one still loading after `LOAD_WARNING_S` is said, since the reloads after it wait for it.
+    ``at`` says the file it went to read last (the configuration, which checks the files it names,
+    the model, the candidate's), for a load that never ends to say where it stopped.
 
-    A daemon stopped meanwhile does not wait for it (the thread dies with the process).
+    Nothing waits for a load stuck there: not a daemon stopping (the thread dies with the process),
+    nor, once it counts as stuck, a later reload (`Reloads`).
     """
 
     def __init__(
-        self,
-        config_path: Path | None,
-        running: Settings,
-        wake: Waker,
-        *,
-        requests: bool,
-        trial_for: TrialFor,
-        warn_after_s: float = LOAD_WARNING_S,
+        self, config_path: Path | None, running: Settings, wake: Waker, *, requests: bool, trial_for: TrialFor
     ) -> None:
-        """`load_replacement`'s arguments, the loop's wake-up, and when to say that it is still loading."""
+        """`load_replacement`'s arguments, and the loop's wake-up."""
         self._outcome: Replacement | str | None = None
-        # A function of its own, not a method: a timer holding this object would hold the loaded
-        # models in a cycle, freed only when the garbage collector comes round.
-        self._overdue = threading.Timer(warn_after_s, _still_loading, args=(config_path, warn_after_s))
-        self._overdue.daemon = True
-        self._overdue.start()
-        load = functools.partial(load_replacement, config_path, running, requests=requests, trial_for=trial_for)
+        self.at = f"configuration {config_path or '(EDGED_* variables only)'}"
+        self._started = time.monotonic()
+        load = functools.partial(
+            load_replacement, config_path, running, requests=requests, trial_for=trial_for, reading=self._reading
+        )
         threading.Thread(target=self._load, args=(load, wake), name="edged-reload", daemon=True).start()
+
+    def _reading(self, what: str) -> None:
+        self.at = what
 
     def _load(self, load: Callable[[], Replacement], wake: Waker) -> None:
         try:
@@ -145,35 +152,46 @@ class Loading:
             log.exception("reload failed")
             self._outcome = f"unexpected {type(e).__name__}: {e}"
         finally:
-            self._overdue.cancel()
             wake.set()
 
     def outcome(self) -> Replacement | str | None:
         """The replacement loaded, why none could be (the reload is refused), or None while it loads."""
         return self._outcome
 
-
-def _still_loading(config_path: Path | None, after_s: float) -> None:
-    log.warning(
-        "the reload of %s has been loading for %.0f s (a file it reads on a slow or stalled disk?): "
-        "later reloads wait for it, and promote and rollback are refused until it ends",
-        config_path,
-        after_s,
-    )
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._started
 
 
 class Reloads:
     """SIGHUP's configurations, loaded one at a time (`Loading`) while the running ones serve: a SIGHUP
     while one loads waits for it, and loads once the loop has taken it; `loading` says whether one is
-    under way (systemd hears READY=1 once none is: the newest is in)."""
+    under way (systemd hears READY=1 once none is: the newest is in).
+
+    A load that has not ended after ``stuck_after_s`` may never end (its file on a hung network mount
+    or a dying card), and is said in the log: a SIGHUP then loads in its place at once, and the stuck
+    load's outcome, should it ever come, is dropped, never switched in over a newer one. One load is
+    given up at a time: a SIGHUP while the load given up and the one after it are both stuck is
+    refused, saying why, so reloads pressed again and again on a hung disk leave at most two threads
+    stuck. Before that time a SIGHUP waits, since a large model loading from a slow card is no fault,
+    and two loads side by side would hold two new models in a board's memory at once.
+    """
 
     def __init__(
-        self, config_path: Path | None, wake: Waker, reloading: Callable[[], None], *, requests: bool, trial_for: TrialFor
+        self,
+        config_path: Path | None,
+        wake: Waker,
+        reloading: Callable[[], None],
+        *,
+        requests: bool,
+        trial_for: TrialFor,
+        stuck_after_s: float = LOAD_STUCK_S,
     ) -> None:
         """``reloading`` tells systemd (RELOADING=1); the rest is `Loading`'s."""
         self._config_path, self._wake, self._reloading = config_path, wake, reloading
-        self._requests, self._trial_for = requests, trial_for
+        self._requests, self._trial_for, self._stuck_after_s = requests, trial_for, stuck_after_s
         self._loading: Loading | None = None
+        self._stuck_said = False  # the load under way is said to be stuck
+        self._abandoned: Loading | None = None  # stuck, given up for a newer load: its outcome is dropped
 
     @property
     def loading(self) -> bool:
@@ -182,20 +200,71 @@ class Reloads:
     def take(self, sighup: threading.Event, running: Settings) -> Replacement | str | None:
         """What a finished load gives the loop to try, or why it is refused (a journal another edged
         holds counts, asked of ``running`` now: `Replacement.held`); None while nothing has finished,
-        starting a load when a SIGHUP is pending and none is under way."""
-        if self._loading is None:
-            if sighup.is_set():
+        starting a load when a SIGHUP is pending and none is under way, or the one under way is stuck."""
+        self._drop_abandoned()
+        if (loading := self._loading) is not None:
+            outcome = loading.outcome()
+            if outcome is not None:
+                self._loading = None
+                return outcome.held(running) or outcome if isinstance(outcome, Replacement) else outcome
+            if loading.elapsed_s() < self._stuck_after_s:
+                return None
+            if not sighup.is_set():
+                self._say_stuck(loading)
+                return None
+            if (before := self._abandoned) is not None:
                 sighup.clear()
-                log.info("reloading configuration from %s", self._config_path)
-                self._reloading()
-                self._loading = Loading(
-                    self._config_path, running, self._wake, requests=self._requests, trial_for=self._trial_for
+                return (
+                    f"the load under way has not ended after {loading.elapsed_s():.0f} s, at {loading.at}, nor has "
+                    f"the one given up for it after {before.elapsed_s():.0f} s, at {before.at} (a stalled disk?): "
+                    "one load is given up at a time, so no other starts until one of them ends or edged restarts"
                 )
-            return None
-        outcome = self._loading.outcome()
-        if outcome is not None:
-            self._loading = None
-        return outcome.held(running) or outcome if isinstance(outcome, Replacement) else outcome
+            log.warning(
+                "the reload has not ended after %.0f s, at %s (a stalled disk?): loading the configuration "
+                "again in its place; what it loads, should it ever end, is dropped",
+                loading.elapsed_s(),
+                loading.at,
+            )
+            self._abandoned, self._loading = loading, None
+        if sighup.is_set():
+            sighup.clear()
+            log.info("reloading configuration from %s", self._config_path)
+            self._reloading()
+            self._loading = Loading(
+                self._config_path, running, self._wake, requests=self._requests, trial_for=self._trial_for
+            )
+            self._stuck_said = False
+        return None
+
+    def _say_stuck(self, loading: Loading) -> None:
+        """Once per load: it may never end, promote and rollback wait for it, and what a SIGHUP does now."""
+        if self._stuck_said:
+            return
+        self._stuck_said = True
+        before = self._abandoned
+        log.warning(
+            "the reload has been loading for %.0f s, at %s (a file on a slow or stalled disk?): promote and "
+            "rollback are refused until it ends; %s",
+            loading.elapsed_s(),
+            loading.at,
+            "a SIGHUP now loads the configuration again in its place"
+            if before is None
+            else f"the load given up before it, at {before.at}, has not ended either: a SIGHUP is refused until "
+            "one of them ends",
+        )
+
+    def _drop_abandoned(self) -> None:
+        """Let go of the load given up for a newer one once it ends, saying so: a newer reload may then
+        take the place of one stuck."""
+        if self._abandoned is None or (outcome := self._abandoned.outcome()) is None:
+            return
+        log.info(
+            "the reload given up at %s has ended after %.0f s, %s: dropped",
+            self._abandoned.at,
+            self._abandoned.elapsed_s(),
+            "loaded" if isinstance(outcome, Replacement) else f"refused ({outcome})",
+        )
+        self._abandoned = None
 
 
 def changes(running: Settings, new: Settings) -> str:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import gc
 import logging
+import re
+import signal
 import threading
+import time
 import weakref
 from pathlib import Path
 
 import pytest
-from daemon import write_config
+from daemon import RunningDaemon, free_port, write_config
 from filesystems import opening_stalled
 from onnx_models import colour_probe, failing_probe, solid_frame
 from waiting import wait_for
@@ -18,7 +21,8 @@ from edged.config import Settings, load_config
 from edged.errors import ConfigError, ModelError
 from edged.model import LoadedModel
 from edged.pipeline import Processed, Rejected
-from edged.reload import Loading, Reloads, Replacement, changes, load_replacement
+from edged.reload import LOAD_STUCK_S, Loading, Reloads, Replacement, changes, load_replacement
+from edged.shadow import Shadow
 from edged.sources.base import Frame
 
 
@@ -75,6 +79,29 @@ def _loaded(loading: Loading, wake: threading.Event) -> Replacement | str | None
     return loading.outcome()
 
 
+def _next(reloads: Reloads, sighup: threading.Event, running: Settings) -> Replacement | str:
+    """The loop's turns until the reloads give it something: a replacement, or why a reload is refused."""
+    got: list[Replacement | str] = []
+
+    def turn() -> bool:
+        if (outcome := reloads.take(sighup, running)) is not None:
+            got.append(outcome)
+        return bool(got)
+
+    assert wait_for(turn, timeout_s=60), "the reloads gave nothing"
+    return got[0]
+
+
+def _dropped(reloads: Reloads, sighup: threading.Event, running: Settings, caplog: pytest.LogCaptureFixture) -> int:
+    """A turn of the loop with no SIGHUP pending, which gives it nothing: how many loads given up have ended."""
+    assert reloads.take(sighup, running) is None
+    return caplog.text.count(": dropped\n")
+
+
+def _reload_threads() -> int:
+    return sum(t.name == "edged-reload" for t in threading.enumerate())
+
+
 def test_a_reload_loads_on_its_own_thread_and_says_when_it_ends_loaded_or_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -106,21 +133,28 @@ def test_a_reload_loads_on_its_own_thread_and_says_when_it_ends_loaded_or_refuse
     assert "reload failed" in caplog.text and "Traceback" in caplog.text  # an error of edged's own, said whole
 
 
-def test_a_reload_still_loading_after_a_while_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # The reloads after it wait for it, and promote and rollback are refused: the log says why.
+def test_a_reload_still_loading_after_a_while_is_said_once_with_the_file_it_reads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Promote and rollback are refused until it ends, and a SIGHUP then loads in its place: the log says so.
     path = _config(tmp_path / "edged.toml", colour_probe(tmp_path / "probe.onnx"))
-    running, wake = load_config(path), threading.Event()
-    with caplog.at_level(logging.WARNING, logger="edged.reload"), opening_stalled(path) as waiting:
-        loading = Loading(path, running, wake, requests=False, trial_for=lambda s, m: None, warn_after_s=0.1)
+    running, wake, sighup = load_config(path), threading.Event(), threading.Event()
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None, stuck_after_s=0.1)
+    caplog.set_level(logging.WARNING, logger="edged.reload")
+    with opening_stalled(path) as waiting:
+        sighup.set()
+        assert reloads.take(sighup, running) is None
         assert wait_for(waiting, timeout_s=20)
-        assert wait_for(lambda: "has been loading for 0 s" in caplog.text, timeout_s=20)
-        assert loading.outcome() is None
-    assert isinstance(_loaded(loading, wake), Replacement)
+        assert wait_for(lambda: reloads.take(sighup, running) is None and "has been loading" in caplog.text, 20)
+        assert reloads.take(sighup, running) is None and reloads.loading
+    said = rf"has been loading for \d+ s, at configuration {re.escape(str(path))} \(a file on a slow or stalled disk\?\)"
+    assert re.search(said, caplog.text)
+    assert "promote and rollback are refused until it ends; a SIGHUP now loads the configuration again" in caplog.text
+    assert isinstance(_next(reloads, sighup, running), Replacement) and caplog.text.count("has been loading") == 1
     caplog.clear()
-    _loaded(Loading(path, running, wake, requests=False, trial_for=lambda s, m: None, warn_after_s=0.5), wake)
-    timer = threading.Timer  # the warning's: gone with the load
-    assert wait_for(lambda: not any(isinstance(t, timer) for t in threading.enumerate()), timeout_s=10)
-    assert "has been loading" not in caplog.text
+    in_time = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None)
+    sighup.set()
+    assert isinstance(_next(in_time, sighup, running), Replacement) and not caplog.text
 
 
 def test_a_load_taken_and_dropped_is_freed_at_once_with_its_models(tmp_path: Path) -> None:
@@ -164,6 +198,144 @@ def test_a_sighup_while_a_reload_loads_waits_for_it_then_loads_the_newest_config
             taken.append(got)
     assert [r.settings.model.conf for r in taken] == [running.model.conf, 0.9]  # each in turn, the newest last
     assert told == ["RELOADING=1"] * 2 and not reloads.loading and not sighup.is_set()
+
+
+def test_a_sighup_while_a_load_is_stuck_loads_in_its_place_and_the_stuck_one_is_dropped_if_it_ends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A model file on a hung disk: the SIGHUP that points model.path at a good file waited behind it for ever.
+    stuck, good = colour_probe(tmp_path / "stuck.onnx"), colour_probe(tmp_path / "good.onnx")
+    path = _config(tmp_path / "edged.toml", good)
+    running, told = load_config(path), []
+    wake, sighup = threading.Event(), threading.Event()
+    reloads = Reloads(
+        path, wake, lambda: told.append("RELOADING=1"), requests=False, trial_for=lambda s, m: None, stuck_after_s=1.0
+    )
+    _config(path, stuck)
+    caplog.set_level(logging.INFO, logger="edged.reload")
+    with opening_stalled(stuck) as waiting:
+        sighup.set()
+        assert reloads.take(sighup, running) is None and reloads.loading
+        assert wait_for(waiting, timeout_s=20)
+        _config(path, good)
+        sighup.set()
+        loaded = _next(reloads, sighup, running)
+        assert isinstance(loaded, Replacement) and loaded.settings.model.path == good
+        assert re.search(rf"the reload has not ended after \d+ s, at model {re.escape(str(stuck))} \(a stalled", caplog.text)
+        assert told == ["RELOADING=1"] * 2 and not reloads.loading and not sighup.is_set()
+    assert wait_for(lambda: _dropped(reloads, sighup, running, caplog) == 1, timeout_s=60)  # never tried
+    assert f"the reload given up at model {stuck} has ended after" in caplog.text and ", loaded: dropped" in caplog.text
+    assert not reloads.loading and wait_for(lambda: _reload_threads() == 0, timeout_s=10)
+
+
+def test_a_sighup_while_the_load_given_up_and_the_one_after_it_are_both_stuck_is_refused_saying_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Reload pressed again and again on a hung disk: two loads stuck at most, never one more a press.
+    first, second = colour_probe(tmp_path / "first.onnx"), colour_probe(tmp_path / "second.onnx")
+    good = colour_probe(tmp_path / "good.onnx")
+    path = _config(tmp_path / "edged.toml", good)
+    running, told = load_config(path), []
+    wake, sighup = threading.Event(), threading.Event()
+    reloads = Reloads(
+        path, wake, lambda: told.append("RELOADING=1"), requests=False, trial_for=lambda s, m: None, stuck_after_s=1.0
+    )
+    caplog.set_level(logging.INFO, logger="edged.reload")
+    with opening_stalled(second) as second_waits:
+        with opening_stalled(first) as first_waits:
+            _config(path, first)
+            sighup.set()
+            assert reloads.take(sighup, running) is None
+            assert wait_for(first_waits, timeout_s=20)
+            _config(path, second)
+            sighup.set()
+            assert wait_for(lambda: reloads.take(sighup, running) is None and not sighup.is_set(), timeout_s=20)
+            assert wait_for(second_waits, timeout_s=20) and reloads.loading and told == ["RELOADING=1"] * 2
+            either = f"the load given up before it, at model {first}, has not ended either: a SIGHUP is refused"
+            assert wait_for(lambda: reloads.take(sighup, running) is None and either in caplog.text, timeout_s=20)
+            _config(path, good)
+            for _ in range(50):
+                sighup.set()
+                refused = _next(reloads, sighup, running)
+                assert isinstance(refused, str) and not sighup.is_set()
+            assert isinstance(refused, str) and re.search(
+                rf"the load under way has not ended after \d+ s, at model {re.escape(str(second))}, nor", refused
+            )
+            assert f"at model {first} (a stalled disk?): one load is given up at a time" in refused
+            assert _reload_threads() == 2 and told == ["RELOADING=1"] * 2
+        # The first ends: its outcome is dropped, and a SIGHUP may give up the second in its turn.
+        assert wait_for(lambda: _dropped(reloads, sighup, running, caplog) == 1, timeout_s=60)
+        sighup.set()
+        loaded = _next(reloads, sighup, running)
+        assert isinstance(loaded, Replacement) and loaded.settings.model.path == good
+        assert re.search(rf"the reload has not ended after \d+ s, at model {re.escape(str(second))}", caplog.text)
+    assert wait_for(lambda: _dropped(reloads, sighup, running, caplog) == 2, timeout_s=60)
+    assert not reloads.loading and wait_for(lambda: _reload_threads() == 0, timeout_s=10)
+
+
+def test_a_reload_stuck_on_its_candidates_file_gives_way_the_same(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The candidate loads with the reload's model, on its thread (`edged.candidate`): stuck alike, given up alike.
+    probe, candidate = colour_probe(tmp_path / "probe.onnx"), colour_probe(tmp_path / "candidate.onnx")
+    path = _config(tmp_path / "edged.toml", probe)
+    plain = path.read_text()
+    running, wake, sighup = load_config(path), threading.Event(), threading.Event()
+
+    def trial_for(settings: Settings, live: LoadedModel) -> Shadow | None:
+        cfg = settings.model.candidate
+        return Shadow(settings, cfg, live) if cfg is not None else None
+
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=trial_for, stuck_after_s=0.5)
+    caplog.set_level(logging.INFO, logger="edged.reload")
+    path.write_text(f"{plain}[model.candidate]\npath = {str(candidate)!r}\ncontrol = 'ipc://{tmp_path}/c.sock'\n")
+    with opening_stalled(candidate) as waiting:
+        sighup.set()
+        assert reloads.take(sighup, running) is None
+        assert wait_for(waiting, timeout_s=20)
+        path.write_text(plain)  # the candidate taken out, to go on without it
+        sighup.set()
+        loaded = _next(reloads, sighup, running)
+        assert isinstance(loaded, Replacement) and loaded.settings.model.candidate is None and loaded.shadow is None
+        at = rf"the reload has not ended after \d+ s, at candidate model {re.escape(str(candidate))} \(a stalled disk"
+        assert re.search(at, caplog.text)
+    assert wait_for(lambda: _dropped(reloads, sighup, running, caplog) == 1, timeout_s=60)
+
+
+def test_the_daemon_loads_a_sighup_in_place_of_a_reload_stuck_on_its_model_and_stops_at_once(tmp_path: Path) -> None:
+    """A reload's model file on a hung disk, then a SIGHUP pointing model.path at a good file: the good one
+    loads once the stuck one has gone on for `LOAD_STUCK_S`, takes over and is published; the stuck one
+    is never tried, and SIGTERM while it is stuck exits 0 at once."""
+    if int(Path("/proc/sys/fs/lease-break-time").read_text()) < LOAD_STUCK_S + 10:
+        pytest.skip("the kernel gives up a file lease before a load counts as stuck: no stuck load to be had")
+    running = colour_probe(tmp_path / "running.onnx")
+    stuck = colour_probe(tmp_path / "stuck.onnx", metadata={"version": "stuck"})
+    good = colour_probe(tmp_path / "good.onnx", metadata={"version": "good"})
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "synthetic", "fps": 10.0},
+            "model": {"path": str(running)},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+            "thermal": {"enabled": False},
+        },
+    )
+    d = RunningDaemon(config, endpoint)
+    try:
+        d.collect("detections", 2)
+        config.write_text(config.read_text().replace(str(running), str(stuck)))
+        with opening_stalled(stuck) as waiting:
+            d.signal(signal.SIGHUP)
+            assert wait_for(waiting, timeout_s=20), d.log()
+            config.write_text(config.read_text().replace(str(stuck), str(good)))
+            d.signal(signal.SIGHUP)
+            assert wait_for(lambda: "reloaded: model good@" in d.log(), timeout_s=LOAD_STUCK_S + 30), d.log()
+            assert {m.model.name for m in d.captured_after(time.time_ns(), 3)} == {"good"}
+            said = re.search(rf"the reload has not ended after \d+ s, at model {re.escape(str(stuck))}", d.log())
+            assert said is not None and "loaded model stuck@" not in d.log(), d.log()
+            assert d.stop(timeout=10) == 0, d.log_path.read_text()
+        assert "Traceback" not in d.log_path.read_text()
+    finally:
+        d.close()
 
 
 def _frame(bgr: tuple[int, int, int], frame_id: int = 7) -> Frame:
