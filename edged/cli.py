@@ -362,7 +362,8 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         type=_positive,
         default=None,
         metavar="N",
-        help="instead of the per-frame rows: run the full path N frames and report RSS and traced memory every N/10 frames",
+        help="instead of the per-frame rows: run the full path N frames and report RSS and traced memory every N/10 "
+        "frames, for each --engine and --precision in turn",
     )
     p.add_argument(
         "--cameras",

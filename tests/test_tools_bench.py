@@ -207,6 +207,24 @@ def test_soak_from_the_command_prints_each_sample_and_the_slopes(probe: Path, ca
     assert out.count("  frame ") == 11 and "RSS slope after warm-up" in out and "full path under tracemalloc" in out
 
 
+def test_the_soak_runs_each_engine_and_precision_and_the_int8_rows_on_the_quantised_model(
+    probe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # OpenVINO allocates in its own heap, which only RSS sees: each engine is soaked as it runs.
+    pytest.importorskip("openvino", reason="the openvino package (edged[openvino]) is not installed")
+    int8 = _quantised(probe, tmp_path / "probe.int8.onnx")
+    argv = ["bench", "--model", str(probe), "--soak", "20", "--engine", "onnxruntime,openvino", "--precision", "f32,int8"]
+    assert main([*argv, "--int8", str(int8), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["soak"]
+    assert [(r["engine"], r["precision"], r["model"], r["provider"]) for r in rows] == [
+        ("onnxruntime", "f32", "probe.onnx", "CPUExecutionProvider"),
+        ("onnxruntime", "int8", "probe.int8.onnx", "CPUExecutionProvider"),
+        ("openvino", "f32", "probe.onnx", "OpenVINO CPU"),
+        ("openvino", "int8", "probe.int8.onnx", "OpenVINO CPU"),
+    ]
+    assert all(len(r["samples"]) == 11 and r["median_ms"] > 0 for r in rows)
+
+
 def test_cold_start_times_the_real_daemon_with_and_without_its_cache(probe: Path) -> None:
     (result,) = cold_start(probe, trials=1, spinning="during-run", sources=("images",))
     assert result["source"] == "images"
@@ -400,6 +418,17 @@ def test_the_int8_rows_run_the_quantised_model_beside_the_float_models_rows(
     assert int8_row[:2] == ["onnxruntime", "int8"] and lowest - 5e-3 <= shown <= highest + 5e-3
     assert main(["bench", "--model", str(probe), "--int8", str(int8)]) == EXIT_USAGE
     assert "--precision asks for none: add int8" in capsys.readouterr().err
+
+
+def test_the_int8_cold_start_runs_the_quantised_model(
+    probe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    int8 = _quantised(probe, tmp_path / "probe.int8.onnx")
+    argv = ["bench", "--model", str(probe), "--cold-start", "--cold-runs", "1", "--precision", "int8", "--int8", str(int8)]
+    assert main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["cold_start"]
+    assert {(r["engine"], r["precision"]) for r in rows} == {("onnxruntime", "int8")} and len(rows) == 2
+    assert all(0 < r["with_cache_median_s"] < 60 for r in rows)
 
 
 def test_cold_start_on_openvino_writes_and_then_loads_its_compiled_model_cache(probe: Path) -> None:

@@ -71,9 +71,11 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UsageError("--int8 gives the model of the int8 rows, but --precision asks for none: add int8")
     report: dict[str, Any] = {}
     if args.cold_start:
-        report["cold_start"] = [r for variant in variants for r in _cold_start(path, spinning, args, variant)]
+        report["cold_start"] = [
+            r for variant in variants for r in _cold_start(_variant_model(path, args, variant), spinning, args, variant)
+        ]
     if args.soak:
-        report["soak"] = _soak(path, spinning, args)
+        report["soak"] = [_soak(_variant_model(path, args, variant), spinning, args, variant) for variant in variants]
     if args.cameras:
         report["cameras"] = _cameras(path, spinning, args)
     if args.journal:
@@ -144,9 +146,8 @@ def _variants(
     share one table."""
     reports = []
     for variant in variants:
-        model = args.int8 if variant[1] == "int8" and args.int8 is not None else path
         try:
-            reports.append(bench(model, spinning, args, variant))
+            reports.append(bench(_variant_model(path, args, variant), spinning, args, variant))
         except SetupError as e:
             reason = "; ".join(e.problems) if isinstance(e, ConfigError) else str(e)
             skipped.append(f"{' '.join(variant)}: {reason}")
@@ -157,6 +158,11 @@ def _variants(
     if not args.json:
         print(format_variants(reports, skipped))
     return {"variants": reports, "skipped": skipped}
+
+
+def _variant_model(path: Path, args: argparse.Namespace, variant: Variant) -> Path:
+    """The model a variant runs: ``--int8``'s for the int8 rows when given, else ``--model``'s."""
+    return cast(Path, args.int8) if variant[1] == "int8" and args.int8 is not None else path
 
 
 def _cameras(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str, Any]:
@@ -201,14 +207,22 @@ def _cold_start(path: Path, spinning: Spinning, args: argparse.Namespace, varian
     return results
 
 
-def _soak(path: Path, spinning: Spinning, args: argparse.Namespace) -> dict[str, Any]:
+def _soak(path: Path, spinning: Spinning, args: argparse.Namespace, variant: Variant) -> dict[str, Any]:
+    """One variant's soak, as a row naming its engine and precision (each engine allocates in its own
+    native heap, which only RSS sees)."""
+
     def show(frame: int, rss: float, traced: float) -> None:
         print(f"  frame {frame:>8}  RSS {rss / 1024:9.1f} MB  traced {traced:9.1f} KB", flush=True)
 
-    model = rows.load(path, spinning=spinning, threads=args.threads, conf=args.conf)
+    engine, precision = variant
+    model = rows.load(path, spinning=spinning, threads=args.threads, conf=args.conf, engine=engine, precision=precision)
     if not args.json:
-        print(f"soak: full path on {path.name}, {args.soak} frames cycling {SOAK_IMAGES} scenes, tracemalloc on")
-    r = soak(model, args.soak, on_sample=None if args.json else show)
+        print(
+            f"soak: full path on {path.name}, {engine} {precision}, {args.soak} frames cycling {SOAK_IMAGES} "
+            "scenes, tracemalloc on"
+        )
+    ran = {"engine": engine, "precision": precision, "model": path.name, "provider": model.info.provider}
+    r = {**ran, **soak(model, args.soak, on_sample=None if args.json else show)}
     if not args.json:
         print(
             f"  RSS slope after warm-up {r['rss_slope_kb_per_1000']:+.1f} KB / 1000 frames (second half "
