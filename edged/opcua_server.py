@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,7 @@ REFUSED_LOG_INTERVAL_S = 60.0
 ASYNCUA_LOG_INTERVAL_S = 60.0
 MIN_PUBLISHING_MS = 10.0  # the shortest publishing interval a subscription gets
 MAX_CHUNK_BYTES = 65535 + 12  # the largest chunk the server takes (limits.max_recv_buffer), with its header
+SUBSCRIPTION_LOGGERS = "asyncua.server.monitored_item_service."  # + a subscription's id: one logger each
 
 Answer = Callable[[VerdictMessage | TriggerError], None]
 # (origin, camera, part id, answer): `edged.trigger.TriggerServer.offer`
@@ -127,7 +128,7 @@ class BoundedLog(logging.Handler):
         self._lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
-        key = (record.name, str(record.msg))
+        key = (logger_family(record.name), str(record.msg))
         with self._lock:
             rate = self._rates.setdefault(key, LogRate(ASYNCUA_LOG_INTERVAL_S))
             allowed = rate.allows()
@@ -146,6 +147,26 @@ class CappedProtocol(binary_server_asyncio.OPCUAProtocol):
         if len(self._buffer) > MAX_CHUNK_BYTES and self.transport is not None:
             self._buffer = b""
             self.transport.close()
+
+
+def logger_family(name: str) -> str:
+    """``name`` without a subscription's id: one rate for the records of every subscription's logger."""
+    return SUBSCRIPTION_LOGGERS if name.startswith(SUBSCRIPTION_LOGGERS) else name
+
+
+def forget_subscription_loggers(live: Collection[int]) -> None:
+    """asyncua makes a logger for each subscription, named by its id (which only grows), and `logging`
+    keeps every logger it has made for good: a client that subscribes anew each time it connects
+    would have edged hold one more per connection, for months. Those of subscriptions not ``live``
+    are dropped. Their parent is made a logger of its own first: as `logging`'s placeholder it would
+    hold every one of them too."""
+    logging.getLogger(SUBSCRIPTION_LOGGERS.removesuffix("."))
+    loggers = logging.Logger.manager.loggerDict
+    with logging._lock:  # type: ignore[attr-defined]  # getLogger's and setLevel's, over this dict
+        for name in [name for name in loggers if name.startswith(SUBSCRIPTION_LOGGERS)]:
+            suffix = name.removeprefix(SUBSCRIPTION_LOGGERS)
+            if not suffix.isdigit() or int(suffix) not in live:
+                del loggers[name]
 
 
 def cap_chunks() -> None:
@@ -467,15 +488,25 @@ class UaServer:
         internal.max_monitored_item_queue_size = self.cfg.max_queued
         InternalSession.max_connections = self.cfg.max_clients  # activated sessions: the class keeps the count
         service = internal.subscription_service
-        create = service.create_subscription
+        create, delete = service.create_subscription, service.delete_subscriptions
 
         async def create_at_most_as_often(params: ua.CreateSubscriptionParameters, *args: Any, **kwargs: Any) -> Any:
             """asyncua grants any publishing interval, 0 (a publish per value written: no sets) or a
-            microsecond (a loop that never sleeps): it is revised to `MIN_PUBLISHING_MS` at least."""
+            microsecond (a loop that never sleeps): it is revised to `MIN_PUBLISHING_MS` at least.
+            The loggers of subscriptions gone since the last (their lifetime ran out) go first."""
+            forget_subscription_loggers(service.subscriptions)
             params.RequestedPublishingInterval = max(params.RequestedPublishingInterval, MIN_PUBLISHING_MS)
             return await create(params, *args, **kwargs)
 
+        async def delete_with_loggers(ids: list[int]) -> list[ua.StatusCode]:
+            """A client's delete, or its session closing: the subscriptions' loggers go with them."""
+            try:
+                return await delete(ids)
+            finally:
+                forget_subscription_loggers(service.subscriptions)
+
         service.create_subscription = create_at_most_as_often  # type: ignore[method-assign]
+        service.delete_subscriptions = delete_with_loggers  # type: ignore[method-assign]
         server.limits.max_message_size = 1 << 20
         server.limits.max_chunk_count = (1 << 20) // server.limits.max_recv_buffer + 1
 
