@@ -31,7 +31,7 @@ from edged.model import fallback_model, load_model
 from edged.output import Services
 from edged.outputs import Outputs
 from edged.pipeline import Rejected, frame_path
-from edged.reload import CAPTURE_STOP_WAIT_S, Reloads, Trial, changes
+from edged.reload import CAPTURE_STOP_WAIT_S, Reloads, Trial, changes, give_back_freed_memory
 from edged.requests import RequestDesk
 from edged.schedule import hand_out, idle_s, pause
 from edged.service import Notifier, Signals, Watchdog, watchdog_interval_s
@@ -181,8 +181,7 @@ class Daemon:
             self._next_status = now + self.settings.publish.status_interval_s
 
     def step(self) -> None:
-        """Publish the lanes' results, take the requests that arrived, hand out the next frames; or
-        wait for a frame, a result or a request."""
+        """Publish the lanes' results, take the requests, hand out the next frames; or wait for any of them."""
         self._wake.clear()  # cleared before looking: a hand-over, result or request after this ends the wait below
         self.outputs.deliver_recorded()  # verdicts the journal has recorded since the last turn go out
         blocked = "a reload is loading" if self._reloads.loading else "a reload is on trial" if self._trial else None
@@ -389,6 +388,7 @@ class Daemon:
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
         self.candidate.reload(new, trial.replacement.shadow)
         self._watch()
+        give_back_freed_memory()  # the replaced models', now freed
 
     def _finish_lanes(self) -> None:
         """At stop: let the frames on the lanes finish and publish them, each lane's error said alone."""

@@ -11,6 +11,7 @@ and after.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import threading
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from edged.camera import Camera, camera_for, stop_captures
 from edged.capture import Capture
@@ -37,6 +39,27 @@ CAPTURE_STOP_WAIT_S = 1.0  # how long all the capture threads a reload stops may
 LOAD_STUCK_S = 30.0  # a reload still loading after this long is said, and a later SIGHUP loads in its place
 StartCapture = Callable[[SourceBase], Capture]
 TrialFor = Callable[[Settings, LoadedModel], Shadow | None]  # the candidate's trial beside a model (`edged.candidate`)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``; None in a C library without one (musl)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return cast(Callable[[int], int], trim)
+
+
+def give_back_freed_memory() -> None:
+    """Return the memory the replaced models freed to the system. glibc keeps what a thread freed in
+    that thread's arena for its next allocations, and the sessions a reload builds are made on the
+    loader's thread while the old ones run: each reload kept 4-20 MB more of the process resident
+    (the demo model with a candidate: 203 to 285 MB over 20 reloads) until a plateau of arenas."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def same_source(a: SourceBase, b: SourceBase) -> bool:

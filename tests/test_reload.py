@@ -12,7 +12,7 @@ import weakref
 from pathlib import Path
 
 import pytest
-from daemon import RunningDaemon, free_port, write_config
+from daemon import RunningDaemon, free_port, rss_kb, write_config
 from filesystems import opening_stalled
 from onnx_models import colour_probe, failing_probe, solid_frame
 from waiting import wait_for
@@ -334,6 +334,37 @@ def test_the_daemon_loads_a_sighup_in_place_of_a_reload_stuck_on_its_model_and_s
             assert said is not None and "loaded model stuck@" not in d.log(), d.log()
             assert d.stop(timeout=10) == 0, d.log_path.read_text()
         assert "Traceback" not in d.log_path.read_text()
+    finally:
+        d.close()
+
+
+DEMO = Path(__file__).parent.parent / "models" / "demo.onnx"
+
+
+def test_reloads_give_back_the_memory_their_replaced_models_freed(tmp_path: Path) -> None:
+    """The demo model with a candidate, reloaded eight times: glibc kept what each replaced pair of
+    sessions freed in the loader's arena, and the process grew 60-80 MB over the first reloads
+    (to a plateau); given back after each switch, it grows some 20 MB."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "synthetic", "width": 1280, "height": 720, "fps": 30.0},
+            "model": {"path": str(DEMO), "candidate": {"path": str(DEMO), "control": f"ipc://{tmp_path}/control"}},
+            "publish": {"endpoints": [endpoint]},
+            "thermal": {"enabled": False},
+        },
+    )
+    d = RunningDaemon(config, endpoint)
+    try:
+        d.collect("detections", 5)
+        before_kb = rss_kb(d.proc.pid)
+        for n in range(1, 9):
+            d.signal(signal.SIGHUP)
+            assert wait_for(lambda n=n: d.log().count("reloaded: model") >= n, timeout_s=60), d.log()
+        d.captured_after(time.time_ns(), 5)
+        grown_mb = (rss_kb(d.proc.pid) - before_kb) / 1024
+        assert grown_mb < 45, f"{grown_mb:.0f} MB more after 8 reloads"
     finally:
         d.close()
 
