@@ -63,6 +63,9 @@ NAMESPACE = "urn:edged"
 CERT_FILE = "server.der"
 KEY_FILE = "server.pem"
 CERT_DAYS = 3650
+# A certificate is valid from before any clock a board boots to: one made on a clock set wrongly
+# ahead is still valid once the clock is set right (clients that check the dates refuse it otherwise).
+CERT_VALID_FROM = datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc)
 MAX_CHANGES = 64  # changes waiting for the server's loop; beyond, the oldest are dropped and counted
 MAX_PENDING_MESSAGES = 16  # requests parsed and waiting per connection; beyond, the connection is closed
 MAX_SESSION_TIMEOUT_MS = 60_000  # a session whose client went silent is closed after at most this
@@ -212,6 +215,7 @@ def server_certificate(directory: Path) -> tuple[Path, Path]:
     try:
         if cert.is_file() and key.is_file():
             check_secret_file(key, "opcua.cert_dir")
+            _say_if_out_of_date(cert)
             return cert, key
         if (problem := cert_dir_problem(directory)) is not None:
             raise KeyFileError(problem)
@@ -231,6 +235,27 @@ def server_certificate(directory: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+def _say_if_out_of_date(cert: Path) -> None:
+    """A certificate the clock reads outside its validity (made on a clock set wrongly, or simply
+    old), which clients that check the dates refuse: said, with the way out."""
+    try:
+        made = x509.load_der_x509_certificate(cert.read_bytes())
+    except ValueError:  # not a certificate: the server's own load says so
+        return
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if not made.not_valid_before_utc <= now <= made.not_valid_after_utc:
+        log.warning(
+            "OPC UA: the server certificate %s is valid from %s to %s, but the clock reads %s: clients that "
+            "check the dates refuse it. Remove it and %s to have a new pair made at the next start "
+            "(clients must then trust the new one)",
+            cert,
+            f"{made.not_valid_before_utc:%Y-%m-%d}",
+            f"{made.not_valid_after_utc:%Y-%m-%d}",
+            f"{now:%Y-%m-%d}",
+            cert.with_name(KEY_FILE),
+        )
+
+
 def _self_signed(private: rsa.RSAPrivateKey) -> x509.Certificate:
     host = socket.gethostname()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"edged@{host}")])
@@ -247,7 +272,7 @@ def _self_signed(private: rsa.RSAPrivateKey) -> x509.Certificate:
         .issuer_name(name)
         .public_key(private.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_before(CERT_VALID_FROM)
         .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

@@ -4,6 +4,7 @@ and asyncua's command-line tools (``uals``, ``uaread``) as an independent one.""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import os
@@ -29,10 +30,14 @@ from asyncua import Client, ua
 from asyncua.client.ua_client import UASocketState
 from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509.oid import NameOID
 from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config
 from onnx_models import colour_probe
 from reports import inspecting, ng_report
+from test_clock_steps import FAKETIME, needs_faketime
 from test_prometheus import _status as camera_status
 from test_trigger import ready, running
 from waiting import wait_for
@@ -542,6 +547,42 @@ def test_the_certificate_is_made_once_and_half_a_pair_is_refused(tmp_path: Path)
     key.unlink()
     with pytest.raises(KeyFileError, match=re.escape("holds only one of server.der and server.pem")):
         server_certificate(tmp_path / "opcua")
+
+
+@needs_faketime
+def test_a_certificate_made_on_a_clock_set_ahead_is_valid_once_the_clock_is_right(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A board whose clock reads four years ahead at the first start, then set right: the pair made
+    then is still valid now (before: valid from a day before that wrong date, so for four years
+    every client that checks the dates refused it). One that the clock reads outside its dates, as
+    such a certificate made before was, is said at start with the way out."""
+    make = (
+        "import sys; from pathlib import Path; from edged.opcua_server import server_certificate as s; s(Path(sys.argv[1]))"
+    )
+    env = {**os.environ, "LD_PRELOAD": str(FAKETIME), "FAKETIME": "+1460d"}
+    subprocess.run([sys.executable, "-c", make, str(tmp_path / "opcua")], env=env, check=True)
+    made = x509.load_der_x509_certificate((tmp_path / "opcua" / "server.der").read_bytes())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert made.not_valid_before_utc <= now <= made.not_valid_after_utc, made.not_valid_before_utc
+    with caplog.at_level(logging.WARNING, logger="edged.opcua_server"):
+        server_certificate(tmp_path / "opcua")
+        assert caplog.messages == []
+        (tmp_path / "opcua" / "server.der").write_bytes(_dated(now + datetime.timedelta(days=1460), tmp_path / "opcua"))
+        server_certificate(tmp_path / "opcua")
+    [said] = caplog.messages
+    assert "clients that check the dates refuse it" in said and f"Remove it and {tmp_path / 'opcua' / 'server.pem'}" in said
+
+
+def _dated(valid_from: datetime.datetime, folder: Path) -> bytes:
+    """A certificate over the folder's key, valid from ``valid_from`` for a year, as DER."""
+    private = serialization.load_pem_private_key((folder / "server.pem").read_bytes(), None)
+    assert isinstance(private, rsa.RSAPrivateKey)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edged@dated")])
+    builder = x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(private.public_key())
+    builder = builder.serial_number(x509.random_serial_number()).not_valid_before(valid_from)
+    cert = builder.not_valid_after(valid_from + datetime.timedelta(days=365)).sign(private, hashes.SHA256())
+    return cert.public_bytes(Encoding.DER)
 
 
 def test_a_cert_dir_the_server_cannot_use_is_refused_at_load_as_the_daemon_would(tmp_path: Path) -> None:
