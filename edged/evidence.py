@@ -577,7 +577,7 @@ def folder_problem(root: Path, camera_id: str) -> str | None:
     return None
 
 
-def _wall_less_monotonic() -> float:
+def _wall_less_boot_clock() -> float:
     """The wall clock less the clock since boot: constant but for a step (or NTP's slow slewing) of the
     wall clock. The boot clock counts a suspend, as the wall clock does; the monotonic one does not."""
     return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -607,8 +607,8 @@ class EvidenceWriter:
         if previous is not None:
             self.saved, self.dropped, self.rate_limited = previous.saved, previous.dropped, previous.rate_limited
         self.failures: Failures = Failures(previous.failures if previous is not None else None)
-        # The wall clock less the monotonic clock as last seen: only a step of the wall clock moves it far.
-        self._clock_offset: float = previous._clock_offset if previous is not None else _wall_less_monotonic()
+        # The wall clock less the clock since boot as last seen: only a step of the wall clock moves it far.
+        self._clock_offset: float = previous._clock_offset if previous is not None else _wall_less_boot_clock()
         self._refusing: Literal["dropped", "rate_limited"] | None = None  # said once per burst of refusals
         self._fields = {"CAMERA": camera_id, "STAGE": "evidence"}  # journald fields of its log lines
 
@@ -777,7 +777,7 @@ class EvidenceWriter:
         on a clock behind) moves the times of the images saved before it on by as much, so that the
         age limit counts from when they were saved and deletes none early, now or after a restart.
         A step back is let be: its frames only stay longer, within ``max_bytes``."""
-        offset = _wall_less_monotonic()
+        offset = _wall_less_boot_clock()
         step = offset - self._clock_offset
         if step > STEP_S:
             moved = self.store.restamp(time.time() - step, step)
