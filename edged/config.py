@@ -882,13 +882,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    """Relative paths in a config file are relative to that file, not to the working directory."""
+def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, str]:
+    """Relative paths in a config file are relative to that file, not to the working directory.
+    Returns each path made so, with what the file said (`_said_relative`)."""
+    relative: dict[str, str] = {}
 
     def resolve(table: Any, key: str) -> None:
         value = table.get(key) if isinstance(table, dict) else None
         if isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value:
             table[key] = os.path.normpath(base / value)
+            relative[table[key]] = value
 
     source = data.get("source")
     for table in [source] if isinstance(source, dict) else source if isinstance(source, list) else []:
@@ -918,6 +921,18 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
     candidate = model.get("candidate") if isinstance(model, dict) else None
     for key in ("path", "labels", "signature", "evidence_dir"):
         resolve(candidate, key)
+    return relative
+
+
+def _said_relative(problem: str, relative: Mapping[str, str], base: Path) -> str:
+    """``problem`` with, where it is a missing file the configuration named by a relative path, where
+    that path was read from: a copy of a configuration in another folder finds its files no more."""
+    for resolved, said in relative.items():
+        missing = f" {resolved} does not exist"
+        if missing in problem:
+            where = f'("{said}" in the configuration file is read from its folder, {base})'
+            return problem.replace(missing, f"{missing} {where}")
+    return problem
 
 
 def _socket_folder_problems(settings: Settings) -> list[str]:
@@ -1058,8 +1073,7 @@ def load_config(path: Path | None) -> Settings:
     logged as a warning with the closest real name, since pydantic-settings would ignore it.
     """
     data = _read_toml(path) if path is not None else {}
-    if path is not None:
-        _resolve_paths(data, path.resolve().parent)
+    relative = _resolve_paths(data, path.resolve().parent) if path is not None else {}
     variables = _environment()
     _warn_about_ignored_variables(variables)
     cameras = isinstance(data.get("source"), list) or os.environ.get(f"{ENV_PREFIX}SOURCE", "").lstrip().startswith("[")
@@ -1088,5 +1102,6 @@ def load_config(path: Path | None) -> Settings:
         settings = settings.model_copy(update={"journal": journal})
     problems = _check_files(settings) + _socket_folder_problems(settings)
     if problems:
-        raise ConfigError(path, problems)
+        base = path.resolve().parent if path is not None else Path.cwd()
+        raise ConfigError(path, [_said_relative(problem, relative, base) for problem in problems])
     return settings

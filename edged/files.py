@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import quote
@@ -53,6 +54,12 @@ def read_regular(path: str | Path, limit: int) -> bytes:
     if size > limit:
         raise FileTooLarge(path, size, limit)
     return data
+
+
+def stdout_reader_gone() -> None:
+    """After a BrokenPipeError on standard output (`edged history | head`: the reader has what it
+    wanted): point it at /dev/null, or Python's flush at exit fails again, with a traceback."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def sqlite_uri(path: Path, query: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import os
 import re
 import sqlite3
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from edged.errors import JournalUnreadable, UsageError
-from edged.files import sqlite_uri
+from edged.files import sqlite_uri, stdout_reader_gone
 from edged.journal import COLUMNS
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
@@ -253,8 +252,8 @@ def run_history(path: Path, query: Query, fmt: str, *, journal_off: bool = False
     try:
         unreadable = write(entries(path, query), fmt, sys.stdout)
         sys.stdout.flush()
-    except BrokenPipeError:  # `edged history | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the flush at exit fails again
+    except BrokenPipeError:
+        stdout_reader_gone()
         return 0
     if unreadable:
         print(

@@ -102,6 +102,17 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path, monkeypa
     assert load_config(path).model.path == tmp_path / "m.onnx"
 
 
+def test_a_missing_file_named_by_a_relative_path_says_where_it_was_read_from(tmp_path: Path) -> None:
+    # The demo's configuration copied to another folder: its ../models paths found nothing there.
+    (tmp_path / "x").mkdir()
+    path = _write(tmp_path / "x", '[model]\npath = "../models/m.onnx"\n[source]\ntype = "file"\npath = "/gone.mp4"\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    said = f'("../models/m.onnx" in the configuration file is read from its folder, {tmp_path / "x"})'
+    assert e.value.problems[0] == f"model.path: model file {tmp_path / 'models' / 'm.onnx'} does not exist {said}"
+    assert e.value.problems[1] == "source.path: video file /gone.mp4 does not exist"  # absolute: nothing to add
+
+
 def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _write(tmp_path, '[model]\npath = "m.onnx"\nconf = 0.3\n[source]\ntype = "synthetic"\nfps = 3\n')
     monkeypatch.setenv("EDGED_MODEL__CONF", "0.6")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import cv2
@@ -130,3 +131,37 @@ class _Lines:
     def text(self) -> str:
         with self._lock:
             return "".join(self._lines)
+
+
+@pytest.mark.integration
+def test_a_reader_that_stops_early_ends_it_quietly(tmp_path: Path) -> None:
+    """`edged subscribe ... | head`: a BrokenPipeError traceback, and the subscriber went on."""
+    endpoint = f"ipc://{tmp_path / 'pub.sock'}"
+    context = zmq.Context()
+    pub = context.socket(zmq.XPUB)
+    pub.bind(endpoint)
+    proc = subprocess.Popen(
+        edged_command("subscribe", endpoint, "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert pub.poll(30_000) and pub.recv() == b"\x01", "the subscription"
+        assert proc.stdout is not None and proc.stderr is not None
+        pub.send_multipart(_status("top", "ok", 0))
+        assert proc.stdout.readline().startswith("{")
+        proc.stdout.close()
+        seq = 1
+        while proc.poll() is None and seq < 100_000:  # until a write finds the pipe closed
+            pub.send_multipart(_status("top", "ok", seq))
+            seq += 1
+            if seq % 100 == 0:
+                time.sleep(0.01)  # the subscriber's queue holds a bounded number
+        err = proc.stderr.read()
+        assert (proc.wait(60), err) == (0, "")
+    finally:
+        proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        pub.close(linger=0)
+        context.term()

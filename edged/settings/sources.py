@@ -137,7 +137,13 @@ class FileSourceConfig(SourceBase):
     type: Literal["file"] = "file"
     path: Path = Field(description="Video file decoded with OpenCV's FFmpeg backend.")
     loop: bool = Field(True, description="Start again at the end instead of reporting end of stream.")
-    realtime: bool = Field(True, description="Pace frames to the file's own fps, like a camera.")
+    realtime: bool = Field(
+        True,
+        description="Pace frames to the file's own fps, like a camera. false: read as fast as the file "
+        "decodes while the model takes only the newest frame, so most frames are dropped and a short file "
+        'may end before one is processed; for every frame, extract them into a folder (type = "images", '
+        "pace = false).",
+    )
 
     def file_problems(self) -> list[str]:
         # os.path.isfile, unlike Path.is_file, answers False for a name the filesystem cannot hold.
