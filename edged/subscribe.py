@@ -47,6 +47,7 @@ HANDSHAKE_FAILURES = {
 # ``edged subscribe`` stops: more than the status interval (1 s by default), so a subscriber that
 # joined between two cameras' status messages hears from the one still running first.
 ENDED_QUIET_S = 2.0
+SILENCE_S = 5.0  # nothing at all by then is said once: a wrong address or port waits in silence otherwise
 
 
 @dataclass
@@ -103,6 +104,7 @@ class Subscriber:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         curve: ClientKeys | None = None,
     ) -> None:
+        self.endpoint = endpoint
         self.stats = StreamStats()
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.SUB)
@@ -160,9 +162,14 @@ def format_verdict(msg: VerdictMessage) -> str:
     part = f" part {msg.part_id}" if msg.part_id is not None else ""
     why = "; ".join(f"{r.label} {r.score:.2f}" + (f" in {r.zone}" if r.zone else "") for r in msg.reasons)
     return (
-        f"[verdict {msg.camera_id} frame {msg.frame_id}{part}] {msg.verdict.upper()}"
+        f"[verdict {msg.camera_id} frame {msg.frame_id}{_from(msg.source_file)}{part}] {msg.verdict.upper()}"
         f"{': ' + why if why else ''}  ({msg.verdict_latency_ms:.1f} ms capture to verdict)"
     )
+
+
+def _from(source_file: str | None) -> str:
+    """The image a frame was read from, for a line that says which of a folder's files gave it."""
+    return f" {source_file}" if source_file is not None else ""
 
 
 def format_message(msg: Message) -> str:
@@ -180,7 +187,7 @@ def format_message(msg: Message) -> str:
     )
     verdict = f" {msg.verdict.upper()}" if msg.verdict else ""
     return (
-        f"[{msg.camera_id} frame {msg.frame_id}]{verdict} {len(msg.detections)} detection(s)"
+        f"[{msg.camera_id} frame {msg.frame_id}{_from(msg.source_file)}]{verdict} {len(msg.detections)} detection(s)"
         f"{': ' + dets if dets else ''}  ({msg.timings.inference_ms:.1f} ms inference, "
         f"{msg.timings.age_ms:.1f} ms old)"
     )
@@ -223,6 +230,7 @@ def _print_stream(
     started = last_summary = time.monotonic()
     shown = 0
     told: str | None = None
+    silence_said = False
     code = 0
     cameras = Cameras()
     while count is None or shown < count:
@@ -243,6 +251,13 @@ def _print_stream(
             last_summary = time.monotonic()
             _print_summary(sub.stats, out)
         if msg is None:
+            if not silence_said and not sub.stats.received and told is None and time.monotonic() - started >= SILENCE_S:
+                silence_said = True
+                print(
+                    f"edged subscribe: nothing received from {sub.endpoint} in {SILENCE_S:g} s (is edged running and "
+                    "publishing there? publish.endpoints): still listening",
+                    file=sys.stderr,
+                )
             continue
         cameras.heard(msg, time.monotonic())
         shown += 1

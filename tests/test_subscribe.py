@@ -3,6 +3,7 @@ playing a finite image folder, and against a publisher whose cameras end one aft
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 import time
@@ -16,6 +17,7 @@ from daemon import edged_command, free_port, write_config
 from onnx_models import colour_probe
 from waiting import wait_for
 
+from edged import subscribe
 from edged.messages import CaptureState, ModelInfo, StatusMessage
 from edged.subscribe import run_subscribe
 
@@ -56,6 +58,7 @@ def test_it_exits_0_once_the_daemon_has_played_a_finite_source_to_its_end(tmp_pa
     assert daemon.returncode == 0 and "source ended: stopping" in daemon_log, daemon_log
     assert subscriber.returncode == 0, err
     assert "[cam0 frame " in out and "camera ended" in out  # the detections, then the last status
+    assert re.search(r"\[cam0 frame \d+ \d{3}\.png\]", out), out  # which image gave each
     assert "every camera has ended (cam0): the stream is over" in err
     assert "no more messages within" not in err
 
@@ -165,3 +168,15 @@ def test_a_reader_that_stops_early_ends_it_quietly(tmp_path: Path) -> None:
                 stream.close()
         pub.close(linger=0)
         context.term()
+
+
+def test_nothing_heard_at_all_is_said_once_while_it_listens_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrong address or port: before, it waited in silence for ever."""
+    monkeypatch.setattr(subscribe, "SILENCE_S", 0.5)
+    endpoint = f"ipc://{tmp_path / 'nobody.sock'}"
+    assert run_subscribe(endpoint, "", stats=False, raw_json=False, count=None, timeout_s=2.0) == 1
+    err = capsys.readouterr().err
+    assert err.count(f"nothing received from {endpoint} in 0.5 s") == 1, err
+    assert err.endswith("no more messages within 2 s\n"), err
