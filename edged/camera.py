@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal, get_args
 
 from edged.capture import Capture
@@ -155,3 +155,19 @@ class Camera:
     def next_seq(self, kind: Topic) -> int:
         """The next ``seq`` on this camera's topic of ``kind``: gapless per camera and topic."""
         return next(self._seq[kind])
+
+
+def say_ended(cameras: Sequence[Camera]) -> None:
+    """Every source has ended, said with the frames each camera processed: a warning where one
+    processed none, since edged then exits 0 having published nothing of it."""
+    ids = ", ".join(f"{camera.id} {camera.stats.frames_processed}" for camera in cameras)
+    counts = f"{cameras[0].stats.frames_processed}" if len(cameras) == 1 else ids
+    what = f"{'source' if len(cameras) == 1 else 'every source'} ended: stopping ({counts} frames processed)"
+    if any(camera.stats.frames_processed == 0 for camera in cameras):
+        log.warning(
+            "%s; a camera that processed none gave every frame to a model not yet free (a video file with "
+            "source.realtime = false is read faster than any model) or, in request mode, was asked nothing",
+            what,
+        )
+    else:
+        log.info("%s", what)

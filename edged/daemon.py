@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edged.camera import Camera, camera_for, start_capture, stop_captures
+from edged.camera import Camera, camera_for, say_ended, start_capture, stop_captures
 from edged.candidate import Candidate
 from edged.capture import Capture
 from edged.config import Settings
@@ -154,7 +154,7 @@ class Daemon:
         if fatal is not None:
             return fatal.exit_code  # logged by the capture thread
         if all(camera.capture.state == "ended" for camera in cameras):
-            log.info("source ended: stopping" if len(cameras) == 1 else "every source ended: stopping")
+            say_ended(cameras)
             return EXIT_OK
         if self._inference_failures >= MAX_INFERENCE_FAILURES and not self._fall_back_provider():
             log.error(

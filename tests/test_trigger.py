@@ -422,3 +422,11 @@ def test_a_trigger_endpoint_with_an_abstract_name_is_bound_and_answers(tmp_path:
             assert isinstance(reply, VerdictMessage) and reply.part_id == "abstract", reply
         finally:
             ask.close()
+
+
+def test_a_request_mode_source_that_ends_unasked_says_no_frame_was_processed(tmp_path: Path) -> None:
+    # edged exits 0 at the end of a finite source; having published nothing of it, it says so.
+    source = {"type": "images", "path": str(images(tmp_path / "frames")), "fps": 20.0, "loop": False}
+    with running(tmp_path, source=source) as d:
+        assert d.proc.wait(60) == 0, d.log()
+        assert "WARNING" in d.log() and "source ended: stopping (0 frames processed); a camera that" in d.log(), d.log()
