@@ -763,12 +763,13 @@ def _cmd_trigger(args: argparse.Namespace) -> int:
 
 def _cmd_history(args: argparse.Namespace) -> int:
     from edged.history import Query, run_history
+    from edged.journal import records
 
     journal: Path | None = args.journal
-    journal_off = False
+    journal_off = records_nothing = False
     if journal is None:
-        settings = load_config(args.config).journal
-        journal, journal_off = settings.file, not settings.enabled
+        settings = load_config(args.config)
+        journal, journal_off, records_nothing = settings.journal.file, not settings.journal.enabled, not records(settings)
     query = Query.parse(
         part_id=args.part_id,
         camera_id=args.camera,
@@ -778,7 +779,7 @@ def _cmd_history(args: argparse.Namespace) -> int:
         detections=args.detections,
         limit=args.limit,
     )
-    return run_history(journal, query, args.format or "table", journal_off=journal_off)
+    return run_history(journal, query, args.format or "table", journal_off=journal_off, records_nothing=records_nothing)
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:

@@ -244,11 +244,17 @@ def write(rows: Iterable[dict[str, Any]], fmt: str, out: TextIO) -> int:
     return unreadable
 
 
-def run_history(path: Path, query: Query, fmt: str, *, journal_off: bool = False) -> int:
+def run_history(path: Path, query: Query, fmt: str, *, journal_off: bool = False, records_nothing: bool = False) -> int:
     """Print what ``query`` selects; ``journal_off``: the configuration has ``[journal] enabled =
-    false``, which is said rather than that the journal is yet to be written."""
+    false``, ``records_nothing``: it gives the journal nothing to record, each said rather than that
+    the journal is yet to be written."""
     if journal_off and not path.is_file():
         raise JournalUnreadable(f"the journal is off in this configuration ([journal] enabled = false): none at {path}")
+    if records_nothing and not path.is_file():
+        raise JournalUnreadable(
+            f"no journal at {path}: this configuration gives it nothing to record (verdicts come from a camera "
+            "with [inspect] or in request mode; journal.detections = true records every detections message)"
+        )
     try:
         unreadable = write(entries(path, query), fmt, sys.stdout)
         sys.stdout.flush()

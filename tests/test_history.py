@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon import edged_command, run_cli
+from daemon import edged_command, run_cli, write_config
+from onnx_models import colour_probe
 
 from edged.errors import JournalUnreadable, UsageError
 from edged.history import Query, entries, parse_time, run_history, write
@@ -334,6 +335,18 @@ def test_a_journal_path_with_uri_characters_is_read_where_it_is(journal: Path, t
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)) == 30
     assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.sqlite.lock", "line?1#a%20"]  # edged's lock stays
+
+
+@pytest.mark.integration
+def test_a_configuration_that_records_nothing_says_so(tmp_path: Path) -> None:
+    """The demo's configuration (no [inspect]): "no journal at ...; it is written once a verdict is
+    made", which it never would be."""
+    config = write_config(tmp_path / "edged.toml", {"model": {"path": str(colour_probe(tmp_path / "m.onnx"))}})
+    done = run_cli("history", "--config", str(config))
+    assert done.returncode == 1 and "this configuration gives it nothing to record" in done.stderr, done.stderr
+    config.write_text(config.read_text() + "\n[journal]\ndetections = true\n")
+    done = run_cli("history", "--config", str(config))
+    assert done.returncode == 1 and "it is written once a verdict is made" in done.stderr, done.stderr
 
 
 @pytest.mark.unit
