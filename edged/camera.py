@@ -160,9 +160,11 @@ class Camera:
 def say_ended(cameras: Sequence[Camera]) -> None:
     """Every source has ended, said with the frames each camera processed: a warning where one
     processed none, since edged then exits 0 having published nothing of it."""
-    ids = ", ".join(f"{camera.id} {camera.stats.frames_processed}" for camera in cameras)
-    counts = f"{cameras[0].stats.frames_processed}" if len(cameras) == 1 else ids
-    what = f"{'source' if len(cameras) == 1 else 'every source'} ended: stopping ({counts} frames processed)"
+    if len(cameras) == 1:
+        what = f"source ended: stopping ({cameras[0].stats.frames_processed} frames processed)"
+    else:
+        counts = ", ".join(f"{camera.id} {camera.stats.frames_processed}" for camera in cameras)
+        what = f"every source ended: stopping ({counts} frames processed)"
     if any(camera.stats.frames_processed == 0 for camera in cameras):
         log.warning(
             "%s; a camera that processed none gave every frame to a model not yet free (a video file with "
