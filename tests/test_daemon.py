@@ -262,6 +262,21 @@ def test_a_refused_start_under_cpu_load_exits_78_every_time_never_aborts(tmp_pat
     assert all("fixed batch of 4" in r.stderr for r in runs)
 
 
+def test_when_every_source_has_ended_each_cameras_frames_are_said(workdir: Path) -> None:
+    for folder in ("a", "b"):
+        (workdir / folder).mkdir()
+        for i in range(3):
+            cv2.imwrite(str(workdir / folder / f"{i}.png"), np.full((96, 128, 3), RED, np.uint8))
+    cameras = [{"type": "images", "camera_id": c, "path": c, "pace": False, "loop": False} for c in ("a", "b")]
+    path, endpoint = config(workdir, cameras)  # type: ignore[arg-type]
+    d = RunningDaemon(path, endpoint)
+    try:
+        assert d.proc.wait(30) == 0, d.log()
+        assert re.search(r"INFO .*every source ended: stopping \(a 3, b 3 frames processed\)", d.log()), d.log()
+    finally:
+        d.close()
+
+
 def test_a_file_that_ends_without_loop_stops_the_daemon_with_success(workdir: Path) -> None:
     path, endpoint = config(workdir, {"type": "file", "path": "clip.avi", "loop": False, "realtime": False})
     d = RunningDaemon(path, endpoint)
