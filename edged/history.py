@@ -183,24 +183,26 @@ def _parsed(row: dict[str, Any], column: str) -> Any:
         raise ValueError(f"its {column} is not JSON") from None
 
 
-def _found(row: dict[str, Any]) -> str:
-    """The reasons of an NG frame; without any, a classifier's best class (its message's ``top``),
+def _found(row: dict[str, Any], message: dict[str, Any] | None) -> str:
+    """The reasons of an NG frame; without any, a classifier's best class (its ``message``'s ``top``),
     which an OK frame of a classifier would otherwise not show at all."""
     reasons = _parsed(row, "reasons")
     if reasons:
         return ", ".join(
             f"{r.get('label')} {r.get('score', 0):.2f}" + (f" in {r['zone']}" if r.get("zone") else "") for r in reasons
         )
-    message = _parsed(row, "message")
     top = message.get("top") if message else None
     return f"{top[0].get('label')} {top[0].get('score', 0):.2f}" if top else ""
 
 
 def _line(row: dict[str, Any]) -> str:
-    """``row`` in the table; raises one of `_UNREADABLE` for a row edged cannot have written."""
+    """``row`` in the table, with the image a frame was read from; raises one of `_UNREADABLE` for a
+    row edged cannot have written."""
+    message = _parsed(row, "message")
+    image = f" {message['source_file']}" if message and message.get("source_file") else ""
     return (
-        f"{_when(row['wall_ns'])}  {row['camera_id']}  part {row['part_id'] or '-'}  frame {row['frame_id']}  "
-        f"{row['verdict'] or '-'}  {_found(row)}  model {row['model_sha256'][:12]}"
+        f"{_when(row['wall_ns'])}  {row['camera_id']}  part {row['part_id'] or '-'}  frame {row['frame_id']}{image}  "
+        f"{row['verdict'] or '-'}  {_found(row, message)}  model {row['model_sha256'][:12]}"
         + (f"  evidence {row['evidence']}" if row["evidence"] else "")
     )
 

@@ -101,6 +101,11 @@ def test_a_table_for_a_person_json_and_csv_for_programs(journal: Path) -> None:
     table = io.StringIO()
     write([classified], "table", table)
     assert "frame 3  ok  good 0.91  model" in table.getvalue()
+    # From an image folder: which image it was.
+    from_file = {**rows[0], "message": json.dumps({"kind": "verdict", "source_file": "part 03.png"}).encode()}
+    table = io.StringIO()
+    write([from_file], "table", table)
+    assert "  frame 3 part 03.png  ng  crack 0.83 in left  model" in table.getvalue()
     empty = io.StringIO()
     write([], "table", empty)
     assert empty.getvalue() == "no entries match\n"
