@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -170,6 +171,22 @@ def test_the_demo_says_on_stdout_where_its_live_view_is_once_the_daemon_listens(
         assert "demo: the live view" not in demo.errors.read_text()
     finally:
         demo.close()
+
+
+def test_a_demo_whose_live_view_port_is_taken_does_not_point_at_it(tmp_path: Path) -> None:
+    # The page at that address is the other program's: the demo said it was the live view.
+    http_port = free_port()
+    other = socket.create_server(("127.0.0.1", http_port))
+    try:
+        demo = Demo(_demo_tree(tmp_path, free_port(), http_port), tmp_path, apart=True)
+        try:
+            assert wait_for(lambda: "detection(s)" in demo.text(), timeout_s=90), (demo.text(), demo.errors.read_text())
+        finally:
+            demo.close()
+    finally:
+        other.close()
+    assert f"127.0.0.1:{http_port} is another program's, so the live view is not there" in demo.errors.read_text()
+    assert "demo: the live view is at" not in demo.text()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
