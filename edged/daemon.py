@@ -1,12 +1,11 @@
 """The daemon: composes the cameras, the model and the outputs from the settings, turns the loop, stops cleanly.
 
-The loop hands the cameras' frames (`edged.camera`) to the inference lanes (`edged.lanes`) in
-the order `edged.schedule` says, counts each result and hands it to the outputs
-(`edged.outputs`), answering requests (`edged.requests`); with nothing to do it waits for a
-hand-over, a result or a request (`edged.wake`). Between frames: thermal polls, status
-(`edged.status`), rate caps, reloads (`edged.reload.Trial`), and in time it would spend waiting a
-candidate model's trial (`edged.candidate`). The watchdog and ``/healthz`` read what the loop
-publishes to them (`edged.health.Watched`), never its own state.
+The loop hands the cameras' frames (`edged.camera`) to the inference lanes (`edged.lanes`) in the order
+`edged.schedule` says, counts each result and hands it to the outputs (`edged.outputs`), answering requests
+(`edged.requests`); with nothing to do it waits for a hand-over, a result or a request (`edged.wake`). Between
+frames: thermal polls, status (`edged.status`), rate caps, reloads (`edged.reload.Trial`), and in time it
+would spend waiting a candidate model's trial (`edged.candidate`). The watchdog and ``/healthz`` read what the
+loop publishes to them (`edged.health.Watched`), never its own state.
 """
 
 from __future__ import annotations
@@ -154,6 +153,7 @@ class Daemon:
         if fatal is not None:
             return fatal.exit_code  # logged by the capture thread
         if all(camera.capture.state == "ended" for camera in cameras):
+            self._finish_lanes()  # their last frames published and counted before they are said
             say_ended(cameras)
             return EXIT_OK
         if self._inference_failures >= MAX_INFERENCE_FAILURES and not self._fall_back_provider():
