@@ -1073,7 +1073,8 @@ def load_config(path: Path | None) -> Settings:
     logged as a warning with the closest real name, since pydantic-settings would ignore it.
     """
     data = _read_toml(path) if path is not None else {}
-    relative = _resolve_paths(data, path.resolve().parent) if path is not None else {}
+    base = path.resolve().parent if path is not None else None  # what relative paths in the file are read from
+    relative = _resolve_paths(data, base) if base is not None else {}
     variables = _environment()
     _warn_about_ignored_variables(variables)
     cameras = isinstance(data.get("source"), list) or os.environ.get(f"{ENV_PREFIX}SOURCE", "").lstrip().startswith("[")
@@ -1087,7 +1088,7 @@ def load_config(path: Path | None) -> Settings:
                     f"set {ENV_PREFIX}SOURCE to the whole list as JSON, or change the file"
                 ],
             )
-    folder = CONFIG_FOLDER.set(path.resolve().parent if path is not None else None)
+    folder = CONFIG_FOLDER.set(base)
     try:
         settings = Settings(**data)
     except ValidationError as e:
@@ -1098,10 +1099,9 @@ def load_config(path: Path | None) -> Settings:
     finally:
         CONFIG_FOLDER.reset(folder)
     if settings.journal.path is None:
-        journal = settings.journal.model_copy(update={"path": default_path(path.resolve().parent if path else None)})
+        journal = settings.journal.model_copy(update={"path": default_path(base)})
         settings = settings.model_copy(update={"journal": journal})
     problems = _check_files(settings) + _socket_folder_problems(settings)
     if problems:
-        base = path.resolve().parent if path is not None else Path.cwd()
-        raise ConfigError(path, [_said_relative(problem, relative, base) for problem in problems])
+        raise ConfigError(path, [_said_relative(problem, relative, base) for problem in problems] if base else problems)
     return settings
