@@ -167,8 +167,8 @@ def say_ended(cameras: Sequence[Camera]) -> None:
         what = f"every source ended: stopping ({counts} frames processed)"
     if any(camera.stats.frames_processed == 0 for camera in cameras):
         log.warning(
-            "%s; a camera that processed none gave every frame to a model not yet free (a video file with "
-            "source.realtime = false is read faster than any model) or, in request mode, was asked nothing",
+            "%s; a camera that processed none gave every frame to a model not yet free (a short video file "
+            "paced like a camera; source.realtime = false processes every frame) or, in request mode, was asked nothing",
             what,
         )
     else:

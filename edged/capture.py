@@ -350,7 +350,7 @@ class Capture:
                 if split is None:
                     got = self._read(source, watch)
                 else:
-                    got = self._grab(split, timing, watch, decode=not delivered or self._decode_all)
+                    got = self._grab(split, timing, watch, decode=every or not delivered or self._decode_all)
             except SourceError as e:
                 self._fail(str(e), read=True)
                 return "lost"

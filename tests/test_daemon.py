@@ -277,14 +277,28 @@ def test_when_every_source_has_ended_each_cameras_frames_are_said(workdir: Path)
         d.close()
 
 
-def test_a_file_that_ends_without_loop_stops_the_daemon_with_success(workdir: Path) -> None:
-    path, endpoint = config(workdir, {"type": "file", "path": "clip.avi", "loop": False, "realtime": False})
-    d = RunningDaemon(path, endpoint)
-    try:
-        assert d.proc.wait(30) == 0
-        assert "source ended" in d.log()
-    finally:
-        d.close()
+def test_an_unpaced_file_publishes_every_frame_then_stops_the_daemon_with_success(workdir: Path) -> None:
+    """``realtime = false``: each frame is decoded once the model took the one before, none dropped,
+    however much faster the file decodes than the model runs (before, most were dropped as stale).
+
+    The file is empty until the subscriber hears the daemon (the camera cannot open it until then),
+    so nothing is published before anyone listens."""
+    (workdir / "late.avi").touch()
+    source = {"type": "file", "path": "late.avi", "loop": False, "realtime": False}
+    path, endpoint = config(workdir, source, publish={"publish_empty": True})
+    with cpu_load():
+        d = RunningDaemon(path, endpoint)
+        try:
+            d.wait_status(lambda s: s.source_state in ("starting", "lost"))
+            (workdir / "clip.avi").rename(workdir / "late.avi")
+            got = [m for m in until_exit(d, 60) if isinstance(m, DetectionsMessage)]
+            assert d.proc.wait(10) == 0, d.log()
+            log = d.log()
+        finally:
+            d.close()
+    assert [m.frame_id for m in got] == list(range(FRAMES)), log
+    assert [m.detections[0].label for m in got] == [LABELS[i % 2] for i in range(FRAMES)], log
+    assert f"INFO edged.camera: source ended: stopping ({FRAMES} frames processed)" in log, log
 
 
 def until_exit(d: RunningDaemon, timeout: float) -> list[Message]:

@@ -151,6 +151,24 @@ def test_video_realtime_paces_to_the_file_fps(tmp_path: Path) -> None:
     assert (last_ns - first_ns) / 1e9 / (last_id - first_id) >= 0.9 / 50
 
 
+def test_an_unpaced_video_hands_every_frame_to_a_consumer_slower_than_its_decoding(tmp_path: Path) -> None:
+    """``realtime = false``: the next frame is decoded only once the one before was taken, so a
+    consumer slower than FFmpeg (any model) still gets every frame, in order, then the end."""
+    path = write_video(tmp_path / "shift.avi", "MJPG", count=20, fps=50.0)
+    assert FileSource(FileSourceConfig(path=path, realtime=False)).keeps_every_frame()
+    assert not FileSource(FileSourceConfig(path=path, realtime=True)).keeps_every_frame()
+    cap = Capture(lambda: FileSource(FileSourceConfig(path=path, loop=False, realtime=False)), "cam0")
+    cap.start()
+    ids = []
+    slow = threading.Event()
+    while (frame := cap.take(timeout_s=2.0)) is not None:
+        ids.append(frame.frame_id)
+        slow.wait(0.01)  # the model's time: the file decodes a frame in well under that
+    cap.stop()
+    assert cap.state == "ended"
+    assert ids == list(range(20))
+
+
 def test_video_with_implausible_fps_is_paced_at_the_fallback(tmp_path: Path) -> None:
     path = write_video(tmp_path / "odd.avi", "MJPG", count=4, fps=1000.0)
     src = opened(FileSource(FileSourceConfig(path=path)))

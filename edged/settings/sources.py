@@ -139,10 +139,9 @@ class FileSourceConfig(SourceBase):
     loop: bool = Field(True, description="Start again at the end instead of reporting end of stream.")
     realtime: bool = Field(
         True,
-        description="Pace frames to the file's own fps, like a camera. false: read as fast as the file "
-        "decodes while the model takes only the newest frame, so most frames are dropped and a short file "
-        'may end before one is processed; for every frame, extract them into a folder (type = "images", '
-        "pace = false).",
+        description="Pace frames to the file's own fps, like a camera: a frame that comes while the model is "
+        "busy is dropped. false: every frame once per pass, each decoded as soon as the model has taken the one "
+        "before, none dropped (a recorded shift checked offline).",
     )
 
     def file_problems(self) -> list[str]:

@@ -1,7 +1,9 @@
 """Recorded video: a file decoded by OpenCV's FFmpeg backend, looped and paced like a camera by default.
 
 Pacing at the file's own frame rate gives a bench run the same latest-frame behaviour as a live
-camera. Problems with the file itself raise ``SourceError`` naming it.
+camera; unpaced (``realtime = false``), every frame is processed, each decoded once the model has
+taken the one before, as a recorded shift is checked offline. Problems with the file itself raise
+``SourceError`` naming it.
 """
 
 from __future__ import annotations
@@ -144,3 +146,7 @@ class FileSource(OpenCvCapture):
     def pace(self) -> float | None:
         """Seconds between frames at the file's own rate (``FALLBACK_FPS`` if implausible); ``None`` unless realtime."""
         return 1.0 / self._fps if self._cfg.realtime else None
+
+    def keeps_every_frame(self) -> bool:
+        """Unpaced, every frame is processed: read faster than the model, all but the newest would be dropped."""
+        return not self._cfg.realtime
