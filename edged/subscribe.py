@@ -29,9 +29,18 @@ from zmq.utils.monitor import recv_monitor_message
 from edged.errors import MessageError
 from edged.files import stdout_reader_gone
 from edged.keys import ClientKeys
-from edged.messages import DetectionsMessage, StatusMessage, TriggerError, VerdictMessage, parse_message
+from edged.messages import (
+    AnomalyRegion,
+    Detection,
+    DetectionsMessage,
+    StatusMessage,
+    TriggerError,
+    VerdictMessage,
+    parse_message,
+)
 
 Message = DetectionsMessage | StatusMessage | VerdictMessage
+TOP_SHOWN = 3  # a classifier's best classes on a line; --json has all of model.top_k
 
 HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the publisher refused this subscriber's key "
@@ -182,15 +191,41 @@ def format_message(msg: Message) -> str:
             f"[status {msg.camera_id}] {msg.fps:.1f} fps, camera {msg.source_state}, "
             f"thermal {thermal}, {msg.frames_processed} frames, drops: {drops}"
         )
-    dets = "; ".join(
-        f"{d.label} {d.score:.2f} ({d.box[0]:.0f},{d.box[1]:.0f})-({d.box[2]:.0f},{d.box[3]:.0f})" for d in msg.detections
-    )
     verdict = f" {msg.verdict.upper()}" if msg.verdict else ""
     return (
-        f"[{msg.camera_id} frame {msg.frame_id}{_from(msg.source_file)}]{verdict} {len(msg.detections)} detection(s)"
-        f"{': ' + dets if dets else ''}  ({msg.timings.inference_ms:.1f} ms inference, "
-        f"{msg.timings.age_ms:.1f} ms old)"
+        f"[{msg.camera_id} frame {msg.frame_id}{_from(msg.source_file)}]{verdict} {_result(msg)}  "
+        f"({msg.timings.inference_ms:.1f} ms inference, {msg.timings.age_ms:.1f} ms old)"
     )
+
+
+def _result(msg: DetectionsMessage) -> str:
+    """What the model found, as its task gives it: a classifier's best classes, an anomaly model's
+    score and regions, a detector's boxes (with a segmentation model's sizes)."""
+    if msg.top is not None:
+        return "top: " + ", ".join(f"{c.label} {c.score:.2f}" for c in msg.top[:TOP_SHOWN])
+    if msg.anomaly_score is not None:
+        regions = "; ".join(_box(r.box) + _size(r) + (f" {r.note}" if r.note else "") for r in msg.regions or [])
+        threshold = f" (threshold {msg.threshold:.2f})" if msg.threshold is not None else ""
+        return f"anomaly score {msg.anomaly_score:.2f}{threshold}, {len(msg.regions or [])} region(s)" + (
+            f": {regions}" if regions else ""
+        )
+    dets = "; ".join(
+        f"{d.label} {d.score:.2f} {_box(d.box)}{_size(d)}" + (f" {d.note}" if d.note else "") for d in msg.detections
+    )
+    return f"{len(msg.detections)} detection(s)" + (f": {dets}" if dets else "")
+
+
+def _box(box: tuple[float, float, float, float]) -> str:
+    return f"({box[0]:.0f},{box[1]:.0f})-({box[2]:.0f},{box[3]:.0f})"
+
+
+def _size(d: Detection | AnomalyRegion) -> str:
+    """Length by width, in mm with a scale, else in pixels; nothing for a detector's boxes."""
+    if d.length_mm is not None and d.width_mm is not None:
+        return f" {d.length_mm:.1f}x{d.width_mm:.1f} mm"
+    if d.length_px is not None and d.width_px is not None:
+        return f" {d.length_px:.0f}x{d.width_px:.0f} px"
+    return ""
 
 
 def run_subscribe(

@@ -67,6 +67,19 @@ def test_demo_config_is_valid_and_checks() -> None:
 
 
 def test_demo_model_finds_the_generated_defects_on_most_frames(tmp_path: Path) -> None:
+def test_the_demo_configurations_run_side_by_side() -> None:
+    """Each demo has its own journal, stream and live view: the two recording ones shared the
+    journal beside them, so the second started was refused while the first ran."""
+    demos = [load_config(path) for path in sorted((ROOT / "config").glob("*demo.toml"))]
+    assert len(demos) == 3
+    recording = [s.journal.file for s in demos if s.inspect is not None]
+    assert len(recording) == 2 and len(set(recording)) == 2, recording
+    endpoints = [e for s in demos for e in s.publish.endpoints]
+    assert len(set(endpoints)) == len(endpoints), endpoints
+    listens = [s.http.listen for s in demos]
+    assert len(set(listens)) == len(listens), listens
+
+
     shutil.copy(MODEL, tmp_path / "demo.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = write_config(

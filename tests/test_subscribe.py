@@ -18,8 +18,17 @@ from onnx_models import colour_probe
 from waiting import wait_for
 
 from edged import subscribe
-from edged.messages import CaptureState, ModelInfo, StatusMessage
-from edged.subscribe import run_subscribe
+from edged.messages import (
+    AnomalyRegion,
+    CaptureState,
+    Detection,
+    DetectionsMessage,
+    ModelInfo,
+    StatusMessage,
+    Timings,
+    TopClass,
+)
+from edged.subscribe import format_message, run_subscribe
 
 pytestmark = pytest.mark.integration
 
@@ -181,3 +190,52 @@ def test_nothing_heard_at_all_is_said_once_while_it_listens_on(
     err = capsys.readouterr().err
     assert err.count(f"nothing received from {endpoint} in 0.5 s") == 1, err
     assert err.endswith("no more messages within 2 s\n"), err
+
+
+def _frame_message(**fields: object) -> DetectionsMessage:
+    return DetectionsMessage(
+        camera_id="line",
+        seq=7,
+        frame_id=7,
+        capture_time_ns=time.time_ns(),
+        frame_size=(1280, 720),
+        input_size=(320, 320),
+        model=ModelInfo(name="m", sha256="ab" * 32, provider="CPUExecutionProvider"),
+        timings=Timings(preprocess_ms=0.4, inference_ms=6.0, decode_ms=0.8, age_ms=9.0),
+        thermal_state="ok",
+        verdict="ng",
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_a_line_says_what_each_task_found() -> None:
+    """A classifier's and an anomaly model's frames have no detections: their lines said only
+    "0 detection(s)", an NG among them with nothing to say why; a segmentation's defects had no size."""
+    classify = _frame_message(
+        task="classify",
+        detections=[],
+        top=[TopClass(class_id=c, label=label, score=p) for c, label, p in ((1, "ng", 0.91), (0, "ok", 0.09))],
+    )
+    assert "NG top: ng 0.91, ok 0.09  (6.0 ms inference" in format_message(classify)
+    region = AnomalyRegion(box=(10, 20, 30, 40), area_px=300, max_score=0.8, polygon=[], length_px=20, width_px=20)
+    anomaly = _frame_message(task="anomaly", detections=[], anomaly_score=0.68, threshold=0.31, regions=[region])
+    assert "NG anomaly score 0.68 (threshold 0.31), 1 region(s): (10,20)-(30,40) 20x20 px" in format_message(anomaly)
+    spot = Detection(
+        class_id=1,
+        label="spot",
+        score=0.5,
+        box=(0, 0, 9, 9),
+        length_px=18,
+        width_px=16,
+        length_mm=0.9,
+        width_mm=0.8,
+        note="within limits",
+    )
+    scratch = Detection(class_id=0, label="scratch", score=0.81, box=(100, 50, 300, 90), length_px=210, width_px=12)
+    segment = _frame_message(task="segment", detections=[scratch, spot])
+    assert (
+        "2 detection(s): scratch 0.81 (100,50)-(300,90) 210x12 px; spot 0.50 (0,0)-(9,9) 0.9x0.8 mm within limits"
+        in format_message(segment)
+    )
+    box = Detection(class_id=0, label="scratch", score=0.81, box=(100, 50, 300, 90))
+    assert "NG 1 detection(s): scratch 0.81 (100,50)-(300,90)  (6.0" in format_message(_frame_message(detections=[box]))
