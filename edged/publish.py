@@ -35,6 +35,7 @@ refused since the socket was bound that a camera the reload adds now matches has
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -62,6 +63,11 @@ SUBSCRIPTION_HWM = 16  # subscription messages libzmq queues from one peer befor
 READ_AT_MOST = 4096  # subscription messages read before one send, so that no peer can hold the loop
 REFUSED_BYTES_BEFORE_REBIND = 64 * 1024  # ~50 bytes of libzmq's trie per byte: about 3 MB held at most
 REFUSAL_LOG_INTERVAL_S = 60.0
+# How long a source that ends waits for subscribers started before edged: each retries its
+# connection every 100 ms (libzmq's reconnect interval), so it subscribes within about that of the
+# bind; once one has, the others trying in the same interval are given one more.
+SUBSCRIBERS_WAITING_S = 0.5
+SUBSCRIBERS_SETTLE_S = 0.15
 
 
 def detections_topic(prefix: str, camera_id: str) -> bytes:
@@ -221,7 +227,12 @@ class Publisher(MessageOutput):
 
     @classmethod
     def from_settings(cls, settings: Settings, services: Services) -> Publisher:
-        return cls(settings.publish, settings.camera_ids())
+        """With a source that ends (a file or folder read once), the subscribers already waiting are
+        heard first: its frames would all go out before they had connected (`hear_waiting`)."""
+        publisher = cls(settings.publish, settings.camera_ids())
+        if any(cfg.ends for cfg in settings.source):
+            publisher.hear_waiting(SUBSCRIBERS_WAITING_S)
+        return publisher
 
     @classmethod
     def listening(cls, settings: Settings) -> list[Endpoint]:
@@ -340,7 +351,27 @@ class Publisher(MessageOutput):
             self.sent += 1
         return all(results)
 
-    def _read_subscriptions(self, secure: bool) -> None:
+    def hear_waiting(self, timeout_s: float) -> int:
+        """Wait at most ``timeout_s`` for subscribers trying to connect, applying their subscriptions:
+        once one has subscribed, until `SUBSCRIBERS_SETTLE_S` passes with no other. Returns how many
+        subscriptions were applied. An ``edged subscribe`` started before ``edged run`` then sees
+        the first frame of a folder read as fast as the model goes, not only what came after it connected."""
+        heard = 0
+        end = deadline = time.monotonic() + timeout_s
+        while (left_s := deadline - time.monotonic()) > 0:
+            poller = zmq.Poller()  # made afresh: a peer's garbage has a socket bound anew
+            for listener in self._listeners.values():
+                poller.register(listener.socket, zmq.POLLIN)
+            if not poller.poll(max(1, round(left_s * 1000))):
+                break
+            got = sum(self._read_subscriptions(secure) for secure in list(self._listeners))
+            if got:
+                deadline = min(end, time.monotonic() + SUBSCRIBERS_SETTLE_S)
+            heard += got
+        log.debug("heard %d subscription(s) before the first frame", heard)
+        return heard
+
+    def _read_subscriptions(self, secure: bool) -> int:
         """Apply the subscriptions that can match a topic of ours, refuse the rest (module docstring).
 
         In manual mode libzmq hands each (un)subscription up in the order the peers sent them,
@@ -348,25 +379,27 @@ class Publisher(MessageOutput):
         peer has at most `SUBSCRIPTION_HWM` of them waiting between two sends; libzmq stops
         reading that peer's connection until they are read, so what waits in libzmq's list of
         subscriptions to hand up is what the peers sent since the last send, and no more than
-        `READ_AT_MOST` are read before the message goes out.
+        `READ_AT_MOST` are read before the message goes out. Returns the subscriptions applied.
         """
         sock = self._listeners[secure].socket
+        applied = 0
         for _ in range(READ_AT_MOST):
             try:
                 if not sock.poll(0):
-                    return
+                    return applied
                 request = sock.recv(zmq.NOBLOCK)
             except zmq.ZMQError:
-                return  # the send that follows counts what is wrong with the socket
+                return applied  # the send that follows counts what is wrong with the socket
             kind, topic = request[:1], request[1:]
             if kind not in (b"\x00", b"\x01"):
                 # A message, not a subscription, which libzmq does not record against its peer:
                 # which peer the next subscription came from is no longer known.
                 self.drops["subscription_refused"] += 1
                 self._cut_off(secure, "a peer sent a message that is not a subscription")
-                return
+                return applied
             if any(ours.startswith(topic) for ours in self._topics):
                 sock.setsockopt(zmq.SUBSCRIBE if kind == b"\x01" else zmq.UNSUBSCRIBE, topic)
+                applied += kind == b"\x01"
             elif kind == b"\x01":  # unsubscribing from a refused topic: libzmq has already forgotten it
                 self._refuse(topic)
                 if topic.startswith(self._camera_topics):  # a camera a reload adds may match it: kept, at most 64 KiB
@@ -374,7 +407,8 @@ class Publisher(MessageOutput):
                 self._refused_bytes[secure] += len(topic)
                 if self._refused_bytes[secure] >= REFUSED_BYTES_BEFORE_REBIND:
                     self._cut_off(secure, f"{REFUSED_BYTES_BEFORE_REBIND // 1024} KiB of subscriptions that match no topic")
-                    return
+                    return applied
+        return applied
 
     def _refuse(self, request: bytes) -> None:
         self.drops["subscription_refused"] += 1

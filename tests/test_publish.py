@@ -91,6 +91,31 @@ def test_every_subscriber_gets_topic_and_payload(context: zmq.Context, subscribe
     pub.close()
 
 
+def test_the_subscribers_waiting_are_heard_so_the_first_message_reaches_each(context: zmq.Context) -> None:
+    """`Publisher.hear_waiting`: what a source that ends sends first reaches the subscribers that
+    connected before it, with no join messages sent until they have; nobody waiting costs the wait."""
+    pub = _publisher(context)
+    topic = detections_topic("edged", "cam0")
+    subs = []
+    for prefix in (b"edged/detections/", b"edged/"):
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, prefix)
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        sub.connect(pub.endpoints[0])
+        assert monitor.poll(5000)  # connected: its subscription is on its way
+        sub.disable_monitor()
+        monitor.close(linger=0)
+        subs.append(sub)
+    assert pub.hear_waiting(10.0) == 2
+    assert pub.send(topic, b'{"n": 1}')
+    for sub in subs:
+        assert sub.poll(2000)
+        assert sub.recv_multipart() == [b"edged/detections/cam0", b'{"n": 1}']
+        sub.close(linger=0)
+    pub.close()
+    assert _publisher(context).hear_waiting(0.05) == 0
+
+
 def test_topic_filter_separates_status_from_detections(context: zmq.Context, subscribe: Callable[..., zmq.Socket]) -> None:
     pub = _publisher(context)
     status_only = subscribe(pub.endpoints[0], b"edged/status/")

@@ -73,6 +73,43 @@ def test_it_exits_0_once_the_daemon_has_played_a_finite_source_to_its_end(tmp_pa
     assert "no more messages within" not in err
 
 
+def test_started_first_it_hears_every_image_of_a_folder_read_as_fast_as_the_model_goes(tmp_path: Path) -> None:
+    """As the docs say: the subscriber first, then ``edged run`` on a folder with ``pace = false``.
+    Every image went out within milliseconds of the bind, before the subscriber's next connection
+    attempt: it heard nothing, and waited on; edged now hears the subscribers waiting first."""
+    colour_probe(tmp_path / "probe.onnx")
+    (tmp_path / "imgs").mkdir()
+    names = [f"{i:03d}.png" for i in range(6)]
+    for name in names:
+        cv2.imwrite(str(tmp_path / "imgs" / name), np.full((48, 64, 3), (0, 0, 255), np.uint8))
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "images", "path": "imgs", "pace": False, "loop": False},
+            "model": {"path": "probe.onnx"},
+            "publish": {"endpoints": [endpoint], "publish_empty": True},
+            "thermal": {"enabled": False},
+            "http": {"listen": ""},
+        },
+    )
+    subscriber = subprocess.Popen(
+        edged_command("subscribe", endpoint, "--timeout", "20"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    daemon = subprocess.Popen(edged_command("run", "--config", str(config)), stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = subscriber.communicate(timeout=60)
+        daemon_log = daemon.communicate(timeout=30)[1]
+    finally:
+        for proc in (subscriber, daemon):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert daemon.returncode == 0, daemon_log
+    assert re.findall(r"\[cam0 frame \d+ (\d{3}\.png)\]", out) == names, out + err
+    assert subscriber.returncode == 0 and "every camera has ended (cam0)" in err, err
+
+
 def _status(camera: str, state: CaptureState, seq: int) -> list[bytes]:
     msg = StatusMessage(
         camera_id=camera,

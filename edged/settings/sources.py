@@ -124,6 +124,12 @@ class SourceBase(Section):
         """The keys that decide how the camera is opened, with their values: all but `PROCESSING_KEYS`."""
         return self.model_dump(exclude=set(self.PROCESSING_KEYS))
 
+    @property
+    def ends(self) -> bool:
+        """Whether the source reaches an end (a file or folder read once): what it gives is over in
+        seconds, so the stream's subscribers already waiting are heard first (`edged.publish`)."""
+        return getattr(self, "loop", True) is False
+
     def file_problems(self) -> list[str]:
         """Files this source needs that are missing, one line each, reported when the config loads.
 
