@@ -66,7 +66,6 @@ def test_demo_config_is_valid_and_checks() -> None:
     assert "3 classes: scratch, spot, crack" in result.stdout
 
 
-def test_demo_model_finds_the_generated_defects_on_most_frames(tmp_path: Path) -> None:
 def test_the_demo_configurations_run_side_by_side() -> None:
     """Each demo has its own journal, stream and live view: the two recording ones shared the
     journal beside them, so the second started was refused while the first ran."""
@@ -80,6 +79,7 @@ def test_the_demo_configurations_run_side_by_side() -> None:
     assert len(set(listens)) == len(listens), listens
 
 
+def test_demo_model_finds_the_generated_defects_on_most_frames(tmp_path: Path) -> None:
     shutil.copy(MODEL, tmp_path / "demo.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = write_config(
