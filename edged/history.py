@@ -30,6 +30,7 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 FIELDS = ("id", *COLUMNS)  # a row as `entries` gives it
 MAX_INTEGER = 2**63 - 1  # SQLite's largest integer: the latest time and the largest limit a query takes
 PAGE_ROWS = 100  # rows read per statement: the most a command holds in memory at once
+DETECTIONS_SHOWN = 5  # a detections row's detections named, best first, as `edged check` names a frame's; the rest counted
 # What a row edged cannot have written (the file edited by hand) raises when it is shown.
 _UNREADABLE = (ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError)
 # The rows chosen, by id: the newest `limit` of those the query selects, read a page at a time.
@@ -195,15 +196,47 @@ def _found(row: dict[str, Any], message: dict[str, Any] | None) -> str:
     return f"{top[0].get('label')} {top[0].get('score', 0):.2f}" if top else ""
 
 
+def _named(found: list[dict[str, Any]]) -> str:
+    """Detections or classes, best first: the first `DETECTIONS_SHOWN` by label, score and zone, the rest counted."""
+    best = sorted(found, key=lambda item: -float(item["score"]))
+    named = ", ".join(
+        f"{item['label']} {item['score']:.2f}" + (f" in {item['zone']}" if item.get("zone") else "")
+        for item in best[:DETECTIONS_SHOWN]
+    )
+    return named + (f", and {len(best) - DETECTIONS_SHOWN} more" if len(best) > DETECTIONS_SHOWN else "")
+
+
+def _detected(row: dict[str, Any], message: dict[str, Any]) -> tuple[str, str]:
+    """A detections row's two middle columns. Such a row is no verdict, and a "-" there would say
+    nothing, so the first says what the frame held in its model's terms, worded as `edged subscribe`
+    words them (how many detections, a classifier's top classes, an anomaly model's score), after
+    the frame's verdict where ``[inspect]`` gave one; the second names what was found, as a verdict
+    row names its reasons."""
+    if message.get("top") is not None:
+        held, found = "top", _named(message["top"])
+    elif message.get("anomaly_score") is not None:
+        threshold = message.get("threshold")
+        held = f"anomaly score {message['anomaly_score']:.2f}" + (
+            f" (threshold {threshold:.2f})" if threshold is not None else ""
+        )
+        found = f"{len(message.get('regions') or [])} region(s)"
+    else:
+        held, found = f"{len(message['detections'])} detection(s)", _named(message["detections"])
+    return (f"{row['verdict']}, {held}" if row["verdict"] else held), found
+
+
 def _line(row: dict[str, Any]) -> str:
     """``row`` in the table, with the image a frame was read from; raises one of `_UNREADABLE` for a
     row edged cannot have written."""
     message = _parsed(row, "message")
     image = f" {message['source_file']}" if message and message.get("source_file") else ""
+    if row["kind"] == "detections":
+        said, found = _detected(row, message)
+    else:
+        said, found = row["verdict"] or "-", _found(row, message)
     return (
         f"{_when(row['wall_ns'])}  {row['camera_id']}  part {row['part_id'] or '-'}  frame {row['frame_id']}{image}  "
-        f"{row['verdict'] or '-'}  {_found(row, message)}  model {row['model_sha256'][:12]}"
-        + (f"  evidence {row['evidence']}" if row["evidence"] else "")
+        f"{said}  {found}  model {row['model_sha256'][:12]}" + (f"  evidence {row['evidence']}" if row["evidence"] else "")
     )
 
 

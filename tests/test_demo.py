@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from contextlib import suppress
 from pathlib import Path
 
 import cv2
@@ -157,7 +158,8 @@ class Demo:
         self.errors = tmp_path / "demo.err"
         with self.output.open("w") as out, self.errors.open("w") as err:
             stderr = err if apart else subprocess.STDOUT
-            self.proc = subprocess.Popen([str(root / "scripts" / "demo")], stdout=out, stderr=stderr)
+            # In a session of its own, as a terminal starts it: its process group is the one Ctrl-C signals.
+            self.proc = subprocess.Popen([str(root / "scripts" / "demo")], stdout=out, stderr=stderr, start_new_session=True)
 
     def text(self) -> str:
         return self.output.read_text()
@@ -215,6 +217,50 @@ def test_killing_the_demo_leaves_no_daemon_behind(tmp_path: Path, sig: signal.Si
         assert wait_for(lambda: not any(_alive(pid) for pid in children), timeout_s=20), demo.text()
     finally:
         demo.close()
+
+
+def _running_in(root: Path) -> list[int]:
+    """Every process working in ``root``: the demo's, whatever became of their parents."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError):
+                if Path(os.readlink(entry / "cwd")).is_relative_to(root) and _alive(int(entry.name)):
+                    found.append(int(entry.name))
+    return found
+
+
+def _daemon(demo: Demo) -> bool:
+    """Whether the demo's ``edged run`` is in Python by now (starting: loading its model, opening its camera)."""
+    for pid in _children(demo.proc.pid):
+        with suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if argv[0] == os.fsencode(sys.executable) and b"run" in argv:
+                return True
+    return False
+
+
+@pytest.mark.parametrize("when", ["running", "starting"])
+def test_ctrl_c_stops_the_demo_once_and_leaves_nothing_running(tmp_path: Path, when: str) -> None:
+    """Ctrl-C reached the daemon itself (in the terminal's process group) and then the demo's exit
+    sent it SIGTERM: it said it was stopping twice, once for each signal."""
+    root = _demo_tree(tmp_path, free_port())
+    demo = Demo(root, tmp_path)
+    try:
+        if when == "running":
+            assert wait_for(lambda: "detection(s)" in demo.text(), timeout_s=90), demo.text()
+        else:
+            assert wait_for(lambda: _daemon(demo), timeout_s=30), demo.text()
+        os.killpg(demo.proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        assert demo.proc.wait(30) == 130, demo.text()
+        assert wait_for(lambda: not _running_in(root), timeout_s=20), (_running_in(root), demo.text())
+    finally:
+        demo.close()
+    stops = [line for line in demo.text().splitlines() if ": stopping" in line]
+    if when == "running":
+        assert len(stops) == 1, demo.text()
+    else:  # a daemon signalled before it set its handlers ends without a word
+        assert len(stops) <= 1, demo.text()
 
 
 def test_a_demo_whose_port_is_taken_shows_the_bind_error_and_fails(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import tempfile
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon import edged_command, run_cli, write_config
@@ -23,6 +24,7 @@ from edged.errors import JournalUnreadable, UsageError
 from edged.history import Query, entries, parse_time, run_history, write
 from edged.identity import Identity
 from edged.journal import Entry, JournalStore
+from edged.messages import Detection, DetectionsMessage, ModelInfo, Timings, TopClass
 
 IDENTITY = Identity("b0a4d1d000000000", "boot-1", "9.9.9")
 T0 = 1_800_000_000 * 10**9
@@ -109,6 +111,93 @@ def test_a_table_for_a_person_json_and_csv_for_programs(journal: Path) -> None:
     empty = io.StringIO()
     write([], "table", empty)
     assert empty.getvalue() == "no entries match\n"
+
+
+CLASSES = ["scratch", "spot", "crack"]
+
+
+def _detections(n: int, verdict: str | None = None, **found: Any) -> Entry:
+    """The detections entry of frame ``n`` as the daemon journals it (``journal.detections = true``):
+    its message a real detections message holding ``found`` (detections, top, anomaly fields)."""
+    message = DetectionsMessage(
+        camera_id="cam0",
+        seq=n,
+        frame_id=n,
+        capture_time_ns=T0 + n * 10**9,
+        frame_size=(1280, 720),
+        input_size=(320, 320),
+        model=ModelInfo(name="demo", sha256="ab" * 32, provider="CPUExecutionProvider"),
+        timings=Timings(preprocess_ms=1.0, inference_ms=10.0, decode_ms=1.0, age_ms=15.0),
+        thermal_state="ok",
+        verdict=verdict,
+        detections=found.pop("detections", []),
+        **found,
+    )
+    return Entry(
+        "detections",
+        "cam0",
+        n,
+        n,
+        None,
+        verdict,
+        None,
+        T0 + n * 10**9,
+        n,
+        "ab" * 32,
+        "cd" * 32,
+        message.model_dump_json().encode(),
+    )
+
+
+def _detection(label: str, score: float, zone: str | None = None) -> Detection:
+    return Detection(class_id=CLASSES.index(label), label=label, score=score, box=(10, 10, 50, 50), zone=zone)
+
+
+@pytest.mark.integration
+def test_a_detections_row_says_what_the_frame_held_where_a_verdict_row_has_its_verdict(tmp_path: Path) -> None:
+    """`--detections` showed "-" where a verdict row has its verdict, and nothing after it: a row
+    said neither how many detections its frame had nor which."""
+    journal = tmp_path / "journal.sqlite"
+    store = JournalStore(journal, "normal")
+    many = [_detection(CLASSES[i % 3], 0.3 + i / 20) for i in range(7)]
+    store.append(
+        [
+            _detections(1, detections=[_detection("spot", 0.54), _detection("crack", 0.79), _detection("scratch", 0.53)]),
+            _detections(2, "ng", detections=[_detection("crack", 0.83, "left")]),
+            _detections(3, detections=many),
+            _detections(4, "ok", detections=[]),
+            _detections(
+                5, top=[TopClass(class_id=0, label="good", score=0.91), TopClass(class_id=1, label="bad", score=0.09)]
+            ),
+            _detections(6, anomaly_score=0.62, anomalous=True, threshold=0.5, regions=[]),
+        ],
+        IDENTITY,
+        True,
+    )
+    store.close()
+    table = run_cli("history", "--journal", str(journal), "--detections")
+    assert table.returncode == 0, table.stderr
+    found = [line.split("  ")[4:6] for line in table.stdout.splitlines()]
+    assert found == [
+        ["3 detection(s)", "crack 0.79, spot 0.54, scratch 0.53"],  # best first
+        ["ng, 1 detection(s)", "crack 0.83 in left"],  # with [inspect], the frame's verdict first
+        ["7 detection(s)", "scratch 0.60, crack 0.55, spot 0.50, scratch 0.45, crack 0.40, and 2 more"],
+        ["ok, 0 detection(s)", ""],  # a requested frame with nothing on it
+        ["top", "good 0.91, bad 0.09"],  # a classifier's, as `edged subscribe` words it
+        ["anomaly score 0.62 (threshold 0.50)", "0 region(s)"],
+    ], table.stdout
+    assert table.stdout.splitlines()[0] == (
+        "2027-01-15T08:00:01.000Z  cam0  part -  frame 1  3 detection(s)  crack 0.79, spot 0.54, scratch 0.53  "
+        "model abababababab"
+    )
+    as_json = run_cli("history", "--journal", str(journal), "--detections", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    rows = json.loads(as_json.stdout)  # the journal's columns as they are: the message holds the detections
+    assert [(row["kind"], row["verdict"], row["reasons"]) for row in rows[:2]] == [
+        ("detections", None, None),
+        ("detections", "ng", None),
+    ]
+    assert [d["label"] for d in rows[0]["message"]["detections"]] == ["spot", "crack", "scratch"]
 
 
 @pytest.mark.integration

@@ -155,6 +155,34 @@ def test_json_output_is_one_object_with_the_table_figures(probe: Path, capsys: p
     assert report["settings"]["alloc_frames"] == 100 and report["settings"]["cpu_frames"] == 2
 
 
+def test_too_few_frames_for_the_figures_to_mean_much_are_said(
+    probe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`edged bench --frames 20` printed a median and p99 of 20 frames as it would of 300, saying
+    nothing: a p99 of fewer than 100 samples is the slowest frame or two."""
+    quick = ["bench", "--model", str(probe), "--warmup", "1", "--cpu-frames", "3", "--alloc-frames", "3"]
+    assert main([*quick, "--frames", "20"]) == 0
+    table = capsys.readouterr()
+    assert "2 edged full path" in table.out
+    assert [line for line in table.err.splitlines() if "too few" in line] == [
+        "edged bench: --frames 20 is too few for these figures to mean much: a p99 of fewer than 100 samples is "
+        "the slowest one or two, and medians move from run to run; give --frames 100 or more"
+    ]
+    assert main([*quick, "--frames", "20", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["few_frames"].startswith("--frames 20 is too few")
+    assert main([*quick, "--frames", "100", "--json"]) == 0
+    enough = capsys.readouterr()
+    assert json.loads(enough.out)["few_frames"] is None and "too few" not in enough.err
+    # The journal's latencies are percentiles over --frames entries too; a soak's are over its own frames.
+    assert (
+        main(["bench", "--journal", "--frames", "5", "--camera-fps", "200", "--journal-dir", str(tmp_path), "--json"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["few_frames"].startswith("--frames 5 is too few")
+    assert main(["bench", "--model", str(probe), "--soak", "5", "--frames", "5", "--json"]) == 0
+    soaked = capsys.readouterr()
+    assert "few_frames" not in json.loads(soaked.out) and "too few" not in soaked.err
+
+
 def test_table_output_names_the_spinning_setting_and_threads(probe: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["bench", "--model", str(probe), *QUICK, "--spinning", "off", "--threads", "1"])
     out = capsys.readouterr().out

@@ -56,6 +56,11 @@ STARTUP_TIMEOUT_S = 120.0
 VIEW_ENCODE_WAIT_S = 10.0  # for the live view's encoder thread to finish what the watched row handed it
 COLD_SOURCES = ("synthetic", "images")
 SOAK_IMAGES = 8  # the soak cycles through this many 1280x720 scenes
+# The fewest timed samples (--frames) a latency figure means much over. A p99 of fewer than 100 has
+# no sample above it: NumPy interpolates between the slowest two, so it is the slowest frame, or
+# nearly; and a median of a few dozen moves between runs by more than the differences the rows are
+# read for. The default is 300, and the shortest runs BENCHMARKS.md reports are 100 per row.
+ENOUGH_FRAMES = 100
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -114,9 +119,30 @@ def run_bench(args: argparse.Namespace) -> int:
                 print(format_report(report))
         else:
             report = _variants(path, spinning, args, variants, skipped)
+    if _timed_over_frames(args):
+        report["few_frames"] = few_frames(args.frames)
+        if report["few_frames"]:
+            print(f"edged bench: {report['few_frames']}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     return 0
+
+
+def _timed_over_frames(args: argparse.Namespace) -> bool:
+    """Whether this run's figures are percentiles over ``--frames`` samples: the per-frame rows, and
+    the journal, reject, OPC UA and Modbus latencies; not the cold start, soak, cameras or abuse runs."""
+    instead = args.cold_start or args.soak or args.cameras or args.journal or args.reject or args.opcua or args.modbus
+    return bool(not instead or args.journal or args.reject or ((args.opcua or args.modbus) and not args.abuse))
+
+
+def few_frames(frames: int) -> str | None:
+    """What to say of figures over ``frames`` samples each: None where they are enough (`ENOUGH_FRAMES`)."""
+    if frames >= ENOUGH_FRAMES:
+        return None
+    return (
+        f"--frames {frames} is too few for these figures to mean much: a p99 of fewer than {ENOUGH_FRAMES} samples "
+        f"is the slowest one or two, and medians move from run to run; give --frames {ENOUGH_FRAMES} or more"
+    )
 
 
 Variant = tuple[EngineName, Precision]
