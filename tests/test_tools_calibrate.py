@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -22,6 +23,7 @@ from edged.errors import DataError
 from edged.model import LoadedModel, load_model
 from edged.tools.calibrate import (
     PixelAuroc,
+    Scored,
     UpperQuantile,
     auroc,
     best_f1,
@@ -29,6 +31,7 @@ from edged.tools.calibrate import (
     frames_of,
     images_in,
     ranked_auroc,
+    report,
     scored_with_quantile,
 )
 from edged.tools.evaluate import evaluate_anomaly
@@ -74,6 +77,15 @@ def test_calibrate_proposes_thresholds_from_good_parts_and_reports_the_separatio
     assert proposed == pytest.approx(np.percentile(scores, 99.5) + 0.02, abs=1e-4)
     assert re.search(r"^pixel_threshold = 0\.[0-9]+", out, re.M)
     assert "image AUROC 1.0000" in out and "best F1 1.0000" in out and "0 of 3 bad part(s) missed" in out
+
+
+def test_thresholds_proposed_from_too_few_good_parts_are_said_to_be_so() -> None:
+    # From one good part the 99.5th percentile is its score: proposed as if it held for the line, unsaid.
+    model = load_model(ModelConfig(path=DATA / "padim.onnx"), RuntimeConfig())
+    for count, warned in ((1, True), (199, True), (200, False)):
+        out = io.StringIO()
+        report(model, Scored(np.linspace(0.1, 0.3, count), None), None, out)
+        assert (f"warning: from {count} good part(s), fewer than 200" in out.getvalue()) == warned
 
 
 def test_calibrate_refuses_a_detection_model_and_an_empty_folder(tmp_path: Path) -> None:

@@ -147,6 +147,9 @@ def test_coco_without_pycocotools_fails_before_evaluating(
     [
         ("0 0.5 0.5", "expected 'class cx cy w h'"),  # too few fields
         ("7 0.5 0.5 0.1 0.1", "class 7 but the model has 2 classes"),
+        # As written: it was said as 99999999999999991611392, and 1e300 as its 301 digits.
+        ("99999999999999999999 0.5 0.5 0.1 0.1", "class 99999999999999999999 but the model has 2 classes"),
+        ("1e300 0.5 0.5 0.1 0.1", "class 1e300 but the model has 2 classes"),
     ],
 )
 def test_bad_labels_fail_with_file_and_line(tmp_path: Path, model: Path, label: str, message: str) -> None:
@@ -154,6 +157,34 @@ def test_bad_labels_fail_with_file_and_line(tmp_path: Path, model: Path, label: 
     result = run_cli("eval", "--model", str(model), "--data", str(data))
     assert result.returncode == EXIT_DATA
     assert message in result.stderr and "r1.txt:1" in result.stderr
+    assert len(result.stderr) < 400
+
+
+def test_a_folder_without_any_label_file_is_refused(tmp_path: Path, model: Path) -> None:
+    # It was scored against no label at all: every class 0.000, exit 0, as if the model found nothing.
+    data = _dataset(tmp_path / "data", {"r1": (RED, None), "b1": (BLUE, None)})
+    result = run_cli("eval", "--model", str(model), "--data", str(data))
+    assert result.returncode == EXIT_DATA, result.stderr
+    assert f"none of the 2 image(s) under {data} has a YOLO label file" in result.stderr
+
+
+def test_labels_without_a_box_are_warned_of(tmp_path: Path, model: Path) -> None:
+    data = _dataset(tmp_path / "data", {"r1": (RED, ""), "b1": (BLUE, "")})
+    result = run_cli("eval", "--model", str(model), "--data", str(data))
+    assert result.returncode == 0, result.stderr
+    assert f"the labels under {data} hold no box: every figure is 0 for want of one" in result.stderr
+
+
+@pytest.mark.parametrize(("given", "said"), [("r1.png", "is a file"), ("gone", "does not exist"), ("*.png", "a glob")])
+def test_data_that_is_no_folder_is_said_to_be_none(
+    tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str], given: str, said: str
+) -> None:
+    # A file, a missing folder and an unexpanded glob were each "no images under" them.
+    data = _dataset(tmp_path / "data", {"r1": (RED, None)})
+    path = data / "images" / given
+    assert main(["eval", "--model", str(model), "--data", str(path)]) == EXIT_DATA
+    err = capsys.readouterr().err
+    assert f"{path} " in err and said in err and "give the folder that holds the images" in err
 
 
 def test_empty_folder_is_a_clear_error(tmp_path: Path, model: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -19,8 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edged.config import load_config
 from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_USAGE
+from edged.tools import tune
 from edged.tools.evaluate import scene_samples
-from edged.tools.tune import Gate, _judge, format_table, snippet, to_move
+from edged.tools.tune import Gate, _images, _judge, _unused, format_table, snippet, to_move
 
 pytestmark = pytest.mark.tools
 
@@ -125,10 +127,27 @@ def test_tune_on_the_demo_model_writes_a_choice_that_passed_and_merges_into_the_
 def test_an_int8_choice_in_a_temporary_folder_says_to_move_it() -> None:
     # The snippet's path pointed into /tmp: the service, with PrivateTmp=, then could not find it.
     chosen = {"engine": "onnxruntime", "precision": "int8", "path": "/tmp/edged-tune.x/m.int8.onnx"}
-    moved = to_move(chosen)
+    made = Path(chosen["path"])
+    moved = to_move(chosen, made)
     assert moved.startswith("/tmp/edged-tune.x/m.int8.onnx is in a temporary folder") and "PrivateTmp" in moved
-    assert to_move({**chosen, "precision": "bf16"}) == "" and to_move(None) == ""
+    assert to_move({**chosen, "precision": "bf16", "path": str(DEMO)}, made) == "" and to_move(None, made) == ""
     assert f"# {moved}\n[model]" in snippet(chosen, "reason\n# " + moved)
+
+
+@pytest.mark.unit
+def test_an_int8_model_given_is_not_said_to_be_in_a_temporary_folder() -> None:
+    # With --int8 and no cache folder, the user's own model was said to be in a temporary folder, to be moved.
+    given = {"engine": "onnxruntime", "precision": "int8", "path": "/srv/models/demo.int8.onnx"}
+    assert to_move(given, None) == ""
+    assert to_move(given, Path("/tmp/edged-tune.x/demo.int8.onnx")) == ""
+
+
+@pytest.mark.unit
+def test_two_tunes_on_one_cache_folder_make_their_int8_models_under_two_names(tmp_path: Path) -> None:
+    # Both took demo.int8.onnx: the one that did not choose it removed it under the one that did.
+    first, second = _unused(tmp_path, "demo.int8"), _unused(tmp_path, "demo.int8")
+    assert (first.name, second.name) == ("demo.int8.onnx", "demo.int8.2.onnx")
+    assert first.is_file() and second.is_file()
 
 
 def test_tune_refuses_to_write_over_the_configuration(tmp_path: Path) -> None:
@@ -212,6 +231,50 @@ def test_tune_refuses_an_int8_model_it_cannot_run_before_timing_anything(
     assert "running" not in done.stderr  # no variant was timed first
 
 
+def _with_quantised_input(src: Path, dst: Path) -> Path:
+    """``src`` with its input through QuantizeLinear and DequantizeLinear: an INT8 model of its interface."""
+    model = onnx.load(str(src))
+    name = model.graph.input[0].name
+    for node in model.graph.node:
+        node.input[:] = ["dequantised" if t == name else t for t in node.input]
+    model.graph.initializer.extend(
+        [numpy_helper.from_array(np.array(1 / 255, np.float32), "qs"), numpy_helper.from_array(np.array(0, np.uint8), "qz")]
+    )
+    model.graph.node.insert(0, helper.make_node("DequantizeLinear", ["quantised", "qs", "qz"], ["dequantised"]))
+    model.graph.node.insert(0, helper.make_node("QuantizeLinear", [name, "qs", "qz"], ["quantised"]))
+    onnx.save(model, str(dst))
+    return dst
+
+
+@pytest.mark.parametrize(("source", "refused"), [("demo-seg.onnx", True), ("demo.onnx", False)])
+def test_tune_refuses_an_int8_copy_of_another_model(tmp_path: Path, source: str, refused: bool) -> None:
+    # The segmentation model's INT8 copy, given for the detector, was timed, judged and chosen.
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    int8 = _with_quantised_input(DEMO.parent / source, tmp_path / "int8.onnx")
+    done = run_cli(
+        "tune", "--config", str(config), "--int8", str(int8), "--frames", "1", "--warmup", "0", "--max-images", "1",
+        "--engine", "onnxruntime", "--precision", "int8", timeout=300,
+    )  # fmt: skip
+    if refused:
+        assert done.returncode == EXIT_CONFIG, done.stderr
+        assert f"--int8 {int8} is not an INT8 copy of model.path {DEMO}: its task segment against detect" in done.stderr
+        assert "running" not in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+
+
+def test_tune_warns_when_it_calibrates_on_a_few_images(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli(
+        "tune", "--config", str(config), "--max-images", "2", "--frames", "1", "--warmup", "0",
+        "--engine", "onnxruntime", "--precision", "int8", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "warning: calibrating on 2 frame(s), fewer than 8" in done.stderr
+
+
 @pytest.mark.parametrize("labels", ["missing", "elsewhere"])
 def test_tune_refuses_labels_that_label_none_of_the_images(tmp_path: Path, labels: str) -> None:
     # A --labels folder that does not exist, or holds no NAME.txt for any image, scored every image
@@ -245,6 +308,32 @@ def test_tune_times_images_of_several_sizes_on_those_of_the_first_size(tmp_path:
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(done.stdout)["rows"]
     assert row["agreement"]["images"] == 2
+
+
+def test_tune_warns_when_fp32_finds_no_box_to_compare(tmp_path: Path) -> None:
+    # Every variant scored mAP 1.000 for finding nothing too, and the fastest was chosen on no evidence.
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((96, 128, 3), np.uint8))
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli(
+        "tune", "--config", str(config), "--images", str(tmp_path / "images"), "--frames", "1", "--warmup", "0",
+        "--engine", "onnxruntime", "--precision", "f32", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "warning: FP32 found no box on 1 images under" in done.stderr and "the gate compared no box" in done.stderr
+
+
+@pytest.mark.unit
+def test_tune_holds_no_more_images_than_its_memory_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --max-images over a folder of camera frames held every one of them in memory, gigabytes on a 4 GB board.
+    for i in range(4):
+        cv2.imwrite(str(tmp_path / f"{i}.png"), np.full((48, 64, 3), i, np.uint8))
+    monkeypatch.setattr(tune, "HELD_BYTES", 2 * 48 * 64 * 3)
+    log = io.StringIO()
+    data, samples = _images(tmp_path, None, 10, 3, log)
+    assert [s.name for s in samples] == ["0.png", "1.png"] and data == f"2 images under {tmp_path}"
+    assert "the first 2 of 4 fill 0 MiB: the other 2 are left out (--max-images 2)" in log.getvalue()
 
 
 def _qdq_model(path: Path) -> Path:

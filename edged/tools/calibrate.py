@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 IMAGE_QUANTILE = 99.5
 PIXEL_QUANTILE = 99.9
 MARGIN = 0.02
+# Fewer good parts than this and the IMAGE_QUANTILE is all but their highest score: said with the proposal.
+FEW_GOOD_PARTS = math.ceil(100 / (100 - IMAGE_QUANTILE))
 FRAME_TIMEOUT_S = 30.0  # longer than any camera's own open timeout: its error comes first
 
 
@@ -254,6 +256,13 @@ def report(model: LoadedModel, good: Scored, bad: np.ndarray | None, out: TextIO
         pixel = min(1.0, good.pixel_quantile + MARGIN)
         print(
             f"pixel_threshold = {pixel:.4f}  # the {PIXEL_QUANTILE}th percentile of their map values plus {MARGIN}",
+            file=out,
+        )
+    if good.scores.size < FEW_GOOD_PARTS:
+        print(
+            f"\nwarning: from {good.scores.size} good part(s), fewer than {FEW_GOOD_PARTS}, the {IMAGE_QUANTILE}th "
+            "percentile is about their highest score: a good part scoring above these is called anomalous; "
+            f"score {FEW_GOOD_PARTS} or more for a threshold that holds on the line",
             file=out,
         )
     if bad is not None:

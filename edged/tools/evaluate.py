@@ -140,8 +140,9 @@ def read_yolo_outlines(
                 f"{path}:{number}: coordinates are fractions of the image's width and height, from 0 to 1 "
                 f"(YOLO format), got {_excerpt(line)}"
             )
-        if not 0 <= c < num_classes:
-            raise DataError(f"{path}:{number}: class {c} but the model has {num_classes} classes")
+        if not 0 <= c < num_classes:  # named as written: "1e300" as an int has 301 digits, and a long one is rounded
+            written = fields[0] if len(fields[0]) <= 20 else _excerpt(fields[0], 20)
+            raise DataError(f"{path}:{number}: class {written} but the model has {num_classes} classes")
         if (c, *box) in seen:  # yolo val keeps one row per class and box
             dropped += 1
             continue
@@ -201,11 +202,26 @@ def _run_eval_classes(args: argparse.Namespace, model: LoadedModel, out: TextIO)
 
 
 def image_files(folder: Path) -> list[Path]:
-    """The images under ``folder``, sorted; `DataError` where there is none."""
+    """The images under ``folder``, sorted; `DataError` where there is none, or it is no folder (a
+    file or a glob, which the shell left unexpanded: said as such, not as a folder without images)."""
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "does not exist"
+        glob = " (a glob is not expanded)" if any(c in str(folder) for c in "*?[") else ""
+        raise DataError(f"{folder} {what}: give the folder that holds the images{glob}")
     images = sorted(p for p in folder.rglob("*") if is_image_file(p))
     if not images:
         raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
     return images
+
+
+def check_labelled(folder: Path, images: Sequence[Path]) -> None:
+    """`DataError` when none of ``images`` under ``folder`` has a label file (`label_path`): scored
+    against no label, every class would read 0 as if the model had found nothing."""
+    if not any(label_path(image).is_file() for image in images):
+        raise DataError(
+            f"none of the {len(images)} image(s) under {folder} has a YOLO label file (images/NAME.jpg's "
+            "labels/NAME.txt, else NAME.txt beside it): eval scores a model against its labels"
+        )
 
 
 def folder_samples(folder: Path, num_classes: int | None) -> tuple[int, Iterator[EvalSample]]:
@@ -637,6 +653,7 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if model.task == "anomaly":
         return evaluate_anomaly(model, args.data, args.json, out)
     if args.data is not None:
+        check_labelled(args.data, image_files(args.data))
         total, samples = folder_samples(args.data, model.num_classes)
     else:
         check_scene_classes(model, "evaluate it on your own labelled images with --data DIR")
@@ -644,6 +661,8 @@ def run_eval(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         total, samples = scene_samples(args.scenes, args.seed, width, height, outlines=model.task == "segment")
     report = evaluate(model, samples, total, args.report_conf, ProgressBar(total), convention)
     print(format_report(report), file=out)
+    if args.data is not None and not any(c.n_gt for c in report.per_class):
+        log.warning("the labels under %s hold no box: every figure is 0 for want of one, not measured", args.data)
     if args.json is not None:
         document = {
             "model": str(args.model),

@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -52,6 +53,9 @@ SCENE_SIZE = (1280, 720)
 SCENE_SEED = 0  # held out: `edged quantize` calibrates on seed 1 by default
 CALIB_SEED = 1
 REPORT_CONF = 0.25  # precision and recall against labels, as `edged eval`
+# The images tune holds at once, each run by every variant: 1 GiB, some 380 frames of 1280x720.
+# --max-images of a folder of camera frames held them all, gigabytes on a board of 4.
+HELD_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,29 +66,50 @@ class Gate:
     max_flips: int  # images whose OK/NG verdict differs
 
 
-def _images(folder: Path | None, labels: Path | None, limit: int, num_classes: int) -> tuple[str, list[EvalSample]]:
+def _images(
+    folder: Path | None, labels: Path | None, limit: int, num_classes: int, log: TextIO
+) -> tuple[str, list[EvalSample]]:
     """The frames tune runs on, in memory (each is run by every variant), with labels from ``labels``
-    (``DIR/NAME.txt`` per image, its path under the image folder kept) when given."""
+    (``DIR/NAME.txt`` per image, its path under the image folder kept) when given; no more than
+    `HELD_BYTES` of them, those past it left out and said."""
     if folder is None:
-        total, scenes = scene_samples(limit, SCENE_SEED, *SCENE_SIZE)
-        return f"{total} generated scenes, seed {SCENE_SEED}", list(scenes)
-    paths = image_files(folder)[:limit]
-    names = [path.relative_to(folder) for path in paths]
-    label_files = [(labels / name).with_suffix(".txt") for name in names] if labels is not None else []
-    if labels is not None and not any(file.exists() for file in label_files):
-        raise DataError(
-            f"--labels {labels} labels none of the {len(paths)} image(s) under {folder} (the first would be "
-            f"{label_files[0]}): give the folder that holds a NAME.txt per image"
-        )
-    samples = []
+        total, samples = scene_samples(limit, SCENE_SEED, *SCENE_SIZE)
+        what = f"generated scenes, seed {SCENE_SEED}"
+    else:
+        paths = image_files(folder)[:limit]
+        names = [path.relative_to(folder) for path in paths]
+        label_files = [(labels / name).with_suffix(".txt") for name in names] if labels is not None else []
+        if labels is not None and not any(file.exists() for file in label_files):
+            raise DataError(
+                f"--labels {labels} labels none of the {len(paths)} image(s) under {folder} (the first would be "
+                f"{label_files[0]}): give the folder that holds a NAME.txt per image"
+            )
+        total, samples = len(paths), _read(paths, names, label_files, num_classes)
+        what = f"images under {folder}"
+    held: list[EvalSample] = []
+    size = 0
+    for sample in samples:  # decoded one at a time: those past the budget never are
+        size += sample.image.nbytes
+        if held and size > HELD_BYTES:
+            print(
+                f"warning: tune holds the images it runs in memory, and the first {len(held)} of {total} fill "
+                f"{HELD_BYTES >> 20} MiB: the other {total - len(held)} are left out (--max-images {len(held)})",
+                file=log,
+            )
+            break
+        held.append(sample)
+    return f"{len(held)} {what}", held
+
+
+def _read(paths: list[Path], names: list[Path], label_files: list[Path], num_classes: int) -> Iterator[EvalSample]:
+    """Each image decoded, with its labels from ``label_files`` where given, when its turn comes."""
     for i, (path, name) in enumerate(zip(paths, names, strict=True)):
         image = decoded(path)
         boxes, classes = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
         if label_files:
             h, w = image.shape[:2]
             boxes, classes = read_yolo_labels(label_files[i], w, h, num_classes)
-        samples.append(EvalSample(str(name), image, boxes, classes))
-    return f"{len(samples)} images under {folder}", samples
+        yield EvalSample(str(name), image, boxes, classes)
 
 
 def _int8_model(
@@ -101,9 +126,16 @@ def _int8_model(
         # One that onnxruntime cannot run as INT8 is a wrong path or file: said now, with exit 78, not
         # as two skipped rows once every other variant has been timed.
         try:
-            load_model(_variant_config(settings, "onnxruntime", "int8", args.int8), settings.runtime)
+            given = load_model(_variant_config(settings, "onnxruntime", "int8", args.int8), settings.runtime)
         except (ModelError, ContractError) as e:
             raise ModelError(f"--int8 {args.int8}: {e}") from None
+        # Another model's INT8 copy (the segmentation model's, for a detector) ran, was judged and could be chosen.
+        for what, ours, theirs in zip(INTERFACE, _interface(reference), _interface(given), strict=True):
+            if ours != theirs:
+                raise ModelError(
+                    f"--int8 {args.int8} is not an INT8 copy of model.path {settings.model.path}: its {what} "
+                    f"{theirs} against {ours}; give the model `edged quantize` made from {settings.model.path}"
+                )
         return Path(args.int8)
     from edged.tools import quantize as q  # the onnx package: only when tune quantises
 
@@ -113,6 +145,8 @@ def _int8_model(
     else:
         total, frames = scene_samples(len(samples), CALIB_SEED, *SCENE_SIZE)
     print(f"quantising {settings.model.path} to {made}, calibrated on {total} frames ...", file=log)
+    if q.few_frames(total):
+        print(q.few_frames(total), file=log)
     calibration = q.CalibrationFrames(reference.contract, frames, total, log)
     write_with(
         made, lambda tmp: q.quantize(settings.model.path, tmp, calibration, pixel_input=q.pixel_scale(reference.contract))
@@ -120,14 +154,35 @@ def _int8_model(
     return made
 
 
+INTERFACE = ("task", "classes", "input shapes", "outputs")
+
+
+def _interface(model: LoadedModel) -> tuple[object, ...]:
+    """What an INT8 copy keeps of its FP32 model, one entry per name in `INTERFACE` (its input may
+    take uint8 pixels: only shapes are compared)."""
+    engine = model.engine
+    return (
+        model.task,
+        list(model.class_names),
+        [list(i.shape) for i in engine.input_meta],
+        [(o.name, list(o.shape)) for o in engine.output_meta],
+    )
+
+
 def _unused(folder: Path, stem: str) -> Path:
     """``folder/stem.onnx``, or ``stem.2.onnx`` and on where that is taken: a model there (signed,
-    calibrated on other images) is someone's, and stays. Tune removes its own unless it is chosen."""
+    calibrated on other images) is someone's, and stays. The name is claimed by creating the file,
+    empty until the model replaces it, so that a second tune on the same folder at once takes the
+    next name instead of removing this one's model. Tune removes its own unless it is chosen."""
     path, n = folder / f"{stem}.onnx", 1
-    while path.exists():
-        n += 1
-        path = folder / f"{stem}.{n}.onnx"
-    return path
+    while True:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            n += 1
+            path = folder / f"{stem}.{n}.onnx"
+        else:
+            return path
 
 
 def _cache_folder(folder: Path) -> Path:
@@ -204,9 +259,10 @@ def _judge(rows_: list[dict[str, Any]], gate: Gate, inspecting: bool) -> dict[st
     return min(passing, key=lambda row: row["p50_ms"]) if passing else None
 
 
-def to_move(choice: dict[str, Any] | None) -> str:
-    """What to do when the choice is the INT8 model tune wrote into a temporary folder; "" otherwise."""
-    if choice is None or choice["precision"] != "int8":
+def to_move(choice: dict[str, Any] | None, temporary: Path | None) -> str:
+    """What to do when the choice is ``temporary``, the INT8 model tune made in a temporary folder; ""
+    otherwise (an ``--int8`` model given is where its user keeps it)."""
+    if choice is None or temporary is None or choice["path"] != str(temporary.resolve()):
         return ""
     return (
         f"{choice['path']} is in a temporary folder, which the service cannot see (its unit has PrivateTmp=) "
@@ -311,10 +367,11 @@ def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = s
     inspect = camera_inspection(settings, args.camera)  # an unknown --camera said now
     check_inspection(reference, inspect, model.conf)
     folder: Path | None = args.cache_dir or settings.runtime.cache_folder()
-    temporary = folder is None
+    temporary = False  # whether tune makes the INT8 model in a temporary folder, not whether it is given one
     made = None
     if args.int8 is None and "int8" in args.precision.split(","):
         # Where tune quantises: a temporary folder when told nowhere (said again below when it is the choice).
+        temporary = folder is None
         folder = Path(tempfile.mkdtemp(prefix="edged-tune.")) if folder is None else _cache_folder(folder)
         made = _unused(folder, f"{model.path.stem}.int8")
     choice = None
@@ -339,7 +396,7 @@ def _tune(
     log: TextIO,
 ) -> dict[str, Any] | None:
     """Every variant timed and judged, the report printed and the snippet written; the choice."""
-    data, samples = _images(args.images, args.labels, args.max_images, reference.num_classes)
+    data, samples = _images(args.images, args.labels, args.max_images, reference.num_classes, log)
     gate = Gate(args.max_map_drop, args.max_flips)
     rows_, skipped = _rows(args, settings, reference, samples, inspect, made, log)
     choice = _judge(rows_, gate, inspect is not None)
@@ -356,7 +413,14 @@ def _tune(
         "machine": machine_info(),
     }
     print(json.dumps(report, indent=2) if args.json else format_table(report), file=out)
-    moved = to_move(choice) if temporary else ""
+    if args.labels is None and rows_[0]["agreement"]["reference_boxes"] == 0:
+        # Every variant then scores 1.0 for finding nothing too, and passes a gate that judged no box.
+        print(
+            f"warning: FP32 found no box on {data}: the gate compared no box, only that each variant found none; "
+            "run tune on images with the defects the line looks for",
+            file=log,
+        )
+    moved = to_move(choice, made if temporary else None)
     if moved:
         print(f"warning: {moved}", file=log)
     if args.out is not None and choice is not None:
