@@ -26,11 +26,11 @@ from edged.journal import JournalOutput
 from edged.lanes import Lanes, Outcome
 from edged.lograte import LogRate
 from edged.messages import VerdictMessage
-from edged.model import fallback_model, load_model
+from edged.model import load_model
 from edged.output import Services
 from edged.outputs import Outputs
 from edged.pipeline import Rejected, frame_path
-from edged.reload import CAPTURE_STOP_WAIT_S, Reloads, Trial, changes, give_back_freed_memory
+from edged.reload import CAPTURE_STOP_WAIT_S, Fallback, Reloads, Trial, changes, give_back_freed_memory
 from edged.requests import RequestDesk
 from edged.schedule import hand_out, idle_s, pause
 from edged.service import Notifier, Signals, Watchdog, watchdog_interval_s
@@ -147,7 +147,7 @@ class Daemon:
 
     def _exit_code(self) -> int | None:
         """Why the loop ends now, if it does: a capture thread's fatal error, every source ended, or
-        inference failing frame after frame with no provider left to fall back to."""
+        inference failing frame after frame, no fallback to the next provider loading nor left (`_fall_back_provider`)."""
         cameras = self.serving()
         fatal = next((c.capture.fatal for c in cameras if c.capture.fatal is not None), None)
         if fatal is not None:
@@ -285,16 +285,9 @@ class Daemon:
                 camera.update_rate_cap(self.report.rate_factor if self.report else 1.0)
 
     def _fall_back_provider(self) -> bool:
-        """Drop the provider that keeps failing and carry on with the next one (`edged.model.fallback_model`)."""
-        fallback = fallback_model(self.settings, self.model, self._inference_failures)
-        if fallback is None:
-            return False
-        self.settings, model = fallback
-        self._swap(
-            Swap(model, {camera.id: frame_path(self.settings, model, camera.cfg) for camera in self.cameras.values()})
-        )
-        self._inference_failures = 0
-        return True
+        """Whether to go on with inference failing: a fallback loads off this thread (`edged.reload.Reloads.fall_back`)."""
+        sources = [camera.cfg for camera in self.cameras.values()]
+        return self._reloads.fall_back(self.settings, self.model, sources, self._inference_failures)
 
     def _live(self) -> Swap:
         """The model serving now and each camera's path through it: what a promotion keeps for rollback."""
@@ -312,8 +305,15 @@ class Daemon:
     def _reload(self) -> None:
         """SIGHUP (`edged.reload.Reloads`): one loaded is tried on the next frame from one of its cameras (`_try`),
         since a model can load and still fail on them (`edged.reload.Trial`); one that did not is refused. A reload
-        replaces one on trial, and one that closed a running camera gives way once a newer loads: it serves meanwhile."""
+        replaces one on trial, and one that closed a running camera gives way once a newer loads: it serves meanwhile.
+        A provider fallback loaded takes over as a promotion does (`_swap`), unless its model was replaced meanwhile."""
         replacement = self._reloads.take(self.signals.reload, self.settings)
+        if isinstance(replacement, Fallback):
+            if replacement.takes_over(self.model):
+                self.settings = replacement.settings
+                self._swap(replacement.swap)  # the frames on the lanes ran on the failing provider: counted first
+                self._inference_failures = 0
+            return
         if self._trial is not None and self._trial.reopens and self._reloads.loading:
             log.info("the reload on trial gives way to a newer one, loading: the running cameras serve meanwhile")
             self._end_trial()

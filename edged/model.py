@@ -6,7 +6,6 @@ same models for the same reasons and decode with the same settings.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +14,11 @@ import numpy as np
 
 from edged.anomaly import AnomalyDecoder
 from edged.classify import Classifier
-from edged.config import ModelConfig, ProviderConfig, RuntimeConfig, Settings
+from edged.config import ModelConfig, ProviderConfig, RuntimeConfig
 from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engines import InferenceEngine, open_engine
-from edged.errors import ContractError, EdgedError, HeadError, ModelError
+from edged.errors import ContractError, HeadError, ModelError
 from edged.files import MAX_LABELS_BYTES, read_regular
 from edged.heads.anomaly import AnomalyHead, anomalib_size
 from edged.heads.base import fmt_classes
@@ -30,8 +29,6 @@ from edged.heads.segment import SegmentHead
 from edged.messages import ModelInfo, Task
 from edged.segment import Segmenter
 from edged.signature import verify
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,24 +164,12 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
     return LoadedModel(engine, contract, head, num_classes, labels, cfg, info, names)
 
 
-def fallback_model(settings: Settings, model: LoadedModel, failures: int) -> tuple[Settings, LoadedModel] | None:
-    """``model`` loaded again without the provider that failed ``failures`` frames in a row, and the
-    settings that say so; None when no provider is left below it, or the next one will not load."""
+def fallback_runtime(runtime: RuntimeConfig, model: LoadedModel) -> RuntimeConfig | None:
+    """``runtime`` without the provider ``model`` runs first, which keeps failing, so that the model
+    loaded again with it runs on the next one (`edged.reload.Reloads.fall_back`); None when no
+    provider is left below it."""
     providers = model.engine.providers
     if len(providers) < 2:
         return None
     remaining = [ProviderConfig(name=name, options=options) for name, options in providers[1:]]
-    runtime = settings.runtime.model_copy(update={"providers": remaining})
-    try:
-        fallback = load_model(model.cfg, runtime, lanes=settings.lanes())  # a promoted candidate's own settings
-    except EdgedError as e:
-        log.error("cannot fall back from %s: %s", providers[0][0], e)
-        return None
-    log.warning(
-        "inference failed on %d frames in a row with %s: falling back to %s",
-        failures,
-        providers[0][0],
-        fallback.engine.provider,
-        extra={"STAGE": "inference", "MODEL": fallback.engine.identity.short},
-    )
-    return settings.model_copy(update={"runtime": runtime}), fallback
+    return runtime.model_copy(update={"providers": remaining})

@@ -7,6 +7,10 @@ the running daemon exactly as it was. The loading itself runs on a thread of its
 (`Loading`), so the running model goes on serving the frames while it does. `Trial` owns the
 cameras a reload opens while it is on trial, and says which cameras the daemon serves meanwhile
 and after.
+
+A provider fallback (the model loaded again without the execution provider that keeps failing)
+loads the same way (`FallbackLoading`), taking turns with the reloads (`Reloads`): a board loading
+a model on the loop's thread published nothing and fed no watchdog until it ended, if ever.
 """
 
 from __future__ import annotations
@@ -16,29 +20,31 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Generic, TypeVar, cast
 
 from edged.camera import Camera, camera_for, stop_captures
 from edged.capture import Capture
-from edged.config import Settings, load_config
+from edged.config import RuntimeConfig, Settings, load_config
 from edged.errors import ConfigError, EdgedError, ModelError
 from edged.journal import JournalOutput
-from edged.model import LoadedModel, load_model
+from edged.model import LoadedModel, fallback_runtime, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.settings.sources import SourceBase
-from edged.shadow import Shadow
+from edged.shadow import Shadow, Swap
 from edged.sources.base import Frame
 from edged.wake import Waker
 
 log = logging.getLogger(__name__)
 
 CAPTURE_STOP_WAIT_S = 1.0  # how long all the capture threads a reload stops may take, together
-LOAD_STUCK_S = 30.0  # a reload still loading after this long is said, and a later SIGHUP loads in its place
+LOAD_STUCK_S = 30.0  # a load still going after this long is said, and a later SIGHUP loads in its place
 StartCapture = Callable[[SourceBase], Capture]
 TrialFor = Callable[[Settings, LoadedModel], Shadow | None]  # the candidate's trial beside a model (`edged.candidate`)
+Loaded = TypeVar("Loaded")  # what a `Load` loads
+RELOAD, FALLBACK = "reload", "provider fallback"  # what a `Load` is, as the log names it
 
 
 @functools.cache
@@ -140,55 +146,126 @@ def load_replacement(
     return Replacement(new, model, paths, trial_for(new, model) if trial_for is not None else None)
 
 
-class Loading:
-    """A reload's configuration and models loading on a thread of their own: reading, hashing and
-    parsing a model takes seconds on a board (a model on a slow or stalled disk, longer), and the
-    loop goes on serving the frames with the running model meanwhile. ``wake`` is set once it ends;
-    ``at`` says the file it went to read last (the configuration, which checks the files it names,
-    the model, the candidate's), for a load that never ends to say where it stopped.
+class Load(Generic[Loaded]):
+    """A load on a thread of its own: reading, hashing and parsing a model takes seconds on a board (a
+    model on a slow or stalled disk, longer), and the loop goes on serving the frames meanwhile.
+    ``wake`` is set once it ends; ``at`` says the file it went to read last, for a load that never
+    ends to say where it stopped; ``what`` names it in the log.
 
     Nothing waits for a load stuck there: not a daemon stopping (the thread dies with the process),
     nor, once it counts as stuck, a later reload (`Reloads`).
     """
 
-    def __init__(
-        self, config_path: Path | None, running: Settings, wake: Waker, *, requests: bool, trial_for: TrialFor
-    ) -> None:
-        """`load_replacement`'s arguments, and the loop's wake-up."""
-        self._outcome: Replacement | str | None = None
-        self.at = f"configuration {config_path or '(EDGED_* variables only)'}"
+    def __init__(self, load: Callable[[], Loaded], wake: Waker, *, at: str, what: str) -> None:
+        self._outcome: Loaded | str | None = None
+        self.at, self.what = at, what
         self._started = time.monotonic()
-        load = functools.partial(
-            load_replacement, config_path, running, requests=requests, trial_for=trial_for, reading=self._reading
-        )
-        threading.Thread(target=self._load, args=(load, wake), name="edged-reload", daemon=True).start()
+        threading.Thread(target=self._load, args=(load, wake), name=f"edged-{what.replace(' ', '-')}", daemon=True).start()
 
-    def _reading(self, what: str) -> None:
-        self.at = what
-
-    def _load(self, load: Callable[[], Replacement], wake: Waker) -> None:
+    def _load(self, load: Callable[[], Loaded], wake: Waker) -> None:
         try:
             self._outcome = load()
         except EdgedError as e:
             self._outcome = str(e)
-        except Exception as e:  # a fault of edged's own: said with its traceback, and the reload refused
-            log.exception("reload failed")
+        except Exception as e:  # a fault of edged's own: said with its traceback, and the load refused
+            log.exception("%s failed", self.what)
             self._outcome = f"unexpected {type(e).__name__}: {e}"
         finally:
             wake.set()
 
-    def outcome(self) -> Replacement | str | None:
-        """The replacement loaded, why none could be (the reload is refused), or None while it loads."""
+    def outcome(self) -> Loaded | str | None:
+        """What it loaded, why it could not, or None while it loads."""
         return self._outcome
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self._started
 
 
+class Loading(Load[Replacement]):
+    """A reload's configuration and models loading (`load_replacement`): ``at`` goes from the
+    configuration (which checks the files it names) to the model and the candidate's, as it reads
+    them. Its outcome is the replacement, or why the reload is refused."""
+
+    def __init__(
+        self, config_path: Path | None, running: Settings, wake: Waker, *, requests: bool, trial_for: TrialFor
+    ) -> None:
+        """`load_replacement`'s arguments, and the loop's wake-up."""
+        load = functools.partial(
+            load_replacement, config_path, running, requests=requests, trial_for=trial_for, reading=self._reading
+        )
+        super().__init__(load, wake, at=f"configuration {config_path or '(EDGED_* variables only)'}", what=RELOAD)
+
+    def _reading(self, what: str) -> None:
+        self.at = what
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """The model serving, ``replaces``, loaded again without the provider that failed ``failures``
+    frames in a row on it: the settings that say so, and its model with each running camera's path
+    through it, to swap in between frames as a promotion is."""
+
+    settings: Settings
+    swap: Swap
+    replaces: LoadedModel
+    failures: int
+
+    def takes_over(self, live: LoadedModel) -> bool:
+        """Whether it switches in now, in place of ``live``, said either way. Not once a reload, a
+        promotion or a rollback has replaced the model it was loaded for: the model serving now was
+        tried on frames of its own, and falls back in its turn if it fails as that one did."""
+        failing = self.replaces.engine.providers[0][0]
+        if live is not self.replaces:
+            log.info(
+                "the fallback from %s has loaded, but model %s has taken over from the model it was for: dropped",
+                failing,
+                live.engine.identity.short,
+            )
+            return False
+        log.warning(
+            "inference failed on %d frames in a row with %s: falling back to %s",
+            self.failures,
+            failing,
+            self.swap.model.engine.provider,
+            extra={"STAGE": "inference", "MODEL": self.swap.model.engine.identity.short},
+        )
+        return True
+
+
+def load_fallback(
+    running: Settings, live: LoadedModel, runtime: RuntimeConfig, sources: Sequence[SourceBase], failures: int
+) -> Fallback:
+    """``live`` loaded again with ``runtime`` (`edged.model.fallback_runtime`), and its path for each of
+    ``sources``, the running cameras'; raises an EdgedError when either cannot be made."""
+    model = load_model(live.cfg, runtime, lanes=running.lanes())  # a promoted candidate's own model settings
+    settings = running.model_copy(update={"runtime": runtime})
+    paths = {cfg.camera_id: frame_path(settings, model, cfg) for cfg in sources}
+    return Fallback(settings, Swap(model, paths), live, failures)
+
+
+class FallbackLoading(Load[Fallback]):
+    """A provider fallback loading (`load_fallback`) as a reload loads (`Loading`): the loop goes on
+    meanwhile, its frames still failing on ``live``'s first provider, counted and skipped."""
+
+    def __init__(
+        self,
+        running: Settings,
+        live: LoadedModel,
+        runtime: RuntimeConfig,
+        sources: Sequence[SourceBase],
+        failures: int,
+        wake: Waker,
+    ) -> None:
+        self.failing = live.engine.providers[0][0]  # the provider it falls back from
+        load = functools.partial(load_fallback, running, live, runtime, sources, failures)
+        super().__init__(load, wake, at=f"model {live.cfg.path}", what=FALLBACK)
+
+
 class Reloads:
-    """SIGHUP's configurations, loaded one at a time (`Loading`) while the running ones serve: a SIGHUP
-    while one loads waits for it, and loads once the loop has taken it; `loading` says whether one is
-    under way (systemd hears READY=1 once none is: the newest is in).
+    """SIGHUP's configurations and provider fallbacks, loaded one at a time (`Loading`, `FallbackLoading`)
+    while the running ones serve: a SIGHUP while one loads waits for it, and loads once the loop has
+    taken it; `loading` says whether a reload is under way (systemd hears READY=1 once none is: the
+    newest is in).
 
     A load that has not ended after ``stuck_after_s`` may never end (its file on a hung network mount
     or a dying card), and is said in the log: a SIGHUP then loads in its place at once, and the stuck
@@ -197,6 +274,16 @@ class Reloads:
     refused, saying why, so reloads pressed again and again on a hung disk leave at most two threads
     stuck. Before that time a SIGHUP waits, since a large model loading from a slow card is no fault,
     and two loads side by side would hold two new models in a board's memory at once.
+
+    A provider fallback (`fall_back`) and a reload take turns the same way, first come first served
+    (the loop takes a SIGHUP before it counts its failures): neither can stop the other's thread, and
+    either may be what makes the frames run. A SIGHUP during a fallback waits for it: the frames are
+    failing now, and the fallback switches in first; the reload then loads the configuration's
+    providers afresh and, as any reload, takes over only once a frame has run through it. A fallback
+    due during a reload waits for that reload, whose model may run where the failing one does not;
+    should the reload be refused, or its model fail alike, the fallback loads next. While either
+    loads the loop neither stops nor starts a second load; once the load under way counts as stuck,
+    frames that keep failing stop edged, for systemd to restart it.
     """
 
     def __init__(
@@ -212,21 +299,31 @@ class Reloads:
         """``reloading`` tells systemd (RELOADING=1); the rest is `Loading`'s."""
         self._config_path, self._wake, self._reloading = config_path, wake, reloading
         self._requests, self._trial_for, self._stuck_after_s = requests, trial_for, stuck_after_s
-        self._loading: Loading | None = None
+        self._loading: Loading | FallbackLoading | None = None
         self._stuck_said = False  # the load under way is said to be stuck
-        self._abandoned: Loading | None = None  # stuck, given up for a newer load: its outcome is dropped
+        self._abandoned: Loading | FallbackLoading | None = None  # stuck, given up for a newer load: its outcome is dropped
+        self._fell_through = False  # this turn's fallback did not load (`fall_back`)
 
     @property
     def loading(self) -> bool:
-        return self._loading is not None
+        """A reload is loading (a provider fallback loading is none: it withholds no READY=1, and
+        refuses no promotion, which it gives way to, `Fallback.takes_over`)."""
+        return isinstance(self._loading, Loading)
 
-    def take(self, sighup: threading.Event, running: Settings) -> Replacement | str | None:
-        """What a finished load gives the loop to try, or why it is refused (a journal another edged
-        holds counts, asked of ``running`` now: `Replacement.held`); None while nothing has finished,
-        starting a load when a SIGHUP is pending and none is under way, or the one under way is stuck."""
+    def take(self, sighup: threading.Event, running: Settings) -> Replacement | Fallback | str | None:
+        """What a finished load gives the loop: a reload to try, or why it is refused (a journal another
+        edged holds counts, asked of ``running`` now: `Replacement.held`); a fallback to switch in
+        (`Fallback.takes_over`), one that did not load being said here and left to `fall_back`. None
+        while nothing has finished, starting a load when a SIGHUP is pending and none is under way, or
+        the one under way is stuck. Called first in each turn of the loop."""
         self._drop_abandoned()
+        self._fell_through = False
         if (loading := self._loading) is not None:
             outcome = loading.outcome()
+            if isinstance(outcome, str) and isinstance(loading, FallbackLoading):
+                log.error("cannot fall back from %s: %s", loading.failing, outcome)
+                self._loading, self._fell_through = None, True
+                return None
             if outcome is not None:
                 self._loading = None
                 return outcome.held(running) or outcome if isinstance(outcome, Replacement) else outcome
@@ -243,8 +340,9 @@ class Reloads:
                     "one load is given up at a time, so no other starts until one of them ends or edged restarts"
                 )
             log.warning(
-                "the reload has not ended after %.0f s, at %s (a stalled disk?): loading the configuration "
+                "the %s has not ended after %.0f s, at %s (a stalled disk?): loading the configuration "
                 "again in its place; what it loads, should it ever end, is dropped",
+                loading.what,
                 loading.elapsed_s(),
                 loading.at,
             )
@@ -259,17 +357,45 @@ class Reloads:
             self._stuck_said = False
         return None
 
-    def _say_stuck(self, loading: Loading) -> None:
-        """Once per load: it may never end, promote and rollback wait for it, and what a SIGHUP does now."""
+    def fall_back(self, running: Settings, live: LoadedModel, sources: Sequence[SourceBase], failures: int) -> bool:
+        """Whether the loop goes on while inference keeps failing on ``live``, ``failures`` frames in a
+        row: a fallback to its next provider starts loading (`FallbackLoading`, `take` hands it over),
+        is loading, or waits for the reload under way. False, for the loop to stop, when no provider
+        is left below the failing one, this turn's `take` found that the fallback did not load, or
+        the load under way is stuck. ``sources`` are the running cameras', for the fallback's paths."""
+        if self._fell_through:
+            return False
+        if self._loading is not None:
+            return self._loading.elapsed_s() < self._stuck_after_s
+        runtime = fallback_runtime(running.runtime, live)
+        if runtime is None:
+            return False
+        self._loading = FallbackLoading(running, live, runtime, sources, failures, self._wake)
+        self._stuck_said = False
+        log.warning(
+            "inference failed on %d frames in a row with %s: loading model %s for %s, to fall back to it; "
+            "the frames go on meanwhile",
+            failures,
+            self._loading.failing,
+            live.engine.identity.short,
+            runtime.providers[0].name,
+        )
+        return True
+
+    def _say_stuck(self, loading: Loading | FallbackLoading) -> None:
+        """Once per load: it may never end, what it holds back meanwhile, and what a SIGHUP does now."""
         if self._stuck_said:
             return
         self._stuck_said = True
         before = self._abandoned
         log.warning(
-            "the reload has been loading for %.0f s, at %s (a file on a slow or stalled disk?): promote and "
-            "rollback are refused until it ends; %s",
+            "the %s has been loading for %.0f s, at %s (a file on a slow or stalled disk?): %s; %s",
+            loading.what,
             loading.elapsed_s(),
             loading.at,
+            "promote and rollback are refused until it ends"
+            if isinstance(loading, Loading)
+            else "edged stops if inference keeps failing meanwhile",
             "a SIGHUP now loads the configuration again in its place"
             if before is None
             else f"the load given up before it, at {before.at}, has not ended either: a SIGHUP is refused until "
@@ -282,10 +408,11 @@ class Reloads:
         if self._abandoned is None or (outcome := self._abandoned.outcome()) is None:
             return
         log.info(
-            "the reload given up at %s has ended after %.0f s, %s: dropped",
+            "the %s given up at %s has ended after %.0f s, %s: dropped",
+            self._abandoned.what,
             self._abandoned.at,
             self._abandoned.elapsed_s(),
-            "loaded" if isinstance(outcome, Replacement) else f"refused ({outcome})",
+            f"refused ({outcome})" if isinstance(outcome, str) else "loaded",
         )
         self._abandoned = None
 

@@ -22,6 +22,7 @@ from daemon import Message, RunningDaemon, free_port, rss_kb, run_cli, write_con
 from filesystems import opening_stalled
 from jsonschema import Draft202012Validator
 from onnx_models import LABELS, colour_probe, failing_probe, nan_probe
+from test_service import NotifySocket
 from waiting import wait_for
 
 import edged
@@ -588,6 +589,53 @@ def test_inference_that_always_fails_falls_back_down_the_providers_then_exits(wo
         assert log.index("falling back") < log.index("inference failed on 20 frames in a row: stopping")
     finally:
         d.close()
+
+
+def test_a_fallback_whose_model_file_stalls_holds_up_no_frame_nor_ping_and_switches_in_once_loaded(workdir: Path) -> None:
+    """The fallback to the next provider loads the model file again; loaded on the loop's thread from a
+    file that stalled (a slow SD card, a hung disk), it held the loop: nothing published, no watchdog
+    ping, until systemd killed edged with nothing in the log to say why. Each pass of the folder is
+    10 dark images, which run, then 30 bright ones, which fail on the first provider."""
+    failing_probe(workdir / "failing.onnx")
+    (workdir / "imgs").mkdir()
+    for i in range(10):
+        cv2.imwrite(str(workdir / "imgs" / f"a{i:02d}.png"), np.zeros((128, 128, 3), np.uint8))
+    source = {"type": "images", "path": "imgs", "fps": 20.0}
+    providers = [{"name": "AzureExecutionProvider"}, {"name": "CPUExecutionProvider"}]  # Azure takes no node: CPU runs
+    model, service, runtime = {"path": "failing.onnx"}, {"stall_timeout_s": 5.0}, {"providers": providers}
+    path, endpoint = config(workdir, source, model=model, service=service, runtime=runtime)
+    notify = NotifySocket(workdir / "notify.sock")
+    d = RunningDaemon(path, endpoint, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "600000"})
+    try:
+        assert {m.model.provider for m in d.collect("detections", 2)} == {"AzureExecutionProvider"}
+        with opening_stalled(workdir / "failing.onnx") as waiting:
+            (workdir / "bright").mkdir()
+            for i in range(30):
+                cv2.imwrite(str(workdir / "bright" / f"b{i:02d}.png"), np.full((128, 128, 3), 255, np.uint8))
+            for image in sorted((workdir / "bright").iterdir()):  # each moved in whole: none read half written
+                image.rename(workdir / "imgs" / image.name)
+            assert wait_for(waiting, timeout_s=20), d.log()  # 20 bright frames failed: the fallback reads the file
+            stalled = time.monotonic()
+            since = time.time_ns()
+            ids: set[int] = set()
+            while max(ids, default=0) - min(ids, default=0) < 31:  # dark frames of two passes, bright ones between
+                ids.update(m.frame_id for m in d.captured_after(since, 1))
+            assert wait_for(lambda: bool(notify.times_of("WATCHDOG=1", since=stalled + 6.0)), timeout_s=20), d.log()
+            log = d.log()
+            assert log.count("to fall back to it") == 1, log  # the failures meanwhile start no other load
+            assert "falling back" not in log and "cannot fall back" not in log and d.proc.poll() is None
+        deadline = time.monotonic() + 20
+        while d.collect("detections", 1)[0].model.provider != "CPUExecutionProvider":
+            assert time.monotonic() < deadline, d.log()
+        assert d.proc.wait(30) == 1  # the bright frames fail on CPU as well: no provider left
+        log = d.log()
+        assert (
+            "inference failed on 20 frames in a row with AzureExecutionProvider: falling back to CPUExecutionProvider" in log
+        )
+        assert log.index("falling back") < log.index("inference failed on 20 frames in a row: stopping")
+    finally:
+        d.close()
+        notify.close()
 
 
 def test_a_camera_that_vanishes_is_reported_lost_and_resumes_with_frame_ids_continuing(workdir: Path) -> None:

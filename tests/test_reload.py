@@ -17,11 +17,11 @@ from filesystems import opening_stalled
 from onnx_models import colour_probe, failing_probe, solid_frame
 from waiting import wait_for
 
-from edged.config import Settings, load_config
+from edged.config import ModelConfig, RuntimeConfig, Settings, load_config
 from edged.errors import ConfigError, ModelError
-from edged.model import LoadedModel
+from edged.model import LoadedModel, load_model
 from edged.pipeline import Processed, Rejected
-from edged.reload import LOAD_STUCK_S, Loading, Reloads, Replacement, changes, load_replacement
+from edged.reload import LOAD_STUCK_S, Fallback, Loading, Reloads, Replacement, changes, load_replacement
 from edged.shadow import Shadow
 from edged.sources.base import Frame
 
@@ -79,9 +79,9 @@ def _loaded(loading: Loading, wake: threading.Event) -> Replacement | str | None
     return loading.outcome()
 
 
-def _next(reloads: Reloads, sighup: threading.Event, running: Settings) -> Replacement | str:
-    """The loop's turns until the reloads give it something: a replacement, or why a reload is refused."""
-    got: list[Replacement | str] = []
+def _next(reloads: Reloads, sighup: threading.Event, running: Settings) -> Replacement | Fallback | str:
+    """The loop's turns until the reloads give it something: a replacement, a fallback, or why a reload is refused."""
+    got: list[Replacement | Fallback | str] = []
 
     def turn() -> bool:
         if (outcome := reloads.take(sighup, running)) is not None:
@@ -336,6 +336,145 @@ def test_the_daemon_loads_a_sighup_in_place_of_a_reload_stuck_on_its_model_and_s
         assert "Traceback" not in d.log_path.read_text()
     finally:
         d.close()
+
+
+PROVIDERS = [{"name": "AzureExecutionProvider"}, {"name": "CPUExecutionProvider"}]  # Azure takes no node: CPU runs
+
+
+def _two_providers(tmp_path: Path, model: Path) -> tuple[Path, Settings, LoadedModel]:
+    """A configuration whose model runs with two providers, the settings and the model it serves."""
+    path = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "synthetic"},
+            "model": {"path": str(model)},
+            "publish": {"endpoints": ["tcp://127.0.0.1:5999"]},
+            "runtime": {"providers": PROVIDERS},
+        },
+    )
+    running = load_config(path)
+    return path, running, load_model(running.model, running.runtime, lanes=running.lanes())
+
+
+def _fallback_threads() -> int:
+    return sum(t.name == "edged-provider-fallback" for t in threading.enumerate())
+
+
+def test_a_fallback_loads_off_the_loops_thread_and_failures_meanwhile_start_no_second_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Loaded on the loop's thread, a fallback whose model file stalled held the loop for as long:
+    # no frame, no watchdog ping, until systemd killed edged with nothing in the log to say why.
+    model = colour_probe(tmp_path / "probe.onnx")
+    path, running, live = _two_providers(tmp_path, model)
+    assert live.engine.provider == "AzureExecutionProvider"
+    wake, sighup = threading.Event(), threading.Event()
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None)
+    caplog.set_level(logging.INFO, logger="edged.reload")
+    with opening_stalled(model) as waiting:
+        assert reloads.fall_back(running, live, running.source, 20)  # returns while the file is held
+        assert wait_for(waiting, timeout_s=20)
+        for failures in range(21, 60):  # the frames keep failing while it loads: carry on, load nothing more
+            assert reloads.take(sighup, running) is None and reloads.fall_back(running, live, running.source, failures)
+        assert _fallback_threads() == 1 and not reloads.loading  # a fallback is no reload: READY=1 is not held back
+        said = "inference failed on 20 frames in a row with AzureExecutionProvider: loading model probe@"
+        assert caplog.text.count(said) == 1 and "falling back" not in caplog.text
+    fallback = _next(reloads, sighup, running)
+    assert isinstance(fallback, Fallback) and fallback.replaces is live
+    assert fallback.swap.model.engine.provider == "CPUExecutionProvider"
+    assert [p.name for p in fallback.settings.runtime.providers] == ["CPUExecutionProvider"]
+    assert fallback.settings.model == running.model and set(fallback.swap.paths) == {"cam0"}
+    assert fallback.takes_over(live)
+    assert "with AzureExecutionProvider: falling back to CPUExecutionProvider" in caplog.text
+    assert not fallback.takes_over(fallback.swap.model)  # a promotion or reload replaced it meanwhile: dropped
+    assert "the fallback from AzureExecutionProvider has loaded, but model probe@" in caplog.text
+    assert wait_for(lambda: _fallback_threads() == 0, timeout_s=10)
+
+
+def test_a_sighup_during_a_fallback_waits_for_it_and_loads_once_the_fallback_is_taken(tmp_path: Path) -> None:
+    model = colour_probe(tmp_path / "probe.onnx")
+    path, running, live = _two_providers(tmp_path, model)
+    wake, sighup, told = threading.Event(), threading.Event(), []
+    reloads = Reloads(path, wake, lambda: told.append("RELOADING=1"), requests=False, trial_for=lambda s, m: None)
+    with opening_stalled(model) as waiting:
+        assert reloads.fall_back(running, live, running.source, 20)
+        assert wait_for(waiting, timeout_s=20)
+        sighup.set()
+        assert reloads.take(sighup, running) is None and sighup.is_set() and not told  # one load at a time
+    assert isinstance(_next(reloads, sighup, running), Fallback)  # the fallback first: frames are failing now
+    reloaded = _next(reloads, sighup, running)
+    assert isinstance(reloaded, Replacement) and told == ["RELOADING=1"] and not sighup.is_set()
+    assert [p.name for p in reloaded.settings.runtime.providers] == [p["name"] for p in PROVIDERS]  # tried as ever
+
+
+def test_a_fallback_due_while_a_reload_loads_waits_for_it_then_loads(tmp_path: Path) -> None:
+    running_model, reloaded_model = colour_probe(tmp_path / "running.onnx"), colour_probe(tmp_path / "reloaded.onnx")
+    path, running, live = _two_providers(tmp_path, running_model)
+    path.write_text(path.read_text().replace(str(running_model), str(reloaded_model)))
+    wake, sighup = threading.Event(), threading.Event()
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None)
+    with opening_stalled(reloaded_model) as waiting:
+        sighup.set()
+        assert reloads.take(sighup, running) is None and reloads.loading
+        assert wait_for(waiting, timeout_s=20)
+        assert reloads.fall_back(running, live, running.source, 20)  # the loop goes on, and waits for the reload
+        assert _fallback_threads() == 0 and reloads.loading
+    assert isinstance(_next(reloads, sighup, running), Replacement)  # tried on a frame; refused, say
+    assert reloads.fall_back(running, live, running.source, 25)  # its turn now
+    fallback = _next(reloads, sighup, running)
+    assert isinstance(fallback, Fallback) and fallback.swap.model.engine.provider == "CPUExecutionProvider"
+
+
+def test_a_fallback_that_cannot_load_is_said_and_stops_the_loop_as_one_with_no_provider_left(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = colour_probe(tmp_path / "probe.onnx")
+    path, running, live = _two_providers(tmp_path, model)
+    wake, sighup = threading.Event(), threading.Event()
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None)
+    model.write_bytes(b"not a model any more")
+    caplog.set_level(logging.INFO, logger="edged.reload")
+    assert reloads.fall_back(running, live, running.source, 20)
+    stopped: list[bool] = []
+
+    def turn() -> bool:  # what the loop does each turn while the frames keep failing
+        assert reloads.take(sighup, running) is None
+        if not reloads.fall_back(running, live, running.source, 21):
+            stopped.append(True)
+        return bool(stopped)
+
+    assert wait_for(turn, timeout_s=60)
+    assert caplog.text.count("cannot fall back from AzureExecutionProvider: ") == 1 and "falling back" not in caplog.text
+    assert reloads.take(sighup, running) is None  # the next turn
+    alone = load_model(ModelConfig(path=colour_probe(tmp_path / "alone.onnx")), RuntimeConfig())
+    assert not reloads.fall_back(running, alone, running.source, 20)  # CPU alone: nothing to fall back to
+    assert caplog.text.count("to fall back to it") == 1 and not reloads.loading  # nor does it load anything
+
+
+def test_a_fallback_stuck_on_its_model_file_is_said_stops_the_loop_if_frames_keep_failing_and_a_sighup_gives_it_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = colour_probe(tmp_path / "probe.onnx")
+    path, running, live = _two_providers(tmp_path, model)
+    wake, sighup = threading.Event(), threading.Event()
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None, stuck_after_s=0.5)
+    caplog.set_level(logging.INFO, logger="edged.reload")
+    other = colour_probe(tmp_path / "other.onnx")
+    with opening_stalled(model) as waiting:
+        assert reloads.fall_back(running, live, running.source, 20)
+        assert wait_for(waiting, timeout_s=20)
+        stuck = "the provider fallback has been loading for"
+        assert wait_for(lambda: reloads.take(sighup, running) is None and stuck in caplog.text, timeout_s=20)
+        assert f"at model {model} (a file on a slow or stalled disk?): edged stops if inference keeps failing" in caplog.text
+        assert not reloads.fall_back(running, live, running.source, 40)  # inference still failing: stop
+        path.write_text(path.read_text().replace(str(model), str(other)))
+        sighup.set()
+        reloaded = _next(reloads, sighup, running)
+        assert isinstance(reloaded, Replacement) and reloaded.settings.model.path == other
+        assert re.search(rf"the provider fallback has not ended after \d+ s, at model {re.escape(str(model))}", caplog.text)
+    assert wait_for(lambda: _dropped(reloads, sighup, running, caplog) == 1, timeout_s=60)
+    assert f"the provider fallback given up at model {model} has ended after" in caplog.text
+    assert wait_for(lambda: _fallback_threads() == 0, timeout_s=10)
 
 
 DEMO = Path(__file__).parent.parent / "models" / "demo.onnx"
