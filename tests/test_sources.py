@@ -223,6 +223,49 @@ def test_a_video_that_ends_before_the_frames_its_container_lists_is_said_once(
     assert str(cut) in line and "of the 40 frames its container lists" in line and "truncated or damaged" in line
 
 
+def write_vfr_video(path: Path, durations_s: list[float]) -> Path:
+    """A Matroska MJPEG file whose frame i lasts durations_s[i]: a variable frame rate, as a phone or
+    a recorder that writes only on change gives, in a container that lists no frame count."""
+    gi = pytest.importorskip("gi")
+    gi.require_version("Gst", "1.0")
+    from gi.repository import Gst
+
+    Gst.init(None)
+    pipeline = Gst.parse_launch(
+        f"appsrc name=src format=time caps=video/x-raw,format=BGR,width={W},height={H},framerate=0/1 "
+        f"! videoconvert ! jpegenc ! matroskamux ! filesink location={path}"
+    )
+    src = pipeline.get_by_name("src")
+    pipeline.set_state(Gst.State.PLAYING)
+    t_ns = 0
+    for i, duration_s in enumerate(durations_s):
+        buffer = Gst.Buffer.new_wrapped(coded_frame(i).tobytes())
+        buffer.pts, buffer.duration = t_ns, round(duration_s * Gst.SECOND)
+        t_ns += buffer.duration
+        src.emit("push-buffer", buffer)
+    src.emit("end-of-stream")
+    pipeline.get_bus().timed_pop_filtered(Gst.CLOCK_TIME_NONE, Gst.MessageType.EOS | Gst.MessageType.ERROR)
+    pipeline.set_state(Gst.State.NULL)
+    return path
+
+
+def test_a_variable_frame_rate_video_played_to_its_end_is_not_said_to_be_cut(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its container lists its duration times a nominal rate, several times the frames it holds: the
+    last frame's time at the file's end tells it whole; the same file cut short is still said."""
+    whole = write_vfr_video(tmp_path / "vfr.mkv", [1 / 30] * 40 + [0.5] * 20)
+    cut = tmp_path / "cut.mkv"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    for path in (whole, cut):
+        src = opened(FileSource(FileSourceConfig(path=path, loop=False)))
+        while src.grab():
+            pass
+        src.close()
+    said = [r.getMessage() for r in caplog.records if "ended after" in r.getMessage()]
+    assert len(said) == 1 and str(cut) in said[0], said
+
+
 # ---- image folders and globs -------------------------------------------------------------------
 
 

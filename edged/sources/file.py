@@ -35,6 +35,7 @@ class FileSource(OpenCvCapture):
         self._path = cfg.path
         self._fps = FALLBACK_FPS
         self._decoded = 0  # frames decoded since the file was last opened
+        self._reached_ms = 0.0  # the last frame's time in the file
         self._listed = 0  # frames its container lists (0: not said)
         self._cut_said = False
 
@@ -88,6 +89,7 @@ class FileSource(OpenCvCapture):
                 "e.g. with ffprobe)"
             )
         self._decoded = 0
+        self._reached_ms = 0.0
         self._listed = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
         return cap
 
@@ -124,8 +126,13 @@ class FileSource(OpenCvCapture):
         """At the end of the file: a warning, once, when it ended well before the frames its container
         lists (a copy cut short, data damaged halfway): FFmpeg reads such a file to where it breaks and
         reports its end, and the rest would be left out without a word. A few frames short is an
-        estimate's error (a container that gives only a duration), not a fault."""
+        estimate's error (a container that gives only a duration), not a fault; so is a count short
+        where the last frame came at the file's end: a variable frame rate's count is its duration
+        times its nominal rate, which can list several times the frames it holds."""
         if self._cut_said or self._decoded + max(2, self._listed // 20) >= self._listed:
+            return
+        duration_ms = 1000.0 * self._listed / self._fps
+        if self._reached_ms >= duration_ms - max(2000.0 / self._fps, duration_ms / 20):
             return
         self._cut_said = True
         log.warning(
@@ -140,7 +147,9 @@ class FileSource(OpenCvCapture):
 
     def _grab_one(self) -> bool:
         ok = self._grab()
-        self._decoded += int(ok)
+        if ok:
+            self._decoded += 1
+            self._reached_ms = float(self._opened().get(cv2.CAP_PROP_POS_MSEC))
         return ok
 
     def pace(self) -> float | None:
