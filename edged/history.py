@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from edged.errors import JournalUnreadable, UsageError
 from edged.files import sqlite_uri, stdout_reader_gone
+from edged.identity import boot_id
 from edged.journal import COLUMNS
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
@@ -69,7 +70,12 @@ def _stored(ns: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    """The filters; None passes everything. ``limit`` keeps the newest rows, returned oldest first."""
+    """The filters; None passes everything. ``limit`` keeps the newest rows, returned oldest first.
+
+    With ``now`` (this boot's id, and the monotonic and wall clocks read together), the rows of this
+    boot are held to ``since_ns`` and ``until_ns`` on the monotonic clock: a board without a
+    real-time clock whose wall clock was set right during the boot (NTP, months after a build date)
+    stamped its earlier rows with the wrong date, and `--since 2h` left out the last two hours."""
 
     part_id: str | None = None
     camera_id: str | None = None
@@ -78,6 +84,7 @@ class Query:
     verdict: str | None = None
     kind: str = "verdict"
     limit: int = 100
+    now: tuple[str, int, int] | None = None
 
     @classmethod
     def parse(
@@ -102,7 +109,8 @@ class Query:
                 (text or "").encode()
             except UnicodeEncodeError:  # bytes of another encoding in argv, which the journal's text never equals
                 raise UsageError(f"{option} is not valid UTF-8") from None
-        now_s = time.time()
+        now = (boot_id(), time.monotonic_ns(), time.time_ns())
+        now_s = now[2] / 1e9
         since_ns = parse_time(since, now_s) if since else None
         until_ns = parse_time(until, now_s) if until else None
         if since_ns is not None and until_ns is not None and since_ns > until_ns:
@@ -115,6 +123,7 @@ class Query:
             verdict=verdict,
             kind="detections" if detections else "verdict",
             limit=limit,
+            now=now,
         )
 
     def where(self) -> tuple[str, list[Any]]:
@@ -124,13 +133,21 @@ class Query:
         for column, op, value in (
             ("part_id", "=", self.part_id),
             ("camera_id", "=", self.camera_id),
-            ("wall_ns", ">=", self.since_ns),
-            ("wall_ns", "<", self.until_ns),
             ("verdict", "=", self.verdict),
         ):
             if value is not None:
                 where.append(f"{column} {op} ?")
                 params.append(value)
+        for op, wall_ns in ((">=", self.since_ns), ("<", self.until_ns)):
+            if wall_ns is None:
+                continue
+            if self.now is None:
+                where.append(f"wall_ns {op} ?")
+                params.append(wall_ns)
+            else:
+                boot, mono_now_ns, wall_now_ns = self.now
+                where.append(f"CASE WHEN boot_id = ? THEN mono_ns {op} ? ELSE wall_ns {op} ? END")
+                params += [boot, _stored(mono_now_ns - (wall_now_ns - wall_ns)), wall_ns]
         return " AND ".join(where), params
 
 

@@ -11,8 +11,10 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 import tracemalloc
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,33 @@ def test_every_filter_narrows_and_the_limit_keeps_the_newest_oldest_first(journa
     assert frames(kind="detections") == []
     assert frames(since_ns=parse_time("0001-01-01")) == list(range(30))
     assert frames(since_ns=parse_time("9999-12-31")) == []  # within SQLite's integers: no OverflowError
+
+
+@pytest.mark.unit
+def test_this_boots_rows_are_timed_on_its_monotonic_clock_whatever_the_wall_clock_said(tmp_path: Path) -> None:
+    """A board without a real-time clock ran 200 days behind until NTP set it: the rows it recorded
+    ten minutes ago carry a date 200 days old, and `--since 2h` left them out. This boot's rows are
+    held to the query on the monotonic clock; an earlier boot's, on the wall clock they have."""
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    behind_ns = time.time_ns() - 200 * 86_400 * 10**9
+    now_mono = time.monotonic_ns()
+
+    def row(n: int, mono_ns: int) -> Entry:
+        return replace(_entry(n, "cam0", "ok", f"P-{n}"), wall_ns=behind_ns + n * 10**9, mono_ns=mono_ns)
+
+    store.append([row(0, 10**9), row(1, 2 * 10**9)], Identity("b0a4d1d000000000", "an-earlier-boot", "9.9.9"), True)
+    store.append([row(2, now_mono - 600 * 10**9), row(3, now_mono - 300 * 10**9)], Identity.here(), True)
+    store.close()
+
+    def frames(**keys: str) -> list[int]:
+        return [row["frame_id"] for row in entries(path, Query.parse(**keys))]
+
+    assert frames(since="2h") == [2, 3]
+    assert frames(since="7m") == [3]
+    assert frames(until="2h") == [0, 1]
+    assert frames(since="300d", until="8m") == [0, 1, 2]
+    assert frames(since="0001-01-01", until="9999-12-31") == [0, 1, 2, 3]  # ends of time: no overflow
 
 
 @pytest.mark.unit
