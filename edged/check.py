@@ -277,6 +277,13 @@ def _first_frame(
     return f"first frame: {len(found)} detection(s){': ' + shown if found else ''}{verdict}"
 
 
+def _class(model: LoadedModel, key: str) -> str:
+    """A class as ``[inspect]`` names it, with its label where it is named by its id (``"4 (crack)"``)."""
+    if key in model.labels or not key.isdigit() or not model.labels or int(key) >= len(model.labels):
+        return key
+    return f"{key} ({model.labels[int(key)]})"
+
+
 def _inspection(model: LoadedModel, inspect: InspectConfig | None) -> str:
     """A camera's inspection in one line, in the terms of the model's task: thresholds, zones or
     region, NG classes (an anomaly model's one threshold, a classifier's ``min_confidence``)."""
@@ -289,8 +296,10 @@ def _inspection(model: LoadedModel, inspect: InspectConfig | None) -> str:
             f"zones {', '.join(inspect.zones)} (regions outside them count for nothing)" if inspect.zones else "whole frame"
         )
         return f"inspect: anomaly score above {threshold}; {zones}"
-    thresholds = ", ".join([f"model.conf {model.cfg.conf:g}", *(f"{name} {t:g}" for name, t in inspect.class_conf.items())])
-    ng = ", ".join(inspect.ng_classes) if inspect.ng_classes is not None else "every class"
+    thresholds = ", ".join(
+        [f"model.conf {model.cfg.conf:g}", *(f"{_class(model, name)} {t:g}" for name, t in inspect.class_conf.items())]
+    )
+    ng = ", ".join(_class(model, name) for name in inspect.ng_classes) if inspect.ng_classes is not None else "every class"
     if model.task == "classify":
         region = f"region {list(inspect.roi)}" if inspect.roi is not None else "whole frame"
         doubt = f"; uncertain below {inspect.min_confidence:g}" if inspect.min_confidence is not None else ""

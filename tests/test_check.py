@@ -64,7 +64,11 @@ def _hold(held: list[socket.socket], port: int) -> None:
 
 
 def test_check_says_what_run_will_do_and_binds_every_address(tmp: Path, ports: list[int]) -> None:
-    inspect = {"class_conf": {"red": 0.5}, "ng_classes": ["red"], "zones": {"all": [[0, 0], [1, 0], [1, 1], [0, 1]]}}
+    inspect = {
+        "class_conf": {"red": 0.5, "1": 0.6},
+        "ng_classes": ["red", "1"],
+        "zones": {"all": [[0, 0], [1, 0], [1, 1], [0, 1]]},
+    }
     evidence = tmp / "evidence"
     control = f"ipc://{tmp}/control.sock"
     candidate = {"candidate": {"path": "probe.onnx", "control": control}}
@@ -80,7 +84,10 @@ def test_check_says_what_run_will_do_and_binds_every_address(tmp: Path, ports: l
     lines = [line.strip() for line in result.stdout.splitlines()]
     assert lines[0] == f"config     {config}" and lines[-1] == "ok"
     assert "first frame: 1 detection(s): red 0.70; verdict ng" in lines
-    assert "inspect: thresholds model.conf 0.25, red 0.5; zones all (outside them: drop); NG classes: red" in lines
+    assert (
+        "inspect: thresholds model.conf 0.25, red 0.5, 1 (blue) 0.6; zones all (outside them: drop); "
+        "NG classes: red, 1 (blue)" in lines
+    )  # a class named by its id, with its label
     assert "trigger: request: one frame per request on trigger.endpoint" in lines
     assert f"evidence: ng+near frames to {evidence}/cam0 (a file created and removed there)" in lines
     assert not evidence.exists()  # made for the try, and removed: run makes it again
