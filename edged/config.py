@@ -271,7 +271,8 @@ class RuntimeConfig(Section):
     providers: list[ProviderConfig] = Field(
         default_factory=lambda: [ProviderConfig(name="CPUExecutionProvider")],
         min_length=1,
-        description="Execution providers in order of preference; missing ones fall back down the list.",
+        description="Execution providers in order of preference; missing ones fall back down the list, and one failing "
+        "20 frames in a row is dropped until a restart or a reload that changes this list.",
     )
     intra_op_threads: int = Field(
         0, ge=0, le=MAX_THREADS, description="0 = one per physical core of the CPUs this process may use."

@@ -309,10 +309,10 @@ class Daemon:
         A provider fallback loaded takes over as a promotion does (`_swap`), unless its model was replaced meanwhile."""
         replacement = self._reloads.take(self.signals.reload, self.settings)
         if isinstance(replacement, Fallback):
-            if replacement.takes_over(self.model):
-                self.settings = replacement.settings
+            if self._reloads.takes_over(replacement, self.model):
                 self._swap(replacement.swap)  # the frames on the lanes ran on the failing provider: counted first
-                self._inference_failures = 0
+                self.settings, self._inference_failures = replacement.settings, 0
+                give_back_freed_memory()  # the failing model's sessions, freed as they were swapped out
             return
         if self._trial is not None and self._trial.reopens and self._reloads.loading:
             log.info("the reload on trial gives way to a newer one, loading: the running cameras serve meanwhile")
@@ -388,7 +388,7 @@ class Daemon:
         self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
         self.candidate.reload(new, trial.replacement.shadow)
         self._watch()
-        give_back_freed_memory()  # the replaced models', now freed
+        self._reloads.took_over(trial.replacement)  # what stays dropped, and the replaced models' memory back
 
     def _finish_lanes(self) -> None:
         """At stop: let the frames on the lanes finish and publish them, each lane's error said alone."""

@@ -31,7 +31,7 @@ from edged.segment import Segmenter
 from edged.signature import verify
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # not slotted: a fallback holds it weakly (`edged.reload.Fallback`), and 3.10 has no weakref_slot
 class LoadedModel:
     engine: InferenceEngine
     contract: InputContract

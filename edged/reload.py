@@ -10,7 +10,9 @@ and after.
 
 A provider fallback (the model loaded again without the execution provider that keeps failing)
 loads the same way (`FallbackLoading`), taking turns with the reloads (`Reloads`): a board loading
-a model on the loop's thread published nothing and fed no watchdog until it ended, if ever.
+a model on the loop's thread published nothing and fed no watchdog until it ended, if ever. The
+provider it drops stays dropped for the reloads that leave ``[runtime] providers`` as it was
+(`Dropped`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +30,7 @@ from typing import Generic, TypeVar, cast
 
 from edged.camera import Camera, camera_for, stop_captures
 from edged.capture import Capture
-from edged.config import RuntimeConfig, Settings, load_config
+from edged.config import ProviderConfig, RuntimeConfig, Settings, load_config
 from edged.errors import ConfigError, EdgedError, ModelError
 from edged.journal import JournalOutput
 from edged.model import LoadedModel, fallback_runtime, load_model
@@ -75,14 +78,52 @@ def same_source(a: SourceBase, b: SourceBase) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Dropped:
+    """The providers that fallbacks dropped (``names``, in turn), and ``left``, those the last one
+    loaded the model on. They stay dropped for the reloads whose ``[runtime] providers`` are still
+    ``configured``, the configuration's when they were dropped: the file lists the failing provider
+    first still, and a reload loading it again failed its trial frame on it, so that no setting could
+    change by SIGHUP while it stayed broken. A reload that changes the list is the operator's choice,
+    and loads it as given."""
+
+    configured: list[ProviderConfig]
+    left: list[ProviderConfig]
+    names: tuple[str, ...]
+
+    def kept(self, runtime: RuntimeConfig) -> RuntimeConfig | None:
+        """``runtime``, a reloaded configuration's, with the providers left in place of its own,
+        said; None when its providers are not those they were dropped from."""
+        if runtime.providers != self.configured:
+            return None
+        log.warning(
+            "runtime.providers unchanged: %s stays dropped after inference failed on it, the model loads on %s; "
+            "restart edged, or change runtime.providers, to try it again",
+            ", ".join(self.names),
+            ", ".join(p.name for p in self.left),
+        )
+        return runtime.model_copy(update={"providers": self.left})
+
+
+def dropped_after(before: Dropped | None, running: RuntimeConfig, failing: str, left: RuntimeConfig) -> Dropped:
+    """What stays dropped once ``failing`` is, ``left`` its fallback's runtime: ``running``, the runtime
+    serving, is the configuration's own unless a fallback dropped a provider ``before``."""
+    if before is None:
+        return Dropped(running.providers, left.providers, (failing,))
+    names = before.names if failing in before.names else (*before.names, failing)
+    return Dropped(before.configured, left.providers, names)
+
+
+@dataclass(frozen=True, slots=True)
 class Replacement:
     """A reloaded configuration, its model and a frame path per camera, on trial until a frame runs
-    through it; and the candidate's trial beside its model, if it has one."""
+    through it; the candidate's trial beside its model, if it has one; and the providers it keeps
+    dropped (`Dropped`), if it does."""
 
     settings: Settings
     model: LoadedModel
     paths: dict[str, FramePath]  # by camera_id, one per camera of the new configuration
     shadow: Shadow | None = None
+    dropped: Dropped | None = None
 
     def trial(self, camera_id: str, frame: Frame) -> Processed | Rejected | str:
         """``frame``, from camera ``camera_id``, through the new model: `Processed` when it works,
@@ -112,17 +153,24 @@ def load_replacement(
     requests: bool = False,
     trial_for: TrialFor | None = None,
     reading: Callable[[str], object] = lambda what: None,
+    dropped: Dropped | None = None,
 ) -> Replacement:
     """The new settings with their loaded model (and the candidate's trial beside it, `trial_for`);
     raises an EdgedError when either is unusable, or (`ConfigError`) when they turn request mode on
     or off: ``requests`` says whether the running daemon takes requests, and the request socket is
     bound at start, as the trigger settings say. Cameras may move between the modes while some
     camera stays in request mode. ``reading`` hears each file as it goes to read it, so that a load
-    that never ends can say where it stopped (`Loading`)."""
+    that never ends can say where it stopped (`Loading`). The providers ``dropped`` by a fallback
+    stay dropped, for the model and the candidate alike, unless the new settings change
+    ``[runtime] providers`` (`Dropped.kept`)."""
     new = load_config(config_path)
     if bool(new.requesting()) != requests:
         problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
         raise ConfigError(config_path, [problem])
+    if dropped is not None and (runtime := dropped.kept(new.runtime)) is not None:
+        new = new.model_copy(update={"runtime": runtime})
+    else:
+        dropped = None
     reading(f"model {new.model.path}")
     model = load_model(new.model, new.runtime, lanes=new.lanes())
     if new.publish != running.publish:
@@ -143,7 +191,7 @@ def load_replacement(
     paths = {cfg.camera_id: frame_path(new, model, cfg) for cfg in new.source}
     if new.model.candidate is not None:
         reading(f"candidate model {new.model.candidate.path}")
-    return Replacement(new, model, paths, trial_for(new, model) if trial_for is not None else None)
+    return Replacement(new, model, paths, trial_for(new, model) if trial_for is not None else None, dropped)
 
 
 class Load(Generic[Loaded]):
@@ -187,11 +235,24 @@ class Loading(Load[Replacement]):
     them. Its outcome is the replacement, or why the reload is refused."""
 
     def __init__(
-        self, config_path: Path | None, running: Settings, wake: Waker, *, requests: bool, trial_for: TrialFor
+        self,
+        config_path: Path | None,
+        running: Settings,
+        wake: Waker,
+        *,
+        requests: bool,
+        trial_for: TrialFor,
+        dropped: Dropped | None = None,
     ) -> None:
         """`load_replacement`'s arguments, and the loop's wake-up."""
         load = functools.partial(
-            load_replacement, config_path, running, requests=requests, trial_for=trial_for, reading=self._reading
+            load_replacement,
+            config_path,
+            running,
+            requests=requests,
+            trial_for=trial_for,
+            reading=self._reading,
+            dropped=dropped,
         )
         super().__init__(load, wake, at=f"configuration {config_path or '(EDGED_* variables only)'}", what=RELOAD)
 
@@ -201,31 +262,34 @@ class Loading(Load[Replacement]):
 
 @dataclass(frozen=True, slots=True)
 class Fallback:
-    """The model serving, ``replaces``, loaded again without the provider that failed ``failures``
-    frames in a row on it: the settings that say so, and its model with each running camera's path
-    through it, to swap in between frames as a promotion is."""
+    """The model serving, ``replaces``, loaded again without the provider ``failing`` on which it
+    failed ``failures`` frames in a row: the settings that say so, its model with each running
+    camera's path through it, to swap in between frames as a promotion is, and what stays dropped
+    once it has (`Dropped`). ``replaces`` is weak: the sessions swapped out are freed at once, for
+    `give_back_freed_memory` to return them."""
 
     settings: Settings
     swap: Swap
-    replaces: LoadedModel
+    replaces: weakref.ref[LoadedModel]
+    failing: str
     failures: int
+    dropped: Dropped
 
     def takes_over(self, live: LoadedModel) -> bool:
         """Whether it switches in now, in place of ``live``, said either way. Not once a reload, a
         promotion or a rollback has replaced the model it was loaded for: the model serving now was
         tried on frames of its own, and falls back in its turn if it fails as that one did."""
-        failing = self.replaces.engine.providers[0][0]
-        if live is not self.replaces:
+        if live is not self.replaces():
             log.info(
                 "the fallback from %s has loaded, but model %s has taken over from the model it was for: dropped",
-                failing,
+                self.failing,
                 live.engine.identity.short,
             )
             return False
         log.warning(
             "inference failed on %d frames in a row with %s: falling back to %s",
             self.failures,
-            failing,
+            self.failing,
             self.swap.model.engine.provider,
             extra={"STAGE": "inference", "MODEL": self.swap.model.engine.identity.short},
         )
@@ -233,14 +297,19 @@ class Fallback:
 
 
 def load_fallback(
-    running: Settings, live: LoadedModel, runtime: RuntimeConfig, sources: Sequence[SourceBase], failures: int
+    running: Settings,
+    live: LoadedModel,
+    runtime: RuntimeConfig,
+    sources: Sequence[SourceBase],
+    failures: int,
+    dropped: Dropped,
 ) -> Fallback:
     """``live`` loaded again with ``runtime`` (`edged.model.fallback_runtime`), and its path for each of
     ``sources``, the running cameras'; raises an EdgedError when either cannot be made."""
     model = load_model(live.cfg, runtime, lanes=running.lanes())  # a promoted candidate's own model settings
     settings = running.model_copy(update={"runtime": runtime})
     paths = {cfg.camera_id: frame_path(settings, model, cfg) for cfg in sources}
-    return Fallback(settings, Swap(model, paths), live, failures)
+    return Fallback(settings, Swap(model, paths), weakref.ref(live), live.engine.providers[0][0], failures, dropped)
 
 
 class FallbackLoading(Load[Fallback]):
@@ -254,10 +323,11 @@ class FallbackLoading(Load[Fallback]):
         runtime: RuntimeConfig,
         sources: Sequence[SourceBase],
         failures: int,
+        dropped: Dropped,
         wake: Waker,
     ) -> None:
         self.failing = live.engine.providers[0][0]  # the provider it falls back from
-        load = functools.partial(load_fallback, running, live, runtime, sources, failures)
+        load = functools.partial(load_fallback, running, live, runtime, sources, failures, dropped)
         super().__init__(load, wake, at=f"model {live.cfg.path}", what=FALLBACK)
 
 
@@ -278,10 +348,11 @@ class Reloads:
     A provider fallback (`fall_back`) and a reload take turns the same way, first come first served
     (the loop takes a SIGHUP before it counts its failures): neither can stop the other's thread, and
     either may be what makes the frames run. A SIGHUP during a fallback waits for it: the frames are
-    failing now, and the fallback switches in first; the reload then loads the configuration's
-    providers afresh and, as any reload, takes over only once a frame has run through it. A fallback
-    due during a reload waits for that reload, whose model may run where the failing one does not;
-    should the reload be refused, or its model fail alike, the fallback loads next. While either
+    failing now, and the fallback switches in first (`takes_over`); the reload then loads on the
+    providers it left, unless it changes ``[runtime] providers`` (`Dropped`), and, as any reload,
+    takes over only once a frame has run through it (`took_over`). A fallback due during a reload
+    waits for that reload, whose model may run where the failing one does not; should the reload
+    be refused, or its model fail alike, the fallback loads next. While either
     loads the loop neither stops nor starts a second load; once the load under way counts as stuck,
     frames that keep failing stop edged, for systemd to restart it.
     """
@@ -303,6 +374,7 @@ class Reloads:
         self._stuck_said = False  # the load under way is said to be stuck
         self._abandoned: Loading | FallbackLoading | None = None  # stuck, given up for a newer load: its outcome is dropped
         self._fell_through = False  # this turn's fallback did not load (`fall_back`)
+        self._dropped: Dropped | None = None  # the providers dropped from the configuration's, for the reloads
 
     @property
     def loading(self) -> bool:
@@ -352,7 +424,12 @@ class Reloads:
             log.info("reloading configuration from %s", self._config_path)
             self._reloading()
             self._loading = Loading(
-                self._config_path, running, self._wake, requests=self._requests, trial_for=self._trial_for
+                self._config_path,
+                running,
+                self._wake,
+                requests=self._requests,
+                trial_for=self._trial_for,
+                dropped=self._dropped,
             )
             self._stuck_said = False
         return None
@@ -370,7 +447,8 @@ class Reloads:
         runtime = fallback_runtime(running.runtime, live)
         if runtime is None:
             return False
-        self._loading = FallbackLoading(running, live, runtime, sources, failures, self._wake)
+        dropped = dropped_after(self._dropped, running.runtime, live.engine.providers[0][0], runtime)
+        self._loading = FallbackLoading(running, live, runtime, sources, failures, dropped, self._wake)
         self._stuck_said = False
         log.warning(
             "inference failed on %d frames in a row with %s: loading model %s for %s, to fall back to it; "
@@ -381,6 +459,21 @@ class Reloads:
             runtime.providers[0].name,
         )
         return True
+
+    def takes_over(self, fallback: Fallback, live: LoadedModel) -> bool:
+        """Whether ``fallback``, handed over by `take`, switches in now in place of ``live``
+        (`Fallback.takes_over`); if it does, the provider it drops stays dropped for the reloads."""
+        if not fallback.takes_over(live):
+            return False
+        self._dropped = fallback.dropped
+        return True
+
+    def took_over(self, replacement: Replacement) -> None:
+        """``replacement`` has switched in: the providers it kept dropped stay so for the reloads after
+        it (none where it loaded the providers its configuration lists), and the memory the models it
+        replaced freed goes back to the system (`give_back_freed_memory`)."""
+        self._dropped = replacement.dropped
+        give_back_freed_memory()
 
     def _say_stuck(self, loading: Loading | FallbackLoading) -> None:
         """Once per load: it may never end, what it holds back meanwhile, and what a SIGHUP does now."""

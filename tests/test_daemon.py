@@ -638,6 +638,59 @@ def test_a_fallback_whose_model_file_stalls_holds_up_no_frame_nor_ping_and_switc
         notify.close()
 
 
+def _provider_after(d: RunningDaemon, provider: str) -> None:
+    """Wait until the frames published are run on ``provider``."""
+    deadline = time.monotonic() + 20
+    while d.collect("detections", 1)[0].model.provider != provider:
+        assert time.monotonic() < deadline, d.log()
+
+
+def test_a_provider_a_fallback_dropped_stays_dropped_across_sighups_until_runtime_providers_change(
+    workdir: Path,
+) -> None:
+    """A SIGHUP after a fallback loaded the configuration's providers again, the failing one first:
+    with the accelerator still broken, the reload's trial frame failed on it and the reload was
+    refused, so no threshold or zone could change until edged restarted. Dark images run on either
+    provider; bright ones, moved in for a while, fail on the first until the fallback."""
+    failing_probe(workdir / "failing.onnx")
+    (workdir / "imgs").mkdir()
+    for i in range(10):
+        cv2.imwrite(str(workdir / "imgs" / f"a{i:02d}.png"), np.zeros((128, 128, 3), np.uint8))
+    source = {"type": "images", "path": "imgs", "fps": 20.0}
+    providers = [{"name": "AzureExecutionProvider"}, {"name": "CPUExecutionProvider"}]  # Azure takes no node: CPU runs
+    path, endpoint = config(workdir, source, model={"path": "failing.onnx"}, runtime={"providers": providers})
+    configured = path.read_text()
+    d = RunningDaemon(path, endpoint)
+    try:
+        assert {m.model.provider for m in d.collect("detections", 2)} == {"AzureExecutionProvider"}
+        (workdir / "bright").mkdir()
+        bright = [workdir / "bright" / f"b{i:02d}.png" for i in range(25)]
+        for image in bright:
+            cv2.imwrite(str(image), np.full((128, 128, 3), 255, np.uint8))
+        with opening_stalled(workdir / "failing.onnx") as waiting:  # the fallback waits for the bright ones to go
+            for image in bright:  # each moved in whole: none read half written
+                image.rename(workdir / "imgs" / image.name)
+            assert wait_for(waiting, timeout_s=20), d.log()  # 20 bright frames failed: the fallback reads the file
+            for image in bright:
+                (workdir / "imgs" / image.name).rename(image)
+        _provider_after(d, "CPUExecutionProvider")
+        path.write_text(configured.replace("[model]\n", "[model]\nconf = 0.5\n"))  # a threshold changed
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reloaded: model" in d.log(), timeout_s=30), d.log()
+        assert {m.model.provider for m in d.captured_after(time.time_ns(), 3)} == {"CPUExecutionProvider"}
+        log = d.log()
+        assert "(cameras kept cam0; changed model.conf): trying it on the next frame" in log, log
+        stays = "runtime.providers unchanged: AzureExecutionProvider stays dropped after inference failed on it"
+        assert log.count(stays) == 1 and "restart edged, or change runtime.providers, to try it again" in log
+        path.write_text(configured.replace(', { "name" = "CPUExecutionProvider" }', ""))  # the operator's choice
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: d.log().count("reloaded: model") == 2, timeout_s=30), d.log()
+        assert {m.model.provider for m in d.captured_after(time.time_ns(), 3)} == {"AzureExecutionProvider"}
+        assert d.log().count(stays) == 1 and d.proc.poll() is None
+    finally:
+        d.close()
+
+
 def test_a_camera_that_vanishes_is_reported_lost_and_resumes_with_frame_ids_continuing(workdir: Path) -> None:
     clip, away = workdir / "clip.avi", workdir / "unplugged.avi"
     write_video(clip, [RED] * 10)  # half a second per pass: the loop reopens it often

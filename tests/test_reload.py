@@ -17,11 +17,20 @@ from filesystems import opening_stalled
 from onnx_models import colour_probe, failing_probe, solid_frame
 from waiting import wait_for
 
-from edged.config import ModelConfig, RuntimeConfig, Settings, load_config
+from edged.config import ModelConfig, ProviderConfig, RuntimeConfig, Settings, load_config
 from edged.errors import ConfigError, ModelError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import Processed, Rejected
-from edged.reload import LOAD_STUCK_S, Fallback, Loading, Reloads, Replacement, changes, load_replacement
+from edged.reload import (
+    LOAD_STUCK_S,
+    Fallback,
+    Loading,
+    Reloads,
+    Replacement,
+    changes,
+    dropped_after,
+    load_replacement,
+)
 from edged.shadow import Shadow
 from edged.sources.base import Frame
 
@@ -380,7 +389,7 @@ def test_a_fallback_loads_off_the_loops_thread_and_failures_meanwhile_start_no_s
         said = "inference failed on 20 frames in a row with AzureExecutionProvider: loading model probe@"
         assert caplog.text.count(said) == 1 and "falling back" not in caplog.text
     fallback = _next(reloads, sighup, running)
-    assert isinstance(fallback, Fallback) and fallback.replaces is live
+    assert isinstance(fallback, Fallback) and fallback.replaces() is live
     assert fallback.swap.model.engine.provider == "CPUExecutionProvider"
     assert [p.name for p in fallback.settings.runtime.providers] == ["CPUExecutionProvider"]
     assert fallback.settings.model == running.model and set(fallback.swap.paths) == {"cam0"}
@@ -401,10 +410,11 @@ def test_a_sighup_during_a_fallback_waits_for_it_and_loads_once_the_fallback_is_
         assert wait_for(waiting, timeout_s=20)
         sighup.set()
         assert reloads.take(sighup, running) is None and sighup.is_set() and not told  # one load at a time
-    assert isinstance(_next(reloads, sighup, running), Fallback)  # the fallback first: frames are failing now
-    reloaded = _next(reloads, sighup, running)
+    fallback = _next(reloads, sighup, running)  # the fallback first: frames are failing now
+    assert isinstance(fallback, Fallback) and reloads.takes_over(fallback, live)
+    reloaded = _next(reloads, sighup, fallback.settings)
     assert isinstance(reloaded, Replacement) and told == ["RELOADING=1"] and not sighup.is_set()
-    assert [p.name for p in reloaded.settings.runtime.providers] == [p["name"] for p in PROVIDERS]  # tried as ever
+    assert [p.name for p in reloaded.settings.runtime.providers] == ["CPUExecutionProvider"]  # the providers it left
 
 
 def test_a_fallback_due_while_a_reload_loads_waits_for_it_then_loads(tmp_path: Path) -> None:
@@ -423,6 +433,113 @@ def test_a_fallback_due_while_a_reload_loads_waits_for_it_then_loads(tmp_path: P
     assert reloads.fall_back(running, live, running.source, 25)  # its turn now
     fallback = _next(reloads, sighup, running)
     assert isinstance(fallback, Fallback) and fallback.swap.model.engine.provider == "CPUExecutionProvider"
+
+
+def _reloaded(path: Path, reloads: Reloads, running: Settings, *, take_over: bool = True) -> Replacement:
+    """A SIGHUP's replacement, loaded; switched in (`Reloads.took_over`) unless its trial is to refuse it."""
+    sighup = threading.Event()
+    sighup.set()
+    reloaded = _next(reloads, sighup, running)
+    assert isinstance(reloaded, Replacement), reloaded
+    if take_over:
+        reloads.took_over(reloaded)
+    return reloaded
+
+
+def test_a_provider_a_fallback_dropped_stays_dropped_across_reloads_until_runtime_providers_change(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A SIGHUP loaded the configuration's providers again, the failing one first: its trial frame
+    # failed there and the reload was refused, so no threshold or zone could change until a restart.
+    model = colour_probe(tmp_path / "probe.onnx")
+    path, running, live = _two_providers(tmp_path, model)
+    configured = path.read_text()
+    wake, sighup = threading.Event(), threading.Event()
+    candidates: list[list[str]] = []  # the providers each reload's candidate loads with
+
+    def trial_for(settings: Settings, model: LoadedModel) -> None:
+        candidates.append([p.name for p in settings.runtime.providers])
+
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=trial_for)
+    caplog.set_level(logging.INFO, logger="edged.reload")
+    assert reloads.fall_back(running, live, running.source, 20)
+    fallback = _next(reloads, sighup, running)
+    assert isinstance(fallback, Fallback) and reloads.takes_over(fallback, live)
+    said = (
+        "runtime.providers unchanged: AzureExecutionProvider stays dropped after inference failed on it, the model "
+        "loads on CPUExecutionProvider; restart edged, or change runtime.providers, to try it again"
+    )
+    assert said not in caplog.text
+
+    path.write_text(configured.replace("[model]\n", "[model]\nconf = 0.9\n"))  # a threshold changed
+    threshold = _reloaded(path, reloads, fallback.settings)
+    assert threshold.model.engine.provider == "CPUExecutionProvider" and threshold.settings.model.conf == 0.9
+    assert [p.name for p in threshold.settings.runtime.providers] == ["CPUExecutionProvider"]
+    assert candidates == [["CPUExecutionProvider"]]  # the candidate's trial loads on what is left too
+    assert caplog.text.count(said) == 1
+    assert changes(fallback.settings, threshold.settings) == "cameras kept cam0; changed model.conf"
+
+    only_azure = configured.replace(', { "name" = "CPUExecutionProvider" }', "")
+    assert only_azure != configured
+    path.write_text(only_azure)  # the operator's choice: loaded as given, and tried on a frame
+    chosen = _reloaded(path, reloads, threshold.settings, take_over=False)  # refused on its trial, say
+    assert chosen.model.engine.provider == "AzureExecutionProvider" and chosen.dropped is None
+    path.write_text(configured)  # the configuration's providers when Azure was dropped: it stays dropped
+    back = _reloaded(path, reloads, threshold.settings)
+    assert back.model.engine.provider == "CPUExecutionProvider" and caplog.text.count(said) == 2
+
+    path.write_text(only_azure)
+    chosen = _reloaded(path, reloads, back.settings)  # switched in this time: nothing stays dropped
+    assert chosen.model.engine.provider == "AzureExecutionProvider"
+    path.write_text(configured)  # a change of runtime.providers too
+    again = _reloaded(path, reloads, chosen.settings)
+    assert again.model.engine.provider == "AzureExecutionProvider" and caplog.text.count(said) == 2
+    assert candidates[-1] == ["AzureExecutionProvider", "CPUExecutionProvider"]
+
+
+def test_a_fallback_that_does_not_take_over_drops_no_provider_and_frees_the_model_it_replaces(
+    tmp_path: Path,
+) -> None:
+    model = colour_probe(tmp_path / "probe.onnx")
+    path, running, live = _two_providers(tmp_path, model)
+    wake, sighup = threading.Event(), threading.Event()
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None)
+    assert reloads.fall_back(running, live, running.source, 20)
+    fallback = _next(reloads, sighup, running)
+    assert isinstance(fallback, Fallback)
+    promoted = load_model(running.model, running.runtime)  # a promotion replaced the model meanwhile
+    assert not reloads.takes_over(fallback, promoted)
+    assert _reloaded(path, reloads, running).model.engine.provider == "AzureExecutionProvider"
+    # Held weakly, the model a fallback replaces is freed as it is swapped out, before
+    # `give_back_freed_memory` returns its memory: the fallback does not keep its sessions.
+    assert wait_for(lambda: _fallback_threads() == 0, timeout_s=10)
+    replaced = weakref.ref(live)
+    del live
+    gc.collect()
+    assert replaced() is None and fallback.replaces() is None
+
+
+def test_what_fallbacks_in_turn_drop_adds_up_against_the_configurations_providers() -> None:
+    def runtime(*names: str) -> RuntimeConfig:
+        return RuntimeConfig(providers=[ProviderConfig(name=name) for name in names])
+
+    configured = runtime("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+    first = dropped_after(
+        None, configured, "TensorrtExecutionProvider", runtime("CUDAExecutionProvider", "CPUExecutionProvider")
+    )
+    second = dropped_after(
+        first,
+        runtime("CUDAExecutionProvider", "CPUExecutionProvider"),
+        "CUDAExecutionProvider",
+        runtime("CPUExecutionProvider"),
+    )
+    assert second.configured == configured.providers and second.names == (
+        "TensorrtExecutionProvider",
+        "CUDAExecutionProvider",
+    )
+    kept = second.kept(configured.model_copy(update={"intra_op_threads": 2}))  # another runtime key changed: kept
+    assert kept is not None and [p.name for p in kept.providers] == ["CPUExecutionProvider"] and kept.intra_op_threads == 2
+    assert second.kept(runtime("CUDAExecutionProvider", "CPUExecutionProvider")) is None  # the list changed
 
 
 def test_a_fallback_that_cannot_load_is_said_and_stops_the_loop_as_one_with_no_provider_left(

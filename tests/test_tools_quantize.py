@@ -10,7 +10,7 @@ import re
 import signal
 import subprocess
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_models import colour_probe, reversed_classes
 
 from edged.config import ModelConfig, RuntimeConfig
+from edged.engines import file_sha256
 from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_FAILURE, EXIT_USAGE, DataError, QuantizeError, UsageError
+from edged.files import write_with
 from edged.model import LoadedModel, load_model
 from edged.preprocess import Preprocessor
 from edged.sources.scenes import CLASS_NAMES
@@ -412,9 +414,18 @@ def test_unloadable_result_fails_with_a_message(
         return q.Quantised(q.FloatNodes({}, "test"), q.FloatNodes({}, "test"), pixel_input=False)
 
     monkeypatch.setattr(q, "quantize", broken)
-    args = argparse.Namespace(
-        model=built["fp32"],
-        out=tmp_path / "x.onnx",
+    out = tmp_path / "x.onnx"
+    with pytest.raises(QuantizeError, match=f"the quantised model {re.escape(str(out))} does not load") as raised:
+        q.run_quantize(_run_args(built["fp32"], out))
+    assert raised.value.exit_code == EXIT_FAILURE
+    assert list(tmp_path.iterdir()) == []  # nothing at --out for a deploy to take, and no part file left
+
+
+def _run_args(model: Path, out: Path, report: Path | None = None) -> argparse.Namespace:
+    """`run_quantize`'s arguments as the command line gives them: two calibration scenes, no comparison."""
+    return argparse.Namespace(
+        model=model,
+        out=out,
         calib_images=None,
         calib_scenes=2,
         seed=1,
@@ -429,11 +440,31 @@ def test_unloadable_result_fails_with_a_message(
         data=None,
         config=None,
         camera=None,
-        report=None,
+        report=report,
     )
-    with pytest.raises(QuantizeError, match="quantised model") as raised:
-        q.run_quantize(args)
-    assert raised.value.exit_code == EXIT_FAILURE
+
+
+def test_the_report_describes_the_model_this_run_wrote_when_another_run_replaces_it_at_out(
+    built: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two runs writing one --out each move their model there whole, and the last wins; but each
+    # run loaded --out after its move to hash and measure it, so the first run's report could
+    # describe the other run's model.
+    out, report = tmp_path / "tiny.int8.onnx", tmp_path / "report.json"
+    moved: list[str] = []
+
+    def then_another_run_moves_its_model_there(path: Path, write: Callable[[Path], object]) -> None:
+        write_with(path, write)
+        if path == out:
+            moved.append(file_sha256(out))
+            other = tmp_path / ".other.part.onnx"
+            other.write_bytes(built["int8_all"].read_bytes())
+            os.replace(other, out)
+
+    monkeypatch.setattr(q, "write_with", then_another_run_moves_its_model_there)
+    assert q.run_quantize(_run_args(built["fp32"], out, report), io.StringIO()) == 0
+    assert moved and file_sha256(out) == file_sha256(built["int8_all"]) != moved[0]
+    assert json.loads(report.read_text())["int8_sha256"] == moved[0]
 
 
 def test_cli_writes_the_report(built: dict[str, Any], tmp_path: Path) -> None:

@@ -404,13 +404,16 @@ def _interface(model: LoadedModel) -> list[tuple[str, str, Any, str]]:
     ]
 
 
-def load_quantised(path: Path, original: LoadedModel, pixel_input: bool = False) -> LoadedModel:
+def load_quantised(
+    path: Path, original: LoadedModel, pixel_input: bool = False, *, named: Path | None = None
+) -> LoadedModel:
     """Load the INT8 model as the daemon would, with the original's runtime settings, and check it
-    kept the original's interface, but for a uint8 input when it was quantised to take pixels."""
+    kept the original's interface, but for a uint8 input when it was quantised to take pixels.
+    ``named``: the file the errors name, where ``path`` is the one it will be moved to."""
     try:
         model = load_model(original.cfg.model_copy(update={"path": path}), original.engine.cfg)
     except (ModelError, ContractError) as e:
-        raise QuantizeError(f"the quantised model {path} does not load: {e}") from None
+        raise QuantizeError(f"the quantised model {named or path} does not load: {e}") from None
     expected = _interface(original)
     if pixel_input:
         expected = [(kind, name, shape, "tensor(uint8)" if kind == "input" else t) for kind, name, shape, t in expected]
@@ -653,25 +656,29 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     inspect, conf = _inspection(args.config, args.camera)
     check_inspection(original, inspect, conf)
     calibration, frames = _calibration(args, original)
-    done: list[Quantised] = []
-    write_with(
-        args.out,
-        lambda tmp: done.append(
-            quantize(
-                args.model,
-                tmp,
-                frames,
-                method=args.method,
-                exclude_head=args.exclude_head,
-                float_stem=args.float_stem,
-                reduce_range=args.reduce_range,
-                pixel_input=pixel_scale(original.contract),
-            )
-        ),
-    )
-    result = done[0]
+    done: list[tuple[Quantised, LoadedModel, int]] = []
+
+    def write(tmp: Path) -> None:
+        """Quantise into ``tmp``, and load it (its bytes hashed, its session made of them) and size it
+        before it is moved to ``--out``: another run writing the same ``--out`` may replace it there
+        meanwhile, and this run's report would describe that run's model. One that does not load is
+        never moved there."""
+        result = quantize(
+            args.model,
+            tmp,
+            frames,
+            method=args.method,
+            exclude_head=args.exclude_head,
+            float_stem=args.float_stem,
+            reduce_range=args.reduce_range,
+            pixel_input=pixel_scale(original.contract),
+        )
+        loaded = load_quantised(tmp, original, pixel_input=result.pixel_input, named=args.out)
+        done.append((result, loaded, tmp.stat().st_size))
+
+    write_with(args.out, write)
+    result, quantised, size = done[0]
     print_result(result, original.contract, out)
-    quantised = load_quantised(args.out, original, pixel_input=result.pixel_input)
     comparison = compare(
         {"fp32": original, "int8": quantised},
         latency_frames=args.latency_frames,
@@ -681,7 +688,7 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         inspect=inspect,
         conf=conf,
     )
-    print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB, calibrated on {calibration})", file=out)
+    print(f"wrote {args.out} ({size / 1e6:.1f} MB, calibrated on {calibration})", file=out)
     print(format_comparison(comparison), file=out)
     if args.report is not None:
         document = report_document(args, original, quantised, result, calibration, comparison)
