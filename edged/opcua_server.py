@@ -74,6 +74,7 @@ REPLY_MARGIN_S = 1.0  # beyond trigger.timeout_s, how long a Trigger call waits 
 START_TIMEOUT_S = 30.0  # what `UaServer.close` waits at most for a server still starting
 STOP_TIMEOUT_S = 5.0
 REFUSED_LOG_INTERVAL_S = 60.0
+DROPPED_LOG_INTERVAL_S = 60.0
 ASYNCUA_LOG_INTERVAL_S = 60.0
 MIN_PUBLISHING_MS = 10.0  # the shortest publishing interval a subscription gets
 MAX_CHUNK_BYTES = 65535 + 12  # the largest chunk the server takes (limits.max_recv_buffer), with its header
@@ -139,17 +140,45 @@ class BoundedLog(logging.Handler):
             logging.getLogger().handle(record)
 
 
+class Gone:
+    """The transport of a connection its client dropped: asyncua's session outlives it (OPC UA keeps
+    a session's subscriptions for a reconnect) and goes on answering into it, which asyncio would
+    log as ``socket.send() raised exception.``, a line that says nothing of who went: dropped."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+
 class CappedProtocol(binary_server_asyncio.OPCUAProtocol):
     """asyncua's connection, which keeps what a peer sends until the chunk its header announces is
     complete (up to 4 GiB, before any session): here a connection whose unfinished chunk outgrows
     `MAX_CHUNK_BYTES`, the chunk size the server negotiates, is closed, so no peer decides what
-    edged holds for it."""
+    edged holds for it. A client that goes away with its session open (killed, unplugged) is said."""
+
+    dropped_log = LogRate(DROPPED_LOG_INTERVAL_S)  # a client decides how often: one line a minute for all
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # every complete chunk taken off; what is left is one unfinished
         if len(self._buffer) > MAX_CHUNK_BYTES and self.transport is not None:
             self._buffer = b""
             self.transport.close()
+
+    def connection_lost(self, ex: BaseException | None) -> None:
+        processor = self.processor
+        if processor is not None:
+            session = processor.session
+            if session is not None and session.is_activated() and CappedProtocol.dropped_log.allows():
+                log.warning(
+                    "OPC UA: client %s went away without closing its session (%s); its subscriptions are kept "
+                    "for it to reconnect until the session times out (%g s at most), and every other client "
+                    "is served (more within %g s unlogged)",
+                    _peer(self.peer_name),
+                    ex or "connection closed",
+                    session.session_timeout or MAX_SESSION_TIMEOUT_MS / 1000,
+                    DROPPED_LOG_INTERVAL_S,
+                )
+            processor._transport = Gone()
+        super().connection_lost(ex)
 
 
 def logger_family(name: str) -> str:
@@ -556,8 +585,11 @@ class UaServer:
                 await self._add_trigger(camera, ns, camera_id)
 
     async def _add_trigger(self, camera: Node, ns: int, camera_id: str) -> None:
-        async def trigger(parent: ua.NodeId, *arguments: ua.Variant) -> list[ua.Variant]:
-            reply = await self._trigger(camera_id, arguments)
+        async def trigger(parent: ua.NodeId, *arguments: ua.Variant) -> list[ua.Variant] | ua.CallMethodResult:
+            refused = refused_call(parent, camera.nodeid, arguments)
+            if refused is not None:
+                return refused
+            reply = await self._trigger(camera_id, arguments[0].Value)
             self.requests += 1
             return [ua.Variant(reply.model_dump_json(), ua.VariantType.String)]
 
@@ -569,15 +601,12 @@ class UaServer:
             _node_id(f"{camera_id}.Trigger", ns), ua.QualifiedName("Trigger", ns), trigger, [part], [answer]
         )
 
-    async def _trigger(self, camera_id: str, arguments: Sequence[ua.Variant]) -> VerdictMessage | TriggerError:
+    async def _trigger(self, camera_id: str, value: str | None) -> VerdictMessage | TriggerError:
         """One inspection of a frame captured after the call, through the request desk."""
-        value = arguments[0].Value if arguments else None
         try:
-            if value is not None and not isinstance(value, str):
-                raise ValueError("partId must be a String")
             part_id = TriggerRequest(part_id=value or None).part_id
-        except (ValueError, ValidationError) as e:
-            detail = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+        except ValidationError as e:
+            detail = e.errors()[0]["msg"]
             return TriggerError(camera_id=camera_id, part_id=None, error="bad_request", detail=f"partId: {detail}")
         offer = self.offer
         if offer is None:
@@ -635,9 +664,33 @@ class UaServer:
                     self.latency.add(ms)
 
 
+def refused_call(parent: ua.NodeId, camera: ua.NodeId, arguments: Sequence[ua.Variant]) -> ua.CallMethodResult | None:
+    """OPC UA's answer (Part 4, Call) to a ``Trigger`` call that is not one String argument on its own
+    camera, which asyncua passes on unchecked: clients read the call's status, not a reply's text.
+    None for a call to serve."""
+    results: list[ua.StatusCode] = []
+    if parent != camera:
+        code = StatusCodes.BadMethodInvalid
+    elif not arguments:
+        code = StatusCodes.BadArgumentsMissing
+    elif len(arguments) > 1:
+        code = StatusCodes.BadTooManyArguments
+    elif arguments[0].VariantType != ua.VariantType.String or not isinstance(arguments[0].Value, str | None):
+        code = StatusCodes.BadInvalidArgument
+        results = [ua.StatusCode(ua.UInt32(StatusCodes.BadTypeMismatch))]
+    else:
+        return None
+    return ua.CallMethodResult(StatusCode=ua.StatusCode(ua.UInt32(code)), InputArgumentResults=results)
+
+
 def _node_id(name: str, ns: int) -> ua.NodeId:
     """A string node id in edged's namespace: ``ns=N;s=cam0.Verdict``."""
     return ua.NodeId(ua.String(name), ua.Int16(ns))
+
+
+def _peer(name: Any) -> str:
+    """``HOST:PORT`` of a peer's address (asyncio's tuple), or what it is."""
+    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) and len(name) >= 2 else str(name)
 
 
 def _resolve(future: asyncio.Future[VerdictMessage | TriggerError], reply: VerdictMessage | TriggerError) -> None:
