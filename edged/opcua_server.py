@@ -38,9 +38,11 @@ from asyncua import ua
 from asyncua.common.node import Node
 from asyncua.crypto.permission_rules import User, UserRole
 from asyncua.server import binary_server_asyncio
+from asyncua.server.internal_server import InternalServer
 from asyncua.server.internal_session import InternalSession
 from asyncua.server.server import Server
 from asyncua.server.user_managers import UserManager
+from asyncua.ua.attribute_ids import AttributeIds
 from asyncua.ua.object_ids import ObjectIds
 from asyncua.ua.status_codes import StatusCodes
 from cryptography import x509
@@ -79,6 +81,8 @@ ASYNCUA_LOG_INTERVAL_S = 60.0
 MIN_PUBLISHING_MS = 10.0  # the shortest publishing interval a subscription gets
 MAX_CHUNK_BYTES = 65535 + 12  # the largest chunk the server takes (limits.max_recv_buffer), with its header
 SUBSCRIPTION_LOGGERS = "asyncua.server.monitored_item_service."  # + a subscription's id: one logger each
+SERVICE_FAULT = "sending service fault response"  # asyncua's record, at error, of each request it refuses
+SERVER_FAULTS = frozenset({"BadInternalError", "BadUnexpectedError", "BadOutOfMemory"})  # the server's, not a client's
 
 Answer = Callable[[VerdictMessage | TriggerError], None]
 # (origin, camera, part id, answer): `edged.trigger.TriggerServer.offer`
@@ -128,11 +132,12 @@ class BoundedLog(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__()
-        self._rates: dict[tuple[str, str], LogRate] = {}  # by logger and message template: a bounded set
+        self._rates: dict[tuple[str, str, int], LogRate] = {}  # by logger, message template, level: a bounded set
         self._lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
-        key = (logger_family(record.name), str(record.msg))
+        record = client_fault_as_warning(record)
+        key = (logger_family(record.name), str(record.msg), record.levelno)
         with self._lock:
             rate = self._rates.setdefault(key, LogRate(ASYNCUA_LOG_INTERVAL_S))
             allowed = rate.allows()
@@ -169,16 +174,32 @@ class CappedProtocol(binary_server_asyncio.OPCUAProtocol):
             session = processor.session
             if session is not None and session.is_activated() and CappedProtocol.dropped_log.allows():
                 log.warning(
-                    "OPC UA: client %s went away without closing its session (%s); its subscriptions are kept "
-                    "for it to reconnect until the session times out (%g s at most), and every other client "
-                    "is served (more within %g s unlogged)",
+                    "OPC UA: client %s went away without closing its session (%s); %s for it to reconnect "
+                    "until the session times out (%g s at most), and every other client is served (more "
+                    "within %g s unlogged)",
                     _peer(self.peer_name),
                     ex or "connection closed",
+                    _kept(session),
                     session.session_timeout or MAX_SESSION_TIMEOUT_MS / 1000,
                     DROPPED_LOG_INTERVAL_S,
                 )
             processor._transport = Gone()
         super().connection_lost(ex)
+
+
+def client_fault_as_warning(record: logging.LogRecord) -> logging.LogRecord:
+    """asyncua logs each service fault it answers at error, but nearly all answer a client's request
+    it refuses (a wrong password, a session unknown or not activated, too many subscriptions): the
+    client's mistake, which must not page whoever alerts on edged's errors. Those are passed on as
+    warnings; a fault that says the server itself failed (`SERVER_FAULTS`) stays an error."""
+    if record.levelno <= logging.WARNING or not str(record.msg).startswith(SERVICE_FAULT):
+        return record
+    args = record.args if isinstance(record.args, tuple) else ()
+    if SERVER_FAULTS.intersection(str(arg) for arg in args):
+        return record
+    warning = logging.makeLogRecord(record.__dict__)
+    warning.levelno, warning.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+    return warning
 
 
 def logger_family(name: str) -> str:
@@ -238,13 +259,14 @@ def cert_dir_problem(directory: Path) -> str | None:
 
 def server_certificate(directory: Path) -> tuple[Path, Path]:
     """The server's certificate and key in ``directory``, made there (RSA 2048, self-signed, ten
-    years) when absent, as ``edged keygen`` makes CURVE keys: the key 0600, the folder 0750.
+    years) when absent, as ``edged keygen`` makes CURVE keys: the key 0600, the folder 0750. A pair
+    there is kept as it is (clients were told to trust it), whatever edged would make now.
     Raises `KeyFileError` naming ``opcua.cert_dir``."""
     cert, key = directory / CERT_FILE, directory / KEY_FILE
     try:
         if cert.is_file() and key.is_file():
             check_secret_file(key, "opcua.cert_dir")
-            _say_if_out_of_date(cert)
+            _say_what_clients_refuse(cert)
             return cert, key
         if (problem := cert_dir_problem(directory)) is not None:
             raise KeyFileError(problem)
@@ -264,30 +286,44 @@ def server_certificate(directory: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def _say_if_out_of_date(cert: Path) -> None:
-    """A certificate the clock reads outside its validity (made on a clock set wrongly, or simply
-    old), which clients that check the dates refuse: said, with the way out."""
+def _say_what_clients_refuse(cert: Path) -> None:
+    """What some clients refuse in a certificate kept: dates the clock reads outside its validity
+    (made on a clock set wrongly, or simply old), as a warning; no key identifiers (made by an
+    edged that did not add them), which stacks that build chains want, as a note. Each with the way out."""
     try:
         made = x509.load_der_x509_certificate(cert.read_bytes())
     except ValueError:  # not a certificate: the server's own load says so
         return
+    renew = (
+        f"Remove it and {cert.with_name(KEY_FILE)} to have a new pair made at the next start "
+        "(clients must then trust the new one)"
+    )
+    kinds = {type(extension.value) for extension in made.extensions}
+    if not {x509.SubjectKeyIdentifier, x509.AuthorityKeyIdentifier} <= kinds:
+        log.info(
+            "OPC UA: the server certificate %s lacks the Subject and Authority Key Identifiers, which clients that "
+            "build certificate chains (UaExpert, the OPC Foundation .NET stack, open62541) may require. %s",
+            cert,
+            renew,
+        )
     now = datetime.datetime.now(datetime.timezone.utc)
     if not made.not_valid_before_utc <= now <= made.not_valid_after_utc:
         log.warning(
             "OPC UA: the server certificate %s is valid from %s to %s, but the clock reads %s: clients that "
-            "check the dates refuse it. Remove it and %s to have a new pair made at the next start "
-            "(clients must then trust the new one)",
+            "check the dates refuse it. %s",
             cert,
             f"{made.not_valid_before_utc:%Y-%m-%d}",
             f"{made.not_valid_after_utc:%Y-%m-%d}",
             f"{now:%Y-%m-%d}",
-            cert.with_name(KEY_FILE),
+            renew,
         )
 
 
 def _self_signed(private: rsa.RSAPrivateKey) -> x509.Certificate:
     host = socket.gethostname()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"edged@{host}")])
+    key_id = x509.SubjectKeyIdentifier.from_public_key(private.public_key())
+    serial = x509.random_serial_number()
     now = datetime.datetime.now(datetime.timezone.utc)
     names: list[x509.GeneralName] = [
         x509.UniformResourceIdentifier(application_uri()),
@@ -300,7 +336,7 @@ def _self_signed(private: rsa.RSAPrivateKey) -> x509.Certificate:
         .subject_name(name)
         .issuer_name(name)
         .public_key(private.public_key())
-        .serial_number(x509.random_serial_number())
+        .serial_number(serial)
         .not_valid_before(CERT_VALID_FROM)
         .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
@@ -322,6 +358,8 @@ def _self_signed(private: rsa.RSAPrivateKey) -> x509.Certificate:
         .add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
         )
+        .add_extension(key_id, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier(key_id.digest, [x509.DirectoryName(name)], serial), critical=False)
         .sign(private, hashes.SHA256())
     )
 
@@ -483,6 +521,7 @@ class UaServer:
         await server.set_application_uri(application_uri())
         server.set_endpoint(self.cfg.listen)
         self._limit(server)
+        answer_not_writable(server.iserver)
         if self._cert is not None:
             await server.load_certificate(str(self._cert[0]))
             await server.load_private_key(str(self._cert[1]))
@@ -664,6 +703,31 @@ class UaServer:
                     self.latency.add(ms)
 
 
+def answer_not_writable(internal: InternalServer) -> None:
+    """asyncua refuses a client's write to a variable whose AccessLevel forbids writing with
+    BadUserAccessDenied, which says the user lacks a right; OPC UA (Part 4, Write) answers
+    BadNotWritable, and PLC tools and Node-RED show that status to whoever wires them up. Only
+    those answers change: every other write result is asyncua's."""
+    service, aspace = internal.attribute_service, internal.aspace
+    write = service.write
+
+    def answer(item: ua.WriteValue, result: ua.StatusCode) -> ua.StatusCode:
+        if result.value != StatusCodes.BadUserAccessDenied or item.AttributeId != AttributeIds.Value:
+            return result
+        access = aspace.read_attribute_value(item.NodeId, AttributeIds.AccessLevel)
+        if access.StatusCode is None or not access.StatusCode.is_good() or access.Value is None:
+            return result
+        if ua.AccessLevel.CurrentWrite in ua.AccessLevel.parse_bitfield(access.Value.Value):
+            return result  # writable, but not by this user: asyncua's answer is the right one
+        return ua.StatusCode(ua.UInt32(StatusCodes.BadNotWritable))
+
+    async def write_answering_not_writable(params: ua.WriteParameters, *args: Any, **kwargs: Any) -> list[ua.StatusCode]:
+        results = await write(params, *args, **kwargs)
+        return [answer(item, result) for item, result in zip(params.NodesToWrite, results, strict=True)]
+
+    service.write = write_answering_not_writable  # type: ignore[method-assign]
+
+
 def refused_call(parent: ua.NodeId, camera: ua.NodeId, arguments: Sequence[ua.Variant]) -> ua.CallMethodResult | None:
     """OPC UA's answer (Part 4, Call) to a ``Trigger`` call that is not one String argument on its own
     camera, which asyncua passes on unchecked: clients read the call's status, not a reply's text.
@@ -686,6 +750,14 @@ def refused_call(parent: ua.NodeId, camera: ua.NodeId, arguments: Sequence[ua.Va
 def _node_id(name: str, ns: int) -> ua.NodeId:
     """A string node id in edged's namespace: ``ns=N;s=cam0.Verdict``."""
     return ua.NodeId(ua.String(name), ua.Int16(ns))
+
+
+def _kept(session: InternalSession) -> str:
+    """What a session its client dropped keeps, as the log says it: its subscriptions, if any."""
+    held = sum(1 for sub in session.subscription_service.subscriptions.values() if sub.session_id == session.session_id)
+    if not held:
+        return "its session, which holds no subscription, is kept"
+    return f"its session and {held} subscription{'s' if held > 1 else ''} are kept"
 
 
 def _peer(name: Any) -> str:

@@ -11,6 +11,10 @@ const { OPCUACertificateManager } = require("node-opcua-certificate-manager");
 const args = JSON.parse(process.argv[2]);
 const emit = (event, fields) => console.log(JSON.stringify({ event, ...fields }));
 const VERDICT_STRING = "Verdict";
+const SECURE = {
+    securityMode: ua.MessageSecurityMode.SignAndEncrypt,
+    securityPolicy: ua.SecurityPolicy.Basic256Sha256,
+};
 
 // The client's own PKI, trusting only what the test puts in trusted/certs: never the user's.
 function certificates(root) {
@@ -218,12 +222,15 @@ async function mistakes() {
     await attempt("good", args.url, {});
 }
 
-// A session with a subscription, left open: the test kills this process.
+// A session, with a subscription to `subscribe` unless empty, left open: the test kills this process.
+// With `user`, signed in over Basic256Sha256 SignAndEncrypt, the server trusted in the PKI already.
 async function linger() {
-    const c = client({});
+    const c = client(args.user ? SECURE : {});
     await c.connect(args.url);
-    const session = await c.createSession();
-    await subscribe(session, ["State", "Sequence"]);
+    const session = await c.createSession(
+        args.user ? { type: ua.UserTokenType.UserName, userName: args.user, password: args.password } : undefined
+    );
+    if (args.subscribe.length) await subscribe(session, args.subscribe);
     emit("ready", {});
     setInterval(() => {}, 1000);
 }
@@ -232,20 +239,16 @@ async function linger() {
 // server.der in the client's trust list), then what a user gets wrong, then a subscription.
 async function secured() {
     for (const url of args.urls) await endpoints(url);
-    const secure = {
-        securityMode: ua.MessageSecurityMode.SignAndEncrypt,
-        securityPolicy: ua.SecurityPolicy.Basic256Sha256,
-    };
     const user = { type: ua.UserTokenType.UserName, userName: args.user, password: args.password };
-    await attempt("untrusted server", args.url, { ...secure, clientCertificateManager: certificates(args.untrusted_pki) }, user);
+    await attempt("untrusted server", args.url, { ...SECURE, clientCertificateManager: certificates(args.untrusted_pki) }, user);
     const trusted = path.join(args.pki, "trusted", "certs");
     fs.mkdirSync(trusted, { recursive: true });
     fs.copyFileSync(args.server_der, path.join(trusted, "edged.der"));
     await attempt("None", args.url, { endpointMustExist: true }, user);
     await attempt("Sign", args.url, { securityMode: ua.MessageSecurityMode.Sign, securityPolicy: ua.SecurityPolicy.Basic256Sha256 }, user);
-    await attempt("anonymous", args.url, secure);
-    await attempt("wrong password", args.url, secure, { ...user, password: "not the password" });
-    const c = client({ ...secure, endpointMustExist: true });
+    await attempt("anonymous", args.url, SECURE);
+    await attempt("wrong password", args.url, SECURE, { ...user, password: "not the password" });
+    const c = client({ ...SECURE, endpointMustExist: true });
     await c.connect(args.url);
     const session = await c.createSession(user);
     const children = await browse(session);

@@ -48,7 +48,14 @@ from edged.journal import JournalOutput
 from edged.messages import TriggerError, VerdictMessage, parse_message
 from edged.model import load_model
 from edged.opcua import OpcuaOutput, describe, opcua_problems
-from edged.opcua_server import VARIABLES, application_uri, quiet_asyncua, read_users, server_certificate
+from edged.opcua_server import (
+    VARIABLES,
+    BoundedLog,
+    application_uri,
+    quiet_asyncua,
+    read_users,
+    server_certificate,
+)
 from edged.output import Services, StatusReport
 from edged.outputs import Outputs
 from edged.settings.opcua import OpcuaConfig
@@ -543,6 +550,8 @@ def test_the_certificate_is_made_once_and_half_a_pair_is_refused(tmp_path: Path)
     made = x509.load_der_x509_certificate(cert.read_bytes())
     uris = made.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert application_uri() in uris.get_values_for_type(x509.UniformResourceIdentifier)
+    key_id = made.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    assert made.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value.key_identifier == key_id.digest
     assert server_certificate(tmp_path / "opcua") == (cert, key) and cert.read_bytes() == made.public_bytes(Encoding.DER)
     key.unlink()
     with pytest.raises(KeyFileError, match=re.escape("holds only one of server.der and server.pem")):
@@ -572,6 +581,29 @@ def test_a_certificate_made_on_a_clock_set_ahead_is_valid_once_the_clock_is_righ
         server_certificate(tmp_path / "opcua")
     [said] = caplog.messages
     assert "clients that check the dates refuse it" in said and f"Remove it and {tmp_path / 'opcua' / 'server.pem'}" in said
+
+
+def test_a_certificate_kept_without_key_identifiers_stays_and_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pair made by an edged that added no Subject or Authority Key Identifier, which clients were
+    told to trust: kept as it is, and said at start with the way to a new one."""
+    server_certificate(tmp_path / "opcua")
+    cert = tmp_path / "opcua" / "server.der"
+    old = _dated(datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1), tmp_path / "opcua")
+    cert.write_bytes(old)
+    with caplog.at_level(logging.INFO, logger="edged.opcua_server"):
+        server_certificate(tmp_path / "opcua")
+    assert cert.read_bytes() == old
+    [said] = caplog.messages
+    assert "lacks the Subject and Authority Key Identifiers" in said and "Remove it and" in said, said
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="edged.opcua_server"):
+        cert.unlink()
+        (tmp_path / "opcua" / "server.pem").unlink()
+        server_certificate(tmp_path / "opcua")
+        server_certificate(tmp_path / "opcua")  # the new one, kept: nothing to say
+    assert [message.split(" (")[0] for message in caplog.messages] == [f"OPC UA: made the server certificate {cert}"]
 
 
 def _dated(valid_from: datetime.datetime, folder: Path) -> bytes:
@@ -634,6 +666,33 @@ def test_asyncua_says_each_thing_at_most_once_a_minute_and_nothing_below_warning
         "Refusing connection from 0: at max_connections=10",
         "Exception raised while processing message from client",
     ]
+
+
+def test_a_service_fault_answering_a_client_is_a_warning_and_the_servers_own_failures_stay_errors() -> None:
+    """asyncua logs each service fault at error: a wrong password would page whoever alerts on errors."""
+    bounded, root, said_to = BoundedLog(), logging.getLogger(), Said()
+    processor = logging.getLogger("asyncua.server.uaprocessor")
+    fault = "sending service fault response: %s (%s)"
+
+    def record(level: int, msg: str, *args: str) -> logging.LogRecord:
+        return processor.makeRecord(processor.name, level, __file__, 0, msg, args, None)
+
+    root.addHandler(said_to)
+    try:
+        for _ in range(2):  # each at most once a minute, the warnings not holding back the errors
+            bounded.handle(record(logging.ERROR, fault, "User does not have permission", "BadUserAccessDenied"))
+            bounded.handle(record(logging.ERROR, fault, "The session id is not valid.", "BadSessionIdInvalid"))
+            bounded.handle(record(logging.ERROR, fault, "An internal error occurred", "BadInternalError"))
+            bounded.handle(record(logging.ERROR, "Error while processing message"))
+    finally:
+        root.removeHandler(said_to)
+    said = [(record.levelname, record.getMessage()) for record in said_to.records if record.name.startswith("asyncua")]
+    assert said == [
+        ("WARNING", "sending service fault response: User does not have permission (BadUserAccessDenied)"),
+        ("ERROR", "sending service fault response: An internal error occurred (BadInternalError)"),
+        ("ERROR", "Error while processing message"),
+    ]
+    assert [record.levelno for record in said_to.records] == [logging.WARNING, logging.ERROR, logging.ERROR]
 
 
 def test_check_says_who_may_sign_in_and_where_the_certificate_is(tmp_path: Path) -> None:

@@ -197,24 +197,11 @@ def test_node_opcua_browses_reads_subscribes_and_triggers_anonymously(tmp_path: 
         assert abs(source_ns(after["Sequence"]) - last.capture_time_ns) < 1000
         [read_after] = of(events, "read")[1:]
         assert abs(after["Sequence"]["server_ms"] - read_after["now_ms"]) < 10_000  # the wall clock, not another
-        assert of(events, "write")[0]["status"].startswith("Bad")  # read-only
+        assert of(events, "write")[0]["status"] == "BadNotWritable"  # read-only to all: no user's right lacking
         assert of(events, "closed")
 
         # A client killed with its session and subscription open: said, and every other client served.
-        linger = subprocess.Popen(
-            [node(), str(CLIENT), json.dumps({"scenario": "linger", "url": url, "pki": str(tmp_path / "pki"), **CAMERA})],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=client_env(tmp_path),
-        )
-        try:
-            assert ready(linger, 30), "the lingering client never subscribed"
-        finally:
-            linger.send_signal(signal.SIGKILL)
-            linger.wait()
-            assert linger.stdout is not None
-            linger.stdout.close()
-        assert wait_for(lambda: "went away without closing its session" in d.log(), 15), d.log()
+        assert "its session and 1 subscription are kept for it to reconnect" in killed(d, tmp_path, url=url)
 
         # What a user gets wrong is refused by the client, saying why; the server goes on.
         attempts = {event["label"]: event for event in of(scenario(tmp_path, "mistakes", url=url), "attempt")}
@@ -224,6 +211,28 @@ def test_node_opcua_browses_reads_subscribes_and_triggers_anonymously(tmp_path: 
         assert attempts["good"]["ok"] and attempts["good"]["state"] == "ok", attempts
         assert d.proc.poll() is None, d.log()
         assert "socket.send() raised exception" not in d.log()
+
+
+def killed(d: RunningDaemon, tmp_path: Path, subscribe: tuple[str, ...] = ("State", "Sequence"), **fields: str) -> str:
+    """The daemon's line saying that a client killed with its session open (the linger scenario:
+    ``subscribe`` monitored in a subscription, unless empty) went away."""
+    arguments = {"scenario": "linger", "pki": str(tmp_path / "pki"), "subscribe": subscribe, **CAMERA, **fields}
+    linger = subprocess.Popen(
+        [node(), str(CLIENT), json.dumps(arguments)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=client_env(tmp_path),
+    )
+    try:
+        assert ready(linger, 30), "the lingering client never got its session"
+    finally:
+        linger.send_signal(signal.SIGKILL)
+        linger.wait()
+        assert linger.stdout is not None
+        linger.stdout.close()
+    gone = "went away without closing its session"
+    assert wait_for(lambda: gone in d.log(), 15), d.log()
+    return next(line for line in d.log().splitlines() if gone in line)
 
 
 def ready(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
@@ -280,8 +289,17 @@ def test_node_opcua_signs_in_over_basic256sha256_sign_and_encrypt(tmp_path: Path
             ), endpoint
             assert endpoint["application_uri"] == application_uri()
             assert base64.b64decode(endpoint["certificate"]) == der
-        names = x509.load_der_x509_certificate(der).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        made = x509.load_der_x509_certificate(der)
+        names = made.extensions.get_extension_for_class(x509.SubjectAlternativeName)
         assert names.value.get_values_for_type(x509.UniformResourceIdentifier) == [application_uri()]
+        # The key identifiers stacks that build chains look for (OPC UA Part 6, 6.2.2): self-signed,
+        # its authority is itself.
+        key_id = made.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+        authority = made.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+        assert key_id == x509.SubjectKeyIdentifier.from_public_key(made.public_key())
+        assert authority.key_identifier == key_id.digest, authority
+        assert authority.authority_cert_issuer == [x509.DirectoryName(made.issuer)], authority
+        assert authority.authority_cert_serial_number == made.serial_number, authority
 
         attempts = {event["label"]: event for event in of(events, "attempt")}
         assert "BadCertificateUntrusted" in attempts["untrusted server"]["error"], attempts  # until trusted
@@ -291,6 +309,10 @@ def test_node_opcua_signs_in_over_basic256sha256_sign_and_encrypt(tmp_path: Path
         assert "BadUserAccessDenied" in attempts["wrong password"]["error"], attempts
         assert not any(event["ok"] for event in attempts.values()), attempts
         assert "sign-in refused for user 'plc'" in d.log()
+        # asyncua's record of the fault answering the wrong password: the client's mistake, a warning.
+        fault = "WARNING asyncua.server.uaprocessor: sending service fault response"
+        assert wait_for(lambda: fault in d.log(), 15), d.log()
+        assert "ERROR asyncua" not in d.log(), d.log()
 
         [browsed] = of(events, "browse")
         assert_node_table(browsed, documented, method=False)
@@ -309,4 +331,7 @@ def test_node_opcua_signs_in_over_basic256sha256_sign_and_encrypt(tmp_path: Path
             assert message["seq"] == int(sequence["value"]), (sequence, message)
             assert abs(source_ns(sequence) - message["capture_time_ns"]) < 1000
         assert of(events, "closed")
+        # Signed in, killed with its session open and nothing subscribed: said as it is.
+        line = killed(d, tmp_path, (), url=urls[0], user="plc", password=PASSWORD)
+        assert "its session, which holds no subscription, is kept" in line, line
         assert d.proc.poll() is None, d.log()
