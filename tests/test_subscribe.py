@@ -7,6 +7,7 @@ import re
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -35,23 +36,35 @@ pytestmark = pytest.mark.integration
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 
 
-def test_it_exits_0_once_the_daemon_has_played_a_finite_source_to_its_end(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Played:
+    """What `_subscriber_first`'s subscriber printed and how both ended."""
+
+    out: str
+    err: str
+    subscriber_rc: int
+    daemon_log: str
+    daemon_rc: int
+
+
+def _subscriber_first(tmp_path: Path, source: dict[str, object], publish: dict[str, object], images: list[str]) -> Played:
+    """``edged subscribe``, then ``edged run`` on a folder of ``images`` read by ``source``, as the docs
+    order them; what each printed and how each ended."""
     colour_probe(tmp_path / "probe.onnx")
     (tmp_path / "imgs").mkdir()
-    for i in range(12):
-        cv2.imwrite(str(tmp_path / "imgs" / f"{i:03d}.png"), np.full((48, 64, 3), (0, 0, 255), np.uint8))
+    for name in images:
+        cv2.imwrite(str(tmp_path / "imgs" / name), np.full((48, 64, 3), (0, 0, 255), np.uint8))
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = write_config(
         tmp_path / "edged.toml",
         {
-            "source": {"type": "images", "path": "imgs", "fps": 3.0, "loop": False},
+            "source": {"type": "images", "path": "imgs", "loop": False, **source},
             "model": {"path": "probe.onnx"},
-            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+            "publish": {"endpoints": [endpoint], **publish},
             "thermal": {"enabled": False},
             "http": {"listen": ""},
         },
     )
-    # The subscriber first: it connects as soon as the daemon binds, seconds before the images run out.
     subscriber = subprocess.Popen(
         edged_command("subscribe", endpoint, "--timeout", "120"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -64,50 +77,30 @@ def test_it_exits_0_once_the_daemon_has_played_a_finite_source_to_its_end(tmp_pa
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    ended = re.search(r"INFO .*source ended: stopping \((\d+) frames processed\)", daemon_log)
-    assert daemon.returncode == 0 and ended is not None and int(ended[1]) > 0, daemon_log
-    assert subscriber.returncode == 0, err
-    assert "[cam0 frame " in out and "camera ended" in out  # the detections, then the last status
-    assert re.search(r"\[cam0 frame \d+ \d{3}\.png\]", out), out  # which image gave each
-    assert "every camera has ended (cam0): the stream is over" in err
-    assert "no more messages within" not in err
+    return Played(out, err, subscriber.returncode, daemon_log, daemon.returncode)
+
+
+def test_it_exits_0_once_the_daemon_has_played_a_finite_source_to_its_end(tmp_path: Path) -> None:
+    # The subscriber first: it connects as soon as the daemon binds, seconds before the images run out.
+    p = _subscriber_first(tmp_path, {"fps": 3.0}, {"status_interval_s": 0.5}, [f"{i:03d}.png" for i in range(12)])
+    ended = re.search(r"INFO .*source ended: stopping \((\d+) frames processed\)", p.daemon_log)
+    assert p.daemon_rc == 0 and ended is not None and int(ended[1]) > 0, p.daemon_log
+    assert p.subscriber_rc == 0, p.err
+    assert "[cam0 frame " in p.out and "camera ended" in p.out  # the detections, then the last status
+    assert re.search(r"\[cam0 frame \d+ \d{3}\.png\]", p.out), p.out  # which image gave each
+    assert "every camera has ended (cam0): the stream is over" in p.err
+    assert "no more messages within" not in p.err
 
 
 def test_started_first_it_hears_every_image_of_a_folder_read_as_fast_as_the_model_goes(tmp_path: Path) -> None:
     """As the docs say: the subscriber first, then ``edged run`` on a folder with ``pace = false``.
     Every image went out within milliseconds of the bind, before the subscriber's next connection
     attempt: it heard nothing, and waited on; edged now hears the subscribers waiting first."""
-    colour_probe(tmp_path / "probe.onnx")
-    (tmp_path / "imgs").mkdir()
     names = [f"{i:03d}.png" for i in range(6)]
-    for name in names:
-        cv2.imwrite(str(tmp_path / "imgs" / name), np.full((48, 64, 3), (0, 0, 255), np.uint8))
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(
-        tmp_path / "edged.toml",
-        {
-            "source": {"type": "images", "path": "imgs", "pace": False, "loop": False},
-            "model": {"path": "probe.onnx"},
-            "publish": {"endpoints": [endpoint], "publish_empty": True},
-            "thermal": {"enabled": False},
-            "http": {"listen": ""},
-        },
-    )
-    subscriber = subprocess.Popen(
-        edged_command("subscribe", endpoint, "--timeout", "20"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    daemon = subprocess.Popen(edged_command("run", "--config", str(config)), stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = subscriber.communicate(timeout=60)
-        daemon_log = daemon.communicate(timeout=30)[1]
-    finally:
-        for proc in (subscriber, daemon):
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert daemon.returncode == 0, daemon_log
-    assert re.findall(r"\[cam0 frame \d+ (\d{3}\.png)\]", out) == names, out + err
-    assert subscriber.returncode == 0 and "every camera has ended (cam0)" in err, err
+    p = _subscriber_first(tmp_path, {"pace": False}, {"publish_empty": True}, names)
+    assert p.daemon_rc == 0, p.daemon_log
+    assert re.findall(r"\[cam0 frame \d+ (\d{3}\.png)\]", p.out) == names, p.out + p.err
+    assert p.subscriber_rc == 0 and "every camera has ended (cam0)" in p.err, p.err
 
 
 def _status(camera: str, state: CaptureState, seq: int) -> list[bytes]:
