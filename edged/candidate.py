@@ -21,7 +21,7 @@ from edged.messages import CandidateReport
 from edged.model import LoadedModel
 from edged.pipeline import Processed
 from edged.requests import RequestDesk
-from edged.shadow import Shadow, Swap
+from edged.shadow import Followed, FollowFor, Shadow, Swap
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,36 @@ class Candidate:
         control socket to serve one."""
         cfg = settings.model.candidate
         return Shadow(settings, cfg, live) if cfg is not None and self.control is not None else None
+
+    def follower(self) -> FollowFor | None:
+        """What a provider fallback starting now loads for the candidate (`Shadow.follower`)."""
+        return self.shadow.follower() if self.shadow is not None else None
+
+    def fell_back(self, followed: Followed | None, live: Swap) -> None:
+        """A provider fallback switched ``live`` in, loaded with ``followed`` (`follower`): a candidate on
+        trial starts again beside it, a promoted one's models move onto the providers left with it
+        (`Shadow.fell_back`). Said here, as for a reload, rather than as it loaded: it may not have
+        switched in."""
+        shadow, provider = self.shadow, live.model.engine.provider
+        if followed is None or shadow is None:
+            return
+        if followed.trial is not None:
+            log.warning("the candidate follows the live model onto %s: its trial starts again from zero", provider)
+            shadow.close()
+            self._begin(followed.trial)
+            return
+        kept, previous = followed.kept if isinstance(followed.kept, Swap) else None, shadow.previous
+        if kept is not None:
+            log.warning("the model kept for rollback follows the live model onto %s", provider)
+        elif previous is not None:
+            log.error(
+                "the model kept for rollback, %s, did not load on %s (%s): a rollback brings it back on %s",
+                previous.engine.identity.short,
+                provider,
+                followed.kept,
+                previous.engine.provider,
+            )
+        shadow.fell_back(live, kept)
 
     def reload(self, settings: Settings, shadow: Shadow | None) -> None:
         """A reload's candidate goes on its fresh trial (`trial_for`); without one, the trial ends

@@ -70,8 +70,7 @@ class Daemon:
         self._started = False
         with contextlib.ExitStack() as stack:
             stack.callback(self._wake.close)
-            # The cameras open (or the scene pool is drawn) while the model loads: cold start pays
-            # for the slower of the two, not their sum.
+            # The cameras open (or the scene pool is drawn) while the model loads: cold start pays the slower, not the sum.
             captures = {cfg.camera_id: self._start_capture(cfg) for cfg in settings.source}
             stack.callback(lambda: stop_captures(self._captures() or captures.values(), CAPTURE_STOP_WAIT_S))
             self.model = load_model(settings.model, settings.runtime, lanes=settings.lanes())
@@ -287,7 +286,7 @@ class Daemon:
     def _fall_back_provider(self) -> bool:
         """Whether to go on with inference failing: a fallback loads off this thread (`edged.reload.Reloads.fall_back`)."""
         sources = [camera.cfg for camera in self.cameras.values()]
-        return self._reloads.fall_back(self.settings, self.model, sources, self._inference_failures)
+        return self._reloads.fall_back(self.settings, self.model, sources, self._inference_failures, self.candidate.follower)
 
     def _live(self) -> Swap:
         """The model serving now and each camera's path through it: what a promotion keeps for rollback."""
@@ -306,13 +305,14 @@ class Daemon:
         """SIGHUP (`edged.reload.Reloads`): one loaded is tried on the next frame from one of its cameras (`_try`),
         since a model can load and still fail on them (`edged.reload.Trial`); one that did not is refused. A reload
         replaces one on trial, and one that closed a running camera gives way once a newer loads: it serves meanwhile.
-        A provider fallback loaded takes over as a promotion does (`_swap`), unless its model was replaced meanwhile."""
+        A provider fallback loaded takes over as a promotion does, the candidate following, unless its model was replaced."""
         replacement = self._reloads.take(self.signals.reload, self.settings)
         if isinstance(replacement, Fallback):
             if self._reloads.takes_over(replacement, self.model):
                 self._swap(replacement.swap)  # the frames on the lanes ran on the failing provider: counted first
                 self.settings, self._inference_failures = replacement.settings, 0
-                give_back_freed_memory()  # the failing model's sessions, freed as they were swapped out
+                self.candidate.fell_back(replacement.candidate, replacement.swap)
+                give_back_freed_memory()  # the failing models' sessions, freed as they were swapped out
             return
         if self._trial is not None and self._trial.reopens and self._reloads.loading:
             log.info("the reload on trial gives way to a newer one, loading: the running cameras serve meanwhile")

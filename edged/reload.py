@@ -12,7 +12,7 @@ A provider fallback (the model loaded again without the execution provider that 
 loads the same way (`FallbackLoading`), taking turns with the reloads (`Reloads`): a board loading
 a model on the loop's thread published nothing and fed no watchdog until it ended, if ever. The
 provider it drops stays dropped for the reloads that leave ``[runtime] providers`` as it was
-(`Dropped`).
+(`Dropped`), and the candidate moves with it, loaded on the same thread (`edged.shadow.Shadow.follower`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from edged.journal import JournalOutput
 from edged.model import LoadedModel, fallback_runtime, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.settings.sources import SourceBase
-from edged.shadow import Shadow, Swap
+from edged.shadow import Followed, FollowFor, Shadow, Swap
 from edged.sources.base import Frame
 from edged.wake import Waker
 
@@ -264,8 +264,9 @@ class Loading(Load[Replacement]):
 class Fallback:
     """The model serving, ``replaces``, loaded again without the provider ``failing`` on which it
     failed ``failures`` frames in a row: the settings that say so, its model with each running
-    camera's path through it, to swap in between frames as a promotion is, and what stays dropped
-    once it has (`Dropped`). ``replaces`` is weak: the sessions swapped out are freed at once, for
+    camera's path through it, to swap in between frames as a promotion is, what stays dropped
+    once it has (`Dropped`), and the ``candidate``'s models on the providers left, for it to follow
+    (`edged.shadow.Followed`). ``replaces`` is weak: the sessions swapped out are freed at once, for
     `give_back_freed_memory` to return them."""
 
     settings: Settings
@@ -274,6 +275,7 @@ class Fallback:
     failing: str
     failures: int
     dropped: Dropped
+    candidate: Followed | None = None
 
     def takes_over(self, live: LoadedModel) -> bool:
         """Whether it switches in now, in place of ``live``, said either way. Not once a reload, a
@@ -303,13 +305,16 @@ def load_fallback(
     sources: Sequence[SourceBase],
     failures: int,
     dropped: Dropped,
+    follow: FollowFor | None = None,
 ) -> Fallback:
     """``live`` loaded again with ``runtime`` (`edged.model.fallback_runtime`), and its path for each of
-    ``sources``, the running cameras'; raises an EdgedError when either cannot be made."""
+    ``sources``, the running cameras'; raises an EdgedError when either cannot be made. ``follow``
+    then loads the candidate's models beside it (`edged.shadow.Shadow.follower`)."""
     model = load_model(live.cfg, runtime, lanes=running.lanes())  # a promoted candidate's own model settings
     settings = running.model_copy(update={"runtime": runtime})
-    paths = {cfg.camera_id: frame_path(settings, model, cfg) for cfg in sources}
-    return Fallback(settings, Swap(model, paths), weakref.ref(live), live.engine.providers[0][0], failures, dropped)
+    swap = Swap(model, {cfg.camera_id: frame_path(settings, model, cfg) for cfg in sources})
+    candidate = follow(settings, swap) if follow is not None else None
+    return Fallback(settings, swap, weakref.ref(live), live.engine.providers[0][0], failures, dropped, candidate)
 
 
 class FallbackLoading(Load[Fallback]):
@@ -325,9 +330,10 @@ class FallbackLoading(Load[Fallback]):
         failures: int,
         dropped: Dropped,
         wake: Waker,
+        follow: FollowFor | None = None,
     ) -> None:
         self.failing = live.engine.providers[0][0]  # the provider it falls back from
-        load = functools.partial(load_fallback, running, live, runtime, sources, failures, dropped)
+        load = functools.partial(load_fallback, running, live, runtime, sources, failures, dropped, follow)
         super().__init__(load, wake, at=f"model {live.cfg.path}", what=FALLBACK)
 
 
@@ -434,12 +440,20 @@ class Reloads:
             self._stuck_said = False
         return None
 
-    def fall_back(self, running: Settings, live: LoadedModel, sources: Sequence[SourceBase], failures: int) -> bool:
+    def fall_back(
+        self,
+        running: Settings,
+        live: LoadedModel,
+        sources: Sequence[SourceBase],
+        failures: int,
+        follower: Callable[[], FollowFor | None] = lambda: None,
+    ) -> bool:
         """Whether the loop goes on while inference keeps failing on ``live``, ``failures`` frames in a
         row: a fallback to its next provider starts loading (`FallbackLoading`, `take` hands it over),
         is loading, or waits for the reload under way. False, for the loop to stop, when no provider
         is left below the failing one, this turn's `take` found that the fallback did not load, or
-        the load under way is stuck. ``sources`` are the running cameras', for the fallback's paths."""
+        the load under way is stuck. ``sources`` are the running cameras', for the fallback's paths;
+        ``follower`` says, as it starts, what it loads for the candidate (`edged.shadow.Shadow.follower`)."""
         if self._fell_through:
             return False
         if self._loading is not None:
@@ -448,7 +462,7 @@ class Reloads:
         if runtime is None:
             return False
         dropped = dropped_after(self._dropped, running.runtime, live.engine.providers[0][0], runtime)
-        self._loading = FallbackLoading(running, live, runtime, sources, failures, dropped, self._wake)
+        self._loading = FallbackLoading(running, live, runtime, sources, failures, dropped, self._wake, follower())
         self._stuck_said = False
         log.warning(
             "inference failed on %d frames in a row with %s: loading model %s for %s, to fall back to it; "

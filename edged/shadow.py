@@ -21,6 +21,7 @@ and frame paths to swap in between frames (`edged.control` carries the commands)
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -310,6 +311,35 @@ class Swap:
     paths: dict[str, FramePath]
 
 
+@dataclass(frozen=True, slots=True)
+class Followed:
+    """The candidate's side of a provider fallback, loaded on the fallback's thread beside its model
+    (`Shadow.follower`): a candidate on trial, a fresh ``trial`` beside it; a promoted one, the model
+    kept for rollback loaded again on the providers left (``kept``), or why it did not load."""
+
+    trial: Shadow | None = None
+    kept: Swap | str | None = None
+
+
+# What a fallback loads for the candidate (`Shadow.follower`), given its settings and its model with their paths.
+FollowFor = Callable[[Settings, Swap], Followed]
+
+
+def kept_on(kept: LoadedModel, settings: Settings, live: Swap) -> Followed:
+    """The model kept for rollback, ``kept``, loaded again with ``settings``' runtime (the providers a
+    fallback left), with a path for each of the cameras ``live`` serves; why not, if it cannot be."""
+    try:
+        model = load_model(kept.cfg, settings.runtime, lanes=settings.lanes())  # it runs on the lanes once rolled back to
+        paths = {
+            source.camera_id: frame_path(settings, model, source)
+            for source in settings.source
+            if source.camera_id in live.paths
+        }
+    except EdgedError as e:
+        return Followed(kept=str(e))
+    return Followed(kept=Swap(model, paths))
+
+
 class Shadow:
     """The candidate of ``[model.candidate]``, its frame paths per camera, the samples and the tally.
 
@@ -536,6 +566,40 @@ class Shadow:
     @property
     def previous(self) -> LoadedModel | None:
         return self._previous.model if self._previous is not None else None
+
+    def follower(self) -> FollowFor | None:
+        """What a provider fallback starting now loads for the candidate, on its own thread: the
+        accelerator broke, and the candidate moves to the providers left with the live model.
+
+        On trial, a fresh trial beside the fallback's model, from zero: the runs on the dropped
+        provider, failed or not, and the latency there (which sets how much of the loop's spare time
+        the candidate takes, `spare_s`) say nothing of the candidate where it would now run, and the
+        live model it is compared with moved too; kept, its frames failed there would hold it below
+        the gate however good it is. Promoted, the model kept for rollback loaded again on the
+        providers left (`kept_on`), so that an urgent rollback is instant and brings back no provider
+        that fails: loaded at once rather than at rollback, which would load on the loop's thread or
+        keep the operator waiting; the memory it takes is the kept model's, freed once it is replaced.
+        None for a trial that is off, which stays off until a reload.
+
+        Asked on the loop's thread as the fallback starts: the candidate's state changes only with
+        the live model (a promotion, a rollback, a reload), and a fallback switches in only over
+        the model it was loaded for (`edged.reload.Fallback.takes_over`), so what it loads here
+        still fits the candidate then."""
+        if self.model is None:
+            return None
+        if self.state == "live" and self._previous is not None:
+            return functools.partial(kept_on, self._previous.model)
+        cfg = self.cfg
+        return lambda settings, live: Followed(trial=Shadow(settings, cfg, live.model))
+
+    def fell_back(self, live: Swap, kept: Swap | None) -> None:
+        """A provider fallback switched in ``live`` for the promoted candidate: the same model on the
+        providers left, the candidate's own from now on (a rollback puts it back on trial there), and
+        ``kept``, the model kept for rollback on them too, in place of the one on the provider
+        dropped (None where it did not load: that one stays kept)."""
+        self.model, self.paths = live.model, dict(live.paths)
+        if kept is not None:
+            self._previous = kept
 
     def report(self) -> CandidateReport:
         tally = self.tally

@@ -17,12 +17,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 import zmq
 from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from filesystems import opening_stalled
 from floods import Flood
-from onnx_models import fixed_scene, nan_probe
+from onnx_models import failing_probe, fixed_scene, nan_probe
 from test_signature import keypair
 from waiting import wait_for
 
@@ -422,5 +424,101 @@ def test_a_reason_in_any_script_reaches_the_daemon_whole_and_one_too_long_is_ref
         assert too_long.returncode == 2, too_long.stderr
         assert "--reason is 301 characters (301 bytes in UTF-8): a request carries at most 300" in too_long.stderr
         assert d.log().count("promoted model") == 1
+    finally:
+        d.stop()
+
+
+AZURE, CPU = "AzureExecutionProvider", "CPUExecutionProvider"
+
+
+def on_two_providers(tmp_path: Path) -> tuple[RunningDaemon, Path]:
+    """A live model and a candidate, both failing on bright frames, on two providers (Azure takes no
+    node: CPU runs them), serving a folder of dark images, and its configuration."""
+    failing_probe(tmp_path / "live.onnx")
+    failing_probe(tmp_path / "candidate.onnx", brighter_than=0.6)  # another file, alike on dark frames
+    (tmp_path / "imgs").mkdir()
+    for i in range(10):
+        cv2.imwrite(str(tmp_path / "imgs" / f"a{i:02d}.png"), np.zeros((128, 128, 3), np.uint8))
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    doc: dict[str, dict[str, Any]] = {
+        "source": {"type": "images", "path": "imgs", "fps": 20.0},
+        "model": {"path": "live.onnx"},
+        "model.candidate": {
+            "path": "candidate.onnx",
+            "sample_every": 1,
+            "min_frames": 5,
+            "control": f"ipc://{tmp_path}/c.sock",
+        },
+        "runtime": {"providers": [{"name": AZURE}, {"name": CPU}]},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
+        "thermal": {"enabled": False},
+    }
+    config = write_config(tmp_path / "edged.toml", doc)
+    return RunningDaemon(config, endpoint), config
+
+
+def fall_back(d: RunningDaemon, tmp_path: Path, serving: Path) -> None:
+    """Inference failing on 20 frames in a row (bright ones, moved in for a while), on the first provider
+    of ``serving``, the live model's file: the fallback loads it again, then the bright frames go."""
+    (tmp_path / "bright").mkdir()
+    bright = [tmp_path / "bright" / f"b{i:02d}.png" for i in range(25)]
+    for image in bright:
+        cv2.imwrite(str(image), np.full((128, 128, 3), 255, np.uint8))
+    with opening_stalled(serving) as waiting:  # the fallback waits for the bright frames to go
+        for image in bright:  # each moved in whole: none read half written
+            image.rename(tmp_path / "imgs" / image.name)
+        assert wait_for(waiting, timeout_s=20), d.log()
+        for image in bright:
+            (tmp_path / "imgs" / image.name).rename(image)
+    d.wait_status(lambda s: s.model.provider == CPU)
+
+
+def candidate_on(status: StatusMessage, provider: str, frames: int = 0) -> bool:
+    report = status.candidate
+    return report is not None and report.model is not None and report.model.provider == provider and report.frames >= frames
+
+
+def test_a_fallback_moves_the_candidate_on_trial_to_the_providers_left_where_it_passes_its_gate(tmp_path: Path) -> None:
+    """The candidate stayed on the provider a fallback dropped: its frames failed there, so that it
+    could not pass the gate however good it was, and promoted by force it brought the failing provider back."""
+    d, config = on_two_providers(tmp_path)
+    candidate = sha256(tmp_path / "candidate.onnx")
+    try:
+        d.wait_status(lambda s: candidate_on(s, AZURE, 1))
+        fall_back(d, tmp_path, tmp_path / "live.onnx")
+        status = d.wait_status(lambda s: candidate_on(s, CPU, 5) and s.candidate is not None and s.candidate.gate is None)
+        assert status.candidate is not None and status.candidate.state == "on_trial"
+        assert status.candidate.failed_frames == 0 and status.candidate.agreement == 1.0
+        assert "the candidate follows the live model onto CPUExecutionProvider: its trial starts again" in d.log()
+        promoted = run_cli("promote", "--config", str(config))
+        assert promoted.returncode == 0, promoted.stderr
+        assert {msg.model.provider for msg in detections_from(d, candidate)} == {CPU}
+        assert d.log().count("falling back to") == 1 and d.proc.poll() is None
+    finally:
+        d.stop()
+
+
+def test_a_rollback_after_a_fallback_brings_back_the_replaced_model_on_the_providers_left(tmp_path: Path) -> None:
+    """The model a promotion replaced stayed on the provider a fallback dropped: a rollback brought it
+    back there, to fail 20 frames and fall back again."""
+    d, config = on_two_providers(tmp_path)
+    live, candidate = sha256(tmp_path / "live.onnx"), sha256(tmp_path / "candidate.onnx")
+    try:
+        d.wait_status(lambda s: candidate_on(s, AZURE, 1))
+        forced = run_cli("promote", "--config", str(config), "--force", "--reason", "v2")
+        assert forced.returncode == 0, forced.stderr
+        assert {msg.model.provider for msg in detections_from(d, candidate)} == {AZURE}
+        fall_back(d, tmp_path, tmp_path / "candidate.onnx")  # the candidate, live, falls back
+        assert d.wait_status(lambda s: candidate_on(s, CPU)).model.sha256 == candidate  # kept for rollback: on CPU
+        assert "the model kept for rollback follows the live model onto CPUExecutionProvider" in d.log()
+        back = run_cli("rollback", "--config", str(config))
+        assert back.returncode == 0, back.stderr
+        assert {msg.model.provider for msg in detections_from(d, live)} == {CPU}
+        status = d.wait_status(
+            lambda s: s.candidate is not None and s.candidate.state == "on_trial" and candidate_on(s, CPU)
+        )
+        assert status.candidate is not None and status.candidate.model is not None
+        assert status.candidate.model.sha256 == candidate  # back on trial, on the providers left too
+        assert d.log().count("falling back to") == 1 and d.proc.poll() is None
     finally:
         d.stop()
