@@ -80,9 +80,10 @@ def _on_two_providers(tmp_path: Path) -> tuple[Settings, LoadedModel, Candidate]
     return running, live, Candidate(running, live)
 
 
-def _fallback(reloads: Reloads, running: Settings, live: LoadedModel, candidate: Candidate, stalled: Path) -> Fallback:
+def _fallback(running: Settings, live: LoadedModel, candidate: Candidate, stalled: Path) -> Fallback:
     """The fallback from ``live``'s first provider, the candidate's models with it, switched in: loaded
     on its own thread, which waits on opening ``stalled`` while the loop's turns go on."""
+    reloads = Reloads(None, threading.Event(), lambda: None, requests=False, trial_for=candidate.trial_for)
     sighup = threading.Event()
     with opening_stalled(stalled) as waiting:
         assert reloads.fall_back(running, live, running.source, 20, candidate.follower)
@@ -118,9 +119,8 @@ def test_a_fallback_carries_the_candidate_on_trial_onto_the_providers_left_and_s
         assert before is not None and before.model is not None and before.model.engine.provider == AZURE
         before.observe("cam0", _processed(running, live, (255, 255, 255)))
         assert before.run(10.0) and before.tally.failed_frames == 1  # as if on the broken provider
-        reloads = Reloads(None, threading.Event(), lambda: None, requests=False, trial_for=candidate.trial_for)
         caplog.set_level(logging.INFO, logger="edged")
-        fallback = _fallback(reloads, running, live, candidate, tmp_path / "candidate.onnx")
+        fallback = _fallback(running, live, candidate, tmp_path / "candidate.onnx")
         after = candidate.shadow
         assert after is not None and after is not before and after.model is not None
         assert after.model.engine.provider == CPU and after.state == "on_trial"
@@ -146,9 +146,8 @@ def test_a_fallback_after_a_promotion_loads_the_model_kept_for_rollback_on_the_p
         shadow = candidate.shadow
         assert shadow is not None
         promoted = shadow.promote(Swap(live, {"cam0": frame_path(running, live, running.source[0])}))
-        reloads = Reloads(None, threading.Event(), lambda: None, requests=False, trial_for=candidate.trial_for)
         caplog.set_level(logging.INFO, logger="edged")
-        fallback = _fallback(reloads, running, promoted.model, candidate, tmp_path / "probe.onnx")  # the kept model's file
+        fallback = _fallback(running, promoted.model, candidate, tmp_path / "probe.onnx")  # the kept model's file
         assert candidate.shadow is shadow and shadow.state == "live"  # a promotion's state, its tally kept
         kept = shadow.previous
         assert kept is not None and kept is not live and kept.engine.provider == CPU
@@ -171,9 +170,8 @@ def test_a_model_kept_for_rollback_that_does_not_load_on_the_providers_left_stay
         assert shadow is not None
         promoted = shadow.promote(Swap(live, {"cam0": frame_path(running, live, running.source[0])}))
         (tmp_path / "probe.onnx").write_bytes(b"not a model any more")
-        reloads = Reloads(None, threading.Event(), lambda: None, requests=False, trial_for=candidate.trial_for)
         caplog.set_level(logging.INFO, logger="edged")
-        fallback = _fallback(reloads, running, promoted.model, candidate, tmp_path / "candidate.onnx")
+        fallback = _fallback(running, promoted.model, candidate, tmp_path / "candidate.onnx")
         assert fallback.swap.model.engine.provider == CPU  # the live fallback is not held back by it
         assert shadow.previous is live and shadow.model is fallback.swap.model
         said = "the model kept for rollback, probe@"

@@ -591,17 +591,25 @@ def test_inference_that_always_fails_falls_back_down_the_providers_then_exits(wo
         d.close()
 
 
+def _dark_folder_failing_on_azure(workdir: Path) -> tuple[dict[str, object], list[dict[str, str]]]:
+    """A model that fails on bright frames, a folder of 10 dark images (they run on either provider),
+    and the providers Azure then CPU (Azure takes no node: CPU runs): the source and the providers."""
+    failing_probe(workdir / "failing.onnx")
+    (workdir / "imgs").mkdir()
+    for i in range(10):
+        cv2.imwrite(str(workdir / "imgs" / f"a{i:02d}.png"), np.zeros((128, 128, 3), np.uint8))
+    return {"type": "images", "path": "imgs", "fps": 20.0}, [
+        {"name": "AzureExecutionProvider"},
+        {"name": "CPUExecutionProvider"},
+    ]
+
+
 def test_a_fallback_whose_model_file_stalls_holds_up_no_frame_nor_ping_and_switches_in_once_loaded(workdir: Path) -> None:
     """The fallback to the next provider loads the model file again; loaded on the loop's thread from a
     file that stalled (a slow SD card, a hung disk), it held the loop: nothing published, no watchdog
     ping, until systemd killed edged with nothing in the log to say why. Each pass of the folder is
     10 dark images, which run, then 30 bright ones, which fail on the first provider."""
-    failing_probe(workdir / "failing.onnx")
-    (workdir / "imgs").mkdir()
-    for i in range(10):
-        cv2.imwrite(str(workdir / "imgs" / f"a{i:02d}.png"), np.zeros((128, 128, 3), np.uint8))
-    source = {"type": "images", "path": "imgs", "fps": 20.0}
-    providers = [{"name": "AzureExecutionProvider"}, {"name": "CPUExecutionProvider"}]  # Azure takes no node: CPU runs
+    source, providers = _dark_folder_failing_on_azure(workdir)
     model, service, runtime = {"path": "failing.onnx"}, {"stall_timeout_s": 5.0}, {"providers": providers}
     path, endpoint = config(workdir, source, model=model, service=service, runtime=runtime)
     notify = NotifySocket(workdir / "notify.sock")
@@ -652,12 +660,7 @@ def test_a_provider_a_fallback_dropped_stays_dropped_across_sighups_until_runtim
     with the accelerator still broken, the reload's trial frame failed on it and the reload was
     refused, so no threshold or zone could change until edged restarted. Dark images run on either
     provider; bright ones, moved in for a while, fail on the first until the fallback."""
-    failing_probe(workdir / "failing.onnx")
-    (workdir / "imgs").mkdir()
-    for i in range(10):
-        cv2.imwrite(str(workdir / "imgs" / f"a{i:02d}.png"), np.zeros((128, 128, 3), np.uint8))
-    source = {"type": "images", "path": "imgs", "fps": 20.0}
-    providers = [{"name": "AzureExecutionProvider"}, {"name": "CPUExecutionProvider"}]  # Azure takes no node: CPU runs
+    source, providers = _dark_folder_failing_on_azure(workdir)
     path, endpoint = config(workdir, source, model={"path": "failing.onnx"}, runtime={"providers": providers})
     configured = path.read_text()
     d = RunningDaemon(path, endpoint)
