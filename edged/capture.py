@@ -359,7 +359,7 @@ class Capture:
             if got == "ended":
                 return "ended"
             if got == "delivered" and not delivered:
-                self._mark_ok(on_demand=split is not None and not self._decode_all)
+                self._mark_ok(on_demand=split is not None and not (every or self._decode_all))
                 delivered = True
         return "stopped"
 

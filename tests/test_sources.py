@@ -151,9 +151,12 @@ def test_video_realtime_paces_to_the_file_fps(tmp_path: Path) -> None:
     assert (last_ns - first_ns) / 1e9 / (last_id - first_id) >= 0.9 / 50
 
 
-def test_an_unpaced_video_hands_every_frame_to_a_consumer_slower_than_its_decoding(tmp_path: Path) -> None:
+def test_an_unpaced_video_hands_every_frame_to_a_consumer_slower_than_its_decoding(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """``realtime = false``: the next frame is decoded only once the one before was taken, so a
     consumer slower than FFmpeg (any model) still gets every frame, in order, then the end."""
+    caplog.set_level(logging.INFO, logger="edged")
     path = write_video(tmp_path / "shift.avi", "MJPG", count=20, fps=50.0)
     assert FileSource(FileSourceConfig(path=path, realtime=False)).keeps_every_frame()
     assert not FileSource(FileSourceConfig(path=path, realtime=True)).keeps_every_frame()
@@ -167,6 +170,7 @@ def test_an_unpaced_video_hands_every_frame_to_a_consumer_slower_than_its_decodi
     cap.stop()
     assert cap.state == "ended"
     assert ids == list(range(20))
+    assert "decoding every frame" in caplog.text  # not "only the frames the model may take"
 
 
 def test_video_with_implausible_fps_is_paced_at_the_fallback(tmp_path: Path) -> None:
