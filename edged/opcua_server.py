@@ -82,6 +82,8 @@ MIN_PUBLISHING_MS = 10.0  # the shortest publishing interval a subscription gets
 MAX_CHUNK_BYTES = 65535 + 12  # the largest chunk the server takes (limits.max_recv_buffer), with its header
 SUBSCRIPTION_LOGGERS = "asyncua.server.monitored_item_service."  # + a subscription's id: one logger each
 SERVICE_FAULT = "sending service fault response"  # asyncua's record, at error, of each request it refuses
+# asyncua's record, at error, of a session activated with a kind of user token the server does not offer
+REJECTED_TOKEN = "Rejected active session UserIdentityToken not supported"
 SERVER_FAULTS = frozenset({"BadInternalError", "BadUnexpectedError", "BadOutOfMemory"})  # the server's, not a client's
 
 Answer = Callable[[VerdictMessage | TriggerError], None]
@@ -191,8 +193,10 @@ def client_fault_as_warning(record: logging.LogRecord) -> logging.LogRecord:
     """asyncua logs each service fault it answers at error, but nearly all answer a client's request
     it refuses (a wrong password, a session unknown or not activated, too many subscriptions): the
     client's mistake, which must not page whoever alerts on edged's errors. Those are passed on as
-    warnings; a fault that says the server itself failed (`SERVER_FAULTS`) stays an error."""
-    if record.levelno <= logging.WARNING or not str(record.msg).startswith(SERVICE_FAULT):
+    warnings, as is its record of a client signing in with a kind of token not offered (anonymous
+    where only user names are); a fault that says the server itself failed (`SERVER_FAULTS`) stays
+    an error."""
+    if record.levelno <= logging.WARNING or not str(record.msg).startswith((SERVICE_FAULT, REJECTED_TOKEN)):
         return record
     args = record.args if isinstance(record.args, tuple) else ()
     if SERVER_FAULTS.intersection(str(arg) for arg in args):
@@ -704,21 +708,42 @@ class UaServer:
 
 
 def answer_not_writable(internal: InternalServer) -> None:
-    """asyncua refuses a client's write to a variable whose AccessLevel forbids writing with
-    BadUserAccessDenied, which says the user lacks a right; OPC UA (Part 4, Write) answers
-    BadNotWritable, and PLC tools and Node-RED show that status to whoever wires them up. Only
-    those answers change: every other write result is asyncua's."""
+    """asyncua refuses every write its user may not make with BadUserAccessDenied, which says the
+    user lacks a right: a write to a node that does not exist, to an attribute the node's WriteMask
+    keeps closed, to a value its AccessLevel makes read-only. OPC UA (Part 4, Write) answers
+    BadNodeIdUnknown and BadNotWritable there, and PLC tools and Node-RED show that status to whoever
+    wires them up. Only those answers change: every other write result is asyncua's."""
     service, aspace = internal.attribute_service, internal.aspace
     write = service.write
 
+    def read(nodeid: ua.NodeId, attribute: AttributeIds) -> Any:
+        """The attribute's value, None where the node has none."""
+        data = aspace.read_attribute_value(nodeid, attribute)
+        if data.StatusCode is None or not data.StatusCode.is_good() or data.Value is None:
+            return None
+        return data.Value.Value
+
+    def opens(item: ua.WriteValue) -> bool | None:
+        """Whether the node lets anyone write the attribute; None where it does not say."""
+        if item.AttributeId == AttributeIds.Value:
+            access = read(item.NodeId, AttributeIds.AccessLevel)
+            return None if access is None else ua.AccessLevel.CurrentWrite in ua.AccessLevel.parse_bitfield(access)
+        try:
+            attribute = AttributeIds(item.AttributeId)
+        except ValueError:  # no attribute of OPC UA's
+            return None
+        mask, bit = read(item.NodeId, AttributeIds.WriteMask), ua.AttributeWriteMask.__members__.get(attribute.name)
+        if mask is None or bit is None or read(item.NodeId, attribute) is None:
+            return None
+        return bool(mask & bit)
+
     def answer(item: ua.WriteValue, result: ua.StatusCode) -> ua.StatusCode:
-        if result.value != StatusCodes.BadUserAccessDenied or item.AttributeId != AttributeIds.Value:
+        if result.value != StatusCodes.BadUserAccessDenied:
             return result
-        access = aspace.read_attribute_value(item.NodeId, AttributeIds.AccessLevel)
-        if access.StatusCode is None or not access.StatusCode.is_good() or access.Value is None:
-            return result
-        if ua.AccessLevel.CurrentWrite in ua.AccessLevel.parse_bitfield(access.Value.Value):
-            return result  # writable, but not by this user: asyncua's answer is the right one
+        if item.NodeId not in aspace:
+            return ua.StatusCode(ua.UInt32(StatusCodes.BadNodeIdUnknown))
+        if opens(item) is not False:
+            return result  # writable, but not by this user (or the node does not say): asyncua's answer
         return ua.StatusCode(ua.UInt32(StatusCodes.BadNotWritable))
 
     async def write_answering_not_writable(params: ua.WriteParameters, *args: Any, **kwargs: Any) -> list[ua.StatusCode]:

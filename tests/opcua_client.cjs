@@ -196,12 +196,19 @@ async function anonymous() {
     await call(session, "other object", args.root, [string("P9")]);
     await until(() => sequences(changes).length >= 2, 15000, "a data change per verdict");
     await readAll(session, children, "after");
-    const written = await session.write({
-        nodeId: `${camera}.Verdict`,
-        attributeId: ua.AttributeIds.Value,
-        value: { value: string("OK") },
-    });
-    emit("write", { status: written.name });
+    const text = (value) => ({ dataType: ua.DataType.LocalizedText, value: new ua.LocalizedText({ text: value }) });
+    const writes = [
+        ["value", `${camera}.Verdict`, ua.AttributeIds.Value, string("OK")],
+        ["display name", `${camera}.Verdict`, ua.AttributeIds.DisplayName, text("OK")],
+        ["description", `${camera}.Verdict`, ua.AttributeIds.Description, text("OK")],
+        ["camera's display name", camera, ua.AttributeIds.DisplayName, text("cam9")],
+        ["unknown node", `${camera}.Nothing`, ua.AttributeIds.Value, string("OK")],
+        ["unknown node's display name", `${camera}.Nothing`, ua.AttributeIds.DisplayName, text("OK")],
+    ];
+    for (const [label, nodeId, attributeId, value] of writes) {
+        const written = await session.write({ nodeId, attributeId, value: { value } });
+        emit("write", { label, status: written.name });
+    }
     await subscription.terminate();
     await watching.close();
     await session.close();

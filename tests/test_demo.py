@@ -142,12 +142,21 @@ def _children(pid: int) -> list[int]:
     return children
 
 
+def _state(pid: int) -> str:
+    """The process's state in /proc: R running, S sleeping, T stopped, Z a zombie...; "" once it is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
 def _alive(pid: int) -> bool:
     """Running, as opposed to gone or a zombie waiting to be reaped."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return _state(pid) not in ("", "Z")
+
+
+# Runs argv[1:] in a process group of its own (``process_group=`` is Python 3.11's).
+_JOB = "import os, sys; os.setpgid(0, 0); os.execv(sys.argv[1], sys.argv[1:])"
 
 
 class Demo:
@@ -158,8 +167,10 @@ class Demo:
         self.errors = tmp_path / "demo.err"
         with self.output.open("w") as out, self.errors.open("w") as err:
             stderr = err if apart else subprocess.STDOUT
-            # In a session of its own, as a terminal starts it: its process group is the one Ctrl-C signals.
-            self.proc = subprocess.Popen([str(root / "scripts" / "demo")], stdout=out, stderr=stderr, start_new_session=True)
+            # As a shell starts a job: in a process group of its own, the one Ctrl-C and Ctrl-Z signal, in
+            # the shell's session. A group with no parent in its session (alone in a session of its own)
+            # is orphaned, and the kernel discards a Ctrl-Z sent to it.
+            self.proc = subprocess.Popen([sys.executable, "-c", _JOB, root / "scripts" / "demo"], stdout=out, stderr=stderr)
 
     def text(self) -> str:
         return self.output.read_text()
@@ -230,14 +241,14 @@ def _running_in(root: Path) -> list[int]:
     return found
 
 
-def _daemon(demo: Demo) -> bool:
-    """Whether the demo's ``edged run`` is in Python by now (starting: loading its model, opening its camera)."""
+def _daemon(demo: Demo) -> int | None:
+    """The demo's ``edged run`` once it is in Python (starting: loading its model, opening its camera)."""
     for pid in _children(demo.proc.pid):
         with suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             if argv[0] == os.fsencode(sys.executable) and b"run" in argv:
-                return True
-    return False
+                return pid
+    return None
 
 
 @pytest.mark.parametrize("when", ["running", "starting"])
@@ -250,7 +261,7 @@ def test_ctrl_c_stops_the_demo_once_and_leaves_nothing_running(tmp_path: Path, w
         if when == "running":
             assert wait_for(lambda: "detection(s)" in demo.text(), timeout_s=90), demo.text()
         else:
-            assert wait_for(lambda: _daemon(demo), timeout_s=30), demo.text()
+            assert wait_for(lambda: _daemon(demo) is not None, timeout_s=30), demo.text()
         os.killpg(demo.proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
         assert demo.proc.wait(30) == 130, demo.text()
         assert wait_for(lambda: not _running_in(root), timeout_s=20), (_running_in(root), demo.text())
@@ -261,6 +272,43 @@ def test_ctrl_c_stops_the_demo_once_and_leaves_nothing_running(tmp_path: Path, w
         assert len(stops) == 1, demo.text()
     else:  # a daemon signalled before it set its handlers ends without a word
         assert len(stops) <= 1, demo.text()
+
+
+@pytest.mark.parametrize("when", ["running", "starting"])
+def test_ctrl_z_suspends_the_whole_demo_and_fg_resumes_it(tmp_path: Path, when: str) -> None:
+    """Ctrl-Z stopped the demo's script alone: its daemon and subscriber, in sessions of their own,
+    went on printing under the shell's prompt, and ``fg`` resumed the script alone. Starting, the
+    script waits for the live view between two polls, in the terminal's process group as well."""
+    root = _demo_tree(tmp_path, free_port())
+    demo = Demo(root, tmp_path)
+    try:
+        if when == "running":
+            assert wait_for(lambda: "detection(s)" in demo.text(), timeout_s=90), demo.text()
+            children = _children(demo.proc.pid)
+            assert len(children) == 2, children
+        else:
+            assert wait_for(lambda: _daemon(demo) is not None, timeout_s=30), demo.text()
+            daemon = _daemon(demo)
+            assert daemon is not None, demo.text()
+            children = [daemon]  # the subscriber starts once the live view listens
+        os.killpg(demo.proc.pid, signal.SIGTSTP)  # what the terminal does on Ctrl-Z
+        assert wait_for(lambda: all(_state(pid) == "T" for pid in children), timeout_s=20), [_state(p) for p in children]
+        assert wait_for(lambda: _state(demo.proc.pid) == "T", timeout_s=20), _state(demo.proc.pid)
+        printed = demo.text().count("detection(s)")
+        os.killpg(demo.proc.pid, signal.SIGCONT)  # what the shell does on fg
+        running = [demo.proc.pid, *children]
+        assert wait_for(lambda: all(_state(pid) not in ("T", "Z", "") for pid in running), timeout_s=20), [
+            _state(pid) for pid in running
+        ]
+        assert wait_for(lambda: demo.text().count("detection(s)") > printed, timeout_s=30), demo.text()
+        assert demo.proc.poll() is None, demo.text()  # a resume is no child's exit
+        os.killpg(demo.proc.pid, signal.SIGINT)
+        assert demo.proc.wait(30) == 130, demo.text()
+        assert wait_for(lambda: not _running_in(root), timeout_s=20), (_running_in(root), demo.text())
+    finally:
+        demo.close()
+    stops = [line for line in demo.text().splitlines() if ": stopping" in line]
+    assert len(stops) == 1, demo.text()
 
 
 def test_a_demo_whose_port_is_taken_shows_the_bind_error_and_fails(tmp_path: Path) -> None:
