@@ -186,7 +186,11 @@ class TopicMessage(Message):
     schema_version: Literal[1] = SCHEMA_VERSION
     kind: str
     camera_id: str
-    seq: int = Field(ge=0, description="Per-topic sequence number; a gap means messages were lost.")
+    seq: int = Field(
+        ge=0,
+        description="Per-topic sequence number, from 0 each time edged starts: a gap means messages were lost, "
+        "a seq lower than the one before that edged started again.",
+    )
 
 
 class DetectionsMessage(TopicMessage):
