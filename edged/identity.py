@@ -12,9 +12,10 @@ import ctypes
 import ctypes.util
 import functools
 import hashlib
+import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MACHINE_ID = Path("/etc/machine-id")
@@ -88,11 +89,14 @@ def clock_synced() -> bool | None:
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """What every journal row (and message) says of where it came from."""
+    """What every journal row (and message) says of where it came from. ``run_id`` is this start of
+    edged: ``seq`` starts again at 0 each start, so a verdict is told apart from one of an earlier
+    start in the same boot (a restart, an upgrade) by it, not by ``boot_id``."""
 
     board_id: str
     boot_id: str
     version: str
+    run_id: str = field(default_factory=lambda: secrets.token_hex(8))
 
     @classmethod
     @functools.cache
@@ -104,4 +108,4 @@ class Identity:
 
     def fields(self) -> dict[str, object]:
         """The identity fields of a verdict or status message, the clock's state read now."""
-        return {"board_id": self.board_id, "boot_id": self.boot_id, "clock_synced": clock_synced()}
+        return {"board_id": self.board_id, "boot_id": self.boot_id, "run_id": self.run_id, "clock_synced": clock_synced()}

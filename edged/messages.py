@@ -277,6 +277,12 @@ class VerdictMessage(TopicMessage):
         None, description="The board, derived from its /etc/machine-id (not equal to it); stable across boots."
     )
     boot_id: str | None = Field(None, description="The kernel's id of the boot the board was in.")
+    run_id: str | None = Field(
+        None,
+        description="This start of edged, a new random id each time it starts (seq starts again at 0): with "
+        "camera_id and seq, what tells a message from one of an earlier start; null in a message recorded by "
+        "an edged that did not send it.",
+    )
     clock_synced: bool | None = Field(
         None, description="Whether the kernel said the clock was synchronised (NTP); null where it cannot tell."
     )
@@ -558,6 +564,12 @@ class StatusMessage(TopicMessage):
         None, description="The board, derived from its /etc/machine-id (not equal to it); stable across boots."
     )
     boot_id: str | None = Field(None, description="The kernel's id of the boot the board was in.")
+    run_id: str | None = Field(
+        None,
+        description="This start of edged, a new random id each time it starts (seq starts again at 0): with "
+        "camera_id and seq, what tells a message from one of an earlier start; null in a message recorded by "
+        "an edged that did not send it.",
+    )
     clock_synced: bool | None = Field(
         None, description="Whether the kernel said the clock was synchronised (NTP); null where it cannot tell."
     )

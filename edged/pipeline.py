@@ -155,11 +155,8 @@ WITHIN_LIMITS = "within limits"  # the note on a defect its class's size limits 
 
 # What a verdict message repeats of its frame's detections message (all of it but ``seq`` and
 # what says where it came from).
-VERDICT_FIELDS = tuple(
-    name
-    for name in VerdictMessage.model_fields
-    if name not in ("seq", "kind", "schema_version", "model_sha256", "replayed", "board_id", "boot_id", "clock_synced")
-)
+_PROVENANCE = ("seq", "kind", "schema_version", "model_sha256", "replayed", "board_id", "boot_id", "run_id", "clock_synced")
+VERDICT_FIELDS = tuple(name for name in VerdictMessage.model_fields if name not in _PROVENANCE)
 
 # What a model's output can hold that a frame's result is built without: the drop counter each counts
 # under, and what the log says (with the camera, how many values, the frame, and the count so far).

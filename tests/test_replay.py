@@ -183,6 +183,11 @@ def test_edged_restarted_during_the_outage_sends_both_runs_verdicts_once_the_bro
     verdicts = journal_verdicts(journal)
     sent = assert_everything_after(0, verdicts[: first_run + 20], historian.got())
     assert len({v["boot_id"] for v in sent}) == 1 and sent[first_run - 1]["replayed"] and sent[first_run]["replayed"]
+    # The key the docs give a historian tells every verdict apart: seq starts again at 0 with the
+    # second start, in the same boot, so board_id, boot_id, camera_id and seq would not.
+    assert len({(v["board_id"], v["run_id"], v["camera_id"], v["seq"]) for v in sent}) == len(sent)
+    assert len({v["run_id"] for v in sent}) == 2
+    assert len({(v["board_id"], v["boot_id"], v["camera_id"], v["seq"]) for v in sent}) < len(sent)
 
 
 @pytest.mark.integration
