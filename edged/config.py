@@ -333,7 +333,7 @@ class PublishConfig(Section):
         min_length=1,
         max_length=256,
         pattern=r"^[A-Za-z0-9_./-]+$",
-        description="Topics are PREFIX/detections/CAMERA and PREFIX/status/CAMERA.",
+        description="Topics are PREFIX/detections/CAMERA, PREFIX/verdict/CAMERA and PREFIX/status/CAMERA.",
     )
     hwm: int = Field(32, ge=1, le=100000, description="Messages queued per subscriber before dropping.")
     status_interval_s: float = Field(1.0, gt=0, le=3600, description="Seconds between status messages.")
