@@ -8,9 +8,10 @@ resumes where it stopped, and a restart of edged where the acknowledgements stop
 written as the feed is made, so the verdicts of a run that never reached the broker go out after
 the next start too. Delivery is at least once: a verdict sent and not acknowledged before edged
 stopped goes again (a subscriber that must count each once keys on ``board_id``, ``run_id``,
-``camera_id`` and ``seq``: ``seq`` starts again at each start of edged, ``run_id`` is new each start). A verdict committed before the connection it goes out on carries
-``replayed: true``; each feed knows, for its own file, the row at which that connection came up.
-Memory stays flat whatever the outage: rows are read a window at a time.
+``camera_id`` and ``seq``: ``seq`` starts again at each start of edged, ``run_id`` is new each
+start). A verdict committed before the connection it goes out on carries ``replayed: true``; each
+feed knows, for its own file, the row at which that connection came up. Memory stays flat
+whatever the outage: rows are read a window at a time.
 """
 
 from __future__ import annotations
