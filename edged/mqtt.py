@@ -728,9 +728,15 @@ class MqttOutput(MessageOutput):
         if self._connected:
             self._drain(deadline)
             self._await_acks(deadline)
-            # QoS 0: straight into the stream ahead of DISCONNECT, never held back by unacknowledged
-            # messages (a clean DISCONNECT makes the broker discard the Last Will).
-            self._client.publish(self._state_topic, b"offline", qos=0, retain=True)
+            # At qos_events, as the Last Will and online: a broker queues no QoS 0 message for a
+            # persistent session, so a historian away now would find edged online when back. Past
+            # a full in-flight window, straight into the stream ahead of DISCONNECT (which makes the
+            # broker discard the Last Will), and acknowledged before it where the deadline allows.
+            self._client.max_inflight_messages_set(INFLIGHT + 1)
+            info = self._client.publish(self._state_topic, b"offline", qos=self.cfg.qos_events, retain=True)
+            if self.cfg.qos_events:
+                self._unacked.add(info.mid)
+                self._await_acks(deadline)
             self._client.disconnect()
             sock = self._client.socket()
             while sock is not None and self._client.want_write() and (left := deadline - time.monotonic()) > 0:
