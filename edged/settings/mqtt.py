@@ -29,7 +29,8 @@ class MqttConfig(Section):
         min_length=1,
         max_length=128,
         pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Client id, unique on the broker; default edged-<hostname>-<camera_id>, stable across restarts.",
+        description="Client id, unique on the broker; default edged-<hostname>-<camera_id> of the first camera (one "
+        "connection serves every camera), stable across restarts.",
     )
     username: str | None = Field(None, min_length=1, description="User name for the broker; none: anonymous.")
     password_file: Path | None = Field(
