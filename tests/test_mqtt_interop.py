@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 from daemon import RunningDaemon, free_port
 from mosquitto import Broker, make_ca, make_password_file, make_server_cert
+from node_clients import NODE_MODULES, node
 from test_journal import rows
 from test_journal import start as journaled
 from waiting import wait_for
@@ -32,7 +32,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = Path(__file__).with_name("mqtt_client.cjs")
-NODE_MODULES = REPO / ".node-opcua" / "node_modules"
 SCHEMA = REPO / "edged" / "messages.schema.json"
 DOCS = REPO / "docs" / "outputs.md"
 PREFIX = "acme/plant1/line3/board3"
@@ -51,17 +50,6 @@ KEY = ("board_id", "run_id", "camera_id", "seq")  # what docs/outputs.md tells a
 TIMEOUT_S = 20.0
 
 
-def node() -> str:
-    """The node that scripts/setup test installs beside the packages: a failure where it or they are
-    missing, a skip only where npm is."""
-    found = NODE_MODULES / ".bin" / "node"
-    if found.exists() and all((NODE_MODULES / name).is_dir() for name in ("mqtt", "ajv", "ajv-formats")):
-        return str(found)
-    if shutil.which("npm") is None and not os.environ.get("CI"):
-        pytest.skip("npm is absent: scripts/setup test installs it (apt npm), then node 22, mqtt and ajv")
-    pytest.fail(f"node 22, mqtt, ajv and ajv-formats are not installed in {NODE_MODULES.parent}: run scripts/setup test")
-
-
 class Node:
     """tests/mqtt_client.cjs: its named mqtt.js clients take commands, and every event they print is kept."""
 
@@ -72,7 +60,7 @@ class Node:
         self.events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.proc = subprocess.Popen(
-            [node(), str(CLIENT), json.dumps({"schema": str(SCHEMA)})],
+            [node("mqtt", "ajv", "ajv-formats"), str(CLIENT), json.dumps({"schema": str(SCHEMA)})],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import subprocess
 import time
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 from daemon import RunningDaemon, free_port
+from node_clients import NODE_MODULES, node
 from test_trigger import running
 from waiting import wait_for
 
@@ -31,24 +31,12 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = Path(__file__).with_name("opcua_client.cjs")
-NODE_MODULES = REPO / ".node-opcua" / "node_modules"
 DOCS = REPO / "docs" / "outputs.md"
 SERVING = "OPC UA: serving camera"
 PASSWORD = "a long enough password"
 DATA_TYPE_IDS = {"String": "ns=0;i=12", "UInt64": "ns=0;i=9", "Double": "ns=0;i=11"}  # OPC UA's built-in types
 CAMERA = {"camera": "ns=2;s=cam0", "camera_id": "cam0"}  # the daemon's one camera, as the client names it
 AWAITING = {"Verdict", "Sequence", "PartId", "CaptureToVerdictMs", "LastMessage"}  # until the first verdict
-
-
-def node() -> str:
-    """The node that scripts/setup test installs beside the client (node-opcua needs node 22.13 or
-    later; a distribution's may be older): a failure where it is missing, a skip only where npm is."""
-    found = NODE_MODULES / ".bin" / "node"
-    if found.exists() and (NODE_MODULES / "node-opcua-client").is_dir():
-        return str(found)
-    if shutil.which("npm") is None and not os.environ.get("CI"):
-        pytest.skip("npm is absent: scripts/setup test installs it (apt npm), then node 22 and node-opcua-client")
-    pytest.fail(f"node 22 and node-opcua-client are not installed in {NODE_MODULES.parent}: run scripts/setup test")
 
 
 def documented_variables() -> dict[str, str]:
@@ -72,7 +60,7 @@ def scenario(tmp_path: Path, name: str, **fields: Any) -> list[dict[str, Any]]:
     """The events of one run of the node client's ``name`` scenario, which must end well."""
     arguments = {"scenario": name, "pki": str(tmp_path / "pki"), **CAMERA, **fields}
     done = subprocess.run(
-        [node(), str(CLIENT), json.dumps(arguments)],
+        [node("node-opcua-client"), str(CLIENT), json.dumps(arguments)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -119,7 +107,7 @@ def assert_typed(values: dict[str, Any], documented: dict[str, str]) -> None:
 
 
 def test_node_opcua_browses_reads_subscribes_and_triggers_anonymously(tmp_path: Path) -> None:
-    node()
+    node("node-opcua-client")
     documented = documented_variables()
     assert set(documented) == {"Verdict", "Sequence", "PartId", "OkCount", "NgCount", "State"} | {
         "CaptureToVerdictMs",
@@ -226,7 +214,7 @@ def killed(d: RunningDaemon, tmp_path: Path, subscribe: tuple[str, ...] = ("Stat
     ``subscribe`` monitored in a subscription, unless empty) went away."""
     arguments = {"scenario": "linger", "pki": str(tmp_path / "pki"), "subscribe": subscribe, **CAMERA, **fields}
     linger = subprocess.Popen(
-        [node(), str(CLIENT), json.dumps(arguments)],
+        [node("node-opcua-client"), str(CLIENT), json.dumps(arguments)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=client_env(tmp_path),
@@ -260,7 +248,7 @@ def ready(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
 
 
 def test_node_opcua_signs_in_over_basic256sha256_sign_and_encrypt(tmp_path: Path) -> None:
-    node()
+    node("node-opcua-client")
     documented = documented_variables()
     port = free_port()
     users, certs = tmp_path / "opcua-users", tmp_path / "opcua"

@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import pytest
 from daemon import edged_command, free_port, images_config, run_cli, write_config
+from node_clients import NODE_MODULES, node
 
 from edged.config import Settings
 
@@ -33,7 +34,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = Path(__file__).with_name("stream_client.cjs")
-NODE_MODULES = REPO / ".node-opcua" / "node_modules"
 SCHEMA = REPO / "edged" / "messages.schema.json"
 DOCS = REPO / "docs" / "outputs.md"
 TASKS = Path(__file__).parent / "data" / "tasks"
@@ -54,23 +54,12 @@ NOT_CONFIGURED = {
 MS_TWIN_NS = 500
 
 
-def node() -> str:
-    """The node that scripts/setup test installs beside the packages: a failure where it or they are
-    missing, a skip only where npm is."""
-    found = NODE_MODULES / ".bin" / "node"
-    if found.exists() and all((NODE_MODULES / name).is_dir() for name in ("zeromq", "ajv", "ajv-formats")):
-        return str(found)
-    if shutil.which("npm") is None and not os.environ.get("CI"):
-        pytest.skip("npm is absent: scripts/setup test installs it (apt npm), then node 22, zeromq and ajv")
-    pytest.fail(f"node 22, zeromq, ajv and ajv-formats are not installed in {NODE_MODULES.parent}: run scripts/setup test")
-
-
 def read_stream(on: dict[str, Callable[[], None]] | None = None, **arguments: Any) -> list[dict[str, Any]]:
     """The events of one run of the node client, which must have received what it wanted; ``on`` maps
     an event to what the test does as it comes."""
     arguments = {"schema": str(SCHEMA), "timeout_ms": 20000, **arguments}
     proc = subprocess.Popen(
-        [node(), str(CLIENT), json.dumps(arguments)],
+        [node("zeromq", "ajv", "ajv-formats"), str(CLIENT), json.dumps(arguments)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -229,7 +218,7 @@ def documented_subscriber(folder: Path, endpoint: str, server_key: Path, client_
     shutil.copy(client_key, folder / "line3.key_secret")
     (folder / "subscriber.cjs").write_text(code.group(1).replace("tcp://board:5556", endpoint))
     proc = subprocess.Popen(
-        [node(), "subscriber.cjs"],
+        [node("zeromq", "ajv", "ajv-formats"), "subscriber.cjs"],
         cwd=folder,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
