@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from edged.errors import JournalUnreadable, UsageError
 from edged.files import sqlite_uri, stdout_reader_gone
 from edged.identity import boot_id
-from edged.journal import COLUMNS
+from edged.journal import COLUMNS, timed
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -145,9 +145,9 @@ class Query:
                 where.append(f"wall_ns {op} ?")
                 params.append(wall_ns)
             else:
-                boot, mono_now_ns, wall_now_ns = self.now
-                where.append(f"CASE WHEN boot_id = ? THEN mono_ns {op} ? ELSE wall_ns {op} ? END")
-                params += [boot, _stored(mono_now_ns - (wall_now_ns - wall_ns)), wall_ns]
+                clause, bound = timed(op, wall_ns, *self.now)
+                where.append(clause)
+                params += bound
         return " AND ".join(where), params
 
 

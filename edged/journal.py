@@ -117,6 +117,16 @@ def lock(path: Path) -> int:
     return fd
 
 
+def timed(op: str, wall_ns: int, boot_id: str | None, mono_now_ns: int, wall_now_ns: int) -> tuple[str, list[object]]:
+    """A row's time ``op`` ``wall_ns`` as SQL, with its parameters: the rows of boot ``boot_id`` (the
+    running one, whose monotonic and wall clocks read ``mono_now_ns`` and ``wall_now_ns`` together) on
+    the monotonic clock, which no step of the wall clock moves, an earlier boot's on the wall time
+    they carry. A board without a real-time clock whose clock NTP sets right by months stamped this
+    boot's earlier rows with a date as wrong (retention, `edged history --since`)."""
+    mono_ns = min(max(mono_now_ns - (wall_now_ns - wall_ns), 0), LAST_ROW)  # within SQLite's integers
+    return f"CASE WHEN boot_id = ? THEN mono_ns {op} ? ELSE wall_ns {op} ? END", [boot_id, mono_ns, wall_ns]
+
+
 def records(settings: Settings) -> bool:
     """Whether ``settings``' journal has anything to record: verdicts (a camera inspected) or detections."""
     return settings.journal.detections or bool(settings.inspected())
@@ -269,13 +279,12 @@ class JournalStore:
             with db:
                 db.execute("BEGIN")
                 if max_age_days > 0:
-                    age_ns = int(max_age_days * 86_400e9)
                     boot_id, mono_ns = boot if boot is not None else (None, 0)  # NULL: no row is this boot's
+                    older, params = timed("<", now_ns - int(max_age_days * 86_400e9), boot_id, mono_ns, now_ns)
                     sent = acknowledged(db) if keep_unsent else None
                     deleted += db.execute(
-                        "DELETE FROM entries WHERE CASE WHEN boot_id = ? THEN mono_ns < ? ELSE wall_ns < ? END "
-                        "AND (kind != 'verdict' OR id <= ?)",
-                        (boot_id, mono_ns - age_ns, now_ns - age_ns, LAST_ROW if sent is None else sent),
+                        f"DELETE FROM entries WHERE {older} AND (kind != 'verdict' OR id <= ?)",
+                        (*params, LAST_ROW if sent is None else sent),
                     ).rowcount
             while self.size() > max_bytes:
                 with db:
