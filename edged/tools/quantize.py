@@ -605,8 +605,8 @@ def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, Cal
                 file=sys.stderr,
             )
     print(f"calibrating ({args.method}) on {source} ...", file=sys.stderr)
-    if few_frames(total):
-        print(few_frames(total), file=sys.stderr)
+    if warning := few_frames(total):
+        print(warning, file=sys.stderr)
     return source, CalibrationFrames(model.contract, frames, total, sys.stderr)
 
 

@@ -145,8 +145,8 @@ def _int8_model(
     else:
         total, frames = scene_samples(len(samples), CALIB_SEED, *SCENE_SIZE)
     print(f"quantising {settings.model.path} to {made}, calibrated on {total} frames ...", file=log)
-    if q.few_frames(total):
-        print(q.few_frames(total), file=log)
+    if warning := q.few_frames(total):
+        print(warning, file=log)
     calibration = q.CalibrationFrames(reference.contract, frames, total, log)
     write_with(
         made, lambda tmp: q.quantize(settings.model.path, tmp, calibration, pixel_input=q.pixel_scale(reference.contract))
