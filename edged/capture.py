@@ -327,6 +327,7 @@ class Capture:
         consumer has taken the one before.
         """
         every = keeps_every_frame(source)
+        decode_all = every or self._decode_all  # a frame kept for the consumer is one it takes
         split = source if splits_reading(source) else None
         watch = StallWatch(*source.timeouts(), since_ns=opening_ns) if times_out(source) else None
         period_s = source.pace() if paces(source) else None
@@ -350,7 +351,7 @@ class Capture:
                 if split is None:
                     got = self._read(source, watch)
                 else:
-                    got = self._grab(split, timing, watch, decode=every or not delivered or self._decode_all)
+                    got = self._grab(split, timing, watch, decode=decode_all or not delivered)
             except SourceError as e:
                 self._fail(str(e), read=True)
                 return "lost"
@@ -359,7 +360,7 @@ class Capture:
             if got == "ended":
                 return "ended"
             if got == "delivered" and not delivered:
-                self._mark_ok(on_demand=split is not None and not (every or self._decode_all))
+                self._mark_ok(on_demand=split is not None and not decode_all)
                 delivered = True
         return "stopped"
 
