@@ -301,40 +301,31 @@ class Fallback:
 def load_fallback(
     running: Settings,
     live: LoadedModel,
+    failing: str,
     runtime: RuntimeConfig,
     sources: Sequence[SourceBase],
     failures: int,
     dropped: Dropped,
     follow: FollowFor | None = None,
 ) -> Fallback:
-    """``live`` loaded again with ``runtime`` (`edged.model.fallback_runtime`), and its path for each of
-    ``sources``, the running cameras'; raises an EdgedError when either cannot be made. ``follow``
-    then loads the candidate's models beside it (`edged.shadow.Shadow.follower`)."""
+    """``live`` loaded again with ``runtime`` (`edged.model.fallback_runtime`), without ``failing``, and
+    its path for each of ``sources``, the running cameras'; raises an EdgedError when either cannot be
+    made. ``follow`` then loads the candidate's models beside it (`edged.shadow.Shadow.follower`)."""
     model = load_model(live.cfg, runtime, lanes=running.lanes())  # a promoted candidate's own model settings
     settings = running.model_copy(update={"runtime": runtime})
     swap = Swap(model, {cfg.camera_id: frame_path(settings, model, cfg) for cfg in sources})
     candidate = follow(settings, swap) if follow is not None else None
-    return Fallback(settings, swap, weakref.ref(live), live.engine.providers[0][0], failures, dropped, candidate)
+    return Fallback(settings, swap, weakref.ref(live), failing, failures, dropped, candidate)
 
 
 class FallbackLoading(Load[Fallback]):
     """A provider fallback loading (`load_fallback`) as a reload loads (`Loading`): the loop goes on
-    meanwhile, its frames still failing on ``live``'s first provider, counted and skipped."""
+    meanwhile, its frames still failing on ``failing``, the provider it falls back from, counted
+    and skipped."""
 
-    def __init__(
-        self,
-        running: Settings,
-        live: LoadedModel,
-        runtime: RuntimeConfig,
-        sources: Sequence[SourceBase],
-        failures: int,
-        dropped: Dropped,
-        wake: Waker,
-        follow: FollowFor | None = None,
-    ) -> None:
-        self.failing = live.engine.providers[0][0]  # the provider it falls back from
-        load = functools.partial(load_fallback, running, live, runtime, sources, failures, dropped, follow)
-        super().__init__(load, wake, at=f"model {live.cfg.path}", what=FALLBACK)
+    def __init__(self, load: Callable[[], Fallback], failing: str, model: Path, wake: Waker) -> None:
+        self.failing = failing
+        super().__init__(load, wake, at=f"model {model}", what=FALLBACK)
 
 
 class Reloads:
@@ -461,14 +452,16 @@ class Reloads:
         runtime = fallback_runtime(running.runtime, live)
         if runtime is None:
             return False
-        dropped = dropped_after(self._dropped, running.runtime, live.engine.providers[0][0], runtime)
-        self._loading = FallbackLoading(running, live, runtime, sources, failures, dropped, self._wake, follower())
+        failing = live.engine.providers[0][0]
+        dropped = dropped_after(self._dropped, running.runtime, failing, runtime)
+        load = functools.partial(load_fallback, running, live, failing, runtime, sources, failures, dropped, follower())
+        self._loading = FallbackLoading(load, failing, live.cfg.path, self._wake)
         self._stuck_said = False
         log.warning(
             "inference failed on %d frames in a row with %s: loading model %s for %s, to fall back to it; "
             "the frames go on meanwhile",
             failures,
-            self._loading.failing,
+            failing,
             live.engine.identity.short,
             runtime.providers[0].name,
         )
