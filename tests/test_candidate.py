@@ -19,7 +19,7 @@ from edged.config import Settings, load_config
 from edged.model import LoadedModel, load_model
 from edged.pipeline import Processed, frame_path
 from edged.reload import Fallback, Reloads
-from edged.shadow import Swap
+from edged.shadow import Shadow, Swap
 from edged.sources.base import Frame
 
 
@@ -136,6 +136,13 @@ def test_a_fallback_carries_the_candidate_on_trial_onto_the_providers_left_and_s
         candidate.close()
 
 
+def _promoted(running: Settings, live: LoadedModel, candidate: Candidate) -> tuple[Shadow, Swap]:
+    """The candidate promoted over ``live`` (by force): its trial, and the model now serving with its path."""
+    shadow = candidate.shadow
+    assert shadow is not None
+    return shadow, shadow.promote(Swap(live, {"cam0": frame_path(running, live, running.source[0])}))
+
+
 def test_a_fallback_after_a_promotion_loads_the_model_kept_for_rollback_on_the_providers_left(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -143,9 +150,7 @@ def test_a_fallback_after_a_promotion_loads_the_model_kept_for_rollback_on_the_p
     # fail 20 frames there and fall back again.
     running, live, candidate = _on_two_providers(tmp_path)
     try:
-        shadow = candidate.shadow
-        assert shadow is not None
-        promoted = shadow.promote(Swap(live, {"cam0": frame_path(running, live, running.source[0])}))
+        shadow, promoted = _promoted(running, live, candidate)
         caplog.set_level(logging.INFO, logger="edged")
         fallback = _fallback(running, promoted.model, candidate, tmp_path / "probe.onnx")  # the kept model's file
         assert candidate.shadow is shadow and shadow.state == "live"  # a promotion's state, its tally kept
@@ -166,9 +171,7 @@ def test_a_model_kept_for_rollback_that_does_not_load_on_the_providers_left_stay
 ) -> None:
     running, live, candidate = _on_two_providers(tmp_path)
     try:
-        shadow = candidate.shadow
-        assert shadow is not None
-        promoted = shadow.promote(Swap(live, {"cam0": frame_path(running, live, running.source[0])}))
+        shadow, promoted = _promoted(running, live, candidate)
         (tmp_path / "probe.onnx").write_bytes(b"not a model any more")
         caplog.set_level(logging.INFO, logger="edged")
         fallback = _fallback(running, promoted.model, candidate, tmp_path / "candidate.onnx")
