@@ -247,8 +247,10 @@ def test_calibrate_on_frames_of_the_configured_camera_scores_them_as_the_folder(
     assert found is not None, result.stdout
     assert set(found.groups()) <= scores
     assert re.search(r"^anomaly_threshold = 0\.[0-9]+", result.stdout, re.M)
+    # Read once and unpaced, each image waits until it is taken: the two are given whatever the timing.
     once = write_config(
-        tmp_path / "once.toml", {"source": {**camera, "loop": False}, "model": {"path": str(DATA / "padim.onnx")}}
+        tmp_path / "once.toml",
+        {"source": {**camera, "loop": False, "pace": False}, "model": {"path": str(DATA / "padim.onnx")}},
     )
     result = run_cli("calibrate", "--config", str(once), "--frames", "5")
     assert result.returncode == 1 and "gave 2 of 5 frames" in result.stderr
