@@ -31,6 +31,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError, KeyFileError
+from edged.files import printable
 from edged.settings.endpoints import ipc_folder_problem, on_the_network
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
@@ -1104,5 +1105,7 @@ def load_config(path: Path | None) -> Settings:
         settings = settings.model_copy(update={"journal": journal})
     problems = _check_files(settings) + _socket_folder_problems(settings)
     if problems:
-        raise ConfigError(path, [_said_relative(problem, relative, base) for problem in problems] if base else problems)
+        said = [_said_relative(problem, relative, base) for problem in problems] if base else problems
+        # One line each, whatever the paths they name hold (a newline in a path given in a variable).
+        raise ConfigError(path, [printable(problem) for problem in said])
     return settings

@@ -387,6 +387,19 @@ def test_a_bad_value_in_a_variable_names_the_variable(tmp_path: Path, monkeypatc
     ]
 
 
+def test_a_missing_file_named_with_a_newline_is_one_line_with_the_newline_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path given in a variable may hold any character: a line feed in it broke the problem in two
+    (found by tests/test_config_properties.py's environment property)."""
+    path = _write(tmp_path, '[model]\npath = "m.onnx"\n')
+    (tmp_path / "m.onnx").write_bytes(b"not checked here")
+    monkeypatch.setenv("EDGED_MODEL__LABELS", "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == ["model.labels: labels file \\n does not exist"]
+
+
 def test_a_variable_that_is_not_json_for_a_list_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _write(tmp_path, '[model]\npath = "m.onnx"\n')
     monkeypatch.setenv("EDGED_MODEL__MEAN", "[1, 2")

@@ -14,7 +14,6 @@ import fnmatch
 import glob
 import logging
 import os
-import re
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -22,7 +21,7 @@ import cv2
 import numpy as np
 
 from edged.errors import ImageError, SourceError
-from edged.files import FileTooLarge, NotRegularFile, read_regular
+from edged.files import FileTooLarge, NotRegularFile, printable, read_regular
 from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, ImagesSourceConfig
 from edged.sources.image_header import KINDS, read_header
 
@@ -138,15 +137,6 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     return image
 
 
-def _printable(path: str) -> str:
-    """``path`` with its control characters escaped (``\\n`` for a line feed), so that a file named with
-    one cannot break a log line in two or forge the next."""
-    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], path)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
 def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
     """``image`` copied into ``out`` when the shapes match, else ``image`` itself (a new size)."""
     if out is not None and out.shape == image.shape and out.dtype == image.dtype:
@@ -215,7 +205,7 @@ class ImagesSource:
                 image = read_image(path)
             except ImageError as e:
                 self._skip(path, e.why)
-                failed, why = failed + 1, f"{_printable(path)}: {e.why}"
+                failed, why = failed + 1, f"{printable(path)}: {e.why}"
                 continue
             return _into(out, image)
         raise SourceError(
@@ -242,7 +232,7 @@ class ImagesSource:
             self._reported.add(path)
             log.warning(
                 "skipping unreadable image %s (%s)",
-                _printable(path),
+                printable(path),
                 why,
                 extra={"CAMERA": self._cfg.camera_id},
             )
