@@ -30,8 +30,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
-from edged.errors import ConfigError, KeyFileError
-from edged.files import printable
+from edged.errors import ConfigError, KeyFileError, printable
 from edged.settings.endpoints import ipc_folder_problem, on_the_network
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig

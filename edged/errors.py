@@ -33,6 +33,7 @@ restart a daemon that can only fail the same way again. Nothing else exits 78.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import ClassVar
 
@@ -177,3 +178,12 @@ class LineBusy(EdgedError):
 
 class ControlError(EdgedError):
     """``edged promote`` or ``edged rollback``: the daemon refused the command, or did not answer."""
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\n`` for a line feed), so that a name with one
+    (a file's, a path given in a variable) cannot break a log line or a problem in two or forge the next."""
+    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")

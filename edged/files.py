@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 import sys
 from collections.abc import Callable, Mapping
@@ -115,12 +114,3 @@ def refuse_overwriting(outputs: Mapping[str, Path | None], inputs: Mapping[str, 
         if key in taken:
             raise UsageError(f"{name} {path} is the file of {taken[key]}: writing it would destroy it; name another file")
         taken[key] = name
-
-
-def printable(text: str) -> str:
-    """``text`` with its control characters escaped (``\\n`` for a line feed), so that a name with one
-    (a file's, a path given in a variable) cannot break a log line or a problem in two or forge the next."""
-    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], text)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -20,8 +20,8 @@ from typing import ClassVar, Literal
 import cv2
 import numpy as np
 
-from edged.errors import ImageError, SourceError
-from edged.files import FileTooLarge, NotRegularFile, printable, read_regular
+from edged.errors import ImageError, SourceError, printable
+from edged.files import FileTooLarge, NotRegularFile, read_regular
 from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, ImagesSourceConfig
 from edged.sources.image_header import KINDS, read_header
 
