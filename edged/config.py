@@ -206,7 +206,9 @@ class ModelConfig(Section):
     require_signature: bool = Field(
         False,
         description="Serve only a model whose signature (edged sign) verifies with signature_key, "
-        "checked at start and on every reload before the model is loaded.",
+        "checked at start and on every reload before the model is loaded. A model keeping weights in "
+        "external data files is refused, and the model caches (runtime.optimized_model_path, OpenVINO's "
+        "compiled models) are not used: the signature covers the model file alone.",
     )
     signature_key: Path | None = Field(None, description="The ed25519 public key (PEM) model signatures must verify with.")
     signature: Path | None = Field(None, description="The model's signature file; default: the model's path + .sig.")

@@ -29,7 +29,7 @@ import onnxruntime as ort
 from edged.config import ModelConfig, ProviderConfig, RuntimeConfig
 from edged.contract import pinned_dimensions
 from edged.cpus import plan_threads
-from edged.engines import check_int8, first_line, is_quantised, read_model
+from edged.engines import UNSIGNED_CACHE, check_int8, first_line, is_quantised, read_model
 from edged.errors import InferenceError, ModelError
 from edged.heads.anomaly import anomalib_size
 
@@ -79,6 +79,9 @@ def resolve_providers(
 
 def open_engine(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool, lanes: int) -> Engine:
     """`edged.engines.open_engine` for ONNX Runtime: model.precision f32 or int8 is the graph's own."""
+    if cfg.require_signature and runtime.optimized_model_path is not None:
+        log.warning("runtime.optimized_model_path %s is %s", runtime.optimized_model_path, UNSIGNED_CACHE)
+        runtime = runtime.model_copy(update={"optimized_model_path": None})
     engine = Engine(cfg.path, runtime, imgsz=cfg.imgsz, record_placement=record_placement, lanes=lanes)
     check_int8(cfg.path, cfg.precision, engine.precision == "int8")
     return engine

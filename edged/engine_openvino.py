@@ -24,7 +24,7 @@ import numpy as np
 from edged.config import ModelConfig, RuntimeConfig
 from edged.contract import pinned_dimensions
 from edged.cpus import ThreadPlan
-from edged.engines import Port, check_int8, first_line, is_quantised, read_model
+from edged.engines import UNSIGNED_CACHE, Port, check_int8, first_line, is_quantised, read_model
 from edged.errors import ConfigError, InferenceError, MissingDependency, ModelError
 from edged.heads.anomaly import anomalib_size
 
@@ -83,6 +83,7 @@ class OpenVinoEngine:
         self.cfg = runtime
         self.device = cfg.device
         self.precision = cfg.precision
+        self.signed = cfg.require_signature
         data, self.identity = read_model(cfg.path)  # compiled from these bytes
         self.core = ov.Core()
         hint, capability = PRECISIONS[cfg.precision]
@@ -155,7 +156,9 @@ class OpenVinoEngine:
 
     def _cache_dir(self) -> Path | None:
         folder = self.cfg.cache_folder()
-        if folder is None:
+        if self.signed and self.cfg.cache_dir is not None:
+            log.warning("runtime.cache_dir %s is %s", self.cfg.cache_dir, UNSIGNED_CACHE)
+        if folder is None or self.signed:
             return None
         cache = folder / CACHE_FOLDER
         try:
@@ -204,6 +207,8 @@ class OpenVinoEngine:
         if runs:
             lines.append(("", "nodes run in " + ", ".join(f"{p}: {n}" for p, n in runs.most_common())))
         where = str(self.cache) if self.cache is not None else "none (set runtime.cache_dir for a faster start)"
+        if self.signed:
+            where = f"none: {UNSIGNED_CACHE}"
         lines += [("cache", where), ("threads", self.threads.summary)]
         return lines
 

@@ -49,6 +49,10 @@ class Port:
     type: str
 
 
+# Why a model cache is not used with model.require_signature: what it holds was compiled by edged
+# before, and the signature covers the model file alone, so a cache swapped on the disk would run.
+UNSIGNED_CACHE = "not used with model.require_signature: the signature does not cover what it holds"
+
 MAX_MODEL_BYTES = 2**31 - 1  # protobuf's limit on one message: an ONNX file past it cannot be parsed
 
 
@@ -109,6 +113,33 @@ def _holds(data: bytes | mmap.mmap) -> bool:
         if any(data.find(name, start, end) >= 0 for name in QUANTISED_OPERATORS):
             return True
     return False
+
+
+# A tensor keeping its values in a file beside the model: TensorProto's ``external_data`` (field 13,
+# a length-delimited entry: tag 0x6a, then its length as a one- or two-byte varint) whose key is
+# ``location`` (field 1, 8 bytes), its value (field 2) following. A metadata entry with that key
+# has another tag before it (0x72).
+EXTERNAL_KEY = b"\x0a\x08location\x12"
+
+
+def holds_external_data(data: bytes) -> bool:
+    """Whether the ONNX model ``data`` keeps any tensor's values in an external data file; searched
+    a part at a time, as `_holds` searches."""
+    for start in range(0, len(data), SEARCH_PART_BYTES):
+        end = start + SEARCH_PART_BYTES + len(EXTERNAL_KEY) - 1
+        at = data.find(EXTERNAL_KEY, start, end)
+        while at >= 0:
+            if _tensor_entry(data, at):
+                return True
+            at = data.find(EXTERNAL_KEY, at + 1, end)
+    return False
+
+
+def _tensor_entry(data: bytes, at: int) -> bool:
+    """Whether the ``location`` entry at ``at`` follows TensorProto's external_data tag and length."""
+    one_byte_length = at >= 2 and data[at - 2] == 0x6A and data[at - 1] < 0x80
+    two_byte_length = at >= 3 and data[at - 3] == 0x6A and data[at - 2] >= 0x80 > data[at - 1]
+    return one_byte_length or two_byte_length
 
 
 def check_int8(path: Path, precision: str, quantised: bool) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import quote
 
-from edged.errors import OutputFileError, UsageError
+from edged.errors import ModelError, OutputFileError, UsageError
 
 MAX_LABELS_BYTES = 1 << 20  # a labels file: 1 MiB is some 50,000 class names
 
@@ -54,6 +54,16 @@ def read_regular(path: str | Path, limit: int) -> bytes:
     if size > limit:
         raise FileTooLarge(path, size, limit)
     return data
+
+
+def labels_bytes(path: Path) -> bytes:
+    """A labels file's bytes; `ModelError` for a file that is none (a pipe, a device, megabytes)."""
+    try:
+        return read_regular(path, MAX_LABELS_BYTES)
+    except OSError as e:
+        raise ModelError(f"cannot read labels file {path}: {e.strerror or e}") from None
+    except ValueError as e:  # `read_regular`'s refusals name the file
+        raise ModelError(f"cannot read the labels: {e}") from None
 
 
 def stdout_reader_gone() -> None:

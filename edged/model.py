@@ -6,6 +6,7 @@ same models for the same reasons and decode with the same settings.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from edged.contract import InputContract, build_contract
 from edged.decode import Decoder
 from edged.engines import InferenceEngine, open_engine
 from edged.errors import ContractError, HeadError, ModelError
-from edged.files import MAX_LABELS_BYTES, read_regular
+from edged.files import labels_bytes
 from edged.heads.anomaly import AnomalyHead, anomalib_size
 from edged.heads.base import fmt_classes
 from edged.heads.classify import ClassifyHead
@@ -28,7 +29,7 @@ from edged.heads.registry import detect_format, format_named
 from edged.heads.segment import SegmentHead
 from edged.messages import ModelInfo, Task
 from edged.segment import Segmenter
-from edged.signature import verify
+from edged.signature import Signed, verify
 
 
 @dataclass(frozen=True)  # not slotted: a fallback holds it weakly (`edged.reload.Fallback`), and 3.10 has no weakref_slot
@@ -94,17 +95,28 @@ class LoadedModel:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
 
 
-def read_labels(path: Path) -> list[str]:
-    """The class names in ``path``, one per line; `ModelError` for a file that is none (a pipe, a
-    device, megabytes) or lists no class: the model's own names would be dropped for its class ids."""
+def read_labels(path: Path, data: bytes) -> list[str]:
+    """The class names in ``data``, the labels file ``path``'s bytes, one per line; `ModelError` for
+    one that lists no class: the model's own names would be dropped for its class ids."""
     try:
-        lines = read_regular(path, MAX_LABELS_BYTES).decode("utf-8").splitlines()
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
         raise ModelError(f"cannot read labels file {path}: {e}") from None
     names = [line.strip() for line in lines if line.strip()]
     if not names:
         raise ModelError(f"labels file {path} lists no class: one name per line, in class order")
     return names
+
+
+def _labels(cfg: ModelConfig, metadata: dict[str, str], signed: Signed | None) -> list[str]:
+    """model.labels' names, read once: the bytes whose names are served are the bytes the signature
+    covers; else the model's own."""
+    if cfg.labels is None:
+        return parse_names(metadata) or []
+    data = labels_bytes(cfg.labels)
+    if signed is not None and hashlib.sha256(data).hexdigest() != signed.labels_sha256:
+        raise ModelError(f"labels file {cfg.labels} changed while the model was loaded: not the file its signature covers")
+    return read_labels(cfg.labels, data)
 
 
 def _distinct(labels: Sequence[str], source: str, *, labels_file: bool) -> None:
@@ -145,13 +157,13 @@ def load_model(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bo
         raise ModelError(f"model file {cfg.path} {what}")
     signed = verify(cfg) if cfg.require_signature else None  # before the runtime parses a byte of it
     engine = open_engine(cfg, runtime, record_placement=record_placement, lanes=lanes)
-    if signed is not None and engine.identity.sha256 != signed:
+    if signed is not None and engine.identity.sha256 != signed.model_sha256:
         raise ModelError(f"model {cfg.path} changed while it was loaded: it is not the file its signature verified")
     head, num_classes = _head(engine, cfg)
     inputs = [(i.name, list(i.shape), i.type) for i in engine.input_meta]
     trained = anomalib_size([(o.name, list(o.shape)) for o in engine.output_meta])
     contract = build_contract(inputs, engine.metadata, cfg, format_named(head), trained)
-    labels = read_labels(cfg.labels) if cfg.labels else parse_names(engine.metadata) or []
+    labels = _labels(cfg, engine.metadata, signed)
     if head == AnomalyHead.name:
         labels = labels or ["anomaly"]
     source = str(cfg.labels) if cfg.labels else "the model's names metadata"

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edged.engines import check_model_size, file_sha256
+from edged.engines import holds_external_data, read_model
 from edged.errors import KeyFileError, MissingDependency, ModelError
-from edged.files import MAX_LABELS_BYTES, read_regular
+from edged.files import labels_bytes, read_regular
 
 if TYPE_CHECKING:
     from edged.config import ModelConfig
@@ -50,17 +50,18 @@ class Signed:
     @classmethod
     def of(cls, model: Path, labels: Path | None) -> Signed:
         """The model and labels files as they are now; `ModelError` where one cannot be read (the
-        labels also where they are no regular file, or larger than any labels file)."""
-        try:
-            labels_sha256 = FROM_MODEL
-            if labels is not None:
-                labels_sha256 = hashlib.sha256(read_regular(labels, MAX_LABELS_BYTES)).hexdigest()
-            check_model_size(model, model.stat().st_size)
-            return cls(file_sha256(model), labels_sha256)
-        except OSError as e:
-            raise ModelError(f"cannot read {e.filename}: {e.strerror or e}") from None
-        except ValueError as e:  # `read_regular`'s refusals name the file
-            raise ModelError(f"cannot read the labels: {e}") from None
+        labels also where they are no regular file, or larger than any labels file), or where the
+        model keeps weights in external data files, which its sha256 does not cover."""
+        labels_sha256 = FROM_MODEL
+        if labels is not None:
+            labels_sha256 = hashlib.sha256(labels_bytes(labels)).hexdigest()
+        data, identity = read_model(model)
+        if holds_external_data(data):
+            raise ModelError(
+                f"model {model} keeps weights in external data files, which a signature does not cover: "
+                "save it as one file (onnx.save without save_as_external_data; any model under 2 GB fits) and sign that"
+            )
+        return cls(identity.sha256, labels_sha256)
 
     def text(self) -> str:
         """The signed lines."""
@@ -82,8 +83,9 @@ def sign(model: Path, labels: Path | None, private_key: Path) -> str:
     return f"{signed}signature {base64.b64encode(key.sign(signed.encode())).decode()}\n"
 
 
-def verify(cfg: ModelConfig) -> str:
-    """Check ``cfg.path``'s signature against ``cfg.signature_key``; returns the model's sha256.
+def verify(cfg: ModelConfig) -> Signed:
+    """Check ``cfg.path``'s signature against ``cfg.signature_key``; returns what it vouches for, which
+    the bytes then loaded must still be (`edged.model.load_model`).
 
     Raises `ModelError` naming what does not match (exit 78: at start the daemon does not start,
     on a reload the running model stays), `KeyFileError` for an unusable key, and
@@ -120,7 +122,7 @@ def verify(cfg: ModelConfig) -> str:
         signed_labels = "the model's own names" if claimed.labels_sha256 == FROM_MODEL else "another labels file"
         now = f"model.labels {cfg.labels}" if cfg.labels else "the model's own names"
         raise ModelError(f"model {cfg.path} was signed with {signed_labels}, and is configured with {now}; {sign_it}")
-    return actual.model_sha256
+    return actual
 
 
 def _read_key(path: Path, load: Any, kind: str) -> Any:

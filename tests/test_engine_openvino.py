@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import subprocess
 import tracemalloc
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from edged.messages import DetectionsMessage
 from edged.model import LoadedModel, load_model
 from edged.pipeline import FramePath, FramePipeline, Processed
 from edged.settings.inspect import InspectConfig
+from edged.signature import sign, signature_path
 from edged.sources.base import Frame
 from edged.sources.scenes import SceneGenerator
 from edged.verdict import Inspector
@@ -254,6 +257,26 @@ def test_the_cache_folder_is_the_services_cache_directory_by_default(
     monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path))
     _load(DEMO, "openvino")
     assert list((tmp_path / "openvino").glob("*.blob"))
+
+
+def test_a_signed_model_is_compiled_afresh_not_read_from_the_cache(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A compiled model in the cache is not covered by the signature: swapped on the disk, it would run."""
+    model, private, public = tmp_path / "demo.onnx", tmp_path / "signing.pem", tmp_path / "signing.pub"
+    model.write_bytes(DEMO.read_bytes())
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(private)], check=True)
+    subprocess.run(["openssl", "pkey", "-in", str(private), "-pubout", "-out", str(public)], check=True)
+    signature_path(model).write_text(sign(model, None, private))
+    cache = tmp_path / "cache"
+    load_model(ModelConfig(path=model, engine="openvino"), RuntimeConfig(cache_dir=cache))  # unsigned: cached
+    assert list(cache.rglob("*.blob"))
+    cfg = ModelConfig(path=model, engine="openvino", require_signature=True, signature_key=public)
+    with caplog.at_level(logging.WARNING):
+        loaded = load_model(cfg, RuntimeConfig(cache_dir=cache))
+    assert loaded.engine.cache is None  # type: ignore[attr-defined]  # OpenVINO's engine
+    assert dict(loaded.engine.report())["cache"] == "none: not used with model.require_signature: " + (
+        "the signature does not cover what it holds"
+    )
+    assert f"runtime.cache_dir {cache} is not used with model.require_signature" in caplog.text
 
 
 def test_check_reports_device_plugin_and_precision() -> None:

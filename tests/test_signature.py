@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import shlex
 import signal
@@ -12,12 +13,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from daemon import RunningDaemon, edged_command, free_port, run_cli, write_config, write_video
+from onnx import numpy_helper
 from onnx_models import fixed_scene
 from waiting import wait_for
 
+import edged.model
 from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, KeyFileError, ModelError
 from edged.model import load_model
@@ -54,7 +59,7 @@ def test_a_model_signed_by_edged_sign_verifies_and_loads(signed: tuple[Path, Pat
     text = signature_path(model).read_text()
     assert text.splitlines()[:3] == Signed.of(model, None).text().splitlines()  # readable: what it vouches for
     loaded = load_model(config(model, public), RuntimeConfig())
-    assert loaded.info.sha256 == verify(config(model, public))
+    assert loaded.info.sha256 == verify(config(model, public)).model_sha256
 
 
 def test_a_signature_made_by_openssl_over_the_same_lines_verifies(tmp_path: Path) -> None:
@@ -68,7 +73,7 @@ def test_a_signature_made_by_openssl_over_the_same_lines_verifies(tmp_path: Path
         capture_output=True,
     ).stdout
     signature_path(model).write_text(f"{lines.read_text()}signature {base64.b64encode(raw).decode()}\n")
-    assert verify(config(model, public)) == Signed.of(model, None).model_sha256
+    assert verify(config(model, public)) == Signed.of(model, None)
 
 
 def test_an_unsigned_model_is_refused_saying_how_to_sign_it(tmp_path: Path) -> None:
@@ -114,6 +119,84 @@ def test_the_labels_are_signed_with_the_model(signed: tuple[Path, Path, Path], t
     labels.write_text("crack\ndent\n")  # the classes swapped: a verdict would name the wrong defect
     with pytest.raises(ModelError, match="signed with another labels file"):
         verify(config(model, public, labels))
+
+
+def _with_external_data(model: Path, location: str) -> tuple[Path, Path]:
+    """``model`` saved again with its constants as initializers kept in an external data file, as
+    onnx.save(..., save_as_external_data=True) keeps a large model's: (model, data file)."""
+    graph = onnx.load(str(model))
+    for node in [n for n in graph.graph.node if n.op_type == "Constant"]:
+        graph.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(node.attribute[0].t), node.output[0]))
+        graph.graph.node.remove(node)
+    external = model.with_name("external.onnx")
+    onnx.save(graph, str(external), save_as_external_data=True, location=location, size_threshold=0)
+    return external, external.with_name(location)
+
+
+@pytest.mark.parametrize(
+    "location", ["external.onnx.data", "weights-" + "w" * 150 + ".bin"]
+)  # its entry's length: 1 and 2 bytes
+def test_a_model_keeping_its_weights_in_an_external_file_is_neither_signed_nor_served(tmp_path: Path, location: str) -> None:
+    """A signature covers the model file: weights in a file beside it could be swapped unseen."""
+    model, data = _with_external_data(fixed_scene(tmp_path / "scene.onnx", SCENE), location)
+    assert load_model(ModelConfig(path=model), RuntimeConfig()).num_classes == 3  # served unsigned, as before
+    private, public = keypair(tmp_path)
+    result = run_cli("sign", str(model), "--key", str(private))
+    assert result.returncode == EXIT_CONFIG and "keeps weights in external data files" in result.stderr, result.stderr
+    assert not signature_path(model).exists()
+    lines = tmp_path / "signed.txt"  # signed all the same, as openssl would sign the model's sha256
+    lines.write_text(
+        f"edged-model-signature 1\nmodel-sha256 {hashlib.sha256(model.read_bytes()).hexdigest()}\nlabels-sha256 model\n"
+    )
+    raw = subprocess.run(
+        ["openssl", "pkeyutl", "-sign", "-inkey", str(private), "-rawin", "-in", str(lines)], check=True, capture_output=True
+    ).stdout
+    signature_path(model).write_text(f"{lines.read_text()}signature {base64.b64encode(raw).decode()}\n")
+    with pytest.raises(ModelError, match=r"external.onnx keeps weights in external data files.*save it as one file"):
+        load_model(config(model, public), RuntimeConfig())
+    assert data.is_file()
+
+
+def test_labels_changed_while_the_model_loads_are_refused(
+    signed: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The names served are read once, and are the bytes whose sha256 the signature covers."""
+    model, private, public = signed
+    labels = tmp_path / "labels.txt"
+    labels.write_text("dent\ncrack\nscratch\n")
+    signature_path(model).write_text(sign(model, labels, private))
+    opened = edged.model.open_engine
+
+    def swapping(*args: Any, **kwargs: Any) -> Any:
+        labels.write_text("crack\ndent\nscratch\n")  # swapped after the signature was checked
+        return opened(*args, **kwargs)
+
+    monkeypatch.setattr(edged.model, "open_engine", swapping)
+    with pytest.raises(ModelError, match=r"labels file .*labels.txt changed while the model was loaded"):
+        load_model(config(model, public, labels), RuntimeConfig())
+
+
+def test_a_signed_model_is_never_run_from_the_optimised_model_cache(
+    signed: tuple[Path, Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cache holds a graph edged wrote: swapped on the disk, it would run under the signed model's name."""
+    model, _, public = signed
+    cache = tmp_path / "scene.opt.onnx"
+    runtime = RuntimeConfig(optimized_model_path=cache)
+    unsigned = load_model(ModelConfig(path=model), runtime)  # writes the cache and its stamp
+    stamp = cache.with_name(cache.name + ".json").read_text()
+    other = fixed_scene(tmp_path / "other.onnx", [(40.0, 40.0, 10.0, 10.0, 2, 0.8)])
+    cache.write_bytes(other.read_bytes())  # the stamp left as it was: it names the signed model
+    assert cache.with_name(cache.name + ".json").read_text() == stamp
+    frame = np.zeros(unsigned.contract.shape, np.float32)
+    assert unsigned.engine.infer(frame)[0][0, 4:, 0].tolist() == pytest.approx([0.0, 0.9, 0.0])
+    assert load_model(ModelConfig(path=model), runtime).engine.infer(frame)[0][0, 4:, 0].tolist() == pytest.approx(
+        [0.0, 0.0, 0.8]
+    )  # unsigned, the cache runs: what the signature keeps out
+    with caplog.at_level(logging.WARNING):
+        loaded = load_model(config(model, public), runtime)
+    assert loaded.engine.infer(frame)[0][0, 4:, 0].tolist() == pytest.approx([0.0, 0.9, 0.0])
+    assert "runtime.optimized_model_path" in caplog.text and "not used with model.require_signature" in caplog.text
 
 
 @pytest.mark.integration
@@ -179,7 +262,8 @@ def test_sign_says_what_it_cannot_read_or_write_without_a_traceback(tmp_path: Pa
     result = subprocess.run(
         [*unprivileged, shlex.join(edged_command("sign", str(model), "--key", str(private)))], capture_output=True, text=True
     )
-    assert result.returncode == EXIT_CONFIG and f"cannot read {model}: Permission denied" in result.stderr, result.stderr
+    assert result.returncode == EXIT_CONFIG, result.stderr
+    assert f"cannot read model {model}: Permission denied" in result.stderr
     model.chmod(0o644)
     out = tmp_path / "sealed" / "scene.onnx.sig"
     result = subprocess.run(
