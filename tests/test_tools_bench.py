@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import os
 import signal
 import subprocess
+from collections import Counter
 from collections.abc import Callable
 from contextlib import redirect_stdout, suppress
 from pathlib import Path
@@ -29,7 +31,7 @@ from edged.messages import DetectionsMessage
 from edged.tools.bench import cold_start, engine_variants, soak
 from edged.tools.bench_cameras import camera_ids, format_rows, source_table
 from edged.tools.bench_config import write_config
-from edged.tools.bench_rows import MASKS, STAGES, FullPath, bench_frame, load, naive_detect
+from edged.tools.bench_rows import MASKS, STAGES, FullPath, Row, TimedFrame, bench_frame, interleave, load, naive_detect
 
 pytestmark = pytest.mark.tools
 
@@ -50,6 +52,22 @@ def report(probe: Path) -> dict[str, Any]:
         assert main(["bench", "--model", str(probe), *QUICK, "--json"]) == 0
     result: dict[str, Any] = json.loads(out.getvalue())
     return result
+
+
+def test_interleaved_rows_take_turns_in_every_order() -> None:
+    """Each row follows each other one equally often: a row right after one running the same code
+    finds it warm, and a fixed order gave one row that advantage at every frame."""
+    ran: list[str] = []
+
+    def row(name: str) -> Row:
+        return lambda: ran.append(name) or TimedFrame(0.0)
+
+    samples = interleave({name: row(name) for name in "abcd"}, frames=24, warmup=0)
+    assert [len(timed) for timed in samples.values()] == [24] * 4
+    rounds = [ran[i : i + 4] for i in range(0, len(ran), 4)]
+    assert all(sorted(r) == list("abcd") for r in rounds)
+    follows = Counter(pair for r in rounds for pair in itertools.pairwise(r))
+    assert len(follows) == 12 and set(follows.values()) == {6}
 
 
 def test_report_has_every_row_with_latency_and_cpu(report: dict[str, Any]) -> None:
