@@ -637,8 +637,8 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "Run an anomaly model (an anomalib export) through the daemon's pipeline over a folder of images "
         "of good parts, print the distribution of their scores and propose model.anomaly_threshold and "
         "model.pixel_threshold as a config snippet; with --bad, report the image AUROC and the best F1 "
-        "threshold. Exit 0; 78 for a configuration or model problem; 65 for unusable images; 2 for a "
-        "detection model.",
+        "threshold. Exit 0; 78 for a configuration or model problem, a model of another task included; "
+        "65 for unusable images.",
         _calibrate_arguments,
     ),
     (
@@ -647,8 +647,8 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "Quantise a model to INT8 (QDQ, per-channel int8 weights, uint8 "
         "activations) calibrated on frames through the daemon's preprocess, keeping the "
         "detection head in float; then compare latency and accuracy with the original. "
-        "Exit 0 on success, 78 for an unusable model or data, 1 when quantising fails or "
-        "the quantised model does not load or run.",
+        "Exit 0 on success, 78 for an unusable model or data (an anomaly model included), 1 when "
+        "quantising fails or the quantised model does not load or run.",
         _quantize_arguments,
     ),
     (
@@ -657,7 +657,8 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "Run each engine x precision this machine offers (ONNX Runtime f32 and int8, OpenVINO f32, bf16, "
         "f16 and int8) through the daemon's full per-frame path on your images, measure latency, CPU and "
         "memory and the accuracy against FP32 (or labels), gate it, and write the fastest that passes as a "
-        "[model] snippet. It changes no configuration.",
+        "[model] snippet. It changes no configuration. Exit 78 for a configuration or model problem, a "
+        "model other than a detection or segmentation model included.",
         _tune_arguments,
     ),
     (

@@ -95,6 +95,36 @@ class LoadedModel:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
 
 
+TASK_NAMES: dict[Task, str] = {
+    "detect": "detection",
+    "segment": "segmentation",
+    "classify": "classification",
+    "anomaly": "anomaly",
+}
+
+
+def require_task(model: LoadedModel, tasks: Sequence[Task], command: str, key: str) -> None:
+    """`ModelError` (exit 78) for a model of a task ``command`` does not serve, naming its task and those
+    served: no option makes the command serve it, the model given as ``key`` must change."""
+    if model.task in tasks:
+        return
+    names = [TASK_NAMES[task] for task in tasks]
+    found = TASK_NAMES[model.task]
+
+    def listed(joint: str) -> str:
+        return f"{', '.join(names[:-1])} {joint} {names[-1]}" if len(names) > 1 else names[0]
+
+    one = listed("or")
+    raise ModelError(
+        f"{key} {model.cfg.path} is {_a(found)} {found} model, and edged {command} serves {listed('and')} models only: "
+        f"give {key} {_a(one)} {one} model"
+    )
+
+
+def _a(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
 def read_labels(path: Path, data: bytes) -> list[str]:
     """The class names in ``data``, the labels file ``path``'s bytes, one per line; `ModelError` for
     one that lists no class: the model's own names would be dropped for its class ids."""

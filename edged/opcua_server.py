@@ -709,10 +709,11 @@ class UaServer:
 
 def answer_not_writable(internal: InternalServer) -> None:
     """asyncua refuses every write its user may not make with BadUserAccessDenied, which says the
-    user lacks a right: a write to a node that does not exist, to an attribute the node's WriteMask
-    keeps closed, to a value its AccessLevel makes read-only. OPC UA (Part 4, Write) answers
-    BadNodeIdUnknown and BadNotWritable there, and PLC tools and Node-RED show that status to whoever
-    wires them up. Only those answers change: every other write result is asyncua's."""
+    user lacks a right: a write to a node that does not exist, to an attribute the node does not have
+    (a Variable's Executable), to one its WriteMask keeps closed, to a value its AccessLevel makes
+    read-only. OPC UA (Part 4, Write) answers BadNodeIdUnknown, BadAttributeIdInvalid and BadNotWritable
+    there, and PLC tools and Node-RED show that status to whoever wires them up. Only those answers
+    change: every other write result is asyncua's."""
     service, aspace = internal.attribute_service, internal.aspace
     write = service.write
 
@@ -722,6 +723,11 @@ def answer_not_writable(internal: InternalServer) -> None:
         if data.StatusCode is None or not data.StatusCode.is_good() or data.Value is None:
             return None
         return data.Value.Value
+
+    def has(item: ua.WriteValue) -> bool:
+        """Whether the node has the attribute: asyncua holds only those of its node class."""
+        status = aspace.read_attribute_value(item.NodeId, item.AttributeId).StatusCode
+        return status is None or status.value != StatusCodes.BadAttributeIdInvalid
 
     def opens(item: ua.WriteValue) -> bool | None:
         """Whether the node lets anyone write the attribute; None where it does not say."""
@@ -742,6 +748,8 @@ def answer_not_writable(internal: InternalServer) -> None:
             return result
         if item.NodeId not in aspace:
             return ua.StatusCode(ua.UInt32(StatusCodes.BadNodeIdUnknown))
+        if not has(item):
+            return ua.StatusCode(ua.UInt32(StatusCodes.BadAttributeIdInvalid))
         if opens(item) is not False:
             return result  # writable, but not by this user (or the node does not say): asyncua's answer
         return ua.StatusCode(ua.UInt32(StatusCodes.BadNotWritable))

@@ -202,6 +202,8 @@ async function anonymous() {
         ["display name", `${camera}.Verdict`, ua.AttributeIds.DisplayName, text("OK")],
         ["description", `${camera}.Verdict`, ua.AttributeIds.Description, text("OK")],
         ["camera's display name", camera, ua.AttributeIds.DisplayName, text("cam9")],
+        ["executable", `${camera}.Verdict`, ua.AttributeIds.Executable, { dataType: ua.DataType.Boolean, value: true }],
+        ["camera's value rank", camera, ua.AttributeIds.ValueRank, { dataType: ua.DataType.Int32, value: -1 }],
         ["unknown node", `${camera}.Nothing`, ua.AttributeIds.Value, string("OK")],
         ["unknown node's display name", `${camera}.Nothing`, ua.AttributeIds.DisplayName, text("OK")],
     ];

@@ -47,10 +47,11 @@ from edged.errors import ConfigError, KeyFileError
 from edged.journal import JournalOutput
 from edged.messages import TriggerError, VerdictMessage, parse_message
 from edged.model import load_model
-from edged.opcua import OpcuaOutput, describe, opcua_problems
+from edged.opcua import OpcuaOutput, describe, opcua_problems, try_listen
 from edged.opcua_server import (
     VARIABLES,
     BoundedLog,
+    UaServer,
     application_uri,
     quiet_asyncua,
     read_users,
@@ -698,6 +699,51 @@ def test_a_service_fault_answering_a_client_is_a_warning_and_the_servers_own_fai
         ("ERROR", "Error while processing message"),
     ]
     assert [record.levelno for record in said_to.records] == [logging.WARNING, logging.ERROR, logging.ERROR]
+
+
+def test_a_write_to_an_attribute_the_node_lacks_is_attribute_id_invalid_and_to_one_it_keeps_closed_not_writable() -> None:
+    """OPC UA (Part 4, Write) answers each wrong write by what is wrong: no such node, no such attribute
+    on the node, an attribute it has but keeps closed. asyncua answered Bad_UserAccessDenied to an
+    attribute the node lacks, a right no user lacks there."""
+    port = free_port()
+    cfg = OpcuaConfig(listen=url(port))
+    server = UaServer(cfg, ["cam0"], [], 2.0, lambda: try_listen(cfg.listen))
+
+    async def written() -> dict[str, str]:
+        async with client(url(port)) as c:
+            camera, ns = await camera_node(c)
+            verdict = (await camera.get_child(f"{ns}:Verdict")).nodeid
+            text, ids = ua.Variant(ua.LocalizedText("OK")), ua.AttributeIds
+            writes = {
+                "Verdict's Executable": (verdict, ids.Executable, ua.Variant(True)),
+                "camera's ValueRank": (camera.nodeid, ids.ValueRank, ua.Variant(-1, ua.VariantType.Int32)),
+                "camera's Value": (camera.nodeid, ids.Value, ua.Variant("OK")),
+                "no attribute of OPC UA's": (verdict, 99, ua.Variant("OK")),
+                "Verdict's Value": (verdict, ids.Value, ua.Variant("OK")),
+                "Verdict's DisplayName": (verdict, ids.DisplayName, text),
+                "unknown node's Executable": (ua.NodeId("cam0.Nothing", ns), ids.Executable, ua.Variant(True)),
+            }
+            params = ua.WriteParameters(
+                NodesToWrite=[
+                    ua.WriteValue(node, attribute, Value=ua.DataValue(value)) for node, attribute, value in writes.values()
+                ]
+            )
+            results = await c.uaclient.write(params)
+            return {label: result.name for label, result in zip(writes, results, strict=True)}
+
+    try:
+        assert wait_for(lambda: server.serving, 60)
+        assert asyncio.run(written()) == {
+            "Verdict's Executable": "BadAttributeIdInvalid",
+            "camera's ValueRank": "BadAttributeIdInvalid",
+            "camera's Value": "BadAttributeIdInvalid",
+            "no attribute of OPC UA's": "BadAttributeIdInvalid",
+            "Verdict's Value": "BadNotWritable",
+            "Verdict's DisplayName": "BadNotWritable",
+            "unknown node's Executable": "BadNodeIdUnknown",
+        }
+    finally:
+        server.close()
 
 
 def test_check_says_who_may_sign_in_and_where_the_certificate_is(tmp_path: Path) -> None:

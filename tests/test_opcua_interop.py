@@ -191,6 +191,8 @@ def test_node_opcua_browses_reads_subscribes_and_triggers_anonymously(tmp_path: 
             "display name": "BadNotWritable",
             "description": "BadNotWritable",
             "camera's display name": "BadNotWritable",
+            "executable": "BadAttributeIdInvalid",
+            "camera's value rank": "BadAttributeIdInvalid",
             "unknown node": "BadNodeIdUnknown",
             "unknown node's display name": "BadNodeIdUnknown",
         }

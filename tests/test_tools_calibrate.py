@@ -18,8 +18,9 @@ import pytest
 from daemon import run_cli, write_config
 from images import black_png, truncated_jpeg
 
+from edged.cli import SUBCOMMANDS
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import DataError
+from edged.errors import EXIT_CONFIG, DataError
 from edged.model import LoadedModel, load_model
 from edged.tools.calibrate import (
     PixelAuroc,
@@ -93,7 +94,12 @@ def test_calibrate_refuses_a_detection_model_and_an_empty_folder(tmp_path: Path)
     demo = Path(__file__).parent.parent / "models" / "demo.onnx"
     config = write_config(tmp_path / "edged.toml", {"source": {"type": "synthetic"}, "model": {"path": str(demo)}})
     result = run_cli("calibrate", "--config", str(config), "--good", str(tmp_path))
-    assert result.returncode == 2 and "is for anomaly models" in result.stderr
+    # A model of another task is a model problem (exit 78), not a usage error: no option makes calibrate serve it.
+    assert result.returncode == EXIT_CONFIG, result.stderr
+    assert f"model.path {demo} is a detection model, and edged calibrate serves anomaly models only" in result.stderr
+    assert "give model.path an anomaly model" in result.stderr
+    help_text = next(text for name, _, text, _ in SUBCOMMANDS if name == "calibrate")
+    assert "78 for a configuration or model problem, a model of another task included" in help_text
     config = write_config(
         tmp_path / "a.toml", {"source": {"type": "synthetic"}, "model": {"path": str(DATA / "padim.onnx")}}
     )

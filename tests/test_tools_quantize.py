@@ -24,6 +24,7 @@ from daemon import edged_command, run_cli
 from onnx import TensorProto, helper, numpy_helper
 from onnx_models import colour_probe, reversed_classes
 
+from edged.cli import SUBCOMMANDS
 from edged.config import ModelConfig, RuntimeConfig
 from edged.engines import file_sha256
 from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_FAILURE, EXIT_USAGE, DataError, QuantizeError, UsageError
@@ -346,11 +347,18 @@ def test_verdicts_are_compared_under_the_configured_cameras_inspection(tmp_path:
 
 
 def test_an_anomaly_model_is_refused_before_any_work(tmp_path: Path) -> None:
-    # Before: it was calibrated, then failed inside onnxruntime's shape inference with a TypeError.
+    # Before: it was calibrated, then failed inside onnxruntime's shape inference with a TypeError. Then
+    # it was refused as a usage error (exit 2), though no option makes quantize serve it: the model must change.
     out = tmp_path / "o.onnx"
-    anomaly = run_cli("quantize", "--model", str(TASKS.parent / "anomaly" / "padim.onnx"), "--out", str(out))
-    assert anomaly.returncode == EXIT_USAGE and "is an anomaly model (an anomalib export)" in anomaly.stderr
+    padim = TASKS.parent / "anomaly" / "padim.onnx"
+    anomaly = run_cli("quantize", "--model", str(padim), "--out", str(out))
+    assert anomaly.returncode == EXIT_CONFIG, anomaly.stderr
+    served = "edged quantize serves detection, segmentation and classification models only"
+    assert f"--model {padim} is an anomaly model, and {served}" in anomaly.stderr
+    assert "give --model a detection, segmentation or classification model" in anomaly.stderr
     assert "calibrating" not in anomaly.stderr and not out.exists()
+    help_text = next(text for name, _, text, _ in SUBCOMMANDS if name == "quantize")
+    assert "78 for an unusable model or data (an anomaly model included)" in help_text
 
 
 def test_a_classifier_is_compared_by_its_best_class_and_its_verdicts(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 from daemon import edged_command, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
+from edged.cli import SUBCOMMANDS
 from edged.config import load_config
 from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_USAGE
 from edged.tools import tune
@@ -158,14 +159,19 @@ def test_tune_refuses_to_write_over_the_configuration(tmp_path: Path) -> None:
     assert config.read_text() == CONFIG
 
 
-@pytest.mark.parametrize(("model", "what"), [("anomaly/padim.onnx", "an anomaly model"), ("tasks/cls.onnx", "a classifier")])
+@pytest.mark.parametrize(("model", "what"), [("anomaly/padim.onnx", "an anomaly"), ("tasks/cls.onnx", "a classification")])
 def test_tune_refuses_a_model_whose_boxes_it_cannot_compare_before_quantising(tmp_path: Path, model: str, what: str) -> None:
-    # An anomaly model went on to be quantised, and failed inside onnxruntime with a TypeError.
+    # An anomaly model went on to be quantised, and failed inside onnxruntime with a TypeError. Then
+    # it was refused as a usage error (exit 2), though no option makes tune serve it: the model must change.
     config = tmp_path / "edged.toml"
-    config.write_text(f'[model]\npath = "{Path(__file__).parent / "data" / model}"\n')
+    path = Path(__file__).parent / "data" / model
+    config.write_text(f'[model]\npath = "{path}"\n')
     done = run_cli("tune", "--config", str(config), "--frames", "1")
-    assert done.returncode == EXIT_USAGE and f"detection or segmentation model, not {what}" in done.stderr
-    assert "quantising" not in done.stderr
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert f"model.path {path} is {what} model, and edged tune serves detection and segmentation models only" in done.stderr
+    assert "give model.path a detection or segmentation model" in done.stderr and "quantising" not in done.stderr
+    help_text = next(text for name, _, text, _ in SUBCOMMANDS if name == "tune")
+    assert "a model other than a detection or segmentation model included" in help_text
 
 
 def test_tune_judges_verdicts_as_the_configured_camera_does(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from edged.check import next_frame
 from edged.config import Settings
 from edged.contract import ChannelOrder
 from edged.errors import DataError, ImageError, UsageError
-from edged.model import LoadedModel, load_model
+from edged.model import LoadedModel, load_model, require_task
 from edged.pipeline import FramePipeline, planned
 from edged.settings.sources import SourceBase
 from edged.sources.images import IMAGE_SUFFIXES, is_image_file, read_image
@@ -277,14 +277,9 @@ def report(model: LoadedModel, good: Scored, bad: np.ndarray | None, out: TextIO
         )
 
 
-TASK_NAMES = {"detect": "detection model", "segment": "segmentation model", "classify": "classification model"}
-
-
 def run_calibrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     model = load_model(settings.model, settings.runtime)
-    if model.task != "anomaly":
-        what = TASK_NAMES[model.task]
-        raise UsageError(f"edged calibrate is for anomaly models (anomalib exports); {settings.model.path} is a {what}")
+    require_task(model, ("anomaly",), "calibrate", "model.path")
     if (args.good is None) == (args.frames is None):
         raise UsageError("edged calibrate takes good parts from --good DIR or from --frames N of the camera, one of them")
     bad_images = images_in(args.bad) if args.bad is not None else None  # said before the good parts are scored

@@ -59,7 +59,7 @@ from edged.contract import InputContract
 from edged.engines import is_quantised
 from edged.errors import ContractError, DataError, InferenceError, ModelError, QuantizeError, UsageError
 from edged.files import refuse_overwriting, write_whole, write_with
-from edged.model import LoadedModel, load_model
+from edged.model import LoadedModel, load_model, require_task
 from edged.pipeline import FramePipeline
 from edged.preprocess import AntialiasPreprocessor, Preprocessor, preprocessor
 from edged.settings.inspect import InspectConfig
@@ -583,15 +583,6 @@ def _check_args(args: argparse.Namespace) -> None:
         )
 
 
-def _check_task(args: argparse.Namespace, model: LoadedModel) -> None:
-    """Refuse an anomaly model before any work: quantize makes and compares the other tasks' models."""
-    if model.task == "anomaly":
-        raise UsageError(
-            f"{args.model} is an anomaly model (an anomalib export): edged quantize makes INT8 detection, "
-            "segmentation and classification models"
-        )
-
-
 def _calibration(args: argparse.Namespace, model: LoadedModel) -> tuple[str, CalibrationFrames]:
     if args.calib_images is not None:
         total, frames = folder_samples(args.calib_images, None)  # pixels only
@@ -644,7 +635,7 @@ def run_quantize(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         ModelConfig(path=args.model, conf=MAP_CONF, iou=MAP_IOU, max_det=MAX_DET),
         RuntimeConfig(intra_op_threads=args.threads),
     )
-    _check_task(args, original)
+    require_task(original, ("detect", "segment", "classify"), "quantize", "--model")  # before any work
     # What the comparison needs is checked now, not after minutes of quantising.
     if args.data is None:
         if args.eval_scenes and original.task != "classify":

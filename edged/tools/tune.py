@@ -32,7 +32,7 @@ from edged.config import EngineName, ModelConfig, Precision, Settings, load_conf
 from edged.engines import is_quantised
 from edged.errors import ConfigError, ContractError, DataError, ModelError, SetupError, UsageError
 from edged.files import refuse_overwriting, write_whole, write_with
-from edged.model import LoadedModel, load_model
+from edged.model import LoadedModel, load_model, require_task
 from edged.settings.inspect import InspectConfig
 from edged.tools import bench_rows as rows
 from edged.tools.agreement import RANK_CONF, Flip, agreement, camera_inspection, check_inspection
@@ -359,9 +359,7 @@ def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout, log: TextIO = s
     reference = load_model(
         model.model_copy(update={"conf": RANK_CONF, "engine": "onnxruntime", "precision": "f32"}), settings.runtime
     )
-    if reference.task not in ("detect", "segment"):
-        what = "a classifier" if reference.task == "classify" else "an anomaly model"
-        raise UsageError(f"tune compares boxes and verdicts of a detection or segmentation model, not {what}")
+    require_task(reference, ("detect", "segment"), "tune", "model.path")  # it compares boxes and verdicts
     if args.images is None:
         check_scene_classes(reference, "run tune on your own images with --images DIR")
     inspect = camera_inspection(settings, args.camera)  # an unknown --camera said now
