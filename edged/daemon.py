@@ -209,8 +209,7 @@ class Daemon:
         return (self.desk.fds if self.desk is not None else []) + self.candidate.fds
 
     def _hand_out(self) -> int:
-        """Hand idle lanes the next frames (`edged.schedule.hand_out`); a reload on trial takes its
-        cameras' next frame on this thread (`_try`)."""
+        """Hand idle lanes the next frames (`edged.schedule.hand_out`); a reload's trial runs its own here (`_try`)."""
         cameras, ready = self.serving(), self.health.ready
         return hand_out(
             cameras, self.lanes, self.desk, self.outputs, ready=ready, on_trial=self._on_trial, try_frame=self._try
@@ -284,9 +283,12 @@ class Daemon:
                 camera.update_rate_cap(self.report.rate_factor if self.report else 1.0)
 
     def _fall_back_provider(self) -> bool:
-        """Whether to go on with inference failing: a fallback loads off this thread (`edged.reload.Reloads.fall_back`)."""
-        sources = [camera.cfg for camera in self.cameras.values()]
-        return self._reloads.fall_back(self.settings, self.model, sources, self._inference_failures, self.candidate.follower)
+        """Whether to go on with inference failing: a fallback loads off this thread (`edged.reload.Reloads.fall_back`),
+        which is progress to the watchdog, as frames are, until the load counts as stuck and this says no."""
+        sources, failures = [camera.cfg for camera in self.cameras.values()], self._inference_failures
+        if going_on := self._reloads.fall_back(self.settings, self.model, sources, failures, self.candidate.follower):
+            self.health.frame_done()
+        return going_on
 
     def _live(self) -> Swap:
         """The model serving now and each camera's path through it: what a promotion keeps for rollback."""
@@ -349,9 +351,8 @@ class Daemon:
         self._watch()
 
     def _try(self, camera: Camera, frame: Frame) -> None:
-        """Switch to a reload's model once it has run on ``frame``, or keep the running one. In free
-        mode ``frame`` is then published like any other; in request mode nobody asked for it, so it
-        is not (the warm-up before READY=1 is not either)."""
+        """Switch to a reload's model once it has run on ``frame``, or keep the running one; ``frame`` is then
+        published in free mode only (in request mode nobody asked for it), and not in the warm-up before READY=1."""
         if (trial := self._trial) is None:
             return
         outcome = trial.replacement.trial(camera.id, frame)
@@ -373,9 +374,8 @@ class Daemon:
             self._finish(switched, outcome)
 
     def _switch(self, trial: Trial) -> None:
-        """The reload takes over: its model, cameras, outputs, requests and thermal watch. The frames
-        on the lanes are published first, unless one outlasts `LANES_RELOAD_WAIT_S`: it comes out
-        of the lanes later, with the camera it was taken for (`edged.lanes.Lanes.resize`)."""
+        """The reload takes over (model, cameras, outputs, requests, thermal watch); the frames on the lanes are published
+        first, unless one outlasts `LANES_RELOAD_WAIT_S`: it comes out later with its camera (`edged.lanes.Lanes.resize`)."""
         self._settle(self.lanes.drain(LANES_RELOAD_WAIT_S))
         new = trial.replacement.settings
         self.lanes.resize(new.lanes())

@@ -646,6 +646,38 @@ def test_a_fallback_whose_model_file_stalls_holds_up_no_frame_nor_ping_and_switc
         notify.close()
 
 
+def test_a_fallback_loading_while_every_frame_fails_is_progress_to_the_watchdog(workdir: Path) -> None:
+    """With every frame failing, the fallback's load is what progresses: the pings stopped
+    ``stall_timeout_s`` after the last frame that ran, and systemd killed edged during the fallback it
+    had started (a load that counts as stuck still ends the loop). Dark frames run, bright ones fail
+    on the first provider; here the folder holds bright ones alone once the load waits."""
+    source, providers = _dark_folder_failing_on_azure(workdir)
+    model, service, runtime = {"path": "failing.onnx"}, {"stall_timeout_s": 2.0}, {"providers": providers}
+    path, endpoint = config(workdir, source, model=model, service=service, runtime=runtime)
+    notify = NotifySocket(workdir / "notify.sock")
+    d = RunningDaemon(path, endpoint, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "600000"})
+    try:
+        assert {m.model.provider for m in d.collect("detections", 2)} == {"AzureExecutionProvider"}
+        with opening_stalled(workdir / "failing.onnx") as waiting:
+            dark = sorted((workdir / "imgs").iterdir())
+            (workdir / "bright").mkdir()
+            for i in range(30):
+                cv2.imwrite(str(workdir / "bright" / f"b{i:02d}.png"), np.full((128, 128, 3), 255, np.uint8))
+            for image in sorted((workdir / "bright").iterdir()):  # each moved in whole: none read half written
+                image.rename(workdir / "imgs" / image.name)
+            for image in dark:
+                image.unlink()
+            assert wait_for(waiting, timeout_s=20), d.log()  # 20 bright frames failed: the fallback reads the file
+            stalled = time.monotonic()
+            assert wait_for(lambda: bool(notify.times_of("WATCHDOG=1", since=stalled + 4.0)), timeout_s=20), d.log()
+            assert d.proc.poll() is None and "no frame processed" not in d.log()
+        assert d.proc.wait(30) == 1  # loaded, the fallback fails as well: no provider left
+        assert "falling back to CPUExecutionProvider" in d.log()
+    finally:
+        d.close()
+        notify.close()
+
+
 def _provider_after(d: RunningDaemon, provider: str) -> None:
     """Wait until the frames published are run on ``provider``."""
     deadline = time.monotonic() + 20
