@@ -32,7 +32,11 @@ never blocking inference. A disk that is full, read-only, missing or not ours is
 burst and counted; inference goes on. Retention (`max_bytes`, oldest first, and `max_age_days`)
 covers every folder of the camera together; it is enforced at start-up, which also removes what a
 power cut left half written, and after every save from a running total, never by rescanning the
-tree per frame.
+tree per frame. A frame's age counts from its image's time, which a step of the wall clock forward
+moves on by as much, whether edged runs or is stopped in the same boot (`EvidenceStore.follow_clock`:
+the camera folder's ``.edged-clock.json`` holds the boot and clock the images are stamped on). A
+day folder dated before 2026 (`EPOCH_DAY`) was stamped by a clock not yet set: its frames go last
+for room, and by age only once a clock set right in their boot gave them their time.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
@@ -59,6 +63,7 @@ import cv2
 import numpy as np
 
 from edged.files import read_regular
+from edged.identity import CLOCK_EPOCH_NS, boot_id
 from edged.lograte import Failures
 from edged.messages import EvidenceReport, Task, Verdict
 from edged.output import NO_REPORT, FrameReport, Output, OutputReport, Services
@@ -76,13 +81,17 @@ log = logging.getLogger(__name__)
 QUEUE_FRAMES = 4  # frames waiting for the writer: bounds the memory a slow disk can take (4 copies)
 IDLE_WAKE_S = 60.0  # the writer wakes this often without frames, so age pruning runs on a quiet line
 RATE_WINDOW_S = 60.0
-STEP_S = 3600.0  # a step of the wall clock forward by more moves the saved images' times (`EvidenceWriter`)
+STEP_S = 3600.0  # a step of the wall clock forward by more moves the saved images' times (`EvidenceStore.follow_clock`)
 STOP_WAIT_S = 1.0  # at stop, time left to each writer to finish its queue (a few ms per frame)
 SUBFOLDERS = ("images", "labels", "messages")
 MAPS = "maps"  # an anomaly model's map, made only for frames that have one
 SIDECAR_FOLDERS = (*SUBFOLDERS, MAPS)
 IDENTITY = "dataset.json"  # in each dataset folder: the task and class names of the model whose evidence it is
-DATASET_FILES = ("data.yaml", "classes.txt", IDENTITY)  # in each dataset folder, written at its first save
+CLOCK_RECORD = ".edged-clock.json"  # in the camera folder: the boot and clock its images were stamped on (`follow_clock`)
+# Beside the saved frames: in each dataset folder, written at its first save; the camera folder's CLOCK_RECORD.
+DATASET_FILES = ("data.yaml", "classes.txt", IDENTITY, CLOCK_RECORD)
+EPOCH_S = CLOCK_EPOCH_NS / 1e9  # an image whose time is earlier was stamped by a clock not yet set: its age is unknown
+EPOCH_DAY = f"{datetime.fromtimestamp(EPOCH_S, tz=timezone.utc):%Y-%m-%d}"  # a day folder named earlier holds such frames
 # The tasks whose dataset ultralytics trains from a data.yaml of the whole folder: a classifier's trains
 # from a day's images/, and an anomaly model's would take its maps/ for training images.
 YAML_TASKS = ("detect", "segment")
@@ -263,6 +272,42 @@ def _size(path: Path) -> int:
         return 0
 
 
+def _today(now_s: float) -> str:
+    return f"{datetime.fromtimestamp(now_s, tz=timezone.utc):%Y-%m-%d}"
+
+
+def _ordered(days: Iterable[str], today: str) -> deque[str]:
+    """Day folders in the order retention deletes them. First those dated after ``today``: stamped
+    by a clock since stepped back from a wrong future, so saved before any frame stamped now. Last
+    those dated before `EPOCH_DAY`: stamped by a clock not yet set, of an age unknown, and maybe the
+    newest (the frames of a boot where the clock was wrong, saved before NTP set it)."""
+    return deque(sorted(days, key=lambda day: (2 if day < EPOCH_DAY else 0 if day > today else 1, day)))
+
+
+def _remove_empty(days: Iterable[Path]) -> None:
+    """Remove the folders of days whose frames are all gone (a classifier's class folders too)."""
+    for day in days:
+        if (day / "images").is_dir():
+            for folder in (day / "images").iterdir():
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+        for sub in SIDECAR_FOLDERS:
+            if (day / sub).is_dir() and not any((day / sub).iterdir()):
+                (day / sub).rmdir()
+        if day.is_dir() and not any(day.iterdir()):
+            day.rmdir()
+
+
+def _recorded_clock(path: Path) -> tuple[str, float] | None:
+    """The boot and clock (`_wall_less_boot_clock`) a camera's images were last stamped on, as its
+    `CLOCK_RECORD` says; None where it says nothing readable (none yet: an older edged's folder)."""
+    try:
+        record = json.loads(read_regular(path, _MAX_RECORD_BYTES))
+        return str(record["boot_id"]), float(record["wall_less_boot_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class EvidenceStore:
     """One camera's evidence folders: the layout, atomic saves, and retention from a running total.
 
@@ -283,8 +328,12 @@ class EvidenceStore:
         self.max_bytes = max_bytes
         self.max_age_s = max_age_days * 86400.0
         self.total_bytes = 0
-        self._days: deque[str] = deque()  # day folders of every dataset, oldest first
-        self._oldest: deque[tuple[Path, Path]] = deque()  # the oldest day's (day folder, image), loaded by `prune`
+        self.boot_id = boot_id()
+        self.clock_s = _wall_less_boot_clock()  # the clock the images saved since are stamped on (`follow_clock`)
+        self._recorded = False  # CLOCK_RECORD holds this boot and `clock_s`
+        self._undated_due: float | None = None  # the earliest time of an image set right in a day before EPOCH_DAY
+        self._days: deque[str] = deque()  # day folders of every dataset, in the order they go (`_ordered`)
+        self._oldest: deque[tuple[Path, Path]] = deque()  # the first day to go's (day folder, image), loaded by `prune`
         self._datasets: set[str] = set()  # the camera's dataset folders under root
         self._described: set[str] = set()  # datasets checked and described since `open`
         try:  # read here, once, so that `dataset_for` on the loop never touches the disk
@@ -302,9 +351,11 @@ class EvidenceStore:
         return self.camera_id if primary == (task, names) else dataset_name(self.camera_id, task, names)
 
     def open(self) -> None:
-        """Scan the camera's folders once: remove temp files and half-written sets, total the rest, prune."""
+        """Scan the camera's folders once: remove temp files and half-written sets, total the rest,
+        follow a step of the clock since the images were stamped (`follow_clock`), prune."""
         self.root.mkdir(exist_ok=True)
         self.folder.mkdir(exist_ok=True)
+        recorded = _recorded_clock(self.folder / CLOCK_RECORD)
         mine = f"{self.camera_id}@"
         datasets = {p.name for p in self.root.iterdir() if p.name.startswith(mine) and p.is_dir()} | {self.camera_id}
         total, days = 0, set()
@@ -314,9 +365,13 @@ class EvidenceStore:
             for day in (p.name for p in folder.iterdir() if _DAY.match(p.name) and p.is_dir()):
                 total += self._clean_day(folder / day)
                 days.add(day)
-        self.total_bytes, self._days, self._oldest = total, deque(sorted(days)), deque()
+        self.total_bytes, self._days, self._oldest = total, _ordered(days, _today(time.time())), deque()
         self._datasets, self._described = datasets, set()  # described again at their next save
+        self._undated_due = self._earliest_undated()
         self.opened = True
+        self._recorded = recorded is not None and recorded[0] == self.boot_id
+        self.clock_s = recorded[1] if recorded is not None and self._recorded else _wall_less_boot_clock()
+        self.follow_clock()
         self.prune(time.time())
 
     def _clean_day(self, day: Path) -> int:
@@ -373,11 +428,14 @@ class EvidenceStore:
                 path.unlink(missing_ok=True)
             raise
         self.total_bytes += len(image_bytes) + sum(len(data) for _, data in sidecars)
+        now = time.time()
         if day not in self._days:
-            if self._days and day < self._days[-1]:  # the clock went back: keep the days in order
-                self._days, self._oldest = deque(sorted([*self._days, day])), deque()
-            else:
-                self._days.append(day)
+            days = _ordered([*self._days, day], _today(now))
+            if self._days and days[0] != self._days[0]:  # a new first to go: the one loaded is not
+                self._oldest = deque()
+            self._days = days
+        if day < EPOCH_DAY and now >= EPOCH_S:  # stamped before a step the clock made since: its time is right
+            self._undated_due = min(now, self._undated_due or now)
 
     def _dataset(self, frame: EvidenceFrame) -> Path:
         """The frame's dataset folder, made if new (a known one deleted under the running daemon: made
@@ -456,32 +514,65 @@ class EvidenceStore:
 
     def prune(self, now_s: float) -> int:
         """Delete the oldest sets of every dataset while over ``max_bytes`` or older than
-        ``max_age_days``; how many went."""
+        ``max_age_days``; how many went. An image whose time is before `EPOCH_S` was stamped by a
+        clock not yet set and never set right since (`follow_clock`): its age is unknown, and only
+        ``max_bytes`` deletes it, after every frame of a known day (`_ordered`)."""
         cutoff = now_s - self.max_age_s if self.max_age_s else None
-        today = f"{datetime.fromtimestamp(now_s, tz=timezone.utc):%Y-%m-%d}"
+        today = _today(now_s)
         deleted = 0
         while self._days:
             if not self._oldest and not self._load_oldest(today):
                 continue
             day, image = self._oldest[0]
             if self.total_bytes <= self.max_bytes:
-                if cutoff is None:
+                if cutoff is None or day.name < EPOCH_DAY:  # those the clock was set right for: `_age_undated`
                     break
                 try:
                     mtime = image.stat().st_mtime
                 except FileNotFoundError:
                     self._oldest.popleft()
                     continue
-                if mtime >= cutoff:
+                if not EPOCH_S <= mtime < cutoff:
                     break
             self._delete(day, image)
             self._oldest.popleft()
             deleted += 1
+        if cutoff is not None and self._undated_due is not None and self._undated_due < cutoff:
+            deleted += self._age_undated(cutoff)
         return deleted
+
+    def follow_clock(self) -> None:
+        """A step of the wall clock forward since the images were stamped (NTP setting right a board
+        that ran on a clock behind, while edged ran or while it was stopped in the same boot) moves
+        their times on by as much, so that the age limit counts from when they were saved and
+        deletes none early; a step back is let be (its frames only stay longer, within
+        ``max_bytes``). The clock they are stamped on is kept in `CLOCK_RECORD` with the boot's id,
+        so that the next start in this boot sees a step made while edged was stopped; an earlier
+        boot's clock cannot be compared with this one's."""
+        clock = _wall_less_boot_clock()
+        step = clock - self.clock_s
+        if step > STEP_S:
+            moved = self.restamp(time.time() - step, step)
+            log.warning(
+                "evidence: the wall clock was stepped forward by %.1f days; the times of the %d images saved "
+                "before are moved on by as much, so the age limit counts from when they were saved",
+                step / 86400,
+                moved,
+                extra={"CAMERA": self.camera_id, "STAGE": "evidence"},
+            )
+        if abs(step) > STEP_S:
+            self.clock_s, self._recorded = clock, False
+        if not self._recorded:
+            path = self.folder / CLOCK_RECORD
+            data = (json.dumps({"boot_id": self.boot_id, "wall_less_boot_s": self.clock_s}) + "\n").encode()
+            before = _size(path)
+            write_atomic(path, data)
+            self.total_bytes += len(data) - before
+            self._recorded = True
 
     def restamp(self, before_s: float, by_s: float) -> int:
         """Move the images saved before ``before_s`` on by ``by_s``: the wall clock was stepped forward
-        by as much since (`EvidenceWriter`), and the age limit counts from an image's time. How many moved."""
+        by as much since (`follow_clock`), and the age limit counts from an image's time. How many moved."""
         moved = 0
         for dataset in sorted(self._datasets):
             for day in self._days:
@@ -493,30 +584,53 @@ class EvidenceStore:
                             moved += 1
                     except FileNotFoundError:
                         continue
+        self._undated_due = self._earliest_undated()
         return moved
 
+    def _undated(self) -> Iterator[tuple[Path, Path, float]]:
+        """The images in the day folders dated before `EPOCH_DAY` (day folder, image, time)."""
+        for name in [day for day in self._days if day < EPOCH_DAY]:
+            for dataset in sorted(self._datasets):
+                day = self.root / dataset / name
+                for image in _images(day):
+                    if image.suffix == ".jpg":
+                        try:
+                            mtime = image.stat().st_mtime
+                        except FileNotFoundError:
+                            continue
+                        yield day, image, mtime
+
+    def _earliest_undated(self) -> float | None:
+        """The earliest time of an image in a day before `EPOCH_DAY` that the clock was set right for
+        (`restamp`), when it is known when it was saved; None where there is none."""
+        return min((mtime for _, _, mtime in self._undated() if mtime >= EPOCH_S), default=None)
+
+    def _age_undated(self, cutoff: float) -> int:
+        """Delete the frames of the days before `EPOCH_DAY` whose times the clock was set right for
+        and are before ``cutoff``. They go last for room, so the walk in `prune` never reaches them;
+        it runs only once the earliest is due, and each emptied day is removed."""
+        gone = [(day, image) for day, image, mtime in self._undated() if EPOCH_S <= mtime < cutoff]
+        for day, image in gone:
+            self._delete(day, image)
+        for name in {day.name for day, _ in gone}:
+            days = [self.root / dataset / name for dataset in sorted(self._datasets)]
+            if not any(_images(day) for day in days):
+                _remove_empty(days)
+                self._days.remove(name)
+                self._oldest = deque(entry for entry in self._oldest if entry[0].name != name)
+        self._undated_due = self._earliest_undated()
+        return len(gone)
+
     def _load_oldest(self, today: str) -> bool:
-        """The oldest day's images of every dataset, in name (= capture) order; an empty day is
-        removed. False when it was. A day after ``today`` counts as older than any other: its frames
-        were stamped by a clock since stepped back (set wrongly into the future), so saved before
-        any frame stamped now, which would otherwise be the first to go while over ``max_bytes``."""
-        if self._days[-1] > today:
-            self._days = deque(sorted(self._days, key=lambda day: (day <= today, day)))
+        """The first day to go's images of every dataset (`_ordered` as of ``today``), in name (=
+        capture) order; an empty day is removed. False when it was."""
+        self._days = _ordered(self._days, today)
         days = [self.root / dataset / self._days[0] for dataset in sorted(self._datasets)]
         images = sorted(((day, p) for day in days for p in _images(day) if p.suffix == ".jpg"), key=lambda d: d[1].name)
         if images:
             self._oldest.extend(images)
             return True
-        for day in days:
-            if (day / "images").is_dir():
-                for folder in (day / "images").iterdir():
-                    if folder.is_dir() and not any(folder.iterdir()):
-                        folder.rmdir()
-            for sub in SIDECAR_FOLDERS:
-                if (day / sub).is_dir() and not any((day / sub).iterdir()):
-                    (day / sub).rmdir()
-            if day.is_dir() and not any(day.iterdir()):
-                day.rmdir()
+        _remove_empty(days)
         self._days.popleft()
         return False
 
@@ -607,8 +721,6 @@ class EvidenceWriter:
         if previous is not None:
             self.saved, self.dropped, self.rate_limited = previous.saved, previous.dropped, previous.rate_limited
         self.failures: Failures = Failures(previous.failures if previous is not None else None)
-        # The wall clock less the clock since boot as last seen: only a step of the wall clock moves it far.
-        self._clock_offset: float = previous._clock_offset if previous is not None else _wall_less_boot_clock()
         self._refusing: Literal["dropped", "rate_limited"] | None = None  # said once per burst of refusals
         self._fields = {"CAMERA": camera_id, "STAGE": "evidence"}  # journald fields of its log lines
 
@@ -760,35 +872,17 @@ class EvidenceWriter:
     def _save(self, frame: EvidenceFrame) -> None:
         if not self.store.opened:
             self.store.open()
-        self._follow_clock()
+        self.store.follow_clock()
         self.store.save(frame, self.cfg.jpeg_quality)
         self.saved += 1
         self.store.prune(time.time())
 
     def _prune(self) -> None:
         if self.store.opened:
-            self._follow_clock()
+            self.store.follow_clock()
             self.store.prune(time.time())
         else:
             self.store.open()
-
-    def _follow_clock(self) -> None:
-        """A step of the wall clock forward since the last look (NTP setting right a board that ran
-        on a clock behind) moves the times of the images saved before it on by as much, so that the
-        age limit counts from when they were saved and deletes none early, now or after a restart.
-        A step back is let be: its frames only stay longer, within ``max_bytes``."""
-        offset = _wall_less_boot_clock()
-        step = offset - self._clock_offset
-        if step > STEP_S:
-            moved = self.store.restamp(time.time() - step, step)
-            log.warning(
-                "evidence: the wall clock was stepped forward by %.1f days; the times of the %d images saved "
-                "before are moved on by as much, so the age limit counts from when they were saved",
-                step / 86400,
-                moved,
-                extra=self._fields,
-            )
-        self._clock_offset = offset
 
     def _attempt(self, action: Callable[[], None]) -> bool:
         """Run ``action``; an error is counted, and logged only when a burst of them starts."""

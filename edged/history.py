@@ -23,12 +23,15 @@ from typing import Any, TextIO
 
 from edged.errors import JournalUnreadable, UsageError
 from edged.files import sqlite_uri, stdout_reader_gone
-from edged.identity import boot_id
+from edged.identity import CLOCK_EPOCH_NS, boot_id
 from edged.journal import COLUMNS, timed
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-FIELDS = ("id", *COLUMNS)  # a row as `entries` gives it
+FIELDS = ("id", *COLUMNS)  # a row as the journal holds it
+REAL = "real_wall_ns"  # what `entries` adds to each: when it was recorded, as far as is known (`real_wall_ns`)
+SHOWN = (*FIELDS, REAL)  # a row as `entries` gives it
+STEP_NS = 10**9  # a row of this boot whose two clocks differ from now's by more was stamped before a step
 MAX_INTEGER = 2**63 - 1  # SQLite's largest integer: the latest time and the largest limit a query takes
 PAGE_ROWS = 100  # rows read per statement: the most a command holds in memory at once
 DETECTIONS_SHOWN = 5  # a detections row's detections named, best first, as `edged check` names a frame's; the rest counted
@@ -169,10 +172,11 @@ def _open(path: Path) -> sqlite3.Connection:
 
 
 def entries(path: Path, query: Query) -> Iterator[dict[str, Any]]:
-    """The rows ``query`` selects, as dicts of `FIELDS`, oldest first. The ids of the newest
-    ``limit`` are chosen in one statement (those there then), into SQLite's temporary store, which
-    spills to a file; their rows are read a page at a time, each page a read of its own
-    (autocommit), so that a reader that stops holds no snapshot the daemon's checkpoints wait on."""
+    """The rows ``query`` selects, as dicts of `SHOWN` (the columns, and `real_wall_ns`), oldest
+    first. The ids of the newest ``limit`` are chosen in one statement (those there then), into
+    SQLite's temporary store, which spills to a file; their rows are read a page at a time, each
+    page a read of its own (autocommit), so that a reader that stops holds no snapshot the daemon's
+    checkpoints wait on."""
     where, params = query.where()
     with contextlib.closing(_open(path)) as db:
         try:
@@ -183,14 +187,41 @@ def entries(path: Path, query: Query) -> Iterator[dict[str, Any]]:
             last = 0
             while page := db.execute(_PAGE, (last, PAGE_ROWS)).fetchall():
                 for row in page:
-                    yield dict(zip(FIELDS, row, strict=True))
+                    item = dict(zip(FIELDS, row, strict=True))
+                    item[REAL] = real_wall_ns(item, query.now)
+                    yield item
                 last = page[-1][0]
         except sqlite3.Error as e:
             raise JournalUnreadable(f"journal {path} cannot be read: {e}") from None
 
 
+def real_wall_ns(row: dict[str, Any], now: tuple[str, int, int] | None) -> int | None:
+    """When ``row`` was recorded, as far as is known. A row of the running boot (``now``: its id, and
+    its monotonic and wall clocks read together) whose wall clock has been stepped since it was
+    stamped (NTP setting right a board without a real-time clock) was recorded when its monotonic
+    stamp says; any other row when it is stamped. None where that is before `CLOCK_EPOCH_NS`: a
+    clock not yet set, and not set since in the boot that stamped it."""
+    wall, mono = row.get("wall_ns"), row.get("mono_ns")
+    if not isinstance(wall, int):
+        return None
+    if now is not None and row.get("boot_id") == now[0] and isinstance(mono, int):
+        real = now[2] - (now[1] - mono)
+        wall = real if abs(real - wall) > STEP_NS else wall
+    return wall if wall >= CLOCK_EPOCH_NS else None
+
+
 def _when(wall_ns: int) -> str:
     return datetime.fromtimestamp(wall_ns / 1e9, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _recorded(row: dict[str, Any]) -> str:
+    """A row's time for a person: when it was recorded (`real_wall_ns`), and the time it carries where
+    that differs, so that it is found beside the messages sent with it."""
+    stamped = row["wall_ns"]
+    real = row[REAL] if REAL in row else real_wall_ns(row, None)
+    if real is None:
+        return f"{_when(stamped)} (clock not set)"
+    return _when(stamped) if real == stamped else f"{_when(real)} (stamped {_when(stamped)} before the clock was set)"
 
 
 def _parsed(row: dict[str, Any], column: str) -> Any:
@@ -252,14 +283,14 @@ def _line(row: dict[str, Any]) -> str:
     else:
         said, found = row["verdict"] or "-", _found(row, message)
     return (
-        f"{_when(row['wall_ns'])}  {row['camera_id']}  part {row['part_id'] or '-'}  frame {row['frame_id']}{image}  "
+        f"{_recorded(row)}  {row['camera_id']}  part {row['part_id'] or '-'}  frame {row['frame_id']}{image}  "
         f"{said}  {found}  model {row['model_sha256'][:12]}" + (f"  evidence {row['evidence']}" if row["evidence"] else "")
     )
 
 
 def record(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` for JSON: every column, the message parsed; a message that is not JSON (the file
-    edited by hand) is null, and ``unreadable`` says so."""
+    """``row`` for JSON: every column and `REAL`, the message parsed; a message that is not JSON
+    (the file edited by hand) is null, and ``unreadable`` says so."""
     try:
         return {**row, "message": _parsed(row, "message")}
     except ValueError as e:
@@ -268,11 +299,11 @@ def record(row: dict[str, Any]) -> dict[str, Any]:
 
 def write(rows: Iterable[dict[str, Any]], fmt: str, out: TextIO) -> int:
     """``rows`` as a table for a person, JSON (one array, each message parsed) or CSV (every
-    column), each written as it comes; returns how many were shown as unreadable."""
+    column, then `REAL`), each written as it comes; returns how many were shown as unreadable."""
     if fmt == "csv":
         writer = csv.writer(out)
-        writer.writerow(FIELDS)
-        writer.writerows(row.values() for row in rows)
+        writer.writerow(SHOWN)
+        writer.writerows([row.get(name) for name in SHOWN] for row in rows)
         return 0
     shown = unreadable = 0
     for row in rows:

@@ -23,6 +23,10 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _TIME_ERROR = 5  # adjtimex(2): the clock is not synchronised
 CLOCK_EVERY_S = 1.0  # the clock's state is read again after this long: it changes once, when NTP syncs
 _TIMEX_BYTES = 512  # more than struct timex on every Linux ABI; all zero: modes = 0 reads only
+# 2026-01-01 UTC: no edged ran before it, so a wall clock or a time stamped earlier is certainly wrong (a
+# board whose clock is not yet set reads 1970, or the day its system was built). Fixed, never moved on
+# with a release: a row or an image an older edged stamped on a right clock keeps its age.
+CLOCK_EPOCH_NS = 1_767_225_600 * 10**9
 
 
 def _read(path: Path) -> str | None:

@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from edged.identity import Identity, clock_synced
+from edged.identity import CLOCK_EPOCH_NS, Identity, clock_synced
 from edged.lograte import Failures, LogRate
 from edged.messages import JournalReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
@@ -125,6 +125,24 @@ def timed(op: str, wall_ns: int, boot_id: str | None, mono_now_ns: int, wall_now
     boot's earlier rows with a date as wrong (retention, `edged history --since`)."""
     mono_ns = min(max(mono_now_ns - (wall_now_ns - wall_ns), 0), LAST_ROW)  # within SQLite's integers
     return f"CASE WHEN boot_id = ? THEN mono_ns {op} ? ELSE wall_ns {op} ? END", [boot_id, mono_ns, wall_ns]
+
+
+def sure(boot_id: str | None, unsynced_after: int) -> tuple[str, list[object]]:
+    """Which rows carry a time their age can be counted from, as SQL with its parameters: those of
+    the running boot ``boot_id``, on the monotonic clock; an earlier boot's stamped on or after
+    `CLOCK_EPOCH_NS` by a clock the kernel called synchronised (or could not tell of), and those
+    after row ``unsynced_after`` stamped by one it called not: no clock was set right after them (a
+    line without NTP), so their stamps and the clock now lag alike, and the age they give is never
+    too long. Any other row's clock may have lagged by months: it is only known to be older than
+    the sure rows recorded after it."""
+    sql = "(boot_id = ? OR (wall_ns >= ? AND (clock_synced IS NOT 0 OR id > ?)))"
+    return sql, [boot_id, CLOCK_EPOCH_NS, unsynced_after]
+
+
+def _one(db: sqlite3.Connection, query: str, *params: object) -> int | None:
+    """The row id ``query`` selects, None where it selects none."""
+    row = db.execute(query, params).fetchone()
+    return None if row is None else int(row[0])
 
 
 def records(settings: Settings) -> bool:
@@ -264,13 +282,18 @@ class JournalStore:
         *,
         boot: tuple[str, int] | None = None,
         keep_unsent: bool = False,
+        synced: bool | None = None,
     ) -> int:
         """Delete rows older than ``max_age_days`` (0: none), then the oldest tenth until under
         ``max_bytes``; give the space back to the file system. Returns the rows deleted.
 
-        The rows of ``boot`` (this boot's id, and its monotonic clock now) are aged on the monotonic
-        clock, which no step of the wall clock moves: a board without a real-time clock whose clock
-        NTP corrects by months deletes none of them early. With ``keep_unsent``, age never deletes a
+        A row is past the age limit once it, or a row recorded after it, is past it on a time that
+        is `sure`: the rows of ``boot`` (this boot's id, and its monotonic clock now) on the
+        monotonic clock, which no step of the wall clock moves; an earlier boot's on the wall time
+        they carry where the clock was set. A board without a real-time clock that recorded before
+        NTP set its clock (1970, or months behind), in this boot or an earlier one, deletes none of
+        those rows early: they go with the first sure row after them. ``synced``: whether the clock
+        is synchronised now (`edged.identity.clock_synced`). With ``keep_unsent``, age never deletes a
         verdict an output delivering from the journal (MQTT) has not had acknowledged: a backlog is
         bounded by ``max_bytes`` alone, whatever the clock says of its age."""
         db = self._connection()
@@ -279,13 +302,7 @@ class JournalStore:
             with db:
                 db.execute("BEGIN")
                 if max_age_days > 0:
-                    boot_id, mono_ns = boot if boot is not None else (None, 0)  # NULL: no row is this boot's
-                    older, params = timed("<", now_ns - int(max_age_days * 86_400e9), boot_id, mono_ns, now_ns)
-                    sent = acknowledged(db) if keep_unsent else None
-                    deleted += db.execute(
-                        f"DELETE FROM entries WHERE {older} AND (kind != 'verdict' OR id <= ?)",
-                        (*params, LAST_ROW if sent is None else sent),
-                    ).rowcount
+                    deleted += self._age_out(db, now_ns - int(max_age_days * 86_400e9), now_ns, boot, keep_unsent, synced)
             while self.size() > max_bytes:
                 with db:
                     db.execute("BEGIN")
@@ -303,6 +320,33 @@ class JournalStore:
             self._after_error(e)
             raise
         return deleted
+
+    @staticmethod
+    def _age_out(
+        db: sqlite3.Connection,
+        cutoff_ns: int,
+        now_ns: int,
+        boot: tuple[str, int] | None,
+        keep_unsent: bool,
+        synced: bool | None,
+    ) -> int:
+        """Delete the rows up to the last `sure` row before the first sure row recorded after
+        ``cutoff_ns``. Rows were recorded in the order of their ids, so a sure row past the cutoff
+        shows that every row before it is; both rows are found by a walk from one end of the table
+        that stops at them (not a scan of the whole journal), and what goes is a range of ids."""
+        boot_id, mono_ns = boot if boot is not None else (None, 0)  # NULL: no row is this boot's
+        synced_row = None if synced else _one(db, "SELECT id FROM entries WHERE clock_synced = 1 ORDER BY id DESC LIMIT 1")
+        known, params = sure(boot_id, LAST_ROW if synced else synced_row or 0)
+        newer, bound = timed(">=", cutoff_ns, boot_id, mono_ns, now_ns)
+        first = _one(db, f"SELECT id FROM entries WHERE {known} AND {newer} ORDER BY id LIMIT 1", *params, *bound)
+        past = _one(
+            db, f"SELECT id FROM entries WHERE id < ? AND {known} ORDER BY id DESC LIMIT 1", first or LAST_ROW, *params
+        )
+        if past is None:
+            return 0
+        sent = acknowledged(db) if keep_unsent else None
+        delete = "DELETE FROM entries WHERE id <= ? AND (kind != 'verdict' OR id <= ?)"
+        return int(db.execute(delete, (past, LAST_ROW if sent is None else sent)).rowcount)
 
     def close(self) -> None:
         if self._db is not None:
@@ -494,7 +538,8 @@ class JournalWriter:
         if not self.store.opened:  # nothing written yet, or the file went aside: the next write opens it
             return
         boot = (self._identity.boot_id, time.monotonic_ns())
-        self.store.prune(time.time_ns(), self.cfg.max_age_days, self.cfg.max_bytes, boot=boot, keep_unsent=self.keep_unsent)
+        cfg, synced, keep = self.cfg, clock_synced(), self.keep_unsent
+        self.store.prune(time.time_ns(), cfg.max_age_days, cfg.max_bytes, boot=boot, keep_unsent=keep, synced=synced)
         self.bytes = self.store.size()
 
     def _attempt(self, action: Callable[[], None]) -> bool:

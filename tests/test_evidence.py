@@ -37,6 +37,7 @@ from edged.evidence import (
     should_save,
     write_atomic,
 )
+from edged.identity import boot_id
 from edged.messages import Task
 from edged.output import Services
 from edged.settings.evidence import EvidenceConfig, default_dir
@@ -473,8 +474,9 @@ def test_the_quota_deletes_the_oldest_frames_first_from_a_running_total(tmp_path
         assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
     expected = [day_and_stem("cam0", T0_NS + (i // 3) * DAY_NS + i * 10**6, i)[1] for i in (6, 7, 8)]
     assert saved_sets(tmp_path) == expected
-    # Emptied days removed; the dataset's description stays.
+    # Emptied days removed; the dataset's description and the clock its images are stamped on stay.
     assert sorted(p.name for p in (tmp_path / "cam0").iterdir()) == [
+        ".edged-clock.json",
         "2026-12-02",
         "classes.txt",
         "data.yaml",
@@ -897,3 +899,93 @@ def test_a_clock_stepped_forward_past_the_age_limit_while_saving_deletes_no_fram
     reopened = EvidenceStore(tmp_path / "ev", "cam0", 10**9, 30)
     reopened.open()  # the next start: each image's time is when it was saved, on the clock as set right
     assert len(saved_sets(tmp_path)) == 4 and w.report().errors == 0
+
+
+def test_a_clock_stepped_forward_while_edged_was_stopped_deletes_no_frame_at_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A board without a real-time clock saves evidence on a clock 200 days behind; edged stops, NTP
+    sets the clock right, and edged starts again in the same boot. The images carry the old clock's
+    times (`os.utime`, as the kernel stamped them), 200 days past the age limit: the camera folder
+    says which boot and clock they were stamped on, so the start moves them on by the step, and
+    they are aged from when they were saved (before: the start deleted them all)."""
+    real = time.time
+    behind_s = 200 * 86400.0
+    monkeypatch.setattr(time, "time", lambda: real() - behind_s)  # the wall clock as the board booted
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    store.open()
+    for i in range(3):
+        store.save(frame(i, t_ns=time.time_ns() - round(behind_s * 1e9)), 95)
+    for image in tmp_path.rglob("*.jpg"):
+        stamp = image.stat().st_mtime - behind_s
+        os.utime(image, (stamp, stamp))
+    monkeypatch.setattr(time, "time", real)  # edged stopped; NTP steps the clock 200 days forward
+    restarted = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    restarted.open()
+    assert len(saved_sets(tmp_path)) == 3
+    assert restarted.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+    now = real()
+    assert restarted.prune(now + 29 * 86400) == 0
+    assert restarted.prune(now + 31 * 86400) == 3
+
+
+def test_frames_saved_on_a_clock_not_yet_set_are_aged_from_when_they_were_saved_once_it_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This boot began in 1970 (no real-time clock, no time saved); edged saved two frames, stopped,
+    and NTP set the clock before it started again. The step sets their times right, and though
+    their day folder is 1970's, the age limit deletes them 30 days after they were saved, not
+    before (before: the start deleted them, as 56 years old); their emptied day folder goes too."""
+    real = time.time
+    booted_s = 86400.0 + 3600  # 1970-01-02, an hour up
+    monkeypatch.setattr(time, "time", lambda: booted_s)
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    store.open()
+    for i in range(2):
+        store.save(frame(i, t_ns=round(booted_s * 1e9), noise=True), 95)
+    for image in tmp_path.rglob("*.jpg"):
+        os.utime(image, (booted_s, booted_s))
+    monkeypatch.setattr(time, "time", real)
+    restarted = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    restarted.open()
+    assert len(saved_sets(tmp_path)) == 2
+    now = real()
+    assert restarted.prune(now + 29 * 86400) == 0
+    assert restarted.prune(now + 31 * 86400) == 2
+    assert saved_sets(tmp_path) == [] and not (tmp_path / "cam0" / "1970-01-02").exists()
+    assert restarted.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+
+
+def test_frames_an_earlier_boot_saved_on_a_clock_not_yet_set_keep_an_unknown_age_and_go_last_for_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A board that boots to 1970 saved three frames, then lost power before NTP set its clock. In
+    the next boot, on a clock NTP has set, when they were saved cannot be known: no age limit
+    deletes them (before: the start deleted them all, as 56 years old), and for room they go
+    after every frame of a known day, so the quota keeps them longest; it still bounds them."""
+    real = time.time
+    booted_s = 86400.0 + 3600
+    monkeypatch.setattr("edged.evidence.boot_id", lambda: "an-earlier-boot")
+    monkeypatch.setattr(time, "time", lambda: booted_s)
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    store.open()
+    for i in range(3):
+        store.save(frame(i, t_ns=round(booted_s * 1e9), noise=True), 95)
+    for image in tmp_path.rglob("*.jpg"):
+        os.utime(image, (booted_s, booted_s))
+    monkeypatch.setattr(time, "time", real)
+    monkeypatch.setattr("edged.evidence.boot_id", boot_id)  # this boot
+    restarted = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    restarted.open()
+    unknown = saved_sets(tmp_path)
+    assert len(unknown) == 3
+    today = [frame(i, t_ns=time.time_ns(), noise=True) for i in (3, 4)]
+    for saved in today:
+        restarted.save(saved, 95)
+    restarted.max_bytes = restarted.total_bytes - 1  # room for all but one
+    assert restarted.prune(real()) == 1
+    assert saved_sets(tmp_path) == sorted([*unknown, day_and_stem("cam0", today[1].capture_time_ns, 4)[1]])
+    assert restarted.prune(real() + 3650 * 86400) == 1  # ten years on: today's frame goes, those of 1970 stay
+    assert saved_sets(tmp_path) == unknown
+    restarted.max_bytes = 1
+    assert restarted.prune(real()) == 3 and saved_sets(tmp_path) == []

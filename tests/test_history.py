@@ -93,6 +93,52 @@ def test_this_boots_rows_are_timed_on_its_monotonic_clock_whatever_the_wall_cloc
 
 
 @pytest.mark.unit
+def test_this_boots_rows_stamped_before_a_step_show_when_they_were_recorded_and_a_clock_not_set_says_so(
+    tmp_path: Path,
+) -> None:
+    """NTP set this boot's clock 200 days forward ten minutes ago: the rows recorded before carry a
+    date 200 days old, and the table showed it (before: as if recorded in June). Each is shown when
+    its monotonic stamp says it was recorded, the date it carries beside it (the messages sent with
+    it carry that one); JSON and CSV give it as ``real_wall_ns``. An earlier boot's row stamped on a
+    clock not yet set (1970) says so, its ``real_wall_ns`` null; other rows show the time they carry."""
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    now = (IDENTITY.boot_id, 10_000 * 10**9, T0 + 1000 * 10**9)  # this boot's id, its two clocks read together
+    day_ns = 86_400 * 10**9
+
+    def row(n: int, wall_ns: int, mono_ns: int) -> Entry:
+        return replace(_entry(n, "cam0", "ok", f"P-{n}"), wall_ns=wall_ns, mono_ns=mono_ns)
+
+    earlier = Identity(IDENTITY.board_id, "an-earlier-boot", IDENTITY.version)
+    store.append([row(0, 3600 * 10**9 + 5 * 10**9, 5 * 10**9), row(1, T0 - 3 * day_ns, 9 * 10**9)], earlier, False)
+    before_step = row(2, T0 + 400 * 10**9 - 200 * day_ns, 9_400 * 10**9)  # ten minutes ago, on the clock behind
+    store.append([before_step, row(3, T0 + 700 * 10**9, 9_700 * 10**9)], IDENTITY, True)
+    store.close()
+    rows = list(entries(path, Query(now=now)))
+    table = io.StringIO()
+    write(rows, "table", table)
+    assert [line.split("  cam0")[0] for line in table.getvalue().splitlines()] == [
+        "1970-01-01T01:00:05.000Z (clock not set)",
+        "2027-01-12T08:00:00.000Z",
+        "2027-01-15T08:06:40.000Z (stamped 2026-06-29T08:06:40.000Z before the clock was set)",
+        "2027-01-15T08:11:40.000Z",
+    ]
+    as_json = io.StringIO()
+    write(rows, "json", as_json)
+    got = [(r["wall_ns"], r["real_wall_ns"]) for r in json.loads(as_json.getvalue())]
+    assert got == [
+        (3605 * 10**9, None),
+        (T0 - 3 * day_ns,) * 2,
+        (before_step.wall_ns, T0 + 400 * 10**9),
+        (T0 + 700 * 10**9,) * 2,
+    ]
+    as_csv = io.StringIO()
+    write(rows, "csv", as_csv)
+    in_csv = [r["real_wall_ns"] for r in csv.DictReader(io.StringIO(as_csv.getvalue()))]
+    assert in_csv == ["" if real is None else str(real) for _, real in got]
+
+
+@pytest.mark.unit
 def test_ages_and_iso_times_and_a_clear_refusal() -> None:
     assert parse_time("2h", now_s=10_000.0) == int((10_000 - 7200) * 1e9)
     assert parse_time("90s", now_s=100.0) == int(10 * 1e9)

@@ -24,7 +24,7 @@ from waiting import wait_for
 from edged import journal
 from edged.config import Settings, load_config
 from edged.errors import EXIT_CONFIG, ConfigError
-from edged.identity import Identity, board_id, boot_id
+from edged.identity import CLOCK_EPOCH_NS, Identity, board_id, boot_id
 from edged.journal import Entry, JournalOutput, JournalStore, JournalWriter
 from edged.messages import AnyMessage, StatusMessage, VerdictMessage, parse_message
 from edged.output import Services
@@ -152,7 +152,7 @@ def test_retention_deletes_by_age_then_the_oldest_until_under_its_size(tmp_path:
     path = tmp_path / "journal.sqlite"
     store = JournalStore(path, "normal")
     day_ns = 86_400 * 10**9
-    now = 100 * day_ns
+    now = CLOCK_EPOCH_NS + 100 * day_ns
     store.append([entry(n, wall_ns=now - (40 - n) * day_ns) for n in range(40)], IDENTITY, None)
     assert store.prune(now, max_age_days=30, max_bytes=10**9) == 10  # ages 40..31 days
     assert rows(path)[0] == (10,)
@@ -178,12 +178,12 @@ def at(n: int, wall_ns: int, mono_ns: int, kind: str = "verdict") -> Entry:
 def test_a_clock_stepped_forward_past_the_age_limit_deletes_no_row_of_this_boot(tmp_path: Path) -> None:
     """A board without a real-time clock records for days on a clock months behind, then NTP steps it
     forward: the rows of this boot are aged on the monotonic clock, which the step left alone, so
-    none goes early (before: every one, each looking 200 days old). An earlier boot's rows have
-    only their wall time, and go by it."""
+    none goes early (before: every one, each looking 200 days old). An earlier boot's rows stamped
+    on a clock NTP had set have only their wall time, and go by it."""
     path = tmp_path / "journal.sqlite"
     store = JournalStore(path, "normal")
-    wall, mono = 1_700_000_000 * 10**9, 5 * DAY_NS  # the clock as booted; five days up
-    store.append([at(n, wall - 60 * DAY_NS, mono) for n in range(3)], EARLIER, False)
+    wall, mono = CLOCK_EPOCH_NS + 100 * DAY_NS, 5 * DAY_NS  # the clock as booted; five days up
+    store.append([at(n, wall - 60 * DAY_NS, mono) for n in range(3)], EARLIER, True)
     store.append([at(n, wall + (n - 3) * DAY_NS, mono + (n - 3) * DAY_NS) for n in range(3, 6)], IDENTITY, False)
     stepped = wall + 200 * DAY_NS  # two days on, NTP sets the clock 200 days later
     assert store.prune(stepped, 30, 10**9, boot=(IDENTITY.boot_id, mono + 2 * DAY_NS)) == 3  # the earlier boot's
@@ -194,21 +194,21 @@ def test_a_clock_stepped_forward_past_the_age_limit_deletes_no_row_of_this_boot(
 
 
 def backlog(path: Path, wall_ns: int) -> None:
-    """An outage's ten verdicts and two detections messages, recorded by an earlier boot at ``wall_ns``,
-    MQTT's cursor after the fourth (all it had acknowledged)."""
+    """An outage's ten verdicts and two detections messages, recorded by an earlier boot at ``wall_ns``
+    on a clock NTP had set, MQTT's cursor after the fourth (all it had acknowledged)."""
     store = JournalStore(path, "normal")
-    store.append([at(n, wall_ns, n, "detections" if n in (3, 8) else "verdict") for n in range(1, 13)], EARLIER, False)
+    store.append([at(n, wall_ns, n, "detections" if n in (3, 8) else "verdict") for n in range(1, 13)], EARLIER, True)
     store.close()
     VerdictFeed(path, "mqtt", first_after=4)  # the feed writes its cursor as it is made
 
 
 @pytest.mark.unit
 def test_age_never_deletes_a_verdict_the_broker_has_not_acknowledged_and_size_still_bounds_them(tmp_path: Path) -> None:
-    """The backlog of an outage, recorded on a clock NTP then stepped forward by months, looks past
-    any age limit: age deletes what MQTT had acknowledged (up to its cursor) and the detections
-    messages, never a verdict still to send; ``max_bytes`` still bounds those."""
+    """The backlog of an outage months ago looks past any age limit: age deletes what MQTT had
+    acknowledged (up to its cursor) and the detections messages, never a verdict still to send;
+    ``max_bytes`` still bounds those."""
     path = tmp_path / "journal.sqlite"
-    wall = 1_700_000_000 * 10**9
+    wall = CLOCK_EPOCH_NS + 100 * DAY_NS
     backlog(path, wall)
     store = JournalStore(path, "normal")
     boot = (IDENTITY.boot_id, DAY_NS)
@@ -225,15 +225,16 @@ def test_age_never_deletes_a_verdict_the_broker_has_not_acknowledged_and_size_st
 def test_a_journal_opened_after_the_clock_stepped_forward_keeps_what_mqtt_has_still_to_send(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mqtt: bool
 ) -> None:
-    """The journal's first retention pass, as edged starts on a clock NTP set 200 days later than the
-    one an outage's backlog was recorded on: with [mqtt], the verdicts it has not had acknowledged
-    stay (before: all went, and the broker never had them); without it, age deletes them all, a
-    cursor left in the file holding nothing back. A reload that adds or removes [mqtt] says so."""
+    """The journal's first retention pass, as edged starts on a clock 200 days later than the one an
+    outage's backlog was recorded on: with [mqtt], the verdicts it has not had acknowledged stay
+    (before: all went, and the broker never had them); without it, age deletes them all, a cursor
+    left in the file holding nothing back. A reload that adds or removes [mqtt] says so."""
     path = tmp_path / "journal.sqlite"
     wall = time.time_ns()
     backlog(path, wall)
     real = time.time_ns
     monkeypatch.setattr(time, "time_ns", lambda: real() + 200 * DAY_NS)  # the wall clock, stepped
+    monkeypatch.setattr(journal, "clock_synced", lambda: True)  # as NTP set it, whatever this machine's says
     mqtt_section: dict[str, dict[str, object]] = {"mqtt": {"url": "mqtt://127.0.0.1:1"}} if mqtt else {}
     settings = load_config(
         write_config(tmp_path / "edged.toml", inspecting(tmp_path, journal={"path": str(path)}, **mqtt_section))
@@ -250,6 +251,73 @@ def test_a_journal_opened_after_the_clock_stepped_forward_keeps_what_mqtt_has_st
         assert output.writer.keep_unsent is not mqtt
     finally:
         output.close()
+
+
+@pytest.mark.unit
+def test_an_earlier_boots_rows_stamped_before_ntp_set_its_clock_go_with_the_first_row_after_them_on_a_set_clock(
+    tmp_path: Path,
+) -> None:
+    """Three earlier boots of a board without a real-time clock, none of them with [mqtt]: one
+    recorded on a clock not yet set (1970) and lost power before NTP; one on a clock fake-hwclock
+    had set back 120 days, until NTP set it right in that boot; then this one. The rows stamped
+    before NTP look past a 30-day limit but are days old: they stay (before: deleted at once, the
+    record of the boots where the clock was wrong), and go once a row recorded after them on a
+    clock NTP had set is past the limit, as those rows do."""
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    synced_ns = CLOCK_EPOCH_NS + 400 * DAY_NS  # when NTP set the clock in the second boot
+    unset = Identity(IDENTITY.board_id, "boot-unset", IDENTITY.version)
+    store.append([at(n, 3600 * 10**9 + n, n) for n in range(1, 4)], unset, False)  # 1970, an hour up
+    behind = [at(n, synced_ns - 120 * DAY_NS - (7 - n) * 60 * 10**9, n) for n in range(4, 7)]  # minutes before NTP
+    store.append(behind, EARLIER, False)
+    store.append([at(n, synced_ns + (n - 7) * 60 * 10**9, n) for n in range(7, 9)], EARLIER, True)
+    mono = 2 * DAY_NS  # this boot, two days up
+    store.append([at(n, synced_ns + 10 * DAY_NS, mono) for n in range(9, 11)], IDENTITY, True)
+    now = synced_ns + 10 * DAY_NS + 60 * 10**9
+    assert store.prune(now, 30, 10**9, boot=(IDENTITY.boot_id, mono + 60 * 10**9), synced=True) == 0
+    assert [r[0] for r in rows(path)] == list(range(1, 11))
+    later = now + 21 * DAY_NS  # the first boot's row after NTP is 31 days old; this boot's, 21
+    assert store.prune(later, 30, 10**9, boot=(IDENTITY.boot_id, mono + 21 * DAY_NS), synced=True) == 8
+    assert [r[0] for r in rows(path)] == [9, 10]
+    store.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("synced", [True, False])
+def test_a_journal_started_on_a_clock_ntp_set_keeps_an_earlier_boots_rows_stamped_200_days_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synced: bool
+) -> None:
+    """Without [mqtt], the journal is the only record: an earlier boot recorded on a clock 200 days
+    behind, never synchronised, and the board started again on a clock NTP set. The journal's first
+    retention pass keeps every row (before: it deleted them all, each looking 200 days old). On a
+    line where no clock was ever synchronised the stamps are all there is, and age goes by them."""
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    store.append([at(n, time.time_ns() - 200 * DAY_NS + n, n) for n in range(1, 6)], EARLIER, False)
+    store.close()
+    monkeypatch.setattr(journal, "clock_synced", lambda: synced)
+    settings = load_config(write_config(tmp_path / "edged.toml", inspecting(tmp_path, journal={"path": str(path)})))
+    output = JournalOutput(settings, threading.Event())
+    try:
+        assert wait_for(lambda: output.writer.bytes > 0, 10)  # its first retention pass is done
+        assert [r[0] for r in rows(path)] == ([1, 2, 3, 4, 5] if synced else [])
+    finally:
+        output.close()
+
+
+@pytest.mark.unit
+def test_on_a_line_without_ntp_an_earlier_boots_rows_go_by_the_time_they_carry(tmp_path: Path) -> None:
+    """No clock on the line has ever been synchronised (fake-hwclock alone): the stamps and the clock
+    now lag alike, so an earlier boot's rows are aged by the time they carry, and the age limit
+    holds; a row recorded before them on a clock not yet set (1970) goes with them."""
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    wall = CLOCK_EPOCH_NS + 100 * DAY_NS
+    store.append([at(1, 3600 * 10**9, 1)], Identity(IDENTITY.board_id, "boot-unset", IDENTITY.version), False)
+    store.append([at(n, wall - (40 - n) * DAY_NS, n) for n in range(2, 6)], EARLIER, False)
+    assert store.prune(wall, 30, 10**9, boot=(IDENTITY.boot_id, DAY_NS), synced=False) == 5  # ages 38..35 days
+    assert rows(path) == []
+    store.close()
 
 
 def test_a_full_disk_is_counted_and_what_waits_is_written_once_there_is_room(tmp_path: Path) -> None:
