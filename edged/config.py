@@ -137,7 +137,7 @@ class CandidateConfig(Section):
 class ModelConfig(Section):
     path: Path = Field(description="ONNX model file.")
     engine: EngineName = Field(
-        "onnxruntime", description="Inference runtime: onnxruntime, or openvino (the optional edged[openvino] package)."
+        "onnxruntime", description="Inference runtime: onnxruntime, or openvino (the optional openvino extra)."
     )
     precision: Precision = Field(
         "f32",

@@ -24,7 +24,7 @@ import numpy as np
 from edged.config import ModelConfig, RuntimeConfig
 from edged.contract import pinned_dimensions
 from edged.cpus import ThreadPlan
-from edged.engines import UNSIGNED_CACHE, Port, check_int8, first_line, is_quantised, read_model
+from edged.engines import INSTALL_OPENVINO, UNSIGNED_CACHE, Port, check_int8, first_line, is_quantised, read_model
 from edged.errors import ConfigError, InferenceError, MissingDependency, ModelError
 from edged.heads.anomaly import anomalib_size
 
@@ -33,9 +33,7 @@ try:
     import openvino.properties as props
     import openvino.properties.hint as hints
 except ImportError as e:  # the optional extra is not installed
-    raise MissingDependency(
-        f'model.engine = "openvino" needs the openvino package: pip install "edged[openvino]" ({e})'
-    ) from None
+    raise MissingDependency(f'model.engine = "openvino" needs the openvino package ({e}): {INSTALL_OPENVINO}') from None
 
 log = logging.getLogger(__name__)
 

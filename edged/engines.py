@@ -27,6 +27,12 @@ from edged.errors import ContractError, ModelError
 
 # model.engine -> the module that holds its ``open_engine``.
 ENGINES = {"onnxruntime": "edged.engine", "openvino": "edged.engine_openvino"}
+# What edged.engine_openvino's import failure says. edged is not on PyPI, and Debian 12's pip refuses to
+# install into the system's Python (PEP 668): into a checkout's virtualenv, or into the .deb's own.
+INSTALL_OPENVINO = (
+    "in a checkout, .venv/bin/python -m pip install -e '.[openvino]'; with the .deb, "
+    "sudo pip --python /usr/lib/edged/venv/bin/python install 'openvino>=2024.0'"
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -268,6 +268,9 @@ def try_bind(endpoint: str, key: str, socket_type: int) -> Callable[[], None]:
 
     The release returns once the endpoint is free again: a closed socket lets go of its port later,
     in libzmq's I/O thread, so the listener has a context of its own, whose ``term`` waits for that.
+    libzmq leaves an ipc:// socket file behind, which the release removes: one ``sudo edged check``
+    left in the service's runtime directory is root's, and the service, which cannot connect to it
+    to tell whether anyone listens there, would refuse to bind the path.
     """
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     listener = Listener(context, socket_type, lambda sock: None, key)
@@ -281,4 +284,12 @@ def try_bind(endpoint: str, key: str, socket_type: int) -> Callable[[], None]:
     except BaseException:
         release()
         raise
-    return release
+    path = ipc_path(endpoint)
+
+    def release_bound() -> None:
+        release()
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    return release_bound

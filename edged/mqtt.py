@@ -438,7 +438,9 @@ class MqttOutput(MessageOutput):
         self.outbox = Outbox(cfg.max_queued)
         self._client = new_client(cfg, cfg.client_id_for(camera_id))
         self._client.will_set(self._state_topic, b"offline", qos=cfg.qos_events, retain=True)
-        self._client.max_inflight_messages_set(INFLIGHT)
+        # One place more than edged fills (`INFLIGHT`): the offline state at stop goes straight out past a
+        # full window. paho 2 refuses to change the window on an open connection.
+        self._client.max_inflight_messages_set(INFLIGHT + 1)
         self._client.on_connect = self._on_connect
         self._client.on_publish = self._on_publish
         self._client.on_subscribe = self._on_subscribe
@@ -730,9 +732,9 @@ class MqttOutput(MessageOutput):
             self._await_acks(deadline)
             # At qos_events, as the Last Will and online: a broker queues no QoS 0 message for a
             # persistent session, so a historian away now would find edged online when back. Past
-            # a full in-flight window, straight into the stream ahead of DISCONNECT (which makes the
-            # broker discard the Last Will), and acknowledged before it where the deadline allows.
-            self._client.max_inflight_messages_set(INFLIGHT + 1)
+            # a full in-flight window (paho's has a place kept for it), straight into the stream
+            # ahead of DISCONNECT (which makes the broker discard the Last Will), and acknowledged
+            # before it where the deadline allows.
             info = self._client.publish(self._state_topic, b"offline", qos=self.cfg.qos_events, retain=True)
             if self.cfg.qos_events:
                 self._unacked.add(info.mid)

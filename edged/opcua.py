@@ -19,8 +19,8 @@ next: a subscriber that wants a notification for each verdict monitors Sequence,
 the StatusValueTimestamp trigger.
 The server runs on its own thread (`edged.opcua_server`); the frame loop only queues each change.
 
-asyncua is an optional dependency (``pip install 'edged[opcua]'``), imported only when a
-configuration has ``[opcua]``.
+asyncua (2.0 or later) is an optional dependency (the ``opcua`` extra; `INSTALL_ASYNCUA` says how), imported
+only when a configuration has ``[opcua]``.
 """
 
 from __future__ import annotations
@@ -49,18 +49,36 @@ log = logging.getLogger(__name__)
 
 VERDICTS = {"ok": "OK", "ng": "NG", "uncertain": "uncertain"}  # the Verdict node's strings
 DROPPED = "opcua_dropped"  # the status drop counting verdicts the server fell too far behind to write
+MIN_ASYNCUA = 2  # the limits `edged.opcua_server` sets on connections and subscriptions came with 2.0
 INSTALL_ASYNCUA = (
     "in a checkout, .venv/bin/python -m pip install -e '.[opcua]'; with the .deb, "
-    "sudo pip --python /usr/lib/edged/venv/bin/python install 'asyncua>=1.1'"
+    f"sudo pip --python /usr/lib/edged/venv/bin/python install 'asyncua>={MIN_ASYNCUA}.0'"
 )
+
+
+def load_asyncua() -> None:
+    """Import asyncua (2.0 or later), or raise `MissingDependency` saying how to install it. An older
+    one, kept in the .deb's venv across upgrades, would pass the import and stop the server at start."""
+    try:
+        version = str(importlib.import_module("asyncua").__version__)
+    except ImportError as e:
+        raise MissingDependency(
+            f"an [opcua] section needs asyncua {MIN_ASYNCUA}.0 or later, which this Python cannot import ({e}): "
+            f"{INSTALL_ASYNCUA}"
+        ) from e
+    major = version.partition(".")[0]
+    if not major.isdigit() or int(major) < MIN_ASYNCUA:
+        raise MissingDependency(
+            f"an [opcua] section needs asyncua {MIN_ASYNCUA}.0 or later, this Python has {version}: {INSTALL_ASYNCUA}"
+        )
 
 
 def opcua_problems(cfg: OpcuaConfig) -> list[str]:
     """What would stop the server from starting, one line each, reported when the config loads."""
     try:
-        importlib.import_module("asyncua")
-    except ImportError as e:
-        return [f"opcua: an [opcua] section needs asyncua, which this Python cannot import ({e}): {INSTALL_ASYNCUA}"]
+        load_asyncua()
+    except MissingDependency as e:
+        return [f"opcua: {e}"]
     from edged.opcua_server import cert_dir_problem, read_users
 
     if cfg.users_file is None:

@@ -55,7 +55,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONSUMER = "edged"  # the name the kernel shows for the line's holder (gpioinfo)
-INSTALL_HINT = "the reject line needs libgpiod's v2 Python binding: pip install 'edged[gpio]' (gpiod 2.x)"
+NEEDS_GPIOD = "the reject line needs libgpiod's v2 Python binding, gpiod 2.x"
+# edged is not on PyPI, and Debian 12's pip refuses to install into the system's Python (PEP 668).
+INSTALL_GPIOD = (
+    "in a checkout, .venv/bin/python -m pip install -e '.[gpio]'; with the .deb, "
+    "sudo pip --python /usr/lib/edged/venv/bin/python install 'gpiod>=2.1,<3'"
+)
 SPIN_S = 0.001  # the line process sleeps until this long before an edge and spins the rest
 REPORT_INTERVAL_S = 0.2  # the line process says its counters at most this often
 START_WAIT_S = 10.0  # how long a line process may take to start and request its line
@@ -72,9 +77,9 @@ def import_gpiod() -> ModuleType:
         import gpiod
         import gpiod.line
     except ImportError as e:
-        raise MissingDependency(f"{INSTALL_HINT} ({e})") from None
+        raise MissingDependency(f"{NEEDS_GPIOD}, which this Python cannot import ({e}): {INSTALL_GPIOD}") from None
     if not hasattr(gpiod, "request_lines"):  # gpiod 1.x has another API altogether
-        raise MissingDependency(f"{INSTALL_HINT}: the installed gpiod is version 1")
+        raise MissingDependency(f"{NEEDS_GPIOD}, this Python has gpiod 1: {INSTALL_GPIOD}")
     return gpiod
 
 

@@ -62,7 +62,8 @@ def test_openvino_configured_but_not_installed_exits_78_saying_what_to_install(t
         [sys.executable, "-c", script, "run", "--config", str(config)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == EXIT_CONFIG, result.stderr
-    assert 'model.engine = "openvino" needs the openvino package: pip install "edged[openvino]"' in result.stderr
+    assert 'model.engine = "openvino" needs the openvino package' in result.stderr
+    assert "sudo pip --python /usr/lib/edged/venv/bin/python install 'openvino>=2024.0'" in result.stderr
 
 
 def test_a_quantised_operator_is_found_wherever_it_lies_even_across_two_parts_of_the_search() -> None:

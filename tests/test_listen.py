@@ -94,6 +94,20 @@ def test_a_trial_bind_is_released_before_its_release_returns(socket_type: int) -
             peer.connect(("127.0.0.1", port))
 
 
+def test_a_trial_bind_of_an_ipc_path_leaves_no_socket_file_and_a_live_one_alone(tmp_path: Path) -> None:
+    """libzmq leaves an ipc socket file behind. One left by ``sudo edged check`` is root's, in the
+    service's runtime directory, where the service cannot tell whether anyone listens: its next start
+    failed there."""
+    path = tmp_path / "detections.sock"
+    try_bind(f"ipc://{path}", "publish.endpoints", zmq.XPUB)()
+    assert not os.path.lexists(path)
+    with zmq.Context() as context, context.socket(zmq.XPUB) as live:
+        live.bind(f"ipc://{path}")
+        with pytest.raises(BindError, match="another process is listening"):
+            try_bind(f"ipc://{path}", "publish.endpoints", zmq.XPUB)
+        assert path.is_socket()
+
+
 def test_a_peer_declaring_a_huge_message_is_cut_off_and_memory_stays_flat(tcp_daemon: RunningDaemon) -> None:
     tcp_daemon.collect("detections", 10)
     rss_before = rss_kb(tcp_daemon.proc.pid)

@@ -145,6 +145,8 @@ def test_a_password_file_authenticates_and_sigterm_says_offline_within_two_secon
         assert d.stop(timeout=5) == 0
         assert time.monotonic() - started < 2.0
         assert wait_for(lambda: state(listener, prefix) == b"offline", 10)
+        # Said by edged itself before a clean DISCONNECT, not left to the Last Will by an output that failed.
+        assert " ERROR " not in d.log_path.read_text(), d.log_path.read_text()
         listener.close()
     finally:
         d.close()

@@ -289,13 +289,19 @@ def test_dpkg_installs_configures_runs_and_purges(deb: Path, tmp_path: Path) -> 
     shutil.copy(tmp_path / "line3" / "line3.key", keys / "clients")
     assert sorted(p.name for p in keys.rglob("*")) == ["clients", "line3.key", "server.key", "server.key_secret"]
 
-    # Purge: no file of the package, no bytecode, no state, no keys, no enablement left behind.
+    # Purge: no file of the package, no bytecode, no state, no keys, no enablement left behind, and
+    # none of an optional feature's package as pip put it into the venv (README.Debian).
     (root / "var" / "lib" / "edged").mkdir(parents=True)
     (root / "var" / "lib" / "edged" / "engine.cache").write_text("x")
+    site = next((root / VENV.lstrip("/")).glob("lib/python*/site-packages"))
+    for extra in ("asyncua/__init__.py", "asyncua-2.1.0.dist-info/RECORD"):
+        (site / extra).parent.mkdir(exist_ok=True)
+        (site / extra).write_text("")
+    (root / VENV.lstrip("/") / "bin" / "uals").write_text(f"#!{VENV}/bin/python\n")
     proc = _run([*dpkg, "--purge", "edged"], timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for gone in (
-        f"{VENV}",
+        "/usr/lib/edged",
         "/etc/edged/keys",
         "/etc/edged",
         "/var/lib/edged",

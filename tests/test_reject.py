@@ -26,7 +26,7 @@ from waiting import wait_for
 
 from edged.config import Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, LineBusy, LineError
-from edged.reject import RejectLine, check_lines, open_lines
+from edged.reject import INSTALL_GPIOD, RejectLine, check_lines, open_lines
 from edged.settings.reject import RejectConfig
 
 FAKES = Path(__file__).parent / "fakes"
@@ -365,10 +365,9 @@ def test_without_gpiod_the_configuration_is_refused_saying_what_to_install(
     (tmp_path / "m.onnx").write_bytes(b"x")
     config = tmp_path / "edged.toml"
     config.write_text('[model]\npath = "m.onnx"\n[inspect]\n[reject]\nline = 4\ndelay_ms = 100\n')
-    with pytest.raises(
-        ConfigError, match=r"reject: the reject line needs libgpiod's v2 Python binding: pip install 'edged\[gpio\]'"
-    ):
+    with pytest.raises(ConfigError, match=r"reject: the reject line needs libgpiod's v2 Python binding") as e:
         load_config(config)
+    assert INSTALL_GPIOD in str(e.value)
 
 
 def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_changed_one(gpiod: ModuleType) -> None:
