@@ -126,7 +126,12 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
         "--labels", type=Path, metavar="DIR", help="YOLO labels of --images (DIR/NAME.txt): accuracy against them"
     )
     p.add_argument("--max-images", type=_positive, default=20, metavar="N", help="the first N images or scenes (default 20)")
-    p.add_argument("--int8", type=Path, metavar="MODEL", help="an `edged quantize` model (default: quantise here)")
+    p.add_argument(
+        "--int8",
+        type=Path,
+        metavar="MODEL",
+        help="an `edged quantize` model, judged on every image (default: quantise here, see above)",
+    )
     _camera_argument(p)
     p.add_argument(
         "--cache-dir",
@@ -657,7 +662,10 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "Run each engine x precision this machine offers (ONNX Runtime f32 and int8, OpenVINO f32, bf16, "
         "f16 and int8) through the daemon's full per-frame path on your images, measure latency, CPU and "
         "memory and the accuracy against FP32 (or labels), gate it, and write the fastest that passes as a "
-        "[model] snippet. It changes no configuration. Exit 78 for a configuration or model problem, a "
+        "[model] snippet. The INT8 model it makes (no --int8) is calibrated on every other one of your images by "
+        "name and every row's accuracy judged on the others only (fewer than 16: on the same ones, as it says; "
+        "generated scenes: calibrated on others). "
+        "It changes no configuration. Exit 78 for a configuration or model problem, a "
         "model other than a detection or segmentation model included.",
         _tune_arguments,
     ),

@@ -22,8 +22,8 @@ from edged.cli import SUBCOMMANDS
 from edged.config import load_config
 from edged.errors import EXIT_CONFIG, EXIT_DATA, EXIT_USAGE
 from edged.tools import tune
-from edged.tools.evaluate import scene_samples
-from edged.tools.tune import Gate, _images, _judge, _unused, format_table, snippet, to_move
+from edged.tools.evaluate import EvalSample, scene_samples
+from edged.tools.tune import Gate, _images, _judge, _split, _unused, format_table, snippet, to_move
 
 pytestmark = pytest.mark.tools
 
@@ -69,11 +69,13 @@ def test_the_table_names_each_flipped_image_and_which_way_it_flipped() -> None:
         "machine": {"cpu": "cpu", "loadavg_start": 0.0},
         "gate": {"max_map_drop": 1.0, "max_flips": 0},
         "accuracy_against": "FP32",
+        "accuracy_on": {"summary": "all 2 images: tune calibrated no INT8 model"},
         "rows": rows,
         "skipped": [],
         "choice": choice,
     }
     lines = format_table(report).splitlines()
+    assert lines[2] == "accuracy judged on all 2 images: tune calibrated no INT8 model"
     assert lines[-3:] == ["openvino int8 flipped: scene029.png (ng -> ok)", "", "choice: onnxruntime f32 (m.onnx)"]
 
 
@@ -434,3 +436,67 @@ def test_a_tune_stopped_while_it_quantises_leaves_no_temporary_folder(tmp_path: 
         said += proc.stderr.read()
         assert proc.wait(timeout=60) == 143, said.decode()
     assert {path.name for path in (tmp_path / "tmp").iterdir()} - {".ses"} == set()  # onnxruntime's own session id
+
+
+def _folder(folder: Path, count: int) -> Path:
+    """``count`` small images, named so that their sorted order is their number."""
+    folder.mkdir()
+    for i in range(count):
+        cv2.imwrite(str(folder / f"{i:02}.png"), np.full((48, 64, 3), 10 * i, np.uint8))
+    return folder
+
+
+def _tune_json(tmp_path: Path, images: Path, *more: str) -> tuple[dict[str, Any], str]:
+    config = tmp_path / "edged.toml"
+    config.write_text(CONFIG)
+    done = run_cli(
+        "tune", "--config", str(config), "--images", str(images), "--frames", "1", "--warmup", "0",
+        "--engine", "onnxruntime", "--precision", "int8", "--max-images", "40", "--json", *more, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report, done.stderr
+
+
+@pytest.mark.unit
+def test_tune_splits_the_images_it_quantises_on_into_calibrated_and_judged() -> None:
+    samples = [EvalSample(f"{i:02}.png", np.zeros((1, 1, 3), np.uint8), np.zeros((0, 4)), np.zeros(0)) for i in range(17)]
+    split = _split(samples, quantising=True, scenes=False)
+    assert [s.name for s in split.calibration or []] == [f"{i:02}.png" for i in range(0, 17, 2)]
+    assert [s.name for s in split.judged] == [f"{i:02}.png" for i in range(1, 17, 2)] and split.held_out
+    few = _split(samples[:15], quantising=True, scenes=False)  # halves of 7 and 8: below quantize's warning
+    assert few.judged == few.calibration == samples[:15] and few.held_out is False
+    assert _split(samples, quantising=False, scenes=False) == tune.Split(samples, None, None)  # --int8, or no int8 row
+    assert _split(samples, quantising=True, scenes=True) == tune.Split(samples, None, True)  # calibrated on seed 1
+
+
+def test_tune_judges_the_int8_model_it_makes_on_images_it_was_not_calibrated_on(tmp_path: Path) -> None:
+    # Calibrated on the very images it was then judged on, INT8 passed a gate that new parts would fail.
+    report, said = _tune_json(tmp_path, _folder(tmp_path / "images", 16))
+    assert [row["agreement"]["images"] for row in report["rows"]] == [8, 8]  # every row on the same judged 8
+    accuracy = report["accuracy_on"]
+    calibrated, judged = accuracy["calibrated_on"]["names"], accuracy["names"]
+    assert calibrated == [f"{i:02}.png" for i in range(0, 16, 2)] and judged == [f"{i:02}.png" for i in range(1, 16, 2)]
+    assert accuracy["held_out"] is True and (accuracy["images"], accuracy["calibrated_on"]["images"]) == (8, 8)
+    assert accuracy["summary"].startswith(f"8 of the 16 images under {tmp_path / 'images'}, every other one by name")
+    assert "calibrated on 8 frames, the other 8 held out to judge accuracy" in said and "too few" not in said
+
+
+def test_tune_says_when_too_few_images_leave_it_judging_on_its_calibration_images(tmp_path: Path) -> None:
+    report, said = _tune_json(tmp_path, _folder(tmp_path / "images", 4))
+    accuracy = report["accuracy_on"]
+    names = [f"{i:02}.png" for i in range(4)]
+    assert accuracy["held_out"] is False and accuracy["names"] == accuracy["calibrated_on"]["names"] == names
+    assert [row["agreement"]["images"] for row in report["rows"]] == [4, 4]
+    assert "the very ones the INT8 model calibrated on: too few to hold some out (16 or more" in accuracy["summary"]
+    assert "warning: 4 image(s) are too few to calibrate the INT8 model on some and judge it on others" in said
+
+
+def test_tune_judges_a_given_int8_model_on_every_image(tmp_path: Path) -> None:
+    int8 = _with_quantised_input(DEMO, tmp_path / "int8.onnx")  # calibrated elsewhere: nothing to hold out
+    report, said = _tune_json(tmp_path, _folder(tmp_path / "images", 16), "--int8", str(int8))
+    accuracy = report["accuracy_on"]
+    assert accuracy["names"] == [f"{i:02}.png" for i in range(16)] and accuracy["images"] == 16
+    assert accuracy["held_out"] is None and accuracy["calibrated_on"] is None and "quantising" not in said
+    assert [row["agreement"]["images"] for row in report["rows"]] == [16, 16]
+    assert accuracy["summary"] == f"all 16 images under {tmp_path / 'images'}: tune calibrated no INT8 model"

@@ -8,8 +8,10 @@ message serialised and sent), over the user's images, one variant after the othe
 model on ONNX Runtime (`edged.tools.agreement`: mAP of its boxes against FP32's, and OK/NG verdicts
 under the configuration's ``[inspect]``), or against labels when given. The gate (by default at most
 one point of mAP@0.5 lost and no verdict flipped) decides which may be chosen; the fastest that
-passes is written as a ``[model]`` snippet. The INT8 model is `edged quantize`'s, calibrated on the
-same images, unless one is given. Nothing running is touched: tune reads the configuration only.
+passes is written as a ``[model]`` snippet. The INT8 model is `edged quantize`'s unless one is given,
+calibrated on every other image by name and every variant's accuracy judged on the others only: a
+model judged on the images its activation ranges were fitted to looks better than it will on the
+line. Nothing running is touched: tune reads the configuration only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -56,6 +58,9 @@ REPORT_CONF = 0.25  # precision and recall against labels, as `edged eval`
 # The images tune holds at once, each run by every variant: 1 GiB, some 380 frames of 1280x720.
 # --max-images of a folder of camera frames held them all, gigabytes on a board of 4.
 HELD_BYTES = 1 << 30
+# The fewest images tune splits into calibration and judged halves: each half at least `edged quantize`'s
+# FEW_CALIBRATION_FRAMES (8), below which calibration is warned of. Fewer calibrate and judge together.
+SPLIT_MIN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,54 @@ class Gate:
 
     max_map_drop: float  # points of mAP@0.5
     max_flips: int  # images whose OK/NG verdict differs
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """The images every variant's accuracy is judged on, and those the INT8 model tune makes is
+    calibrated on: judged on its own calibration images, it looks better than it will on the line."""
+
+    judged: list[EvalSample]
+    calibration: list[EvalSample] | None  # None: generated scenes of CALIB_SEED, or no calibration here
+    held_out: bool | None  # whether no judged image calibrated; None where tune calibrates nothing
+    calibrated: list[str] = field(default_factory=list)  # the names calibration was handed, as it ran
+
+
+def _split(samples: list[EvalSample], quantising: bool, scenes: bool) -> Split:
+    """Every other image by sorted name calibrates (the first of each pair) and the rest judge, so
+    that both halves span the folder, and a rerun splits it alike; all judge where tune does not
+    quantise, on generated scenes (calibrated on scenes of another seed) and below `SPLIT_MIN`."""
+    if not quantising:
+        return Split(samples, None, None)
+    if scenes:
+        return Split(samples, None, True)
+    if len(samples) < SPLIT_MIN:
+        return Split(samples, samples, False)
+    return Split(samples[1::2], samples[0::2], True)
+
+
+def _judged_on(split: Split, data: str) -> str:
+    """Which images the accuracy was judged on, as the report says it."""
+    if split.held_out is None:
+        return f"all {data}: tune calibrated no INT8 model"
+    if split.calibration is None:
+        return f"the {data}; the INT8 model calibrated on {len(split.calibrated)} others, seed {CALIB_SEED}"
+    if split.held_out:
+        return (
+            f"{len(split.judged)} of the {data}, every other one by name; the other {len(split.calibrated)} "
+            "calibrated the INT8 model"
+        )
+    return (
+        f"the {data}, the very ones the INT8 model calibrated on: too few to hold some out ({SPLIT_MIN} or more "
+        "are split), so its rows look better than they will on new parts"
+    )
+
+
+def _noted(frames: Iterator[EvalSample], names: list[str]) -> Iterator[EvalSample]:
+    """``frames``, each one's name added to ``names`` as calibration takes it."""
+    for frame in frames:
+        names.append(frame.name)
+        yield frame
 
 
 def _images(
@@ -116,12 +169,12 @@ def _int8_model(
     args: argparse.Namespace,
     settings: Settings,
     reference: LoadedModel,
-    samples: list[EvalSample],
+    split: Split,
     made: Path | None,
     log: TextIO,
 ) -> Path:
     """The INT8 model: ``--int8`` as given, else `edged quantize`'s written to ``made``, calibrated on
-    the images tune runs on (or training-seed scenes)."""
+    ``split``'s calibration images (or training-seed scenes)."""
     if args.int8 is not None:
         # One that onnxruntime cannot run as INT8 is a wrong path or file: said now, with exit 78, not
         # as two skipped rows once every other variant has been timed.
@@ -140,14 +193,27 @@ def _int8_model(
     from edged.tools import quantize as q  # the onnx package: only when tune quantises
 
     assert made is not None  # `run_tune` names it whenever tune quantises
-    if args.images is not None:
-        total, frames = len(samples), iter(samples)
+    if split.calibration is not None:
+        total, frames = len(split.calibration), iter(split.calibration)
     else:
-        total, frames = scene_samples(len(samples), CALIB_SEED, *SCENE_SIZE)
-    print(f"quantising {settings.model.path} to {made}, calibrated on {total} frames ...", file=log)
+        total, frames = scene_samples(len(split.judged), CALIB_SEED, *SCENE_SIZE)
+    held = (
+        f", the other {len(split.judged)} held out to judge accuracy"
+        if split.calibration is not None and split.held_out
+        else ""
+    )
+    print(f"quantising {settings.model.path} to {made}, calibrated on {total} frames{held} ...", file=log)
     if warning := q.few_frames(total):
         print(warning, file=log)
-    calibration = q.CalibrationFrames(reference.contract, frames, total, log)
+    if not split.held_out:
+        print(
+            f"warning: {total} image(s) are too few to calibrate the INT8 model on some and judge it on others "
+            f"(tune splits {SPLIT_MIN} or more, every other one by name): its accuracy is judged on the images "
+            "it was calibrated on and looks better than it will on new parts; give more images (--max-images) "
+            "or an --int8 model calibrated on others",
+            file=log,
+        )
+    calibration = q.CalibrationFrames(reference.contract, _noted(frames, split.calibrated), total, log)
     write_with(
         made, lambda tmp: q.quantize(settings.model.path, tmp, calibration, pixel_input=q.pixel_scale(reference.contract))
     )
@@ -225,23 +291,24 @@ def _variant(
     cfg: ModelConfig,
     reference: LoadedModel,
     samples: list[EvalSample],
+    judged: list[EvalSample],
     labelled: bool,
     inspect: InspectConfig | None,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """One engine x precision: its timing on the configured thresholds, its accuracy ranked at RANK_CONF
-    and its verdicts under ``inspect`` (the camera's, `camera_inspection`)."""
+    """One engine x precision: its timing on ``samples`` on the configured thresholds, its accuracy on
+    ``judged`` ranked at RANK_CONF and its verdicts under ``inspect`` (the camera's, `camera_inspection`)."""
     timed = load_model(cfg, settings.runtime)
     # Absolute: the snippet is merged into a configuration, which reads paths relative to its own folder.
     row: dict[str, Any] = {"engine": cfg.engine, "precision": cfg.precision, "path": str(cfg.path.resolve())}
     row.update(_timing(timed, samples, args.frames, args.warmup))
     row["rss_mb"] = rss_kb() / 1024
     ranked = load_model(cfg.model_copy(update={"conf": RANK_CONF}), settings.runtime)
-    agreed = agreement(reference, ranked, iter(samples), inspect=inspect, conf=settings.model.conf)
+    agreed = agreement(reference, ranked, iter(judged), inspect=inspect, conf=settings.model.conf)
     row["agreement"] = agreed.to_dict()
     row["map50"] = agreed.map50
     if labelled:
-        row["labels"] = evaluate(ranked, iter(samples), len(samples), REPORT_CONF).to_dict()
+        row["labels"] = evaluate(ranked, iter(judged), len(judged), REPORT_CONF).to_dict()
         row["map50"] = row["labels"]["map50"]
     return row
 
@@ -286,6 +353,7 @@ def format_table(report: dict[str, Any]) -> str:
         f"load {report['machine']['loadavg_start']}",
         f"gate: at most {report['gate']['max_map_drop']:g} point(s) of mAP@0.5 lost against "
         f"{report['accuracy_against']}, at most {report['gate']['max_flips']} verdict(s) flipped",
+        f"accuracy judged on {report['accuracy_on']['summary']}",
         "",
         f"{'engine':<12}{'precision':<10}{'p50 ms':>8}{'p99 ms':>8}{'CPU ms':>8}{'RSS MB':>8}{'mAP50':>8}"
         f"{'drop':>7}{'flips':>6}  passed",
@@ -314,6 +382,7 @@ def _rows(
     settings: Settings,
     reference: LoadedModel,
     samples: list[EvalSample],
+    split: Split,
     inspect: InspectConfig | None,
     made: Path | None,
     log: TextIO,
@@ -325,7 +394,7 @@ def _rows(
         raise UsageError(f"no engine or precision named {', '.join(sorted(unknown))}; see edged tune --help")
     int8: Path | None = None
     if "int8" in precisions:
-        int8 = _int8_model(args, settings, reference, samples, made, log)
+        int8 = _int8_model(args, settings, reference, split, made, log)
     rows_, skipped = [], []
     for engine, precision in VARIANTS:
         if (engine, precision) != REFERENCE and (engine not in engines or precision not in precisions):
@@ -333,7 +402,7 @@ def _rows(
         print(f"running {engine} {precision} ...", file=log)
         try:
             cfg = _variant_config(settings, engine, precision, int8)
-            rows_.append(_variant(settings, cfg, reference, samples, args.labels is not None, inspect, args))
+            rows_.append(_variant(settings, cfg, reference, samples, split.judged, args.labels is not None, inspect, args))
         except SetupError as e:
             if (engine, precision) == REFERENCE:  # the one every other is judged against: the configuration's fault
                 raise
@@ -396,14 +465,25 @@ def _tune(
     """Every variant timed and judged, the report printed and the snippet written; the choice."""
     data, samples = _images(args.images, args.labels, args.max_images, reference.num_classes, log)
     gate = Gate(args.max_map_drop, args.max_flips)
-    rows_, skipped = _rows(args, settings, reference, samples, inspect, made, log)
+    split = _split(samples, made is not None, args.images is None)
+    rows_, skipped = _rows(args, settings, reference, samples, split, inspect, made, log)
     choice = _judge(rows_, gate, inspect is not None)
+    judged_on = _judged_on(split, data)
+    judged = data if split.judged is samples else f"{len(split.judged)} of the {data}"
+    calibrated_on = None if split.held_out is None else {"images": len(split.calibrated), "names": split.calibrated}
     report: dict[str, Any] = {
         "config": str(args.config),
         "model": str(settings.model.path),
         "data": data,
         "accuracy_against": f"labels under {args.labels}" if args.labels else "FP32's own boxes on ONNX Runtime",
         "gate": {"max_map_drop": gate.max_map_drop, "max_flips": gate.max_flips},
+        "accuracy_on": {
+            "summary": judged_on,
+            "images": len(split.judged),
+            "names": [sample.name for sample in split.judged],
+            "held_out": split.held_out,
+            "calibrated_on": calibrated_on,
+        },
         "frames": args.frames,
         "rows": rows_,
         "skipped": skipped,
@@ -414,7 +494,7 @@ def _tune(
     if args.labels is None and rows_[0]["agreement"]["reference_boxes"] == 0:
         # Every variant then scores 1.0 for finding nothing too, and passes a gate that judged no box.
         print(
-            f"warning: FP32 found no box on {data}: the gate compared no box, only that each variant found none; "
+            f"warning: FP32 found no box on {judged}: the gate compared no box, only that each variant found none; "
             "run tune on images with the defects the line looks for",
             file=log,
         )
