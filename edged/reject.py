@@ -18,8 +18,20 @@ whole time slice (tens of ms; BENCHMARKS.md). The line process has its own lock 
 to do, and asks for SCHED_FIFO (allowed with ``LimitRTPRIO=`` in the unit, or as root; without
 it, it runs as any process and says so) so that a busy CPU does not delay it either. The loop's
 side is a write to a pipe per frame taken and per verdict. Pulses closer than ``min_gap_ms``
-merge into one. Every stop, a reload that changes the line, a failure of the process itself, and
-the daemon's end however it comes (the pipe closes) drive the line inactive before it is released.
+merge into one.
+
+A stop lets the parts already judged and on their way go as judged: the daemon's stop, SIGTERM
+or SIGINT to the line process (systemd's stop sends SIGTERM to every process of the unit at
+once) and its pipe closing (the daemon gone, SIGKILL included) make the process drain
+(`Stopping`): it fires the pulses scheduled at their times and applies ``late`` at the deadlines
+of the parts taken without a verdict (it still takes the verdicts the daemon sends meanwhile),
+then drives the line inactive and releases it. The drain lasts `DRAIN_S` at most, so that it ends
+before systemd kills what is left; what falls due after it is dropped and said in one warning, and
+a second signal ends it at once. The daemon waits for it at its stop, before its last status
+round (once the daemon has exited, systemd sends SIGTERM again to the rest of the unit), but not
+on a reload that moves the line: the old line's process drains on its own while the new one
+serves. A failure of the process itself, and the end of a drain however it comes, drive the line
+inactive before it is released.
 
 ``gpiod`` (the ``gpio`` extra) is imported only when a reject line is configured.
 """
@@ -66,7 +78,11 @@ REPORT_INTERVAL_S = 0.2  # the line process says its counters at most this often
 START_WAIT_S = 10.0  # how long a line process may take to start and request its line
 RESTART_INTERVAL_S = 5.0  # a line process that ended unasked is started again at most this often
 RT_PRIORITY = 10  # the line process's SCHED_FIFO priority, where it may have one
-STOP_WAIT_S = 1.0  # how long a stop waits for the line process before killing it (the kernel then releases the line)
+# A stopping line process fires what falls due within this long, then lets go: systemd SIGKILLs the unit's processes
+# TimeoutStopSec=5s after its SIGTERM (the units in systemd/), a line killed mid-pulse may stay active, and the
+# daemon's own stop needs the rest of those 5 s once the drain ends.
+DRAIN_S = 3.0
+STOP_WAIT_S = 1.0  # how long a stop waits for the line process beyond its drain, then kills it (the kernel frees the line)
 LINES_NAMED = 64  # the most of a chip's lines an error lists
 WINDOW = 1024  # pulses and verdicts the lateness and margin percentiles are taken over
 
@@ -239,9 +255,10 @@ class Schedule:
 
     Times are monotonic ns. ``_parts`` holds the parts without a verdict yet, as (capture,
     deadline), in the order they were taken; ``_pulses`` the pulses to fire, as [start, end,
-    ahead], the first one active while ``_active``; ``ahead`` (1 or 0) says whether the pulse was
-    known before its start. Lateness counts those alone: a pulse scheduled after its start (a
-    frame the loop took after its part's deadline) is late by the loop, and counted in ``late``.
+    ahead, parts], the first one active while ``_active``; ``ahead`` (1 or 0) says whether the
+    pulse was known before its start, ``parts`` how many parts it ejects (merged ones). Lateness
+    counts those known ahead alone: a pulse scheduled after its start (a frame the loop took after
+    its part's deadline) is late by the loop, and counted in ``late``.
     """
 
     def __init__(self, cfg: RejectConfig, lines: Lines) -> None:
@@ -293,13 +310,26 @@ class Schedule:
         return None
 
     def _schedule(self, start_ns: int) -> None:
+        """A pulse from ``start_ns``, in start order: a part without a verdict may reach its deadline
+        after a later part's pulse was scheduled (its frame stuck on one lane, the next one judged on
+        another). It merges with a neighbour closer than ``min_gap_ms``."""
+        gap = self.cfg.min_gap_ms * 1e6
+        i = len(self._pulses)
+        while i > int(self._active) and self._pulses[i - 1][0] > start_ns:
+            i -= 1
         end = start_ns + int(self.cfg.pulse_ms * 1e6)
-        last = self._pulses[-1] if self._pulses else None
-        if last is not None and start_ns - last[1] < self.cfg.min_gap_ms * 1e6:
-            last[1] = max(last[1], end)
+        if i > 0 and start_ns - self._pulses[i - 1][1] < gap:
+            i -= 1
+            before = self._pulses[i]
+            before[1], before[3] = max(before[1], end), before[3] + 1
             self.merged += 1
-            return
-        self._pulses.append([start_ns, end, int(start_ns >= time.monotonic_ns())])
+        else:
+            self._pulses.insert(i, [start_ns, end, int(start_ns >= time.monotonic_ns()), 1])
+        while i + 1 < len(self._pulses) and self._pulses[i + 1][0] - self._pulses[i][1] < gap:
+            after = self._pulses[i + 1]
+            self._pulses[i][1], self._pulses[i][3] = max(self._pulses[i][1], after[1]), self._pulses[i][3] + after[3]
+            del self._pulses[i + 1]
+            self.merged += 1
 
     def missed(self, t_capture_ns: int, deadline_ns: int) -> None:
         """A part without a verdict at its deadline: the late policy."""
@@ -336,6 +366,20 @@ class Schedule:
         deadline = self._parts[0][1] if self._parts else None
         return min((t for t in (edge, deadline) if t is not None), default=None)
 
+    def abandon(self) -> tuple[list[int], bool]:
+        """What the line process leaves as it lets go of the line: when each part still to be
+        ejected was due (the pulses not started, per part, and with ``late = "reject"`` the parts
+        without a verdict), and whether a pulse under way is cut short (the release ends it)."""
+        waiting = list(self._pulses)[int(self._active) :]
+        due = [pulse[0] for pulse in waiting for _ in range(pulse[3])]
+        if self.cfg.late == "reject":
+            due += [deadline for _, deadline in self._parts]
+        cut = self._active
+        self._parts.clear()
+        self._pulses.clear()
+        self._active = False
+        return sorted(due), cut
+
     def report(self, last_error: str | None = None) -> RejectReport:
         lateness = self._lateness.percentiles(50, 99, 100) or [0.0, 0.0, 0.0]
         margin: Sequence[float | None] = self._margin.percentiles(1, 50) or [None, None]
@@ -355,25 +399,59 @@ class Schedule:
         )
 
 
-def serve(camera_id: str, cfg: RejectConfig, record: bool, commands: int, out: int) -> int:
-    """The line process: request the line, then fire what the daemon's commands schedule until it says
-    stop, its pipe closes (the daemon is gone) or a signal ends it; the line inactive and released
-    on every way out. Says ``ready`` or ``error`` first, then a report line whenever its counters
-    moved (at most every `REPORT_INTERVAL_S`)."""
+class Stopping:
+    """How a line process ends. The first of the daemon's stop (``s``), its pipe closing (the daemon
+    gone) and SIGTERM or SIGINT starts the drain: the pulses and deadlines still to come are served
+    until nothing is left and the daemon has no more to send (its stop said, or its pipe closed:
+    systemd's SIGTERM reaches the daemon too, whose last frames may still bring verdicts and parts),
+    or until ``drain_s`` has passed. A second signal ends it at once (systemd sends SIGTERM again to
+    what is left of the unit once the daemon has exited, then SIGKILL). The signal handler sets it,
+    the loop reads it."""
+
+    def __init__(self, drain_s: float) -> None:
+        self.drain_ns = int(drain_s * 1e9)
+        self.since: int | None = None  # when the drain began, monotonic ns
+        self.why = ""
+        self.signals = 0
+        self.daemon_done = False  # the daemon sends nothing more
+
+    def begin(self, why: str, *, daemon_done: bool = False) -> None:
+        self.daemon_done |= daemon_done
+        if self.since is None:
+            self.since, self.why = time.monotonic_ns(), why
+
+    def signalled(self, signum: int, frame: object) -> None:
+        self.signals += 1
+        self.begin(signal.Signals(signum).name)
+
+    @property
+    def deadline(self) -> int:
+        assert self.since is not None
+        return self.since + self.drain_ns
+
+    def over(self, now_ns: int) -> bool:
+        """The drain ends now, whatever is left: a second signal came, or its bound has passed."""
+        return self.since is not None and (self.signals > 1 or now_ns >= self.deadline)
+
+
+def serve(camera_id: str, cfg: RejectConfig, record: bool, commands: int, out: int, drain_s: float = DRAIN_S) -> int:
+    """The line process: request the line, then fire what the daemon's commands schedule until it
+    stops, and the drain that follows has fired what was on its way (`Stopping`); the line inactive
+    and released on every way out. Says ``ready`` or ``error`` first, then a report line whenever its
+    counters moved (at most every `REPORT_INTERVAL_S`)."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the daemon's reload is the daemon's
     try:
         lines = Lines(RecordingRequest(), 0, None, "recording", (False, True)) if record else open_lines(cfg, camera_id)
     except (LineError, LineBusy, MissingDependency) as e:
         os.write(out, f"error {e.exit_code} {type(e).__name__} {json.dumps(str(e))}\n".encode())
         return e.exit_code
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stopping = Stopping(drain_s)
+    woken, wake = os.pipe()  # a signal writes to it, which ends the wait below at once
+    for fd in (woken, wake):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGTERM, stopping.signalled)
+    signal.signal(signal.SIGINT, stopping.signalled)
     schedule = Schedule(cfg, lines)
     fast = realtime()
     ready = {"chip": lines.chip, "line": lines.line, "alarm": lines.alarm, "realtime": fast}
@@ -384,9 +462,14 @@ def serve(camera_id: str, cfg: RejectConfig, record: bool, commands: int, out: i
     buffer = b""
     poller = select.poll()
     poller.register(commands, select.POLLIN)
+    poller.register(woken, select.POLLIN)
     try:
-        while not stopping:
+        while not stopping.over(time.monotonic_ns()):
             due = schedule.due(time.monotonic_ns())
+            if stopping.since is not None:
+                if due is None and stopping.daemon_done:
+                    break  # drained: every part on its way has gone by
+                due = stopping.deadline if due is None else min(due, stopping.deadline)
             now = time.monotonic_ns()
             if due is not None and due - now <= SPIN_S * 1e9 and not poller.poll(0):
                 while time.monotonic_ns() < due:
@@ -395,32 +478,60 @@ def serve(camera_id: str, cfg: RejectConfig, record: bool, commands: int, out: i
             wait_ms = max(0, int((next_report - time.monotonic()) * 1000))
             if due is not None:
                 wait_ms = min(wait_ms, max(0, (due - now) // 1_000_000 - int(SPIN_S * 1000)))
-            if poller.poll(wait_ms):
+            for fd, _ in poller.poll(wait_ms):
+                if fd == woken:
+                    os.read(woken, 64)
+                    continue
                 chunk = os.read(commands, 65536)
-                if not chunk:
-                    break  # the daemon is gone
+                if not chunk:  # the daemon is gone: what it judged still goes as judged
+                    poller.unregister(commands)
+                    stopping.begin("the daemon is gone", daemon_done=True)
+                    continue
                 buffer += chunk
                 *lines_in, buffer = buffer.split(b"\n")
                 for command in lines_in:
-                    stopping |= _command(schedule, command)
+                    if _command(schedule, command):
+                        stopping.begin("the daemon's stop", daemon_done=True)
             if time.monotonic() >= next_report:
                 report = schedule.report(error)
                 if report != said:
-                    os.write(out, f"report {report.model_dump_json()}\n".encode())
+                    with contextlib.suppress(OSError):  # the daemon gone: the drain goes on
+                        os.write(out, f"report {report.model_dump_json()}\n".encode())
                     said = report
                 next_report = time.monotonic() + REPORT_INTERVAL_S
     except Exception as e:  # the line must end inactive whatever failed
         error = f"the reject line failed: {e}"
         log.exception("failed: driving the line inactive")
     finally:
+        dropped, cut = schedule.abandon()
         try:
             lines.release()
         except Exception as e:  # said, the stop goes on
             error = f"releasing the line failed: {e}"
             log.error("%s", error)
+        _say_dropped(stopping, dropped, cut, drain_s)
         with contextlib.suppress(OSError):
             os.write(out, f"report {schedule.report(error).model_dump_json()}\n".encode())
     return 0
+
+
+def _say_dropped(stopping: Stopping, dropped: list[int], cut: bool, drain_s: float) -> None:
+    """One warning for the parts in flight the line let go of un-ejected, and when they were due."""
+    if not dropped and not cut:
+        return
+    now = time.monotonic_ns()
+    if stopping.signals > 1:
+        how = f"stopping ({stopping.why}), a second signal ended the drain"
+    elif stopping.since is not None and now >= stopping.deadline:
+        how = f"stopping ({stopping.why}), the drain's {drain_s:g} s bound came"
+    else:
+        how = "the line failed"
+    parts = f"{len(dropped)} part{'s' if len(dropped) != 1 else ''} in flight dropped, un-ejected"
+    if dropped:
+        first, last = ((t - now) / 1e9 for t in (dropped[0], dropped[-1]))
+        parts += f", due {first:.2f} s later" if len(dropped) == 1 else f", due {first:.2f} to {last:.2f} s later"
+    under_way = "; the pulse under way cut short" if cut else ""
+    log.warning("%s: %s%s; the line inactive and released", how, parts, under_way)
 
 
 def _command(schedule: Schedule, command: bytes) -> bool:
@@ -445,11 +556,14 @@ class RejectLine:
     Its ``stderr`` is the daemon's (its log lines go where the daemon's go). A process that ends
     unasked is started again by the next `report` (a status round; at most every
     `RESTART_INTERVAL_S`), without waiting for it: its counters carry on from the last one's.
+    A stop (`drain`, then `wait`; `stop` does both) lets the process fire what it has scheduled,
+    for ``drain_s`` at most.
     """
 
-    def __init__(self, camera_id: str, cfg: RejectConfig, *, record: bool = False) -> None:
+    def __init__(self, camera_id: str, cfg: RejectConfig, *, record: bool = False, drain_s: float = DRAIN_S) -> None:
         self.camera_id = camera_id
         self.cfg = cfg
+        self.drain_s = drain_s
         self._record = record
         self.last_error: str | None = None
         self._stopped = False
@@ -462,16 +576,19 @@ class RejectLine:
         except BaseException:
             self._proc.kill()
             self._proc.wait()
+            self._close_pipes()
             raise
 
     def _spawn(self) -> None:
         record = ["--record"] if self._record else []
-        command = [sys.executable, "-m", "edged.reject", self.camera_id, self.cfg.model_dump_json(), *record]
+        config = self.cfg.model_dump_json()
+        command = [sys.executable, "-m", "edged.reject", self.camera_id, config, f"--drain-s={self.drain_s}", *record]
         self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._in, self._out = self._proc.stdin.fileno(), self._proc.stdout.fileno()
         os.set_blocking(self._out, False)  # `report` reads what is there, never waits
         self._buffer = b""
+        self._closed = False  # the pipes: closed once the process has ended for good (their numbers may be reused)
 
     def _ready(self, ready: dict[str, Any]) -> None:
         self.chip, self.line, self.alarm = ready["chip"], ready["line"], ready["alarm"]
@@ -492,6 +609,8 @@ class RejectLine:
         return _ready_or_raise(first)
 
     def _send(self, command: str) -> None:
+        if self._closed:
+            return
         try:
             os.write(self._in, command.encode())
         except OSError as e:  # the process is gone: said in the status, the loop goes on
@@ -514,7 +633,7 @@ class RejectLine:
         """What the process said last, added to what the ended ones said; an error, or the process's
         end (and its restart), in ``last_error``."""
         with contextlib.suppress(BlockingIOError, OSError):
-            while chunk := os.read(self._out, 65536):
+            while not self._closed and (chunk := os.read(self._out, 65536)):
                 self._buffer += chunk
         *said, self._buffer = self._buffer.split(b"\n")
         for line in said:
@@ -548,18 +667,41 @@ class RejectLine:
         """The line process's id (``ps``, ``gpioinfo``'s holder)."""
         return self._proc.pid
 
-    def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
-        """Drive the line inactive and release it (the process does both as it ends); pulses still
-        scheduled are dropped."""
-        self._stopped = True
-        self._send("s\n")
+    @property
+    def ended(self) -> bool:
+        """The process has exited."""
+        return self._proc.poll() is not None
+
+    def drain(self) -> None:
+        """Ask the process to stop, without waiting for it: it fires the pulses still scheduled at
+        their times and applies ``late`` at the deadlines of the parts without a verdict, for
+        ``drain_s`` at most (what falls due after is dropped, and said), then drives the line
+        inactive and releases it (`Stopping`)."""
+        if not self._stopped:
+            self._stopped = True
+            self._send("s\n")
+
+    def wait(self, until: float) -> None:
+        """Wait for the process to end until ``until`` (monotonic s), then kill it (the kernel
+        releases the line); its last report read, its pipes closed."""
+        if self._closed:
+            return
         try:
-            self._proc.wait(timeout_s)
+            self._proc.wait(max(0.0, until - time.monotonic()))
         except subprocess.TimeoutExpired:
-            self._proc.kill()  # the kernel releases the line
+            log.error("reject line: its process did not end in time: killed", extra={"CAMERA": self.camera_id})
+            self._proc.kill()
             self._proc.wait()
         self.report()
         self._close_pipes()
+        self._closed = True
+
+    def stop(self) -> None:
+        """Drive the line inactive and release it once the parts already on their way have gone as
+        judged (`drain`), waiting for that: ``drain_s`` at most, and `STOP_WAIT_S` beyond it before the
+        process is killed."""
+        self.drain()
+        self.wait(time.monotonic() + self.drain_s + STOP_WAIT_S)
 
     def _close_pipes(self) -> None:
         for pipe in (self._proc.stdin, self._proc.stdout):
@@ -616,6 +758,7 @@ class RejectOutput(Output):
 
     def __init__(self, settings: Settings) -> None:
         self.lines: dict[str, RejectLine] = {}
+        self._draining: list[RejectLine] = []  # the lines a reload moved, their processes firing what they had scheduled
         try:
             for cfg in settings.source:
                 reject = settings.reject_for(cfg)
@@ -645,6 +788,9 @@ class RejectOutput(Output):
             line.resolve(report.outcome.frame.t_capture_ns, verdict, time.monotonic_ns())
 
     def report(self, camera_id: str) -> OutputReport:
+        for ended in [line for line in self._draining if line.ended]:
+            ended.wait(0.0)
+            self._draining.remove(ended)
         line = self.lines.get(camera_id)
         if line is None:
             return NO_REPORT
@@ -653,37 +799,69 @@ class RejectOutput(Output):
         return OutputReport(fields={"reject": report}, summary=summary)
 
     def reload(self, settings: Settings, services: Services) -> RejectOutput | None:
-        """A camera whose line stays the same keeps it, with the new timing; the others' lines are
-        driven inactive and released, and those the new settings name requested."""
+        """A camera whose line stays the same keeps it, with the new timing; the others' lines drain
+        (`RejectLine.drain`) on their own, the loop going on meanwhile, and those the new settings
+        name are requested. A line a draining process still holds (the same line with another
+        ``active_low`` or ``alarm_line``, another camera's old line) is requested once the drains
+        have ended: a line has one holder. Once no camera has a line, nothing waits for the drains
+        at the daemon's stop."""
         for camera_id, line in list(self.lines.items()):
             cfg = settings.camera(camera_id)
             reject = settings.reject_for(cfg) if cfg is not None else None
             if reject is not None and _same_line(line.cfg, reject):
                 line.adopt(reject)
                 continue
-            line.stop()
+            line.drain()
+            self._draining.append(line)
             del self.lines[camera_id]
         for cfg in settings.source:
             reject = settings.reject_for(cfg)
             if reject is None or cfg.camera_id in self.lines:
                 continue
             try:
-                self.lines[cfg.camera_id] = RejectLine(cfg.camera_id, reject)
+                self.lines[cfg.camera_id] = self._start(cfg.camera_id, reject)
             except (LineError, LineBusy, MissingDependency) as e:
                 log.error("reload: camera %s drives no reject line: %s", cfg.camera_id, e)
         return self if self.lines else None
 
+    def _start(self, camera_id: str, reject: RejectConfig) -> RejectLine:
+        try:
+            return RejectLine(camera_id, reject)
+        except LineBusy:
+            if not self._draining:
+                raise
+        _stop(self._draining)  # one of them may hold it: a line has one holder
+        self._draining.clear()
+        return RejectLine(camera_id, reject)
+
+    def drain(self) -> None:
+        """Every line fires the parts already on their way and lets go, waited for: at the daemon's
+        stop before its last status round, which then counts them, since once the daemon has exited
+        systemd sends SIGTERM again to the rest of the unit."""
+        _stop([*self.lines.values(), *self._draining])
+        self._draining.clear()
+
     def close(self) -> None:
-        for line in self.lines.values():
-            line.stop()
+        self.drain()
         self.lines.clear()
 
 
+def _stop(lines: list[RejectLine]) -> None:
+    """Stop ``lines`` (`RejectLine.stop`), their drains side by side."""
+    for line in lines:
+        line.drain()
+    until = time.monotonic() + max((line.drain_s for line in lines), default=0.0) + STOP_WAIT_S
+    for line in lines:
+        line.wait(until)
+
+
 def main(argv: Sequence[str]) -> int:
-    """``python -m edged.reject CAMERA CONFIG_JSON [--record]``: the line process `RejectLine` starts,
-    its commands on stdin, what it says on stdout."""
+    """``python -m edged.reject CAMERA CONFIG_JSON [--drain-s=SECONDS] [--record]``: the line process
+    `RejectLine` starts, its commands on stdin, what it says on stdout."""
     logging.basicConfig(level=logging.INFO, format=f"edged reject line {argv[0]}: %(message)s")
-    return serve(argv[0], RejectConfig.model_validate_json(argv[1]), "--record" in argv[2:], 0, 1)
+    options = argv[2:]
+    drain_s = next((float(o.removeprefix("--drain-s=")) for o in options if o.startswith("--drain-s=")), DRAIN_S)
+    return serve(argv[0], RejectConfig.model_validate_json(argv[1]), "--record" in options, 0, 1, drain_s)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from daemon import RunningDaemon, free_port, run_cli, write_config, write_video
 from onnx_models import colour_probe, failing_probe, stalling_probe
 from waiting import wait_for
 
+from edged.daemon import MAX_INFERENCE_FAILURES
 from edged.messages import RejectReport, StatusMessage, VerdictMessage, parse_message
 
 pytestmark = pytest.mark.integration
@@ -27,6 +28,8 @@ LINES = ["EJECT", "ALARM", "SPARE", "BUSY"]
 NG = (255, 200, 255)  # bright: the probe scores both classes high, so every frame is NG
 OK = (20, 20, 20)  # dark: no detection, an OK part
 MS = 1_000_000
+SLACK_MS = 250  # how far a busy machine may push an edge late
+EARLY_MS = 50  # how far after the capture its wall-clock time may be taken (a busy machine)
 
 
 class Rig:
@@ -39,6 +42,7 @@ class Rig:
         reject: dict[str, Any],
         model: str = "probe",
         trigger: dict[str, Any] | None = None,
+        fps: float = 20.0,
     ) -> None:
         tmp_path.mkdir(exist_ok=True)
         self.record = tmp_path / "gpio.record"
@@ -50,7 +54,7 @@ class Rig:
         }
         builders = {"probe": colour_probe, "slow": lambda p: stalling_probe(p, 10**5), "failing": failing_probe}
         builders[model](tmp_path / "model.onnx")
-        write_video(tmp_path / "clip.avi", [colour] * 10)
+        write_video(tmp_path / "clip.avi", [colour] * 10, fps=fps)
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.config = write_config(
             tmp_path / "edged.toml",
@@ -94,6 +98,36 @@ def daemons() -> Iterator[list[RunningDaemon]]:
 def reject_of(status: StatusMessage) -> RejectReport:
     assert status.reject is not None
     return status.reject
+
+
+def line_processes(daemon: RunningDaemon) -> list[int]:
+    """The reject line processes the daemon started: its children running ``edged.reject``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended meanwhile
+        if parent == daemon.proc.pid and b"edged.reject" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def rises(rig: Rig) -> list[int]:
+    timed = rig.timed()
+    return [t for (t, level), (_, before) in zip(timed[1:], timed, strict=False) if level == 1 and before == 0]
+
+
+def assert_each_fired_at_its_time(rig: Rig, verdicts: list[VerdictMessage], delay_ms: float, since_ns: int) -> None:
+    """Each verdict's part pulsed at capture + ``delay_ms``, some of them after ``since_ns``. The
+    capture time is the wall clock's, taken just after the monotonic one the line counts from."""
+    offset = time.time_ns() - time.monotonic_ns()
+    targets = [v.capture_time_ns - offset + int(delay_ms * MS) for v in verdicts]
+    assert any(target > since_ns for target in targets), "no part was on its way"
+    fired = rises(rig)
+    for target in targets:
+        assert any(target - EARLY_MS * MS <= rise < target + SLACK_MS * MS for rise in fired), (target, fired)
 
 
 def test_ng_parts_pulse_the_line_once_each_after_their_capture(tmp_path: Path, daemons: list[RunningDaemon]) -> None:
@@ -158,28 +192,30 @@ def test_late_pass_and_alarm(tmp_path: Path, daemons: list[RunningDaemon]) -> No
 
 
 def test_sigterm_during_a_pulse_and_sighup_leave_the_line_inactive(tmp_path: Path, daemons: list[RunningDaemon]) -> None:
-    rig = Rig(tmp_path, NG, {"delay_ms": 0.0, "pulse_ms": 10_000.0})
+    rig = Rig(tmp_path, NG, {"delay_ms": 0.0, "pulse_ms": 1000.0})  # a part every 50 ms: one pulse, on and on
     d = rig.start()
     daemons.append(d)
     assert wait_for(lambda: 1 in rig.levels(), 60), d.log()
     config = rig.config.read_text().replace('line = "EJECT"', 'line = "SPARE"')
     rig.config.write_text(config)
-    d.signal(signal.SIGHUP)  # the reload moves the line: the old one inactive and released, the new one requested
+    d.signal(signal.SIGHUP)  # the reload moves the line: the old one drains, inactive and released; the new one requested
     assert wait_for(lambda: rig.levels()[-2:] == [0, None] and rig.levels(2)[:1] == [0], 60), d.log()
     assert wait_for(lambda: 1 in rig.levels(2), 60), d.log()
     assert d.stop() == 0
-    assert rig.levels(2)[-3:] == [1, 0, None] and rig.levels()[-2:] == [0, None]
+    # The stop let the pulse under way run to its end (then inactive as it is released: 0 again).
+    assert rig.levels(2)[-4:] == [1, 0, 0, None] and rig.levels()[-2:] == [0, None]
 
 
 def test_a_loop_that_gives_up_leaves_the_line_inactive_after_its_parts_fail_safe(
     tmp_path: Path, daemons: list[RunningDaemon]
 ) -> None:
-    rig = Rig(tmp_path, NG, {"delay_ms": 5.0}, model="failing")  # every bright frame fails inside ONNX Runtime
+    rig = Rig(tmp_path, NG, {"delay_ms": 300.0, "pulse_ms": 5.0}, model="failing")  # every bright frame fails in ORT
     d = rig.start()
     daemons.append(d)
     assert d.proc.wait(60) == 1, d.log()
     levels = rig.levels()
-    assert 1 in levels and levels[-2:] == [0, None], levels  # no verdict: rejected at the deadline
+    # No verdict: each part the loop took is rejected at its deadline, those still on their way as it gave up too.
+    assert len(rises(rig)) >= MAX_INFERENCE_FAILURES and levels[-2:] == [0, None], levels
 
 
 def test_a_line_another_program_holds_exits_1_naming_it(tmp_path: Path) -> None:
@@ -235,6 +271,38 @@ def test_in_request_mode_each_request_pulses_once_counted_from_its_frames_captur
     assert reject_of(status).late == 0  # no frame between requests, nor the warm-up's, had a deadline
     assert d.stop() == 0
     assert rig.levels().count(1) == 2
+
+
+def test_a_stop_fires_the_parts_judged_before_it_at_their_time_then_lets_go_of_the_line(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    rig = Rig(tmp_path, NG, {"delay_ms": 800.0}, fps=2.0)  # a part every 500 ms: each pulse is its own
+    d = rig.start()
+    daemons.append(d)
+    verdicts = [m for m in d.collect("verdict", 2, timeout=60) if isinstance(m, VerdictMessage)]
+    stopped = time.monotonic_ns()
+    unit = [d.proc.pid, *line_processes(d)]
+    assert len(unit) == 2, unit
+    for pid in unit:  # systemd's stop (KillMode=control-group): SIGTERM to every process of the unit at once
+        os.kill(pid, signal.SIGTERM)
+    assert d.proc.wait(10) == 0, d.log()
+    assert_each_fired_at_its_time(rig, verdicts, 800.0, stopped)
+    assert rig.levels()[-2:] == [0, None]
+
+
+def test_a_daemon_killed_outright_still_fires_its_parts_in_flight_at_their_time(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    rig = Rig(tmp_path, NG, {"delay_ms": 800.0}, fps=2.0)
+    d = rig.start()
+    daemons.append(d)
+    verdicts = [m for m in d.collect("verdict", 2, timeout=60) if isinstance(m, VerdictMessage)]
+    killed = time.monotonic_ns()
+    d.proc.kill()  # SIGKILL: nothing of the daemon runs again; its line process sees the pipe close
+    d.proc.wait()
+    assert wait_for(lambda: rig.levels()[-1:] == [None], 10), rig.levels()
+    assert_each_fired_at_its_time(rig, verdicts, 800.0, killed)
+    assert rig.levels()[-2:] == [0, None]
 
 
 def test_a_daemon_killed_outright_during_a_pulse_still_leaves_the_line_inactive(

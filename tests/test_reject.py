@@ -26,7 +26,7 @@ from waiting import wait_for
 
 from edged.config import Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, LineBusy, LineError
-from edged.reject import INSTALL_GPIOD, RejectLine, check_lines, open_lines
+from edged.reject import DRAIN_S, INSTALL_GPIOD, RejectLine, check_lines, open_lines
 from edged.settings.reject import RejectConfig
 
 FAKES = Path(__file__).parent / "fakes"
@@ -68,8 +68,8 @@ def lines() -> Iterator[list[RejectLine]]:
         line.stop()
 
 
-def start(lines: list[RejectLine], cfg: RejectConfig) -> RejectLine:
-    line = RejectLine("cam0", cfg)
+def start(lines: list[RejectLine], cfg: RejectConfig, drain_s: float = DRAIN_S) -> RejectLine:
+    line = RejectLine("cam0", cfg, drain_s=drain_s)
     lines.append(line)
     return line
 
@@ -210,6 +210,21 @@ def test_a_verdict_that_comes_after_its_deadline_but_before_the_line_saw_it_fire
     assert line.report().lateness_max_ms < 490  # late by the loop, not by the line: not its lateness
 
 
+def test_a_part_without_a_verdict_fires_at_its_own_deadline_before_a_later_part_already_scheduled(
+    gpiod: ModuleType, lines: list[RejectLine]
+) -> None:
+    line = start(lines, reject(delay_ms=300.0))
+    t = time.monotonic_ns()
+    stuck, ng = t - 150 * MS, t  # its frame stuck on one lane, the next one judged NG on another
+    line.expect(stuck)
+    line.expect(ng)
+    line.resolve(ng, "ng", time.monotonic_ns())
+    assert wait_for(lambda: len(pulses(gpiod)) == 2, 5.0), levels(gpiod, 0)
+    for (rise, _), target in zip(pulses(gpiod), (stuck + 300 * MS, ng + 300 * MS), strict=True):
+        assert target <= rise < target + SLACK_MS * MS
+    assert wait_for(lambda: (line.report().merged, line.report().late_fired) == (0, 1), 5.0)
+
+
 def test_late_pass_lets_the_part_go(gpiod: ModuleType, lines: list[RejectLine]) -> None:
     line = start(lines, reject(delay_ms=10.0, late="pass"))
     line.expect(time.monotonic_ns())
@@ -245,12 +260,72 @@ def test_two_ng_parts_closer_than_min_gap_merge_into_one_pulse(gpiod: ModuleType
 
 
 def test_a_stop_during_a_pulse_leaves_the_line_inactive_and_released(gpiod: ModuleType, lines: list[RejectLine]) -> None:
-    line = start(lines, reject(delay_ms=0.0, pulse_ms=5000.0))
+    line = start(lines, reject(delay_ms=0.0, pulse_ms=5000.0), drain_s=0.2)  # a pulse longer than the stop's bound
     line.expect(t := time.monotonic_ns())
     line.resolve(t, "ng", time.monotonic_ns())
     assert wait_for(lambda: [level for _, level in levels(gpiod, 0)] == [0, 1], 5.0)
     line.stop()
     assert [level for _, level in levels(gpiod, 0)] == [0, 1, 0, None]
+
+
+# ---- stopping: the parts already on their way go as judged --------------------------------------
+
+
+def released(fake: ModuleType) -> bool:
+    return levels(fake, 0)[-1:][0][1] is None
+
+
+def test_sigterm_to_the_line_process_fires_the_parts_in_flight_at_their_deadlines_then_lets_go(
+    gpiod: ModuleType, lines: list[RejectLine]
+) -> None:
+    line = start(lines, reject(delay_ms=300.0), drain_s=1.0)
+    t = time.monotonic_ns()
+    late, ok, ng = t - 150 * MS, t - 50 * MS, t  # due in 150, 250 and 300 ms
+    for capture in (late, ok, ng):
+        line.expect(capture)
+    line.resolve(ng, "ng", time.monotonic_ns())
+    os.kill(line.pid, signal.SIGTERM)  # as systemd's stop sends it to every process of the unit at once
+    line.resolve(ok, "ok", time.monotonic_ns())  # the daemon's last frames still bring verdicts
+    assert wait_for(lambda: released(gpiod), 5.0), levels(gpiod, 0)
+    rises = [rise for rise, _ in pulses(gpiod)]
+    assert len(rises) == 2, levels(gpiod, 0)  # the late part (late = "reject", the fail-safe) and the NG one
+    for rise, target in zip(rises, (late + 300 * MS, ng + 300 * MS), strict=True):
+        assert target <= rise < target + SLACK_MS * MS
+    assert [level for _, level in levels(gpiod, 0)][-2:] == [0, None]
+
+
+def test_a_stop_fires_what_falls_due_within_its_bound_and_says_what_it_drops(
+    gpiod: ModuleType, lines: list[RejectLine], capfd: pytest.CaptureFixture[str]
+) -> None:
+    line = start(lines, reject(delay_ms=1000.0), drain_s=0.5)
+    t = time.monotonic_ns()
+    soon, ng, late = t - 800 * MS, t, t - 50 * MS  # due in 200 ms; in 1 s, and in 950 ms without a verdict
+    for capture in (soon, ng, late):
+        line.expect(capture)
+    for capture in (soon, ng):
+        line.resolve(capture, "ng", time.monotonic_ns())
+    line.stop()  # the daemon's stop
+    assert len(pulses(gpiod)) == 1, levels(gpiod, 0)
+    assert soon + 1000 * MS <= pulses(gpiod)[0][0] < soon + (1000 + SLACK_MS) * MS
+    assert [level for _, level in levels(gpiod, 0)][-2:] == [0, None]
+    said = capfd.readouterr().err
+    assert "stopping (the daemon's stop), the drain's 0.5 s bound came: 2 parts in flight dropped, un-ejected" in said
+
+
+def test_a_second_sigterm_ends_the_drain_at_once_with_the_line_inactive(
+    gpiod: ModuleType, lines: list[RejectLine], capfd: pytest.CaptureFixture[str]
+) -> None:
+    line = start(lines, reject(delay_ms=2000.0))
+    t = time.monotonic_ns()
+    for capture in (t - 1800 * MS, t):  # due in 200 ms and in 2 s
+        line.expect(capture)
+        line.resolve(capture, "ng", time.monotonic_ns())
+    os.kill(line.pid, signal.SIGTERM)
+    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), levels(gpiod, 0)  # the first signal drains
+    os.kill(line.pid, signal.SIGTERM)
+    assert wait_for(lambda: released(gpiod), 5.0), levels(gpiod, 0)
+    assert len(pulses(gpiod)) == 1 and levels(gpiod, 0)[-1][0] < t + 2000 * MS
+    assert "stopping (SIGTERM), a second signal ended the drain: 1 part in flight dropped" in capfd.readouterr().err
 
 
 # ---- requesting the line ------------------------------------------------------------------------
@@ -386,10 +461,56 @@ def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_change
         assert output.lines["cam0"] is kept and kept.cfg.delay_ms == 300.0
         assert [level for _, level in levels(gpiod, 0)] == [0]  # never let go of
         assert output.reload(board(line="SPARE"), services) is output
-        assert output.lines["cam0"] is not kept
-        assert [level for _, level in levels(gpiod, 0)] == [0, 0, None] and levels(gpiod, 2)[0][1] == 0
+        assert output.lines["cam0"] is not kept and levels(gpiod, 2)[0][1] == 0
+        assert wait_for(lambda: [level for _, level in levels(gpiod, 0)] == [0, 0, None], 5.0)  # drained on its own
         assert output.reload(settings(), services) is None
-        assert [level for _, level in levels(gpiod, 2)] == [0, 0, None]
+        assert wait_for(lambda: [level for _, level in levels(gpiod, 2)] == [0, 0, None], 5.0)
+    finally:
+        output.close()
+
+
+def test_a_reload_that_moves_the_line_lets_the_old_one_fire_its_parts_in_flight_while_the_new_one_serves(
+    gpiod: ModuleType,
+) -> None:
+    from edged.output import Services
+    from edged.reject import RejectOutput
+
+    services = Services(lambda: None, threading.Event())
+    output = RejectOutput.from_settings(settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 1500.0}), services)
+    assert output is not None
+    try:
+        t = time.monotonic_ns()
+        output.lines["cam0"].expect(t)
+        output.lines["cam0"].resolve(t, "ng", time.monotonic_ns())
+        assert output.reload(settings(reject={"chip": CHIP, "line": "SPARE", "delay_ms": 1500.0}), services) is output
+        # The reload did not wait for the old line's part: that line is still held, the new one requested.
+        assert levels(gpiod, 0)[-1][1] == 0 and [level for _, level in levels(gpiod, 2)] == [0]
+        assert wait_for(lambda: released(gpiod), 5.0), levels(gpiod, 0)
+        ((rise, _),) = pulses(gpiod)
+        assert t + 1500 * MS <= rise < t + (1500 + SLACK_MS) * MS
+    finally:
+        output.close()
+
+
+def test_a_reload_that_drives_the_same_line_otherwise_requests_it_once_the_old_process_has_fired_its_parts(
+    gpiod: ModuleType,
+) -> None:
+    from edged.output import Services
+    from edged.reject import RejectOutput
+
+    services = Services(lambda: None, threading.Event())
+    output = RejectOutput.from_settings(settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 300.0}), services)
+    assert output is not None
+    try:
+        t = time.monotonic_ns()
+        output.lines["cam0"].expect(t)
+        output.lines["cam0"].resolve(t, "ng", time.monotonic_ns())
+        inverted = settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 300.0, "active_low": True})
+        assert output.reload(inverted, services) is output
+        # One holder at a time: the old process fired its part and let go, then the line was requested active-low.
+        assert [level for _, level in levels(gpiod, 0)] == [0, 1, 0, 0, None, 1]
+        ((rise, _),) = pulses(gpiod)
+        assert t + 300 * MS <= rise < t + (300 + SLACK_MS) * MS
     finally:
         output.close()
 

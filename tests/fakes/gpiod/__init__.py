@@ -17,11 +17,15 @@ The chips are ``CHIPS`` (path -> `FakeChip`), which a test fills; a daemon start
 subprocess reads them from the JSON file named by ``$FAKE_GPIOD`` (``{"chips": {path: {"label",
 "lines", "held"}}, "record": file}``). Every level a requested line takes is recorded, as
 ``RECORD`` entries and, with a record file, as lines ``monotonic_ns path offset level`` (level
-1/0 physical, ``released`` when the request lets go), written and flushed at once.
+1/0 physical, ``released`` when the request lets go), written and flushed at once. With a record
+file a line has one holder across the processes, as the kernel keeps it: a request claims a file
+per line beside the record, naming its process, and a line another live process holds raises
+EBUSY (a holder that died, SIGKILL included, holds nothing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -84,6 +88,58 @@ def _load() -> None:
         held = {int(k): v for k, v in chip.get("held", {}).items()}
         CHIPS[path] = FakeChip(chip.get("label", ""), list(chip["lines"]), held)
     RECORD_FILE = spec.get("record")
+
+
+def _hold_file(path: str, offset: int) -> str | None:
+    return f"{RECORD_FILE}.held-{path.replace('/', '_')}-{offset}" if RECORD_FILE is not None else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _claim(path: str, offsets: Iterable[int]) -> None:
+    """Hold ``offsets`` for this process, across the processes sharing the record; EBUSY where another live one does."""
+    claimed: list[int] = []
+    for offset in offsets:
+        hold = _hold_file(path, offset)
+        if hold is None:
+            return
+        mine = f"{hold}.{os.getpid()}"
+        with open(mine, "w") as f:
+            f.write(str(os.getpid()))
+        try:
+            while True:
+                try:
+                    os.link(mine, hold)  # the claim appears whole, naming its holder
+                    break
+                except FileExistsError:
+                    try:
+                        with open(hold) as f:
+                            holder = int(f.read())
+                    except (OSError, ValueError):
+                        continue  # let go of meanwhile
+                    if holder == os.getpid() or _alive(holder):
+                        _let_go(path, claimed)
+                        raise OSError(errno.EBUSY, "Device or resource busy") from None
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(hold)  # its holder is gone
+        finally:
+            os.unlink(mine)
+        claimed.append(offset)
+
+
+def _let_go(path: str, offsets: Iterable[int]) -> None:
+    for offset in offsets:
+        hold = _hold_file(path, offset)
+        if hold is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(hold)
 
 
 def _record(path: str, offset: int, level: int | None) -> None:
@@ -209,6 +265,7 @@ class Chip:
         with _lock:
             if any(offset in chip.held or offset in chip.requested for offset in wanted):
                 raise OSError(errno.EBUSY, "Device or resource busy")
+        _claim(self.path, wanted)
         request = LineRequest(self.path, wanted, {chip.lines[o]: o for o in wanted if chip.lines[o]})
         with _lock:
             for offset in wanted:
@@ -263,6 +320,7 @@ class LineRequest:
                 chip.requested.pop(offset, None)
         for offset in self._settings:
             _record(path, offset, None)
+        _let_go(path, self._settings)
         self._path = None
 
     @property
