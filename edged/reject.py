@@ -450,8 +450,10 @@ def serve(camera_id: str, cfg: RejectConfig, record: bool, commands: int, out: i
     for fd in (woken, wake):
         os.set_blocking(fd, False)
     signal.set_wakeup_fd(wake)
-    signal.signal(signal.SIGTERM, stopping.signalled)
-    signal.signal(signal.SIGINT, stopping.signalled)
+    # systemd's watchdog sends SIGABRT to every process of the unit once the daemon stops pinging: the
+    # line process is sound, and its parts on their way go as judged, as at a stop.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGABRT):
+        signal.signal(signum, stopping.signalled)
     schedule = Schedule(cfg, lines)
     fast = realtime()
     ready = {"chip": lines.chip, "line": lines.line, "alarm": lines.alarm, "realtime": fast}

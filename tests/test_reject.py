@@ -294,6 +294,19 @@ def test_sigterm_to_the_line_process_fires_the_parts_in_flight_at_their_deadline
     assert [level for _, level in levels(gpiod, 0)][-2:] == [0, None]
 
 
+def test_the_watchdogs_sigabrt_fires_the_parts_in_flight_then_lets_go(gpiod: ModuleType, lines: list[RejectLine]) -> None:
+    """systemd's watchdog sends SIGABRT to every process of the unit: it killed the line process at
+    once, a pulse under way left as the kernel has it and the parts on their way dropped."""
+    line = start(lines, reject(delay_ms=300.0), drain_s=1.0)
+    line.expect(ng := time.monotonic_ns())
+    line.resolve(ng, "ng", time.monotonic_ns())
+    os.kill(line.pid, signal.SIGABRT)
+    assert wait_for(lambda: released(gpiod), 5.0), levels(gpiod, 0)
+    ((rise, _),) = pulses(gpiod)
+    assert ng + 300 * MS <= rise < ng + (300 + SLACK_MS) * MS
+    assert [level for _, level in levels(gpiod, 0)][-2:] == [0, None]
+
+
 def test_a_stop_fires_what_falls_due_within_its_bound_and_says_what_it_drops(
     gpiod: ModuleType, lines: list[RejectLine], capfd: pytest.CaptureFixture[str]
 ) -> None:
