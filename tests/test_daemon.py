@@ -604,24 +604,34 @@ def _dark_folder_failing_on_azure(workdir: Path) -> tuple[dict[str, object], lis
     ]
 
 
+def _watched_daemon_failing_on_azure(workdir: Path, *, stall_timeout_s: float) -> tuple[RunningDaemon, NotifySocket]:
+    """`_dark_folder_failing_on_azure` served by a daemon whose watchdog pings go to the socket returned."""
+    source, providers = _dark_folder_failing_on_azure(workdir)
+    model, service, runtime = {"path": "failing.onnx"}, {"stall_timeout_s": stall_timeout_s}, {"providers": providers}
+    path, endpoint = config(workdir, source, model=model, service=service, runtime=runtime)
+    notify = NotifySocket(workdir / "notify.sock")
+    return RunningDaemon(path, endpoint, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "600000"}), notify
+
+
+def _bright_frames_in(workdir: Path) -> None:
+    """30 bright images into the folder, which fail on the first provider, each moved in whole: none read half written."""
+    (workdir / "bright").mkdir()
+    for i in range(30):
+        cv2.imwrite(str(workdir / "bright" / f"b{i:02d}.png"), np.full((128, 128, 3), 255, np.uint8))
+    for image in sorted((workdir / "bright").iterdir()):
+        image.rename(workdir / "imgs" / image.name)
+
+
 def test_a_fallback_whose_model_file_stalls_holds_up_no_frame_nor_ping_and_switches_in_once_loaded(workdir: Path) -> None:
     """The fallback to the next provider loads the model file again; loaded on the loop's thread from a
     file that stalled (a slow SD card, a hung disk), it held the loop: nothing published, no watchdog
     ping, until systemd killed edged with nothing in the log to say why. Each pass of the folder is
     10 dark images, which run, then 30 bright ones, which fail on the first provider."""
-    source, providers = _dark_folder_failing_on_azure(workdir)
-    model, service, runtime = {"path": "failing.onnx"}, {"stall_timeout_s": 5.0}, {"providers": providers}
-    path, endpoint = config(workdir, source, model=model, service=service, runtime=runtime)
-    notify = NotifySocket(workdir / "notify.sock")
-    d = RunningDaemon(path, endpoint, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "600000"})
+    d, notify = _watched_daemon_failing_on_azure(workdir, stall_timeout_s=5.0)
     try:
         assert {m.model.provider for m in d.collect("detections", 2)} == {"AzureExecutionProvider"}
         with opening_stalled(workdir / "failing.onnx") as waiting:
-            (workdir / "bright").mkdir()
-            for i in range(30):
-                cv2.imwrite(str(workdir / "bright" / f"b{i:02d}.png"), np.full((128, 128, 3), 255, np.uint8))
-            for image in sorted((workdir / "bright").iterdir()):  # each moved in whole: none read half written
-                image.rename(workdir / "imgs" / image.name)
+            _bright_frames_in(workdir)
             assert wait_for(waiting, timeout_s=20), d.log()  # 20 bright frames failed: the fallback reads the file
             stalled = time.monotonic()
             since = time.time_ns()
@@ -651,20 +661,12 @@ def test_a_fallback_loading_while_every_frame_fails_is_progress_to_the_watchdog(
     ``stall_timeout_s`` after the last frame that ran, and systemd killed edged during the fallback it
     had started (a load that counts as stuck still ends the loop). Dark frames run, bright ones fail
     on the first provider; here the folder holds bright ones alone once the load waits."""
-    source, providers = _dark_folder_failing_on_azure(workdir)
-    model, service, runtime = {"path": "failing.onnx"}, {"stall_timeout_s": 2.0}, {"providers": providers}
-    path, endpoint = config(workdir, source, model=model, service=service, runtime=runtime)
-    notify = NotifySocket(workdir / "notify.sock")
-    d = RunningDaemon(path, endpoint, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "600000"})
+    d, notify = _watched_daemon_failing_on_azure(workdir, stall_timeout_s=2.0)
     try:
         assert {m.model.provider for m in d.collect("detections", 2)} == {"AzureExecutionProvider"}
         with opening_stalled(workdir / "failing.onnx") as waiting:
             dark = sorted((workdir / "imgs").iterdir())
-            (workdir / "bright").mkdir()
-            for i in range(30):
-                cv2.imwrite(str(workdir / "bright" / f"b{i:02d}.png"), np.full((128, 128, 3), 255, np.uint8))
-            for image in sorted((workdir / "bright").iterdir()):  # each moved in whole: none read half written
-                image.rename(workdir / "imgs" / image.name)
+            _bright_frames_in(workdir)
             for image in dark:
                 image.unlink()
             assert wait_for(waiting, timeout_s=20), d.log()  # 20 bright frames failed: the fallback reads the file

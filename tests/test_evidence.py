@@ -929,6 +929,20 @@ def test_a_clock_stepped_forward_while_edged_was_stopped_deletes_no_frame_at_the
     assert restarted.prune(now + 31 * 86400) == 3
 
 
+def _saved_in_1970(root: Path, monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """``count`` frames saved by a store on a clock at 1970-01-02, an hour after a boot that had no
+    time to set it by, their images' times that clock's; the clock then set right."""
+    real, booted_s = time.time, 86400.0 + 3600
+    monkeypatch.setattr(time, "time", lambda: booted_s)
+    store = EvidenceStore(root, "cam0", 10**9, 30)
+    store.open()
+    for i in range(count):
+        store.save(frame(i, t_ns=round(booted_s * 1e9), noise=True), 95)
+    for image in root.rglob("*.jpg"):
+        os.utime(image, (booted_s, booted_s))
+    monkeypatch.setattr(time, "time", real)
+
+
 def test_frames_saved_on_a_clock_not_yet_set_are_aged_from_when_they_were_saved_once_it_is_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -937,15 +951,7 @@ def test_frames_saved_on_a_clock_not_yet_set_are_aged_from_when_they_were_saved_
     their day folder is 1970's, the age limit deletes them 30 days after they were saved, not
     before (before: the start deleted them, as 56 years old); their emptied day folder goes too."""
     real = time.time
-    booted_s = 86400.0 + 3600  # 1970-01-02, an hour up
-    monkeypatch.setattr(time, "time", lambda: booted_s)
-    store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
-    store.open()
-    for i in range(2):
-        store.save(frame(i, t_ns=round(booted_s * 1e9), noise=True), 95)
-    for image in tmp_path.rglob("*.jpg"):
-        os.utime(image, (booted_s, booted_s))
-    monkeypatch.setattr(time, "time", real)
+    _saved_in_1970(tmp_path, monkeypatch, 2)
     restarted = EvidenceStore(tmp_path, "cam0", 10**9, 30)
     restarted.open()
     assert len(saved_sets(tmp_path)) == 2
@@ -964,16 +970,8 @@ def test_frames_an_earlier_boot_saved_on_a_clock_not_yet_set_keep_an_unknown_age
     deletes them (before: the start deleted them all, as 56 years old), and for room they go
     after every frame of a known day, so the quota keeps them longest; it still bounds them."""
     real = time.time
-    booted_s = 86400.0 + 3600
     monkeypatch.setattr("edged.evidence.boot_id", lambda: "an-earlier-boot")
-    monkeypatch.setattr(time, "time", lambda: booted_s)
-    store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
-    store.open()
-    for i in range(3):
-        store.save(frame(i, t_ns=round(booted_s * 1e9), noise=True), 95)
-    for image in tmp_path.rglob("*.jpg"):
-        os.utime(image, (booted_s, booted_s))
-    monkeypatch.setattr(time, "time", real)
+    _saved_in_1970(tmp_path, monkeypatch, 3)
     monkeypatch.setattr("edged.evidence.boot_id", boot_id)  # this boot
     restarted = EvidenceStore(tmp_path, "cam0", 10**9, 30)
     restarted.open()
