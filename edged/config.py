@@ -528,10 +528,14 @@ class Settings(BaseSettings):
     @classmethod
     def _trigger_off_loopback(cls, v: TriggerConfig, info: Any) -> TriggerConfig:
         """A request socket on the network without keys lets anyone trigger inspections and read
-        their verdicts: refused unless ``trigger.insecure`` accepts exactly that."""
+        their verdicts: refused unless ``trigger.insecure`` accepts exactly that, where a camera takes
+        requests. The socket is bound only then: an unused endpoint exposes nothing (edged 0.4.0 ran
+        with one, and an upgrade must not stop that board), and a reload into request mode is refused."""
         publish = info.data.get("publish")  # absent when its own keys are wrong: reported there
         keyed = publish is not None and publish.curve_server_key is not None
-        if not keyed and not v.insecure and on_the_network(v.endpoint):
+        sources = info.data.get("source")  # absent when a camera is wrong: reported there
+        modes = {v.mode} if sources is None else {v.mode if cfg.trigger is None else cfg.trigger for cfg in sources}
+        if "request" in modes and not keyed and not v.insecure and on_the_network(v.endpoint):
             raise ValueError(
                 f"trigger.endpoint {v.endpoint!r} is not a loopback address and publish.curve_server_key "
                 "and publish.curve_clients_dir are not set, so anyone who reaches it could trigger "

@@ -165,7 +165,7 @@ def test_a_trigger_endpoint_off_loopback_needs_the_curve_keys_or_its_own_insecur
     # Anyone who reaches it could trigger inspections and read their verdicts: publish.insecure,
     # which opens the stream, does not open it too.
     for endpoint in ("tcp://0.0.0.0:5557", "tcp://*:5557", "tcp://[::]:5557", "tcp://192.0.2.7:5557"):
-        trigger = f'[trigger]\nendpoint = "{endpoint}"\n'
+        trigger = f'[trigger]\nmode = "request"\nendpoint = "{endpoint}"\n'
         for text in (trigger, trigger + "[publish]\ninsecure = true\n"):
             with pytest.raises(ConfigError) as info:
                 load_config(_write(tmp_path, '[model]\npath = "m.onnx"\n' + text))
@@ -181,6 +181,28 @@ def test_a_trigger_endpoint_off_loopback_needs_the_curve_keys_or_its_own_insecur
     keys = '[publish]\ncurve_server_key = "server.key_secret"\ncurve_clients_dir = "clients"\n'
     secured = '[model]\npath = "m.onnx"\n[trigger]\nendpoint = "tcp://0.0.0.0:5557"\n' + keys
     assert not load_config(_write(tmp_path, secured)).trigger.insecure
+
+
+def test_an_unused_trigger_endpoint_off_loopback_loads_and_a_camera_taking_requests_refuses_it(tmp_path: Path) -> None:
+    # Free-running, nothing binds it: edged 0.4.0 ran such a board, and an upgrade exited 78 on it.
+    model = '[model]\npath = "m.onnx"\n'
+    trigger = '[trigger]\nendpoint = "tcp://0.0.0.0:5557"\n'
+    requests = '[trigger]\nmode = "request"\nendpoint = "tcp://0.0.0.0:5557"\n'
+
+    def cameras(top: str, side: str) -> str:
+        return "".join(
+            f'[[source]]\ntype = "synthetic"\ncamera_id = "{name}"\n' + (f'trigger = "{mode}"\n' if mode else "")
+            for name, mode in (("top", top), ("side", side))
+        )
+
+    for free in (model + trigger, cameras("", "free") + model + trigger, cameras("free", "free") + model + requests):
+        settings = load_config(_write(tmp_path, free))
+        assert settings.requesting() == [] and settings.trigger.endpoint == "tcp://0.0.0.0:5557"
+    for taking in (model + requests, cameras("", "request") + model + trigger, cameras("free", "") + model + requests):
+        with pytest.raises(ConfigError) as info:
+            load_config(_write(tmp_path, taking))
+        [problem] = info.value.problems
+        assert problem.startswith("trigger: Value error, trigger.endpoint 'tcp://0.0.0.0:5557' is not a loopback"), problem
 
 
 @pytest.mark.integration
