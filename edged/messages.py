@@ -10,7 +10,7 @@ How the schema evolves, so that a subscriber written today keeps working:
   Readers ignore fields they do not know: the published schema allows additional properties and
   `parse_message` drops them, so an older subscriber, validating or not, accepts a newer edged.
 - ``schema_version`` changes whenever a field is removed, renamed, changes type or meaning, or a
-  closed set of values (``kind``, ``thermal_state``, ``thermal.state``, ``source_state``) gains a
+  closed set of values (the schema's enums: ``kind``, ``verdict``, ``task``, the states) gains a
   member, since a validating subscriber would refuse the new value.
 - ``schema_version`` and ``kind`` are required: a reader checks them before anything else.
 
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_fie
 
 from edged.errors import MessageError
 
-SCHEMA_VERSION: Literal[1] = 1
+SCHEMA_VERSION: Literal[2] = 2  # 2 since 0.4.0's 1: a verdict may be uncertain, status drops split stale
 
 
 # The closed sets the state fields take; edged.thermal and edged.capture use these very types.
@@ -183,7 +183,7 @@ class Timings(Message):
 class TopicMessage(Message):
     """What every message on a camera's topic starts with; each kind narrows ``kind`` to its name."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     kind: str
     camera_id: str
     seq: int = Field(
@@ -296,7 +296,7 @@ TriggerProblem = Literal["bad_request", "busy", "timeout", "camera_lost", "therm
 class TriggerError(Message):
     """The reply to a trigger request that got no verdict, saying why."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     kind: Literal["trigger_error"] = "trigger_error"
     camera_id: str = Field(
         description="The camera the request was for; empty when it named none and several cameras take requests."

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from edged.errors import MessageError
 from edged.messages import (
     MAX_PAYLOAD_BYTES,
+    SCHEMA_VERSION,
     Detection,
     DetectionsMessage,
     ModelInfo,
@@ -115,7 +116,7 @@ def test_wrong_schema_versions_and_kinds(msg: DetectionsMessage | StatusMessage,
     result = outcome(_dumps(data))
     if isinstance(result, MessageError):
         return
-    assert result.schema_version == 1 and result.kind == kind  # only the real pair can pass
+    assert result.schema_version == SCHEMA_VERSION and result.kind == kind  # only the real pair can pass
 
 
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -193,8 +194,8 @@ def test_oversized_payloads_are_refused_before_parsing() -> None:
 
 def test_huge_numbers_and_strings_stay_one_line() -> None:
     for value in ("9" * 4301, '"' + "\\n" * 10_000 + '"', "1e999", "-1e999", "NaN"):
-        outcome(f'{{"schema_version": 1, "kind": "status", "seq": {value}}}'.encode())
-        outcome(f'{{"schema_version": 1, "kind": {value}}}'.encode())
+        outcome(f'{{"schema_version": {SCHEMA_VERSION}, "kind": "status", "seq": {value}}}'.encode())
+        outcome(f'{{"schema_version": {SCHEMA_VERSION}, "kind": {value}}}'.encode())
 
 
 @FUZZ

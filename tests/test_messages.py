@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator
 from edged.errors import MessageError
 from edged.messages import (
     MAX_PAYLOAD_BYTES,
+    SCHEMA_VERSION,
     CaptureState,
     DetectionsMessage,
     StatusMessage,
@@ -53,7 +54,7 @@ def test_committed_schema_is_current() -> None:
 def test_schema_describes_both_kinds() -> None:
     schema = json_schema()
     assert {"DetectionsMessage", "StatusMessage", "Detection"} <= set(schema["$defs"])
-    assert schema["$defs"]["DetectionsMessage"]["properties"]["schema_version"]["const"] == 1
+    assert schema["$defs"]["DetectionsMessage"]["properties"]["schema_version"]["const"] == SCHEMA_VERSION == 2
 
 
 def test_round_trip() -> None:
@@ -67,10 +68,11 @@ def test_round_trip() -> None:
         (b"\xff\xfe", "not JSON"),  # not UTF-8
         (b"{", "not JSON"),  # truncated
         (b"[1, 2]", "JSON list, not an object"),
-        (b'{"schema_version": 2, "kind": "detections"}', "schema_version 2 is not supported"),
+        (b'{"schema_version": 1, "kind": "detections"}', "schema_version 1 is not supported"),  # 0.4.0's
+        (b'{"schema_version": 3, "kind": "detections"}', "schema_version 3 is not supported"),
         (b'{"kind": "detections"}', "schema_version None"),
-        (b'{"schema_version": 1, "kind": "video"}', "unknown message kind 'video'"),
-        (b'{"schema_version": 1, "kind": "status"}', "invalid status message"),
+        (b'{"schema_version": 2, "kind": "video"}', "unknown message kind 'video'"),
+        (b'{"schema_version": 2, "kind": "status"}', "invalid status message"),
         (b"[" * 100_000 + b"]" * 100_000, "not JSON"),  # nesting bomb
         (b" " * (MAX_PAYLOAD_BYTES + 1), "exceeds"),  # oversized
     ],
@@ -147,7 +149,7 @@ def test_schema_and_parser_agree_on_what_is_required_closed_and_open(kind: str) 
         "without camera_id": (_without(doc, "camera_id"), False),
         f"{state} outside its enum": ({**doc, state: "melting"}, False),
         "a field a later release adds": ({**doc, "added_later": {"any": ["thing"]}}, True),
-        "a newer schema_version": ({**doc, "schema_version": 2}, False),
+        "a newer schema_version": ({**doc, "schema_version": 3}, False),
     }
     for case, (payload, accepted) in cases.items():
         assert validator.is_valid(payload) is accepted, case
