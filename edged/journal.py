@@ -51,7 +51,9 @@ STOP_WAIT_S = 2.0  # at stop, time left to write what is queued
 LOG_EVERY_S = 60.0
 LAST_ROW = 2**63 - 1  # SQLite's largest integer: no row id is above it
 
-# The entries table: its columns after ``id``, in the order rows are written and read.
+# The entries table: its columns after ``id``, in the order rows are written and read. A column added
+# in a later version may be NULL: the table of an earlier edged's journal gains it as it opens
+# (`JournalStore.open`), its rows, with the verdicts an output has not yet had, kept.
 TABLE = (
     ("kind", "TEXT NOT NULL"),
     ("camera_id", "TEXT NOT NULL"),
@@ -172,7 +174,8 @@ class JournalStore:
     def open(self) -> None:
         """Open the journal, creating it; a file that is not a sound journal (damaged, or another
         version's table, which every write would fail on) is moved aside first, kept whole; an
-        OSError while another edged holds it (`lock`)."""
+        earlier edged's table gains the columns added since; an OSError while another edged holds
+        it (`lock`)."""
         if self._lock is None:
             self._lock = lock(self.path)
         try:
@@ -193,8 +196,12 @@ class JournalStore:
             if verdict != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {verdict}")
             have = {str(row[1]) for row in db.execute("PRAGMA table_info(entries)")}  # none: a new file
-            if have and (missing := [name for name in COLUMNS if name not in have]):  # another version's table
-                raise sqlite3.DatabaseError(f"its entries table has no {', '.join(missing)}")
+            missing = [(name, kind) for name, kind in TABLE if have and name not in have]
+            if any("NOT NULL" in kind for _, kind in missing):  # another version's table: no row could have them
+                raise sqlite3.DatabaseError(f"its entries table has no {', '.join(name for name, _ in missing)}")
+            for name, kind in missing:  # an earlier edged's table: its rows have none of what was added since
+                db.execute(f"ALTER TABLE entries ADD COLUMN {name} {kind}")
+                log.info("journal %s: added the column %s, which the rows recorded before leave empty", self.path, name)
             db.executescript(SCHEMA)
             self.last_id = int(db.execute("SELECT coalesce(max(id), 0) FROM entries").fetchone()[0])
         except BaseException:

@@ -148,6 +148,26 @@ def test_a_journal_with_another_tables_columns_is_moved_aside_kept_whole_and_a_n
 
 
 @pytest.mark.unit
+def test_a_journal_an_earlier_edged_wrote_gains_the_columns_added_since_and_keeps_its_rows(tmp_path: Path) -> None:
+    """A column added in a later version (NULL allowed, as every later one is) is added to an earlier
+    edged's table: its rows, the verdicts MQTT has not yet had among them, stay where an upgrade
+    finds them (before: the journal went aside as another version's, and they were never sent)."""
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    store.append([entry(1), entry(2)], IDENTITY, None)
+    store.close()
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE entries DROP COLUMN evidence")  # as an edged from before the column wrote it
+    db.close()
+    store = JournalStore(path, "normal")
+    store.open()
+    store.append([entry(3)], IDENTITY, None)
+    store.close()
+    assert rows(path) == [(1,), (2,), (3,)] and not list(tmp_path.glob("journal.sqlite.damaged-*"))
+    assert rows(path, "SELECT evidence IS NULL FROM entries ORDER BY id")[:2] == [(1,), (1,)]
+
+
+@pytest.mark.unit
 def test_retention_deletes_by_age_then_the_oldest_until_under_its_size(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite"
     store = JournalStore(path, "normal")
