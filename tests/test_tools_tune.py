@@ -277,7 +277,7 @@ def test_tune_warns_when_it_calibrates_on_a_few_images(tmp_path: Path) -> None:
     config.write_text(CONFIG)
     done = run_cli(
         "tune", "--config", str(config), "--max-images", "2", "--frames", "1", "--warmup", "0",
-        "--engine", "onnxruntime", "--precision", "int8", timeout=300,
+        "--engine", "onnxruntime", "--precision", "int8", "--cache-dir", str(tmp_path / "cache"), timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "warning: calibrating on 2 frame(s), fewer than 8" in done.stderr
@@ -447,11 +447,13 @@ def _folder(folder: Path, count: int) -> Path:
 
 
 def _tune_json(tmp_path: Path, images: Path, *more: str) -> tuple[dict[str, Any], str]:
+    """tune's report on ``images``, its INT8 model made in the test's folder (the choice stays there)."""
     config = tmp_path / "edged.toml"
     config.write_text(CONFIG)
     done = run_cli(
         "tune", "--config", str(config), "--images", str(images), "--frames", "1", "--warmup", "0",
-        "--engine", "onnxruntime", "--precision", "int8", "--max-images", "40", "--json", *more, timeout=300,
+        "--engine", "onnxruntime", "--precision", "int8", "--max-images", "40", "--json",
+        "--cache-dir", str(tmp_path / "cache"), *more, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
