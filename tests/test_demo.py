@@ -130,6 +130,7 @@ def _demo_tree(tmp_path: Path, port: int, http_port: int | None = None) -> Path:
 
 
 def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started, but for the demo's own `sleep` between its looks at them."""
     children = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -137,7 +138,8 @@ def _children(pid: int) -> list[int]:
                 stat = (entry / "stat").read_text()
             except OSError:  # gone meanwhile
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            name, rest = stat.split(" (", 1)[1].rsplit(")", 1)
+            if int(rest.split()[1]) == pid and name != "sleep":
                 children.append(int(entry.name))
     return children
 
