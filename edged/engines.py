@@ -14,7 +14,7 @@ import hashlib
 import importlib
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -109,16 +109,19 @@ def is_quantised(model: Path | bytes) -> bool:
         return _holds(data)
 
 
-def _holds(data: bytes | mmap.mmap) -> bool:
-    """A quantised operator's name in ``data``, searched a part at a time: a search holds Python's
-    lock, and a reload loads on a thread beside the loop (`edged.reload.Loading`), whose frames
-    would wait out a whole large model's (0.8 s for 1.5 GB) instead of a part's."""
-    overlap = max(len(name) for name in QUANTISED_OPERATORS) - 1  # a name across two parts is found
+def _parts(data: bytes | mmap.mmap, needle_bytes: int) -> Iterator[tuple[int, int]]:
+    """``data`` as (start, end) parts to search for a string of up to ``needle_bytes``, overlapping
+    so that one across two parts is found: a search holds Python's lock, and a reload loads on a
+    thread beside the loop (`edged.reload.Loading`), whose frames would wait out a whole large
+    model's (0.8 s for 1.5 GB) instead of a part's."""
     for start in range(0, len(data), SEARCH_PART_BYTES):
-        end = start + SEARCH_PART_BYTES + overlap
-        if any(data.find(name, start, end) >= 0 for name in QUANTISED_OPERATORS):
-            return True
-    return False
+        yield start, start + SEARCH_PART_BYTES + needle_bytes - 1
+
+
+def _holds(data: bytes | mmap.mmap) -> bool:
+    """A quantised operator's name in ``data``, searched a part at a time (`_parts`)."""
+    longest = max(len(name) for name in QUANTISED_OPERATORS)
+    return any(data.find(name, start, end) >= 0 for start, end in _parts(data, longest) for name in QUANTISED_OPERATORS)
 
 
 # A tensor keeping its values in a file beside the model: TensorProto's ``external_data`` (field 13,
@@ -130,9 +133,8 @@ EXTERNAL_KEY = b"\x0a\x08location\x12"
 
 def holds_external_data(data: bytes) -> bool:
     """Whether the ONNX model ``data`` keeps any tensor's values in an external data file; searched
-    a part at a time, as `_holds` searches."""
-    for start in range(0, len(data), SEARCH_PART_BYTES):
-        end = start + SEARCH_PART_BYTES + len(EXTERNAL_KEY) - 1
+    a part at a time (`_parts`)."""
+    for start, end in _parts(data, len(EXTERNAL_KEY)):
         at = data.find(EXTERNAL_KEY, start, end)
         while at >= 0:
             if _tensor_entry(data, at):
