@@ -702,8 +702,7 @@ class RejectLine:
         """Drive the line inactive and release it once the parts already on their way have gone as
         judged (`drain`), waiting for that: ``drain_s`` at most, and `STOP_WAIT_S` beyond it before the
         process is killed."""
-        self.drain()
-        self.wait(time.monotonic() + self.drain_s + STOP_WAIT_S)
+        _stop([self])
 
     def _close_pipes(self) -> None:
         for pipe in (self._proc.stdin, self._proc.stdout):
