@@ -188,6 +188,16 @@ class ModelConfig(Section):
         description="Segmentation models: the detections per frame whose masks are made, each costing one frame's "
         "pixels in bytes (0.9 MB at 1280x720); those past it are published without a mask.",
     )
+    max_outline_points: int = Field(
+        2000,
+        ge=8,
+        le=5000,
+        description="Segmentation models: the most points of one mask's outline (`polygon`); a longer one is "
+        "thinned by an even stride, a mask in more pieces than fit keeps its largest, and the frame counts "
+        "outline_thinned (its area, length and width stay the whole mask's). Each point is about 16 bytes of "
+        "every message and label: 2000 x 20 masks is 640 kB a frame, and edged's subscribers refuse a message "
+        "over 1 MiB. 2000 holds a smooth outline as large as a 1280x720 frame; 4200 one of a 3840x2160 frame.",
+    )
     agnostic_nms: bool = Field(False, description="Suppress overlapping boxes across classes too.")
     anomaly_threshold: float | None = Field(
         None,

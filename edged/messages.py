@@ -97,8 +97,9 @@ class Detection(Message):
     )
     polygon: list[tuple[float, float]] | None = Field(
         None,
-        description="A segmentation model's: the instance's outline, [x, y] in frame pixels (ultralytics' masks.xy); "
-        "absent for other tasks and past model.max_masks.",
+        description="A segmentation model's: the instance's outline, [x, y] in frame pixels (ultralytics' masks.xy), "
+        "thinned to at most model.max_outline_points points (a mask in many pieces: its largest); absent for other "
+        "tasks and past model.max_masks.",
         exclude_if=lambda polygon: polygon is None,
     )
     area_px: int | None = absent_when_none("A segmentation model's: the mask's pixels in the frame.", ge=0)

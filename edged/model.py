@@ -88,7 +88,15 @@ class LoadedModel:
         )
         if prototypes is not None:
             cfg = self.cfg
-            return Segmenter(decoder, prototypes, self.num_classes, cfg.max_masks, cfg.max_det, retina=cfg.retina_masks)
+            return Segmenter(
+                decoder,
+                prototypes,
+                self.num_classes,
+                cfg.max_masks,
+                cfg.max_det,
+                retina=cfg.retina_masks,
+                max_outline_points=cfg.max_outline_points,
+            )
         return decoder
 
     def label(self, class_id: int) -> str:

@@ -20,6 +20,13 @@ without a mask. Buffers past `MASK_BUFFER_BUDGET` are refused before they are ma
 The outlines are written into buffers made with the plan too: what a frame still allocates is
 OpenCV's contours (`Segmenter._outline` says why).
 
+An outline holds at most ``model.max_outline_points`` points (`Segmenter._thinned`): a mask that a
+broken or badly trained export, or a textured part, breaks into thousands of pieces would otherwise
+make an outline of tens of thousands of points, messages of many MB a frame (held ``publish.hwm``
+times over for a slow subscriber) and seconds of joining pieces. Such an outline keeps the mask's
+largest pieces, thinned by an even stride, and is counted (``outline_thinned``); the area, length
+and width are still the whole mask's.
+
 A NaN or infinite prototype makes the mask of every kept detection empty, which would drop them
 all unseen: the frame counts the prototypes' non-finite values with the output's (`Detections.nonfinite`),
 so that it is judged and counted as one whose output held NaN.
@@ -59,12 +66,19 @@ MASK_BUFFER_BUDGET = 1 << 30
 class Instances(Detections):
     """Detections with masks: for the first ``len(polygons)`` of them, ``masks`` (m, H, W) bool in the
     frame (views of the segmenter's buffers, valid until its next frame), ``polygons`` in frame pixels,
-    ``area_px`` and ``sides`` (m, 2), the length then the width of the minimum-area rectangle."""
+    ``area_px`` and ``sides`` (m, 2), the length then the width of the minimum-area rectangle;
+    ``thinned``: the outlines cut to ``model.max_outline_points``."""
 
     masks: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0), np.bool_))
     polygons: tuple[np.ndarray, ...] = ()
     area_px: tuple[int, ...] = ()
     sides: tuple[tuple[float, float], ...] = ()
+    thinned: int = 0
+
+    def problems(self) -> list[tuple[str, int]]:
+        """The output's problems, and the outlines thinned (``outline_thinned``), counted and logged alike."""
+        found = Detections.problems(self)
+        return [*found, ("outline_thinned", self.thinned)] if self.thinned else found
 
     def dataset_label(self, width: int, height: int) -> str:
         """ultralytics' segmentation label: per detection its class and outline, normalised to the
@@ -118,10 +132,15 @@ class Segmenter:
         max_det: int,
         *,
         retina: bool = False,
+        max_outline_points: int,
     ) -> None:
         """``prototypes`` is the bound prototypes output [1, 32, h, w], refreshed in place each frame;
-        ``retina``: masks made at the frame size (``model.retina_masks``)."""
+        ``retina``: masks made at the frame size (``model.retina_masks``); ``max_outline_points``: the
+        most points of one outline (``model.max_outline_points``)."""
         self._retina = retina
+        self._max_points = max_outline_points
+        self._every = np.empty((0, 2), dtype=np.float32)  # a thinned mask's every outline point (`_thinned`)
+        self._cut: tuple[float, float] | None = None  # the last outline's whole sides when it was thinned
         head = decoder.head
         if not isinstance(head, SegmentHead):
             raise HeadError(f"masks need a segment head's mask coefficients; the model's head is {head.name}")
@@ -176,9 +195,10 @@ class Segmenter:
         self._masks = np.zeros((self._max_masks, m.frame_h, m.frame_w), dtype=np.bool_)
         self._written: list[Region] = [NOWHERE] * self._max_masks
         # The outlines, (p, 2) float32 each, in frame pixels: room for an outline as long as the mask
-        # it is found on is round, and more, once, when a longer one comes.
+        # it is found on is round, and more, once, when a longer one comes, up to max_outline_points.
         outline_h, outline_w = (m.frame_h, m.frame_w) if self._retina else (h, w)
-        self._points = np.empty((self._max_masks, 2 * (outline_h + outline_w), 2), dtype=np.float32)
+        room = min(2 * (outline_h + outline_w), self._max_points)
+        self._points = np.empty((self._max_masks, room, 2), dtype=np.float32)
         self._pad = np.array((m.pad_x, m.pad_y), dtype=np.float32)
         self._gain = np.array((m.scale_x, m.scale_y), dtype=np.float32)
         self._limit = np.array((m.frame_w, m.frame_h), dtype=np.float32)
@@ -234,6 +254,7 @@ class Segmenter:
         polygons: list[np.ndarray] = []
         areas: list[int] = []
         sides: list[tuple[float, float]] = []
+        thinned = 0
         for i, slot in enumerate(slots.tolist()):
             n = len(polygons)  # the buffers this detection's mask and outline go into
             frame_mask = self._masks[n]
@@ -257,7 +278,8 @@ class Segmenter:
             self._written[n] = in_frame
             polygons.append(polygon)
             areas.append(area)
-            sides.append(_sides(polygon))
+            sides.append(_sides(polygon) if self._cut is None else self._cut)
+            thinned += self._cut is not None
         nonfinite = det.nonfinite
         if np.count_nonzero(keep) < keep.shape[0]:  # a mask came out empty: broken prototypes? (none: nothing paid)
             with np.errstate(invalid="ignore", over="ignore"):
@@ -269,7 +291,7 @@ class Segmenter:
         np.take(det.scores, index, out=scores, mode="clip")
         np.take(det.class_ids, index, out=ids, mode="clip")
         masks = self._masks[: len(polygons)]
-        found = (tuple(polygons), tuple(areas), tuple(sides))
+        found = (tuple(polygons), tuple(areas), tuple(sides), thinned)
         self.masks_ms = (time.perf_counter_ns() - t0) / 1e6
         return Instances(xyxy, scores, ids, det.scores_above_one, nonfinite, det.near, masks, *found)
 
@@ -383,8 +405,8 @@ class Segmenter:
     def _outline(self, mask: np.ndarray, inside: Region, k: int, *, in_input: bool) -> np.ndarray:
         """ultralytics' ``masks.xy`` of `mask` (the input-size mask, or with retina masks the frame's),
         which is 0 outside ``inside``: its outline in frame pixels, (p, 2) float32, written into the
-        `k`-th outline buffer. The contours are traced over ``inside`` and a pixel of 0 round it,
-        which finds those of the whole mask.
+        `k`-th outline buffer; thinned past max_outline_points (`_thinned`, which sets ``_cut``). The
+        contours are traced over ``inside`` and a pixel of 0 round it, which finds those of the whole mask.
 
         OpenCV returns contours only as new arrays: findContours is called once per mask, and its
         arrays (one per contour, and the hierarchy) are all a one-piece mask costs after warm-up. A
@@ -395,23 +417,60 @@ class Segmenter:
         top, left = max(rows.start - 1, 0), max(cols.start - 1, 0)
         around = mask[top : rows.stop + 1, left : cols.stop + 1].view(np.uint8)
         contours, _ = cv2.findContours(around, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE, offset=(left, top))
+        self._cut = None
         if not contours:
             return self._points[k, :0]
+        # Joined, n pieces are their points and 2 more per join (`merge_segments`): known before joining.
+        total = sum(map(len, contours))
+        if total + 2 * (len(contours) - 1) > self._max_points:
+            return self._thinned(contours, total, k, in_input=in_input)
         points = merge_segments([c.reshape(-1, 2) for c in contours]) if len(contours) > 1 else contours[0].reshape(-1, 2)
-        if len(points) > self._points.shape[1]:
-            self._points = np.empty((self._max_masks, 2 * len(points), 2), dtype=np.float32)
-        xy = self._points[k, : len(points)]
+        xy = self._room(k, len(points))
         np.copyto(xy, points, casting="unsafe")
+        self._to_frame(xy, in_input=in_input)
+        return xy
+
+    def _thinned(self, contours: Sequence[np.ndarray], total: int, k: int, *, in_input: bool) -> np.ndarray:
+        """The outline of a mask whose joined contours (``total`` points) are more than max_outline_points:
+        its largest pieces (`_largest`), joined, then every s-th point, the least s that fits. Its sides,
+        ``_cut``, are those of every point of every piece, as if none were cut.
+
+        Only the pieces kept are joined: joining thousands of pieces (a fragmented mask) would take
+        seconds a frame. Its every point goes into a buffer of its own, grown to the most seen, so that a long
+        one-piece outline (a large mask at a large frame size) creates no array but OpenCV's.
+        """
+        if self._every.shape[0] < total:
+            self._every = np.empty((total, 2), dtype=np.float32)
+        every = self._every[:total]
+        np.concatenate(contours, out=every.reshape(total, 1, 2), casting="unsafe")
+        self._to_frame(every, in_input=in_input)
+        self._cut = _sides(every)
+        pieces = _largest(contours, self._max_points)
+        points = merge_segments(pieces) if len(pieces) > 1 else pieces[0]
+        stride = -(-len(points) // self._max_points)
+        xy = self._room(k, -(-len(points) // stride))
+        np.copyto(xy, points[::stride], casting="unsafe")
+        self._to_frame(xy, in_input=in_input)
+        return xy
+
+    def _room(self, k: int, n: int) -> np.ndarray:
+        """The first ``n`` points of the `k`-th outline buffer, the buffers grown (at most to
+        max_outline_points) when they hold fewer."""
+        if n > self._points.shape[1]:
+            self._points = np.empty((self._max_masks, min(2 * n, self._max_points), 2), dtype=np.float32)
+        return self._points[k, :n]
+
+    def _to_frame(self, xy: np.ndarray, *, in_input: bool) -> None:
+        """Outline points, in place, from the mask's pixels to the frame's (letterbox undone), clipped to it."""
         if in_input:
             np.subtract(xy, self._pad, out=xy)
             np.divide(xy, self._gain, out=xy)
         np.clip(xy, _ZERO, self._limit, out=xy)
-        return xy
 
 
 def mask_bytes(m: BoxMap, prototype_pixels: int, *, retina: bool) -> int:
     """The bytes of one mask's buffers for frames of ``m``: its frame mask, its logits, its outline's
-    first room (`Segmenter._plan`), its coefficients and candidate column."""
+    first room (`Segmenter._plan`, less under a lower max_outline_points), its coefficients and candidate column."""
     outline_h, outline_w = (m.frame_h, m.frame_w) if retina else (m.input_h, m.input_w)
     return m.frame_h * m.frame_w + 4 * prototype_pixels + 16 * (outline_h + outline_w) + 4 * MASK_COEFFICIENTS + 8
 
@@ -445,6 +504,20 @@ def _sides(polygon: np.ndarray) -> tuple[float, float]:
         return 0.0, 0.0
     (_, _), (w, h), _ = cv2.minAreaRect(polygon)
     return (float(max(w, h)), float(min(w, h)))
+
+
+def _largest(contours: Sequence[np.ndarray], limit: int) -> list[np.ndarray]:
+    """The pieces with the most points, as (p, 2), while joined they are at most ``limit`` points (the
+    largest one whatever its size), in the contours' order: the outline ultralytics would join of them."""
+    lengths = list(map(len, contours))
+    kept: list[int] = []
+    joined = -2
+    for i in sorted(range(len(contours)), key=lengths.__getitem__, reverse=True):
+        joined += lengths[i] + 2
+        if kept and joined > limit:
+            break
+        kept.append(i)
+    return [contours[i].reshape(-1, 2) for i in sorted(kept)]
 
 
 def merge_segments(segments: list[np.ndarray]) -> np.ndarray:

@@ -26,7 +26,8 @@ class TaskResult(Protocol):
 
     def problems(self) -> list[tuple[str, int]]:
         """What the model's output held that the result was built without, as (drop counter, how many
-        values): a model broken or fed wrongly (`edged.pipeline.OUTPUT_PROBLEMS` says what to check)."""
+        values): a model broken or fed wrongly (`SPOILING`), or a mask outline thinned
+        (`edged.pipeline.OUTPUT_PROBLEMS` says what to check)."""
         ...
 
     def near_misses(self) -> int:
@@ -60,6 +61,11 @@ class TaskResult(Protocol):
         """Its fields of the frame's message; ``zones``, ``thresholds`` and ``notes`` per finding with
         ``[inspect]``, and the camera's scale ``mm_per_px`` when it has one."""
         ...
+
+
+# The problems after which a result's findings are not all the model's: values were dropped before
+# its scores were judged. A segmentation result's ``outline_thinned`` is not one: its findings are whole.
+SPOILING = ("nonfinite_output", "score_above_one")
 
 
 def output_problems(nonfinite: int, scores_above_one: int) -> list[tuple[str, int]]:

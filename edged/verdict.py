@@ -276,6 +276,7 @@ class _InsideOnly:
             tuple(instances.polygons[j] for j in kept[:q]),
             tuple(instances.area_px[j] for j in kept[:q]),
             tuple(instances.sides[j] for j in kept[:q]),
+            instances.thinned,  # counted for the frame, those outside the zones too
         )
         return Instances(xyxy, scores, ids, instances.scores_above_one, instances.nonfinite, near, masks, *found)
 

@@ -9,9 +9,14 @@ import cv2
 import numpy as np
 import pytest
 from daemon import RunningDaemon, free_port, images_config, run_cli
-from test_segment import spoiled_prototypes
+from test_segment import GREY, fragmented_seg_export, spoiled_prototypes
 
+from edged.config import ModelConfig, RuntimeConfig
 from edged.messages import DetectionsMessage
+from edged.model import load_model
+from edged.pipeline import FramePipeline
+from edged.segment import Instances
+from edged.tools.evaluate import read_yolo_outlines
 
 pytestmark = pytest.mark.integration
 
@@ -84,3 +89,36 @@ def test_nan_prototypes_make_the_frame_uncertain_counted_and_logged_not_an_ok_pa
         assert "NaN or infinite value(s)" in d.log() and d.proc.poll() is None
     finally:
         d.close()
+
+
+def test_masks_in_hundreds_of_pieces_are_published_thinned_counted_logged_once_and_labelled(tmp_path: Path) -> None:
+    # Each of the 20 masks was outlined in about 15000 points: a 5 MB message a frame, which edged's own
+    # subscribers refuse (over 1 MiB) and publish.hwm times over held for a slow subscriber, an evidence
+    # label as large, and most of a second a frame joining the pieces.
+    (tmp_path / "made").mkdir()
+    model = fragmented_seg_export(tmp_path / "made" / "fragmented.onnx", classes=20)
+    cv2.imwrite(str(tmp_path / "made" / "grey.png"), GREY)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = images_config(
+        tmp_path, model, [tmp_path / "made" / "grey.png"], endpoint, evidence={"dir": "evidence", "save": "all"}
+    )
+    d = RunningDaemon(config, endpoint)
+    try:
+        msg = next(m for m in d.collect("detections", 1) if isinstance(m, DetectionsMessage))
+        points = [len(found.polygon or []) for found in msg.detections]
+        assert len(points) == 20 and all(1000 < n <= 2000 for n in points), points
+        assert len(msg.model_dump_json()) < 20 * 2000 * 16 + 20 * 300  # 16 bytes a point at most, and the rest
+        # The areas are the whole masks', whatever the bound.
+        cfg = ModelConfig(path=model, max_outline_points=5000)
+        whole, _ = FramePipeline(load_model(cfg, RuntimeConfig()), 640, 360, "bgr").process(GREY)
+        assert isinstance(whole, Instances)
+        assert [found.area_px for found in msg.detections] == list(whole.area_px)
+        d.wait_status(lambda s: s.drops.get("outline_thinned", 0) >= 3 and s.evidence is not None and s.evidence.saved >= 1)
+        log = d.log()
+        assert log.count("mask outline(s) on frame") == 1, log  # one line per burst, then the counter
+        assert "20 mask outline(s)" in log and "raise model.max_outline_points" in log and d.proc.poll() is None
+        label = next((tmp_path / "evidence").rglob("labels/*.txt"))
+        _, classes, outlines = read_yolo_outlines(label, 640, 360, 20)
+        assert sorted(classes.tolist()) == list(range(20)) and all(1000 < len(o) <= 2000 for o in outlines)
+    finally:
+        d.stop()

@@ -10,6 +10,7 @@ the frame (``ops.scale_masks``) and the outlines (``masks.xy``). edged must keep
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import cv2
@@ -20,16 +21,19 @@ from allocations import NumpyAllocations
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
-from edged.config import ModelConfig, RuntimeConfig
+from edged.config import CandidateConfig, ModelConfig, RuntimeConfig, Settings
 from edged.errors import ConfigError, ModelError
 from edged.geometry import BoxMap
 from edged.heads.segment import SegmentHead
 from edged.messages import parse_message
 from edged.model import LoadedModel, load_model
-from edged.pipeline import FramePath, FramePipeline, Processed
+from edged.pipeline import FramePath, FramePipeline, Processed, frame_path
 from edged.segment import MASK_BUFFER_BUDGET, Instances, Segmenter, mask_bytes, merge_segments
 from edged.settings.inspect import InspectConfig
+from edged.settings.sources import SyntheticSourceConfig
+from edged.shadow import Shadow
 from edged.sources.base import Frame
+from edged.tools.evaluate import read_yolo_outlines
 from edged.verdict import Inspector
 
 DATA = Path(__file__).parent / "data" / "tasks"
@@ -411,8 +415,10 @@ def test_mask_buffers_past_the_budget_are_refused_naming_max_masks_and_the_frame
             assert words in str(e.value)
 
 
-def _constant_seg_export(path: Path, output0: np.ndarray, prototypes: np.ndarray, metadata: dict[str, str]) -> Path:
-    """An export at imgsz 64 whose outputs are ``output0`` and ``prototypes`` whatever the input (it is
+def _constant_seg_export(
+    path: Path, output0: np.ndarray, prototypes: np.ndarray, metadata: dict[str, str], imgsz: int = 64
+) -> Path:
+    """An export at ``imgsz`` whose outputs are ``output0`` and ``prototypes`` whatever the input (it is
     read, times 0)."""
     nodes = [
         helper.make_node("ReduceMean", ["images"], ["mean"], keepdims=0),
@@ -424,7 +430,7 @@ def _constant_seg_export(path: Path, output0: np.ndarray, prototypes: np.ndarray
         nodes.append(helper.make_node("Constant", [], [name + "_c"], value=numpy_helper.from_array(value, name + "_v")))
         nodes.append(helper.make_node("Add", [name + "_c", "nothing"], [name]))
         outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(value.shape)))
-    images = helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 64, 64])
+    images = helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, imgsz, imgsz])
     model = helper.make_model(
         helper.make_graph(nodes, "seg", [images], outputs), opset_imports=[helper.make_opsetid("", 18)]
     )
@@ -453,3 +459,130 @@ def test_a_small_seg_export_with_fewer_candidates_than_rows_is_segmented(
     instances, _ = FramePipeline(model, 64, 64, "bgr").process(np.zeros((64, 64, 3), np.uint8))
     assert isinstance(instances, Instances)
     assert instances.class_ids.tolist() == [1] and instances.area_px == (16 * 16,)
+
+
+def covering_seg_export(path: Path, mask: np.ndarray, imgsz: int = 320, classes: int = 3) -> Path:
+    """An export at ``imgsz`` with one detection per class, each over most of the input, whose mask
+    logits are ``mask`` (the first prototype, ``imgsz`` / 4 square, +1 in the mask and -1 outside)."""
+    output0 = np.zeros((1, 4 + classes + 32, classes), np.float32)
+    for c in range(classes):
+        output0[0, :4, c] = (imgsz / 2, imgsz / 2, imgsz - 8, imgsz - 8)
+        output0[0, 4 + c, c] = 0.9
+        output0[0, 4 + classes, c] = 1.0
+    prototypes = np.zeros((1, 32, imgsz // 4, imgsz // 4), np.float32)
+    prototypes[0, 0] = np.where(mask, 1.0, -1.0)
+    names = str({c: f"c{c}" for c in range(classes)})
+    return _constant_seg_export(path, output0, prototypes, {"task": "segment", "names": names}, imgsz)
+
+
+def fragmented_seg_export(path: Path, imgsz: int = 320, classes: int = 3) -> Path:
+    """`covering_seg_export` whose masks are every other prototype pixel each way: each mask breaks
+    into a piece per such pixel (900 of them in a 640x360 frame at imgsz 320), as the masks of a
+    broken or badly trained export, or of a textured part, may."""
+    dots = np.zeros((imgsz // 4, imgsz // 4), bool)
+    dots[::2, ::2] = True
+    return covering_seg_export(path, dots, imgsz, classes)
+
+
+GREY = np.full((360, 640, 3), 114, np.uint8)
+
+
+@pytest.mark.parametrize("retina", [False, True])
+def test_a_mask_in_hundreds_of_pieces_is_outlined_in_at_most_max_outline_points_its_sizes_the_whole_masks(
+    tmp_path: Path, retina: bool
+) -> None:
+    # Its joined outline was about 15000 points, 40000 with retina masks: 200 kB and more of a message each.
+    path = fragmented_seg_export(tmp_path / "m.onnx")
+    sizes = set()
+    for bound in (8, 300, 2000):
+        cfg = ModelConfig(path=path, retina_masks=retina, max_outline_points=bound)
+        instances, _ = FramePipeline(load_model(cfg, RuntimeConfig()), 640, 360, "bgr").process(GREY)
+        assert isinstance(instances, Instances) and len(instances.polygons) == 3
+        assert all(bound // 2 < len(polygon) <= bound for polygon in instances.polygons)
+        assert instances.problems() == [("outline_thinned", 3)]
+        assert instances.area_px == tuple(int(np.count_nonzero(mask)) for mask in instances.masks)
+        sizes.add((instances.area_px, instances.sides))
+        if retina:  # the outline is the frame mask's: its points are the mask's contours', its sides all of theirs
+            contours, _ = cv2.findContours(instances.masks[0].view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+            assert len(contours) > 500
+            every = np.concatenate(contours).reshape(-1, 2)
+            assert {tuple(p) for p in instances.polygons[0].astype(int).tolist()} <= {tuple(p) for p in every.tolist()}
+            (_, _), (w, h), _ = cv2.minAreaRect(every)
+            assert instances.sides[0] == pytest.approx((max(w, h), min(w, h)), abs=1e-3)
+    assert len(sizes) == 1  # the same areas, lengths and widths whatever the bound
+
+
+def test_the_outline_of_a_part_in_specks_keeps_its_largest_pieces_whole(tmp_path: Path) -> None:
+    # A disc among specks, too many to join within the bound: the disc's outline is kept whole, beside
+    # the largest specks, not the whole outline thinned into a zigzag between specks.
+    yy, xx = np.mgrid[:80, :80]
+    specks = np.zeros((80, 80), bool)
+    specks[::2, ::2] = True
+    mask = ((yy - 40) ** 2 + (xx - 40) ** 2 < 12**2) | (specks & ((yy - 40) ** 2 + (xx - 40) ** 2 >= 16**2))
+    cfg = ModelConfig(path=covering_seg_export(tmp_path / "m.onnx", mask), retina_masks=True)
+    instances, _ = FramePipeline(load_model(cfg, RuntimeConfig()), 640, 360, "bgr").process(GREY)
+    assert isinstance(instances, Instances) and instances.thinned == 3
+    contours, _ = cv2.findContours(instances.masks[0].view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    disc = max(contours, key=len).reshape(-1, 2)
+    assert len(disc) > 100 and sum(map(len, contours)) > 2000
+    outline = {tuple(p) for p in instances.polygons[0].astype(int).tolist()}
+    assert {tuple(p) for p in disc.tolist()} <= outline and len(instances.polygons[0]) <= 2000
+
+
+def test_a_fragmented_masks_message_and_label_hold_at_most_max_outline_points_a_mask(tmp_path: Path) -> None:
+    model = load_model(ModelConfig(path=fragmented_seg_export(tmp_path / "m.onnx"), max_outline_points=500), RuntimeConfig())
+    # Through a zone, whose inspection keeps the instances inside it: the thinned outlines are still counted.
+    zone = InspectConfig(zones={"all": [(0.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 1.0)]})
+    path = FramePath(model, "cam0", "bgr", Inspector(zone, model.labels, 3, 0.25, 100, masks=True))
+    done = path.run(Frame(GREY, 3, 0, 0, "bgr"))
+    assert isinstance(done, Processed) and isinstance(done.result, Instances)
+    assert done.result.problems() == [("outline_thinned", 3)]
+    payload = path.message(done, seq=0, thermal_state="ok").model_dump_json().encode()
+    msg = parse_message(payload)
+    assert [len(d.polygon or []) for d in msg.detections] == [len(p) for p in done.result.polygons]
+    assert all(250 < len(d.polygon or []) <= 500 for d in msg.detections)
+    assert len(payload) < 3 * 500 * 16 + 3000  # 16 bytes a point at most, and the rest of the message
+    # The evidence label: a YOLO segmentation label as `edged eval` (and ultralytics) reads it.
+    label = tmp_path / "frame.txt"
+    label.write_text(done.labelled.dataset_label(640, 360))
+    _, classes, outlines = read_yolo_outlines(label, 640, 360, 3)
+    assert classes.tolist() == [0, 1, 2] and [len(o) for o in outlines] == [len(p) for p in done.result.polygons]
+
+
+def test_a_thinned_one_piece_outline_creates_no_arrays_but_opencvs_contours(tmp_path: Path) -> None:
+    # A disc filling the input, its outline (hundreds of points) thinned to 8: its every point and its
+    # thinned outline go into buffers made once, as an outline within the bound does.
+    counter = NumpyAllocations.get()
+    assert counter is not None
+    yy, xx = np.mgrid[:80, :80]
+    disc = covering_seg_export(tmp_path / "m.onnx", (yy - 40) ** 2 + (xx - 40) ** 2 < 38**2)
+    model = load_model(ModelConfig(path=disc, max_outline_points=8), RuntimeConfig())
+    path = FramePath(model, "cam0", "bgr", Inspector(InspectConfig(), model.labels, 3, 0.25, 100, masks=True))
+    frame = Frame(GREY, 3, 0, 0, "bgr")
+    for _ in range(3):
+        path.run(frame)
+    with counter.counting():
+        before = counter.buffers
+        for _ in range(5):
+            done = path.run(frame)
+            assert isinstance(done, Processed) and isinstance(done.result, Instances)
+        created = counter.buffers - before
+    assert done.result.thinned == len(done.result.polygons) == 3
+    assert created == 5 * 2 * 3
+
+
+def test_a_candidate_whose_outlines_are_thinned_is_compared_not_failed(tmp_path: Path) -> None:
+    # A thinned outline is counted, but the candidate's boxes are whole: the frame is compared.
+    live = fragmented_seg_export(tmp_path / "live.onnx")
+    trial = CandidateConfig(
+        path=fragmented_seg_export(tmp_path / "candidate.onnx"), sample_every=1, control=f"ipc://{tmp_path}/c.sock"
+    )
+    s = Settings(model=ModelConfig(path=live, candidate=trial), source=(SyntheticSourceConfig(width=640, height=360),))
+    model = load_model(s.model, s.runtime)
+    done = frame_path(s, model, s.source[0]).run(Frame(GREY, 0, time.monotonic_ns(), time.time_ns(), "bgr"))
+    assert isinstance(done, Processed) and done.result.problems() == [("outline_thinned", 3)]
+    shadow = Shadow(s, trial, model)
+    shadow.observe("cam0", done)
+    assert shadow.run(10.0)
+    report = shadow.report()
+    assert (report.frames, report.failed_frames, report.agreement) == (1, 0, 1.0)
