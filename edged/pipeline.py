@@ -23,14 +23,14 @@ from edged.classify import Classes, Classifier
 from edged.config import Settings
 from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Decoder, Detections
-from edged.errors import ConfigError, InferenceError
+from edged.errors import ConfigError, InferenceError, ModelError
 from edged.geometry import BoxMap
 from edged.identity import Identity
 from edged.messages import DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
 from edged.model import LoadedModel
 from edged.preprocess import preprocessor
 from edged.segment import Segmenter
-from edged.settings.sources import SourceBase
+from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, SourceBase
 from edged.sources.base import Frame
 from edged.sources.registry import sizes_vary
 from edged.stats import VerdictRecord
@@ -44,6 +44,11 @@ REPLAN_AFTER = 5  # consecutive frames of one new size before a camera's buffers
 # that to about 65 MB while a folder mixing a few cameras' sizes never re-plans; beyond four sizes
 # the least recently used plan is dropped, and made again (one warm-up run) when its size returns.
 MAX_PLANS = 4
+# The frame pixels those plans may be made for in all: one largest frame's (7680x4320, the most an
+# image folder decodes). Some buffers are frame-sized: an anomaly model's maps and regions (7.5 bytes
+# a pixel, 250 MB at 7680x4320), a segmentation model's masks and their scratch (``model.max_masks``
+# and 4 more bytes a pixel, 800 MB at 7680x4320 by default); four plans of such frames held 3.2 GB.
+PLAN_PIXELS = MAX_WIDTH * MAX_HEIGHT
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +237,10 @@ class FramePath:
             detections, times = plan.process(frame.image)
         except InferenceError as e:
             return Rejected(frame, "inference_error", str(e))
+        except ModelError as e:
+            if not self.sizes_vary:  # every frame of a camera is this size: the configuration cannot run
+                raise
+            return self._unplanned(frame, plan, e)
         inspector = self.inspector
         if isinstance(inspector, ClassInspector) and isinstance(detections, Classes):
             judged: Judged | AnomalyInspected = inspector(detections)
@@ -275,15 +284,19 @@ class FramePath:
         return self._rejected(frame, current, problem)
 
     def _add_plan(self, size: tuple[int, int]) -> FramePipeline:
-        """A new plan for frames of ``size``, dropping the least recently used one when full."""
-        if len(self._plans) >= self._capacity:
+        """A new plan for frames of ``size``, dropping the least recently used ones first while the
+        plans are `MAX_PLANS` (a camera's one), or they and it would be made for more than
+        `PLAN_PIXELS` frame pixels in all."""
+        while self._plans and (
+            len(self._plans) >= self._capacity or sum(w * h for w, h in self._plans) + size[0] * size[1] > PLAN_PIXELS
+        ):
             self._plans.popitem(last=False)
             if self.sizes_vary and not self._evicted:
                 self._evicted = True
                 log.warning(
-                    "more than %d frame sizes: each size beyond them is planned again when it comes back, "
-                    "which costs one extra inference",
-                    MAX_PLANS,
+                    "more than %d frame sizes, or sizes of over %d pixels together (%dx%d): each size beyond "
+                    "them is planned again when it comes back, which costs one extra inference",
+                    *(MAX_PLANS, PLAN_PIXELS, MAX_WIDTH, MAX_HEIGHT),
                     extra={"CAMERA": self.camera_id},
                 )
         thresholds = self.inspector.thresholds if self.inspector else None
@@ -296,6 +309,15 @@ class FramePath:
         """``plan`` when ``frame`` meets its whole contract (the size matched, the channel order may not)."""
         problem = frame_problem(frame.image, frame.channel_order, plan.spec)
         return self._rejected(frame, plan, problem) if problem else plan
+
+    def _unplanned(self, frame: Frame, plan: FramePipeline, error: ModelError) -> Rejected:
+        """A frame of a source whose sizes vary (an image folder) that the model cannot run on at its
+        size (`edged.segment`'s mask buffers past their budget), its plan dropped: that image is
+        skipped and counted as ``bad_frame_size``, not every other image with it (exit 78, which
+        systemd does not restart, as for a camera, all of whose frames are that size)."""
+        self._plans.pop((plan.spec.width, plan.spec.height), None)
+        name = f"{frame.source_file}: " if frame.source_file else ""
+        return Rejected(frame, "bad_frame_size", f"{name}{error}")
 
     def _rejected(self, frame: Frame, plan: FramePipeline, problem: str) -> Rejected:
         spec = plan.spec

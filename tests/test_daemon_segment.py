@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
-from daemon import RunningDaemon, free_port, images_config, run_cli
+from daemon import RunningDaemon, free_port, images_config, run_cli, write_config
+from images import black_png, lying_jpeg
 from test_segment import GREY, fragmented_seg_export, spoiled_prototypes
 
 from edged.config import ModelConfig, RuntimeConfig
-from edged.messages import DetectionsMessage
+from edged.messages import DetectionsMessage, StatusMessage
 from edged.model import load_model
 from edged.pipeline import FramePipeline
 from edged.segment import Instances
@@ -54,12 +56,18 @@ def test_a_segmentation_model_publishes_outlines_in_mm_and_saves_polygon_labels(
 
 
 def test_max_masks_past_what_a_4k_frame_can_hold_is_refused_with_exit_78_not_a_memory_error(tmp_path: Path) -> None:
-    # 10000 masks of a 3840x2160 frame are 77 GiB: said, naming the key, before any is made; systemd
-    # does not restart a daemon for it (before: numpy's allocation error, a traceback, exit 1).
-    (tmp_path / "made").mkdir()
-    cv2.imwrite(str(tmp_path / "made" / "4k.png"), np.zeros((2160, 3840, 3), np.uint8))
+    # 10000 masks of a 3840x2160 camera's frames are 77 GiB: said, naming the key, before any is made;
+    # systemd does not restart a daemon for it (before: numpy's allocation error, a traceback, exit 1).
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = images_config(tmp_path, DATA / "seg.onnx", [tmp_path / "made" / "4k.png"], endpoint, model={"max_masks": 10000})
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "synthetic", "width": 3840, "height": 2160, "fps": 10.0},
+            "model": {"path": str(DATA / "seg.onnx"), "max_masks": 10000},
+            "publish": {"endpoints": [endpoint]},
+            "thermal": {"enabled": False},
+        },
+    )
     checked = run_cli("check", "--config", str(config))
     assert checked.returncode == 78, checked.stdout + checked.stderr
     d = RunningDaemon(config, endpoint)
@@ -71,6 +79,47 @@ def test_max_masks_past_what_a_4k_frame_can_hold_is_refused_with_exit_78_not_a_m
     for said in (checked.stderr, logged):
         assert "model.max_masks = 10000" in said and "3840x2160" in said and "GiB of mask buffers" in said
         assert "set model.max_masks to 129 or less" in said and "Traceback" not in said
+
+
+def test_a_bomb_and_an_image_too_large_for_the_masks_are_skipped_and_counted_between_good_images(
+    tmp_path: Path,
+) -> None:
+    # b.jpg, 675 bytes, claims 20000x20000: 1.2 GB decoded (2.3 GB at OpenCV's peak), refused before it
+    # is. c.png, 7680x4320, is read, but its 40 masks would need 1.2 GiB: skipped and counted (before:
+    # exit 78, which systemd does not restart, so one file dropped into the folder stopped the line).
+    made = tmp_path / "made"
+    made.mkdir()
+    shutil.copy(DATA / "tall.png", made / "a.png")
+    lying_jpeg(made / "b.jpg", 20000, 20000)
+    black_png(made / "c.png", 7680, 4320)
+    shutil.copy(DATA / "wide.png", made / "d.png")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    images = [made / name for name in ("a.png", "b.jpg", "c.png", "d.png")]
+    config = images_config(tmp_path, DATA / "seg.onnx", images, endpoint, source={"pace": False}, model={"max_masks": 40})
+    d = RunningDaemon(config, endpoint)
+    try:
+        published: set[str | None] = set()
+        counted = False  # b.jpg as an unreadable image, c.png as a frame of a size the model cannot take
+        for msg in d.messages(60):
+            if isinstance(msg, DetectionsMessage):
+                published.add(msg.source_file)
+            elif isinstance(msg, StatusMessage):
+                counted = bool(msg.drops.get("unreadable_image") and msg.drops.get("bad_frame_size"))
+                if counted and {"a.png", "d.png"} <= published:
+                    break
+        assert counted and published == {"a.png", "d.png"}, d.log()
+        status = Path(f"/proc/{d.proc.pid}/status").read_text().splitlines()
+        peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        assert d.proc.poll() is None
+        logged = d.log()
+    finally:
+        d.stop()
+    assert peak_kb < 600_000, peak_kb  # far below b.jpg's 1.2 GB: it was never decoded
+    [bomb] = [line for line in logged.splitlines() if "b.jpg" in line]
+    assert "its JPEG header claims 20000x20000 pixels, over the 33177600 pixels (7680x4320) edged decodes" in bomb
+    [large] = [line for line in logged.splitlines() if "rejected (size)" in line]
+    assert "c.png: model.max_masks = 40 would need 1.2 GiB of mask buffers for 7680x4320 frames" in large
+    assert "Traceback" not in logged
 
 
 def test_nan_prototypes_make_the_frame_uncertain_counted_and_logged_not_an_ok_part(tmp_path: Path) -> None:

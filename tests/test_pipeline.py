@@ -12,10 +12,11 @@ from allocations import NumpyAllocations
 from onnx_models import colour_probe, fixed_scene, solid_frame
 
 from edged.config import ModelConfig, RuntimeConfig, Settings, TriggerConfig, load_config
-from edged.errors import ConfigError
+from edged.errors import ConfigError, ModelError
 from edged.model import load_model
 from edged.pipeline import (
     MAX_PLANS,
+    PLAN_PIXELS,
     FramePath,
     FramePipeline,
     Processed,
@@ -28,6 +29,8 @@ from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SyntheticSourceConfig
 from edged.sources.base import Frame
 from edged.verdict import Inspector
+
+TASKS = Path(__file__).parent / "data" / "tasks"
 
 # In a 64x64 input; a 128x96 frame maps x * 2, (y - 8) * 2. Centres in the frame's fractions:
 SCENE = [
@@ -295,6 +298,45 @@ def test_plans_per_size_are_bounded_and_the_least_recently_used_goes_first(
         assert plan_of(size) is first[size]
     assert plan_of(sizes[1]) is not first[sizes[1]]  # planned again
     assert caplog.text.count("more than") == 1  # said once, not per eviction
+
+
+def test_plans_of_varying_sizes_are_kept_for_one_largest_frame_of_pixels_in_all(tmp_path: Path) -> None:
+    # An anomaly or segmentation plan holds frame-sized buffers: four plans of 8K-sized images held 3.2 GB.
+    model = load_model(ModelConfig(path=colour_probe(tmp_path / "m.onnx")), RuntimeConfig())
+    path = FramePath(model, "cam0", "bgr", sizes_vary=True)
+    tall, wide, small = (3840, 4320), (4320, 3840), (128, 96)
+    assert tall[0] * tall[1] + wide[0] * wide[1] == PLAN_PIXELS
+
+    def plan_of(size: tuple[int, int]) -> FramePipeline:
+        done = path.run(_frame(np.zeros((size[1], size[0], 3), np.uint8)))
+        assert isinstance(done, Processed), done
+        return done.plan
+
+    first = {size: plan_of(size) for size in (tall, wide)}  # together as many pixels as kept: both stay
+    assert plan_of(tall) is first[tall] and plan_of(wide) is first[wide]
+    kept_small = plan_of(small)  # a few more: tall, the least recently used, goes
+    assert plan_of(wide) is first[wide] and plan_of(small) is kept_small
+    assert plan_of(tall) is not first[tall]
+
+
+def test_an_image_whose_masks_would_pass_the_budget_is_rejected_while_a_camera_of_that_size_stops(
+    tmp_path: Path,
+) -> None:
+    # 600 masks of a 1920x1080 frame need 1.2 GiB: an image of that size is skipped, the folder's others
+    # carry on (before: its ModelError stopped the daemon with exit 78, which systemd does not restart).
+    model = load_model(ModelConfig(path=TASKS / "seg.onnx", max_masks=600), RuntimeConfig())
+    path = FramePath(model, "cam0", "bgr", sizes_vary=True)
+    small = np.zeros((320, 180, 3), np.uint8)
+    large = Frame(np.zeros((1080, 1920, 3), np.uint8), 1, 0, 0, "bgr", "big.png")
+    first = path.run(_frame(small))
+    assert isinstance(first, Processed)
+    rejected = path.run(large)
+    assert isinstance(rejected, Rejected) and rejected.reason == "bad_frame_size", rejected
+    assert rejected.detail.startswith("big.png: model.max_masks = 600 would need 1.2 GiB of mask buffers for 1920x1080")
+    again = path.run(_frame(small, 2))
+    assert isinstance(again, Processed) and again.plan is first.plan
+    with pytest.raises(ModelError, match=r"model\.max_masks = 600"):
+        FramePath(model, "cam1", "bgr").run(large)  # every frame of a camera is that size
 
 
 def test_a_camera_in_request_mode_gives_verdicts_without_inspect_and_a_free_one_none(tmp_path: Path) -> None:

@@ -270,3 +270,17 @@ def test_a_frame_thinner_than_an_input_pixel_keeps_one_pixel_of_content(frame_wh
     assert min(pre.box_map.resized_w, pre.box_map.resized_h) == 1
     tensor = pre(np.full((frame_wh[1], frame_wh[0], 3), 255, np.uint8))
     assert tensor.max() == 1.0 and tensor.shape == (1, 3, 320, 320)
+
+
+@pytest.mark.parametrize("frame_wh", [(1, 33177600), (33177600, 1)])
+def test_a_centre_crop_resamples_only_what_it_keeps_of_a_frame_thinner_than_an_input_pixel(
+    frame_wh: tuple[int, int],
+) -> None:
+    # Resized for a 64x64 input, such a frame is 2123366400 pixels long: tables for all of them took
+    # 47.5 GiB (a MemoryError out of the frame path) and a turn of a Python loop each; the crop keeps 64.
+    pre = Preprocessor(contract(64, 64, resize="crop"), *frame_wh)
+    assert max(pre.box_map.resized_w, pre.box_map.resized_h) == 64 * 33177600
+    frame = np.broadcast_to(np.array([30, 60, 90], np.uint8), (frame_wh[1], frame_wh[0], 3))
+    tensor = pre(frame)
+    expected = np.array([90, 60, 30], np.float32) / np.float32(255)  # one colour resampled is that colour, in RGB
+    np.testing.assert_array_equal(tensor[0], np.broadcast_to(expected[:, None, None], (3, 64, 64)))

@@ -346,6 +346,22 @@ def test_an_image_claiming_more_pixels_than_a_camera_gives_is_skipped_before_it_
     assert any("b4.jpg" in line and f"its JPEG header claims 4400x8000 {limit}" in line for line in lines), lines
 
 
+def test_an_image_with_a_side_longer_than_edged_decodes_is_skipped_before_it_is_decoded(
+    image_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 1000000x33 in 96 KB is within MAX_PIXELS, but an anomaly model's resize held 2 GB for its width.
+    black_png(image_dir / "b3.png", 1000000, 33)
+    black_png(image_dir / "b4.png", 65535, 2)  # a JPEG's longest side is read
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(image_dir), loop=False)))
+    sizes = []
+    while (img := src.read(None)) is not None:
+        sizes.append(img.shape[:2])
+    assert sizes == [(H, W)] * 3 + [(2, 65535)] + [(H, W)] * 2
+    assert src.skipped == 2  # b2.png and b3.png
+    [line] = [r.getMessage() for r in caplog.records if "b3.png" in r.getMessage()]
+    assert "its PNG header claims 1000000x33 pixels, a side longer than the 65535 edged decodes" in line, line
+
+
 def test_an_image_of_a_format_whose_size_is_not_read_first_is_skipped_naming_those_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

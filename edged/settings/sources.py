@@ -27,6 +27,7 @@ TriggerMode = Literal["free", "request"]
 
 _CREDENTIALS = re.compile(r"(?<=://)[^/\s]+@")  # user[:password]@ after a URL's scheme (ipc://@name has none)
 MIN_SIDE, MAX_WIDTH, MAX_HEIGHT = 32, 7680, 4320  # the frame sizes asked of a camera or generated: up to 8K
+MAX_SIDE = 65535  # the longest side of an image file decoded (`edged.sources.images`), a JPEG's longest
 
 
 def mask_credentials(text: str) -> str:
@@ -163,8 +164,8 @@ class ImagesSourceConfig(SourceBase):
     type: Literal["images"] = "images"
     path: str = Field(
         description="A folder (every image in it, sorted) or a glob pattern. JPEG, PNG, WebP, BMP or TIFF "
-        f"images of at most {MAX_WIDTH * MAX_HEIGHT} pixels ({MAX_WIDTH}x{MAX_HEIGHT}) are read; others, and "
-        "images cut short (a JPEG still being written), are skipped, logged and counted."
+        f"images of at most {MAX_WIDTH * MAX_HEIGHT} pixels ({MAX_WIDTH}x{MAX_HEIGHT}) and {MAX_SIDE} on a side "
+        "are read; others, and images cut short (a JPEG still being written), are skipped, logged and counted."
     )
     loop: bool = Field(True, description="Start again after the last image.")
     fps: float = Field(5.0, gt=0, le=240, description="Images delivered per second (with pace = true).")

@@ -22,7 +22,7 @@ import numpy as np
 
 from edged.errors import ImageError, SourceError, printable
 from edged.files import FileTooLarge, NotRegularFile, read_regular
-from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, ImagesSourceConfig
+from edged.settings.sources import MAX_HEIGHT, MAX_SIDE, MAX_WIDTH, ImagesSourceConfig
 from edged.sources.image_header import KINDS, read_header
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 # peak, while OpenCV converts a 16-bit or 4-channel file), well below the 2^30 pixels (3.2 GB and
 # more) OpenCV allows, which a file of a few kilobytes can claim and a 4 GB board cannot hold.
 MAX_PIXELS = MAX_WIDTH * MAX_HEIGHT
+# MAX_SIDE bounds a side too: some of a plan's buffers grow with a side, not the pixels (an anomaly
+# model's resize holds its input's height times the frame's width, twice, in float32), and a 96 KB
+# PNG of 1000000x33 pixels, within MAX_PIXELS, took edged to 2.6 GB.
 MAX_FILE_BYTES = 8 * MAX_PIXELS  # such an image uncompressed, 4 channels of 16 bits
 _LIMIT = f"{MAX_PIXELS} pixels ({MAX_WIDTH}x{MAX_HEIGHT})"
 
@@ -101,9 +104,9 @@ def _matches(parts: tuple[str, ...], wanted: tuple[str, ...]) -> bool:
 def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     """The image file at ``path``, read once and decoded from memory by OpenCV; `ImageError` saying
     why where it cannot be, or must not be (`edged.sources.image_header`): a JPEG cut short, which
-    OpenCV decodes with its missing rows grey, a header claiming more than `MAX_PIXELS` or none, a
-    file larger than `MAX_FILE_BYTES`, a format other than those of `IMAGE_SUFFIXES` (its size is
-    not known before it is decoded).
+    OpenCV decodes with its missing rows grey, a header claiming more than `MAX_PIXELS`, a side
+    longer than `MAX_SIDE` or no size, a file larger than `MAX_FILE_BYTES`, a format other than
+    those of `IMAGE_SUFFIXES` (its size is not known before it is decoded).
 
     Reading the bytes in Python also spares OpenCV's binding a file name that is not UTF-8 (Python
     holds its bytes as lone surrogates), on which it crashes with SIGSEGV.
@@ -128,6 +131,9 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
         raise ImageError(str(path), f"its {header.kind} header gives no image size")
     if header.pixels > MAX_PIXELS:
         raise ImageError(str(path), f"its {header.kind} header claims {header.size} pixels, over the {_LIMIT} edged decodes")
+    if max(header.width, header.height) > MAX_SIDE:
+        why = f"its {header.kind} header claims {header.size} pixels, a side longer than the {MAX_SIDE} edged decodes"
+        raise ImageError(str(path), why)
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
     except cv2.error:
