@@ -294,7 +294,9 @@ class RuntimeConfig(Section):
         "all", description="ONNX Runtime graph optimisation level."
     )
     optimized_model_path: Path | None = Field(
-        None, description="Cache of the optimised graph: written on first start, loaded after."
+        None,
+        description="Cache of the optimised graph: written on first start, loaded after while it holds what was "
+        "written; one that cannot be written or read is a warning, never a refused start.",
     )
     cache_dir: Path | None = Field(
         None,

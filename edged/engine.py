@@ -8,13 +8,18 @@ steady-state run writes straight into those buffers and allocates nothing. Reque
 that this onnxruntime build lacks fall back down the configured list with a warning;
 ``placement()`` reports where ORT actually put each node: from ORT's own assignment record where
 it keeps one (onnxruntime 1.26 and later), else from ORT's profile of the nodes that ran, which
-every onnxruntime edged supports writes.
+every onnxruntime edged supports writes. The optimised-model cache (``runtime.optimized_model_path``)
+only saves time: ORT saves it beside its place, it is renamed there once on the disk, and its stamp
+records its digest, so one a power cut or a failing card damaged is rebuilt, never run; one that
+cannot be written or read is a warning, and the model is served without it, never refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import weakref
@@ -29,8 +34,17 @@ import onnxruntime as ort
 from edged.config import ModelConfig, ProviderConfig, RuntimeConfig
 from edged.contract import pinned_dimensions
 from edged.cpus import plan_threads
-from edged.engines import UNSIGNED_CACHE, check_int8, first_line, is_quantised, read_model
+from edged.engines import (
+    MAX_MODEL_BYTES,
+    UNSIGNED_CACHE,
+    check_int8,
+    file_sha256,
+    first_line,
+    is_quantised,
+    read_model,
+)
 from edged.errors import InferenceError, ModelError
+from edged.files import fsync_folder, part_file, read_regular, remove_parts, write_durably
 from edged.heads.anomaly import anomalib_size
 
 log = logging.getLogger(__name__)
@@ -38,6 +52,9 @@ log = logging.getLogger(__name__)
 # The assignment record (`get_provider_graph_assignment_info`) arrived in onnxruntime 1.26; the
 # Jetson and Raspberry Pi wheels boards run are often older.
 HAS_ASSIGNMENT_RECORD = hasattr(ort.InferenceSession, "get_provider_graph_assignment_info")
+
+STAMP_BYTES = 1 << 16  # an optimised-model cache's stamp: a few hundred bytes
+CACHE_DIGEST = "cache_sha256"  # in the stamp: the digest of the cache as written
 
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -115,8 +132,14 @@ class Engine:
         log.info("inference threads: %s", self.threads.summary)
         if self.threads.warning:
             log.warning(self.threads.warning)
-        profiled = record_placement and not HAS_ASSIGNMENT_RECORD
-        self._profile_dir = Path(tempfile.mkdtemp(prefix="edged-placement-")) if profiled else None
+        self._profile_dir: Path | None = None
+        self._unprofiled: str | None = None  # why there is no profile to read the placement from
+        if record_placement and not HAS_ASSIGNMENT_RECORD:
+            try:
+                self._profile_dir = Path(tempfile.mkdtemp(prefix="edged-placement-"))
+            except OSError as e:  # no temp folder that takes a file: full, read-only
+                where = f" in {Path(e.filename).parent}" if e.filename else ""
+                self._unprofiled = f"no folder for ONNX Runtime's profile{where} ({_why(e)})"
         try:
             self.session = self._create_session(data, record_placement, imgsz)
         except BaseException:
@@ -157,8 +180,11 @@ class Engine:
         return so
 
     def _create_session(self, data: bytes, record_placement: bool, imgsz: tuple[int, int] | None) -> ort.InferenceSession:
-        source, cache_hit = self._model_source(data)
-        session = self._open(source, record_placement, {}, write_cache=not cache_hit)
+        cached = self._from_cache(record_placement)
+        if cached is not None:
+            session, source, where = cached
+        else:
+            session, source, where = self._open_caching(data, record_placement), data, self.model_path
         inputs = session.get_inputs()
         if not inputs:
             return session
@@ -167,28 +193,35 @@ class Engine:
         pins = pinned_dimensions(inputs[0].name, inputs[0].shape, metadata, imgsz, trained)
         if pins:
             log.info("pinning the dynamic input dimensions: %s", ", ".join(f"{k}={v}" for k, v in pins.items()))
-            session = self._open(source, record_placement, pins, write_cache=False)
+            session = self._open(source, where, record_placement, pins)
         return session
 
-    def _open(self, source: Path | bytes, record: bool, pins: dict[str, int], write_cache: bool) -> ort.InferenceSession:
-        """A session of ``source``: the optimised-model cache's path, or the model's bytes (its
-        external data, if any, read beside the model file)."""
+    def _open(
+        self, source: bytes, where: Path, record: bool, pins: dict[str, int], save: Path | None = None
+    ) -> ort.InferenceSession:
+        """A session of ``source``: the model's bytes, or the optimised-model cache's (``where`` they were
+        read from, for the message), external data read beside the model file; the optimised graph
+        saved to ``save``."""
         so = self._session_options(record, pins)
-        cache = self.cfg.optimized_model_path
-        if cache is not None and write_cache and not pins:
-            so.optimized_model_filepath = str(cache)
-        if isinstance(source, bytes):
-            so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.model_path.parent))
-        where = source if isinstance(source, Path) else self.model_path
+        if save is not None:
+            so.optimized_model_filepath = str(save)
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.model_path.parent))
         try:
-            session = ort.InferenceSession(
-                source if isinstance(source, bytes) else str(source), sess_options=so, providers=self.providers
-            )
+            return ort.InferenceSession(source, sess_options=so, providers=self.providers)
         except Exception as e:  # ORT raises its own Fail/InvalidProtobuf/NoSuchFile types
             raise ModelError(f"onnxruntime cannot load {where}: {first_line(e)}") from None
-        if cache is not None and write_cache and not pins:
-            self._write_cache_stamp(cache)
-        return session
+
+    def _from_cache(self, record: bool) -> tuple[ort.InferenceSession, bytes, Path] | None:
+        """A session of the optimised graph in the cache (`_cached`), with its bytes and path; None
+        where there is none to be trusted, or ORT cannot load it (said: it is rebuilt)."""
+        cache, data = self.cfg.optimized_model_path, self._cached()
+        if cache is None or data is None:
+            return None
+        try:
+            return self._open(data, cache, record, {}), data, cache
+        except ModelError as e:
+            log.warning("optimised-model cache: %s; rebuilding it from %s", e, self.model_path)
+            return None
 
     def _cache_stamp(self) -> dict[str, Any]:
         return {
@@ -198,26 +231,89 @@ class Engine:
             "graph_optimization": self.cfg.graph_optimization,
         }
 
-    def _model_source(self, data: bytes) -> tuple[Path | bytes, bool]:
-        """The optimised-graph cache when it was made from this very model, else the model's ``data``."""
+    def _cached(self) -> bytes | None:
+        """The optimised graph in the cache when its stamp says it was made from this very model, with
+        these settings, and it holds the bytes the stamp's digest says it was written with (a power
+        cut may leave it cut short, or zeros in it); None where it is not."""
         cache = self.cfg.optimized_model_path
         if cache is None:
-            return data, False
-        stamp = cache.with_name(cache.name + ".json")
+            return None
+        stamp = _stamp_path(cache)
         try:
-            if json.loads(stamp.read_text()) == self._cache_stamp() and cache.is_file():
-                log.info("loading optimised model from cache %s", cache)
-                return cache, True
-        except (OSError, ValueError):
-            pass
-        log.info("optimised-model cache %s missing or stale; rebuilding it", cache)
-        return data, False
+            recorded = json.loads(read_regular(stamp, STAMP_BYTES))
+            digest = recorded.pop(CACHE_DIGEST) if isinstance(recorded, dict) else None
+        except FileNotFoundError:
+            log.info("no optimised-model cache at %s yet: building it", cache)
+            return None
+        except (OSError, ValueError) as e:  # unreadable, cut short, not JSON: as stale
+            log.info("optimised-model cache stamp %s cannot be read (%s): rebuilding the cache", stamp, _why(e))
+            return None
+        if recorded != self._cache_stamp() or not isinstance(digest, str):
+            log.info("optimised-model cache %s missing or stale; rebuilding it", cache)
+            return None
+        try:
+            data = read_regular(cache, MAX_MODEL_BYTES)
+        except (OSError, ValueError) as e:  # `read_regular`'s refusals name the file
+            log.warning("optimised-model cache %s cannot be read (%s): rebuilding it", cache, _why(e))
+            return None
+        if hashlib.sha256(data).hexdigest() != digest:
+            log.warning(
+                "optimised-model cache %s is not what %s says was written (cut short or damaged, as by a power "
+                "cut): rebuilding it",
+                cache,
+                stamp,
+            )
+            return None
+        log.info("loading optimised model from cache %s", cache)
+        return data
 
-    def _write_cache_stamp(self, cache: Path) -> None:
+    def _open_caching(self, data: bytes, record: bool) -> ort.InferenceSession:
+        """A session of the model's ``data`` whose optimised graph is kept in the cache for the next
+        start. The cache only saves time: one that cannot be written is a warning, and the model is
+        served without it."""
+        cache = self.cfg.optimized_model_path
+        if cache is None:
+            return self._open(data, self.model_path, record, {})
         try:
-            cache.with_name(cache.name + ".json").write_text(json.dumps(self._cache_stamp()))
+            remove_parts(cache)
+            remove_parts(_stamp_path(cache))
+            fd, part = part_file(cache)
+            os.close(fd)
         except OSError as e:
-            log.warning("cannot write optimised-model cache stamp next to %s: %s", cache, e.strerror)
+            self._not_cached(cache, _why(e))
+            return self._open(data, self.model_path, record, {})
+        try:
+            session = self._open(data, self.model_path, record, {}, save=part)
+        except ModelError as e:  # ORT's own words for a write that failed: "Protobuf serialization failed"
+            part.unlink(missing_ok=True)
+            session = self._open(data, self.model_path, record, {})  # the model's own error, if it has one
+            said = str(e).removeprefix(f"onnxruntime cannot load {self.model_path}: ")
+            self._not_cached(cache, f"onnxruntime could not save it: {said}{_free_space(cache.parent)}")
+            return session
+        try:
+            self._keep(part, cache)
+        except OSError as e:
+            part.unlink(missing_ok=True)
+            self._not_cached(cache, _why(e))
+        return session
+
+    def _keep(self, part: Path, cache: Path) -> None:
+        """The optimised graph ORT saved in ``part`` made the cache: on the disk, renamed into place,
+        then its stamp with its digest, so a cache cut short or replaced since is never loaded."""
+        with part.open("rb") as f:
+            os.fsync(f.fileno())
+        digest = file_sha256(part)
+        os.replace(part, cache)
+        fsync_folder(cache.parent)
+        write_durably(_stamp_path(cache), json.dumps({**self._cache_stamp(), CACHE_DIGEST: digest}).encode())
+
+    def _not_cached(self, cache: Path, why: str) -> None:
+        log.warning(
+            "cannot write the optimised-model cache runtime.optimized_model_path %s (%s): the model is served "
+            "without it, and optimised again at the next start",
+            cache,
+            why,
+        )
 
     # ---- binding ---------------------------------------------------------------------------
 
@@ -252,7 +348,7 @@ class Engine:
         total = sum(placement.nodes.values())
         for provider, count in sorted(placement.nodes.items(), key=lambda kv: -kv[1]):
             lines.append(("placement", f"{provider}: {count} of {total} nodes"))
-        lines.append(("", placement.basis))
+        lines.append(("" if placement.nodes else "placement", placement.basis))
         return lines
 
     def placement(self) -> Placement:
@@ -261,11 +357,18 @@ class Engine:
         Without the assignment record it ends the profile, so ask once, after the model has run.
         """
         counts: Counter[str] = Counter()
+        if self._unprofiled is not None:
+            return Placement({}, f"not known: {self._unprofiled}")
         if self._profile_dir is None:
             for subgraph in self.session.get_provider_graph_assignment_info():
                 counts[subgraph.ep_name] += len(subgraph.get_nodes())
             return Placement(dict(counts), "as assigned, from ONNX Runtime's assignment record")
-        events = json.loads(Path(self.session.end_profiling()).read_text())
+        try:
+            events = json.loads(Path(self.session.end_profiling()).read_text())
+        except (OSError, ValueError) as e:  # a full or read-only disk: the profile is missing, or cut short
+            why = _why(e) if isinstance(e, OSError) else f"cut short{_free_space(self._profile_dir)}"
+            self._unprofiled = f"ONNX Runtime could not write its profile in {self._profile_dir} ({why})"
+            return Placement({}, f"not known: {self._unprofiled}")
         ran = {
             (e["args"]["provider"], e["name"]) for e in events if e.get("cat") == "Node" and "provider" in e.get("args", {})
         }
@@ -317,6 +420,25 @@ class Binding:
         for raw, out in zip(self._raw, self.outputs, strict=True):
             if raw is not out:
                 np.copyto(out, raw, casting="unsafe")
+
+
+def _why(e: Exception) -> str:
+    """An error in a message that names its file already: an OSError's reason alone."""
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+
+
+def _free_space(folder: Path) -> str:
+    """How much room ``folder``'s filesystem has, for a message about a file that could not be written there."""
+    try:
+        disk = os.statvfs(folder)
+    except OSError:
+        return ""
+    return f"; {disk.f_bavail * disk.f_frsize} bytes free there"
+
+
+def _stamp_path(cache: Path) -> Path:
+    """Beside the optimised-model cache: what it was made from and the digest it was written with."""
+    return cache.with_name(cache.name + ".json")
 
 
 def _discard_profile(session: ort.InferenceSession, directory: Path) -> None:

@@ -6,13 +6,18 @@ given explicitly: OpenVINO's CPU plugin otherwise computes in bf16 wherever the 
 boxes would differ from the exported model's. int8 is a quantised model (`edged quantize`) whose
 quantised operators OpenVINO runs in int8, the rest in f32. A precision the device lacks is refused
 with the ones it has. The compiled model is cached in the cache folder (`RuntimeConfig.cache_folder`),
-so a second start skips compiling. Each plan's `OpenVinoBinding` is an infer request whose input and
-output tensors share the plan's numpy buffers, so a steady-state run copies and allocates nothing.
+so a second start skips compiling; edged records what OpenVINO wrote there and removes what is no
+longer so before OpenVINO reads it (`CompiledCache`). Each plan's `OpenVinoBinding` is an infer
+request whose input and output tensors share the plan's numpy buffers, so a steady-state run copies
+and allocates nothing.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import stat
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -24,8 +29,18 @@ import numpy as np
 from edged.config import ModelConfig, RuntimeConfig
 from edged.contract import pinned_dimensions
 from edged.cpus import ThreadPlan
-from edged.engines import INSTALL_OPENVINO, UNSIGNED_CACHE, Port, check_int8, first_line, is_quantised, read_model
+from edged.engines import (
+    INSTALL_OPENVINO,
+    UNSIGNED_CACHE,
+    Port,
+    check_int8,
+    file_sha256,
+    first_line,
+    is_quantised,
+    read_model,
+)
 from edged.errors import ConfigError, InferenceError, MissingDependency, ModelError
+from edged.files import read_regular, remove_parts, write_durably
 from edged.heads.anomaly import anomalib_size
 
 try:
@@ -48,7 +63,10 @@ PRECISIONS = {
 _ONNX_TYPES = {"f32": "tensor(float)", "f16": "tensor(float16)", "u8": "tensor(uint8)"}
 # Devices made of others: AUTO picks one, MULTI:CPU,GPU and HETERO:GPU,CPU combine them.
 VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
-CACHE_FOLDER = "openvino"  # inside the cache folder: OpenVINO's compiled models, one file per model and setting
+# Inside the cache folder: a folder per model (`ModelIdentity.short`) of its compiled models.
+CACHE_FOLDER = "openvino"
+CACHE_RECORD = "edged-cache.json"  # in a model's folder: the digest of each compiled model as OpenVINO wrote it
+RECORD_BYTES = 1 << 20  # a record names a compiled model per device and setting: a few hundred bytes each
 
 
 def open_engine(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool, lanes: int) -> OpenVinoEngine:
@@ -95,7 +113,8 @@ class OpenVinoEngine:
         # Named as read: compiling merges names onto a tensor (anomalib's pred_score may come out as clamp_1).
         outputs = _ports(model.outputs, "output")
         self._pin(model, cfg.imgsz, outputs)
-        self.cache = self._cache_dir()
+        cache = CompiledCache.open(self._cache_dir())
+        self.cache = cache.folder if cache is not None else None
         config: dict[str, Any] = {
             hints.inference_precision: hint,
             hints.performance_mode: hints.PerformanceMode.LATENCY,
@@ -110,6 +129,8 @@ class OpenVinoEngine:
             self.compiled = self.core.compile_model(model, self.device, config)
         except Exception as e:
             raise ModelError(f"openvino cannot compile {cfg.path} for {self.device}: {first_line(e)}") from None
+        if cache is not None:
+            cache.record(len(data))
         self.input_meta = _ports(self.compiled.inputs, "input")
         compiled = _ports(self.compiled.outputs, "output")
         self.output_meta = [replace(port, name=read.name) for port, read in zip(compiled, outputs, strict=True)]
@@ -153,18 +174,13 @@ class OpenVinoEngine:
             model.reshape({model.inputs[0]: ov.PartialShape(shape)})
 
     def _cache_dir(self) -> Path | None:
+        """This model's folder of compiled models: one per model, so that only its own are checked at a start."""
         folder = self.cfg.cache_folder()
         if self.signed and self.cfg.cache_dir is not None:
             log.warning("runtime.cache_dir %s is %s", self.cfg.cache_dir, UNSIGNED_CACHE)
         if folder is None or self.signed:
             return None
-        cache = folder / CACHE_FOLDER
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            log.warning("no OpenVINO model cache in %s (%s): compiling at every start", cache, e.strerror)
-            return None
-        return cache
+        return folder / CACHE_FOLDER / self.identity.short
 
     def _property(self, name: str) -> Any:
         """A property of the compiled model, or None where its device does not tell (AUTO keeps some to itself)."""
@@ -222,6 +238,127 @@ class OpenVinoEngine:
             return Counter()
         infos = [op.get_rt_info() for op in ops]
         return Counter(str(info["runtimePrecision"].astype(str)) for info in infos if "runtimePrecision" in info)
+
+
+class CompiledCache:
+    """One model's folder of OpenVINO's compiled models (``*.blob``), checked before OpenVINO reads it.
+
+    OpenVINO writes a compiled model in place without syncing it to the disk, and runs any blob of the
+    right name and header it finds: one a power cut left cut short, or with zeros in it, would be read
+    back, and a damaged one run. So edged records each blob's digest once OpenVINO has written it and
+    it is on the disk (`CACHE_RECORD`, `record`), and before compiling removes every blob that is not
+    as recorded (`open`). The cache only saves time: any of this that fails is a warning, and the
+    model is compiled without it.
+    """
+
+    def __init__(self, folder: Path, recorded: dict[str, str], checked: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+        self.folder = folder
+        self._recorded = recorded
+        self._checked = checked  # blob -> its digest and `_version` as checked by `open`
+
+    @classmethod
+    def open(cls, folder: Path | None) -> CompiledCache | None:
+        """``folder`` made, and cleared of every blob not as recorded; None (said) where it cannot be."""
+        if folder is None:
+            return None
+        record = folder / CACHE_RECORD
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            remove_parts(record)  # a record a power cut left half written beside it
+            recorded = _read_record(record)
+            checked, removed = {}, []
+            for blob in sorted(folder.glob("*.blob")):
+                status = blob.lstat()
+                digest = file_sha256(blob) if stat.S_ISREG(status.st_mode) else None  # a pipe would hold the start up
+                if digest is not None and recorded is not None and recorded.get(blob.name) == digest:
+                    checked[blob.name] = (digest, _version(status))
+                else:
+                    blob.unlink()
+                    removed.append(blob.name)
+        except OSError as e:
+            log.warning(
+                "runtime.cache_dir: no OpenVINO model cache in %s (%s): the model is compiled at every start",
+                folder,
+                e.strerror or e,
+            )
+            return None
+        if removed:
+            why = "is not as it was written (cut short or damaged, as by a power cut)"
+            if recorded is None:
+                why = f"cannot be checked: {record} cannot be read (cut short or damaged)"
+            log.warning(
+                "runtime.cache_dir: OpenVINO's compiled model %s in %s %s: removed, the model is compiled again",
+                ", ".join(removed),
+                folder,
+                why,
+            )
+        return cls(folder, recorded or {}, checked)
+
+    def record(self, model_bytes: int) -> None:
+        """The digest of each blob in the folder, those OpenVINO wrote on the disk first; a warning where
+        OpenVINO could write none for lack of room (``model_bytes``: it needs about as much) or a
+        read-only disk, or the record cannot be written."""
+        try:
+            blobs = {}
+            for blob in sorted(self.folder.glob("*.blob")):
+                status = blob.lstat()
+                checked = self._checked.get(blob.name)
+                if not stat.S_ISREG(status.st_mode):
+                    continue  # not OpenVINO's: removed at the next start
+                if checked is not None and checked[1] == _version(status):
+                    blobs[blob.name] = checked[0]
+                    continue
+                with blob.open("rb") as f:
+                    os.fsync(f.fileno())
+                blobs[blob.name] = file_sha256(blob)
+            if not blobs and (why := _unwritable(self.folder, model_bytes)):
+                log.warning(
+                    "runtime.cache_dir: OpenVINO could not write its compiled model in %s (%s): the model is "
+                    "compiled at every start",
+                    self.folder,
+                    why,
+                )
+            if blobs != self._recorded:
+                write_durably(self.folder / CACHE_RECORD, (json.dumps(blobs, indent=1) + "\n").encode())
+        except OSError as e:
+            log.warning(
+                "runtime.cache_dir: cannot record OpenVINO's compiled model in %s (%s): it is compiled again at "
+                "the next start",
+                self.folder,
+                e.strerror or e,
+            )
+
+
+def _version(status: os.stat_result) -> tuple[int, ...]:
+    """What changes when a file is written again: OpenVINO rewrites a blob in place."""
+    return status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
+
+
+def _read_record(path: Path) -> dict[str, str] | None:
+    """The digests a model's folder's record holds: none where it has no record yet; None where it
+    cannot be read as one (its blobs cannot be checked, and are compiled again)."""
+    try:
+        record = json.loads(read_regular(path, RECORD_BYTES))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    return {str(name): digest for name, digest in record.items() if isinstance(digest, str)}
+
+
+def _unwritable(folder: Path, needed: int) -> str | None:
+    """Why OpenVINO could not write a compiled model of about ``needed`` bytes in ``folder``, known from
+    its filesystem: read-only, or too full; None where it had room (OpenVINO chose not to)."""
+    try:
+        disk = os.statvfs(folder)
+    except OSError:
+        return None
+    if disk.f_flag & os.ST_RDONLY:
+        return "its filesystem is read-only"
+    free = disk.f_bavail * disk.f_frsize
+    return f"{free} bytes free there" if free < needed else None
 
 
 class OpenVinoBinding:

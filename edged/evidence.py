@@ -46,6 +46,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import queue
 import re
@@ -300,12 +301,15 @@ def _remove_empty(days: Iterable[Path]) -> None:
 
 def _recorded_clock(path: Path) -> tuple[str, float] | None:
     """The boot and clock (`_wall_less_boot_clock`) a camera's images were last stamped on, as its
-    `CLOCK_RECORD` says; None where it says nothing readable (none yet: an older edged's folder)."""
+    `CLOCK_RECORD` says; None where it says nothing readable (none yet: an older edged's folder), or
+    no time: NaN, which Python's JSON reader takes, would make every step of the clock compared
+    with it NaN, and none would be followed."""
     try:
         record = json.loads(read_regular(path, _MAX_RECORD_BYTES))
-        return str(record["boot_id"]), float(record["wall_less_boot_s"])
+        boot, clock = str(record["boot_id"]), float(record["wall_less_boot_s"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return (boot, clock) if math.isfinite(clock) else None
 
 
 class EvidenceStore:

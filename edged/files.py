@@ -7,13 +7,17 @@ read (a file may grow while it is read).
 
 A command's output (a model, a report, a signature) is written beside its place and renamed into
 it, so a full disk or a kill leaves the old file or none, never half of one; and never over one of
-the command's own inputs. A SQLite file opened by URI has its path quoted there (`sqlite_uri`).
+the command's own inputs. A file a later start trusts (a model cache's record) is also on the disk
+before it is renamed into place (`write_durably`), so a power cut cannot leave it cut short. A
+SQLite file opened by URI has its path quoted there (`sqlite_uri`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import secrets
 import stat
 import sys
 from collections.abc import Callable, Mapping
@@ -98,6 +102,52 @@ def write_with(path: Path, write: Callable[[Path], object]) -> None:
         if isinstance(e, OSError):
             raise OutputFileError(f"cannot write {path}: {e.strerror or e}") from None
         raise
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable: a power cut after it would otherwise undo it."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def part_file(path: Path, mode: int = 0o666) -> tuple[int, Path]:
+    """A new empty file beside ``path`` to write it in before it is renamed there: one of its own per
+    writer (two processes writing one file at once leave one whole), made with ``mode`` (less the
+    umask), ``path``'s suffix kept (a writer may pick the format by it). Its descriptor and path."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}.part{path.suffix}")
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode), tmp
+
+
+def parts_of(path: Path) -> list[Path]:
+    """The files `part_file` made for ``path`` that are still there: a kill or a power cut left them."""
+    return sorted(path.parent.glob(f".{glob.escape(path.stem)}.*.part{glob.escape(path.suffix)}"))
+
+
+def remove_parts(path: Path) -> None:
+    """Remove the files `part_file` made for ``path`` and a kill or a power cut left behind."""
+    for part in parts_of(path):
+        with contextlib.suppress(OSError):
+            part.unlink()
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` whole or not at all, on the disk before it is renamed there (then the
+    rename too); OSError where it cannot be."""
+    fd, tmp = part_file(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_folder(path.parent)
 
 
 def _identity(path: Path) -> tuple[int, int] | Path:

@@ -51,7 +51,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import ValidationError
 
-from edged.errors import KeyFileError
+from edged.errors import KeyFileError, OutputFileError
+from edged.files import fsync_folder, part_file, parts_of, remove_parts
 from edged.keys import check_secret_file
 from edged.listen import BIND_RETRY_S, retry_bind
 from edged.lograte import LogRate
@@ -253,7 +254,7 @@ def cert_dir_problem(directory: Path) -> str | None:
     if above is not None and not above.is_dir():
         return f"opcua.cert_dir: {above} is not a folder: set opcua.cert_dir to a folder (made when absent)"
     cert, key = directory / CERT_FILE, directory / KEY_FILE
-    if cert.exists() != key.exists():
+    if cert.exists() != key.exists() and not _finishable(cert, key):
         return (
             f"opcua.cert_dir: {directory} holds only one of {CERT_FILE} and {KEY_FILE}: remove it to have "
             "both made again, or put back the other"
@@ -264,30 +265,77 @@ def cert_dir_problem(directory: Path) -> str | None:
 def server_certificate(directory: Path) -> tuple[Path, Path]:
     """The server's certificate and key in ``directory``, made there (RSA 2048, self-signed, ten
     years) when absent, as ``edged keygen`` makes CURVE keys: the key 0600, the folder 0750. A pair
-    there is kept as it is (clients were told to trust it), whatever edged would make now.
-    Raises `KeyFileError` naming ``opcua.cert_dir``."""
+    there is kept as it is (clients were told to trust it), whatever edged would make now. Raises
+    `KeyFileError` naming ``opcua.cert_dir`` for a pair it cannot use, `OutputFileError` where the
+    disk takes no file now (full, read-only: the server tries again, `UaServer`)."""
     cert, key = directory / CERT_FILE, directory / KEY_FILE
     try:
+        _finish_pair(cert, key)
         if cert.is_file() and key.is_file():
             check_secret_file(key, "opcua.cert_dir")
             _say_what_clients_refuse(cert)
             return cert, key
-        if (problem := cert_dir_problem(directory)) is not None:
-            raise KeyFileError(problem)
-        directory.mkdir(mode=0o750, parents=True, exist_ok=True)
-        private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        pem = private.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
-        )
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-        cert.write_bytes(_self_signed(private).public_bytes(serialization.Encoding.DER))
-        cert.chmod(0o644)
     except OSError as e:
-        raise KeyFileError(f"opcua.cert_dir: cannot make the server certificate in {directory}: {e.strerror or e}") from None
+        raise KeyFileError(f"opcua.cert_dir: cannot read the server certificate in {directory}: {e.strerror or e}") from None
+    if (problem := cert_dir_problem(directory)) is not None:
+        raise KeyFileError(problem)
+    try:
+        _make_pair(directory, cert, key)
+    except OSError as e:
+        raise OutputFileError(
+            f"opcua.cert_dir: cannot make the server certificate in {directory}: {e.strerror or e}"
+        ) from None
     log.info("OPC UA: made the server certificate %s (clients must trust it) and its key %s", cert, key)
     return cert, key
+
+
+def _make_pair(directory: Path, cert: Path, key: Path) -> None:
+    """The pair made whole or not at all: both written beside their places and on the disk before
+    either is renamed there, the certificate first, so that a power cut leaves no pair, or the
+    certificate with its key beside it, which the next start puts in place (`_finish_pair`)."""
+    directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+    remove_parts(cert)
+    remove_parts(key)
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    )
+    der = _self_signed(private).public_bytes(serialization.Encoding.DER)
+    written: list[Path] = []
+    try:
+        for path, data, mode in ((key, pem, 0o600), (cert, der, 0o644)):
+            fd, part = part_file(path, mode)
+            written.append(part)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        key_part, cert_part = written
+        cert_part.chmod(0o644)  # whatever the umask: clients are given it
+        fsync_folder(directory)
+        os.replace(cert_part, cert)
+        written[1] = cert
+        os.replace(key_part, key)
+        fsync_folder(directory)
+    except BaseException:
+        for path in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise
+
+
+def _finishable(cert: Path, key: Path) -> bool:
+    """Whether ``cert`` is there without ``key`` only because a power cut stopped `_make_pair` between
+    its renames: the key, made and synced with it, is still beside it."""
+    return cert.is_file() and not key.exists() and len(parts_of(key)) == 1
+
+
+def _finish_pair(cert: Path, key: Path) -> None:
+    """Put in place the key a power cut left beside its certificate (`_finishable`)."""
+    if _finishable(cert, key):
+        os.replace(parts_of(key)[0], key)
+        fsync_folder(key.parent)
+        log.info("OPC UA: put in place the server key %s, made with its certificate before a power cut", key)
 
 
 def _say_what_clients_refuse(cert: Path) -> None:
@@ -442,7 +490,13 @@ class UaServer:
         self.requesting = tuple(requesting)
         self.offer: Offer | None = None  # set by the loop's thread (`Output.carry_requests`)
         self.users = Users(read_users(cfg.users_file) if cfg.users_file is not None else None)
-        self._cert = server_certificate(cfg.cert_dir) if cfg.secured else None
+        self._cert: tuple[Path, Path] | None = None
+        self._unmade: OutputFileError | None = None  # the disk took no certificate: made again in `_serve`
+        if cfg.secured:
+            try:
+                self._cert = server_certificate(cfg.cert_dir)
+            except OutputFileError as e:
+                self._unmade = e
         self._reply_s = trigger_timeout_s + REPLY_MARGIN_S
         self._lock = threading.Lock()
         self._changes: deque[Change] = deque()
@@ -519,6 +573,10 @@ class UaServer:
             self._loop.close()
 
     async def _serve(self) -> None:
+        if self._unmade is not None:
+            self._cert = await self._certificate(self._unmade)
+            if self._cert is None:  # closed while waiting
+                return
         server = Server(user_manager=self.users)
         await server.init()
         server.set_server_name(f"edged on {socket.gethostname()}")
@@ -557,6 +615,20 @@ class UaServer:
         finally:
             self._server = None
             await server.stop()
+
+    async def _certificate(self, failed: OutputFileError) -> tuple[Path, Path] | None:
+        """The certificate and key that ``failed`` to be made when the server was set up (a full or
+        read-only disk), made again every `BIND_RETRY_S` until the disk takes them, as a taken
+        address is tried again: the server starts then, and every other output goes on meanwhile.
+        None once closed."""
+        log.error("OPC UA: %s; every other output goes on; retrying every %.0f s", failed, BIND_RETRY_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), BIND_RETRY_S)
+
+        async def attempt() -> tuple[Path, Path]:
+            return server_certificate(self.cfg.cert_dir)
+
+        return await retry_bind(attempt, self._stop, lambda _: None, errors=(OutputFileError,))
 
     async def _listenable(self) -> bool:
         """Wait until ``opcua.listen`` can be bound (held by another program, or an edged still

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import tempfile
 from pathlib import Path
 
+import cv2
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx_models import colour_probe, dynamic_probe
+from daemon import RunningDaemon, free_port, run_cli, write_config
+from filesystems import fill, read_only_folder, tmpfs
+from onnx_models import PROBE_BOX, colour_probe, dynamic_probe, solid_frame
 
+import edged.engine as engine_module
 from edged.config import ProviderConfig, RuntimeConfig
 from edged.engine import HAS_ASSIGNMENT_RECORD, Engine, resolve_providers
 from edged.errors import ContractError, ModelError
+from edged.messages import DetectionsMessage
 
 
 @pytest.fixture
@@ -128,6 +136,28 @@ def test_placement_comes_from_ort_assignment_record_or_else_its_profile(probe: P
         assert f"onnxruntime {ort.__version__} keeps no assignment record" in placement.basis
 
 
+@pytest.mark.parametrize("disk", ["full", "read-only"])
+def test_placement_from_a_profile_the_temp_folder_cannot_hold_is_said_unknown(
+    probe: Path, tmp_path: Path, disk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before 1.26 (scripts/test-floor) `edged check` reads the placement from ORT's profile in the temp
+    folder: before, a full one ended it in a traceback (the profile cut short), a read-only one too."""
+    monkeypatch.setattr(engine_module, "HAS_ASSIGNMENT_RECORD", False)
+    folder, why = tmp_path / "tmp", "(cut short; 0 bytes free there)"
+    with contextlib.ExitStack() as stack:
+        if disk == "read-only":
+            why = f"({os.strerror(stack.enter_context(read_only_folder(folder)))})"
+        else:
+            if not stack.enter_context(tmpfs(folder, "size=64k")):
+                pytest.skip("a small tmpfs needs root and mount")
+            fill(folder / "filler")
+        monkeypatch.setattr(tempfile, "tempdir", str(folder))  # the temp folder, as TMPDIR or /tmp would be
+        engine = Engine(probe, RuntimeConfig(), record_placement=True)
+        assert _box(engine) == PROBE_BOX
+        (line,) = [value for label, value in engine.report() if label == "placement"]
+        assert line.startswith("not known: ") and str(folder) in line and line.endswith(why), line
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -170,3 +200,144 @@ def test_optimised_model_cache_is_written_then_used(probe: Path, tmp_path: Path,
     with caplog.at_level(logging.INFO):
         Engine(other, cfg)
     assert "missing or stale" in caplog.text
+
+
+def _box(engine: Engine) -> tuple[float, ...]:
+    """The probe's box (cx, cy, w, h) as ``engine`` runs it on a red input."""
+    tensor = np.zeros((1, 3, 64, 64), np.float32)
+    tensor[0, 0] = 1.0
+    binding = engine.bind(tensor)
+    binding.run()
+    return tuple(float(v) for v in binding.outputs[0][0, :4, 0])
+
+
+def _damaged(data: bytes, damage: str) -> bytes:
+    """The cache as a power cut (or a failing card) may leave it: cut short, or zeros where the probe's box was."""
+    if damage == "cut short":
+        return data[: len(data) // 2]
+    box = np.array([PROBE_BOX], np.float32).tobytes()
+    assert data.count(box) == 1
+    return data.replace(box, bytes(len(box)))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "zeros"])
+def test_a_cache_damaged_on_the_disk_is_rebuilt_never_run(
+    probe: Path, tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its stamp is intact: only the digest it records tells. Before, the cut one stopped the daemon with
+    exit 78, and the one with zeros was run: boxes of size 0."""
+    cache = tmp_path / "probe.opt.onnx"
+    cfg = RuntimeConfig(optimized_model_path=cache)
+    Engine(probe, cfg)
+    cache.write_bytes(_damaged(cache.read_bytes(), damage))
+    with caplog.at_level(logging.WARNING):
+        engine = Engine(probe, cfg)
+    assert _box(engine) == PROBE_BOX
+    assert [r.getMessage() for r in caplog.records] == [
+        f"optimised-model cache {cache} is not what {cache}.json says was written (cut short or damaged, as by "
+        "a power cut): rebuilding it"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        again = Engine(probe, cfg)  # rebuilt whole: loaded, and right
+    assert f"loading optimised model from cache {cache}" in caplog.text
+    assert _box(again) == PROBE_BOX
+
+
+def _unwritable(where: str, folder: Path) -> tuple[Path, str]:
+    """A cache path in ``folder`` that cannot be written as ``where`` says, and the reason the warning gives."""
+    if where == "full":
+        fill(folder / "filler")
+        return folder / "probe.opt.onnx", "onnxruntime could not save it: "
+    if where == "no folder":
+        return folder / "gone" / "probe.opt.onnx", "(No such file or directory)"
+    if where == "a file for its folder":
+        (folder / "file").write_text("")
+        return folder / "file" / "probe.opt.onnx", "(Not a directory)"
+    (folder / "probe.opt.onnx").mkdir()  # a folder for the cache
+    return folder / "probe.opt.onnx", "(Is a directory)"
+
+
+@pytest.mark.parametrize("where", ["full", "read-only", "no folder", "a file for its folder", "a folder for the cache"])
+def test_a_cache_that_cannot_be_written_is_said_once_and_the_model_served(
+    probe: Path, tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, each stopped the daemon with exit 78, as if the model were broken."""
+    folder = tmp_path / "cache"
+    with contextlib.ExitStack() as stack:
+        if where == "read-only":
+            code = stack.enter_context(read_only_folder(folder))
+            cache, why = folder / "probe.opt.onnx", f"({os.strerror(code)})"
+        else:
+            if where == "full" and not stack.enter_context(tmpfs(folder, "size=64k")):
+                pytest.skip("a small tmpfs needs root and mount")
+            folder.mkdir(exist_ok=True)
+            cache, why = _unwritable(where, folder)
+        with caplog.at_level(logging.WARNING):
+            engine = Engine(probe, RuntimeConfig(optimized_model_path=cache))
+        assert _box(engine) == PROBE_BOX
+        (warning,) = [r.getMessage() for r in caplog.records]
+        assert warning.startswith(f"cannot write the optimised-model cache runtime.optimized_model_path {cache} ")
+        assert why in warning and warning.endswith("the model is served without it, and optimised again at the next start")
+        assert not [p for p in folder.rglob(".*part*")]  # nothing half written left behind
+
+
+def test_half_written_files_a_power_cut_left_beside_the_cache_are_removed(probe: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "probe.opt.onnx"
+    left = [tmp_path / ".probe.opt.123-abcdef01.part.onnx", tmp_path / ".probe.opt.onnx.123-abcdef01.part.json"]
+    for path in left:
+        path.write_bytes(b"\0" * 100)
+    Engine(probe, RuntimeConfig(optimized_model_path=cache))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["probe.onnx", "probe.opt.onnx", "probe.opt.onnx.json"]
+
+
+def _daemon_config(tmp_path: Path, cache: Path, endpoint: str) -> Path:
+    (tmp_path / "imgs").mkdir()
+    cv2.imwrite(str(tmp_path / "imgs" / "red.png"), solid_frame((0, 0, 255)))
+    return write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "images", "path": str(tmp_path / "imgs"), "fps": 20.0, "loop": True},
+            "model": {"path": str(tmp_path / "probe.onnx")},
+            "runtime": {"optimized_model_path": str(cache)},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+            "thermal": {"enabled": False},
+        },
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fault", ["full", "read-only", "zeros"])
+def test_the_daemon_serves_the_model_whatever_its_cache_disk_does(probe: Path, tmp_path: Path, fault: str) -> None:
+    """`edged check` and `edged run` on a cache that cannot be written, or was damaged: one warning, and the
+    model's own boxes. Before, the first two exited 78 and the third published boxes of size 0."""
+    folder = tmp_path / "cache"
+    with contextlib.ExitStack() as stack:
+        if fault == "read-only":
+            stack.enter_context(read_only_folder(folder))
+        elif fault == "full":
+            if not stack.enter_context(tmpfs(folder, "size=64k")):
+                pytest.skip("a small tmpfs needs root and mount")
+            fill(folder / "filler")
+        else:
+            folder.mkdir()
+            Engine(probe, RuntimeConfig(optimized_model_path=folder / "probe.opt.onnx"))
+            cache = folder / "probe.opt.onnx"
+            cache.write_bytes(_damaged(cache.read_bytes(), "zeros"))
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        config = _daemon_config(tmp_path, folder / "probe.opt.onnx", endpoint)
+        if fault != "zeros":  # check rebuilds a damaged cache: the daemon would find it whole
+            checked = run_cli("check", "--config", str(config), "--no-bind", timeout=120)
+            assert checked.returncode == 0, checked.stderr
+            assert checked.stderr.count("runtime.optimized_model_path") == 1, checked.stderr
+        daemon = RunningDaemon(config, endpoint)
+        try:
+            (message,) = daemon.collect("detections", 1, timeout=60)
+            assert isinstance(message, DetectionsMessage)
+            assert [(d.label, d.box) for d in message.detections] == [("red", (48.0, 20.0, 80.0, 44.0))], daemon.log()
+            assert daemon.stop(timeout=15) == 0, daemon.log()
+        finally:
+            daemon.close()
+        log = daemon.log_path.read_text()
+        said = "is not what" if fault == "zeros" else "cannot write the optimised-model cache"
+        assert log.count(said) == 1 and log.count("WARNING") == 1, log

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import tracemalloc
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 from allocations import NumpyAllocations
 from daemon import RunningDaemon, free_port, run_cli, write_config
-from onnx_models import colour_probe, dynamic_probe
+from filesystems import fill, tmpfs
+from onnx_models import PROBE_BOX, colour_probe, dynamic_probe, solid_frame
 
 from edged.anomaly import Anomaly
 from edged.config import ModelConfig, RuntimeConfig
@@ -242,12 +244,14 @@ def test_the_full_path_accumulates_nothing_after_warm_up() -> None:
 def test_the_compiled_model_is_cached_in_the_cache_folder_and_loaded_from_it(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     first = _load(DEMO, "openvino", cache_dir=cache)
-    blobs = sorted((cache / "openvino").glob("*.blob"))
+    folder = cache / "openvino" / first.engine.identity.short  # a folder per model
+    blobs = sorted(folder.glob("*.blob"))
     assert blobs, list(cache.rglob("*"))
-    assert dict(first.engine.report())["cache"] == str(cache / "openvino")
-    mtimes = [b.stat().st_mtime_ns for b in blobs]
+    assert dict(first.engine.report())["cache"] == str(folder)
+    written = [(b.stat().st_ino, b.stat().st_mtime_ns) for b in [*blobs, folder / "edged-cache.json"]]
     again = _load(DEMO, "openvino", cache_dir=cache)  # the same model and settings: read, not written again
-    assert sorted((cache / "openvino").glob("*.blob")) == blobs and [b.stat().st_mtime_ns for b in blobs] == mtimes
+    assert sorted(folder.glob("*.blob")) == blobs
+    assert [(b.stat().st_ino, b.stat().st_mtime_ns) for b in [*blobs, folder / "edged-cache.json"]] == written
     assert _detect(again, _scenes()[:1])[0].class_ids.tolist() == _detect(first, _scenes()[:1])[0].class_ids.tolist()
 
 
@@ -255,8 +259,66 @@ def test_the_cache_folder_is_the_services_cache_directory_by_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path))
-    _load(DEMO, "openvino")
-    assert list((tmp_path / "openvino").glob("*.blob"))
+    model = _load(DEMO, "openvino")
+    assert list((tmp_path / "openvino" / model.engine.identity.short).glob("*.blob"))
+
+
+def _probe_box(model: LoadedModel) -> tuple[float, ...]:
+    """The probe's box (cx, cy, w, h) as ``model`` runs it on a red input."""
+    tensor = np.zeros((1, 3, 64, 64), np.float32)
+    tensor[0, 0] = 1.0
+    binding = model.engine.bind(tensor)
+    binding.run()
+    return tuple(float(v) for v in binding.outputs[0][0, :4, 0])
+
+
+def _damage(blob: Path, damage: str) -> None:
+    """``blob`` as a power cut (or a failing card) may leave it: cut short, or zeros where the probe's box was."""
+    data = blob.read_bytes()
+    if damage == "cut short":
+        blob.write_bytes(data[: len(data) // 2])
+        return
+    box = np.array([PROBE_BOX], np.float32).tobytes()
+    assert data.count(box) == 1
+    blob.write_bytes(data.replace(box, bytes(len(box))))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "zeros"])
+def test_a_compiled_model_damaged_on_the_disk_is_removed_and_compiled_again(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OpenVINO compiles a cut one again unasked, but runs one with zeros in it: before, boxes of size 0."""
+    probe, cache = colour_probe(tmp_path / "probe.onnx"), tmp_path / "cache"
+    _load(probe, "openvino", cache_dir=cache)
+    (blob,) = cache.rglob("*.blob")
+    _damage(blob, damage)
+    with caplog.at_level(logging.WARNING):
+        model = _load(probe, "openvino", cache_dir=cache)
+    assert _probe_box(model) == PROBE_BOX
+    assert [r.getMessage() for r in caplog.records] == [
+        f"runtime.cache_dir: OpenVINO's compiled model {blob.name} in {blob.parent} is not as it was written (cut "
+        "short or damaged, as by a power cut): removed, the model is compiled again"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        again = _load(probe, "openvino", cache_dir=cache)  # compiled again whole, and recorded so
+    assert not caplog.records and _probe_box(again) == PROBE_BOX and list(cache.rglob("*.blob")) == [blob]
+
+
+def test_a_cache_openvino_cannot_write_on_a_full_disk_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """OpenVINO drops a blob it cannot write without a word: before, every start compiled, unsaid."""
+    probe, cache = colour_probe(tmp_path / "probe.onnx"), tmp_path / "cache"
+    with tmpfs(cache, "size=64k") as mounted:
+        if not mounted:
+            pytest.skip("a small tmpfs needs root and mount")
+        (cache / "openvino").mkdir()
+        fill(cache / "filler")
+        with caplog.at_level(logging.WARNING):
+            model = _load(probe, "openvino", cache_dir=cache)
+        assert _probe_box(model) == PROBE_BOX
+        (warning,) = [r.getMessage() for r in caplog.records]
+        assert warning.startswith("runtime.cache_dir: ") and str(cache / "openvino") in warning
+        assert warning.endswith("the model is compiled at every start")
 
 
 def test_a_signed_model_is_compiled_afresh_not_read_from_the_cache(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -313,7 +375,51 @@ def test_the_daemon_on_openvino_publishes_detections_over_zeromq(tmp_path: Path)
         assert daemon.stop(timeout=15) == 0, daemon.log()
     finally:
         daemon.close()
-    assert list((tmp_path / "cache" / "openvino").glob("*.blob"))
+    assert list((tmp_path / "cache" / "openvino").glob("demo@*/*.blob"))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fault", ["full", "zeros"])
+def test_the_daemon_on_openvino_serves_the_model_whatever_its_cache_disk_does(tmp_path: Path, fault: str) -> None:
+    """`edged check` and `edged run` on a cache that cannot be written, or was damaged: one warning, and the
+    model's own boxes. Before, the first was silent and the second published boxes of size 0."""
+    probe, cache = colour_probe(tmp_path / "probe.onnx"), tmp_path / "cache"
+    (tmp_path / "imgs").mkdir()
+    cv2.imwrite(str(tmp_path / "imgs" / "red.png"), solid_frame((0, 0, 255)))
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "images", "path": str(tmp_path / "imgs"), "fps": 20.0, "loop": True},
+            "model": {"path": str(probe), "engine": "openvino"},
+            "runtime": {"cache_dir": str(cache)},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+            "thermal": {"enabled": False},
+        },
+    )
+    with contextlib.ExitStack() as stack:
+        if fault == "full":
+            if not stack.enter_context(tmpfs(cache, "size=64k")):
+                pytest.skip("a small tmpfs needs root and mount")
+            fill(cache / "filler")
+            checked = run_cli("check", "--config", str(config), "--no-bind", timeout=120)
+            assert checked.returncode == 0, checked.stderr
+            assert checked.stderr.count("runtime.cache_dir") == 1, checked.stderr
+        else:
+            _load(probe, "openvino", cache_dir=cache)
+            (blob,) = cache.rglob("*.blob")
+            _damage(blob, "zeros")
+        daemon = RunningDaemon(config, endpoint)
+        try:
+            (message,) = daemon.collect("detections", 1, timeout=60)
+            assert isinstance(message, DetectionsMessage)
+            assert [(d.label, d.box) for d in message.detections] == [("red", (48.0, 20.0, 80.0, 44.0))], daemon.log()
+            assert daemon.stop(timeout=15) == 0, daemon.log()
+        finally:
+            daemon.close()
+        log = daemon.log_path.read_text()
+        said = "is not as it was written" if fault == "zeros" else "could not write its compiled model"
+        assert log.count(said) == 1 and log.count("WARNING") == 1, log
 
 
 @pytest.mark.integration

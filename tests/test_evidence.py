@@ -24,6 +24,7 @@ from edged.config import Settings, load_config
 from edged.decode import Detections
 from edged.errors import ConfigError
 from edged.evidence import (
+    CLOCK_RECORD,
     QUEUE_FRAMES,
     EvidenceFrame,
     EvidenceOutput,
@@ -927,6 +928,34 @@ def test_a_clock_stepped_forward_while_edged_was_stopped_deletes_no_frame_at_the
     now = real()
     assert restarted.prune(now + 29 * 86400) == 0
     assert restarted.prune(now + 31 * 86400) == 3
+
+
+def test_a_clock_record_that_holds_no_time_is_written_again_and_a_later_step_is_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The camera folder's clock record of this boot says NaN (Python's JSON reader takes it). Before,
+    it was taken as the clock the images were stamped on: every step compared with it came out NaN,
+    so NTP setting the clock 200 days forward while edged ran was not followed, and the frames saved
+    before it were deleted as 200 days old."""
+    (tmp_path / "cam0").mkdir()
+    record = tmp_path / "cam0" / CLOCK_RECORD
+    record.write_text(json.dumps({"boot_id": boot_id(), "wall_less_boot_s": float("nan")}))
+    real = time.time
+    behind_s = 200 * 86400.0
+    monkeypatch.setattr(time, "time", lambda: real() - behind_s)  # the wall clock as the board booted
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    store.open()
+    assert json.loads(record.read_text())["wall_less_boot_s"] == pytest.approx(store.clock_s)  # a time again
+    for i in range(3):
+        store.save(frame(i, t_ns=time.time_ns() - round(behind_s * 1e9)), 95)
+    for image in tmp_path.rglob("*.jpg"):  # the kernel stamps them on the clock the board runs on
+        stamp = image.stat().st_mtime - behind_s
+        os.utime(image, (stamp, stamp))
+    monkeypatch.setattr(time, "time", real)  # NTP steps the clock 200 days forward
+    store.follow_clock()
+    now = real()
+    assert store.prune(now + 29 * 86400) == 0
+    assert store.prune(now + 31 * 86400) == 3
 
 
 def _saved_in_1970(root: Path, monkeypatch: pytest.MonkeyPatch, count: int) -> None:

@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config
+from filesystems import fill, tmpfs
 from onnx_models import colour_probe
 from reports import inspecting, ng_report
 from test_clock_steps import FAKETIME, needs_faketime
@@ -43,16 +44,19 @@ from test_trigger import ready, running
 from waiting import wait_for
 
 from edged.config import Settings, load_config
-from edged.errors import ConfigError, KeyFileError
+from edged.errors import EXIT_CONFIG, ConfigError, KeyFileError, OutputFileError
 from edged.journal import JournalOutput
 from edged.messages import TriggerError, VerdictMessage, parse_message
 from edged.model import load_model
 from edged.opcua import OpcuaOutput, describe, opcua_problems, try_listen
 from edged.opcua_server import (
+    CERT_FILE,
+    KEY_FILE,
     VARIABLES,
     BoundedLog,
     UaServer,
     application_uri,
+    cert_dir_problem,
     quiet_asyncua,
     read_users,
     server_certificate,
@@ -435,6 +439,29 @@ def test_a_busy_port_at_run_is_logged_and_retried_while_verdicts_go_on_and_serve
 
 
 @pytest.mark.integration
+def test_a_disk_that_takes_no_certificate_at_run_is_retried_while_verdicts_go_on_and_served_once_it_does(
+    tmp_path: Path,
+) -> None:
+    """The certificate is made at the first start: on a full disk that was exit 78, as if the configuration
+    were wrong, and systemd would not start edged again once the disk was freed."""
+    port, users, state = free_port(), _users(tmp_path), tmp_path / "state"
+    with tmpfs(state, "size=64k") as mounted:
+        if not mounted:
+            pytest.skip("a small tmpfs needs root and mount")
+        fill(state / "filler")
+        opcua = {"listen": url(port), "users_file": str(users), "cert_dir": str(state / "opcua")}
+        with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua=opcua) as d:
+            ready(d, frames=3)
+            assert wait_for(lambda: "cannot make the server certificate" in d.log(), 30), d.log()
+            status = d.wait_status(lambda s: s.frames_processed >= 6)
+            assert status.opcua is not None and not status.opcua.serving
+            (state / "filler").unlink()
+            serving(d)
+            assert d.log().count("cannot make the server certificate") == 1, d.log()  # said once, not at every try
+            assert (state / "opcua" / CERT_FILE).is_file() and (state / "opcua" / KEY_FILE).is_file()
+
+
+@pytest.mark.integration
 def test_fifty_clients_and_one_that_never_reads_stay_bounded(tmp_path: Path) -> None:
     port = free_port()
     with running(tmp_path, trigger={"mode": "free"}, inspect={}, opcua={"listen": url(port), "max_clients": 10}) as d:
@@ -562,6 +589,38 @@ def test_the_certificate_is_made_once_and_half_a_pair_is_refused(tmp_path: Path)
     key.unlink()
     with pytest.raises(KeyFileError, match=re.escape("holds only one of server.der and server.pem")):
         server_certificate(tmp_path / "opcua")
+
+
+def test_a_disk_that_takes_no_certificate_leaves_nothing_behind_and_is_no_setup_error(tmp_path: Path) -> None:
+    """Before: a KeyFileError (exit 78, not restarted) and an empty key left behind, which the next start,
+    the disk freed, refused as half a pair (exit 78 again) until someone removed it."""
+    folder = tmp_path / "state"
+    with tmpfs(folder, "size=64k") as mounted:
+        if not mounted:
+            pytest.skip("a small tmpfs needs root and mount")
+        fill(folder / "filler")
+        with pytest.raises(OutputFileError, match="No space left on device") as refused:
+            server_certificate(folder / "opcua")
+        assert str(refused.value).startswith(f"opcua.cert_dir: cannot make the server certificate in {folder / 'opcua'}: ")
+        assert refused.value.exit_code != EXIT_CONFIG
+        assert list((folder / "opcua").iterdir()) == [] and cert_dir_problem(folder / "opcua") is None
+        (folder / "filler").unlink()
+        assert server_certificate(folder / "opcua") == (folder / "opcua" / CERT_FILE, folder / "opcua" / KEY_FILE)
+        assert sorted(p.name for p in (folder / "opcua").iterdir()) == [CERT_FILE, KEY_FILE]
+
+
+def test_a_power_cut_between_placing_the_certificate_and_its_key_is_finished_at_the_next_start(tmp_path: Path) -> None:
+    """Both are on the disk before either is renamed into place, the certificate first: a power cut
+    between leaves the key whole beside it, put in place when the configuration loads, not half a pair."""
+    made_cert, made_key = server_certificate(tmp_path / "made")
+    folder = tmp_path / "opcua"
+    folder.mkdir()
+    shutil.copy(made_cert, folder / CERT_FILE)
+    shutil.copy(made_key, folder / f".server.123-0badcafe.part{Path(KEY_FILE).suffix}")
+    assert cert_dir_problem(folder) is None
+    cert, key = server_certificate(folder)
+    assert cert.read_bytes() == made_cert.read_bytes() and key.read_bytes() == made_key.read_bytes()
+    assert sorted(p.name for p in folder.iterdir()) == [CERT_FILE, KEY_FILE]
 
 
 @needs_faketime

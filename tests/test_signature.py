@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import os
 import shlex
@@ -184,10 +185,11 @@ def test_a_signed_model_is_never_run_from_the_optimised_model_cache(
     cache = tmp_path / "scene.opt.onnx"
     runtime = RuntimeConfig(optimized_model_path=cache)
     unsigned = load_model(ModelConfig(path=model), runtime)  # writes the cache and its stamp
-    stamp = cache.with_name(cache.name + ".json").read_text()
+    stamp_path = cache.with_name(cache.name + ".json")
+    stamp = json.loads(stamp_path.read_text())
     other = fixed_scene(tmp_path / "other.onnx", [(40.0, 40.0, 10.0, 10.0, 2, 0.8)])
-    cache.write_bytes(other.read_bytes())  # the stamp left as it was: it names the signed model
-    assert cache.with_name(cache.name + ".json").read_text() == stamp
+    cache.write_bytes(other.read_bytes())  # the stamp still names the signed model; its digest is the swapped file's
+    stamp_path.write_text(json.dumps({**stamp, "cache_sha256": hashlib.sha256(other.read_bytes()).hexdigest()}))
     frame = np.zeros(unsigned.contract.shape, np.float32)
     assert unsigned.engine.infer(frame)[0][0, 4:, 0].tolist() == pytest.approx([0.0, 0.9, 0.0])
     assert load_model(ModelConfig(path=model), runtime).engine.infer(frame)[0][0, 4:, 0].tolist() == pytest.approx(
