@@ -59,7 +59,7 @@ from edged.reject import check_lines
 from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SourceBase, mask_credentials
-from edged.shadow import candidate_model_config, incomparable
+from edged.shadow import candidate_model_config, candidate_runtime, incomparable
 from edged.sources.base import Frame
 from edged.sources.registry import open_source
 from edged.verdict import AnomalyInspector, ClassInspector, Inspector
@@ -179,7 +179,7 @@ def _candidate(settings: Settings, live: LoadedModel) -> str | None:
     if cfg is None:
         return None
     try:
-        model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
+        model = load_model(candidate_model_config(settings.model, cfg), candidate_runtime(settings.runtime))
     except EdgedError as e:
         raise _unloadable(e) from None
     if (why := incomparable(live, model)) is not None:

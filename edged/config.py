@@ -295,8 +295,9 @@ class RuntimeConfig(Section):
     )
     optimized_model_path: Path | None = Field(
         None,
-        description="Cache of the optimised graph: written on first start, loaded after while it holds what was "
-        "written; one that cannot be written or read is a warning, never a refused start.",
+        description="Cache of model.path's optimised graph (a candidate's is not kept): written on first start, "
+        "loaded after while it holds what was written; one that cannot be written or read is a warning, never a "
+        "refused start.",
     )
     cache_dir: Path | None = Field(
         None,

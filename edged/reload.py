@@ -36,7 +36,7 @@ from edged.journal import JournalOutput
 from edged.model import LoadedModel, fallback_runtime, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.settings.sources import SourceBase
-from edged.shadow import Followed, FollowFor, Shadow, Swap
+from edged.shadow import Followed, FollowFor, Shadow, Swap, candidate_runtime
 from edged.sources.base import Frame
 from edged.wake import Waker
 
@@ -311,7 +311,8 @@ def load_fallback(
     """``live`` loaded again with ``runtime`` (`edged.model.fallback_runtime`), without ``failing``, and
     its path for each of ``sources``, the running cameras'; raises an EdgedError when either cannot be
     made. ``follow`` then loads the candidate's models beside it (`edged.shadow.Shadow.follower`)."""
-    model = load_model(live.cfg, runtime, lanes=running.lanes())  # a promoted candidate's own model settings
+    promoted = live.cfg.path != running.model.path  # a promoted candidate: its own model settings and runtime
+    model = load_model(live.cfg, candidate_runtime(runtime) if promoted else runtime, lanes=running.lanes())
     settings = running.model_copy(update={"runtime": runtime})
     swap = Swap(model, {cfg.camera_id: frame_path(settings, model, cfg) for cfg in sources})
     candidate = follow(settings, swap) if follow is not None else None

@@ -33,7 +33,7 @@ import numpy as np
 from edged.anomaly import Anomaly
 from edged.camera import Camera
 from edged.classify import Classes
-from edged.config import CandidateConfig, ModelConfig, Settings
+from edged.config import CandidateConfig, ModelConfig, RuntimeConfig, Settings
 from edged.decode import Detections
 from edged.errors import EdgedError
 from edged.evidence import EvidenceWriter
@@ -76,6 +76,14 @@ def incomparable(live: LoadedModel, candidate: LoadedModel) -> str | None:
                 "compares classes by id; export the candidate with the live model's class order"
             )
     return None
+
+
+def candidate_runtime(live: RuntimeConfig) -> RuntimeConfig:
+    """The candidate's runtime settings: the live model's without the optimised-model cache, which is
+    the live model's. Two models given one cache each found the other's graph in it and wrote their
+    own: at every start both were optimised again, the cache written twice (an SD card's wear), and
+    the live model never started from it."""
+    return live.model_copy(update={"optimized_model_path": None})
 
 
 def candidate_model_config(live: ModelConfig, candidate: CandidateConfig) -> ModelConfig:
@@ -378,7 +386,7 @@ class Shadow:
             live.class_names,
         )
         try:
-            model = load_model(candidate_model_config(settings.model, cfg), settings.runtime)
+            model = load_model(candidate_model_config(settings.model, cfg), candidate_runtime(settings.runtime))
             if (why := incomparable(live, model)) is not None:
                 self._fail(f"the candidate cannot be tried: {why}")
                 return

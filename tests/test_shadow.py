@@ -306,3 +306,17 @@ def test_before_any_live_frame_the_report_says_no_delay(tmp_path: Path) -> None:
     s = settings(tmp_path, SCENE)
     report = Shadow(s, s.model.candidate, load_model(s.model, s.runtime)).report()  # type: ignore[arg-type]
     assert (report.live_frames, report.live_delayed, report.live_delay_ms, report.live_delay) == (0, 0, None, None)
+
+
+def test_a_candidate_leaves_the_live_models_optimised_model_cache_to_it(tmp_path: Path) -> None:
+    # Both models were given runtime.optimized_model_path: each found the other's graph there and wrote
+    # its own, so every start optimised both, wrote the cache twice and never started the live one from it.
+    s = settings(tmp_path, SCENE[:2])
+    s = s.model_copy(update={"runtime": s.runtime.model_copy(update={"optimized_model_path": tmp_path / "opt.onnx"})})
+    live = load_model(s.model, s.runtime)
+    stamp = tmp_path / "opt.onnx.json"
+    written = (stamp.read_bytes(), (tmp_path / "opt.onnx").read_bytes())
+    shadow = Shadow(s, s.model.candidate, live)  # type: ignore[arg-type]
+    assert shadow.model is not None and shadow.state != "failed"
+    assert (stamp.read_bytes(), (tmp_path / "opt.onnx").read_bytes()) == written
+    assert sorted(p.name for p in tmp_path.glob("opt*")) == ["opt.onnx", "opt.onnx.json"]
