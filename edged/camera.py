@@ -37,6 +37,8 @@ from edged.wake import Waker
 log = logging.getLogger(__name__)
 
 Topic = Literal["detections", "verdict", "status"]  # a camera's topics, each with a seq of its own
+REJECT_LOG_INTERVAL_S = 10.0  # a folder's rejected images: one named per interval at most, the counter has the rest
+FILES_REMEMBERED = 10_000  # the files whose rejection was said, each said once; the oldest forgotten past this
 
 
 def start_capture(cfg: SourceBase, priority: CapturePriority, wake: Waker) -> Capture:
@@ -91,6 +93,8 @@ class Camera:
         self._seq: dict[str, Iterator[int]] = previous._seq if previous else {t: itertools.count() for t in get_args(Topic)}
         self.served_s: float = previous.served_s if previous else 0.0  # when its last frame was taken
         self._due_s = 0.0  # the rate cap lets its next frame be taken from then on
+        self._rejections: LogRate = previous._rejections if previous else LogRate(REJECT_LOG_INTERVAL_S)
+        self._rejected_files: dict[str, None] = previous._rejected_files if previous else {}  # in the order said
 
     def due(self, now_s: float) -> bool:
         """The rate cap lets this camera's next frame be taken now."""
@@ -133,7 +137,7 @@ class Camera:
 
     def reject(self, rejected: Rejected, errors: LogRate) -> int:
         """Count a frame that was not processed and say why: an inference failure as ``errors``
-        allows, an unfit frame the first time; returns 1 for an inference failure, else 0."""
+        allows, an unfit frame as `_says_rejected` decides; returns 1 for an inference failure, else 0."""
         self.stats.drop(rejected.reason)
         count, frame_id = self.stats.drops[rejected.reason], rejected.frame.frame_id
         if rejected.reason == "inference_error":
@@ -144,13 +148,31 @@ class Camera:
                     extra={"CAMERA": self.id, "FRAME": frame_id, "STAGE": "inference"},
                 )
             return 1
-        if count == 1:
+        if self._says_rejected(rejected.frame.source_file, count):
+            name, detail = rejected.frame.source_file, rejected.detail
+            if name is not None and not detail.startswith(f"{name}: "):
+                detail = f"{name}: {detail}"
             log.warning(
                 "camera %s: frame %d rejected (%s): %s",
-                *(self.id, frame_id, rejected.reason.removeprefix("bad_frame_"), rejected.detail),
+                *(self.id, frame_id, rejected.reason.removeprefix("bad_frame_"), detail),
                 extra={"CAMERA": self.id, "FRAME": frame_id, "STAGE": "contract"},
             )
         return 0
+
+    def _says_rejected(self, name: str | None, count: int) -> bool:
+        """Whether an unfit frame is logged. A camera's frames are all alike: its first says it, the
+        counter the rest. A frame read from file ``name`` (an image folder) is that file's: each
+        file is named the first time, so that a second image too large for the model is not
+        counted unnamed, but at most one line per `REJECT_LOG_INTERVAL_S` (a folder of thousands is
+        no flood); a file passed over then is named on a later pass."""
+        if name is None:
+            return count == 1
+        if name in self._rejected_files or not self._rejections.allows():
+            return False
+        self._rejected_files[name] = None
+        if len(self._rejected_files) > FILES_REMEMBERED:
+            del self._rejected_files[next(iter(self._rejected_files))]
+        return True
 
     def next_seq(self, kind: Topic) -> int:
         """The next ``seq`` on this camera's topic of ``kind``: gapless per camera and topic."""

@@ -8,7 +8,8 @@ frames the consumer may take decoded: under a model slower than the camera, or a
 cap, decoding frames that a newer one replaces before they are taken is heat for nothing.
 A network stream (a source with ``timeouts``) is called stalled when no new frame has come for
 its limit on this clock, whatever its reads said: a frozen RTSP server can make a read block and
-then return old frames as if all were well.
+then return old frames as if all were well. A frame larger than edged takes loses the camera
+before it goes further, as a failed read does.
 
 All timing goes through an injectable monotonic clock and wait, so pacing, backoff and the
 heartbeat are exact under a test clock.
@@ -37,6 +38,7 @@ from edged.sources.base import (
     Frame,
     Source,
     SplitSource,
+    frame_size_problem,
     frames_vary_in_size,
     keeps_every_frame,
     names_frames,
@@ -99,6 +101,15 @@ class StallWatch:
         if waited_ns > self._allowed_ns:
             raise SourceError(f"stalled: no new frame for {waited_ns / 1e9:.1f} s (allowed {self._allowed_ns / 1e9:g} s)")
         self._last_ns, self._allowed_ns = now_ns, self._between_ns
+
+
+def _refuse_oversize(width: int, height: int) -> None:
+    """`SourceError` for a frame larger than edged takes (`frame_size_problem`), before it goes further: the
+    camera is then lost and retried like one that cannot be read. The sources that know the size before
+    decoding refuse such a stream when it opens; this is for the others (a size known only from a frame,
+    a camera that changed its size)."""
+    if (problem := frame_size_problem(width, height)) is not None:
+        raise SourceError(f"the camera delivered frames of {problem} (set it to a lower resolution)")
 
 
 class Capture:
@@ -408,6 +419,8 @@ class Capture:
     def _deliver(
         self, index: int, image: np.ndarray, t_capture_ns: int, order: Literal["bgr", "rgb"], name: str | None = None
     ) -> None:
+        if image.shape != self._frames.shape and image.ndim >= 2:
+            _refuse_oversize(image.shape[1], image.shape[0])
         previous = self._frames.adopt(index, image)
         if previous is not None:
             self._log_size_change(previous, image.shape)

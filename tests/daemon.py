@@ -6,6 +6,7 @@ import fcntl
 import itertools
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -145,6 +146,35 @@ def write_video(
         writer.write(frame)
     writer.release()
     return path
+
+
+def write_mjpeg(path: Path, width: int, height: int, frames: int = 3) -> Path:
+    """A video of ``frames`` black ``width`` x ``height`` JPEGs one after another (FFmpeg's raw MJPEG, as
+    an IP camera's HTTP stream is recorded): 1.6 MB a frame at 10000x10000, encoded from zeros never
+    written, so making it costs no such frame in memory."""
+    jpeg = cv2.imencode(".jpg", np.zeros((height, width, 3), np.uint8))[1].tobytes()
+    path.write_bytes(jpeg * frames)
+    return path
+
+
+MEMORY_LIMIT_ENV = {"MALLOC_ARENA_MAX": "2"}  # address space reserved per thread, whatever the cores: see `limit_memory`
+
+
+def limit_memory(pid: int, limit_bytes: int) -> None:
+    """Cap a daemon's address space (RLIMIT_AS) at ``limit_bytes``: an allocation past it fails instead of
+    taking the machine's memory. Set from outside as soon as it starts, long before its first frame (a
+    preexec_fn may deadlock a child forked beside threads); start it with `MEMORY_LIMIT_ENV`, so that
+    glibc's arenas, 64 MB of address space each and one per thread up to 8 per core, do not make the
+    limit depend on the machine's cores."""
+    resource.prlimit(pid, resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def peak_rss_kb(pid: int) -> int:
+    """A running process's peak resident memory (VmHWM) in KB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmHWM for process {pid}")
 
 
 def rss_kb(pid: int) -> int:

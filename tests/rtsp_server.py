@@ -4,7 +4,8 @@ Run as a script by Debian's own Python (``python3-gi`` and ``gir1.2-gst-rtsp-ser
 ``scripts/setup test``), on a free loopback port; `RtspServer` starts it, freezes it with SIGSTOP (a
 camera that stops sending but keeps its connection), thaws it with SIGCONT, and restarts it on the
 same port. MJPEG needs only GStreamer's base and good plugins, and FFmpeg decodes it with no codec
-extras.
+extras. RTP/JPEG carries at most 2040 pixels a side, so a larger stream is an MPEG-4 video file
+(`write_mpeg4`), served as it is, each client from its start.
 """
 
 from __future__ import annotations
@@ -21,19 +22,37 @@ WIDTH, HEIGHT, FPS = 160, 120, 15
 
 
 def launch_line(pattern: str) -> str:
-    """The server's media: a live ``videotestsrc`` of ``pattern`` as RTP/JPEG (payloader ``pay0``)."""
+    """The server's media: a live ``videotestsrc`` of ``pattern`` as RTP/JPEG (payloader ``pay0``),
+    or, for a ``pattern`` that is an .mp4 file's path, that file's MPEG-4 video as it is."""
+    if pattern.endswith(".mp4"):
+        return f"( filesrc location={pattern} ! qtdemux ! mpeg4videoparse ! rtpmp4vpay name=pay0 pt=96 config-interval=1 )"
     return (
         f"( videotestsrc is-live=true pattern={pattern} ! video/x-raw,format=I420,width={WIDTH},height={HEIGHT},"
         f"framerate={FPS}/1 ! jpegenc quality=90 ! rtpjpegpay name=pay0 pt=26 )"
     )
 
 
+def write_mpeg4(path: Path, width: int, height: int, frames: int, fps: float = 5.0) -> Path:
+    """An MPEG-4 video (OpenCV's FFmpeg, fourcc mp4v) of ``frames`` black frames, for `RtspServer`; up to
+    8191 pixels a side."""
+    import cv2  # here: the server itself runs under Debian's Python, which need not have them
+    import numpy as np
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), fps, (width, height))
+    assert writer.isOpened(), f"this OpenCV cannot write a {width}x{height} MPEG-4 video"
+    frame = np.zeros((height, width, 3), np.uint8)
+    for _ in range(frames):
+        writer.write(frame)
+    writer.release()
+    return path
+
+
 class RtspServer:
     """The server as a subprocess on ``port``, serving ``launch_line(pattern)`` at `MOUNT`; stopped by `close`."""
 
-    def __init__(self, port: int, pattern: str = "red") -> None:
+    def __init__(self, port: int, pattern: str | Path = "red") -> None:
         self.port = port
-        self.pattern = pattern
+        self.pattern = str(pattern)
         self.proc: subprocess.Popen[str] | None = None
         self.start()
 
@@ -90,7 +109,7 @@ def _serve(port: int, pattern: str) -> None:
     server.set_service(str(port))
     factory = GstRtspServer.RTSPMediaFactory()
     factory.set_launch(launch_line(pattern))
-    factory.set_shared(True)
+    factory.set_shared(not pattern.endswith(".mp4"))  # a file plays to its end: each client from its start
     server.get_mount_points().add_factory(MOUNT, factory)
     if server.attach(None) == 0:
         sys.exit(f"cannot listen on port {port}")

@@ -657,6 +657,48 @@ def test_size_change_mid_stream_reallocates_slots_and_keeps_the_held_frame(captu
     assert capture.stats().size_changes == 1
 
 
+class ResizingSource(FakeSource):
+    """A camera whose frames of ``before`` (height, width) become ``after`` at its frame ``resize_at``.
+    Never written (a new frame is ``np.zeros``, a later one the slot it is read into), so an 8K
+    frame costs no memory."""
+
+    def __init__(self, camera: FakeCamera, before: tuple[int, int], after: tuple[int, int]) -> None:
+        super().__init__(camera)
+        self.sizes = before, after
+
+    def read(self, out: np.ndarray | None) -> np.ndarray | None:
+        cam = self.camera
+        shape = (*self.sizes[cam.resize_at is not None and cam.served >= cam.resize_at], 3)
+        cam.served += 1
+        return out if out is not None and out.shape == shape else np.zeros(shape, np.uint8)
+
+
+@pytest.mark.parametrize(
+    ("fits", "over", "why"),
+    [
+        ((4320, 7680), (4320, 7681), "7681x4320 pixels, over the 33177600 pixels (7680x4320) edged takes"),
+        ((506, 65535), (1, 65536), "65536x1 pixels, a side longer than the 65535 edged takes"),
+    ],
+)
+def test_frames_over_the_limit_lose_the_camera_before_one_reaches_the_consumer_and_it_is_retried(
+    captures: Captures, fits: tuple[int, int], over: tuple[int, int], why: str
+) -> None:
+    # A camera or stream whose size is known only from its frames (or that changed it) had such frames
+    # handed on: the slots, then a plan, made for them (a 10000x10000 frame is 300 MB as BGR).
+    camera = FakeCamera(fps=100.0, resize_at=2)
+    capture, clock = captures.on_clock(lambda: ResizingSource(camera, fits, over), backoff_initial_s=0.05)
+    clock.waiting(1)  # frame 0 delivered, at the limit
+    clock.step(2)  # frame 1, then frame 2 of the larger size
+    stats = capture.stats()
+    assert stats.state == "lost" and stats.last_error is not None and why in stats.last_error
+    assert stats.frames_captured == 2 and stats.read_errors == 1
+    frame = capture.take(timeout_s=0)
+    assert frame is not None and frame.frame_id == 1 and frame.image.shape == (*fits, 3)
+    clock.step()  # the backoff: reopened, and lost again at its first frame
+    assert len(camera.open_times) == 2 and capture.stats().reconnects == 1 and capture.state == "lost"
+    assert capture.take(timeout_s=0) is None
+
+
 class MixedSizesSource(FakeSource):
     """A source whose frames differ in size by nature, as an image folder's do."""
 

@@ -18,7 +18,20 @@ import daemon as daemon_ports
 import numpy as np
 import pytest
 import zmq
-from daemon import Message, RunningDaemon, free_port, rss_kb, run_cli, write_config, write_video
+from daemon import (
+    MEMORY_LIMIT_ENV,
+    Message,
+    RunningDaemon,
+    edged_command,
+    free_port,
+    limit_memory,
+    peak_rss_kb,
+    rss_kb,
+    run_cli,
+    write_config,
+    write_mjpeg,
+    write_video,
+)
 from filesystems import opening_stalled
 from jsonschema import Draft202012Validator
 from onnx_models import LABELS, colour_probe, failing_probe, nan_probe
@@ -300,6 +313,39 @@ def test_an_unpaced_file_publishes_every_frame_then_stops_the_daemon_with_succes
     assert [m.frame_id for m in got] == list(range(FRAMES)), log
     assert [m.detections[0].label for m in got] == [LABELS[i % 2] for i in range(FRAMES)], log
     assert f"INFO edged.camera: source ended: stopping ({FRAMES} frames processed)" in log, log
+
+
+def test_a_video_of_frames_over_the_limit_is_refused_undecoded_and_retried_and_check_says_why(workdir: Path) -> None:
+    """Before: each 10000x10000 frame of a 4.7 MB file was decoded, 850 MB at the peak, and planned for
+    (a board has 4 GB). Now the file is refused as one that cannot be read is: the camera retried, the
+    daemon running. Both under 1 GiB of address space, where the old code's allocations failed."""
+    write_mjpeg(workdir / "huge.mjpeg", 10000, 10000)
+    path, endpoint = config(workdir, {"type": "file", "path": "huge.mjpeg"})
+    over = "10000x10000 pixels, over the 33177600 pixels (7680x4320) edged takes"
+    why = f"video file {workdir / 'huge.mjpeg'} has frames of {over}"
+    check = subprocess.Popen(
+        edged_command("check", "--config", str(path), "--no-bind"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **MEMORY_LIMIT_ENV},
+    )
+    limit_memory(check.pid, 1 << 30)
+    _, said = check.communicate(timeout=60)
+    assert check.returncode == 1 and f"gave no frame: {why} (make a copy at a lower resolution" in said, said
+    d = RunningDaemon(path, endpoint, env=MEMORY_LIMIT_ENV)
+    limit_memory(d.proc.pid, 1 << 30)
+    try:
+        status = d.wait_status(lambda s: bool(s.capture and s.capture.reconnects and over in f"{s.capture.last_error}"))
+        assert status.source_state == "lost" and status.frames_processed == 0
+        peak_kb = peak_rss_kb(d.proc.pid)
+        assert d.proc.poll() is None
+        logged = d.log()
+    finally:
+        d.close()
+    assert peak_kb < 300_000, peak_kb  # far below one such frame alone, 300 MB as BGR
+    assert f"camera cam0: unavailable: {why} (make a copy at a lower resolution" in logged, logged
+    assert "Traceback" not in logged
 
 
 def until_exit(d: RunningDaemon, timeout: float) -> list[Message]:

@@ -186,6 +186,16 @@ def test_frames_in_another_colour_order_than_configured_are_refused(opened: list
         s.read(None)
 
 
+def test_frames_over_the_limit_are_refused_from_their_caps_before_they_are_copied(opened: list[GstreamerSource]) -> None:
+    # 65536x2 is within the pixels but a side past what edged takes; before, each frame was copied out and planned for.
+    s = source("videotestsrc pattern=black ! video/x-raw,format=BGR,width=65536,height=2 ! appsink name=edged")
+    opened.append(s)
+    s.open()
+    assert s.grab()
+    with pytest.raises(SourceError, match=re.escape("delivers frames of 65536x2 pixels, a side longer than the 65535")):
+        s.retrieve(None)
+
+
 def config(tmp_path: Path, pipeline: str) -> tuple[Path, str]:
     colour_probe(tmp_path / "probe.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"

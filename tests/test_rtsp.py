@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon import RunningDaemon, free_port, run_cli, write_config
+from daemon import MEMORY_LIMIT_ENV, RunningDaemon, free_port, limit_memory, peak_rss_kb, run_cli, write_config
 from onnx_models import LABELS, colour_probe
-from rtsp_server import FPS, HEIGHT, WIDTH, RtspServer
+from rtsp_server import FPS, HEIGHT, WIDTH, RtspServer, write_mpeg4
 from waiting import wait_for
 
 from edged.messages import DetectionsMessage
@@ -52,7 +52,9 @@ def start(tmp_path: Path, url: str, **keys: Any) -> RunningDaemon:
     )
 
 
-def start_cameras(tmp_path: Path, source: dict[str, Any] | list[dict[str, Any]]) -> RunningDaemon:
+def start_cameras(
+    tmp_path: Path, source: dict[str, Any] | list[dict[str, Any]], env: dict[str, str] | None = None
+) -> RunningDaemon:
     """`edged run` of the colour probe on ``source``: one camera's table, or a list of them."""
     colour_probe(tmp_path / "probe.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -65,7 +67,7 @@ def start_cameras(tmp_path: Path, source: dict[str, Any] | list[dict[str, Any]])
             "thermal": {"enabled": False},
         },
     )
-    return RunningDaemon(config, endpoint)
+    return RunningDaemon(config, endpoint, env)
 
 
 @pytest.fixture
@@ -199,6 +201,34 @@ def test_a_camera_that_cannot_be_opened_is_logged_with_its_reason_and_retried(
     assert reason in (status.capture.last_error or "")
     assert reason in daemon.log()
     assert terminate(daemon) == 0
+
+
+def test_a_stream_of_frames_over_the_limit_is_refused_before_one_is_decoded_and_retried(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    """A camera set to a resolution past 8K, or any server on the network, decides the frame size: before,
+    each 8000x4200 frame (100 MB as BGR; any size up to FFmpeg's 268 million pixels) was decoded and
+    planned for. Under 1 GiB of address space, where the old code's allocations failed."""
+    server = RtspServer(free_port(), write_mpeg4(tmp_path / "over.mp4", 8000, 4200, frames=10))
+    try:
+        daemon = start_cameras(
+            tmp_path,
+            {"type": "rtsp", "url": server.url(f"viewer:{SECRET}"), "open_timeout_s": 10.0, "read_timeout_s": 2.0},
+            MEMORY_LIMIT_ENV,
+        )
+        daemons.append(daemon)
+        limit_memory(daemon.proc.pid, 1 << 30)
+        over = "frames of 8000x4200 pixels, over the 33177600 pixels (7680x4320) edged takes (set the camera to a lower"
+        status = daemon.wait_status(lambda s: bool(s.capture and s.capture.reconnects and over in f"{s.capture.last_error}"))
+        assert status.source_state == "lost" and status.frames_processed == 0
+        peak_kb = peak_rss_kb(daemon.proc.pid)
+        assert terminate(daemon) == 0
+    finally:
+        server.close()
+    assert peak_kb < 250_000, peak_kb  # the old code, 690 MB
+    logged = daemon.log()
+    assert f"unavailable: RTSP stream rtsp://***@127.0.0.1:{server.port}/cam sends {over}" in logged, logged
+    assert SECRET not in logged and "Traceback" not in logged
 
 
 def test_sigterm_stops_the_daemon_within_two_seconds_while_a_connect_is_pending(

@@ -14,6 +14,7 @@ from typing import Literal, TypeVar
 import cv2
 import numpy as np
 import pytest
+from daemon import write_mjpeg
 from images import black_png, lying_jpeg, oversized_png, truncated_jpeg
 
 from edged.capture import Capture
@@ -210,6 +211,26 @@ def test_an_empty_video_file_is_named_empty(tmp_path: Path) -> None:
     path.touch()
     with pytest.raises(SourceError, match=r"upload\.mp4 is empty \(0 bytes\)"):
         FileSource(FileSourceConfig(path=path)).open()
+
+
+def test_a_video_whose_frames_are_over_the_limit_is_refused_before_one_is_decoded(tmp_path: Path) -> None:
+    # 4.7 MB of 10000x10000 frames: FFmpeg decoded each, 790 MB at the first, and edged planned for them.
+    path = write_mjpeg(tmp_path / "huge.mjpeg", 10000, 10000)
+    src = FileSource(FileSourceConfig(path=path))
+    why = r"huge\.mjpeg has frames of 10000x10000 pixels, over the 33177600 pixels \(7680x4320\) edged takes \(make a copy"
+    with pytest.raises(SourceError, match=why):
+        src.open()
+    src.close()
+
+
+def test_a_video_replaced_by_one_over_the_limit_while_it_plays_is_refused_when_it_loops(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "clip.avi", "MJPG", count=4)
+    src = opened(FileSource(FileSourceConfig(path=path, loop=True)))
+    assert [src.grab() for _ in range(4)] == [True] * 4
+    write_mjpeg(tmp_path / "new.mjpeg", 8000, 4200).replace(path)
+    with pytest.raises(SourceError, match=r"clip\.avi has frames of 8000x4200 pixels, over the 33177600 pixels"):
+        src.grab()  # the end, and the file reopened for the next pass
+    src.close()
 
 
 def test_a_video_that_ends_before_the_frames_its_container_lists_is_said_once(
@@ -517,6 +538,43 @@ def test_v4l2_on_a_file_that_is_no_camera_fails_clearly(tmp_path: Path) -> None:
     fake.write_bytes(b"")
     with pytest.raises(SourceError, match=r"cannot open camera .*video0 with V4L2"):
         V4l2Source(V4l2SourceConfig(device=str(fake))).open()
+
+
+class NegotiatedCapture:
+    """A V4L2 camera as OpenCV opens it, giving frames of ``size`` whatever is asked."""
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        self.values = {cv2.CAP_PROP_FRAME_WIDTH: size[0], cv2.CAP_PROP_FRAME_HEIGHT: size[1], cv2.CAP_PROP_FPS: 30.0}
+        self.values[cv2.CAP_PROP_FOURCC] = cv2.VideoWriter.fourcc(*"MJPG")
+        self.released = False
+
+    def isOpened(self) -> bool:
+        return True
+
+    def set(self, prop: int, value: float) -> bool:
+        return True
+
+    def get(self, prop: int) -> float:
+        return float(self.values.get(prop, 0))
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_v4l2_camera_that_gives_frames_over_the_limit_is_refused_at_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Asked for at most 8K, a camera may give what it likes; before, its frames were taken.
+    device = tmp_path / "video0"
+    device.touch()
+    camera = NegotiatedCapture((10000, 10000))
+    monkeypatch.setattr(cv2, "VideoCapture", lambda target, api: camera)
+    src = V4l2Source(V4l2SourceConfig(device=str(device)))
+    why = r"video0 gives frames of 10000x10000 pixels, over the 33177600 pixels \(7680x4320\) edged takes, not the 1280x720"
+    with pytest.raises(SourceError, match=why):
+        src.open()
+    src.close()
+    assert camera.released
 
 
 # ---- synthetic -----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """What every camera kind's module builds on: the frame it hands over, the `Source` protocol and its
-optional members, and what the sources read through OpenCV share (`OpenCvCapture`)."""
+optional members, the largest frame edged takes (`frame_size_problem`), and what the sources read
+through OpenCV share (`OpenCvCapture`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,26 @@ import cv2
 import numpy as np
 
 from edged.errors import SourceError
+from edged.settings.sources import MAX_HEIGHT, MAX_SIDE, MAX_WIDTH
+
+# The largest frame edged takes from any source: a camera's largest, 100 MB as 8-bit BGR (an image
+# file decoded, about twice that at the peak), which the plans (`edged.pipeline.PLAN_PIXELS`) and the
+# buffers of a segmentation or anomaly model are sized for. A video file or a network stream claims
+# what it likes: a 2 MB MJPEG AVI of 10000x10000 frames took 780 MB at its first frame, past what
+# a 4 GB board spares. MAX_SIDE bounds a side too: some of a plan's buffers grow with a side, not the
+# pixels (an anomaly model's resize holds its input's height times the frame's width, twice, in float32).
+MAX_PIXELS = MAX_WIDTH * MAX_HEIGHT
+PIXEL_LIMIT = f"{MAX_PIXELS} pixels ({MAX_WIDTH}x{MAX_HEIGHT})"
+
+
+def frame_size_problem(width: int, height: int) -> str | None:
+    """Why frames of ``width`` x ``height`` are too large for edged (over `MAX_PIXELS`, or a side over
+    `MAX_SIDE`), to follow "frames of"; None when they are not."""
+    if width * height > MAX_PIXELS:
+        return f"{width}x{height} pixels, over the {PIXEL_LIMIT} edged takes"
+    if max(width, height) > MAX_SIDE:
+        return f"{width}x{height} pixels, a side longer than the {MAX_SIDE} edged takes"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

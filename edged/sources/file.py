@@ -3,7 +3,8 @@
 Pacing at the file's own frame rate gives a bench run the same latest-frame behaviour as a live
 camera; unpaced (``realtime = false``), every frame is processed, each decoded once the model has
 taken the one before, as a recorded shift is checked offline. Problems with the file itself raise
-``SourceError`` naming it.
+``SourceError`` naming it, and so do frames larger than edged takes (`frame_size_problem`), known
+when the file opens, before edged decodes one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from edged.errors import SourceError
 from edged.settings.sources import FileSourceConfig
-from edged.sources.base import OpenCvCapture
+from edged.sources.base import OpenCvCapture, frame_size_problem
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,14 @@ class FileSource(OpenCvCapture):
                 f"cannot decode video file {self._path}: FFmpeg does not recognise it (check "
                 "that the file is complete and its container and codec are supported, "
                 "e.g. with ffprobe)"
+            )
+        # The size FFmpeg found while opening the file: its headers', or a frame's it decoded to learn it.
+        width, height = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        if (problem := frame_size_problem(width, height)) is not None:
+            cap.release()
+            raise SourceError(
+                f"video file {self._path} has frames of {problem} (make a copy at a lower resolution, e.g. "
+                "`ffmpeg -i FILE -vf scale=3840:-2 SMALLER.mp4`)"
             )
         self._decoded = 0
         self._reached_ms = 0.0

@@ -3,7 +3,8 @@
 The pip OpenCV wheel has no GStreamer backend, so edged drives GStreamer itself. The pipeline ends in
 an ``appsink`` that keeps only the newest buffer (``max-buffers=1 drop=true``: latest frame at the
 source); the capture thread pulls from it, and only a frame the consumer may take is copied, once,
-from the mapped buffer into its slot. Pulling and mapping go through ctypes because PyGObject hands a
+from the mapped buffer into its slot; frames larger than edged takes (`frame_size_problem`), known
+from their caps, never are. Pulling and mapping go through ctypes because PyGObject hands a
 mapped buffer over as a ``bytes`` copy; parsing, state changes, caps and the bus go through PyGObject.
 GStreamer is imported only when such a source is configured.
 """
@@ -24,6 +25,7 @@ import numpy as np
 
 from edged.errors import ConfigError, MissingDependency, SourceError
 from edged.settings.sources import GstreamerSourceConfig, mask_credentials
+from edged.sources.base import frame_size_problem
 
 log = logging.getLogger(__name__)
 
@@ -353,6 +355,11 @@ class GstreamerSource:
         geometry = gst.geometry(caps)
         if isinstance(geometry, str):
             raise SourceError(geometry)
+        if (problem := frame_size_problem(geometry.width, geometry.height)) is not None:
+            raise SourceError(
+                f"the GStreamer pipeline delivers frames of {problem} (scale them down in it, e.g. "
+                "`! videoscale ! video/x-raw,width=1920,height=1080`)"
+            )
         if geometry.format.lower() != self.channel_order:
             raise SourceError(
                 f"the pipeline delivers {geometry.format} frames but source.channel_order is {self.channel_order!r}: "

@@ -22,21 +22,17 @@ import numpy as np
 
 from edged.errors import ImageError, SourceError, printable
 from edged.files import FileTooLarge, NotRegularFile, read_regular
-from edged.settings.sources import MAX_HEIGHT, MAX_SIDE, MAX_WIDTH, ImagesSourceConfig
+from edged.settings.sources import MAX_SIDE, ImagesSourceConfig
+from edged.sources.base import MAX_PIXELS, PIXEL_LIMIT
 from edged.sources.image_header import KINDS, read_header
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
-# The largest image decoded: a camera's largest frame, 100 MB as 8-bit BGR (about twice that at the
-# peak, while OpenCV converts a 16-bit or 4-channel file), well below the 2^30 pixels (3.2 GB and
-# more) OpenCV allows, which a file of a few kilobytes can claim and a 4 GB board cannot hold.
-MAX_PIXELS = MAX_WIDTH * MAX_HEIGHT
-# MAX_SIDE bounds a side too: some of a plan's buffers grow with a side, not the pixels (an anomaly
-# model's resize holds its input's height times the frame's width, twice, in float32), and a 96 KB
-# PNG of 1000000x33 pixels, within MAX_PIXELS, took edged to 2.6 GB.
+# The largest image decoded is the largest frame edged takes (`MAX_PIXELS`, `MAX_SIDE`), well below
+# the 2^30 pixels (3.2 GB and more) OpenCV allows, which a file of a few kilobytes can claim and a
+# 4 GB board cannot hold; a 96 KB PNG of 1000000x33 pixels, within MAX_PIXELS, took edged to 2.6 GB.
 MAX_FILE_BYTES = 8 * MAX_PIXELS  # such an image uncompressed, 4 channels of 16 bits
-_LIMIT = f"{MAX_PIXELS} pixels ({MAX_WIDTH}x{MAX_HEIGHT})"
 
 
 def is_image_file(path: Path) -> bool:
@@ -116,7 +112,7 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     except NotRegularFile:
         raise ImageError(str(path), "not a regular file: a pipe, a device or a folder") from None
     except FileTooLarge as e:
-        raise ImageError(str(path), f"{e.size / 1e6:.0f} MB, more than any image of {_LIMIT} takes") from None
+        raise ImageError(str(path), f"{e.size / 1e6:.0f} MB, more than any image of {PIXEL_LIMIT} takes") from None
     except OSError as e:
         nothing = e.errno == errno.ENOENT and os.path.islink(path)  # not a loop of links (ELOOP)
         why = "a link to nothing: fetch its content" if nothing else e.strerror or str(e)
@@ -130,7 +126,8 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     if not header.width * header.height:
         raise ImageError(str(path), f"its {header.kind} header gives no image size")
     if header.pixels > MAX_PIXELS:
-        raise ImageError(str(path), f"its {header.kind} header claims {header.size} pixels, over the {_LIMIT} edged decodes")
+        why = f"its {header.kind} header claims {header.size} pixels, over the {PIXEL_LIMIT} edged decodes"
+        raise ImageError(str(path), why)
     if max(header.width, header.height) > MAX_SIDE:
         why = f"its {header.kind} header claims {header.size} pixels, a side longer than the {MAX_SIDE} edged decodes"
         raise ImageError(str(path), why)

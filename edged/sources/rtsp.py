@@ -8,7 +8,9 @@ any options the user set there. OpenCV opens one FFmpeg capture at a time in a p
 connects to a camera first, outside OpenCV's open: one that is off or unreachable is found in at
 most `PROBE_TIMEOUT_S`, and never holds up the other cameras' opening for its open_timeout_s. A
 stall that FFmpeg's own timeout does not catch (old frames returned after a long wait) is the
-capture thread's to see, from `RtspSource.timeouts`.
+capture thread's to see, from `RtspSource.timeouts`. A stream whose frames are larger than edged
+takes (`frame_size_problem`: a misconfigured camera, or any server on the network) is refused once
+opened, from the size FFmpeg found while opening it, before edged decodes a frame.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 
 from edged.errors import SourceError
 from edged.settings.sources import DEFAULT_PORTS, RtspSourceConfig, mask_credentials
-from edged.sources.base import OpenCvCapture
+from edged.sources.base import OpenCvCapture, frame_size_problem
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +84,17 @@ class RtspSource(OpenCvCapture):
         if not cap.isOpened():
             cap.release()
             raise SourceError(f"cannot open RTSP stream {self._name}: {self._why_not_open(time.monotonic() - started)}")
+        width, height = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        if (problem := frame_size_problem(width, height)) is not None:
+            cap.release()
+            raise SourceError(f"RTSP stream {self._name} sends frames of {problem} (set the camera to a lower resolution)")
         self._cap = cap
         log.info(
             "RTSP stream %s over %s: %dx%d at %.1f fps",
             self._name,
             cfg.transport,
-            int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
-            int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+            width,
+            height,
             float(cap.get(cv2.CAP_PROP_FPS)),
             extra={"CAMERA": cfg.camera_id},
         )

@@ -1,8 +1,8 @@
 """USB/UVC and other V4L2 cameras through OpenCV's V4L2 backend.
 
 Owns the open sequence (pixel format before size, then frame rate and a one-frame driver queue),
-reporting what the camera actually negotiated, and turning a failed read into ``SourceError`` so
-the capture thread reconnects.
+reporting what the camera actually negotiated (refused when it is larger than edged takes), and
+turning a failed read into ``SourceError`` so the capture thread reconnects.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from edged.errors import SourceError
 from edged.settings.sources import V4l2SourceConfig
-from edged.sources.base import OpenCvCapture
+from edged.sources.base import OpenCvCapture, frame_size_problem
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,11 @@ class V4l2Source(OpenCvCapture):
         )
         extra = {"CAMERA": cfg.camera_id}
         log.info("camera %s negotiated %s %dx%d at %.1f fps", cfg.device, *got, extra=extra)
+        if (problem := frame_size_problem(got[1], got[2])) is not None:
+            raise SourceError(
+                f"camera {cfg.device} gives frames of {problem}, not the {cfg.width}x{cfg.height} asked for "
+                f"(list its modes with `v4l2-ctl -d {cfg.device} --list-formats-ext`)"
+            )
         wanted = (cfg.fourcc, cfg.width, cfg.height)
         if got[:3] != wanted or (got[3] > 0 and not math.isclose(got[3], cfg.fps, rel_tol=0.05)):
             log.warning(
