@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 from collections import Counter
 from collections.abc import Sequence
@@ -67,6 +68,9 @@ VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
 CACHE_FOLDER = "openvino"
 CACHE_RECORD = "edged-cache.json"  # in a model's folder: the digest of each compiled model as OpenVINO wrote it
 RECORD_BYTES = 1 << 20  # a record names a compiled model per device and setting: a few hundred bytes each
+# The models whose compiled models are kept: the live one, a candidate, the one kept for rollback, and
+# one more. A line that changes its model every week would otherwise fill its card over the years.
+KEEP_MODELS = 4
 
 
 def open_engine(cfg: ModelConfig, runtime: RuntimeConfig, *, record_placement: bool, lanes: int) -> OpenVinoEngine:
@@ -264,6 +268,8 @@ class CompiledCache:
         record = folder / CACHE_RECORD
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            os.utime(folder)  # used now: the models used longest ago go first (`_prune`)
+            _prune(folder)
             remove_parts(record)  # a record a power cut left half written beside it
             recorded = _read_record(record)
             checked, removed = {}, []
@@ -327,6 +333,37 @@ class CompiledCache:
                 self.folder,
                 e.strerror or e,
             )
+
+
+def _prune(folder: Path) -> None:
+    """Of the other models' folders beside ``folder``, those used longest ago past `KEEP_MODELS` in
+    all, and the compiled models an earlier edged kept loose there (it no longer reads them), removed;
+    said once. One that cannot be removed is left for the next start."""
+    loose: list[Path] = []
+    folders: list[tuple[int, Path]] = []
+    for entry in folder.parent.iterdir():
+        status = entry.lstat()
+        if stat.S_ISREG(status.st_mode) and entry.suffix == ".blob":
+            loose.append(entry)
+        elif entry != folder and stat.S_ISDIR(status.st_mode) and (entry / CACHE_RECORD).exists():
+            folders.append((status.st_mtime_ns, entry))
+    removed = []
+    for entry in loose + [entry for _, entry in sorted(folders, reverse=True)[KEEP_MODELS - 1 :]]:
+        try:
+            if entry in loose:
+                entry.unlink()
+            else:
+                shutil.rmtree(entry)
+        except OSError:
+            continue
+        removed.append(entry.name)
+    if removed:
+        log.info(
+            "runtime.cache_dir: removed the compiled models of %s in %s (the %d models used last are kept)",
+            ", ".join(sorted(removed)),
+            folder.parent,
+            KEEP_MODELS,
+        )
 
 
 def _version(status: os.stat_result) -> tuple[int, ...]:

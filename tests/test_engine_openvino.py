@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import subprocess
 import tracemalloc
 from pathlib import Path
@@ -253,6 +254,28 @@ def test_the_compiled_model_is_cached_in_the_cache_folder_and_loaded_from_it(tmp
     assert sorted(folder.glob("*.blob")) == blobs
     assert [(b.stat().st_ino, b.stat().st_mtime_ns) for b in [*blobs, folder / "edged-cache.json"]] == written
     assert _detect(again, _scenes()[:1])[0].class_ids.tolist() == _detect(first, _scenes()[:1])[0].class_ids.tolist()
+
+
+def test_the_compiled_models_of_the_models_used_last_are_kept_and_the_rest_removed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A folder per model, never removed: a line changing its model every week filled its card over the
+    # years; and an earlier edged's loose compiled models stayed for ever, no longer read.
+    cache = tmp_path / "cache" / "openvino"
+    others = [cache / f"old{i}@{i:012x}" for i in range(5)]
+    for i, other in enumerate(others):  # old0 used longest ago
+        other.mkdir(parents=True)
+        (other / "edged-cache.json").write_text("{}")
+        (other / "1234.blob").write_bytes(b"compiled")
+        os.utime(other, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))
+    (cache / "5678.blob").write_bytes(b"compiled by an earlier edged")
+    (cache / "notes").mkdir()  # not a model's folder: left alone
+    caplog.set_level(logging.INFO, logger="edged.engine_openvino")
+    model = _load(DEMO, "openvino", cache_dir=tmp_path / "cache")
+    kept = sorted(p.name for p in cache.iterdir())
+    assert kept == sorted([model.engine.identity.short, "notes", *(other.name for other in others[2:])])
+    [said] = [r.getMessage() for r in caplog.records if "removed the compiled models" in r.getMessage()]
+    assert "5678.blob, old0@000000000000, old1@000000000001" in said, said
 
 
 def test_the_cache_folder_is_the_services_cache_directory_by_default(
