@@ -249,7 +249,7 @@ def application_uri() -> str:
 
 def cert_dir_problem(directory: Path) -> str | None:
     """Why `server_certificate` could not make or take the pair in ``directory``, known without writing:
-    it or a folder above it is a file, or it holds half a pair."""
+    it or a folder above it is a file, it holds half a pair, or a pair the server could not load."""
     above = next((p for p in (directory, *directory.parents) if p.exists()), None)
     if above is not None and not above.is_dir():
         return f"opcua.cert_dir: {above} is not a folder: set opcua.cert_dir to a folder (made when absent)"
@@ -259,6 +259,13 @@ def cert_dir_problem(directory: Path) -> str | None:
             f"opcua.cert_dir: {directory} holds only one of {CERT_FILE} and {KEY_FILE}: remove it to have "
             "both made again, or put back the other"
         )
+    if cert.is_file() and key.is_file():
+        try:
+            _check_pair(cert, key)
+        except KeyFileError as e:
+            return str(e)
+        except OSError:  # not readable by this user: `server_certificate` says so as the service
+            pass
     return None
 
 
@@ -273,6 +280,7 @@ def server_certificate(directory: Path) -> tuple[Path, Path]:
         _finish_pair(cert, key)
         if cert.is_file() and key.is_file():
             check_secret_file(key, "opcua.cert_dir")
+            _check_pair(cert, key)
             _say_what_clients_refuse(cert)
             return cert, key
     except OSError as e:
@@ -338,14 +346,30 @@ def _finish_pair(cert: Path, key: Path) -> None:
         log.info("OPC UA: put in place the server key %s, made with its certificate before a power cut", key)
 
 
+def _check_pair(cert: Path, key: Path) -> None:
+    """`KeyFileError` for a pair the server could not load, found now rather than as the OPC UA server
+    stopping with a traceback: one cut short or damaged (an earlier edged wrote them in place, and a
+    power cut could leave either so), or a key that is not the certificate's."""
+    renew = "remove both to have a new pair made at the next start (clients must then trust the new certificate)"
+    try:
+        made = x509.load_der_x509_certificate(cert.read_bytes())
+    except ValueError:
+        raise KeyFileError(f"opcua.cert_dir: {cert} is not a DER certificate (cut short or damaged?): {renew}") from None
+    try:
+        private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    except (ValueError, TypeError):  # TypeError: a key that wants a password
+        why = "is not a PEM private key without a password (cut short or damaged?)"
+        raise KeyFileError(f"opcua.cert_dir: {key} {why}: {renew}") from None
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if private.public_key().public_bytes(*spki) != made.public_key().public_bytes(*spki):
+        raise KeyFileError(f"opcua.cert_dir: {key} is not the key of {cert}: {renew}")
+
+
 def _say_what_clients_refuse(cert: Path) -> None:
     """What some clients refuse in a certificate kept: dates the clock reads outside its validity
     (made on a clock set wrongly, or simply old), as a warning; no key identifiers (made by an
     edged that did not add them), which stacks that build chains want, as a note. Each with the way out."""
-    try:
-        made = x509.load_der_x509_certificate(cert.read_bytes())
-    except ValueError:  # not a certificate: the server's own load says so
-        return
+    made = x509.load_der_x509_certificate(cert.read_bytes())  # `_check_pair` read it
     renew = (
         f"Remove it and {cert.with_name(KEY_FILE)} to have a new pair made at the next start "
         "(clients must then trust the new one)"

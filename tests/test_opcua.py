@@ -591,6 +591,26 @@ def test_the_certificate_is_made_once_and_half_a_pair_is_refused(tmp_path: Path)
         server_certificate(tmp_path / "opcua")
 
 
+@pytest.mark.parametrize("damage", ["certificate cut short", "key cut short", "key of another pair"])
+def test_a_damaged_pair_is_refused_naming_the_file_and_the_way_out(tmp_path: Path, damage: str) -> None:
+    # An earlier edged wrote the pair in place: a power cut could leave either cut short, which the
+    # OPC UA server then met as it loaded it, and stopped with a traceback.
+    cert, key = server_certificate(tmp_path / "opcua")
+    if damage == "certificate cut short":
+        cert.write_bytes(cert.read_bytes()[:100])
+    elif damage == "key cut short":
+        key.write_bytes(key.read_bytes()[:200])
+    else:
+        key.write_bytes(server_certificate(tmp_path / "other")[1].read_bytes())
+    damaged = cert if damage.startswith("certificate") else key
+    # Said when the configuration loads, so by edged check too:
+    assert (cert_dir_problem(tmp_path / "opcua") or "").startswith(f"opcua.cert_dir: {damaged} is not ")
+    with pytest.raises(KeyFileError, match=re.escape(f"opcua.cert_dir: {damaged} is not ")) as refused:
+        server_certificate(tmp_path / "opcua")
+    assert "remove both to have a new pair made at the next start" in str(refused.value)
+    assert refused.value.exit_code == EXIT_CONFIG
+
+
 def test_a_disk_that_takes_no_certificate_leaves_nothing_behind_and_is_no_setup_error(tmp_path: Path) -> None:
     """Before: a KeyFileError (exit 78, not restarted) and an empty key left behind, which the next start,
     the disk freed, refused as half a pair (exit 78 again) until someone removed it."""
