@@ -1,25 +1,27 @@
 """``edged check``: everything `run` would refuse or fail on, found before the service starts.
 
-It loads the model exactly as the daemon does (same contract checks, same head detection), opens
-every camera through the capture thread the daemon uses, all at once as the daemon does and while
-the model loads, and waits for their first frames (the size and rate each camera really gives,
-counted side by side once the model is loaded, as the cameras will run), runs a grey frame of that
-size and the camera's first frame through the real pipeline (NaN or infinite outputs there mean a
-broken model, scores above 1 a wrong normalisation or head) and prints what that first frame gave,
-with its verdict: the quickest way to see a wrong model or colour order. It creates and removes a
-file in each camera's evidence folder, binds and releases every address the daemon would listen on
-(each output's, `edged.outputs.listening`; not with ``bind=False``, beside a running daemon that
-holds them) and requests and releases every reject line (`edged.reject`; not with ``bind=False``
-either), connects once to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent is
-reported with its reason), and prints what the engine says of itself (`InferenceEngine.report`:
-ONNX Runtime's providers and where it placed each node, OpenVINO's device, plugin and precision).
-The last line is the one verdict: ``ok``, or the CLI's error naming the problem.
+It loads the model exactly as the daemon does (same contract checks, same head detection), opens every
+camera through the capture thread the daemon uses, all at once as the daemon does and while the model
+loads, and waits for their first frames (the size and rate each camera really gives, counted side by
+side once the model is loaded, as the cameras will run), runs a grey frame of that size and the
+camera's first frame through the real pipeline (NaN or infinite outputs there mean a broken model,
+scores above 1 a wrong normalisation or head) and prints what that first frame gave, with its verdict:
+the quickest way to see a wrong model or colour order. It creates and removes a file in each camera's
+evidence folder, the journal's folder and an OPC UA certificate's folder still to be made, sees that no
+other edged holds the journal (not with ``bind=False``), binds and releases every address the daemon
+would listen on (each output's, `edged.outputs.listening`; not with ``bind=False``, beside a running
+daemon that holds them) and requests and releases every reject line (`edged.reject`; not with
+``bind=False`` either), connects once to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or
+absent is reported with its reason), and prints what the engine says of itself
+(`InferenceEngine.report`: ONNX Runtime's providers and where it placed each node, OpenVINO's device,
+plugin and precision). The last line is the one verdict: ``ok``, or the CLI's error naming the problem.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -47,8 +49,10 @@ from edged.errors import (
     ModelError,
     SourceError,
 )
+from edged.evidence import describe as describe_error
 from edged.evidence import folder_problem
 from edged.heads.base import fmt_classes
+from edged.journal import JournalOutput, records
 from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
 from edged.opcua import describe as describe_opcua
@@ -58,6 +62,7 @@ from edged.preprocess import LETTERBOX_FILL
 from edged.reject import check_lines
 from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
+from edged.settings.opcua import OpcuaConfig
 from edged.settings.sources import SourceBase, mask_credentials
 from edged.shadow import candidate_model_config, candidate_runtime, incomparable
 from edged.sources.base import Frame
@@ -368,8 +373,23 @@ def _check_source(
     return None
 
 
-def _journal(settings: Settings) -> str:
-    """Where the verdict journal goes and what it will record."""
+def _takes_no_file(folder: Path) -> str | None:
+    """Why ``folder`` (where it is still to be made, the nearest folder above it) takes no file, found by
+    writing a page to a file there and removing it; None when it does."""
+    above = next(at for at in (folder, *folder.parents) if at.is_dir())
+    try:
+        with tempfile.NamedTemporaryFile(dir=above, prefix=".edged-check-") as probe:
+            probe.write(bytes(4096))
+            probe.flush()
+    except OSError as e:
+        return describe_error(e)
+    return None
+
+
+def _journal(settings: Settings, bind: bool) -> str:
+    """Where the verdict journal goes and what it will record, once its folder has taken a file (`FolderError`
+    when not: run would serve and record nothing) and, with ``bind``, no other edged holds it (`ConfigError`,
+    as run refuses to start; not tried beside the running service, which holds it)."""
     journal = settings.journal
     if not journal.enabled:
         return "off ([journal] enabled = false)"
@@ -377,7 +397,27 @@ def _journal(settings: Settings) -> str:
     what = f"the verdicts of {', '.join(inspected)}" if inspected else "no verdicts (no camera has [inspect])"
     if journal.detections:
         what += ", and every detections message sent"
+    if records(settings):
+        if (problem := _takes_no_file(journal.file.parent)) is not None:
+            raise FolderError(f"journal.path: {journal.file} cannot be written: {problem}; run would record no verdict")
+        if bind and (problem := JournalOutput.in_use(settings, create=False)) is not None:
+            raise ConfigError(None, [problem])
     return f"{journal.path}: {what}; durability {journal.durability}"
+
+
+def _opcua(cfg: OpcuaConfig, settings: Settings) -> str:
+    """What the OPC UA server will serve (`edged.opcua.describe`), once the folder its certificate is to be
+    made in has taken a file: run would serve every other output without it, retrying (`FolderError`)."""
+    from edged.opcua_server import CERT_FILE
+
+    said = describe_opcua(cfg, settings)
+    if cfg.users_file is not None and not (cfg.cert_dir / CERT_FILE).is_file():
+        if (problem := _takes_no_file(cfg.cert_dir)) is not None:
+            raise FolderError(
+                f"opcua.cert_dir: the server certificate cannot be made in {cfg.cert_dir}: {problem}; "
+                "run would serve no OPC UA"
+            )
+    return said
 
 
 def _bind_all(settings: Settings, bind: bool, out: TextIO) -> None:
@@ -424,13 +464,17 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
         candidate = _candidate(settings, model)
     except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems
         raise ConfigError(e.path or config_path, e.problems) from None
+    try:
+        journal = _journal(settings, bind)
+    except ConfigError as e:
+        raise ConfigError(config_path, e.problems) from None
     _bind_all(settings, bind, out)
     _reject_lines(settings, bind, out)
-    print(f"journal    {_journal(settings)}", file=out)
+    print(f"journal    {journal}", file=out)
     if settings.mqtt is not None:
         print(f"mqtt       {probe_broker(settings.mqtt, settings.source[0].camera_id)}", file=out)
     if settings.opcua is not None:
-        print(f"opcua      {describe_opcua(settings.opcua, settings)}", file=out)
+        print(f"opcua      {_opcua(settings.opcua, settings)}", file=out)
     _report(model, out)
     if candidate is not None:
         print(f"candidate  {candidate}", file=out)

@@ -127,7 +127,8 @@ class PublishError(BindError):
 
 
 class FolderError(EdgedError):
-    """``edged check``: a folder edged writes to (evidence) takes no file; the message names the key and the reason."""
+    """``edged check``: a folder edged writes to (evidence, the journal's, ``opcua.cert_dir``) takes no file; the message
+    names the key and the reason."""
 
 
 class BrokerError(EdgedError):

@@ -103,11 +103,12 @@ class Entry:
     evidence: str | None = None  # the evidence image saved of the frame, if any
 
 
-def lock(path: Path) -> int:
+def lock(path: Path, *, create: bool = True) -> int:
     """A file descriptor holding journal ``path``'s lock (``flock`` on ``path.lock``, let go when it
     closes or edged ends, however it ends); an OSError when another process holds it. Two edged
-    writing one journal would each replay the other's verdicts to its broker, under the same seq."""
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    writing one journal would each replay the other's verdicts to its broker, under the same seq.
+    Without ``create``, a lock file not there is FileNotFoundError: nobody holds it."""
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o640)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -596,16 +597,17 @@ class JournalOutput(Output):
         self._inspected = set(settings.inspected())
 
     @staticmethod
-    def in_use(settings: Settings) -> str | None:
+    def in_use(settings: Settings, *, create: bool = True) -> str | None:
         """Why ``settings``' journal cannot be this edged's (another edged writes it), for a start or a
-        reload that moves the journal; None when it can, when it is off, or when it records nothing
-        (`JournalWriter.start`). A folder that takes no file is not said here: the writer counts and
-        retries that as it would any full disk."""
+        reload that moves the journal, and for ``edged check`` (without ``create``: a check run as root
+        must leave no lock file the service's user cannot open); None when it can, when it is off, or
+        when it records nothing (`JournalWriter.start`). A folder that takes no file is not said here:
+        the writer counts and retries that as it would any full disk."""
         cfg = settings.journal
         if not cfg.enabled or not records(settings):
             return None
         try:
-            os.close(lock(cfg.file))
+            os.close(lock(cfg.file, create=create))
         except OSError as e:
             if e.errno != errno.EWOULDBLOCK:
                 return None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import select
 import socket
 import subprocess
@@ -14,7 +16,8 @@ from subprocess import PIPE
 import cv2
 import numpy as np
 import pytest
-from daemon import edged_command, free_port, run_cli, write_config
+from daemon import RunningDaemon, edged_command, free_port, run_cli, write_config
+from filesystems import read_only_folder
 from onnx_models import colour_probe
 
 pytestmark = pytest.mark.integration
@@ -252,3 +255,62 @@ def test_the_cameras_are_opened_at_once_not_one_after_the_other(tmp: Path) -> No
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 1, out + err
         assert "2 of 2 cameras gave no frame (cam0, cam1)" in err
+
+
+def test_a_journal_another_edged_holds_fails_the_check_as_it_stops_run(tmp: Path, ports: list[int]) -> None:
+    """Run refuses to share a journal with another edged (exit 78); check said ok. Nobody holding it,
+    check leaves no lock file behind: one root's `sudo edged check` made, the service could not open."""
+    journal = tmp / "journal.sqlite"
+    config = _config(tmp, ports, inspect={"ng_classes": ["red"]}, journal={"path": str(journal)}, trigger={})
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not Path(f"{journal}.lock").exists()
+    held = f"journal.path {journal} is in use by another edged (its lock {journal}.lock is held)"
+    fd = os.open(f"{journal}.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for command in ("check", "run"):
+            result = run_cli(command, "--config", str(config))
+            assert result.returncode == 78, f"{command}: {result.stdout}{result.stderr}"
+            assert held in result.stderr, f"{command}: {result.stderr}"
+        result = run_cli("check", "--no-bind", "--config", str(config))  # beside the running service, its own
+        assert result.returncode == 0, result.stdout + result.stderr
+    finally:
+        os.close(fd)
+
+
+def test_a_journal_folder_that_takes_no_file_fails_the_check_with_exit_1(tmp: Path, ports: list[int]) -> None:
+    """Run serves and records no verdict; check said ok. Now it says so, exit 1 as for evidence."""
+    folder = tmp / "journal"
+    config = _config(
+        tmp, ports, inspect={"ng_classes": ["red"]}, journal={"path": str(folder / "journal.sqlite")}, trigger={}
+    )
+    with read_only_folder(folder):
+        result = run_cli("check", "--config", str(config))
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert f"journal.path: {folder}/journal.sqlite cannot be written: " in result.stderr
+        assert "run would record no verdict" in result.stderr
+        daemon = RunningDaemon(config, f"tcp://127.0.0.1:{ports[0]}")
+        try:
+            assert daemon.collect("verdict", 1)[0].verdict == "ng"  # run serves all the same
+        finally:
+            daemon.close()
+
+
+def test_an_opcua_cert_dir_that_takes_no_file_fails_the_check_with_exit_1(tmp: Path, ports: list[int]) -> None:
+    """Run serves every other output and retries the certificate; check said ok. Now it says so, exit 1."""
+    users = tmp / "users"
+    users.write_text("operator:a-password-long-enough\n")
+    users.chmod(0o600)
+    folder = tmp / "certs"
+    opcua = {"listen": f"opc.tcp://127.0.0.1:{free_port()}", "users_file": str(users), "cert_dir": str(folder / "pki")}
+    config = _config(tmp, ports, opcua=opcua, trigger={})
+    with read_only_folder(folder):
+        result = run_cli("check", "--config", str(config))
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert f"opcua.cert_dir: the server certificate cannot be made in {folder}/pki: " in result.stderr
+        daemon = RunningDaemon(config, f"tcp://127.0.0.1:{ports[0]}")
+        try:
+            daemon.collect("detections", 1)  # run serves all the same, without OPC UA
+        finally:
+            daemon.close()
