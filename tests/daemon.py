@@ -279,3 +279,16 @@ class RunningDaemon:
         self.sub.close(linger=0)
         self._context.term()
         self._log.close()
+
+
+def served_and_stopped(config: Path, endpoint: str) -> tuple[list[tuple[str, tuple[float, ...]]], str]:
+    """The daemon on ``config``: its first detections message's (label, box) pairs, once it has
+    stopped with exit 0 on SIGTERM, and its whole log."""
+    daemon = RunningDaemon(config, endpoint)
+    try:
+        (message,) = daemon.collect("detections", 1, timeout=60)
+        assert isinstance(message, DetectionsMessage)
+        assert daemon.stop(timeout=15) == 0, daemon.log()
+    finally:
+        daemon.close()
+    return [(d.label, d.box) for d in message.detections], daemon.log_path.read_text()

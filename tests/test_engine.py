@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 import onnxruntime as ort
 import pytest
-from daemon import RunningDaemon, free_port, run_cli, write_config
+from daemon import free_port, run_cli, served_and_stopped, write_config
 from filesystems import fill, read_only_folder, tmpfs
 from onnx_models import PROBE_BOX, colour_probe, dynamic_probe, solid_frame
 
@@ -21,7 +21,6 @@ import edged.engine as engine_module
 from edged.config import ProviderConfig, RuntimeConfig
 from edged.engine import HAS_ASSIGNMENT_RECORD, Engine, resolve_providers
 from edged.errors import ContractError, ModelError
-from edged.messages import DetectionsMessage
 
 
 @pytest.fixture
@@ -330,14 +329,7 @@ def test_the_daemon_serves_the_model_whatever_its_cache_disk_does(probe: Path, t
             checked = run_cli("check", "--config", str(config), "--no-bind", timeout=120)
             assert checked.returncode == 0, checked.stderr
             assert checked.stderr.count("runtime.optimized_model_path") == 1, checked.stderr
-        daemon = RunningDaemon(config, endpoint)
-        try:
-            (message,) = daemon.collect("detections", 1, timeout=60)
-            assert isinstance(message, DetectionsMessage)
-            assert [(d.label, d.box) for d in message.detections] == [("red", (48.0, 20.0, 80.0, 44.0))], daemon.log()
-            assert daemon.stop(timeout=15) == 0, daemon.log()
-        finally:
-            daemon.close()
-        log = daemon.log_path.read_text()
+        found, log = served_and_stopped(config, endpoint)
+        assert found == [("red", (48.0, 20.0, 80.0, 44.0))], log
         said = "is not what" if fault == "zeros" else "cannot write the optimised-model cache"
         assert log.count(said) == 1 and log.count("WARNING") == 1, log

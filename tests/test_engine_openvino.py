@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 import pytest
 from allocations import NumpyAllocations
-from daemon import RunningDaemon, free_port, run_cli, write_config
+from daemon import RunningDaemon, free_port, run_cli, served_and_stopped, write_config
 from filesystems import fill, tmpfs
 from onnx_models import PROBE_BOX, colour_probe, dynamic_probe, solid_frame
 
@@ -432,15 +432,8 @@ def test_the_daemon_on_openvino_serves_the_model_whatever_its_cache_disk_does(tm
             _load(probe, "openvino", cache_dir=cache)
             (blob,) = cache.rglob("*.blob")
             _damage(blob, "zeros")
-        daemon = RunningDaemon(config, endpoint)
-        try:
-            (message,) = daemon.collect("detections", 1, timeout=60)
-            assert isinstance(message, DetectionsMessage)
-            assert [(d.label, d.box) for d in message.detections] == [("red", (48.0, 20.0, 80.0, 44.0))], daemon.log()
-            assert daemon.stop(timeout=15) == 0, daemon.log()
-        finally:
-            daemon.close()
-        log = daemon.log_path.read_text()
+        found, log = served_and_stopped(config, endpoint)
+        assert found == [("red", (48.0, 20.0, 80.0, 44.0))], log
         said = "is not as it was written" if fault == "zeros" else "could not write its compiled model"
         assert log.count(said) == 1 and log.count("WARNING") == 1, log
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -33,6 +34,7 @@ from edged.settings.inspect import InspectConfig
 from edged.settings.sources import SyntheticSourceConfig
 from edged.shadow import Shadow
 from edged.sources.base import Frame
+from edged.stats import VerdictRecord
 from edged.tools.evaluate import read_yolo_outlines
 from edged.verdict import Inspector
 
@@ -344,17 +346,13 @@ def test_a_float16_export_is_segmented_not_a_crash(tmp_path: Path) -> None:
     assert len(instances.polygons) == len(instances) and all(mask.any() for mask in instances.masks)
 
 
-@pytest.mark.parametrize("retina", [False, True])
-def test_a_segmented_frame_creates_no_arrays_but_opencvs_contours(retina: bool) -> None:
-    # From contract check to verdict, with size limits judged: after warm-up a frame allocates only
-    # what cv2.findContours returns, per mask (each of tall's is one piece) its contour and hierarchy.
+def _arrays_made(
+    path: FramePath, frame: Frame, each: Callable[[VerdictRecord | None], object] = lambda record: None
+) -> tuple[Instances, int]:
+    """``path`` run on ``frame`` three times (warm-up), then five times counting the numpy arrays made,
+    each frame's verdict record handed to ``each``: the last frame's instances, and the count."""
     counter = NumpyAllocations.get()
     assert counter is not None
-    cfg = ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=300, retina_masks=retina)
-    model = load_model(cfg, RuntimeConfig())
-    inspect = InspectConfig(ng_classes=["dent"], mm_per_px=0.1, max_length_mm={"dent": 5.0}, max_area_mm2={"dent": 40.0})
-    path = FramePath(model, "cam0", "bgr", Inspector(inspect, model.labels, 3, 0.25, 300, masks=True))
-    frame = Frame(cv2.imread(str(DATA / "tall.png")), 3, 0, 0, "bgr")
     for _ in range(3):
         path.run(frame)
     with counter.counting():
@@ -362,10 +360,22 @@ def test_a_segmented_frame_creates_no_arrays_but_opencvs_contours(retina: bool) 
         for _ in range(5):
             done = path.run(frame)
             assert isinstance(done, Processed) and isinstance(done.result, Instances)
-            record = path.verdict_record(done, None)
-        created = counter.buffers - before
-    masks = len(done.result.polygons)
-    assert masks >= 5 and record is not None
+            each(path.verdict_record(done, None))
+        return done.result, counter.buffers - before
+
+
+@pytest.mark.parametrize("retina", [False, True])
+def test_a_segmented_frame_creates_no_arrays_but_opencvs_contours(retina: bool) -> None:
+    # From contract check to verdict, with size limits judged: after warm-up a frame allocates only
+    # what cv2.findContours returns, per mask (each of tall's is one piece) its contour and hierarchy.
+    cfg = ModelConfig(path=DATA / "seg.onnx", iou=0.7, max_det=300, max_masks=300, retina_masks=retina)
+    model = load_model(cfg, RuntimeConfig())
+    inspect = InspectConfig(ng_classes=["dent"], mm_per_px=0.1, max_length_mm={"dent": 5.0}, max_area_mm2={"dent": 40.0})
+    path = FramePath(model, "cam0", "bgr", Inspector(inspect, model.labels, 3, 0.25, 300, masks=True))
+    records: list[VerdictRecord | None] = []
+    found, created = _arrays_made(path, Frame(cv2.imread(str(DATA / "tall.png")), 3, 0, 0, "bgr"), records.append)
+    masks = len(found.polygons)
+    assert masks >= 5 and records[-1] is not None
     assert created == 5 * 2 * masks
 
 
@@ -552,22 +562,12 @@ def test_a_fragmented_masks_message_and_label_hold_at_most_max_outline_points_a_
 def test_a_thinned_one_piece_outline_creates_no_arrays_but_opencvs_contours(tmp_path: Path) -> None:
     # A disc filling the input, its outline (hundreds of points) thinned to 8: its every point and its
     # thinned outline go into buffers made once, as an outline within the bound does.
-    counter = NumpyAllocations.get()
-    assert counter is not None
     yy, xx = np.mgrid[:80, :80]
     disc = covering_seg_export(tmp_path / "m.onnx", (yy - 40) ** 2 + (xx - 40) ** 2 < 38**2)
     model = load_model(ModelConfig(path=disc, max_outline_points=8), RuntimeConfig())
     path = FramePath(model, "cam0", "bgr", Inspector(InspectConfig(), model.labels, 3, 0.25, 100, masks=True))
-    frame = Frame(GREY, 3, 0, 0, "bgr")
-    for _ in range(3):
-        path.run(frame)
-    with counter.counting():
-        before = counter.buffers
-        for _ in range(5):
-            done = path.run(frame)
-            assert isinstance(done, Processed) and isinstance(done.result, Instances)
-        created = counter.buffers - before
-    assert done.result.thinned == len(done.result.polygons) == 3
+    found, created = _arrays_made(path, Frame(GREY, 3, 0, 0, "bgr"))
+    assert found.thinned == len(found.polygons) == 3
     assert created == 5 * 2 * 3
 
 
