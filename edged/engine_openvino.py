@@ -14,6 +14,7 @@ and allocates nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -268,8 +269,9 @@ class CompiledCache:
         record = folder / CACHE_RECORD
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            os.utime(folder)  # used now: the models used longest ago go first (`_prune`)
-            _prune(folder)
+            with contextlib.suppress(OSError):  # a read-only cache prepared in an image is still read
+                os.utime(folder)  # used now: the models used longest ago go first (`_prune`)
+                _prune(folder)
             remove_parts(record)  # a record a power cut left half written beside it
             recorded = _read_record(record)
             checked, removed = {}, []

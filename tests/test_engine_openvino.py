@@ -278,6 +278,21 @@ def test_the_compiled_models_of_the_models_used_last_are_kept_and_the_rest_remov
     assert "5678.blob, old0@000000000000, old1@000000000001" in said, said
 
 
+def test_a_cache_prepared_on_a_read_only_filesystem_is_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Marking the model's folder used (for the models kept) is a write: on a read-only image it must
+    # not cost the cache the image was prepared with.
+    cache = tmp_path / "cache"
+    with tmpfs(cache, "size=64m") as mounted:
+        if not mounted:
+            pytest.skip("a tmpfs needs root and mount")
+        first = _load(DEMO, "openvino", cache_dir=cache)
+        assert subprocess.run(["mount", "-o", "remount,ro", str(cache)]).returncode == 0
+        caplog.set_level(logging.INFO, logger="edged.engine_openvino")
+        again = _load(DEMO, "openvino", cache_dir=cache)
+        assert again.engine.cache == first.engine.cache == cache / "openvino" / first.engine.identity.short
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
 def test_the_cache_folder_is_the_services_cache_directory_by_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
