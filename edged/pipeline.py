@@ -31,7 +31,7 @@ from edged.model import LoadedModel
 from edged.preprocess import preprocessor
 from edged.segment import Segmenter
 from edged.settings.sources import MAX_HEIGHT, MAX_WIDTH, SourceBase
-from edged.sources.base import Frame
+from edged.sources.base import MAX_PIXELS, Frame
 from edged.sources.registry import sizes_vary
 from edged.stats import VerdictRecord
 from edged.verdict import AnomalyInspected, AnomalyInspector, ClassInspector, Inspected, Inspector, Judged
@@ -44,11 +44,11 @@ REPLAN_AFTER = 5  # consecutive frames of one new size before a camera's buffers
 # that to about 65 MB while a folder mixing a few cameras' sizes never re-plans; beyond four sizes
 # the least recently used plan is dropped, and made again (one warm-up run) when its size returns.
 MAX_PLANS = 4
-# The frame pixels those plans may be made for in all: one largest frame's (7680x4320, the most an
-# image folder decodes). Some buffers are frame-sized: an anomaly model's maps and regions (7.5 bytes
+# The frame pixels those plans may be made for in all: one largest frame's (`MAX_PIXELS`, 7680x4320,
+# the most any source gives). Some buffers are frame-sized: an anomaly model's maps and regions (7.5 bytes
 # a pixel, 250 MB at 7680x4320), a segmentation model's masks and their scratch (``model.max_masks``
 # and 4 more bytes a pixel, 800 MB at 7680x4320 by default); four plans of such frames held 3.2 GB.
-PLAN_PIXELS = MAX_WIDTH * MAX_HEIGHT
+PLAN_PIXELS = MAX_PIXELS
 
 
 @dataclass(frozen=True, slots=True)
