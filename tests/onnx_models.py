@@ -16,7 +16,32 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from edged.engines import InferenceEngine
+
 PROBE_BOX = (32.0, 24.0, 16.0, 12.0)  # cx, cy, w, h in input pixels of a 64x64 model
+
+
+def probe_box(engine: InferenceEngine) -> tuple[float, ...]:
+    """The probe's box (cx, cy, w, h) as ``engine`` runs it on a red input."""
+    tensor = np.zeros((1, 3, 64, 64), np.float32)
+    tensor[0, 0] = 1.0
+    binding = engine.bind(tensor)
+    binding.run()
+    return tuple(float(v) for v in binding.outputs[0][0, :4, 0])
+
+
+def damage_on_disk(path: Path, damage: str) -> None:
+    """A model cache of the probe as a power cut (or a failing card) may leave it: ``"cut short"``, or
+    ``"zeros"`` where the probe's box was."""
+    data = path.read_bytes()
+    if damage == "cut short":
+        path.write_bytes(data[: len(data) // 2])
+        return
+    box = np.array([PROBE_BOX], np.float32).tobytes()
+    assert data.count(box) == 1
+    path.write_bytes(data.replace(box, bytes(len(box))))
+
+
 LABELS = ("red", "blue")
 CANDIDATES = 8  # the probe plus all-zero rows, so the head shape is unambiguous
 

@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 from daemon import free_port, run_cli, served_and_stopped, write_config
 from filesystems import fill, read_only_folder, tmpfs
-from onnx_models import PROBE_BOX, colour_probe, dynamic_probe, solid_frame
+from onnx_models import PROBE_BOX, colour_probe, damage_on_disk, dynamic_probe, probe_box, solid_frame
 
 import edged.engine as engine_module
 from edged.config import ProviderConfig, RuntimeConfig
@@ -152,7 +152,7 @@ def test_placement_from_a_profile_the_temp_folder_cannot_hold_is_said_unknown(
             fill(folder / "filler")
         monkeypatch.setattr(tempfile, "tempdir", str(folder))  # the temp folder, as TMPDIR or /tmp would be
         engine = Engine(probe, RuntimeConfig(), record_placement=True)
-        assert _box(engine) == PROBE_BOX
+        assert probe_box(engine) == PROBE_BOX
         (line,) = [value for label, value in engine.report() if label == "placement"]
         assert line.startswith("not known: ") and str(folder) in line and line.endswith(why), line
 
@@ -201,24 +201,6 @@ def test_optimised_model_cache_is_written_then_used(probe: Path, tmp_path: Path,
     assert "missing or stale" in caplog.text
 
 
-def _box(engine: Engine) -> tuple[float, ...]:
-    """The probe's box (cx, cy, w, h) as ``engine`` runs it on a red input."""
-    tensor = np.zeros((1, 3, 64, 64), np.float32)
-    tensor[0, 0] = 1.0
-    binding = engine.bind(tensor)
-    binding.run()
-    return tuple(float(v) for v in binding.outputs[0][0, :4, 0])
-
-
-def _damaged(data: bytes, damage: str) -> bytes:
-    """The cache as a power cut (or a failing card) may leave it: cut short, or zeros where the probe's box was."""
-    if damage == "cut short":
-        return data[: len(data) // 2]
-    box = np.array([PROBE_BOX], np.float32).tobytes()
-    assert data.count(box) == 1
-    return data.replace(box, bytes(len(box)))
-
-
 @pytest.mark.parametrize("damage", ["cut short", "zeros"])
 def test_a_cache_damaged_on_the_disk_is_rebuilt_never_run(
     probe: Path, tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
@@ -228,10 +210,10 @@ def test_a_cache_damaged_on_the_disk_is_rebuilt_never_run(
     cache = tmp_path / "probe.opt.onnx"
     cfg = RuntimeConfig(optimized_model_path=cache)
     Engine(probe, cfg)
-    cache.write_bytes(_damaged(cache.read_bytes(), damage))
+    damage_on_disk(cache, damage)
     with caplog.at_level(logging.WARNING):
         engine = Engine(probe, cfg)
-    assert _box(engine) == PROBE_BOX
+    assert probe_box(engine) == PROBE_BOX
     assert [r.getMessage() for r in caplog.records] == [
         f"optimised-model cache {cache} is not what {cache}.json says was written (cut short or damaged, as by "
         "a power cut): rebuilding it"
@@ -240,7 +222,7 @@ def test_a_cache_damaged_on_the_disk_is_rebuilt_never_run(
     with caplog.at_level(logging.INFO):
         again = Engine(probe, cfg)  # rebuilt whole: loaded, and right
     assert f"loading optimised model from cache {cache}" in caplog.text
-    assert _box(again) == PROBE_BOX
+    assert probe_box(again) == PROBE_BOX
 
 
 def _unwritable(where: str, folder: Path) -> tuple[Path, str]:
@@ -274,7 +256,7 @@ def test_a_cache_that_cannot_be_written_is_said_once_and_the_model_served(
             cache, why = _unwritable(where, folder)
         with caplog.at_level(logging.WARNING):
             engine = Engine(probe, RuntimeConfig(optimized_model_path=cache))
-        assert _box(engine) == PROBE_BOX
+        assert probe_box(engine) == PROBE_BOX
         (warning,) = [r.getMessage() for r in caplog.records]
         assert warning.startswith(f"cannot write the optimised-model cache runtime.optimized_model_path {cache} ")
         assert why in warning and warning.endswith("the model is served without it, and optimised again at the next start")
@@ -322,7 +304,7 @@ def test_the_daemon_serves_the_model_whatever_its_cache_disk_does(probe: Path, t
             folder.mkdir()
             Engine(probe, RuntimeConfig(optimized_model_path=folder / "probe.opt.onnx"))
             cache = folder / "probe.opt.onnx"
-            cache.write_bytes(_damaged(cache.read_bytes(), "zeros"))
+            damage_on_disk(cache, "zeros")
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         config = _daemon_config(tmp_path, folder / "probe.opt.onnx", endpoint)
         if fault != "zeros":  # check rebuilds a damaged cache: the daemon would find it whole

@@ -15,7 +15,7 @@ import pytest
 from allocations import NumpyAllocations
 from daemon import RunningDaemon, free_port, run_cli, served_and_stopped, write_config
 from filesystems import fill, tmpfs
-from onnx_models import PROBE_BOX, colour_probe, dynamic_probe, solid_frame
+from onnx_models import PROBE_BOX, colour_probe, damage_on_disk, dynamic_probe, probe_box, solid_frame
 
 from edged.anomaly import Anomaly
 from edged.config import ModelConfig, RuntimeConfig
@@ -301,26 +301,6 @@ def test_the_cache_folder_is_the_services_cache_directory_by_default(
     assert list((tmp_path / "openvino" / model.engine.identity.short).glob("*.blob"))
 
 
-def _probe_box(model: LoadedModel) -> tuple[float, ...]:
-    """The probe's box (cx, cy, w, h) as ``model`` runs it on a red input."""
-    tensor = np.zeros((1, 3, 64, 64), np.float32)
-    tensor[0, 0] = 1.0
-    binding = model.engine.bind(tensor)
-    binding.run()
-    return tuple(float(v) for v in binding.outputs[0][0, :4, 0])
-
-
-def _damage(blob: Path, damage: str) -> None:
-    """``blob`` as a power cut (or a failing card) may leave it: cut short, or zeros where the probe's box was."""
-    data = blob.read_bytes()
-    if damage == "cut short":
-        blob.write_bytes(data[: len(data) // 2])
-        return
-    box = np.array([PROBE_BOX], np.float32).tobytes()
-    assert data.count(box) == 1
-    blob.write_bytes(data.replace(box, bytes(len(box))))
-
-
 @pytest.mark.parametrize("damage", ["cut short", "zeros"])
 def test_a_compiled_model_damaged_on_the_disk_is_removed_and_compiled_again(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
@@ -329,10 +309,10 @@ def test_a_compiled_model_damaged_on_the_disk_is_removed_and_compiled_again(
     probe, cache = colour_probe(tmp_path / "probe.onnx"), tmp_path / "cache"
     _load(probe, "openvino", cache_dir=cache)
     (blob,) = cache.rglob("*.blob")
-    _damage(blob, damage)
+    damage_on_disk(blob, damage)
     with caplog.at_level(logging.WARNING):
         model = _load(probe, "openvino", cache_dir=cache)
-    assert _probe_box(model) == PROBE_BOX
+    assert probe_box(model.engine) == PROBE_BOX
     assert [r.getMessage() for r in caplog.records] == [
         f"runtime.cache_dir: OpenVINO's compiled model {blob.name} in {blob.parent} is not as it was written (cut "
         "short or damaged, as by a power cut): removed, the model is compiled again"
@@ -340,7 +320,7 @@ def test_a_compiled_model_damaged_on_the_disk_is_removed_and_compiled_again(
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         again = _load(probe, "openvino", cache_dir=cache)  # compiled again whole, and recorded so
-    assert not caplog.records and _probe_box(again) == PROBE_BOX and list(cache.rglob("*.blob")) == [blob]
+    assert not caplog.records and probe_box(again.engine) == PROBE_BOX and list(cache.rglob("*.blob")) == [blob]
 
 
 def test_a_cache_openvino_cannot_write_on_a_full_disk_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -353,7 +333,7 @@ def test_a_cache_openvino_cannot_write_on_a_full_disk_is_said(tmp_path: Path, ca
         fill(cache / "filler")
         with caplog.at_level(logging.WARNING):
             model = _load(probe, "openvino", cache_dir=cache)
-        assert _probe_box(model) == PROBE_BOX
+        assert probe_box(model.engine) == PROBE_BOX
         (warning,) = [r.getMessage() for r in caplog.records]
         assert warning.startswith("runtime.cache_dir: ") and str(cache / "openvino") in warning
         assert warning.endswith("the model is compiled at every start")
@@ -446,7 +426,7 @@ def test_the_daemon_on_openvino_serves_the_model_whatever_its_cache_disk_does(tm
         else:
             _load(probe, "openvino", cache_dir=cache)
             (blob,) = cache.rglob("*.blob")
-            _damage(blob, "zeros")
+            damage_on_disk(blob, "zeros")
         found, log = served_and_stopped(config, endpoint)
         assert found == [("red", (48.0, 20.0, 80.0, 44.0))], log
         said = "is not as it was written" if fault == "zeros" else "could not write its compiled model"
