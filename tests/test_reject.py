@@ -26,7 +26,8 @@ from waiting import wait_for
 
 from edged.config import Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, LineBusy, LineError
-from edged.reject import DRAIN_S, INSTALL_GPIOD, RejectLine, check_lines, open_lines
+from edged.output import Services
+from edged.reject import DRAIN_S, INSTALL_GPIOD, RejectLine, RejectOutput, check_lines, open_lines
 from edged.settings.reject import RejectConfig
 
 FAKES = Path(__file__).parent / "fakes"
@@ -459,9 +460,6 @@ def test_without_gpiod_the_configuration_is_refused_saying_what_to_install(
 
 
 def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_changed_one(gpiod: ModuleType) -> None:
-    from edged.output import Services
-    from edged.reject import RejectOutput
-
     def board(**keys: Any) -> Settings:
         return settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 100.0} | keys)
 
@@ -482,19 +480,23 @@ def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_change
         output.close()
 
 
+def _an_ng_part_in_flight(delay_ms: float) -> tuple[RejectOutput, Services, int]:
+    """A reject output on line EJECT after ``delay_ms``, its services, and when the NG part it is to
+    fire for was seen."""
+    services = Services(lambda: None, threading.Event())
+    output = RejectOutput.from_settings(settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": delay_ms}), services)
+    assert output is not None
+    t = time.monotonic_ns()
+    output.lines["cam0"].expect(t)
+    output.lines["cam0"].resolve(t, "ng", time.monotonic_ns())
+    return output, services, t
+
+
 def test_a_reload_that_moves_the_line_lets_the_old_one_fire_its_parts_in_flight_while_the_new_one_serves(
     gpiod: ModuleType,
 ) -> None:
-    from edged.output import Services
-    from edged.reject import RejectOutput
-
-    services = Services(lambda: None, threading.Event())
-    output = RejectOutput.from_settings(settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 1500.0}), services)
-    assert output is not None
+    output, services, t = _an_ng_part_in_flight(1500.0)
     try:
-        t = time.monotonic_ns()
-        output.lines["cam0"].expect(t)
-        output.lines["cam0"].resolve(t, "ng", time.monotonic_ns())
         assert output.reload(settings(reject={"chip": CHIP, "line": "SPARE", "delay_ms": 1500.0}), services) is output
         # The reload did not wait for the old line's part: that line is still held, the new one requested.
         assert levels(gpiod, 0)[-1][1] == 0 and [level for _, level in levels(gpiod, 2)] == [0]
@@ -508,16 +510,8 @@ def test_a_reload_that_moves_the_line_lets_the_old_one_fire_its_parts_in_flight_
 def test_a_reload_that_drives_the_same_line_otherwise_requests_it_once_the_old_process_has_fired_its_parts(
     gpiod: ModuleType,
 ) -> None:
-    from edged.output import Services
-    from edged.reject import RejectOutput
-
-    services = Services(lambda: None, threading.Event())
-    output = RejectOutput.from_settings(settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 300.0}), services)
-    assert output is not None
+    output, services, t = _an_ng_part_in_flight(300.0)
     try:
-        t = time.monotonic_ns()
-        output.lines["cam0"].expect(t)
-        output.lines["cam0"].resolve(t, "ng", time.monotonic_ns())
         inverted = settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 300.0, "active_low": True})
         assert output.reload(inverted, services) is output
         # One holder at a time: the old process fired its part and let go, then the line was requested active-low.
