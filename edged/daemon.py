@@ -20,7 +20,7 @@ from edged.camera import Camera, camera_for, say_ended, start_capture, stop_capt
 from edged.candidate import Candidate
 from edged.capture import Capture
 from edged.config import Settings
-from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, KeyFileError, ModelError
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, ContractError, KeyFileError, ModelError
 from edged.health import Health, Watched
 from edged.journal import JournalOutput
 from edged.lanes import Lanes, Outcome
@@ -134,7 +134,7 @@ class Daemon:
                 if code is not None:
                     return code
                 self.step()
-        except ModelError as e:  # the model cannot run at all on frames of this size
+        except (ContractError, ModelError) as e:  # the model cannot run on this camera's frames at all
             log.error("%s", e)
             return EXIT_CONFIG
         finally:
@@ -396,5 +396,5 @@ class Daemon:
             try:
                 self._settle(self.lanes.drain(LANES_STOP_WAIT_S))
                 return
-            except ModelError as e:  # another lane's frame failed as the first did: said, and stopping anyway
+            except (ContractError, ModelError) as e:  # another lane's frame failed as the first did: said
                 log.error("%s", e)

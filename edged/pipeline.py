@@ -23,7 +23,7 @@ from edged.classify import Classes, Classifier
 from edged.config import Settings
 from edged.contract import ChannelOrder, FrameSpec, frame_problem
 from edged.decode import Decoder, Detections
-from edged.errors import ConfigError, InferenceError, ModelError
+from edged.errors import ConfigError, ContractError, InferenceError, ModelError
 from edged.geometry import BoxMap
 from edged.identity import Identity
 from edged.messages import DetectionsMessage, Reason, ThermalState, Timings, VerdictMessage
@@ -262,6 +262,9 @@ class FramePath:
         image = frame.image
         size = (image.shape[1], image.shape[0]) if image.ndim >= 2 else (0, 0)
         if (detail := roi_problem(self.roi, *size)) is not None:
+            if not self.sizes_vary and (not self._plans or self._lasting_size_change(size)):
+                # every frame of the camera is this size: as for masks too large, the configuration cannot run
+                raise ContractError(f"{detail} (camera {self.camera_id})")
             return Rejected(frame, "bad_frame_size", detail)
         if not self._plans:  # the first frame plans for its size
             return self._checked(frame, self._add_plan(size))

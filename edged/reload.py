@@ -31,7 +31,7 @@ from typing import Generic, TypeVar, cast
 from edged.camera import Camera, camera_for, stop_captures
 from edged.capture import Capture
 from edged.config import ProviderConfig, RuntimeConfig, Settings, load_config
-from edged.errors import ConfigError, EdgedError, ModelError
+from edged.errors import ConfigError, ContractError, EdgedError, ModelError
 from edged.journal import JournalOutput
 from edged.model import LoadedModel, fallback_runtime, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
@@ -131,7 +131,7 @@ class Replacement:
         itself is unfit and the next frame decides."""
         try:
             outcome = self.paths[camera_id].run(frame)
-        except ModelError as e:
+        except (ContractError, ModelError) as e:
             return str(e)
         if isinstance(outcome, Rejected) and outcome.reason == "inference_error":
             return f"inference failed: {outcome.detail}"

@@ -19,11 +19,11 @@ from allocations import NumpyAllocations
 
 from edged.classify import Classifier
 from edged.config import ModelConfig, RuntimeConfig
-from edged.errors import ConfigError, HeadError
+from edged.errors import ConfigError, ContractError, HeadError
 from edged.geometry import BoxMap
 from edged.messages import parse_message
 from edged.model import LoadedModel, load_model
-from edged.pipeline import FramePath, FramePipeline, Processed, Rejected, verdict_message
+from edged.pipeline import REPLAN_AFTER, FramePath, FramePipeline, Processed, Rejected, verdict_message
 from edged.settings.inspect import InspectConfig
 from edged.sources.base import Frame
 from edged.verdict import ClassInspector
@@ -183,6 +183,29 @@ def test_a_region_is_classified_and_a_frame_it_does_not_fit_is_rejected(model: L
     rejected = path.run(Frame(np.zeros((100, 100, 3), np.uint8), 8, 0, 0, "bgr"))
     assert isinstance(rejected, Rejected) and rejected.reason == "bad_frame_size"
     assert "inspect.roi [40, 30, 220, 200] does not fit in a 100x100 frame" in rejected.detail
+
+
+def test_a_camera_whose_frames_the_region_does_not_fit_cannot_run_while_such_an_image_is_skipped(
+    model: LoadedModel,
+) -> None:
+    # Every frame of such a camera was rejected, counted, and the daemon never reported ready; now it is
+    # the configuration's error (exit 78), as masks too large for the camera's frames are.
+    small = np.zeros((100, 100, 3), np.uint8)
+    with pytest.raises(ContractError, match=r"inspect\.roi \[40, 30, 220, 200\] does not fit .* \(camera cam0\)"):
+        _path(model, ng_classes=["crack"], roi=REFERENCE["roi"]).run(Frame(small, 1, 0, 0, "bgr"))
+    path = _path(model, ng_classes=["crack"], roi=REFERENCE["roi"])
+    _run(path, "wide")
+    for seq in range(2, REPLAN_AFTER + 1):  # a few frames of another size are the camera's glitch: rejected
+        rejected = path.run(Frame(small, seq, 0, 0, "bgr"))
+        assert isinstance(rejected, Rejected) and rejected.reason == "bad_frame_size"
+    with pytest.raises(ContractError):  # that size lasting is the camera's size now
+        path.run(Frame(small, REPLAN_AFTER + 1, 0, 0, "bgr"))
+    cfg = InspectConfig.model_validate({"ng_classes": ["crack"], "roi": REFERENCE["roi"]})
+    folder = FramePath(model, "cam0", "bgr", ClassInspector(cfg, model.labels, 5, 0.25), sizes_vary=True, roi=cfg.roi)
+    for seq in range(1, REPLAN_AFTER + 3):  # an image folder's small image is skipped, however many there are
+        rejected = folder.run(Frame(small, seq, 0, 0, "bgr", "small.png"))
+        assert isinstance(rejected, Rejected) and rejected.reason == "bad_frame_size"
+    _run(folder, "wide")
 
 
 @pytest.mark.parametrize(

@@ -159,3 +159,29 @@ def test_a_classifier_exported_without_its_softmax_is_never_ok_and_is_told_to_ex
     finally:
         d.stop()
     assert d.log_path.read_text().count("export the classifier with its softmax (ultralytics' -cls exports include it)") == 1
+
+
+def test_a_camera_the_region_does_not_fit_exits_78_as_check_does(tmp_path: Path) -> None:
+    # Before: `edged check` exited 78, while `edged run` rejected every frame, counted, and never reported
+    # ready, so systemd kept waiting on a daemon that could never serve.
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "synthetic", "width": 200, "height": 150, "fps": 10.0},
+            "model": {"path": str(DATA / "cls.onnx")},
+            "inspect": {"ng_classes": ["crack"], "roi": REFERENCE["roi"]},
+            "publish": {"endpoints": [endpoint]},
+            "thermal": {"enabled": False},
+        },
+    )
+    checked = run_cli("check", "--no-bind", "--config", str(config))
+    assert checked.returncode == 78, checked.stdout + checked.stderr
+    d = RunningDaemon(config, endpoint)
+    try:
+        assert d.proc.wait(60) == 78, d.log()
+        logged = d.log()
+    finally:
+        d.close()
+    for said in (checked.stderr, logged):
+        assert "inspect.roi [40, 30, 220, 200] does not fit in a 200x150 frame" in said and "Traceback" not in said

@@ -34,6 +34,8 @@ from edged.reload import (
 from edged.shadow import Shadow
 from edged.sources.base import Frame
 
+TASKS = Path(__file__).parent / "data" / "tasks"
+
 
 def _config(path: Path, model: Path, **publish: object) -> Path:
     sections: dict[str, dict[str, object]] = {
@@ -646,6 +648,21 @@ def test_a_model_that_loads_but_fails_on_the_frame_fails_its_trial_with_the_reas
     assert isinstance(replacement.trial("cam0", _frame((0, 0, 0))), Processed)
     reason = replacement.trial("cam0", _frame((255, 255, 255)))  # warm-up passed, this frame's run fails
     assert isinstance(reason, str) and reason.startswith("inference failed: ")
+
+
+def test_a_reload_to_a_region_the_cameras_frames_cannot_hold_fails_its_trial_with_the_reason(tmp_path: Path) -> None:
+    # Before: every frame was rejected as unfit, and the reload stayed on trial for good.
+    path = write_config(
+        tmp_path / "edged.toml",
+        {
+            "source": {"type": "synthetic"},
+            "model": {"path": str(TASKS / "cls.onnx")},
+            "inspect": {"ng_classes": ["crack"], "roi": [40, 30, 220, 200]},
+            "publish": {"endpoints": ["tcp://127.0.0.1:5999"]},
+        },
+    )
+    reason = load_replacement(path, load_config(path)).trial("cam0", _frame((0, 0, 0)))
+    assert isinstance(reason, str) and "inspect.roi [40, 30, 220, 200] does not fit in a 128x96 frame" in reason
 
 
 def test_an_unfit_frame_leaves_the_trial_to_the_next_frame(tmp_path: Path) -> None:
