@@ -50,6 +50,7 @@ import math
 import os
 import queue
 import re
+import stat
 import threading
 import time
 from collections import deque
@@ -267,10 +268,12 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def _size(path: Path) -> int:
+    """The bytes of the file at ``path``; 0 for none, or a folder put where one goes (not edged's bytes)."""
     try:
-        return path.stat().st_size
+        found = path.stat()
     except FileNotFoundError:
         return 0
+    return found.st_size if stat.S_ISREG(found.st_mode) else 0
 
 
 def _today(now_s: float) -> str:
@@ -334,7 +337,7 @@ class EvidenceStore:
         self.total_bytes = 0
         self.boot_id = boot_id()
         self.clock_s = _wall_less_boot_clock()  # the clock the images saved since are stamped on (`follow_clock`)
-        self._recorded = False  # CLOCK_RECORD holds this boot and `clock_s`
+        self._recorded = False  # CLOCK_RECORD holds this boot and `clock_s`, or cannot (a folder: said once)
         self._undated_due: float | None = None  # the earliest time of an image set right in a day before EPOCH_DAY
         self._days: deque[str] = deque()  # day folders of every dataset, in the order they go (`_ordered`)
         self._oldest: deque[tuple[Path, Path]] = deque()  # the first day to go's (day folder, image), loaded by `prune`
@@ -570,8 +573,16 @@ class EvidenceStore:
             path = self.folder / CLOCK_RECORD
             data = (json.dumps({"boot_id": self.boot_id, "wall_less_boot_s": self.clock_s}) + "\n").encode()
             before = _size(path)
-            write_atomic(path, data)
-            self.total_bytes += len(data) - before
+            try:
+                write_atomic(path, data)
+                self.total_bytes += len(data) - before
+            except IsADirectoryError:  # not the disk: saving goes on, and trying again at every save would wear it
+                log.warning(
+                    "evidence: %s is a folder, so the clock the images are stamped on cannot be recorded, and a "
+                    "step of the clock while edged is stopped will not be followed: remove the folder",
+                    path,
+                    extra={"CAMERA": self.camera_id, "STAGE": "evidence"},
+                )
             self._recorded = True
 
     def restamp(self, before_s: float, by_s: float) -> int:

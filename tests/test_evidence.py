@@ -958,6 +958,23 @@ def test_a_clock_record_that_holds_no_time_is_written_again_and_a_later_step_is_
     assert store.prune(now + 31 * 86400) == 3
 
 
+def test_a_clock_record_made_a_folder_is_said_once_and_every_frame_is_still_saved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, writing the record failed at every save, so every save failed (counted and logged)."""
+    (tmp_path / "cam0" / CLOCK_RECORD).mkdir(parents=True)
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 30)
+    with caplog.at_level(logging.WARNING, logger="edged.evidence"):
+        store.open()
+        for i in range(3):
+            store.follow_clock()
+            store.save(frame(i), 95)
+    assert len(saved_sets(tmp_path)) == 3 and (tmp_path / "cam0" / CLOCK_RECORD).is_dir()
+    [said] = [r.getMessage() for r in caplog.records if CLOCK_RECORD in r.getMessage()]
+    assert "is a folder" in said and "remove the folder" in said
+    assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+
+
 def _saved_in_1970(root: Path, monkeypatch: pytest.MonkeyPatch, count: int) -> None:
     """``count`` frames saved by a store on a clock at 1970-01-02, an hour after a boot that had no
     time to set it by, their images' times that clock's; the clock then set right."""
