@@ -6,15 +6,20 @@ loads, and waits for their first frames (the size and rate each camera really gi
 side once the model is loaded, as the cameras will run), runs a grey frame of that size and the
 camera's first frame through the real pipeline (NaN or infinite outputs there mean a broken model,
 scores above 1 a wrong normalisation or head) and prints what that first frame gave, with its verdict:
-the quickest way to see a wrong model or colour order. It creates and removes a file in each camera's
-evidence folder, the journal's folder and an OPC UA certificate's folder still to be made, sees that no
-other edged holds the journal (not with ``bind=False``), binds and releases every address the daemon
-would listen on (each output's, `edged.outputs.listening`; not with ``bind=False``, beside a running
-daemon that holds them) and requests and releases every reject line (`edged.reject`; not with
-``bind=False`` either), connects once to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or
-absent is reported with its reason), and prints what the engine says of itself
-(`InferenceEngine.report`: ONNX Runtime's providers and where it placed each node, OpenVINO's device,
-plugin and precision). The last line is the one verdict: ``ok``, or the CLI's error naming the problem.
+the quickest way to see a wrong model or colour order. An image folder whose first image the model
+cannot run on at its size (an ``inspect.roi`` outside it, a segmentation model's masks past their
+budget), which run would skip, is checked with the first image that it can run on, saying how many run
+would skip (exit 78 only where it can run on none, as for a camera). It warns (exit 0) where a
+segmentation model's outlines can make a detections message larger than edged's subscribers take. It
+creates and removes a file in each camera's evidence folder, the journal's folder and an OPC UA
+certificate's folder still to be made, sees that no other edged holds the journal (not with
+``bind=False``), binds and releases every address the daemon would listen on (each output's,
+`edged.outputs.listening`; not with ``bind=False``, beside a running daemon that holds them) and
+requests and releases every reject line (`edged.reject`; not with ``bind=False`` either), connects once
+to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent is reported with its reason),
+and prints what the engine says of itself (`InferenceEngine.report`: ONNX Runtime's providers and where
+it placed each node, OpenVINO's device, plugin and precision). The last line is the one verdict:
+``ok``, or the CLI's error naming the problem.
 """
 
 from __future__ import annotations
@@ -45,14 +50,17 @@ from edged.errors import (
     ContractError,
     EdgedError,
     FolderError,
+    ImageError,
     InferenceError,
     ModelError,
     SourceError,
 )
 from edged.evidence import describe as describe_error
 from edged.evidence import folder_problem
+from edged.geometry import BoxMap
 from edged.heads.base import fmt_classes
 from edged.journal import JournalOutput, records
+from edged.messages import MAX_PAYLOAD_BYTES
 from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
 from edged.opcua import describe as describe_opcua
@@ -60,12 +68,14 @@ from edged.outputs import listening
 from edged.pipeline import FramePath, FramePipeline, frame_path, roi_problem
 from edged.preprocess import LETTERBOX_FILL
 from edged.reject import check_lines
+from edged.segment import Segmenter
 from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.opcua import OpcuaConfig
-from edged.settings.sources import SourceBase, mask_credentials
+from edged.settings.sources import ImagesSourceConfig, SourceBase, mask_credentials
 from edged.shadow import candidate_model_config, candidate_runtime, incomparable
 from edged.sources.base import Frame
+from edged.sources.images import frame_names, image_size, list_images, read_image
 from edged.sources.registry import open_source
 from edged.verdict import AnomalyInspector, ClassInspector, Inspector
 
@@ -74,6 +84,12 @@ SETTLE_S = 0.5  # a network stream first hands over the frames buffered while it
 RATE_WINDOW_S = 1.0  # then frames are counted this long to measure the rate
 TAKE_S = 0.05  # how long a probe waits for a frame before it looks whether it is to stop
 FIRST_FRAME_SHOWN = 5  # detections of the first frame named, best first; the rest are counted
+SIZES_READ = 10_000  # the headers read to find an image of a folder the model runs on, when its first does not
+# A polygon point's bytes in a detections message as edged sends it, ``[x,y],`` with one decimal each:
+# 17 at most, for a side of 10000 pixels or more (an image, up to `MAX_PIXELS`) and a 4-digit other
+# side, ``[10000.5,3317.5],``; 16 for a 7680x4320 frame, 15 for 1280x720.
+POINT_BYTES = 17
+MIN_OUTLINE_POINTS = 8  # the least model.max_outline_points takes
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +102,7 @@ class SourceProbe:
     fps: float
     channel_order: str
     frame: np.ndarray
+    name: str | None = None  # the file of an image folder's first frame
 
 
 def describe_source(cfg: SourceBase) -> str:
@@ -125,12 +142,13 @@ def probe_source(
     try:
         frame = next_frame(capture, cfg, timeout_s, "no frame", stop)
         height, width, order, image = *frame.image.shape[:2], frame.channel_order, frame.image.copy()
+        name = frame.source_file
         _take_for(capture, SETTLE_S, stop)
         while measure is not None and not measure.is_set() and not stop.is_set():
             capture.take(TAKE_S)  # as the daemon would: a camera that is not read may fall behind
         first = capture.stats().frames_captured
         elapsed = _take_for(capture, RATE_WINDOW_S, stop)
-        return SourceProbe(width, height, (capture.stats().frames_captured - first) / elapsed, order, image)
+        return SourceProbe(width, height, (capture.stats().frames_captured - first) / elapsed, order, image, name)
     finally:
         capture.stop()
 
@@ -208,16 +226,55 @@ def _report(model: LoadedModel, out: TextIO) -> None:
         print(f"signature  verified with {model.cfg.signature_key}", file=out)
     print(f"input      {model.contract.describe(order_source=True)}", file=out)
     print(f"output     {outputs} -> {model.head} head, {fmt_classes(model.num_classes)}: {labels}", file=out)
+    if (warning := outline_warning(model)) is not None:
+        print(f"{'':<10} warning: {warning}", file=out)
     for label, line in engine.report():
         print(f"{label:<10} {line}", file=out)
 
 
+def outline_warning(model: LoadedModel) -> str | None:
+    """Why a segmentation model's frame can make a detections message larger than edged's subscribers
+    take (`MAX_PAYLOAD_BYTES`): the outlines of ``model.max_masks`` detections (at most ``max_det``) of
+    ``model.max_outline_points`` points each, `POINT_BYTES` a point; None where it cannot. Run sends it
+    all the same: a subscriber refuses it, which is found only there."""
+    cfg = model.cfg
+    if model.task != "segment":
+        return None
+    outlines, points = min(cfg.max_masks, cfg.max_det), cfg.max_outline_points
+    most = outlines * points * POINT_BYTES
+    if most <= MAX_PAYLOAD_BYTES:
+        return None
+    fixes = [f"model.max_masks to {MAX_PAYLOAD_BYTES // (points * POINT_BYTES)}"]
+    if (fit := MAX_PAYLOAD_BYTES // (outlines * POINT_BYTES)) >= MIN_OUTLINE_POINTS:
+        fixes.insert(0, f"model.max_outline_points to {fit}")
+    return (
+        f"a frame's detections message can reach {most / 1e6:.1f} MB, more than the {MAX_PAYLOAD_BYTES >> 20} MiB "
+        f"edged's subscribers take: {outlines} outlines (model.max_masks = {cfg.max_masks}, model.max_det = "
+        f"{cfg.max_det}) of up to {points} points (model.max_outline_points), {POINT_BYTES} bytes a point; "
+        f"lower {' or '.join(fixes)}"
+    )
+
+
+class _RefusedAtSize(Exception):
+    """The model cannot run on a frame of this size: ``inspect.roi`` does not fit in it, or a segmentation
+    model's mask buffers would pass their budget. Run stops on such a camera with ``error`` (exit 78),
+    and skips such an image of a folder as ``bad_frame_size`` (`edged.pipeline.FramePath`); ``why`` says
+    it in one line, ``masks``: the segmenter that refused, to look at other sizes with."""
+
+    def __init__(self, error: EdgedError, why: str, masks: Segmenter | None = None) -> None:
+        super().__init__(why)
+        self.error, self.why, self.masks = error, why, masks
+
+
 def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections | Classes | Anomaly:
-    """Run ``image`` (named by ``what``) through the model; raise what the daemon would only count per frame."""
+    """Run ``image`` (named by ``what``) through the model; raise what the daemon would only count per
+    frame, and `_RefusedAtSize` where the model cannot run at its size."""
     try:
         detections, _ = plan.process(image)
     except InferenceError as e:  # in the daemon one frame; here the model failing its first frame
         raise ModelError(f"the model fails on {what}: {e}") from None
+    except ModelError as e:  # as `FramePath.run` takes it: this size cannot be planned
+        raise _RefusedAtSize(e, str(e), plan.decoder if isinstance(plan.decoder, Segmenter) else None) from None
     if detections.nonfinite:
         raise ModelError(
             f"{what} gave {detections.nonfinite} NaN or infinite output value(s); a NaN score never passes "
@@ -248,10 +305,15 @@ def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections 
 
 
 def _first_frame(
-    model: LoadedModel, path: FramePath, detections: Detections | Classes | Anomaly, width: int, height: int
+    model: LoadedModel,
+    path: FramePath,
+    detections: Detections | Classes | Anomaly,
+    width: int,
+    height: int,
+    what: str = "first frame",
 ) -> str:
-    """What the camera's first frame gave, as `run` would publish it: its detections (a classifier's
-    best classes, an anomaly model's score and regions), best first, and its verdict."""
+    """What the camera's first frame (``what``) gave, as `run` would publish it: its detections (a
+    classifier's best classes, an anomaly model's score and regions), best first, and its verdict."""
     verdict = ""
     if isinstance(detections, Classes):
         if isinstance(path.inspector, ClassInspector):
@@ -260,13 +322,13 @@ def _first_frame(
             f"{model.label(c)} {score:.2f}"
             for c, score in zip(detections.class_ids.tolist(), detections.scores.tolist(), strict=True)
         )
-        return f"first frame: classes {top or 'none'}{verdict}"
+        return f"{what}: classes {top or 'none'}{verdict}"
     if isinstance(detections, Anomaly):
         if isinstance(path.inspector, AnomalyInspector):
             verdict = f"; verdict {path.inspector(detections, width, height).verdict}"
         state = "anomalous" if detections.anomalous else "normal"
         return (
-            f"first frame: anomaly score {detections.score:.4f} ({state}, threshold {detections.threshold:g}), "
+            f"{what}: anomaly score {detections.score:.4f} ({state}, threshold {detections.threshold:g}), "
             f"{detections.scores.shape[0]} region(s){verdict}"
         )
     if isinstance(path.inspector, Inspector):
@@ -279,7 +341,7 @@ def _first_frame(
     shown = ", ".join(found[:FIRST_FRAME_SHOWN]) + (
         f", and {len(found) - FIRST_FRAME_SHOWN} more" if len(found) > FIRST_FRAME_SHOWN else ""
     )
-    return f"first frame: {len(found)} detection(s){': ' + shown if found else ''}{verdict}"
+    return f"{what}: {len(found)} detection(s){': ' + shown if found else ''}{verdict}"
 
 
 def _class(model: LoadedModel, key: str) -> str:
@@ -355,21 +417,111 @@ def _check_source(
         f"channel order {probe.channel_order} (declared: source.channel_order)",
         file=out,
     )
-    thresholds = path.inspector.thresholds if path.inspector is not None else None
-    # The region run classifies: one that does not fit would have every frame rejected.
-    if (problem := roi_problem(path.roi, probe.width, probe.height)) is not None:
-        raise ConfigError(None, [f"{problem} (camera {cfg.camera_id})" if named else problem])
-    plan = FramePipeline(model, probe.width, probe.height, cfg.channel_order, thresholds, roi=path.roi)
-    grey = np.full((probe.height, probe.width, 3), LETTERBOX_FILL, np.uint8)
-    _first_run(plan, "a plain grey frame", grey)
     first = f"the first frame of camera {cfg.camera_id}" if named else "the camera's first frame"
-    detections = _first_run(plan, first, probe.frame)
-    print(f"           {_first_frame(model, path, detections, probe.width, probe.height)}", file=out)
+    image, what = probe.frame, "first frame"
+    try:
+        detections = _first_frames(model, path, cfg, image, first, named)
+    except _RefusedAtSize as refused:
+        # A camera's every frame is this size; an image folder's others may not be (run skips this one).
+        if not isinstance(cfg, ImagesSourceConfig):
+            raise refused.error from None
+        fitting = _fitting_image(cfg, _runs_at(model, path.roi, refused.masks))
+        if fitting is None:
+            raise refused.error from None
+        print(f"           {fitting.said(cfg, probe.name, refused.why)}", file=out)
+        image, what = fitting.image, f"first image that fits ({fitting.name})"
+        try:
+            detections = _first_frames(model, path, cfg, image, fitting.name, named)
+        except _RefusedAtSize as again:
+            raise again.error from None
+    height, width = image.shape[:2]
+    print(f"           {_first_frame(model, path, detections, width, height, what)}", file=out)
     print(f"           {_inspection(model, settings.inspection(cfg))}", file=out)
     mode = settings.trigger_mode(cfg)
     trigger = "request: one frame per request on trigger.endpoint" if mode == "request" else "free: every frame"
     print(f"           trigger: {trigger}", file=out)
     print(f"           {_evidence(settings, cfg)}", file=out)
+    return None
+
+
+def _first_frames(
+    model: LoadedModel, path: FramePath, cfg: SourceBase, image: np.ndarray, what: str, named: bool
+) -> Detections | Classes | Anomaly:
+    """A plain grey frame of ``image``'s size, then ``image`` (named by ``what``), through a plan for that
+    size: what ``image`` gave; `_RefusedAtSize` where the model cannot run at that size."""
+    height, width = image.shape[:2]
+    # The region run classifies: one that does not fit would have every frame of this size rejected.
+    if (problem := roi_problem(path.roi, width, height)) is not None:
+        error = ConfigError(None, [f"{problem} (camera {cfg.camera_id})" if named else problem])
+        raise _RefusedAtSize(error, problem)
+    thresholds = path.inspector.thresholds if path.inspector is not None else None
+    plan = FramePipeline(model, width, height, cfg.channel_order, thresholds, roi=path.roi)
+    _first_run(plan, "a plain grey frame", np.full((height, width, 3), LETTERBOX_FILL, np.uint8))
+    return _first_run(plan, what, image)
+
+
+def _runs_at(
+    model: LoadedModel, roi: tuple[int, int, int, int] | None, masks: Segmenter | None
+) -> Callable[[int, int], bool]:
+    """Whether the model runs on a frame of a width and height, as run finds it (`_RefusedAtSize`):
+    ``roi`` fits in it, and a segmentation model's mask buffers (``masks``) are within their budget."""
+    contract = model.contract
+
+    def runs(width: int, height: int) -> bool:
+        if roi_problem(roi, width, height) is not None:
+            return False
+        if masks is None:
+            return True
+        return masks.budget_problem(BoxMap.letterbox(width, height, contract.width, contract.height)) is None
+
+    return runs
+
+
+@dataclass(frozen=True, slots=True)
+class _Fitting:
+    """An image folder's first image the model runs on (`_fitting_image`), decoded, and of the ``looked``
+    first of its ``total`` images, how many run would skip for their size (``skipped``)."""
+
+    name: str
+    image: np.ndarray
+    skipped: int
+    looked: int
+    total: int
+
+    def said(self, cfg: ImagesSourceConfig, first: str | None, why: str) -> str:
+        """One line: how many images run would skip, the ``first`` of them (the folder's first) and ``why``."""
+        among = f"{self.total}" if self.looked == self.total else f"first {self.looked} of the {self.total}"
+        return (
+            f"run would skip {self.skipped} of the {among} images at {cfg.path} for their size (bad_frame_size), "
+            f"the first {first or 'one'}: {why}"
+        )
+
+
+def _fitting_image(cfg: ImagesSourceConfig, runs: Callable[[int, int], bool]) -> _Fitting | None:
+    """The first image of ``cfg``'s folder, in the order the images source reads them, that the model
+    ``runs`` on at its size, decoded; None when none does. Sizes come from the headers of its first
+    `SIZES_READ` images (`edged.sources.images.image_size`), and only the image chosen is decoded (one that does not
+    decode is passed over, as the source skips it)."""
+    paths = list_images(cfg.path)
+    looked = paths[:SIZES_READ]
+    known: dict[tuple[int, int], bool] = {}
+    fitting: list[str] = []
+    skipped = 0
+    for at in looked:
+        if (size := image_size(at)) is None:
+            continue  # the source skips it as unreadable, not for its size
+        if size not in known:
+            known[size] = runs(*size)
+        if known[size]:
+            fitting.append(at)
+        else:
+            skipped += 1
+    for at, name in zip(fitting, frame_names(cfg.path, fitting), strict=True):
+        try:
+            image = read_image(at)
+        except ImageError:
+            continue
+        return _Fitting(name, image, skipped, len(looked), len(paths))
     return None
 
 

@@ -221,16 +221,13 @@ class Segmenter:
     def _refuse_past_budget(self, m: BoxMap) -> None:
         """`ModelError` naming ``model.max_masks``, the frame size and the memory its masks would take,
         when that is more than `MASK_BUFFER_BUDGET`."""
-        each = mask_bytes(m, self._mh * self._mw, retina=self._retina)
-        if self._max_masks * each <= MASK_BUFFER_BUDGET:
-            return
-        fit = MASK_BUFFER_BUDGET // each
-        fix = f"set model.max_masks to {fit} or less" if fit else "send smaller frames"
-        raise ModelError(
-            f"model.max_masks = {self._max_masks} would need {self._max_masks * each / 2**30:.1f} GiB of mask buffers "
-            f"for {m.frame_w}x{m.frame_h} frames ({each / 1e6:.1f} MB a mask), more than the "
-            f"{MASK_BUFFER_BUDGET / 2**30:g} GiB edged allows them: {fix}"
-        )
+        if (problem := self.budget_problem(m)) is not None:
+            raise ModelError(problem)
+
+    def budget_problem(self, m: BoxMap) -> str | None:
+        """Why ``model.max_masks`` masks of frames mapped by ``m`` cannot be made (`mask_budget_problem`);
+        None where they can: a look at a frame size without planning for it (`edged check`)."""
+        return mask_budget_problem(self._max_masks, m, self._mh * self._mw, retina=self._retina)
 
     def decode(self, output: np.ndarray, box_map: BoxMap) -> Instances:
         """The frame's detections, the first ``max_masks`` with their masks."""
@@ -473,6 +470,22 @@ def mask_bytes(m: BoxMap, prototype_pixels: int, *, retina: bool) -> int:
     first room (`Segmenter._plan`, less under a lower max_outline_points), its coefficients and candidate column."""
     outline_h, outline_w = (m.frame_h, m.frame_w) if retina else (m.input_h, m.input_w)
     return m.frame_h * m.frame_w + 4 * prototype_pixels + 16 * (outline_h + outline_w) + 4 * MASK_COEFFICIENTS + 8
+
+
+def mask_budget_problem(max_masks: int, m: BoxMap, prototype_pixels: int, *, retina: bool) -> str | None:
+    """Why ``max_masks`` masks of frames mapped by ``m`` (from prototypes of ``prototype_pixels``) cannot
+    be made, naming ``model.max_masks``, the frame size and the memory they would take: more than
+    `MASK_BUFFER_BUDGET`; None where they can."""
+    each = mask_bytes(m, prototype_pixels, retina=retina)
+    if max_masks * each <= MASK_BUFFER_BUDGET:
+        return None
+    fit = MASK_BUFFER_BUDGET // each
+    fix = f"set model.max_masks to {fit} or less" if fit else "send smaller frames"
+    return (
+        f"model.max_masks = {max_masks} would need {max_masks * each / 2**30:.1f} GiB of mask buffers "
+        f"for {m.frame_w}x{m.frame_h} frames ({each / 1e6:.1f} MB a mask), more than the "
+        f"{MASK_BUFFER_BUDGET / 2**30:g} GiB edged allows them: {fix}"
+    )
 
 
 def _source_span(start: int, stop: int, k: int, size: int) -> tuple[int, int]:

@@ -22,6 +22,8 @@ from onnx_models import colour_probe
 
 pytestmark = pytest.mark.integration
 
+TASKS = Path(__file__).parent / "data" / "tasks"
+
 
 @pytest.fixture
 def tmp(tmp_path: Path) -> Path:
@@ -314,3 +316,83 @@ def test_an_opcua_cert_dir_that_takes_no_file_fails_the_check_with_exit_1(tmp: P
             daemon.collect("detections", 1)  # run serves all the same, without OPC UA
         finally:
             daemon.close()
+
+
+def _folder(at: Path, sizes: dict[str, tuple[int, int]]) -> Path:
+    """A folder of grey images, each named with its width and height."""
+    at.mkdir()
+    for name, (width, height) in sizes.items():
+        cv2.imwrite(str(at / name), np.full((height, width, 3), 90, np.uint8))
+    return at
+
+
+def test_an_image_folder_whose_first_image_the_roi_misses_is_checked_with_one_it_fits(tmp: Path, ports: list[int]) -> None:
+    """Run skips an image ``inspect.roi`` does not fit in (bad_frame_size) and serves the folder's others;
+    check stopped with exit 78 on the folder's first image. Now it says how many run would skip, naming
+    the first, and checks the first that fits; a folder of none that fits still stops it."""
+    inspect = {"ng_classes": ["crack"], "roi": [10, 10, 120, 90]}
+    folder = _folder(tmp / "parts", {"a.png": (64, 48), "b.png": (128, 96), "c.png": (64, 48)})
+    source = {"type": "images", "path": str(folder)}
+    config = _config(tmp, ports, model={"path": str(TASKS / "cls.onnx")}, inspect=inspect, source=source)
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert (
+        f"run would skip 2 of the 3 images at {folder} for their size (bad_frame_size), the first a.png: "
+        "inspect.roi [10, 10, 120, 90] does not fit in a 64x48 frame: set it inside the frame" in lines
+    )
+    assert any(line.startswith("first image that fits (b.png): classes ") for line in lines), result.stdout
+    assert lines[-1] == "ok"
+    (folder / "b.png").unlink()
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 78, result.stdout + result.stderr
+    assert "inspect.roi [10, 10, 120, 90] does not fit in a 64x48 frame" in result.stderr
+    assert "run would skip" not in result.stdout
+
+
+def test_an_image_folder_whose_first_image_passes_the_mask_budget_is_checked_with_one_within_it(
+    tmp: Path, ports: list[int]
+) -> None:
+    """600 masks of a 1920x1080 image need 1.2 GiB: run skips that image (bad_frame_size) and serves
+    the others; check stopped with exit 78 on it, the folder's first. A folder of such images alone still does."""
+    folder = _folder(tmp / "parts", {"a.png": (1920, 1080), "b.png": (320, 180)})
+    source = {"type": "images", "path": str(folder)}
+    config = _config(tmp, ports, model={"path": str(TASKS / "seg.onnx"), "max_masks": 600}, source=source)
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert (
+        f"run would skip 1 of the 2 images at {folder} for their size (bad_frame_size), the first a.png: "
+        "model.max_masks = 600 would need 1.2 GiB of mask buffers for 1920x1080 frames" in result.stdout
+    )
+    assert any(line.startswith("first image that fits (b.png): ") for line in lines), result.stdout
+    (folder / "b.png").unlink()
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 78, result.stdout + result.stderr
+    assert "model.max_masks = 600 would need 1.2 GiB of mask buffers for 1920x1080 frames" in result.stderr
+
+
+def test_a_camera_whose_frames_the_roi_misses_still_fails_the_check(tmp: Path, ports: list[int]) -> None:
+    # Every frame of a camera is its size: run would reject them all, so check stops as it did.
+    source = {"type": "synthetic", "width": 64, "height": 48, "fps": 20.0}
+    inspect = {"ng_classes": ["crack"], "roi": [10, 10, 120, 90]}
+    config = _config(tmp, ports, model={"path": str(TASKS / "cls.onnx")}, inspect=inspect, source=source)
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 78, result.stdout + result.stderr
+    assert "inspect.roi [10, 10, 120, 90] does not fit in a 64x48 frame" in result.stderr
+
+
+def test_check_warns_when_a_segmentation_models_outlines_can_pass_what_subscribers_take(tmp: Path, ports: list[int]) -> None:
+    """100 outlines of 5000 points, 17 bytes each, are 8.5 MB, and edged's subscribers refuse a
+    message over 1 MiB: check said ok without a word. The defaults (20 of 2000) are 0.7 MB."""
+    raised = {"path": str(TASKS / "seg.onnx"), "max_masks": 100, "max_outline_points": 5000}
+    result = run_cli("check", "--config", str(_config(tmp, ports, model=raised)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        "warning: a frame's detections message can reach 8.5 MB, more than the 1 MiB edged's subscribers take: "
+        "100 outlines (model.max_masks = 100, model.max_det = 100) of up to 5000 points (model.max_outline_points), "
+        "17 bytes a point; lower model.max_outline_points to 616 or model.max_masks to 12" in result.stdout
+    )
+    result = run_cli("check", "--config", str(_config(tmp, ports, model={"path": str(TASKS / "seg.onnx")})))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning" not in result.stdout

@@ -29,7 +29,7 @@ from edged.settings.sources import (
     mask_credentials,
 )
 from edged.sources.file import FileSource
-from edged.sources.images import MAX_FILE_BYTES, ImagesSource, list_images, read_image
+from edged.sources.images import MAX_FILE_BYTES, ImagesSource, image_size, list_images, read_image
 from edged.sources.registry import SOURCES, open_source, sizes_vary
 from edged.sources.scenes import SceneGenerator
 from edged.sources.synthetic import SyntheticSource
@@ -784,3 +784,20 @@ def test_every_real_encoding_decodes_as_opencv_reads_it(
     expected = cv2.imread(str(path), flags)
     assert expected is not None
     np.testing.assert_array_equal(read_image(path, flags), expected)
+
+
+def test_an_images_size_is_read_from_its_header_past_a_large_exif_block(tmp_path: Path) -> None:
+    # A phone's JPEG puts tens of kilobytes (its EXIF thumbnail) before its size; a pipe holds nothing up.
+    image = np.full((300, 500, 3), 90, np.uint8)
+    jpeg = cv2.imencode(".jpg", image)[1].tobytes()
+    (tmp_path / "phone.jpg").write_bytes(jpeg[:2] + b"\xff\xe1" + (50000).to_bytes(2, "big") + bytes(49998) + jpeg[2:])
+    cv2.imwrite(str(tmp_path / "b.png"), image)
+    os.mkfifo(tmp_path / "pipe.png")
+    (tmp_path / "empty.png").touch()
+    assert cv2.imread(str(tmp_path / "phone.jpg")).shape == (300, 500, 3)
+    assert image_size(str(tmp_path / "phone.jpg")) == image_size(str(tmp_path / "b.png")) == (500, 300)
+    assert image_size(str(tmp_path / "pipe.png")) is None and image_size(str(tmp_path / "empty.png")) is None
+    # What read_image refuses before decoding has no size either: more pixels, or a longer side, than edged decodes.
+    lying_jpeg(tmp_path / "bomb.jpg", 20000, 20000)
+    black_png(tmp_path / "long.png", 65536, 2)
+    assert image_size(str(tmp_path / "bomb.jpg")) is None and image_size(str(tmp_path / "long.png")) is None

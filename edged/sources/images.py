@@ -14,6 +14,7 @@ import fnmatch
 import glob
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -33,6 +34,10 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 # the 2^30 pixels (3.2 GB and more) OpenCV allows, which a file of a few kilobytes can claim and a
 # 4 GB board cannot hold; a 96 KB PNG of 1000000x33 pixels, within MAX_PIXELS, took edged to 2.6 GB.
 MAX_FILE_BYTES = 8 * MAX_PIXELS  # such an image uncompressed, 4 channels of 16 bits
+# How much of a file `image_size` reads first: a PNG's, BMP's or WebP's size is in its first bytes,
+# most JPEGs' within 4 KiB; one after a larger block (a phone's EXIF thumbnail) is read 16 times as
+# far, and so on, until it is found.
+HEADER_BYTES = 1 << 12
 
 
 def is_image_file(path: Path) -> bool:
@@ -140,6 +145,41 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     return image
 
 
+def image_size(path: str) -> tuple[int, int] | None:
+    """The width and height `read_image` would decode ``path`` at, from its header alone
+    (`HEADER_BYTES` read, then more while they give no size), for a look at many images without
+    decoding them; None for one `read_image` refuses before decoding: not a regular file, too large,
+    no size, more pixels or a longer side than edged decodes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a pipe among the images holds nothing up
+        try:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_FILE_BYTES:
+                return None
+            data = os.read(fd, HEADER_BYTES)
+            header = read_header(data)
+            while header is not None and not header.width * header.height and len(data) < status.st_size:
+                if not (more := os.read(fd, 15 * len(data))):
+                    break  # it was cut short since
+                data += more
+                header = read_header(data)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    if header is None or not header.width * header.height or header.pixels > MAX_PIXELS:
+        return None
+    return None if max(header.width, header.height) > MAX_SIDE else (header.width, header.height)
+
+
+def frame_names(pattern: str, paths: list[str]) -> list[str]:
+    """The names the frames of ``paths`` (`list_images` of ``pattern``) carry: a folder's images their
+    file name, a glob's the path it matched, which says where. A name that is not UTF-8 is shown with
+    U+FFFD where its odd bytes were: messages are UTF-8 JSON."""
+    folder = os.path.isdir(pattern)
+    return [os.fsencode(os.path.basename(p) if folder else p).decode(errors="replace") for p in paths]
+
+
 def _into(out: np.ndarray | None, image: np.ndarray) -> np.ndarray:
     """``image`` copied into ``out`` when the shapes match, else ``image`` itself (a new size)."""
     if out is not None and out.shape == image.shape and out.dtype == image.dtype:
@@ -186,10 +226,7 @@ class ImagesSource:
         if not self._paths:
             kinds = " ".join(sorted(IMAGE_SUFFIXES))
             raise SourceError(f"no images found at {self._cfg.path} (looked for {kinds}; check source.path)")
-        # A folder's images are named by their file name; a glob's by the path it matched, which says where.
-        folder = os.path.isdir(self._cfg.path)
-        # A name that is not UTF-8 is shown with U+FFFD where its odd bytes were: messages are UTF-8 JSON.
-        self._names = [os.fsencode(os.path.basename(p) if folder else p).decode(errors="replace") for p in self._paths]
+        self._names = frame_names(self._cfg.path, self._paths)
 
     def read(self, out: np.ndarray | None) -> np.ndarray | None:
         """The next image that can be read. Each pass after the first lists the images again, so those
