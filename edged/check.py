@@ -25,6 +25,7 @@ it placed each node, OpenVINO's device, plugin and precision). The last line is 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import tempfile
 import threading
@@ -77,6 +78,7 @@ from edged.shadow import candidate_model_config, candidate_runtime, incomparable
 from edged.sources.base import Frame
 from edged.sources.images import frame_names, image_size, list_images, read_image
 from edged.sources.registry import open_source
+from edged.unit import Unit, unit_for
 from edged.verdict import AnomalyInspector, ClassInspector, Inspector
 
 FIRST_FRAME_TIMEOUT_S = 30.0  # longer than any camera's own open timeout: its error comes first
@@ -375,13 +377,14 @@ def _inspection(model: LoadedModel, inspect: InspectConfig | None) -> str:
     return f"inspect: thresholds {thresholds}; {zones}; NG classes: {ng}"
 
 
-def _evidence(settings: Settings, cfg: SourceBase) -> str:
-    """Where a camera's evidence goes, after creating and removing a file there; `FolderError` when it cannot."""
+def _evidence(settings: Settings, cfg: SourceBase, unit: Unit | None) -> str:
+    """Where a camera's evidence goes, after creating and removing a file there (and asking ``unit``,
+    the service's, whether it could too); `FolderError` when it cannot."""
     evidence = settings.evidence_for(cfg)
     if evidence is None:
         return "evidence: none saved"
     default = settings.evidence_dir_default(cfg)
-    problem = folder_problem(evidence.dir, cfg.camera_id)
+    problem = folder_problem(evidence.dir, cfg.camera_id) or _unit_problem(unit, evidence.dir)
     if problem is not None:
         advice = f"; {DEFAULT_NOTE}" if default else ""
         raise FolderError(
@@ -398,6 +401,7 @@ def _check_source(
     probed: Callable[[], SourceProbe],
     named: bool,
     out: TextIO,
+    unit: Unit | None,
 ) -> SourceError | None:
     """Run one camera's frames (``probed()``) through the model and say what it will do; the camera's
     error, if it gave no frame."""
@@ -440,7 +444,7 @@ def _check_source(
     mode = settings.trigger_mode(cfg)
     trigger = "request: one frame per request on trigger.endpoint" if mode == "request" else "free: every frame"
     print(f"           trigger: {trigger}", file=out)
-    print(f"           {_evidence(settings, cfg)}", file=out)
+    print(f"           {_evidence(settings, cfg, unit)}", file=out)
     return None
 
 
@@ -538,7 +542,13 @@ def _takes_no_file(folder: Path) -> str | None:
     return None
 
 
-def _journal(settings: Settings, bind: bool) -> str:
+def _unit_problem(unit: Unit | None, folder: Path) -> str | None:
+    """Why the service that runs this configuration could not write in ``folder`` (`edged.unit`); None
+    where it could, or where no such service is known (not run as root for a packaged unit)."""
+    return unit.cannot_write(folder) if unit is not None else None
+
+
+def _journal(settings: Settings, bind: bool, unit: Unit | None) -> str:
     """Where the verdict journal goes and what it will record, once its folder has taken a file (`FolderError`
     when not: run would serve and record nothing) and, with ``bind``, no other edged holds it (`ConfigError`,
     as run refuses to start; not tried beside the running service, which holds it)."""
@@ -550,21 +560,21 @@ def _journal(settings: Settings, bind: bool) -> str:
     if journal.detections:
         what += ", and every detections message sent"
     if records(settings):
-        if (problem := _takes_no_file(journal.file.parent)) is not None:
+        if (problem := _takes_no_file(journal.file.parent) or _unit_problem(unit, journal.file.parent)) is not None:
             raise FolderError(f"journal.path: {journal.file} cannot be written: {problem}; run would record no verdict")
         if bind and (problem := JournalOutput.in_use(settings, create=False)) is not None:
             raise ConfigError(None, [problem])
     return f"{journal.path}: {what}; durability {journal.durability}"
 
 
-def _opcua(cfg: OpcuaConfig, settings: Settings) -> str:
+def _opcua(cfg: OpcuaConfig, settings: Settings, unit: Unit | None) -> str:
     """What the OPC UA server will serve (`edged.opcua.describe`), once the folder its certificate is to be
     made in has taken a file: run would serve every other output without it, retrying (`FolderError`)."""
     from edged.opcua_server import CERT_FILE
 
     said = describe_opcua(cfg, settings)
     if cfg.users_file is not None and not (cfg.cert_dir / CERT_FILE).is_file():
-        if (problem := _takes_no_file(cfg.cert_dir)) is not None:
+        if (problem := _takes_no_file(cfg.cert_dir) or _unit_problem(unit, cfg.cert_dir)) is not None:
             raise FolderError(
                 f"opcua.cert_dir: the server certificate cannot be made in {cfg.cert_dir}: {problem}; "
                 "run would serve no OPC UA"
@@ -598,11 +608,25 @@ def _reject_lines(settings: Settings, bind: bool, out: TextIO) -> None:
         print(f"reject     {said}", file=out)
 
 
+def _service(config_path: Path | None, out: TextIO) -> Unit | None:
+    """The packaged unit that runs ``config_path`` (`edged.unit`), when root checks it: root may write
+    where the service may not, so each folder is also tried as the service would write it."""
+    if config_path is None or os.geteuid() != 0 or (name := unit_for(config_path)) is None:
+        return None
+    unit = Unit.load(name)
+    if unit is not None:
+        user = f"as user {unit.user}" if unit.user else "as root"
+        sandbox = ", in its sandbox" if unit.writable is not None else ""
+        print(f"service    {name}: each folder tried {user}{sandbox}, as it runs", file=out)
+    return unit
+
+
 def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.stdout, *, bind: bool = True) -> int:
     """Every camera is opened and tried, so that one missing camera does not hide another's
     problem; a model or contract problem stops at once (exit 78). ``bind``: bind and release
     every listening address (off beside a running daemon, which holds them)."""
     print(f"config     {config_path}", file=out)
+    unit = _service(config_path, out)
     try:
         with _Probes(settings.source) as probes:
             model = load_model(settings.model, settings.runtime, record_placement=True, lanes=settings.lanes())
@@ -611,13 +635,13 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
             failed = [
                 (cfg.camera_id, e)
                 for cfg in settings.source
-                if (e := _check_source(settings, model, cfg, partial(probes.result, cfg), named, out)) is not None
+                if (e := _check_source(settings, model, cfg, partial(probes.result, cfg), named, out, unit)) is not None
             ]
         candidate = _candidate(settings, model)
     except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems
         raise ConfigError(e.path or config_path, e.problems) from None
     try:
-        journal = _journal(settings, bind)
+        journal = _journal(settings, bind, unit)
     except ConfigError as e:
         raise ConfigError(config_path, e.problems) from None
     _bind_all(settings, bind, out)
@@ -626,7 +650,7 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
     if settings.mqtt is not None:
         print(f"mqtt       {probe_broker(settings.mqtt, settings.source[0].camera_id)}", file=out)
     if settings.opcua is not None:
-        print(f"opcua      {_opcua(settings.opcua, settings)}", file=out)
+        print(f"opcua      {_opcua(settings.opcua, settings, unit)}", file=out)
     _report(model, out)
     if candidate is not None:
         print(f"candidate  {candidate}", file=out)

@@ -228,6 +228,39 @@ def test_live_security_exposure_is_within_the_bound(installed: Container) -> Non
     assert _exposure(installed, "edged@cam1.service") <= MAX_EXPOSURE
 
 
+def test_sudo_check_tries_each_folder_as_the_service_writes_it(stopped: Container) -> None:
+    """Root may write where the service may not: `sudo edged check` passed an evidence folder outside
+    the sandbox's writable places, or one only root may write, and every save then failed."""
+    stopped.write(CONFIG, stopped.ok("cat", PACKAGED_CONFIG) + '\n[evidence]\ndir = "/srv/evidence"\nsave = "all"\n')
+    dropin = "/etc/systemd/system/edged.service.d/evidence.conf"
+    check = ("edged", "check", "--no-bind", "--config", CONFIG)
+    try:
+        checked = stopped.run(*check)
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        assert "service    edged.service: each folder tried as user edged, in its sandbox, as it runs" in checked.stdout
+        assert (
+            "edged.service's ProtectSystem=strict keeps /srv/evidence read-only: add ReadWritePaths=/srv/evidence "
+            "with systemctl edit edged.service" in checked.stderr
+        )
+        stopped.ok("mkdir", "-p", "/srv/evidence", "/etc/systemd/system/edged.service.d")
+        stopped.write(dropin, "[Service]\nReadWritePaths=/srv/evidence\n")
+        stopped.ok("systemctl", "daemon-reload")
+        checked = stopped.run(*check)
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        said = "edged.service runs as edged, who may not write in /srv/evidence: chown edged /srv/evidence"
+        assert said in checked.stderr
+        stopped.ok("chown", "edged:edged", "/srv/evidence")
+        checked = stopped.run(*check)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        stopped.ok("systemctl", "start", "edged.service")  # and the service saves there indeed
+        assert wait_until(lambda: bool(stopped.ok("find", "/srv/evidence", "-name", "*.jpg").strip()), 60)
+    finally:
+        stopped.ok("systemctl", "stop", "edged.service")
+        stopped.ok("rm", "-rf", dropin, "/srv/evidence")
+        stopped.ok("systemctl", "daemon-reload")
+        _reset(stopped)
+
+
 # ---- failures --------------------------------------------------------------------------------------
 
 
