@@ -351,20 +351,20 @@ class Daemon:
         self._watch()
 
     def _try(self, camera: Camera, frame: Frame) -> None:
-        """Switch to a reload's model once it has run on ``frame``, or keep the running one; ``frame`` is then
-        published in free mode only (in request mode nobody asked for it), and not in the warm-up before READY=1."""
+        """Switch to a reload's model once it has run on ``frame``, or keep the running one, which serves a frame the reload
+        does not take; one that switches is published in free mode only, and not in the warm-up before READY=1."""
         if (trial := self._trial) is None:
             return
         outcome = trial.replacement.trial(camera.id, frame)
-        if isinstance(outcome, Rejected):  # the frame is unfit, not the model: the next frame decides
-            self._inference_failures += camera.reject(outcome, self._errors)
-            return
-        if isinstance(outcome, str):
-            trial.refused(self.model, camera.id, frame, outcome)
-            self._end_trial()
-            if camera.id not in trial.incoming and camera.mode == "free":
-                self._finish(camera, camera.path.run(frame))
-            self._ready()
+        if isinstance(outcome, (Rejected, str)):  # unfit for the reload (the next frame decides), or refused
+            if isinstance(outcome, Rejected):
+                self._inference_failures += camera.reject(outcome, self._errors)
+            else:
+                trial.refused(self.model, camera.id, frame, outcome)
+                self._end_trial()
+                self._ready()
+            if camera.id not in trial.incoming:  # either way the running model serves it, and a request it answers
+                self._settle([(camera, camera.path.run(frame))])
             return
         self._switch(trial)
         log.info("reloaded: model %s", self.model.engine.identity.short)
