@@ -235,7 +235,7 @@ def _opcua(status: StatusMessage) -> Iterator[Metric]:
     yield CounterMetricFamily("edged_opcua_refused", "OPC UA sign-ins refused.", value=server.refused)
     yield CounterMetricFamily("edged_opcua_updates", "Verdicts written to the OPC UA nodes.", value=server.updates)
     yield _quantiles(
-        "edged_opcua_update_seconds", "Capture to OPC UA node update over the last verdicts, by quantile.", server.update_ms
+        "edged_opcua_update_seconds", "Capture to OPC UA node update over the last verdicts: p50 and p99.", server.update_ms
     )
 
 
@@ -362,10 +362,11 @@ def _candidate(status: StatusMessage) -> Iterator[Metric]:
 
 
 def _quantiles(name: str, documentation: str, latency: StageLatency) -> GaugeMetricFamily:
-    """A latency's median and 99th percentile, in seconds, labelled by quantile."""
-    gauge = GaugeMetricFamily(name, documentation, labels=["quantile"])
-    gauge.add_metric(["0.5"], latency.p50_ms / 1e3)
-    gauge.add_metric(["0.99"], latency.p99_ms / 1e3)
+    """A latency's median and 99th percentile, in seconds, labelled ``stat`` (``p50``, ``p99``) as the
+    reject line's are: a ``quantile`` label is a summary's alone (promtool refuses it on a gauge)."""
+    gauge = GaugeMetricFamily(name, documentation, labels=["stat"])
+    gauge.add_metric(["p50"], latency.p50_ms / 1e3)
+    gauge.add_metric(["p99"], latency.p99_ms / 1e3)
     return gauge
 
 

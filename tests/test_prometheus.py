@@ -51,6 +51,36 @@ REJECT = RejectReport(
 )
 
 
+TRIAL = CandidateReport(
+    state="on_trial",
+    model=ModelInfo(name="next", sha256="cd" * 32, provider="CPUExecutionProvider"),
+    frames=20,
+    skipped_busy=3,
+    failed_frames=1,
+    agreement=0.9,
+    verdicts={"ok/ok": 18, "ok/ng": 2},
+    classes={"crack": ClassAgreement(matched=5, live_only=1, candidate_only=2)},
+    score_shift=-0.05,
+    latency=StageLatency(p50_ms=4.0, p99_ms=8.0),
+    disagreements_saved=2,
+    gate="the models agree on 90.0% of the frames, below the gate's 98.0%",
+    live_frames=100,
+    live_delayed=4,
+    live_delay_ms=0.2,
+    live_delay=StageLatency(p50_ms=4.0, p99_ms=6.0),
+)
+
+OPCUA = OpcuaReport(
+    listen="opc.tcp://127.0.0.1:4840",
+    serving=True,
+    clients=3,
+    requests=12,
+    refused=2,
+    updates=40,
+    update_ms=StageLatency(p50_ms=1.5, p99_ms=4.0),
+)
+
+
 def _status(
     thermal: ThermalReadings | None = None,
     rate_cap: float | None = 2.5,
@@ -244,15 +274,7 @@ def test_reject_line_counters_lateness_and_margin_come_from_the_status() -> None
 
 def test_opcua_clients_and_counters_come_from_the_status() -> None:
     metrics = Metrics()
-    server = OpcuaReport(
-        listen="opc.tcp://127.0.0.1:4840",
-        serving=True,
-        clients=3,
-        requests=12,
-        refused=2,
-        updates=40,
-        update_ms=StageLatency(p50_ms=1.5, p99_ms=4.0),
-    )
+    server = OPCUA
     metrics.update([(_status().model_copy(update={"opcua": server}), RunStats().histograms(), None)])
     got = _samples(metrics)
     assert got[("edged_opcua_serving", ())] == 1
@@ -260,7 +282,7 @@ def test_opcua_clients_and_counters_come_from_the_status() -> None:
     assert got[("edged_opcua_requests_total", ())] == 12
     assert got[("edged_opcua_updates_total", ())] == 40
     assert got[("edged_opcua_refused_total", ())] == 2
-    assert got[("edged_opcua_update_seconds", (("quantile", "0.99"),))] == 0.004
+    assert got[("edged_opcua_update_seconds", (("stat", "p99"),))] == 0.004
     metrics.update([(_status(), RunStats().histograms(), None)])
     assert not any(name.startswith("edged_opcua") for name, _ in _samples(metrics))  # no [opcua]
 
@@ -275,6 +297,7 @@ def test_the_registry_is_edged_own() -> None:
 
 
 def test_promtool_accepts_the_exposition() -> None:
+    # Every section on: the OPC UA and candidate latencies were labelled quantile, which promtool refuses on a gauge.
     promtool = shutil.which("promtool")
     assert promtool, "promtool (Debian's prometheus) is needed: scripts/setup test installs it"
     stats = _inspected_stats()
@@ -282,7 +305,9 @@ def test_promtool_accepts_the_exposition() -> None:
     metrics.update(
         [
             (
-                _status(_thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE, journal=JOURNAL, reject=REJECT),
+                _status(
+                    _thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE, journal=JOURNAL, reject=REJECT, candidate=TRIAL
+                ).model_copy(update={"opcua": OPCUA}),
                 stats.histograms(),
                 stats.verdict_counts(),
             )
@@ -358,24 +383,7 @@ def test_each_camera_has_its_own_series_and_the_board_says_its_thermal_state_onc
 
 
 def test_the_shadow_trial_comes_from_the_status() -> None:
-    trial = CandidateReport(
-        state="on_trial",
-        model=ModelInfo(name="next", sha256="cd" * 32, provider="CPUExecutionProvider"),
-        frames=20,
-        skipped_busy=3,
-        failed_frames=1,
-        agreement=0.9,
-        verdicts={"ok/ok": 18, "ok/ng": 2},
-        classes={"crack": ClassAgreement(matched=5, live_only=1, candidate_only=2)},
-        score_shift=-0.05,
-        latency=StageLatency(p50_ms=4.0, p99_ms=8.0),
-        disagreements_saved=2,
-        gate="the models agree on 90.0% of the frames, below the gate's 98.0%",
-        live_frames=100,
-        live_delayed=4,
-        live_delay_ms=0.2,
-        live_delay=StageLatency(p50_ms=4.0, p99_ms=6.0),
-    )
+    trial = TRIAL
     metrics = Metrics()
     metrics.update([(_status(candidate=trial), {}, None)])
     got = {
@@ -389,9 +397,9 @@ def test_the_shadow_trial_comes_from_the_status() -> None:
     assert got[("edged_candidate_agreement", ())] == 0.9
     assert got[("edged_candidate_verdicts_total", (("candidate", "ng"), ("live", "ok")))] == 2
     assert got[("edged_candidate_boxes_total", (("class", "crack"), ("outcome", "live_only")))] == 1
-    assert got[("edged_candidate_latency_seconds", (("quantile", "0.99"),))] == 0.008
+    assert got[("edged_candidate_latency_seconds", (("stat", "p99"),))] == 0.008
     assert got[("edged_candidate_live_frames_total", ())] == 100
     assert got[("edged_candidate_live_delayed_total", ())] == 4
     assert got[("edged_candidate_live_delay_mean_seconds", ())] == 0.0002
-    assert got[("edged_candidate_live_delay_seconds", (("quantile", "0.99"),))] == 0.006
+    assert got[("edged_candidate_live_delay_seconds", (("stat", "p99"),))] == 0.006
     assert ("edged_candidate_info", (("model", "next"), ("model_sha256", "cd" * 32), ("state", "on_trial"))) in got
