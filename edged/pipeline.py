@@ -437,7 +437,8 @@ def frame_path(settings: Settings, model: LoadedModel, source: SourceBase) -> Fr
             if model.task == "classify":
                 inspector = ClassInspector(inspect, model.labels, model.num_classes, model.cfg.conf)
             elif inspect.roi is not None:
-                raise ConfigError(None, ["inspect.roi is for classification models; a detector's region is its zones"])
+                region = "an anomaly model's" if model.task == "anomaly" else "a detector's"
+                raise ConfigError(None, [f"inspect.roi is for classification models; {region} region is its zones"])
             elif model.task == "anomaly":
                 inspector = AnomalyInspector(inspect, model.cfg.max_det)
             else:

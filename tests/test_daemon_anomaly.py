@@ -84,7 +84,7 @@ def test_an_anomaly_model_fed_bgr_or_normalised_twice_exits_78_naming_why(tmp_pa
 @pytest.mark.parametrize(
     ("inspect", "words"),
     [
-        ({"roi": [0, 0, 100, 100]}, "inspect.roi is for classification models"),
+        ({"roi": [0, 0, 100, 100]}, "inspect.roi is for classification models; an anomaly model's region is its zones"),
         ({"min_confidence": 0.5}, "inspect.min_confidence is for classification models"),
     ],
 )
