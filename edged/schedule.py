@@ -104,13 +104,14 @@ def hand_out(
         if frame is None:
             continue
         taken += 1
+        request = request_of(desk, camera)
+        fresh = request is None or frame.t_capture_ns > request.arrived_ns
+        if fresh and (camera.mode == "free" or request is not None):  # its result will be published
+            outputs.taken(camera.id, frame.t_capture_ns)  # a trial frame's too: its part is on its way all the same
         if trial:
             try_frame(camera, frame)
             return taken
-        request = request_of(desk, camera)
-        if request is None or frame.t_capture_ns > request.arrived_ns:
-            if camera.mode == "free" or request is not None:  # its result will be published
-                outputs.taken(camera.id, frame.t_capture_ns)
+        if fresh:
             lanes.submit(camera, frame)
     now = time.monotonic()
     for camera in cameras:

@@ -3,6 +3,7 @@ import boundary (tests/fakes/gpiod), which records every level the line takes wi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -172,6 +173,26 @@ def test_a_slow_model_fires_the_fail_safe_at_the_deadline_and_never_again_for_it
     assert report.pulses <= report.late_fired and report.margin_p50_ms is None
     d.stop()
     assert rig.levels()[-2:] == [0, None]
+
+
+def test_a_reloads_slow_trial_frame_fires_the_fail_safe_at_its_deadline_not_when_its_verdict_comes(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    # A reload's trial frame was never announced to the line: its part's deadline was found only when
+    # its verdict came, seconds after the capture here, and the fail-safe pulse fired then, on the part
+    # at the ejector by that time, not on this one. Frames 500 ms apart keep other parts' pulses clear.
+    rig = Rig(tmp_path, NG, {"delay_ms": 300.0}, fps=2.0)
+    d = rig.start()
+    daemons.append(d)
+    d.wait_status(lambda s: s.reject is not None and s.reject.pulses >= 1, timeout=60)
+    slow = stalling_probe(tmp_path / "model.onnx", 5 * 10**6)  # seconds on a bright frame, none on the grey warm-up
+    sha = hashlib.sha256(slow.read_bytes()).hexdigest()
+    since = time.monotonic_ns()
+    d.signal(signal.SIGHUP)
+    trial = next(m for m in d.messages(120) if isinstance(m, VerdictMessage) and m.model_sha256 == sha and m.verdict == "ng")
+    target = trial.capture_time_ns - (time.time_ns() - time.monotonic_ns()) + 300 * MS  # on the line's clock
+    assert wait_for(lambda: any(rise >= target - EARLY_MS * MS for rise in rises(rig)), 30)
+    assert_each_fired_at_its_time(rig, [trial], 300.0, since)
 
 
 def test_late_pass_and_alarm(tmp_path: Path, daemons: list[RunningDaemon]) -> None:
