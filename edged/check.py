@@ -525,6 +525,9 @@ def _fitting_image(cfg: ImagesSourceConfig, runs: Callable[[int, int], bool]) ->
             image = read_image(at)
         except ImageError:
             continue
+        if not runs(image.shape[1], image.shape[0]):  # OpenCV turns a PNG, TIFF or WebP by its orientation tag
+            skipped += 1
+            continue
         return _Fitting(name, image, skipped, len(looked), len(paths))
     return None
 

@@ -1,7 +1,8 @@
 """Evidence images: the frames worth keeping, saved for audit and to label and retrain the model.
 
 Per saved frame, three files under ``DIR/CAMERA/YYYY-MM-DD/`` (the day of capture, UTC):
-``images/STEM.jpg`` (the frame as captured, not annotated), ``labels/STEM.txt`` (the detections
+``images/STEM.jpg`` (the frame as captured, not annotated; ``STEM.png`` for a frame with a side
+longer than a JPEG holds, `JPEG_MAX_SIDE`), ``labels/STEM.txt`` (the detections
 in YOLO format, ``class cx cy w h`` normalised) and ``messages/STEM.json`` (the detections message
 as published); for an anomaly model also ``maps/STEM.png``, its anomaly map (grey, 0..255 for the
 normalised 0..1, at the model's input size). ``images/`` beside ``labels/`` is the layout ultralytics training and
@@ -70,6 +71,7 @@ from edged.lograte import Failures
 from edged.messages import EvidenceReport, Task, Verdict
 from edged.output import NO_REPORT, FrameReport, Output, OutputReport, Services
 from edged.settings.evidence import DEFAULT_NOTE, EvidenceConfig, SavePolicy
+from edged.settings.sources import JPEG_MAX_SIDE
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -98,6 +100,7 @@ EPOCH_DAY = f"{datetime.fromtimestamp(EPOCH_S, tz=timezone.utc):%Y-%m-%d}"  # a 
 # from a day's images/, and an anomaly model's would take its maps/ for training images.
 YAML_TASKS = ("detect", "segment")
 SUFFIXES = {"images": ".jpg", "labels": ".txt", "messages": ".json", MAPS: ".png"}
+SAVED_SUFFIXES = (".jpg", ".png")  # a saved frame's image: JPEG, or PNG where a side is past JPEG's (`image_suffix`)
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # what a part id may not bring into a file name
 _FILE_MODE = 0o640
@@ -157,8 +160,17 @@ def class_folder(name: str) -> str:
     return folder if folder.strip(".") else "_"
 
 
+def image_suffix(width: int, height: int) -> str:
+    """The file suffix a frame of this size is saved as: ``.jpg``, or ``.png`` for a frame with a side
+    longer than `JPEG_MAX_SIDE` (an image of up to 65535 pixels on a side), which no JPEG can hold:
+    it would fail to save every time it came. PNG keeps the frame as it was captured, and ultralytics
+    and ``edged eval`` read it from ``images/`` as they read a JPEG."""
+    return ".png" if max(width, height) > JPEG_MAX_SIDE else ".jpg"
+
+
 def _images(day: Path) -> list[Path]:
-    """A day's images, ``images/*.jpg`` and a classifier's ``images/CLASS/*.jpg``, temp files included."""
+    """A day's images, ``images/*.jpg`` and a classifier's ``images/CLASS/*.jpg`` (or ``.png``,
+    `image_suffix`), temp files included."""
     images = day / "images"
     if not images.is_dir():
         return []
@@ -402,9 +414,11 @@ class EvidenceStore:
         folder = self._dataset(frame) / day
         self._make_folders(folder)
         image = frame.image if frame.channel_order == "bgr" else cv2.cvtColor(frame.image, cv2.COLOR_RGB2BGR)
-        ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, jpeg_quality])
+        suffix = image_suffix(image.shape[1], image.shape[0])
+        params = [cv2.IMWRITE_JPEG_QUALITY, jpeg_quality] if suffix == ".jpg" else []
+        ok, encoded = cv2.imencode(suffix, image, params)
         if not ok:
-            raise OSError(errno.EINVAL, f"OpenCV could not encode frame {frame.frame_id} as JPEG")
+            raise OSError(errno.EINVAL, f"OpenCV could not encode frame {frame.frame_id} as {suffix[1:].upper()}")
         images = folder / "images"
         sidecars = []
         if frame.image_class is None:
@@ -419,7 +433,7 @@ class EvidenceStore:
                 raise OSError(errno.EINVAL, f"OpenCV could not encode the map of frame {frame.frame_id} as PNG")
             (folder / MAPS).mkdir(exist_ok=True)
             sidecars.append((folder / MAPS / f"{stem}.png", png.tobytes()))
-        image_path, image_bytes = images / f"{stem}.jpg", jpeg.tobytes()
+        image_path, image_bytes = images / f"{stem}{suffix}", encoded.tobytes()
         written: list[Path] = []
         try:
             for path, data in sidecars:
@@ -594,7 +608,7 @@ class EvidenceStore:
                 for image in _images(self.root / dataset / day):
                     try:
                         stamp = image.stat()
-                        if image.suffix == ".jpg" and stamp.st_mtime < before_s:
+                        if image.suffix in SAVED_SUFFIXES and stamp.st_mtime < before_s:
                             os.utime(image, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + round(by_s * 1e9)))
                             moved += 1
                     except FileNotFoundError:
@@ -608,7 +622,7 @@ class EvidenceStore:
             for dataset in sorted(self._datasets):
                 day = self.root / dataset / name
                 for image in _images(day):
-                    if image.suffix == ".jpg":
+                    if image.suffix in SAVED_SUFFIXES:
                         try:
                             mtime = image.stat().st_mtime
                         except FileNotFoundError:
@@ -641,7 +655,9 @@ class EvidenceStore:
         capture) order; an empty day is removed. False when it was."""
         self._days = _ordered(self._days, today)
         days = [self.root / dataset / self._days[0] for dataset in sorted(self._datasets)]
-        images = sorted(((day, p) for day in days for p in _images(day) if p.suffix == ".jpg"), key=lambda d: d[1].name)
+        images = sorted(
+            ((day, p) for day in days for p in _images(day) if p.suffix in SAVED_SUFFIXES), key=lambda d: d[1].name
+        )
         if images:
             self._oldest.extend(images)
             return True
@@ -821,7 +837,7 @@ class EvidenceWriter:
         self.submit(saved)
         day, stem = day_and_stem(self.camera_id, frame.t_wall_ns, frame.frame_id, part_id)
         images = self.store.root / dataset / day / "images"
-        return (images if image_class is None else images / image_class) / f"{stem}.jpg"
+        return (images if image_class is None else images / image_class) / f"{stem}{image_suffix(width, height)}"
 
     def admit(self, verdict: Verdict | None, found: int, near: int) -> bool:
         """Whether the caller should copy this frame (``found`` detections, ``near`` near misses) and

@@ -523,7 +523,7 @@ header{padding:8px 14px;background:#22262d;display:flex;gap:12px;align-items:cen
 header b{font-size:16px}.pill{padding:1px 8px;border-radius:9px;background:#555}
 .ok{background:#1f7a3a}.bad{background:#a12b2b}.warn{background:#a67a12}
 main{display:flex;flex-wrap:wrap;align-items:flex-start;gap:14px;padding:14px}
-#live{width:640px;max-width:100%;background:#000;min-height:200px;object-fit:contain}
+#live{width:640px;max-width:100%;max-height:calc(100vh - 70px);background:#000;min-height:200px;object-fit:contain}
 section{flex:0 1 300px;min-width:300px}#verdicts td{vertical-align:top}table{border-collapse:collapse;margin-bottom:12px}
 td,th{padding:2px 10px 2px 0;text-align:left;font-variant-numeric:tabular-nums}th{color:#9aa;white-space:nowrap}
 h2{font-size:13px;margin:6px 0;color:#9aa;text-transform:uppercase}

@@ -32,6 +32,7 @@ import numpy as np
 
 from edged.messages import DetectionsMessage
 from edged.settings.inspect import Point
+from edged.settings.sources import JPEG_MAX_SIDE
 from edged.sources.base import Frame
 
 # One colour per class (BGR), cycled: saturated enough to read against a grey factory belt.
@@ -165,7 +166,7 @@ class LiveView:
                 draw_zones(image, self._zones)
                 caption(image, self._camera_id, frame_id, t_wall_ns, "  preview: no request")
             else:
-                draw(image, message, image.shape[1] / frame.shape[1], self._zones)
+                draw(image, message, _shown_scale(image, frame), self._zones)
             ok, encoded = cv2.imencode(".jpg", image, self._params)
             if ok:
                 with self._cond:
@@ -184,10 +185,14 @@ class LiveView:
         cv2.addWeighted(image, 0.6, colour, 0.4, 0.0, dst=image)
 
     def _scale(self, frame: np.ndarray, order: str) -> np.ndarray:
-        """``frame`` as BGR at most ``view_width`` wide, in a buffer kept for that size."""
+        """``frame`` as BGR at most ``view_width`` wide, in a buffer kept for that size; and at most
+        `JPEG_MAX_SIDE` tall, as a JPEG holds no more: an image narrower than the view and up to
+        65535 tall would not be encoded, and the view would stay on the frame before it."""
         h, w = frame.shape[:2]
         out_w = min(w, self._width)
         out_h = max(1, round(h * out_w / w))
+        if out_h > JPEG_MAX_SIDE:
+            out_w, out_h = max(1, round(w * JPEG_MAX_SIDE / h)), JPEG_MAX_SIDE
         if self._scaled is None or self._scaled.shape != (out_h, out_w, 3):
             self._scaled = np.empty((out_h, out_w, 3), np.uint8)
         if (out_w, out_h) == (w, h):
@@ -197,6 +202,13 @@ class LiveView:
         if order == "rgb":
             cv2.cvtColor(self._scaled, cv2.COLOR_RGB2BGR, dst=self._scaled)
         return self._scaled
+
+
+def _shown_scale(shown: np.ndarray, frame: np.ndarray) -> float:
+    """How much ``frame`` was scaled to ``shown``, by its longer side: the side rounded least, and
+    the one scaled when a frame taller than a JPEG holds keeps its width (`LiveView._scale`)."""
+    (shown_h, shown_w), (h, w) = shown.shape[:2], frame.shape[:2]
+    return float(shown_h / h if h > w else shown_w / w)
 
 
 def draw(image: np.ndarray, message: DetectionsMessage, scale: float, zones: Zones) -> None:

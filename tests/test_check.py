@@ -7,8 +7,10 @@ import fcntl
 import os
 import select
 import socket
+import struct
 import subprocess
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from subprocess import PIPE
@@ -370,6 +372,29 @@ def test_an_image_folder_whose_first_image_passes_the_mask_budget_is_checked_wit
     result = run_cli("check", "--config", str(config))
     assert result.returncode == 78, result.stdout + result.stderr
     assert "model.max_masks = 600 would need 1.2 GiB of mask buffers for 1920x1080 frames" in result.stderr
+
+
+def test_an_image_the_header_says_fits_but_decodes_turned_is_skipped_for_the_next(tmp: Path, ports: list[int]) -> None:
+    """OpenCV turns a PNG by its EXIF orientation: stored 120x60, it decodes 60x120, which the region does
+    not fit; check chose it by its header's size and exited 78 on it, though run serves b.png."""
+    folder = _folder(tmp / "parts", {"b.png": (120, 60), "c.png": (64, 48)})
+    (folder / "a.png").write_bytes(_turned_png(120, 60))
+    source = {"type": "images", "path": str(folder)}
+    inspect = {"ng_classes": ["crack"], "roi": [0, 0, 100, 50]}
+    config = _config(tmp, ports, model={"path": str(TASKS / "cls.onnx")}, inspect=inspect, source=source)
+    result = run_cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"run would skip 2 of the 3 images at {folder} for their size (bad_frame_size), the first a.png" in result.stdout
+    assert any(line.strip().startswith("first image that fits (b.png): ") for line in result.stdout.splitlines())
+
+
+def _turned_png(width: int, height: int) -> bytes:
+    """A grey PNG of ``width`` x ``height`` whose eXIf chunk says orientation 6: decoded turned a quarter."""
+    png = cv2.imencode(".png", np.full((height, width, 3), 90, np.uint8))[1].tobytes()
+    tiff = b"MM\x00\x2a\x00\x00\x00\x08" + struct.pack(">H", 1) + struct.pack(">HHIHH", 0x0112, 3, 1, 6, 0) + bytes(4)
+    chunk = struct.pack(">I", len(tiff)) + b"eXIf" + tiff + struct.pack(">I", zlib.crc32(b"eXIf" + tiff))
+    at = png.index(b"IDAT") - 4
+    return png[:at] + chunk + png[at:]
 
 
 def test_a_camera_whose_frames_the_roi_misses_still_fails_the_check(tmp: Path, ports: list[int]) -> None:

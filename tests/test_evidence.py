@@ -643,6 +643,41 @@ def test_the_path_a_frame_is_offered_at_is_where_each_models_frame_is_saved(tmp_
     assert classifier is not None and classifier.parent == classified / day / "images" / "crack" and classifier.is_file()
 
 
+@pytest.mark.parametrize("size", [(2, 65535), (65501, 1)])
+def test_a_frame_with_a_side_longer_than_a_jpeg_holds_is_saved_as_a_png_as_captured_and_kept_in_the_quota(
+    tmp_path: Path, size: tuple[int, int]
+) -> None:
+    # An image folder's frame may be 65535 on a side, a JPEG at most 65500: saved as JPEG, every such
+    # frame failed ("OpenCV could not encode"), counted and logged each time the folder reached it.
+    w, h = size
+    tall = np.random.default_rng(0).integers(0, 256, (h, w, 3), np.uint8)
+    small = np.full((96, 128, 3), 50, np.uint8)
+    found = detected((1, (w / 4, h / 4, w * 3 / 4, h * 3 / 4)))
+    saving = writer(tmp_path, save="all", max_per_minute=0)
+    saving.start()
+    try:
+        paths = [
+            saving.offer(Frame(image, i, 0, T0_NS + i * 10**6, "bgr"), boxes, None, b"{}", names=NAMES, task="detect")
+            for i, (image, boxes) in enumerate(((tall, found), (small, detected()), (tall, found)))
+        ]
+        assert wait_for(lambda: saving.saved + saving.report().errors == 3, timeout_s=10)
+    finally:
+        saving.stop(timeout_s=5)
+    assert (saving.saved, saving.report().errors) == (3, 0), saving.report().last_error
+    assert [p.suffix for p in paths if p is not None] == [".png", ".jpg", ".png"]
+    first, _, last = (p for p in paths if p is not None)
+    assert first.is_file() and np.array_equal(cv2.imread(str(first)), tall)  # the frame as captured
+    assert label_path(first).read_text() == found.dataset_label(w, h)  # where ultralytics and `edged eval` look
+    read = {s.name: s for s in folder_samples(tmp_path / "ev", len(NAMES))[1]}  # as `edged eval --data` reads it
+    assert read[str(first.relative_to(tmp_path / "ev"))].class_ids.tolist() == [1]
+    store = EvidenceStore(tmp_path / "ev", "cam0", 10**12, 0)
+    store.open()
+    store.max_bytes = store.total_bytes - 1  # over the quota: the oldest sets go, the PNG first
+    assert store.prune(time.time()) >= 1
+    assert not first.exists() and not label_path(first).exists() and last.is_file()
+    assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
+
+
 def test_the_rate_limit_counts_the_frames_it_refuses(tmp_path: Path) -> None:
     w = writer(tmp_path, save="ng", max_per_minute=3)
     results = [w.admit(None, 1, 0) for _ in range(10)]

@@ -66,6 +66,31 @@ def test_each_format_gives_the_size_opencv_decodes(name: str) -> None:
     assert image.shape[:2] == (H, W)
 
 
+def exif(orientation: int, order: Literal["little", "big"] = "little", padding: int = 0) -> bytes:
+    """A JPEG's EXIF segment (APP1) whose first directory's one entry is ``orientation`` (a SHORT), and
+    ``padding`` bytes after it, as a phone's thumbnail."""
+    end = "<" if order == "little" else ">"
+    mark = b"II" if order == "little" else b"MM"
+    tiff_data = mark + struct.pack(f"{end}HIHHHIHH", 42, 8, 1, 0x0112, 3, 1, orientation, 0) + bytes(4 + padding)
+    payload = b"Exif\x00\x00" + tiff_data
+    return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
+
+
+@pytest.mark.parametrize("order", ["little", "big"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_jpeg_is_turned_as_opencv_turns_it_by_its_exif_orientation(
+    orientation: int, order: Literal["little", "big"]
+) -> None:
+    # OpenCV shows a JPEG as its EXIF orientation says: 5 to 8 turn it a quarter, so that a phone's portrait
+    # photo, stored landscape, is decoded portrait; its header's size is the stored one.
+    data = JPEGS["baseline"][:2] + exif(orientation, order) + JPEGS["baseline"][2:]
+    header = read_header(data)
+    shown = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR).shape[:2]
+    assert header is not None and (header.width, header.height) == (W, H)
+    assert header.turned is (orientation >= 5)
+    assert shown == ((W, H) if header.turned else (H, W))
+
+
 def test_the_three_kinds_of_webp_are_read() -> None:
     firsts = {FILES[name][12:16] for name in FILES if name.startswith("webp")}
     assert firsts == {b"VP8 ", b"VP8L", b"VP8X"}

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from daemon import write_mjpeg
 from images import black_png, lying_jpeg, oversized_png, truncated_jpeg
+from test_image_header import exif
 
 from edged.capture import Capture
 from edged.errors import ImageError, SourceError
@@ -784,6 +785,18 @@ def test_every_real_encoding_decodes_as_opencv_reads_it(
     expected = cv2.imread(str(path), flags)
     assert expected is not None
     np.testing.assert_array_equal(read_image(path, flags), expected)
+
+
+def test_a_phones_portrait_photo_has_the_size_it_is_decoded_at_not_the_one_it_is_stored_at(tmp_path: Path) -> None:
+    # Stored 500x300 with its EXIF orientation 6 (turn a quarter) in a 40 KB segment with its thumbnail:
+    # OpenCV decodes it 300x500, and `edged check` judged by 500x300 whether inspect.roi fits it.
+    jpeg = cv2.imencode(".jpg", np.full((300, 500, 3), 90, np.uint8))[1].tobytes()
+    (tmp_path / "portrait.jpg").write_bytes(jpeg[:2] + exif(6, "big", padding=40_000) + jpeg[2:])
+    (tmp_path / "landscape.jpg").write_bytes(jpeg[:2] + exif(1, "big", padding=40_000) + jpeg[2:])
+    for name in ("portrait.jpg", "landscape.jpg"):
+        h, w = read_image(tmp_path / name).shape[:2]
+        assert image_size(str(tmp_path / name)) == (w, h)
+    assert image_size(str(tmp_path / "portrait.jpg")) == (300, 500)
 
 
 def test_an_images_size_is_read_from_its_header_past_a_large_exif_block(tmp_path: Path) -> None:

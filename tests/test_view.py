@@ -90,6 +90,26 @@ def _inspected(verdict: Verdict) -> DetectionsMessage:
     )
 
 
+@pytest.mark.parametrize("width", [1, 40])
+def test_a_frame_taller_than_a_jpeg_holds_is_shown_scaled_to_it_with_its_boxes_where_they_are(
+    view: LiveView, width: int
+) -> None:
+    # An image folder's frame may be 65535 tall, a JPEG at most 65500: narrower than the view, such a
+    # frame was not encoded, and the view stayed on the frame before it (OpenCV's error on stderr).
+    image = np.full((65535, width, 3), GREY, np.uint8)
+    box = (width / 4, 60000.0, width * 3 / 4, 65400.0)  # its bottom edge shown at 65365, 65500 / 65535 of it
+    with view.watch():
+        view.offer(_frame(1, image), _message(1, [box], (width, 65535)))
+        got = view.next_jpeg(0, 10.0)
+    assert got is not None, "no JPEG of the frame"
+    shown = _decode(got[1])
+    assert shown.shape == (65500, width, 3)
+    x = width // 2
+    assert _near(shown[65365, x], PALETTE[0]), shown[65365, x]  # the box's bottom edge
+    if width > 1:  # inside the box, where the frame's own scale, 1, drew its bottom edge
+        assert _near(shown[65400, x], GREY, 30), shown[65400, x]
+
+
 def test_zones_the_boxes_in_them_and_the_verdict_banner_are_drawn(view: LiveView) -> None:
     image = np.full((1080, 1920, 3), GREY, np.uint8)
     # Shown 960x540: the zone spans x 96..480, y 108..485; the box 200..400, 300..500.

@@ -28,6 +28,9 @@ TriggerMode = Literal["free", "request"]
 _CREDENTIALS = re.compile(r"(?<=://)[^/\s]+@")  # user[:password]@ after a URL's scheme (ipc://@name has none)
 MIN_SIDE, MAX_WIDTH, MAX_HEIGHT = 32, 7680, 4320  # the frame sizes asked of a camera or generated: up to 8K
 MAX_SIDE = 65535  # the longest side of an image file decoded (`edged.sources.images`), a JPEG's longest
+# The longest side libjpeg encodes (its JPEG_MAX_DIMENSION): a PNG may be taller or wider, up to MAX_SIDE,
+# so the live view scales such a frame to it and evidence saves such a frame as PNG.
+JPEG_MAX_SIDE = 65500
 
 
 def mask_credentials(text: str) -> str:

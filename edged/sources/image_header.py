@@ -14,6 +14,10 @@ whatever comes after that marker (the zeros some cameras pad with, a phone's tra
 A PNG is whole with its IEND chunk, a WebP with the length its RIFF header gives, a TIFF with its
 first directory (written last): OpenCV refuses those cut short itself, and the check only says
 why. OpenCV refuses a BMP cut short too.
+
+OpenCV turns a JPEG as its EXIF orientation says (a phone's portrait photo is stored landscape), so
+its size as decoded is its header's turned a quarter where that orientation is 5 to 8 (`Header.turned`).
+Other formats' orientation, which OpenCV's versions honour differently, is not read.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ _NO_LENGTH = {0x01, *range(0xD0, 0xD9)}  # TEM, the restart markers and SOI carr
 _SOF = {*range(0xC0, 0xD0)} - {0xC4, 0xC8, 0xCC}  # every start of frame: DHT, JPG and DAC are not
 _TIFF_SIZES = (256, 257, 322, 323)  # ImageWidth, ImageLength, TileWidth, TileLength
 _TIFF_INTEGER_BYTES = {1: 1, 6: 1, 3: 2, 8: 2, 4: 4, 9: 4, 16: 8, 17: 8, 18: 8}  # by field type
+_APP1, _EXIF = 0xE1, b"Exif\x00\x00"  # a JPEG's EXIF segment, and how its data starts
+_ORIENTATION = 0x0112  # the EXIF tag
+_TURNED = range(5, 9)  # the EXIF orientations that turn an image a quarter: shown, its width is its height
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,7 @@ class Header:
     height: int
     cut: str | None = None
     tile: tuple[int, int] = (0, 0)
+    turned: bool = False  # decoded, it is turned a quarter: ``height`` x ``width`` (a JPEG's EXIF orientation)
 
     @property
     def pixels(self) -> int:
@@ -77,26 +85,47 @@ def _jpeg(data: bytes) -> Header:
     """Its markers walked as libjpeg walks them (bytes before a marker and fill bytes skipped): the
     size from its start of frame, then its end-of-image marker looked for from the end. Each scan
     over bytes is done in C, and a header of more markers than any camera writes gives no size:
-    hostile bytes cost no more than reading them."""
+    hostile bytes cost no more than reading them. Its first EXIF segment says whether it is turned."""
     width = height = 0
+    turned: bool | None = None
     pos = 2
     for _ in range(_MAX_MARKERS):
         if (pos := data.find(b"\xff", pos)) < 0 or (after := _NOT_FILL.search(data, pos)) is None:
-            return Header("JPEG", width, height, "it ends before its image data")
+            return Header("JPEG", width, height, "it ends before its image data", turned=bool(turned))
         marker, pos = data[after.start()], after.start() + 1
         if marker == _SOS:
             whole = data.rfind(b"\xff\xd9", pos) >= 0
-            return Header("JPEG", width, height, None if whole else "it ends before its end-of-image marker")
+            cut = None if whole else "it ends before its end-of-image marker"
+            return Header("JPEG", width, height, cut, turned=bool(turned))
         if marker == _EOI:
-            return Header("JPEG", width, height, "it ends before its image data")
+            return Header("JPEG", width, height, "it ends before its image data", turned=bool(turned))
         if marker and marker not in _NO_LENGTH:
             if pos + 7 > len(data):
-                return Header("JPEG", width, height, "it ends before its image data")
+                return Header("JPEG", width, height, "it ends before its image data", turned=bool(turned))
+            length = max(2, int.from_bytes(data[pos : pos + 2], "big"))
             if marker in _SOF:  # libjpeg refuses a second one: the larger is taken, to be safe
                 height = max(height, int.from_bytes(data[pos + 3 : pos + 5], "big"))
                 width = max(width, int.from_bytes(data[pos + 5 : pos + 7], "big"))
-            pos += max(2, int.from_bytes(data[pos : pos + 2], "big"))
+            elif marker == _APP1 and turned is None and data.startswith(_EXIF, pos + 2):
+                turned = _exif_turns(data[pos + 2 + len(_EXIF) : pos + length])
+            pos += length
     return Header("JPEG", 0, 0)
+
+
+def _exif_turns(tiff: bytes) -> bool:
+    """Whether EXIF data (a TIFF structure) turns its image a quarter, read as OpenCV's EXIF reader
+    reads it: the first orientation tag of the first directory, its value the first 16 bits of the
+    entry's value, whatever the type it claims."""
+    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
+        return False
+    order: Literal["little", "big"] = "little" if tiff[:2] == b"II" else "big"
+    first = int.from_bytes(tiff[4:8], order)
+    if int.from_bytes(tiff[2:4], order) != 42 or first + 2 > len(tiff):
+        return False
+    entries = min(int.from_bytes(tiff[first : first + 2], order), (len(tiff) - first - 2) // 12)
+    fields = np.frombuffer(tiff, np.dtype(np.uint16).newbyteorder("<" if order == "little" else ">"), entries * 6, first + 2)
+    tags = np.flatnonzero(fields[0::6] == _ORIENTATION)
+    return bool(tags.size) and int(fields[6 * int(tags[0]) + 4]) in _TURNED
 
 
 def _png(data: bytes) -> Header:

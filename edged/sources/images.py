@@ -149,7 +149,9 @@ def image_size(path: str) -> tuple[int, int] | None:
     """The width and height `read_image` would decode ``path`` at, from its header alone
     (`HEADER_BYTES` read, then more while they give no size), for a look at many images without
     decoding them; None for one `read_image` refuses before decoding: not a regular file, too large,
-    no size, more pixels or a longer side than edged decodes."""
+    no size, more pixels or a longer side than edged decodes. A JPEG that its EXIF orientation turns
+    a quarter (`Header.turned`) is decoded with its sides swapped: taken unturned, a phone's portrait
+    photo seemed to fit an ``inspect.roi`` it does not, and the reverse."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a pipe among the images holds nothing up
         try:
@@ -169,7 +171,9 @@ def image_size(path: str) -> tuple[int, int] | None:
         return None
     if header is None or not header.width * header.height or header.pixels > MAX_PIXELS:
         return None
-    return None if max(header.width, header.height) > MAX_SIDE else (header.width, header.height)
+    if max(header.width, header.height) > MAX_SIDE:
+        return None
+    return (header.height, header.width) if header.turned else (header.width, header.height)
 
 
 def frame_names(pattern: str, paths: list[str]) -> list[str]:
