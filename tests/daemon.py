@@ -292,3 +292,16 @@ def served_and_stopped(config: Path, endpoint: str) -> tuple[list[tuple[str, tup
     finally:
         daemon.close()
     return [(d.label, d.box) for d in message.detections], daemon.log_path.read_text()
+
+
+def refused_by_check_and_run(config: Path, endpoint: str, *check: str) -> tuple[str, str]:
+    """`edged check` (with ``check``'s options) and `edged run` of ``config``, each of which must exit 78:
+    what each said (check's stderr, the daemon's log)."""
+    checked = run_cli("check", *check, "--config", str(config))
+    assert checked.returncode == 78, checked.stdout + checked.stderr
+    d = RunningDaemon(config, endpoint)
+    try:
+        assert d.proc.wait(60) == 78, d.log()
+        return checked.stderr, d.log()
+    finally:
+        d.close()

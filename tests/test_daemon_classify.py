@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import onnx
 import pytest
-from daemon import RunningDaemon, free_port, images_config, run_cli, write_config
+from daemon import RunningDaemon, free_port, images_config, refused_by_check_and_run, run_cli, write_config
 from onnx import TensorProto, helper, numpy_helper
 
 from edged.messages import DetectionsMessage, VerdictMessage
@@ -175,13 +175,5 @@ def test_a_camera_the_region_does_not_fit_exits_78_as_check_does(tmp_path: Path)
             "thermal": {"enabled": False},
         },
     )
-    checked = run_cli("check", "--no-bind", "--config", str(config))
-    assert checked.returncode == 78, checked.stdout + checked.stderr
-    d = RunningDaemon(config, endpoint)
-    try:
-        assert d.proc.wait(60) == 78, d.log()
-        logged = d.log()
-    finally:
-        d.close()
-    for said in (checked.stderr, logged):
+    for said in refused_by_check_and_run(config, endpoint, "--no-bind"):
         assert "inspect.roi [40, 30, 220, 200] does not fit in a 200x150 frame" in said and "Traceback" not in said

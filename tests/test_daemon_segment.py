@@ -9,7 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from daemon import RunningDaemon, free_port, images_config, run_cli, write_config
+from daemon import RunningDaemon, free_port, images_config, refused_by_check_and_run, run_cli, write_config
 from images import black_png, lying_jpeg
 from test_segment import GREY, fragmented_seg_export, spoiled_prototypes
 
@@ -68,15 +68,7 @@ def test_max_masks_past_what_a_4k_frame_can_hold_is_refused_with_exit_78_not_a_m
             "thermal": {"enabled": False},
         },
     )
-    checked = run_cli("check", "--config", str(config))
-    assert checked.returncode == 78, checked.stdout + checked.stderr
-    d = RunningDaemon(config, endpoint)
-    try:
-        assert d.proc.wait(60) == 78, d.log()
-        logged = d.log()
-    finally:
-        d.close()
-    for said in (checked.stderr, logged):
+    for said in refused_by_check_and_run(config, endpoint):
         assert "model.max_masks = 10000" in said and "3840x2160" in said and "GiB of mask buffers" in said
         assert "set model.max_masks to 129 or less" in said and "Traceback" not in said
 

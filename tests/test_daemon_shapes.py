@@ -129,20 +129,19 @@ def test_every_shape_is_published_and_saved_as_evidence_while_the_view_is_watche
     assert "Traceback" not in log and "can't encode" not in log
 
 
+def _viewed(tmp_path: Path, image: Path) -> tuple[RunningDaemon, int]:
+    """The demo model's daemon on ``image`` alone, its live view on a free port: the daemon and the port."""
+    endpoint, port = f"tcp://127.0.0.1:{free_port()}", free_port()
+    config = images_config(tmp_path, ROOT / "models" / "demo.onnx", [image], endpoint, http={"listen": f"127.0.0.1:{port}"})
+    return RunningDaemon(config, endpoint), port
+
+
 def test_a_watched_camera_of_frames_taller_than_a_jpeg_holds_is_shown_scaled_to_it(tmp_path: Path) -> None:
     # 1x65535: narrower than the view, so not scaled to its width, and taller than the 65500 a JPEG holds.
     # The encoder's JPEG failed (OpenCV's error on stderr), and the stream sent nothing.
     (tmp_path / "made").mkdir()
     cv2.imwrite(str(tmp_path / "made" / "tall.png"), np.full((65535, 1, 3), 90, np.uint8))
-    endpoint, port = f"tcp://127.0.0.1:{free_port()}", free_port()
-    config = images_config(
-        tmp_path,
-        ROOT / "models" / "demo.onnx",
-        [tmp_path / "made" / "tall.png"],
-        endpoint,
-        http={"listen": f"127.0.0.1:{port}"},
-    )
-    d = RunningDaemon(config, endpoint)
+    d, port = _viewed(tmp_path, tmp_path / "made" / "tall.png")
     try:
         assert serving(port), d.log()
         stream = Stream(port)
@@ -166,15 +165,7 @@ def test_the_page_shows_a_tall_frame_whole_within_the_window(tmp_path: Path) -> 
     strip[27000:] = (255, 0, 0)
     (tmp_path / "made").mkdir()
     cv2.imwrite(str(tmp_path / "made" / "strip.png"), strip)
-    endpoint, port = f"tcp://127.0.0.1:{free_port()}", free_port()
-    config = images_config(
-        tmp_path,
-        ROOT / "models" / "demo.onnx",
-        [tmp_path / "made" / "strip.png"],
-        endpoint,
-        http={"listen": f"127.0.0.1:{port}"},
-    )
-    d = RunningDaemon(config, endpoint)
+    d, port = _viewed(tmp_path, tmp_path / "made" / "strip.png")
     try:
         assert serving(port), d.log()
         d.collect("detections", 1)
