@@ -384,6 +384,19 @@ def test_an_image_with_a_side_longer_than_edged_decodes_is_skipped_before_it_is_
     assert "its PNG header claims 1000000x33 pixels, a side longer than the 65535 edged decodes" in line, line
 
 
+def test_a_jpeg_claiming_a_side_longer_than_a_jpeg_holds_is_skipped_naming_the_limit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # libjpeg decodes at most 65500 a side: such a header was skipped as "a corrupt JPEG", not saying why.
+    cv2.imwrite(str(tmp_path / "a.png"), coded_frame(1))
+    lying_jpeg(tmp_path / "b.jpg", 100, 65501)
+    src = opened(ImagesSource(ImagesSourceConfig(path=str(tmp_path), loop=False)))
+    assert frame_number(src.read(None)) == 1 and src.read(None) is None and src.skipped == 1
+    [line] = [r.getMessage() for r in caplog.records if "b.jpg" in r.getMessage()]
+    assert "its JPEG header claims 100x65501 pixels, a side longer than the 65500 a JPEG holds" in line, line
+    assert image_size(str(tmp_path / "b.jpg")) is None
+
+
 def test_an_image_of_a_format_whose_size_is_not_read_first_is_skipped_naming_those_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

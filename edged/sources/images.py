@@ -23,7 +23,7 @@ import numpy as np
 
 from edged.errors import ImageError, SourceError, printable
 from edged.files import FileTooLarge, NotRegularFile, read_regular
-from edged.settings.sources import MAX_SIDE, ImagesSourceConfig
+from edged.settings.sources import JPEG_MAX_SIDE, MAX_SIDE, ImagesSourceConfig
 from edged.sources.base import MAX_PIXELS, PIXEL_LIMIT
 from edged.sources.image_header import KINDS, read_header
 
@@ -106,8 +106,9 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     """The image file at ``path``, read once and decoded from memory by OpenCV; `ImageError` saying
     why where it cannot be, or must not be (`edged.sources.image_header`): a JPEG cut short, which
     OpenCV decodes with its missing rows grey, a header claiming more than `MAX_PIXELS`, a side
-    longer than `MAX_SIDE` or no size, a file larger than `MAX_FILE_BYTES`, a format other than
-    those of `IMAGE_SUFFIXES` (its size is not known before it is decoded).
+    longer than `MAX_SIDE` (a JPEG's than `JPEG_MAX_SIDE`) or no size, a file larger than
+    `MAX_FILE_BYTES`, a format other than those of `IMAGE_SUFFIXES` (its size is not known before it
+    is decoded).
 
     Reading the bytes in Python also spares OpenCV's binding a file name that is not UTF-8 (Python
     holds its bytes as lone surrogates), on which it crashes with SIGSEGV.
@@ -135,6 +136,9 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
         raise ImageError(str(path), why)
     if max(header.width, header.height) > MAX_SIDE:
         why = f"its {header.kind} header claims {header.size} pixels, a side longer than the {MAX_SIDE} edged decodes"
+        raise ImageError(str(path), why)
+    if header.kind == "JPEG" and max(header.width, header.height) > JPEG_MAX_SIDE:  # OpenCV: "corrupt", and why not
+        why = f"its JPEG header claims {header.size} pixels, a side longer than the {JPEG_MAX_SIDE} a JPEG holds"
         raise ImageError(str(path), why)
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
@@ -171,7 +175,7 @@ def image_size(path: str) -> tuple[int, int] | None:
         return None
     if header is None or not header.width * header.height or header.pixels > MAX_PIXELS:
         return None
-    if max(header.width, header.height) > MAX_SIDE:
+    if max(header.width, header.height) > (JPEG_MAX_SIDE if header.kind == "JPEG" else MAX_SIDE):
         return None
     return (header.height, header.width) if header.turned else (header.width, header.height)
 
