@@ -58,6 +58,7 @@ from edged.errors import (
 )
 from edged.evidence import describe as describe_error
 from edged.evidence import folder_problem
+from edged.files import nearest_folder
 from edged.geometry import BoxMap
 from edged.heads.base import fmt_classes
 from edged.journal import JournalOutput, records
@@ -535,9 +536,8 @@ def _fitting_image(cfg: ImagesSourceConfig, runs: Callable[[int, int], bool]) ->
 def _takes_no_file(folder: Path) -> str | None:
     """Why ``folder`` (where it is still to be made, the nearest folder above it) takes no file, found by
     writing a page to a file there and removing it; None when it does."""
-    above = next(at for at in (folder, *folder.parents) if at.is_dir())
     try:
-        with tempfile.NamedTemporaryFile(dir=above, prefix=".edged-check-") as probe:
+        with tempfile.NamedTemporaryFile(dir=nearest_folder(folder), prefix=".edged-check-") as probe:
             probe.write(bytes(4096))
             probe.flush()
     except OSError as e:

@@ -104,6 +104,12 @@ def write_with(path: Path, write: Callable[[Path], object]) -> None:
         raise
 
 
+def nearest_folder(path: Path) -> Path:
+    """``path`` where it is a folder, else the nearest folder above it: where a folder still to be
+    made would be made, and what decides whether it can be."""
+    return next(at for at in (path, *path.parents) if at.is_dir())
+
+
 def fsync_folder(folder: Path) -> None:
     """Make a rename in ``folder`` durable: a power cut after it would otherwise undo it."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

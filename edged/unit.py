@@ -18,6 +18,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from edged.files import nearest_folder
+
 CONFIG_DIR = Path("/etc/edged")  # the packaged units' configuration folder (ExecStart --config)
 SHOWN = (
     "LoadState",
@@ -130,7 +132,7 @@ class Unit:
                 groups.add(grp.getgrnam(name).gr_gid)
             except KeyError:  # a group the system lacks fails the unit's own start, not this
                 continue
-        above = next(at for at in (folder, *folder.parents) if at.is_dir())
+        above = nearest_folder(folder)
         test = shutil.which("test") or "/usr/bin/test"
         allowed = subprocess.run(
             [test, "-w", str(above), "-a", "-x", str(above)],

@@ -25,7 +25,7 @@ from edged.errors import ImageError, SourceError, printable
 from edged.files import FileTooLarge, NotRegularFile, read_regular
 from edged.settings.sources import JPEG_MAX_SIDE, MAX_SIDE, ImagesSourceConfig
 from edged.sources.base import MAX_PIXELS, PIXEL_LIMIT
-from edged.sources.image_header import KINDS, read_header
+from edged.sources.image_header import KINDS, Header, read_header
 
 log = logging.getLogger(__name__)
 
@@ -129,17 +129,8 @@ def read_image(path: str | Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     if header.cut is not None:
         why = f"truncated {header.kind}: {header.cut}; is it still being written, or was its copy cut short?"
         raise ImageError(str(path), why)
-    if not header.width * header.height:
-        raise ImageError(str(path), f"its {header.kind} header gives no image size")
-    if header.pixels > MAX_PIXELS:
-        why = f"its {header.kind} header claims {header.size} pixels, over the {PIXEL_LIMIT} edged decodes"
-        raise ImageError(str(path), why)
-    if max(header.width, header.height) > MAX_SIDE:
-        why = f"its {header.kind} header claims {header.size} pixels, a side longer than the {MAX_SIDE} edged decodes"
-        raise ImageError(str(path), why)
-    if header.kind == "JPEG" and max(header.width, header.height) > JPEG_MAX_SIDE:  # OpenCV: "corrupt", and why not
-        why = f"its JPEG header claims {header.size} pixels, a side longer than the {JPEG_MAX_SIDE} a JPEG holds"
-        raise ImageError(str(path), why)
+    if (refused := _size_problem(header)) is not None:
+        raise ImageError(str(path), refused)
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
     except cv2.error:
@@ -173,11 +164,24 @@ def image_size(path: str) -> tuple[int, int] | None:
             os.close(fd)
     except OSError:
         return None
-    if header is None or not header.width * header.height or header.pixels > MAX_PIXELS:
-        return None
-    if max(header.width, header.height) > (JPEG_MAX_SIDE if header.kind == "JPEG" else MAX_SIDE):
+    if header is None or _size_problem(header) is not None:
         return None
     return (header.height, header.width) if header.turned else (header.width, header.height)
+
+
+def _size_problem(header: Header) -> str | None:
+    """Why an image of ``header`` is not decoded, for its size: none given, more pixels than
+    `MAX_PIXELS`, a side longer than `MAX_SIDE`, or a JPEG's than `JPEG_MAX_SIDE` (which libjpeg
+    decodes no further, and OpenCV then calls corrupt); None where it is."""
+    if not header.width * header.height:
+        return f"its {header.kind} header gives no image size"
+    if header.pixels > MAX_PIXELS:
+        return f"its {header.kind} header claims {header.size} pixels, over the {PIXEL_LIMIT} edged decodes"
+    if max(header.width, header.height) > MAX_SIDE:
+        return f"its {header.kind} header claims {header.size} pixels, a side longer than the {MAX_SIDE} edged decodes"
+    if header.kind == "JPEG" and max(header.width, header.height) > JPEG_MAX_SIDE:
+        return f"its JPEG header claims {header.size} pixels, a side longer than the {JPEG_MAX_SIDE} a JPEG holds"
+    return None
 
 
 def frame_names(pattern: str, paths: list[str]) -> list[str]:
