@@ -280,8 +280,7 @@ def server_certificate(directory: Path) -> tuple[Path, Path]:
         _finish_pair(cert, key)
         if cert.is_file() and key.is_file():
             check_secret_file(key, "opcua.cert_dir")
-            _check_pair(cert, key)
-            _say_what_clients_refuse(cert)
+            _say_what_clients_refuse(cert, _check_pair(cert, key))
             return cert, key
     except OSError as e:
         raise KeyFileError(f"opcua.cert_dir: cannot read the server certificate in {directory}: {e.strerror or e}") from None
@@ -346,10 +345,11 @@ def _finish_pair(cert: Path, key: Path) -> None:
         log.info("OPC UA: put in place the server key %s, made with its certificate before a power cut", key)
 
 
-def _check_pair(cert: Path, key: Path) -> None:
-    """`KeyFileError` for a pair the server could not load, found now rather than as the OPC UA server
-    stopping with a traceback: one cut short or damaged (an earlier edged wrote them in place, and a
-    power cut could leave either so), or a key that is not the certificate's."""
+def _check_pair(cert: Path, key: Path) -> x509.Certificate:
+    """The certificate of a pair the server can load; `KeyFileError` for one it could not, found now
+    rather than as the OPC UA server stopping with a traceback: one cut short or damaged (an earlier
+    edged wrote them in place, and a power cut could leave either so), or a key that is not the
+    certificate's."""
     renew = "remove both to have a new pair made at the next start (clients must then trust the new certificate)"
     try:
         made = x509.load_der_x509_certificate(cert.read_bytes())
@@ -363,13 +363,14 @@ def _check_pair(cert: Path, key: Path) -> None:
     spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     if private.public_key().public_bytes(*spki) != made.public_key().public_bytes(*spki):
         raise KeyFileError(f"opcua.cert_dir: {key} is not the key of {cert}: {renew}")
+    return made
 
 
-def _say_what_clients_refuse(cert: Path) -> None:
+def _say_what_clients_refuse(cert: Path, made: x509.Certificate) -> None:
     """What some clients refuse in a certificate kept: dates the clock reads outside its validity
     (made on a clock set wrongly, or simply old), as a warning; no key identifiers (made by an
-    edged that did not add them), which stacks that build chains want, as a note. Each with the way out."""
-    made = x509.load_der_x509_certificate(cert.read_bytes())  # `_check_pair` read it
+    edged that did not add them), which stacks that build chains want, as a note. Each with the way out.
+    ``made``: ``cert`` as `_check_pair` read it."""
     renew = (
         f"Remove it and {cert.with_name(KEY_FILE)} to have a new pair made at the next start "
         "(clients must then trust the new one)"
