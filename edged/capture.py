@@ -390,19 +390,19 @@ class Capture:
         image = source.read(buf)
         if image is None:
             return "ended"
-        now_ns = self._clock()
+        now_ns, wall_ns = self._clock(), time.time_ns()
         if watch is not None:
             watch.arrived(now_ns)
-        t_capture_ns = now_ns - source.frame_age_ns() if stamps(source) else now_ns
+        age_ns = source.frame_age_ns() if stamps(source) else 0
         name = source.frame_name() if names_frames(source) else None
-        self._deliver(index, image, t_capture_ns, source.channel_order, name)
+        self._deliver(index, image, now_ns - age_ns, wall_ns - age_ns, source.channel_order, name)
         return "delivered"
 
     def _grab(self, source: SplitSource, timing: StreamTiming, watch: StallWatch | None, *, decode: bool) -> ReadOutcome:
         """The next frame grabbed, decoded into a free slot only when ``decode`` or the consumer may want it."""
         if not source.grab():
             return "ended"
-        t_capture_ns = self._clock()
+        t_capture_ns, wall_ns = self._clock(), time.time_ns()  # both before decoding, which takes its time
         if watch is not None:
             watch.arrived(t_capture_ns)
         timing.grabbed(t_capture_ns)
@@ -413,18 +413,27 @@ class Capture:
         index, buf = self._frames.claim()
         image = source.retrieve(buf)
         timing.decoded(self._clock() - t_capture_ns)
-        self._deliver(index, image, t_capture_ns, source.channel_order)
+        self._deliver(index, image, t_capture_ns, wall_ns, source.channel_order)
         return "delivered"
 
     def _deliver(
-        self, index: int, image: np.ndarray, t_capture_ns: int, order: Literal["bgr", "rgb"], name: str | None = None
+        self,
+        index: int,
+        image: np.ndarray,
+        t_capture_ns: int,
+        wall_ns: int,
+        order: Literal["bgr", "rgb"],
+        name: str | None = None,
     ) -> None:
+        """The frame in slot ``index`` handed to the consumer, stamped with its capture time on both
+        clocks: the monotonic one paces and places the part for the reject line, the wall one is
+        the time subscribers are told."""
         if image.shape != self._frames.shape and image.ndim >= 2:
             _refuse_oversize(image.shape[1], image.shape[0])
         previous = self._frames.adopt(index, image)
         if previous is not None:
             self._log_size_change(previous, image.shape)
-        self._frames.hand_over(index, t_capture_ns, time.time_ns(), order, name)
+        self._frames.hand_over(index, t_capture_ns, wall_ns, order, name)
         self._last_progress_ns = t_capture_ns
 
     # ---- state changes, each logged once ---------------------------------------------------

@@ -337,6 +337,45 @@ def test_frames_are_stamped_with_the_capture_clock(captures: Captures) -> None:
     assert capture.stats().last_progress_ns == frame.t_capture_ns
 
 
+def test_a_frames_wall_time_is_when_it_was_grabbed_not_when_decoding_ended(captures: Captures) -> None:
+    """Subscribers are told when the part was seen: a large frame's decoding, which takes
+    milliseconds on a board, is not added to its capture time."""
+    camera, decoding = FakeCamera(fps=100.0), list[int]()
+
+    class SlowDecoding(SplitFakeSource):
+        def retrieve(self, out: np.ndarray | None) -> np.ndarray:
+            decoding.append(time.time_ns())
+            time.sleep(0.02)
+            return super().retrieve(out)
+
+    capture, clock = captures.on_clock(lambda: SlowDecoding(camera))
+    clock.waiting(1)
+    frame = capture.take(timeout_s=0)
+    assert frame is not None and len(decoding) == 1
+    assert frame.t_wall_ns <= decoding[0]
+
+
+def test_a_frame_the_camera_stamps_is_that_old_on_the_wall_clock_too(captures: Captures) -> None:
+    camera, read_ends = FakeCamera(fps=100.0), list[int]()
+    age_ns = 5 * S  # far more than the capture thread can take between the read and its stamps
+
+    class Stamped(FakeSource):
+        def read(self, out: np.ndarray | None) -> np.ndarray | None:
+            image = super().read(out)
+            read_ends.append(time.time_ns())
+            return image
+
+        def frame_age_ns(self) -> int:
+            return age_ns
+
+    capture, clock = captures.on_clock(lambda: Stamped(camera))
+    clock.waiting(1)
+    frame = capture.take(timeout_s=0)
+    assert frame is not None
+    assert frame.t_capture_ns == clock() - age_ns
+    assert read_ends[0] - age_ns - S < frame.t_wall_ns <= read_ends[0] - age_ns + S // 10
+
+
 # ---- decoding only what the consumer takes ---------------------------------------------------------
 
 
