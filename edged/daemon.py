@@ -358,7 +358,7 @@ class Daemon:
         outcome = trial.replacement.trial(camera.id, frame)
         if isinstance(outcome, (Rejected, str)):  # unfit for the reload (the next frame decides), or refused
             if isinstance(outcome, Rejected):
-                self._inference_failures += camera.reject(outcome, self._errors)
+                self._inference_failures += trial.rejected(camera, outcome, self._errors)
             else:
                 trial.refused(self.model, camera.id, frame, outcome)
                 self._end_trial()

@@ -33,6 +33,7 @@ from edged.capture import Capture
 from edged.config import ProviderConfig, RuntimeConfig, Settings, load_config
 from edged.errors import ConfigError, ContractError, EdgedError, ModelError
 from edged.journal import JournalOutput
+from edged.lograte import LogRate
 from edged.model import LoadedModel, fallback_runtime, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
 from edged.settings.sources import SourceBase
@@ -563,6 +564,7 @@ class Trial:
         self.replacement = replacement
         self.incoming: dict[str, Camera] = {}
         self.reopens = False  # it closed a running camera to open it its own way
+        self._unfit_said: set[str] = set()  # the cameras whose frame the reload could not take, said once each
         new = replacement.settings
         for cfg in new.source:
             camera = running.get(cfg.camera_id)
@@ -585,6 +587,21 @@ class Trial:
             why,
             extra={"CAMERA": camera_id, "FRAME": frame.frame_id, "STAGE": "reload"},
         )
+
+    def rejected(self, camera: Camera, rejected: Rejected, errors: LogRate) -> int:
+        """A frame of ``camera`` the reload's model could not run: an unfit frame of a running camera
+        is served by the running model, so it is said once per camera and not counted as dropped;
+        any other is the camera's to count and say (`Camera.reject`). Returns the inference failures."""
+        if rejected.reason == "inference_error" or camera.id in self.incoming:
+            return camera.reject(rejected, errors)
+        if camera.id not in self._unfit_said:
+            self._unfit_said.add(camera.id)
+            log.warning(
+                "camera %s: the reload cannot take frame %d (%s): %s; the running model serves its frames until one fits",
+                *(camera.id, rejected.frame.frame_id, rejected.reason.removeprefix("bad_frame_"), rejected.detail),
+                extra={"CAMERA": camera.id, "FRAME": rejected.frame.frame_id, "STAGE": "reload"},
+            )
+        return 0
 
     def takes(self, camera: Camera) -> bool:
         """The trial takes this camera's next frame: it is one of the new configuration's."""

@@ -378,6 +378,11 @@ def test_frames_a_reload_cannot_take_are_inspected_by_the_running_model_until_on
         else:
             assert answer("waiting").model_sha256 == sha256(MODELS["detect"][0])
         assert "inspect.roi [0, 0, 330, 250] does not fit in a " in d.log()
+        assert d.log().count("the reload cannot take frame") == 1  # said once, not at every frame
+        # Served by the running model, so not dropped: the status counts no frame as unfit.
+        since = time.time_ns()
+        status = d.wait_status(lambda s: s.time_ns > since and s.frames_processed > 0)
+        assert not status.drops.get("bad_frame_size"), status.drops
         shutil.copy(ANOMALY / "good_1280x720.png", tmp_path / "frames")  # the first image the region fits
         assert wait_for(lambda: "reloaded: model cls@" in d.log(), WAIT_S), d.log()
         if mode == "free":
