@@ -25,7 +25,6 @@ it placed each node, OpenVINO's device, plugin and precision). The last line is 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import tempfile
 import threading
@@ -71,6 +70,7 @@ from edged.pipeline import FramePath, FramePipeline, frame_path, roi_problem
 from edged.preprocess import LETTERBOX_FILL
 from edged.reject import check_lines
 from edged.segment import Segmenter
+from edged.settings.endpoints import ipc_path
 from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.opcua import OpcuaConfig
@@ -79,7 +79,7 @@ from edged.shadow import candidate_model_config, candidate_runtime, incomparable
 from edged.sources.base import Frame
 from edged.sources.images import frame_names, image_size, list_images, read_image
 from edged.sources.registry import open_source
-from edged.unit import Unit, unit_for
+from edged.unit import Unit
 from edged.verdict import AnomalyInspector, ClassInspector, Inspector
 
 FIRST_FRAME_TIMEOUT_S = 30.0  # longer than any camera's own open timeout: its error comes first
@@ -585,10 +585,14 @@ def _opcua(cfg: OpcuaConfig, settings: Settings, unit: Unit | None) -> str:
     return said
 
 
-def _bind_all(settings: Settings, bind: bool, out: TextIO) -> None:
-    """Bind every address the daemon would listen on, all at once as it holds them, then release them."""
+def _bind_all(settings: Settings, bind: bool, unit: Unit | None, out: TextIO) -> None:
+    """Bind every address the daemon would listen on, all at once as it holds them, then release them; an
+    ipc:// socket's folder is also tried as the service would make its socket there (`_unit_problem`)."""
     with contextlib.ExitStack() as bound:
         for endpoint in [*listening(settings), *control_socket(settings)]:
+            path = ipc_path(endpoint.address)
+            if path is not None and (problem := _unit_problem(unit, path.parent)) is not None:
+                raise BindError(f"{endpoint.key}: the service cannot make its socket {path}: {problem}")
             if bind:
                 try:
                     bound.callback(endpoint.bind())
@@ -611,25 +615,18 @@ def _reject_lines(settings: Settings, bind: bool, out: TextIO) -> None:
         print(f"reject     {said}", file=out)
 
 
-def _service(config_path: Path | None, out: TextIO) -> Unit | None:
-    """The packaged unit that runs ``config_path`` (`edged.unit`), when root checks it: root may write
-    where the service may not, so each folder is also tried as the service would write it."""
-    if config_path is None or os.geteuid() != 0 or (name := unit_for(config_path)) is None:
-        return None
-    unit = Unit.load(name)
+def run_check(
+    config_path: Path | None, settings: Settings, unit: Unit | None, out: TextIO = sys.stdout, *, bind: bool = True
+) -> int:
+    """Every camera is opened and tried, so that one missing camera does not hide another's
+    problem; a model or contract problem stops at once (exit 78). ``unit``: the service that runs the
+    configuration, as whose user and in whose sandbox each folder is tried (`edged.unit.Unit.checked_as`).
+    ``bind``: bind and release every listening address (off beside a running daemon, which holds them)."""
+    print(f"config     {config_path}", file=out)
     if unit is not None:
         user = f"as user {unit.user}" if unit.user else "as root"
         sandbox = ", in its sandbox" if unit.writable is not None else ""
-        print(f"service    {name}: each folder tried {user}{sandbox}, as it runs", file=out)
-    return unit
-
-
-def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.stdout, *, bind: bool = True) -> int:
-    """Every camera is opened and tried, so that one missing camera does not hide another's
-    problem; a model or contract problem stops at once (exit 78). ``bind``: bind and release
-    every listening address (off beside a running daemon, which holds them)."""
-    print(f"config     {config_path}", file=out)
-    unit = _service(config_path, out)
+        print(f"service    {unit.name}: each folder tried {user}{sandbox}, as it runs", file=out)
     try:
         with _Probes(settings.source) as probes:
             model = load_model(settings.model, settings.runtime, record_placement=True, lanes=settings.lanes())
@@ -647,7 +644,7 @@ def run_check(config_path: Path | None, settings: Settings, out: TextIO = sys.st
         journal = _journal(settings, bind, unit)
     except ConfigError as e:
         raise ConfigError(config_path, e.problems) from None
-    _bind_all(settings, bind, out)
+    _bind_all(settings, bind, unit, out)
     _reject_lines(settings, bind, out)
     print(f"journal    {journal}", file=out)
     if settings.mqtt is not None:

@@ -735,10 +735,15 @@ def _serve(config_path: Path | None, settings: Settings) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     setup_logging("warning")
+    from edged.unit import Unit
+
+    unit = Unit.checked_as(args.config)
+    if unit is not None:  # the service's folders follow the directories systemd makes for it: so do the check's
+        os.environ.update(unit.environment())
     settings = load_config(args.config)
     from edged.check import run_check
 
-    return run_check(args.config, settings, bind=not args.no_bind)
+    return run_check(args.config, settings, unit, bind=not args.no_bind)
 
 
 def _cmd_subscribe(args: argparse.Namespace) -> int:

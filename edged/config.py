@@ -41,7 +41,7 @@ from edged.settings.mqtt import MqttConfig
 from edged.settings.opcua import OpcuaConfig
 from edged.settings.reject import RejectConfig
 from edged.settings.section import Section
-from edged.settings.service_dirs import service_dir
+from edged.settings.service_dirs import service_dir, service_dirs
 from edged.settings.sources import KINDS, SourceBase, SyntheticSourceConfig, TriggerMode, mask_credentials
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
@@ -1015,7 +1015,7 @@ def _journal_problems(settings: Settings) -> list[str]:
     journal = settings.journal
     if not journal.enabled or journal.path is None:
         return []
-    if not journal.path.parent.is_dir():
+    if not journal.path.parent.is_dir() and journal.path.parent not in service_dirs("state"):  # systemd makes it
         return [
             f"journal.path: folder {journal.path.parent} does not exist (create it, set journal.path to a file in "
             "an existing folder, or journal.enabled = false)"

@@ -6,6 +6,11 @@ logs directories, ``ReadWritePaths=`` and a private /tmp are writable. A folder 
 the service cannot passed the check, and every save then failed. `Unit.cannot_write` says so for
 the unit that runs the configuration (`unit_for`: the packaged units read ``/etc/edged/NAME.toml``),
 from what ``systemctl show`` says of it (drop-ins included), trying the folder as its user.
+
+The service's folders follow the directories systemd makes for it (``$STATE_DIRECTORY`` and
+``$RUNTIME_DIRECTORY``: evidence, the journal, the OPC UA certificate, ipc sockets), which a shell
+does not have: `Unit.environment` gives them to the check as systemd gives them to the service, so
+that it tries the folders the service writes, not those beside the configuration file.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ DIRECTORY_ROOTS = {
     "RuntimeDirectory": "/run",
     "LogsDirectory": "/var/log",
 }
+# The directories whose variables the check takes on (`Unit.environment`); not the cache, where a check
+# run as root would leave root's files among the service's own.
+FOLLOWED = {"StateDirectory": "STATE_DIRECTORY", "RuntimeDirectory": "RUNTIME_DIRECTORY"}
 HOMES = ("/home", "/root", "/run/user")  # ProtectHome=
 SYSTEMCTL_TIMEOUT_S = 10.0
 
@@ -65,6 +73,7 @@ class Unit:
     groups: tuple[str, ...]
     writable: tuple[Path, ...] | None
     homes: str  # ProtectHome=: "no", "yes" (inaccessible), "read-only" or "tmpfs"
+    directories: dict[str, tuple[Path, ...]]  # by property (StateDirectory=...): systemd makes them, the user's
 
     @classmethod
     def parse(cls, name: str, shown: str) -> Unit | None:
@@ -72,16 +81,26 @@ class Unit:
         props = dict(line.partition("=")[::2] for line in shown.splitlines() if "=" in line)
         if props.get("LoadState") != "loaded":
             return None
+        directories = {
+            key: tuple(Path(root, d) for d in props.get(key, "").split()) for key, root in DIRECTORY_ROOTS.items()
+        }
         writable = None
         if props.get("ProtectSystem") == "strict":
-            places = [p.lstrip("-+") for p in props.get("ReadWritePaths", "").split()]
-            for key, root in DIRECTORY_ROOTS.items():
-                places += [f"{root}/{d}" for d in props.get(key, "").split()]
+            places = [Path(p.lstrip("-+")) for p in props.get("ReadWritePaths", "").split()]
+            places += [d for made in directories.values() for d in made]
             if props.get("PrivateTmp") == "yes":
-                places += ["/tmp", "/var/tmp"]
-            writable = tuple(Path(p) for p in places)
+                places += [Path("/tmp"), Path("/var/tmp")]
+            writable = tuple(places)
         groups = tuple(g for g in (props.get("Group", ""), *props.get("SupplementaryGroups", "").split()) if g)
-        return cls(name, props.get("User") or None, groups, writable, props.get("ProtectHome", "no"))
+        return cls(name, props.get("User") or None, groups, writable, props.get("ProtectHome", "no"), directories)
+
+    @classmethod
+    def checked_as(cls, config: Path | None) -> Unit | None:
+        """The packaged unit that runs ``config`` (`unit_for`) where root checks it, root being able to write
+        where the service cannot; None otherwise."""
+        if config is None or os.geteuid() != 0 or (name := unit_for(config)) is None:
+            return None
+        return cls.load(name)
 
     @classmethod
     def load(cls, name: str) -> Unit | None:
@@ -100,6 +119,11 @@ class Unit:
         except (OSError, subprocess.TimeoutExpired):
             return None
         return cls.parse(name, shown.stdout) if shown.returncode == 0 else None
+
+    def environment(self) -> dict[str, str]:
+        """The variables systemd sets for the service's state and runtime directories (``:``-joined, as
+        systemd joins several), for those the unit has."""
+        return {var: ":".join(map(str, made)) for key, var in FOLLOWED.items() if (made := self.directories[key])}
 
     def cannot_write(self, folder: Path) -> str | None:
         """Why this unit's process could not write in ``folder`` (or, where it is still to be made, the
@@ -133,6 +157,8 @@ class Unit:
             except KeyError:  # a group the system lacks fails the unit's own start, not this
                 continue
         above = nearest_folder(folder)
+        if any(_within(folder, d) and not _within(above, d) for made in self.directories.values() for d in made):
+            return None  # within a directory systemd is still to make, for the user, when the service starts
         test = shutil.which("test") or "/usr/bin/test"
         allowed = subprocess.run(
             [test, "-w", str(above), "-a", "-x", str(above)],

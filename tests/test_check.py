@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import os
 import select
+import shutil
 import socket
 import struct
 import subprocess
+import tempfile
 import time
 import zlib
 from collections.abc import Iterator
@@ -421,3 +424,30 @@ def test_check_warns_when_a_segmentation_models_outlines_can_pass_what_subscribe
     result = run_cli("check", "--config", str(_config(tmp, ports, model={"path": str(TASKS / "seg.onnx")})))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "warning" not in result.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="asking as another user needs root, as sudo edged check is")
+def test_an_ipc_socket_the_services_user_cannot_make_fails_the_check_as_root(tmp: Path, ports: list[int]) -> None:
+    """Root binds the socket anywhere; the service, as its user, cannot make it in a folder only root
+    may write, and run then fails to bind."""
+    from edged.check import run_check
+    from edged.config import load_config
+    from edged.errors import BindError
+    from edged.unit import Unit
+
+    shared = Path(tempfile.mkdtemp(prefix="edged-ipc-", dir="/tmp"))
+    try:
+        shared.chmod(0o755)  # root's, as `sudo mkdir` leaves it
+        publish = {"endpoints": [f"ipc://{shared}/detections.sock"]}
+        config = _config(tmp, ports, publish=publish, journal={"enabled": False})
+        unit = Unit.parse("edged.service", "LoadState=loaded\nUser=nobody\nProtectSystem=no\n")
+        with pytest.raises(BindError) as refused:
+            run_check(config, load_config(config), unit, io.StringIO())
+        assert str(refused.value) == (
+            f"publish.endpoints: the service cannot make its socket {shared}/detections.sock: edged.service runs as "
+            f"nobody, who may not write in {shared}: chown nobody {shared}, or give another"
+        )
+        os.chown(shared, 65534, -1)
+        assert run_check(config, load_config(config), unit, io.StringIO()) == 0
+    finally:
+        shutil.rmtree(shared)

@@ -264,6 +264,29 @@ def test_sudo_check_tries_each_folder_as_the_service_writes_it(stopped: Containe
         _reset(stopped)
 
 
+def test_sudo_check_tries_the_folders_the_service_defaults_to_in_its_own_directories(stopped: Container) -> None:
+    """Under systemd, evidence and the journal default to the service's state directory: check, run from
+    a shell without $STATE_DIRECTORY, tried them beside the configuration, in /etc/edged, where the
+    sandbox writes nothing, and failed a configuration the service runs."""
+    inspect = '\n[inspect]\nng_classes = ["crack"]\n'
+    stopped.write(CONFIG, stopped.ok("cat", PACKAGED_CONFIG) + '\n[evidence]\nsave = "all"\n' + inspect)
+    check = ("env", "HOME=/tmp/edged-check-home", "edged", "check", "--no-bind", "--config", CONFIG)
+    try:
+        stopped.ok("mkdir", "-p", "/tmp/edged-check-home")
+        checked = stopped.run(*check)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert (
+            "evidence: all frames to /var/lib/edged/evidence/cam0 (the default: evidence.dir is not set)" in checked.stdout
+        )
+        assert "journal    /var/lib/edged/journal.sqlite: the verdicts of cam0" in checked.stdout
+        stopped.ok("systemctl", "start", "edged.service")  # where the service saves indeed
+        assert wait_until(lambda: bool(stopped.ok("find", "/var/lib/edged/evidence", "-name", "*.jpg").strip()), 60)
+    finally:
+        stopped.ok("systemctl", "stop", "edged.service")
+        stopped.ok("sh", "-c", "rm -rf /var/lib/edged/evidence /var/lib/edged/journal.sqlite* /tmp/edged-check-home")
+        _reset(stopped)
+
+
 # ---- failures --------------------------------------------------------------------------------------
 
 

@@ -90,3 +90,26 @@ def test_a_folder_root_may_write_and_the_units_user_may_not_is_named_with_the_fi
     assert said == f"edged.service runs as nobody, who may not write in {evidence}: chown nobody {evidence}, or give another"
     os.chown(evidence, 65534, -1)
     assert unit.cannot_write(evidence / "cam0") is None
+
+
+def test_the_check_takes_on_the_state_and_runtime_directories_systemd_gives_the_service() -> None:
+    """The service's evidence, journal, certificate and ipc sockets default to these: a check in a shell,
+    without them, tried folders beside the configuration the service never writes."""
+    unit = Unit.parse("edged@cam1.service", SHOWN.replace("=edged\n", "=edged/cam1\n"))
+    assert unit is not None
+    assert unit.environment() == {"STATE_DIRECTORY": "/var/lib/edged/cam1", "RUNTIME_DIRECTORY": "/run/edged/cam1"}
+    bare = Unit.parse("edged.service", "LoadState=loaded\nUser=edged\n")
+    assert bare is not None and bare.environment() == {}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="asking as another user needs root, as sudo edged check is")
+def test_a_folder_in_a_directory_systemd_has_still_to_make_is_the_services_to_write() -> None:
+    """Before the first start /var/lib/edged is not there: systemd makes it for the service's user."""
+    absent = f"edged-unit-{os.getpid()}"
+    assert not Path("/var/lib", absent).exists()
+    shown = SHOWN.replace("User=\n", "User=nobody\n").replace("StateDirectory=edged", f"StateDirectory={absent}")
+    unit = Unit.parse("edged.service", shown.replace("strict", "no"))
+    assert unit is not None
+    assert unit.cannot_write(Path("/var/lib", absent, "evidence")) is None
+    said = unit.cannot_write(Path("/var/lib", f"{absent}-not-its-own", "evidence"))
+    assert said is not None and "who may not write in /var/lib:" in said
