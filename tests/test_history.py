@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -424,8 +425,12 @@ def readable_only() -> Iterator[Path]:
 
 def _history_as_nobody(*args: str) -> tuple[int, str, str]:
     """edged's CLI (`edged.cli.main`) in a forked child that gave up root for nobody:nogroup and no
-    other group: its exit status, stdout and stderr."""
+    other group: its exit status, stdout and stderr. What the command imports is imported first: the
+    interpreter's library may lie where nobody cannot read (under /root), so the child imports nothing."""
+    import edged.history  # noqa: F401  # and with it sqlite3
     from edged.cli import main
+
+    codecs.lookup("ascii")  # the board identity's files are read as ASCII
 
     nobody = pwd.getpwnam("nobody")
     out_r, out_w = os.pipe()
