@@ -266,6 +266,12 @@ class VerdictMessage(TopicMessage):
     part_id: str | None = Field(description="The trigger request's part id; null when free-running or none given.")
     verdict: Verdict
     reasons: list[Reason]
+    top: list[TopClass] | None = Field(
+        None,
+        description="A classification model's best classes, as its detections message has them: what the part "
+        "was taken for, an OK one's too; absent for other tasks.",
+        exclude_if=lambda top: top is None,
+    )
     verdict_latency_ms: float = Field(description="Capture to verdict.")
     source_file: str | None = Field(None, description="The image file the frame was read from; null for a camera.")
     model_sha256: str | None = Field(None, description="SHA-256 of the model file that gave the verdict, hex.")

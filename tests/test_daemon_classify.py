@@ -62,15 +62,18 @@ def test_a_classifier_publishes_its_top_classes_and_verdicts_and_files_its_evide
     d = RunningDaemon(config, endpoint)
     try:
         seen: dict[str, DetectionsMessage] = {}
-        verdicts: set[str] = set()
+        verdicts: dict[int, VerdictMessage] = {}
         for msg in d.messages(30):
             if isinstance(msg, DetectionsMessage) and msg.source_file:
                 seen[msg.source_file] = msg
             elif isinstance(msg, VerdictMessage):
-                verdicts.add(msg.verdict)
-            if len(seen) == 2 and verdicts == {"ng", "uncertain"}:
+                verdicts[msg.frame_id] = msg
+            if len(seen) == 2 and all(m.frame_id in verdicts for m in seen.values()):
                 break
-        assert set(seen) == {"square.png", "wide.png"} and verdicts == {"ng", "uncertain"}, d.log()
+        assert set(seen) == {"square.png", "wide.png"}, d.log()
+        # The verdict says what the part was taken for, as its detections message does.
+        assert all(verdicts[m.frame_id].top == m.top for m in seen.values())
+        assert {verdicts[m.frame_id].verdict for m in seen.values()} == {"ng", "uncertain"}
         for name, verdict in (("wide", "ng"), ("square", "uncertain")):
             msg = seen[f"{name}.png"]
             expected = REFERENCE["frames"][name]
@@ -86,6 +89,25 @@ def test_a_classifier_publishes_its_top_classes_and_verdicts_and_files_its_evide
         assert not list((tmp_path / "evidence").rglob("labels/*.txt"))
     finally:
         d.stop()
+
+
+def test_edged_history_says_what_an_ok_part_was_taken_for_from_the_verdicts_alone(tmp_path: Path) -> None:
+    """A classifier's OK part has no reason: its class is in its verdict message, which the journal records
+    (it records a detections message only with journal.detections)."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    # square.png: scratch 0.42, not an NG class, above min_confidence: ok.
+    inspect = {"ng_classes": ["crack"], "min_confidence": 0.3}
+    config = images_config(tmp_path, DATA / "cls.onnx", [DATA / "square.png"], endpoint, inspect=inspect)
+    d = RunningDaemon(config, endpoint)
+    try:
+        ok = d.collect("verdict", 2)
+        assert all(isinstance(v, VerdictMessage) and v.verdict == "ok" and v.reasons == [] for v in ok), ok
+    finally:
+        assert d.stop() == 0, d.log()
+    shown = run_cli("history", "--config", str(config))
+    assert shown.returncode == 0, shown.stderr
+    rows = shown.stdout.splitlines()
+    assert rows and all("  ok  scratch 0.42  model " in row for row in rows), shown.stdout
 
 
 def test_an_uncertain_part_is_ng_on_the_triggers_exit_code(tmp_path: Path) -> None:
