@@ -32,7 +32,6 @@ import numpy as np
 
 from edged.messages import DetectionsMessage
 from edged.settings.inspect import Point
-from edged.settings.sources import JPEG_MAX_SIDE
 from edged.sources.base import Frame
 
 # One colour per class (BGR), cycled: saturated enough to read against a grey factory belt.
@@ -42,6 +41,7 @@ ZONE_PALETTE = ((255, 255, 0), (255, 0, 255), (0, 255, 255), (255, 255, 255))
 TOP_CLASSES_Y = 32  # a classifier's classes start below the verdict banner
 BANNER = {"ok": (40, 160, 40), "ng": (40, 40, 210), "uncertain": (0, 160, 230)}  # BGR: green, red, amber
 FONT = cv2.FONT_HERSHEY_SIMPLEX
+TALLEST = 4  # a view at most this many times view_width tall (`LiveView._scale`); 4 x 3840 is within a JPEG's 65500
 
 Zones = tuple[tuple[str, np.ndarray], ...]  # (name, (k, 2) points as fractions of the frame)
 
@@ -185,14 +185,15 @@ class LiveView:
         cv2.addWeighted(image, 0.6, colour, 0.4, 0.0, dst=image)
 
     def _scale(self, frame: np.ndarray, order: str) -> np.ndarray:
-        """``frame`` as BGR at most ``view_width`` wide, in a buffer kept for that size; and at most
-        `JPEG_MAX_SIDE` tall, as a JPEG holds no more: an image narrower than the view and up to
-        65535 tall would not be encoded, and the view would stay on the frame before it."""
+        """``frame`` as BGR at most ``view_width`` wide and `TALLEST` times that tall, in a buffer kept
+        for that size. The page shows a frame whole within the window's height, so more rows of a
+        tall one (a line-scan strip, 1024x30000: a 15 MB JPEG at the view's width) would cost the
+        encoder and the network and show nothing more; a JPEG holds at most 65500 anyway."""
         h, w = frame.shape[:2]
         out_w = min(w, self._width)
         out_h = max(1, round(h * out_w / w))
-        if out_h > JPEG_MAX_SIDE:
-            out_w, out_h = max(1, round(w * JPEG_MAX_SIDE / h)), JPEG_MAX_SIDE
+        if out_h > (tallest := TALLEST * self._width):
+            out_w, out_h = max(1, round(w * tallest / h)), tallest
         if self._scaled is None or self._scaled.shape != (out_h, out_w, 3):
             self._scaled = np.empty((out_h, out_w, 3), np.uint8)
         if (out_w, out_h) == (w, h):

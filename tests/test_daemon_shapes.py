@@ -136,9 +136,10 @@ def _viewed(tmp_path: Path, image: Path) -> tuple[RunningDaemon, int]:
     return RunningDaemon(config, endpoint), port
 
 
-def test_a_watched_camera_of_frames_taller_than_a_jpeg_holds_is_shown_scaled_to_it(tmp_path: Path) -> None:
+def test_a_watched_camera_of_frames_taller_than_a_jpeg_holds_is_shown_four_views_tall(tmp_path: Path) -> None:
     # 1x65535: narrower than the view, so not scaled to its width, and taller than the 65500 a JPEG holds.
-    # The encoder's JPEG failed (OpenCV's error on stderr), and the stream sent nothing.
+    # The encoder's JPEG failed (OpenCV's error on stderr), and the stream sent nothing. Now at most four
+    # times view_width (960 by default) tall: the page shows no more of it.
     (tmp_path / "made").mkdir()
     cv2.imwrite(str(tmp_path / "made" / "tall.png"), np.full((65535, 1, 3), 90, np.uint8))
     d, port = _viewed(tmp_path, tmp_path / "made" / "tall.png")
@@ -152,7 +153,7 @@ def test_a_watched_camera_of_frames_taller_than_a_jpeg_holds_is_shown_scaled_to_
             stream.close()
     finally:
         d.close()
-    assert shown == (65500, 1, 3)
+    assert shown == (4 * 960, 1, 3)
     assert "can't encode" not in d.log_path.read_text()
 
 

@@ -13,7 +13,7 @@ from waiting import wait_for
 
 from edged.messages import AnomalyRegion, Detection, DetectionsMessage, ModelInfo, Reason, Timings, TopClass, Verdict
 from edged.sources.base import Frame
-from edged.view import BANNER, PALETTE, TOP_CLASSES_Y, ZONE_PALETTE, LiveView
+from edged.view import BANNER, PALETTE, TALLEST, TOP_CLASSES_Y, ZONE_PALETTE, LiveView
 
 MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider")
 GREY = (60, 60, 60)
@@ -90,24 +90,24 @@ def _inspected(verdict: Verdict) -> DetectionsMessage:
     )
 
 
-@pytest.mark.parametrize("width", [1, 40])
-def test_a_frame_taller_than_a_jpeg_holds_is_shown_scaled_to_it_with_its_boxes_where_they_are(
-    view: LiveView, width: int
+@pytest.mark.parametrize(("width", "height"), [(1, 65535), (40, 65535), (1024, 30000)])
+def test_a_frame_far_taller_than_wide_is_shown_whole_at_most_four_views_tall_with_its_boxes(
+    view: LiveView, width: int, height: int
 ) -> None:
-    # An image folder's frame may be 65535 tall, a JPEG at most 65500: narrower than the view, such a
-    # frame was not encoded, and the view stayed on the frame before it (OpenCV's error on stderr).
-    image = np.full((65535, width, 3), GREY, np.uint8)
-    box = (width / 4, 60000.0, width * 3 / 4, 65400.0)  # its bottom edge shown at 65365, 65500 / 65535 of it
+    # An image folder's frame may be 65535 tall, a JPEG at most 65500: such a frame was not encoded, and
+    # the view stayed on the frame before it. A line-scan strip of 1024x30000 was a 15 MB JPEG at the
+    # view's width, though the page shows it within the window's height.
+    image = np.full((height, width, 3), GREY, np.uint8)
+    box = (width / 4, height * 0.9, width * 3 / 4, height * 0.99)
     with view.watch():
-        view.offer(_frame(1, image), _message(1, [box], (width, 65535)))
+        view.offer(_frame(1, image), _message(1, [box], (width, height)))
         got = view.next_jpeg(0, 10.0)
     assert got is not None, "no JPEG of the frame"
     shown = _decode(got[1])
-    assert shown.shape == (65500, width, 3)
-    x = width // 2
-    assert _near(shown[65365, x], PALETTE[0]), shown[65365, x]  # the box's bottom edge
-    if width > 1:  # inside the box, where the frame's own scale, 1, drew its bottom edge
-        assert _near(shown[65400, x], GREY, 30), shown[65400, x]
+    tallest = TALLEST * 960  # the view's width
+    assert shown.shape == (tallest, max(1, round(width * tallest / height)), 3)
+    bottom = round(box[3] * tallest / height)
+    assert _near(shown[bottom, shown.shape[1] // 2], PALETTE[0]), shown[bottom - 2 : bottom + 3, shown.shape[1] // 2]
 
 
 def test_zones_the_boxes_in_them_and_the_verdict_banner_are_drawn(view: LiveView) -> None:
