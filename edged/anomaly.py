@@ -73,13 +73,18 @@ class Anomaly:
     heat: np.ndarray | None = None  # the decoder's uint8 buffer the map is scaled into for `heatmap`
     near: bool = False  # not anomalous, but its score within the decoder's near margin below the threshold
     cut: int = 0  # regions past model.max_det, the smallest: not among those kept, so never judged
+    max_points: int = 2000  # model.max_outline_points: a longer outline is published thinned (`polygons`)
 
     def __len__(self) -> int:
         """Its regions; an anomalous frame without one still counts as a finding."""
         return max(int(self.scores.shape[0]), int(self.anomalous))
 
     def problems(self) -> list[tuple[str, int]]:
-        return output_problems(self.nonfinite, self.scores_above_one)
+        """The output's problems, and the outlines thinned (``outline_thinned``), counted and logged alike: the
+        outlines are traced for it, which the message's polygons would have done anyway."""
+        found = output_problems(self.nonfinite, self.scores_above_one)
+        thinned = sum(len(outline) > self.max_points for outline in self.outlines()) if self.ids.shape[0] else 0
+        return [*found, ("outline_thinned", thinned)] if thinned else found
 
     def near_misses(self) -> int:
         """One for a part scored just below the threshold (``near``): the part worth labelling."""
@@ -104,11 +109,17 @@ class Anomaly:
         return self.outlines_of.sides(self.ids, self.box_map)
 
     def polygons(self) -> list[list[tuple[float, float]]]:
-        """Each region's outline in frame pixels."""
+        """Each region's outline in frame pixels, one longer than ``max_points`` (the ragged edge of a noisy
+        map: thousands of points) thinned by an even stride as a segmentation outline is; its sizes stay
+        the whole outline's (`sides`)."""
         sx, sy = self.box_map.scale_x, self.box_map.scale_y
-        return [
-            [(round(x / sx, 1), round(y / sy, 1)) for x, y in outline.reshape(-1, 2).tolist()] for outline in self.outlines()
-        ]
+        shown = []
+        for outline in self.outlines():
+            points = outline.reshape(-1, 2)
+            if points.shape[0] > self.max_points:
+                points = points[:: -(-points.shape[0] // self.max_points)]
+            shown.append([(round(x / sx, 1), round(y / sy, 1)) for x, y in points.tolist()])
+        return shown
 
     def dataset_label(self, width: int, height: int) -> str:
         """One ``0 x1 y1 x2 y2 ...`` line per region, its outline normalised to the frame: ultralytics'
@@ -144,7 +155,7 @@ class Anomaly:
         return {
             "task": "anomaly",
             "detections": [],
-            "anomaly_score": None if self.problems() else round(self.score, 6),
+            "anomaly_score": None if output_problems(self.nonfinite, self.scores_above_one) else round(self.score, 6),
             "anomalous": self.anomalous,
             "threshold": self.threshold,
             "regions": [
@@ -179,10 +190,12 @@ class AnomalyDecoder:
         pixel_threshold: float | None = None,
         max_regions: int = 100,
         near_margin: float | None = None,
+        max_outline_points: int = 2000,
     ) -> None:
         """``outputs``: the bound outputs' (name, shape), in the session's order; ``near_margin``: how
-        far below the threshold a score makes a near miss (evidence saved under ``ng+near``); `HeadError`
-        when the map and the mask differ in size (`edged.heads.anomaly.sizes_differ`)."""
+        far below the threshold a score makes a near miss (evidence saved under ``ng+near``);
+        ``max_outline_points``: the most points of a published outline; `HeadError` when the map and the
+        mask differ in size (`edged.heads.anomaly.sizes_differ`)."""
         if (problem := sizes_differ(outputs)) is not None:
             raise HeadError(problem)
         self._index = {name: i for i, (name, _) in enumerate(outputs)}
@@ -199,6 +212,7 @@ class AnomalyDecoder:
         self._above = self._mask.view(np.bool_)
         self._components = _Components(h, w)
         self._max_regions = max_regions
+        self._max_points = max_outline_points
         self._cut = 0  # the last frame's regions past max_regions
         self._xyxy = np.empty((max_regions, 4), dtype=np.float32)
         self._area = np.empty(max_regions, dtype=np.float32)
@@ -242,6 +256,7 @@ class AnomalyDecoder:
             self._heat,
             near=not (anomalous or outside) and score >= self._near_from,
             cut=self._cut,
+            max_points=self._max_points,
         )
 
     def _find_regions(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> int:

@@ -192,11 +192,11 @@ class ModelConfig(Section):
         2000,
         ge=8,
         le=5000,
-        description="Segmentation models: the most points of one mask's outline (`polygon`); a longer one is "
-        "thinned by an even stride, a mask in more pieces than fit keeps its largest, and the frame counts "
-        "outline_thinned (its area, length and width stay the whole mask's). Each point is up to 17 bytes of "
-        "every message and label: 2000 x 20 masks is 680 kB a frame, and edged's subscribers refuse a message "
-        "over 1 MiB (`edged check` warns where max_masks x max_outline_points can pass it). 2000 holds a "
+        description="Segmentation and anomaly models: the most points of one mask's or region's outline "
+        "(`polygon`); a longer one is thinned by an even stride, a mask in more pieces than fit keeps its largest, "
+        "and the frame counts outline_thinned (its area, length and width stay the whole mask's). Each point is up "
+        "to 17 bytes of every message and label: 2000 x 20 masks is 680 kB a frame, and edged's subscribers refuse "
+        "a message over 1 MiB (`edged check` warns where max_masks x max_outline_points can pass it). 2000 holds a "
         "smooth outline as large as a 1280x720 frame; 4200 one of a 3840x2160 frame.",
     )
     agnostic_nms: bool = Field(False, description="Suppress overlapping boxes across classes too.")

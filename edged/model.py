@@ -60,6 +60,7 @@ class LoadedModel:
             pixel_threshold=cfg.pixel_threshold,
             max_regions=cfg.max_det,
             near_margin=near_margin,
+            max_outline_points=cfg.max_outline_points,
         )
 
     def make_decoder(

@@ -172,10 +172,10 @@ OUTPUT_PROBLEMS = {
     "score_above_one": "camera %s: the model gave %d score(s) outside 0..1 on frame %d, dropped (%d frame(s) so "
     "far): scores must be probabilities, so check model.scale, mean and std against how the model was trained, and "
     "that its head ends in a sigmoid (a classifier's in a softmax)",
-    "outline_thinned": "camera %s: %d mask outline(s) on frame %d had more points than model.max_outline_points, "
-    "thinned to it (%d frame(s) so far; the area, length and width are the whole mask's): a mask in thousands of "
-    "pieces comes from a broken or badly trained -seg export, a long smooth outline from a large mask at a large "
-    "frame size (raise model.max_outline_points for it)",
+    "outline_thinned": "camera %s: %d outline(s) on frame %d had more points than model.max_outline_points, "
+    "thinned to it (%d frame(s) so far; the area, length and width are the whole mask's or region's): a mask in "
+    "thousands of pieces, or an anomaly region of a ragged edge, comes from a broken or badly trained model, a long "
+    "smooth outline from a large mask at a large frame size (raise model.max_outline_points for it)",
 }
 
 

@@ -26,7 +26,7 @@ class TaskResult(Protocol):
 
     def problems(self) -> list[tuple[str, int]]:
         """What the model's output held that the result was built without, as (drop counter, how many
-        values): a model broken or fed wrongly (`SPOILING`), or a mask outline thinned
+        values): a model broken or fed wrongly (`SPOILING`), or an outline thinned
         (`edged.pipeline.OUTPUT_PROBLEMS` says what to check)."""
         ...
 
@@ -64,7 +64,7 @@ class TaskResult(Protocol):
 
 
 # The problems after which a result's findings are not all the model's: values were dropped before
-# its scores were judged. A segmentation result's ``outline_thinned`` is not one: its findings are whole.
+# its scores were judged. ``outline_thinned`` (a segmentation or anomaly result's) is not one: its findings are whole.
 SPOILING = ("nonfinite_output", "score_above_one")
 
 

@@ -580,3 +580,29 @@ def test_a_noisy_maps_regions_are_found_without_creating_arrays_once_its_buffers
         again = decoder.decode(outputs, box_map)
         assert counter.buffers == before
     assert again.ids.tolist() == first and again.cut == 0
+
+
+@pytest.mark.unit
+def test_a_region_outline_longer_than_max_outline_points_is_published_thinned_and_counted() -> None:
+    """A noisy map's region has a ragged edge of thousands of points (a 512x512 map of noise: 10,000 in
+    its largest region's outline), sent in every message and label; at most max_outline_points now,
+    as a segmentation outline."""
+    mask = np.zeros((1, 1, MAP, MAP), dtype=np.uint8)
+    mask[0, 0, 4:40, 4:40:2] = 1  # a comb: 18 teeth on a bar, one region of a long outline
+    mask[0, 0, 4, 4:40] = 1
+    mask[0, 0, 50:58, 50:58] = 1  # a square: 4 points
+    outputs = [("pred_score", (1,)), ("pred_mask", (1, 1, MAP, MAP))]
+    frame = BoxMap.stretch(256, 128, MAP, MAP)
+    whole = AnomalyDecoder(outputs).decode([np.array([0.9], np.float32), mask], frame)
+    whole_points, whole_sides = [len(p) for p in whole.polygons()], whole.sides()
+    assert whole_points[0] > 60 and whole.problems() == []
+    thinned = AnomalyDecoder(outputs, max_outline_points=20).decode([np.array([0.9], np.float32), mask], frame)
+    polygons = thinned.polygons()
+    assert 10 < len(polygons[0]) <= 20 and polygons[0][0] == whole.polygons()[0][0]
+    assert len(polygons[1]) == whole_points[1]  # within the bound: as traced
+    assert thinned.problems() == [("outline_thinned", 1)]
+    assert thinned.sides() == whole_sides  # the sizes are the whole outline's
+    fields = thinned.message_fields(lambda _: "anomaly", None, None)
+    assert fields["anomaly_score"] == 0.9 and [len(r.polygon) for r in fields["regions"]] == [len(p) for p in polygons]
+    label = thinned.dataset_label(256, 128).splitlines()
+    assert len(label[0].split()) == 1 + 2 * len(polygons[0])

@@ -156,8 +156,8 @@ def test_masks_in_hundreds_of_pieces_are_published_thinned_counted_logged_once_a
         assert [found.area_px for found in msg.detections] == list(whole.area_px)
         d.wait_status(lambda s: s.drops.get("outline_thinned", 0) >= 3 and s.evidence is not None and s.evidence.saved >= 1)
         log = d.log()
-        assert log.count("mask outline(s) on frame") == 1, log  # one line per burst, then the counter
-        assert "20 mask outline(s)" in log and "raise model.max_outline_points" in log and d.proc.poll() is None
+        assert log.count("outline(s) on frame") == 1, log  # one line per burst, then the counter
+        assert "20 outline(s)" in log and "raise model.max_outline_points" in log and d.proc.poll() is None
         label = next((tmp_path / "evidence").rglob("labels/*.txt"))
         _, classes, outlines = read_yolo_outlines(label, 640, 360, 20)
         assert sorted(classes.tolist()) == list(range(20)) and all(1000 < len(o) <= 2000 for o in outlines)
