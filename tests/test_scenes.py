@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edged.sources.scenes import CACHE_BYTES, CLASS_NAMES, Scene, SceneGenerator
+from edged.sources.scenes import CACHE_BYTES, CLASS_NAMES, Scene, SceneGenerator, _keep
 
 pytestmark = pytest.mark.tools
 
@@ -200,3 +200,16 @@ def test_the_cache_keeps_the_most_recently_used_files_within_its_bound(tmp_path:
     render_in_a_new_process(tmp_path, 4245, XDG_CACHE_HOME=str(tmp_path / "user"))
     assert [p.exists() for p in older] == [False, True, True]
     assert sorted(p.name.split("-")[0] for p in folder.glob("*-4245-*.npy")) == ["noise", "textures"]
+
+
+def test_a_cache_file_is_on_the_disk_before_it_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Renamed before its data reached the disk, a power cut could leave the name on a file of zeros of
+    the right size, which the next start would read as black textures."""
+    done: list[str] = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (done.append(f"fsync {os.readlink(f'/proc/self/fd/{fd}')}"), fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (done.append(f"replace {a}"), replace(a, b))[1])
+    path = tmp_path / "textures-1-0123456789abcdef.npy"
+    _keep(path, np.ones((4, 4), np.uint8), "textures")
+    assert len(done) >= 2 and done[0].startswith("fsync ") and done[1] == f"replace {done[0].removeprefix('fsync ')}"
+    assert np.load(path).tolist() == np.ones((4, 4), np.uint8).tolist()

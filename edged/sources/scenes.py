@@ -199,8 +199,8 @@ def _bound(folder: Path) -> None:
 
 
 def _keep(path: Path, array: np.ndarray, name: str) -> None:
-    """Write ``array`` to ``path`` whole (a reader never sees part of it), and drop the files an
-    older code or library version left under ``name``."""
+    """Write ``array`` to ``path`` whole (a reader never sees part of it, a power cut leaves it whole or
+    not there), and drop the files an older code or library version left under ``name``."""
     written: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,6 +208,8 @@ def _keep(path: Path, array: np.ndarray, name: str) -> None:
         written = Path(temporary)
         with os.fdopen(fd, "wb") as f:
             np.save(f, array, allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())  # on the disk before it is named: a power cut leaves no file of zeros there
         os.replace(written, path)
         written = None
         for stale in path.parent.glob(f"{name}-*.npy"):
