@@ -38,7 +38,7 @@ from edged.settings.inspect import InspectConfig
 from edged.settings.journal import JournalConfig, default_path
 from edged.settings.modbus import ModbusConfig
 from edged.settings.mqtt import MqttConfig
-from edged.settings.opcua import OpcuaConfig
+from edged.settings.opcua import OpcuaConfig, node_id_clashes
 from edged.settings.reject import RejectConfig
 from edged.settings.section import Section
 from edged.settings.service_dirs import service_dir, service_dirs
@@ -585,6 +585,13 @@ class Settings(BaseSettings):
                     )
         if problems:
             raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _opcua_node_ids(self) -> Settings:
+        """With [opcua] every camera's node ids are its own: `edged.settings.opcua.node_id_clashes`."""
+        if self.opcua is not None and (problems := node_id_clashes(self.camera_ids())):
+            raise ValueError(f"opcua: {'; '.join(problems)}: give such a camera another camera_id")
         return self
 
     def camera(self, camera_id: str) -> SourceBase | None:

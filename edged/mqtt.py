@@ -16,7 +16,7 @@ Topics, under ``topic_prefix`` (default ``edged/<hostname>``)::
 
     PREFIX/state              online / offline, retained; offline is also the Last Will
     PREFIX/CAMERA/detections  each processed frame (qos_detections)
-    PREFIX/CAMERA/status      the status message, retained (qos_events)
+    PREFIX/CAMERA/status      the status message, retained (qos_events); cleared when a reload removes the camera
     PREFIX/CAMERA/verdict     an inspection verdict (qos_events)
     PREFIX/CAMERA/trigger     subscribed for each camera in request mode: a trigger request, as on ZeroMQ (qos_events)
     PREFIX/CAMERA/trigger/error  why a request from the broker got no verdict (qos_events)
@@ -44,7 +44,7 @@ import ssl
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
@@ -418,10 +418,12 @@ class MqttOutput(MessageOutput):
     with backoff, as is a broker that is down; none of them stops edged.
     """
 
-    def __init__(self, cfg: MqttConfig, camera_ids: Sequence[str]) -> None:
-        """``camera_ids``: the board's cameras; the first names the client (`MqttConfig.client_id_for`)."""
+    def __init__(self, cfg: MqttConfig, camera_ids: Sequence[str], forget: Collection[str] = ()) -> None:
+        """``camera_ids``: the board's cameras; the first names the client (`MqttConfig.client_id_for`).
+        ``forget``: cameras a reload removed, whose retained status this output clears once connected."""
         self.cfg = cfg
         self.camera_ids = list(camera_ids)
+        self._forget = set(forget) - set(camera_ids)  # read and cleared by this output's thread once connected
         prefix = cfg.prefix()
         camera_id = camera_ids[0]
         self._state_topic = f"{prefix}/state"
@@ -505,8 +507,14 @@ class MqttOutput(MessageOutput):
         if (settings.mqtt, settings.camera_ids()) == (self.cfg, self.camera_ids):
             return self
         self.close()
+        if settings.mqtt is None:
+            return None
+        # The retained status of a camera removed here (or by a reload before, not yet cleared) would show
+        # it to every dashboard that connects later as it last was: the next connection clears it.
+        same_prefix = settings.mqtt.prefix() == self._prefix
+        forget = (self._forget | set(self.camera_ids)) - set(settings.camera_ids()) if same_prefix else set()
         try:
-            return MqttOutput.from_settings(settings, services)
+            return MqttOutput(settings.mqtt, settings.camera_ids(), forget)
         except EdgedError as e:  # the password file went between the check and here
             log.error("MQTT output off until the next reload: %s", e)
             return None
@@ -757,6 +765,9 @@ class MqttOutput(MessageOutput):
             self._failed(refusal(reason_code))
             return
         client.publish(self._state_topic, b"online", qos=self.cfg.qos_events, retain=True)
+        for camera in sorted(self._forget):  # an empty retained message deletes the broker's retained one
+            client.publish(f"{self._prefix}/{camera}/status", b"", qos=self.cfg.qos_events, retain=True)
+        self._forget = set()
         self._take_feeds()  # each feed handed over by now learns of this connection just below
         self._connected = True
         self._subscribed = set()

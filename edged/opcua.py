@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 VERDICTS = {"ok": "OK", "ng": "NG", "uncertain": "uncertain"}  # the Verdict node's strings
 DROPPED = "opcua_dropped"  # the status drop counting verdicts the server fell too far behind to write
 MIN_ASYNCUA = 2  # the limits `edged.opcua_server` sets on connections and subscriptions came with 2.0
+# How long a server replacing another waits for it to let go of the address: as long as
+# `edged.opcua_server.UaServer.close` waits for a server still starting, and then stopping.
+CLOSING_WAIT_S = 35.0
 INSTALL_ASYNCUA = (
     "in a checkout, .venv/bin/python -m pip install -e '.[opcua]'; with the .deb, "
     f"sudo pip --python /usr/lib/edged/venv/bin/python install 'asyncua>={MIN_ASYNCUA}.0'"
@@ -116,6 +120,15 @@ def try_listen(listen: str) -> Callable[[], None]:
     return listen_tcp("opcua.listen", listen, host, port, "the OPC UA server cannot listen there").close
 
 
+def try_listen_after(closing: threading.Thread | None, listen: str) -> Callable[[], None]:
+    """`try_listen`, once ``closing``, the thread stopping the server a reload replaced, has ended (within
+    `CLOSING_WAIT_S`): the new server takes the address as the old one lets go of it. Called on the new
+    server's own thread."""
+    if closing is not None:
+        closing.join(CLOSING_WAIT_S)
+    return try_listen(listen)
+
+
 class OpcuaOutput(Output):
     """The verdicts and states of ``cameras`` handed to the OPC UA server; `frame` never blocks."""
 
@@ -127,9 +140,11 @@ class OpcuaOutput(Output):
         requesting: Sequence[str],
         trigger_timeout_s: float,
         previous: OpcuaOutput | None = None,
+        closing: threading.Thread | None = None,
     ) -> None:
         """``inspected``: the cameras with verdicts; ``requesting``: those in request mode, which get ``Trigger``;
-        ``previous``: the output a reload replaces, closed, whose counts and last verdicts go on here."""
+        ``previous``: the output a reload replaces, whose counts and last verdicts go on here, closed by
+        ``closing``: the new server listens once that thread has ended."""
         try:
             from edged.opcua_server import Change, UaServer
         except ImportError as e:
@@ -142,21 +157,25 @@ class OpcuaOutput(Output):
         self._states: dict[str, str] = {}
         self._journal: JournalOutput | None = None  # with it, a verdict's values wait until it is recorded
         self._last: dict[str, Change] = {}  # each camera's last verdict handed to the server
-        self.server: UaServer = UaServer(cfg, cameras, requesting, trigger_timeout_s, partial(try_listen, cfg.listen))
+        listen = partial(try_listen_after, closing, cfg.listen)
+        self.server: UaServer = UaServer(cfg, cameras, requesting, trigger_timeout_s, listen)
         if previous is not None:
             self._carry_on(previous)
+        self._dropped = self.server.dropped  # the changes dropped as of the last status round
 
     @classmethod
     def from_settings(cls, settings: Settings, services: Services) -> OpcuaOutput | None:
         return cls._made(settings)
 
     @classmethod
-    def _made(cls, settings: Settings, previous: OpcuaOutput | None = None) -> OpcuaOutput | None:
+    def _made(
+        cls, settings: Settings, previous: OpcuaOutput | None = None, closing: threading.Thread | None = None
+    ) -> OpcuaOutput | None:
         cfg = settings.opcua
         if cfg is None:
             return None
         requesting, timeout_s = settings.requesting(), settings.trigger.timeout_s
-        return cls(cfg, settings.camera_ids(), settings.inspected(), requesting, timeout_s, previous)
+        return cls(cfg, settings.camera_ids(), settings.inspected(), requesting, timeout_s, previous, closing)
 
     @classmethod
     def listening(cls, settings: Settings) -> list[Endpoint]:
@@ -220,7 +239,16 @@ class OpcuaOutput(Output):
         self._journal = journal
 
     def status(self, reports: Sequence[StatusReport]) -> None:
-        """Each camera's state, written when it changes."""
+        """Each camera's state, written when it changes; and every camera's state and last verdict again
+        after the server's line dropped changes (verdicts flooding in while it started, or while it
+        fell behind), of which they may have been: one camera's verdicts never leave another's
+        nodes at a verdict before its last, or any camera's state at one it has left."""
+        if (dropped := self.server.dropped) != self._dropped:
+            self._dropped = dropped
+            for last in self._last.values():
+                self.server.put(dataclasses.replace(last, capture_ns=0))
+            for camera, state in self._states.items():
+                self.server.put(self._change(camera, {"State": state}, time.time_ns()))
         for report in reports:
             message = report.message
             if self._states.get(message.camera_id) != message.source_state and message.camera_id in self._counts:
@@ -266,9 +294,12 @@ class OpcuaOutput(Output):
         )
         if key == self._key:
             return self
-        self.close()
+        # Closed on a thread of its own: asyncua takes a second or more to stop a server, longer to
+        # finish starting one first, and every camera's frames would wait as long on the loop's thread.
+        closing = threading.Thread(target=self.close, name="edged-opcua-stop", daemon=True)
+        closing.start()
         try:
-            return OpcuaOutput._made(settings, previous=self)
+            return OpcuaOutput._made(settings, previous=self, closing=closing)
         except EdgedError as e:  # the users file went, or the port was taken, between the check and here
             log.error("OPC UA output off until the next reload: %s", e)
             return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,6 +15,26 @@ from edged.settings.section import Section
 from edged.settings.service_dirs import service_dir
 
 SCHEME = "opc.tcp"
+ROOT = "edged"  # the string node id of Objects/edged/ (`edged.opcua_server`)
+# The names under each camera's object, whose string node ids are CAMERA.NAME (`edged.opcua_server.VARIABLES`
+# and the Trigger method): a camera's own id must be no other's node id.
+NODE_NAMES = ("Verdict", "Sequence", "PartId", "OkCount", "NgCount", "State", "CaptureToVerdictMs", "LastMessage", "Trigger")
+
+
+def node_id_clashes(camera_ids: Sequence[str]) -> list[str]:
+    """The cameras whose OPC UA node id (the camera id itself) is another node's: ``edged``, the folder
+    they are all in, or ``OTHER.Verdict`` and the like, a node of camera ``OTHER``. The server could
+    not build such an address space, and would serve none of the cameras."""
+    cameras = set(camera_ids)
+    problems = []
+    for camera in camera_ids:
+        if camera == ROOT:
+            problems.append(f"camera_id {camera!r} is the node id of Objects/{ROOT}/, the folder every camera is in")
+            continue
+        owner, _, name = camera.rpartition(".")
+        if owner in cameras and name in NODE_NAMES:
+            problems.append(f"camera_id {camera!r} is the node id of camera {owner}'s {name}")
+    return problems
 
 
 def default_cert_dir() -> Path:
