@@ -342,7 +342,9 @@ class PublishConfig(Section):
     endpoints: list[str] = Field(
         default_factory=lambda: ["ipc:///run/edged/detections.sock"],
         min_length=1,
-        description="ZeroMQ endpoints the PUB socket binds (tcp:// or ipc://).",
+        description="ZeroMQ endpoints the PUB socket binds: tcp://HOST:PORT, HOST an IP address ([v6] in brackets), "
+        "* for every address (IPv6 and IPv4), or a host name or interface (a name binds its IPv4 address, or its "
+        "IPv6 one where it has none); or ipc://PATH.",
     )
     topic_prefix: str = Field(
         "edged",
@@ -404,7 +406,8 @@ class TriggerConfig(Section):
     )
     endpoint: str = Field(
         "tcp://127.0.0.1:5557",
-        description="ZeroMQ endpoint requests arrive on (REP/ROUTER); under publish.curve_* keys when tcp and set.",
+        description="ZeroMQ endpoint requests arrive on (REP/ROUTER), written as publish.endpoints; under "
+        "publish.curve_* keys when tcp and set.",
     )
     timeout_s: float = Field(2.0, gt=0, le=60, description="A request is answered within this, with an error if need be.")
     queue: int = Field(4, ge=1, le=64, description="Requests waiting behind the one in progress; beyond it: busy.")

@@ -38,6 +38,7 @@ from edged.keys import read_token
 from edged.listen import BIND_RETRY_S, listen_tcp
 from edged.messages import DetectionsMessage, StatusMessage
 from edged.output import Delivery, Endpoint, FrameReport, Output, Services, StatusReport
+from edged.settings.endpoints import host_port
 from edged.settings.http import HttpConfig, is_loopback, listen_address
 from edged.settings.inspect import Point
 from edged.sources.base import Frame
@@ -113,7 +114,7 @@ class HttpServer(Output):
     @classmethod
     def listening(cls, settings: Settings) -> list[Endpoint]:
         listen = settings.http.listen
-        return [Endpoint("http.listen", f"http://{listen}/", partial(_try_listen, listen))] if listen else []
+        return [Endpoint("http.listen", url_of(listen), partial(_try_listen, listen))] if listen else []
 
     def wants(self, camera_id: str, found: bool) -> Delivery:
         return Delivery.SHOWN if self.wants_frame(camera_id) else Delivery.NONE
@@ -279,9 +280,14 @@ class HttpServer(Output):
                     server.server_close()
                     return
                 self._server = server
-            log.info("live view, status page and metrics on http://%s/", self.cfg.listen)
+            log.info("live view, status page and metrics on %s", url_of(self.cfg.listen))
             server.serve_forever(poll_interval=0.5)
             return
+
+
+def url_of(listen: str) -> str:
+    """The live view's address as a browser takes it: an IPv6 address in brackets, written with them or not."""
+    return f"http://{host_port(*listen_address(listen))}/"
 
 
 def _try_listen(listen: str) -> Callable[[], None]:

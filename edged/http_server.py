@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from edged import history
 from edged.errors import JournalUnreadable, UsageError
+from edged.listen import dual_stack, every_address
 from edged.settings.http import MAX_CONNECTIONS
 from edged.view import LiveView
 
@@ -127,6 +128,11 @@ class Server(ThreadingHTTPServer):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        if every_address(str(self.server_address[0])):  # IPv4 viewers too, whatever the system's bindv6only
+            dual_stack(self.socket)
+        super().server_bind()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         client = client_address[0]

@@ -40,7 +40,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from edged.errors import BindError, PublishError
-from edged.settings.endpoints import ipc_path, ipc_path_problem, ours_to_make
+from edged.settings.endpoints import address_of, ipc_path, ipc_path_problem, ours_to_make, tcp_host, wants_ipv6
 
 log = logging.getLogger(__name__)
 
@@ -198,17 +198,36 @@ class Listener:
         if ipc_path is not None:
             refuse_live_ipc(ipc_path, endpoint, self.key)
         try:
-            self.socket.bind(endpoint)
+            self._bind(endpoint)
         except zmq.ZMQError as e:
             hint = ""
             if e.errno == zmq.EADDRINUSE:
                 hint = f" (another program holds it, perhaps an edged still running: stop it or change {self.key})"
+            elif e.errno == errno.ENODEV:
+                hint = f" ({_no_such_address(endpoint)}: change {self.key})"
+            elif e.errno == errno.EADDRNOTAVAIL:
+                hint = f" (no interface of this board has that address: change {self.key})"
             raise PublishError(f"{self.key}: cannot bind {endpoint}: {e.strerror}{hint}") from None
         if ipc_path is not None:
             os.chmod(ipc_path, 0o660)  # the service's group may connect, nobody else
         bound = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoints.append(bound)
         return bound
+
+    def _bind(self, endpoint: str) -> None:
+        """libzmq's bind, with ``ZMQ_IPV6`` for an IPv6 address and ``*`` (`wants_ipv6`). A name binds
+        its IPv4 address, as libzmq always has; one with none, on an IPv6-only network, its IPv6 one.
+        The option is the socket's as each endpoint is bound: the endpoints bound before keep theirs."""
+        host = tcp_host(endpoint)
+        ipv6 = host is not None and wants_ipv6(host)
+        self.socket.setsockopt(zmq.IPV6, int(ipv6))
+        try:
+            self.socket.bind(endpoint)
+        except zmq.ZMQError as e:
+            if ipv6 or e.errno != errno.ENODEV or host is None or address_of(host) is not None:
+                raise
+            self.socket.setsockopt(zmq.IPV6, 1)  # a name with no IPv4 address: its IPv6 one
+            self.socket.bind(endpoint)
 
     def reopen(self) -> Listener:
         """This socket closed at once and a fresh one bound to the same endpoints.
@@ -239,7 +258,34 @@ class Listener:
         self.socket.close(linger=linger)
 
 
+def as_bound(endpoint: str, bound: str) -> str:
+    """``bound`` (libzmq's own account of the endpoint it bound), and ``endpoint`` as configured where its
+    host is written otherwise there: ``*``, a name, an unbracketed IPv6 address."""
+    return bound if tcp_host(bound) == tcp_host(endpoint) else f"{bound} ({endpoint} as configured)"
+
+
+def _no_such_address(endpoint: str) -> str:
+    """Why libzmq found no device for ``endpoint``'s host (ENODEV)."""
+    host = tcp_host(endpoint) or endpoint
+    if address_of(host) is not None:
+        return f"no interface of this board has the address {host}"
+    return f"{host} is not an interface of this board and resolves to no address of it now"
+
+
 PRIVILEGED_PORT = "a port below 1024 needs privileges edged does not have: choose a port from 1024"
+
+
+def every_address(host: str) -> bool:
+    """Whether ``host`` is IPv6's unspecified address (``::``, written ``[::]``), which edged's servers bind
+    for IPv4 too, as ZeroMQ's ``*`` is bound (`Listener`): what Linux does by default, and not only
+    there (``bindv6only``, and asyncio's servers, which bind ``::`` for IPv6 alone)."""
+    address = address_of(host)
+    return address is not None and address.version == 6 and address.is_unspecified
+
+
+def dual_stack(sock: socket.socket) -> None:
+    """An IPv6 socket that IPv4 clients reach too (as ``::ffff:a.b.c.d``), set before it binds."""
+    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
 
 
 def listen_tcp(key: str, listen: str, host: str, port: int, what: str, privileged: str = PRIVILEGED_PORT) -> socket.socket:
@@ -249,6 +295,8 @@ def listen_tcp(key: str, listen: str, host: str, port: int, what: str, privilege
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if every_address(host):
+            dual_stack(sock)
         sock.bind((host, port))
         sock.listen()
     except OSError as e:

@@ -21,6 +21,8 @@ from pymodbus.pdu import ExceptionResponse, ModbusPDU
 from pymodbus.server import ModbusTcpServer
 from pymodbus.server.requesthandler import ServerRequestHandler
 
+from edged.listen import every_address
+
 if TYPE_CHECKING:
     from edged.modbus import ModbusOutput
 
@@ -116,7 +118,10 @@ class _Handler(ServerRequestHandler):
 class _Server(ModbusTcpServer):
     def __init__(self, owner: ModbusOutput) -> None:
         self.owner = owner
-        super().__init__(Context(owner), address=owner.cfg.host_port(), trace_pdu=self._answered)
+        host, port = owner.cfg.host_port()
+        if every_address(host):  # asyncio binds "::" for IPv6 alone; "" is every address of both
+            host = ""
+        super().__init__(Context(owner), address=(host, port), trace_pdu=self._answered)
 
     def reclaim(self, new: _Handler) -> bool:
         """Close the connection silent longest to make room for ``new``, if it has been silent for

@@ -176,7 +176,7 @@ def new_client(cfg: MqttConfig, client_id: str) -> Any:
 
 def connect_problem(e: Exception, cfg: MqttConfig) -> str:
     """Why a connection attempt failed, in words an operator acts on."""
-    where = f"{cfg.host}:{cfg.port}"
+    where = cfg.where
     if isinstance(e, ssl.SSLCertVerificationError):
         return f"TLS: the certificate of {where} is not trusted ({e.verify_message}): check mqtt.ca_file"
     if isinstance(e, ssl.SSLError):
@@ -604,7 +604,7 @@ class MqttOutput(MessageOutput):
                 self._forward()
                 self._hand_over()
                 if self._client.socket() is None:  # a publish met a dead link, and paho closed it
-                    self._dropped(f"connection to {self.cfg.host}:{self.cfg.port} lost while sending")
+                    self._dropped(f"connection to {self.cfg.where} lost while sending")
                     return
             writing = [sock] if self._client.want_write() else []
             readable, writable, _ = select.select([sock, self._wake], writing, [], 0.0 if pending() else TICK_S)
@@ -617,7 +617,7 @@ class MqttOutput(MessageOutput):
                 rc = rc or self._client.loop_write()
             rc = rc or self._client.loop_misc()
             if rc or self._client.socket() is None:
-                self._dropped(f"connection to {self.cfg.host}:{self.cfg.port} lost ({self._error_text(rc)})")
+                self._dropped(f"connection to {self.cfg.where} lost ({self._error_text(rc)})")
                 return
 
     def _follow_trigger_topics(self) -> None:
@@ -866,9 +866,9 @@ def probe_broker(cfg: MqttConfig, camera_id: str, timeout_s: float = CONNECT_TIM
     try:
         while not answer and time.monotonic() < deadline:
             if client.loop(timeout=0.1) != 0 and not answer:
-                raise BrokerError(f"mqtt: {cfg.host}:{cfg.port} closed the connection before answering")
+                raise BrokerError(f"mqtt: {cfg.where} closed the connection before answering")
         if not answer:
-            raise BrokerError(f"mqtt: {cfg.host}:{cfg.port} did not answer within {timeout_s:g} s")
+            raise BrokerError(f"mqtt: {cfg.where} did not answer within {timeout_s:g} s")
         if answer[0].is_failure:
             raise BrokerError(f"mqtt: {refusal(answer[0])}")
         client.disconnect()

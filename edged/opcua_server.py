@@ -54,10 +54,10 @@ from pydantic import ValidationError
 from edged.errors import KeyFileError, OutputFileError
 from edged.files import fsync_folder, part_file, parts_of, remove_parts
 from edged.keys import check_secret_file
-from edged.listen import BIND_RETRY_S, retry_bind
+from edged.listen import BIND_RETRY_S, every_address, retry_bind
 from edged.lograte import LogRate
 from edged.messages import TriggerError, TriggerRequest, VerdictMessage
-from edged.settings.opcua import OpcuaConfig
+from edged.settings.opcua import OpcuaConfig, listen_host_port
 from edged.stats import LatencyWindow
 
 log = logging.getLogger(__name__)
@@ -607,6 +607,9 @@ class UaServer:
         server.set_server_name(f"edged on {socket.gethostname()}")
         await server.set_application_uri(application_uri())
         server.set_endpoint(self.cfg.listen)
+        host, port = listen_host_port(self.cfg.listen)
+        if every_address(host):  # asyncio binds "::" for IPv6 alone; "" is every address of both
+            server.socket_address = ("", port)
         self._limit(server)
         answer_not_writable(server.iserver)
         if self._cert is not None:

@@ -48,10 +48,10 @@ from zmq.auth.thread import ThreadAuthenticator
 from edged.config import PublishConfig
 from edged.errors import PublishError
 from edged.keys import load_allowed_clients, load_secret_key
-from edged.listen import Listener, try_bind
+from edged.listen import Listener, as_bound, try_bind
 from edged.lograte import LogRate
 from edged.output import Endpoint, MessageKind, MessageOutput, OutputReport, Services
-from edged.settings.endpoints import on_the_network
+from edged.settings.endpoints import exposure, unresolved
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -97,12 +97,16 @@ def _try_bind(endpoint: str, insecure: bool) -> Callable[[], None]:
 
 
 def check_exposure(endpoint: str, insecure: bool) -> None:
-    """Refuse plaintext tcp on a non-loopback address unless the config says so explicitly."""
-    if not insecure and on_the_network(endpoint):
-        raise PublishError(
-            f"{endpoint} would publish unencrypted detections to the network; bind a loopback "
-            "address or ipc://, or set publish.insecure = true to accept that"
-        )
+    """Refuse plaintext tcp on a non-loopback address unless the config says so explicitly, and on a
+    name that resolves to nothing now, which may be either once it does (judged again at the next start)."""
+    if insecure or (exposed := exposure(endpoint)) is False:
+        return
+    if exposed is None:
+        raise PublishError(f"publish.endpoints: cannot bind {endpoint}: {unresolved(endpoint)}")
+    raise PublishError(
+        f"{endpoint} would publish unencrypted detections to the network; bind a loopback "
+        "address or ipc://, or set publish.insecure = true to accept that"
+    )
 
 
 class AllowList:
@@ -336,7 +340,7 @@ class Publisher(MessageOutput):
             check_exposure(endpoint, self.cfg.insecure)
         bound = self._listener_for(secure).bind(endpoint)
         self.endpoints.append(bound)
-        log.info("publishing on %s%s", bound, " with CURVE" if secure else "")
+        log.info("publishing on %s%s", as_bound(endpoint, bound), " with CURVE" if secure else "")
 
     def send(self, topic: bytes, payload: bytes) -> bool:
         """Queue one message for every subscriber; False (and counted) when it could not go out.

@@ -38,6 +38,7 @@ from edged.messages import (
     VerdictMessage,
     parse_message,
 )
+from edged.settings.endpoints import by_name, connect_ipv6, look_up
 
 Message = DetectionsMessage | StatusMessage | VerdictMessage
 TOP_SHOWN = 3  # a classifier's best classes on a line; --json has all of model.top_k
@@ -119,6 +120,12 @@ class Subscriber:
         self._socket = self._context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self.unresolved: str | None = None  # why the endpoint's host name resolved to nothing when connecting
+        addresses: list[str] = []
+        if (host := by_name(endpoint)) is not None:
+            found = look_up(host, None)  # a signal (Ctrl-C) ends the wait
+            addresses, self.unresolved = ([], found) if isinstance(found, str) else (found, None)
+        self._socket.setsockopt(zmq.IPV6, int(connect_ipv6(endpoint, addresses)))
         if curve is not None:
             curve.apply(self._socket)
         self._monitor = self._socket.get_monitor_socket(sum(HANDSHAKE_FAILURES))  # distinct bits
@@ -242,7 +249,12 @@ def run_subscribe(
 ) -> int:
     """Print messages (or a rolling summary) until interrupted, ``count`` messages or a timeout."""
     curve = ClientKeys.from_options(server_key, client_key)
-    sub = Subscriber(endpoint, topic, curve=curve)
+    try:
+        sub = Subscriber(endpoint, topic, curve=curve)
+    except KeyboardInterrupt:  # while its host name was looked up
+        return 0
+    if sub.unresolved is not None:  # libzmq keeps trying the name: it may resolve later
+        print(f"edged subscribe: {sub.unresolved}: still trying", file=sys.stderr)
     try:
         return _print_stream(sub, stats=stats, raw_json=raw_json, count=count, timeout_s=timeout_s, out=out)
     except KeyboardInterrupt:
@@ -286,7 +298,8 @@ def _print_stream(
             last_summary = time.monotonic()
             _print_summary(sub.stats, out)
         if msg is None:
-            if not silence_said and not sub.stats.received and told is None and time.monotonic() - started >= SILENCE_S:
+            quiet = not sub.stats.received and told is None and sub.unresolved is None  # else said already
+            if not silence_said and quiet and time.monotonic() - started >= SILENCE_S:
                 silence_said = True
                 print(
                     f"edged subscribe: nothing received from {sub.endpoint} in {SILENCE_S:g} s (is edged running and "

@@ -48,11 +48,12 @@ from pydantic import ValidationError
 from edged.config import PublishConfig, Settings, TriggerConfig
 from edged.errors import MessageError, TriggerFailed, UsageError
 from edged.keys import ClientKeys
-from edged.listen import Listener, try_bind
+from edged.listen import Listener, as_bound, try_bind
 from edged.messages import TriggerError, TriggerProblem, TriggerRequest, VerdictMessage, parse_message, parse_request
 from edged.mqtt import MqttOutput
 from edged.output import Endpoint
 from edged.publish import Authenticator
+from edged.settings.endpoints import by_name, connect_ipv6, look_up, with_address
 from edged.subscribe import format_verdict
 from edged.wake import Wake
 
@@ -165,7 +166,7 @@ class TriggerServer:
         log.info(
             "taking inspection requests for camera %s on %s%s",
             ", ".join(self._cameras),
-            self.endpoint,
+            as_bound(cfg.endpoint, self.endpoint),
             " with CURVE" if self._auth is not None else "",
         )
 
@@ -398,15 +399,18 @@ def request_verdict(
     endpoint: str, request: TriggerRequest, timeout_s: float, curve: ClientKeys | None = None
 ) -> VerdictMessage:
     """Send one request and return its verdict; raises `TriggerFailed` for an error reply or none."""
+    deadline = time.monotonic() + timeout_s
+    address = _address(endpoint, timeout_s)
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = context.socket(zmq.REQ)
     try:
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IPV6, int(connect_ipv6(address)))
         if curve is not None:
             curve.apply(sock)
-        sock.connect(endpoint)
+        sock.connect(address)
         sock.send(request.model_dump_json(exclude_none=True).encode())
-        if not sock.poll(int(timeout_s * 1000)):
+        if not sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
             raise TriggerFailed(f"no reply from {endpoint} within {timeout_s:g} s (is edged running in request mode there?)")
         reply = parse_message(sock.recv())
     except MessageError as e:
@@ -425,6 +429,20 @@ def request_verdict(
     if not isinstance(reply, VerdictMessage):
         raise TriggerFailed(f"the reply from {endpoint} is a {reply.kind} message, not a verdict")
     return reply
+
+
+def _address(endpoint: str, timeout_s: float) -> str:
+    """``endpoint`` as connected to: a host name looked up here, within ``timeout_s``, and one of its
+    addresses connected to. libzmq would look it up in its I/O thread, where a resolver that does not
+    answer holds the command past its timeout, however short, as it closes."""
+    if (host := by_name(endpoint)) is None:
+        return endpoint
+    found = look_up(host, timeout_s)
+    if isinstance(found, str):
+        raise TriggerFailed(f"cannot reach {endpoint}: {found}")
+    # Its IPv4 address where it has one, as edged binds a name (`edged.listen.Listener`): localhost is
+    # ::1 first in the resolver's order, and edged's tcp://localhost:5557 listens on 127.0.0.1.
+    return with_address(endpoint, next((a for a in found if ":" not in a), found[0]))
 
 
 def _answers(reply: VerdictMessage | TriggerError, request: TriggerRequest) -> bool:

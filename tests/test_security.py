@@ -189,7 +189,7 @@ def test_ipc_stays_plain_beside_a_curve_tcp_endpoint(
 
 
 def test_keys_allow_tcp_beyond_loopback(publisher: MakePublisher, keys: Keys, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(publish, "on_the_network", lambda endpoint: True)  # as if 127.0.0.1 were the LAN
+    monkeypatch.setattr(publish, "exposure", lambda endpoint: True)  # as if 127.0.0.1 were the LAN
     with pytest.raises(PublishError, match="unencrypted"):
         publisher(PublishConfig(endpoints=["tcp://127.0.0.1:*"]))
     assert publisher(_curve_config(keys)).endpoints[0].startswith("tcp://127.0.0.1:")

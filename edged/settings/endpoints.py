@@ -11,6 +11,8 @@ import ipaddress
 import os
 import socket
 import stat
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from edged.settings.service_dirs import service_dirs
@@ -19,22 +21,133 @@ RUNTIME_DIR = Path("/run/edged")  # the units' RuntimeDirectory=; edged's own ou
 MAX_IPC_PATH_BYTES = 107  # a Unix socket's address (sun_path, 108 bytes) with libzmq's terminating NUL
 
 
+def tcp_host(endpoint: str) -> str | None:
+    """The host of a tcp:// endpoint as written (``*``, an address, ``[v6]``, a name); None for another transport."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    return endpoint[len("tcp://") :].rpartition(":")[0]
+
+
+def address_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an IP address (``[v6]`` with or without its brackets); None for a name or ``*``."""
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return None
+
+
+def wants_ipv6(host: str) -> bool:
+    """Whether a ZeroMQ socket needs ``ZMQ_IPV6`` for ``host``: an IPv6 address, and ``*`` (every
+    address, IPv6 and IPv4 both). Names keep libzmq's IPv4 resolution, as ``localhost`` always had."""
+    address = address_of(host)
+    return host == "*" or (address is not None and address.version == 6)
+
+
+def look_up(host: str, timeout_s: float | None) -> list[str] | str:
+    """The addresses ``host`` resolves to, in the resolver's order; or why there are none: it resolves
+    to none, or the resolver has not answered within ``timeout_s`` (None: as long as it takes).
+
+    The lookup runs in a thread of its own, so that the wait ends with ``timeout_s``, or with a signal
+    (Ctrl-C), even while the resolver waits on a DNS server that does not answer; a lookup left behind
+    ends with the resolver's own timeout."""
+    found: list[list[str] | str] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            found.append(list(dict.fromkeys(str(info[4][0]) for info in socket.getaddrinfo(host, None))))
+        except (OSError, UnicodeError) as e:
+            found.append(f"{host} does not resolve now ({getattr(e, 'strerror', None) or e})")
+        done.set()
+
+    threading.Thread(target=run, name="edged-lookup", daemon=True).start()
+    if not done.wait(timeout_s):
+        return f"no answer from the resolver for {host} within {timeout_s:.3g} s"
+    return found[0] or f"{host} resolves to no address"
+
+
+def host_port(host: str, port: int) -> str:
+    """``host``:``port`` as written in a URL: an IPv6 address in brackets (``[::1]:554``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def by_name(endpoint: str) -> str | None:
+    """The host name of a tcp:// endpoint that names one (not an address, ``*`` or a source;host pair)."""
+    host = tcp_host(endpoint)
+    if host is None or host == "*" or ";" in host or address_of(host) is not None:
+        return None
+    return host
+
+
+def with_address(endpoint: str, address: str) -> str:
+    """``endpoint`` with its host replaced by ``address`` (in brackets when IPv6)."""
+    port = endpoint.rpartition(":")[2]
+    return f"tcp://[{address}]:{port}" if ":" in address else f"tcp://{address}:{port}"
+
+
+def connect_ipv6(endpoint: str, addresses: Sequence[str] = ()) -> bool:
+    """Whether a client socket needs ``ZMQ_IPV6`` to connect to ``endpoint``: an IPv6 address, or a name
+    whose ``addresses`` are IPv6 alone (an IPv6-only network). Without it libzmq resolves names to
+    IPv4 only, and never tries an IPv6 address: it waits in silence."""
+    host = tcp_host(endpoint)
+    if host is None:
+        return False
+    if (address := address_of(host)) is not None:
+        return address.version == 6
+    return bool(addresses) and all(":" in a for a in addresses)
+
+
+def _interfaces() -> set[str]:
+    try:
+        return {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return set()
+
+
 def loopback_host(host: str) -> bool:
     """Whether only this machine can reach ``host``: a loopback address, or a name that resolves to loopback alone."""
+    return _loopback(host) is True
+
+
+def _loopback(host: str) -> bool | None:
+    """`loopback_host`, and None for a name that resolves to nothing now (DNS may answer later)."""
     if host in ("localhost", ""):
         return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        try:  # an interface name or hostname: loopback only if it resolves there
-            return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
-        except (OSError, ValueError):
-            return False
+    if (address := address_of(host)) is not None:
+        return address.is_loopback
+    if host == "*":
+        return False
+    if host in _interfaces():  # libzmq binds an interface's address
+        return host == "lo"
+    addresses = look_up(host, None)  # a host name: loopback only if it resolves there alone
+    if isinstance(addresses, str):
+        return None
+    return all((a := address_of(x)) is not None and a.is_loopback for x in addresses)
+
+
+def exposure(endpoint: str) -> bool | None:
+    """Whether other machines can reach ``endpoint`` (tcp on ``*``, an address, a name; `loopback_host`):
+    True or False, and None for a name that resolves to nothing now (DNS may answer later)."""
+    host = tcp_host(endpoint)
+    if host is None:
+        return False
+    loopback = _loopback(host)
+    return None if loopback is None else not loopback
 
 
 def on_the_network(endpoint: str) -> bool:
-    """Whether ``endpoint`` is tcp on a host (``*``, an address, a name) other machines can reach."""
-    return endpoint.startswith("tcp://") and not loopback_host(endpoint[len("tcp://") :].rsplit(":", 1)[0])
+    """Whether ``endpoint`` is tcp on a host (``*``, an address, a name) other machines can reach. A
+    name that resolves to nothing now is not: nothing can be bound there until it does, and the
+    bind says so (`unresolved`), a network's outage rather than the configuration's fault."""
+    return exposure(endpoint) is True
+
+
+def unresolved(endpoint: str) -> str:
+    """Why ``endpoint``, whose host is a name that resolves to nothing now (`exposure` None), cannot be bound."""
+    return (
+        f"{tcp_host(endpoint)} resolves to no address now (a name DNS or /etc/hosts does not know, or cannot "
+        "tell yet): fix the name or the resolver, or bind an IP address"
+    )
 
 
 def runtime_dirs() -> tuple[Path, ...]:

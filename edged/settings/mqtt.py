@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from edged.settings.endpoints import host_port
 from edged.settings.section import Section
 
 TOPIC_LEVEL = r"[A-Za-z0-9_.-]+"
@@ -67,6 +68,8 @@ class MqttConfig(Section):
             raise ValueError("must start with mqtt:// or mqtts:// (TLS)")
         if parts.username is not None or parts.password is not None:
             raise ValueError("must not hold credentials: set mqtt.username and mqtt.password_file")
+        if parts.netloc.count(":") > 1 and "[" not in parts.netloc:
+            raise ValueError(f"an IPv6 address goes in brackets: {parts.scheme}://[::1]:PORT, not {v}")
         if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ValueError("must be mqtt://host[:port] or mqtts://host[:port], nothing after the port")
         if parts.port == 0:  # .port raises ValueError for a port that is no number or out of range
@@ -96,6 +99,11 @@ class MqttConfig(Section):
     @property
     def port(self) -> int:
         return urlsplit(self.url).port or (8883 if self.tls else 1883)
+
+    @property
+    def where(self) -> str:
+        """HOST:PORT of the broker for messages, an IPv6 address in brackets."""
+        return host_port(self.host, self.port)
 
     def prefix(self) -> str:
         return self.topic_prefix or f"edged/{topic_hostname()}"

@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 
 from edged.errors import SourceError
+from edged.settings.endpoints import address_of, host_port, look_up
 from edged.settings.sources import DEFAULT_PORTS, RtspSourceConfig, mask_credentials
 from edged.sources.base import OpenCvCapture, frame_size_problem
 
@@ -104,30 +105,43 @@ class RtspSource(OpenCvCapture):
         return parts.hostname or "", parts.port or DEFAULT_PORTS[parts.scheme]
 
     def _connect_problem(self) -> str | None:
-        """Why a plain TCP connect to the camera fails (refused, no answer, unreachable), or None."""
+        """Why a plain TCP connect to the camera fails (a name that does not resolve, refused, no
+        answer, unreachable), or None; within min(`PROBE_TIMEOUT_S`, open_timeout_s), the name's
+        lookup included: a DNS server that does not answer makes the camera lost, and retried, in
+        that time rather than the resolver's, however long."""
         host, port = self._address()
-        try:
-            with socket.create_connection((host, port), timeout=min(PROBE_TIMEOUT_S, self._cfg.open_timeout_s)):
-                return None
-        except ConnectionRefusedError:
-            return f"connection to {host}:{port} refused (is the camera's RTSP server on that port?)"
-        except TimeoutError:
-            return f"no answer from {host}:{port} (is the address right and the camera reachable from here?)"
-        except OSError as e:
-            return f"cannot reach {host}:{port}: {e.strerror or e} (check the address and the network)"
+        where = host_port(host, port)
+        deadline = time.monotonic() + min(PROBE_TIMEOUT_S, self._cfg.open_timeout_s)
+        addresses = [host] if address_of(host) is not None else look_up(host, deadline - time.monotonic())
+        if isinstance(addresses, str):
+            return f"{addresses} (check the camera's host name in source.url, and the board's DNS)"
+        problem = f"no answer from {where} (is the address right and the camera reachable from here?)"
+        for address in addresses:
+            try:
+                with socket.create_connection((address, port), timeout=max(0.01, deadline - time.monotonic())):
+                    return None
+            except ConnectionRefusedError:
+                problem = f"connection to {where} refused (is the camera's RTSP server on that port?)"
+            except TimeoutError:
+                problem = f"no answer from {where} (is the address right and the camera reachable from here?)"
+            except OSError as e:
+                problem = f"cannot reach {where}: {e.strerror or e} (check the address and the network)"
+            if time.monotonic() >= deadline:
+                break
+        return problem
 
     def _why_not_open(self, waited_s: float) -> str:
         """What a plain TCP connect to the camera says, since OpenCV's failed open says nothing."""
         if (problem := self._connect_problem()) is not None:
             return problem
-        host, port = self._address()
+        where = host_port(*self._address())
         if waited_s >= self._cfg.open_timeout_s:
             return (
-                f"{host}:{port} accepts connections but sent no stream within open_timeout_s = "
+                f"{where} accepts connections but sent no stream within open_timeout_s = "
                 f"{self._cfg.open_timeout_s:g} (is it an RTSP server, and is the camera busy or booting?)"
             )
         return (
-            f"{host}:{port} answered but refused the stream (check the path and the credentials in source.url, "
+            f"{where} answered but refused the stream (check the path and the credentials in source.url, "
             "e.g. with `ffprobe -rtsp_transport tcp URL`)"
         )
 
