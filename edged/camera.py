@@ -37,6 +37,7 @@ from edged.wake import Waker
 log = logging.getLogger(__name__)
 
 Topic = Literal["detections", "verdict", "status"]  # a camera's topics, each with a seq of its own
+Sequences = dict[str, Iterator[int]]  # a camera's next seq of each topic
 REJECT_LOG_INTERVAL_S = 10.0  # a folder's rejected images: one named per interval at most, the counter has the rest
 FILES_REMEMBERED = 10_000  # the files whose rejection was said, each said once; the oldest forgotten past this
 
@@ -59,12 +60,17 @@ def stop_captures(captures: Iterable[Capture], timeout_s: float) -> None:
 
 
 def camera_for(
-    settings: Settings, cfg: SourceBase, capture: Capture, path: FramePath, previous: Camera | None = None
+    settings: Settings,
+    cfg: SourceBase,
+    capture: Capture,
+    path: FramePath,
+    previous: Camera | None = None,
+    sequences: Sequences | None = None,
 ) -> Camera:
     """Camera ``cfg`` as ``settings`` run it: in its trigger mode, with its rate cap in free mode
     (in request mode the requests set the pace)."""
     mode = settings.trigger_mode(cfg)
-    return Camera(cfg, capture, path, settings.max_fps(cfg) if mode == "free" else 0.0, mode, previous)
+    return Camera(cfg, capture, path, settings.max_fps(cfg) if mode == "free" else 0.0, mode, previous, sequences)
 
 
 class Camera:
@@ -82,7 +88,10 @@ class Camera:
         max_fps: float,
         mode: TriggerMode = "free",
         previous: Camera | None = None,
+        sequences: Sequences | None = None,
     ) -> None:
+        """``previous``: this camera as it ran until now, whose counters and sequence numbers go on here;
+        ``sequences``: without it, the sequence numbers of a camera of this id that a reload removed."""
         self.cfg = cfg
         self.id = cfg.camera_id
         self.capture = capture
@@ -90,7 +99,8 @@ class Camera:
         self.mode = mode
         self.rate_cap = RateCap(max_fps)
         self.stats: RunStats = previous.stats if previous else RunStats()
-        self._seq: dict[str, Iterator[int]] = previous._seq if previous else {t: itertools.count() for t in get_args(Topic)}
+        fresh: Sequences = sequences if sequences is not None else {t: itertools.count() for t in get_args(Topic)}
+        self._seq: Sequences = previous._seq if previous else fresh
         self.served_s: float = previous.served_s if previous else 0.0  # when its last frame was taken
         self._due_s = 0.0  # the rate cap lets its next frame be taken from then on
         self._rejections: LogRate = previous._rejections if previous else LogRate(REJECT_LOG_INTERVAL_S)
@@ -173,6 +183,11 @@ class Camera:
         if len(self._rejected_files) > FILES_REMEMBERED:
             del self._rejected_files[next(iter(self._rejected_files))]
         return True
+
+    @property
+    def sequences(self) -> Sequences:
+        """Its topics' sequence numbers, for a camera of its id that a later reload adds back."""
+        return self._seq
 
     def next_seq(self, kind: Topic) -> int:
         """The next ``seq`` on this camera's topic of ``kind``: gapless per camera and topic."""

@@ -330,7 +330,7 @@ class Daemon:
         except KeyFileError as e:
             log.error("subscriber keys not reloaded, the previous allow-list stays: %s", e)
         self._end_trial()
-        self._trial = Trial(replacement, self.cameras, self._start_capture)
+        self._trial = Trial(replacement, self.cameras, self._start_capture, self._reloads.retired)
         self._watch()
         short = replacement.model.engine.identity.short
         log.info("loaded model %s (%s): trying it on the next frame", short, changes(self.settings, replacement.settings))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar, cast
 
-from edged.camera import Camera, camera_for, stop_captures
+from edged.camera import Camera, Sequences, camera_for, stop_captures
 from edged.capture import Capture
 from edged.config import ProviderConfig, RuntimeConfig, Settings, load_config
 from edged.errors import ConfigError, ContractError, EdgedError, ModelError
@@ -374,6 +374,9 @@ class Reloads:
         self._abandoned: Loading | FallbackLoading | None = None  # stuck, given up for a newer load: its outcome is dropped
         self._fell_through = False  # this turn's fallback did not load (`fall_back`)
         self._dropped: Dropped | None = None  # the providers dropped from the configuration's, for the reloads
+        # The sequence numbers of the cameras reloads removed, by id: one added back goes on from them, so
+        # that no seq of its topics comes twice in a run (`Trial`)
+        self.retired: dict[str, Sequences] = {}
 
     @property
     def loading(self) -> bool:
@@ -560,8 +563,17 @@ class Trial:
     running on the old model until the switch.
     """
 
-    def __init__(self, replacement: Replacement, running: Mapping[str, Camera], start: StartCapture) -> None:
+    def __init__(
+        self,
+        replacement: Replacement,
+        running: Mapping[str, Camera],
+        start: StartCapture,
+        retired: dict[str, Sequences] | None = None,
+    ) -> None:
+        """``retired``: the sequence numbers of cameras removed earlier (`Reloads.retired`), which one
+        added back goes on from, and which `take_over` keeps up to date."""
         self.replacement = replacement
+        self._retired: dict[str, Sequences] = {} if retired is None else retired
         self.incoming: dict[str, Camera] = {}
         self.reopens = False  # it closed a running camera to open it its own way
         self._unfit_said: set[str] = set()  # the cameras whose frame the reload could not take, said once each
@@ -573,7 +585,9 @@ class Trial:
             if camera is not None:
                 camera.capture.stop()
                 self.reopens = True
-            self.incoming[cfg.camera_id] = camera_for(new, cfg, start(cfg), replacement.paths[cfg.camera_id], camera)
+            sequences = self._retired.get(cfg.camera_id) if camera is None else None
+            path = replacement.paths[cfg.camera_id]
+            self.incoming[cfg.camera_id] = camera_for(new, cfg, start(cfg), path, camera, sequences)
 
     def refused(self, running: LoadedModel, camera_id: str, frame: Frame, why: str) -> None:
         """Say that the new model failed on ``frame`` of camera ``camera_id``, and ``running`` stays."""
@@ -637,7 +651,9 @@ class Trial:
         removed = [camera for name, camera in running.items() if name not in cameras]
         for camera in removed:
             log.info("camera %s removed", camera.id, extra={"CAMERA": camera.id})
+            self._retired[camera.id] = camera.sequences
         stop_captures([camera.capture for camera in removed], CAPTURE_STOP_WAIT_S)
         for name in cameras.keys() - running.keys():
             log.info("camera %s added", name, extra={"CAMERA": name})
+            self._retired.pop(name, None)
         return cameras

@@ -283,6 +283,30 @@ class Gate:
         return TRY_LISTEN(listen)
 
 
+def test_a_camera_a_reload_adds_back_goes_on_from_its_seq_and_the_journal_has_none_twice(board: Board) -> None:
+    """A camera removed by one reload and added back by the next is the same camera of the same run:
+    its topics' seq go on from where they were (a lower one means edged started again), and the
+    journal, which says verdicts by camera and seq, holds none twice."""
+    d = board.start([blue(), scenes()])
+    try:
+        before = verdicts(d, {"syn": 3, "Line.1-A": 1})["syn"]
+        for sources in ([blue()], [blue(), scenes()]):
+            done = d.log().count("reloaded: model")
+            board.configure(sources)
+            d.signal(signal.SIGHUP)
+            assert wait_for(lambda done=done: d.log().count("reloaded: model") > done, 30), d.log()
+        after = verdicts(d, {"syn": 3})["syn"]
+        assert after[0].seq > before[-1].seq and gapless(after), ([v.seq for v in before], [v.seq for v in after])
+        assert d.stop(timeout=15) == 0, d.log()
+    finally:
+        d.close()
+    with sqlite3.connect(board.dir / "journal.sqlite") as db:
+        twice = db.execute(
+            "SELECT camera_id, seq FROM entries WHERE kind = 'verdict' GROUP BY camera_id, seq HAVING count(*) > 1"
+        ).fetchall()
+    assert not twice, twice
+
+
 def serving(server: UaServer) -> bool:
     return wait_for(lambda: server.serving, 30)
 
