@@ -851,7 +851,7 @@ def _cmd_config_reference(args: argparse.Namespace) -> int:
 
 def _cmd_thermal(args: argparse.Namespace) -> int:
     from edged.config import ThermalConfig
-    from edged.thermal import run_thermal_command
+    from edged.thermal_command import run_thermal_command
 
     cfg = ThermalConfig()
     if args.config.is_file():

@@ -385,7 +385,7 @@ class Daemon:
         if self.desk is not None:
             self.desk.follow(new, before)
         self.outputs.reload(new)
-        self.thermal = ThermalWatch(new.thermal) if new.thermal.enabled else None
+        self.thermal = ThermalWatch(new.thermal, previous=self.thermal) if new.thermal.enabled else None
         self.candidate.reload(new, trial.replacement.shadow)
         self._watch()
         self._reloads.took_over(trial.replacement)  # what stays dropped, and the replaced models' memory back

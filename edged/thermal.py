@@ -1,8 +1,8 @@
 """Thermal policy: turns the readings of ``edged.thermal_readers`` into a state and a frame rate.
 
 This module owns the thresholds (config, else derived from trip points or per-board defaults),
-the state machine with hysteresis, the report published in status messages, and the
-``edged thermal`` command.
+the state machine with hysteresis, and the report published in status messages (``edged thermal``
+prints it: `edged.thermal_command`).
 
 States, coolest first: ``unknown`` (no readable zone), ``ok``, ``warm``, ``throttled``,
 ``critical``. The state is at least ``throttled`` whenever the hardware says it is throttling
@@ -10,18 +10,25 @@ States, coolest first: ``unknown`` (no readable zone), ``ok``, ``warm``, ``throt
 immediate; stepping down waits until the hottest zone is more than ``hysteresis_c`` below the
 threshold of the state being left and the hardware flag has cleared, so a reading hovering at a
 threshold cannot flap. A big drop may step down several states at once.
+
+What a sensor says is weighed first: a reading that jumps faster than a chip heats waits for the
+next to say so too, a zone that misses a reading keeps its last one a while, and hardware throttling
+holds until it has been off for `HARDWARE_CLEAR_S` (a cooling device flaps the clock at its trip).
+The board is read off the caller's thread (`edged.thermal_background`): a sensor that hangs holds
+no poll up.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 from edged.config import ThermalConfig
 from edged.messages import ThermalState
+from edged.thermal_background import SLOW_READ_S, Background
 from edged.thermal_readers import THROTTLING_NOW, BoardFamily, Snapshot, SysReader, Zone
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,23 @@ _WARM_BELOW_THROTTLED_C = 10.0
 _PLAUSIBLE_TRIP_C = (40.0, 150.0)
 # Spacing kept between a configured threshold and a default one pushed out of its way.
 _MIN_GAP_C = 2.0
+# A poll waits this long for the board's files (a few milliseconds where they answer; 400 zones take
+# 50 ms here): past it the daemon's loop goes on with the last readings (`edged.thermal_background`).
+# The first, before anything was read, waits up to `SLOW_READ_S`.
+READ_WAIT_S = 0.05
+# With no reading finished for this long (or three polls, if longer), the state is unknown.
+STALE_AFTER_S = 30.0
+# Hardware throttling (a cpufreq cap, the Pi's bits) counts until it has been off this long: a
+# cooling device lowers and raises the clock every second or two while a zone sits at its trip.
+HARDWARE_CLEAR_S = 10.0
+# A zone rising this much, this fast, between two readings is not a chip heating (silicon warms a
+# few degrees a second at most): a glitch of the sensor, or its bus, until the next reading says so too.
+JUMP_C = 20.0
+JUMP_C_PER_S = 5.0
+JUMP_LOG_S = 60.0
+# A zone that gives no reading keeps its last one this long: a sensor that misses a reading now and
+# then (a busy I2C bus) moves neither the state nor the rate.
+ZONE_HOLD_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -220,26 +244,58 @@ def _hardware_throttling(snapshot: Snapshot) -> bool:
 class ThermalWatch:
     """Reads the board once per :meth:`poll` and keeps the state across polls.
 
-    ``cfg.enabled`` is the daemon's switch for creating a watch at all; a watch always reads.
+    ``cfg.enabled`` is the daemon's switch for creating a watch at all; a watch always reads. The
+    reading runs off the caller's thread (`edged.thermal_background`): a poll waits ``read_wait_s``
+    at most, and otherwise returns the last report, which after `STALE_AFTER_S` is ``unknown``.
     """
 
-    def __init__(self, cfg: ThermalConfig) -> None:
+    def __init__(
+        self,
+        cfg: ThermalConfig,
+        read_wait_s: float = READ_WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
+        previous: ThermalWatch | None = None,
+    ) -> None:
         self.cfg = cfg
         self._reader = SysReader(cfg.root, cfg.use_vcgencmd)
+        self._background = Background(self._reader.slow_files, self._reader.read)
+        self._read_wait_s = read_wait_s
+        self._clock = clock
         self._state: ThermalState | None = None
+        self._report: ThermalReport | None = None
+        self._read_at = clock()
+        self._hardware_at: float | None = None  # when hardware throttling was last seen
+        self._temps: dict[str, tuple[float, float]] = {}  # zone: (accepted reading, when)
+        self._jumped: set[str] = set()
+        self._said_waiting = False
+        self._jump_said: dict[str, float] = {}  # a zone that glitches every few readings: a line a minute
         self.last_snapshot: Snapshot | None = None
         self.thresholds_source = ""
+        if previous is not None and (previous.cfg.root, previous.cfg.use_vcgencmd) == (cfg.root, cfg.use_vcgencmd):
+            self._carry_on(previous)
+
+    def _carry_on(self, previous: ThermalWatch) -> None:
+        """A reload's watch of the same board: its state, what its sensors said and the reading in flight
+        go on, so that a reload neither lets a board inside a hysteresis band step down nor logs a start."""
+        keep = ("_reader", "_background", "_state", "_report", "_read_at", "_hardware_at", "_temps", "_jumped")
+        for name in (*keep, "_said_waiting", "_jump_said", "last_snapshot", "thresholds_source"):
+            setattr(self, name, getattr(previous, name))
 
     def poll(self) -> ThermalReport:
         """Read everything, advance the state machine and return the report; never raises."""
-        snapshot = self._reader.read()
+        snapshot = self._background.take(self._read_wait_s if self._report else max(self._read_wait_s, SLOW_READ_S))
+        now = self._clock()
+        if snapshot is None:
+            return self._held(now)
+        self._read_at = now
         thresholds, self.thresholds_source = resolve_thresholds(self.cfg, snapshot.family, snapshot.zones)
-        zones = _zone_temps(snapshot.zones)
+        zones = self._plausible(_zone_temps(snapshot.zones), now)
         hottest = max(zones.values()) if zones else None
-        hw = _hardware_throttling(snapshot)
+        if _hardware_throttling(snapshot):
+            self._hardware_at = now
+        hw = self._hardware_at is not None and now - self._hardware_at < HARDWARE_CLEAR_S
         previous = self._state
         state = next_state(previous or "unknown", hottest, hw, thresholds, self.cfg.hysteresis_c)
-        self._state = state
         self.last_snapshot = snapshot
         cpufreq = snapshot.cpufreq
         report = ThermalReport(
@@ -256,9 +312,54 @@ class ThermalWatch:
             power_mode=snapshot.power_mode.name if snapshot.power_mode else None,
             hardware_throttling=hw,
         )
-        if state != previous:
+        return self._decided(previous, report)
+
+    def _decided(self, previous: ThermalState | None, report: ThermalReport) -> ThermalReport:
+        self._state, self._report = report.state, report
+        if report.state != previous:
             _log_change(previous, report)
         return report
+
+    def _held(self, now: float) -> ThermalReport:
+        """The last report while the reading in flight is not too old, else one of state ``unknown``."""
+        stale_s = max(STALE_AFTER_S, 3 * self.cfg.poll_interval_s, 2 * SLOW_READ_S)
+        last = self._report
+        if last is None:
+            if not self._said_waiting:
+                log.info("the board's first thermal reading has not finished yet: thermal state unknown until it has")
+            self._said_waiting = True
+            return ThermalReport(
+                "unknown", "generic", {}, None, None, (), 1.0, resolve_thresholds(self.cfg, "generic", ())[0]
+            )
+        if now - self._read_at < stale_s or (last.state == "unknown" and not last.zones):
+            return last
+        log.warning("no thermal reading has finished for %.0f s: the board's files do not answer", now - self._read_at)
+        return self._decided(self._state, ThermalReport("unknown", last.board, {}, None, None, (), 1.0, last.thresholds))
+
+    def _plausible(self, zones: dict[str, float], now: float) -> dict[str, float]:
+        """Each zone's reading, but one that jumped (`JUMP_C`) taken as the one before until the next confirms it."""
+        for name, temp in zones.items():
+            before = self._temps.get(name)
+            rise = temp - before[0] if before else 0.0
+            if before and rise >= JUMP_C and rise >= JUMP_C_PER_S * (now - before[1]) and name not in self._jumped:
+                if now - self._jump_said.get(name, now - JUMP_LOG_S) >= JUMP_LOG_S:
+                    self._jump_said[name] = now
+                    log.warning(
+                        "thermal zone %s jumped from %.1fC to %.1fC in %.1f s, faster than a chip heats: taken as %.1fC "
+                        "unless the next reading says so too (a broken sensor, then, pauses inference at critical)",
+                        name, before[0], temp, now - before[1], before[0],
+                    )  # fmt: skip
+                self._jumped.add(name)
+                zones[name] = before[0]
+                continue
+            self._jumped.discard(name)
+            self._temps[name] = (temp, now)
+        for gone in set(self._temps) - set(zones):
+            if now - self._temps[gone][1] < ZONE_HOLD_S:
+                zones[gone] = self._temps[gone][0]
+            else:
+                del self._temps[gone]
+        return zones
 
 
 def _log_change(previous: ThermalState | None, report: ThermalReport) -> None:
@@ -287,74 +388,18 @@ def _log_change(previous: ThermalState | None, report: ThermalReport) -> None:
         previous or "start",
         report.state,
         report.board,
-        _celsius(report.hottest_c),
+        celsius(report.hottest_c),
         hottest_zone,
-        _percent(report.freq_cap_ratio),
+        percent(report.freq_cap_ratio),
         ",".join(report.throttled_flags) or "none",
         report.rate_factor,
         extra=extra,
     )
 
 
-# ---- edged thermal ----------------------------------------------------------------------------
-
-
-def _celsius(value: float | None) -> str:
+def celsius(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}C"
 
 
-def _percent(value: float | None) -> str:
+def percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
-
-
-def _write_table(out: TextIO, report: ThermalReport, watch: ThermalWatch) -> None:
-    snapshot = watch.last_snapshot
-    cfg = watch.cfg
-    out.write(
-        f"state       {report.state}  rate {report.rate_factor:g}"
-        f"{'  (hardware throttling)' if report.hardware_throttling else ''}\n"
-    )
-    out.write(f"board       {report.board}{f' ({report.model})' if report.model else ''}\n")
-    out.write(f"{'ZONE':<18}{'TEMP':>9}  TRIPS\n")
-    zones = snapshot.zones if snapshot else ()
-    for zone in zones:
-        temp = "offline" if zone.temp_c is None else _celsius(zone.temp_c)
-        trips = ", ".join(f"{t.temp_c:.1f}C {t.kind}" for t in zone.trips) or "-"
-        out.write(f"{zone.name:<18}{temp:>9}  {trips}\n")
-    if not zones:
-        out.write("(no thermal zones)\n")
-    th = report.thresholds
-    out.write(
-        f"thresholds  warm {_celsius(th['warm'])}  throttled {_celsius(th['throttled'])}  "
-        f"critical {_celsius(th['critical'])}  hysteresis {_celsius(cfg.hysteresis_c)}"
-        f"  ({watch.thresholds_source})\n"
-    )
-    out.write(f"cpufreq     cap {_percent(report.freq_cap_ratio)}  cur {_percent(report.freq_cur_ratio)}\n")
-    if snapshot and snapshot.pi_source:
-        out.write(f"pi flags    {', '.join(report.throttled_flags) or 'none'}  ({snapshot.pi_source})\n")
-    if report.power_mode:
-        out.write(f"power mode  {report.power_mode}\n")
-    if not cfg.enabled:
-        out.write("note        thermal.enabled is false: the daemon ignores these readings\n")
-
-
-def run_thermal_command(
-    cfg: ThermalConfig, watch: bool, interval_s: float | None, out: TextIO = sys.stdout, iterations: int | None = None
-) -> int:
-    """``edged thermal``: print readings and state once, or every interval with ``--watch``."""
-    thermal_watch = ThermalWatch(cfg)
-    interval = cfg.poll_interval_s if interval_s is None else interval_s
-    done = 0
-    try:
-        while True:
-            report = thermal_watch.poll()
-            if watch:
-                out.write(f"-- {time.strftime('%H:%M:%S')}\n")
-            _write_table(out, report, thermal_watch)
-            out.flush()
-            done += 1
-            if not watch or (iterations is not None and done >= iterations):
-                return 0
-            time.sleep(max(0.0, interval))
-    except KeyboardInterrupt:
-        return 0

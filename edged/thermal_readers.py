@@ -15,9 +15,12 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from edged.thermal_background import SlowFiles
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,8 @@ THROTTLING_NOW = frozenset({"arm_freq_capped", "throttled", "soft_temp_limit"})
 # Outside this range a zone reading is a sentinel (Jetson reports -256 C for a powered-down
 # sensor) or garbage, so the zone counts as offline.
 _VALID_TEMP_C = (-50.0, 200.0)
+_POWERED_DOWN_C = -256.0
+_REPEAT_S = 60.0
 _MAX_TRIPS = 32
 _VCGENCMD_TIMEOUT_S = 1.0
 
@@ -156,15 +161,27 @@ def parse_power_mode(conf: str, status: str | None) -> PowerMode | None:
 
 
 class _Problems:
-    """Logs each problem path once, so a broken sensor does not flood the journal every poll."""
+    """Logs each problem path once, so a broken sensor does not flood the journal every poll; once
+    more after it was `cleared` (a sensor that breaks again), unless within `_REPEAT_S` of its last
+    line: a sensor that comes and goes every reading is a line a minute, not one a reading."""
 
     def __init__(self) -> None:
-        self._seen: set[str] = set()
+        self._seen: dict[str, int] = {}  # problem path: level logged at, 0 if not logged
+        self._said: dict[str, float] = {}
 
     def once(self, level: int, path: Path, msg: str, *args: object) -> None:
-        if str(path) not in self._seen:
-            self._seen.add(str(path))
+        key, now = str(path), time.monotonic()
+        if key in self._seen:
+            return
+        quiet = now - self._said.get(key, now - _REPEAT_S) < _REPEAT_S
+        self._seen[key] = 0 if quiet else level
+        if not quiet:
+            self._said[key] = now
             log.log(level, msg, *args)
+
+    def cleared(self, path: Path) -> int | None:
+        """The level the problem ``path`` had was logged at (0: not logged), now over."""
+        return self._seen.pop(str(path), None)
 
 
 def _numbered(directory: Path, prefix: str, problems: _Problems) -> list[Path]:
@@ -187,6 +204,7 @@ class SysReader:
     def __init__(self, root: Path, use_vcgencmd: bool) -> None:
         self.root = Path(root)
         self._problems = _Problems()
+        self.slow_files = SlowFiles.of(self.root)
         # vcgencmd reads the live firmware, so it only makes sense for the real root.
         self._vcgencmd_allowed = use_vcgencmd and self.root == Path("/")
 
@@ -201,7 +219,11 @@ class SysReader:
     # ---- primitives ------------------------------------------------------------------------
 
     def _text(self, path: Path, offline_level: int = logging.WARNING) -> str | None:
-        """File contents stripped of whitespace and NULs; None if absent or unreadable."""
+        """File contents stripped of whitespace and NULs; None if absent or unreadable (or, read on its own
+        since it hung, without a recent value: `edged.thermal_background`)."""
+        return self.slow_files.text(path, lambda p: self._read(p, offline_level))
+
+    def _read(self, path: Path, offline_level: int) -> str | None:
         try:
             data = path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
@@ -237,31 +259,48 @@ class SysReader:
 
     def _zone(self, path: Path) -> Zone:
         name = self._text(path / "type") or path.name
-        return Zone(name, self._zone_temp(path / "temp"), self._trips(path))
+        trips = self._trips(path)
+        # The ABI says millidegrees; a driver giving whole degrees shows it in its trip points too
+        # (none of them 1 C or more read as millidegrees, some of them a chip's 20..200): then both
+        # are taken as degrees, else a hot chip of such a board would read as 0.09 C.
+        unit = 1.0
+        if trips and all(abs(t) < 1000 for t, _ in trips) and any(20 <= t <= 200 for t, _ in trips):
+            unit = 1000.0
+            self._problems.once(logging.WARNING, path, "%s reads in degrees, not millidegrees: taken as degrees", path)
+        temp = self._zone_temp(path / "temp", unit)
+        return Zone(name, temp, tuple(Trip(t * unit / 1000, kind) for t, kind in trips))
 
-    def _zone_temp(self, path: Path) -> float | None:
+    def _zone_temp(self, path: Path, unit: float) -> float | None:
         # A disabled or powered-down sensor fails with EIO/ENODATA or reads empty: that is normal.
         milli = self._int(path, offline_level=logging.DEBUG)
         if milli is None:
             return None
-        temp_c = milli / 1000
+        temp_c = milli * unit / 1000
         low, high = _VALID_TEMP_C
         if not low <= temp_c <= high:
-            self._problems.once(logging.DEBUG, path, "%s reads %.1f C: treated as offline", path, temp_c)
+            # Jetson's powered-down sensors read -256 C; anything else out there is a sensor broken
+            # or unplugged (0xff: 255 C; -273 C), never a board that hot or cold: it is said.
+            if temp_c == _POWERED_DOWN_C:
+                self._problems.once(logging.DEBUG, path, "%s reads -256 C: a sensor powered down, offline", path)
+                return None
+            msg = "%s reads %.1f C: a sensor broken or disconnected, left out until it reads %g..%g C"
+            self._problems.once(logging.WARNING, path, msg, path, temp_c, low, high)
             return None
+        if self._problems.cleared(path) == logging.WARNING:
+            log.warning("%s reads %.1f C again", path, temp_c)
         return temp_c
 
-    def _trips(self, zone: Path) -> tuple[Trip, ...]:
+    def _trips(self, zone: Path) -> list[tuple[int, str]]:
         trips = []
         for n in range(_MAX_TRIPS):
             temp_path = zone / f"trip_point_{n}_temp"
             if not os.path.exists(temp_path):
                 break
-            milli = self._int(temp_path)
+            raw = self._int(temp_path)
             kind = self._text(zone / f"trip_point_{n}_type")
-            if milli is not None and kind:
-                trips.append(Trip(milli / 1000, kind))
-        return tuple(trips)
+            if raw is not None and kind:
+                trips.append((raw, kind))
+        return trips
 
     # ---- cpufreq ---------------------------------------------------------------------------
 
@@ -277,7 +316,9 @@ class SysReader:
             ceiling = min(hw_max, mode_cap) if mode_cap else hw_max
             scaling_max = self._int(policy / "scaling_max_freq")
             scaling_cur = self._int(policy / "scaling_cur_freq")
-            if scaling_max is not None:
+            if scaling_max is not None and scaling_max <= 0:  # no clock has a ceiling of 0: garbage, not a cap
+                self._problems.once(logging.WARNING, policy, "%s/scaling_max_freq reads %d: ignored", policy, scaling_max)
+            elif scaling_max is not None:
                 caps.append(min(1.0, scaling_max / ceiling))
             if scaling_cur is not None:
                 curs.append(min(1.0, scaling_cur / ceiling))

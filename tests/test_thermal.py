@@ -17,7 +17,8 @@ import pytest
 from pydantic import ValidationError
 
 from edged.config import ThermalConfig
-from edged.thermal import ThermalReport, ThermalWatch, resolve_thresholds, run_thermal_command
+from edged.thermal import ThermalReport, ThermalWatch, resolve_thresholds
+from edged.thermal_command import run_thermal_command
 from edged.thermal_readers import (
     BoardFamily,
     Trip,
@@ -45,8 +46,21 @@ def board(tmp_path: Path) -> BoardCopy:
     return copy
 
 
+def polls_apart(step_s: float = 10.0) -> Callable[[], float]:
+    """A clock for a watch polled back to back that says each poll came ``step_s`` after the one before:
+    readings set between them are as far apart as a board's, and past `HARDWARE_CLEAR_S`."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += step_s
+        return now[0]
+
+    return clock
+
+
 def watch_on(root: Path, **overrides: object) -> ThermalWatch:
-    return ThermalWatch(ThermalConfig(root=root, use_vcgencmd=False, **overrides))
+    """A watch on ``root`` whose polls wait for every reading, however busy the machine."""
+    return ThermalWatch(ThermalConfig(root=root, use_vcgencmd=False, **overrides), read_wait_s=30.0, clock=polls_apart())
 
 
 def write(root: Path, rel: str, text: str) -> None:
