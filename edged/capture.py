@@ -303,7 +303,7 @@ class Capture:
         try:
             source = self._factory()
             source.open()
-        except SourceError as e:
+        except (SourceError, OSError) as e:  # OSError: the process out of descriptors (EMFILE), memory, ...
             if source is not None:
                 self._close(source)
             self._fail(str(e), read=False)
@@ -363,7 +363,7 @@ class Capture:
                     got = self._read(source, watch)
                 else:
                     got = self._grab(split, timing, watch, decode=decode_all or not delivered)
-            except SourceError as e:
+            except (SourceError, OSError) as e:  # an OSError passes with its cause: retried as a lost camera is
                 self._fail(str(e), read=True)
                 return "lost"
             finally:

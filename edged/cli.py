@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TypeVar, get_args
 
 from edged import __version__
+from edged.accept import short_of, why
 from edged.config import DEFAULT_CONFIG_PATH, EngineName, Precision, RuntimeConfig, Settings, Spinning, load_config
-from edged.errors import EXIT_CONFIG, ConfigError, EdgedError, MissingDependency, UsageError
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, ConfigError, EdgedError, MissingDependency, UsageError
 from edged.files import refuse_overwriting, write_whole
 from edged.keys import SERVICE_USER
 from edged.service import setup_logging
@@ -727,6 +728,12 @@ def _serve(config_path: Path | None, settings: Settings) -> int:
         log.error("%s", e)
         notifier.status(f"refused to start: {e}" if e.exit_code == EXIT_CONFIG else f"cannot start: {e}")
         code = e.exit_code
+    except Exception as e:
+        if not short_of(e):
+            raise
+        log.error("cannot start: %s", why(e))  # the process's limits, not the configuration: exit 1, tried again
+        notifier.status(f"cannot start: {why(e)}")
+        code = EXIT_FAILURE
     else:
         code = daemon.run()
     notifier.close()
@@ -941,6 +948,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C in a tool: what it started is undone on the way here, no traceback
         print(f"edged: {args.command} interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    except Exception as e:  # the process short of descriptors, memory or threads: said, not a traceback
+        if not short_of(e):
+            raise
+        print(f"edged: {args.command} failed: {why(e)}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edged.accept import AcceptFailures
 from edged.errors import EdgedError, KeyFileError
 from edged.keys import read_token
 from edged.listen import BIND_RETRY_S, listen_tcp
@@ -97,6 +98,7 @@ class HttpServer(Output):
         self._refused = dict.fromkeys(REFUSALS, 0)
         self._refusal_logged = -REFUSAL_LOG_INTERVAL_S  # monotonic time of the last refusal logged
         self._stopping = threading.Event()
+        self.accept_failures = AcceptFailures("http")  # connections it had no descriptor or thread for
         self._server: Server | None = None
         self._thread = threading.Thread(target=self._serve, name="edged-http", daemon=True)
         self.follow_cameras(cameras)

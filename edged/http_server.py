@@ -15,7 +15,6 @@ import ipaddress
 import json
 import logging
 import re
-import select
 import socket
 import threading
 import time
@@ -28,10 +27,12 @@ from urllib.parse import parse_qs, unquote_plus, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from edged import history
+from edged.accept import ACCEPT_RETRY_S, out_of_resources
 from edged.errors import JournalUnreadable, UsageError
 from edged.listen import dual_stack, every_address
 from edged.settings.http import MAX_CONNECTIONS
 from edged.view import LiveView
+from edged.wake import ready
 
 if TYPE_CHECKING:
     from edged.http import HttpServer
@@ -134,6 +135,19 @@ class Server(ThreadingHTTPServer):
             dual_stack(self.socket)
         super().server_bind()
 
+    def get_request(self) -> tuple[Any, Any]:
+        """The next connection; where the process has no descriptor for it (EMFILE), the failure is said
+        (`edged.accept.AcceptFailures`) and the thread pauses before the next try: the listening
+        socket stays readable meanwhile, and returning at once to the poll spun a core."""
+        try:
+            accepted = super().get_request()
+        except OSError as e:
+            if out_of_resources(e):
+                self.owner.accept_failures.failed(e)
+                time.sleep(ACCEPT_RETRY_S)  # `serve_forever` ignores the error; a stop waits this long at most
+            raise
+        return accepted
+
     def process_request(self, request: Any, client_address: Any) -> None:
         client = client_address[0]
         with self._lock:
@@ -142,14 +156,21 @@ class Server(ThreadingHTTPServer):
                 self._per_client[client] += 1
                 self._waiting[request] = client
         if refused is not None:
+            self.owner.accept_failures.accepted()
             self.owner.refuse(refused, client)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
+        except RuntimeError as e:  # no thread for it (TasksMax=): closed, and said once a burst, not a traceback each
+            self._release(request, client)
+            self.owner.accept_failures.failed(e)
+            self.shutdown_request(request)
         except BaseException:
             self._release(request, client)
             raise
+        else:
+            self.owner.accept_failures.accepted()
 
     def _admit(self, client: str) -> str | None:
         """None when a connection from ``client`` may be served, after evicting the oldest connection
@@ -503,7 +524,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _client_gone(self) -> bool:
         """True when the viewer has closed its end (readable, and reading finds the end of the stream)."""
-        readable, _, _ = select.select([self.connection], [], [], 0)
+        readable, _ = ready([self.connection], [], 0)
         if not readable:
             return False
         try:

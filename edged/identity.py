@@ -9,7 +9,6 @@ without a clock battery that has not yet reached NTP from one that has.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import hashlib
 import secrets
@@ -51,10 +50,12 @@ def boot_id(path: Path = BOOT_ID) -> str:
 
 @functools.cache
 def _adjtimex() -> Callable[[ctypes.Array[ctypes.c_char]], int] | None:
-    name = ctypes.util.find_library("c")
+    """The C library's adjtimex, from the symbols the process has loaded already (Python's own C
+    library): finding the library by name runs ldconfig, a process and descriptors, which a daemon
+    out of descriptors at its first status round did not have, and it stopped on the error."""
     try:
-        call: Callable[[ctypes.Array[ctypes.c_char]], int] = ctypes.CDLL(name).adjtimex
-    except (OSError, AttributeError, TypeError):  # no C library found (name None), or none with adjtimex
+        call: Callable[[ctypes.Array[ctypes.c_char]], int] = ctypes.CDLL(None).adjtimex
+    except (OSError, AttributeError):  # a C library without adjtimex
         return None
     return call
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
+from zmq.utils.monitor import parse_monitor_message, recv_monitor_message
 
 from edged.errors import BindError, PublishError
 from edged.settings.endpoints import address_of, ipc_path, ipc_path_problem, ours_to_make, tcp_host, wants_ipv6
@@ -50,6 +50,10 @@ MAX_MESSAGE_BYTES = 1024
 PROBE_TIMEOUT_S = 1.0  # a live listener accepts at once, even when its process is stopped
 REBIND_TIMEOUT_S = 5.0  # libzmq closes a socket's listeners asynchronously
 RECOVERY_S = 5.0  # accepting again once no accept has failed for this long
+# While accepts fail, the monitor is read this often, at most `ACCEPT_EVENTS_AT_ONCE` events at a time: libzmq,
+# which retries a failed accept at once, waits meanwhile for room to say the next failure, instead of spinning a core.
+ACCEPT_PAUSE_S = 0.05
+ACCEPT_EVENTS_AT_ONCE = 2000  # the monitor's pipe holds about 1000 (its high-water mark, each side)
 BIND_RETRY_S = 5.0  # a server whose address is taken tries it again this often, while detection goes on
 
 
@@ -120,10 +124,12 @@ def refuse_live_ipc(path: Path, endpoint: str, key: str) -> None:
 class AcceptWatch:
     """Logs that a socket cannot accept connections (out of descriptors, say), once per episode.
 
-    A thread reads the socket's monitor: libzmq blocks its I/O thread when monitor events are not
-    read, and retries a failed accept as fast as it can, so every event is drained at once. Any
-    descriptor freed meanwhile is taken by the next accept, so the episode ends only after
-    `RECOVERY_S` without a failure.
+    A thread reads the socket's monitor. libzmq retries a failed accept as fast as its I/O thread
+    turns, a core spinning and an event each time, and blocks that thread while the monitor's pipe is
+    full: so while accepts fail, the monitor is read every `ACCEPT_PAUSE_S` only, the I/O thread
+    sending the subscribers' messages in between (delayed by that at most). Any descriptor freed
+    meanwhile is taken by the next accept, so the episode ends only after `RECOVERY_S` without a
+    failure.
     """
 
     def __init__(self, sock: zmq.Socket[bytes]) -> None:
@@ -151,6 +157,23 @@ class AcceptWatch:
                 if failing is None:
                     failing = event["endpoint"].decode(errors="replace")
                     log.error("%s: new connections wait unaccepted: %s", failing, _accept_failure(event["value"]))
+                if self._pause_and_drain():
+                    return
+
+    def _pause_and_drain(self) -> bool:
+        """While accepts fail: a pause, then the events that came meanwhile read (`ACCEPT_PAUSE_S`). True when
+        the monitor stopped among them."""
+        time.sleep(ACCEPT_PAUSE_S)
+        for _ in range(ACCEPT_EVENTS_AT_ONCE):
+            try:
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            except zmq.ZMQError:  # the context was destroyed under its sockets
+                return True
+            if parse_monitor_message(frames)["event"] == zmq.EVENT_MONITOR_STOPPED:
+                return True
+        return False
 
     def stop(self) -> None:
         self._socket.disable_monitor()  # the thread ends on the MONITOR_STOPPED event this sends

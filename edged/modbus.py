@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
+from edged.accept import AcceptFailures, quiet_accept_failures
 from edged.errors import BindError, MissingDependency
 from edged.listen import BIND_RETRY_S, listen_tcp, retry_bind
 from edged.messages import ModbusReport, TriggerError, TriggerProblem, VerdictMessage
@@ -228,6 +229,8 @@ class ModbusOutput(Output):
         if previous is not None:
             self._carry_on(previous)
         self._loop = asyncio.new_event_loop()
+        self.accept_failures = AcceptFailures("modbus")
+        quiet_accept_failures(self._loop, self.accept_failures)  # said once, not a traceback per try
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="edged-modbus", daemon=True)
         self._thread.start()

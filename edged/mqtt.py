@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import select
 import socket
 import ssl
 import threading
@@ -55,7 +54,7 @@ from edged.keys import check_secret_file
 from edged.lograte import LogRate
 from edged.output import MessageKind, MessageOutput, OutputReport, Services
 from edged.settings.mqtt import MqttConfig
-from edged.wake import Wake
+from edged.wake import Wake, ready
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -607,7 +606,7 @@ class MqttOutput(MessageOutput):
                     self._dropped(f"connection to {self.cfg.where} lost while sending")
                     return
             writing = [sock] if self._client.want_write() else []
-            readable, writable, _ = select.select([sock, self._wake], writing, [], 0.0 if pending() else TICK_S)
+            readable, writable = ready([sock, self._wake], writing, 0.0 if pending() else TICK_S)
             if self._wake in readable:
                 self._wake.clear()
             rc = 0
@@ -716,7 +715,7 @@ class MqttOutput(MessageOutput):
             self._hand_over()
             if not self._client.want_write():
                 return
-            if select.select([], [sock], [], left)[1] and self._client.loop_write():
+            if ready([], [sock], left)[1] and self._client.loop_write():
                 return
             sock = self._client.socket()
 
@@ -729,7 +728,7 @@ class MqttOutput(MessageOutput):
         sock = self._client.socket()
         pending = _unseen_by_select(sock)
         while self._unacked and sock is not None and (left := deadline - time.monotonic()) > 0:
-            if (pending() or select.select([sock], [], [], left)[0]) and self._client.loop_read():
+            if (pending() or ready([sock], [], left)[0]) and self._client.loop_read():
                 return
             sock = self._client.socket()
 
@@ -750,7 +749,7 @@ class MqttOutput(MessageOutput):
             self._client.disconnect()
             sock = self._client.socket()
             while sock is not None and self._client.want_write() and (left := deadline - time.monotonic()) > 0:
-                if select.select([], [sock], [], left)[1] and self._client.loop_write():
+                if ready([], [sock], left)[1] and self._client.loop_write():
                     break
                 sock = self._client.socket()
         self._connected = False

@@ -51,6 +51,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import ValidationError
 
+from edged.accept import AcceptFailures, quiet_accept_failures
 from edged.errors import KeyFileError, OutputFileError
 from edged.files import fsync_folder, part_file, parts_of, remove_parts
 from edged.keys import check_secret_file
@@ -534,6 +535,8 @@ class UaServer:
         self._nodes: dict[tuple[str, str], ua.NodeId] = {}
         self._server: Server | None = None
         self._loop = asyncio.new_event_loop()
+        self.accept_failures = AcceptFailures("OPC UA")
+        quiet_accept_failures(self._loop, self.accept_failures)  # said once, not a traceback per try
         self._stop = asyncio.Event()  # bound to the server's loop when it first waits on it
         self._started = threading.Event()  # it listens, or has given up
         self._thread = threading.Thread(target=self._run, name="edged-opcua", daemon=True)

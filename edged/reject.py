@@ -60,6 +60,7 @@ from edged.messages import RejectReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
 from edged.settings.reject import LineId, RejectConfig
 from edged.stats import LatencyWindow
+from edged.wake import ready
 
 if TYPE_CHECKING:
     from edged.config import Settings
@@ -601,8 +602,8 @@ class RejectLine:
         deadline = time.monotonic() + START_WAIT_S
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
-            ready, _, _ = select.select([self._out], [], [], max(0.0, left))
-            chunk = os.read(self._out, 65536) if ready else b""
+            readable, _ = ready([self._out], [], left)
+            chunk = os.read(self._out, 65536) if readable else b""
             if not chunk:
                 code = self._proc.poll()
                 raise LineError(f"reject line of camera {self.camera_id}: its process did not start (exit {code})")

@@ -209,7 +209,13 @@ class Load(Generic[Loaded]):
         self._outcome: Loaded | str | None = None
         self.at, self.what = at, what
         self._started = time.monotonic()
-        threading.Thread(target=self._load, args=(load, wake), name=f"edged-{what.replace(' ', '-')}", daemon=True).start()
+        try:
+            threading.Thread(
+                target=self._load, args=(load, wake), name=f"edged-{what.replace(' ', '-')}", daemon=True
+            ).start()
+        except RuntimeError as e:  # no thread for it: refused as a load that failed, the running configuration kept
+            self._outcome = f"{what} not started: {e} (the process may start no more threads: TasksMax= too low, or a leak)"
+            wake.set()
 
     def _load(self, load: Callable[[], Loaded], wake: Waker) -> None:
         try:

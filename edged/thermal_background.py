@@ -124,7 +124,12 @@ class SlowFiles:
                 blocked = sum(s.reading_since is not None for s in self._files.values())
                 if blocked < MAX_BLOCKED_READS:
                     slow.reading_since = now
-                    threading.Thread(target=self._refresh, args=(slow, read), name="edged-thermal-read", daemon=True).start()
+                    try:
+                        threading.Thread(
+                            target=self._refresh, args=(slow, read), name="edged-thermal-read", daemon=True
+                        ).start()
+                    except RuntimeError:  # no thread to be had now: its value ages, the next poll tries again
+                        slow.reading_since = None
             # How long the value has waited for the read after it: since that read began, or, with none
             # (too many reads blocked to start one), since the value was read.
             waited_from = slow.reading_since if slow.reading_since is not None else slow.read_at
@@ -163,6 +168,7 @@ class Background(Generic[T]):
         self._run: _Run | None = None
         self._quick = True
         self._failing = False
+        self._no_thread = False  # the last reading could not start a thread
 
     def take(self, wait_s: float) -> T | None:
         """The result of a reading: one in flight if it has finished, else one started now, waited for up
@@ -177,15 +183,26 @@ class Background(Generic[T]):
                 return run.result  # type: ignore[return-value]
             if run is None or self._files.give_up(run):
                 run = self._run = self._start()
+                if run is None:
+                    return None
             left = deadline - time.monotonic()
             if left <= 0:
                 self._quick = False
                 return None
             run.done.wait(min(left, SLOW_READ_S))
 
-    def _start(self) -> _Run:
+    def _start(self) -> _Run | None:
+        """A reading started on a thread of its own; None where no thread can be had (``TasksMax=``
+        reached), said once until one can: the state then holds, and goes unknown as readings stop."""
         run = _Run()
-        threading.Thread(target=self._reading, args=(run,), name="edged-thermal", daemon=True).start()
+        try:
+            threading.Thread(target=self._reading, args=(run,), name="edged-thermal", daemon=True).start()
+        except RuntimeError as e:
+            if not self._no_thread:
+                log.warning("no thread to read the board's thermal files on (%s): trying again at each poll", e)
+            self._no_thread = True
+            return None
+        self._no_thread = False
         return run
 
     def _reading(self, run: _Run) -> None:

@@ -10,11 +10,10 @@ pair, rather than a `threading.Event`, is what a ``select`` can wait on beside o
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 from collections.abc import Sequence
 from typing import Any, Protocol
-
-import zmq
 
 
 class Waker(Protocol):
@@ -26,7 +25,7 @@ class Waker(Protocol):
 class Wake:
     """A flag other threads set and one thread waits on, alone or with sockets; cleared by that thread.
 
-    ``select.select`` and ``zmq.select`` take it as they take a socket (`fileno`).
+    `ready` and ``zmq.select`` take it as they take a socket (`fileno`).
     """
 
     def __init__(self) -> None:
@@ -50,8 +49,35 @@ class Wake:
 
     def wait(self, timeout_s: float, sockets: Sequence[Any] = ()) -> None:
         """Until set, one of ``sockets`` (ZeroMQ sockets or file-like) is readable, or ``timeout_s``."""
+        import zmq  # here only: the reject line's process waits with `ready` and never loads libzmq
+
         zmq.select([self._r, *sockets], [], [], max(0.0, timeout_s))
 
     def close(self) -> None:
         self._r.close()
         self._w.close()
+
+
+# What poll reports that select would report as readable (or writable): data, or the end of the stream.
+_IN = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR | select.POLLNVAL
+_OUT = select.POLLOUT | select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+
+def ready(read: Sequence[Any], write: Sequence[Any], timeout_s: float) -> tuple[list[Any], list[Any]]:
+    """``select.select(read, write, [], timeout_s)``'s readable and writable, for a descriptor of any
+    number. select takes none past 1023 (ValueError): a process the units let hold 16,384 (a flood of
+    ZeroMQ subscribers is enough) makes its next socket one, and an MQTT reconnect, a live-view
+    viewer or a reject line then failed. ``read`` and ``write`` hold objects with ``fileno()``."""
+    poller = select.poll()
+    wanted: dict[int, int] = {}
+    for things, mask in ((read, select.POLLIN), (write, select.POLLOUT)):
+        for thing in things:
+            fd = thing if isinstance(thing, int) else thing.fileno()
+            wanted[fd] = wanted.get(fd, 0) | mask
+    for fd, mask in wanted.items():
+        poller.register(fd, mask)
+    events = dict(poller.poll(max(0.0, timeout_s) * 1000))
+    fd_of = {id(t): (t if isinstance(t, int) else t.fileno()) for t in (*read, *write)}
+    readable = [t for t in read if events.get(fd_of[id(t)], 0) & _IN]
+    writable = [t for t in write if events.get(fd_of[id(t)], 0) & _OUT]
+    return readable, writable

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -84,6 +85,7 @@ class FileSource(OpenCvCapture):
         cap = cv2.VideoCapture(str(self._path), cv2.CAP_FFMPEG)
         if not cap.isOpened():
             cap.release()
+            _raise_if_unopenable(self._path)  # FFmpeg says only that it failed: out of descriptors is said as such
             raise SourceError(
                 f"cannot decode video file {self._path}: FFmpeg does not recognise it (check "
                 "that the file is complete and its container and codec are supported, "
@@ -168,3 +170,11 @@ class FileSource(OpenCvCapture):
     def keeps_every_frame(self) -> bool:
         """Unpaced, every frame is processed: read faster than the model, all but the newest would be dropped."""
         return not self._cfg.realtime
+
+
+def _raise_if_unopenable(path: Path) -> None:
+    """`SourceError` with the reason where ``path`` cannot be opened at all (no descriptor left: EMFILE)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as e:
+        raise SourceError(f"cannot open video file {path}: {e.strerror or e}") from None

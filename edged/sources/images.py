@@ -40,6 +40,12 @@ MAX_FILE_BYTES = 8 * MAX_PIXELS  # such an image uncompressed, 4 channels of 16 
 HEADER_BYTES = 1 << 12
 
 
+def out_of_room(error: BaseException | None) -> bool:
+    """An image that could not be read for want of a descriptor or memory (EMFILE, ENFILE, ENOMEM): the
+    process's fault, not the image's, so it is retried as a camera is, not skipped as unreadable."""
+    return isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+
+
 def is_image_file(path: Path) -> bool:
     """Named as an image, and a file or a link: a link to nothing (a git-annex or DVC data set whose
     content was never fetched) is listed, so that reading it says so instead of leaving it out."""
@@ -256,6 +262,8 @@ class ImagesSource:
             try:
                 image = read_image(path)
             except ImageError as e:
+                if out_of_room(e.__cause__):  # the process cannot open a file: no image's fault, none skipped
+                    raise SourceError(f"cannot read {printable(path)}: {e.why}") from e
                 self._skip(path, e.why)
                 failed, why = failed + 1, f"{printable(path)}: {e.why}"
                 continue

@@ -1,0 +1,33 @@
+"""Where a message came from: the board, the boot, this start of edged, and whether the clock was set."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+
+import pytest
+
+from edged import identity
+from edged.identity import CLOCK_EVERY_S, clock_synced
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_kernel_is_asked_whether_the_clock_is_set_with_no_descriptor_left() -> None:
+    """Every status and verdict says it, asked once a minute: with the process out of descriptors (its
+    limit reached, or a leak) the first asking, which found the C library by running ldconfig, raised
+    out of the daemon's loop and stopped edged."""
+    identity._adjtimex.cache_clear()
+    identity._CLOCK.asked = (-CLOCK_EVERY_S, None)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest = os.dup(0)  # the lowest free descriptor: with the limit there, no file opens
+    os.close(lowest)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+    try:
+        with pytest.raises(OSError):  # the limit holds: nothing can be opened, nothing spawned
+            subprocess.run(["true"], check=False)
+        synced = clock_synced()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert synced in (True, False)  # the kernel answered
