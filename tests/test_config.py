@@ -19,7 +19,7 @@ from edged.config import (  # TOML read as edged reads it, on every Python it su
     load_config,
     tomllib,
 )
-from edged.errors import ConfigError
+from edged.errors import ConfigError, EdgedError
 from edged.keys import create_key_pair
 from edged.settings.endpoints import ours_to_make
 from edged.settings.sources import KINDS, FileSourceConfig, ImagesSourceConfig, SourceBase, SyntheticSourceConfig
@@ -332,18 +332,20 @@ def test_arrays_nested_too_deeply_to_read_are_a_config_error(tmp_path: Path) -> 
     assert info.value.problems == ["not valid TOML: arrays or tables nested too deeply to read"]
 
 
-def test_running_out_of_file_descriptors_while_reading_is_a_config_error(tmp_path: Path) -> None:
+def test_running_out_of_file_descriptors_while_reading_is_no_config_error(tmp_path: Path) -> None:
+    """The process's want, not the file's: exit 1, which systemd restarts (78 it never would)."""
     path = _write(tmp_path, '[model]\npath = "m.onnx"\n')
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     lowest_free = os.dup(0)  # a new descriptor takes the lowest free number
     os.close(lowest_free)
     resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no number at or above it
     try:
-        with pytest.raises(ConfigError) as info:
+        with pytest.raises(EdgedError) as info:
             load_config(path)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert info.value.problems == [f"config file {path} cannot be read: Too many open files"]
+    assert not isinstance(info.value, ConfigError) and info.value.exit_code == 1
+    assert str(info.value).startswith(f"config file {path} cannot be read now: Too many open files (the process is short")
 
 
 def test_a_config_file_too_big_to_be_one_is_refused_unread(tmp_path: Path) -> None:
