@@ -71,6 +71,7 @@ from edged.lograte import Failures
 from edged.messages import EvidenceReport, Task, Verdict
 from edged.output import NO_REPORT, FrameReport, Output, OutputReport, Services
 from edged.settings.evidence import DEFAULT_NOTE, EvidenceConfig, SavePolicy
+from edged.settings.service_dirs import service_dirs
 from edged.settings.sources import JPEG_MAX_SIDE
 
 if TYPE_CHECKING:
@@ -697,11 +698,14 @@ def folder_problem(root: Path, camera_id: str) -> str | None:
     """Why camera ``camera_id``'s evidence cannot be saved under ``root``, found by making its folders
     as a save would and creating and removing a file there (``edged check``); None when it can.
 
-    The folders it made are removed again, so the check leaves nothing behind.
+    The folders it made are removed again, so the check leaves nothing behind. A folder in the service's
+    state directory before its first start is tried with that directory made, as systemd will make it.
     """
     folder, made = root / camera_id, []
+    unmade = root.parent in service_dirs("state") and not root.parent.exists()
+    chain = (root.parent, root, folder) if unmade else (root, folder)
     try:
-        for at in (root, folder):
+        for at in chain:
             if not at.is_dir():
                 try:
                     at.mkdir()

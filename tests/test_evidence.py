@@ -1068,3 +1068,16 @@ def test_frames_an_earlier_boot_saved_on_a_clock_not_yet_set_keep_an_unknown_age
     assert saved_sets(tmp_path) == unknown
     restarted.max_bytes = 1
     assert restarted.prune(real()) == 3 and saved_sets(tmp_path) == []
+
+
+def test_the_check_tries_evidence_in_a_state_directory_systemd_has_still_to_make(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the service's first start its state directory is not there: systemd makes it as it starts.
+    The check said the default evidence folder's parent was missing ("a drive not mounted?")."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    assert folder_problem(state / "evidence", "cam0") is None
+    assert not state.exists()  # made for the try, removed after
+    unmounted = folder_problem(tmp_path / "drive" / "evidence", "cam0")  # any other missing parent: as before
+    assert unmounted is not None and "missing" in unmounted
