@@ -11,11 +11,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+from dns_server import DnsServer  # a helper of this folder, importable once it is on the path
 
 # A run started in the background by a shell without job control (`cmd &` in a script) inherits
 # SIGINT ignored, and every process it starts with it: the tests that press Ctrl-C on a tool or the
@@ -31,6 +34,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.get_closest_marker(name) for name in CATEGORIES):
             item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture
+def dns() -> Iterator[DnsServer]:
+    """A DNS server of the test's own on a loopback address (`dns_server.DnsServer`), stopped after."""
+    server = DnsServer()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")

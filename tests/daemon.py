@@ -148,6 +148,22 @@ def write_video(
     return path
 
 
+def board_config(tmp_path: Path, root: Path, endpoint: str, fps: float = 20.0, **sections: dict[str, Any]) -> Path:
+    """``tmp_path/edged.toml``: the colour probe on a looping red clip at ``fps``, the thermal watch on
+    the board tree ``root`` polled every 0.2 s, a status every 0.25 s on ``endpoint``; ``sections`` added."""
+    from onnx_models import colour_probe
+
+    colour_probe(tmp_path / "probe.onnx")
+    write_video(tmp_path / "clip.avi", [(0, 0, 255)] * 40, fps=fps)
+    doc: dict[str, dict[str, Any]] = {
+        "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
+        "model": {"path": "probe.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
+        "thermal": {"root": str(root), "poll_interval_s": 0.2, "use_vcgencmd": False},
+    }
+    return write_config(tmp_path / "edged.toml", doc | sections)
+
+
 def write_mjpeg(path: Path, width: int, height: int, frames: int = 3) -> Path:
     """A video of ``frames`` black ``width`` x ``height`` JPEGs one after another (FFmpeg's raw MJPEG, as
     an IP camera's HTTP stream is recorded): 1.6 MB a frame at 10000x10000, encoded from zeros never
@@ -198,7 +214,14 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
 class RunningDaemon:
     """`edged run` in a subprocess plus a SUB socket on its endpoint; always killed at the end."""
 
-    def __init__(self, config: Path, endpoint: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        endpoint: str,
+        env: dict[str, str] | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+    ) -> None:
+        """``wrap``: the command line run in place of ``edged run``'s (a namespace of its own, say)."""
         self.endpoint = endpoint
         self._context = zmq.Context()
         self.sub = self._context.socket(zmq.SUB)
@@ -207,8 +230,9 @@ class RunningDaemon:
         self.sub.connect(endpoint)
         self.log_path = config.with_suffix(".log")
         self._log = self.log_path.open("w")
+        argv = edged_command("run", "--config", str(config))
         self.proc = subprocess.Popen(
-            edged_command("run", "--config", str(config)),
+            wrap(argv) if wrap is not None else argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

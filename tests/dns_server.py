@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import zmq
-from daemon import RunningDaemon, edged_command
+from daemon import RunningDaemon
 
 NOERROR, SERVFAIL, NXDOMAIN = 0, 2, 3
 A, AAAA = 1, 28
@@ -171,17 +170,4 @@ class ResolvedDaemon(RunningDaemon):
     """`RunningDaemon`, with ``edged run`` in ``resolver``'s namespace."""
 
     def __init__(self, config: Path, endpoint: str, resolver: Resolver, env: dict[str, str] | None = None) -> None:
-        self.endpoint = endpoint
-        self._context = zmq.Context()
-        self.sub = self._context.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(endpoint)
-        self.log_path = config.with_suffix(".log")
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            resolver.command(edged_command("run", "--config", str(config))),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
+        super().__init__(config, endpoint, env, wrap=resolver.command)

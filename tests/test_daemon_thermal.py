@@ -6,8 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from daemon import RunningDaemon, free_port, write_config, write_video
-from onnx_models import colour_probe
+from daemon import RunningDaemon, board_config, free_port
 
 from edged.messages import DetectionsMessage, StatusMessage
 
@@ -50,18 +49,8 @@ def test_heating_lowers_the_published_rate_pauses_then_recovers(tmp_path: Path) 
     shutil.copytree(FIXTURE, root)
     heat = root / ZONE_TEMP
     heat.write_text("52000\n")
-    colour_probe(tmp_path / "probe.onnx")
-    write_video(tmp_path / "clip.avi", [(0, 0, 255)] * 40, fps=FPS)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(
-        tmp_path / "edged.toml",
-        {
-            "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
-            "model": {"path": "probe.onnx"},
-            "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
-            "thermal": {"root": str(root), "poll_interval_s": 0.2, "use_vcgencmd": False},
-        },
-    )
+    config = board_config(tmp_path, root, endpoint, fps=FPS)
     d = RunningDaemon(config, endpoint)
     try:
         # Each step waits for what the daemon says and does, never for a rate a busy machine could

@@ -25,15 +25,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def dns() -> Iterator[DnsServer]:
-    server = DnsServer()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
     b = Broker(tmp_path, free_port())
     try:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,6 @@ from onnx_models import colour_probe
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def dns() -> Iterator[DnsServer]:
-    server = DnsServer()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def config(tmp_path: Path, endpoint: str, **sections: dict[str, Any]) -> Path:

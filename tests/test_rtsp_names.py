@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,6 @@ from dns_server import TIMES_OUT, DnsServer, Resolver
 from onnx_models import colour_probe
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def dns() -> Iterator[DnsServer]:
-    server = DnsServer()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def config(tmp_path: Path, url: str) -> Path:

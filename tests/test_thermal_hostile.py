@@ -23,8 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from daemon import RunningDaemon, free_port, write_config, write_video
-from onnx_models import colour_probe
+from daemon import RunningDaemon, board_config, free_port
 from pymodbus.client import ModbusTcpClient
 from test_service import NotifySocket
 from waiting import wait_for
@@ -418,19 +417,8 @@ def test_the_daemon_with_a_hung_sensor_from_boot_starts_serves_reloads_and_stops
 ) -> None:
     root = copy_board(tmp_path, "rpi4")
     fifo = hang(root / ZONES / "thermal_zone0/temp")
-    colour_probe(tmp_path / "probe.onnx")
-    write_video(tmp_path / "clip.avi", [(0, 0, 255)] * 40, fps=20.0)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(
-        tmp_path / "edged.toml",
-        {
-            "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
-            "model": {"path": "probe.onnx"},
-            "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
-            "thermal": {"root": str(root), "poll_interval_s": 0.2, "use_vcgencmd": False},
-            "service": {"stall_timeout_s": 2.0},
-        },
-    )
+    config = board_config(tmp_path, root, endpoint, service={"stall_timeout_s": 2.0})
     notify = NotifySocket(tmp_path / "notify.sock")
     os.environ.pop("WATCHDOG_PID", None)
     d = RunningDaemon(config, endpoint, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "1000000"})
@@ -464,20 +452,9 @@ def test_every_output_says_the_same_thermal_state(tmp_path: Path) -> None:
     board goes critical and cools (OPC UA's State is the camera's, not the board's: starting, ok, lost, ended)."""
     root = copy_board(tmp_path, "rpi4")
     (root / GET_THROTTLED).write_text("0\n")
-    colour_probe(tmp_path / "probe.onnx")
-    write_video(tmp_path / "clip.avi", [(0, 0, 255)] * 40, fps=20.0)
     endpoint, http, modbus = f"tcp://127.0.0.1:{free_port()}", free_port(), free_port()
-    config = write_config(
-        tmp_path / "edged.toml",
-        {
-            "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
-            "model": {"path": "probe.onnx"},
-            "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
-            "thermal": {"root": str(root), "poll_interval_s": 0.2, "use_vcgencmd": False},
-            "http": {"listen": f"127.0.0.1:{http}"},
-            "modbus": {"listen": f"127.0.0.1:{modbus}"},
-        },
-    )
+    listen = {"http": {"listen": f"127.0.0.1:{http}"}, "modbus": {"listen": f"127.0.0.1:{modbus}"}}
+    config = board_config(tmp_path, root, endpoint, **listen)
     d = RunningDaemon(config, endpoint)
     plc = ModbusTcpClient("127.0.0.1", port=modbus, timeout=10, retries=0)
     try:
@@ -509,18 +486,8 @@ def test_a_reload_keeps_a_board_inside_its_hysteresis_band_throttled(tmp_path: P
     root = copy_board(tmp_path, "rpi4")
     (root / GET_THROTTLED).write_text("0\n")
     heat = root / ZONES / "thermal_zone0/temp"
-    colour_probe(tmp_path / "probe.onnx")
-    write_video(tmp_path / "clip.avi", [(0, 0, 255)] * 40, fps=20.0)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(
-        tmp_path / "edged.toml",
-        {
-            "source": {"type": "file", "path": "clip.avi", "loop": True, "realtime": True},
-            "model": {"path": "probe.onnx"},
-            "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
-            "thermal": {"root": str(root), "poll_interval_s": 0.2, "use_vcgencmd": False},
-        },
-    )
+    config = board_config(tmp_path, root, endpoint)
     d = RunningDaemon(config, endpoint)
     try:
         d.collect("detections", 3)
