@@ -17,13 +17,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from edged.errors import OUT_OF_ROOM
+
 if TYPE_CHECKING:
     import asyncio
 
 log = logging.getLogger(__name__)
 
 # What ``accept`` fails with when the process or the system has no room for one more connection.
-OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+OUT_OF_RESOURCES = OUT_OF_ROOM | {errno.ENOBUFS}
 ACCEPT_RETRY_S = 0.25  # the pause before a failed accept is tried again (asyncio's own is 1 s)
 LOG_INTERVAL_S = 60.0
 ASYNCIO_ACCEPT_MESSAGE = "socket.accept() out of system resource"  # asyncio's context message for such a failure

@@ -9,7 +9,6 @@ one line per problem with its key path and a hint; the CLI exits 78 (EX_CONFIG) 
 from __future__ import annotations
 
 import difflib
-import errno
 import json
 import logging
 import operator
@@ -31,7 +30,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
-from edged.errors import ConfigError, EdgedError, KeyFileError, printable
+from edged.errors import ConfigError, EdgedError, KeyFileError, out_of_room, printable
 from edged.settings.endpoints import ipc_folder_problem, on_the_network
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig
@@ -902,7 +901,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         with path.open("rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:  # out of file descriptors, an I/O error, replaced since the check
-        if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):  # the process's want, not the file's: exit 1
+        if out_of_room(e):  # the process's want, not the file's: exit 1
             raise EdgedError(
                 f"config file {path} cannot be read now: {_reason(e)} (the process is short of descriptors or "
                 "memory: LimitNOFILE= too low, or a leak)"

@@ -33,6 +33,7 @@ restart a daemon that can only fail the same way again. Nothing else exits 78.
 
 from __future__ import annotations
 
+import errno
 import re
 from pathlib import Path
 from typing import ClassVar
@@ -42,6 +43,16 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2  # as argparse
 EXIT_DATA = 65  # EX_DATAERR
 EXIT_CONFIG = 78  # EX_CONFIG
+
+# What an OSError (or libzmq's ZMQError, which carries an errno too) says when the process or the
+# system has no descriptor or memory to give: the process's want, not the file's, the client's or the
+# configuration's, so never exit 78 and never an input skipped for it.
+OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def out_of_room(error: BaseException | None) -> bool:
+    """Whether ``error`` is for want of a descriptor or memory (`OUT_OF_ROOM`)."""
+    return getattr(error, "errno", None) in OUT_OF_ROOM
 
 
 class EdgedError(Exception):

@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 import cv2
 import numpy as np
 
-from edged.errors import ImageError, SourceError, printable
+from edged.errors import ImageError, SourceError, out_of_room, printable
 from edged.files import FileTooLarge, NotRegularFile, read_regular
 from edged.settings.sources import JPEG_MAX_SIDE, MAX_SIDE, ImagesSourceConfig
 from edged.sources.base import MAX_PIXELS, PIXEL_LIMIT
@@ -38,12 +38,6 @@ MAX_FILE_BYTES = 8 * MAX_PIXELS  # such an image uncompressed, 4 channels of 16 
 # most JPEGs' within 4 KiB; one after a larger block (a phone's EXIF thumbnail) is read 16 times as
 # far, and so on, until it is found.
 HEADER_BYTES = 1 << 12
-
-
-def out_of_room(error: BaseException | None) -> bool:
-    """An image that could not be read for want of a descriptor or memory (EMFILE, ENFILE, ENOMEM): the
-    process's fault, not the image's, so it is retried as a camera is, not skipped as unreadable."""
-    return isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
 def is_image_file(path: Path) -> bool:
@@ -262,7 +256,7 @@ class ImagesSource:
             try:
                 image = read_image(path)
             except ImageError as e:
-                if out_of_room(e.__cause__):  # the process cannot open a file: no image's fault, none skipped
+                if out_of_room(e.__cause__):  # the process's want, not the image's: none skipped, the camera retried
                     raise SourceError(f"cannot read {printable(path)}: {e.why}") from e
                 self._skip(path, e.why)
                 failed, why = failed + 1, f"{printable(path)}: {e.why}"
