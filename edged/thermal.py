@@ -249,6 +249,8 @@ class ThermalWatch:
     at most, and otherwise returns the last report, which after `STALE_AFTER_S` is ``unknown``.
     """
 
+    cfg: ThermalConfig
+
     def __init__(
         self,
         cfg: ThermalConfig,
@@ -256,6 +258,13 @@ class ThermalWatch:
         clock: Callable[[], float] = time.monotonic,
         previous: ThermalWatch | None = None,
     ) -> None:
+        """``previous``: the watch a reload replaces. Of the same board, its state, what its sensors said
+        and the reading in flight go on here, so that a reload neither lets a board inside a hysteresis
+        band step down nor logs a start."""
+        if previous is not None and (previous.cfg.root, previous.cfg.use_vcgencmd) == (cfg.root, cfg.use_vcgencmd):
+            vars(self).update(vars(previous))
+            self.cfg, self._read_wait_s, self._clock = cfg, read_wait_s, clock
+            return
         self.cfg = cfg
         self._reader = SysReader(cfg.root, cfg.use_vcgencmd)
         self._background = Background(self._reader.slow_files, self._reader.read)
@@ -271,15 +280,6 @@ class ThermalWatch:
         self._jump_said: dict[str, float] = {}  # a zone that glitches every few readings: a line a minute
         self.last_snapshot: Snapshot | None = None
         self.thresholds_source = ""
-        if previous is not None and (previous.cfg.root, previous.cfg.use_vcgencmd) == (cfg.root, cfg.use_vcgencmd):
-            self._carry_on(previous)
-
-    def _carry_on(self, previous: ThermalWatch) -> None:
-        """A reload's watch of the same board: its state, what its sensors said and the reading in flight
-        go on, so that a reload neither lets a board inside a hysteresis band step down nor logs a start."""
-        keep = ("_reader", "_background", "_state", "_report", "_read_at", "_hardware_at", "_temps", "_jumped")
-        for name in (*keep, "_said_waiting", "_jump_said", "last_snapshot", "thresholds_source"):
-            setattr(self, name, getattr(previous, name))
 
     def poll(self) -> ThermalReport:
         """Read everything, advance the state machine and return the report; never raises."""
