@@ -12,13 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import cv2
-import numpy as np
 import pytest
 from daemon import RunningDaemon, edged_command, free_port, run_cli, write_config
 from dns_server import TIMES_OUT, Answer, DnsServer, ResolvedDaemon, Resolver
 from mosquitto import MOSQUITTO, Broker
-from onnx_models import colour_probe
+from test_publish_names import config as publishing
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -54,23 +52,10 @@ def broker6(tmp_path: Path) -> Iterator[int]:
         proc.wait()
 
 
-def config(tmp_path: Path, url: str, **sections: dict[str, Any]) -> tuple[Path, str]:
+def config(tmp_path: Path, url: str) -> tuple[Path, str]:
     """A daemon on a 10 fps image folder publishing to the broker at ``url``; the config and its ZeroMQ endpoint."""
-    colour_probe(tmp_path / "probe.onnx")
-    (tmp_path / "frames").mkdir(exist_ok=True)
-    cv2.imwrite(str(tmp_path / "frames" / "0.png"), np.full((48, 64, 3), (0, 0, 255), np.uint8))
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    doc: dict[str, dict[str, Any]] = {
-        "source": {"type": "images", "path": "frames", "fps": 10},
-        "model": {"path": "probe.onnx"},
-        "publish": {"endpoints": [endpoint], "status_interval_s": 0.25},
-        "thermal": {"enabled": False},
-        "journal": {"enabled": False},
-        "mqtt": {"url": url, "keepalive_s": 5},
-    }
-    for name, keys in sections.items():
-        doc.setdefault(name, {}).update(keys)
-    return write_config(tmp_path / "edged.toml", doc), endpoint
+    return publishing(tmp_path, endpoint, mqtt={"url": url, "keepalive_s": 5}), endpoint
 
 
 def test_a_broker_on_an_ipv6_address_is_checked_and_published_to(tmp_path: Path, broker6: int) -> None:

@@ -25,9 +25,10 @@ pytestmark = pytest.mark.integration
 
 
 def config(tmp_path: Path, endpoint: str, **sections: dict[str, Any]) -> Path:
+    """A daemon on a 10 fps folder of one red image publishing on ``endpoint``, ``sections`` added."""
     tmp_path.mkdir(exist_ok=True)
     colour_probe(tmp_path / "probe.onnx")
-    (tmp_path / "frames").mkdir()
+    (tmp_path / "frames").mkdir(exist_ok=True)
     cv2.imwrite(str(tmp_path / "frames" / "0.png"), np.full((48, 64, 3), (0, 0, 255), np.uint8))
     doc: dict[str, dict[str, Any]] = {
         "source": {"type": "images", "path": "frames", "fps": 10},
@@ -38,7 +39,6 @@ def config(tmp_path: Path, endpoint: str, **sections: dict[str, Any]) -> Path:
     }
     for name, keys in sections.items():
         doc.setdefault(name, {}).update(keys)
-    tmp_path.mkdir(exist_ok=True)
     return write_config(tmp_path / "edged.toml", doc)
 
 
