@@ -1,5 +1,5 @@
 """Filesystems that fail for real in tests: a small tmpfs that fills up, a read-only mount, a folder's mode,
-a file whose opening stalls."""
+a file whose opening stalls, a process with no descriptor left."""
 
 from __future__ import annotations
 
@@ -7,12 +7,26 @@ import contextlib
 import errno
 import fcntl
 import os
+import resource
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+
+@contextlib.contextmanager
+def no_descriptor_left() -> Iterator[None]:
+    """Meanwhile this process's descriptor limit at its lowest free descriptor: nothing more opens (EMFILE)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.dup(0)  # a new descriptor takes the lowest free number
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no number at or above it
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @contextlib.contextmanager

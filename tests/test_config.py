@@ -6,12 +6,12 @@ import logging
 import math
 import os
 import re
-import resource
 from pathlib import Path
 from typing import get_args
 
 import pytest
 from daemon import run_cli
+from filesystems import no_descriptor_left
 from pydantic import BaseModel
 
 from edged.config import (  # TOML read as edged reads it, on every Python it supports
@@ -335,15 +335,8 @@ def test_arrays_nested_too_deeply_to_read_are_a_config_error(tmp_path: Path) -> 
 def test_running_out_of_file_descriptors_while_reading_is_no_config_error(tmp_path: Path) -> None:
     """The process's want, not the file's: exit 1, which systemd restarts (78 it never would)."""
     path = _write(tmp_path, '[model]\npath = "m.onnx"\n')
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    lowest_free = os.dup(0)  # a new descriptor takes the lowest free number
-    os.close(lowest_free)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no number at or above it
-    try:
-        with pytest.raises(EdgedError) as info:
-            load_config(path)
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with no_descriptor_left(), pytest.raises(EdgedError) as info:
+        load_config(path)
     assert not isinstance(info.value, ConfigError) and info.value.exit_code == 1
     assert str(info.value).startswith(f"config file {path} cannot be read now: Too many open files (the process is short")
 

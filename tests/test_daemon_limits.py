@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import zmq
 from daemon import RunningDaemon, edged_command, free_port, write_config, write_video
+from filesystems import no_descriptor_left
 from onnx_models import fixed_scene
 from test_trigger import SCENE, images
 from waiting import wait_for
@@ -263,15 +264,8 @@ def test_out_of_threads_a_viewer_is_closed_a_reload_refused_and_both_work_once_t
 def test_a_video_file_opened_without_a_descriptor_left_says_so_not_that_ffmpeg_cannot_decode_it(tmp_path: Path) -> None:
     video = write_video(tmp_path / "clip.avi", [(0, 0, 255)] * 4)
     source = FileSource(FileSourceConfig(path=video, loop=True, realtime=False))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    lowest_free = os.dup(0)  # a new descriptor takes the lowest free number
-    os.close(lowest_free)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no number at or above it
-    try:
-        with pytest.raises(SourceError) as info:
-            source.open()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with no_descriptor_left(), pytest.raises(SourceError) as info:
+        source.open()
     assert str(info.value) == f"cannot open video file {video}: Too many open files"
     source.open()  # once there is room, as a camera reconnecting opens it
     source.close()

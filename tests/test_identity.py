@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import resource
 import subprocess
 
 import pytest
+from filesystems import no_descriptor_left
 
 from edged import identity
 from edged.identity import CLOCK_EVERY_S, clock_synced
@@ -20,14 +19,8 @@ def test_the_kernel_is_asked_whether_the_clock_is_set_with_no_descriptor_left() 
     out of the daemon's loop and stopped edged."""
     identity._adjtimex.cache_clear()
     identity._CLOCK.asked = (-CLOCK_EVERY_S, None)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    lowest = os.dup(0)  # the lowest free descriptor: with the limit there, no file opens
-    os.close(lowest)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
-    try:
+    with no_descriptor_left():
         with pytest.raises(OSError):  # the limit holds: nothing can be opened, nothing spawned
             subprocess.run(["true"], check=False)
         synced = clock_synced()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert synced in (True, False)  # the kernel answered
