@@ -67,17 +67,17 @@ def ready(read: Sequence[Any], write: Sequence[Any], timeout_s: float) -> tuple[
     """``select.select(read, write, [], timeout_s)``'s readable and writable, for a descriptor of any
     number. select takes none past 1023 (ValueError): a process the units let hold 16,384 (a flood of
     ZeroMQ subscribers is enough) makes its next socket one, and an MQTT reconnect, a live-view
-    viewer or a reject line then failed. ``read`` and ``write`` hold objects with ``fileno()``."""
-    poller = select.poll()
+    viewer or a reject line then failed. ``read`` and ``write`` hold descriptors or objects with ``fileno()``."""
     wanted: dict[int, int] = {}
     for things, mask in ((read, select.POLLIN), (write, select.POLLOUT)):
         for thing in things:
-            fd = thing if isinstance(thing, int) else thing.fileno()
-            wanted[fd] = wanted.get(fd, 0) | mask
+            wanted[_fd(thing)] = wanted.get(_fd(thing), 0) | mask
+    poller = select.poll()
     for fd, mask in wanted.items():
         poller.register(fd, mask)
     events = dict(poller.poll(max(0.0, timeout_s) * 1000))
-    fd_of = {id(t): (t if isinstance(t, int) else t.fileno()) for t in (*read, *write)}
-    readable = [t for t in read if events.get(fd_of[id(t)], 0) & _IN]
-    writable = [t for t in write if events.get(fd_of[id(t)], 0) & _OUT]
-    return readable, writable
+    return [t for t in read if events.get(_fd(t), 0) & _IN], [t for t in write if events.get(_fd(t), 0) & _OUT]
+
+
+def _fd(thing: Any) -> int:
+    return thing if isinstance(thing, int) else int(thing.fileno())
