@@ -1,4 +1,4 @@
-"""Accepting connections when the process is out of file descriptors, or the kernel out of memory.
+"""The process out of file descriptors, or the kernel out of memory: accepting connections, and libzmq.
 
 A listening socket with a connection waiting stays readable while ``accept`` fails with EMFILE (the
 unit's ``LimitNOFILE=`` reached, or a descriptor leak), so a server that only returns to its poll
@@ -6,12 +6,16 @@ spins a core and starves the frame loop of the GIL; asyncio pauses 1 s, but logs
 each of up to 100 tries per pause. Each of edged's servers (the live view, Modbus TCP, OPC UA) says
 such a failure once, then at most once a minute with the count since start, and tries again after a
 pause: the client waits in the listen backlog and is served once a descriptor is free again.
+
+libzmq aborts the whole process (an assertion, exit 134) where it cannot open a descriptor of its
+own, as its threads' pollers and its bind's interface lookup: `make_room` goes first.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +32,11 @@ log = logging.getLogger(__name__)
 OUT_OF_RESOURCES = OUT_OF_ROOM | {errno.ENOBUFS}
 ACCEPT_RETRY_S = 0.25  # the pause before a failed accept is tried again (asyncio's own is 1 s)
 LOG_INTERVAL_S = 60.0
+# What libzmq may open for a socket: its context's I/O and reaper threads' pollers and mailboxes and the
+# context's and the socket's own mailboxes; for a bind, the netlink socket it looks the interfaces up by,
+# closed before the listener is opened.
+ZMQ_SOCKET_ROOM = 6
+ZMQ_BIND_ROOM = 1
 ASYNCIO_ACCEPT_MESSAGE = "socket.accept() out of system resource"  # asyncio's context message for such a failure
 
 
@@ -53,6 +62,18 @@ def out_of_resources(error: BaseException) -> bool:
     """Whether ``error`` (an OSError, or libzmq's `zmq.ZMQError`, which carries an errno too) is for want
     of a descriptor or memory: an accept failing so is not the client's fault."""
     return getattr(error, "errno", None) in OUT_OF_RESOURCES
+
+
+def make_room(descriptors: int) -> None:
+    """Raise EMFILE's `OSError` unless ``descriptors`` more can be opened now, so that a libzmq socket
+    is made or bound only with room for the descriptors libzmq would otherwise abort without."""
+    opened: list[int] = []
+    try:
+        for _ in range(descriptors):
+            opened.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    finally:
+        for fd in opened:
+            os.close(fd)
 
 
 class AcceptFailures:

@@ -39,6 +39,7 @@ from typing import TypeVar
 import zmq
 from zmq.utils.monitor import parse_monitor_message, recv_monitor_message
 
+from edged.accept import ZMQ_BIND_ROOM, ZMQ_SOCKET_ROOM, make_room
 from edged.errors import BindError, PublishError
 from edged.settings.endpoints import address_of, ipc_path, ipc_path_problem, ours_to_make, tcp_host, wants_ipv6
 
@@ -210,6 +211,7 @@ class Listener:
         self._configure = configure
         self.key = key
         self.endpoints: list[str] = []
+        make_room(ZMQ_SOCKET_ROOM)
         self.socket = context.socket(socket_type)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         configure(self.socket)
@@ -244,6 +246,7 @@ class Listener:
         host = tcp_host(endpoint)
         ipv6 = host is not None and wants_ipv6(host)
         self.socket.setsockopt(zmq.IPV6, int(ipv6))
+        make_room(ZMQ_BIND_ROOM)
         try:
             self.socket.bind(endpoint)
         except zmq.ZMQError as e:

@@ -94,6 +94,42 @@ def test_a_trial_bind_is_released_before_its_release_returns(socket_type: int) -
             peer.connect(("127.0.0.1", port))
 
 
+# Listeners made and bound with 0 to 9 descriptors to spare, each on a fresh context; prints what each did.
+AT_THE_LIMIT = """
+import errno, os, resource, zmq
+from edged.listen import Listener
+
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+for room in range(10):
+    context, listener = zmq.Context(), None
+    lowest_free = next(fd for fd in range(1 << 20) if not os.path.exists(f"/proc/self/fd/{fd}"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free + room, hard))
+    try:
+        listener = Listener(context, zmq.XPUB, lambda sock: None, "publish.endpoints")
+        listener.bind("tcp://127.0.0.1:*")
+        print("bound")
+    except (OSError, zmq.ZMQError) as e:
+        print(errno.errorcode[e.errno])
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        if listener is not None:
+            listener.close(linger=0)
+        context.term()
+"""
+
+
+def test_a_listener_short_of_descriptors_fails_with_emfile_and_never_aborts() -> None:
+    """libzmq aborts the process (an assertion, exit 134) where it cannot open a descriptor of its own,
+    as its I/O thread's poller or its bind's interface lookup: edged, started with a unit's
+    LimitNOFILE= too low, died so instead of saying why. A listener is made and bound only with room."""
+    done = subprocess.run([sys.executable, "-c", AT_THE_LIMIT], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    outcomes = done.stdout.split()
+    assert len(outcomes) == 10, done.stdout
+    assert outcomes[0] == "EMFILE" and outcomes[-1] == "bound", outcomes
+    assert set(outcomes) == {"EMFILE", "bound"}, outcomes
+
+
 def test_a_trial_bind_of_an_ipc_path_leaves_no_socket_file_and_a_live_one_alone(tmp_path: Path) -> None:
     """libzmq leaves an ipc socket file behind. One left by ``sudo edged check`` is root's, in the
     service's runtime directory, where the service cannot tell whether anyone listens: its next start
