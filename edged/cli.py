@@ -936,7 +936,19 @@ COMMANDS = {
 }
 
 
+def _standard_descriptors() -> None:
+    """Descriptors 0 to 2 open, on /dev/null where the parent closed one (``edged run 2>&-``): else the
+    next file edged opens (the journal's database, an evidence image) takes that number, and what a
+    library writes to its standard error (FFmpeg, ONNX Runtime, libzmq's last words) goes into it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+
+
 def main(argv: list[str] | None = None) -> int:
+    _standard_descriptors()
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 import pytest
 import zmq
-from daemon import edged_command, run_cli, write_config
+from daemon import RunningDaemon, edged_command, free_port, run_cli, write_config
 from onnx_models import colour_probe, nan_probe
 
 from edged.cli import main
@@ -439,3 +439,26 @@ def test_thermal_command_reads_a_board_tree(tmp_path: Path, board: str, expected
     assert result.returncode == 0, result.stderr
     for text in expected:
         assert text in result.stdout, result.stdout
+
+
+def test_run_started_with_its_standard_descriptors_closed_keeps_its_files_off_them(tmp: Path) -> None:
+    """``edged run 0<&- 1>&- 2>&-``: the daemon's own files took descriptors 0 to 2 (a socket became
+    its standard error), where FFmpeg, ONNX Runtime and libzmq write what they say, into the journal's
+    database should it open first. They are /dev/null now."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = write_config(
+        tmp / "edged.toml",
+        {
+            "source": {"type": "synthetic", "width": 128, "height": 96, "fps": 10},
+            "model": {"path": "probe.onnx"},
+            "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+            "thermal": {"enabled": False},
+        },
+    )
+    d = RunningDaemon(config, endpoint, wrap=lambda argv: ["bash", "-c", 'exec "$@" 0<&- 1>&- 2>&-', "edged", *argv])
+    try:
+        d.collect("detections", 1)
+        fds = {int(fd): os.readlink(f"/proc/{d.proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{d.proc.pid}/fd")}
+        assert [fds[fd] for fd in (0, 1, 2)] == [os.devnull] * 3, fds
+    finally:
+        d.close()
