@@ -10,6 +10,7 @@ import argparse
 import logging
 import math
 import os
+import select
 import signal
 import sys
 from collections.abc import Callable
@@ -947,11 +948,22 @@ def _standard_descriptors() -> None:
             os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
 
 
+def _reader_gone() -> bool:
+    """Whether standard output's reader has gone (``edged check | head``): its end of the pipe is then
+    in error. The reader has what it wanted, so a command so cut off ends quietly, exit 0."""
+    poller = select.poll()
+    poller.register(1, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
 def main(argv: list[str] | None = None) -> int:
     _standard_descriptors()
     args = _parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        if sys.stdout is not None:  # None where descriptor 1 was closed when Python started
+            sys.stdout.flush()  # a reader gone is found here, not in Python's flush at exit
+        return code
     except EdgedError as e:
         # The one place an error becomes an exit code (edged.errors has the table).
         what = "configuration error" if isinstance(e, ConfigError) else f"{args.command} failed"
@@ -960,6 +972,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C in a tool: what it started is undone on the way here, no traceback
         print(f"edged: {args.command} interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # else the flush at exit fails again
+        return 0
     except Exception as e:  # the process short of descriptors, memory or threads: said, not a traceback
         if not short_of(e):
             raise

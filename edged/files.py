@@ -19,7 +19,6 @@ import glob
 import os
 import secrets
 import stat
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import quote
@@ -68,12 +67,6 @@ def labels_bytes(path: Path) -> bytes:
         raise ModelError(f"cannot read labels file {path}: {e.strerror or e}") from None
     except ValueError as e:  # `read_regular`'s refusals name the file
         raise ModelError(f"cannot read the labels: {e}") from None
-
-
-def stdout_reader_gone() -> None:
-    """After a BrokenPipeError on standard output (`edged history | head`: the reader has what it
-    wanted): point it at /dev/null, or Python's flush at exit fails again, with a traceback."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def sqlite_uri(path: Path, query: str) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from edged.errors import JournalUnreadable, UsageError
-from edged.files import sqlite_uri, stdout_reader_gone
+from edged.files import sqlite_uri
 from edged.identity import CLOCK_EPOCH_NS, boot_id
 from edged.journal import COLUMNS, timed
 
@@ -338,12 +338,8 @@ def run_history(path: Path, query: Query, fmt: str, *, journal_off: bool = False
             f"no journal at {path}: this configuration gives it nothing to record (verdicts come from a camera "
             "with [inspect] or in request mode; journal.detections = true records every detections message)"
         )
-    try:
-        unreadable = write(entries(path, query), fmt, sys.stdout)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        stdout_reader_gone()
-        return 0
+    unreadable = write(entries(path, query), fmt, sys.stdout)  # `edged history | head`: `edged.cli.main` ends it
+    sys.stdout.flush()
     if unreadable:
         print(
             f"edged history: {unreadable} {'entry is' if unreadable == 1 else 'entries are'} not as edged writes "

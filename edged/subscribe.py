@@ -27,7 +27,6 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from edged.errors import MessageError
-from edged.files import stdout_reader_gone
 from edged.keys import ClientKeys
 from edged.messages import (
     AnomalyRegion,
@@ -258,10 +257,6 @@ def run_subscribe(
     try:
         return _print_stream(sub, stats=stats, raw_json=raw_json, count=count, timeout_s=timeout_s, out=out)
     except KeyboardInterrupt:
-        return 0
-    except BrokenPipeError:  # `edged subscribe ... | head`
-        if out is sys.stdout:
-            stdout_reader_gone()
         return 0
     finally:
         if sub.stats.rejected:

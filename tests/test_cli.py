@@ -462,3 +462,17 @@ def test_run_started_with_its_standard_descriptors_closed_keeps_its_files_off_th
         assert [fds[fd] for fd in (0, 1, 2)] == [os.devnull] * 3, fds
     finally:
         d.close()
+
+
+@pytest.mark.parametrize("command", [["schema"], ["check", "--config", "edged.toml"], ["config-reference"]])
+def test_a_reader_gone_before_the_output_ends_it_quietly(tmp: Path, command: list[str]) -> None:
+    """`edged check | head -1`, `edged schema | true`: a BrokenPipeError traceback, exit 1 (or, for a
+    command whose output waits in its buffer, Python's own complaint at exit, 120). The reader has
+    what it wanted: exit 0, nothing said."""
+    _config(tmp)
+    proc = subprocess.Popen(edged_command(*command), cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command has written anything: Python is still starting
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert (proc.wait(60), err) == (0, "")
