@@ -21,6 +21,7 @@ import paho.mqtt.client as paho
 from waiting import wait_for
 
 MOSQUITTO = "/usr/sbin/mosquitto"
+STOP_TIMEOUT_S = 90.0  # a clean stop saves a persistent broker's sessions, synced: slow on a disk the suite keeps busy
 
 
 @dataclass(frozen=True)
@@ -114,11 +115,15 @@ class Broker:
             return False
         return True
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM: a clean stop, which saves a persistent broker's sessions."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(20)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"mosquitto did not stop in {timeout_s} s after SIGTERM:\n{self.log()}") from None
 
     def kill(self) -> None:
         """SIGKILL: every connection drops at once, nothing is said to the clients."""
