@@ -37,11 +37,14 @@ PAGE_ROWS = 100  # rows read per statement: the most a command holds in memory a
 DETECTIONS_SHOWN = 5  # a detections row's detections named, best first, as `edged check` names a frame's; the rest counted
 # What a row edged cannot have written (the file edited by hand) raises when it is shown.
 _UNREADABLE = (ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError)
-# The rows chosen, by id: the newest `limit` of those the query selects, read a page at a time.
-_PAGE = (
-    f"SELECT {', '.join(f'e.{name}' for name in FIELDS)} FROM chosen AS c JOIN entries AS e ON e.id = c.id "
-    "WHERE c.id > ? ORDER BY c.id LIMIT ?"
-)
+
+
+def _page(have: set[str]) -> str:
+    """The rows chosen, by id, a page at a time (the newest `limit` of those the query selects), each
+    column the table ``have`` lacks as NULL: an earlier edged's journal, copied off a board or not yet
+    opened by this version (which adds them, `edged.journal.JournalStore.open`), has rows without them."""
+    columns = ", ".join(f"e.{name}" if name in have else "NULL" for name in FIELDS)
+    return f"SELECT {columns} FROM chosen AS c JOIN entries AS e ON e.id = c.id WHERE c.id > ? ORDER BY c.id LIMIT ?"
 
 
 def parse_time(text: str, now_s: float | None = None) -> int:
@@ -160,10 +163,14 @@ def _open(path: Path) -> sqlite3.Connection:
     into the file), as immutable, which creates no ``-wal`` or ``-shm``: a user who may only read
     the folder cannot create them (SQLITE_READONLY_DIRECTORY), and root's would be left there
     owned by root, so that edged, started next, could not write its journal. Should edged start
-    during such a read, the read may miss what it writes, or fail; the journal is never touched."""
+    during such a read, the read may miss what it writes, or fail; the journal is never touched.
+    SQLite keeps the ``-wal`` beside the file a symbolic link at journal.path names (a journal on a
+    larger disk), not beside the link: it is looked for there, or the rows in it went unseen."""
+    if path.exists() and not path.is_file():
+        raise JournalUnreadable(f"journal.path {path} is not a file")
     if not path.is_file():
         raise JournalUnreadable(f"no journal at {path} (journal.path; it is written once a verdict is made)")
-    mode = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"
+    mode = "mode=ro" if Path(f"{path.resolve()}-wal").exists() else "immutable=1"
     try:
         db = sqlite3.connect(sqlite_uri(path, mode), uri=True, timeout=10, isolation_level=None)
     except sqlite3.Error as e:
@@ -180,17 +187,21 @@ def entries(path: Path, query: Query) -> Iterator[dict[str, Any]]:
     where, params = query.where()
     with contextlib.closing(_open(path)) as db:
         try:
+            have = {str(row[1]) for row in db.execute("PRAGMA table_info(entries)")}
+            if not have:
+                raise JournalUnreadable(f"journal {path} cannot be read: it has no entries (not a journal edged wrote)")
+            page = _page(have)
             db.execute("CREATE TEMP TABLE chosen (id INTEGER PRIMARY KEY)")
             db.execute(
                 f"INSERT INTO chosen SELECT id FROM entries WHERE {where} ORDER BY id DESC LIMIT ?", [*params, query.limit]
             )
             last = 0
-            while page := db.execute(_PAGE, (last, PAGE_ROWS)).fetchall():
-                for row in page:
+            while rows := db.execute(page, (last, PAGE_ROWS)).fetchall():
+                for row in rows:
                     item = dict(zip(FIELDS, row, strict=True))
                     item[REAL] = real_wall_ns(item, query.now)
                     yield item
-                last = page[-1][0]
+                last = rows[-1][0]
         except sqlite3.Error as e:
             raise JournalUnreadable(f"journal {path} cannot be read: {e}") from None
 

@@ -50,6 +50,7 @@ PRUNE_EVERY_S = 60.0  # retention pass period
 STOP_WAIT_S = 2.0  # at stop, time left to write what is queued
 LOG_EVERY_S = 60.0
 LAST_ROW = 2**63 - 1  # SQLite's largest integer: no row id is above it
+BUSY_WAIT_S = 5.0  # how long a write waits for another connection's (a feed writing its cursor)
 
 # The entries table: its columns after ``id``, in the order rows are written and read. A column added
 # in a later version may be NULL: the table of an earlier edged's journal gains it as it opens
@@ -167,10 +168,18 @@ class JournalStore:
         self._db: sqlite3.Connection | None = None
         self._lock: int | None = None  # `lock`'s descriptor while the journal is open
         self.last_id = 0  # the newest row's id, as of the last open or append (read from other threads)
+        self.unsent_deleted = 0  # verdicts deleted for room before an output had them acknowledged (`prune`)
+        self.folded = True  # the last `prune` emptied the write-ahead log into the file (`_fold`)
+        self._file: tuple[int, int] | None = None  # the open file's device and inode (`replaced`)
 
     @property
     def opened(self) -> bool:
         return self._db is not None
+
+    @property
+    def file(self) -> tuple[int, int] | None:
+        """The open file's device and inode (read from other threads: `edged.replay.VerdictFeed`)."""
+        return self._file
 
     def open(self) -> None:
         """Open the journal, creating it; a file that is not a sound journal (damaged, or another
@@ -186,9 +195,12 @@ class JournalStore:
         except sqlite3.DatabaseError as e:  # not a database, truncated, damaged
             self._move_aside(e)
             self._db = self._connect()
+        with contextlib.suppress(OSError):
+            found = os.stat(self.path)
+            self._file = (found.st_dev, found.st_ino)
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(self.path, timeout=BUSY_WAIT_S, isolation_level=None, check_same_thread=False)
         try:
             db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect on a new file: retention gives space back
             db.execute("PRAGMA journal_mode = WAL")
@@ -282,6 +294,31 @@ class JournalStore:
         pages = db.execute("PRAGMA page_count").fetchone()[0] - db.execute("PRAGMA freelist_count").fetchone()[0]
         return int(pages * db.execute("PRAGMA page_size").fetchone()[0])
 
+    def wal_bytes(self) -> int:
+        """Bytes the write-ahead log (``journal.sqlite-wal``) takes beside the file (a link's, beside what it names)."""
+        try:
+            return os.stat(f"{os.path.realpath(self.path)}-wal").st_size
+        except OSError:
+            return 0
+
+    def replaced(self) -> str | None:
+        """How journal.path no longer names the files open, None while it does: rows written to a file
+        no path names (or to a ``-wal`` none does) are unseen by `edged history` and go when edged
+        stops (or dies); a ``-shm`` made anew by a reader shows it a state edged no longer updates."""
+        if self._db is None or self._file is None:
+            return None
+        real = os.path.realpath(self.path)  # SQLite's -wal and -shm are beside the file a link names
+        try:
+            found = os.stat(real)
+        except FileNotFoundError:
+            return "moved away or removed"
+        except OSError:
+            return None  # a folder edged cannot look into now: counted where a write fails
+        if (found.st_dev, found.st_ino) != self._file:
+            return "replaced"
+        gone = [suffix for suffix in ("-wal", "-shm") if not os.path.exists(f"{real}{suffix}")]
+        return f"left without its {' and '.join(gone)}" if gone else None
+
     def prune(
         self,
         now_ns: int,
@@ -320,14 +357,30 @@ class JournalStore:
                     cut = db.execute(
                         "SELECT id FROM entries ORDER BY id LIMIT 1 OFFSET ?", (max(rows // 10, 1) - 1,)
                     ).fetchone()[0]
+                    sent = acknowledged(db) if keep_unsent else None
+                    if sent is not None:
+                        unsent = "SELECT count(*) FROM entries WHERE kind = 'verdict' AND id > ? AND id <= ?"
+                        self.unsent_deleted += int(db.execute(unsent, (sent, cut)).fetchone()[0])
                     deleted += db.execute("DELETE FROM entries WHERE id <= ?", (cut,)).rowcount
             if deleted:
                 db.executescript("PRAGMA incremental_vacuum;")  # a page per step: executescript steps them all
-                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self.folded = self._fold(db)
         except sqlite3.DatabaseError as e:
             self._after_error(e)
             raise
         return deleted
+
+    @staticmethod
+    def _fold(db: sqlite3.Connection) -> bool:
+        """Fold the write-ahead log into the file and empty it, without waiting; True when done. A
+        reader on an old snapshot (``sqlite3`` left open, a pager on its output, a backup) makes a
+        TRUNCATE checkpoint wait for it, for the whole busy timeout, on the journal's thread, and
+        every verdict sent only once recorded waited as long; it folds what it can instead."""
+        db.execute("PRAGMA busy_timeout = 0")
+        try:
+            return int(db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]) == 0
+        finally:
+            db.execute(f"PRAGMA busy_timeout = {int(BUSY_WAIT_S * 1000)}")
 
     @staticmethod
     def _age_out(
@@ -361,6 +414,7 @@ class JournalStore:
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
             self._db = None
+        self._file = None
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
@@ -400,6 +454,7 @@ class JournalWriter:
         self.accepted = len(carried)  # entries queued so far, in order (the loop's count)
         self.written = 0  # of those, the ones committed (the journal thread's count)
         self._drop_log = LogRate(LOG_EVERY_S)
+        self._said: set[str] = set()  # the conditions of the file a retention pass has said and not yet seen end
         # Set after each batch is committed, and when a write fails: the threads that wait on the journal
         # (the outputs that deliver from it, the loop's sends held until it records, `JournalOutput.after_recorded`).
         self.committed: weakref.WeakSet[Waker] = weakref.WeakSet()
@@ -543,12 +598,48 @@ class JournalWriter:
             return self._stopping
 
     def _prune(self) -> None:
-        if not self.store.opened:  # nothing written yet, or the file went aside: the next write opens it
+        store = self.store
+        if not store.opened:  # nothing written yet, or the file went aside: the next write opens it
             return
         boot = (self._identity.boot_id, time.monotonic_ns())
-        cfg, synced, keep = self.cfg, clock_synced(), self.keep_unsent
-        self.store.prune(time.time_ns(), cfg.max_age_days, cfg.max_bytes, boot=boot, keep_unsent=keep, synced=synced)
-        self.bytes = self.store.size()
+        cfg, synced, keep, unsent = self.cfg, clock_synced(), self.keep_unsent, store.unsent_deleted
+        store.prune(time.time_ns(), cfg.max_age_days, cfg.max_bytes, boot=boot, keep_unsent=keep, synced=synced)
+        self.bytes = store.size() + store.wal_bytes()
+        if store.unsent_deleted > unsent:
+            log.warning(
+                "journal %s: %d verdicts the broker has not acknowledged were deleted to keep the journal under "
+                "journal.max_bytes (%d); they will never be sent (a larger max_bytes holds a longer outage)",
+                store.path,
+                store.unsent_deleted - unsent,
+                cfg.max_bytes,
+            )
+        self._say(
+            "wal",
+            not store.folded and self.bytes > cfg.max_bytes,
+            f"journal {store.path} takes {self.bytes} bytes, over journal.max_bytes ({cfg.max_bytes}): its "
+            f"write-ahead log ({store.path}-wal) cannot be folded into it while another process holds a read of "
+            "an old snapshot open (sqlite3 left open, a pager on its output, a backup), and grows until it ends",
+            f"journal {store.path}: its write-ahead log is folded into it again",
+            logging.WARNING,
+        )
+        gone = store.replaced()
+        self._say(
+            "file",
+            gone is not None,
+            f"journal {store.path} was {gone} while edged writes it: what it records is unseen by edged history "
+            "and may be lost when edged stops; restart edged to open journal.path anew",
+            f"journal {store.path}: the file written is at journal.path again",
+            logging.ERROR,
+        )
+
+    def _say(self, what: str, now: bool, starts: str, ends: str, level: int) -> None:
+        """Log ``starts`` (at ``level``) when condition ``what`` of the file begins, ``ends`` when it is over."""
+        if now and what not in self._said:
+            self._said.add(what)
+            log.log(level, starts)
+        elif not now and what in self._said:
+            self._said.discard(what)
+            log.info(ends)
 
     def _attempt(self, action: Callable[[], None]) -> bool:
         """Run ``action``; an error is counted, and logged when a burst of them starts."""
@@ -708,7 +799,9 @@ class JournalOutput(Output):
         there stay unsent, but not the entries carried over from the journal this one replaced:
         they were made while it was."""
         self.writer.committed.add(wake)
-        return VerdictFeed(self.path, name, first_after=self.writer.opened_id if self._carried else self.last_id)
+        store = self.writer.store
+        first_after = self.writer.opened_id if self._carried else self.last_id
+        return VerdictFeed(self.path, name, first_after, writes=lambda: store.file)
 
     def after_recorded(self, send: Callable[[], object]) -> None:
         """Call ``send`` (on the loop's thread) once every entry queued so far is on disk, in the order

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections import deque
@@ -32,6 +33,7 @@ from edged.lograte import LogRate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FileId = tuple[int, int]  # a file's device and inode
 
 CURSORS = "CREATE TABLE IF NOT EXISTS cursors (name TEXT PRIMARY KEY, row_id INTEGER NOT NULL)"
 SAVE_EVERY_S = 1.0  # the cursor is written at most this often (and at close)
@@ -73,6 +75,15 @@ def acknowledged(db: sqlite3.Connection) -> int | None:
     return None if least is None else int(least)
 
 
+def _file_id(path: Path) -> FileId | None:
+    """``path``'s device and inode; None where it cannot be told (gone since it was opened)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
 def _last_row(db: sqlite3.Connection) -> int:
     return int(db.execute("SELECT coalesce(max(id), 0) FROM entries").fetchone()[0])
 
@@ -81,14 +92,16 @@ class VerdictFeed:
     """The journal's verdicts not yet acknowledged to one output (``name``): made on the loop's
     thread, then used by that output's thread only."""
 
-    def __init__(self, path: Path, name: str, first_after: int) -> None:
+    def __init__(self, path: Path, name: str, first_after: int, writes: Callable[[], FileId | None] = lambda: None) -> None:
         """``first_after``: the row up to which the journal's verdicts were recorded before this
         output was given them. Where the journal has no cursor for ``name`` yet, it is written at
         that row now (those up to it stay unsent), not at the first read: only a connection makes
         one, and a run that never reached the broker would leave none, so the next start would
-        skip its verdicts."""
+        skip its verdicts. ``writes``: the file the journal's writer has open now (`_follow`)."""
         self.path = path
         self.name = name
+        self._writes = writes
+        self._file: FileId | None = None  # the file read, as opened
         self._made_after = first_after
         self._first_after = first_after  # a cursor missing at the first read starts here
         self._db: sqlite3.Connection | None = None
@@ -96,6 +109,7 @@ class VerdictFeed:
         self._sent = 0  # handed out up to this row
         self._in_flight: deque[int] = deque()  # rows handed out and not yet acknowledged, in order
         self._acked: set[int] = set()  # of those, acknowledged out of order
+        self._stale: set[int] = set()  # rows of a file gone aside, handed out and not yet acknowledged (`_started_anew`)
         self._live_from: int | None = None  # rows above this were recorded while this connection was up; None: read it
         self._saved = 0  # the cursor as last written
         self._saved_at = 0.0
@@ -132,13 +146,34 @@ class VerdictFeed:
             if db is None:
                 return None
             try:
+                file = _file_id(self.path) or self._file
+                if self._file is not None and file != self._file:
+                    self._started_anew()
                 cursor = _cursor_row(db, self.name, self._first_after)
             except BaseException:
                 db.close()
                 raise
-            self._db = db
+            self._db, self._file = db, file
             self._cursor = self._sent = self._saved = cursor
         return self._db
+
+    def _follow(self) -> None:
+        """Let go of the file read where the writer writes another: a journal found damaged while edged
+        ran goes aside and a new one starts at its path, and this feed read the old one on, so no
+        verdict reached the broker again until edged restarted. The next read opens the new one."""
+        writes = self._writes()
+        if self._db is not None and writes is not None and writes != self._file:
+            self.close()
+
+    def _started_anew(self) -> None:
+        """The path names another file than the one read before: every verdict in it was recorded since
+        (as they are, on this connection) and is this output's; what was handed out of the old one
+        and not yet acknowledged (its client sends it again itself) no longer moves the cursor."""
+        log.warning("journal %s: the file read before went aside; %s sends the new one's verdicts", self.path, self.name)
+        self._first_after, self._live_from = 0, 0
+        self._stale = set(self._in_flight)
+        self._in_flight.clear()
+        self._acked.clear()
 
     @property
     def in_flight(self) -> int:
@@ -161,6 +196,7 @@ class VerdictFeed:
         """Up to ``limit`` verdicts after those handed out, oldest first."""
         if limit <= 0:
             return []
+        self._follow()
 
         def read(db: sqlite3.Connection) -> tuple[int, list[tuple[int, str, str]]]:
             if self._live_from is None:
@@ -190,6 +226,9 @@ class VerdictFeed:
     def acked(self, row_id: int) -> None:
         """The broker acknowledged ``row_id`` (or it needs no sending): the cursor moves over every
         verdict acknowledged without a gap."""
+        if row_id in self._stale:  # the first acknowledgement of that row is the old file's: sent before
+            self._stale.discard(row_id)
+            return
         self._acked.add(row_id)
         while self._in_flight and self._in_flight[0] in self._acked:
             self._acked.discard(self._in_flight[0])

@@ -310,6 +310,46 @@ def _edit(journal: Path, sql: str) -> None:
     db.close()
 
 
+@pytest.mark.unit
+def test_an_earlier_edgeds_journal_is_read_with_the_columns_added_since_empty(journal: Path) -> None:
+    """A journal an earlier edged wrote, copied off its board or not yet opened by this version (which
+    adds the columns added since): every row, those columns empty (before: "no such column:
+    e.evidence", exit 1, for every query); a file without the table says it is no journal of edged's."""
+    _edit(journal, "ALTER TABLE entries DROP COLUMN evidence")
+    _edit(journal, "ALTER TABLE entries DROP COLUMN clock_synced")
+    found = list(entries(journal, Query(limit=100)))
+    assert [row["frame_id"] for row in found] == list(range(30))
+    assert {(row["evidence"], row["clock_synced"]) for row in found} == {(None, None)}
+    out = io.StringIO()
+    assert write(found, "table", out) == 0 and "P-29" in out.getvalue()
+    empty = journal.with_name("empty.sqlite")
+    empty.touch()  # a file SQLite reads as an empty database
+    with pytest.raises(JournalUnreadable, match="has no entries"):
+        list(entries(empty, Query()))
+
+
+@pytest.mark.unit
+def test_a_journal_path_that_is_a_symbolic_link_is_read_with_its_write_ahead_log(tmp_path: Path) -> None:
+    """journal.path a link to a journal on a larger disk: SQLite keeps the ``-wal`` beside the file the
+    link names, and looked for beside the link it was never found while edged wrote, so the file was
+    read without it (before: "no such table: entries", or the last minutes' rows missing). A FIFO or
+    a folder there is said not to be a file (before: "no journal at")."""
+    (tmp_path / "disk").mkdir()
+    link = tmp_path / "journal.sqlite"
+    link.symlink_to(tmp_path / "disk" / "journal.sqlite")
+    store = JournalStore(link, "normal")  # edged writing: its rows in the -wal yet
+    store.append([_entry(n, "cam0", "ok", f"P-{n}") for n in range(5)], IDENTITY, True)
+    try:
+        assert [row["frame_id"] for row in entries(link, Query())] == list(range(5))
+    finally:
+        store.close()
+    fifo = tmp_path / "fifo.sqlite"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path / "disk"):
+        with pytest.raises(JournalUnreadable, match="is not a file"):
+            list(entries(path, Query()))
+
+
 @pytest.mark.integration
 def test_what_no_query_can_take_is_a_usage_error_and_an_endless_age_is_all_there_is(journal: Path) -> None:
     """Each exited 1 with a traceback (OverflowError, UnicodeEncodeError); a reversed range said "no entries match"."""

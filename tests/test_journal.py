@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import signal
 import sqlite3
 import threading
@@ -238,6 +239,118 @@ def test_age_never_deletes_a_verdict_the_broker_has_not_acknowledged_and_size_st
     store.prune(wall + 200 * DAY_NS, 90, 300_000, boot=boot, keep_unsent=True)
     assert store.size() <= 300_000 and (5,) not in rows(path, "SELECT id FROM entries")  # the oldest went for room
     store.close()
+
+
+def held_snapshot(path: Path) -> sqlite3.Connection:
+    """Another process's read left open on the snapshot of now, as ``sqlite3 journal.sqlite 'SELECT
+    ...' | less`` holds one while the pager stops reading: COMMIT on it lets go."""
+    reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM entries").fetchone()
+    return reader
+
+
+@pytest.mark.unit
+def test_a_reader_on_an_old_snapshot_holds_up_no_retention_pass(tmp_path: Path) -> None:
+    """The pass's checkpoint waited for such a reader its whole busy timeout (5 s) on the journal's
+    thread, every minute, and every verdict sent only once recorded waited as long; it folds what
+    it can at once instead, and says whether the write-ahead log is empty."""
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    store.append([entry(n, size=1000) for n in range(100)], IDENTITY, None)
+    reader = held_snapshot(path)
+    store.append([entry(n, size=1000) for n in range(100, 400)], IDENTITY, None)
+    started = time.monotonic()
+    assert store.prune(time.time_ns(), 0, 100_000) > 300
+    assert time.monotonic() - started < 1.0  # before: 5.1 s
+    assert not store.folded and store.wal_bytes() > 100_000  # the reader keeps the log from being folded
+    reader.execute("COMMIT")
+    store.prune(time.time_ns(), 0, 100_000)
+    assert store.folded and store.wal_bytes() == 0 and store.size() <= 100_000
+    reader.close()
+    store.close()
+
+
+@pytest.mark.unit
+def test_a_write_ahead_log_a_reader_keeps_past_max_bytes_is_counted_and_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, `bytes` gave the pages alone (1.9 MB of a 2 MB bound while the log beside took 50 MB),
+    and nothing was said."""
+    monkeypatch.setattr(journal, "PRUNE_EVERY_S", 0.02)
+    caplog.set_level(logging.INFO, logger="edged.journal")
+    path = tmp_path / "journal.sqlite"
+    w = writer(path, max_bytes=100_000)
+    try:
+        w.offer(entry(0))
+        assert wait_for(lambda: w.written == 1)
+        reader = held_snapshot(path)
+        for n in range(1, 400):
+            w.offer(entry(n, size=1000))
+        assert wait_for(lambda: "cannot be folded" in caplog.text, 10), w.report("cam")
+        assert w.report("cam").bytes > 100_000  # the log counted, as the disk holds it
+        reader.execute("COMMIT")
+        reader.close()
+        assert wait_for(lambda: "folded into it again" in caplog.text, 10)
+        assert wait_for(lambda: w.report("cam").bytes <= 100_000)
+    finally:
+        w.stop(2)
+    assert caplog.text.count("cannot be folded") == 1
+
+
+@pytest.mark.unit
+def test_verdicts_deleted_for_room_before_the_broker_had_them_are_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker away so long that the journal reaches max_bytes: the oldest verdicts go, as docs say,
+    and those it had not acknowledged are said, how many, never those it had (before: not a word)."""
+    monkeypatch.setattr(journal, "PRUNE_EVERY_S", 0.02)
+    path = tmp_path / "journal.sqlite"
+    w = JournalWriter(JournalConfig(path=path, max_bytes=100_000), IDENTITY, previous=None, keep_unsent=True)
+    w.start(records=True)
+    try:
+        feed = VerdictFeed(path, "mqtt", first_after=0)
+        for n in range(10):
+            w.offer(entry(n, size=1000))
+        assert wait_for(lambda: w.written == 10)
+        for forward in feed.take(10):
+            feed.acked(forward.row_id)
+        feed.close()  # the cursor written: the broker had the first ten
+        for n in range(10, 400):
+            w.offer(entry(n, size=1000))
+        assert wait_for(lambda: w.written == 400, 10)
+        assert wait_for(lambda: "has not acknowledged" in caplog.text, 5)
+    finally:
+        w.stop(2)
+    kept = [r[0] for r in rows(path, "SELECT id FROM entries ORDER BY id")]
+    lost = 390 - len([row_id for row_id in kept if row_id > 10])
+    said = [int(r.getMessage().split(": ")[1].split()[0]) for r in caplog.records if "not acknowledged" in r.getMessage()]
+    assert lost > 0 and sum(said) == lost == w.store.unsent_deleted
+
+
+@pytest.mark.unit
+def test_a_journal_removed_under_the_writer_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``rm journal.sqlite`` while edged runs: every verdict since goes into a file no path names, gone
+    at the next start and unseen by `edged history`; its ``-wal`` removed, history reads the file
+    without it, and a kill loses it. Before, nothing said so; now each once, and the end of it."""
+    monkeypatch.setattr(journal, "PRUNE_EVERY_S", 0.02)
+    caplog.set_level(logging.INFO, logger="edged.journal")
+    path = tmp_path / "journal.sqlite"
+    w = writer(path)
+    try:
+        w.offer(entry(0))
+        assert wait_for(lambda: w.written == 1)
+        wal = path.with_name("journal.sqlite-wal")
+        wal.rename(tmp_path / "wal")
+        assert wait_for(lambda: f"journal {path} was left without its -wal while edged writes it" in caplog.text)
+        (tmp_path / "wal").rename(wal)
+        assert wait_for(lambda: "at journal.path again" in caplog.text)
+        path.unlink()
+        assert wait_for(lambda: f"journal {path} was moved away or removed while edged writes it" in caplog.text)
+    finally:
+        w.stop(2)
 
 
 @pytest.mark.unit

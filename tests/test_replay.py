@@ -347,6 +347,50 @@ def test_a_journal_moved_aside_as_damaged_before_the_first_read_has_every_verdic
     feed.close()
 
 
+def damage_index(path: Path) -> None:
+    """Garbage over the root page of the part-id index, as a failing SD card leaves it: the next
+    insert meets it ("database disk image is malformed"); the rows stay readable."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the pages in the file itself
+        root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'entries_part'").fetchone()[0]
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+    with path.open("r+b") as f:
+        f.seek((root - 1) * size)
+        f.write(b"\xa5" * size)
+
+
+@pytest.mark.unit
+def test_a_journal_found_damaged_while_edged_runs_has_the_new_files_verdicts_sent(tmp_path: Path) -> None:
+    """Damage met while edged runs moves the journal aside and starts a new one at its path; the feed
+    read the old file on, and not one verdict more reached the broker until edged restarted
+    (before: none of the new file's). Now the new file's go, in order, as they are; the old file's
+    verdicts handed out and acknowledged late move no cursor of the new one."""
+    path = tmp_path / "journal.sqlite"
+    settings = load_config(write_config(tmp_path / "edged.toml", inspecting(tmp_path, journal={"path": str(path)})))
+    output = JournalOutput(settings, threading.Event())
+    try:
+        feed = output.feed("mqtt", threading.Event())
+        for n in range(5):
+            output.writer.offer(entry(n))
+        assert wait_for(lambda: output.writer.written == 5)
+        old = feed.take(10)
+        feed.acked(old[0].row_id)  # the broker had the first; 2 to 5 are in flight
+        damage_index(path)
+        for n in range(5, 8):
+            output.writer.offer(entry(n))
+        assert wait_for(lambda: output.writer.written == 8, 10), output.writer.report("cam")
+        assert len(list(tmp_path.glob("journal.sqlite.damaged-*[0-9]"))) == 1  # moved aside
+        new = feed.take(10)
+        assert [(f.row_id, json.loads(f.payload)["frame_id"]) for f in new] == [(1, 5), (2, 6), (3, 7)]
+        assert not any(json.loads(f.payload).get("replayed") for f in new)
+        for f in old[1:] + new[:2]:
+            feed.acked(f.row_id)
+        feed.close()
+        assert rows(path, "SELECT row_id FROM cursors") == [(2,)]  # the new file's first two, no more
+    finally:
+        output.close()
+
+
 @pytest.mark.unit
 def test_a_journal_with_no_file_yet_is_neither_made_nor_an_error(tmp_path: Path) -> None:
     """A journal that records nothing has no file until its first entry, made and locked by its
