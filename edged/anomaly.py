@@ -9,7 +9,10 @@ Without thresholds in config the label and mask are the export's, so they are ex
 
 A score that is no normalised score (NaN, infinite, or outside 0..1: an export without anomalib's
 normalisation) is dropped and counted as the model's problem, as a detector's bad scores are: the
-frame is not anomalous (with ``[inspect]``, uncertain) and its message carries no score. Regions past
+frame is not anomalous (with ``[inspect]``, uncertain) and its message carries no score. So is a map
+that regions are made from with a value outside 0..1 anywhere (anomalib clamps its normalised map to
+0..1): its regions' peaks would be no normalised scores, so the frame has no regions, its map's
+values counted (`AnomalyDecoder._map_problems`), and with ``[inspect]`` it is uncertain. Regions past
 ``model.max_det`` (the smallest) are counted (``cut``): the inspector cannot judge them, so a part
 with any is not found within its size limits (`edged.verdict.AnomalyInspector`).
 
@@ -43,7 +46,7 @@ from edged.errors import HeadError
 from edged.geometry import BoxMap
 from edged.heads.anomaly import THRESHOLD, sizes_differ, trained_size
 from edged.heads.base import fmt_shape
-from edged.messages import AnomalyRegion
+from edged.messages import AnomalyRegion, in_mm
 from edged.task import output_problems
 
 
@@ -147,7 +150,7 @@ class Anomaly:
         """``task``, ``anomaly_score``, ``anomalous``, ``threshold`` and ``regions`` (each region's
         sizes in mm with the camera's ``mm_per_px``, and its note from the inspector: 'within
         limits'); ``detections`` is empty, and ``anomaly_score`` absent when the score was dropped
-        (`problems`): the message holds only scores in 0..1."""
+        (`problems`; a map's problems drop its regions, not a good score): the message holds only scores in 0..1."""
         boxes, areas, scores = self.xyxy.tolist(), self.area_px.tolist(), self.scores.tolist()
         in_zones = zones or [None] * len(scores)
         in_notes = notes or [None] * len(scores)
@@ -155,7 +158,7 @@ class Anomaly:
         return {
             "task": "anomaly",
             "detections": [],
-            "anomaly_score": None if output_problems(self.nonfinite, self.scores_above_one) else round(self.score, 6),
+            "anomaly_score": round(self.score, 6) if 0.0 <= self.score <= 1.0 else None,  # a NaN too: dropped
             "anomalous": self.anomalous,
             "threshold": self.threshold,
             "regions": [
@@ -167,9 +170,9 @@ class Anomaly:
                     zone=z,
                     length_px=round(length, 1),
                     width_px=round(width, 1),
-                    area_mm2=None if mm is None else round(a * mm * mm, 3),
-                    length_mm=None if mm is None else round(length * mm, 3),
-                    width_mm=None if mm is None else round(width * mm, 3),
+                    area_mm2=None if mm is None else in_mm(a * mm * mm),
+                    length_mm=None if mm is None else in_mm(length * mm),
+                    width_mm=None if mm is None else in_mm(width * mm),
                     note=note,
                 )
                 for b, a, s, z, note, outline, (length, width) in zip(
@@ -220,6 +223,7 @@ class AnomalyDecoder:
         self._ids = np.empty(max_regions, dtype=np.int32)
         self._heat = np.empty(size if size is not None else (0, 0), dtype=np.uint8)
         self._outlines = _Outlines(self._components)
+        self._low, self._high = np.empty((), dtype=np.float32), np.empty((), dtype=np.float32)  # `_map_problems`
 
     def decode(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> Anomaly:
         """The frame's score, verdict and regions; `HeadError` only when ``outputs`` are not the
@@ -238,7 +242,11 @@ class AnomalyDecoder:
         else:
             anomalous = bool(outputs[self._index["pred_label"]].flat[0])
         self._cut = 0
-        k = self._find_regions(outputs, box_map) if self._regions else 0
+        k = 0
+        if self._regions:
+            broken = self._map_problems(outputs)
+            nonfinite, outside = nonfinite + broken[0], outside + broken[1]
+            k = 0 if broken != (0, 0) else self._find_regions(outputs, box_map)
         self._outlines.clear()
         return Anomaly(
             score,
@@ -258,6 +266,25 @@ class AnomalyDecoder:
             cut=self._cut,
             max_points=self._max_points,
         )
+
+    def _map_problems(self, outputs: Sequence[np.ndarray]) -> tuple[int, int]:
+        """The map's NaN or infinite values, and its finite values outside 0..1; (0, 0) without a map.
+
+        A region's peak is published as a score in 0..1 and anomalib clamps its normalised map to that:
+        a value outside it (an export without anomalib's normalisation, a broken one) would make a
+        message no reader accepts, so the frame's regions are dropped and these counted. Its lowest
+        and highest values take two passes and no array; only a map found broken is counted.
+        """
+        if "anomaly_map" not in self._index:
+            return 0, 0
+        values = outputs[self._index["anomaly_map"]]
+        np.minimum.reduce(values, axis=None, out=self._low)
+        np.maximum.reduce(values, axis=None, out=self._high)
+        if 0.0 <= float(self._low) and float(self._high) <= 1.0:  # false for a NaN
+            return 0, 0
+        finite = np.isfinite(values)
+        outside = np.count_nonzero(finite & ((values < 0.0) | (values > 1.0)))
+        return int(values.size - np.count_nonzero(finite)), int(outside)
 
     def _find_regions(self, outputs: Sequence[np.ndarray], box_map: BoxMap) -> int:
         """Fill the region buffers from the mask (the export's, or the map above ``model.pixel_threshold``)."""

@@ -298,10 +298,15 @@ def _first_run(plan: FramePipeline, what: str, image: np.ndarray) -> Detections 
             "be probabilities: export it with its softmax (ultralytics' -cls exports include it)"
         )
     if isinstance(detections, Anomaly) and detections.scores_above_one:
-        # anomalib's export normalises the score to 0..1 (0.5 its threshold); run would drop every such frame.
+        # anomalib's export normalises the score and map to 0..1 (0.5 its threshold); run would drop every such frame.
+        given = (
+            f"the anomaly score {detections.score:g}"
+            if not 0.0 <= detections.score <= 1.0
+            else f"{detections.scores_above_one} anomaly map value(s)"
+        )
         raise ContractError(
-            f"{what} gave the anomaly score {detections.score:g}, outside 0..1: an anomalib export "
-            "normalises its score (0.5 the threshold it was trained with), so this one was exported "
+            f"{what} gave {given}, outside 0..1: an anomalib export "
+            "normalises its score and map (0.5 the threshold it was trained with), so this one was exported "
             "without anomalib's post-processing, or is no anomalib model; re-export it with anomalib"
         )
     return detections

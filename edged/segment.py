@@ -48,7 +48,7 @@ from edged.errors import HeadError, ModelError
 from edged.geometry import BoxMap
 from edged.heads.base import TrueIndex, rows
 from edged.heads.segment import MASK_COEFFICIENTS, SegmentHead
-from edged.messages import Detection
+from edged.messages import Detection, in_mm
 
 Region = tuple[slice, slice]  # rows, columns of a mask: it is 0 outside them
 NOWHERE: Region = (slice(0, 0), slice(0, 0))
@@ -113,9 +113,9 @@ class Instances(Detections):
                 "width_px": round(width, 1),
             }
             if mm_per_px is not None:
-                sizes["area_mm2"] = round(self.area_px[i] * mm_per_px * mm_per_px, 3)
-                sizes["length_mm"] = round(length * mm_per_px, 3)
-                sizes["width_mm"] = round(width * mm_per_px, 3)
+                sizes["area_mm2"] = in_mm(self.area_px[i] * mm_per_px * mm_per_px)
+                sizes["length_mm"] = in_mm(length * mm_per_px)
+                sizes["width_mm"] = in_mm(width * mm_per_px)
             detections[i] = detections[i].model_copy(update=sizes)
         return {**fields, "task": "segment"}
 

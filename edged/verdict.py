@@ -17,6 +17,7 @@ was found.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -282,7 +283,10 @@ class _InsideOnly:
 
 
 def _size_limits(cfg: InspectConfig, resolve: _ClassNames, num_classes: int) -> tuple[list[float], list[float]] | None:
-    """Per class, the longest and the largest defect tolerated, in frame pixels (inf: no limit); None without any."""
+    """Per class, the longest and the largest defect tolerated, in frame pixels (inf: no limit); None without any.
+
+    A limit in mm too large for a float once in pixels (``max_length_mm = 1e308`` at 0.05 mm per pixel)
+    is the largest float, not inf: inf means no limit, which tolerates nothing, the opposite of what it says."""
     lengths, areas = [math.inf] * num_classes, [math.inf] * num_classes
     scale = cfg.mm_per_px
     if scale is None and (cfg.max_length_mm or cfg.max_area_mm2):
@@ -295,7 +299,7 @@ def _size_limits(cfg: InspectConfig, resolve: _ClassNames, num_classes: int) -> 
         ("max_area_mm2", cfg.max_area_mm2, 1 / (scale or 1.0) ** 2, areas),
     ):
         for name, limit in limits.items():
-            out[resolve(key, name)] = limit * factor
+            out[resolve(key, name)] = min(limit * factor, sys.float_info.max)
     return (lengths, areas) if any(map(math.isfinite, lengths + areas)) else None
 
 

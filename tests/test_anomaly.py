@@ -26,6 +26,7 @@ from edged.config import ModelConfig, RuntimeConfig
 from edged.errors import ConfigError, ContractError, HeadError
 from edged.geometry import BoxMap
 from edged.heads.anomaly import AnomalyHead
+from edged.messages import DetectionsMessage, ModelInfo, Timings
 from edged.model import LoadedModel, load_model
 from edged.pipeline import WITHIN_LIMITS, FramePath, FramePipeline, Processed
 from edged.preprocess import AntialiasPreprocessor, antialias_taps
@@ -350,6 +351,17 @@ def test_a_region_within_limits_in_millimetres_does_not_count() -> None:
     assert (regions[0].area_mm2, regions[0].length_mm) == (200.0, 18.0)
     assert judge(result, mm_per_px=0.5, max_length_mm={"anomaly": 17.9})[0].verdict == "ng"
     assert judge(result, mm_per_px=0.5, max_area_mm2={"anomaly": 199.0})[0].verdict == "ng"
+    # A limit past a float once in pixels is still a limit (before: inf, no limit, which tolerates nothing).
+    assert judge(result, mm_per_px=0.05, max_length_mm={"anomaly": 1e308})[0].verdict == "ok"
+
+
+@pytest.mark.unit
+def test_sizes_in_mm_under_a_micrometre_per_pixel_keep_their_digits() -> None:
+    # 800 px at 0.5 um per pixel is 0.0002 mm2, over a limit of 0.0001: NG, and published as 0.0 (3 decimals).
+    result = decoded([("rect", (10, 10, 20, 20))])  # 800 px; 36 x 18 px between outline corners
+    judged, regions = judge(result, mm_per_px=0.0005, max_area_mm2={"anomaly": 0.0001})
+    assert judged.verdict == "ng" and regions[0].note is None
+    assert (regions[0].area_mm2, regions[0].length_mm, regions[0].width_mm) == (0.0002, 0.018, 0.009)
 
 
 @pytest.mark.unit
@@ -407,6 +419,49 @@ def test_a_score_outside_0_to_1_is_dropped_and_counted_and_the_message_holds_non
     fields = result.message_fields(lambda _: "anomaly", None, None)
     assert fields["anomaly_score"] is None and fields["anomalous"] is False
     assert decoded([], score=1.0).problems() == [] and decoded([], score=0.0).problems() == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mask", [False, True], ids=["pixel_threshold", "pred_mask"])
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [(7.0, "score_above_one"), (math.inf, "nonfinite_output"), (math.nan, "nonfinite_output"), (-0.5, "score_above_one")],
+)
+def test_a_map_with_values_outside_0_to_1_gives_no_regions_is_counted_and_its_message_is_valid_json(
+    value: float, problem: str, mask: bool
+) -> None:
+    # A spot of 4 x 4 map pixels at ``value`` in a normalised map (an export without anomalib's
+    # normalisation, a broken one): its region's peak was published as max_score 7.0 (or inf), which
+    # the message refused, and the daemon died on the frame.
+    scores = np.full((MAP, MAP), 0.2, dtype=np.float32)
+    scores[10:20, 10:20] = 0.9
+    scores[12:16, 12:16] = value
+    outputs = [np.array([0.9], dtype=np.float32), scores[None, None]]
+    if mask:
+        outputs.append(np.zeros((1, 1, MAP, MAP), dtype=np.uint8))
+        outputs[2][0, 0, 10:20, 10:20] = 1
+    decoder = map_decoder(MAP, MAP, mask, 100)
+    result = decoder.decode(outputs, BoxMap.stretch(128, 128, MAP, MAP))
+    assert result.problems() == [(problem, 16)] and len(result.scores) == 0 and result.anomalous
+    judged, regions = judge(result, (128, 128))
+    assert judged.verdict == "uncertain" and regions == []
+    message = DetectionsMessage(
+        camera_id="cam0",
+        seq=0,
+        frame_id=0,
+        capture_time_ns=0,
+        frame_size=(128, 128),
+        input_size=(MAP, MAP),
+        model=ModelInfo(name="m", sha256="0", provider="CPU"),
+        **result.message_fields(lambda _: "anomaly", None, None),
+        timings=Timings(preprocess_ms=0, inference_ms=0, decode_ms=0, age_ms=0),
+        thermal_state="ok",
+    )
+    sent = json.loads(message.model_dump_json())  # no NaN or Infinity: a strict reader's JSON
+    assert sent["anomaly_score"] == 0.9 and sent["regions"] == [] and sent["anomalous"] is True
+    scores[12:16, 12:16] = 0.95  # the same map in 0..1: its region, as ever
+    again = decoder.decode(outputs, BoxMap.stretch(128, 128, MAP, MAP))
+    assert again.problems() == [] and again.scores.tolist() == [pytest.approx(0.95)]
 
 
 @pytest.mark.unit

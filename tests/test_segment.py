@@ -138,7 +138,24 @@ def test_a_defect_within_its_class_size_limits_is_noted_and_makes_no_ng_and_mm_c
     assert first.area_mm2 == pytest.approx(first.area_px * 0.01, abs=1e-3)
 
 
-def test_a_class_without_size_limits_stays_ng_beside_one_that_has_them(model: LoadedModel) -> None:
+def test_sizes_in_mm_under_a_micrometre_per_pixel_keep_their_digits(model: LoadedModel) -> None:
+    # At 0.5 um per pixel a mask of 1000 pixels is 0.00025 mm2: rounded to 3 decimals it was published as 0.0.
+    image = cv2.imread(str(DATA / "tall.png"))
+    every, _ = FramePipeline(model, 180, 320, "bgr").process(image)
+    assert isinstance(every, Instances) and every.polygons
+    detections = every.message_fields(model.label, None, None, mm_per_px=0.0005)["detections"]
+    for d, area, (length, width) in zip(detections, every.area_px, every.sides, strict=False):
+        assert d.area_mm2 == pytest.approx(area * 0.0005**2, rel=1e-5) and d.area_mm2 > 0
+        assert d.length_mm == pytest.approx(length * 0.0005, rel=1e-5)
+        assert d.width_mm == pytest.approx(width * 0.0005, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"max_length_mm": 1e6, "max_area_mm2": 1e6}, {"max_length_mm": 1e308}],
+    ids=["large", "past-a-float-in-pixels"],  # 1e308 mm at 0.1 mm a pixel: tolerated nothing before
+)
+def test_a_class_without_size_limits_stays_ng_beside_one_that_has_them(model: LoadedModel, limits: dict[str, float]) -> None:
     image = cv2.imread(str(DATA / "tall.png"))
     path = FramePath(model, "cam0", "bgr", None)
     done = path.run(Frame(image, 3, 0, 0, "bgr"))
@@ -147,7 +164,7 @@ def test_a_class_without_size_limits_stays_ng_beside_one_that_has_them(model: Lo
     limited = labels[0]
     assert set(labels) - {limited}, "the frame needs instances of a second class"
     # Limits no instance reaches, for one class only: every other class's instances stay NG.
-    cfg = InspectConfig(mm_per_px=0.1, max_length_mm={limited: 1e6}, max_area_mm2={limited: 1e6})
+    cfg = InspectConfig(mm_per_px=0.1, **{key: {limited: limit} for key, limit in limits.items()})
     path = FramePath(model, "cam0", "bgr", Inspector(cfg, model.labels, 3, 0.25, 300, masks=True))
     done = path.run(Frame(image, 3, 0, 0, "bgr"))
     assert isinstance(done, Processed)
