@@ -225,10 +225,15 @@ def _box(box: tuple[float, float, float, float]) -> str:
     return f"({box[0]:.0f},{box[1]:.0f})-({box[2]:.0f},{box[3]:.0f})"
 
 
+def _mm(value: float) -> str:
+    """A size in mm to a tenth, or to two significant digits below 1 mm: 0.02, not 0.0, under a fine scale."""
+    return f"{value:.1f}" if value >= 1 else f"{value:.2g}"
+
+
 def _size(d: Detection | AnomalyRegion) -> str:
     """Length by width, in mm with a scale, else in pixels; nothing for a detector's boxes."""
     if d.length_mm is not None and d.width_mm is not None:
-        return f" {d.length_mm:.1f}x{d.width_mm:.1f} mm"
+        return f" {_mm(d.length_mm)}x{_mm(d.width_mm)} mm"
     if d.length_px is not None and d.width_px is not None:
         return f" {d.length_px:.0f}x{d.width_px:.0f} px"
     return ""

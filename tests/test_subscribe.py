@@ -267,5 +267,7 @@ def test_a_line_says_what_each_task_found() -> None:
         "2 detection(s): scratch 0.81 (100,50)-(300,90) 210x12 px; spot 0.50 (0,0)-(9,9) 0.9x0.8 mm within limits"
         in format_message(segment)
     )
+    fine = spot.model_copy(update={"length_mm": 0.018, "width_mm": 0.016})  # a scale of a micrometre per pixel
+    assert "spot 0.50 (0,0)-(9,9) 0.018x0.016 mm" in format_message(_frame_message(task="segment", detections=[fine]))
     box = Detection(class_id=0, label="scratch", score=0.81, box=(100, 50, 300, 90))
     assert "NG 1 detection(s): scratch 0.81 (100,50)-(300,90)  (6.0" in format_message(_frame_message(detections=[box]))
