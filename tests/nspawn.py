@@ -107,6 +107,19 @@ class Container:
         """Journal lines written since ``cursor`` (short format), ``filters`` as journalctl takes them."""
         return self.ok("journalctl", "--no-hostname", f"--after-cursor={cursor}", *filters)
 
+    def journal_once(self, cursor: str, text: str, *filters: str, timeout_s: float = 30) -> str:
+        """`journal` once it holds ``text``: what the manager says of a unit it has just marked failed or
+        restarted reaches journald a moment later, and a read at once may miss it."""
+        said = ""
+
+        def holds() -> bool:
+            nonlocal said
+            said = self.journal(cursor, *filters)
+            return text in said
+
+        wait_until(holds, timeout_s)
+        return said
+
 
 def _child_named(parent: int, name: str) -> int | None:
     for entry in Path("/proc").iterdir():

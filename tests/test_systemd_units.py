@@ -289,7 +289,7 @@ def test_a_stopped_process_trips_the_watchdog_and_systemd_restarts_edged(running
     # WatchdogSec=10s from the last ping, RestartSec=2s, then a start of a few seconds.
     assert wait_until(restarted, 90)
     assert int(running.show("edged.service", "NRestarts")["NRestarts"]) == int(before["NRestarts"]) + 1
-    journal = running.journal(cursor, "--unit=edged.service")
+    journal = running.journal_once(cursor, "status=6/ABRT", "--unit=edged.service")
     assert "Watchdog timeout" in journal
     assert "status=6/ABRT" in journal
 
@@ -314,7 +314,7 @@ def test_a_broken_config_exits_78_and_is_not_restarted(stopped: Container, case:
     # SubState "failed" rather than "auto-restart": the manager has decided not to restart it.
     failed = {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "ExecMainStatus": "78", "NRestarts": "0"}
     assert unit == failed
-    journal = stopped.journal(cursor, "--unit=edged.service")
+    journal = stopped.journal_once(cursor, "status=78/CONFIG", "--unit=edged.service")
     assert named in journal
     assert "status=78/CONFIG" in journal
     assert "Scheduled restart job" not in journal
