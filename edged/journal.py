@@ -171,6 +171,7 @@ class JournalStore:
         self.unsent_deleted = 0  # verdicts deleted for room before an output had them acknowledged (`prune`)
         self.folded = True  # the last `prune` emptied the write-ahead log into the file (`_fold`)
         self._file: tuple[int, int] | None = None  # the open file's device and inode (`replaced`)
+        self._beside: tuple[str, ...] = ()  # the suffixes of the files SQLite keeps beside it, as it opened
 
     @property
     def opened(self) -> bool:
@@ -198,6 +199,8 @@ class JournalStore:
         with contextlib.suppress(OSError):
             found = os.stat(self.path)
             self._file = (found.st_dev, found.st_ino)
+        real = os.path.realpath(self.path)  # none where the filesystem takes no WAL, and SQLite kept its own journal
+        self._beside = tuple(suffix for suffix in ("-wal", "-shm") if os.path.exists(f"{real}{suffix}"))
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=BUSY_WAIT_S, isolation_level=None, check_same_thread=False)
@@ -316,7 +319,7 @@ class JournalStore:
             return None  # a folder edged cannot look into now: counted where a write fails
         if (found.st_dev, found.st_ino) != self._file:
             return "replaced"
-        gone = [suffix for suffix in ("-wal", "-shm") if not os.path.exists(f"{real}{suffix}")]
+        gone = [suffix for suffix in self._beside if not os.path.exists(f"{real}{suffix}")]
         return f"left without its {' and '.join(gone)}" if gone else None
 
     def prune(
