@@ -9,4 +9,11 @@ import os
 # uses. Set before numpy is first imported; a value in the environment is kept.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+# ONNX Runtime's official builds (1.25 and later) report to Microsoft from Linux too: a device id
+# and events of every process, session and model, queued in an offline cache under $HOME
+# (~/.cache/Microsoft/DeveloperTools) where the network does not reach, as on most lines. A daemon
+# on a factory network sends nothing unasked: off unless the environment says otherwise. Read once,
+# as ONNX Runtime starts.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 __version__ = "0.4.0"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from daemon import free_port, write_config
+from onnx_models import colour_probe
 
 PACKAGE = Path(__file__).resolve().parent.parent / "edged"
 DEMO_MODEL = PACKAGE.parent / "models" / "demo.onnx"
@@ -209,3 +210,32 @@ def test_numpy_in_edged_starts_no_blas_threads_unless_the_environment_asks(
     result = subprocess.run([sys.executable, "-c", BLAS_THREADS], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) == threads
+
+
+# A session as `edged run` makes one, in a process that imported edged first.
+ONE_SESSION = """
+import sys
+import edged.engine
+import onnxruntime
+onnxruntime.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("environment", "reported"), [({}, False), ({"ORT_DISABLE_TELEMETRY": "0"}, True)])
+def test_onnx_runtime_in_edged_reports_nothing_unless_the_environment_asks(
+    tmp_path: Path, environment: dict[str, str], reported: bool
+) -> None:
+    """ONNX Runtime's own builds keep a device id and queue events for Microsoft under $HOME; in
+    edged they do neither, unless ORT_DISABLE_TELEMETRY says otherwise (as here, to show they would)."""
+    colour_probe(tmp_path / "model.onnx")
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"} | environment | {"HOME": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", ONE_SESSION, str(tmp_path / "model.onnx")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / ".cache" / "Microsoft").exists() == reported, sorted(p.name for p in tmp_path.rglob("*"))
