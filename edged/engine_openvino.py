@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import stat
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -45,6 +46,11 @@ from edged.errors import ConfigError, InferenceError, MissingDependency, ModelEr
 from edged.files import read_regular, remove_parts, write_durably
 from edged.heads.anomaly import anomalib_size
 
+# The openvino package imports its model converter, whose usage telemetry, unless a file under $HOME
+# says no, makes a client id there and counts every import; as the service, which may not write there,
+# it logs three warnings at each start. edged converts nothing: without the telemetry package the
+# converter takes its own stub, which records and sends nothing.
+sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]  # None: refused when imported
 try:
     import openvino as ov
     import openvino.properties as props

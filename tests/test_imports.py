@@ -239,3 +239,14 @@ def test_onnx_runtime_in_edged_reports_nothing_unless_the_environment_asks(
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / ".cache" / "Microsoft").exists() == reported, sorted(p.name for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.integration
+def test_openvino_in_edged_keeps_no_usage_record(tmp_path: Path) -> None:
+    """Importing openvino made a client id and a usage count under $HOME for its model converter's
+    telemetry, and logged three warnings where $HOME may not be written (the service's)."""
+    code = "import edged.engine_openvino, openvino; print(openvino.get_version())"
+    env = os.environ | {"HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert not list(tmp_path.iterdir()), sorted(str(p) for p in tmp_path.rglob("*"))
