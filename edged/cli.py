@@ -20,10 +20,10 @@ from typing import TypeVar, get_args
 from edged import __version__
 from edged.accept import short_of, why
 from edged.config import DEFAULT_CONFIG_PATH, EngineName, Precision, RuntimeConfig, Settings, Spinning, load_config
-from edged.errors import EXIT_CONFIG, EXIT_FAILURE, ConfigError, EdgedError, MissingDependency, UsageError
+from edged.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, EdgedError, MissingDependency, UsageError
 from edged.files import refuse_overwriting, write_whole
 from edged.keys import SERVICE_USER
-from edged.service import setup_logging
+from edged.service import Signals, setup_logging
 
 log = logging.getLogger("edged")
 
@@ -702,27 +702,31 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    signals = Signals()  # first: a SIGHUP while a slow board reads the config or imports would end edged
+    signals.install()
     setup_logging("warning")  # loading the config may warn before it says which level to log at
     settings = load_config(args.config)
     setup_logging(settings.service.log_level)
-    return _serve(args.config, settings)
+    return _serve(args.config, settings, signals)
 
 
-def _serve(config_path: Path | None, settings: Settings) -> int:
+def _serve(config_path: Path | None, settings: Settings, signals: Signals) -> int:
     """The process around an `edged.daemon.Daemon`: returns its exit code, or exits with it
     (`edged.service.exit_safely`).
 
     Every way out, a refused start included, stops the capture thread first; one still inside a
     camera call after its join is abandoned by exiting at once, never by interpreter finalisation.
+    A stop asked for during the start ends it there, exit 0 (`edged.service.Signals.unless_stopped`).
     """
     from edged.daemon import Daemon
-    from edged.service import Notifier, Signals, exit_safely
+    from edged.service import Notifier, StartStopped, exit_safely
 
     notifier = Notifier()
-    signals = Signals()
-    signals.install()
     try:
         daemon = Daemon(settings, config_path, notifier, signals)
+    except StartStopped:
+        log.info("stopped before the start had finished")
+        code = EXIT_OK
     except EdgedError as e:
         if isinstance(e, ConfigError) and e.path is None:  # found with the model or a camera: named as the file's own
             e = ConfigError(config_path, e.problems)

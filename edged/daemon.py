@@ -73,7 +73,7 @@ class Daemon:
             # The cameras open (or the scene pool is drawn) while the model loads: cold start pays the slower, not the sum.
             captures = {cfg.camera_id: self._start_capture(cfg) for cfg in settings.source}
             stack.callback(lambda: stop_captures(self._captures() or captures.values(), CAPTURE_STOP_WAIT_S))
-            self.model = load_model(settings.model, settings.runtime, lanes=settings.lanes())
+            self.model = signals.unless_stopped(load_model, settings.model, settings.runtime, lanes=settings.lanes())
             self.cameras = {
                 cfg.camera_id: camera_for(settings, cfg, captures[cfg.camera_id], frame_path(settings, self.model, cfg))
                 for cfg in settings.source
@@ -123,7 +123,7 @@ class Daemon:
     def run(self) -> int:
         """Loop until stopped, every source ends or inference keeps failing; returns the exit code."""
         interval = watchdog_interval_s()
-        watchdog = Watchdog(self.notifier, interval, lambda: self.health.current_problem() is None) if interval else None
+        watchdog = Watchdog(self.notifier, interval, self.health.current_problem) if interval else None
         if watchdog:
             watchdog.start()
         try:

@@ -38,7 +38,14 @@ class Health:
         self._watched: Watched | None = None
 
     def watch(self, watched: Watched) -> None:
-        """The loop's cameras and lanes from now on (a reference swap, so readers see one or the other)."""
+        """The loop's cameras and lanes from now on (a reference swap, so readers see one or the other).
+
+        The first, as the start hands over to the loop, starts the stall clock again: the model's load
+        and the cameras' opening before it are the start's, which ``TimeoutStartSec=`` bounds, not the
+        loop's, and a slow board's load said "unhealthy: no frame processed" before its first frame.
+        """
+        if self._watched is None:
+            self.loop_ns = self.frame_ns = self._clock()
         self._watched = watched
 
     def current_problem(self) -> str | None:

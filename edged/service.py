@@ -18,8 +18,21 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import ParamSpec, TypeVar
+
+from edged.errors import EXIT_OK
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+STOP_POLL_S = 0.1  # how soon a start waiting on a model load sees a stop asked for
+# A stop the handler has not taken by then ends the process (`Signals._watch_stops`): under the units'
+# TimeoutStopSec=5s, which ends in SIGKILL and a failed unit, and above a slow board's frame, which a stop
+# lets finish.
+STOP_STUCK_S = 4.0
+_SIGNAL_THREADS: set[threading.Thread] = set()  # waiting for signals for the whole process: never lingering
 
 
 class Notifier:
@@ -97,12 +110,17 @@ def watchdog_interval_s() -> float | None:
 
 
 class Watchdog:
-    """Pings ``WATCHDOG=1`` every ``interval_s`` while ``healthy()`` holds; silent otherwise."""
+    """Pings ``WATCHDOG=1`` every ``interval_s`` while ``problem()`` finds none; silent otherwise.
 
-    def __init__(self, notifier: Notifier, interval_s: float, healthy: Callable[[], bool]) -> None:
+    Withholding, it says why, in the journal and as ``STATUS=``: the loop's own status line goes stale
+    when the loop itself is what is stuck (one lane runs inference on it), and systemd's "Watchdog
+    timeout" names no cause, so the reason would otherwise be nowhere before the restart.
+    """
+
+    def __init__(self, notifier: Notifier, interval_s: float, problem: Callable[[], str | None]) -> None:
         self._notifier = notifier
         self._interval = interval_s
-        self._healthy = healthy
+        self._problem = problem
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
         self._was_healthy = True
@@ -112,18 +130,16 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            healthy = self._healthy()
-            if healthy:
+            problem = self._problem()
+            if problem is None:
                 self._notifier.send("WATCHDOG=1")
-            if healthy != self._was_healthy:
-                level = logging.INFO if healthy else logging.ERROR
-                log.log(
-                    level,
-                    "pipeline %s: watchdog pings %s",
-                    "progressing again" if healthy else "made no progress",
-                    "resumed" if healthy else "withheld",
-                )
-                self._was_healthy = healthy
+            if (problem is None) != self._was_healthy:
+                if problem is None:
+                    log.info("pipeline progressing again: watchdog pings resumed")
+                else:
+                    log.error("pipeline made no progress: watchdog pings withheld: %s", problem)
+                    self._notifier.status(f"unhealthy: {problem}")
+                self._was_healthy = problem is None
 
     def stop(self) -> None:
         self._stop.set()
@@ -169,7 +185,8 @@ def exit_safely(code: int) -> int:
     kernel releases a camera with the process), so the logs and output are flushed and the process
     leaves with ``os._exit``, skipping finalisation.
     """
-    lingering = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
+    others = [t for t in threading.enumerate() if t is not threading.current_thread() and t not in _SIGNAL_THREADS]
+    lingering = [t.name for t in others if t.is_alive()]
     if not lingering:
         return code
     log.info("exiting with %d while %s still run(s) in native code", code, ", ".join(lingering))
@@ -179,17 +196,86 @@ def exit_safely(code: int) -> int:
     os._exit(code)
 
 
+class StartStopped(Exception):
+    """A stop (SIGTERM, SIGINT) asked for while the daemon was still starting: the start ends there, exit 0."""
+
+
 class Signals:
-    """SIGTERM/SIGINT ask for a stop; SIGHUP asks for a config reload. Both are just flags."""
+    """SIGTERM/SIGINT ask for a stop; SIGHUP asks for a config reload. Both are just flags.
+
+    ``edged run`` installs them before it reads its configuration or imports the daemon's modules:
+    until then SIGHUP's default action ends the process, which systemd counts as a clean exit and
+    does not restart (``Restart=on-failure``), so one sent during a slow board's start stopped the
+    service for good.
+    """
 
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.reload = threading.Event()
 
+    def unless_stopped(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``work(*args, **kwargs)`` (the model's load at start) on a thread of its own: its result or its
+        error, or `StartStopped` as soon as a stop is asked for meanwhile.
+
+        A load runs in native code, where no signal handler runs, for as long as the board takes (a large
+        model, an engine built on the first start, a card that stalls): a stop waiting for it outlasted
+        ``TimeoutStopSec=``, and systemd killed edged and marked the unit failed. The thread is left
+        to the exit (`exit_safely`).
+        """
+        if self.stop.is_set():
+            raise StartStopped
+        outcome: list[T] = []
+        failure: list[BaseException] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                outcome.append(work(*args, **kwargs))
+            except BaseException as e:  # raised again on the waiting thread
+                failure.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="model-load", daemon=True).start()
+        while not done.wait(STOP_POLL_S):
+            if self.stop.is_set():
+                raise StartStopped
+        if failure:
+            raise failure[0]
+        return outcome[0]
+
     def install(self) -> None:
+        """The handlers, and a thread woken by every signal as it arrives (`_watch_stops`)."""
+        woken, wake = os.pipe()
+        os.set_blocking(wake, False)
+        signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_reload)
+        watch = threading.Thread(target=self._watch_stops, args=(woken,), name="signals", daemon=True)
+        _SIGNAL_THREADS.add(watch)
+        watch.start()
+
+    def _watch_stops(self, woken: int) -> None:
+        """End the process, exit 0, when a stop's handler has not run `STOP_STUCK_S` after the signal.
+
+        Python runs a handler on the main thread between two bytecodes, so a stop waits for a native call
+        there to return. With one inference lane the loop runs the model itself: a hung run never returns,
+        and a slow board's takes seconds, so ``systemctl stop`` ended in SIGKILL at ``TimeoutStopSec=``
+        (the unit then failed) and Ctrl-C did nothing. The C-level handler writes each signal's number to
+        the wakeup descriptor at once, whatever the main thread is doing, which wakes this thread.
+        """
+        stops = {signal.SIGTERM.value, signal.SIGINT.value}
+        while received := os.read(woken, 64):
+            signum = next((n for n in received if n in stops), None)
+            if signum is not None and not self.stop.wait(STOP_STUCK_S):
+                log.error(
+                    "received %s, but the main thread has not come out of a call for %.0f s (a hung model or "
+                    "camera call): exiting without finishing the stop",
+                    signal.Signals(signum).name,
+                    STOP_STUCK_S,
+                )
+                exit_safely(EXIT_OK)
 
     def _on_stop(self, signum: int, _frame: FrameType | None) -> None:
         log.info("received %s: stopping", signal.Signals(signum).name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from edged.capture import CaptureStats
-from edged.health import Health
+from edged.health import Health, Watched
 from edged.messages import CaptureState
 
 S = 1_000_000_000
@@ -123,3 +123,16 @@ def test_a_frame_stuck_in_inference_on_a_lane_stops_the_pings_however_the_others
     assert health.problem(cameras, {"side": 4 * S, "top": 2 * S}) == (
         "a frame of camera top has been in inference for 13.0 s: a hung model or provider"
     )
+
+
+def test_the_stall_clock_starts_when_the_loop_takes_over_not_before_the_models_load() -> None:
+    """A slow board's start: the health is made, then the model loads for 30 s, then the loop is watched."""
+    clock = Clock()
+    health = Health(10.0, clock)
+    clock.ns = 30 * S
+    health.watch(Watched((), dict))
+    assert health.problem({"cam0": _capture()}) is None
+    clock.ns = 41 * S
+    assert health.problem({"cam0": _capture()}) == "the loop has not turned for 11.0 s"
+    health.watch(Watched((), dict))  # a reload's: the clock goes on
+    assert health.problem({"cam0": _capture()}) == "the loop has not turned for 11.0 s"

@@ -95,6 +95,11 @@ def _start(
     env: dict[str, str] | None = None,
     **service: object,
 ) -> RunningDaemon:
+    return _spawn(*_configure(tmp_path, source, model, **service), notify, env)
+
+
+def _configure(tmp_path: Path, source: dict, model: Path | None = None, **service: object) -> tuple[Path, str]:
+    """``tmp_path/edged.toml`` for ``source`` and ``model`` (the colour probe by default), and its endpoint."""
     model = model or colour_probe(tmp_path / "probe.onnx")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = write_config(
@@ -107,6 +112,11 @@ def _start(
             "service": {"stall_timeout_s": 1.0, **service},
         },
     )
+    return config, endpoint
+
+
+def _spawn(config: Path, endpoint: str, notify: NotifySocket, env: dict[str, str] | None = None) -> RunningDaemon:
+    """`edged run` of ``config`` as systemd starts it: told where to notify, and its watchdog period."""
     os.environ.pop("WATCHDOG_PID", None)
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC), **(env or {})}
     return RunningDaemon(config, endpoint, env=env)
@@ -139,6 +149,52 @@ def test_ready_status_watchdog_and_stopping_in_order(tmp_path: Path, notify: Not
         assert notify.received[-1][1] == "STOPPING=1" or "STOPPING=1" in [x for _, x in notify.received[-3:]]
     finally:
         d.close()
+
+
+def test_a_sighup_while_the_configuration_is_read_at_start_reloads_it_and_does_not_end_edged(
+    tmp_path: Path, notify: NotifySocket
+) -> None:
+    """A board's slow start, held here at the configuration's read (the kernel holds the open, as a
+    stalled card would). SIGHUP's default action ended edged there, and systemd counts an end by
+    SIGHUP as a clean exit: ``Restart=on-failure`` never started it again."""
+    _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
+    config, endpoint = _configure(tmp_path, {"type": "images", "path": "imgs", "fps": 20.0})
+    d = None
+    try:
+        with opening_stalled(config) as waiting:
+            d = _spawn(config, endpoint, notify)
+            assert wait_for(waiting, timeout_s=20), d.log()
+            d.signal(signal.SIGHUP)
+        d.collect("detections", 1)  # raises as soon as edged has exited (-1: ended by SIGHUP)
+        notify.wait_for("READY=1", timeout=20)
+        assert wait_for(lambda: "reloaded: model probe@" in d.log(), timeout_s=20), d.log()
+        assert d.captured_after(time.time_ns(), 2)
+        assert d.stop() == 0, d.log()
+    finally:
+        if d is not None:
+            d.close()
+
+
+def test_a_stop_while_the_model_loads_at_start_ends_the_start_at_once_with_exit_0(
+    tmp_path: Path, notify: NotifySocket
+) -> None:
+    """The load runs in native code for as long as the board takes (a large model, an engine built on the
+    first start, a card that stalls: here the kernel holds the model's open). A stop waited for the load to
+    finish, past ``TimeoutStopSec=5s``: systemd killed edged and marked the unit failed."""
+    model = colour_probe(tmp_path / "probe.onnx")
+    _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
+    config, endpoint = _configure(tmp_path, {"type": "images", "path": "imgs", "fps": 20.0}, model)
+    with opening_stalled(model) as waiting:
+        d = _spawn(config, endpoint, notify)
+        try:
+            assert wait_for(waiting, timeout_s=20), d.log()
+            d.signal(signal.SIGTERM)
+            assert d.proc.wait(timeout=3) == 0, d.log()  # the model's open still held
+            log = d.log()
+            assert "stopped before the start had finished" in log and "Traceback" not in log, log
+            assert not notify.times_of("READY=1")
+        finally:
+            d.close()
 
 
 def test_a_reloaded_model_that_fails_its_first_run_is_refused_and_the_running_one_carries_on(
@@ -244,7 +300,8 @@ def test_a_reload_on_trial_that_closed_the_running_camera_gives_way_when_a_newer
 def test_pings_stop_when_inference_wedges(tmp_path: Path, notify: NotifySocket) -> None:
     """Black frames run normally; the bright frame after them hangs inside ONNX Runtime. Unpaced, the
     folder is read an image at a time as the model takes them: paced, a start slower than the black
-    frames skipped them all, the bright one came first and READY=1 never did."""
+    frames skipped them all, the bright one came first and READY=1 never did. The watchdog's thread
+    says why it withholds the pings, and a SIGTERM then still ends edged, exit 0."""
     model = stalling_probe(tmp_path / "stall.onnx")
     _images(tmp_path / "imgs", [(0, 0, 0)] * 4 + [(255, 255, 255)])
     d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "pace": False, "loop": False}, model)
@@ -261,6 +318,14 @@ def test_pings_stop_when_inference_wedges(tmp_path: Path, notify: NotifySocket) 
             assert time.monotonic() < deadline, "pings continued while inference was stuck"
         assert pings, "no pings while frames flowed"
         assert d.proc.poll() is None  # wedged, not crashed: systemd's watchdog acts, we do not
+        # Why, said by the watchdog's thread: with one lane the loop runs inference, so its status line is stale.
+        assert "watchdog pings withheld: the loop has not turned for" in d.log(), d.log()
+        statuses = [x for _, x in notify.received if x.startswith("STATUS=")]
+        assert statuses[-1].startswith("STATUS=unhealthy: the loop has not turned for"), statuses[-3:]
+        # SIGTERM's handler cannot run while that thread is inside the model: the stop is not left to SIGKILL.
+        d.signal(signal.SIGTERM)
+        assert d.proc.wait(timeout=30) == 0, d.log()  # by itself, after STOP_STUCK_S: not left to SIGKILL
+        assert "received SIGTERM, but the main thread has not come out of a call for 4 s" in d.log(), d.log()
     finally:
         d.close()
 
