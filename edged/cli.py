@@ -303,6 +303,8 @@ _positive_float = _bounded(_number, lambda v: v > 0, "> 0", "number")
 # A client's wait: ZeroMQ polls in int milliseconds, which overflow past 24 days.
 _timeout_s = _bounded(_number, lambda v: 0 < v <= MAX_TIMEOUT_S, f"above 0 and at most {MAX_TIMEOUT_S} s", "number")
 _non_negative_float = _bounded(_number, lambda v: v >= 0, ">= 0", "number")
+# thermal --interval, as thermal.poll_interval_s: 1e300 s overflowed time.sleep, a traceback.
+_interval_s = _bounded(_number, lambda v: 0 < v <= 600, "above 0 and at most 600 s", "number")
 _fraction = _bounded(_number, lambda v: 0 < v <= 1, "above 0 and at most 1", "number")  # a score, as model.conf
 
 
@@ -517,7 +519,7 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
 def _thermal_arguments(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("--watch", action="store_true", help="keep printing every poll interval")
-    p.add_argument("--interval", type=_positive_float, default=None, help="seconds between readings")
+    p.add_argument("--interval", type=_interval_s, default=None, help="seconds between readings")
     p.add_argument("--root", type=_folder, default=None, help="read this tree instead of /")
 
 

@@ -380,7 +380,8 @@ def test_a_file_to_write_in_a_missing_folder_a_folder_or_a_pipe_is_refused_befor
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["thermal", "--watch", "--interval", "0"], "--interval: must be > 0, got 0"),  # printed in a tight loop
+        (["thermal", "--watch", "--interval", "0"], "--interval: must be above 0 and at most 600 s, got 0"),  # a tight loop
+        (["thermal", "--watch", "--interval", "1e300"], "--interval: must be above 0 and at most 600 s"),  # overflowed sleep
         (["subscribe", "tcp://127.0.0.1:1", "--timeout", "-1"], "--timeout: must be above 0 and at most 86400 s"),
         (["subscribe", "tcp://127.0.0.1:1", "--count", "0"], "--count: must be >= 1"),
         (["trigger", "tcp://127.0.0.1:1", "--timeout", "0"], "--timeout: must be above 0 and at most 86400 s"),

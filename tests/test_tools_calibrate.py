@@ -211,6 +211,25 @@ def test_eval_names_why_a_mask_cannot_be_read(tmp_path: Path) -> None:
     assert f"{BAD[1]}.png (its PNG header claims 8000x4400 pixels, over the 33177600 pixels" in str(raised.value)
 
 
+def test_a_mask_of_16_bits_marks_the_defect_its_values_mark(tmp_path: Path) -> None:
+    # Labelling tools export 16-bit masks of instance ids 1, 2, ...: read as 8 bits, each value shifted
+    # right by 8, every defect pixel of such a mask read as unmarked.
+    folders(tmp_path)
+    (tmp_path / "masks").mkdir()
+    model = load_model(ModelConfig(path=DATA / "padim.onnx"), RuntimeConfig())
+
+    def pixel_auroc(dtype: type[np.generic], value: int) -> float:
+        for name in BAD:
+            mask = np.zeros((64, 64), dtype)
+            mask[16:48, 16:48] = value
+            cv2.imwrite(str(tmp_path / "masks" / f"{name}.png"), mask)
+        evaluate_anomaly(model, tmp_path, tmp_path / "report.json", io.StringIO())
+        pixel: float = json.loads((tmp_path / "report.json").read_text())["pixel_auroc"]
+        return pixel
+
+    assert pixel_auroc(np.uint16, 1) == pixel_auroc(np.uint8, 255)
+
+
 def test_eval_takes_the_defects_from_yolo_polygons_beside_the_bad_images_as_evidence_writes_them(tmp_path: Path) -> None:
     scenes = Path(__file__).parent / "reference" / "anomaly_scenes.py"
     made = subprocess.run(

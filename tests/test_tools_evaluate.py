@@ -22,6 +22,7 @@ from edged.geometry import BoxMap
 from edged.model import load_model
 from edged.sources.scenes import SceneGenerator
 from edged.tools.evaluate import (
+    MAX_LABEL_OBJECTS,
     class_samples,
     evaluate,
     folder_samples,
@@ -372,6 +373,34 @@ def test_a_label_that_is_a_folder_is_refused_not_read_as_no_objects(tmp_path: Pa
     _, samples = folder_samples(data, 1)
     with pytest.raises(DataError, match=r"labels/a\.txt is a folder"):
         list(samples)
+
+
+@pytest.mark.unit
+def test_a_label_that_is_a_link_to_nothing_or_a_pipe_is_refused_not_read_as_no_objects(tmp_path: Path) -> None:
+    # A DVC or git-annex label never fetched (a link to nothing), or a pipe, was an image without
+    # objects: its boxes silently missing from the figures, its detections scored as false alarms.
+    data = _dataset(tmp_path / "set", {"a": (RED, f"0 {PROBE_LABEL}"), "b": (BLUE, None)})
+    label = data / "labels" / "b.txt"
+    label.symlink_to(tmp_path / "annex" / "b.txt")
+    assert label_path(data / "images" / "b.png") == label
+    with pytest.raises(DataError, match=r"labels/b\.txt: cannot read the label file: a link to nothing"):
+        list(folder_samples(data, 2)[1])
+    label.unlink()
+    os.mkfifo(label)
+    with pytest.raises(DataError, match=r"labels/b\.txt: not a regular file"):
+        list(folder_samples(data, 2)[1])
+
+
+@pytest.mark.unit
+def test_a_label_file_of_more_objects_than_edged_scores_at_once_is_refused(tmp_path: Path) -> None:
+    # 570,000 boxes fit in the 16 MiB a label file may hold: matched against 300 predictions, 11 GB.
+    rows = [f"0 {0.1 + i * 1e-4:.4f} 0.5 0.01 0.01" for i in range(MAX_LABEL_OBJECTS + 1)]
+    (tmp_path / "a.txt").write_text("\n".join(rows[:-1]) + "\n")
+    boxes, _ = read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
+    assert len(boxes) == MAX_LABEL_OBJECTS
+    (tmp_path / "a.txt").write_text("\n".join(rows) + "\n")
+    with pytest.raises(DataError, match=rf"a\.txt:{MAX_LABEL_OBJECTS + 1}: more than {MAX_LABEL_OBJECTS} objects"):
+        read_yolo_labels(tmp_path / "a.txt", 100, 50, 1)
 
 
 @pytest.mark.unit

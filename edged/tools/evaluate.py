@@ -22,9 +22,11 @@ one folder per class, named as the model names it, under ``--data`` or its ``val
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -40,7 +42,7 @@ from edged.classify import Classes
 from edged.config import ModelConfig, RuntimeConfig
 from edged.decode import Decoder, Detections
 from edged.errors import DataError, ImageError, UsageError
-from edged.files import refuse_overwriting, write_whole
+from edged.files import FileTooLarge, NotRegularFile, read_regular, refuse_overwriting, write_whole
 from edged.geometry import BoxMap
 from edged.heads.base import rows
 from edged.heads.registry import head_named
@@ -57,6 +59,10 @@ from edged.tools.metrics import Convention, EvalReport, MetricAccumulator, Predi
 log = logging.getLogger(__name__)
 
 MAX_LABEL_BYTES = 16 << 20  # a box is a line of some 40 bytes, an outline of 1000 points some 18 KB
+# Objects one label file may hold: each is matched against every prediction (300 by default), some
+# 20 KB of IoU a box and 250 KB a segmentation mask; the 570,000 boxes 16 MiB holds took 11 GB.
+# Densely labelled sets (shelves, crowds, aerial views) hold at most some thousands an image.
+MAX_LABEL_OBJECTS = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +80,7 @@ def label_path(image: Path) -> Path:
     if "images" in parts:
         i = len(parts) - 1 - parts[::-1].index("images")
         candidate = Path(*parts[:i], "labels", *parts[i + 1 :]).with_suffix(".txt")
-        if candidate.exists():  # a folder there too: `read_yolo_outlines` refuses it
+        if os.path.lexists(candidate):  # a folder or a link to nothing too: `read_yolo_outlines` refuses it
             return candidate
     return image.with_suffix(".txt")
 
@@ -99,10 +105,11 @@ def read_yolo_outlines(
     path: Path, width: int, height: int, num_classes: int, *, warn: bool = True
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
     """`read_yolo_labels` and each object's outline, (p, 2) float32 in pixels (a box row's, its corners);
-    ``warn``: log the duplicate rows it drops."""
+    ``warn``: log the duplicate rows it drops. Only a name that is not there is an image without
+    objects: a link to nothing (a DVC or git-annex label never fetched) or a pipe was read as one."""
     if path.is_dir():
         raise DataError(f"{path} is a folder, not a label file: move it away or replace it with the image's labels")
-    if not path.is_file():
+    if not os.path.lexists(path):
         return np.zeros((0, 4), np.float32), np.zeros(0, np.int64), ()
     boxes, classes, outlines = [], [], []
     seen: set[tuple[float, ...]] = set()
@@ -146,6 +153,11 @@ def read_yolo_outlines(
         if (c, *box) in seen:  # yolo val keeps one row per class and box
             dropped += 1
             continue
+        if len(seen) == MAX_LABEL_OBJECTS:
+            raise DataError(
+                f"{path}:{number}: more than {MAX_LABEL_OBJECTS} objects in one image's labels, more than edged "
+                "scores at once (each is matched against every prediction): is it the right file?"
+            )
         seen.add((c, *box))
         outline = np.asarray(values, np.float32).reshape(-1, 2) * np.array((width, height), np.float32)
         boxes.append((*outline.min(axis=0), *outline.max(axis=0)))
@@ -163,22 +175,26 @@ def _excerpt(text: str, limit: int = 80) -> str:
 
 def _label_lines(path: Path) -> list[str]:
     """The lines of label file `path`; `DataError` naming it where it is no UTF-8 text, cannot be
-    read, or is larger than `MAX_LABEL_BYTES` (read whole, it would take ten times that)."""
+    read, is a link to nothing or no regular file (a pipe would be waited on), or is larger than
+    `MAX_LABEL_BYTES` (read whole, it would take ten times that)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_LABEL_BYTES:
-            raise DataError(
-                f"{path} holds {size / 1e6:.1f} MB, more than a label file of any image "
-                f"({MAX_LABEL_BYTES >> 20} MiB, some 400,000 boxes): is it the right file?"
-            )
-        return path.read_bytes().decode("utf-8-sig").splitlines()  # Windows editors write a BOM
+        return read_regular(path, MAX_LABEL_BYTES).decode("utf-8-sig").splitlines()  # Windows editors write a BOM
+    except FileTooLarge as e:
+        raise DataError(
+            f"{path} holds {e.size / 1e6:.1f} MB, more than a label file of any image "
+            f"({MAX_LABEL_BYTES >> 20} MiB): is it the right file?"
+        ) from None
+    except NotRegularFile:
+        raise DataError(f"{path}: not a regular file (a pipe or a device): replace it with the image's labels") from None
     except UnicodeDecodeError as e:
         raise DataError(
             f"{path}: not UTF-8 text (byte {e.start}); a YOLO label file holds lines 'class cx cy w h', "
             "save it as UTF-8 or remove it"
         ) from None
     except OSError as e:
-        raise DataError(f"{path}: cannot read the label file: {e.strerror}") from None
+        nothing = e.errno == errno.ENOENT and path.is_symlink()
+        why = "a link to nothing: fetch its content" if nothing else e.strerror
+        raise DataError(f"{path}: cannot read the label file: {why}") from None
 
 
 def _run_eval_classes(args: argparse.Namespace, model: LoadedModel, out: TextIO) -> int:
@@ -217,7 +233,7 @@ def image_files(folder: Path) -> list[Path]:
 def check_labelled(folder: Path, images: Sequence[Path]) -> None:
     """`DataError` when none of ``images`` under ``folder`` has a label file (`label_path`): scored
     against no label, every class would read 0 as if the model had found nothing."""
-    if not any(label_path(image).is_file() for image in images):
+    if not any(os.path.lexists(label_path(image)) for image in images):  # a link to nothing is said when read
         raise DataError(
             f"none of the {len(images)} image(s) under {folder} has a YOLO label file (images/NAME.jpg's "
             "labels/NAME.txt, else NAME.txt beside it): eval scores a model against its labels"
@@ -561,7 +577,7 @@ def _truth_kept(masks: Path, bad_images: Sequence[Path]) -> bool:
     as edged's evidence writes an anomaly's regions). Said before any image is scored: False when
     none has either, `DataError` naming those without when only some have."""
     stems = {p.stem for p in masks.iterdir()} if masks.is_dir() else set()
-    missing = [p.name for p in bad_images if p.stem not in stems and not label_path(p).is_file()]
+    missing = [p.name for p in bad_images if p.stem not in stems and not os.path.lexists(label_path(p))]
     if len(missing) == len(bad_images):
         return False
     if missing:
@@ -580,12 +596,12 @@ def _defect(masks: Path, image: Path, size: tuple[int, ...]) -> np.ndarray:
     found = [p for p in masks.iterdir() if p.stem == image.stem] if masks.is_dir() else []
     if found:
         try:
-            mask = read_image(found[0], cv2.IMREAD_GRAYSCALE)
+            mask = read_image(found[0], cv2.IMREAD_GRAYSCALE | cv2.IMREAD_ANYDEPTH)  # 16-bit ids of 1 are marks
         except ImageError as e:
             raise DataError(f"{found[0]} is no readable mask for {image.name} ({e.why})") from e
         return cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST) > 0
     labels = label_path(image)
-    if not labels.is_file():  # gone since `_truth_kept` saw it
+    if not os.path.lexists(labels):  # gone since `_truth_kept` saw it
         raise DataError(_no_mask(masks, [image.name]))
     _, _, outlines = read_yolo_outlines(labels, w, h, 1)  # an anomaly's regions are class 0, as evidence writes them
     drawn = np.zeros((h, w), np.uint8)

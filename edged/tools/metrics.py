@@ -94,11 +94,19 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return iou
 
 
+MASK_BLOCK = 256  # ground-truth masks `mask_iou` turns into numbers at once
+
+
 def mask_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU of every mask in `a` (N, pixels) with every mask in `b` (M, pixels), both bool: (N, M), 0 for empty."""
-    fa, fb = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    inter = fa @ fb.T
-    union = fa.sum(axis=1)[:, None] + fb.sum(axis=1)[None, :] - inter
+    """IoU of every mask in `a` (N, pixels) with every mask in `b` (M, pixels), both bool: (N, M), 0 for empty.
+
+    Counted in float32, exact below 2^24 pixels, `MASK_BLOCK` masks of `b` at a time: float64 copies
+    of a densely labelled image's 5000 masks at once took a gigabyte."""
+    fa, masks = np.asarray(a, np.float32), np.asarray(b, np.bool_)
+    inter = np.zeros((len(fa), len(masks)), np.float64)
+    for start in range(0, len(masks), MASK_BLOCK):
+        inter[:, start : start + MASK_BLOCK] = fa @ masks[start : start + MASK_BLOCK].T.astype(np.float32)
+    union = fa.sum(axis=1, dtype=np.float64)[:, None] + masks.sum(axis=1, dtype=np.float64)[None, :] - inter
     iou: np.ndarray = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
     return iou
 
