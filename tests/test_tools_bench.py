@@ -564,8 +564,9 @@ def test_the_opcua_abuse_bench_measures_the_rate_quiet_and_with_fifty_sessions_o
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_bench_that_is_stopped_or_killed_leaves_no_edged_run_behind(probe: Path, signum: int, tmp_path: Path) -> None:
     argv = ["bench", "--model", str(probe), "--cameras", "2", "--seconds", "120", "--warmup-s", "0"]
-    # With faulthandler, a bench that outlives its SIGTERM is sent SIGABRT and prints every thread's stack.
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    # With faulthandler, a bench that outlives its SIGTERM is sent SIGABRT and prints every thread's stack;
+    # the configurations it writes are the test's to remove (SIGKILL leaves them).
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "TMPDIR": str(tmp_path)}
     with (tmp_path / "bench.err").open("w") as stderr:
         bench = subprocess.Popen(edged_command(*argv), stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     try:
