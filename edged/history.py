@@ -34,6 +34,7 @@ SHOWN = (*FIELDS, REAL)  # a row as `entries` gives it
 STEP_NS = 10**9  # a row of this boot whose two clocks differ from now's by more was stamped before a step
 MAX_INTEGER = 2**63 - 1  # SQLite's largest integer: the latest time and the largest limit a query takes
 PAGE_ROWS = 100  # rows read per statement: the most a command holds in memory at once
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet takes a CSV cell to begin a formula with
 DETECTIONS_SHOWN = 5  # a detections row's detections named, best first, as `edged check` names a frame's; the rest counted
 # What a row edged cannot have written (the file edited by hand) raises when it is shown.
 _UNREADABLE = (ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError)
@@ -308,13 +309,19 @@ def record(row: dict[str, Any]) -> dict[str, Any]:
         return {**row, "message": None, "unreadable": str(e)}
 
 
+def _cell(value: object) -> object:
+    """A CSV cell: text a spreadsheet would run as a formula (a part id sent as ``=HYPERLINK(...)`` by
+    whoever may send a request) starts with a quote, as OWASP advises for CSV opened in one."""
+    return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
+
+
 def write(rows: Iterable[dict[str, Any]], fmt: str, out: TextIO) -> int:
     """``rows`` as a table for a person, JSON (one array, each message parsed) or CSV (every
     column, then `REAL`), each written as it comes; returns how many were shown as unreadable."""
     if fmt == "csv":
         writer = csv.writer(out)
         writer.writerow(SHOWN)
-        writer.writerows([row.get(name) for name in SHOWN] for row in rows)
+        writer.writerows([_cell(row.get(name)) for name in SHOWN] for row in rows)
         return 0
     shown = unreadable = 0
     for row in rows:

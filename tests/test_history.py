@@ -173,6 +173,13 @@ def test_a_table_for_a_person_json_and_csv_for_programs(journal: Path) -> None:
     write(entries(journal, Query(verdict="ng")), "csv", as_csv)
     parsed = list(csv.DictReader(io.StringIO(as_csv.getvalue())))
     assert [r["part_id"] for r in parsed] == ["P-0", "P-3", "P-6", "P-9", "P-12", "P-15", "P-18", "P-21", "P-24", "P-27"]
+    # A part id a spreadsheet would run: whoever may send a request chooses it.
+    formulas = ['=HYPERLINK("http://x","y")', "+1", "-1", "@SUM(A1)", "\tx"]
+    as_csv = io.StringIO()
+    write([{**rows[0], "part_id": part} for part in formulas], "csv", as_csv)
+    parsed = list(csv.DictReader(io.StringIO(as_csv.getvalue())))
+    assert [r["part_id"] for r in parsed] == [f"'{part}" for part in formulas]
+    assert [r["frame_id"] for r in parsed] == ["3"] * len(formulas)
     # A classifier's OK frame has no reason: its best class is said instead.
     top = {"kind": "detections", "top": [{"class_id": 0, "label": "good", "score": 0.91}]}
     classified = {**rows[0], "verdict": "ok", "reasons": "[]", "message": json.dumps(top).encode()}
