@@ -237,11 +237,17 @@ def _recorded(row: dict[str, Any]) -> str:
 
 
 def _parsed(row: dict[str, Any], column: str) -> Any:
-    """``column``'s JSON, None for NULL; ValueError naming the column where it is not JSON."""
+    """``column``'s JSON, None for NULL; ValueError naming the column where it is not JSON. Python
+    reads ``NaN`` and ``Infinity``, which edged never writes and JSON has not: written back by
+    ``--json``, a row edited by hand to hold one made output no other JSON reader takes."""
     try:
-        return None if row[column] is None else json.loads(row[column])
+        return None if row[column] is None else json.loads(row[column], parse_constant=_no_constant)
     except (ValueError, TypeError):
         raise ValueError(f"its {column} is not JSON") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _found(row: dict[str, Any], message: dict[str, Any] | None) -> str:

@@ -380,11 +380,13 @@ def test_what_no_query_can_take_is_a_usage_error_and_an_endless_age_is_all_there
 
 @pytest.mark.integration
 def test_a_row_edited_by_hand_is_shown_unreadable_and_counted_the_rest_as_ever(journal: Path) -> None:
-    """A row whose reasons or message is not JSON, or a column of the wrong type, stopped the command with a traceback."""
+    """A row whose reasons or message is not JSON, or a column of the wrong type, stopped the command with a traceback;
+    one holding NaN was written back as NaN by --json, which no other JSON reader takes."""
     _edit(journal, """UPDATE entries SET reasons = '[{"label": "crack"' WHERE frame_id = 3""")
     _edit(journal, "UPDATE entries SET message = 'not json' WHERE frame_id = 4")
     _edit(journal, "UPDATE entries SET part_id = x'ff' WHERE frame_id = 5")  # a BLOB: JSON has no bytes
     _edit(journal, "UPDATE entries SET wall_ns = 'noon' WHERE frame_id = 7")
+    _edit(journal, """UPDATE entries SET message = '{"kind": "verdict", "score": NaN}' WHERE frame_id = 9""")
     table = run_cli("history", "--journal", str(journal))
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
@@ -393,14 +395,16 @@ def test_a_row_edited_by_hand_is_shown_unreadable_and_counted_the_rest_as_ever(j
     assert lines[4] == "entry 5  unreadable: its message is not JSON"
     assert lines[7].startswith("entry 8  unreadable: ")
     assert lines[6].startswith("2027-01-15T08:00:06.000Z  cam1  part P-6  frame 6  ng  crack 0.83 in left  model ")
-    assert "3 entries are not as edged writes them" in table.stderr
+    assert lines[9] == "entry 10  unreadable: its message is not JSON"  # NaN, which Python reads and JSON has not
+    assert "4 entries are not as edged writes them" in table.stderr
     as_json = run_cli("history", "--journal", str(journal), "--json")
     assert as_json.returncode == 0, as_json.stderr
-    rows = json.loads(as_json.stdout)
+    rows = json.loads(as_json.stdout, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
     assert [row["frame_id"] for row in rows] == list(range(30))
     assert (rows[4]["message"], rows[4]["unreadable"]) == (None, "its message is not JSON")
+    assert (rows[9]["message"], rows[9]["unreadable"]) == (None, "its message is not JSON")
     assert rows[5]["part_id"] == "b'\\xff'" and rows[5]["message"]["frame_id"] == 5
-    assert "edged history: 1 entry is not as edged writes them" in as_json.stderr
+    assert "edged history: 2 entries are not as edged writes them" in as_json.stderr
     as_csv = run_cli("history", "--journal", str(journal), "--csv")
     assert as_csv.returncode == 0, as_csv.stderr
     assert list(csv.DictReader(io.StringIO(as_csv.stdout)))[4]["message"] == "not json"  # as it is in the file
