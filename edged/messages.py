@@ -654,6 +654,19 @@ _KINDS: dict[str, type[AnyMessage]] = {
 }
 
 
+def _holds_lone_surrogate(data: object) -> bool:
+    """Whether a string in ``data`` holds a lone surrogate: JSON's ``\\udc80`` escape decodes to one, no
+    edged sends it, and a message holding one could be neither printed nor written as JSON again
+    (``edged subscribe`` ended with a traceback, as would any application re-sending it)."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
+    except RecursionError:  # nested too deep to write again: the message's validation refuses it
+        return False
+    return False
+
+
 def parse_message(payload: bytes) -> AnyMessage:
     """Validate a received payload; every rejection says why in one line."""
     if len(payload) > MAX_PAYLOAD_BYTES:
@@ -664,6 +677,8 @@ def parse_message(payload: bytes) -> AnyMessage:
         raise MessageError(f"payload is not JSON: {str(e)[:120]}") from None
     if not isinstance(data, dict):
         raise MessageError(f"payload is a JSON {type(data).__name__}, not an object")
+    if b"\\u" in payload and _holds_lone_surrogate(data):  # only an escape can make one
+        raise MessageError("payload holds a lone surrogate (a \\udXXX escape alone), which no UTF-8 text can carry")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise MessageError(f"schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")

@@ -81,6 +81,11 @@ REFUSED_LOG_INTERVAL_S = 60.0
 DROPPED_LOG_INTERVAL_S = 60.0
 ASYNCUA_LOG_INTERVAL_S = 60.0
 MIN_PUBLISHING_MS = 10.0  # the shortest publishing interval a subscription gets
+# Monitored items one subscription may hold (OPC UA's MaxMonitoredItemsPerSubscription): asyncua has no
+# cap, and each item costs about 2 KB and a callback per value written, so a client asking for items by
+# the thousand (anonymous on loopback) took edged's memory towards MemoryMax; beyond, each item asked
+# is refused Bad_TooManyMonitoredItems. Every node of many cameras, several times over, still fits.
+MAX_MONITORED_ITEMS = 1000
 MAX_CHUNK_BYTES = 65535 + 12  # the largest chunk the server takes (limits.max_recv_buffer), with its header
 SUBSCRIPTION_LOGGERS = "asyncua.server.monitored_item_service."  # + a subscription's id: one logger each
 SERVICE_FAULT = "sending service fault response"  # asyncua's record, at error, of each request it refuses
@@ -705,7 +710,23 @@ class UaServer:
             finally:
                 forget_subscription_loggers(service.subscriptions)
 
+        create_items = service.create_monitored_items
+
+        async def create_items_within_the_cap(params: ua.CreateMonitoredItemsParameters) -> Any:
+            """The items asked for, as many as `MAX_MONITORED_ITEMS` leaves room for in their
+            subscription; each beyond answered Bad_TooManyMonitoredItems, in its place."""
+            subscription = service.subscriptions.get(params.SubscriptionId)
+            if subscription is None:  # asyncua's own answer: Bad_SubscriptionIdInvalid
+                return await create_items(params)
+            room = max(MAX_MONITORED_ITEMS - len(subscription.monitored_item_srv._monitored_items), 0)
+            asked = list(params.ItemsToCreate)
+            params.ItemsToCreate = asked[:room]
+            made = await create_items(params) if params.ItemsToCreate else []
+            refused = ua.StatusCode(ua.UInt32(StatusCodes.BadTooManyMonitoredItems))
+            return [*made, *(ua.MonitoredItemCreateResult(StatusCode=refused) for _ in asked[room:])]
+
         service.create_subscription = create_at_most_as_often  # type: ignore[method-assign]
+        service.create_monitored_items = create_items_within_the_cap  # type: ignore[method-assign]
         service.delete_subscriptions = delete_with_loggers  # type: ignore[method-assign]
         server.limits.max_message_size = 1 << 20
         server.limits.max_chunk_count = (1 << 20) // server.limits.max_recv_buffer + 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from zmq.utils.monitor import recv_monitor_message
 from edged.errors import MessageError
 from edged.keys import ClientKeys
 from edged.messages import (
+    REFUSED_IN_PART_ID,
     AnomalyRegion,
     Detection,
     DetectionsMessage,
@@ -172,11 +174,27 @@ class Subscriber:
         self._socket.close(linger=0)
 
 
+def for_terminal(text: str) -> str:
+    """``text`` as a terminal may be given it: control and format characters, line separators and lone
+    surrogates escaped (``\\x1b``, ``\\u202e``). What a publisher or request server sends (a camera id, a
+    class name, an image's file name) is printed here, and a peer on the network, or a file name in a
+    camera's folder, could otherwise move the cursor, clear the screen, retitle the window, forge
+    lines or stop the printing (UTF-8 cannot carry a lone surrogate)."""
+    if text.isprintable():  # the usual line: no character to look at twice
+        return text
+    return "".join(
+        c.encode("unicode_escape", "backslashreplace").decode("ascii")
+        if unicodedata.category(c) in REFUSED_IN_PART_ID
+        else c
+        for c in text
+    )
+
+
 def format_verdict(msg: VerdictMessage) -> str:
-    """One line: the verdict, the part, and what made it NG."""
+    """One line: the verdict, the part, and what made it NG, as `for_terminal` lets it reach a terminal."""
     part = f" part {msg.part_id}" if msg.part_id is not None else ""
     why = "; ".join(f"{r.label} {r.score:.2f}" + (f" in {r.zone}" if r.zone else "") for r in msg.reasons)
-    return (
+    return for_terminal(
         f"[verdict {msg.camera_id} frame {msg.frame_id}{_from(msg.source_file)}{part}] {msg.verdict.upper()}"
         f"{': ' + why if why else ''}  ({msg.verdict_latency_ms:.1f} ms capture to verdict)"
     )
@@ -188,17 +206,18 @@ def _from(source_file: str | None) -> str:
 
 
 def format_message(msg: Message) -> str:
+    """One line of ``edged subscribe``, as `for_terminal` lets it reach a terminal."""
     if isinstance(msg, VerdictMessage):
         return format_verdict(msg)
     if isinstance(msg, StatusMessage):
         drops = ", ".join(f"{k}={v}" for k, v in sorted(msg.drops.items()) if v) or "none"
         thermal = msg.thermal.state if msg.thermal else "off"
-        return (
+        return for_terminal(
             f"[status {msg.camera_id}] {msg.fps:.1f} fps, camera {msg.source_state}, "
             f"thermal {thermal}, {msg.frames_processed} frames, drops: {drops}"
         )
     verdict = f" {msg.verdict.upper()}" if msg.verdict else ""
-    return (
+    return for_terminal(
         f"[{msg.camera_id} frame {msg.frame_id}{_from(msg.source_file)}]{verdict} {_result(msg)}  "
         f"({msg.timings.inference_ms:.1f} ms inference, {msg.timings.age_ms:.1f} ms old)"
     )
@@ -265,7 +284,9 @@ def run_subscribe(
         return 0
     finally:
         if sub.stats.rejected:
-            print(f"rejected {sub.stats.rejected} message(s); last: {sub.stats.last_error}", file=sys.stderr)
+            print(
+                f"rejected {sub.stats.rejected} message(s); last: {for_terminal(str(sub.stats.last_error))}", file=sys.stderr
+            )
         sub.close()
 
 
@@ -287,7 +308,8 @@ def _print_stream(
             break
         if cameras.over(time.monotonic()):
             print(
-                f"edged subscribe: every camera has ended ({', '.join(cameras.states)}): the stream is over", file=sys.stderr
+                f"edged subscribe: every camera has ended ({for_terminal(', '.join(cameras.states))}): the stream is over",
+                file=sys.stderr,
             )
             break
         msg = sub.receive(0.5)

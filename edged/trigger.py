@@ -54,7 +54,7 @@ from edged.mqtt import MqttOutput
 from edged.output import Endpoint
 from edged.publish import Authenticator
 from edged.settings.endpoints import by_name, connect_ipv6, look_up, with_address
-from edged.subscribe import format_verdict
+from edged.subscribe import for_terminal, format_verdict
 from edged.wake import Wake
 
 log = logging.getLogger(__name__)
@@ -420,12 +420,12 @@ def request_verdict(
         context.term()
     if isinstance(reply, VerdictMessage | TriggerError) and not _answers(reply, request):
         raise TriggerFailed(
-            f"the reply from {endpoint} is for {_naming(reply.camera_id, reply.part_id)}, "
+            f"the reply from {endpoint} is for {for_terminal(_naming(reply.camera_id, reply.part_id))}, "
             f"not {_naming(request.camera_id, request.part_id)}: "
             "something other than edged's request server answers there, or it mixed up its requests"
         )
-    if isinstance(reply, TriggerError):
-        raise TriggerFailed(f"no verdict ({reply.error}): {reply.detail}")
+    if isinstance(reply, TriggerError):  # the reply's words, as a terminal may be given them
+        raise TriggerFailed(f"no verdict ({reply.error}): {for_terminal(reply.detail)}")
     if not isinstance(reply, VerdictMessage):
         raise TriggerFailed(f"the reply from {endpoint} is a {reply.kind} message, not a verdict")
     return reply

@@ -508,6 +508,32 @@ def test_fifty_clients_and_one_that_never_reads_stay_bounded(tmp_path: Path) -> 
                     return str(await (await camera.get_child(f"{ns}:Verdict")).read_value())
 
             assert asyncio.run(still()) == "NG"
+
+            async def monitored(asked: list[int]) -> list[list[str]]:
+                """What the server answers to items of ``Verdict`` asked for in calls of ``asked`` each."""
+                async with client(url(port)) as c:
+                    camera, ns = await camera_node(c)
+                    verdict = await camera.get_child(f"{ns}:Verdict")
+                    sub = await c.create_subscription(60_000, Notifications())
+                    answers = []
+                    for n in asked:
+                        items = [
+                            ua.MonitoredItemCreateRequest(
+                                ItemToMonitor=ua.ReadValueId(NodeId=verdict.nodeid, AttributeId=ua.AttributeIds.Value),
+                                MonitoringMode=ua.MonitoringMode.Reporting,
+                                RequestedParameters=ua.MonitoringParameters(ClientHandle=i + 1, QueueSize=1),
+                            )
+                            for i in range(n)
+                        ]
+                        params = ua.CreateMonitoredItemsParameters(SubscriptionId=sub.subscription_id, ItemsToCreate=items)
+                        answers.append([r.StatusCode.name for r in await c.uaclient.create_monitored_items(params)])
+                    await sub.delete()
+                    return answers
+
+            # Items by the thousand, each a callback per verdict and about 2 KB: before, all granted.
+            first, more = asyncio.run(monitored([1500, 10]))
+            assert first == ["Good"] * 1000 + ["BadTooManyMonitoredItems"] * 500
+            assert more == ["BadTooManyMonitoredItems"] * 10
             assert d.stop(timeout=20) == 0  # with the stopped client still connected
         finally:
             stopped.kill()

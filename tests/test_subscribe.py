@@ -7,6 +7,8 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from onnx_models import colour_probe
 from waiting import wait_for
 
 from edged import subscribe
+from edged.errors import TriggerFailed
 from edged.messages import (
     AnomalyRegion,
     CaptureState,
@@ -28,8 +31,10 @@ from edged.messages import (
     StatusMessage,
     Timings,
     TopClass,
+    TriggerError,
 )
 from edged.subscribe import format_message, run_subscribe
+from edged.trigger import run_trigger
 
 pytestmark = pytest.mark.integration
 
@@ -82,12 +87,15 @@ def _subscriber_first(tmp_path: Path, source: dict[str, object], publish: dict[s
 
 def test_it_exits_0_once_the_daemon_has_played_a_finite_source_to_its_end(tmp_path: Path) -> None:
     # The subscriber first: it connects as soon as the daemon binds, seconds before the images run out.
-    p = _subscriber_first(tmp_path, {"fps": 3.0}, {"status_interval_s": 0.5}, [f"{i:03d}.png" for i in range(12)])
+    # The last images' names would retitle the terminal's window and clear its screen, printed as they are.
+    images = [f"{i:03d}.png" for i in range(10)] + [f"{i:03d}\x1b]0;edged\x07\x1b[2J.png" for i in range(10, 13)]
+    p = _subscriber_first(tmp_path, {"fps": 3.0}, {"status_interval_s": 0.5}, images)
     ended = re.search(r"INFO .*source ended: stopping \((\d+) frames processed\)", p.daemon_log)
     assert p.daemon_rc == 0 and ended is not None and int(ended[1]) > 0, p.daemon_log
     assert p.subscriber_rc == 0, p.err
     assert "[cam0 frame " in p.out and "camera ended" in p.out  # the detections, then the last status
     assert re.search(r"\[cam0 frame \d+ \d{3}\.png\]", p.out), p.out  # which image gave each
+    assert re.search(r" 01\d\\x1b]0;edged\\x07\\x1b\[2J\.png\]", p.out) and "\x1b" not in p.out + p.err, p.out
     assert "every camera has ended (cam0): the stream is over" in p.err
     assert "no more messages within" not in p.err
 
@@ -121,9 +129,12 @@ def _status(camera: str, state: CaptureState, seq: int) -> list[bytes]:
     return [f"edged/status/{camera}".encode(), msg.model_dump_json().encode()]
 
 
-def test_one_camera_ended_among_running_ones_keeps_it_going_until_every_one_has(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+@contextmanager
+def subscribing(
+    tmp_path: Path, count: int | None, timeout_s: float
+) -> Iterator[tuple[zmq.Socket[bytes], _Lines, list[int], threading.Thread]]:
+    """A PUB socket of the test's, with `run_subscribe` on it in a thread, its subscription received:
+    the socket, what the subscriber printed, its exit code once it has one, and its thread."""
     endpoint = f"ipc://{tmp_path / 'pub.sock'}"
     context = zmq.Context()
     pub = context.socket(zmq.XPUB)
@@ -132,12 +143,23 @@ def test_one_camera_ended_among_running_ones_keeps_it_going_until_every_one_has(
     out = _Lines()
     subscriber = threading.Thread(
         target=lambda: codes.append(
-            run_subscribe(endpoint, "", stats=False, raw_json=False, count=None, timeout_s=120, out=out)
+            run_subscribe(endpoint, "", stats=False, raw_json=False, count=count, timeout_s=timeout_s, out=out)
         )
     )
     subscriber.start()
     try:
         assert pub.poll(30_000) and pub.recv() == b"\x01", "the subscription"
+        yield pub, out, codes, subscriber
+    finally:
+        pub.close(linger=0)
+        subscriber.join(timeout_s + 10)
+        context.term()
+
+
+def test_one_camera_ended_among_running_ones_keeps_it_going_until_every_one_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with subscribing(tmp_path, count=None, timeout_s=120) as (pub, out, codes, subscriber):
         pub.send_multipart(_status("top", "ended", 0))  # what a subscriber joining late may hear first
         pub.send_multipart(_status("side", "ok", 0))
         assert wait_for(lambda: "[status side] 0.0 fps, camera ok" in out.text(), timeout_s=30), out.text()
@@ -150,9 +172,53 @@ def test_one_camera_ended_among_running_ones_keeps_it_going_until_every_one_has(
         subscriber.join(60)
         assert not subscriber.is_alive() and codes == [0]
         assert "every camera has ended (top, side): the stream is over" in capsys.readouterr().err
+
+
+def test_what_a_publisher_sends_reaches_the_terminal_escaped_and_a_lone_surrogate_is_rejected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A publisher on the network (or a peer in the middle of a plaintext stream) chooses the camera
+    ids and names ``edged subscribe`` prints: before, escape sequences reached the terminal as sent,
+    and a ``\\udc80`` escape, accepted, could be neither printed on a UTF-8 terminal nor written
+    with ``--json`` (a traceback)."""
+    with subscribing(tmp_path, count=2, timeout_s=60) as (pub, out, codes, subscriber):
+        topic, payload = _status("top\x1b]0;owned\x07\u202e", "ok", 0)
+        pub.send_multipart([topic, payload])
+        pub.send_multipart([b"edged/status/x", payload.replace(b"top\\u001b", b"x\\udc80\\u001b")])
+        pub.send_multipart(_status("side", "ok", 0))
+        subscriber.join(60)
+        assert not subscriber.is_alive() and codes == [0]
+        assert out.text() == (
+            "[status top\\x1b]0;owned\\x07\\u202e] 0.0 fps, camera ok, thermal off, 0 frames, drops: none\n"
+            "[status side] 0.0 fps, camera ok, thermal off, 0 frames, drops: none\n"
+        ), out.text()
+        assert "rejected 1 message(s); last: payload holds a lone surrogate" in capsys.readouterr().err
+
+
+def test_a_request_servers_words_reach_the_terminal_escaped(tmp_path: Path) -> None:
+    """``edged trigger`` says why no verdict came in the server's own words: before, as sent."""
+    endpoint = f"ipc://{tmp_path / 'trigger.sock'}"
+    context = zmq.Context()
+    server = context.socket(zmq.REP)
+    server.bind(endpoint)
+    answered: list[bytes] = []
+
+    def answer() -> None:
+        if server.poll(30_000):
+            answered.append(server.recv())
+            error = TriggerError(camera_id="top", part_id="P-1", error="busy", detail="full\x1b[2J\nedged: forged")
+            server.send(error.model_dump_json().encode())
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    try:
+        with pytest.raises(TriggerFailed) as failed:
+            run_trigger(endpoint, "P-1", 30, camera_id="top")
+        assert str(failed.value) == "no verdict (busy): full\\x1b[2J\\nedged: forged"
+        assert answered
     finally:
-        pub.close(linger=0)
-        subscriber.join(130)
+        thread.join(40)
+        server.close(linger=0)
         context.term()
 
 
