@@ -8,6 +8,7 @@ one line per problem with its key path and a hint; the CLI exits 78 (EX_CONFIG) 
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import json
 import logging
@@ -70,7 +71,8 @@ Precision = Literal["f32", "bf16", "f16", "int8"]
 ORT_PRECISIONS = ("f32", "int8")
 
 # One side of a model input in pixels; the bound keeps a typo from allocating gigabytes.
-InputSide = Annotated[int, Field(gt=0, le=8192)]
+MAX_INPUT_SIDE = 8192
+InputSide = Annotated[int, Field(gt=0, le=MAX_INPUT_SIDE)]
 
 
 CONTROL_ENDPOINT = "ipc:///run/edged/control.sock"
@@ -910,12 +912,29 @@ def _read_toml(path: Path) -> dict[str, Any]:
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(path, [f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes: not a config file"])
     try:
-        data: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+        data: dict[str, Any] = tomllib.loads(_text(raw))
     except ValueError as e:  # TOMLDecodeError, not UTF-8, or an integer too long to convert
         raise ConfigError(path, [f"not valid TOML: {e}"]) from None
     except RecursionError:  # tomllib parses nested arrays and tables by recursion
         raise ConfigError(path, ["not valid TOML: arrays or tables nested too deeply to read"]) from None
     return data
+
+
+def _text(raw: bytes) -> str:
+    """A config file's text. A UTF-8 byte-order mark, as Windows' Notepad saves one, is skipped:
+    tomllib refuses it as an "invalid statement" at line 1, column 1, which nothing there shows.
+    `ValueError` for a file in another encoding says which byte, by line and column, and how to
+    save it (a UTF-16 file is named so)."""
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise ValueError("the file is UTF-16: save it as UTF-8")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line, column = raw.count(b"\n", 0, e.start) + 1, e.start - raw.rfind(b"\n", 0, e.start)
+        raise ValueError(
+            f"byte 0x{raw[e.start]:02x} at line {line}, column {column} is not UTF-8 (Latin-1 or another "
+            "encoding?): save the file as UTF-8"
+        ) from None
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, str]:

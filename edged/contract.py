@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-from edged.config import ModelConfig
+from edged.config import MAX_INPUT_SIDE, ModelConfig
 from edged.errors import ContractError
 from edged.heads.anomaly import AnomalyHead
 from edged.heads.registry import Format
@@ -140,18 +140,31 @@ def _check_trained_size(name: str, size: tuple[int, int] | None, trained: tuple[
 
 
 def _metadata_imgsz(metadata: Mapping[str, str]) -> tuple[int, int] | None:
-    """[h, w] from ultralytics' ``imgsz`` metadata ('[640, 640]' or '640'); None when absent or malformed."""
-    match = _IMGSZ.fullmatch(metadata.get("imgsz", ""))
+    """[h, w] from ultralytics' ``imgsz`` metadata ('[640, 640]' or '640'); None when absent or malformed.
+
+    `ContractError` for a side past `MAX_INPUT_SIDE`, as ``model.imgsz`` is refused: the runtime fails
+    on one past its integers, and one it takes would have edged allocate gigabytes a frame.
+    """
+    text = metadata.get("imgsz", "")
+    match = _IMGSZ.fullmatch(text)
     if match is None:
         return None
-    h = int(match.group(1))
-    w = int(match.group(2) or h)
+    sides = [match.group(1), match.group(2) or match.group(1)]
+    if any(len(side) > 12 or int(side) > MAX_INPUT_SIDE for side in sides):  # int() refuses 4300 digits
+        raise ContractError(
+            f"the model's imgsz metadata {text[:40]!r} is past {MAX_INPUT_SIDE} pixels a side, the largest input "
+            "edged serves: set model.imgsz to the size the model was trained at"
+        )
+    h, w = map(int, sides)
     return (h, w) if h > 0 and w > 0 else None
 
 
 def _check_stride(size: tuple[int, int], stride_text: str | None, where: str) -> None:
     """A YOLO graph only runs at multiples of its stride; ultralytics would round up silently."""
-    stride = int(stride_text) if stride_text and stride_text.strip().isdigit() else 0
+    text = (stride_text or "").strip()
+    # Only ASCII digits, and no more than a side holds: int() refuses '²', which isdigit() takes,
+    # and digits past its limit.
+    stride = int(text) if text.isascii() and text.isdigit() and len(text) <= len(str(MAX_INPUT_SIDE)) else 0
     if stride and any(side % stride for side in size):
         rounded = [-(-side // stride) * stride for side in size]
         raise ContractError(

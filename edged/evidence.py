@@ -156,9 +156,15 @@ def day_and_stem(camera_id: str, capture_time_ns: int, frame_id: int, part_id: s
 
 
 def class_folder(name: str) -> str:
-    """A class name as a folder under ``images/``: letters, digits and ``_ . -``, at most 64."""
+    """A class name as a folder under ``images/``: letters, digits and ``_ . -``, at most 64. A name
+    that must change to be one ends in ``-`` and 8 hex digits of its hash: changed alone, two classes
+    (``傷`` and ``凹``, ``a b`` and ``a_b``, two long names alike in their first 64) shared a folder,
+    and a classification dataset made of it trained both as one class."""
     folder = _UNSAFE.sub("_", name)[:64]
-    return folder if folder.strip(".") else "_"
+    if folder == name and folder.strip("."):
+        return folder
+    digest = hashlib.sha256(name.encode(errors="surrogatepass")).hexdigest()[:8]
+    return f"{folder[:55] if folder.strip('.') else '_'}-{digest}"
 
 
 def image_suffix(width: int, height: int) -> str:
@@ -196,9 +202,21 @@ def data_yaml(camera_id: str, names: tuple[str, ...]) -> str:
         'val: "."',
         f"nc: {len(names)}",
         "names:",
-        *(f"  {class_id}: {json.dumps(name)}" for class_id, name in enumerate(names)),
+        *(f"  {class_id}: {_yaml_quoted(name)}" for class_id, name in enumerate(names)),
     ]
     return "\n".join(lines) + "\n"
+
+
+# What YAML's reader takes as it is in a file, less its line breaks (U+0085, U+2028, U+2029).
+_YAML_UNPRINTABLE = re.compile("[^\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _yaml_quoted(text: str) -> str:
+    """``text`` as a YAML double-quoted string: JSON's quoting, with what is past U+FFFF written as
+    itself, for JSON writes it as two surrogate escapes that PyYAML (ultralytics' reader) reads as
+    two lone surrogates, which no output can then encode (an emoji class name); what YAML does
+    not take as it is, escaped."""
+    return _YAML_UNPRINTABLE.sub(lambda m: f"\\u{ord(m[0]):04x}", json.dumps(text, ensure_ascii=False))
 
 
 Identity = tuple[str | None, tuple[str, ...]]  # a model's task and class names; task None: a folder an older edged wrote

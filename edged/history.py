@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import re
 import sqlite3
 import sys
 import time
+import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,6 +27,7 @@ from edged.errors import JournalUnreadable, UsageError
 from edged.files import sqlite_uri
 from edged.identity import CLOCK_EPOCH_NS, boot_id
 from edged.journal import COLUMNS, timed
+from edged.messages import REFUSED_IN_PART_ID
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -321,6 +324,14 @@ def _cell(value: object) -> object:
     return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
 
 
+def _shown(line: str) -> str:
+    """A table line for a terminal: its control and format characters escaped (``\\n``, ``\\x1b``,
+    ``\\u202e``). A row holds names from outside (an image's file name, a model's class labels): a line
+    feed in one would print a forged row, an escape would move the cursor or recolour the terminal, a
+    bidirectional mark would reorder the line around it."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in REFUSED_IN_PART_ID else c for c in line)
+
+
 def write(rows: Iterable[dict[str, Any]], fmt: str, out: TextIO) -> int:
     """``rows`` as a table for a person, JSON (one array, each message parsed) or CSV (every
     column, then `REAL`), each written as it comes; returns how many were shown as unreadable."""
@@ -341,7 +352,7 @@ def write(rows: Iterable[dict[str, Any]], fmt: str, out: TextIO) -> int:
                 text, bad = _line(row), False
             except _UNREADABLE as e:
                 text, bad = f"entry {row['id']}  unreadable: {e}", True
-            out.write(text + "\n")
+            out.write(_shown(text) + "\n")
         shown += 1
         unreadable += bad
     if fmt == "json":
@@ -362,6 +373,8 @@ def run_history(path: Path, query: Query, fmt: str, *, journal_off: bool = False
             f"no journal at {path}: this configuration gives it nothing to record (verdicts come from a camera "
             "with [inspect] or in request mode; journal.detections = true records every detections message)"
         )
+    if isinstance(sys.stdout, io.TextIOWrapper):  # a locale that is not UTF-8 (ASCII, Latin-1): escape what it lacks
+        sys.stdout.reconfigure(errors="backslashreplace")
     unreadable = write(entries(path, query), fmt, sys.stdout)  # `edged history | head`: `edged.cli.main` ends it
     sys.stdout.flush()
     if unreadable:

@@ -7,6 +7,7 @@ same models for the same reasons and decode with the same settings.
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,9 +137,11 @@ def _a(word: str) -> str:
 
 def read_labels(path: Path, data: bytes) -> list[str]:
     """The class names in ``data``, the labels file ``path``'s bytes, one per line; `ModelError` for
-    one that lists no class: the model's own names would be dropped for its class ids."""
+    one that lists no class: the model's own names would be dropped for its class ids. A byte-order
+    mark (Windows' Notepad saves one) is no part of the first name: kept, it is unseen in every
+    output, and ``inspect.ng_classes`` naming that class would not find it."""
     try:
-        lines = data.decode("utf-8").splitlines()
+        lines = data.decode("utf-8-sig").splitlines()
     except UnicodeDecodeError as e:
         raise ModelError(f"cannot read labels file {path}: {e}") from None
     names = [line.strip() for line in lines if line.strip()]
@@ -161,10 +164,12 @@ def _labels(cfg: ModelConfig, metadata: dict[str, str], signed: Signed | None) -
 def _distinct(labels: Sequence[str], source: str, *, labels_file: bool) -> None:
     """`ContractError` naming each class name ``labels`` repeats and its class ids: the configuration
     names a class by its label (inspect.ng_classes, class_conf), so of two classes named alike one
-    would go unjudged, and a message's label could not tell them apart."""
+    would go unjudged, and a message's label could not tell them apart. Names are compared in
+    Unicode's NFC: an ``é`` written as one code point and one written as ``e`` and an accent look
+    alike in every output, yet differ as text."""
     ids: dict[str, list[int]] = {}
     for class_id, name in enumerate(labels):
-        ids.setdefault(name, []).append(class_id)
+        ids.setdefault(unicodedata.normalize("NFC", name), []).append(class_id)
     repeated = [f"{name!r} (class ids {', '.join(map(str, found))})" for name, found in ids.items() if len(found) > 1]
     if repeated:
         fix = "give each class its own name" if labels_file else "set model.labels to a file naming each class once"

@@ -315,8 +315,9 @@ class _ClassNames:
     def __call__(self, key: str, name: str) -> int:
         if name in self._ids:
             return self._ids[name]
-        if name.isdigit() and int(name) < self._num_classes:
-            return int(name)
+        class_id = _class_id(name)
+        if class_id is not None and class_id < self._num_classes:
+            return class_id
         known = ", ".join(self._labels) if self._labels else f"none named; class ids 0..{self._num_classes - 1}"
         self._problems.append(f"inspect.{key}: {name!r} is not a class of the model (its classes: {known})")
         return 0
@@ -327,6 +328,12 @@ class _ClassNames:
     def raise_problems(self) -> None:
         if self._problems:
             raise ConfigError(None, self._problems)
+
+
+def _class_id(name: str) -> int | None:
+    """``name`` as a class id when it is one written in ASCII digits, else None: ``str.isdigit``
+    also takes ``²``, which `int` refuses, and more digits than `int` reads raise too."""
+    return int(name) if name.isascii() and name.isdigit() and len(name) < 20 else None
 
 
 class _AnomalyClass(_ClassNames):

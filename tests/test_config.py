@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import logging
 import math
 import os
@@ -330,6 +331,28 @@ def test_arrays_nested_too_deeply_to_read_are_a_config_error(tmp_path: Path) -> 
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.problems == ["not valid TOML: arrays or tables nested too deeply to read"]
+
+
+def test_a_config_file_saved_with_a_byte_order_mark_is_read_and_one_in_another_encoding_named(tmp_path: Path) -> None:
+    """Windows' Notepad saves UTF-8 with a byte-order mark: tomllib refused it as an "invalid statement
+    (at line 1, column 1)", which names nothing to be seen there. UTF-16 and Latin-1 bytes were said
+    as a UTF-8 codec's position in the file; now by line and column, with what to do."""
+    text = '[model]\npath = "m.onnx"\n[source]\ntype = "synthetic"\ncamera_id = "caf\u00e9"\n'
+    path = _write(tmp_path, "")
+    path.write_bytes(codecs.BOM_UTF8 + text.replace("\n", "\r\n").replace("caf\u00e9", "cafe").encode())
+    assert load_config(path).source[0].camera_id == "cafe"
+    for data, problem in (
+        (text.encode("utf-16"), "not valid TOML: the file is UTF-16: save it as UTF-8"),
+        (
+            text.encode("latin-1"),
+            "not valid TOML: byte 0xe9 at line 5, column 17 is not UTF-8 (Latin-1 or another encoding?): "
+            "save the file as UTF-8",
+        ),
+    ):
+        path.write_bytes(data)
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert info.value.problems == [problem] and info.value.exit_code == 78
 
 
 def test_running_out_of_file_descriptors_while_reading_is_no_config_error(tmp_path: Path) -> None:

@@ -129,6 +129,10 @@ DYNAMIC = ["batch", 3, "height", "width"]
         (["batch", "height", "width", 3], {"imgsz": "[320, 480]"}, None, {"batch": 1, "height": 320, "width": 480}),
         ([1, 3, "size", "size"], {}, (640, 640), {"size": 640}),  # one name for both sides
         (DYNAMIC, {"stride": "32"}, (384, 640), {"batch": 1, "height": 384, "width": 640}),
+        # A stride that is no ASCII number is none (before: int() raised on '²', which isdigit() takes,
+        # and on 5000 digits: a traceback, exit 1, restarted for ever).
+        (DYNAMIC, {"stride": "\u00b2", "imgsz": "[64, 64]"}, None, {"batch": 1, "height": 64, "width": 64}),
+        (DYNAMIC, {"stride": "1" * 5000}, (64, 64), {"batch": 1, "height": 64, "width": 64}),
     ],
 )
 def test_symbolic_dimensions_are_pinned_to_batch_1_and_the_input_size(
@@ -145,6 +149,11 @@ def test_symbolic_dimensions_are_pinned_to_batch_1_and_the_input_size(
         (DYNAMIC, {"stride": "32"}, (300, 640), "model.imgsz [300, 640] is not a multiple of the model's stride 32"),
         (DYNAMIC, {"stride": "32", "imgsz": "[300, 300]"}, None, "set model.imgsz = [320, 320]"),
         ([1, 3, "size", "size"], {}, (384, 640), "one name 'size'"),
+        # Sides model.imgsz refuses (before: 30000 allocated 24 GB and more digits than the runtime's
+        # integers, or than int() reads, a traceback).
+        (DYNAMIC, {"imgsz": "[30000, 30000]"}, None, "imgsz metadata '[30000, 30000]' is past 8192 pixels a side"),
+        (DYNAMIC, {"imgsz": "[99999999999999999999999, 64]"}, None, "is past 8192 pixels a side"),
+        (DYNAMIC, {"imgsz": "9" * 5000}, None, "is past 8192 pixels a side"),
     ],
 )
 def test_a_dynamic_input_without_a_usable_size_is_refused(

@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import replace
@@ -31,6 +32,7 @@ from edged.evidence import (
     EvidenceStore,
     EvidenceWriter,
     class_folder,
+    data_yaml,
     dataset_name,
     day_and_stem,
     describe,
@@ -324,6 +326,32 @@ def test_only_a_detection_or_segmentation_dataset_has_a_data_yaml_which_would_tr
     assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
 
 
+def test_each_class_has_a_folder_of_its_own_whatever_its_name() -> None:
+    """A classifier's frames are filed under their class's folder: names changed to letters, digits and
+    ``_ . -`` alone gave two Japanese classes, or ``a b`` and ``a_b``, one folder, and the dataset made
+    of it one class where the model has two."""
+    names = ["\u50b7", "\u51f9", "a b", "a_b", "a/b", ".", "..", "x" * 64 + "1", "x" * 64 + "2", "x" * 64, "crack"]
+    folders = [class_folder(name) for name in names]
+    assert len(set(folders)) == len(names), folders
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", f) and f.strip(".") for f in folders), folders
+    assert folders[3] == "a_b" and folders[-2:] == ["x" * 64, "crack"]  # a name that is a folder as it is stays so
+    assert folders[0] == class_folder("\u50b7")  # the same name finds its folder again
+
+
+def test_data_yaml_writes_each_class_name_as_yamls_readers_read_it_back() -> None:
+    """JSON's quoting wrote an emoji as two surrogate escapes, which PyYAML (ultralytics' reader)
+    reads as two lone surrogates; JSON leaves DEL and C1 controls as they are, which YAML's reader
+    refuses."""
+    text = data_yaml("cam0", ("ok\U0001f600", "\u50b7", 'a"b\\c#: d', "x\x7f\x9fy", "2026-12-03"))
+    assert text.splitlines()[-5:] == [
+        '  0: "ok\U0001f600"',
+        '  1: "\u50b7"',
+        '  2: "a\\"b\\\\c#: d"',
+        '  3: "x\\u007f\\u009fy"',
+        '  4: "2026-12-03"',
+    ]
+
+
 @pytest.mark.parametrize(
     "written",
     [
@@ -494,7 +522,8 @@ def test_a_classifiers_frames_are_filed_by_class_kept_in_the_quota_and_cleaned_a
             replace(frame(i, t_ns=T0_NS + (i // 2) * DAY_NS, noise=True), label="", image_class=class_folder(name)), 95
         )
     day0, day1 = (tmp_path / "cam0" / day_and_stem("cam0", T0_NS + d * DAY_NS, 0)[0] for d in (0, 1))
-    assert sorted(p.relative_to(day0).parent.as_posix() for p in day0.rglob("*.jpg")) == ["images/crack_deep", "images/good"]
+    deep = class_folder("crack/deep")  # crack_deep-HASH (`test_each_class_has_a_folder_of_its_own_whatever_its_name`)
+    assert sorted(p.relative_to(day0).parent.as_posix() for p in day0.rglob("*.jpg")) == [f"images/{deep}", "images/good"]
     assert not list(tmp_path.rglob("labels/*.txt"))  # the folder is the label
     assert len(list(tmp_path.rglob("messages/*.json"))) == 4
     assert store.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
@@ -503,7 +532,7 @@ def test_a_classifiers_frames_are_filed_by_class_kept_in_the_quota_and_cleaned_a
     reopened = EvidenceStore(tmp_path, "cam0", store.total_bytes - day0_bytes, 0)
     reopened.open()  # over the quota: the oldest day goes, class folders and all
     assert not day0.exists() and not list(tmp_path.rglob("*.tmp"))
-    assert sorted(p.parent.name for p in day1.rglob("*.jpg")) == ["crack_deep", "good"]
+    assert sorted(p.parent.name for p in day1.rglob("*.jpg")) == [deep, "good"]
     assert reopened.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
 
 

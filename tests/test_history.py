@@ -410,6 +410,29 @@ def test_a_row_edited_by_hand_is_shown_unreadable_and_counted_the_rest_as_ever(j
     assert list(csv.DictReader(io.StringIO(as_csv.stdout)))[4]["message"] == "not json"  # as it is in the file
 
 
+@pytest.mark.integration
+def test_names_from_outside_print_one_line_each_escaped_in_any_locale(journal: Path) -> None:
+    """An image's file name with a line feed printed a forged row, a class label's escape and
+    right-to-left mark reached the terminal as they were, and a label outside ASCII stopped the command
+    with a UnicodeEncodeError where the locale is not UTF-8."""
+    forged = "b2\n2027-01-15T08:00:09.000Z  cam0  part P-9  frame 9  ok    model abababababab"
+    label = "\u50b7\x1b[31mred\u202eabc"
+    reasons = json.dumps([{"detection": 0, "class_id": 0, "label": label, "score": 0.83, "zone": None}])
+    message = json.dumps({"kind": "verdict", "source_file": forged})
+    _edit(journal, f"UPDATE entries SET reasons = '{reasons}', message = '{message}' WHERE frame_id = 3")
+    table = run_cli("history", "--journal", str(journal), "--part-id", "P-3")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout == (
+        "2027-01-15T08:00:03.000Z  cam0  part P-3  frame 3 b2\\n2027-01-15T08:00:09.000Z  cam0  part P-9  frame 9  ok"
+        "    model abababababab  ng  \u50b7\\x1b[31mred\\u202eabc 0.83  model abababababab\n"
+    )
+    ascii_locale = {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    for fmt in ([], ["--csv"], ["--json"]):  # the table, then CSV, then JSON
+        done = run_cli("history", "--journal", str(journal), "--part-id", "P-3", *fmt, env=ascii_locale)
+        assert done.returncode == 0 and not done.stderr, done.stderr
+        assert "\\u50b7" in done.stdout
+
+
 class _Discard(io.TextIOBase):
     def write(self, text: str) -> int:
         return len(text)

@@ -68,6 +68,20 @@ def test_unknown_class_names_are_config_errors_listing_the_models_classes() -> N
     ]
 
 
+def test_a_class_named_by_digits_other_than_ascii_is_a_config_error_not_a_crash() -> None:
+    """``'²'.isdigit()`` is true and ``int('²')`` raises: ``ng_classes = ["²"]`` stopped the daemon with a
+    ValueError traceback (exit 1, restarted for ever) rather than naming the key."""
+    with pytest.raises(ConfigError) as raised:
+        inspector(class_conf={"\u00b2": 0.5}, ng_classes=["\u0661", "1" * 5000])
+    assert raised.value.exit_code == 78
+    assert [problem.split(":")[0] for problem in raised.value.problems] == [
+        "inspect.class_conf",
+        "inspect.ng_classes",
+        "inspect.ng_classes",
+    ]
+    assert inspector(ng_classes=["1"])(SCENE, W, H).ng.tolist() == [False, True, False]  # ASCII digits are a class id
+
+
 def test_without_zones_every_detection_of_an_ng_class_makes_the_frame_ng() -> None:
     done = inspector()(SCENE, W, H)
     assert done.verdict == "ng" and done.ng.tolist() == [True, True, True]
