@@ -354,7 +354,7 @@ def _first_frame(
 
 def _class(model: LoadedModel, key: str) -> str:
     """A class as ``[inspect]`` names it, with its label where it is named by its id (``"4 (crack)"``)."""
-    if key in model.labels or not key.isdigit() or not model.labels or int(key) >= len(model.labels):
+    if key in model.labels or not (key.isascii() and key.isdigit()) or not model.labels or int(key) >= len(model.labels):
         return key
     return f"{key} ({model.labels[int(key)]})"
 

@@ -146,6 +146,7 @@ def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, mo
         ('[model]\npath = "m.onnx"\nlabels = "nope.txt"\n', "model.labels: labels file"),
         ('[model]\npath = "m.onnx"\n[thermal]\nwarm_c = 80\ncritical_c = 70\n', "thermal.critical_c"),
         ('[model]\npath = "m.onnx"\n[http]\nlisten = "8080"\n', "http.listen: Value error, '8080' is not HOST:PORT"),
+        ('[model]\npath = "m.onnx"\n[http]\nlisten = "127.0.0.1:²"\n', "http.listen: Value error, '127.0.0.1:²' is not"),
         ('[model]\npath = "m.onnx"\n[http]\nlisten = "board.local:8080"\n', "is not an IP address or localhost"),
         ('[model]\npath = "m.onnx"\n[http]\nlisten = "0.0.0.0:8080"\n', "http.token_file: Value error, http.listen"),
         ('[model]\npath = "m.onnx"\n[http]\nlisten = "[::]:8080"\n', "is not a loopback address"),

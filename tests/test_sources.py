@@ -539,10 +539,11 @@ def test_folder_with_only_unreadable_images_raises_instead_of_spinning(tmp_path:
 # ---- v4l2 ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("device", ["/dev/video97", "97"])
-def test_missing_v4l2_device_says_what_to_check(device: str) -> None:
+@pytest.mark.parametrize(("device", "named"), [("/dev/video97", "/dev/video97"), ("97", "/dev/video97"), ("²", "²")])
+def test_missing_v4l2_device_says_what_to_check(device: str, named: str) -> None:
+    """``²`` is a digit to ``str.isdigit`` and none to ``int``: it stopped the capture thread."""
     src = V4l2Source(V4l2SourceConfig(device=device))
-    with pytest.raises(SourceError, match=r"/dev/video97 does not exist.*plugged in"):
+    with pytest.raises(SourceError, match=rf"{named} does not exist.*plugged in"):
         src.open()
     src.close()
 

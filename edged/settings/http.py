@@ -96,7 +96,7 @@ _HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-
 def listen_address(listen: str) -> tuple[str, int]:
     """(host, port) of a ``HOST:PORT``; ValueError says what is wrong with it."""
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit() and len(port) < 6) or not 0 < int(port) < 65536:
         raise ValueError(f"{listen!r} is not HOST:PORT with a port from 1 to 65535")
     host = host.removeprefix("[").removesuffix("]")
     if host != "localhost":

@@ -50,7 +50,8 @@ class V4l2Source(OpenCvCapture):
 
     def _target(self) -> int | str:
         device = self._cfg.device
-        path = f"/dev/video{int(device)}" if device.isdigit() else device
+        index = device.isascii() and device.isdigit() and len(device) < 10  # `int` refuses '²', which isdigit takes
+        path = f"/dev/video{int(device)}" if index else device
         if not os.path.exists(path):
             raise SourceError(
                 f"camera device {path} does not exist (is the camera plugged in? "
@@ -61,7 +62,7 @@ class V4l2Source(OpenCvCapture):
                 f"no permission to open camera device {path} (add the service user to the "
                 "'video' group; under systemd allow DeviceAllow=char-video4linux rw)"
             )
-        return int(device) if device.isdigit() else device
+        return int(device) if index else device
 
     def open(self) -> None:
         target = self._target()
