@@ -127,6 +127,19 @@ def load_allowed_clients(directory: Path, label: str) -> frozenset[bytes]:
     return frozenset(_read_certificate(path, label)[0] for path in files)
 
 
+def open_to_others(directory: Path) -> str | None:
+    """Who besides its owner may add a file to ``directory`` ("its group", "everyone"), or None. A
+    key put in the allow-list folder lets its holder in at the next reload: the folder is as much a
+    secret to write as a secret key is to read (ssh's StrictModes looks at it so too)."""
+    try:
+        mode = directory.stat().st_mode
+    except OSError:
+        return None  # the loader says why it cannot be read
+    if mode & stat.S_IWOTH:
+        return "everyone"
+    return "its group" if mode & stat.S_IWGRP else None
+
+
 def key_file_problems(server_key: Path | None, clients_dir: Path | None) -> list[str]:
     """Config-check form of the loaders: one line per problem, each starting with its key path."""
     problems = []

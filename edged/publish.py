@@ -47,7 +47,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import PublishConfig
 from edged.errors import PublishError
-from edged.keys import load_allowed_clients, load_secret_key
+from edged.keys import load_allowed_clients, load_secret_key, open_to_others
 from edged.listen import Listener, as_bound, try_bind
 from edged.lograte import LogRate
 from edged.output import Endpoint, MessageKind, MessageOutput, OutputReport, Services
@@ -179,6 +179,14 @@ class Authenticator:
         in force. When a key was removed, every socket `watch`ing is told.
         """
         keys = load_allowed_clients(self._clients_dir, "publish.curve_clients_dir")
+        if (others := open_to_others(self._clients_dir)) is not None:
+            log.warning(
+                "publish.curve_clients_dir %s may be written by %s: whoever can put a key there lets a subscriber "
+                "in at the next reload (chmod go-w %s)",
+                self._clients_dir,
+                others,
+                self._clients_dir,
+            )
         revoked = self._allowed.keys - keys
         self._allowed.keys = keys
         if not keys:

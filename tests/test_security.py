@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -228,6 +229,28 @@ def test_a_key_added_to_the_allow_list_is_admitted_after_reload(
     while connected.receive(0.5) is not None:
         pass
     assert connected.stats.lost == 0 and connected.stats.handshake_failures == 0
+
+
+@pytest.mark.parametrize(("mode", "who"), [(0o700, None), (0o770, "its group"), (0o777, "everyone")])
+def test_an_allow_list_others_may_write_to_is_said_at_each_load(
+    publisher: MakePublisher, keys: Keys, caplog: pytest.LogCaptureFixture, mode: int, who: str | None
+) -> None:
+    """Whoever can put a key in the folder lets a subscriber in at the next reload: it was said nowhere."""
+    keys.clients_dir.chmod(mode)
+    with caplog.at_level(logging.WARNING, logger="edged.publish"):
+        pub = publisher(_curve_config(keys))
+        pub.reload_client_keys()
+    said = [r.getMessage() for r in caplog.records if "may be written by" in r.getMessage()]
+    assert said == (
+        []
+        if who is None
+        else [
+            f"publish.curve_clients_dir {keys.clients_dir} may be written by {who}: "
+            f"whoever can put a key there lets a subscriber in at the next reload "
+            f"(chmod go-w {keys.clients_dir})"
+        ]
+        * 2
+    )
 
 
 def test_a_revoked_key_is_cut_off_at_reload_and_the_others_reconnect(
