@@ -53,6 +53,7 @@ from edged.errors import BrokerError, EdgedError, KeyFileError, MissingDependenc
 from edged.keys import check_secret_file
 from edged.lograte import LogRate
 from edged.output import MessageKind, MessageOutput, OutputReport, Services
+from edged.settings.endpoints import address_of
 from edged.settings.mqtt import MqttConfig
 from edged.wake import Wake, ready
 
@@ -149,6 +150,13 @@ def read_password(cfg: MqttConfig) -> str | None:
         raise KeyFileError(f"mqtt.password_file: cannot read {cfg.password_file}: {e}") from None
 
 
+def _this_machine(host: str) -> bool:
+    """Whether ``host`` is this machine by its spelling alone (``localhost``, a loopback address):
+    a name is not looked up here, where a silent DNS server would hold the start."""
+    address = address_of(host)
+    return host == "localhost" or (address is not None and address.is_loopback)
+
+
 def new_client(cfg: MqttConfig, client_id: str) -> Any:
     """A paho client set up from the config (credentials, TLS, timeouts), not yet connected."""
     paho = load_paho()
@@ -161,6 +169,13 @@ def new_client(cfg: MqttConfig, client_id: str) -> Any:
     client.connect_timeout = CONNECT_TIMEOUT_S
     if cfg.username is not None:
         client.username_pw_set(cfg.username, read_password(cfg))
+        if cfg.password_file is not None and not cfg.tls and not _this_machine(cfg.host):
+            log.warning(
+                "mqtt: %s's password goes to %s in the clear (mqtt://): anyone on the network between can read it; "
+                "use mqtts://",
+                cfg.username,
+                cfg.where,
+            )
     if cfg.tls:
         try:
             client.tls_set(

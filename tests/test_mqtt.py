@@ -5,6 +5,7 @@ The broker side (topics, Last Will, outages, credentials, TLS, a fleet) is in te
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from edged.config import load_config
 from edged.errors import ConfigError
-from edged.mqtt import INSTALL_PAHO, MAX_REFUSALS, Outbox, PacketCap
+from edged.mqtt import INSTALL_PAHO, MAX_REFUSALS, Outbox, PacketCap, new_client
 from edged.settings.mqtt import MqttConfig, topic_hostname
 
 EXAMPLE = Path(__file__).parent.parent / "config" / "edged.toml"
@@ -108,6 +109,36 @@ def test_a_password_file_others_can_read_is_refused_and_one_for_the_service_grou
     assert any(
         "mqtt.password_file: " in p and "does not exist" in p
         for p in _problems(tmp_path, mqtt.replace("mqtt.password", "gone"))
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("mqtt://broker.plant:1883", True),
+        ("mqtt://10.0.0.5", True),
+        ("mqtt://127.0.0.1", False),
+        ("mqtt://localhost", False),
+    ],
+)
+def test_a_password_sent_in_the_clear_off_this_machine_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, url: str, said: bool
+) -> None:
+    secret = tmp_path / "mqtt.password"
+    secret.write_text("s3cret\n")
+    secret.chmod(0o600)
+    cfg = MqttConfig(url=url, username="line3", password_file=secret)
+    with caplog.at_level(logging.WARNING, logger="edged.mqtt"):
+        new_client(cfg, "edged-cam0")
+        new_client(cfg.model_copy(update={"url": url.replace("mqtt://", "mqtts://")}), "edged-cam0")  # TLS: nothing
+    warned = [r.getMessage() for r in caplog.records if "in the clear" in r.getMessage()]
+    assert warned == (
+        [
+            f"mqtt: line3's password goes to {cfg.where} in the clear (mqtt://): anyone on the network "
+            "between can read it; use mqtts://"
+        ]
+        if said
+        else []
     )
 
 
