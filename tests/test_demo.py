@@ -144,6 +144,14 @@ def _children(pid: int) -> list[int]:
     return children
 
 
+def _command(pid: int) -> str:
+    """The process's command line, "" once it is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _state(pid: int) -> str:
     """The process's state in /proc: R running, S sleeping, T stopped, Z a zombie...; "" once it is gone."""
     try:
@@ -176,6 +184,15 @@ class Demo:
 
     def text(self) -> str:
         return self.output.read_text()
+
+    def exit_code(self, timeout_s: float) -> int:
+        """The demo's exit status; past ``timeout_s``, an AssertionError with what it printed and what
+        each process it started is doing (its state and command line)."""
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            doing = {pid: (_state(pid), _command(pid)) for pid in _children(self.proc.pid)}
+            raise AssertionError(f"the demo runs on after {timeout_s} s; its processes {doing}:\n{self.text()}") from None
 
     def close(self) -> None:
         for pid in _children(self.proc.pid):
@@ -321,7 +338,7 @@ def test_a_demo_whose_port_is_taken_shows_the_bind_error_and_fails(tmp_path: Pat
     try:
         demo = Demo(_demo_tree(tmp_path, port), tmp_path)
         try:
-            assert demo.proc.wait(90) == 1, demo.text()
+            assert demo.exit_code(90) == 1, demo.text()
             children = _children(demo.proc.pid)
         finally:
             demo.close()
