@@ -16,7 +16,6 @@ import re
 import sqlite3
 import sys
 import time
-import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -27,7 +26,7 @@ from edged.errors import JournalUnreadable, UsageError
 from edged.files import sqlite_uri
 from edged.identity import CLOCK_EPOCH_NS, boot_id
 from edged.journal import COLUMNS, timed
-from edged.messages import REFUSED_IN_PART_ID
+from edged.messages import for_terminal
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -324,14 +323,6 @@ def _cell(value: object) -> object:
     return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
 
 
-def _shown(line: str) -> str:
-    """A table line for a terminal: its control and format characters escaped (``\\n``, ``\\x1b``,
-    ``\\u202e``). A row holds names from outside (an image's file name, a model's class labels): a line
-    feed in one would print a forged row, an escape would move the cursor or recolour the terminal, a
-    bidirectional mark would reorder the line around it."""
-    return "".join(repr(c)[1:-1] if unicodedata.category(c) in REFUSED_IN_PART_ID else c for c in line)
-
-
 def write(rows: Iterable[dict[str, Any]], fmt: str, out: TextIO) -> int:
     """``rows`` as a table for a person, JSON (one array, each message parsed) or CSV (every
     column, then `REAL`), each written as it comes; returns how many were shown as unreadable."""
@@ -352,7 +343,7 @@ def write(rows: Iterable[dict[str, Any]], fmt: str, out: TextIO) -> int:
                 text, bad = _line(row), False
             except _UNREADABLE as e:
                 text, bad = f"entry {row['id']}  unreadable: {e}", True
-            out.write(_shown(text) + "\n")
+            out.write(for_terminal(text) + "\n")  # a file name's line feed would forge a row
         shown += 1
         unreadable += bad
     if fmt == "json":

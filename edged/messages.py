@@ -343,6 +343,22 @@ def refused_character(text: str) -> str | None:
     return None
 
 
+def for_terminal(text: str) -> str:
+    """``text`` as a terminal may be given it: control and format characters, line separators and lone
+    surrogates escaped (``\\x1b``, ``\\u202e``), as `REFUSED_IN_PART_ID` names them. What a publisher,
+    a request server or the journal gives ``edged subscribe``, ``trigger`` and ``history`` to print (a
+    camera id, a class name, an image's file name) could otherwise move the cursor, clear the screen,
+    retitle the window, forge lines or stop the printing (UTF-8 cannot carry a lone surrogate)."""
+    if text.isprintable():  # the usual line: no character to look at twice
+        return text
+    return "".join(
+        c.encode("unicode_escape", "backslashreplace").decode("ascii")
+        if unicodedata.category(c) in REFUSED_IN_PART_ID
+        else c
+        for c in text
+    )
+
+
 class TriggerRequest(BaseModel):
     """What a trigger request says, on ZeroMQ or the broker's trigger topic: nothing else is accepted.
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sys
 import time
-import unicodedata
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,13 +29,13 @@ from zmq.utils.monitor import recv_monitor_message
 from edged.errors import MessageError
 from edged.keys import ClientKeys
 from edged.messages import (
-    REFUSED_IN_PART_ID,
     AnomalyRegion,
     Detection,
     DetectionsMessage,
     StatusMessage,
     TriggerError,
     VerdictMessage,
+    for_terminal,
     parse_message,
 )
 from edged.settings.endpoints import by_name, connect_ipv6, look_up
@@ -172,22 +171,6 @@ class Subscriber:
         self._socket.disable_monitor()
         self._monitor.close(linger=0)
         self._socket.close(linger=0)
-
-
-def for_terminal(text: str) -> str:
-    """``text`` as a terminal may be given it: control and format characters, line separators and lone
-    surrogates escaped (``\\x1b``, ``\\u202e``). What a publisher or request server sends (a camera id, a
-    class name, an image's file name) is printed here, and a peer on the network, or a file name in a
-    camera's folder, could otherwise move the cursor, clear the screen, retitle the window, forge
-    lines or stop the printing (UTF-8 cannot carry a lone surrogate)."""
-    if text.isprintable():  # the usual line: no character to look at twice
-        return text
-    return "".join(
-        c.encode("unicode_escape", "backslashreplace").decode("ascii")
-        if unicodedata.category(c) in REFUSED_IN_PART_ID
-        else c
-        for c in text
-    )
 
 
 def format_verdict(msg: VerdictMessage) -> str:

@@ -49,12 +49,20 @@ from edged.config import PublishConfig, Settings, TriggerConfig
 from edged.errors import MessageError, TriggerFailed, UsageError
 from edged.keys import ClientKeys
 from edged.listen import Listener, as_bound, try_bind
-from edged.messages import TriggerError, TriggerProblem, TriggerRequest, VerdictMessage, parse_message, parse_request
+from edged.messages import (
+    TriggerError,
+    TriggerProblem,
+    TriggerRequest,
+    VerdictMessage,
+    for_terminal,
+    parse_message,
+    parse_request,
+)
 from edged.mqtt import MqttOutput
 from edged.output import Endpoint
 from edged.publish import Authenticator
 from edged.settings.endpoints import by_name, connect_ipv6, look_up, with_address
-from edged.subscribe import for_terminal, format_verdict
+from edged.subscribe import format_verdict
 from edged.wake import Wake
 
 log = logging.getLogger(__name__)
