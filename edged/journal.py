@@ -34,7 +34,7 @@ from edged.identity import CLOCK_EPOCH_NS, Identity, clock_synced
 from edged.lograte import Failures, LogRate
 from edged.messages import JournalReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
-from edged.replay import VerdictFeed, acknowledged
+from edged.replay import FileId, VerdictFeed, acknowledged, file_id
 from edged.settings.journal import JournalConfig
 from edged.wake import Wake, Waker
 
@@ -170,7 +170,7 @@ class JournalStore:
         self.last_id = 0  # the newest row's id, as of the last open or append (read from other threads)
         self.unsent_deleted = 0  # verdicts deleted for room before an output had them acknowledged (`prune`)
         self.folded = True  # the last `prune` emptied the write-ahead log into the file (`_fold`)
-        self._file: tuple[int, int] | None = None  # the open file's device and inode (`replaced`)
+        self._file: FileId | None = None  # the open file's device and inode (`replaced`)
         self._beside: tuple[str, ...] = ()  # the suffixes of the files SQLite keeps beside it, as it opened
 
     @property
@@ -178,7 +178,7 @@ class JournalStore:
         return self._db is not None
 
     @property
-    def file(self) -> tuple[int, int] | None:
+    def file(self) -> FileId | None:
         """The open file's device and inode (read from other threads: `edged.replay.VerdictFeed`)."""
         return self._file
 
@@ -196,9 +196,7 @@ class JournalStore:
         except sqlite3.DatabaseError as e:  # not a database, truncated, damaged
             self._move_aside(e)
             self._db = self._connect()
-        with contextlib.suppress(OSError):
-            found = os.stat(self.path)
-            self._file = (found.st_dev, found.st_ino)
+        self._file = file_id(self.path)
         real = os.path.realpath(self.path)  # none where the filesystem takes no WAL, and SQLite kept its own journal
         self._beside = tuple(suffix for suffix in ("-wal", "-shm") if os.path.exists(f"{real}{suffix}"))
 

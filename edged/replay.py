@@ -75,7 +75,7 @@ def acknowledged(db: sqlite3.Connection) -> int | None:
     return None if least is None else int(least)
 
 
-def _file_id(path: Path) -> FileId | None:
+def file_id(path: Path) -> FileId | None:
     """``path``'s device and inode; None where it cannot be told (gone since it was opened)."""
     try:
         found = os.stat(path)
@@ -146,7 +146,7 @@ class VerdictFeed:
             if db is None:
                 return None
             try:
-                file = _file_id(self.path) or self._file
+                file = file_id(self.path) or self._file
                 if self._file is not None and file != self._file:
                     self._started_anew()
                 cursor = _cursor_row(db, self.name, self._first_after)
