@@ -73,6 +73,7 @@ from edged.segment import Segmenter
 from edged.settings.endpoints import ipc_path
 from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
+from edged.settings.numerals import INDEX_DIGITS, whole_number
 from edged.settings.opcua import OpcuaConfig
 from edged.settings.sources import ImagesSourceConfig, SourceBase, mask_credentials
 from edged.shadow import candidate_model_config, candidate_runtime, incomparable
@@ -354,9 +355,10 @@ def _first_frame(
 
 def _class(model: LoadedModel, key: str) -> str:
     """A class as ``[inspect]`` names it, with its label where it is named by its id (``"4 (crack)"``)."""
-    if key in model.labels or not (key.isascii() and key.isdigit()) or not model.labels or int(key) >= len(model.labels):
+    index = whole_number(key, INDEX_DIGITS)
+    if key in model.labels or index is None or index >= len(model.labels):
         return key
-    return f"{key} ({model.labels[int(key)]})"
+    return f"{key} ({model.labels[index]})"
 
 
 def _inspection(model: LoadedModel, inspect: InspectConfig | None) -> str:

@@ -23,6 +23,7 @@ from edged.config import MAX_INPUT_SIDE, ModelConfig
 from edged.errors import ContractError
 from edged.heads.anomaly import AnomalyHead
 from edged.heads.registry import Format
+from edged.settings.numerals import whole_number
 
 Layout = Literal["nchw", "nhwc"]
 ChannelOrder = Literal["rgb", "bgr"]
@@ -161,10 +162,7 @@ def _metadata_imgsz(metadata: Mapping[str, str]) -> tuple[int, int] | None:
 
 def _check_stride(size: tuple[int, int], stride_text: str | None, where: str) -> None:
     """A YOLO graph only runs at multiples of its stride; ultralytics would round up silently."""
-    text = (stride_text or "").strip()
-    # Only ASCII digits, and no more than a side holds: int() refuses '²', which isdigit() takes,
-    # and digits past its limit.
-    stride = int(text) if text.isascii() and text.isdigit() and len(text) <= len(str(MAX_INPUT_SIDE)) else 0
+    stride = whole_number((stride_text or "").strip(), len(str(MAX_INPUT_SIDE))) or 0
     if stride and any(side % stride for side in size):
         rounded = [-(-side // stride) * stride for side in size]
         raise ContractError(

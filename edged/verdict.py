@@ -31,6 +31,7 @@ from edged.heads.base import TrueIndex
 from edged.messages import Verdict
 from edged.segment import Instances
 from edged.settings.inspect import InspectConfig
+from edged.settings.numerals import INDEX_DIGITS, whole_number
 from edged.zones import NO_ZONE, ZoneMap, ZoneRaster
 
 _OUTSIDE = np.array(NO_ZONE, dtype=np.intp)  # 0-d operands: a Python int costs numpy an array per call
@@ -315,7 +316,7 @@ class _ClassNames:
     def __call__(self, key: str, name: str) -> int:
         if name in self._ids:
             return self._ids[name]
-        class_id = _class_id(name)
+        class_id = whole_number(name, INDEX_DIGITS)
         if class_id is not None and class_id < self._num_classes:
             return class_id
         known = ", ".join(self._labels) if self._labels else f"none named; class ids 0..{self._num_classes - 1}"
@@ -328,12 +329,6 @@ class _ClassNames:
     def raise_problems(self) -> None:
         if self._problems:
             raise ConfigError(None, self._problems)
-
-
-def _class_id(name: str) -> int | None:
-    """``name`` as a class id when it is one written in ASCII digits, else None: ``str.isdigit``
-    also takes ``²``, which `int` refuses, and more digits than `int` reads raise too."""
-    return int(name) if name.isascii() and name.isdigit() and len(name) < 20 else None
 
 
 class _AnomalyClass(_ClassNames):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping
 
+from edged.settings.numerals import INDEX_DIGITS, whole_number
+
 _MAX_LITERAL_CHARS = 1_000_000
 
 
@@ -55,8 +57,8 @@ def _names_from_dict(value: dict[object, object]) -> list[object] | None:
     """{0: 'a', 1: 'b'} (int or digit-string keys, as JSON writers emit) -> ['a', 'b']."""
     by_id: dict[int, object] = {}
     for key, name in value.items():
-        if isinstance(key, str) and key.isascii() and key.isdigit():
-            key = int(key)
+        if isinstance(key, str) and (number := whole_number(key, INDEX_DIGITS)) is not None:
+            key = number
         if not isinstance(key, int) or isinstance(key, bool):
             return None
         by_id[key] = name

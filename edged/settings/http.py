@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from edged.settings.numerals import whole_number
 from edged.settings.section import Section
 
 MAX_CONNECTIONS = 32  # requests served at once; more are closed at accept, so threads stay bounded
@@ -95,8 +96,9 @@ _HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-
 
 def listen_address(listen: str) -> tuple[str, int]:
     """(host, port) of a ``HOST:PORT``; ValueError says what is wrong with it."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit() and len(port) < 6) or not 0 < int(port) < 65536:
+    host, sep, port_text = listen.rpartition(":")
+    port = whole_number(port_text, 5)
+    if not sep or port is None or not 0 < port < 65536:
         raise ValueError(f"{listen!r} is not HOST:PORT with a port from 1 to 65535")
     host = host.removeprefix("[").removesuffix("]")
     if host != "localhost":
@@ -106,7 +108,7 @@ def listen_address(listen: str) -> tuple[str, int]:
             raise ValueError(
                 f"{host!r} is not an IP address or localhost (the server binds an address, not a name)"
             ) from None
-    return host, int(port)
+    return host, port
 
 
 def is_loopback(host: str) -> bool:

@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 
 from edged.errors import SourceError
+from edged.settings.numerals import INDEX_DIGITS, whole_number
 from edged.settings.sources import V4l2SourceConfig
 from edged.sources.base import OpenCvCapture, frame_size_problem
 
@@ -50,8 +51,8 @@ class V4l2Source(OpenCvCapture):
 
     def _target(self) -> int | str:
         device = self._cfg.device
-        index = device.isascii() and device.isdigit() and len(device) < 10  # `int` refuses '²', which isdigit takes
-        path = f"/dev/video{int(device)}" if index else device
+        index = whole_number(device, INDEX_DIGITS)
+        path = f"/dev/video{index}" if index is not None else device
         if not os.path.exists(path):
             raise SourceError(
                 f"camera device {path} does not exist (is the camera plugged in? "
