@@ -7,6 +7,7 @@ same models for the same reasons and decode with the same settings.
 from __future__ import annotations
 
 import hashlib
+import logging
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,12 +26,14 @@ from edged.files import labels_bytes
 from edged.heads.anomaly import AnomalyHead, anomalib_size
 from edged.heads.base import fmt_classes
 from edged.heads.classify import ClassifyHead
-from edged.heads.metadata import parse_names
+from edged.heads.metadata import name_problem, parse_names
 from edged.heads.registry import detect_format, format_named
 from edged.heads.segment import SegmentHead
 from edged.messages import ModelInfo, Task
 from edged.segment import Segmenter
 from edged.signature import Signed, verify
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)  # not slotted: a fallback holds it weakly (`edged.reload.Fallback`), and 3.10 has no weakref_slot
@@ -147,6 +150,11 @@ def read_labels(path: Path, data: bytes) -> list[str]:
     names = [line.strip() for line in lines if line.strip()]
     if not names:
         raise ModelError(f"labels file {path} lists no class: one name per line, in class order")
+    for class_id, name in enumerate(names):
+        if (problem := name_problem(name)) is not None:
+            raise ModelError(
+                f"labels file {path}: class {class_id}'s name {name!r} cannot be published or logged: {problem}"
+            )
     return names
 
 
@@ -154,7 +162,14 @@ def _labels(cfg: ModelConfig, metadata: dict[str, str], signed: Signed | None) -
     """model.labels' names, read once: the bytes whose names are served are the bytes the signature
     covers; else the model's own."""
     if cfg.labels is None:
-        return parse_names(metadata) or []
+        names = parse_names(metadata)
+        if names is None and metadata.get("names"):
+            log.warning(
+                "the model's names metadata cannot name its classes (it must give each class id from 0 a "
+                "name of one line, without control characters): they are named by their ids; set model.labels "
+                "to a file naming them, one per line in class order"
+            )
+        return names or []
     data = labels_bytes(cfg.labels)
     if signed is not None and hashlib.sha256(data).hexdigest() != signed.labels_sha256:
         raise ModelError(f"labels file {cfg.labels} changed while the model was loaded: not the file its signature covers")

@@ -63,6 +63,40 @@ def test_a_labels_file_that_lists_no_class_or_is_no_file_is_refused(tmp_path: Pa
             load_model(ModelConfig(path=model, labels=labels), RuntimeConfig())
 
 
+def test_a_labels_file_naming_a_class_with_a_control_character_is_refused_saying_where(tmp_path: Path) -> None:
+    """An escape in a name rewrote the terminal `edged check` printed it on and made journalctl show each
+    log line naming the class as blob data; a right-to-left override reordered the text after it."""
+    model = colour_probe(tmp_path / "m.onnx")
+    for name, says in (
+        ("bl\x1b[2Jue", "U+001B at character 3 is a control character"),
+        ("\u202eder", "U+202E at character 1 is a bidirectional control"),
+    ):
+        (tmp_path / "labels.txt").write_text(f"red\n{name}\n")
+        with pytest.raises(ModelError) as info:
+            load_model(ModelConfig(path=model, labels=tmp_path / "labels.txt"), RuntimeConfig())
+        assert str(info.value) == (
+            f"labels file {tmp_path / 'labels.txt'}: class 1's name {name!r} cannot be published or logged: {says}"
+        )
+        assert info.value.exit_code == 78
+    (tmp_path / "labels.txt").write_text("red\nblue \u200d\U0001f527\n")  # a joiner, as emoji sequences hold
+    assert (
+        load_model(ModelConfig(path=model, labels=tmp_path / "labels.txt"), RuntimeConfig()).labels[1]
+        == "blue \u200d\U0001f527"
+    )
+
+
+def test_names_metadata_with_a_control_character_gives_way_to_class_ids_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = colour_probe(tmp_path / "m.onnx", metadata={"names": "{0: 'red', 1: 'bl\\tue'}"})
+    loaded = load_model(ModelConfig(path=model), RuntimeConfig())
+    assert (loaded.labels, loaded.class_names) == ([], ("0", "1"))
+    assert "the model's names metadata cannot name its classes" in caplog.text
+    caplog.clear()
+    assert load_model(ModelConfig(path=colour_probe(tmp_path / "ok.onnx")), RuntimeConfig()).labels
+    assert "names metadata" not in caplog.text
+
+
 def test_a_labels_file_saved_with_a_byte_order_mark_names_its_first_class_without_it(tmp_path: Path) -> None:
     """Windows' Notepad saves one: the first class was named "\\ufeffscratch", unseen in every output,
     and ``inspect.ng_classes = ["scratch"]`` was refused as a class the model does not have."""

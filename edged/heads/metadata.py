@@ -7,11 +7,19 @@ so it is parsed with ``ast.literal_eval`` (never executed) and anything malforme
 from __future__ import annotations
 
 import ast
+import unicodedata
 from collections.abc import Mapping
 
 from edged.settings.numerals import INDEX_DIGITS, whole_number
 
 _MAX_LITERAL_CHARS = 1_000_000
+_BIDI_CONTROLS = frozenset(map(chr, (*range(0x202A, 0x202F), *range(0x2066, 0x206A))))
+_NOT_IN_A_NAME = {
+    "Cc": "a control character",
+    "Cs": "a lone surrogate",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+}
 
 
 def parse_names(metadata: Mapping[str, str]) -> list[str] | None:
@@ -25,19 +33,24 @@ def parse_names(metadata: Mapping[str, str]) -> list[str] | None:
         value = _names_from_dict(value)
     if not isinstance(value, (list, tuple)) or not value:
         return None
-    names = [name for name in value if isinstance(name, str) and _one_line_of_text(name)]
+    names = [name for name in value if isinstance(name, str) and name_problem(name) is None]
     return names if len(names) == len(value) else None
 
 
-def _one_line_of_text(name: str) -> bool:
-    """Whether a class name can be published and written as one line of ``classes.txt``: a lone
-    surrogate (``'\\udc80'`` in the literal) has no UTF-8, and a line break would shift every later
-    class id in a labelling tool."""
-    try:
-        name.encode()
-    except UnicodeEncodeError:
-        return False
-    return "".join(name.splitlines()) == name
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a class's name (``U+001B at character 3 is a control character``), or None.
+
+    A name is published, logged, printed by ``edged check`` and written as one line of ``classes.txt``:
+    an escape rewrites the terminal that shows it and makes journalctl show its whole line as blob
+    data, a bidirectional control reorders the text around it, a line break shifts every later class
+    id in a labelling tool, and a lone surrogate has no UTF-8. Other format characters stay: emoji and
+    Persian names need their joiners.
+    """
+    for i, c in enumerate(name):
+        what = "a bidirectional control" if c in _BIDI_CONTROLS else _NOT_IN_A_NAME.get(unicodedata.category(c))
+        if what is not None:
+            return f"U+{ord(c):04X} at character {i + 1} is {what}"
+    return None
 
 
 def says_nms_inside(metadata: Mapping[str, str]) -> bool:
