@@ -21,11 +21,16 @@ from types import FrameType
 from typing import ParamSpec, TypeVar
 
 from edged.errors import EXIT_OK
+from edged.lograte import LogRate
 
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+# Signals whose default action ends the process: a log rotation script's SIGUSR1 for a daemon that
+# reopens its log files, a stray alarm. Ended by one, edged restarted and the line stopped for it.
+UNUSED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
 
 STOP_POLL_S = 0.1  # how soon a start waiting on a model load sees a stop asked for
 # A stop the handler has not taken by then ends the process (`Signals._watch_stops`): under the units'
@@ -201,7 +206,8 @@ class StartStopped(Exception):
 
 
 class Signals:
-    """SIGTERM/SIGINT ask for a stop; SIGHUP asks for a config reload. Both are just flags.
+    """SIGTERM/SIGINT ask for a stop; SIGHUP asks for a config reload. Both are just flags. The
+    `UNUSED_SIGNALS` are said and ignored.
 
     ``edged run`` installs them before it reads its configuration or imports the daemon's modules:
     until then SIGHUP's default action ends the process, which systemd counts as a clean exit and
@@ -212,6 +218,7 @@ class Signals:
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.reload = threading.Event()
+        self._unused_said = LogRate(60.0)
 
     def unless_stopped(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``work(*args, **kwargs)`` (the model's load at start) on a thread of its own: its result or its
@@ -252,6 +259,8 @@ class Signals:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_reload)
+        for unused in UNUSED_SIGNALS:
+            signal.signal(unused, self._on_unused)
         watch = threading.Thread(target=self._watch_stops, args=(woken,), name="signals", daemon=True)
         _SIGNAL_THREADS.add(watch)
         watch.start()
@@ -283,3 +292,12 @@ class Signals:
 
     def _on_reload(self, _signum: int, _frame: FrameType | None) -> None:
         self.reload.set()
+
+    def _on_unused(self, signum: int, _frame: FrameType | None) -> None:
+        """Said once a minute at most: a script's ``kill -USR1`` (log rotation's habit) sent as often as it likes."""
+        if self._unused_said.allows():
+            log.warning(
+                "received %s, which edged has no use for: ignored (`systemctl reload edged` reads the configuration "
+                "again, SIGTERM stops it)",
+                signal.Signals(signum).name,
+            )

@@ -175,6 +175,24 @@ def test_a_sighup_while_the_configuration_is_read_at_start_reloads_it_and_does_n
             d.close()
 
 
+def test_sigusr1_sigusr2_and_sigalrm_are_said_and_ignored(tmp_path: Path, notify: NotifySocket) -> None:
+    """Their default action ends a process: a log rotation script's ``kill -USR1`` (its habit for daemons
+    that reopen their log files) ended edged, and the line stopped while systemd restarted it."""
+    _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
+    d = _start(tmp_path, notify, {"type": "images", "path": "imgs", "fps": 20.0})
+    try:
+        notify.wait_for("READY=1", timeout=20)
+        for unused in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGUSR1):
+            d.signal(unused)
+        assert wait_for(lambda: "received SIGUSR1, which edged has no use for: ignored" in d.log(), timeout_s=20)
+        assert d.captured_after(time.time_ns(), 2)  # after all four: each one's default action ended edged
+        log = d.log()
+        assert "SIGUSR2" not in log and "SIGALRM" not in log, log  # said once a minute at most
+        assert d.stop() == 0, log
+    finally:
+        d.close()
+
+
 def test_a_stop_while_the_model_loads_at_start_ends_the_start_at_once_with_exit_0(
     tmp_path: Path, notify: NotifySocket
 ) -> None:
