@@ -37,7 +37,7 @@ from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig,
 from edged.settings.http import HttpConfig
 from edged.settings.inspect import InspectConfig
 from edged.settings.journal import JournalConfig, default_path
-from edged.settings.modbus import ModbusConfig
+from edged.settings.modbus import ADDRESSES, BLOCK, ModbusConfig
 from edged.settings.mqtt import MqttConfig
 from edged.settings.opcua import OpcuaConfig, node_id_clashes
 from edged.settings.reject import RejectConfig
@@ -534,13 +534,20 @@ class Settings(BaseSettings):
         """At least one camera; topics, status messages and logs tell cameras apart by ``camera_id`` alone."""
         if not v:
             raise ValueError("no camera: give a [source] table, or one [[source]] table per camera")
-        seen: set[str] = set()
+        seen: dict[str, str] = {}  # casefolded: the id as first given
         for cfg in v:
-            if cfg.camera_id in seen:
+            other = seen.get(cfg.camera_id.casefold())
+            if other == cfg.camera_id:
                 raise ValueError(
                     f"camera_id {cfg.camera_id!r} is used by more than one [[source]]: each camera needs its own"
                 )
-            seen.add(cfg.camera_id)
+            if other is not None:
+                raise ValueError(
+                    f"camera_ids {other!r} and {cfg.camera_id!r} differ only in case: on an evidence drive "
+                    "formatted FAT or exFAT (a USB stick) their folders would be one; give them names that "
+                    "differ otherwise"
+                )
+            seen[cfg.camera_id.casefold()] = cfg.camera_id
         return v
 
     @field_validator("trigger")
@@ -590,6 +597,24 @@ class Settings(BaseSettings):
                     )
         if problems:
             raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _modbus_blocks(self) -> Settings:
+        """Every camera's block of registers has an address: past 65535 a PLC could not read it."""
+        if self.modbus is None:
+            return self
+        room = ADDRESSES - BLOCK * len(self.source)  # the highest base that fits them all
+        if self.modbus.base > room:
+            fix = (
+                f"lower modbus.base to {room} or less"
+                if room >= 0
+                else f"Modbus serves {ADDRESSES // BLOCK} cameras at most"
+            )
+            raise ValueError(
+                f"modbus: {len(self.source)} cameras' blocks of {BLOCK} registers from modbus.base "
+                f"{self.modbus.base} run past the last address, {ADDRESSES - 1}: {fix}"
+            )
         return self
 
     @model_validator(mode="after")

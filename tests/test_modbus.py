@@ -96,6 +96,34 @@ def test_a_listen_that_is_not_host_port_is_refused_naming_modbus_listen(tmp_path
     ], e.value.problems
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("cameras", "base", "fix"),
+    [
+        (256, 61440, None),
+        (257, 61440, "lower modbus.base to 61424 or less"),
+        (4097, 0, "Modbus serves 4096 cameras at most"),
+    ],
+)
+def test_blocks_past_the_last_address_are_refused_saying_how_to_fit_them(
+    tmp_path: Path, cameras: int, base: int, fix: str | None
+) -> None:
+    """A PLC cannot address a register past 65535: a camera's block there was served to no one."""
+    fixed_scene(tmp_path / "model.onnx", SCENE)
+    source = [{"type": "synthetic", "camera_id": f"c{i}"} for i in range(cameras)]
+    doc: dict[str, Any] = {"model": {"path": "model.onnx"}, "source": source, "modbus": {"base": base}}
+    if fix is None:
+        assert load_config(write_config(tmp_path / "edged.toml", doc)).modbus is not None
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path / "edged.toml", doc))
+    assert e.value.exit_code == 78
+    assert e.value.problems == [
+        f"modbus: {cameras} cameras' blocks of 16 registers from modbus.base {base} run past the "
+        f"last address, 65535: {fix}"
+    ], e.value.problems
+
+
 def _modbus_problems(tmp_path: Path) -> list[str]:
     fixed_scene(tmp_path / "model.onnx", SCENE)
     with pytest.raises(ConfigError) as e:

@@ -7,6 +7,7 @@ from pydantic import Field, field_validator, model_validator
 from edged.settings.http import is_loopback, listen_address
 from edged.settings.section import Section
 
+ADDRESSES = 65536  # a Modbus address is 16 bits
 BLOCK = 16  # holding registers (and coil addresses) per camera: camera i's block starts at base + 16 * i
 MAX_CONNECTIONS = 64  # the most ``max_connections`` may allow: each client costs a few kilobytes, never a thread
 
