@@ -464,6 +464,14 @@ class ServiceConfig(Section):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     max_fps: float = Field(0.0, ge=0, le=1000, description="Cap on processed frames per second; 0 = none.")
     stall_timeout_s: float = Field(10.0, gt=0, le=3600, description="No progress for this long stops the watchdog pings.")
+    load_stuck_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="A reload's load (or a fallback's to the next provider) still going after this long is said "
+        "in the log, and a SIGHUP then loads the configuration again in its place; raise it where a model takes "
+        "longer to load (a large model, an engine compiled on the board).",
+    )
 
 
 S = TypeVar("S", bound=BaseModel)

@@ -44,7 +44,6 @@ from edged.wake import Waker
 log = logging.getLogger(__name__)
 
 CAPTURE_STOP_WAIT_S = 1.0  # how long all the capture threads a reload stops may take, together
-LOAD_STUCK_S = 30.0  # a load still going after this long is said, and a later SIGHUP loads in its place
 StartCapture = Callable[[SourceBase], Capture]
 TrialFor = Callable[[Settings, LoadedModel], Shadow | None]  # the candidate's trial beside a model (`edged.candidate`)
 Loaded = TypeVar("Loaded")  # what a `Load` loads
@@ -342,7 +341,7 @@ class Reloads:
     taken it; `loading` says whether a reload is under way (systemd hears READY=1 once none is: the
     newest is in).
 
-    A load that has not ended after ``stuck_after_s`` may never end (its file on a hung network mount
+    A load that has not ended after ``service.load_stuck_s`` may never end (its file on a hung network mount
     or a dying card), and is said in the log: a SIGHUP then loads in its place at once, and the stuck
     load's outcome, should it ever come, is dropped, never switched in over a newer one. One load is
     given up at a time: a SIGHUP while the load given up and the one after it are both stuck is
@@ -370,11 +369,10 @@ class Reloads:
         *,
         requests: bool,
         trial_for: TrialFor,
-        stuck_after_s: float = LOAD_STUCK_S,
     ) -> None:
         """``reloading`` tells systemd (RELOADING=1); the rest is `Loading`'s."""
         self._config_path, self._wake, self._reloading = config_path, wake, reloading
-        self._requests, self._trial_for, self._stuck_after_s = requests, trial_for, stuck_after_s
+        self._requests, self._trial_for = requests, trial_for
         self._loading: Loading | FallbackLoading | None = None
         self._stuck_said = False  # the load under way is said to be stuck
         self._abandoned: Loading | FallbackLoading | None = None  # stuck, given up for a newer load: its outcome is dropped
@@ -407,7 +405,7 @@ class Reloads:
             if outcome is not None:
                 self._loading = None
                 return outcome.held(running) or outcome if isinstance(outcome, Replacement) else outcome
-            if loading.elapsed_s() < self._stuck_after_s:
+            if loading.elapsed_s() < running.service.load_stuck_s:
                 return None
             if not sighup.is_set():
                 self._say_stuck(loading)
@@ -459,7 +457,7 @@ class Reloads:
         if self._fell_through:
             return False
         if self._loading is not None:
-            return self._loading.elapsed_s() < self._stuck_after_s
+            return self._loading.elapsed_s() < running.service.load_stuck_s
         runtime = fallback_runtime(running.runtime, live)
         if runtime is None:
             return False
@@ -500,7 +498,8 @@ class Reloads:
         self._stuck_said = True
         before = self._abandoned
         log.warning(
-            "the %s has been loading for %.0f s, at %s (a file on a slow or stalled disk?): %s; %s",
+            "the %s has been loading for %.0f s, at %s (a file on a slow or stalled disk?): %s; %s (a model "
+            "that takes longer to load needs a longer service.load_stuck_s)",
             loading.what,
             loading.elapsed_s(),
             loading.at,

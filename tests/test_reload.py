@@ -22,7 +22,6 @@ from edged.errors import ConfigError, ModelError
 from edged.model import LoadedModel, load_model
 from edged.pipeline import Processed, Rejected
 from edged.reload import (
-    LOAD_STUCK_S,
     Fallback,
     Loading,
     Reloads,
@@ -44,6 +43,11 @@ def _config(path: Path, model: Path, **publish: object) -> Path:
         "publish": {"endpoints": ["tcp://127.0.0.1:5999"], **publish},
     }
     return write_config(path, sections)
+
+
+def _stuck_after(settings: Settings, seconds: float) -> Settings:
+    """``settings`` with a load counted as stuck after ``seconds`` (``service.load_stuck_s``)."""
+    return settings.model_copy(update={"service": settings.service.model_copy(update={"load_stuck_s": seconds})})
 
 
 def test_a_good_config_comes_back_with_its_model_loaded(tmp_path: Path) -> None:
@@ -149,8 +153,8 @@ def test_a_reload_still_loading_after_a_while_is_said_once_with_the_file_it_read
 ) -> None:
     # Promote and rollback are refused until it ends, and a SIGHUP then loads in its place: the log says so.
     path = _config(tmp_path / "edged.toml", colour_probe(tmp_path / "probe.onnx"))
-    running, wake, sighup = load_config(path), threading.Event(), threading.Event()
-    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None, stuck_after_s=0.1)
+    running, wake, sighup = _stuck_after(load_config(path), 0.1), threading.Event(), threading.Event()
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None)
     caplog.set_level(logging.WARNING, logger="edged.reload")
     with opening_stalled(path) as waiting:
         sighup.set()
@@ -217,11 +221,9 @@ def test_a_sighup_while_a_load_is_stuck_loads_in_its_place_and_the_stuck_one_is_
     # A model file on a hung disk: the SIGHUP that points model.path at a good file waited behind it for ever.
     stuck, good = colour_probe(tmp_path / "stuck.onnx"), colour_probe(tmp_path / "good.onnx")
     path = _config(tmp_path / "edged.toml", good)
-    running, told = load_config(path), []
+    running, told = _stuck_after(load_config(path), 1.0), []
     wake, sighup = threading.Event(), threading.Event()
-    reloads = Reloads(
-        path, wake, lambda: told.append("RELOADING=1"), requests=False, trial_for=lambda s, m: None, stuck_after_s=1.0
-    )
+    reloads = Reloads(path, wake, lambda: told.append("RELOADING=1"), requests=False, trial_for=lambda s, m: None)
     _config(path, stuck)
     caplog.set_level(logging.INFO, logger="edged.reload")
     with opening_stalled(stuck) as waiting:
@@ -246,11 +248,9 @@ def test_a_sighup_while_the_load_given_up_and_the_one_after_it_are_both_stuck_is
     first, second = colour_probe(tmp_path / "first.onnx"), colour_probe(tmp_path / "second.onnx")
     good = colour_probe(tmp_path / "good.onnx")
     path = _config(tmp_path / "edged.toml", good)
-    running, told = load_config(path), []
+    running, told = _stuck_after(load_config(path), 1.0), []
     wake, sighup = threading.Event(), threading.Event()
-    reloads = Reloads(
-        path, wake, lambda: told.append("RELOADING=1"), requests=False, trial_for=lambda s, m: None, stuck_after_s=1.0
-    )
+    reloads = Reloads(path, wake, lambda: told.append("RELOADING=1"), requests=False, trial_for=lambda s, m: None)
     caplog.set_level(logging.INFO, logger="edged.reload")
     with opening_stalled(second) as second_waits:
         with opening_stalled(first) as first_waits:
@@ -289,13 +289,13 @@ def test_a_reload_stuck_on_its_candidates_file_gives_way_the_same(tmp_path: Path
     probe, candidate = colour_probe(tmp_path / "probe.onnx"), colour_probe(tmp_path / "candidate.onnx")
     path = _config(tmp_path / "edged.toml", probe)
     plain = path.read_text()
-    running, wake, sighup = load_config(path), threading.Event(), threading.Event()
+    running, wake, sighup = _stuck_after(load_config(path), 0.5), threading.Event(), threading.Event()
 
     def trial_for(settings: Settings, live: LoadedModel) -> Shadow | None:
         cfg = settings.model.candidate
         return Shadow(settings, cfg, live) if cfg is not None else None
 
-    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=trial_for, stuck_after_s=0.5)
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=trial_for)
     caplog.set_level(logging.INFO, logger="edged.reload")
     path.write_text(f"{plain}[model.candidate]\npath = {str(candidate)!r}\ncontrol = 'ipc://{tmp_path}/c.sock'\n")
     with opening_stalled(candidate) as waiting:
@@ -313,9 +313,10 @@ def test_a_reload_stuck_on_its_candidates_file_gives_way_the_same(tmp_path: Path
 
 def test_the_daemon_loads_a_sighup_in_place_of_a_reload_stuck_on_its_model_and_stops_at_once(tmp_path: Path) -> None:
     """A reload's model file on a hung disk, then a SIGHUP pointing model.path at a good file: the good one
-    loads once the stuck one has gone on for `LOAD_STUCK_S`, takes over and is published; the stuck one
+    loads once the stuck one has gone on for ``service.load_stuck_s``, takes over and is published; the stuck one
     is never tried, and SIGTERM while it is stuck exits 0 at once."""
-    if int(Path("/proc/sys/fs/lease-break-time").read_text()) < LOAD_STUCK_S + 10:
+    stuck_s = 3.0
+    if int(Path("/proc/sys/fs/lease-break-time").read_text()) < stuck_s + 10:
         pytest.skip("the kernel gives up a file lease before a load counts as stuck: no stuck load to be had")
     running = colour_probe(tmp_path / "running.onnx")
     stuck = colour_probe(tmp_path / "stuck.onnx", metadata={"version": "stuck"})
@@ -328,6 +329,7 @@ def test_the_daemon_loads_a_sighup_in_place_of_a_reload_stuck_on_its_model_and_s
             "model": {"path": str(running)},
             "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
             "thermal": {"enabled": False},
+            "service": {"load_stuck_s": stuck_s},
         },
     )
     d = RunningDaemon(config, endpoint)
@@ -339,7 +341,7 @@ def test_the_daemon_loads_a_sighup_in_place_of_a_reload_stuck_on_its_model_and_s
             assert wait_for(waiting, timeout_s=20), d.log()
             config.write_text(config.read_text().replace(str(stuck), str(good)))
             d.signal(signal.SIGHUP)
-            assert wait_for(lambda: "reloaded: model good@" in d.log(), timeout_s=LOAD_STUCK_S + 30), d.log()
+            assert wait_for(lambda: "reloaded: model good@" in d.log(), timeout_s=stuck_s + 30), d.log()
             assert {m.model.name for m in d.captured_after(time.time_ns(), 3)} == {"good"}
             said = re.search(rf"the reload has not ended after \d+ s, at model {re.escape(str(stuck))}", d.log())
             assert said is not None and "loaded model stuck@" not in d.log(), d.log()
@@ -575,8 +577,9 @@ def test_a_fallback_stuck_on_its_model_file_is_said_stops_the_loop_if_frames_kee
 ) -> None:
     model = colour_probe(tmp_path / "probe.onnx")
     path, running, live = _two_providers(tmp_path, model)
+    running = _stuck_after(running, 0.5)
     wake, sighup = threading.Event(), threading.Event()
-    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None, stuck_after_s=0.5)
+    reloads = Reloads(path, wake, lambda: None, requests=False, trial_for=lambda s, m: None)
     caplog.set_level(logging.INFO, logger="edged.reload")
     other = colour_probe(tmp_path / "other.onnx")
     with opening_stalled(model) as waiting:
