@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,29 @@ def test_eval_names_why_a_mask_cannot_be_read(tmp_path: Path) -> None:
     with open(tmp_path / "out.txt", "w") as out, pytest.raises(DataError) as raised:
         evaluate_anomaly(model, tmp_path, None, out)
     assert f"{BAD[1]}.png (its PNG header claims 8000x4400 pixels, over the 33177600 pixels" in str(raised.value)
+
+
+def test_eval_lists_the_masks_folder_once_whatever_the_number_of_bad_images(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was listed again for each bad image: at tens of thousands of images, a billion names read."""
+    folders(tmp_path)
+    (tmp_path / "masks").mkdir()
+    for name in BAD:
+        cv2.imwrite(str(tmp_path / "masks" / f"{name}.png"), np.full((8, 8), 255, np.uint8))
+    listed: list[Path] = []
+    iterdir = Path.iterdir
+
+    def counted(self: Path) -> Iterator[Path]:
+        listed.append(self)
+        return iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", counted)
+    model = load_model(ModelConfig(path=DATA / "padim.onnx"), RuntimeConfig())
+    with open(tmp_path / "out.txt", "w") as out:
+        assert evaluate_anomaly(model, tmp_path, None, out) == 0
+    assert len(BAD) > 1 and listed.count(tmp_path / "masks") == 1, listed
+    assert "pixel AUROC" in (tmp_path / "out.txt").read_text()
 
 
 def test_a_mask_of_16_bits_marks_the_defect_its_values_mark(tmp_path: Path) -> None:

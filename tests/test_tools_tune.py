@@ -219,11 +219,17 @@ def test_tune_with_labels_scores_each_variant_against_them(tmp_path: Path) -> No
     assert report["choice"]["precision"] == "f32"
 
 
-def test_tune_refuses_an_engine_or_precision_it_does_not_know(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("option", "value", "named"), [("--precision", "f32,int4", "'int4'"), ("--engine", "", "''")])
+def test_tune_refuses_an_engine_or_precision_it_does_not_know(tmp_path: Path, option: str, value: str, named: str) -> None:
+    """Saying which are known: an empty name (``--engine ''``, a trailing comma) was said as nothing at all."""
     config = tmp_path / "edged.toml"
     config.write_text(CONFIG)
-    done = run_cli("tune", "--config", str(config), "--precision", "f32,int4", "--frames", "1")
-    assert done.returncode == EXIT_USAGE and "no engine or precision named int4" in done.stderr
+    done = run_cli("tune", "--config", str(config), option, value, "--frames", "1")
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert (
+        f"no engine or precision named {named}: --engine takes onnxruntime,openvino or some of them, "
+        "--precision f32,int8,bf16,f16 or some of them"
+    ) in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(("content", "message"), [(b"not a model", "cannot load"), (None, "is not quantised")])

@@ -29,7 +29,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
@@ -571,13 +571,18 @@ def _size(text: str) -> tuple[int, int]:
     return width, height
 
 
-def _truth_kept(masks: Path, bad_images: Sequence[Path]) -> bool:
+def _masks_by_stem(masks: Path) -> dict[str, Path]:
+    """The files in ``masks`` by name without suffix, the first by name where several share one: read once,
+    not once for each bad image (tens of thousands of them)."""
+    return {p.stem: p for p in sorted(masks.iterdir(), reverse=True)} if masks.is_dir() else {}
+
+
+def _truth_kept(masks: Path, found: Mapping[str, Path], bad_images: Sequence[Path]) -> bool:
     """Whether the bad images have their defects marked, for a pixel AUROC: each has a mask in
-    ``masks`` by its name (non-zero on the defect) or YOLO polygons in its label file (`label_path`,
-    as edged's evidence writes an anomaly's regions). Said before any image is scored: False when
-    none has either, `DataError` naming those without when only some have."""
-    stems = {p.stem for p in masks.iterdir()} if masks.is_dir() else set()
-    missing = [p.name for p in bad_images if p.stem not in stems and not os.path.lexists(label_path(p))]
+    ``masks`` (``found``) by its name (non-zero on the defect) or YOLO polygons in its label file
+    (`label_path`, as edged's evidence writes an anomaly's regions). Said before any image is scored:
+    False when none has either, `DataError` naming those without when only some have."""
+    missing = [p.name for p in bad_images if p.stem not in found and not os.path.lexists(label_path(p))]
     if len(missing) == len(bad_images):
         return False
     if missing:
@@ -590,15 +595,15 @@ def _no_mask(masks: Path, names: Sequence[str]) -> str:
     return f"no readable mask for {', '.join(names)} ({where})"
 
 
-def _defect(masks: Path, image: Path, size: tuple[int, ...]) -> np.ndarray:
-    """The defect pixels of bad ``image`` at ``size`` (h, w), from its mask PNG or its YOLO polygons."""
+def _defect(masks: Path, mask_path: Path | None, image: Path, size: tuple[int, ...]) -> np.ndarray:
+    """The defect pixels of bad ``image`` at ``size`` (h, w), from its mask (``mask_path``, in ``masks``)
+    or its YOLO polygons."""
     h, w = size
-    found = [p for p in masks.iterdir() if p.stem == image.stem] if masks.is_dir() else []
-    if found:
+    if mask_path is not None:
         try:
-            mask = read_image(found[0], cv2.IMREAD_GRAYSCALE | cv2.IMREAD_ANYDEPTH)  # 16-bit ids of 1 are marks
+            mask = read_image(mask_path, cv2.IMREAD_GRAYSCALE | cv2.IMREAD_ANYDEPTH)  # 16-bit ids of 1 are marks
         except ImageError as e:
-            raise DataError(f"{found[0]} is no readable mask for {image.name} ({e.why})") from e
+            raise DataError(f"{mask_path} is no readable mask for {image.name} ({e.why})") from e
         return cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST) > 0
     labels = label_path(image)
     if not os.path.lexists(labels):  # gone since `_truth_kept` saw it
@@ -616,11 +621,13 @@ def evaluate_anomaly(model: LoadedModel, data: Path | None, json_path: Path | No
     if data is None:
         raise UsageError("an anomaly model is evaluated on --data DIR holding good/ and bad/ folders of images")
     bad_images, masks = images_in(data / "bad"), data / "masks"
-    pixels = PixelAuroc() if _truth_kept(masks, bad_images) else None
+    found = _masks_by_stem(masks)
+    pixels = PixelAuroc() if _truth_kept(masks, found, bad_images) else None
 
     def bad_map(index: int, values: np.ndarray) -> None:
         assert pixels is not None
-        pixels.add(values, _defect(masks, bad_images[index], values.shape))
+        image = bad_images[index]
+        pixels.add(values, _defect(masks, found.get(image.stem), image, values.shape))
 
     good = score_images(model, images_in(data / "good"), pixels.good if pixels else None)
     bad = score_images(model, bad_images, bad_map if pixels else None)

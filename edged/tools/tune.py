@@ -389,9 +389,13 @@ def _rows(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every variant this machine runs, the reference first; and why each other one is left out."""
     engines, precisions = set(args.engine.split(",")), set(args.precision.split(","))
-    unknown = (engines - {e for e, _ in VARIANTS}) | (precisions - {p for _, p in VARIANTS})
+    known_engines, known_precisions = dict.fromkeys(e for e, _ in VARIANTS), dict.fromkeys(p for _, p in VARIANTS)
+    unknown = (engines - known_engines.keys()) | (precisions - known_precisions.keys())
     if unknown:
-        raise UsageError(f"no engine or precision named {', '.join(sorted(unknown))}; see edged tune --help")
+        raise UsageError(
+            f"no engine or precision named {', '.join(repr(name) for name in sorted(unknown))}: --engine takes "
+            f"{','.join(known_engines)} or some of them, --precision {','.join(known_precisions)} or some of them"
+        )
     int8: Path | None = None
     if "int8" in precisions:
         int8 = _int8_model(args, settings, reference, split, made, log)
