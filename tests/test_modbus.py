@@ -119,8 +119,7 @@ def test_blocks_past_the_last_address_are_refused_saying_how_to_fit_them(
         load_config(write_config(tmp_path / "edged.toml", doc))
     assert e.value.exit_code == 78
     assert e.value.problems == [
-        f"modbus: {cameras} cameras' blocks of 16 registers from modbus.base {base} run past the "
-        f"last address, 65535: {fix}"
+        f"modbus: {cameras} cameras' blocks of 16 registers from modbus.base {base} run past the last address, 65535: {fix}"
     ], e.value.problems
 
 
