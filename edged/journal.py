@@ -450,6 +450,8 @@ class JournalWriter:
         self.recorded: dict[str, int] = previous.recorded if previous else {}
         self.dropped: dict[str, int] = previous.dropped if previous else {}
         self.failures: Failures = Failures(previous.failures if previous else None)
+        # Verdicts deleted for room before an output had them acknowledged, since start: lost to the broker
+        self.unsent_deleted: int = previous.unsent_deleted if previous else 0
         self.bytes = 0
         self.opened_id = 0  # the newest row's id when `start` opened the journal
         self.accepted = len(carried)  # entries queued so far, in order (the loop's count)
@@ -497,6 +499,7 @@ class JournalWriter:
             errors=self.failures.count,
             bytes=self.bytes,
             last_error=self.failures.last,
+            unsent_deleted=self.unsent_deleted,
         )
 
     @property
@@ -607,6 +610,7 @@ class JournalWriter:
         store.prune(time.time_ns(), cfg.max_age_days, cfg.max_bytes, boot=boot, keep_unsent=keep, synced=synced)
         self.bytes = store.size() + store.wal_bytes()
         if store.unsent_deleted > unsent:
+            self.unsent_deleted += store.unsent_deleted - unsent
             log.warning(
                 "journal %s: %d verdicts the broker has not acknowledged were deleted to keep the journal under "
                 "journal.max_bytes (%d); they will never be sent (a larger max_bytes holds a longer outage)",

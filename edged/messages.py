@@ -466,6 +466,11 @@ class EvidenceReport(WriterReport):
 class JournalReport(WriterReport):
     path: str = Field(description="The journal file.")
     recorded: int = Field(ge=0, description="This camera's entries written to the journal since start.")
+    unsent_deleted: int = Field(
+        ge=0,
+        description="Verdicts, of any camera, deleted to keep the journal under journal.max_bytes before the broker "
+        "acknowledged them, since start: they will never be sent (a larger max_bytes holds a longer outage).",
+    )
 
 
 class RejectReport(Message):

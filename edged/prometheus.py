@@ -259,6 +259,11 @@ def _journal(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
         "edged_journal_errors", "Journal writes or retention passes that failed (disk full, read-only).", value=board.errors
     )
     yield GaugeMetricFamily("edged_journal_bytes", "Bytes the journal holds, at its last retention pass.", value=board.bytes)
+    yield CounterMetricFamily(
+        "edged_journal_unsent_deleted",
+        "Verdicts deleted for room (journal.max_bytes) before the broker acknowledged them: never sent.",
+        value=board.unsent_deleted,
+    )
 
 
 def _reject(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:

@@ -299,11 +299,12 @@ def test_a_write_ahead_log_a_reader_keeps_past_max_bytes_is_counted_and_said_onc
 
 
 @pytest.mark.unit
-def test_verdicts_deleted_for_room_before_the_broker_had_them_are_said(
+def test_verdicts_deleted_for_room_before_the_broker_had_them_are_said_and_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A broker away so long that the journal reaches max_bytes: the oldest verdicts go, as docs say,
-    and those it had not acknowledged are said, how many, never those it had (before: not a word)."""
+    and those it had not acknowledged are said, how many, never those it had (before: not a word),
+    and counted in the status for an alert (before: in the log alone), on across a reload's writer."""
     monkeypatch.setattr(journal, "PRUNE_EVERY_S", 0.02)
     path = tmp_path / "journal.sqlite"
     w = JournalWriter(JournalConfig(path=path, max_bytes=100_000), IDENTITY, previous=None, keep_unsent=True)
@@ -325,7 +326,9 @@ def test_verdicts_deleted_for_room_before_the_broker_had_them_are_said(
     kept = [r[0] for r in rows(path, "SELECT id FROM entries ORDER BY id")]
     lost = 390 - len([row_id for row_id in kept if row_id > 10])
     said = [int(r.getMessage().split(": ")[1].split()[0]) for r in caplog.records if "not acknowledged" in r.getMessage()]
-    assert lost > 0 and sum(said) == lost == w.store.unsent_deleted
+    assert lost > 0 and sum(said) == lost == w.store.unsent_deleted == w.report("cam").unsent_deleted
+    after_reload = JournalWriter(JournalConfig(path=tmp_path / "other.sqlite"), IDENTITY, previous=w)
+    assert after_reload.report("cam").unsent_deleted == lost
 
 
 @pytest.mark.unit

@@ -34,7 +34,7 @@ MODEL = ModelInfo(name="probe", sha256="ab" * 32, provider="CPUExecutionProvider
 
 
 EVIDENCE = EvidenceReport(saved=7, dropped=2, errors=1, rate_limited=3, bytes=123456, last_error="disk full")
-JOURNAL = JournalReport(path="/j.sqlite", recorded=40, dropped=1, errors=2, bytes=65536, last_error=None)
+JOURNAL = JournalReport(path="/j.sqlite", recorded=40, dropped=1, errors=2, bytes=65536, last_error=None, unsent_deleted=7)
 REJECT = RejectReport(
     pulses=9,
     late=3,
@@ -254,6 +254,7 @@ def test_journal_counters_come_from_the_status() -> None:
     assert got[("edged_journal_dropped_total", CAM0)] == 1
     assert got[("edged_journal_errors_total", ())] == 2
     assert got[("edged_journal_bytes", ())] == 65536
+    assert got[("edged_journal_unsent_deleted_total", ())] == 7
     metrics.update([(_status(), RunStats().histograms(), None)])
     assert not any(name.startswith("edged_journal") for name, _ in _samples(metrics))
 
