@@ -58,6 +58,7 @@ REQUEST_TIMEOUT_S = 10.0  # a client that has not sent its whole request header 
 REFUSAL_LOG_INTERVAL_S = 60.0
 # Why a connection or request was refused (``edged_http_refused_total{reason}``).
 REFUSALS = ("busy", "per_client", "header_timeout", "header_evicted", "header_too_large", "host", "max_viewers")
+OUT_OF_RESOURCES = "out_of_resources"  # not a refusal as those: the client waits in the listen backlog
 
 CameraZones = Mapping[str, Mapping[str, Sequence[Point]]]  # camera id -> the zones its view draws
 
@@ -234,9 +235,10 @@ class HttpServer(Output):
         log.warning("http: refused %s from %s (since start: %s)", reason, client, counts)
 
     def refusals(self) -> Mapping[str, int]:
-        """Connections and requests refused since start, by reason (`REFUSALS`)."""
+        """Connections and requests refused since start, by reason (`REFUSALS`), and the connections
+        not taken for want of a descriptor, memory or a thread (`edged.accept.AcceptFailures`)."""
         with self._counts:
-            return dict(self._refused)
+            return {**self._refused, OUT_OF_RESOURCES: self.accept_failures.count}
 
     def update(self, cameras: Sequence[CameraStatus]) -> None:
         """Each camera's status just published, with its stage histograms and verdicts (None without

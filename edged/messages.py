@@ -496,12 +496,19 @@ class RejectReport(Message):
     last_error: str | None = Field(description="The line's last error (its thread failed); null when none.")
 
 
+ACCEPT_FAILED = (
+    "Connections not taken for want of a file descriptor or memory (LimitNOFILE= reached, a descriptor leak), "
+    "since start: each client waited in the listen backlog meanwhile."
+)
+
+
 class OpcuaReport(Message):
     """What the OPC UA server (``[opcua]``) says of itself; the same for every camera but ``updates``."""
 
     listen: str = Field(description="The address it listens on (opcua.listen).")
     serving: bool = Field(description="It listens and takes clients; false while it starts, or once it failed.")
     clients: int = Field(ge=0, description="Client connections now.")
+    accept_failed: int = Field(ge=0, description=ACCEPT_FAILED)
     requests: int = Field(ge=0, description="Trigger calls answered since start, of every camera.")
     refused: int = Field(ge=0, description="Sign-ins refused since start (a wrong user or password).")
     updates: int = Field(ge=0, description="Verdicts written to the nodes since start, of every camera.")
@@ -566,6 +573,7 @@ class ModbusReport(Message):
     """The Modbus TCP server's counters (`edged.modbus`), the board's: every camera's status says the same."""
 
     clients: int = Field(ge=0, description="Clients connected now.")
+    accept_failed: int = Field(ge=0, description=ACCEPT_FAILED)
     requests: int = Field(ge=0, description="Requests answered since start, exceptions included.")
     exceptions: int = Field(ge=0, description="Requests answered with a Modbus exception (bad address, unit, function).")
     refused: int = Field(ge=0, description="Connections closed as they came, beyond modbus.max_connections.")

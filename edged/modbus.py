@@ -321,6 +321,7 @@ class ModbusOutput(Output):
     def report(self, camera_id: str) -> OutputReport:
         modbus = ModbusReport(
             clients=self.clients,
+            accept_failed=self.accept_failures.count,
             requests=self.requests,
             exceptions=self.exceptions,
             refused=self.refused,

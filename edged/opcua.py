@@ -264,6 +264,7 @@ class OpcuaOutput(Output):
                 "listen": self.cfg.listen,
                 "serving": server.serving,
                 "clients": clients,
+                "accept_failed": server.accept_failures.count,
                 "requests": server.requests,
                 "refused": server.users.refused,
                 "updates": server.updates,

@@ -44,6 +44,9 @@ THERMAL_STATES = ("unknown", "ok", "warm", "throttled", "critical")
 CameraStatus = tuple[StatusMessage, Mapping[str, HistogramCounts], VerdictCounts | None]
 
 
+ACCEPT_FAILED_HELP = "Connections not taken for want of a file descriptor or memory (each waited in the backlog)."
+
+
 class Metrics:
     """The registry behind ``/metrics`` and the latest figures it exposes, per camera (label ``camera``)."""
 
@@ -231,6 +234,7 @@ def _opcua(status: StatusMessage) -> Iterator[Metric]:
         "edged_opcua_serving", "1 while the OPC UA server listens and takes clients.", value=server.serving
     )
     yield GaugeMetricFamily("edged_opcua_clients", "OPC UA client connections now.", value=server.clients)
+    yield CounterMetricFamily("edged_opcua_accept_failed", ACCEPT_FAILED_HELP, value=server.accept_failed)
     yield CounterMetricFamily("edged_opcua_requests", "OPC UA Trigger calls answered.", value=server.requests)
     yield CounterMetricFamily("edged_opcua_refused", "OPC UA sign-ins refused.", value=server.refused)
     yield CounterMetricFamily("edged_opcua_updates", "Verdicts written to the OPC UA nodes.", value=server.updates)
@@ -381,6 +385,7 @@ def _modbus(status: StatusMessage) -> Iterator[Metric]:
     if modbus is None:
         return
     yield GaugeMetricFamily("edged_modbus_clients", "Modbus TCP clients connected.", value=modbus.clients)
+    yield CounterMetricFamily("edged_modbus_accept_failed", ACCEPT_FAILED_HELP, value=modbus.accept_failed)
     yield CounterMetricFamily(
         "edged_modbus_requests", "Modbus requests answered, exceptions included.", value=modbus.requests
     )

@@ -7,6 +7,7 @@ everything is served again, the clients that waited included, once the limit is 
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shutil
 import signal
@@ -14,6 +15,7 @@ import socket
 import struct
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -143,6 +145,10 @@ def test_out_of_descriptors_no_server_spins_the_camera_is_retried_and_all_come_b
         assert "skipping unreadable image" not in log  # the process could not open them: no image is to blame
         status = d.wait_status(lambda s: s.source_state == "ok" and s.frames_processed > 0)
         assert status.drops.get("unreadable_image", 0) == 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=20) as response:
+            metrics = response.read().decode()
+        failed = re.search(r'^edged_http_refused_total\{reason="out_of_resources"\} (\S+)$', metrics, re.MULTILINE)
+        assert failed is not None and float(failed[1]) >= 1, metrics  # counted for an alert, not only said
         assert d.stop() == 0
     finally:
         for sock in waiting:
@@ -193,6 +199,8 @@ def test_out_of_descriptors_modbus_and_opc_ua_say_it_once_and_serve_who_waited(t
         reply = answer(waiting["modbus"], 11)
         assert reply[:2] == b"\x00\x07" and reply[7] == 3, reply  # transaction 7, function 3 answered
         assert answer(waiting["OPC UA"], 8).startswith(b"ACKF")
+        counted = d.wait_status(lambda s: s.modbus is not None and s.opcua is not None and s.modbus.accept_failed > 0)
+        assert counted.opcua is not None and counted.opcua.accept_failed > 0  # in the status too, not only said
         assert d.stop() == 0
     finally:
         for sock in waiting.values():

@@ -118,6 +118,7 @@ def test_status_metrics_and_the_live_view_show_the_clients_and_requests_served(t
 
         assert wait_for(scraped, 30), metrics
         assert metric(metrics, "edged_modbus_clients") == 1 and metric(metrics, "edged_modbus_exceptions_total") == 1
+        assert metric(metrics, "edged_modbus_accept_failed_total") == 0
         page = urllib.request.urlopen(f"http://127.0.0.1:{http}/", timeout=10).read().decode()
         assert 'id="modbus"' in page and "m.clients" in page
         started = time.monotonic()

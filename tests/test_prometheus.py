@@ -74,6 +74,7 @@ OPCUA = OpcuaReport(
     listen="opc.tcp://127.0.0.1:4840",
     serving=True,
     clients=3,
+    accept_failed=4,
     requests=12,
     refused=2,
     updates=40,
@@ -280,6 +281,7 @@ def test_opcua_clients_and_counters_come_from_the_status() -> None:
     got = _samples(metrics)
     assert got[("edged_opcua_serving", ())] == 1
     assert got[("edged_opcua_clients", ())] == 3
+    assert got[("edged_opcua_accept_failed_total", ())] == 4
     assert got[("edged_opcua_requests_total", ())] == 12
     assert got[("edged_opcua_updates_total", ())] == 40
     assert got[("edged_opcua_refused_total", ())] == 2
