@@ -254,7 +254,12 @@ def _endpoint(text: str) -> str:
     """An address to connect to, tried on a throwaway socket: libzmq's refusal, later, was a traceback."""
     import zmq
 
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+    from edged.listen import socket_with_room
+
+    try:
+        sock = socket_with_room(zmq.Context.instance(), zmq.SUB)
+    except OSError:
+        return text  # no room to try it on: the command's own socket says what ran out
     try:
         sock.connect(text)
     except zmq.ZMQError:

@@ -28,7 +28,7 @@ import zmq
 
 from edged.config import Settings
 from edged.errors import ControlError, PublishError, UsageError
-from edged.listen import MAX_MESSAGE_BYTES, Listener, try_bind
+from edged.listen import MAX_MESSAGE_BYTES, Listener, socket_with_room, try_bind
 from edged.messages import ModelInfo, refused_character
 from edged.output import Endpoint
 
@@ -192,7 +192,7 @@ def request(
 ) -> dict[str, Any]:
     """Send one command to the daemon on ``endpoint`` and return its reply; raises `ControlError`."""
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sock = context.socket(zmq.REQ)
+    sock = socket_with_room(context, zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(endpoint)

@@ -122,6 +122,14 @@ def refuse_live_ipc(path: Path, endpoint: str, key: str) -> None:
     )
 
 
+def socket_with_room(context: zmq.Context[zmq.Socket[bytes]], socket_type: int) -> zmq.Socket[bytes]:
+    """A socket of ``context``, made only with room for the descriptors libzmq opens for it (`make_room`):
+    where it cannot open one it aborts the process, exit 134 without a word (a tool run under a low
+    ``ulimit -n``). Raises EMFILE's `OSError`, which says what ran out."""
+    make_room(ZMQ_SOCKET_ROOM)
+    return context.socket(socket_type)
+
+
 class AcceptWatch:
     """Logs that a socket cannot accept connections (out of descriptors, say), once per episode.
 
@@ -211,8 +219,7 @@ class Listener:
         self._configure = configure
         self.key = key
         self.endpoints: list[str] = []
-        make_room(ZMQ_SOCKET_ROOM)
-        self.socket = context.socket(socket_type)
+        self.socket = socket_with_room(context, socket_type)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         configure(self.socket)
         self._watch = AcceptWatch(self.socket)

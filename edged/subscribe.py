@@ -28,6 +28,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from edged.errors import MessageError
 from edged.keys import ClientKeys
+from edged.listen import socket_with_room
 from edged.messages import (
     AnomalyRegion,
     Detection,
@@ -117,7 +118,7 @@ class Subscriber:
         self.endpoint = endpoint
         self.stats = StreamStats()
         self._context = context or zmq.Context.instance()
-        self._socket = self._context.socket(zmq.SUB)
+        self._socket = socket_with_room(self._context, zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self.unresolved: str | None = None  # why the endpoint's host name resolved to nothing when connecting

@@ -48,7 +48,7 @@ from pydantic import ValidationError
 from edged.config import PublishConfig, Settings, TriggerConfig
 from edged.errors import MessageError, TriggerFailed, UsageError
 from edged.keys import ClientKeys
-from edged.listen import Listener, as_bound, try_bind
+from edged.listen import Listener, as_bound, socket_with_room, try_bind
 from edged.messages import (
     TriggerError,
     TriggerProblem,
@@ -410,7 +410,7 @@ def request_verdict(
     deadline = time.monotonic() + timeout_s
     address = _address(endpoint, timeout_s)
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sock = context.socket(zmq.REQ)
+    sock = socket_with_room(context, zmq.REQ)
     try:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IPV6, int(connect_ipv6(address)))

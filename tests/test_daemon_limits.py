@@ -46,7 +46,7 @@ MOST_CPU = 0.4  # of a core, over the window: the daemon with its camera lost an
 AT_THE_LIMIT = """
 import os, resource, sys
 import cv2, numpy, onnxruntime, zmq
-import edged.check, edged.cli, edged.unit
+import edged.check, edged.cli, edged.subscribe, edged.trigger, edged.unit
 free = next(fd for fd in range(1 << 20) if not os.path.exists(f"/proc/self/fd/{fd}"))
 resource.setrlimit(resource.RLIMIT_NOFILE, (free + 3, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 sys.exit(edged.cli.main(sys.argv[1:]))
@@ -365,3 +365,19 @@ def test_check_with_too_few_descriptors_says_so_without_a_traceback(tmp_path: Pa
     assert "edged: check failed: Too many open files: the process has no file descriptor left, LimitNOFILE= too low" in (
         checked.stderr
     )
+
+
+@pytest.mark.parametrize("command", [["subscribe", "--count", "1"], ["trigger"]])
+def test_a_client_tool_with_too_few_descriptors_says_so_and_is_not_aborted(command: list[str]) -> None:
+    """libzmq aborted `edged subscribe` and `edged trigger` (exit 134, "Too many open files
+    (src/epoll.cpp:38)") where it could not open a descriptor of its own: run under a low ``ulimit -n``."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-c", AT_THE_LIMIT, command[0], endpoint, *command[1:], "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"edged: {command[0]} failed: Too many open files: the process has no file descriptor left" in done.stderr
