@@ -105,16 +105,18 @@ class Entry:
 
 
 def lock(path: Path, *, create: bool = True) -> int:
-    """A file descriptor holding journal ``path``'s lock (``flock`` on ``path.lock``, let go when it
-    closes or edged ends, however it ends); an OSError when another process holds it. Two edged
-    writing one journal would each replay the other's verdicts to its broker, under the same seq.
-    Without ``create``, a lock file not there is FileNotFoundError: nobody holds it."""
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o640)
+    """A file descriptor holding journal ``path``'s lock (``flock`` on ``.lock`` beside the file a link
+    at ``path`` names, let go when it closes or edged ends, however it ends); an OSError when another
+    process holds it. Two edged writing one journal would each replay the other's verdicts to its
+    broker, under the same seq: two configurations whose links name one file took a lock each, beside
+    their links. Without ``create``, a lock file not there is FileNotFoundError: nobody holds it."""
+    held = f"{os.path.realpath(path)}.lock"
+    fd = os.open(held, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o640)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise OSError(errno.EWOULDBLOCK, f"in use by another edged (its lock {path}.lock is held)") from None
+        raise OSError(errno.EWOULDBLOCK, f"in use by another edged (its lock {held} is held)") from None
     except BaseException:
         os.close(fd)
         raise

@@ -594,6 +594,9 @@ def test_a_journal_held_by_another_edged_is_said_and_not_written_by_a_second(tmp
     try:
         problem = JournalOutput.in_use(settings)
         assert problem is not None and "in use by another edged" in problem and "journal.path" in problem
+        (tmp_path / "link.sqlite").symlink_to(tmp_path / "journal.sqlite")  # another configuration's path to it
+        problem = JournalOutput.in_use(_settings(tmp_path, tmp_path / "link.sqlite"))
+        assert problem is not None and f"its lock {tmp_path / 'journal.sqlite'}.lock is held" in problem
         elsewhere = _settings(tmp_path, tmp_path / "other.sqlite")
         onto = load_replacement(_config(tmp_path, tmp_path / "journal.sqlite"), elsewhere)
         assert "in use by another edged" in (onto.held(elsewhere) or "")  # a reload onto it is refused
