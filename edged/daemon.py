@@ -38,7 +38,7 @@ from edged.settings.sources import SourceBase
 from edged.shadow import Swap
 from edged.sources.base import Frame
 from edged.status import publish_status, snapshot, summary_line
-from edged.thermal import ThermalReport, ThermalWatch
+from edged.thermal import ThermalReport, ThermalWatch, reloaded_watch
 from edged.trigger import Request
 from edged.wake import Wake
 
@@ -380,15 +380,15 @@ class Daemon:
         new = trial.replacement.settings
         self.lanes.resize(new.lanes())
         before = self.settings.requesting()
-        self.settings, self.model = new, trial.replacement.model
+        self.settings, self.model, self.health.stall_timeout_s = new, trial.replacement.model, new.service.stall_timeout_s
         self.cameras, self._trial = trial.take_over(self.cameras), None
         if self.desk is not None:
             self.desk.follow(new, before)
         self.outputs.reload(new)
-        self.thermal = ThermalWatch(new.thermal, previous=self.thermal) if new.thermal.enabled else None
+        self.thermal, self.report = reloaded_watch(new.thermal, self.thermal, self.report)
         self.candidate.reload(new, trial.replacement.shadow)
         self._watch()
-        self._reloads.took_over(trial.replacement)  # what stays dropped, and the replaced models' memory back
+        self._reloads.took_over(trial.replacement)  # what stays dropped, the log level, the replaced models' memory back
 
     def _finish_lanes(self) -> None:
         """At stop: let the frames on the lanes finish and publish them, each lane's error said alone."""

@@ -28,10 +28,11 @@ class Watched:
 
 
 class Health:
-    """Progress timestamps written by the loop, read by the watchdog thread."""
+    """Progress timestamps written by the loop, read by the watchdog thread; ``stall_timeout_s``
+    (``service.stall_timeout_s``) is set again by the loop when a reload switches in."""
 
     def __init__(self, stall_timeout_s: float, clock: Callable[[], int] = time.monotonic_ns) -> None:
-        self._limit_ns = stall_timeout_s * 1e9
+        self.stall_timeout_s = stall_timeout_s
         self._clock = clock
         self.loop_ns = self.frame_ns = clock()
         self.ready = False
@@ -81,19 +82,19 @@ class Health:
         whatever the others do: only a restart brings that camera back, and a hung accelerator
         may take the others next.
         """
-        now = self._clock()
-        if now - self.loop_ns > self._limit_ns:
+        now, limit_ns = self._clock(), self.stall_timeout_s * 1e9
+        if now - self.loop_ns > limit_ns:
             return f"the loop has not turned for {(now - self.loop_ns) / 1e9:.1f} s"
-        hung = {name: now - since for name, since in (inferring or {}).items() if now - since > self._limit_ns}
+        hung = {name: now - since for name, since in (inferring or {}).items() if now - since > limit_ns}
         if hung:
             name = max(hung, key=hung.__getitem__)
             return f"a frame of camera {name} has been in inference for {hung[name] / 1e9:.1f} s: a hung model or provider"
         dead = [name for name, capture in cameras.items() if not capture.alive and capture.state != "ended"]
         if dead:
             return f"the capture thread of camera {', '.join(dead)} died: only a restart brings the camera back"
-        if now - self.frame_ns <= self._limit_ns:
+        if now - self.frame_ns <= limit_ns:
             return None
-        if any(c.state in ("lost", "starting") and now - c.last_progress_ns <= self._limit_ns for c in cameras.values()):
+        if any(c.state in ("lost", "starting") and now - c.last_progress_ns <= limit_ns for c in cameras.values()):
             return None
         states = ", ".join(f"{name} {c.state}" for name, c in cameras.items()) if len(cameras) > 1 else None
         states = states or f"camera {next(iter(cameras.values())).state}"

@@ -36,6 +36,7 @@ from edged.journal import JournalOutput
 from edged.lograte import LogRate
 from edged.model import LoadedModel, fallback_runtime, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
+from edged.service import follow_log_level
 from edged.settings.sources import SourceBase
 from edged.shadow import Followed, FollowFor, Shadow, Swap, candidate_runtime
 from edged.sources.base import Frame
@@ -182,6 +183,13 @@ def load_replacement(
         # The request socket, like the PUB socket, stays bound as it is.
         log.warning("trigger settings changed: restart edged to apply them")
         new = new.model_copy(update={"trigger": running.trigger})
+    if new.runtime.capture_priority != running.runtime.capture_priority:
+        # A capture thread sets its own priority as it starts, and raising it again needs a privilege
+        # (CAP_SYS_NICE) the service may lack: the running cameras keep theirs, and those a reload adds take it too.
+        log.warning("runtime.capture_priority changed: restart edged to apply it")
+        new = new.model_copy(
+            update={"runtime": new.runtime.model_copy(update={"capture_priority": running.runtime.capture_priority})}
+        )
     kept, candidate = running.model.candidate, new.model.candidate
     if kept is not None and candidate is not None and candidate.control != kept.control:
         # The control socket, too, stays bound where it is (`edged.candidate`).
@@ -486,9 +494,11 @@ class Reloads:
 
     def took_over(self, replacement: Replacement) -> None:
         """``replacement`` has switched in: the providers it kept dropped stay so for the reloads after
-        it (none where it loaded the providers its configuration lists), and the memory the models it
-        replaced freed goes back to the system (`give_back_freed_memory`)."""
+        it (none where it loaded the providers its configuration lists), the log follows its
+        ``service.log_level``, and the memory the models it replaced freed goes back to the system
+        (`give_back_freed_memory`)."""
         self._dropped = replacement.dropped
+        follow_log_level(replacement.settings.service.log_level)
         give_back_freed_memory()
 
     def _say_stuck(self, loading: Loading | FallbackLoading) -> None:

@@ -179,6 +179,17 @@ def setup_logging(level: str) -> None:
     root.setLevel(level.upper())
 
 
+def follow_log_level(level: str) -> None:
+    """A reload's ``service.log_level`` takes over from the next line on; a change is said at the
+    higher of the two levels, so that the log shows it whichever way it goes."""
+    root = logging.getLogger()
+    new = logging.getLevelName(level.upper())
+    if new == root.level:
+        return
+    log.log(max(new, root.level), "service.log_level: logging at %s from now on", level)
+    root.setLevel(new)
+
+
 def exit_safely(code: int) -> int:
     """``code``, for the interpreter to exit with; or the process ends here with it while a thread still runs.
 

@@ -362,6 +362,17 @@ class ThermalWatch:
         return zones
 
 
+def reloaded_watch(
+    cfg: ThermalConfig, watch: ThermalWatch | None, report: ThermalReport | None
+) -> tuple[ThermalWatch | None, ThermalReport | None]:
+    """The watch and the last report once a reload's ``[thermal]`` takes over: off, neither (a report
+    kept would hold a warm board's rate cap, or a critical one's pause, until a restart); on, the watch
+    going on from ``watch`` (`ThermalWatch`'s ``previous``) with ``report`` until its next poll."""
+    if not cfg.enabled:
+        return None, None
+    return ThermalWatch(cfg, previous=watch), report
+
+
 def _log_change(previous: ThermalState | None, report: ThermalReport) -> None:
     """WARNING on every change; the first reading is INFO unless it is already a problem."""
     hottest_zone = max(report.zones, key=report.zones.__getitem__) if report.zones else "none"

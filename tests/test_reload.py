@@ -8,6 +8,8 @@ import re
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 import weakref
 from pathlib import Path
 
@@ -73,6 +75,19 @@ def test_a_moved_control_socket_is_said_to_need_a_restart_and_the_bound_one_kept
         replacement = load_replacement(path, running)
     assert "model.candidate.control changed: restart edged to apply it" in caplog.text
     assert replacement.settings.model.candidate == running.model.candidate
+
+
+def test_a_changed_capture_priority_is_said_to_need_a_restart_and_the_running_one_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    probe = colour_probe(tmp_path / "probe.onnx")
+    path = _config(tmp_path / "edged.toml", probe)
+    running = load_config(path)
+    path.write_text(f"{path.read_text()}[runtime]\ncapture_priority = 'idle'\n")
+    with caplog.at_level(logging.WARNING, logger="edged.reload"):
+        replacement = load_replacement(path, running)
+    assert "runtime.capture_priority changed: restart edged to apply it" in caplog.text
+    assert replacement.settings.runtime.capture_priority == running.runtime.capture_priority == "low"
 
 
 def test_a_bad_config_or_model_raises_for_the_daemon_to_keep_what_runs(tmp_path: Path) -> None:
@@ -347,6 +362,47 @@ def test_the_daemon_loads_a_sighup_in_place_of_a_reload_stuck_on_its_model_and_s
             assert said is not None and "loaded model stuck@" not in d.log(), d.log()
             assert d.stop(timeout=10) == 0, d.log_path.read_text()
         assert "Traceback" not in d.log_path.read_text()
+    finally:
+        d.close()
+
+
+def _healthz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_reload_applies_the_stall_timeout_and_the_log_level(tmp_path: Path) -> None:
+    """``service.stall_timeout_s`` and ``service.log_level`` were read once at start: a reload that changed
+    only them was taken, said as a change, and ignored until a restart. A camera at 2 fps is healthy under a
+    10 s timeout and not under 0.2 s; logging at warning hides the reload's own lines, at info shows them."""
+    probe = colour_probe(tmp_path / "probe.onnx")
+    endpoint, port = f"tcp://127.0.0.1:{free_port()}", free_port()
+    sections: dict[str, dict[str, object]] = {
+        "source": {"type": "synthetic", "fps": 2.0, "width": 320, "height": 240},
+        "model": {"path": str(probe)},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.5},
+        "thermal": {"enabled": False},
+        "http": {"listen": f"127.0.0.1:{port}"},
+        "service": {"log_level": "warning", "stall_timeout_s": 10.0},
+    }
+    config = write_config(tmp_path / "edged.toml", sections)
+    d = RunningDaemon(config, endpoint)
+    try:
+        d.collect("detections", 2)
+        assert _healthz(port) == 200
+        write_config(config, {**sections, "service": {"log_level": "warning", "stall_timeout_s": 0.2}})
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: _healthz(port) == 503, timeout_s=20), d.log()
+        assert "reloaded: model" not in d.log()  # at warning
+        write_config(config, {**sections, "service": {"log_level": "info", "stall_timeout_s": 10.0}})
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: "reloaded: model" in d.log(), timeout_s=20), d.log()
+        assert "WARNING edged.service: service.log_level: logging at info from now on" in d.log()
+        assert wait_for(lambda: _healthz(port) == 200, timeout_s=5), d.log()
+        assert d.stop(timeout=10) == 0, d.log_path.read_text()
     finally:
         d.close()
 

@@ -482,7 +482,9 @@ def test_every_output_says_the_same_thermal_state(tmp_path: Path) -> None:
 
 def test_a_reload_keeps_a_board_inside_its_hysteresis_band_throttled(tmp_path: Path) -> None:
     """A SIGHUP's new configuration takes the board's thermal state over (`ThermalWatch(previous=)`): a board
-    that went throttled and cooled to inside the band stays throttled after the reload, its rate not raised by it."""
+    that went throttled and cooled to inside the band stays throttled after the reload, its rate not raised by it.
+    A reload that turns the watch off lifts its cap (the last report stayed: the cap, or a critical board's pause,
+    lasted until a restart)."""
     root = copy_board(tmp_path, "rpi4")
     (root / GET_THROTTLED).write_text("0\n")
     heat = root / ZONES / "thermal_zone0/temp"
@@ -501,5 +503,9 @@ def test_a_reload_keeps_a_board_inside_its_hysteresis_band_throttled(tmp_path: P
         after = [m for m in d.messages(1.5) if isinstance(m, StatusMessage)]
         assert after and all(m.thermal is not None and m.thermal.state == "throttled" for m in after), d.log()
         assert "thermal state throttled -> warm" not in d.log()
+        config.write_text(config.read_text().replace("[thermal]\n", "[thermal]\nenabled = false\n"))
+        d.signal(signal.SIGHUP)
+        off = d.wait_status(lambda s: s.thermal is None, timeout=20)
+        assert off.rate_cap_fps is None, d.log()
     finally:
         d.close()
