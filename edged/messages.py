@@ -440,7 +440,9 @@ class ThermalReadings(Message):
     model: str | None = Field(description="The board's model string, null when unknown.")
     zones: dict[str, float] = Field(description="Temperature per thermal zone, C; offline sensors left out.")
     hottest_c: float | None = Field(description="The hottest zone, C; null without zones.")
-    freq_cap_ratio: float | None = Field(description="CPU frequency cap over the maximum; null when unknown.")
+    freq_cap_ratio: float | None = Field(
+        description="The CPU frequency cap heat set, over the ceiling (1.0 for a ceiling set on purpose); null when unknown."
+    )
     freq_cur_ratio: float | None = Field(description="Current CPU frequency over the maximum; null when unknown.")
     throttled_flags: list[str] = Field(description="The board's throttling flags now set (Raspberry Pi).")
     hardware_throttling: bool = Field(description="Whether the firmware or the kernel throttles now.")

@@ -6,10 +6,10 @@ prints it: `edged.thermal_command`).
 
 States, coolest first: ``unknown`` (no readable zone), ``ok``, ``warm``, ``throttled``,
 ``critical``. The state is at least ``throttled`` whenever the hardware says it is throttling
-(Pi firmware bits or a lowered cpufreq ceiling), whatever the temperatures. Stepping up is
-immediate; stepping down waits until the hottest zone is more than ``hysteresis_c`` below the
-threshold of the state being left and the hardware flag has cleared, so a reading hovering at a
-threshold cannot flap. A big drop may step down several states at once.
+(Pi firmware bits, or a cpufreq ceiling heat lowered: `edged.thermal_readers`), whatever the
+temperatures. Stepping up is immediate; stepping down waits until the hottest zone is more than
+``hysteresis_c`` below the threshold of the state being left and the hardware flag has cleared,
+so a reading hovering at a threshold cannot flap. A big drop may step down several states at once.
 
 What a sensor says is weighed first: a reading that jumps faster than a chip heats waits for the
 next to say so too, a zone that misses a reading keeps its last one a while, and hardware throttling
@@ -54,6 +54,9 @@ _THROTTLED_BELOW_CRITICAL_C = 7.5
 _WARM_BELOW_THROTTLED_C = 10.0
 # Trip points outside this range are placeholders (x86_pkg_temp exposes 0 C passive trips).
 _PLAUSIBLE_TRIP_C = (40.0, 150.0)
+# A chip shuts down at 85 C or above (x86 packages 100+, Jetson 96+, Rockchip and i.MX 95+): a zone whose
+# critical or hot trip is lower is a skin, battery or board sensor, and its trips say nothing of the chip's.
+_CHIP_SHUTDOWN_MIN_C = 85.0
 # Spacing kept between a configured threshold and a default one pushed out of its way.
 _MIN_GAP_C = 2.0
 # A poll waits this long for the board's files (a few milliseconds where they answer; 400 zones take
@@ -135,7 +138,10 @@ class ThermalReport:
 
 def _thresholds_from_trips(zones: tuple[Zone, ...]) -> tuple[float, float, float] | None:
     low, high = _PLAUSIBLE_TRIP_C
-    trips = [t for z in zones for t in z.trips if low <= t.temp_c <= high]
+    chips = [
+        z for z in zones if any(t.kind in ("critical", "hot") and _CHIP_SHUTDOWN_MIN_C <= t.temp_c <= high for t in z.trips)
+    ]
+    trips = [t for z in chips for t in z.trips if low <= t.temp_c <= high]
     shutdown = [t.temp_c for t in trips if t.kind in ("critical", "hot")]
     if not shutdown:
         return None

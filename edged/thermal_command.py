@@ -27,6 +27,8 @@ def _write_table(out: TextIO, report: ThermalReport, watch: ThermalWatch) -> Non
     for zone in zones:
         temp = "offline" if zone.temp_c is None else celsius(zone.temp_c)
         trips = ", ".join(f"{t.temp_c:.1f}C {t.kind}" for t in zone.trips) or "-"
+        if zone.alarm_only:
+            temp, trips = "no temp", f"{trips}  (reads its level below its first alarm: left out)"
         out.write(f"{zone.name:<18}{temp:>9}  {trips}\n")
     if not zones:
         out.write("(no thermal zones)\n")
@@ -36,7 +38,11 @@ def _write_table(out: TextIO, report: ThermalReport, watch: ThermalWatch) -> Non
         f"critical {celsius(th['critical'])}  hysteresis {celsius(cfg.hysteresis_c)}"
         f"  ({watch.thresholds_source})\n"
     )
-    out.write(f"cpufreq     cap {percent(report.freq_cap_ratio)}  cur {percent(report.freq_cur_ratio)}\n")
+    judged_by = " and ".join(snapshot.cpufreq.judged_by) if snapshot and snapshot.cpufreq else ""
+    out.write(
+        f"cpufreq     cap {percent(report.freq_cap_ratio)}  cur {percent(report.freq_cur_ratio)}"
+        f"{f'  (heat judged by {judged_by})' if judged_by else ''}\n"
+    )
     if snapshot and snapshot.pi_source:
         out.write(f"pi flags    {', '.join(report.throttled_flags) or 'none'}  ({snapshot.pi_source})\n")
     if report.power_mode:

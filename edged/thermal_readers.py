@@ -1,8 +1,9 @@
 """Raw thermal readings from sysfs, procfs and /etc under a configurable root.
 
-This module owns *reading and parsing*: thermal zones with their trip points, cpufreq limits,
-the Raspberry Pi throttled bits, the board model and the Jetson power mode. What the readings
-mean (states, thresholds, rates) is decided in ``edged.thermal``.
+This module owns *reading and parsing*: thermal zones with their trip points, cpufreq limits
+(told from a ceiling set on purpose by the kernel's cpufreq cooling devices, a Jetson power mode
+or the ceiling since start), the Raspberry Pi throttled bits, the board model and the Jetson power
+mode. What the readings mean (states, thresholds, rates) is decided in ``edged.thermal``.
 
 Every read tolerates a missing, unreadable or garbled file: the value becomes ``None`` and the
 path is logged once, because a flaky sensor must never stop the daemon.
@@ -61,6 +62,14 @@ _MODE_DEFAULT = re.compile(r"<\s*PM_CONFIG\s+DEFAULT=(\d+)\s*>")
 _MODE_STATUS = re.compile(r"pmode:(\d+)")
 _MODE_CPU_MAX = re.compile(r"CPU_\w+\s+MAX_FREQ\s+(-?\d+)")
 _VCGENCMD_OUT = re.compile(r"throttled=(0x[0-9a-fA-F]+)")
+# The kernel's cpufreq cooling devices: ``cpufreq-cpuN`` caps the policy of first CPU N (kernels
+# since 5.x); ``thermal-cpufreq-N`` (older kernels: N counts devices, not CPUs) and x86's ACPI
+# ``Processor`` do not say which policy they cap, so any of them active counts for every policy.
+_COOLING_OF_POLICY = re.compile(r"cpufreq-cpu(\d+)")
+_COOLING_OF_SOME_POLICY = re.compile(r"thermal-cpufreq-\d+|Processor")
+# Zones that read a fixed value below their first alarm rather than a temperature: the MAX77620
+# PMIC of Jetson Nano/TX1/TX2 reads 100 C until its die reaches 120 C.
+_ALARM_ONLY_ZONES = {"pmic-die": 100.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,19 +82,26 @@ class Trip:
 
 @dataclass(frozen=True, slots=True)
 class Zone:
-    """A thermal zone; ``temp_c`` is None while the sensor is offline."""
+    """A thermal zone; ``temp_c`` is None while the sensor is offline, or while it reads its resting
+    alarm level (``alarm_only``), which is no temperature."""
 
     name: str
     temp_c: float | None
     trips: tuple[Trip, ...]
+    alarm_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class CpuFreq:
-    """Lowest ratio over all cpufreq policies of scaling_max (cap) and scaling_cur to the ceiling."""
+    """Lowest ratio over all cpufreq policies of scaling_max (cap) and scaling_cur to the ceiling.
+
+    ``cap_ratio`` counts only a cap set for heat: a ceiling set on purpose (a power mode, a user's or a
+    tool's ``scaling_max_freq``) is 1.0. ``judged_by`` says how that was told, for ``edged thermal``.
+    """
 
     cap_ratio: float | None
     cur_ratio: float | None
+    judged_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +223,9 @@ class SysReader:
         self.slow_files = SlowFiles.of(self.root)
         # vcgencmd reads the live firmware, so it only makes sense for the real root.
         self._vcgencmd_allowed = use_vcgencmd and self.root == Path("/")
+        # Per policy, the ceiling set on purpose as far as it is known: the last one seen with its cooling
+        # device idle, else the highest seen (a cap lifting shows what was under it).
+        self._ceilings: dict[str, int] = {}
 
     def read(self) -> Snapshot:
         model = self._model()
@@ -268,7 +287,13 @@ class SysReader:
             unit = 1000.0
             self._problems.once(logging.WARNING, path, "%s reads in degrees, not millidegrees: taken as degrees", path)
         temp = self._zone_temp(path / "temp", unit)
-        return Zone(name, temp, tuple(Trip(t * unit / 1000, kind) for t, kind in trips))
+        alarm_only = temp is not None and temp == _ALARM_ONLY_ZONES.get(name.lower())
+        if alarm_only:
+            msg = "%s reads %.0f C, its level below its first alarm, not a temperature: left out while it does"
+            self._problems.once(logging.INFO, path / "type", msg, path, temp)
+        elif name.lower() in _ALARM_ONLY_ZONES:
+            self._problems.cleared(path / "type")
+        return Zone(name, None if alarm_only else temp, tuple(Trip(t * unit / 1000, kind) for t, kind in trips), alarm_only)
 
     def _zone_temp(self, path: Path, unit: float) -> float | None:
         # A disabled or powered-down sensor fails with EIO/ENODATA or reads empty: that is normal.
@@ -305,10 +330,13 @@ class SysReader:
     # ---- cpufreq ---------------------------------------------------------------------------
 
     def _cpufreq(self, power_mode: PowerMode | None) -> CpuFreq | None:
-        """A Jetson power mode lowers scaling_max on purpose, so its ceiling is the reference."""
+        """scaling_max and scaling_cur against each policy's ceiling: its hardware maximum, or lower a Jetson
+        power mode's; the cap counts only as far as heat set it (`_heat_cap`)."""
         mode_cap = power_mode.cpu_max_khz if power_mode else None
+        by_policy, any_policy = self._cpufreq_cooling()
         caps: list[float] = []
         curs: list[float] = []
+        judged_by: list[str] = []
         for policy in _numbered(self.root / _CPUFREQ, "policy", self._problems):
             hw_max = self._int(policy / "cpuinfo_max_freq")
             if not hw_max or hw_max <= 0:
@@ -319,12 +347,53 @@ class SysReader:
             if scaling_max is not None and scaling_max <= 0:  # no clock has a ceiling of 0: garbage, not a cap
                 self._problems.once(logging.WARNING, policy, "%s/scaling_max_freq reads %d: ignored", policy, scaling_max)
             elif scaling_max is not None:
-                caps.append(min(1.0, scaling_max / ceiling))
+                cooling = by_policy.get(policy.name.removeprefix("policy"), any_policy)
+                cap, how = self._heat_cap(policy.name, scaling_max, ceiling, power_mode is not None, cooling)
+                caps.append(cap)
+                judged_by.append(how)
             if scaling_cur is not None:
                 curs.append(min(1.0, scaling_cur / ceiling))
         if not caps and not curs:
             return None
-        return CpuFreq(min(caps) if caps else None, min(curs) if curs else None)
+        return CpuFreq(min(caps) if caps else None, min(curs) if curs else None, tuple(dict.fromkeys(judged_by)))
+
+    def _cpufreq_cooling(self) -> tuple[dict[str, int], int | None]:
+        """``cur_state`` of the cpufreq cooling devices (`_COOLING_OF_POLICY`) by the policy's first CPU,
+        and the highest of those that name no policy (None: there are none); an unreadable one is left out."""
+        by_policy: dict[str, int] = {}
+        any_policy: int | None = None
+        for device in _numbered(self.root / _ZONES, "cooling_device", self._problems):
+            kind = self._text(device / "type") or ""
+            of_policy = _COOLING_OF_POLICY.fullmatch(kind)
+            if of_policy is None and _COOLING_OF_SOME_POLICY.fullmatch(kind) is None:
+                continue
+            state = self._int(device / "cur_state")
+            if state is None or state < 0:
+                continue
+            if of_policy is not None:
+                by_policy[of_policy.group(1)] = state
+            else:
+                any_policy = max(state, any_policy or 0)
+        return by_policy, any_policy
+
+    def _heat_cap(self, policy: str, scaling_max: int, ceiling: int, mode: bool, cooling: int | None) -> tuple[float, str]:
+        """The ratio by which heat lowers this policy's ceiling, and what told it.
+
+        The kernel caps a clock for heat through a cpufreq cooling device, so where one covers the policy
+        its ``cur_state`` decides: 0, and the ceiling, however low, was set on purpose. Without one, a Jetson
+        power mode's ceiling is the reference; with neither, the highest ceiling seen since edged started,
+        so that a ceiling lowered before it (a power mode without its nvpmodel.conf, ``cpufreq-set -u``) is no cap.
+        """
+        if cooling == 0:
+            self._ceilings[policy] = scaling_max
+            return 1.0, "the cpufreq cooling device"
+        if cooling is not None:
+            reference = min(ceiling, self._ceilings.get(policy, ceiling))
+            return min(1.0, scaling_max / reference), "the cpufreq cooling device"
+        if mode:
+            return min(1.0, scaling_max / ceiling), "the power mode"
+        highest = self._ceilings[policy] = max(self._ceilings.get(policy, 0), scaling_max)
+        return min(1.0, scaling_max / min(ceiling, highest)), "the highest ceiling since start"
 
     # ---- Raspberry Pi throttled bits -------------------------------------------------------
 

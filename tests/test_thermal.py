@@ -71,6 +71,16 @@ def set_temp(root: Path, celsius: float, zone: int = 0) -> None:
     write(root, f"{ZONES}/thermal_zone{zone}/temp", f"{round(celsius * 1000)}\n")
 
 
+def cooling_device(root: Path, kind: str, state: int, n: int = 0) -> None:
+    """Cooling device ``n`` as the kernel shows it: ``cpufreq-cpu0`` since 5.x, ``thermal-cpufreq-0`` before,
+    x86's ACPI ``Processor``; ``state`` is its cur_state, 0 while it caps nothing."""
+    device = root / ZONES / f"cooling_device{n}"
+    device.mkdir(exist_ok=True)
+    (device / "type").write_text(f"{kind}\n")
+    (device / "max_state").write_text("15\n")
+    (device / "cur_state").write_text(f"{state}\n")
+
+
 # ---- each fixture board -------------------------------------------------------------------------
 
 
@@ -281,6 +291,7 @@ def test_hardware_flag_must_clear_before_stepping_down(board: BoardCopy) -> None
 def test_cpufreq_cap_alone_sets_throttled(board: BoardCopy, scaling_max: int, ratio: float, state: str) -> None:
     root = board("rpi4")
     write(root, f"{PI4_POLICY}/scaling_max_freq", f"{scaling_max}\n")
+    cooling_device(root, "cpufreq-cpu0", 3)  # the kernel caps the clock for heat
     write(root, GET_THROTTLED, "0\n")
     report = watch_on(root).poll()
     assert report.freq_cap_ratio == pytest.approx(ratio)
@@ -318,6 +329,61 @@ def test_parse_power_mode_lowest_cluster_ceiling() -> None:
     assert mode is not None
     assert (mode.id, mode.name, mode.cpu_max_khz) == (5, "CUSTOM", 1113600)
     assert parse_power_mode(conf, "pmode:0009\n") is None  # status names a mode the conf lacks
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "cpufreq-cpu0",  # kernels since 5.x: the device of the policy of CPU 0
+        "thermal-cpufreq-0",  # older kernels: which policy it caps is not said
+        "Processor",  # x86's ACPI processor cooling
+        None,  # no cooling device: the ceiling at start is the one set on purpose
+    ],
+)
+def test_a_ceiling_set_on_purpose_is_no_cap_and_heat_below_it_is(board: BoardCopy, kind: str | None) -> None:
+    root = board("rpi4")
+    write(root, GET_THROTTLED, "0\n")
+    set_temp(root, 60.0)
+    write(root, f"{PI4_POLICY}/scaling_max_freq", "600000\n")  # cpufreq-set -u 600MHz: power saving
+    if kind is not None:
+        cooling_device(root, kind, 0)
+    watch = watch_on(root)
+    first = watch.poll()
+    assert (first.state, first.freq_cap_ratio, first.hardware_throttling) == ("ok", 1.0, False)
+    write(root, f"{PI4_POLICY}/scaling_max_freq", "300000\n")  # then heat caps it lower still
+    if kind is not None:
+        cooling_device(root, kind, 9)
+    hot = watch.poll()
+    assert (hot.state, hot.freq_cap_ratio) == ("throttled", 0.5)
+    write(root, f"{PI4_POLICY}/scaling_max_freq", "600000\n")
+    if kind is not None:
+        cooling_device(root, kind, 0)
+    assert watch.poll().state == "ok"
+
+
+def test_each_policy_is_judged_by_its_own_cooling_device(board: BoardCopy) -> None:
+    root = board("jetson_orin")
+    for n, (cpu, state) in enumerate([(0, 0), (4, 2), (8, 0)]):
+        cooling_device(root, f"cpufreq-cpu{cpu}", state, n)
+    write(root, "sys/devices/system/cpu/cpufreq/policy8/scaling_max_freq", "729600\n")  # set on purpose
+    watch = watch_on(root)
+    assert (watch.poll().state, watch.poll().freq_cap_ratio) == ("ok", 1.0)  # policy4's device caps nothing yet
+    write(root, "sys/devices/system/cpu/cpufreq/policy4/scaling_max_freq", "1113600\n")  # heat caps policy4
+    hot = watch.poll()
+    assert (hot.state, hot.freq_cap_ratio) == ("throttled", pytest.approx(1113600 / 1497600))
+
+
+def test_a_jetson_without_nvpmodel_conf_takes_its_mode_ceiling_at_start(board: BoardCopy) -> None:
+    root = board("jetson_orin")
+    (root / "etc/nvpmodel.conf").unlink()  # MODE_50W caps the CPUs at 1.5 GHz of 2.2 by design
+    watch = watch_on(root)
+    report = watch.poll()
+    assert (report.state, report.power_mode, report.freq_cap_ratio) == ("ok", None, 1.0)
+    write(root, "sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq", "729600\n")  # heat
+    assert watch.poll().state == "throttled"
+    out = io.StringIO()
+    run_thermal_command(ThermalConfig(root=root, use_vcgencmd=False), watch=False, interval_s=None, out=out)
+    assert "(heat judged by the highest ceiling since start)" in out.getvalue()
 
 
 # ---- state machine ------------------------------------------------------------------------------
@@ -538,12 +604,12 @@ def _dangling_link(path: Path) -> None:
             "-\n",
             lambda r: r.freq_cap_ratio is None and r.freq_cur_ratio == pytest.approx(1 / 3),
         ),
-        # nvpmodel conf is junk: no power mode, so the 1.5 GHz cap counts against 2.2 GHz
+        # nvpmodel conf is junk: no power mode, so the 1.5 GHz ceiling at start is the one set on purpose
         (
             "jetson_orin",
             "etc/nvpmodel.conf",
             "\x00\x01 not a conf",
-            lambda r: r.power_mode is None and r.state == "throttled",
+            lambda r: r.power_mode is None and r.state == "ok",
         ),
         # status file garbage: conf default (MODE_30W) applies
         ("jetson_orin", "var/lib/nvpmodel/status", "pmode:\n", lambda r: r.power_mode == "MODE_30W"),
@@ -674,6 +740,7 @@ def test_summary_line(board: BoardCopy, temp: float, throttled: str, scaling_max
     set_temp(root, temp)
     write(root, GET_THROTTLED, throttled + "\n")
     write(root, f"{PI4_POLICY}/scaling_max_freq", f"{scaling_max}\n")
+    cooling_device(root, "cpufreq-cpu0", 0 if scaling_max == 1800000 else 5)
     assert watch_on(root).poll().summary() == summary
 
 

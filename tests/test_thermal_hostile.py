@@ -334,8 +334,12 @@ def test_a_cooling_device_flapping_the_clock_holds_throttled(tmp_path: Path, cap
     clock = Clock(2.0)
     watch = watch_on(root, clock)
     policy = root / PI4_POLICY / "scaling_max_freq"
+    device = root / ZONES / "cooling_device0"
+    device.mkdir()
+    (device / "type").write_text("cpufreq-cpu0\n")
     states = []
     for i in range(10):  # the cooling device lowers and raises the ceiling every reading
+        (device / "cur_state").write_text("5\n" if i % 2 == 0 else "0\n")
         policy.write_text("600000\n" if i % 2 == 0 else "1800000\n")
         states.append(watch.poll().state)
     assert states == ["throttled"] * 10
@@ -399,6 +403,38 @@ def test_a_driver_reporting_whole_degrees_is_read_in_degrees(tmp_path: Path, cap
     assert report.thresholds == {"warm": 80.0, "throttled": 90.0, "critical": 97.5}  # from its trips
     assert report.state == "throttled"
     assert len(messages(caplog, "reads in degrees")) == 1
+
+
+def test_a_skin_sensors_low_critical_trip_sets_no_threshold_of_the_chip(tmp_path: Path) -> None:
+    """A DPTF skin sensor's 68 C limit set the thresholds of the whole board: inference paused with the CPU at 61 C."""
+    root = tmp_path / "board"
+    _zone(root, 0, "x86_pkg_temp", "66000", [("0", "passive")])
+    _zone(root, 1, "acpitz", "27800", [("105000", "critical")])
+    _zone(root, 2, "TSKN", "34000", [("68000", "critical")])  # a skin sensor's limit, not the CPU's
+    report = watch_on(root, Clock(2.0)).poll()
+    assert report.thresholds == {"warm": 80.0, "throttled": 90.0, "critical": 97.5}  # from acpitz's trip
+    assert (report.state, report.rate_factor) == ("ok", 1.0)
+
+
+def test_a_jetson_nano_pmic_at_its_resting_alarm_level_is_no_temperature(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "board"
+    (root / "proc/device-tree").mkdir(parents=True)
+    (root / "proc/device-tree/model").write_text("NVIDIA Jetson Nano Developer Kit\x00")
+    _zone(root, 0, "CPU-therm", "41500", [])
+    _zone(root, 1, "PMIC-Die", "100000", [("120000", "active")])  # the MAX77620 below its first alarm
+    caplog.set_level(logging.INFO, logger="edged.thermal_readers")
+    watch = watch_on(root, Clock(2.0))
+    report = watch.poll()
+    assert (report.state, report.zones, report.rate_factor) == ("ok", {"CPU-therm": 41.5}, 1.0)
+    watch.poll()
+    assert len(messages(caplog, "its level below its first alarm")) == 1
+    out = io.StringIO()
+    run_thermal_command(ThermalConfig(root=root, use_vcgencmd=False), watch=False, interval_s=None, out=out)
+    assert "no temp" in out.getvalue()
+    (root / ZONES / "thermal_zone1/temp").write_text("120000\n")  # its die past 120 C: an alarm that counts
+    assert (watch.poll().state, watch.poll().zones["PMIC-Die"]) == ("critical", 120.0)
 
 
 def test_hundreds_of_zones(tmp_path: Path) -> None:
