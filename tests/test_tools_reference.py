@@ -134,6 +134,7 @@ def test_every_default_shown_is_toml_that_reads_back_as_the_models_default() -> 
     for section, heading, fields in _tables():
         for name, field in fields.items():
             shown = _row(sections[section], name, after=heading)[2]
+            assert shown, f"{section}.{name}: no default shown"
             if not re.fullmatch(r"`[^`]+`", shown):  # required, not set, or computed on the board
                 continue
             value = tomllib.loads(f"v = {shown.strip('`')}")["v"]

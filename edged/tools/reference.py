@@ -247,8 +247,10 @@ def _default_words(field: FieldInfo) -> str:
 
 
 def _computed_elsewhere(factory: Callable[..., Any]) -> bool:
-    """A named function (not a lambda or a type) computes a default from the machine: say how, not what it gave here."""
-    return not isinstance(factory, type) and getattr(factory, "__name__", "<lambda>") != "<lambda>"
+    """A named function (not a lambda or a type) whose docstring says how it computes a default from the
+    machine: say how, not what it gave here. One without a docstring (a fixed list) shows its value."""
+    named = not isinstance(factory, type) and getattr(factory, "__name__", "<lambda>") != "<lambda>"
+    return named and bool((factory.__doc__ or "").strip())
 
 
 def _toml(value: Any) -> str:
