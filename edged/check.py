@@ -11,11 +11,12 @@ cannot run on at its size (an ``inspect.roi`` outside it, a segmentation model's
 budget), which run would skip, is checked with the first image that it can run on, saying how many run
 would skip (exit 78 only where it can run on none, as for a camera). It warns (exit 0) where a
 segmentation model's outlines can make a detections message larger than edged's subscribers take. It
-creates and removes a file in each camera's evidence folder, the journal's folder and an OPC UA
-certificate's folder still to be made, sees that no other edged holds the journal (not with
-``bind=False``), binds and releases every address the daemon would listen on (each output's,
-`edged.outputs.listening`; not with ``bind=False``, beside a running daemon that holds them) and
-requests and releases every reject line (`edged.reject`; not with ``bind=False`` either), connects once
+creates and removes a file in each camera's evidence folder, a candidate's ``evidence_dir``, the journal's
+folder and an OPC UA certificate's folder still to be made, sees that no other edged holds the journal (not
+with ``bind=False``), binds and releases every address the daemon would listen on (each output's,
+`edged.outputs.listening`; with ``bind=False``, beside a running daemon that holds them, one in use is
+passed over) and requests and releases every reject line (`edged.reject`; with ``bind=False`` only finds
+it: a chip or line that is not there is still refused), connects once
 to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent is reported with its reason),
 and prints what the engine says of itself (`InferenceEngine.report`: ONNX Runtime's providers and where
 it placed each node, OpenVINO's device, plugin and precision). The last line is the one verdict:
@@ -41,7 +42,7 @@ import numpy as np
 from edged.anomaly import Anomaly
 from edged.capture import Capture
 from edged.classify import Classes
-from edged.config import Settings
+from edged.config import CandidateConfig, Settings
 from edged.control import listening as control_socket
 from edged.decode import Detections
 from edged.errors import (
@@ -65,6 +66,7 @@ from edged.messages import MAX_PAYLOAD_BYTES
 from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
 from edged.opcua import describe as describe_opcua
+from edged.output import Endpoint
 from edged.outputs import listening
 from edged.pipeline import FramePath, FramePipeline, frame_path, roi_problem
 from edged.preprocess import LETTERBOX_FILL
@@ -83,7 +85,8 @@ from edged.sources.registry import open_source
 from edged.unit import Unit
 from edged.verdict import AnomalyInspector, ClassInspector, Inspector
 
-FIRST_FRAME_TIMEOUT_S = 30.0  # longer than any camera's own open timeout: its error comes first
+FIRST_FRAME_TIMEOUT_S = 30.0  # at least this long for a first frame; longer for a camera given longer to open
+OPENING_MARGIN_S = 5.0  # past a camera's own open timeout (`SourceBase.opens_within_s`): its error comes first
 SETTLE_S = 0.5  # a network stream first hands over the frames buffered while it opened, all at once
 RATE_WINDOW_S = 1.0  # then frames are counted this long to measure the rate
 TAKE_S = 0.05  # how long a probe waits for a frame before it looks whether it is to stop
@@ -157,6 +160,13 @@ def probe_source(
         capture.stop()
 
 
+def first_frame_timeout_s(cfg: SourceBase) -> float:
+    """How long check waits for camera ``cfg``'s first frame: `FIRST_FRAME_TIMEOUT_S`, or for a camera
+    that may take longer to open, as long as `run` would wait, and then for its own error."""
+    opens_within_s = cfg.opens_within_s
+    return FIRST_FRAME_TIMEOUT_S if opens_within_s is None else max(FIRST_FRAME_TIMEOUT_S, opens_within_s + OPENING_MARGIN_S)
+
+
 def _take_for(capture: Capture, seconds: float, stop: threading.Event) -> float:
     """Take frames as the daemon would for ``seconds``, or until ``stop``; the time it really took."""
     start = time.monotonic()
@@ -175,8 +185,9 @@ class _Probes:
     def __init__(self, sources: Sequence[SourceBase]) -> None:
         self._measure, self._stop = threading.Event(), threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=len(sources), thread_name_prefix="edged-probe")
+        probe = partial(probe_source, measure=self._measure, stop=self._stop)
         self._probes: dict[str, Future[SourceProbe]] = {
-            cfg.camera_id: self._pool.submit(probe_source, cfg, measure=self._measure, stop=self._stop) for cfg in sources
+            cfg.camera_id: self._pool.submit(probe, cfg, first_frame_timeout_s(cfg)) for cfg in sources
         }
 
     def measure(self) -> None:
@@ -199,9 +210,10 @@ def _unloadable(e: EdgedError) -> ConfigError:
     return ConfigError(None, [f"model.candidate.path: the candidate does not load ({e}); the live model would go on alone"])
 
 
-def _candidate(settings: Settings, live: LoadedModel) -> str | None:
+def _candidate(settings: Settings, live: LoadedModel, unit: Unit | None) -> str | None:
     """``[model.candidate]`` loaded as the daemon's trial loads it (`edged.shadow.Shadow`), so that one
-    that would not load is found now, not as a log line while the live model goes on alone."""
+    that would not load is found now, not as a log line while the live model goes on alone; its
+    ``evidence_dir`` tried as `_evidence` tries a camera's (`FolderError`: the trial would save no frame)."""
     cfg = settings.model.candidate
     if cfg is None:
         return None
@@ -218,7 +230,22 @@ def _candidate(settings: Settings, live: LoadedModel) -> str | None:
         raise _unloadable(e) from None
     same = model.engine.identity.sha256 == live.engine.identity.sha256
     itself = ": the live model itself, the trial would compare it with itself" if same else ""
-    return f"{model.engine.model_path} ({model.engine.identity.short}){itself}"
+    return f"{model.engine.model_path} ({model.engine.identity.short}){itself}{_disagreements(settings, cfg, unit)}"
+
+
+def _disagreements(settings: Settings, cfg: CandidateConfig, unit: Unit | None) -> str:
+    """Where the frames the models disagree on go, once each camera's folder there has taken a file (and
+    ``unit`` says the service could write there too); `FolderError` when not."""
+    folder = cfg.evidence_dir
+    if folder is None:
+        return ""
+    for source in settings.source:
+        if (problem := folder_problem(folder, source.camera_id) or _unit_problem(unit, folder)) is not None:
+            raise FolderError(
+                f"model.candidate.evidence_dir: the frames the models disagree on cannot be saved in {folder}: "
+                f"{problem}; the trial would save none"
+            )
+    return f"; the frames the models disagree on to {folder} (a file created and removed there)"
 
 
 def _report(model: LoadedModel, out: TextIO) -> None:
@@ -594,31 +621,48 @@ def _opcua(cfg: OpcuaConfig, settings: Settings, unit: Unit | None) -> str:
 
 def _bind_all(settings: Settings, bind: bool, unit: Unit | None, out: TextIO) -> None:
     """Bind every address the daemon would listen on, all at once as it holds them, then release them; an
-    ipc:// socket's folder is also tried as the service would make its socket there (`_unit_problem`)."""
+    ipc:// socket's folder is also tried as the service would make its socket there (`_unit_problem`).
+    With ``bind=False``, beside the running daemon, an address another program holds is passed over as
+    perhaps the daemon's own; one that cannot be bound otherwise (not this board's, a name that resolves
+    to none, another of the configuration's own) still fails, as `run` would."""
     with contextlib.ExitStack() as bound:
+        held: list[Endpoint] = []
         for endpoint in [*listening(settings), *control_socket(settings)]:
             path = ipc_path(endpoint.address)
             if path is not None and (problem := _unit_problem(unit, path.parent)) is not None:
                 raise BindError(f"{endpoint.key}: the service cannot make its socket {path}: {problem}")
-            if bind:
-                try:
-                    bound.callback(endpoint.bind())
-                except BindError as e:
-                    raise type(e)(
-                        f"{e}; if the running edged service holds it, `edged check --no-bind` checks the rest"
-                    ) from None
-            tried = "bound and released" if bind else "not tried: --no-bind"
+            tried = "bound and released" if bind else "bound and released; --no-bind"
+            try:
+                bound.callback(endpoint.bind())
+                held.append(endpoint)
+            except BindError as e:
+                if bind or not e.in_use or not _held_elsewhere(endpoint, bound, held):
+                    advice = "; if the running edged service holds it, `edged check --no-bind` checks the rest"
+                    raise type(e)(f"{e}{advice if bind else ''}") from None
+                tried = "in use, by the running service perhaps: --no-bind"
             print(f"listen     {endpoint.key}: {endpoint.address} ({tried})", file=out)
 
 
+def _held_elsewhere(endpoint: Endpoint, bound: contextlib.ExitStack, held: list[Endpoint]) -> bool:
+    """Whether ``endpoint``, found in use, is held by another program rather than by one of the ``held``
+    addresses this check bound before it (``bound`` releases them): tried alone, then those bound again."""
+    bound.close()
+    try:
+        endpoint.bind()()
+    except BindError as alone:
+        if not alone.in_use:
+            raise
+        return True
+    finally:
+        for earlier in held:
+            bound.callback(earlier.bind())
+    return False
+
+
 def _reject_lines(settings: Settings, bind: bool, out: TextIO) -> None:
-    """Request every reject line once and release it (`edged.reject.check_lines`); not with ``bind=False``,
-    beside a running daemon that holds them."""
-    if not bind:
-        for camera_id in settings.rejecting():
-            print(f"reject     camera {camera_id}: not tried: --no-bind", file=out)
-        return
-    for said in check_lines(settings):
+    """Find every reject line, and request it once and release it (`edged.reject.check_lines`); only
+    find it with ``bind=False``, beside a running daemon that holds them."""
+    for said in check_lines(settings, request=bind):
         print(f"reject     {said}", file=out)
 
 
@@ -644,7 +688,7 @@ def run_check(
                 for cfg in settings.source
                 if (e := _check_source(settings, model, cfg, partial(probes.result, cfg), named, out, unit)) is not None
             ]
-        candidate = _candidate(settings, model)
+        candidate = _candidate(settings, model, unit)
     except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems
         raise ConfigError(e.path or config_path, e.problems) from None
     try:

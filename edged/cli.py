@@ -516,8 +516,8 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-bind",
         action="store_true",
-        help="do not bind the addresses edged listens on (publish, trigger, http): for a check beside the "
-        "running service, which holds them",
+        help="for a check beside the running service, which holds its addresses and reject lines: an address "
+        "another program holds is passed over, not refused, and reject lines are found but not requested",
     )
 
 

@@ -130,7 +130,12 @@ class BindError(EdgedError):
     """An endpoint edged listens on is in use or cannot be bound; the message names its key and address.
 
     Not exit 78: the same configuration starts once the other program lets go of the address.
+    ``in_use``: another socket holds the address (beside the running service, perhaps its own).
     """
+
+    def __init__(self, message: str, *, in_use: bool = False) -> None:
+        super().__init__(message)
+        self.in_use = in_use
 
 
 class PublishError(BindError):

@@ -118,7 +118,8 @@ def refuse_live_ipc(path: Path, endpoint: str, key: str) -> None:
         probe.close()
     raise PublishError(
         f"{key}: cannot bind {endpoint}: another process is listening on {path} (another edged with the "
-        f"same {key}?); stop it, or give each instance its own ipc path"
+        f"same {key}?); stop it, or give each instance its own ipc path",
+        in_use=True,
     )
 
 
@@ -239,7 +240,8 @@ class Listener:
                 hint = f" ({_no_such_address(endpoint)}: change {self.key})"
             elif e.errno == errno.EADDRNOTAVAIL:
                 hint = f" (no interface of this board has that address: change {self.key})"
-            raise PublishError(f"{self.key}: cannot bind {endpoint}: {e.strerror}{hint}") from None
+            in_use = e.errno == zmq.EADDRINUSE
+            raise PublishError(f"{self.key}: cannot bind {endpoint}: {e.strerror}{hint}", in_use=in_use) from None
         if ipc_path is not None:
             os.chmod(ipc_path, 0o660)  # the service's group may connect, nobody else
         bound = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -339,7 +341,7 @@ def listen_tcp(key: str, listen: str, host: str, port: int, what: str, privilege
             errno.EADDRNOTAVAIL: f"no interface of this board has that address: change {key}",
             errno.EACCES: privileged,
         }.get(e.errno or 0, f"change {key}")
-        raise BindError(f"{key} {listen}: {what}: {e.strerror or e} ({hint})") from None
+        raise BindError(f"{key} {listen}: {what}: {e.strerror or e} ({hint})", in_use=e.errno == errno.EADDRINUSE) from None
     return sock
 
 

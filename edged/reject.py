@@ -167,6 +167,34 @@ class Lines:
         self.request.release()
 
 
+def _found(gpiod: ModuleType, cfg: RejectConfig, camera_id: str) -> tuple[str, Any, dict[str, int]]:
+    """``cfg``'s chip, opened (the caller closes it), with its device and the offsets of the line and
+    alarm line it names; `LineError` naming the chips when the chip does not exist, or the chip's
+    lines when a line does not."""
+    path = chip_path(gpiod, cfg.chip)
+    try:
+        chip = gpiod.Chip(path)
+    except OSError as e:
+        raise LineError(f"reject.chip {cfg.chip!r} (camera {camera_id}): {path}: {e.strerror}; {_chips(gpiod)}") from None
+    offsets: dict[str, int] = {}
+    wanted: list[tuple[str, LineId | None]] = [("line", cfg.line), ("alarm_line", cfg.alarm_line)]
+    with contextlib.ExitStack() as failing:
+        failing.callback(chip.close)
+        for key, line in wanted:
+            if line is None:
+                continue
+            try:
+                offsets[key] = chip.line_offset_from_id(line)
+            except (OSError, ValueError):
+                info = chip.get_info()
+                raise LineError(
+                    f"reject.{key} {line!r} (camera {camera_id}): {info.name} ({info.label}) has no such line; "
+                    f"its lines: {_lines(chip)}"
+                ) from None
+        failing.pop_all()
+    return path, chip, offsets
+
+
 def open_lines(cfg: RejectConfig, camera_id: str) -> Lines:
     """Request ``cfg``'s line (and alarm line) as outputs, driven inactive.
 
@@ -176,25 +204,9 @@ def open_lines(cfg: RejectConfig, camera_id: str) -> Lines:
     gpiod = import_gpiod()
     from gpiod.line import Direction, Value
 
-    path = chip_path(gpiod, cfg.chip)
-    try:
-        chip = gpiod.Chip(path)
-    except OSError as e:
-        raise LineError(f"reject.chip {cfg.chip!r} (camera {camera_id}): {path}: {e.strerror}; {_chips(gpiod)}") from None
+    path, chip, offsets = _found(gpiod, cfg, camera_id)
     with chip:
         info = chip.get_info()
-        offsets: dict[str, int] = {}
-        wanted: list[tuple[str, LineId | None]] = [("line", cfg.line), ("alarm_line", cfg.alarm_line)]
-        for key, line in wanted:
-            if line is None:
-                continue
-            try:
-                offsets[key] = chip.line_offset_from_id(line)
-            except (OSError, ValueError):
-                raise LineError(
-                    f"reject.{key} {line!r} (camera {camera_id}): {info.name} ({info.label}) has no such line; "
-                    f"its lines: {_lines(chip)}"
-                ) from None
         settings = gpiod.LineSettings(direction=Direction.OUTPUT, active_low=cfg.active_low, output_value=Value.INACTIVE)
         try:
             request = chip.request_lines({tuple(offsets.values()): settings}, consumer=CONSUMER)
@@ -211,18 +223,26 @@ def open_lines(cfg: RejectConfig, camera_id: str) -> Lines:
     return Lines(request, offsets["line"], offsets.get("alarm_line"), path, (Value.INACTIVE, Value.ACTIVE))
 
 
-def check_lines(settings: Settings) -> list[str]:
-    """``edged check``: request every camera's reject line once and release it; one line per line
-    requested. Raises as `open_lines` does."""
+def check_lines(settings: Settings, *, request: bool = True) -> list[str]:
+    """``edged check``: every camera's reject line found as `open_lines` finds it (its `LineError`), and
+    with ``request`` requested once and released (its `LineBusy` too); one line said per camera. Without
+    ``request``, beside the running daemon that holds the lines, a chip or line that is not there is
+    still found: `run` refuses it (exit 78) as it starts."""
     said = []
     for cfg in settings.source:
         reject = settings.reject_for(cfg)
         if reject is None:
             continue
-        lines = open_lines(reject, cfg.camera_id)
-        lines.release()
-        alarm = f", alarm line {lines.alarm}" if lines.alarm is not None else ""
-        said.append(f"camera {cfg.camera_id}: {lines.chip} line {lines.line}{alarm} (requested and released)")
+        if request:
+            lines = open_lines(reject, cfg.camera_id)
+            lines.release()
+            path, line, alarm, how = lines.chip, lines.line, lines.alarm, "requested and released"
+        else:
+            path, chip, offsets = _found(import_gpiod(), reject, cfg.camera_id)
+            chip.close()
+            line, alarm, how = offsets["line"], offsets.get("alarm_line"), "found; not requested: --no-bind"
+        also = f", alarm line {alarm}" if alarm is not None else ""
+        said.append(f"camera {cfg.camera_id}: {path} line {line}{also} ({how})")
     return said
 
 

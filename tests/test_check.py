@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from subprocess import PIPE
 
@@ -81,7 +81,7 @@ def test_check_says_what_run_will_do_and_binds_every_address(tmp: Path, ports: l
     }
     evidence = tmp / "evidence"
     control = f"ipc://{tmp}/control.sock"
-    candidate = {"candidate": {"path": "probe.onnx", "control": control}}
+    candidate = {"candidate": {"path": "probe.onnx", "control": control, "evidence_dir": str(tmp / "disagreed")}}
     config = _config(
         tmp,
         ports,
@@ -101,6 +101,8 @@ def test_check_says_what_run_will_do_and_binds_every_address(tmp: Path, ports: l
     assert "trigger: request: one frame per request on trigger.endpoint" in lines
     assert f"evidence: ng+near frames to {evidence}/cam0 (a file created and removed there)" in lines
     assert not evidence.exists()  # made for the try, and removed: run makes it again
+    assert f"the frames the models disagree on to {tmp / 'disagreed'} (a file created and removed there)" in result.stdout
+    assert not (tmp / "disagreed").exists()
     assert f"journal    {config.parent / 'journal.sqlite'}: the verdicts of cam0; durability normal" in lines
     for key, address in (
         ("publish.endpoints", f"tcp://127.0.0.1:{ports[0]}"),
@@ -133,21 +135,47 @@ def test_a_port_in_use_fails_the_check_with_exit_1_naming_its_key_and_port(
     # Beside the running service, which holds its own ports, the rest is still checked.
     beside = run_cli("check", "--no-bind", "--config", str(config))
     assert beside.returncode == 0, beside.stdout + beside.stderr
-    assert f"listen     {key}: " in beside.stdout and "(not tried: --no-bind)" in beside.stdout
+    assert f"listen     {key}: " in beside.stdout and "(in use, by the running service perhaps: --no-bind)" in beside.stdout
 
 
-def test_the_same_port_twice_in_one_configuration_fails_the_check(tmp: Path, ports: list[int]) -> None:
+@pytest.mark.parametrize("options", [(), ("--no-bind",)])
+def test_the_same_port_twice_in_one_configuration_fails_the_check(
+    tmp: Path, ports: list[int], options: tuple[str, ...]
+) -> None:
+    """Beside the service too: an address in use is passed over there only when another program holds it."""
     config = _config(tmp, ports, http={"listen": f"127.0.0.1:{ports[0]}"})
-    result = run_cli("check", "--config", str(config))
+    result = run_cli("check", *options, "--config", str(config))
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"http.listen 127.0.0.1:{ports[0]}" in result.stderr and "Address already in use" in result.stderr
 
 
-def test_an_evidence_folder_that_takes_no_file_fails_the_check(tmp: Path, ports: list[int]) -> None:
-    config = _config(tmp, ports, evidence={"dir": "/proc/edged-evidence"})
+@pytest.mark.parametrize(
+    ("sections", "said"),
+    [
+        pytest.param(
+            lambda tmp: {"evidence": {"dir": "/proc/edged-evidence"}},
+            "evidence.dir: camera cam0's evidence cannot be saved in /proc/edged-evidence",
+            id="evidence",
+        ),
+        pytest.param(  # check said ok, and the trial logged every frame it could not save
+            lambda tmp: {
+                "model": {
+                    "path": "probe.onnx",
+                    "candidate": {"path": "probe.onnx", "control": f"ipc://{tmp}/control.sock", "evidence_dir": "/proc/x"},
+                }
+            },
+            "model.candidate.evidence_dir: the frames the models disagree on cannot be saved in /proc/x",
+            id="candidate-disagreements",
+        ),
+    ],
+)
+def test_an_evidence_folder_that_takes_no_file_fails_the_check(
+    tmp: Path, ports: list[int], sections: Callable[[Path], dict], said: str
+) -> None:
+    config = _config(tmp, ports, **sections(tmp))
     result = run_cli("check", "--config", str(config))
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "evidence.dir: camera cam0's evidence cannot be saved in /proc/edged-evidence" in result.stderr
+    assert f"edged: check failed: {said}" in result.stderr
     assert "that filesystem takes no files" in result.stderr
 
 
@@ -451,3 +479,72 @@ def test_an_ipc_socket_the_services_user_cannot_make_fails_the_check_as_root(tmp
         assert run_check(config, load_config(config), unit, io.StringIO()) == 0
     finally:
         shutil.rmtree(shared)
+
+
+NOT_HERE = "192.0.2.1"  # TEST-NET-1 (RFC 5737): an address no board has
+
+
+def _refusal(command: str, config: Path, *options: str) -> tuple[int, str]:
+    """``edged COMMAND`` on ``config``: its exit code and the last problem it names, as check says it
+    (``edged: check failed: ...``) or as run logs it (``ERROR edged: ...``)."""
+    result = run_cli(command, *options, "--config", str(config))
+    said = [
+        line.split("edged: check failed: ")[-1].split(" ERROR edged: ")[-1]
+        for line in result.stderr.splitlines()
+        if line.startswith("edged: check failed: ") or " ERROR edged: " in line
+    ]
+    return result.returncode, said[-1] if said else result.stderr
+
+
+@pytest.mark.parametrize(
+    ("sections", "code", "said"),
+    [
+        pytest.param(
+            lambda port: {"reject": {"chip": "gpiochip99", "line": 3, "delay_ms": 100}, "inspect": {"ng_classes": ["red"]}},
+            78,
+            "reject.chip 'gpiochip99' (camera cam0): /dev/gpiochip99: No such file or directory",
+            id="reject-chip-missing",
+        ),
+        pytest.param(
+            lambda port: {"publish": {"endpoints": [f"tcp://{NOT_HERE}:{port}"], "insecure": True}},
+            1,
+            f"publish.endpoints: cannot bind tcp://{NOT_HERE}:{{port}}: Cannot assign requested address",
+            id="publish-address-not-here",
+        ),
+        pytest.param(
+            lambda port: {"trigger": {"mode": "request", "endpoint": f"tcp://{NOT_HERE}:{port}", "insecure": True}},
+            1,
+            f"trigger.endpoint: cannot bind tcp://{NOT_HERE}:{{port}}: Cannot assign requested address",
+            id="trigger-address-not-here",
+        ),
+    ],
+)
+def test_what_stops_run_at_start_fails_a_check_beside_the_service_too(
+    tmp: Path, ports: list[int], sections: Callable[[int], dict], code: int, said: str
+) -> None:
+    """``check --no-bind``, run beside the service after an edit, said ok where run then refused to start:
+    it left the reject lines and every address untried. It finds the line as run does (without taking
+    it), and binds each address, passing over only one in use (the service's own, perhaps)."""
+    port = free_port()
+    config = _config(tmp, ports, **{"trigger": {}, **sections(port)})
+    refused = _refusal("run", config)
+    assert refused[0] == code and refused[1].startswith(said.format(port=port)), refused
+    assert _refusal("check", config, "--no-bind") == refused
+
+
+@pytest.mark.parametrize(
+    ("source", "waited_s"),
+    [
+        ({"type": "images", "path": "."}, 30.0),
+        ({"type": "gstreamer", "pipeline": "videotestsrc"}, 30.0),  # open_timeout_s 20
+        ({"type": "gstreamer", "pipeline": "videotestsrc", "open_timeout_s": 300}, 305.0),
+        ({"type": "rtsp", "url": "rtsp://camera/stream", "open_timeout_s": 90}, 95.0),
+    ],
+)
+def test_check_waits_for_a_first_frame_as_long_as_run_lets_the_camera_open(source: dict, waited_s: float) -> None:
+    """A camera given open_timeout_s above 30 s failed the check, "none in 30 s", where run waited and
+    served it (or failed later, for its own reason): check waits as long, and a little more."""
+    from edged.check import first_frame_timeout_s
+    from edged.settings.sources import KINDS
+
+    assert first_frame_timeout_s(KINDS[source["type"]].model_validate(source)) == waited_s

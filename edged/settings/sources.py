@@ -134,6 +134,12 @@ class SourceBase(Section):
         seconds, so the stream's subscribers already waiting are heard first (`edged.publish`)."""
         return getattr(self, "loop", True) is False
 
+    @property
+    def opens_within_s(self) -> float | None:
+        """How long the camera may take to open and give its first frame before it counts as lost (a
+        stream's ``open_timeout_s``); None where its kind sets no such limit."""
+        return None
+
     def file_problems(self) -> list[str]:
         """Files this source needs that are missing, one line each, reported when the config loads.
 
@@ -222,6 +228,10 @@ class RtspSourceConfig(SourceBase):
         5.0, gt=0, le=120, description="No new frame for this long means the camera stalled: it is lost and reopened."
     )
 
+    @property
+    def opens_within_s(self) -> float:
+        return self.open_timeout_s
+
     @field_validator("url")
     @classmethod
     def _rtsp_url(cls, url: str) -> str:
@@ -290,6 +300,10 @@ class GstreamerSourceConfig(SourceBase):
     read_timeout_s: float = Field(
         5.0, gt=0, le=120, description="No new frame for this long means the camera stalled: it is lost and reopened."
     )
+
+    @property
+    def opens_within_s(self) -> float:
+        return self.open_timeout_s
 
 
 # source.type -> its settings class: the configuration's ``source.type`` union and its error hints.
