@@ -6,10 +6,11 @@ prints it: `edged.thermal_command`).
 
 States, coolest first: ``unknown`` (no readable zone), ``ok``, ``warm``, ``throttled``,
 ``critical``. The state is at least ``throttled`` whenever the hardware says it is throttling
-(Pi firmware bits, or a cpufreq ceiling heat lowered: `edged.thermal_readers`), whatever the
-temperatures. Stepping up is immediate; stepping down waits until the hottest zone is more than
-``hysteresis_c`` below the threshold of the state being left and the hardware flag has cleared,
-so a reading hovering at a threshold cannot flap. A big drop may step down several states at once.
+(Pi firmware bits, a cpufreq ceiling heat lowered, or x86 throttle counters rising:
+`edged.thermal_readers`), whatever the temperatures. Stepping up is immediate; stepping down waits
+until the hottest zone is more than ``hysteresis_c`` below the threshold of the state being left
+and the hardware flag has cleared, so a reading hovering at a threshold cannot flap. A big drop may
+step down several states at once.
 
 What a sensor says is weighed first: a reading that jumps faster than a chip heats waits for the
 next to say so too, a zone that misses a reading keeps its last one a while, and hardware throttling
@@ -241,10 +242,14 @@ def _zone_temps(zones: tuple[Zone, ...]) -> dict[str, float]:
     return temps
 
 
-def _hardware_throttling(snapshot: Snapshot) -> bool:
+def _hardware_throttling(snapshot: Snapshot, throttle_events_before: int | None) -> bool:
+    """Whether this reading shows throttling. An x86 CPU throttling itself at its own limit (PROCHOT, a TCC
+    offset) lowers no cpufreq ceiling: its throttle counters rising since the reading before say it."""
     cap = snapshot.cpufreq.cap_ratio if snapshot.cpufreq else None
     pi_now = bool(THROTTLING_NOW.intersection(snapshot.pi_flags or ()))
-    return pi_now or (cap is not None and cap < FREQ_CAP_THROTTLED)
+    events = snapshot.throttle_events
+    x86_now = events is not None and throttle_events_before is not None and events > throttle_events_before
+    return pi_now or x86_now or (cap is not None and cap < FREQ_CAP_THROTTLED)
 
 
 class ThermalWatch:
@@ -280,6 +285,7 @@ class ThermalWatch:
         self._report: ThermalReport | None = None
         self._read_at = clock()
         self._hardware_at: float | None = None  # when hardware throttling was last seen
+        self._throttle_events: int | None = None  # the x86 throttle counters' sum at the last reading
         self._temps: dict[str, tuple[float, float]] = {}  # zone: (accepted reading, when)
         self._jumped: set[str] = set()
         self._said_waiting = False
@@ -297,8 +303,9 @@ class ThermalWatch:
         thresholds, self.thresholds_source = resolve_thresholds(self.cfg, snapshot.family, snapshot.zones)
         zones = self._plausible(_zone_temps(snapshot.zones), now)
         hottest = max(zones.values()) if zones else None
-        if _hardware_throttling(snapshot):
+        if _hardware_throttling(snapshot, self._throttle_events):
             self._hardware_at = now
+        self._throttle_events = snapshot.throttle_events  # None (counters found again): no rise to the next
         hw = self._hardware_at is not None and now - self._hardware_at < HARDWARE_CLEAR_S
         previous = self._state
         state = next_state(previous or "unknown", hottest, hw, thresholds, self.cfg.hysteresis_c)
@@ -401,7 +408,7 @@ def _log_change(previous: ThermalState | None, report: ThermalReport) -> None:
         extra["THROTTLED_FLAGS"] = ",".join(report.throttled_flags)
     log.log(
         level,
-        "thermal state %s -> %s on %s: hottest %s (%s), freq cap %s, flags %s, rate %g",
+        "thermal state %s -> %s on %s: hottest %s (%s), freq cap %s, flags %s, rate %g%s",
         previous or "start",
         report.state,
         report.board,
@@ -410,6 +417,7 @@ def _log_change(previous: ThermalState | None, report: ThermalReport) -> None:
         percent(report.freq_cap_ratio),
         ",".join(report.throttled_flags) or "none",
         report.rate_factor,
+        ", hardware throttling" if report.hardware_throttling else "",
         extra=extra,
     )
 

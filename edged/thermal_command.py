@@ -43,6 +43,11 @@ def _write_table(out: TextIO, report: ThermalReport, watch: ThermalWatch) -> Non
         f"cpufreq     cap {percent(report.freq_cap_ratio)}  cur {percent(report.freq_cur_ratio)}"
         f"{f'  (heat judged by {judged_by})' if judged_by else ''}\n"
     )
+    if snapshot and snapshot.throttle_events is not None:
+        out.write(
+            f"throttle    began {snapshot.throttle_events} times since boot"
+            "  (x86 thermal_throttle: a rise between readings is throttling)\n"
+        )
     if snapshot and snapshot.pi_source:
         out.write(f"pi flags    {', '.join(report.throttled_flags) or 'none'}  ({snapshot.pi_source})\n")
     if report.power_mode:

@@ -2,8 +2,9 @@
 
 This module owns *reading and parsing*: thermal zones with their trip points, cpufreq limits
 (told from a ceiling set on purpose by the kernel's cpufreq cooling devices, a Jetson power mode
-or the ceiling since start), the Raspberry Pi throttled bits, the board model and the Jetson power
-mode. What the readings mean (states, thresholds, rates) is decided in ``edged.thermal``.
+or the ceiling since start), x86's thermal throttle counters, the Raspberry Pi throttled bits, the
+board model and the Jetson power mode. What the readings mean (states, thresholds, rates) is
+decided in ``edged.thermal``.
 
 Every read tolerates a missing, unreadable or garbled file: the value becomes ``None`` and the
 path is logged once, because a flaky sensor must never stop the daemon.
@@ -11,6 +12,7 @@ path is logged once, because a flaky sensor must never stop the daemon.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -50,7 +52,8 @@ _MAX_TRIPS = 32
 _VCGENCMD_TIMEOUT_S = 1.0
 
 _ZONES = "sys/class/thermal"
-_CPUFREQ = "sys/devices/system/cpu/cpufreq"
+_CPUS = "sys/devices/system/cpu"
+_CPUFREQ = f"{_CPUS}/cpufreq"
 _HWMON = "sys/class/hwmon"
 _PLATFORM = "sys/devices/platform"
 _MODEL = "proc/device-tree/model"
@@ -115,7 +118,8 @@ class PowerMode:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Everything one poll read. ``pi_flags`` is None when no source of the Pi bits exists."""
+    """Everything one poll read. ``pi_flags`` is None when no source of the Pi bits exists;
+    ``throttle_events`` (`SysReader._throttle_events`) where no x86 throttle counter is, or one failed."""
 
     family: BoardFamily
     model: str | None
@@ -124,6 +128,7 @@ class Snapshot:
     pi_flags: tuple[str, ...] | None
     pi_source: str | None
     power_mode: PowerMode | None
+    throttle_events: int | None
 
 
 def decode_throttled(value: int) -> tuple[str, ...]:
@@ -226,6 +231,7 @@ class SysReader:
         # Per policy, the ceiling set on purpose as far as it is known: the last one seen with its cooling
         # device idle, else the highest seen (a cap lifting shows what was under it).
         self._ceilings: dict[str, int] = {}
+        self._throttle_files: list[Path] | None = None  # the counters `_throttle_events` sums; None: to find
 
     def read(self) -> Snapshot:
         model = self._model()
@@ -233,7 +239,8 @@ class SysReader:
         pi_flags, pi_source = self._pi_flags()
         power_mode = self._power_mode()
         family = detect_family(model, {z.name for z in zones}, pi_source is not None)
-        return Snapshot(family, model, zones, self._cpufreq(power_mode), pi_flags, pi_source, power_mode)
+        cpufreq = self._cpufreq(power_mode)
+        return Snapshot(family, model, zones, cpufreq, pi_flags, pi_source, power_mode, self._throttle_events())
 
     # ---- primitives ------------------------------------------------------------------------
 
@@ -248,7 +255,13 @@ class SysReader:
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
-            level = logging.WARNING if isinstance(e, PermissionError) else offline_level
+            # EBUSY is a device off for now, never a broken file: cpufreq answers it for every file of a
+            # policy whose CPUs are all offline (a Jetson power mode that turns a cluster off).
+            level = offline_level
+            if isinstance(e, PermissionError):
+                level = logging.WARNING
+            elif e.errno == errno.EBUSY:
+                level = logging.DEBUG
             self._problems.once(level, path, "cannot read %s: %s", path, e)
             return None
         return data.decode("utf-8", errors="replace").strip("\x00 \t\r\n")
@@ -394,6 +407,41 @@ class SysReader:
             return min(1.0, scaling_max / ceiling), "the power mode"
         highest = self._ceilings[policy] = max(self._ceilings.get(policy, 0), scaling_max)
         return min(1.0, scaling_max / min(ceiling, highest)), "the highest ceiling since start"
+
+    # ---- x86 thermal throttle counters -----------------------------------------------------
+
+    def _throttle_events(self) -> int | None:
+        """The sum of the x86 thermal throttle counters (`_throttle_counters`): how many times the CPUs began
+        throttling themselves at their own limit (PROCHOT, TCC) since boot. None on boards without them
+        (ARM), and when one failed to read (a CPU taken offline): they are found again for the next read,
+        whose sum is then over other files."""
+        if self._throttle_files is None:
+            self._throttle_files = self._throttle_counters()
+        if not self._throttle_files:
+            return None
+        counts = [self._int(path, offline_level=logging.DEBUG) for path in self._throttle_files]
+        if None in counts:
+            self._throttle_files = None
+            return None
+        return sum(c for c in counts if c is not None)
+
+    def _throttle_counters(self) -> list[Path]:
+        """``package_throttle_count`` of the first CPU of each package, else ``core_throttle_count`` of each CPU.
+
+        The kernel counts a package's events on every CPU of it, so one file says them all: 64 CPUs in one
+        package are one read a poll, not 64 (or 128 with the core counters, which count per CPU). The
+        package throttles when its hottest part is at its limit; CPUs without package thermal status
+        (before 2011) have core counters only.
+        """
+        firsts: dict[str, Path] = {}
+        cores: list[Path] = []
+        for cpu in _numbered(self.root / _CPUS, "cpu", self._problems):
+            counters = cpu / "thermal_throttle"
+            if (counters / "package_throttle_count").exists():
+                firsts.setdefault(self._text(cpu / "topology/physical_package_id") or cpu.name, counters)
+            elif (counters / "core_throttle_count").exists():
+                cores.append(counters / "core_throttle_count")
+        return [c / "package_throttle_count" for c in firsts.values()] + cores
 
     # ---- Raspberry Pi throttled bits -------------------------------------------------------
 

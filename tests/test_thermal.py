@@ -6,9 +6,11 @@ files there between polls.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +71,18 @@ def write(root: Path, rel: str, text: str) -> None:
 
 def set_temp(root: Path, celsius: float, zone: int = 0) -> None:
     write(root, f"{ZONES}/thermal_zone{zone}/temp", f"{round(celsius * 1000)}\n")
+
+
+def busy(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """Every file under ``directory`` fails with EBUSY, as cpufreq's files do for a policy whose CPUs are all offline."""
+    read_bytes = Path.read_bytes
+
+    def read(path: Path) -> bytes:
+        if path.is_relative_to(directory):
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read)
 
 
 def cooling_device(root: Path, kind: str, state: int, n: int = 0) -> None:
@@ -384,6 +398,23 @@ def test_a_jetson_without_nvpmodel_conf_takes_its_mode_ceiling_at_start(board: B
     out = io.StringIO()
     run_thermal_command(ThermalConfig(root=root, use_vcgencmd=False), watch=False, interval_s=None, out=out)
     assert "(heat judged by the highest ceiling since start)" in out.getvalue()
+
+
+def test_a_cluster_a_power_mode_turned_off_is_no_warning_and_a_broken_file_still_is(
+    board: BoardCopy, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Jetson power mode with policy8's CPUs offline logged a WARNING for each of its files at start."""
+    root = board("jetson_orin")
+    policies = root / "sys/devices/system/cpu/cpufreq"
+    busy(monkeypatch, policies / "policy8")
+    (policies / "policy4/scaling_cur_freq").unlink()
+    (policies / "policy4/scaling_cur_freq").mkdir()  # a file nobody can read: that is still said
+    caplog.set_level(logging.DEBUG, logger="edged.thermal_readers")
+    report = watch_on(root).poll()
+    assert (report.state, report.freq_cap_ratio) == ("ok", 1.0)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "policy4/scaling_cur_freq" in warned[0], warned
+    assert any("policy8" in r.getMessage() and "busy" in r.getMessage() for r in caplog.records)  # at DEBUG
 
 
 # ---- state machine ------------------------------------------------------------------------------

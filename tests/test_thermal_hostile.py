@@ -39,6 +39,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "thermal"
 ZONES = "sys/class/thermal"
 GET_THROTTLED = "sys/devices/platform/soc/soc:firmware/get_throttled"
 PI4_POLICY = "sys/devices/system/cpu/cpufreq/policy0"
+CPUS = "sys/devices/system/cpu"
 TJ = f"{ZONES}/thermal_zone8"  # the Orin's tj-thermal, the hottest of its zones
 
 
@@ -391,6 +392,68 @@ def _zone(root: Path, n: int, kind: str, temp: str, trips: list[tuple[str, str]]
     for i, (trip, trip_type) in enumerate(trips):
         (zone / f"trip_point_{i}_temp").write_text(f"{trip}\n")
         (zone / f"trip_point_{i}_type").write_text(f"{trip_type}\n")
+
+
+def _cpu(root: Path, n: int, package: int, package_count: int | None, core_count: int = 0) -> None:
+    """CPU ``n`` of an x86 board: its package, and its ``thermal_throttle`` counters, how many times it began
+    throttling since boot (a package's count on each of its CPUs; ``package_count`` None: no package status)."""
+    cpu = root / CPUS / f"cpu{n}"
+    (cpu / "topology").mkdir(parents=True, exist_ok=True)
+    (cpu / "topology/physical_package_id").write_text(f"{package}\n")
+    (cpu / "thermal_throttle").mkdir(exist_ok=True)
+    (cpu / "thermal_throttle/core_throttle_count").write_text(f"{core_count}\n")
+    if package_count is not None:
+        (cpu / "thermal_throttle/package_throttle_count").write_text(f"{package_count}\n")
+
+
+def test_an_x86_cpu_throttling_at_its_own_limit_is_throttled(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A TCC offset throttles the package at 75 C, under the 80/90/97.5 C from the trips, and lowers no cpufreq
+    ceiling: edged said ``ok`` at full rate while the CPU ran at a fraction of its clock."""
+    root = tmp_path / "board"
+    _zone(root, 0, "x86_pkg_temp", "75000", [("0", "passive")])
+    _zone(root, 1, "acpitz", "40000", [("105000", "critical")])
+    for n in range(8):  # two packages of four CPUs, each with events from before edged started
+        _cpu(root, n, package=n // 4, package_count=7, core_count=3)
+    (root / CPUS / "cpu5/thermal_throttle/package_throttle_count").unlink()
+    (root / CPUS / "cpu5/thermal_throttle/package_throttle_count").mkdir()  # unreadable, never read: one CPU a package
+    clock = Clock(2.0)
+    watch = watch_on(root, clock)
+    first = watch.poll()
+    assert (first.state, first.hardware_throttling, first.rate_factor) == ("ok", False, 1.0)
+    for n in (4, 6, 7):  # package 1 throttles: the kernel counts it on each of its CPUs
+        (root / CPUS / f"cpu{n}/thermal_throttle/package_throttle_count").write_text("9\n")
+    caplog.set_level(logging.WARNING, logger="edged.thermal")
+    hot = watch.poll()
+    assert (hot.state, hot.hardware_throttling) == ("throttled", True)
+    assert messages(caplog, "ok -> throttled")[0].endswith("rate 0.25, hardware throttling")
+    held = [watch.poll().state for _ in range(int(HARDWARE_CLEAR_S / clock.step_s) + 1)]  # no new event
+    assert held[0] == "throttled" and held[-1] == "ok"
+    out = io.StringIO()
+    run_thermal_command(ThermalConfig(root=root, use_vcgencmd=False), watch=False, interval_s=None, out=out)
+    assert "throttle    began 16 times since boot" in out.getvalue()
+
+
+def test_an_x86_cpu_without_package_status_is_judged_by_its_cores(tmp_path: Path) -> None:
+    root = tmp_path / "board"
+    _zone(root, 0, "acpitz", "50000", [("105000", "critical")])
+    for n in range(2):
+        _cpu(root, n, package=0, package_count=None, core_count=4)
+    watch = watch_on(root, Clock(2.0))
+    assert watch.poll().state == "ok"
+    (root / CPUS / "cpu1/thermal_throttle/core_throttle_count").write_text("5\n")
+    assert watch.poll().state == "throttled"
+
+
+def test_an_x86_cpu_taken_offline_is_no_throttling(tmp_path: Path) -> None:
+    root = tmp_path / "board"
+    _zone(root, 0, "acpitz", "50000", [("105000", "critical")])
+    for n in range(4):
+        _cpu(root, n, package=0, package_count=9 if n else 7)  # cpu0 was offline once and missed two events
+    watch = watch_on(root, Clock(2.0))
+    states = [watch.poll().state]
+    shutil.rmtree(root / CPUS / "cpu0/thermal_throttle")  # taken offline: the kernel removes its counters
+    states += [watch.poll().state for _ in range(3)]  # then cpu1's count stands for the package
+    assert states == ["ok"] * 4
 
 
 def test_a_driver_reporting_whole_degrees_is_read_in_degrees(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
