@@ -542,20 +542,13 @@ class Settings(BaseSettings):
         """At least one camera; topics, status messages and logs tell cameras apart by ``camera_id`` alone."""
         if not v:
             raise ValueError("no camera: give a [source] table, or one [[source]] table per camera")
-        seen: dict[str, str] = {}  # casefolded: the id as first given
+        seen: set[str] = set()
         for cfg in v:
-            other = seen.get(cfg.camera_id.casefold())
-            if other == cfg.camera_id:
+            if cfg.camera_id in seen:
                 raise ValueError(
                     f"camera_id {cfg.camera_id!r} is used by more than one [[source]]: each camera needs its own"
                 )
-            if other is not None:
-                raise ValueError(
-                    f"camera_ids {other!r} and {cfg.camera_id!r} differ only in case: on an evidence drive "
-                    "formatted FAT or exFAT (a USB stick) their folders would be one; give them names that "
-                    "differ otherwise"
-                )
-            seen[cfg.camera_id.casefold()] = cfg.camera_id
+            seen.add(cfg.camera_id)
         return v
 
     @field_validator("trigger")
