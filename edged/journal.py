@@ -804,10 +804,11 @@ class JournalOutput(Output):
         """The verdicts for output ``name`` to deliver from the journal; ``wake`` is set when new ones
         are recorded. Where the file has no cursor for ``name``, those recorded before the output was
         there stay unsent, but not the entries carried over from the journal this one replaced:
-        they were made while it was."""
+        they were made while it was. A journal that records nothing has not opened its file, so the
+        feed reads where it ends (an earlier configuration's verdicts: before the output too)."""
         self.writer.committed.add(wake)
         store = self.writer.store
-        first_after = self.writer.opened_id if self._carried else self.last_id
+        first_after = self.writer.opened_id if self._carried else self.last_id if store.opened else None
         return VerdictFeed(self.path, name, first_after, writes=lambda: store.file)
 
     def after_recorded(self, send: Callable[[], object]) -> None:

@@ -92,18 +92,22 @@ class VerdictFeed:
     """The journal's verdicts not yet acknowledged to one output (``name``): made on the loop's
     thread, then used by that output's thread only."""
 
-    def __init__(self, path: Path, name: str, first_after: int, writes: Callable[[], FileId | None] = lambda: None) -> None:
+    def __init__(
+        self, path: Path, name: str, first_after: int | None, writes: Callable[[], FileId | None] = lambda: None
+    ) -> None:
         """``first_after``: the row up to which the journal's verdicts were recorded before this
-        output was given them. Where the journal has no cursor for ``name`` yet, it is written at
-        that row now (those up to it stay unsent), not at the first read: only a connection makes
-        one, and a run that never reached the broker would leave none, so the next start would
-        skip its verdicts. ``writes``: the file the journal's writer has open now (`_follow`)."""
+        output was given them; None: the newest row the file holds now, as read here (a journal
+        whose writer has not opened its file, one that records nothing, knows no row of it). Where
+        the journal has no cursor for ``name`` yet, it is written at that row now (those up to it
+        stay unsent), not at the first read: only a connection makes one, and a run that never
+        reached the broker would leave none, so the next start would skip its verdicts.
+        ``writes``: the file the journal's writer has open now (`_follow`)."""
         self.path = path
         self.name = name
         self._writes = writes
         self._file: FileId | None = None  # the file read, as opened
-        self._made_after = first_after
-        self._first_after = first_after  # a cursor missing at the first read starts here
+        self._made_after = first_after or 0
+        self._first_after = first_after or 0  # a cursor missing at the first read starts here
         self._db: sqlite3.Connection | None = None
         self._cursor = 0  # every verdict up to this row is acknowledged
         self._sent = 0  # handed out up to this row
@@ -119,7 +123,9 @@ class VerdictFeed:
             db = self._open()
             if db is not None:
                 with contextlib.closing(db):
-                    _cursor_row(db, name, first_after)
+                    if first_after is None:
+                        self._made_after = _last_row(db)
+                    _cursor_row(db, name, self._made_after)
         except sqlite3.Error as e:
             self._failed(e)  # written at the first read instead
         else:

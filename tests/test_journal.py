@@ -648,6 +648,31 @@ def test_journals_that_record_nothing_hold_nothing(tmp_path: Path) -> None:
             output.close()
 
 
+@pytest.mark.unit
+def test_an_output_new_to_a_journal_that_records_nothing_leaves_the_earlier_verdicts_unsent(tmp_path: Path) -> None:
+    """A configuration with [inspect] recorded verdicts; the next, with [mqtt] and no [inspect], records
+    nothing and never opened the file: its feed started at row 0 and sent them all, as live ones
+    (``replayed`` false). Those recorded before the output stay unsent, as for any output new to a journal."""
+    path = tmp_path / "journal.sqlite"
+    earlier = writer(path)
+    for n in range(2):
+        earlier.offer(entry(n))
+    assert wait_for(lambda: earlier.written == 2)
+    earlier.stop(2)
+    doc = inspecting(tmp_path, journal={"path": str(path)})
+    del doc["inspect"]
+    output = JournalOutput(load_config(write_config(tmp_path / "plain.toml", doc)), threading.Event())
+    try:
+        feed = output.feed("mqtt", threading.Event())
+        assert feed.take(10) == []
+        output.writer.offer(entry(2))  # a verdict of its own (a promotion's, say): the output's to send
+        assert wait_for(lambda: output.writer.written == 1)
+        assert [forward.row_id for forward in feed.take(10)] == [3]
+        feed.close()
+    finally:
+        output.close()
+
+
 @pytest.mark.integration
 def test_a_second_daemon_naming_a_running_daemons_journal_is_refused_at_start(tmp_path: Path) -> None:
     d = start(tmp_path)
