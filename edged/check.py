@@ -451,8 +451,10 @@ def _check_source(
         print(f"           {e}", file=out)
         return e
     print(f"source     {name}{describe_source(cfg)}", file=out)
+    unpaced = isinstance(cfg, ImagesSourceConfig) and not cfg.pace  # no rate: each image once the model is ready
+    rate = "unpaced (pace = false: each image as the model takes it)" if unpaced else f"at {probe.fps:.1f} fps (measured)"
     print(
-        f"           delivers {probe.width}x{probe.height} at {probe.fps:.1f} fps (measured), "
+        f"           delivers {probe.width}x{probe.height} {rate}, "
         f"channel order {probe.channel_order} (declared: source.channel_order)",
         file=out,
     )

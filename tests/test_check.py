@@ -365,11 +365,13 @@ def test_an_image_folder_whose_first_image_the_roi_misses_is_checked_with_one_it
     the first, and checks the first that fits; a folder of none that fits still stops it."""
     inspect = {"ng_classes": ["crack"], "roi": [10, 10, 120, 90]}
     folder = _folder(tmp / "parts", {"a.png": (64, 48), "b.png": (128, 96), "c.png": (64, 48)})
-    source = {"type": "images", "path": str(folder)}
+    source = {"type": "images", "path": str(folder), "pace": False}
     config = _config(tmp, ports, model={"path": str(TASKS / "cls.onnx")}, inspect=inspect, source=source)
     result = run_cli("check", "--config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line.strip() for line in result.stdout.splitlines()]
+    delivers = next(line for line in lines if line.startswith("delivers "))  # no rate to measure: it said 0.0 fps
+    assert delivers.startswith("delivers 64x48 unpaced (pace = false: each image as the model takes it), "), delivers
     assert (
         f"run would skip 2 of the 3 images at {folder} for their size (bad_frame_size), the first a.png: "
         "inspect.roi [10, 10, 120, 90] does not fit in a 64x48 frame: set it inside the frame" in lines
