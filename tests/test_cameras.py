@@ -329,7 +329,7 @@ def test_a_storm_of_reloads_adding_and_removing_a_camera_loses_no_message_of_the
 
 
 def test_status_keeps_its_period_through_a_sighup_every_half_second(workdir: Path) -> None:
-    """A SIGHUP every 0.5 s for 12 s, alternating between configs that add and remove a camera,
+    """A SIGHUP every 0.5 s for 8 s, alternating between configs that add and remove a camera,
     with a model that takes about half a second to load (as a real detector does): the kept
     camera's status messages keep coming about every ``status_interval_s`` (1 s, the default)
     while its detections flow; no gap between two is longer than three periods and a busy
@@ -356,7 +356,7 @@ def test_status_keeps_its_period_through_a_sighup_every_half_second(workdir: Pat
         arrivals: dict[str, list[float]] = defaultdict(list)  # the kept camera's messages, by kind
         started = next_reload = time.monotonic()
         n = 0
-        while time.monotonic() - started < 12.0:
+        while time.monotonic() - started < 8.0:
             if time.monotonic() >= next_reload:
                 n += 1
                 config(stills() if n % 2 else wide())
@@ -369,7 +369,7 @@ def test_status_keeps_its_period_through_a_sighup_every_half_second(workdir: Pat
         # They flowed throughout: a busy machine loads the model slower and so serves fewer frames, but
         # the kept camera is never stopped for the storm's length.
         flowed = arrivals["detections"]
-        assert len(flowed) >= 3 and flowed[0] < started + 6 and flowed[-1] > started + 6, [t - started for t in flowed]
+        assert len(flowed) >= 3 and flowed[0] < started + 4 and flowed[-1] > started + 4, [t - started for t in flowed]
         status = [started, *arrivals["status"], time.monotonic()]
         gaps = [later - earlier for earlier, later in itertools.pairwise(status)]
         assert max(gaps) < 3 * 1.0 + 2.0, (max(gaps), [round(t - started, 2) for t in status])
