@@ -461,15 +461,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, f"{problem}\n".encode())
 
     def _snapshot(self, owner: HttpServer, camera: str, view: LiveView) -> None:
-        """The next frame encoded. Waiting for it, the request is a viewer like a stream, among
+        """The next frame encoded, or the latest at once while someone else watches (`LiveView.start_seq`).
+        Waiting for it, the request is a viewer like a stream, among
         ``max_viewers``: snapshots of a camera that delivers nothing wait their whole
         `SNAPSHOT_WAIT_S`, and without the bound a few pollers took every connection, `/healthz` too."""
         with owner.viewer() as admitted:
             if not admitted:
                 self._too_many_viewers(owner)
                 return
+            start = view.start_seq()
             with view.watch():
-                got = view.next_jpeg(view.seq, SNAPSHOT_WAIT_S)
+                got = view.next_jpeg(start, SNAPSHOT_WAIT_S)
         if got is None and view.closed:
             self._send(404, f"camera {camera!r} is no longer configured\n".encode())
             return
@@ -505,8 +507,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
-        seq = view.seq
+        # Each part goes with the delimiter after it: a browser shows a part once it sees that, so sent
+        # before the next part, every frame was shown only when the next came (seconds, from a slow camera).
+        delimiter = f"\r\n--{BOUNDARY}".encode()
+        seq = view.start_seq()
         with view.watch():
+            try:
+                self.wfile.write(delimiter[2:])  # the first needs no line break before it
+            except OSError:
+                return
             while not (owner.stopping or view.closed):
                 got = view.next_jpeg(seq, 1.0)
                 if got is None:
@@ -514,13 +523,13 @@ class _Handler(BaseHTTPRequestHandler):
                         return
                     continue
                 seq, jpeg = got
-                head = f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpeg)}\r\n\r\n".encode()
+                head = f"\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpeg)}\r\n\r\n".encode()
                 try:
-                    self.wfile.write(head + jpeg + b"\r\n")
+                    self.wfile.write(head + jpeg + delimiter)
                 except OSError:  # gone, or stopped reading for send_timeout_s
                     return
-        with contextlib.suppress(OSError):  # a reload removed the camera, or the server stops: the closing delimiter
-            self.wfile.write(f"--{BOUNDARY}--\r\n".encode())
+        with contextlib.suppress(OSError):  # a reload removed the camera, or the server stops: the delimiter closes
+            self.wfile.write(b"--\r\n")
 
     def _client_gone(self) -> bool:
         """True when the viewer has closed its end (readable, and reading finds the end of the stream)."""

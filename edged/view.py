@@ -129,6 +129,14 @@ class LiveView:
         """How many JPEGs have been encoded; `next_jpeg` waits for one past a given count."""
         return self._seq
 
+    def start_seq(self) -> int:
+        """Where a viewer joining now starts (`next_jpeg`'s ``after``), before it `watch`es: just before the
+        latest JPEG while someone else watches, so that it has that frame at once (a slow or triggered
+        camera's next one may be seconds away); else at it, to wait for the next, as one encoded before
+        nobody watched may show a part long gone."""
+        with self._cond:
+            return self._seq - 1 if self._viewers > 0 and self._seq > 0 else self._seq
+
     @contextmanager
     def watch(self) -> Iterator[None]:
         """Count a viewer for as long as the block runs: frames are offered only while one is."""

@@ -170,11 +170,21 @@ def test_the_page_shows_a_tall_frame_whole_within_the_window(tmp_path: Path) -> 
     try:
         assert serving(port), d.log()
         d.collect("detections", 1)
-        png = tmp_path / "page.png"
-        args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--timeout=5000"]
-        url = f"http://127.0.0.1:{port}/"
-        shot = subprocess.run([*args, "--window-size=1000,640", f"--screenshot={png}", url], capture_output=True, timeout=60)
-        assert png.is_file(), shot.stderr.decode()[-2000:]
+        # Watched already, the view gives the page its latest frame at once: frames of 30 MB each, decoded
+        # on a busy machine, the next one could come after chromium's time budget.
+        watching = Stream(port)
+        try:
+            decode(watching.next_jpeg())
+            png = tmp_path / "page.png"
+            args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--timeout=10000"]
+            url = f"http://127.0.0.1:{port}/"
+            shot = subprocess.run(
+                [*args, "--window-size=1000,640", f"--screenshot={png}", url], capture_output=True, timeout=60
+            )
+            assert png.is_file(), shot.stderr.decode()[-2000:]
+        finally:
+            watching.resp.close()
+            watching.close()
     finally:
         d.close()
     page = cv2.imread(str(png)).astype(np.int32)

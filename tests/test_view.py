@@ -61,6 +61,23 @@ def test_nobody_watching_means_no_frame_is_wanted(view: LiveView) -> None:
     assert not view.wants_frame()
 
 
+def test_a_viewer_joining_while_another_watches_has_the_latest_frame_at_once(view: LiveView) -> None:
+    """A slow or triggered camera's next frame may be seconds away, and a viewer joining one already
+    watched waited for it with a blank image; one joining a view nobody watched still waits for the
+    next frame, as what was encoded then may show a part long gone."""
+    image = np.full((480, 640, 3), GREY, np.uint8)
+    assert view.start_seq() == 0  # nothing encoded yet
+    with view.watch():
+        view.offer(_frame(1, image), None)
+        assert view.next_jpeg(0, 5.0) is not None
+        joining = view.start_seq()
+        assert joining == view.seq - 1
+        got = view.next_jpeg(joining, 0.0)  # no frame offered since: at once
+        assert got is not None and got[0] == view.seq
+    assert view.start_seq() == view.seq  # nobody watches now: the next frame is waited for
+    assert view.next_jpeg(view.start_seq(), 0.05) is None
+
+
 def test_frames_are_scaled_to_the_view_width_with_boxes_where_the_detections_are(view: LiveView) -> None:
     image = np.full((1080, 1920, 3), GREY, np.uint8)
     box = (400.0, 300.0, 1000.0, 700.0)  # half of it in the 960-wide view: 200, 150, 500, 350
