@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator
@@ -333,14 +334,18 @@ REFUSED_IN_PART_ID = {
 }
 
 
-def refused_character(text: str) -> str | None:
-    """The first character of `REFUSED_IN_PART_ID` in ``text``, named as an escape with its
-    position (``U+000A at character 3 is a control character``); None when it holds none."""
+def first_refused(text: str, what: Callable[[str], str | None]) -> str | None:
+    """The first character of ``text`` that ``what`` names (``"a control character"``), as an escape
+    with its position (``U+000A at character 3 is a control character``); None when it holds none."""
     for i, c in enumerate(text):
-        what = REFUSED_IN_PART_ID.get(unicodedata.category(c))
-        if what is not None:
-            return f"U+{ord(c):04X} at character {i + 1} is {what}"
+        if (said := what(c)) is not None:
+            return f"U+{ord(c):04X} at character {i + 1} is {said}"
     return None
+
+
+def refused_character(text: str) -> str | None:
+    """The first character of `REFUSED_IN_PART_ID` in ``text``, as `first_refused` names it."""
+    return first_refused(text, lambda c: REFUSED_IN_PART_ID.get(unicodedata.category(c)))
 
 
 def for_terminal(text: str) -> str:

@@ -10,6 +10,7 @@ import ast
 import unicodedata
 from collections.abc import Mapping
 
+from edged.messages import first_refused
 from edged.settings.numerals import INDEX_DIGITS, whole_number
 
 _MAX_LITERAL_CHARS = 1_000_000
@@ -46,11 +47,11 @@ def name_problem(name: str) -> str | None:
     id in a labelling tool, and a lone surrogate has no UTF-8. Other format characters stay: emoji and
     Persian names need their joiners.
     """
-    for i, c in enumerate(name):
-        what = "a bidirectional control" if c in _BIDI_CONTROLS else _NOT_IN_A_NAME.get(unicodedata.category(c))
-        if what is not None:
-            return f"U+{ord(c):04X} at character {i + 1} is {what}"
-    return None
+    return first_refused(name, _not_in_a_name)
+
+
+def _not_in_a_name(c: str) -> str | None:
+    return "a bidirectional control" if c in _BIDI_CONTROLS else _NOT_IN_A_NAME.get(unicodedata.category(c))
 
 
 def says_nms_inside(metadata: Mapping[str, str]) -> bool:
