@@ -353,26 +353,45 @@ def try_bind(endpoint: str, key: str, socket_type: int) -> Callable[[], None]:
     in libzmq's I/O thread, so the listener has a context of its own, whose ``term`` waits for that.
     libzmq leaves an ipc:// socket file behind, which the release removes: one ``sudo edged check``
     left in the service's runtime directory is root's, and the service, which cannot connect to it
-    to tell whether anyone listens there, would refuse to bind the path.
+    to tell whether anyone listens there, would refuse to bind the path. So are the folders made for
+    it: a runtime directory ``sudo edged check`` made is root's, where the service's user could make
+    no socket until systemd gave it that user at the service's next start (a second check said so).
     """
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     listener = Listener(context, socket_type, lambda sock: None, key)
+    path = ipc_path(endpoint)
+    made = _missing(path.parent) if path is not None else []
 
     def release() -> None:
         listener.close(linger=0)
         context.term()
 
+    def remove_made() -> None:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):  # gone, or holding what another process put there since
+                folder.rmdir()
+
     try:
         listener.bind(endpoint)
     except BaseException:
         release()
+        remove_made()
         raise
-    path = ipc_path(endpoint)
 
     def release_bound() -> None:
         release()
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+        remove_made()
 
     return release_bound
+
+
+def _missing(folder: Path) -> list[Path]:
+    """``folder`` and the folders above it that are not there, outermost first."""
+    missing: list[Path] = []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.insert(0, folder)
+        folder = folder.parent
+    return missing
