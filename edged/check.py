@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -239,9 +239,8 @@ def _disagreements(settings: Settings, cfg: CandidateConfig, unit: Unit | None) 
     folder = cfg.evidence_dir
     if folder is None:
         return ""
-    as_the_service = cache(partial(_unit_problem, unit, folder))  # one folder for every camera: asked once
     for source in settings.source:
-        if (problem := folder_problem(folder, source.camera_id) or as_the_service()) is not None:
+        if (problem := folder_problem(folder, source.camera_id) or _unit_problem(unit, folder)) is not None:
             raise FolderError(
                 f"model.candidate.evidence_dir: the frames the models disagree on cannot be saved in {folder}: "
                 f"{problem}; the trial would save none"

@@ -20,7 +20,7 @@ import os
 import pwd
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from edged.files import nearest_folder
@@ -74,6 +74,9 @@ class Unit:
     writable: tuple[Path, ...] | None
     homes: str  # ProtectHome=: "no", "yes" (inaccessible), "read-only" or "tmpfs"
     directories: dict[str, tuple[Path, ...]]  # by property (StateDirectory=...): systemd makes them, the user's
+    # `cannot_write`'s answers by folder: a check asks of one folder for each camera that writes there,
+    # and each asking runs test(1) as the user
+    _answers: dict[Path, str | None] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def parse(cls, name: str, shown: str) -> Unit | None:
@@ -129,6 +132,11 @@ class Unit:
         """Why this unit's process could not write in ``folder`` (or, where it is still to be made, the
         nearest folder above it), though root can; None where it can."""
         folder = Path(os.path.abspath(folder))
+        if folder not in self._answers:
+            self._answers[folder] = self._problem(folder)
+        return self._answers[folder]
+
+    def _problem(self, folder: Path) -> str | None:
         if self.homes in ("yes", "read-only", "tmpfs") and any(_within(folder, Path(h)) for h in HOMES):
             return (
                 f"{self.name}'s ProtectHome={self.homes} hides {folder} from it (or empties it): "

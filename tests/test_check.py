@@ -474,15 +474,15 @@ def test_an_ipc_socket_the_services_user_cannot_make_fails_the_check_as_root(tmp
         shared.chmod(0o755)  # root's, as `sudo mkdir` leaves it
         publish = {"endpoints": [f"ipc://{shared}/detections.sock"]}
         config = _config(tmp, ports, publish=publish, journal={"enabled": False})
-        unit = Unit.parse("edged.service", "LoadState=loaded\nUser=nobody\nProtectSystem=no\n")
+        shown = "LoadState=loaded\nUser=nobody\nProtectSystem=no\n"
         with pytest.raises(BindError) as refused:
-            run_check(config, load_config(config), unit, io.StringIO())
+            run_check(config, load_config(config), Unit.parse("edged.service", shown), io.StringIO())
         assert str(refused.value) == (
             f"publish.endpoints: the service cannot make its socket {shared}/detections.sock: edged.service runs as "
             f"nobody, who may not write in {shared}: chown nobody {shared}, or give another"
         )
         os.chown(shared, 65534, -1)
-        assert run_check(config, load_config(config), unit, io.StringIO()) == 0
+        assert run_check(config, load_config(config), Unit.parse("edged.service", shown), io.StringIO()) == 0
     finally:
         shutil.rmtree(shared)
 
