@@ -456,6 +456,23 @@ class ThermalReadings(Message):
     power_mode: str | None = Field(description="The board's power mode (Jetson nvpmodel); null when none.")
 
 
+class MemoryReadings(Message):
+    """edged's cgroup: its memory limit and what edged uses of it, read each status round (`edged.memory`)."""
+
+    limit_bytes: int = Field(
+        gt=0, description="The cgroup's memory limit: MemoryMax= in the systemd unit, or a container's."
+    )
+    used_bytes: int = Field(
+        ge=0,
+        description="The cgroup's use less the page cache the kernel drops first (inactive files): what it "
+        "would reclaim last. edged warns at 90 % of the limit; at the limit the kernel's OOM killer ends it.",
+    )
+    cgroup_bytes: int = Field(ge=0, description="The cgroup's use as the kernel counts it, page cache included.")
+    oom_kills: int | None = Field(
+        ge=0, description="Processes of the cgroup the kernel's OOM killer ended; null where the kernel does not say."
+    )
+
+
 class WriterReport(Message):
     """What a writer thread behind an output (evidence, the journal) says of the disk it writes to."""
 
@@ -636,6 +653,11 @@ class StatusMessage(TopicMessage):
         "(detections, status, verdict); null when [mqtt] is off.",
     )
     candidate: CandidateReport | None = Field(None, description="The shadow trial; null without [model.candidate].")
+    memory: MemoryReadings | None = Field(
+        None,
+        description="edged's memory limit and use (its cgroup's); null without a limit (MemoryMax=) or where the "
+        "cgroup cannot be read.",
+    )
 
     opcua: OpcuaReport | None = Field(
         None, description="The OPC UA server's clients and counters; null when [opcua] is off."

@@ -8,7 +8,7 @@ default, so nothing else in the process leaks into the exposition.
 
 Names follow Prometheus' conventions: the ``edged_`` prefix, base units (seconds, celsius),
 ``_total`` on counters, ``_info`` for build metadata, low-cardinality labels only. What is per
-camera carries a ``camera`` label (its ``camera_id``); thermal state and build are the board's.
+camera carries a ``camera`` label (its ``camera_id``); thermal state, memory and build are the board's.
 With ``[inspect]`` the verdicts come too, counted since start by `edged.stats` and handed over with
 the status: NG reasons are labelled by camera, class and zone, so their cardinality is at most the
 cameras times the classes times the zones. With ``[evidence]``, each writer's counters from the status;
@@ -80,10 +80,11 @@ class Metrics:
             cameras = self._cameras
         if not cameras:
             return
-        first = cameras[0][0]  # thermal state and model are the board's: any camera's say them
+        first = cameras[0][0]  # thermal state, memory and model are the board's: any camera's say them
         yield from _frames([status for status, _, _ in cameras])
         yield from _latency(cameras)
         yield from _thermal(first)
+        yield from _memory(first)
         yield from _verdicts([(status.camera_id, verdicts) for status, _, verdicts in cameras if verdicts is not None])
         yield from _evidence([status for status, _, _ in cameras])
         yield from _journal([status for status, _, _ in cameras])
@@ -178,6 +179,27 @@ def _thermal(status: StatusMessage) -> Iterator[Metric]:
     for name in THERMAL_STATES:
         state.add_metric([name], 1.0 if status.thermal.state == name else 0.0)
     yield state
+
+
+def _memory(status: StatusMessage) -> Iterator[Metric]:
+    memory = status.memory
+    if memory is None:
+        return
+    yield GaugeMetricFamily(
+        "edged_memory_limit_bytes", "The memory limit of edged's cgroup (MemoryMax=).", value=memory.limit_bytes
+    )
+    yield GaugeMetricFamily(
+        "edged_memory_used_bytes",
+        "edged's cgroup's memory use less the page cache the kernel drops first: what it would reclaim last.",
+        value=memory.used_bytes,
+    )
+    yield GaugeMetricFamily(
+        "edged_memory_cgroup_bytes", "edged's cgroup's memory use, page cache included.", value=memory.cgroup_bytes
+    )
+    if memory.oom_kills is not None:
+        yield CounterMetricFamily(
+            "edged_memory_oom_kills", "Processes of edged's cgroup the kernel's OOM killer ended.", value=memory.oom_kills
+        )
 
 
 def _verdicts(cameras: Sequence[tuple[str, VerdictCounts]]) -> Iterator[Metric]:

@@ -1,7 +1,8 @@
 """What the daemon says about itself: the status message, systemd's STATUS= line, drops by cause.
 
 Both are built from one snapshot of the running parts, so a subscriber and ``systemctl status``
-never disagree. Each camera has its status message; the STATUS= line summarises them all.
+never disagree. Each camera has its status message; the STATUS= line summarises them all. A status
+round also reads edged's memory against its cgroup's limit (`edged.memory`), which warns as it nears it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 from edged.camera import Camera
 from edged.capture import CaptureStats
 from edged.identity import Identity
-from edged.messages import CandidateReport, CaptureReport, ModelInfo, StatusMessage
+from edged.memory import MemoryWatch
+from edged.messages import CandidateReport, CaptureReport, MemoryReadings, ModelInfo, StatusMessage
 from edged.model import LoadedModel
 from edged.output import OutputReport, StatusReport
 from edged.outputs import Outputs
@@ -34,6 +36,7 @@ class Snapshot:
     model_short: str  # name@hash prefix, as the logs name the model
     outputs: Sequence[OutputReport] = ()  # what each output adds (`edged.output.Output.report`)
     candidate: CandidateReport | None = None  # the shadow trial's, the board's (`edged.shadow`)
+    memory: MemoryReadings | None = None  # edged's cgroup's, read once a status round (`edged.memory`)
 
     def drops(self) -> dict[str, int]:
         """Frames and messages lost, by cause: the loop's, the capture thread's and the outputs'."""
@@ -75,6 +78,7 @@ class Snapshot:
                 last_error=self.capture.last_error,
             ),
             candidate=self.candidate,
+            memory=self.memory,
             **Identity.here().fields(),
             **fields,
         )
@@ -114,12 +118,14 @@ def snapshot(
     model: LoadedModel,
     outputs: Outputs,
     candidate: CandidateReport | None = None,
+    memory: MemoryReadings | None = None,
 ) -> Snapshot:
-    """Camera ``camera``'s state now, with what each output adds, and the shadow trial's report."""
+    """Camera ``camera``'s state now, with what each output adds, the shadow trial's report and edged's memory."""
     short = model.engine.identity.short
     capture = camera.capture.stats()
     reports = outputs.reports(camera.id)
-    return Snapshot(camera.id, camera.stats, capture, camera.rate_cap.fps, thermal, model.info, short, reports, candidate)
+    rate_cap = camera.rate_cap.fps
+    return Snapshot(camera.id, camera.stats, capture, rate_cap, thermal, model.info, short, reports, candidate, memory)
 
 
 def publish_status(
@@ -129,11 +135,13 @@ def publish_status(
     outputs: Outputs,
     candidate: CandidateReport | None = None,
 ) -> list[Snapshot]:
-    """Each camera's status message, on its own ``seq``, to every output; returns what they said."""
+    """Each camera's status message, on its own ``seq``, to every output; returns what they said. edged's
+    memory is read once for them all (`edged.memory.MemoryWatch.read`), which warns near the limit."""
     snapshots, reports = [], []
+    memory = MemoryWatch.own().read()
     for camera in cameras:
         camera.stats.update_fps()
-        snap = snapshot(camera, thermal, model, outputs, candidate)
+        snap = snapshot(camera, thermal, model, outputs, candidate, memory)
         snapshots.append(snap)
         message = snap.message(camera.next_seq("status"))
         verdicts = camera.stats.verdict_counts() if camera.path.inspector else None

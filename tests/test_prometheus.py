@@ -17,6 +17,7 @@ from edged.messages import (
     ClassAgreement,
     EvidenceReport,
     JournalReport,
+    MemoryReadings,
     ModelInfo,
     OpcuaReport,
     Reason,
@@ -70,6 +71,7 @@ TRIAL = CandidateReport(
     live_delay=StageLatency(p50_ms=4.0, p99_ms=6.0),
 )
 
+MEMORY = MemoryReadings(limit_bytes=2**30, used_bytes=900 * 2**20, cgroup_bytes=1000 * 2**20, oom_kills=1)
 OPCUA = OpcuaReport(
     listen="opc.tcp://127.0.0.1:4840",
     serving=True,
@@ -218,6 +220,18 @@ def test_thermal_zones_flags_and_state() -> None:
     assert not any(name.startswith(("edged_soc", "edged_throttled")) for name, _ in _samples(metrics))
 
 
+def test_the_cgroup_s_memory_limit_use_and_oom_kills_come_from_the_status() -> None:
+    metrics = Metrics()
+    metrics.update([(_status().model_copy(update={"memory": MEMORY}), RunStats().histograms(), None)])
+    got = _samples(metrics)
+    assert got[("edged_memory_limit_bytes", ())] == 2**30
+    assert got[("edged_memory_used_bytes", ())] == 900 * 2**20
+    assert got[("edged_memory_cgroup_bytes", ())] == 1000 * 2**20
+    assert got[("edged_memory_oom_kills_total", ())] == 1
+    metrics.update([(_status(), RunStats().histograms(), None)])
+    assert not any(name.startswith("edged_memory") for name, _ in _samples(metrics))  # no limit: no series
+
+
 def test_verdicts_ng_reasons_and_their_latency_come_with_inspection() -> None:
     stats = _inspected_stats()
     metrics = Metrics()
@@ -310,7 +324,7 @@ def test_promtool_accepts_the_exposition() -> None:
             (
                 _status(
                     _thermal("ok", {"soc": 50.0}, []), evidence=EVIDENCE, journal=JOURNAL, reject=REJECT, candidate=TRIAL
-                ).model_copy(update={"opcua": OPCUA}),
+                ).model_copy(update={"opcua": OPCUA, "memory": MEMORY}),
                 stats.histograms(),
                 stats.verdict_counts(),
             )
