@@ -5,7 +5,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
+import sys
+import time
+import tomllib
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -21,6 +25,8 @@ from edged.config import PublishConfig, TriggerConfig
 from edged.messages import Verdict, VerdictMessage, schema_text
 from edged.tools.reference import reference_text
 from edged.trigger import Request, TriggerServer
+
+ROOT = Path(__file__).parent.parent
 
 pytestmark = pytest.mark.integration
 
@@ -477,3 +483,36 @@ def test_a_reader_gone_before_the_output_ends_it_quietly(tmp: Path, command: lis
     err = proc.stderr.read()
     proc.stderr.close()
     assert (proc.wait(60), err) == (0, "")
+
+
+def _loaded(pid: int, library: str) -> bool:
+    """Whether process ``pid`` has mapped a file whose name holds ``library`` (/proc's maps)."""
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:  # gone
+        return True
+
+
+@pytest.mark.parametrize("how", ["module", "command"])
+def test_ctrl_c_while_the_command_loads_ends_it_quietly_with_130(tmp_path: Path, how: str) -> None:
+    """The first second on a small board goes to importing edged's modules, before the command's own
+    handling of Ctrl-C: `python -m edged` ended with a traceback and exit 1, the installed command
+    with a traceback. The signal is sent as pydantic's compiled core is loaded, as `edged.config`, one
+    of `edged.cli`'s imports, is being imported."""
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["edged"]
+    module, function = entry.split(":")
+    command = tmp_path / "edged"  # as pip writes the installed command
+    command.write_text(f"import sys\nfrom {module} import {function}\nsys.exit({function}())\n")
+    args = ("subscribe", "tcp://127.0.0.1:9")
+    argv = edged_command(*args) if how == "module" else [sys.executable, str(command), *args]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 30
+        while not _loaded(proc.pid, "_pydantic_core") and time.monotonic() < deadline:
+            pass  # no sleep: the window is the imports' few hundred milliseconds
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    assert "Traceback" not in stderr and stderr.endswith("interrupted\n"), stderr
