@@ -11,9 +11,10 @@ cannot run on at its size (an ``inspect.roi`` outside it, a segmentation model's
 budget), which run would skip, is checked with the first image that it can run on, saying how many run
 would skip (exit 78 only where it can run on none, as for a camera). It warns (exit 0) where a
 segmentation model's outlines can make a detections message larger than edged's subscribers take. It
-creates and removes a file in each camera's evidence folder, a candidate's ``evidence_dir``, the journal's
-folder and an OPC UA certificate's folder still to be made, sees that no other edged holds the journal (not
-with ``bind=False``), binds and releases every address the daemon would listen on (each output's,
+creates and removes a file in each camera's evidence folder (refusing, as run does, two cameras whose
+folders the drive takes for one: `edged.evidence.EvidenceOutput.shared`), a candidate's ``evidence_dir``,
+the journal's folder and an OPC UA certificate's folder still to be made, sees that no other edged holds
+the journal (not with ``bind=False``), binds and releases every address the daemon would listen on (each output's,
 `edged.outputs.listening`; with ``bind=False``, beside a running daemon that holds them, one in use is
 passed over) and requests and releases every reject line (`edged.reject`; with ``bind=False`` only finds
 it: a chip or line that is not there is still refused), connects once
@@ -56,8 +57,8 @@ from edged.errors import (
     ModelError,
     SourceError,
 )
+from edged.evidence import EvidenceOutput, folder_problem
 from edged.evidence import describe as describe_error
-from edged.evidence import folder_problem
 from edged.files import nearest_folder
 from edged.geometry import BoxMap
 from edged.heads.base import fmt_classes
@@ -690,6 +691,8 @@ def run_check(
                 for cfg in settings.source
                 if (e := _check_source(settings, model, cfg, partial(probes.result, cfg), named, out, unit)) is not None
             ]
+            if (problem := EvidenceOutput.shared(settings, keep=False)) is not None:
+                raise ConfigError(None, [problem])
         candidate = _candidate(settings, model, unit)
     except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems
         raise ConfigError(e.path or config_path, e.problems) from None

@@ -24,7 +24,11 @@ first saved there, and a model of another task or other names (a reload, or a re
 model) saves to a folder of its own beside it, ``DIR/CAMERA@TASK-HASH/`` (`dataset_name`), laid out
 the same; nothing saved is moved or described anew, and a model brought back finds its folder
 again. The folder is picked on the loop from what the camera folder held when the writer started,
-so the path handed to the journal is where the image goes.
+so the path handed to the journal is where the image goes. Each camera's folder is its own: cameras
+whose folders the drive takes for one (ids alike but for case on a FAT or exFAT drive, a link from one
+to the other) are refused at start and at a reload (`EvidenceOutput.shared`), and by their writers
+where a drive mounted since makes them so; a classifier whose class folders such a drive would take
+for one saves nothing there (`merged_classes`).
 
 Which frames are kept is a pure function of the policy (`should_save`), decided on the loop before
 the frame is copied, so a frame that will not be saved costs nothing. Encoding and writing happen on
@@ -55,16 +59,17 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import cv2
 import numpy as np
 
+from edged.errors import printable
 from edged.files import read_regular
 from edged.identity import CLOCK_EPOCH_NS, boot_id
 from edged.lograte import Failures
@@ -165,6 +170,37 @@ def class_folder(name: str) -> str:
         return folder
     digest = hashlib.sha256(name.encode(errors="surrogatepass")).hexdigest()[:8]
     return f"{folder[:55] if folder.strip('.') else '_'}-{digest}"
+
+
+@lru_cache(maxsize=4)
+def alike_classes(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The pairs of class names whose folders (`class_folder`) differ only in case: one folder on a drive
+    that ignores case (FAT, exFAT), where a classifier's frames of the one would be filed as the other's."""
+    first: dict[str, str] = {}  # a folder in lower case: the name of the first class filed there
+    pairs = []
+    for name in names:
+        folded = class_folder(name).lower()
+        if folded in first:
+            pairs.append((first[folded], name))
+        else:
+            first[folded] = name
+    return tuple(pairs)
+
+
+def merged_classes(dataset: Path, task: Task, names: tuple[str, ...]) -> str | None:
+    """Why a classifier's frames cannot be filed by class in ``dataset`` (a folder holding its ``dataset.json``):
+    two classes' folders differ only in case (`alike_classes`) and the drive takes ``DATASET.JSON`` for
+    ``dataset.json``, so it would take them for one. None where they stay apart."""
+    pairs = alike_classes(names)
+    if not pairs or not same_file(dataset / IDENTITY, dataset / IDENTITY.upper()):
+        return None
+    a, b = pairs[0]
+    return (
+        f"classes {printable(a)} and {printable(b)} of the {task} model would share one folder under images/, for "
+        "the drive takes names that differ only in case for one (a FAT or exFAT file system): a frame of the one "
+        "would be filed as the other's, so none of this model is saved; rename one of the classes, or point "
+        "evidence.dir at a drive that tells case apart (ext4)"
+    )
 
 
 def image_suffix(width: int, height: int) -> str:
@@ -359,10 +395,15 @@ class EvidenceStore:
     the next `open`), never an image without its label; deleting goes the other way round.
     """
 
-    def __init__(self, root: Path, camera_id: str, max_bytes: int, max_age_days: float) -> None:
+    def __init__(
+        self, root: Path, camera_id: str, max_bytes: int, max_age_days: float, others: Mapping[str, Path] | None = None
+    ) -> None:
+        """``others``: the other cameras' evidence folders, by camera id, which the camera folder must not
+        be (`shared_with`): one the drive had not mounted at start is compared as `open` makes it."""
         self.root = root
         self.camera_id = camera_id
         self.folder = root / camera_id
+        self._others = others or {}
         self.max_bytes = max_bytes
         self.max_age_s = max_age_days * 86400.0
         self.total_bytes = 0
@@ -390,9 +431,12 @@ class EvidenceStore:
 
     def open(self) -> None:
         """Scan the camera's folders once: remove temp files and half-written sets, total the rest,
-        follow a step of the clock since the images were stamped (`follow_clock`), prune."""
+        follow a step of the clock since the images were stamped (`follow_clock`), prune. A camera
+        folder that is another camera's too (`shared_with`) is refused: nothing is saved there."""
         self.root.mkdir(exist_ok=True)
         self.folder.mkdir(exist_ok=True)
+        if (problem := shared_with(self.camera_id, self.folder, self._others)) is not None:
+            raise OSError(errno.EEXIST, problem, str(self.folder))
         recorded = _recorded_clock(self.folder / CLOCK_RECORD)
         mine = f"{self.camera_id}@"
         datasets = {p.name for p in self.root.iterdir() if p.name.startswith(mine) and p.is_dir()} | {self.camera_id}
@@ -430,7 +474,10 @@ class EvidenceStore:
 
     def save(self, frame: EvidenceFrame, jpeg_quality: int) -> None:
         day, stem = day_and_stem(frame.camera_id, frame.capture_time_ns, frame.frame_id, frame.part_id)
-        folder = self._dataset(frame) / day
+        dataset = self._dataset(frame)
+        if frame.image_class is not None and (problem := merged_classes(dataset, frame.task, frame.names)):
+            raise OSError(errno.EEXIST, problem, str(dataset))
+        folder = dataset / day
         self._make_folders(folder)
         image = frame.image if frame.channel_order == "bgr" else cv2.cvtColor(frame.image, cv2.COLOR_RGB2BGR)
         suffix = image_suffix(image.shape[1], image.shape[0])
@@ -744,6 +791,56 @@ def folder_problem(root: Path, camera_id: str) -> str | None:
     return None
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file or folder on the disk (one is a link to the other, or the drive
+    takes both names for one); False where either is not there or cannot be looked at."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def _listed(path: Path) -> bool:
+    """Whether ``path`` is an entry of its folder by its own name, not found through another name the
+    drive takes for it (`shared_with`); True where the folder cannot be listed."""
+    try:
+        return path.name in os.listdir(path.parent)
+    except (OSError, ValueError):
+        return True
+
+
+def evidence_folders(settings: Settings) -> dict[str, Path]:
+    """The evidence folder of each camera that saves evidence, by camera id."""
+    return {
+        cfg.camera_id: evidence.dir / cfg.camera_id
+        for cfg in settings.source
+        if (evidence := settings.evidence_for(cfg)) is not None
+    }
+
+
+def shared_with(camera_id: str, folder: Path, others: Mapping[str, Path]) -> str | None:
+    """Why camera ``camera_id``'s evidence folder is also one of ``others`` (the other cameras' folders,
+    by camera id): their files would mix, and each camera's retention would delete the other's frames
+    as its own. None where it is its own, or where either is not there yet (compared again as it is made)."""
+    for other, theirs in others.items():
+        if not same_file(folder, theirs):
+            continue
+        if os.path.realpath(folder) == os.path.realpath(theirs):
+            link, target = (folder, theirs) if os.path.realpath(folder) != os.path.abspath(folder) else (theirs, folder)
+            why, fix = f"{link} is a link to {target}", f", or remove the link {link}"
+        elif not (_listed(folder) and _listed(theirs)):
+            why = "the drive takes both names for one (FAT and exFAT ignore case, and a trailing dot)"
+            fix = ", or point evidence.dir at a drive that tells case apart (ext4)"
+        else:
+            why, fix = "one is mounted on the other (a bind mount)", ""
+        return (
+            f"evidence.dir: {folder} and {theirs}, the evidence folders of cameras {camera_id} and {other}, "
+            f"are one folder: {why}; their frames would mix and each camera's retention would delete the "
+            f"other's: give one camera another camera_id{fix}"
+        )
+    return None
+
+
 def _wall_less_boot_clock() -> float:
     """The wall clock less the clock since boot: constant but for a step (or NTP's slow slewing) of the
     wall clock. The boot clock counts a suspend, as the wall clock does; the monotonic one does not."""
@@ -758,14 +855,21 @@ class EvidenceWriter:
     """
 
     def __init__(
-        self, cfg: EvidenceConfig, camera_id: str, previous: EvidenceWriter | None = None, *, default_dir: bool = False
+        self,
+        cfg: EvidenceConfig,
+        camera_id: str,
+        previous: EvidenceWriter | None = None,
+        *,
+        default_dir: bool = False,
+        others: Mapping[str, Path] | None = None,
     ) -> None:
         """``previous``: the camera's writer that this one replaces on a reload; its counters carry on.
-        ``default_dir``: ``cfg.dir`` is the default, not set: an error then says how to set it."""
+        ``default_dir``: ``cfg.dir`` is the default, not set: an error then says how to set it.
+        ``others``: the other cameras' evidence folders (`EvidenceStore`)."""
         self.cfg = cfg
         self.camera_id = camera_id
         self._advice = f"; {DEFAULT_NOTE}" if default_dir else ""
-        self.store = EvidenceStore(cfg.dir, camera_id, cfg.max_bytes, cfg.max_age_days)
+        self.store = EvidenceStore(cfg.dir, camera_id, cfg.max_bytes, cfg.max_age_days, others)
         self._queue: queue.Queue[EvidenceFrame | None] = queue.Queue(QUEUE_FRAMES + 1)  # + the stop sentinel
         self._saves: deque[float] = deque(maxlen=max(cfg.max_per_minute, 1))  # times of the last saves
         self._thread = threading.Thread(target=self._run, name="evidence", daemon=True)
@@ -957,11 +1061,12 @@ class EvidenceWriter:
 
 class EvidenceOutput(Output):
     """Evidence as an output (`edged.output`): a writer per camera that `Settings.evidence_for` gives
-    evidence settings, each in a folder of its own."""
+    evidence settings, each in a folder of its own (`shared`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.writers: dict[str, EvidenceWriter] = {}
+        self._folders = evidence_folders(settings)
         for cfg in settings.source:
             self._start(cfg.camera_id)
 
@@ -969,12 +1074,42 @@ class EvidenceOutput(Output):
     def from_settings(cls, settings: Settings, services: Services) -> EvidenceOutput | None:
         return cls(settings) if any(settings.evidence_for(cfg) for cfg in settings.source) else None
 
+    @staticmethod
+    def shared(settings: Settings, *, keep: bool = True) -> str | None:
+        """Why two cameras' evidence would go to one folder (`shared_with`: a drive that ignores case, a
+        link), found by making each camera's folder as its writer does and comparing them: for a start
+        and a reload, which refuse it, and ``edged check`` (without ``keep``: the folders it made are
+        removed again). None where each has its own, or where one cannot be made (its writer says why,
+        and compares it once it is made)."""
+        folders = evidence_folders(settings)
+        made: list[Path] = []
+        try:
+            for folder in folders.values():
+                for at in (folder.parent, folder):
+                    with contextlib.suppress(OSError, ValueError):  # ValueError: a NUL in the path
+                        if not at.is_dir():
+                            at.mkdir()
+                            made.append(at)
+            earlier: dict[str, Path] = {}
+            for camera_id, folder in folders.items():
+                if (problem := shared_with(camera_id, folder, earlier)) is not None:
+                    return problem
+                earlier[camera_id] = folder
+            return None
+        finally:
+            if not keep:
+                for at in reversed(made):
+                    with contextlib.suppress(OSError):
+                        at.rmdir()
+
     def _start(self, camera_id: str, previous: EvidenceWriter | None = None) -> None:
         cfg = self.settings.camera(camera_id)
         evidence = self.settings.evidence_for(cfg) if cfg is not None else None
         if cfg is not None and evidence is not None:
             default = self.settings.evidence_dir_default(cfg)
-            writer = self.writers[camera_id] = EvidenceWriter(evidence, camera_id, previous, default_dir=default)
+            others = {other: folder for other, folder in self._folders.items() if other != camera_id}
+            writer = EvidenceWriter(evidence, camera_id, previous, default_dir=default, others=others)
+            self.writers[camera_id] = writer
             writer.start()
 
     def frame(self, report: FrameReport) -> None:
@@ -1005,7 +1140,7 @@ class EvidenceOutput(Output):
     def reload(self, settings: Settings, services: Services) -> EvidenceOutput | None:
         """A camera whose evidence settings stay keeps its writer; the others' writers stop, and start
         again with the new settings where there are any, their counters carried on."""
-        old, self.settings = self.settings, settings
+        old, self.settings, self._folders = self.settings, settings, evidence_folders(settings)
         replaced: dict[str, EvidenceWriter] = {}
         for camera_id, writer in list(self.writers.items()):
             before, after = old.camera(camera_id), settings.camera(camera_id)

@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from edged.camera import Camera
 from edged.config import Settings
+from edged.errors import ConfigError
 from edged.evidence import EvidenceOutput
 from edged.http import HttpServer
 from edged.journal import JournalOutput
@@ -53,6 +54,10 @@ class Outputs:
     """The running outputs, in `OUTPUTS` order; a failure while opening them closes those already open."""
 
     def __init__(self, settings: Settings, services: Services) -> None:
+        """Raises `ConfigError` where two cameras' evidence would go to one folder (`EvidenceOutput.shared`;
+        a reload that would is refused as it loads, `edged.reload.load_replacement`)."""
+        if (problem := EvidenceOutput.shared(settings)) is not None:
+            raise ConfigError(None, [problem])
         self.services = services
         self._kinds = OUTPUTS
         self._server: TriggerServer | None = None

@@ -32,6 +32,7 @@ from edged.camera import Camera, Sequences, camera_for, stop_captures
 from edged.capture import Capture
 from edged.config import ProviderConfig, RuntimeConfig, Settings, load_config
 from edged.errors import ConfigError, ContractError, EdgedError, ModelError
+from edged.evidence import EvidenceOutput
 from edged.journal import JournalOutput
 from edged.lograte import LogRate
 from edged.model import LoadedModel, fallback_runtime, load_model
@@ -163,11 +164,15 @@ def load_replacement(
     camera stays in request mode. ``reading`` hears each file as it goes to read it, so that a load
     that never ends can say where it stopped (`Loading`). The providers ``dropped`` by a fallback
     stay dropped, for the model and the candidate alike, unless the new settings change
-    ``[runtime] providers`` (`Dropped.kept`)."""
+    ``[runtime] providers`` (`Dropped.kept`). Settings that would give two cameras one evidence folder
+    are refused here, off the loop, as a start refuses them (`EvidenceOutput.shared`)."""
     new = load_config(config_path)
     if bool(new.requesting()) != requests:
         problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
         raise ConfigError(config_path, [problem])
+    reading("the evidence folders")
+    if (shared := EvidenceOutput.shared(new)) is not None:
+        raise ConfigError(config_path, [shared])
     if dropped is not None and (runtime := dropped.kept(new.runtime)) is not None:
         new = new.model_copy(update={"runtime": runtime})
     else:

@@ -16,7 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from daemon import RunningDaemon, free_port, write_config
+from daemon import RunningDaemon, free_port, refused_by_check_and_run, write_config
 from filesystems import read_only_folder, tmpfs
 from onnx_models import LABELS, colour_probe
 
@@ -405,3 +405,56 @@ def test_a_reload_from_a_detector_to_a_classifier_leaves_each_models_evidence_a_
         assert isinstance(message, DetectionsMessage) and message.top
         assert class_folder(message.top[0].label) == image.parent.name
     assert_no_half_sets(evidence)
+
+
+def cameras(workdir: Path, camera_ids: list[str], endpoint: str | None = None) -> tuple[Path, str]:
+    """A configuration of one camera per id, each on the images, saving every frame to ``evidence``."""
+    endpoint = endpoint or f"tcp://127.0.0.1:{free_port()}"
+    doc: dict[str, dict[str, object] | list[dict[str, object]]] = {
+        "source": [{"type": "images", "path": "imgs", "fps": 20.0, "camera_id": name} for name in camera_ids],
+        "model": {"path": "probe.onnx"},
+        "publish": {"endpoints": [endpoint], "status_interval_s": 0.3},
+        "thermal": {"enabled": False},
+        "evidence": {"dir": "evidence", "save": "all", "max_per_minute": 0},
+    }
+    return write_config(workdir / "edged.toml", doc), endpoint
+
+
+def test_two_cameras_whose_evidence_folders_are_one_are_refused_by_check_and_run_naming_both(workdir: Path) -> None:
+    # A user moved camera line1's evidence by a link, to Line1's folder: retention of each would delete the other's.
+    evidence = workdir / "evidence"
+    (evidence / "Line1").mkdir(parents=True)
+    (evidence / "line1").symlink_to("Line1")
+    config, endpoint = cameras(workdir, ["Line1", "line1"])
+    for said in refused_by_check_and_run(config, endpoint, "--no-bind"):
+        assert (
+            f"evidence.dir: {evidence}/line1 and {evidence}/Line1, the evidence folders of cameras line1 and Line1, "
+            f"are one folder: {evidence}/line1 is a link to {evidence}/Line1; their frames would mix and each "
+            f"camera's retention would delete the other's: give one camera another camera_id, or remove the link "
+            f"{evidence}/line1"
+        ) in said, said
+    assert not list((evidence / "Line1").iterdir())
+
+
+def test_cameras_alike_but_for_case_save_apart_and_a_reload_giving_two_one_folder_is_refused(workdir: Path) -> None:
+    evidence = workdir / "evidence"
+    config, endpoint = cameras(workdir, ["Line1", "line1"])
+    d = RunningDaemon(config, endpoint)
+    try:
+        for name in ("Line1", "line1"):  # apart on a drive that tells case apart, as most do
+            d.wait_status(lambda s, name=name: s.camera_id == name and evidence_of(s)[0] >= 2)
+        (evidence / "LINE1").symlink_to("Line1")
+        cameras(workdir, ["Line1", "line1", "LINE1"], endpoint)
+        d.signal(signal.SIGHUP)
+        wait_until(lambda: "reload refused" in d.log(), d)
+        refused = d.log().split("reload refused", 1)[1]
+        assert f"cameras LINE1 and Line1, are one folder: {evidence}/LINE1 is a link" in refused, refused
+        served = d.wait_status(lambda s: s.camera_id == "line1")  # the running configuration serves on
+        d.wait_status(lambda s: s.camera_id == "line1" and s.frames_processed >= served.frames_processed + 5)
+        assert d.stop() == 0
+    finally:
+        d.close()
+    assert "camera LINE1" not in d.log_path.read_text()
+    for name in ("Line1", "line1"):
+        stems = [p.stem for p in (evidence / name).rglob("*.jpg")]
+        assert stems and all(stem.startswith(f"{name}_") for stem in stems), (name, stems)

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import threading
 import time
 from dataclasses import replace
@@ -31,6 +32,7 @@ from edged.evidence import (
     EvidenceOutput,
     EvidenceStore,
     EvidenceWriter,
+    alike_classes,
     class_folder,
     data_yaml,
     dataset_name,
@@ -536,6 +538,33 @@ def test_a_classifiers_frames_are_filed_by_class_kept_in_the_quota_and_cleaned_a
     assert reopened.total_bytes == sum(p.stat().st_size for p in files_on_disk(tmp_path))
 
 
+def test_a_classifier_whose_classes_differ_only_in_case_saves_none_where_the_drive_takes_them_for_one(
+    tmp_path: Path,
+) -> None:
+    names = ("OK", "ok", "scratch", "Ok")
+    assert alike_classes(names) == (("OK", "ok"), ("OK", "Ok"))
+    assert alike_classes(NAMES) == () and alike_classes(("a b", "A_B")) == ()  # their folders: hashed apart
+
+    def classified(i: int) -> EvidenceFrame:
+        kept = frame(i, names=names, task="classify")
+        return replace(kept, label="", image_class=class_folder(names[i % len(names)]))
+
+    store = EvidenceStore(tmp_path, "cam0", 10**9, 0)
+    store.open()
+    for i in range(4):  # apart on a drive that tells case apart, as most do
+        store.save(classified(i), 95)
+    day = tmp_path / "cam0" / day_and_stem("cam0", T0_NS, 0)[0]
+    assert sorted(p.parent.name for p in day.rglob("*.jpg")) == sorted(names)
+    # As a FAT or exFAT drive does, the dataset folder takes DATASET.JSON for dataset.json.
+    (tmp_path / "cam0" / "DATASET.JSON").symlink_to("dataset.json")
+    before = files_on_disk(tmp_path)
+    for i in (4, 6):  # a class alike another, and one that is not: the model's frames are filed by class nowhere
+        with pytest.raises(OSError, match="classes OK and ok of the classify model would share one folder") as info:
+            store.save(classified(i), 95)
+        assert "rename one of the classes, or point evidence.dir at a drive that tells case apart" in str(info.value)
+    assert files_on_disk(tmp_path) == before
+
+
 def test_a_folder_left_over_the_quota_is_pruned_at_start_up(tmp_path: Path) -> None:
     writer_store = EvidenceStore(tmp_path, "cam0", 10**12, 0)
     writer_store.open()
@@ -916,6 +945,77 @@ def test_a_reload_that_changes_a_cameras_evidence_keys_keeps_its_counters(tmp_pa
         assert second.report().saved == 1  # was 0: a changed key reset the counters
     finally:
         output.close()
+
+
+def two_cameras(tmp_path: Path, evidence: Path) -> Settings:
+    """Cameras Line1 and line1, alike but for case, saving every frame under ``evidence``."""
+    repo = Path(__file__).resolve().parent.parent
+    config = tmp_path / "edged.toml"
+    config.write_text(
+        f'[model]\npath = "{repo / "models/demo.onnx"}"\n'
+        '[[source]]\ntype = "synthetic"\ncamera_id = "Line1"\n[[source]]\ntype = "synthetic"\ncamera_id = "line1"\n'
+        f'[evidence]\ndir = "{evidence}"\nsave = "all"\nmax_per_minute = 0\n'
+    )
+    return load_config(config)
+
+
+def test_cameras_alike_but_for_case_have_folders_of_their_own_and_check_leaves_none_behind(tmp_path: Path) -> None:
+    settings = two_cameras(tmp_path, tmp_path / "evidence")
+    assert EvidenceOutput.shared(settings, keep=False) is None and not (tmp_path / "evidence").exists()
+    assert EvidenceOutput.shared(settings) is None  # as a start makes them, apart on a drive that tells case apart
+    assert sorted(p.name for p in (tmp_path / "evidence").iterdir()) == ["Line1", "line1"]
+
+
+def test_a_bind_mount_giving_two_cameras_one_folder_is_said_as_such(tmp_path: Path) -> None:
+    settings = two_cameras(tmp_path, tmp_path / "evidence")
+    (tmp_path / "evidence" / "Line1").mkdir(parents=True)
+    (tmp_path / "evidence" / "line1").mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "--bind", *(str(tmp_path / "evidence" / n) for n in ("Line1", "line1"))]).returncode
+    ):
+        pytest.skip("this process may not mount")
+    try:
+        problem = EvidenceOutput.shared(settings, keep=False)
+    finally:
+        subprocess.run(["umount", str(tmp_path / "evidence" / "line1")], check=True)
+    assert (
+        problem is not None
+        and "cameras line1 and Line1, are one folder: one is mounted on the other (a bind mount)" in problem
+    ), problem
+    assert problem.endswith("give one camera another camera_id")
+
+
+def test_a_camera_folder_found_to_be_another_cameras_once_the_drive_is_there_is_refused_by_both_writers(
+    tmp_path: Path,
+) -> None:
+    evidence = tmp_path / "drive" / "evidence"  # on a drive not mounted yet: no folder to compare at start
+    settings = two_cameras(tmp_path, evidence)
+    assert EvidenceOutput.shared(settings) is None
+    output = EvidenceOutput(settings)
+    try:
+        writers = list(output.writers.values())
+        assert wait_for(lambda: all(w.failures.count == 1 for w in writers), timeout_s=10)  # the folder is missing
+        (evidence / "Line1").mkdir(parents=True)  # the drive comes, line1's folder a link to Line1's
+        (evidence / "line1").symlink_to("Line1")
+        for writer in writers:
+            writer.offer(
+                Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr"),
+                detected(),
+                None,
+                b"{}",
+                names=NAMES,
+                task="detect",
+            )
+        assert wait_for(lambda: all(w.failures.count == 2 for w in writers), timeout_s=10)
+        for writer, other in zip(writers, ("line1", "Line1"), strict=True):
+            assert f"cameras {writer.camera_id} and {other}, are one folder: {evidence}/line1 is a link to" in (
+                writer.failures.last or ""
+            )
+            assert writer.saved == 0
+    finally:
+        output.close()
+    assert list((evidence / "Line1").iterdir()) == []
 
 
 def test_the_folder_is_tried_with_a_file_created_and_removed_leaving_nothing_behind(tmp_path: Path) -> None:
