@@ -27,6 +27,7 @@ it placed each node, OpenVINO's device, plugin and precision). The last line is 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import tempfile
 import threading
@@ -43,7 +44,7 @@ import numpy as np
 from edged.anomaly import Anomaly
 from edged.capture import Capture
 from edged.classify import Classes
-from edged.config import CandidateConfig, Settings
+from edged.config import DEFAULT_CONFIG_PATH, CandidateConfig, Settings
 from edged.control import listening as control_socket
 from edged.decode import Detections
 from edged.errors import (
@@ -59,7 +60,7 @@ from edged.errors import (
 )
 from edged.evidence import EvidenceOutput, folder_problem
 from edged.evidence import describe as describe_error
-from edged.files import nearest_folder
+from edged.files import lock_holders, nearest_folder
 from edged.geometry import BoxMap
 from edged.heads.base import fmt_classes
 from edged.journal import JournalOutput, records
@@ -588,10 +589,11 @@ def _unit_problem(unit: Unit | None, folder: Path) -> str | None:
     return unit.cannot_write(folder) if unit is not None else None
 
 
-def _journal(settings: Settings, bind: bool, unit: Unit | None) -> str:
+def _journal(settings: Settings, config_path: Path | None, bind: bool, unit: Unit | None) -> str:
     """Where the verdict journal goes and what it will record, once its folder has taken a file (`FolderError`
-    when not: run would serve and record nothing) and, with ``bind``, no other edged holds it (`ConfigError`,
-    as run refuses to start; not tried beside the running service, which holds it)."""
+    when not: run would serve and record nothing) and no other edged holds it (`ConfigError`, as run refuses
+    to start). Without ``bind``, beside the running service, which holds its own, a journal held by an `edged
+    run` of ``config_path`` passes (`_held_by_another`)."""
     journal = settings.journal
     if not journal.enabled:
         return "off ([journal] enabled = false)"
@@ -602,9 +604,48 @@ def _journal(settings: Settings, bind: bool, unit: Unit | None) -> str:
     if records(settings):
         if (problem := _takes_no_file(journal.file.parent) or _unit_problem(unit, journal.file.parent)) is not None:
             raise FolderError(f"journal.path: {journal.file} cannot be written: {problem}; run would record no verdict")
-        if bind and (problem := JournalOutput.in_use(settings, create=False)) is not None:
-            raise ConfigError(None, [problem])
+        if (problem := JournalOutput.in_use(settings, create=False)) is not None:
+            if bind or (problem := _held_by_another(journal.file, config_path)) is not None:
+                raise ConfigError(None, [problem])
     return f"{journal.path}: {what}; durability {journal.durability}"
+
+
+def _held_by_another(journal: Path, config_path: Path | None) -> str | None:
+    """Why journal ``journal``, whose lock is held, is another edged's: a process running `edged run` on another
+    configuration holds it (`edged.files.lock_holders`). None where the holder runs ``config_path``: the
+    running service, whose journal it is; or where it cannot be told (the holder's command line and working
+    folder unreadable): perhaps the service, as a port in use is passed over."""
+    for pid in lock_holders(Path(f"{os.path.realpath(journal)}.lock")):
+        theirs = _run_config(pid)
+        if theirs is None or config_path is None:
+            continue
+        with contextlib.suppress(OSError):
+            if os.path.samefile(theirs, config_path):
+                return None
+        return (
+            f"journal.path {journal} is held by another edged (process {pid}, running {theirs}): give each edged "
+            "a journal.path of its own"
+        )
+    return None
+
+
+def _run_config(pid: int) -> Path | None:
+    """The configuration process ``pid``'s `edged run` reads (its ``--config`` or ``-c``, from its working
+    folder; else the default); None where it runs none or cannot be looked at."""
+    try:
+        argv = [os.fsdecode(arg) for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+        folder = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+    if "run" not in argv:
+        return None
+    config, after = DEFAULT_CONFIG_PATH, argv[argv.index("run") + 1 :]
+    for i, arg in enumerate(after):
+        if arg in ("--config", "-c") and i + 1 < len(after):
+            config = Path(after[i + 1])
+        elif arg.startswith("--config="):
+            config = Path(arg.partition("=")[2])
+    return Path(folder, config)
 
 
 def _opcua(cfg: OpcuaConfig, settings: Settings, unit: Unit | None) -> str:
@@ -697,7 +738,7 @@ def run_check(
     except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems
         raise ConfigError(e.path or config_path, e.problems) from None
     try:
-        journal = _journal(settings, bind, unit)
+        journal = _journal(settings, config_path, bind, unit)
     except ConfigError as e:
         raise ConfigError(config_path, e.problems) from None
     _bind_all(settings, bind, unit, out)

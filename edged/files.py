@@ -103,6 +103,24 @@ def nearest_folder(path: Path) -> Path:
     return next(at for at in (path, *path.parents) if at.is_dir())
 
 
+def lock_holders(path: Path) -> list[int]:
+    """The processes holding a lock on file ``path`` (``flock``, ``fcntl``), as the kernel lists them in
+    /proc/locks; none where the file is not there or the list cannot be read."""
+    try:
+        found = os.stat(path)
+        listed = Path("/proc/locks").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return []
+    inode = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}"
+    holders = []
+    for line in listed.splitlines():
+        # "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2147258 0 EOF"; a process waiting for it has "->" after the number
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] != "->" and fields[5] == inode and fields[4].isdigit():
+            holders.append(int(fields[4]))
+    return holders
+
+
 def fsync_folder(folder: Path) -> None:
     """Make a rename in ``folder`` durable: a power cut after it would otherwise undo it."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

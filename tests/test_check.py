@@ -38,7 +38,7 @@ def tmp(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _config(tmp: Path, ports: list[int], **sections: dict) -> Path:
+def _config(tmp: Path, ports: list[int], name: str = "edged.toml", **sections: dict) -> Path:
     """An images camera showing red, every server on a port of ``ports``: publish, http, trigger."""
     doc: dict = {
         "source": {"type": "images", "path": str(tmp / "imgs")},
@@ -49,7 +49,7 @@ def _config(tmp: Path, ports: list[int], **sections: dict) -> Path:
         "thermal": {"enabled": False},
     }
     doc.update(sections)
-    return write_config(tmp / "edged.toml", doc)
+    return write_config(tmp / name, doc)
 
 
 @pytest.fixture
@@ -316,6 +316,24 @@ def test_a_journal_another_edged_holds_fails_the_check_as_it_stops_run(tmp: Path
         assert result.returncode == 0, result.stdout + result.stderr
     finally:
         os.close(fd)
+    # Beside another edged, run on another configuration that names the same journal, --no-bind said ok too.
+    other_ports = [free_port() for _ in range(3)]
+    other = _config(
+        tmp, other_ports, "other.toml", inspect={"ng_classes": ["red"]}, journal={"path": str(journal)}, trigger={}
+    )
+    daemon = RunningDaemon(other, f"tcp://127.0.0.1:{other_ports[0]}")
+    try:
+        daemon.collect("verdict", 1)  # recorded: the journal is open, its lock held
+        result = run_cli("check", "--no-bind", "--config", str(config))
+        assert result.returncode == 78, result.stdout + result.stderr
+        assert (
+            f"journal.path {journal} is held by another edged (process {daemon.proc.pid}, running {other}): "
+            "give each edged a journal.path of its own" in result.stderr
+        ), result.stderr
+        result = run_cli("check", "--no-bind", "--config", str(other))  # its own
+        assert result.returncode == 0, result.stdout + result.stderr
+    finally:
+        daemon.close()
 
 
 def test_a_journal_folder_that_takes_no_file_fails_the_check_with_exit_1(tmp: Path, ports: list[int]) -> None:
