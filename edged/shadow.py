@@ -503,7 +503,9 @@ class Shadow:
             return
         writer = self._writers.get(camera_id)
         if writer is None:
-            writer = self._writers[camera_id] = EvidenceWriter(EvidenceConfig(dir=folder, save="all"), camera_id)
+            others = {cfg.camera_id: folder / cfg.camera_id for cfg in self.settings.source if cfg.camera_id != camera_id}
+            writer = EvidenceWriter(EvidenceConfig(dir=folder, save="all"), camera_id, others=others)
+            self._writers[camera_id] = writer
             writer.start()
         record = {
             "camera_id": camera_id,

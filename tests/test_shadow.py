@@ -208,6 +208,32 @@ def test_a_classifiers_disagreement_is_filed_under_the_live_models_class(tmp_pat
     assert [p.parent.name for p in saved] == [live_class], saved
 
 
+def test_two_cameras_whose_disagreement_folders_are_one_save_none_there(tmp_path: Path) -> None:
+    # On a FAT trial drive ids alike but for case name one folder, as a link does here: each camera's
+    # disagreements went there, and each writer's retention deleted the other's as its own.
+    trial = CandidateConfig(
+        path=reversed_classes(tmp_path / "candidate.onnx"),
+        sample_every=1,
+        control=f"ipc://{tmp_path}/c.sock",
+        evidence_dir=tmp_path / "disagreements",
+    )
+    cameras = tuple(SyntheticSourceConfig(camera_id=c, width=320, height=240) for c in ("Line1", "line1"))
+    s = Settings(model=ModelConfig(path=TASKS / "cls.onnx", candidate=trial), source=cameras)
+    (tmp_path / "disagreements" / "Line1").mkdir(parents=True)
+    (tmp_path / "disagreements" / "line1").symlink_to("Line1")
+    live = load_model(s.model, s.runtime)
+    shadow = Shadow(s, trial, live)
+    for cfg in s.source:
+        frame = Frame(cv2.imread(str(TASKS / "wide.png")), 0, time.monotonic_ns(), time.time_ns(), "bgr")
+        done = frame_path(s, live, cfg).run(frame)
+        assert isinstance(done, Processed)
+        shadow.observe(cfg.camera_id, done)
+        assert shadow.run(10.0)
+    shadow.close()
+    assert shadow.report().disagreements_saved == 0
+    assert not [p for p in (tmp_path / "disagreements" / "Line1").rglob("*") if p.suffix in (".jpg", ".png")]
+
+
 def test_a_disagreement_is_saved_in_the_dataset_of_the_live_model_whose_boxes_label_it(tmp_path: Path) -> None:
     # A segmentation candidate beside a detector: the label is the live model's boxes, by its class ids,
     # so the folder is a detection dataset of its names, not a segmentation dataset of the candidate's.
