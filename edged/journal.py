@@ -7,7 +7,9 @@ crash of edged never loses a committed row; ``durability = "full"`` adds an fsyn
 power cut loses nothing committed either. Rows are written on the journal's own thread, a batch
 per transaction; the loop only appends to a queue bounded in bytes and never waits on the disk. A
 disk that is full or read-only is counted and retried, never a reason to stop inspecting; a file
-that is not a journal (truncated, replaced, damaged) is moved aside and a new one started.
+that is not a journal (truncated, replaced, damaged) is moved aside and a new one started. A file
+removed or replaced while edged writes it is noticed, and journal.path opened anew, with what the
+old file held that no path showed or the broker had not had (`JournalStore.follow`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ STOP_WAIT_S = 2.0  # at stop, time left to write what is queued
 LOG_EVERY_S = 60.0
 LAST_ROW = 2**63 - 1  # SQLite's largest integer: no row id is above it
 BUSY_WAIT_S = 5.0  # how long a write waits for another connection's (a feed writing its cursor)
+LOOK_EVERY_S = 1.0  # how often a write looks whether journal.path still names the file written
+GONE, REPLACED = "moved away or removed", "replaced"  # what became of a file journal.path no longer names
 
 # The entries table: its columns after ``id``, in the order rows are written and read. A column added
 # in a later version may be NULL: the table of an earlier edged's journal gains it as it opens
@@ -83,6 +87,7 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS entries_camera_time ON entries (camera_id, wall_ns);\n"
 )
 _INSERT = f"INSERT INTO entries ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+Row = tuple[object, ...]  # an entries row's `COLUMNS`, as written
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +107,16 @@ class Entry:
     config_sha256: str
     message: bytes
     evidence: str | None = None  # the evidence image saved of the frame, if any
+
+
+@dataclass(frozen=True, slots=True)
+class Reopened:
+    """journal.path opened anew after it stopped naming the file written (`JournalStore.follow`)."""
+
+    was: str  # what became of the file written: `GONE` or `REPLACED`
+    now: str  # what journal.path holds now, as opened (`JournalStore.open`)
+    carried: int  # the old file's rows written first to the new one
+    lost: int  # verdicts not yet acknowledged left in the old file: more than memory holds (`QUEUE_BYTES`)
 
 
 def lock(path: Path, *, create: bool = True) -> int:
@@ -173,34 +188,55 @@ class JournalStore:
         self.unsent_deleted = 0  # verdicts deleted for room before an output had them acknowledged (`prune`)
         self.folded = True  # the last `prune` emptied the write-ahead log into the file (`_fold`)
         self._file: FileId | None = None  # the open file's device and inode (`replaced`)
-        self._beside: tuple[str, ...] = ()  # the suffixes of the files SQLite keeps beside it, as it opened
+        self._real = ""  # where journal.path led as the file opened (a link's target): its -wal and -shm are beside it
+        self._beside: dict[str, FileId] = {}  # the files SQLite keeps beside it, by suffix, as it opened
+        self._seen = 0  # the newest row as of the last look that found journal.path naming the file (`follow`)
+        self._next_look = 0.0
+        self._gone: str | None = None  # how journal.path stopped naming the file let go, until it opens anew
+        self._lost = 0  # verdicts not yet acknowledged the file let go held beyond `carried` (`Reopened.lost`)
+        self._apart: str | None = None  # how the file at journal.path is left without its -wal or -shm (`follow`)
+        # Rows of a file journal.path no longer names, to be written first to the next one opened (`follow`)
+        self.carried: list[Row] = []
 
     @property
     def opened(self) -> bool:
         return self._db is not None
 
     @property
+    def apart(self) -> str | None:
+        """How the file written, still at journal.path, is left without its -wal or -shm, as last looked at
+        (`follow`); None while it is not."""
+        return self._apart
+
+    @property
     def file(self) -> FileId | None:
         """The open file's device and inode (read from other threads: `edged.replay.VerdictFeed`)."""
         return self._file
 
-    def open(self) -> None:
+    def open(self) -> str:
         """Open the journal, creating it; a file that is not a sound journal (damaged, or another
         version's table, which every write would fail on) is moved aside first, kept whole; an
         earlier edged's table gains the columns added since; an OSError while another edged holds
-        it (`lock`)."""
+        it (`lock`). Returns what journal.path held, for `follow` to say."""
         if self._lock is None:
             self._lock = lock(self.path)
+        found = os.path.exists(self.path)
         try:
             self._db = self._connect()
+            held = f"the journal found there (its newest entry {self.last_id})" if found else "a new journal"
         except sqlite3.OperationalError:
             raise  # unreadable folder, read-only, locked: not the file's fault
         except sqlite3.DatabaseError as e:  # not a database, truncated, damaged
-            self._move_aside(e)
+            aside = self._move_aside(e)
             self._db = self._connect()
+            held = f"a new journal (the file found there was not one: moved aside to {aside})"
         self._file = file_id(self.path)
-        real = os.path.realpath(self.path)  # none where the filesystem takes no WAL, and SQLite kept its own journal
-        self._beside = tuple(suffix for suffix in ("-wal", "-shm") if os.path.exists(f"{real}{suffix}"))
+        self._real = os.path.realpath(self.path)  # none beside where the filesystem takes no WAL (SQLite's own journal)
+        self._beside = {
+            suffix: beside for suffix in ("-wal", "-shm") if (beside := file_id(Path(f"{self._real}{suffix}"))) is not None
+        }
+        self._seen, self._apart = self.last_id, None
+        return held
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=BUSY_WAIT_S, isolation_level=None, check_same_thread=False)
@@ -225,13 +261,14 @@ class JournalStore:
             raise
         return db
 
-    def _move_aside(self, why: sqlite3.DatabaseError) -> None:
+    def _move_aside(self, why: sqlite3.DatabaseError) -> Path:
         """The damaged file (with its WAL and shared memory) goes aside, said once; the next open starts anew."""
         aside = self._aside_name()
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 Path(f"{self.path}{suffix}").replace(f"{aside}{suffix}")
         log.warning("journal %s is damaged (%s): moved aside to %s; a new journal starts", self.path, why, aside)
+        return aside
 
     def _aside_name(self) -> Path:
         """``journal.sqlite.damaged-TIME``, numbered where a journal moved aside before has the name: a
@@ -244,15 +281,20 @@ class JournalStore:
         return aside
 
     def _connection(self) -> sqlite3.Connection:
+        """The file, opened where it is not; the rows `carried` from one journal.path no longer names
+        written to it first."""
         if self._db is None:
             self.open()
         assert self._db is not None
+        if self.carried:
+            self._insert(self.carried)
+            self.carried = []
         return self._db
 
     def append(self, entries: Sequence[Entry], identity: Identity, synced: bool | None) -> None:
         """Write ``entries`` in one transaction: all of them or none."""
-        db = self._connection()
-        rows = [
+        self._connection()
+        rows: list[Row] = [
             (
                 e.kind,
                 e.camera_id,
@@ -274,12 +316,21 @@ class JournalStore:
             )
             for e in entries
         ]
+        self._insert(rows)
+
+    def _insert(self, rows: Sequence[Row]) -> None:
+        """Write ``rows`` in one transaction (all of them or none); while the file's -wal is gone (`follow`),
+        folded into the file at once, where `edged history` reads it and a kill of edged cannot take it."""
+        db = self._db
+        assert db is not None
         try:
             with db:  # BEGIN ... COMMIT, or ROLLBACK on an error
                 db.execute("BEGIN")
                 db.executemany(_INSERT, rows)
                 last = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
             self.last_id = last
+            if self._apart:
+                self.folded = self._fold(db)
         except sqlite3.DatabaseError as e:
             self._after_error(e)
             raise
@@ -314,13 +365,82 @@ class JournalStore:
         try:
             found = os.stat(real)
         except FileNotFoundError:
-            return "moved away or removed"
+            return GONE
         except OSError:
             return None  # a folder edged cannot look into now: counted where a write fails
         if (found.st_dev, found.st_ino) != self._file:
-            return "replaced"
-        gone = [suffix for suffix in self._beside if not os.path.exists(f"{real}{suffix}")]
-        return f"left without its {' and '.join(gone)}" if gone else None
+            return REPLACED
+        gone = [suffix for suffix, beside in self._beside.items() if file_id(Path(f"{real}{suffix}")) != beside]
+        return f"left without its {' and '.join(gone)}" if gone else None  # a -wal a reader made since is not its
+
+    def follow(self, keep_unsent: bool) -> Reopened | None:
+        """Open journal.path anew where it no longer names the file written (`replaced`: `GONE` or
+        `REPLACED`), looked at once per `LOOK_EVERY_S`; what a file no path names holds is unseen by
+        `edged history` and gone when edged stops. Its rows recorded since the last look found it at
+        journal.path and, with ``keep_unsent``, the verdicts an output delivering from the journal
+        (MQTT) has not had acknowledged are `carried`: written first to the file opened there (as at
+        start: a new journal, the journal found, or a file that is not one moved aside). Raises where
+        journal.path cannot be opened now (its folder gone): the next call tries again, the rows kept
+        meanwhile. A file left without its -wal or -shm alone is still at journal.path; it is not
+        opened anew, as this process's other connection (MQTT's `edged.replay.VerdictFeed`) shares its
+        wal-index and would pair it with two logs, but each batch is folded into it (`_insert`)."""
+        if self._gone is None:
+            if self._db is None or time.monotonic() < self._next_look:
+                return None
+            self._next_look = time.monotonic() + LOOK_EVERY_S
+            gone = self.replaced()
+            self._apart = None if gone in (None, GONE, REPLACED) else gone
+            if gone is None or self._apart:
+                self._seen = self.last_id
+                if self._apart:
+                    self.folded = self._fold(self._db)  # what the -wal no path names held
+                return None
+            self._let_go(gone, keep_unsent)
+        assert self._gone is not None
+        reopened = Reopened(self._gone, self.open(), len(self.carried), self._lost)
+        self._gone, self._lost = None, 0
+        return reopened
+
+    def _let_go(self, gone: str, keep_unsent: bool) -> None:
+        """Keep the rows to carry (`follow`) and close the file journal.path no longer names. Its -wal
+        and -shm go from beside its name where they are still the ones it opened (another's, put there
+        with it, stay): SQLite would read them as the next file's (that -wal's pages over its own) and
+        share that -shm with the feed still reading the old file, whose map it cuts short on opening."""
+        db, real = self._db, self._real
+        assert db is not None
+        kept = file_id(Path(real)) == self._file  # a link at journal.path names another file: this one is as it was
+        with contextlib.suppress(sqlite3.Error):  # a file moved away holds every row, as far as a reader lets it
+            self._fold(db)
+        self.carried, self._lost = self._leftover(db, keep_unsent)
+        self.close()  # SQLite neither folds nor removes anything by name on closing a file moved or removed
+        self._gone = gone
+        if kept:
+            return
+        for suffix, beside in self._beside.items():
+            if file_id(Path(f"{real}{suffix}")) == beside:
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{real}{suffix}")
+
+    def _leftover(self, db: sqlite3.Connection, keep_unsent: bool) -> tuple[list[Row], int]:
+        """The rows of file ``db`` to carry, oldest first, up to `QUEUE_BYTES` of messages (the newest
+        kept), and how many verdicts not yet acknowledged did not fit."""
+        try:
+            sent = acknowledged(db) if keep_unsent else None
+            wanted = "id > ? OR (kind = 'verdict' AND id > ?)"  # unseen, or not yet acknowledged
+            kept: list[Row] = []
+            size = lost = 0
+            query = f"SELECT {', '.join(COLUMNS)} FROM entries WHERE {wanted} ORDER BY id DESC"
+            for row in db.execute(query, (self._seen, LAST_ROW if sent is None else sent)):
+                size += len(row[-1])  # the message
+                if lost or size > QUEUE_BYTES:
+                    lost += 1
+                else:
+                    kept.append(tuple(row))
+        except sqlite3.Error as e:  # the old file damaged: what it holds stays in it
+            log.error("journal %s: the file no path names now cannot be read (%s); its rows are not carried", self.path, e)
+            return [], 0
+        kept.reverse()
+        return kept, lost
 
     def prune(
         self,
@@ -449,6 +569,8 @@ class JournalWriter:
         self._queued_bytes = sum(len(entry.message) for entry in carried)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
+        if previous is not None and not previous._thread.is_alive():  # rows it kept from a file no path named
+            self.store.carried = previous.store.carried
         self.recorded: dict[str, int] = previous.recorded if previous else {}
         self.dropped: dict[str, int] = previous.dropped if previous else {}
         self.failures: Failures = Failures(previous.failures if previous else None)
@@ -459,6 +581,8 @@ class JournalWriter:
         self.accepted = len(carried)  # entries queued so far, in order (the loop's count)
         self.written = 0  # of those, the ones committed (the journal thread's count)
         self._drop_log = LogRate(LOG_EVERY_S)
+        self._reopen_log = LogRate(LOG_EVERY_S)
+        self._reopens = 0  # journal.path opened anew since the last line that said so
         self._said: set[str] = set()  # the conditions of the file a retention pass has said and not yet seen end
         # Set after each batch is committed, and when a write fails: the threads that wait on the journal
         # (the outputs that deliver from it, the loop's sends held until it records, `JournalOutput.after_recorded`).
@@ -532,15 +656,17 @@ class JournalWriter:
         return left
 
     def give_up(self, entries: Sequence[Entry]) -> None:
-        """``entries`` will never be written (edged stops while the disk fails): said, and counted as dropped."""
-        if not entries:
+        """``entries`` will never be written (edged stops while the disk fails), nor the rows the store
+        carries from a file journal.path no longer named (`JournalStore.follow`): said, and counted as dropped."""
+        carried = [] if self._thread.is_alive() else self.store.carried
+        if not entries and not carried:
             return
-        for entry in entries:
-            self.dropped[entry.camera_id] = self.dropped.get(entry.camera_id, 0) + 1
+        for camera_id in [entry.camera_id for entry in entries] + [str(row[1]) for row in carried]:
+            self.dropped[camera_id] = self.dropped.get(camera_id, 0) + 1
         log.warning(
             "journal %s: stopping with %d entries not written (%s); they are lost",
             self.store.path,
-            len(entries),
+            len(entries) + len(carried),
             self.failures.last or "the disk failed",
         )
 
@@ -566,7 +692,7 @@ class JournalWriter:
                 batch = [self._queue[i] for i in range(min(len(self._queue), BATCH_ROWS))]
                 stopping = self._stopping
             if batch:
-                if self._attempt(partial(self.store.append, batch, self._identity, clock_synced())):
+                if self._attempt(partial(self._append, batch)):
                     self._written(batch)
                     retry_s = RETRY_S[0]
                 elif self._pause(retry_s):
@@ -580,6 +706,37 @@ class JournalWriter:
                 next_prune = time.monotonic() + PRUNE_EVERY_S
             else:
                 next_prune = time.monotonic() + retry_s
+
+    def _append(self, batch: list[Entry]) -> None:
+        self._follow()
+        self.store.append(batch, self._identity, clock_synced())
+
+    def _follow(self) -> None:
+        """Open journal.path anew where it no longer names the file written (`JournalStore.follow`):
+        counted as a journal error and said, with what the path holds now, at most once a minute."""
+        reopened = self.store.follow(self.keep_unsent)
+        if reopened is None:
+            return
+        self.unsent_deleted += reopened.lost
+        self.failures.noted(f"journal.path was {reopened.was} while edged wrote it: opened anew")
+        self._reopens += 1
+        if not self._reopen_log.allows():
+            return
+        unsent = " or the broker had not acknowledged" if self.keep_unsent else ""
+        carried = f"; {reopened.carried} entries the old file held that journal.path did not show{unsent} go to it first"
+        lost = f"; {reopened.lost} verdicts the broker had not acknowledged did not fit in memory and are lost"
+        again = f" ({self._reopens} times since the last such line)" if self._reopens > 1 else ""
+        log.log(
+            logging.ERROR if reopened.lost else logging.WARNING,
+            "journal %s was %s while edged wrote it: journal.path is opened anew, %s%s%s%s",
+            self.store.path,
+            reopened.was,
+            reopened.now,
+            carried if reopened.carried else "",
+            lost if reopened.lost else "",
+            again,
+        )
+        self._reopens = 0
 
     def _written(self, batch: list[Entry]) -> None:
         with self._lock:
@@ -604,6 +761,7 @@ class JournalWriter:
             return self._stopping
 
     def _prune(self) -> None:
+        self._follow()
         store = self.store
         if not store.opened:  # nothing written yet, or the file went aside: the next write opens it
             return
@@ -629,14 +787,13 @@ class JournalWriter:
             f"journal {store.path}: its write-ahead log is folded into it again",
             logging.WARNING,
         )
-        gone = store.replaced()
         self._say(
             "file",
-            gone is not None,
-            f"journal {store.path} was {gone} while edged writes it: what it records is unseen by edged history "
-            "and may be lost when edged stops; restart edged to open journal.path anew",
-            f"journal {store.path}: the file written is at journal.path again",
-            logging.ERROR,
+            store.apart is not None,
+            f"journal {store.path} was {store.apart} while edged writes it: until edged restarts, each batch is folded into "
+            "the file at once, where edged history reads it and a kill of edged cannot take it",
+            f"journal {store.path}: the file written is whole at journal.path again",
+            logging.WARNING,
         )
 
     def _say(self, what: str, now: bool, starts: str, ends: str, level: int) -> None:
@@ -648,7 +805,7 @@ class JournalWriter:
             self._said.discard(what)
             log.info(ends)
 
-    def _attempt(self, action: Callable[[], None]) -> bool:
+    def _attempt(self, action: Callable[[], object]) -> bool:
         """Run ``action``; an error is counted, and logged when a burst of them starts."""
         try:
             action()

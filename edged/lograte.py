@@ -43,6 +43,11 @@ class Failures:
         started, self._failing = not self._failing, True
         return started
 
+    def noted(self, what: str) -> None:
+        """Count a failure already over as it is found (a journal edged opened anew), starting no burst."""
+        self.count += 1
+        self.last = what
+
     @property
     def failing(self) -> bool:
         """Within a burst: the last attempt failed."""

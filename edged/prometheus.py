@@ -282,7 +282,10 @@ def _journal(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
     board = journals[0][1]
     yield from per_camera.values()
     yield CounterMetricFamily(
-        "edged_journal_errors", "Journal writes or retention passes that failed (disk full, read-only).", value=board.errors
+        "edged_journal_errors",
+        "Journal writes or retention passes that failed (disk full, read-only), and journal files found removed or "
+        "replaced under edged (opened anew).",
+        value=board.errors,
     )
     yield GaugeMetricFamily("edged_journal_bytes", "Bytes the journal holds, at its last retention pass.", value=board.bytes)
     yield CounterMetricFamily(

@@ -119,6 +119,7 @@ class VerdictFeed:
         self._saved_at = 0.0
         self.errors = 0
         self._log = LogRate(60.0)
+        self._anew_log = LogRate(60.0)  # a file removed again and again is said once a minute (`_started_anew`)
         try:
             db = self._open()
             if db is not None:
@@ -175,7 +176,8 @@ class VerdictFeed:
         """The path names another file than the one read before: every verdict in it was recorded since
         (as they are, on this connection) and is this output's; what was handed out of the old one
         and not yet acknowledged (its client sends it again itself) no longer moves the cursor."""
-        log.warning("journal %s: the file read before went aside; %s sends the new one's verdicts", self.path, self.name)
+        if self._anew_log.allows():
+            log.warning("journal %s: the file read before is gone from there; %s sends the new one's", self.path, self.name)
         self._first_after, self._live_from = 0, 0
         self._stale = set(self._in_flight)
         self._in_flight.clear()

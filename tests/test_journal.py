@@ -7,6 +7,8 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
+import shutil
 import signal
 import sqlite3
 import threading
@@ -22,7 +24,7 @@ from reports import inspecting
 from test_http import get
 from waiting import wait_for
 
-from edged import journal
+from edged import history, journal
 from edged.config import Settings, load_config
 from edged.errors import EXIT_CONFIG, ConfigError
 from edged.identity import CLOCK_EPOCH_NS, Identity, board_id, boot_id
@@ -335,9 +337,10 @@ def test_verdicts_deleted_for_room_before_the_broker_had_them_are_said_and_count
 def test_a_journal_removed_under_the_writer_is_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``rm journal.sqlite`` while edged runs: every verdict since goes into a file no path names, gone
+    """``rm journal.sqlite`` while edged runs: every verdict since went into a file no path names, gone
     at the next start and unseen by `edged history`; its ``-wal`` removed, history reads the file
-    without it, and a kill loses it. Before, nothing said so; now each once, and the end of it."""
+    without it, and a kill loses it. Before, nothing said so; now each once, and the end of it, with
+    journal.path opened anew (below) and the rows folded into the file while its -wal is away."""
     monkeypatch.setattr(journal, "PRUNE_EVERY_S", 0.02)
     caplog.set_level(logging.INFO, logger="edged.journal")
     path = tmp_path / "journal.sqlite"
@@ -351,9 +354,224 @@ def test_a_journal_removed_under_the_writer_is_said(
         (tmp_path / "wal").rename(wal)
         assert wait_for(lambda: "at journal.path again" in caplog.text)
         path.unlink()
-        assert wait_for(lambda: f"journal {path} was moved away or removed while edged writes it" in caplog.text)
+        assert wait_for(lambda: f"journal {path} was moved away or removed while edged wrote it" in caplog.text)
     finally:
         w.stop(2)
+
+
+def restored(tmp_path: Path) -> Path:
+    """A backup of a journal as a copy of its files, rows 100 and 101 still in its -wal."""
+    backup = JournalStore(tmp_path / "backup.sqlite", "normal")
+    backup.append([entry(100), entry(101)], IDENTITY, None)
+    for suffix in ("", "-wal"):
+        shutil.copyfile(f"{backup.path}{suffix}", tmp_path / f"restore.sqlite{suffix}")
+    backup.close()
+    return tmp_path / "restore.sqlite"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("there", ["nothing", "a journal with its -wal", "a file that is not a journal"])
+def test_a_journal_removed_or_replaced_under_the_store_is_opened_anew_with_the_rows_no_path_showed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, there: str
+) -> None:
+    """``rm journal.sqlite``, or a backup restored over it, while edged writes: the rows written since
+    the last look went to a file no path names (before: so did every row after them, until edged
+    restarted). The next look opens journal.path as a start would (a new journal, the one restored,
+    or a file that is not one moved aside) and writes those rows to it first. The old file's -wal and
+    -shm left beside its name go, as SQLite would read that -wal as the new file's; a restored
+    journal's own -wal stays, and its rows with it."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    store.append([entry(n) for n in range(3)], IDENTITY, None)
+    assert store.follow(keep_unsent=False) is None  # journal.path names it: these three were seen there
+    if there == "nothing":
+        path.unlink()
+    elif there == "a journal with its -wal":
+        backup = restored(tmp_path)
+        for suffix in ("-wal", ""):
+            os.replace(f"{backup}{suffix}", f"{path}{suffix}")
+    else:
+        (tmp_path / "other").write_bytes(b"not a journal\n" * 400)
+        os.replace(tmp_path / "other", path)
+    store.append([entry(n) for n in range(3, 5)], IDENTITY, None)  # into the file no path names
+    reopened = store.follow(keep_unsent=False)
+    store.append([entry(5)], IDENTITY, None)
+    store.close()
+    assert reopened is not None and (reopened.carried, reopened.lost) == (2, 0)
+    assert rows(path, "PRAGMA quick_check") == [("ok",)]
+    if there == "nothing":
+        assert (reopened.was, reopened.now) == ("moved away or removed", "a new journal")
+        assert [r[0] for r in rows(path)] == [3, 4, 5]
+    elif there == "a journal with its -wal":
+        assert (reopened.was, reopened.now) == ("replaced", "the journal found there (its newest entry 2)")
+        assert [r[0] for r in rows(path)] == [100, 101, 3, 4, 5]
+    else:
+        assert reopened.was == "replaced" and reopened.now.startswith("a new journal (the file found there was not one")
+        assert [r[0] for r in rows(path)] == [3, 4, 5]
+        assert [p.read_bytes()[:13] for p in tmp_path.glob("journal.sqlite.damaged-*[0-9]")] == [b"not a journal"]
+
+
+@pytest.mark.unit
+def test_a_journal_removed_while_the_broker_is_away_sends_what_it_had_not_acknowledged_from_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With [mqtt], the journal removed while the broker had acknowledged two of five verdicts: the
+    other three were in a file no path names, and never sent (the feed found no journal at its
+    path). They are written to the journal opened anew, and the feed sends them from it, then the
+    new ones, in order; the reopening is counted as a journal error, named in ``last_error``.
+    Removed again once those are acknowledged, they do not go again, only those after them; the feed
+    says at most once that it reads a new file."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    path = tmp_path / "journal.sqlite"
+    mqtt: dict[str, dict[str, object]] = {"mqtt": {"url": "mqtt://127.0.0.1:1"}}
+    settings = load_config(write_config(tmp_path / "edged.toml", inspecting(tmp_path, journal={"path": str(path)}, **mqtt)))
+    output = JournalOutput(settings, threading.Event())
+    try:
+        feed = output.feed("mqtt", threading.Event())
+        for n in range(5):  # a batch each, each looked at journal.path before: all seen there
+            output.writer.offer(entry(n))
+            assert wait_for(lambda n=n: output.writer.written == n + 1)
+        for forward in feed.take(2):
+            feed.acked(forward.row_id)
+        feed.close()  # the cursor written: the broker had the first two
+        path.unlink()
+        for n in range(5, 7):
+            output.writer.offer(entry(n))
+        assert wait_for(lambda: output.writer.written == 7)
+        taken = feed.take(10)
+        assert [json.loads(forward.payload)["frame_id"] for forward in taken] == [2, 3, 4, 5, 6]
+        for forward in taken:
+            feed.acked(forward.row_id)
+        feed.close()
+        output.writer.offer(entry(7))
+        assert wait_for(lambda: output.writer.written == 8)
+        path.unlink()
+        output.writer.offer(entry(8))
+        assert wait_for(lambda: output.writer.written == 9)
+        assert [json.loads(forward.payload)["frame_id"] for forward in feed.take(10)] == [7, 8]
+        feed.close()
+        report = output.writer.report("cam")
+        assert report.errors == 2 and report.last_error is not None and "removed while edged wrote it" in report.last_error
+        assert caplog.text.count("the file read before is gone from there") <= 1  # none where a new file has its inode
+    finally:
+        output.close()
+
+
+@pytest.mark.unit
+def test_a_journal_removed_again_and_again_is_opened_anew_each_time_said_once_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cleanup that removes journal.sqlite each time it finds it: each entry after a removal is at
+    journal.path, where `edged history` finds it (before: none was, until a restart); each
+    reopening counted, one line said for them all, and the journal's lock held beside the new file."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    caplog.set_level(logging.INFO, logger="edged.journal")
+    path = tmp_path / "journal.sqlite"
+    w = writer(path)
+    try:
+        for n in range(0, 8, 2):
+            w.offer(entry(n))
+            assert wait_for(lambda n=n: w.written == n + 1)
+            path.unlink()
+            w.offer(entry(n + 1))
+            assert wait_for(lambda n=n: w.written == n + 2)
+            assert [row["frame_id"] for row in history.entries(path, history.Query())][-1] == n + 1
+        with pytest.raises(OSError, match="in use by another edged"):
+            journal.lock(path)
+    finally:
+        w.stop(2)
+    said = [r for r in caplog.records if "was moved away or removed while edged wrote it" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in said]
+    assert "journal.path is opened anew, a new journal" in said[0].getMessage()
+    assert w.report("cam").errors == 4 and not w.failures.failing
+
+
+@pytest.mark.unit
+def test_a_journal_whose_folder_is_removed_is_counted_until_it_is_back_then_opened_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The journal's folder removed (before: written on into files no path names, not a word):
+    counted as journal errors while it cannot be opened, the entries waiting in memory, and once the
+    folder is back journal.path is opened anew with them, the one written to the old file first."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(journal, "RETRY_S", (0.05, 0.2))
+    caplog.set_level(logging.INFO, logger="edged.journal")
+    folder = tmp_path / "state"
+    folder.mkdir()
+    path = folder / "journal.sqlite"
+    w = writer(path)
+    try:
+        w.offer(entry(0))
+        assert wait_for(lambda: w.written == 1)
+        shutil.rmtree(folder)
+        w.offer(entry(1))
+        assert wait_for(lambda: w.report("cam").errors >= 2), w.report("cam")
+        assert not w.writing
+        folder.mkdir()
+        assert wait_for(lambda: w.written == 2, 10), w.report("cam")
+        assert [r[0] for r in rows(path)] == [0, 1]
+    finally:
+        w.stop(2)
+    assert "was moved away or removed while edged wrote it: journal.path is opened anew, a new journal" in caplog.text
+    assert "written again after" in caplog.text
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("then", ["reload", "stop"])
+def test_what_a_journal_whose_folder_is_gone_held_goes_to_a_reloads_journal_or_is_counted_lost_at_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, then: str
+) -> None:
+    """The folder gone, then a reload that moves the journal (to rescue it) or a stop: the row written
+    to the old file since the last look, and the entry waiting in memory, go to the new journal first,
+    in order; at a stop both are counted as dropped and said lost."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(journal, "RETRY_S", (0.05, 0.2))
+    folder = tmp_path / "state"
+    folder.mkdir()
+    w = writer(folder / "journal.sqlite")
+    w.offer(entry(0))
+    assert wait_for(lambda: w.written == 1)
+    shutil.rmtree(folder)
+    w.offer(entry(1))
+    assert wait_for(lambda: w.report("cam").errors >= 2), w.report("cam")
+    left = w.stop(2)
+    if then == "stop":
+        w.give_up(left)
+        assert w.report("cam").dropped == 2 and "stopping with 2 entries not written" in caplog.text
+        return
+    moved = JournalWriter(JournalConfig(path=tmp_path / "other.sqlite"), IDENTITY, previous=w, carried=left)
+    moved.start(records=True)
+    try:
+        assert wait_for(lambda: moved.written == 1)
+        assert [r[0] for r in rows(tmp_path / "other.sqlite")] == [0, 1]
+    finally:
+        moved.stop(2)
+
+
+@pytest.mark.unit
+def test_a_journal_left_without_its_wal_folds_each_batch_into_the_file_history_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``rm journal.sqlite-wal`` alone: the file is still at journal.path, its rows since written to a
+    log no path names, which `edged history` (reading the file alone, as no -wal is beside it) never
+    saw and a kill took (before). Each batch is now folded into the file at once; said once."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(journal, "PRUNE_EVERY_S", 0.02)
+    path = tmp_path / "journal.sqlite"
+    w = writer(path)
+    try:
+        w.offer(entry(0))
+        assert wait_for(lambda: w.written == 1)
+        Path(f"{path}-wal").unlink()
+        for n in range(1, 4):
+            w.offer(entry(n))
+            assert wait_for(lambda n=n: w.written == n + 1)
+        assert [row["frame_id"] for row in history.entries(path, history.Query())] == [0, 1, 2, 3]
+        assert wait_for(lambda: f"journal {path} was left without its -wal while edged writes it" in caplog.text)
+    finally:
+        w.stop(2)
+    assert caplog.text.count("left without its -wal") == 1
 
 
 @pytest.mark.unit

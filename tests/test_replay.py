@@ -21,7 +21,7 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-from daemon import RunningDaemon, free_port, rss_kb, write_config
+from daemon import RunningDaemon, free_port, rss_kb, run_cli, write_config
 from mosquitto import Broker, Listener
 from reports import inspecting
 from test_journal import IDENTITY, entry, rows
@@ -71,6 +71,14 @@ class Historian:
 
 def journal_verdicts(path: Path) -> list[dict[str, Any]]:
     return [json.loads(str(m)) for (m,) in rows(path, "SELECT message FROM entries WHERE kind = 'verdict' ORDER BY id")]
+
+
+def verdicts_there(path: Path) -> list[dict[str, Any]]:
+    """`journal_verdicts`, none while no journal is at ``path`` yet (or it has no table yet)."""
+    try:
+        return journal_verdicts(path)
+    except sqlite3.Error:
+        return []
 
 
 def key(verdict: dict[str, Any]) -> tuple[Any, ...]:
@@ -265,7 +273,10 @@ def test_a_reload_that_moves_the_journal_while_connected_sends_the_new_files_ver
     tmp_path: Path, broker: Broker
 ) -> None:
     """The new file's verdicts are recorded while the connection is up: none is replayed (before:
-    those up to the old file's last row when the connection came up were)."""
+    those up to the old file's last row when the connection came up were). Then the new file is
+    removed under the running daemon (a cleanup's ``rm``): edged opens journal.path anew by itself,
+    and the verdicts after it are at journal.path, in `edged history`, and at the broker (before:
+    written to a file no path names, seen by neither and lost at the stop, until a restart)."""
     broker.stop()
     first, second = tmp_path / "first.sqlite", tmp_path / "second.sqlite"
     d = start(tmp_path, broker.port, journal={"path": str(first)})
@@ -279,6 +290,14 @@ def test_a_reload_that_moves_the_journal_while_connected_sends_the_new_files_ver
             assert wait_for(lambda: len(journal_verdicts(second)) >= 40, 30), d.log()
             moved = {key(v) for v in journal_verdicts(second)[:40]}
             assert wait_for(lambda: moved <= {key(v) for v in listened(listener)}, 30), d.log()
+            second.unlink()
+            assert wait_for(lambda: len(verdicts_there(second)) >= 20, 30), d.log()
+            anew = {key(v) for v in journal_verdicts(second)[:20]}
+            assert wait_for(lambda: anew <= {key(v) for v in listened(listener)}, 30), d.log()
+            shown = run_cli("history", "--journal", str(second), "--json", "--limit", "1000")
+            assert shown.returncode == 0, shown.stderr
+            assert anew <= {key(row["message"]) for row in json.loads(shown.stdout)}
+            assert "journal.path is opened anew" in d.log()
         finally:
             listener.close()
     finally:
