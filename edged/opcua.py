@@ -56,7 +56,7 @@ MIN_ASYNCUA = 2  # the limits `edged.opcua_server` sets on connections and subsc
 CLOSING_WAIT_S = 35.0
 INSTALL_ASYNCUA = (
     "in a checkout, .venv/bin/python -m pip install -e '.[opcua]'; with the .deb, "
-    f"sudo pip --python /usr/lib/edged/venv/bin/python install 'asyncua>={MIN_ASYNCUA}.0'"
+    f"sudo pip --python /usr/lib/edged/venv/bin/python install 'asyncua>={MIN_ASYNCUA}.0,<{MIN_ASYNCUA + 1}'"
 )
 
 
