@@ -510,7 +510,9 @@ def test_ctrl_c_while_the_command_loads_ends_it_quietly_with_130(tmp_path: Path,
         deadline = time.monotonic() + 30
         while not _loaded(proc.pid, "_pydantic_core") and time.monotonic() < deadline:
             pass  # no sleep: the window is the imports' few hundred milliseconds
+        proc.send_signal(signal.SIGSTOP)  # held there, however late this process looked
         proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGCONT)
         _, stderr = proc.communicate(timeout=30)
     finally:
         proc.kill()
