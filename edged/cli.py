@@ -709,6 +709,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    # Nothing edged makes is another user's to write, whatever umask a shell started it with (000 made its
+    # evidence folders anyone's, and its ipc sockets anyone's to connect to until their chmod).
+    os.umask(os.umask(0) | 0o002)
     signals = Signals()  # first: a SIGHUP while a slow board reads the config or imports would end edged
     signals.install()
     setup_logging("warning")  # loading the config may warn before it says which level to log at

@@ -135,6 +135,19 @@ def test_frames_with_detections_are_saved_as_images_labels_and_messages(workdir:
     assert_no_half_sets(workdir / "evidence")
 
 
+def test_under_a_umask_of_000_nothing_edged_makes_is_anyones_to_write(workdir: Path) -> None:
+    """Started by hand from a shell with umask 000, edged made its evidence (and journal, and each ipc
+    socket until its chmod) writable by every user of the board."""
+    path, endpoint = configure(workdir, {"save": "all", "max_per_minute": 0})
+    d = RunningDaemon(path, endpoint, wrap=lambda argv: ["sh", "-c", 'umask 000 && exec "$@"', "edged", *argv])
+    try:
+        d.wait_status(lambda s: evidence_of(s)[0] >= 1)
+    finally:
+        d.close()
+    made = [workdir / "evidence", *(workdir / "evidence").rglob("*")]
+    assert len(made) > 5 and not [p for p in made if p.stat().st_mode & 0o002], [oct(p.stat().st_mode) for p in made]
+
+
 def test_the_folder_is_a_dataset_whose_labels_hold_the_detections_outside_the_zones_too(workdir: Path) -> None:
     path, endpoint = configure(workdir, {"save": "all", "max_per_minute": 0})
     with path.open("a") as config:  # a zone on the right; the probe's box is left of it
