@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import time
 import weakref
@@ -36,7 +37,7 @@ from edged.identity import CLOCK_EPOCH_NS, Identity, clock_synced
 from edged.lograte import Failures, LogRate
 from edged.messages import JournalReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
-from edged.replay import FileId, VerdictFeed, acknowledged, file_id
+from edged.replay import CURSORS, FileId, VerdictFeed, acknowledged, file_id
 from edged.settings.journal import JournalConfig
 from edged.wake import Wake, Waker
 
@@ -197,6 +198,7 @@ class JournalStore:
         self._apart: str | None = None  # how the file at journal.path is left without its -wal or -shm (`follow`)
         # Rows of a file journal.path no longer names, to be written first to the next one opened (`follow`)
         self.carried: list[Row] = []
+        self._cursors: list[str] = []  # the outputs with a cursor in that file: given one before `carried` (`_insert`)
 
     @property
     def opened(self) -> bool:
@@ -220,10 +222,16 @@ class JournalStore:
         it (`lock`). Returns what journal.path held, for `follow` to say."""
         if self._lock is None:
             self._lock = lock(self.path)
-        found = os.path.exists(self.path)
+        try:
+            found: int | None = os.stat(self.path).st_mode
+        except FileNotFoundError:
+            found = None
+        if found is not None and not stat.S_ISREG(found):  # put there since edged started, which refuses it
+            why = f"journal.path {self.path} is no longer a regular file (a folder, a FIFO, a device): edged writes it again"
+            raise OSError(errno.EINVAL, f"{why} once it is removed or a journal")
         try:
             self._db = self._connect()
-            held = f"the journal found there (its newest entry {self.last_id})" if found else "a new journal"
+            held = f"the journal found there (its newest entry {self.last_id})" if found is not None else "a new journal"
         except sqlite3.OperationalError:
             raise  # unreadable folder, read-only, locked: not the file's fault
         except sqlite3.DatabaseError as e:  # not a database, truncated, damaged
@@ -287,9 +295,14 @@ class JournalStore:
             self.open()
         assert self._db is not None
         if self.carried:
-            self._insert(self.carried)
-            self.carried = []
+            self._insert(self.carried, self._cursors)
+            self.carried, self._cursors = [], []
         return self._db
+
+    def write_carried(self) -> None:
+        """Write the rows `carried` now, where no batch follows to write them first (a stop)."""
+        if self.carried:
+            self._connection()
 
     def append(self, entries: Sequence[Entry], identity: Identity, synced: bool | None) -> None:
         """Write ``entries`` in one transaction: all of them or none."""
@@ -318,14 +331,21 @@ class JournalStore:
         ]
         self._insert(rows)
 
-    def _insert(self, rows: Sequence[Row]) -> None:
+    def _insert(self, rows: Sequence[Row], cursors: Sequence[str] = ()) -> None:
         """Write ``rows`` in one transaction (all of them or none); while the file's -wal is gone (`follow`),
-        folded into the file at once, where `edged history` reads it and a kill of edged cannot take it."""
+        folded into the file at once, where `edged history` reads it and a kill of edged cannot take it.
+        Outputs named in ``cursors`` that have none in the file get one before the rows: an output's feed
+        that has not read this file yet (edged stopped or killed first) would start at its end, the
+        verdicts carried to it skipped for good."""
         db = self._db
         assert db is not None
         try:
             with db:  # BEGIN ... COMMIT, or ROLLBACK on an error
                 db.execute("BEGIN")
+                if cursors:
+                    db.execute(CURSORS)
+                    start = "INSERT OR IGNORE INTO cursors (name, row_id) SELECT ?, coalesce(max(id), 0) FROM entries"
+                    db.executemany(start, [(name,) for name in cursors])
                 db.executemany(_INSERT, rows)
                 last = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
             self.last_id = last
@@ -359,8 +379,10 @@ class JournalStore:
         """How journal.path no longer names the files open, None while it does: rows written to a file
         no path names (or to a ``-wal`` none does) are unseen by `edged history` and go when edged
         stops (or dies); a ``-shm`` made anew by a reader shows it a state edged no longer updates."""
-        if self._db is None or self._file is None:
+        if self._db is None:
             return None
+        if self._file is None:  # removed as it opened, before its id was read
+            return GONE
         real = os.path.realpath(self.path)  # SQLite's -wal and -shm are beside the file a link names
         try:
             found = os.stat(real)
@@ -373,7 +395,7 @@ class JournalStore:
         gone = [suffix for suffix, beside in self._beside.items() if file_id(Path(f"{real}{suffix}")) != beside]
         return f"left without its {' and '.join(gone)}" if gone else None  # a -wal a reader made since is not its
 
-    def follow(self, keep_unsent: bool) -> Reopened | None:
+    def follow(self, keep_unsent: bool, *, at_once: bool = False) -> Reopened | None:
         """Open journal.path anew where it no longer names the file written (`replaced`: `GONE` or
         `REPLACED`), looked at once per `LOOK_EVERY_S`; what a file no path names holds is unseen by
         `edged history` and gone when edged stops. Its rows recorded since the last look found it at
@@ -383,9 +405,10 @@ class JournalStore:
         journal.path cannot be opened now (its folder gone): the next call tries again, the rows kept
         meanwhile. A file left without its -wal or -shm alone is still at journal.path; it is not
         opened anew, as this process's other connection (MQTT's `edged.replay.VerdictFeed`) shares its
-        wal-index and would pair it with two logs, but each batch is folded into it (`_insert`)."""
+        wal-index and would pair it with two logs, but each batch is folded into it (`_insert`).
+        ``at_once``: look now, whenever the last look was (a stop: no later write would)."""
         if self._gone is None:
-            if self._db is None or time.monotonic() < self._next_look:
+            if self._db is None or (time.monotonic() < self._next_look and not at_once):
                 return None
             self._next_look = time.monotonic() + LOOK_EVERY_S
             gone = self.replaced()
@@ -394,6 +417,7 @@ class JournalStore:
                 self._seen = self.last_id
                 if self._apart:
                     self.folded = self._fold(self._db)  # what the -wal no path names held
+                self._relock()
                 return None
             self._let_go(gone, keep_unsent)
         assert self._gone is not None
@@ -408,10 +432,12 @@ class JournalStore:
         share that -shm with the feed still reading the old file, whose map it cuts short on opening."""
         db, real = self._db, self._real
         assert db is not None
-        kept = file_id(Path(real)) == self._file  # a link at journal.path names another file: this one is as it was
+        kept = self._file is not None and file_id(Path(real)) == self._file  # a link names another file: this one is whole
         with contextlib.suppress(sqlite3.Error):  # a file moved away holds every row, as far as a reader lets it
             self._fold(db)
-        self.carried, self._lost = self._leftover(db, keep_unsent)
+        carried, lost = self._leftover(db, keep_unsent, QUEUE_BYTES - sum(len(str(row[-1])) for row in self.carried))
+        self.carried, self._lost = [*self.carried, *carried], self._lost + lost  # those not yet written come first
+        self._cursors = sorted({*self._cursors, *(self._outputs(db) if keep_unsent and carried else [])})
         self.close()  # SQLite neither folds nor removes anything by name on closing a file moved or removed
         self._gone = gone
         if kept:
@@ -421,21 +447,52 @@ class JournalStore:
                 with contextlib.suppress(OSError):
                     os.unlink(f"{real}{suffix}")
 
-    def _leftover(self, db: sqlite3.Connection, keep_unsent: bool) -> tuple[list[Row], int]:
-        """The rows of file ``db`` to carry, oldest first, up to `QUEUE_BYTES` of messages (the newest
-        kept), and how many verdicts not yet acknowledged did not fit."""
+    def _relock(self) -> None:
+        """Take the lock anew where its file was removed under edged (a cleanup of the folder): the
+        next edged to start would find none held and write this journal too. Where another took it
+        meanwhile, the file is let go (raised): this edged writes again once that one has let go."""
+        assert self._lock is not None
+        held = Path(f"{os.path.realpath(self.path)}.lock")
+        taken = os.fstat(self._lock)
+        if file_id(held) == (taken.st_dev, taken.st_ino):
+            return
+        try:
+            again = lock(self.path)
+        except OSError as e:
+            if e.errno != errno.EWOULDBLOCK:  # none can be made there now (read-only, a folder): nor by another edged
+                return
+            self.close()
+            taken_by = f"its lock {held} was removed while edged wrote it, and another edged took it"
+            raise OSError(e.errno, f"{taken_by}: give each edged a journal.path of its own") from e
+        os.close(self._lock)
+        self._lock = again
+        log.warning("journal %s: its lock %s was removed while edged wrote it; taken again", self.path, held)
+
+    @staticmethod
+    def _outputs(db: sqlite3.Connection) -> list[str]:
+        """The outputs with a cursor in journal ``db`` (`edged.replay`); none where it cannot be read."""
+        with contextlib.suppress(sqlite3.Error):
+            if acknowledged(db) is not None:
+                return [str(row[0]) for row in db.execute("SELECT name FROM cursors")]
+        return []
+
+    def _leftover(self, db: sqlite3.Connection, keep_unsent: bool, room: int) -> tuple[list[Row], int]:
+        """The rows of file ``db`` to carry, oldest first, up to ``room`` characters of messages (the
+        newest kept), and how many verdicts not yet acknowledged did not fit."""
         try:
             sent = acknowledged(db) if keep_unsent else None
-            wanted = "id > ? OR (kind = 'verdict' AND id > ?)"  # unseen, or not yet acknowledged
+            wanted = "(id > ? OR (kind = 'verdict' AND id > ?))"  # unseen, or not yet acknowledged
+            params = (self._seen, LAST_ROW if sent is None else sent)
             kept: list[Row] = []
             size = lost = 0
-            query = f"SELECT {', '.join(COLUMNS)} FROM entries WHERE {wanted} ORDER BY id DESC"
-            for row in db.execute(query, (self._seen, LAST_ROW if sent is None else sent)):
+            query = f"SELECT id, {', '.join(COLUMNS)} FROM entries WHERE {wanted} ORDER BY id DESC"
+            for row_id, *row in db.execute(query, params):
                 size += len(row[-1])  # the message
-                if lost or size > QUEUE_BYTES:
-                    lost += 1
-                else:
-                    kept.append(tuple(row))
+                if size > room:  # the older ones counted, not read: a week's backlog would hold the writer up
+                    older = f"SELECT count(*) FROM entries WHERE {wanted} AND id <= ?"
+                    lost = int(db.execute(older, (*params, row_id)).fetchone()[0])
+                    break
+                kept.append(tuple(row))
         except sqlite3.Error as e:  # the old file damaged: what it holds stays in it
             log.error("journal %s: the file no path names now cannot be read (%s); its rows are not carried", self.path, e)
             return [], 0
@@ -701,6 +758,7 @@ class JournalWriter:
                     retry_s = min(retry_s * 2, RETRY_S[1])
                 continue
             if stopping:
+                self._attempt(self._last_look)
                 break
             if self._attempt(self._prune):
                 next_prune = time.monotonic() + PRUNE_EVERY_S
@@ -711,10 +769,17 @@ class JournalWriter:
         self._follow()
         self.store.append(batch, self._identity, clock_synced())
 
-    def _follow(self) -> None:
+    def _last_look(self) -> None:
+        """At a stop, journal.path looked at once more, and what a file no path names held written to the
+        one there now: the rows since the last look (a second's, sent already) went with the file at exit
+        (``rm journal.sqlite; systemctl restart edged``), its -wal and -shm left beside journal.path."""
+        self._follow(at_once=True)
+        self.store.write_carried()
+
+    def _follow(self, *, at_once: bool = False) -> None:
         """Open journal.path anew where it no longer names the file written (`JournalStore.follow`):
         counted as a journal error and said, with what the path holds now, at most once a minute."""
-        reopened = self.store.follow(self.keep_unsent)
+        reopened = self.store.follow(self.keep_unsent, at_once=at_once)
         if reopened is None:
             return
         self.unsent_deleted += reopened.lost

@@ -3,6 +3,7 @@ aside; retention; a full or read-only disk counted while nothing queued is lost;
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -572,6 +573,207 @@ def test_a_journal_left_without_its_wal_folds_each_batch_into_the_file_history_r
     finally:
         w.stop(2)
     assert caplog.text.count("left without its -wal") == 1
+
+
+@pytest.mark.unit
+def test_a_stop_right_after_the_journal_is_removed_writes_what_the_removed_file_held_to_journal_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rm journal.sqlite; systemctl restart edged``: the rows recorded since the last look (a second
+    apart) went to the removed file, and the stop let it go with them, sent and on no record, its
+    -wal and -shm left at journal.path's name (before). The stop looks once more: they are there."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 3600.0)  # the first write's look, then only the stop's
+    path = tmp_path / "journal.sqlite"
+    w = writer(path)
+    w.offer(entry(0))
+    assert wait_for(lambda: w.written == 1)
+    path.unlink()
+    w.offer(entry(1))
+    assert wait_for(lambda: w.written == 2)
+    w.give_up(w.stop(2))
+    assert [r[0] for r in rows(path)] == [0, 1]
+    assert w.report("cam").errors == 1 and w.report("cam").dropped == 0
+
+
+@pytest.mark.unit
+def test_verdicts_carried_to_a_new_journal_no_feed_has_read_yet_are_sent_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With [mqtt], the journal removed, then edged stopped (or killed) before the feed read the journal
+    opened anew: it held no cursor, so the next start's feed began at its end and the verdicts the
+    broker had not acknowledged, carried there, were never sent (before). The cursor comes with them."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    path = tmp_path / "journal.sqlite"
+    mqtt: dict[str, dict[str, object]] = {"mqtt": {"url": "mqtt://127.0.0.1:1"}}
+    settings = load_config(write_config(tmp_path / "edged.toml", inspecting(tmp_path, journal={"path": str(path)}, **mqtt)))
+    output = JournalOutput(settings, threading.Event())
+    try:
+        feed = output.feed("mqtt", threading.Event())
+        for n in range(3):
+            output.writer.offer(entry(n))
+            assert wait_for(lambda n=n: output.writer.written == n + 1)
+        feed.acked(feed.take(1)[0].row_id)
+        feed.close()  # the broker had the first
+        path.unlink()
+        output.writer.offer(entry(3))
+        assert wait_for(lambda: output.writer.written == 4)
+    finally:
+        output.close()
+    again = JournalOutput(settings, threading.Event())  # the next start
+    try:
+        feed = again.feed("mqtt", threading.Event())
+        assert [json.loads(forward.payload)["frame_id"] for forward in feed.take(10)] == [1, 2, 3]
+        feed.close()
+    finally:
+        again.close()
+
+
+@pytest.mark.unit
+def test_a_journal_removed_as_it_opens_is_opened_anew_at_the_next_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cleanup removing the file between SQLite's open and the read of its id left none to compare
+    journal.path with: every look found it in place, and edged wrote into a file no path named until
+    it restarted (before). It counts as removed: opened anew, the rows carried, its -wal gone with it."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    connect = JournalStore._connect
+
+    def removed_as_it_opens(store: JournalStore) -> sqlite3.Connection:
+        db = connect(store)
+        monkeypatch.setattr(JournalStore, "_connect", connect)
+        store.path.unlink()
+        return db
+
+    monkeypatch.setattr(JournalStore, "_connect", removed_as_it_opens)
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    store.append([entry(0)], IDENTITY, None)
+    reopened = store.follow(keep_unsent=False)
+    store.append([entry(1)], IDENTITY, None)
+    store.close()
+    assert reopened is not None and (reopened.was, reopened.carried) == ("moved away or removed", 1)
+    assert [r[0] for r in rows(path)] == [0, 1] and rows(path, "PRAGMA quick_check") == [("ok",)]
+
+
+@pytest.mark.unit
+def test_rows_carried_and_not_yet_written_stay_carried_when_the_journal_opened_anew_goes_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal removed, opened anew, the rows carried to it not written yet (another connection
+    holds its write lock, or the disk is full), then that one removed too (a cleanup that makes room):
+    the carried rows were replaced by the second file's, and lost without a word (before)."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(journal, "BUSY_WAIT_S", 0.05)
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    try:
+        store.append([entry(0)], IDENTITY, None)
+        assert store.follow(keep_unsent=False) is None
+        path.unlink()
+        store.append([entry(1)], IDENTITY, None)
+        assert store.follow(keep_unsent=False) is not None  # opened anew: row 1 (0 was seen there) to write first
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                store.append([entry(2)], IDENTITY, None)
+            other.execute("ROLLBACK")
+        path.unlink()
+        reopened = store.follow(keep_unsent=False)
+        assert reopened is not None and reopened.carried == 1
+        store.append([entry(2)], IDENTITY, None)
+    finally:
+        store.close()
+    assert [r[0] for r in rows(path)] == [1, 2]
+
+
+@pytest.mark.unit
+def test_of_a_removed_journals_unacknowledged_verdicts_the_newest_are_carried_within_memory_the_rest_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A week's backlog for a broker away, and the journal removed: the newest verdicts that fit in
+    memory are carried, in order; the older ones are counted as lost, not read into memory."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(journal, "QUEUE_BYTES", 2 * len(entry(0).message))
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    try:
+        store.append([entry(n) for n in range(5)], IDENTITY, None)
+        feed = VerdictFeed(path, "mqtt", 0)  # its cursor before them all: none acknowledged
+        feed.close()
+        assert store.follow(keep_unsent=True) is None
+        path.unlink()
+        reopened = store.follow(keep_unsent=True)
+        assert reopened is not None and (reopened.carried, reopened.lost) == (2, 3)
+        store.append([entry(5)], IDENTITY, None)
+    finally:
+        store.close()
+    assert [r[0] for r in rows(path)] == [3, 4, 5]
+
+
+@pytest.mark.unit
+def test_a_journal_replaced_by_a_fifo_under_the_writer_is_counted_as_what_it_is_until_it_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FIFO (or a folder) put at journal.path while edged writes, which a start refuses: each write
+    failed as a bare ``disk I/O error`` (before); now counted as what is there, the rows waiting, and
+    written once it is gone."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(journal, "RETRY_S", (0.05, 0.2))
+    path = tmp_path / "journal.sqlite"
+    w = writer(path)
+    try:
+        w.offer(entry(0))
+        assert wait_for(lambda: w.written == 1)
+        path.unlink()
+        os.mkfifo(path)
+        w.offer(entry(1))
+        assert wait_for(lambda: w.report("cam").errors >= 2)
+        assert "is no longer a regular file" in (w.report("cam").last_error or ""), w.report("cam")
+        path.unlink()
+        assert wait_for(lambda: w.written == 2, 5), w.report("cam")
+    finally:
+        w.stop(2)
+    assert [r[0] for r in rows(path)] == [0, 1]
+
+
+@pytest.mark.unit
+def test_a_journal_lock_removed_under_the_writer_is_taken_again_and_one_another_edged_took_is_let_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``rm journal.sqlite.lock`` (a cleanup of the folder) while edged writes: a second edged found no
+    lock held, and both wrote one journal, each replaying the other's verdicts (before). The next look
+    takes the lock again, said; where another edged took it meanwhile, the file is let go, counted,
+    the entries waiting in memory until that one has let go."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(journal, "RETRY_S", (0.05, 0.2))
+    path = tmp_path / "journal.sqlite"
+    held = Path(f"{path}.lock")
+    w = writer(path)
+    try:
+        w.offer(entry(0))
+        assert wait_for(lambda: w.written == 1)
+        held.unlink()
+        w.offer(entry(1))
+        assert wait_for(lambda: w.written == 2)
+        with pytest.raises(OSError, match="in use by another edged"):
+            journal.lock(path)
+        assert f"its lock {held} was removed while edged wrote it; taken again" in caplog.text
+        held.unlink()
+        held.mkdir()  # no lock can be made there: nor can another edged take one, and the writing goes on
+        w.offer(entry(2))
+        assert wait_for(lambda: w.written == 3) and w.report("cam").errors == 0
+        held.rmdir()
+        other = journal.lock(path)  # another edged, starting in between
+        try:
+            w.offer(entry(3))
+            assert wait_for(lambda: w.report("cam").errors >= 1)
+            assert "another edged took it" in (w.report("cam").last_error or "") and w.written == 3
+        finally:
+            os.close(other)
+        assert wait_for(lambda: w.written == 4, 5), w.report("cam")
+    finally:
+        w.stop(2)
+    assert [r[0] for r in rows(path)] == [0, 1, 2, 3]
 
 
 @pytest.mark.unit
