@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import quote
 
-from edged.errors import ModelError, OutputFileError, UsageError
+from edged.errors import ModelError, OutputFileError, UsageError, printable
 
 MAX_LABELS_BYTES = 1 << 20  # a labels file: 1 MiB is some 50,000 class names
 
@@ -119,6 +119,17 @@ def lock_holders(path: Path) -> list[int]:
         if len(fields) >= 6 and fields[1] != "->" and fields[5] == inode and fields[4].isdigit():
             holders.append(int(fields[4]))
     return holders
+
+
+def command_line(pid: int, limit: int = 200) -> str | None:
+    """Process ``pid``'s command line as one line (its arguments joined by spaces, control characters
+    escaped, cut at ``limit`` characters), to name it in a message; None where it cannot be read."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return None
+    line = printable(" ".join(os.fsdecode(arg) for arg in argv))
+    return line if len(line) <= limit else f"{line[: limit - 3]}..."
 
 
 def fsync_folder(folder: Path) -> None:

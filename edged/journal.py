@@ -33,6 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from edged.files import command_line, lock_holders
 from edged.identity import CLOCK_EPOCH_NS, Identity, clock_synced
 from edged.lograte import Failures, LogRate
 from edged.messages import JournalReport
@@ -931,7 +932,9 @@ class JournalOutput(Output):
         except OSError as e:
             if e.errno != errno.EWOULDBLOCK:
                 return None
-            return f"journal.path {cfg.file} is {e.strerror}: give each edged a journal.path of its own"
+            holders = lock_holders(Path(f"{os.path.realpath(cfg.file)}.lock"))
+            by = f" by process {pid} ({command_line(pid) or 'gone since'})" if (pid := next(iter(holders), None)) else ""
+            return f"journal.path {cfg.file} is {e.strerror}{by}: give each edged a journal.path of its own"
         return None
 
     @classmethod

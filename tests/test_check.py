@@ -25,6 +25,8 @@ from daemon import RunningDaemon, edged_command, free_port, run_cli, write_confi
 from filesystems import read_only_folder
 from onnx_models import colour_probe
 
+from edged.check import run_check
+from edged.config import load_config
 from edged.errors import ConfigError
 
 pytestmark = pytest.mark.integration
@@ -332,15 +334,16 @@ def test_a_journal_another_edged_holds_fails_the_check_as_it_stops_run(tmp: Path
             "give each edged a journal.path of its own" in str(refused.value)
         ), refused.value
         assert _checked_beside(other) == 0  # its own
+        with pytest.raises(ConfigError) as refused:  # as run refuses to start: the holder named
+            run_check(config, load_config(config), None, io.StringIO())
+        assert f"is held) by process {daemon.proc.pid} (" in str(refused.value), refused.value
+        assert f"edged run --config {other}):" in str(refused.value), refused.value
     finally:
         daemon.close()
 
 
 def _checked_beside(config: Path) -> int:
     """``edged check --no-bind --config CONFIG``'s exit code, run in this process."""
-    from edged.check import run_check
-    from edged.config import load_config
-
     return run_check(config, load_config(config), None, io.StringIO(), bind=False)
 
 
@@ -490,8 +493,6 @@ def test_check_warns_when_a_segmentation_models_outlines_can_pass_what_subscribe
 def test_an_ipc_socket_the_services_user_cannot_make_fails_the_check_as_root(tmp: Path, ports: list[int]) -> None:
     """Root binds the socket anywhere; the service, as its user, cannot make it in a folder only root
     may write, and run then fails to bind."""
-    from edged.check import run_check
-    from edged.config import load_config
     from edged.errors import BindError
     from edged.unit import Unit
 
