@@ -3,7 +3,8 @@
 On a small board the first second of a command goes to importing edged's modules, before
 `edged.cli.main` handles Ctrl-C itself. A Ctrl-C there ended the command with a traceback; one
 that landed in a compiled module's start (pydantic's core) made it panic instead. It is held until
-the modules are in, then ends the command as main's own handling does, without a traceback.
+the modules are in, then ends the command as main's own handling does, without a traceback. Where
+it was ignored (``trap '' INT``, a script's background job), it stays ignored.
 """
 
 import signal
@@ -17,7 +18,9 @@ def main() -> int:
     def hold(signum: int, _frame: FrameType | None) -> None:
         held.append(signum)
 
-    default = signal.signal(signal.SIGINT, hold)
+    default = signal.getsignal(signal.SIGINT)
+    if default is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, hold)
     try:
         from edged.cli import main as command
     finally:

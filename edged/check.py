@@ -26,6 +26,7 @@ it placed each node, OpenVINO's device, plugin and precision). The last line is 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -593,7 +594,7 @@ def _journal(settings: Settings, config_path: Path | None, bind: bool, unit: Uni
     """Where the verdict journal goes and what it will record, once its folder has taken a file (`FolderError`
     when not: run would serve and record nothing) and no other edged holds it (`ConfigError`, as run refuses
     to start). Without ``bind``, beside the running service, which holds its own, a journal held by an `edged
-    run` of ``config_path`` passes (`_held_by_another`)."""
+    run` of ``config_path`` passes (`held_by_another`)."""
     journal = settings.journal
     if not journal.enabled:
         return "off ([journal] enabled = false)"
@@ -605,27 +606,36 @@ def _journal(settings: Settings, config_path: Path | None, bind: bool, unit: Uni
         if (problem := _takes_no_file(journal.file.parent) or _unit_problem(unit, journal.file.parent)) is not None:
             raise FolderError(f"journal.path: {journal.file} cannot be written: {problem}; run would record no verdict")
         if (problem := JournalOutput.in_use(settings, create=False)) is not None:
-            if bind or (problem := _held_by_another(journal.file, config_path)) is not None:
+            if bind or (problem := held_by_another(journal.file, config_path)) is not None:
                 raise ConfigError(None, [problem])
     return f"{journal.path}: {what}; durability {journal.durability}"
 
 
-def _held_by_another(journal: Path, config_path: Path | None) -> str | None:
+def held_by_another(journal: Path, config_path: Path | None) -> str | None:
     """Why journal ``journal``, whose lock is held, is another edged's: a process running `edged run` on another
     configuration holds it (`edged.files.lock_holders`). None where the holder runs ``config_path``: the
     running service, whose journal it is; or where it cannot be told (the holder's command line and working
     folder unreadable): perhaps the service, as a port in use is passed over."""
     for pid in lock_holders(Path(f"{os.path.realpath(journal)}.lock")):
         theirs = _run_config(pid)
-        if theirs is None or config_path is None:
+        if theirs is None or config_path is None or (same := _same_config(pid, theirs, config_path)) is None:
             continue
-        with contextlib.suppress(OSError):
-            if os.path.samefile(theirs, config_path):
-                return None
+        if same:
+            return None
         return (
             f"journal.path {journal} is held by another edged (process {pid}, running {theirs}): give each edged "
             "a journal.path of its own"
         )
+    return None
+
+
+def _same_config(pid: int, theirs: Path, config_path: Path) -> bool | None:
+    """Whether process ``pid``'s configuration ``theirs`` is ``config_path``: looked up from its root
+    first (its mounts, a container's or ``BindPaths=``, may not be check's), then from check's; None
+    where neither can be looked at."""
+    for seen in (Path(f"/proc/{pid}/root{theirs}"), theirs):  # ``theirs`` is absolute (`_run_config`)
+        with contextlib.suppress(OSError):
+            return os.path.samefile(seen, config_path)
     return None
 
 
@@ -639,12 +649,12 @@ def _run_config(pid: int) -> Path | None:
         return None
     if "run" not in argv:
         return None
-    config, after = DEFAULT_CONFIG_PATH, argv[argv.index("run") + 1 :]
-    for i, arg in enumerate(after):
-        if arg in ("--config", "-c") and i + 1 < len(after):
-            config = Path(after[i + 1])
-        elif arg.startswith("--config="):
-            config = Path(arg.partition("=")[2])
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)  # as run's reads it: `--conf X`, `-cX`
+    parser.add_argument("--config", "-c", type=Path, default=DEFAULT_CONFIG_PATH)
+    try:
+        config = parser.parse_known_args(argv[argv.index("run") + 1 :])[0].config
+    except argparse.ArgumentError:
+        return None
     return Path(folder, config)
 
 

@@ -826,8 +826,12 @@ def shared_with(camera_id: str, folder: Path, others: Mapping[str, Path]) -> str
         if not same_file(folder, theirs):
             continue
         if os.path.realpath(folder) == os.path.realpath(theirs):
-            link, target = (folder, theirs) if os.path.realpath(folder) != os.path.abspath(folder) else (theirs, folder)
-            why, fix = f"{link} is a link to {target}", f", or remove the link {link}"
+            links = [path for path in (folder, theirs) if os.path.islink(path)]  # not a link above both (evidence.dir)
+            if len(links) == 1:
+                link, target = (folder, theirs) if links[0] == folder else (theirs, folder)
+                why, fix = f"{link} is a link to {target}", f", or remove the link {link}"
+            else:
+                why, fix = f"both are links to {os.path.realpath(folder)}", ", or remove one of the links"
         elif not (_listed(folder) and _listed(theirs)):
             why = "the drive takes both names for one (FAT and exFAT ignore case, and a trailing dot)"
             fix = ", or point evidence.dir at a drive that tells case apart (ext4)"

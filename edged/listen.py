@@ -356,6 +356,7 @@ def try_bind(endpoint: str, key: str, socket_type: int) -> Callable[[], None]:
     to tell whether anyone listens there, would refuse to bind the path. So are the folders made for
     it: a runtime directory ``sudo edged check`` made is root's, where the service's user could make
     no socket until systemd gave it that user at the service's next start (a second check said so).
+    One another user owns by the release is left: systemd gave it to a service started meanwhile.
     """
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     listener = Listener(context, socket_type, lambda sock: None, key)
@@ -369,7 +370,8 @@ def try_bind(endpoint: str, key: str, socket_type: int) -> Callable[[], None]:
     def remove_made() -> None:
         for folder in reversed(made):
             with contextlib.suppress(OSError):  # gone, or holding what another process put there since
-                folder.rmdir()
+                if folder.stat().st_uid == os.geteuid():  # else systemd gave it to a service starting since
+                    folder.rmdir()
 
     try:
         listener.bind(endpoint)

@@ -11,6 +11,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import zlib
@@ -25,7 +26,7 @@ from daemon import RunningDaemon, edged_command, free_port, run_cli, write_confi
 from filesystems import read_only_folder
 from onnx_models import colour_probe
 
-from edged.check import run_check
+from edged.check import held_by_another, run_check
 from edged.config import load_config
 from edged.errors import ConfigError
 
@@ -581,3 +582,48 @@ def test_check_waits_for_a_first_frame_as_long_as_run_lets_the_camera_open(sourc
     from edged.settings.sources import KINDS
 
     assert first_frame_timeout_s(KINDS[source["type"]].model_validate(source)) == waited_s
+
+
+HOLD = (
+    "import fcntl, os, sys; fcntl.flock(os.open(sys.argv[1], os.O_RDWR | os.O_CREAT), fcntl.LOCK_EX); "
+    "print(flush=True); sys.stdin.read()"
+)
+
+
+@contextlib.contextmanager
+def _holder(lock: Path, *args: str, cwd: Path, prefix: tuple[str, ...] = ()) -> Iterator[int]:
+    """A process holding ``lock`` whose command line ends ``run ARGS``, as an `edged run` holds its journal."""
+    proc = subprocess.Popen([*prefix, sys.executable, "-c", HOLD, str(lock), "run", *args], cwd=cwd, stdin=PIPE, stdout=PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"\n", "the lock was not taken"
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize("spelling", ["--conf {}", "-c{}", "--confi={}", "-c edged.toml", "--config=edged.toml"])
+def test_no_bind_knows_the_services_journal_however_its_config_was_given(tmp_path: Path, spelling: str) -> None:
+    """`edged run --conf X` (argparse takes any abbreviation) and `-cX` were read as running the default
+    configuration, and check --no-bind beside that service said another edged held its journal (78)."""
+    config, journal = tmp_path / "edged.toml", tmp_path / "journal.sqlite"
+    config.write_text("")
+    with _holder(Path(f"{journal}.lock"), *spelling.format(config).split(), cwd=tmp_path):
+        assert held_by_another(journal, config) is None
+        other = tmp_path / "other.toml"
+        other.write_text("")
+        assert "is held by another edged (process" in (held_by_another(journal, other) or "")
+
+
+def test_no_bind_knows_the_services_journal_where_its_config_is_mounted_elsewhere(tmp_path: Path) -> None:
+    """A service that sees its configuration at another path (BindPaths=, a container) was said to be
+    another edged: the path in its command line was looked up in check's mounts, not in its own."""
+    config, journal, seen = tmp_path / "edged.toml", tmp_path / "journal.sqlite", tmp_path / "seen"
+    config.write_text("")
+    seen.mkdir()
+    mount = f'mount --bind "{tmp_path}" "{seen}" && exec "$@"'
+    if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"]).returncode:
+        pytest.skip("this process may not make a mount namespace")
+    prefix = ("unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh")
+    with _holder(Path(f"{journal}.lock"), "--config", str(seen / "edged.toml"), cwd=tmp_path, prefix=prefix):
+        assert held_by_another(journal, config) is None

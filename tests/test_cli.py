@@ -518,3 +518,26 @@ def test_ctrl_c_while_the_command_loads_ends_it_quietly_with_130(tmp_path: Path,
         proc.kill()
     assert proc.returncode == 128 + signal.SIGINT, stderr
     assert "Traceback" not in stderr and stderr.endswith("interrupted\n"), stderr
+
+
+def test_ctrl_c_while_the_command_loads_is_still_ignored_where_it_was(tmp_path: Path) -> None:
+    """A command started with SIGINT ignored (``trap '' INT``, a script's background job) is not ended by
+    a Ctrl-C as its modules load: it was, with exit 130, held there as if it had been wanted."""
+    proc = subprocess.Popen(
+        edged_command("schema"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _loaded(proc.pid, "_pydantic_core") and time.monotonic() < deadline:
+            pass  # no sleep: the window is the imports' few hundred milliseconds
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, stderr) == (0, "")
+    assert json.loads(stdout)

@@ -1210,3 +1210,22 @@ def test_the_check_tries_evidence_in_a_state_directory_systemd_has_still_to_make
     assert not state.exists()  # made for the try, removed after
     unmounted = folder_problem(tmp_path / "drive" / "evidence", "cam0")  # any other missing parent: as before
     assert unmounted is not None and "missing" in unmounted
+
+
+def test_a_link_between_two_cameras_folders_is_named_as_such_under_a_linked_evidence_dir(tmp_path: Path) -> None:
+    """Under an evidence.dir that is itself a link (to a drive's folder), the camera folder that is the
+    link is named, not the other: the message told the user to remove the folder holding the frames."""
+    (tmp_path / "drive" / "line1").mkdir(parents=True)
+    (tmp_path / "drive" / "Line1").symlink_to("line1")
+    (tmp_path / "evidence").symlink_to("drive")
+    problem = EvidenceOutput.shared(two_cameras(tmp_path, tmp_path / "evidence"), keep=False)
+    evidence = tmp_path / "evidence"
+    assert problem is not None and f"{evidence}/Line1 is a link to {evidence}/line1" in problem, problem
+    assert problem.endswith(f"or remove the link {evidence}/Line1"), problem
+    (tmp_path / "drive" / "Line1").unlink()  # both folders links to a third
+    (tmp_path / "drive" / "line1").rename(tmp_path / "drive" / "elsewhere")
+    for name in ("Line1", "line1"):
+        (tmp_path / "drive" / name).symlink_to("elsewhere")
+    problem = EvidenceOutput.shared(two_cameras(tmp_path, tmp_path / "evidence"), keep=False)
+    assert problem is not None and f"both are links to {tmp_path}/drive/elsewhere" in problem, problem
+    assert problem.endswith("or remove one of the links"), problem

@@ -144,6 +144,25 @@ def test_a_trial_bind_of_an_ipc_path_leaves_no_socket_file_and_a_live_one_alone(
         assert path.is_socket()
 
 
+def test_the_folders_a_trial_bind_made_are_removed_unless_given_to_the_service_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sudo edged check`` removes the runtime directory it made for an ipc socket, but not one systemd
+    gave the service's user meanwhile (the service started while check ran): that one was removed too,
+    and the service, which may not make it again, could bind no socket there."""
+    runtime = tmp_path / "run" / "edged"
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(runtime))
+    endpoint = f"ipc://{runtime}/detections.sock"
+    try_bind(endpoint, "publish.endpoints", zmq.XPUB)()
+    assert not (tmp_path / "run").exists()
+    if os.geteuid() != 0:
+        pytest.skip("only root gives a folder to another user")
+    release = try_bind(endpoint, "publish.endpoints", zmq.XPUB)
+    os.chown(runtime, 65534, 65534)  # as systemd gives RuntimeDirectory= to the service's user at its start
+    release()
+    assert runtime.is_dir() and (runtime.stat().st_uid, os.listdir(runtime)) == (65534, [])
+
+
 def test_a_peer_declaring_a_huge_message_is_cut_off_and_memory_stays_flat(tcp_daemon: RunningDaemon) -> None:
     tcp_daemon.collect("detections", 10)
     rss_before = rss_kb(tcp_daemon.proc.pid)
