@@ -1,11 +1,12 @@
 """edged's memory against its cgroup's limit: a warning before the kernel's OOM killer, not after.
 
 Under systemd (``MemoryMax=`` in the unit) or in a container, the kernel ends a process of a cgroup
-that reaches its memory limit, and systemd restarts edged; nothing said so beforehand. Each status
-round reads the limit and the use (`MemoryWatch.read`): use crossing `WARN_AT` of the limit is one
-warning that says what to do, use back under `CLEAR_AT` one line more. The cgroup's files are found
-once (`locate`); without a limit, a cgroup or a file that answers, a round costs one small read
-(the limit's) or nothing, and says nothing.
+that reaches its memory limit (or whose slice or container does), and systemd restarts edged; nothing
+said so beforehand. Each status round reads the tightest limit and the use under it
+(`MemoryWatch.read`): use crossing `WARN_AT` of the limit is one warning that says what to do, use
+back under `CLEAR_AT` one line more. The cgroups' files are found once (`locate`); without a limit,
+a cgroup or a file that answers, a round costs a small read a cgroup (its limit's) or nothing, and
+says nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -39,9 +41,10 @@ class CgroupFiles:
     events: Path | None  # memory.events or memory.oom_control, where the kernel counts its OOM kills
 
 
-def locate(proc_cgroup: Path = PROC_SELF_CGROUP, mount: Path = CGROUP_MOUNT) -> CgroupFiles | None:
-    """This process's cgroup's memory files, as ``proc_cgroup`` names the cgroup and under ``mount``;
-    None where there are none to read.
+def locate(proc_cgroup: Path = PROC_SELF_CGROUP, mount: Path = CGROUP_MOUNT) -> tuple[CgroupFiles, ...]:
+    """The memory files of this process's cgroup and of each above it (a slice, a container's root),
+    innermost first, as ``proc_cgroup`` names the cgroup and under ``mount``; none where there are
+    none to read. The kernel ends a process where any of them reaches its limit.
 
     cgroup v2 first (the ``0::/path`` line, its files at ``mount/path``), then v1's memory controller
     (``N:memory:/path``, at ``mount/memory/path``): a hybrid host lists both, and only v1 holds the
@@ -51,7 +54,7 @@ def locate(proc_cgroup: Path = PROC_SELF_CGROUP, mount: Path = CGROUP_MOUNT) -> 
     try:
         lines = proc_cgroup.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
-        return None
+        return ()
     v2 = v1 = None
     for line in lines:
         hierarchy, _, rest = line.partition(":")
@@ -61,33 +64,41 @@ def locate(proc_cgroup: Path = PROC_SELF_CGROUP, mount: Path = CGROUP_MOUNT) -> 
         elif "memory" in controllers.split(","):
             v1 = path
     if v2 is not None:
-        for folder in _folders(mount, v2):
-            if (folder / "memory.max").is_file() and (folder / "memory.current").is_file():
-                return CgroupFiles(
-                    folder / "memory.max",
-                    folder / "memory.current",
-                    _present(folder / "memory.stat"),
-                    "inactive_file",
-                    _present(folder / "memory.events"),
-                )
+        found = tuple(
+            CgroupFiles(
+                folder / "memory.max",
+                folder / "memory.current",
+                _present(folder / "memory.stat"),
+                "inactive_file",
+                _present(folder / "memory.events"),
+            )
+            for folder in _folders(mount, v2)
+            if (folder / "memory.max").is_file() and (folder / "memory.current").is_file()
+        )
+        if found:
+            return found
     if v1 is not None:
-        for folder in _folders(mount / "memory", v1):
-            if (folder / "memory.limit_in_bytes").is_file() and (folder / "memory.usage_in_bytes").is_file():
-                return CgroupFiles(
-                    folder / "memory.limit_in_bytes",
-                    folder / "memory.usage_in_bytes",
-                    _present(folder / "memory.stat"),
-                    "total_inactive_file",
-                    _present(folder / "memory.oom_control"),
-                )
-    return None
+        return tuple(
+            CgroupFiles(
+                folder / "memory.limit_in_bytes",
+                folder / "memory.usage_in_bytes",
+                _present(folder / "memory.stat"),
+                "total_inactive_file",
+                _present(folder / "memory.oom_control"),
+            )
+            for folder in _folders(mount / "memory", v1)
+            if (folder / "memory.limit_in_bytes").is_file() and (folder / "memory.usage_in_bytes").is_file()
+        )
+    return ()
 
 
 def _folders(root: Path, path: str) -> list[Path]:
-    """The cgroup's folder under ``root``, then ``root``; a path outside this namespace's root
-    (``/..``, which a cgroup namespace shows) only ``root``."""
+    """The cgroup's folder under ``root`` and each above it, ``root`` last; a path outside this
+    namespace's root (``/..``, which a cgroup namespace shows) only ``root``."""
     parts = PurePosixPath(path).parts[1:]
-    return [root] if ".." in parts or not parts else [root.joinpath(*parts), root]
+    if ".." in parts:
+        return [root]
+    return [root.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
 
 
 def _present(path: Path) -> Path | None:
@@ -120,13 +131,14 @@ def _count(path: Path | None, key: str) -> int | None:
 
 
 class MemoryWatch:
-    """One cgroup's memory limit and use, read once a status round, and what nearing the limit calls
-    for said once a crossing. One owner thread (the loop's)."""
+    """The memory limit and use of edged's cgroup, or of the one above it whose limit is the tightest (a
+    slice, a container), read once a status round, and what nearing the limit calls for said once a
+    crossing. One owner thread (the loop's)."""
 
-    def __init__(self, files: CgroupFiles | None) -> None:
-        self._files = files
+    def __init__(self, files: Sequence[CgroupFiles]) -> None:
+        self._files = list(files)  # innermost first (`locate`)
         self._high = False  # the last warning went out and use has not been back under `CLEAR_AT` since
-        self._oom_kills = 0  # the kernel's count of OOM kills in the cgroup when last read
+        self._oom_kills: dict[Path, int] = {}  # the kernel's count of OOM kills in each cgroup when last read
 
     @classmethod
     @functools.cache
@@ -135,7 +147,8 @@ class MemoryWatch:
         return cls(locate())
 
     def read(self) -> MemoryReadings | None:
-        """The limit and the use now, having said what a crossing calls for; None without a limit.
+        """The tightest limit and the use under it now, having said what a crossing calls for; None
+        without a limit.
 
         Use is judged as the cgroup's use less its inactive page cache (``inactive_file``), not as
         ``memory.current``, which counts the page cache too: the evidence images and journal pages
@@ -144,27 +157,34 @@ class MemoryWatch:
         near its limit while in no danger. What is left is what the kernel would reclaim last (the
         working set, as the kubelet judges a container by).
 
-        The limit is read again each round, so that one set on a running edged (``systemctl
+        The limits are read again each round, so that one set on a running edged (``systemctl
         set-property edged MemoryMax=2G``) counts from the next. A file that fails to read is never
         read again, and nothing is said of it: one that stops answering would otherwise cost a failed
         open and a log line every round for good.
         """
-        files = self._files
-        if files is None:
+        limits = []
+        for files in list(self._files):
+            try:
+                limit = _bytes(files.limit)
+            except (OSError, ValueError):
+                self._files.remove(files)
+                continue
+            if limit is not None and 0 < limit < UNLIMITED_V1:
+                limits.append((limit, files))
+        if not limits:
             return None
+        limit, files = min(limits, key=lambda found: found[0])  # the innermost of the tightest
         try:
-            limit = _bytes(files.limit)
-            if limit is None or not 0 < limit < UNLIMITED_V1:
-                return None
             usage = _count_of(files.usage.read_text(encoding="ascii").strip())
         except (OSError, ValueError):
-            self._files = None
+            self._files.remove(files)
             return None
         inactive, kills = _count(files.stat, files.inactive_key), _count(files.events, "oom_kill")
         if (files.stat and inactive is None) or (files.events and kills is None):
-            self._files = dataclasses.replace(
+            kept = dataclasses.replace(
                 files, stat=files.stat if inactive is not None else None, events=files.events if kills is not None else None
             )
+            self._files[self._files.index(files)] = kept
         used = max(0, usage - (inactive or 0))
         self._judge(files, used, limit)
         if kills is not None:
@@ -174,22 +194,23 @@ class MemoryWatch:
     def _killed(self, files: CgroupFiles, kills: int) -> None:
         """A rise in the kernel's count of OOM kills in the cgroup is said: a reject line's process, say,
         that the kernel ended while edged went on, or edged itself where the cgroup outlived it."""
-        if kills > self._oom_kills:
+        before = self._oom_kills.get(files.limit, 0)
+        if kills > before:
             log.warning(
                 "the kernel's OOM killer ended %d process(es) of edged's cgroup (%d since the cgroup was made): "
                 "it reached its memory limit (%s)",
-                kills - self._oom_kills,
+                kills - before,
                 kills,
                 files.limit,
             )
-        self._oom_kills = kills
+        self._oom_kills[files.limit] = kills
 
     def _judge(self, files: CgroupFiles, used: int, limit: int) -> None:
         if not self._high and used >= WARN_AT * limit:
             self._high = True
             log.warning(
-                "memory use %d MiB is %.0f %% of the %d MiB limit of edged's cgroup (%s: MemoryMax= in its "
-                "systemd unit, or the container's limit), page cache not counted; at the limit the kernel's "
+                "memory use %d MiB is %.0f %% of the %d MiB limit %s sets (MemoryMax= of edged's systemd unit "
+                "or of a slice above it, or the container's limit), page cache not counted; at the limit the kernel's "
                 "OOM killer ends edged. Use a smaller model, fewer cameras or less evidence ([evidence] save, "
                 "max_per_minute), or raise MemoryMax= (systemctl edit edged)",
                 used // MIB,

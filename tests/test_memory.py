@@ -73,7 +73,7 @@ def test_cgroup_v2_limit_and_use_less_the_inactive_page_cache(tmp_path: Path) ->
 def test_cgroup_v1_memory_controller_on_a_hybrid_host(tmp_path: Path) -> None:
     proc, mount = v1_tree(tmp_path, limit=str(512 * MIB), usage=300 * MIB, inactive=100 * MIB)
     files = locate(proc, mount)
-    assert files is not None and files.limit == mount / "memory" / UNIT.lstrip("/") / "memory.limit_in_bytes"
+    assert files and files[0].limit == mount / "memory" / UNIT.lstrip("/") / "memory.limit_in_bytes"
     assert MemoryWatch(files).read() == MemoryReadings(
         limit_bytes=512 * MIB, used_bytes=200 * MIB, cgroup_bytes=300 * MIB, oom_kills=2
     )
@@ -250,7 +250,25 @@ def test_the_daemon_says_its_cgroup_s_memory_in_the_status_and_warns_once_near_t
         d.wait_status(lambda s: s.memory is not None and s.memory.used_bytes == 60 * MIB)
         assert wait_for(lambda: "memory use back to 60 MiB" in d.log())
         log = d.log()
-        assert log.count("of the 100 MiB limit of edged's cgroup") == 1, log
+        assert log.count("of the 100 MiB limit /sys/fs/cgroup/memory.max sets") == 1, log
         assert d.stop() == 0
     finally:
         d.close()
+
+
+def test_a_limit_set_above_edged_on_its_slice_or_container_is_the_one_watched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # MemoryMax= on the slice several edged@ instances share, the unit's own unset: the kernel ends edged at the
+    # slice's limit, counted on the slice's use. A looser limit of the unit's own does not hide it.
+    proc, mount = v2_tree(tmp_path, limit="max", current=40 * MIB)
+    slice_folder = mount / "system.slice"
+    set_v2(slice_folder, limit=str(100 * MIB), current=95 * MIB, inactive=0, kills=2)
+    watch = MemoryWatch(locate(proc, mount))
+    assert watch.read() == MemoryReadings(limit_bytes=100 * MIB, used_bytes=95 * MIB, cgroup_bytes=95 * MIB, oom_kills=2)
+    ((_, warning), (_, killed)) = said(caplog)
+    assert f"100 MiB limit {slice_folder / 'memory.max'} sets" in warning, warning
+    assert "ended 2 process(es)" in killed
+    set_v2(mount / UNIT.lstrip("/"), limit=str(200 * MIB), current=40 * MIB)
+    readings = watch.read()
+    assert readings is not None and readings.limit_bytes == 100 * MIB
