@@ -14,11 +14,12 @@ segmentation model's outlines can make a detections message larger than edged's 
 creates and removes a file in each camera's evidence folder (refusing, as run does, two cameras whose
 folders the drive takes for one: `edged.evidence.EvidenceOutput.shared`), a candidate's ``evidence_dir``,
 the journal's folder and an OPC UA certificate's folder still to be made, sees that no other edged holds
-the journal (not with ``bind=False``), binds and releases every address the daemon would listen on (each output's,
-`edged.outputs.listening`; with ``bind=False``, beside a running daemon that holds them, one in use is
-passed over) and requests and releases every reject line (`edged.reject`; with ``bind=False`` only finds
-it: a chip or line that is not there is still refused), connects once
-to the MQTT broker when ``[mqtt]`` is set (refused, untrusted or absent is reported with its reason),
+the journal (with ``bind=False``, beside the running service that holds its own, none running another
+configuration: `held_by_another`), binds and releases every address the daemon would listen on (each
+output's, `edged.outputs.listening`; with ``bind=False``, beside a running daemon that holds them, one in
+use is passed over) and requests and releases every reject line (`edged.reject`; with ``bind=False`` only
+finds it: a chip or line that is not there is still refused), connects once to the MQTT broker when
+``[mqtt]`` is set (refused, untrusted or absent is reported with its reason),
 and prints what the engine says of itself (`InferenceEngine.report`: ONNX Runtime's providers and where
 it placed each node, OpenVINO's device, plugin and precision). The last line is the one verdict:
 ``ok``, or the CLI's error naming the problem.
