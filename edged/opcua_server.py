@@ -170,6 +170,7 @@ class CappedProtocol(binary_server_asyncio.OPCUAProtocol):
     edged holds for it. A client that goes away with its session open (killed, unplugged) is said."""
 
     dropped_log = LogRate(DROPPED_LOG_INTERVAL_S)  # a client decides how often: one line a minute for all
+    closed_by_server = False  # set as the server stops: the client did not go away, edged closed it
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # every complete chunk taken off; what is left is one unfinished
@@ -181,7 +182,12 @@ class CappedProtocol(binary_server_asyncio.OPCUAProtocol):
         processor = self.processor
         if processor is not None:
             session = processor.session
-            if session is not None and session.is_activated() and CappedProtocol.dropped_log.allows():
+            if (
+                session is not None
+                and session.is_activated()
+                and not self.closed_by_server
+                and CappedProtocol.dropped_log.allows()
+            ):
                 log.warning(
                     "OPC UA: client %s went away without closing its session (%s); %s for it to reconnect "
                     "until the session times out (%g s at most), and every other client is served (more "
@@ -194,6 +200,16 @@ class CappedProtocol(binary_server_asyncio.OPCUAProtocol):
                 )
             processor._transport = Gone()
         super().connection_lost(ex)
+
+
+async def _end_tasks() -> None:
+    """End the tasks a stopped asyncua server leaves: the sessions it keeps for a reconnect (their
+    timeouts) and their subscriptions' loops. Left pending on the closed loop, each would be an
+    ERROR in the log of a clean stop ("Task was destroyed but it is pending!")."""
+    left = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in left:
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
 
 
 def client_fault_as_warning(record: logging.LogRecord) -> logging.LogRecord:
@@ -650,7 +666,11 @@ class UaServer:
             await self._stop.wait()
         finally:
             self._server = None
+            for protocol in server.bserver.clients if server.bserver is not None else ():
+                if isinstance(protocol, CappedProtocol):
+                    protocol.closed_by_server = True
             await server.stop()
+            await _end_tasks()
 
     async def _certificate(self, failed: OutputFileError) -> tuple[Path, Path] | None:
         """The certificate and key that ``failed`` to be made when the server was set up (a full or

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import json
 import logging
 import os
@@ -849,6 +850,42 @@ def test_a_write_to_an_attribute_the_node_lacks_is_attribute_id_invalid_and_to_o
         }
     finally:
         server.close()
+
+
+def test_a_stop_with_a_client_subscribed_logs_no_error_and_no_client_gone() -> None:
+    """A stop (or a reload that restarts the server) while a client held its session and a
+    subscription left their tasks pending on the closed loop, each an ERROR ("Task was destroyed
+    but it is pending!") in the log of a clean stop, and said the client went away when edged had
+    closed its connection."""
+    port = free_port()
+    cfg = OpcuaConfig(listen=url(port))
+    server = UaServer(cfg, ["cam0"], [], 2.0, lambda: try_listen(cfg.listen))
+    subscribed, stopped = threading.Event(), threading.Event()
+
+    async def subscriber() -> None:
+        c = client(url(port))
+        await c.connect()
+        camera, ns = await camera_node(c)
+        subscription = await c.create_subscription(50, Notifications())
+        await subscription.subscribe_data_change(await camera.get_child(f"{ns}:State"))
+        subscribed.set()
+        await until(stopped.is_set)
+
+    holding = threading.Thread(target=asyncio.run, args=(subscriber(),), daemon=True)
+    root, said_to = logging.getLogger(), Said()
+    root.addHandler(said_to)
+    try:
+        assert wait_for(lambda: server.serving, 60)
+        holding.start()
+        assert subscribed.wait(30)
+        server.close()
+        gc.collect()  # a task left pending is said when it is collected
+    finally:
+        stopped.set()
+        holding.join(30)
+        root.removeHandler(said_to)
+    said = [r.getMessage() for r in said_to.records if r.name in ("asyncio", "edged.opcua_server")]
+    assert not [m for m in said if "pending" in m or "went away" in m], said
 
 
 def test_check_says_who_may_sign_in_and_where_the_certificate_is(tmp_path: Path) -> None:

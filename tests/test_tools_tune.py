@@ -243,6 +243,7 @@ def test_tune_refuses_an_int8_model_it_cannot_run_before_timing_anything(
     done = run_cli("tune", "--config", str(config), "--int8", str(int8), "--frames", "1", "--max-images", "1")
     assert done.returncode == EXIT_CONFIG and f"--int8 {int8}: " in done.stderr and message in done.stderr
     assert "running" not in done.stderr  # no variant was timed first
+    assert "model.precision" not in done.stderr  # tune sets it, not the user: no advice to change it
 
 
 def _with_quantised_input(src: Path, dst: Path) -> Path:

@@ -32,6 +32,7 @@ from asyncua.ua.uaerrors import UaError
 from edged.config import Spinning
 from edged.errors import ColdStartError
 from edged.messages import StatusMessage, parse_message
+from edged.opcua_server import MAX_SESSION_TIMEOUT_MS
 from edged.sources.scenes import SceneGenerator
 from edged.tools import bench_process
 from edged.tools.bench_config import write_config
@@ -63,6 +64,7 @@ async def _subscribe(url: str, verdicts: int, timeout_s: float) -> list[tuple[in
     while True:  # the server starts on its own thread after the daemon's first frame
         try:
             client = Client(url, timeout=30)
+            client.session_timeout = MAX_SESSION_TIMEOUT_MS  # asyncua asks for an hour, and warns of the revision
             await client.connect()
             break
         except (OSError, TimeoutError, UaError):

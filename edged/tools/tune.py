@@ -181,6 +181,12 @@ def _int8_model(
         try:
             given = load_model(_variant_config(settings, "onnxruntime", "int8", args.int8), settings.runtime)
         except (ModelError, ContractError) as e:
+            # A float model, in tune's words: the engine's refusal advises a model.precision tune set.
+            if isinstance(e, ContractError) and not is_quantised(args.int8):
+                raise ModelError(
+                    f"--int8 {args.int8}: the model is not quantised (no QuantizeLinear or QLinear operator): "
+                    f"give the INT8 model `edged quantize` made from model.path {settings.model.path}"
+                ) from None
             raise ModelError(f"--int8 {args.int8}: {e}") from None
         # Another model's INT8 copy (the segmentation model's, for a detector) ran, was judged and could be chosen.
         for what, ours, theirs in zip(INTERFACE, _interface(reference), _interface(given), strict=True):
