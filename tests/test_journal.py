@@ -46,6 +46,15 @@ def entry(n: int, camera_id: str = "cam", wall_ns: int | None = None, size: int 
     return Entry("verdict", camera_id, n, n, f"P-{n}", "ng", "[]", wall, n, "m" * 64, "c" * 64, message)
 
 
+def mqtt_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Settings, JournalOutput]:
+    """A journal delivering to MQTT (a broker nobody listens for), which looks at journal.path before every write."""
+    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    path = tmp_path / "journal.sqlite"
+    mqtt: dict[str, dict[str, object]] = {"mqtt": {"url": "mqtt://127.0.0.1:1"}}
+    settings = load_config(write_config(tmp_path / "edged.toml", inspecting(tmp_path, journal={"path": str(path)}, **mqtt)))
+    return path, settings, JournalOutput(settings, threading.Event())
+
+
 def rows(path: Path, query: str = "SELECT frame_id FROM entries ORDER BY id") -> list[tuple[object, ...]]:
     """Read as another process would: its own connection, while the writer may still be open."""
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
@@ -423,11 +432,7 @@ def test_a_journal_removed_while_the_broker_is_away_sends_what_it_had_not_acknow
     new ones, in order; the reopening is counted as a journal error, named in ``last_error``.
     Removed again once those are acknowledged, they do not go again, only those after them; the feed
     says at most once that it reads a new file."""
-    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
-    path = tmp_path / "journal.sqlite"
-    mqtt: dict[str, dict[str, object]] = {"mqtt": {"url": "mqtt://127.0.0.1:1"}}
-    settings = load_config(write_config(tmp_path / "edged.toml", inspecting(tmp_path, journal={"path": str(path)}, **mqtt)))
-    output = JournalOutput(settings, threading.Event())
+    path, _, output = mqtt_journal(tmp_path, monkeypatch)
     try:
         feed = output.feed("mqtt", threading.Event())
         for n in range(5):  # a batch each, each looked at journal.path before: all seen there
@@ -602,11 +607,7 @@ def test_verdicts_carried_to_a_new_journal_no_feed_has_read_yet_are_sent_after_a
     """With [mqtt], the journal removed, then edged stopped (or killed) before the feed read the journal
     opened anew: it held no cursor, so the next start's feed began at its end and the verdicts the
     broker had not acknowledged, carried there, were never sent (before). The cursor comes with them."""
-    monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
-    path = tmp_path / "journal.sqlite"
-    mqtt: dict[str, dict[str, object]] = {"mqtt": {"url": "mqtt://127.0.0.1:1"}}
-    settings = load_config(write_config(tmp_path / "edged.toml", inspecting(tmp_path, journal={"path": str(path)}, **mqtt)))
-    output = JournalOutput(settings, threading.Event())
+    path, settings, output = mqtt_journal(tmp_path, monkeypatch)
     try:
         feed = output.feed("mqtt", threading.Event())
         for n in range(3):
