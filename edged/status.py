@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from edged.camera import Camera
 from edged.capture import CaptureStats
 from edged.identity import Identity
-from edged.memory import MemoryWatch
+from edged.memory import MIB, WARN_AT, MemoryWatch
 from edged.messages import CandidateReport, CaptureReport, MemoryReadings, ModelInfo, StatusMessage
 from edged.model import LoadedModel
 from edged.output import OutputReport, StatusReport
@@ -88,9 +88,17 @@ class Snapshot:
         thermal = self.thermal.summary() if self.thermal else "thermal off"
         cap = f" cap {self.rate_cap_fps:.1f}fps" if self.rate_cap_fps else ""
         return (
-            f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state}{self.outputs_line()} | {thermal} | "
-            f"{self.stats.frames_processed} frames | model {self.model_short}"
+            f"{self.stats.fps:.1f} fps{cap} | camera {self.capture.state}{self.outputs_line()} | {thermal}"
+            f"{self.memory_line()} | {self.stats.frames_processed} frames | model {self.model_short}"
         )
+
+    def memory_line(self) -> str:
+        """`` | memory N % of its limit`` while edged's use is near its cgroup's limit (`edged.memory.WARN_AT`):
+        ``systemctl status`` shows it beside the warning the journal has; nothing otherwise."""
+        memory = self.memory
+        if memory is None or memory.used_bytes < WARN_AT * memory.limit_bytes:
+            return ""
+        return f" | memory {100 * memory.used_bytes / memory.limit_bytes:.0f} % of its {memory.limit_bytes // MIB} MiB limit"
 
 
 def summary_line(snapshots: Sequence[Snapshot], problem: str | None = None) -> str:
@@ -108,7 +116,7 @@ def summary_line(snapshots: Sequence[Snapshot], problem: str | None = None) -> s
     cameras = ", ".join(f"{s.camera_id} {s.stats.fps:.1f} fps {s.capture.state}" for s in snapshots)
     frames = sum(s.stats.frames_processed for s in snapshots)
     outputs = first.outputs_line()
-    board = f"{thermal} | {frames} frames | model {first.model_short}{unhealthy}"
+    board = f"{thermal}{first.memory_line()} | {frames} frames | model {first.model_short}{unhealthy}"
     return f"{len(snapshots)} cameras: {cameras}{outputs} | {board}"
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import replace
 
 from edged.capture import CaptureStats
-from edged.messages import ModelInfo
+from edged.messages import MemoryReadings, ModelInfo
 from edged.output import OutputReport
 from edged.stats import RunStats
 from edged.status import Snapshot, summary_line
@@ -88,3 +88,16 @@ def test_the_status_line_ends_with_what_withholds_the_watchdog_pings() -> None:
         f" | unhealthy: {hung}"
     )
     assert summary_line([lost], hung) == f"{lost.line()} | unhealthy: {hung}"
+
+
+def test_the_status_line_says_memory_only_while_near_its_limit() -> None:
+    mib = 2**20
+    near = MemoryReadings(limit_bytes=512 * mib, used_bytes=486 * mib, cgroup_bytes=500 * mib, oom_kills=0)
+    lost = replace(_snapshot(), memory=near)
+    assert lost.line() == (
+        "0.0 fps | camera lost | thermal off | memory 95 % of its 512 MiB limit | 1 frames | model probe@abababababab"
+    )
+    ok = replace(lost, camera_id="side", capture=replace(lost.capture, state="ok"))
+    assert " | thermal off | memory 95 % of its 512 MiB limit | 2 frames | " in summary_line([lost, ok])
+    below = replace(lost, memory=near.model_copy(update={"used_bytes": 460 * mib}))  # under 90 %: not said
+    assert below.line() == _snapshot().line()
