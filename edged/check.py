@@ -62,10 +62,10 @@ from edged.errors import (
 )
 from edged.evidence import EvidenceOutput, folder_problem
 from edged.evidence import describe as describe_error
-from edged.files import lock_holders, nearest_folder
+from edged.files import lock_holders, nearest_folder, process_argv
 from edged.geometry import BoxMap
 from edged.heads.base import fmt_classes
-from edged.journal import JournalOutput, records
+from edged.journal import JournalOutput, lock_file, records
 from edged.messages import MAX_PAYLOAD_BYTES
 from edged.model import LoadedModel, load_model
 from edged.mqtt import probe_broker
@@ -617,7 +617,7 @@ def held_by_another(journal: Path, config_path: Path | None) -> str | None:
     configuration holds it (`edged.files.lock_holders`). None where the holder runs ``config_path``: the
     running service, whose journal it is; or where it cannot be told (the holder's command line and working
     folder unreadable): perhaps the service, as a port in use is passed over."""
-    for pid in lock_holders(Path(f"{os.path.realpath(journal)}.lock")):
+    for pid in lock_holders(lock_file(journal)):
         theirs = _run_config(pid)
         if theirs is None or config_path is None or (same := _same_config(pid, theirs, config_path)) is None:
             continue
@@ -644,11 +644,11 @@ def _run_config(pid: int) -> Path | None:
     """The configuration process ``pid``'s `edged run` reads (its ``--config`` or ``-c``, from its working
     folder; else the default); None where it runs none or cannot be looked at."""
     try:
-        argv = [os.fsdecode(arg) for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
         folder = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return None
-    if "run" not in argv:
+    argv = process_argv(pid)
+    if argv is None or "run" not in argv:
         return None
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)  # as run's reads it: `--conf X`, `-cX`
     parser.add_argument("--config", "-c", type=Path, default=DEFAULT_CONFIG_PATH)

@@ -121,14 +121,20 @@ def lock_holders(path: Path) -> list[int]:
     return holders
 
 
+def process_argv(pid: int) -> list[str] | None:
+    """Process ``pid``'s arguments, as /proc has them; None where they cannot be read (gone, not ours to see)."""
+    try:
+        return [os.fsdecode(arg) for arg in Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")]
+    except OSError:
+        return None
+
+
 def command_line(pid: int, limit: int = 200) -> str | None:
     """Process ``pid``'s command line as one line (its arguments joined by spaces, control characters
     escaped, cut at ``limit`` characters), to name it in a message; None where it cannot be read."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    except OSError:
+    if (argv := process_argv(pid)) is None:
         return None
-    line = printable(" ".join(os.fsdecode(arg) for arg in argv))
+    line = printable(" ".join(argv))
     return line if len(line) <= limit else f"{line[: limit - 3]}..."
 
 

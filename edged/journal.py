@@ -121,13 +121,18 @@ class Reopened:
     lost: int  # verdicts not yet acknowledged left in the old file: more than memory holds (`QUEUE_BYTES`)
 
 
+def lock_file(path: Path) -> Path:
+    """Journal ``path``'s lock file: ``.lock`` beside the file a link at ``path`` names (`lock`)."""
+    return Path(f"{os.path.realpath(path)}.lock")
+
+
 def lock(path: Path, *, create: bool = True) -> int:
     """A file descriptor holding journal ``path``'s lock (``flock`` on ``.lock`` beside the file a link
     at ``path`` names, let go when it closes or edged ends, however it ends); an OSError when another
     process holds it. Two edged writing one journal would each replay the other's verdicts to its
     broker, under the same seq: two configurations whose links name one file took a lock each, beside
     their links. Without ``create``, a lock file not there is FileNotFoundError: nobody holds it."""
-    held = f"{os.path.realpath(path)}.lock"
+    held = lock_file(path)
     fd = os.open(held, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o640)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -453,7 +458,7 @@ class JournalStore:
         next edged to start would find none held and write this journal too. Where another took it
         meanwhile, the file is let go (raised): this edged writes again once that one has let go."""
         assert self._lock is not None
-        held = Path(f"{os.path.realpath(self.path)}.lock")
+        held = lock_file(self.path)
         taken = os.fstat(self._lock)
         if file_id(held) == (taken.st_dev, taken.st_ino):
             return
@@ -932,7 +937,7 @@ class JournalOutput(Output):
         except OSError as e:
             if e.errno != errno.EWOULDBLOCK:
                 return None
-            holders = lock_holders(Path(f"{os.path.realpath(cfg.file)}.lock"))
+            holders = lock_holders(lock_file(cfg.file))
             by = f" by process {pid} ({command_line(pid) or 'gone since'})" if (pid := next(iter(holders), None)) else ""
             return f"journal.path {cfg.file} is {e.strerror}{by}: give each edged a journal.path of its own"
         return None

@@ -130,6 +130,11 @@ def _count(path: Path | None, key: str) -> int | None:
         return None
 
 
+def near_limit(used: int, limit: int) -> bool:
+    """Whether use ``used`` is near ``limit``: what edged warns of (`MemoryWatch`) and STATUS= says."""
+    return used >= WARN_AT * limit
+
+
 class MemoryWatch:
     """The memory limit and use of edged's cgroup, or of the one above it whose limit is the tightest (a
     slice, a container), read once a status round, and what nearing the limit calls for said once a
@@ -206,7 +211,7 @@ class MemoryWatch:
         self._oom_kills[files.limit] = kills
 
     def _judge(self, files: CgroupFiles, used: int, limit: int) -> None:
-        if not self._high and used >= WARN_AT * limit:
+        if not self._high and near_limit(used, limit):
             self._high = True
             log.warning(
                 "memory use %d MiB is %.0f %% of the %d MiB limit %s sets (MemoryMax= of edged's systemd unit "

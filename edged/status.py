@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from edged.camera import Camera
 from edged.capture import CaptureStats
 from edged.identity import Identity
-from edged.memory import MIB, WARN_AT, MemoryWatch
+from edged.memory import MIB, MemoryWatch, near_limit
 from edged.messages import CandidateReport, CaptureReport, MemoryReadings, ModelInfo, StatusMessage
 from edged.model import LoadedModel
 from edged.output import OutputReport, StatusReport
@@ -93,10 +93,10 @@ class Snapshot:
         )
 
     def memory_line(self) -> str:
-        """`` | memory N % of its limit`` while edged's use is near its cgroup's limit (`edged.memory.WARN_AT`):
+        """`` | memory N % of its limit`` while edged's use is near its cgroup's limit (`edged.memory.near_limit`):
         ``systemctl status`` shows it beside the warning the journal has; nothing otherwise."""
         memory = self.memory
-        if memory is None or memory.used_bytes < WARN_AT * memory.limit_bytes:
+        if memory is None or not near_limit(memory.used_bytes, memory.limit_bytes):
             return ""
         return f" | memory {100 * memory.used_bytes / memory.limit_bytes:.0f} % of its {memory.limit_bytes // MIB} MiB limit"
 
