@@ -729,11 +729,12 @@ def _serve(config_path: Path | None, settings: Settings, signals: Signals) -> in
     A stop asked for during the start ends it there, exit 0 (`edged.service.Signals.unless_stopped`).
     """
     from edged.daemon import Daemon
-    from edged.service import Notifier, StartStopped, exit_safely
+    from edged.service import Notifier, StartStopped, StartTimeout, exit_safely
 
     notifier = Notifier()
     try:
-        daemon = Daemon(settings, config_path, notifier, signals)
+        with StartTimeout(notifier, signals):
+            daemon = Daemon(settings, config_path, notifier, signals)
     except StartStopped:
         log.info("stopped before the start had finished")
         code = EXIT_OK

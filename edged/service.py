@@ -16,8 +16,9 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import ParamSpec, TypeVar
 
 from edged.errors import EXIT_OK
@@ -38,6 +39,10 @@ STOP_POLL_S = 0.1  # how soon a start waiting on a model load sees a stop asked 
 # lets finish.
 STOP_STUCK_S = 4.0
 _SIGNAL_THREADS: set[threading.Thread] = set()  # waiting for signals for the whole process: never lingering
+LOAD_CHECK_S = 1.0  # how often `StartTimeout` looks at the start's model load
+# What each EXTEND_TIMEOUT_USEC= of a load that progresses gives: a load stalled that long past the unit's
+# TimeoutStartSec= ends the start, as a stuck one should.
+LOAD_EXTEND_S = 30.0
 
 
 class Notifier:
@@ -212,6 +217,76 @@ def exit_safely(code: int) -> int:
     os._exit(code)
 
 
+def thread_progress(native_id: int) -> tuple[int, ...] | None:
+    """CPU ticks, major page faults and bytes read so far by one of this process's threads (/proc); None once gone."""
+    task = f"/proc/self/task/{native_id}"
+    try:
+        with open(f"{task}/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()  # the name in parentheses may hold spaces
+        ticks, faults = int(fields[11]) + int(fields[12]), int(fields[9])  # utime + stime, majflt
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        with open(f"{task}/io", "rb") as f:
+            read = next(int(line.split()[1]) for line in f if line.startswith(b"rchar:"))
+    except (OSError, ValueError, IndexError, StopIteration):  # no task accounting in this kernel
+        read = 0
+    return ticks, faults, read
+
+
+class StartTimeout:
+    """``EXTEND_TIMEOUT_USEC=`` while the start's model load (`Signals.unless_stopped`) progresses.
+
+    A model the board takes longer than the unit's ``TimeoutStartSec=`` to load (a large model on a Pi,
+    an engine compiled on the first start) was killed and started again the same way, without end. The
+    load's thread is looked at every `LOAD_CHECK_S`: while its CPU time, page faults or bytes read grow,
+    the timeout moves `LOAD_EXTEND_S` on; a stalled load (a disk or mount that hangs) gets no more, so
+    systemd still ends a start that is stuck. ``STATUS=`` says how long the load has taken, and how long
+    it has stalled. Outside systemd it does nothing.
+    """
+
+    def __init__(self, notifier: Notifier, signals: Signals) -> None:
+        self._notifier = notifier
+        self._signals = signals
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="start-timeout", daemon=True)
+
+    def __enter__(self) -> StartTimeout:
+        if self._notifier.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        watched: threading.Thread | None = None
+        last: tuple[int, ...] | None = None
+        since = moved = time.monotonic()
+        while not self._done.wait(LOAD_CHECK_S):
+            load, now = self._signals.loading, time.monotonic()
+            if load is None or load.native_id is None:
+                continue
+            if load is not watched:
+                watched, last, since, moved = load, None, now, now
+            progress = thread_progress(load.native_id)
+            if progress is None:
+                continue
+            if last is not None and progress != last:
+                moved = now
+                extend = f"EXTEND_TIMEOUT_USEC={int(LOAD_EXTEND_S * 1e6)}"
+                self._notifier.send(extend, f"STATUS=loading the model: {now - since:.0f} s so far")
+            elif last is not None:
+                stalled = f"no progress for {now - moved:.0f} s (its file on a disk or network mount that stalls?)"
+                self._notifier.status(f"loading the model: {now - since:.0f} s so far, {stalled}")
+                if now - moved >= LOAD_EXTEND_S > now - moved - LOAD_CHECK_S:  # once a stall
+                    log.warning("the model's load has made %s: systemd's start timeout is no longer extended", stalled)
+            last = progress
+
+
 class StartStopped(Exception):
     """A stop (SIGTERM, SIGINT) asked for while the daemon was still starting: the start ends there, exit 0."""
 
@@ -229,6 +304,7 @@ class Signals:
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.reload = threading.Event()
+        self.loading: threading.Thread | None = None  # `unless_stopped`'s thread while it runs (`StartTimeout`)
         self._unused_said = LogRate(60.0)
 
     def unless_stopped(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -254,10 +330,14 @@ class Signals:
             finally:
                 done.set()
 
-        threading.Thread(target=run, name="model-load", daemon=True).start()
-        while not done.wait(STOP_POLL_S):
-            if self.stop.is_set():
-                raise StartStopped
+        self.loading = threading.Thread(target=run, name="model-load", daemon=True)
+        self.loading.start()
+        try:
+            while not done.wait(STOP_POLL_S):
+                if self.stop.is_set():
+                    raise StartStopped
+        finally:
+            self.loading = None
         if failure:
             raise failure[0]
         return outcome[0]

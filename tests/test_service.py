@@ -8,7 +8,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cv2
@@ -19,7 +19,8 @@ from filesystems import opening_stalled
 from onnx_models import colour_probe, failing_probe, stalling_probe
 from waiting import wait_for
 
-from edged.service import Notifier
+from edged import service
+from edged.service import Notifier, Signals, StartTimeout
 
 pytestmark = pytest.mark.integration
 
@@ -198,7 +199,8 @@ def test_a_stop_while_the_model_loads_at_start_ends_the_start_at_once_with_exit_
 ) -> None:
     """The load runs in native code for as long as the board takes (a large model, an engine built on the
     first start, a card that stalls: here the kernel holds the model's open). A stop waited for the load to
-    finish, past ``TimeoutStopSec=5s``: systemd killed edged and marked the unit failed."""
+    finish, past ``TimeoutStopSec=5s``: systemd killed edged and marked the unit failed. Stalled, the load
+    does not extend the start's timeout, and ``STATUS=`` says it stalls."""
     model = colour_probe(tmp_path / "probe.onnx")
     _images(tmp_path / "imgs", [(0, 0, 255)] * 3)
     config, endpoint = _configure(tmp_path, {"type": "images", "path": "imgs", "fps": 20.0}, model)
@@ -206,6 +208,8 @@ def test_a_stop_while_the_model_loads_at_start_ends_the_start_at_once_with_exit_
         d = _spawn(config, endpoint, notify)
         try:
             assert wait_for(waiting, timeout_s=20), d.log()
+            assert wait_for(lambda: len(_stalls(notify)) >= 2, timeout_s=20), notify.received
+            assert not notify.times_of("EXTEND_TIMEOUT_USEC=30000000", since=_stalls(notify)[0])  # stuck: systemd ends it
             d.signal(signal.SIGTERM)
             assert d.proc.wait(timeout=3) == 0, d.log()  # the model's open still held
             log = d.log()
@@ -434,3 +438,88 @@ def test_a_notify_socket_nobody_reads_never_blocks_the_sender_and_the_drop_is_lo
     finally:
         notifier.close()
         unread.close()
+
+
+def _loading(notify: NotifySocket, work: Callable[[], None]) -> threading.Thread:
+    """``work`` as the start runs the model's load (`Signals.unless_stopped`), under a `StartTimeout` telling ``notify``."""
+
+    def start() -> None:
+        notifier, signals = Notifier(str(notify.path)), Signals()
+        with StartTimeout(notifier, signals):
+            signals.unless_stopped(work)
+        notifier.close()
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    return thread
+
+
+def _stalls(notify: NotifySocket) -> list[float]:
+    return [t for t, d in notify.received if "no progress for" in d]
+
+
+def test_a_load_that_works_on_extends_the_start_timeout_and_one_that_stalls_does_not(
+    monkeypatch: pytest.MonkeyPatch, notify: NotifySocket, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model the board takes longer than ``TimeoutStartSec=`` to load was killed and started again without
+    end. Working (CPU here), the load moves the timeout on at each look; stalled (waiting, as on a hung disk),
+    it gets no more: ``STATUS=`` says so, and the journal once, as the last extension runs out."""
+    monkeypatch.setattr(service, "LOAD_CHECK_S", 0.05)
+    monkeypatch.setattr(service, "LOAD_EXTEND_S", 0.3)
+    extend = "EXTEND_TIMEOUT_USEC=300000"
+    stall, release = threading.Event(), threading.Event()
+
+    def work() -> None:
+        while not stall.is_set():
+            sum(range(10_000))
+        release.wait(20)
+
+    with caplog.at_level(logging.WARNING, logger="edged.service"):
+        start = _loading(notify, work)
+        assert wait_for(lambda: len(notify.times_of(extend)) >= 3, timeout_s=20), notify.received
+        assert any(d.startswith(f"{extend}\nSTATUS=loading the model: ") for _, d in notify.received)
+        stall.set()
+        assert wait_for(lambda: len(_stalls(notify)) >= 10, timeout_s=20), notify.received
+        stalled = _stalls(notify)[0]
+        release.set()
+        start.join(20)
+    assert not start.is_alive()
+    assert not notify.times_of(extend, since=stalled)
+    said = [r.message for r in caplog.records if "no longer extended" in r.message]
+    assert len(said) == 1, said
+
+
+def test_a_load_reading_its_file_slowly_extends_the_start_timeout(
+    monkeypatch: pytest.MonkeyPatch, notify: NotifySocket
+) -> None:
+    """A large model read from a slow card or a network mount: the bytes coming in are progress, CPU or not."""
+    monkeypatch.setattr(service, "LOAD_CHECK_S", 0.05)
+    reading, writing = os.pipe()
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.02):
+            os.write(writing, b"x")
+        os.close(writing)
+
+    def work() -> None:
+        with os.fdopen(reading, "rb", buffering=0) as f:
+            while f.read(1):
+                pass
+
+    feeder = threading.Thread(target=trickle, daemon=True)
+    feeder.start()
+    start = _loading(notify, work)
+    try:
+        assert wait_for(lambda: len(notify.times_of("EXTEND_TIMEOUT_USEC=30000000")) >= 3, timeout_s=20), notify.received
+    finally:
+        stop.set()
+        feeder.join(5)
+        start.join(20)
+    assert not start.is_alive()
+
+
+def test_outside_systemd_nothing_watches_the_load() -> None:
+    watching = {t for t in threading.enumerate() if t.name == "start-timeout"}
+    with StartTimeout(Notifier(""), Signals()):
+        assert {t for t in threading.enumerate() if t.name == "start-timeout"} == watching
