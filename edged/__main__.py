@@ -3,8 +3,9 @@
 On a small board the first second of a command goes to importing edged's modules, before
 `edged.cli.main` handles Ctrl-C itself. A Ctrl-C there ended the command with a traceback; one
 that landed in a compiled module's start (pydantic's core) made it panic instead. It is held until
-the modules are in, then ends the command as main's own handling does, without a traceback. Where
-it was ignored (``trap '' INT``, a script's background job), it stays ignored.
+the modules are in, then handed to main, which ends the command as its own handling of Ctrl-C does
+(exit 130, or 0 for ``edged subscribe``, which Ctrl-C ends), without a traceback. Where it was
+ignored (``trap '' INT``, a script's background job), it stays ignored.
 """
 
 import signal
@@ -26,10 +27,8 @@ def main() -> int:
     finally:
         signal.signal(signal.SIGINT, default)
     try:
-        if held:
-            raise KeyboardInterrupt
-        return command()
-    except KeyboardInterrupt:  # here, or in the command before its own handling (its arguments parsed)
+        return command(interrupted=bool(held))
+    except KeyboardInterrupt:  # in the command before its own handling: while its arguments are parsed
         print("edged: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
 

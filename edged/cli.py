@@ -7,15 +7,18 @@ Errors raised by a command become its exit code here, once: `edged.errors` has t
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import math
 import os
+import re
 import select
+import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar, get_args
+from typing import Any, NoReturn, TypeVar, get_args
 
 from edged import __version__
 from edged.accept import short_of, why
@@ -31,6 +34,38 @@ N = TypeVar("N", int, float)
 
 MAX_BENCH_CAMERAS = 16  # `bench --cameras`: more than a board serves, and as many `edged run`s at once
 MAX_TIMEOUT_S = 86400  # a client's --timeout: a day
+# Ctrl-C is how these commands are ended, as mosquitto_sub is: exit 0 wherever it lands, even while the
+# modules load (`edged.__main__`), so that a script piping them sees one code for one way of stopping.
+ENDED_BY_CTRL_C = frozenset({"subscribe"})
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "expected one argument" says how to give a value that starts with '-'
+    (a camera id may: ``-a``), which argparse takes for an option unless it is joined by '='.
+    ``given``: the command line, the whole of it, for that message to quote."""
+
+    def __init__(self, *args: Any, given: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.given = given
+
+    def error(self, message: str) -> NoReturn:
+        super().error(message + _joined_value(message, self.given))
+
+
+def _joined_value(message: str, given: Sequence[str]) -> str:
+    """What to type instead, where argparse found an option's value missing because the next word
+    starts with '-': ``--camera -a`` is ``--camera`` without its value and an unknown ``-a``."""
+    found = re.fullmatch(r"argument (\S+): expected one argument", message)
+    if found is None:
+        return ""
+    names = found[1].split("/")
+    long = next((name for name in names if name.startswith("--")), names[0])
+    for word, value in itertools.pairwise(given):
+        # an option as typed: one of its names, or a long one shortened (argparse takes --cam for --camera)
+        typed = word in names or (word.startswith("--") and len(word) > 2 and long.startswith(word))
+        if typed and value.startswith("-"):
+            return f"; a value that starts with '-' is given joined by '=': {shlex.quote(f'{long}={value}')}"
+    return ""
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
@@ -566,7 +601,7 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "print detections from a running edged",
         "Connect to an edged PUB endpoint and print what arrives. Exits 0 once every camera it has "
         "heard from says in its status that its source ended (a video file or image folder played to "
-        "its end: the daemon stops then).",
+        "its end: the daemon stops then), and on Ctrl-C, which is how one stops it.",
         _subscribe_arguments,
     ),
     (
@@ -593,7 +628,8 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
         "of [model.candidate] the live model, between two frames, keeping the previous one for "
         "`edged rollback`. Refused, naming why, until the shadow trial has passed its gate (enough "
         "frames, agreement, no class missed), unless --force with --reason, which the log keeps "
-        "with the user. Prints what is live now. Exit 0 when promoted, 1 when refused or unanswered.",
+        "with the user. Prints what is live now. Exit 0 when promoted, 1 when refused or unanswered, "
+        "2 for --force without --reason, before anything is sent.",
         _promote_arguments,
     ),
     (
@@ -697,14 +733,18 @@ SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None
 )
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="edged", description="Embedded vision daemon: camera -> ONNX Runtime -> detections over ZeroMQ."
+def _parser(given: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser of every command; ``given``, the command line, for its messages (`_Parser`)."""
+    parser = _Parser(
+        prog="edged",
+        description="Embedded vision daemon: camera -> ONNX Runtime -> detections over ZeroMQ.",
+        given=given,
     )
     parser.add_argument("--version", action="version", version=f"edged {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name, help_text, description, add_arguments in SUBCOMMANDS:
-        add_arguments(sub.add_parser(name, help=help_text, description=description))
+        # each command's parser quotes the command line too
+        add_arguments(sub.add_parser(name, help=help_text, description=description, given=given))
     return parser
 
 
@@ -971,10 +1011,15 @@ def _reader_gone() -> bool:
     return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, interrupted: bool = False) -> int:
+    """Run the command ``argv`` names; ``interrupted``: a Ctrl-C came while the modules loaded
+    (`edged.__main__`), which ends it as one in the command would, once its name is known."""
     _standard_descriptors()
-    args = _parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = _parser(given).parse_args(given)
     try:
+        if interrupted:
+            raise KeyboardInterrupt
         code = COMMANDS[args.command](args)
         if sys.stdout is not None:  # None where descriptor 1 was closed when Python started
             sys.stdout.flush()  # a reader gone is found here, not in Python's flush at exit
@@ -985,6 +1030,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edged: {what}: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:  # Ctrl-C in a tool: what it started is undone on the way here, no traceback
+        if args.command in ENDED_BY_CTRL_C:
+            return EXIT_OK
         print(f"edged: {args.command} interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
     except BrokenPipeError:

@@ -55,6 +55,7 @@ def listening(settings: Settings) -> list[Endpoint]:
     return [Endpoint(KEY, candidate.control, partial(try_bind, candidate.control, KEY, zmq.REP))]
 
 
+ONE_LINE = "say it on one line, as text"
 NO_TRIAL = "refused: no [model.candidate] in the running configuration (a reload removed it)"
 
 
@@ -154,7 +155,7 @@ def _answer(
         return {"ok": False, "error": f"unknown command {command!r}"}
     if (found := refused_character(reason)) is not None:  # the log shows the reason as it is: it could forge lines
         refused = "promotion" if command == "promote" else "rollback"
-        return {"ok": False, "error": f"{refused} refused: in the reason, {found}: say it on one line, as text"}
+        return {"ok": False, "error": f"{refused} refused: in the reason, {found}: {ONE_LINE}"}
     before = current()
     if command == "rollback":
         if shadow.previous is None:
@@ -190,13 +191,15 @@ def _short(info: ModelInfo) -> str:
 def request(
     endpoint: str, command: str, *, force: bool = False, reason: str | None = None, timeout_s: float = 10.0
 ) -> dict[str, Any]:
-    """Send one command to the daemon on ``endpoint`` and return its reply; raises `ControlError`."""
+    """Send one command to the daemon on ``endpoint`` and return its reply; raises `ControlError`, or
+    `UsageError` for a request refused before any connection is tried (`_payload`)."""
+    payload = _payload(command, force, reason or "")
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = socket_with_room(context, zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(endpoint)
-        sock.send(_payload(command, force, reason or ""))
+        sock.send(payload)
         if not sock.poll(int(timeout_s * 1000)):
             raise ControlError(f"no answer on {endpoint} in {timeout_s:g} s: is edged running with [model.candidate]?")
         reply: dict[str, Any] = json.loads(sock.recv())
@@ -209,7 +212,14 @@ def request(
 def _payload(command: str, force: bool, reason: str) -> bytes:
     """The request as sent: JSON in UTF-8, which the daemon reads only whole and within the socket's
     message limit (a larger one drops the client unanswered, as if no edged listened). Raises
-    `UsageError` for a ``reason`` it cannot carry whole, before anything is sent."""
+    `UsageError`, before anything is sent, for what `_answer` would refuse for the arguments alone
+    (a ``force`` without a ``reason``, a ``reason`` not on one line), which the user would otherwise
+    learn only from the daemon, or after ``--timeout`` where none answers; and for a ``reason`` it
+    cannot carry whole."""
+    if force and not reason:
+        raise UsageError("--force needs --reason TEXT: why the trial's gate is passed over, kept in the log with the user")
+    if (found := refused_character(reason)) is not None:
+        raise UsageError(f"in --reason, {found}: {ONE_LINE}")
     body = {"command": command, "force": force, "reason": reason, "user": getpass.getuser()[:MAX_USER]}
     payload = json.dumps(body, ensure_ascii=False).encode(errors="backslashreplace")  # a lone surrogate as JSON escapes it
     if len(reason) > MAX_REASON or len(payload) > MAX_MESSAGE_BYTES:

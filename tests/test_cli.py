@@ -20,7 +20,7 @@ import zmq
 from daemon import RunningDaemon, edged_command, free_port, run_cli, write_config
 from onnx_models import colour_probe, nan_probe
 
-from edged.cli import main
+from edged.cli import _parser, main
 from edged.config import PublishConfig, TriggerConfig
 from edged.messages import Verdict, VerdictMessage, schema_text
 from edged.tools.reference import reference_text
@@ -427,6 +427,54 @@ def test_options_out_of_range_exit_2_naming_the_option(args: list[str], message:
     assert code == 2 and message in err, err
 
 
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        (None, "--force needs --reason TEXT"),
+        ("", "--force needs --reason TEXT"),
+        ("fixture\nWARNING rolled back", "in --reason, U+000A at character 8 is a control character: say it on one line"),
+    ],
+)
+def test_a_promotion_the_daemon_would_refuse_for_its_arguments_is_refused_at_once(
+    tmp: Path, reason: str | None, message: str
+) -> None:
+    """``edged promote --force`` without ``--reason``, or with one that is not on one line: only the
+    daemon refused it, so with none running the user waited out ``--timeout`` to hear nothing answered."""
+    control = tmp / "control.sock"  # no edged listens on it
+    config = _config(
+        tmp, {"path": "probe.onnx"}, **{"model.candidate": {"path": "probe.onnx", "control": f"ipc://{control}"}}
+    )
+    started = time.monotonic()
+    given = ["--reason", reason] if reason is not None else []
+    code, out, err = parsed("promote", "--config", str(config), "--force", *given)
+    assert (code, out) == (2, "") and message in err, err
+    assert time.monotonic() - started < 2 and "no answer" not in err  # its --timeout is 10 s
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["history", "--journal", "j.db"],
+        ["trigger", "tcp://127.0.0.1:1"],
+        ["tune", "--config", "c.toml"],
+        ["quantize", "--model", "m.onnx", "--out", "q.onnx"],
+    ],
+)
+def test_a_camera_id_starting_with_a_dash_is_taken_joined_and_the_message_says_so(command: list[str]) -> None:
+    """``[[source]] camera_id = "-a"`` is a valid camera: ``--camera -a`` reads as ``--camera`` without
+    its value and an option ``-a``, which argparse said as "expected one argument", and no more."""
+    code, _, err = parsed(*command, "--camera", "-a")
+    assert code == 2 and "argument --camera: expected one argument" in err, err
+    assert err.rstrip().endswith("a value that starts with '-' is given joined by '=': --camera=-a"), err
+    code, _, err = parsed(*command, "--cam", "-a")  # shortened, as argparse takes it
+    assert code == 2 and err.rstrip().endswith("joined by '=': --camera=-a"), err
+    assert _parser().parse_args([*command, "--camera=-a"]).camera == "-a"
+    code, _, err = parsed(*command, "--camera")
+    assert code == 2 and err.rstrip().endswith("argument --camera: expected one argument"), err
+    code, _, err = parsed("history", "--part-id", "-x*")  # any option's value: quoted for the shell where it must be
+    assert code == 2 and err.rstrip().endswith("joined by '=': '--part-id=-x*'"), err
+
+
 def test_eval_refuses_zero_scenes() -> None:
     code, _, err = parsed("eval", "--model", "m.onnx", "--scenes", "0")
     assert code == 2 and "--scenes: must be >= 1, got 0" in err
@@ -493,8 +541,18 @@ def _loaded(pid: int, library: str) -> bool:
         return True
 
 
-@pytest.mark.parametrize("how", ["module", "command"])
-def test_ctrl_c_while_the_command_loads_ends_it_quietly_with_130(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(
+    ("how", "args", "code"),
+    [
+        ("module", ("trigger", "tcp://127.0.0.1:9"), 128 + signal.SIGINT),
+        ("command", ("trigger", "tcp://127.0.0.1:9"), 128 + signal.SIGINT),
+        # Ctrl-C is how subscribe is ended, exit 0 once it runs: it was 130 while it loaded
+        ("command", ("subscribe", "tcp://127.0.0.1:9"), 0),
+    ],
+)
+def test_ctrl_c_while_the_command_loads_ends_it_quietly_as_one_while_it_runs(
+    tmp_path: Path, how: str, args: tuple[str, ...], code: int
+) -> None:
     """The first second on a small board goes to importing edged's modules, before the command's own
     handling of Ctrl-C: `python -m edged` ended with a traceback and exit 1, the installed command
     with a traceback. The signal is sent as pydantic's compiled core is loaded, as `edged.config`, one
@@ -503,7 +561,6 @@ def test_ctrl_c_while_the_command_loads_ends_it_quietly_with_130(tmp_path: Path,
     module, function = entry.split(":")
     command = tmp_path / "edged"  # as pip writes the installed command
     command.write_text(f"import sys\nfrom {module} import {function}\nsys.exit({function}())\n")
-    args = ("subscribe", "tcp://127.0.0.1:9")
     argv = edged_command(*args) if how == "module" else [sys.executable, str(command), *args]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -516,8 +573,8 @@ def test_ctrl_c_while_the_command_loads_ends_it_quietly_with_130(tmp_path: Path,
         _, stderr = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGINT, stderr
-    assert "Traceback" not in stderr and stderr.endswith("interrupted\n"), stderr
+    assert proc.returncode == code, stderr
+    assert stderr == "" if code == 0 else "Traceback" not in stderr and stderr.endswith(f"{args[0]} interrupted\n"), stderr
 
 
 def test_ctrl_c_while_the_command_loads_is_still_ignored_where_it_was(tmp_path: Path) -> None:

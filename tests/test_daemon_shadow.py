@@ -150,7 +150,7 @@ def test_a_candidate_with_its_classes_swapped_is_refused_then_forced_and_rolled_
         assert refused.returncode == 1 and "promotion refused: the models agree on 0.0%" in refused.stderr
         assert f"live: scene sha256 {live}" in refused.stderr
         no_reason = run_cli("promote", "--config", str(config), "--force")
-        assert no_reason.returncode == 1 and "--reason" in no_reason.stderr
+        assert no_reason.returncode == 2 and "--force needs --reason" in no_reason.stderr  # before it is sent
 
         claims = {"LOGNAME": "mallory", "USER": "mallory"}  # what the client sends: its environment's word
         forced = run_cli("promote", "--config", str(config), "--force", "--reason", "new fixture", env=claims)

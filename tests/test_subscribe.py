@@ -4,6 +4,7 @@ playing a finite image folder, and against a publisher whose cameras end one aft
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -272,6 +273,30 @@ def test_a_reader_that_stops_early_ends_it_quietly(tmp_path: Path) -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+        pub.close(linger=0)
+        context.term()
+
+
+@pytest.mark.integration
+def test_ctrl_c_ends_it_with_exit_0_and_nothing_said(tmp_path: Path) -> None:
+    """Ctrl-C is how one stops it, as mosquitto_sub: exit 0, which a script piping it reads as done
+    (docs/commands.md); so it is while its modules load (tests/test_cli.py)."""
+    endpoint = f"ipc://{tmp_path / 'pub.sock'}"
+    context = zmq.Context()
+    pub = context.socket(zmq.XPUB)
+    pub.bind(endpoint)
+    proc = subprocess.Popen(edged_command("subscribe", endpoint), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert pub.poll(30_000) and pub.recv() == b"\x01", "the subscription"
+        assert proc.stdout is not None
+        pub.send_multipart(_status("top", "ok", 0))
+        assert proc.stdout.readline().startswith("[status top]")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert (proc.returncode, out, err) == (0, "", "")
+    finally:
+        proc.kill()
+        proc.communicate()
         pub.close(linger=0)
         context.term()
 
