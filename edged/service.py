@@ -266,6 +266,7 @@ class StartTimeout:
         watched: threading.Thread | None = None
         last: tuple[int, ...] | None = None
         since = moved = time.monotonic()
+        warned = False  # that this stall outlasted the last extension
         while not self._done.wait(LOAD_CHECK_S):
             load, now = self._signals.loading, time.monotonic()
             if load is None or load.native_id is None:
@@ -276,13 +277,14 @@ class StartTimeout:
             if progress is None:
                 continue
             if last is not None and progress != last:
-                moved = now
+                moved, warned = now, False
                 extend = f"EXTEND_TIMEOUT_USEC={int(LOAD_EXTEND_S * 1e6)}"
                 self._notifier.send(extend, f"STATUS=loading the model: {now - since:.0f} s so far")
             elif last is not None:
                 stalled = f"no progress for {now - moved:.0f} s (its file on a disk or network mount that stalls?)"
                 self._notifier.status(f"loading the model: {now - since:.0f} s so far, {stalled}")
-                if now - moved >= LOAD_EXTEND_S > now - moved - LOAD_CHECK_S:  # once a stall
+                if now - moved >= LOAD_EXTEND_S and not warned:
+                    warned = True
                     log.warning("the model's load has made %s: systemd's start timeout is no longer extended", stalled)
             last = progress
 
