@@ -62,7 +62,7 @@ from edged.errors import (
 )
 from edged.evidence import EvidenceOutput, folder_problem
 from edged.evidence import describe as describe_error
-from edged.files import lock_holders, nearest_folder, process_argv
+from edged.files import MadeFolders, lock_holders, nearest_folder, process_argv
 from edged.geometry import BoxMap
 from edged.heads.base import fmt_classes
 from edged.journal import JournalOutput, lock_file, records
@@ -743,7 +743,9 @@ def run_check(
                 for cfg in settings.source
                 if (e := _check_source(settings, model, cfg, partial(probes.result, cfg), named, out, unit)) is not None
             ]
-            if (problem := EvidenceOutput.shared(settings, keep=False)) is not None:
+            with MadeFolders() as made:  # tried, and removed again
+                problem = EvidenceOutput.shared(settings, made)
+            if problem is not None:
                 raise ConfigError(None, [problem])
         candidate = _candidate(settings, model, unit)
     except ConfigError as e:  # found with the model or a camera: named like the configuration's own problems

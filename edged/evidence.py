@@ -70,7 +70,7 @@ import cv2
 import numpy as np
 
 from edged.errors import printable
-from edged.files import read_regular
+from edged.files import MadeFolders, read_regular
 from edged.identity import CLOCK_EPOCH_NS, boot_id
 from edged.lograte import Failures
 from edged.messages import EvidenceReport, Task, Verdict
@@ -763,31 +763,28 @@ def folder_problem(root: Path, camera_id: str) -> str | None:
     """Why camera ``camera_id``'s evidence cannot be saved under ``root``, found by making its folders
     as a save would and creating and removing a file there (``edged check``); None when it can.
 
-    The folders it made are removed again, so the check leaves nothing behind. A folder in the service's
+    The folders it made are removed again, so the check leaves nothing behind, but for one the service,
+    starting meanwhile, has since made its own or saved in (`MadeFolders`). A folder in the service's
     state directory before its first start is tried with that directory made, as systemd will make it.
     """
-    folder, made = root / camera_id, []
+    folder = root / camera_id
     unmade = root.parent in service_dirs("state") and not root.parent.exists()
     chain = (root.parent, root, folder) if unmade else (root, folder)
-    try:
-        for at in chain:
-            if not at.is_dir():
-                try:
-                    at.mkdir()
-                except FileNotFoundError:
-                    if at.parent.is_dir():  # /proc and /sys answer so: they hold no folders of ours
-                        return f"{at} cannot be made in {at.parent}: that filesystem takes no files"
-                    raise
-                made.append(at)
-        probe = folder / ".edged-check"
-        write_atomic(probe, b"")
-        probe.unlink()
-    except OSError as e:
-        return describe(e)
-    finally:
-        for at in reversed(made):
-            with contextlib.suppress(OSError):
-                at.rmdir()
+    with MadeFolders() as made:
+        try:
+            for at in chain:
+                if not at.is_dir():
+                    try:
+                        made.mkdir(at)
+                    except FileNotFoundError:
+                        if at.parent.is_dir():  # /proc and /sys answer so: they hold no folders of ours
+                            return f"{at} cannot be made in {at.parent}: that filesystem takes no files"
+                        raise
+            probe = folder / ".edged-check"
+            write_atomic(probe, b"")
+            probe.unlink()
+        except OSError as e:
+            return describe(e)
     return None
 
 
@@ -1079,32 +1076,25 @@ class EvidenceOutput(Output):
         return cls(settings) if any(settings.evidence_for(cfg) for cfg in settings.source) else None
 
     @staticmethod
-    def shared(settings: Settings, *, keep: bool = True) -> str | None:
+    def shared(settings: Settings, made: MadeFolders | None = None) -> str | None:
         """Why two cameras' evidence would go to one folder (`shared_with`: a drive that ignores case, a
         link), found by making each camera's folder as its writer does and comparing them: for a start
-        and a reload, which refuse it, and ``edged check`` (without ``keep``: the folders it made are
-        removed again). None where each has its own, or where one cannot be made (its writer says why,
-        and compares it once it is made)."""
+        and a reload, which refuse it, and ``edged check``. The folders it made go in ``made``, for a
+        check to remove, and a reload should it not take over. None where each has its own, or where one
+        cannot be made (its writer says why, and compares it once it is made)."""
         folders = evidence_folders(settings)
-        made: list[Path] = []
-        try:
-            for folder in folders.values():
-                for at in (folder.parent, folder):
-                    with contextlib.suppress(OSError, ValueError):  # ValueError: a NUL in the path
-                        if not at.is_dir():
-                            at.mkdir()
-                            made.append(at)
-            earlier: dict[str, Path] = {}
-            for camera_id, folder in folders.items():
-                if (problem := shared_with(camera_id, folder, earlier)) is not None:
-                    return problem
-                earlier[camera_id] = folder
-            return None
-        finally:
-            if not keep:
-                for at in reversed(made):
-                    with contextlib.suppress(OSError):
-                        at.rmdir()
+        made = MadeFolders() if made is None else made
+        for folder in folders.values():
+            for at in (folder.parent, folder):
+                with contextlib.suppress(OSError, ValueError):  # ValueError: a NUL in the path
+                    if not at.is_dir():
+                        made.mkdir(at)
+        earlier: dict[str, Path] = {}
+        for camera_id, folder in folders.items():
+            if (problem := shared_with(camera_id, folder, earlier)) is not None:
+                return problem
+            earlier[camera_id] = folder
+        return None
 
     def _start(self, camera_id: str, previous: EvidenceWriter | None = None) -> None:
         cfg = self.settings.camera(camera_id)

@@ -9,18 +9,22 @@ A command's output (a model, a report, a signature) is written beside its place 
 it, so a full disk or a kill leaves the old file or none, never half of one; and never over one of
 the command's own inputs. A file a later start trusts (a model cache's record) is also on the disk
 before it is renamed into place (`write_durably`), so a power cut cannot leave it cut short. A
-SQLite file opened by URI has its path quoted there (`sqlite_uri`).
+SQLite file opened by URI has its path quoted there (`sqlite_uri`). The folders a try makes (``edged
+check``, a reload) are removed after it while they are still as it made them (`MadeFolders`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
+import itertools
 import os
 import secrets
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import TracebackType
 from urllib.parse import quote
 
 from edged.errors import ModelError, OutputFileError, UsageError, printable
@@ -182,6 +186,55 @@ def write_durably(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_folder(path.parent)
+
+
+class MadeFolders:
+    """The folders a try made (``edged check``, a reload until it takes over), to remove after it: each
+    only while it is still the one made here, empty and owned as it was made. Another process may take
+    one meanwhile: the service starting beside ``sudo edged check`` makes it its own (systemd gives it
+    a runtime or state directory's user) or saves in it; removing it then broke that service."""
+
+    def __init__(self) -> None:
+        self._made: list[tuple[Path, tuple[int, int, int]]] = []
+
+    def __enter__(self) -> MadeFolders:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.remove()
+
+    def mkdir(self, folder: Path, mode: int = 0o777) -> None:
+        """Make ``folder`` (its parent must be there), raising as `os.mkdir` does."""
+        os.mkdir(folder, mode)
+        self._record(folder)
+
+    def parents(self, folder: Path, mode: int = 0o777) -> None:
+        """Make ``folder`` and the folders above it that are missing, as ``mkdir(parents=True)`` does (the
+        others with the default mode): `FileExistsError` where ``folder`` is there already."""
+        missing = list(itertools.takewhile(lambda at: not os.path.lexists(at), (folder, *folder.parents)))
+        for at in reversed(missing):
+            try:
+                self.mkdir(at, mode if at == folder else 0o777)
+            except FileExistsError:  # made meanwhile, by someone else
+                if at == folder:
+                    raise
+        if not missing:
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(folder))
+
+    def _record(self, folder: Path) -> None:
+        with contextlib.suppress(OSError):  # already gone: nothing to remove
+            status = os.lstat(folder)
+            self._made.append((folder, (status.st_dev, status.st_ino, status.st_uid)))
+
+    def remove(self) -> None:
+        """Remove the folders made, innermost first, leaving each that another process has since made its
+        own (given to another user, or removed and made again) or written in; once."""
+        for folder, made in reversed(self._made):
+            with contextlib.suppress(OSError):  # gone, or holding what was put there since
+                status = os.lstat(folder)
+                if (status.st_dev, status.st_ino, status.st_uid) == made:
+                    os.rmdir(folder)
+        self._made.clear()
 
 
 def _identity(path: Path) -> tuple[int, int] | Path:

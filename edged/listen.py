@@ -41,6 +41,7 @@ from zmq.utils.monitor import parse_monitor_message, recv_monitor_message
 
 from edged.accept import ZMQ_BIND_ROOM, ZMQ_SOCKET_ROOM, make_room
 from edged.errors import BindError, PublishError
+from edged.files import MadeFolders
 from edged.settings.endpoints import address_of, ipc_path, ipc_path_problem, ours_to_make, tcp_host, wants_ipv6
 
 log = logging.getLogger(__name__)
@@ -80,15 +81,15 @@ async def retry_bind(
     return None
 
 
-def _prepare_ipc(endpoint: str) -> Path | None:
+def _prepare_ipc(endpoint: str, made: MadeFolders) -> Path | None:
     """The socket's path. Its folder, when missing, is made 0750 (whatever the umask) under the
     service's runtime directory and nowhere else (`edged.settings.endpoints`): elsewhere the bind
-    fails, naming the endpoint. An existing folder is left alone."""
+    fails, naming the endpoint. An existing folder is left alone; the folders made are in ``made``."""
     path = ipc_path(endpoint)
     if path is None or os.path.isdir(path.parent) or not ours_to_make(path.parent):
         return path
     try:
-        path.parent.mkdir(parents=True, mode=0o750)
+        made.parents(path.parent, mode=0o750)
         path.parent.chmod(0o750)  # mkdir's mode passes through the umask
     except FileExistsError:
         pass
@@ -225,9 +226,10 @@ class Listener:
         configure(self.socket)
         self._watch = AcceptWatch(self.socket)
 
-    def bind(self, endpoint: str) -> str:
-        """Bind one endpoint; returns it as bound (a ``*`` port resolved). Raises `PublishError`."""
-        ipc_path = _prepare_ipc(endpoint)
+    def bind(self, endpoint: str, made: MadeFolders | None = None) -> str:
+        """Bind one endpoint; returns it as bound (a ``*`` port resolved). Raises `PublishError`. The
+        folders made for an ipc:// socket are kept in ``made``, for a try to remove (`try_bind`)."""
+        ipc_path = _prepare_ipc(endpoint, MadeFolders() if made is None else made)
         if ipc_path is not None:
             refuse_live_ipc(ipc_path, endpoint, self.key)
         try:
@@ -356,28 +358,22 @@ def try_bind(endpoint: str, key: str, socket_type: int) -> Callable[[], None]:
     to tell whether anyone listens there, would refuse to bind the path. So are the folders made for
     it: a runtime directory ``sudo edged check`` made is root's, where the service's user could make
     no socket until systemd gave it that user at the service's next start (a second check said so).
-    One another user owns by the release is left: systemd gave it to a service started meanwhile.
+    One another user owns by the release, or that holds a file, is left (`MadeFolders`): systemd gave
+    it to a service started meanwhile.
     """
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     listener = Listener(context, socket_type, lambda sock: None, key)
-    path = ipc_path(endpoint)
-    made = _missing(path.parent) if path is not None else []
+    path, made = ipc_path(endpoint), MadeFolders()
 
     def release() -> None:
         listener.close(linger=0)
         context.term()
 
-    def remove_made() -> None:
-        for folder in reversed(made):
-            with contextlib.suppress(OSError):  # gone, or holding what another process put there since
-                if folder.stat().st_uid == os.geteuid():  # else systemd gave it to a service starting since
-                    folder.rmdir()
-
     try:
-        listener.bind(endpoint)
+        listener.bind(endpoint, made)
     except BaseException:
         release()
-        remove_made()
+        made.remove()
         raise
 
     def release_bound() -> None:
@@ -385,15 +381,6 @@ def try_bind(endpoint: str, key: str, socket_type: int) -> Callable[[], None]:
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        remove_made()
+        made.remove()
 
     return release_bound
-
-
-def _missing(folder: Path) -> list[Path]:
-    """``folder`` and the folders above it that are not there, outermost first."""
-    missing: list[Path] = []
-    while not os.path.lexists(folder) and folder != folder.parent:
-        missing.insert(0, folder)
-        folder = folder.parent
-    return missing

@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar, cast
 
@@ -33,6 +33,7 @@ from edged.capture import Capture
 from edged.config import ProviderConfig, RuntimeConfig, Settings, load_config
 from edged.errors import ConfigError, ContractError, EdgedError, ModelError
 from edged.evidence import EvidenceOutput
+from edged.files import MadeFolders
 from edged.journal import JournalOutput
 from edged.lograte import LogRate
 from edged.model import LoadedModel, fallback_runtime, load_model
@@ -118,14 +119,16 @@ def dropped_after(before: Dropped | None, running: RuntimeConfig, failing: str, 
 @dataclass(frozen=True, slots=True)
 class Replacement:
     """A reloaded configuration, its model and a frame path per camera, on trial until a frame runs
-    through it; the candidate's trial beside its model, if it has one; and the providers it keeps
-    dropped (`Dropped`), if it does."""
+    through it; the candidate's trial beside its model, if it has one; the providers it keeps
+    dropped (`Dropped`), if it does; and the evidence folders it made (`EvidenceOutput.shared`),
+    removed again should it not take over (`give_up`)."""
 
     settings: Settings
     model: LoadedModel
     paths: dict[str, FramePath]  # by camera_id, one per camera of the new configuration
     shadow: Shadow | None = None
     dropped: Dropped | None = None
+    made: MadeFolders = field(default_factory=MadeFolders)
 
     def trial(self, camera_id: str, frame: Frame) -> Processed | Rejected | str:
         """``frame``, from camera ``camera_id``, through the new model: `Processed` when it works,
@@ -147,6 +150,11 @@ class Replacement:
         moved = not running.journal.enabled or self.settings.journal.file != running.journal.file
         return JournalOutput.in_use(self.settings) if moved else None
 
+    def give_up(self) -> None:
+        """It will not take over (refused, or given up for a newer one): the folders it made for its
+        evidence are removed, while still empty and its own, so a refused reload leaves the disk as it was."""
+        self.made.remove()
+
 
 def load_replacement(
     config_path: Path | None,
@@ -165,13 +173,32 @@ def load_replacement(
     that never ends can say where it stopped (`Loading`). The providers ``dropped`` by a fallback
     stay dropped, for the model and the candidate alike, unless the new settings change
     ``[runtime] providers`` (`Dropped.kept`). Settings that would give two cameras one evidence folder
-    are refused here, off the loop, as a start refuses them (`EvidenceOutput.shared`)."""
+    are refused here, off the loop, as a start refuses them (`EvidenceOutput.shared`); the folders made
+    for that are removed again when the load fails (`Replacement.give_up`)."""
     new = load_config(config_path)
     if bool(new.requesting()) != requests:
         problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
         raise ConfigError(config_path, [problem])
     reading("the evidence folders")
-    if (shared := EvidenceOutput.shared(new)) is not None:
+    made = MadeFolders()
+    try:
+        return _load_replacement(config_path, new, running, made, trial_for, reading, dropped)
+    except BaseException:
+        made.remove()
+        raise
+
+
+def _load_replacement(
+    config_path: Path | None,
+    new: Settings,
+    running: Settings,
+    made: MadeFolders,
+    trial_for: TrialFor | None,
+    reading: Callable[[str], object],
+    dropped: Dropped | None,
+) -> Replacement:
+    """`load_replacement` once the configuration is read, the folders it makes in ``made``."""
+    if (shared := EvidenceOutput.shared(new, made)) is not None:
         raise ConfigError(config_path, [shared])
     if dropped is not None and (runtime := dropped.kept(new.runtime)) is not None:
         new = new.model_copy(update={"runtime": runtime})
@@ -204,7 +231,7 @@ def load_replacement(
     paths = {cfg.camera_id: frame_path(new, model, cfg) for cfg in new.source}
     if new.model.candidate is not None:
         reading(f"candidate model {new.model.candidate.path}")
-    return Replacement(new, model, paths, trial_for(new, model) if trial_for is not None else None, dropped)
+    return Replacement(new, model, paths, trial_for(new, model) if trial_for is not None else None, dropped, made)
 
 
 class Load(Generic[Loaded]):
@@ -417,7 +444,10 @@ class Reloads:
                 return None
             if outcome is not None:
                 self._loading = None
-                return outcome.held(running) or outcome if isinstance(outcome, Replacement) else outcome
+                if isinstance(outcome, Replacement) and (held := outcome.held(running)) is not None:
+                    outcome.give_up()
+                    return held
+                return outcome
             if loading.elapsed_s() < running.service.load_stuck_s:
                 return None
             if not sighup.is_set():
@@ -532,6 +562,8 @@ class Reloads:
         take the place of one stuck."""
         if self._abandoned is None or (outcome := self._abandoned.outcome()) is None:
             return
+        if isinstance(outcome, Replacement):
+            outcome.give_up()
         log.info(
             "the %s given up at %s has ended after %.0f s, %s: dropped",
             self._abandoned.what,
@@ -648,8 +680,9 @@ class Trial:
 
     def abandon(self, running: Mapping[str, Camera], settings: Settings, start: StartCapture) -> dict[str, Camera]:
         """Back to the running cameras only: those the trial opened are closed, those it closed
-        reopened (taking back their counters and sequence numbers)."""
+        reopened (taking back their counters and sequence numbers); the folders the reload made, removed."""
         stop_captures([camera.capture for camera in self.incoming.values()], CAPTURE_STOP_WAIT_S)
+        self.replacement.give_up()
         cameras = dict(running)
         for name, trial in self.incoming.items():
             camera = running.get(name)

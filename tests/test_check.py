@@ -26,6 +26,7 @@ from daemon import RunningDaemon, edged_command, free_port, run_cli, write_confi
 from filesystems import read_only_folder
 from onnx_models import colour_probe
 
+import edged.evidence
 from edged.check import held_by_another, run_check
 from edged.config import load_config
 from edged.errors import ConfigError
@@ -346,6 +347,31 @@ def test_a_journal_another_edged_holds_fails_the_check_as_it_stops_run(tmp: Path
 def _checked_beside(config: Path) -> int:
     """``edged check --no-bind --config CONFIG``'s exit code, run in this process."""
     return run_check(config, load_config(config), None, io.StringIO(), bind=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root gives a folder to another user, as systemd does")
+@pytest.mark.parametrize("taken_during", ["write_atomic", "shared_with"])  # the file tried there; the folders compared
+def test_an_evidence_folder_given_to_the_service_during_the_check_is_left_to_it(
+    tmp: Path, ports: list[int], monkeypatch: pytest.MonkeyPatch, taken_during: str
+) -> None:
+    """``sudo edged check --no-bind`` while the service starts: the evidence folders the check made for
+    its try, which the service has made its own since (systemd gave the state directory to its user),
+    were removed under it."""
+    evidence = tmp / "evidence"
+    config = _config(tmp, ports, evidence={"dir": str(evidence)})
+    real = getattr(edged.evidence, taken_during)
+
+    def taken(*args: object) -> object:
+        for folder in (evidence, evidence / "cam0"):
+            os.chown(folder, 65534, 65534)
+        return real(*args)
+
+    monkeypatch.setattr(edged.evidence, taken_during, taken)
+    assert _checked_beside(config) == 0
+    assert [(p.name, p.stat().st_uid) for p in (evidence, *evidence.iterdir())] == [
+        ("evidence", 65534),
+        ("cam0", 65534),
+    ]
 
 
 def test_a_journal_folder_that_takes_no_file_fails_the_check_with_exit_1(tmp: Path, ports: list[int]) -> None:

@@ -526,21 +526,23 @@ def test_a_reload_to_a_new_source_goes_back_to_the_running_one_when_its_model_fa
     _image_folder(workdir / "imgs", [(256, 192)] * 3)
     path, endpoint = config(workdir)
 
-    def images_with(model: str) -> None:
+    def images_with(model: str, **more: dict[str, object]) -> None:
         source = {"type": "images", "path": "imgs", "fps": 20.0}
         publish = {"endpoints": [endpoint], "status_interval_s": 0.5}
-        write_config(path, {"source": source, "model": {"path": model}, "publish": publish, "thermal": {"enabled": False}})
+        doc = {"source": source, "model": {"path": model}, "publish": publish, "thermal": {"enabled": False}}
+        write_config(path, {**doc, **more})
 
     d = RunningDaemon(path, endpoint)
     try:
         first = d.collect("detections", 2)[-1]
         assert first.frame_size == (128, 96)
-        images_with("failing.onnx")
+        images_with("failing.onnx", evidence={"dir": str(workdir / "evidence")})
         d.signal(signal.SIGHUP)
         assert wait_for(lambda: "reload refused" in d.log(), timeout_s=30), d.log()
         assert "fails on its first run" in d.log()
         after = d.collect("detections", 20)[-3:]  # the video again, through the running model
         assert all(m.frame_size == (128, 96) and m.model.sha256 == first.model.sha256 for m in after)
+        assert not (workdir / "evidence").exists()  # made for the reload, removed as it was refused
         images_with("probe.onnx")  # the same source change with a model that runs
         d.signal(signal.SIGHUP)
         deadline = time.monotonic() + 30

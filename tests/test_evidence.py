@@ -42,6 +42,7 @@ from edged.evidence import (
     should_save,
     write_atomic,
 )
+from edged.files import MadeFolders
 from edged.identity import boot_id
 from edged.messages import Task
 from edged.output import Services
@@ -961,7 +962,9 @@ def two_cameras(tmp_path: Path, evidence: Path) -> Settings:
 
 def test_cameras_alike_but_for_case_have_folders_of_their_own_and_check_leaves_none_behind(tmp_path: Path) -> None:
     settings = two_cameras(tmp_path, tmp_path / "evidence")
-    assert EvidenceOutput.shared(settings, keep=False) is None and not (tmp_path / "evidence").exists()
+    with MadeFolders() as made:
+        assert EvidenceOutput.shared(settings, made) is None
+    assert not (tmp_path / "evidence").exists()
     assert EvidenceOutput.shared(settings) is None  # as a start makes them, apart on a drive that tells case apart
     assert sorted(p.name for p in (tmp_path / "evidence").iterdir()) == ["Line1", "line1"]
 
@@ -976,7 +979,7 @@ def test_a_bind_mount_giving_two_cameras_one_folder_is_said_as_such(tmp_path: Pa
     ):
         pytest.skip("this process may not mount")
     try:
-        problem = EvidenceOutput.shared(settings, keep=False)
+        problem = EvidenceOutput.shared(settings)
     finally:
         subprocess.run(["umount", str(tmp_path / "evidence" / "line1")], check=True)
     assert (
@@ -1218,7 +1221,7 @@ def test_a_link_between_two_cameras_folders_is_named_as_such_under_a_linked_evid
     (tmp_path / "drive" / "line1").mkdir(parents=True)
     (tmp_path / "drive" / "Line1").symlink_to("line1")
     (tmp_path / "evidence").symlink_to("drive")
-    problem = EvidenceOutput.shared(two_cameras(tmp_path, tmp_path / "evidence"), keep=False)
+    problem = EvidenceOutput.shared(two_cameras(tmp_path, tmp_path / "evidence"))
     evidence = tmp_path / "evidence"
     assert problem is not None and f"{evidence}/Line1 is a link to {evidence}/line1" in problem, problem
     assert problem.endswith(f"or remove the link {evidence}/Line1"), problem
@@ -1226,6 +1229,6 @@ def test_a_link_between_two_cameras_folders_is_named_as_such_under_a_linked_evid
     (tmp_path / "drive" / "line1").rename(tmp_path / "drive" / "elsewhere")
     for name in ("Line1", "line1"):
         (tmp_path / "drive" / name).symlink_to("elsewhere")
-    problem = EvidenceOutput.shared(two_cameras(tmp_path, tmp_path / "evidence"), keep=False)
+    problem = EvidenceOutput.shared(two_cameras(tmp_path, tmp_path / "evidence"))
     assert problem is not None and f"both are links to {tmp_path}/drive/elsewhere" in problem, problem
     assert problem.endswith("or remove one of the links"), problem

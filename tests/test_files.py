@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from edged.errors import OutputFileError, UsageError
-from edged.files import FileTooLarge, NotRegularFile, read_regular, refuse_overwriting, write_whole, write_with
+from edged.files import (
+    FileTooLarge,
+    MadeFolders,
+    NotRegularFile,
+    read_regular,
+    refuse_overwriting,
+    write_whole,
+    write_with,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +83,21 @@ def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path: Path)
     with pytest.raises(UsageError, match=r"--report .* is the file of --out"):
         refuse_overwriting({"--out": tmp_path / "new", "--report": tmp_path / "new"}, {})
     refuse_overwriting({"--out": tmp_path / "new", "--report": None}, {"--key": key, "--missing": tmp_path / "gone"})
+
+
+def test_the_folders_a_try_made_are_removed_but_those_taken_since(tmp_path: Path) -> None:
+    """A folder the service made its own (systemd gave it to its user) or saved in while ``sudo edged
+    check`` ran is the service's: removing it broke the service."""
+    with MadeFolders() as made:
+        made.parents(tmp_path / "a" / "b", mode=0o750)
+        for name in ("kept", "taken", "empty"):
+            made.mkdir(tmp_path / "a" / name)
+        with pytest.raises(FileExistsError):
+            made.parents(tmp_path / "a" / "b")
+        (tmp_path / "a" / "kept" / "frame.jpg").write_bytes(b"")  # saved in meanwhile
+        if os.geteuid() == 0:
+            os.chown(tmp_path / "a" / "taken", 65534, 65534)  # given to the service's user meanwhile
+        assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o750
+    left = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert left == (["kept", "taken"] if os.geteuid() == 0 else ["kept"])
+    assert (tmp_path / "a" / "taken").stat().st_uid == 65534 or os.geteuid() != 0

@@ -1050,6 +1050,13 @@ def test_a_reload_is_judged_against_the_journal_running_once_it_has_loaded(tmp_p
     try:
         assert wake.wait(60)
         assert isinstance(reloads.take(sighup, load_config(path)), Replacement)
+        path.write_text(f"{path.read_text()}[evidence]\ndir = {str(tmp_path / 'evidence')!r}\n")
+        wake.clear()
+        sighup.set()
+        assert reloads.take(sighup, began) is None and wake.wait(60)
+        refused = reloads.take(sighup, began)  # its journal held: refused
+        assert isinstance(refused, str) and "in use by another edged" in refused, refused
+        assert not (tmp_path / "evidence").exists()  # the folders it made for its evidence, removed
     finally:
         switched.close()
 

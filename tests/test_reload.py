@@ -99,9 +99,10 @@ def test_a_bad_config_or_model_raises_for_the_daemon_to_keep_what_runs(tmp_path:
         load_replacement(path, running)
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not a model")
-    _config(path, broken)
+    _config(path, broken).write_text(f"{path.read_text()}[evidence]\ndir = {str(tmp_path / 'evidence')!r}\n")
     with pytest.raises(ModelError):
         load_replacement(path, running)
+    assert not (tmp_path / "evidence").exists()  # made to compare the cameras' folders, and removed: refused
 
 
 def _loaded(loading: Loading, wake: threading.Event) -> Replacement | str | None:
@@ -239,7 +240,7 @@ def test_a_sighup_while_a_load_is_stuck_loads_in_its_place_and_the_stuck_one_is_
     running, told = _stuck_after(load_config(path), 1.0), []
     wake, sighup = threading.Event(), threading.Event()
     reloads = Reloads(path, wake, lambda: told.append("RELOADING=1"), requests=False, trial_for=lambda s, m: None)
-    _config(path, stuck)
+    _config(path, stuck).write_text(f"{path.read_text()}[evidence]\ndir = {str(tmp_path / 'evidence')!r}\n")
     caplog.set_level(logging.INFO, logger="edged.reload")
     with opening_stalled(stuck) as waiting:
         sighup.set()
@@ -253,6 +254,7 @@ def test_a_sighup_while_a_load_is_stuck_loads_in_its_place_and_the_stuck_one_is_
         assert told == ["RELOADING=1"] * 2 and not reloads.loading and not sighup.is_set()
     assert wait_for(lambda: _dropped(reloads, sighup, running, caplog) == 1, timeout_s=60)  # never tried
     assert f"the reload given up at model {stuck} has ended after" in caplog.text and ", loaded: dropped" in caplog.text
+    assert not (tmp_path / "evidence").exists()  # made for the load dropped, and removed with it
     assert not reloads.loading and wait_for(lambda: _reload_threads() == 0, timeout_s=10)
 
 
