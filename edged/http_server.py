@@ -692,6 +692,7 @@ async function tick() {
     if (rj) rows("rejects", [
       ["pulses", String(rj.pulses)], ["late, rejected", rj.late + ", " + rj.late_fired],
       ["late verdicts", String(rj.late_verdicts)], ["merged", String(rj.merged)],
+      ["dropped, un-ejected", String(rj.dropped)],
       ["lateness ms, p50/p99/max", [rj.lateness_p50_ms, rj.lateness_p99_ms, rj.lateness_max_ms].map(ms).join(" / ")],
       ["margin ms, p1/p50", ms(rj.margin_p1_ms) + " / " + ms(rj.margin_p50_ms)],
       ...(rj.alarm ? [["alarm", "ON"]] : []), ...(rj.last_error ? [["error", rj.last_error]] : [])]);

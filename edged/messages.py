@@ -505,7 +505,16 @@ class RejectReport(Message):
     late_fired: int = Field(ge=0, description="Of those, parts rejected anyway (late = 'reject', the fail-safe).")
     late_verdicts: int = Field(ge=0, description="Verdicts that arrived after their part's deadline, and were ignored.")
     merged: int = Field(ge=0, description="Pulses merged into the one before (closer than reject.min_gap_ms).")
-    alarm: bool = Field(description="The alarm line is active (late = 'alarm' and a deadline was missed).")
+    dropped: int = Field(
+        0,
+        ge=0,
+        description="Parts to be ejected whose pulse could not be fired: let go of by a line process that ended "
+        "(a stop's bound, a signal, a failure) or judged while none was running. Each is logged.",
+    )
+    alarm: bool = Field(
+        description="The alarm line is active: a deadline was missed (late = 'alarm'), or parts were dropped; "
+        "until a verdict is on time again."
+    )
     lateness_p50_ms: float = Field(
         description="Pulse start minus its target, median, over the pulses known before their target: the line's "
         "own delay (a part whose frame reached the model after its deadline is counted in late instead)."

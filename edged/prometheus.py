@@ -306,6 +306,7 @@ def _reject(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
         "late_fired": "Parts rejected without a verdict at their deadline (late = 'reject', the fail-safe).",
         "late_verdicts": "Verdicts that came after their part's deadline, ignored.",
         "merged": "Reject pulses merged into the one before (closer than reject.min_gap_ms).",
+        "dropped": "Parts to be ejected whose pulse could not be fired (the line's process ended or was down).",
     }
     families = {
         name: CounterMetricFamily(f"edged_reject_{name}", text, labels=["camera"]) for name, text in counters.items()
@@ -318,7 +319,9 @@ def _reject(statuses: Sequence[StatusMessage]) -> Iterator[Metric]:
         "Target minus verdict time over the last verdicts: shrinking warns of late rejects.",
         labels=["camera", "stat"],
     )
-    alarm = GaugeMetricFamily("edged_reject_alarm", "1 while the alarm line is active (late = 'alarm').", labels=["camera"])
+    alarm = GaugeMetricFamily(
+        "edged_reject_alarm", "1 while the alarm line is active (late = 'alarm', or parts dropped).", labels=["camera"]
+    )
     for camera, report in lines:
         for name, family in families.items():
             family.add_metric([camera], getattr(report, name))

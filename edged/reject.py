@@ -30,8 +30,16 @@ before systemd kills what is left; what falls due after it is dropped and said i
 a second signal ends it at once. The daemon waits for it at its stop, before its last status
 round (once the daemon has exited, systemd sends SIGTERM again to the rest of the unit), but not
 on a reload that moves the line: the old line's process drains on its own while the new one
-serves. A failure of the process itself, and the end of a drain however it comes, drive the line
-inactive before it is released.
+serves, and the daemon's stop waits for that drain too, a reload that left no line included. A
+reload that drives the same line otherwise (``active_low``, ``alarm_line``) keeps its process,
+which requests the line again itself, its schedule kept. A failure of the process itself, and the
+end of a drain however it comes, drive the line inactive before it is released.
+
+A signal to the line process alone (an admin's ``kill``) drains it as a stop does, said at once
+in the status; once it has ended, the loop's next write starts another (`RejectLine`). A part to
+be ejected whose pulse cannot be fired (let go of at a drain's bound or a failure, or judged while
+no process runs) is never silent: logged, counted in ``reject.dropped``, and the process that
+takes over drives the alarm line, where there is one, active until a verdict is on time again.
 
 ``gpiod`` (the ``gpio`` extra) is imported only when a reject line is configured.
 """
@@ -50,7 +58,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -290,7 +298,7 @@ class Schedule:
         self._active = False
         self._alarm = False
         self._late_upto = -1  # the latest capture whose deadline passed without a verdict
-        self.pulses = self.late = self.late_fired = self.late_verdicts = self.merged = 0
+        self.pulses = self.late = self.late_fired = self.late_verdicts = self.merged = self.dropped = 0
         self._lateness = LatencyWindow(WINDOW)
         self._margin = LatencyWindow(WINDOW)
 
@@ -352,6 +360,40 @@ class Schedule:
             del self._pulses[i + 1]
             self.merged += 1
 
+    def alarm(self, why: str) -> None:
+        """Drive the alarm line active, where there is one, until a verdict is on time again."""
+        if not self._alarm and self.lines.alarm is not None:
+            self.lines.drive(self.lines.alarm, True)
+            self._alarm = True
+            log.warning("%s: alarm on", why)
+
+    def adopt(self, cfg: RejectConfig, reopen: Callable[[RejectConfig], Lines]) -> None:
+        """A reload's settings for the same line. Another ``active_low`` or ``alarm_line`` requests
+        it again here and now (``reopen``), the pulse under way and the alarm carried over: the
+        parts on their way keep their pulses and the loop never waits for a drain. On failure
+        (`EdgedError`, raised) the old settings are requested again, and kept."""
+        old, self.cfg = self.cfg, cfg
+        if (old.active_low, old.alarm_line) == (cfg.active_low, cfg.alarm_line):
+            return
+        self.lines.release()  # inactive for the microseconds until the new request drives it again
+        try:
+            self.lines = reopen(cfg)
+        except EdgedError:
+            self.cfg = old
+            self.lines = reopen(old)  # failing too, the process fails: its parts are counted dropped
+            self._carry_over()
+            raise
+        self._carry_over()
+
+    def _carry_over(self) -> None:
+        """A new request takes up the old one's levels: the pulse under way, and the alarm where it has one."""
+        if self._active:
+            self.lines.drive(self.lines.line, True)
+        alarm = self.lines.alarm
+        self._alarm = self._alarm and alarm is not None
+        if self._alarm and alarm is not None:
+            self.lines.drive(alarm, True)
+
     def missed(self, t_capture_ns: int, deadline_ns: int) -> None:
         """A part without a verdict at its deadline: the late policy."""
         self.late += 1
@@ -359,10 +401,8 @@ class Schedule:
         if self.cfg.late == "reject":
             self.late_fired += 1
             self._schedule(deadline_ns)
-        elif self.cfg.late == "alarm" and not self._alarm and self.lines.alarm is not None:
-            self.lines.drive(self.lines.alarm, True)
-            self._alarm = True
-            log.warning("a part had no verdict by its deadline: alarm on")
+        elif self.cfg.late == "alarm":
+            self.alarm("a part had no verdict by its deadline")
 
     def due(self, now: int) -> int | None:
         """Apply the late policy to the parts whose deadline has come, drive the line for the pulses
@@ -396,6 +436,7 @@ class Schedule:
         if self.cfg.late == "reject":
             due += [deadline for _, deadline in self._parts]
         cut = self._active
+        self.dropped += len(due)
         self._parts.clear()
         self._pulses.clear()
         self._active = False
@@ -410,6 +451,7 @@ class Schedule:
             late_fired=self.late_fired,
             late_verdicts=self.late_verdicts,
             merged=self.merged,
+            dropped=self.dropped,
             alarm=self._alarm,
             lateness_p50_ms=lateness[0],
             lateness_p99_ms=lateness[1],
@@ -455,16 +497,31 @@ class Stopping:
         return self.since is not None and (self.signals > 1 or now_ns >= self.deadline)
 
 
-def serve(camera_id: str, cfg: RejectConfig, record: bool, commands: int, out: int, drain_s: float = DRAIN_S) -> int:
+def serve(
+    camera_id: str,
+    cfg: RejectConfig,
+    record: bool,
+    commands: int,
+    out: int,
+    drain_s: float = DRAIN_S,
+    *,
+    dropped_before: bool = False,
+) -> int:
     """The line process: request the line, then fire what the daemon's commands schedule until it
     stops, and the drain that follows has fired what was on its way (`Stopping`); the line inactive
-    and released on every way out. Says ``ready`` or ``error`` first, then a report line whenever its
-    counters moved (at most every `REPORT_INTERVAL_S`)."""
+    and released on every way out. Says ``ready`` or ``error`` first (and again when a reload requests
+    the line otherwise), ``stopping`` when a signal begins a drain the daemon did not ask for, and a
+    report line whenever its counters moved (at most every `REPORT_INTERVAL_S`). ``dropped_before``:
+    the process before this one dropped parts, which the alarm line says."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the daemon's reload is the daemon's
+
+    def reopen(cfg: RejectConfig) -> Lines:
+        return Lines(RecordingRequest(), 0, None, "recording", (False, True)) if record else open_lines(cfg, camera_id)
+
     try:
-        lines = Lines(RecordingRequest(), 0, None, "recording", (False, True)) if record else open_lines(cfg, camera_id)
+        lines = reopen(cfg)
     except (LineError, LineBusy, MissingDependency) as e:
-        os.write(out, f"error {e.exit_code} {type(e).__name__} {json.dumps(str(e))}\n".encode())
+        _say_error(out, e)
         return e.exit_code
     stopping = Stopping(drain_s)
     woken, wake = os.pipe()  # a signal writes to it, which ends the wait below at once
@@ -477,10 +534,24 @@ def serve(camera_id: str, cfg: RejectConfig, record: bool, commands: int, out: i
         signal.signal(signum, stopping.signalled)
     schedule = Schedule(cfg, lines)
     fast = realtime()
-    ready = {"chip": lines.chip, "line": lines.line, "alarm": lines.alarm, "realtime": fast}
-    os.write(out, f"ready {json.dumps(ready)}\n".encode())
+    _say_ready(out, lines, fast)
+
+    def adopt(cfg: RejectConfig) -> None:
+        before = schedule.lines
+        try:
+            schedule.adopt(cfg, reopen)
+        except (LineError, LineBusy, MissingDependency) as e:
+            log.error("the reload's settings could not be applied, the line kept as it was: %s", e)
+            _say_error(out, e)
+            return
+        if schedule.lines is not before:
+            _say_ready(out, schedule.lines, fast)
+
     error: str | None = None
+    said_stopping = False
     said = schedule.report()
+    if dropped_before:
+        schedule.alarm("the line's process before this one dropped parts un-ejected")
     next_report = 0.0
     buffer = b""
     poller = select.poll()
@@ -513,8 +584,12 @@ def serve(camera_id: str, cfg: RejectConfig, record: bool, commands: int, out: i
                 buffer += chunk
                 *lines_in, buffer = buffer.split(b"\n")
                 for command in lines_in:
-                    if _command(schedule, command):
+                    if _command(schedule, command, adopt):
                         stopping.begin("the daemon's stop", daemon_done=True)
+            if stopping.since is not None and not stopping.daemon_done and not said_stopping:
+                said_stopping = True  # the daemon did not ask: it starts another process once this one ends
+                with contextlib.suppress(OSError):
+                    os.write(out, f"stopping {stopping.why}\n".encode())
             if time.monotonic() >= next_report:
                 report = schedule.report(error)
                 if report != said:
@@ -528,7 +603,7 @@ def serve(camera_id: str, cfg: RejectConfig, record: bool, commands: int, out: i
     finally:
         dropped, cut = schedule.abandon()
         try:
-            lines.release()
+            schedule.lines.release()  # the one a reload requested, where it did
         except Exception as e:  # said, the stop goes on
             error = f"releasing the line failed: {e}"
             log.error("%s", error)
@@ -557,7 +632,18 @@ def _say_dropped(stopping: Stopping, dropped: list[int], cut: bool, drain_s: flo
     log.warning("%s: %s%s; the line inactive and released", how, parts, under_way)
 
 
-def _command(schedule: Schedule, command: bytes) -> bool:
+def _say_ready(out: int, lines: Lines, fast: bool) -> None:
+    ready = {"chip": lines.chip, "line": lines.line, "alarm": lines.alarm, "realtime": fast}
+    with contextlib.suppress(OSError):  # the daemon gone: the drain goes on
+        os.write(out, f"ready {json.dumps(ready)}\n".encode())
+
+
+def _say_error(out: int, e: EdgedError) -> None:
+    with contextlib.suppress(OSError):
+        os.write(out, f"error {e.exit_code} {type(e).__name__} {json.dumps(str(e))}\n".encode())
+
+
+def _command(schedule: Schedule, command: bytes, adopt: Callable[[RejectConfig], None]) -> bool:
     """One command of the daemon's; True: stop."""
     kind, _, rest = command.decode().partition(" ")
     if kind == "e":
@@ -566,7 +652,7 @@ def _command(schedule: Schedule, command: bytes) -> bool:
         capture, verdict, now = rest.split()
         schedule.resolve(int(capture), None if verdict == "-" else verdict, int(now))
     elif kind == "a":
-        schedule.cfg = RejectConfig.model_validate_json(rest)
+        adopt(RejectConfig.model_validate_json(rest))
     return kind == "s"
 
 
@@ -577,10 +663,13 @@ class RejectLine:
     pipe, and `report` reads what it said last, so none of them waits on the line. The process
     has its own interpreter lock: the loop's Python work, however busy, never holds up a pulse.
     Its ``stderr`` is the daemon's (its log lines go where the daemon's go). A process that ends
-    unasked is started again by the next `report` (a status round; at most every
-    `RESTART_INTERVAL_S`), without waiting for it: its counters carry on from the last one's.
-    A stop (`drain`, then `wait`; `stop` does both) lets the process fire what it has scheduled,
-    for ``drain_s`` at most.
+    unasked (a signal to it alone, which it says at once, drains as a stop does) is started again
+    as soon as the loop's next write finds it gone, or by the next `report`, at most every
+    `RESTART_INTERVAL_S` and without waiting for it: its counters carry on from the last one's, the
+    commands meanwhile wait in the new one's pipe, and with parts dropped its alarm line goes
+    active. A part to be ejected whose verdict finds no process to take it (between two starts) is
+    counted in ``dropped`` and said. A stop (`drain`, then `wait`; `stop` does both) lets the
+    process fire what it has scheduled, for ``drain_s`` at most.
     """
 
     def __init__(self, camera_id: str, cfg: RejectConfig, *, record: bool = False, drain_s: float = DRAIN_S) -> None:
@@ -593,6 +682,9 @@ class RejectLine:
         self._before = NO_PULSES  # the counters of the processes that ended
         self._report = NO_PULSES
         self._restarted_at = 0.0
+        self._undelivered = 0  # parts to be ejected whose verdict found no process to send it to
+        self._undelivered_said = 0  # of those, how many are said
+        self._undelivered_before = 0  # of those, how many came before the last start
         self._spawn()
         try:
             self._ready(self._first_line())
@@ -602,10 +694,12 @@ class RejectLine:
             self._close_pipes()
             raise
 
-    def _spawn(self) -> None:
+    def _spawn(self, *, dropped_before: bool = False) -> None:
         record = ["--record"] if self._record else []
+        dropped = ["--dropped-before"] if dropped_before else []
         config = self.cfg.model_dump_json()
-        command = [sys.executable, "-m", "edged.reject", self.camera_id, config, f"--drain-s={self.drain_s}", *record]
+        command = [sys.executable, "-m", "edged.reject", self.camera_id, config, f"--drain-s={self.drain_s}"]
+        command += [*record, *dropped]
         self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._in, self._out = self._proc.stdin.fileno(), self._proc.stdout.fileno()
@@ -631,30 +725,60 @@ class RejectLine:
         first, _, self._buffer = self._buffer.partition(b"\n")
         return _ready_or_raise(first)
 
-    def _send(self, command: str) -> None:
+    def _send(self, command: str) -> bool:
+        """Write ``command`` to the process; one that is gone is started again first where it may be
+        (`_restart`). False: no process took it."""
         if self._closed:
-            return
-        try:
-            os.write(self._in, command.encode())
-        except OSError as e:  # the process is gone: said in the status, the loop goes on
-            self.last_error = f"the reject line's process is gone ({e.strerror}; exit {self._proc.poll()})"
+            return False
+        for _ in range(2):
+            try:
+                os.write(self._in, command.encode())
+                return True
+            except OSError as e:  # the process is gone: said in the status, the loop goes on
+                self.last_error = f"the reject line's process is gone ({e.strerror}; exit {self._proc.poll()})"
+            if self._stopped or self._proc.poll() is None or not self._restart():
+                return False
+        return False
 
     def expect(self, t_capture_ns: int) -> None:
         """A frame captured at ``t_capture_ns`` went to the model: its part now has a deadline."""
         self._send(f"e {t_capture_ns}\n")
 
     def resolve(self, t_capture_ns: int, verdict: str | None, now_ns: int) -> None:
-        """The verdict of the frame captured at ``t_capture_ns`` (None: it has none) came at ``now_ns``."""
-        self._send(f"r {t_capture_ns} {verdict or '-'} {now_ns}\n")
+        """The verdict of the frame captured at ``t_capture_ns`` (None: it has none) came at ``now_ns``.
+        One to be ejected that no process takes is counted dropped, and said at most every status round."""
+        if self._send(f"r {t_capture_ns} {verdict or '-'} {now_ns}\n") or self._stopped:
+            return
+        fires = ("ng" if verdict == "uncertain" else verdict) in self.cfg.on if verdict else self.cfg.late == "reject"
+        self._undelivered += fires
 
     def adopt(self, cfg: RejectConfig) -> None:
-        """A reload's timing and policy for the same line: parts already taken keep their deadlines."""
+        """A reload's settings for the same line: parts already taken keep their deadlines, and the
+        process requests the line again itself where ``active_low`` or ``alarm_line`` changed."""
         self.cfg = cfg
         self._send(f"a {cfg.model_dump_json()}\n")
 
     def report(self) -> RejectReport:
         """What the process said last, added to what the ended ones said; an error, or the process's
         end (and its restart), in ``last_error``."""
+        self._read()
+        if not self._stopped and self._proc.poll() is not None:
+            self._restart()
+        if self._undelivered > self._undelivered_said:
+            count = self._undelivered - self._undelivered_said
+            parts = "1 part to be ejected" if count == 1 else f"{count} parts to be ejected"
+            self.last_error = f"{parts} found no line process to fire its pulse: dropped, un-ejected"
+            log.error("reject line: %s", self.last_error, extra={"CAMERA": self.camera_id})
+            self._undelivered_said = self._undelivered
+        report = _added(self._before, self._report)
+        if self._undelivered:
+            report = report.model_copy(update={"dropped": report.dropped + self._undelivered})
+        error = self._report.last_error or self.last_error
+        return report.model_copy(update={"last_error": error}) if error != report.last_error else report
+
+    def _read(self) -> None:
+        """Take in what the process said: its reports, a ``ready`` or error after a reload's new
+        request, and ``stopping`` where a signal to it alone began its drain."""
         with contextlib.suppress(BlockingIOError, OSError):
             while not self._closed and (chunk := os.read(self._out, 65536)):
                 self._buffer += chunk
@@ -662,28 +786,36 @@ class RejectLine:
         for line in said:
             if line.startswith(b"report "):
                 self._report = RejectReport.model_validate_json(line.removeprefix(b"report "))
+            elif line.startswith(b"stopping "):
+                if self._stopped:  # systemd's stop: its SIGTERM reached the line process before the daemon's own stop
+                    continue
+                why = line.removeprefix(b"stopping ").decode()
+                self.last_error = (
+                    f"the reject line's process got {why}: it fires the parts on their way for {self.drain_s:g} s "
+                    "at most, then another takes over"
+                )
+                log.warning("reject line: %s", self.last_error, extra={"CAMERA": self.camera_id})
             elif line:
                 try:
                     self._ready(_ready_or_raise(line))
                 except EdgedError as e:
                     self.last_error = f"the reject line could not be requested again: {e}"
-        if not self._stopped and self._proc.poll() is not None:
-            self._restart()
-        report = _added(self._before, self._report)
-        error = self._report.last_error or self.last_error
-        return report.model_copy(update={"last_error": error}) if error != report.last_error else report
 
-    def _restart(self) -> None:
-        """Start the line process again, if the last start is long enough ago: its ``ready`` or
-        error comes with a later report."""
+    def _restart(self) -> bool:
+        """Start the line process again, if the last start is long enough ago, once what the ended one
+        said last is read: its ``ready`` or error comes with a later report. True: started."""
         if time.monotonic() - self._restarted_at < RESTART_INTERVAL_S:
-            return
+            return False
         self._restarted_at = time.monotonic()
+        self._read()
         self._close_pipes()
+        dropped = self._report.dropped > 0 or self._undelivered > self._undelivered_before
+        self._undelivered_before = self._undelivered
         self._before, self._report = _added(self._before, self._report), NO_PULSES
         self.last_error = f"the reject line's process ended (exit {self._proc.returncode}); started again"
         log.error("reject line: %s", self.last_error, extra={"CAMERA": self.camera_id})
-        self._spawn()
+        self._spawn(dropped_before=dropped)
+        return True
 
     @property
     def pid(self) -> int:
@@ -746,7 +878,7 @@ NO_PULSES = RejectReport(
     margin_p50_ms=None,
     last_error=None,
 )
-COUNTERS = ("pulses", "late", "late_fired", "late_verdicts", "merged")
+COUNTERS = ("pulses", "late", "late_fired", "late_verdicts", "merged", "dropped")
 
 
 def _added(before: RejectReport, now: RejectReport) -> RejectReport:
@@ -770,9 +902,9 @@ _ERRORS: dict[str, type[EdgedError]] = {"LineError": LineError, "LineBusy": Line
 
 
 def _same_line(a: RejectConfig, b: RejectConfig) -> bool:
-    """Whether two settings request the very same lines the same way (a reload then keeps the request)."""
-    keys = ("chip", "line", "alarm_line", "active_low")
-    return all(getattr(a, key) == getattr(b, key) for key in keys)
+    """Whether two settings drive the same line (a reload then keeps its process, which requests it
+    again itself where ``active_low`` or ``alarm_line`` changed: `Schedule.adopt`)."""
+    return (a.chip, a.line) == (b.chip, b.line)
 
 
 class RejectOutput(Output):
@@ -809,24 +941,29 @@ class RejectOutput(Output):
             verdict = inspected.verdict if inspected is not None else None
             line.resolve(report.outcome.frame.t_capture_ns, verdict, time.monotonic_ns())
 
-    def report(self, camera_id: str) -> OutputReport:
+    def _reap(self) -> None:
+        """Let go of the draining lines whose process has ended."""
         for ended in [line for line in self._draining if line.ended]:
             ended.wait(0.0)
             self._draining.remove(ended)
+
+    def report(self, camera_id: str) -> OutputReport:
+        self._reap()
         line = self.lines.get(camera_id)
         if line is None:
             return NO_REPORT
         report = line.report()
-        summary = f"reject {report.pulses} pulses, {report.late} late" if report.late else None
+        said = [f"{count} {what}" for count, what in ((report.late, "late"), (report.dropped, "dropped")) if count]
+        summary = f"reject {report.pulses} pulses, {', '.join(said)}" if said else None
         return OutputReport(fields={"reject": report}, summary=summary)
 
     def reload(self, settings: Settings, services: Services) -> RejectOutput | None:
-        """A camera whose line stays the same keeps it, with the new timing; the others' lines drain
-        (`RejectLine.drain`) on their own, the loop going on meanwhile, and those the new settings
-        name are requested. A line a draining process still holds (the same line with another
-        ``active_low`` or ``alarm_line``, another camera's old line) is requested once the drains
-        have ended: a line has one holder. Once no camera has a line, nothing waits for the drains
-        at the daemon's stop."""
+        """A camera whose line stays the same keeps its process, with the new settings (`RejectLine.adopt`);
+        the others' lines drain (`RejectLine.drain`) on their own, the loop going on meanwhile, and those
+        the new settings name are requested. A line a draining process still holds (another camera's old
+        line) is requested once the drains have ended: a line has one holder. The output stays while a
+        drain goes on, no camera having a line left included, so that the daemon's stop waits for it
+        (`drain`) rather than leave a process holding its line beyond the daemon."""
         for camera_id, line in list(self.lines.items()):
             cfg = settings.camera(camera_id)
             reject = settings.reject_for(cfg) if cfg is not None else None
@@ -844,7 +981,8 @@ class RejectOutput(Output):
                 self.lines[cfg.camera_id] = self._start(cfg.camera_id, reject)
             except (LineError, LineBusy, MissingDependency) as e:
                 log.error("reload: camera %s drives no reject line: %s", cfg.camera_id, e)
-        return self if self.lines else None
+        self._reap()
+        return self if self.lines or self._draining else None
 
     def _start(self, camera_id: str, reject: RejectConfig) -> RejectLine:
         try:
@@ -878,12 +1016,13 @@ def _stop(lines: list[RejectLine]) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m edged.reject CAMERA CONFIG_JSON [--drain-s=SECONDS] [--record]``: the line process
+    """``python -m edged.reject CAMERA CONFIG_JSON [--drain-s=SECONDS] [--record] [--dropped-before]``: the line process
     `RejectLine` starts, its commands on stdin, what it says on stdout."""
     logging.basicConfig(level=logging.INFO, format=f"edged reject line {argv[0]}: %(message)s")
     options = argv[2:]
     drain_s = next((float(o.removeprefix("--drain-s=")) for o in options if o.startswith("--drain-s=")), DRAIN_S)
-    return serve(argv[0], RejectConfig.model_validate_json(argv[1]), "--record" in options, 0, 1, drain_s)
+    cfg = RejectConfig.model_validate_json(argv[1])
+    return serve(argv[0], cfg, "--record" in options, 0, 1, drain_s, dropped_before="--dropped-before" in options)
 
 
 if __name__ == "__main__":

@@ -225,7 +225,17 @@ def test_sigterm_during_a_pulse_and_sighup_leave_the_line_inactive(tmp_path: Pat
     d.signal(signal.SIGHUP)  # the reload moves the line: the old one drains, inactive and released; the new one requested
     assert wait_for(lambda: rig.levels()[-2:] == [0, None] and rig.levels(2)[:1] == [0], 60), d.log()
     assert wait_for(lambda: 1 in rig.levels(2), 60), d.log()
-    assert d.stop() == 0
+    # A reload that leaves no line, then systemd's stop at once, SIGTERM to every process of the unit: the
+    # daemon's stop waits for the draining line process, which had outlived it holding the line (then
+    # systemd's SIGTERM once the daemon has exited cut its pulse short).
+    rig.config.write_text(config.partition("\n[reject]\n")[0] + "\n")
+    d.signal(signal.SIGHUP)
+    d.wait_status(lambda s: s.reject is None, timeout=60)
+    stopped = time.monotonic()
+    for pid in [d.proc.pid, *line_processes(d)]:
+        os.kill(pid, signal.SIGTERM)
+    assert d.proc.wait(10) == 0, d.log()
+    assert time.monotonic() - stopped < 5.0  # TimeoutStopSec=5s
     # The stop let the pulse under way run to its end (then inactive as it is released: 0 again).
     assert rig.levels(2)[-4:] == [1, 0, 0, None] and rig.levels()[-2:] == [0, None]
 
@@ -312,6 +322,7 @@ def test_a_stop_fires_the_parts_judged_before_it_at_their_time_then_lets_go_of_t
     assert d.proc.wait(10) == 0, d.log()
     assert_each_fired_at_its_time(rig, verdicts, 800.0, stopped)
     assert rig.levels()[-2:] == [0, None]
+    assert "another takes over" not in d.log() and "started again" not in d.log()  # a stop, not a lone signal
 
 
 def test_a_daemon_killed_outright_still_fires_its_parts_in_flight_at_their_time(

@@ -486,8 +486,26 @@ def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_change
         assert output.reload(board(line="SPARE"), services) is output
         assert output.lines["cam0"] is not kept and levels(gpiod, 2)[0][1] == 0
         assert wait_for(lambda: [level for _, level in levels(gpiod, 0)] == [0, 0, None], 5.0)  # drained on its own
-        assert output.reload(settings(), services) is None
+        assert output.reload(settings(), services) is output  # still draining: the stop is to wait for it
         assert wait_for(lambda: [level for _, level in levels(gpiod, 2)] == [0, 0, None], 5.0)
+        assert wait_for(lambda: output.reload(settings(), services) is None, 5.0)  # its drain over
+    finally:
+        output.close()
+
+
+def test_a_reload_that_leaves_no_line_still_has_the_stop_wait_for_the_old_lines_parts(gpiod: ModuleType) -> None:
+    """The daemon drops an output whose reload returns None: its draining process then outlived the daemon's
+    stop, holding the line (systemd's last SIGTERM then cut its pulses short, or TimeoutStopSec's SIGKILL
+    left the line as it was)."""
+    output, services, t = _an_ng_part_in_flight(300.0)
+    try:
+        assert output.reload(settings(), services) is output
+        began = time.monotonic()
+        output.drain()  # the daemon's stop, at once
+        assert time.monotonic() - began < DRAIN_S + 1.0
+        assert released(gpiod), levels(gpiod, 0)  # inactive and let go of before the daemon exits
+        ((rise, fall),) = pulses(gpiod)
+        assert t + 300 * MS <= rise < t + (300 + SLACK_MS) * MS and fall - rise >= 30 * MS  # ran to its end
     finally:
         output.close()
 
@@ -519,17 +537,27 @@ def test_a_reload_that_moves_the_line_lets_the_old_one_fire_its_parts_in_flight_
         output.close()
 
 
-def test_a_reload_that_drives_the_same_line_otherwise_requests_it_once_the_old_process_has_fired_its_parts(
+def test_a_reload_that_drives_the_same_line_otherwise_requests_it_again_at_once_and_fires_the_parts_in_flight(
     gpiod: ModuleType,
 ) -> None:
+    """It waited for the old process to fire its parts and let go, on the loop's thread: up to 3 s
+    without frames or watchdog pings."""
     output, services, t = _an_ng_part_in_flight(300.0)
     try:
-        inverted = settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 300.0, "active_low": True})
-        assert output.reload(inverted, services) is output
-        # One holder at a time: the old process fired its part and let go, then the line was requested active-low.
-        assert [level for _, level in levels(gpiod, 0)] == [0, 1, 0, 0, None, 1]
-        ((rise, _),) = pulses(gpiod)
-        assert t + 300 * MS <= rise < t + (300 + SLACK_MS) * MS
+        line = output.lines["cam0"]
+        inverted = {"chip": CHIP, "line": "EJECT", "delay_ms": 300.0, "active_low": True}
+        assert output.reload(settings(reject=inverted | {"alarm_line": "ALARM"}), services) is output
+        assert pulses(gpiod) == [] and output.lines["cam0"] is line  # nothing waited for the part's pulse
+        # Requested again active-low by the same process (1 is inactive now), the part's pulse (0) at its time.
+        assert wait_for(lambda: [level for _, level in levels(gpiod, 0)] == [0, 0, None, 1, 0, 1], 5.0)
+        fall = levels(gpiod, 0)[4][0]
+        assert t + 300 * MS <= fall < t + (300 + SLACK_MS) * MS
+        assert [level for _, level in levels(gpiod, 1)] == [1]  # the alarm line, requested inactive
+        assert wait_for(lambda: line.report().pulses == 1 and line.alarm == 1, 5.0)
+        assert output.reload(settings(reject=inverted | {"alarm_line": "NOPE"}), services) is output
+        said = "the reject line could not be requested again: reject.alarm_line 'NOPE' (camera cam0)"
+        assert wait_for(lambda: (line.report().last_error or "").startswith(said), 5.0)
+        assert line.alarm == 1 and levels(gpiod, 0)[-1][1] == 1  # requested again as it was: held, inactive
     finally:
         output.close()
 
@@ -546,3 +574,55 @@ def test_a_line_process_that_dies_is_said_in_the_status_and_started_again(
     sentinel(gpiod, line, 2)  # the new process requested the line and fires again
     assert wait_for(lambda: line.report().pulses == 2, 5.0)  # counted on from the first process's
     assert [level for _, level in levels(gpiod, 0)] == [0, 1, 0, 0, 1, 0]
+
+
+def test_sigterm_to_the_line_process_alone_is_said_its_parts_fire_and_another_process_takes_over(
+    gpiod: ModuleType, lines: list[RejectLine]
+) -> None:
+    """An admin's kill: it was said nowhere, and what the loop sent after the process ended was lost
+    until the next status round noticed."""
+    line = start(lines, reject(delay_ms=10.0), drain_s=0.3)
+    sentinel(gpiod, line, 1)
+    os.kill(line.pid, signal.SIGTERM)
+    said = "the reject line's process got SIGTERM: it fires the parts on their way for 0.3 s at most"
+    assert wait_for(lambda: (line.report().last_error or "").startswith(said), 5.0)
+    sentinel(gpiod, line, 2)  # the draining process still fires what the loop sends
+    assert wait_for(lambda: line.ended, 5.0)
+    restarted = "the reject line's process ended (exit 0); started again"
+    t = time.monotonic_ns()
+    line.expect(t)  # the loop's next write finds it gone: a new process takes this part, before any status round
+    line.resolve(t, "ng", time.monotonic_ns())
+    assert line.last_error == restarted
+    assert wait_for(lambda: len(pulses(gpiod)) == 3, 5.0), levels(gpiod, 0)
+    assert wait_for(lambda: (r := line.report()) and (r.pulses, r.dropped, r.alarm) == (3, 0, False), 5.0)
+
+
+def test_parts_a_line_process_drops_or_that_find_none_are_counted_said_and_raise_the_alarm(
+    gpiod: ModuleType, lines: list[RejectLine], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An NG part whose pulse could not be fired was said in a log line at most, counted nowhere."""
+    monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 0.5)
+    line = start(lines, reject(delay_ms=2000.0, alarm_line="ALARM"), drain_s=0.2)
+    line.expect(t := time.monotonic_ns())
+    line.resolve(t, "ng", time.monotonic_ns())
+    os.kill(line.pid, signal.SIGTERM)  # its drain's bound comes before the part is due: dropped
+    assert wait_for(lambda: line.ended, 5.0)
+    assert wait_for(lambda: (r := line.report()) and (r.dropped, r.alarm) == (1, True), 5.0)
+    assert [level for _, level in levels(gpiod, 1)][-2:] == [0, 1]  # the new process raised the alarm line
+    os.kill(line.pid, signal.SIGKILL)  # ended again within RESTART_INTERVAL_S: no process for a while
+    assert wait_for(lambda: line.ended, 5.0)
+    line.expect(t := time.monotonic_ns())
+    line.resolve(t, "ng", time.monotonic_ns())
+    line.resolve(t, "ok", time.monotonic_ns())  # nothing to eject: not counted
+    said = "1 part to be ejected found no line process to fire its pulse: dropped, un-ejected"
+    assert wait_for(lambda: (r := line.report()) and (r.dropped, r.last_error) == (2, said), 5.0)
+    assert said in caplog.text
+    restarted = "the reject line's process ended (exit -9); started again"
+    assert wait_for(lambda: line.report().last_error == restarted, 5.0)
+    assert wait_for(lambda: line.report().alarm, 5.0)  # the new process raised the alarm again
+    assert [level for _, level in levels(gpiod, 1)][-2:] == [0, 1]
+    t = time.monotonic_ns()
+    line.expect(t)
+    line.resolve(t, "ok", time.monotonic_ns())  # a verdict on time again: the alarm off
+    assert wait_for(lambda: not line.report().alarm, 5.0) and levels(gpiod, 1)[-1][1] == 0
+    assert line.report().dropped == 2

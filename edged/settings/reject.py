@@ -65,7 +65,9 @@ class RejectConfig(Section):
         "on time again.",
     )
     alarm_line: LineId | None = Field(
-        None, description="The line (same chip) that late = 'alarm' drives active; required with it."
+        None,
+        description="The line (same chip) that late = 'alarm' drives active, and that says parts dropped "
+        "un-ejected (reject.dropped), until a verdict is on time again; required with late = 'alarm'.",
     )
 
     def missing(self) -> list[str]:
