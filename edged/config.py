@@ -32,14 +32,14 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError, EdgedError, KeyFileError, out_of_room, printable
-from edged.settings.endpoints import ipc_folder_problem, on_the_network
+from edged.settings.endpoints import Place, ipc_folder_problem, on_the_network, same_place, zmq_place
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
-from edged.settings.http import HttpConfig
+from edged.settings.http import HttpConfig, listen_address
 from edged.settings.inspect import InspectConfig
 from edged.settings.journal import JournalConfig, default_path
 from edged.settings.modbus import ADDRESSES, BLOCK, ModbusConfig
 from edged.settings.mqtt import MqttConfig
-from edged.settings.opcua import OpcuaConfig, node_id_clashes
+from edged.settings.opcua import OpcuaConfig, listen_host_port, node_id_clashes
 from edged.settings.reject import RejectConfig
 from edged.settings.section import Section
 from edged.settings.service_dirs import service_dir, service_dirs
@@ -625,6 +625,54 @@ class Settings(BaseSettings):
             raise ValueError(f"opcua: {'; '.join(problems)}: give such a camera another camera_id")
         return self
 
+    @model_validator(mode="after")
+    def _one_place_each(self) -> Settings:
+        """No two of edged's sockets and servers listen at one place: the second bind failed as if another
+        program held it, a start that exit 1 and systemd's restarts could never mend, or a server that
+        tried again for ever."""
+        places: list[tuple[str, str, Place]] = []
+        problems: list[str] = []
+        for key, written, place in self._listening():
+            for other_key, other, other_place in places:
+                if same_place(place, other_place):
+                    problems.append(
+                        f"{key}: {written!r} is named twice: remove one"
+                        if (key, written) == (other_key, other)
+                        else f"{key}: {written!r} would listen where {other_key} {other!r} does, and could not bind "
+                        "there: give each its own port (or path)"
+                    )
+                    break
+            else:
+                places.append((key, written, place))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _listening(self) -> list[tuple[str, str, Place]]:
+        """Each place edged listens at, with its key and the address as written: its ZeroMQ sockets'
+        (`zeromq_endpoints`; a port ZeroMQ chooses left out) and its servers'."""
+        listening = [(key, endpoint, place) for key, endpoint in self.zeromq_endpoints() if (place := zmq_place(endpoint))]
+        servers = [
+            ("http.listen", self.http.listen, listen_address),
+            ("modbus.listen", self.modbus.listen if self.modbus else "", listen_address),
+            ("opcua.listen", self.opcua.listen if self.opcua else "", listen_host_port),
+        ]
+        for key, written, read in servers:
+            if written:
+                host, port = read(written)
+                listening.append((key, written, (host, str(port))))
+        return listening
+
+    def zeromq_endpoints(self) -> list[tuple[str, str]]:
+        """The ZeroMQ endpoints edged binds, each with its key: the request socket only with a camera in
+        request mode, the control socket only with a candidate."""
+        endpoints = [("publish.endpoints", endpoint) for endpoint in self.publish.endpoints]
+        if self.requesting():
+            endpoints.append(("trigger.endpoint", self.trigger.endpoint))
+        if self.model.candidate is not None:
+            endpoints.append(("model.candidate.control", self.model.candidate.control))
+        return endpoints
+
     def camera(self, camera_id: str) -> SourceBase | None:
         """The camera called ``camera_id``, if this configuration has it."""
         return next((cfg for cfg in self.source if cfg.camera_id == camera_id), None)
@@ -1019,12 +1067,11 @@ def _said_relative(problem: str, relative: Mapping[str, str], base: Path) -> str
 def _socket_folder_problems(settings: Settings) -> list[str]:
     """The ipc:// endpoints edged will bind whose folder is missing outside its runtime directory,
     or is no folder (`edged.settings.endpoints`); the request socket only with a camera in request mode."""
-    endpoints = [("publish.endpoints", endpoint) for endpoint in settings.publish.endpoints]
-    if settings.requesting():
-        endpoints.append(("trigger.endpoint", settings.trigger.endpoint))
-    if settings.model.candidate is not None:
-        endpoints.append(("model.candidate.control", settings.model.candidate.control))
-    return [f"{key}: {problem}" for key, endpoint in endpoints if (problem := ipc_folder_problem(endpoint)) is not None]
+    return [
+        f"{key}: {problem}"
+        for key, endpoint in settings.zeromq_endpoints()
+        if (problem := ipc_folder_problem(endpoint)) is not None
+    ]
 
 
 def _check_files(settings: Settings) -> list[str]:

@@ -149,14 +149,14 @@ def test_a_port_in_use_fails_the_check_with_exit_1_naming_its_key_and_port(
 
 
 @pytest.mark.parametrize("options", [(), ("--no-bind",)])
-def test_the_same_port_twice_in_one_configuration_fails_the_check(
+def test_the_same_port_twice_in_one_configuration_is_a_config_error_beside_the_service_too(
     tmp: Path, ports: list[int], options: tuple[str, ...]
 ) -> None:
-    """Beside the service too: an address in use is passed over there only when another program holds it."""
+    """Not another program's (exit 1, which ``--no-bind`` passes over): the configuration's own mistake."""
     config = _config(tmp, ports, http={"listen": f"127.0.0.1:{ports[0]}"})
     result = run_cli("check", *options, "--config", str(config))
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert f"http.listen 127.0.0.1:{ports[0]}" in result.stderr and "Address already in use" in result.stderr
+    assert result.returncode == 78, result.stdout + result.stderr
+    assert f"http.listen: '127.0.0.1:{ports[0]}' would listen where publish.endpoints" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(

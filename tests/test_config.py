@@ -760,3 +760,81 @@ def test_an_empty_list_of_ng_classes_is_refused_for_a_part_could_never_be_ng(tmp
         load_config(_write(tmp_path, model + "[inspect]\nng_classes = []\n"))
     assert "inspect.ng_classes" in str(info.value) and "no class could make a part NG" in str(info.value)
     assert load_config(_write(tmp_path, model + '[inspect]\nng_classes = ["crack"]\n')).inspect.ng_classes == ["crack"]
+
+
+def _listening(tmp_path: Path, publish: list[str], more: str = "") -> Path:
+    endpoints = ", ".join(f'"{endpoint}"' for endpoint in publish)
+    return _write(tmp_path, f'[model]\npath = "m.onnx"\n[publish]\nendpoints = [{endpoints}]\ninsecure = true\n{more}')
+
+
+@pytest.mark.parametrize(
+    ("publish", "more", "problem"),
+    [
+        (
+            ["tcp://127.0.0.1:5591", "tcp://127.0.0.1:5591"],
+            "",
+            "publish.endpoints: 'tcp://127.0.0.1:5591' is named twice: remove one",
+        ),
+        (
+            ["ipc:///run/edged/d.sock", "ipc:///run/edged/x/../d.sock"],
+            "",
+            "publish.endpoints: 'ipc:///run/edged/x/../d.sock' would listen where publish.endpoints "
+            "'ipc:///run/edged/d.sock' does",
+        ),
+        (
+            ["tcp://*:5591"],
+            '[http]\nlisten = "127.0.0.1:5591"\n',
+            "http.listen: '127.0.0.1:5591' would listen where publish.endpoints 'tcp://*:5591' does",
+        ),
+        (
+            ["tcp://127.0.0.1:5591"],
+            '[http]\nlisten = "localhost:5591"\n',
+            "http.listen: 'localhost:5591' would listen where publish.endpoints 'tcp://127.0.0.1:5591' does",
+        ),
+        (
+            ["tcp://0.0.0.0:5591"],
+            '[modbus]\nlisten = "127.0.0.1:5591"\n',
+            "modbus.listen: '127.0.0.1:5591' would listen where publish.endpoints 'tcp://0.0.0.0:5591' does",
+        ),
+        (
+            ["tcp://[::]:5591"],
+            '[opcua]\nlisten = "opc.tcp://[::1]:5591"\n',
+            "opcua.listen: 'opc.tcp://[::1]:5591' would listen where publish.endpoints 'tcp://[::]:5591' does",
+        ),
+        (
+            ["tcp://127.0.0.1:5591"],
+            '[trigger]\nmode = "request"\nendpoint = "tcp://127.0.0.1:5591"\n',
+            "trigger.endpoint: 'tcp://127.0.0.1:5591' would listen where publish.endpoints 'tcp://127.0.0.1:5591' does",
+        ),
+    ],
+)
+def test_two_sockets_at_one_place_are_a_config_error_naming_both(
+    tmp_path: Path, publish: list[str], more: str, problem: str
+) -> None:
+    """The second bind failed as if another program held the place: exit 1, which systemd restarted
+    without end, or a live view that tried again for ever, while both were edged's own."""
+    with pytest.raises(ConfigError) as info:
+        load_config(_listening(tmp_path, publish, more))
+    [said] = info.value.problems
+    assert said.startswith(problem), said
+
+
+@pytest.mark.parametrize(
+    ("publish", "more"),
+    [
+        (["tcp://127.0.0.1:5591"], '[http]\nlisten = "127.0.0.2:5591"\n'),
+        (["tcp://127.0.0.1:*", "tcp://127.0.0.1:*"], ""),  # ports ZeroMQ chooses as it binds
+        (["tcp://0.0.0.0:5591"], '[http]\nlisten = "[::1]:5591"\n'),  # IPv4's every address, beside IPv6's loopback
+        (["tcp://127.0.0.1:5591", "ipc:///run/edged/5591.sock"], ""),
+        (["tcp://127.0.0.1:5591"], '[trigger]\nendpoint = "tcp://127.0.0.1:5591"\n'),  # no camera takes requests
+    ],
+)
+def test_sockets_at_places_of_their_own_load(tmp_path: Path, publish: list[str], more: str) -> None:
+    assert load_config(_listening(tmp_path, publish, more))
+
+
+@pytest.mark.integration
+def test_check_refuses_the_live_view_on_the_streams_port_with_exit_78(tmp_path: Path) -> None:
+    check = run_cli("check", "--config", str(_listening(tmp_path, ["tcp://*:5591"], '[http]\nlisten = "127.0.0.1:5591"\n')))
+    assert check.returncode == 78, check.stderr
+    assert "http.listen: '127.0.0.1:5591' would listen where publish.endpoints 'tcp://*:5591' does" in check.stderr

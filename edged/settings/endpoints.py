@@ -150,6 +150,40 @@ def unresolved(endpoint: str) -> str:
     )
 
 
+Place = tuple[str, str]  # where a socket listens: (host, port), or (`IPC`, its path)
+IPC = "ipc://"
+
+
+def zmq_place(endpoint: str) -> Place | None:
+    """Where a ZeroMQ endpoint listens (`Place`); None for a port chosen as it binds (``*``, ``!``)."""
+    if endpoint.startswith(IPC):
+        return IPC, os.path.normpath(endpoint[len(IPC) :]) if not endpoint.startswith("ipc://@") else endpoint
+    host, _, port = endpoint[len("tcp://") :].rpartition(":")
+    return (host, str(int(port))) if port.isdigit() else None
+
+
+def _bound(host: str) -> str:
+    """``host`` as the kernel binds it: an address in its one spelling, ``localhost`` as 127.0.0.1."""
+    host = host.lower().removeprefix("[").removesuffix("]")
+    address = address_of(host)
+    return "127.0.0.1" if host == "localhost" else str(address) if address is not None else host
+
+
+def same_place(a: Place, b: Place) -> bool:
+    """Whether two sockets would listen at one place, so that the second cannot bind: one ipc path, or
+    one port on hosts that overlap: the same host, ZeroMQ's ``*`` (every address, IPv6 and IPv4) beside
+    any, ``0.0.0.0`` beside an IPv4 address, ``::`` beside an IPv6 one. A name matches only itself."""
+    if a[1] != b[1] or (a[0] == IPC) != (b[0] == IPC):
+        return False
+    hosts = {_bound(a[0]), _bound(b[0])}
+    if len(hosts) == 1 or "*" in hosts:
+        return True
+    for wildcard, version in (("0.0.0.0", 4), ("::", 6)):
+        if wildcard in hosts and all((x := address_of(h)) is not None and x.version == version for h in hosts):
+            return True
+    return False
+
+
 def runtime_dirs() -> tuple[Path, ...]:
     """The service's own runtime directories: systemd's ``$RUNTIME_DIRECTORY`` (several joined by
     ``:``) when it is set, else `RUNTIME_DIR`."""
