@@ -174,12 +174,13 @@ def class_folder(name: str) -> str:
 
 @lru_cache(maxsize=4)
 def alike_classes(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """The pairs of class names whose folders (`class_folder`) differ only in case: one folder on a drive
-    that ignores case (FAT, exFAT), where a classifier's frames of the one would be filed as the other's."""
-    first: dict[str, str] = {}  # a folder in lower case: the name of the first class filed there
+    """The pairs of class names whose folders (`class_folder`) differ only in case, or in dots at the end:
+    one folder on a drive that ignores case (FAT, exFAT), which drops such dots too, where a classifier's
+    frames of the one would be filed as the other's."""
+    first: dict[str, str] = {}  # a folder in lower case, its dots at the end dropped: the first class filed there
     pairs = []
     for name in names:
-        folded = class_folder(name).lower()
+        folded = class_folder(name).lower().rstrip(".")
         if folded in first:
             pairs.append((first[folded], name))
         else:
@@ -197,7 +198,8 @@ def merged_classes(dataset: Path, task: Task, names: tuple[str, ...]) -> str | N
     a, b = pairs[0]
     return (
         f"classes {printable(a)} and {printable(b)} of the {task} model would share one folder under images/, for "
-        "the drive takes names that differ only in case for one (a FAT or exFAT file system): a frame of the one "
+        "the drive takes names that differ only in case, or in dots at the end, for one (a FAT or exFAT file "
+        "system): a frame of the one "
         "would be filed as the other's, so none of this model is saved; rename one of the classes, or point "
         "evidence.dir at a drive that tells case apart (ext4)"
     )
