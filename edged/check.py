@@ -81,7 +81,7 @@ from edged.settings.evidence import DEFAULT_NOTE
 from edged.settings.inspect import InspectConfig
 from edged.settings.numerals import INDEX_DIGITS, whole_number
 from edged.settings.opcua import OpcuaConfig
-from edged.settings.sources import ImagesSourceConfig, SourceBase, mask_credentials
+from edged.settings.sources import FileSourceConfig, ImagesSourceConfig, SourceBase, mask_credentials
 from edged.shadow import candidate_model_config, candidate_runtime, incomparable
 from edged.sources.base import Frame
 from edged.sources.images import frame_names, image_size, list_images, read_image
@@ -455,8 +455,7 @@ def _check_source(
         print(f"           {e}", file=out)
         return e
     print(f"source     {name}{describe_source(cfg)}", file=out)
-    unpaced = isinstance(cfg, ImagesSourceConfig) and not cfg.pace  # no rate: each image once the model is ready
-    rate = "unpaced (pace = false: each image as the model takes it)" if unpaced else f"at {probe.fps:.1f} fps (measured)"
+    rate = _unpaced(cfg) or f"at {probe.fps:.1f} fps (measured)"
     print(
         f"           delivers {probe.width}x{probe.height} {rate}, "
         f"channel order {probe.channel_order} (declared: source.channel_order)",
@@ -486,6 +485,16 @@ def _check_source(
     trigger = "request: one frame per request on trigger.endpoint" if mode == "request" else "free: every frame"
     print(f"           trigger: {trigger}", file=out)
     print(f"           {_evidence(settings, cfg, unit)}", file=out)
+    return None
+
+
+def _unpaced(cfg: SourceBase) -> str | None:
+    """How a source with no rate of its own delivers (each frame once the model has taken the one before),
+    or None: what check measured of such a source is how fast it took one frame, 0.0 fps."""
+    if isinstance(cfg, ImagesSourceConfig) and not cfg.pace:
+        return "unpaced (pace = false: each image as the model takes it)"
+    if isinstance(cfg, FileSourceConfig) and not cfg.realtime:
+        return "unpaced (realtime = false: each frame as the model takes it)"
     return None
 
 

@@ -3,9 +3,9 @@
 Run as a script by Debian's own Python (``python3-gi`` and ``gir1.2-gst-rtsp-server-1.0``, installed by
 ``scripts/setup test``), on a free loopback port; `RtspServer` starts it, freezes it with SIGSTOP (a
 camera that stops sending but keeps its connection), thaws it with SIGCONT, and restarts it on the
-same port. MJPEG needs only GStreamer's base and good plugins, and FFmpeg decodes it with no codec
-extras. RTP/JPEG carries at most 2040 pixels a side, so a larger stream is an MPEG-4 video file
-(`write_mpeg4`), served as it is, each client from its start.
+same port; with ``credentials`` it asks for them (Basic). MJPEG needs only GStreamer's base and good
+plugins, and FFmpeg decodes it with no codec extras. RTP/JPEG carries at most 2040 pixels a side, so a
+larger stream is an MPEG-4 video file (`write_mpeg4`), served as it is, each client from its start.
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ def write_mpeg4(path: Path, width: int, height: int, frames: int, fps: float = 5
 class RtspServer:
     """The server as a subprocess on ``port``, serving ``launch_line(pattern)`` at `MOUNT`; stopped by `close`."""
 
-    def __init__(self, port: int, pattern: str | Path = "red") -> None:
+    def __init__(self, port: int, pattern: str | Path = "red", credentials: str = "") -> None:
         self.port = port
         self.pattern = str(pattern)
+        self.credentials = credentials  # "user:password" the server asks for (Basic), or none
         self.proc: subprocess.Popen[str] | None = None
         self.start()
 
@@ -63,7 +64,7 @@ class RtspServer:
     def start(self, timeout_s: float = 20.0) -> None:
         """Start the server and return once it listens (it prints ``ready``)."""
         self.proc = subprocess.Popen(
-            [SYSTEM_PYTHON, str(Path(__file__)), str(self.port), self.pattern],
+            [SYSTEM_PYTHON, str(Path(__file__)), str(self.port), self.pattern, self.credentials],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -96,7 +97,7 @@ class RtspServer:
         self.proc = None
 
 
-def _serve(port: int, pattern: str) -> None:
+def _serve(port: int, pattern: str, credentials: str) -> None:
     import gi
 
     gi.require_version("Gst", "1.0")
@@ -110,6 +111,15 @@ def _serve(port: int, pattern: str) -> None:
     factory = GstRtspServer.RTSPMediaFactory()
     factory.set_launch(launch_line(pattern))
     factory.set_shared(not pattern.endswith(".mp4"))  # a file plays to its end: each client from its start
+    if credentials:
+        user, password = credentials.split(":", 1)
+        token = GstRtspServer.RTSPToken()
+        token.set_string("media.factory.role", "viewer")
+        auth = GstRtspServer.RTSPAuth()
+        auth.add_basic(GstRtspServer.RTSPAuth.make_basic(user, password), token)
+        server.set_auth(auth)
+        role = "viewer, media.factory.access=(boolean)true, media.factory.construct=(boolean)true"
+        factory.add_role_from_structure(Gst.Structure.new_from_string(role))
     server.get_mount_points().add_factory(MOUNT, factory)
     if server.attach(None) == 0:
         sys.exit(f"cannot listen on port {port}")
@@ -118,4 +128,4 @@ def _serve(port: int, pattern: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), sys.argv[2])
+    _serve(int(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "")

@@ -22,7 +22,7 @@ from subprocess import PIPE
 import cv2
 import numpy as np
 import pytest
-from daemon import RunningDaemon, edged_command, free_port, run_cli, write_config
+from daemon import RunningDaemon, edged_command, free_port, run_cli, write_config, write_video
 from filesystems import read_only_folder
 from onnx_models import colour_probe
 
@@ -443,6 +443,18 @@ def test_an_image_folder_whose_first_image_the_roi_misses_is_checked_with_one_it
     assert result.returncode == 78, result.stdout + result.stderr
     assert "inspect.roi [10, 10, 120, 90] does not fit in a 64x48 frame" in result.stderr
     assert "run would skip" not in result.stdout
+
+
+def test_an_unpaced_video_is_said_to_be_unpaced_not_measured_at_no_rate(tmp: Path, ports: list[int]) -> None:
+    """A file read with realtime = false has no rate: check said it delivers "at 0.0 fps (measured)"."""
+    write_video(tmp / "clip.avi", [(0, 0, 200)] * 3)
+    source = {"type": "file", "path": "clip.avi", "loop": False, "realtime": False}
+    config = _config(tmp, ports, source=source)
+    out = io.StringIO()
+    assert run_check(config, load_config(config), None, out, bind=False) == 0
+    lines = [line.strip() for line in out.getvalue().splitlines()]
+    delivers = next(line for line in lines if line.startswith("delivers "))
+    assert delivers.startswith("delivers 128x96 unpaced (realtime = false: each frame as the model takes it), "), delivers
 
 
 def test_an_image_folder_whose_first_image_passes_the_mask_budget_is_checked_with_one_within_it(

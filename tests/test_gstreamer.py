@@ -171,6 +171,25 @@ def test_a_pipeline_that_does_not_parse_or_has_no_appsink_to_read_is_a_config_pr
     assert config_problems(GstreamerSourceConfig(pipeline="videotestsrc")) == []
 
 
+def test_a_pipeline_ending_in_a_sink_of_its_own_is_refused_naming_the_sink_and_the_remedy() -> None:
+    # A gst-launch-1.0 line ends in a sink; GStreamer only said "could not link fakesink0 to videoconvert0".
+    assert config_problems(GstreamerSourceConfig(pipeline="videotestsrc ! videoconvert ! fakesink sync=false")) == [
+        "source.pipeline ends in fakesink, a sink edged cannot take frames from: leave it out (edged then ends "
+        "the pipeline in an appsink of its own) or end it in `appsink name=edged`"
+    ]
+
+
+def test_caps_the_appsink_cannot_take_are_a_source_error_saying_how_to_convert(opened: list[GstreamerSource]) -> None:
+    # GStreamer's own words were only "Internal data stream error. (streaming stopped, reason not-negotiated (-4))".
+    s = source("videotestsrc ! video/x-raw,format=I420,width=64,height=48 ! appsink name=edged")
+    opened.append(s)
+    with pytest.raises(SourceError) as failed:
+        s.open()
+        s.read(None)
+    assert "not-negotiated (-4)): two linked elements agree on no format" in str(failed.value), failed.value
+    assert "put `videoconvert !` before it" in str(failed.value), failed.value
+
+
 def test_a_pipeline_with_two_unnamed_appsinks_is_refused_at_open_too(opened: list[GstreamerSource]) -> None:
     s = source("videotestsrc ! appsink videotestsrc ! appsink")
     opened.append(s)

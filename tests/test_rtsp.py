@@ -8,6 +8,7 @@ keeps its connection open and sends nothing, the case OpenCV's own read does not
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -21,7 +22,10 @@ from onnx_models import LABELS, colour_probe
 from rtsp_server import FPS, HEIGHT, WIDTH, RtspServer, write_mpeg4
 from waiting import wait_for
 
+from edged.errors import SourceError
 from edged.messages import DetectionsMessage
+from edged.settings.sources import RtspSourceConfig
+from edged.sources.rtsp import RtspSource
 
 pytestmark = pytest.mark.integration
 
@@ -181,7 +185,7 @@ def test_a_frozen_server_is_lost_within_the_read_timeout_and_frames_continue_aft
 @pytest.mark.parametrize(
     ("fault", "reason"),
     [
-        ("wrong path", "answered but refused the stream (check the path and the credentials"),
+        ("wrong path", "has no stream at /nothing-here (404 Not Found: check the path in source.url)"),
         ("closed port", "refused (is the camera's RTSP server on that port?)"),
         ("silent port", "accepts connections but sent no stream within open_timeout_s = 1"),
     ],
@@ -201,6 +205,24 @@ def test_a_camera_that_cannot_be_opened_is_logged_with_its_reason_and_retried(
     assert reason in (status.capture.last_error or "")
     assert reason in daemon.log()
     assert terminate(daemon) == 0
+
+
+def test_a_camera_that_asks_for_credentials_says_so_when_the_url_has_none_or_others() -> None:
+    """FFmpeg's failed open says nothing; both were "answered but refused the stream (check the path and the credentials"."""
+    server = RtspServer(free_port(), credentials=f"viewer:{SECRET}")
+    try:
+        for url, reason in [
+            (server.url(), "asks for a user and password (401 Unauthorized) and source.url gives none: write them in it"),
+            (server.url("viewer:wrong"), "asks for a user and password (401 Unauthorized) and did not give the stream"),
+        ]:
+            source = RtspSource(RtspSourceConfig(type="rtsp", url=url, open_timeout_s=5.0))
+            with pytest.raises(SourceError, match=re.escape(reason)):
+                source.open()
+        source = RtspSource(RtspSourceConfig(type="rtsp", url=server.url(f"viewer:{SECRET}"), open_timeout_s=5.0))
+        source.open()  # the right ones open it
+        source.close()
+    finally:
+        server.close()
 
 
 def test_a_stream_of_frames_over_the_limit_is_refused_before_one_is_decoded_and_retried(

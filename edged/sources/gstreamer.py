@@ -37,6 +37,11 @@ INSTALL_HINT = (
     "then either make the venv with `python3 -m venv --system-site-packages` next to python3-gi, or build "
     "PyGObject into it (sudo apt install libgirepository1.0-dev libcairo2-dev; pip install 'edged[gstreamer]')"
 )
+NOT_NEGOTIATED_HINT = (
+    "two linked elements agree on no format; check the caps in source.pipeline (the pipeline's own appsink takes "
+    'only video/x-raw,format=BGR, RGB with channel_order = "rgb": put `videoconvert !` before it, or leave it '
+    "out and edged appends one)"
+)
 _APPSINK_IN_PIPELINE = re.compile(r"(?:^|!)\s*appsink(?:\s|$)")
 _GST_SECOND = 1_000_000_000
 _GST_MAP_READ = 1
@@ -49,13 +54,36 @@ def config_problems(cfg: GstreamerSourceConfig) -> list[str]:
     that is not installed.
     """
     try:
-        built = _gst().build(full_description(cfg.pipeline, cfg.channel_order))
+        built = build(cfg.pipeline, cfg.channel_order)
     except MissingDependency as e:
         return [f"source.type: {e}"]
     except ConfigError as e:
         return e.problems
     _gst().stop(built.pipeline)
     return []
+
+
+def build(pipeline: str, channel_order: Literal["bgr", "rgb"]) -> Built:
+    """The pipeline as edged runs it (`full_description`), not yet playing; ``ConfigError`` when it cannot be.
+
+    A pipeline copied from a ``gst-launch-1.0`` command ends in a sink of its own (``autovideosink``,
+    ``fakesink``), which the appsink edged appends cannot follow: GStreamer's words for that, "could
+    not link fakesink0 to videoconvert0", name neither the sink nor the remedy, so edged's do.
+    """
+    gst = _gst()
+    try:
+        return gst.build(full_description(pipeline, channel_order))
+    except ConfigError:
+        sink = None if _APPSINK_IN_PIPELINE.search(pipeline) else gst.last_sink(pipeline)
+        if sink is None:
+            raise
+        raise ConfigError(
+            None,
+            [
+                f"source.pipeline ends in {sink}, a sink edged cannot take frames from: leave it out (edged then "
+                f"ends the pipeline in an appsink of its own) or end it in `appsink name={APPSINK_NAME}`"
+            ],
+        ) from None
 
 
 def full_description(pipeline: str, channel_order: Literal["bgr", "rgb"]) -> str:
@@ -158,9 +186,23 @@ class _Gst:
             raise ConfigError(None, [f"source.pipeline: the element named '{APPSINK_NAME}' is not an appsink"])
         return Built(pipeline, pipeline.get_bus(), sink, int(self._capsule(sink.__gpointer__, None)))
 
+    def last_sink(self, description: str) -> str | None:
+        """The factory name of a sink that ``description`` parsed alone has, or None (it has none, or does not parse)."""
+        try:
+            parsed = self._gst.parse_launch(description)
+        except Exception:  # GLib.GError: the description's own error is GStreamer's to tell
+            return None
+        if isinstance(parsed, self._gst.Bin):
+            sinks = self._all(parsed.iterate_sinks())
+        else:  # a description of one element is that element
+            sinks = [parsed] if "Sink" in parsed.get_factory().get_metadata("klass") else []
+        return str(sinks[0].get_factory().get_name()) if sinks else None
+
     def _appsinks(self, pipeline: Any) -> list[Any]:
+        return self._all(pipeline.iterate_all_by_element_factory_name("appsink"))
+
+    def _all(self, iterator: Any) -> list[Any]:
         found: list[Any] = []
-        iterator = pipeline.iterate_all_by_element_factory_name("appsink")
         while True:
             result, element = iterator.next()
             if result != self._gst.IteratorResult.OK:
@@ -206,6 +248,8 @@ class _Gst:
         # The debug text's first line is where in GStreamer's code; what follows, when anything does, is the reason.
         reasons = debug.splitlines()[1:] if debug else []
         detail = f" ({reasons[-1].strip()})" if reasons else ""
+        if "not-negotiated" in detail:  # GStreamer says no more; without a hint it reads like a broken camera
+            detail += f": {NOT_NEGOTIATED_HINT}"
         return mask_credentials(f"{message.src.get_name()}: {error.message}{detail}")
 
     def pull(self, sink: int, timeout_s: float) -> int:
@@ -298,7 +342,7 @@ class GstreamerSource:
 
     def open(self) -> None:
         gst = _gst()
-        built = gst.build(full_description(self._cfg.pipeline, self.channel_order))
+        built = build(self._cfg.pipeline, self.channel_order)
         self._built = built
         gst.keep_newest(built.sink, self.channel_order)
         problem = gst.play(built, self._cfg.open_timeout_s)

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import cv2
 import numpy as np
 
-from edged.errors import SourceError
+from edged.errors import SourceError, printable
 from edged.settings.endpoints import address_of, host_port, look_up
 from edged.settings.sources import DEFAULT_PORTS, RtspSourceConfig, mask_credentials
 from edged.sources.base import OpenCvCapture, frame_size_problem
@@ -65,6 +65,7 @@ class RtspSource(OpenCvCapture):
         self._name = mask_credentials(cfg.url)
         super().__init__(cfg.channel_order, f"RTSP stream {self._name}", _UNDECODABLE)
         self._cfg = cfg
+        self._reached: tuple[str, int] | None = None  # the address the last plain connect reached
 
     def timeouts(self) -> tuple[float, float]:
         return self._cfg.open_timeout_s, self._cfg.read_timeout_s
@@ -119,6 +120,7 @@ class RtspSource(OpenCvCapture):
         for address in addresses:
             try:
                 with socket.create_connection((address, port), timeout=max(0.01, deadline - time.monotonic())):
+                    self._reached = (address, port)
                     return None
             except ConnectionRefusedError:
                 problem = f"connection to {where} refused (is the camera's RTSP server on that port?)"
@@ -140,10 +142,46 @@ class RtspSource(OpenCvCapture):
                 f"{where} accepts connections but sent no stream within open_timeout_s = "
                 f"{self._cfg.open_timeout_s:g} (is it an RTSP server, and is the camera busy or booting?)"
             )
+        parts = urlsplit(self._cfg.url)
+        status = self._describe_status() if parts.scheme == "rtsp" else None
+        path = printable(parts.path or "/")
+        if status is not None and status.startswith("404"):
+            return f"{where} has no stream at {path} ({status}: check the path in source.url)"
+        if status is not None and status.startswith("401") and parts.username is None:
+            return (
+                f"{where} asks for a user and password ({status}) and source.url gives none: "
+                f"write them in it, rtsp://USER:PASSWORD@{where}{path}"
+            )
+        if status is not None and status.startswith("401"):
+            return (
+                f"{where} asks for a user and password ({status}) and did not give the stream to those in "
+                "source.url: check them, and the path"
+            )
+        answered = f"answered {status}" if status is not None and not status.startswith("200") else "answered"
         return (
-            f"{where} answered but refused the stream (check the path and the credentials in source.url, "
+            f"{where} {answered} but refused the stream (check the path and the credentials in source.url, "
             "e.g. with `ffprobe -rtsp_transport tcp URL`)"
         )
+
+    def _describe_status(self) -> str | None:
+        """The status (``404 Not Found``) the camera answers a DESCRIBE of the URL without its user and password,
+        within `PROBE_TIMEOUT_S`; None when it gives none. FFmpeg, whose open failed, says nothing of why:
+        this tells a wrong path from missing or wrong credentials."""
+        if self._reached is None:
+            return None
+        url = urlsplit(self._cfg.url)._replace(netloc=host_port(*self._address()), fragment="").geturl()
+        request = f"DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n\r\n"
+        try:
+            with socket.create_connection(self._reached, timeout=PROBE_TIMEOUT_S) as connection:
+                connection.settimeout(PROBE_TIMEOUT_S)
+                connection.sendall(request.encode("ascii", "replace"))
+                answer = connection.recv(1024)
+        except OSError:
+            return None
+        first = answer.split(b"\r\n", 1)[0].decode("ascii", "replace").split(" ", 2)
+        if len(first) < 2 or not first[0].startswith("RTSP/") or not first[1].isdigit():
+            return None
+        return printable(" ".join(first[1:]).strip())[:60]
 
     def read(self, out: np.ndarray | None) -> np.ndarray:
         self.grab()
