@@ -8,8 +8,9 @@ power cut loses nothing committed either. Rows are written on the journal's own 
 per transaction; the loop only appends to a queue bounded in bytes and never waits on the disk. A
 disk that is full or read-only is counted and retried, never a reason to stop inspecting; a file
 that is not a journal (truncated, replaced, damaged) is moved aside and a new one started. A file
-removed or replaced while edged writes it is noticed, and journal.path opened anew, with what the
-old file held that no path showed or the broker had not had (`JournalStore.follow`).
+removed or replaced while edged writes it is noticed within a second, busy or idle, and
+journal.path opened anew, with what the old file held that no path showed or the broker had not had
+(`JournalStore.follow`), those verdicts sent as replayed.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from edged.identity import CLOCK_EPOCH_NS, Identity, clock_synced
 from edged.lograte import Failures, LogRate
 from edged.messages import JournalReport
 from edged.output import NO_REPORT, Delivery, FrameReport, Output, OutputReport, Services
-from edged.replay import CURSORS, FileId, VerdictFeed, acknowledged, file_id
+from edged.replay import CURSORS, LAST_ROW, FileId, VerdictFeed, Writes, acknowledged, file_id
 from edged.settings.journal import JournalConfig
 from edged.wake import Wake, Waker
 
@@ -53,9 +54,9 @@ RETRY_S = (1.0, 30.0)  # after a failed write, the first wait and the longest (d
 PRUNE_EVERY_S = 60.0  # retention pass period
 STOP_WAIT_S = 2.0  # at stop, time left to write what is queued
 LOG_EVERY_S = 60.0
-LAST_ROW = 2**63 - 1  # SQLite's largest integer: no row id is above it
 BUSY_WAIT_S = 5.0  # how long a write waits for another connection's (a feed writing its cursor)
 LOOK_EVERY_S = 1.0  # how often a write looks whether journal.path still names the file written
+IDLE_LOOK_S = 1.0  # how often the writer looks all the same while no entry comes (a line stopped)
 GONE, REPLACED = "moved away or removed", "replaced"  # what became of a file journal.path no longer names
 
 # The entries table: its columns after ``id``, in the order rows are written and read. A column added
@@ -195,6 +196,7 @@ class JournalStore:
         self.unsent_deleted = 0  # verdicts deleted for room before an output had them acknowledged (`prune`)
         self.folded = True  # the last `prune` emptied the write-ahead log into the file (`_fold`)
         self._file: FileId | None = None  # the open file's device and inode (`replaced`)
+        self._writes: Writes | None = None  # the open file, and the row after which its rows are this store's own
         self._real = ""  # where journal.path led as the file opened (a link's target): its -wal and -shm are beside it
         self._beside: dict[str, FileId] = {}  # the files SQLite keeps beside it, by suffix, as it opened
         self._seen = 0  # the newest row as of the last look that found journal.path naming the file (`follow`)
@@ -217,9 +219,17 @@ class JournalStore:
         return self._apart
 
     @property
-    def file(self) -> FileId | None:
-        """The open file's device and inode (read from other threads: `edged.replay.VerdictFeed`)."""
-        return self._file
+    def writes(self) -> Writes | None:
+        """The open file, and the row up to which its rows were there before this store wrote to it (the
+        journal found) or carried from a file journal.path no longer named: recorded before, to go out
+        as replayed (read from other threads: `edged.replay.VerdictFeed`). Until the carried rows are
+        written, every row is: none of this store's own goes in before them (`_connection`)."""
+        return self._writes
+
+    @property
+    def next_look(self) -> float:
+        """When journal.path is next looked at (`follow`), on the monotonic clock."""
+        return self._next_look
 
     def open(self) -> str:
         """Open the journal, creating it; a file that is not a sound journal (damaged, or another
@@ -250,6 +260,7 @@ class JournalStore:
             suffix: beside for suffix in ("-wal", "-shm") if (beside := file_id(Path(f"{self._real}{suffix}"))) is not None
         }
         self._seen, self._apart = self.last_id, None
+        self._writes = None if self._file is None else (self._file, LAST_ROW if self.carried else self.last_id)
         return held
 
     def _connect(self) -> sqlite3.Connection:
@@ -303,12 +314,16 @@ class JournalStore:
         if self.carried:
             self._insert(self.carried, self._cursors)
             self.carried, self._cursors = [], []
+            self._writes = None if self._file is None else (self._file, self.last_id)
         return self._db
 
-    def write_carried(self) -> None:
-        """Write the rows `carried` now, where no batch follows to write them first (a stop)."""
-        if self.carried:
-            self._connection()
+    def write_carried(self) -> bool:
+        """Write the rows `carried` now, where no batch follows to write them first (a stop, an idle
+        line); True when there were some."""
+        if not self.carried:
+            return False
+        self._connection()
+        return True
 
     def append(self, entries: Sequence[Entry], identity: Identity, synced: bool | None) -> None:
         """Write ``entries`` in one transaction: all of them or none."""
@@ -600,7 +615,7 @@ class JournalStore:
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
             self._db = None
-        self._file = None
+        self._file = self._writes = None
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
@@ -747,11 +762,14 @@ class JournalWriter:
     def _write(self) -> None:
         """Write batches as they come, prune now and then, until a stop."""
         retry_s = RETRY_S[0]
-        next_prune = 0.0
+        next_prune, looked = 0.0, time.monotonic()  # just opened: looked at
         while True:
             with self._lock:
-                while not self._queue and not self._stopping and time.monotonic() < next_prune:
-                    self._wake.wait(next_prune - time.monotonic())
+                while not self._queue and not self._stopping:
+                    wake_at = min(next_prune, self._idle_look(looked))
+                    if time.monotonic() >= wake_at:
+                        break
+                    self._wake.wait(wake_at - time.monotonic())
                 batch = [self._queue[i] for i in range(min(len(self._queue), BATCH_ROWS))]
                 stopping = self._stopping
             if batch:
@@ -764,23 +782,39 @@ class JournalWriter:
                     retry_s = min(retry_s * 2, RETRY_S[1])
                 continue
             if stopping:
-                self._attempt(self._last_look)
+                self._attempt(partial(self._look, at_once=True))
                 break
+            if time.monotonic() < next_prune:  # idle: journal.path looked at, as a batch would
+                looked = time.monotonic()
+                if not self._attempt(self._look):  # not opened anew (its folder gone): retried as a failed pass is
+                    next_prune = min(next_prune, time.monotonic() + retry_s)
+                continue
             if self._attempt(self._prune):
                 next_prune = time.monotonic() + PRUNE_EVERY_S
             else:
                 next_prune = time.monotonic() + retry_s
 
+    def _idle_look(self, looked: float) -> float:
+        """When a writer with no entry to write next looks at journal.path (`_look`), its last such look at
+        ``looked``: a line stopped saw the file removed only at the next retention pass, a minute on, and
+        meanwhile `edged history` found none, and a kill lost what only the removed file held. A busy one
+        has looked as it wrote (`LOOK_EVERY_S`) and is not woken for it; no file open, none to look at."""
+        if not self.store.opened:
+            return float("inf")
+        return max(self.store.next_look, looked + IDLE_LOOK_S)
+
     def _append(self, batch: list[Entry]) -> None:
         self._follow()
         self.store.append(batch, self._identity, clock_synced())
 
-    def _last_look(self) -> None:
-        """At a stop, journal.path looked at once more, and what a file no path names held written to the
-        one there now: the rows since the last look (a second's, sent already) went with the file at exit
-        (``rm journal.sqlite; systemctl restart edged``), its -wal and -shm left beside journal.path."""
-        self._follow(at_once=True)
-        self.store.write_carried()
+    def _look(self, *, at_once: bool = False) -> None:
+        """Where no batch follows (an idle line; ``at_once``, a stop), journal.path looked at, and what a file
+        no path names held written to the one there now, the feeds told: at a stop, the rows since the last
+        look (a second's, sent already) went with the file at exit (``rm journal.sqlite; systemctl restart
+        edged``), its -wal and -shm left beside journal.path."""
+        self._follow(at_once=at_once)
+        if self.store.write_carried():
+            self._tell()
 
     def _follow(self, *, at_once: bool = False) -> None:
         """Open journal.path anew where it no longer names the file written (`JournalStore.follow`):
@@ -1039,7 +1073,7 @@ class JournalOutput(Output):
         self.writer.committed.add(wake)
         store = self.writer.store
         first_after = self.writer.opened_id if self._carried else self.last_id if store.opened else None
-        return VerdictFeed(self.path, name, first_after, writes=lambda: store.file)
+        return VerdictFeed(self.path, name, first_after, writes=lambda: store.writes)
 
     def after_recorded(self, send: Callable[[], object]) -> None:
         """Call ``send`` (on the loop's thread) once every entry queued so far is on disk, in the order

@@ -34,6 +34,10 @@ from edged.lograte import LogRate
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 FileId = tuple[int, int]  # a file's device and inode
+LAST_ROW = 2**63 - 1  # SQLite's largest integer: no row id is above it
+# The file the journal's writer has open, and the row up to which its rows were recorded before it
+# wrote there (the journal found, the rows carried from a file journal.path no longer named).
+Writes = tuple[FileId, int]
 
 CURSORS = "CREATE TABLE IF NOT EXISTS cursors (name TEXT PRIMARY KEY, row_id INTEGER NOT NULL)"
 SAVE_EVERY_S = 1.0  # the cursor is written at most this often (and at close)
@@ -93,7 +97,7 @@ class VerdictFeed:
     thread, then used by that output's thread only."""
 
     def __init__(
-        self, path: Path, name: str, first_after: int | None, writes: Callable[[], FileId | None] = lambda: None
+        self, path: Path, name: str, first_after: int | None, writes: Callable[[], Writes | None] = lambda: None
     ) -> None:
         """``first_after``: the row up to which the journal's verdicts were recorded before this
         output was given them; None: the newest row the file holds now, as read here (a journal
@@ -101,7 +105,8 @@ class VerdictFeed:
         the journal has no cursor for ``name`` yet, it is written at that row now (those up to it
         stay unsent), not at the first read: only a connection makes one, and a run that never
         reached the broker would leave none, so the next start would skip its verdicts.
-        ``writes``: the file the journal's writer has open now (`_follow`)."""
+        ``writes``: the file the journal's writer has open now (`_follow`), and the rows it holds that
+        were recorded before (`_recorded_before`)."""
         self.path = path
         self.name = name
         self._writes = writes
@@ -169,8 +174,18 @@ class VerdictFeed:
         ran goes aside and a new one starts at its path, and this feed read the old one on, so no
         verdict reached the broker again until edged restarted. The next read opens the new one."""
         writes = self._writes()
-        if self._db is not None and writes is not None and writes != self._file:
+        if self._db is not None and writes is not None and writes[0] != self._file:
             self.close()
+
+    def _recorded_before(self) -> int:
+        """The row up to which the file read holds verdicts recorded before its writer wrote there: those
+        carried to it from a file journal.path no longer named went out as if just made, and a
+        subscriber could not tell them from live ones. Every row of a file the writer does not write (it
+        has yet to look) is; none is known of where it writes none (a journal that records nothing)."""
+        writes = self._writes()
+        if writes is None:
+            return 0
+        return writes[1] if writes[0] == self._file else LAST_ROW
 
     def _started_anew(self) -> None:
         """The path names another file than the one read before: every verdict in it was recorded since
@@ -216,6 +231,7 @@ class VerdictFeed:
 
         nothing: list[tuple[int, str, str]] = []
         live_from, rows = self._attempt(read, (0, nothing))
+        live_from = max(live_from, self._recorded_before())  # after the read: the writer says so once they are in
         out = []
         for row_id, camera_id, message in rows:
             payload = mark_replayed(message) if row_id <= live_from else message.encode()

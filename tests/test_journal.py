@@ -501,6 +501,7 @@ def test_a_journal_whose_folder_is_removed_is_counted_until_it_is_back_then_open
     counted as journal errors while it cannot be opened, the entries waiting in memory, and once the
     folder is back journal.path is opened anew with them, the one written to the old file first."""
     monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(journal, "IDLE_LOOK_S", 3600.0)  # no look between the first row and its removal
     monkeypatch.setattr(journal, "RETRY_S", (0.05, 0.2))
     caplog.set_level(logging.INFO, logger="edged.journal")
     folder = tmp_path / "state"
@@ -532,6 +533,7 @@ def test_what_a_journal_whose_folder_is_gone_held_goes_to_a_reloads_journal_or_i
     to the old file since the last look, and the entry waiting in memory, go to the new journal first,
     in order; at a stop both are counted as dropped and said lost."""
     monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(journal, "IDLE_LOOK_S", 3600.0)  # no look between the first row and its removal
     monkeypatch.setattr(journal, "RETRY_S", (0.05, 0.2))
     folder = tmp_path / "state"
     folder.mkdir()
@@ -630,6 +632,64 @@ def test_verdicts_carried_to_a_new_journal_no_feed_has_read_yet_are_sent_after_a
 
 
 @pytest.mark.unit
+def test_verdicts_carried_to_a_journal_opened_anew_go_out_replayed_and_those_after_them_live(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With [mqtt] connected, the journal removed while the broker had acknowledged one of three
+    verdicts: the other two, carried to the journal opened anew, went out as if just made, and a
+    subscriber could not tell them from live ones (before). They are marked ``replayed``, as any
+    verdict recorded before the connection it goes out on; those recorded after them go out live."""
+    path, _, output = mqtt_journal(tmp_path, monkeypatch)
+    try:
+        feed = output.feed("mqtt", threading.Event())
+        feed.connected()
+        for n in range(3):  # a batch each, each looked at journal.path before
+            output.writer.offer(entry(n))
+            assert wait_for(lambda n=n: output.writer.written == n + 1)
+        sent = feed.take(10)
+        assert [json.loads(forward.payload).get("replayed") for forward in sent] == [None, None, None]
+        feed.acked(sent[0].row_id)
+        feed.close()  # the cursor written: the broker had the first
+        path.unlink()
+        output.writer.offer(entry(3))
+        assert wait_for(lambda: output.writer.written == 4)
+        taken = [json.loads(forward.payload) for forward in feed.take(10)]
+        assert [(m["frame_id"], m.get("replayed")) for m in taken] == [(1, True), (2, True), (3, None)]
+        feed.close()
+    finally:
+        output.close()
+
+
+@pytest.mark.unit
+def test_a_journal_removed_while_no_verdict_comes_is_opened_anew_within_a_second_with_what_it_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line stopped (no verdict coming) and the journal removed: nothing looked at journal.path until
+    the next retention pass, a minute on (before). Meanwhile `edged history` found no journal ("it is
+    written once a verdict is made"), and a kill or power cut lost what only the removed file held: the
+    last batch, and with [mqtt] the verdicts the broker had not acknowledged. An idle writer looks as
+    a busy one does: they are at journal.path within a second, and the feed is woken to send them."""
+    path, _, output = mqtt_journal(tmp_path, monkeypatch)
+    woken = threading.Event()
+    try:
+        feed = output.feed("mqtt", woken)
+        for n in range(3):
+            output.writer.offer(entry(n))
+            assert wait_for(lambda n=n: output.writer.written == n + 1)
+        feed.acked(feed.take(1)[0].row_id)
+        feed.close()  # the broker had the first
+        path.unlink()
+        woken.clear()
+        assert wait_for(lambda: output.writer.report("cam").errors == 1 and not output.writer.store.carried, 5)
+        assert [r[0] for r in rows(path)] == [1, 2]
+        assert woken.is_set()
+        assert [json.loads(forward.payload)["frame_id"] for forward in feed.take(10)] == [1, 2]
+        feed.close()
+    finally:
+        output.close()
+
+
+@pytest.mark.unit
 def test_a_journal_removed_as_it_opens_is_opened_anew_at_the_next_look(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -719,6 +779,7 @@ def test_a_journal_replaced_by_a_fifo_under_the_writer_is_counted_as_what_it_is_
     failed as a bare ``disk I/O error`` (before); now counted as what is there, the rows waiting, and
     written once it is gone."""
     monkeypatch.setattr(journal, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(journal, "IDLE_LOOK_S", 3600.0)  # no look between the first row and its removal
     monkeypatch.setattr(journal, "RETRY_S", (0.05, 0.2))
     path = tmp_path / "journal.sqlite"
     w = writer(path)
