@@ -602,6 +602,15 @@ def test_a_stop_right_after_the_journal_is_removed_writes_what_the_removed_file_
     assert w.report("cam").errors == 1 and w.report("cam").dropped == 0
 
 
+def _three_the_broker_had_the_first_of(output: JournalOutput, feed: VerdictFeed) -> None:
+    """Three verdicts written, a batch each, and the first acknowledged by the broker, its cursor written."""
+    for n in range(3):
+        output.writer.offer(entry(n))
+        assert wait_for(lambda n=n: output.writer.written == n + 1)
+    feed.acked(feed.take(1)[0].row_id)
+    feed.close()
+
+
 @pytest.mark.unit
 def test_verdicts_carried_to_a_new_journal_no_feed_has_read_yet_are_sent_after_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -612,11 +621,7 @@ def test_verdicts_carried_to_a_new_journal_no_feed_has_read_yet_are_sent_after_a
     path, settings, output = mqtt_journal(tmp_path, monkeypatch)
     try:
         feed = output.feed("mqtt", threading.Event())
-        for n in range(3):
-            output.writer.offer(entry(n))
-            assert wait_for(lambda n=n: output.writer.written == n + 1)
-        feed.acked(feed.take(1)[0].row_id)
-        feed.close()  # the broker had the first
+        _three_the_broker_had_the_first_of(output, feed)
         path.unlink()
         output.writer.offer(entry(3))
         assert wait_for(lambda: output.writer.written == 4)
@@ -673,11 +678,7 @@ def test_a_journal_removed_while_no_verdict_comes_is_opened_anew_within_a_second
     woken = threading.Event()
     try:
         feed = output.feed("mqtt", woken)
-        for n in range(3):
-            output.writer.offer(entry(n))
-            assert wait_for(lambda n=n: output.writer.written == n + 1)
-        feed.acked(feed.take(1)[0].row_id)
-        feed.close()  # the broker had the first
+        _three_the_broker_had_the_first_of(output, feed)
         path.unlink()
         woken.clear()
         assert wait_for(lambda: output.writer.report("cam").errors == 1 and not output.writer.store.carried, 5)
