@@ -601,7 +601,7 @@ def test_parts_a_line_process_drops_or_that_find_none_are_counted_said_and_raise
     gpiod: ModuleType, lines: list[RejectLine], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An NG part whose pulse could not be fired was said in a log line at most, counted nowhere."""
-    monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 0.5)
+    monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 0.0)
     line = start(lines, reject(delay_ms=2000.0, alarm_line="ALARM"), drain_s=0.2)
     line.expect(t := time.monotonic_ns())
     line.resolve(t, "ng", time.monotonic_ns())
@@ -609,6 +609,7 @@ def test_parts_a_line_process_drops_or_that_find_none_are_counted_said_and_raise
     assert wait_for(lambda: line.ended, 5.0)
     assert wait_for(lambda: (r := line.report()) and (r.dropped, r.alarm) == (1, True), 5.0)
     assert [level for _, level in levels(gpiod, 1)][-2:] == [0, 1]  # the new process raised the alarm line
+    monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 3600.0)
     os.kill(line.pid, signal.SIGKILL)  # ended again within RESTART_INTERVAL_S: no process for a while
     assert wait_for(lambda: line.ended, 5.0)
     line.expect(t := time.monotonic_ns())
@@ -617,6 +618,7 @@ def test_parts_a_line_process_drops_or_that_find_none_are_counted_said_and_raise
     said = "1 part to be ejected found no line process to fire its pulse: dropped, un-ejected"
     assert wait_for(lambda: (r := line.report()) and (r.dropped, r.last_error) == (2, said), 5.0)
     assert said in caplog.text
+    monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 0.0)  # the interval over
     restarted = "the reject line's process ended (exit -9); started again"
     assert wait_for(lambda: line.report().last_error == restarted, 5.0)
     assert wait_for(lambda: line.report().alarm, 5.0)  # the new process raised the alarm again
