@@ -208,8 +208,10 @@ def test_a_stop_while_the_model_loads_at_start_ends_the_start_at_once_with_exit_
         d = _spawn(config, endpoint, notify)
         try:
             assert wait_for(waiting, timeout_s=20), d.log()
-            assert wait_for(lambda: len(_stalls(notify)) >= 2, timeout_s=20), notify.received
-            assert not notify.times_of("EXTEND_TIMEOUT_USEC=30000000", since=_stalls(notify)[0])  # stuck: systemd ends it
+            held = time.monotonic()
+            assert wait_for(lambda: len(_stalls(notify, since=held)) >= 2, timeout_s=20), notify.received
+            stuck = _stalls(notify, since=held)[0]
+            assert not notify.times_of("EXTEND_TIMEOUT_USEC=30000000", since=stuck)  # systemd's timeout ends it
             d.signal(signal.SIGTERM)
             assert d.proc.wait(timeout=3) == 0, d.log()  # the model's open still held
             log = d.log()
@@ -454,8 +456,8 @@ def _loading(notify: NotifySocket, work: Callable[[], None]) -> threading.Thread
     return thread
 
 
-def _stalls(notify: NotifySocket) -> list[float]:
-    return [t for t, d in notify.received if "no progress for" in d]
+def _stalls(notify: NotifySocket, since: float = 0.0) -> list[float]:
+    return [t for t, d in notify.received if "no progress for" in d and t >= since]
 
 
 def test_a_load_that_works_on_extends_the_start_timeout_and_one_that_stalls_does_not(
@@ -467,11 +469,12 @@ def test_a_load_that_works_on_extends_the_start_timeout_and_one_that_stalls_does
     monkeypatch.setattr(service, "LOAD_CHECK_S", 0.05)
     monkeypatch.setattr(service, "LOAD_EXTEND_S", 0.3)
     extend = "EXTEND_TIMEOUT_USEC=300000"
-    stall, release = threading.Event(), threading.Event()
+    stall, stalled, release = threading.Event(), threading.Event(), threading.Event()
 
     def work() -> None:
         while not stall.is_set():
             sum(range(10_000))
+        stalled.set()
         release.wait(20)
 
     with caplog.at_level(logging.WARNING, logger="edged.service"):
@@ -479,12 +482,14 @@ def test_a_load_that_works_on_extends_the_start_timeout_and_one_that_stalls_does
         assert wait_for(lambda: len(notify.times_of(extend)) >= 3, timeout_s=20), notify.received
         assert any(d.startswith(f"{extend}\nSTATUS=loading the model: ") for _, d in notify.received)
         stall.set()
-        assert wait_for(lambda: len(_stalls(notify)) >= 10, timeout_s=20), notify.received
-        stalled = _stalls(notify)[0]
+        assert stalled.wait(20)
+        waiting = time.monotonic()
+        assert wait_for(lambda: len(_stalls(notify, since=waiting)) >= 10, timeout_s=20), notify.received
+        seen = _stalls(notify, since=waiting)[0]
         release.set()
         start.join(20)
     assert not start.is_alive()
-    assert not notify.times_of(extend, since=stalled)
+    assert not notify.times_of(extend, since=seen)
     said = [r.message for r in caplog.records if "no longer extended" in r.message]
     assert len(said) == 1, said
 
