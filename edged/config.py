@@ -32,7 +32,7 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError, EdgedError, KeyFileError, out_of_room, printable
-from edged.settings.endpoints import Place, ipc_folder_problem, on_the_network, same_place, zmq_place
+from edged.settings.endpoints import Place, bind_problem, ipc_folder_problem, on_the_network, same_place, zmq_place
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig, listen_address
 from edged.settings.inspect import InspectConfig
@@ -133,6 +133,8 @@ class CandidateConfig(Section):
                 "the control socket must be a path, not an abstract name (@): one has no file mode, so every "
                 "local user could promote a model"
             )
+        if (problem := bind_problem(v)) is not None:
+            raise ValueError(problem)
         return v
 
 
@@ -380,6 +382,8 @@ class PublishConfig(Section):
         for ep in v:
             if not ep.startswith(("tcp://", "ipc://")):
                 raise ValueError(f"endpoint {ep!r} must start with tcp:// or ipc://")
+            if (problem := bind_problem(ep)) is not None:
+                raise ValueError(problem)
         return v
 
     @model_validator(mode="after")
@@ -424,6 +428,8 @@ class TriggerConfig(Section):
     def _known_transport(cls, v: str) -> str:
         if not v.startswith(("tcp://", "ipc://")):
             raise ValueError(f"endpoint {v!r} must start with tcp:// or ipc://")
+        if (problem := bind_problem(v)) is not None:
+            raise ValueError(problem)
         return v
 
 
@@ -854,6 +860,7 @@ def _one_per_union(errors: Sequence[Any]) -> list[Any]:
 
 
 _KEY_SAID = re.compile(r"^Value error, (?P<text>(?P<key>[a-z_]+(?:\.[a-z_]+)*): .*)$")
+_KEYS_NAMED = re.compile(r"(?:^|; | where )([a-z_]+(?:\.[a-z_]+)+)[: ]")  # the keys a check across sections names
 
 
 def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras: bool = False) -> str:
@@ -881,8 +888,10 @@ def _format_error(err: Any, variables: Mapping[tuple[str, ...], str], *, cameras
     # pydantic quotes some values in its message (a union's tag): escape what would break the line.
     msg = "".join(c if c.isprintable() else repr(c)[1:-1] for c in err["msg"])
     said = _KEY_SAID.match(msg) if not loc and err["type"] == "value_error" else None
-    if said and said["key"].split(".")[0] in Settings.model_fields:  # a check across sections names its key
-        return said["text"]
+    if said and said["key"].split(".")[0] in Settings.model_fields:  # a check across sections names its keys
+        named = {tuple(key.split(".")) for key in _KEYS_NAMED.findall(said["text"])}
+        origin = [name for path, name in variables.items() if any(key[: len(path)] == path for key in named)]
+        return said["text"] + (f" (from the environment: {', '.join(origin)})" if origin else "")
     text = f"{loc or '(top level)'}: {msg}"
     if hint and hint not in msg:
         text += f" ({hint})"

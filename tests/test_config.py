@@ -132,6 +132,12 @@ def test_environment_overrides_nested_keys_and_keeps_the_rest(tmp_path: Path, mo
         ('[model]\npath = "m.onnx"\n[source]\ntype = "file"\npath = "gone.mp4"\n', "source.path: video file"),
         ('[model]\npath = "m.onnx"\nstd = [1, 0, 1]\n', "model.std: Value error, std values must be non-zero"),
         ('[model]\npath = "m.onnx"\n[publish]\nendpoints = ["udp://x:1"]\n', "must start with tcp:// or ipc://"),
+        *(  # libzmq refused these at bind (exit 1), or bound another port than the one written (99999 % 65536)
+            (f'[model]\npath = "m.onnx"\n[publish]\nendpoints = ["{ep}"]\n', f"publish.endpoints: Value error, '{ep}' has")
+            for ep in ("tcp://127.0.0.1", "tcp://127.0.0.1:99999", "tcp://127.0.0.1:!", "tcp://127.0.0.1:²")
+        ),
+        ('[model]\npath = "m.onnx"\n[trigger]\nendpoint = "ipc://*"\n', "trigger.endpoint: Value error, 'ipc://*' names"),
+        ('[model]\npath = "m.onnx"\n[model.candidate]\npath = "m.onnx"\ncontrol = "ipc://*"\n', "'ipc://*' names no path"),
         (
             '[model]\npath = "m.onnx"\n[source]\ntype = "synthetic"\ncamera_id = "a b"\n',
             "source.camera_id: String should match",
@@ -425,6 +431,19 @@ def test_a_bad_value_in_a_variable_names_the_variable(tmp_path: Path, monkeypatc
         "got 'CPUExecutionProvider' (from the environment: EDGED_RUNTIME__PROVIDERS)",
         "runtime.providers.0.name: Field required (required key is missing) "
         "(from the environment: EDGED_RUNTIME__PROVIDERS)",
+    ]
+
+
+def test_a_check_across_sections_names_the_variable_of_either_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file alone had each socket at a place of its own: without the variable's name the problem
+    pointed at a file that did not say it."""
+    path = _listening(tmp_path, ["tcp://127.0.0.1:5591"], '[http]\nlisten = "127.0.0.1:5592"\n')
+    monkeypatch.setenv("EDGED_PUBLISH__ENDPOINTS", '["tcp://127.0.0.1:5592"]')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [
+        "http.listen: '127.0.0.1:5592' would listen where publish.endpoints 'tcp://127.0.0.1:5592' does, and could "
+        "not bind there: give each its own port (or path) (from the environment: EDGED_PUBLISH__ENDPOINTS)"
     ]
 
 
@@ -806,6 +825,26 @@ def _listening(tmp_path: Path, publish: list[str], more: str = "") -> Path:
             '[trigger]\nmode = "request"\nendpoint = "tcp://127.0.0.1:5591"\n',
             "trigger.endpoint: 'tcp://127.0.0.1:5591' would listen where publish.endpoints 'tcp://127.0.0.1:5591' does",
         ),
+        (  # IPv6's every address is bound for IPv4 too, by ZeroMQ and by edged's servers
+            ["tcp://[::]:5591", "tcp://127.0.0.1:5591"],
+            "",
+            "publish.endpoints: 'tcp://127.0.0.1:5591' would listen where publish.endpoints 'tcp://[::]:5591' does",
+        ),
+        (
+            ["tcp://0.0.0.0:5591"],
+            '[http]\nlisten = "[::]:5591"\ntoken_file = "m.onnx"\n',
+            "http.listen: '[::]:5591' would listen where publish.endpoints 'tcp://0.0.0.0:5591' does",
+        ),
+        (  # an interface is the address libzmq binds for it
+            ["tcp://lo:5591", "tcp://0.0.0.0:5591"],
+            "",
+            "publish.endpoints: 'tcp://0.0.0.0:5591' would listen where publish.endpoints 'tcp://lo:5591' does",
+        ),
+        (  # an IPv4-mapped address is its IPv4 address
+            ["tcp://127.0.0.1:5591"],
+            '[modbus]\nlisten = "[::ffff:127.0.0.1]:5591"\nallow_remote = true\n',
+            "modbus.listen: '[::ffff:127.0.0.1]:5591' would listen where publish.endpoints 'tcp://127.0.0.1:5591' does",
+        ),
     ],
 )
 def test_two_sockets_at_one_place_are_a_config_error_naming_both(
@@ -824,6 +863,9 @@ def test_two_sockets_at_one_place_are_a_config_error_naming_both(
     [
         (["tcp://127.0.0.1:5591"], '[http]\nlisten = "127.0.0.2:5591"\n'),
         (["tcp://127.0.0.1:*", "tcp://127.0.0.1:*"], ""),  # ports ZeroMQ chooses as it binds
+        (["tcp://127.0.0.1:0", "tcp://*:00"], ""),  # 0 too
+        (["tcp://[::1]:5591", "tcp://[::ffff:127.0.0.2]:5591"], ""),
+        (["tcp://lo:5591", "tcp://[::1]:5591"], ""),  # an interface binds its IPv4 address
         (["tcp://0.0.0.0:5591"], '[http]\nlisten = "[::1]:5591"\n'),  # IPv4's every address, beside IPv6's loopback
         (["tcp://127.0.0.1:5591", "ipc:///run/edged/5591.sock"], ""),
         (["tcp://127.0.0.1:5591"], '[trigger]\nendpoint = "tcp://127.0.0.1:5591"\n'),  # no camera takes requests

@@ -7,10 +7,12 @@ else is a mistyped path, and edged running as root would otherwise create it whe
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import socket
 import stat
+import struct
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +21,8 @@ from edged.settings.service_dirs import service_dirs
 
 RUNTIME_DIR = Path("/run/edged")  # the units' RuntimeDirectory=; edged's own outside systemd too
 MAX_IPC_PATH_BYTES = 107  # a Unix socket's address (sun_path, 108 bytes) with libzmq's terminating NUL
+NAME_WAIT_S = 5.0  # how long the configuration's check waits for the resolver on a host name (`same_place`)
+SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
 
 
 def tcp_host(endpoint: str) -> str | None:
@@ -154,34 +158,79 @@ Place = tuple[str, str]  # where a socket listens: (host, port), or (`IPC`, its 
 IPC = "ipc://"
 
 
+def _port(endpoint: str) -> str:
+    return endpoint.rpartition(":")[2]
+
+
+def bind_problem(endpoint: str) -> str | None:
+    """Why a ZeroMQ endpoint (tcp:// or ipc://) cannot be bound as written: a tcp one without a port
+    from 0 to 65535 or ``*`` (libzmq refuses one missing, and binds a larger number modulo 65536, a port
+    no peer is told), an ipc one without a path or at ``*`` (a path libzmq makes up, nobody is told)."""
+    if endpoint.startswith(IPC):
+        return f"{endpoint!r} names no path: write ipc:///FOLDER/NAME.sock" if endpoint in (IPC, IPC + "*") else None
+    port = _port(endpoint)
+    if port == "*" or (port.isascii() and port.isdigit() and int(port) < 65536):
+        return None
+    return f"{endpoint!r} has no port from 0 to 65535 (or *, a port the kernel chooses): write tcp://HOST:PORT"
+
+
 def zmq_place(endpoint: str) -> Place | None:
-    """Where a ZeroMQ endpoint listens (`Place`); None for a port chosen as it binds (``*``, ``!``)."""
+    """Where a ZeroMQ endpoint that `bind_problem` passes listens (`Place`); None for a port chosen as
+    it binds: ``*``, and 0, which libzmq gives the kernel to choose as it does ``*``."""
     if endpoint.startswith(IPC):
         return IPC, os.path.normpath(endpoint[len(IPC) :]) if not endpoint.startswith("ipc://@") else endpoint
-    host, _, port = endpoint[len("tcp://") :].rpartition(":")
-    return (host, str(int(port))) if port.isdigit() else None
+    host, port = tcp_host(endpoint) or "", _port(endpoint)
+    return (host, str(int(port))) if port.isdigit() and int(port) else None
+
+
+def _interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of the interface ``name``; None where it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", os.fsencode(name)[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(answer[20:24])
+
+
+def _name_bound(host: str) -> str | None:
+    """The address libzmq binds for the name ``host``: an interface's IPv4 address; else the first IPv4
+    address the name resolves to, or its first IPv6 one without one (`edged.listen.Listener`). None
+    where there is none now, or the resolver has not answered within `NAME_WAIT_S`."""
+    if host.lower() == "localhost":
+        return "127.0.0.1"
+    if host in _interfaces():
+        return _interface_ipv4(host)
+    found = look_up(host, NAME_WAIT_S)
+    return None if isinstance(found, str) else next((a for a in found if ":" not in a), found[0])
 
 
 def _bound(host: str) -> str:
-    """``host`` as the kernel binds it: an address in its one spelling, ``localhost`` as 127.0.0.1."""
-    host = host.lower().removeprefix("[").removesuffix("]")
+    """``host`` as the kernel binds it: an address in its one spelling, an IPv4-mapped one
+    (``::ffff:a.b.c.d``) as its IPv4 address, ``::`` as ``*`` (every address of both families, as
+    ZeroMQ and edged's servers bind it), a name as the address it binds (`_name_bound`)."""
+    host = host.removeprefix("[").removesuffix("]")
+    if host != "*" and address_of(host) is None:
+        host = _name_bound(host) or host.lower()
     address = address_of(host)
-    return "127.0.0.1" if host == "localhost" else str(address) if address is not None else host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.is_unspecified:
+            return "*"
+        address = address.ipv4_mapped or address
+    return str(address) if address is not None else host
 
 
 def same_place(a: Place, b: Place) -> bool:
     """Whether two sockets would listen at one place, so that the second cannot bind: one ipc path, or
-    one port on hosts that overlap: the same host, ZeroMQ's ``*`` (every address, IPv6 and IPv4) beside
-    any, ``0.0.0.0`` beside an IPv4 address, ``::`` beside an IPv6 one. A name matches only itself."""
+    one port on hosts that overlap: the same address, ZeroMQ's ``*`` or ``::`` (every address, IPv6 and
+    IPv4) beside any, ``0.0.0.0`` beside an IPv4 address. A name is the address it binds, where it has
+    one now; else it matches only itself."""
     if a[1] != b[1] or (a[0] == IPC) != (b[0] == IPC):
         return False
     hosts = {_bound(a[0]), _bound(b[0])}
     if len(hosts) == 1 or "*" in hosts:
         return True
-    for wildcard, version in (("0.0.0.0", 4), ("::", 6)):
-        if wildcard in hosts and all((x := address_of(h)) is not None and x.version == version for h in hosts):
-            return True
-    return False
+    return "0.0.0.0" in hosts and all((x := address_of(h)) is not None and x.version == 4 for h in hosts)
 
 
 def runtime_dirs() -> tuple[Path, ...]:
