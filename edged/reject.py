@@ -38,8 +38,9 @@ end of a drain however it comes, drive the line inactive before it is released.
 A signal to the line process alone (an admin's ``kill``) drains it as a stop does, said at once
 in the status; once it has ended, the loop's next write starts another (`RejectLine`). A part to
 be ejected whose pulse cannot be fired (let go of at a drain's bound or a failure, or judged while
-no process runs) is never silent: logged, counted in ``reject.dropped``, and the process that
-takes over drives the alarm line, where there is one, active until a verdict is on time again.
+no process runs or while it reads nothing, stopped: the loop never waits on it) is never silent:
+logged, counted in ``reject.dropped``, and the process that takes over drives the alarm line,
+where there is one, active until a verdict is on time again.
 
 ``gpiod`` (the ``gpio`` extra) is imported only when a reject line is configured.
 """
@@ -298,6 +299,7 @@ class Schedule:
         self._active = False
         self._alarm = False
         self._late_upto = -1  # the latest capture whose deadline passed without a verdict
+        self.earlier_upto = -1  # the latest capture announced to the process before this one, which had its deadline
         self.pulses = self.late = self.late_fired = self.late_verdicts = self.merged = self.dropped = 0
         self._lateness = LatencyWindow(WINDOW)
         self._margin = LatencyWindow(WINDOW)
@@ -319,6 +321,9 @@ class Schedule:
                 self.late_verdicts += 1
                 return
             deadline = t_capture_ns + self._delay_ns  # a frame not announced (a reload's trial frame)
+            if now_ns >= deadline and t_capture_ns <= self.earlier_upto:  # the process before applied `late` to it
+                self.late_verdicts += 1
+                return
         if now_ns >= deadline:
             self.late_verdicts += 1
             self.missed(t_capture_ns, deadline)
@@ -506,13 +511,15 @@ def serve(
     drain_s: float = DRAIN_S,
     *,
     dropped_before: bool = False,
+    earlier_upto: int = -1,
 ) -> int:
     """The line process: request the line, then fire what the daemon's commands schedule until it
     stops, and the drain that follows has fired what was on its way (`Stopping`); the line inactive
     and released on every way out. Says ``ready`` or ``error`` first (and again when a reload requests
     the line otherwise), ``stopping`` when a signal begins a drain the daemon did not ask for, and a
     report line whenever its counters moved (at most every `REPORT_INTERVAL_S`). ``dropped_before``:
-    the process before this one dropped parts, which the alarm line says."""
+    the process before this one dropped parts, which the alarm line says; ``earlier_upto``: the latest
+    capture announced to it, whose late verdict this one does not fire again (`Schedule.resolve`)."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the daemon's reload is the daemon's
 
     def reopen(cfg: RejectConfig) -> Lines:
@@ -533,6 +540,7 @@ def serve(
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGABRT):
         signal.signal(signum, stopping.signalled)
     schedule = Schedule(cfg, lines)
+    schedule.earlier_upto = earlier_upto
     fast = realtime()
     _say_ready(out, lines, fast)
 
@@ -667,9 +675,9 @@ class RejectLine:
     as soon as the loop's next write finds it gone, or by the next `report`, at most every
     `RESTART_INTERVAL_S` and without waiting for it: its counters carry on from the last one's, the
     commands meanwhile wait in the new one's pipe, and with parts dropped its alarm line goes
-    active. A part to be ejected whose verdict finds no process to take it (between two starts) is
-    counted in ``dropped`` and said. A stop (`drain`, then `wait`; `stop` does both) lets the
-    process fire what it has scheduled, for ``drain_s`` at most.
+    active. A part to be ejected whose verdict finds no process to take it (between two starts, or a
+    process stopped whose pipe is full) is counted in ``dropped`` and said. A stop (`drain`, then
+    `wait`; `stop` does both) lets the process fire what it has scheduled, for ``drain_s`` at most.
     """
 
     def __init__(self, camera_id: str, cfg: RejectConfig, *, record: bool = False, drain_s: float = DRAIN_S) -> None:
@@ -685,6 +693,8 @@ class RejectLine:
         self._undelivered = 0  # parts to be ejected whose verdict found no process to send it to
         self._undelivered_said = 0  # of those, how many are said
         self._undelivered_before = 0  # of those, how many came before the last start
+        self._undelivered_why = "found no line process to fire its pulse"  # why the last of them found none
+        self._announced = -1  # the latest capture a process took (`expect`): the next one leaves its late verdict be
         self._spawn()
         try:
             self._ready(self._first_line())
@@ -699,13 +709,17 @@ class RejectLine:
         dropped = ["--dropped-before"] if dropped_before else []
         config = self.cfg.model_dump_json()
         command = [sys.executable, "-m", "edged.reject", self.camera_id, config, f"--drain-s={self.drain_s}"]
-        command += [*record, *dropped]
+        command += [*record, *dropped, f"--earlier-upto={self._announced}"]
         self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._in, self._out = self._proc.stdin.fileno(), self._proc.stdout.fileno()
         os.set_blocking(self._out, False)  # `report` reads what is there, never waits
+        # A process that reads nothing (SIGSTOP, a debugger) fills its pipe: the loop's next write would wait for
+        # good. Each command is shorter than PIPE_BUF, so a write goes whole or not at all (EAGAIN).
+        os.set_blocking(self._in, False)
         self._buffer = b""
         self._closed = False  # the pipes: closed once the process has ended for good (their numbers may be reused)
+        self._unsent = ""  # a reload's settings a process reading nothing did not take (`_send`): this one has them
 
     def _ready(self, ready: dict[str, Any]) -> None:
         self.chip, self.line, self.alarm = ready["chip"], ready["line"], ready["alarm"]
@@ -725,24 +739,33 @@ class RejectLine:
         first, _, self._buffer = self._buffer.partition(b"\n")
         return _ready_or_raise(first)
 
-    def _send(self, command: str) -> bool:
+    def _send(self, command: str, *, keep: bool = False) -> bool:
         """Write ``command`` to the process; one that is gone is started again first where it may be
-        (`_restart`). False: no process took it."""
+        (`_restart`). False: no process took it. ``keep``: one a process reading nothing did not take
+        goes before the next command it takes (a reload's settings, lost otherwise until a restart)."""
         if self._closed:
             return False
         for _ in range(2):
             try:
-                os.write(self._in, command.encode())
+                os.write(self._in, (self._unsent + command).encode())
+                self._unsent = ""
                 return True
+            except BlockingIOError:  # alive but reading nothing: what it is sent meanwhile is lost, and said
+                self._unsent = command if keep else self._unsent
+                self.last_error = f"the reject line's process (pid {self._proc.pid}) takes no commands: stopped or stuck"
+                self._undelivered_why = f"found the line process (pid {self._proc.pid}) taking no commands, stopped or stuck"
+                return False
             except OSError as e:  # the process is gone: said in the status, the loop goes on
                 self.last_error = f"the reject line's process is gone ({e.strerror}; exit {self._proc.poll()})"
+                self._undelivered_why = "found no line process to fire its pulse"
             if self._stopped or self._proc.poll() is None or not self._restart():
                 return False
         return False
 
     def expect(self, t_capture_ns: int) -> None:
         """A frame captured at ``t_capture_ns`` went to the model: its part now has a deadline."""
-        self._send(f"e {t_capture_ns}\n")
+        if self._send(f"e {t_capture_ns}\n"):
+            self._announced = max(self._announced, t_capture_ns)
 
     def resolve(self, t_capture_ns: int, verdict: str | None, now_ns: int) -> None:
         """The verdict of the frame captured at ``t_capture_ns`` (None: it has none) came at ``now_ns``.
@@ -756,7 +779,7 @@ class RejectLine:
         """A reload's settings for the same line: parts already taken keep their deadlines, and the
         process requests the line again itself where ``active_low`` or ``alarm_line`` changed."""
         self.cfg = cfg
-        self._send(f"a {cfg.model_dump_json()}\n")
+        self._send(f"a {cfg.model_dump_json()}\n", keep=True)
 
     def report(self) -> RejectReport:
         """What the process said last, added to what the ended ones said; an error, or the process's
@@ -767,7 +790,7 @@ class RejectLine:
         if self._undelivered > self._undelivered_said:
             count = self._undelivered - self._undelivered_said
             parts = "1 part to be ejected" if count == 1 else f"{count} parts to be ejected"
-            self.last_error = f"{parts} found no line process to fire its pulse: dropped, un-ejected"
+            self.last_error = f"{parts} {self._undelivered_why}: dropped, un-ejected"
             log.error("reject line: %s", self.last_error, extra={"CAMERA": self.camera_id})
             self._undelivered_said = self._undelivered
         report = _added(self._before, self._report)
@@ -1016,13 +1039,15 @@ def _stop(lines: list[RejectLine]) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m edged.reject CAMERA CONFIG_JSON [--drain-s=SECONDS] [--record] [--dropped-before]``: the line process
-    `RejectLine` starts, its commands on stdin, what it says on stdout."""
+    """``python -m edged.reject CAMERA CONFIG_JSON [--drain-s=SECONDS] [--record] [--dropped-before]
+    [--earlier-upto=NS]``: the line process `RejectLine` starts, its commands on stdin, what it says on stdout."""
     logging.basicConfig(level=logging.INFO, format=f"edged reject line {argv[0]}: %(message)s")
     options = argv[2:]
     drain_s = next((float(o.removeprefix("--drain-s=")) for o in options if o.startswith("--drain-s=")), DRAIN_S)
+    earlier = next((int(o.removeprefix("--earlier-upto=")) for o in options if o.startswith("--earlier-upto=")), -1)
     cfg = RejectConfig.model_validate_json(argv[1])
-    return serve(argv[0], cfg, "--record" in options, 0, 1, drain_s, dropped_before="--dropped-before" in options)
+    dropped_before = "--dropped-before" in options
+    return serve(argv[0], cfg, "--record" in options, 0, 1, drain_s, dropped_before=dropped_before, earlier_upto=earlier)
 
 
 if __name__ == "__main__":

@@ -629,3 +629,52 @@ def test_parts_a_line_process_drops_or_that_find_none_are_counted_said_and_raise
     line.resolve(t, "ok", time.monotonic_ns())  # a verdict on time again: the alarm off
     assert wait_for(lambda: not line.report().alarm, 5.0) and levels(gpiod, 1)[-1][1] == 0
     assert line.report().dropped == 2
+
+
+def test_a_stopped_line_process_whose_pipe_is_full_never_blocks_the_loop_and_its_parts_are_counted(
+    gpiod: ModuleType, lines: list[RejectLine]
+) -> None:
+    """A line process stopped (SIGSTOP, a debugger) reads nothing: the loop's writes filled its pipe,
+    and the next one blocked the loop for good. A reload's settings sent meanwhile reach it once it reads again."""
+    line = start(lines, reject(delay_ms=10.0, late="pass"), drain_s=0.2)
+    os.kill(line.pid, signal.SIGSTOP)
+    try:
+        done = threading.Event()
+
+        def flood() -> None:
+            for _ in range(5000):  # about 300 KiB of commands: several times a pipe's 64 KiB
+                t = time.monotonic_ns()
+                line.expect(t)
+                line.resolve(t, "ng", time.monotonic_ns())
+            done.set()
+
+        threading.Thread(target=flood, daemon=True).start()
+        assert done.wait(5.0), "the loop's write blocked on the stopped process's full pipe"
+        report = line.report()
+        assert report.dropped > 0 and "taking no commands, stopped or stuck: dropped" in (report.last_error or ""), report
+        line.adopt(reject(delay_ms=10.0, late="pass", pulse_ms=80.0))
+    finally:
+        os.kill(line.pid, signal.SIGCONT)
+    sentinel(gpiod, line, 1)  # taken after the backlog, which fires nothing (late = "pass")
+    rise, fall = pulses(gpiod)[0]
+    assert fall - rise >= 80 * MS, (fall - rise) / MS  # the reload's pulse_ms, not the 30 ms before it
+
+
+def test_a_late_verdict_of_a_part_the_ended_process_had_fires_no_second_pulse_in_the_next_one(
+    gpiod: ModuleType, lines: list[RejectLine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process a signal ended had applied ``late`` (a pulse) at the part's deadline; its verdict,
+    coming later to the process after it, which had never heard of the part, fired it again."""
+    monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 0.0)
+    line = start(lines, reject(delay_ms=50.0), drain_s=0.3)
+    t = time.monotonic_ns()
+    line.expect(t)
+    os.kill(line.pid, signal.SIGTERM)
+    assert wait_for(lambda: line.ended, 5.0)
+    assert len(pulses(gpiod)) == 1  # the fail-safe pulse at its deadline, during the drain
+    line.resolve(t, "ok", time.monotonic_ns())  # its verdict at last: the next process takes it
+    assert wait_for(lambda: line.report().late_verdicts == 1, 5.0), line.report()
+    sentinel(gpiod, line, 2)
+    assert len(pulses(gpiod)) == 2, levels(gpiod, 0)
+    counted = (2, 1, 1)  # pulses, late_fired, late_verdicts: the fail-safe pulse once
+    assert wait_for(lambda: (r := line.report()) and (r.pulses, r.late_fired, r.late_verdicts) == counted, 5.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from waiting import wait_for
 from edged.errors import SourceError
 from edged.messages import DetectionsMessage
 from edged.settings.sources import RtspSourceConfig
-from edged.sources.rtsp import RtspSource
+from edged.sources.rtsp import PROBE_TIMEOUT_S, RtspSource
 
 pytestmark = pytest.mark.integration
 
@@ -300,3 +301,59 @@ def test_check_names_an_unreachable_stream_and_fails(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "gave no frame: cannot open RTSP stream rtsp://***@127.0.0.1:" in result.stderr
     assert SECRET not in result.stdout + result.stderr
+
+
+def _hostile_camera(
+    listener: socket.socket, answer: bytes, pause_s: float, stop: threading.Event, asked: list[bytes]
+) -> None:
+    """Answer every connection's first bytes (kept in ``asked``) with ``answer`` one byte at a time,
+    ``pause_s`` apart, then bytes without end: a broken camera, or any server on the network."""
+    while not stop.is_set():
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return
+        with connection:
+            try:
+                asked.append(connection.recv(4096))
+                for byte in answer:
+                    connection.sendall(bytes([byte]))
+                    time.sleep(pause_s)
+                while not stop.is_set():
+                    connection.sendall(b"x" * 4096)
+            except OSError:
+                continue
+
+
+def test_the_describe_probe_reads_a_dripped_answer_and_is_bounded_in_time_and_bytes() -> None:
+    """A status dripped a byte at a time was read as no status (its first byte alone), and each wait
+    (connect, send, read) had PROBE_TIMEOUT_S of its own."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        stop, asked = threading.Event(), []
+        answer = b"RTSP/1.0 404 Not Found\r\n"
+        threading.Thread(target=_hostile_camera, args=(listener, answer, 0.01, stop, asked), daemon=True).start()
+        url = f"rtsp://viewer:{SECRET}@127.0.0.1:{listener.getsockname()[1]}/cam"
+        source = RtspSource(RtspSourceConfig(type="rtsp", url=url, open_timeout_s=5.0))
+        try:
+            assert "has no stream at /cam (404 Not Found: check the path" in source._why_not_open(0.0)
+            assert any(b"DESCRIBE rtsp://127.0.0.1:" in a for a in asked), asked
+            assert not any(SECRET.encode() in a or b"viewer" in a for a in asked), asked  # never the credentials
+        finally:
+            stop.set()
+    with socket.socket() as listener:  # dripped without end, never a whole line: no status, within the bound
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        stop = threading.Event()
+        answer = b"RTSP/1.0 40" + b"4" * 200
+        threading.Thread(target=_hostile_camera, args=(listener, answer, 0.02, stop, []), daemon=True).start()
+        url = f"rtsp://127.0.0.1:{listener.getsockname()[1]}/cam"
+        source = RtspSource(RtspSourceConfig(type="rtsp", url=url, open_timeout_s=5.0))
+        try:
+            started = time.monotonic()
+            said = source._why_not_open(0.0)
+            assert time.monotonic() - started < 2 * PROBE_TIMEOUT_S + 1.0  # the connect's look, then the probe's
+            assert "answered but refused the stream" in said, said
+        finally:
+            stop.set()

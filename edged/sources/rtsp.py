@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
 PROBE_TIMEOUT_S = 2.0  # the plain connect before an open, and the one that explains a failed open
+STATUS_BYTES = 1024  # the most of a camera's answer the probe reads: its status line is in it
 
 _UNDECODABLE = "the stream delivered data FFmpeg could not convert to an image; check the camera's codec settings"
 _options_lock = threading.Lock()  # the environment is process-wide: one open at a time sets it
@@ -165,20 +166,30 @@ class RtspSource(OpenCvCapture):
 
     def _describe_status(self) -> str | None:
         """The status (``404 Not Found``) the camera answers a DESCRIBE of the URL without its user and password,
-        within `PROBE_TIMEOUT_S`; None when it gives none. FFmpeg, whose open failed, says nothing of why:
-        this tells a wrong path from missing or wrong credentials."""
+        within `PROBE_TIMEOUT_S` in all and its first `STATUS_BYTES`; None when it gives none. FFmpeg, whose
+        open failed, says nothing of why: this tells a wrong path from missing or wrong credentials. The
+        answer is read until its first line ends: a camera may send it in pieces."""
         if self._reached is None:
             return None
         url = urlsplit(self._cfg.url)._replace(netloc=host_port(*self._address()), fragment="").geturl()
         request = f"DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n\r\n"
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        answer, ended = b"", False
         try:
             with socket.create_connection(self._reached, timeout=PROBE_TIMEOUT_S) as connection:
-                connection.settimeout(PROBE_TIMEOUT_S)
+                connection.settimeout(max(0.01, deadline - time.monotonic()))
                 connection.sendall(request.encode("ascii", "replace"))
-                answer = connection.recv(1024)
+                while b"\n" not in answer and len(answer) < STATUS_BYTES and (left := deadline - time.monotonic()) > 0:
+                    connection.settimeout(left)
+                    chunk = connection.recv(STATUS_BYTES - len(answer))
+                    answer, ended = answer + chunk, not chunk
+                    if ended:
+                        break
         except OSError:
+            pass  # a reset or the bound: a line not ended is none (``RTSP/1.0 40`` is no status)
+        if b"\n" not in answer and not ended:
             return None
-        first = answer.split(b"\r\n", 1)[0].decode("ascii", "replace").split(" ", 2)
+        first = answer.split(b"\n", 1)[0].decode("ascii", "replace").split(" ", 2)
         if len(first) < 2 or not first[0].startswith("RTSP/") or not first[1].isdigit():
             return None
         return printable(" ".join(first[1:]).strip())[:60]
