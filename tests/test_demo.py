@@ -130,16 +130,22 @@ def _demo_tree(tmp_path: Path, port: int, http_port: int | None = None) -> Path:
 
 
 def _children(pid: int) -> list[int]:
-    """The processes ``pid`` started, but for the demo's own `sleep` between its looks at them."""
+    """The processes ``pid`` started, but for the demo's own `sleep` between its looks at them, and a
+    copy of the demo forked for one that has yet to become it (its command line still the demo's)."""
+    try:
+        own = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # the demo has ended: no copy of it left to become a child
+        own = None
     children = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text()
+                command = (entry / "cmdline").read_bytes()
             except OSError:  # gone meanwhile
                 continue
             name, rest = stat.split(" (", 1)[1].rsplit(")", 1)
-            if int(rest.split()[1]) == pid and name != "sleep":
+            if int(rest.split()[1]) == pid and name != "sleep" and command != own:
                 children.append(int(entry.name))
     return children
 
