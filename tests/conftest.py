@@ -30,10 +30,16 @@ CATEGORIES = ("unit", "integration", "packaging", "tools")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A module marks itself integration, packaging or tools (``pytestmark``); everything else is unit."""
+    """A module marks itself integration, packaging or tools (``pytestmark``); everything else is unit.
+
+    The packaging tests go first, in their order: the longest of the suite (the .deb built, containers
+    booted, an upgrade played through), which pytest-xdist, handing out consecutive tests, gave the
+    workers last, so that the run ended waiting on them alone. First, they go to one worker at the
+    start (none waits for another's build of the .deb) while the others take the rest."""
     for item in items:
         if not any(item.get_closest_marker(name) for name in CATEGORIES):
             item.add_marker(pytest.mark.unit)
+    items.sort(key=lambda item: item.get_closest_marker("packaging") is None)
 
 
 @pytest.fixture
