@@ -83,6 +83,12 @@ def detected(*found: tuple[int, tuple[float, float, float, float]]) -> Detection
     return Detections(xyxy, np.full(len(found), 0.9, np.float32), np.array([c for c, _ in found], np.int32))
 
 
+def _offer_grey(w: EvidenceWriter) -> None:
+    """One grey frame with nothing detected, offered as the loop offers it."""
+    grey = Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr")
+    w.offer(grey, detected(), None, b"{}", names=NAMES, task="detect")
+
+
 def saved_sets(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.rglob("images/*.jpg"))
 
@@ -931,14 +937,7 @@ def test_a_reload_that_changes_a_cameras_evidence_keys_keeps_its_counters(tmp_pa
     assert output is not None
     try:
         first = output.writers["cam0"]
-        first.offer(
-            Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr"),
-            detected(),
-            None,
-            b"{}",
-            names=NAMES,
-            task="detect",
-        )
+        _offer_grey(first)
         assert wait_for(lambda: first.saved == 1, timeout_s=10)
         assert output.reload(settings(30), services) is output
         second = output.writers["cam0"]
@@ -1002,14 +1001,7 @@ def test_a_camera_folder_found_to_be_another_cameras_once_the_drive_is_there_is_
         (evidence / "Line1").mkdir(parents=True)  # the drive comes, line1's folder a link to Line1's
         (evidence / "line1").symlink_to("Line1")
         for writer in writers:
-            writer.offer(
-                Frame(np.full((96, 128, 3), 50, np.uint8), 1, 0, T0_NS, "bgr"),
-                detected(),
-                None,
-                b"{}",
-                names=NAMES,
-                task="detect",
-            )
+            _offer_grey(writer)
         assert wait_for(lambda: all(w.failures.count == 2 for w in writers), timeout_s=10)
         for writer, other in zip(writers, ("line1", "Line1"), strict=True):
             assert f"cameras {writer.camera_id} and {other}, are one folder: {evidence}/line1 is a link to" in (

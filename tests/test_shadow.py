@@ -186,14 +186,19 @@ def one_trial(s: Settings, trial: CandidateConfig, image: Path) -> tuple[Shadow,
     return shadow, done
 
 
-def test_a_classifiers_disagreement_is_filed_under_the_live_models_class(tmp_path: Path) -> None:
-    # As a detector's is labelled with the live model's boxes; it was filed under the candidate's class.
-    trial = CandidateConfig(
+def _reversed_trial(tmp_path: Path) -> CandidateConfig:
+    """A trial of the classifier with its classes reversed, sampling every frame, saving its disagreements."""
+    return CandidateConfig(
         path=reversed_classes(tmp_path / "candidate.onnx"),
         sample_every=1,
         control=f"ipc://{tmp_path}/c.sock",
         evidence_dir=tmp_path / "disagreements",
     )
+
+
+def test_a_classifiers_disagreement_is_filed_under_the_live_models_class(tmp_path: Path) -> None:
+    # As a detector's is labelled with the live model's boxes; it was filed under the candidate's class.
+    trial = _reversed_trial(tmp_path)
     s = Settings(
         model=ModelConfig(path=TASKS / "cls.onnx", candidate=trial), source=(SyntheticSourceConfig(width=320, height=240),)
     )
@@ -211,12 +216,7 @@ def test_a_classifiers_disagreement_is_filed_under_the_live_models_class(tmp_pat
 def test_two_cameras_whose_disagreement_folders_are_one_save_none_there(tmp_path: Path) -> None:
     # On a FAT trial drive ids alike but for case name one folder, as a link does here: each camera's
     # disagreements went there, and each writer's retention deleted the other's as its own.
-    trial = CandidateConfig(
-        path=reversed_classes(tmp_path / "candidate.onnx"),
-        sample_every=1,
-        control=f"ipc://{tmp_path}/c.sock",
-        evidence_dir=tmp_path / "disagreements",
-    )
+    trial = _reversed_trial(tmp_path)
     cameras = tuple(SyntheticSourceConfig(camera_id=c, width=320, height=240) for c in ("Line1", "line1"))
     s = Settings(model=ModelConfig(path=TASKS / "cls.onnx", candidate=trial), source=cameras)
     (tmp_path / "disagreements" / "Line1").mkdir(parents=True)
