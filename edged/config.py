@@ -19,7 +19,7 @@ import stat
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from functools import reduce
+from functools import cache, reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar, get_args
 
@@ -32,7 +32,15 @@ else:  # pragma: no cover - Python 3.10 on older boards
     import tomli as tomllib
 
 from edged.errors import ConfigError, EdgedError, KeyFileError, out_of_room, printable
-from edged.settings.endpoints import Place, bind_problem, ipc_folder_problem, on_the_network, same_place, zmq_place
+from edged.settings.endpoints import (
+    Place,
+    bind_problem,
+    bound_host,
+    ipc_folder_problem,
+    on_the_network,
+    same_place,
+    zmq_place,
+)
 from edged.settings.evidence import CONFIG_FOLDER, DEFAULT_NOTE, EvidenceConfig, dir_problem
 from edged.settings.http import HttpConfig, listen_address
 from edged.settings.inspect import InspectConfig
@@ -638,9 +646,10 @@ class Settings(BaseSettings):
         tried again for ever."""
         places: list[tuple[str, str, Place]] = []
         problems: list[str] = []
+        bound = cache(bound_host)  # each host name looked up once, however many places share its port
         for key, written, place in self._listening():
             for other_key, other, other_place in places:
-                if same_place(place, other_place):
+                if same_place(place, other_place, bound):
                     problems.append(
                         f"{key}: {written!r} is named twice: remove one"
                         if (key, written) == (other_key, other)

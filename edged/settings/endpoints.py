@@ -14,7 +14,7 @@ import socket
 import stat
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from edged.settings.service_dirs import service_dirs
@@ -205,7 +205,7 @@ def _name_bound(host: str) -> str | None:
     return None if isinstance(found, str) else next((a for a in found if ":" not in a), found[0])
 
 
-def _bound(host: str) -> str:
+def bound_host(host: str) -> str:
     """``host`` as the kernel binds it: an address in its one spelling, an IPv4-mapped one
     (``::ffff:a.b.c.d``) as its IPv4 address, ``::`` as ``*`` (every address of both families, as
     ZeroMQ and edged's servers bind it), a name as the address it binds (`_name_bound`)."""
@@ -220,14 +220,17 @@ def _bound(host: str) -> str:
     return str(address) if address is not None else host
 
 
-def same_place(a: Place, b: Place) -> bool:
+def same_place(a: Place, b: Place, bound: Callable[[str], str] = bound_host) -> bool:
     """Whether two sockets would listen at one place, so that the second cannot bind: one ipc path, or
     one port on hosts that overlap: the same address, ZeroMQ's ``*`` or ``::`` (every address, IPv6 and
     IPv4) beside any, ``0.0.0.0`` beside an IPv4 address. A name is the address it binds, where it has
-    one now; else it matches only itself."""
+    one now; else it matches only itself. ``bound``: `bound_host`, or a cache of it where one place is
+    compared with several, so that a name is looked up once."""
     if a[1] != b[1] or (a[0] == IPC) != (b[0] == IPC):
         return False
-    hosts = {_bound(a[0]), _bound(b[0])}
+    if a[0] == IPC:  # one path: no host to look up
+        return True
+    hosts = {bound(a[0]), bound(b[0])}
     if len(hosts) == 1 or "*" in hosts:
         return True
     return "0.0.0.0" in hosts and all((x := address_of(h)) is not None and x.version == 4 for h in hosts)
