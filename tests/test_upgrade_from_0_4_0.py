@@ -85,10 +85,12 @@ def leaves(value: object, prefix: str = "") -> dict[str, object]:
 
 @pytest.fixture(autouse=True)
 def _as_the_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The files read as the board's service reads them, with systemd's folders, whatever this shell has set."""
-    for name in ("STATE_DIRECTORY", "CACHE_DIRECTORY", "RUNTIME_DIRECTORY"):
+    """The files read as the board's service reads them, with systemd's folders, whatever this shell has set.
+    Its runtime directory is /run/edged, where 0.4.0's socket is (missing here until a service ran)."""
+    for name in ("STATE_DIRECTORY", "CACHE_DIRECTORY"):
         (tmp_path / name).mkdir()
         monkeypatch.setenv(name, str(tmp_path / name))
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
     for name in [name for name in os.environ if name.startswith("EDGED_")]:
         monkeypatch.delenv(name)
 
