@@ -676,7 +676,8 @@ class RejectLine:
     `RESTART_INTERVAL_S` and without waiting for it: its counters carry on from the last one's, the
     commands meanwhile wait in the new one's pipe, and with parts dropped its alarm line goes
     active. A part to be ejected whose verdict finds no process to take it (between two starts, or a
-    process stopped whose pipe is full) is counted in ``dropped`` and said. A stop (`drain`, then
+    process stopped whose pipe is full), or went to one started again that then could not request
+    the line, is counted in ``dropped`` and said. A stop (`drain`, then
     `wait`; `stop` does both) lets the process fire what it has scheduled, for ``drain_s`` at most.
     """
 
@@ -694,6 +695,7 @@ class RejectLine:
         self._undelivered_said = 0  # of those, how many are said
         self._undelivered_before = 0  # of those, how many came before the last start
         self._undelivered_why = "found no line process to fire its pulse"  # why the last of them found none
+        self._unconfirmed = 0  # parts to be ejected sent to a process started again that has not said ``ready``
         self._announced = -1  # the latest capture a process took (`expect`): the next one leaves its late verdict be
         self._spawn()
         try:
@@ -704,7 +706,7 @@ class RejectLine:
             self._close_pipes()
             raise
 
-    def _spawn(self, *, dropped_before: bool = False) -> None:
+    def _spawn(self, *, dropped_before: bool = False, restarted: bool = False) -> None:
         record = ["--record"] if self._record else []
         dropped = ["--dropped-before"] if dropped_before else []
         config = self.cfg.model_dump_json()
@@ -718,6 +720,7 @@ class RejectLine:
         # good. Each command is shorter than PIPE_BUF, so a write goes whole or not at all (EAGAIN).
         os.set_blocking(self._in, False)
         self._buffer = b""
+        self._confirmed = not restarted  # a first start waits for ``ready`` (`_first_line`); a restart reads it later
         self._closed = False  # the pipes: closed once the process has ended for good (their numbers may be reused)
         self._unsent = ""  # a reload's settings a process reading nothing did not take (`_send`): this one has them
 
@@ -770,10 +773,11 @@ class RejectLine:
     def resolve(self, t_capture_ns: int, verdict: str | None, now_ns: int) -> None:
         """The verdict of the frame captured at ``t_capture_ns`` (None: it has none) came at ``now_ns``.
         One to be ejected that no process takes is counted dropped, and said at most every status round."""
-        if self._send(f"r {t_capture_ns} {verdict or '-'} {now_ns}\n") or self._stopped:
-            return
         fires = ("ng" if verdict == "uncertain" else verdict) in self.cfg.on if verdict else self.cfg.late == "reject"
-        self._undelivered += fires
+        if self._send(f"r {t_capture_ns} {verdict or '-'} {now_ns}\n"):
+            self._unconfirmed += fires and not self._confirmed
+        elif not self._stopped:
+            self._undelivered += fires
 
     def adopt(self, cfg: RejectConfig) -> None:
         """A reload's settings for the same line: parts already taken keep their deadlines, and the
@@ -821,8 +825,25 @@ class RejectLine:
             elif line:
                 try:
                     self._ready(_ready_or_raise(line))
+                    self._confirmed, self._unconfirmed = True, 0
                 except EdgedError as e:
                     self.last_error = f"the reject line could not be requested again: {e}"
+                    self._unfired(f"found the line process started again unable to request its line ({e})")
+
+    def _unfired(self, why: str) -> None:
+        """The parts to be ejected sent to a process started again that has not said ``ready`` are
+        dropped: it could not request the line, or ended, and reads no command."""
+        if self._unconfirmed:
+            self._undelivered += self._unconfirmed
+            self._undelivered_why = why
+            self._unconfirmed = 0
+
+    def _ended(self) -> None:
+        """Take in what the ended process said last; what it was sent before saying ``ready`` is dropped."""
+        self._read()
+        if not self._confirmed:
+            code = self._proc.returncode
+            self._unfired(f"found the line process started again ended before it requested its line (exit {code})")
 
     def _restart(self) -> bool:
         """Start the line process again, if the last start is long enough ago, once what the ended one
@@ -830,14 +851,14 @@ class RejectLine:
         if time.monotonic() - self._restarted_at < RESTART_INTERVAL_S:
             return False
         self._restarted_at = time.monotonic()
-        self._read()
+        self._ended()
         self._close_pipes()
         dropped = self._report.dropped > 0 or self._undelivered > self._undelivered_before
         self._undelivered_before = self._undelivered
         self._before, self._report = _added(self._before, self._report), NO_PULSES
         self.last_error = f"the reject line's process ended (exit {self._proc.returncode}); started again"
         log.error("reject line: %s", self.last_error, extra={"CAMERA": self.camera_id})
-        self._spawn(dropped_before=dropped)
+        self._spawn(dropped_before=dropped, restarted=True)
         return True
 
     @property
@@ -870,6 +891,7 @@ class RejectLine:
             log.error("reject line: its process did not end in time: killed", extra={"CAMERA": self.camera_id})
             self._proc.kill()
             self._proc.wait()
+        self._ended()
         self.report()
         self._close_pipes()
         self._closed = True

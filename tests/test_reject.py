@@ -678,3 +678,27 @@ def test_a_late_verdict_of_a_part_the_ended_process_had_fires_no_second_pulse_in
     assert len(pulses(gpiod)) == 2, levels(gpiod, 0)
     counted = (2, 1, 1)  # pulses, late_fired, late_verdicts: the fail-safe pulse once
     assert wait_for(lambda: (r := line.report()) and (r.pulses, r.late_fired, r.late_verdicts) == counted, 5.0)
+
+
+def test_parts_sent_to_a_line_process_started_again_that_cannot_request_the_line_are_counted_dropped(
+    gpiod: ModuleType, lines: list[RejectLine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process started again in place of one that ended had the loop's commands in its pipe;
+    finding the line held, it said so and ended, and the NG parts in them were lost uncounted."""
+    monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 0.0)
+    line = start(lines, reject(delay_ms=2000.0, late="pass"))
+    os.kill(line.pid, signal.SIGKILL)
+    assert wait_for(lambda: line.ended, 5.0)
+    taken = open_lines(reject(), "cam9")  # another program takes the line meanwhile
+    try:
+        for verdict in ("ng", "ok", "uncertain", None):  # the first write starts the next process
+            line.expect(t := time.monotonic_ns())
+            line.resolve(t, verdict, time.monotonic_ns())
+        assert line.last_error == "the reject line's process ended (exit -9); started again"
+        monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 3600.0)  # no third process
+        said = "2 parts to be ejected found the line process started again unable to request its line"
+        assert wait_for(lambda: (line.report().last_error or "").startswith(said), 5.0), line.report()
+        assert line.report().dropped == 2  # the NG and the uncertain part; neither the OK part nor the late one
+        assert wait_for(lambda: line.ended, 5.0) and line.report().dropped == 2
+    finally:
+        taken.release()
