@@ -858,6 +858,22 @@ def test_two_sockets_at_one_place_are_a_config_error_naming_both(
     assert said.startswith(problem), said
 
 
+def test_one_ipc_socket_written_relative_absolute_or_through_a_linked_folder_is_one_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written two ways, one socket file passed the load, and the second bind failed (exit 1, restarted)."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "run")
+    monkeypatch.chdir(tmp_path / "run")
+    for other in ("ipc://d.sock", f"ipc://{tmp_path}/linked/d.sock", "ipc://./x/../d.sock"):
+        with pytest.raises(ConfigError) as info:
+            load_config(_listening(tmp_path, [f"ipc://{tmp_path}/run/d.sock", other]))
+        assert f"publish.endpoints: '{other}' would listen where publish.endpoints 'ipc://{tmp_path}/run/d.sock'" in str(
+            info.value
+        )
+    assert load_config(_listening(tmp_path, [f"ipc://{tmp_path}/run/d.sock", "ipc://../d.sock"]))
+
+
 @pytest.mark.parametrize(
     ("publish", "more"),
     [

@@ -176,9 +176,16 @@ def bind_problem(endpoint: str) -> str | None:
 
 def zmq_place(endpoint: str) -> Place | None:
     """Where a ZeroMQ endpoint that `bind_problem` passes listens (`Place`); None for a port chosen as
-    it binds: ``*``, and 0, which libzmq gives the kernel to choose as it does ``*``."""
+    it binds: ``*``, and 0, which libzmq gives the kernel to choose as it does ``*``. An ipc path is
+    the one the kernel binds: from the working folder where it is relative, its folder's links followed."""
+    if endpoint.startswith("ipc://@"):
+        return IPC, endpoint
     if endpoint.startswith(IPC):
-        return IPC, os.path.normpath(endpoint[len(IPC) :]) if not endpoint.startswith("ipc://@") else endpoint
+        folder, name = os.path.split(os.path.abspath(endpoint[len(IPC) :]))
+        try:
+            return IPC, os.path.join(os.path.realpath(folder), name)
+        except ValueError:  # a NUL, which `ipc_folder_problem` names
+            return IPC, endpoint
     host, port = tcp_host(endpoint) or "", _port(endpoint)
     return (host, str(int(port))) if port.isdigit() and int(port) else None
 
