@@ -676,8 +676,8 @@ class RejectLine:
     `RESTART_INTERVAL_S` and without waiting for it: its counters carry on from the last one's, the
     commands meanwhile wait in the new one's pipe, and with parts dropped its alarm line goes
     active. A part to be ejected whose verdict finds no process to take it (between two starts, or a
-    process stopped whose pipe is full), or went to one started again that then could not request
-    the line, is counted in ``dropped`` and said. A stop (`drain`, then
+    process stopped whose pipe is full), went to one started again that then could not request the
+    line, or was held by one a SIGKILL ended before it was due, is counted in ``dropped`` and said. A stop (`drain`, then
     `wait`; `stop` does both) lets the process fire what it has scheduled, for ``drain_s`` at most.
     """
 
@@ -696,6 +696,7 @@ class RejectLine:
         self._undelivered_before = 0  # of those, how many came before the last start
         self._undelivered_why = "found no line process to fire its pulse"  # why the last of them found none
         self._unconfirmed = 0  # parts to be ejected sent to a process started again that has not said ``ready``
+        self._due: deque[int] = deque()  # when the parts to be ejected sent to this process are due at the ejector
         self._announced = -1  # the latest capture a process took (`expect`): the next one leaves its late verdict be
         self._spawn()
         try:
@@ -721,6 +722,7 @@ class RejectLine:
         os.set_blocking(self._in, False)
         self._buffer = b""
         self._confirmed = not restarted  # a first start waits for ``ready`` (`_first_line`); a restart reads it later
+        self._due.clear()
         self._closed = False  # the pipes: closed once the process has ended for good (their numbers may be reused)
         self._unsent = ""  # a reload's settings a process reading nothing did not take (`_send`): this one has them
 
@@ -776,6 +778,10 @@ class RejectLine:
         fires = ("ng" if verdict == "uncertain" else verdict) in self.cfg.on if verdict else self.cfg.late == "reject"
         if self._send(f"r {t_capture_ns} {verdict or '-'} {now_ns}\n"):
             self._unconfirmed += fires and not self._confirmed
+            while self._due and self._due[0] < now_ns:  # gone by: kept only while a kill could drop them
+                self._due.popleft()
+            if fires:
+                self._due.append(t_capture_ns + int((self.cfg.delay_ms or 0.0) * 1e6))
         elif not self._stopped:
             self._undelivered += fires
 
@@ -839,11 +845,20 @@ class RejectLine:
             self._unconfirmed = 0
 
     def _ended(self) -> None:
-        """Take in what the ended process said last; what it was sent before saying ``ready`` is dropped."""
+        """Take in what the ended process said last; what it was sent before saying ``ready`` is dropped,
+        and, where a signal it cannot drain on ended it (SIGKILL: the kernel's OOM killer, an admin's
+        ``kill -9``), the parts it held that are due from now on, which no process fires any more."""
         self._read()
+        code = self._proc.returncode
         if not self._confirmed:
-            code = self._proc.returncode
             self._unfired(f"found the line process started again ended before it requested its line (exit {code})")
+        elif code is not None and code < 0:
+            now = time.monotonic_ns()
+            held = sum(due >= now for due in self._due)
+            if held:
+                self._undelivered += held
+                self._undelivered_why = f"were held by the line process, which {_signal_name(-code)} ended"
+        self._due.clear()
 
     def _restart(self) -> bool:
         """Start the line process again, if the last start is long enough ago, once what the ended one
@@ -924,6 +939,13 @@ NO_PULSES = RejectReport(
     last_error=None,
 )
 COUNTERS = ("pulses", "late", "late_fired", "late_verdicts", "merged", "dropped")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a real-time signal past SIGRTMIN
+        return f"signal {signum}"
 
 
 def _added(before: RejectReport, now: RejectReport) -> RejectReport:

@@ -702,3 +702,26 @@ def test_parts_sent_to_a_line_process_started_again_that_cannot_request_the_line
         assert wait_for(lambda: line.ended, 5.0) and line.report().dropped == 2
     finally:
         taken.release()
+
+
+def test_parts_a_line_process_held_when_sigkill_ended_it_are_counted_dropped(
+    gpiod: ModuleType, lines: list[RejectLine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILL (the OOM killer, ``kill -9``) ends the line process with no drain: the NG parts it had
+    scheduled were lost uncounted. Those due from then on are counted dropped; one it fired is not."""
+    monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 0.0)
+    line = start(lines, reject(delay_ms=3000.0, late="pass", alarm_line="ALARM"))
+    fired = time.monotonic_ns() - 2900 * MS  # due 100 ms from now
+    line.expect(fired)
+    line.resolve(fired, "ng", time.monotonic_ns())
+    assert wait_for(lambda: len(pulses(gpiod)) == 1, 5.0), levels(gpiod, 0)
+    for verdict in ("ng", "ok", "uncertain"):
+        line.expect(t := time.monotonic_ns())
+        line.resolve(t, verdict, time.monotonic_ns())
+    os.kill(line.pid, signal.SIGKILL)
+    assert wait_for(lambda: line.ended, 5.0)
+    said = "2 parts to be ejected were held by the line process, which SIGKILL ended: dropped, un-ejected"
+    assert wait_for(lambda: (r := line.report()) and (r.dropped, r.last_error) == (2, said), 5.0), line.report()
+    monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 3600.0)
+    assert wait_for(lambda: line.report().alarm, 5.0)  # the process started again says it on the alarm line
+    assert line.report().dropped == 2 and len(pulses(gpiod)) == 1
