@@ -664,6 +664,37 @@ def _command(schedule: Schedule, command: bytes, adopt: Callable[[RejectConfig],
     return kind == "s"
 
 
+NO_PROCESS = "found no line process to fire its pulse"
+
+
+@dataclass(slots=True)
+class Unfired:
+    """The parts to be ejected that the loop's side knows no line process fired (those a process let
+    go of, it counts itself): added to ``dropped``, each said once, and raising the next start's alarm."""
+
+    count: int = 0
+    said: int = 0  # of ``count``, those said
+    before: int = 0  # of ``count``, those before the last start
+    why: str = NO_PROCESS  # why the last of them went unfired
+
+    def add(self, count: int, why: str) -> None:
+        if count:
+            self.count, self.why = self.count + count, why
+
+    def unsaid(self) -> str | None:
+        """The line that says those not said yet, once; None when all are said."""
+        new, self.said = self.count - self.said, self.count
+        if not new:
+            return None
+        parts = "1 part to be ejected" if new == 1 else f"{new} parts to be ejected"
+        return f"{parts} {self.why}: dropped, un-ejected"
+
+    def since_start(self) -> bool:
+        """Whether some came since the last start (its successor's alarm says so); a new start counts from here."""
+        new, self.before = self.count > self.before, self.count
+        return new
+
+
 class RejectLine:
     """One camera's reject line, as the loop sees it: a process of its own owns the line (`serve`).
 
@@ -677,8 +708,9 @@ class RejectLine:
     commands meanwhile wait in the new one's pipe, and with parts dropped its alarm line goes
     active. A part to be ejected whose verdict finds no process to take it (between two starts, or a
     process stopped whose pipe is full), went to one started again that then could not request the
-    line, or was held by one a SIGKILL ended before it was due, is counted in ``dropped`` and said. A stop (`drain`, then
-    `wait`; `stop` does both) lets the process fire what it has scheduled, for ``drain_s`` at most.
+    line, or was held by one a SIGKILL ended before it was due, is counted in ``dropped`` and said
+    (`Unfired`). A stop (`drain`, then `wait`; `stop` does both) lets the process fire what it has
+    scheduled, for ``drain_s`` at most.
     """
 
     def __init__(self, camera_id: str, cfg: RejectConfig, *, record: bool = False, drain_s: float = DRAIN_S) -> None:
@@ -691,10 +723,7 @@ class RejectLine:
         self._before = NO_PULSES  # the counters of the processes that ended
         self._report = NO_PULSES
         self._restarted_at = 0.0
-        self._undelivered = 0  # parts to be ejected whose verdict found no process to send it to
-        self._undelivered_said = 0  # of those, how many are said
-        self._undelivered_before = 0  # of those, how many came before the last start
-        self._undelivered_why = "found no line process to fire its pulse"  # why the last of them found none
+        self._unfired = Unfired()
         self._unconfirmed = 0  # parts to be ejected sent to a process started again that has not said ``ready``
         self._due: deque[int] = deque()  # when the parts to be ejected sent to this process are due at the ejector
         self._announced = -1  # the latest capture a process took (`expect`): the next one leaves its late verdict be
@@ -744,46 +773,46 @@ class RejectLine:
         first, _, self._buffer = self._buffer.partition(b"\n")
         return _ready_or_raise(first)
 
-    def _send(self, command: str, *, keep: bool = False) -> bool:
+    def _send(self, command: str, *, keep: bool = False) -> str | None:
         """Write ``command`` to the process; one that is gone is started again first where it may be
-        (`_restart`). False: no process took it. ``keep``: one a process reading nothing did not take
-        goes before the next command it takes (a reload's settings, lost otherwise until a restart)."""
-        if self._closed:
-            return False
+        (`_restart`). None: a process took it; else why none did. ``keep``: one a process reading
+        nothing did not take goes before the next command it takes (a reload's settings, lost
+        otherwise until a restart)."""
         for _ in range(2):
+            if self._closed:
+                break
             try:
                 os.write(self._in, (self._unsent + command).encode())
                 self._unsent = ""
-                return True
+                return None
             except BlockingIOError:  # alive but reading nothing: what it is sent meanwhile is lost, and said
                 self._unsent = command if keep else self._unsent
                 self.last_error = f"the reject line's process (pid {self._proc.pid}) takes no commands: stopped or stuck"
-                self._undelivered_why = f"found the line process (pid {self._proc.pid}) taking no commands, stopped or stuck"
-                return False
+                return f"found the line process (pid {self._proc.pid}) taking no commands, stopped or stuck"
             except OSError as e:  # the process is gone: said in the status, the loop goes on
                 self.last_error = f"the reject line's process is gone ({e.strerror}; exit {self._proc.poll()})"
-                self._undelivered_why = "found no line process to fire its pulse"
             if self._stopped or self._proc.poll() is None or not self._restart():
-                return False
-        return False
+                break
+        return NO_PROCESS
 
     def expect(self, t_capture_ns: int) -> None:
         """A frame captured at ``t_capture_ns`` went to the model: its part now has a deadline."""
-        if self._send(f"e {t_capture_ns}\n"):
+        if self._send(f"e {t_capture_ns}\n") is None:
             self._announced = max(self._announced, t_capture_ns)
 
     def resolve(self, t_capture_ns: int, verdict: str | None, now_ns: int) -> None:
         """The verdict of the frame captured at ``t_capture_ns`` (None: it has none) came at ``now_ns``.
         One to be ejected that no process takes is counted dropped, and said at most every status round."""
         fires = ("ng" if verdict == "uncertain" else verdict) in self.cfg.on if verdict else self.cfg.late == "reject"
-        if self._send(f"r {t_capture_ns} {verdict or '-'} {now_ns}\n"):
+        unsent = self._send(f"r {t_capture_ns} {verdict or '-'} {now_ns}\n")
+        if unsent is None:
             self._unconfirmed += fires and not self._confirmed
             while self._due and self._due[0] < now_ns:  # gone by: kept only while a kill could drop them
                 self._due.popleft()
             if fires:
                 self._due.append(t_capture_ns + int((self.cfg.delay_ms or 0.0) * 1e6))
         elif not self._stopped:
-            self._undelivered += fires
+            self._unfired.add(fires, unsent)
 
     def adopt(self, cfg: RejectConfig) -> None:
         """A reload's settings for the same line: parts already taken keep their deadlines, and the
@@ -797,15 +826,12 @@ class RejectLine:
         self._read()
         if not self._stopped and self._proc.poll() is not None:
             self._restart()
-        if self._undelivered > self._undelivered_said:
-            count = self._undelivered - self._undelivered_said
-            parts = "1 part to be ejected" if count == 1 else f"{count} parts to be ejected"
-            self.last_error = f"{parts} {self._undelivered_why}: dropped, un-ejected"
+        if (unsaid := self._unfired.unsaid()) is not None:
+            self.last_error = unsaid
             log.error("reject line: %s", self.last_error, extra={"CAMERA": self.camera_id})
-            self._undelivered_said = self._undelivered
         report = _added(self._before, self._report)
-        if self._undelivered:
-            report = report.model_copy(update={"dropped": report.dropped + self._undelivered})
+        if self._unfired.count:
+            report = report.model_copy(update={"dropped": report.dropped + self._unfired.count})
         error = self._report.last_error or self.last_error
         return report.model_copy(update={"last_error": error}) if error != report.last_error else report
 
@@ -834,15 +860,13 @@ class RejectLine:
                     self._confirmed, self._unconfirmed = True, 0
                 except EdgedError as e:
                     self.last_error = f"the reject line could not be requested again: {e}"
-                    self._unfired(f"found the line process started again unable to request its line ({e})")
+                    self._drop_unconfirmed(f"found the line process started again unable to request its line ({e})")
 
-    def _unfired(self, why: str) -> None:
+    def _drop_unconfirmed(self, why: str) -> None:
         """The parts to be ejected sent to a process started again that has not said ``ready`` are
         dropped: it could not request the line, or ended, and reads no command."""
-        if self._unconfirmed:
-            self._undelivered += self._unconfirmed
-            self._undelivered_why = why
-            self._unconfirmed = 0
+        self._unfired.add(self._unconfirmed, why)
+        self._unconfirmed = 0
 
     def _ended(self) -> None:
         """Take in what the ended process said last; what it was sent before saying ``ready`` is dropped,
@@ -851,13 +875,11 @@ class RejectLine:
         self._read()
         code = self._proc.returncode
         if not self._confirmed:
-            self._unfired(f"found the line process started again ended before it requested its line (exit {code})")
+            self._drop_unconfirmed(f"found the line process started again ended before it requested its line (exit {code})")
         elif code is not None and code < 0:
             now = time.monotonic_ns()
             held = sum(due >= now for due in self._due)
-            if held:
-                self._undelivered += held
-                self._undelivered_why = f"were held by the line process, which {_signal_name(-code)} ended"
+            self._unfired.add(held, f"were held by the line process, which {_signal_name(-code)} ended")
         self._due.clear()
 
     def _restart(self) -> bool:
@@ -868,8 +890,7 @@ class RejectLine:
         self._restarted_at = time.monotonic()
         self._ended()
         self._close_pipes()
-        dropped = self._report.dropped > 0 or self._undelivered > self._undelivered_before
-        self._undelivered_before = self._undelivered
+        dropped = self._unfired.since_start() or self._report.dropped > 0
         self._before, self._report = _added(self._before, self._report), NO_PULSES
         self.last_error = f"the reject line's process ended (exit {self._proc.returncode}); started again"
         log.error("reject line: %s", self.last_error, extra={"CAMERA": self.camera_id})
