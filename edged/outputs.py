@@ -14,6 +14,7 @@ from edged.camera import Camera
 from edged.config import Settings
 from edged.errors import ConfigError
 from edged.evidence import EvidenceOutput
+from edged.files import MadeFolders
 from edged.http import HttpServer
 from edged.journal import JournalOutput
 from edged.messages import ThermalState, VerdictMessage
@@ -56,7 +57,9 @@ class Outputs:
     def __init__(self, settings: Settings, services: Services) -> None:
         """Raises `ConfigError` where two cameras' evidence would go to one folder (`EvidenceOutput.shared`;
         a reload that would is refused as it loads, `edged.reload.load_replacement`)."""
-        if (problem := EvidenceOutput.shared(settings)) is not None:
+        made = MadeFolders()  # the cameras' folders, made to be compared: removed where the start is refused
+        if (problem := EvidenceOutput.shared(settings, made)) is not None:
+            made.remove()
             raise ConfigError(None, [problem])
         self.services = services
         self._kinds = OUTPUTS

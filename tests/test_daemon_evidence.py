@@ -438,7 +438,7 @@ def test_two_cameras_whose_evidence_folders_are_one_are_refused_by_check_and_run
     evidence = workdir / "evidence"
     (evidence / "Line1").mkdir(parents=True)
     (evidence / "line1").symlink_to("Line1")
-    config, endpoint = cameras(workdir, ["Line1", "line1"])
+    config, endpoint = cameras(workdir, ["Line1", "line1", "cam2"])  # cam2's folder is made to be compared
     for said in refused_by_check_and_run(config, endpoint, "--no-bind"):
         assert (
             f"evidence.dir: {evidence}/line1 and {evidence}/Line1, the evidence folders of cameras line1 and Line1, "
@@ -447,6 +447,7 @@ def test_two_cameras_whose_evidence_folders_are_one_are_refused_by_check_and_run
             f"{evidence}/line1"
         ) in said, said
     assert not list((evidence / "Line1").iterdir())
+    assert not (evidence / "cam2").exists()  # made for the comparison, removed with the refusal (before: kept by run)
 
 
 def test_cameras_alike_but_for_case_save_apart_and_a_reload_giving_two_one_folder_is_refused(workdir: Path) -> None:
