@@ -54,8 +54,7 @@ LANES_RELOAD_WAIT_S = 1.0  # a reload's wait for the frames on the lanes; a hung
 class Daemon:
     """One running configuration: model, cameras, outputs, request desk, thermal watch, and the loop.
 
-    Everything it opens is closed through one `contextlib.ExitStack`: a failure at any step of
-    the start closes what was opened before it, and a stop closes it all in reverse order.
+    Everything it opens is closed through one `contextlib.ExitStack`, in reverse order: what a failed start opened, or all.
     """
 
     def __init__(self, settings: Settings, config_path: Path | None, notifier: Notifier, signals: Signals) -> None:
@@ -70,6 +69,7 @@ class Daemon:
         self._started = False
         with contextlib.ExitStack() as stack:
             stack.callback(self._wake.close)
+            stack.callback(lambda: None if self._trial is None else self._trial.replacement.give_up())  # a trial's folders
             # The cameras open (or the scene pool is drawn) while the model loads: cold start pays the slower, not the sum.
             captures = {cfg.camera_id: self._start_capture(cfg) for cfg in settings.source}
             stack.callback(lambda: stop_captures(self._captures() or captures.values(), CAPTURE_STOP_WAIT_S))

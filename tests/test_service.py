@@ -323,6 +323,23 @@ def test_a_reload_on_trial_that_closed_the_running_camera_gives_way_when_a_newer
         d.close()
 
 
+def test_a_reload_still_on_trial_at_the_stop_removes_the_evidence_folders_it_made(
+    tmp_path: Path, notify: NotifySocket
+) -> None:
+    """A reload adding a camera that gives no frame waits on trial; a stop then left the evidence folders it
+    had made for that camera behind, empty."""
+    d, config, probe = _start_for_reloads(tmp_path, notify)
+    added = config.read_text().replace('path = "imgs"', 'path = "later"\ncamera_id = "added"')
+    try:
+        notify.wait_for("READY=1", timeout=20)
+        _on_trial(d, config, added.replace(str(probe), str(tmp_path / "b.onnx")) + f'[evidence]\ndir = "{tmp_path}/ev"\n')
+        assert (tmp_path / "ev" / "added").is_dir()  # made as the reload loaded, to compare the cameras' folders
+        assert d.stop() == 0
+    finally:
+        d.close()
+    assert not (tmp_path / "ev").exists()
+
+
 def test_pings_stop_when_inference_wedges(tmp_path: Path, notify: NotifySocket) -> None:
     """Black frames run normally; the bright frame after them hangs inside ONNX Runtime. Unpaced, the
     folder is read an image at a time as the model takes them: paced, a start slower than the black
