@@ -552,7 +552,8 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
         "--no-bind",
         action="store_true",
         help="for a check beside the running service, which holds its addresses and reject lines: an address "
-        "another program holds is passed over, not refused, and reject lines are found but not requested",
+        "another program holds is passed over, not refused, and reject lines are found but not requested "
+        "(one another program holds is refused, as run refuses it)",
     )
 
 

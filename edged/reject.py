@@ -222,21 +222,25 @@ def open_lines(cfg: RejectConfig, camera_id: str) -> Lines:
         except OSError as e:
             if e.errno == errno.EBUSY:
                 holders = [chip.get_line_info(offset).consumer for offset in offsets.values()]
-                holder = next((h for h in holders if h), None)
-                who = f"held by {holder!r}" if holder else "held by another process (the kernel names no consumer)"
-                raise LineBusy(
-                    f"reject.line {cfg.line!r} of {info.name} (camera {camera_id}) is {who}: stop it, or choose "
-                    "another line (gpioinfo lists who holds what)"
-                ) from None
+                raise _busy(cfg, camera_id, info.name, next((h for h in holders if h), None)) from None
             raise LineError(f"reject.line {cfg.line!r} of {info.name} (camera {camera_id}): {e.strerror}") from None
     return Lines(request, offsets["line"], offsets.get("alarm_line"), path, (Value.INACTIVE, Value.ACTIVE))
+
+
+def _busy(cfg: RejectConfig, camera_id: str, chip_name: str, holder: str | None) -> LineBusy:
+    who = f"held by {holder!r}" if holder else "held by another process (the kernel names no consumer)"
+    return LineBusy(
+        f"reject.line {cfg.line!r} of {chip_name} (camera {camera_id}) is {who}: stop it, or choose "
+        "another line (gpioinfo lists who holds what)"
+    )
 
 
 def check_lines(settings: Settings, *, request: bool = True) -> list[str]:
     """``edged check``: every camera's reject line found as `open_lines` finds it (its `LineError`), and
     with ``request`` requested once and released (its `LineBusy` too); one line said per camera. Without
     ``request``, beside the running daemon that holds the lines, a chip or line that is not there is
-    still found: `run` refuses it (exit 78) as it starts."""
+    still found: `run` refuses it (exit 78) as it starts; and a line another program holds, as the
+    kernel names its holder (`LineBusy`; edged's own lines are edged's, the running daemon's)."""
     said = []
     for cfg in settings.source:
         reject = settings.reject_for(cfg)
@@ -248,7 +252,11 @@ def check_lines(settings: Settings, *, request: bool = True) -> list[str]:
             path, line, alarm, how = lines.chip, lines.line, lines.alarm, "requested and released"
         else:
             path, chip, offsets = _found(import_gpiod(), reject, cfg.camera_id)
-            chip.close()
+            with chip:
+                for offset in offsets.values():
+                    held = chip.get_line_info(offset)
+                    if held.used and held.consumer != CONSUMER:
+                        raise _busy(reject, cfg.camera_id, chip.get_info().name, held.consumer or None)
             line, alarm, how = offsets["line"], offsets.get("alarm_line"), "found; not requested: --no-bind"
         also = f", alarm line {alarm}" if alarm is not None else ""
         said.append(f"camera {cfg.camera_id}: {path} line {line}{also} ({how})")

@@ -38,6 +38,7 @@ from edged.journal import JournalOutput
 from edged.lograte import LogRate
 from edged.model import LoadedModel, fallback_runtime, load_model
 from edged.pipeline import FramePath, Processed, Rejected, frame_path
+from edged.reject import check_lines
 from edged.service import follow_log_level
 from edged.settings.sources import SourceBase
 from edged.shadow import Followed, FollowFor, Shadow, Swap, candidate_runtime
@@ -174,7 +175,9 @@ def load_replacement(
     stay dropped, for the model and the candidate alike, unless the new settings change
     ``[runtime] providers`` (`Dropped.kept`). Settings that would give two cameras one evidence folder
     are refused here, off the loop, as a start refuses them (`EvidenceOutput.shared`); the folders made
-    for that are removed again when the load fails (`Replacement.give_up`)."""
+    for that are removed again when the load fails (`Replacement.give_up`). So is a reject line on a
+    chip, or of a name or offset, that is not there (`edged.reject.check_lines`, found, not requested:
+    the running lines are held), which took over with the camera driving no line, NG parts let go."""
     new = load_config(config_path)
     if bool(new.requesting()) != requests:
         problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
@@ -200,6 +203,9 @@ def _load_replacement(
     """`load_replacement` once the configuration is read, the folders it makes in ``made``."""
     if (shared := EvidenceOutput.shared(new, made)) is not None:
         raise ConfigError(config_path, [shared])
+    if new.rejecting():
+        reading("the reject lines")
+        check_lines(new, request=False)  # a chip or line not there: refused, as a start refuses it, not run without
     if dropped is not None and (runtime := dropped.kept(new.runtime)) is not None:
         new = new.model_copy(update={"runtime": runtime})
     else:

@@ -254,8 +254,12 @@ def test_a_loop_that_gives_up_leaves_the_line_inactive_after_its_parts_fail_safe
 
 def test_a_line_another_program_holds_exits_1_naming_it(tmp_path: Path) -> None:
     rig = Rig(tmp_path, NG, {"line": "BUSY"})
-    for command in ("run", "check"):
-        result = rig.cli(command)
+    for command in ("run", "check", "--no-bind"):  # --no-bind: beside the service, it finds who holds the line
+        result = (
+            rig.cli(command)
+            if command != "--no-bind"
+            else run_cli("check", command, "--config", str(rig.config), env=rig.env)
+        )
         assert result.returncode == 1, result.stderr
         assert "reject.line 'BUSY' of gpiochip0 (camera cam0) is held by 'conveyor-plc'" in result.stderr + result.stdout
 
@@ -266,6 +270,32 @@ def test_a_wrong_line_exits_78_naming_the_chips_lines(tmp_path: Path) -> None:
         result = rig.cli(command)
         assert result.returncode == 78, result.stderr
         assert "its lines: 0 EJECT, 1 ALARM, 2 SPARE, 3 BUSY" in result.stderr + result.stdout
+
+
+def test_a_reload_naming_a_line_the_chip_lacks_is_refused_and_the_running_line_fires_on(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    """A reload with a typo in reject.line took over with the camera driving no line: NG parts went on
+    with the good ones, said only in a log line."""
+    rig = Rig(tmp_path, NG, {"delay_ms": 50.0})
+    d = rig.start()
+    daemons.append(d)
+    assert wait_for(lambda: len(rises(rig)) >= 1, 60), d.log()
+    rig.config.write_text(rig.config.read_text().replace('line = "EJECT"', 'line = "EJCT"'))
+    d.signal(signal.SIGHUP)
+    assert wait_for(lambda: "reload refused" in d.log(), 30), d.log()
+    refused = d.log().split("reload refused", 1)[1]
+    assert "reject.line 'EJCT' (camera cam0): gpiochip0 (pinctrl-test) has no such line" in refused, refused
+    fired = len(rises(rig))
+    status = d.wait_status(lambda s: s.reject is not None and s.reject.pulses > fired + 2, timeout=30)
+    assert status.reject is not None and len(rises(rig)) > fired + 2  # the running line, EJECT, fires on
+    rig.config.write_text(rig.config.read_text().replace('line = "EJCT"', 'line = "BUSY"'))
+    d.signal(signal.SIGHUP)  # a line another program holds: refused too
+    assert wait_for(lambda: d.log().count("reload refused") == 2, 30), d.log()
+    assert (
+        "reject.line 'BUSY' of gpiochip0 (camera cam0) is held by 'conveyor-plc'" in d.log().rsplit("reload refused", 1)[1]
+    )
+    assert "drives no reject line" not in d.log()
 
 
 def test_check_requests_and_releases_the_line(tmp_path: Path) -> None:

@@ -368,15 +368,22 @@ def test_check_requests_each_line_once_and_releases_it(gpiod: ModuleType) -> Non
 
 
 def test_check_beside_the_service_finds_each_line_without_requesting_it(gpiod: ModuleType) -> None:
-    """``check --no-bind`` left the lines untried, so a chip or line run refuses (exit 78) passed it."""
+    """``check --no-bind`` left the lines untried, so a chip or line run refuses (exit 78) passed it, and
+    a line another program holds (run exits 1)."""
     s = settings(reject={"chip": CHIP, "line": "EJECT", "delay_ms": 100, "late": "alarm", "alarm_line": 1})
     said = f"camera cam0: {CHIP} line 0, alarm line 1 (found; not requested: --no-bind)"
     assert check_lines(s, request=False) == [said]
     assert levels(gpiod, 0) == [] and gpiod.CHIPS[CHIP].requested == {}
-    held = settings(reject={"chip": CHIP, "line": "BUSY", "delay_ms": 100})  # as the running service holds its own
-    assert check_lines(held, request=False) == [f"camera cam0: {CHIP} line 3 (found; not requested: --no-bind)"]
+    service = open_lines(reject(line="SPARE"), "cam0")  # as the running service holds its own
+    try:
+        held = settings(reject={"chip": CHIP, "line": "SPARE", "delay_ms": 100})
+        assert check_lines(held, request=False) == [f"camera cam0: {CHIP} line 2 (found; not requested: --no-bind)"]
+    finally:
+        service.release()
     with pytest.raises(LineError, match=r"reject.line 'EJCT' \(camera cam0\): .* its lines: 0 EJECT, 1 ALARM"):
         check_lines(settings(reject={"chip": CHIP, "line": "EJCT", "delay_ms": 100}), request=False)
+    with pytest.raises(LineBusy, match=r"reject.line 'BUSY' of gpiochip0 \(camera cam0\) is held by 'conveyor-plc'"):
+        check_lines(settings(reject={"chip": CHIP, "line": "BUSY", "delay_ms": 100}), request=False)
 
 
 # ---- the real binding on gpio-sim ---------------------------------------------------------------
