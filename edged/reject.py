@@ -719,11 +719,18 @@ class RejectLine:
     line, or was held by one a SIGKILL ended before it was due, is counted in ``dropped`` and said
     (`Unfired`). A stop (`drain`, then `wait`; `stop` does both) lets the process fire what it has
     scheduled, for ``drain_s`` at most.
+
+    At the start the process's ``ready`` is waited for, and the error it says raised here (a line not
+    there, or held); a reload's line (``wait=False``) starts as a restarted one does, the loop going on:
+    a process takes a second or more to start on a board, and the reload found the line beforehand.
     """
 
-    def __init__(self, camera_id: str, cfg: RejectConfig, *, record: bool = False, drain_s: float = DRAIN_S) -> None:
+    def __init__(
+        self, camera_id: str, cfg: RejectConfig, *, record: bool = False, drain_s: float = DRAIN_S, wait: bool = True
+    ) -> None:
         self.camera_id = camera_id
         self.cfg = cfg
+        self.chip, self.line, self.alarm, self.realtime = cfg.chip, None, None, False  # as the process says once ready
         self.drain_s = drain_s
         self._record = record
         self.last_error: str | None = None
@@ -732,10 +739,12 @@ class RejectLine:
         self._report = NO_PULSES
         self._restarted_at = 0.0
         self._unfired = Unfired()
-        self._unconfirmed = 0  # parts to be ejected sent to a process started again that has not said ``ready``
+        self._unconfirmed = 0  # parts to be ejected sent to a process that has not said ``ready`` (`wait`, a restart)
         self._due: deque[int] = deque()  # when the parts to be ejected sent to this process are due at the ejector
         self._announced = -1  # the latest capture a process took (`expect`): the next one leaves its late verdict be
-        self._spawn()
+        self._spawn(ready_later=not wait)
+        if not wait:
+            return
         try:
             self._ready(self._first_line())
         except BaseException:
@@ -744,7 +753,7 @@ class RejectLine:
             self._close_pipes()
             raise
 
-    def _spawn(self, *, dropped_before: bool = False, restarted: bool = False) -> None:
+    def _spawn(self, *, dropped_before: bool = False, ready_later: bool = False) -> None:
         record = ["--record"] if self._record else []
         dropped = ["--dropped-before"] if dropped_before else []
         config = self.cfg.model_dump_json()
@@ -758,14 +767,13 @@ class RejectLine:
         # good. Each command is shorter than PIPE_BUF, so a write goes whole or not at all (EAGAIN).
         os.set_blocking(self._in, False)
         self._buffer = b""
-        self._confirmed = not restarted  # a first start waits for ``ready`` (`_first_line`); a restart reads it later
+        self._confirmed = not ready_later  # else its ``ready`` is read later (`_read`), its commands held till then
         self._due.clear()
         self._closed = False  # the pipes: closed once the process has ended for good (their numbers may be reused)
         self._unsent = ""  # a reload's settings a process reading nothing did not take (`_send`): this one has them
 
     def _ready(self, ready: dict[str, Any]) -> None:
-        self.chip, self.line, self.alarm = ready["chip"], ready["line"], ready["alarm"]
-        self.realtime: bool = ready["realtime"]
+        self.chip, self.line, self.alarm, self.realtime = ready["chip"], ready["line"], ready["alarm"], ready["realtime"]
 
     def _first_line(self) -> dict[str, Any]:
         """The process's ``ready``, or the error it requesting the line raised, raised here."""
@@ -868,11 +876,11 @@ class RejectLine:
                     self._confirmed, self._unconfirmed = True, 0
                 except EdgedError as e:
                     self.last_error = f"the reject line could not be requested again: {e}"
-                    self._drop_unconfirmed(f"found the line process started again unable to request its line ({e})")
+                    self._drop_unconfirmed(f"found the line process just started unable to request its line ({e})")
 
     def _drop_unconfirmed(self, why: str) -> None:
-        """The parts to be ejected sent to a process started again that has not said ``ready`` are
-        dropped: it could not request the line, or ended, and reads no command."""
+        """The parts to be ejected sent to a process that has not said ``ready`` are dropped: it could
+        not request the line, or ended, and reads no command."""
         self._unfired.add(self._unconfirmed, why)
         self._unconfirmed = 0
 
@@ -883,7 +891,7 @@ class RejectLine:
         self._read()
         code = self._proc.returncode
         if not self._confirmed:
-            self._drop_unconfirmed(f"found the line process started again ended before it requested its line (exit {code})")
+            self._drop_unconfirmed(f"found the line process just started ended before it requested its line (exit {code})")
         elif code is not None and code < 0:
             now = time.monotonic_ns()
             held = sum(due >= now for due in self._due)
@@ -902,7 +910,7 @@ class RejectLine:
         self._before, self._report = _added(self._before, self._report), NO_PULSES
         self.last_error = f"the reject line's process ended (exit {self._proc.returncode}); started again"
         log.error("reject line: %s", self.last_error, extra={"CAMERA": self.camera_id})
-        self._spawn(dropped_before=dropped, restarted=True)
+        self._spawn(dropped_before=dropped, ready_later=True)
         return True
 
     @property
@@ -997,6 +1005,11 @@ def _ready_or_raise(line: bytes) -> dict[str, Any]:
 _ERRORS: dict[str, type[EdgedError]] = {"LineError": LineError, "LineBusy": LineBusy, "MissingDependency": MissingDependency}
 
 
+def _driven(cfg: RejectConfig) -> set[tuple[str, LineId]]:
+    """The lines ``cfg`` drives, as written: its line, and its alarm line where it has one."""
+    return {(cfg.chip, line) for line in (cfg.line, cfg.alarm_line) if line is not None}
+
+
 def _same_line(a: RejectConfig, b: RejectConfig) -> bool:
     """Whether two settings drive the same line (a reload then keeps its process, which requests it
     again itself where ``active_low`` or ``alarm_line`` changed: `Schedule.adopt`)."""
@@ -1056,8 +1069,9 @@ class RejectOutput(Output):
     def reload(self, settings: Settings, services: Services) -> RejectOutput | None:
         """A camera whose line stays the same keeps its process, with the new settings (`RejectLine.adopt`);
         the others' lines drain (`RejectLine.drain`) on their own, the loop going on meanwhile, and those
-        the new settings name are requested. A line a draining process still holds (another camera's old
-        line) is requested once the drains have ended: a line has one holder. The output stays while a
+        the new settings name are requested by processes the loop does not wait for (the reload found
+        them first, `edged.reload.load_replacement`). A line a draining process still holds (another
+        camera's old line) is requested once the drains have ended: a line has one holder. The output stays while a
         drain goes on, no camera having a line left included, so that the daemon's stop waits for it
         (`drain`) rather than leave a process holding its line beyond the daemon."""
         for camera_id, line in list(self.lines.items()):
@@ -1073,22 +1087,17 @@ class RejectOutput(Output):
             reject = settings.reject_for(cfg)
             if reject is None or cfg.camera_id in self.lines:
                 continue
-            try:
-                self.lines[cfg.camera_id] = self._start(cfg.camera_id, reject)
-            except (LineError, LineBusy, MissingDependency) as e:
-                log.error("reload: camera %s drives no reject line: %s", cfg.camera_id, e)
+            self.lines[cfg.camera_id] = self._start(cfg.camera_id, reject)  # a line it cannot request: said, parts counted
         self._reap()
         return self if self.lines or self._draining else None
 
     def _start(self, camera_id: str, reject: RejectConfig) -> RejectLine:
-        try:
-            return RejectLine(camera_id, reject)
-        except LineBusy:
-            if not self._draining:
-                raise
-        _stop(self._draining)  # one of them may hold it: a line has one holder
-        self._draining.clear()
-        return RejectLine(camera_id, reject)
+        """A reload's line, started without waiting for it (`RejectLine`); one a draining process drives
+        (another camera's old line), once those drains end: a line has one holder."""
+        if any(_driven(line.cfg) & _driven(reject) for line in self._draining):
+            _stop(self._draining)
+            self._draining.clear()
+        return RejectLine(camera_id, reject, wait=False)
 
     def drain(self) -> None:
         """Every line fires the parts already on their way and lets go, waited for: at the daemon's

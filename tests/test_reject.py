@@ -36,6 +36,9 @@ LINES = ["EJECT", "ALARM", "SPARE", "BUSY"]
 MS = 1_000_000
 SLACK_MS = 250  # how far a busy machine may push an edge late; never early
 GPIO_SIM = Path("/sys/kernel/config/gpio-sim")
+STALL = (
+    f"/tmp/edged-gpio-stall-{uuid.uuid4().hex}"  # while it exists, the fake's requests wait (`test_a_reloads_new_line...`)
+)
 
 
 @pytest.fixture
@@ -46,7 +49,7 @@ def gpiod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ModuleTyp
     for name in names:
         monkeypatch.delitem(sys.modules, name)
     spec = {"chips": {CHIP: {"label": "pinctrl-test", "lines": LINES, "held": {"3": "conveyor-plc"}}}}
-    (tmp_path / "gpio.json").write_text(json.dumps(spec | {"record": str(tmp_path / "gpio.record")}))
+    (tmp_path / "gpio.json").write_text(json.dumps(spec | {"record": str(tmp_path / "gpio.record"), "stall": STALL}))
     monkeypatch.setenv("FAKE_GPIOD", str(tmp_path / "gpio.json"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.syspath_prepend(str(FAKES))
@@ -491,7 +494,8 @@ def test_a_reload_keeps_an_unchanged_line_with_its_new_timing_and_moves_a_change
         assert output.lines["cam0"] is kept and kept.cfg.delay_ms == 300.0
         assert [level for _, level in levels(gpiod, 0)] == [0]  # never let go of
         assert output.reload(board(line="SPARE"), services) is output
-        assert output.lines["cam0"] is not kept and levels(gpiod, 2)[0][1] == 0
+        assert output.lines["cam0"] is not kept
+        assert wait_for(lambda: levels(gpiod, 2)[:1] and levels(gpiod, 2)[0][1] == 0, 5.0)  # requested, not waited for
         assert wait_for(lambda: [level for _, level in levels(gpiod, 0)] == [0, 0, None], 5.0)  # drained on its own
         # None once no line is left draining (while one is, the output stays for the stop to wait for it:
         # test_a_reload_that_leaves_no_line_still_has_the_stop_wait_for_the_old_lines_parts)
@@ -537,7 +541,8 @@ def test_a_reload_that_moves_the_line_lets_the_old_one_fire_its_parts_in_flight_
     try:
         assert output.reload(settings(reject={"chip": CHIP, "line": "SPARE", "delay_ms": 1500.0}), services) is output
         # The reload did not wait for the old line's part: that line is still held, the new one requested.
-        assert levels(gpiod, 0)[-1][1] == 0 and [level for _, level in levels(gpiod, 2)] == [0]
+        assert wait_for(lambda: [level for _, level in levels(gpiod, 2)] == [0], 5.0), levels(gpiod, 2)
+        assert levels(gpiod, 0)[-1][1] == 0
         assert wait_for(lambda: released(gpiod), 5.0), levels(gpiod, 0)
         ((rise, _),) = pulses(gpiod)
         assert t + 1500 * MS <= rise < t + (1500 + SLACK_MS) * MS
@@ -703,7 +708,7 @@ def test_parts_sent_to_a_line_process_started_again_that_cannot_request_the_line
             line.resolve(t, verdict, time.monotonic_ns())
         assert line.last_error == "the reject line's process ended (exit -9); started again"
         monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 3600.0)  # no third process
-        said = "2 parts to be ejected found the line process started again unable to request its line"
+        said = "2 parts to be ejected found the line process just started unable to request its line"
         assert wait_for(lambda: (line.report().last_error or "").startswith(said), 5.0), line.report()
         assert line.report().dropped == 2  # the NG and the uncertain part; neither the OK part nor the late one
         assert wait_for(lambda: line.ended, 5.0) and line.report().dropped == 2
@@ -732,3 +737,32 @@ def test_parts_a_line_process_held_when_sigkill_ended_it_are_counted_dropped(
     monkeypatch.setattr("edged.reject.RESTART_INTERVAL_S", 3600.0)
     assert wait_for(lambda: line.report().alarm, 5.0)  # the process started again says it on the alarm line
     assert line.report().dropped == 2 and len(pulses(gpiod)) == 1
+
+
+def test_a_reloads_new_line_is_requested_while_the_loop_goes_on_and_fires_the_parts_judged_meanwhile(
+    gpiod: ModuleType,
+) -> None:
+    """The reload waited on the loop's thread for the new line's process to start and request its line:
+    a second or more on a board, every frame meanwhile left unjudged; ten, with a chip slow to answer."""
+    output, services, t = _an_ng_part_in_flight(1500.0)
+    stall = Path(STALL)
+    stall.touch()
+    try:
+        reloaded = threading.Event()
+        moved = settings(reject={"chip": CHIP, "line": "SPARE", "delay_ms": 1500.0})
+        threading.Thread(target=lambda: output.reload(moved, services) and reloaded.set(), daemon=True).start()
+        assert reloaded.wait(5.0), "the reload waited for the new line's process"
+        line = output.lines["cam0"]
+        line.expect(judged := time.monotonic_ns())  # judged while the new process still waits for its chip
+        line.resolve(judged, "ng", time.monotonic_ns())
+        assert levels(gpiod, 2) == []
+        stall.unlink()
+        assert wait_for(lambda: len(pulses(gpiod, 2)) == 1, 5.0), levels(gpiod, 2)
+        ((rise, _),) = pulses(gpiod, 2)
+        assert judged + 1500 * MS <= rise < judged + (1500 + SLACK_MS) * MS  # fired at its time
+        assert wait_for(lambda: len(pulses(gpiod, 0)) == 1, 5.0)  # and the old line its part in flight, at its time
+        assert t + 1500 * MS <= pulses(gpiod, 0)[0][0] < t + (1500 + SLACK_MS) * MS
+        assert output.report("cam0").fields["reject"].dropped == 0
+    finally:
+        stall.unlink(missing_ok=True)
+        output.close()

@@ -15,9 +15,10 @@ It mirrors the parts of gpiod 2.5 edged uses, as the real binding behaves:
 
 The chips are ``CHIPS`` (path -> `FakeChip`), which a test fills; a daemon started as a
 subprocess reads them from the JSON file named by ``$FAKE_GPIOD`` (``{"chips": {path: {"label",
-"lines", "held"}}, "record": file}``). Every level a requested line takes is recorded, as
-``RECORD`` entries and, with a record file, as lines ``monotonic_ns path offset level`` (level
-1/0 physical, ``released`` when the request lets go), written and flushed at once. With a record
+"lines", "held"}}, "record": file, "stall": file}``; while the stall file exists, a request waits).
+Every level a requested line takes is recorded, as ``RECORD`` entries and, with a record file, as
+lines ``monotonic_ns path offset level`` (level 1/0 physical, ``released`` when the request lets
+go), written and flushed at once. With a record
 file a line has one holder across the processes, as the kernel keeps it: a request claims a file
 per line beside the record, naming its process, and a line another live process holds raises
 EBUSY (a holder that died, SIGKILL included, holds nothing).
@@ -74,11 +75,12 @@ class FakeChip:
 CHIPS: dict[str, FakeChip] = {}
 RECORD: list[tuple[int, str, int, int | None]] = []  # (monotonic ns, chip path, offset, physical level or None: released)
 RECORD_FILE: str | None = None  # where every process using this fake appends the levels, from $FAKE_GPIOD
+STALL_FILE: str | None = None  # while this file exists, a request waits: a chip slow to answer (an expander on I2C)
 _lock = threading.Lock()
 
 
 def _load() -> None:
-    global RECORD_FILE
+    global RECORD_FILE, STALL_FILE
     spec_path = os.environ.get("FAKE_GPIOD")
     if not spec_path:
         return
@@ -88,6 +90,7 @@ def _load() -> None:
         held = {int(k): v for k, v in chip.get("held", {}).items()}
         CHIPS[path] = FakeChip(chip.get("label", ""), list(chip["lines"]), held)
     RECORD_FILE = spec.get("record")
+    STALL_FILE = spec.get("stall")
 
 
 def _hold_file(path: str, offset: int) -> str | None:
@@ -253,6 +256,8 @@ class Chip:
         output_values: dict[int | str, _l.Value] | None = None,
     ) -> LineRequest:
         chip = self._check_closed()
+        while STALL_FILE is not None and os.path.exists(STALL_FILE):
+            time.sleep(0.01)
         wanted: dict[int, LineSettings] = {}
         for lines, settings in config.items():
             for one in (lines,) if isinstance(lines, (int, str)) else lines:
