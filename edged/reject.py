@@ -768,7 +768,6 @@ class RejectLine:
         os.set_blocking(self._in, False)
         self._buffer = b""
         self._confirmed = not ready_later  # else its ``ready`` is read later (`_read`), its commands held till then
-        self._due.clear()
         self._closed = False  # the pipes: closed once the process has ended for good (their numbers may be reused)
         self._unsent = ""  # a reload's settings a process reading nothing did not take (`_send`): this one has them
 
@@ -1071,9 +1070,9 @@ class RejectOutput(Output):
         the others' lines drain (`RejectLine.drain`) on their own, the loop going on meanwhile, and those
         the new settings name are requested by processes the loop does not wait for (the reload found
         them first, `edged.reload.load_replacement`). A line a draining process still holds (another
-        camera's old line) is requested once the drains have ended: a line has one holder. The output stays while a
-        drain goes on, no camera having a line left included, so that the daemon's stop waits for it
-        (`drain`) rather than leave a process holding its line beyond the daemon."""
+        camera's old line) is requested once the drains have ended: a line has one holder. The output
+        stays while a drain goes on, no camera having a line left included, so that the daemon's stop
+        waits for it (`drain`) rather than leave a process holding its line beyond the daemon."""
         for camera_id, line in list(self.lines.items()):
             cfg = settings.camera(camera_id)
             reject = settings.reject_for(cfg) if cfg is not None else None
