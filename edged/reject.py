@@ -1021,6 +1021,7 @@ class RejectOutput(Output):
     def __init__(self, settings: Settings) -> None:
         self.lines: dict[str, RejectLine] = {}
         self._draining: list[RejectLine] = []  # the lines a reload moved, their processes firing what they had scheduled
+        self._ended: dict[str, RejectReport] = {}  # per camera, what its lines a reload moved said, once drained
         try:
             for cfg in settings.source:
                 reject = settings.reject_for(cfg)
@@ -1051,16 +1052,23 @@ class RejectOutput(Output):
 
     def _reap(self) -> None:
         """Let go of the draining lines whose process has ended."""
-        for ended in [line for line in self._draining if line.ended]:
-            ended.wait(0.0)
-            self._draining.remove(ended)
+        self._let_go([line for line in self._draining if line.ended])
+
+    def _let_go(self, ended: list[RejectLine]) -> None:
+        """Draining lines that have ended: their counters kept for their camera's report, the lines let go of."""
+        for line in ended:
+            line.wait(0.0)
+            self._ended[line.camera_id] = _added(self._ended.get(line.camera_id, NO_PULSES), line.report())
+            self._draining.remove(line)
 
     def report(self, camera_id: str) -> OutputReport:
         self._reap()
         line = self.lines.get(camera_id)
         if line is None:
             return NO_REPORT
-        report = line.report()
+        report = line.report()  # with what its lines before it fired and dropped: the counters never go back
+        for before in [*(old.report() for old in self._draining if old.camera_id == camera_id), self._ended.get(camera_id)]:
+            report = _added(before, report) if before is not None else report
         said = [f"{count} {what}" for count, what in ((report.late, "late"), (report.dropped, "dropped")) if count]
         summary = f"reject {report.pulses} pulses, {', '.join(said)}" if said else None
         return OutputReport(fields={"reject": report}, summary=summary)
@@ -1095,7 +1103,7 @@ class RejectOutput(Output):
         (another camera's old line), once those drains end: a line has one holder."""
         if any(_driven(line.cfg) & _driven(reject) for line in self._draining):
             _stop(self._draining)
-            self._draining.clear()
+            self._let_go(list(self._draining))
         return RejectLine(camera_id, reject, wait=False)
 
     def drain(self) -> None:
@@ -1103,7 +1111,7 @@ class RejectOutput(Output):
         stop before its last status round, which then counts them, since once the daemon has exited
         systemd sends SIGTERM again to the rest of the unit."""
         _stop([*self.lines.values(), *self._draining])
-        self._draining.clear()
+        self._let_go(list(self._draining))
 
     def close(self) -> None:
         self.drain()

@@ -766,3 +766,22 @@ def test_a_reloads_new_line_is_requested_while_the_loop_goes_on_and_fires_the_pa
     finally:
         stall.unlink(missing_ok=True)
         output.close()
+
+
+def test_a_camera_whose_line_a_reload_moved_counts_on_with_what_the_old_line_fired(gpiod: ModuleType) -> None:
+    """The camera's report began again from zero with the new line, and what the old line fired or
+    dropped as it drained was counted nowhere: the status, the page and the metrics' counters went back."""
+    output, services, _ = _an_ng_part_in_flight(300.0)
+    old = output.lines["cam0"]
+    try:
+        assert output.reload(settings(reject={"chip": CHIP, "line": "SPARE", "delay_ms": 300.0}), services) is output
+        assert wait_for(lambda: old.ended, 5.0) and released(gpiod), levels(gpiod, 0)  # fired its part, let go
+        assert output.report("cam0").fields["reject"].pulses == 1  # its process reaped: what it said last, kept
+        line = output.lines["cam0"]
+        line.expect(t := time.monotonic_ns())
+        line.resolve(t, "ng", time.monotonic_ns())
+        assert wait_for(lambda: output.report("cam0").fields["reject"].pulses == 2, 5.0), output.report("cam0")
+        output.drain()  # the daemon's stop, before its last status round
+        assert output.report("cam0").fields["reject"].pulses == 2
+    finally:
+        output.close()
