@@ -341,7 +341,7 @@ class Schedule:
             self.lines.drive(self.lines.alarm, False)
             self._alarm = False
             log.info("verdicts on time again: alarm off")
-        if ("ng" if verdict == "uncertain" else verdict) in self.cfg.on:  # a part the model cannot tell is NG
+        if verdict is not None and _ejected(self.cfg, verdict):
             self._schedule(deadline)
 
     def _take(self, t_capture_ns: int) -> int | None:
@@ -473,6 +473,11 @@ class Schedule:
             margin_p50_ms=margin[1],
             last_error=last_error,
         )
+
+
+def _ejected(cfg: RejectConfig, verdict: str) -> bool:
+    """Whether a part judged ``verdict`` goes to the reject bin: one the model cannot tell (``uncertain``) as an NG one."""
+    return ("ng" if verdict == "uncertain" else verdict) in cfg.on
 
 
 class Stopping:
@@ -818,7 +823,7 @@ class RejectLine:
     def resolve(self, t_capture_ns: int, verdict: str | None, now_ns: int) -> None:
         """The verdict of the frame captured at ``t_capture_ns`` (None: it has none) came at ``now_ns``.
         One to be ejected that no process takes is counted dropped, and said at most every status round."""
-        fires = ("ng" if verdict == "uncertain" else verdict) in self.cfg.on if verdict else self.cfg.late == "reject"
+        fires = _ejected(self.cfg, verdict) if verdict else self.cfg.late == "reject"
         unsent = self._send(f"r {t_capture_ns} {verdict or '-'} {now_ns}\n")
         if unsent is None:
             self._unconfirmed += fires and not self._confirmed
@@ -1021,7 +1026,7 @@ class RejectOutput(Output):
     def __init__(self, settings: Settings) -> None:
         self.lines: dict[str, RejectLine] = {}
         self._draining: list[RejectLine] = []  # the lines a reload moved, their processes firing what they had scheduled
-        self._ended: dict[str, RejectReport] = {}  # per camera, what its lines a reload moved said, once drained
+        self._drained: dict[str, RejectReport] = {}  # per camera, what its lines a reload moved said, once drained
         try:
             for cfg in settings.source:
                 reject = settings.reject_for(cfg)
@@ -1058,7 +1063,7 @@ class RejectOutput(Output):
         """Draining lines that have ended: their counters kept for their camera's report, the lines let go of."""
         for line in ended:
             line.wait(0.0)
-            self._ended[line.camera_id] = _added(self._ended.get(line.camera_id, NO_PULSES), line.report())
+            self._drained[line.camera_id] = _added(self._drained.get(line.camera_id, NO_PULSES), line.report())
             self._draining.remove(line)
 
     def report(self, camera_id: str) -> OutputReport:
@@ -1067,8 +1072,9 @@ class RejectOutput(Output):
         if line is None:
             return NO_REPORT
         report = line.report()  # with what its lines before it fired and dropped: the counters never go back
-        for before in [*(old.report() for old in self._draining if old.camera_id == camera_id), self._ended.get(camera_id)]:
-            report = _added(before, report) if before is not None else report
+        for old in self._draining:
+            report = _added(old.report(), report) if old.camera_id == camera_id else report
+        report = _added(self._drained.get(camera_id, NO_PULSES), report)
         said = [f"{count} {what}" for count, what in ((report.late, "late"), (report.dropped, "dropped")) if count]
         summary = f"reject {report.pulses} pulses, {', '.join(said)}" if said else None
         return OutputReport(fields={"reject": report}, summary=summary)
