@@ -70,11 +70,14 @@ def test_every_filter_narrows_and_the_limit_keeps_the_newest_oldest_first(journa
 def test_this_boots_rows_are_timed_on_its_monotonic_clock_whatever_the_wall_clock_said(tmp_path: Path) -> None:
     """A board without a real-time clock ran 200 days behind until NTP set it: the rows it recorded
     ten minutes ago carry a date 200 days old, and `--since 2h` left them out. This boot's rows are
-    held to the query on the monotonic clock; an earlier boot's, on the wall clock they have."""
+    held to the query on the monotonic clock; an earlier boot's, on the wall clock they have. This
+    boot is taken as an hour older than the machine's (its monotonic clock read an hour on): a
+    machine up less than ten minutes cannot have a row of ten minutes ago."""
     path = tmp_path / "journal.sqlite"
     store = JournalStore(path, "normal")
     behind_ns = time.time_ns() - 200 * 86_400 * 10**9
-    now_mono = time.monotonic_ns()
+    older_ns = 3600 * 10**9
+    now_mono = time.monotonic_ns() + older_ns
 
     def row(n: int, mono_ns: int) -> Entry:
         return replace(_entry(n, "cam0", "ok", f"P-{n}"), wall_ns=behind_ns + n * 10**9, mono_ns=mono_ns)
@@ -84,7 +87,10 @@ def test_this_boots_rows_are_timed_on_its_monotonic_clock_whatever_the_wall_cloc
     store.close()
 
     def frames(**keys: str) -> list[int]:
-        return [row["frame_id"] for row in entries(path, Query.parse(**keys))]
+        query = Query.parse(**keys)
+        assert query.now is not None
+        boot, mono, wall = query.now
+        return [row["frame_id"] for row in entries(path, replace(query, now=(boot, mono + older_ns, wall)))]
 
     assert frames(since="2h") == [2, 3]
     assert frames(since="7m") == [3]
