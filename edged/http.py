@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import selectors
 import socket
 import threading
 import time
@@ -100,7 +101,7 @@ class HttpServer(Output):
         self._refusal_logged = -REFUSAL_LOG_INTERVAL_S  # monotonic time of the last refusal logged
         self._stopping = threading.Event()
         self.accept_failures = AcceptFailures("http")  # connections it had no descriptor or thread for
-        self._server: Server | None = None
+        self._waker: socket.socket | None = None  # wakes the serving thread's poll for a stop
         self._thread = threading.Thread(target=self._serve, name="edged-http", daemon=True)
         self.follow_cameras(cameras)
 
@@ -249,12 +250,10 @@ class HttpServer(Output):
     def close(self) -> None:
         with self._lock:
             self._stopping.set()
-            server = self._server
+            if self._waker is not None:
+                self._waker.send(b"\0")
         for view in self.views.values():
             view.close()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
 
@@ -266,6 +265,7 @@ class HttpServer(Output):
         while not self._stopping.is_set():
             try:
                 server = Server((host, port), self)
+                wake, waker = _socketpair(server)
             except OSError as e:
                 if failures == 0:
                     log.error(
@@ -279,14 +279,39 @@ class HttpServer(Output):
                 failures += 1
                 self._stopping.wait(BIND_RETRY_S)
                 continue
-            with self._lock:
-                if self._stopping.is_set():
-                    server.server_close()
-                    return
-                self._server = server
-            log.info("live view, status page and metrics on %s", url_of(self.cfg.listen))
-            server.serve_forever(poll_interval=0.5)
+            with server, wake, waker:
+                with self._lock:
+                    if self._stopping.is_set():
+                        return
+                    self._waker = waker
+                log.info("live view, status page and metrics on %s", url_of(self.cfg.listen))
+                try:
+                    self._accept(server, wake)
+                finally:
+                    with self._lock:
+                        self._waker = None
             return
+
+    def _accept(self, server: Server, wake: socket.socket) -> None:
+        """Serves until `close` wakes the poll. `serve_forever` looks at its stop only between polls,
+        so a stop, and a reload that replaces the server, waited up to its poll interval (0.5 s)."""
+        server.timeout = 0  # `handle_request` waits for no connection: one reset before its accept is gone
+        with selectors.PollSelector() as selector:  # no descriptor of its own, as `serve_forever`
+            selector.register(server, selectors.EVENT_READ)
+            selector.register(wake, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                if any(key.fileobj is server for key, _ in selector.select()):
+                    server.handle_request()
+
+
+def _socketpair(server: Server) -> tuple[socket.socket, socket.socket]:
+    """The pair that wakes the serving thread; where no descriptor is left for it, the server is closed
+    and the OSError raised, as a failed bind."""
+    try:
+        return socket.socketpair()
+    except OSError:
+        server.server_close()
+        raise
 
 
 def url_of(listen: str) -> str:

@@ -144,7 +144,7 @@ class Server(ThreadingHTTPServer):
         except OSError as e:
             if out_of_resources(e):
                 self.owner.accept_failures.failed(e)
-                time.sleep(ACCEPT_RETRY_S)  # `serve_forever` ignores the error; a stop waits this long at most
+                time.sleep(ACCEPT_RETRY_S)  # the poll (`HttpServer._accept`) goes on; a stop waits this long at most
             raise
         return accepted
 

@@ -626,6 +626,27 @@ def test_a_viewer_beyond_max_viewers_gets_503() -> None:
         server.close()
 
 
+def test_a_close_wakes_the_serving_thread_which_lets_go_of_the_port() -> None:
+    """The serving thread polls without a timeout (`serve_forever` polled every 0.5 s, and a stop or a
+    reload that replaces the server waited for it): `close` wakes it, and once it returns the address is
+    free for the next server."""
+    port = free_port()
+    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}"), lambda: None, {"cam0": {}})
+    server.start()
+    try:
+        assert serving(port)
+    finally:
+        server.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    again = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}"), lambda: None, {"cam0": {}})
+    again.start()
+    try:
+        assert serving(port)
+    finally:
+        again.close()
+
+
 def _closed_by_server(sock: socket.socket) -> bool:
     """True once the server has closed (or reset) ``sock``'s connection; never blocks."""
     try:
