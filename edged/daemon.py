@@ -63,7 +63,7 @@ class Daemon:
         self.notifier = notifier
         self.signals = signals
         self.health = Health(settings.service.stall_timeout_s)
-        self._wake = Wake()  # set by every capture thread's hand-over and every lane's result
+        self._wake = signals.wake = Wake()  # set by each capture thread's hand-over, lane's result and signal
         self.cameras: dict[str, Camera] = {}
         self._trial: Trial | None = None  # a reload on trial: it takes over on its first frame
         self._started = False

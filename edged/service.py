@@ -19,10 +19,13 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from edged.errors import EXIT_OK
 from edged.lograte import LogRate
+
+if TYPE_CHECKING:
+    from edged.wake import Waker
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +310,7 @@ class Signals:
         self.stop = threading.Event()
         self.reload = threading.Event()
         self.loading: threading.Thread | None = None  # `unless_stopped`'s thread while it runs (`StartTimeout`)
+        self.wake: Waker | None = None  # the loop's (`edged.wake`): set at each signal (`_watch_stops`)
         self._unused_said = LogRate(60.0)
 
     def unless_stopped(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -366,9 +370,15 @@ class Signals:
         and a slow board's takes seconds, so ``systemctl stop`` ended in SIGKILL at ``TimeoutStopSec=``
         (the unit then failed) and Ctrl-C did nothing. The C-level handler writes each signal's number to
         the wakeup descriptor at once, whatever the main thread is doing, which wakes this thread.
+
+        It sets the loop's `wake` too: the handler runs once the main thread is back from its wait for
+        frames, which the signal does not end where the kernel gave it to another thread, or where the
+        wait is taken up again after the handler (a stop or reload then waited for the next frame).
         """
         stops = {signal.SIGTERM.value, signal.SIGINT.value}
         while received := os.read(woken, 64):
+            if self.wake is not None:
+                self.wake.set()
             signum = next((n for n in received if n in stops), None)
             if signum is not None and not self.stop.wait(STOP_STUCK_S):
                 log.error(

@@ -22,6 +22,7 @@ from waiting import wait_for
 
 from edged import service
 from edged.service import Notifier, Signals, StartTimeout
+from edged.wake import Wake, ready
 
 pytestmark = pytest.mark.integration
 
@@ -553,3 +554,25 @@ def test_outside_systemd_nothing_watches_the_load() -> None:
     watching = {t for t in threading.enumerate() if t.name == "start-timeout"}
     with StartTimeout(Notifier(""), Signals()):
         assert {t for t in threading.enumerate() if t.name == "start-timeout"} == watching
+
+
+@pytest.mark.unit
+def test_each_signal_wakes_the_loop_where_it_waits_for_frames() -> None:
+    """The loop waits for frames in select, and a signal's handler runs only once it is back: the
+    kernel may give the signal to another thread, and a wait the signal ends is taken up again after
+    the handler. So a stop or a reload waited for the next frame (or up to 0.25 s). The signals'
+    thread, woken by every signal, sets the loop's wake-up."""
+    signals = Signals()
+    signals.wake = wake = Wake()
+    woken, written = os.pipe()
+    watcher = threading.Thread(target=signals._watch_stops, args=(woken,), daemon=True)
+    watcher.start()
+    try:
+        os.write(written, bytes([signal.SIGHUP]))  # as the C-level handler writes it (a stop would wait to exit)
+        assert ready([wake], [], 30)[0] == [wake]
+    finally:
+        os.close(written)  # the thread reads the end of the pipe and returns
+        watcher.join(30)
+        os.close(woken)
+        wake.close()
+    assert not watcher.is_alive()
