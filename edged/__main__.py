@@ -10,6 +10,7 @@ ignored (``trap '' INT``, a script's background job), it stays ignored.
 
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 
@@ -23,7 +24,7 @@ def main() -> int:
     if default is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, hold)
     try:
-        from edged.cli import main as command
+        command = _command()
     finally:
         signal.signal(signal.SIGINT, default)
     try:
@@ -31,6 +32,16 @@ def main() -> int:
     except KeyboardInterrupt:  # in the command before its own handling: while its arguments are parsed
         print("edged: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+
+
+def _command() -> Callable[..., int]:
+    """`edged.cli.main`, with every module that builds pydantic models as it is imported. A Ctrl-C
+    raised inside pydantic's core as it builds one comes out as its SchemaError, a traceback and exit
+    1: so it was as `edged subscribe` imported `edged.messages` (its models) after the hold."""
+    import edged.messages  # noqa: F401  (the messages' models; the settings' come with edged.cli)
+    from edged.cli import main
+
+    return main
 
 
 if __name__ == "__main__":

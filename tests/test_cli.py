@@ -577,6 +577,37 @@ def test_ctrl_c_while_the_command_loads_ends_it_quietly_as_one_while_it_runs(
     assert stderr == "" if code == 0 else "Traceback" not in stderr and stderr.endswith(f"{args[0]} interrupted\n"), stderr
 
 
+MODELS_BUILT_LATER = """
+import importlib, json, pkgutil, pydantic, edged, edged.__main__
+
+def models():
+    seen, todo = set(), [pydantic.BaseModel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+    return {f"{m.__module__}.{m.__qualname__}" for m in seen if m.__module__.startswith("edged")}
+
+edged.__main__._command()
+held = models()
+for module in pkgutil.walk_packages(edged.__path__, "edged."):
+    importlib.import_module(module.name)
+print(json.dumps([sorted(held), sorted(models() - held)]))
+"""
+
+
+def test_every_pydantic_model_is_built_while_ctrl_c_is_held() -> None:
+    """pydantic's core builds a model as its module is imported, and a KeyboardInterrupt raised inside
+    it comes out as a SchemaError: a Ctrl-C as `edged subscribe` imported `edged.messages`, after the
+    hold (a loaded machine, the name being looked up), ended it with a traceback and exit 1. Every
+    model is built while Ctrl-C is held: importing each of edged's modules afterwards builds none."""
+    proc = subprocess.run([sys.executable, "-c", MODELS_BUILT_LATER], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    held, later = json.loads(proc.stdout)
+    assert {"edged.config.Settings", "edged.messages.DetectionsMessage"} <= set(held) and later == [], proc.stdout
+
+
 def test_ctrl_c_while_the_command_loads_is_still_ignored_where_it_was(tmp_path: Path) -> None:
     """A command started with SIGINT ignored (``trap '' INT``, a script's background job) is not ended by
     a Ctrl-C as its modules load: it was, with exit 130, held there as if it had been wanted."""
