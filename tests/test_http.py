@@ -631,20 +631,15 @@ def test_a_close_wakes_the_serving_thread_which_lets_go_of_the_port() -> None:
     reload that replaces the server waited for it): `close` wakes it, and once it returns the address is
     free for the next server."""
     port = free_port()
-    server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}"), lambda: None, {"cam0": {}})
-    server.start()
-    try:
-        assert serving(port)
-    finally:
-        server.close()
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", port), timeout=10).close()
-    again = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}"), lambda: None, {"cam0": {}})
-    again.start()
-    try:
-        assert serving(port)
-    finally:
-        again.close()
+    for _ in range(2):  # the second binds the address the first let go of
+        server = HttpServer(HttpConfig(listen=f"127.0.0.1:{port}"), lambda: None, {"cam0": {}})
+        server.start()
+        try:
+            assert serving(port)
+        finally:
+            server.close()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
 
 
 def _closed_by_server(sock: socket.socket) -> bool:
