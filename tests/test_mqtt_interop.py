@@ -311,7 +311,12 @@ def test_a_node_red_historian_gets_every_verdict_keyed_once_across_an_outage_a_r
         runs = {v["run_id"] for v in verdicts}
         assert len(runs) == 2 and run2.run_id in runs, runs
         # Those recorded while the broker was away came replayed (of both runs), the live ones after not.
-        assert {v["run_id"] for v in verdicts if v["replayed"]} == runs, "both runs' outage verdicts come replayed"
+        first = [(v["seq"], v["replayed"]) for v in verdicts if v["run_id"] != run2.run_id and v["camera_id"] == "cam0"]
+        recorded_first = [v["seq"] for v in journal if v["run_id"] != run2.run_id and v["camera_id"] == "cam0"]
+        assert {v["run_id"] for v in verdicts if v["replayed"]} == runs, (
+            f"{name}: both runs' outage verdicts come replayed; of the first run, got (seq, replayed) {first[-12:]}, "
+            f"the journal's last seqs {recorded_first[-12:]}"
+        )
         assert not any(v["replayed"] for v in verdicts if v["run_id"] == run2.run_id and v["seq"] >= live_seq)
         assert [v["part_id"] for v in verdicts if v["camera_id"] == "gate"] == ["A-1017"]
     assert {key(v) for v in got["historian-311"]} == {key(v) for v in got["historian-5"]}
