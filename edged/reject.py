@@ -1073,7 +1073,8 @@ class RejectOutput(Output):
             return NO_REPORT
         report = line.report()  # with what its lines before it fired and dropped: the counters never go back
         for old in self._draining:
-            report = _added(old.report(), report) if old.camera_id == camera_id else report
+            if old.camera_id == camera_id:
+                report = _added(old.report(), report)
         report = _added(self._drained.get(camera_id, NO_PULSES), report)
         said = [f"{count} {what}" for count, what in ((report.late, "late"), (report.dropped, "dropped")) if count]
         summary = f"reject {report.pulses} pulses, {', '.join(said)}" if said else None
