@@ -239,6 +239,9 @@ def test_a_node_red_historian_gets_every_verdict_keyed_once_across_an_outage_a_r
         # The historians go away (their sessions stay), the broker stops, edged restarts meanwhile.
         for name in HISTORIANS:
             flows.end(name)
+        # The statuses from before the first connection say "disconnected" too, and wait unread: read
+        # past them, or the outage below could end before edged had recorded a verdict in it.
+        status_of(d, lambda s: s.camera_id == "cam0" and s.mqtt_state == "connected")
         broker.stop()
         before = recorded(status_of(d, lambda s: s.camera_id == "cam0" and s.mqtt_state == "disconnected"))
         status_of(d, lambda s: s.camera_id == "cam0" and recorded(s) >= before + 3)

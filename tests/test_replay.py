@@ -321,6 +321,7 @@ def test_a_reload_that_moves_the_journal_during_an_outage_sends_the_old_files_ba
     d = start(tmp_path, broker.port, journal={"path": str(first)})
     try:
         assert wait_for(lambda: len(historian.got()) >= 3, 30), d.log()
+        d.wait_status(lambda s: s.mqtt_state == "connected")  # past the statuses from before the connection
         broker.stop()
         d.wait_status(lambda s: s.mqtt_state == "disconnected")
         outage = len(journal_verdicts(first))  # from here on, recorded while edged knew the broker away

@@ -183,6 +183,7 @@ def test_after_the_broker_restarts_edged_subscribes_again_and_triggers_are_answe
             publish(broker, '{"part_id": "before"}')
             assert verdicts(listener, 1)[0].part_id == "before"
             listener.close()
+            d.wait_status(lambda s: s.mqtt_state == "connected")  # past the statuses from before the connection
             broker.kill()
             d.wait_status(lambda s: s.mqtt_state == "disconnected")
             broker.start()
