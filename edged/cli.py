@@ -761,12 +761,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return _serve(args.config, settings, signals)
 
 
-def _serve(config_path: Path | None, settings: Settings, signals: Signals) -> int:
-    """The process around an `edged.daemon.Daemon`: returns its exit code, or exits with it
-    (`edged.service.exit_safely`).
+def _serve(config_path: Path | None, settings: Settings, signals: Signals) -> NoReturn:
+    """The process around an `edged.daemon.Daemon`: exits with its exit code (`edged.service.exit_safely`).
 
     Every way out, a refused start included, stops the capture thread first; one still inside a
-    camera call after its join is abandoned by exiting at once, never by interpreter finalisation.
+    camera call after its join is abandoned by the exit, which skips interpreter finalisation.
     A stop asked for during the start ends it there, exit 0 (`edged.service.Signals.unless_stopped`).
     """
     from edged.daemon import Daemon
@@ -794,7 +793,7 @@ def _serve(config_path: Path | None, settings: Settings, signals: Signals) -> in
     else:
         code = daemon.run()
     notifier.close()
-    return exit_safely(code)
+    exit_safely(code)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

@@ -7,6 +7,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +17,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import zmq
 from daemon import RunningDaemon, free_port, write_config
 from filesystems import opening_stalled
 from onnx_models import colour_probe, failing_probe, stalling_probe
@@ -576,3 +579,52 @@ def test_each_signal_wakes_the_loop_where_it_waits_for_frames() -> None:
         os.close(woken)
         wake.close()
     assert not watcher.is_alive()
+
+
+EXITING = """
+import select, sys
+from edged.config import PublishConfig
+from edged.publish import Publisher
+from edged.service import exit_safely
+
+pub = Publisher(PublishConfig(endpoints=[sys.argv[1]], hwm=100, linger_ms=10_000), ["cam0"])
+while not select.select([sys.stdin], [], [], 0.02)[0]:  # a probe at a time until the subscriber has one
+    pub.send(b"probe", b"{}")
+payload = bytes(1 << 20)
+for _ in range(int(sys.argv[2])):
+    pub.send(b"big", payload)
+pub.close()
+exit_safely(5)
+"""
+
+
+def test_the_exit_sends_what_was_queued_for_a_slow_subscriber_before_it_ends_the_process(tmp_path: Path) -> None:
+    """The process ends without interpreter finalisation, but only once ZeroMQ has sent what was
+    queued behind a slow subscriber: libzmq does so while its context is terminated, which
+    finalisation did in freeing it. 64 MB is more than loopback's socket buffers hold: an exit
+    without the wait lost half of them."""
+    count = 64
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    with subprocess.Popen(
+        [sys.executable, "-c", EXITING, endpoint, str(count)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    ) as child:
+        try:
+            assert sub.poll(30_000), child.communicate()[0] if child.poll() is not None else "never heard the child"
+            child.stdin.write(b"go\n")  # type: ignore[union-attr]
+            child.stdin.flush()  # type: ignore[union-attr]
+            got = 0
+            while got < count and sub.poll(10_000):
+                if sub.recv_multipart()[0] == b"big":
+                    got += 1
+                    time.sleep(0.01)  # a slow subscriber: the rest waits in ZeroMQ's queue
+            assert child.wait(30) == 5, child.communicate()[0]
+            assert got == count
+        finally:
+            child.kill()
+            sub.close(linger=0)
