@@ -76,7 +76,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CONSUMER = "edged"  # the name the kernel shows for the line's holder (gpioinfo)
+CONSUMER = "edged"  # the name the kernel shows for the line's holder (gpioinfo), with the holding daemon's PID
+
+
+def holder_name(pid: int) -> str:
+    """The consumer name of the lines edged ``pid`` holds (its line processes request them): ``edged:PID``.
+    A reload tells its own lines from another edged's by it; with one name for all, a line another
+    edged held passed the reload's look, and its line process then failed to request it every 5 s."""
+    return f"{CONSUMER}:{pid}"
+
+
+def _edged_holds(consumer: str, pid: int | None) -> bool:
+    """Whether ``consumer`` is edged ``pid``'s name for its lines; with no ``pid``, any edged's (an older
+    one named them ``edged``)."""
+    if pid is not None:
+        return consumer == holder_name(pid)
+    return consumer == CONSUMER or consumer.startswith(f"{CONSUMER}:")
+
+
 NEEDS_GPIOD = "the reject line needs libgpiod's v2 Python binding, gpiod 2.x"
 # edged is not on PyPI, and Debian 12's pip refuses to install into the system's Python (PEP 668).
 INSTALL_GPIOD = (
@@ -204,8 +221,8 @@ def _found(gpiod: ModuleType, cfg: RejectConfig, camera_id: str) -> tuple[str, A
     return path, chip, offsets
 
 
-def open_lines(cfg: RejectConfig, camera_id: str) -> Lines:
-    """Request ``cfg``'s line (and alarm line) as outputs, driven inactive.
+def open_lines(cfg: RejectConfig, camera_id: str, holder: str) -> Lines:
+    """Request ``cfg``'s line (and alarm line) as outputs, driven inactive, in the name ``holder``.
 
     Raises `LineError` (exit 78) naming the chips when the chip does not exist, or the chip's lines
     when a line does not; `LineBusy` (exit 1) naming the holder when another process has the line.
@@ -218,7 +235,7 @@ def open_lines(cfg: RejectConfig, camera_id: str) -> Lines:
         info = chip.get_info()
         settings = gpiod.LineSettings(direction=Direction.OUTPUT, active_low=cfg.active_low, output_value=Value.INACTIVE)
         try:
-            request = chip.request_lines({tuple(offsets.values()): settings}, consumer=CONSUMER)
+            request = chip.request_lines({tuple(offsets.values()): settings}, consumer=holder)
         except OSError as e:
             if e.errno == errno.EBUSY:
                 holders = [chip.get_line_info(offset).consumer for offset in offsets.values()]
@@ -235,19 +252,20 @@ def _busy(cfg: RejectConfig, camera_id: str, chip_name: str, holder: str | None)
     )
 
 
-def check_lines(settings: Settings, *, request: bool = True) -> list[str]:
+def check_lines(settings: Settings, *, request: bool = True, own: int | None = None) -> list[str]:
     """``edged check``: every camera's reject line found as `open_lines` finds it (its `LineError`), and
     with ``request`` requested once and released (its `LineBusy` too); one line said per camera. Without
     ``request``, beside the running daemon that holds the lines, a chip or line that is not there is
     still found: `run` refuses it (exit 78) as it starts; and a line another program holds, as the
-    kernel names its holder (`LineBusy`; edged's own lines are edged's, the running daemon's)."""
+    kernel names its holder (`LineBusy`): every program but edged ``own`` (a reload's look, in that
+    daemon), or but any edged (``edged check --no-bind``, which cannot tell the service's PID)."""
     said = []
     for cfg in settings.source:
         reject = settings.reject_for(cfg)
         if reject is None:
             continue
         if request:
-            lines = open_lines(reject, cfg.camera_id)
+            lines = open_lines(reject, cfg.camera_id, holder_name(os.getpid()))
             lines.release()
             path, line, alarm, how = lines.chip, lines.line, lines.alarm, "requested and released"
         else:
@@ -255,7 +273,7 @@ def check_lines(settings: Settings, *, request: bool = True) -> list[str]:
             with chip:
                 for offset in offsets.values():
                     held = chip.get_line_info(offset)
-                    if held.used and held.consumer != CONSUMER:
+                    if held.used and not _edged_holds(held.consumer, own):
                         raise _busy(reject, cfg.camera_id, chip.get_info().name, held.consumer or None)
             line, alarm, how = offsets["line"], offsets.get("alarm_line"), "found; not requested: --no-bind"
         also = f", alarm line {alarm}" if alarm is not None else ""
@@ -534,9 +552,12 @@ def serve(
     the process before this one dropped parts, which the alarm line says; ``earlier_upto``: the latest
     capture announced to it, whose late verdict this one does not fire again (`Schedule.resolve`)."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the daemon's reload is the daemon's
+    holder = holder_name(os.getppid())  # the lines are the daemon's that started this process
 
     def reopen(cfg: RejectConfig) -> Lines:
-        return Lines(RecordingRequest(), 0, None, "recording", (False, True)) if record else open_lines(cfg, camera_id)
+        return (
+            Lines(RecordingRequest(), 0, None, "recording", (False, True)) if record else open_lines(cfg, camera_id, holder)
+        )
 
     try:
         lines = reopen(cfg)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -205,7 +206,7 @@ def _load_replacement(
         raise ConfigError(config_path, [shared])
     if new.rejecting():
         reading("the reject lines")
-        check_lines(new, request=False)  # a chip or line not there: refused, as a start refuses it, not run without
+        check_lines(new, request=False, own=os.getpid())  # a chip or line not there, or held: refused, as at a start
     if dropped is not None and (runtime := dropped.kept(new.runtime)) is not None:
         new = new.model_copy(update={"runtime": runtime})
     else:

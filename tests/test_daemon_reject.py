@@ -298,6 +298,30 @@ def test_a_reload_naming_a_line_the_chip_lacks_is_refused_and_the_running_line_f
     assert "drives no reject line" not in d.log()
 
 
+def test_a_reload_onto_the_line_another_edged_holds_is_refused_naming_it_and_its_own_fires_on(
+    tmp_path: Path, daemons: list[RunningDaemon]
+) -> None:
+    """Two units on one board, the second reloaded onto the first's line: every edged named its lines
+    ``edged``, so the reload's look took the line for its own and took over, its line process then
+    failing to request it every 5 s and each NG part dropped."""
+    first, second = Rig(tmp_path / "first", NG, {}), Rig(tmp_path / "second", NG, {"line": "SPARE"})
+    second.env, second.record = first.env, first.record  # one chip: the first's
+    a = first.start()
+    daemons.append(a)
+    assert wait_for(lambda: len(rises(first)) >= 1, 60), a.log()
+    b = second.start()
+    daemons.append(b)
+    assert wait_for(lambda: second.levels(2).count(1) >= 1, 60), b.log()
+    second.config.write_text(second.config.read_text().replace('line = "SPARE"', 'line = "EJECT"'))
+    b.signal(signal.SIGHUP)
+    assert wait_for(lambda: "reload refused" in b.log(), 30), b.log()
+    held = f"reject.line 'EJECT' of gpiochip0 (camera cam0) is held by 'edged:{a.proc.pid}'"
+    assert held in b.log().split("reload refused", 1)[1], b.log()
+    fired = second.levels(2).count(1)
+    assert wait_for(lambda: second.levels(2).count(1) > fired + 2, 30), b.log()  # its own line fires on
+    assert a.proc.poll() is None and len(rises(first)) > 1
+
+
 def test_check_requests_and_releases_the_line(tmp_path: Path) -> None:
     rig = Rig(tmp_path, NG, {})
     result = rig.cli("check")

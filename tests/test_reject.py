@@ -27,7 +27,15 @@ from waiting import wait_for
 from edged.config import Settings
 from edged.errors import EXIT_CONFIG, EXIT_FAILURE, LineBusy, LineError
 from edged.output import Services
-from edged.reject import DRAIN_S, INSTALL_GPIOD, RejectLine, RejectOutput, check_lines, open_lines
+from edged.reject import (
+    DRAIN_S,
+    INSTALL_GPIOD,
+    RejectLine,
+    RejectOutput,
+    check_lines,
+    holder_name,
+    open_lines,
+)
 from edged.settings.reject import RejectConfig
 
 FAKES = Path(__file__).parent / "fakes"
@@ -350,17 +358,17 @@ def test_a_second_sigterm_ends_the_drain_at_once_with_the_line_inactive(
 
 def test_a_line_held_by_another_program_is_busy_naming_it(gpiod: ModuleType) -> None:
     with pytest.raises(LineBusy, match=r"reject.line 'BUSY' of gpiochip0 \(camera cam0\) is held by 'conveyor-plc'") as e:
-        open_lines(reject(line="BUSY"), "cam0")
+        open_lines(reject(line="BUSY"), "cam0", "edged:1")
     assert e.value.exit_code == EXIT_FAILURE
 
 
 def test_a_wrong_line_names_the_chips_lines_and_a_wrong_chip_says_so(gpiod: ModuleType) -> None:
     for line in ("EJCT", 9):
         with pytest.raises(LineError, match=r"its lines: 0 EJECT, 1 ALARM, 2 SPARE, 3 BUSY") as e:
-            open_lines(reject(line=line), "cam0")
+            open_lines(reject(line=line), "cam0", "edged:1")
         assert e.value.exit_code == EXIT_CONFIG
     with pytest.raises(LineError, match=r"reject.chip '/dev/gpiochip7' \(camera cam0\): /dev/gpiochip7: No such file"):
-        open_lines(reject(chip="/dev/gpiochip7"), "cam0")
+        open_lines(reject(chip="/dev/gpiochip7"), "cam0", "edged:1")
 
 
 def test_check_requests_each_line_once_and_releases_it(gpiod: ModuleType) -> None:
@@ -370,6 +378,21 @@ def test_check_requests_each_line_once_and_releases_it(gpiod: ModuleType) -> Non
     assert gpiod.CHIPS[CHIP].requested == {}
 
 
+def test_a_reloads_look_passes_its_own_daemons_lines_and_refuses_another_edgeds(gpiod: ModuleType) -> None:
+    """Every edged named its lines ``edged``: a reload's look took a line another edged held (a second
+    unit on the board) for its own, and its line process then failed to request it every 5 s."""
+    held = settings(reject={"chip": CHIP, "line": "SPARE", "delay_ms": 100})
+    other = open_lines(reject(line="SPARE"), "cam0", holder_name(4321))
+    try:
+        assert check_lines(held, request=False, own=4321) == [
+            f"camera cam0: {CHIP} line 2 (found; not requested: --no-bind)"
+        ]
+        with pytest.raises(LineBusy, match=r"reject.line 'SPARE' of gpiochip0 \(camera cam0\) is held by 'edged:4321'"):
+            check_lines(held, request=False, own=4322)
+    finally:
+        other.release()
+
+
 def test_check_beside_the_service_finds_each_line_without_requesting_it(gpiod: ModuleType) -> None:
     """``check --no-bind`` left the lines untried, so a chip or line run refuses (exit 78) passed it, and
     a line another program holds (run exits 1)."""
@@ -377,12 +400,13 @@ def test_check_beside_the_service_finds_each_line_without_requesting_it(gpiod: M
     said = f"camera cam0: {CHIP} line 0, alarm line 1 (found; not requested: --no-bind)"
     assert check_lines(s, request=False) == [said]
     assert levels(gpiod, 0) == [] and gpiod.CHIPS[CHIP].requested == {}
-    service = open_lines(reject(line="SPARE"), "cam0")  # as the running service holds its own
-    try:
-        held = settings(reject={"chip": CHIP, "line": "SPARE", "delay_ms": 100})
-        assert check_lines(held, request=False) == [f"camera cam0: {CHIP} line 2 (found; not requested: --no-bind)"]
-    finally:
-        service.release()
+    held = settings(reject={"chip": CHIP, "line": "SPARE", "delay_ms": 100})
+    for name in ("edged:4321", "edged"):  # as the running service holds its own (an older edged: by one name)
+        service = open_lines(reject(line="SPARE"), "cam0", name)
+        try:
+            assert check_lines(held, request=False) == [f"camera cam0: {CHIP} line 2 (found; not requested: --no-bind)"]
+        finally:
+            service.release()
     with pytest.raises(LineError, match=r"reject.line 'EJCT' \(camera cam0\): .* its lines: 0 EJECT, 1 ALARM"):
         check_lines(settings(reject={"chip": CHIP, "line": "EJCT", "delay_ms": 100}), request=False)
     with pytest.raises(LineBusy, match=r"reject.line 'BUSY' of gpiochip0 \(camera cam0\) is held by 'conveyor-plc'"):
@@ -457,11 +481,11 @@ def test_on_gpio_sim_a_wrong_line_names_the_lines_and_a_held_one_is_busy(sim: tu
 
     path, _ = sim
     with pytest.raises(LineError, match=r"its lines: 0 EJECT, 1 ALARM, 2 SPARE, 3 BUSY"):
-        open_lines(reject(chip=path, line="EJCT"), "cam0")
+        open_lines(reject(chip=path, line="EJCT"), "cam0", "edged:1")
     held = gpiod.request_lines(path, {3: gpiod.LineSettings(direction=Direction.OUTPUT)}, consumer="conveyor-plc")
     try:
         with pytest.raises(LineBusy, match=r"held by 'conveyor-plc'"):
-            open_lines(reject(chip=path, line="BUSY"), "cam0")
+            open_lines(reject(chip=path, line="BUSY"), "cam0", "edged:1")
     finally:
         held.release()
 
@@ -701,7 +725,7 @@ def test_parts_sent_to_a_line_process_started_again_that_cannot_request_the_line
     line = start(lines, reject(delay_ms=2000.0, late="pass"))
     os.kill(line.pid, signal.SIGKILL)
     assert wait_for(lambda: line.ended, 5.0)
-    taken = open_lines(reject(), "cam9")  # another program takes the line meanwhile
+    taken = open_lines(reject(), "cam9", "conveyor-plc")  # another program takes the line meanwhile
     try:
         for verdict in ("ng", "ok", "uncertain", None):  # the first write starts the next process
             line.expect(t := time.monotonic_ns())

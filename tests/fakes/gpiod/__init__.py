@@ -6,7 +6,8 @@ It mirrors the parts of gpiod 2.5 edged uses, as the real binding behaves:
   no GPIO chip OSError (ENOTTY); ``get_info()`` gives ``ChipInfo(name, label, num_lines)``;
 - ``line_offset_from_id`` returns an int offset as it is unless out of range (ValueError "line
   offset of out range"), and looks a name up, raising OSError ENOENT for an unknown one;
-- ``get_line_info(line)`` gives a ``LineInfo`` with ``name``, ``used`` and ``consumer``;
+- ``get_line_info(line)`` gives a ``LineInfo`` with ``name``, ``used`` and ``consumer`` (another
+  process's request's too, with a record file);
 - ``request_lines(config, consumer, output_values)`` requests the lines as configured; a line
   another process holds raises OSError EBUSY; the request's ``set_value``/``get_value`` take an
   offset or a name and a ``Value``; ``release`` frees the lines, after which use raises
@@ -20,7 +21,7 @@ Every level a requested line takes is recorded, as ``RECORD`` entries and, with 
 lines ``monotonic_ns path offset level`` (level 1/0 physical, ``released`` when the request lets
 go), written and flushed at once. With a record
 file a line has one holder across the processes, as the kernel keeps it: a request claims a file
-per line beside the record, naming its process, and a line another live process holds raises
+per line beside the record, naming its process and consumer, and a line another live process holds raises
 EBUSY (a holder that died, SIGKILL included, holds nothing).
 """
 
@@ -106,8 +107,19 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _claim(path: str, offsets: Iterable[int]) -> None:
-    """Hold ``offsets`` for this process, across the processes sharing the record; EBUSY where another live one does."""
+def _holder(hold: str) -> tuple[int, str] | None:
+    """The PID and consumer name a claim names; None where it is let go of (or being written)."""
+    try:
+        with open(hold) as f:
+            pid, _, consumer = f.read().partition(" ")
+        return int(pid), consumer
+    except (OSError, ValueError):
+        return None
+
+
+def _claim(path: str, offsets: Iterable[int], consumer: str) -> None:
+    """Hold ``offsets`` for this process in the name ``consumer``, across the processes sharing the
+    record; EBUSY where another live one does."""
     claimed: list[int] = []
     for offset in offsets:
         hold = _hold_file(path, offset)
@@ -115,18 +127,17 @@ def _claim(path: str, offsets: Iterable[int]) -> None:
             return
         mine = f"{hold}.{os.getpid()}"
         with open(mine, "w") as f:
-            f.write(str(os.getpid()))
+            f.write(f"{os.getpid()} {consumer}")
         try:
             while True:
                 try:
                     os.link(mine, hold)  # the claim appears whole, naming its holder
                     break
                 except FileExistsError:
-                    try:
-                        with open(hold) as f:
-                            holder = int(f.read())
-                    except (OSError, ValueError):
+                    claim = _holder(hold)
+                    if claim is None:
                         continue  # let go of meanwhile
+                    holder = claim[0]
                     if holder == os.getpid() or _alive(holder):
                         _let_go(path, claimed)
                         raise OSError(errno.EBUSY, "Device or resource busy") from None
@@ -243,8 +254,12 @@ class Chip:
         offset = self.line_offset_from_id(line)
         with _lock:
             own = chip.requested.get(offset)
-        consumer = own[1] if own else chip.held.get(offset, "")
-        used = own is not None or offset in chip.held
+        hold = _hold_file(self.path, offset)
+        other = _holder(hold) if own is None and hold is not None else None
+        if other is not None and not _alive(other[0]):
+            other = None  # a holder that died holds nothing
+        consumer = own[1] if own else other[1] if other else chip.held.get(offset, "")
+        used = own is not None or other is not None or offset in chip.held
         direction = _l.Direction.OUTPUT if own else _l.Direction.INPUT
         return LineInfo(offset, chip.lines[offset], used, consumer, direction, False)
 
@@ -270,7 +285,7 @@ class Chip:
         with _lock:
             if any(offset in chip.held or offset in chip.requested for offset in wanted):
                 raise OSError(errno.EBUSY, "Device or resource busy")
-        _claim(self.path, wanted)
+        _claim(self.path, wanted, consumer or "?")
         request = LineRequest(self.path, wanted, {chip.lines[o]: o for o in wanted if chip.lines[o]})
         with _lock:
             for offset in wanted:
