@@ -15,6 +15,7 @@ check``, a reload) are removed after it while they are still as it made them (`M
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import glob
@@ -194,8 +195,12 @@ class MadeFolders:
     one meanwhile: the service starting beside ``sudo edged check`` makes it its own (systemd gives it
     a runtime or state directory's user) or saves in it; removing it then broke that service."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, until_exit: bool = False) -> None:
+        """``until_exit``: removed at the process's exit too, unless kept or removed before: a reload
+        still loading when edged stops is never tried, and its folders are nobody's."""
         self._made: list[tuple[Path, tuple[int, int, int]]] = []
+        if until_exit:
+            atexit.register(self.remove)
 
     def __enter__(self) -> MadeFolders:
         return self
@@ -235,6 +240,12 @@ class MadeFolders:
                 if (status.st_dev, status.st_ino, status.st_uid) == made:
                     os.rmdir(folder)
         self._made.clear()
+        atexit.unregister(self.remove)
+
+    def keep(self) -> None:
+        """Leave the folders made as they are, at exit too: what made them (a reload) took over."""
+        self._made.clear()
+        atexit.unregister(self.remove)
 
 
 def _identity(path: Path) -> tuple[int, int] | Path:

@@ -184,7 +184,7 @@ def load_replacement(
         problem = "the reload turns request mode on or off (no camera took requests, or none would): restart edged"
         raise ConfigError(config_path, [problem])
     reading("the evidence folders")
-    made = MadeFolders()
+    made = MadeFolders(until_exit=True)  # a load still going at the stop leaves none
     try:
         return _load_replacement(config_path, new, running, made, trial_for, reading, dropped)
     except BaseException:
@@ -535,11 +535,12 @@ class Reloads:
         return True
 
     def took_over(self, replacement: Replacement) -> None:
-        """``replacement`` has switched in: the providers it kept dropped stay so for the reloads after
-        it (none where it loaded the providers its configuration lists), the log follows its
-        ``service.log_level``, and the memory the models it replaced freed goes back to the system
-        (`give_back_freed_memory`)."""
+        """``replacement`` has switched in: the evidence folders it made are its own, the providers it
+        kept dropped stay so for the reloads after it (none where it loaded the providers its
+        configuration lists), the log follows its ``service.log_level``, and the memory the models it
+        replaced freed goes back to the system (`give_back_freed_memory`)."""
         self._dropped = replacement.dropped
+        replacement.made.keep()
         follow_log_level(replacement.settings.service.log_level)
         give_back_freed_memory()
 

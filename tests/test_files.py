@@ -4,6 +4,8 @@ writing a command's output whole or not at all, and never over one of its inputs
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,19 @@ def test_the_folders_a_try_made_are_removed_but_those_taken_since(tmp_path: Path
     left = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert left == (["kept", "taken"] if os.geteuid() == 0 else ["kept"])
     assert (tmp_path / "a" / "taken").stat().st_uid == 65534 or os.geteuid() != 0
+
+
+def test_folders_made_until_exit_go_at_the_exit_unless_kept(tmp_path: Path) -> None:
+    """A reload still loading when edged stops is never tried: the folders it made went nowhere. One that
+    took over keeps its own, even empty."""
+    made = """
+import sys
+from pathlib import Path
+from edged.files import MadeFolders
+loading, took_over = MadeFolders(until_exit=True), MadeFolders(until_exit=True)
+loading.mkdir(Path(sys.argv[1]) / "loading")
+took_over.mkdir(Path(sys.argv[1]) / "took-over")
+took_over.keep()
+"""
+    subprocess.run([sys.executable, "-c", made, str(tmp_path)], check=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["took-over"]

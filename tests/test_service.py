@@ -344,6 +344,26 @@ def test_a_reload_still_on_trial_at_the_stop_removes_the_evidence_folders_it_mad
     assert not (tmp_path / "ev").exists()
 
 
+def test_a_reload_still_loading_at_the_stop_removes_the_evidence_folders_it_made(
+    tmp_path: Path, notify: NotifySocket
+) -> None:
+    """A reload whose model file stalls has made the new camera's evidence folder as it began; a stop
+    does not wait for the load, and left that folder behind, empty."""
+    d, config, probe = _start_for_reloads(tmp_path, notify)
+    added = config.read_text().replace('path = "imgs"', 'path = "later"\ncamera_id = "added"')
+    try:
+        notify.wait_for("READY=1", timeout=20)
+        config.write_text(added.replace(str(probe), str(tmp_path / "b.onnx")) + f'[evidence]\ndir = "{tmp_path}/ev"\n')
+        with opening_stalled(tmp_path / "b.onnx") as waiting:
+            d.signal(signal.SIGHUP)
+            assert wait_for(waiting, timeout_s=20), d.log()
+            assert (tmp_path / "ev" / "added").is_dir()
+            assert d.stop() == 0
+    finally:
+        d.close()
+    assert not (tmp_path / "ev").exists()
+
+
 def test_pings_stop_when_inference_wedges(tmp_path: Path, notify: NotifySocket) -> None:
     """Black frames run normally; the bright frame after them hangs inside ONNX Runtime. Unpaced, the
     folder is read an image at a time as the model takes them: paced, a start slower than the black
