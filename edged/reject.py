@@ -52,6 +52,7 @@ import errno
 import glob
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -763,7 +764,7 @@ class RejectLine:
         self._stopped = False
         self._before = NO_PULSES  # the counters of the processes that ended
         self._report = NO_PULSES
-        self._restarted_at = 0.0
+        self._restarted_at = -math.inf  # the first restart is never held back: a board may be up less than the interval
         self._unfired = Unfired()
         self._unconfirmed = 0  # parts to be ejected sent to a process that has not said ``ready`` (`wait`, a restart)
         self._due: deque[int] = deque()  # when the parts to be ejected sent to this process are due at the ejector

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import sqlite3
 import time
@@ -121,7 +122,7 @@ class VerdictFeed:
         self._stale: set[int] = set()  # rows of a file gone aside, handed out and not yet acknowledged (`_started_anew`)
         self._live_from: int | None = None  # rows above this were recorded while this connection was up; None: read it
         self._saved = 0  # the cursor as last written
-        self._saved_at = 0.0
+        self._saved_at = -math.inf  # the first acknowledgement is written at once, on a board just up too
         self.errors = 0
         self._log = LogRate(60.0)
         self._anew_log = LogRate(60.0)  # a file removed again and again is said once a minute (`_started_anew`)

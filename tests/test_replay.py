@@ -449,6 +449,27 @@ def test_the_cursor_moves_over_acknowledged_verdicts_only_and_survives_a_reopen(
     store.close()
 
 
+def test_the_first_acknowledgement_is_written_at_once_on_a_board_just_up_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cursor is written at most every `SAVE_EVERY_S`, which was counted from a write at the boot:
+    on a board up less than that, the first acknowledgements waited (a power cut sent them again)."""
+    monkeypatch.setattr("edged.replay.SAVE_EVERY_S", time.monotonic() + 3600.0)  # longer than this machine is up
+    path = tmp_path / "journal.sqlite"
+    store = JournalStore(path, "normal")
+    store.append([entry(n) for n in range(3)], IDENTITY, None)
+    feed = VerdictFeed(path, "mqtt", first_after=0)
+    feed.connected()
+    assert [f.row_id for f in feed.take(3)] == [1, 2, 3]
+    feed.acked(1)
+    feed.acked(2)  # within the interval: written at the close
+    cursor = "SELECT row_id FROM cursors WHERE name = 'mqtt'"
+    assert [row for (row,) in rows(path, cursor)] == [1]
+    feed.close()
+    assert [row for (row,) in rows(path, cursor)] == [2]
+    store.close()
+
+
 @pytest.mark.unit
 def test_a_replayed_verdict_keeps_every_field() -> None:
     message = '{"kind":"verdict","seq":3,"replayed":false,"part_id":"A-1"}'
