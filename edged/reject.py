@@ -80,21 +80,6 @@ log = logging.getLogger(__name__)
 CONSUMER = "edged"  # the name the kernel shows for the line's holder (gpioinfo), with the holding daemon's PID
 
 
-def holder_name(pid: int) -> str:
-    """The consumer name of the lines edged ``pid`` holds (its line processes request them): ``edged:PID``.
-    A reload tells its own lines from another edged's by it; with one name for all, a line another
-    edged held passed the reload's look, and its line process then failed to request it every 5 s."""
-    return f"{CONSUMER}:{pid}"
-
-
-def _edged_holds(consumer: str, pid: int | None) -> bool:
-    """Whether ``consumer`` is edged ``pid``'s name for its lines; with no ``pid``, any edged's (an older
-    one named them ``edged``)."""
-    if pid is not None:
-        return consumer == holder_name(pid)
-    return consumer == CONSUMER or consumer.startswith(f"{CONSUMER}:")
-
-
 NEEDS_GPIOD = "the reject line needs libgpiod's v2 Python binding, gpiod 2.x"
 # edged is not on PyPI, and Debian 12's pip refuses to install into the system's Python (PEP 668).
 INSTALL_GPIOD = (
@@ -113,6 +98,21 @@ DRAIN_S = 3.0
 STOP_WAIT_S = 1.0  # how long a stop waits for the line process beyond its drain, then kills it (the kernel frees the line)
 LINES_NAMED = 64  # the most of a chip's lines an error lists
 WINDOW = 1024  # pulses and verdicts the lateness and margin percentiles are taken over
+
+
+def holder_name(pid: int) -> str:
+    """The consumer name of the lines edged ``pid`` holds (its line processes request them): ``edged:PID``.
+    A reload tells its own lines from another edged's by it; with one name for all, a line another
+    edged held passed the reload's look, and its line process then failed to request it every 5 s."""
+    return f"{CONSUMER}:{pid}"
+
+
+def _edged_holds(consumer: str, pid: int | None) -> bool:
+    """Whether ``consumer`` is edged ``pid``'s name for its lines; with no ``pid``, any edged's (an older
+    one named them ``edged``)."""
+    if pid is not None:
+        return consumer == holder_name(pid)
+    return consumer == CONSUMER or consumer.startswith(f"{CONSUMER}:")
 
 
 def import_gpiod() -> ModuleType:

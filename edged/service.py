@@ -212,9 +212,9 @@ def exit_safely(code: int) -> NoReturn:
 
     What is owed: ZeroMQ's queued messages, which libzmq sends out while its context is terminated
     (for at most each socket's linger, ``publish.linger_ms``), as finalisation did in freeing it;
-    then the exit handlers (logging's flush among them), stdout and stderr. ZeroMQ is left as it is where another thread
-    lingers or this is not the main thread (a stop the main thread never came out of a call for): a
-    socket is never to be closed under a thread that may be using it.
+    then the exit handlers (logging's flush among them), stdout and stderr. ZeroMQ is left as it is
+    where another thread lingers or this is not the main thread (a stop the main thread never came
+    out of a call for): a socket is never to be closed under a thread that may be using it.
     """
     others = [t for t in threading.enumerate() if t is not threading.current_thread() and t not in _SIGNAL_THREADS]
     lingering = [t.name for t in others if t.is_alive()]
