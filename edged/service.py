@@ -213,18 +213,23 @@ def exit_safely(code: int) -> NoReturn:
     What is owed: ZeroMQ's queued messages, which libzmq sends out while its context is terminated
     (for at most each socket's linger, ``publish.linger_ms``), as finalisation did in freeing it;
     then the exit handlers (logging's flush among them), stdout and stderr. ZeroMQ is left as it is
-    where another thread lingers or this is not the main thread (a stop the main thread never came
-    out of a call for): a socket is never to be closed under a thread that may be using it.
+    where another thread lingers: a socket is never to be closed under a thread that may be using
+    it. Called on another thread than the main one (a stop the main thread never came out of a call
+    for), only the logs are flushed: the main thread may hold what an exit handler needs (a hung
+    inference, the session whose profiling a handler ends).
     """
     others = [t for t in threading.enumerate() if t is not threading.current_thread() and t not in _SIGNAL_THREADS]
     lingering = [t.name for t in others if t.is_alive()]
     if lingering:
         log.info("exiting with %d while %s still run(s) in native code", code, ", ".join(lingering))
-    if not lingering and threading.current_thread() is threading.main_thread() and "zmq" in sys.modules:
-        import zmq
+    if threading.current_thread() is not threading.main_thread():
+        logging.shutdown()
+    else:
+        if not lingering and "zmq" in sys.modules:
+            import zmq
 
-        zmq.Context.instance().destroy(linger=0)  # sockets still open (none should be) go at once
-    atexit._run_exitfuncs()
+            zmq.Context.instance().destroy(linger=0)  # sockets still open (none should be) go at once
+        atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
