@@ -239,8 +239,7 @@ class MadeFolders:
                 status = os.lstat(folder)
                 if (status.st_dev, status.st_ino, status.st_uid) == made:
                     os.rmdir(folder)
-        self._made.clear()
-        atexit.unregister(self.remove)
+        self.keep()  # nothing left of them to remove, at exit either
 
     def keep(self) -> None:
         """Leave the folders made as they are, at exit too: what made them (a reload) took over."""

@@ -78,8 +78,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONSUMER = "edged"  # the name the kernel shows for the line's holder (gpioinfo), with the holding daemon's PID
-
-
 NEEDS_GPIOD = "the reject line needs libgpiod's v2 Python binding, gpiod 2.x"
 # edged is not on PyPI, and Debian 12's pip refuses to install into the system's Python (PEP 668).
 INSTALL_GPIOD = (
